@@ -1,0 +1,41 @@
+# Better Compute — developer targets. `make help` lists them.
+SHELL := /bin/bash
+GO    ?= go
+BIN   := $(CURDIR)/bin
+
+.PHONY: help
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+$(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go: tools/go.mod tools/go.sum
+	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go connectrpc.com/connect/cmd/protoc-gen-connect-go
+
+.PHONY: tools
+tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go ## build the pinned code generators into bin/
+
+.PHONY: generate
+generate: tools ## regenerate gen/ from proto/ (offline, pinned tools)
+	PATH=$(BIN):$$PATH $(BIN)/buf lint
+	PATH=$(BIN):$$PATH $(BIN)/buf generate
+
+.PHONY: build
+build: ## build better-compute and bcd into bin/
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: test
+test: ## run the test suite (SQLite; PostgreSQL too when BC_TEST_POSTGRES_URL is set)
+	$(GO) test ./...
+
+.PHONY: lint
+lint: ## go vet, gofmt and golangci-lint (pinned in tools/go.mod)
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) -C tools tool golangci-lint run --config $(CURDIR)/.golangci.yml $(CURDIR)/...
+
+.PHONY: bench
+bench: ## run the Go benchmarks
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+.PHONY: dev
+dev: ## run better-compute dev (all roles, SQLite in ./.better-compute)
+	$(GO) run ./cmd/better-compute dev
