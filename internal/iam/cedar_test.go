@@ -1,0 +1,428 @@
+package iam
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/cedar-policy/cedar-go"
+	"github.com/cedar-policy/cedar-go/x/exp/ast"
+	"github.com/cedar-policy/cedar-go/x/exp/schema/validate"
+	"github.com/stretchr/testify/require"
+)
+
+// mapSource is a PolicySource over a map, the shape the real store has.
+type mapSource struct {
+	mu       sync.Mutex
+	policies map[string][]TenantPolicy
+	err      error
+}
+
+func (s *mapSource) TenantPolicies(_ context.Context, tenantID string) ([]TenantPolicy, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.policies[tenantID]), s.err
+}
+
+func (s *mapSource) set(tenantID string, ps ...TenantPolicy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.policies[tenantID] = ps
+}
+
+func newCedar(t *testing.T, src PolicySource) *Cedar {
+	t.Helper()
+	c, err := NewCedar(src)
+	require.NoError(t, err)
+	return c
+}
+
+var principals = map[Role]Principal{
+	RolePlatformAdmin: {ID: "root", Kind: KindUser, Role: RolePlatformAdmin},
+	RoleAdmin:         {ID: "alice", Kind: KindUser, TenantID: "t1", Role: RoleAdmin},
+	RoleMember:        {ID: "bob", Kind: KindUser, TenantID: "t1", Role: RoleMember},
+	RoleViewer:        {ID: "carol", Kind: KindService, TenantID: "t1", Role: RoleViewer},
+	RoleAgent:         {ID: "claude", Kind: KindAgent, TenantID: "t1", Role: RoleAgent},
+}
+
+type outcome string
+
+const (
+	allow   outcome = "allow"
+	deny    outcome = "deny"
+	confirm outcome = "confirm"
+)
+
+func outcomeOf(d Decision) outcome {
+	switch {
+	case d.Allowed:
+		return allow
+	case d.ConfirmationRequired:
+		return confirm
+	default:
+		return deny
+	}
+}
+
+// resourceFor is the resource the envelope would send for action in tenant.
+func resourceFor(action, tenant string) Resource {
+	switch action {
+	case "tenants.create":
+		return Resource{Type: "Tenant"}
+	case "tenants.get":
+		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
+	case "tenants.list":
+		return Resource{Type: "Platform"}
+	case "projects.create":
+		return Resource{Type: "Project", TenantID: tenant, Attrs: map[string]any{"name": "web"}}
+	case "projects.get", "projects.delete":
+		return Resource{Type: "Project", ID: "p1", TenantID: tenant, ProjectID: "p1"}
+	case "apiKeys.create":
+		return Resource{Type: "ApiKey", TenantID: tenant, ProjectID: "p1"}
+	case "apiKeys.revoke":
+		return Resource{Type: "ApiKey", ID: "k1", TenantID: tenant}
+	case "policies.get", "policies.put":
+		return Resource{Type: "Policy", ID: "pol1", TenantID: tenant}
+	case "confirmations.approve":
+		return Resource{Type: "Confirmation", ID: "c1", TenantID: tenant}
+	case "audit.list":
+		return Resource{Type: "AuditLog", ID: "audit", TenantID: tenant}
+	case "events.watch":
+		return Resource{Type: "EventStream", ID: "events", TenantID: tenant}
+	default: // every other list is on its tenant
+		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
+	}
+}
+
+func TestCedarMatrix(t *testing.T) {
+	t.Parallel()
+	c := newCedar(t, nil)
+
+	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
+		"confirmations.list", "audit.list", "events.watch"}
+	// want[role][action] in the principal's own tenant; absent means deny.
+	// In another tenant every role but platform-admin is denied.
+	want := map[Role]map[string]outcome{
+		RolePlatformAdmin: {},
+		RoleAdmin:         {},
+		RoleMember:        {"projects.create": allow, "projects.delete": allow},
+		RoleViewer:        {},
+		RoleAgent:         {"projects.create": allow, "projects.delete": confirm},
+	}
+	for _, a := range Actions() {
+		want[RolePlatformAdmin][a] = allow
+		if a != "tenants.create" && a != "tenants.list" {
+			want[RoleAdmin][a] = allow
+		}
+	}
+	for _, a := range reads {
+		want[RoleMember][a] = allow
+		want[RoleViewer][a] = allow
+		want[RoleAgent][a] = allow
+	}
+
+	for role, p := range principals {
+		for _, action := range Actions() {
+			for _, tenant := range []string{"t1", "t2"} {
+				expect := cmpOr(want[role][action], deny)
+				if tenant != p.TenantID && role != RolePlatformAdmin {
+					expect = deny
+				}
+				t.Run(string(role)+"/"+action+"/"+tenant, func(t *testing.T) {
+					t.Parallel()
+					got, err := c.Authorize(context.Background(), Request{
+						Principal: p, Action: action, Resource: resourceFor(action, tenant),
+					})
+					require.NoError(t, err)
+					require.Equal(t, expect, outcomeOf(got), "reasons: %v", got.Reasons)
+				})
+			}
+		}
+	}
+}
+
+func cmpOr(o, def outcome) outcome {
+	if o == "" {
+		return def
+	}
+	return o
+}
+
+func TestCedarAgentConfirmation(t *testing.T) {
+	t.Parallel()
+	c := newCedar(t, nil)
+	agent := principals[RoleAgent]
+
+	tests := []struct {
+		name      string
+		action    string
+		confirmed bool
+		want      outcome
+	}{
+		{"delete unconfirmed asks a human", "projects.delete", false, confirm},
+		{"delete confirmed proceeds", "projects.delete", true, allow},
+		// Confirming would not help: no permit lets agents revoke keys.
+		{"revoke is a plain deny", "apiKeys.revoke", false, deny},
+		{"revoke confirmed still denied", "apiKeys.revoke", true, deny},
+		{"create needs no confirmation", "projects.create", false, allow},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := c.Authorize(context.Background(), Request{
+				Principal: agent, Action: tt.action, Resource: resourceFor(tt.action, "t1"),
+				Context: map[string]any{ContextConfirmed: tt.confirmed},
+			})
+			require.NoError(t, err)
+			require.Equal(t, tt.want, outcomeOf(got), "reasons: %v", got.Reasons)
+			if tt.want == confirm {
+				require.Equal(t, []string{"agent-delete-needs-human"}, got.Reasons)
+			}
+		})
+	}
+
+	t.Run("agent with admin role still confirms deletes", func(t *testing.T) {
+		t.Parallel()
+		p := agent
+		p.Role = RoleAdmin
+		got, err := c.Authorize(context.Background(), Request{
+			Principal: p, Action: "apiKeys.revoke", Resource: resourceFor("apiKeys.revoke", "t1"),
+		})
+		require.NoError(t, err)
+		require.Equal(t, confirm, outcomeOf(got))
+	})
+}
+
+func TestCedarTenantPolicies(t *testing.T) {
+	t.Parallel()
+	src := &mapSource{policies: map[string][]TenantPolicy{
+		"t1": {
+			{ID: "no-deletes", Text: `@id("no-deletes") forbid (principal, action == BC::Action::"projects.delete", resource);`},
+			{ID: "gpu-cap", Text: `forbid (principal, action == BC::Action::"projects.create", resource)
+				when { resource has gpus && resource.gpus > 8 };`},
+			{ID: "members-see-keys", Text: `permit (principal, action == BC::Action::"apiKeys.list", resource)
+				when { principal.role == "member" };`},
+			// Would be a disaster unconfined.
+			{ID: "everything", Text: `permit (principal, action, resource) when { principal.role == "viewer" };`},
+		},
+	}}
+	c := newCedar(t, src)
+	member := principals[RoleMember]
+	member2 := Principal{ID: "dave", Kind: KindUser, TenantID: "t2", Role: RoleMember}
+	viewer := principals[RoleViewer]
+
+	tests := []struct {
+		name     string
+		p        Principal
+		action   string
+		resource Resource
+		want     outcome
+	}{
+		{"forbid applies in its tenant", member, "projects.delete", resourceFor("projects.delete", "t1"), deny},
+		{"forbid does not leak to other tenants", member2, "projects.delete", resourceFor("projects.delete", "t2"), allow},
+		{"tenant policies do not bind platform admins", principals[RolePlatformAdmin], "projects.delete", resourceFor("projects.delete", "t1"), allow},
+		{"attribute forbid", member, "projects.create", Resource{Type: "Project", TenantID: "t1", Attrs: map[string]any{"gpus": int64(16)}}, deny},
+		{"attribute forbid below cap", member, "projects.create", Resource{Type: "Project", TenantID: "t1", Attrs: map[string]any{"gpus": 4}}, allow},
+		{"tenant permit extends within tenant", member, "apiKeys.list", resourceFor("apiKeys.list", "t1"), allow},
+		{"broad tenant permit stays in tenant", viewer, "projects.delete", resourceFor("projects.delete", "t1"), deny},
+		{"broad tenant permit does not reach other tenants", viewer, "projects.get", resourceFor("projects.get", "t2"), deny},
+		{"broad tenant permit does not reach the platform", viewer, "tenants.list", resourceFor("tenants.list", ""), deny},
+		{"broad tenant permit works inside", viewer, "policies.put", resourceFor("policies.put", "t1"), allow},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := c.Authorize(context.Background(), Request{Principal: tt.p, Action: tt.action, Resource: tt.resource})
+			require.NoError(t, err)
+			require.Equal(t, tt.want, outcomeOf(got), "reasons: %v", got.Reasons)
+		})
+	}
+}
+
+func TestCedarTenantPolicyConfinement(t *testing.T) {
+	t.Parallel()
+	// Loading already skips foreign tenants; the added condition is the
+	// second wall, so test it on its own.
+	pm, err := parseTenantPolicies("t1", []TenantPolicy{{ID: "all", Text: `permit (principal, action, resource);`}})
+	require.NoError(t, err)
+	c := newCedar(t, nil)
+	for _, tc := range []struct {
+		tenant string
+		want   outcome
+	}{{"t1", allow}, {"t2", deny}} {
+		p := Principal{ID: "x", Kind: KindUser, TenantID: tc.tenant, Role: "nobody"}
+		proj, err := c.model.project(Request{Principal: p, Resource: resourceFor("projects.get", tc.tenant)})
+		require.NoError(t, err)
+		rctx, err := requestContext(nil, nil)
+		require.NoError(t, err)
+		dec, _ := cedar.Authorize(pm, proj.entities, cedar.Request{
+			Principal: proj.principal, Action: actionUID("projects.get"), Resource: proj.resource, Context: rctx,
+		})
+		require.Equal(t, tc.want == allow, bool(dec), tc.tenant)
+	}
+}
+
+func TestCedarTenantPolicyChangesAndErrors(t *testing.T) {
+	t.Parallel()
+	src := &mapSource{policies: map[string][]TenantPolicy{}}
+	c := newCedar(t, src)
+	req := Request{Principal: principals[RoleMember], Action: "projects.get", Resource: resourceFor("projects.get", "t1")}
+	ctx := context.Background()
+
+	got, err := c.Authorize(ctx, req)
+	require.NoError(t, err)
+	require.True(t, got.Allowed)
+
+	// An edit is seen on the next request despite the cache.
+	src.set("t1", TenantPolicy{ID: "lock", Text: `forbid (principal, action, resource);`})
+	got, err = c.Authorize(ctx, req)
+	require.NoError(t, err)
+	require.False(t, got.Allowed)
+	require.Equal(t, []string{"tenant/t1/lock"}, got.Reasons)
+
+	src.set("t1")
+	got, err = c.Authorize(ctx, req)
+	require.NoError(t, err)
+	require.True(t, got.Allowed)
+
+	// A stored policy that no longer parses fails closed.
+	src.set("t1", TenantPolicy{ID: "broken", Text: `forbid (`})
+	got, err = c.Authorize(ctx, req)
+	require.Error(t, err)
+	require.False(t, got.Allowed)
+
+	src.mu.Lock()
+	src.err = errors.New("db down")
+	src.mu.Unlock()
+	got, err = c.Authorize(ctx, req)
+	require.ErrorContains(t, err, "db down")
+	require.False(t, got.Allowed)
+}
+
+func TestCedarRequestErrors(t *testing.T) {
+	t.Parallel()
+	c := newCedar(t, nil)
+	admin := principals[RolePlatformAdmin]
+	tests := []struct {
+		name    string
+		req     Request
+		wantErr string
+	}{
+		{"unknown action", Request{Principal: admin, Action: "projects.explode", Resource: resourceFor("projects.get", "t1")}, "unknown action"},
+		{"action group is not requestable", Request{Principal: admin, Action: "read", Resource: resourceFor("projects.get", "t1")}, "unknown action"},
+		{"unknown resource type", Request{Principal: admin, Action: "projects.get", Resource: Resource{Type: "Spaceship"}}, "unknown resource type"},
+		{"resource type the action does not apply to", Request{Principal: admin, Action: "projects.create", Resource: resourceFor("projects.list", "t1")}, "does not apply"},
+		{"unsupported attribute", Request{Principal: admin, Action: "projects.create", Resource: Resource{Type: "Project", TenantID: "t1", Attrs: map[string]any{"x": 1.5}}}, "unsupported attribute type"},
+		{"confirmed must be bool", Request{Principal: admin, Action: "projects.get", Resource: resourceFor("projects.get", "t1"), Context: map[string]any{"confirmed": "yes"}}, "must be a bool"},
+		{"node principal is denied without error", Request{Principal: Principal{ID: "n1", Kind: KindNode, Role: RolePlatformAdmin}, Action: "projects.get", Resource: resourceFor("projects.get", "t1")}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := c.Authorize(context.Background(), tt.req)
+			require.False(t, got.Allowed)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}
+
+func TestCedarValidate(t *testing.T) {
+	t.Parallel()
+	c := newCedar(t, nil)
+	tests := []struct {
+		name      string
+		text      string
+		wantField string // "" means valid
+		wantIn    string
+	}{
+		{"valid forbid", `@id("x") forbid (principal, action == BC::Action::"projects.delete", resource is BC::Project);`, "", ""},
+		{"valid with group and attrs", `permit (principal is BC::User, action in BC::Action::"read", resource)
+			when { resource in BC::Tenant::"t1" && context.confirmed };`, "", ""},
+		{"valid confirm", `@confirm("human") forbid (principal, action == BC::Action::"projects.create", resource) unless { context.confirmed };`, "", ""},
+		{"bad syntax", "permit (principal, action, resource)\nwhen { 1 + };", "text:line 2", "parse error"},
+		{"empty", "  // nothing\n", "text", "no policy statements"},
+		{"unknown entity type in scope", `permit (principal is BC::Robot, action, resource);`, "text:line 1", "unknown entity type BC::Robot"},
+		{"un-namespaced entity type", "\n\npermit (principal, action, resource) when { resource is Project };", "text:line 3", "unknown entity type Project"},
+		{"unknown entity type in literal", `forbid (principal, action, resource) when { resource in BC::Org::"o" };`, "text:line 1", "unknown entity type BC::Org"},
+		{"unknown action", `permit (principal, action == BC::Action::"projects.explode", resource);`, "text:line 1", "unknown action"},
+		{"unknown action in set", `permit (principal, action in [BC::Action::"projects.get", BC::Action::"nope"], resource);`, "text:line 1", "unknown action"},
+		{"unknown action in condition", `permit (principal, action, resource) when { action == BC::Action::"nope" };`, "text:line 1", "unknown action"},
+		{"unknown annotation", `@confim("human") forbid (principal, action, resource);`, "text:line 1", "unknown annotation @confim"},
+		{"confirm on permit", `@confirm("human") permit (principal, action, resource);`, "text:line 1", "forbid"},
+		{"confirm by whom", `@confirm("robot") forbid (principal, action, resource);`, "text:line 1", "human"},
+		{"second statement reported by line", "permit (principal, action, resource);\npermit (principal, action == BC::Action::\"x\", resource);", "text:line 2", "unknown action"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := c.Validate("p1", tt.text)
+			if tt.wantField == "" {
+				require.NoError(t, err)
+				return
+			}
+			var ve *ValidationError
+			require.ErrorAs(t, err, &ve)
+			require.Equal(t, tt.wantField, ve.Field)
+			require.Contains(t, ve.Reason, tt.wantIn)
+		})
+	}
+}
+
+// The shipped policies must type-check strictly against the shipped schema:
+// a typo in an attribute name would otherwise make a permit silently inert.
+func TestDefaultPoliciesTypeCheck(t *testing.T) {
+	t.Parallel()
+	c := newCedar(t, nil)
+	v := validate.New(c.model.schema, validate.WithStrict())
+	require.NotEmpty(t, c.defaults)
+	for id, p := range c.defaults {
+		require.NoError(t, v.Policy(string(id), (*ast.Policy)(p.AST())), id)
+	}
+}
+
+func TestActions(t *testing.T) {
+	t.Parallel()
+	want := []string{
+		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.list",
+		"confirmations.approve", "confirmations.list", "events.watch",
+		"policies.get", "policies.list", "policies.put",
+		"projects.create", "projects.delete", "projects.get", "projects.list",
+		"tenants.create", "tenants.get", "tenants.list",
+	}
+	require.Equal(t, want, Actions())
+	// A copy: callers cannot corrupt the shared list.
+	Actions()[0] = "x"
+	require.Equal(t, want, Actions())
+}
+
+func TestCounting(t *testing.T) {
+	t.Parallel()
+	c := NewCounting(newCedar(t, nil))
+	ctx := context.Background()
+	p := principals[RoleMember]
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = c.Authorize(ctx, Request{Principal: p, Action: "projects.get", Resource: resourceFor("projects.get", "t1")})
+		}()
+	}
+	wg.Wait()
+	d, err := c.Authorize(ctx, Request{Principal: p, Action: "projects.create", Resource: resourceFor("projects.create", "t1")})
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "decision passes through")
+	require.Equal(t, 11, c.Calls())
+	require.Equal(t, 10, c.CallsFor("projects.get"))
+	require.Equal(t, 1, c.CallsFor("projects.create"))
+	require.Equal(t, 0, c.CallsFor("projects.delete"))
+	c.Reset()
+	require.Equal(t, 0, c.Calls())
+	require.Equal(t, 0, c.CallsFor("projects.get"))
+}
