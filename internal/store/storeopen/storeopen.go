@@ -1,0 +1,67 @@
+// Package storeopen opens a store.DB for a configured URL, choosing the
+// dialect driver. It exists because package store cannot import its own
+// dialect subpackages.
+//
+// It must never hold SQL or anything beyond choosing and opening a driver.
+package storeopen
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/postgres"
+	"github.com/better-compute/better-compute/internal/store/sqlite"
+)
+
+// SQLiteFile is the database file name under Config.StateDir.
+const SQLiteFile = "better-compute.db"
+
+// Open opens the database cfg.URL names: "" or "sqlite:" for SQLite under
+// cfg.StateDir, "postgres://..." or "postgresql://..." for PostgreSQL. It
+// does not migrate; call db.Migrate.
+func Open(ctx context.Context, cfg store.Config) (*store.DB, error) {
+	clk := cfg.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	switch {
+	case cfg.URL == "" || cfg.URL == "sqlite:":
+		if cfg.StateDir == "" {
+			return nil, fmt.Errorf("open store: sqlite needs a state directory")
+		}
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		d, err := sqlite.Open(ctx, sqlite.Config{
+			Path:       filepath.Join(cfg.StateDir, SQLiteFile),
+			Clock:      clk,
+			MaxReaders: cmp.Or(cfg.MaxReaders, 4),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		return store.New(d, clk), nil
+	case strings.HasPrefix(cfg.URL, "postgres://") || strings.HasPrefix(cfg.URL, "postgresql://"):
+		d, err := postgres.Open(ctx, postgres.Config{URL: cfg.URL, Clock: clk})
+		if err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		return store.New(d, clk), nil
+	default:
+		return nil, fmt.Errorf("open store: unsupported database url scheme in %q (want sqlite: or postgres://)", redact(cfg.URL))
+	}
+}
+
+// redact drops everything after the scheme so a password never reaches a log.
+func redact(u string) string {
+	if i := strings.Index(u, ":"); i >= 0 {
+		return u[:i+1] + "..."
+	}
+	return "..."
+}
