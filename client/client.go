@@ -1,0 +1,204 @@
+// Package client is the public Go SDK for the better-compute API.
+//
+// It wires the generated ConnectRPC clients for every service behind one
+// Client that authenticates each call with a bearer token, and it gives
+// callers the stable machine code of an error (Code, Detail) so they can
+// branch on CONFIRMATION_REQUIRED or PERMISSION_DENIED without parsing
+// messages.
+//
+// The SDK must never log, print or otherwise echo the token it is given: it
+// only places it in the Authorization header of outgoing requests. It holds
+// no state besides its configuration, so a Client is safe for concurrent use.
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+)
+
+// Request headers the API reads besides Authorization.
+const (
+	// HeaderIdempotencyKey makes a Create safe to retry: the server answers a
+	// replay of the same key with the first response instead of creating twice.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderConfirmationID replays a request that was refused with
+	// CONFIRMATION_REQUIRED, once a human approved the confirmation.
+	HeaderConfirmationID = "Bc-Confirmation-Id"
+)
+
+// Client holds one generated client per API service, all sharing the same
+// HTTP client, protocol and credentials.
+type Client struct {
+	Tenants       apiv1connect.TenantServiceClient
+	Projects      apiv1connect.ProjectServiceClient
+	ApiKeys       apiv1connect.ApiKeyServiceClient
+	Identity      apiv1connect.IdentityServiceClient
+	Policies      apiv1connect.PolicyServiceClient
+	Confirmations apiv1connect.ConfirmationServiceClient
+	Audit         apiv1connect.AuditServiceClient
+	Events        apiv1connect.EventServiceClient
+}
+
+type options struct {
+	httpClient *http.Client
+	grpc       bool
+	header     http.Header
+}
+
+// Option configures New.
+type Option func(*options)
+
+// WithHTTPClient sets the HTTP client; the default is http.DefaultClient.
+// gRPC (WithGRPC) needs one that speaks HTTP/2 to the server.
+func WithHTTPClient(c *http.Client) Option {
+	return func(o *options) { o.httpClient = c }
+}
+
+// WithGRPC speaks gRPC instead of the Connect protocol.
+func WithGRPC() Option {
+	return func(o *options) { o.grpc = true }
+}
+
+// WithHeader adds a header to every request, e.g. a User-Agent or a
+// traceparent. It cannot override Authorization, which New owns.
+func WithHeader(key, value string) Option {
+	return func(o *options) { o.header.Add(key, value) }
+}
+
+// New returns a Client for the API at baseURL (e.g. https://bc.example.com)
+// that authenticates with token: an API key (bc_...) or an OIDC token. An
+// empty token sends no Authorization header, for unauthenticated calls.
+func New(baseURL, token string, opts ...Option) *Client {
+	o := options{httpClient: http.DefaultClient, header: http.Header{}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	o.header.Del("Authorization")
+	if token != "" {
+		o.header.Set("Authorization", "Bearer "+token)
+	}
+	copts := []connect.ClientOption{connect.WithInterceptors(headerInterceptor(o.header))}
+	if o.grpc {
+		copts = append(copts, connect.WithGRPC())
+	}
+	baseURL = strings.TrimRight(baseURL, "/")
+	h := o.httpClient
+	return &Client{
+		Tenants:       apiv1connect.NewTenantServiceClient(h, baseURL, copts...),
+		Projects:      apiv1connect.NewProjectServiceClient(h, baseURL, copts...),
+		ApiKeys:       apiv1connect.NewApiKeyServiceClient(h, baseURL, copts...),
+		Identity:      apiv1connect.NewIdentityServiceClient(h, baseURL, copts...),
+		Policies:      apiv1connect.NewPolicyServiceClient(h, baseURL, copts...),
+		Confirmations: apiv1connect.NewConfirmationServiceClient(h, baseURL, copts...),
+		Audit:         apiv1connect.NewAuditServiceClient(h, baseURL, copts...),
+		Events:        apiv1connect.NewEventServiceClient(h, baseURL, copts...),
+	}
+}
+
+// headerInterceptor sets the fixed headers on unary and streaming calls
+// alike; connect.UnaryInterceptorFunc alone would miss the event stream.
+type headerInterceptor http.Header
+
+func (h headerInterceptor) set(dst http.Header) {
+	for k, vs := range h {
+		// A header the caller set on this one request wins over the default.
+		if dst.Get(k) != "" && k != "Authorization" {
+			continue
+		}
+		dst[k] = append([]string(nil), vs...)
+	}
+}
+
+func (h headerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if req.Spec().IsClient {
+			h.set(req.Header())
+		}
+		return next(ctx, req)
+	}
+}
+
+func (h headerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		h.set(conn.RequestHeader())
+		return conn
+	}
+}
+
+func (h headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// NewIdempotencyKey returns a fresh random key for HeaderIdempotencyKey.
+// Generate one per logical operation and reuse it on every retry of it.
+func NewIdempotencyKey() string {
+	return rand.Text()
+}
+
+// Detail returns the ErrorDetail the server attached to err, or nil when err
+// is not an API error or carries none (e.g. a network failure).
+func Detail(err error) *apiv1.ErrorDetail {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		if ed, ok := v.(*apiv1.ErrorDetail); ok {
+			return ed
+		}
+	}
+	return nil
+}
+
+// Code returns err's stable machine code: the server's ErrorDetail code when
+// present (e.g. CONFIRMATION_REQUIRED, which travels as the Connect code
+// failed_precondition), else the Connect code in upper snake case (e.g.
+// UNAVAILABLE for a network failure), and "" for a nil error.
+func Code(err error) string {
+	if err == nil {
+		return ""
+	}
+	if d := Detail(err); d != nil && d.GetCode() != "" {
+		return d.GetCode()
+	}
+	return strings.ToUpper(connect.CodeOf(err).String())
+}
+
+// Watch sends req and calls fn for each event until the stream ends, fn
+// returns an error, or ctx is done. It returns fn's error, or the stream's
+// (nil when the server closed it cleanly). To resume after a failure, call
+// Watch again with req.After set to the id of the last event fn saw.
+func (c *Client) Watch(ctx context.Context, req *apiv1.WatchEventsRequest, fn func(*apiv1.Event) error) error {
+	// A cancel of our own closes the stream if fn stops the watch early, so
+	// the HTTP connection is not left half-read.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Events.Watch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if ev == nil {
+			continue
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+	return stream.Err()
+}

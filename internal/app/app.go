@@ -1,0 +1,218 @@
+// Package app wires the control plane together: it opens the store, applies
+// every module's migrations, builds the authorizer, the envelope, the API
+// handlers and the background runtime, and runs the chosen roles under one
+// task runner with a clean shutdown.
+//
+// It must never hold business rules: those live in the modules it wires.
+package app
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/riverqueue/river"
+
+	"github.com/better-compute/better-compute/internal/audit"
+	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/jobs"
+	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storeopen"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+// Roles a process can run.
+const (
+	RoleAPI    = "api"
+	RoleWorker = "worker"
+)
+
+// KnownRoles lists the roles this build serves.
+var KnownRoles = []string{RoleAPI, RoleWorker}
+
+// Config configures the control plane.
+type Config struct {
+	// Roles to run; default api and worker.
+	Roles []string
+	// Listen is the API address; default 127.0.0.1:8080.
+	Listen string
+	// StateDir holds the SQLite database (and, by default, the bootstrap
+	// key file); default ./.better-compute.
+	StateDir string
+	// DatabaseURL selects PostgreSQL (postgres://…); empty means SQLite.
+	DatabaseURL string
+	// PDP is "cedar" (embedded, default) or "authzen" (remote).
+	PDP            string
+	AuthZENURL     string
+	AuthZENTimeout time.Duration
+	AuthZENToken   string
+	OIDC           authn.OIDCConfig
+	// EventPoll is how often watchers look for other replicas' events.
+	EventPoll time.Duration
+	// JobPoll is how often SQLite workers look for jobs.
+	JobPoll time.Duration
+	// ShutdownTimeout bounds how long in-flight requests get on shutdown.
+	ShutdownTimeout time.Duration
+	Clock           clock.Clock
+	Logger          *slog.Logger
+	// WrapAuthorizer lets tests instrument the authorizer (counting calls).
+	WrapAuthorizer func(iam.Authorizer) iam.Authorizer
+}
+
+func (c *Config) defaults() error {
+	if len(c.Roles) == 0 {
+		c.Roles = []string{RoleAPI, RoleWorker}
+	}
+	for _, r := range c.Roles {
+		if !slices.Contains(KnownRoles, r) {
+			return fmt.Errorf("unknown role %q (this build serves %s)", r, strings.Join(KnownRoles, ", "))
+		}
+	}
+	c.Listen = cmp.Or(c.Listen, "127.0.0.1:8080")
+	c.StateDir = cmp.Or(c.StateDir, ".better-compute")
+	c.PDP = cmp.Or(c.PDP, "cedar")
+	if c.PDP != "cedar" && c.PDP != "authzen" {
+		return fmt.Errorf("pdp must be cedar or authzen, got %q", c.PDP)
+	}
+	if c.PDP == "authzen" && c.AuthZENURL == "" {
+		return errors.New("the authzen pdp needs --authzen-url")
+	}
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 15*time.Second)
+	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	return nil
+}
+
+// App is a wired control plane.
+type App struct {
+	cfg      Config
+	DB       *store.DB
+	Envelope *envelope.Envelope
+	Authn    *authn.Authenticator
+	Authz    iam.Authorizer
+	Jobs     *jobs.Runtime
+	Registry *prometheus.Registry
+	Handler  http.Handler
+	hub      *events.Hub
+	recorder recorder
+}
+
+// Modules lists every module's migrations in dependency order.
+func Modules() []store.Migrations {
+	return []store.Migrations{
+		tenancy.Migrations(), authn.Migrations(), policy.Migrations(),
+		envelope.Migrations(), audit.Migrations(), events.Migrations(),
+	}
+}
+
+// recorder writes audit rows and outbox events for the envelope.
+type recorder struct{ hub *events.Hub }
+
+func (r recorder) InsertAudit(ctx context.Context, tx store.Tx, e envelope.AuditEntry) error {
+	return audit.Insert(ctx, tx, e)
+}
+
+func (r recorder) InsertEvents(ctx context.Context, tx store.Tx, evs []envelope.Event) error {
+	return events.Insert(ctx, tx, r.hub, evs)
+}
+
+// New opens the store, migrates it and wires every component. Close it.
+func New(ctx context.Context, cfg Config) (*App, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock})
+	if err != nil {
+		return nil, err
+	}
+	a, err := build(ctx, cfg, db)
+	if err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	return a, nil
+}
+
+// NewWithDB wires the control plane on an already open store (tests).
+func NewWithDB(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	return build(ctx, cfg, db)
+}
+
+func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
+	if err := db.Migrate(ctx, Modules()...); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if err := jobs.Migrations(ctx, db); err != nil {
+		return nil, fmt.Errorf("migrate jobs: %w", err)
+	}
+	a := &App{cfg: cfg, DB: db, hub: events.NewHub(), Registry: prometheus.NewRegistry()}
+	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.recorder = recorder{hub: a.hub}
+
+	cedar, err := iam.NewCedar(policy.Source{DB: db})
+	if err != nil {
+		return nil, fmt.Errorf("cedar: %w", err)
+	}
+	var authz iam.Authorizer = cedar
+	if cfg.PDP == "authzen" {
+		authz = iam.NewAuthZEN(iam.AuthZENConfig{URL: cfg.AuthZENURL, Timeout: cfg.AuthZENTimeout, Token: cfg.AuthZENToken})
+	}
+	if cfg.WrapAuthorizer != nil {
+		authz = cfg.WrapAuthorizer(authz)
+	}
+	a.Authz = authz
+
+	if a.Authn, err = authn.New(ctx, db, cfg.Clock, cfg.OIDC); err != nil {
+		return nil, err
+	}
+
+	metrics := envelope.NewPromMetrics(a.Registry)
+	jm := newJobMetrics(a.Registry)
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &expireConfirmationWorker{db: db, rec: a.recorder, metrics: jm})
+	river.AddWorker(workers, &pruneIdempotencyWorker{db: db, metrics: jm})
+	periodic := []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(10*time.Minute),
+			func() (river.JobArgs, *river.InsertOpts) { return pruneIdempotencyArgs{}, nil },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
+	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
+		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger,
+	}); err != nil {
+		return nil, err
+	}
+
+	if a.Envelope, err = envelope.New(envelope.Config{
+		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
+	}); err != nil {
+		return nil, err
+	}
+	a.Handler = a.routes(cedar, metrics)
+	return a, nil
+}
+
+// Recorder returns the audit and outbox writer (bootstrap uses it).
+func (a *App) Recorder() envelope.Recorder { return a.recorder }
+
+// Bootstrap creates the first platform admin key on an empty database.
+func (a *App) Bootstrap(ctx context.Context) (secret string, created bool, err error) {
+	return authn.Bootstrap(ctx, a.DB, a.recorder)
+}
+
+// Close closes the store.
+func (a *App) Close() error { return a.DB.Close() }

@@ -1,0 +1,76 @@
+package app_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+)
+
+func TestTourAcceptance(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+
+	events := make(chan *apiv1.Event, 16)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() {
+		_ = admin.Watch(watchCtx, &apiv1.WatchEventsRequest{}, func(ev *apiv1.Event) error {
+			events <- ev
+			return nil
+		})
+	}()
+
+	tres, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	require.Equal(t, "acme", tres.Msg.GetTenant().GetName())
+
+	_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))
+	require.NoError(t, err)
+
+	kres, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "member"}))
+	require.NoError(t, err)
+	require.Contains(t, kres.Msg.GetSecret(), "bc_")
+
+	member := cp.Client(kres.Msg.GetSecret())
+	who, err := member.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+	require.NoError(t, err)
+	require.Equal(t, "acme", who.Msg.GetTenantName())
+	require.Equal(t, "member", who.Msg.GetRole())
+
+	_, err = member.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "other", Name: "x"}))
+	require.Error(t, err)
+	require.Equal(t, "PERMISSION_DENIED", client.Code(err))
+
+	_, err = member.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "api"}))
+	require.NoError(t, err)
+
+	aud, err := admin.Audit.List(ctx, connect.NewRequest(&apiv1.ListAuditRequest{}))
+	require.NoError(t, err)
+	var got []string
+	for _, e := range aud.Msg.GetEntries() {
+		got = append(got, e.GetAction()+":"+e.GetDecision())
+	}
+	require.Equal(t, []string{"projects.create:allow", "projects.create:deny", "apiKeys.create:allow",
+		"projects.create:allow", "tenants.create:allow", "apiKeys.create:allow"}, got)
+
+	var types []string
+	timeout := time.After(10 * time.Second)
+	for len(types) < 4 {
+		select {
+		case ev := <-events:
+			types = append(types, ev.GetType())
+		case <-timeout:
+			t.Fatalf("events so far: %v", types)
+		}
+	}
+	require.Equal(t, []string{"tenant.created", "project.created", "apikey.created", "project.created"}, types)
+}

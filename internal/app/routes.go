@@ -1,0 +1,78 @@
+package app
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/audit"
+	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/confirmation"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+// MaxRequestBytes caps every request body; larger ones are refused before
+// they are decoded.
+const MaxRequestBytes = 1 << 20
+
+// strictJSON is Connect's JSON codec without DiscardUnknown: a field the
+// server does not know is an error, not silently dropped.
+type strictJSON struct{}
+
+func (strictJSON) Name() string { return "json" }
+
+func (strictJSON) Marshal(v any) ([]byte, error) {
+	return protojson.MarshalOptions{}.Marshal(v.(proto.Message))
+}
+
+func (strictJSON) Unmarshal(b []byte, v any) error {
+	if len(b) == 0 {
+		// An empty body is an empty message, as in Connect's own codec.
+		return nil
+	}
+	return protojson.UnmarshalOptions{DiscardUnknown: false}.Unmarshal(b, v.(proto.Message))
+}
+
+func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) http.Handler {
+	opts := connect.WithHandlerOptions(
+		connect.WithInterceptors(envelope.NewInterceptor(a.Envelope, a.Authn, metrics)),
+		connect.WithReadMaxBytes(MaxRequestBytes),
+		connect.WithCodec(strictJSON{}),
+	)
+	mux := http.NewServeMux()
+	mux.Handle(apiv1connect.NewTenantServiceHandler(tenancy.NewTenantService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewProjectServiceHandler(tenancy.NewProjectService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewApiKeyServiceHandler(authn.NewApiKeyService(a.Envelope, a.Authn), opts))
+	mux.Handle(apiv1connect.NewIdentityServiceHandler(authn.NewIdentityService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewPolicyServiceHandler(policy.NewService(a.Envelope, validator), opts))
+	mux.Handle(apiv1connect.NewConfirmationServiceHandler(confirmation.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewAuditServiceHandler(audit.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewEventServiceHandler(events.NewService(a.Envelope, a.hub, a.cfg.EventPoll), opts))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := a.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			var one int
+			return tx.QueryRow(ctx, `SELECT 1`).Scan(&one)
+		}); err != nil {
+			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
+	return mux
+}

@@ -1,0 +1,101 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Task is a long-running component: it runs until ctx is done and returns
+// nil after a clean stop.
+type Task func(ctx context.Context) error
+
+// RunTasks runs every task until ctx is done or one fails; the first failure
+// cancels the rest, and RunTasks returns it after all have stopped.
+func RunTasks(ctx context.Context, tasks ...Task) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		once     sync.Once
+		firstErr error
+	)
+	for _, t := range tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := t(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				once.Do(func() { firstErr = err })
+			}
+			cancel()
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// Listen opens the API listener; callers that need the port before Run
+// (tests, `dev` printing its address) listen first.
+func (a *App) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", a.cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", a.cfg.Listen, err)
+	}
+	return ln, nil
+}
+
+// Run serves the configured roles until ctx is done, then shuts down
+// cleanly: in-flight requests finish (bounded by ShutdownTimeout), jobs
+// stop, and the caller closes the database.
+func (a *App) Run(ctx context.Context, ln net.Listener) error {
+	var tasks []Task
+	if slices.Contains(a.cfg.Roles, RoleAPI) {
+		if ln == nil {
+			var err error
+			if ln, err = a.Listen(); err != nil {
+				return err
+			}
+		}
+		tasks = append(tasks, a.serveHTTP(ln))
+	} else if ln != nil {
+		_ = ln.Close()
+	}
+	tasks = append(tasks, a.Jobs.Run)
+	return RunTasks(ctx, tasks...)
+}
+
+func (a *App) serveHTTP(ln net.Listener) Task {
+	return func(ctx context.Context) error {
+		protocols := new(http.Protocols)
+		protocols.SetHTTP1(true)
+		// gRPC clients speak HTTP/2 without TLS to a plain-text listener.
+		protocols.SetUnencryptedHTTP2(true)
+		srv := &http.Server{
+			Handler:           a.Handler,
+			Protocols:         protocols,
+			ReadHeaderTimeout: 10 * time.Second,
+			BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		select {
+		case err := <-errc:
+			return fmt.Errorf("api server: %w", err)
+		case <-ctx.Done():
+		}
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+		defer cancel()
+		// Watch streams never finish on their own: cancel their contexts
+		// when the grace period ends.
+		if err := srv.Shutdown(shutdownCtx); err != nil {
+			_ = srv.Close()
+		}
+		<-errc
+		return nil
+	}
+}

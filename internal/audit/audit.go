@@ -1,0 +1,154 @@
+// Package audit keeps the audit log: one row per mutation attempt (who,
+// what, which resource, the decision, request and trace ids), written in the
+// mutation's own transaction, and the AuditService that reads it.
+//
+// It must never update or delete an audit row.
+package audit
+
+import (
+	"context"
+	"embed"
+	"io/fs"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Migrations returns the module's tables.
+func Migrations() store.Migrations {
+	sub, err := fs.Sub(migrationsFS, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return store.Migrations{Module: "audit", FS: sub}
+}
+
+// Insert writes one audit row in tx.
+func Insert(ctx context.Context, tx store.Tx, e envelope.AuditEntry) error {
+	_, err := tx.Exec(ctx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result)
+	return err
+}
+
+// ListParams filters List. AllTenants lists the platform-wide log.
+type ListParams struct {
+	TenantID   string
+	AllTenants bool
+	Action     string
+	Before     string
+	Limit      int
+}
+
+// List returns audit rows newest first.
+func List(ctx context.Context, q store.Querier, p ListParams) ([]envelope.AuditEntry, error) {
+	before := p.Before
+	if before == "" {
+		before = "~" // sorts after every id
+	}
+	rows, err := q.Query(ctx, `SELECT id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result
+		FROM audit_log WHERE ($1 OR tenant_id = $2) AND ($3 = '' OR action = $3) AND id < $4 ORDER BY id DESC LIMIT $5`,
+		p.AllTenants, p.TenantID, p.Action, before, p.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []envelope.AuditEntry
+	for rows.Next() {
+		var e envelope.AuditEntry
+		if err := rows.Scan(&e.ID, &e.Time, &e.TenantID, &e.PrincipalID, &e.PrincipalKind, &e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// Service serves the AuditService API.
+type Service struct{ env *envelope.Envelope }
+
+var _ apiv1connect.AuditServiceHandler = (*Service)(nil)
+
+// NewService returns the audit handlers.
+func NewService(env *envelope.Envelope) *Service { return &Service{env: env} }
+
+// List lists a tenant's audit log, or the whole log for platform principals
+// when no tenant is named.
+func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListAuditRequest]) (*connect.Response[apiv1.ListAuditResponse], error) {
+	var vs envelope.Violations
+	if req.Msg.GetTenant() != "" {
+		vs.Ref("tenant", req.Msg.GetTenant(), "tnt")
+	}
+	vs.PageSize("page_size", req.Msg.GetPageSize())
+	vs.MaxLen("action", req.Msg.GetAction(), 100)
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	filter := req.Msg.GetTenant() + "/" + req.Msg.GetAction()
+	before, err := envelope.DecodePageToken("page_token", req.Msg.GetPageToken(), filter)
+	if err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	p := ListParams{Action: req.Msg.GetAction(), Before: before, Limit: envelope.PageSize(req.Msg.GetPageSize()) + 1}
+	res := tenancy.PlatformResource()
+	if req.Msg.GetTenant() == "" {
+		p.AllTenants = true
+	} else {
+		var (
+			t      tenancy.Tenant
+			tfound bool
+		)
+		if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
+			t, tfound, err = tenancy.LookupTenant(ctx, q, req.Msg.GetTenant())
+			return err
+		}); err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		res = iam.Resource{Type: "AuditLog", ID: t.ID, TenantID: t.ID}
+		if !tfound {
+			res = iam.Resource{Type: "AuditLog", ID: "unknown"}
+		}
+		if err := s.env.AuthorizeRead(ctx, res); err != nil {
+			return nil, err
+		}
+		if !tfound {
+			return nil, s.env.Fail(ctx, envelope.NotFound("tenant", req.Msg.GetTenant()))
+		}
+		p.TenantID = t.ID
+	}
+	if p.AllTenants {
+		if err := s.env.AuthorizeRead(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	var es []envelope.AuditEntry
+	if err := s.env.Resolve(ctx, "audit log", func(ctx context.Context, q store.Querier) (err error) {
+		es, err = List(ctx, q, p)
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	out := &apiv1.ListAuditResponse{}
+	for i, e := range es {
+		if i == p.Limit-1 {
+			out.NextPageToken = envelope.EncodePageToken(es[i-1].ID, filter)
+			break
+		}
+		out.Entries = append(out.Entries, &apiv1.AuditEntry{
+			Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
+			Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
+			RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result,
+		})
+	}
+	return connect.NewResponse(out), nil
+}

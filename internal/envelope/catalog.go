@@ -1,0 +1,76 @@
+package envelope
+
+import (
+	"sort"
+
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+)
+
+// Kind says which pipeline a method runs through.
+type Kind int
+
+// Method kinds.
+const (
+	// KindMutation runs the full envelope: one decision, one transaction.
+	KindMutation Kind = iota + 1
+	// KindRead makes a (cached) read decision.
+	KindRead
+	// KindSelf only authenticates: it tells the caller about itself.
+	KindSelf
+)
+
+// Method is one row of the service catalog: which IAM action guards a
+// procedure and how it is processed. Every procedure the API serves has a
+// row; a repository test fails when one is missing.
+type Method struct {
+	Procedure string
+	Action    string
+	Kind      Kind
+	// Create methods honour the Idempotency-Key header.
+	Create bool
+}
+
+var catalog = []Method{
+	{apiv1connect.TenantServiceCreateProcedure, "tenants.create", KindMutation, true},
+	{apiv1connect.TenantServiceGetProcedure, "tenants.get", KindRead, false},
+	{apiv1connect.TenantServiceListProcedure, "tenants.list", KindRead, false},
+	{apiv1connect.ProjectServiceCreateProcedure, "projects.create", KindMutation, true},
+	{apiv1connect.ProjectServiceGetProcedure, "projects.get", KindRead, false},
+	{apiv1connect.ProjectServiceListProcedure, "projects.list", KindRead, false},
+	{apiv1connect.ProjectServiceDeleteProcedure, "projects.delete", KindMutation, false},
+	{apiv1connect.ApiKeyServiceCreateProcedure, "apiKeys.create", KindMutation, true},
+	{apiv1connect.ApiKeyServiceListProcedure, "apiKeys.list", KindRead, false},
+	{apiv1connect.ApiKeyServiceRevokeProcedure, "apiKeys.revoke", KindMutation, false},
+	{apiv1connect.IdentityServiceWhoAmIProcedure, "", KindSelf, false},
+	{apiv1connect.PolicyServiceGetProcedure, "policies.get", KindRead, false},
+	{apiv1connect.PolicyServicePutProcedure, "policies.put", KindMutation, false},
+	{apiv1connect.PolicyServiceListProcedure, "policies.list", KindRead, false},
+	{apiv1connect.ConfirmationServiceListProcedure, "confirmations.list", KindRead, false},
+	{apiv1connect.ConfirmationServiceApproveProcedure, "confirmations.approve", KindMutation, false},
+	{apiv1connect.AuditServiceListProcedure, "audit.list", KindRead, false},
+	{apiv1connect.EventServiceWatchProcedure, "events.watch", KindRead, false},
+}
+
+var catalogIndex = func() map[string]Method {
+	m := make(map[string]Method, len(catalog))
+	for _, row := range catalog {
+		if _, dup := m[row.Procedure]; dup {
+			panic("envelope: duplicate catalog row " + row.Procedure)
+		}
+		m[row.Procedure] = row
+	}
+	return m
+}()
+
+// Catalog returns every catalog row, sorted by procedure.
+func Catalog() []Method {
+	out := append([]Method(nil), catalog...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Procedure < out[j].Procedure })
+	return out
+}
+
+// Lookup returns the catalog row of a procedure.
+func Lookup(procedure string) (Method, bool) {
+	m, ok := catalogIndex[procedure]
+	return m, ok
+}

@@ -1,0 +1,361 @@
+package envelope
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/riverqueue/river"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// AuditEntry is one audit row, written in the mutation's transaction.
+type AuditEntry struct {
+	ID            string
+	Time          time.Time
+	TenantID      string
+	PrincipalID   string
+	PrincipalKind string
+	Action        string
+	ResourceType  string
+	ResourceID    string
+	Decision      string
+	RequestID     string
+	TraceID       string
+	Result        string
+}
+
+// Decisions as recorded in the audit log.
+const (
+	DecisionAllow                = "allow"
+	DecisionDeny                 = "deny"
+	DecisionConfirmationRequired = "confirmation_required"
+	DecisionError                = "error"
+)
+
+// Event is an outbox event, written in the mutation's transaction.
+type Event struct {
+	Type         string
+	TenantID     string
+	ResourceType string
+	ResourceID   string
+	Time         time.Time
+	Data         map[string]any
+}
+
+// Recorder writes audit rows and outbox events inside a transaction. The
+// audit and events modules implement it; the envelope only calls it.
+type Recorder interface {
+	InsertAudit(ctx context.Context, tx store.Tx, e AuditEntry) error
+	InsertEvents(ctx context.Context, tx store.Tx, evs []Event) error
+}
+
+// JobInserter enqueues a background job in the caller's transaction.
+type JobInserter interface {
+	InsertTx(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error
+}
+
+// Metrics observes decisions; nil-safe.
+type Metrics interface {
+	Decision(action, decision string)
+}
+
+// Config wires an Envelope.
+type Config struct {
+	DB       *store.DB
+	Authz    iam.Authorizer
+	Recorder Recorder
+	Jobs     JobInserter
+	Clock    clock.Clock
+	Logger   *slog.Logger
+	Metrics  Metrics
+	// ReadCacheTTL bounds how long a read decision is reused; at most 10 s.
+	ReadCacheTTL time.Duration
+	// ConfirmationTTL is how long a confirmation may be approved and used.
+	ConfirmationTTL time.Duration
+	// IdempotencyTTL is how long a create's result is kept for replay.
+	IdempotencyTTL time.Duration
+}
+
+// Envelope runs the API pipeline.
+type Envelope struct {
+	cfg       Config
+	readCache *decisionCache
+}
+
+// New returns an Envelope; it validates the config.
+func New(cfg Config) (*Envelope, error) {
+	if cfg.DB == nil || cfg.Authz == nil || cfg.Recorder == nil {
+		return nil, errors.New("envelope: DB, Authz and Recorder are required")
+	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock())
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.ReadCacheTTL = min(cmp.Or(cfg.ReadCacheTTL, 10*time.Second), 10*time.Second)
+	cfg.ConfirmationTTL = cmp.Or(cfg.ConfirmationTTL, 15*time.Minute)
+	cfg.IdempotencyTTL = cmp.Or(cfg.IdempotencyTTL, 24*time.Hour)
+	return &Envelope{cfg: cfg, readCache: newDecisionCache(cfg.ReadCacheTTL, 10000)}, nil
+}
+
+// DB returns the store the envelope writes to.
+func (e *Envelope) DB() *store.DB { return e.cfg.DB }
+
+// Clock returns the envelope's clock.
+func (e *Envelope) Clock() clock.Clock { return e.cfg.Clock }
+
+// InvalidateReadDecisions drops cached read decisions, e.g. after a policy
+// change, so a revoked permission stops working at once on this replica.
+func (e *Envelope) InvalidateReadDecisions() { e.readCache.clear() }
+
+// Tx is a mutation's transaction: the store transaction plus what the
+// envelope records with it.
+type Tx struct {
+	store.Tx
+	env        *Envelope
+	caller     Caller
+	events     []Event
+	resourceID string
+	tenantID   string
+}
+
+// Caller returns the authenticated caller.
+func (t *Tx) Caller() Caller { return t.caller }
+
+// Now returns the envelope clock's time.
+func (t *Tx) Now() time.Time { return t.env.cfg.Clock.Now() }
+
+// Emit queues an outbox event, written when Apply returns.
+func (t *Tx) Emit(ev Event) {
+	if ev.TenantID == "" {
+		ev.TenantID = t.tenantID
+	}
+	t.events = append(t.events, ev)
+}
+
+// SetResource records the id (and tenant, for creates of tenants) of the
+// resource the mutation created, for the audit row.
+func (t *Tx) SetResource(id, tenantID string) {
+	t.resourceID = id
+	if tenantID != "" {
+		t.tenantID = tenantID
+	}
+}
+
+// Enqueue inserts a job that commits or rolls back with this transaction.
+func (t *Tx) Enqueue(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) error {
+	if t.env.cfg.Jobs == nil {
+		return errors.New("envelope: no job runtime configured")
+	}
+	return t.env.cfg.Jobs.InsertTx(ctx, t.Tx, args, opts)
+}
+
+// Mutation describes one mutating call to Mutate.
+type Mutation[Res any] struct {
+	// Validate checks the request's fields; it returns Violations.Err().
+	Validate func() error
+	// Draft builds the resource the decision is about (request-as-resource),
+	// reading what it needs. It runs before any write lock is taken.
+	Draft func(ctx context.Context, q store.Querier) (iam.Resource, error)
+	// Apply writes the mutation. It must re-check what Draft read: the world
+	// may have moved between the decision and the transaction.
+	Apply func(ctx context.Context, tx *Tx) (*Res, error)
+}
+
+// Mutate runs a mutation through the whole envelope and converts errors to
+// Connect errors with machine codes.
+func Mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request[Req], m Mutation[Res]) (*connect.Response[Res], error) {
+	res, err := mutate(ctx, e, req, m)
+	if err != nil {
+		e.logError(ctx, err)
+		return nil, ToConnect(err)
+	}
+	return connect.NewResponse(res), nil
+}
+
+func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request[Req], m Mutation[Res]) (*Res, error) {
+	info := InfoFrom(ctx)
+	caller, ok := CallerFrom(ctx)
+	if !ok || info.Method.Kind != KindMutation {
+		// The interceptor sets both; reaching here without them is a wiring bug,
+		// and the safe answer is to refuse.
+		return nil, &Error{Code: CodeInternal, Message: "internal error", Err: fmt.Errorf("mutation %s without caller or catalog row", info.Procedure)}
+	}
+	if m.Validate != nil {
+		if err := m.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	msg, ok := any(req.Msg).(proto.Message)
+	if !ok {
+		return nil, &Error{Code: CodeInternal, Message: "internal error", Err: errors.New("request is not a proto message")}
+	}
+	reqHash, err := requestHash(info.Procedure, msg)
+	if err != nil {
+		return nil, err
+	}
+
+	idemKey := req.Header().Get(HeaderIdempotencyKey)
+	if idemKey != "" {
+		if err := checkIdempotencyKey(idemKey, info.Method); err != nil {
+			return nil, err
+		}
+		if res, found, err := replay[Res](ctx, e, caller, idemKey, info.Procedure, reqHash); err != nil || found {
+			return res, err
+		}
+	}
+
+	confirmed := false
+	confirmationID := req.Header().Get(HeaderConfirmationID)
+	if confirmationID != "" {
+		if err := e.checkConfirmation(ctx, caller, confirmationID, info.Method.Action, reqHash); err != nil {
+			return nil, err
+		}
+		confirmed = true
+	}
+
+	var resource iam.Resource
+	if err := e.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		var err error
+		resource, err = m.Draft(ctx, tx)
+		return err
+	}); err != nil {
+		return nil, FromStore(err, "resource")
+	}
+
+	audit := AuditEntry{
+		TenantID:      cmp.Or(resource.TenantID, caller.Principal.TenantID),
+		PrincipalID:   caller.Principal.ID,
+		PrincipalKind: string(caller.Principal.Kind),
+		Action:        info.Method.Action,
+		ResourceType:  resource.Type,
+		ResourceID:    resource.ID,
+		RequestID:     info.RequestID,
+		TraceID:       info.TraceID,
+	}
+
+	// The one decision of this mutation.
+	dec, err := e.cfg.Authz.Authorize(ctx, iam.Request{
+		Principal: caller.Principal,
+		Action:    info.Method.Action,
+		Resource:  resource,
+		Context:   map[string]any{"confirmed": confirmed},
+	})
+	switch {
+	case err != nil:
+		e.observe(info.Method.Action, DecisionError)
+		audit.Decision, audit.Result = DecisionError, string(CodeAuthorizationFailed)
+		e.recordRefusal(ctx, audit)
+		return nil, &Error{Code: CodeAuthorizationFailed, Message: "authorization is unavailable; nothing was changed", Err: err}
+	case dec.ConfirmationRequired && !confirmed:
+		e.observe(info.Method.Action, DecisionConfirmationRequired)
+		audit.Decision, audit.Result = DecisionConfirmationRequired, string(CodeConfirmationRequired)
+		return nil, e.requireConfirmation(ctx, caller, audit, reqHash)
+	case !dec.Allowed:
+		e.observe(info.Method.Action, DecisionDeny)
+		audit.Decision, audit.Result = DecisionDeny, string(CodePermissionDenied)
+		e.recordRefusal(ctx, audit)
+		return nil, Errorf(CodePermissionDenied, "%s may not %s this %s", caller.Principal.Kind, info.Method.Action, cmp.Or(resource.Type, "resource"))
+	}
+	e.observe(info.Method.Action, DecisionAllow)
+
+	var res *Res
+	err = e.cfg.DB.Write(ctx, func(ctx context.Context, stx store.Tx) error {
+		tx := &Tx{Tx: stx, env: e, caller: caller, resourceID: resource.ID, tenantID: audit.TenantID}
+		if confirmed {
+			if err := confirmationUse(ctx, stx, confirmationID); err != nil {
+				return err
+			}
+		}
+		var err error
+		if res, err = m.Apply(ctx, tx); err != nil {
+			return err
+		}
+		entry := audit
+		entry.ID = NewID("aud", tx.Now())
+		entry.Time = tx.Now()
+		entry.TenantID, entry.ResourceID = tx.tenantID, tx.resourceID
+		entry.Decision, entry.Result = DecisionAllow, "OK"
+		if err := e.cfg.Recorder.InsertAudit(ctx, stx, entry); err != nil {
+			return err
+		}
+		if len(tx.events) > 0 {
+			for i := range tx.events {
+				if tx.events[i].Time.IsZero() {
+					tx.events[i].Time = tx.Now()
+				}
+			}
+			if err := e.cfg.Recorder.InsertEvents(ctx, stx, tx.events); err != nil {
+				return err
+			}
+		}
+		if idemKey != "" {
+			return idempotencyInsert(ctx, stx, caller.Principal.ID, idemKey, info.Procedure, reqHash, any(res).(proto.Message), tx.Now().Add(e.cfg.IdempotencyTTL))
+		}
+		return nil
+	})
+	if err != nil {
+		if idemKey != "" && errors.Is(err, errIdempotencyRace) {
+			// A concurrent request with the same key committed first: answer
+			// with its result, as a replay would.
+			if res, found, rerr := replay[Res](ctx, e, caller, idemKey, info.Procedure, reqHash); rerr != nil || found {
+				return res, rerr
+			}
+		}
+		return nil, FromStore(err, cmp.Or(resource.Type, "resource"))
+	}
+	return res, nil
+}
+
+// recordRefusal writes the audit row of a refused mutation in its own
+// transaction: a refusal changes nothing else, but who tried what stays on
+// record.
+func (e *Envelope) recordRefusal(ctx context.Context, entry AuditEntry) {
+	err := e.cfg.DB.Write(context.WithoutCancel(ctx), func(ctx context.Context, tx store.Tx) error {
+		entry.ID = NewID("aud", e.cfg.Clock.Now())
+		entry.Time = e.cfg.Clock.Now()
+		return e.cfg.Recorder.InsertAudit(ctx, tx, entry)
+	})
+	if err != nil {
+		e.cfg.Logger.ErrorContext(ctx, "audit of a refused mutation failed", "action", entry.Action, "err", err)
+	}
+}
+
+func (e *Envelope) observe(action, decision string) {
+	if e.cfg.Metrics != nil {
+		e.cfg.Metrics.Decision(action, decision)
+	}
+}
+
+func (e *Envelope) logError(ctx context.Context, err error) {
+	apiErr := AsError(err)
+	info := InfoFrom(ctx)
+	level := slog.LevelInfo
+	if apiErr.Code == CodeInternal || apiErr.Code == CodeAuthorizationFailed {
+		level = slog.LevelError
+	}
+	e.cfg.Logger.Log(ctx, level, "request refused", "procedure", info.Procedure, "request_id", info.RequestID,
+		"trace_id", info.TraceID, "code", apiErr.Code, "message", apiErr.Message, "err", apiErr.Err)
+}
+
+// requestHash fingerprints a request so a replay (idempotency or
+// confirmation) can prove it is the same request.
+func requestHash(procedure string, msg proto.Message) (string, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return "", &Error{Code: CodeInternal, Message: "internal error", Err: err}
+	}
+	h := sha256.New()
+	h.Write([]byte(procedure))
+	h.Write([]byte{0})
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

@@ -1,0 +1,191 @@
+package envelope
+
+import (
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Code is a stable machine code. Clients branch on it; it never changes
+// meaning once shipped.
+type Code string
+
+// The machine codes this API answers with.
+const (
+	CodeInvalidArgument        Code = "INVALID_ARGUMENT"
+	CodeNotFound               Code = "NOT_FOUND"
+	CodeAlreadyExists          Code = "ALREADY_EXISTS"
+	CodePermissionDenied       Code = "PERMISSION_DENIED"
+	CodeUnauthenticated        Code = "UNAUTHENTICATED"
+	CodeConfirmationRequired   Code = "CONFIRMATION_REQUIRED"
+	CodeIdempotencyKeyReused   Code = "IDEMPOTENCY_KEY_REUSED"
+	CodeFailedPrecondition     Code = "FAILED_PRECONDITION"
+	CodeConflict               Code = "CONFLICT"
+	CodeUnavailable            Code = "UNAVAILABLE"
+	CodeInternal               Code = "INTERNAL"
+	CodeAuthorizationFailed    Code = "AUTHORIZATION_UNAVAILABLE"
+	CodeConfirmationNotUsable  Code = "CONFIRMATION_NOT_USABLE"
+	CodeResourceExhaustedLimit Code = "RESOURCE_EXHAUSTED"
+)
+
+var connectCodes = map[Code]connect.Code{
+	CodeInvalidArgument:        connect.CodeInvalidArgument,
+	CodeNotFound:               connect.CodeNotFound,
+	CodeAlreadyExists:          connect.CodeAlreadyExists,
+	CodePermissionDenied:       connect.CodePermissionDenied,
+	CodeUnauthenticated:        connect.CodeUnauthenticated,
+	CodeConfirmationRequired:   connect.CodeFailedPrecondition,
+	CodeIdempotencyKeyReused:   connect.CodeFailedPrecondition,
+	CodeFailedPrecondition:     connect.CodeFailedPrecondition,
+	CodeConflict:               connect.CodeAborted,
+	CodeUnavailable:            connect.CodeUnavailable,
+	CodeInternal:               connect.CodeInternal,
+	CodeAuthorizationFailed:    connect.CodeUnavailable,
+	CodeConfirmationNotUsable:  connect.CodeFailedPrecondition,
+	CodeResourceExhaustedLimit: connect.CodeResourceExhausted,
+}
+
+// Violation names a refused request field and why.
+type Violation struct {
+	Field  string
+	Reason string
+}
+
+// Error is an API error: a machine code, a user-facing message and, where
+// they apply, field violations or a confirmation id. Internal detail goes in
+// Err, which is logged and never sent.
+type Error struct {
+	Code           Code
+	Message        string
+	Violations     []Violation
+	ConfirmationID string
+	Err            error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an API error with a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Invalid returns an INVALID_ARGUMENT error for the given violations.
+func Invalid(vs ...Violation) *Error {
+	msg := "invalid request"
+	if len(vs) > 0 {
+		msg = fmt.Sprintf("invalid %s: %s", vs[0].Field, vs[0].Reason)
+		if len(vs) > 1 {
+			msg += fmt.Sprintf(" (and %d more)", len(vs)-1)
+		}
+	}
+	return &Error{Code: CodeInvalidArgument, Message: msg, Violations: vs}
+}
+
+// NotFound returns a NOT_FOUND error for a resource kind and key.
+func NotFound(kind, key string) *Error {
+	return Errorf(CodeNotFound, "%s %q not found", kind, key)
+}
+
+// FromStore turns a store error into an API error, keeping the store's
+// detail for the log only.
+func FromStore(err error, what string) error {
+	var apiErr *Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &apiErr):
+		return apiErr
+	case errors.Is(err, store.ErrNotFound):
+		return &Error{Code: CodeNotFound, Message: what + " not found", Err: err}
+	case errors.Is(err, store.ErrUnique):
+		return &Error{Code: CodeAlreadyExists, Message: what + " already exists", Err: err}
+	case errors.Is(err, store.ErrConstraint):
+		return &Error{Code: CodeFailedPrecondition, Message: what + " violates a constraint", Err: err}
+	case errors.Is(err, store.ErrSerialization):
+		return &Error{Code: CodeConflict, Message: "concurrent update, retry", Err: err}
+	default:
+		return &Error{Code: CodeInternal, Message: "internal error", Err: err}
+	}
+}
+
+// ToConnect converts any error into a Connect error carrying an ErrorDetail.
+func ToConnect(err error) *connect.Error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	apiErr := AsError(err)
+	cerr := connect.NewError(connectCodes[apiErr.Code], errors.New(apiErr.Message))
+	detail := &apiv1.ErrorDetail{
+		Code:           string(apiErr.Code),
+		Message:        apiErr.Message,
+		ConfirmationId: apiErr.ConfirmationID,
+	}
+	for _, v := range apiErr.Violations {
+		detail.Violations = append(detail.Violations, &apiv1.FieldViolation{Field: v.Field, Reason: v.Reason})
+	}
+	if d, derr := connect.NewErrorDetail(detail); derr == nil {
+		cerr.AddDetail(d)
+	}
+	return cerr
+}
+
+// AsError returns err as an *Error, classifying anything else as INTERNAL or
+// by its store kind.
+func AsError(err error) *Error {
+	var apiErr *Error
+	if errors.As(err, &apiErr) {
+		return apiErr
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return &Error{Code: codeFromConnect(ce.Code()), Message: ce.Message(), Err: err}
+	}
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrUnique) ||
+		errors.Is(err, store.ErrConstraint) || errors.Is(err, store.ErrSerialization) {
+		return AsError(FromStore(err, "resource"))
+	}
+	return &Error{Code: CodeInternal, Message: "internal error", Err: err}
+}
+
+func codeFromConnect(c connect.Code) Code {
+	for k, v := range connectCodes {
+		if v == c && k != CodeConfirmationRequired && k != CodeIdempotencyKeyReused &&
+			k != CodeAuthorizationFailed && k != CodeConfirmationNotUsable {
+			return k
+		}
+	}
+	return CodeInternal
+}
+
+// DetailOf extracts the ErrorDetail from a Connect error returned to a client.
+func DetailOf(err error) *apiv1.ErrorDetail {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		if ed, ok := v.(*apiv1.ErrorDetail); ok {
+			return ed
+		}
+	}
+	return nil
+}

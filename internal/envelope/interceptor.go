@@ -1,0 +1,146 @@
+package envelope
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"regexp"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+)
+
+var (
+	requestIDRE   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+	traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$`)
+)
+
+// Interceptor is the first stage of the envelope for every procedure:
+// request and trace ids, the catalog lookup (an uncatalogued procedure is
+// refused), authentication, strict decoding, metrics and the access log.
+type Interceptor struct {
+	env     *Envelope
+	authn   Authenticator
+	metrics *PromMetrics
+}
+
+// NewInterceptor returns the envelope's Connect interceptor.
+func NewInterceptor(env *Envelope, authn Authenticator, metrics *PromMetrics) *Interceptor {
+	return &Interceptor{env: env, authn: authn, metrics: metrics}
+}
+
+func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header) (context.Context, error) {
+	info := RequestInfo{Procedure: procedure, RequestID: h.Get(HeaderRequestID)}
+	if !requestIDRE.MatchString(info.RequestID) {
+		info.RequestID = NewID("req", i.env.cfg.Clock.Now())
+	}
+	if m := traceparentRE.FindStringSubmatch(h.Get(HeaderTraceparent)); m != nil {
+		info.TraceID = m[1]
+	}
+	m, ok := Lookup(procedure)
+	if !ok {
+		ctx = withInfo(ctx, info)
+		return ctx, Errorf(CodeInternal, "procedure %s has no catalog row", procedure)
+	}
+	info.Method = m
+	ctx = withInfo(ctx, info)
+	caller, err := i.authn.Authenticate(ctx, h)
+	if err != nil {
+		return ctx, err
+	}
+	return WithCaller(ctx, caller), nil
+}
+
+func (i *Interceptor) finish(ctx context.Context, procedure string, start time.Time, err error) {
+	code := "OK"
+	if err != nil {
+		code = string(AsError(err).Code)
+	}
+	if i.metrics != nil {
+		i.metrics.Request(procedure, code, time.Since(start))
+	}
+	info := InfoFrom(ctx)
+	attrs := []any{"procedure", procedure, "code", code, "request_id", info.RequestID, "duration_ms", float64(time.Since(start).Microseconds()) / 1000}
+	if info.TraceID != "" {
+		attrs = append(attrs, "trace_id", info.TraceID)
+	}
+	if c, ok := CallerFrom(ctx); ok {
+		attrs = append(attrs, "principal", c.Principal.ID)
+	}
+	i.env.cfg.Logger.InfoContext(ctx, "request", attrs...)
+}
+
+// WrapUnary implements connect.Interceptor.
+func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if req.Spec().IsClient {
+			return next(ctx, req)
+		}
+		start := time.Now()
+		ctx, err := i.begin(ctx, req.Spec().Procedure, req.Header())
+		if err == nil {
+			err = strictFields(req.Any())
+		}
+		var res connect.AnyResponse
+		if err == nil {
+			res, err = next(ctx, req)
+		}
+		i.finish(ctx, req.Spec().Procedure, start, err)
+		if err != nil {
+			return nil, ToConnect(err)
+		}
+		res.Header().Set(HeaderRequestID, InfoFrom(ctx).RequestID)
+		return res, nil
+	}
+}
+
+// WrapStreamingClient implements connect.Interceptor.
+func (i *Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+// WrapStreamingHandler implements connect.Interceptor.
+func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		start := time.Now()
+		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.RequestHeader())
+		if err == nil {
+			conn.ResponseHeader().Set(HeaderRequestID, InfoFrom(ctx).RequestID)
+			err = next(ctx, &strictConn{StreamingHandlerConn: conn})
+		}
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
+		i.finish(ctx, conn.Spec().Procedure, start, err)
+		if err != nil {
+			return ToConnect(err)
+		}
+		return nil
+	}
+}
+
+type strictConn struct {
+	connect.StreamingHandlerConn
+}
+
+func (c *strictConn) Receive(msg any) error {
+	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
+		return err
+	}
+	return strictFields(msg)
+}
+
+// strictFields refuses fields this server does not know. The JSON codec
+// already refuses them; binary protobuf keeps them as unknown bytes, which
+// would otherwise be silently ignored.
+func strictFields(msg any) error {
+	m, ok := msg.(proto.Message)
+	if !ok {
+		return nil
+	}
+	if len(m.ProtoReflect().GetUnknown()) > 0 {
+		return Invalid(Violation{Field: "body", Reason: "has fields this server does not know"})
+	}
+	return nil
+}

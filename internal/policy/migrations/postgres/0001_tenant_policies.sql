@@ -1,0 +1,7 @@
+CREATE TABLE tenant_policies (
+    tenant_id   TEXT NOT NULL,
+    id          TEXT NOT NULL,
+    text        TEXT NOT NULL,
+    update_time TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (tenant_id, id)
+);

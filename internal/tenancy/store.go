@@ -1,0 +1,134 @@
+package tenancy
+
+import (
+	"context"
+	"embed"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Migrations returns the module's tables.
+func Migrations() store.Migrations {
+	sub, err := fs.Sub(migrationsFS, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	return store.Migrations{Module: "tenancy", FS: sub}
+}
+
+// PlatformTenantID is not a tenant: platform-level rows use the empty id.
+const PlatformTenantID = ""
+
+// Tenant is an organization.
+type Tenant struct {
+	ID          string
+	Name        string
+	DisplayName string
+	CreateTime  time.Time
+}
+
+// Project groups a tenant's resources.
+type Project struct {
+	ID          string
+	TenantID    string
+	Name        string
+	DisplayName string
+	CreateTime  time.Time
+}
+
+// TenantInsert creates a tenant.
+func TenantInsert(ctx context.Context, tx store.Tx, t Tenant) error {
+	_, err := tx.Exec(ctx, `INSERT INTO tenants (id, name, display_name, create_time) VALUES ($1, $2, $3, $4)`,
+		t.ID, t.Name, t.DisplayName, t.CreateTime)
+	return err
+}
+
+// TenantGet resolves a tenant by id (tnt_…) or name.
+func TenantGet(ctx context.Context, q store.Querier, ref string) (Tenant, error) {
+	col := "name"
+	if strings.HasPrefix(ref, "tnt_") {
+		col = "id"
+	}
+	var t Tenant
+	err := q.QueryRow(ctx, `SELECT id, name, display_name, create_time FROM tenants WHERE `+col+` = $1`, ref).
+		Scan(&t.ID, &t.Name, &t.DisplayName, &t.CreateTime)
+	return t, err
+}
+
+// TenantList lists tenants by id after the cursor. When only is set, just
+// that tenant is listed (a tenant principal sees itself).
+func TenantList(ctx context.Context, q store.Querier, after, only string, limit int) ([]Tenant, error) {
+	rows, err := q.Query(ctx, `SELECT id, name, display_name, create_time FROM tenants
+		WHERE id > $1 AND ($2 = '' OR id = $2) ORDER BY id LIMIT $3`, after, only, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Tenant
+	for rows.Next() {
+		var t Tenant
+		if err := rows.Scan(&t.ID, &t.Name, &t.DisplayName, &t.CreateTime); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// ProjectInsert creates a project.
+func ProjectInsert(ctx context.Context, tx store.Tx, p Project) error {
+	_, err := tx.Exec(ctx, `INSERT INTO projects (id, tenant_id, name, display_name, create_time) VALUES ($1, $2, $3, $4, $5)`,
+		p.ID, p.TenantID, p.Name, p.DisplayName, p.CreateTime)
+	return err
+}
+
+const projectColumns = `id, tenant_id, name, display_name, create_time`
+
+func scanProject(row interface{ Scan(...any) error }) (Project, error) {
+	var p Project
+	err := row.Scan(&p.ID, &p.TenantID, &p.Name, &p.DisplayName, &p.CreateTime)
+	return p, err
+}
+
+// ProjectGet resolves a project of a tenant by id (prj_…) or name; a project
+// of another tenant is not found.
+func ProjectGet(ctx context.Context, q store.Querier, tenantID, ref string) (Project, error) {
+	col := "name"
+	if strings.HasPrefix(ref, "prj_") {
+		col = "id"
+	}
+	return scanProject(q.QueryRow(ctx, `SELECT `+projectColumns+` FROM projects WHERE tenant_id = $1 AND `+col+` = $2`, tenantID, ref))
+}
+
+// ProjectList lists a tenant's projects by id after the cursor. namePrefix
+// must be validated as a name: it is used in LIKE unescaped.
+func ProjectList(ctx context.Context, q store.Querier, tenantID, namePrefix, after string, limit int) ([]Project, error) {
+	rows, err := q.Query(ctx, `SELECT `+projectColumns+` FROM projects
+		WHERE tenant_id = $1 AND id > $2 AND name LIKE $3 ORDER BY id LIMIT $4`,
+		tenantID, after, namePrefix+"%", limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Project
+	for rows.Next() {
+		p, err := scanProject(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// ProjectDelete deletes a project of a tenant; it reports whether one was.
+func ProjectDelete(ctx context.Context, tx store.Tx, tenantID, id string) (bool, error) {
+	n, err := tx.Exec(ctx, `DELETE FROM projects WHERE tenant_id = $1 AND id = $2`, tenantID, id)
+	return n == 1, err
+}
