@@ -1,0 +1,84 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	bcapp "github.com/better-compute/better-compute/internal/app"
+)
+
+func newDevCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run every role in one process on SQLite, for development",
+		Long: `dev runs the whole control plane in one process with the embedded SQLite
+store in --state-dir. The first start creates the platform and prints the
+admin API key once (it is also kept in <state-dir>/admin.key, mode 0600);
+every start writes a CLI context named "dev" so that plain better-compute
+commands talk to it. Restarting keeps all state.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.roles = []string{"api", "worker"}
+			logger, err := f.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			a, err := bcapp.New(ctx, f.config(logger))
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			keyFile := filepath.Join(f.stateDir, "admin.key")
+			secret, created, err := a.Bootstrap(ctx)
+			if err != nil {
+				return err
+			}
+			if created {
+				if err := writeSecretFile(keyFile, secret); err != nil {
+					return fmt.Errorf("write the admin key: %w", err)
+				}
+			} else {
+				b, err := os.ReadFile(keyFile)
+				if err != nil {
+					return fmt.Errorf("the platform exists but its admin key file is unreadable (%w); start with a fresh --state-dir", err)
+				}
+				secret = strings.TrimSpace(string(b))
+			}
+			ln, err := a.Listen()
+			if err != nil {
+				return err
+			}
+			api := "http://" + ln.Addr().String()
+			cfgPath := cmd.Flag("config").Value.String()
+			if cfgPath == "" {
+				cfgPath = ConfigPath()
+			}
+			cfg, err := LoadConfig(cfgPath)
+			if err != nil {
+				return err
+			}
+			cfg.Upsert(Context{Name: "dev", Server: api, Token: secret}, true)
+			if err := cfg.Save(cfgPath); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "API: %s\n", api)
+			if created {
+				fmt.Fprintf(out, "admin key: %s\n", secret)
+				fmt.Fprintf(out, "  (shown once; also kept in %s, mode 0600)\n", keyFile)
+			} else {
+				fmt.Fprintf(out, "admin key: in %s (mode 0600)\n", keyFile)
+			}
+			fmt.Fprintf(out, "CLI context \"dev\" written to %s; try: better-compute tenants list\n", cfgPath)
+			return ignoreCanceled(a.Run(ctx, ln))
+		},
+	}
+	f.register(cmd, false)
+	return cmd
+}

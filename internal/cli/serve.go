@@ -1,0 +1,163 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	bcapp "github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/authn"
+)
+
+func init() {
+	register(newServeCommand)
+	register(newDevCommand)
+}
+
+// serverFlags are the flags serve and dev share.
+type serverFlags struct {
+	listen, stateDir, databaseURL, logFormat, logLevel string
+	roles                                              []string
+	pdp, authzenURL, authzenToken                      string
+	authzenTimeout, shutdownTimeout                    time.Duration
+	oidc                                               authn.OIDCConfig
+	bootstrapKeyFile                                   string
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func (f *serverFlags) register(cmd *cobra.Command, full bool) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", envOr("BETTER_COMPUTE_LISTEN", "127.0.0.1:8080"), "API listen address (env BETTER_COMPUTE_LISTEN)")
+	fl.StringVar(&f.stateDir, "state-dir", envOr("BETTER_COMPUTE_STATE_DIR", ".better-compute"), "state directory: the SQLite database and the bootstrap key (env BETTER_COMPUTE_STATE_DIR)")
+	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long in-flight requests get to finish on SIGTERM")
+	if !full {
+		return
+	}
+	fl.StringSliceVar(&f.roles, "roles", strings.Split(envOr("BETTER_COMPUTE_ROLES", "api,worker"), ","), "roles to run: api, worker (env BETTER_COMPUTE_ROLES)")
+	fl.StringVar(&f.databaseURL, "database-url", envOr("BETTER_COMPUTE_DATABASE_URL", ""), "PostgreSQL URL (postgres://…); empty uses SQLite in --state-dir (env BETTER_COMPUTE_DATABASE_URL)")
+	fl.StringVar(&f.bootstrapKeyFile, "bootstrap-key-file", "", "where an empty database's first admin key is written, mode 0600 (default <state-dir>/admin.key)")
+	fl.StringVar(&f.pdp, "pdp", "cedar", "policy decision point: cedar (embedded) or authzen (remote)")
+	fl.StringVar(&f.authzenURL, "authzen-url", envOr("BETTER_COMPUTE_AUTHZEN_URL", ""), "base URL of the AuthZEN PDP (env BETTER_COMPUTE_AUTHZEN_URL)")
+	fl.StringVar(&f.authzenToken, "authzen-token", "", "bearer token for the AuthZEN PDP (prefer env BETTER_COMPUTE_AUTHZEN_TOKEN)")
+	fl.DurationVar(&f.authzenTimeout, "authzen-timeout", 2*time.Second, "AuthZEN decision timeout; a timeout denies")
+	fl.StringVar(&f.oidc.Issuer, "oidc-issuer", envOr("BETTER_COMPUTE_OIDC_ISSUER", ""), "OIDC issuer URL for user bearer tokens (env BETTER_COMPUTE_OIDC_ISSUER)")
+	fl.StringVar(&f.oidc.ClientID, "oidc-client-id", envOr("BETTER_COMPUTE_OIDC_CLIENT_ID", ""), "audience OIDC tokens must carry (env BETTER_COMPUTE_OIDC_CLIENT_ID)")
+	fl.StringVar(&f.oidc.TenantClaim, "oidc-tenant-claim", "bc_tenant", "claim naming the user's tenant")
+	fl.StringVar(&f.oidc.RoleClaim, "oidc-role-claim", "bc_role", "claim naming the user's role: admin, member or viewer")
+	fl.StringSliceVar(&f.oidc.PlatformAdmins, "oidc-platform-admin", nil, "OIDC subject that is a platform administrator (repeatable)")
+}
+
+func (f *serverFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, invalidArg("log-level", "must be debug, info, warn or error")
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch f.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, invalidArg("log-format", "must be text or json")
+}
+
+func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
+	token := f.authzenToken
+	if token == "" {
+		token = os.Getenv("BETTER_COMPUTE_AUTHZEN_TOKEN")
+	}
+	return bcapp.Config{
+		Roles: f.roles, Listen: f.listen, StateDir: f.stateDir, DatabaseURL: f.databaseURL,
+		PDP: f.pdp, AuthZENURL: f.authzenURL, AuthZENTimeout: f.authzenTimeout, AuthZENToken: token,
+		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger,
+	}
+}
+
+func newServeCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the control plane (any subset of the api and worker roles)",
+		Long: `serve runs the control plane. All replicas share one database: SQLite in
+--state-dir for a single node, or PostgreSQL with --database-url for several.
+
+On an empty database it creates the platform and writes the first admin API
+key only to --bootstrap-key-file (mode 0600), never to the logs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := f.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			a, err := bcapp.New(ctx, f.config(logger))
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			keyFile := f.bootstrapKeyFile
+			if keyFile == "" {
+				keyFile = filepath.Join(f.stateDir, "admin.key")
+			}
+			secret, created, err := a.Bootstrap(ctx)
+			if err != nil {
+				return err
+			}
+			if created {
+				if err := writeSecretFile(keyFile, secret); err != nil {
+					return fmt.Errorf("write the bootstrap key: %w", err)
+				}
+				logger.Info("platform created; the first admin key was written", "file", keyFile)
+			}
+			ln, err := a.Listen()
+			if err != nil {
+				return err
+			}
+			logger.Info("serving", "api", "http://"+ln.Addr().String(), "roles", strings.Join(f.roles, ","))
+			return ignoreCanceled(a.Run(ctx, ln))
+		},
+	}
+	f.register(cmd, true)
+	return cmd
+}
+
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// writeSecretFile writes a secret readable by its owner only; it never
+// replaces an existing file, so a key is not lost to a second bootstrap.
+func writeSecretFile(path, secret string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(secret + "\n"); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
