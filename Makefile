@@ -27,10 +27,13 @@ test: ## run the test suite (SQLite; PostgreSQL too when BC_TEST_POSTGRES_URL is
 	$(GO) test ./...
 
 .PHONY: lint
-lint: ## go vet, gofmt and golangci-lint (pinned in tools/go.mod)
+lint: $(BIN)/golangci-lint ## go vet, gofmt and golangci-lint (pinned in tools/go.mod)
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) -C tools tool golangci-lint run --config $(CURDIR)/.golangci.yml $(CURDIR)/...
+	$(BIN)/golangci-lint run ./...
+
+$(BIN)/golangci-lint: tools/go.mod tools/go.sum
+	cd tools && $(GO) build -o $(BIN)/ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 .PHONY: bench
 bench: ## run the Go benchmarks

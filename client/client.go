@@ -67,8 +67,9 @@ func WithGRPC() Option {
 	return func(o *options) { o.grpc = true }
 }
 
-// WithHeader adds a header to every request, e.g. a User-Agent or a
-// traceparent. It cannot override Authorization, which New owns.
+// WithHeader sets a header on every request, e.g. a User-Agent, replacing
+// the value the request would otherwise carry. It cannot set Authorization,
+// which New owns.
 func WithHeader(key, value string) Option {
 	return func(o *options) { o.header.Add(key, value) }
 }
@@ -109,10 +110,6 @@ type headerInterceptor http.Header
 
 func (h headerInterceptor) set(dst http.Header) {
 	for k, vs := range h {
-		// A header the caller set on this one request wins over the default.
-		if dst.Get(k) != "" && k != "Authorization" {
-			continue
-		}
 		dst[k] = append([]string(nil), vs...)
 	}
 }
@@ -190,7 +187,7 @@ func (c *Client) Watch(ctx context.Context, req *apiv1.WatchEventsRequest, fn fu
 	if err != nil {
 		return err
 	}
-	defer stream.Close()
+	defer func() { _ = stream.Close() }()
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		if ev == nil {

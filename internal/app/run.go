@@ -95,7 +95,9 @@ func (a *App) serveHTTP(ln net.Listener) Task {
 		if err := srv.Shutdown(shutdownCtx); err != nil {
 			_ = srv.Close()
 		}
-		<-errc
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("api server: %w", err)
+		}
 		return nil
 	}
 }

@@ -33,7 +33,7 @@ commands talk to it. Restarting keeps all state.`,
 			if err != nil {
 				return err
 			}
-			defer a.Close()
+			defer closeApp(a, logger)
 			keyFile := filepath.Join(f.stateDir, "admin.key")
 			secret, created, err := a.Bootstrap(ctx)
 			if err != nil {

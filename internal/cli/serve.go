@@ -111,7 +111,7 @@ key only to --bootstrap-key-file (mode 0600), never to the logs.`,
 			if err != nil {
 				return err
 			}
-			defer a.Close()
+			defer closeApp(a, logger)
 			keyFile := f.bootstrapKeyFile
 			if keyFile == "" {
 				keyFile = filepath.Join(f.stateDir, "admin.key")
@@ -136,6 +136,14 @@ key only to --bootstrap-key-file (mode 0600), never to the logs.`,
 	}
 	f.register(cmd, true)
 	return cmd
+}
+
+// closeApp closes the database after the roles stopped; a failure there is
+// worth a log line but not a different exit code.
+func closeApp(a *bcapp.App, logger *slog.Logger) {
+	if err := a.Close(); err != nil {
+		logger.Error("closing the database", "err", err)
+	}
 }
 
 func ignoreCanceled(err error) error {

@@ -65,4 +65,3 @@ const (
 	HeaderRequestID      = "X-Request-Id"
 	HeaderTraceparent    = "Traceparent"
 )
-

@@ -111,7 +111,9 @@ type Service struct {
 var _ apiv1connect.PolicyServiceHandler = (*Service)(nil)
 
 // NewService returns the policy handlers.
-func NewService(env *envelope.Envelope, v Validator) *Service { return &Service{env: env, validator: v} }
+func NewService(env *envelope.Envelope, v Validator) *Service {
+	return &Service{env: env, validator: v}
+}
 
 func policyResource(tenantID, id string) iam.Resource {
 	return iam.Resource{Type: "Policy", ID: id, TenantID: tenantID}

@@ -32,7 +32,7 @@ func TestClassify(t *testing.T) {
 		got := d.Classify(fmt.Errorf("exec: %w", pe))
 		assert.ErrorIs(t, got, tt.want, tt.code)
 		assert.ErrorIs(t, got, pe, "the driver error stays reachable")
-		if tt.want != store.ErrSerialization {
+		if !errors.Is(tt.want, store.ErrSerialization) {
 			assert.Equal(t, "c_"+tt.code, store.ConstraintOf(got))
 		}
 	}

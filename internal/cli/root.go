@@ -1,0 +1,412 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+)
+
+// Environment variables the CLI reads; a flag overrides each.
+const (
+	envServer = "BETTER_COMPUTE_SERVER"
+	envToken  = "BETTER_COMPUTE_TOKEN"
+	envConfig = "BETTER_COMPUTE_CONFIG"
+)
+
+// extraCommands are subcommands defined outside this file set's verbs (serve,
+// dev), added by their files' init through register so the root command does
+// not need to know about them.
+var extraCommands []func() *cobra.Command
+
+// register adds a subcommand constructor to every root command built after it.
+func register(f func() *cobra.Command) {
+	extraCommands = append(extraCommands, f)
+}
+
+// app is one invocation's state: the global flags and what is resolved from
+// them lazily, so that commands that need no server (version, completion,
+// config) never load credentials or dial anything.
+type app struct {
+	version   string
+	lookupEnv func(string) (string, bool)
+	// httpClient is nil for http.DefaultClient; tests leave it so.
+	httpClient *http.Client
+	// retryBackoff is the first pause before retrying a create.
+	retryBackoff time.Duration
+
+	flagServer, flagToken, flagContext, flagOutput, flagConfig string
+	root                                                       *cobra.Command
+
+	cfg    *Config
+	cfgCtx *Context
+	api    *client.Client
+	me     *apiv1.WhoAmIResponse
+}
+
+// NewRootCommand returns the better-compute command tree; version is what
+// `better-compute version` prints.
+func NewRootCommand(version string) *cobra.Command {
+	return newApp(version, os.LookupEnv).command()
+}
+
+func newApp(version string, lookupEnv func(string) (string, bool)) *app {
+	return &app{version: version, lookupEnv: lookupEnv, retryBackoff: 200 * time.Millisecond}
+}
+
+func (a *app) command() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "better-compute",
+		Short: "Operate a better-compute platform",
+		Long: `better-compute manages tenants, projects, API keys, policies and
+confirmations, and reads the audit log and event stream of a better-compute
+server.
+
+The server and token come from --server/--token, else the environment
+(` + envServer + `, ` + envToken + `), else the current context of the
+config file.`,
+		SilenceErrors: true, // Main prints errors with their machine code
+		SilenceUsage:  true, // a server refusal is not a usage mistake
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			switch a.flagOutput {
+			case "table", "json", "yaml":
+				return nil
+			}
+			return invalidArg("output", fmt.Sprintf("must be table, json or yaml, not %q", a.flagOutput))
+		},
+	}
+	a.root = root
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.flagServer, "server", "", "API server URL (env "+envServer+")")
+	pf.StringVar(&a.flagToken, "token", "", "API key or OIDC token (env "+envToken+")")
+	pf.StringVar(&a.flagContext, "context", "", "named context from the config file (default: its current-context)")
+	pf.StringVarP(&a.flagOutput, "output", "o", "table", "output format: table, json or yaml")
+	pf.StringVar(&a.flagConfig, "config", "", "config file (default $"+envConfig+" or ~/.config/better-compute/config.yaml)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	})
+
+	root.AddCommand(
+		a.versionCommand(),
+		a.whoamiCommand(),
+		a.configCommand(),
+		a.tenantsCommand(),
+		a.projectsCommand(),
+		a.apiKeysCommand(),
+		a.iamCommand(),
+		a.confirmationsCommand(),
+		a.auditCommand(),
+		a.eventsCommand(),
+	)
+	for _, f := range extraCommands {
+		root.AddCommand(f())
+	}
+	return root
+}
+
+// Main runs the CLI with args (without the program name) and returns the
+// process exit code. Interrupt and SIGTERM cancel the running call.
+func Main(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, newApp(mainVersion(), os.LookupEnv), args, os.Stdin, os.Stdout, os.Stderr)
+}
+
+// run executes one invocation and prints any error to stderr.
+func run(ctx context.Context, a *app, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := a.command()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.ExecuteContext(ctx); err != nil {
+		printError(stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// printError writes `Error: CODE: message`, one line per field violation and,
+// for CONFIRMATION_REQUIRED, how to proceed.
+func printError(w io.Writer, err error) {
+	code, msg := client.Code(err), err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg = ce.Message()
+	} else {
+		// Errors that never reached the server come from parsing this
+		// invocation: an unknown command, flag or argument.
+		code = "INVALID_ARGUMENT"
+	}
+	d := client.Detail(err)
+	if d != nil && d.GetMessage() != "" {
+		msg = d.GetMessage()
+	}
+	fmt.Fprintf(w, "Error: %s: %s\n", code, msg)
+	for _, v := range d.GetViolations() {
+		fmt.Fprintf(w, "  %s: %s\n", v.GetField(), v.GetReason())
+	}
+	if id := d.GetConfirmationId(); id != "" {
+		fmt.Fprintf(w, "hint: confirmation %s awaits a human's approval (better-compute confirmations approve %s); then rerun this command with --confirmation-id %s\n", id, id, id)
+	}
+}
+
+// invalidArg is a local refusal in the same shape as the server's, so it
+// prints the same way.
+func invalidArg(field, reason string) error {
+	cerr := connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("invalid %s: %s", field, reason))
+	if d, err := connect.NewErrorDetail(&apiv1.ErrorDetail{
+		Code:       "INVALID_ARGUMENT",
+		Message:    fmt.Sprintf("invalid %s: %s", field, reason),
+		Violations: []*apiv1.FieldViolation{{Field: field, Reason: reason}},
+	}); err == nil {
+		cerr.AddDetail(d)
+	}
+	return cerr
+}
+
+// args checks the positional arguments and names them in the error.
+func positional(names ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, got []string) error {
+		if len(got) == len(names) {
+			return nil
+		}
+		if len(got) < len(names) {
+			return invalidArg(names[len(got)], "required")
+		}
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unexpected argument %q", got[len(names)]))
+	}
+}
+
+// config loads the config file once.
+func (a *app) config() (*Config, error) {
+	if a.cfg != nil {
+		return a.cfg, nil
+	}
+	path := a.configPath()
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	a.cfg = cfg
+	return cfg, nil
+}
+
+func (a *app) configPath() string {
+	if a.flagConfig != "" {
+		return a.flagConfig
+	}
+	return configPath(a.lookupEnv)
+}
+
+// context returns the selected context: --context, else the config's current
+// one; the zero Context when neither is set.
+func (a *app) context() (Context, error) {
+	if a.cfgCtx != nil {
+		return *a.cfgCtx, nil
+	}
+	cfg, err := a.config()
+	if err != nil {
+		return Context{}, err
+	}
+	name := a.flagContext
+	if name == "" {
+		name = cfg.CurrentContext
+	}
+	var c Context
+	if name != "" {
+		var ok bool
+		if c, ok = cfg.Lookup(name); !ok {
+			return Context{}, invalidArg("context", fmt.Sprintf("no context %q in %s", name, a.configPath()))
+		}
+	}
+	a.cfgCtx = &c
+	return c, nil
+}
+
+// setting resolves one setting by precedence: flag, environment, context.
+func (a *app) setting(flag, env, fromContext string) string {
+	if a.root.PersistentFlags().Changed(flag) {
+		return a.root.PersistentFlags().Lookup(flag).Value.String()
+	}
+	if v, ok := a.lookupEnv(env); ok && v != "" {
+		return v
+	}
+	return fromContext
+}
+
+// client returns the API client for the resolved server and token.
+func (a *app) client() (*client.Client, error) {
+	if a.api != nil {
+		return a.api, nil
+	}
+	c, err := a.context()
+	if err != nil {
+		return nil, err
+	}
+	server := a.setting("server", envServer, c.Server)
+	if server == "" {
+		return nil, invalidArg("server", "not set: pass --server, set "+envServer+", or use a context with a server")
+	}
+	token := a.setting("token", envToken, c.Token)
+	var opts []client.Option
+	if a.httpClient != nil {
+		opts = append(opts, client.WithHTTPClient(a.httpClient))
+	}
+	opts = append(opts, client.WithHeader("User-Agent", "better-compute-cli/"+a.version))
+	a.api = client.New(server, token, opts...)
+	return a.api, nil
+}
+
+// whoami calls IdentityService.WhoAmI once per invocation.
+func (a *app) whoami(ctx context.Context) (*apiv1.WhoAmIResponse, error) {
+	if a.me != nil {
+		return a.me, nil
+	}
+	c, err := a.client()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	a.me = resp.Msg
+	return a.me, nil
+}
+
+// tenant resolves --tenant: the flag, else the context's tenant, else the
+// tenant of a tenant-scoped token (asking the server only then). A platform
+// token has none; required decides whether that is an error.
+func (a *app) tenant(ctx context.Context, flag string, required bool) (string, error) {
+	if flag != "" {
+		return flag, nil
+	}
+	c, err := a.context()
+	if err != nil {
+		return "", err
+	}
+	if c.Tenant != "" {
+		return c.Tenant, nil
+	}
+	me, err := a.whoami(ctx)
+	if err != nil {
+		return "", err
+	}
+	if t := cmpOr(me.GetTenantName(), me.GetTenantId()); t != "" {
+		return t, nil
+	}
+	if required {
+		return "", invalidArg("tenant", "required: pass --tenant or set a tenant in the context")
+	}
+	return "", nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// retry runs call again, after a pause, when it fails as UNAVAILABLE (a
+// network failure or a server briefly down). Only callers whose request is
+// safe to repeat use it: a create with the same Idempotency-Key on every try.
+func (a *app) retry(ctx context.Context, call func() error) error {
+	const attempts = 3
+	pause := a.retryBackoff
+	for i := 1; ; i++ {
+		err := call()
+		if err == nil || i == attempts || connect.CodeOf(err) != connect.CodeUnavailable {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+}
+
+// mutation carries the headers of one mutating invocation.
+type mutation struct {
+	idempotencyKey string
+	confirmationID string
+}
+
+// newCreate returns the headers of a create: a fresh Idempotency-Key that
+// every retry of this invocation reuses.
+func newCreate(confirmationID string) mutation {
+	return mutation{idempotencyKey: client.NewIdempotencyKey(), confirmationID: confirmationID}
+}
+
+func (m mutation) apply(h http.Header) {
+	if m.idempotencyKey != "" {
+		h.Set(client.HeaderIdempotencyKey, m.idempotencyKey)
+	}
+	if m.confirmationID != "" {
+		h.Set(client.HeaderConfirmationID, m.confirmationID)
+	}
+}
+
+// request wraps msg with the mutation's headers.
+func request[T any](msg *T, m mutation) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	m.apply(req.Header())
+	return req
+}
+
+// addConfirmationFlag adds --confirmation-id, for replaying a request a human
+// approved after the server answered CONFIRMATION_REQUIRED.
+func addConfirmationFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "confirmation-id", "", "replay with this approved confirmation")
+}
+
+func addTenantFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "tenant", "", "tenant name or id (default: the context's tenant, else the token's)")
+}
+
+// listAll follows next_page_token until the last page or until limit items
+// (0 = no limit), asking for no more than are still wanted.
+func listAll[T any](ctx context.Context, limit int, page func(ctx context.Context, token string, size int32) ([]T, string, error)) ([]T, error) {
+	var all []T
+	token := ""
+	for {
+		var size int32
+		if limit > 0 {
+			size = int32(min(limit-len(all), 1000))
+		}
+		items, next, err := page(ctx, token, size)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if limit > 0 && len(all) >= limit {
+			return all[:limit], nil
+		}
+		if next == "" {
+			return all, nil
+		}
+		if next == token {
+			// A server bug would otherwise loop forever.
+			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("server repeated page token %q", next))
+		}
+		token = next
+	}
+}
+
+func addLimitFlag(cmd *cobra.Command, p *int) {
+	cmd.Flags().IntVar(p, "limit", 0, "return at most this many (default: all, following every page)")
+}

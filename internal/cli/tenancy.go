@@ -1,0 +1,221 @@
+package cli
+
+import (
+	"context"
+	"io"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+)
+
+func (a *app) tenantsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "tenants", Aliases: []string{"tenant"}, Short: "Manage tenants (organizations)"}
+
+	var displayName, confirmationID string
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a tenant (platform administrators)",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			m := newCreate(confirmationID)
+			var resp *connect.Response[apiv1.CreateTenantResponse]
+			err = a.retry(cmd.Context(), func() (err error) {
+				resp, err = c.Tenants.Create(cmd.Context(), request(&apiv1.CreateTenantRequest{Name: argv[0], DisplayName: displayName}, m))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return a.printTenants(cmd, resp.Msg, resp.Msg.GetTenant())
+		},
+	}
+	create.Flags().StringVar(&displayName, "display-name", "", "human-friendly name")
+	addConfirmationFlag(create, &confirmationID)
+
+	var limit int
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List tenants",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.Tenant, string, error) {
+				resp, err := c.Tenants.List(ctx, connect.NewRequest(&apiv1.ListTenantsRequest{PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetTenants(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printTenants(cmd, &apiv1.ListTenantsResponse{Tenants: all}, all...)
+		},
+	}
+	addLimitFlag(list, &limit)
+
+	get := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a tenant",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Tenants.Get(cmd.Context(), connect.NewRequest(&apiv1.GetTenantRequest{Tenant: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printTenants(cmd, resp.Msg, resp.Msg.GetTenant())
+		},
+	}
+	cmd.AddCommand(create, list, get)
+	return cmd
+}
+
+// printTenants prints msg (the API's response) as JSON or YAML, or items as
+// a table.
+func (a *app) printTenants(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Tenant) error {
+	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		row(w, "NAME", "ID", "DISPLAY NAME", "CREATED")
+		for _, t := range items {
+			row(w, t.GetName(), t.GetId(), dash(t.GetDisplayName()), ts(t.GetCreateTime()))
+		}
+	})
+}
+
+func (a *app) projectsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "projects", Aliases: []string{"project"}, Short: "Manage a tenant's projects"}
+
+	var tenant, displayName, confirmationID string
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a project",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			m := newCreate(confirmationID)
+			var resp *connect.Response[apiv1.CreateProjectResponse]
+			err = a.retry(cmd.Context(), func() (err error) {
+				resp, err = c.Projects.Create(cmd.Context(), request(&apiv1.CreateProjectRequest{Tenant: t, Name: argv[0], DisplayName: displayName}, m))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return a.printProjects(cmd, resp.Msg, resp.Msg.GetProject())
+		},
+	}
+	addTenantFlag(create, &tenant)
+	create.Flags().StringVar(&displayName, "display-name", "", "human-friendly name")
+	addConfirmationFlag(create, &confirmationID)
+
+	var limit int
+	var prefix string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List projects",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.Project, string, error) {
+				resp, err := c.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: t, NamePrefix: prefix, PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetProjects(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printProjects(cmd, &apiv1.ListProjectsResponse{Projects: all}, all...)
+		},
+	}
+	addTenantFlag(list, &tenant)
+	addLimitFlag(list, &limit)
+	list.Flags().StringVar(&prefix, "prefix", "", "only projects whose name starts with this")
+
+	get := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a project",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Projects.Get(cmd.Context(), connect.NewRequest(&apiv1.GetProjectRequest{Tenant: t, Project: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printProjects(cmd, resp.Msg, resp.Msg.GetProject())
+		},
+	}
+	addTenantFlag(get, &tenant)
+
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a project",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			// No retry: a repeated delete could answer NOT_FOUND for a delete
+			// that in fact succeeded.
+			resp, err := c.Projects.Delete(cmd.Context(), request(&apiv1.DeleteProjectRequest{Tenant: t, Project: argv[0]}, mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
+				row(w, "project "+argv[0]+" deleted")
+			})
+		},
+	}
+	addTenantFlag(del, &tenant)
+	addConfirmationFlag(del, &confirmationID)
+
+	cmd.AddCommand(create, list, get, del)
+	return cmd
+}
+
+func (a *app) printProjects(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Project) error {
+	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		row(w, "NAME", "ID", "TENANT", "DISPLAY NAME", "CREATED")
+		for _, p := range items {
+			row(w, p.GetName(), p.GetId(), p.GetTenantId(), dash(p.GetDisplayName()), ts(p.GetCreateTime()))
+		}
+	})
+}
+
+// clientTenant returns the client and the resolved, required tenant.
+func (a *app) clientTenant(cmd *cobra.Command, flag string) (*client.Client, string, error) {
+	c, err := a.client()
+	if err != nil {
+		return nil, "", err
+	}
+	t, err := a.tenant(cmd.Context(), flag, true)
+	if err != nil {
+		return nil, "", err
+	}
+	return c, t, nil
+}
