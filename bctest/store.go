@@ -40,20 +40,38 @@ func NewDB(t testing.TB, clk clock.Clock) *store.DB {
 	if clk == nil {
 		clk = NewSimClock(time.Time{})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	return OpenDB(t, NewStoreConfig(t, clk))
+}
 
+// NewStoreConfig creates a fresh, empty database for one test (a temporary
+// state directory, or a new database on BC_TEST_POSTGRES_URL's server that
+// is dropped at cleanup) and returns the config that opens it. Open it more
+// than once with OpenDB to play several replicas sharing one database.
+func NewStoreConfig(t testing.TB, clk clock.Clock) store.Config {
+	t.Helper()
 	cfg := store.Config{Clock: clk}
 	if admin := os.Getenv(PostgresURLEnv); admin != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
 		cfg.URL = createPostgresDB(t, ctx, admin)
 	} else {
 		cfg.StateDir = t.TempDir()
 	}
+	return cfg
+}
+
+// OpenDB opens cfg, applies the store's core migrations, and closes the
+// handle when the test ends.
+func OpenDB(t testing.TB, cfg store.Config) *store.DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	db, err := storeopen.Open(ctx, cfg)
 	if err != nil {
 		t.Fatalf("bctest: open store: %v", err)
 	}
-	// Cleanups run last-in first-out: close before the database is dropped.
+	// Cleanups run last-in first-out: this close runs before the drop that
+	// NewStoreConfig registered.
 	t.Cleanup(func() {
 		if err := db.Close(); err != nil {
 			t.Errorf("bctest: close store: %v", err)

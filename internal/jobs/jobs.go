@@ -13,6 +13,10 @@
 // true}} so that a repeat enqueue of the same kind and arguments (one pending
 // reconcile per key) coalesces into the job already waiting.
 //
+// On SQLite River shares the store's single writer connection: a worker must
+// not call db.Write while it holds a River transaction of its own (such as
+// river.JobCompleteTx's), or the two wait for each other.
+//
 // It must never be a home-made queue, hold business rules, or write SQL of
 // its own; job workers live with their modules.
 package jobs
@@ -144,15 +148,18 @@ func New(db *store.DB, workers *river.Workers, periodic []*river.PeriodicJob, cf
 // Migrations runs River's own migrations for db's dialect. It is idempotent;
 // call it after db.Migrate.
 func Migrations(ctx context.Context, db *store.DB) error {
-	var err error
-	switch db.Dialect() {
-	case store.SQLite:
-		err = migrate[*sql.Tx](ctx, riversqlite.New(db.SQLDB()))
-	case store.Postgres:
-		err = migrate[pgx.Tx](ctx, riverpgxv5.New(db.PgxPool()))
-	default:
-		err = fmt.Errorf("unsupported dialect %q", db.Dialect())
-	}
+	// rivermigrate takes no lock of its own; replicas starting together
+	// would race to create the same tables.
+	err := db.WithMigrationLock(ctx, func(ctx context.Context) error {
+		switch db.Dialect() {
+		case store.SQLite:
+			return migrate[*sql.Tx](ctx, riversqlite.New(db.SQLDB()))
+		case store.Postgres:
+			return migrate[pgx.Tx](ctx, riverpgxv5.New(db.PgxPool()))
+		default:
+			return fmt.Errorf("unsupported dialect %q", db.Dialect())
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("jobs: river migrations: %w", err)
 	}

@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -179,4 +180,20 @@ func TestNewValidates(t *testing.T) {
 	b := setup(t)
 	_, err := jobs.New(b.db, nil, nil, jobs.Config{Worker: true})
 	require.Error(t, err, "the worker role needs workers")
+}
+
+func TestMigrationsReplicasTogether(t *testing.T) {
+	t.Parallel()
+	cfg := bctest.NewStoreConfig(t, nil)
+	const replicas = 3
+	errs := make([]error, replicas)
+	var wg sync.WaitGroup
+	for i := range replicas {
+		db := bctest.OpenDB(t, cfg)
+		wg.Go(func() { errs[i] = jobs.Migrations(context.Background(), db) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
 }

@@ -66,12 +66,25 @@ func (db *DB) Migrate(ctx context.Context, sets ...Migrations) error {
 		files[i] = fl
 	}
 
+	return db.WithMigrationLock(ctx, func(ctx context.Context) error {
+		return db.migrateLocked(ctx, all, files)
+	})
+}
+
+// WithMigrationLock runs fn holding the lock Migrate takes, so that other
+// schema installers (River's migrations) do not race replicas starting at
+// the same time. On SQLite the lock is the single writer itself, taken per
+// transaction, and fn runs at once.
+func (db *DB) WithMigrationLock(ctx context.Context, fn func(ctx context.Context) error) error {
 	unlock, err := db.d.LockMigrations(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: lock: %w", err)
+		return fmt.Errorf("migration lock: %w", err)
 	}
 	defer unlock()
+	return fn(ctx)
+}
 
+func (db *DB) migrateLocked(ctx context.Context, all []Migrations, files [][]migrationFile) error {
 	applied := make([]map[int]bool, len(all))
 	for i, set := range all {
 		versions, err := db.appliedVersions(ctx, set.Module)

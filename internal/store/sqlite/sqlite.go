@@ -33,6 +33,7 @@ type Config struct {
 
 // Driver implements store.Driver for SQLite.
 type Driver struct {
+	path   string
 	writer *sql.DB
 	reader *sql.DB
 }
@@ -103,7 +104,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		writer.Close()
 		return nil, fmt.Errorf("sqlite: open reader %s: %w", cfg.Path, err)
 	}
-	return &Driver{writer: writer, reader: reader}, nil
+	return &Driver{path: cfg.Path, writer: writer, reader: reader}, nil
 }
 
 // connector opens connections through the private driver.
@@ -148,10 +149,14 @@ func (d *Driver) Begin(ctx context.Context, readOnly bool) (store.DriverTx, erro
 	return &tx{tx: t}, nil
 }
 
-// LockMigrations returns at once: every migration runs in a BEGIN IMMEDIATE
-// transaction on the single writer, which is the lock across processes, and
-// the store checks again inside it whether the version is already applied.
-func (d *Driver) LockMigrations(context.Context) (func(), error) { return func() {}, nil }
+// LockMigrations takes an exclusive lock on a file beside the database, so
+// that handles opened by replicas (or processes) starting together install
+// schemas one at a time. The store's own migrations would be safe without
+// it (each runs in BEGIN IMMEDIATE and checks its version again), but
+// River's migrator reads and applies in separate steps.
+func (d *Driver) LockMigrations(ctx context.Context) (func(), error) {
+	return lockFile(ctx, d.path+".migrate-lock")
+}
 
 // TableExists implements store.Driver.
 func (d *Driver) TableExists(ctx context.Context, q store.Querier, table string) (bool, error) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -58,4 +60,44 @@ func TestOpenRejects(t *testing.T) {
 		require.Error(t, err, tt.name)
 		assert.NotContains(t, err.Error(), "secret", "the URL's password must not leak")
 	}
+}
+
+// TestReplicasMigrateTogether starts several handles on one database, as
+// replicas starting at once would, and checks each migration applies once.
+func TestReplicasMigrateTogether(t *testing.T) {
+	t.Parallel()
+	cfg := bctest.NewStoreConfig(t, bctest.NewSimClock(time.Time{}))
+	set := store.Migrations{Module: "replicas", FS: fstest.MapFS{
+		"sqlite/0001_a.sql":   &fstest.MapFile{Data: []byte(`CREATE TABLE rep (id INTEGER PRIMARY KEY); INSERT INTO rep (id) VALUES (1);`)},
+		"postgres/0001_a.sql": &fstest.MapFile{Data: []byte(`CREATE TABLE rep (id INTEGER PRIMARY KEY); INSERT INTO rep (id) VALUES (1);`)},
+		"sqlite/0002_b.sql":   &fstest.MapFile{Data: []byte(`INSERT INTO rep (id) VALUES (2);`)},
+		"postgres/0002_b.sql": &fstest.MapFile{Data: []byte(`INSERT INTO rep (id) VALUES (2);`)},
+	}}
+	const replicas = 4
+	dbs := make([]*store.DB, replicas)
+	for i := range dbs {
+		db, err := storeopen.Open(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		dbs[i] = db
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, replicas)
+	for i, db := range dbs {
+		wg.Go(func() { errs[i] = db.Migrate(context.Background(), set) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	var n, versions int
+	err := dbs[0].Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM rep`).Scan(&n); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT count(*) FROM schema_migrations WHERE module = $1`, "replicas").Scan(&versions)
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	assert.Equal(t, 2, versions)
 }

@@ -1,0 +1,9 @@
+//go:build !unix
+
+package sqlite
+
+import "context"
+
+// lockFile has no cross-process lock off unix; store.Migrate still checks
+// each version again inside its BEGIN IMMEDIATE transaction.
+func lockFile(context.Context, string) (func(), error) { return func() {}, nil }
