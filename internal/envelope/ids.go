@@ -14,13 +14,19 @@ import (
 var (
 	entropyMu sync.Mutex
 	entropy   = ulid.Monotonic(rand.Reader, 0)
+	lastMS    uint64
 )
 
 // NewID returns a new id "<prefix>_<ulid>" whose time part comes from now, so
-// ids sort by creation and serve as stable pagination keys.
+// ids sort by creation and serve as stable pagination keys. Ids made by one
+// process strictly increase even if the clock steps back (or, in tests,
+// several simulated clocks interleave): the time part never goes below the
+// last one used.
 func NewID(prefix string, now time.Time) string {
 	entropyMu.Lock()
-	id := ulid.MustNew(ulid.Timestamp(now), entropy)
+	ms := max(ulid.Timestamp(now), lastMS)
+	lastMS = ms
+	id := ulid.MustNew(ms, entropy)
 	entropyMu.Unlock()
 	return prefix + "_" + strings.ToLower(id.String())
 }
