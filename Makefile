@@ -19,7 +19,7 @@ generate: tools ## regenerate gen/ from proto/ (offline, pinned tools)
 	PATH=$(BIN):$$PATH $(BIN)/buf generate
 
 .PHONY: build
-build: ## build better-compute and bcd into bin/
+build: ## build the programs under cmd/ into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 .PHONY: test

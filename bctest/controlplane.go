@@ -55,7 +55,7 @@ func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 		t.Fatalf("bctest: build control plane: %v", err)
 	}
 	cp.App = a
-	if cp.AdminKey, _, err = a.Bootstrap(ctx); err != nil {
+	if cp.AdminKey, _, err = a.Bootstrap(ctx, nil); err != nil {
 		cancel()
 		t.Fatalf("bctest: bootstrap: %v", err)
 	}

@@ -171,6 +171,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	var authz iam.Authorizer = cedar
 	if cfg.PDP == "authzen" {
 		authz = iam.NewAuthZEN(iam.AuthZENConfig{URL: cfg.AuthZENURL, Timeout: cfg.AuthZENTimeout, Token: cfg.AuthZENToken})
+		cfg.Logger.Warn("decisions come from the remote AuthZEN PDP: tenant policies stored through PolicyService are validated and kept, but only the embedded Cedar PDP evaluates them", "url", cfg.AuthZENURL)
 	}
 	if cfg.WrapAuthorizer != nil {
 		authz = cfg.WrapAuthorizer(authz)
@@ -209,9 +210,10 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 // Recorder returns the audit and outbox writer (bootstrap uses it).
 func (a *App) Recorder() envelope.Recorder { return a.recorder }
 
-// Bootstrap creates the first platform admin key on an empty database.
-func (a *App) Bootstrap(ctx context.Context) (secret string, created bool, err error) {
-	return authn.Bootstrap(ctx, a.DB, a.recorder)
+// Bootstrap creates the first platform admin key on an empty database;
+// persist (may be nil) keeps the secret before the key is committed.
+func (a *App) Bootstrap(ctx context.Context, persist func(secret string) error) (secret string, created bool, err error) {
+	return authn.Bootstrap(ctx, a.DB, a.recorder, persist)
 }
 
 // Close closes the store.

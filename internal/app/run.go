@@ -81,6 +81,7 @@ func (a *App) serveHTTP(ln net.Listener) Task {
 			ReadHeaderTimeout: 10 * time.Second,
 			BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		}
+		srv.RegisterOnShutdown(a.hub.Shutdown)
 		errc := make(chan error, 1)
 		go func() { errc <- srv.Serve(ln) }()
 		select {

@@ -2,6 +2,7 @@ package authn
 
 import (
 	"context"
+	"errors"
 
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
@@ -12,7 +13,10 @@ import (
 // database has no platform key yet, and returns its secret (created true).
 // The key is of kind user: it belongs to the operator who installed the
 // platform, the one human principal that exists before OIDC is set up.
-func Bootstrap(ctx context.Context, db *store.DB, rec envelope.Recorder) (secret string, created bool, err error) {
+// persist (may be nil) stores the secret where the operator will find it; it
+// runs inside the transaction, so a key that could not be kept is never
+// committed and the next start bootstraps again.
+func Bootstrap(ctx context.Context, db *store.DB, rec envelope.Recorder, persist func(secret string) error) (secret string, created bool, err error) {
 	err = db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		n, err := KeyCountPlatform(ctx, tx)
 		if err != nil || n > 0 {
@@ -37,12 +41,22 @@ func Bootstrap(ctx context.Context, db *store.DB, rec envelope.Recorder) (secret
 		}); err != nil {
 			return err
 		}
-		return rec.InsertEvents(ctx, tx, []envelope.Event{{
+		if err := rec.InsertEvents(ctx, tx, []envelope.Event{{
 			Type: "platform.bootstrapped", ResourceType: "ApiKey", ResourceID: k.ID, Time: now, Data: map[string]any{"name": k.Name},
-		}})
+		}}); err != nil {
+			return err
+		}
+		if persist != nil {
+			return persist(secret)
+		}
+		return nil
 	})
-	if !created {
-		secret = ""
+	if errors.Is(err, store.ErrUnique) {
+		// Another replica bootstrapped the platform at the same moment.
+		err = nil
+	}
+	if err != nil || !created {
+		secret, created = "", false
 	}
 	return secret, created, err
 }

@@ -117,6 +117,11 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			tx.Emit(envelope.Event{Type: "apikey.created", ResourceType: "ApiKey", ResourceID: k.ID, Data: map[string]any{"name": k.Name, "role": k.Role}})
 			return &apiv1.CreateApiKeyResponse{ApiKey: KeyProto(k), Secret: secret}, nil
 		},
+		// The secret is shown once: a replay names the key it created but
+		// cannot show the secret again (only its hash is kept).
+		Replayable: func(res *apiv1.CreateApiKeyResponse) *apiv1.CreateApiKeyResponse {
+			return &apiv1.CreateApiKeyResponse{ApiKey: res.GetApiKey()}
+		},
 	})
 }
 
@@ -188,7 +193,7 @@ func (s *ApiKeyService) container(ctx context.Context, ref string) (tenancy.Tena
 	return t, found, err
 }
 
-// Revoke revokes a key at once. Agents need a human's confirmation (policy).
+// Revoke revokes a key at once (tenant admins and platform admins only).
 func (s *ApiKeyService) Revoke(ctx context.Context, req *connect.Request[apiv1.RevokeApiKeyRequest]) (*connect.Response[apiv1.RevokeApiKeyResponse], error) {
 	msg := req.Msg
 	var (

@@ -31,19 +31,19 @@ commands talk to it. Restarting keeps all state.`,
 			ctx := cmd.Context()
 			a, err := bcapp.New(ctx, f.config(logger))
 			if err != nil {
-				return err
+				return serverError(err)
 			}
 			defer closeApp(a, logger)
 			keyFile := filepath.Join(f.stateDir, "admin.key")
-			secret, created, err := a.Bootstrap(ctx)
+			secret, created, err := a.Bootstrap(ctx, func(secret string) error {
+				// The database is new, so a key file left from an older one is
+				// stale: replace it.
+				return writeSecretFile(keyFile, secret, true)
+			})
 			if err != nil {
-				return err
+				return serverError(fmt.Errorf("bootstrap the platform: %w", err))
 			}
-			if created {
-				if err := writeSecretFile(keyFile, secret); err != nil {
-					return fmt.Errorf("write the admin key: %w", err)
-				}
-			} else {
+			if !created {
 				b, err := os.ReadFile(keyFile)
 				if err != nil {
 					return fmt.Errorf("the platform exists but its admin key file is unreadable (%w); start with a fresh --state-dir", err)
@@ -52,7 +52,7 @@ commands talk to it. Restarting keeps all state.`,
 			}
 			ln, err := a.Listen()
 			if err != nil {
-				return err
+				return serverError(err)
 			}
 			api := "http://" + ln.Addr().String()
 			cfgPath := cmd.Flag("config").Value.String()
@@ -76,7 +76,7 @@ commands talk to it. Restarting keeps all state.`,
 				fmt.Fprintf(out, "admin key: in %s (mode 0600)\n", keyFile)
 			}
 			fmt.Fprintf(out, "CLI context \"dev\" written to %s; try: better-compute tenants list\n", cfgPath)
-			return ignoreCanceled(a.Run(ctx, ln))
+			return serverError(ignoreCanceled(a.Run(ctx, ln)))
 		},
 	}
 	f.register(cmd, false)

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
 	bcapp "github.com/better-compute/better-compute/internal/app"
@@ -109,29 +112,33 @@ key only to --bootstrap-key-file (mode 0600), never to the logs.`,
 			ctx := cmd.Context()
 			a, err := bcapp.New(ctx, f.config(logger))
 			if err != nil {
-				return err
+				return serverError(err)
 			}
 			defer closeApp(a, logger)
 			keyFile := f.bootstrapKeyFile
 			if keyFile == "" {
 				keyFile = filepath.Join(f.stateDir, "admin.key")
 			}
-			secret, created, err := a.Bootstrap(ctx)
+			_, created, err := a.Bootstrap(ctx, func(secret string) error {
+				// Never replace a key file: it may belong to another database.
+				return writeSecretFile(keyFile, secret, false)
+			})
 			if err != nil {
-				return err
+				return serverError(fmt.Errorf("bootstrap the platform: %w", err))
 			}
 			if created {
-				if err := writeSecretFile(keyFile, secret); err != nil {
-					return fmt.Errorf("write the bootstrap key: %w", err)
-				}
 				logger.Info("platform created; the first admin key was written", "file", keyFile)
 			}
-			ln, err := a.Listen()
-			if err != nil {
-				return err
+			var ln net.Listener
+			if slices.Contains(f.roles, bcapp.RoleAPI) {
+				if ln, err = a.Listen(); err != nil {
+					return serverError(err)
+				}
+				logger.Info("serving", "api", "http://"+ln.Addr().String(), "roles", strings.Join(f.roles, ","))
+			} else {
+				logger.Info("serving", "roles", strings.Join(f.roles, ","))
 			}
-			logger.Info("serving", "api", "http://"+ln.Addr().String(), "roles", strings.Join(f.roles, ","))
-			return ignoreCanceled(a.Run(ctx, ln))
+			return serverError(ignoreCanceled(a.Run(ctx, ln)))
 		},
 	}
 	f.register(cmd, true)
@@ -153,13 +160,28 @@ func ignoreCanceled(err error) error {
 	return err
 }
 
-// writeSecretFile writes a secret readable by its owner only; it never
-// replaces an existing file, so a key is not lost to a second bootstrap.
-func writeSecretFile(path, secret string) error {
+// serverError labels a failure of the server itself (a port in use, an
+// unreachable database) so the CLI prints it as UNAVAILABLE rather than as a
+// usage mistake.
+func serverError(err error) error {
+	var ce *connect.Error
+	if err == nil || errors.As(err, &ce) {
+		return err
+	}
+	return connect.NewError(connect.CodeUnavailable, err)
+}
+
+// writeSecretFile writes a secret readable by its owner only. Unless replace
+// is set it refuses to overwrite a file, so a key is never silently lost.
+func writeSecretFile(path, secret string, replace bool) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	if replace {
+		flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	}
+	f, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
 		return err
 	}

@@ -168,6 +168,10 @@ type Mutation[Res any] struct {
 	// Apply writes the mutation. It must re-check what Draft read: the world
 	// may have moved between the decision and the transaction.
 	Apply func(ctx context.Context, tx *Tx) (*Res, error)
+	// Replayable, when set, returns what an idempotent replay may answer:
+	// a response carrying a secret must strip it, because the stored
+	// response sits in the database.
+	Replayable func(res *Res) *Res
 }
 
 // Mutate runs a mutation through the whole envelope and converts errors to
@@ -298,7 +302,11 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 			}
 		}
 		if idemKey != "" {
-			return idempotencyInsert(ctx, stx, caller.Principal.ID, idemKey, info.Procedure, reqHash, any(res).(proto.Message), tx.Now().Add(e.cfg.IdempotencyTTL))
+			stored := res
+			if m.Replayable != nil {
+				stored = m.Replayable(res)
+			}
+			return idempotencyInsert(ctx, stx, caller.Principal.ID, idemKey, info.Procedure, reqHash, any(stored).(proto.Message), tx.Now().Add(e.cfg.IdempotencyTTL))
 		}
 		return nil
 	})

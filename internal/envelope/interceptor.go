@@ -56,6 +56,11 @@ func (i *Interceptor) finish(ctx context.Context, procedure string, start time.T
 	code := "OK"
 	if err != nil {
 		code = string(AsError(err).Code)
+		// Handlers return Connect errors already; their detail keeps the
+		// machine code that the Connect code alone would blur.
+		if d := DetailOf(err); d != nil {
+			code = d.GetCode()
+		}
 	}
 	if i.metrics != nil {
 		i.metrics.Request(procedure, code, time.Since(start))
@@ -88,7 +93,9 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		i.finish(ctx, req.Spec().Procedure, start, err)
 		if err != nil {
-			return nil, ToConnect(err)
+			cerr := ToConnect(err)
+			cerr.Meta().Set(HeaderRequestID, InfoFrom(ctx).RequestID)
+			return nil, cerr
 		}
 		res.Header().Set(HeaderRequestID, InfoFrom(ctx).RequestID)
 		return res, nil
@@ -114,7 +121,9 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		}
 		i.finish(ctx, conn.Spec().Procedure, start, err)
 		if err != nil {
-			return ToConnect(err)
+			cerr := ToConnect(err)
+			cerr.Meta().Set(HeaderRequestID, InfoFrom(ctx).RequestID)
+			return cerr
 		}
 		return nil
 	}

@@ -43,14 +43,22 @@ func Migrations() store.Migrations {
 // PostgreSQL; SQLite's single writer orders them already.
 const outboxLockKey = 0x6263_6f75_7462 // "bcoutb"
 
-// Hub wakes watchers in this process when events commit.
+// Hub wakes watchers in this process when events commit, and ends them
+// when the server shuts down.
 type Hub struct {
-	mu sync.Mutex
-	ch chan struct{}
+	mu       sync.Mutex
+	ch       chan struct{}
+	stopOnce sync.Once
+	stopped  chan struct{}
 }
 
 // NewHub returns a Hub.
-func NewHub() *Hub { return &Hub{ch: make(chan struct{})} }
+func NewHub() *Hub { return &Hub{ch: make(chan struct{}), stopped: make(chan struct{})} }
+
+// Shutdown ends every watch stream: a watch never finishes on its own, and a
+// graceful shutdown must not wait its whole grace period for one. Clients
+// resume from their last event id.
+func (h *Hub) Shutdown() { h.stopOnce.Do(func() { close(h.stopped) }) }
 
 // Notify wakes every current waiter.
 func (h *Hub) Notify() {
@@ -239,6 +247,8 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 		}
 		select {
 		case <-ctx.Done():
+			return nil
+		case <-s.hub.stopped:
 			return nil
 		case <-wake:
 		case <-ticker.C:

@@ -73,8 +73,8 @@ func (db *DB) Migrate(ctx context.Context, sets ...Migrations) error {
 
 // WithMigrationLock runs fn holding the lock Migrate takes, so that other
 // schema installers (River's migrations) do not race replicas starting at
-// the same time. On SQLite the lock is the single writer itself, taken per
-// transaction, and fn runs at once.
+// the same time: a PostgreSQL advisory lock, or on SQLite an exclusive lock
+// on a file beside the database.
 func (db *DB) WithMigrationLock(ctx context.Context, fn func(ctx context.Context) error) error {
 	unlock, err := db.d.LockMigrations(ctx)
 	if err != nil {

@@ -35,7 +35,7 @@ type AuditEntry struct {
 	Action       string `protobuf:"bytes,6,opt,name=action,proto3" json:"action,omitempty"`
 	ResourceType string `protobuf:"bytes,7,opt,name=resource_type,json=resourceType,proto3" json:"resource_type,omitempty"`
 	ResourceId   string `protobuf:"bytes,8,opt,name=resource_id,json=resourceId,proto3" json:"resource_id,omitempty"`
-	// allow, deny or confirmation_required.
+	// allow, deny, confirmation_required or error (the PDP could not decide).
 	Decision  string `protobuf:"bytes,9,opt,name=decision,proto3" json:"decision,omitempty"`
 	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	TraceId   string `protobuf:"bytes,11,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`

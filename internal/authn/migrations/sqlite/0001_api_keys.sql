@@ -12,3 +12,5 @@ CREATE TABLE api_keys (
     revoke_time TIMESTAMP
 );
 CREATE INDEX api_keys_tenant ON api_keys (tenant_id, id);
+-- One bootstrap key per platform, even when replicas start together.
+CREATE UNIQUE INDEX api_keys_one_bootstrap ON api_keys (created_by) WHERE created_by = 'bootstrap';

@@ -1,0 +1,792 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Helpers shared by safety_test.go, confirm_test.go, oidc_test.go and
+// authzen_test.go. They carry an "sf" prefix so they cannot collide with
+// helpers of other test files in this package.
+
+// sfTables are the tables a mutation may write.
+var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys"}
+
+// sfCounts returns the row count of every table in sfTables.
+func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	err := cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		for _, tbl := range sfTables {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM `+tbl).Scan(&n); err != nil {
+				return err
+			}
+			out[tbl] = n
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// sfRequireDelta checks that every table changed by exactly the given delta
+// (tables not named must be unchanged).
+func sfRequireDelta(t *testing.T, before, after map[string]int, delta map[string]int, msgAndArgs ...any) {
+	t.Helper()
+	want := map[string]int{}
+	for k, v := range before {
+		want[k] = v + delta[k]
+	}
+	require.Equal(t, want, after, msgAndArgs...)
+}
+
+// sfRequireCode checks an error's machine code.
+func sfRequireCode(t *testing.T, err error, code string, msgAndArgs ...any) {
+	t.Helper()
+	require.Error(t, err, msgAndArgs...)
+	require.Equal(t, code, client.Code(err), append([]any{"error: %v", err}, msgAndArgs...)...)
+}
+
+// sfRequireViolation checks an INVALID_ARGUMENT error that names field.
+func sfRequireViolation(t *testing.T, err error, field string) {
+	t.Helper()
+	sfRequireCode(t, err, "INVALID_ARGUMENT")
+	d := client.Detail(err)
+	require.NotNil(t, d, "error %v carries no detail", err)
+	var fields []string
+	for _, v := range d.GetViolations() {
+		fields = append(fields, v.GetField())
+	}
+	require.Contains(t, fields, field, "violations %v of %v", fields, err)
+}
+
+func sfTenant(t *testing.T, c *client.Client, name string) *apiv1.Tenant {
+	t.Helper()
+	res, err := c.Tenants.Create(context.Background(), connect.NewRequest(&apiv1.CreateTenantRequest{Name: name}))
+	require.NoError(t, err)
+	return res.Msg.GetTenant()
+}
+
+func sfProject(t *testing.T, c *client.Client, tenant, name string) *apiv1.Project {
+	t.Helper()
+	res, err := c.Projects.Create(context.Background(), connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: tenant, Name: name}))
+	require.NoError(t, err)
+	return res.Msg.GetProject()
+}
+
+func sfKey(t *testing.T, c *client.Client, tenant, role string, ttlSeconds int64) (string, *apiv1.ApiKey) {
+	t.Helper()
+	res, err := c.ApiKeys.Create(context.Background(), connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: tenant, Role: role, TtlSeconds: ttlSeconds}))
+	require.NoError(t, err)
+	return res.Msg.GetSecret(), res.Msg.GetApiKey()
+}
+
+// sfWithHeader returns a request carrying one extra header.
+func sfWithHeader[T any](msg *T, key, value string) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(key, value)
+	return req
+}
+
+// --- raw HTTP -------------------------------------------------------------
+
+func TestSafetyRawHTTP(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	sfTenant(t, cp.Admin(), "acme")
+	url := cp.URL + apiv1connect.ProjectServiceCreateProcedure
+
+	post := func(t *testing.T, body []byte) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+cp.AdminKey)
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		raw, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		out := map[string]any{}
+		require.NoError(t, json.Unmarshal(raw, &out), "body %q", raw)
+		return res.StatusCode, out
+	}
+
+	huge := []byte(`{"tenant":"acme","name":"big","displayName":"` + strings.Repeat("a", app.MaxRequestBytes+1) + `"}`)
+	cases := []struct {
+		name   string
+		body   []byte
+		status []int
+		codes  []string
+	}{
+		{"malformed json", []byte(`{"tenant":"acme","name":`), []int{http.StatusBadRequest}, []string{"invalid_argument"}},
+		{"not json at all", []byte(`tenant=acme&name=x`), []int{http.StatusBadRequest}, []string{"invalid_argument"}},
+		{"unknown field", []byte(`{"tenant":"acme","name":"x","owner":"mallory"}`), []int{http.StatusBadRequest}, []string{"invalid_argument"}},
+		{"wrong field type", []byte(`{"tenant":"acme","name":7}`), []int{http.StatusBadRequest}, []string{"invalid_argument"}},
+		// Connect refuses a body over WithReadMaxBytes with resource_exhausted
+		// (HTTP 429) before decoding it.
+		{"oversize body", huge, []int{http.StatusTooManyRequests, http.StatusBadRequest}, []string{"resource_exhausted", "invalid_argument"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := sfCounts(t, cp)
+			status, body := post(t, tc.body)
+			require.Contains(t, tc.status, status, "body %v", body)
+			require.Contains(t, tc.codes, body["code"], "body %v", body)
+			sfRequireDelta(t, before, sfCounts(t, cp), nil, "a refused body must write nothing")
+		})
+	}
+
+	t.Run("curl-style valid json", func(t *testing.T) {
+		before := sfCounts(t, cp)
+		status, body := post(t, []byte(`{"tenant": "acme", "name": "web", "display_name": "Web"}`))
+		require.Equal(t, http.StatusOK, status, "body %v", body)
+		p, ok := body["project"].(map[string]any)
+		require.True(t, ok, "body %v", body)
+		require.Equal(t, "web", p["name"])
+		require.True(t, envelope.IsID(p["id"].(string), "prj"), "id %v", p["id"])
+		sfRequireDelta(t, before, sfCounts(t, cp), map[string]int{"projects": 1, "audit_log": 1, "events": 1})
+	})
+}
+
+// --- validation -----------------------------------------------------------
+
+func TestSafetyValidation(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	acme := sfTenant(t, admin, "acme")
+	sfProject(t, admin, "acme", "web")
+
+	cases := []struct {
+		name  string
+		field string
+		call  func() error
+	}{
+		{"tenant name uppercase", "name", func() error {
+			_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "Acme"}))
+			return err
+		}},
+		{"tenant name 64 chars", "name", func() error {
+			_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: strings.Repeat("a", 64)}))
+			return err
+		}},
+		{"tenant name empty", "name", func() error {
+			_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: ""}))
+			return err
+		}},
+		{"tenant name with spaces", "name", func() error {
+			_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "ac me"}))
+			return err
+		}},
+		{"tenant name underscore", "name", func() error {
+			_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "ac_me"}))
+			return err
+		}},
+		{"project name uppercase", "name", func() error {
+			_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "Web"}))
+			return err
+		}},
+		{"project name 64 chars", "name", func() error {
+			_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: strings.Repeat("b", 64)}))
+			return err
+		}},
+		{"project name empty", "name", func() error {
+			_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme"}))
+			return err
+		}},
+		{"project name spaces", "name", func() error {
+			_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "my web"}))
+			return err
+		}},
+		{"project tenant bad id", "tenant", func() error {
+			_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "tnt_XYZ", Name: "web2"}))
+			return err
+		}},
+		{"project display name too long", "display_name", func() error {
+			_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web3", DisplayName: strings.Repeat("d", 201)}))
+			return err
+		}},
+		{"project get bad tenant id", "tenant", func() error {
+			_, err := admin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "tnt_XYZ", Project: "web"}))
+			return err
+		}},
+		{"project get bad project id", "project", func() error {
+			_, err := admin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "acme", Project: "prj_nope"}))
+			return err
+		}},
+		{"project delete bad id", "project", func() error {
+			_, err := admin.Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "prj_NOPE"}))
+			return err
+		}},
+		{"tenant get bad id", "tenant", func() error {
+			_, err := admin.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "tnt_XYZ"}))
+			return err
+		}},
+		{"key revoke bad id", "id", func() error {
+			_, err := admin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "acme", Id: "key_nope"}))
+			return err
+		}},
+		{"key revoke bad tenant id", "tenant", func() error {
+			_, err := admin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "tnt_XYZ", Id: "key_nope"}))
+			return err
+		}},
+		{"key create bad role", "role", func() error {
+			_, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "owner"}))
+			return err
+		}},
+		{"key create negative ttl", "ttl_seconds", func() error {
+			_, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "member", TtlSeconds: -1}))
+			return err
+		}},
+		{"confirmation approve bad id", "id", func() error {
+			_, err := admin.Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: "cfm_nope"}))
+			return err
+		}},
+		{"confirmation list bad state", "state", func() error {
+			_, err := admin.Confirmations.List(ctx, connect.NewRequest(&apiv1.ListConfirmationsRequest{Tenant: "acme", State: "done"}))
+			return err
+		}},
+		{"policy put bad id", "id", func() error {
+			_, err := admin.Policies.Put(ctx, connect.NewRequest(&apiv1.PutPolicyRequest{Tenant: "acme", Id: "Bad Id", Text: sfHarmlessPolicy}))
+			return err
+		}},
+		{"projects list bad page token", "page_token", func() error {
+			_, err := admin.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: "acme", PageToken: "not-a-token!"}))
+			return err
+		}},
+		{"projects list foreign page token", "page_token", func() error {
+			tok := envelope.EncodePageToken("prj_x", "other/")
+			_, err := admin.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: "acme", PageToken: tok}))
+			return err
+		}},
+		{"tenants list bad page token", "page_token", func() error {
+			_, err := admin.Tenants.List(ctx, connect.NewRequest(&apiv1.ListTenantsRequest{PageToken: "%%%"}))
+			return err
+		}},
+		{"audit list bad page token", "page_token", func() error {
+			_, err := admin.Audit.List(ctx, connect.NewRequest(&apiv1.ListAuditRequest{PageToken: "eyJ4Ijox"}))
+			return err
+		}},
+		{"projects list page size too big", "page_size", func() error {
+			_, err := admin.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: "acme", PageSize: envelope.MaxPageSize + 1}))
+			return err
+		}},
+		{"confirmation header not an id", envelope.HeaderConfirmationID, func() error {
+			_, err := admin.Projects.Delete(ctx, sfWithHeader(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "web"}, client.HeaderConfirmationID, "nope"))
+			return err
+		}},
+		{"idempotency key on a non-create method", envelope.HeaderIdempotencyKey, func() error {
+			_, err := admin.Projects.Delete(ctx, sfWithHeader(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "web"}, client.HeaderIdempotencyKey, "k1"))
+			return err
+		}},
+		{"idempotency key too long", envelope.HeaderIdempotencyKey, func() error {
+			_, err := admin.Projects.Create(ctx, sfWithHeader(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web4"}, client.HeaderIdempotencyKey, strings.Repeat("k", 129)))
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := sfCounts(t, cp)
+			sfRequireViolation(t, tc.call(), tc.field)
+			sfRequireDelta(t, before, sfCounts(t, cp), nil, "a validation failure must write nothing")
+		})
+	}
+
+	// The project "web" survived the refused deletes.
+	_, err := admin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: acme.GetId(), Project: "web"}))
+	require.NoError(t, err)
+}
+
+// sfHarmlessPolicy is a valid tenant policy that never matches.
+const sfHarmlessPolicy = `@id("never")
+forbid (principal, action, resource) when { false };`
+
+// --- authentication -------------------------------------------------------
+
+func TestSafetyAuthentication(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	sfTenant(t, admin, "acme")
+	expiring, _ := sfKey(t, admin, "acme", "admin", 60)
+	revoked, revokedKey := sfKey(t, admin, "acme", "admin", 0)
+
+	// Both keys work before they expire or are revoked.
+	for _, s := range []string{expiring, revoked} {
+		_, err := cp.Client(s).Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+		require.NoError(t, err)
+	}
+	_, err := admin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "acme", Id: revokedKey.GetId()}))
+	require.NoError(t, err)
+	cp.Clock.Advance(61 * time.Second)
+
+	// A well-formed secret that was never issued.
+	unknown := "bc_" + strings.Repeat("A", len(expiring)-len("bc_"))
+
+	rawAuth := func(header string) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, cp.URL+apiv1connect.ProjectServiceCreateProcedure,
+			strings.NewReader(`{"tenant":"acme","name":"raw"}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", header)
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		var body struct {
+			Code string `json:"code"`
+		}
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&body))
+		return res.StatusCode, body.Code
+	}
+
+	cases := []struct {
+		name  string
+		token string
+	}{
+		{"missing", ""},
+		{"not an api key and no oidc", "hello"},
+		{"malformed api key", "bc_short"},
+		{"unknown api key", unknown},
+		{"expired api key", expiring},
+		{"revoked api key", revoked},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cp.Client(tc.token)
+			before := sfCounts(t, cp)
+			_, err := c.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "p"}))
+			sfRequireCode(t, err, "UNAUTHENTICATED")
+			_, err = c.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+			sfRequireCode(t, err, "UNAUTHENTICATED")
+			_, err = c.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: "acme"}))
+			sfRequireCode(t, err, "UNAUTHENTICATED")
+			sfRequireDelta(t, before, sfCounts(t, cp), nil, "an unauthenticated call must write nothing")
+		})
+	}
+	t.Run("not a bearer scheme", func(t *testing.T) {
+		before := sfCounts(t, cp)
+		for _, h := range []string{"Basic YWRtaW46YWRtaW4=", "Bearer ", "bearer " + cp.AdminKey, cp.AdminKey, "Bearer  " + cp.AdminKey} {
+			status, code := rawAuth(h)
+			require.Equal(t, http.StatusUnauthorized, status, "Authorization %q", h)
+			require.Equal(t, "unauthenticated", code, "Authorization %q", h)
+		}
+		sfRequireDelta(t, before, sfCounts(t, cp), nil)
+	})
+}
+
+// --- authorization and tenant boundaries ---------------------------------
+
+func TestSafetyAuthorizationDenials(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	acme := sfTenant(t, admin, "acme")
+	other := sfTenant(t, admin, "other")
+	acmeWeb := sfProject(t, admin, "acme", "web")
+	sfProject(t, admin, "other", "site")
+	_, acmeKey := sfKey(t, admin, "acme", "viewer", 0)
+	memberSecret, _ := sfKey(t, admin, "acme", "member", 0)
+	viewerSecret, _ := sfKey(t, admin, "acme", "viewer", 0)
+	otherAdminSecret, _ := sfKey(t, admin, "other", "admin", 0)
+	member, viewer, otherAdmin := cp.Client(memberSecret), cp.Client(viewerSecret), cp.Client(otherAdminSecret)
+
+	// Denied mutations: exactly one audit row (decision deny), nothing else.
+	denied := []struct {
+		name   string
+		action string
+		call   func() error
+	}{
+		{"member creates a key", "apiKeys.create", func() error {
+			_, err := member.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin"}))
+			return err
+		}},
+		{"member puts a policy", "policies.put", func() error {
+			_, err := member.Policies.Put(ctx, connect.NewRequest(&apiv1.PutPolicyRequest{Tenant: "acme", Id: "mine", Text: sfHarmlessPolicy}))
+			return err
+		}},
+		{"viewer creates a project", "projects.create", func() error {
+			_, err := viewer.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "new"}))
+			return err
+		}},
+		{"viewer deletes a project", "projects.delete", func() error {
+			_, err := viewer.Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "web"}))
+			return err
+		}},
+		{"tenant admin creates a tenant", "tenants.create", func() error {
+			_, err := otherAdmin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "sibling"}))
+			return err
+		}},
+		{"other admin creates a project in acme", "projects.create", func() error {
+			_, err := otherAdmin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "evil"}))
+			return err
+		}},
+		{"other admin deletes acme's project by id", "projects.delete", func() error {
+			_, err := otherAdmin.Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: acme.GetId(), Project: acmeWeb.GetId()}))
+			return err
+		}},
+		{"other admin revokes acme's key in acme", "apiKeys.revoke", func() error {
+			_, err := otherAdmin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "acme", Id: acmeKey.GetId()}))
+			return err
+		}},
+		{"other admin creates a project in a tenant that does not exist", "projects.create", func() error {
+			_, err := otherAdmin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "ghost", Name: "x"}))
+			return err
+		}},
+	}
+	for _, tc := range denied {
+		t.Run(tc.name, func(t *testing.T) {
+			before := sfCounts(t, cp)
+			cp.Authz.Reset()
+			sfRequireCode(t, tc.call(), "PERMISSION_DENIED")
+			require.Equal(t, 1, cp.Authz.CallsFor(tc.action), "one decision per mutation attempt")
+			sfRequireDelta(t, before, sfCounts(t, cp), map[string]int{"audit_log": 1}, "a denial writes its audit row only")
+			aud, err := admin.Audit.List(ctx, connect.NewRequest(&apiv1.ListAuditRequest{PageSize: 1}))
+			require.NoError(t, err)
+			require.Len(t, aud.Msg.GetEntries(), 1)
+			last := aud.Msg.GetEntries()[0]
+			require.Equal(t, tc.action, last.GetAction())
+			require.Equal(t, envelope.DecisionDeny, last.GetDecision())
+			require.Equal(t, "PERMISSION_DENIED", last.GetResult())
+		})
+	}
+
+	// A resource of acme named under tenant other is not found there: the
+	// caller may act in other, so it hears NOT_FOUND (never success), and a
+	// failed Apply rolls back, writing nothing.
+	wrongTenant := []struct {
+		name     string
+		mutation bool
+		code     []string
+		call     func() error
+	}{
+		{"revoke acme's key via other", true, []string{"NOT_FOUND", "PERMISSION_DENIED"}, func() error {
+			_, err := otherAdmin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "other", Id: acmeKey.GetId()}))
+			return err
+		}},
+		{"platform admin revokes acme's key via other", true, []string{"NOT_FOUND"}, func() error {
+			_, err := admin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: other.GetId(), Id: acmeKey.GetId()}))
+			return err
+		}},
+		{"get acme's project by id via other", false, []string{"NOT_FOUND", "PERMISSION_DENIED"}, func() error {
+			_, err := otherAdmin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "other", Project: acmeWeb.GetId()}))
+			return err
+		}},
+		{"get acme's project by name via other", false, []string{"NOT_FOUND", "PERMISSION_DENIED"}, func() error {
+			_, err := otherAdmin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "other", Project: "web"}))
+			return err
+		}},
+		{"platform admin gets acme's project via other", false, []string{"NOT_FOUND"}, func() error {
+			_, err := admin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "other", Project: acmeWeb.GetId()}))
+			return err
+		}},
+		{"delete acme's project via other", true, []string{"NOT_FOUND", "PERMISSION_DENIED"}, func() error {
+			_, err := otherAdmin.Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "other", Project: acmeWeb.GetId()}))
+			return err
+		}},
+	}
+	for _, tc := range wrongTenant {
+		t.Run(tc.name, func(t *testing.T) {
+			before := sfCounts(t, cp)
+			err := tc.call()
+			require.Error(t, err)
+			require.Contains(t, tc.code, client.Code(err), "error %v", err)
+			after := sfCounts(t, cp)
+			// A NOT_FOUND after an allow writes nothing; a deny writes its
+			// audit row.
+			delta := map[string]int{}
+			if tc.mutation && client.Code(err) == "PERMISSION_DENIED" {
+				delta["audit_log"] = 1
+			}
+			sfRequireDelta(t, before, after, delta)
+		})
+	}
+
+	// Nothing of acme changed.
+	keys, err := admin.ApiKeys.List(ctx, connect.NewRequest(&apiv1.ListApiKeysRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	var ids []string
+	for _, k := range keys.Msg.GetApiKeys() {
+		ids = append(ids, k.GetId())
+	}
+	require.Contains(t, ids, acmeKey.GetId(), "acme's key must not be revoked")
+	_, err = admin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "acme", Project: "web"}))
+	require.NoError(t, err)
+}
+
+// --- idempotency ----------------------------------------------------------
+
+func TestSafetyIdempotency(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	sfTenant(t, admin, "acme")
+	key := client.NewIdempotencyKey()
+
+	create := func(name, idem string) (*apiv1.Project, error) {
+		res, err := admin.Projects.Create(ctx, sfWithHeader(&apiv1.CreateProjectRequest{Tenant: "acme", Name: name}, client.HeaderIdempotencyKey, idem))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg.GetProject(), nil
+	}
+
+	before := sfCounts(t, cp)
+	first, err := create("web", key)
+	require.NoError(t, err)
+	second, err := create("web", key)
+	require.NoError(t, err)
+	require.Equal(t, first.GetId(), second.GetId(), "a replay answers with the first response")
+	require.Equal(t, first.GetCreateTime().AsTime(), second.GetCreateTime().AsTime())
+	sfRequireDelta(t, before, sfCounts(t, cp), map[string]int{"projects": 1, "audit_log": 1, "events": 1, "idempotency_keys": 1},
+		"a replay creates nothing")
+
+	t.Run("same key, different body", func(t *testing.T) {
+		before := sfCounts(t, cp)
+		_, err := create("api", key)
+		sfRequireCode(t, err, "IDEMPOTENCY_KEY_REUSED")
+		sfRequireDelta(t, before, sfCounts(t, cp), nil)
+	})
+	t.Run("same key, different method", func(t *testing.T) {
+		before := sfCounts(t, cp)
+		_, err := admin.Tenants.Create(ctx, sfWithHeader(&apiv1.CreateTenantRequest{Name: "web"}, client.HeaderIdempotencyKey, key))
+		sfRequireCode(t, err, "IDEMPOTENCY_KEY_REUSED")
+		sfRequireDelta(t, before, sfCounts(t, cp), nil)
+	})
+	t.Run("key on a non-create method", func(t *testing.T) {
+		before := sfCounts(t, cp)
+		_, err := admin.Projects.Delete(ctx, sfWithHeader(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "web"}, client.HeaderIdempotencyKey, client.NewIdempotencyKey()))
+		sfRequireViolation(t, err, envelope.HeaderIdempotencyKey)
+		sfRequireDelta(t, before, sfCounts(t, cp), nil)
+	})
+	t.Run("keys are per principal", func(t *testing.T) {
+		// Another principal using the same key string gets its own create.
+		secret, _ := sfKey(t, admin, "acme", "admin", 0)
+		res, err := cp.Client(secret).Projects.Create(ctx, sfWithHeader(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web-2"}, client.HeaderIdempotencyKey, key))
+		require.NoError(t, err)
+		require.NotEqual(t, first.GetId(), res.Msg.GetProject().GetId())
+	})
+	t.Run("a new key creates again", func(t *testing.T) {
+		_, err := create("web", client.NewIdempotencyKey())
+		sfRequireCode(t, err, "ALREADY_EXISTS")
+	})
+}
+
+// --- cross-tenant sweep over the whole catalog ----------------------------
+
+func TestSafetyCrossTenantCatalog(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	acme := sfTenant(t, admin, "acme")
+	sfTenant(t, admin, "other")
+	web := sfProject(t, admin, "acme", "web")
+	sfProject(t, admin, "acme", "doomed")
+	_, acmeKey := sfKey(t, admin, "acme", "member", 0)
+	_, err := admin.Policies.Put(ctx, connect.NewRequest(&apiv1.PutPolicyRequest{Tenant: "acme", Id: "extra", Text: sfHarmlessPolicy}))
+	require.NoError(t, err)
+	agentSecret, _ := sfKey(t, admin, "acme", "agent", 0)
+	_, err = cp.Client(agentSecret).Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "doomed"}))
+	sfRequireCode(t, err, "CONFIRMATION_REQUIRED")
+	cfmID := client.Detail(err).GetConfirmationId()
+	require.True(t, envelope.IsID(cfmID, "cfm"), "confirmation id %q", cfmID)
+
+	otherSecret, _ := sfKey(t, admin, "other", "admin", 0)
+	evil := cp.Client(otherSecret)
+
+	type call func() error
+	cases := map[string][]call{
+		apiv1connect.TenantServiceCreateProcedure: {func() error {
+			_, err := evil.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme-2"}))
+			return err
+		}},
+		apiv1connect.TenantServiceGetProcedure: {
+			func() error {
+				_, err := evil.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: acme.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.TenantServiceListProcedure: {func() error {
+			_, err := evil.Tenants.List(ctx, connect.NewRequest(&apiv1.ListTenantsRequest{}))
+			return err
+		}},
+		apiv1connect.ProjectServiceCreateProcedure: {func() error {
+			_, err := evil.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: acme.GetId(), Name: "evil"}))
+			return err
+		}},
+		apiv1connect.ProjectServiceGetProcedure: {
+			func() error {
+				_, err := evil.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "acme", Project: "web"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "other", Project: web.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.ProjectServiceListProcedure: {func() error {
+			_, err := evil.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.ProjectServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: web.GetId()}))
+				return err
+			},
+			func() error {
+				_, err := evil.Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "other", Project: web.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.ApiKeyServiceCreateProcedure: {
+			func() error {
+				_, err := evil.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin"}))
+				return err
+			},
+			func() error {
+				_, err := evil.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{}))
+				return err
+			},
+		},
+		apiv1connect.ApiKeyServiceListProcedure: {
+			func() error {
+				_, err := evil.ApiKeys.List(ctx, connect.NewRequest(&apiv1.ListApiKeysRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.ApiKeys.List(ctx, connect.NewRequest(&apiv1.ListApiKeysRequest{}))
+				return err
+			},
+		},
+		apiv1connect.ApiKeyServiceRevokeProcedure: {
+			func() error {
+				_, err := evil.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "acme", Id: acmeKey.GetId()}))
+				return err
+			},
+			func() error {
+				_, err := evil.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "other", Id: acmeKey.GetId()}))
+				return err
+			},
+			func() error {
+				_, err := evil.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Id: acmeKey.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.IdentityServiceWhoAmIProcedure: nil, // KindSelf: the one exception
+		apiv1connect.PolicyServiceGetProcedure: {func() error {
+			_, err := evil.Policies.Get(ctx, connect.NewRequest(&apiv1.GetPolicyRequest{Tenant: "acme", Id: "extra"}))
+			return err
+		}},
+		apiv1connect.PolicyServicePutProcedure: {func() error {
+			_, err := evil.Policies.Put(ctx, connect.NewRequest(&apiv1.PutPolicyRequest{Tenant: "acme", Id: "extra", Text: `@id("open")
+permit (principal, action, resource);`}))
+			return err
+		}},
+		apiv1connect.PolicyServiceListProcedure: {func() error {
+			_, err := evil.Policies.List(ctx, connect.NewRequest(&apiv1.ListPoliciesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.ConfirmationServiceListProcedure: {func() error {
+			_, err := evil.Confirmations.List(ctx, connect.NewRequest(&apiv1.ListConfirmationsRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.ConfirmationServiceApproveProcedure: {
+			func() error {
+				_, err := evil.Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfmID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "other", Id: cfmID}))
+				return err
+			},
+		},
+		apiv1connect.AuditServiceListProcedure: {
+			func() error {
+				_, err := evil.Audit.List(ctx, connect.NewRequest(&apiv1.ListAuditRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Audit.List(ctx, connect.NewRequest(&apiv1.ListAuditRequest{}))
+				return err
+			},
+		},
+		apiv1connect.EventServiceWatchProcedure: {
+			func() error {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				return evil.Watch(ctx, &apiv1.WatchEventsRequest{Tenant: "acme"}, func(*apiv1.Event) error { return nil })
+			},
+			func() error {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				return evil.Watch(ctx, &apiv1.WatchEventsRequest{}, func(*apiv1.Event) error { return nil })
+			},
+		},
+	}
+
+	for _, m := range envelope.Catalog() {
+		t.Run(m.Procedure, func(t *testing.T) {
+			calls, ok := cases[m.Procedure]
+			require.True(t, ok, "catalog row %s has no cross-tenant case: add one", m.Procedure)
+			if m.Kind == envelope.KindSelf {
+				require.Empty(t, calls)
+				who, err := evil.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+				require.NoError(t, err)
+				require.Equal(t, "other", who.Msg.GetTenantName())
+				return
+			}
+			require.NotEmpty(t, calls)
+			for i, call := range calls {
+				before := sfCounts(t, cp)
+				err := call()
+				require.Error(t, err, "case %d must fail", i)
+				require.Contains(t, []string{"PERMISSION_DENIED", "NOT_FOUND"}, client.Code(err), "case %d: %v", i, err)
+				after := sfCounts(t, cp)
+				delta := map[string]int{}
+				if m.Kind == envelope.KindMutation && client.Code(err) == "PERMISSION_DENIED" {
+					delta["audit_log"] = 1
+				}
+				sfRequireDelta(t, before, after, delta, "case %d", i)
+			}
+		})
+	}
+	require.Len(t, cases, len(envelope.Catalog()), "a case for a procedure the catalog does not have")
+
+	// acme is intact.
+	_, err = admin.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "acme", Project: "web"}))
+	require.NoError(t, err)
+	pol, err := admin.Policies.Get(ctx, connect.NewRequest(&apiv1.GetPolicyRequest{Tenant: "acme", Id: "extra"}))
+	require.NoError(t, err)
+	require.Equal(t, sfHarmlessPolicy, pol.Msg.GetPolicy().GetText())
+	cfms, err := admin.Confirmations.List(ctx, connect.NewRequest(&apiv1.ListConfirmationsRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Len(t, cfms.Msg.GetConfirmations(), 1)
+	require.Equal(t, envelope.ConfirmationPending, cfms.Msg.GetConfirmations()[0].GetState())
+}
