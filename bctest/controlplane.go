@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -60,7 +61,10 @@ func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 		t.Fatalf("bctest: bootstrap: %v", err)
 	}
 	srv := httptest.NewUnstartedServer(a.Handler)
-	srv.EnableHTTP2 = true
+	// gRPC clients speak HTTP/2 without TLS (h2c), as to `serve`.
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	cp.URL = srv.URL
 	done := make(chan error, 1)

@@ -2,6 +2,9 @@ package app_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,4 +86,37 @@ func TestTourAcceptance(t *testing.T) {
 	_, err = admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "later"}))
 	require.NoError(t, err)
 	require.Equal(t, "tenant.created", next())
+}
+
+// TestGRPCAndConnectJSON: the same handlers answer gRPC (HTTP/2 without TLS)
+// and Connect JSON over HTTP/1.1, as curl sends it.
+func TestGRPCAndConnectJSON(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+
+	h2c := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
+		p := new(http.Protocols)
+		p.SetUnencryptedHTTP2(true)
+		return p
+	}()}}
+	grpc := client.New(cp.URL, cp.AdminKey, client.WithGRPC(), client.WithHTTPClient(h2c))
+	who, err := grpc.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+	require.NoError(t, err)
+	require.Equal(t, "platform-admin", who.Msg.GetRole())
+	_, err = grpc.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "Bad Name"}))
+	require.Equal(t, "INVALID_ARGUMENT", client.Code(err))
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cp.URL+"/bettercompute.api.v1.TenantService/Create", strings.NewReader(`{"name":"acme"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+cp.AdminKey)
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode, string(body))
+	require.Contains(t, string(body), `"name":"acme"`)
+	require.NotEmpty(t, res.Header.Get("X-Request-Id"))
 }
