@@ -7,16 +7,21 @@ BIN   := $(CURDIR)/bin
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
-$(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go: tools/go.mod tools/go.sum
-	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go connectrpc.com/connect/cmd/protoc-gen-connect-go
+GENERATORS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go $(BIN)/protoc-gen-go-grpc
+
+$(GENERATORS) &: tools/go.mod tools/go.sum
+	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go \
+		connectrpc.com/connect/cmd/protoc-gen-connect-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
 .PHONY: tools
-tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go ## build the pinned code generators into bin/
+tools: $(GENERATORS) ## build the pinned code generators into bin/
 
 .PHONY: generate
 generate: tools ## regenerate gen/ from proto/ (offline, pinned tools)
-	PATH=$(BIN):$$PATH $(BIN)/buf lint
-	PATH=$(BIN):$$PATH $(BIN)/buf generate
+	$(BIN)/buf lint
+	rm -rf gen
+	$(BIN)/buf generate --template buf.gen.yaml
+	$(BIN)/buf generate --template buf.gen.agent.yaml
 
 .PHONY: build
 build: ## build the programs under cmd/ into bin/
