@@ -193,7 +193,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 			&river.PeriodicJobOpts{RunOnStart: true}),
 	}
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
-		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger,
+		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 	}); err != nil {
 		return nil, err
 	}

@@ -109,15 +109,11 @@ func TestConfirmationFlow(t *testing.T) {
 		before := sfCounts(t, cp)
 		_, err := approve(c, cfmID)
 		sfRequireCode(t, err, "PERMISSION_DENIED", name)
+		// Nothing but (at most) the refusal's audit row; see
+		// TestConfirmationNonHumanApprovalIsAudited for the audit row itself.
 		after := sfCounts(t, cp)
-		if name == "agent" {
-			// A policy deny records its audit row.
-			sfRequireDelta(t, before, after, map[string]int{"audit_log": 1}, name)
-		} else {
-			// The policy allows an admin; the handler refuses a non-human in
-			// the transaction, which rolls back.
-			sfRequireDelta(t, before, after, nil, name)
-		}
+		after["audit_log"] = before["audit_log"]
+		sfRequireDelta(t, before, after, nil, name)
 	}
 	require.Len(t, cfList(t, admin, envelope.ConfirmationPending), 1, "still pending")
 
@@ -265,4 +261,31 @@ func TestConfirmationNotExpiredEarly(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, cfReplay(agent, "web", id))
 	require.False(t, cfProjectExists(t, admin, "web"))
+}
+
+// TestConfirmationNonHumanApprovalIsAudited: a refused approval is an
+// authorization denial and, like every denial, leaves exactly one audit row
+// with decision deny and nothing else, whether the policy refused it (agent)
+// or the handler did (a non-human admin key).
+func TestConfirmationNonHumanApprovalIsAudited(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	sfTenant(t, admin, "acme")
+	sfProject(t, admin, "acme", "web")
+	agentSecret, _ := sfKey(t, admin, "acme", "agent", 0)
+	serviceSecret, _ := sfKey(t, admin, "acme", "admin", 0)
+	_, err := cp.Client(agentSecret).Projects.Delete(ctx, connect.NewRequest(cfDelete("web")))
+	sfRequireCode(t, err, "CONFIRMATION_REQUIRED")
+	id := client.Detail(err).GetConfirmationId()
+
+	for name, secret := range map[string]string{"agent": agentSecret, "service admin": serviceSecret} {
+		t.Run(name, func(t *testing.T) {
+			before := sfCounts(t, cp)
+			_, err := cp.Client(secret).Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: id}))
+			sfRequireCode(t, err, "PERMISSION_DENIED")
+			sfRequireDelta(t, before, sfCounts(t, cp), map[string]int{"audit_log": 1}, "a denied approval is on record")
+		})
+	}
 }

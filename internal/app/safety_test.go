@@ -588,6 +588,26 @@ func TestSafetyIdempotency(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, first.GetId(), res.Msg.GetProject().GetId())
 	})
+	t.Run("api key replay does not return the secret", func(t *testing.T) {
+		idem := client.NewIdempotencyKey()
+		mk := func() *apiv1.CreateApiKeyResponse {
+			res, err := admin.ApiKeys.Create(ctx, sfWithHeader(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "viewer"}, client.HeaderIdempotencyKey, idem))
+			require.NoError(t, err)
+			return res.Msg
+		}
+		first := mk()
+		require.NotEmpty(t, first.GetSecret())
+		before := sfCounts(t, cp)
+		second := mk()
+		require.Equal(t, first.GetApiKey().GetId(), second.GetApiKey().GetId())
+		require.Empty(t, second.GetSecret(), "the stored replay must not hold the secret")
+		sfRequireDelta(t, before, sfCounts(t, cp), nil)
+		var stored []byte
+		require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT response FROM idempotency_keys WHERE key = $1`, idem).Scan(&stored)
+		}))
+		require.NotContains(t, string(stored), first.GetSecret())
+	})
 	t.Run("a new key creates again", func(t *testing.T) {
 		_, err := create("web", client.NewIdempotencyKey())
 		sfRequireCode(t, err, "ALREADY_EXISTS")

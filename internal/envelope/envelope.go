@@ -311,6 +311,15 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		return nil
 	})
 	if err != nil {
+		var apiErr *Error
+		if errors.As(err, &apiErr) && apiErr.Code == CodePermissionDenied {
+			// The decision allowed it but the handler refused (e.g. a
+			// non-human approving a confirmation): a refusal like any other,
+			// so it stays on record.
+			audit.Decision, audit.Result = DecisionDeny, string(CodePermissionDenied)
+			e.recordRefusal(ctx, audit)
+			return nil, err
+		}
 		if idemKey != "" && errors.Is(err, errIdempotencyRace) {
 			// A concurrent request with the same key committed first: answer
 			// with its result, as a replay would.

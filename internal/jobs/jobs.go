@@ -39,6 +39,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 	"github.com/riverqueue/river/rivertype"
 
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -58,6 +59,20 @@ type Config struct {
 	StopTimeout time.Duration
 	// Logger receives River's logs; default slog.Default().
 	Logger *slog.Logger
+	// Clock is the control plane's clock. When it is simulated, River
+	// schedules by it too, so a job due at a simulated time runs when the
+	// simulation gets there.
+	Clock clock.Clock
+}
+
+// riverTime adapts a simulated clock to River's time generator.
+type riverTime struct{ clk clock.Clock }
+
+func (r riverTime) Now() time.Time { return r.clk.Now() }
+
+func (r riverTime) NowOrNil() *time.Time {
+	t := r.clk.Now()
+	return &t
 }
 
 // client hides River's generic transaction type (*sql.Tx or pgx.Tx).
@@ -112,6 +127,9 @@ func New(db *store.DB, workers *river.Workers, periodic []*river.PeriodicJob, cf
 		// Without LISTEN/NOTIFY River must poll instead of waiting for
 		// notifications that never come.
 		PollOnly: !db.SupportsListener(),
+	}
+	if cfg.Clock != nil && !clock.IsReal(cfg.Clock) {
+		rc.Test.Time = riverTime{clk: cfg.Clock}
 	}
 	if cfg.Worker {
 		queues := cfg.Queues
