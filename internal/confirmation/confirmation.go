@@ -49,21 +49,9 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListConfi
 	if err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	var (
-		t      tenancy.Tenant
-		tfound bool
-	)
-	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		t, tfound, err = tenancy.LookupTenant(ctx, q, req.Msg.GetTenant())
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	if err := s.env.AuthorizeRead(ctx, tenancy.TenantResource(t)); err != nil {
+	t, err := tenancy.AuthorizeTenantRead(ctx, s.env, req.Msg.GetTenant())
+	if err != nil {
 		return nil, err
-	}
-	if !tfound {
-		return nil, s.env.Fail(ctx, envelope.NotFound("tenant", req.Msg.GetTenant()))
 	}
 	limit := envelope.PageSize(req.Msg.GetPageSize())
 	var cs []envelope.Confirmation

@@ -118,21 +118,9 @@ func (s *ProjectService) List(ctx context.Context, req *connect.Request[apiv1.Li
 	if err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	var (
-		t      Tenant
-		tfound bool
-	)
-	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		t, tfound, err = LookupTenant(ctx, q, req.Msg.GetTenant())
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	if err := s.env.AuthorizeRead(ctx, TenantResource(t)); err != nil {
+	t, err := AuthorizeTenantRead(ctx, s.env, req.Msg.GetTenant())
+	if err != nil {
 		return nil, err
-	}
-	if !tfound {
-		return nil, s.env.Fail(ctx, envelope.NotFound("tenant", req.Msg.GetTenant()))
 	}
 	limit := envelope.PageSize(req.Msg.GetPageSize())
 	var ps []Project

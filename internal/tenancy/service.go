@@ -170,3 +170,28 @@ func TenantProto(t Tenant) *apiv1.Tenant {
 func ProjectProto(p Project) *apiv1.Project {
 	return &apiv1.Project{Id: p.ID, TenantId: p.TenantID, Name: p.Name, DisplayName: p.DisplayName, CreateTime: timestamppb.New(p.CreateTime)}
 }
+
+// AuthorizeTenantRead resolves the tenant a list names and makes the read
+// decision on it, in the order that leaks nothing: a tenant that does not
+// exist is decided as a platform-level resource (a tenant principal is
+// refused without learning whether it exists) and only then reported as
+// NOT_FOUND. Errors are Connect errors, ready to return.
+func AuthorizeTenantRead(ctx context.Context, env *envelope.Envelope, ref string) (Tenant, error) {
+	var (
+		t     Tenant
+		found bool
+	)
+	if err := env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
+		t, found, err = LookupTenant(ctx, q, ref)
+		return err
+	}); err != nil {
+		return Tenant{}, env.Fail(ctx, err)
+	}
+	if err := env.AuthorizeRead(ctx, TenantResource(t)); err != nil {
+		return Tenant{}, err
+	}
+	if !found {
+		return Tenant{}, env.Fail(ctx, envelope.NotFound("tenant", ref))
+	}
+	return t, nil
+}
