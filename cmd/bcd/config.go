@@ -1,0 +1,125 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+	"go.yaml.in/yaml/v3"
+)
+
+type options struct {
+	configFile    string
+	server        string
+	stateDir      string
+	hardware      string
+	fakeSeed      string
+	sysfsRoot     string
+	cgroupRoot    string
+	metricsListen string
+	mode          string
+	logLevel      string
+	tokenStdin    bool
+	tokenEnvFile  string
+	heartbeat     time.Duration
+	showVersion   bool
+}
+
+func (o *options) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.configFile, "config", "", "config file (TOML or YAML by extension; must be mode 0600); flags override it")
+	fs.StringVar(&o.server, "server", "", "gateway HOST:PORT")
+	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/bcd", "state directory (key, certificates, command log)")
+	fs.StringVar(&o.hardware, "hardware", "nvml", "GPU backend: nvml, none, or fake:dgxh100|dgxa100|dgxb200[:FIXTURE]")
+	fs.StringVar(&o.fakeSeed, "fake-seed", "", "seed for the fake backend's identity (default: the state dir)")
+	fs.StringVar(&o.sysfsRoot, "sysfs-root", "/", "root under which /sys and /proc are read")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup/bettercompute", "cgroup v2 directory bcd owns for allocations")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9101", "address for /metrics; empty disables")
+	fs.StringVar(&o.mode, "mode", "node", "agent mode: node, site or ramdisk")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.tokenStdin, "token-stdin", false, "read the join token from stdin instead of BCD_JOIN_TOKEN")
+	fs.StringVar(&o.tokenEnvFile, "token-env-file", "", "file holding BCD_JOIN_TOKEN, removed after a successful join")
+	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "override the gateway's heartbeat interval (testing)")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+}
+
+// fileConfig is the config file; keys are the flag names with underscores.
+type fileConfig struct {
+	Server        string `toml:"server" yaml:"server"`
+	StateDir      string `toml:"state_dir" yaml:"state_dir"`
+	Hardware      string `toml:"hardware" yaml:"hardware"`
+	FakeSeed      string `toml:"fake_seed" yaml:"fake_seed"`
+	SysfsRoot     string `toml:"sysfs_root" yaml:"sysfs_root"`
+	CgroupRoot    string `toml:"cgroup_root" yaml:"cgroup_root"`
+	MetricsListen string `toml:"metrics_listen" yaml:"metrics_listen"`
+	Mode          string `toml:"mode" yaml:"mode"`
+	LogLevel      string `toml:"log_level" yaml:"log_level"`
+	TokenEnvFile  string `toml:"token_env_file" yaml:"token_env_file"`
+}
+
+var errConfigMode = errors.New("config file must not be readable or writable by group or others (chmod 600)")
+
+func loadConfigFile(path string) (*fileConfig, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s has mode %#o: %w", path, st.Mode().Perm(), errConfigMode)
+	}
+	var fc fileConfig
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".toml":
+		dec := toml.NewDecoder(f)
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&fc)
+	case ".yaml", ".yml":
+		dec := yaml.NewDecoder(f)
+		dec.KnownFields(true)
+		err = dec.Decode(&fc)
+	default:
+		return nil, fmt.Errorf("config file %s: want .toml, .yaml or .yml", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return &fc, nil
+}
+
+// merge takes values from the file for every flag not set on the command line.
+func (o *options) merge(fc *fileConfig, set map[string]bool) {
+	pick := func(flagName string, dst *string, v string) {
+		if v != "" && !set[flagName] {
+			*dst = v
+		}
+	}
+	pick("server", &o.server, fc.Server)
+	pick("state-dir", &o.stateDir, fc.StateDir)
+	pick("hardware", &o.hardware, fc.Hardware)
+	pick("fake-seed", &o.fakeSeed, fc.FakeSeed)
+	pick("sysfs-root", &o.sysfsRoot, fc.SysfsRoot)
+	pick("cgroup-root", &o.cgroupRoot, fc.CgroupRoot)
+	pick("metrics-listen", &o.metricsListen, fc.MetricsListen)
+	pick("mode", &o.mode, fc.Mode)
+	pick("log-level", &o.logLevel, fc.LogLevel)
+	pick("token-env-file", &o.tokenEnvFile, fc.TokenEnvFile)
+}
+
+func (o *options) validate() error {
+	if o.server == "" {
+		return errors.New("--server HOST:PORT is required")
+	}
+	if o.stateDir == "" {
+		return errors.New("--state-dir is required")
+	}
+	return nil
+}

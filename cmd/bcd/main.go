@@ -1,0 +1,203 @@
+// Command bcd is the better-compute node agent. It only parses flags and the
+// config file and wires internal/agent; see that package for what bcd does.
+//
+// The join token is read from the environment (BCD_JOIN_TOKEN) or stdin
+// (--token-stdin), never from the command line, where every user of the
+// host could read it.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/agent/hw"
+	"github.com/better-compute/better-compute/internal/agent/hw/fake"
+	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
+)
+
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bcd:", err)
+		os.Exit(1)
+	}
+}
+
+// errTokenInArgv refuses anything on the command line that looks like a
+// join token.
+var errTokenInArgv = errors.New("a join token is never accepted on the command line: set BCD_JOIN_TOKEN or pipe it to --token-stdin")
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stderr io.Writer) error {
+	for _, a := range args {
+		if strings.Contains(a, agent.TokenPrefix) || strings.HasPrefix(strings.TrimLeft(a, "-"), "token=") || strings.TrimLeft(a, "-") == "token" {
+			return errTokenInArgv
+		}
+	}
+	var o options
+	fs := flag.NewFlagSet("bcd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if o.showVersion {
+		_, _ = fmt.Fprintln(stderr, version)
+		return nil
+	}
+	if o.configFile != "" {
+		fc, err := loadConfigFile(o.configFile)
+		if err != nil {
+			return err
+		}
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		o.merge(fc, set)
+	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	log, err := newLogger(o.logLevel, stderr)
+	if err != nil {
+		return err
+	}
+	mode, err := parseMode(o.mode)
+	if err != nil {
+		return err
+	}
+	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Config{
+		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
+		CgroupRoot: o.cgroupRoot, Logger: log, Version: version, Mode: mode,
+		HeartbeatInterval: o.heartbeat,
+	})
+	if err != nil {
+		if backend != nil {
+			_ = backend.Close()
+		}
+		return err
+	}
+	defer func() { _ = a.Close() }()
+
+	if !a.Joined() {
+		token, err := readToken(getenv, stdin, o.tokenStdin)
+		if err != nil {
+			return err
+		}
+		if token == "" {
+			return errors.New("not joined yet: provide the join token in BCD_JOIN_TOKEN or on stdin with --token-stdin")
+		}
+		if err := a.Join(ctx, token); err != nil {
+			return err
+		}
+		if o.tokenEnvFile != "" {
+			// The token is single-use; do not leave it on disk.
+			if err := os.Remove(o.tokenEnvFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+				log.Warn("remove token file", "path", o.tokenEnvFile, "err", err)
+			}
+		}
+	}
+
+	if o.metricsListen != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", a.MetricsHandler())
+		srv := &http.Server{Addr: o.metricsListen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener", "err", err)
+			}
+		}()
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	log.Info("bcd running", "node_id", a.NodeID(), "server", o.server, "version", version)
+	return a.Run(ctx)
+}
+
+func readToken(getenv func(string) string, stdin io.Reader, fromStdin bool) (string, error) {
+	if fromStdin {
+		line, err := bufio.NewReader(stdin).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("read token from stdin: %w", err)
+		}
+		return strings.TrimSpace(line), nil
+	}
+	return strings.TrimSpace(getenv("BCD_JOIN_TOKEN")), nil
+}
+
+func newLogger(level string, w io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}
+
+func parseMode(s string) (agentv1.AgentMode, error) {
+	switch s {
+	case "", "node":
+		return agentv1.AgentMode_AGENT_MODE_NODE, nil
+	case "site":
+		return agentv1.AgentMode_AGENT_MODE_SITE, nil
+	case "ramdisk":
+		return agentv1.AgentMode_AGENT_MODE_RAMDISK, nil
+	}
+	return 0, fmt.Errorf("mode %q: want node, site or ramdisk", s)
+}
+
+// openHardware parses --hardware: nvml, or fake:MODEL[:FIXTURE] where
+// FIXTURE is a JSON topology file (see hw/fake.Topology).
+func openHardware(spec, seed, stateDir string) (hw.Backend, error) {
+	switch {
+	case spec == "none":
+		return nil, nil
+	case spec == "nvml":
+		b, err := nvml.New()
+		if err != nil {
+			return nil, fmt.Errorf("--hardware nvml: %w", err)
+		}
+		return b, nil
+	case strings.HasPrefix(spec, "fake:"):
+		model, fixture, _ := strings.Cut(strings.TrimPrefix(spec, "fake:"), ":")
+		var topo fake.Topology
+		if fixture != "" {
+			t, err := fake.LoadTopology(fixture)
+			if err != nil {
+				return nil, err
+			}
+			topo = t
+		}
+		if seed == "" {
+			// Each state dir is its own fake machine.
+			abs, _ := filepath.Abs(stateDir)
+			seed = abs
+		}
+		return fake.New(fake.Options{Model: model, Seed: seed, Topology: topo})
+	}
+	return nil, fmt.Errorf("--hardware %q: want nvml, none or fake:dgxh100|dgxa100|dgxb200[:FIXTURE]", spec)
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func noenv(string) string { return "" }
+
+func TestTokenNeverFromArgv(t *testing.T) {
+	t.Parallel()
+	tok := "bcjt_" + strings.Repeat("a", 64) + ".jwe"
+	for _, args := range [][]string{
+		{"--server", "127.0.0.1:1", "--token", tok},
+		{"--server", "127.0.0.1:1", "--token=" + tok},
+		{"--server", "127.0.0.1:1", tok},
+		{"--server", "127.0.0.1:1", "-token", "x"},
+	} {
+		err := run(context.Background(), args, noenv, strings.NewReader(""), &bytes.Buffer{})
+		require.ErrorIs(t, err, errTokenInArgv, args)
+	}
+}
+
+func TestConfigFileMode(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.toml")
+	require.NoError(t, os.WriteFile(p, []byte("server = \"gw.example:7443\"\nstate_dir = \"/tmp/x\"\n"), 0o644))
+	require.NoError(t, os.Chmod(p, 0o644))
+	_, err := loadConfigFile(p)
+	require.ErrorIs(t, err, errConfigMode)
+	err = run(context.Background(), []string{"--config", p}, noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorIs(t, err, errConfigMode)
+
+	require.NoError(t, os.Chmod(p, 0o600))
+	fc, err := loadConfigFile(p)
+	require.NoError(t, err)
+	require.Equal(t, "gw.example:7443", fc.Server)
+
+	y := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(y, []byte("server: gw:1\nhardware: fake:dgxa100\n"), 0o600))
+	fc, err = loadConfigFile(y)
+	require.NoError(t, err)
+	require.Equal(t, "fake:dgxa100", fc.Hardware)
+
+	bad := filepath.Join(dir, "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("token = \"bcjt_x\"\n"), 0o600))
+	_, err = loadConfigFile(bad)
+	require.Error(t, err, "unknown keys (a token) are refused")
+}
+
+func TestFlagsOverrideFile(t *testing.T) {
+	t.Parallel()
+	var o options
+	o.server, o.hardware = "flag:1", "nvml"
+	o.merge(&fileConfig{Server: "file:1", Hardware: "fake:dgxh100", Mode: "site"}, map[string]bool{"server": true})
+	require.Equal(t, "flag:1", o.server)
+	require.Equal(t, "fake:dgxh100", o.hardware)
+	require.Equal(t, "site", o.mode)
+}
+
+func TestNotJoinedNeedsToken(t *testing.T) {
+	t.Parallel()
+	args := []string{"--server", "127.0.0.1:1", "--state-dir", t.TempDir(), "--hardware", "fake:dgxh100", "--metrics-listen", ""}
+	err := run(context.Background(), args, noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "not joined")
+	err = run(context.Background(), append(args, "--token-stdin"), noenv, strings.NewReader("garbage\n"), &bytes.Buffer{})
+	require.ErrorContains(t, err, "malformed join token")
+	err = run(context.Background(), args, func(k string) string {
+		if k == "BCD_JOIN_TOKEN" {
+			return "garbage"
+		}
+		return ""
+	}, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "malformed join token")
+}
+
+func TestHardwareSpec(t *testing.T) {
+	t.Parallel()
+	b, err := openHardware("fake:dgxb200", "s", "")
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	_, err = openHardware("fake:dgx9", "s", "")
+	require.Error(t, err)
+	_, err = openHardware("quantum", "", "")
+	require.Error(t, err)
+}

@@ -1,0 +1,293 @@
+// Package agent is bcd, the node agent: it joins the fleet with a join
+// token, keeps one mutually authenticated session to the gateway, reports
+// inventory, status and heartbeats, and applies commands at most once. It is
+// a library so that the test kit's in-process fake daemons run exactly this
+// code; cmd/bcd only parses flags and wires it.
+//
+// It must never send its private key anywhere, never take the join token
+// from the command line, and never apply a command twice.
+package agent
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/agent/cgroups"
+	"github.com/better-compute/better-compute/internal/agent/hw"
+	"github.com/better-compute/better-compute/internal/agent/sysfs"
+	"github.com/better-compute/better-compute/internal/clock"
+)
+
+// Config configures an Agent. Zero values take the defaults noted.
+type Config struct {
+	// Server is the gateway's host:port.
+	Server string
+	// StateDir holds the key, certificates and command log (created 0700).
+	StateDir string
+	// Hardware reads GPUs; nil means a node without GPUs.
+	Hardware hw.Backend
+	// SysfsRoot is where /sys and /proc are read from (default "/").
+	SysfsRoot string
+	// CgroupRoot is the cgroup bcd owns (default /sys/fs/cgroup/bettercompute).
+	CgroupRoot string
+	// Clock is the time source (default clock.Real).
+	Clock clock.Clock
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Dialer replaces the TCP dialer, e.g. for in-memory listeners in tests.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
+	// HeartbeatInterval overrides the interval the gateway asks for.
+	HeartbeatInterval time.Duration
+	// Version is reported in Join and Hello.
+	Version string
+	// Mode is how the agent runs (default AGENT_MODE_NODE).
+	Mode agentv1.AgentMode
+	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
+	// between sessions (default 0.5 s and 30 s).
+	ReconnectMin, ReconnectMax time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if c.Server == "" {
+		return errors.New("agent: Server is required")
+	}
+	if _, _, err := net.SplitHostPort(c.Server); err != nil {
+		return fmt.Errorf("agent: Server must be host:port: %w", err)
+	}
+	if c.StateDir == "" {
+		return errors.New("agent: StateDir is required")
+	}
+	c.SysfsRoot = cmp.Or(c.SysfsRoot, "/")
+	c.CgroupRoot = cmp.Or(c.CgroupRoot, "/sys/fs/cgroup/bettercompute")
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Version = cmp.Or(c.Version, "dev")
+	if c.Mode == agentv1.AgentMode_AGENT_MODE_UNSPECIFIED {
+		c.Mode = agentv1.AgentMode_AGENT_MODE_NODE
+	}
+	c.ReconnectMin = cmp.Or(c.ReconnectMin, 500*time.Millisecond)
+	c.ReconnectMax = cmp.Or(c.ReconnectMax, 30*time.Second)
+	return nil
+}
+
+// ErrAlreadyJoined is returned by Join when the state directory already
+// holds a node identity.
+var ErrAlreadyJoined = errors.New("agent already joined")
+
+// ErrNotJoined is returned by Run before Join succeeded.
+var ErrNotJoined = errors.New("agent not joined: run with a join token first")
+
+// ErrAlreadyRunning is returned by a second concurrent Run: one session per
+// process.
+var ErrAlreadyRunning = errors.New("agent session loop already running")
+
+// Agent is one node agent.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	dir     stateDir
+	fs      sysfs.FS
+	cg      cgroups.Manager
+	metrics *metrics
+	running atomic.Bool
+
+	mu        sync.Mutex
+	node      nodeState
+	cert      *tls.Certificate
+	leaf      *x509.Certificate
+	roots     *x509.CertPool
+	cmds      commandState
+	failKinds map[string]string
+	sess      *session
+	events    []*agentv1.HealthEvent
+	canceled  map[string]bool // command ids canceled before they ran
+	running1  *runningCommand
+
+	queue chan *agentv1.Command
+}
+
+// New opens the state directory and loads an existing identity, if any.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		dir:       stateDir(cfg.StateDir),
+		fs:        sysfs.FS{Root: cfg.SysfsRoot},
+		cg:        cgroups.Manager{Root: cfg.CgroupRoot},
+		metrics:   newMetrics(),
+		failKinds: map[string]string{},
+		canceled:  map[string]bool{},
+		queue:     make(chan *agentv1.Command, 256),
+	}
+	if err := a.dir.ensure(); err != nil {
+		return nil, err
+	}
+	if _, err := a.dir.readJSON(commandsFile, &a.cmds); err != nil {
+		return nil, err
+	}
+	if f := a.cmds.InFlight; f != nil {
+		// The process died while applying this command. It may have had
+		// effects, so it must not run again: report it as interrupted.
+		a.cmds.add(commandRecord{Seq: f.Seq, ID: f.ID, Kind: f.Kind, Update: marshalUpdate(&agentv1.CommandUpdate{
+			CommandId: f.ID, Seq: f.Seq, State: agentv1.CommandState_COMMAND_STATE_FAILED,
+			FailureCode: "INTERRUPTED", Message: "bcd restarted while applying this command",
+		})})
+		a.cmds.InFlight = nil
+		if err := a.dir.writeJSON(commandsFile, &a.cmds); err != nil {
+			return nil, err
+		}
+	}
+	ok, err := a.dir.readJSON(nodeFile, &a.node)
+	if err != nil {
+		return nil, err
+	}
+	if ok && a.node.NodeID != "" {
+		if err := a.loadIdentity(); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+func (a *Agent) loadIdentity() error {
+	cert, err := a.dir.loadCredentials()
+	if err != nil {
+		return err
+	}
+	bundle, err := a.dir.read(trustFile)
+	if err != nil {
+		return fmt.Errorf("read trust bundle: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bundle) {
+		return errors.New("trust bundle holds no certificates")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("parse node certificate: %w", err)
+	}
+	cert.Leaf = leaf
+	a.mu.Lock()
+	a.cert, a.leaf, a.roots = cert, leaf, roots
+	a.mu.Unlock()
+	a.metrics.certExpiry.Set(float64(leaf.NotAfter.Unix()))
+	return nil
+}
+
+// NodeID is the node's id, empty before it joined.
+func (a *Agent) NodeID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.node.NodeID
+}
+
+// Joined reports whether the agent holds a node identity.
+func (a *Agent) Joined() bool { return a.NodeID() != "" }
+
+// Certificate returns the current node certificate (leaf), nil before join.
+func (a *Agent) Certificate() *x509.Certificate {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.leaf
+}
+
+// LastAppliedSeq is the highest command sequence number applied.
+func (a *Agent) LastAppliedSeq() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cmds.LastAppliedSeq
+}
+
+// Connected reports whether a session is established (HelloAck received).
+func (a *Agent) Connected() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sess != nil
+}
+
+// FailCommands makes every later command of kind fail with failureCode
+// (a test hook); an empty failureCode clears it.
+func (a *Agent) FailCommands(kind, failureCode string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if failureCode == "" {
+		delete(a.failKinds, kind)
+		return
+	}
+	a.failKinds[kind] = failureCode
+}
+
+// DropSession closes the current session as if the connection broke; Run
+// reconnects with backoff (a test hook). It reports whether one was open.
+func (a *Agent) DropSession() bool {
+	a.mu.Lock()
+	s := a.sess
+	a.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	s.cancel()
+	return true
+}
+
+// ReportHealthEvent records a health finding (e.g. kind "gpu.xid" with the
+// GPU's UUID and the XID code) and sends a StatusReport at once when a
+// session is up. The node reports "degraded" while events are held.
+func (a *Agent) ReportHealthEvent(ev *agentv1.HealthEvent) {
+	a.mu.Lock()
+	a.events = append(a.events, ev)
+	if len(a.events) > 32 {
+		a.events = a.events[len(a.events)-32:]
+	}
+	s := a.sess
+	a.mu.Unlock()
+	if s != nil {
+		_ = s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}})
+	}
+}
+
+// ClearHealthEvents forgets recorded health events: the node is "ok" again.
+func (a *Agent) ClearHealthEvents() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.events = nil
+}
+
+func (a *Agent) serverName() string {
+	host, _, _ := net.SplitHostPort(a.cfg.Server)
+	return host
+}
+
+// cgroupVersion is the host layout, read below SysfsRoot.
+func (a *Agent) cgroupVersion() string {
+	return cgroups.Version(filepath.Join(a.cfg.SysfsRoot, "sys/fs/cgroup"))
+}
+
+var _ io.Closer = (*Agent)(nil)
+
+// Close releases the hardware backend.
+func (a *Agent) Close() error {
+	if a.cfg.Hardware != nil {
+		return a.cfg.Hardware.Close()
+	}
+	return nil
+}

@@ -1,0 +1,310 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/agent/cgroups"
+)
+
+// Command kinds bcd applies.
+const (
+	KindInventoryRefresh  = "inventory.refresh"
+	KindNodeDrain         = "node.drain"
+	KindAllocationBind    = "allocation.bind"
+	KindAllocationRelease = "allocation.release"
+)
+
+// Failure codes in CommandUpdate.failure_code.
+const (
+	FailUnknownKind      = "UNKNOWN_KIND"
+	FailInvalidParams    = "INVALID_PARAMS"
+	FailDeadlineExceeded = "DEADLINE_EXCEEDED"
+	FailCgroupWrite      = "CGROUP_WRITE_FAILED"
+	FailInventory        = "INVENTORY_FAILED"
+	FailInterrupted      = "INTERRUPTED"
+	FailStaleSeq         = "STALE_SEQ"
+	FailPersist          = "STATE_WRITE_FAILED"
+	FailInjected         = "INJECTED"
+)
+
+type runningCommand struct {
+	id     string
+	cancel context.CancelFunc
+}
+
+type commandError struct {
+	code string
+	err  error
+}
+
+func (e *commandError) Error() string { return e.code + ": " + e.err.Error() }
+func (e *commandError) Unwrap() error { return e.err }
+
+func fail(code string, err error) error { return &commandError{code: code, err: err} }
+
+// outcome is what applying a command produced beyond its final state.
+type outcome struct {
+	result *structpb.Struct
+	extra  []*agentv1.AgentMessage // sent after the final update
+}
+
+func (a *Agent) commandLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c := <-a.queue:
+			a.handle(ctx, c)
+		}
+	}
+}
+
+func (a *Agent) sendOrLog(m *agentv1.AgentMessage) bool {
+	s := a.currentSession()
+	if s == nil {
+		return false
+	}
+	if err := s.send(m); err != nil {
+		a.log.Warn("send", "err", err)
+		return false
+	}
+	return true
+}
+
+func update(u *agentv1.CommandUpdate) *agentv1.AgentMessage {
+	return &agentv1.AgentMessage{Msg: &agentv1.AgentMessage_CommandUpdate{CommandUpdate: u}}
+}
+
+// handle applies c at most once: a command already applied (by seq or id)
+// gets its recorded final update again, without running.
+func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
+	a.mu.Lock()
+	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil {
+		a.mu.Unlock()
+		a.resend(rec)
+		return
+	}
+	if c.GetSeq() <= a.cmds.LastAppliedSeq {
+		a.mu.Unlock()
+		a.log.Warn("command older than last applied and not in the log", "seq", c.GetSeq(), "id", c.GetId())
+		a.sendOrLog(update(&agentv1.CommandUpdate{CommandId: c.GetId(), Seq: c.GetSeq(), State: agentv1.CommandState_COMMAND_STATE_FAILED,
+			FailureCode: FailStaleSeq, Message: fmt.Sprintf("sequence %d is at or below the last applied %d", c.GetSeq(), a.LastAppliedSeq())}))
+		return
+	}
+	canceled := a.canceled[c.GetId()]
+	delete(a.canceled, c.GetId())
+	injected := a.failKinds[c.GetKind()]
+	a.cmds.InFlight = &inFlight{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind()}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if d := c.GetDeadline(); d != nil {
+		var dcancel context.CancelFunc
+		cctx, dcancel = context.WithDeadline(cctx, d.AsTime())
+		defer dcancel()
+	}
+	a.running1 = &runningCommand{id: c.GetId(), cancel: cancel}
+	// Written before applying: if bcd dies mid-command, the next start
+	// reports it INTERRUPTED instead of running it again.
+	perr := a.saveCommandsLocked()
+	a.mu.Unlock()
+
+	final := &agentv1.CommandUpdate{CommandId: c.GetId(), Seq: c.GetSeq()}
+	var out outcome
+	switch {
+	case perr != nil:
+		final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, FailPersist, perr.Error()
+	case canceled:
+		final.State, final.Message = agentv1.CommandState_COMMAND_STATE_CANCELED, "canceled before it ran"
+	case c.GetDeadline() != nil && !a.cfg.Clock.Now().Before(c.GetDeadline().AsTime()):
+		final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, FailDeadlineExceeded, "deadline passed before the command ran"
+	case injected != "":
+		final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, injected, "failure injected for kind "+c.GetKind()
+	default:
+		a.sendOrLog(update(&agentv1.CommandUpdate{CommandId: c.GetId(), Seq: c.GetSeq(), State: agentv1.CommandState_COMMAND_STATE_RUNNING}))
+		var err error
+		out, err = a.apply(cctx, c)
+		var ce *commandError
+		switch {
+		case err == nil:
+			final.State, final.Progress, final.Result = agentv1.CommandState_COMMAND_STATE_SUCCEEDED, 100, out.result
+		case errors.Is(err, context.Canceled) && ctx.Err() == nil:
+			final.State, final.Message = agentv1.CommandState_COMMAND_STATE_CANCELED, "canceled"
+		case errors.Is(err, context.DeadlineExceeded):
+			final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, FailDeadlineExceeded, err.Error()
+		case errors.As(err, &ce):
+			final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, ce.code, ce.err.Error()
+		default:
+			final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, "INTERNAL", err.Error()
+		}
+	}
+	if final.State != agentv1.CommandState_COMMAND_STATE_SUCCEEDED {
+		out.extra = nil
+	}
+
+	a.mu.Lock()
+	a.running1 = nil
+	a.cmds.InFlight = nil
+	a.cmds.add(commandRecord{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind(), Update: marshalUpdate(final)})
+	if err := a.saveCommandsLocked(); err != nil {
+		a.log.Error("persist command log", "err", err)
+	}
+	a.mu.Unlock()
+	a.metrics.commands.WithLabelValues(c.GetKind(), final.GetState().String()).Inc()
+
+	ok := a.sendOrLog(update(final))
+	for _, m := range out.extra {
+		ok = ok && a.sendOrLog(m)
+	}
+	if ok {
+		a.markReported(c.GetSeq())
+	}
+}
+
+func (a *Agent) markReported(seq uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rec := a.cmds.find(seq, ""); rec != nil && !rec.Reported {
+		rec.Reported = true
+		if err := a.saveCommandsLocked(); err != nil {
+			a.log.Error("persist command log", "err", err)
+		}
+	}
+}
+
+func (a *Agent) resend(rec *commandRecord) {
+	u, err := unmarshalUpdate(rec.Update)
+	if err != nil {
+		a.log.Error("resend", "err", err)
+		return
+	}
+	if a.sendOrLog(update(u)) {
+		a.markReported(rec.Seq)
+	}
+}
+
+// flushUnreported sends final updates that no session carried yet (the
+// gateway does not redeliver commands at or below last_applied_seq).
+func (a *Agent) flushUnreported(s *session) error {
+	a.mu.Lock()
+	var pending []commandRecord
+	for _, r := range a.cmds.Log {
+		if !r.Reported {
+			pending = append(pending, r)
+		}
+	}
+	a.mu.Unlock()
+	for _, r := range pending {
+		u, err := unmarshalUpdate(r.Update)
+		if err != nil {
+			return err
+		}
+		if err := s.send(update(u)); err != nil {
+			return fmt.Errorf("send command update: %w", err)
+		}
+		a.markReported(r.Seq)
+	}
+	return nil
+}
+
+// cancelCommand cancels a running command, remembers a cancel for one not
+// yet received, and repeats the final update of one already applied.
+func (a *Agent) cancelCommand(c *agentv1.CancelCommand) {
+	a.mu.Lock()
+	if rec := a.cmds.find(c.GetSeq(), c.GetCommandId()); rec != nil {
+		a.mu.Unlock()
+		a.resend(rec)
+		return
+	}
+	if r := a.running1; r != nil && r.id == c.GetCommandId() {
+		r.cancel()
+	} else {
+		a.canceled[c.GetCommandId()] = true
+	}
+	a.mu.Unlock()
+}
+
+func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) {
+	switch c.GetKind() {
+	case KindInventoryRefresh:
+		sections, digest, err := a.inventory(ctx)
+		if err != nil {
+			return outcome{}, fail(FailInventory, err)
+		}
+		// Sections go out before the final update, so the gateway holds
+		// the snapshot the result names.
+		if s := a.currentSession(); s != nil {
+			if err := a.sendInventory(s, sections, digest); err != nil {
+				a.log.Warn("send inventory", "err", err)
+			}
+		}
+		res, _ := structpb.NewStruct(map[string]any{"inventory_digest": digest})
+		return outcome{result: res}, nil
+	case KindNodeDrain:
+		res, _ := structpb.NewStruct(map[string]any{"drained": true})
+		return outcome{result: res}, nil
+	case KindAllocationBind:
+		da, err := deviceAssignment(c.GetParams())
+		if err != nil {
+			return outcome{}, fail(FailInvalidParams, err)
+		}
+		if err := ctx.Err(); err != nil {
+			return outcome{}, err
+		}
+		path, err := a.cg.Apply(da.GetAllocationId(), cgroups.Limits{
+			CPUQuotaUS: da.GetCpuQuotaUs(), CPUPeriodUS: da.GetCpuPeriodUs(), MemoryMaxBytes: da.GetMemoryMaxBytes(),
+			CPUs: da.GetCpusetCpus(), Mems: da.GetCpusetMems(),
+		})
+		if errors.Is(err, cgroups.ErrInvalidID) {
+			return outcome{}, fail(FailInvalidParams, err)
+		}
+		if err != nil {
+			return outcome{}, fail(FailCgroupWrite, err)
+		}
+		res, _ := structpb.NewStruct(map[string]any{"cgroup": path})
+		return outcome{result: res, extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{
+			AllocationId: da.GetAllocationId(), CommandId: c.GetId(), Cgroup: path,
+		}}}}}, nil
+	case KindAllocationRelease:
+		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
+		if id == "" {
+			id = c.GetParams().GetFields()["allocationId"].GetStringValue()
+		}
+		if err := a.cg.Remove(id); err != nil {
+			if errors.Is(err, cgroups.ErrInvalidID) {
+				return outcome{}, fail(FailInvalidParams, err)
+			}
+			return outcome{}, fail(FailCgroupWrite, err)
+		}
+		return outcome{extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationReleased{AllocationReleased: &agentv1.AllocationReleased{
+			AllocationId: id, CommandId: c.GetId(),
+		}}}}}, nil
+	}
+	return outcome{}, fail(FailUnknownKind, fmt.Errorf("unknown command kind %q", c.GetKind()))
+}
+
+// deviceAssignment decodes Command.params, the JSON form of a
+// DeviceAssignment (protojson: either field-name spelling, 64-bit numbers
+// as strings or numbers).
+func deviceAssignment(p *structpb.Struct) (*agentv1.DeviceAssignment, error) {
+	if p == nil {
+		return nil, errors.New("allocation.bind needs params")
+	}
+	b, err := protojson.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("params: %w", err)
+	}
+	da := &agentv1.DeviceAssignment{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, da); err != nil {
+		return nil, fmt.Errorf("params are not a DeviceAssignment: %w", err)
+	}
+	if da.GetAllocationId() == "" {
+		return nil, errors.New("params: allocation_id is required")
+	}
+	return da, nil
+}

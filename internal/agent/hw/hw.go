@@ -1,0 +1,26 @@
+// Package hw defines what bcd needs from a GPU hardware backend. The real
+// backend (hw/nvml) and the fake one (hw/fake) read GPUs through the same
+// code, so a fake daemon reports exactly what the real reader would make of
+// the mock's answers.
+//
+// It must never touch the host's CPUs or memory: those come from sysfs.
+package hw
+
+import (
+	"context"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+)
+
+// Backend reads the node's GPUs.
+type Backend interface {
+	Inventory(ctx context.Context) (*agentv1.GpuInventory, error)
+	Close() error
+}
+
+// IdentitySource is implemented by backends that impersonate a whole machine
+// (the fake), so that many fake daemons on one host each present their own
+// DMI identity and MAC addresses instead of the host's.
+type IdentitySource interface {
+	Identity() *agentv1.HardwareIdentity
+}

@@ -1,0 +1,268 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+)
+
+// backoff is jittered exponential backoff: each wait is drawn from
+// [d/2, d] where d doubles from min up to max.
+type backoff struct {
+	min, max time.Duration
+	cur      time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	half := b.cur / 2
+	return half + rand.N(half+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// defaultHeartbeat is used when the gateway does not say.
+const defaultHeartbeat = 15 * time.Second
+
+// statusEvery is how many heartbeats pass between status reports.
+const statusEvery = 4
+
+type session struct {
+	stream agentv1.AgentService_SessionClient
+	cancel context.CancelFunc
+	mu     sync.Mutex
+}
+
+func (s *session) send(m *agentv1.AgentMessage) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stream.Send(m)
+}
+
+// Run keeps one session with the gateway until ctx ends, reconnecting with
+// jittered exponential backoff, renews the certificate at 2/3 of its
+// lifetime and applies commands. It returns nil when ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.Joined() {
+		return ErrNotJoined
+	}
+	if !a.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer a.running.Store(false)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { a.renewLoop(ctx) })
+	wg.Go(func() { a.commandLoop(ctx) })
+	defer wg.Wait()
+
+	bo := backoff{min: a.cfg.ReconnectMin, max: a.cfg.ReconnectMax}
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			a.metrics.reconnects.Inc()
+		}
+		established, err := a.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if established {
+			bo.reset()
+		}
+		d := bo.next()
+		a.log.Warn("session ended", "err", err, "reconnect_in", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// session runs one session; established reports whether HelloAck arrived.
+func (a *Agent) session(ctx context.Context) (established bool, err error) {
+	conn, err := a.dial(a.mtlsConfig())
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = conn.Close() }()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := agentv1.NewAgentServiceClient(conn).Session(sctx)
+	if err != nil {
+		return false, fmt.Errorf("open session: %w", err)
+	}
+	s := &session{stream: stream, cancel: cancel}
+
+	sections, digest, invErr := a.inventory(ctx)
+	if invErr != nil {
+		a.log.Warn("inventory", "err", invErr)
+	}
+	a.mu.Lock()
+	hello := &agentv1.Hello{
+		AgentVersion:    a.cfg.Version,
+		Mode:            a.cfg.Mode,
+		Capabilities:    a.capabilities(),
+		LastAppliedSeq:  a.cmds.LastAppliedSeq,
+		InventoryDigest: digest,
+	}
+	a.mu.Unlock()
+	sent := a.cfg.Clock.Now()
+	if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Hello{Hello: hello}}); err != nil {
+		return false, fmt.Errorf("send hello: %w", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return false, fmt.Errorf("await hello ack: %w", err)
+	}
+	ack := first.GetHelloAck()
+	if ack == nil {
+		return false, errors.New("gateway sent something other than HelloAck first")
+	}
+	a.metrics.heartbeatRTT.Set(a.cfg.Clock.Now().Sub(sent).Seconds())
+	if id := ack.GetNodeId(); id != "" && id != a.NodeID() {
+		return false, fmt.Errorf("gateway knows this node as %q, not %q", id, a.NodeID())
+	}
+	interval := time.Duration(ack.GetHeartbeatSeconds()) * time.Second
+	if a.cfg.HeartbeatInterval > 0 {
+		interval = a.cfg.HeartbeatInterval
+	}
+	if interval <= 0 {
+		interval = defaultHeartbeat
+	}
+
+	a.mu.Lock()
+	a.sess = s
+	a.mu.Unlock()
+	a.metrics.connected.Set(1)
+	defer func() {
+		a.mu.Lock()
+		if a.sess == s {
+			a.sess = nil
+		}
+		a.mu.Unlock()
+		a.metrics.connected.Set(0)
+	}()
+	a.log.Info("session established", "node_id", a.NodeID(), "heartbeat", interval)
+
+	if err := a.flushUnreported(s); err != nil {
+		return true, err
+	}
+	if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}}); err != nil {
+		return true, fmt.Errorf("send status: %w", err)
+	}
+	a.mu.Lock()
+	changed := digest != "" && digest != a.cmds.InventoryDigest
+	a.mu.Unlock()
+	if changed {
+		if err := a.sendInventory(s, sections, digest); err != nil {
+			return true, err
+		}
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- a.heartbeats(sctx, s, interval) }()
+	recvErr := a.receive(sctx, s)
+	cancel()
+	hbErr := <-errc
+	return true, errors.Join(recvErr, hbErr)
+}
+
+func (a *Agent) heartbeats(ctx context.Context, s *session, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Time: timestamppb.New(a.cfg.Clock.Now())}}})
+		if err != nil {
+			s.cancel()
+			return fmt.Errorf("send heartbeat: %w", err)
+		}
+		a.metrics.heartbeats.Inc()
+		if n%statusEvery == 0 {
+			if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}}); err != nil {
+				s.cancel()
+				return fmt.Errorf("send status: %w", err)
+			}
+		}
+	}
+}
+
+func (a *Agent) receive(ctx context.Context, s *session) error {
+	for {
+		m, err := s.stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("session receive: %w", err)
+		}
+		switch msg := m.GetMsg().(type) {
+		case *agentv1.GatewayMessage_Command:
+			select {
+			case a.queue <- msg.Command:
+			case <-ctx.Done():
+				return nil
+			}
+		case *agentv1.GatewayMessage_Cancel:
+			a.cancelCommand(msg.Cancel)
+		case *agentv1.GatewayMessage_InventoryRequest:
+			sections, digest, err := a.inventory(ctx)
+			if err != nil {
+				a.log.Warn("inventory", "err", err)
+				continue
+			}
+			if err := a.sendInventory(s, sections, digest); err != nil {
+				return err
+			}
+		case *agentv1.GatewayMessage_HelloAck:
+			a.log.Warn("unexpected second HelloAck")
+		}
+	}
+}
+
+func (a *Agent) capabilities() []string {
+	caps := []string{"inventory.sections", "commands.cancel"}
+	if a.cg.Writable() {
+		caps = append(caps, "cgroups.v2", "devices.limits")
+	}
+	return caps
+}
+
+func (a *Agent) status() *agentv1.StatusReport {
+	r := &agentv1.StatusReport{Health: "ok"}
+	if p, ok := a.fs.Pressure(); ok {
+		r.Pressure = p
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.events) > 0 {
+		r.Health = "degraded"
+		r.Events = append(r.Events, a.events...)
+	}
+	return r
+}
+
+// currentSession is the established session, nil between sessions.
+func (a *Agent) currentSession() *session {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sess
+}
