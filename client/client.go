@@ -45,6 +45,11 @@ type Client struct {
 	Confirmations apiv1connect.ConfirmationServiceClient
 	Audit         apiv1connect.AuditServiceClient
 	Events        apiv1connect.EventServiceClient
+	Nodes         apiv1connect.NodeServiceClient
+	Commands      apiv1connect.CommandServiceClient
+	JoinTokens    apiv1connect.JoinTokenServiceClient
+	JoinRequests  apiv1connect.JoinRequestServiceClient
+	Inventory     apiv1connect.InventoryServiceClient
 }
 
 type options struct {
@@ -101,6 +106,11 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Confirmations: apiv1connect.NewConfirmationServiceClient(h, baseURL, copts...),
 		Audit:         apiv1connect.NewAuditServiceClient(h, baseURL, copts...),
 		Events:        apiv1connect.NewEventServiceClient(h, baseURL, copts...),
+		Nodes:         apiv1connect.NewNodeServiceClient(h, baseURL, copts...),
+		Commands:      apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
+		JoinTokens:    apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
+		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
+		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
 	}
 }
 

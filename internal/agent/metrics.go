@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -46,7 +47,7 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 	}
 	m.reg.MustRegister(m.connected, m.reconnects, m.commands, m.heartbeatRTT, m.heartbeats, m.certExpiry, m.renewals,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

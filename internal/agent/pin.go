@@ -33,7 +33,7 @@ func TokenPin(token string) ([]byte, error) {
 	}
 	pin, err := hex.DecodeString(pinHex)
 	if err != nil {
-		return nil, fmt.Errorf("%w: pin: %v", ErrBadToken, err)
+		return nil, fmt.Errorf("%w: pin: %w", ErrBadToken, err)
 	}
 	return pin, nil
 }

@@ -210,7 +210,7 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 		m, err := s.stream.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return nil //nolint:nilerr // the session was asked to end; the receive error is its consequence
 			}
 			return fmt.Errorf("session receive: %w", err)
 		}

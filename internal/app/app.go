@@ -26,8 +26,11 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/jobs"
+	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storeopen"
@@ -36,12 +39,16 @@ import (
 
 // Roles a process can run.
 const (
-	RoleAPI    = "api"
-	RoleWorker = "worker"
+	RoleAPI     = "api"
+	RoleWorker  = "worker"
+	RoleGateway = "gateway"
 )
 
 // KnownRoles lists the roles this build serves.
-var KnownRoles = []string{RoleAPI, RoleWorker}
+var KnownRoles = []string{RoleAPI, RoleWorker, RoleGateway}
+
+// DefaultRoles are the roles a process runs when none are named.
+var DefaultRoles = []string{RoleAPI, RoleWorker, RoleGateway}
 
 // Config configures the control plane.
 type Config struct {
@@ -70,11 +77,37 @@ type Config struct {
 	Logger          *slog.Logger
 	// WrapAuthorizer lets tests instrument the authorizer (counting calls).
 	WrapAuthorizer func(iam.Authorizer) iam.Authorizer
+
+	// GatewayListen is the agent gateway's gRPC address; default
+	// 127.0.0.1:8443.
+	GatewayListen string
+	// GatewayHosts are the names in the gateway's serving certificate;
+	// default the listen host (unless a wildcard) and "localhost".
+	GatewayHosts []string
+	// Secret is the value of BETTER_COMPUTE_SECRET: the key that seals the
+	// PKI's CA keys in the database. The gateway role requires it; without
+	// it other roles run with no PKI (join tokens cannot be created).
+	Secret string
+	// TrustDomain is the SPIFFE trust domain of a PKI created on first
+	// start (default pki.DefaultTrustDomain); an existing PKI keeps its own.
+	TrustDomain string
+	// HeartbeatInterval is what agents are told to beat at; default 10s.
+	HeartbeatInterval time.Duration
+	// UnreachableAfter and LostAfter without a heartbeat mark a node
+	// unreachable (default 30s) and lost (default 5m).
+	UnreachableAfter time.Duration
+	LostAfter        time.Duration
+	// LivenessInterval is how often the liveness and command sweeps run;
+	// default 5s.
+	LivenessInterval time.Duration
+	// GatewayReplicaID names this replica as a session owner; default
+	// hostname-<random>.
+	GatewayReplicaID string
 }
 
 func (c *Config) defaults() error {
 	if len(c.Roles) == 0 {
-		c.Roles = []string{RoleAPI, RoleWorker}
+		c.Roles = slices.Clone(DefaultRoles)
 	}
 	for _, r := range c.Roles {
 		if !slices.Contains(KnownRoles, r) {
@@ -90,6 +123,10 @@ func (c *Config) defaults() error {
 	if c.PDP == "authzen" && c.AuthZENURL == "" {
 		return errors.New("the authzen pdp needs --authzen-url")
 	}
+	if slices.Contains(c.Roles, RoleGateway) && strings.TrimSpace(c.Secret) == "" {
+		return fmt.Errorf("the gateway role needs %s: base64 of 32 random bytes (generate one with `openssl rand -base64 32`); it seals the PKI's keys", pki.SecretEnv)
+	}
+	c.GatewayListen = cmp.Or(c.GatewayListen, "127.0.0.1:8443")
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 15*time.Second)
 	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	c.Logger = cmp.Or(c.Logger, slog.Default())
@@ -106,6 +143,11 @@ type App struct {
 	Jobs     *jobs.Runtime
 	Registry *prometheus.Registry
 	Handler  http.Handler
+	// PKI is the certificate authority; nil when no Secret was given.
+	PKI *pki.Authority
+	// Gateway serves the agent protocol (gateway role); in every process it
+	// also wakes sessions when commands are written and runs the sweeps.
+	Gateway  *gateway.Gateway
 	hub      *events.Hub
 	recorder recorder
 }
@@ -115,6 +157,7 @@ func Modules() []store.Migrations {
 	return []store.Migrations{
 		tenancy.Migrations(), authn.Migrations(), policy.Migrations(),
 		envelope.Migrations(), audit.Migrations(), events.Migrations(),
+		fleet.Migrations(),
 	}
 }
 
@@ -157,12 +200,19 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	if err := db.Migrate(ctx, Modules()...); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
+	if err := db.Migrate(ctx, pki.Migrations()); err != nil {
+		return nil, fmt.Errorf("migrate pki: %w", err)
+	}
 	if err := jobs.Migrations(ctx, db); err != nil {
 		return nil, fmt.Errorf("migrate jobs: %w", err)
 	}
 	a := &App{cfg: cfg, DB: db, hub: events.NewHub(), Registry: prometheus.NewRegistry()}
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.recorder = recorder{hub: a.hub}
+
+	if err := a.buildGateway(ctx); err != nil {
+		return nil, err
+	}
 
 	cedar, err := iam.NewCedar(policy.Source{DB: db})
 	if err != nil {
@@ -192,6 +242,8 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 			func() (river.JobArgs, *river.InsertOpts) { return pruneIdempotencyArgs{}, nil },
 			&river.PeriodicJobOpts{RunOnStart: true}),
 	}
+	a.Gateway.AddWorkers(workers)
+	periodic = append(periodic, a.Gateway.PeriodicJobs()...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 	}); err != nil {
@@ -205,6 +257,41 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Handler = a.routes(cedar, metrics)
 	return a, nil
+}
+
+// buildGateway opens the PKI when a secret is configured — creating it on a
+// database without one, for serve as for dev (an operator who wants an
+// offline root runs `better-compute pki init` before the first serve) — and
+// builds the gateway.
+func (a *App) buildGateway(ctx context.Context) error {
+	cfg := a.cfg
+	var authority gateway.Authority
+	if strings.TrimSpace(cfg.Secret) != "" {
+		sealer, err := pki.NewSealer(cfg.Secret)
+		if err != nil {
+			return err
+		}
+		pa, created, err := pki.LoadOrInit(ctx, a.DB, sealer, cfg.Clock, pki.InitOptions{TrustDomain: cfg.TrustDomain})
+		if err != nil {
+			return fmt.Errorf("pki: %w", err)
+		}
+		if created {
+			cfg.Logger.Info("created the PKI", "trust_domain", pa.TrustDomain(), "pin", pa.Pin())
+		}
+		a.PKI = pa
+		authority = gateway.FromPKI(pa)
+	}
+	gw, err := gateway.New(gateway.Config{
+		DB: a.DB, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
+		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
+		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	a.Gateway = gw
+	return nil
 }
 
 // Recorder returns the audit and outbox writer (bootstrap uses it).

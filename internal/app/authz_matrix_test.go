@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -16,6 +17,8 @@ import (
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // principals of the matrix, all of tenant acme except the platform admin.
@@ -34,6 +37,18 @@ var matrixExpect = map[string]map[string]string{
 	// A service key may hold the admin role but is no human: the decision
 	// allows, the approval itself is refused.
 	"confirmations.approve": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// The node lifecycle stays with admins; members and agents run
+	// commands, only members (people) cancel them.
+	"nodes.drain":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"nodes.undrain":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"nodes.delete":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commands.run":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"commands.cancel": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Join tokens and join approvals admit machines: credentials.
+	"joinTokens.create":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinTokens.revoke":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinRequests.approve": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinRequests.reject":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -41,10 +56,44 @@ type matrixFixture struct {
 	admin   *client.Client
 	keys    map[string]string
 	counter atomic.Int64
+	// acme and web are the ids of the tenant and project of the matrix.
+	acme, web string
 }
 
 func (f *matrixFixture) name(prefix string) string {
 	return fmt.Sprintf("%s-%d", prefix, f.counter.Add(1))
+}
+
+// matrixNode inserts a node of acme/web in the given state, as a join would.
+func (f *matrixFixture) matrixNode(t *testing.T, state string) fleet.Node {
+	t.Helper()
+	now := f.cp.Clock.Now()
+	p := &fleet.NodeInsertParams{ID: envelope.NewID(fleet.NodeIDPrefix, now), Name: f.name("node"), TenantID: f.acme,
+		ProjectID: f.web, HardwareKey: f.name("hw"), State: state, Liveness: fleet.LivenessReady, CreateTime: now}
+	err := f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return fleet.NodeInsert(ctx, tx, p)
+	})
+	require.NoError(t, err)
+	return fleet.Node{ID: p.ID, Name: p.Name}
+}
+
+// matrixJoinRequest inserts a pending join request of acme, as a deferred
+// join would.
+func (f *matrixFixture) matrixJoinRequest(t *testing.T) string {
+	t.Helper()
+	now := f.cp.Clock.Now()
+	tok := &fleet.JoinToken{ID: envelope.NewID(fleet.JoinTokenIDPrefix, now), TenantID: f.acme, ProjectID: f.web,
+		CreatedBy: "test", CreateTime: now, ExpireTime: now.Add(time.Hour)}
+	jr := &fleet.JoinRequest{ID: envelope.NewID(fleet.JoinRequestIDPrefix, now), TenantID: f.acme, TokenID: tok.ID,
+		CSRSHA256: "csr", HardwareKey: f.name("hw"), Identity: "placeholder", Reason: "test", CreateTime: now}
+	err := f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		if err := fleet.JoinTokenInsert(ctx, tx, tok); err != nil {
+			return err
+		}
+		return fleet.JoinRequestInsert(ctx, tx, jr)
+	})
+	require.NoError(t, err)
+	return jr.ID
 }
 
 // matrixCalls makes each mutation with fresh resources, so every cell of the
@@ -82,6 +131,53 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 			Tenant: "acme", Id: f.name("pol"),
 			Text: `@id("no-viewer-deletes") forbid (principal, action == BC::Action::"projects.delete", resource) when { principal.role == "viewer" };`,
 		}))
+		return err
+	},
+	"nodes.drain": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		n := f.matrixNode(t, fleet.NodeActive)
+		_, err := c.Nodes.Drain(context.Background(), connect.NewRequest(&apiv1.DrainNodeRequest{Tenant: "acme", Node: n.Name}))
+		return err
+	},
+	"nodes.undrain": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		n := f.matrixNode(t, fleet.NodeDrained)
+		_, err := c.Nodes.Undrain(context.Background(), connect.NewRequest(&apiv1.UndrainNodeRequest{Tenant: "acme", Node: n.ID}))
+		return err
+	},
+	"nodes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		n := f.matrixNode(t, fleet.NodeRetired)
+		_, err := c.Nodes.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteNodeRequest{Tenant: "acme", Node: n.ID}))
+		return err
+	},
+	"commands.run": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		n := f.matrixNode(t, fleet.NodeActive)
+		_, err := c.Commands.Run(context.Background(), connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: n.Name, Kind: "inventory.refresh"}))
+		return err
+	},
+	"commands.cancel": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		n := f.matrixNode(t, fleet.NodeActive)
+		cmd, err := f.admin.Commands.Run(context.Background(), connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: n.Name, Kind: "inventory.refresh"}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Commands.Cancel(context.Background(), connect.NewRequest(&apiv1.CancelCommandRequest{Tenant: "acme", Id: cmd.Msg.GetCommand().GetId()}))
+		return err
+	},
+	"joinTokens.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.JoinTokens.Create(context.Background(), connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
+		return err
+	},
+	"joinTokens.revoke": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		jt, err := f.admin.JoinTokens.Create(context.Background(), connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.JoinTokens.Revoke(context.Background(), connect.NewRequest(&apiv1.RevokeJoinTokenRequest{Tenant: "acme", Id: jt.Msg.GetJoinToken().GetId()}))
+		return err
+	},
+	"joinRequests.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.JoinRequests.Approve(context.Background(), connect.NewRequest(&apiv1.ApproveJoinRequestRequest{Tenant: "acme", Id: f.matrixJoinRequest(t)}))
+		return err
+	},
+	"joinRequests.reject": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.JoinRequests.Reject(context.Background(), connect.NewRequest(&apiv1.RejectJoinRequestRequest{Tenant: "acme", Id: f.matrixJoinRequest(t)}))
 		return err
 	},
 	"confirmations.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
@@ -133,8 +229,11 @@ func TestAuthzMatrix(t *testing.T) {
 	cp := bctest.NewControlPlane(t)
 	ctx := context.Background()
 	f := &matrixFixture{cp: cp, admin: cp.Admin(), keys: map[string]string{"platform-admin": cp.AdminKey}}
-	_, err := f.admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	acme, err := f.admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
 	require.NoError(t, err)
+	web, err := f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))
+	require.NoError(t, err)
+	f.acme, f.web = acme.Msg.GetTenant().GetId(), web.Msg.GetProject().GetId()
 	for _, role := range []string{"admin", "member", "viewer", "agent"} {
 		k, err := f.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: role}))
 		require.NoError(t, err)

@@ -16,6 +16,8 @@ import (
 	"github.com/better-compute/better-compute/internal/confirmation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -58,6 +60,14 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewConfirmationServiceHandler(confirmation.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewAuditServiceHandler(audit.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewEventServiceHandler(events.NewService(a.Envelope, a.hub, a.cfg.EventPoll), opts))
+	// a.PKI is nil when no secret is configured: join token creation and
+	// node deletion then answer INTERNAL. a.Gateway always wakes sessions.
+	fd := fleetDeps(a.PKI, a.Gateway)
+	mux.Handle(apiv1connect.NewNodeServiceHandler(fleet.NewNodeService(a.Envelope, fd), opts))
+	mux.Handle(apiv1connect.NewCommandServiceHandler(fleet.NewCommandService(a.Envelope, fd), opts))
+	mux.Handle(apiv1connect.NewJoinTokenServiceHandler(fleet.NewJoinTokenService(a.Envelope, fd), opts))
+	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
@@ -75,4 +85,23 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// fleetDeps adapts the PKI authority and the gateway's notifier to the fleet
+// API's ports. A nil authority leaves join token creation and node deletion
+// unwired; a nil notifier leaves new commands for the node's next poll.
+func fleetDeps(authority *pki.Authority, notifier fleet.CommandNotifier) fleet.Deps {
+	d := fleet.Deps{Notifier: notifier}
+	if authority != nil {
+		d.Revoker, d.Sealer = authority, joinTokenSealer{authority}
+	}
+	return d
+}
+
+// joinTokenSealer seals the fleet's join claims with the PKI: the two claim
+// types match field for field.
+type joinTokenSealer struct{ authority *pki.Authority }
+
+func (s joinTokenSealer) SealJoinToken(c fleet.JoinClaims) (string, error) {
+	return s.authority.SealJoinToken(pki.JoinClaims(c))
 }

@@ -49,6 +49,10 @@ func (a *App) Listen() (net.Listener, error) {
 	return ln, nil
 }
 
+// ListenGateway binds the gateway's address so callers learn it before Run
+// (dev prints it; tests use 127.0.0.1:0).
+func (a *App) ListenGateway() (net.Addr, error) { return a.Gateway.Listen() }
+
 // Run serves the configured roles until ctx is done, then shuts down
 // cleanly: in-flight requests finish (bounded by ShutdownTimeout), jobs
 // stop, and the caller closes the database.
@@ -64,6 +68,9 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 		tasks = append(tasks, a.serveHTTP(ln))
 	} else if ln != nil {
 		_ = ln.Close()
+	}
+	if slices.Contains(a.cfg.Roles, RoleGateway) {
+		tasks = append(tasks, a.Gateway.Run)
 	}
 	tasks = append(tasks, a.Jobs.Run)
 	return RunTasks(ctx, tasks...)

@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -27,7 +28,8 @@ import (
 // helpers of other test files in this package.
 
 // sfTables are the tables a mutation may write.
-var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys"}
+var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
+	"nodes", "commands", "join_tokens", "join_requests"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -637,6 +639,22 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	otherSecret, _ := sfKey(t, admin, "other", "admin", 0)
 	evil := cp.Client(otherSecret)
 
+	// acme's fleet: a node (as a join would insert it), a command, a join
+	// token and a deferred join request.
+	now := cp.Clock.Now()
+	node := &fleet.NodeInsertParams{ID: envelope.NewID(fleet.NodeIDPrefix, now), Name: "gpu-1", TenantID: acme.GetId(),
+		ProjectID: web.GetId(), HardwareKey: "hw-1", State: fleet.NodeActive, Liveness: fleet.LivenessReady, CreateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.NodeInsert(ctx, tx, node) }))
+	cmd, err := admin.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: "gpu-1", Kind: "inventory.refresh"}))
+	require.NoError(t, err)
+	cmdID := cmd.Msg.GetCommand().GetId()
+	jt, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
+	require.NoError(t, err)
+	jtID := jt.Msg.GetJoinToken().GetId()
+	jrq := &fleet.JoinRequest{ID: envelope.NewID(fleet.JoinRequestIDPrefix, now), TenantID: acme.GetId(), TokenID: jtID,
+		CSRSHA256: "csr", HardwareKey: "hw-2", Identity: "placeholder", Reason: "test", CreateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.JoinRequestInsert(ctx, tx, jrq) }))
+
 	type call func() error
 	cases := map[string][]call{
 		apiv1connect.TenantServiceCreateProcedure: {func() error {
@@ -757,6 +775,202 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.NodeServiceListProcedure: {
+			func() error {
+				_, err := evil.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{}))
+				return err
+			},
+		},
+		apiv1connect.NodeServiceGetProcedure: {
+			func() error {
+				_, err := evil.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Tenant: "acme", Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Tenant: "other", Node: node.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Node: "gpu-1"}))
+				return err
+			},
+		},
+		apiv1connect.NodeServiceDrainProcedure: {
+			func() error {
+				_, err := evil.Nodes.Drain(ctx, connect.NewRequest(&apiv1.DrainNodeRequest{Tenant: "acme", Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Drain(ctx, connect.NewRequest(&apiv1.DrainNodeRequest{Tenant: "other", Node: node.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Drain(ctx, connect.NewRequest(&apiv1.DrainNodeRequest{Node: node.ID}))
+				return err
+			},
+		},
+		apiv1connect.NodeServiceUndrainProcedure: {
+			func() error {
+				_, err := evil.Nodes.Undrain(ctx, connect.NewRequest(&apiv1.UndrainNodeRequest{Tenant: "acme", Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Undrain(ctx, connect.NewRequest(&apiv1.UndrainNodeRequest{Node: node.ID}))
+				return err
+			},
+		},
+		apiv1connect.NodeServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Nodes.Delete(ctx, connect.NewRequest(&apiv1.DeleteNodeRequest{Tenant: "acme", Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Delete(ctx, connect.NewRequest(&apiv1.DeleteNodeRequest{Tenant: "other", Node: node.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Nodes.Delete(ctx, connect.NewRequest(&apiv1.DeleteNodeRequest{Node: node.ID}))
+				return err
+			},
+		},
+		apiv1connect.CommandServiceRunProcedure: {
+			func() error {
+				_, err := evil.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: "gpu-1", Kind: "inventory.refresh"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "other", Node: node.ID, Kind: "node.drain"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Node: "gpu-1", Kind: "node.drain"}))
+				return err
+			},
+		},
+		apiv1connect.CommandServiceGetProcedure: {
+			func() error {
+				_, err := evil.Commands.Get(ctx, connect.NewRequest(&apiv1.GetCommandRequest{Tenant: "acme", Id: cmdID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.Get(ctx, connect.NewRequest(&apiv1.GetCommandRequest{Tenant: "other", Id: cmdID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.Get(ctx, connect.NewRequest(&apiv1.GetCommandRequest{Id: cmdID}))
+				return err
+			},
+		},
+		apiv1connect.CommandServiceListProcedure: {
+			func() error {
+				_, err := evil.Commands.List(ctx, connect.NewRequest(&apiv1.ListCommandsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.List(ctx, connect.NewRequest(&apiv1.ListCommandsRequest{Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.List(ctx, connect.NewRequest(&apiv1.ListCommandsRequest{}))
+				return err
+			},
+		},
+		apiv1connect.CommandServiceCancelProcedure: {
+			func() error {
+				_, err := evil.Commands.Cancel(ctx, connect.NewRequest(&apiv1.CancelCommandRequest{Tenant: "acme", Id: cmdID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.Cancel(ctx, connect.NewRequest(&apiv1.CancelCommandRequest{Tenant: "other", Id: cmdID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Commands.Cancel(ctx, connect.NewRequest(&apiv1.CancelCommandRequest{Id: cmdID}))
+				return err
+			},
+		},
+		apiv1connect.JoinTokenServiceCreateProcedure: {
+			func() error {
+				_, err := evil.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "other", Project: web.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.JoinTokenServiceListProcedure: {
+			func() error {
+				_, err := evil.JoinTokens.List(ctx, connect.NewRequest(&apiv1.ListJoinTokensRequest{Tenant: "acme", IncludeInactive: true}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinTokens.List(ctx, connect.NewRequest(&apiv1.ListJoinTokensRequest{}))
+				return err
+			},
+		},
+		apiv1connect.JoinTokenServiceRevokeProcedure: {
+			func() error {
+				_, err := evil.JoinTokens.Revoke(ctx, connect.NewRequest(&apiv1.RevokeJoinTokenRequest{Tenant: "acme", Id: jtID}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinTokens.Revoke(ctx, connect.NewRequest(&apiv1.RevokeJoinTokenRequest{Tenant: "other", Id: jtID}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinTokens.Revoke(ctx, connect.NewRequest(&apiv1.RevokeJoinTokenRequest{Id: jtID}))
+				return err
+			},
+		},
+		apiv1connect.JoinRequestServiceListProcedure: {
+			func() error {
+				_, err := evil.JoinRequests.List(ctx, connect.NewRequest(&apiv1.ListJoinRequestsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinRequests.List(ctx, connect.NewRequest(&apiv1.ListJoinRequestsRequest{}))
+				return err
+			},
+		},
+		apiv1connect.JoinRequestServiceApproveProcedure: {
+			func() error {
+				_, err := evil.JoinRequests.Approve(ctx, connect.NewRequest(&apiv1.ApproveJoinRequestRequest{Tenant: "acme", Id: jrq.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinRequests.Approve(ctx, connect.NewRequest(&apiv1.ApproveJoinRequestRequest{Tenant: "other", Id: jrq.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinRequests.Approve(ctx, connect.NewRequest(&apiv1.ApproveJoinRequestRequest{Id: jrq.ID}))
+				return err
+			},
+		},
+		apiv1connect.JoinRequestServiceRejectProcedure: {
+			func() error {
+				_, err := evil.JoinRequests.Reject(ctx, connect.NewRequest(&apiv1.RejectJoinRequestRequest{Tenant: "acme", Id: jrq.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.JoinRequests.Reject(ctx, connect.NewRequest(&apiv1.RejectJoinRequestRequest{Id: jrq.ID}))
+				return err
+			},
+		},
+		apiv1connect.InventoryServiceGetProcedure: {
+			func() error {
+				_, err := evil.Inventory.Get(ctx, connect.NewRequest(&apiv1.GetInventoryRequest{Tenant: "acme", Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Inventory.Get(ctx, connect.NewRequest(&apiv1.GetInventoryRequest{Node: node.ID}))
+				return err
+			},
+		},
 		apiv1connect.EventServiceWatchProcedure: {
 			func() error {
 				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -809,4 +1023,16 @@ permit (principal, action, resource);`}))
 	require.NoError(t, err)
 	require.Len(t, cfms.Msg.GetConfirmations(), 1)
 	require.Equal(t, envelope.ConfirmationPending, cfms.Msg.GetConfirmations()[0].GetState())
+	n, err := admin.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Node: node.ID}))
+	require.NoError(t, err)
+	require.Equal(t, fleet.NodeActive, n.Msg.GetNode().GetState())
+	c, err := admin.Commands.Get(ctx, connect.NewRequest(&apiv1.GetCommandRequest{Id: cmdID}))
+	require.NoError(t, err)
+	require.Equal(t, fleet.CommandPending, c.Msg.GetCommand().GetState())
+	jts, err := admin.JoinTokens.List(ctx, connect.NewRequest(&apiv1.ListJoinTokensRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Len(t, jts.Msg.GetJoinTokens(), 1, "the token is still active")
+	jrs, err := admin.JoinRequests.List(ctx, connect.NewRequest(&apiv1.ListJoinRequestsRequest{Tenant: "acme", State: fleet.JoinRequestPending}))
+	require.NoError(t, err)
+	require.Len(t, jrs.Msg.GetJoinRequests(), 1)
 }

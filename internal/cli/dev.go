@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	bcapp "github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/pki"
 )
 
 func newDevCommand() *cobra.Command {
@@ -19,13 +21,19 @@ func newDevCommand() *cobra.Command {
 		Long: `dev runs the whole control plane in one process with the embedded SQLite
 store in --state-dir. The first start creates the platform and prints the
 admin API key once (it is also kept in <state-dir>/admin.key, mode 0600);
+the agent gateway listens on --gateway-listen with a development PKI sealed
+by BETTER_COMPUTE_SECRET, or else by a secret generated once into
+<state-dir>/secret (mode 0600);
 every start writes a CLI context named "dev" so that plain better-compute
 commands talk to it. Restarting keeps all state.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f.roles = []string{"api", "worker"}
+			f.roles = []string{bcapp.RoleAPI, bcapp.RoleWorker, bcapp.RoleGateway}
 			logger, err := f.logger(cmd.ErrOrStderr())
 			if err != nil {
+				return err
+			}
+			if f.secret, err = devSecret(f.stateDir); err != nil {
 				return err
 			}
 			ctx := cmd.Context()
@@ -50,6 +58,10 @@ commands talk to it. Restarting keeps all state.`,
 				}
 				secret = strings.TrimSpace(string(b))
 			}
+			gwAddr, err := a.ListenGateway()
+			if err != nil {
+				return serverError(err)
+			}
 			ln, err := a.Listen()
 			if err != nil {
 				return serverError(err)
@@ -69,6 +81,7 @@ commands talk to it. Restarting keeps all state.`,
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "API: %s\n", api)
+			fmt.Fprintf(out, "gateway: %s\n", gwAddr.String())
 			if created {
 				fmt.Fprintf(out, "admin key: %s\n", secret)
 				fmt.Fprintf(out, "  (shown once; also kept in %s, mode 0600)\n", keyFile)
@@ -81,4 +94,36 @@ commands talk to it. Restarting keeps all state.`,
 	}
 	f.register(cmd, false)
 	return cmd
+}
+
+// devSecret returns BETTER_COMPUTE_SECRET, else the secret in
+// <state-dir>/secret, generating it (mode 0600) on the first start so that
+// restarts open the same PKI.
+func devSecret(stateDir string) (string, error) {
+	if v := strings.TrimSpace(os.Getenv(pki.SecretEnv)); v != "" {
+		return v, nil
+	}
+	path := filepath.Join(stateDir, pki.SecretFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		fi, err := os.Stat(path)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			return "", fmt.Errorf("%s is readable by others (mode %v): chmod 600 it", path, fi.Mode().Perm())
+		}
+		return strings.TrimSpace(string(b)), nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", err
+	}
+	secret, err := pki.GenerateSecret()
+	if err != nil {
+		return "", err
+	}
+	if err := writeSecretFile(path, secret, false); err != nil {
+		return "", fmt.Errorf("keep the generated secret: %w", err)
+	}
+	return secret, nil
 }

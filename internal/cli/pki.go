@@ -116,7 +116,7 @@ a CA. With --offline-root the root key is written to --root-out/root.key
 			if err != nil {
 				return err
 			}
-			defer db.Close()
+			defer func() { _ = db.Close() }()
 			a, err := pki.Init(ctx, db, s, opts)
 			if err != nil {
 				return pkiError(err)
@@ -153,7 +153,7 @@ It needs no secret.`,
 			if err != nil {
 				return err
 			}
-			defer db.Close()
+			defer func() { _ = db.Close() }()
 			sum, err := pki.Inspect(ctx, db)
 			if err != nil {
 				return pkiError(err)
@@ -205,7 +205,7 @@ replacing earlier ones.`,
 			if err != nil {
 				return err
 			}
-			defer db.Close()
+			defer func() { _ = db.Close() }()
 			a, err := pki.Load(ctx, db, s, clock.Real{})
 			if err != nil {
 				return pkiError(err)

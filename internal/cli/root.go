@@ -109,6 +109,7 @@ config file.`,
 		a.auditCommand(),
 		a.eventsCommand(),
 	)
+	root.AddCommand(a.fleetCommands()...)
 	for _, f := range extraCommands {
 		root.AddCommand(f())
 	}

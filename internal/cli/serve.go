@@ -18,6 +18,7 @@ import (
 
 	bcapp "github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/pki"
 )
 
 func init() {
@@ -33,6 +34,12 @@ type serverFlags struct {
 	authzenTimeout, shutdownTimeout                    time.Duration
 	oidc                                               authn.OIDCConfig
 	bootstrapKeyFile                                   string
+	gatewayListen, trustDomain                         string
+	gatewayHosts                                       []string
+	heartbeatInterval, unreachableAfter, lostAfter     time.Duration
+	// secret is BETTER_COMPUTE_SECRET, read from the environment (or, for
+	// dev, from <state-dir>/secret); never a flag, so it stays out of ps.
+	secret string
 }
 
 func envOr(name, def string) string {
@@ -49,10 +56,16 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long in-flight requests get to finish on SIGTERM")
+	fl.StringVar(&f.gatewayListen, "gateway-listen", envOr("BETTER_COMPUTE_GATEWAY_LISTEN", "127.0.0.1:8443"), "agent gateway (gRPC, mutual TLS) listen address (env BETTER_COMPUTE_GATEWAY_LISTEN)")
 	if !full {
 		return
 	}
-	fl.StringSliceVar(&f.roles, "roles", strings.Split(envOr("BETTER_COMPUTE_ROLES", "api,worker"), ","), "roles to run: api, worker (env BETTER_COMPUTE_ROLES)")
+	fl.StringSliceVar(&f.roles, "roles", strings.Split(envOr("BETTER_COMPUTE_ROLES", "api,worker,gateway"), ","), "roles to run: api, worker, gateway (env BETTER_COMPUTE_ROLES)")
+	fl.StringSliceVar(&f.gatewayHosts, "gateway-host", nil, "name or IP agents reach the gateway by, put in its serving certificate (repeatable; default the listen host and localhost)")
+	fl.StringVar(&f.trustDomain, "trust-domain", envOr("BETTER_COMPUTE_TRUST_DOMAIN", ""), "SPIFFE trust domain of the PKI created on an empty database (env BETTER_COMPUTE_TRUST_DOMAIN)")
+	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")
+	fl.DurationVar(&f.unreachableAfter, "unreachable-after", 30*time.Second, "a node without a heartbeat this long is unreachable")
+	fl.DurationVar(&f.lostAfter, "lost-after", 5*time.Minute, "a node without a heartbeat this long is lost")
 	fl.StringVar(&f.databaseURL, "database-url", envOr("BETTER_COMPUTE_DATABASE_URL", ""), "PostgreSQL URL (postgres://…); empty uses SQLite in --state-dir (env BETTER_COMPUTE_DATABASE_URL)")
 	fl.StringVar(&f.bootstrapKeyFile, "bootstrap-key-file", "", "where an empty database's first admin key is written, mode 0600 (default <state-dir>/admin.key)")
 	fl.StringVar(&f.pdp, "pdp", "cedar", "policy decision point: cedar (embedded) or authzen (remote)")
@@ -90,6 +103,8 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		Roles: f.roles, Listen: f.listen, StateDir: f.stateDir, DatabaseURL: f.databaseURL,
 		PDP: f.pdp, AuthZENURL: f.authzenURL, AuthZENTimeout: f.authzenTimeout, AuthZENToken: token,
 		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger,
+		GatewayListen: f.gatewayListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
+		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
 	}
 }
 
@@ -97,17 +112,27 @@ func newServeCommand() *cobra.Command {
 	var f serverFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the control plane (any subset of the api and worker roles)",
+		Short: "Run the control plane (any subset of the api, worker and gateway roles)",
 		Long: `serve runs the control plane. All replicas share one database: SQLite in
 --state-dir for a single node, or PostgreSQL with --database-url for several.
 
 On an empty database it creates the platform and writes the first admin API
-key only to --bootstrap-key-file (mode 0600), never to the logs.`,
+key only to --bootstrap-key-file (mode 0600), never to the logs.
+
+The gateway role (the agents' gRPC endpoint) needs BETTER_COMPUTE_SECRET, the
+key that seals the PKI in the database (base64 of 32 random bytes: openssl
+rand -base64 32); every replica needs the same one. On a database without a
+PKI, serve creates one with the root key sealed in the database; for an
+offline root run "better-compute pki init" before the first serve.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := f.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
+			}
+			f.secret = os.Getenv(pki.SecretEnv)
+			if slices.Contains(f.roles, bcapp.RoleGateway) && strings.TrimSpace(f.secret) == "" {
+				return invalidArg("roles", "the gateway role needs "+pki.SecretEnv+": base64 of 32 random bytes (openssl rand -base64 32), the same on every replica")
 			}
 			ctx := cmd.Context()
 			a, err := bcapp.New(ctx, f.config(logger))
@@ -128,6 +153,13 @@ key only to --bootstrap-key-file (mode 0600), never to the logs.`,
 			}
 			if created {
 				logger.Info("platform created; the first admin key was written", "file", keyFile)
+			}
+			if slices.Contains(f.roles, bcapp.RoleGateway) {
+				addr, err := a.ListenGateway()
+				if err != nil {
+					return serverError(err)
+				}
+				logger.Info("agent gateway listening", "addr", addr.String(), "trust_domain", a.PKI.TrustDomain(), "pin", a.PKI.Pin())
 			}
 			var ln net.Listener
 			if slices.Contains(f.roles, bcapp.RoleAPI) {

@@ -49,6 +49,22 @@ var catalog = []Method{
 	{apiv1connect.ConfirmationServiceApproveProcedure, "confirmations.approve", KindMutation, false},
 	{apiv1connect.AuditServiceListProcedure, "audit.list", KindRead, false},
 	{apiv1connect.EventServiceWatchProcedure, "events.watch", KindRead, false},
+	{apiv1connect.NodeServiceListProcedure, "nodes.list", KindRead, false},
+	{apiv1connect.NodeServiceGetProcedure, "nodes.get", KindRead, false},
+	{apiv1connect.NodeServiceDrainProcedure, "nodes.drain", KindMutation, false},
+	{apiv1connect.NodeServiceUndrainProcedure, "nodes.undrain", KindMutation, false},
+	{apiv1connect.NodeServiceDeleteProcedure, "nodes.delete", KindMutation, false},
+	{apiv1connect.CommandServiceRunProcedure, "commands.run", KindMutation, true},
+	{apiv1connect.CommandServiceGetProcedure, "commands.get", KindRead, false},
+	{apiv1connect.CommandServiceListProcedure, "commands.list", KindRead, false},
+	{apiv1connect.CommandServiceCancelProcedure, "commands.cancel", KindMutation, false},
+	{apiv1connect.JoinTokenServiceCreateProcedure, "joinTokens.create", KindMutation, true},
+	{apiv1connect.JoinTokenServiceListProcedure, "joinTokens.list", KindRead, false},
+	{apiv1connect.JoinTokenServiceRevokeProcedure, "joinTokens.revoke", KindMutation, false},
+	{apiv1connect.JoinRequestServiceListProcedure, "joinRequests.list", KindRead, false},
+	{apiv1connect.JoinRequestServiceApproveProcedure, "joinRequests.approve", KindMutation, false},
+	{apiv1connect.JoinRequestServiceRejectProcedure, "joinRequests.reject", KindMutation, false},
+	{apiv1connect.InventoryServiceGetProcedure, "inventory.get", KindRead, false},
 }
 
 var catalogIndex = func() map[string]Method {

@@ -91,6 +91,16 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "AuditLog", ID: "audit", TenantID: tenant}
 	case "events.watch":
 		return Resource{Type: "EventStream", ID: "events", TenantID: tenant}
+	case "nodes.get", "nodes.drain", "nodes.undrain", "nodes.delete", "inventory.get":
+		return Resource{Type: "Node", ID: "n1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "gpu-1", "pool": "a100", "state": "active"}}
+	case "commands.run", "commands.get", "commands.cancel":
+		return Resource{Type: "Command", ID: "c1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"kind": "inventory.refresh"}}
+	case "commands.list":
+		return Resource{Type: "Node", ID: "n1", TenantID: tenant, ProjectID: "p1"}
+	case "joinTokens.create", "joinTokens.revoke":
+		return Resource{Type: "JoinToken", ID: "jt1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"pool": "a100"}}
+	case "joinRequests.approve", "joinRequests.reject":
+		return Resource{Type: "JoinRequest", ID: "jr1", TenantID: tenant}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -101,15 +111,17 @@ func TestCedarMatrix(t *testing.T) {
 	c := newCedar(t, nil)
 
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
-		"confirmations.list", "audit.list", "events.watch"}
+		"confirmations.list", "audit.list", "events.watch",
+		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get"}
 	// want[role][action] in the principal's own tenant; absent means deny.
-	// In another tenant every role but platform-admin is denied.
+	// In another tenant every role but platform-admin is denied. Join tokens
+	// are credentials: only admins mint, list or revoke them.
 	want := map[Role]map[string]outcome{
 		RolePlatformAdmin: {},
 		RoleAdmin:         {},
-		RoleMember:        {"projects.create": allow, "projects.delete": allow},
+		RoleMember:        {"projects.create": allow, "projects.delete": allow, "commands.run": allow, "commands.cancel": allow},
 		RoleViewer:        {},
-		RoleAgent:         {"projects.create": allow, "projects.delete": confirm},
+		RoleAgent:         {"projects.create": allow, "projects.delete": confirm, "commands.run": allow},
 	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
@@ -344,6 +356,8 @@ func TestCedarValidate(t *testing.T) {
 		{"valid forbid", `@id("x") forbid (principal, action == BC::Action::"projects.delete", resource is BC::Project);`, "", ""},
 		{"valid with group and attrs", `permit (principal is BC::User, action in BC::Action::"read", resource)
 			when { resource in BC::Tenant::"t1" && context.confirmed };`, "", ""},
+		{"valid fleet attribute", `forbid (principal, action == BC::Action::"commands.run", resource is BC::Command)
+			when { resource has kind && resource.kind == "node.drain" };`, "", ""},
 		{"valid confirm", `@confirm("human") forbid (principal, action == BC::Action::"projects.create", resource) unless { context.confirmed };`, "", ""},
 		{"bad syntax", "permit (principal, action, resource)\nwhen { 1 + };", "text:line 2", "parse error"},
 		{"empty", "  // nothing\n", "text", "no policy statements"},
@@ -390,7 +404,11 @@ func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
 		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.list",
+		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
+		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
+		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
+		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"tenants.create", "tenants.get", "tenants.list",

@@ -57,7 +57,7 @@ type Principal struct {
 type Resource struct {
 	// Type is the Cedar entity type name without namespace: "Platform",
 	// "Tenant", "Project", "ApiKey", "Policy", "Confirmation", "AuditLog",
-	// "EventStream".
+	// "EventStream", "Node", "Command", "JoinToken", "JoinRequest".
 	Type string
 	// ID may be "" for a draft not yet created; the adapters then use DraftID.
 	ID string

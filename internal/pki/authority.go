@@ -540,7 +540,7 @@ func validateTrustDomain(td string) error {
 			return bad("a label must not start or end with a hyphen")
 		}
 		for _, r := range label {
-			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
 				return bad("use lowercase letters, digits, hyphens and dots")
 			}
 		}

@@ -134,7 +134,7 @@ func TestSQLRuleCatchesOffenders(t *testing.T) {
 // layer or its own module's subpackages.
 func layer(pkg string) int {
 	switch {
-	case strings.HasPrefix(pkg, "cmd/"):
+	case strings.HasPrefix(pkg, "cmd/"), strings.HasPrefix(pkg, "bench/"):
 		return 5
 	case pkg == "internal/cli":
 		return 4

@@ -1,0 +1,345 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+// CommandService serves the CommandService API.
+type CommandService struct {
+	env  *envelope.Envelope
+	deps Deps
+	node *NodeService
+}
+
+// NewCommandService returns the command handlers.
+func NewCommandService(env *envelope.Envelope, deps Deps) *CommandService {
+	return &CommandService{env: env, deps: deps, node: NewNodeService(env, deps)}
+}
+
+var _ apiv1connect.CommandServiceHandler = (*CommandService)(nil)
+
+// KindInventoryRefresh asks an agent to send its inventory again.
+const KindInventoryRefresh = "inventory.refresh"
+
+// APICommandKinds are the kinds a caller may run through the API; the rest
+// (allocation.*) are issued by the control plane itself.
+var APICommandKinds = []string{KindInventoryRefresh, KindNodeDrain}
+
+var commandStates = []string{CommandPending, CommandDelivered, CommandAccepted, CommandRunning,
+	CommandSucceeded, CommandFailed, CommandCanceled, CommandExpired}
+
+// Deadlines of commands, in seconds.
+const (
+	defaultDeadline = 300
+	maxDeadline     = 86400
+	maxParamsBytes  = 16 << 10
+)
+
+// CommandResource projects a command into the authorization model; projectID
+// is its node's project.
+func CommandResource(c Command, projectID string) iam.Resource {
+	return iam.Resource{Type: "Command", ID: c.ID, TenantID: c.TenantID, ProjectID: projectID, Attrs: map[string]any{"kind": c.Kind}}
+}
+
+// Run queues a command for a node.
+func (s *CommandService) Run(ctx context.Context, req *connect.Request[apiv1.RunCommandRequest]) (*connect.Response[apiv1.RunCommandResponse], error) {
+	msg := req.Msg
+	var (
+		r      nodeRef
+		params string
+	)
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.RunCommandResponse]{
+		Validate: func() error {
+			var vs envelope.Violations
+			validateTenant(&vs, msg.GetTenant())
+			validateNode(&vs, "node", msg.GetNode())
+			switch {
+			case msg.GetKind() == "":
+				vs.Add("kind", "is required: %s", strings.Join(APICommandKinds, " or "))
+			case !slices.Contains(APICommandKinds, msg.GetKind()):
+				vs.Add("kind", "must be %s, got %q", strings.Join(APICommandKinds, " or "), truncate(msg.GetKind()))
+			}
+			if d := msg.GetDeadlineSeconds(); d < 0 || d > maxDeadline {
+				vs.Add("deadline_seconds", "must be between 1 and %d (0 means %d)", maxDeadline, defaultDeadline)
+			}
+			var err error
+			if params, err = structJSON(msg.GetParams()); err != nil {
+				vs.Add("params", "must be a JSON object: %v", err)
+			} else if len(params) > maxParamsBytes {
+				vs.Add("params", "must be at most %d bytes as JSON, got %d", maxParamsBytes, len(params))
+			}
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			if r, err = lookupNode(ctx, q, msg.GetTenant(), msg.GetNode()); err != nil || !r.found {
+				return iam.Resource{Type: "Command", ID: iam.DraftID, TenantID: r.tenant.ID, Attrs: map[string]any{"kind": msg.GetKind()}}, err
+			}
+			return iam.Resource{Type: "Command", ID: iam.DraftID, TenantID: r.node.TenantID, ProjectID: r.node.ProjectID,
+				Attrs: map[string]any{"kind": msg.GetKind()}}, nil
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.RunCommandResponse, error) {
+			if err := r.notFound(); err != nil {
+				return nil, err
+			}
+			n, err := NodeGet(ctx, tx, "", r.node.ID)
+			if err != nil {
+				return nil, err
+			}
+			if n.State == NodeRetired {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "node %s is retired: it takes no commands", n.Name)
+			}
+			// The envelope answers a replay from its own table; the key also
+			// goes on the row (per principal, as the envelope scopes it), so
+			// the node's uniqueness backs it up.
+			idemKey := ""
+			if k := req.Header().Get(envelope.HeaderIdempotencyKey); k != "" {
+				idemKey = tx.Caller().Principal.ID + ":" + k
+			}
+			var cmd Command
+			if msg.GetKind() == KindNodeDrain {
+				cmd, err = s.node.drain(ctx, tx, &n, params, idemKey, msg.GetDeadlineSeconds())
+			} else {
+				cmd, err = insertCommand(ctx, tx, s.deps, &n, msg.GetKind(), params, idemKey, msg.GetDeadlineSeconds())
+			}
+			if err != nil {
+				return nil, err
+			}
+			return &apiv1.RunCommandResponse{Command: CommandProto(cmd)}, nil
+		},
+	})
+}
+
+// insertCommand inserts a pending command for n, wakes the node's session
+// once the transaction commits, and records the event.
+func insertCommand(ctx context.Context, tx *envelope.Tx, deps Deps, n *Node, kind, params, idemKey string, deadline int32) (Command, error) {
+	if deadline == 0 {
+		deadline = defaultDeadline
+	}
+	now := tx.Now()
+	cmd, err := CommandInsert(ctx, tx, &CommandInsertParams{
+		ID: envelope.NewID(CommandIDPrefix, now), TenantID: n.TenantID, NodeID: n.ID, Kind: kind, Params: params,
+		IdempotencyKey: idemKey, Traceparent: envelope.InfoFrom(ctx).TraceID, CreatedBy: tx.Caller().Principal.ID,
+		Deadline: now.Add(time.Duration(deadline) * time.Second), CreateTime: now,
+	})
+	if err != nil {
+		if errors.Is(err, store.ErrUnique) {
+			return Command{}, envelope.Errorf(envelope.CodeAlreadyExists, "a command with this Idempotency-Key already exists for node %s", n.Name)
+		}
+		return Command{}, err
+	}
+	deps.notify(tx.Tx, n.ID)
+	tx.SetResource(cmd.ID, "")
+	tx.Emit(envelope.Event{Type: "command.created", TenantID: n.TenantID, ResourceType: "Command", ResourceID: cmd.ID,
+		Data: map[string]any{"node_id": n.ID, "kind": kind, "seq": cmd.Seq}})
+	return cmd, nil
+}
+
+// lookupCommand resolves a command (and its node's project) for a draft or
+// a read; misses are not errors yet.
+func lookupCommand(ctx context.Context, q store.Querier, tenantRef, id string) (t tenancy.Tenant, c Command, projectID string, found bool, err error) {
+	if tenantRef != "" {
+		var tfound bool
+		if t, tfound, err = tenancy.LookupTenant(ctx, q, tenantRef); err != nil || !tfound {
+			return t, c, "", false, err
+		}
+	}
+	c, err = CommandGet(ctx, q, t.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return t, c, "", false, nil
+	}
+	if err != nil {
+		return t, c, "", false, err
+	}
+	n, err := NodeGet(ctx, q, "", c.NodeID)
+	if err != nil {
+		return t, c, "", false, err
+	}
+	return t, c, n.ProjectID, true, nil
+}
+
+// Get reads one command.
+func (s *CommandService) Get(ctx context.Context, req *connect.Request[apiv1.GetCommandRequest]) (*connect.Response[apiv1.GetCommandResponse], error) {
+	var vs envelope.Violations
+	validateTenant(&vs, req.Msg.GetTenant())
+	vs.ID("id", req.Msg.GetId(), CommandIDPrefix)
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	var (
+		t       tenancy.Tenant
+		c       Command
+		project string
+		found   bool
+	)
+	if err := s.env.Resolve(ctx, "command", func(ctx context.Context, q store.Querier) (err error) {
+		t, c, project, found, err = lookupCommand(ctx, q, req.Msg.GetTenant(), req.Msg.GetId())
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	res := CommandResource(c, project)
+	if !found {
+		res = iam.Resource{Type: "Command", ID: "unknown", TenantID: t.ID}
+	}
+	if err := s.env.AuthorizeRead(ctx, res); err != nil {
+		return nil, err
+	}
+	if !found {
+		if req.Msg.GetTenant() != "" && t.ID == "" {
+			return nil, s.env.Fail(ctx, envelope.NotFound("tenant", req.Msg.GetTenant()))
+		}
+		return nil, s.env.Fail(ctx, envelope.NotFound("command", req.Msg.GetId()))
+	}
+	return connect.NewResponse(&apiv1.GetCommandResponse{Command: CommandProto(c)}), nil
+}
+
+// List lists commands of a node, a tenant, or (platform admins) everyone.
+func (s *CommandService) List(ctx context.Context, req *connect.Request[apiv1.ListCommandsRequest]) (*connect.Response[apiv1.ListCommandsResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	validateTenant(&vs, msg.GetTenant())
+	if msg.GetNode() != "" {
+		validateNode(&vs, "node", msg.GetNode())
+	}
+	validateOneOf(&vs, "state", msg.GetState(), commandStates...)
+	vs.PageSize("page_size", msg.GetPageSize())
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	filter := msg.GetTenant() + "/" + msg.GetNode() + "/" + msg.GetState()
+	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), filter)
+	if err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	var (
+		tenantID, nodeID string
+		res              iam.Resource
+		missing          error
+	)
+	if msg.GetNode() != "" {
+		var r nodeRef
+		if err := s.env.Resolve(ctx, "node", func(ctx context.Context, q store.Querier) (err error) {
+			r, err = lookupNode(ctx, q, msg.GetTenant(), msg.GetNode())
+			return err
+		}); err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		res, missing, tenantID, nodeID = r.resource(), r.notFound(), r.node.TenantID, r.node.ID
+	} else {
+		t, found, cres, err := container(ctx, s.env, msg.GetTenant())
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		res, tenantID = cres, t.ID
+		if !found {
+			missing = envelope.NotFound("tenant", msg.GetTenant())
+		}
+	}
+	if err := s.env.AuthorizeRead(ctx, res); err != nil {
+		return nil, err
+	}
+	if missing != nil {
+		return nil, s.env.Fail(ctx, missing)
+	}
+	limit := envelope.PageSize(msg.GetPageSize())
+	var cmds []Command
+	if err := s.env.Resolve(ctx, "commands", func(ctx context.Context, q store.Querier) (err error) {
+		cmds, err = CommandList(ctx, q, &CommandListParams{TenantID: tenantID, NodeID: nodeID, State: msg.GetState(), After: after, Limit: limit + 1})
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	out := &apiv1.ListCommandsResponse{}
+	for i, c := range cmds {
+		if i == limit {
+			out.NextPageToken = envelope.EncodePageToken(cmds[i-1].ID, filter)
+			break
+		}
+		out.Commands = append(out.Commands, CommandProto(c))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// Cancel cancels a command that has not finished; the node's session is
+// woken to tell the agent.
+func (s *CommandService) Cancel(ctx context.Context, req *connect.Request[apiv1.CancelCommandRequest]) (*connect.Response[apiv1.CancelCommandResponse], error) {
+	msg := req.Msg
+	var (
+		t       tenancy.Tenant
+		c       Command
+		project string
+		found   bool
+	)
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CancelCommandResponse]{
+		Validate: func() error {
+			var vs envelope.Violations
+			validateTenant(&vs, msg.GetTenant())
+			vs.ID("id", msg.GetId(), CommandIDPrefix)
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (res iam.Resource, err error) {
+			if t, c, project, found, err = lookupCommand(ctx, q, msg.GetTenant(), msg.GetId()); err != nil || !found {
+				return iam.Resource{Type: "Command", ID: "unknown", TenantID: t.ID}, err
+			}
+			return CommandResource(c, project), nil
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CancelCommandResponse, error) {
+			if !found {
+				if msg.GetTenant() != "" && t.ID == "" {
+					return nil, envelope.NotFound("tenant", msg.GetTenant())
+				}
+				return nil, envelope.NotFound("command", msg.GetId())
+			}
+			n, err := CommandCancel(ctx, tx, &CommandCancelParams{ID: c.ID, Message: "canceled by " + tx.Caller().Principal.ID})
+			if err != nil {
+				return nil, err
+			}
+			cur, err := CommandGet(ctx, tx, "", c.ID)
+			if err != nil {
+				return nil, err
+			}
+			if n == 0 {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "command %s is already %s", c.ID, cur.State)
+			}
+			s.deps.notify(tx.Tx, c.NodeID)
+			tx.Emit(envelope.Event{Type: "command.canceled", TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID,
+				Data: map[string]any{"node_id": c.NodeID, "kind": c.Kind}})
+			return &apiv1.CancelCommandResponse{Command: CommandProto(cur)}, nil
+		},
+	})
+}
+
+// structJSON encodes a request's Struct as the JSON text of a params column.
+func structJSON(st *structpb.Struct) (string, error) {
+	if st == nil || len(st.GetFields()) == 0 {
+		return "{}", nil
+	}
+	b, err := protojson.Marshal(st)
+	if err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// paramsJSON encodes params the control plane builds itself.
+func paramsJSON(m map[string]any) (string, error) {
+	b, err := json.Marshal(m)
+	return string(b), err
+}

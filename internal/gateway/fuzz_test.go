@@ -1,0 +1,84 @@
+package gateway_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/gateway"
+)
+
+// FuzzAgentFrame decodes a session frame as the gateway does and runs the
+// gateway's validation on it; nothing may panic, and a message that passes
+// must be one the gateway can act on.
+func FuzzAgentFrame(f *testing.F) {
+	for _, m := range []*agentv1.AgentMessage{
+		{Msg: &agentv1.AgentMessage_Hello{Hello: &agentv1.Hello{AgentVersion: "0.1.0", Mode: agentv1.AgentMode_AGENT_MODE_NODE, Capabilities: []string{"cgroups.v2"}, LastAppliedSeq: 3}}},
+		{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}},
+		{Msg: &agentv1.AgentMessage_CommandUpdate{CommandUpdate: &agentv1.CommandUpdate{CommandId: "cmd_01", Seq: 1, State: agentv1.CommandState_COMMAND_STATE_FAILED, FailureCode: "CGROUP_WRITE_FAILED"}}},
+		{Msg: &agentv1.AgentMessage_Status{Status: &agentv1.StatusReport{Health: "degraded", Pressure: &agentv1.Pressure{Cpu: 12.5}}}},
+		{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{AllocationId: "alc_1", CommandId: "cmd_1", Cgroup: "/bc/alc_1"}}},
+		{Msg: &agentv1.AgentMessage_Inventory{Inventory: inventorySeed()}},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var m agentv1.AgentMessage
+		if proto.Unmarshal(data, &m) != nil {
+			return
+		}
+		if gateway.ValidateAgentMessage(&m) != nil {
+			return
+		}
+		switch msg := m.GetMsg().(type) {
+		case nil:
+			t.Fatal("an empty message passed validation")
+		case *agentv1.AgentMessage_CommandUpdate:
+			if msg.CommandUpdate.GetSeq() == 0 || msg.CommandUpdate.GetProgress() > 100 {
+				t.Fatalf("bad command update passed: %v", msg.CommandUpdate)
+			}
+		case *agentv1.AgentMessage_Inventory:
+			if s, err := gateway.DecodeSection(msg.Inventory); err == nil && len(s.Data) > gateway.MaxSectionBytes {
+				t.Fatal("an oversize section decoded")
+			}
+		}
+	})
+}
+
+func inventorySeed() *agentv1.InventorySection {
+	data, _ := proto.Marshal(&agentv1.GpuInventory{Gpus: []*agentv1.Gpu{{Uuid: "GPU-1", Model: "NVIDIA H100 80GB HBM3", MemoryMib: 81559, NumaNode: -1}}})
+	sum := sha256.Sum256(data)
+	sha := hex.EncodeToString(sum[:])
+	return &agentv1.InventorySection{Name: "gpus", Data: data, Sha256: sha, SnapshotDigest: gateway.SnapshotDigest(map[string]string{"gpus": sha}), SectionCount: 1}
+}
+
+// FuzzInventorySection runs the gateway's section verifier and decoder on
+// arbitrary sections; a section it accepts hashes to its sha256, fits the
+// limit and decoded as its name's message.
+func FuzzInventorySection(f *testing.F) {
+	s := inventorySeed()
+	f.Add(s.GetName(), s.GetData(), s.GetSha256(), s.GetSnapshotDigest(), s.GetSectionCount())
+	mem, _ := proto.Marshal(&agentv1.MemoryInventory{TotalMib: 1024})
+	sum := sha256.Sum256(mem)
+	f.Add("memory", mem, hex.EncodeToString(sum[:]), s.GetSnapshotDigest(), int32(4))
+	f.Add("system", []byte{0xff}, s.GetSha256(), s.GetSnapshotDigest(), int32(2))
+	f.Add("bios", []byte{}, "", "", int32(0))
+	f.Fuzz(func(t *testing.T, name string, data []byte, sha, digest string, count int32) {
+		sec, err := gateway.DecodeSection(&agentv1.InventorySection{Name: name, Data: data, Sha256: sha, SnapshotDigest: digest, SectionCount: count})
+		if err != nil {
+			return
+		}
+		sum := sha256.Sum256(data)
+		if hex.EncodeToString(sum[:]) != sec.SHA256 || len(data) > gateway.MaxSectionBytes || sec.Message == nil {
+			t.Fatalf("accepted a bad section: %q %x", name, data)
+		}
+	})
+}

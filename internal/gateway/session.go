@@ -1,0 +1,582 @@
+package gateway
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// errReplaced ends a session when a newer one of the same node starts.
+var errReplaced = status.Error(codes.Aborted, "replaced by a newer session of this node")
+
+// commandPage is how many commands one delivery reads at a time.
+const commandPage = 100
+
+// session is one node's stream on this replica. Only its own goroutine
+// (Gateway.Session) sends on the stream and touches its fields; the hub
+// only pokes or cancels it.
+type session struct {
+	g      *Gateway
+	nodeID string
+	ident  NodeIdentity
+	leaf   *x509.Certificate
+	stream grpc.BidiStreamingServer[agentv1.AgentMessage, agentv1.GatewayMessage]
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wakeCh chan struct{}
+	log    *slog.Logger
+
+	node fleet.SessionNode
+	// cursor is the highest command seq sent on this session (or the
+	// agent's last applied one); inflight are those sent and not known to
+	// have ended, so a cancel or expiry can be passed on.
+	cursor    uint64
+	inflight  map[string]uint64
+	snapshots map[string]*pendingSnapshot
+}
+
+func (s *session) poke() {
+	select {
+	case s.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// Session serves a node's stream: Hello first, then heartbeats, status,
+// inventory, command updates and allocation reports from the node, and
+// commands and cancels to it. A newer session of the same node replaces
+// this one.
+func (g *Gateway) Session(stream grpc.BidiStreamingServer[agentv1.AgentMessage, agentv1.GatewayMessage]) error {
+	ctx := stream.Context()
+	log := g.log.With("rpc", "Session", "peer", peerAddr(ctx))
+	ident, leaf, err := g.peerIdentity(ctx)
+	if err != nil {
+		return g.refused(log, "session refused", err)
+	}
+	log = log.With("node", ident.NodeID)
+	var node fleet.SessionNode
+	err = g.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		node, err = fleet.SessionNodeGet(ctx, tx, ident.NodeID)
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return g.refused(log, "session refused", denied("node %s is not known", ident.NodeID))
+	case err != nil:
+		return g.refused(log, "session refused", err)
+	case node.State == "retired":
+		return g.refused(log, "session refused", denied("node %s is retired", ident.NodeID))
+	}
+
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s := &session{
+		g: g, nodeID: ident.NodeID, ident: ident, leaf: leaf, stream: stream, ctx: sctx, cancel: cancel,
+		wakeCh: make(chan struct{}, 1), log: log, node: node,
+		inflight: map[string]uint64{}, snapshots: map[string]*pendingSnapshot{},
+	}
+	msgs, errc := s.startRecv()
+
+	timer := time.NewTimer(g.cfg.HelloTimeout)
+	defer timer.Stop()
+	var first *agentv1.AgentMessage
+	select {
+	case first = <-msgs:
+	case err := <-errc:
+		return s.recvError(err)
+	case <-timer.C:
+		return g.refused(log, "session refused", status.Errorf(codes.DeadlineExceeded, "no hello within %v", g.cfg.HelloTimeout))
+	case <-sctx.Done():
+		return s.doneError()
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return g.refused(log, "session refused", invalid("the first message of a session must be hello"))
+	}
+	if err := ValidateAgentMessage(first); err != nil {
+		return g.refused(log, "session refused", err)
+	}
+	if err := g.hub.register(s); err != nil {
+		return err
+	}
+	defer func() {
+		if g.hub.unregister(s) {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := g.cfg.DB.Write(rctx, func(ctx context.Context, tx store.Tx) error {
+				return fleet.SessionRelease(ctx, tx, s.nodeID, g.cfg.ReplicaID)
+			}); err != nil {
+				log.Warn("release session owner", "err", err)
+			}
+		}
+	}()
+	if err := s.hello(hello); err != nil {
+		return g.refused(log, "session hello failed", err)
+	}
+	log.Info("session started", "agent_version", hello.GetAgentVersion(), "last_applied_seq", hello.GetLastAppliedSeq())
+	err = s.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_HelloAck{HelloAck: &agentv1.HelloAck{
+		NodeId: s.nodeID, HeartbeatSeconds: int32(g.cfg.HeartbeatInterval / time.Second), ServerTime: timestamppb.New(g.cfg.Clock.Now()),
+	}}})
+	if err != nil {
+		return s.sendError(err)
+	}
+	if d := hello.GetInventoryDigest(); d == "" || d != s.node.InventoryDigest {
+		if err := s.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_InventoryRequest{InventoryRequest: &agentv1.InventoryRequest{}}}); err != nil {
+			return s.sendError(err)
+		}
+	}
+	if err := s.sync(); err != nil {
+		return s.fail(err)
+	}
+	return s.loop(msgs, errc)
+}
+
+func (s *session) loop(msgs <-chan *agentv1.AgentMessage, errc <-chan error) error {
+	// Jitter spreads the rechecks of sessions that started together.
+	every := s.g.cfg.RecheckInterval
+	ticker := time.NewTicker(every + rand.N(every/4+1))
+	defer ticker.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return s.doneError()
+		case err := <-errc:
+			return s.recvError(err)
+		case m := <-msgs:
+			if err := s.handle(m); err != nil {
+				return s.fail(err)
+			}
+		case <-s.wakeCh:
+			if err := s.sync(); err != nil {
+				return s.fail(err)
+			}
+		case <-ticker.C:
+			if err := s.sync(); err != nil {
+				return s.fail(err)
+			}
+		}
+	}
+}
+
+// startRecv reads the stream on its own goroutine, so the session can wait
+// for messages, wakes and its end at once.
+func (s *session) startRecv() (<-chan *agentv1.AgentMessage, <-chan error) {
+	msgs := make(chan *agentv1.AgentMessage)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := s.stream.Recv()
+			if err == nil {
+				err = decodeError(m)
+			}
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-s.ctx.Done():
+				return
+			}
+		}
+	}()
+	return msgs, errc
+}
+
+func (s *session) send(m *agentv1.GatewayMessage) error { return s.stream.Send(m) }
+
+// fail ends the session for err: a refusal is logged and returned as its
+// status; a send failure means the peer is gone.
+func (s *session) fail(err error) error {
+	if s.ctx.Err() != nil {
+		return s.doneError()
+	}
+	if _, ok := status.FromError(err); !ok && errors.Is(err, io.EOF) {
+		return nil
+	}
+	return s.g.refused(s.log, "session ended", err)
+}
+
+func (s *session) sendError(err error) error {
+	if s.ctx.Err() != nil {
+		return s.doneError()
+	}
+	s.log.Info("session send failed", "err", err)
+	return err
+}
+
+// recvError maps the end of the receive side: EOF is a clean close, a
+// message that does not decode is INVALID_ARGUMENT (see malformed), an
+// oversize frame keeps grpc's RESOURCE_EXHAUSTED.
+func (s *session) recvError(err error) error {
+	if errors.Is(err, io.EOF) {
+		s.log.Info("session closed by the agent")
+		return nil
+	}
+	if s.ctx.Err() != nil {
+		return s.doneError()
+	}
+	return s.g.refused(s.log, "session receive refused", err)
+}
+
+// doneError is the status a session ends with once its context is done:
+// the cause it was cancelled with (replaced, shutting down), or the
+// client's own cancellation.
+func (s *session) doneError() error {
+	cause := context.Cause(s.ctx)
+	if st, ok := status.FromError(cause); ok && cause != nil {
+		s.log.Info("session ended", "reason", st.Message())
+		return st.Err()
+	}
+	s.log.Info("session ended by the agent")
+	return status.FromContextError(s.ctx.Err()).Err()
+}
+
+// hello records the Hello: agent facts, session owner, joining → active,
+// liveness ready (event node.ready when it was not) and a heartbeat.
+func (s *session) hello(h *agentv1.Hello) error {
+	g := s.g
+	s.cursor = h.GetLastAppliedSeq()
+	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		before, err := fleet.SessionHello(ctx, tx, fleet.SessionHelloParams{
+			NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: roleOf(h.GetMode()),
+			Capabilities: h.GetCapabilities(), TrustVersion: h.GetTrustVersion(), LastAppliedSeq: h.GetLastAppliedSeq(),
+		})
+		if err != nil {
+			return err
+		}
+		if before.State == "retired" {
+			return denied("node %s is retired", s.nodeID)
+		}
+		s.node = before
+		s.node.SessionOwner = g.cfg.ReplicaID
+		ref := []fleet.NodeRef{{ID: s.nodeID, TenantID: before.TenantID}}
+		if before.Liveness != "ready" {
+			if err := g.nodeEvents(ctx, tx, "node.ready", ref, map[string]any{"was": before.Liveness}); err != nil {
+				return err
+			}
+		}
+		if before.State == "joining" {
+			s.node.State = "active"
+			if err := g.nodeEvents(ctx, tx, "node.active", ref, nil); err != nil {
+				return err
+			}
+		}
+		// Wakes an older session of this node on another replica, which
+		// then sees it is no longer the owner and ends.
+		return fleet.SessionNotify(ctx, tx, s.nodeID)
+	})
+}
+
+// sync checks the session may go on (node not retired, this replica still
+// owner, certificate still valid), passes cancels and expiries of commands
+// sent on it, and delivers every open command after the cursor.
+func (s *session) sync() error {
+	g := s.g
+	var (
+		node    fleet.SessionNode
+		cmds    []fleet.SessionCommand
+		stopped map[string]uint64
+	)
+	err := g.cfg.DB.Read(s.ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		if node, err = fleet.SessionNodeGet(ctx, tx, s.nodeID); err != nil {
+			return err
+		}
+		if cmds, err = fleet.SessionCommandsAfter(ctx, tx, s.nodeID, s.cursor, commandPage); err != nil {
+			return err
+		}
+		if len(s.inflight) > 0 {
+			lo := s.cursor
+			for _, seq := range s.inflight {
+				lo = min(lo, seq)
+			}
+			stopped, err = fleet.SessionCommandsStopped(ctx, tx, s.nodeID, lo, s.cursor)
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return denied("node %s no longer exists", s.nodeID)
+	case err != nil:
+		return err
+	case node.State == "retired":
+		return denied("node %s was retired", s.nodeID)
+	case node.SessionOwner != "" && node.SessionOwner != g.cfg.ReplicaID:
+		return status.Errorf(codes.Aborted, "replaced by a newer session of this node (on %s)", node.SessionOwner)
+	}
+	if _, err := g.cfg.Authority.VerifyNode(s.leaf); err != nil {
+		return status.Errorf(codes.Unauthenticated, "node certificate no longer valid: %v", err)
+	}
+	s.node = node
+	for id, seq := range stopped {
+		if _, ok := s.inflight[id]; !ok {
+			continue
+		}
+		if err := s.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Cancel{Cancel: &agentv1.CancelCommand{CommandId: id, Seq: seq}}}); err != nil {
+			return err
+		}
+		delete(s.inflight, id)
+	}
+	for len(cmds) > 0 {
+		if err := s.deliver(cmds); err != nil {
+			return err
+		}
+		if len(cmds) < commandPage {
+			return nil
+		}
+		err := g.cfg.DB.Read(s.ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			cmds, err = fleet.SessionCommandsAfter(ctx, tx, s.nodeID, s.cursor, commandPage)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deliver marks pending commands delivered and sends them in seq order.
+func (s *session) deliver(cmds []fleet.SessionCommand) error {
+	last := cmds[len(cmds)-1].Seq
+	for _, c := range cmds {
+		if c.State == "pending" {
+			err := s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+				return fleet.SessionCommandsDelivered(ctx, tx, s.nodeID, s.cursor, last)
+			})
+			if err != nil {
+				return err
+			}
+			break
+		}
+	}
+	for _, c := range cmds {
+		m, err := commandMessage(c)
+		if err != nil {
+			s.log.Error("command cannot be encoded; skipped", "command", c.ID, "err", err)
+			s.cursor = c.Seq
+			continue
+		}
+		if err := s.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Command{Command: m}}); err != nil {
+			return err
+		}
+		s.cursor = c.Seq
+		s.inflight[c.ID] = c.Seq
+	}
+	return nil
+}
+
+func commandMessage(c fleet.SessionCommand) (*agentv1.Command, error) {
+	var params map[string]any
+	if c.Params != "" {
+		if err := json.Unmarshal([]byte(c.Params), &params); err != nil {
+			return nil, err
+		}
+	}
+	ps, err := structpb.NewStruct(params)
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.Command{
+		Id: c.ID, Seq: c.Seq, Kind: c.Kind, Params: ps, IdempotencyKey: c.IdempotencyKey,
+		Deadline: timestamppb.New(c.Deadline), Traceparent: c.Traceparent,
+	}, nil
+}
+
+// handle acts on one message after Hello.
+func (s *session) handle(m *agentv1.AgentMessage) error {
+	if err := ValidateAgentMessage(m); err != nil {
+		return err
+	}
+	switch msg := m.GetMsg().(type) {
+	case *agentv1.AgentMessage_Hello:
+		return invalid("hello: sent twice on one session")
+	case *agentv1.AgentMessage_Heartbeat:
+		s.g.beats.add(s.nodeID)
+	case *agentv1.AgentMessage_Status:
+		// A status report is a sign of life too.
+		s.g.beats.add(s.nodeID)
+		s.log.Debug("status", "health", msg.Status.GetHealth(), "events", len(msg.Status.GetEvents()))
+	case *agentv1.AgentMessage_Inventory:
+		return s.inventory(msg.Inventory)
+	case *agentv1.AgentMessage_CommandUpdate:
+		return s.commandUpdate(msg.CommandUpdate)
+	case *agentv1.AgentMessage_AllocationBound:
+		b := msg.AllocationBound
+		return s.allocation("allocation.bound", b.GetAllocationId(), b.GetCommandId(), map[string]any{"cgroup": b.GetCgroup()})
+	case *agentv1.AgentMessage_AllocationReleased:
+		r := msg.AllocationReleased
+		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), nil)
+	}
+	return nil
+}
+
+// commandStates maps the wire's command states to the database's.
+var commandStates = map[agentv1.CommandState]string{
+	agentv1.CommandState_COMMAND_STATE_ACCEPTED:  "accepted",
+	agentv1.CommandState_COMMAND_STATE_RUNNING:   "running",
+	agentv1.CommandState_COMMAND_STATE_SUCCEEDED: "succeeded",
+	agentv1.CommandState_COMMAND_STATE_FAILED:    "failed",
+	agentv1.CommandState_COMMAND_STATE_CANCELED:  "canceled",
+}
+
+// stateRank orders command states; terminal ones share the last rank, so
+// no state moves from one terminal state to another.
+func stateRank(state string) int {
+	switch state {
+	case "pending":
+		return 0
+	case "delivered":
+		return 1
+	case "accepted":
+		return 2
+	case "running":
+		return 3
+	}
+	return 4
+}
+
+// commandUpdate records an agent's report on one of its node's commands.
+// States only move forward: a stale or repeated report is ignored.
+func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
+	g := s.g
+	next := commandStates[u.GetState()]
+	terminal := false
+	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		terminal = false
+		c, err := fleet.SessionCommandGet(ctx, tx, u.GetCommandId())
+		if errors.Is(err, store.ErrNotFound) {
+			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
+		}
+		if err != nil {
+			return err
+		}
+		if c.NodeID != s.nodeID {
+			s.log.Warn("node reported on another node's command", "command", c.ID, "owner", c.NodeID)
+			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
+		}
+		if c.Seq != u.GetSeq() {
+			return invalid("command_update.seq: command %s has seq %d, not %d", c.ID, c.Seq, u.GetSeq())
+		}
+		from, to := stateRank(c.State), stateRank(next)
+		progress := u.GetProgress()
+		switch {
+		case to < from, to == from && next != "running":
+			s.log.Debug("stale command update ignored", "command", c.ID, "state", c.State, "update", next)
+			return nil
+		case next == "running" && c.State == "running" && progress < c.Progress:
+			return nil
+		}
+		if next == "succeeded" {
+			progress = 100
+		}
+		result := ""
+		if r := u.GetResult(); r != nil {
+			b, err := json.Marshal(r.AsMap())
+			if err != nil {
+				return invalid("command_update.result: %v", err)
+			}
+			result = string(b)
+		}
+		ok, err := fleet.SessionCommandUpdate(ctx, tx, fleet.SessionCommandUpdateParams{
+			ID: c.ID, FromState: c.State, State: next, Progress: progress, Message: u.GetMessage(),
+			Result: result, FailureCode: u.GetFailureCode(),
+		})
+		if err != nil || !ok {
+			return err
+		}
+		if to < 4 {
+			return nil
+		}
+		terminal = true
+		now := g.cfg.Clock.Now()
+		evs := []envelope.Event{{
+			Type: "command." + next, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID, Time: now,
+			Data: map[string]any{"node_id": s.nodeID, "seq": c.Seq, "kind": c.Kind, "failure_code": u.GetFailureCode()},
+		}}
+		if c.Kind == "node.drain" && next == "succeeded" {
+			drained, err := fleet.SessionNodeDrained(ctx, tx, s.nodeID)
+			if err != nil {
+				return err
+			}
+			if drained {
+				evs = append(evs, envelope.Event{Type: "node.drained", TenantID: s.node.TenantID, ResourceType: "Node", ResourceID: s.nodeID, Time: now})
+			}
+		}
+		return g.cfg.Recorder.InsertEvents(ctx, tx, evs)
+	})
+	if err == nil && terminal {
+		delete(s.inflight, u.GetCommandId())
+	}
+	return err
+}
+
+// allocation records allocation.bound or allocation.released, only for an
+// allocation a command of this node carries.
+func (s *session) allocation(typ, allocationID, commandID string, data map[string]any) error {
+	g := s.g
+	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		cmds, err := fleet.SessionCommandForAllocation(ctx, tx, s.nodeID, commandID, allocationID)
+		if err != nil {
+			return err
+		}
+		var found *fleet.SessionCommand
+		for i := range cmds {
+			var params any
+			if json.Unmarshal([]byte(cmds[i].Params), &params) == nil && namesAllocation(params, allocationID) {
+				found = &cmds[i]
+				break
+			}
+		}
+		if found == nil {
+			s.log.Warn("allocation report for an allocation no command of this node carries", "allocation", allocationID, "command", commandID)
+			return denied("allocation %s is not in a command of node %s", allocationID, s.nodeID)
+		}
+		if data == nil {
+			data = map[string]any{}
+		}
+		data["node_id"], data["command_id"] = s.nodeID, found.ID
+		return g.cfg.Recorder.InsertEvents(ctx, tx, []envelope.Event{{
+			Type: typ, TenantID: found.TenantID, ResourceType: "Allocation", ResourceID: allocationID,
+			Time: g.cfg.Clock.Now(), Data: data,
+		}})
+	})
+}
+
+// namesAllocation reports whether a command's params carry allocationID
+// under "allocation_id" (or protojson's "allocationId"), at any depth.
+func namesAllocation(v any, allocationID string) bool {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, val := range x {
+			if (k == "allocation_id" || k == "allocationId") && val == allocationID {
+				return true
+			}
+			if namesAllocation(val, allocationID) {
+				return true
+			}
+		}
+	case []any:
+		for _, val := range x {
+			if namesAllocation(val, allocationID) {
+				return true
+			}
+		}
+	}
+	return false
+}

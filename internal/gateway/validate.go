@@ -1,0 +1,186 @@
+package gateway
+
+import (
+	"math"
+	"regexp"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+)
+
+var (
+	hexDigestRE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	failureCodeRE = regexp.MustCompile(`^[A-Z0-9_]{0,64}$`)
+	tokenRE       = regexp.MustCompile(`^[A-Za-z0-9._:/+-]*$`)
+)
+
+// Sections are the inventory section names the gateway knows.
+var Sections = []string{"system", "gpus", "cpus", "memory"}
+
+// Field limits on agent messages.
+const (
+	maxShort       = 128
+	maxMessage     = 4096
+	maxListItems   = 64
+	maxResultBytes = 64 << 10
+)
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// ValidateAgentMessage checks an agent message's shape before the gateway
+// acts on it: exactly one kind, known enum values, bounded strings and
+// lists, well-formed digests. It never reads the database. A failure is an
+// INVALID_ARGUMENT status naming the field.
+func ValidateAgentMessage(m *agentv1.AgentMessage) error {
+	switch msg := m.GetMsg().(type) {
+	case nil:
+		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released")
+	case *agentv1.AgentMessage_Hello:
+		return validateHello(msg.Hello)
+	case *agentv1.AgentMessage_Heartbeat:
+		return nil
+	case *agentv1.AgentMessage_Status:
+		return validateStatus(msg.Status)
+	case *agentv1.AgentMessage_Inventory:
+		return validateSectionShape(msg.Inventory)
+	case *agentv1.AgentMessage_CommandUpdate:
+		return validateCommandUpdate(msg.CommandUpdate)
+	case *agentv1.AgentMessage_AllocationBound:
+		b := msg.AllocationBound
+		if err := validateAllocation(b.GetAllocationId(), b.GetCommandId()); err != nil {
+			return err
+		}
+		if len(b.GetCgroup()) > maxMessage {
+			return invalid("allocation_bound.cgroup: longer than %d bytes", maxMessage)
+		}
+		return nil
+	case *agentv1.AgentMessage_AllocationReleased:
+		r := msg.AllocationReleased
+		return validateAllocation(r.GetAllocationId(), r.GetCommandId())
+	default:
+		return invalid("unknown agent message kind %T", msg)
+	}
+}
+
+func validShort(field, v string, required bool) error {
+	switch {
+	case v == "" && required:
+		return invalid("%s: required", field)
+	case len(v) > maxShort:
+		return invalid("%s: longer than %d bytes", field, maxShort)
+	case !tokenRE.MatchString(v):
+		return invalid("%s: only letters, digits and ._:/+- allowed", field)
+	}
+	return nil
+}
+
+func validateHello(h *agentv1.Hello) error {
+	if err := validShort("hello.agent_version", h.GetAgentVersion(), false); err != nil {
+		return err
+	}
+	if _, ok := agentv1.AgentMode_name[int32(h.GetMode())]; !ok {
+		return invalid("hello.mode: unknown mode %d", h.GetMode())
+	}
+	if len(h.GetCapabilities()) > maxListItems {
+		return invalid("hello.capabilities: more than %d", maxListItems)
+	}
+	for _, c := range h.GetCapabilities() {
+		if err := validShort("hello.capabilities", c, true); err != nil {
+			return err
+		}
+	}
+	if h.GetTrustVersion() < 0 {
+		return invalid("hello.trust_version: negative")
+	}
+	if h.GetLastAppliedSeq() > math.MaxInt64 {
+		return invalid("hello.last_applied_seq: out of range")
+	}
+	if d := h.GetInventoryDigest(); d != "" && !hexDigestRE.MatchString(d) {
+		return invalid("hello.inventory_digest: must be 64 lower-case hex digits")
+	}
+	return nil
+}
+
+func validateStatus(s *agentv1.StatusReport) error {
+	if !slices.Contains([]string{"", "ok", "degraded", "failed"}, s.GetHealth()) {
+		return invalid("status.health: must be ok, degraded or failed")
+	}
+	for _, v := range []float64{s.GetPressure().GetCpu(), s.GetPressure().GetMemory(), s.GetPressure().GetIo()} {
+		if math.IsNaN(v) || v < 0 || v > 100 {
+			return invalid("status.pressure: values are percentages (0-100)")
+		}
+	}
+	if len(s.GetEvents()) > maxListItems {
+		return invalid("status.events: more than %d", maxListItems)
+	}
+	for _, e := range s.GetEvents() {
+		if err := validShort("status.events.kind", e.GetKind(), true); err != nil {
+			return err
+		}
+		if len(e.GetDevice()) > maxShort || len(e.GetMessage()) > maxMessage {
+			return invalid("status.events: device or message too long")
+		}
+	}
+	return nil
+}
+
+// validateSectionShape checks an inventory section's fields without
+// hashing or decoding it (DecodeSection does both).
+func validateSectionShape(s *agentv1.InventorySection) error {
+	switch {
+	case !slices.Contains(Sections, s.GetName()):
+		return invalid("inventory.name: unknown section %q (known: system, gpus, cpus, memory)", truncate(s.GetName()))
+	case len(s.GetData()) > MaxSectionBytes:
+		return status.Errorf(codes.ResourceExhausted, "inventory section %q is %d bytes; the limit is %d", s.GetName(), len(s.GetData()), MaxSectionBytes)
+	case !hexDigestRE.MatchString(s.GetSha256()):
+		return invalid("inventory.sha256: must be 64 lower-case hex digits")
+	case !hexDigestRE.MatchString(s.GetSnapshotDigest()):
+		return invalid("inventory.snapshot_digest: must be 64 lower-case hex digits")
+	case s.GetSectionCount() < 1 || int(s.GetSectionCount()) > len(Sections):
+		return invalid("inventory.section_count: must be 1-%d, got %d", len(Sections), s.GetSectionCount())
+	}
+	return nil
+}
+
+func validateCommandUpdate(u *agentv1.CommandUpdate) error {
+	if err := validShort("command_update.command_id", u.GetCommandId(), true); err != nil {
+		return err
+	}
+	switch {
+	case u.GetSeq() == 0 || u.GetSeq() > math.MaxInt64:
+		return invalid("command_update.seq: must be a command's sequence number (> 0)")
+	case u.GetState() == agentv1.CommandState_COMMAND_STATE_UNSPECIFIED:
+		return invalid("command_update.state: required")
+	case agentv1.CommandState_name[int32(u.GetState())] == "":
+		return invalid("command_update.state: unknown state %d", u.GetState())
+	case u.GetProgress() < 0 || u.GetProgress() > 100:
+		return invalid("command_update.progress: must be 0-100")
+	case len(u.GetMessage()) > maxMessage:
+		return invalid("command_update.message: longer than %d bytes", maxMessage)
+	case !failureCodeRE.MatchString(u.GetFailureCode()):
+		return invalid("command_update.failure_code: must match [A-Z0-9_]{0,64}")
+	case u.GetResult() != nil && proto.Size(u.GetResult()) > maxResultBytes:
+		return invalid("command_update.result: larger than %d bytes", maxResultBytes)
+	}
+	return nil
+}
+
+func validateAllocation(allocationID, commandID string) error {
+	if err := validShort("allocation_id", allocationID, true); err != nil {
+		return err
+	}
+	return validShort("command_id", commandID, false)
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
