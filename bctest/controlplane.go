@@ -6,12 +6,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/better-compute/better-compute/client"
 	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // ControlPlane is a whole control plane for one test: the real app on a
@@ -24,23 +27,57 @@ type ControlPlane struct {
 	AdminKey string
 	Clock    *SimClock
 	Authz    *iam.Counting
+	// GatewayAddr is the agent gateway's host:port on loopback ("" when the
+	// gateway role is not run); agents verify it with PKI.TrustBundlePEM.
+	GatewayAddr string
+	// PKI is the control plane's certificate authority.
+	PKI *pki.Authority
+	// Secret is the generated BETTER_COMPUTE_SECRET sealing the PKI.
+	Secret string
+
+	storeCfg store.Config
 }
 
 // ControlPlaneOption adjusts the app config before it is built.
 type ControlPlaneOption func(*app.Config)
 
-// NewControlPlane starts a control plane with the api and worker roles and a
-// bootstrapped platform admin key.
+// NewControlPlane starts a control plane with the api, worker and gateway
+// roles (the gateway on 127.0.0.1:0 with a fresh PKI) and a bootstrapped
+// platform admin key.
 func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 	t.Helper()
 	clk := NewSimClock(time.Now())
-	db := NewDB(t, clk)
-	cp := &ControlPlane{Clock: clk}
+	storeCfg := NewStoreConfig(t, clk)
+	secret, err := pki.GenerateSecret()
+	if err != nil {
+		t.Fatalf("bctest: generate secret: %v", err)
+	}
+	cp := &ControlPlane{Clock: clk, Secret: secret, storeCfg: storeCfg}
+	cp.start(t, opts, true)
+	return cp
+}
+
+// NewReplica starts another replica of cp: its own app, API server and
+// gateway on a new handle to the same database, with the same clock and
+// secret (so the same PKI). It shares cp's admin key. Replicas wake each
+// other's sessions only where the database can notify (PostgreSQL).
+func (cp *ControlPlane) NewReplica(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
+	t.Helper()
+	r := &ControlPlane{Clock: cp.Clock, Secret: cp.Secret, AdminKey: cp.AdminKey, storeCfg: cp.storeCfg}
+	r.start(t, opts, false)
+	return r
+}
+
+func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap bool) {
+	t.Helper()
+	db := OpenDB(t, cp.storeCfg)
 	cfg := app.Config{
-		Clock:     clk,
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		EventPoll: 50 * time.Millisecond,
-		JobPoll:   50 * time.Millisecond,
+		Clock:         cp.Clock,
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		EventPoll:     50 * time.Millisecond,
+		JobPoll:       50 * time.Millisecond,
+		Secret:        cp.Secret,
+		GatewayListen: "127.0.0.1:0",
 		WrapAuthorizer: func(inner iam.Authorizer) iam.Authorizer {
 			cp.Authz = iam.NewCounting(inner)
 			return cp.Authz
@@ -56,9 +93,12 @@ func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 		t.Fatalf("bctest: build control plane: %v", err)
 	}
 	cp.App = a
-	if cp.AdminKey, _, err = a.Bootstrap(ctx, nil); err != nil {
-		cancel()
-		t.Fatalf("bctest: bootstrap: %v", err)
+	cp.PKI = a.PKI
+	if bootstrap {
+		if cp.AdminKey, _, err = a.Bootstrap(ctx, nil); err != nil {
+			cancel()
+			t.Fatalf("bctest: bootstrap: %v", err)
+		}
 	}
 	srv := httptest.NewUnstartedServer(a.Handler)
 	// gRPC clients speak HTTP/2 without TLS (h2c), as to `serve`.
@@ -69,14 +109,28 @@ func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 	cp.URL = srv.URL
 	done := make(chan error, 1)
 	go func() { done <- a.Jobs.Run(ctx) }()
+	gwDone := make(chan error, 1)
+	if len(cfg.Roles) == 0 || slices.Contains(cfg.Roles, app.RoleGateway) {
+		addr, err := a.ListenGateway()
+		if err != nil {
+			cancel()
+			t.Fatalf("bctest: gateway: %v", err)
+		}
+		cp.GatewayAddr = addr.String()
+		go func() { gwDone <- a.Gateway.Run(ctx) }()
+	} else {
+		gwDone <- nil
+	}
 	t.Cleanup(func() {
 		srv.Close()
 		cancel()
+		if err := <-gwDone; err != nil {
+			t.Errorf("bctest: gateway: %v", err)
+		}
 		if err := <-done; err != nil {
 			t.Errorf("bctest: jobs: %v", err)
 		}
 	})
-	return cp
 }
 
 // Client returns an API client authenticating with token.

@@ -1,0 +1,121 @@
+package bctest
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/agent/hw/fake"
+	"github.com/better-compute/better-compute/internal/clock"
+)
+
+// FakeDaemonConfig describes one simulated node.
+type FakeDaemonConfig struct {
+	// Gateway is the gateway's host:port.
+	Gateway string
+	// StateDir holds the agent's key, certificates and command log; reusing
+	// it after Stop is a restart of the same machine.
+	StateDir string
+	// SysfsRoot is the host facts tree; empty writes a DGX-like one under
+	// StateDir.
+	SysfsRoot string
+	// Profile is the go-nvml mock: dgxh100 (default), dgxa100 or dgxb200.
+	Profile string
+	// Seed makes the machine unique (GPU UUIDs, DMI); default the state dir.
+	Seed              string
+	Clock             clock.Clock
+	Logger            *slog.Logger
+	HeartbeatInterval time.Duration
+	// ReconnectMin/Max bound the reconnect backoff (default 50 ms / 2 s, so
+	// simulations converge fast).
+	ReconnectMin, ReconnectMax time.Duration
+}
+
+// FakeDaemon is an in-process bcd: the real agent code with go-nvml's mock
+// GPUs, speaking the real protocol to the gateway over loopback mTLS. The
+// embedded *agent.Agent exposes the scripting hooks: FailCommands,
+// DropSession, ReportHealthEvent.
+type FakeDaemon struct {
+	*agent.Agent
+	cfg    FakeDaemonConfig
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+// NewFakeDaemon builds a simulated node; Join it (first time) then Start.
+func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("bctest: FakeDaemon needs a StateDir")
+	}
+	cfg.Profile = cmp.Or(cfg.Profile, "dgxh100")
+	cfg.Seed = cmp.Or(cfg.Seed, cfg.StateDir)
+	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, 50*time.Millisecond)
+	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, 2*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.SysfsRoot == "" {
+		cfg.SysfsRoot = filepath.Join(cfg.StateDir, "host")
+		if err := WriteSimHost(cfg.SysfsRoot); err != nil {
+			return nil, fmt.Errorf("bctest: write sim host: %w", err)
+		}
+	}
+	hw, err := fake.New(fake.Options{Model: cfg.Profile, Seed: cfg.Seed})
+	if err != nil {
+		return nil, err
+	}
+	a, err := agent.New(agent.Config{
+		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
+		CgroupRoot: filepath.Join(cfg.StateDir, "cgroup"), Clock: cfg.Clock, Logger: cfg.Logger,
+		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
+		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &FakeDaemon{Agent: a, cfg: cfg}, nil
+}
+
+// Start runs the agent's session loop in the background until Stop.
+func (d *FakeDaemon) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel, d.done = cancel, make(chan error, 1)
+	go func() { d.done <- d.Run(ctx) }()
+}
+
+// Stop ends the session loop and releases the agent, like killing bcd.
+func (d *FakeDaemon) Stop() error {
+	var err error
+	d.once.Do(func() {
+		if d.cancel != nil {
+			d.cancel()
+			if rerr := <-d.done; rerr != nil && !errors.Is(rerr, context.Canceled) {
+				err = rerr
+			}
+		}
+		err = errors.Join(err, d.Close())
+	})
+	return err
+}
+
+// Restart stops this daemon and returns a new one on the same state dir:
+// the same machine, keeping its identity, started.
+func (d *FakeDaemon) Restart() (*FakeDaemon, error) {
+	if err := d.Stop(); err != nil {
+		return nil, err
+	}
+	nd, err := NewFakeDaemon(d.cfg)
+	if err != nil {
+		return nil, err
+	}
+	nd.Start()
+	return nd, nil
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/app"
+)
+
+// The child is the control plane under test: api, worker and gateway roles
+// on SQLite in the state dir, as `better-compute serve` runs them.
+const (
+	childEnv      = "BC_BENCH_CHILD"
+	childAPI      = "BC_BENCH_API"
+	childGateway  = "BC_BENCH_GATEWAY"
+	childState    = "BC_BENCH_STATE"
+	childSecret   = "BC_BENCH_SECRET"
+	childBeat     = "BC_BENCH_HEARTBEAT"
+	adminKeyFile  = "admin.key"
+	readyFileName = "ready"
+)
+
+func runChild() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	state := os.Getenv(childState)
+	beat, err := time.ParseDuration(os.Getenv(childBeat))
+	if err != nil {
+		return err
+	}
+	a, err := app.New(ctx, app.Config{
+		Roles:             []string{app.RoleAPI, app.RoleWorker, app.RoleGateway},
+		Listen:            os.Getenv(childAPI),
+		GatewayListen:     os.Getenv(childGateway),
+		StateDir:          state,
+		Secret:            os.Getenv(childSecret),
+		HeartbeatInterval: beat,
+		// Sessions are held for minutes with heartbeats every beat; the
+		// defaults for liveness stay.
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = a.Close() }()
+	if _, _, err := a.Bootstrap(ctx, func(secret string) error {
+		return os.WriteFile(filepath.Join(state, adminKeyFile), []byte(secret), 0o600)
+	}); err != nil {
+		return err
+	}
+	ln, err := a.Listen()
+	if err != nil {
+		return err
+	}
+	if _, err := a.ListenGateway(); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(state, readyFileName), []byte("ok"), 0o600); err != nil {
+		return err
+	}
+	if err := a.Run(ctx, ln); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
