@@ -3,5 +3,6 @@
 // that every backend must pass. Fakes live here and in tests only; every fake
 // speaks the real protocol.
 //
-// Nothing in the control plane or the agent may import it.
+// Nothing in the control plane or the agent may import it; the one
+// exception is `better-compute dev --sim-nodes`, which runs FleetSim.
 package bctest

@@ -1,20 +1,31 @@
 package cli
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	bcapp "github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/pki"
 )
 
 func newDevCommand() *cobra.Command {
-	var f serverFlags
+	var (
+		f          serverFlags
+		simNodes   int
+		simProfile string
+	)
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run every role in one process on SQLite, for development",
@@ -25,10 +36,22 @@ the agent gateway listens on --gateway-listen with a development PKI sealed
 by BETTER_COMPUTE_SECRET, or else by a secret generated once into
 <state-dir>/secret (mode 0600);
 every start writes a CLI context named "dev" so that plain better-compute
-commands talk to it. Restarting keeps all state.`,
+commands talk to it. Restarting keeps all state.
+
+--sim-nodes N runs N simulated GPU hosts in the same process: the real agent
+code on go-nvml's DGX mocks, joining through the gateway over loopback mTLS
+into tenant "sim", project "nodes". Their identities live in
+<state-dir>/sim, so a restart brings the same nodes back.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.roles = []string{bcapp.RoleAPI, bcapp.RoleWorker, bcapp.RoleGateway}
+			if simNodes < 0 || simNodes > 1000 {
+				return invalidArg("sim-nodes", "must be between 0 and 1000")
+			}
+			profiles, err := bctest.ParseProfiles(simProfile)
+			if err != nil {
+				return invalidArg("sim-profile", err.Error())
+			}
 			logger, err := f.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -89,11 +112,62 @@ commands talk to it. Restarting keeps all state.`,
 				fmt.Fprintf(out, "admin key: in %s (mode 0600)\n", keyFile)
 			}
 			fmt.Fprintf(out, "CLI context \"dev\" written to %s; try: better-compute tenants list\n", cfgPath)
-			return serverError(ignoreCanceled(a.Run(ctx, ln)))
+			if simNodes == 0 {
+				return serverError(ignoreCanceled(a.Run(ctx, ln)))
+			}
+			// The simulated nodes stop before the gateway, so their sessions
+			// end cleanly instead of reconnecting into a shutdown.
+			appCtx, stopApp := context.WithCancel(context.WithoutCancel(ctx))
+			defer stopApp()
+			runErr := make(chan error, 1)
+			go func() { runErr <- a.Run(appCtx, ln) }()
+			sim, err := startSim(ctx, api, secret, gwAddr.String(), filepath.Join(f.stateDir, "sim"), simNodes, profiles, logger)
+			if err != nil {
+				stopApp()
+				return errors.Join(serverError(fmt.Errorf("start %d simulated nodes: %w", simNodes, err)), ignoreCanceled(<-runErr))
+			}
+			fmt.Fprintf(out, "sim: %d simulated nodes (%s) in tenant sim, project nodes\n", simNodes, cmp.Or(strings.Join(profiles, ","), "dgxh100"))
+			select {
+			case <-ctx.Done():
+			case err := <-runErr:
+				sim.Stop()
+				return serverError(ignoreCanceled(err))
+			}
+			sim.Stop()
+			stopApp()
+			return serverError(ignoreCanceled(<-runErr))
 		},
 	}
 	f.register(cmd, false)
+	cmd.Flags().IntVar(&simNodes, "sim-nodes", 0, "run N simulated GPU hosts (8 GPUs each for dgxh100) that join through the gateway")
+	cmd.Flags().StringVar(&simProfile, "sim-profile", "dgxh100", "simulated host mix, round-robin: dgxh100, dgxa100, dgxb200 (comma-separated)")
 	return cmd
+}
+
+// startSim ensures the sim tenant and project exist, then starts the fleet;
+// nodes that joined on an earlier start reuse their identity and take no
+// token.
+func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, logger *slog.Logger) (*bctest.FleetSim, error) {
+	c := client.New(api, adminKey)
+	if _, err := c.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "sim", DisplayName: "Simulated fleet"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
+		return nil, err
+	}
+	if _, err := c.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "sim", Name: "nodes"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
+		return nil, err
+	}
+	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
+		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim")},
+		Root:     root,
+		N:        n,
+		Profiles: profiles,
+		Token: func(ctx context.Context, _ int) (string, error) {
+			res, err := c.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "sim", Project: "nodes", TtlSeconds: 600}))
+			if err != nil {
+				return "", err
+			}
+			return res.Msg.GetToken(), nil
+		},
+	})
 }
 
 // devSecret returns BETTER_COMPUTE_SECRET, else the secret in
