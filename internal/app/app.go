@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -73,8 +74,12 @@ type Config struct {
 	JobPoll time.Duration
 	// ShutdownTimeout bounds how long in-flight requests get on shutdown.
 	ShutdownTimeout time.Duration
-	Clock           clock.Clock
-	Logger          *slog.Logger
+	// DownloadsDir holds the bcd builds served at
+	// /downloads/bcd/{version}/linux-{arch} for the install script;
+	// default <state-dir>/downloads.
+	DownloadsDir string
+	Clock        clock.Clock
+	Logger       *slog.Logger
 	// WrapAuthorizer lets tests instrument the authorizer (counting calls).
 	WrapAuthorizer func(iam.Authorizer) iam.Authorizer
 
@@ -116,6 +121,7 @@ func (c *Config) defaults() error {
 	}
 	c.Listen = cmp.Or(c.Listen, "127.0.0.1:8080")
 	c.StateDir = cmp.Or(c.StateDir, ".better-compute")
+	c.DownloadsDir = cmp.Or(c.DownloadsDir, filepath.Join(c.StateDir, "downloads"))
 	c.PDP = cmp.Or(c.PDP, "cedar")
 	if c.PDP != "cedar" && c.PDP != "authzen" {
 		return fmt.Errorf("pdp must be cedar or authzen, got %q", c.PDP)

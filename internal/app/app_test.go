@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/app"
 )
 
 func TestTourAcceptance(t *testing.T) {
@@ -119,4 +122,29 @@ func TestGRPCAndConnectJSON(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.StatusCode, string(body))
 	require.Contains(t, string(body), `"name":"acme"`)
 	require.NotEmpty(t, res.Header.Get("X-Request-Id"))
+}
+
+// TestDownloads: the install script's bcd download is served from the
+// downloads dir with its sha256 beside it; anything else is not found.
+func TestDownloads(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "bcd", "v0.1.0"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bcd", "v0.1.0", "linux-amd64"), []byte("ELF"), 0o644))
+	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.DownloadsDir = dir })
+	get := func(path string) (int, string) {
+		res, err := http.Get(cp.URL + path)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, string(b)
+	}
+	code, body := get("/downloads/bcd/v0.1.0/linux-amd64")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ELF", body)
+	for _, p := range []string{"/downloads/bcd/v0.1.0/linux-arm64", "/downloads/bcd/../secret", "/downloads/bcd/v0.1.0/linux-amd64.exe"} {
+		code, _ := get(p)
+		require.Equal(t, http.StatusNotFound, code, p)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/confirmation"
+	"github.com/better-compute/better-compute/internal/downloads"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -84,6 +85,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
+	// bcd builds for the install script, which pins their sha256.
+	mux.Handle("GET /downloads/", downloads.Handler(a.cfg.DownloadsDir))
 	return mux
 }
 

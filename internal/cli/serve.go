@@ -34,6 +34,7 @@ type serverFlags struct {
 	authzenTimeout, shutdownTimeout                    time.Duration
 	oidc                                               authn.OIDCConfig
 	bootstrapKeyFile                                   string
+	downloadsDir                                       string
 	gatewayListen, trustDomain                         string
 	gatewayHosts                                       []string
 	heartbeatInterval, unreachableAfter, lostAfter     time.Duration
@@ -56,6 +57,7 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long in-flight requests get to finish on SIGTERM")
+	fl.StringVar(&f.downloadsDir, "downloads-dir", "", "bcd builds served at /downloads/bcd/{version}/linux-{arch} (default <state-dir>/downloads)")
 	fl.StringVar(&f.gatewayListen, "gateway-listen", envOr("BETTER_COMPUTE_GATEWAY_LISTEN", "127.0.0.1:8443"), "agent gateway (gRPC, mutual TLS) listen address (env BETTER_COMPUTE_GATEWAY_LISTEN)")
 	if !full {
 		return
@@ -102,7 +104,7 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 	return bcapp.Config{
 		Roles: f.roles, Listen: f.listen, StateDir: f.stateDir, DatabaseURL: f.databaseURL,
 		PDP: f.pdp, AuthZENURL: f.authzenURL, AuthZENTimeout: f.authzenTimeout, AuthZENToken: token,
-		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger,
+		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger, DownloadsDir: f.downloadsDir,
 		GatewayListen: f.gatewayListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
 		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
 	}
