@@ -351,21 +351,14 @@ func (s *session) sync() error {
 	return nil
 }
 
-// deliver marks pending commands delivered and sends them in seq order.
+// deliver sends commands in seq order, then marks the pending ones
+// delivered. Sending first keeps the single SQLite writer off the dispatch
+// path; the mark is bookkeeping only — redelivery follows the agent's
+// last applied seq, and the agent applies a command at most once.
 func (s *session) deliver(cmds []fleet.SessionCommand) error {
-	last := cmds[len(cmds)-1].Seq
+	from, pending := s.cursor, false
 	for _, c := range cmds {
-		if c.State == "pending" {
-			err := s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-				return fleet.SessionCommandsDelivered(ctx, tx, s.nodeID, s.cursor, last)
-			})
-			if err != nil {
-				return err
-			}
-			break
-		}
-	}
-	for _, c := range cmds {
+		pending = pending || c.State == "pending"
 		m, err := commandMessage(c)
 		if err != nil {
 			s.log.Error("command cannot be encoded; skipped", "command", c.ID, "err", err)
@@ -378,7 +371,12 @@ func (s *session) deliver(cmds []fleet.SessionCommand) error {
 		s.cursor = c.Seq
 		s.inflight[c.ID] = c.Seq
 	}
-	return nil
+	if !pending {
+		return nil
+	}
+	return s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		return fleet.SessionCommandsDelivered(ctx, tx, s.nodeID, from, cmds[len(cmds)-1].Seq)
+	})
 }
 
 func commandMessage(c fleet.SessionCommand) (*agentv1.Command, error) {
