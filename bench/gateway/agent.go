@@ -39,9 +39,9 @@ type lightAgent struct {
 	dropped   atomic.Int64 // sessions that ended while not shutting down
 	lastSeq   atomic.Uint64
 
-	mu      sync.Mutex
-	expect  time.Time // when the harness asked for the command it awaits
-	latency chan time.Duration
+	// received carries the arrival time of each command the harness awaits.
+	received chan time.Time
+	awaiting atomic.Bool
 }
 
 var dialOpts = []grpc.DialOption{
@@ -56,7 +56,7 @@ func newLightAgent(gateway string) (*lightAgent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &lightAgent{gateway: gateway, key: key, latency: make(chan time.Duration, 1)}, nil
+	return &lightAgent{gateway: gateway, key: key, received: make(chan time.Time, 1)}, nil
 }
 
 // join exchanges a token for a certificate, trusting the gateway by the
@@ -191,16 +191,12 @@ func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCre
 		if cmd == nil {
 			continue
 		}
-		now := time.Now()
-		a.mu.Lock()
-		if !a.expect.IsZero() {
+		if a.awaiting.CompareAndSwap(true, false) {
 			select {
-			case a.latency <- now.Sub(a.expect):
+			case a.received <- time.Now():
 			default:
 			}
-			a.expect = time.Time{}
 		}
-		a.mu.Unlock()
 		if cmd.GetSeq() > a.lastSeq.Load() {
 			a.lastSeq.Store(cmd.GetSeq())
 		}
@@ -212,13 +208,11 @@ func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCre
 	}
 }
 
-// await arms the latency probe before the harness commits a command.
+// await arms the probe before the harness commits a command.
 func (a *lightAgent) await() {
-	a.mu.Lock()
-	a.expect = time.Now()
-	a.mu.Unlock()
 	select {
-	case <-a.latency:
+	case <-a.received:
 	default:
 	}
+	a.awaiting.Store(true)
 }

@@ -141,6 +141,10 @@ func waitUntil(ctx context.Context, limit time.Duration, cond func() bool) bool 
 	return true
 }
 
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
 func run(ctx context.Context, o options) (result, error) {
 	start := time.Now()
 	res := result{Sessions: o.sessions, Store: "sqlite", GoMaxProcs: runtime.GOMAXPROCS(0),
@@ -196,12 +200,14 @@ func run(ctx context.Context, o options) (result, error) {
 		return res, err
 	}
 	res.JoinS = time.Since(joinStart).Seconds()
+	logf("joined %d agents in %.1fs", o.sessions, res.JoinS)
 
 	// Open every session.
 	runCtx, stopAgents := context.WithCancel(ctx)
-	defer stopAgents()
 	connStart := time.Now()
 	var wg sync.WaitGroup
+	// One deferred step: the agents stop, then are waited for.
+	defer func() { stopAgents(); wg.Wait() }()
 	for i, a := range agents {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.run(runCtx, o.heartbeat) }()
@@ -209,7 +215,6 @@ func run(ctx context.Context, o options) (result, error) {
 			time.Sleep(time.Millisecond) // pace the handshakes a little
 		}
 	}
-	defer wg.Wait()
 	connected := func() int {
 		n := 0
 		for _, a := range agents {
@@ -223,6 +228,7 @@ func run(ctx context.Context, o options) (result, error) {
 		return res, fmt.Errorf("only %d of %d sessions connected", connected(), o.sessions)
 	}
 	res.ConnectS = time.Since(connStart).Seconds()
+	logf("%d sessions up in %.1fs; holding %s", o.sessions, res.ConnectS, o.hold)
 
 	// Hold: every session must stay up.
 	var droppedBefore int64
@@ -242,9 +248,12 @@ func run(ctx context.Context, o options) (result, error) {
 	res.SessionsHeld = connected()
 	res.GatewayRSSMiB = rssMiB(cp.cmd.Process.Pid)
 	res.HarnessRSSMiB = rssMiB(os.Getpid())
+	logf("held %d, dropped %d; gateway RSS %.0f MiB; dispatching %d commands", res.SessionsHeld, res.Dropped, res.GatewayRSSMiB, o.commands)
 
-	// Dispatch: commit a command through the API, time until the node has
-	// it. Eight in flight, each on its own node.
+	// Dispatch: commit a command through the API; the latency is from the
+	// row's create time (stamped in the committing transaction) to the
+	// node holding the command, before it answers with its update. Eight in
+	// flight, each on its own node.
 	var (
 		latMu sync.Mutex
 		lats  []time.Duration
@@ -252,13 +261,14 @@ func run(ctx context.Context, o options) (result, error) {
 	if err := parallel(o.commands, 8, func(i int) error {
 		a := agents[(i*7919)%len(agents)]
 		a.await()
-		if _, err := api.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "bench", Node: a.nodeID, Kind: "inventory.refresh"})); err != nil {
+		run, err := api.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "bench", Node: a.nodeID, Kind: "inventory.refresh"}))
+		if err != nil {
 			return err
 		}
 		select {
-		case d := <-a.latency:
+		case at := <-a.received:
 			latMu.Lock()
-			lats = append(lats, d)
+			lats = append(lats, at.Sub(run.Msg.GetCommand().GetCreateTime().AsTime()))
 			latMu.Unlock()
 			return nil
 		case <-time.After(30 * time.Second):
@@ -275,6 +285,8 @@ func run(ctx context.Context, o options) (result, error) {
 		res.DispatchP99ms = ms(lats[min(n-1, n*99/100)])
 		res.DispatchMaxms = ms(lats[n-1])
 	}
+
+	logf("dispatch p50 %.2f ms, p99 %.2f ms", res.DispatchP50ms, res.DispatchP99ms)
 
 	// Reconnect storm: restart the gateway; every agent comes back.
 	if o.reconnect {
@@ -303,6 +315,7 @@ func run(ctx context.Context, o options) (result, error) {
 			return res, fmt.Errorf("only %d of %d sessions back after the restart", res.Reconnected, o.sessions)
 		}
 		res.ReconnectS = time.Since(restart).Seconds()
+		logf("all %d sessions back %.1fs after the restart", o.sessions, res.ReconnectS)
 	}
 	res.DurationS = time.Since(start).Seconds()
 	return res, nil
