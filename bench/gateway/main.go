@@ -29,6 +29,7 @@ type options struct {
 	hold        time.Duration
 	heartbeat   time.Duration
 	concurrency int
+	dispatchers int
 	reconnect   bool
 	jsonOut     bool
 	stateDir    string
@@ -42,6 +43,7 @@ type result struct {
 	JoinS         float64 `json:"join_s"`
 	ConnectS      float64 `json:"connect_s"`
 	Commands      int     `json:"commands"`
+	Dispatchers   int     `json:"dispatchers"`
 	DispatchP50ms float64 `json:"dispatch_p50_ms"`
 	DispatchP99ms float64 `json:"dispatch_p99_ms"`
 	DispatchMaxms float64 `json:"dispatch_max_ms"`
@@ -70,6 +72,7 @@ func main() {
 	flag.DurationVar(&o.hold, "hold", 10*time.Second, "how long the sessions are held before counting drops")
 	flag.DurationVar(&o.heartbeat, "heartbeat", 10*time.Second, "heartbeat interval the gateway asks for")
 	flag.IntVar(&o.concurrency, "concurrency", 32, "joins and connects in flight")
+	flag.IntVar(&o.dispatchers, "dispatchers", 8, "commands in flight while measuring dispatch (each on its own node)")
 	flag.BoolVar(&o.reconnect, "reconnect", true, "measure the reconnect storm after a gateway restart")
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.StringVar(&o.stateDir, "state-dir", "", "state directory of the control plane (default a temp dir)")

@@ -252,13 +252,14 @@ func run(ctx context.Context, o options) (result, error) {
 
 	// Dispatch: commit a command through the API; the latency is from the
 	// row's create time (stamped in the committing transaction) to the
-	// node holding the command, before it answers with its update. Eight in
-	// flight, each on its own node.
+	// node holding the command, before it answers with its update;
+	// o.dispatchers in flight, each on its own node.
 	var (
 		latMu sync.Mutex
 		lats  []time.Duration
 	)
-	if err := parallel(o.commands, 8, func(i int) error {
+	res.Dispatchers = o.dispatchers
+	if err := parallel(o.commands, o.dispatchers, func(i int) error {
 		a := agents[(i*7919)%len(agents)]
 		a.await()
 		run, err := api.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "bench", Node: a.nodeID, Kind: "inventory.refresh"}))

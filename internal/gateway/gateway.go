@@ -164,6 +164,8 @@ type Gateway struct {
 	log   *slog.Logger
 	hub   *hub
 	beats *batcher
+	// hellos group-commits session openings.
+	hellos *helloBatch
 
 	mu  sync.Mutex
 	ln  net.Listener
@@ -177,12 +179,14 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	return &Gateway{
+	g := &Gateway{
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "gateway", "replica", cfg.ReplicaID),
 		hub:   newHub(),
 		beats: newBatcher(),
-	}, nil
+	}
+	g.hellos = newHelloBatch(g)
+	return g, nil
 }
 
 // Config returns the effective configuration.
@@ -277,6 +281,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
 	bg.Go(func() { g.runHeartbeats(bgCtx) })
+	bg.Go(func() { g.hellos.run(bgCtx) })
 	if g.cfg.DB.SupportsListener() {
 		bg.Go(func() { g.runListener(bgCtx) })
 	}

@@ -253,35 +253,22 @@ func (s *session) doneError() error {
 func (s *session) hello(h *agentv1.Hello) error {
 	g := s.g
 	s.cursor = h.GetLastAppliedSeq()
-	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		before, err := fleet.SessionHello(ctx, tx, fleet.SessionHelloParams{
-			NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: roleOf(h.GetMode()),
-			Capabilities: h.GetCapabilities(), TrustVersion: h.GetTrustVersion(), LastAppliedSeq: h.GetLastAppliedSeq(),
-		})
-		if err != nil {
-			return err
-		}
-		if before.State == "retired" {
-			return denied("node %s is retired", s.nodeID)
-		}
-		s.node = before
-		s.node.SessionOwner = g.cfg.ReplicaID
-		ref := []fleet.NodeRef{{ID: s.nodeID, TenantID: before.TenantID}}
-		if before.Liveness != "ready" {
-			if err := g.nodeEvents(ctx, tx, "node.ready", ref, map[string]any{"was": before.Liveness}); err != nil {
-				return err
-			}
-		}
-		if before.State == "joining" {
-			s.node.State = "active"
-			if err := g.nodeEvents(ctx, tx, "node.active", ref, nil); err != nil {
-				return err
-			}
-		}
-		// Wakes an older session of this node on another replica, which
-		// then sees it is no longer the owner and ends.
-		return fleet.SessionNotify(ctx, tx, s.nodeID)
+	before, err := g.hellos.submit(s.ctx, fleet.SessionHelloParams{
+		NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: roleOf(h.GetMode()),
+		Capabilities: h.GetCapabilities(), TrustVersion: h.GetTrustVersion(), LastAppliedSeq: h.GetLastAppliedSeq(),
 	})
+	if errors.Is(err, errRetired) {
+		return denied("node %s is retired", s.nodeID)
+	}
+	if err != nil {
+		return err
+	}
+	s.node = before
+	s.node.SessionOwner = g.cfg.ReplicaID
+	if before.State == "joining" {
+		s.node.State = "active"
+	}
+	return nil
 }
 
 // sync checks the session may go on (node not retired, this replica still

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	msqlite "modernc.org/sqlite"
@@ -36,7 +37,15 @@ type Driver struct {
 	path   string
 	writer *sql.DB
 	reader *sql.DB
+	// checkpointer moves WAL pages into the database file in the
+	// background, so no commit pays for a checkpoint's fsync.
+	checkpointer *sql.DB
+	stop         chan struct{}
+	done         chan struct{}
 }
+
+// checkpointInterval is how often the background checkpoint runs.
+const checkpointInterval = time.Second
 
 var _ store.Driver = (*Driver)(nil)
 
@@ -79,6 +88,10 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	w.Add("_pragma", "journal_mode(WAL)")
 	w.Add("_pragma", "synchronous(NORMAL)")
+	// Checkpoints run in the background (see checkpoint), not in whichever
+	// commit crosses the WAL threshold: that commit would wait for an fsync
+	// of the database file, and every transaction queued behind it too.
+	w.Add("_pragma", "wal_autocheckpoint(0)")
 	// Immediate transactions take the write lock at BEGIN, so a writer never
 	// fails halfway with SQLITE_BUSY when it upgrades a read lock.
 	w.Set("_txlock", "immediate")
@@ -104,7 +117,30 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 		writer.Close()
 		return nil, fmt.Errorf("sqlite: open reader %s: %w", cfg.Path, err)
 	}
-	return &Driver{path: cfg.Path, writer: writer, reader: reader}, nil
+	cp := sql.OpenDB(connector{d: d, dsn: base + "?" + common.Encode()})
+	cp.SetMaxOpenConns(1)
+	d2 := &Driver{path: cfg.Path, writer: writer, reader: reader, checkpointer: cp, stop: make(chan struct{}), done: make(chan struct{})}
+	go d2.checkpoint()
+	return d2, nil
+}
+
+// checkpoint copies committed WAL pages into the database file every
+// interval. PASSIVE never waits for readers or the writer; it does what it
+// can and the next round does the rest.
+func (d *Driver) checkpoint() {
+	defer close(d.done)
+	t := time.NewTicker(checkpointInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = d.checkpointer.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+			cancel()
+		}
+	}
 }
 
 // connector opens connections through the private driver.
@@ -131,7 +167,13 @@ func (d *Driver) SupportsListener() bool { return false }
 
 // Close closes the reader pool and the writer.
 func (d *Driver) Close() error {
-	return errors.Join(d.reader.Close(), d.writer.Close())
+	close(d.stop)
+	<-d.done
+	// A last full checkpoint leaves the database file complete.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, cerr := d.checkpointer.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	return errors.Join(d.reader.Close(), cerr, d.checkpointer.Close(), d.writer.Close())
 }
 
 // Begin starts an immediate transaction on the writer, or a deferred
