@@ -74,9 +74,12 @@ func TestRoundTrip(t *testing.T) {
 	require.Equal(t, run.Msg.GetCommand().GetId(), c.GetId())
 	require.Equal(t, uint64(1), c.GetSeq())
 	require.Equal(t, "inventory.refresh", c.GetKind())
-	var cstate string
-	query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{c.GetId()}, &cstate)
-	require.Equal(t, "delivered", cstate)
+	// The gateway marks the command delivered right after sending it.
+	eventually(t, func() bool {
+		var cstate string
+		query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{c.GetId()}, &cstate)
+		return cstate == "delivered"
+	}, "command marked delivered")
 
 	st.send(update(c, agentv1.CommandState_COMMAND_STATE_ACCEPTED, 0))
 	st.send(update(c, agentv1.CommandState_COMMAND_STATE_RUNNING, 50))
@@ -87,6 +90,7 @@ func TestRoundTrip(t *testing.T) {
 	st.send(update(c, agentv1.CommandState_COMMAND_STATE_RUNNING, 60))
 	st.send(update(c, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, 100))
 	eventually(t, func() bool {
+		var cstate string
 		query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{c.GetId()}, &cstate)
 		return cstate == "succeeded"
 	}, "command succeeded")

@@ -259,7 +259,9 @@ func TestSessionRefusals(t *testing.T) {
 		require.Contains(t, s.Message(), "not a command of node "+a.nodeID)
 		var state string
 		query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{cb.GetId()}, &state)
-		require.Equal(t, "delivered", state, "nothing written")
+		// Delivered (or, a moment before the gateway marks it, pending):
+		// never moved forward by another node's update.
+		require.Contains(t, []string{"pending", "delivered"}, state, "nothing written")
 	})
 	t.Run("wrong seq", func(t *testing.T) {
 		a := joined(t, "s4")
@@ -275,7 +277,7 @@ func TestSessionRefusals(t *testing.T) {
 		require.Contains(t, s.Message(), "seq")
 		var state string
 		query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{c.GetId()}, &state)
-		require.Equal(t, "delivered", state)
+		require.Contains(t, []string{"pending", "delivered"}, state, "nothing written")
 	})
 	t.Run("unknown allocation", func(t *testing.T) {
 		st := joined(t, "s5").session(0, "")
