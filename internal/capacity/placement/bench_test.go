@@ -1,0 +1,40 @@
+package placement
+
+import (
+	"fmt"
+	"testing"
+)
+
+// benchNodes builds n 8-GPU nodes in 4 classes with a mix of booked GPUs,
+// so the picker sees broken islands as well as whole ones.
+func benchNodes(count int) []Node {
+	nodes := make([]Node, count)
+	for i := range nodes {
+		n := node8(fmt.Sprintf("n%05d", i))
+		n.Pool = fmt.Sprintf("pool%d", i%4)
+		for j := range n.GPUs {
+			n.GPUs[j].Booked = (i*7+j*3)%5 == 0
+		}
+		if i%10 == 0 {
+			n.Taints = []Taint{{"dedicated", "acme"}}
+		}
+		nodes[i] = n
+	}
+	return nodes
+}
+
+func BenchmarkPlace(b *testing.B) {
+	for _, count := range []int{1_000, 10_000} {
+		snap := NewSnapshot(benchNodes(count))
+		req := Request{GPUs: 4, VCPU: 16, MemoryGiB: 64, Tenant: "globex", Model: "H100 80GB"}
+		b.Run(fmt.Sprintf("nodes=%d", count), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				res, err := Place(snap, req, Options{})
+				if err != nil || len(res.Plans) == 0 {
+					b.Fatalf("no plan: %v %s", err, res.Explanation)
+				}
+			}
+		})
+	}
+}

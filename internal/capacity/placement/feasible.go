@@ -1,0 +1,177 @@
+package placement
+
+import (
+	"slices"
+	"strings"
+)
+
+// Reasons a node is rejected. Some are completed with detail (the taint,
+// the label term, the capability), so an Explanation counts them apart.
+const (
+	ReasonUnschedulable   = "not schedulable"
+	ReasonUnhealthy       = "unhealthy"
+	ReasonModel           = "no GPUs of the requested model"
+	ReasonFreeGPUs        = "not enough free GPUs"
+	ReasonFreeSlots       = "not enough free shared slots"
+	ReasonNVLink          = "not enough NVLink-connected GPUs"
+	ReasonSingleTenant    = "offered to a single other tenant"
+	ReasonOtherTenants    = "other tenants hold atoms on it"
+	ReasonMIGUnsupported  = "no GPU in MIG mode with the requested profile"
+	ReasonFreeMIG         = "not enough free MIG instances"
+	ReasonVCPU            = "not enough free vcpu"
+	ReasonMemory          = "not enough free memory"
+	ReasonHugepages2Mi    = "not enough free 2Mi hugepages"
+	ReasonHugepages1Gi    = "not enough free 1Gi hugepages"
+	reasonTaintPrefix     = "tainted "
+	reasonLabelPrefix     = "label selector not met: "
+	reasonCapabilityPrefx = "missing capability "
+)
+
+// Checker is one feasibility filter: it returns "" when the node can take
+// the request, otherwise the reason it cannot. Checkers only read.
+type Checker interface {
+	Check(req *Request, n *Node) string
+}
+
+// CheckerFunc adapts a function to a Checker.
+type CheckerFunc func(req *Request, n *Node) string
+
+// Check calls f.
+func (f CheckerFunc) Check(req *Request, n *Node) string { return f(req, n) }
+
+// DefaultCheckers is the filter chain, cheapest and most operator-relevant
+// first; a node is rejected by the first that fails.
+func DefaultCheckers() []Checker {
+	return []Checker{
+		CheckerFunc(checkSchedulable),
+		CheckerFunc(checkHealthy),
+		CheckerFunc(checkTaints),
+		CheckerFunc(checkTenancy),
+		CheckerFunc(checkLabels),
+		CheckerFunc(checkCapabilities),
+		CheckerFunc(checkHost),
+	}
+}
+
+func checkSchedulable(_ *Request, n *Node) string {
+	if !n.Schedulable {
+		return ReasonUnschedulable
+	}
+	return ""
+}
+
+func checkHealthy(_ *Request, n *Node) string {
+	if !n.Healthy {
+		return ReasonUnhealthy
+	}
+	return ""
+}
+
+// checkTaints lets a `dedicated=<tenant>` taint through for that tenant only
+// and any other taint only when the request tolerates it.
+func checkTaints(req *Request, n *Node) string {
+	for _, t := range n.Taints {
+		if t.Key == "dedicated" {
+			if t.Value != req.Tenant {
+				return reasonTaintPrefix + t.String()
+			}
+			continue
+		}
+		if !slices.Contains(req.Tolerations, t.Key) && !slices.Contains(req.Tolerations, t.String()) {
+			return reasonTaintPrefix + t.String()
+		}
+	}
+	return ""
+}
+
+func checkTenancy(req *Request, n *Node) string {
+	if n.SingleTenant != "" && n.SingleTenant != req.Tenant {
+		return ReasonSingleTenant
+	}
+	if req.SingleTenant {
+		for t, c := range n.TenantAtoms {
+			if c > 0 && t != req.Tenant {
+				return ReasonOtherTenants
+			}
+		}
+	}
+	return ""
+}
+
+func checkLabels(req *Request, n *Node) string {
+	for _, l := range req.Selector {
+		if !l.Matches(n.Labels) {
+			return reasonLabelPrefix + l.String()
+		}
+	}
+	return ""
+}
+
+// Matches reports whether labels satisfy the requirement.
+func (r LabelRequirement) Matches(labels map[string]string) bool {
+	v, ok := labels[r.Key]
+	switch r.Op {
+	case OpExists:
+		return ok
+	case OpDoesNotExist:
+		return !ok
+	case OpIn:
+		return ok && valueIn(v, r.Values)
+	case OpNotIn:
+		return !ok || !valueIn(v, r.Values)
+	}
+	return false
+}
+
+func valueIn(v string, values []string) bool {
+	for _, w := range values {
+		if w == v || w == "*" {
+			return true
+		}
+		if p, ok := strings.CutSuffix(w, "*"); ok && strings.HasPrefix(v, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func checkCapabilities(req *Request, n *Node) string {
+	for _, c := range req.Capabilities {
+		if !slices.Contains(n.Capabilities, c) {
+			return reasonCapabilityPrefx + c
+		}
+	}
+	return ""
+}
+
+func checkHost(req *Request, n *Node) string {
+	free := n.HostFree()
+	switch {
+	case req.VCPU > free.VCPU:
+		return ReasonVCPU
+	case req.MemoryGiB > free.MemoryGiB:
+		return ReasonMemory
+	case req.Hugepages2Mi > free.Hugepages2Mi:
+		return ReasonHugepages2Mi
+	case req.Hugepages1Gi > free.Hugepages1Gi:
+		return ReasonHugepages1Gi
+	}
+	return ""
+}
+
+// checkSummary prunes a node from its summary alone, before its detail is
+// loaded. Its free counts are upper bounds and a class has one GPU model,
+// so it never rejects a node the full chain would accept; it runs first, so
+// a node that fails both is counted under the summary's reason.
+func checkSummary(req *Request, s *NodeSummary) string {
+	if req.Model != "" && s.Class.Model != "" && !strings.EqualFold(req.Model, s.Class.Model) {
+		return ReasonModel
+	}
+	if req.MIGProfile == "" && req.GPUs > s.FreeGPUs {
+		return ReasonFreeGPUs
+	}
+	if req.Slots > s.FreeSlots {
+		return ReasonFreeSlots
+	}
+	return ""
+}
