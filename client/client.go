@@ -50,6 +50,7 @@ type Client struct {
 	JoinTokens    apiv1connect.JoinTokenServiceClient
 	JoinRequests  apiv1connect.JoinRequestServiceClient
 	Inventory     apiv1connect.InventoryServiceClient
+	Pools         apiv1connect.PoolServiceClient
 }
 
 type options struct {
@@ -109,6 +110,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Nodes:         apiv1connect.NewNodeServiceClient(h, baseURL, copts...),
 		Commands:      apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
 		JoinTokens:    apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
+		Pools:         apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
 		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
@@ -163,7 +164,7 @@ func Modules() []store.Migrations {
 	return []store.Migrations{
 		tenancy.Migrations(), authn.Migrations(), policy.Migrations(),
 		envelope.Migrations(), audit.Migrations(), events.Migrations(),
-		fleet.Migrations(),
+		fleet.Migrations(), pool.Migrations(),
 	}
 }
 

@@ -49,6 +49,10 @@ var matrixExpect = map[string]map[string]string{
 	"joinTokens.revoke":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"joinRequests.approve": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"joinRequests.reject":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Pools: admins write, everyone else only reads.
+	"pools.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.update":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.archive": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -180,6 +184,20 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err := c.JoinRequests.Reject(context.Background(), connect.NewRequest(&apiv1.RejectJoinRequestRequest{Tenant: "acme", Id: f.matrixJoinRequest(t)}))
 		return err
 	},
+	"pools.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Pools.Create(context.Background(), connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: f.name("pool")}))
+		return err
+	},
+	"pools.update": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixPool(t)
+		_, err := c.Pools.Update(context.Background(), connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: id,
+			Policy: &apiv1.PoolPolicy{GpuSharing: "timeslice", SlotsPerGpu: 4}}))
+		return err
+	},
+	"pools.archive": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Pools.Archive(context.Background(), connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: f.matrixPool(t)}))
+		return err
+	},
 	"confirmations.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		name := f.name("p")
 		_, err := f.admin.Projects.Create(context.Background(), connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: name}))
@@ -190,6 +208,15 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err = c.Confirmations.Approve(context.Background(), connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: client.Detail(err).GetConfirmationId()}))
 		return err
 	},
+}
+
+// matrixPool creates a pool in acme as the platform admin and returns its id.
+func (f *matrixFixture) matrixPool(t *testing.T) string {
+	t.Helper()
+	p, err := f.admin.Pools.Create(context.Background(), connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: f.name("pool")}))
+	require.NoError(t, err)
+	f.cp.Authz.Reset()
+	return p.Msg.GetPool().GetId()
 }
 
 // TestCatalogCoversAPI fails when the API serves a procedure that has no

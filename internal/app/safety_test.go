@@ -655,6 +655,11 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		CSRSHA256: "csr", HardwareKey: "hw-2", Identity: "placeholder", Reason: "test", CreateTime: now}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.JoinRequestInsert(ctx, tx, jrq) }))
 
+	pl, err := admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
+	require.NoError(t, err)
+	poolID := pl.Msg.GetPool().GetId()
+
 	type call func() error
 	cases := map[string][]call{
 		apiv1connect.TenantServiceCreateProcedure: {func() error {
@@ -893,6 +898,68 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.PoolServiceCreateProcedure: {
+			func() error {
+				_, err := evil.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "evil"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: acme.GetId(), Name: "h100"}))
+				return err
+			},
+		},
+		apiv1connect.PoolServiceListProcedure: {
+			func() error {
+				_, err := evil.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: "acme", IncludeArchived: true}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{}))
+				return err
+			},
+		},
+		apiv1connect.PoolServiceGetProcedure: {
+			func() error {
+				_, err := evil.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "acme", Pool: "h100"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "acme", Pool: poolID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+		},
+		apiv1connect.PoolServiceUpdateProcedure: {
+			func() error {
+				_, err := evil.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "h100", Policy: &apiv1.PoolPolicy{SingleTenant: true}}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: poolID, Policy: &apiv1.PoolPolicy{SingleTenant: true}}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "other", Pool: poolID, Policy: &apiv1.PoolPolicy{SingleTenant: true}}))
+				return err
+			},
+		},
+		apiv1connect.PoolServiceArchiveProcedure: {
+			func() error {
+				_, err := evil.Pools.Archive(ctx, connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: "h100"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Archive(ctx, connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: poolID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Archive(ctx, connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+		},
 		apiv1connect.JoinTokenServiceCreateProcedure: {
 			func() error {
 				_, err := evil.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
@@ -1035,4 +1102,8 @@ permit (principal, action, resource);`}))
 	jrs, err := admin.JoinRequests.List(ctx, connect.NewRequest(&apiv1.ListJoinRequestsRequest{Tenant: "acme", State: fleet.JoinRequestPending}))
 	require.NoError(t, err)
 	require.Len(t, jrs.Msg.GetJoinRequests(), 1)
+	pg, err := admin.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "acme", Pool: poolID}))
+	require.NoError(t, err)
+	require.Equal(t, "active", pg.Msg.GetPool().GetState())
+	require.False(t, pg.Msg.GetPool().GetPolicy().GetSingleTenant())
 }

@@ -110,6 +110,7 @@ config file.`,
 		a.eventsCommand(),
 	)
 	root.AddCommand(a.fleetCommands()...)
+	root.AddCommand(a.poolsCommand())
 	for _, f := range extraCommands {
 		root.AddCommand(f())
 	}

@@ -65,6 +65,11 @@ var catalog = []Method{
 	{apiv1connect.JoinRequestServiceApproveProcedure, "joinRequests.approve", KindMutation, false},
 	{apiv1connect.JoinRequestServiceRejectProcedure, "joinRequests.reject", KindMutation, false},
 	{apiv1connect.InventoryServiceGetProcedure, "inventory.get", KindRead, false},
+	{apiv1connect.PoolServiceCreateProcedure, "pools.create", KindMutation, true},
+	{apiv1connect.PoolServiceUpdateProcedure, "pools.update", KindMutation, false},
+	{apiv1connect.PoolServiceGetProcedure, "pools.get", KindRead, false},
+	{apiv1connect.PoolServiceListProcedure, "pools.list", KindRead, false},
+	{apiv1connect.PoolServiceArchiveProcedure, "pools.archive", KindMutation, false},
 }
 
 var catalogIndex = func() map[string]Method {

@@ -99,6 +99,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Node", ID: "n1", TenantID: tenant, ProjectID: "p1"}
 	case "joinTokens.create", "joinTokens.revoke":
 		return Resource{Type: "JoinToken", ID: "jt1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"pool": "a100"}}
+	case "pools.create":
+		return Resource{Type: "Pool", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "h100"}}
+	case "pools.update", "pools.get", "pools.archive":
+		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
 	case "joinRequests.approve", "joinRequests.reject":
 		return Resource{Type: "JoinRequest", ID: "jr1", TenantID: tenant}
 	default: // every other list is on its tenant
@@ -112,7 +116,8 @@ func TestCedarMatrix(t *testing.T) {
 
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
 		"confirmations.list", "audit.list", "events.watch",
-		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get"}
+		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
+		"pools.get", "pools.list"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -410,6 +415,7 @@ func TestActions(t *testing.T) {
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
+		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.update",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"tenants.create", "tenants.get", "tenants.list",
 	}

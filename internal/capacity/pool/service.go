@@ -1,0 +1,419 @@
+package pool
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+// Service serves the PoolService API.
+type Service struct {
+	env *envelope.Envelope
+}
+
+// NewService returns the pool handlers.
+func NewService(env *envelope.Envelope) *Service { return &Service{env: env} }
+
+var _ apiv1connect.PoolServiceHandler = (*Service)(nil)
+
+// Resource projects a pool into the authorization model.
+func Resource(p Pool) iam.Resource {
+	return iam.Resource{Type: "Pool", ID: p.ID, TenantID: p.TenantID, Attrs: map[string]any{"name": p.Name, "state": p.State}}
+}
+
+// Policy bounds.
+const (
+	GPUSharingExclusive = "exclusive"
+	GPUSharingMIG       = "mig"
+	GPUSharingTimeslice = "timeslice"
+	GPUSharingMPS       = "mps"
+
+	MaxSlotsPerGPU     = 48
+	MaxDurationSeconds = 30 * 24 * 3600
+)
+
+// validatePolicy checks a policy, naming each offending field policy.*.
+func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
+	if p == nil {
+		return
+	}
+	nonNeg := func(field string, n int64) {
+		if n < 0 {
+			vs.Add(field, "must not be negative, got %d", n)
+		}
+	}
+	if g := p.GetPerGpu(); g != nil {
+		nonNeg("policy.per_gpu.vcpu", int64(g.GetVcpu()))
+		nonNeg("policy.per_gpu.memory_gib", int64(g.GetMemoryGib()))
+		nonNeg("policy.per_gpu.hugepages_1gi", int64(g.GetHugepages_1Gi()))
+	}
+	nonNeg("policy.host_reserve.vcpu", int64(p.GetHostReserve().GetVcpu()))
+	nonNeg("policy.host_reserve.memory_gib", int64(p.GetHostReserve().GetMemoryGib()))
+	slots := p.GetSlotsPerGpu()
+	switch p.GetGpuSharing() {
+	case "", GPUSharingExclusive, GPUSharingMIG:
+		if slots != 0 {
+			vs.Add("policy.slots_per_gpu", "must be 0 unless gpu_sharing is timeslice or mps, got %d", slots)
+		}
+	case GPUSharingTimeslice, GPUSharingMPS:
+		if slots < 1 || slots > MaxSlotsPerGPU {
+			vs.Add("policy.slots_per_gpu", "must be between 1 and %d for %s, got %d", MaxSlotsPerGPU, p.GetGpuSharing(), slots)
+		}
+	default:
+		vs.Add("policy.gpu_sharing", "must be one of exclusive, mig, timeslice, mps, got %q", truncate(p.GetGpuSharing()))
+	}
+	nonNeg("policy.max_pending", int64(p.GetMaxPending()))
+	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
+	nonNeg("policy.min_duration_seconds", minD)
+	switch {
+	case maxD < 0 || maxD > MaxDurationSeconds:
+		vs.Add("policy.max_duration_seconds", "must be between 0 and %d (30 days), got %d", MaxDurationSeconds, maxD)
+	case maxD > 0 && minD > maxD:
+		vs.Add("policy.min_duration_seconds", "must be at most max_duration_seconds (%d), got %d", maxD, minD)
+	case maxD == 0 && minD > MaxDurationSeconds:
+		vs.Add("policy.min_duration_seconds", "must be at most %d (30 days), got %d", MaxDurationSeconds, minD)
+	}
+}
+
+// normalPolicy fills the defaults of a valid policy.
+func normalPolicy(p *apiv1.PoolPolicy) *apiv1.PoolPolicy {
+	out := &apiv1.PoolPolicy{}
+	if p != nil {
+		out = cloneOf(p)
+	}
+	if out.GpuSharing == "" {
+		out.GpuSharing = GPUSharingExclusive
+	}
+	if out.HostReserve == nil {
+		out.HostReserve = &apiv1.HostReserve{}
+	}
+	return out
+}
+
+var jsonOpts = protojson.MarshalOptions{UseProtoNames: true}
+
+func policyJSON(p *apiv1.PoolPolicy) (string, error) {
+	b, err := jsonOpts.Marshal(normalPolicy(p))
+	return string(b), err
+}
+
+func selectorJSON(reqs []*apiv1.SelectorRequirement) (string, error) {
+	b, err := jsonOpts.Marshal(&apiv1.PoolSelector{Requirements: reqs})
+	return string(b), err
+}
+
+// Proto converts a pool for the API. Text that does not decode yields an
+// empty selector or a default policy.
+func Proto(p Pool) *apiv1.Pool {
+	sel := &apiv1.PoolSelector{}
+	if protojson.Unmarshal([]byte(p.Selector), sel) != nil {
+		sel = &apiv1.PoolSelector{}
+	}
+	pol := &apiv1.PoolPolicy{}
+	if protojson.Unmarshal([]byte(p.Policy), pol) != nil {
+		pol = &apiv1.PoolPolicy{}
+	}
+	out := &apiv1.Pool{
+		Id: p.ID, TenantId: p.TenantID, Name: p.Name, Selector: sel.GetRequirements(), Policy: normalPolicy(pol),
+		State: p.State, CreatedBy: p.CreatedBy, CreateTime: timestamppb.New(p.CreateTime), UpdateTime: timestamppb.New(p.UpdateTime),
+	}
+	if p.ArchiveTime != nil {
+		out.ArchiveTime = timestamppb.New(*p.ArchiveTime)
+	}
+	return out
+}
+
+// poolRef is a request's reference to a pool in a tenant, as resolved
+// before the decision.
+type poolRef struct {
+	tenantRef, ref string
+	tenant         tenancy.Tenant
+	tenantFound    bool
+	pool           Pool
+	found          bool
+}
+
+// lookup resolves a pool for a draft or a read. Misses are not errors yet:
+// the decision comes first (on the tenant, or on the platform when the
+// tenant does not exist), so a stranger learns nothing about other tenants.
+func lookup(ctx context.Context, q store.Querier, tenantRef, ref string) (poolRef, error) {
+	r := poolRef{tenantRef: tenantRef, ref: ref}
+	var err error
+	if r.tenant, r.tenantFound, err = tenancy.LookupTenant(ctx, q, tenantRef); err != nil || !r.tenantFound {
+		return r, err
+	}
+	p, err := Get(ctx, q, r.tenant.ID, ref)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return r, nil
+	case err != nil:
+		return r, err
+	}
+	r.pool, r.found = p, true
+	return r, nil
+}
+
+func (r poolRef) resource() iam.Resource {
+	if r.found {
+		return Resource(r.pool)
+	}
+	return iam.Resource{Type: "Pool", ID: "unknown", TenantID: r.tenant.ID}
+}
+
+func (r poolRef) notFound() error {
+	if !r.tenantFound {
+		return envelope.NotFound("tenant", r.tenantRef)
+	}
+	if !r.found {
+		return envelope.NotFound("pool", r.ref)
+	}
+	return nil
+}
+
+func validateRef(vs *envelope.Violations, tenant, pool string) {
+	vs.Ref("tenant", tenant, "tnt")
+	vs.Ref("pool", pool, IDPrefix)
+}
+
+// Create creates a pool.
+func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreatePoolRequest]) (*connect.Response[apiv1.CreatePoolResponse], error) {
+	msg := req.Msg
+	var tenant tenancy.Tenant
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreatePoolResponse]{
+		Validate: func() error {
+			var vs envelope.Violations
+			vs.Ref("tenant", msg.GetTenant(), "tnt")
+			vs.Name("name", msg.GetName())
+			validateSelector(&vs, msg.GetSelector())
+			validatePolicy(&vs, msg.GetPolicy())
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			t, found, err := tenancy.LookupTenant(ctx, q, msg.GetTenant())
+			if err != nil || !found {
+				return iam.Resource{Type: "Pool", ID: iam.DraftID}, err
+			}
+			tenant = t
+			return iam.Resource{Type: "Pool", ID: iam.DraftID, TenantID: t.ID, Attrs: map[string]any{"name": msg.GetName()}}, nil
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreatePoolResponse, error) {
+			if tenant.ID == "" {
+				return nil, envelope.NotFound("tenant", msg.GetTenant())
+			}
+			sel, err := selectorJSON(msg.GetSelector())
+			if err != nil {
+				return nil, err
+			}
+			pol, err := policyJSON(msg.GetPolicy())
+			if err != nil {
+				return nil, err
+			}
+			now := tx.Now()
+			p := Pool{
+				ID: envelope.NewID(IDPrefix, now), TenantID: tenant.ID, Name: msg.GetName(), Selector: sel, Policy: pol,
+				State: StateActive, CreatedBy: tx.Caller().Principal.ID, CreateTime: now, UpdateTime: now,
+			}
+			if err := Insert(ctx, tx, &p); err != nil {
+				if errors.Is(err, store.ErrUnique) {
+					return nil, envelope.Errorf(envelope.CodeAlreadyExists, "pool %q already exists in tenant %s", p.Name, tenant.Name)
+				}
+				return nil, err
+			}
+			tx.SetResource(p.ID, "")
+			tx.Emit(envelope.Event{Type: "pool.created", TenantID: p.TenantID, ResourceType: "Pool", ResourceID: p.ID,
+				Data: map[string]any{"name": p.Name}})
+			return &apiv1.CreatePoolResponse{Pool: Proto(p)}, nil
+		},
+	})
+}
+
+// Update replaces an active pool's selector, policy or both.
+func (s *Service) Update(ctx context.Context, req *connect.Request[apiv1.UpdatePoolRequest]) (*connect.Response[apiv1.UpdatePoolResponse], error) {
+	msg := req.Msg
+	var r poolRef
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.UpdatePoolResponse]{
+		Validate: func() error {
+			var vs envelope.Violations
+			validateRef(&vs, msg.GetTenant(), msg.GetPool())
+			if msg.GetSelector() == nil && msg.GetPolicy() == nil {
+				vs.Add("selector", "or policy must be set: there is nothing to update")
+			}
+			validateSelector(&vs, msg.GetSelector().GetRequirements())
+			validatePolicy(&vs, msg.GetPolicy())
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			r, err = lookup(ctx, q, msg.GetTenant(), msg.GetPool())
+			return r.resource(), err
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.UpdatePoolResponse, error) {
+			if err := r.notFound(); err != nil {
+				return nil, err
+			}
+			cur, err := Get(ctx, tx, r.pool.TenantID, r.pool.ID)
+			if err != nil {
+				return nil, err
+			}
+			if cur.State != StateActive {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "pool %s is %s: it cannot be updated", cur.Name, cur.State)
+			}
+			sel, pol := cur.Selector, cur.Policy
+			if msg.GetSelector() != nil {
+				if sel, err = selectorJSON(msg.GetSelector().GetRequirements()); err != nil {
+					return nil, err
+				}
+			}
+			if msg.GetPolicy() != nil {
+				if pol, err = policyJSON(msg.GetPolicy()); err != nil {
+					return nil, err
+				}
+			}
+			ok, err := Update(ctx, tx, cur.TenantID, cur.ID, sel, pol)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "pool %s is no longer active", cur.Name)
+			}
+			if cur, err = Get(ctx, tx, cur.TenantID, cur.ID); err != nil {
+				return nil, err
+			}
+			tx.Emit(envelope.Event{Type: "pool.updated", TenantID: cur.TenantID, ResourceType: "Pool", ResourceID: cur.ID,
+				Data: map[string]any{"name": cur.Name, "selector": msg.GetSelector() != nil, "policy": msg.GetPolicy() != nil}})
+			return &apiv1.UpdatePoolResponse{Pool: Proto(cur)}, nil
+		},
+	})
+}
+
+// Archive archives a pool. Archiving an archived pool succeeds and changes
+// nothing.
+func (s *Service) Archive(ctx context.Context, req *connect.Request[apiv1.ArchivePoolRequest]) (*connect.Response[apiv1.ArchivePoolResponse], error) {
+	msg := req.Msg
+	var r poolRef
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.ArchivePoolResponse]{
+		Validate: func() error {
+			var vs envelope.Violations
+			validateRef(&vs, msg.GetTenant(), msg.GetPool())
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			r, err = lookup(ctx, q, msg.GetTenant(), msg.GetPool())
+			return r.resource(), err
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.ArchivePoolResponse, error) {
+			if err := r.notFound(); err != nil {
+				return nil, err
+			}
+			ok, err := Archive(ctx, tx, r.pool.TenantID, r.pool.ID)
+			if err != nil {
+				return nil, err
+			}
+			cur, err := Get(ctx, tx, r.pool.TenantID, r.pool.ID)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				tx.Emit(envelope.Event{Type: "pool.archived", TenantID: cur.TenantID, ResourceType: "Pool", ResourceID: cur.ID,
+					Data: map[string]any{"name": cur.Name}})
+			}
+			return &apiv1.ArchivePoolResponse{Pool: Proto(cur)}, nil
+		},
+	})
+}
+
+// Get reads a pool.
+func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetPoolRequest]) (*connect.Response[apiv1.GetPoolResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	validateRef(&vs, msg.GetTenant(), msg.GetPool())
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	var r poolRef
+	if err := s.env.Resolve(ctx, "pool", func(ctx context.Context, q store.Querier) (err error) {
+		r, err = lookup(ctx, q, msg.GetTenant(), msg.GetPool())
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+		return nil, err
+	}
+	if err := r.notFound(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	return connect.NewResponse(&apiv1.GetPoolResponse{Pool: Proto(r.pool)}), nil
+}
+
+// List lists pools: a tenant's, or every tenant's for platform admins.
+func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListPoolsRequest]) (*connect.Response[apiv1.ListPoolsResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	if msg.GetTenant() != "" {
+		vs.Ref("tenant", msg.GetTenant(), "tnt")
+	}
+	vs.PageSize("page_size", msg.GetPageSize())
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	filter := msg.GetTenant()
+	if msg.GetIncludeArchived() {
+		filter += "/archived"
+	}
+	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), filter)
+	if err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	var (
+		t     tenancy.Tenant
+		found = true
+		res   = tenancy.PlatformResource()
+	)
+	if msg.GetTenant() != "" {
+		if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
+			t, found, err = tenancy.LookupTenant(ctx, q, msg.GetTenant())
+			return err
+		}); err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		res = tenancy.TenantResource(t)
+	}
+	if err := s.env.AuthorizeRead(ctx, res); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, s.env.Fail(ctx, envelope.NotFound("tenant", msg.GetTenant()))
+	}
+	limit := envelope.PageSize(msg.GetPageSize())
+	var pools []Pool
+	if err := s.env.Resolve(ctx, "pools", func(ctx context.Context, q store.Querier) (err error) {
+		pools, err = List(ctx, q, &ListParams{TenantID: t.ID, IncludeArchived: msg.GetIncludeArchived(), After: after, Limit: limit + 1})
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	out := &apiv1.ListPoolsResponse{}
+	for i, p := range pools {
+		if i == limit {
+			out.NextPageToken = envelope.EncodePageToken(pools[i-1].ID, filter)
+			break
+		}
+		out.Pools = append(out.Pools, Proto(p))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func cloneOf(p *apiv1.PoolPolicy) *apiv1.PoolPolicy { return proto.CloneOf(p) }

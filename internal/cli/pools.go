@@ -1,0 +1,258 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+)
+
+// poolFlags are the selector and policy flags create and update share.
+type poolFlags struct {
+	selector                     string
+	sharing                      string
+	slots                        int32
+	vcpuPerGPU, memoryGiBPerGPU  int32
+	hugepagesPerGPU              int32
+	reserveVCPU, reserveMemory   int32
+	singleTenant                 bool
+	maxPending                   int32
+	minDuration, maxDurationSecs int64
+}
+
+func (f *poolFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.selector, "selector", "", "node selector, e.g. 'gpu.model=H100,zone in (a,b),!spot,gpu'")
+	fl.StringVar(&f.sharing, "sharing", "", "GPU sharing: exclusive (default), mig, timeslice, mps")
+	fl.Int32Var(&f.slots, "slots", 0, "slots per GPU (1-48; timeslice and mps only)")
+	fl.Int32Var(&f.vcpuPerGPU, "vcpu-per-gpu", 0, "vCPUs that come with each GPU")
+	fl.Int32Var(&f.memoryGiBPerGPU, "memory-gib-per-gpu", 0, "memory (GiB) that comes with each GPU")
+	fl.Int32Var(&f.hugepagesPerGPU, "hugepages-1gi-per-gpu", 0, "1 GiB huge pages that come with each GPU")
+	fl.Int32Var(&f.reserveVCPU, "reserve-vcpu", 0, "vCPUs each node keeps for the host")
+	fl.Int32Var(&f.reserveMemory, "reserve-memory-gib", 0, "memory (GiB) each node keeps for the host")
+	fl.BoolVar(&f.singleTenant, "single-tenant", false, "nodes serve one tenant's workloads at a time")
+	fl.Int32Var(&f.maxPending, "max-pending", 0, "bookings that may wait for capacity")
+	fl.Int64Var(&f.minDuration, "min-duration-seconds", 0, "shortest booking (0: unbounded)")
+	fl.Int64Var(&f.maxDurationSecs, "max-duration-seconds", 0, "longest booking, at most 30 days (0: unbounded)")
+}
+
+func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {
+	reqs, err := pool.ParseSelector(f.selector)
+	if err != nil {
+		return nil, invalidArg("selector", err.Error())
+	}
+	return reqs, nil
+}
+
+func (f *poolFlags) policy() *apiv1.PoolPolicy {
+	p := &apiv1.PoolPolicy{
+		HostReserve: &apiv1.HostReserve{Vcpu: f.reserveVCPU, MemoryGib: f.reserveMemory},
+		GpuSharing:  f.sharing, SlotsPerGpu: f.slots, SingleTenant: f.singleTenant, MaxPending: f.maxPending,
+		MinDurationSeconds: f.minDuration, MaxDurationSeconds: f.maxDurationSecs,
+	}
+	if f.vcpuPerGPU != 0 || f.memoryGiBPerGPU != 0 || f.hugepagesPerGPU != 0 {
+		p.PerGpu = &apiv1.PerGpuShare{Vcpu: f.vcpuPerGPU, MemoryGib: f.memoryGiBPerGPU, Hugepages_1Gi: f.hugepagesPerGPU}
+	}
+	return p
+}
+
+// policyChanged says whether any policy flag was given.
+func policyChanged(cmd *cobra.Command) bool {
+	for _, name := range []string{"sharing", "slots", "vcpu-per-gpu", "memory-gib-per-gpu", "hugepages-1gi-per-gpu",
+		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds"} {
+		if cmd.Flags().Changed(name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *app) poolsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "pools", Aliases: []string{"pool"}, Short: "Create, list, update and archive a tenant's pools"}
+	var tenant, confirmationID string
+
+	var cf poolFlags
+	create := &cobra.Command{
+		Use:   "create NAME --tenant T --selector SEL",
+		Short: "Create a pool",
+		Long: `Create a pool: the tenant's nodes whose labels match the selector, and the
+policy that governs them. The selector is comma-separated terms: key=value,
+key in (a,b), key notin (a,b), key (exists) and !key (does not exist).`,
+		Args: positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			sel, err := cf.parseSelector()
+			if err != nil {
+				return err
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			m := newCreate(confirmationID)
+			var resp *connect.Response[apiv1.CreatePoolResponse]
+			err = a.retry(cmd.Context(), func() (err error) {
+				resp, err = c.Pools.Create(cmd.Context(), request(&apiv1.CreatePoolRequest{
+					Tenant: t, Name: argv[0], Selector: sel, Policy: cf.policy(),
+				}, m))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return a.printPools(cmd, resp.Msg, resp.Msg.GetPool())
+		},
+	}
+	addTenantFlag(create, &tenant)
+	cf.add(create)
+	addConfirmationFlag(create, &confirmationID)
+
+	var uf poolFlags
+	update := &cobra.Command{
+		Use:   "update POOL",
+		Short: "Replace a pool's selector (--selector) or policy (any policy flag)",
+		Long: `Update an active pool. --selector replaces the selector; any policy flag
+replaces the whole policy with the flags given (unset ones take defaults).`,
+		Args: positional("POOL"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			req := &apiv1.UpdatePoolRequest{Pool: argv[0]}
+			if cmd.Flags().Changed("selector") {
+				sel, err := uf.parseSelector()
+				if err != nil {
+					return err
+				}
+				req.Selector = &apiv1.PoolSelector{Requirements: sel}
+			}
+			if policyChanged(cmd) {
+				req.Policy = uf.policy()
+			}
+			if req.Selector == nil && req.Policy == nil {
+				return invalidArg("selector", "nothing to update: pass --selector or a policy flag")
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			req.Tenant = t
+			resp, err := c.Pools.Update(cmd.Context(), request(req, mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printPools(cmd, resp.Msg, resp.Msg.GetPool())
+		},
+	}
+	addTenantFlag(update, &tenant)
+	uf.add(update)
+	addConfirmationFlag(update, &confirmationID)
+
+	get := &cobra.Command{
+		Use:   "get POOL",
+		Short: "Show a pool (name or id)",
+		Args:  positional("POOL"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Pools.Get(cmd.Context(), connect.NewRequest(&apiv1.GetPoolRequest{Tenant: t, Pool: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printPools(cmd, resp.Msg, resp.Msg.GetPool())
+		},
+	}
+	addTenantFlag(get, &tenant)
+
+	var (
+		limit    int
+		archived bool
+	)
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List pools",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientFleetTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.Pool, string, error) {
+				resp, err := c.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: t, IncludeArchived: archived, PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetPools(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printPools(cmd, &apiv1.ListPoolsResponse{Pools: all}, all...)
+		},
+	}
+	addTenantFlag(list, &tenant)
+	addLimitFlag(list, &limit)
+	list.Flags().BoolVar(&archived, "include-archived", false, "include archived pools")
+
+	archive := &cobra.Command{
+		Use:   "archive POOL",
+		Short: "Archive a pool (idempotent)",
+		Args:  positional("POOL"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Pools.Archive(cmd.Context(), request(&apiv1.ArchivePoolRequest{Tenant: t, Pool: argv[0]}, mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printPools(cmd, resp.Msg, resp.Msg.GetPool())
+		},
+	}
+	addTenantFlag(archive, &tenant)
+	addConfirmationFlag(archive, &confirmationID)
+
+	cmd.AddCommand(create, list, get, update, archive)
+	return cmd
+}
+
+func (a *app) printPools(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Pool) error {
+	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		row(w, "ID", "NAME", "STATE", "TENANT", "SELECTOR", "SHARING", "CREATED")
+		for _, p := range items {
+			sharing := p.GetPolicy().GetGpuSharing()
+			if n := p.GetPolicy().GetSlotsPerGpu(); n > 0 {
+				sharing = fmt.Sprintf("%s/%d", sharing, n)
+			}
+			row(w, p.GetId(), p.GetName(), p.GetState(), p.GetTenantId(), dash(selectorString(p.GetSelector())), sharing, ts(p.GetCreateTime()))
+		}
+	})
+}
+
+// selectorString prints a selector in the shorthand ParseSelector reads.
+func selectorString(reqs []*apiv1.SelectorRequirement) string {
+	terms := make([]string, 0, len(reqs))
+	for _, r := range reqs {
+		switch r.GetOperator() {
+		case pool.OpIn:
+			if len(r.GetValues()) == 1 {
+				terms = append(terms, r.GetKey()+"="+r.GetValues()[0])
+			} else {
+				terms = append(terms, r.GetKey()+" in ("+strings.Join(r.GetValues(), ",")+")")
+			}
+		case pool.OpNotIn:
+			terms = append(terms, r.GetKey()+" notin ("+strings.Join(r.GetValues(), ",")+")")
+		case pool.OpDoesNotExist:
+			terms = append(terms, "!"+r.GetKey())
+		default:
+			terms = append(terms, r.GetKey())
+		}
+	}
+	return strings.Join(terms, ",")
+}
