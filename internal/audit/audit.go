@@ -8,7 +8,6 @@ package audit
 import (
 	"context"
 	"embed"
-	"io/fs"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -26,11 +25,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "audit", FS: sub}
+	return store.Embedded("audit", migrationsFS)
 }
 
 // Insert writes one audit row in tx.

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
-	"io/fs"
 	"math/big"
 	"time"
 
@@ -18,11 +17,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "authn", FS: sub}
+	return store.Embedded("authn", migrationsFS)
 }
 
 // ApiKey is a stored key; the secret itself is never stored.

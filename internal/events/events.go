@@ -9,7 +9,6 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
-	"io/fs"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,11 +31,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "events", FS: sub}
+	return store.Embedded("events", migrationsFS)
 }
 
 // outboxLockKey is the advisory lock that orders outbox writers on

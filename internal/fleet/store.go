@@ -5,7 +5,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
 	"strings"
 	"time"
 
@@ -17,11 +16,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "fleet", FS: sub}
+	return store.Embedded("fleet", migrationsFS)
 }
 
 // Id prefixes of the fleet's rows (envelope.NewID).

@@ -3,7 +3,6 @@ package pki
 import (
 	"context"
 	"embed"
-	"io/fs"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
@@ -15,11 +14,7 @@ var migrationsFS embed.FS
 // Migrations returns the module's tables: pki_settings, pki_cas, pki_certs
 // and pki_nonces.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err) // the embedded tree is fixed at build time
-	}
-	return store.Migrations{Module: "pki", FS: sub}
+	return store.Embedded("pki", migrationsFS)
 }
 
 // settingsRow is the one pki_settings row.

@@ -9,7 +9,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"io/fs"
 	"time"
 
 	"connectrpc.com/connect"
@@ -28,11 +27,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "policy", FS: sub}
+	return store.Embedded("policy", migrationsFS)
 }
 
 // maxPolicyBytes caps a policy document.

@@ -209,3 +209,14 @@ func readMigrations(set Migrations, dialect Dialect) ([]migrationFile, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
 	return out, nil
 }
+
+// Embedded returns a module's migrations from its embedded tree, whose
+// "migrations" folder holds sqlite/ and postgres/. The tree is fixed at
+// build time, so a bad path is a programming error and panics.
+func Embedded(module string, fsys fs.FS) Migrations {
+	sub, err := fs.Sub(fsys, "migrations")
+	if err != nil {
+		panic(fmt.Sprintf("store: %s migrations: %v", module, err))
+	}
+	return Migrations{Module: module, FS: sub}
+}

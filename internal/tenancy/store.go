@@ -3,7 +3,6 @@ package tenancy
 import (
 	"context"
 	"embed"
-	"io/fs"
 	"strings"
 	"time"
 
@@ -15,11 +14,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "tenancy", FS: sub}
+	return store.Embedded("tenancy", migrationsFS)
 }
 
 // PlatformTenantID is not a tenant: platform-level rows use the empty id.

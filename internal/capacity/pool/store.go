@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"embed"
-	"io/fs"
 	"strings"
 	"time"
 
@@ -16,11 +15,7 @@ var migrationsFS embed.FS
 
 // Migrations returns the module's tables.
 func Migrations() store.Migrations {
-	sub, err := fs.Sub(migrationsFS, "migrations")
-	if err != nil {
-		panic(err)
-	}
-	return store.Migrations{Module: "pool", FS: sub}
+	return store.Embedded("pool", migrationsFS)
 }
 
 // IDPrefix is the prefix of pool ids (envelope.NewID).
