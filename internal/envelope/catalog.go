@@ -70,6 +70,23 @@ var catalog = []Method{
 	{apiv1connect.PoolServiceGetProcedure, "pools.get", KindRead, false},
 	{apiv1connect.PoolServiceListProcedure, "pools.list", KindRead, false},
 	{apiv1connect.PoolServiceArchiveProcedure, "pools.archive", KindMutation, false},
+	{apiv1connect.ReservationServiceCreateProcedure, "reservations.create", KindMutation, true},
+	{apiv1connect.ReservationServicePreviewProcedure, "reservations.preview", KindRead, false},
+	{apiv1connect.ReservationServiceGetProcedure, "reservations.get", KindRead, false},
+	{apiv1connect.ReservationServiceListProcedure, "reservations.list", KindRead, false},
+	{apiv1connect.ReservationServiceWatchProcedure, "reservations.watch", KindRead, false},
+	{apiv1connect.ReservationServiceExtendProcedure, "reservations.extend", KindMutation, false},
+	{apiv1connect.ReservationServiceReleaseProcedure, "reservations.release", KindMutation, false},
+	{apiv1connect.ReservationServiceCancelProcedure, "reservations.cancel", KindMutation, false},
+	{apiv1connect.QuotaServiceSetProcedure, "quotas.set", KindMutation, false},
+	{apiv1connect.QuotaServiceGetProcedure, "quotas.get", KindRead, false},
+	{apiv1connect.QuotaServiceListProcedure, "quotas.list", KindRead, false},
+	{apiv1connect.CapacityServiceSummaryProcedure, "capacity.summary", KindRead, false},
+	{apiv1connect.CapacityServiceByPoolProcedure, "capacity.byPool", KindRead, false},
+	{apiv1connect.CapacityServiceTimelineProcedure, "capacity.timeline", KindRead, false},
+	{apiv1connect.CapacityServiceRebuildProcedure, "capacity.rebuild", KindMutation, false},
+	{apiv1connect.UsageServiceListProcedure, "usage.list", KindRead, false},
+	{apiv1connect.UsageServiceExportProcedure, "usage.export", KindRead, false},
 }
 
 var catalogIndex = func() map[string]Method {

@@ -165,6 +165,9 @@ type Mutation[Res any] struct {
 	// Draft builds the resource the decision is about (request-as-resource),
 	// reading what it needs. It runs before any write lock is taken.
 	Draft func(ctx context.Context, q store.Querier) (iam.Resource, error)
+	// Context, when set, adds request facts to the decision's context, such
+	// as the new lifetime an extension asks for. It runs after Draft.
+	Context func() map[string]any
 	// Apply writes the mutation. It must re-check what Draft read: the world
 	// may have moved between the decision and the transaction.
 	Apply func(ctx context.Context, tx *Tx) (*Res, error)
@@ -246,12 +249,20 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		TraceID:       info.TraceID,
 	}
 
+	decisionCtx := map[string]any{"confirmed": confirmed}
+	if m.Context != nil {
+		for k, v := range m.Context() {
+			if k != "confirmed" {
+				decisionCtx[k] = v
+			}
+		}
+	}
 	// The one decision of this mutation.
 	dec, err := e.cfg.Authz.Authorize(ctx, iam.Request{
 		Principal: caller.Principal,
 		Action:    info.Method.Action,
 		Resource:  resource,
-		Context:   map[string]any{"confirmed": confirmed},
+		Context:   decisionCtx,
 	})
 	switch {
 	case err != nil:

@@ -30,6 +30,12 @@ const (
 	CodeAuthorizationFailed    Code = "AUTHORIZATION_UNAVAILABLE"
 	CodeConfirmationNotUsable  Code = "CONFIRMATION_NOT_USABLE"
 	CodeResourceExhaustedLimit Code = "RESOURCE_EXHAUSTED"
+	// CodeQuotaExceeded: a quota of the tenant or project would be exceeded;
+	// the detail carries the quota effect.
+	CodeQuotaExceeded Code = "QUOTA_EXCEEDED"
+	// CodeNoCapacity: no node can hold the request; the detail carries the
+	// explanation by node class.
+	CodeNoCapacity Code = "NO_CAPACITY"
 )
 
 var connectCodes = map[Code]connect.Code{
@@ -47,6 +53,8 @@ var connectCodes = map[Code]connect.Code{
 	CodeAuthorizationFailed:    connect.CodeUnavailable,
 	CodeConfirmationNotUsable:  connect.CodeFailedPrecondition,
 	CodeResourceExhaustedLimit: connect.CodeResourceExhausted,
+	CodeQuotaExceeded:          connect.CodeResourceExhausted,
+	CodeNoCapacity:             connect.CodeResourceExhausted,
 }
 
 // Violation names a refused request field and why.
@@ -63,7 +71,11 @@ type Error struct {
 	Message        string
 	Violations     []Violation
 	ConfirmationID string
-	Err            error
+	// Explanation (NO_CAPACITY) and Quota (QUOTA_EXCEEDED) ride in the
+	// detail so clients can render them.
+	Explanation *apiv1.Explanation
+	Quota       *apiv1.QuotaEffect
+	Err         error
 }
 
 func (e *Error) Error() string {
@@ -134,6 +146,8 @@ func ToConnect(err error) *connect.Error {
 		Code:           string(apiErr.Code),
 		Message:        apiErr.Message,
 		ConfirmationId: apiErr.ConfirmationID,
+		Explanation:    apiErr.Explanation,
+		Quota:          apiErr.Quota,
 	}
 	for _, v := range apiErr.Violations {
 		detail.Violations = append(detail.Violations, &apiv1.FieldViolation{Field: v.Field, Reason: v.Reason})

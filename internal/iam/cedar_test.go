@@ -105,6 +105,16 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
 	case "joinRequests.approve", "joinRequests.reject":
 		return Resource{Type: "JoinRequest", ID: "jr1", TenantID: tenant}
+	case "reservations.create", "reservations.preview", "reservations.get", "reservations.extend",
+		"reservations.release", "reservations.cancel":
+		return Resource{Type: "Reservation", ID: "rsv1", TenantID: tenant, ProjectID: "p1",
+			Attrs: map[string]any{"pool": "gpu", "gpus": 4, "lifetimeSeconds": 3600}}
+	case "quotas.set", "quotas.get":
+		return Resource{Type: "Quota", ID: "quo1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"scope": "project"}}
+	case "capacity.timeline":
+		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
+	case "capacity.rebuild":
+		return Resource{Type: "Platform", ID: "platform"}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -117,7 +127,10 @@ func TestCedarMatrix(t *testing.T) {
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
 		"confirmations.list", "audit.list", "events.watch",
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
-		"pools.get", "pools.list"}
+		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
+		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
+		"capacity.timeline", "usage.list", "usage.export"}
+	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -128,9 +141,13 @@ func TestCedarMatrix(t *testing.T) {
 		RoleViewer:        {},
 		RoleAgent:         {"projects.create": allow, "projects.delete": confirm, "commands.run": allow},
 	}
+	for _, a := range books {
+		want[RoleMember][a] = allow
+		want[RoleAgent][a] = allow
+	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
-		if a != "tenants.create" && a != "tenants.list" {
+		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" {
 			want[RoleAdmin][a] = allow
 		}
 	}
@@ -145,6 +162,9 @@ func TestCedarMatrix(t *testing.T) {
 			for _, tenant := range []string{"t1", "t2"} {
 				expect := cmpOr(want[role][action], deny)
 				if tenant != p.TenantID && role != RolePlatformAdmin {
+					expect = deny
+				}
+				if action == "capacity.rebuild" && role != RolePlatformAdmin {
 					expect = deny
 				}
 				t.Run(string(role)+"/"+action+"/"+tenant, func(t *testing.T) {
@@ -409,6 +429,7 @@ func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
 		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.list",
+		"capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
 		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
@@ -417,7 +438,10 @@ func TestActions(t *testing.T) {
 		"policies.get", "policies.list", "policies.put",
 		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.update",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
-		"tenants.create", "tenants.get", "tenants.list",
+		"quotas.get", "quotas.list", "quotas.set",
+		"reservations.cancel", "reservations.create", "reservations.extend", "reservations.get",
+		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
+		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
 	}
 	require.Equal(t, want, Actions())
 	// A copy: callers cannot corrupt the shared list.

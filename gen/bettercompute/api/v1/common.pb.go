@@ -33,8 +33,12 @@ type ErrorDetail struct {
 	// Set with CONFIRMATION_REQUIRED: a human approves it, then the caller
 	// replays the request with the header Bc-Confirmation-Id.
 	ConfirmationId string `protobuf:"bytes,4,opt,name=confirmation_id,json=confirmationId,proto3" json:"confirmation_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set with NO_CAPACITY: why no node fits, by node class.
+	Explanation *Explanation `protobuf:"bytes,5,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	// Set with QUOTA_EXCEEDED: every quota the request touches.
+	Quota         *QuotaEffect `protobuf:"bytes,6,opt,name=quota,proto3" json:"quota,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ErrorDetail) Reset() {
@@ -95,6 +99,20 @@ func (x *ErrorDetail) GetConfirmationId() string {
 	return ""
 }
 
+func (x *ErrorDetail) GetExplanation() *Explanation {
+	if x != nil {
+		return x.Explanation
+	}
+	return nil
+}
+
+func (x *ErrorDetail) GetQuota() *QuotaEffect {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
 // FieldViolation names the request field that was refused and why.
 type FieldViolation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -152,14 +170,16 @@ var File_bettercompute_api_v1_common_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_common_proto_rawDesc = "" +
 	"\n" +
-	"!bettercompute/api/v1/common.proto\x12\x14bettercompute.api.v1\"\xaa\x01\n" +
+	"!bettercompute/api/v1/common.proto\x12\x14bettercompute.api.v1\x1a'bettercompute/api/v1/reservations.proto\"\xa8\x02\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12D\n" +
 	"\n" +
 	"violations\x18\x03 \x03(\v2$.bettercompute.api.v1.FieldViolationR\n" +
 	"violations\x12'\n" +
-	"\x0fconfirmation_id\x18\x04 \x01(\tR\x0econfirmationId\">\n" +
+	"\x0fconfirmation_id\x18\x04 \x01(\tR\x0econfirmationId\x12C\n" +
+	"\vexplanation\x18\x05 \x01(\v2!.bettercompute.api.v1.ExplanationR\vexplanation\x127\n" +
+	"\x05quota\x18\x06 \x01(\v2!.bettercompute.api.v1.QuotaEffectR\x05quota\">\n" +
 	"\x0eFieldViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reasonBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
@@ -180,14 +200,18 @@ var file_bettercompute_api_v1_common_proto_msgTypes = make([]protoimpl.MessageIn
 var file_bettercompute_api_v1_common_proto_goTypes = []any{
 	(*ErrorDetail)(nil),    // 0: bettercompute.api.v1.ErrorDetail
 	(*FieldViolation)(nil), // 1: bettercompute.api.v1.FieldViolation
+	(*Explanation)(nil),    // 2: bettercompute.api.v1.Explanation
+	(*QuotaEffect)(nil),    // 3: bettercompute.api.v1.QuotaEffect
 }
 var file_bettercompute_api_v1_common_proto_depIdxs = []int32{
 	1, // 0: bettercompute.api.v1.ErrorDetail.violations:type_name -> bettercompute.api.v1.FieldViolation
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 1: bettercompute.api.v1.ErrorDetail.explanation:type_name -> bettercompute.api.v1.Explanation
+	3, // 2: bettercompute.api.v1.ErrorDetail.quota:type_name -> bettercompute.api.v1.QuotaEffect
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_common_proto_init() }
@@ -195,6 +219,7 @@ func file_bettercompute_api_v1_common_proto_init() {
 	if File_bettercompute_api_v1_common_proto != nil {
 		return
 	}
+	file_bettercompute_api_v1_reservations_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
