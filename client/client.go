@@ -51,6 +51,10 @@ type Client struct {
 	JoinRequests  apiv1connect.JoinRequestServiceClient
 	Inventory     apiv1connect.InventoryServiceClient
 	Pools         apiv1connect.PoolServiceClient
+	Reservations  apiv1connect.ReservationServiceClient
+	Quotas        apiv1connect.QuotaServiceClient
+	Capacity      apiv1connect.CapacityServiceClient
+	Usage         apiv1connect.UsageServiceClient
 }
 
 type options struct {
@@ -111,6 +115,10 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Commands:      apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
 		JoinTokens:    apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
 		Pools:         apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
+		Reservations:  apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
+		Quotas:        apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),
+		Capacity:      apiv1connect.NewCapacityServiceClient(h, baseURL, copts...),
+		Usage:         apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
 		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
 	}
