@@ -119,3 +119,6 @@ func (d *FakeDaemon) Restart() (*FakeDaemon, error) {
 	nd.Start()
 	return nd, nil
 }
+
+// CgroupRoot is where the simulated node writes allocation cgroups.
+func (d *FakeDaemon) CgroupRoot() string { return filepath.Join(d.cfg.StateDir, "cgroup") }

@@ -24,7 +24,11 @@ import (
 
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/capacity/reservation"
+	"github.com/better-compute/better-compute/internal/capacity/usage"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
@@ -103,6 +107,11 @@ type Config struct {
 	// unreachable (default 30s) and lost (default 5m).
 	UnreachableAfter time.Duration
 	LostAfter        time.Duration
+	// BindTimeout bounds an allocation.bind before it is re-sent; default 60s.
+	BindTimeout time.Duration
+	// CapacityTick is how often reservations are started, expired and
+	// re-bound, and the queue looked at; default 5s.
+	CapacityTick time.Duration
 	// LivenessInterval is how often the liveness and command sweeps run;
 	// default 5s.
 	LivenessInterval time.Duration
@@ -154,9 +163,13 @@ type App struct {
 	PKI *pki.Authority
 	// Gateway serves the agent protocol (gateway role); in every process it
 	// also wakes sessions when commands are written and runs the sweeps.
-	Gateway  *gateway.Gateway
-	hub      *events.Hub
-	recorder recorder
+	Gateway    *gateway.Gateway
+	hub        *events.Hub
+	recorder   recorder
+	fleetHooks lateHooks
+	// Capacity is the reservation runner: the queued placer, the tick and
+	// the fleet hooks.
+	Capacity *reservation.Runner
 }
 
 // Modules lists every module's migrations in dependency order.
@@ -164,7 +177,12 @@ func Modules() []store.Migrations {
 	return []store.Migrations{
 		tenancy.Migrations(), authn.Migrations(), policy.Migrations(),
 		envelope.Migrations(), audit.Migrations(), events.Migrations(),
-		fleet.Migrations(), pool.Migrations(),
+		fleet.Migrations(), pool.Migrations(), booking.Migrations(), reservation.Migrations(),
+		// Quotas read the reservations table; keep them after its module.
+		quota.Migrations(),
+		// Usage reads reservations at run time only; keep it last of the
+		// capacity modules all the same.
+		usage.Migrations(),
 	}
 }
 
@@ -251,6 +269,10 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Gateway.AddWorkers(workers)
 	periodic = append(periodic, a.Gateway.PeriodicJobs()...)
+	a.Capacity = a.buildCapacity()
+	a.Capacity.AddWorkers(workers)
+	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
+	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 	}); err != nil {
@@ -289,7 +311,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		authority = gateway.FromPKI(pa)
 	}
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, Hooks: &a.fleetHooks, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
@@ -312,3 +334,82 @@ func (a *App) Bootstrap(ctx context.Context, persist func(secret string) error) 
 
 // Close closes the store.
 func (a *App) Close() error { return a.DB.Close() }
+
+// lateHooks hands the gateway capacity's hooks, which are built after it.
+type lateHooks struct{ h gateway.Hooks }
+
+func (l *lateHooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.NodeChanged(ctx, tx, nodeID)
+}
+
+func (l *lateHooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocationID, cgroup string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.AllocationBound(ctx, tx, nodeID, allocationID, cgroup)
+}
+
+func (l *lateHooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID, allocationID string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.AllocationReleased(ctx, tx, nodeID, allocationID)
+}
+
+func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.NodesLost(ctx, tx, nodeIDs)
+}
+
+// commandSender is the fleet's command path as capacity's port.
+type commandSender struct{ notifier fleet.CommandNotifier }
+
+func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Command) (string, error) {
+	return fleet.SendSystemCommand(ctx, tx, c.notifier, fleet.SystemCommand{
+		TenantID: cmd.TenantID, NodeID: cmd.NodeID, Kind: cmd.Kind, Params: cmd.Params, IdempotencyKey: cmd.IdempotencyKey,
+		CreatedBy: cmd.CreatedBy, TTL: cmd.TTL, Time: cmd.Time,
+	})
+}
+
+// buildCapacity wires the reservation engine to the fleet's command path,
+// the job runtime and the gateway's hooks.
+func (a *App) buildCapacity() *reservation.Runner {
+	e := &reservation.Engine{
+		Clock: a.cfg.Clock, Commands: commandSender{notifier: a.Gateway},
+		Enqueue: func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
+			return a.Jobs.InsertTx(ctx, tx, args, opts)
+		},
+		BindTimeout: a.cfg.BindTimeout,
+	}
+	rn := &reservation.Runner{DB: a.DB, Rec: a.recorder, Engine: e, Log: a.cfg.Logger, TickInterval: a.cfg.CapacityTick}
+	e.Reconciler.Wake = e.WakePools
+	a.fleetHooks.h = rn.Hooks()
+	return rn
+}
+
+// reservationEvents reads the outbox for ReservationService.Watch.
+type reservationEvents struct{ hub *events.Hub }
+
+func (r reservationEvents) After(ctx context.Context, q store.Querier, tenantID string, after int64, limit int) ([]envelope.Event, []int64, error) {
+	evs, err := events.ListAfter(ctx, q, tenantID, false, after, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]envelope.Event, len(evs))
+	seqs := make([]int64, len(evs))
+	for i, ev := range evs {
+		out[i], seqs[i] = ev.Event, ev.Seq
+	}
+	return out, seqs, nil
+}
+
+func (r reservationEvents) Last(ctx context.Context, q store.Querier) (int64, error) {
+	return events.LastSeq(ctx, q)
+}
+
+func (r reservationEvents) Wait() <-chan struct{} { return r.hub.Wait() }

@@ -14,6 +14,10 @@ import (
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/capacity/reservation"
+	"github.com/better-compute/better-compute/internal/capacity/usage"
+	"github.com/better-compute/better-compute/internal/capacity/views"
 	"github.com/better-compute/better-compute/internal/confirmation"
 	"github.com/better-compute/better-compute/internal/downloads"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -70,7 +74,12 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewJoinTokenServiceHandler(fleet.NewJoinTokenService(a.Envelope, fd), opts))
 	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
-	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))
+	mux.Handle(apiv1connect.NewReservationServiceHandler(
+		reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub}), opts))
+	mux.Handle(apiv1connect.NewQuotaServiceHandler(quota.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewCapacityServiceHandler(views.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope), opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

@@ -343,3 +343,40 @@ func paramsJSON(m map[string]any) (string, error) {
 	b, err := json.Marshal(m)
 	return string(b), err
 }
+
+// SystemCommand is a command another module sends a node on the control
+// plane's own account (capacity's allocation.bind), not a caller's.
+type SystemCommand struct {
+	TenantID, NodeID, Kind string
+	Params                 map[string]any
+	IdempotencyKey         string
+	CreatedBy              string
+	TTL                    time.Duration
+	// Time is the control plane clock's now.
+	Time time.Time
+}
+
+// SendSystemCommand persists a command in the caller's transaction with the
+// node's next sequence number and wakes the node's session once it commits.
+// A repeated idempotency key returns the command already stored.
+func SendSystemCommand(ctx context.Context, tx store.Tx, notifier CommandNotifier, c SystemCommand) (string, error) {
+	params, err := paramsJSON(c.Params)
+	if err != nil {
+		return "", err
+	}
+	if c.TTL <= 0 {
+		c.TTL = defaultDeadline * time.Second
+	}
+	at := c.Time.UTC()
+	cmd, err := CommandInsert(ctx, tx, &CommandInsertParams{
+		ID: envelope.NewID(CommandIDPrefix, at), TenantID: c.TenantID, NodeID: c.NodeID, Kind: c.Kind, Params: params,
+		IdempotencyKey: c.IdempotencyKey, CreatedBy: c.CreatedBy, Deadline: at.Add(c.TTL), CreateTime: at,
+	})
+	if err != nil {
+		return "", err
+	}
+	if notifier != nil {
+		notifier.NotifyCommand(tx, c.NodeID)
+	}
+	return cmd.ID, nil
+}

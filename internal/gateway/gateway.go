@@ -37,9 +37,26 @@ const (
 	MinNonceBytes = 16
 )
 
+// Hooks is what the gateway tells another module, inside the transaction
+// that records the report, so both commit or neither does. Fleet paths make
+// no authorization call, and neither may a hook.
+type Hooks interface {
+	// NodeChanged: the node's inventory or device health changed.
+	NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error
+	// AllocationBound: the agent applied an allocation.bind.
+	AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocationID, cgroup string) error
+	// AllocationReleased: the agent removed an allocation.
+	AllocationReleased(ctx context.Context, tx store.Tx, nodeID, allocationID string) error
+	// NodesLost: the liveness sweep marked these nodes lost.
+	NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error
+}
+
 // Config configures a Gateway. Zero values take the defaults noted.
 type Config struct {
 	DB *store.DB
+	// Hooks, when set, act on what nodes report in the gateway's own
+	// transactions (capacity keeps atoms and reservations in step).
+	Hooks Hooks
 	// Authority is the PKI. It may be nil in a process that does not
 	// serve (an api or worker replica): the gateway then only wakes
 	// sessions (NotifyCommand) and runs the sweeps; Run fails.

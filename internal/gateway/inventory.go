@@ -395,6 +395,11 @@ func (s *session) commitSnapshot(digest string, sections map[string]*Section) er
 				return err
 			}
 		}
+		if h := g.cfg.Hooks; h != nil {
+			if err := h.NodeChanged(ctx, tx, s.nodeID); err != nil {
+				return err
+			}
+		}
 		var data map[string]any
 		_ = json.Unmarshal(b, &data)
 		data["digest"] = digest

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -397,6 +398,7 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		// A status report is a sign of life too.
 		s.g.beats.add(s.nodeID)
 		s.log.Debug("status", "health", msg.Status.GetHealth(), "events", len(msg.Status.GetEvents()))
+		return s.quarantine(msg.Status.GetEvents())
 	case *agentv1.AgentMessage_Inventory:
 		return s.inventory(msg.Inventory)
 	case *agentv1.AgentMessage_CommandUpdate:
@@ -536,6 +538,18 @@ func (s *session) allocation(typ, allocationID, commandID string, data map[strin
 			data = map[string]any{}
 		}
 		data["node_id"], data["command_id"] = s.nodeID, found.ID
+		if h := g.cfg.Hooks; h != nil {
+			var err error
+			if typ == "allocation.bound" {
+				cg, _ := data["cgroup"].(string)
+				err = h.AllocationBound(ctx, tx, s.nodeID, allocationID, cg)
+			} else {
+				err = h.AllocationReleased(ctx, tx, s.nodeID, allocationID)
+			}
+			if err != nil {
+				return err
+			}
+		}
 		return g.cfg.Recorder.InsertEvents(ctx, tx, []envelope.Event{{
 			Type: typ, TenantID: found.TenantID, ResourceType: "Allocation", ResourceID: allocationID,
 			Time: g.cfg.Clock.Now(), Data: data,
@@ -564,4 +578,43 @@ func namesAllocation(v any, allocationID string) bool {
 		}
 	}
 	return false
+}
+
+// ConditionGPUQuarantinedPrefix starts the condition type that takes one GPU
+// out of placement: "GpuQuarantined/<uuid>". The node stays schedulable.
+const ConditionGPUQuarantinedPrefix = "GpuQuarantined/"
+
+// fatalXIDs are the XID errors after which a GPU must not take new work
+// until an operator looks at it (NVIDIA XID catalogue: double-bit ECC,
+// row-remap failure, NVLink error, fallen off the bus, uncontained ECC).
+var fatalXIDs = map[int64]bool{48: true, 63: true, 64: true, 74: true, 79: true, 92: true, 94: true, 95: true}
+
+// quarantine records a GpuQuarantined condition for each GPU a fatal XID
+// names and tells the hooks, so placement stops using that GPU alone.
+func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
+	var conds []fleet.SessionCondition
+	for _, e := range evs {
+		if e.GetKind() != "gpu.xid" || e.GetDevice() == "" || !fatalXIDs[e.GetCode()] {
+			continue
+		}
+		conds = append(conds, fleet.SessionCondition{
+			Type: ConditionGPUQuarantinedPrefix + e.GetDevice(), Status: "true", Reason: fmt.Sprintf("XID%d", e.GetCode()),
+			Message: e.GetMessage(),
+		})
+	}
+	if len(conds) == 0 {
+		return nil
+	}
+	g := s.g
+	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		for _, c := range conds {
+			if err := fleet.SessionConditionSet(ctx, tx, s.nodeID, c); err != nil {
+				return err
+			}
+		}
+		if h := g.cfg.Hooks; h != nil {
+			return h.NodeChanged(ctx, tx, s.nodeID)
+		}
+		return nil
+	})
 }

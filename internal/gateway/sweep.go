@@ -29,6 +29,15 @@ func (g *Gateway) SweepLiveness(ctx context.Context) (unreachable, lost int, err
 		if err := g.nodeEvents(ctx, tx, "node.unreachable", u, nil); err != nil {
 			return err
 		}
+		if h := g.cfg.Hooks; h != nil && len(l) > 0 {
+			ids := make([]string, len(l))
+			for i, n := range l {
+				ids[i] = n.ID
+			}
+			if err := h.NodesLost(ctx, tx, ids); err != nil {
+				return err
+			}
+		}
 		return g.nodeEvents(ctx, tx, "node.lost", l, nil)
 	})
 	return unreachable, lost, err

@@ -25,7 +25,7 @@ type pick struct {
 func gpuUsable(g *GPU) bool { return !g.Quarantined && !g.PartitionPending }
 
 func modelOK(req *Request, g *GPU) bool {
-	return req.Model == "" || strings.EqualFold(req.Model, g.Model)
+	return req.Model == "" || ModelMatches(req.Model, g.Model)
 }
 
 // pickAtoms chooses the GPU atoms for req on n, or returns the reason none

@@ -64,3 +64,25 @@ func sentence(m map[string]int) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// Line is one (class, reason) count of an explanation.
+type Line struct {
+	Class  ClassKey
+	Reason string
+	Nodes  int
+}
+
+// Lines lists the rejections by class and reason, most nodes first, then by
+// class and reason, so the order is stable.
+func (e Explanation) Lines() []Line {
+	var out []Line
+	for c, m := range e.ByClass {
+		for r, n := range m {
+			out = append(out, Line{Class: c, Reason: r, Nodes: n})
+		}
+	}
+	slices.SortFunc(out, func(a, b Line) int {
+		return cmp.Or(cmp.Compare(b.Nodes, a.Nodes), cmp.Compare(a.Class.String(), b.Class.String()), cmp.Compare(a.Reason, b.Reason))
+	})
+	return out
+}

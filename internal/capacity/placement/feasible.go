@@ -164,7 +164,7 @@ func checkHost(req *Request, n *Node) string {
 // so it never rejects a node the full chain would accept; it runs first, so
 // a node that fails both is counted under the summary's reason.
 func checkSummary(req *Request, s *NodeSummary) string {
-	if req.Model != "" && s.Class.Model != "" && !strings.EqualFold(req.Model, s.Class.Model) {
+	if req.Model != "" && s.Class.Model != "" && !ModelMatches(req.Model, s.Class.Model) {
 		return ReasonModel
 	}
 	if req.MIGProfile == "" && req.GPUs > s.FreeGPUs {

@@ -30,7 +30,7 @@ var migLayouts = map[string][]MIGProfile{
 // does not support MIG. The model name is matched case-insensitively.
 func MIGProfiles(model string) []MIGProfile {
 	for m, p := range migLayouts {
-		if strings.EqualFold(m, model) {
+		if ModelMatches(model, m) {
 			return slices.Clone(p)
 		}
 	}
@@ -41,7 +41,7 @@ func MIGProfiles(model string) []MIGProfile {
 // when the model does not support that profile.
 func migMax(model, profile string) int {
 	for m, ps := range migLayouts {
-		if !strings.EqualFold(m, model) {
+		if !ModelMatches(model, m) {
 			continue
 		}
 		for _, p := range ps {
@@ -63,4 +63,14 @@ func migProfileKnown(profile string) bool {
 		}
 	}
 	return false
+}
+
+// ModelMatches reports whether a GPU of model have satisfies a request for
+// model want: the same name, or want is its first word ("H100" matches
+// "H100 80GB"). Case does not matter.
+func ModelMatches(want, have string) bool {
+	if strings.EqualFold(want, have) {
+		return true
+	}
+	return len(have) > len(want) && have[len(want)] == ' ' && strings.EqualFold(want, have[:len(want)])
 }

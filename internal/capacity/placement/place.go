@@ -3,7 +3,6 @@ package placement
 import (
 	"cmp"
 	"slices"
-	"strings"
 )
 
 // DefaultLimit is how many plans Place returns when Options.Limit is zero.
@@ -49,7 +48,7 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 		ex.Evaluated += len(idx)
 		// A whole class of the wrong model is rejected from the index,
 		// without loading any node's detail.
-		if req.Model != "" && class.Key.Model != "" && !strings.EqualFold(req.Model, class.Key.Model) {
+		if req.Model != "" && class.Key.Model != "" && !ModelMatches(req.Model, class.Key.Model) {
 			ex.reject(class.Key, ReasonModel, len(idx))
 			continue
 		}
@@ -89,7 +88,7 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	}
 	for i := range top {
 		cpus, _ := pickCPUs(req.VCPU, snap.node(snap.index[top[i].NodeID]), top[i].NUMA)
-		top[i].CPUSet = cpuset(cpus)
+		top[i].CPUSet, top[i].CPUs = cpuset(cpus), cpus
 	}
 	res.Plans = top
 	return res, nil

@@ -334,7 +334,9 @@ type Plan struct {
 	// CPUSet is a hint of the CPUs to pin, e.g. "0-3,8"; empty when the
 	// request asks for no vCPUs or the free CPUs are not known.
 	CPUSet string
-	Score  ScoreBreakdown
+	// CPUs is CPUSet as a list, in order.
+	CPUs  []int
+	Score ScoreBreakdown
 }
 
 // Result is what Place returns: plans best first and why the other nodes

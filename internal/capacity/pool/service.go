@@ -19,11 +19,25 @@ import (
 
 // Service serves the PoolService API.
 type Service struct {
-	env *envelope.Envelope
+	env     *envelope.Envelope
+	changed ChangeHook
 }
 
-// NewService returns the pool handlers.
-func NewService(env *envelope.Envelope) *Service { return &Service{env: env} }
+// ChangeHook runs in the transaction of every create, update and archive,
+// so that membership follows the pool's selector at once.
+type ChangeHook func(ctx context.Context, tx store.Tx, tenantID string) error
+
+// NewService returns the pool handlers; changed may be nil.
+func NewService(env *envelope.Envelope, changed ChangeHook) *Service {
+	return &Service{env: env, changed: changed}
+}
+
+func (s *Service) notify(ctx context.Context, tx store.Tx, tenantID string) error {
+	if s.changed == nil {
+		return nil
+	}
+	return s.changed(ctx, tx, tenantID)
+}
 
 var _ apiv1connect.PoolServiceHandler = (*Service)(nil)
 
@@ -38,6 +52,13 @@ const (
 	GPUSharingMIG       = "mig"
 	GPUSharingTimeslice = "timeslice"
 	GPUSharingMPS       = "mps"
+
+	OnNodeLostRelease = "release"
+	OnNodeLostReplace = "replace"
+
+	// DefaultMaxPending is how many reservations may wait in a pool whose
+	// policy leaves max_pending at 0.
+	DefaultMaxPending = 1000
 
 	MaxSlotsPerGPU     = 48
 	MaxDurationSeconds = 30 * 24 * 3600
@@ -73,7 +94,14 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	default:
 		vs.Add("policy.gpu_sharing", "must be one of exclusive, mig, timeslice, mps, got %q", truncate(p.GetGpuSharing()))
 	}
-	nonNeg("policy.max_pending", int64(p.GetMaxPending()))
+	if p.GetMaxPending() < -1 {
+		vs.Add("policy.max_pending", "must be -1 (none wait), 0 (the default) or positive, got %d", p.GetMaxPending())
+	}
+	switch p.GetOnNodeLost() {
+	case "", OnNodeLostRelease, OnNodeLostReplace:
+	default:
+		vs.Add("policy.on_node_lost", "must be release or replace, got %q", truncate(p.GetOnNodeLost()))
+	}
 	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
 	nonNeg("policy.min_duration_seconds", minD)
 	switch {
@@ -94,6 +122,9 @@ func normalPolicy(p *apiv1.PoolPolicy) *apiv1.PoolPolicy {
 	}
 	if out.GpuSharing == "" {
 		out.GpuSharing = GPUSharingExclusive
+	}
+	if out.OnNodeLost == "" {
+		out.OnNodeLost = OnNodeLostRelease
 	}
 	if out.HostReserve == nil {
 		out.HostReserve = &apiv1.HostReserve{}
@@ -231,6 +262,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateP
 				return nil, err
 			}
 			tx.SetResource(p.ID, "")
+			if err := s.notify(ctx, tx, p.TenantID); err != nil {
+				return nil, err
+			}
 			tx.Emit(envelope.Event{Type: "pool.created", TenantID: p.TenantID, ResourceType: "Pool", ResourceID: p.ID,
 				Data: map[string]any{"name": p.Name}})
 			return &apiv1.CreatePoolResponse{Pool: Proto(p)}, nil
@@ -290,6 +324,9 @@ func (s *Service) Update(ctx context.Context, req *connect.Request[apiv1.UpdateP
 			if cur, err = Get(ctx, tx, cur.TenantID, cur.ID); err != nil {
 				return nil, err
 			}
+			if err := s.notify(ctx, tx, cur.TenantID); err != nil {
+				return nil, err
+			}
 			tx.Emit(envelope.Event{Type: "pool.updated", TenantID: cur.TenantID, ResourceType: "Pool", ResourceID: cur.ID,
 				Data: map[string]any{"name": cur.Name, "selector": msg.GetSelector() != nil, "policy": msg.GetPolicy() != nil}})
 			return &apiv1.UpdatePoolResponse{Pool: Proto(cur)}, nil
@@ -326,6 +363,9 @@ func (s *Service) Archive(ctx context.Context, req *connect.Request[apiv1.Archiv
 				return nil, err
 			}
 			if ok {
+				if err := s.notify(ctx, tx, cur.TenantID); err != nil {
+					return nil, err
+				}
 				tx.Emit(envelope.Event{Type: "pool.archived", TenantID: cur.TenantID, ResourceType: "Pool", ResourceID: cur.ID,
 					Data: map[string]any{"name": cur.Name}})
 			}

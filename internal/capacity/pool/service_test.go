@@ -147,7 +147,7 @@ func TestPoolValidation(t *testing.T) {
 		{"policy.gpu_sharing", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{GpuSharing: "shared"}}},
 		{"policy.per_gpu.vcpu", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{PerGpu: &apiv1.PerGpuShare{Vcpu: -1}}}},
 		{"policy.host_reserve.memory_gib", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{HostReserve: &apiv1.HostReserve{MemoryGib: -1}}}},
-		{"policy.max_pending", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MaxPending: -1}}},
+		{"policy.max_pending", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MaxPending: -2}}},
 		{"policy.max_duration_seconds", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MaxDurationSeconds: 31 * 24 * 3600}}},
 		{"policy.min_duration_seconds", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MinDurationSeconds: 7200, MaxDurationSeconds: 3600}}},
 	}

@@ -220,14 +220,19 @@ type PoolPolicy struct {
 	SlotsPerGpu int32 `protobuf:"varint,4,opt,name=slots_per_gpu,json=slotsPerGpu,proto3" json:"slots_per_gpu,omitempty"`
 	// Nodes of the pool serve one tenant's workloads at a time.
 	SingleTenant bool `protobuf:"varint,5,opt,name=single_tenant,json=singleTenant,proto3" json:"single_tenant,omitempty"`
-	// Bookings that may wait for capacity; 0 means none queue.
+	// Reservations that may wait for capacity in this pool: 0 takes the
+	// default (1000), -1 means none wait (a request that does not fit now
+	// fails with NO_CAPACITY).
 	MaxPending int32 `protobuf:"varint,6,opt,name=max_pending,json=maxPending,proto3" json:"max_pending,omitempty"`
 	// Booking duration bounds in seconds; 0 means unbounded. max is at most
 	// 30 days and min at most max.
 	MinDurationSeconds int64 `protobuf:"varint,7,opt,name=min_duration_seconds,json=minDurationSeconds,proto3" json:"min_duration_seconds,omitempty"`
 	MaxDurationSeconds int64 `protobuf:"varint,8,opt,name=max_duration_seconds,json=maxDurationSeconds,proto3" json:"max_duration_seconds,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// What a lost node does to its reservations: release (the default) ends
+	// them; replace puts them back in the queue to be placed elsewhere.
+	OnNodeLost    string `protobuf:"bytes,9,opt,name=on_node_lost,json=onNodeLost,proto3" json:"on_node_lost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolPolicy) Reset() {
@@ -314,6 +319,13 @@ func (x *PoolPolicy) GetMaxDurationSeconds() int64 {
 		return x.MaxDurationSeconds
 	}
 	return 0
+}
+
+func (x *PoolPolicy) GetOnNodeLost() string {
+	if x != nil {
+		return x.OnNodeLost
+	}
+	return ""
 }
 
 // PerGpuShare is the host share that comes with each GPU.
@@ -1042,7 +1054,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\xfd\x02\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\x9f\x03\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1054,7 +1066,9 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\vmax_pending\x18\x06 \x01(\x05R\n" +
 	"maxPending\x120\n" +
 	"\x14min_duration_seconds\x18\a \x01(\x03R\x12minDurationSeconds\x120\n" +
-	"\x14max_duration_seconds\x18\b \x01(\x03R\x12maxDurationSeconds\"e\n" +
+	"\x14max_duration_seconds\x18\b \x01(\x03R\x12maxDurationSeconds\x12 \n" +
+	"\fon_node_lost\x18\t \x01(\tR\n" +
+	"onNodeLost\"e\n" +
 	"\vPerGpuShare\x12\x12\n" +
 	"\x04vcpu\x18\x01 \x01(\x05R\x04vcpu\x12\x1d\n" +
 	"\n" +

@@ -68,6 +68,9 @@ CREATE TABLE reservations (
     command_id     TEXT NOT NULL DEFAULT '',
     bind_attempts  INTEGER NOT NULL DEFAULT 0,
     bind_deadline  TIMESTAMPTZ,
+    -- The active interval, for usage: set on entering and leaving active.
+    active_since   TIMESTAMPTZ,
+    active_until   TIMESTAMPTZ,
     created_by     TEXT NOT NULL,
     create_time    TIMESTAMPTZ NOT NULL,
     update_time    TIMESTAMPTZ NOT NULL,

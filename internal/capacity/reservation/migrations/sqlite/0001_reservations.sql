@@ -68,6 +68,9 @@ CREATE TABLE reservations (
     command_id     TEXT NOT NULL DEFAULT '',
     bind_attempts  INTEGER NOT NULL DEFAULT 0,
     bind_deadline  TIMESTAMP,
+    -- The active interval, for usage: set on entering and leaving active.
+    active_since   TIMESTAMP,
+    active_until   TIMESTAMP,
     created_by     TEXT NOT NULL,
     create_time    TIMESTAMP NOT NULL,
     update_time    TIMESTAMP NOT NULL,

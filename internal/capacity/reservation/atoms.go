@@ -1,0 +1,691 @@
+package reservation
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Atom kinds.
+const (
+	KindGPU  = "gpu"
+	KindMIG  = "mig"
+	KindSlot = "slot"
+	KindCPU  = "cpu"
+)
+
+// ConditionPoolMembership is the node condition that shows a node two pools
+// claim (status true: it is in none until the selectors are fixed).
+const ConditionPoolMembership = "PoolConflict"
+
+// conditionGPUQuarantined starts the node condition that quarantines one GPU
+// (set by the gateway on a fatal XID).
+const conditionGPUQuarantined = "GpuQuarantined/"
+
+// atomRow is one row of atoms.
+type atomRow struct {
+	ID, NodeID, Kind, GPUUUID, Model string
+	GPUIndex, NUMA, Island, MemMiB   int
+	Profile                          string
+	Quarantined, PartitionPending    bool
+}
+
+func (a atomRow) same(b atomRow) bool { return a == b }
+
+// nodeFacts is what reconciling a node reads.
+type nodeFacts struct {
+	ID, TenantID, PoolName, State string
+	Labels                        map[string]string
+}
+
+// EffectiveLabels are a node's labels plus the ones derived from its
+// inventory, which pool selectors and requests can match: gpu.model (the
+// product name, "H100"), gpu.count and gpu.memory ("80GB"). Labels the
+// operator set win over derived ones.
+func EffectiveLabels(labels map[string]string, gpuNames []string, gpuMemMiB []int) map[string]string {
+	out := make(map[string]string, len(labels)+3)
+	if len(gpuNames) > 0 {
+		out["gpu.model"] = ShortModel(gpuNames[0])
+		out["gpu.count"] = strconv.Itoa(len(gpuNames))
+		if len(gpuMemMiB) > 0 {
+			out["gpu.memory"] = strings.TrimPrefix(CanonicalModel(gpuNames[0], gpuMemMiB[0]), ShortModel(gpuNames[0])+" ")
+		}
+	}
+	for k, v := range labels {
+		out[k] = v
+	}
+	return out
+}
+
+type gpuFacts struct {
+	UUID, Model, MigMode string
+	Index, NUMA, MemMiB  int
+}
+
+func readGPUs(ctx context.Context, q store.Querier, nodeID string) ([]gpuFacts, error) {
+	rows, err := q.Query(ctx, `SELECT uuid, idx, model, memory_mib, numa_node, mig_mode FROM gpus WHERE node_id = $1 ORDER BY idx, uuid`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpuFacts
+	for rows.Next() {
+		var g gpuFacts
+		if err := rows.Scan(&g.UUID, &g.Index, &g.Model, &g.MemMiB, &g.NUMA, &g.MigMode); err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, error) {
+	var n nodeFacts
+	var labels string
+	err := q.QueryRow(ctx, `SELECT id, tenant_id, pool, state, labels FROM nodes WHERE id = $1`, nodeID).
+		Scan(&n.ID, &n.TenantID, &n.PoolName, &n.State, &labels)
+	if err != nil {
+		return n, err
+	}
+	if err := json.Unmarshal([]byte(labels), &n.Labels); err != nil {
+		n.Labels = map[string]string{}
+	}
+	return n, nil
+}
+
+// activePools is a tenant's active pools, decoded.
+type activePool struct {
+	pool.Pool
+	api *apiv1.Pool
+	sel []placement.LabelRequirement
+}
+
+func readPools(ctx context.Context, q store.Querier, tenantID string) ([]activePool, error) {
+	var out []activePool
+	after := ""
+	for {
+		ps, err := pool.List(ctx, q, &pool.ListParams{TenantID: tenantID, After: after, Limit: 500})
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ps {
+			api := pool.Proto(p)
+			ap := activePool{Pool: p, api: api}
+			for _, r := range api.GetSelector() {
+				ap.sel = append(ap.sel, placement.LabelRequirement{Key: r.GetKey(), Op: placement.LabelOp(r.GetOperator()), Values: r.GetValues()})
+			}
+			out = append(out, ap)
+		}
+		if len(ps) < 500 {
+			return out, nil
+		}
+		after = ps[len(ps)-1].ID
+	}
+}
+
+func (p *activePool) matches(n *nodeFacts, labels map[string]string) bool {
+	if n.PoolName != "" && (n.PoolName == p.Name || n.PoolName == p.ID) {
+		return true // adopted explicitly by its join token
+	}
+	if len(p.sel) == 0 {
+		// An empty selector takes no node by labels: a pool that silently
+		// claimed every node would collide with every other pool.
+		return false
+	}
+	for _, r := range p.sel {
+		if !r.Matches(labels) {
+			return false
+		}
+	}
+	return true
+}
+
+// Reconciler keeps membership, atoms and host resources in step with
+// inventory and pools. It is level-triggered: it reads the world, writes the
+// difference, and running it twice changes nothing more.
+type Reconciler struct {
+	// Wake is called (in the transaction) with the pools that gained
+	// capacity, so the queued placer looks at them; may be nil.
+	Wake func(ctx context.Context, tx store.Tx, poolIDs []string) error
+}
+
+// ReconcileTenant reconciles every node of a tenant (a pool changed).
+func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID string) error {
+	pools, err := readPools(ctx, tx, tenantID)
+	if err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var woken []string
+	for _, id := range ids {
+		w, err := rc.reconcile(ctx, tx, id, pools)
+		if err != nil {
+			return err
+		}
+		woken = append(woken, w...)
+	}
+	return rc.wake(ctx, tx, woken)
+}
+
+// ReconcileNode reconciles one node (its inventory or health changed).
+func (rc *Reconciler) ReconcileNode(ctx context.Context, tx store.Tx, nodeID string) error {
+	n, err := readNode(ctx, tx, nodeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	pools, err := readPools(ctx, tx, n.TenantID)
+	if err != nil {
+		return err
+	}
+	woken, err := rc.reconcile(ctx, tx, nodeID, pools)
+	if err != nil {
+		return err
+	}
+	return rc.wake(ctx, tx, woken)
+}
+
+func (rc *Reconciler) wake(ctx context.Context, tx store.Tx, pools []string) error {
+	slices.Sort(pools)
+	pools = slices.Compact(pools)
+	if rc.Wake == nil || len(pools) == 0 {
+		return nil
+	}
+	return rc.Wake(ctx, tx, pools)
+}
+
+// reconcile brings one node's membership, atoms and host resources in step.
+// It returns the pools that may now fit more.
+func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string, pools []activePool) ([]string, error) {
+	n, err := readNode(ctx, tx, nodeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	gpus, err := readGPUs(ctx, tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(gpus))
+	mems := make([]int, len(gpus))
+	for i, g := range gpus {
+		names[i], mems[i] = g.Model, g.MemMiB
+	}
+	labels := EffectiveLabels(n.Labels, names, mems)
+
+	// Membership.
+	var member *activePool
+	var claimants []string
+	if n.State != "retired" {
+		for i := range pools {
+			if pools[i].matches(&n, labels) {
+				claimants = append(claimants, pools[i].Name)
+				if member == nil {
+					member = &pools[i]
+				}
+			}
+		}
+	}
+	poolID, conflict := "", ""
+	switch {
+	case len(claimants) > 1:
+		member = nil
+		conflict = "matches pools " + strings.Join(claimants, ", ") + "; a node belongs to one pool"
+	case member != nil:
+		poolID = member.ID
+	}
+	oldPool := ""
+	err = tx.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, nodeID).Scan(&oldPool)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO node_pools (node_id, tenant_id, pool_id, conflict, update_time) VALUES ($1, $2, $3, $4, compute_now())
+		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, pool_id = excluded.pool_id, conflict = excluded.conflict,
+			update_time = CASE WHEN node_pools.pool_id = excluded.pool_id AND node_pools.conflict = excluded.conflict
+				THEN node_pools.update_time ELSE excluded.update_time END`,
+		nodeID, n.TenantID, poolID, conflict); err != nil {
+		return nil, err
+	}
+	if err := setPoolCondition(ctx, tx, nodeID, conflict); err != nil {
+		return nil, err
+	}
+
+	var policy *apiv1.PoolPolicy
+	if member != nil {
+		policy = member.api.GetPolicy()
+	}
+	quarantined, err := quarantinedGPUs(ctx, tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	want, err := desiredAtoms(ctx, tx, nodeID, gpus, policy, quarantined)
+	if err != nil {
+		return nil, err
+	}
+	have, err := readAtoms(ctx, tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	held, err := heldAtoms(ctx, tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	// An atom a live reservation holds is never deleted under it: it stays,
+	// quarantined, until the reservation ends and the next pass drops it.
+	for id, a := range have {
+		if _, ok := want[id]; !ok && held[id] {
+			a.Quarantined = true
+			want[id] = a
+		}
+	}
+
+	// Rollups: take the node's old contribution out, put the new one in.
+	if err := rollupNode(ctx, tx, oldPool, have, -1); err != nil {
+		return nil, err
+	}
+	if err := rollupNode(ctx, tx, poolID, want, +1); err != nil {
+		return nil, err
+	}
+
+	gained := poolID != "" && (poolID != oldPool || freeCount(want) > freeCount(have))
+	for id, a := range want {
+		if old, ok := have[id]; ok && old.same(a) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO atoms (id, node_id, kind, gpu_uuid, model, gpu_index, numa, island, memory_mib, profile,
+				quarantined, partition_pending, update_time)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute_now())
+			ON CONFLICT (id) DO UPDATE SET node_id = excluded.node_id, kind = excluded.kind, gpu_uuid = excluded.gpu_uuid,
+				model = excluded.model, gpu_index = excluded.gpu_index, numa = excluded.numa, island = excluded.island,
+				memory_mib = excluded.memory_mib, profile = excluded.profile, quarantined = excluded.quarantined,
+				partition_pending = excluded.partition_pending, update_time = excluded.update_time`,
+			a.ID, a.NodeID, a.Kind, a.GPUUUID, a.Model, a.GPUIndex, a.NUMA, a.Island, a.MemMiB, a.Profile,
+			a.Quarantined, a.PartitionPending); err != nil {
+			return nil, err
+		}
+	}
+	for id := range have {
+		if _, ok := want[id]; !ok {
+			if _, err := tx.Exec(ctx, `DELETE FROM atoms WHERE id = $1`, id); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := reconcileHost(ctx, tx, nodeID, policy); err != nil {
+		return nil, err
+	}
+	if gained {
+		return []string{poolID}, nil
+	}
+	return nil, nil
+}
+
+func freeCount(atoms map[string]atomRow) int {
+	n := 0
+	for _, a := range atoms {
+		if a.Kind != KindCPU && !a.Quarantined && !a.PartitionPending {
+			n++
+		}
+	}
+	return n
+}
+
+func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string) error {
+	status, reason, msg := "false", "OnePool", "the node belongs to at most one pool"
+	if conflict == "" {
+		// Only a node that once had a conflict carries the condition.
+		_, err := tx.Exec(ctx, `UPDATE node_conditions SET status = $3, reason = $4, message = $5, update_time = compute_now()
+			WHERE node_id = $1 AND type = $2 AND status <> $3`, nodeID, ConditionPoolMembership, status, reason, msg)
+		return err
+	}
+	status, reason, msg = "true", "SelectorsOverlap", conflict
+	// node_conditions is the fleet's table; capacity owns this one type.
+	_, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
+		VALUES ($1, $2, $3, $4, $5, compute_now())
+		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
+			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
+		nodeID, ConditionPoolMembership, status, reason, msg)
+	return err
+}
+
+func quarantinedGPUs(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
+	rows, err := q.Query(ctx, `SELECT type FROM node_conditions WHERE node_id = $1 AND status = 'true' AND type LIKE 'GpuQuarantined/%'`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		out[strings.TrimPrefix(t, conditionGPUQuarantined)] = true
+	}
+	return out, rows.Err()
+}
+
+// islands groups a node's GPUs into NVLink islands: connected components of
+// the NVLink graph, named by their lowest GPU index; a GPU without peers has
+// island -1.
+func islands(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT gpu_uuid, peer_uuid FROM nvlinks WHERE node_id = $1`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	parent := map[string]string{}
+	var find func(string) string
+	find = func(x string) string {
+		for parent[x] != x {
+			parent[x] = parent[parent[x]]
+			x = parent[x]
+		}
+		return x
+	}
+	index := map[string]int{}
+	for _, g := range gpus {
+		parent[g.UUID] = g.UUID
+		index[g.UUID] = g.Index
+	}
+	linked := map[string]bool{}
+	for rows.Next() {
+		var a, b string
+		if err := rows.Scan(&a, &b); err != nil {
+			return nil, err
+		}
+		if _, ok := parent[a]; !ok {
+			continue
+		}
+		if _, ok := parent[b]; !ok {
+			continue
+		}
+		linked[a], linked[b] = true, true
+		ra, rb := find(a), find(b)
+		if ra != rb {
+			parent[ra] = rb
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	low := map[string]int{}
+	for _, g := range gpus {
+		r := find(g.UUID)
+		if v, ok := low[r]; !ok || g.Index < v {
+			low[r] = g.Index
+		}
+	}
+	out := map[string]int{}
+	for _, g := range gpus {
+		if !linked[g.UUID] {
+			out[g.UUID] = -1
+			continue
+		}
+		out[g.UUID] = low[find(g.UUID)]
+	}
+	return out, nil
+}
+
+type migFacts struct {
+	Profile string
+	GIID    int
+}
+
+func readMIG(ctx context.Context, q store.Querier, nodeID string) (map[string][]migFacts, error) {
+	rows, err := q.Query(ctx, `SELECT m.gpu_uuid, m.profile, m.gpu_instance_id FROM mig_instances m JOIN gpus g ON g.uuid = m.gpu_uuid
+		WHERE g.node_id = $1 ORDER BY m.gpu_uuid, m.profile, m.gpu_instance_id`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]migFacts{}
+	for rows.Next() {
+		var u string
+		var m migFacts
+		if err := rows.Scan(&u, &m.Profile, &m.GIID); err != nil {
+			return nil, err
+		}
+		out[u] = append(out[u], m)
+	}
+	return out, rows.Err()
+}
+
+// desiredAtoms derives a node's atoms from its inventory and its pool's
+// sharing mode: whole GPUs, the MIG instances the GPU model's layout allows,
+// or shared slots; and one atom per CPU the host does not keep.
+func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts, policy *apiv1.PoolPolicy, quarantined map[string]bool) (map[string]atomRow, error) {
+	isl, err := islands(ctx, q, nodeID, gpus)
+	if err != nil {
+		return nil, err
+	}
+	mig, err := readMIG(ctx, q, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	sharing := policy.GetGpuSharing()
+	out := map[string]atomRow{}
+	for _, g := range gpus {
+		base := atomRow{NodeID: nodeID, GPUUUID: g.UUID, Model: CanonicalModel(g.Model, g.MemMiB), GPUIndex: g.Index,
+			NUMA: g.NUMA, Island: isl[g.UUID], MemMiB: g.MemMiB, Quarantined: quarantined[g.UUID],
+			PartitionPending: g.MigMode == "pending"}
+		switch sharing {
+		case pool.GPUSharingMIG:
+			layout := placement.MIGProfiles(base.Model)
+			count := map[string]int{}
+			for _, m := range mig[g.UUID] {
+				if !slices.ContainsFunc(layout, func(p placement.MIGProfile) bool { return p.Name == m.Profile }) {
+					continue // the layout gate: a profile the model does not support is never booked
+				}
+				a := base
+				a.Kind, a.Profile = KindMIG, m.Profile
+				a.ID = fmt.Sprintf("%s/mig/%s/%d", g.UUID, m.Profile, count[m.Profile])
+				count[m.Profile]++
+				out[a.ID] = a
+			}
+		case pool.GPUSharingTimeslice, pool.GPUSharingMPS:
+			for k := range int(policy.GetSlotsPerGpu()) {
+				a := base
+				a.Kind, a.ID = KindSlot, g.UUID+"/s"+strconv.Itoa(k)
+				out[a.ID] = a
+			}
+		default:
+			a := base
+			a.Kind, a.ID = KindGPU, g.UUID
+			out[a.ID] = a
+		}
+	}
+	numas, err := readNUMA(ctx, q, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	reserved := reservedCPUs(numas, int(policy.GetHostReserve().GetVcpu()))
+	for _, nn := range numas {
+		for _, c := range nn.CPUs {
+			if reserved[c] {
+				continue
+			}
+			out[cpuAtom(nodeID, c)] = atomRow{ID: cpuAtom(nodeID, c), NodeID: nodeID, Kind: KindCPU, NUMA: nn.ID, Island: -1, GPUIndex: c}
+		}
+	}
+	return out, nil
+}
+
+type numaFacts struct {
+	ID                   int
+	CPUs                 []int
+	MemMiB, HP2Mi, HP1Gi int
+}
+
+func readNUMA(ctx context.Context, q store.Querier, nodeID string) ([]numaFacts, error) {
+	rows, err := q.Query(ctx, `SELECT numa_id, cpus, memory_mib, hugepages_2mi, hugepages_1gi FROM numa_nodes WHERE node_id = $1 ORDER BY numa_id`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []numaFacts
+	for rows.Next() {
+		var n numaFacts
+		var cpus string
+		if err := rows.Scan(&n.ID, &cpus, &n.MemMiB, &n.HP2Mi, &n.HP1Gi); err != nil {
+			return nil, err
+		}
+		if n.CPUs, err = parseCPUList(cpus); err != nil {
+			n.CPUs = nil // a bad list offers no CPUs rather than wrong ones
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// reservedCPUs picks the CPUs the host keeps: the lowest of each NUMA node in
+// turn, so the reserve does not drain one node's local CPUs.
+func reservedCPUs(numas []numaFacts, n int) map[int]bool {
+	out := map[int]bool{}
+	for round := 0; len(out) < n; round++ {
+		took := false
+		for _, nn := range numas {
+			if len(out) >= n {
+				break
+			}
+			if round < len(nn.CPUs) {
+				out[nn.CPUs[round]] = true
+				took = true
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	return out
+}
+
+func readAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]atomRow, error) {
+	rows, err := q.Query(ctx, `SELECT id, node_id, kind, gpu_uuid, model, gpu_index, numa, island, memory_mib, profile, quarantined, partition_pending
+		FROM atoms WHERE node_id = $1`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]atomRow{}
+	for rows.Next() {
+		var a atomRow
+		if err := rows.Scan(&a.ID, &a.NodeID, &a.Kind, &a.GPUUUID, &a.Model, &a.GPUIndex, &a.NUMA, &a.Island, &a.MemMiB, &a.Profile,
+			&a.Quarantined, &a.PartitionPending); err != nil {
+			return nil, err
+		}
+		out[a.ID] = a
+	}
+	return out, rows.Err()
+}
+
+// heldAtoms is the set of the node's atoms live reservations hold.
+func heldAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
+	rs, err := onNode(ctx, q, nodeID, StatePlaced, StateBinding, StateActive)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, r := range rs {
+		for _, a := range r.Placement.Atoms {
+			out[a] = true
+		}
+	}
+	return out, nil
+}
+
+type rollupKey struct{ model, kind string }
+
+func rollupNode(ctx context.Context, tx store.Tx, poolID string, atoms map[string]atomRow, sign int) error {
+	if poolID == "" {
+		return nil
+	}
+	type counts struct{ total, quarantined int }
+	by := map[rollupKey]*counts{}
+	for _, a := range atoms {
+		if a.Kind == KindCPU {
+			continue
+		}
+		k := rollupKey{a.Model, a.Kind}
+		c := by[k]
+		if c == nil {
+			c = &counts{}
+			by[k] = c
+		}
+		c.total++
+		if a.Quarantined || a.PartitionPending {
+			c.quarantined++
+		}
+	}
+	keys := make([]rollupKey, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].model+keys[i].kind < keys[j].model+keys[j].kind })
+	for _, k := range keys {
+		c := by[k]
+		if err := RollupAdd(ctx, tx, poolID, k.model, k.kind, sign*c.total, 0, sign*c.quarantined); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reconcileHost writes the node's allocatable host resources: memory minus
+// hugepage pools minus the host reserve, and the CPUs left after the reserve.
+func reconcileHost(ctx context.Context, tx store.Tx, nodeID string, policy *apiv1.PoolPolicy) error {
+	numas, err := readNUMA(ctx, tx, nodeID)
+	if err != nil {
+		return err
+	}
+	var memMiB, hp2, hp1, cpus int
+	for _, n := range numas {
+		memMiB += n.MemMiB - n.HP2Mi*2 - n.HP1Gi*1024
+		hp2 += n.HP2Mi
+		hp1 += n.HP1Gi
+		cpus += len(n.CPUs)
+	}
+	reserve := policy.GetHostReserve()
+	reserved := reservedCPUs(numas, int(reserve.GetVcpu()))
+	memGiB := max(0, memMiB/1024-int(reserve.GetMemoryGib()))
+	keys := make([]int, 0, len(reserved))
+	for c := range reserved {
+		keys = append(keys, c)
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO host_resources (node_id, vcpu, memory_gib, hugepages_2mi, hugepages_1gi, reserved_cpus, version, update_time)
+		VALUES ($1, $2, $3, $4, $5, $6, 0, compute_now())
+		ON CONFLICT (node_id) DO UPDATE SET vcpu = excluded.vcpu, memory_gib = excluded.memory_gib, hugepages_2mi = excluded.hugepages_2mi,
+			hugepages_1gi = excluded.hugepages_1gi, reserved_cpus = excluded.reserved_cpus, update_time = excluded.update_time`,
+		nodeID, cpus-len(reserved), memGiB, hp2, hp1, formatCPUList(keys))
+	return err
+}

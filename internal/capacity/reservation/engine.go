@@ -1,0 +1,447 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// CommandSender persists a command for a node in the caller's transaction
+// and wakes the node's session once it commits: the fleet's command path.
+type CommandSender interface {
+	Send(ctx context.Context, tx store.Tx, c Command) (commandID string, err error)
+}
+
+// Command is one command for a node.
+type Command struct {
+	TenantID, NodeID, Kind string
+	Params                 map[string]any
+	IdempotencyKey         string
+	CreatedBy              string
+	TTL                    time.Duration
+	Time                   time.Time
+}
+
+// Command kinds the engine sends (the agent's names).
+const (
+	KindAllocationBind    = "allocation.bind"
+	KindAllocationRelease = "allocation.release"
+)
+
+// MaxReplans is how many times one placement is retried after losing a race
+// for its atoms before the reservation waits in the queue.
+const MaxReplans = 3
+
+// Engine carries a reservation through its life. Every method runs in the
+// caller's transaction and returns the events to record with it.
+type Engine struct {
+	Clock    clock.Clock
+	Commands CommandSender
+	// Enqueue inserts a job in the caller's transaction.
+	Enqueue func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error
+	// BindTimeout bounds an allocation.bind; default 60s. BindAttempts is
+	// how many are sent before the reservation fails; default 3.
+	BindTimeout  time.Duration
+	BindAttempts int
+	Reconciler   Reconciler
+
+	// LockHold observes how long the placement section of a write held the
+	// writer (benchmarks read it); nil skips it.
+	LockHold func(time.Duration)
+	replans  atomic.Int64
+}
+
+func (e *Engine) bindTimeout() time.Duration {
+	if e.BindTimeout <= 0 {
+		return time.Minute
+	}
+	return e.BindTimeout
+}
+
+func (e *Engine) bindAttempts() int {
+	if e.BindAttempts <= 0 {
+		return 3
+	}
+	return e.BindAttempts
+}
+
+// Replans counts placements retried after a lost race (for benchmarks).
+func (e *Engine) Replans() int64 { return e.replans.Load() }
+
+func event(typ string, r *Reservation, data map[string]any) envelope.Event {
+	if data == nil {
+		data = map[string]any{}
+	}
+	data["state"] = r.State
+	if r.NodeID != "" {
+		data["node_id"] = r.NodeID
+	}
+	return envelope.Event{Type: typ, TenantID: r.TenantID, ResourceType: "Reservation", ResourceID: r.ID, Data: data}
+}
+
+// savepoint runs fn under a savepoint: an error rolls back fn's writes only,
+// leaving the transaction usable (PostgreSQL aborts a transaction on any
+// error otherwise).
+func savepoint(ctx context.Context, tx store.Tx, fn func() error) error {
+	return savepointNamed(ctx, tx, "place", fn)
+}
+
+func savepointNamed(ctx context.Context, tx store.Tx, name string, fn func() error) error {
+	if _, err := tx.Exec(ctx, `SAVEPOINT `+name); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
+		if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT `+name); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+		_, rerr := tx.Exec(ctx, `RELEASE SAVEPOINT `+name)
+		return errors.Join(err, rerr)
+	}
+	_, err := tx.Exec(ctx, `RELEASE SAVEPOINT `+name)
+	return err
+}
+
+// errHostFull: the node's host memory is taken by a booking placement did not
+// see; like an overlap, it means replan.
+var errHostFull = errors.New("host resources taken concurrently")
+
+// request is the placement request of a reservation.
+func request(r *Reservation) placement.Request {
+	return placement.Request{
+		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
+		Hugepages1Gi: r.Hugepages1Gi, Tenant: r.TenantID, SingleTenant: r.SingleTenant,
+		Tolerations: []string{"dedicated=" + r.TenantID},
+	}
+}
+
+// place finds a plan and books it, replanning up to MaxReplans times when
+// another writer took the atoms first. snap, when not nil, is a snapshot
+// read before the transaction. It reports whether the reservation was placed
+// and, when not, why.
+func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, snap *snapshot) (bool, placement.Explanation, error) {
+	req := request(r)
+	var ex placement.Explanation
+	for attempt := 0; attempt < MaxReplans; attempt++ {
+		if snap == nil || attempt > 0 {
+			var err error
+			if snap, err = loadSnapshot(ctx, tx, r.PoolID, r.TenantID, r.StartsAt, r.EndsAt, false); err != nil {
+				return false, ex, err
+			}
+		}
+		res, err := placement.Place(snap.snap, req, placement.Options{Limit: 1})
+		if err != nil {
+			return false, ex, err
+		}
+		ex = res.Explanation
+		if len(res.Plans) == 0 {
+			return false, ex, nil
+		}
+		plan := res.Plans[0]
+		err = savepoint(ctx, tx, func() error { return e.book(ctx, tx, r, &plan, snap.nodes[plan.NodeID]) })
+		if errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull) {
+			e.replans.Add(1)
+			continue
+		}
+		if err != nil {
+			return false, ex, err
+		}
+		return true, ex, nil
+	}
+	return false, ex, nil
+}
+
+// book inserts the plan's bookings and records the placement on r.
+func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *placement.Plan, n *placement.Node) error {
+	bs := make([]booking.Booking, 0, len(plan.Atoms)+len(plan.CPUs))
+	for _, a := range plan.Atoms {
+		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: a, StartsAt: r.StartsAt, EndsAt: r.EndsAt})
+	}
+	for _, c := range plan.CPUs {
+		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: cpuAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
+	}
+	if err := booking.BookingInsert(ctx, tx, bs); err != nil {
+		return err
+	}
+	if r.MemoryGiB > 0 || r.Hugepages1Gi > 0 {
+		if err := checkHost(ctx, tx, r, plan.NodeID); err != nil {
+			return err
+		}
+	}
+	return e.recordPlan(r, plan, n)
+}
+
+// recordPlan records a plan's placement on r.
+func (e *Engine) recordPlan(r *Reservation, plan *placement.Plan, n *placement.Node) error {
+	rec := PlacementRecord{NodeName: plan.NodeName, Atoms: plan.Atoms, CPUs: plan.CPUs, CPUSet: plan.CPUSet, NUMA: plan.NUMA,
+		Island: -1, Kinds: map[string]int{},
+		Score: [5]float64{plan.Score.Binpack, plan.Score.Topology, plan.Score.Fragmentation, plan.Score.Spread, plan.Score.Total}}
+	islands := map[int]bool{}
+	model := ""
+	for _, a := range plan.Atoms {
+		uuid, kind := a, KindGPU
+		if i := strings.Index(a, "/mig/"); i >= 0 {
+			uuid, kind = a[:i], KindMIG
+		} else if i := strings.LastIndex(a, "/s"); i >= 0 {
+			uuid, kind = a[:i], KindSlot
+		}
+		rec.Kinds[kind]++
+		if !slices.Contains(rec.GPUUUIDs, uuid) {
+			rec.GPUUUIDs = append(rec.GPUUUIDs, uuid)
+		}
+		if n != nil {
+			for _, g := range n.GPUs {
+				if g.UUID == uuid {
+					islands[g.Island] = true
+					model = g.Model
+				}
+			}
+		}
+	}
+	if len(islands) == 1 {
+		for i := range islands {
+			rec.Island = i
+		}
+	}
+	rec.AtomModel = model
+	r.NodeID, r.GPUModel, r.Placement = plan.NodeID, ShortModel(model), rec
+	return nil
+}
+
+// checkHost takes the node's host row lock (PostgreSQL; SQLite has one
+// writer) and refuses the booking when the memory of the reservations that
+// overlap it, this one included, would exceed what the node hands out.
+func checkHost(ctx context.Context, tx store.Tx, r *Reservation, nodeID string) error {
+	var mem, hp1 int
+	if err := tx.QueryRow(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1 RETURNING memory_gib, hugepages_1gi`, nodeID).
+		Scan(&mem, &hp1); err != nil {
+		return err
+	}
+	var usedMem, usedHP int
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(memory_gib), 0), COALESCE(SUM(hugepages_1gi), 0) FROM reservations
+		WHERE node_id = $1 AND id <> $2 AND state IN ('placed', 'binding', 'active') AND starts_at < $4 AND ends_at > $3`,
+		nodeID, r.ID, r.StartsAt, r.EndsAt).Scan(&usedMem, &usedHP); err != nil {
+		return err
+	}
+	if usedMem+r.MemoryGiB > mem || usedHP+r.Hugepages1Gi > hp1 {
+		return errHostFull
+	}
+	return nil
+}
+
+// held moves a freshly placed reservation to placed, or further when its
+// window has begun.
+func (e *Engine) held(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	r.State = StatePlaced
+	r.Explanation = "{}"
+	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Booked",
+		Message: fmt.Sprintf("%d atoms on %s", len(r.Placement.Atoms), r.Placement.NodeName), UpdateTime: now})
+	if err := rollupBooked(ctx, tx, r, +1); err != nil {
+		return nil, err
+	}
+	evs := []envelope.Event{event("reservation.placed", r, map[string]any{"atoms": r.Placement.Atoms})}
+	more, err := e.startIfDue(ctx, tx, r, now)
+	return append(evs, more...), err
+}
+
+// startIfDue starts a placed reservation whose window has begun: a node
+// binding sends allocation.bind, the others are active at once (kubernetes:
+// the kubelet binds from the booking).
+func (e *Engine) startIfDue(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	if r.State != StatePlaced || r.StartsAt.After(now) {
+		return nil, nil
+	}
+	if r.Binding != BindingNode {
+		return e.activate(r, now), nil
+	}
+	return e.sendBind(ctx, tx, r, now)
+}
+
+func (e *Engine) activate(r *Reservation, now time.Time) []envelope.Event {
+	r.State = StateActive
+	t := now
+	r.ActiveSince = &t
+	r.BindDeadline = nil
+	return []envelope.Event{event("reservation.active", r, nil)}
+}
+
+// sendBind sends (or resends) allocation.bind with the device assignment.
+func (e *Engine) sendBind(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	r.BindAttempts++
+	params := map[string]any{
+		"allocation_id": r.ID,
+		"gpu_uuids":     anySlice(r.Placement.GPUUUIDs),
+		"cpuset_cpus":   r.Placement.CPUSet,
+	}
+	if r.VCPU > 0 {
+		params["cpu_quota_us"] = float64(int64(r.VCPU) * 100000)
+		params["cpu_period_us"] = float64(100000)
+	}
+	if r.MemoryGiB > 0 {
+		params["memory_max_bytes"] = float64(int64(r.MemoryGiB) << 30)
+	}
+	if mems := r.cpusetMems(); mems != "" {
+		params["cpuset_mems"] = mems
+	}
+	id, err := e.Commands.Send(ctx, tx, Command{
+		TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationBind, Params: params,
+		IdempotencyKey: fmt.Sprintf("%s/bind/%d", r.ID, r.BindAttempts), CreatedBy: "system:capacity", TTL: e.bindTimeout(), Time: now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("send allocation.bind: %w", err)
+	}
+	r.State, r.CommandID = StateBinding, id
+	deadline := now.Add(e.bindTimeout())
+	r.BindDeadline = &deadline
+	return []envelope.Event{event("reservation.binding", r, map[string]any{"command_id": id, "attempt": r.BindAttempts})}, nil
+}
+
+// cpusetMems is the NUMA nodes of the reservation's CPUs, or of its GPUs when
+// it has no CPUs.
+func (r *Reservation) cpusetMems() string {
+	if r.Placement.NUMA >= 0 && (len(r.Placement.CPUs) > 0 || len(r.Placement.Atoms) > 0) {
+		return fmt.Sprint(r.Placement.NUMA)
+	}
+	return ""
+}
+
+func anySlice(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// end ends a live reservation in state (released, expired, failed or
+// canceled) at now: its bookings end, the rollup gives the atoms back, a
+// bound allocation is removed from the node, and the pool's queue is woken.
+func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, reason string, now time.Time) ([]envelope.Event, error) {
+	from := r.State
+	if !live(from) {
+		return nil, nil
+	}
+	if holding(from) {
+		if _, err := booking.BookingsRelease(ctx, tx, r.ID, now); err != nil {
+			return nil, err
+		}
+		if err := rollupBooked(ctx, tx, r, -1); err != nil {
+			return nil, err
+		}
+		r.SetCondition(Condition{Type: CondDevicesHeld, Status: "false", Reason: reason, Message: "the bookings ended", UpdateTime: now})
+	}
+	if (from == StateBinding || from == StateActive) && r.Binding == BindingNode && r.NodeID != "" && reason != "NodeLost" {
+		if _, err := e.Commands.Send(ctx, tx, Command{
+			TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationRelease, Params: map[string]any{"allocation_id": r.ID},
+			IdempotencyKey: r.ID + "/release", CreatedBy: "system:capacity", TTL: e.bindTimeout(), Time: now,
+		}); err != nil {
+			return nil, fmt.Errorf("send allocation.release: %w", err)
+		}
+	}
+	if from == StateActive {
+		t := now
+		r.ActiveUntil = &t
+	}
+	if now.Before(r.EndsAt) && now.After(r.StartsAt) {
+		r.EndsAt = now.UTC().Truncate(booking.Resolution)
+	}
+	r.State = state
+	r.BindDeadline = nil
+	r.UpdateTime = now
+	ok, err := save(ctx, tx, r, from)
+	if err != nil || !ok {
+		return nil, errors.Join(err, errMoved(ok))
+	}
+	evs := []envelope.Event{event("reservation."+state, r, map[string]any{"reason": reason})}
+	if holding(from) {
+		if err := e.wake(ctx, tx, r.PoolID); err != nil {
+			return nil, err
+		}
+	}
+	return evs, nil
+}
+
+func errMoved(ok bool) error {
+	if ok {
+		return nil
+	}
+	return envelope.Errorf(envelope.CodeConflict, "the reservation changed concurrently; retry")
+}
+
+// wake asks the queued placer to look at a pool.
+func (e *Engine) wake(ctx context.Context, tx store.Tx, poolID string) error {
+	if e.Enqueue == nil || poolID == "" {
+		return nil
+	}
+	return e.Enqueue(ctx, tx, PlacePendingArgs{PoolID: poolID}, &river.InsertOpts{
+		UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled}},
+	})
+}
+
+// WakePools wakes the queued placer for each pool (the reconciler's hook).
+func (e *Engine) WakePools(ctx context.Context, tx store.Tx, poolIDs []string) error {
+	for _, p := range poolIDs {
+		if err := e.wake(ctx, tx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// poolPolicy reads a pool's decoded policy.
+func poolPolicy(p pool.Pool) *apiv1.PoolPolicy { return pool.Proto(p).GetPolicy() }
+
+func explanationJSON(ex *apiv1.Explanation) string {
+	b, err := protojson.Marshal(ex)
+	if err != nil {
+		return "{}"
+	}
+	return string(b)
+}
+
+// ExplanationProto converts a placement explanation for the API.
+func ExplanationProto(ex placement.Explanation) *apiv1.Explanation {
+	out := &apiv1.Explanation{Evaluated: int32(ex.Evaluated), Feasible: int32(ex.Feasible), Summary: ex.String()}
+	for _, l := range ex.Lines() {
+		out.Lines = append(out.Lines, &apiv1.ExplanationLine{Class: l.Class.String(), Reason: l.Reason, Nodes: int32(l.Nodes)})
+	}
+	return out
+}
+
+// charge is what r asks of its quotas.
+func charge(r *Reservation) quota.Charge {
+	model := r.GPUModel
+	if model == "" {
+		model = r.Model
+	}
+	return quota.Charge{TenantID: r.TenantID, ProjectID: r.ProjectID, PoolID: r.PoolID, Model: strings.ToUpper(model),
+		GPUs: r.GPUs + r.Slots, Start: r.StartsAt, End: r.EndsAt, ExcludeReservationID: r.ID}
+}
+
+// decodeExplanation reads a stored explanation.
+func decodeExplanation(s string) *apiv1.Explanation {
+	ex := &apiv1.Explanation{}
+	if s == "" || protojson.Unmarshal([]byte(s), ex) != nil {
+		return nil
+	}
+	if ex.GetEvaluated() == 0 && len(ex.GetLines()) == 0 && ex.GetSummary() == "" {
+		return nil
+	}
+	return ex
+}

@@ -1,0 +1,450 @@
+package reservation
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Runner runs the engine's own transactions: the queued placer, the tick
+// that starts, expires and re-binds reservations, and the fleet hooks.
+type Runner struct {
+	DB     *store.DB
+	Rec    envelope.Recorder
+	Engine *Engine
+	Log    *slog.Logger
+	// TickInterval is how often the tick runs; default 5s.
+	TickInterval time.Duration
+	// Batch is the most pending reservations one placer transaction looks
+	// at; default 200.
+	Batch int
+}
+
+func (rn *Runner) record(ctx context.Context, tx store.Tx, evs []envelope.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	now := rn.Engine.Clock.Now()
+	for i := range evs {
+		if evs[i].Time.IsZero() {
+			evs[i].Time = now
+		}
+	}
+	return rn.Rec.InsertEvents(ctx, tx, evs)
+}
+
+// PlacePendingArgs wakes the queued placer for one pool.
+type PlacePendingArgs struct {
+	PoolID string `json:"pool_id"`
+}
+
+// Kind is the job kind.
+func (PlacePendingArgs) Kind() string { return "capacity.place_pending" }
+
+// TickArgs runs the periodic tick.
+type TickArgs struct{}
+
+// Kind is the job kind.
+func (TickArgs) Kind() string { return "capacity.tick" }
+
+// ReconcileAllArgs reconciles every node (a safety net for missed hooks).
+type ReconcileAllArgs struct{}
+
+// Kind is the job kind.
+func (ReconcileAllArgs) Kind() string { return "capacity.reconcile_all" }
+
+type placeWorker struct {
+	river.WorkerDefaults[PlacePendingArgs]
+	rn *Runner
+}
+
+func (w *placeWorker) Work(ctx context.Context, job *river.Job[PlacePendingArgs]) error {
+	_, err := w.rn.PlacePending(ctx, job.Args.PoolID)
+	return err
+}
+
+type tickWorker struct {
+	river.WorkerDefaults[TickArgs]
+	rn *Runner
+}
+
+func (w *tickWorker) Work(ctx context.Context, _ *river.Job[TickArgs]) error { return w.rn.Tick(ctx) }
+
+type reconcileWorker struct {
+	river.WorkerDefaults[ReconcileAllArgs]
+	rn *Runner
+}
+
+func (w *reconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileAllArgs]) error {
+	return w.rn.ReconcileAll(ctx)
+}
+
+// AddWorkers registers the capacity jobs.
+func (rn *Runner) AddWorkers(workers *river.Workers) {
+	river.AddWorker(workers, &placeWorker{rn: rn})
+	river.AddWorker(workers, &tickWorker{rn: rn})
+	river.AddWorker(workers, &reconcileWorker{rn: rn})
+}
+
+// PeriodicJobs are the tick and the reconcile sweep; River runs them on the
+// leader only.
+func (rn *Runner) PeriodicJobs() []*river.PeriodicJob {
+	every := rn.TickInterval
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	tick := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: every}}
+	sweep := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: 5 * time.Minute}}
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(every), func() (river.JobArgs, *river.InsertOpts) { return TickArgs{}, tick }, nil),
+		river.NewPeriodicJob(river.PeriodicInterval(5*time.Minute), func() (river.JobArgs, *river.InsertOpts) { return ReconcileAllArgs{}, sweep },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}
+
+// ReconcileAll reconciles every tenant's nodes.
+func (rn *Runner) ReconcileAll(ctx context.Context) error {
+	var tenants []string
+	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var t string
+			if err := rows.Scan(&t); err != nil {
+				return err
+			}
+			tenants = append(tenants, t)
+		}
+		return rows.Err()
+	}); err != nil {
+		return err
+	}
+	for _, t := range tenants {
+		if err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			return rn.Engine.Reconciler.ReconcileTenant(ctx, tx, t)
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (rn *Runner) batch() int {
+	if rn.Batch <= 0 {
+		return 200
+	}
+	return rn.Batch
+}
+
+// PlacePending places a pool's pending reservations, oldest first, in one
+// transaction: each under its own savepoint, so one that does not fit (or
+// would exceed a quota) stays pending without undoing the others. A
+// reservation asked for a length keeps its length: its window moves to now.
+func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) {
+	placed := 0
+	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		placed = 0
+		began := time.Now()
+		e := rn.Engine
+		now := e.Clock.Now()
+		rs, err := List(ctx, tx, &ListParams{PoolID: poolID, States: []string{StatePending}, Limit: rn.batch()})
+		if err != nil {
+			return err
+		}
+		sortByCreate(rs)
+		snaps := map[[2]time.Time]*snapshot{}
+		var evs []envelope.Event
+		for i := range rs {
+			r := &rs[i]
+			if !r.EndsAt.After(now) {
+				more, err := e.end(ctx, tx, r, StateExpired, "NeverPlaced", now)
+				if err != nil {
+					return err
+				}
+				evs = append(evs, more...)
+				continue
+			}
+			if r.StartsAt.Before(now) {
+				d := r.EndsAt.Sub(r.StartsAt)
+				r.StartsAt = now.UTC().Truncate(time.Microsecond)
+				r.EndsAt = r.StartsAt.Add(d)
+			}
+			key := [2]time.Time{r.StartsAt, r.EndsAt}
+			snap := snaps[key]
+			if snap == nil {
+				if snap, err = loadSnapshot(ctx, tx, r.PoolID, r.TenantID, r.StartsAt, r.EndsAt, false); err != nil {
+					return err
+				}
+				snaps[key] = snap
+			}
+			var ok bool
+			var ex placement.Explanation
+			err := savepointNamed(ctx, tx, "pending", func() error {
+				var err error
+				if ok, ex, err = e.place(ctx, tx, r, snap); err != nil || !ok {
+					return err
+				}
+				_, err = quota.Check(ctx, tx, charge(r))
+				return err
+			})
+			var apiErr *envelope.Error
+			switch {
+			case errors.As(err, &apiErr) && apiErr.Code == envelope.CodeQuotaExceeded:
+				ok = false
+				r.NodeID, r.GPUModel, r.Placement = "", "", PlacementRecord{NUMA: -1, Island: -1}
+				r.Explanation = explanationJSON(&apiv1.Explanation{Summary: apiErr.Message})
+			case err != nil:
+				var re *placement.RequestError
+				if errors.As(err, &re) {
+					more, err := e.end(ctx, tx, r, StateFailed, "InvalidRequest", now)
+					if err != nil {
+						return err
+					}
+					evs = append(evs, more...)
+					continue
+				}
+				return err
+			case !ok:
+				r.Explanation = explanationJSON(ExplanationProto(ex))
+			}
+			r.UpdateTime = now
+			if ok {
+				for _, s := range snaps {
+					s.take(r)
+				}
+				more, err := e.held(ctx, tx, r, now)
+				if err != nil {
+					return err
+				}
+				evs = append(evs, more...)
+				placed++
+			}
+			saved, err := save(ctx, tx, r, StatePending)
+			if err != nil {
+				return err
+			}
+			if !saved {
+				return errMoved(false)
+			}
+		}
+		if e.LockHold != nil {
+			e.LockHold(time.Since(began))
+		}
+		return rn.record(ctx, tx, evs)
+	})
+	return placed, err
+}
+
+// Tick starts reservations whose window began, expires those whose window
+// ended, and re-sends or fails binds past their deadline. Then it places
+// what waits.
+func (rn *Runner) Tick(ctx context.Context) error {
+	e := rn.Engine
+	var pools []string
+	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		now := e.Clock.Now()
+		var evs []envelope.Event
+		rs, err := scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
+			WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
+				OR (state = 'binding' AND bind_deadline < $1)
+			ORDER BY id LIMIT 500`, now))
+		if err != nil {
+			return err
+		}
+		for i := range rs {
+			r := &rs[i]
+			from := r.State
+			var more []envelope.Event
+			switch {
+			case !r.EndsAt.After(now):
+				more, err = e.end(ctx, tx, r, StateExpired, "Expired", now)
+			case r.State == StatePlaced:
+				if more, err = e.startIfDue(ctx, tx, r, now); err == nil {
+					err = saveMoved(ctx, tx, r, from, now)
+				}
+			case r.State == StateBinding:
+				more, err = e.bindTimedOut(ctx, tx, r, now)
+			}
+			if err != nil {
+				return err
+			}
+			evs = append(evs, more...)
+		}
+		rows, err := tx.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		pools = pools[:0]
+		for rows.Next() {
+			var p string
+			if err := rows.Scan(&p); err != nil {
+				return err
+			}
+			pools = append(pools, p)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return rn.record(ctx, tx, evs)
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range pools {
+		if _, err := rn.PlacePending(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func saveMoved(ctx context.Context, tx store.Tx, r *Reservation, from string, now time.Time) error {
+	r.UpdateTime = now
+	ok, err := save(ctx, tx, r, from)
+	if err != nil {
+		return err
+	}
+	return errMoved(ok)
+}
+
+// bindTimedOut re-sends a bind past its deadline, or fails the reservation
+// after BindAttempts.
+func (e *Engine) bindTimedOut(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	r.SetCondition(Condition{Type: CondBindTimeout, Status: "true", Reason: "NoAllocationBound",
+		Message: "the node did not confirm allocation.bind in time", UpdateTime: now})
+	if r.BindAttempts >= e.bindAttempts() {
+		return e.end(ctx, tx, r, StateFailed, "BindTimeout", now)
+	}
+	evs, err := e.sendBind(ctx, tx, r, now)
+	if err != nil {
+		return nil, err
+	}
+	return evs, saveMoved(ctx, tx, r, StateBinding, now)
+}
+
+// Hooks is what the gateway calls in its transactions (gateway.Hooks) and
+// what pools call when they change (pool.ChangeHook).
+type Hooks struct{ rn *Runner }
+
+// Hooks returns the runner's hooks.
+func (rn *Runner) Hooks() Hooks { return Hooks{rn: rn} }
+
+// PoolChanged reconciles the tenant's nodes against its pools.
+func (h Hooks) PoolChanged(ctx context.Context, tx store.Tx, tenantID string) error {
+	return h.rn.Engine.Reconciler.ReconcileTenant(ctx, tx, tenantID)
+}
+
+// NodeChanged reconciles a node whose inventory or device health changed.
+func (h Hooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	return h.rn.Engine.Reconciler.ReconcileNode(ctx, tx, nodeID)
+}
+
+// AllocationBound makes a binding reservation active: the node applied its
+// limits.
+func (h Hooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocationID, cgroup string) error {
+	if !envelope.IsID(allocationID, IDPrefix) {
+		return nil // another module's allocation
+	}
+	r, err := getForUpdate(ctx, tx, allocationID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || r.State != StateBinding || r.NodeID != nodeID {
+		return err
+	}
+	now := h.rn.Engine.Clock.Now()
+	evs := h.rn.Engine.activate(&r, now)
+	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Bound", Message: "limits applied at " + cgroup, UpdateTime: now})
+	r.SetCondition(Condition{Type: CondBindTimeout, Status: "false", Reason: "Bound", Message: "the node confirmed the bind", UpdateTime: now})
+	if err := saveMoved(ctx, tx, &r, StateBinding, now); err != nil {
+		return err
+	}
+	return h.rn.record(ctx, tx, evs)
+}
+
+// AllocationReleased is recorded by the gateway's event; nothing changes.
+func (h Hooks) AllocationReleased(context.Context, store.Tx, string, string) error { return nil }
+
+// NodesLost marks the reservations of lost nodes NodeLost and, per their
+// pool's policy, releases them or puts them back in the queue.
+func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+	e := h.rn.Engine
+	now := e.Clock.Now()
+	var evs []envelope.Event
+	for _, id := range nodeIDs {
+		rs, err := onNode(ctx, tx, id, StatePlaced, StateBinding, StateActive)
+		if err != nil {
+			return err
+		}
+		for i := range rs {
+			r := &rs[i]
+			r.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
+				Message: "node " + r.Placement.NodeName + " stopped answering", UpdateTime: now})
+			policy := pool.OnNodeLostRelease
+			if p, err := pool.Get(ctx, tx, r.TenantID, r.PoolID); err == nil {
+				policy = poolPolicy(p).GetOnNodeLost()
+			}
+			if policy == pool.OnNodeLostReplace {
+				more, err := e.requeue(ctx, tx, r, now)
+				if err != nil {
+					return err
+				}
+				evs = append(evs, more...)
+				continue
+			}
+			more, err := e.end(ctx, tx, r, StateReleased, "NodeLost", now)
+			if err != nil {
+				return err
+			}
+			evs = append(evs, more...)
+		}
+	}
+	return h.rn.record(ctx, tx, evs)
+}
+
+// requeue gives a holding reservation's atoms back and puts it back in the
+// queue to be placed elsewhere.
+func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	from := r.State
+	// The bookings go: the reservation is booked afresh where it lands.
+	if _, err := tx.Exec(ctx, `DELETE FROM bookings WHERE reservation_id = $1`, r.ID); err != nil {
+		return nil, err
+	}
+	if err := rollupBooked(ctx, tx, r, -1); err != nil {
+		return nil, err
+	}
+	r.State, r.NodeID, r.GPUModel, r.CommandID, r.BindDeadline = StatePending, "", "", "", nil
+	r.Placement = PlacementRecord{NUMA: -1, Island: -1}
+	if from == StateActive {
+		t := now
+		r.ActiveUntil = &t
+	}
+	r.UpdateTime = now
+	if err := saveMoved(ctx, tx, r, from, now); err != nil {
+		return nil, err
+	}
+	return []envelope.Event{event("reservation.requeued", r, map[string]any{"reason": "NodeLost"})}, e.wake(ctx, tx, r.PoolID)
+}
+
+func sortByCreate(rs []Reservation) {
+	slices.SortStableFunc(rs, func(a, b Reservation) int {
+		return cmp.Or(a.CreateTime.Compare(b.CreateTime), cmp.Compare(a.ID, b.ID))
+	})
+}

@@ -1,0 +1,999 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+)
+
+// EventSource is the outbox as the Watch method reads it.
+type EventSource interface {
+	// After returns up to limit reservation events of the tenant after the
+	// cursor, and the cursor of the last event read.
+	After(ctx context.Context, q store.Querier, tenantID string, after int64, limit int) ([]envelope.Event, []int64, error)
+	// Last is the newest cursor.
+	Last(ctx context.Context, q store.Querier) (int64, error)
+	// Wait is closed when new events may be there.
+	Wait() <-chan struct{}
+}
+
+// Service serves ReservationService.
+type Service struct {
+	env    *envelope.Envelope
+	engine *Engine
+	events EventSource
+	poll   time.Duration
+}
+
+var _ apiv1connect.ReservationServiceHandler = (*Service)(nil)
+
+// NewService returns the reservation handlers.
+func NewService(env *envelope.Envelope, engine *Engine, events EventSource) *Service {
+	return &Service{env: env, engine: engine, events: events, poll: time.Second}
+}
+
+// Bounds on requests.
+const (
+	MaxGPUs   = 1024
+	MaxSlots  = 48 * 64
+	MaxVCPU   = 4096
+	MaxMemory = 64 * 1024
+	// StartSkew is how far in the past a start may be and still mean now.
+	StartSkew = time.Minute
+	// DefaultDuration is a reservation's length when the request gives none.
+	DefaultDuration = time.Hour
+)
+
+var modelRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9 .-]{0,31}$`)
+
+// knownModels are GPU products a request may name before any node of that
+// model has joined.
+var knownModels = []string{"A10", "A100", "A16", "A2", "A30", "A40", "B100", "B200", "B300", "GB200", "GH200", "H100", "H200", "H20",
+	"H800", "L4", "L40", "L40S", "MI250", "MI300X", "RTX6000", "T4", "V100"}
+
+// Resource projects a reservation into the authorization model.
+func Resource(r Reservation) iam.Resource {
+	return iam.Resource{Type: "Reservation", ID: r.ID, TenantID: r.TenantID, ProjectID: r.ProjectID, Attrs: map[string]any{
+		"pool": r.PoolID, "state": r.State, "gpus": r.GPUs + r.Slots, "binding": r.Binding,
+		"lifetimeSeconds": int64(r.EndsAt.Sub(r.StartsAt) / time.Second),
+	}}
+}
+
+// Proto converts a reservation for the API.
+func Proto(r Reservation, poolName string) *apiv1.Reservation {
+	out := &apiv1.Reservation{
+		Id: r.ID, TenantId: r.TenantID, ProjectId: r.ProjectID, PoolId: r.PoolID, Pool: poolName, State: r.State,
+		Spec: &apiv1.ReservationSpec{Gpus: int32(r.GPUs), Model: r.Model, MigProfile: r.MIGProfile, Slots: int32(r.Slots),
+			Vcpu: int32(r.VCPU), MemoryGib: int32(r.MemoryGiB), Hugepages_1Gi: int32(r.Hugepages1Gi), Binding: r.Binding,
+			SingleTenant: r.SingleTenant},
+		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt), Explanation: decodeExplanation(r.Explanation),
+		CreatedBy: r.CreatedBy, CreateTime: timestamppb.New(r.CreateTime), UpdateTime: timestamppb.New(r.UpdateTime),
+	}
+	if r.NodeID != "" {
+		p := r.Placement
+		out.Placement = &apiv1.Placement{NodeId: r.NodeID, NodeName: p.NodeName, GpuModel: r.GPUModel, Atoms: p.Atoms,
+			Numa: int32(p.NUMA), Cpuset: p.CPUSet, Island: int32(p.Island),
+			Score: &apiv1.PlacementScore{Binpack: p.Score[0], Topology: p.Score[1], Fragmentation: p.Score[2], Spread: p.Score[3], Total: p.Score[4]}}
+	}
+	for _, c := range r.Conditions {
+		out.Conditions = append(out.Conditions, &apiv1.ReservationCondition{Type: c.Type, Status: c.Status, Reason: c.Reason,
+			Message: c.Message, UpdateTime: timestamppb.New(c.UpdateTime)})
+	}
+	return out
+}
+
+// spec is a validated create request, defaults not yet filled from the pool.
+type spec struct {
+	msg      *apiv1.CreateReservationRequest
+	start    time.Time
+	end      time.Time
+	binding  string
+	duration bool
+}
+
+func validateCreate(vs *envelope.Violations, msg *apiv1.CreateReservationRequest, now time.Time) spec {
+	sp := spec{msg: msg, binding: msg.GetBinding()}
+	vs.Ref("tenant", msg.GetTenant(), "tnt")
+	if msg.GetProject() != "" {
+		vs.Ref("project", msg.GetProject(), "prj")
+	}
+	vs.Ref("pool", msg.GetPool(), pool.IDPrefix)
+	gpus, slots := msg.GetGpus(), msg.GetSlots()
+	switch {
+	case gpus < 0:
+		vs.Add("gpus", "must not be negative, got %d", gpus)
+	case slots < 0:
+		vs.Add("slots", "must not be negative, got %d", slots)
+	case gpus == 0 && slots == 0:
+		vs.Add("gpus", "ask for at least one GPU (or slots), got 0")
+	case gpus > 0 && slots > 0:
+		vs.Add("slots", "ask for GPUs or slots, not both")
+	case gpus > MaxGPUs:
+		vs.Add("gpus", "at most %d, got %d", MaxGPUs, gpus)
+	case slots > MaxSlots:
+		vs.Add("slots", "at most %d, got %d", MaxSlots, slots)
+	}
+	if m := msg.GetModel(); m != "" {
+		if !modelRE.MatchString(m) {
+			vs.Add("model", "must be a GPU model such as H100, got %q", truncate(m))
+		}
+	}
+	if p := msg.GetMigProfile(); p != "" {
+		if slots > 0 {
+			vs.Add("mig_profile", "MIG instances are counted in gpus, not slots")
+		} else if preq := (placement.Request{GPUs: max(int(gpus), 1), MIGProfile: p}); preq.Validate() != nil {
+			vs.Add("mig_profile", "%q is not a MIG profile of any supported GPU", truncate(p))
+		}
+	}
+	for _, f := range []struct {
+		name     string
+		v, limit int32
+	}{{"vcpu", msg.GetVcpu(), MaxVCPU}, {"memory_gib", msg.GetMemoryGib(), MaxMemory}, {"hugepages_1gi", msg.GetHugepages_1Gi(), MaxMemory}} {
+		if f.v < 0 {
+			vs.Add(f.name, "must not be negative, got %d", f.v)
+		} else if f.v > f.limit {
+			vs.Add(f.name, "at most %d, got %d", f.limit, f.v)
+		}
+	}
+	switch sp.binding {
+	case "":
+		sp.binding = BindingNode
+	case BindingNode, BindingKubernetes, BindingNone:
+	default:
+		vs.Add("binding", "must be node, kubernetes or none, got %q", truncate(sp.binding))
+	}
+	// The window: a start and an end, or a duration from the start (now
+	// when no start is given).
+	hasDur := msg.GetDurationSeconds() != 0
+	sp.start = now
+	if msg.GetStartTime() != nil {
+		if err := msg.GetStartTime().CheckValid(); err != nil {
+			vs.Add("start_time", "is not a valid time")
+		} else {
+			sp.start = msg.GetStartTime().AsTime()
+			if sp.start.Before(now.Add(-StartSkew)) {
+				vs.Add("start_time", "is in the past (%s)", sp.start.Format(time.RFC3339))
+			}
+			if sp.start.Before(now) {
+				sp.start = now
+			}
+		}
+	}
+	switch {
+	case hasDur && msg.GetEndTime() != nil:
+		vs.Add("end_time", "give end_time or duration_seconds, not both")
+	case hasDur:
+		if msg.GetDurationSeconds() < 0 {
+			vs.Add("duration_seconds", "must be positive, got %d", msg.GetDurationSeconds())
+		} else if msg.GetDurationSeconds() > pool.MaxDurationSeconds {
+			vs.Add("duration_seconds", "at most %d (30 days), got %d", pool.MaxDurationSeconds, msg.GetDurationSeconds())
+		}
+		sp.end = sp.start.Add(time.Duration(msg.GetDurationSeconds()) * time.Second)
+		sp.duration = true
+	case msg.GetEndTime() != nil:
+		if err := msg.GetEndTime().CheckValid(); err != nil {
+			vs.Add("end_time", "is not a valid time")
+		} else {
+			sp.end = msg.GetEndTime().AsTime()
+			if !sp.end.After(sp.start) {
+				vs.Add("end_time", "must be after the start (%s)", sp.start.Format(time.RFC3339))
+			} else if sp.end.Sub(sp.start) > pool.MaxDurationSeconds*time.Second {
+				vs.Add("end_time", "the window may last at most 30 days")
+			}
+		}
+	default:
+		sp.end = sp.start.Add(DefaultDuration)
+		sp.duration = true
+	}
+	sp.start, sp.end = sp.start.UTC().Truncate(booking.Resolution), sp.end.UTC().Truncate(booking.Resolution)
+	return sp
+}
+
+// target is what a create or preview resolves before its decision.
+type target struct {
+	tenant        tenancy.Tenant
+	tenantFound   bool
+	project       tenancy.Project
+	projectFound  bool
+	pool          pool.Pool
+	poolFound     bool
+	policy        *apiv1.PoolPolicy
+	modelKnown    bool
+	snap          *snapshot
+	snapErr       error
+	projectReason string
+}
+
+func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (target, error) {
+	var t target
+	var err error
+	msg := sp.msg
+	if t.tenant, t.tenantFound, err = tenancy.LookupTenant(ctx, q, msg.GetTenant()); err != nil || !t.tenantFound {
+		return t, err
+	}
+	switch p, perr := defaultProject(ctx, q, t.tenant.ID, msg.GetProject()); {
+	case perr == nil:
+		t.project, t.projectFound = p, true
+	case errors.Is(perr, store.ErrNotFound):
+		t.projectReason = "not found"
+	case errors.Is(perr, errNoDefaultProject):
+		t.projectReason = perr.Error()
+	default:
+		return t, perr
+	}
+	p, err := pool.Get(ctx, q, t.tenant.ID, msg.GetPool())
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+	case err != nil:
+		return t, err
+	default:
+		t.pool, t.poolFound = p, true
+		t.policy = poolPolicy(p)
+	}
+	t.modelKnown = msg.GetModel() == ""
+	for _, m := range knownModels {
+		if placement.ModelMatches(msg.GetModel(), m) {
+			t.modelKnown = true
+		}
+	}
+	if !t.modelKnown {
+		var n int
+		if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM atoms WHERE kind <> 'cpu' AND (upper(model) = upper($1) OR upper(model) LIKE upper($1) || ' %')`,
+			msg.GetModel()).Scan(&n); err != nil {
+			return t, err
+		}
+		t.modelKnown = n > 0
+	}
+	if t.poolFound && t.pool.State == pool.StateActive {
+		// The snapshot is read here, before the write lock; the booking
+		// transaction replans on a fresh one only if it lost a race.
+		t.snap, t.snapErr = loadSnapshot(ctx, q, t.pool.ID, t.tenant.ID, sp.start, sp.end, false)
+	}
+	return t, nil
+}
+
+var errNoDefaultProject = errors.New("required: the tenant has several projects and none is named default")
+
+// defaultProject resolves a project reference, or picks the tenant's project
+// named "default", or its only project.
+func defaultProject(ctx context.Context, q store.Querier, tenantID, ref string) (tenancy.Project, error) {
+	if ref != "" {
+		return tenancy.ProjectGet(ctx, q, tenantID, ref)
+	}
+	if p, err := tenancy.ProjectGet(ctx, q, tenantID, "default"); err == nil || !errors.Is(err, store.ErrNotFound) {
+		return p, err
+	}
+	ps, err := tenancy.ProjectList(ctx, q, tenantID, "", "", 2)
+	if err != nil {
+		return tenancy.Project{}, err
+	}
+	if len(ps) == 1 {
+		return ps[0], nil
+	}
+	if len(ps) == 0 {
+		return tenancy.Project{}, store.ErrNotFound
+	}
+	return tenancy.Project{}, errNoDefaultProject
+}
+
+// check turns what resolve found into the errors a caller may see, after
+// the decision.
+func (t *target) check(sp *spec) error {
+	msg := sp.msg
+	if !t.tenantFound {
+		return envelope.NotFound("tenant", msg.GetTenant())
+	}
+	if !t.projectFound {
+		if msg.GetProject() == "" {
+			return envelope.Invalid(envelope.Violation{Field: "project", Reason: t.projectReason})
+		}
+		return envelope.NotFound("project", msg.GetProject())
+	}
+	if !t.poolFound {
+		return envelope.NotFound("pool", msg.GetPool())
+	}
+	if t.pool.State != pool.StateActive {
+		return envelope.Errorf(envelope.CodeFailedPrecondition, "pool %s is archived", t.pool.Name)
+	}
+	var vs envelope.Violations
+	if !t.modelKnown {
+		vs.Add("model", "unknown GPU model %q", truncate(msg.GetModel()))
+	}
+	pol := t.policy
+	d := sp.end.Sub(sp.start)
+	field := "end_time"
+	if sp.duration {
+		field = "duration_seconds"
+	}
+	if minD := time.Duration(pol.GetMinDurationSeconds()) * time.Second; minD > 0 && d < minD {
+		vs.Add(field, "pool %s books at least %s, asked %s", t.pool.Name, minD, d)
+	}
+	if maxD := time.Duration(pol.GetMaxDurationSeconds()) * time.Second; maxD > 0 && d > maxD {
+		vs.Add(field, "pool %s books at most %s, asked %s", t.pool.Name, maxD, d)
+	}
+	switch sharing := pol.GetGpuSharing(); {
+	case msg.GetMigProfile() != "" && sharing != pool.GPUSharingMIG:
+		vs.Add("mig_profile", "pool %s shares GPUs as %s, not MIG", t.pool.Name, sharing)
+	case msg.GetSlots() > 0 && sharing != pool.GPUSharingTimeslice && sharing != pool.GPUSharingMPS:
+		vs.Add("slots", "pool %s shares GPUs as %s; slots need timeslice or mps", t.pool.Name, sharing)
+	case msg.GetGpus() > 0 && msg.GetMigProfile() == "" && (sharing == pool.GPUSharingMIG || sharing == pool.GPUSharingTimeslice || sharing == pool.GPUSharingMPS):
+		vs.Add("gpus", "pool %s shares GPUs as %s: ask for mig_profile or slots", t.pool.Name, sharing)
+	}
+	if err := vs.Err(); err != nil {
+		return err
+	}
+	return t.snapErr
+}
+
+// newReservation builds the row a create writes, host defaults filled.
+func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reservation {
+	msg := sp.msg
+	r := Reservation{
+		ID: envelope.NewID(IDPrefix, now), TenantID: t.tenant.ID, ProjectID: t.project.ID, PoolID: t.pool.ID, State: StatePending,
+		GPUs: int(msg.GetGpus()), Model: strings.ToUpper(msg.GetModel()), MIGProfile: msg.GetMigProfile(), Slots: int(msg.GetSlots()),
+		VCPU: int(msg.GetVcpu()), MemoryGiB: int(msg.GetMemoryGib()), Hugepages1Gi: int(msg.GetHugepages_1Gi()),
+		Binding: sp.binding, SingleTenant: msg.GetSingleTenant(), StartsAt: sp.start, EndsAt: sp.end,
+		Placement: PlacementRecord{NUMA: -1, Island: -1}, Explanation: "{}", CreatedBy: createdBy, CreateTime: now, UpdateTime: now,
+	}
+	// Host resources default to the pool's per-GPU share, or else the
+	// smallest host's, for whole GPUs.
+	if r.MIGProfile == "" && r.Slots == 0 {
+		share := t.policy.GetPerGpu()
+		if r.VCPU == 0 {
+			if share != nil {
+				r.VCPU = r.GPUs * int(share.GetVcpu())
+			} else if t.snap != nil {
+				r.VCPU = r.GPUs * t.snap.shareVCPU
+			}
+		}
+		if r.MemoryGiB == 0 {
+			if share != nil {
+				r.MemoryGiB = r.GPUs * int(share.GetMemoryGib())
+			} else if t.snap != nil {
+				r.MemoryGiB = r.GPUs * t.snap.shareMemGiB
+			}
+		}
+		if r.Hugepages1Gi == 0 && share != nil {
+			r.Hugepages1Gi = r.GPUs * int(share.GetHugepages_1Gi())
+		}
+	}
+	return r
+}
+
+func draftResource(t *target, sp *spec) iam.Resource {
+	if !t.tenantFound {
+		return iam.Resource{Type: "Reservation", ID: iam.DraftID}
+	}
+	return iam.Resource{Type: "Reservation", ID: iam.DraftID, TenantID: t.tenant.ID, ProjectID: t.project.ID, Attrs: map[string]any{
+		"pool": t.pool.ID, "gpus": int(sp.msg.GetGpus() + sp.msg.GetSlots()), "binding": sp.binding,
+		"lifetimeSeconds": int64(sp.end.Sub(sp.start) / time.Second),
+	}}
+}
+
+// Create books a reservation: placed inline when it fits, pending when it
+// may fit later, NO_CAPACITY when no node of the pool could ever hold it.
+func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateReservationRequest]) (*connect.Response[apiv1.CreateReservationResponse], error) {
+	var sp spec
+	var t target
+	now := s.env.Clock().Now()
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
+		Validate: func() error {
+			var vs envelope.Violations
+			sp = validateCreate(&vs, req.Msg, now)
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			t, err = s.resolve(ctx, q, &sp)
+			return draftResource(&t, &sp), err
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateReservationResponse, error) {
+			if err := t.check(&sp); err != nil {
+				return nil, err
+			}
+			r := t.newReservation(&sp, tx.Now(), tx.Caller().Principal.ID)
+			evs, err := s.engine.create(ctx, tx.Tx, &r, &t, tx.Now())
+			if err != nil {
+				return nil, err
+			}
+			tx.SetResource(r.ID, "")
+			for _, ev := range evs {
+				tx.Emit(ev)
+			}
+			return &apiv1.CreateReservationResponse{Reservation: Proto(r, t.pool.Name)}, nil
+		},
+	})
+}
+
+// create places r inline or queues it, checks quota, and writes it.
+func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
+	began := time.Now()
+	placed, ex, err := e.place(ctx, tx, r, t.snap)
+	if e.LockHold != nil {
+		defer func() { e.LockHold(time.Since(began)) }()
+	}
+	if err != nil {
+		var re *placement.RequestError
+		if errors.As(err, &re) {
+			return nil, envelope.Invalid(envelope.Violation{Field: re.Field, Reason: re.Reason})
+		}
+		return nil, err
+	}
+	if !placed {
+		// Could it ever fit? Against the pool with nothing booked: if not,
+		// waiting is pointless and the caller hears why now.
+		empty, err := loadSnapshot(ctx, tx, r.PoolID, r.TenantID, r.StartsAt, r.EndsAt, true)
+		if err != nil {
+			return nil, err
+		}
+		res, err := placement.Place(empty.snap, request(r), placement.Options{Limit: 1})
+		if err != nil {
+			return nil, err
+		}
+		if len(res.Plans) == 0 {
+			return nil, noCapacity(t.pool.Name, res.Explanation, "no node of the pool can ever hold it")
+		}
+		maxPending := int(t.policy.GetMaxPending())
+		if maxPending == 0 {
+			maxPending = pool.DefaultMaxPending
+		}
+		var pending int
+		if maxPending > 0 {
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, r.PoolID).Scan(&pending); err != nil {
+				return nil, err
+			}
+		}
+		if maxPending < 0 || pending >= maxPending {
+			return nil, noCapacity(t.pool.Name, ex, fmt.Sprintf("nothing fits now and the pool's queue is full (%d waiting)", pending))
+		}
+		r.Explanation = explanationJSON(ExplanationProto(ex))
+	}
+	if _, err := quota.Check(ctx, tx, charge(r)); err != nil {
+		return nil, err
+	}
+	evs := []envelope.Event{event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots})}
+	if placed {
+		more, err := e.held(ctx, tx, r, now)
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, more...)
+	}
+	if err := insert(ctx, tx, r); err != nil {
+		return nil, err
+	}
+	return evs, nil
+}
+
+func noCapacity(poolName string, ex placement.Explanation, why string) error {
+	msg := fmt.Sprintf("no capacity in pool %s: %s", poolName, why)
+	if s := ex.String(); s != "" {
+		msg += " (" + s + ")"
+	}
+	return &envelope.Error{Code: envelope.CodeNoCapacity, Message: msg, Explanation: ExplanationProto(ex)}
+}
+
+// Preview answers what Create would do now, booking nothing.
+func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.PreviewReservationRequest]) (*connect.Response[apiv1.PreviewReservationResponse], error) {
+	msg := req.Msg.GetRequest()
+	if msg == nil {
+		return nil, s.env.Fail(ctx, envelope.Invalid(envelope.Violation{Field: "request", Reason: "is required"}))
+	}
+	var vs envelope.Violations
+	sp := validateCreate(&vs, msg, s.env.Clock().Now())
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, prefixed(err, "request."))
+	}
+	var t target
+	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
+		t, err = s.resolve(ctx, q, &sp)
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	if err := s.env.AuthorizeRead(ctx, draftResource(&t, &sp)); err != nil {
+		return nil, err
+	}
+	if err := t.check(&sp); err != nil {
+		return nil, s.env.Fail(ctx, prefixed(err, "request."))
+	}
+	r := t.newReservation(&sp, s.env.Clock().Now(), "")
+	res, err := placement.Place(t.snap.snap, request(&r), placement.Options{Limit: 1})
+	if err != nil {
+		var re *placement.RequestError
+		if errors.As(err, &re) {
+			return nil, s.env.Fail(ctx, envelope.Invalid(envelope.Violation{Field: "request." + re.Field, Reason: re.Reason}))
+		}
+		return nil, s.env.Fail(ctx, err)
+	}
+	out := &apiv1.PreviewReservationResponse{Explanation: ExplanationProto(res.Explanation),
+		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt)}
+	if len(res.Plans) > 0 {
+		p := res.Plans[0]
+		rec := r
+		if err := (&Engine{}).recordPlan(&rec, &p, t.snap.nodes[p.NodeID]); err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		out.Feasible = true
+		out.Placement = Proto(rec, t.pool.Name).GetPlacement()
+	}
+	if err := s.env.Resolve(ctx, "quota", func(ctx context.Context, q store.Querier) (err error) {
+		out.Quota, err = quota.Effect(ctx, q, charge(&r))
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// prefixed renames an INVALID_ARGUMENT's fields under a parent field.
+func prefixed(err error, prefix string) error {
+	var e *envelope.Error
+	if !errors.As(err, &e) || len(e.Violations) == 0 {
+		return err
+	}
+	out := *e
+	out.Violations = make([]envelope.Violation, len(e.Violations))
+	for i, v := range e.Violations {
+		out.Violations[i] = envelope.Violation{Field: prefix + v.Field, Reason: v.Reason}
+	}
+	return &out
+}
+
+// ref is a reservation reference resolved before a decision.
+type ref struct {
+	tenant      tenancy.Tenant
+	tenantFound bool
+	r           Reservation
+	found       bool
+	poolName    string
+}
+
+func lookup(ctx context.Context, q store.Querier, tenantRef, id string) (ref, error) {
+	var out ref
+	var err error
+	if out.tenant, out.tenantFound, err = tenancy.LookupTenant(ctx, q, tenantRef); err != nil || !out.tenantFound {
+		return out, err
+	}
+	r, err := Get(ctx, q, out.tenant.ID, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return out, nil
+	case err != nil:
+		return out, err
+	}
+	out.r, out.found = r, true
+	if p, err := pool.Get(ctx, q, r.TenantID, r.PoolID); err == nil {
+		out.poolName = p.Name
+	}
+	return out, nil
+}
+
+func (r ref) resource() iam.Resource {
+	switch {
+	case r.found:
+		return Resource(r.r)
+	case r.tenantFound:
+		return iam.Resource{Type: "Reservation", ID: "unknown", TenantID: r.tenant.ID}
+	}
+	return tenancy.PlatformResource()
+}
+
+func (r ref) notFound(tenantRef, id string) error {
+	switch {
+	case !r.tenantFound:
+		return envelope.NotFound("tenant", tenantRef)
+	case !r.found:
+		return envelope.NotFound("reservation", id)
+	}
+	return nil
+}
+
+func validateRef(vs *envelope.Violations, tenant, id string) {
+	vs.Ref("tenant", tenant, "tnt")
+	vs.ID("reservation", id, IDPrefix)
+}
+
+// Get reads a reservation.
+func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetReservationRequest]) (*connect.Response[apiv1.GetReservationResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	validateRef(&vs, msg.GetTenant(), msg.GetReservation())
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	var r ref
+	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
+		r, err = lookup(ctx, q, msg.GetTenant(), msg.GetReservation())
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+		return nil, err
+	}
+	if err := r.notFound(msg.GetTenant(), msg.GetReservation()); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	return connect.NewResponse(&apiv1.GetReservationResponse{Reservation: Proto(r.r, r.poolName)}), nil
+}
+
+var allStates = []string{StatePending, StatePlaced, StateBinding, StateActive, StateReleased, StateExpired, StateFailed, StateCanceled}
+
+// List lists reservations: a tenant's, or every tenant's for platform admins.
+func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReservationsRequest]) (*connect.Response[apiv1.ListReservationsResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	if msg.GetTenant() != "" {
+		vs.Ref("tenant", msg.GetTenant(), "tnt")
+	}
+	vs.PageSize("page_size", msg.GetPageSize())
+	var states []string
+	for _, st := range strings.Split(msg.GetState(), ",") {
+		if st = strings.TrimSpace(st); st == "" {
+			continue
+		}
+		if !contains(allStates, st) {
+			vs.Add("state", "unknown state %q (one of %s)", truncate(st), strings.Join(allStates, ", "))
+			continue
+		}
+		states = append(states, st)
+	}
+	if (msg.GetProject() != "" || msg.GetPool() != "") && msg.GetTenant() == "" {
+		vs.Add("tenant", "is required with project or pool")
+	}
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	filter := strings.Join([]string{msg.GetTenant(), msg.GetProject(), msg.GetPool(), msg.GetState()}, "/")
+	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), filter)
+	if err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	p := &ListParams{States: states, After: after, Limit: envelope.PageSize(msg.GetPageSize())}
+	if msg.GetTenant() != "" {
+		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
+		if err != nil {
+			return nil, err
+		}
+		p.TenantID = t.ID
+	} else if err := s.env.AuthorizeRead(ctx, tenancy.PlatformResource()); err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListReservationsResponse{}
+	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) error {
+		if msg.GetProject() != "" {
+			pr, err := tenancy.ProjectGet(ctx, q, p.TenantID, msg.GetProject())
+			if err != nil {
+				return err
+			}
+			p.ProjectID = pr.ID
+		}
+		names := map[string]string{}
+		if msg.GetPool() != "" {
+			pl, err := pool.Get(ctx, q, p.TenantID, msg.GetPool())
+			if err != nil {
+				return err
+			}
+			p.PoolID, names[pl.ID] = pl.ID, pl.Name
+		}
+		rs, err := List(ctx, q, p)
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			name, ok := names[r.PoolID]
+			if !ok {
+				if pl, err := pool.Get(ctx, q, r.TenantID, r.PoolID); err == nil {
+					name = pl.Name
+				}
+				names[r.PoolID] = name
+			}
+			out.Reservations = append(out.Reservations, Proto(r, name))
+		}
+		if len(rs) == p.Limit {
+			out.NextPageToken = envelope.EncodePageToken(rs[len(rs)-1].ID, filter)
+		}
+		return nil
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	return connect.NewResponse(out), nil
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// refMutation is a mutation of one stored reservation.
+type refMutation[Res any] struct {
+	tenant, id string
+	validate   func(*envelope.Violations)
+	// context adds facts to the decision (the lifetime an extension asks).
+	context func(r *Reservation) map[string]any
+	apply   func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*Res, error)
+}
+
+func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Request[Req], m refMutation[Res]) (*connect.Response[Res], error) {
+	var r ref
+	mut := envelope.Mutation[Res]{
+		Validate: func() error {
+			var vs envelope.Violations
+			validateRef(&vs, m.tenant, m.id)
+			if m.validate != nil {
+				m.validate(&vs)
+			}
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			r, err = lookup(ctx, q, m.tenant, m.id)
+			return r.resource(), err
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*Res, error) {
+			if err := r.notFound(m.tenant, m.id); err != nil {
+				return nil, err
+			}
+			cur, err := getForUpdate(ctx, tx.Tx, r.r.ID)
+			if err != nil {
+				return nil, err
+			}
+			return m.apply(ctx, tx, &cur, r.poolName)
+		},
+	}
+	if m.context != nil {
+		mut.Context = func() map[string]any {
+			if !r.found {
+				return nil
+			}
+			return m.context(&r.r)
+		}
+	}
+	return envelope.Mutate(ctx, s.env, req, mut)
+}
+
+// newEnd is the end an extension asks for.
+func newEnd(r *Reservation, msg *apiv1.ExtendReservationRequest) time.Time {
+	if msg.GetEndTime() != nil {
+		return msg.GetEndTime().AsTime().UTC().Truncate(booking.Resolution)
+	}
+	return r.EndsAt.Add(time.Duration(msg.GetExtendSeconds()) * time.Second)
+}
+
+// Extend moves a live reservation's end. IAM decides with the lifetime the
+// reservation would then have (context.lifetimeSeconds); the bookings'
+// exclusion constraint decides whether the atoms are free for it.
+func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendReservationRequest]) (*connect.Response[apiv1.ExtendReservationResponse], error) {
+	msg := req.Msg
+	return mutateRef(ctx, s, req, refMutation[apiv1.ExtendReservationResponse]{
+		tenant: msg.GetTenant(), id: msg.GetReservation(),
+		validate: func(vs *envelope.Violations) {
+			switch {
+			case msg.GetEndTime() != nil && msg.GetExtendSeconds() != 0:
+				vs.Add("end_time", "give end_time or extend_seconds, not both")
+			case msg.GetEndTime() != nil:
+				if msg.GetEndTime().CheckValid() != nil {
+					vs.Add("end_time", "is not a valid time")
+				}
+			case msg.GetExtendSeconds() <= 0:
+				vs.Add("extend_seconds", "must be positive, got %d", msg.GetExtendSeconds())
+			case msg.GetExtendSeconds() > pool.MaxDurationSeconds:
+				vs.Add("extend_seconds", "at most %d (30 days)", pool.MaxDurationSeconds)
+			}
+		},
+		context: func(r *Reservation) map[string]any {
+			return map[string]any{"lifetimeSeconds": int64(newEnd(r, msg).Sub(r.StartsAt) / time.Second)}
+		},
+		apply: func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*apiv1.ExtendReservationResponse, error) {
+			if !live(r.State) {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s is %s; only a live reservation can be extended", r.ID, r.State)
+			}
+			end := newEnd(r, msg)
+			if !end.After(r.EndsAt) {
+				return nil, envelope.Invalid(envelope.Violation{Field: "end_time", Reason: fmt.Sprintf("must be after the current end %s", r.EndsAt.Format(time.RFC3339))})
+			}
+			p, err := pool.Get(ctx, tx, r.TenantID, r.PoolID)
+			if err != nil {
+				return nil, err
+			}
+			if maxD := time.Duration(poolPolicy(p).GetMaxDurationSeconds()) * time.Second; maxD > 0 && end.Sub(r.StartsAt) > maxD {
+				return nil, envelope.Invalid(envelope.Violation{Field: "end_time", Reason: fmt.Sprintf("pool %s books at most %s", p.Name, maxD)})
+			}
+			if end.Sub(r.StartsAt) > pool.MaxDurationSeconds*time.Second {
+				return nil, envelope.Invalid(envelope.Violation{Field: "end_time", Reason: "a reservation lasts at most 30 days"})
+			}
+			from := r.State
+			r.EndsAt = end
+			if _, err := quota.Check(ctx, tx.Tx, charge(r)); err != nil {
+				return nil, err
+			}
+			if holding(from) {
+				if err := booking.BookingsExtend(ctx, tx.Tx, r.ID, end); err != nil {
+					if errors.Is(err, booking.ErrOverlap) {
+						return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s cannot be extended to %s: another reservation books its devices by then", r.ID, end.Format(time.RFC3339))
+					}
+					return nil, err
+				}
+			}
+			r.UpdateTime = tx.Now()
+			ok, err := save(ctx, tx.Tx, r, from)
+			if err != nil || !ok {
+				return nil, errors.Join(err, errMoved(ok))
+			}
+			tx.Emit(event("reservation.extended", r, map[string]any{"end_time": end.Format(time.RFC3339Nano)}))
+			return &apiv1.ExtendReservationResponse{Reservation: Proto(*r, poolName)}, nil
+		},
+	})
+}
+
+// Release ends a reservation now. A reservation that already ended is
+// returned as it is: releasing twice is not an error.
+func (s *Service) Release(ctx context.Context, req *connect.Request[apiv1.ReleaseReservationRequest]) (*connect.Response[apiv1.ReleaseReservationResponse], error) {
+	msg := req.Msg
+	return mutateRef(ctx, s, req, refMutation[apiv1.ReleaseReservationResponse]{
+		tenant: msg.GetTenant(), id: msg.GetReservation(),
+		apply: func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*apiv1.ReleaseReservationResponse, error) {
+			evs, err := s.engine.end(ctx, tx.Tx, r, StateReleased, "Released", tx.Now())
+			if err != nil {
+				return nil, err
+			}
+			for _, ev := range evs {
+				tx.Emit(ev)
+			}
+			return &apiv1.ReleaseReservationResponse{Reservation: Proto(*r, poolName)}, nil
+		},
+	})
+}
+
+// Cancel withdraws a reservation that is not active yet; an active one is
+// released instead. Canceling twice is not an error.
+func (s *Service) Cancel(ctx context.Context, req *connect.Request[apiv1.CancelReservationRequest]) (*connect.Response[apiv1.CancelReservationResponse], error) {
+	msg := req.Msg
+	return mutateRef(ctx, s, req, refMutation[apiv1.CancelReservationResponse]{
+		tenant: msg.GetTenant(), id: msg.GetReservation(),
+		apply: func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*apiv1.CancelReservationResponse, error) {
+			if r.State == StateActive {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s is active: release it instead", r.ID)
+			}
+			evs, err := s.engine.end(ctx, tx.Tx, r, StateCanceled, "Canceled", tx.Now())
+			if err != nil {
+				return nil, err
+			}
+			for _, ev := range evs {
+				tx.Emit(ev)
+			}
+			return &apiv1.CancelReservationResponse{Reservation: Proto(*r, poolName)}, nil
+		},
+	})
+}
+
+// Watch streams the tenant's reservation changes (or one reservation's),
+// after the cursor, then live ones.
+func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchReservationsRequest], stream *connect.ServerStream[apiv1.WatchReservationsResponse]) error {
+	msg := req.Msg
+	var vs envelope.Violations
+	vs.Ref("tenant", msg.GetTenant(), "tnt")
+	if msg.GetReservation() != "" {
+		vs.ID("reservation", msg.GetReservation(), IDPrefix)
+	}
+	var after int64
+	if msg.GetCursor() != "" {
+		if _, err := fmt.Sscan(msg.GetCursor(), &after); err != nil || after < 0 {
+			vs.Add("cursor", "must be a cursor from a previous response, got %q", truncate(msg.GetCursor()))
+		}
+	}
+	if err := vs.Err(); err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	var tenantID string
+	if msg.GetReservation() != "" {
+		var r ref
+		if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
+			r, err = lookup(ctx, q, msg.GetTenant(), msg.GetReservation())
+			return err
+		}); err != nil {
+			return s.env.Fail(ctx, err)
+		}
+		if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+			return err
+		}
+		if err := r.notFound(msg.GetTenant(), msg.GetReservation()); err != nil {
+			return s.env.Fail(ctx, err)
+		}
+		tenantID = r.tenant.ID
+	} else {
+		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
+		if err != nil {
+			return err
+		}
+		tenantID = t.ID
+	}
+	if msg.GetCursor() == "" {
+		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
+			after, err = s.events.Last(ctx, q)
+			return err
+		}); err != nil {
+			return s.env.Fail(ctx, err)
+		}
+	}
+	if err := stream.Send(nil); err != nil {
+		return err
+	}
+	ticker := time.NewTicker(s.poll)
+	defer ticker.Stop()
+	for {
+		wake := s.events.Wait()
+		var out []*apiv1.WatchReservationsResponse
+		var full bool
+		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
+			evs, seqs, err := s.events.After(ctx, q, tenantID, after, 500)
+			if err != nil {
+				return err
+			}
+			full = len(evs) == 500
+			for i, ev := range evs {
+				after = seqs[i]
+				if ev.ResourceType != "Reservation" || (msg.GetReservation() != "" && ev.ResourceID != msg.GetReservation()) {
+					continue
+				}
+				r, err := Get(ctx, q, tenantID, ev.ResourceID)
+				if errors.Is(err, store.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				out = append(out, &apiv1.WatchReservationsResponse{Type: ev.Type, Reservation: Proto(r, ""), Cursor: fmt.Sprint(seqs[i])})
+			}
+			return nil
+		}); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return s.env.Fail(ctx, err)
+		}
+		for _, o := range out {
+			if err := stream.Send(o); err != nil {
+				return err
+			}
+		}
+		if full {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-ticker.C:
+		}
+	}
+}

@@ -1,0 +1,290 @@
+package reservation
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// snapshot is a pool's fleet as placement sees it over one window, with what
+// booking needs besides (the CPUs behind each node's free vCPUs).
+type snapshot struct {
+	snap  *placement.Snapshot
+	nodes map[string]*placement.Node
+	// share is the smallest host's per-GPU share (vcpu, memoryGiB), the
+	// default when the pool sets none.
+	shareVCPU, shareMemGiB int
+}
+
+// loadSnapshot reads a pool's nodes, atoms and the bookings that overlap
+// [start, end). With ignoreBookings every atom reads as free: it answers
+// "could this ever fit", which tells NO_CAPACITY from "wait".
+func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string, start, end time.Time, ignoreBookings bool) (*snapshot, error) {
+	nodes := map[string]*placement.Node{}
+	var order []string
+	rows, err := q.Query(ctx, `SELECT n.id, n.name, n.labels, n.state, n.liveness, n.capabilities
+		FROM node_pools np JOIN nodes n ON n.id = np.node_id WHERE np.pool_id = $1 ORDER BY n.id`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id, name, labels, state, liveness, caps string
+		if err := rows.Scan(&id, &name, &labels, &state, &liveness, &caps); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		n := &placement.Node{ID: id, Name: name, Pool: poolID, Schedulable: state == "active", Healthy: liveness == "ready",
+			Labels: map[string]string{}, TenantAtoms: map[string]int{}}
+		_ = json.Unmarshal([]byte(labels), &n.Labels)
+		_ = json.Unmarshal([]byte(caps), &n.Capabilities)
+		for k, v := range n.Labels {
+			if t, ok := strings.CutPrefix(k, "taint."); ok {
+				n.Taints = append(n.Taints, placement.Taint{Key: t, Value: v})
+			}
+		}
+		sort.Slice(n.Taints, func(i, j int) bool { return n.Taints[i].Key < n.Taints[j].Key })
+		if v, ok := n.Labels["shape"]; ok {
+			n.Shape = v
+		}
+		nodes[id] = n
+		order = append(order, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	booked := map[string]bool{}
+	if !ignoreBookings {
+		rows, err = q.Query(ctx, `SELECT b.atom FROM bookings b JOIN atoms a ON a.id = b.atom JOIN node_pools np ON np.node_id = a.node_id
+			WHERE np.pool_id = $1 AND b.starts_at < $3 AND b.ends_at > $2`, poolID, start, end)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var a string
+			if err := rows.Scan(&a); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			booked[a] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+
+	rows, err = q.Query(ctx, `SELECT a.id, a.node_id, a.kind, a.gpu_uuid, a.model, a.gpu_index, a.numa, a.island, a.memory_mib, a.profile,
+			a.quarantined, a.partition_pending
+		FROM atoms a JOIN node_pools np ON np.node_id = a.node_id WHERE np.pool_id = $1 ORDER BY a.node_id, a.gpu_index, a.id`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	gpuAt := map[string]int{} // gpu uuid -> index into its node's GPUs
+	numaAt := map[string]map[int]int{}
+	for rows.Next() {
+		var a atomRow
+		if err := rows.Scan(&a.ID, &a.NodeID, &a.Kind, &a.GPUUUID, &a.Model, &a.GPUIndex, &a.NUMA, &a.Island, &a.MemMiB, &a.Profile,
+			&a.Quarantined, &a.PartitionPending); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		n := nodes[a.NodeID]
+		if n == nil {
+			continue
+		}
+		if a.Kind == KindCPU {
+			if numaAt[n.ID] == nil {
+				numaAt[n.ID] = map[int]int{}
+			}
+			i, ok := numaAt[n.ID][a.NUMA]
+			if !ok {
+				i = len(n.NUMA)
+				numaAt[n.ID][a.NUMA] = i
+				n.NUMA = append(n.NUMA, placement.NUMANode{ID: a.NUMA})
+			}
+			n.Host.VCPU++
+			if booked[a.ID] {
+				n.HostBooked.VCPU++
+			} else {
+				n.NUMA[i].FreeCPUs = append(n.NUMA[i].FreeCPUs, a.GPUIndex)
+			}
+			continue
+		}
+		i, ok := gpuAt[a.GPUUUID]
+		if !ok {
+			i = len(n.GPUs)
+			gpuAt[a.GPUUUID] = i
+			n.GPUs = append(n.GPUs, placement.GPU{UUID: a.GPUUUID, Model: a.Model, Index: a.GPUIndex, NUMA: a.NUMA,
+				Island: a.Island, MemoryMiB: a.MemMiB})
+		}
+		g := &n.GPUs[i]
+		g.Quarantined = g.Quarantined || a.Quarantined
+		g.PartitionPending = g.PartitionPending || a.PartitionPending
+		switch a.Kind {
+		case KindGPU:
+			g.Mode, g.Booked = placement.ModeWhole, booked[a.ID]
+		case KindMIG:
+			g.Mode = placement.ModeMIG
+			g.MIG = append(g.MIG, placement.MIGInstance{Profile: a.Profile, N: migN(a.ID), Booked: booked[a.ID]})
+		case KindSlot:
+			g.Mode = placement.ModeShared
+			g.Slots = append(g.Slots, placement.Slot{K: slotK(a.ID), Booked: booked[a.ID]})
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	rows, err = q.Query(ctx, `SELECT h.node_id, h.memory_gib, h.hugepages_2mi, h.hugepages_1gi FROM host_resources h
+		JOIN node_pools np ON np.node_id = h.node_id WHERE np.pool_id = $1`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var id string
+		var mem, hp2, hp1 int
+		if err := rows.Scan(&id, &mem, &hp2, &hp1); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if n := nodes[id]; n != nil {
+			n.Host.MemoryGiB, n.Host.Hugepages2Mi, n.Host.Hugepages1Gi = mem, hp2, hp1
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	if !ignoreBookings {
+		// Host memory and who holds what, from the live reservations that
+		// overlap the window.
+		rows, err = q.Query(ctx, `SELECT r.node_id, r.tenant_id, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
+			FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
+			WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.starts_at < $3 AND r.ends_at > $2`, poolID, start, end)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id, tenant string
+			var mem, hp1, atoms int
+			if err := rows.Scan(&id, &tenant, &mem, &hp1, &atoms); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			if n := nodes[id]; n != nil {
+				n.HostBooked.MemoryGiB += mem
+				n.HostBooked.Hugepages1Gi += hp1
+				n.TenantAtoms[tenant] += atoms
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+
+	s := &snapshot{nodes: nodes}
+	list := make([]placement.Node, 0, len(order))
+	for _, id := range order {
+		n := nodes[id]
+		for i := range n.NUMA {
+			sort.Ints(n.NUMA[i].FreeCPUs)
+		}
+		sort.Slice(n.NUMA, func(i, j int) bool { return n.NUMA[i].ID < n.NUMA[j].ID })
+		if len(n.NUMA) > 0 {
+			per := n.Host.MemoryGiB / len(n.NUMA)
+			for i := range n.NUMA {
+				n.NUMA[i].FreeMemoryGiB = per
+			}
+		}
+		if len(n.GPUs) > 0 {
+			v, m := n.Host.VCPU/len(n.GPUs), n.Host.MemoryGiB/len(n.GPUs)
+			if s.shareVCPU == 0 || v < s.shareVCPU {
+				s.shareVCPU = v
+			}
+			if s.shareMemGiB == 0 || m < s.shareMemGiB {
+				s.shareMemGiB = m
+			}
+		}
+		list = append(list, *n)
+	}
+	_ = tenantID
+	s.snap = placement.NewSnapshot(list)
+	// NewSnapshot keeps its own copies; point nodes at them for booking.
+	for i := range list {
+		s.nodes[list[i].ID] = &list[i]
+	}
+	return s, nil
+}
+
+func migN(id string) int {
+	i := strings.LastIndexByte(id, '/')
+	n := 0
+	for _, c := range id[i+1:] {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+func slotK(id string) int {
+	i := strings.LastIndex(id, "/s")
+	n := 0
+	for _, c := range id[i+2:] {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+// take marks a placed reservation's atoms and host share used, so one
+// snapshot serves a batch of placements. Summaries are not touched: they
+// stay upper bounds, which is all placement asks of them.
+func (s *snapshot) take(r *Reservation) {
+	n := s.nodes[r.NodeID]
+	if n == nil {
+		return
+	}
+	for _, a := range r.Placement.Atoms {
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			switch {
+			case a == g.UUID:
+				g.Booked = true
+			case strings.HasPrefix(a, g.UUID+"/mig/"):
+				for j := range g.MIG {
+					if a == fmt.Sprintf("%s/mig/%s/%d", g.UUID, g.MIG[j].Profile, g.MIG[j].N) {
+						g.MIG[j].Booked = true
+					}
+				}
+			case strings.HasPrefix(a, g.UUID+"/s"):
+				for j := range g.Slots {
+					if a == g.UUID+"/s"+strconv.Itoa(g.Slots[j].K) {
+						g.Slots[j].Booked = true
+					}
+				}
+			}
+		}
+	}
+	for _, c := range r.Placement.CPUs {
+		for i := range n.NUMA {
+			if k := slices.Index(n.NUMA[i].FreeCPUs, c); k >= 0 {
+				n.NUMA[i].FreeCPUs = slices.Delete(n.NUMA[i].FreeCPUs, k, k+1)
+				n.HostBooked.VCPU++
+			}
+		}
+	}
+	n.HostBooked.MemoryGiB += r.MemoryGiB
+	n.HostBooked.Hugepages1Gi += r.Hugepages1Gi
+	n.TenantAtoms[r.TenantID] += r.GPUs + r.Slots
+}

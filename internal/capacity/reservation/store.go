@@ -1,0 +1,273 @@
+package reservation
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Migrations returns the module's tables. They follow fleet's, pool's and
+// booking's.
+func Migrations() store.Migrations {
+	return store.Embedded("reservation", migrationsFS)
+}
+
+// IDPrefix is the prefix of reservation ids.
+const IDPrefix = "rsv"
+
+// Reservation states.
+const (
+	StatePending  = "pending"
+	StatePlaced   = "placed"
+	StateBinding  = "binding"
+	StateActive   = "active"
+	StateReleased = "released"
+	StateExpired  = "expired"
+	StateFailed   = "failed"
+	StateCanceled = "canceled"
+)
+
+// Bindings.
+const (
+	BindingNode       = "node"
+	BindingKubernetes = "kubernetes"
+	BindingNone       = "none"
+)
+
+// Condition types.
+const (
+	CondDevicesHeld = "DevicesHeld"
+	CondBindTimeout = "BindTimeout"
+	CondNodeLost    = "NodeLost"
+)
+
+// holding reports whether a reservation in state holds its bookings.
+func holding(state string) bool {
+	return state == StatePlaced || state == StateBinding || state == StateActive
+}
+
+// live reports whether a reservation in state may still change.
+func live(state string) bool { return state == StatePending || holding(state) }
+
+// Condition is one condition of a reservation.
+type Condition struct {
+	Type       string    `json:"type"`
+	Status     string    `json:"status"`
+	Reason     string    `json:"reason"`
+	Message    string    `json:"message"`
+	UpdateTime time.Time `json:"update_time"`
+}
+
+// PlacementRecord is where a reservation sits, as stored.
+type PlacementRecord struct {
+	NodeName string   `json:"node_name,omitempty"`
+	Atoms    []string `json:"atoms,omitempty"`
+	// GPUUUIDs are the physical GPUs the atoms sit on.
+	GPUUUIDs []string   `json:"gpu_uuids,omitempty"`
+	CPUs     []int      `json:"cpus,omitempty"`
+	CPUSet   string     `json:"cpuset,omitempty"`
+	NUMA     int        `json:"numa"`
+	Island   int        `json:"island"`
+	Score    [5]float64 `json:"score"`
+	// AtomModel is the atoms' model ("H100 80GB"), the rollups' key.
+	AtomModel string `json:"atom_model,omitempty"`
+	// Kinds counts the GPU atoms by kind (gpu, mig, slot) for the rollups.
+	Kinds map[string]int `json:"kinds,omitempty"`
+}
+
+// Reservation is a row of reservations.
+type Reservation struct {
+	ID, TenantID, ProjectID, PoolID string
+	State                           string
+	GPUs                            int
+	Model, MIGProfile               string
+	Slots, VCPU, MemoryGiB          int
+	Hugepages1Gi                    int
+	Binding                         string
+	SingleTenant                    bool
+	StartsAt, EndsAt                time.Time
+	NodeID, GPUModel                string
+	Placement                       PlacementRecord
+	Conditions                      []Condition
+	Explanation                     string // JSON of apiv1.Explanation
+	CommandID                       string
+	BindAttempts                    int
+	BindDeadline                    *time.Time
+	ActiveSince, ActiveUntil        *time.Time
+	CreatedBy                       string
+	CreateTime, UpdateTime          time.Time
+}
+
+// SetCondition sets or replaces a condition; it reports whether anything
+// changed.
+func (r *Reservation) SetCondition(c Condition) bool {
+	for i := range r.Conditions {
+		if r.Conditions[i].Type == c.Type {
+			old := r.Conditions[i]
+			if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+				return false
+			}
+			if old.Status == c.Status {
+				c.UpdateTime = old.UpdateTime
+			}
+			r.Conditions[i] = c
+			return true
+		}
+	}
+	r.Conditions = append(r.Conditions, c)
+	return true
+}
+
+const columns = `id, tenant_id, project_id, pool_id, state, gpus, model, mig_profile, slots, vcpu, memory_gib,
+	hugepages_1gi, binding, single_tenant, starts_at, ends_at, node_id, gpu_model, placement, conditions,
+	explanation, command_id, bind_attempts, bind_deadline, active_since, active_until, created_by, create_time, update_time`
+
+func scan(row interface{ Scan(...any) error }) (Reservation, error) {
+	var r Reservation
+	var placement, conds string
+	err := row.Scan(&r.ID, &r.TenantID, &r.ProjectID, &r.PoolID, &r.State, &r.GPUs, &r.Model, &r.MIGProfile, &r.Slots,
+		&r.VCPU, &r.MemoryGiB, &r.Hugepages1Gi, &r.Binding, &r.SingleTenant, &r.StartsAt, &r.EndsAt, &r.NodeID,
+		&r.GPUModel, &placement, &conds, &r.Explanation, &r.CommandID, &r.BindAttempts, &r.BindDeadline,
+		&r.ActiveSince, &r.ActiveUntil, &r.CreatedBy, &r.CreateTime, &r.UpdateTime)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal([]byte(placement), &r.Placement); err != nil {
+		return r, fmt.Errorf("reservation %s placement: %w", r.ID, err)
+	}
+	if err := json.Unmarshal([]byte(conds), &r.Conditions); err != nil {
+		return r, fmt.Errorf("reservation %s conditions: %w", r.ID, err)
+	}
+	r.StartsAt, r.EndsAt = r.StartsAt.UTC(), r.EndsAt.UTC()
+	return r, nil
+}
+
+func scanAll(rows store.Rows, err error) ([]Reservation, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Reservation
+	for rows.Next() {
+		r, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only plain structs are marshalled here
+	}
+	return string(b)
+}
+
+// insert writes a new reservation row.
+func insert(ctx context.Context, tx store.Tx, r *Reservation) error {
+	if r.Conditions == nil {
+		r.Conditions = []Condition{}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO reservations (`+columns+`) VALUES
+		($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)`,
+		r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
+		r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
+		jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
+		r.CreatedBy, r.CreateTime, r.UpdateTime)
+	return err
+}
+
+// save writes back every mutable column of r, guarded by the state it was
+// read in: it reports false when another writer moved it first.
+func save(ctx context.Context, tx store.Tx, r *Reservation, fromState string) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE reservations SET state = $2, starts_at = $3, ends_at = $4, node_id = $5, gpu_model = $6,
+		placement = $7, conditions = $8, explanation = $9, command_id = $10, bind_attempts = $11, bind_deadline = $12,
+		active_since = $13, active_until = $14, update_time = $15
+		WHERE id = $1 AND state = $16`,
+		r.ID, r.State, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement), jsonText(r.Conditions),
+		r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil, r.UpdateTime, fromState)
+	return n == 1, err
+}
+
+// Get reads a reservation; a non-empty tenantID confines the lookup.
+func Get(ctx context.Context, q store.Querier, tenantID, id string) (Reservation, error) {
+	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM reservations WHERE id = $1 AND ($2 = '' OR tenant_id = $2)`, id, tenantID))
+}
+
+// getForUpdate reads a reservation in a write transaction, locking its row on
+// PostgreSQL so that concurrent transitions serialize.
+func getForUpdate(ctx context.Context, tx store.Tx, id string) (Reservation, error) {
+	lock := ""
+	if tx.Dialect() == store.Postgres {
+		lock = " FOR UPDATE"
+	}
+	return scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM reservations WHERE id = $1`+lock, id))
+}
+
+// ListParams filter a listing.
+type ListParams struct {
+	TenantID, ProjectID, PoolID string
+	States                      []string
+	After                       string
+	Limit                       int
+}
+
+// List lists reservations by id.
+func List(ctx context.Context, q store.Querier, p *ListParams) ([]Reservation, error) {
+	args := []any{p.After, p.TenantID, p.ProjectID, p.PoolID, p.Limit}
+	where := ""
+	if len(p.States) > 0 {
+		ph := make([]string, len(p.States))
+		for i, s := range p.States {
+			args = append(args, s)
+			ph[i] = fmt.Sprintf("$%d", len(args))
+		}
+		where = " AND state IN (" + strings.Join(ph, ", ") + ")"
+	}
+	return scanAll(q.Query(ctx, `SELECT `+columns+` FROM reservations
+		WHERE id > $1 AND ($2 = '' OR tenant_id = $2) AND ($3 = '' OR project_id = $3) AND ($4 = '' OR pool_id = $4)`+where+`
+		ORDER BY id LIMIT $5`, args...))
+}
+
+// onNode lists the reservations of a node in the given states.
+func onNode(ctx context.Context, q store.Querier, nodeID string, states ...string) ([]Reservation, error) {
+	args := []any{nodeID}
+	ph := make([]string, len(states))
+	for i, s := range states {
+		args = append(args, s)
+		ph[i] = fmt.Sprintf("$%d", i+2)
+	}
+	return scanAll(q.Query(ctx, `SELECT `+columns+` FROM reservations WHERE node_id = $1 AND state IN (`+strings.Join(ph, ", ")+`) ORDER BY id`, args...))
+}
+
+// RollupAdd records a change of the capacity rollup of (pool, model, kind).
+// Rows are insert-only, so concurrent bookings never wait on one counter.
+func RollupAdd(ctx context.Context, tx store.Tx, poolID, model, kind string, total, booked, quarantined int) error {
+	if poolID == "" || (total == 0 && booked == 0 && quarantined == 0) {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO capacity_deltas (pool_id, model, kind, total, booked, quarantined) VALUES ($1, $2, $3, $4, $5, $6)`,
+		poolID, model, kind, total, booked, quarantined)
+	return err
+}
+
+// rollupBooked moves the booked rollup of a reservation's atoms by sign.
+func rollupBooked(ctx context.Context, tx store.Tx, r *Reservation, sign int) error {
+	for kind, n := range r.Placement.Kinds {
+		if err := RollupAdd(ctx, tx, r.PoolID, r.Placement.AtomModel, kind, 0, sign*n, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
