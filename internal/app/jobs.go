@@ -2,10 +2,13 @@ package app
 
 import (
 	"context"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 
+	"github.com/better-compute/better-compute/internal/capacity/usage"
+	"github.com/better-compute/better-compute/internal/capacity/views"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -69,4 +72,77 @@ type pruneIdempotencyWorker struct {
 func (w *pruneIdempotencyWorker) Work(ctx context.Context, job *river.Job[pruneIdempotencyArgs]) error {
 	_, err := envelope.PruneIdempotencyKeys(ctx, w.db)
 	return w.metrics.done(job.Kind, err)
+}
+
+// Capacity view upkeep: the rollup compaction and the usage rollup.
+const (
+	compactCapacityInterval = time.Minute
+	rollupUsageInterval     = time.Hour
+)
+
+type compactCapacityArgs struct{}
+
+func (compactCapacityArgs) Kind() string { return "capacity.compact" }
+
+// compactCapacityWorker folds the capacity deltas into one row per key. It
+// keeps every key's sums, so running it twice, or alongside bookings, is
+// safe.
+type compactCapacityWorker struct {
+	river.WorkerDefaults[compactCapacityArgs]
+	db      *store.DB
+	metrics *jobMetrics
+}
+
+func (w *compactCapacityWorker) Work(ctx context.Context, job *river.Job[compactCapacityArgs]) error {
+	return w.metrics.done(job.Kind, w.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return views.Compact(ctx, tx)
+	}))
+}
+
+func (w *compactCapacityWorker) Timeout(*river.Job[compactCapacityArgs]) time.Duration {
+	return time.Minute
+}
+
+type rollupUsageArgs struct{}
+
+func (rollupUsageArgs) Kind() string { return "usage.rollup" }
+
+// rollupUsageWorker writes the usage windows closed by now. The rollup is
+// idempotent, so a retried or repeated run writes the same rows.
+type rollupUsageWorker struct {
+	river.WorkerDefaults[rollupUsageArgs]
+	db      *store.DB
+	metrics *jobMetrics
+}
+
+func (w *rollupUsageWorker) Work(ctx context.Context, job *river.Job[rollupUsageArgs]) error {
+	return w.metrics.done(job.Kind, w.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := usage.Rollup(ctx, tx, w.db.Clock().Now())
+		return err
+	}))
+}
+
+func (w *rollupUsageWorker) Timeout(*river.Job[rollupUsageArgs]) time.Duration {
+	return 10 * time.Minute
+}
+
+// addCapacityViewJobs registers the capacity view workers and returns their
+// periodic jobs: compaction every minute, the usage rollup every hour (and
+// at start, so a restart catches up on the hours it missed).
+func addCapacityViewJobs(workers *river.Workers, db *store.DB, jm *jobMetrics) []*river.PeriodicJob {
+	river.AddWorker(workers, &compactCapacityWorker{db: db, metrics: jm})
+	river.AddWorker(workers, &rollupUsageWorker{db: db, metrics: jm})
+	// Unique by period: a tick never piles up behind a slow run.
+	unique := func(period time.Duration) *river.InsertOpts {
+		return &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: period}}
+	}
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(compactCapacityInterval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return compactCapacityArgs{}, unique(compactCapacityInterval)
+			}, nil),
+		river.NewPeriodicJob(river.PeriodicInterval(rollupUsageInterval),
+			func() (river.JobArgs, *river.InsertOpts) { return rollupUsageArgs{}, unique(rollupUsageInterval) },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
 }

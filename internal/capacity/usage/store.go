@@ -1,0 +1,279 @@
+package usage
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Migrations returns the module's tables. They read reservations (of the
+// reservation module) only at run time, so they may be applied in any order
+// after it.
+func Migrations() store.Migrations {
+	return store.Embedded("usage", migrationsFS)
+}
+
+// Metrics.
+const (
+	MetricVCPUHours      = "vcpu.hours"
+	MetricMemoryGiBHours = "memoryGiB.hours"
+)
+
+// Window is the length of a usage window.
+const Window = time.Hour
+
+// Grace is how far before the last closed hour a rollup looks again, so an
+// active interval recorded a little late still lands in its windows.
+const Grace = time.Hour
+
+var (
+	metricRE     = regexp.MustCompile(`^(gpu\.[A-Za-z0-9_-]{1,64}\.hours|vcpu\.hours|memoryGiB\.hours)$`)
+	modelCleanRE = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+)
+
+// GPUMetric returns the metric of a GPU model's hours: gpu.<model>.hours,
+// with every run of characters other than letters, digits, _ and - in the
+// model replaced by "-" (so the metric splits on its dots), and "unknown"
+// for an empty model.
+func GPUMetric(model string) string {
+	m := strings.Trim(modelCleanRE.ReplaceAllString(model, "-"), "-")
+	if m == "" {
+		m = "unknown"
+	}
+	if len(m) > 64 {
+		m = m[:64]
+	}
+	return "gpu." + m + ".hours"
+}
+
+// ValidMetric reports whether s is a metric name this package writes.
+func ValidMetric(s string) bool { return metricRE.MatchString(s) }
+
+// UsageWindow is one row of usage_windows: an hour of one metric of one
+// reservation.
+type UsageWindow struct {
+	TenantID      string
+	ProjectID     string
+	ReservationID string
+	Metric        string
+	WindowStart   time.Time
+	Quantity      float64
+	UpdateTime    time.Time
+}
+
+// activeInterval is what the rollup reads of a reservation.
+type activeInterval struct {
+	id, tenantID, projectID string
+	gpus, vcpu, memoryGiB   int64
+	model                   string
+	since                   time.Time
+	until                   *time.Time
+}
+
+// Rollup writes the usage windows closed by upTo: every hour window
+// [h, h+1h) with h+1h at or before upTo (truncated to the hour) that
+// overlaps a reservation's active interval [active_since,
+// coalesce(active_until, upTo)) gets, per metric, the quantity times the
+// hours of the overlap (gpus for gpu.<model>.hours, vcpu, memory_gib).
+// Metrics of quantity zero are not written.
+//
+// It is idempotent: windows are upserted, and a window whose values did not
+// change is left alone. It returns the windows inserted or changed. To bound
+// the work it reads only reservations still active, or whose active
+// interval ended after the last closed hour less Grace, and writes windows
+// from that point on (the first run, with no cursor, writes everything).
+// It runs in the caller's transaction.
+func Rollup(ctx context.Context, tx store.Tx, upTo time.Time) (int, error) {
+	closeAt := upTo.UTC().Truncate(Window)
+	var from time.Time // zero: no run yet, start at each reservation's beginning
+	var cursor time.Time
+	switch err := tx.QueryRow(ctx, `SELECT closed_until FROM usage_cursor WHERE id = 1`).Scan(&cursor); {
+	case err == nil:
+		from = cursor.UTC().Add(-Grace)
+	case !errors.Is(err, store.ErrNotFound):
+		return 0, fmt.Errorf("usage rollup: read cursor: %w", err)
+	}
+
+	intervals, err := activeIntervals(ctx, tx, from, closeAt)
+	if err != nil {
+		return 0, err
+	}
+	written := 0
+	for _, r := range intervals {
+		until := closeAt
+		if r.until != nil && r.until.Before(until) {
+			until = r.until.UTC()
+		}
+		first := r.since.UTC().Truncate(Window)
+		if first.Before(from) {
+			first = from.Truncate(Window)
+		}
+		for h := first; !h.Add(Window).After(closeAt); h = h.Add(Window) {
+			lo, hi := maxTime(h, r.since), minTime(h.Add(Window), until)
+			if !hi.After(lo) {
+				continue
+			}
+			hours := hi.Sub(lo).Hours()
+			for _, m := range []struct {
+				metric string
+				n      int64
+			}{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}} {
+				if m.n <= 0 {
+					continue
+				}
+				n, err := upsertWindow(ctx, tx, &UsageWindow{TenantID: r.tenantID, ProjectID: r.projectID, ReservationID: r.id,
+					Metric: m.metric, WindowStart: h, Quantity: float64(m.n) * hours})
+				if err != nil {
+					return written, err
+				}
+				written += int(n)
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO usage_cursor (id, closed_until) VALUES (1, $1)
+		ON CONFLICT (id) DO UPDATE SET closed_until = excluded.closed_until
+		WHERE usage_cursor.closed_until < excluded.closed_until`, closeAt); err != nil {
+		return written, fmt.Errorf("usage rollup: move cursor: %w", err)
+	}
+	return written, nil
+}
+
+// activeIntervals reads the reservations whose active interval began before
+// closeAt and had not ended by from.
+func activeIntervals(ctx context.Context, tx store.Tx, from, closeAt time.Time) ([]activeInterval, error) {
+	rows, err := tx.Query(ctx, `SELECT id, tenant_id, project_id, gpus, vcpu, memory_gib,
+			CASE WHEN gpu_model <> '' THEN gpu_model ELSE model END, active_since, active_until
+		FROM reservations
+		WHERE active_since IS NOT NULL AND active_since < $1 AND (active_until IS NULL OR active_until > $2)
+		ORDER BY id`, closeAt, from)
+	if err != nil {
+		return nil, fmt.Errorf("usage rollup: read active reservations: %w", err)
+	}
+	defer rows.Close()
+	var out []activeInterval
+	for rows.Next() {
+		var r activeInterval
+		if err := rows.Scan(&r.id, &r.tenantID, &r.projectID, &r.gpus, &r.vcpu, &r.memoryGiB, &r.model, &r.since, &r.until); err != nil {
+			return nil, fmt.Errorf("usage rollup: read active reservations: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// upsertWindow writes one window, leaving an unchanged one alone; it returns
+// 1 when it inserted or changed the row.
+func upsertWindow(ctx context.Context, tx store.Tx, w *UsageWindow) (int64, error) {
+	n, err := tx.Exec(ctx, `INSERT INTO usage_windows (tenant_id, project_id, reservation_id, metric, window_start, quantity, update_time)
+		VALUES ($1, $2, $3, $4, $5, $6, compute_now())
+		ON CONFLICT (reservation_id, metric, window_start) DO UPDATE
+		SET tenant_id = excluded.tenant_id, project_id = excluded.project_id,
+			quantity = excluded.quantity, update_time = excluded.update_time
+		WHERE usage_windows.quantity <> excluded.quantity
+			OR usage_windows.tenant_id <> excluded.tenant_id
+			OR usage_windows.project_id <> excluded.project_id`,
+		w.TenantID, w.ProjectID, w.ReservationID, w.Metric, w.WindowStart, w.Quantity)
+	if err != nil {
+		return 0, fmt.Errorf("usage rollup: write %s %s %s: %w", w.ReservationID, w.Metric, w.WindowStart.Format(time.RFC3339), err)
+	}
+	return n, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// Cursor is a position in the order windows are listed in: window start,
+// then reservation, then metric.
+type Cursor struct {
+	WindowStart   time.Time
+	ReservationID string
+	Metric        string
+}
+
+// String encodes the cursor for a page token.
+func (c Cursor) String() string {
+	return c.WindowStart.UTC().Format(time.RFC3339Nano) + "|" + c.ReservationID + "|" + c.Metric
+}
+
+// ParseCursor decodes Cursor.String.
+func ParseCursor(s string) (Cursor, error) {
+	parts := strings.SplitN(s, "|", 3)
+	if len(parts) != 3 {
+		return Cursor{}, fmt.Errorf("usage cursor %q: want three parts", s)
+	}
+	t, err := time.Parse(time.RFC3339Nano, parts[0])
+	if err != nil {
+		return Cursor{}, fmt.Errorf("usage cursor %q: %w", s, err)
+	}
+	return Cursor{WindowStart: t.UTC(), ReservationID: parts[1], Metric: parts[2]}, nil
+}
+
+// ListParams filter a usage listing. Empty strings and zero times do not
+// filter.
+type ListParams struct {
+	TenantID  string
+	ProjectID string
+	Metric    string
+	// Start and End bound window_start: Start <= window_start < End.
+	Start, End time.Time
+	// After continues after a position; nil starts at the beginning.
+	After *Cursor
+	Limit int
+}
+
+// farFuture stands for an open end: later than any window.
+var farFuture = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// List lists usage windows by window start, reservation and metric.
+func List(ctx context.Context, q store.Querier, p *ListParams) ([]UsageWindow, error) {
+	end := p.End
+	if end.IsZero() {
+		end = farFuture
+	}
+	var after Cursor
+	if p.After != nil {
+		after = *p.After
+	}
+	rows, err := q.Query(ctx, `SELECT tenant_id, project_id, reservation_id, metric, window_start, quantity, update_time
+		FROM usage_windows
+		WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR project_id = $2) AND ($3 = '' OR metric = $3)
+		  AND window_start >= $4 AND window_start < $5
+		  AND (window_start > $6 OR (window_start = $6 AND (reservation_id > $7 OR (reservation_id = $7 AND metric > $8))))
+		ORDER BY window_start, reservation_id, metric
+		LIMIT $9`,
+		p.TenantID, p.ProjectID, p.Metric, p.Start.UTC(), end.UTC(), after.WindowStart.UTC(), after.ReservationID, after.Metric, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list usage: %w", err)
+	}
+	defer rows.Close()
+	var out []UsageWindow
+	for rows.Next() {
+		var w UsageWindow
+		if err := rows.Scan(&w.TenantID, &w.ProjectID, &w.ReservationID, &w.Metric, &w.WindowStart, &w.Quantity, &w.UpdateTime); err != nil {
+			return nil, fmt.Errorf("list usage: %w", err)
+		}
+		w.WindowStart, w.UpdateTime = w.WindowStart.UTC(), w.UpdateTime.UTC()
+		out = append(out, w)
+	}
+	return out, rows.Err()
+}
