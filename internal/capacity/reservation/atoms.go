@@ -190,6 +190,13 @@ func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID
 		}
 		woken = append(woken, w...)
 	}
+	// A policy change (host reserve, sharing) reshapes what every member
+	// offers: every process reloads its index of the tenant's pools.
+	for _, p := range pools {
+		if err := bumpPoolVersion(ctx, tx, p.ID); err != nil {
+			return err
+		}
+	}
 	return rc.wake(ctx, tx, woken)
 }
 
@@ -318,6 +325,23 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	}
 
 	gained := poolID != "" && (poolID != oldPool || freeCount(want) > freeCount(have))
+	changed := poolID != oldPool || len(want) != len(have)
+	for id, a := range want {
+		if old, ok := have[id]; !ok || !old.same(a) {
+			changed = true
+			break
+		}
+	}
+	if changed {
+		if err := bumpPoolVersion(ctx, tx, oldPool); err != nil {
+			return nil, err
+		}
+		if poolID != oldPool {
+			if err := bumpPoolVersion(ctx, tx, poolID); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for id, a := range want {
 		if old, ok := have[id]; ok && old.same(a) {
 			continue

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,7 +67,14 @@ type Engine struct {
 	// LockHold observes how long the placement section of a write held the
 	// writer (benchmarks read it); nil skips it.
 	LockHold func(time.Duration)
-	replans  atomic.Int64
+	// IndexRefresh is how often a pool's in-memory index is reloaded;
+	// default DefaultIndexRefresh.
+	IndexRefresh time.Duration
+
+	replans atomic.Int64
+	seed    atomic.Uint64
+	ixMu    sync.Mutex
+	indexes map[string]*poolIndex
 }
 
 func (e *Engine) bindTimeout() time.Duration {
@@ -131,41 +140,63 @@ func request(r *Reservation) placement.Request {
 	}
 }
 
-// place finds a plan and books it, replanning up to MaxReplans times when
-// another writer took the atoms first. snap, when not nil, is a snapshot
-// read before the transaction. It reports whether the reservation was placed
-// and, when not, why.
-func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, snap *snapshot) (bool, placement.Explanation, error) {
+// place finds a plan and books it. It looks at the fullest candidate nodes
+// first and scans the whole pool only when none fits; a plan that lost its
+// atoms to another writer is followed by the next plan, and after a round of
+// lost races the index re-reads the contested nodes and places again, up to
+// MaxReplans times. It reports whether the reservation was placed and, when
+// not, why.
+func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, ix *poolIndex, now time.Time) (bool, placement.Explanation, error) {
 	req := request(r)
+	need := r.GPUs + r.Slots
 	var ex placement.Explanation
 	for attempt := 0; attempt < MaxReplans; attempt++ {
-		if snap == nil || attempt > 0 {
-			var err error
-			if snap, err = loadSnapshot(ctx, tx, r.PoolID, r.TenantID, r.StartsAt, r.EndsAt, false); err != nil {
-				return false, ex, err
-			}
-		}
-		res, err := placement.Place(snap.snap, req, placement.Options{Limit: 1})
+		snap := ix.snapshot(r.StartsAt, r.EndsAt, need, candidateLimit, e.rng())
+		res, err := placement.Place(snap.snap, req, placement.Options{Limit: 4})
 		if err != nil {
 			return false, ex, err
+		}
+		if len(res.Plans) == 0 {
+			snap = ix.snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+			if res, err = placement.Place(snap.snap, req, placement.Options{Limit: 4}); err != nil {
+				return false, ex, err
+			}
 		}
 		ex = res.Explanation
 		if len(res.Plans) == 0 {
 			return false, ex, nil
 		}
-		plan := res.Plans[0]
-		err = savepoint(ctx, tx, func() error { return e.book(ctx, tx, r, &plan, snap.nodes[plan.NodeID]) })
-		if errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull) {
-			e.replans.Add(1)
-			continue
+		var contested []string
+		for i := range res.Plans {
+			plan := &res.Plans[i]
+			err = savepoint(ctx, tx, func() error { return e.book(ctx, tx, r, plan, snap.nodes[plan.NodeID]) })
+			switch {
+			case errors.Is(err, errNodeGone):
+				ix.markUnschedulable(plan.NodeID)
+				continue
+			case errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull):
+				contested = append(contested, plan.NodeID)
+				continue
+			case err != nil:
+				return false, ex, err
+			}
+			ix.booked(r, now)
+			return true, ex, nil
 		}
-		if err != nil {
+		e.replans.Add(1)
+		if err := ix.sync(ctx, tx, contested, now); err != nil {
 			return false, ex, err
 		}
-		return true, ex, nil
 	}
 	return false, ex, nil
 }
+
+func (e *Engine) rng() *rand.Rand {
+	return rand.New(rand.NewPCG(e.seed.Add(1), 0x9e3779b97f4a7c15))
+}
+
+// errNodeGone: the chosen node is no longer active and ready.
+var errNodeGone = errors.New("node left placement")
 
 // book inserts the plan's bookings and records the placement on r.
 func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *placement.Plan, n *placement.Node) error {
@@ -175,6 +206,16 @@ func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *pl
 	}
 	for _, c := range plan.CPUs {
 		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: cpuAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
+	}
+	var state, liveness string
+	if err := tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`, plan.NodeID).Scan(&state, &liveness); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return errNodeGone
+		}
+		return err
+	}
+	if state != "active" || liveness != "ready" {
+		return errNodeGone
 	}
 	if err := booking.BookingInsert(ctx, tx, bs); err != nil {
 		return err
@@ -370,6 +411,12 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 	}
 	evs := []envelope.Event{event("reservation."+state, r, map[string]any{"reason": reason})}
 	if holding(from) {
+		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
+		tx.AfterCommit(func() {
+			if ix := e.cached(pool); ix != nil {
+				ix.released(nodeID, id, now, e.Clock.Now())
+			}
+		})
 		if err := e.wake(ctx, tx, r.PoolID); err != nil {
 			return nil, err
 		}

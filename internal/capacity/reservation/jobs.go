@@ -157,18 +157,25 @@ func (rn *Runner) batch() int {
 // would exceed a quota) stays pending without undoing the others. A
 // reservation asked for a length keeps its length: its window moves to now.
 func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) {
+	e := rn.Engine
+	var ix *poolIndex
+	// The index is brought up to date before the write lock is taken.
+	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		ix, err = e.index(ctx, tx, poolID, e.Clock.Now())
+		return err
+	}); err != nil {
+		return 0, err
+	}
 	placed := 0
 	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		placed = 0
 		began := time.Now()
-		e := rn.Engine
 		now := e.Clock.Now()
 		rs, err := List(ctx, tx, &ListParams{PoolID: poolID, States: []string{StatePending}, Limit: rn.batch()})
 		if err != nil {
 			return err
 		}
 		sortByCreate(rs)
-		snaps := map[[2]time.Time]*snapshot{}
 		var evs []envelope.Event
 		for i := range rs {
 			r := &rs[i]
@@ -185,22 +192,18 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 				r.StartsAt = now.UTC().Truncate(time.Microsecond)
 				r.EndsAt = r.StartsAt.Add(d)
 			}
-			key := [2]time.Time{r.StartsAt, r.EndsAt}
-			snap := snaps[key]
-			if snap == nil {
-				if snap, err = loadSnapshot(ctx, tx, r.PoolID, r.TenantID, r.StartsAt, r.EndsAt, false); err != nil {
-					return err
-				}
-				snaps[key] = snap
-			}
 			var ok bool
 			var ex placement.Explanation
 			err := savepointNamed(ctx, tx, "pending", func() error {
 				var err error
-				if ok, ex, err = e.place(ctx, tx, r, snap); err != nil || !ok {
+				if ok, ex, err = e.place(ctx, tx, r, ix, now); err != nil || !ok {
 					return err
 				}
-				_, err = quota.Check(ctx, tx, charge(r))
+				if _, err = quota.Check(ctx, tx, charge(r)); err != nil {
+					// The booking is rolled back with the savepoint; so
+					// must its mark in the index be.
+					ix.released(r.NodeID, r.ID, r.StartsAt, now)
+				}
 				return err
 			})
 			var apiErr *envelope.Error
@@ -225,9 +228,6 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			}
 			r.UpdateTime = now
 			if ok {
-				for _, s := range snaps {
-					s.take(r)
-				}
 				more, err := e.held(ctx, tx, r, now)
 				if err != nil {
 					return err
@@ -248,6 +248,10 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 		}
 		return rn.record(ctx, tx, evs)
 	})
+	if err != nil {
+		// Marks of a rolled-back transaction must not linger.
+		e.invalidate(poolID)
+	}
 	return placed, err
 }
 
@@ -389,6 +393,14 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 	now := e.Clock.Now()
 	var evs []envelope.Event
 	for _, id := range nodeIDs {
+		var poolID string
+		if err := tx.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, id).Scan(&poolID); err == nil {
+			if err := bumpPoolVersion(ctx, tx, poolID); err != nil {
+				return err
+			}
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
 		rs, err := onNode(ctx, tx, id, StatePlaced, StateBinding, StateActive)
 		if err != nil {
 			return err
@@ -423,6 +435,12 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 // queue to be placed elsewhere.
 func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
 	from := r.State
+	nodeID, id, poolID, start := r.NodeID, r.ID, r.PoolID, r.StartsAt
+	tx.AfterCommit(func() {
+		if ix := e.cached(poolID); ix != nil {
+			ix.released(nodeID, id, start, e.Clock.Now())
+		}
+	})
 	// The bookings go: the reservation is booked afresh where it lands.
 	if _, err := tx.Exec(ctx, `DELETE FROM bookings WHERE reservation_id = $1`, r.ID); err != nil {
 		return nil, err

@@ -216,8 +216,8 @@ type target struct {
 	poolFound     bool
 	policy        *apiv1.PoolPolicy
 	modelKnown    bool
-	snap          *snapshot
-	snapErr       error
+	ix            *poolIndex
+	ixErr         error
 	projectReason string
 }
 
@@ -262,9 +262,9 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 		t.modelKnown = n > 0
 	}
 	if t.poolFound && t.pool.State == pool.StateActive {
-		// The snapshot is read here, before the write lock; the booking
-		// transaction replans on a fresh one only if it lost a race.
-		t.snap, t.snapErr = loadSnapshot(ctx, q, t.pool.ID, t.tenant.ID, sp.start, sp.end, false)
+		// The index is (re)loaded here, before the write lock; the booking
+		// transaction only reads it in memory.
+		t.ix, t.ixErr = s.engine.index(ctx, q, t.pool.ID, s.env.Clock().Now())
 	}
 	return t, nil
 }
@@ -339,7 +339,7 @@ func (t *target) check(sp *spec) error {
 	if err := vs.Err(); err != nil {
 		return err
 	}
-	return t.snapErr
+	return t.ixErr
 }
 
 // newReservation builds the row a create writes, host defaults filled.
@@ -359,15 +359,17 @@ func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reser
 		if r.VCPU == 0 {
 			if share != nil {
 				r.VCPU = r.GPUs * int(share.GetVcpu())
-			} else if t.snap != nil {
-				r.VCPU = r.GPUs * t.snap.shareVCPU
+			} else if t.ix != nil {
+				v, _ := t.ix.share()
+				r.VCPU = r.GPUs * v
 			}
 		}
 		if r.MemoryGiB == 0 {
 			if share != nil {
 				r.MemoryGiB = r.GPUs * int(share.GetMemoryGib())
-			} else if t.snap != nil {
-				r.MemoryGiB = r.GPUs * t.snap.shareMemGiB
+			} else if t.ix != nil {
+				_, m := t.ix.share()
+				r.MemoryGiB = r.GPUs * m
 			}
 		}
 		if r.Hugepages1Gi == 0 && share != nil {
@@ -393,7 +395,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 	var sp spec
 	var t target
 	now := s.env.Clock().Now()
-	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
+	res, err := envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
 			sp = validateCreate(&vs, req.Msg, now)
@@ -420,12 +422,17 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 			return &apiv1.CreateReservationResponse{Reservation: Proto(r, t.pool.Name)}, nil
 		},
 	})
+	if err != nil && t.ix != nil {
+		// The transaction rolled back: marks it left in the index must go.
+		s.engine.invalidate(t.pool.ID)
+	}
+	return res, err
 }
 
 // create places r inline or queues it, checks quota, and writes it.
 func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
 	began := time.Now()
-	placed, ex, err := e.place(ctx, tx, r, t.snap)
+	placed, ex, err := e.place(ctx, tx, r, t.ix, now)
 	if e.LockHold != nil {
 		defer func() { e.LockHold(time.Since(began)) }()
 	}
@@ -439,11 +446,7 @@ func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *tar
 	if !placed {
 		// Could it ever fit? Against the pool with nothing booked: if not,
 		// waiting is pointless and the caller hears why now.
-		empty, err := loadSnapshot(ctx, tx, r.PoolID, r.TenantID, r.StartsAt, r.EndsAt, true)
-		if err != nil {
-			return nil, err
-		}
-		res, err := placement.Place(empty.snap, request(r), placement.Options{Limit: 1})
+		res, err := placement.Place(t.ix.static().snap, request(r), placement.Options{Limit: 1})
 		if err != nil {
 			return nil, err
 		}
@@ -466,6 +469,9 @@ func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *tar
 		r.Explanation = explanationJSON(ExplanationProto(ex))
 	}
 	if _, err := quota.Check(ctx, tx, charge(r)); err != nil {
+		if placed {
+			t.ix.released(r.NodeID, r.ID, r.StartsAt, now)
+		}
 		return nil, err
 	}
 	evs := []envelope.Event{event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots})}
@@ -515,7 +521,12 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		return nil, s.env.Fail(ctx, prefixed(err, "request."))
 	}
 	r := t.newReservation(&sp, s.env.Clock().Now(), "")
-	res, err := placement.Place(t.snap.snap, request(&r), placement.Options{Limit: 1})
+	snap := t.ix.snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, candidateLimit, s.engine.rng())
+	res, err := placement.Place(snap.snap, request(&r), placement.Options{Limit: 1})
+	if err == nil && len(res.Plans) == 0 {
+		snap = t.ix.snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+		res, err = placement.Place(snap.snap, request(&r), placement.Options{Limit: 1})
+	}
 	if err != nil {
 		var re *placement.RequestError
 		if errors.As(err, &re) {
@@ -528,7 +539,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	if len(res.Plans) > 0 {
 		p := res.Plans[0]
 		rec := r
-		if err := (&Engine{}).recordPlan(&rec, &p, t.snap.nodes[p.NodeID]); err != nil {
+		if err := (&Engine{}).recordPlan(&rec, &p, snap.nodes[p.NodeID]); err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
 		out.Feasible = true
@@ -842,6 +853,11 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 						return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s cannot be extended to %s: another reservation books its devices by then", r.ID, end.Format(time.RFC3339))
 					}
 					return nil, err
+				}
+			}
+			if holding(from) {
+				if ix := s.engine.cached(r.PoolID); ix != nil {
+					ix.extended(r.NodeID, r.ID, end, tx.Now())
 				}
 			}
 			r.UpdateTime = tx.Now()

@@ -94,3 +94,10 @@ CREATE TABLE capacity_deltas (
     quarantined INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX capacity_deltas_key ON capacity_deltas (pool_id, model, kind);
+
+-- Bumped when a pool's nodes or atoms change, so every process reloads its
+-- in-memory index of the pool.
+CREATE TABLE pool_versions (
+    pool_id TEXT PRIMARY KEY,
+    version BIGINT NOT NULL
+);

@@ -1,0 +1,571 @@
+package reservation
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// The pool index is the in-memory capacity view placement reads: each
+// node's static detail (atoms, NUMA, host) and the bookings of its atoms that
+// have not ended. It is loaded from the database outside any write lock and
+// kept current by the engine itself: a booking marks its atoms the moment it
+// is inserted (before commit, so concurrent placements in this process steer
+// clear of them), a release frees them after commit. What it cannot see —
+// other replicas' bookings, a transaction that rolled back after booking — it
+// learns at the next reload (every IndexRefresh, on a pool version change, or
+// right after a lost race). It is never the guard: the database's exclusion
+// constraint is. A stale index costs a replan, never a double booking.
+
+// span is one booking of an atom.
+type span struct {
+	start, end time.Time
+	rsv        string
+}
+
+// hold is one live reservation on a node: its host share and tenant.
+type hold struct {
+	rsv, tenant string
+	start, end  time.Time
+	mem, hp1    int
+	atoms       int
+}
+
+type ixNode struct {
+	base   placement.Node // static: booked flags clear, every CPU free
+	booked map[string][]span
+	holds  []hold
+	// free is how many GPU units (whole GPUs, MIG instances or slots) were
+	// free at the last change: the key the candidate buckets order by.
+	free   int
+	bucket int
+	bpos   int
+}
+
+type poolIndex struct {
+	mu       sync.RWMutex
+	poolID   string
+	version  int64
+	loadedAt time.Time
+	nodes    []*ixNode
+	byID     map[string]*ixNode
+	buckets  [][]*ixNode
+	// shareVCPU and shareMemGiB are the smallest host's per-GPU share.
+	shareVCPU, shareMemGiB int
+}
+
+// DefaultIndexRefresh is how often a pool index is reloaded from the
+// database when nothing else asks for it.
+const DefaultIndexRefresh = 10 * time.Second
+
+// candidateLimit is how many nodes a placement looks at before the full
+// scan: the fullest nodes that can take the request (binpack), a few of them
+// chosen at random so concurrent placements spread.
+const candidateLimit = 24
+
+func (e *Engine) indexRefresh() time.Duration {
+	if e.IndexRefresh <= 0 {
+		return DefaultIndexRefresh
+	}
+	return e.IndexRefresh
+}
+
+// poolVersion reads the version the reconciler bumps when a pool's nodes or
+// atoms change.
+func poolVersion(ctx context.Context, q store.Querier, poolID string) (int64, error) {
+	var v int64
+	err := q.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM pool_versions WHERE pool_id = $1`, poolID).Scan(&v)
+	return v, err
+}
+
+// bumpPoolVersion tells every process's index that a pool's nodes or atoms
+// changed.
+func bumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
+	if poolID == "" {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO pool_versions (pool_id, version) VALUES ($1, 1)
+		ON CONFLICT (pool_id) DO UPDATE SET version = pool_versions.version + 1`, poolID)
+	return err
+}
+
+// index returns the pool's index, reloading it when it is stale. Call it
+// outside write transactions: a reload reads the whole pool.
+func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*poolIndex, error) {
+	v, err := poolVersion(ctx, q, poolID)
+	if err != nil {
+		return nil, err
+	}
+	e.ixMu.Lock()
+	if e.indexes == nil {
+		e.indexes = map[string]*poolIndex{}
+	}
+	ix := e.indexes[poolID]
+	e.ixMu.Unlock()
+	if ix != nil {
+		ix.mu.RLock()
+		fresh := ix.version == v && time.Since(ix.loadedAt) < e.indexRefresh()
+		ix.mu.RUnlock()
+		if fresh {
+			return ix, nil
+		}
+	}
+	nix, err := loadIndex(ctx, q, poolID, v, now)
+	if err != nil {
+		return nil, err
+	}
+	e.ixMu.Lock()
+	e.indexes[poolID] = nix
+	e.ixMu.Unlock()
+	return nix, nil
+}
+
+// invalidate drops a pool's index so the next placement reloads it.
+func (e *Engine) invalidate(poolID string) {
+	e.ixMu.Lock()
+	delete(e.indexes, poolID)
+	e.ixMu.Unlock()
+}
+
+// cached returns the pool's index if one is loaded.
+func (e *Engine) cached(poolID string) *poolIndex {
+	e.ixMu.Lock()
+	defer e.ixMu.Unlock()
+	return e.indexes[poolID]
+}
+
+func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*poolIndex, error) {
+	// The static part is the snapshot loader's, with nothing booked.
+	s, err := loadSnapshot(ctx, q, poolID, "", now, now.Add(time.Microsecond), true)
+	if err != nil {
+		return nil, err
+	}
+	ix := &poolIndex{poolID: poolID, version: version, loadedAt: time.Now(), byID: make(map[string]*ixNode, len(s.nodes)),
+		shareVCPU: s.shareVCPU, shareMemGiB: s.shareMemGiB}
+	ids := make([]string, 0, len(s.nodes))
+	for id := range s.nodes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		n := &ixNode{base: *s.nodes[id], booked: map[string][]span{}}
+		n.base.TenantAtoms = nil
+		ix.nodes = append(ix.nodes, n)
+		ix.byID[id] = n
+	}
+	atomNode := map[string]*ixNode{}
+	for _, n := range ix.nodes {
+		for _, a := range nodeAtoms(&n.base) {
+			atomNode[a] = n
+		}
+	}
+	rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b
+		JOIN atoms a ON a.id = b.atom JOIN node_pools np ON np.node_id = a.node_id
+		WHERE np.pool_id = $1 AND b.ends_at > $2`, poolID, now)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var a, rsv string
+		var sp span
+		if err := rows.Scan(&a, &rsv, &sp.start, &sp.end); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		sp.rsv = rsv
+		if n := atomNode[a]; n != nil {
+			n.booked[a] = append(n.booked[a], sp)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = q.Query(ctx, `SELECT r.id, r.node_id, r.tenant_id, r.starts_at, r.ends_at, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
+		FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
+		WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.ends_at > $2`, poolID, now)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var h hold
+		var node string
+		if err := rows.Scan(&h.rsv, &node, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if n := ix.byID[node]; n != nil {
+			n.holds = append(n.holds, h)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, n := range ix.nodes {
+		n.free = n.freeAt(now)
+		ix.place(n)
+	}
+	return ix, nil
+}
+
+// nodeAtoms lists a node's atom ids.
+func nodeAtoms(n *placement.Node) []string {
+	var out []string
+	for _, g := range n.GPUs {
+		switch g.Mode {
+		case placement.ModeWhole:
+			out = append(out, g.UUID)
+		case placement.ModeMIG:
+			for _, m := range g.MIG {
+				out = append(out, fmt.Sprintf("%s/mig/%s/%d", g.UUID, m.Profile, m.N))
+			}
+		case placement.ModeShared:
+			for _, s := range g.Slots {
+				out = append(out, g.UUID+"/s"+strconv.Itoa(s.K))
+			}
+		}
+	}
+	for _, nn := range n.NUMA {
+		for _, c := range nn.FreeCPUs {
+			out = append(out, cpuAtom(n.ID, c))
+		}
+	}
+	return out
+}
+
+func overlaps(spans []span, start, end time.Time) bool {
+	for _, s := range spans {
+		if s.start.Before(end) && start.Before(s.end) {
+			return true
+		}
+	}
+	return false
+}
+
+// freeAt counts the GPU units free at t.
+func (n *ixNode) freeAt(t time.Time) int {
+	end := t.Add(time.Microsecond)
+	free := 0
+	for _, g := range n.base.GPUs {
+		if g.Quarantined || g.PartitionPending {
+			continue
+		}
+		switch g.Mode {
+		case placement.ModeWhole:
+			if !overlaps(n.booked[g.UUID], t, end) {
+				free++
+			}
+		case placement.ModeMIG:
+			for _, m := range g.MIG {
+				if !overlaps(n.booked[fmt.Sprintf("%s/mig/%s/%d", g.UUID, m.Profile, m.N)], t, end) {
+					free++
+				}
+			}
+		case placement.ModeShared:
+			for _, s := range g.Slots {
+				if !overlaps(n.booked[g.UUID+"/s"+strconv.Itoa(s.K)], t, end) {
+					free++
+				}
+			}
+		}
+	}
+	return free
+}
+
+// detail is the node as placement sees it over [start, end).
+func (n *ixNode) detail(start, end time.Time) placement.Node {
+	d := n.base
+	d.GPUs = slices.Clone(n.base.GPUs)
+	for i := range d.GPUs {
+		g := &d.GPUs[i]
+		switch g.Mode {
+		case placement.ModeWhole:
+			g.Booked = overlaps(n.booked[g.UUID], start, end)
+		case placement.ModeMIG:
+			g.MIG = slices.Clone(g.MIG)
+			for j := range g.MIG {
+				g.MIG[j].Booked = overlaps(n.booked[fmt.Sprintf("%s/mig/%s/%d", g.UUID, g.MIG[j].Profile, g.MIG[j].N)], start, end)
+			}
+		case placement.ModeShared:
+			g.Slots = slices.Clone(g.Slots)
+			for j := range g.Slots {
+				g.Slots[j].Booked = overlaps(n.booked[g.UUID+"/s"+strconv.Itoa(g.Slots[j].K)], start, end)
+			}
+		}
+	}
+	d.NUMA = slices.Clone(n.base.NUMA)
+	for i := range d.NUMA {
+		free := make([]int, 0, len(d.NUMA[i].FreeCPUs))
+		for _, c := range d.NUMA[i].FreeCPUs {
+			if overlaps(n.booked[cpuAtom(d.ID, c)], start, end) {
+				d.HostBooked.VCPU++
+				continue
+			}
+			free = append(free, c)
+		}
+		d.NUMA[i].FreeCPUs = free
+	}
+	d.TenantAtoms = map[string]int{}
+	for _, h := range n.holds {
+		if h.start.Before(end) && start.Before(h.end) {
+			d.HostBooked.MemoryGiB += h.mem
+			d.HostBooked.Hugepages1Gi += h.hp1
+			d.TenantAtoms[h.tenant] += h.atoms
+		}
+	}
+	return d
+}
+
+// place files a node in the bucket of its free count.
+func (ix *poolIndex) place(n *ixNode) {
+	for len(ix.buckets) <= n.free {
+		ix.buckets = append(ix.buckets, nil)
+	}
+	n.bucket, n.bpos = n.free, len(ix.buckets[n.free])
+	ix.buckets[n.free] = append(ix.buckets[n.free], n)
+}
+
+func (ix *poolIndex) unplace(n *ixNode) {
+	b := ix.buckets[n.bucket]
+	last := b[len(b)-1]
+	b[n.bpos], last.bpos = last, n.bpos
+	ix.buckets[n.bucket] = b[:len(b)-1]
+}
+
+func (ix *poolIndex) refile(n *ixNode, now time.Time) {
+	if f := n.freeAt(now); f != n.free {
+		ix.unplace(n)
+		n.free = f
+		ix.place(n)
+	}
+}
+
+// snapshot builds a placement snapshot over [start, end): of at most limit
+// candidate nodes (the fullest that may take need units, a random few among
+// equals), or of every node when limit is 0.
+func (ix *poolIndex) snapshot(start, end time.Time, need, limit int, rng *rand.Rand) *snapshot {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	var picked []*ixNode
+	if limit == 0 {
+		picked = ix.nodes
+	} else {
+		for k := max(need, 0); k < len(ix.buckets) && len(picked) < limit; k++ {
+			b := ix.buckets[k]
+			if len(b) <= limit-len(picked) {
+				picked = append(picked, b...)
+				continue
+			}
+			// More equals than room: a random window of them, so that
+			// concurrent placements do not all race for one node.
+			off := rng.IntN(len(b))
+			for i := 0; len(picked) < limit; i++ {
+				picked = append(picked, b[(off+i)%len(b)])
+			}
+		}
+	}
+	s := &snapshot{nodes: make(map[string]*placement.Node, len(picked))}
+	list := make([]placement.Node, len(picked))
+	for i, n := range picked {
+		list[i] = n.detail(start, end)
+	}
+	s.snap = placement.NewSnapshot(list)
+	for i := range list {
+		s.nodes[list[i].ID] = &list[i]
+	}
+	return s
+}
+
+// booked records a reservation's new bookings (in its transaction: the
+// marks steer concurrent placements away before the commit).
+func (ix *poolIndex) booked(r *Reservation, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := ix.byID[r.NodeID]
+	if n == nil {
+		return
+	}
+	sp := span{start: r.StartsAt, end: r.EndsAt, rsv: r.ID}
+	for _, a := range r.Placement.Atoms {
+		n.booked[a] = append(n.booked[a], sp)
+	}
+	for _, c := range r.Placement.CPUs {
+		a := cpuAtom(r.NodeID, c)
+		n.booked[a] = append(n.booked[a], sp)
+	}
+	n.holds = append(n.holds, hold{rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt, mem: r.MemoryGiB,
+		hp1: r.Hugepages1Gi, atoms: r.GPUs + r.Slots})
+	ix.refile(n, now)
+}
+
+// released drops a reservation's bookings from [at, …) (after its commit:
+// freeing early would invite a placement the database then refuses).
+func (ix *poolIndex) released(nodeID, rsv string, at, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := ix.byID[nodeID]
+	if n == nil {
+		return
+	}
+	cut := func(s span) (span, bool) {
+		if s.rsv != rsv {
+			return s, true
+		}
+		if !at.After(s.start) {
+			return s, false
+		}
+		if at.Before(s.end) {
+			s.end = at
+		}
+		return s, true
+	}
+	for a, spans := range n.booked {
+		out := spans[:0]
+		for _, s := range spans {
+			if s2, keep := cut(s); keep {
+				out = append(out, s2)
+			}
+		}
+		if len(out) == 0 {
+			delete(n.booked, a)
+		} else {
+			n.booked[a] = out
+		}
+	}
+	holds := n.holds[:0]
+	for _, h := range n.holds {
+		if h.rsv == rsv {
+			if !at.After(h.start) {
+				continue
+			}
+			if at.Before(h.end) {
+				h.end = at
+			}
+		}
+		holds = append(holds, h)
+	}
+	n.holds = holds
+	ix.refile(n, now)
+}
+
+// extended moves a reservation's bookings' end (in its transaction: a
+// longer booking steers placements away at once).
+func (ix *poolIndex) extended(nodeID, rsv string, end, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := ix.byID[nodeID]
+	if n == nil {
+		return
+	}
+	for a, spans := range n.booked {
+		for i := range spans {
+			if spans[i].rsv == rsv && end.After(spans[i].end) {
+				spans[i].end = end
+			}
+		}
+		n.booked[a] = spans
+	}
+	for i := range n.holds {
+		if n.holds[i].rsv == rsv && end.After(n.holds[i].end) {
+			n.holds[i].end = end
+		}
+	}
+	ix.refile(n, now)
+}
+
+// markUnschedulable takes a node out of placement until the next reload
+// (the booking transaction found it drained or not ready).
+func (ix *poolIndex) markUnschedulable(nodeID string) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if n := ix.byID[nodeID]; n != nil {
+		n.base.Schedulable = false
+	}
+}
+
+// sync re-reads the bookings and holds of some nodes (after lost races:
+// another writer booked what the index thought free).
+func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string, now time.Time) error {
+	slices.Sort(nodeIDs)
+	nodeIDs = slices.Compact(nodeIDs)
+	for _, id := range nodeIDs {
+		booked := map[string][]span{}
+		rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b JOIN atoms a ON a.id = b.atom
+			WHERE a.node_id = $1 AND b.ends_at > $2`, id, now)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var a string
+			var sp span
+			if err := rows.Scan(&a, &sp.rsv, &sp.start, &sp.end); err != nil {
+				rows.Close()
+				return err
+			}
+			booked[a] = append(booked[a], sp)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var holds []hold
+		rows, err = q.Query(ctx, `SELECT id, tenant_id, starts_at, ends_at, memory_gib, hugepages_1gi, gpus + slots FROM reservations
+			WHERE node_id = $1 AND state IN ('placed', 'binding', 'active') AND ends_at > $2`, id, now)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var h hold
+			if err := rows.Scan(&h.rsv, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
+				rows.Close()
+				return err
+			}
+			holds = append(holds, h)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		ix.mu.Lock()
+		if n := ix.byID[id]; n != nil {
+			n.booked, n.holds = booked, holds
+			ix.refile(n, now)
+		}
+		ix.mu.Unlock()
+	}
+	return nil
+}
+
+// static is a snapshot of the whole pool with nothing booked: "could this
+// ever fit".
+func (ix *poolIndex) static() *snapshot {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	list := make([]placement.Node, len(ix.nodes))
+	for i, n := range ix.nodes {
+		list[i] = n.base
+		list[i].TenantAtoms = map[string]int{}
+	}
+	s := &snapshot{snap: placement.NewSnapshot(list), nodes: make(map[string]*placement.Node, len(list))}
+	for i := range list {
+		s.nodes[list[i].ID] = &list[i]
+	}
+	return s
+}
+
+// share is the smallest host's per-GPU share (vcpu, memoryGiB), the default
+// host resources when the pool sets none.
+func (ix *poolIndex) share() (vcpu, memGiB int) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.shareVCPU, ix.shareMemGiB
+}
