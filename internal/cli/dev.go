@@ -98,7 +98,13 @@ into tenant "sim", project "nodes". Their identities live in
 			if err != nil {
 				return err
 			}
-			cfg.Upsert(Context{Name: "dev", Server: api, Token: secret}, true)
+			devCtx := Context{Name: "dev", Server: api, Token: secret}
+			if simNodes > 0 {
+				// The simulated nodes live in tenant sim: tenant-side verbs
+				// (pools, reserve, quotas) default to it.
+				devCtx.Tenant = "sim"
+			}
+			cfg.Upsert(devCtx, true)
 			if err := cfg.Save(cfgPath); err != nil {
 				return err
 			}

@@ -111,6 +111,9 @@ config file.`,
 	)
 	root.AddCommand(a.fleetCommands()...)
 	root.AddCommand(a.poolsCommand())
+	root.AddCommand(a.capacityCommand(), a.usageCommand())
+	root.AddCommand(a.quotasCommand())
+	root.AddCommand(a.reservationCommands()...)
 	for _, f := range extraCommands {
 		root.AddCommand(f())
 	}
