@@ -127,8 +127,10 @@ resources on one node of a pool, for --for from now or over a --start/--end
 window (RFC 3339, or relative such as +2h). What does not fit now stays
 pending until the placer finds room.
 
---wait D polls the reservation until it is active (or failed, canceled, ...)
-or D passes, and fails unless it became active. A refusal for lack of
+A reservation the node is binding is waited for, up to --wait (10s), so
+the answer shows it active. An explicit --wait D also waits for a pending
+or future one, until it is active (or failed, canceled, ...) or D passes,
+and fails unless it became active. A refusal for lack of
 capacity prints, on stderr, why each class of nodes did not fit; one for
 quota prints the quotas it would exceed.`,
 		Args: positional(),
@@ -158,8 +160,15 @@ quota prints the quotas it would exceed.`,
 			}
 			r := resp.Msg.GetReservation()
 			var waitErr error
-			if wait > 0 {
+			strict := cmd.Flags().Changed("wait")
+			switch {
+			case strict && wait > 0:
 				r, waitErr = a.waitReservation(cmd.Context(), c, t, r, wait)
+			case !strict && r.GetState() == "binding":
+				// By default a reservation the node is binding is worth a
+				// short wait (the bind is a round trip to the agent); one
+				// that is pending or starts later is answered at once.
+				r, _ = a.waitReservation(cmd.Context(), c, t, r, wait)
 			}
 			if err := a.printReservations(cmd, &apiv1.CreateReservationResponse{Reservation: r}, r); err != nil {
 				return err
@@ -167,14 +176,14 @@ quota prints the quotas it would exceed.`,
 			if waitErr != nil {
 				return waitErr
 			}
-			if wait > 0 && r.GetState() != "active" {
+			if strict && wait > 0 && r.GetState() != "active" {
 				return connect.NewError(connect.CodeAborted, fmt.Errorf("reservation %s is %s: %s", r.GetId(), r.GetState(), whyNotActive(r)))
 			}
 			return nil
 		},
 	}
 	f.add(cmd)
-	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the reservation to become active (default: don't wait)")
+	cmd.Flags().DurationVar(&wait, "wait", 10*time.Second, "wait up to this long for the reservation to become active (by default only while the node binds it)")
 	addConfirmationFlag(cmd, &confirmationID)
 	return cmd
 }

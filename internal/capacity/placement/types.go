@@ -25,7 +25,13 @@ type ClassKey struct {
 	Shape string
 }
 
-func (k ClassKey) String() string { return k.Model + "/" + k.Pool + "/" + k.Shape }
+func (k ClassKey) String() string {
+	s := k.Model + "/" + k.Pool
+	if k.Shape != "" {
+		s += "/" + k.Shape
+	}
+	return s
+}
 
 // Taint keeps requests off a node unless they tolerate it. A `dedicated`
 // taint reserves the node for the tenant named in its value.

@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -30,6 +31,11 @@ type snapshot struct {
 func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string, start, end time.Time, ignoreBookings bool) (*snapshot, error) {
 	nodes := map[string]*placement.Node{}
 	var order []string
+	// Explanations name the pool as operators do.
+	poolName := poolID
+	if err := q.QueryRow(ctx, `SELECT name FROM pools WHERE id = $1`, poolID).Scan(&poolName); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
 	rows, err := q.Query(ctx, `SELECT n.id, n.name, n.labels, n.state, n.liveness, n.capabilities
 		FROM node_pools np JOIN nodes n ON n.id = np.node_id WHERE np.pool_id = $1 ORDER BY n.id`, poolID)
 	if err != nil {
@@ -41,7 +47,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 			rows.Close()
 			return nil, err
 		}
-		n := &placement.Node{ID: id, Name: name, Pool: poolID, Schedulable: state == "active", Healthy: liveness == "ready",
+		n := &placement.Node{ID: id, Name: name, Pool: poolName, Schedulable: state == "active", Healthy: liveness == "ready",
 			Labels: map[string]string{}, TenantAtoms: map[string]int{}}
 		_ = json.Unmarshal([]byte(labels), &n.Labels)
 		_ = json.Unmarshal([]byte(caps), &n.Capabilities)
