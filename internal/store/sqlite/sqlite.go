@@ -40,8 +40,10 @@ type Driver struct {
 	// checkpointer moves WAL pages into the database file in the
 	// background, so no commit pays for a checkpoint's fsync.
 	checkpointer *sql.DB
-	stop         chan struct{}
-	done         chan struct{}
+	// Prepared statements of the writer and the readers.
+	wstmts, rstmts *stmtCache
+	stop           chan struct{}
+	done           chan struct{}
 }
 
 // checkpointInterval is how often the background checkpoint runs.
@@ -119,7 +121,8 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	cp := sql.OpenDB(connector{d: d, dsn: base + "?" + common.Encode()})
 	cp.SetMaxOpenConns(1)
-	d2 := &Driver{path: cfg.Path, writer: writer, reader: reader, checkpointer: cp, stop: make(chan struct{}), done: make(chan struct{})}
+	d2 := &Driver{path: cfg.Path, writer: writer, reader: reader, checkpointer: cp, stop: make(chan struct{}), done: make(chan struct{}),
+		wstmts: newStmtCache(writer), rstmts: newStmtCache(reader)}
 	go d2.checkpoint()
 	return d2, nil
 }
@@ -173,6 +176,8 @@ func (d *Driver) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, cerr := d.checkpointer.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	d.wstmts.close()
+	d.rstmts.close()
 	return errors.Join(d.reader.Close(), cerr, d.checkpointer.Close(), d.writer.Close())
 }
 
@@ -180,15 +185,15 @@ func (d *Driver) Close() error {
 // read-only one on the reader pool. compute_now() needs nothing per
 // transaction here: it reads the Go clock directly.
 func (d *Driver) Begin(ctx context.Context, readOnly bool) (store.DriverTx, error) {
-	db := d.writer
+	db, cache := d.writer, d.wstmts
 	if readOnly {
-		db = d.reader
+		db, cache = d.reader, d.rstmts
 	}
 	t, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
 	if err != nil {
 		return nil, err
 	}
-	return &tx{tx: t}, nil
+	return &tx{tx: t, cache: cache}, nil
 }
 
 // LockMigrations takes an exclusive lock on a file beside the database, so

@@ -13,17 +13,41 @@ import (
 // text format (store.SQLiteTimeLayout) at this boundary, so module code binds
 // and scans time.Time on both dialects alike.
 type tx struct {
-	tx *sql.Tx
+	tx    *sql.Tx
+	cache *stmtCache
 }
 
 func (t *tx) Raw() any { return t.tx }
 
-func (t *tx) Commit(context.Context) error { return t.tx.Commit() }
+func (t *tx) Commit(ctx context.Context) error {
+	err := t.tx.Commit()
+	t.cache.flush(context.WithoutCancel(ctx))
+	return err
+}
 
-func (t *tx) Rollback(context.Context) error { return t.tx.Rollback() }
+func (t *tx) Rollback(ctx context.Context) error {
+	err := t.tx.Rollback()
+	t.cache.flush(context.WithoutCancel(ctx))
+	return err
+}
+
+// stmt returns the transaction's handle on query's prepared statement, or
+// nil when it is not prepared yet.
+func (t *tx) stmt(ctx context.Context, query string) *sql.Stmt {
+	if s := t.cache.get(query); s != nil {
+		return t.tx.StmtContext(ctx, s)
+	}
+	return nil
+}
 
 func (t *tx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	res, err := t.tx.ExecContext(ctx, query, convertArgs(args)...)
+	var res sql.Result
+	var err error
+	if s := t.stmt(ctx, query); s != nil {
+		res, err = s.ExecContext(ctx, convertArgs(args)...)
+	} else {
+		res, err = t.tx.ExecContext(ctx, query, convertArgs(args)...)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -31,7 +55,13 @@ func (t *tx) Exec(ctx context.Context, query string, args ...any) (int64, error)
 }
 
 func (t *tx) Query(ctx context.Context, query string, args ...any) (store.Rows, error) {
-	r, err := t.tx.QueryContext(ctx, query, convertArgs(args)...)
+	var r *sql.Rows
+	var err error
+	if s := t.stmt(ctx, query); s != nil {
+		r, err = s.QueryContext(ctx, convertArgs(args)...)
+	} else {
+		r, err = t.tx.QueryContext(ctx, query, convertArgs(args)...)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -39,6 +69,9 @@ func (t *tx) Query(ctx context.Context, query string, args ...any) (store.Rows, 
 }
 
 func (t *tx) QueryRow(ctx context.Context, query string, args ...any) store.Row {
+	if s := t.stmt(ctx, query); s != nil {
+		return row{s.QueryRowContext(ctx, convertArgs(args)...)}
+	}
 	return row{t.tx.QueryRowContext(ctx, query, convertArgs(args)...)}
 }
 
