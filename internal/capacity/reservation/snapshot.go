@@ -67,6 +67,25 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	// Operators name the tenant of a dedicated taint; placement compares
+	// ids. (Resolved after the scan: pgx runs one query at a time.)
+	names := map[string]string{}
+	for _, n := range nodes {
+		for i, t := range n.Taints {
+			if t.Key != "dedicated" || strings.HasPrefix(t.Value, "tnt_") {
+				continue
+			}
+			id, ok := names[t.Value]
+			if !ok {
+				id = t.Value
+				if err := q.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1`, t.Value).Scan(&id); err != nil && !errors.Is(err, store.ErrNotFound) {
+					return nil, err
+				}
+				names[t.Value] = id
+			}
+			n.Taints[i].Value = id
+		}
+	}
 
 	booked := map[string]bool{}
 	if !ignoreBookings {
