@@ -349,7 +349,8 @@ func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reser
 		ID: envelope.NewID(IDPrefix, now), TenantID: t.tenant.ID, ProjectID: t.project.ID, PoolID: t.pool.ID, State: StatePending,
 		GPUs: int(msg.GetGpus()), Model: strings.ToUpper(msg.GetModel()), MIGProfile: msg.GetMigProfile(), Slots: int(msg.GetSlots()),
 		VCPU: int(msg.GetVcpu()), MemoryGiB: int(msg.GetMemoryGib()), Hugepages1Gi: int(msg.GetHugepages_1Gi()),
-		Binding: sp.binding, SingleTenant: msg.GetSingleTenant(), StartsAt: sp.start, EndsAt: sp.end,
+		// A single-tenant pool asks it of every reservation.
+		Binding: sp.binding, SingleTenant: msg.GetSingleTenant() || t.policy.GetSingleTenant(), StartsAt: sp.start, EndsAt: sp.end,
 		Placement: PlacementRecord{NUMA: -1, Island: -1}, Explanation: "{}", CreatedBy: createdBy, CreateTime: now, UpdateTime: now,
 	}
 	// Host resources default to the pool's per-GPU share, or else the
