@@ -380,7 +380,7 @@ func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Co
 // the job runtime and the gateway's hooks.
 func (a *App) buildCapacity() *reservation.Runner {
 	e := &reservation.Engine{
-		Clock: a.cfg.Clock, Commands: commandSender{notifier: a.Gateway},
+		DB: a.DB, Clock: a.cfg.Clock, Commands: commandSender{notifier: a.Gateway},
 		Enqueue: func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
 			return a.Jobs.InsertTx(ctx, tx, args, opts)
 		},

@@ -161,6 +161,9 @@ type Reconciler struct {
 
 // ReconcileTenant reconciles every node of a tenant (a pool changed).
 func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID string) error {
+	if err := reconcileLock(ctx, tx, tenantID); err != nil {
+		return err
+	}
 	pools, err := readPools(ctx, tx, tenantID)
 	if err != nil {
 		return err
@@ -207,6 +210,9 @@ func (rc *Reconciler) ReconcileNode(ctx context.Context, tx store.Tx, nodeID str
 		return nil
 	}
 	if err != nil {
+		return err
+	}
+	if err := reconcileLock(ctx, tx, n.TenantID); err != nil {
 		return err
 	}
 	pools, err := readPools(ctx, tx, n.TenantID)

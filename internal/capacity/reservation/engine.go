@@ -54,6 +54,8 @@ const MaxReplans = 3
 // Engine carries a reservation through its life. Every method runs in the
 // caller's transaction and returns the events to record with it.
 type Engine struct {
+	// DB is read to refresh pool indexes in the background.
+	DB       *store.DB
 	Clock    clock.Clock
 	Commands CommandSender
 	// Enqueue inserts a job in the caller's transaction.
@@ -75,6 +77,7 @@ type Engine struct {
 	seed    atomic.Uint64
 	ixMu    sync.Mutex
 	indexes map[string]*poolIndex
+	loading map[string]*indexLoad
 }
 
 func (e *Engine) bindTimeout() time.Duration {
@@ -167,28 +170,58 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, ix *poo
 			return false, ex, nil
 		}
 		var contested []string
-		for i := range res.Plans {
-			plan := &res.Plans[i]
+		// Concurrent placements see the same best plans: each starts at a
+		// random one of them, so they rarely race for one node.
+		off := e.rng().IntN(len(res.Plans))
+		for k := range res.Plans {
+			plan := &res.Plans[(off+k)%len(res.Plans)]
+			// Marked before the insert, so placements planned from now on
+			// steer clear; unmarked if the database refuses it.
+			ix.mark(r, plan, now)
 			err = savepoint(ctx, tx, func() error { return e.book(ctx, tx, r, plan, snap.nodes[plan.NodeID]) })
+			if err != nil {
+				ix.released(plan.NodeID, r.ID, r.StartsAt, now)
+			}
 			switch {
 			case errors.Is(err, errNodeGone):
 				ix.markUnschedulable(plan.NodeID)
 				continue
+			case errors.Is(err, errStaleIndex):
+				// The pool changed under the index: reload it here (rare)
+				// and place again.
+				v, err := poolVersion(ctx, tx, r.PoolID)
+				if err != nil {
+					return false, ex, err
+				}
+				if ix, err = loadIndex(ctx, tx, r.PoolID, v, now); err != nil {
+					return false, ex, err
+				}
+				e.ixMu.Lock()
+				if e.indexes == nil {
+					e.indexes = map[string]*poolIndex{}
+				}
+				e.indexes[r.PoolID] = ix
+				e.ixMu.Unlock()
+				contested = nil
+				goto replan
 			case errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull):
 				contested = append(contested, plan.NodeID)
 				continue
 			case err != nil:
 				return false, ex, err
 			}
-			ix.booked(r, now)
 			return true, ex, nil
 		}
 		e.replans.Add(1)
 		if err := ix.sync(ctx, tx, contested, now); err != nil {
 			return false, ex, err
 		}
+	replan:
 	}
-	return false, ex, nil
+	// Every round lost its race: what fits went to other writers, yet more
+	// may be free once they commit. The queued placer looks again then,
+	// rather than leave the reservation waiting for the tick.
+	return false, ex, e.wake(ctx, tx, r.PoolID)
 }
 
 func (e *Engine) rng() *rand.Rand {
@@ -197,6 +230,28 @@ func (e *Engine) rng() *rand.Rand {
 
 // errNodeGone: the chosen node is no longer active and ready.
 var errNodeGone = errors.New("node left placement")
+
+// errStaleIndex: the chosen atoms are no longer in the pool or usable.
+var errStaleIndex = errors.New("pool index is stale")
+
+// atomsUsable reports whether the atoms are still the node's, in the pool,
+// and neither quarantined nor frozen.
+func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms []string) (bool, error) {
+	if len(atoms) == 0 {
+		return true, nil
+	}
+	args := []any{poolID, nodeID}
+	ph := make([]string, len(atoms))
+	for i, a := range atoms {
+		args = append(args, a)
+		ph[i] = fmt.Sprintf("$%d", i+3)
+	}
+	var n int
+	err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
+		WHERE np.pool_id = $1 AND a.node_id = $2 AND a.id IN (`+strings.Join(ph, ", ")+`)
+			AND a.quarantined = $`+fmt.Sprint(len(args)+1)+` AND a.partition_pending = $`+fmt.Sprint(len(args)+1), append(args, false)...).Scan(&n)
+	return n == len(atoms), err
+}
 
 // book inserts the plan's bookings and records the placement on r.
 func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *placement.Plan, n *placement.Node) error {
@@ -207,8 +262,21 @@ func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *pl
 	for _, c := range plan.CPUs {
 		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: cpuAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
 	}
+	// One booker per node at a time (PostgreSQL; SQLite has one writer):
+	// two transactions inserting one atom would each wait for the other's
+	// insert (the exclusion constraint is checked after it), a deadlock
+	// PostgreSQL breaks only after a second.
+	if err := hostLock(ctx, tx, plan.NodeID); err != nil {
+		return err
+	}
+	// FOR SHARE on PostgreSQL: a liveness sweep marking the node lost waits
+	// for this booking to commit, and its NodesLost hook then sees it.
+	share := ""
+	if tx.Dialect() == store.Postgres {
+		share = " FOR SHARE"
+	}
 	var state, liveness string
-	if err := tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`, plan.NodeID).Scan(&state, &liveness); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+share, plan.NodeID).Scan(&state, &liveness); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return errNodeGone
 		}
@@ -216,6 +284,11 @@ func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *pl
 	}
 	if state != "active" || liveness != "ready" {
 		return errNodeGone
+	}
+	// The plan came from the index; the atoms must still be in the pool and
+	// usable (a GPU quarantined, a node moved out since then).
+	if ok, err := atomsUsable(ctx, tx, r.PoolID, plan.NodeID, plan.Atoms); err != nil || !ok {
+		return errors.Join(err, errStaleIndex)
 	}
 	if err := booking.BookingInsert(ctx, tx, bs); err != nil {
 		return err
@@ -378,8 +451,20 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 	if !live(from) {
 		return nil, nil
 	}
+	// The end as stored: the bookings, the window and the index must agree
+	// on it to the microsecond.
+	at := now.UTC().Truncate(booking.Resolution)
 	if holding(from) {
-		if _, err := booking.BookingsRelease(ctx, tx, r.ID, now); err != nil {
+		var err error
+		if at.After(r.StartsAt) {
+			_, err = booking.BookingsRelease(ctx, tx, r.ID, at)
+		} else {
+			// Not started: the atoms go back whole. Shrunk to its first
+			// microsecond, a booking would still refuse them to every
+			// window across that instant.
+			err = bookingsDelete(ctx, tx, r.ID)
+		}
+		if err != nil {
 			return nil, err
 		}
 		if err := rollupBooked(ctx, tx, r, -1); err != nil {
@@ -399,8 +484,8 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		t := now
 		r.ActiveUntil = &t
 	}
-	if now.Before(r.EndsAt) && now.After(r.StartsAt) {
-		r.EndsAt = now.UTC().Truncate(booking.Resolution)
+	if at.Before(r.EndsAt) && at.After(r.StartsAt) {
+		r.EndsAt = at
 	}
 	r.State = state
 	r.BindDeadline = nil
@@ -414,7 +499,7 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
 		tx.AfterCommit(func() {
 			if ix := e.cached(pool); ix != nil {
-				ix.released(nodeID, id, now, e.Clock.Now())
+				ix.released(nodeID, id, at, e.Clock.Now())
 			}
 		})
 		if err := e.wake(ctx, tx, r.PoolID); err != nil {

@@ -97,35 +97,94 @@ func bumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
 	return err
 }
 
-// index returns the pool's index, reloading it when it is stale. Call it
-// outside write transactions: a reload reads the whole pool.
+// indexLoad is one load of a pool's index that concurrent callers share.
+type indexLoad struct {
+	done chan struct{}
+	ix   *poolIndex
+	err  error
+}
+
+// index returns the pool's index. A missing one, or one of an older pool
+// version, is loaded now — once, however many callers ask. One that is
+// merely old is returned as it is and reloaded in the background. Call it
+// outside write transactions: a load reads the whole pool.
 func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*poolIndex, error) {
 	v, err := poolVersion(ctx, q, poolID)
 	if err != nil {
 		return nil, err
 	}
 	e.ixMu.Lock()
-	if e.indexes == nil {
-		e.indexes = map[string]*poolIndex{}
-	}
 	ix := e.indexes[poolID]
 	e.ixMu.Unlock()
 	if ix != nil {
 		ix.mu.RLock()
-		fresh := ix.version == v && time.Since(ix.loadedAt) < e.indexRefresh()
+		current, old := ix.version == v, time.Since(ix.loadedAt) >= e.indexRefresh()
 		ix.mu.RUnlock()
-		if fresh {
+		if current {
+			if old && e.DB != nil {
+				e.loadShared(poolID, v, func(load func(store.Querier) (*poolIndex, error)) {
+					go func() {
+						_ = e.DB.Read(context.WithoutCancel(ctx), func(ctx context.Context, tx store.Tx) error {
+							_, err := load(tx)
+							return err
+						})
+					}()
+				})
+			}
 			return ix, nil
 		}
 	}
-	nix, err := loadIndex(ctx, q, poolID, v, now)
-	if err != nil {
-		return nil, err
-	}
+	var call *indexLoad
+	e.loadShared(poolID, v, func(load func(store.Querier) (*poolIndex, error)) { _, _ = load(q) })
 	e.ixMu.Lock()
-	e.indexes[poolID] = nix
+	call = e.loading[poolID]
+	if call == nil {
+		ix := e.indexes[poolID]
+		e.ixMu.Unlock()
+		if ix == nil {
+			return nil, fmt.Errorf("pool index %s: not loaded", poolID)
+		}
+		return ix, nil
+	}
 	e.ixMu.Unlock()
-	return nix, nil
+	select {
+	case <-call.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return call.ix, call.err
+}
+
+// loadShared starts a load of the pool's index unless one is running; run
+// gets the load function and decides where it runs (now, on the caller's
+// reader, or in the background).
+func (e *Engine) loadShared(poolID string, version int64, run func(load func(store.Querier) (*poolIndex, error))) {
+	e.ixMu.Lock()
+	if e.loading == nil {
+		e.loading = map[string]*indexLoad{}
+	}
+	if e.indexes == nil {
+		e.indexes = map[string]*poolIndex{}
+	}
+	if _, busy := e.loading[poolID]; busy {
+		e.ixMu.Unlock()
+		return
+	}
+	call := &indexLoad{done: make(chan struct{})}
+	e.loading[poolID] = call
+	e.ixMu.Unlock()
+	run(func(q store.Querier) (*poolIndex, error) {
+		ix, err := loadIndex(context.Background(), q, poolID, version, e.Clock.Now())
+		e.ixMu.Lock()
+		if err == nil {
+			e.indexes[poolID] = ix
+		}
+		delete(e.loading, poolID)
+		e.ixMu.Unlock()
+		call.ix, call.err = ix, err
+		close(call.done)
+		return ix, err
+	})
 }
 
 // invalidate drops a pool's index so the next placement reloads it.
@@ -385,21 +444,21 @@ func (ix *poolIndex) snapshot(start, end time.Time, need, limit int, rng *rand.R
 	return s
 }
 
-// booked records a reservation's new bookings (in its transaction: the
-// marks steer concurrent placements away before the commit).
-func (ix *poolIndex) booked(r *Reservation, now time.Time) {
+// mark records a plan's bookings for r before they are inserted: the marks
+// steer concurrent placements away before the commit.
+func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	n := ix.byID[r.NodeID]
+	n := ix.byID[plan.NodeID]
 	if n == nil {
 		return
 	}
 	sp := span{start: r.StartsAt, end: r.EndsAt, rsv: r.ID}
-	for _, a := range r.Placement.Atoms {
+	for _, a := range plan.Atoms {
 		n.booked[a] = append(n.booked[a], sp)
 	}
-	for _, c := range r.Placement.CPUs {
-		a := cpuAtom(r.NodeID, c)
+	for _, c := range plan.CPUs {
+		a := cpuAtom(plan.NodeID, c)
 		n.booked[a] = append(n.booked[a], sp)
 	}
 	n.holds = append(n.holds, hold{rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt, mem: r.MemoryGiB,

@@ -171,7 +171,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 		placed = 0
 		began := time.Now()
 		now := e.Clock.Now()
-		rs, err := List(ctx, tx, &ListParams{PoolID: poolID, States: []string{StatePending}, Limit: rn.batch()})
+		rs, err := pendingForUpdate(ctx, tx, poolID, rn.batch())
 		if err != nil {
 			return err
 		}

@@ -200,6 +200,34 @@ func save(ctx context.Context, tx store.Tx, r *Reservation, fromState string) (b
 	return n == 1, err
 }
 
+// reconcileLock serializes the reconciles of one tenant until the
+// transaction ends (PostgreSQL; SQLite has one writer). Without it a
+// reconcile that read the pools before another transaction created or
+// changed one writes its stale memberships over the newer ones.
+func reconcileLock(ctx context.Context, tx store.Tx, tenantID string) error {
+	if tx.Dialect() != store.Postgres {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('capacity.reconcile'), hashtext($1))`, tenantID)
+	return err
+}
+
+// hostLock takes a node's host row lock until the transaction ends
+// (PostgreSQL; SQLite has one writer).
+func hostLock(ctx context.Context, tx store.Tx, nodeID string) error {
+	if tx.Dialect() != store.Postgres {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1`, nodeID)
+	return err
+}
+
+// bookingsDelete drops a reservation's bookings.
+func bookingsDelete(ctx context.Context, tx store.Tx, reservationID string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM bookings WHERE reservation_id = $1`, reservationID)
+	return err
+}
+
 // Get reads a reservation; a non-empty tenantID confines the lookup.
 func Get(ctx context.Context, q store.Querier, tenantID, id string) (Reservation, error) {
 	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM reservations WHERE id = $1 AND ($2 = '' OR tenant_id = $2)`, id, tenantID))
@@ -213,6 +241,19 @@ func getForUpdate(ctx context.Context, tx store.Tx, id string) (Reservation, err
 		lock = " FOR UPDATE"
 	}
 	return scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM reservations WHERE id = $1`+lock, id))
+}
+
+// pendingForUpdate lists a pool's pending reservations for the queued
+// placer, locking them on PostgreSQL so that two placers of one pool (the
+// tick's and a woken job's) take turns: the second sees what the first left
+// pending instead of failing on what it placed.
+func pendingForUpdate(ctx context.Context, tx store.Tx, poolID string, limit int) ([]Reservation, error) {
+	lock := ""
+	if tx.Dialect() == store.Postgres {
+		lock = " FOR UPDATE"
+	}
+	return scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations WHERE pool_id = $1 AND state = 'pending'
+		ORDER BY id LIMIT $2`+lock, poolID, limit))
 }
 
 // ListParams filter a listing.
