@@ -82,6 +82,7 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 				},
 				NUMA:  p.numa,
 				Score: score(w, &req, n, &p),
+				Split: req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 1 && p.islands != 1,
 			}
 			top = insertTop(top, plan, limit)
 		}
@@ -95,7 +96,7 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 }
 
 func better(a, b *Plan) int {
-	return cmp.Or(cmp.Compare(b.Score.Total, a.Score.Total), cmp.Compare(a.NodeID, b.NodeID))
+	return cmp.Or(cmpBool(a.Split, b.Split), cmp.Compare(b.Score.Total, a.Score.Total), cmp.Compare(a.NodeID, b.NodeID))
 }
 
 // insertTop keeps the best limit plans in order without sorting every

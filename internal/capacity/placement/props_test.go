@@ -154,7 +154,7 @@ func checkPlacement(t tb, nodes []Node, req Request) {
 	}
 	want := req.GPUs + req.Slots
 	for pi, p := range res.Plans {
-		if pi > 0 && res.Plans[pi-1].Score.Total < p.Score.Total {
+		if pi > 0 && better(&res.Plans[pi-1], &res.Plans[pi]) > 0 {
 			t.Fatalf("plans not best first")
 		}
 		for _, v := range []float64{p.Score.Binpack, p.Score.Topology, p.Score.Fragmentation, p.Score.Spread, p.Score.Total} {

@@ -130,10 +130,16 @@ type Node struct {
 	HostBooked  HostResources
 }
 
-// Model is the node's GPU model: the model of its first GPU.
+// Model is the node's GPU model; empty when it has none or several (the
+// per-GPU model filter then decides, not the class).
 func (n *Node) Model() string {
 	if len(n.GPUs) == 0 {
 		return ""
+	}
+	for _, g := range n.GPUs[1:] {
+		if g.Model != n.GPUs[0].Model {
+			return ""
+		}
 	}
 	return n.GPUs[0].Model
 }
@@ -343,6 +349,10 @@ type Plan struct {
 	// CPUs is CPUSet as a list, in order.
 	CPUs  []int
 	Score ScoreBreakdown
+	// Split is set when a multi-GPU request's whole GPUs are not inside one
+	// NVLink island; such a plan ranks below every plan that is, whatever
+	// the other scores say.
+	Split bool
 }
 
 // Result is what Place returns: plans best first and why the other nodes
