@@ -435,8 +435,7 @@ func islands(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFact
 	}
 	defer rows.Close()
 	parent := map[string]string{}
-	var find func(string) string
-	find = func(x string) string {
+	find := func(x string) string {
 		for parent[x] != x {
 			parent[x] = parent[parent[x]]
 			x = parent[x]

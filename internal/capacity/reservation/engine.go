@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/rivertype"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
@@ -73,11 +72,12 @@ type Engine struct {
 	// default DefaultIndexRefresh.
 	IndexRefresh time.Duration
 
-	replans atomic.Int64
-	seed    atomic.Uint64
-	ixMu    sync.Mutex
-	indexes map[string]*poolIndex
-	loading map[string]*indexLoad
+	replans    atomic.Int64
+	seed       atomic.Uint64
+	ixMu       sync.Mutex
+	indexes    map[string]*poolIndex
+	loading    map[string]*indexLoad
+	refreshing map[string]bool
 }
 
 func (e *Engine) bindTimeout() time.Duration {
@@ -197,10 +197,9 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, ix *poo
 					return false, ex, err
 				}
 				e.ixMu.Lock()
-				if e.indexes == nil {
-					e.indexes = map[string]*poolIndex{}
+				if e.indexes != nil {
+					e.indexes[r.PoolID] = ix
 				}
-				e.indexes[r.PoolID] = ix
 				e.ixMu.Unlock()
 				contested = nil
 				goto replan
@@ -484,8 +483,13 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		t := now
 		r.ActiveUntil = &t
 	}
-	if at.Before(r.EndsAt) && at.After(r.StartsAt) {
+	switch {
+	case at.Before(r.EndsAt) && at.After(r.StartsAt):
 		r.EndsAt = at
+	case !at.After(r.StartsAt):
+		// Ended before it began: nothing was used, so nothing is charged
+		// (the window keeps its first microsecond, as a window must).
+		r.EndsAt = r.StartsAt.Add(booking.Resolution)
 	}
 	r.State = state
 	r.BindDeadline = nil
@@ -521,9 +525,10 @@ func (e *Engine) wake(ctx context.Context, tx store.Tx, poolID string) error {
 	if e.Enqueue == nil || poolID == "" {
 		return nil
 	}
-	return e.Enqueue(ctx, tx, PlacePendingArgs{PoolID: poolID}, &river.InsertOpts{
-		UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled}},
-	})
+	// Not a unique job: transactions waking several pools would take the
+	// unique index's locks in different orders and deadlock. A redundant
+	// wake costs one placer pass that finds nothing (or little) to do.
+	return e.Enqueue(ctx, tx, PlacePendingArgs{PoolID: poolID}, &river.InsertOpts{MaxAttempts: 3})
 }
 
 // WakePools wakes the queued placer for each pool (the reconciler's hook).

@@ -105,8 +105,10 @@ type indexLoad struct {
 }
 
 // index returns the pool's index. A missing one, or one of an older pool
-// version, is loaded now — once, however many callers ask. One that is
-// merely old is returned as it is and reloaded in the background. Call it
+// version, is loaded now on the caller's reader — once, however many callers
+// ask: the others wait for it (holding their own readers, so no load ever
+// waits for a connection a waiter holds). One that is merely old is returned
+// as it is and reloaded in the background, which nobody waits for. Call it
 // outside write transactions: a load reads the whole pool.
 func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*poolIndex, error) {
 	v, err := poolVersion(ctx, q, poolID)
@@ -114,76 +116,63 @@ func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now 
 		return nil, err
 	}
 	e.ixMu.Lock()
-	ix := e.indexes[poolID]
-	e.ixMu.Unlock()
-	if ix != nil {
-		ix.mu.RLock()
-		current, old := ix.version == v, time.Since(ix.loadedAt) >= e.indexRefresh()
-		ix.mu.RUnlock()
-		if current {
-			if old && e.DB != nil {
-				e.loadShared(poolID, v, func(load func(store.Querier) (*poolIndex, error)) {
-					go func() {
-						_ = e.DB.Read(context.WithoutCancel(ctx), func(ctx context.Context, tx store.Tx) error {
-							_, err := load(tx)
-							return err
-						})
-					}()
-				})
-			}
-			return ix, nil
-		}
+	if e.indexes == nil {
+		e.indexes, e.loading, e.refreshing = map[string]*poolIndex{}, map[string]*indexLoad{}, map[string]bool{}
 	}
-	var call *indexLoad
-	e.loadShared(poolID, v, func(load func(store.Querier) (*poolIndex, error)) { _, _ = load(q) })
-	e.ixMu.Lock()
-	call = e.loading[poolID]
-	if call == nil {
-		ix := e.indexes[poolID]
-		e.ixMu.Unlock()
-		if ix == nil {
-			return nil, fmt.Errorf("pool index %s: not loaded", poolID)
+	if ix := e.indexes[poolID]; ix != nil && ix.version == v {
+		if time.Since(ix.loadedAt) >= e.indexRefresh() && e.DB != nil && !e.refreshing[poolID] {
+			e.refreshing[poolID] = true
+			go e.refresh(context.WithoutCancel(ctx), poolID, v)
 		}
+		e.ixMu.Unlock()
 		return ix, nil
 	}
-	e.ixMu.Unlock()
-	select {
-	case <-call.done:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	return call.ix, call.err
-}
-
-// loadShared starts a load of the pool's index unless one is running; run
-// gets the load function and decides where it runs (now, on the caller's
-// reader, or in the background).
-func (e *Engine) loadShared(poolID string, version int64, run func(load func(store.Querier) (*poolIndex, error))) {
-	e.ixMu.Lock()
-	if e.loading == nil {
-		e.loading = map[string]*indexLoad{}
-	}
-	if e.indexes == nil {
-		e.indexes = map[string]*poolIndex{}
-	}
-	if _, busy := e.loading[poolID]; busy {
+	if call := e.loading[poolID]; call != nil {
 		e.ixMu.Unlock()
-		return
+		select {
+		case <-call.done:
+			// A load that began before this call read the version may
+			// be stale already: then this call loads again.
+			if call.err == nil && call.ix.version < v {
+				return e.index(ctx, q, poolID, now)
+			}
+			return call.ix, call.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	call := &indexLoad{done: make(chan struct{})}
 	e.loading[poolID] = call
 	e.ixMu.Unlock()
-	run(func(q store.Querier) (*poolIndex, error) {
-		ix, err := loadIndex(context.Background(), q, poolID, version, e.Clock.Now())
+	call.ix, call.err = loadIndex(ctx, q, poolID, v, now)
+	e.ixMu.Lock()
+	if call.err == nil {
+		e.indexes[poolID] = call.ix
+	}
+	delete(e.loading, poolID)
+	e.ixMu.Unlock()
+	close(call.done)
+	return call.ix, call.err
+}
+
+// refresh reloads a pool's index in the background.
+func (e *Engine) refresh(ctx context.Context, poolID string, version int64) {
+	defer func() {
 		e.ixMu.Lock()
-		if err == nil {
+		delete(e.refreshing, poolID)
+		e.ixMu.Unlock()
+	}()
+	_ = e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		ix, err := loadIndex(ctx, tx, poolID, version, e.Clock.Now())
+		if err != nil {
+			return err
+		}
+		e.ixMu.Lock()
+		if cur := e.indexes[poolID]; cur == nil || cur.version <= version {
 			e.indexes[poolID] = ix
 		}
-		delete(e.loading, poolID)
 		e.ixMu.Unlock()
-		call.ix, call.err = ix, err
-		close(call.done)
-		return ix, err
+		return nil
 	})
 }
 

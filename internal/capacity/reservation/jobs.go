@@ -187,6 +187,10 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 				evs = append(evs, more...)
 				continue
 			}
+			// A window that began while it waited moves to now, keeping its
+			// length — only if it is placed now; otherwise it keeps its
+			// window, and expires at its end.
+			origStart, origEnd := r.StartsAt, r.EndsAt
 			if r.StartsAt.Before(now) {
 				d := r.EndsAt.Sub(r.StartsAt)
 				r.StartsAt = now.UTC().Truncate(time.Microsecond)
@@ -226,6 +230,9 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			case !ok:
 				r.Explanation = explanationJSON(ExplanationProto(ex))
 			}
+			if !ok {
+				r.StartsAt, r.EndsAt = origStart, origEnd
+			}
 			r.UpdateTime = now
 			if ok {
 				more, err := e.held(ctx, tx, r, now)
@@ -264,10 +271,16 @@ func (rn *Runner) Tick(ctx context.Context) error {
 	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		now := e.Clock.Now()
 		var evs []envelope.Event
+		// FOR UPDATE on PostgreSQL: an Extend, a second tick or the placer
+		// waits, and what it then reads is what this tick wrote.
+		lock := ""
+		if tx.Dialect() == store.Postgres {
+			lock = " FOR UPDATE"
+		}
 		rs, err := scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
 			WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
 				OR (state = 'binding' AND bind_deadline < $1)
-			ORDER BY id LIMIT 500`, now))
+			ORDER BY id LIMIT 500`+lock, now))
 		if err != nil {
 			return err
 		}
@@ -448,6 +461,7 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 	if err := rollupBooked(ctx, tx, r, -1); err != nil {
 		return nil, err
 	}
+	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "false", Reason: "NodeLost", Message: "the bookings were given back to place it again", UpdateTime: now})
 	r.State, r.NodeID, r.GPUModel, r.CommandID, r.BindDeadline = StatePending, "", "", "", nil
 	r.Placement = PlacementRecord{NUMA: -1, Island: -1}
 	if from == StateActive {

@@ -4,10 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -270,46 +267,4 @@ func slotK(id string) int {
 		n = n*10 + int(c-'0')
 	}
 	return n
-}
-
-// take marks a placed reservation's atoms and host share used, so one
-// snapshot serves a batch of placements. Summaries are not touched: they
-// stay upper bounds, which is all placement asks of them.
-func (s *snapshot) take(r *Reservation) {
-	n := s.nodes[r.NodeID]
-	if n == nil {
-		return
-	}
-	for _, a := range r.Placement.Atoms {
-		for i := range n.GPUs {
-			g := &n.GPUs[i]
-			switch {
-			case a == g.UUID:
-				g.Booked = true
-			case strings.HasPrefix(a, g.UUID+"/mig/"):
-				for j := range g.MIG {
-					if a == fmt.Sprintf("%s/mig/%s/%d", g.UUID, g.MIG[j].Profile, g.MIG[j].N) {
-						g.MIG[j].Booked = true
-					}
-				}
-			case strings.HasPrefix(a, g.UUID+"/s"):
-				for j := range g.Slots {
-					if a == g.UUID+"/s"+strconv.Itoa(g.Slots[j].K) {
-						g.Slots[j].Booked = true
-					}
-				}
-			}
-		}
-	}
-	for _, c := range r.Placement.CPUs {
-		for i := range n.NUMA {
-			if k := slices.Index(n.NUMA[i].FreeCPUs, c); k >= 0 {
-				n.NUMA[i].FreeCPUs = slices.Delete(n.NUMA[i].FreeCPUs, k, k+1)
-				n.HostBooked.VCPU++
-			}
-		}
-	}
-	n.HostBooked.MemoryGiB += r.MemoryGiB
-	n.HostBooked.Hugepages1Gi += r.Hugepages1Gi
-	n.TenantAtoms[r.TenantID] += r.GPUs + r.Slots
 }

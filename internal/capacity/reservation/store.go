@@ -289,7 +289,11 @@ func onNode(ctx context.Context, q store.Querier, nodeID string, states ...strin
 		args = append(args, s)
 		ph[i] = fmt.Sprintf("$%d", i+2)
 	}
-	return scanAll(q.Query(ctx, `SELECT `+columns+` FROM reservations WHERE node_id = $1 AND state IN (`+strings.Join(ph, ", ")+`) ORDER BY id`, args...))
+	lock := ""
+	if tx, ok := q.(store.Tx); ok && tx.Dialect() == store.Postgres {
+		lock = " FOR UPDATE" // the caller changes them: an Extend or a tick waits
+	}
+	return scanAll(q.Query(ctx, `SELECT `+columns+` FROM reservations WHERE node_id = $1 AND state IN (`+strings.Join(ph, ", ")+`) ORDER BY id`+lock, args...))
 }
 
 // RollupAdd records a change of the capacity rollup of (pool, model, kind).
