@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
@@ -53,6 +54,18 @@ var matrixExpect = map[string]map[string]string{
 	"pools.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"pools.update":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"pools.archive": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Rebuilding the capacity rollups spans every tenant: the platform's.
+	"capacity.rebuild": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Quotas: tenant admins set their projects' quotas (the call uses a
+	// project scope); a tenant-wide quota is the platform's alone.
+	"quotas.set": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Reservations: whoever works in the tenant books capacity; viewers
+	// look. (An agent's extension past a day needs a human:
+	// TestAuthzAgentExtendNeedsConfirmation.)
+	"reservations.create":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.extend":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.release": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 }
 
 type matrixFixture struct {
@@ -62,6 +75,8 @@ type matrixFixture struct {
 	counter atomic.Int64
 	// acme and web are the ids of the tenant and project of the matrix.
 	acme, web string
+	// gpuPool is the id of acme's pool of one simulated 8-GPU node.
+	gpuPool string
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -198,6 +213,37 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err := c.Pools.Archive(context.Background(), connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: f.matrixPool(t)}))
 		return err
 	},
+	"capacity.rebuild": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Capacity.Rebuild(context.Background(), connect.NewRequest(&apiv1.RebuildCapacityRequest{}))
+		return err
+	},
+	"quotas.set": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		gpus := int32(4)
+		// A fresh model per cell gives each call a scope of its own.
+		_, err := c.Quotas.Set(context.Background(), connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web",
+			Model: f.name("m"), Gpus: &gpus}))
+		return err
+	},
+	"reservations.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Reservations.Create(context.Background(), connect.NewRequest(f.matrixReservationRequest()))
+		return err
+	},
+	"reservations.extend": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		// A few minutes more: far below the day an agent may hold GPUs.
+		_, err := c.Reservations.Extend(context.Background(), connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme",
+			Reservation: f.matrixReservation(t), ExtendSeconds: 600}))
+		return err
+	},
+	"reservations.release": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Reservations.Release(context.Background(), connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "acme",
+			Reservation: f.matrixReservation(t)}))
+		return err
+	},
+	"reservations.cancel": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Reservations.Cancel(context.Background(), connect.NewRequest(&apiv1.CancelReservationRequest{Tenant: "acme",
+			Reservation: f.matrixReservation(t)}))
+		return err
+	},
 	"confirmations.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		name := f.name("p")
 		_, err := f.admin.Projects.Create(context.Background(), connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: name}))
@@ -216,6 +262,48 @@ func (f *matrixFixture) matrixPool(t *testing.T) string {
 	p, err := f.admin.Pools.Create(context.Background(), connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: f.name("pool")}))
 	require.NoError(t, err)
 	f.cp.Authz.Reset()
+	return p.Msg.GetPool().GetId()
+}
+
+// matrixReservationRequest asks for one GPU of the GPU pool for an hour in a
+// window of its own, hours ahead: cells never compete for the GPUs, and a
+// reservation that has not started can be canceled.
+func (f *matrixFixture) matrixReservationRequest() *apiv1.CreateReservationRequest {
+	start := f.cp.Clock.Now().Add(time.Duration(f.counter.Add(1)) * 2 * time.Hour)
+	return &apiv1.CreateReservationRequest{Tenant: "acme", Project: "web", Pool: f.gpuPool, Gpus: 1,
+		StartTime: timestamppb.New(start), DurationSeconds: 3600}
+}
+
+// matrixReservation creates a reservation in acme as the platform admin and
+// returns its id.
+func (f *matrixFixture) matrixReservation(t *testing.T) string {
+	t.Helper()
+	r, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(f.matrixReservationRequest()))
+	require.NoError(t, err)
+	require.Equal(t, "placed", r.Msg.GetReservation().GetState())
+	f.cp.Authz.Reset()
+	return r.Msg.GetReservation().GetId()
+}
+
+// mxGPUPool joins one simulated 8-GPU node to tenant/project and returns
+// the id of a pool that adopts it; the node stops with the test.
+func mxGPUPool(t *testing.T, cp *bctest.ControlPlane, admin *client.Client, tenant, project string) string {
+	t.Helper()
+	ctx := context.Background()
+	before := countRows(t, cp, `SELECT COUNT(*) FROM gpus`)
+	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
+		Template: bctest.FakeDaemonConfig{Gateway: cp.GatewayAddr}, Root: t.TempDir(), N: 1,
+		Token: func(ctx context.Context, i int) (string, error) {
+			tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: tenant, Project: project}))
+			return tok.Msg.GetToken(), err
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(sim.Stop)
+	eventually(t, "the node's 8 GPUs", func() bool { return countRows(t, cp, `SELECT COUNT(*) FROM gpus`) == before+8 })
+	p, err := admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: tenant, Name: "gpus",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
+	require.NoError(t, err)
 	return p.Msg.GetPool().GetId()
 }
 
@@ -266,6 +354,7 @@ func TestAuthzMatrix(t *testing.T) {
 		require.NoError(t, err)
 		f.keys[role] = k.Msg.GetSecret()
 	}
+	f.gpuPool = mxGPUPool(t, cp, f.admin, "acme", "web")
 
 	var actions []string
 	for _, m := range envelope.Catalog() {
@@ -298,4 +387,51 @@ func TestAuthzMatrix(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestAuthzAgentExtendNeedsConfirmation: an agent may keep GPUs for a day;
+// an extension past that waits for a human, and the reservation keeps its
+// end until one approves.
+func TestAuthzAgentExtendNeedsConfirmation(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	sfTenant(t, admin, "acme")
+	sfProject(t, admin, "acme", "web")
+	agentSecret, _ := sfKey(t, admin, "acme", "agent", 0)
+	agent := cp.Client(agentSecret)
+	pool := mxGPUPool(t, cp, admin, "acme", "web")
+
+	res, err := agent.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme", Pool: pool,
+		Gpus: 1, DurationSeconds: 3600}))
+	require.NoError(t, err)
+	r := res.Msg.GetReservation()
+	end := r.GetEndTime().AsTime()
+	extend := &apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: r.GetId(), ExtendSeconds: 24 * 3600}
+
+	err = cfRequireDecisions(t, cp, "reservations.extend", 1, func() error {
+		_, err := agent.Reservations.Extend(ctx, connect.NewRequest(extend))
+		return err
+	})
+	sfRequireCode(t, err, "CONFIRMATION_REQUIRED")
+	cfmID := client.Detail(err).GetConfirmationId()
+	require.True(t, envelope.IsID(cfmID, "cfm"), "confirmation id %q", cfmID)
+	got, err := admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: r.GetId()}))
+	require.NoError(t, err)
+	require.Equal(t, end, got.Msg.GetReservation().GetEndTime().AsTime(), "the end waits for a human")
+
+	// An extension within the day needs nobody.
+	ok, err := agent.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme",
+		Reservation: r.GetId(), ExtendSeconds: 3600}))
+	require.NoError(t, err)
+	end = end.Add(time.Hour)
+	require.Equal(t, end, ok.Msg.GetReservation().GetEndTime().AsTime())
+
+	// A human approves; the agent's replay extends it.
+	_, err = admin.Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfmID}))
+	require.NoError(t, err)
+	done, err := agent.Reservations.Extend(ctx, sfWithHeader(extend, client.HeaderConfirmationID, cfmID))
+	require.NoError(t, err)
+	require.Equal(t, end.Add(24*time.Hour), done.Msg.GetReservation().GetEndTime().AsTime())
 }

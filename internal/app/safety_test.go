@@ -18,6 +18,8 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
@@ -29,7 +31,7 @@ import (
 
 // sfTables are the tables a mutation may write.
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
-	"nodes", "commands", "join_tokens", "join_requests"}
+	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -106,6 +108,21 @@ func sfWithHeader[T any](msg *T, key, value string) *connect.Request[T] {
 	req := connect.NewRequest(msg)
 	req.Header().Set(key, value)
 	return req
+}
+
+// sfWatchReservations opens a reservation watch and returns how it ended; a
+// watch that was let in would run until the deadline.
+func sfWatchReservations(ctx context.Context, c *client.Client, req *apiv1.WatchReservationsRequest) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, err := c.Reservations.Watch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stream.Close() }()
+	for stream.Receive() {
+	}
+	return stream.Err()
 }
 
 // --- raw HTTP -------------------------------------------------------------
@@ -660,6 +677,23 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	require.NoError(t, err)
 	poolID := pl.Msg.GetPool().GetId()
 
+	// A quota of acme's project web, written as Set would.
+	quo := quota.Quota{ID: envelope.NewID(quota.IDPrefix, now), TenantID: acme.GetId(), ProjectID: web.GetId(), Model: "H100",
+		GPUs: 4, GPUHours: quota.Unlimited, CreatedBy: "test", CreateTime: now, UpdateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return quota.Upsert(ctx, tx, &quo) }))
+	evilGPUs := int32(1000)
+
+	// A reservation of acme's project web waiting in pool h100, written as
+	// Create would.
+	rsvID := envelope.NewID(reservation.IDPrefix, now)
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO reservations (id, tenant_id, project_id, pool_id, state, gpus, binding, starts_at, ends_at,
+			created_by, create_time, update_time) VALUES ($1, $2, $3, $4, 'pending', 1, 'node', $5, $6, 'test', $5, $5)`,
+			rsvID, acme.GetId(), web.GetId(), poolID, now, now.Add(time.Hour))
+		return err
+	}))
+	evilBooking := &apiv1.CreateReservationRequest{Tenant: "acme", Project: "web", Pool: "h100", Gpus: 1}
+
 	type call func() error
 	cases := map[string][]call{
 		apiv1connect.TenantServiceCreateProcedure: {func() error {
@@ -960,6 +994,229 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.QuotaServiceSetProcedure: {
+			func() error {
+				_, err := evil.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web", Gpus: &evilGPUs}))
+				return err
+			},
+			func() error {
+				_, err := evil.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: acme.GetId(), Project: web.GetId(), Model: "H100", Gpus: &evilGPUs}))
+				return err
+			},
+			func() error {
+				_, err := evil.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "other", Project: web.GetId(), Gpus: &evilGPUs}))
+				return err
+			},
+			func() error {
+				_, err := evil.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "other", Project: "web", Pool: poolID, Gpus: &evilGPUs}))
+				return err
+			},
+		},
+		apiv1connect.QuotaServiceGetProcedure: {
+			func() error {
+				_, err := evil.Quotas.Get(ctx, connect.NewRequest(&apiv1.GetQuotaRequest{Tenant: "acme", Quota: quo.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Quotas.Get(ctx, connect.NewRequest(&apiv1.GetQuotaRequest{Tenant: "other", Quota: quo.ID}))
+				return err
+			},
+		},
+		apiv1connect.QuotaServiceListProcedure: {
+			func() error {
+				_, err := evil.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{Tenant: "acme", Project: "web"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{}))
+				return err
+			},
+		},
+		apiv1connect.CapacityServiceSummaryProcedure: {
+			func() error {
+				_, err := evil.Capacity.Summary(ctx, connect.NewRequest(&apiv1.CapacitySummaryRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.Summary(ctx, connect.NewRequest(&apiv1.CapacitySummaryRequest{}))
+				return err
+			},
+		},
+		apiv1connect.CapacityServiceByPoolProcedure: {
+			func() error {
+				_, err := evil.Capacity.ByPool(ctx, connect.NewRequest(&apiv1.CapacityByPoolRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.ByPool(ctx, connect.NewRequest(&apiv1.CapacityByPoolRequest{Tenant: "acme", Pool: "h100"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.ByPool(ctx, connect.NewRequest(&apiv1.CapacityByPoolRequest{Pool: poolID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.ByPool(ctx, connect.NewRequest(&apiv1.CapacityByPoolRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.ByPool(ctx, connect.NewRequest(&apiv1.CapacityByPoolRequest{}))
+				return err
+			},
+		},
+		apiv1connect.CapacityServiceTimelineProcedure: {
+			func() error {
+				_, err := evil.Capacity.Timeline(ctx, connect.NewRequest(&apiv1.CapacityTimelineRequest{Tenant: "acme", Pool: "h100"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.Timeline(ctx, connect.NewRequest(&apiv1.CapacityTimelineRequest{Pool: poolID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.Timeline(ctx, connect.NewRequest(&apiv1.CapacityTimelineRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+		},
+		apiv1connect.CapacityServiceRebuildProcedure: {func() error {
+			_, err := evil.Capacity.Rebuild(ctx, connect.NewRequest(&apiv1.RebuildCapacityRequest{}))
+			return err
+		}},
+		apiv1connect.ReservationServiceCreateProcedure: {
+			func() error {
+				_, err := evil.Reservations.Create(ctx, connect.NewRequest(evilBooking))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: acme.GetId(),
+					Project: web.GetId(), Pool: poolID, Gpus: 1}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "other",
+					Project: web.GetId(), Pool: poolID, Gpus: 1}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "other",
+					Project: "web", Pool: "h100", Gpus: 1}))
+				return err
+			},
+		},
+		apiv1connect.ReservationServicePreviewProcedure: {
+			func() error {
+				_, err := evil.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{Request: evilBooking}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{Request: &apiv1.CreateReservationRequest{
+					Tenant: "other", Project: web.GetId(), Pool: poolID, Gpus: 1}}))
+				return err
+			},
+		},
+		apiv1connect.ReservationServiceGetProcedure: {
+			func() error {
+				_, err := evil.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: rsvID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "other", Reservation: rsvID}))
+				return err
+			},
+		},
+		apiv1connect.ReservationServiceListProcedure: {
+			func() error {
+				_, err := evil.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{Tenant: "other", Project: web.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.ReservationServiceWatchProcedure: {
+			func() error {
+				return sfWatchReservations(ctx, evil, &apiv1.WatchReservationsRequest{Tenant: "acme"})
+			},
+			func() error {
+				return sfWatchReservations(ctx, evil, &apiv1.WatchReservationsRequest{Tenant: acme.GetId(), Reservation: rsvID})
+			},
+			func() error {
+				return sfWatchReservations(ctx, evil, &apiv1.WatchReservationsRequest{Tenant: "other", Reservation: rsvID})
+			},
+		},
+		apiv1connect.ReservationServiceExtendProcedure: {
+			func() error {
+				_, err := evil.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: rsvID,
+					ExtendSeconds: 3600}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "other", Reservation: rsvID,
+					ExtendSeconds: 3600}))
+				return err
+			},
+		},
+		apiv1connect.ReservationServiceReleaseProcedure: {
+			func() error {
+				_, err := evil.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "acme", Reservation: rsvID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "other", Reservation: rsvID}))
+				return err
+			},
+		},
+		apiv1connect.ReservationServiceCancelProcedure: {
+			func() error {
+				_, err := evil.Reservations.Cancel(ctx, connect.NewRequest(&apiv1.CancelReservationRequest{Tenant: "acme", Reservation: rsvID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.Cancel(ctx, connect.NewRequest(&apiv1.CancelReservationRequest{Tenant: "other", Reservation: rsvID}))
+				return err
+			},
+		},
+		apiv1connect.UsageServiceListProcedure: {
+			func() error {
+				_, err := evil.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: acme.GetId(), Project: "web"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "other", Project: web.GetId()}))
+				return err
+			},
+			func() error {
+				_, err := evil.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{}))
+				return err
+			},
+		},
+		apiv1connect.UsageServiceExportProcedure: {
+			func() error {
+				_, err := evil.Usage.Export(ctx, connect.NewRequest(&apiv1.ExportUsageRequest{Tenant: "acme", Format: "csv"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Usage.Export(ctx, connect.NewRequest(&apiv1.ExportUsageRequest{Tenant: "other", Project: web.GetId(), Format: "cloudevents"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Usage.Export(ctx, connect.NewRequest(&apiv1.ExportUsageRequest{Format: "cloudevents"}))
+				return err
+			},
+		},
 		apiv1connect.JoinTokenServiceCreateProcedure: {
 			func() error {
 				_, err := evil.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
@@ -1106,4 +1363,14 @@ permit (principal, action, resource);`}))
 	require.NoError(t, err)
 	require.Equal(t, "active", pg.Msg.GetPool().GetState())
 	require.False(t, pg.Msg.GetPool().GetPolicy().GetSingleTenant())
+	rsv, err := admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: rsvID}))
+	require.NoError(t, err)
+	require.Equal(t, "pending", rsv.Msg.GetReservation().GetState(), "acme's reservation is untouched")
+	require.Equal(t, now.Add(time.Hour).UTC().Truncate(time.Microsecond), rsv.Msg.GetReservation().GetEndTime().AsTime())
+	require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		got, err := quota.Get(ctx, tx, acme.GetId(), quo.ID)
+		require.NoError(t, err)
+		require.Equal(t, 4, got.GPUs, "acme's quota is untouched")
+		return nil
+	}))
 }
