@@ -1,0 +1,459 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storeopen"
+)
+
+// reservationLength is how long every benchmark reservation lasts.
+const reservationLength = time.Hour
+
+// bench is a control plane with its fleet loaded.
+type bench struct {
+	app                   *app.App
+	api                   *client.Client
+	holds                 *lockHolds
+	tenant, project, pool string
+}
+
+// prepare opens the store, builds the control plane (the api role only: no
+// job worker, so nothing but the harness places reservations, and no gateway,
+// since bindings none and kubernetes need no agent), creates the tenant and
+// pool, and loads the fleet. closeAll closes the store (and drops a
+// PostgreSQL database).
+func prepare(ctx context.Context, o options, dir string, res *result) (b *bench, closeAll func() error, err error) {
+	db, closeStore, err := openStore(ctx, o, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, closeStore())
+		}
+	}()
+	a, err := app.NewWithDB(ctx, app.Config{Roles: []string{app.RoleAPI}, StateDir: dir, Logger: slog.New(slog.DiscardHandler)}, db)
+	if err != nil {
+		return nil, nil, err
+	}
+	b = &bench{app: a, holds: &lockHolds{}}
+	a.Capacity.Engine.LockHold = b.holds.observe
+	key, _, err := a.Bootstrap(ctx, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	b.api = client.New("http://placement.bench", key, client.WithHTTPClient(&http.Client{Transport: inProcess{a.Handler}}))
+	if b.tenant, b.project, b.pool, err = setup(ctx, b.api, o); err != nil {
+		return nil, nil, err
+	}
+	loadStart := time.Now()
+	if err := loadFleet(ctx, a.DB, fleetSpec{nodes: o.nodes, gpusPerNode: o.gpusPerNode, cpusPerNode: o.cpusPerNode,
+		tenantID: b.tenant, projectID: b.project, poolID: b.pool, direct: !o.reconcile, now: time.Now()}); err != nil {
+		return nil, nil, fmt.Errorf("load fleet: %w", err)
+	}
+	if err := analyze(ctx, a.DB); err != nil {
+		return nil, nil, err
+	}
+	res.LoadS = time.Since(loadStart).Seconds()
+	if res.Atoms, err = countAtoms(ctx, a.DB); err != nil {
+		return nil, nil, err
+	}
+	return b, closeStore, nil
+}
+
+func run(ctx context.Context, o options, logf func(string, ...any)) (res result, err error) {
+	start := time.Now()
+	res = result{Nodes: o.nodes, Store: o.store, GPUsPerNode: o.gpusPerNode, CPUsPerNode: o.cpusPerNode, GPUs: o.nodes * o.gpusPerNode,
+		Clients: o.clients, Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
+		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339)}
+	if o.reconcile {
+		res.AtomsFrom = "reconciler"
+	}
+	heap := startHeapSampler()
+	defer heap.stop()
+	dir, err := os.MkdirTemp("", "bc-bench-placement-")
+	if err != nil {
+		return res, err
+	}
+	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
+
+	logf("loading %d nodes × %d GPUs (%s atoms) into %s", o.nodes, o.gpusPerNode, res.AtomsFrom, o.store)
+	b, closeAll, err := prepare(ctx, o, dir, &res)
+	if err != nil {
+		return res, err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
+	logf("loaded %d atoms in %.1fs", res.Atoms, res.LoadS)
+
+	// Half the GPUs at most wait for the queued placer; the inline clients
+	// may take the rest.
+	res.Pending = min(o.pending, res.GPUs/2)
+	if err := b.inline(ctx, o, res.GPUs-res.Pending, &res); err != nil {
+		return res, err
+	}
+	logf("inline: %.0f placements/s (%d placed, %d pending, %d failed); lock hold p99 %.2f ms",
+		res.PlacementsPerS, res.InlinePlaced, res.InlinePending, res.InlineFailed, res.LockHoldP99ms)
+	if res.InlineError != "" {
+		logf("inline: first failure: %s", res.InlineError)
+	}
+	if err := b.queued(ctx, o, &res); err != nil {
+		return res, err
+	}
+	logf("queued: %.0f placements/s (%d placed in %.2fs)", res.QueuedPlacementsPerS, res.QueuedPlaced, res.QueuedS)
+
+	res.Replans = b.app.Capacity.Engine.Replans()
+	res.RSSMiB = maxRSSMiB()
+	res.HeapMiB = heap.stop()
+	res.TotalS = time.Since(start).Seconds()
+	return res, nil
+}
+
+// setup creates the tenant, its default project and the pool through the
+// API, before any node exists (a pool's creation reconciles the tenant's
+// nodes).
+func setup(ctx context.Context, api *client.Client, o options) (tenant, project, pool string, err error) {
+	t, err := api.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "bench"}))
+	if err != nil {
+		return "", "", "", fmt.Errorf("create tenant: %w", err)
+	}
+	p, err := api.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "bench", Name: "default"}))
+	if err != nil {
+		return "", "", "", fmt.Errorf("create project: %w", err)
+	}
+	pl, err := api.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "bench", Name: "gpu",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
+	if err != nil {
+		return "", "", "", fmt.Errorf("create pool: %w", err)
+	}
+	if o.quota {
+		gpus := int32(o.nodes * o.gpusPerNode)
+		if _, err := api.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "bench", Gpus: &gpus})); err != nil {
+			return "", "", "", fmt.Errorf("set quota: %w", err)
+		}
+	}
+	return t.Msg.GetTenant().GetId(), p.Msg.GetProject().GetId(), pl.Msg.GetPool().GetId(), nil
+}
+
+// inline runs o.clients clients creating 1-GPU reservations through the API
+// for o.duration, until limit were asked for, or until the pool is full.
+func (b *bench) inline(ctx context.Context, o options, limit int, res *result) error {
+	create := func() (*connect.Response[apiv1.CreateReservationResponse], error) {
+		return b.api.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "bench", Pool: "gpu", Gpus: 1, Binding: o.binding, DurationSeconds: int64(reservationLength / time.Second)}))
+	}
+	// One create before the clock starts: the first in a process loads what
+	// the engine caches (the pool's index, the compiled policies), which
+	// later ones only refresh.
+	t0 := time.Now()
+	if _, err := create(); err != nil {
+		return fmt.Errorf("first create: %w", err)
+	}
+	res.FirstCreateMS = float64(time.Since(t0).Microseconds()) / 1000
+	limit--
+
+	var samples []time.Duration
+	b.holds.start(&samples)
+	defer b.holds.start(nil)
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return errors.Join(err, f.Close())
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	var (
+		asked, placed, pending, failed atomic.Int64
+		full                           atomic.Bool
+		firstErr                       sync.Once
+		wg                             sync.WaitGroup
+	)
+	lat := make([][]time.Duration, o.clients)
+	began := time.Now()
+	deadline := began.Add(o.duration)
+	for c := range o.clients {
+		wg.Go(func() {
+			for ctx.Err() == nil && !full.Load() && time.Now().Before(deadline) && asked.Add(1) <= int64(limit) {
+				t0 := time.Now()
+				r, err := create()
+				lat[c] = append(lat[c], time.Since(t0))
+				switch {
+				case err == nil && r.Msg.GetReservation().GetPlacement().GetNodeId() != "":
+					placed.Add(1)
+				case err == nil:
+					// Nothing fit now, or it lost the race for its atoms
+					// MaxReplans times: it waits in the queue.
+					pending.Add(1)
+				case client.Code(err) == "NO_CAPACITY":
+					full.Store(true)
+				default:
+					failed.Add(1)
+					firstErr.Do(func() { res.InlineError = err.Error() })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(began)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	res.LoadAvg = loadAvg()
+	res.InlineS = elapsed.Seconds()
+	res.InlinePlaced, res.InlinePending, res.InlineFailed = placed.Load(), pending.Load(), failed.Load()
+	res.PlacementsPerS = float64(res.InlinePlaced) / elapsed.Seconds()
+	all := slices.Concat(lat...)
+	res.CreateP50ms, res.CreateP99ms, res.CreateMaxms = percentileMS(all, 0.50), percentileMS(all, 0.99), percentileMS(all, 1)
+	hs := b.holds.start(nil)
+	res.LockHolds = len(hs)
+	res.LockHoldP50ms, res.LockHoldP90ms = percentileMS(hs, 0.50), percentileMS(hs, 0.90)
+	res.LockHoldP99ms, res.LockHoldMaxms = percentileMS(hs, 0.99), percentileMS(hs, 1)
+	if res.InlinePlaced == 0 && res.InlineFailed > 0 {
+		return fmt.Errorf("no create succeeded; %d failed, the first with: %s", res.InlineFailed, res.InlineError)
+	}
+	return nil
+}
+
+// queued inserts res.Pending pending reservations and times the queued
+// placer (Runner.PlacePending, one transaction per batch) until a pass
+// places nothing more.
+func (b *bench) queued(ctx context.Context, o options, res *result) error {
+	if res.Pending == 0 {
+		return nil
+	}
+	if err := insertPending(ctx, b.app.DB, pendingSpec{n: res.Pending, tenantID: b.tenant, projectID: b.project, poolID: b.pool,
+		binding: o.binding, vcpu: o.cpusPerNode / o.gpusPerNode, memoryGiB: numaNodes * numaMemMiB / 1024 / o.gpusPerNode,
+		createdBy: "bench", now: time.Now(), duration: reservationLength}); err != nil {
+		return fmt.Errorf("insert pending: %w", err)
+	}
+	var samples []time.Duration
+	b.holds.start(&samples)
+	began := time.Now()
+	var busy time.Duration
+	for {
+		n, err := b.app.Capacity.PlacePending(ctx, b.pool)
+		if err != nil {
+			return fmt.Errorf("place pending: %w", err)
+		}
+		if n == 0 {
+			// The pass that finds nothing more to place is not counted.
+			break
+		}
+		res.QueuedPlaced += n
+		res.QueuedBatches++
+		busy = time.Since(began)
+	}
+	hs := b.holds.start(nil)
+	if len(hs) > res.QueuedBatches {
+		hs = hs[:res.QueuedBatches] // the last, empty pass
+	}
+	res.QueuedS = busy.Seconds()
+	if busy > 0 {
+		res.QueuedPlacementsPerS = float64(res.QueuedPlaced) / busy.Seconds()
+	}
+	res.QueuedLockHoldP50ms, res.QueuedLockHoldP99ms = percentileMS(hs, 0.50), percentileMS(hs, 0.99)
+	return nil
+}
+
+// openStore opens SQLite in dir, or a fresh database on the PostgreSQL
+// server; the returned func closes it (and drops the database).
+func openStore(ctx context.Context, o options, dir string) (*store.DB, func() error, error) {
+	if o.store == "sqlite" {
+		db, err := storeopen.Open(ctx, store.Config{StateDir: dir})
+		if err != nil {
+			return nil, nil, err
+		}
+		return db, db.Close, nil
+	}
+	u, err := url.Parse(o.postgresURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-postgres-url: %w", err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "bench_" + hex.EncodeToString(b[:])
+	admin := func(stmt string) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, o.postgresURL)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = conn.Close(ctx) }()
+		_, err = conn.Exec(ctx, stmt)
+		return err
+	}
+	if err := admin("CREATE DATABASE " + name); err != nil {
+		return nil, nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	drop := func() error { return admin("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)") }
+	u.Path = "/" + name
+	db, err := storeopen.Open(ctx, store.Config{URL: u.String()})
+	if err != nil {
+		return nil, nil, errors.Join(err, drop())
+	}
+	return db, func() error { return errors.Join(db.Close(), drop()) }, nil
+}
+
+// analyze refreshes PostgreSQL's statistics after the bulk load, as
+// autovacuum would shortly after; SQLite keeps none unless asked, and the
+// control plane never asks.
+func analyze(ctx context.Context, db *store.DB) error {
+	if db.Dialect() != store.Postgres {
+		return nil
+	}
+	return db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `ANALYZE`)
+		return err
+	})
+}
+
+func countAtoms(ctx context.Context, db *store.DB) (int, error) {
+	var n int
+	err := db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM atoms`).Scan(&n)
+	})
+	return n, err
+}
+
+// inProcess serves requests with the API's handler in this process: the
+// Connect client, codec, interceptor and handler run as over the network,
+// without sockets competing for the two cores.
+type inProcess struct{ h http.Handler }
+
+func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	t.h.ServeHTTP(rec, req)
+	return rec.Result(), nil
+}
+
+// lockHolds collects Engine.LockHold observations into the current phase's
+// slice.
+type lockHolds struct {
+	mu  sync.Mutex
+	cur *[]time.Duration
+}
+
+func (l *lockHolds) observe(d time.Duration) {
+	l.mu.Lock()
+	if l.cur != nil {
+		*l.cur = append(*l.cur, d)
+	}
+	l.mu.Unlock()
+}
+
+// start makes next the current phase's slice and returns the previous
+// phase's observations.
+func (l *lockHolds) start(next *[]time.Duration) []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var prev []time.Duration
+	if l.cur != nil {
+		prev = *l.cur
+	}
+	l.cur = next
+	return prev
+}
+
+// percentileMS is the q-quantile of ds (nearest rank) in milliseconds; it
+// sorts ds.
+func percentileMS(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	i := min(len(ds)-1, max(0, int(float64(len(ds))*q+0.999999)-1))
+	return float64(ds[i].Microseconds()) / 1000
+}
+
+// maxRSSMiB is the process's peak resident set (VmHWM).
+func maxRSSMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// loadAvg is the 1-minute load average.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f, _, _ := strings.Cut(string(b), " ")
+	v, _ := strconv.ParseFloat(f, 64)
+	return v
+}
+
+// heapSampler tracks the peak of the heap's object bytes, read every 50 ms
+// (runtime/metrics does not stop the world).
+type heapSampler struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	peak atomic.Uint64
+	once sync.Once
+}
+
+const heapMetric = "/memory/classes/heap/objects:bytes"
+
+func startHeapSampler() *heapSampler {
+	h := &heapSampler{done: make(chan struct{})}
+	h.wg.Go(func() {
+		s := []metrics.Sample{{Name: heapMetric}}
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			metrics.Read(s)
+			if v := s[0].Value.Uint64(); v > h.peak.Load() {
+				h.peak.Store(v)
+			}
+			select {
+			case <-h.done:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return h
+}
+
+// stop ends the sampling and returns the peak in MiB; it is safe to call
+// twice.
+func (h *heapSampler) stop() float64 {
+	h.once.Do(func() { close(h.done); h.wg.Wait() })
+	return float64(h.peak.Load()) / (1 << 20)
+}
