@@ -24,9 +24,9 @@ const (
 	KindCPU  = "cpu"
 )
 
-// ConditionPoolMembership is the node condition that shows a node two pools
+// ConditionPoolConflict is the node condition that shows a node two pools
 // claim (status true: it is in none until the selectors are fixed).
-const ConditionPoolMembership = "PoolConflict"
+const ConditionPoolConflict = "PoolConflict"
 
 // conditionGPUQuarantined starts the node condition that quarantines one GPU
 // (set by the gateway on a fatal XID).
@@ -395,7 +395,7 @@ func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string)
 	if conflict == "" {
 		// Only a node that once had a conflict carries the condition.
 		_, err := tx.Exec(ctx, `UPDATE node_conditions SET status = $3, reason = $4, message = $5, update_time = compute_now()
-			WHERE node_id = $1 AND type = $2 AND status <> $3`, nodeID, ConditionPoolMembership, status, reason, msg)
+			WHERE node_id = $1 AND type = $2 AND status <> $3`, nodeID, ConditionPoolConflict, status, reason, msg)
 		return err
 	}
 	status, reason, msg = "true", "SelectorsOverlap", conflict
@@ -404,7 +404,7 @@ func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string)
 		VALUES ($1, $2, $3, $4, $5, compute_now())
 		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
 			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
-		nodeID, ConditionPoolMembership, status, reason, msg)
+		nodeID, ConditionPoolConflict, status, reason, msg)
 	return err
 }
 

@@ -1,6 +1,6 @@
 -- Pool membership: a node of a tenant belongs to the one active pool of that
 -- tenant whose selector matches its labels. A node two pools match is in
--- none; conflict says which, and the node carries a PoolMembership condition.
+-- none; conflict says which, and the node carries a PoolConflict condition.
 CREATE TABLE node_pools (
     node_id     TEXT PRIMARY KEY,
     tenant_id   TEXT NOT NULL,
