@@ -192,7 +192,7 @@ func (e *Engine) cached(poolID string) *poolIndex {
 
 func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*poolIndex, error) {
 	// The static part is the snapshot loader's, with nothing booked.
-	s, err := loadSnapshot(ctx, q, poolID, "", now, now.Add(time.Microsecond), true)
+	s, err := loadSnapshot(ctx, q, poolID)
 	if err != nil {
 		return nil, err
 	}

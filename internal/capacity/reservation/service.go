@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -662,7 +663,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 		if st = strings.TrimSpace(st); st == "" {
 			continue
 		}
-		if !contains(allStates, st) {
+		if !slices.Contains(allStates, st) {
 			vs.Add("state", "unknown state %q (one of %s)", truncate(st), strings.Join(allStates, ", "))
 			continue
 		}
@@ -728,15 +729,6 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 		return nil, s.env.Fail(ctx, err)
 	}
 	return connect.NewResponse(out), nil
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func truncate(s string) string {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
@@ -22,10 +21,9 @@ type snapshot struct {
 	shareVCPU, shareMemGiB int
 }
 
-// loadSnapshot reads a pool's nodes, atoms and the bookings that overlap
-// [start, end). With ignoreBookings every atom reads as free: it answers
-// "could this ever fit", which tells NO_CAPACITY from "wait".
-func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string, start, end time.Time, ignoreBookings bool) (*snapshot, error) {
+// loadSnapshot reads a pool's nodes and atoms with nothing booked: the
+// static part of the pool index, which adds the bookings itself.
+func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapshot, error) {
 	nodes := map[string]*placement.Node{}
 	var order []string
 	// Explanations name the pool as operators do.
@@ -84,27 +82,6 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 		}
 	}
 
-	booked := map[string]bool{}
-	if !ignoreBookings {
-		rows, err = q.Query(ctx, `SELECT b.atom FROM bookings b JOIN atoms a ON a.id = b.atom JOIN node_pools np ON np.node_id = a.node_id
-			WHERE np.pool_id = $1 AND b.starts_at < $3 AND b.ends_at > $2`, poolID, start, end)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var a string
-			if err := rows.Scan(&a); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			booked[a] = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-	}
-
 	rows, err = q.Query(ctx, `SELECT a.id, a.node_id, a.kind, a.gpu_uuid, a.model, a.gpu_index, a.numa, a.island, a.memory_mib, a.profile,
 			a.quarantined, a.partition_pending
 		FROM atoms a JOIN node_pools np ON np.node_id = a.node_id WHERE np.pool_id = $1 ORDER BY a.node_id, a.gpu_index, a.id`, poolID)
@@ -135,11 +112,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 				n.NUMA = append(n.NUMA, placement.NUMANode{ID: a.NUMA})
 			}
 			n.Host.VCPU++
-			if booked[a.ID] {
-				n.HostBooked.VCPU++
-			} else {
-				n.NUMA[i].FreeCPUs = append(n.NUMA[i].FreeCPUs, a.GPUIndex)
-			}
+			n.NUMA[i].FreeCPUs = append(n.NUMA[i].FreeCPUs, a.GPUIndex)
 			continue
 		}
 		i, ok := gpuAt[a.GPUUUID]
@@ -154,13 +127,13 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 		g.PartitionPending = g.PartitionPending || a.PartitionPending
 		switch a.Kind {
 		case KindGPU:
-			g.Mode, g.Booked = placement.ModeWhole, booked[a.ID]
+			g.Mode = placement.ModeWhole
 		case KindMIG:
 			g.Mode = placement.ModeMIG
-			g.MIG = append(g.MIG, placement.MIGInstance{Profile: a.Profile, N: migN(a.ID), Booked: booked[a.ID]})
+			g.MIG = append(g.MIG, placement.MIGInstance{Profile: a.Profile, N: migN(a.ID)})
 		case KindSlot:
 			g.Mode = placement.ModeShared
-			g.Slots = append(g.Slots, placement.Slot{K: slotK(a.ID), Booked: booked[a.ID]})
+			g.Slots = append(g.Slots, placement.Slot{K: slotK(a.ID)})
 		}
 	}
 	rows.Close()
@@ -189,34 +162,6 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 		return nil, err
 	}
 
-	if !ignoreBookings {
-		// Host memory and who holds what, from the live reservations that
-		// overlap the window.
-		rows, err = q.Query(ctx, `SELECT r.node_id, r.tenant_id, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
-			FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
-			WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.starts_at < $3 AND r.ends_at > $2`, poolID, start, end)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var id, tenant string
-			var mem, hp1, atoms int
-			if err := rows.Scan(&id, &tenant, &mem, &hp1, &atoms); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			if n := nodes[id]; n != nil {
-				n.HostBooked.MemoryGiB += mem
-				n.HostBooked.Hugepages1Gi += hp1
-				n.TenantAtoms[tenant] += atoms
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-	}
-
 	s := &snapshot{nodes: nodes}
 	list := make([]placement.Node, 0, len(order))
 	for _, id := range order {
@@ -242,7 +187,6 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID, tenantID string,
 		}
 		list = append(list, *n)
 	}
-	_ = tenantID
 	s.snap = placement.NewSnapshot(list)
 	// NewSnapshot keeps its own copies; point nodes at them for booking.
 	for i := range list {
