@@ -250,8 +250,8 @@ func htCall(t *testing.T, cp *bctest.ControlPlane, m htMethod, body []byte, json
 // TestHostileTextEveryField feeds every hostile string to every text field
 // of every procedure, through the real API: each is refused
 // INVALID_ARGUMENT naming the field, and nothing is written (no row, no
-// audit row). Invalid UTF-8 (binary) and a lone surrogate (JSON) never
-// decode; they are refused by the codec, before anything runs.
+// audit row). Invalid UTF-8 (binary) and a lone surrogate (JSON), which
+// the decoders alone would refuse without naming a field, are named too.
 func TestHostileTextEveryField(t *testing.T) {
 	t.Parallel()
 	cp := bctest.NewControlPlane(t)
@@ -290,6 +290,7 @@ func TestHostileTextEveryField(t *testing.T) {
 			body = bytes.Replace(body, []byte(htMarker), []byte("a\xffb\xfe"), 1)
 			got := htCall(t, cp, m, body, false)
 			require.Equal(t, "invalid_argument", got.Code, "%s %s invalid UTF-8: %+v", m.procedure, s.path, got)
+			require.Contains(t, got.fields(t), s.path, "%s %s invalid UTF-8: %+v", m.procedure, s.path, got)
 
 			// A lone surrogate, which only JSON can spell.
 			js, err := protojson.Marshal(msg.Interface())
@@ -297,6 +298,7 @@ func TestHostileTextEveryField(t *testing.T) {
 			js = bytes.Replace(js, []byte(htMarker), []byte(`\ud800`), 1)
 			got = htCall(t, cp, m, js, true)
 			require.Equal(t, "invalid_argument", got.Code, "%s %s lone surrogate: %+v", m.procedure, s.path, got)
+			require.Contains(t, got.fields(t), s.path, "%s %s lone surrogate: %+v", m.procedure, s.path, got)
 		}
 	}
 	// The API has far more text fields than this; a walk that found few

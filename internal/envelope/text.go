@@ -25,7 +25,8 @@ var MultiLineFields = map[protoreflect.FullName]bool{
 // ("Trojan Source", CVE-2021-42574). Tab and line feed are allowed only
 // when multiLine. The marks LRM, RLM and ALM stay allowed: they are strong
 // characters that right-to-left names legitimately use and cannot reorder
-// a run of text the way an override can.
+// a run of text the way an override can. The noncharacters U+FFFE and
+// U+FFFF are no text either (U+FFFF marks bytes that did not decode).
 func UnsafeRune(r rune, multiLine bool) string {
 	switch {
 	case (r == '\t' || r == '\n') && multiLine:
@@ -36,6 +37,8 @@ func UnsafeRune(r rune, multiLine bool) string {
 		return "a line or paragraph separator"
 	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
 		return "a bidirectional formatting character"
+	case r == 0xfffe, r == Undecodable:
+		return "a noncharacter"
 	}
 	return ""
 }
@@ -46,8 +49,10 @@ func UnsafeRune(r rune, multiLine bool) string {
 func TextProblem(s string, multiLine bool) string {
 	for i := 0; i < len(s); {
 		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size <= 1 {
-			return fmt.Sprintf("is not valid UTF-8 at byte %d", i)
+		if (r == utf8.RuneError && size <= 1) || r == Undecodable {
+			// Undecodable is where a codec found invalid UTF-8 or a lone
+			// surrogate; a client sending U+FFFF itself reads the same.
+			return fmt.Sprintf("is not valid UTF-8 at byte %d (invalid bytes, a lone surrogate or U+FFFF)", i)
 		}
 		if what := UnsafeRune(r, multiLine); what != "" {
 			return fmt.Sprintf("contains %s (U+%04X) at byte %d", what, r, i)

@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,7 +30,9 @@ func TestTextProblem(t *testing.T) {
 		{"a\nb", false, "contains a control character (U+000A) at byte 1"},
 		{"a\nb\tc", true, ""},
 		{"a\r\nb", true, "contains a control character (U+000D) at byte 1"},
-		{"ok\xffno", false, "is not valid UTF-8 at byte 2"},
+		{"ok\xffno", false, "is not valid UTF-8 at byte 2 (invalid bytes, a lone surrogate or U+FFFF)"},
+		{"ok\uffff", false, "is not valid UTF-8 at byte 2 (invalid bytes, a lone surrogate or U+FFFF)"},
+		{"ok\ufffe", false, "contains a noncharacter (U+FFFE) at byte 2"},
 	}
 	for _, tc := range tests {
 		require.Equal(t, tc.want, TextProblem(tc.in, tc.multi), "%q", tc.in)
@@ -62,4 +65,49 @@ func TestCheckTextNamesFields(t *testing.T) {
 		}
 		require.ElementsMatch(t, tc.want, got, "%v", tc.msg)
 	}
+}
+
+func TestRepairJSONText(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ in, want string }{
+		{`{"a":"\ud800"}`, `{"a":"\uffff"}`},
+		{`{"a":"x\udc00y"}`, `{"a":"x\uffffy"}`},
+		{`{"a":"\ud83d\ude80 ok"}`, ""},
+		{`{"a":"\\ud800"}`, ""},
+		{"{\"a\":\"b\xffc\"}", `{"a":"b\uffffc"}`},
+		{`{"a":"\ud800\ud800"}`, `{"a":"\uffff\uffff"}`},
+		{`{"a\ud800":1}`, `{"a\uffff":1}`},
+	}
+	for _, tc := range tests {
+		got, changed := RepairJSONText([]byte(tc.in))
+		if tc.want == "" {
+			require.False(t, changed, "%s", tc.in)
+			continue
+		}
+		require.True(t, changed, "%s", tc.in)
+		require.Equal(t, tc.want, string(got), "%s", tc.in)
+	}
+}
+
+func TestRepairProtoText(t *testing.T) {
+	t.Parallel()
+	b, err := proto.Marshal(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Labels: map[string]string{"zone": "ZQZQ"}})
+	require.NoError(t, err)
+	b = bytes.Replace(b, []byte("ZQZQ"), []byte("a\xffb\xfe"), 1)
+	var m apiv1.CreateJoinTokenRequest
+	require.Error(t, proto.Unmarshal(b, &m))
+	fixed, ok := RepairProtoText(b, m.ProtoReflect().Descriptor())
+	require.True(t, ok)
+	require.NoError(t, proto.Unmarshal(fixed, &m))
+	require.Equal(t, "a\uffffb\uffff", m.GetLabels()["zone"])
+	vs := AsError(CheckText(&m)).Violations
+	require.Len(t, vs, 1)
+	require.Equal(t, `labels["zone"]`, vs[0].Field)
+
+	_, ok = RepairProtoText([]byte{0xff, 0xff}, m.ProtoReflect().Descriptor())
+	require.False(t, ok, "a malformed body is left to the decoder's own error")
+	good, err := proto.Marshal(&apiv1.CreateJoinTokenRequest{Tenant: "acme"})
+	require.NoError(t, err)
+	_, ok = RepairProtoText(good, m.ProtoReflect().Descriptor())
+	require.False(t, ok, "nothing to repair")
 }
