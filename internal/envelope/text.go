@@ -2,7 +2,9 @@ package envelope
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
@@ -62,13 +64,6 @@ func TextProblem(s string, multiLine bool) string {
 	return ""
 }
 
-// Text checks a free-text field that is one line.
-func (vs *Violations) Text(field, value string) {
-	if p := TextProblem(value, false); p != "" {
-		vs.Add(field, "%s", p)
-	}
-}
-
 // CheckText walks every string field of a request, however deep (nested
 // messages, lists, map keys and values, google.protobuf.Struct), and
 // refuses the request with a violation per offending field. The interceptor
@@ -79,6 +74,8 @@ func (vs *Violations) Text(field, value string) {
 func CheckText(m proto.Message) error {
 	var vs Violations
 	checkTextMessage(&vs, "", m.ProtoReflect())
+	// Map order is random; the same request gets the same answer.
+	slices.SortStableFunc(vs, func(a, b Violation) int { return strings.Compare(a.Field, b.Field) })
 	return vs.Err()
 }
 
