@@ -72,6 +72,10 @@ func TextProblem(s string, multiLine bool) string {
 // request spells them: display_name, selector[0].values[1],
 // labels["zone"], params["reason"].
 func CheckText(m proto.Message) error {
+	if textClean(m.ProtoReflect()) {
+		// The common case walks once and builds no field paths.
+		return nil
+	}
 	var vs Violations
 	checkTextMessage(&vs, "", m.ProtoReflect())
 	// Map order is random; the same request gets the same answer.
@@ -136,4 +140,42 @@ func joinField(prefix, name string) string {
 		return name
 	}
 	return prefix + "." + name
+}
+
+// textClean reports whether every string in m passes TextProblem.
+func textClean(m protoreflect.Message) bool {
+	clean := true
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		multi := MultiLineFields[fd.FullName()]
+		switch {
+		case fd.IsMap():
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				if ks, ok := k.Interface().(string); ok && TextProblem(ks, false) != "" {
+					clean = false
+				} else {
+					clean = valueClean(fd.MapValue(), mv, multi)
+				}
+				return clean
+			})
+		case fd.IsList():
+			l := v.List()
+			for i := 0; i < l.Len() && clean; i++ {
+				clean = valueClean(fd, l.Get(i), multi)
+			}
+		default:
+			clean = valueClean(fd, v, multi)
+		}
+		return clean
+	})
+	return clean
+}
+
+func valueClean(fd protoreflect.FieldDescriptor, v protoreflect.Value, multi bool) bool {
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		return TextProblem(v.String(), multi) == ""
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		return textClean(v.Message())
+	}
+	return true
 }

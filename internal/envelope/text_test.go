@@ -111,3 +111,18 @@ func TestRepairProtoText(t *testing.T) {
 	_, ok = RepairProtoText(good, m.ProtoReflect().Descriptor())
 	require.False(t, ok, "nothing to repair")
 }
+
+// BenchmarkCheckText is the text check's cost per request, paid by every
+// call the interceptor lets through.
+func BenchmarkCheckText(b *testing.B) {
+	req := &apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100", Selector: []*apiv1.SelectorRequirement{
+		{Key: "gpu.model", Operator: "In", Values: []string{"H100", "H200"}},
+		{Key: "zone", Operator: "In", Values: []string{"eu-west-1a"}},
+	}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := CheckText(req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
