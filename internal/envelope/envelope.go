@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
 
 	"connectrpc.com/connect"
 	"github.com/riverqueue/river"
@@ -158,6 +160,26 @@ func (t *Tx) Enqueue(ctx context.Context, args river.JobArgs, opts *river.Insert
 	return t.env.cfg.Jobs.InsertTx(ctx, t.Tx, args, opts)
 }
 
+// UnknownResourceID is the id a Draft gives a resource that does not exist
+// when it decides on the resource's tenant instead (so a stranger learns
+// nothing); Apply then answers NOT_FOUND.
+const UnknownResourceID = "unknown"
+
+// kindWords turns a resource type ("JoinToken") into words ("join token").
+func kindWords(typ string) string {
+	var b strings.Builder
+	for i, r := range typ {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return cmp.Or(b.String(), "resource")
+}
+
 // Mutation describes one mutating call to Mutate.
 type Mutation[Res any] struct {
 	// Validate checks the request's fields; it returns Violations.Err().
@@ -270,6 +292,13 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		audit.Decision, audit.Result = DecisionError, string(CodeAuthorizationFailed)
 		e.recordRefusal(ctx, audit)
 		return nil, &Error{Code: CodeAuthorizationFailed, Message: "authorization is unavailable; nothing was changed", Err: err}
+	case dec.ConfirmationRequired && !confirmed && resource.ID == UnknownResourceID:
+		// The caller may act in the tenant (only a confirmation stands in
+		// its way), so saying NOT_FOUND leaks nothing; opening a
+		// confirmation for nothing would ask a human to approve a request
+		// that can only fail.
+		e.observe(info.Method.Action, DecisionConfirmationRequired)
+		return nil, Errorf(CodeNotFound, "%s not found", kindWords(resource.Type))
 	case dec.ConfirmationRequired && !confirmed:
 		e.observe(info.Method.Action, DecisionConfirmationRequired)
 		audit.Decision, audit.Result = DecisionConfirmationRequired, string(CodeConfirmationRequired)

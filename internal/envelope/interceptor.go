@@ -45,6 +45,14 @@ func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header
 	}
 	info.Method = m
 	ctx = withInfo(ctx, info)
+	// Refused on every method that does not honour it, reads and streams
+	// included: a caller who sends one expects a retry to be safe, and a
+	// silently ignored key would let it believe so.
+	if key := h.Get(HeaderIdempotencyKey); key != "" {
+		if err := checkIdempotencyKey(key, m); err != nil {
+			return ctx, err
+		}
+	}
 	caller, err := i.authn.Authenticate(ctx, h)
 	if err != nil {
 		return ctx, err
