@@ -202,7 +202,7 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock})
+	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
