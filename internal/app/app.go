@@ -118,6 +118,10 @@ type Config struct {
 	// GatewayReplicaID names this replica as a session owner; default
 	// hostname-<random>.
 	GatewayReplicaID string
+	// RefusalAuditLimit refusals of one principal per RefusalAuditWindow
+	// are written to the audit log (default 30 a minute).
+	RefusalAuditLimit  int
+	RefusalAuditWindow time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -281,6 +285,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
+		RefusalAuditLimit: cfg.RefusalAuditLimit, RefusalAuditWindow: cfg.RefusalAuditWindow,
 	}); err != nil {
 		return nil, err
 	}

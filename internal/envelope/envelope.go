@@ -87,12 +87,19 @@ type Config struct {
 	ConfirmationTTL time.Duration
 	// IdempotencyTTL is how long a create's result is kept for replay.
 	IdempotencyTTL time.Duration
+	// RefusalAuditLimit is how many refusals of one principal a
+	// RefusalAuditWindow writes to the audit log (default 30 a minute); the
+	// next writes one row marked AUDIT_RATE_LIMITED and the rest are
+	// refused unrecorded (counted in bc_audit_refusals_unrecorded_total).
+	RefusalAuditLimit  int
+	RefusalAuditWindow time.Duration
 }
 
 // Envelope runs the API pipeline.
 type Envelope struct {
 	cfg       Config
 	readCache *decisionCache
+	refusals  *refusalLimiter
 }
 
 // New returns an Envelope; it validates the config.
@@ -105,7 +112,13 @@ func New(cfg Config) (*Envelope, error) {
 	cfg.ReadCacheTTL = min(cmp.Or(cfg.ReadCacheTTL, 10*time.Second), 10*time.Second)
 	cfg.ConfirmationTTL = cmp.Or(cfg.ConfirmationTTL, 15*time.Minute)
 	cfg.IdempotencyTTL = cmp.Or(cfg.IdempotencyTTL, 24*time.Hour)
-	return &Envelope{cfg: cfg, readCache: newDecisionCache(cfg.ReadCacheTTL, 10000)}, nil
+	cfg.RefusalAuditLimit = cmp.Or(cfg.RefusalAuditLimit, 30)
+	cfg.RefusalAuditWindow = cmp.Or(cfg.RefusalAuditWindow, time.Minute)
+	return &Envelope{
+		cfg:       cfg,
+		readCache: newDecisionCache(cfg.ReadCacheTTL, 10000),
+		refusals:  newRefusalLimiter(cfg.RefusalAuditLimit, cfg.RefusalAuditWindow),
+	}, nil
 }
 
 // DB returns the store the envelope writes to.
@@ -374,8 +387,21 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 
 // recordRefusal writes the audit row of a refused mutation in its own
 // transaction: a refusal changes nothing else, but who tried what stays on
-// record.
+// record — up to RefusalAuditLimit rows per principal and window, so one
+// caller cannot flood the audit log of the tenant it targets.
 func (e *Envelope) recordRefusal(ctx context.Context, entry AuditEntry) {
+	verdict, until := e.refusals.admit(entry.PrincipalID, e.cfg.Clock.Now())
+	switch verdict {
+	case refusalDrop:
+		if m, ok := e.cfg.Metrics.(interface{ RefusalUnrecorded() }); ok {
+			m.RefusalUnrecorded()
+		}
+		return
+	case refusalRecordLast:
+		entry.Result = ResultAuditLimited
+		e.cfg.Logger.WarnContext(ctx, "a principal's refusals exceed the audit limit; further ones are refused without an audit row until the window ends",
+			"principal", entry.PrincipalID, "action", entry.Action, "limit", e.cfg.RefusalAuditLimit, "until", until)
+	}
 	err := e.cfg.DB.Write(context.WithoutCancel(ctx), func(ctx context.Context, tx store.Tx) error {
 		entry.ID = NewID("aud", e.cfg.Clock.Now())
 		entry.Time = e.cfg.Clock.Now()
