@@ -93,6 +93,8 @@ type Config struct {
 	// refused unrecorded (counted in bc_audit_refusals_unrecorded_total).
 	RefusalAuditLimit  int
 	RefusalAuditWindow time.Duration
+	// Limits bound each principal's request rate and open streams.
+	Limits Limits
 }
 
 // Envelope runs the API pipeline.
@@ -100,6 +102,7 @@ type Envelope struct {
 	cfg       Config
 	readCache *decisionCache
 	refusals  *refusalLimiter
+	limiter   *principalLimiter
 }
 
 // New returns an Envelope; it validates the config.
@@ -118,6 +121,7 @@ func New(cfg Config) (*Envelope, error) {
 		cfg:       cfg,
 		readCache: newDecisionCache(cfg.ReadCacheTTL, 10000),
 		refusals:  newRefusalLimiter(cfg.RefusalAuditLimit, cfg.RefusalAuditWindow),
+		limiter:   newPrincipalLimiter(cfg.Limits),
 	}, nil
 }
 
