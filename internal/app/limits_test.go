@@ -1,7 +1,15 @@
 package app_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -195,4 +204,179 @@ func TestPrincipalStreamLimit(t *testing.T) {
 			sfRequireCode(t, err, "TOO_MANY_STREAMS")
 		}
 	}
+}
+
+// ltServe serves cp's API through App.ServeAPI (the server serve runs, with
+// its deadlines and connection cap) on a loopback port.
+func ltServe(t *testing.T, cp *bctest.ControlPlane) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cp.App.ServeAPI(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return ln.Addr().String()
+}
+
+// ltDial opens a raw connection; its reads fail rather than hang if the
+// server never closes it (the failure this test guards against).
+func ltDial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Minute)))
+	return c
+}
+
+// ltRequireClosed reads until the server closes c.
+func ltRequireClosed(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("%s: the server kept the connection open", what)
+	}
+}
+
+// TestSlowAndIdleConnections: a client dribbling a body, one idling after
+// a request and one that never sends a header are all cut off at their
+// (small, test-configured) deadlines, unauthenticated, while the API keeps
+// answering others and a watch stream — exempt from the body deadline —
+// outlives them all.
+func TestSlowAndIdleConnections(t *testing.T) {
+	t.Parallel()
+	const deadline = 200 * time.Millisecond
+	cp := bctest.NewControlPlane(t, func(c *app.Config) {
+		c.RequestBodyTimeout, c.IdleTimeout, c.ReadHeaderTimeout = deadline, deadline, deadline
+	})
+	addr := ltServe(t, cp)
+	admin := client.New("http://"+addr, cp.AdminKey)
+	ctx := context.Background()
+	events, _, _ := ltWatch(t, admin, "")
+
+	// A body that never finishes: one byte of ten.
+	slow := ltDial(t, addr)
+	_, err := fmt.Fprintf(slow, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{",
+		apiv1connect.IdentityServiceWhoAmIProcedure)
+	require.NoError(t, err)
+
+	// Idle after a request.
+	idle := ltDial(t, addr)
+	_, err = fmt.Fprint(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(idle)
+	res, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, err = io.Copy(io.Discard, res.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	// Silent: connects and sends nothing.
+	silent := ltDial(t, addr)
+
+	// Others are served meanwhile.
+	_, err = admin.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+	require.NoError(t, err)
+
+	ltRequireClosed(t, slow, "slow body")
+	_, err = io.Copy(io.Discard, br)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "idle: the server kept the connection open")
+	ltRequireClosed(t, silent, "silent")
+
+	// The watch outlived the body deadline: it still delivers.
+	sfTenant(t, admin, "after-the-deadlines")
+	for ev := range events {
+		if ev.GetType() == "tenant.created" && ev.GetData().GetFields()["name"].GetStringValue() == "after-the-deadlines" {
+			break
+		}
+	}
+	_, err = admin.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+	require.NoError(t, err)
+}
+
+// TestConnectionCap: connections beyond MaxConnections are closed at
+// accept, and a slot held comes back when its connection ends.
+func TestConnectionCap(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t, func(c *app.Config) {
+		c.MaxConnections = 2
+		// Long enough that the held slots are not freed by a deadline.
+		c.ReadHeaderTimeout, c.IdleTimeout = time.Hour, time.Hour
+	})
+	addr := ltServe(t, cp)
+	ctx := context.Background()
+
+	// Two connections hold both slots (accepted in order: the kernel queues
+	// them first in, first out).
+	first := ltDial(t, addr)
+	second := ltDial(t, addr)
+	_, err := fmt.Fprint(second, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	res, err := http.ReadResponse(bufio.NewReader(second), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+
+	ltRequireClosed(t, ltDial(t, addr), "third connection")
+
+	require.NoError(t, first.Close())
+	// The server notices the close on its next read: poll until a request
+	// gets through.
+	admin := client.New("http://"+addr, cp.AdminKey, client.WithHTTPClient(&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}))
+	for {
+		if _, err := admin.Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{})); err == nil {
+			break
+		}
+	}
+}
+
+// ltCapture keeps every log record, at every level.
+type ltCapture struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *ltCapture) Enabled(context.Context, slog.Level) bool { return true }
+func (h *ltCapture) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r)
+	return nil
+}
+func (h *ltCapture) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *ltCapture) WithGroup(string) slog.Handler      { return h }
+
+// TestClientRefusalsLogAtDebug: a refusal of the caller's making (here the
+// ALREADY_EXISTS every `dev --sim-nodes` restart once met) was logged at
+// INFO besides its access line; its message goes to DEBUG, the access line
+// keeps the code at INFO.
+func TestClientRefusalsLogAtDebug(t *testing.T) {
+	t.Parallel()
+	h := &ltCapture{}
+	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.Logger = slog.New(h) })
+	sfTenant(t, cp.Admin(), "acme")
+	_, err := cp.Admin().Tenants.Create(context.Background(), connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	sfRequireCode(t, err, "ALREADY_EXISTS")
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	levels := map[string][]slog.Level{}
+	for _, r := range h.records {
+		code := ""
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "code" {
+				code = a.Value.String()
+			}
+			return true
+		})
+		if code == "ALREADY_EXISTS" {
+			levels[r.Message] = append(levels[r.Message], r.Level)
+		}
+	}
+	require.Equal(t, map[string][]slog.Level{"request refused": {slog.LevelDebug}, "request": {slog.LevelInfo}}, levels)
 }

@@ -425,9 +425,16 @@ func (e *Envelope) observe(action, decision string) {
 func (e *Envelope) logError(ctx context.Context, err error) {
 	apiErr := AsError(err)
 	info := InfoFrom(ctx)
-	level := slog.LevelInfo
-	if apiErr.Code == CodeInternal || apiErr.Code == CodeAuthorizationFailed {
+	// A refusal of the caller's own making (a name taken, a field wrong, a
+	// decision that denied) is the caller's business: the access log line
+	// already records its code at INFO, so the message goes to DEBUG. A
+	// fault of ours is an ERROR.
+	level := slog.LevelDebug
+	switch apiErr.Code {
+	case CodeInternal, CodeAuthorizationFailed:
 		level = slog.LevelError
+	case CodeUnavailable:
+		level = slog.LevelWarn
 	}
 	e.cfg.Logger.Log(ctx, level, "request refused", "procedure", info.Procedure, "request_id", info.RequestID,
 		"trace_id", info.TraceID, "code", apiErr.Code, "message", apiErr.Message, "err", apiErr.Err)
