@@ -664,7 +664,10 @@ func TestSafetyIdempotency(t *testing.T) {
 
 func TestSafetyCrossTenantCatalog(t *testing.T) {
 	t.Parallel()
-	cp := bctest.NewControlPlane(t)
+	// One stranger tries every procedure and each refusal must be on record:
+	// lift the per-principal bound on refusal rows (TestRefusalAuditIsBounded
+	// covers it).
+	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.RefusalAuditLimit = 1 << 20 })
 	ctx := context.Background()
 	admin := cp.Admin()
 	acme := sfTenant(t, admin, "acme")
