@@ -56,6 +56,11 @@ func NewStoreConfig(t testing.TB, clk clock.Clock) store.Config {
 		cfg.URL = createPostgresDB(t, ctx, admin)
 	} else {
 		cfg.StateDir = t.TempDir()
+		// Private, as an operator's state directory should be: the store
+		// warns about one others can read.
+		if err := os.Chmod(cfg.StateDir, 0o700); err != nil {
+			t.Fatalf("bctest: %v", err)
+		}
 	}
 	return cfg
 }

@@ -50,6 +50,10 @@ const (
 	RoleGateway = "gateway"
 )
 
+// DefaultMaxConnections is the API listener's connection cap unless
+// configured.
+const DefaultMaxConnections = 1024
+
 // KnownRoles lists the roles this build serves.
 var KnownRoles = []string{RoleAPI, RoleWorker, RoleGateway}
 
@@ -118,6 +122,23 @@ type Config struct {
 	// GatewayReplicaID names this replica as a session owner; default
 	// hostname-<random>.
 	GatewayReplicaID string
+	// MaxConnections caps the API listener's open connections; more are
+	// closed at accept. Default 1024.
+	MaxConnections int
+	// ReadHeaderTimeout bounds a request's headers (default 10s),
+	// RequestBodyTimeout a unary request's body (default 30s; watches are
+	// exempt), and IdleTimeout a kept-alive connection between requests
+	// (default 2m).
+	ReadHeaderTimeout  time.Duration
+	RequestBodyTimeout time.Duration
+	IdleTimeout        time.Duration
+	// Limits cap each principal's request rate and open watch streams;
+	// zero means no limit (serve and dev set defaults from flags).
+	Limits envelope.Limits
+	// RefusalAuditLimit refusals of one principal per RefusalAuditWindow
+	// are written to the audit log (default 30 a minute).
+	RefusalAuditLimit  int
+	RefusalAuditWindow time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -144,6 +165,16 @@ func (c *Config) defaults() error {
 	}
 	c.GatewayListen = cmp.Or(c.GatewayListen, "127.0.0.1:8443")
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 15*time.Second)
+	c.MaxConnections = cmp.Or(c.MaxConnections, DefaultMaxConnections)
+	if c.MaxConnections < 0 {
+		return fmt.Errorf("max connections must be positive, got %d", c.MaxConnections)
+	}
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, 10*time.Second)
+	c.RequestBodyTimeout = cmp.Or(c.RequestBodyTimeout, 30*time.Second)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, 2*time.Minute)
+	if c.Limits.RequestRate < 0 || c.Limits.RequestBurst < 0 || c.Limits.MaxStreams < 0 {
+		return errors.New("request rate, burst and stream limits must not be negative (0 means no limit)")
+	}
 	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return nil
@@ -167,6 +198,7 @@ type App struct {
 	hub        *events.Hub
 	recorder   recorder
 	fleetHooks lateHooks
+	conns      *connMetrics
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
 	Capacity *reservation.Runner
@@ -202,7 +234,7 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock})
+	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -281,10 +313,12 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
+		RefusalAuditLimit: cfg.RefusalAuditLimit, RefusalAuditWindow: cfg.RefusalAuditWindow, Limits: cfg.Limits,
 	}); err != nil {
 		return nil, err
 	}
-	a.Handler = a.routes(cedar, metrics)
+	a.Handler = bodyDeadline(a.routes(cedar, metrics), cfg.RequestBodyTimeout)
+	a.conns = newConnMetrics(a.Registry)
 	return a, nil
 }
 

@@ -283,3 +283,29 @@ func TestConfirmationNonHumanApprovalIsAudited(t *testing.T) {
 		})
 	}
 }
+
+// TestConfirmationNotOpenedForMissingResource: an agent's delete of a
+// project that does not exist once opened a confirmation (a human asked to
+// approve a request that can only fail); it is NOT_FOUND first, writing
+// nothing, while a stranger still learns nothing (PERMISSION_DENIED).
+func TestConfirmationNotOpenedForMissingResource(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	sfTenant(t, admin, "acme")
+	sfTenant(t, admin, "other")
+	agentSecret, _ := sfKey(t, admin, "acme", "agent", 0)
+	strangerSecret, _ := sfKey(t, admin, "other", "agent", 0)
+	agent, stranger := cp.Client(agentSecret), cp.Client(strangerSecret)
+
+	before := sfCounts(t, cp)
+	_, err := agent.Projects.Delete(ctx, connect.NewRequest(cfDelete("ghost")))
+	sfRequireCode(t, err, "NOT_FOUND")
+	require.Empty(t, client.Detail(err).GetConfirmationId())
+	sfRequireDelta(t, before, sfCounts(t, cp), nil, "no confirmation, audit row or event for a missing project")
+	require.Empty(t, cfList(t, admin, ""))
+
+	_, err = stranger.Projects.Delete(ctx, connect.NewRequest(cfDelete("ghost")))
+	sfRequireCode(t, err, "PERMISSION_DENIED")
+}

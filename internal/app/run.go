@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"sync"
-	"time"
 )
 
 // Task is a long-running component: it runs until ctx is done and returns
@@ -65,7 +64,7 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 				return err
 			}
 		}
-		tasks = append(tasks, a.serveHTTP(ln))
+		tasks = append(tasks, func(ctx context.Context) error { return a.ServeAPI(ctx, ln) })
 	} else if ln != nil {
 		_ = ln.Close()
 	}
@@ -76,36 +75,41 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	return RunTasks(ctx, tasks...)
 }
 
-func (a *App) serveHTTP(ln net.Listener) Task {
-	return func(ctx context.Context) error {
-		protocols := new(http.Protocols)
-		protocols.SetHTTP1(true)
-		// gRPC clients speak HTTP/2 without TLS to a plain-text listener.
-		protocols.SetUnencryptedHTTP2(true)
-		srv := &http.Server{
-			Handler:           a.Handler,
-			Protocols:         protocols,
-			ReadHeaderTimeout: 10 * time.Second,
-			BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		}
-		srv.RegisterOnShutdown(a.hub.Shutdown)
-		errc := make(chan error, 1)
-		go func() { errc <- srv.Serve(ln) }()
-		select {
-		case err := <-errc:
-			return fmt.Errorf("api server: %w", err)
-		case <-ctx.Done():
-		}
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
-		defer cancel()
-		// Watch streams never finish on their own: cancel their contexts
-		// when the grace period ends.
-		if err := srv.Shutdown(shutdownCtx); err != nil {
-			_ = srv.Close()
-		}
-		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("api server: %w", err)
-		}
-		return nil
+// ServeAPI serves the API on ln until ctx is done, with every phase of a
+// connection bounded: headers, unary bodies, idle keep-alive, and the number
+// of open connections.
+func (a *App) ServeAPI(ctx context.Context, ln net.Listener) error {
+	ln = newLimitListener(ln, a.cfg.MaxConnections, a.conns, a.cfg.Logger)
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	// gRPC clients speak HTTP/2 without TLS to a plain-text listener.
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           a.Handler,
+		Protocols:         protocols,
+		ReadHeaderTimeout: a.cfg.ReadHeaderTimeout,
+		// No ReadTimeout or WriteTimeout: they would cut watch streams.
+		// Bodies are bounded per request by bodyDeadline instead.
+		IdleTimeout: a.cfg.IdleTimeout,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	srv.RegisterOnShutdown(a.hub.Shutdown)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("api server: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+	defer cancel()
+	// Watch streams never finish on their own: cancel their contexts
+	// when the grace period ends.
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("api server: %w", err)
+	}
+	return nil
 }

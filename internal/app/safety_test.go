@@ -318,6 +318,33 @@ func TestSafetyValidation(t *testing.T) {
 			_, err := admin.Projects.Delete(ctx, sfWithHeader(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "web"}, client.HeaderIdempotencyKey, "k1"))
 			return err
 		}},
+		// A read honours no key: refusing it beats letting a caller believe
+		// its retry was made safe.
+		{"idempotency key on a get", envelope.HeaderIdempotencyKey, func() error {
+			_, err := admin.Projects.Get(ctx, sfWithHeader(&apiv1.GetProjectRequest{Tenant: "acme", Project: "web"}, client.HeaderIdempotencyKey, "k1"))
+			return err
+		}},
+		{"idempotency key on a list", envelope.HeaderIdempotencyKey, func() error {
+			_, err := admin.Tenants.List(ctx, sfWithHeader(&apiv1.ListTenantsRequest{}, client.HeaderIdempotencyKey, "k1"))
+			return err
+		}},
+		{"idempotency key on whoami", envelope.HeaderIdempotencyKey, func() error {
+			_, err := admin.Identity.WhoAmI(ctx, sfWithHeader(&apiv1.WhoAmIRequest{}, client.HeaderIdempotencyKey, "k1"))
+			return err
+		}},
+		{"idempotency key on a watch", envelope.HeaderIdempotencyKey, func() error {
+			// A watch let in would run until this deadline.
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			stream, err := admin.Reservations.Watch(ctx, sfWithHeader(&apiv1.WatchReservationsRequest{Tenant: "acme"}, client.HeaderIdempotencyKey, "k1"))
+			if err != nil {
+				return err
+			}
+			defer func() { _ = stream.Close() }()
+			for stream.Receive() {
+			}
+			return stream.Err()
+		}},
 		{"idempotency key too long", envelope.HeaderIdempotencyKey, func() error {
 			_, err := admin.Projects.Create(ctx, sfWithHeader(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web4"}, client.HeaderIdempotencyKey, strings.Repeat("k", 129)))
 			return err
@@ -637,7 +664,10 @@ func TestSafetyIdempotency(t *testing.T) {
 
 func TestSafetyCrossTenantCatalog(t *testing.T) {
 	t.Parallel()
-	cp := bctest.NewControlPlane(t)
+	// One stranger tries every procedure and each refusal must be on record:
+	// lift the per-principal bound on refusal rows (TestRefusalAuditIsBounded
+	// covers it).
+	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.RefusalAuditLimit = 1 << 20 })
 	ctx := context.Background()
 	admin := cp.Admin()
 	acme := sfTenant(t, admin, "acme")

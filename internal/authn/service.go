@@ -74,7 +74,9 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 				vs.Add("role", "a platform key (no tenant) must have role platform-admin, got %q", role)
 			}
 			vs.OptionalName("name", msg.GetName())
-			if msg.GetTtlSeconds() < 0 || time.Duration(msg.GetTtlSeconds())*time.Second > maxKeyTTL {
+			// Compare in seconds: multiplying first overflows and wraps a huge
+			// ttl into an already-expired key.
+			if ttl := msg.GetTtlSeconds(); ttl < 0 || ttl > int64(maxKeyTTL/time.Second) {
 				vs.Add("ttl_seconds", "must be between 0 (no expiry) and %d", int64(maxKeyTTL/time.Second))
 			}
 			return vs.Err()

@@ -155,10 +155,20 @@ into tenant "sim", project "nodes". Their identities live in
 // token.
 func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, logger *slog.Logger) (*bctest.FleetSim, error) {
 	c := client.New(api, adminKey)
-	if _, err := c.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "sim", DisplayName: "Simulated fleet"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
+	// Look before creating: on a restart both exist, and a create refused
+	// ALREADY_EXISTS would be logged on every start.
+	if _, err := c.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "sim"})); client.Code(err) == "NOT_FOUND" {
+		if _, err := c.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "sim", DisplayName: "Simulated fleet"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
+			return nil, err
+		}
+	} else if err != nil {
 		return nil, err
 	}
-	if _, err := c.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "sim", Name: "nodes"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
+	if _, err := c.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "sim", Project: "nodes"})); client.Code(err) == "NOT_FOUND" {
+		if _, err := c.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "sim", Name: "nodes"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
+			return nil, err
+		}
+	} else if err != nil {
 		return nil, err
 	}
 	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{

@@ -18,6 +18,7 @@ import (
 
 	bcapp "github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/pki"
 )
 
@@ -38,6 +39,10 @@ type serverFlags struct {
 	gatewayListen, trustDomain                         string
 	gatewayHosts                                       []string
 	heartbeatInterval, unreachableAfter, lostAfter     time.Duration
+	// maxConnections caps the API's open connections; requestRate,
+	// requestBurst and maxStreams bound each principal.
+	maxConnections, requestBurst, maxStreams int
+	requestRate                              float64
 	// secret is BETTER_COMPUTE_SECRET, read from the environment (or, for
 	// dev, from <state-dir>/secret); never a flag, so it stays out of ps.
 	secret string
@@ -59,6 +64,10 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long in-flight requests get to finish on SIGTERM")
 	fl.StringVar(&f.downloadsDir, "downloads-dir", "", "bcd builds served at /downloads/bcd/{version}/linux-{arch} (default <state-dir>/downloads)")
 	fl.StringVar(&f.gatewayListen, "gateway-listen", envOr("BETTER_COMPUTE_GATEWAY_LISTEN", "127.0.0.1:8443"), "agent gateway (gRPC, mutual TLS) listen address (env BETTER_COMPUTE_GATEWAY_LISTEN)")
+	fl.IntVar(&f.maxConnections, "max-connections", bcapp.DefaultMaxConnections, "most open connections to the API; more are closed at accept")
+	fl.Float64Var(&f.requestRate, "request-rate", 100, "API requests per second one principal may make over time (0: no limit); beyond, RESOURCE_EXHAUSTED with a retry delay")
+	fl.IntVar(&f.requestBurst, "request-burst", 0, "API requests one principal may make at once (default twice --request-rate)")
+	fl.IntVar(&f.maxStreams, "max-streams", 16, "watch streams one principal may hold open (0: no limit)")
 	if !full {
 		return
 	}
@@ -107,6 +116,8 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger, DownloadsDir: f.downloadsDir,
 		GatewayListen: f.gatewayListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
 		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
+		MaxConnections: f.maxConnections,
+		Limits:         envelope.Limits{RequestRate: f.requestRate, RequestBurst: f.requestBurst, MaxStreams: f.maxStreams},
 	}
 }
 

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
 
 	"connectrpc.com/connect"
 	"github.com/riverqueue/river"
@@ -85,12 +87,22 @@ type Config struct {
 	ConfirmationTTL time.Duration
 	// IdempotencyTTL is how long a create's result is kept for replay.
 	IdempotencyTTL time.Duration
+	// RefusalAuditLimit is how many refusals of one principal a
+	// RefusalAuditWindow writes to the audit log (default 30 a minute); the
+	// next writes one row marked AUDIT_RATE_LIMITED and the rest are
+	// refused unrecorded (counted in bc_audit_refusals_unrecorded_total).
+	RefusalAuditLimit  int
+	RefusalAuditWindow time.Duration
+	// Limits bound each principal's request rate and open streams.
+	Limits Limits
 }
 
 // Envelope runs the API pipeline.
 type Envelope struct {
 	cfg       Config
 	readCache *decisionCache
+	refusals  *refusalLimiter
+	limiter   *principalLimiter
 }
 
 // New returns an Envelope; it validates the config.
@@ -103,7 +115,14 @@ func New(cfg Config) (*Envelope, error) {
 	cfg.ReadCacheTTL = min(cmp.Or(cfg.ReadCacheTTL, 10*time.Second), 10*time.Second)
 	cfg.ConfirmationTTL = cmp.Or(cfg.ConfirmationTTL, 15*time.Minute)
 	cfg.IdempotencyTTL = cmp.Or(cfg.IdempotencyTTL, 24*time.Hour)
-	return &Envelope{cfg: cfg, readCache: newDecisionCache(cfg.ReadCacheTTL, 10000)}, nil
+	cfg.RefusalAuditLimit = cmp.Or(cfg.RefusalAuditLimit, 30)
+	cfg.RefusalAuditWindow = cmp.Or(cfg.RefusalAuditWindow, time.Minute)
+	return &Envelope{
+		cfg:       cfg,
+		readCache: newDecisionCache(cfg.ReadCacheTTL, 10000),
+		refusals:  newRefusalLimiter(cfg.RefusalAuditLimit, cfg.RefusalAuditWindow),
+		limiter:   newPrincipalLimiter(cfg.Limits),
+	}, nil
 }
 
 // DB returns the store the envelope writes to.
@@ -156,6 +175,26 @@ func (t *Tx) Enqueue(ctx context.Context, args river.JobArgs, opts *river.Insert
 		return errors.New("envelope: no job runtime configured")
 	}
 	return t.env.cfg.Jobs.InsertTx(ctx, t.Tx, args, opts)
+}
+
+// UnknownResourceID is the id a Draft gives a resource that does not exist
+// when it decides on the resource's tenant instead (so a stranger learns
+// nothing); Apply then answers NOT_FOUND.
+const UnknownResourceID = "unknown"
+
+// kindWords turns a resource type ("JoinToken") into words ("join token").
+func kindWords(typ string) string {
+	var b strings.Builder
+	for i, r := range typ {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return cmp.Or(b.String(), "resource")
 }
 
 // Mutation describes one mutating call to Mutate.
@@ -270,6 +309,13 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		audit.Decision, audit.Result = DecisionError, string(CodeAuthorizationFailed)
 		e.recordRefusal(ctx, audit)
 		return nil, &Error{Code: CodeAuthorizationFailed, Message: "authorization is unavailable; nothing was changed", Err: err}
+	case dec.ConfirmationRequired && !confirmed && resource.ID == UnknownResourceID:
+		// The caller may act in the tenant (only a confirmation stands in
+		// its way), so saying NOT_FOUND leaks nothing; opening a
+		// confirmation for nothing would ask a human to approve a request
+		// that can only fail.
+		e.observe(info.Method.Action, DecisionConfirmationRequired)
+		return nil, Errorf(CodeNotFound, "%s not found", kindWords(resource.Type))
 	case dec.ConfirmationRequired && !confirmed:
 		e.observe(info.Method.Action, DecisionConfirmationRequired)
 		audit.Decision, audit.Result = DecisionConfirmationRequired, string(CodeConfirmationRequired)
@@ -345,8 +391,21 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 
 // recordRefusal writes the audit row of a refused mutation in its own
 // transaction: a refusal changes nothing else, but who tried what stays on
-// record.
+// record — up to RefusalAuditLimit rows per principal and window, so one
+// caller cannot flood the audit log of the tenant it targets.
 func (e *Envelope) recordRefusal(ctx context.Context, entry AuditEntry) {
+	verdict, until := e.refusals.admit(entry.PrincipalID, e.cfg.Clock.Now())
+	switch verdict {
+	case refusalDrop:
+		if m, ok := e.cfg.Metrics.(interface{ RefusalUnrecorded() }); ok {
+			m.RefusalUnrecorded()
+		}
+		return
+	case refusalRecordLast:
+		entry.Result = ResultAuditLimited
+		e.cfg.Logger.WarnContext(ctx, "a principal's refusals exceed the audit limit; further ones are refused without an audit row until the window ends",
+			"principal", entry.PrincipalID, "action", entry.Action, "limit", e.cfg.RefusalAuditLimit, "until", until)
+	}
 	err := e.cfg.DB.Write(context.WithoutCancel(ctx), func(ctx context.Context, tx store.Tx) error {
 		entry.ID = NewID("aud", e.cfg.Clock.Now())
 		entry.Time = e.cfg.Clock.Now()
@@ -366,9 +425,16 @@ func (e *Envelope) observe(action, decision string) {
 func (e *Envelope) logError(ctx context.Context, err error) {
 	apiErr := AsError(err)
 	info := InfoFrom(ctx)
-	level := slog.LevelInfo
-	if apiErr.Code == CodeInternal || apiErr.Code == CodeAuthorizationFailed {
+	// A refusal of the caller's own making (a name taken, a field wrong, a
+	// decision that denied) is the caller's business: the access log line
+	// already records its code at INFO, so the message goes to DEBUG. A
+	// fault of ours is an ERROR.
+	level := slog.LevelDebug
+	switch apiErr.Code {
+	case CodeInternal, CodeAuthorizationFailed:
 		level = slog.LevelError
+	case CodeUnavailable:
+		level = slog.LevelWarn
 	}
 	e.cfg.Logger.Log(ctx, level, "request refused", "procedure", info.Procedure, "request_id", info.RequestID,
 		"trace_id", info.TraceID, "code", apiErr.Code, "message", apiErr.Message, "err", apiErr.Err)

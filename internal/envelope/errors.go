@@ -3,8 +3,13 @@ package envelope
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/store"
@@ -36,6 +41,12 @@ const (
 	// CodeNoCapacity: no node can hold the request; the detail carries the
 	// explanation by node class.
 	CodeNoCapacity Code = "NO_CAPACITY"
+	// CodeRateLimited: the principal made more requests than its rate
+	// allows; retry after the error's retry delay.
+	CodeRateLimited Code = "RATE_LIMITED"
+	// CodeTooManyStreams: the principal holds as many watch streams as it
+	// may; close one, or retry after the error's retry delay.
+	CodeTooManyStreams Code = "TOO_MANY_STREAMS"
 )
 
 var connectCodes = map[Code]connect.Code{
@@ -55,6 +66,24 @@ var connectCodes = map[Code]connect.Code{
 	CodeResourceExhaustedLimit: connect.CodeResourceExhausted,
 	CodeQuotaExceeded:          connect.CodeResourceExhausted,
 	CodeNoCapacity:             connect.CodeResourceExhausted,
+	CodeRateLimited:            connect.CodeResourceExhausted,
+	CodeTooManyStreams:         connect.CodeResourceExhausted,
+}
+
+// canonicalCodes maps a bare Connect code (from Connect itself, not the
+// envelope) back to one machine code; several machine codes share a Connect
+// code, and a map iteration must not pick among them by chance.
+var canonicalCodes = map[connect.Code]Code{
+	connect.CodeInvalidArgument:    CodeInvalidArgument,
+	connect.CodeNotFound:           CodeNotFound,
+	connect.CodeAlreadyExists:      CodeAlreadyExists,
+	connect.CodePermissionDenied:   CodePermissionDenied,
+	connect.CodeUnauthenticated:    CodeUnauthenticated,
+	connect.CodeFailedPrecondition: CodeFailedPrecondition,
+	connect.CodeAborted:            CodeConflict,
+	connect.CodeUnavailable:        CodeUnavailable,
+	connect.CodeInternal:           CodeInternal,
+	connect.CodeResourceExhausted:  CodeResourceExhaustedLimit,
 }
 
 // Violation names a refused request field and why.
@@ -75,7 +104,10 @@ type Error struct {
 	// detail so clients can render them.
 	Explanation *apiv1.Explanation
 	Quota       *apiv1.QuotaEffect
-	Err         error
+	// RetryAfter, when set, is sent as a google.rpc.RetryInfo detail and a
+	// Retry-After header (whole seconds).
+	RetryAfter time.Duration
+	Err        error
 }
 
 func (e *Error) Error() string {
@@ -155,7 +187,30 @@ func ToConnect(err error) *connect.Error {
 	if d, derr := connect.NewErrorDetail(detail); derr == nil {
 		cerr.AddDetail(d)
 	}
+	if apiErr.RetryAfter > 0 {
+		if d, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(apiErr.RetryAfter)}); derr == nil {
+			cerr.AddDetail(d)
+		}
+		cerr.Meta().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(apiErr.RetryAfter.Seconds())))))
+	}
 	return cerr
+}
+
+// RetryDelayOf returns the retry delay a Connect error's google.rpc.RetryInfo
+// detail carries, or 0.
+func RetryDelayOf(err error) time.Duration {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return 0
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if ri, ok := v.(*errdetails.RetryInfo); ok {
+				return ri.GetRetryDelay().AsDuration()
+			}
+		}
+	}
+	return 0
 }
 
 // AsError returns err as an *Error, classifying anything else as INTERNAL or
@@ -177,11 +232,8 @@ func AsError(err error) *Error {
 }
 
 func codeFromConnect(c connect.Code) Code {
-	for k, v := range connectCodes {
-		if v == c && k != CodeConfirmationRequired && k != CodeIdempotencyKeyReused &&
-			k != CodeAuthorizationFailed && k != CodeConfirmationNotUsable {
-			return k
-		}
+	if k, ok := canonicalCodes[c]; ok {
+		return k
 	}
 	return CodeInternal
 }

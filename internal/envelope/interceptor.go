@@ -45,11 +45,22 @@ func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header
 	}
 	info.Method = m
 	ctx = withInfo(ctx, info)
+	// Refused on every method that does not honour it, reads and streams
+	// included: a caller who sends one expects a retry to be safe, and a
+	// silently ignored key would let it believe so.
+	if key := h.Get(HeaderIdempotencyKey); key != "" {
+		if err := checkIdempotencyKey(key, m); err != nil {
+			return ctx, err
+		}
+	}
 	caller, err := i.authn.Authenticate(ctx, h)
 	if err != nil {
 		return ctx, err
 	}
-	return WithCaller(ctx, caller), nil
+	ctx = WithCaller(ctx, caller)
+	// After authentication, so the bucket is the principal's and a stranger
+	// cannot spend another's.
+	return ctx, i.env.limiter.allow(caller.Principal.ID, i.env.cfg.Clock.Now())
 }
 
 func (i *Interceptor) finish(ctx context.Context, procedure string, start time.Time, err error) {
@@ -112,9 +123,15 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		start := time.Now()
 		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.RequestHeader())
+		var done func()
+		if err == nil {
+			caller, _ := CallerFrom(ctx)
+			done, err = i.env.limiter.openStream(caller.Principal.ID)
+		}
 		if err == nil {
 			conn.ResponseHeader().Set(HeaderRequestID, InfoFrom(ctx).RequestID)
 			err = next(ctx, &strictConn{StreamingHandlerConn: conn})
+			done()
 		}
 		if errors.Is(err, context.Canceled) {
 			err = nil

@@ -11,6 +11,8 @@ type PromMetrics struct {
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	decisions *prometheus.CounterVec
+	// unrecorded counts refusals past a principal's audit limit.
+	unrecorded prometheus.Counter
 }
 
 // NewPromMetrics registers the envelope's collectors on reg.
@@ -26,8 +28,12 @@ func NewPromMetrics(reg prometheus.Registerer) *PromMetrics {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bc_authz_decisions_total", Help: "Authorization decisions by action and outcome.",
 		}, []string{"action", "decision"}),
+		unrecorded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "bc_audit_refusals_unrecorded_total",
+			Help: "Refusals not written to the audit log because their principal exceeded its refusal audit limit.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.decisions)
+	reg.MustRegister(m.requests, m.latency, m.decisions, m.unrecorded)
 	return m
 }
 
@@ -41,3 +47,6 @@ func (m *PromMetrics) Request(procedure, code string, d time.Duration) {
 func (m *PromMetrics) Decision(action, decision string) {
 	m.decisions.WithLabelValues(action, decision).Inc()
 }
+
+// RefusalUnrecorded counts one refusal left out of the audit log.
+func (m *PromMetrics) RefusalUnrecorded() { m.unrecorded.Inc() }

@@ -807,3 +807,31 @@ func TestValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestJoinTokenTTLEdges: a ttl whose nanoseconds overflow int64 once wrapped
+// into an already-expired token answered with 200; it is refused naming the
+// field, and the largest allowed ttl still expires in the future.
+func TestJoinTokenTTLEdges(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	admin := f.client("admin")
+	countTokens := func() int {
+		var n int
+		require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT count(*) FROM join_tokens`).Scan(&n)
+		}))
+		return n
+	}
+	before := countTokens()
+	const maxTTL = 7 * 24 * 3600
+	for _, ttl := range []int64{1<<63 - 1, 1 << 62, 9_300_000_000, maxTTL + 1, -1} {
+		_, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web", TtlSeconds: ttl}))
+		requireViolation(t, err, "ttl_seconds")
+	}
+	require.Equal(t, before, countTokens(), "a refused create writes nothing")
+
+	res, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web", TtlSeconds: maxTTL}))
+	require.NoError(t, err)
+	require.Equal(t, f.cp.Clock.Now().Add(maxTTL*time.Second).Unix(), res.Msg.GetJoinToken().GetExpireTime().AsTime().Unix())
+}

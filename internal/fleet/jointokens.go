@@ -55,7 +55,9 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			vs.Ref("project", msg.GetProject(), "prj")
 			vs.OptionalName("pool", msg.GetPool())
 			validateLabels(&vs, "labels", msg.GetLabels())
-			if ttl := msg.GetTtlSeconds(); ttl < 0 || time.Duration(ttl)*time.Second > maxJoinTokenTTL {
+			// Compare in seconds: multiplying first overflows and wraps a huge
+			// ttl into an already-expired token.
+			if ttl := msg.GetTtlSeconds(); ttl < 0 || ttl > int64(maxJoinTokenTTL/time.Second) {
 				vs.Add("ttl_seconds", "must be between 1 and %d (0 means %d)", int64(maxJoinTokenTTL/time.Second), int64(defaultJoinTokenTTL/time.Second))
 			}
 			return vs.Err()

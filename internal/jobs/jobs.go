@@ -57,7 +57,8 @@ type Config struct {
 	// StopTimeout bounds how long Run waits for in-flight jobs to finish
 	// after its context ends before cancelling them; default 30s.
 	StopTimeout time.Duration
-	// Logger receives River's logs; default slog.Default().
+	// Logger receives River's logs, its INFO lines as DEBUG; default
+	// slog.Default().
 	Logger *slog.Logger
 	// Clock is the control plane's clock. When it is simulated, River
 	// schedules by it too, so a job due at a simulated time runs when the
@@ -119,7 +120,7 @@ func New(db *store.DB, workers *river.Workers, periodic []*river.PeriodicJob, cf
 	}
 
 	rc := &river.Config{
-		Logger:            cfg.Logger,
+		Logger:            quiet(cfg.Logger),
 		Workers:           workers,
 		FetchPollInterval: cfg.PollInterval,
 		// River wants the cooldown no longer than the poll interval.

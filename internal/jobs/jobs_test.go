@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -184,5 +185,58 @@ func TestMigrationsReplicasTogether(t *testing.T) {
 	wg.Wait()
 	for _, err := range errs {
 		require.NoError(t, err)
+	}
+}
+
+// captureHandler keeps every record, at every level.
+type captureHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *captureHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *captureHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r)
+	return nil
+}
+
+func (h *captureHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *captureHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *captureHandler) levels() map[string]slog.Level {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]slog.Level{}
+	for _, r := range h.records {
+		out[r.Message] = r.Level
+	}
+	return out
+}
+
+// TestRiverInfoIsDebug: River logs its routine life at INFO (the producer's
+// job counts every 5 s among it), which flooded an operator's log; those
+// lines arrive at DEBUG now.
+func TestRiverInfoIsDebug(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := &captureHandler{}
+	rt, err := jobs.New(b.db, b.workers(func(context.Context, int) error { return nil }), nil,
+		jobs.Config{Worker: true, PollInterval: 50 * time.Millisecond, Logger: slog.New(h)})
+	require.NoError(t, err)
+	stop := run(t, rt)
+	require.NoError(t, b.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return rt.InsertTx(ctx, tx, pingArgs{N: 1}, nil)
+	}))
+	waitDone(t, b)
+	require.NoError(t, stop())
+
+	levels := h.levels()
+	require.Equal(t, slog.LevelDebug, levels["River client started"], "records: %v", levels)
+	require.Equal(t, slog.LevelDebug, levels["River client stopped"], "records: %v", levels)
+	for msg, l := range levels {
+		require.NotEqual(t, slog.LevelInfo, l, "River logged %q at INFO", msg)
 	}
 }

@@ -8,7 +8,10 @@ package storeopen
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,8 +41,12 @@ func Open(ctx context.Context, cfg store.Config) (*store.DB, error) {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
+		path := filepath.Join(cfg.StateDir, SQLiteFile)
+		if err := prepareSQLiteFile(cfg.StateDir, path, cmp.Or(cfg.Logger, slog.Default())); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
 		d, err := sqlite.Open(ctx, sqlite.Config{
-			Path:       filepath.Join(cfg.StateDir, SQLiteFile),
+			Path:       path,
 			Clock:      clk,
 			MaxReaders: cmp.Or(cfg.MaxReaders, 4),
 		})
@@ -64,4 +71,29 @@ func redact(u string) string {
 		return u[:i+1] + "..."
 	}
 	return "..."
+}
+
+// prepareSQLiteFile creates the database file 0600 before SQLite opens it:
+// SQLite would create it with the process umask (0644 by default) inside a
+// directory that already existed, and it gives the -wal and -shm files the
+// database file's mode. It warns about a state directory others can read,
+// and about database files that an older version left readable.
+func prepareSQLiteFile(dir, path string, log *slog.Logger) error {
+	if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the state directory is readable by group or others; it holds the database (API key hashes, sealed keys): chmod 700 it",
+			"dir", dir, "mode", fmt.Sprintf("%#o", fi.Mode().Perm()))
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case err == nil:
+		return f.Close()
+	case !errors.Is(err, fs.ErrExist):
+		return err
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			log.Warn("a database file is readable by group or others: chmod 600 it", "file", p, "mode", fmt.Sprintf("%#o", fi.Mode().Perm()))
+		}
+	}
+	return nil
 }

@@ -1,7 +1,9 @@
 package storeopen_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -100,4 +102,36 @@ func TestReplicasMigrateTogether(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
 	assert.Equal(t, 2, versions)
+}
+
+// TestOpenSQLiteFileModes: inside a state directory that already existed
+// (so MkdirAll's 0700 does not apply), SQLite once created the database 0644
+// and its -wal and -shm files alike. They are 0600 now, and a directory
+// others can read is warned about.
+func TestOpenSQLiteFileModes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o755))
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	db, err := storeopen.Open(context.Background(), store.Config{StateDir: dir, Logger: log})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	// A write makes SQLite create the -wal and -shm files.
+	require.NoError(t, db.Migrate(context.Background()))
+	for _, name := range []string{storeopen.SQLiteFile, storeopen.SQLiteFile + "-wal", storeopen.SQLiteFile + "-shm"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err, name)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
+	}
+	assert.Contains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "state directory is readable by group or others")
+
+	// A private directory draws no warning.
+	logs.Reset()
+	require.NoError(t, os.Chmod(dir, 0o700))
+	db2, err := storeopen.Open(context.Background(), store.Config{StateDir: dir, Logger: log})
+	require.NoError(t, err)
+	require.NoError(t, db2.Close())
+	assert.Empty(t, logs.String())
 }
