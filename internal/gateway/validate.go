@@ -40,7 +40,7 @@ func invalid(format string, args ...any) error {
 func ValidateAgentMessage(m *agentv1.AgentMessage) error {
 	switch msg := m.GetMsg().(type) {
 	case nil:
-		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released")
+		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released, goodbye")
 	case *agentv1.AgentMessage_Hello:
 		return validateHello(msg.Hello)
 	case *agentv1.AgentMessage_Heartbeat:
@@ -63,6 +63,8 @@ func ValidateAgentMessage(m *agentv1.AgentMessage) error {
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
 		return validateAllocation(r.GetAllocationId(), r.GetCommandId())
+	case *agentv1.AgentMessage_Goodbye:
+		return validShort("goodbye.reason", msg.Goodbye.GetReason(), false)
 	default:
 		return invalid("unknown agent message kind %T", msg)
 	}
