@@ -2,13 +2,13 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -72,13 +72,7 @@ func TestTourAcceptance(t *testing.T) {
 
 	var types []string
 	next := func() string {
-		select {
-		case ev := <-events:
-			return ev.GetType()
-		case <-time.After(10 * time.Second):
-			t.Fatalf("events so far: %v", types)
-			return ""
-		}
+		return bctest.Receive(t, fmt.Sprintf("the next event after %v", types), events).GetType()
 	}
 	for len(types) < 5 {
 		types = append(types, next())

@@ -224,15 +224,9 @@ func TestConfirmationExpiry(t *testing.T) {
 		_, err := tx.Exec(ctx, q)
 		return err
 	}))
-	deadline := time.Now().Add(10 * time.Second)
-	var expired []*apiv1.Confirmation
-	for time.Now().Before(deadline) {
-		if expired = cfList(t, admin, envelope.ConfirmationExpired); len(expired) == 2 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	require.Len(t, expired, 2, "the expire jobs mark both confirmations expired")
+	bctest.WaitFor(t, "the expire jobs to mark both confirmations expired", func() bool {
+		return len(cfList(t, admin, envelope.ConfirmationExpired)) == 2
+	})
 	require.Empty(t, cfList(t, admin, envelope.ConfirmationPending))
 	require.Empty(t, cfList(t, admin, envelope.ConfirmationApproved))
 

@@ -39,13 +39,7 @@ func readNode(t *testing.T, cp *bctest.ControlPlane) nodeRow {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	bctest.WaitFor(t, what, cond)
 }
 
 // TestFleetSpine: a simulated bcd joins with a token, is adopted (active,

@@ -48,7 +48,37 @@ func (strictJSON) Unmarshal(b []byte, v any) error {
 		// An empty body is an empty message, as in Connect's own codec.
 		return nil
 	}
-	return protojson.UnmarshalOptions{DiscardUnknown: false}.Unmarshal(b, v.(proto.Message))
+	m := v.(proto.Message)
+	err := protojson.UnmarshalOptions{DiscardUnknown: false}.Unmarshal(b, m)
+	if err != nil {
+		// Invalid UTF-8 or a lone surrogate: decoded with U+FFFF in its
+		// place, the interceptor refuses it naming the field.
+		if fixed, ok := envelope.RepairJSONText(b); ok && protojson.Unmarshal(fixed, m) == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// textProto is Connect's binary codec, except that a string field holding
+// invalid UTF-8 decodes with U+FFFF in its place, so the interceptor's
+// text check refuses it as a violation naming the field rather than the
+// decoder refusing the whole body anonymously.
+type textProto struct{}
+
+func (textProto) Name() string { return "proto" }
+
+func (textProto) Marshal(v any) ([]byte, error) { return proto.Marshal(v.(proto.Message)) }
+
+func (textProto) Unmarshal(b []byte, v any) error {
+	m := v.(proto.Message)
+	err := proto.Unmarshal(b, m)
+	if err != nil {
+		if fixed, ok := envelope.RepairProtoText(b, m.ProtoReflect().Descriptor()); ok && proto.Unmarshal(fixed, m) == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) http.Handler {
@@ -56,6 +86,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		connect.WithInterceptors(envelope.NewInterceptor(a.Envelope, a.Authn, metrics)),
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		connect.WithCodec(strictJSON{}),
+		connect.WithCodec(textProto{}),
 	)
 	mux := http.NewServeMux()
 	mux.Handle(apiv1connect.NewTenantServiceHandler(tenancy.NewTenantService(a.Envelope), opts))

@@ -8,11 +8,14 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/internal/envelope"
 )
 
 // printer writes every command's answer in the chosen format, so that json
@@ -43,7 +46,7 @@ func (p printer) print(m proto.Message, table func(w io.Writer)) error {
 			return fmt.Errorf("encode json: %w", err)
 		}
 		buf.WriteByte('\n')
-		_, err = p.w.Write(buf.Bytes())
+		_, err = p.w.Write(escapeUnsafe(buf.Bytes(), false))
 		return err
 	case "yaml":
 		b, err := toYAML(m)
@@ -53,9 +56,14 @@ func (p printer) print(m proto.Message, table func(w io.Writer)) error {
 		_, err = p.w.Write(b)
 		return err
 	default:
-		tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+		var buf bytes.Buffer
+		tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
 		table(tw)
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		_, err := p.w.Write(escapeUnsafe(buf.Bytes(), true))
+		return err
 	}
 }
 
@@ -74,7 +82,7 @@ func (p printer) line(m proto.Message, table func(w io.Writer)) error {
 			return fmt.Errorf("encode json: %w", err)
 		}
 		buf.WriteByte('\n')
-		_, err = p.w.Write(buf.Bytes())
+		_, err = p.w.Write(escapeUnsafe(buf.Bytes(), false))
 		return err
 	case "yaml":
 		b, err := toYAML(m)
@@ -84,8 +92,10 @@ func (p printer) line(m proto.Message, table func(w io.Writer)) error {
 		_, err = fmt.Fprintf(p.w, "---\n%s", b)
 		return err
 	default:
-		table(p.w)
-		return nil
+		var buf bytes.Buffer
+		table(&buf)
+		_, err := p.w.Write(escapeUnsafe(buf.Bytes(), true))
+		return err
 	}
 }
 
@@ -96,28 +106,101 @@ func toYAML(m proto.Message) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode yaml: %w", err)
 	}
-	// Decoding into a yaml.Node keeps the key order protojson chose.
+	// Decoding into a yaml.Node keeps the key order protojson chose. The
+	// JSON is escaped first: YAML refuses raw DEL and folds a raw U+0085
+	// into a space, while its double-quoted strings read \uXXXX exactly.
 	var n yaml.Node
-	if err := yaml.Unmarshal(b, &n); err != nil {
+	if err := yaml.Unmarshal(escapeUnsafe(b, false), &n); err != nil {
 		return nil, fmt.Errorf("encode yaml: %w", err)
 	}
 	blockStyle(&n)
-	return marshalYAML(&n)
+	b, err = marshalYAML(&n)
+	if err != nil {
+		return nil, err
+	}
+	return escapeUnsafe(b, false), nil
 }
 
 // blockStyle drops the flow style ({...}, "...") that the JSON input gave
 // every node, so the YAML reads as YAML; the encoder still quotes strings
-// that would otherwise change type.
+// that would otherwise change type. A string holding a character a terminal
+// would act on is double-quoted instead: there the encoder escapes control
+// characters, and escapeUnsafe's \uXXXX for the bidi characters the
+// encoder leaves alone is a valid escape, so the value reads back exactly.
 func blockStyle(n *yaml.Node) {
 	n.Style = 0
+	if n.Kind == yaml.ScalarNode && hasUnsafe(n.Value) {
+		n.Style = yaml.DoubleQuotedStyle
+	}
 	for _, c := range n.Content {
 		blockStyle(c)
 	}
 }
 
-// row writes one tab-separated table row.
+// hasUnsafe reports whether s holds a character escapeUnsafe would escape.
+// Tab and newline alone leave a multi-line value (a policy) a literal block.
+func hasUnsafe(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError || envelope.UnsafeRune(r, true) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// escapeUnsafe is the CLI's second layer against text that would drive an
+// operator's terminal: the API refuses such text and sanitizes what nodes
+// report, but a row written before those rules, or a server of another
+// version, must still not clear the screen, recolour a word or reverse a
+// line. Every character envelope.UnsafeRune names (C0/C1 controls, DEL,
+// bidi overrides and isolates, line separators) and every invalid UTF-8
+// byte is written as an escape: in a table \x1b below U+0080 and for
+// invalid bytes, \u202e above; in JSON and YAML always \uXXXX, which
+// JSON and double-quoted YAML read back as the character. Tab and newline
+// stay: tables and the JSON and YAML structure use them themselves, and
+// strings inside JSON are already escaped.
+func escapeUnsafe(b []byte, table bool) []byte {
+	clean := true
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if (r == utf8.RuneError && size == 1) || envelope.UnsafeRune(r, true) != "" {
+			clean = false
+			break
+		}
+		i += size
+	}
+	if clean {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			out = fmt.Appendf(out, `\x%02x`, b[i])
+		case envelope.UnsafeRune(r, true) == "":
+			out = append(out, b[i:i+size]...)
+		case r < 0x80 && table:
+			out = fmt.Appendf(out, `\x%02x`, r)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+		i += size
+	}
+	return out
+}
+
+var cellEscaper = strings.NewReplacer("\t", `\t`, "\n", `\n`)
+
+// row writes one tab-separated table row. A tab or line break inside a
+// cell is escaped too, so one value cannot shift the columns or forge a
+// row.
 func row(w io.Writer, cols ...string) {
-	fmt.Fprintln(w, strings.Join(cols, "\t"))
+	cells := make([]string, len(cols))
+	for i, c := range cols {
+		cells[i] = cellEscaper.Replace(c)
+	}
+	fmt.Fprintln(w, strings.Join(cells, "\t"))
 }
 
 // ts formats a timestamp for tables; "-" when unset.

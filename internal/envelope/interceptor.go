@@ -151,5 +151,5 @@ func strictFields(msg any) error {
 	if len(m.ProtoReflect().GetUnknown()) > 0 {
 		return Invalid(Violation{Field: "body", Reason: "has fields this server does not know"})
 	}
-	return nil
+	return CheckText(m) // control and bidi characters in any string field
 }

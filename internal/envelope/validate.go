@@ -60,7 +60,9 @@ func (vs *Violations) ID(field, value, prefix string) {
 	}
 }
 
-// MaxLen checks a free-text field's length.
+// MaxLen checks a free-text field's length. Its characters need no check
+// here: CheckText (text.go) refuses control and bidi characters in every
+// string field of every request before a handler runs.
 func (vs *Violations) MaxLen(field, value string, n int) {
 	if len(value) > n {
 		vs.Add(field, "must be at most %d bytes, got %d", n, len(value))

@@ -86,6 +86,7 @@ func DecodeSection(s *agentv1.InventorySection) (*Section, error) {
 	if err := validateSectionContent(msg); err != nil {
 		return nil, err
 	}
+	fleet.SanitizeNodeText(msg) // model names, host names, versions reach terminals
 	return &Section{
 		Name: s.GetName(), SHA256: s.GetSha256(), SnapshotDigest: s.GetSnapshotDigest(),
 		Count: int(s.GetSectionCount()), Data: s.GetData(), Message: msg,

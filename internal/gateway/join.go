@@ -65,6 +65,7 @@ func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	if err := validateJoin(req); err != nil {
 		return nil, g.refused(g.log.With("rpc", "Join", "peer", peerAddr(ctx)), "join refused", err)
 	}
+	fleet.SanitizeNodeText(req.GetIdentity()) // the host name reaches join requests and events
 	claims, err := g.cfg.Authority.OpenJoinToken(req.GetToken())
 	if errors.Is(err, ErrTokenExpired) {
 		g.log.Warn("join refused: token expired", "peer", peerAddr(ctx))

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/fleet"
 )
 
 var (
@@ -36,8 +37,21 @@ func invalid(format string, args ...any) error {
 // ValidateAgentMessage checks an agent message's shape before the gateway
 // acts on it: exactly one kind, known enum values, bounded strings and
 // lists, well-formed digests. It never reads the database. A failure is an
-// INVALID_ARGUMENT status naming the field.
+// INVALID_ARGUMENT status naming the field. A message that passes has its
+// free text (command update and health event messages, cgroup paths)
+// defused in place by fleet.SanitizeNodeText before anything stores it.
 func ValidateAgentMessage(m *agentv1.AgentMessage) error {
+	if err := validateAgentMessage(m); err != nil {
+		return err
+	}
+	if _, beat := m.GetMsg().(*agentv1.AgentMessage_Heartbeat); !beat {
+		// Heartbeats carry no text; skipping them keeps the hot path free.
+		fleet.SanitizeNodeText(m)
+	}
+	return nil
+}
+
+func validateAgentMessage(m *agentv1.AgentMessage) error {
 	switch msg := m.GetMsg().(type) {
 	case nil:
 		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released, goodbye")

@@ -61,12 +61,7 @@ func run(t *testing.T, rt *jobs.Runtime) (stop func() error) {
 		}
 		stopped = true
 		cancel()
-		select {
-		case err := <-errc:
-			return err
-		case <-time.After(time.Minute):
-			return errors.New("run did not return")
-		}
+		return bctest.Receive(t, "Run to return", errc)
 	}
 	t.Cleanup(func() { _ = stop() })
 	return stop
@@ -74,13 +69,7 @@ func run(t *testing.T, rt *jobs.Runtime) (stop func() error) {
 
 func waitDone(t *testing.T, b *bundle) int {
 	t.Helper()
-	select {
-	case n := <-b.done:
-		return n
-	case <-time.After(30 * time.Second):
-		t.Fatal("job did not run")
-		return 0
-	}
+	return bctest.Receive(t, "the job to run", b.done)
 }
 
 func TestWorkerRunsCommittedJob(t *testing.T) {
@@ -131,11 +120,7 @@ func TestRunStopsGracefully(t *testing.T) {
 	require.NoError(t, b.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
 		return rt.InsertTx(ctx, tx, pingArgs{N: 1}, nil)
 	}))
-	select {
-	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("job did not start")
-	}
+	bctest.Receive(t, "the job to start", started)
 	require.NoError(t, stop())
 	assert.True(t, finished.Load(), "the in-flight job finishes before Run returns")
 }
@@ -145,18 +130,22 @@ func TestRunTwiceFails(t *testing.T) {
 	b := setup(t)
 	rt, err := jobs.New(b.db, nil, nil, jobs.Config{})
 	require.NoError(t, err)
-	stop := run(t, rt)
-	// Give the first Run time to claim the runtime.
-	require.Eventually(t, func() bool {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		return rt.Run(ctx) != nil
-	}, 10*time.Second, 10*time.Millisecond)
-	require.NoError(t, stop())
-	// After it returns, the runtime can run again.
+	// Two Runs race for the runtime; whichever loses returns at once with an
+	// error while the winner keeps running, so the first result is the
+	// refusal, whatever the scheduler does.
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 2)
+	for range 2 {
+		go func() { errc <- rt.Run(ctx) }()
+	}
+	require.ErrorContains(t, <-errc, "already running")
 	cancel()
-	require.NoError(t, rt.Run(ctx))
+	require.NoError(t, <-errc)
+	// After it returns, the runtime can run again.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	require.NoError(t, rt.Run(ctx2))
 }
 
 func TestPeriodicJobRunsOnLeader(t *testing.T) {

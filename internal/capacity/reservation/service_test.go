@@ -84,13 +84,7 @@ func setup(t *testing.T, nodes int) *fixture {
 // deadline.
 func (f *fixture) eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	bctest.WaitFor(t, what, cond)
 }
 
 func (f *fixture) count(t *testing.T, query string, args ...any) int {
