@@ -74,7 +74,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	}
 	a, err := agent.New(agent.Config{
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
-		CgroupRoot: filepath.Join(cfg.StateDir, "cgroup"), Clock: cfg.Clock, Logger: cfg.Logger,
+		CgroupRoot: filepath.Join(cfg.StateDir, "cgroup"), PlainCgroupDir: true, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax,
 	})
@@ -91,7 +91,9 @@ func (d *FakeDaemon) Start() {
 	go func() { d.done <- d.Run(ctx) }()
 }
 
-// Stop ends the session loop and releases the agent, like killing bcd.
+// Stop ends the session loop and releases the agent, like stopping bcd
+// with SIGTERM: the agent says goodbye and its node turns unreachable at
+// once.
 func (d *FakeDaemon) Stop() error {
 	var err error
 	d.once.Do(func() {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/better-compute/better-compute/internal/agent"
 )
 
 type options struct {
@@ -27,6 +29,8 @@ type options struct {
 	tokenStdin    bool
 	tokenEnvFile  string
 	heartbeat     time.Duration
+	helloTimeout  time.Duration
+	keepalive     time.Duration
 	showVersion   bool
 }
 
@@ -37,13 +41,15 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.hardware, "hardware", "nvml", "GPU backend: nvml, none, or fake:dgxh100|dgxa100|dgxb200[:FIXTURE]")
 	fs.StringVar(&o.fakeSeed, "fake-seed", "", "seed for the fake backend's identity (default: the state dir)")
 	fs.StringVar(&o.sysfsRoot, "sysfs-root", "/", "root under which /sys and /proc are read")
-	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup/bettercompute", "cgroup v2 directory bcd owns for allocations")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup/bettercompute", "cgroup v2 directory bcd owns for allocations; must be on a cgroup2 filesystem (any directory with --hardware fake:…)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9101", "address for /metrics; empty disables")
 	fs.StringVar(&o.mode, "mode", "node", "agent mode: node, site or ramdisk")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.tokenStdin, "token-stdin", false, "read the join token from stdin instead of BCD_JOIN_TOKEN")
 	fs.StringVar(&o.tokenEnvFile, "token-env-file", "", "file holding BCD_JOIN_TOKEN, removed after a successful join")
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "override the gateway's heartbeat interval (testing)")
+	fs.DurationVar(&o.helloTimeout, "hello-timeout", 30*time.Second, "give up on a session whose HelloAck has not come this long after opening it, and dial again")
+	fs.DurationVar(&o.keepalive, "keepalive", 30*time.Second, "ping the gateway after this long without traffic from it; no answer in 10s drops the connection (at least 10s)")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 }
 
@@ -120,6 +126,12 @@ func (o *options) validate() error {
 	}
 	if o.stateDir == "" {
 		return errors.New("--state-dir is required")
+	}
+	if o.helloTimeout <= 0 {
+		return fmt.Errorf("--hello-timeout %v: must be positive", o.helloTimeout)
+	}
+	if o.keepalive < agent.MinKeepaliveTime {
+		return fmt.Errorf("--keepalive %v: must be at least %v (the gateway closes connections that ping more often)", o.keepalive, agent.MinKeepaliveTime)
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/hw"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
@@ -84,14 +85,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err != nil {
 		return err
 	}
+	// A simulated node keeps its "cgroups" in a plain directory; a real one
+	// must write where the kernel enforces, or it would report limits that
+	// nothing applies.
+	fakeHW := strings.HasPrefix(o.hardware, "fake:")
+	if !fakeHW {
+		if err := cgroups.CheckRoot(o.cgroupRoot); err != nil {
+			return fmt.Errorf("--cgroup-root %s: %w (only --hardware fake:… may use a plain directory)", o.cgroupRoot, err)
+		}
+	}
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
 	}
 	a, err := agent.New(agent.Config{
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
-		CgroupRoot: o.cgroupRoot, Logger: log, Version: version, Mode: mode,
-		HeartbeatInterval: o.heartbeat,
+		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode,
+		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
 	})
 	if err != nil {
 		if backend != nil {
@@ -136,7 +146,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}()
 	}
 	log.Info("bcd running", "node_id", a.NodeID(), "server", o.server, "version", version)
-	return a.Run(ctx)
+	// On SIGTERM (or SIGINT) Run says goodbye to the gateway, which marks
+	// the node unreachable at once, and returns.
+	stopping := context.AfterFunc(ctx, func() { log.Info("bcd stopping", "cause", context.Cause(ctx)) })
+	defer stopping()
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("bcd stopped")
+	return nil
 }
 
 func readToken(getenv func(string) string, stdin io.Reader, fromStdin bool) (string, error) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/better-compute/better-compute/internal/agent/cgroups"
 )
 
 func noenv(string) string { return "" }
@@ -90,4 +92,30 @@ func TestHardwareSpec(t *testing.T) {
 	require.Error(t, err)
 	_, err = openHardware("quantum", "", "")
 	require.Error(t, err)
+}
+
+// TestCgroupRootMustBeCgroup2: outside the fake hardware mode a cgroup root
+// that is a plain directory is refused at start, naming the flag; the fake
+// mode still keeps its cgroups in any directory.
+func TestCgroupRootMustBeCgroup2(t *testing.T) {
+	t.Parallel()
+	cg := filepath.Join(t.TempDir(), "bettercompute")
+	base := []string{"--server", "127.0.0.1:1", "--state-dir", t.TempDir(), "--metrics-listen", "", "--cgroup-root", cg}
+
+	err := run(context.Background(), append(base, "--hardware", "none"), noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorIs(t, err, cgroups.ErrNotCgroup2)
+	require.ErrorContains(t, err, "--cgroup-root "+cg)
+	require.NoDirExists(t, cg, "nothing written")
+
+	err = run(context.Background(), append(base, "--hardware", "fake:dgxh100"), noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "not joined", "fake mode gets past the cgroup check")
+}
+
+func TestLivenessFlags(t *testing.T) {
+	t.Parallel()
+	base := []string{"--server", "127.0.0.1:1", "--state-dir", t.TempDir(), "--hardware", "fake:dgxh100", "--metrics-listen", ""}
+	err := run(context.Background(), append(base, "--keepalive", "5s"), noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "--keepalive 5s: must be at least 10s")
+	err = run(context.Background(), append(base, "--hello-timeout", "0s"), noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "--hello-timeout 0s: must be positive")
 }

@@ -57,7 +57,31 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between sessions (default 0.5 s and 30 s).
 	ReconnectMin, ReconnectMax time.Duration
+	// HelloTimeout bounds a session's opening, from opening the stream to
+	// the gateway's HelloAck; a gateway that accepts the connection and
+	// then says nothing is given up on and dialled again (default 30 s).
+	HelloTimeout time.Duration
+	// KeepaliveTime is how long the connection may go without traffic from
+	// the gateway before bcd pings it, and KeepaliveTimeout how long it
+	// waits for the answer before it drops the connection: a half-open
+	// connection (the gateway's host died) is noticed in their sum, not in
+	// the kernel's ~15 minutes of TCP retransmissions. Defaults 30 s and
+	// 10 s; KeepaliveTime is at least MinKeepaliveTime, the gateway's
+	// enforcement floor.
+	KeepaliveTime, KeepaliveTimeout time.Duration
+	// GoodbyeTimeout bounds how long a stopping agent waits for the gateway
+	// to close the session after its Goodbye (default 5 s).
+	GoodbyeTimeout time.Duration
+	// PlainCgroupDir lets CgroupRoot be an ordinary directory instead of a
+	// directory on a cgroup2 filesystem. Only a simulated node may (the
+	// fake hardware mode and tests): a real one would report limits applied
+	// that nothing enforces.
+	PlainCgroupDir bool
 }
+
+// MinKeepaliveTime is the shortest KeepaliveTime: the gateway answers
+// pings more frequent than this by closing the connection.
+const MinKeepaliveTime = 10 * time.Second
 
 func (c *Config) setDefaults() error {
 	if c.Server == "" {
@@ -83,6 +107,21 @@ func (c *Config) setDefaults() error {
 	}
 	c.ReconnectMin = cmp.Or(c.ReconnectMin, 500*time.Millisecond)
 	c.ReconnectMax = cmp.Or(c.ReconnectMax, 30*time.Second)
+	c.HelloTimeout = cmp.Or(c.HelloTimeout, 30*time.Second)
+	c.KeepaliveTime = cmp.Or(c.KeepaliveTime, 30*time.Second)
+	c.KeepaliveTimeout = cmp.Or(c.KeepaliveTimeout, 10*time.Second)
+	c.GoodbyeTimeout = cmp.Or(c.GoodbyeTimeout, 5*time.Second)
+	switch {
+	case c.HelloTimeout < 0 || c.KeepaliveTimeout < 0 || c.GoodbyeTimeout < 0:
+		return errors.New("agent: HelloTimeout, KeepaliveTimeout and GoodbyeTimeout must not be negative")
+	case c.KeepaliveTime < MinKeepaliveTime:
+		return fmt.Errorf("agent: keepalive %v is below the gateway's minimum of %v", c.KeepaliveTime, MinKeepaliveTime)
+	}
+	if !c.PlainCgroupDir {
+		if err := cgroups.CheckRoot(c.CgroupRoot); err != nil {
+			return fmt.Errorf("agent: cgroup root %s: %w", c.CgroupRoot, err)
+		}
+	}
 	return nil
 }
 

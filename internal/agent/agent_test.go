@@ -32,17 +32,21 @@ func setup(t *testing.T) *bundle {
 	return &bundle{gw: newGateway(t), stateDir: filepath.Join(t.TempDir(), "state"), cgRoot: filepath.Join(t.TempDir(), "bettercompute")}
 }
 
-func (b *bundle) newAgent(t *testing.T) *agent.Agent {
+func (b *bundle) newAgent(t *testing.T, opts ...func(*agent.Config)) *agent.Agent {
 	t.Helper()
 	hw, err := fake.New(fake.Options{Model: "dgxh100", Seed: t.Name()})
 	require.NoError(t, err)
-	a, err := agent.New(agent.Config{
+	cfg := agent.Config{
 		Server: b.gw.addr, StateDir: b.stateDir, Hardware: hw,
-		SysfsRoot: "sysfs/testdata/dgx2s", CgroupRoot: b.cgRoot,
+		SysfsRoot: "sysfs/testdata/dgx2s", CgroupRoot: b.cgRoot, PlainCgroupDir: true,
 		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		Version: "test",
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := agent.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = a.Close() })
 	return a

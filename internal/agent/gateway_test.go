@@ -113,6 +113,11 @@ type fakeGateway struct {
 	msgs      chan *agentv1.AgentMessage
 	out       chan *agentv1.GatewayMessage
 	heartbeat int32
+	// silent is how many sessions get no HelloAck (a wedged gateway).
+	silent int
+	// ignoreGoodbye keeps a session open after the agent's Goodbye.
+	ignoreGoodbye bool
+	goodbyes      chan *agentv1.Goodbye
 }
 
 func newGateway(t *testing.T) *fakeGateway {
@@ -121,7 +126,7 @@ func newGateway(t *testing.T) *fakeGateway {
 	g := &fakeGateway{
 		t: t, ca: ca, certLife: time.Hour, nodeID: "node-" + t.Name(), heartbeat: 1,
 		hellos: make(chan *agentv1.Hello, 16), msgs: make(chan *agentv1.AgentMessage, 4096),
-		out: make(chan *agentv1.GatewayMessage, 64),
+		out: make(chan *agentv1.GatewayMessage, 64), goodbyes: make(chan *agentv1.Goodbye, 16),
 	}
 	g.token = "bcjt_" + pinOf(ca.cert) + ".eyJhbGciOiJkaXIifQ.x.y.z.w"
 	srvCert, _ := ca.serverCert(t)
@@ -238,24 +243,44 @@ func (g *fakeGateway) Session(stream agentv1.AgentService_SessionServer) error {
 	g.mu.Lock()
 	g.sessions++
 	g.drop = drop
+	silent := g.silent > 0
+	if silent {
+		g.silent--
+	}
+	ignoreGoodbye := g.ignoreGoodbye
 	g.mu.Unlock()
 	g.hellos <- hello
+	if silent {
+		<-stream.Context().Done()
+		return nil
+	}
 	if err := stream.Send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_HelloAck{HelloAck: &agentv1.HelloAck{
 		NodeId: g.nodeID, HeartbeatSeconds: g.heartbeat, ServerTime: timestamppb.Now(),
 	}}}); err != nil {
 		return err
 	}
+	bye := make(chan struct{})
 	go func() {
 		for {
 			m, err := stream.Recv()
 			if err != nil {
 				return
 			}
+			if gb := m.GetGoodbye(); gb != nil {
+				g.goodbyes <- gb
+				if !ignoreGoodbye {
+					close(bye)
+					return
+				}
+				continue
+			}
 			g.msgs <- m
 		}
 	}()
 	for {
 		select {
+		case <-bye:
+			return nil
 		case <-stream.Context().Done():
 			return nil
 		case <-drop:
@@ -286,11 +311,18 @@ func (g *fakeGateway) command(c *agentv1.Command) {
 
 func (g *fakeGateway) hello(t *testing.T) *agentv1.Hello {
 	t.Helper()
+	return g.helloWithin(t, 10*time.Second)
+}
+
+// helloWithin waits for the next Hello; within is only a guard against a
+// test that would otherwise hang.
+func (g *fakeGateway) helloWithin(t *testing.T, within time.Duration) *agentv1.Hello {
+	t.Helper()
 	select {
 	case h := <-g.hellos:
 		return h
-	case <-time.After(10 * time.Second):
-		t.Fatal("no hello")
+	case <-time.After(within):
+		t.Fatalf("no hello in %v", within)
 		return nil
 	}
 }

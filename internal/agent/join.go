@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -24,7 +25,12 @@ import (
 // dial opens a client connection to the gateway with tlsConf. The
 // passthrough scheme keeps host:port as given (no DNS resolver games).
 func (a *Agent) dial(tlsConf *tls.Config) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsConf))}
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
+		// Pings notice a gateway that vanished without closing the
+		// connection (its host died, a middlebox dropped the flow).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: a.cfg.KeepaliveTime, Timeout: a.cfg.KeepaliveTimeout}),
+	}
 	if a.cfg.Dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(a.cfg.Dialer))
 	}

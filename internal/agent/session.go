@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -42,17 +43,54 @@ type session struct {
 	stream agentv1.AgentService_SessionClient
 	cancel context.CancelFunc
 	mu     sync.Mutex
+	// leaving is set once the Goodbye went out: nothing more is sent, and
+	// the stream's end is the gateway's answer, not a failure.
+	leaving bool
 }
+
+// errLeaving refuses a send after the Goodbye.
+var errLeaving = errors.New("session is closing: goodbye sent")
+
+// ErrHelloTimeout ends a session attempt whose HelloAck did not come within
+// Config.HelloTimeout.
+var ErrHelloTimeout = errors.New("no HelloAck from the gateway in time")
 
 func (s *session) send(m *agentv1.AgentMessage) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.leaving {
+		return errLeaving
+	}
 	return s.stream.Send(m)
+}
+
+// goodbye sends Goodbye and closes the sending side, once; the gateway
+// marks the node unreachable and ends the stream with OK.
+func (s *session) goodbye(reason string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leaving {
+		return nil
+	}
+	s.leaving = true
+	if err := s.stream.Send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Goodbye{Goodbye: &agentv1.Goodbye{Reason: reason}}}); err != nil {
+		return err
+	}
+	return s.stream.CloseSend()
+}
+
+func (s *session) isLeaving() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaving
 }
 
 // Run keeps one session with the gateway until ctx ends, reconnecting with
 // jittered exponential backoff, renews the certificate at 2/3 of its
-// lifetime and applies commands. It returns nil when ctx ends.
+// lifetime and applies commands. When ctx ends with a session established,
+// the agent says Goodbye and waits (at most GoodbyeTimeout) for the gateway
+// to close it, so the node turns unreachable at once rather than after the
+// heartbeat timeout. It returns nil when ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.Joined() {
 		return ErrNotJoined
@@ -99,18 +137,26 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		return false, err
 	}
 	defer func() { _ = conn.Close() }()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream, err := agentv1.NewAgentServiceClient(conn).Session(sctx)
-	if err != nil {
-		return false, fmt.Errorf("open session: %w", err)
-	}
-	s := &session{stream: stream, cancel: cancel}
-
 	sections, digest, invErr := a.inventory(ctx)
 	if invErr != nil {
 		a.log.Warn("inventory", "err", invErr)
 	}
+	// The stream outlives ctx by the goodbye: a stopping agent still says
+	// it on this stream. Before HelloAck there is nothing to say goodbye to,
+	// so ctx ending then ends the stream at once.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stopEarly := context.AfterFunc(ctx, cancel)
+	defer stopEarly()
+	// Everything up to HelloAck is bounded: a gateway that took the
+	// connection and says nothing (half-open, wedged) is dialled again.
+	helloTimer := time.AfterFunc(a.cfg.HelloTimeout, cancel)
+	defer helloTimer.Stop()
+	stream, err := agentv1.NewAgentServiceClient(conn).Session(sctx)
+	if err != nil {
+		return false, a.openError(helloTimer, "open session", err)
+	}
+	s := &session{stream: stream, cancel: cancel}
 	a.mu.Lock()
 	hello := &agentv1.Hello{
 		AgentVersion:    a.cfg.Version,
@@ -122,11 +168,14 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	a.mu.Unlock()
 	sent := a.cfg.Clock.Now()
 	if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Hello{Hello: hello}}); err != nil {
-		return false, fmt.Errorf("send hello: %w", err)
+		return false, a.openError(helloTimer, "send hello", err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return false, fmt.Errorf("await hello ack: %w", err)
+		return false, a.openError(helloTimer, "await hello ack", err)
+	}
+	if !helloTimer.Stop() {
+		return false, fmt.Errorf("%w (%v)", ErrHelloTimeout, a.cfg.HelloTimeout)
 	}
 	ack := first.GetHelloAck()
 	if ack == nil {
@@ -136,6 +185,13 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	if id := ack.GetNodeId(); id != "" && id != a.NodeID() {
 		return false, fmt.Errorf("gateway knows this node as %q, not %q", id, a.NodeID())
 	}
+	if !stopEarly() {
+		// ctx ended while the session opened; it is already cancelled.
+		return true, nil
+	}
+	// From here a stopping agent leaves with a goodbye.
+	stopWatch := context.AfterFunc(ctx, func() { a.leave(s) })
+	defer stopWatch()
 	interval := time.Duration(ack.GetHeartbeatSeconds()) * time.Second
 	if a.cfg.HeartbeatInterval > 0 {
 		interval = a.cfg.HeartbeatInterval
@@ -181,6 +237,27 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	return true, errors.Join(recvErr, hbErr)
 }
 
+// openError words a failure before HelloAck: when the hello timer fired,
+// the failure is its doing.
+func (a *Agent) openError(helloTimer *time.Timer, what string, err error) error {
+	if !helloTimer.Stop() {
+		return fmt.Errorf("%w (%v): %s: %w", ErrHelloTimeout, a.cfg.HelloTimeout, what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// leave says goodbye on s and gives the gateway GoodbyeTimeout to close the
+// session before the stream is cancelled.
+func (a *Agent) leave(s *session) {
+	a.log.Info("stopping: saying goodbye to the gateway")
+	if err := s.goodbye("shutdown"); err != nil {
+		a.log.Warn("goodbye not sent", "err", err)
+		s.cancel()
+		return
+	}
+	time.AfterFunc(a.cfg.GoodbyeTimeout, s.cancel)
+}
+
 func (a *Agent) heartbeats(ctx context.Context, s *session, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -191,13 +268,20 @@ func (a *Agent) heartbeats(ctx context.Context, s *session, interval time.Durati
 		case <-t.C:
 		}
 		err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Time: timestamppb.New(a.cfg.Clock.Now())}}})
+		if errors.Is(err, errLeaving) {
+			return nil
+		}
 		if err != nil {
 			s.cancel()
 			return fmt.Errorf("send heartbeat: %w", err)
 		}
 		a.metrics.heartbeats.Inc()
 		if n%statusEvery == 0 {
-			if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}}); err != nil {
+			err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}})
+			if errors.Is(err, errLeaving) {
+				return nil
+			}
+			if err != nil {
 				s.cancel()
 				return fmt.Errorf("send status: %w", err)
 			}
@@ -209,6 +293,14 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 	for {
 		m, err := s.stream.Recv()
 		if err != nil {
+			if s.isLeaving() {
+				if errors.Is(err, io.EOF) {
+					a.log.Info("session closed: the gateway took the goodbye")
+				} else {
+					a.log.Warn("session ended before the gateway took the goodbye", "err", err)
+				}
+				return nil
+			}
 			if ctx.Err() != nil {
 				return nil //nolint:nilerr // the session was asked to end; the receive error is its consequence
 			}
@@ -216,6 +308,10 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 		}
 		switch msg := m.GetMsg().(type) {
 		case *agentv1.GatewayMessage_Command:
+			if s.isLeaving() {
+				// Not taken: it is redelivered to the next session.
+				continue
+			}
 			select {
 			case a.queue <- msg.Command:
 			case <-ctx.Done():
@@ -229,7 +325,7 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 				a.log.Warn("inventory", "err", err)
 				continue
 			}
-			if err := a.sendInventory(s, sections, digest); err != nil {
+			if err := a.sendInventory(s, sections, digest); err != nil && !errors.Is(err, errLeaving) {
 				return err
 			}
 		case *agentv1.GatewayMessage_HelloAck:

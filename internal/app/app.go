@@ -139,6 +139,11 @@ type Config struct {
 	// are written to the audit log (default 30 a minute).
 	RefusalAuditLimit  int
 	RefusalAuditWindow time.Duration
+	// GatewayHandshakeTimeout bounds a gateway connection's TLS handshake
+	// (default 10s); GatewayIdleConnTimeout closes one without a stream for
+	// that long (default 2m).
+	GatewayHandshakeTimeout time.Duration
+	GatewayIdleConnTimeout  time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -349,6 +354,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
+		HandshakeTimeout: cfg.GatewayHandshakeTimeout, IdleConnTimeout: cfg.GatewayIdleConnTimeout, Metrics: a.Registry,
 	})
 	if err != nil {
 		return err

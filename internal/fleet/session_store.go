@@ -259,12 +259,34 @@ func SessionRelease(ctx context.Context, tx store.Tx, nodeID, owner string) erro
 	return err
 }
 
+// SessionGoodbye records that the agent of nodeID closed its session on
+// purpose while owner held it: liveness unreachable now (when it was
+// ready; the returned refs name it, for the event) and the session owner
+// cleared, so heartbeats received before the goodbye and flushed after it
+// do not revive the node. A session another replica took over meanwhile is
+// left alone.
+func SessionGoodbye(ctx context.Context, tx store.Tx, nodeID, owner string) ([]NodeRef, error) {
+	rows, err := tx.Query(ctx, `UPDATE nodes SET liveness = 'unreachable', update_time = compute_now()
+		WHERE id = $1 AND session_owner = $2 AND liveness = 'ready' AND state <> 'retired'
+		RETURNING id, tenant_id`, nodeID, owner)
+	if err != nil {
+		return nil, err
+	}
+	refs, err := scanNodeRefs(rows)
+	if err != nil {
+		return nil, err
+	}
+	return refs, SessionRelease(ctx, tx, nodeID, owner)
+}
+
 // sessionBatch is how many ids one statement binds.
 const sessionBatch = 500
 
 // SessionHeartbeats records heartbeats of many nodes at once: last_heartbeat
 // = compute_now() and liveness ready. It returns the nodes that were
-// unreachable or lost, which are ready again now.
+// unreachable or lost, which are ready again now. A node without a session
+// owner is skipped: its session ended (with a goodbye, or replaced and
+// released) before the batch was written.
 func SessionHeartbeats(ctx context.Context, tx store.Tx, ids []string) ([]NodeRef, error) {
 	var revived []NodeRef
 	for len(ids) > 0 {
@@ -276,7 +298,7 @@ func SessionHeartbeats(ctx context.Context, tx store.Tx, ids []string) ([]NodeRe
 		}
 		in := sessionInList(1, len(chunk))
 		rows, err := tx.Query(ctx, `UPDATE nodes SET liveness = 'ready', last_heartbeat = compute_now(), update_time = compute_now()
-			WHERE id IN (`+in+`) AND liveness <> 'ready' AND state <> 'retired' RETURNING id, tenant_id`, args...)
+			WHERE id IN (`+in+`) AND liveness <> 'ready' AND state <> 'retired' AND session_owner <> '' RETURNING id, tenant_id`, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -286,7 +308,7 @@ func SessionHeartbeats(ctx context.Context, tx store.Tx, ids []string) ([]NodeRe
 		}
 		revived = append(revived, refs...)
 		if _, err := tx.Exec(ctx, `UPDATE nodes SET last_heartbeat = compute_now(), liveness = 'ready'
-			WHERE id IN (`+in+`) AND state <> 'retired'`, args...); err != nil {
+			WHERE id IN (`+in+`) AND state <> 'retired' AND session_owner <> ''`, args...); err != nil {
 			return nil, err
 		}
 	}

@@ -33,9 +33,9 @@ type fixture struct {
 	cp *bctest.ControlPlane
 }
 
-func setup(t *testing.T) fixture {
+func setup(t *testing.T, opts ...bctest.ControlPlaneOption) fixture {
 	t.Helper()
-	cp := bctest.NewControlPlane(t)
+	cp := bctest.NewControlPlane(t, opts...)
 	ctx := context.Background()
 	admin := cp.Admin()
 	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))

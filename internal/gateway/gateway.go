@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -97,6 +98,22 @@ type Config struct {
 	RenewSkew time.Duration
 	// JoinRetryAfter is what a deferred join is told to wait; default 30s.
 	JoinRetryAfter time.Duration
+	// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2
+	// preface: a client that connects and never finishes them is dropped;
+	// default 10s.
+	HandshakeTimeout time.Duration
+	// IdleConnTimeout closes a connection that has had no open stream for
+	// this long: an agent's connection holds its session, so what goes is a
+	// caller that joined and idles, or one that never authenticated;
+	// default 2m.
+	IdleConnTimeout time.Duration
+	// RefusalLogInterval is the least time between two log lines about
+	// refused handshakes; the lines in between are counted, not written
+	// (a scan must not flood the log); default 10s.
+	RefusalLogInterval time.Duration
+	// Metrics, when set, registers the gateway's counters (the app's
+	// /metrics registry).
+	Metrics prometheus.Registerer
 	// MaxStreamsPerConn bounds concurrent streams on one connection;
 	// default 8 (an agent needs one session and an occasional unary call).
 	MaxStreamsPerConn uint32
@@ -137,6 +154,9 @@ func (c *Config) defaults() error {
 	c.CertTTL = cmp.Or(c.CertTTL, 24*time.Hour)
 	c.RenewSkew = cmp.Or(c.RenewSkew, 5*time.Minute)
 	c.JoinRetryAfter = cmp.Or(c.JoinRetryAfter, 30*time.Second)
+	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, 10*time.Second)
+	c.IdleConnTimeout = cmp.Or(c.IdleConnTimeout, 2*time.Minute)
+	c.RefusalLogInterval = cmp.Or(c.RefusalLogInterval, 10*time.Second)
 	c.MaxStreamsPerConn = cmp.Or(c.MaxStreamsPerConn, 8)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 10*time.Second)
 	c.RefreshInterval = cmp.Or(c.RefreshInterval, 30*time.Second)
@@ -154,6 +174,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("gateway: lost-after %v must be longer than unreachable-after %v", c.LostAfter, c.UnreachableAfter)
 	case c.LivenessInterval <= 0 || c.FlushInterval <= 0 || c.RecheckInterval <= 0:
 		return errors.New("gateway: liveness, flush and recheck intervals must be positive")
+	case c.HandshakeTimeout < 0 || c.IdleConnTimeout < 0 || c.RefusalLogInterval < 0:
+		return errors.New("gateway: handshake timeout, idle connection timeout and refusal log interval must not be negative")
 	case c.CertTTL > 24*time.Hour:
 		return fmt.Errorf("gateway: node certificates live at most 24h, got %v", c.CertTTL)
 	}
@@ -183,6 +205,10 @@ type Gateway struct {
 	beats *batcher
 	// hellos group-commits session openings.
 	hellos *helloBatch
+	// metrics count what happens below the sessions (refused handshakes);
+	// refusals rate-limits their log lines.
+	metrics  *metrics
+	refusals *sampler
 
 	mu  sync.Mutex
 	ln  net.Listener
@@ -203,6 +229,13 @@ func New(cfg Config) (*Gateway, error) {
 		beats: newBatcher(),
 	}
 	g.hellos = newHelloBatch(g)
+	g.metrics = newMetrics()
+	if cfg.Metrics != nil {
+		if err := g.metrics.register(cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("gateway: register metrics: %w", err)
+		}
+	}
+	g.refusals = newSampler(cfg.Clock, cfg.RefusalLogInterval)
 	return g, nil
 }
 
@@ -256,16 +289,19 @@ func (g *Gateway) NotifyCommand(tx store.Tx, nodeID string) {
 }
 
 // ServerOptions are the gRPC server's options (exported for tests and
-// benchmarks that host the service themselves).
+// benchmarks that host the service themselves). Handshakes through creds
+// that fail are counted and logged.
 func (g *Gateway) ServerOptions(creds credentials.TransportCredentials) []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.Creds(creds),
+		grpc.Creds(&watchedCreds{TransportCredentials: creds, g: g}),
 		grpc.ForceServerCodecV2(newAgentCodec()),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: g.cfg.IdleConnTimeout,
+		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(MaxFrameBytes),
 		grpc.MaxConcurrentStreams(g.cfg.MaxStreamsPerConn),
-		grpc.ConnectionTimeout(10 * time.Second),
+		grpc.ConnectionTimeout(g.cfg.HandshakeTimeout),
 		grpc.ChainUnaryInterceptor(g.unaryInterceptor),
 		grpc.ChainStreamInterceptor(g.streamInterceptor),
 	}

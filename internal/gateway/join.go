@@ -214,7 +214,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		return err
 	}
 	if holder != "" {
-		return duplicateIdentity(holder)
+		return g.duplicateIdentity(ctx, tx, holder, tok.TenantID)
 	}
 	now := g.cfg.Clock.Now()
 	nodeID := envelope.NewID(fleet.NodeIDPrefix, now)
@@ -230,7 +230,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 	if errors.Is(err, store.ErrUnique) {
 		// A concurrent join of the same machine won the race.
 		if holder, _ := fleet.GatewayNodeByHardwareKey(ctx, tx, hwKey); holder != "" {
-			return duplicateIdentity(holder)
+			return g.duplicateIdentity(ctx, tx, holder, tok.TenantID)
 		}
 		return status.Error(codes.Aborted, "a concurrent join took the node name; retry")
 	}
@@ -270,8 +270,20 @@ func bindToken(ctx context.Context, tx store.Tx, tokenID, csrSHA, nodeID string)
 	return nil
 }
 
-func duplicateIdentity(holder string) error {
-	return status.Errorf(codes.AlreadyExists, "%s: this machine's hardware identity is held by live node %s; retire it first", CodeDuplicateIdentity, holder)
+// duplicateIdentity refuses a join of a machine live node holder already
+// is. The holder's id is named only to a token of the holder's own tenant:
+// a join token of another tenant must not learn node ids outside it. The
+// log, for the operator, always names it.
+func (g *Gateway) duplicateIdentity(ctx context.Context, tx store.Tx, holder, tokenTenant string) error {
+	n, err := fleet.SessionNodeGet(ctx, tx, holder)
+	if err != nil {
+		return err
+	}
+	if n.TenantID == tokenTenant {
+		return status.Errorf(codes.AlreadyExists, "%s: this machine's hardware identity is held by live node %s; retire it first", CodeDuplicateIdentity, holder)
+	}
+	g.log.Warn("join refused: the machine is a live node of another tenant", "holder", holder, "holder_tenant", n.TenantID, "token_tenant", tokenTenant)
+	return status.Errorf(codes.AlreadyExists, "%s: this machine's hardware identity is held by a live node; ask the platform operator", CodeDuplicateIdentity)
 }
 
 // uniqueNodeName returns base, or base-2, base-3 … whichever is free.

@@ -77,7 +77,26 @@ func TestJoinRefusals(t *testing.T) {
 		b.identity.GpuUuids[0], b.identity.GpuUuids[1] = b.identity.GpuUuids[1], b.identity.GpuUuids[0]
 		_, err := b.tryJoin(tok2)
 		requireCode(t, err, codes.AlreadyExists, gateway.CodeDuplicateIdentity)
-		require.Contains(t, err.Error(), a.nodeID)
+		require.Contains(t, err.Error(), a.nodeID, "within the token's tenant the holder is named")
+	})
+	t.Run("duplicate identity in another tenant", func(t *testing.T) {
+		_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "rival"}))
+		require.NoError(t, err)
+		_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "rival", Name: "gpu"}))
+		require.NoError(t, err)
+		tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "rival", Project: "gpu"}))
+		require.NoError(t, err)
+		_, tok1 := f.token(t, nil)
+		a := newAgent(t, f, "n6c")
+		a.join(tok1)
+		b := newAgent(t, f, "n6d")
+		b.identity = proto.Clone(a.identity).(*agentv1.HardwareIdentity)
+		_, err = b.tryJoin(tok.Msg.GetToken())
+		requireCode(t, err, codes.AlreadyExists, gateway.CodeDuplicateIdentity)
+		require.NotContains(t, err.Error(), a.nodeID, "another tenant's token learns no node id")
+		require.NotContains(t, err.Error(), "nod_")
+		require.Equal(t, 1, count(t, f, `SELECT count(*) FROM nodes WHERE hardware_key = (SELECT hardware_key FROM nodes WHERE id = $1)`, a.nodeID),
+			"nothing joined")
 	})
 	t.Run("unique names", func(t *testing.T) {
 		_, tok1 := f.token(t, nil)

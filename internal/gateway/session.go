@@ -205,6 +205,9 @@ func (s *session) send(m *agentv1.GatewayMessage) error { return s.stream.Send(m
 // fail ends the session for err: a refusal is logged and returned as its
 // status; a send failure means the peer is gone.
 func (s *session) fail(err error) error {
+	if errors.Is(err, errGoodbye) {
+		return nil
+	}
 	if s.ctx.Err() != nil {
 		return s.doneError()
 	}
@@ -409,6 +412,8 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
 		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), nil)
+	case *agentv1.AgentMessage_Goodbye:
+		return s.goodbye(msg.Goodbye)
 	}
 	return nil
 }

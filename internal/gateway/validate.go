@@ -54,7 +54,7 @@ func ValidateAgentMessage(m *agentv1.AgentMessage) error {
 func validateAgentMessage(m *agentv1.AgentMessage) error {
 	switch msg := m.GetMsg().(type) {
 	case nil:
-		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released")
+		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released, goodbye")
 	case *agentv1.AgentMessage_Hello:
 		return validateHello(msg.Hello)
 	case *agentv1.AgentMessage_Heartbeat:
@@ -77,6 +77,8 @@ func validateAgentMessage(m *agentv1.AgentMessage) error {
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
 		return validateAllocation(r.GetAllocationId(), r.GetCommandId())
+	case *agentv1.AgentMessage_Goodbye:
+		return validShort("goodbye.reason", msg.Goodbye.GetReason(), false)
 	default:
 		return invalid("unknown agent message kind %T", msg)
 	}

@@ -50,6 +50,61 @@ func IsCgroup2(path string) bool {
 	return st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
+// ErrNotCgroup2 is returned by CheckRoot for a root that is not on a
+// cgroup v2 filesystem: limits written there would be plain files nothing
+// enforces.
+var ErrNotCgroup2 = errors.New("not on a cgroup v2 filesystem")
+
+// CheckRoot checks that root is, or would be created, on a cgroup v2
+// filesystem: the root itself or, when it does not exist yet, its nearest
+// existing parent (every directory made below a cgroup2 directory is a
+// cgroup). The error names where cgroup2 is mounted, when it is; the
+// caller names root.
+func CheckRoot(root string) error {
+	if root == "" {
+		return errors.New("empty cgroup root")
+	}
+	dir := filepath.Clean(root)
+	for {
+		var st unix.Statfs_t
+		err := unix.Statfs(dir, &st)
+		if err == nil {
+			if st.Type == unix.CGROUP2_SUPER_MAGIC {
+				return nil
+			}
+			hint := ""
+			if m := Cgroup2Mount(); m != "" {
+				hint = fmt.Sprintf("; cgroup2 is mounted at %s, e.g. use %s", m, filepath.Join(m, "bettercompute"))
+			}
+			return fmt.Errorf("%s is %w (filesystem type %#x)%s", dir, ErrNotCgroup2, st.Type, hint)
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("statfs %s: %w", dir, err)
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return fmt.Errorf("statfs %s: %w", dir, err)
+		}
+		dir = parent
+	}
+}
+
+// Cgroup2Mount is the first cgroup2 mount point in /proc/self/mounts, or ""
+// when there is none (or it cannot be read).
+func Cgroup2Mount() string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[2] == "cgroup2" {
+			return f[1]
+		}
+	}
+	return ""
+}
+
 // Version returns "v2", "v1" or "" for the host cgroup layout under
 // mount (usually /sys/fs/cgroup).
 func Version(mount string) string {

@@ -70,3 +70,24 @@ func TestRealCgroup(t *testing.T) {
 	require.NoError(t, m.Remove("real-test"))
 	require.NoDirExists(t, dir)
 }
+
+func TestCheckRoot(t *testing.T) {
+	t.Parallel()
+	tmp := t.TempDir()
+	for _, root := range []string{tmp, filepath.Join(tmp, "not", "yet", "made")} {
+		err := CheckRoot(root)
+		require.ErrorIs(t, err, ErrNotCgroup2, root)
+		require.ErrorContains(t, err, tmp, "names the directory it looked at")
+	}
+	require.Error(t, CheckRoot(""))
+	// Where the host has a cgroup2 mount (DESIGN §7a: /sys/fs/cgroup/unified
+	// on the reference machine), a root below it passes without being made.
+	if m := Cgroup2Mount(); m != "" {
+		root := filepath.Join(m, "bettercompute-checkroot-test-never-created")
+		require.NoError(t, CheckRoot(root))
+		require.NoDirExists(t, root)
+		require.ErrorContains(t, CheckRoot(tmp), m, "the error points at the cgroup2 mount")
+	} else {
+		t.Log("no cgroup2 mount on this host: only the refusals were checked")
+	}
+}

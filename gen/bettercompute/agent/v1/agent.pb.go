@@ -621,6 +621,7 @@ type AgentMessage struct {
 	//	*AgentMessage_CommandUpdate
 	//	*AgentMessage_AllocationBound
 	//	*AgentMessage_AllocationReleased
+	//	*AgentMessage_Goodbye
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -726,6 +727,15 @@ func (x *AgentMessage) GetAllocationReleased() *AllocationReleased {
 	return nil
 }
 
+func (x *AgentMessage) GetGoodbye() *Goodbye {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_Goodbye); ok {
+			return x.Goodbye
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -758,6 +768,10 @@ type AgentMessage_AllocationReleased struct {
 	AllocationReleased *AllocationReleased `protobuf:"bytes,7,opt,name=allocation_released,json=allocationReleased,proto3,oneof"`
 }
 
+type AgentMessage_Goodbye struct {
+	Goodbye *Goodbye `protobuf:"bytes,8,opt,name=goodbye,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Heartbeat) isAgentMessage_Msg() {}
@@ -771,6 +785,8 @@ func (*AgentMessage_CommandUpdate) isAgentMessage_Msg() {}
 func (*AgentMessage_AllocationBound) isAgentMessage_Msg() {}
 
 func (*AgentMessage_AllocationReleased) isAgentMessage_Msg() {}
+
+func (*AgentMessage_Goodbye) isAgentMessage_Msg() {}
 
 // GatewayMessage is everything the gateway sends on a session.
 type GatewayMessage struct {
@@ -979,6 +995,55 @@ func (x *Hello) GetInventoryDigest() string {
 	return ""
 }
 
+// Goodbye is the agent's last message before it closes its side of the
+// session on purpose (bcd stopping): the gateway marks the node unreachable
+// at once instead of waiting for the heartbeat timeout, and ends the stream
+// with OK. A session that ends without it was dropped.
+type Goodbye struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why the agent leaves, e.g. "shutdown".
+	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Goodbye) Reset() {
+	*x = Goodbye{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Goodbye) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Goodbye) ProtoMessage() {}
+
+func (x *Goodbye) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
+func (*Goodbye) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Goodbye) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type HelloAck struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -991,7 +1056,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1068,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1081,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1049,7 +1114,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1126,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1139,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -1096,7 +1161,7 @@ type Pressure struct {
 
 func (x *Pressure) Reset() {
 	*x = Pressure{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1173,7 @@ func (x *Pressure) String() string {
 func (*Pressure) ProtoMessage() {}
 
 func (x *Pressure) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1186,7 @@ func (x *Pressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pressure.ProtoReflect.Descriptor instead.
 func (*Pressure) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Pressure) GetCpu() float64 {
@@ -1159,7 +1224,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1236,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1249,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StatusReport) GetPressure() *Pressure {
@@ -1230,7 +1295,7 @@ type HealthEvent struct {
 
 func (x *HealthEvent) Reset() {
 	*x = HealthEvent{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1307,7 @@ func (x *HealthEvent) String() string {
 func (*HealthEvent) ProtoMessage() {}
 
 func (x *HealthEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1320,7 @@ func (x *HealthEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthEvent.ProtoReflect.Descriptor instead.
 func (*HealthEvent) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HealthEvent) GetKind() string {
@@ -1313,7 +1378,7 @@ type InventorySection struct {
 
 func (x *InventorySection) Reset() {
 	*x = InventorySection{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1390,7 @@ func (x *InventorySection) String() string {
 func (*InventorySection) ProtoMessage() {}
 
 func (x *InventorySection) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1403,7 @@ func (x *InventorySection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventorySection.ProtoReflect.Descriptor instead.
 func (*InventorySection) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InventorySection) GetName() string {
@@ -1384,7 +1449,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1461,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1474,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type SystemInventory struct {
@@ -1425,7 +1490,7 @@ type SystemInventory struct {
 
 func (x *SystemInventory) Reset() {
 	*x = SystemInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1502,7 @@ func (x *SystemInventory) String() string {
 func (*SystemInventory) ProtoMessage() {}
 
 func (x *SystemInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1515,7 @@ func (x *SystemInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemInventory.ProtoReflect.Descriptor instead.
 func (*SystemInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SystemInventory) GetIdentity() *HardwareIdentity {
@@ -1500,7 +1565,7 @@ type GpuInventory struct {
 
 func (x *GpuInventory) Reset() {
 	*x = GpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1577,7 @@ func (x *GpuInventory) String() string {
 func (*GpuInventory) ProtoMessage() {}
 
 func (x *GpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1590,7 @@ func (x *GpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuInventory.ProtoReflect.Descriptor instead.
 func (*GpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GpuInventory) GetGpus() []*Gpu {
@@ -1574,7 +1639,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1651,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1664,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Gpu) GetIndex() int32 {
@@ -1671,7 +1736,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1748,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1761,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -1738,7 +1803,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +1815,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +1828,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -1800,7 +1865,7 @@ type CpuInventory struct {
 
 func (x *CpuInventory) Reset() {
 	*x = CpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1877,7 @@ func (x *CpuInventory) String() string {
 func (*CpuInventory) ProtoMessage() {}
 
 func (x *CpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1890,7 @@ func (x *CpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CpuInventory.ProtoReflect.Descriptor instead.
 func (*CpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CpuInventory) GetModel() string {
@@ -1877,7 +1942,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +1954,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +1967,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -1951,7 +2016,7 @@ type MemoryInventory struct {
 
 func (x *MemoryInventory) Reset() {
 	*x = MemoryInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2028,7 @@ func (x *MemoryInventory) String() string {
 func (*MemoryInventory) ProtoMessage() {}
 
 func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2041,7 @@ func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryInventory.ProtoReflect.Descriptor instead.
 func (*MemoryInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MemoryInventory) GetTotalMib() uint64 {
@@ -2021,7 +2086,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2098,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2111,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Command) GetId() string {
@@ -2108,7 +2173,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2185,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2198,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -2167,7 +2232,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2244,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2257,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -2262,7 +2327,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2339,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2352,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -2351,7 +2416,7 @@ type AllocationBound struct {
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2428,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2441,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -2410,7 +2475,7 @@ type AllocationReleased struct {
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2422,7 +2487,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2435,7 +2500,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -2489,7 +2554,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rRenewResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12(\n" +
 	"\x10trust_bundle_pem\x18\x02 \x01(\fR\x0etrustBundlePem\x127\n" +
-	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\x9e\x04\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\xdb\x04\n" +
 	"\fAgentMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12>\n" +
@@ -2497,7 +2562,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\tinventory\x18\x04 \x01(\v2(.bettercompute.agent.v1.InventorySectionH\x00R\tinventory\x12N\n" +
 	"\x0ecommand_update\x18\x05 \x01(\v2%.bettercompute.agent.v1.CommandUpdateH\x00R\rcommandUpdate\x12T\n" +
 	"\x10allocation_bound\x18\x06 \x01(\v2'.bettercompute.agent.v1.AllocationBoundH\x00R\x0fallocationBound\x12]\n" +
-	"\x13allocation_released\x18\a \x01(\v2*.bettercompute.agent.v1.AllocationReleasedH\x00R\x12allocationReleasedB\x05\n" +
+	"\x13allocation_released\x18\a \x01(\v2*.bettercompute.agent.v1.AllocationReleasedH\x00R\x12allocationReleased\x12;\n" +
+	"\agoodbye\x18\b \x01(\v2\x1f.bettercompute.agent.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
 	"\x03msg\"\xaf\x02\n" +
 	"\x0eGatewayMessage\x12?\n" +
 	"\thello_ack\x18\x01 \x01(\v2 .bettercompute.agent.v1.HelloAckH\x00R\bhelloAck\x12;\n" +
@@ -2511,7 +2577,9 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\fcapabilities\x18\x03 \x03(\tR\fcapabilities\x12#\n" +
 	"\rtrust_version\x18\x04 \x01(\x03R\ftrustVersion\x12(\n" +
 	"\x10last_applied_seq\x18\x05 \x01(\x04R\x0elastAppliedSeq\x12)\n" +
-	"\x10inventory_digest\x18\x06 \x01(\tR\x0finventoryDigest\"\x8d\x01\n" +
+	"\x10inventory_digest\x18\x06 \x01(\tR\x0finventoryDigest\"!\n" +
+	"\aGoodbye\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x8d\x01\n" +
 	"\bHelloAck\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11heartbeat_seconds\x18\x02 \x01(\x05R\x10heartbeatSeconds\x12;\n" +
@@ -2667,7 +2735,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
@@ -2680,74 +2748,76 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 8: bettercompute.agent.v1.AgentMessage
 	(*GatewayMessage)(nil),        // 9: bettercompute.agent.v1.GatewayMessage
 	(*Hello)(nil),                 // 10: bettercompute.agent.v1.Hello
-	(*HelloAck)(nil),              // 11: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 12: bettercompute.agent.v1.Heartbeat
-	(*Pressure)(nil),              // 13: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 14: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 15: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 16: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 17: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 18: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 19: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 20: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 21: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 22: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 23: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 24: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 25: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 26: bettercompute.agent.v1.Command
-	(*CancelCommand)(nil),         // 27: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 28: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 29: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 30: bettercompute.agent.v1.AllocationBound
-	(*AllocationReleased)(nil),    // 31: bettercompute.agent.v1.AllocationReleased
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 33: google.protobuf.Struct
+	(*Goodbye)(nil),               // 11: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 12: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 13: bettercompute.agent.v1.Heartbeat
+	(*Pressure)(nil),              // 14: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 15: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 16: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 17: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 18: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 19: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 20: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 21: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 22: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 23: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 24: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 25: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 26: bettercompute.agent.v1.MemoryInventory
+	(*Command)(nil),               // 27: bettercompute.agent.v1.Command
+	(*CancelCommand)(nil),         // 28: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 29: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 30: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 31: bettercompute.agent.v1.AllocationBound
+	(*AllocationReleased)(nil),    // 32: bettercompute.agent.v1.AllocationReleased
+	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 34: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	3,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	1,  // 2: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	32, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	32, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	32, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	33, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	33, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	33, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
 	10, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	12, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	14, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	16, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	28, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	30, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	31, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	11, // 13: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	26, // 14: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	27, // 15: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	17, // 16: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 17: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	32, // 18: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	32, // 19: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	13, // 20: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	15, // 21: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	32, // 22: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	3,  // 23: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	20, // 24: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	22, // 25: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	21, // 26: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	24, // 27: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	33, // 28: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	32, // 29: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 30: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	33, // 31: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	4,  // 32: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	6,  // 33: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	8,  // 34: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	5,  // 35: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	7,  // 36: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	9,  // 37: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	35, // [35:38] is the sub-list for method output_type
-	32, // [32:35] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	13, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	15, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	17, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	29, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	31, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	32, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	11, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	12, // 14: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	27, // 15: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	28, // 16: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	18, // 17: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	0,  // 18: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
+	33, // 19: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	33, // 20: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	14, // 21: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	16, // 22: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	33, // 23: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	3,  // 24: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	21, // 25: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	23, // 26: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	22, // 27: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	25, // 28: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	34, // 29: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	33, // 30: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 31: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	34, // 32: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	4,  // 33: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	6,  // 34: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	8,  // 35: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	5,  // 36: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	7,  // 37: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	9,  // 38: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	36, // [36:39] is the sub-list for method output_type
+	33, // [33:36] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -2763,6 +2833,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*AgentMessage_CommandUpdate)(nil),
 		(*AgentMessage_AllocationBound)(nil),
 		(*AgentMessage_AllocationReleased)(nil),
+		(*AgentMessage_Goodbye)(nil),
 	}
 	file_bettercompute_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*GatewayMessage_HelloAck)(nil),
@@ -2776,7 +2847,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
