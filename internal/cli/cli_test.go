@@ -514,3 +514,39 @@ func TestRegisteredAndCompletionCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "hooked", found.Name())
 }
+
+// The context's tenant goes with the context's token: a key passed with
+// --token or the environment works in its own tenant (the dev context's
+// tenant sim would otherwise send a member of acme to sim).
+func TestTokenOverrideTakesTheTokensTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer], b.env[envToken] = "", ""
+	cfg := &Config{}
+	cfg.Upsert(Context{Name: "dev", Server: b.srv.URL, Token: "admin-token", Tenant: "sim"}, true)
+	require.NoError(t, cfg.Save(b.cfgPath))
+	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "key_m", Kind: "service", Role: "member", TenantId: "ten_1", TenantName: "acme"}
+
+	tenantOf := func(out string) string {
+		var p struct{ Project struct{ TenantId string } }
+		require.NoError(t, json.Unmarshal([]byte(out), &p))
+		return p.Project.TenantId
+	}
+	require.Equal(t, "acme", tenantOf(b.ok(t, "projects", "create", "a", "--token", "member-token", "-o", "json")))
+	b.env[envToken] = "member-token"
+	require.Equal(t, "acme", tenantOf(b.ok(t, "projects", "create", "b", "-o", "json")))
+	// The context's own token keeps the context's tenant, without asking.
+	b.env[envToken] = ""
+	calls := len(b.f.callsTo("WhoAmI"))
+	require.Equal(t, "sim", tenantOf(b.ok(t, "projects", "create", "c", "-o", "json")))
+	require.Equal(t, "sim", tenantOf(b.ok(t, "projects", "create", "d", "--token", "admin-token", "-o", "json")))
+	require.Len(t, b.f.callsTo("WhoAmI"), calls)
+	// --tenant still wins.
+	require.Equal(t, "globex", tenantOf(b.ok(t, "projects", "create", "e", "--token", "member-token", "--tenant", "globex", "-o", "json")))
+
+	// A platform key passed with --token has no tenant to default to.
+	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "key_p", Role: "platform-admin"}
+	r := b.run(t, "", "projects", "list", "--token", "platform-token")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "pass --tenant")
+}

@@ -291,9 +291,18 @@ func (a *app) whoami(ctx context.Context) (*apiv1.WhoAmIResponse, error) {
 	return a.me, nil
 }
 
+// tokenOverridden reports whether --token or the environment replaces the
+// context's credentials with others.
+func (a *app) tokenOverridden(c Context) bool {
+	return a.setting("token", envToken, c.Token) != c.Token
+}
+
 // tenant resolves --tenant: the flag, else the context's tenant, else the
 // tenant of a tenant-scoped token (asking the server only then). A platform
-// token has none; required decides whether that is an error.
+// token has none; required decides whether that is an error. The context's
+// tenant goes with the context's credentials: when --token or the
+// environment brings another key, the tenant comes from that key, so a
+// member of acme is not sent to the context's tenant sim.
 func (a *app) tenant(ctx context.Context, flag string, required bool) (string, error) {
 	if flag != "" {
 		return flag, nil
@@ -302,7 +311,7 @@ func (a *app) tenant(ctx context.Context, flag string, required bool) (string, e
 	if err != nil {
 		return "", err
 	}
-	if c.Tenant != "" {
+	if c.Tenant != "" && !a.tokenOverridden(c) {
 		return c.Tenant, nil
 	}
 	me, err := a.whoami(ctx)
@@ -313,6 +322,9 @@ func (a *app) tenant(ctx context.Context, flag string, required bool) (string, e
 		return t, nil
 	}
 	if required {
+		if c.Tenant != "" {
+			return "", invalidArg("tenant", "required: this token is a platform key and the context's tenant belongs to the context's token; pass --tenant")
+		}
 		return "", invalidArg("tenant", "required: pass --tenant or set a tenant in the context")
 	}
 	return "", nil
