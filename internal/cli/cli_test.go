@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -144,7 +145,7 @@ func TestBadOutputFormat(t *testing.T) {
 	b := setup(t)
 	r := b.run(t, "", "tenants", "list", "-o", "xml")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid output")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --output")
 }
 
 func TestCreateSendsIdempotencyKeyAndRetriesWithIt(t *testing.T) {
@@ -170,7 +171,7 @@ func TestErrorPrinting(t *testing.T) {
 
 	r := b.run(t, "", "tenants", "create", "Bad Name")
 	require.Equal(t, 1, r.code)
-	require.Equal(t, "Error: INVALID_ARGUMENT: invalid name: must match [a-z0-9-]{1,63}\n  name: must match [a-z0-9-]{1,63}\n", r.stderr)
+	require.Equal(t, "Error: INVALID_ARGUMENT: invalid NAME: must match [a-z0-9-]{1,63}\n", r.stderr, "printed once, naming the argument")
 	require.Empty(t, r.stdout)
 
 	r = b.run(t, "", "tenants", "get", "nope")
@@ -262,7 +263,7 @@ func TestNamedContextAndTenantDefaults(t *testing.T) {
 
 	r := b.run(t, "", "whoami", "--context", "nope")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid context")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --context: no context")
 }
 
 func TestTenantFromWhoAmI(t *testing.T) {
@@ -278,8 +279,7 @@ func TestTenantFromWhoAmI(t *testing.T) {
 	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "usr_root", Role: "platform-admin"}
 	r := b.run(t, "", "projects", "list")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid tenant")
-	require.Contains(t, r.stderr, "  tenant: required")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --tenant: required")
 }
 
 func TestApiKeys(t *testing.T) {
@@ -304,7 +304,7 @@ func TestApiKeys(t *testing.T) {
 
 	r := b.run(t, "", "api-keys", "create", "--tenant", "acme")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "  role: required")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --role: required")
 
 	require.Contains(t, b.ok(t, "api-keys", "revoke", "key_1", "--tenant", "acme"), "key_1")
 	require.NotContains(t, b.ok(t, "api-keys", "list", "--tenant", "acme"), "key_1")
@@ -480,19 +480,33 @@ func TestUsageErrors(t *testing.T) {
 		argv []string
 		want string
 	}{
-		{"unknown command", []string{"frobnicate"}, "Error: INVALID_ARGUMENT: unknown command"},
-		{"unknown flag", []string{"tenants", "list", "--bogus"}, "Error: INVALID_ARGUMENT: unknown flag: --bogus"},
-		{"missing argument", []string{"tenants", "get"}, "Error: INVALID_ARGUMENT: invalid NAME: required"},
-		{"extra argument", []string{"tenants", "list", "x"}, "Error: INVALID_ARGUMENT: unexpected argument"},
+		{"unknown command", []string{"frobnicate"}, "Error: unknown command \"frobnicate\" for \"better-compute\"\nRun 'better-compute --help' for usage.\n"},
+		{"misspelt command", []string{"tenant", "lst"}, "Error: unknown command \"lst\" for \"better-compute tenants\"; did you mean \"list\"?\nRun 'better-compute tenants --help' for usage.\n"},
+		{"misspelt top command", []string{"tenats", "list"}, "Error: unknown command \"tenats\" for \"better-compute\"; did you mean \"tenants\"?\n"},
+		{"unknown flag", []string{"tenants", "list", "--bogus"}, "Error: unknown flag --bogus\nRun 'better-compute tenants list --help' for usage.\n"},
+		{"misspelt flag", []string{"tenants", "list", "--limt", "1"}, "Error: unknown flag --limt; did you mean --limit?\n"},
+		{"flag prefix", []string{"api-keys", "list", "--include-revoke"}, "Error: unknown flag --include-revoke; did you mean --include-revoked?\n"},
+		{"inherited flag", []string{"tenants", "list", "--outptu", "json"}, "Error: unknown flag --outptu; did you mean --output?\n"},
+		{"bad flag value", []string{"tenants", "list", "--limit", "many"}, "Error: invalid argument \"many\" for \"--limit\" flag"},
+		{"missing argument", []string{"tenants", "get"}, "Error: invalid NAME: required\n"},
+		{"extra argument", []string{"tenants", "list", "x"}, "Error: unexpected argument \"x\"\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := b.run(t, "", tt.argv...)
-			require.Equal(t, 1, r.code)
+			require.Equal(t, 1, r.code, "a usage mistake exits non-zero")
 			require.True(t, strings.HasPrefix(r.stderr, tt.want), r.stderr)
+			require.NotContains(t, r.stderr, "INVALID_ARGUMENT", "a usage mistake never reached a server")
+			require.Empty(t, r.stdout, "no help on a mistake")
 		})
 	}
+	require.Empty(t, b.f.calls, "a usage mistake calls nothing")
+
+	// A group given nothing prints its help and succeeds.
+	r := b.run(t, "", "tenants")
+	require.Equal(t, 0, r.code)
+	require.Contains(t, r.stdout, "Available Commands:")
 }
 
 func TestNoServer(t *testing.T) {
@@ -501,7 +515,7 @@ func TestNoServer(t *testing.T) {
 	b.env[envServer] = ""
 	r := b.run(t, "", "tenants", "list")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid server")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --server: not set")
 }
 
 func TestRegisteredAndCompletionCommands(t *testing.T) {
@@ -549,4 +563,43 @@ func TestTokenOverrideTakesTheTokensTenant(t *testing.T) {
 	r := b.run(t, "", "projects", "list", "--token", "platform-token")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "pass --tenant")
+}
+
+// A server's INVALID_ARGUMENT is printed once per violation, naming the flag
+// (or argument) the user gave rather than the API field.
+func TestViolationsNameTheFlag(t *testing.T) {
+	t.Parallel()
+	root := newApp("v", func(string) (string, bool) { return "", false }).command()
+	find := func(args ...string) *cobra.Command {
+		cmd, _, err := root.Find(args)
+		require.NoError(t, err)
+		return cmd
+	}
+	keys, reserve := find("api-keys", "create"), find("reserve")
+	for _, tt := range []struct {
+		cmd         *cobra.Command
+		field, want string
+	}{
+		{keys, "ttl_seconds", "--ttl"},
+		{keys, "role", "--role"},
+		{reserve, "duration_seconds", "--for"},
+		{reserve, "start_time", "--start"},
+		{reserve, "gpus", "--gpus"},
+		{find("tenants", "create"), "display_name", "--display-name"},
+		{find("tenants", "create"), "name", "NAME"},
+		{keys, "selector.gpu.model", "selector.gpu.model"},
+	} {
+		require.Equal(t, tt.want, fieldLabel(tt.cmd, tt.field), "%s %s", tt.cmd.CommandPath(), tt.field)
+	}
+
+	var w strings.Builder
+	printError(&w, keys, apiError(connect.CodeInvalidArgument, "INVALID_ARGUMENT", "invalid ttl_seconds: must be at most 31536000", "",
+		&apiv1.FieldViolation{Field: "ttl_seconds", Reason: "must be at most 31536000"}))
+	require.Equal(t, "Error: INVALID_ARGUMENT: invalid --ttl: must be at most 31536000\n", w.String())
+
+	w.Reset()
+	printError(&w, reserve, apiError(connect.CodeInvalidArgument, "INVALID_ARGUMENT", "invalid gpus: must be at least 1 (and 1 more)", "",
+		&apiv1.FieldViolation{Field: "gpus", Reason: "must be at least 1"},
+		&apiv1.FieldViolation{Field: "duration_seconds", Reason: "must be positive"}))
+	require.Equal(t, "Error: INVALID_ARGUMENT: invalid request\n  --gpus: must be at least 1\n  --for: must be positive\n", w.String())
 }

@@ -120,7 +120,7 @@ func TestDevLivenessFlags(t *testing.T) {
 	dir := t.TempDir()
 	code, _, stderr := runDev(t, filepath.Join(dir, "config.yaml"), "--state-dir", filepath.Join(dir, "state"), "--lost-after", "20s")
 	require.Equal(t, 1, code)
-	require.Contains(t, stderr, "Error: INVALID_ARGUMENT: invalid lost-after: must be longer than --unreachable-after (30s), not 20s")
+	require.Contains(t, stderr, "Error: INVALID_ARGUMENT: invalid --lost-after: must be longer than --unreachable-after (30s), not 20s")
 	_, err := os.Stat(filepath.Join(dir, "state"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 
