@@ -358,12 +358,13 @@ func TestEventsWatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	out := b.ok(t, "events", "watch", "--tenant", "acme")
+	out := b.watchEnds(t, "Error: UNAVAILABLE: the server ended the event stream; resume with --after 2", "events", "watch", "--tenant", "acme")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2)
-	require.Equal(t, []string{"1", "2025-01-02T03:04:05Z", "tenant.created", "Tenant/ten_1", "ten_1"}, strings.Fields(lines[0]))
+	require.Len(t, lines, 3)
+	require.Equal(t, []string{"ID", "TIME", "TYPE", "RESOURCE", "TENANT"}, strings.Fields(lines[0]), "a header first")
+	require.Equal(t, []string{"1", "2025-01-02T03:04:05Z", "tenant.created", "Tenant/ten_1", "ten_1"}, strings.Fields(lines[1]))
 
-	out = b.ok(t, "events", "watch", "--after", "1", "--type", "project.", "-o", "json")
+	out = b.watchEnds(t, "resume with --after 2", "events", "watch", "--after", "1", "--type", "project.", "-o", "json")
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 1, "one JSON object per line")
 	var ev struct{ ID, Type string }
@@ -602,4 +603,26 @@ func TestViolationsNameTheFlag(t *testing.T) {
 		&apiv1.FieldViolation{Field: "gpus", Reason: "must be at least 1"},
 		&apiv1.FieldViolation{Field: "duration_seconds", Reason: "must be positive"}))
 	require.Equal(t, "Error: INVALID_ARGUMENT: invalid request\n  --gpus: must be at least 1\n  --for: must be positive\n", w.String())
+}
+
+// watchEnds runs a watch against the fake, whose streams end after the
+// backlog: the watch exits non-zero saying so and how to resume, and
+// returns what it printed.
+func (b *bundle) watchEnds(t *testing.T, want string, argv ...string) string {
+	t.Helper()
+	r := b.run(t, "", argv...)
+	require.Equal(t, 1, r.code, "a stream the user did not stop is a failure; stderr: %s", r.stderr)
+	require.Contains(t, r.stderr, want)
+	return r.stdout
+}
+
+// A stream that fails keeps its code and says how to follow on.
+func TestEventsWatchFailureSaysHowToResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer] = "http://127.0.0.1:1"
+	r := b.run(t, "", "events", "watch", "--tenant", "acme", "--after", "7")
+	require.Equal(t, 1, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "Error: UNAVAILABLE: the event stream failed: "), r.stderr)
+	require.Contains(t, r.stderr, "; resume with --after 7")
 }

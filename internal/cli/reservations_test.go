@@ -685,14 +685,15 @@ func TestReservationsWatch(t *testing.T) {
 	t.Parallel()
 	b, rf := setupReservations(t)
 
-	out := b.ok(t, "reservations", "watch")
+	out := b.watchEnds(t, "reservation stream; resume with --cursor 3", "reservations", "watch")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 3)
-	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.active\s+rsv_1\s+active\s+1$`, lines[0])
-	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.released\s+rsv_3\s+released\s+3$`, lines[2])
+	require.Len(t, lines, 4)
+	require.Equal(t, []string{"TIME", "TYPE", "ID", "STATE", "CURSOR"}, strings.Fields(lines[0]))
+	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.active\s+rsv_1\s+active\s+1$`, lines[1])
+	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.released\s+rsv_3\s+released\s+3$`, lines[3])
 	rf.locked(func() { requireProto(t, &apiv1.WatchReservationsRequest{Tenant: "acme"}, rf.watches[0]) })
 
-	out = b.ok(t, "reservations", "watch", "--cursor", "1", "-o", "json")
+	out = b.watchEnds(t, "resume with --cursor 3", "reservations", "watch", "--cursor", "1", "-o", "json")
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2)
 	var ev struct {
@@ -705,8 +706,8 @@ func TestReservationsWatch(t *testing.T) {
 	require.Equal(t, "rsv_2", ev.Reservation.ID)
 	require.Equal(t, "2", ev.Cursor)
 
-	out = b.ok(t, "reservations", "watch", "rsv_2", "--tenant", "acme")
-	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 1)
+	out = b.watchEnds(t, "resume with --cursor", "reservations", "watch", "rsv_2", "--tenant", "acme")
+	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 2)
 	rf.locked(func() {
 		requireProto(t, &apiv1.WatchReservationsRequest{Tenant: "acme", Reservation: "rsv_2"}, rf.watches[2])
 		require.Equal(t, "1", rf.watches[1].GetCursor())
