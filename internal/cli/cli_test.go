@@ -626,3 +626,23 @@ func TestEventsWatchFailureSaysHowToResume(t *testing.T) {
 	require.True(t, strings.HasPrefix(r.stderr, "Error: UNAVAILABLE: the event stream failed: "), r.stderr)
 	require.Contains(t, r.stderr, "; resume with --after 7")
 }
+
+// api-keys revoke finds the key by id: it sends no tenant unless --tenant
+// is given, not even the context's.
+func TestApiKeysRevokeByID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer], b.env[envToken] = "", ""
+	cfg := &Config{}
+	cfg.Upsert(Context{Name: "dev", Server: b.srv.URL, Token: "admin-token", Tenant: "sim"}, true)
+	require.NoError(t, cfg.Save(b.cfgPath))
+	b.ok(t, "api-keys", "create", "--tenant", "acme", "--role", "member")
+	require.Contains(t, b.ok(t, "api-keys", "revoke", "key_1"), "key_1")
+	b.ok(t, "api-keys", "revoke", "key_1", "--tenant", "acme")
+	require.Empty(t, b.f.callsTo("WhoAmI"))
+	b.f.mu.Lock()
+	defer b.f.mu.Unlock()
+	require.Len(t, b.f.revokes, 2)
+	require.Empty(t, b.f.revokes[0].GetTenant(), "no tenant: the id finds the key")
+	require.Equal(t, "acme", b.f.revokes[1].GetTenant())
+}

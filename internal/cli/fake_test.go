@@ -38,6 +38,8 @@ type fake struct {
 	confirmations []*apiv1.Confirmation
 	audit         []*apiv1.AuditEntry
 	events        []*apiv1.Event
+	// revokes records each key revocation's request.
+	revokes []*apiv1.RevokeApiKeyRequest
 	// protected projects refuse deletion with CONFIRMATION_REQUIRED unless
 	// the request carries the approved confirmation id.
 	protected map[string]string
@@ -285,6 +287,7 @@ func (s keySvc) List(_ context.Context, req *connect.Request[apiv1.ListApiKeysRe
 func (s keySvc) Revoke(_ context.Context, req *connect.Request[apiv1.RevokeApiKeyRequest]) (*connect.Response[apiv1.RevokeApiKeyResponse], error) {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
+	s.f.revokes = append(s.f.revokes, req.Msg)
 	for _, k := range s.f.keys {
 		if k.GetId() == req.Msg.GetId() {
 			k.RevokeTime = created
