@@ -646,3 +646,21 @@ func TestApiKeysRevokeByID(t *testing.T) {
 	require.Empty(t, b.f.revokes[0].GetTenant(), "no tenant: the id finds the key")
 	require.Equal(t, "acme", b.f.revokes[1].GetTenant())
 }
+
+// A refusal on a tenant the context chose says where the tenant came from.
+func TestRefusalHintsAtTheContextTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer], b.env[envToken] = "", ""
+	cfg := &Config{}
+	cfg.Upsert(Context{Name: "dev", Server: b.srv.URL, Token: "ctx-token", Tenant: "sim"}, true)
+	require.NoError(t, cfg.Save(b.cfgPath))
+	b.f.denyTenant = "sim"
+	r := b.run(t, "", "projects", "list")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "Error: PERMISSION_DENIED: key key_m (member of acme) may not projects.list on tenant sim\n"+
+		"hint: the tenant came from context \"dev\" (tenant sim); pass --tenant to choose another\n", r.stderr)
+	r = b.run(t, "", "projects", "list", "--tenant", "sim")
+	require.Equal(t, 1, r.code)
+	require.NotContains(t, r.stderr, "hint:", "the user chose this tenant")
+}

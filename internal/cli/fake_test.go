@@ -40,6 +40,8 @@ type fake struct {
 	events        []*apiv1.Event
 	// revokes records each key revocation's request.
 	revokes []*apiv1.RevokeApiKeyRequest
+	// denyTenant is a tenant whose projects List refuses.
+	denyTenant string
 	// protected projects refuse deletion with CONFIRMATION_REQUIRED unless
 	// the request carries the approved confirmation id.
 	protected map[string]string
@@ -229,6 +231,9 @@ func (s projectSvc) Get(_ context.Context, req *connect.Request[apiv1.GetProject
 func (s projectSvc) List(_ context.Context, req *connect.Request[apiv1.ListProjectsRequest]) (*connect.Response[apiv1.ListProjectsResponse], error) {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
+	if s.f.denyTenant != "" && req.Msg.GetTenant() == s.f.denyTenant {
+		return nil, apiError(connect.CodePermissionDenied, "PERMISSION_DENIED", "key key_m (member of acme) may not projects.list on tenant "+s.f.denyTenant, "")
+	}
 	var mine []*apiv1.Project
 	for _, p := range s.f.projects {
 		if p.GetTenantId() == req.Msg.GetTenant() {

@@ -55,6 +55,9 @@ type app struct {
 	cfgCtx *Context
 	api    *client.Client
 	me     *apiv1.WhoAmIResponse
+	// tenantFrom says where a defaulted --tenant came from, for the hint
+	// under a refusal.
+	tenantFrom string
 }
 
 // NewRootCommand returns the better-compute command tree; version is what
@@ -138,6 +141,9 @@ func run(ctx context.Context, a *app, args []string, stdin io.Reader, stdout, st
 	root.SetErr(stderr)
 	if cmd, err := root.ExecuteContextC(ctx); err != nil {
 		printError(stderr, cmd, err)
+		if client.Code(err) == "PERMISSION_DENIED" && a.tenantFrom != "" {
+			fmt.Fprintf(stderr, "hint: the tenant came from %s; pass --tenant to choose another\n", a.tenantFrom)
+		}
 		return 1
 	}
 	return 0
@@ -474,6 +480,7 @@ func (a *app) tenant(ctx context.Context, flag string, required bool) (string, e
 		return "", err
 	}
 	if c.Tenant != "" && !a.tokenOverridden(c) {
+		a.tenantFrom = fmt.Sprintf("context %q (tenant %s)", c.Name, c.Tenant)
 		return c.Tenant, nil
 	}
 	me, err := a.whoami(ctx)
