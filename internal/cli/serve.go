@@ -96,7 +96,7 @@ func (f *serverFlags) checkLiveness() error {
 	return nil
 }
 
-// listen binds the API listener and, when gateway is set, the agent
+// bind opens the API listener and, when gateway is set, the agent
 // gateway's, before anything is written to the database: a start that
 // cannot serve must not create the platform (dev would otherwise never show
 // the admin key). A port in use is refused with the flag that picks another;
