@@ -319,6 +319,14 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
 		RefusalAuditLimit: cfg.RefusalAuditLimit, RefusalAuditWindow: cfg.RefusalAuditWindow, Limits: cfg.Limits,
+		TenantName: func(ctx context.Context, id string) (name string, err error) {
+			err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+				t, err := tenancy.TenantGet(ctx, tx, id)
+				name = t.Name
+				return err
+			})
+			return name, err
+		},
 	}); err != nil {
 		return nil, err
 	}

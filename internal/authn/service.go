@@ -219,9 +219,18 @@ func (s *ApiKeyService) Revoke(ctx context.Context, req *connect.Request[apiv1.R
 					return keyResource("", "unknown", ""), err
 				}
 				tenantID = t.ID
+			} else if c, ok := envelope.CallerFrom(ctx); ok {
+				// No tenant named: a tenant principal means its own tenant
+				// (a key elsewhere is not found, as if named under it); a
+				// platform principal finds the key by id in any tenant.
+				tenantID = c.Principal.TenantID
 			}
 			var err error
-			k, err = KeyGet(ctx, q, tenantID, msg.GetId())
+			if msg.GetTenant() == "" && tenantID == "" {
+				k, err = KeyByID(ctx, q, msg.GetId())
+			} else {
+				k, err = KeyGet(ctx, q, tenantID, msg.GetId())
+			}
 			if errors.Is(err, store.ErrNotFound) {
 				// A key of another tenant named under this one is not found
 				// here: decide on the named tenant, then say NOT_FOUND.

@@ -89,6 +89,12 @@ func KeyGet(ctx context.Context, q store.Querier, tenantID, id string) (ApiKey, 
 	return scanKey(q.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE tenant_id = $1 AND id = $2`, tenantID, id))
 }
 
+// KeyByID reads a key by id in whichever tenant holds it (ids are unique
+// across tenants), for platform principals that name no tenant.
+func KeyByID(ctx context.Context, q store.Querier, id string) (ApiKey, error) {
+	return scanKey(q.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = $1`, id))
+}
+
 // KeyList lists a tenant's keys after the cursor.
 func KeyList(ctx context.Context, q store.Querier, tenantID string, includeRevoked bool, after string, limit int) ([]ApiKey, error) {
 	rows, err := q.Query(ctx, `SELECT `+keyColumns+` FROM api_keys

@@ -100,13 +100,18 @@ once and never again: store it now.`,
 	revoke := &cobra.Command{
 		Use:   "revoke ID",
 		Short: "Revoke an API key",
-		Args:  positional("ID"),
+		Long: `Revoke an API key by its id. The id is unique across tenants, so no
+--tenant is needed: the server finds the key (a tenant's admin, in its own
+tenant). --tenant, when given, must be the key's tenant.`,
+		Args: positional("ID"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			c, t, err := a.clientTenant(cmd, tenant)
+			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			resp, err := c.ApiKeys.Revoke(cmd.Context(), request(&apiv1.RevokeApiKeyRequest{Tenant: t, Id: argv[0]}, mutation{confirmationID: confirmationID}))
+			// Only an explicit --tenant: the context's would refuse a key
+			// of another tenant that the id alone finds.
+			resp, err := c.ApiKeys.Revoke(cmd.Context(), request(&apiv1.RevokeApiKeyRequest{Tenant: tenant, Id: argv[0]}, mutation{confirmationID: confirmationID}))
 			if err != nil {
 				return err
 			}

@@ -171,7 +171,7 @@ func TestCapacityCommands(t *testing.T) {
 	require.Len(t, cf.timelines, 1)
 	stderr := b.fail(t, "capacity", "timeline", "--pool", "h100", "--step", "1s")
 	require.Contains(t, stderr, "Error: INVALID_ARGUMENT")
-	require.Contains(t, stderr, "step_seconds: gives 86401 points")
+	require.Contains(t, stderr, "--step: gives 86401 points")
 
 	out = b.ok(t, "capacity", "rebuild")
 	require.Contains(t, out, "rebuilt 4 rollups; 1 differed")

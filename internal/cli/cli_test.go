@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
@@ -144,7 +145,7 @@ func TestBadOutputFormat(t *testing.T) {
 	b := setup(t)
 	r := b.run(t, "", "tenants", "list", "-o", "xml")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid output")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --output")
 }
 
 func TestCreateSendsIdempotencyKeyAndRetriesWithIt(t *testing.T) {
@@ -170,7 +171,7 @@ func TestErrorPrinting(t *testing.T) {
 
 	r := b.run(t, "", "tenants", "create", "Bad Name")
 	require.Equal(t, 1, r.code)
-	require.Equal(t, "Error: INVALID_ARGUMENT: invalid name: must match [a-z0-9-]{1,63}\n  name: must match [a-z0-9-]{1,63}\n", r.stderr)
+	require.Equal(t, "Error: INVALID_ARGUMENT: invalid NAME: must match [a-z0-9-]{1,63}\n", r.stderr, "printed once, naming the argument")
 	require.Empty(t, r.stdout)
 
 	r = b.run(t, "", "tenants", "get", "nope")
@@ -262,7 +263,7 @@ func TestNamedContextAndTenantDefaults(t *testing.T) {
 
 	r := b.run(t, "", "whoami", "--context", "nope")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid context")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --context: no context")
 }
 
 func TestTenantFromWhoAmI(t *testing.T) {
@@ -278,8 +279,7 @@ func TestTenantFromWhoAmI(t *testing.T) {
 	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "usr_root", Role: "platform-admin"}
 	r := b.run(t, "", "projects", "list")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid tenant")
-	require.Contains(t, r.stderr, "  tenant: required")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --tenant: required")
 }
 
 func TestApiKeys(t *testing.T) {
@@ -304,7 +304,7 @@ func TestApiKeys(t *testing.T) {
 
 	r := b.run(t, "", "api-keys", "create", "--tenant", "acme")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "  role: required")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --role: required")
 
 	require.Contains(t, b.ok(t, "api-keys", "revoke", "key_1", "--tenant", "acme"), "key_1")
 	require.NotContains(t, b.ok(t, "api-keys", "list", "--tenant", "acme"), "key_1")
@@ -358,12 +358,13 @@ func TestEventsWatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	out := b.ok(t, "events", "watch", "--tenant", "acme")
+	out := b.watchEnds(t, "Error: UNAVAILABLE: the server ended the event stream; resume with --after 2", "events", "watch", "--tenant", "acme")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2)
-	require.Equal(t, []string{"1", "2025-01-02T03:04:05Z", "tenant.created", "Tenant/ten_1", "ten_1"}, strings.Fields(lines[0]))
+	require.Len(t, lines, 3)
+	require.Equal(t, []string{"ID", "TIME", "TYPE", "RESOURCE", "TENANT"}, strings.Fields(lines[0]), "a header first")
+	require.Equal(t, []string{"1", "2025-01-02T03:04:05Z", "tenant.created", "Tenant/ten_1", "ten_1"}, strings.Fields(lines[1]))
 
-	out = b.ok(t, "events", "watch", "--after", "1", "--type", "project.", "-o", "json")
+	out = b.watchEnds(t, "resume with --after 2", "events", "watch", "--after", "1", "--type", "project.", "-o", "json")
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 1, "one JSON object per line")
 	var ev struct{ ID, Type string }
@@ -480,19 +481,33 @@ func TestUsageErrors(t *testing.T) {
 		argv []string
 		want string
 	}{
-		{"unknown command", []string{"frobnicate"}, "Error: INVALID_ARGUMENT: unknown command"},
-		{"unknown flag", []string{"tenants", "list", "--bogus"}, "Error: INVALID_ARGUMENT: unknown flag: --bogus"},
-		{"missing argument", []string{"tenants", "get"}, "Error: INVALID_ARGUMENT: invalid NAME: required"},
-		{"extra argument", []string{"tenants", "list", "x"}, "Error: INVALID_ARGUMENT: unexpected argument"},
+		{"unknown command", []string{"frobnicate"}, "Error: unknown command \"frobnicate\" for \"better-compute\"\nRun 'better-compute --help' for usage.\n"},
+		{"misspelt command", []string{"tenant", "lst"}, "Error: unknown command \"lst\" for \"better-compute tenants\"; did you mean \"list\"?\nRun 'better-compute tenants --help' for usage.\n"},
+		{"misspelt top command", []string{"tenats", "list"}, "Error: unknown command \"tenats\" for \"better-compute\"; did you mean \"tenants\"?\n"},
+		{"unknown flag", []string{"tenants", "list", "--bogus"}, "Error: unknown flag --bogus\nRun 'better-compute tenants list --help' for usage.\n"},
+		{"misspelt flag", []string{"tenants", "list", "--limt", "1"}, "Error: unknown flag --limt; did you mean --limit?\n"},
+		{"flag prefix", []string{"api-keys", "list", "--include-revoke"}, "Error: unknown flag --include-revoke; did you mean --include-revoked?\n"},
+		{"inherited flag", []string{"tenants", "list", "--outptu", "json"}, "Error: unknown flag --outptu; did you mean --output?\n"},
+		{"bad flag value", []string{"tenants", "list", "--limit", "many"}, "Error: invalid argument \"many\" for \"--limit\" flag"},
+		{"missing argument", []string{"tenants", "get"}, "Error: invalid NAME: required\n"},
+		{"extra argument", []string{"tenants", "list", "x"}, "Error: unexpected argument \"x\"\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := b.run(t, "", tt.argv...)
-			require.Equal(t, 1, r.code)
+			require.Equal(t, 1, r.code, "a usage mistake exits non-zero")
 			require.True(t, strings.HasPrefix(r.stderr, tt.want), r.stderr)
+			require.NotContains(t, r.stderr, "INVALID_ARGUMENT", "a usage mistake never reached a server")
+			require.Empty(t, r.stdout, "no help on a mistake")
 		})
 	}
+	require.Empty(t, b.f.calls, "a usage mistake calls nothing")
+
+	// A group given nothing prints its help and succeeds.
+	r := b.run(t, "", "tenants")
+	require.Equal(t, 0, r.code)
+	require.Contains(t, r.stdout, "Available Commands:")
 }
 
 func TestNoServer(t *testing.T) {
@@ -501,7 +516,7 @@ func TestNoServer(t *testing.T) {
 	b.env[envServer] = ""
 	r := b.run(t, "", "tenants", "list")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid server")
+	require.Contains(t, r.stderr, "Error: INVALID_ARGUMENT: invalid --server: not set")
 }
 
 func TestRegisteredAndCompletionCommands(t *testing.T) {
@@ -513,4 +528,139 @@ func TestRegisteredAndCompletionCommands(t *testing.T) {
 	found, _, err := root.Find([]string{"hooked"})
 	require.NoError(t, err)
 	require.Equal(t, "hooked", found.Name())
+}
+
+// The context's tenant goes with the context's token: a key passed with
+// --token or the environment works in its own tenant (the dev context's
+// tenant sim would otherwise send a member of acme to sim).
+func TestTokenOverrideTakesTheTokensTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer], b.env[envToken] = "", ""
+	cfg := &Config{}
+	cfg.Upsert(Context{Name: "dev", Server: b.srv.URL, Token: "admin-token", Tenant: "sim"}, true)
+	require.NoError(t, cfg.Save(b.cfgPath))
+	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "key_m", Kind: "service", Role: "member", TenantId: "ten_1", TenantName: "acme"}
+
+	tenantOf := func(out string) string {
+		var p struct{ Project struct{ TenantId string } }
+		require.NoError(t, json.Unmarshal([]byte(out), &p))
+		return p.Project.TenantId
+	}
+	require.Equal(t, "acme", tenantOf(b.ok(t, "projects", "create", "a", "--token", "member-token", "-o", "json")))
+	b.env[envToken] = "member-token"
+	require.Equal(t, "acme", tenantOf(b.ok(t, "projects", "create", "b", "-o", "json")))
+	// The context's own token keeps the context's tenant, without asking.
+	b.env[envToken] = ""
+	calls := len(b.f.callsTo("WhoAmI"))
+	require.Equal(t, "sim", tenantOf(b.ok(t, "projects", "create", "c", "-o", "json")))
+	require.Equal(t, "sim", tenantOf(b.ok(t, "projects", "create", "d", "--token", "admin-token", "-o", "json")))
+	require.Len(t, b.f.callsTo("WhoAmI"), calls)
+	// --tenant still wins.
+	require.Equal(t, "globex", tenantOf(b.ok(t, "projects", "create", "e", "--token", "member-token", "--tenant", "globex", "-o", "json")))
+
+	// A platform key passed with --token has no tenant to default to.
+	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "key_p", Role: "platform-admin"}
+	r := b.run(t, "", "projects", "list", "--token", "platform-token")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "pass --tenant")
+}
+
+// A server's INVALID_ARGUMENT is printed once per violation, naming the flag
+// (or argument) the user gave rather than the API field.
+func TestViolationsNameTheFlag(t *testing.T) {
+	t.Parallel()
+	root := newApp("v", func(string) (string, bool) { return "", false }).command()
+	find := func(args ...string) *cobra.Command {
+		cmd, _, err := root.Find(args)
+		require.NoError(t, err)
+		return cmd
+	}
+	keys, reserve := find("api-keys", "create"), find("reserve")
+	for _, tt := range []struct {
+		cmd         *cobra.Command
+		field, want string
+	}{
+		{keys, "ttl_seconds", "--ttl"},
+		{keys, "role", "--role"},
+		{reserve, "duration_seconds", "--for"},
+		{reserve, "start_time", "--start"},
+		{reserve, "gpus", "--gpus"},
+		{find("tenants", "create"), "display_name", "--display-name"},
+		{find("tenants", "create"), "name", "NAME"},
+		{keys, "selector.gpu.model", "selector.gpu.model"},
+	} {
+		require.Equal(t, tt.want, fieldLabel(tt.cmd, tt.field), "%s %s", tt.cmd.CommandPath(), tt.field)
+	}
+
+	var w strings.Builder
+	printError(&w, keys, apiError(connect.CodeInvalidArgument, "INVALID_ARGUMENT", "invalid ttl_seconds: must be at most 31536000", "",
+		&apiv1.FieldViolation{Field: "ttl_seconds", Reason: "must be at most 31536000"}))
+	require.Equal(t, "Error: INVALID_ARGUMENT: invalid --ttl: must be at most 31536000\n", w.String())
+
+	w.Reset()
+	printError(&w, reserve, apiError(connect.CodeInvalidArgument, "INVALID_ARGUMENT", "invalid gpus: must be at least 1 (and 1 more)", "",
+		&apiv1.FieldViolation{Field: "gpus", Reason: "must be at least 1"},
+		&apiv1.FieldViolation{Field: "duration_seconds", Reason: "must be positive"}))
+	require.Equal(t, "Error: INVALID_ARGUMENT: invalid request\n  --gpus: must be at least 1\n  --for: must be positive\n", w.String())
+}
+
+// watchEnds runs a watch against the fake, whose streams end after the
+// backlog: the watch exits non-zero saying so and how to resume, and
+// returns what it printed.
+func (b *bundle) watchEnds(t *testing.T, want string, argv ...string) string {
+	t.Helper()
+	r := b.run(t, "", argv...)
+	require.Equal(t, 1, r.code, "a stream the user did not stop is a failure; stderr: %s", r.stderr)
+	require.Contains(t, r.stderr, want)
+	return r.stdout
+}
+
+// A stream that fails keeps its code and says how to follow on.
+func TestEventsWatchFailureSaysHowToResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer] = "http://127.0.0.1:1"
+	r := b.run(t, "", "events", "watch", "--tenant", "acme", "--after", "7")
+	require.Equal(t, 1, r.code)
+	require.True(t, strings.HasPrefix(r.stderr, "Error: UNAVAILABLE: the event stream failed: "), r.stderr)
+	require.Contains(t, r.stderr, "; resume with --after 7")
+}
+
+// api-keys revoke finds the key by id: it sends no tenant unless --tenant
+// is given, not even the context's.
+func TestApiKeysRevokeByID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer], b.env[envToken] = "", ""
+	cfg := &Config{}
+	cfg.Upsert(Context{Name: "dev", Server: b.srv.URL, Token: "admin-token", Tenant: "sim"}, true)
+	require.NoError(t, cfg.Save(b.cfgPath))
+	b.ok(t, "api-keys", "create", "--tenant", "acme", "--role", "member")
+	require.Contains(t, b.ok(t, "api-keys", "revoke", "key_1"), "key_1")
+	b.ok(t, "api-keys", "revoke", "key_1", "--tenant", "acme")
+	require.Empty(t, b.f.callsTo("WhoAmI"))
+	b.f.mu.Lock()
+	defer b.f.mu.Unlock()
+	require.Len(t, b.f.revokes, 2)
+	require.Empty(t, b.f.revokes[0].GetTenant(), "no tenant: the id finds the key")
+	require.Equal(t, "acme", b.f.revokes[1].GetTenant())
+}
+
+// A refusal on a tenant the context chose says where the tenant came from.
+func TestRefusalHintsAtTheContextTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env[envServer], b.env[envToken] = "", ""
+	cfg := &Config{}
+	cfg.Upsert(Context{Name: "dev", Server: b.srv.URL, Token: "ctx-token", Tenant: "sim"}, true)
+	require.NoError(t, cfg.Save(b.cfgPath))
+	b.f.denyTenant = "sim"
+	r := b.run(t, "", "projects", "list")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "Error: PERMISSION_DENIED: key key_m (member of acme) may not projects.list on tenant sim\n"+
+		"hint: the tenant came from context \"dev\" (tenant sim); pass --tenant to choose another\n", r.stderr)
+	r = b.run(t, "", "projects", "list", "--tenant", "sim")
+	require.Equal(t, 1, r.code)
+	require.NotContains(t, r.stderr, "hint:", "the user chose this tenant")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,7 +42,14 @@ commands talk to it. Restarting keeps all state.
 --sim-nodes N runs N simulated GPU hosts in the same process: the real agent
 code on go-nvml's DGX mocks, joining through the gateway over loopback mTLS
 into tenant "sim", project "nodes". Their identities live in
-<state-dir>/sim, so a restart brings the same nodes back.`,
+<state-dir>/sim, so a restart brings the same nodes back.
+
+A port in use stops the start before anything is created; the error names
+the flag to pass (--listen, --gateway-listen; 127.0.0.1:0 picks a free port
+and the "dev" context follows it). The admin key is printed by the first
+start that succeeds. To try node loss without waiting five minutes, shorten
+the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
+--lost-after 15s.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.roles = []string{bcapp.RoleAPI, bcapp.RoleWorker, bcapp.RoleGateway}
@@ -51,6 +59,9 @@ into tenant "sim", project "nodes". Their identities live in
 			profiles, err := bctest.ParseProfiles(simProfile)
 			if err != nil {
 				return invalidArg("sim-profile", err.Error())
+			}
+			if err := f.checkLiveness(); err != nil {
+				return err
 			}
 			logger, err := f.logger(cmd.ErrOrStderr())
 			if err != nil {
@@ -65,30 +76,38 @@ into tenant "sim", project "nodes". Their identities live in
 				return serverError(err)
 			}
 			defer closeApp(a, logger)
+			// Bind before bootstrapping: a start that cannot serve must not
+			// create the key it would then never show.
+			ln, gwAddr, err := f.bind(a, true, true)
+			if err != nil {
+				return err
+			}
 			keyFile := filepath.Join(f.stateDir, "admin.key")
+			// shownFile marks the key as printed, so that a start failing
+			// between bootstrap and printing leaves it for the next start.
+			shownFile := keyFile + ".shown"
 			secret, created, err := a.Bootstrap(ctx, func(secret string) error {
-				// The database is new, so a key file left from an older one is
-				// stale: replace it.
+				// The database is new, so a key file (and its marker) left
+				// from an older one is stale: replace it.
+				if err := os.Remove(shownFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
 				return writeSecretFile(keyFile, secret, true)
 			})
 			if err != nil {
+				_ = ln.Close()
 				return serverError(fmt.Errorf("bootstrap the platform: %w", err))
 			}
 			if !created {
 				b, err := os.ReadFile(keyFile)
 				if err != nil {
+					_ = ln.Close()
 					return fmt.Errorf("the platform exists but its admin key file is unreadable (%w); start with a fresh --state-dir", err)
 				}
 				secret = strings.TrimSpace(string(b))
 			}
-			gwAddr, err := a.ListenGateway()
-			if err != nil {
-				return serverError(err)
-			}
-			ln, err := a.Listen()
-			if err != nil {
-				return serverError(err)
-			}
+			_, err = os.Stat(shownFile)
+			showKey := errors.Is(err, fs.ErrNotExist)
 			api := "http://" + ln.Addr().String()
 			cfgPath := cmd.Flag("config").Value.String()
 			if cfgPath == "" {
@@ -96,6 +115,7 @@ into tenant "sim", project "nodes". Their identities live in
 			}
 			cfg, err := LoadConfig(cfgPath)
 			if err != nil {
+				_ = ln.Close()
 				return err
 			}
 			devCtx := Context{Name: "dev", Server: api, Token: secret}
@@ -106,14 +126,18 @@ into tenant "sim", project "nodes". Their identities live in
 			}
 			cfg.Upsert(devCtx, true)
 			if err := cfg.Save(cfgPath); err != nil {
+				_ = ln.Close()
 				return err
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "API: %s\n", api)
 			fmt.Fprintf(out, "gateway: %s\n", gwAddr.String())
-			if created {
+			if showKey {
 				fmt.Fprintf(out, "admin key: %s\n", secret)
 				fmt.Fprintf(out, "  (shown once; also kept in %s, mode 0600)\n", keyFile)
+				if err := writeSecretFile(shownFile, "", true); err != nil {
+					return fmt.Errorf("mark the admin key as shown: %w", err)
+				}
 			} else {
 				fmt.Fprintf(out, "admin key: in %s (mode 0600)\n", keyFile)
 			}

@@ -38,6 +38,10 @@ type fake struct {
 	confirmations []*apiv1.Confirmation
 	audit         []*apiv1.AuditEntry
 	events        []*apiv1.Event
+	// revokes records each key revocation's request.
+	revokes []*apiv1.RevokeApiKeyRequest
+	// denyTenant is a tenant whose projects List refuses.
+	denyTenant string
 	// protected projects refuse deletion with CONFIRMATION_REQUIRED unless
 	// the request carries the approved confirmation id.
 	protected map[string]string
@@ -227,6 +231,9 @@ func (s projectSvc) Get(_ context.Context, req *connect.Request[apiv1.GetProject
 func (s projectSvc) List(_ context.Context, req *connect.Request[apiv1.ListProjectsRequest]) (*connect.Response[apiv1.ListProjectsResponse], error) {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
+	if s.f.denyTenant != "" && req.Msg.GetTenant() == s.f.denyTenant {
+		return nil, apiError(connect.CodePermissionDenied, "PERMISSION_DENIED", "key key_m (member of acme) may not projects.list on tenant "+s.f.denyTenant, "")
+	}
 	var mine []*apiv1.Project
 	for _, p := range s.f.projects {
 		if p.GetTenantId() == req.Msg.GetTenant() {
@@ -285,6 +292,7 @@ func (s keySvc) List(_ context.Context, req *connect.Request[apiv1.ListApiKeysRe
 func (s keySvc) Revoke(_ context.Context, req *connect.Request[apiv1.RevokeApiKeyRequest]) (*connect.Response[apiv1.RevokeApiKeyResponse], error) {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
+	s.f.revokes = append(s.f.revokes, req.Msg)
 	for _, k := range s.f.keys {
 		if k.GetId() == req.Msg.GetId() {
 			k.RevokeTime = created

@@ -320,7 +320,7 @@ func TestCommandsCLI(t *testing.T) {
 	require.Contains(t, r.stderr, "param: must be k=v")
 	r = b.run(t, "", "commands", "run", "allocation.bind", "--node", "gpu-1")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "kind: must be inventory.refresh or node.drain")
+	require.Contains(t, r.stderr, "KIND: must be inventory.refresh or node.drain")
 
 	require.Contains(t, b.ok(t, "commands", "cancel", "cmd_inventory.refresh"), "canceled")
 	require.Contains(t, b.ok(t, "commands", "list", "--node", "gpu-1"), "cmd_inventory.refresh")

@@ -76,17 +76,21 @@ object per line with -o json. Resume where a previous watch stopped with
 				return err
 			}
 			p := a.printer(cmd.OutOrStdout())
+			const line = "%-6s  %-20s  %-24s  %s  %s\n"
+			p.streamHeader(func(w io.Writer) { fmt.Fprintf(w, line, "ID", "TIME", "TYPE", "RESOURCE", "TENANT") })
+			last := after
 			err = c.Watch(cmd.Context(), &apiv1.WatchEventsRequest{Tenant: t, After: after, TypePrefixes: types}, func(ev *apiv1.Event) error {
+				last = ev.GetId()
 				return p.line(ev, func(w io.Writer) {
-					fmt.Fprintf(w, "%s  %s  %-24s  %s  %s\n", ev.GetId(), ts(ev.GetTime()), ev.GetType(),
+					fmt.Fprintf(w, line, ev.GetId(), ts(ev.GetTime()), ev.GetType(),
 						resource(ev.GetResourceType(), ev.GetResourceId()), dash(ev.GetTenantId()))
 				})
 			})
-			if errors.Is(err, context.Canceled) || cmd.Context().Err() != nil {
-				// Interrupting is how a watch is meant to end.
-				return nil //nolint:nilerr // the cancellation is the user's Ctrl-C, not a failure
+			resume := "rerun to follow new events"
+			if last != "" {
+				resume = "resume with --after " + last
 			}
-			return err
+			return streamEnded(cmd, "event", err, resume)
 		},
 	}
 	addTenantFlag(watch, &tenant)
@@ -94,4 +98,31 @@ object per line with -o json. Resume where a previous watch stopped with
 	watch.Flags().StringSliceVar(&types, "type", nil, "only events whose type starts with this prefix (repeatable)")
 	cmd.AddCommand(watch)
 	return cmd
+}
+
+// streamHeader writes a watch's column names before its first line, for
+// the table format only: json and yaml lines are the API's messages.
+func (p printer) streamHeader(header func(w io.Writer)) {
+	if p.format == "table" {
+		header(p.w)
+	}
+}
+
+// streamEnded is what a watch returns once its stream is over. Interrupting
+// is how a watch is meant to end (exit 0); the server ending the stream, or
+// the connection failing, is not, so it is an error that says how to resume.
+// what names the stream ("event", "reservation"); resume is the hint.
+func streamEnded(cmd *cobra.Command, what string, err error, resume string) error {
+	if errors.Is(err, context.Canceled) || cmd.Context().Err() != nil {
+		return nil //nolint:nilerr // the cancellation is the user's Ctrl-C, not a failure
+	}
+	if err == nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the server ended the %s stream; %s", what, resume))
+	}
+	msg := err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg = ce.Message()
+	}
+	return connect.NewError(connect.CodeOf(err), fmt.Errorf("the %s stream failed: %s; %s", what, msg, resume))
 }

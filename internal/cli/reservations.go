@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -439,7 +438,7 @@ object per line with -o json. Resume where a previous watch stopped with
 --cursor set to the last cursor it printed.`,
 		Args: func(_ *cobra.Command, argv []string) error {
 			if len(argv) > 1 {
-				return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unexpected argument %q", argv[1]))
+				return usagef("unexpected argument %q", argv[1])
 			}
 			return nil
 		},
@@ -452,12 +451,12 @@ object per line with -o json. Resume where a previous watch stopped with
 			if len(argv) == 1 {
 				id = argv[0]
 			}
-			err = a.watchReservations(cmd, c, &apiv1.WatchReservationsRequest{Tenant: t, Reservation: id, Cursor: cursor})
-			if errors.Is(err, context.Canceled) || cmd.Context().Err() != nil {
-				// Interrupting is how a watch is meant to end.
-				return nil //nolint:nilerr // the cancellation is the user's Ctrl-C, not a failure
+			last, err := a.watchReservations(cmd, c, &apiv1.WatchReservationsRequest{Tenant: t, Reservation: id, Cursor: cursor})
+			resume := "rerun to follow new changes"
+			if last != "" {
+				resume = "resume with --cursor " + last
 			}
-			return err
+			return streamEnded(cmd, "reservation", err, resume)
 		},
 	}
 	addTenantFlag(watch, &tenant)
@@ -467,29 +466,36 @@ object per line with -o json. Resume where a previous watch stopped with
 	return cmd
 }
 
-// watchReservations prints each change until the stream ends.
-func (a *app) watchReservations(cmd *cobra.Command, c *client.Client, req *apiv1.WatchReservationsRequest) error {
+// watchReservations prints each change until the stream ends, and returns
+// the last cursor it printed.
+func (a *app) watchReservations(cmd *cobra.Command, c *client.Client, req *apiv1.WatchReservationsRequest) (last string, err error) {
 	ctx, cancel := context.WithCancel(cmd.Context())
 	defer cancel()
+	last = req.GetCursor()
 	stream, err := c.Reservations.Watch(ctx, connect.NewRequest(req))
 	if err != nil {
-		return err
+		return last, err
 	}
 	defer func() { _ = stream.Close() }()
 	p := a.printer(cmd.OutOrStdout())
+	const line = "%-20s  %-22s  %-26s  %-9s  %s\n"
+	p.streamHeader(func(w io.Writer) { fmt.Fprintf(w, line, "TIME", "TYPE", "ID", "STATE", "CURSOR") })
 	for stream.Receive() {
 		ev := stream.Msg()
 		r := ev.GetReservation()
 		// The change carries no time of its own; the reservation's update
 		// time is when it happened.
 		err := p.line(ev, func(w io.Writer) {
-			fmt.Fprintf(w, "%s  %-22s  %s  %-9s  %s\n", ts(r.GetUpdateTime()), ev.GetType(), r.GetId(), dash(r.GetState()), dash(ev.GetCursor()))
+			fmt.Fprintf(w, line, ts(r.GetUpdateTime()), ev.GetType(), r.GetId(), dash(r.GetState()), dash(ev.GetCursor()))
 		})
 		if err != nil {
-			return err
+			return last, err
+		}
+		if ev.GetCursor() != "" {
+			last = ev.GetCursor()
 		}
 	}
-	return stream.Err()
+	return last, stream.Err()
 }
 
 func (a *app) printReservations(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Reservation) error {

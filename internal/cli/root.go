@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
@@ -53,6 +55,9 @@ type app struct {
 	cfgCtx *Context
 	api    *client.Client
 	me     *apiv1.WhoAmIResponse
+	// tenantFrom says where a defaulted --tenant came from, for the hint
+	// under a refusal.
+	tenantFrom string
 }
 
 // NewRootCommand returns the better-compute command tree; version is what
@@ -93,9 +98,7 @@ config file.`,
 	pf.StringVar(&a.flagContext, "context", "", "named context from the config file (default: its current-context)")
 	pf.StringVarP(&a.flagOutput, "output", "o", "table", "output format: table, json or yaml")
 	pf.StringVar(&a.flagConfig, "config", "", "config file (default $"+envConfig+" or ~/.config/better-compute/config.yaml)")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return connect.NewError(connect.CodeInvalidArgument, err)
-	})
+	root.SetFlagErrorFunc(flagError)
 
 	root.AddCommand(
 		a.versionCommand(),
@@ -117,6 +120,7 @@ config file.`,
 	for _, f := range extraCommands {
 		root.AddCommand(f())
 	}
+	refuseUnknownSubcommands(root)
 	return root
 }
 
@@ -135,36 +139,200 @@ func run(ctx context.Context, a *app, args []string, stdin io.Reader, stdout, st
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	if err := root.ExecuteContext(ctx); err != nil {
-		printError(stderr, err)
+	if cmd, err := root.ExecuteContextC(ctx); err != nil {
+		printError(stderr, cmd, err)
+		if client.Code(err) == "PERMISSION_DENIED" && a.tenantFrom != "" {
+			fmt.Fprintf(stderr, "hint: the tenant came from %s; pass --tenant to choose another\n", a.tenantFrom)
+		}
 		return 1
 	}
 	return 0
 }
 
-// printError writes `Error: CODE: message`, one line per field violation and,
-// for CONFIRMATION_REQUIRED, how to proceed.
-func printError(w io.Writer, err error) {
-	code, msg := client.Code(err), err.Error()
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		msg = ce.Message()
-	} else {
-		// Errors that never reached the server come from parsing this
-		// invocation: an unknown command, flag or argument.
-		code = "INVALID_ARGUMENT"
+// usageError is a mistake in the command line itself (an unknown command or
+// flag, a missing argument): it never reached a server, so it is printed
+// without a server code and with where to read the usage.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// refuseUnknownSubcommands makes every command group refuse an unknown
+// subcommand (cobra would print the group's help and exit 0), suggesting
+// the nearest one; a group given nothing still prints its help.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	if cmd.HasSubCommands() && !cmd.Runnable() {
+		cmd.Args = cobra.ArbitraryArgs
+		cmd.SuggestionsMinimumDistance = 2
+		cmd.RunE = func(cmd *cobra.Command, argv []string) error {
+			if len(argv) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", argv[0], cmd.CommandPath())
+			// cobra lists its suggestions in command order: take the nearest.
+			best := ""
+			for _, s := range cmd.SuggestionsFor(argv[0]) {
+				if best == "" || editDistance(argv[0], s) < editDistance(argv[0], best) {
+					best = s
+				}
+			}
+			if best != "" {
+				msg += fmt.Sprintf("; did you mean %q?", best)
+			}
+			return usagef("%s", msg)
+		}
 	}
+	for _, c := range cmd.Commands() {
+		refuseUnknownSubcommands(c)
+	}
+}
+
+// flagError turns pflag's complaint into a usage error, suggesting the
+// nearest flag for an unknown one (--gpu → --gpus).
+func flagError(cmd *cobra.Command, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "unknown flag: --"); ok {
+		msg = "unknown flag --" + name
+		if s := nearestFlag(cmd, name); s != "" {
+			msg += fmt.Sprintf("; did you mean --%s?", s)
+		}
+	}
+	return usagef("%s", msg)
+}
+
+// nearestFlag is the flag of cmd closest to name: one that name is a prefix
+// of or that is a prefix of name, else one within two edits.
+func nearestFlag(cmd *cobra.Command, name string) string {
+	best, bestDist := "", 3
+	visit := func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		d := editDistance(name, f.Name)
+		if strings.HasPrefix(f.Name, name) || strings.HasPrefix(name, f.Name) {
+			d = min(d, 1)
+		}
+		if d < bestDist || d == bestDist && f.Name < best {
+			best, bestDist = f.Name, d
+		}
+	}
+	cmd.Flags().VisitAll(visit)
+	cmd.InheritedFlags().VisitAll(visit)
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// printError writes `Error: CODE: message`, the field violations once each
+// (named by the flag or argument the user gave, where the command has one)
+// and, for CONFIRMATION_REQUIRED, how to proceed. A usage mistake is
+// printed without a code, with where to read the usage.
+func printError(w io.Writer, cmd *cobra.Command, err error) {
+	var ue *usageError
+	var ce *connect.Error
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprintf(w, "Error: %s\n", ue.msg)
+		if cmd != nil {
+			fmt.Fprintf(w, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		return
+	case !errors.As(err, &ce):
+		// A local failure that is neither a usage mistake nor a server's
+		// answer (a file that cannot be read): no code would be honest.
+		fmt.Fprintf(w, "Error: %s\n", err.Error())
+		return
+	}
+	code, msg := client.Code(err), ce.Message()
 	d := client.Detail(err)
 	if d != nil && d.GetMessage() != "" {
 		msg = d.GetMessage()
 	}
+	vs := d.GetViolations()
+	if code == "INVALID_ARGUMENT" && len(vs) > 0 && isViolationSummary(msg, vs[0]) {
+		// The message only repeats the first violation: print each once.
+		if len(vs) == 1 {
+			fmt.Fprintf(w, "Error: %s: invalid %s: %s\n", code, fieldLabel(cmd, vs[0].GetField()), vs[0].GetReason())
+			return
+		}
+		fmt.Fprintf(w, "Error: %s: invalid request\n", code)
+		for _, v := range vs {
+			fmt.Fprintf(w, "  %s: %s\n", fieldLabel(cmd, v.GetField()), v.GetReason())
+		}
+		return
+	}
 	fmt.Fprintf(w, "Error: %s: %s\n", code, msg)
-	for _, v := range d.GetViolations() {
-		fmt.Fprintf(w, "  %s: %s\n", v.GetField(), v.GetReason())
+	for _, v := range vs {
+		fmt.Fprintf(w, "  %s: %s\n", fieldLabel(cmd, v.GetField()), v.GetReason())
 	}
 	if id := d.GetConfirmationId(); id != "" {
 		fmt.Fprintf(w, "hint: confirmation %s awaits a human's approval (better-compute confirmations approve %s); then rerun this command with --confirmation-id %s\n", id, id, id)
 	}
+}
+
+// isViolationSummary reports whether msg is the envelope's summary of its
+// violations ("invalid FIELD: REASON", maybe "(and N more)").
+func isViolationSummary(msg string, first *apiv1.FieldViolation) bool {
+	return strings.HasPrefix(msg, fmt.Sprintf("invalid %s: %s", first.GetField(), first.GetReason()))
+}
+
+// flagAliases are API fields whose flag is not their name with dashes,
+// tried in order; a flag is used only where the command has it.
+var flagAliases = map[string][]string{
+	"ttl_seconds":      {"ttl"},
+	"duration_seconds": {"for"},
+	"extend_seconds":   {"for"},
+	"start_time":       {"start"},
+	"end_time":         {"end", "until"},
+	"step_seconds":     {"step"},
+	"deadline_seconds": {"deadline"},
+	"params":           {"param"},
+	"type_prefixes":    {"type"},
+	"name_prefix":      {"prefix"},
+	"page_size":        {"limit"},
+}
+
+// fieldLabel names an API field as the user gave it: --flag where the
+// command has a flag for it, the positional argument (NAME) where its
+// usage line has one, else the field itself.
+func fieldLabel(cmd *cobra.Command, field string) string {
+	if cmd == nil || field == "" {
+		return field
+	}
+	candidates := append([]string{strings.ReplaceAll(field, "_", "-")}, flagAliases[field]...)
+	for _, name := range candidates {
+		if cmd.Flags().Lookup(name) != nil {
+			return "--" + name
+		}
+	}
+	for _, arg := range strings.Fields(cmd.Use)[1:] {
+		if strings.Trim(arg, "[]") == strings.ToUpper(field) {
+			return strings.ToUpper(field)
+		}
+	}
+	return field
 }
 
 // invalidArg is a local refusal in the same shape as the server's, so it
@@ -188,9 +356,9 @@ func positional(names ...string) cobra.PositionalArgs {
 			return nil
 		}
 		if len(got) < len(names) {
-			return invalidArg(names[len(got)], "required")
+			return usagef("invalid %s: required", names[len(got)])
 		}
-		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unexpected argument %q", got[len(names)]))
+		return usagef("unexpected argument %q", got[len(names)])
 	}
 }
 
@@ -291,9 +459,18 @@ func (a *app) whoami(ctx context.Context) (*apiv1.WhoAmIResponse, error) {
 	return a.me, nil
 }
 
+// tokenOverridden reports whether --token or the environment replaces the
+// context's credentials with others.
+func (a *app) tokenOverridden(c Context) bool {
+	return a.setting("token", envToken, c.Token) != c.Token
+}
+
 // tenant resolves --tenant: the flag, else the context's tenant, else the
 // tenant of a tenant-scoped token (asking the server only then). A platform
-// token has none; required decides whether that is an error.
+// token has none; required decides whether that is an error. The context's
+// tenant goes with the context's credentials: when --token or the
+// environment brings another key, the tenant comes from that key, so a
+// member of acme is not sent to the context's tenant sim.
 func (a *app) tenant(ctx context.Context, flag string, required bool) (string, error) {
 	if flag != "" {
 		return flag, nil
@@ -302,7 +479,8 @@ func (a *app) tenant(ctx context.Context, flag string, required bool) (string, e
 	if err != nil {
 		return "", err
 	}
-	if c.Tenant != "" {
+	if c.Tenant != "" && !a.tokenOverridden(c) {
+		a.tenantFrom = fmt.Sprintf("context %q (tenant %s)", c.Name, c.Tenant)
 		return c.Tenant, nil
 	}
 	me, err := a.whoami(ctx)
@@ -313,6 +491,9 @@ func (a *app) tenant(ctx context.Context, flag string, required bool) (string, e
 		return t, nil
 	}
 	if required {
+		if c.Tenant != "" {
+			return "", invalidArg("tenant", "required: this token is a platform key and the context's tenant belongs to the context's token; pass --tenant")
+		}
 		return "", invalidArg("tenant", "required: pass --tenant or set a tenant in the context")
 	}
 	return "", nil

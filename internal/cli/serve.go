@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -68,15 +69,15 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.Float64Var(&f.requestRate, "request-rate", 100, "API requests per second one principal may make over time (0: no limit); beyond, RESOURCE_EXHAUSTED with a retry delay")
 	fl.IntVar(&f.requestBurst, "request-burst", 0, "API requests one principal may make at once (default twice --request-rate)")
 	fl.IntVar(&f.maxStreams, "max-streams", 16, "watch streams one principal may hold open (0: no limit)")
+	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")
+	fl.DurationVar(&f.unreachableAfter, "unreachable-after", 30*time.Second, "a node without a heartbeat this long is unreachable (at least twice --heartbeat-interval)")
+	fl.DurationVar(&f.lostAfter, "lost-after", 5*time.Minute, "a node without a heartbeat this long is lost and its reservations are released (longer than --unreachable-after)")
 	if !full {
 		return
 	}
 	fl.StringSliceVar(&f.roles, "roles", strings.Split(envOr("BETTER_COMPUTE_ROLES", "api,worker,gateway"), ","), "roles to run: api, worker, gateway (env BETTER_COMPUTE_ROLES)")
 	fl.StringSliceVar(&f.gatewayHosts, "gateway-host", nil, "name or IP agents reach the gateway by, put in its serving certificate (repeatable; default the listen host and localhost)")
 	fl.StringVar(&f.trustDomain, "trust-domain", envOr("BETTER_COMPUTE_TRUST_DOMAIN", ""), "SPIFFE trust domain of the PKI created on an empty database (env BETTER_COMPUTE_TRUST_DOMAIN)")
-	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")
-	fl.DurationVar(&f.unreachableAfter, "unreachable-after", 30*time.Second, "a node without a heartbeat this long is unreachable")
-	fl.DurationVar(&f.lostAfter, "lost-after", 5*time.Minute, "a node without a heartbeat this long is lost")
 	fl.StringVar(&f.databaseURL, "database-url", envOr("BETTER_COMPUTE_DATABASE_URL", ""), "PostgreSQL URL (postgres://…); empty uses SQLite in --state-dir (env BETTER_COMPUTE_DATABASE_URL)")
 	fl.StringVar(&f.bootstrapKeyFile, "bootstrap-key-file", "", "where an empty database's first admin key is written, mode 0600 (default <state-dir>/admin.key)")
 	fl.StringVar(&f.pdp, "pdp", "cedar", "policy decision point: cedar (embedded) or authzen (remote)")
@@ -88,6 +89,70 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.oidc.TenantClaim, "oidc-tenant-claim", "bc_tenant", "claim naming the user's tenant")
 	fl.StringVar(&f.oidc.RoleClaim, "oidc-role-claim", "bc_role", "claim naming the user's role: admin, member or viewer")
 	fl.StringSliceVar(&f.oidc.PlatformAdmins, "oidc-platform-admin", nil, "OIDC subject that is a platform administrator (repeatable)")
+}
+
+// checkLiveness refuses liveness timeouts the gateway would refuse, naming
+// the flags rather than the gateway's settings.
+func (f *serverFlags) checkLiveness() error {
+	switch {
+	case f.heartbeatInterval <= 0:
+		return invalidArg("heartbeat-interval", "must be positive")
+	case f.unreachableAfter < 2*f.heartbeatInterval:
+		return invalidArg("unreachable-after", fmt.Sprintf("must be at least twice --heartbeat-interval (%v), not %v", f.heartbeatInterval, f.unreachableAfter))
+	case f.lostAfter <= f.unreachableAfter:
+		return invalidArg("lost-after", fmt.Sprintf("must be longer than --unreachable-after (%v), not %v; to try node loss quickly pass e.g. --heartbeat-interval 2s --unreachable-after 5s --lost-after 15s", f.unreachableAfter, f.lostAfter))
+	}
+	return nil
+}
+
+// bind opens the API listener and, when gateway is set, the agent
+// gateway's, before anything is written to the database: a start that
+// cannot serve must not create the platform (dev would otherwise never show
+// the admin key). A port in use is refused with the flag that picks another;
+// both ports are checked so one failed start names every flag to change.
+func (f *serverFlags) bind(a *bcapp.App, api, gateway bool) (net.Listener, net.Addr, error) {
+	var (
+		ln     net.Listener
+		gwAddr net.Addr
+		msgs   []string
+		err    error
+	)
+	if api {
+		if ln, err = a.Listen(); err != nil {
+			msgs = append(msgs, listenError(err, f.listen, "listen"))
+		}
+	}
+	if gateway {
+		if len(msgs) == 0 {
+			if gwAddr, err = a.ListenGateway(); err != nil {
+				msgs = append(msgs, listenError(err, f.gatewayListen, "gateway-listen"))
+			}
+		} else if probe, err := net.Listen("tcp", f.gatewayListen); err != nil {
+			// The start fails anyway; only learn whether this port is free
+			// too, without binding the gateway for good.
+			msgs = append(msgs, listenError(err, f.gatewayListen, "gateway-listen"))
+		} else {
+			_ = probe.Close()
+		}
+	}
+	if len(msgs) > 0 {
+		if ln != nil {
+			_ = ln.Close()
+		}
+		return nil, nil, serverError(errors.New(strings.Join(msgs, "; ")))
+	}
+	return ln, gwAddr, nil
+}
+
+// listenError says what failed and which flag picks another address.
+func listenError(err error, addr, flag string) string {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		if _, port, perr := net.SplitHostPort(addr); perr == nil {
+			return fmt.Sprintf("port %s is in use: pass --%s 127.0.0.1:0 or another port", port, flag)
+		}
+		return fmt.Sprintf("%s is in use: pass --%s 127.0.0.1:0 or another address", addr, flag)
+	}
+	return fmt.Sprintf("%v: pass --%s to listen elsewhere", err, flag)
 }
 
 func (f *serverFlags) logger(w io.Writer) (*slog.Logger, error) {
@@ -143,6 +208,9 @@ offline root run "better-compute pki init" before the first serve.`,
 			if err != nil {
 				return err
 			}
+			if err := f.checkLiveness(); err != nil {
+				return err
+			}
 			f.secret = os.Getenv(pki.SecretEnv)
 			if slices.Contains(f.roles, bcapp.RoleGateway) && strings.TrimSpace(f.secret) == "" {
 				return invalidArg("roles", "the gateway role needs "+pki.SecretEnv+": base64 of 32 random bytes (openssl rand -base64 32), the same on every replica")
@@ -153,6 +221,10 @@ offline root run "better-compute pki init" before the first serve.`,
 				return serverError(err)
 			}
 			defer closeApp(a, logger)
+			ln, gwAddr, err := f.bind(a, slices.Contains(f.roles, bcapp.RoleAPI), slices.Contains(f.roles, bcapp.RoleGateway))
+			if err != nil {
+				return err
+			}
 			keyFile := f.bootstrapKeyFile
 			if keyFile == "" {
 				keyFile = filepath.Join(f.stateDir, "admin.key")
@@ -162,23 +234,18 @@ offline root run "better-compute pki init" before the first serve.`,
 				return writeSecretFile(keyFile, secret, false)
 			})
 			if err != nil {
+				if ln != nil {
+					_ = ln.Close()
+				}
 				return serverError(fmt.Errorf("bootstrap the platform: %w", err))
 			}
 			if created {
 				logger.Info("platform created; the first admin key was written", "file", keyFile)
 			}
-			if slices.Contains(f.roles, bcapp.RoleGateway) {
-				addr, err := a.ListenGateway()
-				if err != nil {
-					return serverError(err)
-				}
-				logger.Info("agent gateway listening", "addr", addr.String(), "trust_domain", a.PKI.TrustDomain(), "pin", a.PKI.Pin())
+			if gwAddr != nil {
+				logger.Info("agent gateway listening", "addr", gwAddr.String(), "trust_domain", a.PKI.TrustDomain(), "pin", a.PKI.Pin())
 			}
-			var ln net.Listener
-			if slices.Contains(f.roles, bcapp.RoleAPI) {
-				if ln, err = a.Listen(); err != nil {
-					return serverError(err)
-				}
+			if ln != nil {
 				logger.Info("serving", "api", "http://"+ln.Addr().String(), "roles", strings.Join(f.roles, ","))
 			} else {
 				logger.Info("serving", "roles", strings.Join(f.roles, ","))

@@ -95,6 +95,9 @@ type Config struct {
 	RefusalAuditWindow time.Duration
 	// Limits bound each principal's request rate and open streams.
 	Limits Limits
+	// TenantName names a tenant by id for refusal messages (the tenancy
+	// module owns the table); nil leaves ids in them.
+	TenantName func(ctx context.Context, id string) (string, error)
 }
 
 // Envelope runs the API pipeline.
@@ -324,7 +327,7 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		e.observe(info.Method.Action, DecisionDeny)
 		audit.Decision, audit.Result = DecisionDeny, string(CodePermissionDenied)
 		e.recordRefusal(ctx, audit)
-		return nil, Errorf(CodePermissionDenied, "%s may not %s this %s", caller.Principal.Kind, info.Method.Action, cmp.Or(resource.Type, "resource"))
+		return nil, e.refusal(ctx, caller, info.Method.Action, resource)
 	}
 	e.observe(info.Method.Action, DecisionAllow)
 

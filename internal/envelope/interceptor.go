@@ -98,6 +98,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err == nil {
 			err = strictFields(req.Any())
 		}
+		ctx = WithRequestedTenant(ctx, req.Any())
 		var res connect.AnyResponse
 		if err == nil {
 			res, err = next(ctx, req)

@@ -95,7 +95,7 @@ func (e *Envelope) authorizeRead(ctx context.Context, res iam.Resource) error {
 		e.readCache.put(key, allowed, now)
 	}
 	if !allowed {
-		return Errorf(CodePermissionDenied, "%s may not %s this %s", caller.Principal.Kind, action, res.Type)
+		return e.refusal(ctx, caller, action, res)
 	}
 	return nil
 }

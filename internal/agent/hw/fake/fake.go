@@ -1,15 +1,21 @@
 // Package fake is a GPU backend for tests and simulations built on go-nvml's
-// own mock servers (dgxh100, dgxa100, dgxb200). It is read through the same
-// code as the real NVML backend (hw/nvml.Read); what the mocks lack — NVLink
-// peers across the HGX board and each GPU's NUMA node — comes from a small
-// topology fixture. A seed makes GPU UUIDs and the machine identity unique,
-// so that many fake daemons on one host look like distinct machines.
+// own mock servers (dgxh100, dgxa100, dgxb200). With cgo it reads the mocks
+// through the same code as the real NVML backend (hw/nvml.Read); what the
+// mocks lack — NVLink peers across the HGX board and each GPU's NUMA node —
+// comes from a small topology fixture. A seed makes GPU UUIDs and the machine
+// identity unique, so that many fake daemons on one host look like distinct
+// machines.
+//
+// go-nvml does not compile without cgo, so a cgo-free build (the static
+// better-compute binary, whose simulated nodes need no C) serves the same
+// machines from snapshot.json: what the reader made of each mock, recorded
+// by `go test ./internal/agent/hw/fake -run TestSnapshot -update`. A test
+// keeps the two paths equal, answer for answer.
 //
 // It must never load the real NVML library.
 package fake
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -17,25 +23,15 @@ import (
 	"os"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/hw"
-	nvmlbackend "github.com/better-compute/better-compute/internal/agent/hw/nvml"
 )
 
-// Models are the machines the fake can be.
-var Models = map[string]struct {
-	New         func() *server.Server
-	ProductName string
-}{
-	"dgxh100": {dgxh100.New, "DGXH100"},
-	"dgxa100": {dgxa100.New, "DGXA100"},
-	"dgxb200": {dgxb200.New, "DGXB200"},
+// productNames are the machines the fake can be, with their DMI product name.
+var productNames = map[string]string{
+	"dgxh100": "DGXH100",
+	"dgxa100": "DGXA100",
+	"dgxb200": "DGXB200",
 }
 
 // Topology is what the mocks do not model. A zero Topology means the HGX
@@ -63,7 +59,7 @@ func LoadTopology(path string) (Topology, error) {
 
 // Options configure a fake machine.
 type Options struct {
-	// Model is one of Models' keys.
+	// Model is one of dgxh100, dgxa100, dgxb200.
 	Model string
 	// Seed makes the identity unique; fake daemons sharing a seed are the
 	// same machine.
@@ -74,7 +70,7 @@ type Options struct {
 
 // Backend is a fake GPU machine.
 type Backend struct {
-	*nvmlbackend.Backend
+	hw.Backend
 	identity *agentv1.HardwareIdentity
 }
 
@@ -83,103 +79,75 @@ var (
 	_ hw.IdentitySource = (*Backend)(nil)
 )
 
-// New builds the mock server for opts.Model, applies the seed and topology,
-// and opens it through the NVML reader.
+// New builds the fake machine for opts: from go-nvml's mock through the NVML
+// reader with cgo, from the recorded snapshot without.
 func New(opts Options) (*Backend, error) {
-	m, ok := Models[opts.Model]
-	if !ok {
+	if _, ok := productNames[opts.Model]; !ok {
 		return nil, fmt.Errorf("unknown fake model %q (want dgxh100, dgxa100 or dgxb200)", opts.Model)
 	}
-	srv := m.New()
-	n := len(srv.Devices)
-	numa := opts.Topology.NUMA
-	if len(numa) == 0 {
-		numa = make([]int, n)
-		for i := range numa {
-			numa[i] = i * 2 / n
+	return open(opts)
+}
+
+// machine is what the options make of a model with n GPUs: each GPU's UUID,
+// NUMA node and NVLink peers (by index, in link order).
+type machine struct {
+	uuids []string
+	numa  []int
+	peers [][]int
+}
+
+func layout(opts Options, n int) (machine, error) {
+	m := machine{numa: opts.Topology.NUMA, peers: make([][]int, n)}
+	if len(m.numa) == 0 {
+		m.numa = make([]int, n)
+		for i := range m.numa {
+			m.numa[i] = i * 2 / n
 		}
 	}
-	if len(numa) != n {
-		return nil, fmt.Errorf("topology fixture gives %d NUMA nodes for %d GPUs", len(numa), n)
+	if len(m.numa) != n {
+		return machine{}, fmt.Errorf("topology fixture gives %d NUMA nodes for %d GPUs", len(m.numa), n)
 	}
-	peers := make([][]int, n)
 	if len(opts.Topology.NVLinks) == 0 {
 		for i := range n {
 			for j := range n {
 				if i != j {
-					peers[i] = append(peers[i], j)
+					m.peers[i] = append(m.peers[i], j)
 				}
 			}
 		}
 	} else {
 		for _, p := range opts.Topology.NVLinks {
 			if p[0] < 0 || p[1] < 0 || p[0] >= n || p[1] >= n || p[0] == p[1] {
-				return nil, fmt.Errorf("topology fixture: bad nvlink pair %v", p)
+				return machine{}, fmt.Errorf("topology fixture: bad nvlink pair %v", p)
 			}
-			peers[p[0]] = append(peers[p[0]], p[1])
-			peers[p[1]] = append(peers[p[1]], p[0])
+			m.peers[p[0]] = append(m.peers[p[0]], p[1])
+			m.peers[p[1]] = append(m.peers[p[1]], p[0])
 		}
 	}
-	devs := make([]*server.Device, n)
-	for i, d := range srv.Devices {
-		devs[i] = d.(*server.Device)
+	for i := range n {
+		m.uuids = append(m.uuids, "GPU-"+uuidFrom(opts.Seed, opts.Model, "gpu", fmt.Sprint(i)))
 	}
-	for i, d := range devs {
-		d.UUID = "GPU-" + uuidFrom(opts.Seed, opts.Model, "gpu", fmt.Sprint(i))
-		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-			p := nvml.PciInfo{PciDeviceId: d.Config.PciDeviceId}
-			nvmlbackend.SetBusID(&p.BusId, d.PciBusID)
-			return p, nvml.SUCCESS
-		}
-		d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa[i], nvml.SUCCESS }
-		links := peers[i]
-		d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-			if link >= nvml.NVLINK_MAX_LINKS {
-				return 0, nvml.ERROR_INVALID_ARGUMENT
-			}
-			if link < len(links) {
-				return nvml.FEATURE_ENABLED, nvml.SUCCESS
-			}
-			return nvml.FEATURE_DISABLED, nvml.SUCCESS
-		}
-		d.GetNvLinkRemotePciInfoFunc = func(link int) (nvml.PciInfo, nvml.Return) {
-			if link >= len(links) {
-				return nvml.PciInfo{}, nvml.ERROR_NOT_SUPPORTED
-			}
-			var p nvml.PciInfo
-			nvmlbackend.SetBusID(&p.BusId, devs[links[link]].PciBusID)
-			return p, nvml.SUCCESS
-		}
-	}
-	b, err := nvmlbackend.FromInterface(srv)
-	if err != nil {
-		return nil, err
-	}
+	return m, nil
+}
+
+// identity is the machine's DMI identity, hostname, GPUs and MACs.
+func (m machine) identity(opts Options) *agentv1.HardwareIdentity {
 	h := hex.EncodeToString(digest(opts.Seed, opts.Model, "serial")[:6])
 	mac := digest(opts.Seed, opts.Model, "mac")[:6]
 	mac[0] = mac[0]&0xfe | 0x02 // locally administered, unicast
-	macs := []string{fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5])}
-	id := &agentv1.HardwareIdentity{
+	return &agentv1.HardwareIdentity{
 		DmiProductUuid:   uuidFrom(opts.Seed, opts.Model, "dmi"),
 		DmiProductSerial: "FAKE" + strings.ToUpper(h),
 		DmiBoardSerial:   "FAKEBRD" + strings.ToUpper(h),
-		DmiProductName:   m.ProductName,
+		DmiProductName:   productNames[opts.Model],
 		Hostname:         "fake-" + opts.Model + "-" + h,
-		Macs:             macs,
+		Macs:             []string{fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5])},
+		GpuUuids:         append([]string(nil), m.uuids...),
 	}
-	for _, d := range devs {
-		id.GpuUuids = append(id.GpuUuids, d.UUID)
-	}
-	return &Backend{Backend: b, identity: id}, nil
 }
 
 // Identity is the fake machine's DMI identity, hostname, GPUs and MACs.
 func (b *Backend) Identity() *agentv1.HardwareIdentity { return b.identity }
-
-// Inventory reads the mock through the NVML reader.
-func (b *Backend) Inventory(ctx context.Context) (*agentv1.GpuInventory, error) {
-	return b.Backend.Inventory(ctx)
-}
 
 func digest(parts ...string) []byte {
 	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))

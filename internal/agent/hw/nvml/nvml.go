@@ -1,7 +1,12 @@
+//go:build cgo
+
 // Package nvml is the GPU backend over NVIDIA's NVML. Reading is written once
 // against nvml.Interface: New loads the real libnvidia-ml at run time (so
 // bcd starts on hosts without GPUs and fails with a clear error only when
 // asked for them), and hw/fake passes go-nvml's mock servers to FromInterface.
+//
+// go-nvml needs cgo, so this backend is built only with cgo; a cgo-free bcd
+// (CGO_ENABLED=0) refuses --hardware nvml with ErrUnavailable (nocgo.go).
 //
 // It must never change device state (MIG mode, clocks, persistence).
 package nvml

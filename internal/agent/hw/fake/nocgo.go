@@ -1,0 +1,5 @@
+//go:build !cgo
+
+package fake
+
+func open(opts Options) (*Backend, error) { return fromSnapshot(opts) }
