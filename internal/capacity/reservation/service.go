@@ -103,6 +103,7 @@ func Proto(r Reservation, poolName string) *apiv1.Reservation {
 // spec is a validated create request, defaults not yet filled from the pool.
 type spec struct {
 	msg      *apiv1.CreateReservationRequest
+	now      time.Time
 	start    time.Time
 	end      time.Time
 	binding  string
@@ -110,7 +111,7 @@ type spec struct {
 }
 
 func validateCreate(vs *envelope.Violations, msg *apiv1.CreateReservationRequest, now time.Time) spec {
-	sp := spec{msg: msg, binding: msg.GetBinding()}
+	sp := spec{msg: msg, now: now, binding: msg.GetBinding()}
 	vs.Ref("tenant", msg.GetTenant(), "tnt")
 	if msg.GetProject() != "" {
 		vs.Ref("project", msg.GetProject(), "prj")
@@ -322,6 +323,10 @@ func (t *target) check(sp *spec) error {
 	field := "end_time"
 	if sp.duration {
 		field = "duration_seconds"
+	}
+	if h := pool.StartHorizon(pol); sp.start.After(sp.now.Add(h)) {
+		vs.Add("start_time", "pool %s books at most %d days ahead (policy.start_horizon_seconds), asked %s",
+			t.pool.Name, h/(24*time.Hour), sp.start.Format(time.RFC3339))
 	}
 	if minD := time.Duration(pol.GetMinDurationSeconds()) * time.Second; minD > 0 && d < minD {
 		vs.Add(field, "pool %s books at least %s, asked %s", t.pool.Name, minD, d)

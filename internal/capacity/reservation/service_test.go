@@ -212,6 +212,12 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		{"duration and end", &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 600, EndTime: ts(now.Add(time.Hour))},
 			"INVALID_ARGUMENT", "end_time"},
 		{"bad binding", &apiv1.CreateReservationRequest{Gpus: 1, Binding: "pod"}, "INVALID_ARGUMENT", "binding"},
+		// A start beyond the pool's horizon (90 days by default) would hold
+		// atoms out of every view for nothing.
+		{"start in year 9999", &apiv1.CreateReservationRequest{Gpus: 1, StartTime: ts(time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)), DurationSeconds: 600},
+			"INVALID_ARGUMENT", "start_time"},
+		{"start beyond the horizon", &apiv1.CreateReservationRequest{Gpus: 1, StartTime: ts(now.Add(91 * 24 * time.Hour)), DurationSeconds: 600},
+			"INVALID_ARGUMENT", "start_time"},
 		{"unknown pool", &apiv1.CreateReservationRequest{Gpus: 1, Pool: "a100"}, "NOT_FOUND", ""},
 	}
 	for _, tc := range cases {
@@ -618,10 +624,46 @@ func TestPoolConflict(t *testing.T) {
 		return pool, reason, status
 	}
 
-	// A second pool that also matches the node: it is in neither.
+	pools := func() int { return f.count(t, `SELECT COUNT(*) FROM pools WHERE tenant_id = $1`, f.acme) }
+	requireRefused := func(err error) {
+		t.Helper()
+		require.Equal(t, "FAILED_PRECONDITION", client.Code(err), "%v", err)
+		require.Contains(t, err.Error(), "eights")
+		require.Contains(t, err.Error(), "1 node with pool h100", "names the other pool and the nodes: %v", err)
+		pool, reason, status := conflict()
+		require.Equal(t, f.pool, pool, "nothing written: the node stays in h100")
+		require.Empty(t, reason)
+		require.Empty(t, status)
+	}
+
+	// A second pool that also matches the node is refused on create...
+	before, nPools := f.written(t), pools()
 	_, err := f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"8"}}}}))
+	requireRefused(err)
+	require.Equal(t, nPools, pools(), "no pool row written")
+	require.Equal(t, before, f.written(t))
+	// ...and on update.
+	_, err = f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"16"}}}}))
+	require.NoError(t, err, "a pool that selects no node of another is fine")
+	_, err = f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "eights",
+		Selector: &apiv1.PoolSelector{Requirements: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"8"}}}}}))
+	requireRefused(err)
+	got, err := f.admin.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "acme", Pool: "eights"}))
 	require.NoError(t, err)
+	require.Equal(t, []string{"16"}, got.Msg.GetPool().GetSelector()[0].GetValues(), "the refused update wrote nothing")
+
+	// A conflict the API cannot refuse (a node's labels or inventory
+	// changed; here the selector is written behind the API's back and the
+	// sweep reconciles): the node is in neither pool and says why.
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE pools SET selector = $1 WHERE tenant_id = $2 AND name = 'eights'`,
+			`{"requirements":[{"key":"gpu.count","operator":"In","values":["8"]}]}`, f.acme); err != nil {
+			return err
+		}
+		return f.cp.App.Capacity.Hooks().PoolChanged(ctx, tx, f.acme, "")
+	}))
 	pool, reason, status := conflict()
 	require.Empty(t, pool, "a node two pools claim is in none")
 	require.Contains(t, reason, "h100")
@@ -631,6 +673,11 @@ func TestPoolConflict(t *testing.T) {
 		Request: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 1}}))
 	require.NoError(t, err)
 	require.False(t, pv.Msg.GetFeasible(), "the pool has no node: %v", pv.Msg)
+	// An update of a pool already in conflict that adds no new conflict
+	// (its policy) is not refused.
+	_, err = f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "eights",
+		Policy: &apiv1.PoolPolicy{MaxPending: 5}}))
+	require.NoError(t, err)
 
 	// Archiving one pool settles it.
 	_, err = f.admin.Pools.Archive(ctx, connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: "eights"}))
