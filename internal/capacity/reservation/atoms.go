@@ -56,14 +56,30 @@ type nodeFacts struct {
 func EffectiveLabels(labels map[string]string, gpuNames []string, gpuMemMiB []int) map[string]string {
 	out := make(map[string]string, len(labels)+3)
 	if len(gpuNames) > 0 {
-		out["gpu.model"] = ShortModel(gpuNames[0])
-		out["gpu.count"] = strconv.Itoa(len(gpuNames))
+		mem := 0
 		if len(gpuMemMiB) > 0 {
-			out["gpu.memory"] = strings.TrimPrefix(CanonicalModel(gpuNames[0], gpuMemMiB[0]), ShortModel(gpuNames[0])+" ")
+			mem = gpuMemMiB[0]
 		}
+		out = DerivedLabels(gpuNames[0], len(gpuNames), mem)
 	}
 	for k, v := range labels {
 		out[k] = v
+	}
+	return out
+}
+
+// DerivedLabels are the labels a node's inventory gives it: gpu.model,
+// gpu.count and, when the memory is known, gpu.memory, from its first
+// GPU's name and memory and its GPU count. None without GPUs.
+func DerivedLabels(gpuName string, gpus, memMiB int) map[string]string {
+	out := make(map[string]string, 3)
+	if gpus == 0 {
+		return out
+	}
+	out["gpu.model"] = ShortModel(gpuName)
+	out["gpu.count"] = strconv.Itoa(gpus)
+	if memMiB > 0 {
+		out["gpu.memory"] = strings.TrimPrefix(CanonicalModel(gpuName, memMiB), ShortModel(gpuName)+" ")
 	}
 	return out
 }

@@ -624,6 +624,20 @@ func TestPoolConflict(t *testing.T) {
 		return pool, reason, status
 	}
 
+	nodePool := func() *apiv1.Node {
+		got, err := f.admin.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Tenant: "acme", Node: node}))
+		require.NoError(t, err)
+		return got.Msg.GetNode()
+	}
+	// The node API says which pool a node is in (membership, not only a
+	// join token's pool) and the labels selectors match.
+	n := nodePool()
+	require.Equal(t, "h100", n.GetPool())
+	require.Equal(t, map[string]string{"gpu.model": "H100", "gpu.count": "8", "gpu.memory": "80GB"}, n.GetDerivedLabels())
+	list, err := f.admin.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Equal(t, "h100", list.Msg.GetNodes()[0].GetPool())
+
 	pools := func() int { return f.count(t, `SELECT COUNT(*) FROM pools WHERE tenant_id = $1`, f.acme) }
 	requireRefused := func(err error) {
 		t.Helper()
@@ -638,7 +652,7 @@ func TestPoolConflict(t *testing.T) {
 
 	// A second pool that also matches the node is refused on create...
 	before, nPools := f.written(t), pools()
-	_, err := f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
+	_, err = f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"8"}}}}))
 	requireRefused(err)
 	require.Equal(t, nPools, pools(), "no pool row written")
@@ -669,6 +683,7 @@ func TestPoolConflict(t *testing.T) {
 	require.Contains(t, reason, "h100")
 	require.Contains(t, reason, "eights")
 	require.Equal(t, "true", status)
+	require.Empty(t, nodePool().GetPool(), "a node two pools claim shows in none")
 	pv, err := f.member.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{
 		Request: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 1}}))
 	require.NoError(t, err)
