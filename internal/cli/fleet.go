@@ -47,7 +47,7 @@ func (a *app) nodesCommand() *cobra.Command {
 pool it is in ("-" for none: no pool selects it, or two do). --show-labels adds every label
 a pool selector can match, the node's own and those derived from its inventory (gpu.model,
 gpu.count, gpu.memory).`,
-		Args:  positional(),
+		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
 			if err != nil {
