@@ -316,7 +316,12 @@ func (t *target) check(sp *spec) error {
 	}
 	var vs envelope.Violations
 	if !t.modelKnown {
-		vs.Add("model", "unknown GPU model %q", truncate(msg.GetModel()))
+		// Say what the pool has, so the next try names one of them.
+		have := "it has no GPUs"
+		if t.ix != nil {
+			have = modelsPhrase(poolModels(pristine(t.ix.static().nodes)))
+		}
+		vs.Add("model", "unknown GPU model %q; pool %s: %s", truncate(msg.GetModel()), t.pool.Name, have)
 	}
 	pol := t.policy
 	d := sp.end.Sub(sp.start)
@@ -453,12 +458,24 @@ func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *tar
 	if !placed {
 		// Could it ever fit? Against the pool with nothing booked: if not,
 		// waiting is pointless and the caller hears why now.
-		res, err := placement.Place(t.ix.static().snap, request(r), placement.Options{Limit: 1})
+		static := t.ix.static()
+		res, err := placement.Place(static.snap, request(r), placement.Options{Limit: 1})
 		if err != nil {
 			return nil, err
 		}
 		if len(res.Plans) == 0 {
-			return nil, noCapacity(t.pool.Name, res.Explanation, "no node of the pool can ever hold it")
+			// Never, or only once nodes come back (healthy, schedulable,
+			// GPUs out of quarantine)? The first is the caller's mistake
+			// (400), the second worth a retry (429).
+			nodes := pristine(static.nodes)
+			again, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), request(r), placement.Options{Limit: 1})
+			if err != nil {
+				return nil, err
+			}
+			if len(again.Plans) == 0 {
+				return nil, neverFits(t.pool.Name, nodes, r, res.Explanation)
+			}
+			return nil, noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
 		}
 		maxPending := int(t.policy.GetMaxPending())
 		if maxPending == 0 {

@@ -3,6 +3,8 @@ package reservation_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -236,11 +238,32 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		})
 	}
 
+	t.Run("unknown model lists the pool's models", func(t *testing.T) {
+		_, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Pool: "h100", Gpus: 1, Model: "Z9000"}))
+		requireViolation(t, err, "model")
+		require.Contains(t, err.Error(), "pool h100: it has H100")
+	})
+
+	t.Run("a model the pool lacks never fits", func(t *testing.T) {
+		before := f.written(t)
+		_, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Pool: "h100", Gpus: 1, Model: "A100"}))
+		require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "error: %v", err)
+		require.Equal(t, "NO_CAPACITY", client.Code(err))
+		require.Contains(t, err.Error(), "the pool has no A100 GPUs (it has H100)")
+		require.Equal(t, before, f.written(t), "a refused request books nothing")
+	})
+
 	t.Run("more GPUs than any node has", func(t *testing.T) {
 		before := f.written(t)
 		_, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
 			Tenant: "acme", Pool: "h100", Gpus: 9}))
+		// Never fits: FAILED_PRECONDITION (400, waiting cannot help), not
+		// the retryable RESOURCE_EXHAUSTED; the machine code stays.
+		require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "error: %v", err)
 		require.Equal(t, "NO_CAPACITY", client.Code(err), "error: %v", err)
+		require.Contains(t, err.Error(), "pool h100 can never hold this request: the largest node has 8 GPUs, asked 9")
 		ex := envelope.DetailOf(err).GetExplanation()
 		require.NotNil(t, ex, "NO_CAPACITY explains itself: %v", err)
 		require.NotEmpty(t, ex.GetLines())
@@ -250,6 +273,33 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		}
 		require.Contains(t, reasons, placement.ReasonFreeGPUs)
 		require.Equal(t, before, f.written(t), "a refused request books nothing")
+
+		// Over plain HTTP (Connect's JSON protocol) it is a 400.
+		body := `{"tenant":"acme","pool":"h100","gpus":9}`
+		req, err := http.NewRequest(http.MethodPost, f.cp.URL+"/bettercompute.api.v1.ReservationService/Create", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+f.cp.AdminKey)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	})
+
+	t.Run("fits later but nothing may wait", func(t *testing.T) {
+		ctx := context.Background()
+		_, err := f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "h100",
+			Policy: &apiv1.PoolPolicy{MaxDurationSeconds: poolMaxDuration, MaxPending: -1}}))
+		require.NoError(t, err)
+		all := f.create(t, f.admin, &apiv1.CreateReservationRequest{Gpus: 8})
+		before := f.written(t)
+		_, err = f.admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 1}))
+		// Not now: the retryable RESOURCE_EXHAUSTED, as for a full queue.
+		require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "error: %v", err)
+		require.Equal(t, "NO_CAPACITY", client.Code(err))
+		require.Equal(t, before, f.written(t), "a refused request books nothing")
+		_, err = f.admin.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "acme", Reservation: all.GetId()}))
+		require.NoError(t, err)
 	})
 }
 
