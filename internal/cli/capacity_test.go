@@ -69,8 +69,11 @@ func (s fakeCapacity) Summary(_ context.Context, req *connect.Request[apiv1.Capa
 	s.cf.mu.Lock()
 	defer s.cf.mu.Unlock()
 	s.cf.summaries = append(s.cf.summaries, req.Msg)
+	// The server names models with their memory, as atoms do.
 	return connect.NewResponse(&apiv1.CapacitySummaryResponse{Rows: []*apiv1.CapacityRow{
-		{Model: "H100", Kind: "gpu", Total: 8, Booked: 5, Quarantined: 1, Free: 2, Pending: 3},
+		{Model: "H100 80GB", Kind: "gpu", Total: 8, Booked: 5, Quarantined: 1, Free: 2, Pending: 3},
+		{Model: "A100 40GB", Kind: "gpu", Total: 4, Booked: 1, Free: 3, Pending: 2},
+		{Model: "A100 80GB", Kind: "gpu", Total: 4, Booked: 2, Free: 2, Pending: 2},
 	}}), nil
 }
 
@@ -136,7 +139,11 @@ func TestCapacityCommands(t *testing.T) {
 
 	lines := strings.Split(strings.TrimSpace(b.ok(t, "capacity", "summary")), "\n")
 	require.Equal(t, []string{"MODEL", "KIND", "TOTAL", "BOOKED", "QUARANTINED", "FREE", "PENDING"}, strings.Fields(lines[0]))
+	// One model name across nodes, capacity and reservations: the
+	// gpu.model label's; rows that then share a model are summed.
+	require.Len(t, lines, 3)
 	require.Equal(t, []string{"H100", "gpu", "8", "5", "1", "2", "3"}, strings.Fields(lines[1]))
+	require.Equal(t, []string{"A100", "gpu", "8", "3", "0", "5", "2"}, strings.Fields(lines[2]))
 	require.Equal(t, "acme", cf.summaries[0].GetTenant(), "the token's tenant")
 
 	lines = strings.Split(strings.TrimSpace(b.ok(t, "capacity", "by-pool", "--tenant", "globex", "--pool", "h100")), "\n")
