@@ -44,11 +44,16 @@ func setupCapacity(t *testing.T) (*bundle, *capacityFake) {
 		cf.windows = append(cf.windows, &apiv1.UsageWindow{TenantId: "ten_1", ProjectId: "prj_1", ReservationId: "rsv_1",
 			Metric: m, WindowStart: timestamppb.New(w0.Add(time.Duration(i) * time.Hour)), Quantity: 1.5})
 	}
+	// The hour still open.
+	cf.windows = append(cf.windows, &apiv1.UsageWindow{TenantId: "ten_1", ProjectId: "prj_1", ReservationId: "rsv_1",
+		Metric: "gpu.H100.hours", WindowStart: timestamppb.New(w0.Add(3 * time.Hour)), Quantity: 0.25, Partial: true})
 	opt := connect.WithInterceptors(recorder{cf.f})
 	mux := http.NewServeMux()
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(identitySvc{cf.f}, opt))
 	mux.Handle(apiv1connect.NewCapacityServiceHandler(fakeCapacity{cf}, opt))
 	mux.Handle(apiv1connect.NewUsageServiceHandler(fakeUsage{cf}, opt))
+	mux.Handle(apiv1connect.NewTenantServiceHandler(fakeTenantNames{}, opt))
+	mux.Handle(apiv1connect.NewProjectServiceHandler(fakeProjectNames{}, opt))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	dir := t.TempDir()
@@ -56,6 +61,24 @@ func setupCapacity(t *testing.T) (*bundle, *capacityFake) {
 	// A tenant's key: --tenant defaults to the token's tenant.
 	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "svc_1", Kind: "service", Role: "viewer", TenantId: "ten_1", TenantName: "acme"}
 	return b, cf
+}
+
+// fakeTenantNames and fakeProjectNames answer the name lookups of usage
+// and quota tables; pools are not served, so pool ids stay ids.
+type fakeTenantNames struct {
+	apiv1connect.UnimplementedTenantServiceHandler
+}
+
+func (fakeTenantNames) Get(_ context.Context, req *connect.Request[apiv1.GetTenantRequest]) (*connect.Response[apiv1.GetTenantResponse], error) {
+	return connect.NewResponse(&apiv1.GetTenantResponse{Tenant: &apiv1.Tenant{Id: req.Msg.GetTenant(), Name: "acme"}}), nil
+}
+
+type fakeProjectNames struct {
+	apiv1connect.UnimplementedProjectServiceHandler
+}
+
+func (fakeProjectNames) List(context.Context, *connect.Request[apiv1.ListProjectsRequest]) (*connect.Response[apiv1.ListProjectsResponse], error) {
+	return connect.NewResponse(&apiv1.ListProjectsResponse{Projects: []*apiv1.Project{{Id: "prj_1", Name: "web"}}}), nil
 }
 
 type fakeCapacity struct{ cf *capacityFake }
@@ -190,9 +213,14 @@ func TestUsageCommands(t *testing.T) {
 	b, cf := setupCapacity(t)
 
 	lines := strings.Split(strings.TrimSpace(b.ok(t, "usage", "list", "--metric", "vcpu.hours", "--start", "-24h", "--project", "web")), "\n")
-	require.Len(t, lines, 4, "header and three windows across two pages")
+	require.Len(t, lines, 8, "header, four windows across two pages, three totals")
 	require.Equal(t, []string{"WINDOW", "TENANT", "PROJECT", "RESERVATION", "METRIC", "QUANTITY"}, strings.Fields(lines[0]))
-	require.Equal(t, []string{"2025-01-02T03:00:00Z", "ten_1", "prj_1", "rsv_1", "gpu.H100.hours", "1.5"}, strings.Fields(lines[1]))
+	// Names, not ids.
+	require.Equal(t, []string{"2025-01-02T03:00:00Z", "acme", "web", "rsv_1", "gpu.H100.hours", "1.5"}, strings.Fields(lines[1]))
+	require.Equal(t, []string{"2025-01-02T06:00:00Z", "(open)", "acme", "web", "rsv_1", "gpu.H100.hours", "0.25"}, strings.Fields(lines[4]),
+		"the open hour is marked partial")
+	require.Equal(t, []string{"TOTAL", "gpu.H100.hours", "1.75"}, strings.Fields(lines[5]))
+	require.Equal(t, []string{"TOTAL", "vcpu.hours", "1.5"}, strings.Fields(lines[7]))
 	require.Len(t, cf.lists, 2, "follows next_page_token")
 	req := cf.lists[0]
 	require.Equal(t, []string{"acme", "web", "vcpu.hours"}, []string{req.GetTenant(), req.GetProject(), req.GetMetric()})
