@@ -63,8 +63,8 @@ func setupCapacity(t *testing.T) (*bundle, *capacityFake) {
 	return b, cf
 }
 
-// fakeTenantNames and fakeProjectNames answer the name lookups of usage
-// and quota tables; pools are not served, so pool ids stay ids.
+// fakeTenantNames, fakeProjectNames and fakePoolNames answer the name
+// lookups of usage and quota tables.
 type fakeTenantNames struct {
 	apiv1connect.UnimplementedTenantServiceHandler
 }
@@ -78,7 +78,16 @@ type fakeProjectNames struct {
 }
 
 func (fakeProjectNames) List(context.Context, *connect.Request[apiv1.ListProjectsRequest]) (*connect.Response[apiv1.ListProjectsResponse], error) {
-	return connect.NewResponse(&apiv1.ListProjectsResponse{Projects: []*apiv1.Project{{Id: "prj_1", Name: "web"}}}), nil
+	return connect.NewResponse(&apiv1.ListProjectsResponse{Projects: []*apiv1.Project{
+		{Id: "prj_1", Name: "web"}, {Id: "prj_web", Name: "web"}, {Id: "prj_batch", Name: "batch"}}}), nil
+}
+
+type fakePoolNames struct {
+	apiv1connect.UnimplementedPoolServiceHandler
+}
+
+func (fakePoolNames) List(context.Context, *connect.Request[apiv1.ListPoolsRequest]) (*connect.Response[apiv1.ListPoolsResponse], error) {
+	return connect.NewResponse(&apiv1.ListPoolsResponse{Pools: []*apiv1.Pool{{Id: "pool_h100", Name: "h100"}}}), nil
 }
 
 type fakeCapacity struct{ cf *capacityFake }
