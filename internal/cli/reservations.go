@@ -505,9 +505,11 @@ func (a *app) reservationsCommand() *cobra.Command {
 		Use:   "watch [ID]",
 		Short: "Print reservation changes as they happen, until interrupted",
 		Long: `Print each change of the tenant's reservations (or of one, given its ID) as
-it arrives: time, type, id, state and cursor as a table line, one JSON
-object per line with -o json. Resume where a previous watch stopped with
---cursor set to the last cursor it printed.`,
+it arrives: time, type, id, state and cursor as a table line under a
+header, one JSON object per line with -o json. Resume where a previous
+watch stopped with --cursor set to the last cursor it printed. An
+interrupt ends the watch with exit 0; the server ending it exits 1 and
+says which cursor to resume from.`,
 		Args: func(_ *cobra.Command, argv []string) error {
 			if len(argv) > 1 {
 				return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unexpected argument %q", argv[1]))
@@ -548,19 +550,34 @@ func (a *app) watchReservations(cmd *cobra.Command, c *client.Client, req *apiv1
 	}
 	defer func() { _ = stream.Close() }()
 	p := a.printer(cmd.OutOrStdout())
+	if a.flagOutput == "table" {
+		// The header first, so a quiet watch shows it is watching.
+		fmt.Fprintf(cmd.OutOrStdout(), "%-20s  %-22s  %-30s  %-9s  %s\n", "TIME", "TYPE", "ID", "STATE", "CURSOR")
+	}
+	last := req.GetCursor()
 	for stream.Receive() {
 		ev := stream.Msg()
 		r := ev.GetReservation()
 		// The change carries no time of its own; the reservation's update
 		// time is when it happened.
 		err := p.line(ev, func(w io.Writer) {
-			fmt.Fprintf(w, "%s  %-22s  %s  %-9s  %s\n", ts(r.GetUpdateTime()), ev.GetType(), r.GetId(), dash(r.GetState()), dash(ev.GetCursor()))
+			fmt.Fprintf(w, "%-20s  %-22s  %-30s  %-9s  %s\n", ts(r.GetUpdateTime()), ev.GetType(), r.GetId(), dash(r.GetState()), dash(ev.GetCursor()))
 		})
 		if err != nil {
 			return err
 		}
+		last = cmpOr(ev.GetCursor(), last)
 	}
-	return stream.Err()
+	if err := stream.Err(); err != nil || ctx.Err() != nil {
+		return err
+	}
+	// A watch runs until interrupted: the server ending it is a failure
+	// a script must see, with where to resume.
+	msg := "the server ended the watch"
+	if last != "" {
+		msg += "; resume with --cursor " + last
+	}
+	return connect.NewError(connect.CodeUnavailable, errors.New(msg))
 }
 
 func (a *app) printReservations(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Reservation) error {

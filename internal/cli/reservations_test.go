@@ -705,15 +705,21 @@ func TestReservationsWatch(t *testing.T) {
 	t.Parallel()
 	b, rf := setupReservations(t)
 
-	out := b.ok(t, "reservations", "watch")
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 3)
-	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.active\s+rsv_1\s+active\s+1$`, lines[0])
-	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.released\s+rsv_3\s+released\s+3$`, lines[2])
+	// The fake's stream ends after the last change: a watch the server
+	// ends exits 1 and says where to resume.
+	r := b.run(t, "", "reservations", "watch")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "the server ended the watch; resume with --cursor 3")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, lines, 4)
+	require.Regexp(t, `^TIME\s+TYPE\s+ID\s+STATE\s+CURSOR$`, lines[0])
+	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.active\s+rsv_1\s+active\s+1$`, lines[1])
+	require.Regexp(t, `^2025-01-02T03:04:05Z\s+reservation\.released\s+rsv_3\s+released\s+3$`, lines[3])
 	rf.locked(func() { requireProto(t, &apiv1.WatchReservationsRequest{Tenant: "acme"}, rf.watches[0]) })
 
-	out = b.ok(t, "reservations", "watch", "--cursor", "1", "-o", "json")
-	lines = strings.Split(strings.TrimSpace(out), "\n")
+	r = b.run(t, "", "reservations", "watch", "--cursor", "1", "-o", "json")
+	require.Equal(t, 1, r.code)
+	lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
 	require.Len(t, lines, 2)
 	var ev struct {
 		Type        string
@@ -725,14 +731,14 @@ func TestReservationsWatch(t *testing.T) {
 	require.Equal(t, "rsv_2", ev.Reservation.ID)
 	require.Equal(t, "2", ev.Cursor)
 
-	out = b.ok(t, "reservations", "watch", "rsv_2", "--tenant", "acme")
-	require.Len(t, strings.Split(strings.TrimSpace(out), "\n"), 1)
+	r = b.run(t, "", "reservations", "watch", "rsv_2", "--tenant", "acme")
+	require.Len(t, strings.Split(strings.TrimSpace(r.stdout), "\n"), 2, "the header and rsv_2's change")
 	rf.locked(func() {
 		requireProto(t, &apiv1.WatchReservationsRequest{Tenant: "acme", Reservation: "rsv_2"}, rf.watches[2])
 		require.Equal(t, "1", rf.watches[1].GetCursor())
 	})
 
-	r := b.run(t, "", "reservations", "watch", "rsv_1", "rsv_2")
+	r = b.run(t, "", "reservations", "watch", "rsv_1", "rsv_2")
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, `unexpected argument "rsv_2"`)
 }
