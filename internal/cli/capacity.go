@@ -157,7 +157,7 @@ func (a *app) printCapacity(cmd *cobra.Command, msg proto.Message, byPool bool, 
 			head = append([]string{"POOL"}, head...)
 		}
 		row(w, head...)
-		for _, r := range rows {
+		for _, r := range shortModelRows(rows) {
 			cols := []string{dash(r.GetModel()), dash(r.GetKind()), itoa(r.GetTotal()), itoa(r.GetBooked()),
 				itoa(r.GetQuarantined()), itoa(r.GetFree()), itoa(r.GetPending())}
 			if byPool {
@@ -170,6 +170,39 @@ func (a *app) printCapacity(cmd *cobra.Command, msg proto.Message, byPool bool, 
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }
 
+// shortModel is a capacity model ("H100 80GB", the model and memory that
+// tell MIG layouts apart) by the name nodes, reservations, the gpu.model
+// label and --model use ("H100").
+func shortModel(m string) string {
+	short, _, _ := strings.Cut(m, " ")
+	return short
+}
+
+// shortModelRows renames rows to the short model and sums the rows that
+// then share pool, model and kind (an A100 40GB and 80GB pool). Pending is
+// a pool's count, repeated on each of its rows, so it is kept, not summed.
+func shortModelRows(rows []*apiv1.CapacityRow) []*apiv1.CapacityRow {
+	type key struct{ pool, model, kind string }
+	var out []*apiv1.CapacityRow
+	at := map[key]*apiv1.CapacityRow{}
+	for _, r := range rows {
+		k := key{r.GetPoolId(), shortModel(r.GetModel()), r.GetKind()}
+		if cur := at[k]; cur != nil {
+			cur.Total += r.GetTotal()
+			cur.Booked += r.GetBooked()
+			cur.Quarantined += r.GetQuarantined()
+			cur.Free += r.GetFree()
+			cur.Pending = max(cur.Pending, r.GetPending())
+			continue
+		}
+		c := proto.CloneOf(r)
+		c.Model = k.model
+		at[k] = c
+		out = append(out, c)
+	}
+	return out
+}
+
 // timeFlag reads a time flag: RFC 3339, or a duration relative to now with
 // a sign (+2h, -24h). Empty is unset (nil).
 func timeFlag(field, s string, now time.Time) (*timestamppb.Timestamp, error) {
@@ -177,9 +210,9 @@ func timeFlag(field, s string, now time.Time) (*timestamppb.Timestamp, error) {
 		return nil, nil
 	}
 	if strings.HasPrefix(s, "+") || strings.HasPrefix(s, "-") {
-		d, err := time.ParseDuration(s)
+		d, err := parseSpan(s)
 		if err != nil {
-			return nil, invalidArg(field, fmt.Sprintf("relative time must be a signed duration such as +2h or -24h, got %q", s))
+			return nil, invalidArg(field, fmt.Sprintf("relative time must be a signed duration such as +2h, -24h or -7d, got %q", s))
 		}
 		return timestamppb.New(now.Add(d)), nil
 	}

@@ -44,11 +44,16 @@ func setupCapacity(t *testing.T) (*bundle, *capacityFake) {
 		cf.windows = append(cf.windows, &apiv1.UsageWindow{TenantId: "ten_1", ProjectId: "prj_1", ReservationId: "rsv_1",
 			Metric: m, WindowStart: timestamppb.New(w0.Add(time.Duration(i) * time.Hour)), Quantity: 1.5})
 	}
+	// The hour still open.
+	cf.windows = append(cf.windows, &apiv1.UsageWindow{TenantId: "ten_1", ProjectId: "prj_1", ReservationId: "rsv_1",
+		Metric: "gpu.H100.hours", WindowStart: timestamppb.New(w0.Add(3 * time.Hour)), Quantity: 0.25, Partial: true})
 	opt := connect.WithInterceptors(recorder{cf.f})
 	mux := http.NewServeMux()
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(identitySvc{cf.f}, opt))
 	mux.Handle(apiv1connect.NewCapacityServiceHandler(fakeCapacity{cf}, opt))
 	mux.Handle(apiv1connect.NewUsageServiceHandler(fakeUsage{cf}, opt))
+	mux.Handle(apiv1connect.NewTenantServiceHandler(fakeTenantNames{}, opt))
+	mux.Handle(apiv1connect.NewProjectServiceHandler(fakeProjectNames{}, opt))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	dir := t.TempDir()
@@ -56,6 +61,33 @@ func setupCapacity(t *testing.T) (*bundle, *capacityFake) {
 	// A tenant's key: --tenant defaults to the token's tenant.
 	b.f.me = &apiv1.WhoAmIResponse{PrincipalId: "svc_1", Kind: "service", Role: "viewer", TenantId: "ten_1", TenantName: "acme"}
 	return b, cf
+}
+
+// fakeTenantNames, fakeProjectNames and fakePoolNames answer the name
+// lookups of usage and quota tables.
+type fakeTenantNames struct {
+	apiv1connect.UnimplementedTenantServiceHandler
+}
+
+func (fakeTenantNames) Get(_ context.Context, req *connect.Request[apiv1.GetTenantRequest]) (*connect.Response[apiv1.GetTenantResponse], error) {
+	return connect.NewResponse(&apiv1.GetTenantResponse{Tenant: &apiv1.Tenant{Id: req.Msg.GetTenant(), Name: "acme"}}), nil
+}
+
+type fakeProjectNames struct {
+	apiv1connect.UnimplementedProjectServiceHandler
+}
+
+func (fakeProjectNames) List(context.Context, *connect.Request[apiv1.ListProjectsRequest]) (*connect.Response[apiv1.ListProjectsResponse], error) {
+	return connect.NewResponse(&apiv1.ListProjectsResponse{Projects: []*apiv1.Project{
+		{Id: "prj_1", Name: "web"}, {Id: "prj_web", Name: "web"}, {Id: "prj_batch", Name: "batch"}}}), nil
+}
+
+type fakePoolNames struct {
+	apiv1connect.UnimplementedPoolServiceHandler
+}
+
+func (fakePoolNames) List(context.Context, *connect.Request[apiv1.ListPoolsRequest]) (*connect.Response[apiv1.ListPoolsResponse], error) {
+	return connect.NewResponse(&apiv1.ListPoolsResponse{Pools: []*apiv1.Pool{{Id: "pool_h100", Name: "h100"}}}), nil
 }
 
 type fakeCapacity struct{ cf *capacityFake }
@@ -69,8 +101,11 @@ func (s fakeCapacity) Summary(_ context.Context, req *connect.Request[apiv1.Capa
 	s.cf.mu.Lock()
 	defer s.cf.mu.Unlock()
 	s.cf.summaries = append(s.cf.summaries, req.Msg)
+	// The server names models with their memory, as atoms do.
 	return connect.NewResponse(&apiv1.CapacitySummaryResponse{Rows: []*apiv1.CapacityRow{
-		{Model: "H100", Kind: "gpu", Total: 8, Booked: 5, Quarantined: 1, Free: 2, Pending: 3},
+		{Model: "H100 80GB", Kind: "gpu", Total: 8, Booked: 5, Quarantined: 1, Free: 2, Pending: 3},
+		{Model: "A100 40GB", Kind: "gpu", Total: 4, Booked: 1, Free: 3, Pending: 2},
+		{Model: "A100 80GB", Kind: "gpu", Total: 4, Booked: 2, Free: 2, Pending: 2},
 	}}), nil
 }
 
@@ -136,7 +171,11 @@ func TestCapacityCommands(t *testing.T) {
 
 	lines := strings.Split(strings.TrimSpace(b.ok(t, "capacity", "summary")), "\n")
 	require.Equal(t, []string{"MODEL", "KIND", "TOTAL", "BOOKED", "QUARANTINED", "FREE", "PENDING"}, strings.Fields(lines[0]))
+	// One model name across nodes, capacity and reservations: the
+	// gpu.model label's; rows that then share a model are summed.
+	require.Len(t, lines, 3)
 	require.Equal(t, []string{"H100", "gpu", "8", "5", "1", "2", "3"}, strings.Fields(lines[1]))
+	require.Equal(t, []string{"A100", "gpu", "8", "3", "0", "5", "2"}, strings.Fields(lines[2]))
 	require.Equal(t, "acme", cf.summaries[0].GetTenant(), "the token's tenant")
 
 	lines = strings.Split(strings.TrimSpace(b.ok(t, "capacity", "by-pool", "--tenant", "globex", "--pool", "h100")), "\n")
@@ -183,9 +222,14 @@ func TestUsageCommands(t *testing.T) {
 	b, cf := setupCapacity(t)
 
 	lines := strings.Split(strings.TrimSpace(b.ok(t, "usage", "list", "--metric", "vcpu.hours", "--start", "-24h", "--project", "web")), "\n")
-	require.Len(t, lines, 4, "header and three windows across two pages")
+	require.Len(t, lines, 8, "header, four windows across two pages, three totals")
 	require.Equal(t, []string{"WINDOW", "TENANT", "PROJECT", "RESERVATION", "METRIC", "QUANTITY"}, strings.Fields(lines[0]))
-	require.Equal(t, []string{"2025-01-02T03:00:00Z", "ten_1", "prj_1", "rsv_1", "gpu.H100.hours", "1.5"}, strings.Fields(lines[1]))
+	// Names, not ids.
+	require.Equal(t, []string{"2025-01-02T03:00:00Z", "acme", "web", "rsv_1", "gpu.H100.hours", "1.5"}, strings.Fields(lines[1]))
+	require.Equal(t, []string{"2025-01-02T06:00:00Z", "(open)", "acme", "web", "rsv_1", "gpu.H100.hours", "0.25"}, strings.Fields(lines[4]),
+		"the open hour is marked partial")
+	require.Equal(t, []string{"TOTAL", "gpu.H100.hours", "1.75"}, strings.Fields(lines[5]))
+	require.Equal(t, []string{"TOTAL", "vcpu.hours", "1.5"}, strings.Fields(lines[7]))
 	require.Len(t, cf.lists, 2, "follows next_page_token")
 	req := cf.lists[0]
 	require.Equal(t, []string{"acme", "web", "vcpu.hours"}, []string{req.GetTenant(), req.GetProject(), req.GetMetric()})

@@ -39,10 +39,15 @@ func (a *app) nodesCommand() *cobra.Command {
 
 	var project, state, liveness string
 	var limit int
+	var showLabels bool
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List nodes",
-		Args:  positional(),
+		Long: `List nodes: each node's GPUs, by the model name pool selectors and --model use, and the
+pool it is in ("-" for none: no pool selects it, or two do). --show-labels adds every label
+a pool selector can match, the node's own and those derived from its inventory (gpu.model,
+gpu.count, gpu.memory).`,
+		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
 			if err != nil {
@@ -64,11 +69,14 @@ func (a *app) nodesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.printNodes(cmd, &apiv1.ListNodesResponse{Nodes: all}, all...)
+			return a.printer(cmd.OutOrStdout()).print(&apiv1.ListNodesResponse{Nodes: all}, func(w io.Writer) {
+				nodeTableLabels(w, showLabels, all...)
+			})
 		},
 	}
 	addTenantFlag(list, &tenant)
 	addLimitFlag(list, &limit)
+	list.Flags().BoolVar(&showLabels, "show-labels", false, "add the labels pool selectors match (own and derived from inventory)")
 	list.Flags().StringVar(&project, "project", "", "only nodes of this project")
 	list.Flags().StringVar(&state, "state", "", "only nodes in this state: joining, active, draining, drained, retired")
 	list.Flags().StringVar(&liveness, "liveness", "", "only nodes with this liveness: ready, unreachable, lost")
@@ -87,8 +95,20 @@ func (a *app) nodesCommand() *cobra.Command {
 				return err
 			}
 			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
-				nodeTable(w, resp.Msg.GetNode())
-				conditionTable(w, resp.Msg.GetNode().GetConditions())
+				n := resp.Msg.GetNode()
+				nodeTable(w, n)
+				// The labels, so a pool selector can be written without
+				// guessing; derived ones a label of the node overrides are
+				// left out.
+				fmt.Fprintf(w, "\nlabels: %s\n", dash(labelString(n.GetLabels())))
+				derived := map[string]string{}
+				for k, v := range n.GetDerivedLabels() {
+					if _, own := n.GetLabels()[k]; !own {
+						derived[k] = v
+					}
+				}
+				fmt.Fprintf(w, "derived labels: %s\n", dash(labelString(derived)))
+				conditionTable(w, n.GetConditions())
 			})
 		},
 	}
@@ -180,13 +200,38 @@ func (a *app) printNodes(cmd *cobra.Command, msg proto.Message, items ...*apiv1.
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) { nodeTable(w, items...) })
 }
 
-func nodeTable(w io.Writer, items ...*apiv1.Node) {
+func nodeTable(w io.Writer, items ...*apiv1.Node) { nodeTableLabels(w, false, items...) }
+
+// nodeTableLabels prints nodes, with a LABELS column of their effective
+// labels (own over derived) when showLabels is set.
+func nodeTableLabels(w io.Writer, showLabels bool, items ...*apiv1.Node) {
 	now := time.Now()
-	row(w, "NAME", "ID", "STATE", "LIVENESS", "GPUS", "POOL", "AGE", "LAST SEEN")
-	for _, n := range items {
-		row(w, n.GetName(), n.GetId(), n.GetState(), n.GetLiveness(), gpus(n), dash(n.GetPool()),
-			age(now, n.GetCreateTime()), ago(now, n.GetLastHeartbeat()))
+	head := []string{"NAME", "ID", "STATE", "LIVENESS", "GPUS", "POOL", "AGE", "LAST SEEN"}
+	if showLabels {
+		head = append(head, "LABELS")
 	}
+	row(w, head...)
+	for _, n := range items {
+		cells := []string{n.GetName(), n.GetId(), n.GetState(), n.GetLiveness(), gpus(n), dash(n.GetPool()),
+			age(now, n.GetCreateTime()), ago(now, n.GetLastHeartbeat())}
+		if showLabels {
+			cells = append(cells, dash(labelString(effectiveLabels(n))))
+		}
+		row(w, cells...)
+	}
+}
+
+// effectiveLabels are what pool selectors match: the derived labels with
+// the node's own over them.
+func effectiveLabels(n *apiv1.Node) map[string]string {
+	out := map[string]string{}
+	for k, v := range n.GetDerivedLabels() {
+		out[k] = v
+	}
+	for k, v := range n.GetLabels() {
+		out[k] = v
+	}
+	return out
 }
 
 func conditionTable(w io.Writer, conds []*apiv1.NodeCondition) {
@@ -200,12 +245,18 @@ func conditionTable(w io.Writer, conds []*apiv1.NodeCondition) {
 	}
 }
 
-// gpus summarizes a node's GPUs as "8 × NVIDIA H100".
+// gpus summarizes a node's GPUs as "8 × H100": the model by the name the
+// gpu.model label, pool selectors, --model and the capacity and
+// reservation views use, not the marketing name the driver reports.
 func gpus(n *apiv1.Node) string {
 	if n.GetGpuCount() == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%d × %s", n.GetGpuCount(), dash(n.GetGpuModel()))
+	model := n.GetGpuModel()
+	if m := n.GetDerivedLabels()["gpu.model"]; m != "" && model != "mixed" {
+		model = m
+	}
+	return fmt.Sprintf("%d × %s", n.GetGpuCount(), dash(model))
 }
 
 // age is how long ago t was, in the largest whole unit (5d, 3h, 12m, 40s).

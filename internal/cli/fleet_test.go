@@ -38,7 +38,8 @@ func setupFleet(t *testing.T) (*bundle, *fleetFake) {
 	ff := &fleetFake{f: newFake(), commands: map[string]*apiv1.Command{}, finalState: "succeeded",
 		nodes: []*apiv1.Node{
 			{Id: "nod_1", Name: "gpu-1", TenantId: "ten_1", State: "active", Liveness: "ready", Pool: "h100",
-				GpuCount: 8, GpuModel: "NVIDIA H100 80GB HBM3", CreateTime: created, LastHeartbeat: timestamppb.New(time.Now().Add(-3 * time.Second)),
+				GpuCount: 8, GpuModel: "NVIDIA H100 80GB HBM3", CreateTime: created, Labels: map[string]string{"rack": "r1"},
+				DerivedLabels: map[string]string{"gpu.model": "H100", "gpu.count": "8", "gpu.memory": "80GB"}, LastHeartbeat: timestamppb.New(time.Now().Add(-3 * time.Second)),
 				Conditions: []*apiv1.NodeCondition{{Type: "GpuHealthy", Status: "true", Reason: "AllHealthy"}}},
 			{Id: "nod_2", Name: "cpu-1", TenantId: "ten_1", State: "joining", Liveness: "ready", CreateTime: created},
 		},
@@ -260,7 +261,8 @@ func TestNodesCLI(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 3)
 	require.Regexp(t, `^NAME\s+ID\s+STATE\s+LIVENESS\s+GPUS\s+POOL\s+AGE\s+LAST SEEN$`, lines[0])
-	require.Regexp(t, `^gpu-1\s+nod_1\s+active\s+ready\s+8 × NVIDIA H100 80GB HBM3\s+h100\s+\d+d\s+\ds ago$`, lines[1])
+	// The GPU model by the name the gpu.model label and --model use.
+	require.Regexp(t, `^gpu-1\s+nod_1\s+active\s+ready\s+8 × H100\s+h100\s+\d+d\s+\ds ago$`, lines[1])
 	require.Regexp(t, `^cpu-1\s+nod_2\s+joining\s+ready\s+-\s+-\s+\d+d\s+never$`, lines[2])
 
 	var listed struct{ Nodes []struct{ Name string } }
@@ -268,8 +270,16 @@ func TestNodesCLI(t *testing.T) {
 	require.Len(t, listed.Nodes, 1)
 	require.Equal(t, "cpu-1", listed.Nodes[0].Name)
 
+	// --show-labels: every label a pool selector matches.
+	lines = strings.Split(strings.TrimSpace(b.ok(t, "nodes", "list", "--show-labels")), "\n")
+	require.Regexp(t, `\sLABELS$`, lines[0])
+	require.Regexp(t, `\sgpu\.count=8,gpu\.memory=80GB,gpu\.model=H100,rack=r1$`, lines[1])
+	require.Regexp(t, `\s-$`, lines[2])
+
 	out = b.ok(t, "nodes", "get", "gpu-1")
 	require.Contains(t, out, "GpuHealthy")
+	require.Contains(t, out, "labels: rack=r1\n")
+	require.Contains(t, out, "derived labels: gpu.count=8,gpu.memory=80GB,gpu.model=H100\n")
 	require.Contains(t, b.ok(t, "nodes", "drain", "gpu-1", "--reason", "bios update"), "command: cmd_drain (node.drain)")
 	require.Contains(t, b.ok(t, "nodes", "undrain", "gpu-1"), "active")
 	require.Contains(t, b.ok(t, "nodes", "delete", "cpu-1"), "node cpu-1 deleted; 1 certificates revoked")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -25,6 +26,7 @@ type poolFlags struct {
 	singleTenant                 bool
 	maxPending                   int32
 	minDuration, maxDurationSecs int64
+	startHorizon                 time.Duration
 }
 
 func (f *poolFlags) add(cmd *cobra.Command) {
@@ -41,6 +43,7 @@ func (f *poolFlags) add(cmd *cobra.Command) {
 	fl.Int32Var(&f.maxPending, "max-pending", 0, "bookings that may wait for capacity")
 	fl.Int64Var(&f.minDuration, "min-duration-seconds", 0, "shortest booking (0: unbounded)")
 	fl.Int64Var(&f.maxDurationSecs, "max-duration-seconds", 0, "longest booking, at most 30 days (0: unbounded)")
+	fl.Var((*spanValue)(&f.startHorizon), "start-horizon", "how far ahead a reservation may start, e.g. 30d (default 90d, at most 366d)")
 }
 
 func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {
@@ -56,6 +59,7 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 		HostReserve: &apiv1.HostReserve{Vcpu: f.reserveVCPU, MemoryGib: f.reserveMemory},
 		GpuSharing:  f.sharing, SlotsPerGpu: f.slots, SingleTenant: f.singleTenant, MaxPending: f.maxPending,
 		MinDurationSeconds: f.minDuration, MaxDurationSeconds: f.maxDurationSecs,
+		StartHorizonSeconds: int64(f.startHorizon / time.Second),
 	}
 	if f.vcpuPerGPU != 0 || f.memoryGiBPerGPU != 0 || f.hugepagesPerGPU != 0 {
 		p.PerGpu = &apiv1.PerGpuShare{Vcpu: f.vcpuPerGPU, MemoryGib: f.memoryGiBPerGPU, Hugepages_1Gi: f.hugepagesPerGPU}
@@ -66,7 +70,7 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 // policyChanged says whether any policy flag was given.
 func policyChanged(cmd *cobra.Command) bool {
 	for _, name := range []string{"sharing", "slots", "vcpu-per-gpu", "memory-gib-per-gpu", "hugepages-1gi-per-gpu",
-		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds"} {
+		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon"} {
 		if cmd.Flags().Changed(name) {
 			return true
 		}

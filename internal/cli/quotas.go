@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 )
@@ -121,11 +122,23 @@ set their projects' quotas.`,
 }
 
 func (a *app) printQuotas(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Quota) error {
+	var nb nameBook
+	if a.flagOutput == "table" {
+		if c, err := a.client(); err == nil {
+			var ids []string
+			for _, q := range items {
+				ids = append(ids, q.GetTenantId())
+			}
+			nb = a.names(cmd.Context(), c, ids...)
+		}
+	}
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
 		row(w, "ID", "TENANT", "SCOPE", "GPUS", "GPU-HOURS", "UPDATED")
 		for _, q := range items {
-			scope := quota.Quota{ProjectID: q.GetProjectId(), Model: q.GetModel(), PoolID: q.GetPoolId()}.Scope()
-			row(w, q.GetId(), q.GetTenantId(), scope,
+			// The scope by names (project/web/model=H100/pool=h100); the
+			// API message keeps the ids.
+			scope := quota.Quota{ProjectID: nb.project(q.GetProjectId()), Model: q.GetModel(), PoolID: nb.pool(q.GetPoolId())}.Scope()
+			row(w, q.GetId(), nb.tenant(q.GetTenantId()), scope,
 				fmt.Sprintf("%d/%s", q.GetGpusUsed(), quotaLimitString(float64(q.GetGpus()))),
 				fmt.Sprintf("%s/%s", quotaHoursString(q.GetGpuHoursUsed()), quotaLimitString(q.GetGpuHours())),
 				ts(q.GetUpdateTime()))
@@ -144,4 +157,52 @@ func quotaLimitString(l float64) string {
 // quotaHoursString prints at most two decimals, without trailing zeros.
 func quotaHoursString(h float64) string {
 	return strconv.FormatFloat(math.Round(h*100)/100, 'f', -1, 64)
+}
+
+// nameBook maps the ids rows carry (tenants, projects, pools) to names, so
+// tables print what operators typed. It is filled best effort: an id the
+// caller may not read, or a failed lookup, prints as the id.
+type nameBook struct {
+	tenants, projects, pools map[string]string
+}
+
+func (n nameBook) tenant(id string) string  { return cmpOr(n.tenants[id], id) }
+func (n nameBook) project(id string) string { return cmpOr(n.projects[id], id) }
+func (n nameBook) pool(id string) string    { return cmpOr(n.pools[id], id) }
+
+// names looks up the names of the tenants given by id, and of their
+// projects and pools: one call per tenant and kind.
+func (a *app) names(ctx context.Context, c *client.Client, tenantIDs ...string) nameBook {
+	n := nameBook{tenants: map[string]string{}, projects: map[string]string{}, pools: map[string]string{}}
+	seen := map[string]bool{}
+	for _, id := range tenantIDs {
+		if id == "" || seen[id] {
+			continue
+		}
+		seen[id] = true
+		if t, err := c.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: id})); err == nil {
+			n.tenants[id] = t.Msg.GetTenant().GetName()
+		}
+		projects, _ := listAll(ctx, 0, func(ctx context.Context, token string, size int32) ([]*apiv1.Project, string, error) {
+			resp, err := c.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: id, PageToken: token, PageSize: size}))
+			if err != nil {
+				return nil, "", err
+			}
+			return resp.Msg.GetProjects(), resp.Msg.GetNextPageToken(), nil
+		})
+		for _, p := range projects {
+			n.projects[p.GetId()] = p.GetName()
+		}
+		pools, _ := listAll(ctx, 0, func(ctx context.Context, token string, size int32) ([]*apiv1.Pool, string, error) {
+			resp, err := c.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: id, IncludeArchived: true, PageToken: token, PageSize: size}))
+			if err != nil {
+				return nil, "", err
+			}
+			return resp.Msg.GetPools(), resp.Msg.GetNextPageToken(), nil
+		})
+		for _, p := range pools {
+			n.pools[p.GetId()] = p.GetName()
+		}
+	}
+	return n
 }

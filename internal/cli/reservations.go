@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -54,8 +55,8 @@ func (f *reservationFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.model, "model", "", "GPU model, e.g. H100 (default: any)")
 	fl.StringVar(&f.mig, "mig", "", "MIG profile, e.g. 1g.10gb")
 	fl.Int32Var(&f.slots, "slots", 0, "shared slots (timeslice and mps pools), instead of --gpus")
-	fl.DurationVar(&f.duration, "for", 0, "how long, starting now, e.g. 4h (instead of --start/--end)")
-	fl.StringVar(&f.start, "start", "", "window start: RFC 3339 or relative to now, e.g. +2h")
+	fl.Var((*spanValue)(&f.duration), "for", "how long, starting now, e.g. 4h or 1d (instead of --start/--end)")
+	fl.StringVar(&f.start, "start", "", "window start: RFC 3339 or relative to now, e.g. +2h or +1d")
 	fl.StringVar(&f.end, "end", "", "window end: RFC 3339 or relative to now, e.g. +6h")
 	fl.Int32Var(&f.vcpu, "vcpu", 0, "vCPUs (default: the pool's per-GPU share)")
 	fl.Int32Var(&f.memoryGiB, "memory-gib", 0, "memory in GiB (default: the pool's per-GPU share)")
@@ -90,25 +91,78 @@ func (f *reservationFlags) request(now time.Time) (*apiv1.CreateReservationReque
 	}, nil
 }
 
-// parseWhen reads a time flag: RFC 3339, or +DURATION from now. Empty is
-// unset (nil).
+// pastSkew is how far in the past a reservation time may be and still be
+// taken as now (the server allows a minute).
+const pastSkew = time.Minute
+
+// parseWhen reads a reservation time flag: RFC 3339, or a duration
+// relative to now (+2h, +1d; -2h parses, and is refused as in the past).
+// Empty is unset (nil).
 func parseWhen(field, s string, now time.Time) (*timestamppb.Timestamp, error) {
 	if s == "" {
 		return nil, nil
 	}
-	if rel, ok := strings.CutPrefix(s, "+"); ok {
-		d, err := time.ParseDuration(rel)
-		if err != nil || d < 0 {
-			return nil, invalidArg(field, fmt.Sprintf("relative time must be +DURATION such as +2h, got %q", s))
+	if strings.HasPrefix(s, "+") || strings.HasPrefix(s, "-") {
+		d, err := parseSpan(s)
+		if err != nil {
+			return nil, invalidArg(field, fmt.Sprintf("relative time must be +DURATION from now such as +2h or +1d, got %q", s))
+		}
+		if d < -pastSkew {
+			return nil, invalidArg(field, fmt.Sprintf("%s is in the past: reservation times are now or later (+2h, +1d)", s))
 		}
 		return timestamppb.New(now.Add(d)), nil
 	}
+	// An absolute time in the past is the server's to refuse (it allows a
+	// minute of skew against its own clock).
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil {
-		return nil, invalidArg(field, fmt.Sprintf("must be RFC 3339 (2025-01-02T15:04:05Z) or relative (+2h), got %q", s))
+		return nil, invalidArg(field, fmt.Sprintf("must be RFC 3339 (2025-01-02T15:04:05Z) or relative (+2h, +1d), got %q", s))
 	}
 	return timestamppb.New(t), nil
 }
+
+// parseSpan parses a duration as time.ParseDuration does, plus whole days
+// in front ("1d", "2d12h", "-1d"), since reservations run for days.
+func parseSpan(s string) (time.Duration, error) {
+	rest, sign := s, time.Duration(1)
+	if r, ok := strings.CutPrefix(rest, "-"); ok {
+		rest, sign = r, -1
+	} else {
+		rest = strings.TrimPrefix(rest, "+")
+	}
+	var days time.Duration
+	if i := strings.IndexByte(rest, 'd'); i > 0 {
+		n, err := strconv.Atoi(rest[:i])
+		if err != nil || n > 3650 {
+			return 0, fmt.Errorf("bad day count in %q", s)
+		}
+		days, rest = time.Duration(n)*24*time.Hour, rest[i+1:]
+	}
+	var d time.Duration
+	if rest != "" || days == 0 {
+		var err error
+		if d, err = time.ParseDuration(rest); err != nil || d < 0 {
+			return 0, fmt.Errorf("bad duration %q", s)
+		}
+	}
+	return sign * (days + d), nil
+}
+
+// spanValue is a duration flag that also takes days ("1d", "1d12h").
+type spanValue time.Duration
+
+func (v *spanValue) String() string { return time.Duration(*v).String() }
+
+func (v *spanValue) Set(s string) error {
+	d, err := parseSpan(s)
+	if err != nil {
+		return fmt.Errorf("must be a duration such as 90m, 4h or 1d, got %q", s)
+	}
+	*v = spanValue(d)
+	return nil
+}
+
+func (v *spanValue) Type() string { return "duration" }
 
 // reservationCreateCommand builds `reservations create`, and `reserve`
 // under use "reserve".
@@ -234,6 +288,16 @@ func whyNotActive(r *apiv1.Reservation) string {
 	return "no reason given"
 }
 
+// noCapacityError is a local NO_CAPACITY in the server's shape, so it
+// prints and exits like a refused create.
+func noCapacityError(msg string) error {
+	cerr := connect.NewError(connect.CodeResourceExhausted, errors.New(msg))
+	if d, err := connect.NewErrorDetail(&apiv1.ErrorDetail{Code: codeNoCapacity, Message: msg}); err == nil {
+		cerr.AddDetail(d)
+	}
+	return cerr
+}
+
 // reportRefusal writes the detail of a NO_CAPACITY (why nodes did not fit)
 // or QUOTA_EXCEEDED (the quotas involved) refusal to w, as tables, and
 // returns err for Main to print.
@@ -331,7 +395,15 @@ func (a *app) reservationsCommand() *cobra.Command {
 			if err != nil {
 				return reportRefusal(cmd.ErrOrStderr(), err)
 			}
-			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) { previewTable(w, resp.Msg) })
+			if err := a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) { previewTable(w, resp.Msg) }); err != nil {
+				return err
+			}
+			if !resp.Msg.GetFeasible() {
+				// A script can test the answer: nothing fits is a failure,
+				// with the machine code a create would answer.
+				return noCapacityError(fmt.Sprintf("no node of pool %s fits the request now", req.GetPool()))
+			}
+			return nil
 		},
 	}
 	pf.add(preview)
@@ -377,8 +449,8 @@ func (a *app) reservationsCommand() *cobra.Command {
 		},
 	}
 	addTenantFlag(extend, &tenant)
-	extend.Flags().DurationVar(&extendFor, "for", 0, "add this much to the current end, e.g. 2h")
-	extend.Flags().StringVar(&until, "until", "", "the new end: RFC 3339 or relative to now, e.g. +6h")
+	extend.Flags().Var((*spanValue)(&extendFor), "for", "add this much to the current end, e.g. 2h or 1d")
+	extend.Flags().StringVar(&until, "until", "", "the new end: RFC 3339 or relative to now, e.g. +6h or +1d")
 	addConfirmationFlag(extend, &confirmationID)
 
 	release := &cobra.Command{
@@ -433,9 +505,11 @@ func (a *app) reservationsCommand() *cobra.Command {
 		Use:   "watch [ID]",
 		Short: "Print reservation changes as they happen, until interrupted",
 		Long: `Print each change of the tenant's reservations (or of one, given its ID) as
-it arrives: time, type, id, state and cursor as a table line, one JSON
-object per line with -o json. Resume where a previous watch stopped with
---cursor set to the last cursor it printed.`,
+it arrives: time, type, id, state and cursor as a table line under a
+header, one JSON object per line with -o json. Resume where a previous
+watch stopped with --cursor set to the last cursor it printed. An
+interrupt ends the watch with exit 0; the server ending it exits 1 and
+says which cursor to resume from.`,
 		Args: func(_ *cobra.Command, argv []string) error {
 			if len(argv) > 1 {
 				return usagef("unexpected argument %q", argv[1])
@@ -478,7 +552,7 @@ func (a *app) watchReservations(cmd *cobra.Command, c *client.Client, req *apiv1
 	}
 	defer func() { _ = stream.Close() }()
 	p := a.printer(cmd.OutOrStdout())
-	const line = "%-20s  %-22s  %-26s  %-9s  %s\n"
+	const line = "%-20s  %-22s  %-30s  %-9s  %s\n"
 	p.streamHeader(func(w io.Writer) { fmt.Fprintf(w, line, "TIME", "TYPE", "ID", "STATE", "CURSOR") })
 	for stream.Receive() {
 		ev := stream.Msg()

@@ -343,7 +343,17 @@ func TestReserveFlagsToRequest(t *testing.T) {
 func TestReserveRelativeTimes(t *testing.T) {
 	t.Parallel()
 	b, rf := setupReservations(t)
+	// Days: --for 1d, +1d.
+	b.ok(t, "reserve", "--pool", "h100", "--gpus", "1", "--for", "1d")
+	require.Equal(t, int64(24*3600), rf.lastCreate(t).GetDurationSeconds())
+	b.ok(t, "reserve", "--pool", "h100", "--gpus", "1", "--for", "1d12h")
+	require.Equal(t, int64(36*3600), rf.lastCreate(t).GetDurationSeconds())
 	before := time.Now()
+	b.ok(t, "reserve", "--pool", "h100", "--gpus", "1", "--start", "+1d", "--end", "+1d2h")
+	require.WithinDuration(t, before.Add(24*time.Hour), rf.lastCreate(t).GetStartTime().AsTime(), time.Minute)
+	require.WithinDuration(t, before.Add(26*time.Hour), rf.lastCreate(t).GetEndTime().AsTime(), time.Minute)
+
+	before = time.Now()
 	b.ok(t, "reserve", "--pool", "h100", "--gpus", "1", "--start", "+2h", "--end", "+6h30m")
 	after := time.Now()
 	got := rf.lastCreate(t)
@@ -469,6 +479,10 @@ func TestReserveBadFlags(t *testing.T) {
 		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--for", "1h", "--end", "+1h"}, "invalid --for: give either --for or a --start/--end window, not both"},
 		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--start", "tomorrow"}, "invalid --start: must be RFC 3339"},
 		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--start", "+soon"}, "invalid --start: relative time must be +DURATION"},
+		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--start", "-2h", "--for", "0"}, "invalid --start: -2h is in the past"},
+		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--start", "-2h"}, "invalid --start: -2h is in the past"},
+		{[]string{"reservations", "extend", "rsv_1", "--until", "-1d"}, "invalid --until: -1d is in the past"},
+		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--for", "1x"}, `invalid argument "1x" for "--for" flag: must be a duration such as 90m, 4h or 1d`},
 		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--for", "-1h"}, "invalid --for: must not be negative"},
 		{[]string{"reserve", "--pool", "h100", "--gpus", "many"}, `invalid argument "many" for "--gpus"`},
 		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--wait", "-1s"}, "invalid --wait: must not be negative"},
@@ -616,10 +630,14 @@ func TestReservationsPreview(t *testing.T) {
 	require.Regexp(t, `(?m)^CLASS\s+NODES\s+REASON\n^H100/h100/8gpu\s+3\s+not enough free GPUs\n^4 nodes evaluated, 1 feasible: 3 nodes: not enough free GPUs$`, out)
 	require.Regexp(t, `(?m)^SCOPE\s+GPUS\s+GPU-HOURS\s+EXCEEDED\n^tenant\s+8\+2/16\s+120\+8/1000\s+no\n^within quota$`, out)
 
+	// Nothing fits: the table, and a non-zero exit a script can test.
 	rf.locked(func() { rf.preview = &apiv1.PreviewReservationResponse{Explanation: noCapacity(), Quota: quota} })
-	out = b.ok(t, "reservations", "preview", "--pool", "h100", "--gpus", "4")
+	r := b.run(t, "", "reservations", "preview", "--pool", "h100", "--gpus", "4")
+	require.Equal(t, 1, r.code)
+	out = r.stdout
 	require.True(t, strings.HasPrefix(out, "no node fits\n\nCLASS"), out)
 	require.Contains(t, out, "15 nodes evaluated, 0 feasible: 12 nodes")
+	require.Equal(t, "Error: NO_CAPACITY: no node of pool h100 fits the request now\n", r.stderr)
 
 	var js struct {
 		Feasible    bool `json:"feasible"`
@@ -627,7 +645,9 @@ func TestReservationsPreview(t *testing.T) {
 			Evaluated int `json:"evaluated"`
 		} `json:"explanation"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(b.ok(t, "reservations", "preview", "--pool", "h100", "--gpus", "4", "-o", "json")), &js))
+	r = b.run(t, "", "reservations", "preview", "--pool", "h100", "--gpus", "4", "-o", "json")
+	require.Equal(t, 1, r.code, "the exit code does not depend on the output format")
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &js))
 	require.False(t, js.Feasible)
 	require.Equal(t, 15, js.Explanation.Evaluated)
 }

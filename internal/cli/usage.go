@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -80,11 +82,34 @@ token without one reads every tenant.`,
 			if err != nil {
 				return err
 			}
+			var nb nameBook
+			if a.flagOutput == "table" {
+				var ids []string
+				for _, u := range all {
+					ids = append(ids, u.GetTenantId())
+				}
+				nb = a.names(cmd.Context(), c, ids...)
+			}
 			return a.printer(cmd.OutOrStdout()).print(&apiv1.ListUsageResponse{Windows: all}, func(w io.Writer) {
 				row(w, "WINDOW", "TENANT", "PROJECT", "RESERVATION", "METRIC", "QUANTITY")
+				totals := map[string]float64{}
+				var metrics []string
 				for _, u := range all {
-					row(w, ts(u.GetWindowStart()), u.GetTenantId(), dash(u.GetProjectId()), u.GetReservationId(), u.GetMetric(),
-						strconv.FormatFloat(u.GetQuantity(), 'f', -1, 64))
+					window := ts(u.GetWindowStart())
+					if u.GetPartial() {
+						// The hour still open: so far, not recorded yet.
+						window += " (open)"
+					}
+					row(w, window, nb.tenant(u.GetTenantId()), dash(nb.project(u.GetProjectId())), u.GetReservationId(), u.GetMetric(),
+						quantityString(u.GetQuantity()))
+					if _, ok := totals[u.GetMetric()]; !ok {
+						metrics = append(metrics, u.GetMetric())
+					}
+					totals[u.GetMetric()] += u.GetQuantity()
+				}
+				slices.Sort(metrics)
+				for _, m := range metrics {
+					row(w, "TOTAL", "", "", "", m, quantityString(totals[m]))
 				}
 			})
 		},
@@ -148,4 +173,9 @@ com.bettercompute.usage.window. The document is written as is whatever
 
 	cmd.AddCommand(list, export)
 	return cmd
+}
+
+// quantityString prints a usage quantity with at most four decimals.
+func quantityString(q float64) string {
+	return strconv.FormatFloat(math.Round(q*1e4)/1e4, 'f', -1, 64)
 }

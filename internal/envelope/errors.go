@@ -107,7 +107,11 @@ type Error struct {
 	// RetryAfter, when set, is sent as a google.rpc.RetryInfo detail and a
 	// Retry-After header (whole seconds).
 	RetryAfter time.Duration
-	Err        error
+	// Status, when set, replaces the Connect code the machine code maps
+	// to: a NO_CAPACITY that waiting cannot cure is FAILED_PRECONDITION
+	// (400), not the retryable RESOURCE_EXHAUSTED (429).
+	Status connect.Code
+	Err    error
 }
 
 func (e *Error) Error() string {
@@ -173,7 +177,11 @@ func ToConnect(err error) *connect.Error {
 		return ce
 	}
 	apiErr := AsError(err)
-	cerr := connect.NewError(connectCodes[apiErr.Code], errors.New(apiErr.Message))
+	status := connectCodes[apiErr.Code]
+	if apiErr.Status != 0 {
+		status = apiErr.Status
+	}
+	cerr := connect.NewError(status, errors.New(apiErr.Message))
 	detail := &apiv1.ErrorDetail{
 		Code:           string(apiErr.Code),
 		Message:        apiErr.Message,

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
@@ -268,11 +269,18 @@ func timestamp(t *time.Time) *timestamppb.Timestamp {
 
 // NodeProto converts a node for the API.
 func NodeProto(n Node, conds []NodeCondition) *apiv1.Node {
+	// The pool a node is in is capacity's membership; the join token's pool
+	// (n.Pool) only until capacity has reconciled the node.
+	poolName := n.Pool
+	if n.MemberPool != nil {
+		poolName = *n.MemberPool
+	}
 	out := &apiv1.Node{
-		Id: n.ID, Name: n.Name, TenantId: n.TenantID, ProjectId: n.ProjectID, Pool: n.Pool, Labels: labelsMap(n.Labels),
+		Id: n.ID, Name: n.Name, TenantId: n.TenantID, ProjectId: n.ProjectID, Pool: poolName, Labels: labelsMap(n.Labels),
 		State: n.State, Liveness: n.Liveness, Mode: n.Mode, AgentVersion: n.AgentVersion,
 		Capabilities: stringsOf(n.Capabilities), GpuCount: int32(n.GPUCount), GpuModel: n.GPUModel,
 		LastHeartbeat: timestamp(n.LastHeartbeat), CreateTime: timestamppb.New(n.CreateTime),
+		DerivedLabels: reservation.DerivedLabels(n.FirstGPU, n.GPUCount, n.FirstGPUMemMiB),
 	}
 	for _, c := range conds {
 		out.Conditions = append(out.Conditions, ConditionProto(c))

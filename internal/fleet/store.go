@@ -96,6 +96,14 @@ type Node struct {
 	// when the models differ. Read-only.
 	GPUCount int
 	GPUModel string
+	// MemberPool is the name of the pool capacity's membership puts the
+	// node in ("" for none, e.g. two pools claim it); nil before capacity
+	// first reconciled the node. Read-only.
+	MemberPool *string
+	// FirstGPU and FirstGPUMemMiB are the first GPU's name and memory (by
+	// index), from which derived labels come. Read-only.
+	FirstGPU       string
+	FirstGPUMemMiB int
 }
 
 const nodeColumns = `n.id, n.name, n.tenant_id, n.project_id, n.pool, n.labels, n.hardware_key, n.state, n.liveness,
@@ -103,7 +111,10 @@ const nodeColumns = `n.id, n.name, n.tenant_id, n.project_id, n.pool, n.labels, 
 	n.last_applied_seq, n.inventory_digest, n.cert_serial, n.cert_not_after, n.create_time, n.update_time,
 	(SELECT COUNT(*) FROM gpus g WHERE g.node_id = n.id),
 	COALESCE((SELECT MIN(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
-	COALESCE((SELECT MAX(g.model) FROM gpus g WHERE g.node_id = n.id), '')`
+	COALESCE((SELECT MAX(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
+	(SELECT COALESCE(p.name, '') FROM node_pools np LEFT JOIN pools p ON p.id = np.pool_id WHERE np.node_id = n.id),
+	COALESCE((SELECT g.model FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), ''),
+	COALESCE((SELECT g.memory_mib FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), 0)`
 
 func scanNode(row interface{ Scan(...any) error }) (Node, error) {
 	var (
@@ -113,7 +124,7 @@ func scanNode(row interface{ Scan(...any) error }) (Node, error) {
 	err := row.Scan(&n.ID, &n.Name, &n.TenantID, &n.ProjectID, &n.Pool, &n.Labels, &n.HardwareKey, &n.State, &n.Liveness,
 		&n.Mode, &n.AgentVersion, &n.Capabilities, &n.TrustVersion, &n.LastHeartbeat, &n.SessionOwner, &n.NextSeq,
 		&n.LastAppliedSeq, &n.InventoryDigest, &n.CertSerial, &n.CertNotAfter, &n.CreateTime, &n.UpdateTime,
-		&n.GPUCount, &minModel, &maxM)
+		&n.GPUCount, &minModel, &maxM, &n.MemberPool, &n.FirstGPU, &n.FirstGPUMemMiB)
 	n.GPUModel = minModel
 	if minModel != maxM {
 		n.GPUModel = "mixed"

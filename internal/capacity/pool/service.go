@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -24,19 +25,21 @@ type Service struct {
 }
 
 // ChangeHook runs in the transaction of every create, update and archive,
-// so that membership follows the pool's selector at once.
-type ChangeHook func(ctx context.Context, tx store.Tx, tenantID string) error
+// so that membership follows the pool's selector at once. poolID is the
+// pool created or updated, "" for an archive; an error (a create or update
+// that would put nodes into conflict) rolls the change back.
+type ChangeHook func(ctx context.Context, tx store.Tx, tenantID, poolID string) error
 
 // NewService returns the pool handlers; changed may be nil.
 func NewService(env *envelope.Envelope, changed ChangeHook) *Service {
 	return &Service{env: env, changed: changed}
 }
 
-func (s *Service) notify(ctx context.Context, tx store.Tx, tenantID string) error {
+func (s *Service) notify(ctx context.Context, tx store.Tx, tenantID, poolID string) error {
 	if s.changed == nil {
 		return nil
 	}
-	return s.changed(ctx, tx, tenantID)
+	return s.changed(ctx, tx, tenantID, poolID)
 }
 
 var _ apiv1connect.PoolServiceHandler = (*Service)(nil)
@@ -62,7 +65,23 @@ const (
 
 	MaxSlotsPerGPU     = 48
 	MaxDurationSeconds = 30 * 24 * 3600
+
+	// DefaultStartHorizonSeconds is how far ahead a reservation may start
+	// in a pool whose policy leaves start_horizon_seconds at 0: a start in
+	// year 9999 books nothing useful and holds atoms out of every view.
+	DefaultStartHorizonSeconds = 90 * 24 * 3600
+	// MaxStartHorizonSeconds bounds start_horizon_seconds.
+	MaxStartHorizonSeconds = 366 * 24 * 3600
 )
+
+// StartHorizon is how far ahead of now a pool lets a reservation start.
+func StartHorizon(p *apiv1.PoolPolicy) time.Duration {
+	n := p.GetStartHorizonSeconds()
+	if n <= 0 {
+		n = DefaultStartHorizonSeconds
+	}
+	return time.Duration(min(n, MaxStartHorizonSeconds)) * time.Second
+}
 
 // validatePolicy checks a policy, naming each offending field policy.*.
 func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
@@ -102,6 +121,9 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	default:
 		vs.Add("policy.on_node_lost", "must be release or replace, got %q", truncate(p.GetOnNodeLost()))
 	}
+	if h := p.GetStartHorizonSeconds(); h < 0 || h > MaxStartHorizonSeconds {
+		vs.Add("policy.start_horizon_seconds", "must be between 0 (the default, 90 days) and %d (366 days), got %d", MaxStartHorizonSeconds, h)
+	}
 	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
 	nonNeg("policy.min_duration_seconds", minD)
 	switch {
@@ -128,6 +150,9 @@ func normalPolicy(p *apiv1.PoolPolicy) *apiv1.PoolPolicy {
 	}
 	if out.HostReserve == nil {
 		out.HostReserve = &apiv1.HostReserve{}
+	}
+	if out.StartHorizonSeconds == 0 {
+		out.StartHorizonSeconds = DefaultStartHorizonSeconds
 	}
 	return out
 }
@@ -262,7 +287,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateP
 				return nil, err
 			}
 			tx.SetResource(p.ID, "")
-			if err := s.notify(ctx, tx, p.TenantID); err != nil {
+			if err := s.notify(ctx, tx, p.TenantID, p.ID); err != nil {
 				return nil, err
 			}
 			tx.Emit(envelope.Event{Type: "pool.created", TenantID: p.TenantID, ResourceType: "Pool", ResourceID: p.ID,
@@ -324,7 +349,7 @@ func (s *Service) Update(ctx context.Context, req *connect.Request[apiv1.UpdateP
 			if cur, err = Get(ctx, tx, cur.TenantID, cur.ID); err != nil {
 				return nil, err
 			}
-			if err := s.notify(ctx, tx, cur.TenantID); err != nil {
+			if err := s.notify(ctx, tx, cur.TenantID, cur.ID); err != nil {
 				return nil, err
 			}
 			tx.Emit(envelope.Event{Type: "pool.updated", TenantID: cur.TenantID, ResourceType: "Pool", ResourceID: cur.ID,
@@ -363,7 +388,7 @@ func (s *Service) Archive(ctx context.Context, req *connect.Request[apiv1.Archiv
 				return nil, err
 			}
 			if ok {
-				if err := s.notify(ctx, tx, cur.TenantID); err != nil {
+				if err := s.notify(ctx, tx, cur.TenantID, ""); err != nil {
 					return nil, err
 				}
 				tx.Emit(envelope.Event{Type: "pool.archived", TenantID: cur.TenantID, ResourceType: "Pool", ResourceID: cur.ID,

@@ -71,6 +71,7 @@ func TestPoolLifecycle(t *testing.T) {
 	require.Equal(t, "timeslice", p.GetPolicy().GetGpuSharing())
 	require.Equal(t, int32(4), p.GetPolicy().GetSlotsPerGpu())
 	require.Equal(t, int32(64), p.GetPolicy().GetPerGpu().GetMemoryGib())
+	require.Equal(t, int64(90*24*3600), p.GetPolicy().GetStartHorizonSeconds(), "the default horizon shows")
 
 	_, err = c.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100"}))
 	require.Equal(t, "ALREADY_EXISTS", client.Code(err))
@@ -150,6 +151,8 @@ func TestPoolValidation(t *testing.T) {
 		{"policy.max_pending", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MaxPending: -2}}},
 		{"policy.max_duration_seconds", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MaxDurationSeconds: 31 * 24 * 3600}}},
 		{"policy.min_duration_seconds", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{MinDurationSeconds: 7200, MaxDurationSeconds: 3600}}},
+		{"policy.start_horizon_seconds", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{StartHorizonSeconds: -1}}},
+		{"policy.start_horizon_seconds", &apiv1.CreatePoolRequest{Tenant: "acme", Name: "p", Policy: &apiv1.PoolPolicy{StartHorizonSeconds: 367 * 24 * 3600}}},
 	}
 	for _, tt := range tests {
 		_, err := c.Pools.Create(ctx, connect.NewRequest(tt.req))

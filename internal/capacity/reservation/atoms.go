@@ -13,6 +13,7 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -55,14 +56,30 @@ type nodeFacts struct {
 func EffectiveLabels(labels map[string]string, gpuNames []string, gpuMemMiB []int) map[string]string {
 	out := make(map[string]string, len(labels)+3)
 	if len(gpuNames) > 0 {
-		out["gpu.model"] = ShortModel(gpuNames[0])
-		out["gpu.count"] = strconv.Itoa(len(gpuNames))
+		mem := 0
 		if len(gpuMemMiB) > 0 {
-			out["gpu.memory"] = strings.TrimPrefix(CanonicalModel(gpuNames[0], gpuMemMiB[0]), ShortModel(gpuNames[0])+" ")
+			mem = gpuMemMiB[0]
 		}
+		out = DerivedLabels(gpuNames[0], len(gpuNames), mem)
 	}
 	for k, v := range labels {
 		out[k] = v
+	}
+	return out
+}
+
+// DerivedLabels are the labels a node's inventory gives it: gpu.model,
+// gpu.count and, when the memory is known, gpu.memory, from its first
+// GPU's name and memory and its GPU count. None without GPUs.
+func DerivedLabels(gpuName string, gpus, memMiB int) map[string]string {
+	out := make(map[string]string, 3)
+	if gpus == 0 {
+		return out
+	}
+	out["gpu.model"] = ShortModel(gpuName)
+	out["gpu.count"] = strconv.Itoa(gpus)
+	if memMiB > 0 {
+		out["gpu.memory"] = strings.TrimPrefix(CanonicalModel(gpuName, memMiB), ShortModel(gpuName)+" ")
 	}
 	return out
 }
@@ -161,6 +178,76 @@ type Reconciler struct {
 
 // ReconcileTenant reconciles every node of a tenant (a pool changed).
 func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID string) error {
+	return rc.reconcileTenant(ctx, tx, tenantID, nil)
+}
+
+// ReconcilePool reconciles every node of a tenant after one of its pools
+// was created or updated, and refuses the change (FAILED_PRECONDITION,
+// naming the other pools and how many nodes each would share) when it would
+// put nodes that are in no conflict now into one: two pools claiming a node
+// leave it in neither, which silently empties the older pool. The refusal
+// comes from the same pass that recomputes membership, so the caller's
+// transaction rolls back whatever the pass wrote.
+func (rc *Reconciler) ReconcilePool(ctx context.Context, tx store.Tx, tenantID, poolID string) error {
+	g := &conflictGuard{poolID: poolID, overlaps: map[string]int{}}
+	if err := rc.reconcileTenant(ctx, tx, tenantID, g); err != nil {
+		return err
+	}
+	return g.err()
+}
+
+// conflictGuard counts, for one changed pool, the nodes it would newly
+// share with each other pool.
+type conflictGuard struct {
+	poolID   string
+	name     string
+	overlaps map[string]int // other pool's name -> nodes
+}
+
+// saw records a node's claimants when the node was in no conflict before.
+func (g *conflictGuard) saw(claimants []*activePool) {
+	if g == nil || len(claimants) < 2 {
+		return
+	}
+	mine := false
+	for _, p := range claimants {
+		if p.ID == g.poolID {
+			mine, g.name = true, p.Name
+		}
+	}
+	if !mine {
+		return
+	}
+	for _, p := range claimants {
+		if p.ID != g.poolID {
+			g.overlaps[p.Name]++
+		}
+	}
+}
+
+func (g *conflictGuard) err() error {
+	if len(g.overlaps) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(g.overlaps))
+	for n := range g.overlaps {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		noun := "nodes"
+		if g.overlaps[n] == 1 {
+			noun = "node"
+		}
+		parts[i] = fmt.Sprintf("%d %s with pool %s", g.overlaps[n], noun, n)
+	}
+	return envelope.Errorf(envelope.CodeFailedPrecondition,
+		"pool %s would share %s; a node two pools select is in neither, so narrow the selector (see the nodes' labels: nodes list --show-labels)",
+		g.name, strings.Join(parts, ", "))
+}
+
+func (rc *Reconciler) reconcileTenant(ctx context.Context, tx store.Tx, tenantID string, guard *conflictGuard) error {
 	if err := reconcileLock(ctx, tx, tenantID); err != nil {
 		return err
 	}
@@ -187,7 +274,7 @@ func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID
 	}
 	var woken []string
 	for _, id := range ids {
-		w, err := rc.reconcile(ctx, tx, id, pools)
+		w, err := rc.reconcile(ctx, tx, id, pools, guard)
 		if err != nil {
 			return err
 		}
@@ -219,7 +306,7 @@ func (rc *Reconciler) ReconcileNode(ctx context.Context, tx store.Tx, nodeID str
 	if err != nil {
 		return err
 	}
-	woken, err := rc.reconcile(ctx, tx, nodeID, pools)
+	woken, err := rc.reconcile(ctx, tx, nodeID, pools, nil)
 	if err != nil {
 		return err
 	}
@@ -236,8 +323,9 @@ func (rc *Reconciler) wake(ctx context.Context, tx store.Tx, pools []string) err
 }
 
 // reconcile brings one node's membership, atoms and host resources in step.
-// It returns the pools that may now fit more.
-func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string, pools []activePool) ([]string, error) {
+// It returns the pools that may now fit more. A non-nil guard counts the
+// conflicts its pool would newly cause.
+func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string, pools []activePool, guard *conflictGuard) ([]string, error) {
 	n, err := readNode(ctx, tx, nodeID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, nil
@@ -259,10 +347,12 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	// Membership.
 	var member *activePool
 	var claimants []string
+	var claiming []*activePool
 	if n.State != "retired" {
 		for i := range pools {
 			if pools[i].matches(&n, labels) {
 				claimants = append(claimants, pools[i].Name)
+				claiming = append(claiming, &pools[i])
 				if member == nil {
 					member = &pools[i]
 				}
@@ -277,10 +367,13 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	case member != nil:
 		poolID = member.ID
 	}
-	oldPool := ""
-	err = tx.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, nodeID).Scan(&oldPool)
+	oldPool, oldConflict := "", ""
+	err = tx.QueryRow(ctx, `SELECT pool_id, conflict FROM node_pools WHERE node_id = $1`, nodeID).Scan(&oldPool, &oldConflict)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
+	}
+	if oldConflict == "" {
+		guard.saw(claiming)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO node_pools (node_id, tenant_id, pool_id, conflict, update_time) VALUES ($1, $2, $3, $4, compute_now())
 		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, pool_id = excluded.pool_id, conflict = excluded.conflict,

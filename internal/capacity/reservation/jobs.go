@@ -363,9 +363,14 @@ type Hooks struct{ rn *Runner }
 // Hooks returns the runner's hooks.
 func (rn *Runner) Hooks() Hooks { return Hooks{rn: rn} }
 
-// PoolChanged reconciles the tenant's nodes against its pools.
-func (h Hooks) PoolChanged(ctx context.Context, tx store.Tx, tenantID string) error {
-	return h.rn.Engine.Reconciler.ReconcileTenant(ctx, tx, tenantID)
+// PoolChanged reconciles the tenant's nodes against its pools. poolID is
+// the pool created or updated ("" for an archive): a change that would put
+// nodes into conflict is refused.
+func (h Hooks) PoolChanged(ctx context.Context, tx store.Tx, tenantID, poolID string) error {
+	if poolID == "" {
+		return h.rn.Engine.Reconciler.ReconcileTenant(ctx, tx, tenantID)
+	}
+	return h.rn.Engine.Reconciler.ReconcilePool(ctx, tx, tenantID, poolID)
 }
 
 // NodeChanged reconciles a node whose inventory or device health changed.

@@ -103,6 +103,7 @@ func Proto(r Reservation, poolName string) *apiv1.Reservation {
 // spec is a validated create request, defaults not yet filled from the pool.
 type spec struct {
 	msg      *apiv1.CreateReservationRequest
+	now      time.Time
 	start    time.Time
 	end      time.Time
 	binding  string
@@ -110,7 +111,7 @@ type spec struct {
 }
 
 func validateCreate(vs *envelope.Violations, msg *apiv1.CreateReservationRequest, now time.Time) spec {
-	sp := spec{msg: msg, binding: msg.GetBinding()}
+	sp := spec{msg: msg, now: now, binding: msg.GetBinding()}
 	vs.Ref("tenant", msg.GetTenant(), "tnt")
 	if msg.GetProject() != "" {
 		vs.Ref("project", msg.GetProject(), "prj")
@@ -315,13 +316,22 @@ func (t *target) check(sp *spec) error {
 	}
 	var vs envelope.Violations
 	if !t.modelKnown {
-		vs.Add("model", "unknown GPU model %q", truncate(msg.GetModel()))
+		// Say what the pool has, so the next try names one of them.
+		have := "it has no GPUs"
+		if t.ix != nil {
+			have = modelsPhrase(poolModels(pristine(t.ix.static().nodes)))
+		}
+		vs.Add("model", "unknown GPU model %q; pool %s: %s", truncate(msg.GetModel()), t.pool.Name, have)
 	}
 	pol := t.policy
 	d := sp.end.Sub(sp.start)
 	field := "end_time"
 	if sp.duration {
 		field = "duration_seconds"
+	}
+	if h := pool.StartHorizon(pol); sp.start.After(sp.now.Add(h)) {
+		vs.Add("start_time", "pool %s books at most %d days ahead (policy.start_horizon_seconds), asked %s",
+			t.pool.Name, h/(24*time.Hour), sp.start.Format(time.RFC3339))
 	}
 	if minD := time.Duration(pol.GetMinDurationSeconds()) * time.Second; minD > 0 && d < minD {
 		vs.Add(field, "pool %s books at least %s, asked %s", t.pool.Name, minD, d)
@@ -448,12 +458,24 @@ func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *tar
 	if !placed {
 		// Could it ever fit? Against the pool with nothing booked: if not,
 		// waiting is pointless and the caller hears why now.
-		res, err := placement.Place(t.ix.static().snap, request(r), placement.Options{Limit: 1})
+		static := t.ix.static()
+		res, err := placement.Place(static.snap, request(r), placement.Options{Limit: 1})
 		if err != nil {
 			return nil, err
 		}
 		if len(res.Plans) == 0 {
-			return nil, noCapacity(t.pool.Name, res.Explanation, "no node of the pool can ever hold it")
+			// Never, or only once nodes come back (healthy, schedulable,
+			// GPUs out of quarantine)? The first is the caller's mistake
+			// (400), the second worth a retry (429).
+			nodes := pristine(static.nodes)
+			again, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), request(r), placement.Options{Limit: 1})
+			if err != nil {
+				return nil, err
+			}
+			if len(again.Plans) == 0 {
+				return nil, neverFits(t.pool.Name, nodes, r, res.Explanation)
+			}
+			return nil, noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
 		}
 		maxPending := int(t.policy.GetMaxPending())
 		if maxPending == 0 {

@@ -3,6 +3,8 @@ package reservation_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -206,6 +208,12 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		{"duration and end", &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 600, EndTime: ts(now.Add(time.Hour))},
 			"INVALID_ARGUMENT", "end_time"},
 		{"bad binding", &apiv1.CreateReservationRequest{Gpus: 1, Binding: "pod"}, "INVALID_ARGUMENT", "binding"},
+		// A start beyond the pool's horizon (90 days by default) would hold
+		// atoms out of every view for nothing.
+		{"start in year 9999", &apiv1.CreateReservationRequest{Gpus: 1, StartTime: ts(time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)), DurationSeconds: 600},
+			"INVALID_ARGUMENT", "start_time"},
+		{"start beyond the horizon", &apiv1.CreateReservationRequest{Gpus: 1, StartTime: ts(now.Add(91 * 24 * time.Hour)), DurationSeconds: 600},
+			"INVALID_ARGUMENT", "start_time"},
 		{"unknown pool", &apiv1.CreateReservationRequest{Gpus: 1, Pool: "a100"}, "NOT_FOUND", ""},
 	}
 	for _, tc := range cases {
@@ -224,11 +232,32 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		})
 	}
 
+	t.Run("unknown model lists the pool's models", func(t *testing.T) {
+		_, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Pool: "h100", Gpus: 1, Model: "Z9000"}))
+		requireViolation(t, err, "model")
+		require.Contains(t, err.Error(), "pool h100: it has H100")
+	})
+
+	t.Run("a model the pool lacks never fits", func(t *testing.T) {
+		before := f.written(t)
+		_, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Pool: "h100", Gpus: 1, Model: "A100"}))
+		require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "error: %v", err)
+		require.Equal(t, "NO_CAPACITY", client.Code(err))
+		require.Contains(t, err.Error(), "the pool has no A100 GPUs (it has H100)")
+		require.Equal(t, before, f.written(t), "a refused request books nothing")
+	})
+
 	t.Run("more GPUs than any node has", func(t *testing.T) {
 		before := f.written(t)
 		_, err := f.admin.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
 			Tenant: "acme", Pool: "h100", Gpus: 9}))
+		// Never fits: FAILED_PRECONDITION (400, waiting cannot help), not
+		// the retryable RESOURCE_EXHAUSTED; the machine code stays.
+		require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "error: %v", err)
 		require.Equal(t, "NO_CAPACITY", client.Code(err), "error: %v", err)
+		require.Contains(t, err.Error(), "pool h100 can never hold this request: the largest node has 8 GPUs, asked 9")
 		ex := envelope.DetailOf(err).GetExplanation()
 		require.NotNil(t, ex, "NO_CAPACITY explains itself: %v", err)
 		require.NotEmpty(t, ex.GetLines())
@@ -238,6 +267,33 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		}
 		require.Contains(t, reasons, placement.ReasonFreeGPUs)
 		require.Equal(t, before, f.written(t), "a refused request books nothing")
+
+		// Over plain HTTP (Connect's JSON protocol) it is a 400.
+		body := `{"tenant":"acme","pool":"h100","gpus":9}`
+		req, err := http.NewRequest(http.MethodPost, f.cp.URL+"/bettercompute.api.v1.ReservationService/Create", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+f.cp.AdminKey)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	})
+
+	t.Run("fits later but nothing may wait", func(t *testing.T) {
+		ctx := context.Background()
+		_, err := f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "h100",
+			Policy: &apiv1.PoolPolicy{MaxDurationSeconds: poolMaxDuration, MaxPending: -1}}))
+		require.NoError(t, err)
+		all := f.create(t, f.admin, &apiv1.CreateReservationRequest{Gpus: 8})
+		before := f.written(t)
+		_, err = f.admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 1}))
+		// Not now: the retryable RESOURCE_EXHAUSTED, as for a full queue.
+		require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "error: %v", err)
+		require.Equal(t, "NO_CAPACITY", client.Code(err))
+		require.Equal(t, before, f.written(t), "a refused request books nothing")
+		_, err = f.admin.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "acme", Reservation: all.GetId()}))
+		require.NoError(t, err)
 	})
 }
 
@@ -612,19 +668,75 @@ func TestPoolConflict(t *testing.T) {
 		return pool, reason, status
 	}
 
-	// A second pool that also matches the node: it is in neither.
-	_, err := f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
-		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"8"}}}}))
+	nodePool := func() *apiv1.Node {
+		got, err := f.admin.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Tenant: "acme", Node: node}))
+		require.NoError(t, err)
+		return got.Msg.GetNode()
+	}
+	// The node API says which pool a node is in (membership, not only a
+	// join token's pool) and the labels selectors match.
+	n := nodePool()
+	require.Equal(t, "h100", n.GetPool())
+	require.Equal(t, map[string]string{"gpu.model": "H100", "gpu.count": "8", "gpu.memory": "80GB"}, n.GetDerivedLabels())
+	list, err := f.admin.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "acme"}))
 	require.NoError(t, err)
+	require.Equal(t, "h100", list.Msg.GetNodes()[0].GetPool())
+
+	pools := func() int { return f.count(t, `SELECT COUNT(*) FROM pools WHERE tenant_id = $1`, f.acme) }
+	requireRefused := func(err error) {
+		t.Helper()
+		require.Equal(t, "FAILED_PRECONDITION", client.Code(err), "%v", err)
+		require.Contains(t, err.Error(), "eights")
+		require.Contains(t, err.Error(), "1 node with pool h100", "names the other pool and the nodes: %v", err)
+		pool, reason, status := conflict()
+		require.Equal(t, f.pool, pool, "nothing written: the node stays in h100")
+		require.Empty(t, reason)
+		require.Empty(t, status)
+	}
+
+	// A second pool that also matches the node is refused on create...
+	before, nPools := f.written(t), pools()
+	_, err = f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"8"}}}}))
+	requireRefused(err)
+	require.Equal(t, nPools, pools(), "no pool row written")
+	require.Equal(t, before, f.written(t))
+	// ...and on update.
+	_, err = f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "eights",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"16"}}}}))
+	require.NoError(t, err, "a pool that selects no node of another is fine")
+	_, err = f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "eights",
+		Selector: &apiv1.PoolSelector{Requirements: []*apiv1.SelectorRequirement{{Key: "gpu.count", Operator: "In", Values: []string{"8"}}}}}))
+	requireRefused(err)
+	got, err := f.admin.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "acme", Pool: "eights"}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"16"}, got.Msg.GetPool().GetSelector()[0].GetValues(), "the refused update wrote nothing")
+
+	// A conflict the API cannot refuse (a node's labels or inventory
+	// changed; here the selector is written behind the API's back and the
+	// sweep reconciles): the node is in neither pool and says why.
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE pools SET selector = $1 WHERE tenant_id = $2 AND name = 'eights'`,
+			`{"requirements":[{"key":"gpu.count","operator":"In","values":["8"]}]}`, f.acme); err != nil {
+			return err
+		}
+		return f.cp.App.Capacity.Hooks().PoolChanged(ctx, tx, f.acme, "")
+	}))
 	pool, reason, status := conflict()
 	require.Empty(t, pool, "a node two pools claim is in none")
 	require.Contains(t, reason, "h100")
 	require.Contains(t, reason, "eights")
 	require.Equal(t, "true", status)
+	require.Empty(t, nodePool().GetPool(), "a node two pools claim shows in none")
 	pv, err := f.member.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{
 		Request: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 1}}))
 	require.NoError(t, err)
 	require.False(t, pv.Msg.GetFeasible(), "the pool has no node: %v", pv.Msg)
+	// An update of a pool already in conflict that adds no new conflict
+	// (its policy) is not refused.
+	_, err = f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "eights",
+		Policy: &apiv1.PoolPolicy{MaxPending: 5}}))
+	require.NoError(t, err)
 
 	// Archiving one pool settles it.
 	_, err = f.admin.Pools.Archive(ctx, connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: "eights"}))

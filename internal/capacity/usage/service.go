@@ -157,6 +157,23 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 		}
 		out.Windows = append(out.Windows, Proto(w))
 	}
+	// The last page ends with the hour still open, as far as it has gone,
+	// when the range covers it: usage shows up before the hour closes.
+	now := s.env.Clock().Now().UTC()
+	if h := now.Truncate(Window); out.NextPageToken == "" && !h.Before(f.start) && (f.end.IsZero() || h.Before(f.end)) {
+		var open []UsageWindow
+		if err := s.env.Resolve(ctx, "usage", func(ctx context.Context, q store.Querier) (err error) {
+			open, err = OpenHour(ctx, q, tenantID, projectID, f.metric, now)
+			return err
+		}); err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		for _, w := range open {
+			pw := Proto(w)
+			pw.Partial = true
+			out.Windows = append(out.Windows, pw)
+		}
+	}
 	return connect.NewResponse(out), nil
 }
 

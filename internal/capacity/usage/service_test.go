@@ -89,7 +89,18 @@ func TestUsageList(t *testing.T) {
 			break
 		}
 	}
-	require.Len(t, windows, f.acmeWindowsTotal)
+	// ml is still active: the open hour ends the listing as a partial
+	// window, one minute of 8 vCPUs so far, not recorded.
+	require.Len(t, windows, f.acmeWindowsTotal+1)
+	open := windows[len(windows)-1]
+	require.True(t, open.GetPartial())
+	require.Equal(t, usage.MetricVCPUHours, open.GetMetric())
+	require.InDelta(t, 8.0/60, open.GetQuantity(), 1e-9)
+	require.Equal(t, f.cp.Clock.Now().UTC().Truncate(time.Hour), open.GetWindowStart().AsTime())
+	require.Equal(t, f.acmeWindowsTotal, countRows(t, f.cp.App.DB, f.acme), "the open hour is not recorded")
+	for _, w := range windows[:len(windows)-1] {
+		require.False(t, w.GetPartial())
+	}
 	for i, w := range windows {
 		require.Equal(t, f.acme, w.GetTenantId())
 		if i > 0 {
@@ -101,17 +112,22 @@ func TestUsageList(t *testing.T) {
 
 	res, err := f.viewer.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "acme", Project: "ml"}))
 	require.NoError(t, err)
-	require.Len(t, res.Msg.GetWindows(), 2)
+	require.Len(t, res.Msg.GetWindows(), 3, "two closed hours and the open one")
 	require.Equal(t, f.ml, res.Msg.GetWindows()[0].GetProjectId())
 	res, err = f.viewer.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "acme", Metric: "vcpu.hours",
 		StartTime: timestamppb.New(f.base.Add(time.Hour)), EndTime: timestamppb.New(f.base.Add(2 * time.Hour))}))
 	require.NoError(t, err)
 	require.Len(t, res.Msg.GetWindows(), 2, "web's and ml's hour 1")
+	// Metrics match case-insensitively.
+	res, err = f.viewer.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "acme", Metric: "VCPU.Hours",
+		StartTime: timestamppb.New(f.base.Add(time.Hour)), EndTime: timestamppb.New(f.base.Add(2 * time.Hour))}))
+	require.NoError(t, err)
+	require.Len(t, res.Msg.GetWindows(), 2, "the metric in any case")
 
 	// The platform admin lists every tenant; a tenant's viewer may not.
 	res, err = f.admin.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{}))
 	require.NoError(t, err)
-	require.Len(t, res.Msg.GetWindows(), f.acmeWindowsTotal+3)
+	require.Len(t, res.Msg.GetWindows(), f.acmeWindowsTotal+3+2, "both tenants' open hours too")
 	_, err = f.viewer.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{}))
 	require.Equal(t, "PERMISSION_DENIED", client.Code(err))
 	_, err = f.viewer.Usage.List(ctx, connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "acme", Project: "nope"}))
@@ -247,4 +263,13 @@ func TestUsageValidation(t *testing.T) {
 		require.Contains(t, fields, tt.field, "%v", err)
 	}
 	require.Equal(t, before, usageCounts(t, f.cp.App.DB), "nothing was written")
+}
+
+func countRows(t *testing.T, db *store.DB, tenantID string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM usage_windows WHERE tenant_id = $1`, tenantID).Scan(&n)
+	}))
+	return n
 }

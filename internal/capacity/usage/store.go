@@ -1,11 +1,13 @@
 package usage
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,7 +38,7 @@ const Window = time.Hour
 const Grace = time.Hour
 
 var (
-	metricRE     = regexp.MustCompile(`^(gpu\.[A-Za-z0-9_-]{1,64}\.hours|vcpu\.hours|memoryGiB\.hours)$`)
+	metricRE     = regexp.MustCompile(`(?i)^(gpu\.[A-Za-z0-9_-]{1,64}\.hours|vcpu\.hours|memoryGiB\.hours)$`)
 	modelCleanRE = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 )
 
@@ -55,7 +57,8 @@ func GPUMetric(model string) string {
 	return "gpu." + m + ".hours"
 }
 
-// ValidMetric reports whether s is a metric name this package writes.
+// ValidMetric reports whether s is a metric name this package writes, in
+// any case (listings match metrics case-insensitively).
 func ValidMetric(s string) bool { return metricRE.MatchString(s) }
 
 // UsageWindow is one row of usage_windows: an hour of one metric of one
@@ -147,9 +150,51 @@ func Rollup(ctx context.Context, tx store.Tx, upTo time.Time) (int, error) {
 	return written, nil
 }
 
+// OpenHour computes the windows of the hour still open at now, [h, now)
+// with h now truncated to the hour, as Rollup will write them once the
+// hour closes: the quantity so far. Nothing is written. Empty tenantID,
+// projectID and metric do not filter; metric matches case-insensitively.
+// Windows come ordered by reservation and metric.
+func OpenHour(ctx context.Context, q store.Querier, tenantID, projectID, metric string, now time.Time) ([]UsageWindow, error) {
+	h := now.UTC().Truncate(Window)
+	intervals, err := activeIntervals(ctx, q, h, now)
+	if err != nil {
+		return nil, err
+	}
+	var out []UsageWindow
+	for _, r := range intervals {
+		if (tenantID != "" && r.tenantID != tenantID) || (projectID != "" && r.projectID != projectID) {
+			continue
+		}
+		until := now
+		if r.until != nil && r.until.Before(until) {
+			until = r.until.UTC()
+		}
+		lo := maxTime(h, r.since)
+		if !until.After(lo) {
+			continue
+		}
+		hours := until.Sub(lo).Hours()
+		for _, m := range []struct {
+			metric string
+			n      int64
+		}{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}} {
+			if m.n <= 0 || (metric != "" && !strings.EqualFold(metric, m.metric)) {
+				continue
+			}
+			out = append(out, UsageWindow{TenantID: r.tenantID, ProjectID: r.projectID, ReservationID: r.id,
+				Metric: m.metric, WindowStart: h, Quantity: float64(m.n) * hours})
+		}
+	}
+	slices.SortFunc(out, func(a, b UsageWindow) int {
+		return cmp.Or(cmp.Compare(a.ReservationID, b.ReservationID), cmp.Compare(a.Metric, b.Metric))
+	})
+	return out, nil
+}
+
 // activeIntervals reads the reservations whose active interval began before
 // closeAt and had not ended by from.
-func activeIntervals(ctx context.Context, tx store.Tx, from, closeAt time.Time) ([]activeInterval, error) {
+func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.Time) ([]activeInterval, error) {
 	rows, err := tx.Query(ctx, `SELECT id, tenant_id, project_id, gpus, vcpu, memory_gib,
 			CASE WHEN gpu_model <> '' THEN gpu_model ELSE model END, active_since, active_until
 		FROM reservations
@@ -256,7 +301,7 @@ func List(ctx context.Context, q store.Querier, p *ListParams) ([]UsageWindow, e
 	}
 	rows, err := q.Query(ctx, `SELECT tenant_id, project_id, reservation_id, metric, window_start, quantity, update_time
 		FROM usage_windows
-		WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR project_id = $2) AND ($3 = '' OR metric = $3)
+		WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR project_id = $2) AND ($3 = '' OR lower(metric) = lower($3))
 		  AND window_start >= $4 AND window_start < $5
 		  AND (window_start > $6 OR (window_start = $6 AND (reservation_id > $7 OR (reservation_id = $7 AND metric > $8))))
 		ORDER BY window_start, reservation_id, metric

@@ -29,6 +29,11 @@ const (
 	DefaultTimelineStep = time.Hour
 	// MaxTimelinePoints bounds one timeline.
 	MaxTimelinePoints = 1000
+	// MaxTimelineSpan bounds how far a timeline reaches. It is checked
+	// before the points are counted: a span beyond ~292 years does not fit
+	// a time.Duration, so end.Sub(start) saturates and would let the point
+	// count pass.
+	MaxTimelineSpan = 10 * 366 * 24 * time.Hour
 )
 
 // Service serves the CapacityService API.
@@ -206,6 +211,11 @@ func timelineBounds(vs *envelope.Violations, msg *apiv1.CapacityTimelineRequest,
 		vs.Add("end_time", "must not be before start_time (%s), got %s", start.Format(time.RFC3339), end.Format(time.RFC3339))
 		return
 	}
+	if end.After(start.Add(MaxTimelineSpan)) {
+		vs.Add("end_time", "is more than %d days after start_time (%s), got %s", MaxTimelineSpan/(24*time.Hour),
+			start.Format(time.RFC3339), end.Format(time.RFC3339))
+		return
+	}
 	if n := end.Sub(start)/step + 1; n > MaxTimelinePoints {
 		vs.Add("step_seconds", "gives %d points from start_time to end_time; at most %d: widen the step or shorten the span", n, MaxTimelinePoints)
 	}
@@ -299,8 +309,9 @@ func (s *Service) authorizePool(ctx context.Context, tenantRef, ref string) (poo
 	return p, nil
 }
 
-// read returns the stored rollups and the pending counts of a tenant's
-// pools (every tenant's for "") from one snapshot.
+// read returns the stored rollups, booked counted at this instant, and the
+// pending counts of a tenant's pools (every tenant's for "") from one
+// snapshot.
 func (s *Service) read(ctx context.Context, tenantID string) ([]Row, map[string]PendingCount, error) {
 	var (
 		rows    []Row
@@ -309,6 +320,15 @@ func (s *Service) read(ctx context.Context, tenantID string) ([]Row, map[string]
 	err := s.env.Resolve(ctx, "capacity", func(ctx context.Context, q store.Querier) (err error) {
 		if rows, err = Stored(ctx, q, tenantID); err != nil {
 			return err
+		}
+		now, err := BookedNow(ctx, q, tenantID, s.env.Clock().Now())
+		if err != nil {
+			return err
+		}
+		// The rollup's booked counts future bookings too; these views say
+		// what is held now.
+		for i := range rows {
+			rows[i].Booked = now[rows[i].Key]
 		}
 		pending, err = Pending(ctx, q, tenantID)
 		return err

@@ -337,6 +337,39 @@ func Pending(ctx context.Context, q store.Querier, tenantID string) (map[string]
 	return out, rows.Err()
 }
 
+// BookedNow counts, per key, the atoms that bookings of placed, binding or
+// active reservations hold at the instant now (a booking holds [starts_at,
+// ends_at)), for the pools of one tenant or, with tenantID "", of every
+// tenant. The stored rollups count a booked atom from its placement on,
+// however far ahead its window starts; "booked" in the summaries means
+// booked now, and future bookings belong to the timeline.
+func BookedNow(ctx context.Context, q store.Querier, tenantID string, now time.Time) (map[Key]int, error) {
+	rows, err := q.Query(ctx, `SELECT r.pool_id, a.model, a.kind, COUNT(DISTINCT a.id)
+		FROM bookings b
+		JOIN reservations r ON r.id = b.reservation_id
+		JOIN atoms a ON a.id = b.atom
+		JOIN pools p ON p.id = r.pool_id
+		WHERE r.state IN `+liveStates+` AND a.kind IN `+rolledKinds+`
+		  AND b.starts_at <= $2 AND b.ends_at > $2 AND ($1 = '' OR p.tenant_id = $1)
+		GROUP BY r.pool_id, a.model, a.kind`, tenantID, now)
+	if err != nil {
+		return nil, fmt.Errorf("count atoms booked now: %w", err)
+	}
+	defer rows.Close()
+	out := map[Key]int{}
+	for rows.Next() {
+		var (
+			k Key
+			n int64
+		)
+		if err := rows.Scan(&k.PoolID, &k.Model, &k.Kind, &n); err != nil {
+			return nil, fmt.Errorf("count atoms booked now: %w", err)
+		}
+		out[k] = int(n)
+	}
+	return out, rows.Err()
+}
+
 // Point is the pool's GPU capacity at one instant.
 type Point struct {
 	Time   time.Time

@@ -230,9 +230,13 @@ type PoolPolicy struct {
 	MaxDurationSeconds int64 `protobuf:"varint,8,opt,name=max_duration_seconds,json=maxDurationSeconds,proto3" json:"max_duration_seconds,omitempty"`
 	// What a lost node does to its reservations: release (the default) ends
 	// them; replace puts them back in the queue to be placed elsewhere.
-	OnNodeLost    string `protobuf:"bytes,9,opt,name=on_node_lost,json=onNodeLost,proto3" json:"on_node_lost,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OnNodeLost string `protobuf:"bytes,9,opt,name=on_node_lost,json=onNodeLost,proto3" json:"on_node_lost,omitempty"`
+	// How far ahead of now a reservation may start, in seconds: 0 takes the
+	// default (90 days), at most 366 days. A later start_time is refused
+	// with INVALID_ARGUMENT on start_time.
+	StartHorizonSeconds int64 `protobuf:"varint,10,opt,name=start_horizon_seconds,json=startHorizonSeconds,proto3" json:"start_horizon_seconds,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PoolPolicy) Reset() {
@@ -326,6 +330,13 @@ func (x *PoolPolicy) GetOnNodeLost() string {
 		return x.OnNodeLost
 	}
 	return ""
+}
+
+func (x *PoolPolicy) GetStartHorizonSeconds() int64 {
+	if x != nil {
+		return x.StartHorizonSeconds
+	}
+	return 0
 }
 
 // PerGpuShare is the host share that comes with each GPU.
@@ -1054,7 +1065,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\x9f\x03\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\xd3\x03\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1068,7 +1079,9 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x14min_duration_seconds\x18\a \x01(\x03R\x12minDurationSeconds\x120\n" +
 	"\x14max_duration_seconds\x18\b \x01(\x03R\x12maxDurationSeconds\x12 \n" +
 	"\fon_node_lost\x18\t \x01(\tR\n" +
-	"onNodeLost\"e\n" +
+	"onNodeLost\x122\n" +
+	"\x15start_horizon_seconds\x18\n" +
+	" \x01(\x03R\x13startHorizonSeconds\"e\n" +
 	"\vPerGpuShare\x12\x12\n" +
 	"\x04vcpu\x18\x01 \x01(\x05R\x04vcpu\x12\x1d\n" +
 	"\n" +

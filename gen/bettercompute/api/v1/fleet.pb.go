@@ -30,11 +30,14 @@ type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Unique on the platform; set at join from the machine's host name.
-	Name      string            `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	TenantId  string            `protobuf:"bytes,3,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	ProjectId string            `protobuf:"bytes,4,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
-	Pool      string            `protobuf:"bytes,5,opt,name=pool,proto3" json:"pool,omitempty"`
-	Labels    map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Name      string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	TenantId  string `protobuf:"bytes,3,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	ProjectId string `protobuf:"bytes,4,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
+	// The pool the node is in (capacity's membership): empty when no pool
+	// selects it or two do (see the PoolConflict condition).
+	Pool string `protobuf:"bytes,5,opt,name=pool,proto3" json:"pool,omitempty"`
+	// The labels an operator or join token set.
+	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// joining, active, draining, drained, retired.
 	State string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
 	// ready, unreachable, lost.
@@ -49,6 +52,10 @@ type Node struct {
 	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	Conditions    []*NodeCondition       `protobuf:"bytes,15,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// Labels derived from the node's inventory, which pool selectors and
+	// requests match as well: gpu.model (the product name, "H100"),
+	// gpu.count and gpu.memory ("80GB"). A key in labels wins over these.
+	DerivedLabels map[string]string `protobuf:"bytes,17,rep,name=derived_labels,json=derivedLabels,proto3" json:"derived_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -191,6 +198,13 @@ func (x *Node) GetConditions() []*NodeCondition {
 func (x *Node) GetCreateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Node) GetDerivedLabels() map[string]string {
+	if x != nil {
+		return x.DerivedLabels
 	}
 	return nil
 }
@@ -2923,7 +2937,7 @@ var File_bettercompute_api_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	" bettercompute/api/v1/fleet.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x05\n" +
+	" bettercompute/api/v1/fleet.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
@@ -2945,8 +2959,12 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"conditions\x18\x0f \x03(\v2#.bettercompute.api.v1.NodeConditionR\n" +
 	"conditions\x12;\n" +
 	"\vcreate_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\x1a9\n" +
+	"createTime\x12T\n" +
+	"\x0ederived_labels\x18\x11 \x03(\v2-.bettercompute.api.v1.Node.DerivedLabelsEntryR\rderivedLabels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a@\n" +
+	"\x12DerivedLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
 	"\rNodeCondition\x12\x12\n" +
@@ -3211,7 +3229,7 @@ func file_bettercompute_api_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_fleet_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_bettercompute_api_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_bettercompute_api_v1_fleet_proto_goTypes = []any{
 	(*Node)(nil),                       // 0: bettercompute.api.v1.Node
 	(*NodeCondition)(nil),              // 1: bettercompute.api.v1.NodeCondition
@@ -3256,90 +3274,92 @@ var file_bettercompute_api_v1_fleet_proto_goTypes = []any{
 	(*GetInventoryRequest)(nil),        // 40: bettercompute.api.v1.GetInventoryRequest
 	(*GetInventoryResponse)(nil),       // 41: bettercompute.api.v1.GetInventoryResponse
 	nil,                                // 42: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                // 43: bettercompute.api.v1.JoinToken.LabelsEntry
-	nil,                                // 44: bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 45: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),            // 46: google.protobuf.Struct
+	nil,                                // 43: bettercompute.api.v1.Node.DerivedLabelsEntry
+	nil,                                // 44: bettercompute.api.v1.JoinToken.LabelsEntry
+	nil,                                // 45: bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 46: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),            // 47: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_fleet_proto_depIdxs = []int32{
 	42, // 0: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	45, // 1: bettercompute.api.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	46, // 1: bettercompute.api.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	1,  // 2: bettercompute.api.v1.Node.conditions:type_name -> bettercompute.api.v1.NodeCondition
-	45, // 3: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	45, // 4: bettercompute.api.v1.NodeCondition.update_time:type_name -> google.protobuf.Timestamp
-	0,  // 5: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
-	0,  // 6: bettercompute.api.v1.GetNodeResponse.node:type_name -> bettercompute.api.v1.Node
-	0,  // 7: bettercompute.api.v1.DrainNodeResponse.node:type_name -> bettercompute.api.v1.Node
-	12, // 8: bettercompute.api.v1.DrainNodeResponse.command:type_name -> bettercompute.api.v1.Command
-	0,  // 9: bettercompute.api.v1.UndrainNodeResponse.node:type_name -> bettercompute.api.v1.Node
-	46, // 10: bettercompute.api.v1.Command.params:type_name -> google.protobuf.Struct
-	46, // 11: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	45, // 12: bettercompute.api.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	45, // 13: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	45, // 14: bettercompute.api.v1.Command.update_time:type_name -> google.protobuf.Timestamp
-	46, // 15: bettercompute.api.v1.RunCommandRequest.params:type_name -> google.protobuf.Struct
-	12, // 16: bettercompute.api.v1.RunCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	12, // 17: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	12, // 18: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	12, // 19: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	43, // 20: bettercompute.api.v1.JoinToken.labels:type_name -> bettercompute.api.v1.JoinToken.LabelsEntry
-	45, // 21: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	45, // 22: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	45, // 23: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	45, // 24: bettercompute.api.v1.JoinToken.used_time:type_name -> google.protobuf.Timestamp
-	44, // 25: bettercompute.api.v1.CreateJoinTokenRequest.labels:type_name -> bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
-	21, // 26: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	21, // 27: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	21, // 28: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	45, // 29: bettercompute.api.v1.JoinRequest.create_time:type_name -> google.protobuf.Timestamp
-	45, // 30: bettercompute.api.v1.JoinRequest.decide_time:type_name -> google.protobuf.Timestamp
-	28, // 31: bettercompute.api.v1.ListJoinRequestsResponse.join_requests:type_name -> bettercompute.api.v1.JoinRequest
-	28, // 32: bettercompute.api.v1.ApproveJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
-	28, // 33: bettercompute.api.v1.RejectJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
-	36, // 34: bettercompute.api.v1.Gpu.mig_instances:type_name -> bettercompute.api.v1.MigInstance
-	45, // 35: bettercompute.api.v1.NodeResources.update_time:type_name -> google.protobuf.Timestamp
-	35, // 36: bettercompute.api.v1.GetInventoryResponse.gpus:type_name -> bettercompute.api.v1.Gpu
-	37, // 37: bettercompute.api.v1.GetInventoryResponse.nvlinks:type_name -> bettercompute.api.v1.NvLink
-	38, // 38: bettercompute.api.v1.GetInventoryResponse.numa_nodes:type_name -> bettercompute.api.v1.NumaNode
-	39, // 39: bettercompute.api.v1.GetInventoryResponse.resources:type_name -> bettercompute.api.v1.NodeResources
-	1,  // 40: bettercompute.api.v1.GetInventoryResponse.conditions:type_name -> bettercompute.api.v1.NodeCondition
-	2,  // 41: bettercompute.api.v1.NodeService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	4,  // 42: bettercompute.api.v1.NodeService.Get:input_type -> bettercompute.api.v1.GetNodeRequest
-	6,  // 43: bettercompute.api.v1.NodeService.Drain:input_type -> bettercompute.api.v1.DrainNodeRequest
-	8,  // 44: bettercompute.api.v1.NodeService.Undrain:input_type -> bettercompute.api.v1.UndrainNodeRequest
-	10, // 45: bettercompute.api.v1.NodeService.Delete:input_type -> bettercompute.api.v1.DeleteNodeRequest
-	13, // 46: bettercompute.api.v1.CommandService.Run:input_type -> bettercompute.api.v1.RunCommandRequest
-	15, // 47: bettercompute.api.v1.CommandService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	17, // 48: bettercompute.api.v1.CommandService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	19, // 49: bettercompute.api.v1.CommandService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	22, // 50: bettercompute.api.v1.JoinTokenService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	24, // 51: bettercompute.api.v1.JoinTokenService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	26, // 52: bettercompute.api.v1.JoinTokenService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	29, // 53: bettercompute.api.v1.JoinRequestService.List:input_type -> bettercompute.api.v1.ListJoinRequestsRequest
-	31, // 54: bettercompute.api.v1.JoinRequestService.Approve:input_type -> bettercompute.api.v1.ApproveJoinRequestRequest
-	33, // 55: bettercompute.api.v1.JoinRequestService.Reject:input_type -> bettercompute.api.v1.RejectJoinRequestRequest
-	40, // 56: bettercompute.api.v1.InventoryService.Get:input_type -> bettercompute.api.v1.GetInventoryRequest
-	3,  // 57: bettercompute.api.v1.NodeService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	5,  // 58: bettercompute.api.v1.NodeService.Get:output_type -> bettercompute.api.v1.GetNodeResponse
-	7,  // 59: bettercompute.api.v1.NodeService.Drain:output_type -> bettercompute.api.v1.DrainNodeResponse
-	9,  // 60: bettercompute.api.v1.NodeService.Undrain:output_type -> bettercompute.api.v1.UndrainNodeResponse
-	11, // 61: bettercompute.api.v1.NodeService.Delete:output_type -> bettercompute.api.v1.DeleteNodeResponse
-	14, // 62: bettercompute.api.v1.CommandService.Run:output_type -> bettercompute.api.v1.RunCommandResponse
-	16, // 63: bettercompute.api.v1.CommandService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	18, // 64: bettercompute.api.v1.CommandService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	20, // 65: bettercompute.api.v1.CommandService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	23, // 66: bettercompute.api.v1.JoinTokenService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	25, // 67: bettercompute.api.v1.JoinTokenService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	27, // 68: bettercompute.api.v1.JoinTokenService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	30, // 69: bettercompute.api.v1.JoinRequestService.List:output_type -> bettercompute.api.v1.ListJoinRequestsResponse
-	32, // 70: bettercompute.api.v1.JoinRequestService.Approve:output_type -> bettercompute.api.v1.ApproveJoinRequestResponse
-	34, // 71: bettercompute.api.v1.JoinRequestService.Reject:output_type -> bettercompute.api.v1.RejectJoinRequestResponse
-	41, // 72: bettercompute.api.v1.InventoryService.Get:output_type -> bettercompute.api.v1.GetInventoryResponse
-	57, // [57:73] is the sub-list for method output_type
-	41, // [41:57] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	46, // 3: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	43, // 4: bettercompute.api.v1.Node.derived_labels:type_name -> bettercompute.api.v1.Node.DerivedLabelsEntry
+	46, // 5: bettercompute.api.v1.NodeCondition.update_time:type_name -> google.protobuf.Timestamp
+	0,  // 6: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
+	0,  // 7: bettercompute.api.v1.GetNodeResponse.node:type_name -> bettercompute.api.v1.Node
+	0,  // 8: bettercompute.api.v1.DrainNodeResponse.node:type_name -> bettercompute.api.v1.Node
+	12, // 9: bettercompute.api.v1.DrainNodeResponse.command:type_name -> bettercompute.api.v1.Command
+	0,  // 10: bettercompute.api.v1.UndrainNodeResponse.node:type_name -> bettercompute.api.v1.Node
+	47, // 11: bettercompute.api.v1.Command.params:type_name -> google.protobuf.Struct
+	47, // 12: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	46, // 13: bettercompute.api.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	46, // 14: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	46, // 15: bettercompute.api.v1.Command.update_time:type_name -> google.protobuf.Timestamp
+	47, // 16: bettercompute.api.v1.RunCommandRequest.params:type_name -> google.protobuf.Struct
+	12, // 17: bettercompute.api.v1.RunCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	12, // 18: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	12, // 19: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	12, // 20: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	44, // 21: bettercompute.api.v1.JoinToken.labels:type_name -> bettercompute.api.v1.JoinToken.LabelsEntry
+	46, // 22: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	46, // 23: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	46, // 24: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	46, // 25: bettercompute.api.v1.JoinToken.used_time:type_name -> google.protobuf.Timestamp
+	45, // 26: bettercompute.api.v1.CreateJoinTokenRequest.labels:type_name -> bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
+	21, // 27: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	21, // 28: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
+	21, // 29: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	46, // 30: bettercompute.api.v1.JoinRequest.create_time:type_name -> google.protobuf.Timestamp
+	46, // 31: bettercompute.api.v1.JoinRequest.decide_time:type_name -> google.protobuf.Timestamp
+	28, // 32: bettercompute.api.v1.ListJoinRequestsResponse.join_requests:type_name -> bettercompute.api.v1.JoinRequest
+	28, // 33: bettercompute.api.v1.ApproveJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
+	28, // 34: bettercompute.api.v1.RejectJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
+	36, // 35: bettercompute.api.v1.Gpu.mig_instances:type_name -> bettercompute.api.v1.MigInstance
+	46, // 36: bettercompute.api.v1.NodeResources.update_time:type_name -> google.protobuf.Timestamp
+	35, // 37: bettercompute.api.v1.GetInventoryResponse.gpus:type_name -> bettercompute.api.v1.Gpu
+	37, // 38: bettercompute.api.v1.GetInventoryResponse.nvlinks:type_name -> bettercompute.api.v1.NvLink
+	38, // 39: bettercompute.api.v1.GetInventoryResponse.numa_nodes:type_name -> bettercompute.api.v1.NumaNode
+	39, // 40: bettercompute.api.v1.GetInventoryResponse.resources:type_name -> bettercompute.api.v1.NodeResources
+	1,  // 41: bettercompute.api.v1.GetInventoryResponse.conditions:type_name -> bettercompute.api.v1.NodeCondition
+	2,  // 42: bettercompute.api.v1.NodeService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	4,  // 43: bettercompute.api.v1.NodeService.Get:input_type -> bettercompute.api.v1.GetNodeRequest
+	6,  // 44: bettercompute.api.v1.NodeService.Drain:input_type -> bettercompute.api.v1.DrainNodeRequest
+	8,  // 45: bettercompute.api.v1.NodeService.Undrain:input_type -> bettercompute.api.v1.UndrainNodeRequest
+	10, // 46: bettercompute.api.v1.NodeService.Delete:input_type -> bettercompute.api.v1.DeleteNodeRequest
+	13, // 47: bettercompute.api.v1.CommandService.Run:input_type -> bettercompute.api.v1.RunCommandRequest
+	15, // 48: bettercompute.api.v1.CommandService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	17, // 49: bettercompute.api.v1.CommandService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	19, // 50: bettercompute.api.v1.CommandService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	22, // 51: bettercompute.api.v1.JoinTokenService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	24, // 52: bettercompute.api.v1.JoinTokenService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	26, // 53: bettercompute.api.v1.JoinTokenService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	29, // 54: bettercompute.api.v1.JoinRequestService.List:input_type -> bettercompute.api.v1.ListJoinRequestsRequest
+	31, // 55: bettercompute.api.v1.JoinRequestService.Approve:input_type -> bettercompute.api.v1.ApproveJoinRequestRequest
+	33, // 56: bettercompute.api.v1.JoinRequestService.Reject:input_type -> bettercompute.api.v1.RejectJoinRequestRequest
+	40, // 57: bettercompute.api.v1.InventoryService.Get:input_type -> bettercompute.api.v1.GetInventoryRequest
+	3,  // 58: bettercompute.api.v1.NodeService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	5,  // 59: bettercompute.api.v1.NodeService.Get:output_type -> bettercompute.api.v1.GetNodeResponse
+	7,  // 60: bettercompute.api.v1.NodeService.Drain:output_type -> bettercompute.api.v1.DrainNodeResponse
+	9,  // 61: bettercompute.api.v1.NodeService.Undrain:output_type -> bettercompute.api.v1.UndrainNodeResponse
+	11, // 62: bettercompute.api.v1.NodeService.Delete:output_type -> bettercompute.api.v1.DeleteNodeResponse
+	14, // 63: bettercompute.api.v1.CommandService.Run:output_type -> bettercompute.api.v1.RunCommandResponse
+	16, // 64: bettercompute.api.v1.CommandService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	18, // 65: bettercompute.api.v1.CommandService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	20, // 66: bettercompute.api.v1.CommandService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	23, // 67: bettercompute.api.v1.JoinTokenService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	25, // 68: bettercompute.api.v1.JoinTokenService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	27, // 69: bettercompute.api.v1.JoinTokenService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	30, // 70: bettercompute.api.v1.JoinRequestService.List:output_type -> bettercompute.api.v1.ListJoinRequestsResponse
+	32, // 71: bettercompute.api.v1.JoinRequestService.Approve:output_type -> bettercompute.api.v1.ApproveJoinRequestResponse
+	34, // 72: bettercompute.api.v1.JoinRequestService.Reject:output_type -> bettercompute.api.v1.RejectJoinRequestResponse
+	41, // 73: bettercompute.api.v1.InventoryService.Get:output_type -> bettercompute.api.v1.GetInventoryResponse
+	58, // [58:74] is the sub-list for method output_type
+	42, // [42:58] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_fleet_proto_init() }
@@ -3353,7 +3373,7 @@ func file_bettercompute_api_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_fleet_proto_rawDesc), len(file_bettercompute_api_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

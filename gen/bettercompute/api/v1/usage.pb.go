@@ -601,9 +601,12 @@ type UsageWindow struct {
 	ProjectId     string                 `protobuf:"bytes,2,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	ReservationId string                 `protobuf:"bytes,3,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
 	// gpu.<model>.hours, vcpu.hours, memoryGiB.hours.
-	Metric        string                 `protobuf:"bytes,4,opt,name=metric,proto3" json:"metric,omitempty"`
-	WindowStart   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
-	Quantity      float64                `protobuf:"fixed64,6,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	Metric      string                 `protobuf:"bytes,4,opt,name=metric,proto3" json:"metric,omitempty"`
+	WindowStart *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	Quantity    float64                `protobuf:"fixed64,6,opt,name=quantity,proto3" json:"quantity,omitempty"`
+	// The hour still open: its quantity so far, computed when read and not
+	// recorded (List only; it may still grow).
+	Partial       bool `protobuf:"varint,7,opt,name=partial,proto3" json:"partial,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -678,6 +681,13 @@ func (x *UsageWindow) GetQuantity() float64 {
 		return x.Quantity
 	}
 	return 0
+}
+
+func (x *UsageWindow) GetPartial() bool {
+	if x != nil {
+		return x.Partial
+	}
+	return false
 }
 
 type ListUsageRequest struct {
@@ -996,7 +1006,7 @@ const file_bettercompute_api_v1_usage_proto_rawDesc = "" +
 	"\n" +
 	"mismatches\x18\x01 \x03(\tR\n" +
 	"mismatches\x12\x12\n" +
-	"\x04rows\x18\x02 \x01(\x05R\x04rows\"\xe3\x01\n" +
+	"\x04rows\x18\x02 \x01(\x05R\x04rows\"\xfd\x01\n" +
 	"\vUsageWindow\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x1d\n" +
 	"\n" +
@@ -1004,7 +1014,8 @@ const file_bettercompute_api_v1_usage_proto_rawDesc = "" +
 	"\x0ereservation_id\x18\x03 \x01(\tR\rreservationId\x12\x16\n" +
 	"\x06metric\x18\x04 \x01(\tR\x06metric\x12=\n" +
 	"\fwindow_start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x12\x1a\n" +
-	"\bquantity\x18\x06 \x01(\x01R\bquantity\"\x8a\x02\n" +
+	"\bquantity\x18\x06 \x01(\x01R\bquantity\x12\x18\n" +
+	"\apartial\x18\a \x01(\bR\apartial\"\x8a\x02\n" +
 	"\x10ListUsageRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x16\n" +
