@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -38,6 +39,28 @@ func TestDocsConfigurationListsEveryFlag(t *testing.T) {
 			if name[:2] == "--" && c.flags.Lookup(name[2:]) == nil {
 				t.Errorf("docs/configuration.md %s lists %s, which the command does not have", c.heading, name)
 			}
+		}
+	}
+}
+
+// TestHelpSummaryNamesEveryCommand keeps the root --help summary, which
+// groups the commands by what they are for, in step with the commands.
+func TestHelpSummaryNamesEveryCommand(t *testing.T) {
+	t.Parallel()
+	root := NewRootCommand("test")
+	words := map[string]bool{}
+	for _, w := range strings.FieldsFunc(root.Long, func(r rune) bool { return r == ' ' || r == ',' || r == '\n' }) {
+		words[w] = true
+	}
+	testOnly := map[string]bool{} // commands tests register
+	for _, f := range extraCommands {
+		testOnly[f().Name()] = true
+	}
+	for _, c := range root.Commands() {
+		switch name := c.Name(); {
+		case c.Hidden, name == "help", name == "completion", testOnly[name]:
+		case !words[name]:
+			t.Errorf("the --help summary does not name the command %q", name)
 		}
 	}
 }

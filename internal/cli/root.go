@@ -74,13 +74,19 @@ func (a *app) command() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "better-compute",
 		Short: "Operate a better-compute platform",
-		Long: `better-compute manages tenants, projects, API keys, policies and
-confirmations, and reads the audit log and event stream of a better-compute
-server.
+		Long: `better-compute runs a Better Compute control plane and operates it.
+
+  Run it:         serve, dev, pki, daemon
+  Tenancy:        tenants, projects, api-keys, iam, confirmations, whoami
+  Observe:        audit, events
+  Fleet:          nodes, commands, inventory, join-tokens, join-requests
+  Capacity:       pools, reserve, reservations, quotas, capacity, usage
+  This CLI:       config, version
 
 The server and token come from --server/--token, else the environment
 (` + envServer + `, ` + envToken + `), else the current context of the
-config file.`,
+config file. A token given by flag or environment works in its own tenant.
+Every command exits 0 when it did what was asked and 1 otherwise.`,
 		SilenceErrors: true, // Main prints errors with their machine code
 		SilenceUsage:  true, // a server refusal is not a usage mistake
 		PersistentPreRunE: func(*cobra.Command, []string) error {
