@@ -33,6 +33,8 @@ type options struct {
 	reconnect   bool
 	jsonOut     bool
 	stateDir    string
+	profileDir  string
+	cpuSeconds  int
 }
 
 // result is what the benchmark reports.
@@ -76,6 +78,8 @@ func main() {
 	flag.BoolVar(&o.reconnect, "reconnect", true, "measure the reconnect storm after a gateway restart")
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.StringVar(&o.stateDir, "state-dir", "", "state directory of the control plane (default a temp dir)")
+	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch into this directory")
+	flag.IntVar(&o.cpuSeconds, "cpu-seconds", 10, "length of the control plane's CPU profile taken from the start of dispatch, with -profile")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

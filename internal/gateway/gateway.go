@@ -258,7 +258,7 @@ func (g *Gateway) NotifyCommand(tx store.Tx, nodeID string) {
 // ServerOptions are the gRPC server's options (exported for tests and
 // benchmarks that host the service themselves).
 func (g *Gateway) ServerOptions(creds credentials.TransportCredentials) []grpc.ServerOption {
-	return []grpc.ServerOption{
+	opts := []grpc.ServerOption{
 		grpc.Creds(creds),
 		grpc.ForceServerCodecV2(newAgentCodec()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
@@ -269,6 +269,7 @@ func (g *Gateway) ServerOptions(creds credentials.TransportCredentials) []grpc.S
 		grpc.ChainUnaryInterceptor(g.unaryInterceptor),
 		grpc.ChainStreamInterceptor(g.streamInterceptor),
 	}
+	return append(opts, bufferOptions()...)
 }
 
 // Run serves until ctx is done, then stops: sessions are told to reconnect
