@@ -35,6 +35,7 @@ type options struct {
 	stateDir    string
 	profileDir  string
 	cpuSeconds  int
+	gogc        string
 }
 
 // result is what the benchmark reports.
@@ -54,6 +55,7 @@ type result struct {
 	GatewayRSSMiB float64 `json:"gateway_rss_mib"`
 	HarnessRSSMiB float64 `json:"harness_rss_mib"`
 	HeartbeatS    float64 `json:"heartbeat_s"`
+	GOGC          string  `json:"gogc,omitempty"`
 	Store         string  `json:"store"`
 	GoMaxProcs    int     `json:"gomaxprocs"`
 	Machine       string  `json:"machine"`
@@ -79,6 +81,7 @@ func main() {
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.StringVar(&o.stateDir, "state-dir", "", "state directory of the control plane (default a temp dir)")
 	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch into this directory")
+	flag.StringVar(&o.gogc, "gogc", "", "GOGC of the control plane (default: Go's, 100)")
 	flag.IntVar(&o.cpuSeconds, "cpu-seconds", 10, "length of the control plane's CPU profile taken from the start of dispatch, with -profile")
 	flag.Parse()
 

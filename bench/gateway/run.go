@@ -46,6 +46,9 @@ func startChild(o options, secret string) (*child, error) {
 	if o.profileDir != "" {
 		cmd.Env = append(cmd.Env, childPprof+"="+pprofAddr)
 	}
+	if o.gogc != "" {
+		cmd.Env = append(cmd.Env, "GOGC="+o.gogc)
+	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -152,7 +155,7 @@ func logf(format string, args ...any) {
 func run(ctx context.Context, o options) (result, error) {
 	start := time.Now()
 	res := result{Sessions: o.sessions, Store: "sqlite", GoMaxProcs: runtime.GOMAXPROCS(0),
-		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339), HeartbeatS: o.heartbeat.Seconds()}
+		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339), HeartbeatS: o.heartbeat.Seconds(), GOGC: o.gogc}
 	raiseFileLimit()
 	if o.stateDir == "" {
 		dir, err := os.MkdirTemp("", "bc-bench-gateway-")
