@@ -36,6 +36,7 @@ type options struct {
 	profileDir  string
 	cpuSeconds  int
 	gogc        string
+	ramp        int
 }
 
 // result is what the benchmark reports.
@@ -56,6 +57,7 @@ type result struct {
 	HarnessRSSMiB float64 `json:"harness_rss_mib"`
 	HeartbeatS    float64 `json:"heartbeat_s"`
 	GOGC          string  `json:"gogc,omitempty"`
+	Ramp          int     `json:"ramp,omitempty"`
 	Store         string  `json:"store"`
 	GoMaxProcs    int     `json:"gomaxprocs"`
 	Machine       string  `json:"machine"`
@@ -81,6 +83,7 @@ func main() {
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.StringVar(&o.stateDir, "state-dir", "", "state directory of the control plane (default a temp dir)")
 	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch into this directory")
+	flag.IntVar(&o.ramp, "ramp", 0, "sessions being opened at once in the first connect (0: all at once); a busy machine may need it to connect 10,000")
 	flag.StringVar(&o.gogc, "gogc", "", "GOGC of the control plane (default: Go's, 100)")
 	flag.IntVar(&o.cpuSeconds, "cpu-seconds", 10, "length of the control plane's CPU profile taken from the start of dispatch, with -profile")
 	flag.Parse()

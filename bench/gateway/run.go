@@ -155,7 +155,7 @@ func logf(format string, args ...any) {
 func run(ctx context.Context, o options) (result, error) {
 	start := time.Now()
 	res := result{Sessions: o.sessions, Store: "sqlite", GoMaxProcs: runtime.GOMAXPROCS(0),
-		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339), HeartbeatS: o.heartbeat.Seconds(), GOGC: o.gogc}
+		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339), HeartbeatS: o.heartbeat.Seconds(), GOGC: o.gogc, Ramp: o.ramp}
 	raiseFileLimit()
 	if o.stateDir == "" {
 		dir, err := os.MkdirTemp("", "bc-bench-gateway-")
@@ -212,12 +212,16 @@ func run(ctx context.Context, o options) (result, error) {
 	// Open every session.
 	runCtx, stopAgents := context.WithCancel(ctx)
 	connStart := time.Now()
+	var ramp chan struct{}
+	if o.ramp > 0 {
+		ramp = make(chan struct{}, o.ramp)
+	}
 	var wg sync.WaitGroup
 	// One deferred step: the agents stop, then are waited for.
 	defer func() { stopAgents(); wg.Wait() }()
 	for i, a := range agents {
 		wg.Add(1)
-		go func() { defer wg.Done(); a.run(runCtx, o.heartbeat) }()
+		go func() { defer wg.Done(); a.run(runCtx, o.heartbeat, ramp) }()
 		if i%o.concurrency == 0 {
 			time.Sleep(time.Millisecond) // pace the handshakes a little
 		}
