@@ -109,7 +109,11 @@ func (a *lightAgent) join(ctx context.Context, token string, i int) error {
 
 // run keeps a session up until ctx ends, reconnecting with jittered
 // backoff, as bcd does.
-func (a *lightAgent) run(ctx context.Context, heartbeat time.Duration) {
+//
+// ramp, when not nil, bounds the sessions being opened at once in the
+// first connect: a slot is taken before the first attempt and given back
+// once a session is up (or the attempt failed).
+func (a *lightAgent) run(ctx context.Context, heartbeat time.Duration, ramp chan struct{}) {
 	host, _, _ := net.SplitHostPort(a.gateway)
 	creds := credentials.NewTLS(&tls.Config{
 		MinVersion:   tls.VersionTLS13,
@@ -119,7 +123,23 @@ func (a *lightAgent) run(ctx context.Context, heartbeat time.Duration) {
 	})
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		established := a.session(ctx, creds, heartbeat)
+		var release func()
+		if ramp != nil {
+			select {
+			case ramp <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			var once sync.Once
+			release = func() { once.Do(func() { <-ramp }) }
+		}
+		established := a.session(ctx, creds, heartbeat, release)
+		if release != nil {
+			release()
+			if established {
+				ramp = nil
+			}
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -137,7 +157,7 @@ func (a *lightAgent) run(ctx context.Context, heartbeat time.Duration) {
 	}
 }
 
-func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCredentials, heartbeat time.Duration) (established bool) {
+func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCredentials, heartbeat time.Duration, up func()) (established bool) {
 	conn, err := grpc.NewClient(a.gateway, append(dialOpts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return false
@@ -163,6 +183,9 @@ func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCre
 	first, err := stream.Recv()
 	if err != nil || first.GetHelloAck() == nil {
 		return false
+	}
+	if up != nil {
+		up()
 	}
 	a.connected.Store(true)
 	a.sessions.Add(1)

@@ -3,11 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -17,12 +22,15 @@ import (
 // The child is the control plane under test: api, worker and gateway roles
 // on SQLite in the state dir, as `better-compute serve` runs them.
 const (
-	childEnv      = "BC_BENCH_CHILD"
-	childAPI      = "BC_BENCH_API"
-	childGateway  = "BC_BENCH_GATEWAY"
-	childState    = "BC_BENCH_STATE"
-	childSecret   = "BC_BENCH_SECRET"
-	childBeat     = "BC_BENCH_HEARTBEAT"
+	childEnv     = "BC_BENCH_CHILD"
+	childAPI     = "BC_BENCH_API"
+	childGateway = "BC_BENCH_GATEWAY"
+	childState   = "BC_BENCH_STATE"
+	childSecret  = "BC_BENCH_SECRET"
+	childBeat    = "BC_BENCH_HEARTBEAT"
+	// childPprof, when set, is the loopback address the child serves
+	// net/http/pprof on, for -profile.
+	childPprof    = "BC_BENCH_PPROF"
 	adminKeyFile  = "admin.key"
 	readyFileName = "ready"
 )
@@ -31,6 +39,14 @@ func runChild() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	state := os.Getenv(childState)
+	if addr := os.Getenv(childPprof); addr != "" {
+		// Sample every 4 KiB, not every 512 KiB: per-session structures are
+		// a few KiB each and the default rate would hide most of them.
+		runtime.MemProfileRate = 4 << 10
+		if err := servePprof(addr); err != nil {
+			return err
+		}
+	}
 	beat, err := time.ParseDuration(os.Getenv(childBeat))
 	if err != nil {
 		return err
@@ -68,5 +84,19 @@ func runChild() error {
 	if err := a.Run(ctx, ln); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
+	return nil
+}
+
+// servePprof serves the profiles on a loopback address of their own, apart
+// from the API's mux, so profiling never reaches the code under test.
+func servePprof(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("pprof listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	go func() { _ = http.Serve(ln, mux) }() //nolint:gosec // loopback, benchmark only
 	return nil
 }

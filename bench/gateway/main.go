@@ -33,6 +33,10 @@ type options struct {
 	reconnect   bool
 	jsonOut     bool
 	stateDir    string
+	profileDir  string
+	cpuSeconds  int
+	gogc        string
+	ramp        int
 }
 
 // result is what the benchmark reports.
@@ -52,6 +56,8 @@ type result struct {
 	GatewayRSSMiB float64 `json:"gateway_rss_mib"`
 	HarnessRSSMiB float64 `json:"harness_rss_mib"`
 	HeartbeatS    float64 `json:"heartbeat_s"`
+	GOGC          string  `json:"gogc,omitempty"`
+	Ramp          int     `json:"ramp,omitempty"`
 	Store         string  `json:"store"`
 	GoMaxProcs    int     `json:"gomaxprocs"`
 	Machine       string  `json:"machine"`
@@ -76,6 +82,10 @@ func main() {
 	flag.BoolVar(&o.reconnect, "reconnect", true, "measure the reconnect storm after a gateway restart")
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.StringVar(&o.stateDir, "state-dir", "", "state directory of the control plane (default a temp dir)")
+	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch into this directory")
+	flag.IntVar(&o.ramp, "ramp", 0, "sessions being opened at once in the first connect (0: all at once); a busy machine may need it to connect 10,000")
+	flag.StringVar(&o.gogc, "gogc", "", "GOGC of the control plane (default: Go's, 100)")
+	flag.IntVar(&o.cpuSeconds, "cpu-seconds", 10, "length of the control plane's CPU profile taken from the start of dispatch, with -profile")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

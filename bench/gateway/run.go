@@ -26,6 +26,7 @@ import (
 const (
 	apiAddr     = "127.0.0.1:18580"
 	gatewayAddr = "127.0.0.1:18543"
+	pprofAddr   = "127.0.0.1:18590"
 )
 
 type child struct {
@@ -42,6 +43,12 @@ func startChild(o options, secret string) (*child, error) {
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), childEnv+"=1", childAPI+"="+apiAddr, childGateway+"="+gatewayAddr,
 		childState+"="+o.stateDir, childSecret+"="+secret, childBeat+"="+o.heartbeat.String())
+	if o.profileDir != "" {
+		cmd.Env = append(cmd.Env, childPprof+"="+pprofAddr)
+	}
+	if o.gogc != "" {
+		cmd.Env = append(cmd.Env, "GOGC="+o.gogc)
+	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -148,7 +155,7 @@ func logf(format string, args ...any) {
 func run(ctx context.Context, o options) (result, error) {
 	start := time.Now()
 	res := result{Sessions: o.sessions, Store: "sqlite", GoMaxProcs: runtime.GOMAXPROCS(0),
-		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339), HeartbeatS: o.heartbeat.Seconds()}
+		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339), HeartbeatS: o.heartbeat.Seconds(), GOGC: o.gogc, Ramp: o.ramp}
 	raiseFileLimit()
 	if o.stateDir == "" {
 		dir, err := os.MkdirTemp("", "bc-bench-gateway-")
@@ -205,12 +212,16 @@ func run(ctx context.Context, o options) (result, error) {
 	// Open every session.
 	runCtx, stopAgents := context.WithCancel(ctx)
 	connStart := time.Now()
+	var ramp chan struct{}
+	if o.ramp > 0 {
+		ramp = make(chan struct{}, o.ramp)
+	}
 	var wg sync.WaitGroup
 	// One deferred step: the agents stop, then are waited for.
 	defer func() { stopAgents(); wg.Wait() }()
 	for i, a := range agents {
 		wg.Add(1)
-		go func() { defer wg.Done(); a.run(runCtx, o.heartbeat) }()
+		go func() { defer wg.Done(); a.run(runCtx, o.heartbeat, ramp) }()
 		if i%o.concurrency == 0 {
 			time.Sleep(time.Millisecond) // pace the handshakes a little
 		}
@@ -249,6 +260,12 @@ func run(ctx context.Context, o options) (result, error) {
 	res.GatewayRSSMiB = rssMiB(cp.cmd.Process.Pid)
 	res.HarnessRSSMiB = rssMiB(os.Getpid())
 	logf("held %d, dropped %d; gateway RSS %.0f MiB; dispatching %d commands", res.SessionsHeld, res.Dropped, res.GatewayRSSMiB, o.commands)
+	var stopProfiles func()
+	if o.profileDir != "" {
+		if stopProfiles, err = startProfiles(o); err != nil {
+			return res, err
+		}
+	}
 
 	// Dispatch: commit a command through the API; the latency is from the
 	// row's create time (stamped in the committing transaction) to the
@@ -259,8 +276,29 @@ func run(ctx context.Context, o options) (result, error) {
 		lats  []time.Duration
 	)
 	res.Dispatchers = o.dispatchers
+	if o.dispatchers > len(agents) {
+		return res, fmt.Errorf("-dispatchers %d needs at least as many sessions, not %d", o.dispatchers, len(agents))
+	}
+	var (
+		busyMu sync.Mutex
+		busy   = map[int]bool{}
+	)
+	// pick spreads the commands over the fleet, never to a node that has
+	// one in flight: the probe awaits one command per agent at a time.
+	pick := func(i int) int {
+		busyMu.Lock()
+		defer busyMu.Unlock()
+		j := (i * 7919) % len(agents)
+		for busy[j] {
+			j = (j + 1) % len(agents)
+		}
+		busy[j] = true
+		return j
+	}
 	if err := parallel(o.commands, o.dispatchers, func(i int) error {
-		a := agents[(i*7919)%len(agents)]
+		j := pick(i)
+		defer func() { busyMu.Lock(); delete(busy, j); busyMu.Unlock() }()
+		a := agents[j]
 		a.await()
 		run, err := api.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "bench", Node: a.nodeID, Kind: "inventory.refresh"}))
 		if err != nil {
@@ -277,6 +315,9 @@ func run(ctx context.Context, o options) (result, error) {
 		}
 	}); err != nil {
 		return res, err
+	}
+	if stopProfiles != nil {
+		stopProfiles()
 	}
 	slices.Sort(lats)
 	res.Commands = len(lats)

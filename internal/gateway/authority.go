@@ -69,3 +69,9 @@ const (
 	RoleSite    = "site"
 	RoleRamdisk = "ramdisk"
 )
+
+// revocations is an Authority that answers whether one certificate serial
+// is revoked without checking the certificate again (FromPKI's does).
+type revocations interface {
+	IsRevoked(serial string) bool
+}

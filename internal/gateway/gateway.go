@@ -292,7 +292,7 @@ func (g *Gateway) NotifyCommand(tx store.Tx, nodeID string) {
 // benchmarks that host the service themselves). Handshakes through creds
 // that fail are counted and logged.
 func (g *Gateway) ServerOptions(creds credentials.TransportCredentials) []grpc.ServerOption {
-	return []grpc.ServerOption{
+	opts := []grpc.ServerOption{
 		grpc.Creds(&watchedCreds{TransportCredentials: creds, g: g}),
 		grpc.ForceServerCodecV2(newAgentCodec()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -305,6 +305,7 @@ func (g *Gateway) ServerOptions(creds credentials.TransportCredentials) []grpc.S
 		grpc.ChainUnaryInterceptor(g.unaryInterceptor),
 		grpc.ChainStreamInterceptor(g.streamInterceptor),
 	}
+	return append(opts, bufferOptions()...)
 }
 
 // Run serves until ctx is done, then stops: sessions are told to reconnect

@@ -209,6 +209,9 @@ func (s *session) inventory(raw *agentv1.InventorySection) error {
 			clear(s.snapshots)
 		}
 		ps = &pendingSnapshot{count: sec.Count, sections: map[string]*Section{}}
+		if s.snapshots == nil {
+			s.snapshots = map[string]*pendingSnapshot{}
+		}
 		s.snapshots[sec.SnapshotDigest] = ps
 	}
 	if ps.count != sec.Count {

@@ -39,6 +39,9 @@ func (p pkiAuthority) VerifyNode(leaf *x509.Certificate) (NodeIdentity, error) {
 	return NodeIdentity{NodeID: id.NodeID, Role: string(id.Role), Serial: id.Serial, NotAfter: id.NotAfter}, nil
 }
 
+// IsRevoked reports whether the certificate with this serial is revoked.
+func (p pkiAuthority) IsRevoked(serial string) bool { return p.a.IsRevoked(serial) }
+
 func (p pkiAuthority) UseNonce(ctx context.Context, tx store.Tx, nonce []byte, expire time.Time) error {
 	err := p.a.UseNonce(ctx, tx, nonce, expire)
 	if errors.Is(err, pki.ErrReplay) {

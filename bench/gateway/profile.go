@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"sync"
+	"time"
+)
+
+// startProfiles writes, into o.profileDir, the control plane's heap profile
+// (after a GC, with every session up) and its goroutines, then starts CPU
+// profiles of both processes for the dispatch phase. The returned func
+// stops the harness's profile and waits for the control plane's.
+func startProfiles(o options) (func(), error) {
+	if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+		return nil, err
+	}
+	for name, path := range map[string]string{
+		"gateway-heap.pprof":      "/debug/pprof/heap?gc=1",
+		"gateway-heap.txt":        "/debug/pprof/heap?debug=1",
+		"gateway-goroutines.txt":  "/debug/pprof/goroutine?debug=1",
+		"gateway-goroutine.pprof": "/debug/pprof/goroutine",
+	} {
+		if err := fetch(path, filepath.Join(o.profileDir, name), time.Minute); err != nil {
+			return nil, err
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", o.cpuSeconds)
+		if err := fetch(path, filepath.Join(o.profileDir, "gateway-cpu.pprof"), time.Duration(o.cpuSeconds)*time.Second+time.Minute); err != nil {
+			logf("gateway CPU profile: %v", err)
+		}
+	})
+	f, err := os.Create(filepath.Join(o.profileDir, "harness-cpu.pprof"))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+		wg.Wait()
+		logf("profiles in %s", o.profileDir)
+	}, nil
+}
+
+func fetch(path, file string, timeout time.Duration) error {
+	c := http.Client{Timeout: timeout}
+	res, err := c.Get("http://" + pprofAddr + path)
+	if err != nil {
+		return fmt.Errorf("fetch %s: %w", path, err)
+	}
+	defer func() { _ = res.Body.Close() }()
+	if res.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetch %s: %s", path, res.Status)
+	}
+	out, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, res.Body); err != nil {
+		_ = out.Close()
+		return fmt.Errorf("fetch %s: %w", path, err)
+	}
+	return out.Close()
+}
