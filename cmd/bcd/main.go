@@ -88,15 +88,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	// A simulated node keeps its "cgroups" in a plain directory; a real one
 	// must write where the kernel enforces, or it would report limits that
 	// nothing applies.
-	fakeHW := strings.HasPrefix(o.hardware, "fake:")
-	if !fakeHW {
-		if err := cgroups.CheckRoot(o.cgroupRoot); err != nil {
-			return fmt.Errorf("--cgroup-root %s: %w (only --hardware fake:… may use a plain directory)", o.cgroupRoot, err)
-		}
-	}
+	// The hardware is checked first: a backend this build cannot run is the
+	// more basic mistake.
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
+	}
+	fakeHW := strings.HasPrefix(o.hardware, "fake:")
+	if !fakeHW {
+		if err := cgroups.CheckRoot(o.cgroupRoot); err != nil {
+			if backend != nil {
+				_ = backend.Close()
+			}
+			return fmt.Errorf("--cgroup-root %s: %w (only --hardware fake:… may use a plain directory)", o.cgroupRoot, err)
+		}
 	}
 	a, err := agent.New(agent.Config{
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,

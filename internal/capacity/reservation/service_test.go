@@ -286,6 +286,8 @@ func TestCreateRefusesBadInput(t *testing.T) {
 			Policy: &apiv1.PoolPolicy{MaxDurationSeconds: poolMaxDuration, MaxPending: -1}}))
 		require.NoError(t, err)
 		all := f.create(t, f.admin, &apiv1.CreateReservationRequest{Gpus: 8})
+		// Binding writes events of its own: let it finish before counting.
+		f.waitState(t, all.GetId(), "active")
 		before := f.written(t)
 		_, err = f.admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 1}))
 		// Not now: the retryable RESOURCE_EXHAUSTED, as for a full queue.
