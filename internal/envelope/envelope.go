@@ -8,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
-	"unicode"
 
 	"connectrpc.com/connect"
 	"github.com/riverqueue/river"
@@ -185,21 +183,6 @@ func (t *Tx) Enqueue(ctx context.Context, args river.JobArgs, opts *river.Insert
 // nothing); Apply then answers NOT_FOUND.
 const UnknownResourceID = "unknown"
 
-// kindWords turns a resource type ("JoinToken") into words ("join token").
-func kindWords(typ string) string {
-	var b strings.Builder
-	for i, r := range typ {
-		if unicode.IsUpper(r) {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			r = unicode.ToLower(r)
-		}
-		b.WriteRune(r)
-	}
-	return cmp.Or(b.String(), "resource")
-}
-
 // Mutation describes one mutating call to Mutate.
 type Mutation[Res any] struct {
 	// Validate checks the request's fields; it returns Violations.Err().
@@ -318,7 +301,7 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		// confirmation for nothing would ask a human to approve a request
 		// that can only fail.
 		e.observe(info.Method.Action, DecisionConfirmationRequired)
-		return nil, Errorf(CodeNotFound, "%s not found", kindWords(resource.Type))
+		return nil, Errorf(CodeNotFound, "%s not found", words(resource.Type))
 	case dec.ConfirmationRequired && !confirmed:
 		e.observe(info.Method.Action, DecisionConfirmationRequired)
 		audit.Decision, audit.Result = DecisionConfirmationRequired, string(CodeConfirmationRequired)
