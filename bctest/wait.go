@@ -52,3 +52,13 @@ func Receive[T any](t testing.TB, what string, ch <-chan T) T {
 		return zero
 	}
 }
+
+// Deadline returns a channel that fires near the test binary's deadline,
+// or never without one: the guard case of a select that waits on several
+// channels.
+func Deadline(t testing.TB) <-chan time.Time {
+	if deadline, bounded := waitDeadline(t); bounded {
+		return time.After(time.Until(deadline))
+	}
+	return nil
+}

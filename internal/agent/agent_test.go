@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
@@ -204,7 +205,7 @@ func TestJoinSessionCommands(t *testing.T) {
 	require.EqualValues(t, 8, h2.GetLastAppliedSeq())
 	require.Equal(t, hello.GetInventoryDigest(), h2.GetInventoryDigest())
 	// And the client side can drop it too.
-	require.Eventually(t, a.Connected, 5*time.Second, 10*time.Millisecond)
+	bctest.WaitFor(t, "the agent to connect", a.Connected)
 	require.True(t, a.DropSession())
 	b.gw.hello(t)
 
@@ -284,9 +285,9 @@ func TestRenewal(t *testing.T) {
 	run(t, a)
 	b.gw.hello(t)
 	// Renewed at 2/3 of 3 s.
-	require.Eventually(t, func() bool {
+	bctest.WaitFor(t, "the certificate to be renewed", func() bool {
 		return a.Certificate().SerialNumber.Cmp(first.SerialNumber) != 0
-	}, 10*time.Second, 50*time.Millisecond)
+	})
 	key1, err := os.ReadFile(filepath.Join(b.stateDir, "node.key"))
 	require.NoError(t, err)
 	require.NotEmpty(t, key1)

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 )
 
@@ -309,22 +310,10 @@ func (g *fakeGateway) command(c *agentv1.Command) {
 	g.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Command{Command: c}})
 }
 
+// hello waits for the next Hello.
 func (g *fakeGateway) hello(t *testing.T) *agentv1.Hello {
 	t.Helper()
-	return g.helloWithin(t, 10*time.Second)
-}
-
-// helloWithin waits for the next Hello; within is only a guard against a
-// test that would otherwise hang.
-func (g *fakeGateway) helloWithin(t *testing.T, within time.Duration) *agentv1.Hello {
-	t.Helper()
-	select {
-	case h := <-g.hellos:
-		return h
-	case <-time.After(within):
-		t.Fatalf("no hello in %v", within)
-		return nil
-	}
+	return bctest.Receive(t, "a hello", g.hellos)
 }
 
 var errTimeout = errors.New("timeout")
@@ -332,7 +321,7 @@ var errTimeout = errors.New("timeout")
 // await returns the first message matching ok, discarding others.
 func (g *fakeGateway) await(t *testing.T, what string, ok func(*agentv1.AgentMessage) bool) *agentv1.AgentMessage {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	deadline := bctest.Deadline(t)
 	for {
 		select {
 		case m := <-g.msgs:

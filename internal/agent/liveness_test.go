@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
 )
@@ -30,7 +31,7 @@ func TestHelloAckTimeout(t *testing.T) {
 	// Without the deadline the agent would wait for the HelloAck forever and
 	// this second Hello would never come.
 	b.gw.hello(t)
-	require.Eventually(t, a.Connected, 10*time.Second, 10*time.Millisecond)
+	bctest.WaitFor(t, "the agent to connect", a.Connected)
 }
 
 // TestGoodbyeOnStop: a stopping agent says Goodbye and closes its side;
@@ -42,12 +43,12 @@ func TestGoodbyeOnStop(t *testing.T) {
 	require.NoError(t, a.Join(context.Background(), b.gw.token))
 	stop := run(t, a)
 	b.gw.hello(t)
-	require.Eventually(t, a.Connected, 10*time.Second, 10*time.Millisecond)
+	bctest.WaitFor(t, "the agent to connect", a.Connected)
 	stop()
 	select {
 	case gb := <-b.gw.goodbyes:
 		require.Equal(t, "shutdown", gb.GetReason())
-	case <-time.After(10 * time.Second):
+	case <-bctest.Deadline(t):
 		t.Fatal("no Goodbye")
 	}
 	require.False(t, a.Connected())
@@ -63,7 +64,7 @@ func TestGoodbyeUnanswered(t *testing.T) {
 	require.NoError(t, a.Join(context.Background(), b.gw.token))
 	stop := run(t, a)
 	b.gw.hello(t)
-	require.Eventually(t, a.Connected, 10*time.Second, 10*time.Millisecond)
+	bctest.WaitFor(t, "the agent to connect", a.Connected)
 	stop() // returns: the test would hang here otherwise
 	require.Equal(t, "shutdown", (<-b.gw.goodbyes).GetReason())
 }
@@ -137,7 +138,7 @@ func TestHalfOpenConnectionNoticed(t *testing.T) {
 	b.gw.hello(t)
 	f.freeze()
 	// The guard only stops a hung test; the keepalive fires after ~10.5 s.
-	b.gw.helloWithin(t, time.Minute)
+	b.gw.hello(t)
 }
 
 // TestCgroupRootMustBeCgroup2: a real node's cgroup root must be on a

@@ -12,7 +12,6 @@ import (
 	"encoding/hex"
 	"sort"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -197,8 +196,8 @@ func (st *stream) next() *agentv1.GatewayMessage {
 		return m
 	case err := <-st.errc:
 		st.t.Fatalf("stream ended: %v", err)
-	case <-time.After(10 * time.Second):
-		st.t.Fatal("no message from the gateway in 10s")
+	case <-bctest.Deadline(st.t):
+		st.t.Fatal("no message from the gateway")
 	}
 	return nil
 }
@@ -221,8 +220,8 @@ func (st *stream) closed() *status.Status {
 		case <-st.recv:
 		case err := <-st.errc:
 			return status.Convert(err)
-		case <-time.After(10 * time.Second):
-			st.t.Fatal("the gateway did not end the stream in 10s")
+		case <-bctest.Deadline(st.t):
+			st.t.Fatal("the gateway did not end the stream")
 			return nil
 		}
 	}
@@ -293,7 +292,7 @@ func count(t *testing.T, f fixture, q string, args ...any) int {
 
 func eventually(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
-	require.Eventually(t, cond, 10*time.Second, 20*time.Millisecond, msg)
+	bctest.WaitFor(t, msg, cond)
 }
 
 func requireCode(t *testing.T, err error, code codes.Code, contains string) {

@@ -274,7 +274,7 @@ func TestGoodbye(t *testing.T) {
 		case err := <-st.errc:
 			require.ErrorIs(t, err, io.EOF, "the gateway ends a session that said goodbye with OK")
 			done = true
-		case <-time.After(10 * time.Second):
+		case <-bctest.Deadline(t):
 			t.Fatal("the gateway did not end the session")
 		}
 	}
