@@ -274,6 +274,7 @@ func TestSlowAndIdleConnections(t *testing.T) {
 	require.NoError(t, err)
 	_, err = io.Copy(io.Discard, res.Body)
 	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
 	require.Equal(t, http.StatusOK, res.StatusCode)
 
 	// Silent: connects and sends nothing.
@@ -321,6 +322,8 @@ func TestConnectionCap(t *testing.T) {
 	res, err := http.ReadResponse(bufio.NewReader(second), nil)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, res.StatusCode)
+	// Closing the body does not close the connection: it keeps its slot.
+	require.NoError(t, res.Body.Close())
 
 	ltRequireClosed(t, ltDial(t, addr), "third connection")
 
