@@ -58,8 +58,11 @@ func runChild() error {
 		StateDir:          state,
 		Secret:            os.Getenv(childSecret),
 		HeartbeatInterval: beat,
-		// Sessions are held for minutes with heartbeats every beat; the
-		// defaults for liveness stay.
+		// Liveness follows the beat (the defaults' ratios: 3 and 30 beats),
+		// so a slow -heartbeat is accepted and no session is judged lost
+		// while it is held.
+		UnreachableAfter: max(30*time.Second, 3*beat),
+		LostAfter:        max(5*time.Minute, 30*beat),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
