@@ -63,7 +63,7 @@ func runChild() error {
 		// while it is held.
 		UnreachableAfter: max(30*time.Second, 3*beat),
 		LostAfter:        max(5*time.Minute, 30*beat),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		return err
