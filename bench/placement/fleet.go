@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -39,7 +40,7 @@ type fleetSpec struct {
 }
 
 // atomModel is the atoms' model, as the reconciler names it ("H100 80GB").
-func atomModel() string { return reservation.CanonicalModel(gpuName, gpuMemoryMiB) }
+func atomModel() string { return gpumodel.Canonical(gpuName, gpuMemoryMiB) }
 
 func gpuUUID(node, idx int) string {
 	return fmt.Sprintf("GPU-%08x-%04x-4000-8000-%012x", node, idx, node*64+idx)

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
-	"github.com/better-compute/better-compute/internal/capacity/reservation"
+	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
@@ -280,7 +280,7 @@ func NodeProto(n Node, conds []NodeCondition) *apiv1.Node {
 		State: n.State, Liveness: n.Liveness, Mode: n.Mode, AgentVersion: n.AgentVersion,
 		Capabilities: stringsOf(n.Capabilities), GpuCount: int32(n.GPUCount), GpuModel: n.GPUModel,
 		LastHeartbeat: timestamp(n.LastHeartbeat), CreateTime: timestamppb.New(n.CreateTime),
-		DerivedLabels: reservation.DerivedLabels(n.FirstGPU, n.GPUCount, n.FirstGPUMemMiB),
+		DerivedLabels: gpumodel.Labels(n.FirstGPU, n.GPUCount, n.FirstGPUMemMiB),
 	}
 	for _, c := range conds {
 		out.Conditions = append(out.Conditions, ConditionProto(c))

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -60,26 +61,10 @@ func EffectiveLabels(labels map[string]string, gpuNames []string, gpuMemMiB []in
 		if len(gpuMemMiB) > 0 {
 			mem = gpuMemMiB[0]
 		}
-		out = DerivedLabels(gpuNames[0], len(gpuNames), mem)
+		out = gpumodel.Labels(gpuNames[0], len(gpuNames), mem)
 	}
 	for k, v := range labels {
 		out[k] = v
-	}
-	return out
-}
-
-// DerivedLabels are the labels a node's inventory gives it: gpu.model,
-// gpu.count and, when the memory is known, gpu.memory, from its first
-// GPU's name and memory and its GPU count. None without GPUs.
-func DerivedLabels(gpuName string, gpus, memMiB int) map[string]string {
-	out := make(map[string]string, 3)
-	if gpus == 0 {
-		return out
-	}
-	out["gpu.model"] = ShortModel(gpuName)
-	out["gpu.count"] = strconv.Itoa(gpus)
-	if memMiB > 0 {
-		out["gpu.memory"] = strings.TrimPrefix(CanonicalModel(gpuName, memMiB), ShortModel(gpuName)+" ")
 	}
 	return out
 }
@@ -618,7 +603,7 @@ func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gp
 	sharing := policy.GetGpuSharing()
 	out := map[string]atomRow{}
 	for _, g := range gpus {
-		base := atomRow{NodeID: nodeID, GPUUUID: g.UUID, Model: CanonicalModel(g.Model, g.MemMiB), GPUIndex: g.Index,
+		base := atomRow{NodeID: nodeID, GPUUUID: g.UUID, Model: gpumodel.Canonical(g.Model, g.MemMiB), GPUIndex: g.Index,
 			NUMA: g.NUMA, Island: isl[g.UUID], MemMiB: g.MemMiB, Quarantined: quarantined[g.UUID],
 			PartitionPending: g.MigMode == "pending"}
 		switch sharing {

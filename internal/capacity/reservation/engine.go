@@ -16,6 +16,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
@@ -333,7 +334,7 @@ func (e *Engine) recordPlan(r *Reservation, plan *placement.Plan, n *placement.N
 		}
 	}
 	rec.AtomModel = model
-	r.NodeID, r.GPUModel, r.Placement = plan.NodeID, ShortModel(model), rec
+	r.NodeID, r.GPUModel, r.Placement = plan.NodeID, gpumodel.Short(model), rec
 	return nil
 }
 

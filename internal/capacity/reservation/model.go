@@ -2,36 +2,10 @@ package reservation
 
 import (
 	"fmt"
-	"math"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 )
-
-// shortModelRE finds the product name in a marketing name such as
-// "NVIDIA H100 80GB HBM3" or "NVIDIA A100-SXM4-40GB".
-var shortModelRE = regexp.MustCompile(`\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b`)
-
-// ShortModel is a GPU's product name ("H100"), the value of the derived
-// gpu.model label and what requests name. Unknown names are returned as is.
-func ShortModel(name string) string {
-	if m := shortModelRE.FindStringSubmatch(strings.ToUpper(name)); m != nil {
-		return m[1]
-	}
-	return strings.TrimSpace(name)
-}
-
-// CanonicalModel is "<short> <memory>GB" ("H100 80GB"): it tells MIG layouts
-// apart (an A100 40GB and 80GB have different profiles) and still matches a
-// request for "H100" (placement.ModelMatches).
-func CanonicalModel(name string, memoryMiB int) string {
-	short := ShortModel(name)
-	if memoryMiB <= 0 {
-		return short
-	}
-	return fmt.Sprintf("%s %dGB", short, int(math.Round(float64(memoryMiB)/1024)))
-}
 
 // parseCPUList parses a kernel CPU list ("0-3,8,10-11").
 func parseCPUList(s string) ([]int, error) {

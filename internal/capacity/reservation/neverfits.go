@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/envelope"
 )
@@ -40,7 +41,7 @@ func poolModels(nodes []placement.Node) []string {
 	var out []string
 	for i := range nodes {
 		for _, g := range nodes[i].GPUs {
-			if m := ShortModel(g.Model); !slices.Contains(out, m) {
+			if m := gpumodel.Short(g.Model); !slices.Contains(out, m) {
 				out = append(out, m)
 			}
 		}
