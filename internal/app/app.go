@@ -226,8 +226,8 @@ func Modules() []store.Migrations {
 // recorder writes audit rows and outbox events for the envelope.
 type recorder struct{ hub *events.Hub }
 
-func (r recorder) InsertAudit(ctx context.Context, tx store.Tx, e envelope.AuditEntry) error {
-	return audit.Insert(ctx, tx, e)
+func (r recorder) InsertAudits(ctx context.Context, tx store.Tx, entries []envelope.AuditEntry) error {
+	return audit.Insert(ctx, tx, entries...)
 }
 
 func (r recorder) InsertEvents(ctx context.Context, tx store.Tx, evs []envelope.Event) error {

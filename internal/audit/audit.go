@@ -28,12 +28,13 @@ func Migrations() store.Migrations {
 	return store.Embedded("audit", migrationsFS)
 }
 
-// Insert writes one audit row in tx.
-func Insert(ctx context.Context, tx store.Tx, e envelope.AuditEntry) error {
-	_, err := tx.Exec(ctx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result)
-	return err
+// Insert writes audit rows in tx, many in one statement.
+func Insert(ctx context.Context, tx store.Tx, entries ...envelope.AuditEntry) error {
+	rows := make([][]any, len(entries))
+	for i, e := range entries {
+		rows[i] = []any{e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result}
+	}
+	return store.InsertRows(ctx, tx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result)`, "", rows)
 }
 
 // ListParams filters List. AllTenants lists the platform-wide log.

@@ -35,10 +35,10 @@ func Bootstrap(ctx context.Context, db *store.DB, rec envelope.Recorder, persist
 			return err
 		}
 		created = true
-		if err := rec.InsertAudit(ctx, tx, envelope.AuditEntry{
+		if err := rec.InsertAudits(ctx, tx, []envelope.AuditEntry{{
 			ID: envelope.NewID("aud", now), Time: now, PrincipalID: "bootstrap", PrincipalKind: "system",
 			Action: "apiKeys.create", ResourceType: "ApiKey", ResourceID: k.ID, Decision: envelope.DecisionAllow, Result: "OK",
-		}); err != nil {
+		}}); err != nil {
 			return err
 		}
 		if err := rec.InsertEvents(ctx, tx, []envelope.Event{{

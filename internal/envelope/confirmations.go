@@ -65,7 +65,7 @@ func (e *Envelope) requireConfirmation(ctx context.Context, caller Caller, audit
 			return err
 		}
 		audit.ID, audit.Time = NewID("aud", now), now
-		if err := e.cfg.Recorder.InsertAudit(ctx, tx, audit); err != nil {
+		if err := e.cfg.Recorder.InsertAudits(ctx, tx, []AuditEntry{audit}); err != nil {
 			return err
 		}
 		if err := e.cfg.Recorder.InsertEvents(ctx, tx, []Event{{

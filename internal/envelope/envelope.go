@@ -56,7 +56,8 @@ type Event struct {
 // Recorder writes audit rows and outbox events inside a transaction. The
 // audit and events modules implement it; the envelope only calls it.
 type Recorder interface {
-	InsertAudit(ctx context.Context, tx store.Tx, e AuditEntry) error
+	// InsertAudits writes audit rows; a batch hands it many at once.
+	InsertAudits(ctx context.Context, tx store.Tx, entries []AuditEntry) error
 	InsertEvents(ctx context.Context, tx store.Tx, evs []Event) error
 }
 
@@ -200,6 +201,14 @@ type Mutation[Res any] struct {
 	// a response carrying a secret must strip it, because the stored
 	// response sits in the database.
 	Replayable func(res *Res) *Res
+	// Submit, when set, commits the mutation in a batch with others (the
+	// placer's group commit) instead of a transaction of its own: it must
+	// call write once inside a transaction, flush the batch before that
+	// transaction commits, and return write's error or the commit's. Apply
+	// then runs in a transaction shared with other callers' mutations: an
+	// error it returns must come before it writes anything, or the committer
+	// must run it under a savepoint.
+	Submit func(ctx context.Context, write func(ctx context.Context, b *Batch) error) error
 }
 
 // Mutate runs a mutation through the whole envelope and converts errors to
@@ -315,7 +324,10 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 	e.observe(info.Method.Action, DecisionAllow)
 
 	var res *Res
-	err = e.cfg.DB.Write(ctx, func(ctx context.Context, stx store.Tx) error {
+	// write is the mutation's part of a transaction: Apply, then its audit
+	// row, events and idempotency record — written at once, or staged in b
+	// when the mutation commits in a batch.
+	write := func(ctx context.Context, stx store.Tx, b *Batch) error {
 		tx := &Tx{Tx: stx, env: e, caller: caller, resourceID: resource.ID, tenantID: audit.TenantID}
 		if confirmed {
 			if err := confirmationUse(ctx, stx, confirmationID); err != nil {
@@ -331,28 +343,50 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		entry.Time = tx.Now()
 		entry.TenantID, entry.ResourceID = tx.tenantID, tx.resourceID
 		entry.Decision, entry.Result = DecisionAllow, "OK"
-		if err := e.cfg.Recorder.InsertAudit(ctx, stx, entry); err != nil {
-			return err
-		}
-		if len(tx.events) > 0 {
-			for i := range tx.events {
-				if tx.events[i].Time.IsZero() {
-					tx.events[i].Time = tx.Now()
-				}
-			}
-			if err := e.cfg.Recorder.InsertEvents(ctx, stx, tx.events); err != nil {
-				return err
+		for i := range tx.events {
+			if tx.events[i].Time.IsZero() {
+				tx.events[i].Time = tx.Now()
 			}
 		}
+		var idem *idemRecord
 		if idemKey != "" {
 			stored := res
 			if m.Replayable != nil {
 				stored = m.Replayable(res)
 			}
-			return idempotencyInsert(ctx, stx, caller.Principal.ID, idemKey, info.Procedure, reqHash, any(stored).(proto.Message), tx.Now().Add(e.cfg.IdempotencyTTL))
+			body, err := proto.MarshalOptions{Deterministic: true}.Marshal(any(stored).(proto.Message))
+			if err != nil {
+				return err
+			}
+			idem = &idemRecord{principalID: caller.Principal.ID, key: idemKey, procedure: info.Procedure, reqHash: reqHash,
+				body: body, expire: tx.Now().Add(e.cfg.IdempotencyTTL)}
+		}
+		if b != nil {
+			b.audits = append(b.audits, entry)
+			b.events = append(b.events, tx.events...)
+			if idem != nil {
+				b.idem = append(b.idem, *idem)
+			}
+			return nil
+		}
+		if err := e.cfg.Recorder.InsertAudits(ctx, stx, []AuditEntry{entry}); err != nil {
+			return err
+		}
+		if len(tx.events) > 0 {
+			if err := e.cfg.Recorder.InsertEvents(ctx, stx, tx.events); err != nil {
+				return err
+			}
+		}
+		if idem != nil {
+			return idempotencyInsert(ctx, stx, []idemRecord{*idem})
 		}
 		return nil
-	})
+	}
+	if m.Submit != nil {
+		err = m.Submit(ctx, func(ctx context.Context, b *Batch) error { return write(ctx, b.Tx, b) })
+	} else {
+		err = e.cfg.DB.Write(ctx, func(ctx context.Context, stx store.Tx) error { return write(ctx, stx, nil) })
+	}
 	if err != nil {
 		var apiErr *Error
 		if errors.As(err, &apiErr) && apiErr.Code == CodePermissionDenied {
@@ -395,7 +429,7 @@ func (e *Envelope) recordRefusal(ctx context.Context, entry AuditEntry) {
 	err := e.cfg.DB.Write(context.WithoutCancel(ctx), func(ctx context.Context, tx store.Tx) error {
 		entry.ID = NewID("aud", e.cfg.Clock.Now())
 		entry.Time = e.cfg.Clock.Now()
-		return e.cfg.Recorder.InsertAudit(ctx, tx, entry)
+		return e.cfg.Recorder.InsertAudits(ctx, tx, []AuditEntry{entry})
 	})
 	if err != nil {
 		e.cfg.Logger.ErrorContext(ctx, "audit of a refused mutation failed", "action", entry.Action, "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -59,19 +60,36 @@ func replay[Res any](ctx context.Context, e *Envelope, caller Caller, key, proce
 	return res, true, nil
 }
 
-func idempotencyInsert(ctx context.Context, tx store.Tx, principalID, key, procedure, reqHash string, res proto.Message, expire time.Time) error {
-	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(res)
-	if err != nil {
-		return err
+// idemRecord is a create's result kept for replay under its key.
+type idemRecord struct {
+	principalID, key, procedure, reqHash string
+	body                                 []byte
+	expire                               time.Time
+}
+
+// idempotencyInsert stores results for replay; a key another request stored
+// first fails with errIdempotencyRace.
+func idempotencyInsert(ctx context.Context, tx store.Tx, recs []idemRecord) error {
+	if len(recs) == 0 {
+		return nil
 	}
 	// An expired row for the same key may still be there until the pruner
 	// runs; it no longer counts.
-	if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE principal_id = $1 AND key = $2 AND expire_time <= compute_now()`,
-		principalID, key); err != nil {
+	rows := make([][]any, len(recs))
+	var where strings.Builder
+	args := make([]any, 0, 2*len(recs))
+	for i, r := range recs {
+		rows[i] = []any{r.principalID, r.key, r.procedure, r.reqHash, r.body, store.Raw("compute_now()"), r.expire}
+		if i > 0 {
+			where.WriteString(" OR ")
+		}
+		fmt.Fprintf(&where, "(principal_id = $%d AND key = $%d)", 2*i+1, 2*i+2)
+		args = append(args, r.principalID, r.key)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE expire_time <= compute_now() AND (`+where.String()+`)`, args...); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO idempotency_keys (principal_id, key, procedure, request_hash, response, create_time, expire_time)
-		VALUES ($1, $2, $3, $4, $5, compute_now(), $6)`, principalID, key, procedure, reqHash, body, expire)
+	err := store.InsertRows(ctx, tx, `INSERT INTO idempotency_keys (principal_id, key, procedure, request_hash, response, create_time, expire_time)`, "", rows)
 	if errors.Is(err, store.ErrUnique) {
 		return errIdempotencyRace
 	}

@@ -1,0 +1,83 @@
+package store
+
+import (
+	"context"
+	"strconv"
+	"strings"
+)
+
+// maxParams is the most bind parameters one statement carries: under
+// SQLite's 32,766 and PostgreSQL's 65,535.
+const maxParams = 30000
+
+// InsertRows writes rows with as few multi-row INSERT statements as the
+// parameter limit allows: head is "INSERT INTO t (a, b, c)", tail what
+// follows the VALUES list (an ON CONFLICT clause, or ""). Every row has the
+// same number of values; a value that is a Raw is written into the SQL as it
+// is (compute_now(), say) instead of as a parameter.
+func InsertRows(ctx context.Context, tx Tx, head, tail string, rows [][]any) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	per := max(1, maxParams/max(1, len(rows[0])))
+	for len(rows) > 0 {
+		n := min(per, len(rows))
+		q, args := valuesSQL(head, tail, rows[:n])
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// Raw is SQL written into an InsertRows statement in place of a parameter.
+type Raw string
+
+func valuesSQL(head, tail string, rows [][]any) (string, []any) {
+	var b strings.Builder
+	args := make([]any, 0, len(rows)*len(rows[0]))
+	b.Grow(len(head) + len(tail) + len(rows)*len(rows[0])*6)
+	b.WriteString(head)
+	b.WriteString(" VALUES ")
+	for i, row := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for j, v := range row {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			if raw, ok := v.(Raw); ok {
+				b.WriteString(string(raw))
+				continue
+			}
+			args = append(args, v)
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(len(args)))
+		}
+		b.WriteByte(')')
+	}
+	if tail != "" {
+		b.WriteByte(' ')
+		b.WriteString(tail)
+	}
+	return b.String(), args
+}
+
+// ForUpdate is the row-lock clause of a SELECT that a writer must hold until
+// it commits: " FOR UPDATE" on PostgreSQL, nothing on SQLite, whose one
+// writer already excludes every other.
+func ForUpdate(tx Tx) string { return lockClause(tx, " FOR UPDATE") }
+
+// ForShare is the shared row-lock clause (" FOR SHARE" on PostgreSQL): the
+// row may not change until the reader commits, other readers still may.
+func ForShare(tx Tx) string { return lockClause(tx, " FOR SHARE") }
+
+func lockClause(tx Tx, clause string) string {
+	if tx.Dialect() == Postgres {
+		return clause
+	}
+	return ""
+}
