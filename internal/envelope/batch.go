@@ -54,3 +54,15 @@ func (b *Batch) Flush(ctx context.Context) error {
 	b.audits, b.events, b.idem = b.audits[:0], b.events[:0], b.idem[:0]
 	return nil
 }
+
+// CommitAlone runs a batch's write in a transaction of its own: what a
+// Mutation.Submit does when there is no batch to join.
+func (e *Envelope) CommitAlone(ctx context.Context, write func(ctx context.Context, b *Batch) error) error {
+	return e.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		b := e.NewBatch(tx)
+		if err := write(ctx, b); err != nil {
+			return err
+		}
+		return b.Flush(ctx)
+	})
+}

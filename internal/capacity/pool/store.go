@@ -70,6 +70,13 @@ func Get(ctx context.Context, q store.Querier, tenantID, ref string) (Pool, erro
 		WHERE `+col+` = $1 AND ($2 = '' OR tenant_id = $2)`, ref, tenantID))
 }
 
+// GetForUpdate reads a pool by id and locks its row until the transaction
+// ends (PostgreSQL; SQLite has one writer): an archive or a policy change
+// waits for the writer, and two writers of one pool take turns.
+func GetForUpdate(ctx context.Context, tx store.Tx, id string) (Pool, error) {
+	return scanPool(tx.QueryRow(ctx, `SELECT `+poolColumns+` FROM pools WHERE id = $1`+store.ForUpdate(tx), id))
+}
+
 // ListParams filter a pool listing.
 type ListParams struct {
 	TenantID        string

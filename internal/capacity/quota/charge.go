@@ -77,6 +77,52 @@ func effect(ctx context.Context, q store.Querier, c Charge, lock bool) (*apiv1.Q
 	if err != nil {
 		return nil, err
 	}
+	return effectOf(ctx, q, c, qs, nil)
+}
+
+// LockTenants locks every quota of the tenants, in id order (PostgreSQL;
+// SQLite has one writer): a batch of charges takes its quota locks once,
+// in the one global order, before it checks any.
+func LockTenants(ctx context.Context, tx store.Tx, tenantIDs []string) error {
+	if tx.Dialect() != store.Postgres || len(tenantIDs) == 0 {
+		return nil
+	}
+	ph := make([]string, len(tenantIDs))
+	args := make([]any, len(tenantIDs))
+	for i, t := range tenantIDs {
+		ph[i], args[i] = fmt.Sprintf("$%d", i+1), t
+	}
+	_, err := tx.Exec(ctx, `SELECT id FROM quotas WHERE tenant_id IN (`+strings.Join(ph, ", ")+`) ORDER BY id`+store.ForUpdate(tx), args...)
+	return err
+}
+
+// Covering returns the quotas that cover a charge, without locking them.
+func Covering(ctx context.Context, q store.Querier, c Charge) ([]Quota, error) {
+	return covering(ctx, q, c, false)
+}
+
+// CheckCovered checks a charge against quotas Covering returned, counting
+// staged: charges written in the same transaction but not yet visible to a
+// query (a batch's earlier items). It fails with QUOTA_EXCEEDED like Check.
+func CheckCovered(ctx context.Context, q store.Querier, c Charge, qs []Quota, staged []Charge) (*apiv1.QuotaEffect, error) {
+	eff, err := effectOf(ctx, q, c, qs, staged)
+	if err != nil {
+		return nil, err
+	}
+	if eff.GetExceeded() {
+		return eff, &envelope.Error{Code: envelope.CodeQuotaExceeded, Message: exceededMessage(eff), Quota: eff}
+	}
+	return eff, nil
+}
+
+// covers reports whether a quota's scope holds a charge.
+func (qt Quota) covers(c Charge) bool {
+	return c.TenantID == qt.TenantID && (qt.ProjectID == "" || qt.ProjectID == c.ProjectID) &&
+		(qt.PoolID == "" || qt.PoolID == c.PoolID) && (qt.Model == "" || qt.Model == NormalModel(c.Model))
+}
+
+func effectOf(ctx context.Context, q store.Querier, c Charge, qs []Quota, staged []Charge) (*apiv1.QuotaEffect, error) {
+	qs = slices.Clone(qs)
 	eff := &apiv1.QuotaEffect{}
 	if len(qs) == 0 {
 		return eff, nil
@@ -89,6 +135,15 @@ func effect(ctx context.Context, q store.Querier, c Charge, lock bool) (*apiv1.Q
 		u, err := usageOf(ctx, q, qt, c.Start, c.End, c.ExcludeReservationID)
 		if err != nil {
 			return nil, err
+		}
+		for _, sc := range staged {
+			if !qt.covers(sc) || sc.ExcludeReservationID == c.ExcludeReservationID {
+				continue
+			}
+			u.GPUHours += sc.GPUHours()
+			if sc.Start.Before(c.End) && sc.End.After(c.Start) {
+				u.GPUs += max(sc.GPUs, 0)
+			}
 		}
 		use := useOf(qt, u)
 		use.GpusRequested, use.GpuHoursRequested = int32(reqGPUs), reqHours

@@ -73,6 +73,17 @@ type Engine struct {
 	// default DefaultIndexRefresh.
 	IndexRefresh time.Duration
 
+	// BatchObserved observes each placer batch: how many mutations it
+	// committed and how long its transaction took, BEGIN to COMMIT
+	// (benchmarks read it); nil skips it.
+	BatchObserved func(size int, hold time.Duration)
+	// Env stages placer batches' audit rows, events and idempotency
+	// records; NewService sets it.
+	Env *envelope.Envelope
+
+	plMu    sync.Mutex
+	placers map[string]*placer
+
 	replans    atomic.Int64
 	seed       atomic.Uint64
 	ixMu       sync.Mutex
@@ -144,13 +155,16 @@ func request(r *Reservation) placement.Request {
 	}
 }
 
-// place finds a plan and books it. It looks at the fullest candidate nodes
-// first and scans the whole pool only when none fits; a plan that lost its
-// atoms to another writer is followed by the next plan, and after a round of
-// lost races the index re-reads the contested nodes and places again, up to
-// MaxReplans times. It reports whether the reservation was placed and, when
-// not, why.
-func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, ix *poolIndex, now time.Time) (bool, placement.Explanation, error) {
+// place finds a plan and books it in the batch. It looks at the fullest
+// candidate nodes first and scans the whole pool only when none fits. In a
+// placer batch the index is the truth (the placer is the pool's only
+// writer), so the first plan is booked; a plan the database refuses — which
+// only the per-item fallback can see — is followed by the next plan, and
+// after a round of such refusals the index re-reads the contested nodes and
+// places again, up to MaxReplans times. It reports whether the reservation
+// was placed and, when not, why.
+func (e *Engine) place(ctx context.Context, b *batch, r *Reservation, now time.Time) (bool, placement.Explanation, error) {
+	ix := b.ix
 	req := request(r)
 	need := r.GPUs + r.Slots
 	var ex placement.Explanation
@@ -171,39 +185,23 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, ix *poo
 			return false, ex, nil
 		}
 		var contested []string
-		// Concurrent placements see the same best plans: each starts at a
-		// random one of them, so they rarely race for one node.
-		off := e.rng().IntN(len(res.Plans))
 		for k := range res.Plans {
-			plan := &res.Plans[(off+k)%len(res.Plans)]
-			// Marked before the insert, so placements planned from now on
-			// steer clear; unmarked if the database refuses it.
-			ix.mark(r, plan, now)
-			err = savepoint(ctx, tx, func() error { return e.book(ctx, tx, r, plan, snap.nodes[plan.NodeID]) })
-			if err != nil {
-				ix.released(plan.NodeID, r.ID, r.StartsAt, now)
+			plan := &res.Plans[k]
+			m := b.mark()
+			err := e.book(ctx, b, r, plan, snap.nodes[plan.NodeID])
+			if b.immediate && err != nil {
+				b.rewind(m)
 			}
 			switch {
 			case errors.Is(err, errNodeGone):
 				ix.markUnschedulable(plan.NodeID)
 				continue
 			case errors.Is(err, errStaleIndex):
-				// The pool changed under the index: reload it here (rare)
-				// and place again.
-				v, err := poolVersion(ctx, tx, r.PoolID)
-				if err != nil {
-					return false, ex, err
-				}
-				if ix, err = loadIndex(ctx, tx, r.PoolID, v, now); err != nil {
-					return false, ex, err
-				}
-				e.ixMu.Lock()
-				if e.indexes != nil {
-					e.indexes[r.PoolID] = ix
-				}
-				e.ixMu.Unlock()
-				contested = nil
-				goto replan
+				// The pool changed under the index and no delta told it
+				// yet: leave the node out now, reload after the batch.
+				ix.markUnschedulable(plan.NodeID)
+				b.stale = true
+				continue
 			case errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull):
 				contested = append(contested, plan.NodeID)
 				continue
@@ -212,16 +210,15 @@ func (e *Engine) place(ctx context.Context, tx store.Tx, r *Reservation, ix *poo
 			}
 			return true, ex, nil
 		}
+		if len(contested) == 0 {
+			continue
+		}
 		e.replans.Add(1)
-		if err := ix.sync(ctx, tx, contested, now); err != nil {
+		if err := ix.sync(ctx, b.tx, contested, now); err != nil {
 			return false, ex, err
 		}
-	replan:
 	}
-	// Every round lost its race: what fits went to other writers, yet more
-	// may be free once they commit. The queued placer looks again then,
-	// rather than leave the reservation waiting for the tick.
-	return false, ex, e.wake(ctx, tx, r.PoolID)
+	return false, ex, nil
 }
 
 func (e *Engine) rng() *rand.Rand {
@@ -240,6 +237,7 @@ func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms 
 	if len(atoms) == 0 {
 		return true, nil
 	}
+	atoms = slices.Compact(slices.Sorted(slices.Values(atoms)))
 	args := []any{poolID, nodeID}
 	ph := make([]string, len(atoms))
 	for i, a := range atoms {
@@ -248,13 +246,14 @@ func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms 
 	}
 	var n int
 	err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
-		WHERE np.pool_id = $1 AND a.node_id = $2 AND a.id IN (`+strings.Join(ph, ", ")+`)
+		WHERE np.pool_id = $1 AND ($2 = '' OR a.node_id = $2) AND a.id IN (`+strings.Join(ph, ", ")+`)
 			AND a.quarantined = $`+fmt.Sprint(len(args)+1)+` AND a.partition_pending = $`+fmt.Sprint(len(args)+1), append(args, false)...).Scan(&n)
 	return n == len(atoms), err
 }
 
-// book inserts the plan's bookings and records the placement on r.
-func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *placement.Plan, n *placement.Node) error {
+// book books the plan for r in the batch and marks the index (undone if
+// the batch, or in the fallback the item, rolls back).
+func (e *Engine) book(ctx context.Context, b *batch, r *Reservation, plan *placement.Plan, n *placement.Node) error {
 	bs := make([]booking.Booking, 0, len(plan.Atoms)+len(plan.CPUs))
 	for _, a := range plan.Atoms {
 		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: a, StartsAt: r.StartsAt, EndsAt: r.EndsAt})
@@ -262,43 +261,40 @@ func (e *Engine) book(ctx context.Context, tx store.Tx, r *Reservation, plan *pl
 	for _, c := range plan.CPUs {
 		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: cpuAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
 	}
-	// One booker per node at a time (PostgreSQL; SQLite has one writer):
-	// two transactions inserting one atom would each wait for the other's
-	// insert (the exclusion constraint is checked after it), a deadlock
-	// PostgreSQL breaks only after a second.
-	if err := hostLock(ctx, tx, plan.NodeID); err != nil {
+	// The node must still take bookings (FOR SHARE on PostgreSQL: a
+	// liveness sweep marking it lost waits for this batch to commit, and
+	// its NodesLost hook then sees the booking).
+	if err := b.checkNode(ctx, plan.NodeID); err != nil {
 		return err
 	}
-	// FOR SHARE on PostgreSQL: a liveness sweep marking the node lost waits
-	// for this booking to commit, and its NodesLost hook then sees it.
-	share := ""
-	if tx.Dialect() == store.Postgres {
-		share = " FOR SHARE"
-	}
-	var state, liveness string
-	if err := tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+share, plan.NodeID).Scan(&state, &liveness); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return errNodeGone
+	if b.immediate {
+		// The plan came from the index; the atoms must still be in the
+		// pool and usable. A batch checks all its atoms at once instead.
+		if ok, err := atomsUsable(ctx, b.tx, r.PoolID, plan.NodeID, plan.Atoms); err != nil || !ok {
+			return errors.Join(err, errStaleIndex)
 		}
+	} else {
+		b.atoms = append(b.atoms, plan.Atoms...)
+	}
+	if err := b.stageBookings(ctx, bs); err != nil {
 		return err
 	}
-	if state != "active" || liveness != "ready" {
-		return errNodeGone
-	}
-	// The plan came from the index; the atoms must still be in the pool and
-	// usable (a GPU quarantined, a node moved out since then).
-	if ok, err := atomsUsable(ctx, tx, r.PoolID, plan.NodeID, plan.Atoms); err != nil || !ok {
-		return errors.Join(err, errStaleIndex)
-	}
-	if err := booking.BookingInsert(ctx, tx, bs); err != nil {
-		return err
-	}
-	if r.MemoryGiB > 0 || r.Hugepages1Gi > 0 {
-		if err := checkHost(ctx, tx, r, plan.NodeID); err != nil {
+	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0) {
+		// The database's word on host memory, in the fallback; a batch
+		// trusts the index, whose placer is the node's only booker.
+		if err := checkHost(ctx, b.tx, r, plan.NodeID); err != nil {
 			return err
 		}
 	}
-	return e.recordPlan(r, plan, n)
+	if err := e.recordPlan(r, plan, n); err != nil {
+		return err
+	}
+	if ix := b.ix; ix != nil {
+		ix.mark(r, plan, b.now)
+		nodeID, id, start := plan.NodeID, r.ID, r.StartsAt
+		b.undo = append(b.undo, func() { ix.released(nodeID, id, start, b.now) })
+	}
+	return nil
 }
 
 // recordPlan records a plan's placement on r.
@@ -361,16 +357,18 @@ func checkHost(ctx context.Context, tx store.Tx, r *Reservation, nodeID string) 
 
 // held moves a freshly placed reservation to placed, or further when its
 // window has begun.
-func (e *Engine) held(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+func (e *Engine) held(ctx context.Context, b *batch, r *Reservation, now time.Time) ([]envelope.Event, error) {
 	r.State = StatePlaced
 	r.Explanation = "{}"
 	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Booked",
 		Message: fmt.Sprintf("%d atoms on %s", len(r.Placement.Atoms), r.Placement.NodeName), UpdateTime: now})
-	if err := rollupBooked(ctx, tx, r, +1); err != nil {
-		return nil, err
+	for kind, n := range r.Placement.Kinds {
+		if err := b.stageRollup(ctx, r.PoolID, r.Placement.AtomModel, kind, n); err != nil {
+			return nil, err
+		}
 	}
 	evs := []envelope.Event{event("reservation.placed", r, map[string]any{"atoms": r.Placement.Atoms})}
-	more, err := e.startIfDue(ctx, tx, r, now)
+	more, err := e.startIfDue(ctx, b.tx, r, now)
 	return append(evs, more...), err
 }
 

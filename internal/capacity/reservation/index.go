@@ -530,6 +530,29 @@ func (ix *poolIndex) extended(nodeID, rsv string, end, now time.Time) {
 	ix.refile(n, now)
 }
 
+// shortened undoes an extension: the reservation's spans end at end again.
+func (ix *poolIndex) shortened(nodeID, rsv string, end, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	n := ix.byID[nodeID]
+	if n == nil {
+		return
+	}
+	for _, spans := range n.booked {
+		for i := range spans {
+			if spans[i].rsv == rsv && spans[i].end.After(end) {
+				spans[i].end = end
+			}
+		}
+	}
+	for i := range n.holds {
+		if n.holds[i].rsv == rsv && n.holds[i].end.After(end) {
+			n.holds[i].end = end
+		}
+	}
+	ix.refile(n, now)
+}
+
 // markUnschedulable takes a node out of placement until the next reload
 // (the booking transaction found it drained or not ready).
 func (ix *poolIndex) markUnschedulable(nodeID string) {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
-	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -158,19 +157,11 @@ func (rn *Runner) batch() int {
 // reservation asked for a length keeps its length: its window moves to now.
 func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) {
 	e := rn.Engine
-	var ix *poolIndex
-	// The index is brought up to date before the write lock is taken.
-	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
-		ix, err = e.index(ctx, tx, poolID, e.Clock.Now())
-		return err
-	}); err != nil {
-		return 0, err
-	}
 	placed := 0
-	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+	err := e.submit(ctx, poolID, &work{direct: true, run: func(ctx context.Context, b *batch) error {
 		placed = 0
-		began := time.Now()
-		now := e.Clock.Now()
+		now := b.now
+		tx := b.tx
 		rs, err := pendingForUpdate(ctx, tx, poolID, rn.batch())
 		if err != nil {
 			return err
@@ -198,18 +189,18 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			}
 			var ok bool
 			var ex placement.Explanation
+			m := b.mark()
 			err := savepointNamed(ctx, tx, "pending", func() error {
 				var err error
-				if ok, ex, err = e.place(ctx, tx, r, ix, now); err != nil || !ok {
+				if ok, ex, err = e.place(ctx, b, r, now); err != nil || !ok {
 					return err
 				}
-				if _, err = quota.Check(ctx, tx, charge(r)); err != nil {
-					// The booking is rolled back with the savepoint; so
-					// must its mark in the index be.
-					ix.released(r.NodeID, r.ID, r.StartsAt, now)
-				}
-				return err
+				return b.checkQuota(ctx, charge(r))
 			})
+			if err != nil {
+				// Its bookings, marks and charge go with the savepoint.
+				b.rewind(m)
+			}
 			var apiErr *envelope.Error
 			switch {
 			case errors.As(err, &apiErr) && apiErr.Code == envelope.CodeQuotaExceeded:
@@ -235,7 +226,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			}
 			r.UpdateTime = now
 			if ok {
-				more, err := e.held(ctx, tx, r, now)
+				more, err := e.held(ctx, b, r, now)
 				if err != nil {
 					return err
 				}
@@ -250,15 +241,8 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 				return errMoved(false)
 			}
 		}
-		if e.LockHold != nil {
-			e.LockHold(time.Since(began))
-		}
 		return rn.record(ctx, tx, evs)
-	})
-	if err != nil {
-		// Marks of a rolled-back transaction must not linger.
-		e.invalidate(poolID)
-	}
+	}})
 	return placed, err
 }
 

@@ -47,6 +47,7 @@ var _ apiv1connect.ReservationServiceHandler = (*Service)(nil)
 
 // NewService returns the reservation handlers.
 func NewService(env *envelope.Envelope, engine *Engine, events EventSource) *Service {
+	engine.Env = env
 	return &Service{env: env, engine: engine, events: events, poll: time.Second}
 }
 
@@ -218,8 +219,8 @@ type target struct {
 	poolFound     bool
 	policy        *apiv1.PoolPolicy
 	modelKnown    bool
-	ix            *poolIndex
-	ixErr         error
+	// ix is the placer's index, set once the create runs in its batch.
+	ix *poolIndex
 	projectReason string
 }
 
@@ -262,11 +263,6 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 			return t, err
 		}
 		t.modelKnown = n > 0
-	}
-	if t.poolFound && t.pool.State == pool.StateActive {
-		// The index is (re)loaded here, before the write lock; the booking
-		// transaction only reads it in memory.
-		t.ix, t.ixErr = s.engine.index(ctx, q, t.pool.ID, s.env.Clock().Now())
 	}
 	return t, nil
 }
@@ -347,10 +343,7 @@ func (t *target) check(sp *spec) error {
 	case msg.GetGpus() > 0 && msg.GetMigProfile() == "" && (sharing == pool.GPUSharingMIG || sharing == pool.GPUSharingTimeslice || sharing == pool.GPUSharingMPS):
 		vs.Add("gpus", "pool %s shares GPUs as %s: ask for mig_profile or slots", t.pool.Name, sharing)
 	}
-	if err := vs.Err(); err != nil {
-		return err
-	}
-	return t.ixErr
+	return vs.Err()
 }
 
 // newReservation builds the row a create writes, host defaults filled.
@@ -403,11 +396,13 @@ func draftResource(t *target, sp *spec) iam.Resource {
 
 // Create books a reservation: placed inline when it fits, pending when it
 // may fit later, NO_CAPACITY when no node of the pool could ever hold it.
+// After the decision the create goes to the pool's placer, which commits it
+// in a batch with others.
 func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateReservationRequest]) (*connect.Response[apiv1.CreateReservationResponse], error) {
 	var sp spec
 	var t target
 	now := s.env.Clock().Now()
-	res, err := envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
 			sp = validateCreate(&vs, req.Msg, now)
@@ -418,12 +413,29 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 			t, err = s.resolve(ctx, q, &sp)
 			return draftResource(&t, &sp), err
 		},
+		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
+			if !t.poolFound {
+				// Nothing to place: Apply answers NOT_FOUND alone.
+				return s.env.CommitAlone(ctx, write)
+			}
+			return s.engine.submitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
+		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateReservationResponse, error) {
+			b := batchOf(ctx)
+			if b != nil {
+				// Re-read under the batch's lock: a pool archived or
+				// changed since the decision is what the create sees.
+				p, err := b.lockPool(ctx, t.pool.ID)
+				if err != nil {
+					return nil, envelope.FromStore(err, "pool")
+				}
+				t.pool, t.policy, t.ix = *p, poolPolicy(*p), b.ix
+			}
 			if err := t.check(&sp); err != nil {
 				return nil, err
 			}
 			r := t.newReservation(&sp, tx.Now(), tx.Caller().Principal.ID)
-			evs, err := s.engine.create(ctx, tx.Tx, &r, &t, tx.Now())
+			evs, err := s.engine.create(ctx, b, &r, &t, tx.Now())
 			if err != nil {
 				return nil, err
 			}
@@ -434,20 +446,13 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 			return &apiv1.CreateReservationResponse{Reservation: Proto(r, t.pool.Name)}, nil
 		},
 	})
-	if err != nil && t.ix != nil {
-		// The transaction rolled back: marks it left in the index must go.
-		s.engine.invalidate(t.pool.ID)
-	}
-	return res, err
 }
 
-// create places r inline or queues it, checks quota, and writes it.
-func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
-	began := time.Now()
-	placed, ex, err := e.place(ctx, tx, r, t.ix, now)
-	if e.LockHold != nil {
-		defer func() { e.LockHold(time.Since(began)) }()
-	}
+// create places r inline or queues it, checks quota, and stages it in the
+// placer's batch. Everything that can refuse it comes before anything is
+// staged or written.
+func (e *Engine) create(ctx context.Context, b *batch, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
+	placed, ex, err := e.place(ctx, b, r, now)
 	if err != nil {
 		var re *placement.RequestError
 		if errors.As(err, &re) {
@@ -481,32 +486,30 @@ func (e *Engine) create(ctx context.Context, tx store.Tx, r *Reservation, t *tar
 		if maxPending == 0 {
 			maxPending = pool.DefaultMaxPending
 		}
-		var pending int
-		if maxPending > 0 {
-			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, r.PoolID).Scan(&pending); err != nil {
-				return nil, err
-			}
+		// The placer is the pool's only creator and counts the batch's own
+		// pending ones, so the count cannot be raced past the limit.
+		pending, err := b.pendingCount(ctx, r.PoolID)
+		if err != nil {
+			return nil, err
 		}
 		if maxPending < 0 || pending >= maxPending {
 			return nil, noCapacity(t.pool.Name, ex, fmt.Sprintf("nothing fits now and the pool's queue is full (%d waiting)", pending))
 		}
+		b.pending++
 		r.Explanation = explanationJSON(ExplanationProto(ex))
 	}
-	if _, err := quota.Check(ctx, tx, charge(r)); err != nil {
-		if placed {
-			t.ix.released(r.NodeID, r.ID, r.StartsAt, now)
-		}
+	if err := b.checkQuota(ctx, charge(r)); err != nil {
 		return nil, err
 	}
 	evs := []envelope.Event{event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots})}
 	if placed {
-		more, err := e.held(ctx, tx, r, now)
+		more, err := e.held(ctx, b, r, now)
 		if err != nil {
 			return nil, err
 		}
 		evs = append(evs, more...)
 	}
-	if err := insert(ctx, tx, r); err != nil {
+	if err := b.stageReservation(ctx, r); err != nil {
 		return nil, err
 	}
 	return evs, nil
@@ -540,6 +543,14 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}
 	if err := s.env.AuthorizeRead(ctx, draftResource(&t, &sp)); err != nil {
 		return nil, err
+	}
+	if t.poolFound && t.pool.State == pool.StateActive {
+		// Loaded only now, for a caller the decision allowed.
+		ix, err := s.engine.placerFor(t.pool.ID).current(true)
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		t.ix = ix
 	}
 	if err := t.check(&sp); err != nil {
 		return nil, s.env.Fail(ctx, prefixed(err, "request."))
@@ -785,6 +796,14 @@ func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Reque
 			r, err = lookup(ctx, q, m.tenant, m.id)
 			return r.resource(), err
 		},
+		// A reservation's transitions go through its pool's placer, so
+		// they never race the pool's placements.
+		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
+			if !r.found || r.r.PoolID == "" {
+				return s.env.CommitAlone(ctx, write)
+			}
+			return s.engine.submitMutation(ctx, r.r.PoolID, r.r.TenantID, true, write)
+		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*Res, error) {
 			if err := r.notFound(m.tenant, m.id); err != nil {
 				return nil, err
@@ -820,6 +839,7 @@ func newEnd(r *Reservation, msg *apiv1.ExtendReservationRequest) time.Time {
 // exclusion constraint decides whether the atoms are free for it.
 func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendReservationRequest]) (*connect.Response[apiv1.ExtendReservationResponse], error) {
 	msg := req.Msg
+	var decidedFrom, decidedEnd time.Time
 	return mutateRef(ctx, s, req, refMutation[apiv1.ExtendReservationResponse]{
 		tenant: msg.GetTenant(), id: msg.GetReservation(),
 		validate: func(vs *envelope.Violations) {
@@ -837,13 +857,22 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			}
 		},
 		context: func(r *Reservation) map[string]any {
-			return map[string]any{"lifetimeSeconds": int64(newEnd(r, msg).Sub(r.StartsAt) / time.Second)}
+			// The end decided on is the end applied: an absolute time,
+			// fixed here from the row the decision saw.
+			decidedFrom, decidedEnd = r.EndsAt, newEnd(r, msg)
+			return map[string]any{"lifetimeSeconds": int64(decidedEnd.Sub(r.StartsAt) / time.Second)}
 		},
 		apply: func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*apiv1.ExtendReservationResponse, error) {
 			if !live(r.State) {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s is %s; only a live reservation can be extended", r.ID, r.State)
 			}
-			end := newEnd(r, msg)
+			if !r.EndsAt.Equal(decidedFrom) {
+				// Another change moved the end since the decision: the
+				// lifetime allowed is not the one this would commit.
+				return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s changed since this extension was authorized (its end is now %s); retry",
+					r.ID, r.EndsAt.Format(time.RFC3339))
+			}
+			end := decidedEnd
 			if !end.After(r.EndsAt) {
 				return nil, envelope.Invalid(envelope.Violation{Field: "end_time", Reason: fmt.Sprintf("must be after the current end %s", r.EndsAt.Format(time.RFC3339))})
 			}
@@ -870,10 +899,12 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 					return nil, err
 				}
 			}
-			if holding(from) {
-				if ix := s.engine.cached(r.PoolID); ix != nil {
-					ix.extended(r.NodeID, r.ID, end, tx.Now())
-				}
+			if b := batchOf(ctx); holding(from) && b != nil && b.ix != nil {
+				// Marked now, so the batch's later placements see it;
+				// undone if the item or the batch rolls back.
+				ix, nodeID, id, prevEnd := b.ix, r.NodeID, r.ID, decidedFrom
+				ix.extended(nodeID, id, end, tx.Now())
+				b.undo = append(b.undo, func() { ix.shortened(nodeID, id, prevEnd, b.now) })
 			}
 			r.UpdateTime = tx.Now()
 			ok, err := save(ctx, tx.Tx, r, from)

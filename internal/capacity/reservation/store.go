@@ -176,16 +176,22 @@ func jsonText(v any) string {
 
 // insert writes a new reservation row.
 func insert(ctx context.Context, tx store.Tx, r *Reservation) error {
-	if r.Conditions == nil {
-		r.Conditions = []Condition{}
+	return insertMany(ctx, tx, []*Reservation{r})
+}
+
+// insertMany writes new reservation rows, many to a statement.
+func insertMany(ctx context.Context, tx store.Tx, rs []*Reservation) error {
+	rows := make([][]any, len(rs))
+	for i, r := range rs {
+		if r.Conditions == nil {
+			r.Conditions = []Condition{}
+		}
+		rows[i] = []any{r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
+			r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
+			jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
+			r.CreatedBy, r.CreateTime, r.UpdateTime}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO reservations (`+columns+`) VALUES
-		($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)`,
-		r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
-		r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
-		jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
-		r.CreatedBy, r.CreateTime, r.UpdateTime)
-	return err
+	return store.InsertRows(ctx, tx, `INSERT INTO reservations (`+columns+`)`, "", rows)
 }
 
 // save writes back every mutable column of r, guarded by the state it was

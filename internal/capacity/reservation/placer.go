@@ -1,0 +1,540 @@
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/capacity/quota"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// The placer is the one owner of a pool's index (the Nomad plan-applier
+// pattern). Handlers authenticate, validate and decide per request, then
+// submit the mutation to the pool's placer; it takes what is queued (up to
+// MaxBatch), places each against its index, writes them all in one
+// transaction with multi-row inserts, and only then answers the callers.
+// Nothing else places in the pool, so no placement races another and none
+// is replanned; the database constraint stays the backstop.
+//
+// A batch's placements mark the index as they are made, so the next item of
+// the batch sees them; the marks are undone if the batch rolls back. When
+// the batch fails (a constraint, a lost node, any database error) every item
+// is run again, each under its own savepoint, so one item's failure fails
+// only that item.
+
+// MaxBatch bounds how many mutations one placer transaction commits.
+const MaxBatch = 256
+
+// work is one submitted mutation.
+type work struct {
+	ctx context.Context
+	// run does the mutation in the batch. A staged item only reads and
+	// stages rows until it cannot fail; a direct one writes as it goes
+	// and runs under a savepoint.
+	run    func(ctx context.Context, b *batch) error
+	direct bool
+	env    func(ctx context.Context, eb *envelope.Batch) error
+	// tenant whose quotas the item may charge: a batch locks them all
+	// first, in id order.
+	tenant string
+	done   chan error
+	err    error
+	// failed: the item failed on its own (an API error before any write);
+	// it is answered with err whatever the batch does.
+	failed bool
+}
+
+// placer owns one pool's index and commits its batches.
+type placer struct {
+	e      *Engine
+	poolID string
+	in     chan *work
+	// ixMu guards loading ix; the index's own lock guards its contents.
+	ixMu sync.Mutex
+	ix   *poolIndex
+}
+
+// batch is one placer transaction.
+type batch struct {
+	tx  store.Tx
+	env *envelope.Batch
+	ix  *poolIndex
+	now time.Time
+	// immediate: rows are written as staged (the per-item fallback and
+	// callers outside a placer).
+	immediate bool
+
+	pool      *pool.Pool
+	pending   int // pending reservations of the pool, counted once a batch
+	pendingOK bool
+	nodes     map[string]error // node checks made this batch
+	quotas    map[quotaKey][]quota.Quota
+	charges   []quota.Charge // charges staged this batch, for later items' quota checks
+	rsvs      []*Reservation
+	bookings  []booking.Booking
+	rollups   map[rollupDelta]int
+	// atoms this batch booked: checked in the pool and usable at once
+	// before the commit.
+	atoms []string
+	// stale: an atom was not where the index said; reload after the batch.
+	stale      bool
+	undo       []func()
+	afterwards []func()
+}
+
+type rollupDelta struct{ pool, model, kind string }
+
+type quotaKey struct{ tenant, project, pool, model string }
+
+func newBatch(tx store.Tx, ix *poolIndex, now time.Time) *batch {
+	return &batch{tx: tx, ix: ix, now: now, nodes: map[string]error{}, quotas: map[quotaKey][]quota.Quota{},
+		rollups: map[rollupDelta]int{}}
+}
+
+// mark is where a batch stood before an item, to undo the item alone.
+type mark struct {
+	env                           envelope.BatchMark
+	rsvs, bookings, undo, charges int
+	atoms                         int
+	pending                       int
+	rollups                       map[rollupDelta]int
+}
+
+func (b *batch) mark() mark {
+	m := mark{rsvs: len(b.rsvs), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms)}
+	if b.env != nil {
+		m.env = b.env.Mark()
+	}
+	if len(b.rollups) > 0 {
+		m.rollups = make(map[rollupDelta]int, len(b.rollups))
+		for k, v := range b.rollups {
+			m.rollups[k] = v
+		}
+	}
+	return m
+}
+
+// rewind drops what an item staged and undoes its index marks.
+func (b *batch) rewind(m mark) {
+	for i := len(b.undo) - 1; i >= m.undo; i-- {
+		b.undo[i]()
+	}
+	b.undo = b.undo[:m.undo]
+	b.rsvs, b.bookings, b.charges, b.pending = b.rsvs[:m.rsvs], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
+	b.atoms = b.atoms[:m.atoms]
+	if b.env != nil {
+		b.env.Rewind(m.env)
+	}
+	clear(b.rollups)
+	for k, v := range m.rollups {
+		b.rollups[k] = v
+	}
+}
+
+// undoAll undoes every index mark of a batch that rolled back.
+func (b *batch) undoAll() {
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		b.undo[i]()
+	}
+	b.undo = nil
+}
+
+// stageReservation queues a new reservation row.
+func (b *batch) stageReservation(ctx context.Context, r *Reservation) error {
+	if b.immediate {
+		return insert(ctx, b.tx, r)
+	}
+	b.rsvs = append(b.rsvs, r)
+	return nil
+}
+
+// stageBookings queues bookings.
+func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking) error {
+	if b.immediate {
+		return booking.BookingInsert(ctx, b.tx, bs)
+	}
+	b.bookings = append(b.bookings, bs...)
+	return nil
+}
+
+// stageRollup adds to a capacity rollup's booked count.
+func (b *batch) stageRollup(ctx context.Context, poolID, model, kind string, n int) error {
+	if b.immediate {
+		return RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
+	}
+	b.rollups[rollupDelta{poolID, model, kind}] += n
+	return nil
+}
+
+// flush writes what the batch staged.
+func (b *batch) flush(ctx context.Context) error {
+	if len(b.atoms) > 0 && b.ix != nil {
+		// Every atom booked must still be in the pool and usable (a GPU
+		// quarantined, a node moved out since the index learned of it):
+		// one query for the batch; a miss fails the batch, and the
+		// fallback finds the item.
+		if ok, err := atomsUsable(ctx, b.tx, b.ix.poolID, "", b.atoms); err != nil || !ok {
+			return errors.Join(err, errStaleIndex)
+		}
+		b.atoms = b.atoms[:0]
+	}
+	if err := insertMany(ctx, b.tx, b.rsvs); err != nil {
+		return err
+	}
+	b.rsvs = b.rsvs[:0]
+	if err := booking.BookingInsert(ctx, b.tx, b.bookings); err != nil {
+		return err
+	}
+	b.bookings = b.bookings[:0]
+	for k, n := range b.rollups {
+		if n != 0 {
+			if err := RollupAdd(ctx, b.tx, k.pool, k.model, k.kind, 0, n, 0); err != nil {
+				return err
+			}
+		}
+	}
+	clear(b.rollups)
+	// Written now, the staged charges are what usage queries count.
+	b.charges = b.charges[:0]
+	if b.env != nil {
+		return b.env.Flush(ctx)
+	}
+	return nil
+}
+
+// checkNode verifies, once a batch, that a node may take bookings: active,
+// ready, and locked against a concurrent liveness sweep (FOR SHARE).
+func (b *batch) checkNode(ctx context.Context, nodeID string) error {
+	if err, ok := b.nodes[nodeID]; ok {
+		return err
+	}
+	var state, liveness string
+	err := b.tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+store.ForShare(b.tx), nodeID).Scan(&state, &liveness)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		err = errNodeGone
+	case err == nil && (state != "active" || liveness != "ready"):
+		err = errNodeGone
+	}
+	if err == nil || errors.Is(err, errNodeGone) {
+		b.nodes[nodeID] = err
+	}
+	return err
+}
+
+// lockPool re-reads the pool under a row lock, once a batch: a pool archived
+// after the decision books nothing, and batches of one pool from two
+// replicas (during a handover) take turns.
+func (b *batch) lockPool(ctx context.Context, poolID string) (*pool.Pool, error) {
+	if b.pool != nil {
+		return b.pool, nil
+	}
+	p, err := pool.GetForUpdate(ctx, b.tx, poolID)
+	if err != nil {
+		return nil, err
+	}
+	b.pool = &p
+	return b.pool, nil
+}
+
+// pendingCount counts the pool's pending reservations once a batch; the
+// batch adds its own.
+func (b *batch) pendingCount(ctx context.Context, poolID string) (int, error) {
+	if !b.pendingOK {
+		if err := b.tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, poolID).Scan(&b.pending); err != nil {
+			return 0, err
+		}
+		b.pendingOK = true
+	}
+	return b.pending, nil
+}
+
+// checkQuota checks a charge against the quotas that cover it, counting the
+// charges this batch staged before it. The covering quotas are read (and
+// locked, on PostgreSQL) once a batch per key.
+func (b *batch) checkQuota(ctx context.Context, c quota.Charge) error {
+	k := quotaKey{c.TenantID, c.ProjectID, c.PoolID, c.Model}
+	qs, ok := b.quotas[k]
+	if !ok {
+		var err error
+		if qs, err = quota.Covering(ctx, b.tx, c); err != nil {
+			return err
+		}
+		b.quotas[k] = qs
+	}
+	if len(qs) > 0 {
+		if _, err := quota.CheckCovered(ctx, b.tx, c, qs, b.charges); err != nil {
+			return err
+		}
+	}
+	b.charges = append(b.charges, c)
+	return nil
+}
+
+// placerFor returns the pool's placer, starting it on first use.
+func (e *Engine) placerFor(poolID string) *placer {
+	e.plMu.Lock()
+	defer e.plMu.Unlock()
+	if e.placers == nil {
+		e.placers = map[string]*placer{}
+	}
+	p := e.placers[poolID]
+	if p == nil {
+		p = &placer{e: e, poolID: poolID, in: make(chan *work, 4*MaxBatch)}
+		e.placers[poolID] = p
+		go p.loop()
+	}
+	return p
+}
+
+// submit hands a mutation to the pool's placer and waits for its answer.
+func (e *Engine) submit(ctx context.Context, poolID string, w *work) error {
+	w.ctx, w.done = ctx, make(chan error, 1)
+	p := e.placerFor(poolID)
+	select {
+	case p.in <- w:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-w.done:
+		return err
+	case <-ctx.Done():
+		// The placer may still commit it; the caller learns nothing more.
+		return ctx.Err()
+	}
+}
+
+// submitMutation runs an envelope mutation in the pool's placer (the
+// envelope's Mutation.Submit). direct: its Apply writes as it goes.
+func (e *Engine) submitMutation(ctx context.Context, poolID, tenantID string, direct bool, write func(ctx context.Context, eb *envelope.Batch) error) error {
+	return e.submit(ctx, poolID, &work{env: write, direct: direct, tenant: tenantID})
+}
+
+// loop takes what is queued and commits it in batches, one at a time:
+// while one commits the next fills.
+func (p *placer) loop() {
+	for w := range p.in {
+		ws := []*work{w}
+	fill:
+		for len(ws) < MaxBatch {
+			select {
+			case w := <-p.in:
+				ws = append(ws, w)
+			default:
+				break fill
+			}
+		}
+		p.commit(ws)
+	}
+}
+
+// index returns the placer's index, loaded outside every lock on a detached
+// context (no caller's cancel aborts a load others wait on).
+func (p *placer) index() (*poolIndex, error) {
+	return p.current(false)
+}
+
+// current returns the index, first checking the pool's version when check
+// is set (the placer does before each batch): the atoms reconciler bumps it
+// when the pool's nodes or atoms change.
+func (p *placer) current(check bool) (*poolIndex, error) {
+	p.ixMu.Lock()
+	defer p.ixMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if p.ix != nil && !check {
+		return p.ix, nil
+	}
+	var ix *poolIndex
+	err := p.e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		v, err := poolVersion(ctx, tx, p.poolID)
+		if err != nil {
+			return err
+		}
+		if p.ix != nil && p.ix.version == v {
+			ix = p.ix
+			return nil
+		}
+		ix, err = loadIndex(ctx, tx, p.poolID, v, p.e.Clock.Now())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.ix = ix
+	p.e.ixMu.Lock()
+	if p.e.indexes == nil {
+		p.e.indexes = map[string]*poolIndex{}
+	}
+	p.e.indexes[p.poolID] = ix
+	p.e.ixMu.Unlock()
+	return ix, nil
+}
+
+// commit runs ws in one transaction and answers each.
+func (p *placer) commit(ws []*work) {
+	live := ws[:0:0]
+	for _, w := range ws {
+		if err := w.ctx.Err(); err != nil {
+			w.done <- err
+			continue
+		}
+		live = append(live, w)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ix, err := p.current(true)
+	if err != nil {
+		for _, w := range live {
+			w.done <- err
+		}
+		return
+	}
+	// The batch runs on a context of its own: a caller that gives up does
+	// not abort the others' transaction.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	began := time.Now()
+	err = p.run(ctx, ix, live, false)
+	if err != nil {
+		// The batch failed as a whole: each item again, alone.
+		for _, w := range live {
+			w.err, w.failed = nil, false
+		}
+		err = p.run(ctx, ix, live, true)
+	}
+	if p.e.BatchObserved != nil {
+		p.e.BatchObserved(len(live), time.Since(began))
+	}
+	for _, w := range live {
+		switch {
+		case w.failed:
+			w.done <- w.err
+		case err != nil:
+			w.done <- err
+		default:
+			w.done <- nil
+		}
+	}
+}
+
+// run is one transaction over ws; perItem puts each under a savepoint and
+// writes its rows at once.
+func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem bool) error {
+	var b *batch
+	err := p.e.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		b = newBatch(tx, ix, p.e.Clock.Now())
+		b.immediate = perItem
+		if p.e.Env != nil {
+			b.env = p.e.Env.NewBatch(tx)
+		}
+		tenants := make([]string, 0, 1)
+		for _, w := range ws {
+			if w.tenant != "" && !slices.Contains(tenants, w.tenant) {
+				tenants = append(tenants, w.tenant)
+			}
+		}
+		slices.Sort(tenants)
+		if err := quota.LockTenants(ctx, tx, tenants); err != nil {
+			return err
+		}
+		for i, w := range ws {
+			if w.direct && !perItem {
+				// A direct item reads what it checks (quota usage, the
+				// pool's rows) from the database: write what the batch
+				// staged so far first, so it sees the earlier items.
+				if err := b.flush(ctx); err != nil {
+					return err
+				}
+			}
+			m := b.mark()
+			item := func() error {
+				if err := p.item(ctx, b, w); err != nil {
+					return err
+				}
+				if perItem || w.direct {
+					return b.flush(ctx)
+				}
+				return nil
+			}
+			var err error
+			if perItem || w.direct {
+				err = savepointNamed(ctx, tx, fmt.Sprintf("item%d", i), item)
+			} else {
+				err = item()
+			}
+			if err == nil {
+				continue
+			}
+			b.rewind(m)
+			var apiErr *envelope.Error
+			if perItem || w.direct || errors.As(err, &apiErr) {
+				w.err, w.failed = err, true
+				continue
+			}
+			return err
+		}
+		if err := b.flush(ctx); err != nil {
+			return err
+		}
+		for _, fn := range b.afterwards {
+			tx.AfterCommit(fn)
+		}
+		return nil
+	})
+	if b != nil && err != nil {
+		b.undoAll()
+	}
+	if b != nil && (b.stale || errors.Is(err, errStaleIndex)) {
+		{
+			// The index missed a change: load it again for the next batch.
+			p.ixMu.Lock()
+			p.ix = nil
+			p.ixMu.Unlock()
+		}
+	}
+	return err
+}
+
+// item runs one work item in the batch.
+func (p *placer) item(ctx context.Context, b *batch, w *work) error {
+	ctx = context.WithValue(ctx, batchKey{}, b)
+	if w.direct && !b.immediate {
+		// A direct item writes as it goes, bookings included, so the
+		// database's refusals reach its own replan loop.
+		b.immediate = true
+		defer func() { b.immediate = false }()
+	}
+	if w.env != nil {
+		return w.env(ctx, b.env)
+	}
+	return w.run(ctx, b)
+}
+
+type batchKey struct{}
+
+// batchOf returns the placer batch a mutation runs in, if any.
+func batchOf(ctx context.Context) *batch {
+	b, _ := ctx.Value(batchKey{}).(*batch)
+	return b
+}
+
+// batchFor returns the batch ctx runs in, or one that writes at once in tx
+// (callers outside a placer: jobs, hooks, tests).
+func (e *Engine) batchFor(ctx context.Context, tx store.Tx, ix *poolIndex, now time.Time) *batch {
+	if b := batchOf(ctx); b != nil && b.tx == tx {
+		return b
+	}
+	b := newBatch(tx, ix, now)
+	b.immediate = true
+	return b
+}
