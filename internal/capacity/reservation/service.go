@@ -211,16 +211,16 @@ func validateCreate(vs *envelope.Violations, msg *apiv1.CreateReservationRequest
 
 // target is what a create or preview resolves before its decision.
 type target struct {
-	tenant        tenancy.Tenant
-	tenantFound   bool
-	project       tenancy.Project
-	projectFound  bool
-	pool          pool.Pool
-	poolFound     bool
-	policy        *apiv1.PoolPolicy
-	modelKnown    bool
+	tenant       tenancy.Tenant
+	tenantFound  bool
+	project      tenancy.Project
+	projectFound bool
+	pool         pool.Pool
+	poolFound    bool
+	policy       *apiv1.PoolPolicy
+	modelKnown   bool
 	// ix is the placer's index, set once the create runs in its batch.
-	ix *poolIndex
+	ix            *poolIndex
 	projectReason string
 }
 
