@@ -66,15 +66,12 @@ type Engine struct {
 	BindAttempts int
 	Reconciler   Reconciler
 
-	// LockHold observes how long the placement section of a write held the
-	// writer (benchmarks read it); nil skips it.
-	LockHold func(time.Duration)
 	// IndexRefresh is how often a pool's in-memory index is reloaded;
 	// default DefaultIndexRefresh.
 	IndexRefresh time.Duration
 
-	// BatchObserved observes each placer batch: how many mutations it
-	// committed and how long its transaction took, BEGIN to COMMIT
+	// BatchObserved observes each placer transaction: how many mutations
+	// it carried and how long it held the writer, from BEGIN to COMMIT
 	// (benchmarks read it); nil skips it.
 	BatchObserved func(size int, hold time.Duration)
 	// Env stages placer batches' audit rows, events and idempotency

@@ -403,7 +403,6 @@ func (p *placer) commit(ws []*work) {
 	// not abort the others' transaction.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	began := time.Now()
 	err = p.run(ctx, ix, live, false)
 	if err != nil {
 		// The batch failed as a whole: each item again, alone.
@@ -411,9 +410,6 @@ func (p *placer) commit(ws []*work) {
 			w.err, w.failed = nil, false
 		}
 		err = p.run(ctx, ix, live, true)
-	}
-	if p.e.BatchObserved != nil {
-		p.e.BatchObserved(len(live), time.Since(began))
 	}
 	for _, w := range live {
 		switch {
@@ -431,7 +427,11 @@ func (p *placer) commit(ws []*work) {
 // writes its rows at once.
 func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem bool) error {
 	var b *batch
+	var began time.Time
 	err := p.e.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		// The transaction's hold, BEGIN to COMMIT: the write began just
+		// before this callback (a retried write starts again).
+		began = time.Now()
 		b = newBatch(tx, ix, p.e.Clock.Now())
 		b.immediate = perItem
 		if p.e.Env != nil {
@@ -491,6 +491,9 @@ func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem boo
 		}
 		return nil
 	})
+	if p.e.BatchObserved != nil && !began.IsZero() {
+		p.e.BatchObserved(len(ws), time.Since(began))
+	}
 	if b != nil && err != nil {
 		b.undoAll()
 	}
