@@ -410,7 +410,7 @@ func (e *Engine) sendBind(ctx context.Context, tx store.Tx, r *Reservation, now 
 	}
 	id, err := e.Commands.Send(ctx, tx, Command{
 		TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationBind, Params: params,
-		IdempotencyKey: fmt.Sprintf("%s/bind/%d", r.ID, r.BindAttempts), CreatedBy: "system:capacity", TTL: e.bindTimeout(), Time: now,
+		IdempotencyKey: bindKey(r), CreatedBy: "system:capacity", TTL: e.bindTimeout(), Time: now,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("send allocation.bind: %w", err)
@@ -419,6 +419,14 @@ func (e *Engine) sendBind(ctx context.Context, tx store.Tx, r *Reservation, now 
 	deadline := now.Add(e.bindTimeout())
 	r.BindDeadline = &deadline
 	return []envelope.Event{event("reservation.binding", r, map[string]any{"command_id": id, "attempt": r.BindAttempts})}, nil
+}
+
+// bindKey is the idempotency key of a bind attempt. Attempts restart at
+// one when a requeued reservation is placed again, so the key names the
+// placement too: its node and start (a requeued window starts at the later
+// time it is placed again).
+func bindKey(r *Reservation) string {
+	return fmt.Sprintf("%s/bind/%s/%d/%d", r.ID, r.NodeID, r.StartsAt.UnixMicro(), r.BindAttempts)
 }
 
 // cpusetMems is the NUMA nodes of the reservation's CPUs, or of its GPUs when

@@ -451,7 +451,9 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 		return nil, err
 	}
 	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "false", Reason: "NodeLost", Message: "the bookings were given back to place it again", UpdateTime: now})
-	r.State, r.NodeID, r.GPUModel, r.CommandID, r.BindDeadline = StatePending, "", "", "", nil
+	// A new placement starts its binds afresh: the attempts the lost node
+	// used up are not held against the next one.
+	r.State, r.NodeID, r.GPUModel, r.CommandID, r.BindDeadline, r.BindAttempts = StatePending, "", "", "", nil, 0
 	r.Placement = PlacementRecord{NUMA: -1, Island: -1}
 	if from == StateActive {
 		t := now

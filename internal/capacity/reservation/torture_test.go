@@ -1819,3 +1819,39 @@ func TestTortureBugReleaseBeforeStartCharged(t *testing.T) {
 	// The window keeps its first microsecond (a window is never empty).
 	require.InDelta(t, 0, got.Msg.GetQuota().GetGpuHoursUsed(), 1e-6, "GPU-hours of a reservation released before it started")
 }
+
+// TestRequeueResetsBindAttempts: a reservation whose node is lost after a
+// bind was sent goes back to pending with no bind attempts counted, so the
+// next placement gets every attempt; the next bind's idempotency key names
+// the new placement, so it is a new command, not the old one replayed.
+func TestRequeueResetsBindAttempts(t *testing.T) {
+	t.Parallel()
+	e := setupTorture(t, 1)
+	ctx := context.Background()
+	res, err := e.admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+		Tenant: "acme", Project: "default", Pool: "main", Gpus: 8, Binding: reservation.BindingNode}))
+	require.NoError(t, err)
+	require.Equal(t, reservation.StateBinding, res.Msg.GetReservation().GetState())
+	id := res.Msg.GetReservation().GetId()
+	nodeID := res.Msg.GetReservation().GetPlacement().GetNodeId()
+	attempts := func() (n int) {
+		require.NoError(t, e.write(func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT bind_attempts FROM reservations WHERE id = $1`, id).Scan(&n)
+		}))
+		return n
+	}
+	require.Equal(t, 1, attempts())
+	require.NoError(t, e.write(func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE nodes SET state = 'draining' WHERE id <> $1`, nodeID); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'lost' WHERE id = $1`, nodeID); err != nil {
+			return err
+		}
+		return e.cp.App.Capacity.Hooks().NodesLost(ctx, tx, []string{nodeID})
+	}))
+	got, err := e.admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: id}))
+	require.NoError(t, err)
+	require.Equal(t, reservation.StatePending, got.Msg.GetReservation().GetState(), "requeued")
+	require.Zero(t, attempts(), "a requeued reservation starts its binds afresh")
+}
