@@ -2,13 +2,19 @@ package bctest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/better-compute/client"
 	"github.com/better-compute/better-compute/internal/app"
@@ -36,6 +42,10 @@ type ControlPlane struct {
 	Secret string
 
 	storeCfg store.Config
+	stop     func()
+	// appName tags this replica's PostgreSQL sessions, so Kill can end
+	// them.
+	appName string
 }
 
 // ControlPlaneOption adjusts the app config before it is built.
@@ -70,7 +80,18 @@ func (cp *ControlPlane) NewReplica(t testing.TB, opts ...ControlPlaneOption) *Co
 
 func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap bool) {
 	t.Helper()
-	db := OpenDB(t, cp.storeCfg)
+	scfg := cp.storeCfg
+	if scfg.URL != "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		cp.appName = "bc-replica-" + hex.EncodeToString(b[:])
+		sep := "?"
+		if strings.Contains(scfg.URL, "?") {
+			sep = "&"
+		}
+		scfg.URL += sep + "application_name=" + cp.appName
+	}
+	db := OpenDB(t, scfg)
 	cfg := app.Config{
 		Clock:         cp.Clock,
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -107,6 +128,7 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	cp.URL = srv.URL
+	a.SetAPIURL(srv.URL)
 	done := make(chan error, 1)
 	go func() { done <- a.Jobs.Run(ctx) }()
 	gwDone := make(chan error, 1)
@@ -121,16 +143,45 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	} else {
 		gwDone <- nil
 	}
-	t.Cleanup(func() {
-		srv.Close()
-		cancel()
-		if err := <-gwDone; err != nil {
-			t.Errorf("bctest: gateway: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("bctest: jobs: %v", err)
-		}
-	})
+	var once sync.Once
+	cp.stop = func() {
+		once.Do(func() {
+			srv.Close()
+			cancel()
+			a.Stop()
+			if err := <-gwDone; err != nil {
+				t.Errorf("bctest: gateway: %v", err)
+			}
+			if err := <-done; err != nil {
+				t.Errorf("bctest: jobs: %v", err)
+			}
+		})
+	}
+	t.Cleanup(cp.stop)
+}
+
+// Kill stops the replica as a crash would: its API, jobs and placers stop,
+// and every database session it holds is ended on the server — a
+// transaction in flight is cut off before it commits, and the session
+// advisory locks it held (its pools' placers) are released. PostgreSQL
+// only: SQLite has one process. Requests in flight at it get errors.
+func (cp *ControlPlane) Kill(t testing.TB) {
+	t.Helper()
+	if cp.appName == "" {
+		t.Fatalf("bctest: Kill needs PostgreSQL")
+	}
+	cp.App.Capacity.Engine.Stop()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, cp.storeCfg.URL)
+	if err != nil {
+		t.Fatalf("bctest: kill: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, cp.appName); err != nil {
+		t.Fatalf("bctest: kill: %v", err)
+	}
+	cp.stop()
 }
 
 // Client returns an API client authenticating with token.

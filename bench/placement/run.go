@@ -62,7 +62,7 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 		return nil, nil, err
 	}
 	b = &bench{app: a, holds: &lockHolds{}}
-	a.Capacity.Engine.LockHold = b.holds.observe
+	a.Capacity.Engine.BatchObserved = func(_ int, d time.Duration) { b.holds.observe(d) }
 	key, _, err := a.Bootstrap(ctx, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bootstrap: %w", err)

@@ -381,7 +381,18 @@ func (a *App) Bootstrap(ctx context.Context, persist func(secret string) error) 
 }
 
 // Close closes the store.
-func (a *App) Close() error { return a.DB.Close() }
+func (a *App) Close() error {
+	a.Stop()
+	return a.DB.Close()
+}
+
+// Stop stops the placers, handing this replica's pools back (their locks'
+// session is released) before the database closes.
+func (a *App) Stop() {
+	if a.Capacity != nil {
+		a.Capacity.Engine.Stop()
+	}
+}
 
 // lateHooks hands the gateway capacity's hooks, which are built after it.
 type lateHooks struct{ h gateway.Hooks }
@@ -436,8 +447,26 @@ func (a *App) buildCapacity() *reservation.Runner {
 	}
 	rn := &reservation.Runner{DB: a.DB, Rec: a.recorder, Engine: e, Log: a.cfg.Logger, TickInterval: a.cfg.CapacityTick}
 	e.Reconciler.Wake = e.WakePools
+	if a.DB.PgxPool() != nil {
+		// Several replicas may share the database: each pool's queue is
+		// run by the replica that owns its placer.
+		e.PendingEvery = a.cfg.CapacityTick
+		e.PendingPass = func(poolID string) {
+			if _, err := rn.PlacePending(context.Background(), poolID); err != nil {
+				a.cfg.Logger.Warn("placing a pool's queue", "pool", poolID, "err", err)
+			}
+		}
+	}
 	a.fleetHooks.h = rn.Hooks()
 	return rn
+}
+
+// SetAPIURL sets the URL other replicas reach this replica's API by: they
+// forward the mutations of pools whose placer runs here to it.
+func (a *App) SetAPIURL(url string) {
+	if a.Capacity != nil {
+		a.Capacity.Engine.SetURL(url)
+	}
 }
 
 // reservationEvents reads the outbox for ReservationService.Watch.

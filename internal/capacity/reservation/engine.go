@@ -78,8 +78,15 @@ type Engine struct {
 	// records; NewService sets it.
 	Env *envelope.Envelope
 
+	// PendingEvery, when set (several replicas on PostgreSQL), is how often
+	// a pool's placer runs PendingPass for its pool.
+	PendingEvery time.Duration
+	PendingPass  func(poolID string)
+
 	plMu    sync.Mutex
 	placers map[string]*placer
+	cluster *cluster
+	stopped bool
 
 	replans    atomic.Int64
 	seed       atomic.Uint64

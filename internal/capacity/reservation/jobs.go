@@ -157,6 +157,13 @@ func (rn *Runner) batch() int {
 // reservation asked for a length keeps its length: its window moves to now.
 func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) {
 	e := rn.Engine
+	if p, _, err := e.claim(ctx, poolID); err != nil || p == nil {
+		// Another replica places this pool, and runs its queue itself.
+		if errors.Is(err, errNotOwner) {
+			err = nil
+		}
+		return 0, err
+	}
 	placed := 0
 	err := e.submit(ctx, poolID, &work{direct: true, run: func(ctx context.Context, b *batch) error {
 		placed = 0

@@ -59,6 +59,10 @@ type placer struct {
 	// ixMu guards loading ix; the index's own lock guards its contents.
 	ixMu sync.Mutex
 	ix   *poolIndex
+	// retired: another replica took the pool; the loop ends.
+	retired bool
+	// quit is closed when the engine stops.
+	quit chan struct{}
 }
 
 // batch is one placer transaction.
@@ -278,28 +282,37 @@ func (b *batch) checkQuota(ctx context.Context, c quota.Charge) error {
 	return nil
 }
 
-// placerFor returns the pool's placer, starting it on first use.
-func (e *Engine) placerFor(poolID string) *placer {
-	e.plMu.Lock()
-	defer e.plMu.Unlock()
+// placerFor returns the pool's placer when this replica owns the pool.
+func (e *Engine) placerFor(ctx context.Context, poolID string) (*placer, error) {
+	p, url, err := e.claim(ctx, poolID)
+	if err == nil && p == nil {
+		err = &envelope.Error{Code: envelope.CodeUnavailable, Message: "pool " + poolID + " is placed by the replica at " + url}
+	}
+	return p, err
+}
+
+// startPlacer starts the pool's placer; the caller holds plMu.
+func (e *Engine) startPlacer(poolID string) *placer {
 	if e.placers == nil {
 		e.placers = map[string]*placer{}
 	}
-	p := e.placers[poolID]
-	if p == nil {
-		p = &placer{e: e, poolID: poolID, in: make(chan *work, 4*MaxBatch)}
-		e.placers[poolID] = p
-		go p.loop()
-	}
+	p := &placer{e: e, poolID: poolID, in: make(chan *work, 4*MaxBatch), quit: make(chan struct{})}
+	e.placers[poolID] = p
+	go p.loop()
 	return p
 }
 
 // submit hands a mutation to the pool's placer and waits for its answer.
 func (e *Engine) submit(ctx context.Context, poolID string, w *work) error {
 	w.ctx, w.done = ctx, make(chan error, 1)
-	p := e.placerFor(poolID)
+	p, err := e.placerFor(ctx, poolID)
+	if err != nil {
+		return err
+	}
 	select {
 	case p.in <- w:
+	case <-p.quit:
+		return notOwner(poolID)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -321,7 +334,30 @@ func (e *Engine) submitMutation(ctx context.Context, poolID, tenantID string, di
 // loop takes what is queued and commits it in batches, one at a time:
 // while one commits the next fills.
 func (p *placer) loop() {
-	for w := range p.in {
+	var tick <-chan time.Time
+	if p.e.PendingEvery > 0 {
+		// Across replicas the queue of a pool is its owner's to run: the
+		// leader's tick and wake jobs elsewhere pass it by.
+		t := time.NewTicker(p.e.PendingEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		var w *work
+		select {
+		case w = <-p.in:
+		case <-p.quit:
+			p.drain()
+			return
+		case <-tick:
+			if p.e.PendingPass != nil {
+				go p.e.PendingPass(p.poolID)
+			}
+			continue
+		}
+		if w == nil {
+			return
+		}
 		ws := []*work{w}
 	fill:
 		for len(ws) < MaxBatch {
@@ -333,6 +369,22 @@ func (p *placer) loop() {
 			}
 		}
 		p.commit(ws)
+		if p.retired {
+			p.drain()
+			return
+		}
+	}
+}
+
+// drain answers what is still queued for a retired placer.
+func (p *placer) drain() {
+	for {
+		select {
+		case w := <-p.in:
+			w.done <- notOwner(p.poolID)
+		default:
+			return
+		}
 	}
 }
 
@@ -404,6 +456,15 @@ func (p *placer) commit(ws []*work) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err = p.run(ctx, ix, live, false)
+	if errors.Is(err, errNotOwner) {
+		// Another replica took the pool: stop, and let callers retry there.
+		p.retire()
+		p.retired = true
+		for _, w := range live {
+			w.done <- notOwner(p.poolID)
+		}
+		return
+	}
 	if err != nil {
 		// The batch failed as a whole: each item again, alone.
 		for _, w := range live {
@@ -432,6 +493,9 @@ func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem boo
 		// The transaction's hold, BEGIN to COMMIT: the write began just
 		// before this callback (a retried write starts again).
 		began = time.Now()
+		if err := p.checkOwner(ctx, tx); err != nil {
+			return err
+		}
 		b = newBatch(tx, ix, p.e.Clock.Now())
 		b.immediate = perItem
 		if p.e.Env != nil {

@@ -399,6 +399,19 @@ func draftResource(t *target, sp *spec) iam.Resource {
 // After the decision the create goes to the pool's placer, which commits it
 // in a batch with others.
 func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateReservationRequest]) (*connect.Response[apiv1.CreateReservationResponse], error) {
+	if url, err := s.ownerURL(ctx, func(q store.Querier) (string, error) {
+		t, found, err := tenancy.LookupTenant(ctx, q, req.Msg.GetTenant())
+		if err != nil || !found {
+			return "", err
+		}
+		p, err := pool.Get(ctx, q, t.ID, req.Msg.GetPool())
+		return p.ID, err
+	}); err != nil || url != "" {
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		return forward[apiv1.CreateReservationRequest, apiv1.CreateReservationResponse](ctx, s.engine, url, apiv1connect.ReservationServiceCreateProcedure, req)
+	}
 	var sp spec
 	var t target
 	now := s.env.Clock().Now()
@@ -546,7 +559,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}
 	if t.poolFound && t.pool.State == pool.StateActive {
 		// Loaded only now, for a caller the decision allowed.
-		ix, err := s.engine.placerFor(t.pool.ID).current(true)
+		ix, err := s.engine.readIndex(ctx, t.pool.ID)
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
@@ -771,6 +784,28 @@ func truncate(s string) string {
 	return s
 }
 
+// ownerURL returns the API URL of the replica that places the pool poolOf
+// names, or "" when this replica does (always, on SQLite) or the pool is not
+// found (the mutation then answers for itself).
+func (s *Service) ownerURL(ctx context.Context, poolOf func(q store.Querier) (string, error)) (string, error) {
+	if s.env.DB().PgxPool() == nil {
+		return "", nil
+	}
+	var poolID string
+	if err := s.env.DB().Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		var err error
+		poolID, err = poolOf(tx)
+		return err
+	}); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	if poolID == "" {
+		return "", nil
+	}
+	_, url, err := s.engine.claim(ctx, poolID)
+	return url, err
+}
+
 // refMutation is a mutation of one stored reservation.
 type refMutation[Res any] struct {
 	tenant, id string
@@ -781,6 +816,15 @@ type refMutation[Res any] struct {
 }
 
 func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Request[Req], m refMutation[Res]) (*connect.Response[Res], error) {
+	if url, err := s.ownerURL(ctx, func(q store.Querier) (string, error) {
+		r, err := lookup(ctx, q, m.tenant, m.id)
+		return r.r.PoolID, err
+	}); err != nil || url != "" {
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		return forward[Req, Res](ctx, s.engine, url, envelope.InfoFrom(ctx).Procedure, req)
+	}
 	var r ref
 	mut := envelope.Mutation[Res]{
 		Validate: func() error {

@@ -322,3 +322,17 @@ func rollupBooked(ctx context.Context, tx store.Tx, r *Reservation, sign int) er
 	}
 	return nil
 }
+
+// ownerSet records this replica as the pool's placer.
+func ownerSet(ctx context.Context, tx store.Tx, poolID, replicaID, url string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO placer_owners (pool_id, replica_id, url, since) VALUES ($1, $2, $3, compute_now())
+		ON CONFLICT (pool_id) DO UPDATE SET replica_id = excluded.replica_id, url = excluded.url, since = excluded.since`,
+		poolID, replicaID, url)
+	return err
+}
+
+// ownerGet reads the replica that places the pool and its API URL.
+func ownerGet(ctx context.Context, q store.Querier, poolID string) (url, replicaID string, err error) {
+	err = q.QueryRow(ctx, `SELECT url, replica_id FROM placer_owners WHERE pool_id = $1`, poolID).Scan(&url, &replicaID)
+	return url, replicaID, err
+}

@@ -1,0 +1,127 @@
+package reservation_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/internal/capacity/reservation"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// TestPlacerHandover: two replicas share one PostgreSQL database. The first
+// to need a pool owns its placer; the other forwards the pool's mutations
+// to it. Clients create on both while the owner is killed mid-run (its
+// sessions ended on the server, a batch in flight cut off before commit).
+// The survivor takes the pool over and places again; afterwards every
+// caller was answered, every reservation a caller was told of exists with
+// its bookings, and no booking is left without its reservation.
+func TestPlacerHandover(t *testing.T) {
+	if os.Getenv(bctest.PostgresURLEnv) == "" {
+		t.Skip("several replicas need PostgreSQL: on SQLite one process owns every pool")
+	}
+	t.Parallel()
+	e := setupTorture(t, 1)
+	a := e.cp
+	b := a.NewReplica(t)
+	ctx := context.Background()
+	create := func(cp *bctest.ControlPlane) (*apiv1.Reservation, error) {
+		res, err := cp.Admin().Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Project: "default", Pool: "main", Gpus: 1, DurationSeconds: 600, Binding: reservation.BindingNone}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg.GetReservation(), nil
+	}
+	owner := func(db *store.DB) (replica string) {
+		require.NoError(t, db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT o.replica_id FROM placer_owners o JOIN pools p ON p.id = o.pool_id WHERE p.name = 'main'`).Scan(&replica)
+		}))
+		return replica
+	}
+
+	_, err := create(a)
+	require.NoError(t, err)
+	require.Equal(t, a.App.Capacity.Engine.ReplicaID(), owner(b.App.DB), "the first replica to place in the pool owns it")
+	_, err = create(b)
+	require.NoError(t, err, "the other replica forwards to the owner")
+	require.Equal(t, a.App.Capacity.Engine.ReplicaID(), owner(b.App.DB))
+
+	// Clients on both replicas; the owner dies after some creates.
+	var (
+		mu      sync.Mutex
+		ok      []string
+		done    atomic.Int64
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+		started = make(chan struct{}, 64)
+	)
+	for c := range 6 {
+		cp := a
+		if c%2 == 1 {
+			cp = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := create(cp)
+				done.Add(1)
+				if err == nil {
+					mu.Lock()
+					ok = append(ok, r.GetId())
+					mu.Unlock()
+				}
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+			}
+		}()
+	}
+	for range 12 {
+		bctest.Receive(t, "creates before the kill", started)
+	}
+	a.Kill(t)
+	// The survivor takes the pool over: a create through it succeeds.
+	bctest.WaitFor(t, "the survivor to take the pool over", func() bool {
+		_, err := create(b)
+		return err == nil
+	})
+	close(stop)
+	wg.Wait()
+	require.Equal(t, b.App.Capacity.Engine.ReplicaID(), owner(b.App.DB), "the survivor owns the pool")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, ok)
+	for _, id := range ok {
+		got, err := b.Admin().Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: id}))
+		require.NoError(t, err, "a reservation a caller was told of is lost: %s", id)
+		if st := got.Msg.GetReservation().GetState(); st == reservation.StateActive || st == reservation.StatePlaced {
+			var n int
+			require.NoError(t, b.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+				return tx.QueryRow(ctx, `SELECT COUNT(*) FROM bookings WHERE reservation_id = $1`, id).Scan(&n)
+			}))
+			require.Positive(t, n, "reservation %s holds no bookings", id)
+		}
+	}
+	var orphans int
+	require.NoError(t, b.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM bookings k LEFT JOIN reservations r ON r.id = k.reservation_id WHERE r.id IS NULL`).Scan(&orphans)
+	}))
+	require.Zero(t, orphans, "bookings without a reservation")
+	t.Logf("%d creates, %d answered OK", done.Load(), len(ok))
+}
