@@ -8,46 +8,67 @@ import (
 	"strings"
 )
 
-// pick is the atoms chosen on one node and what the scorers need to know
-// about them.
+// pick is what the scorers need to know about the atoms chosen on one node.
+// The atoms themselves stay in the scratch (as GPU and unit indexes) and
+// become strings only for the plans returned, so scoring a node allocates
+// nothing.
 type pick struct {
-	atoms      []string
-	gpus       []*GPU // GPUs touched, in atom order, without repeats
-	islands    int    // NVLink islands touched (whole GPUs)
-	numa       int    // NUMA node of the touched GPUs, -1 when several
-	cpusLocal  bool   // the cpuset hint lies on numa
-	unitsTotal int    // atoms of the requested kind on the node
-	unitsFree  int    // of which free before this pick
-	leftover   int    // free atoms left in the touched islands or GPUs
+	gpus       int  // GPUs touched
+	islands    int  // NVLink islands touched (whole GPUs)
+	numa       int  // NUMA node of the touched GPUs, -1 when several
+	cpusLocal  bool // the cpuset hint lies on numa
+	unitsTotal int  // atoms of the requested kind on the node
+	unitsFree  int  // of which free before this pick
+	leftover   int  // free atoms left in the touched islands or GPUs
 }
 
 // gpuUsable reports whether any atom of the GPU may be booked.
 func gpuUsable(g *GPU) bool { return !g.Quarantined && !g.PartitionPending }
 
-func modelOK(req *Request, g *GPU) bool {
-	return req.Model == "" || ModelMatches(req.Model, g.Model)
+// modelOK reports whether g is of the requested model. The answer for the
+// last model seen is kept, as a node's GPUs, and often a fleet's, share one.
+func (sc *scratch) modelOK(req *Request, g *GPU) bool {
+	if req.Model == "" {
+		return true
+	}
+	if !sc.modelSet || g.Model != sc.model {
+		sc.model, sc.modelMatch, sc.modelSet = g.Model, ModelMatches(req.Model, g.Model), true
+	}
+	return sc.modelMatch
+}
+
+// migMax is the package's migMax, remembered for the last model seen.
+func (sc *scratch) migMax(model, profile string) int {
+	if !sc.migSet || model != sc.migModel {
+		sc.migModel, sc.migN, sc.migSet = model, migMax(model, profile), true
+	}
+	return sc.migN
 }
 
 // pickAtoms chooses the GPU atoms for req on n, or returns the reason none
 // fit. Whole GPUs stay inside one NVLink island and one NUMA node where
 // possible; MIG instances and slots stay on one GPU, then one NUMA node,
-// where possible.
-func pickAtoms(req *Request, n *Node) (pick, string) {
+// where possible. The chosen GPUs are left in sc.chosen and the chosen MIG
+// instances or slots in sc.unitGPU and sc.unit, for atoms to spell out.
+func (sc *scratch) pickAtoms(req *Request, n *Node) (pick, string) {
 	var p pick
 	var reason string
+	sc.chosen, sc.unitGPU, sc.unit = sc.chosen[:0], sc.unitGPU[:0], sc.unit[:0]
 	switch {
 	case req.MIGProfile != "":
-		p, reason = pickMIG(req, n)
+		p, reason = sc.pickMIG(req, n)
 	case req.Slots > 0:
-		p, reason = pickSlots(req, n)
+		p, reason = sc.pickSlots(req, n)
 	default:
-		p, reason = pickWhole(req, n)
+		p, reason = sc.pickWhole(req, n)
 	}
 	if reason != "" {
 		return p, reason
 	}
+	p.gpus = len(sc.chosen)
 	p.numa = -1
-	for i, g := range p.gpus {
+	for i, gi := range sc.chosen {
+		g := &n.GPUs[gi]
 		if i == 0 {
 			p.numa = g.NUMA
 		} else if g.NUMA != p.numa {
@@ -60,6 +81,28 @@ func pickAtoms(req *Request, n *Node) (pick, string) {
 	return p, ""
 }
 
+// atoms spells out the atoms of the last pickAtoms on n.
+func (sc *scratch) atoms(req *Request, n *Node) []string {
+	if req.MIGProfile == "" && req.Slots == 0 {
+		atoms := make([]string, 0, len(sc.chosen))
+		for _, gi := range sc.chosen {
+			atoms = append(atoms, n.GPUs[gi].UUID)
+		}
+		return atoms
+	}
+	atoms := make([]string, 0, len(sc.unit))
+	for i, u := range sc.unit {
+		g := &n.GPUs[sc.unitGPU[i]]
+		if req.MIGProfile != "" {
+			in := &g.MIG[u]
+			atoms = append(atoms, fmt.Sprintf("%s/mig/%s/%d", g.UUID, in.Profile, in.N))
+		} else {
+			atoms = append(atoms, g.UUID+"/s"+strconv.Itoa(g.Slots[u].K))
+		}
+	}
+	return atoms
+}
+
 func islandKey(g *GPU) int {
 	if g.Island < 0 {
 		// No NVLink: the GPU is an island of its own.
@@ -68,20 +111,100 @@ func islandKey(g *GPU) int {
 	return g.Island
 }
 
-type gpuGroup struct {
-	island, numa int
-	gpus         []*GPU
-	islandFree   int  // free GPUs in the whole island
-	cpuFit       bool // the group's NUMA node has the request's vCPUs free
+// anyKey stands for "any island" or "any NUMA node" in a group key.
+const anyKey = -1 << 30
+
+// Group keys bestGroup can group free GPUs by.
+const (
+	byIslandAndNUMA = iota
+	byIsland
+	byNUMA
+)
+
+// groupKey is free GPU i's key under the grouping by.
+func (sc *scratch) groupKey(i, by int) (island, numa int) {
+	switch by {
+	case byIslandAndNUMA:
+		return sc.freeIsland[i], sc.freeNUMA[i]
+	case byIsland:
+		return sc.freeIsland[i], anyKey
+	}
+	return anyKey, sc.freeNUMA[i]
 }
 
-func pickWhole(req *Request, n *Node) (pick, string) {
+// islandFree counts the free GPUs in island key.
+func (sc *scratch) islandFree(key int) int {
+	c := 0
+	for _, k := range sc.freeIsland {
+		if k == key {
+			c++
+		}
+	}
+	return c
+}
+
+// bestGroup puts in sc.chosen the first want GPUs of the best group of at
+// least want free GPUs sharing a key under by, and reports whether there is
+// one. It prefers a NUMA node with the vCPUs free, then best fit: the
+// fewest free GPUs left behind in the island, then in the group, then the
+// group seen first (the lowest GPU index).
+func (sc *scratch) bestGroup(n *Node, want, vcpu, by int) bool {
+	found := false
+	var bestIsland, bestNUMA, bestIslandFree, bestLen int
+	var bestCPUFit bool
+	// Nodes hold a handful of GPUs, so linear scans beat maps here.
+	for i := range sc.free {
+		ki, kn := sc.groupKey(i, by)
+		seen := false
+		for j := range i {
+			if a, b := sc.groupKey(j, by); a == ki && b == kn {
+				seen = true
+				break
+			}
+		}
+		if seen {
+			continue
+		}
+		members := 0
+		for j := i; j < len(sc.free); j++ {
+			if a, b := sc.groupKey(j, by); a == ki && b == kn {
+				members++
+			}
+		}
+		if members < want {
+			continue
+		}
+		islandFree, cpuFit := sc.islandFree(ki), numaCPUsFree(n, kn) >= vcpu
+		if !found || cmp.Or(
+			-cmpBool(cpuFit, bestCPUFit),
+			cmp.Compare(islandFree, bestIslandFree),
+			cmp.Compare(members, bestLen),
+		) < 0 {
+			found = true
+			bestIsland, bestNUMA, bestIslandFree, bestLen, bestCPUFit = ki, kn, islandFree, members, cpuFit
+		}
+	}
+	if !found {
+		return false
+	}
+	for j := range sc.free {
+		if len(sc.chosen) == want {
+			break
+		}
+		if a, b := sc.groupKey(j, by); a == bestIsland && b == bestNUMA {
+			sc.chosen = append(sc.chosen, sc.free[j])
+		}
+	}
+	return true
+}
+
+func (sc *scratch) pickWhole(req *Request, n *Node) (pick, string) {
 	var p pick
-	var free []*GPU
+	sc.free, sc.freeIsland, sc.freeNUMA = sc.free[:0], sc.freeIsland[:0], sc.freeNUMA[:0]
 	modelSeen := false
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		if !modelOK(req, g) {
+		if !sc.modelOK(req, g) {
 			continue
 		}
 		modelSeen = true
@@ -90,97 +213,54 @@ func pickWhole(req *Request, n *Node) (pick, string) {
 		}
 		p.unitsTotal++
 		if !g.Booked {
-			free = append(free, g)
+			sc.free = append(sc.free, int32(i))
+			sc.freeIsland = append(sc.freeIsland, islandKey(g))
+			sc.freeNUMA = append(sc.freeNUMA, g.NUMA)
 		}
 	}
-	p.unitsFree = len(free)
+	p.unitsFree = len(sc.free)
 	if !modelSeen {
 		return p, ReasonModel
 	}
 	want := req.GPUs
-	if len(free) < want {
+	if len(sc.free) < want {
 		return p, ReasonFreeGPUs
 	}
-	// Nodes hold a handful of GPUs, so linear scans beat maps here.
-	islandFree := func(key int) int {
-		c := 0
-		for _, g := range free {
-			if islandKey(g) == key {
-				c++
-			}
-		}
-		return c
-	}
-	// bestGroup returns the GPUs of the best group of at least want free
-	// GPUs sharing key, or nil. It prefers a NUMA node with the vCPUs
-	// free, then best fit: the fewest free GPUs left behind in the
-	// island, then in the group, then the lowest GPU index.
-	bestGroup := func(key func(*GPU) [2]int) []*GPU {
-		var best gpuGroup
-		var members []*GPU
-		for i, g := range free {
-			k := key(g)
-			if slices.ContainsFunc(free[:i], func(h *GPU) bool { return key(h) == k }) {
-				continue // group already seen
-			}
-			members = members[:0]
-			for _, h := range free[i:] {
-				if key(h) == k {
-					members = append(members, h)
-				}
-			}
-			if len(members) < want {
-				continue
-			}
-			gr := gpuGroup{island: k[0], numa: k[1], gpus: members, islandFree: islandFree(k[0]), cpuFit: numaCPUsFree(n, k[1]) >= req.VCPU}
-			if best.gpus == nil || cmp.Or(
-				-cmpBool(gr.cpuFit, best.cpuFit),
-				cmp.Compare(gr.islandFree, best.islandFree),
-				cmp.Compare(len(gr.gpus), len(best.gpus)),
-			) < 0 {
-				gr.gpus = slices.Clone(members)
-				best = gr
-			}
-		}
-		if best.gpus == nil {
-			return nil
-		}
-		return best.gpus[:want]
-	}
-	const anyKey = -1 << 30
-	chosen := bestGroup(func(g *GPU) [2]int { return [2]int{islandKey(g), g.NUMA} })
-	if chosen == nil {
-		chosen = bestGroup(func(g *GPU) [2]int { return [2]int{islandKey(g), anyKey} })
-	}
-	if chosen == nil && req.RequireNVLink && want > 1 {
+	ok := sc.bestGroup(n, want, req.VCPU, byIslandAndNUMA) || sc.bestGroup(n, want, req.VCPU, byIsland)
+	if !ok && req.RequireNVLink && want > 1 {
 		return p, ReasonNVLink
 	}
-	if chosen == nil {
-		chosen = bestGroup(func(g *GPU) [2]int { return [2]int{anyKey, g.NUMA} })
+	if !ok {
+		ok = sc.bestGroup(n, want, req.VCPU, byNUMA)
 	}
-	if chosen == nil {
-		all := slices.Clone(free)
-		slices.SortStableFunc(all, func(a, b *GPU) int {
+	if !ok {
+		sc.chosen = append(sc.chosen[:0], sc.free...)
+		slices.SortStableFunc(sc.chosen, func(i, j int32) int {
+			a, b := &n.GPUs[i], &n.GPUs[j]
 			return cmp.Or(cmp.Compare(a.NUMA, b.NUMA), cmp.Compare(islandKey(a), islandKey(b)), cmp.Compare(a.Index, b.Index))
 		})
-		chosen = all[:want]
+		sc.chosen = sc.chosen[:want]
 	}
-	p.atoms = make([]string, 0, want)
-	p.gpus = chosen
-	var touched []int
-	for _, g := range chosen {
-		p.atoms = append(p.atoms, g.UUID)
-		if k := islandKey(g); !slices.Contains(touched, k) {
-			touched = append(touched, k)
+	for ci, gi := range sc.chosen {
+		g := &n.GPUs[gi]
+		k := islandKey(g)
+		first := true
+		for _, gj := range sc.chosen[:ci] {
+			if islandKey(&n.GPUs[gj]) == k {
+				first = false
+				break
+			}
+		}
+		if first {
+			p.islands++
 			if g.Island >= 0 {
-				p.leftover += islandFree(k)
+				p.leftover += sc.islandFree(k)
 			}
 		}
 		if g.Island >= 0 {
 			p.leftover--
 		}
 	}
-	p.islands = len(touched)
 	return p, ""
 }
 
@@ -194,68 +274,100 @@ func cmpBool(a, b bool) int {
 	return -1
 }
 
-// unitGroup is the free MIG instances or slots of one GPU.
+// unitGroup is the free MIG instances or slots of one GPU: n indexes into
+// its MIG or Slots, from off in sc.units.
 type unitGroup struct {
-	gpu   *GPU
-	atoms []string
+	gpu, off, n int32
 }
 
-// pickUnits takes want atoms from groups: from one GPU where one has enough
-// (the fullest that fits), else from one NUMA node, else anywhere, most
-// free first.
-func pickUnits(groups []unitGroup, want int) (atoms []string, gpus []*GPU, leftover int) {
+// numaCount is the free units of one NUMA node.
+type numaCount struct{ numa, free int }
+
+// pickUnits takes want atoms from the groups in sc.groups: from one GPU
+// where one has enough (the fullest that fits), else from one NUMA node,
+// else anywhere, most free first. It leaves the GPUs touched in sc.chosen
+// and the units taken in sc.unitGPU and sc.unit.
+func (sc *scratch) pickUnits(n *Node, want int) (leftover int) {
+	groups := sc.groups
 	slices.SortFunc(groups, func(a, b unitGroup) int {
-		return cmp.Or(cmp.Compare(len(a.atoms), len(b.atoms)), cmp.Compare(a.gpu.Index, b.gpu.Index))
+		return cmp.Or(cmp.Compare(a.n, b.n), cmp.Compare(n.GPUs[a.gpu].Index, n.GPUs[b.gpu].Index))
 	})
-	for _, g := range groups {
-		if len(g.atoms) >= want {
-			return g.atoms[:want], []*GPU{g.gpu}, len(g.atoms) - want
+	take := func(g unitGroup, k int) {
+		sc.chosen = append(sc.chosen, g.gpu)
+		for _, u := range sc.units[g.off : g.off+int32(k)] {
+			sc.unitGPU = append(sc.unitGPU, g.gpu)
+			sc.unit = append(sc.unit, u)
 		}
 	}
-	numaFree := map[int]int{}
 	for _, g := range groups {
-		numaFree[g.gpu.NUMA] += len(g.atoms)
+		if int(g.n) >= want {
+			take(g, want)
+			return int(g.n) - want
+		}
+	}
+	sc.numaFree = sc.numaFree[:0]
+	for _, g := range groups {
+		numa, found := n.GPUs[g.gpu].NUMA, false
+		for i := range sc.numaFree {
+			if sc.numaFree[i].numa == numa {
+				sc.numaFree[i].free += int(g.n)
+				found = true
+				break
+			}
+		}
+		if !found {
+			sc.numaFree = append(sc.numaFree, numaCount{numa, int(g.n)})
+		}
+	}
+	freeOf := func(numa int) int {
+		for _, c := range sc.numaFree {
+			if c.numa == numa {
+				return c.free
+			}
+		}
+		return 0
 	}
 	best := -1
-	for numa, f := range numaFree {
-		if f >= want && (best == -1 || f < numaFree[best] || (f == numaFree[best] && numa < best)) {
-			best = numa
+	for _, c := range sc.numaFree {
+		if c.free >= want && (best == -1 || c.free < freeOf(best) || (c.free == freeOf(best) && c.numa < best)) {
+			best = c.numa
 		}
 	}
 	slices.SortStableFunc(groups, func(a, b unitGroup) int {
+		ga, gb := &n.GPUs[a.gpu], &n.GPUs[b.gpu]
 		return cmp.Or(
-			-cmpBool(a.gpu.NUMA == best, b.gpu.NUMA == best),
-			cmp.Compare(len(b.atoms), len(a.atoms)),
-			cmp.Compare(a.gpu.Index, b.gpu.Index),
+			-cmpBool(ga.NUMA == best, gb.NUMA == best),
+			cmp.Compare(b.n, a.n),
+			cmp.Compare(ga.Index, gb.Index),
 		)
 	})
 	for _, g := range groups {
 		if want == 0 {
 			break
 		}
-		k := min(want, len(g.atoms))
-		atoms = append(atoms, g.atoms[:k]...)
-		gpus = append(gpus, g.gpu)
-		leftover += len(g.atoms) - k
+		k := min(want, int(g.n))
+		take(g, k)
+		leftover += int(g.n) - k
 		want -= k
 	}
-	return atoms, gpus, leftover
+	return leftover
 }
 
-func pickMIG(req *Request, n *Node) (pick, string) {
+func (sc *scratch) pickMIG(req *Request, n *Node) (pick, string) {
 	var p pick
-	var groups []unitGroup
+	sc.groups, sc.units = sc.groups[:0], sc.units[:0]
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		if !modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeMIG {
+		if !sc.modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeMIG {
 			continue
 		}
-		maxN := migMax(g.Model, req.MIGProfile)
+		maxN := sc.migMax(g.Model, req.MIGProfile)
 		if maxN == 0 {
 			continue
 		}
-		ug := unitGroup{gpu: g}
-		for _, in := range g.MIG {
+		ug := unitGroup{gpu: int32(i), off: int32(len(sc.units))}
+		for k := range g.MIG {
+			in := &g.MIG[k]
 			// Only layouts the model supports: an instance outside the
 			// table is ignored, never booked.
 			if in.Profile != req.MIGProfile || in.N < 0 || in.N >= maxN {
@@ -263,12 +375,13 @@ func pickMIG(req *Request, n *Node) (pick, string) {
 			}
 			p.unitsTotal++
 			if !in.Booked {
-				ug.atoms = append(ug.atoms, fmt.Sprintf("%s/mig/%s/%d", g.UUID, in.Profile, in.N))
+				sc.units = append(sc.units, int32(k))
+				ug.n++
 			}
 		}
-		p.unitsFree += len(ug.atoms)
-		if len(ug.atoms) > 0 {
-			groups = append(groups, ug)
+		p.unitsFree += int(ug.n)
+		if ug.n > 0 {
+			sc.groups = append(sc.groups, ug)
 		}
 	}
 	if p.unitsTotal == 0 {
@@ -277,34 +390,35 @@ func pickMIG(req *Request, n *Node) (pick, string) {
 	if p.unitsFree < req.GPUs {
 		return p, ReasonFreeMIG
 	}
-	p.atoms, p.gpus, p.leftover = pickUnits(groups, req.GPUs)
+	p.leftover = sc.pickUnits(n, req.GPUs)
 	return p, ""
 }
 
-func pickSlots(req *Request, n *Node) (pick, string) {
+func (sc *scratch) pickSlots(req *Request, n *Node) (pick, string) {
 	var p pick
-	var groups []unitGroup
+	sc.groups, sc.units = sc.groups[:0], sc.units[:0]
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		if !modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeShared {
+		if !sc.modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeShared {
 			continue
 		}
-		ug := unitGroup{gpu: g}
-		for _, s := range g.Slots {
+		ug := unitGroup{gpu: int32(i), off: int32(len(sc.units))}
+		for k, s := range g.Slots {
 			p.unitsTotal++
 			if !s.Booked {
-				ug.atoms = append(ug.atoms, g.UUID+"/s"+strconv.Itoa(s.K))
+				sc.units = append(sc.units, int32(k))
+				ug.n++
 			}
 		}
-		p.unitsFree += len(ug.atoms)
-		if len(ug.atoms) > 0 {
-			groups = append(groups, ug)
+		p.unitsFree += int(ug.n)
+		if ug.n > 0 {
+			sc.groups = append(sc.groups, ug)
 		}
 	}
 	if p.unitsFree < req.Slots {
 		return p, ReasonFreeSlots
 	}
-	p.atoms, p.gpus, p.leftover = pickUnits(groups, req.Slots)
+	p.leftover = sc.pickUnits(n, req.Slots)
 	return p, ""
 }
 

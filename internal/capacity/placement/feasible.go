@@ -71,17 +71,30 @@ func checkHealthy(_ *Request, n *Node) string {
 // and any other taint only when the request tolerates it.
 func checkTaints(req *Request, n *Node) string {
 	for _, t := range n.Taints {
-		if t.Key == "dedicated" {
-			if t.Value != req.Tenant {
-				return reasonTaintPrefix + t.String()
-			}
-			continue
-		}
-		if !slices.Contains(req.Tolerations, t.Key) && !slices.Contains(req.Tolerations, t.String()) {
+		if !taintAdmits(req, &t) {
 			return reasonTaintPrefix + t.String()
 		}
 	}
 	return ""
+}
+
+// taintAdmits reports whether req may land on a node tainted t: a toleration
+// names the taint's key or the whole "key=value" (compared in place, so the
+// scan builds no string).
+func taintAdmits(req *Request, t *Taint) bool {
+	if t.Key == "dedicated" {
+		return t.Value == req.Tenant
+	}
+	for _, tol := range req.Tolerations {
+		if tol == t.Key {
+			return true
+		}
+		if t.Value != "" && len(tol) == len(t.Key)+1+len(t.Value) &&
+			tol[:len(t.Key)] == t.Key && tol[len(t.Key)] == '=' && tol[len(t.Key)+1:] == t.Value {
+			return true
+		}
+	}
+	return false
 }
 
 func checkTenancy(req *Request, n *Node) string {
@@ -157,6 +170,59 @@ func checkHost(req *Request, n *Node) string {
 		return ReasonHugepages1Gi
 	}
 	return ""
+}
+
+// check runs the default chain, in DefaultCheckers' order and with its
+// reasons, without the calls through the interface and without building a
+// reason string per rejected node: those that carry detail are built once
+// per call (labels, capabilities) or per taint, and kept in the scratch.
+func (sc *scratch) check(req *Request, n *Node) string {
+	if !n.Schedulable {
+		return ReasonUnschedulable
+	}
+	if !n.Healthy {
+		return ReasonUnhealthy
+	}
+	for i := range n.Taints {
+		if !taintAdmits(req, &n.Taints[i]) {
+			return sc.taintReason(n.Taints[i])
+		}
+	}
+	if r := checkTenancy(req, n); r != "" {
+		return r
+	}
+	for i := range req.Selector {
+		if !req.Selector[i].Matches(n.Labels) {
+			if sc.labelReasons[i] == "" {
+				sc.labelReasons[i] = reasonLabelPrefix + req.Selector[i].String()
+			}
+			return sc.labelReasons[i]
+		}
+	}
+	for i, c := range req.Capabilities {
+		if !slices.Contains(n.Capabilities, c) {
+			if sc.capReasons[i] == "" {
+				sc.capReasons[i] = reasonCapabilityPrefx + c
+			}
+			return sc.capReasons[i]
+		}
+	}
+	return checkHost(req, n)
+}
+
+// maxTaintReasons bounds the scratch's taint reasons, which outlive a call.
+const maxTaintReasons = 256
+
+func (sc *scratch) taintReason(t Taint) string {
+	r, ok := sc.taintReasons[t]
+	if !ok {
+		if len(sc.taintReasons) >= maxTaintReasons {
+			clear(sc.taintReasons)
+		}
+		r = reasonTaintPrefix + t.String()
+		sc.taintReasons[t] = r
+	}
+	return r
 }
 
 // checkSummary prunes a node from its summary alone, before its detail is

@@ -1,9 +1,6 @@
 package placement
 
-import (
-	"cmp"
-	"slices"
-)
+import "cmp"
 
 // DefaultLimit is how many plans Place returns when Options.Limit is zero.
 const DefaultLimit = 3
@@ -35,15 +32,14 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	if opts.Weights != nil {
 		w = *opts.Weights
 	}
+	// nil keeps the default chain, which the scan runs inline.
 	checkers := opts.Checkers
-	if checkers == nil {
-		checkers = DefaultCheckers()
-	}
 
+	sc := getScratch(&req)
+	defer putScratch(sc)
 	res := Result{Explanation: newExplanation()}
 	ex := &res.Explanation
-	var top []Plan
-	for _, class := range snap.classes {
+	for ci, class := range snap.classes {
 		idx := snap.byClass[class.Key]
 		ex.Evaluated += len(idx)
 		// A whole class of the wrong model is rejected from the index,
@@ -52,63 +48,75 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 			ex.reject(class.Key, ReasonModel, len(idx))
 			continue
 		}
-	nodes:
 		for _, i := range idx {
-			if r := checkSummary(&req, &snap.nodes[i]); r != "" {
-				ex.reject(class.Key, r, 1)
-				continue
-			}
-			n := snap.node(i)
-			for _, c := range checkers {
-				if r := c.Check(&req, n); r != "" {
-					ex.reject(class.Key, r, 1)
-					continue nodes
-				}
-			}
-			p, r := pickAtoms(&req, n)
+			n, p, r := sc.feasible(snap, i, &req, checkers)
 			if r != "" {
-				ex.reject(class.Key, r, 1)
+				sc.count(r)
 				continue
 			}
 			ex.Feasible++
-			plan := Plan{
-				NodeID:   n.ID,
-				NodeName: n.Name,
-				Class:    class.Key,
-				Atoms:    p.atoms,
-				Host: HostResources{
-					VCPU: req.VCPU, MemoryGiB: req.MemoryGiB,
-					Hugepages2Mi: req.Hugepages2Mi, Hugepages1Gi: req.Hugepages1Gi,
-				},
-				NUMA:  p.numa,
-				Score: score(w, &req, n, &p),
-				Split: req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 1 && p.islands != 1,
+			c := candidate{
+				id:    n.ID,
+				node:  i,
+				class: ci,
+				numa:  p.numa,
+				split: req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 1 && p.islands != 1,
+				score: score(w, &req, n, &p),
 			}
-			top = insertTop(top, plan, limit)
+			sc.insertTop(&c, limit)
+		}
+		sc.flush(ex, class.Key)
+	}
+	if len(sc.top) > 0 {
+		res.Plans = make([]Plan, len(sc.top))
+	}
+	host := HostResources{VCPU: req.VCPU, MemoryGiB: req.MemoryGiB, Hugepages2Mi: req.Hugepages2Mi, Hugepages1Gi: req.Hugepages1Gi}
+	for k := range sc.top {
+		c := &sc.top[k]
+		n := snap.node(c.node)
+		// Pick again to spell out the atoms: the pick is a pure function
+		// of the node, so it is the one scored.
+		sc.pickAtoms(&req, n)
+		cpus, _ := pickCPUs(req.VCPU, n, c.numa)
+		res.Plans[k] = Plan{
+			NodeID:   n.ID,
+			NodeName: n.Name,
+			Class:    snap.classes[c.class].Key,
+			Atoms:    sc.atoms(&req, n),
+			Host:     host,
+			NUMA:     c.numa,
+			CPUSet:   cpuset(cpus),
+			CPUs:     cpus,
+			Score:    c.score,
+			Split:    c.split,
 		}
 	}
-	for i := range top {
-		cpus, _ := pickCPUs(req.VCPU, snap.node(snap.index[top[i].NodeID]), top[i].NUMA)
-		top[i].CPUSet, top[i].CPUs = cpuset(cpus), cpus
-	}
-	res.Plans = top
 	return res, nil
+}
+
+// feasible runs node i through the summary check, the checkers and the
+// picker, and returns its detail and pick, or the reason it is rejected.
+// nil checkers run the default chain.
+func (sc *scratch) feasible(snap *Snapshot, i int, req *Request, checkers []Checker) (*Node, pick, string) {
+	if r := checkSummary(req, &snap.nodes[i]); r != "" {
+		return nil, pick{}, r
+	}
+	n := snap.node(i)
+	if checkers == nil {
+		if r := sc.check(req, n); r != "" {
+			return nil, pick{}, r
+		}
+	} else {
+		for _, c := range checkers {
+			if r := c.Check(req, n); r != "" {
+				return nil, pick{}, r
+			}
+		}
+	}
+	p, r := sc.pickAtoms(req, n)
+	return n, p, r
 }
 
 func better(a, b *Plan) int {
 	return cmp.Or(cmpBool(a.Split, b.Split), cmp.Compare(b.Score.Total, a.Score.Total), cmp.Compare(a.NodeID, b.NodeID))
-}
-
-// insertTop keeps the best limit plans in order without sorting every
-// feasible node.
-func insertTop(top []Plan, p Plan, limit int) []Plan {
-	if len(top) == limit && better(&p, &top[len(top)-1]) >= 0 {
-		return top
-	}
-	i, _ := slices.BinarySearchFunc(top, p, func(e, t Plan) int { return better(&e, &t) })
-	top = slices.Insert(top, i, p)
-	if len(top) > limit {
-		top = top[:limit]
-	}
-	return top
 }

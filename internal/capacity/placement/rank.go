@@ -26,7 +26,7 @@ func scoreBinpack(want int, p *pick) float64 {
 // and one NUMA node shared by the GPUs and the pinned CPUs.
 func scoreTopology(p *pick) float64 {
 	var s float64
-	if p.islands <= 1 && (p.islands == 1 || len(p.gpus) <= 1) {
+	if p.islands <= 1 && (p.islands == 1 || p.gpus <= 1) {
 		s += 0.5
 	}
 	if p.numa >= 0 && p.cpusLocal {
