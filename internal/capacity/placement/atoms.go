@@ -25,14 +25,18 @@ type pick struct {
 // gpuUsable reports whether any atom of the GPU may be booked.
 func gpuUsable(g *GPU) bool { return !g.Quarantined && !g.PartitionPending }
 
-// modelOK reports whether g is of the requested model. The answer for the
-// last model seen is kept, as a node's GPUs, and often a fleet's, share one.
-func (sc *scratch) modelOK(req *Request, g *GPU) bool {
+// modelOK reports whether g is of the requested model.
+func (sc *scratch) modelOK(req *Request, g *GPU) bool { return sc.modelMatches(req, g.Model) }
+
+// modelMatches reports whether a GPU of model is of the requested model.
+// The answer for the last model seen is kept, as a node's GPUs, and often a
+// fleet's, share one.
+func (sc *scratch) modelMatches(req *Request, model string) bool {
 	if req.Model == "" {
 		return true
 	}
-	if !sc.modelSet || g.Model != sc.model {
-		sc.model, sc.modelMatch, sc.modelSet = g.Model, ModelMatches(req.Model, g.Model), true
+	if !sc.modelSet || model != sc.model {
+		sc.model, sc.modelMatch, sc.modelSet = model, ModelMatches(req.Model, model), true
 	}
 	return sc.modelMatch
 }
@@ -45,39 +49,39 @@ func (sc *scratch) migMax(model, profile string) int {
 	return sc.migN
 }
 
-// pickAtoms chooses the GPU atoms for req on n, or returns the reason none
-// fit. Whole GPUs stay inside one NVLink island and one NUMA node where
-// possible; MIG instances and slots stay on one GPU, then one NUMA node,
-// where possible. The chosen GPUs are left in sc.chosen and the chosen MIG
-// instances or slots in sc.unitGPU and sc.unit, for atoms to spell out.
-func (sc *scratch) pickAtoms(req *Request, n *Node) (pick, string) {
+// pickAtoms chooses the GPU atoms for req on d's node, or returns the
+// reason none fit. Whole GPUs stay inside one NVLink island and one NUMA
+// node where possible; MIG instances and slots stay on one GPU, then one
+// NUMA node, where possible. The GPUs touched are left in sc.chosen and
+// sc.chosenNUMA and, for MIG instances and slots, the units taken in
+// sc.unitGPU and sc.unit, for atoms to spell out.
+func (sc *scratch) pickAtoms(req *Request, d *digest) (pick, string) {
 	var p pick
 	var reason string
-	sc.chosen, sc.unitGPU, sc.unit = sc.chosen[:0], sc.unitGPU[:0], sc.unit[:0]
+	sc.chosen, sc.chosenNUMA, sc.unitGPU, sc.unit = sc.chosen[:0], sc.chosenNUMA[:0], sc.unitGPU[:0], sc.unit[:0]
 	switch {
 	case req.MIGProfile != "":
-		p, reason = sc.pickMIG(req, n)
+		p, reason = sc.pickMIG(req, d.n)
 	case req.Slots > 0:
-		p, reason = sc.pickSlots(req, n)
+		p, reason = sc.pickSlots(req, d.n)
 	default:
-		p, reason = sc.pickWhole(req, n)
+		p, reason = sc.pickWhole(req, d)
 	}
 	if reason != "" {
 		return p, reason
 	}
 	p.gpus = len(sc.chosen)
 	p.numa = -1
-	for i, gi := range sc.chosen {
-		g := &n.GPUs[gi]
+	for i, numa := range sc.chosenNUMA {
 		if i == 0 {
-			p.numa = g.NUMA
-		} else if g.NUMA != p.numa {
+			p.numa = numa
+		} else if numa != p.numa {
 			p.numa = -1
 			break
 		}
 	}
 	// The cpuset itself is built only for the plans returned.
-	p.cpusLocal = req.VCPU == 0 || (p.numa >= 0 && numaCPUsFree(n, p.numa) >= req.VCPU)
+	p.cpusLocal = req.VCPU == 0 || (p.numa >= 0 && d.numaCPUsFree(p.numa) >= req.VCPU)
 	return p, ""
 }
 
@@ -111,6 +115,19 @@ func islandKey(g *GPU) int {
 	return g.Island
 }
 
+// freeGPU is a GPU free for a whole-GPU booking: its index in the node,
+// its island key, whether it has NVLink peers and its NUMA node.
+type freeGPU struct {
+	idx    int32
+	linked bool
+	island int
+	numa   int
+}
+
+func newFreeGPU(i int, g *GPU) freeGPU {
+	return freeGPU{idx: int32(i), linked: g.Island >= 0, island: islandKey(g), numa: g.NUMA}
+}
+
 // anyKey stands for "any island" or "any NUMA node" in a group key.
 const anyKey = -1 << 30
 
@@ -121,143 +138,150 @@ const (
 	byNUMA
 )
 
-// groupKey is free GPU i's key under the grouping by.
-func (sc *scratch) groupKey(i, by int) (island, numa int) {
-	switch by {
-	case byIslandAndNUMA:
-		return sc.freeIsland[i], sc.freeNUMA[i]
-	case byIsland:
-		return sc.freeIsland[i], anyKey
-	}
-	return anyKey, sc.freeNUMA[i]
-}
-
 // islandFree counts the free GPUs in island key.
-func (sc *scratch) islandFree(key int) int {
+func islandFree(free []freeGPU, key int) int {
 	c := 0
-	for _, k := range sc.freeIsland {
-		if k == key {
+	for i := range free {
+		if free[i].island == key {
 			c++
 		}
 	}
 	return c
 }
 
-// bestGroup puts in sc.chosen the first want GPUs of the best group of at
+// bestGroup puts in sc.picked the first want GPUs of the best group of at
 // least want free GPUs sharing a key under by, and reports whether there is
 // one. It prefers a NUMA node with the vCPUs free, then best fit: the
 // fewest free GPUs left behind in the island, then in the group, then the
 // group seen first (the lowest GPU index).
-func (sc *scratch) bestGroup(n *Node, want, vcpu, by int) bool {
+func (sc *scratch) bestGroup(d *digest, free []freeGPU, want, vcpu, by int) bool {
+	// The key of each free GPU under by: its island and NUMA node, either
+	// of which may be anyKey.
+	ki, kn, seen := sc.keyIsland[:0], sc.keyNUMA[:0], sc.seen[:0]
+	for i := range free {
+		a, b := free[i].island, free[i].numa
+		switch by {
+		case byIsland:
+			b = anyKey
+		case byNUMA:
+			a = anyKey
+		}
+		ki, kn, seen = append(ki, a), append(kn, b), append(seen, false)
+	}
+	sc.keyIsland, sc.keyNUMA, sc.seen = ki, kn, seen
 	found := false
 	var bestIsland, bestNUMA, bestIslandFree, bestLen int
 	var bestCPUFit bool
 	// Nodes hold a handful of GPUs, so linear scans beat maps here.
-	for i := range sc.free {
-		ki, kn := sc.groupKey(i, by)
-		seen := false
-		for j := range i {
-			if a, b := sc.groupKey(j, by); a == ki && b == kn {
-				seen = true
-				break
-			}
-		}
-		if seen {
-			continue
+	for i := range ki {
+		if seen[i] {
+			continue // group already seen
 		}
 		members := 0
-		for j := i; j < len(sc.free); j++ {
-			if a, b := sc.groupKey(j, by); a == ki && b == kn {
+		for j := i; j < len(ki); j++ {
+			if ki[j] == ki[i] && kn[j] == kn[i] {
+				seen[j] = true
 				members++
 			}
 		}
 		if members < want {
 			continue
 		}
-		islandFree, cpuFit := sc.islandFree(ki), numaCPUsFree(n, kn) >= vcpu
+		left, cpuFit := islandFree(free, ki[i]), d.numaCPUsFree(kn[i]) >= vcpu
 		if !found || cmp.Or(
 			-cmpBool(cpuFit, bestCPUFit),
-			cmp.Compare(islandFree, bestIslandFree),
+			cmp.Compare(left, bestIslandFree),
 			cmp.Compare(members, bestLen),
 		) < 0 {
 			found = true
-			bestIsland, bestNUMA, bestIslandFree, bestLen, bestCPUFit = ki, kn, islandFree, members, cpuFit
+			bestIsland, bestNUMA, bestIslandFree, bestLen, bestCPUFit = ki[i], kn[i], left, members, cpuFit
 		}
 	}
 	if !found {
 		return false
 	}
-	for j := range sc.free {
-		if len(sc.chosen) == want {
+	for j := range ki {
+		if len(sc.picked) == want {
 			break
 		}
-		if a, b := sc.groupKey(j, by); a == bestIsland && b == bestNUMA {
-			sc.chosen = append(sc.chosen, sc.free[j])
+		if ki[j] == bestIsland && kn[j] == bestNUMA {
+			sc.picked = append(sc.picked, free[j])
 		}
 	}
 	return true
 }
 
-func (sc *scratch) pickWhole(req *Request, n *Node) (pick, string) {
+// pickWhole picks whole GPUs. A node whose GPUs share one model is picked
+// from its digest alone; a mixed one is walked GPU by GPU.
+func (sc *scratch) pickWhole(req *Request, d *digest) (pick, string) {
 	var p pick
-	sc.free, sc.freeIsland, sc.freeNUMA = sc.free[:0], sc.freeIsland[:0], sc.freeNUMA[:0]
+	var free []freeGPU
 	modelSeen := false
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		if !sc.modelOK(req, g) {
-			continue
+	if !d.mixed {
+		modelSeen = d.gpus > 0 && sc.modelMatches(req, d.model)
+		if modelSeen {
+			p.unitsTotal, free = d.wholeTotal, d.free
 		}
-		modelSeen = true
-		if !gpuUsable(g) || g.Mode != ModeWhole {
-			continue
+	} else {
+		sc.freeBuf = sc.freeBuf[:0]
+		n := d.n
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			if !sc.modelOK(req, g) {
+				continue
+			}
+			modelSeen = true
+			if !gpuUsable(g) || g.Mode != ModeWhole {
+				continue
+			}
+			p.unitsTotal++
+			if !g.Booked {
+				sc.freeBuf = append(sc.freeBuf, newFreeGPU(i, g))
+			}
 		}
-		p.unitsTotal++
-		if !g.Booked {
-			sc.free = append(sc.free, int32(i))
-			sc.freeIsland = append(sc.freeIsland, islandKey(g))
-			sc.freeNUMA = append(sc.freeNUMA, g.NUMA)
-		}
+		free = sc.freeBuf
 	}
-	p.unitsFree = len(sc.free)
+	p.unitsFree = len(free)
 	if !modelSeen {
 		return p, ReasonModel
 	}
 	want := req.GPUs
-	if len(sc.free) < want {
+	if len(free) < want {
 		return p, ReasonFreeGPUs
 	}
-	ok := sc.bestGroup(n, want, req.VCPU, byIslandAndNUMA) || sc.bestGroup(n, want, req.VCPU, byIsland)
+	sc.picked = sc.picked[:0]
+	ok := sc.bestGroup(d, free, want, req.VCPU, byIslandAndNUMA) || sc.bestGroup(d, free, want, req.VCPU, byIsland)
 	if !ok && req.RequireNVLink && want > 1 {
 		return p, ReasonNVLink
 	}
 	if !ok {
-		ok = sc.bestGroup(n, want, req.VCPU, byNUMA)
+		ok = sc.bestGroup(d, free, want, req.VCPU, byNUMA)
 	}
 	if !ok {
-		sc.chosen = append(sc.chosen[:0], sc.free...)
-		slices.SortStableFunc(sc.chosen, func(i, j int32) int {
-			a, b := &n.GPUs[i], &n.GPUs[j]
-			return cmp.Or(cmp.Compare(a.NUMA, b.NUMA), cmp.Compare(islandKey(a), islandKey(b)), cmp.Compare(a.Index, b.Index))
+		n := d.n
+		sc.picked = append(sc.picked[:0], free...)
+		slices.SortStableFunc(sc.picked, func(a, b freeGPU) int {
+			return cmp.Or(cmp.Compare(a.numa, b.numa), cmp.Compare(a.island, b.island), cmp.Compare(n.GPUs[a.idx].Index, n.GPUs[b.idx].Index))
 		})
-		sc.chosen = sc.chosen[:want]
+		sc.picked = sc.picked[:want]
 	}
-	for ci, gi := range sc.chosen {
-		g := &n.GPUs[gi]
-		k := islandKey(g)
+	for ci := range sc.picked {
+		f := &sc.picked[ci]
+		sc.chosen, sc.chosenNUMA = append(sc.chosen, f.idx), append(sc.chosenNUMA, f.numa)
 		first := true
-		for _, gj := range sc.chosen[:ci] {
-			if islandKey(&n.GPUs[gj]) == k {
+		for _, e := range sc.picked[:ci] {
+			if e.island == f.island {
 				first = false
 				break
 			}
 		}
 		if first {
 			p.islands++
-			if g.Island >= 0 {
-				p.leftover += sc.islandFree(k)
+			if f.linked {
+				p.leftover += islandFree(free, f.island)
 			}
 		}
-		if g.Island >= 0 {
+		if f.linked {
 			p.leftover--
 		}
 	}
@@ -293,7 +317,7 @@ func (sc *scratch) pickUnits(n *Node, want int) (leftover int) {
 		return cmp.Or(cmp.Compare(a.n, b.n), cmp.Compare(n.GPUs[a.gpu].Index, n.GPUs[b.gpu].Index))
 	})
 	take := func(g unitGroup, k int) {
-		sc.chosen = append(sc.chosen, g.gpu)
+		sc.chosen, sc.chosenNUMA = append(sc.chosen, g.gpu), append(sc.chosenNUMA, n.GPUs[g.gpu].NUMA)
 		for _, u := range sc.units[g.off : g.off+int32(k)] {
 			sc.unitGPU = append(sc.unitGPU, g.gpu)
 			sc.unit = append(sc.unit, u)
@@ -420,15 +444,6 @@ func (sc *scratch) pickSlots(req *Request, n *Node) (pick, string) {
 	}
 	p.leftover = sc.pickUnits(n, req.Slots)
 	return p, ""
-}
-
-func numaCPUsFree(n *Node, id int) int {
-	for i := range n.NUMA {
-		if n.NUMA[i].ID == id {
-			return len(n.NUMA[i].FreeCPUs)
-		}
-	}
-	return 0
 }
 
 // pickCPUs hints which CPUs to pin: from the GPUs' NUMA node when it has

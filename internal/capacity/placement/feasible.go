@@ -157,8 +157,9 @@ func checkCapabilities(req *Request, n *Node) string {
 	return ""
 }
 
-func checkHost(req *Request, n *Node) string {
-	free := n.HostFree()
+func checkHost(req *Request, n *Node) string { return hostReason(req, n.HostFree()) }
+
+func hostReason(req *Request, free HostResources) string {
 	switch {
 	case req.VCPU > free.VCPU:
 		return ReasonVCPU
@@ -176,20 +177,30 @@ func checkHost(req *Request, n *Node) string {
 // reasons, without the calls through the interface and without building a
 // reason string per rejected node: those that carry detail are built once
 // per call (labels, capabilities) or per taint, and kept in the scratch.
-func (sc *scratch) check(req *Request, n *Node) string {
-	if !n.Schedulable {
+func (sc *scratch) check(req *Request, d *digest) string {
+	if !d.schedulable {
 		return ReasonUnschedulable
 	}
-	if !n.Healthy {
+	if !d.healthy {
 		return ReasonUnhealthy
 	}
-	for i := range n.Taints {
-		if !taintAdmits(req, &n.Taints[i]) {
-			return sc.taintReason(n.Taints[i])
+	n := d.n
+	if d.taints {
+		for i := range n.Taints {
+			if !taintAdmits(req, &n.Taints[i]) {
+				return sc.taintReason(n.Taints[i])
+			}
 		}
 	}
-	if r := checkTenancy(req, n); r != "" {
-		return r
+	if d.singleTenant != "" && d.singleTenant != req.Tenant {
+		return ReasonSingleTenant
+	}
+	if req.SingleTenant {
+		for _, t := range d.tenants {
+			if t.atoms > 0 && t.tenant != req.Tenant {
+				return ReasonOtherTenants
+			}
+		}
 	}
 	for i := range req.Selector {
 		if !req.Selector[i].Matches(n.Labels) {
@@ -207,7 +218,7 @@ func (sc *scratch) check(req *Request, n *Node) string {
 			return sc.capReasons[i]
 		}
 	}
-	return checkHost(req, n)
+	return hostReason(req, d.hostFree)
 }
 
 // maxTaintReasons bounds the scratch's taint reasons, which outlive a call.

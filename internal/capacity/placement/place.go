@@ -49,19 +49,19 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 			continue
 		}
 		for _, i := range idx {
-			n, p, r := sc.feasible(snap, i, &req, checkers)
+			d, p, r := sc.feasible(snap, i, &req, checkers)
 			if r != "" {
 				sc.count(r)
 				continue
 			}
 			ex.Feasible++
 			c := candidate{
-				id:    n.ID,
+				id:    d.id,
 				node:  i,
 				class: ci,
 				numa:  p.numa,
 				split: req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 1 && p.islands != 1,
-				score: score(w, &req, n, &p),
+				score: score(w, &req, d, &p),
 			}
 			sc.insertTop(&c, limit)
 		}
@@ -73,10 +73,11 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	host := HostResources{VCPU: req.VCPU, MemoryGiB: req.MemoryGiB, Hugepages2Mi: req.Hugepages2Mi, Hugepages1Gi: req.Hugepages1Gi}
 	for k := range sc.top {
 		c := &sc.top[k]
-		n := snap.node(c.node)
+		d := snap.digest(c.node)
+		n := d.n
 		// Pick again to spell out the atoms: the pick is a pure function
 		// of the node, so it is the one scored.
-		sc.pickAtoms(&req, n)
+		sc.pickAtoms(&req, d)
 		cpus, _ := pickCPUs(req.VCPU, n, c.numa)
 		res.Plans[k] = Plan{
 			NodeID:   n.ID,
@@ -95,26 +96,26 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 }
 
 // feasible runs node i through the summary check, the checkers and the
-// picker, and returns its detail and pick, or the reason it is rejected.
+// picker, and returns its digest and pick, or the reason it is rejected.
 // nil checkers run the default chain.
-func (sc *scratch) feasible(snap *Snapshot, i int, req *Request, checkers []Checker) (*Node, pick, string) {
+func (sc *scratch) feasible(snap *Snapshot, i int, req *Request, checkers []Checker) (*digest, pick, string) {
 	if r := checkSummary(req, &snap.nodes[i]); r != "" {
 		return nil, pick{}, r
 	}
-	n := snap.node(i)
+	d := snap.digest(i)
 	if checkers == nil {
-		if r := sc.check(req, n); r != "" {
+		if r := sc.check(req, d); r != "" {
 			return nil, pick{}, r
 		}
 	} else {
 		for _, c := range checkers {
-			if r := c.Check(req, n); r != "" {
+			if r := c.Check(req, d.n); r != "" {
 				return nil, pick{}, r
 			}
 		}
 	}
-	p, r := sc.pickAtoms(req, n)
-	return n, p, r
+	p, r := sc.pickAtoms(req, d)
+	return d, p, r
 }
 
 func better(a, b *Plan) int {

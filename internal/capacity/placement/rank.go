@@ -40,11 +40,11 @@ func scoreTopology(p *pick) float64 {
 func scoreFragmentation(p *pick) float64 { return 1 / (1 + float64(p.leftover)) }
 
 // scoreSpread prefers nodes where the tenant holds fewer atoms already.
-func scoreSpread(req *Request, n *Node) float64 {
-	return 1 / (1 + float64(n.TenantAtoms[req.Tenant]))
+func scoreSpread(req *Request, d *digest) float64 {
+	return 1 / (1 + float64(d.tenantAtoms(req.Tenant)))
 }
 
-func score(w Weights, req *Request, n *Node, p *pick) ScoreBreakdown {
+func score(w Weights, req *Request, d *digest, p *pick) ScoreBreakdown {
 	want := req.GPUs
 	if req.Slots > 0 {
 		want = req.Slots
@@ -53,7 +53,7 @@ func score(w Weights, req *Request, n *Node, p *pick) ScoreBreakdown {
 		Binpack:       scoreBinpack(want, p),
 		Topology:      scoreTopology(p),
 		Fragmentation: scoreFragmentation(p),
-		Spread:        scoreSpread(req, n),
+		Spread:        scoreSpread(req, d),
 	}
 	sum := w.Binpack + w.Topology + w.Fragmentation + w.Spread
 	if sum > 0 {

@@ -3,6 +3,7 @@ package placement
 import (
 	"cmp"
 	"slices"
+	"strings"
 	"sync"
 )
 
@@ -11,19 +12,22 @@ import (
 // counts of the class being scanned. Place takes one from a pool and gives
 // it back, so a full scan allocates nothing per node.
 type scratch struct {
-	// The node being picked: its free whole GPUs (indexes into GPUs) with
-	// their island keys and NUMA nodes, or its free MIG instances or slots.
-	free       []int32
-	freeIsland []int
-	freeNUMA   []int
-	groups     []unitGroup
-	units      []int32
-	numaFree   []numaCount
-	// The pick: the GPUs touched and, for MIG instances and slots, each
-	// unit taken with its GPU.
-	chosen  []int32
-	unitGPU []int32
-	unit    []int32
+	// The node being picked: its free whole GPUs when they are not in its
+	// digest, or its free MIG instances or slots.
+	freeBuf []freeGPU
+	// bestGroup's keys of the free GPUs and the groups it has seen.
+	keyIsland, keyNUMA []int
+	seen               []bool
+	groups             []unitGroup
+	units              []int32
+	numaFree           []numaCount
+	// The pick: the whole GPUs picked, the GPUs touched with their NUMA
+	// nodes and, for MIG instances and slots, each unit taken with its GPU.
+	picked     []freeGPU
+	chosen     []int32
+	chosenNUMA []int
+	unitGPU    []int32
+	unit       []int32
 
 	// Per-call caches of the request's model and MIG profile matches.
 	model, migModel  string
@@ -114,8 +118,10 @@ type candidate struct {
 }
 
 // betterCandidate orders candidates as better orders their plans.
+// The node IDs decide only ties, and strings.Compare does in one pass what
+// cmp.Compare does in up to three.
 func betterCandidate(a, b *candidate) int {
-	return cmp.Or(cmpBool(a.split, b.split), cmp.Compare(b.score.Total, a.score.Total), cmp.Compare(a.id, b.id))
+	return cmp.Or(cmpBool(a.split, b.split), cmp.Compare(b.score.Total, a.score.Total), strings.Compare(a.id, b.id))
 }
 
 // insertTop keeps the best limit candidates in order without sorting every
