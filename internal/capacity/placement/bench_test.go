@@ -63,13 +63,18 @@ func fullScanNodes(count int) []Node {
 }
 
 // BenchmarkPlaceFullScan is Place over the whole pool, the fallback the
-// placer runs when its index cannot answer: every node is checked, picked
-// and scored. Allocations per op must not grow with the node count.
+// placer runs when its index cannot answer: every node is checked, and
+// picked and scored unless it cannot enter the top. Allocations per op
+// must not grow with the node count.
+//
+// nodes=N is the mixed fleet above in ID order. worst=N is the case the
+// scan cannot prune: identical nodes in descending ID order, so every node
+// ties the best score and beats the plans found so far on the tie-break,
+// and each one is picked, scored and enters the top.
 func BenchmarkPlaceFullScan(b *testing.B) {
-	for _, count := range []int{1_000, 10_000} {
-		snap := NewSnapshot(fullScanNodes(count))
-		req := Request{GPUs: 2, VCPU: 8, MemoryGiB: 32, Tenant: "globex", Model: "H100"}
-		b.Run(fmt.Sprintf("nodes=%d", count), func(b *testing.B) {
+	req := Request{GPUs: 2, VCPU: 8, MemoryGiB: 32, Tenant: "globex", Model: "H100"}
+	run := func(name string, snap *Snapshot) {
+		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				res, err := Place(snap, req, Options{Limit: 4})
@@ -79,4 +84,13 @@ func BenchmarkPlaceFullScan(b *testing.B) {
 			}
 		})
 	}
+	for _, count := range []int{1_000, 10_000} {
+		run(fmt.Sprintf("nodes=%d", count), NewSnapshot(fullScanNodes(count)))
+	}
+	nodes := make([]Node, 10_000)
+	for i := range nodes {
+		nodes[i] = node8(fmt.Sprintf("n%05d", len(nodes)-i))
+		nodes[i].GPUs[0].Booked = true
+	}
+	run("worst=10000", NewSnapshot(nodes))
 }

@@ -19,6 +19,8 @@ type digest struct {
 	// booked, in node order.
 	wholeTotal int
 	free       []freeGPU
+	// maxIslandFree is the most free GPUs sharing one island key.
+	maxIslandFree int
 	// numa is each NUMA node's ID and free CPU count, in node order.
 	numa []numaCPUs
 	// tenants mirrors TenantAtoms: a node holds a handful of tenants, and
@@ -63,6 +65,9 @@ func newDigest(n *Node, arena *digestArena) digest {
 		if g := &n.GPUs[i]; gpuUsable(g) && g.Mode == ModeWhole && !g.Booked {
 			d.free = append(d.free, newFreeGPU(i, g))
 		}
+	}
+	for _, f := range d.free {
+		d.maxIslandFree = max(d.maxIslandFree, islandFree(d.free, f.island))
 	}
 	d.numa = arena.numa(len(n.NUMA))
 	for i := range n.NUMA {

@@ -237,13 +237,12 @@ func (sc *scratch) taintReason(t Taint) string {
 }
 
 // checkSummary prunes a node from its summary alone, before its detail is
-// loaded. Its free counts are upper bounds and a class has one GPU model,
-// so it never rejects a node the full chain would accept; it runs first, so
-// a node that fails both is counted under the summary's reason.
+// loaded. Its free counts are upper bounds, so it never rejects a node the
+// full chain would accept; it runs first, so a node that fails both is
+// counted under the summary's reason. The model is not checked here: a
+// class has one model, and Place rejects a class of the wrong model whole
+// before looking at its nodes.
 func checkSummary(req *Request, s *NodeSummary) string {
-	if req.Model != "" && s.Class.Model != "" && !ModelMatches(req.Model, s.Class.Model) {
-		return ReasonModel
-	}
 	if req.MIGProfile == "" && req.GPUs > s.FreeGPUs {
 		return ReasonFreeGPUs
 	}

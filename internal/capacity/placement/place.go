@@ -37,6 +37,10 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 
 	sc := getScratch(&req)
 	defer putScratch(sc)
+	// Once the top is full, a whole-GPU node that could not enter it even
+	// with the best topology and fragmentation scores is counted feasible
+	// without picking its GPUs or scoring it.
+	bound := req.MIGProfile == "" && req.Slots == 0 && boundable(&w)
 	res := Result{Explanation: newExplanation()}
 	ex := &res.Explanation
 	for ci, class := range snap.classes {
@@ -49,7 +53,15 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 			continue
 		}
 		for _, i := range idx {
-			d, p, r := sc.feasible(snap, i, &req, checkers)
+			d, r := sc.admit(snap, i, &req, checkers)
+			if r == "" && bound && len(sc.top) == limit && sc.losesAnyway(&req, d, &w) {
+				ex.Feasible++
+				continue
+			}
+			var p pick
+			if r == "" {
+				p, r = sc.pickAtoms(&req, d)
+			}
 			if r != "" {
 				sc.count(r)
 				continue
@@ -95,27 +107,44 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	return res, nil
 }
 
-// feasible runs node i through the summary check, the checkers and the
-// picker, and returns its digest and pick, or the reason it is rejected.
-// nil checkers run the default chain.
-func (sc *scratch) feasible(snap *Snapshot, i int, req *Request, checkers []Checker) (*digest, pick, string) {
+// admit runs node i through the summary check and the checkers, and
+// returns its digest or the reason it is rejected. nil checkers run the
+// default chain.
+func (sc *scratch) admit(snap *Snapshot, i int, req *Request, checkers []Checker) (*digest, string) {
 	if r := checkSummary(req, &snap.nodes[i]); r != "" {
-		return nil, pick{}, r
+		return nil, r
 	}
 	d := snap.digest(i)
 	if checkers == nil {
-		if r := sc.check(req, d); r != "" {
-			return nil, pick{}, r
-		}
-	} else {
-		for _, c := range checkers {
-			if r := c.Check(req, d.n); r != "" {
-				return nil, pick{}, r
-			}
+		return d, sc.check(req, d)
+	}
+	for _, c := range checkers {
+		if r := c.Check(req, d.n); r != "" {
+			return d, r
 		}
 	}
-	p, r := sc.pickAtoms(req, d)
-	return d, p, r
+	return d, ""
+}
+
+// losesAnyway reports whether a whole-GPU request surely fits d's node
+// (the digest says pickWhole cannot refuse it) and its plan could not enter
+// the full top: not even when its pick is inside one NVLink island with the
+// best topology and fragmentation scores, as the binpack and spread scores
+// do not depend on the pick.
+func (sc *scratch) losesAnyway(req *Request, d *digest, w *Weights) bool {
+	want := req.GPUs
+	if d.mixed || d.gpus == 0 || !sc.modelMatches(req, d.model) || len(d.free) < want ||
+		(req.RequireNVLink && want > 1 && d.maxIslandFree < want) {
+		return false
+	}
+	best := ScoreBreakdown{
+		Binpack:       scoreBinpack(want, &pick{unitsTotal: d.wholeTotal, unitsFree: len(d.free)}),
+		Topology:      1,
+		Fragmentation: 1,
+		Spread:        scoreSpread(req, d),
+	}
+	c := candidate{id: d.id, score: ScoreBreakdown{Total: weighted(w, &best)}}
+	return betterCandidate(&c, &sc.top[len(sc.top)-1]) >= 0
 }
 
 func better(a, b *Plan) int {
