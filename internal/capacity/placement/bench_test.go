@@ -94,3 +94,13 @@ func BenchmarkPlaceFullScan(b *testing.B) {
 	}
 	run("worst=10000", NewSnapshot(nodes))
 }
+
+// BenchmarkNewSnapshot is the cost of indexing a pool whose detail is in
+// memory, digests included.
+func BenchmarkNewSnapshot(b *testing.B) {
+	nodes := fullScanNodes(10_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		NewSnapshot(nodes)
+	}
+}
