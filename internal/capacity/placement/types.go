@@ -185,7 +185,9 @@ type Snapshot struct {
 	load    func(id string) Node
 }
 
-// NewSnapshot indexes nodes whose detail is already in memory.
+// NewSnapshot indexes nodes whose detail is already in memory. It keeps
+// pointers into nodes and the digests it computes from them, so the caller
+// must not change nodes afterwards.
 func NewSnapshot(nodes []Node) *Snapshot {
 	sums := make([]NodeSummary, len(nodes))
 	byID := make(map[string]*Node, len(nodes))
