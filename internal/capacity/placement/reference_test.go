@@ -464,7 +464,7 @@ func refPlace(snap *Snapshot, req Request, opts Options) (Result, error) {
 				refReject(ex, class.Key, r, 1)
 				continue
 			}
-			n := snap.node(i)
+			n := snap.digest(i).n
 			for _, c := range checkers {
 				if r := c.Check(&req, n); r != "" {
 					refReject(ex, class.Key, r, 1)
@@ -494,7 +494,7 @@ func refPlace(snap *Snapshot, req Request, opts Options) (Result, error) {
 		}
 	}
 	for i := range top {
-		cpus, _ := refPickCPUs(req.VCPU, snap.node(snap.index[top[i].NodeID]), top[i].NUMA)
+		cpus, _ := refPickCPUs(req.VCPU, snap.digest(snap.index[top[i].NodeID]).n, top[i].NUMA)
 		top[i].CPUSet, top[i].CPUs = refCpuset(cpus), cpus
 	}
 	res.Plans = top

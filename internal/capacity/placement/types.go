@@ -264,9 +264,6 @@ func (s *Snapshot) Classes() []ClassCount { return append([]ClassCount(nil), s.c
 // Len is the number of nodes in the snapshot.
 func (s *Snapshot) Len() int { return len(s.nodes) }
 
-// node returns the detail of the i-th node, loading it on first view.
-func (s *Snapshot) node(i int) *Node { return s.digest(i).n }
-
 // digest returns the i-th node's digest, loading its detail on first view.
 func (s *Snapshot) digest(i int) *digest {
 	if d := s.detail[i].Load(); d != nil {
