@@ -8,56 +8,103 @@ import (
 	"strings"
 )
 
-// pick is the atoms chosen on one node and what the scorers need to know
-// about them.
+// pick is what the scorers need to know about the atoms chosen on one node.
+// The atoms themselves stay in the scratch (as GPU and unit indexes) and
+// become strings only for the plans returned, so scoring a node allocates
+// nothing.
 type pick struct {
-	atoms      []string
-	gpus       []*GPU // GPUs touched, in atom order, without repeats
-	islands    int    // NVLink islands touched (whole GPUs)
-	numa       int    // NUMA node of the touched GPUs, -1 when several
-	cpusLocal  bool   // the cpuset hint lies on numa
-	unitsTotal int    // atoms of the requested kind on the node
-	unitsFree  int    // of which free before this pick
-	leftover   int    // free atoms left in the touched islands or GPUs
+	gpus       int  // GPUs touched
+	islands    int  // NVLink islands touched (whole GPUs)
+	numa       int  // NUMA node of the touched GPUs, -1 when several
+	cpusLocal  bool // the cpuset hint lies on numa
+	unitsTotal int  // atoms of the requested kind on the node
+	unitsFree  int  // of which free before this pick
+	leftover   int  // free atoms left in the touched islands or GPUs
 }
 
 // gpuUsable reports whether any atom of the GPU may be booked.
 func gpuUsable(g *GPU) bool { return !g.Quarantined && !g.PartitionPending }
 
-func modelOK(req *Request, g *GPU) bool {
-	return req.Model == "" || ModelMatches(req.Model, g.Model)
+// modelOK reports whether g is of the requested model.
+func (sc *scratch) modelOK(req *Request, g *GPU) bool { return sc.modelMatches(req, g.Model) }
+
+// modelMatches reports whether a GPU of model is of the requested model.
+// The answer for the last model seen is kept, as a node's GPUs, and often a
+// fleet's, share one.
+func (sc *scratch) modelMatches(req *Request, model string) bool {
+	if req.Model == "" {
+		return true
+	}
+	if !sc.modelSet || model != sc.model {
+		sc.model, sc.modelMatch, sc.modelSet = model, ModelMatches(req.Model, model), true
+	}
+	return sc.modelMatch
 }
 
-// pickAtoms chooses the GPU atoms for req on n, or returns the reason none
-// fit. Whole GPUs stay inside one NVLink island and one NUMA node where
-// possible; MIG instances and slots stay on one GPU, then one NUMA node,
-// where possible.
-func pickAtoms(req *Request, n *Node) (pick, string) {
+// migMax is the package's migMax, remembered for the last model seen.
+func (sc *scratch) migMax(model, profile string) int {
+	if !sc.migSet || model != sc.migModel {
+		sc.migModel, sc.migN, sc.migSet = model, migMax(model, profile), true
+	}
+	return sc.migN
+}
+
+// pickAtoms chooses the GPU atoms for req on d's node, or returns the
+// reason none fit. Whole GPUs stay inside one NVLink island and one NUMA
+// node where possible; MIG instances and slots stay on one GPU, then one
+// NUMA node, where possible. The GPUs touched are left in sc.chosen and
+// sc.chosenNUMA and, for MIG instances and slots, the units taken in
+// sc.unitGPU and sc.unit, for atoms to spell out.
+func (sc *scratch) pickAtoms(req *Request, d *digest) (pick, string) {
 	var p pick
 	var reason string
+	sc.chosen, sc.chosenNUMA, sc.unitGPU, sc.unit = sc.chosen[:0], sc.chosenNUMA[:0], sc.unitGPU[:0], sc.unit[:0]
 	switch {
 	case req.MIGProfile != "":
-		p, reason = pickMIG(req, n)
+		p, reason = sc.pickMIG(req, d.n)
 	case req.Slots > 0:
-		p, reason = pickSlots(req, n)
+		p, reason = sc.pickSlots(req, d.n)
 	default:
-		p, reason = pickWhole(req, n)
+		p, reason = sc.pickWhole(req, d)
 	}
 	if reason != "" {
 		return p, reason
 	}
+	p.gpus = len(sc.chosen)
 	p.numa = -1
-	for i, g := range p.gpus {
+	for i, numa := range sc.chosenNUMA {
 		if i == 0 {
-			p.numa = g.NUMA
-		} else if g.NUMA != p.numa {
+			p.numa = numa
+		} else if numa != p.numa {
 			p.numa = -1
 			break
 		}
 	}
 	// The cpuset itself is built only for the plans returned.
-	p.cpusLocal = req.VCPU == 0 || (p.numa >= 0 && numaCPUsFree(n, p.numa) >= req.VCPU)
+	p.cpusLocal = req.VCPU == 0 || (p.numa >= 0 && d.numaCPUsFree(p.numa) >= req.VCPU)
 	return p, ""
+}
+
+// atoms spells out the atoms of the last pickAtoms on n.
+func (sc *scratch) atoms(req *Request, n *Node) []string {
+	if req.MIGProfile == "" && req.Slots == 0 {
+		atoms := make([]string, 0, len(sc.chosen))
+		for _, gi := range sc.chosen {
+			atoms = append(atoms, n.GPUs[gi].UUID)
+		}
+		return atoms
+	}
+	atoms := make([]string, 0, len(sc.unit))
+	for i, u := range sc.unit {
+		g := &n.GPUs[sc.unitGPU[i]]
+		if req.MIGProfile != "" {
+			in := &g.MIG[u]
+			atoms = append(atoms, fmt.Sprintf("%s/mig/%s/%d", g.UUID, in.Profile, in.N))
+		} else {
+			atoms = append(atoms, g.UUID+"/s"+strconv.Itoa(g.Slots[u].K))
+		}
+	}
+	return atoms
 }
 
 func islandKey(g *GPU) int {
@@ -68,30 +115,131 @@ func islandKey(g *GPU) int {
 	return g.Island
 }
 
-type gpuGroup struct {
-	island, numa int
-	gpus         []*GPU
-	islandFree   int  // free GPUs in the whole island
-	cpuFit       bool // the group's NUMA node has the request's vCPUs free
+// freeGPU is a GPU free for a whole-GPU booking: its index in the node,
+// its island key, whether it has NVLink peers and its NUMA node.
+type freeGPU struct {
+	idx    int32
+	linked bool
+	island int
+	numa   int
 }
 
-func pickWhole(req *Request, n *Node) (pick, string) {
+func newFreeGPU(i int, g *GPU) freeGPU {
+	return freeGPU{idx: int32(i), linked: g.Island >= 0, island: islandKey(g), numa: g.NUMA}
+}
+
+// anyKey stands for "any island" or "any NUMA node" in a group key.
+const anyKey = -1 << 30
+
+// Group keys bestGroup can group free GPUs by.
+const (
+	byIslandAndNUMA = iota
+	byIsland
+	byNUMA
+)
+
+// islandFree counts the free GPUs in island key.
+func islandFree(free []freeGPU, key int) int {
+	c := 0
+	for i := range free {
+		if free[i].island == key {
+			c++
+		}
+	}
+	return c
+}
+
+// bestGroup puts in sc.picked the first want GPUs of the best group of at
+// least want free GPUs sharing a key under by, and reports whether there is
+// one. It prefers a NUMA node with the vCPUs free, then best fit: the
+// fewest free GPUs left behind in the island, then in the group, then the
+// group seen first (the lowest GPU index).
+func (sc *scratch) bestGroup(d *digest, free []freeGPU, want, vcpu, by int) bool {
+	// The key of each free GPU under by: its island and NUMA node, either
+	// of which may be anyKey.
+	ki, kn, seen := sc.keyIsland[:0], sc.keyNUMA[:0], sc.seen[:0]
+	for i := range free {
+		a, b := free[i].island, free[i].numa
+		switch by {
+		case byIsland:
+			b = anyKey
+		case byNUMA:
+			a = anyKey
+		}
+		ki, kn, seen = append(ki, a), append(kn, b), append(seen, false)
+	}
+	sc.keyIsland, sc.keyNUMA, sc.seen = ki, kn, seen
+	found := false
+	var bestIsland, bestNUMA, bestIslandFree, bestLen int
+	var bestCPUFit bool
+	// Nodes hold a handful of GPUs, so linear scans beat maps here.
+	for i := range ki {
+		if seen[i] {
+			continue // group already seen
+		}
+		members := 0
+		for j := i; j < len(ki); j++ {
+			if ki[j] == ki[i] && kn[j] == kn[i] {
+				seen[j] = true
+				members++
+			}
+		}
+		if members < want {
+			continue
+		}
+		left, cpuFit := islandFree(free, ki[i]), d.numaCPUsFree(kn[i]) >= vcpu
+		if !found || cmp.Or(
+			-cmpBool(cpuFit, bestCPUFit),
+			cmp.Compare(left, bestIslandFree),
+			cmp.Compare(members, bestLen),
+		) < 0 {
+			found = true
+			bestIsland, bestNUMA, bestIslandFree, bestLen, bestCPUFit = ki[i], kn[i], left, members, cpuFit
+		}
+	}
+	if !found {
+		return false
+	}
+	for j := range ki {
+		if len(sc.picked) == want {
+			break
+		}
+		if ki[j] == bestIsland && kn[j] == bestNUMA {
+			sc.picked = append(sc.picked, free[j])
+		}
+	}
+	return true
+}
+
+// pickWhole picks whole GPUs. A node whose GPUs share one model is picked
+// from its digest alone; a mixed one is walked GPU by GPU.
+func (sc *scratch) pickWhole(req *Request, d *digest) (pick, string) {
 	var p pick
-	var free []*GPU
+	var free []freeGPU
 	modelSeen := false
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		if !modelOK(req, g) {
-			continue
+	if !d.mixed {
+		modelSeen = d.gpus > 0 && sc.modelMatches(req, d.model)
+		if modelSeen {
+			p.unitsTotal, free = d.wholeTotal, d.free
 		}
-		modelSeen = true
-		if !gpuUsable(g) || g.Mode != ModeWhole {
-			continue
+	} else {
+		sc.freeBuf = sc.freeBuf[:0]
+		n := d.n
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			if !sc.modelOK(req, g) {
+				continue
+			}
+			modelSeen = true
+			if !gpuUsable(g) || g.Mode != ModeWhole {
+				continue
+			}
+			p.unitsTotal++
+			if !g.Booked {
+				sc.freeBuf = append(sc.freeBuf, newFreeGPU(i, g))
+			}
 		}
-		p.unitsTotal++
-		if !g.Booked {
-			free = append(free, g)
-		}
+		free = sc.freeBuf
 	}
 	p.unitsFree = len(free)
 	if !modelSeen {
@@ -101,86 +249,42 @@ func pickWhole(req *Request, n *Node) (pick, string) {
 	if len(free) < want {
 		return p, ReasonFreeGPUs
 	}
-	// Nodes hold a handful of GPUs, so linear scans beat maps here.
-	islandFree := func(key int) int {
-		c := 0
-		for _, g := range free {
-			if islandKey(g) == key {
-				c++
-			}
-		}
-		return c
-	}
-	// bestGroup returns the GPUs of the best group of at least want free
-	// GPUs sharing key, or nil. It prefers a NUMA node with the vCPUs
-	// free, then best fit: the fewest free GPUs left behind in the
-	// island, then in the group, then the lowest GPU index.
-	bestGroup := func(key func(*GPU) [2]int) []*GPU {
-		var best gpuGroup
-		var members []*GPU
-		for i, g := range free {
-			k := key(g)
-			if slices.ContainsFunc(free[:i], func(h *GPU) bool { return key(h) == k }) {
-				continue // group already seen
-			}
-			members = members[:0]
-			for _, h := range free[i:] {
-				if key(h) == k {
-					members = append(members, h)
-				}
-			}
-			if len(members) < want {
-				continue
-			}
-			gr := gpuGroup{island: k[0], numa: k[1], gpus: members, islandFree: islandFree(k[0]), cpuFit: numaCPUsFree(n, k[1]) >= req.VCPU}
-			if best.gpus == nil || cmp.Or(
-				-cmpBool(gr.cpuFit, best.cpuFit),
-				cmp.Compare(gr.islandFree, best.islandFree),
-				cmp.Compare(len(gr.gpus), len(best.gpus)),
-			) < 0 {
-				gr.gpus = slices.Clone(members)
-				best = gr
-			}
-		}
-		if best.gpus == nil {
-			return nil
-		}
-		return best.gpus[:want]
-	}
-	const anyKey = -1 << 30
-	chosen := bestGroup(func(g *GPU) [2]int { return [2]int{islandKey(g), g.NUMA} })
-	if chosen == nil {
-		chosen = bestGroup(func(g *GPU) [2]int { return [2]int{islandKey(g), anyKey} })
-	}
-	if chosen == nil && req.RequireNVLink && want > 1 {
+	sc.picked = sc.picked[:0]
+	ok := sc.bestGroup(d, free, want, req.VCPU, byIslandAndNUMA) || sc.bestGroup(d, free, want, req.VCPU, byIsland)
+	if !ok && req.RequireNVLink && want > 1 {
 		return p, ReasonNVLink
 	}
-	if chosen == nil {
-		chosen = bestGroup(func(g *GPU) [2]int { return [2]int{anyKey, g.NUMA} })
+	if !ok {
+		ok = sc.bestGroup(d, free, want, req.VCPU, byNUMA)
 	}
-	if chosen == nil {
-		all := slices.Clone(free)
-		slices.SortStableFunc(all, func(a, b *GPU) int {
-			return cmp.Or(cmp.Compare(a.NUMA, b.NUMA), cmp.Compare(islandKey(a), islandKey(b)), cmp.Compare(a.Index, b.Index))
+	if !ok {
+		n := d.n
+		sc.picked = append(sc.picked[:0], free...)
+		slices.SortStableFunc(sc.picked, func(a, b freeGPU) int {
+			return cmp.Or(cmp.Compare(a.numa, b.numa), cmp.Compare(a.island, b.island), cmp.Compare(n.GPUs[a.idx].Index, n.GPUs[b.idx].Index))
 		})
-		chosen = all[:want]
+		sc.picked = sc.picked[:want]
 	}
-	p.atoms = make([]string, 0, want)
-	p.gpus = chosen
-	var touched []int
-	for _, g := range chosen {
-		p.atoms = append(p.atoms, g.UUID)
-		if k := islandKey(g); !slices.Contains(touched, k) {
-			touched = append(touched, k)
-			if g.Island >= 0 {
-				p.leftover += islandFree(k)
+	for ci := range sc.picked {
+		f := &sc.picked[ci]
+		sc.chosen, sc.chosenNUMA = append(sc.chosen, f.idx), append(sc.chosenNUMA, f.numa)
+		first := true
+		for _, e := range sc.picked[:ci] {
+			if e.island == f.island {
+				first = false
+				break
 			}
 		}
-		if g.Island >= 0 {
+		if first {
+			p.islands++
+			if f.linked {
+				p.leftover += islandFree(free, f.island)
+			}
+		}
+		if f.linked {
 			p.leftover--
 		}
 	}
-	p.islands = len(touched)
 	return p, ""
 }
 
@@ -194,68 +298,100 @@ func cmpBool(a, b bool) int {
 	return -1
 }
 
-// unitGroup is the free MIG instances or slots of one GPU.
+// unitGroup is the free MIG instances or slots of one GPU: n indexes into
+// its MIG or Slots, from off in sc.units.
 type unitGroup struct {
-	gpu   *GPU
-	atoms []string
+	gpu, off, n int32
 }
 
-// pickUnits takes want atoms from groups: from one GPU where one has enough
-// (the fullest that fits), else from one NUMA node, else anywhere, most
-// free first.
-func pickUnits(groups []unitGroup, want int) (atoms []string, gpus []*GPU, leftover int) {
+// numaCount is the free units of one NUMA node.
+type numaCount struct{ numa, free int }
+
+// pickUnits takes want atoms from the groups in sc.groups: from one GPU
+// where one has enough (the fullest that fits), else from one NUMA node,
+// else anywhere, most free first. It leaves the GPUs touched in sc.chosen
+// and the units taken in sc.unitGPU and sc.unit.
+func (sc *scratch) pickUnits(n *Node, want int) (leftover int) {
+	groups := sc.groups
 	slices.SortFunc(groups, func(a, b unitGroup) int {
-		return cmp.Or(cmp.Compare(len(a.atoms), len(b.atoms)), cmp.Compare(a.gpu.Index, b.gpu.Index))
+		return cmp.Or(cmp.Compare(a.n, b.n), cmp.Compare(n.GPUs[a.gpu].Index, n.GPUs[b.gpu].Index))
 	})
-	for _, g := range groups {
-		if len(g.atoms) >= want {
-			return g.atoms[:want], []*GPU{g.gpu}, len(g.atoms) - want
+	take := func(g unitGroup, k int) {
+		sc.chosen, sc.chosenNUMA = append(sc.chosen, g.gpu), append(sc.chosenNUMA, n.GPUs[g.gpu].NUMA)
+		for _, u := range sc.units[g.off : g.off+int32(k)] {
+			sc.unitGPU = append(sc.unitGPU, g.gpu)
+			sc.unit = append(sc.unit, u)
 		}
 	}
-	numaFree := map[int]int{}
 	for _, g := range groups {
-		numaFree[g.gpu.NUMA] += len(g.atoms)
+		if int(g.n) >= want {
+			take(g, want)
+			return int(g.n) - want
+		}
+	}
+	sc.numaFree = sc.numaFree[:0]
+	for _, g := range groups {
+		numa, found := n.GPUs[g.gpu].NUMA, false
+		for i := range sc.numaFree {
+			if sc.numaFree[i].numa == numa {
+				sc.numaFree[i].free += int(g.n)
+				found = true
+				break
+			}
+		}
+		if !found {
+			sc.numaFree = append(sc.numaFree, numaCount{numa, int(g.n)})
+		}
+	}
+	freeOf := func(numa int) int {
+		for _, c := range sc.numaFree {
+			if c.numa == numa {
+				return c.free
+			}
+		}
+		return 0
 	}
 	best := -1
-	for numa, f := range numaFree {
-		if f >= want && (best == -1 || f < numaFree[best] || (f == numaFree[best] && numa < best)) {
-			best = numa
+	for _, c := range sc.numaFree {
+		if c.free >= want && (best == -1 || c.free < freeOf(best) || (c.free == freeOf(best) && c.numa < best)) {
+			best = c.numa
 		}
 	}
 	slices.SortStableFunc(groups, func(a, b unitGroup) int {
+		ga, gb := &n.GPUs[a.gpu], &n.GPUs[b.gpu]
 		return cmp.Or(
-			-cmpBool(a.gpu.NUMA == best, b.gpu.NUMA == best),
-			cmp.Compare(len(b.atoms), len(a.atoms)),
-			cmp.Compare(a.gpu.Index, b.gpu.Index),
+			-cmpBool(ga.NUMA == best, gb.NUMA == best),
+			cmp.Compare(b.n, a.n),
+			cmp.Compare(ga.Index, gb.Index),
 		)
 	})
 	for _, g := range groups {
 		if want == 0 {
 			break
 		}
-		k := min(want, len(g.atoms))
-		atoms = append(atoms, g.atoms[:k]...)
-		gpus = append(gpus, g.gpu)
-		leftover += len(g.atoms) - k
+		k := min(want, int(g.n))
+		take(g, k)
+		leftover += int(g.n) - k
 		want -= k
 	}
-	return atoms, gpus, leftover
+	return leftover
 }
 
-func pickMIG(req *Request, n *Node) (pick, string) {
+func (sc *scratch) pickMIG(req *Request, n *Node) (pick, string) {
 	var p pick
-	var groups []unitGroup
+	sc.groups, sc.units = sc.groups[:0], sc.units[:0]
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		if !modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeMIG {
+		if !sc.modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeMIG {
 			continue
 		}
-		maxN := migMax(g.Model, req.MIGProfile)
+		maxN := sc.migMax(g.Model, req.MIGProfile)
 		if maxN == 0 {
 			continue
 		}
-		ug := unitGroup{gpu: g}
-		for _, in := range g.MIG {
+		ug := unitGroup{gpu: int32(i), off: int32(len(sc.units))}
+		for k := range g.MIG {
+			in := &g.MIG[k]
 			// Only layouts the model supports: an instance outside the
 			// table is ignored, never booked.
 			if in.Profile != req.MIGProfile || in.N < 0 || in.N >= maxN {
@@ -263,12 +399,13 @@ func pickMIG(req *Request, n *Node) (pick, string) {
 			}
 			p.unitsTotal++
 			if !in.Booked {
-				ug.atoms = append(ug.atoms, fmt.Sprintf("%s/mig/%s/%d", g.UUID, in.Profile, in.N))
+				sc.units = append(sc.units, int32(k))
+				ug.n++
 			}
 		}
-		p.unitsFree += len(ug.atoms)
-		if len(ug.atoms) > 0 {
-			groups = append(groups, ug)
+		p.unitsFree += int(ug.n)
+		if ug.n > 0 {
+			sc.groups = append(sc.groups, ug)
 		}
 	}
 	if p.unitsTotal == 0 {
@@ -277,44 +414,36 @@ func pickMIG(req *Request, n *Node) (pick, string) {
 	if p.unitsFree < req.GPUs {
 		return p, ReasonFreeMIG
 	}
-	p.atoms, p.gpus, p.leftover = pickUnits(groups, req.GPUs)
+	p.leftover = sc.pickUnits(n, req.GPUs)
 	return p, ""
 }
 
-func pickSlots(req *Request, n *Node) (pick, string) {
+func (sc *scratch) pickSlots(req *Request, n *Node) (pick, string) {
 	var p pick
-	var groups []unitGroup
+	sc.groups, sc.units = sc.groups[:0], sc.units[:0]
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		if !modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeShared {
+		if !sc.modelOK(req, g) || !gpuUsable(g) || g.Mode != ModeShared {
 			continue
 		}
-		ug := unitGroup{gpu: g}
-		for _, s := range g.Slots {
+		ug := unitGroup{gpu: int32(i), off: int32(len(sc.units))}
+		for k, s := range g.Slots {
 			p.unitsTotal++
 			if !s.Booked {
-				ug.atoms = append(ug.atoms, g.UUID+"/s"+strconv.Itoa(s.K))
+				sc.units = append(sc.units, int32(k))
+				ug.n++
 			}
 		}
-		p.unitsFree += len(ug.atoms)
-		if len(ug.atoms) > 0 {
-			groups = append(groups, ug)
+		p.unitsFree += int(ug.n)
+		if ug.n > 0 {
+			sc.groups = append(sc.groups, ug)
 		}
 	}
 	if p.unitsFree < req.Slots {
 		return p, ReasonFreeSlots
 	}
-	p.atoms, p.gpus, p.leftover = pickUnits(groups, req.Slots)
+	p.leftover = sc.pickUnits(n, req.Slots)
 	return p, ""
-}
-
-func numaCPUsFree(n *Node, id int) int {
-	for i := range n.NUMA {
-		if n.NUMA[i].ID == id {
-			return len(n.NUMA[i].FreeCPUs)
-		}
-	}
-	return 0
 }
 
 // pickCPUs hints which CPUs to pin: from the GPUs' NUMA node when it has

@@ -71,17 +71,30 @@ func checkHealthy(_ *Request, n *Node) string {
 // and any other taint only when the request tolerates it.
 func checkTaints(req *Request, n *Node) string {
 	for _, t := range n.Taints {
-		if t.Key == "dedicated" {
-			if t.Value != req.Tenant {
-				return reasonTaintPrefix + t.String()
-			}
-			continue
-		}
-		if !slices.Contains(req.Tolerations, t.Key) && !slices.Contains(req.Tolerations, t.String()) {
+		if !taintAdmits(req, &t) {
 			return reasonTaintPrefix + t.String()
 		}
 	}
 	return ""
+}
+
+// taintAdmits reports whether req may land on a node tainted t: a toleration
+// names the taint's key or the whole "key=value" (compared in place, so the
+// scan builds no string).
+func taintAdmits(req *Request, t *Taint) bool {
+	if t.Key == "dedicated" {
+		return t.Value == req.Tenant
+	}
+	for _, tol := range req.Tolerations {
+		if tol == t.Key {
+			return true
+		}
+		if t.Value != "" && len(tol) == len(t.Key)+1+len(t.Value) &&
+			tol[:len(t.Key)] == t.Key && tol[len(t.Key)] == '=' && tol[len(t.Key)+1:] == t.Value {
+			return true
+		}
+	}
+	return false
 }
 
 func checkTenancy(req *Request, n *Node) string {
@@ -144,8 +157,9 @@ func checkCapabilities(req *Request, n *Node) string {
 	return ""
 }
 
-func checkHost(req *Request, n *Node) string {
-	free := n.HostFree()
+func checkHost(req *Request, n *Node) string { return hostReason(req, n.HostFree()) }
+
+func hostReason(req *Request, free HostResources) string {
 	switch {
 	case req.VCPU > free.VCPU:
 		return ReasonVCPU
@@ -159,14 +173,76 @@ func checkHost(req *Request, n *Node) string {
 	return ""
 }
 
-// checkSummary prunes a node from its summary alone, before its detail is
-// loaded. Its free counts are upper bounds and a class has one GPU model,
-// so it never rejects a node the full chain would accept; it runs first, so
-// a node that fails both is counted under the summary's reason.
-func checkSummary(req *Request, s *NodeSummary) string {
-	if req.Model != "" && s.Class.Model != "" && !ModelMatches(req.Model, s.Class.Model) {
-		return ReasonModel
+// check runs the default chain, in DefaultCheckers' order and with its
+// reasons, without the calls through the interface and without building a
+// reason string per rejected node: those that carry detail are built once
+// per call (labels, capabilities) or per taint, and kept in the scratch.
+func (sc *scratch) check(req *Request, d *digest) string {
+	if !d.schedulable {
+		return ReasonUnschedulable
 	}
+	if !d.healthy {
+		return ReasonUnhealthy
+	}
+	n := d.n
+	if d.taints {
+		for i := range n.Taints {
+			if !taintAdmits(req, &n.Taints[i]) {
+				return sc.taintReason(n.Taints[i])
+			}
+		}
+	}
+	if d.singleTenant != "" && d.singleTenant != req.Tenant {
+		return ReasonSingleTenant
+	}
+	if req.SingleTenant {
+		for _, t := range d.tenants {
+			if t.atoms > 0 && t.tenant != req.Tenant {
+				return ReasonOtherTenants
+			}
+		}
+	}
+	for i := range req.Selector {
+		if !req.Selector[i].Matches(n.Labels) {
+			if sc.labelReasons[i] == "" {
+				sc.labelReasons[i] = reasonLabelPrefix + req.Selector[i].String()
+			}
+			return sc.labelReasons[i]
+		}
+	}
+	for i, c := range req.Capabilities {
+		if !slices.Contains(n.Capabilities, c) {
+			if sc.capReasons[i] == "" {
+				sc.capReasons[i] = reasonCapabilityPrefx + c
+			}
+			return sc.capReasons[i]
+		}
+	}
+	return hostReason(req, d.hostFree)
+}
+
+// maxTaintReasons bounds the scratch's taint reasons, which outlive a call.
+const maxTaintReasons = 256
+
+func (sc *scratch) taintReason(t Taint) string {
+	r, ok := sc.taintReasons[t]
+	if !ok {
+		if len(sc.taintReasons) >= maxTaintReasons {
+			clear(sc.taintReasons)
+		}
+		r = reasonTaintPrefix + t.String()
+		sc.taintReasons[t] = r
+	}
+	return r
+}
+
+// checkSummary prunes a node from its summary alone, before its detail is
+// loaded. Its free counts are upper bounds, so it never rejects a node the
+// full chain would accept; it runs first, so a node that fails both is
+// counted under the summary's reason. The model is not checked here: a
+// class has one model, and Place rejects a class of the wrong model whole
+// before looking at its nodes.
+func checkSummary(req *Request, s *NodeSummary) string {
 	if req.MIGProfile == "" && req.GPUs > s.FreeGPUs {
 		return ReasonFreeGPUs
 	}

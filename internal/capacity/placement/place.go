@@ -1,9 +1,6 @@
 package placement
 
-import (
-	"cmp"
-	"slices"
-)
+import "cmp"
 
 // DefaultLimit is how many plans Place returns when Options.Limit is zero.
 const DefaultLimit = 3
@@ -35,15 +32,18 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	if opts.Weights != nil {
 		w = *opts.Weights
 	}
+	// nil keeps the default chain, which the scan runs inline.
 	checkers := opts.Checkers
-	if checkers == nil {
-		checkers = DefaultCheckers()
-	}
 
+	sc := getScratch(&req)
+	defer putScratch(sc)
+	// Once the top is full, a whole-GPU node that could not enter it even
+	// with the best topology and fragmentation scores is counted feasible
+	// without picking its GPUs or scoring it.
+	bound := req.MIGProfile == "" && req.Slots == 0 && boundable(&w)
 	res := Result{Explanation: newExplanation()}
 	ex := &res.Explanation
-	var top []Plan
-	for _, class := range snap.classes {
+	for ci, class := range snap.classes {
 		idx := snap.byClass[class.Key]
 		ex.Evaluated += len(idx)
 		// A whole class of the wrong model is rejected from the index,
@@ -52,63 +52,101 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 			ex.reject(class.Key, ReasonModel, len(idx))
 			continue
 		}
-	nodes:
 		for _, i := range idx {
-			if r := checkSummary(&req, &snap.nodes[i]); r != "" {
-				ex.reject(class.Key, r, 1)
+			d, r := sc.admit(snap, i, &req, checkers)
+			if r == "" && bound && len(sc.top) == limit && sc.losesAnyway(&req, d, &w) {
+				ex.Feasible++
 				continue
 			}
-			n := snap.node(i)
-			for _, c := range checkers {
-				if r := c.Check(&req, n); r != "" {
-					ex.reject(class.Key, r, 1)
-					continue nodes
-				}
+			var p pick
+			if r == "" {
+				p, r = sc.pickAtoms(&req, d)
 			}
-			p, r := pickAtoms(&req, n)
 			if r != "" {
-				ex.reject(class.Key, r, 1)
+				sc.count(r)
 				continue
 			}
 			ex.Feasible++
-			plan := Plan{
-				NodeID:   n.ID,
-				NodeName: n.Name,
-				Class:    class.Key,
-				Atoms:    p.atoms,
-				Host: HostResources{
-					VCPU: req.VCPU, MemoryGiB: req.MemoryGiB,
-					Hugepages2Mi: req.Hugepages2Mi, Hugepages1Gi: req.Hugepages1Gi,
-				},
-				NUMA:  p.numa,
-				Score: score(w, &req, n, &p),
-				Split: req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 1 && p.islands != 1,
+			c := candidate{
+				id:    d.id,
+				node:  i,
+				class: ci,
+				numa:  p.numa,
+				split: req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 1 && p.islands != 1,
+				score: score(w, &req, d, &p),
 			}
-			top = insertTop(top, plan, limit)
+			sc.insertTop(&c, limit)
+		}
+		sc.flush(ex, class.Key)
+	}
+	if len(sc.top) > 0 {
+		res.Plans = make([]Plan, len(sc.top))
+	}
+	host := HostResources{VCPU: req.VCPU, MemoryGiB: req.MemoryGiB, Hugepages2Mi: req.Hugepages2Mi, Hugepages1Gi: req.Hugepages1Gi}
+	for k := range sc.top {
+		c := &sc.top[k]
+		d := snap.digest(c.node)
+		n := d.n
+		// Pick again to spell out the atoms: the pick is a pure function
+		// of the node, so it is the one scored.
+		sc.pickAtoms(&req, d)
+		cpus, _ := pickCPUs(req.VCPU, n, c.numa)
+		res.Plans[k] = Plan{
+			NodeID:   n.ID,
+			NodeName: n.Name,
+			Class:    snap.classes[c.class].Key,
+			Atoms:    sc.atoms(&req, n),
+			Host:     host,
+			NUMA:     c.numa,
+			CPUSet:   cpuset(cpus),
+			CPUs:     cpus,
+			Score:    c.score,
+			Split:    c.split,
 		}
 	}
-	for i := range top {
-		cpus, _ := pickCPUs(req.VCPU, snap.node(snap.index[top[i].NodeID]), top[i].NUMA)
-		top[i].CPUSet, top[i].CPUs = cpuset(cpus), cpus
-	}
-	res.Plans = top
 	return res, nil
+}
+
+// admit runs node i through the summary check and the checkers, and
+// returns its digest or the reason it is rejected. nil checkers run the
+// default chain.
+func (sc *scratch) admit(snap *Snapshot, i int, req *Request, checkers []Checker) (*digest, string) {
+	if r := checkSummary(req, &snap.nodes[i]); r != "" {
+		return nil, r
+	}
+	d := snap.digest(i)
+	if checkers == nil {
+		return d, sc.check(req, d)
+	}
+	for _, c := range checkers {
+		if r := c.Check(req, d.n); r != "" {
+			return d, r
+		}
+	}
+	return d, ""
+}
+
+// losesAnyway reports whether a whole-GPU request surely fits d's node
+// (the digest says pickWhole cannot refuse it) and its plan could not enter
+// the full top: not even when its pick is inside one NVLink island with the
+// best topology and fragmentation scores, as the binpack and spread scores
+// do not depend on the pick.
+func (sc *scratch) losesAnyway(req *Request, d *digest, w *Weights) bool {
+	want := req.GPUs
+	if d.mixed || d.gpus == 0 || !sc.modelMatches(req, d.model) || len(d.free) < want ||
+		(req.RequireNVLink && want > 1 && d.maxIslandFree < want) {
+		return false
+	}
+	best := ScoreBreakdown{
+		Binpack:       scoreBinpack(want, &pick{unitsTotal: d.wholeTotal, unitsFree: len(d.free)}),
+		Topology:      1,
+		Fragmentation: 1,
+		Spread:        scoreSpread(req, d),
+	}
+	c := candidate{id: d.id, score: ScoreBreakdown{Total: weighted(w, &best)}}
+	return betterCandidate(&c, &sc.top[len(sc.top)-1]) >= 0
 }
 
 func better(a, b *Plan) int {
 	return cmp.Or(cmpBool(a.Split, b.Split), cmp.Compare(b.Score.Total, a.Score.Total), cmp.Compare(a.NodeID, b.NodeID))
-}
-
-// insertTop keeps the best limit plans in order without sorting every
-// feasible node.
-func insertTop(top []Plan, p Plan, limit int) []Plan {
-	if len(top) == limit && better(&p, &top[len(top)-1]) >= 0 {
-		return top
-	}
-	i, _ := slices.BinarySearchFunc(top, p, func(e, t Plan) int { return better(&e, &t) })
-	top = slices.Insert(top, i, p)
-	if len(top) > limit {
-		top = top[:limit]
-	}
-	return top
 }

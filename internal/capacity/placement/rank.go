@@ -1,5 +1,7 @@
 package placement
 
+import "math"
+
 // Weights weigh the scorers into a plan's total score.
 type Weights struct {
 	Binpack       float64
@@ -26,7 +28,7 @@ func scoreBinpack(want int, p *pick) float64 {
 // and one NUMA node shared by the GPUs and the pinned CPUs.
 func scoreTopology(p *pick) float64 {
 	var s float64
-	if p.islands <= 1 && (p.islands == 1 || len(p.gpus) <= 1) {
+	if p.islands <= 1 && (p.islands == 1 || p.gpus <= 1) {
 		s += 0.5
 	}
 	if p.numa >= 0 && p.cpusLocal {
@@ -40,11 +42,11 @@ func scoreTopology(p *pick) float64 {
 func scoreFragmentation(p *pick) float64 { return 1 / (1 + float64(p.leftover)) }
 
 // scoreSpread prefers nodes where the tenant holds fewer atoms already.
-func scoreSpread(req *Request, n *Node) float64 {
-	return 1 / (1 + float64(n.TenantAtoms[req.Tenant]))
+func scoreSpread(req *Request, d *digest) float64 {
+	return 1 / (1 + float64(d.tenantAtoms(req.Tenant)))
 }
 
-func score(w Weights, req *Request, n *Node, p *pick) ScoreBreakdown {
+func score(w Weights, req *Request, d *digest, p *pick) ScoreBreakdown {
 	want := req.GPUs
 	if req.Slots > 0 {
 		want = req.Slots
@@ -53,11 +55,35 @@ func score(w Weights, req *Request, n *Node, p *pick) ScoreBreakdown {
 		Binpack:       scoreBinpack(want, p),
 		Topology:      scoreTopology(p),
 		Fragmentation: scoreFragmentation(p),
-		Spread:        scoreSpread(req, n),
+		Spread:        scoreSpread(req, d),
 	}
+	b.Total = weighted(&w, &b)
+	return b
+}
+
+// weighted is the weighted total of b's scores. It is kept out of line so
+// that every score and the scan's bound (see Place) are rounded by the same
+// code: a compiler may fuse a multiply and an add differently where it
+// inlines, and the bound must never round below a score.
+//
+//go:noinline
+func weighted(w *Weights, b *ScoreBreakdown) float64 {
 	sum := w.Binpack + w.Topology + w.Fragmentation + w.Spread
 	if sum > 0 {
-		b.Total = (w.Binpack*b.Binpack + w.Topology*b.Topology + w.Fragmentation*b.Fragmentation + w.Spread*b.Spread) / sum
+		return (w.Binpack*b.Binpack + w.Topology*b.Topology + w.Fragmentation*b.Fragmentation + w.Spread*b.Spread) / sum
 	}
-	return b
+	return 0
+}
+
+// boundable reports whether a total can be bounded above by putting each
+// score at its maximum: the weights are finite and not negative, so the
+// total only grows with each score, in floating point too (each rounding
+// is monotone).
+func boundable(w *Weights) bool {
+	for _, x := range []float64{w.Binpack, w.Topology, w.Fragmentation, w.Spread} {
+		if !(x >= 0) || math.IsInf(x, 1) {
+			return false
+		}
+	}
+	return true
 }

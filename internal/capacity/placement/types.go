@@ -174,17 +174,20 @@ type ClassCount struct {
 // caller builds it before taking any lock; Place never changes it. Detail is
 // cached in atomic pointers so concurrent Place calls over one Snapshot are
 // safe without a lock (a detail may be loaded twice in a race; the loader is
-// pure, so both copies are equal).
+// pure, so both copies are equal). Each detail carries its digest, the
+// compact form a full scan reads.
 type Snapshot struct {
 	nodes   []NodeSummary
 	classes []ClassCount
 	byClass map[ClassKey][]int // indexes into nodes, in snapshot order
 	index   map[string]int     // node ID to index into nodes
-	detail  []atomic.Pointer[Node]
+	detail  []atomic.Pointer[digest]
 	load    func(id string) Node
 }
 
-// NewSnapshot indexes nodes whose detail is already in memory.
+// NewSnapshot indexes nodes whose detail is already in memory. It keeps
+// pointers into nodes and the digests it computes from them, so the caller
+// must not change nodes afterwards.
 func NewSnapshot(nodes []Node) *Snapshot {
 	sums := make([]NodeSummary, len(nodes))
 	byID := make(map[string]*Node, len(nodes))
@@ -194,8 +197,10 @@ func NewSnapshot(nodes []Node) *Snapshot {
 		byID[n.ID] = n
 	}
 	s := NewLazySnapshot(sums, func(id string) Node { return *byID[id] })
+	digests, arena := make([]digest, len(nodes)), newArena(nodes)
 	for i := range nodes {
-		s.detail[i].Store(&nodes[i])
+		digests[i] = newDigest(&nodes[i], arena)
+		s.detail[i].Store(&digests[i])
 	}
 	return s
 }
@@ -208,7 +213,7 @@ func NewLazySnapshot(summaries []NodeSummary, load func(id string) Node) *Snapsh
 		nodes:   summaries,
 		byClass: map[ClassKey][]int{},
 		index:   make(map[string]int, len(summaries)),
-		detail:  make([]atomic.Pointer[Node], len(summaries)),
+		detail:  make([]atomic.Pointer[digest], len(summaries)),
 		load:    load,
 	}
 	pos := map[ClassKey]int{}
@@ -259,14 +264,15 @@ func (s *Snapshot) Classes() []ClassCount { return append([]ClassCount(nil), s.c
 // Len is the number of nodes in the snapshot.
 func (s *Snapshot) Len() int { return len(s.nodes) }
 
-// node returns the detail of the i-th node, loading it on first view.
-func (s *Snapshot) node(i int) *Node {
-	if n := s.detail[i].Load(); n != nil {
-		return n
+// digest returns the i-th node's digest, loading its detail on first view.
+func (s *Snapshot) digest(i int) *digest {
+	if d := s.detail[i].Load(); d != nil {
+		return d
 	}
 	n := s.load(s.nodes[i].ID)
-	s.detail[i].Store(&n)
-	return &n
+	d := newDigest(&n, &digestArena{})
+	s.detail[i].Store(&d)
+	return &d
 }
 
 // LabelOp is a label selector operator.
