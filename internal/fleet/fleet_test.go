@@ -204,11 +204,11 @@ func TestNodes(t *testing.T) {
 		if err := fleet.InventoryReplace(ctx, tx, &fleet.Inventory{NodeID: f.node.ID, Digest: "sha256:abc", GPUs: []fleet.GPU{
 			{UUID: "GPU-1", Index: 0, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559},
 			{UUID: "GPU-2", Index: 1, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559},
-		}}, f.cp.Clock.Now()); err != nil {
+		}}, ""); err != nil {
 			return err
 		}
-		return fleet.NodeConditionUpsert(ctx, tx, &fleet.NodeCondition{NodeID: f.node.ID, Type: "GpuHealthy", Status: "true",
-			Reason: "AllHealthy", Message: "2 of 2", UpdateTime: f.cp.Clock.Now()})
+		return fleet.NodeConditionSet(ctx, tx, &fleet.NodeCondition{NodeID: f.node.ID, Type: "GpuHealthy", Status: "true",
+			Reason: "AllHealthy", Message: "2 of 2"})
 	}))
 	joining := f.insertNode(t, f.acme.GetId(), f.web.GetId(), "gpu-2", fleet.NodeJoining)
 	f.insertNode(t, f.other.GetId(), "prj_x", "elsewhere", fleet.NodeActive)
@@ -568,7 +568,6 @@ func TestInventory(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	now := f.cp.Clock.Now()
 	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		return fleet.InventoryReplace(ctx, tx, &fleet.Inventory{
 			NodeID: f.node.ID, Digest: "sha256:def",
@@ -580,7 +579,7 @@ func TestInventory(t *testing.T) {
 			NvLinks:   []fleet.NvLink{{GPUUUID: "GPU-a", PeerUUID: "GPU-b", Link: 0}},
 			NumaNodes: []fleet.NumaNode{{ID: 0, CPUs: "0-31", MemoryMiB: 515000, Hugepages2Mi: 512}, {ID: 1, CPUs: "32-63", MemoryMiB: 515000}},
 			Resources: &fleet.NodeResources{CPUModel: "AMD EPYC 7763", Sockets: 2, Cores: 64, Threads: 128, MemoryMiB: 1030000},
-		}, now)
+		}, "")
 	}))
 	res, err := f.client("viewer").Inventory.Get(ctx, connect.NewRequest(&apiv1.GetInventoryRequest{Node: f.node.Name}))
 	require.NoError(t, err)
