@@ -5,6 +5,7 @@ package fleet
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -77,23 +78,41 @@ type CommandInsertParams struct {
 
 // CommandInsert allocates the node's next sequence number and inserts a
 // pending command with it, in the caller's transaction: the sequence and
-// the row commit together or not at all.
-func CommandInsert(ctx context.Context, tx store.Tx, p *CommandInsertParams) (Command, error) {
+// the row commit together or not at all. When the node already has a
+// command with the idempotency key, nothing is written (the transaction
+// stays usable: no unique violation is raised) and the stored command is
+// returned with inserted false; the caller compares it with its request.
+func CommandInsert(ctx context.Context, tx store.Tx, p *CommandInsertParams) (c Command, inserted bool, err error) {
 	var seq int64
 	if err := tx.QueryRow(ctx, `UPDATE nodes SET next_seq = next_seq + 1 WHERE id = $1 RETURNING next_seq`, p.NodeID).Scan(&seq); err != nil {
-		return Command{}, err
+		return Command{}, false, err
 	}
-	c := Command{
+	c = Command{
 		ID: p.ID, TenantID: p.TenantID, NodeID: p.NodeID, Seq: seq, Kind: p.Kind, Params: cmp.Or(p.Params, "{}"),
 		IdempotencyKey: cmp.Or(p.IdempotencyKey, p.ID), State: CommandPending, Result: "{}", Traceparent: p.Traceparent,
 		CreatedBy: p.CreatedBy, Deadline: p.Deadline, CreateTime: p.CreateTime, UpdateTime: p.CreateTime,
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO commands (id, tenant_id, node_id, seq, kind, params, idempotency_key, state,
+	var id string
+	err = tx.QueryRow(ctx, `INSERT INTO commands (id, tenant_id, node_id, seq, kind, params, idempotency_key, state,
 		traceparent, created_by, deadline, create_time, update_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+		ON CONFLICT (node_id, idempotency_key) DO NOTHING RETURNING id`,
 		c.ID, c.TenantID, c.NodeID, c.Seq, c.Kind, c.Params, c.IdempotencyKey, c.State, c.Traceparent, c.CreatedBy,
-		c.Deadline, c.CreateTime)
-	return c, err
+		c.Deadline, c.CreateTime).Scan(&id)
+	if err == nil {
+		return c, true, nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return Command{}, false, err
+	}
+	// A repeat: hand the number back (the node's row stays locked by the
+	// UPDATE above, so no other command took a later one meanwhile).
+	if _, err := tx.Exec(ctx, `UPDATE nodes SET next_seq = next_seq - 1 WHERE id = $1`, p.NodeID); err != nil {
+		return Command{}, false, err
+	}
+	stored, err := scanCommand(tx.QueryRow(ctx, `SELECT `+commandColumns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`,
+		p.NodeID, c.IdempotencyKey))
+	return stored, false, err
 }
 
 // CommandGet reads a command (store.ErrNotFound when absent); a non-empty

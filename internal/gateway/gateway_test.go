@@ -13,6 +13,9 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // TestRoundTrip: join → session → hello → heartbeat → command round trip →
@@ -248,4 +251,54 @@ func TestCommandSweep(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{c.GetId()}, &cstate)
 	require.Equal(t, "expired", cstate)
+}
+
+// TestUnencodableCommandFails: a stored command whose params cannot be
+// encoded for the agent is failed at delivery, with its event, instead of
+// staying open until its deadline; the commands after it still go out.
+func TestUnencodableCommandFails(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	_, tok := f.token(t, nil)
+	a := newAgent(t, f, "gpu-07")
+	a.join(tok)
+	st := a.session(0, "")
+	require.NotNil(t, st.next().GetInventoryRequest())
+
+	var tenant string
+	query(t, f.cp.App.DB, `SELECT tenant_id FROM nodes WHERE id = $1`, []any{a.nodeID}, &tenant)
+	now := f.cp.Clock.Now()
+	bad := map[string]string{
+		"array":   `["not", "an", "object"]`,
+		"garbage": `{"a":`,
+		"huge":    `{"blob":"` + strings.Repeat("x", fleet.MaxCommandParamsBytes) + `"}`,
+	}
+	ids := map[string]string{}
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		for _, name := range []string{"array", "garbage", "huge"} {
+			c, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{
+				ID: envelope.NewID(fleet.CommandIDPrefix, now), TenantID: tenant, NodeID: a.nodeID, Kind: "allocation.bind",
+				Params: bad[name], Deadline: now.Add(time.Hour), CreateTime: now,
+			})
+			if err != nil {
+				return err
+			}
+			ids[name] = c.ID
+		}
+		return nil
+	}))
+	run, err := f.cp.Admin().Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: a.nodeID, Kind: "inventory.refresh"}))
+	require.NoError(t, err)
+	c := st.nextCommand()
+	require.Equal(t, run.Msg.GetCommand().GetId(), c.GetId(), "the command after the unencodable ones goes out")
+	require.Equal(t, uint64(4), c.GetSeq())
+	for name, id := range ids {
+		eventually(t, func() bool {
+			var state, code, msg string
+			query(t, f.cp.App.DB, `SELECT state, failure_code, message FROM commands WHERE id = $1`, []any{id}, &state, &code, &msg)
+			return state == fleet.CommandFailed && code == fleet.CommandFailUnencodable && strings.Contains(msg, "cannot be encoded")
+		}, name+" command failed at once")
+		require.Equal(t, 1, count(t, f, `SELECT count(*) FROM events WHERE type = 'command.failed' AND resource_id = $1`, id), name)
+	}
 }

@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -395,14 +395,19 @@ func (s *session) certificateValid() error {
 // deliver sends commands in seq order, then marks the pending ones
 // delivered. Sending first keeps the single SQLite writer off the dispatch
 // path; the mark is bookkeeping only — redelivery follows the agent's
-// last applied seq, and the agent applies a command at most once.
+// last applied seq, and the agent applies a command at most once. A
+// command that cannot be encoded is failed in the same write, with its
+// event, rather than left open until its deadline.
 func (s *session) deliver(cmds []fleet.Command) error {
 	from, pending := s.cursor, false
+	var unencodable []fleet.Command
+	var reasons []error
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
 		m, err := commandMessage(c)
 		if err != nil {
-			s.log.Error("command cannot be encoded; skipped", "command", c.ID, "err", err)
+			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
+			unencodable, reasons = append(unencodable, c), append(reasons, err)
 			s.cursor = seqOf(c)
 			continue
 		}
@@ -415,25 +420,55 @@ func (s *session) deliver(cmds []fleet.Command) error {
 		}
 		s.inflight[c.ID] = seqOf(c)
 	}
-	if !pending {
+	if !pending && len(unencodable) == 0 {
 		return nil
 	}
 	return s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		var evs []envelope.Event
+		for i, c := range unencodable {
+			ok, err := fleet.CommandUpdate(ctx, tx, &fleet.CommandUpdateParams{
+				ID: c.ID, FromState: c.State, State: fleet.CommandFailed, Progress: c.Progress,
+				Message: truncateMessage(reasons[i].Error()), FailureCode: fleet.CommandFailUnencodable,
+			})
+			if err != nil {
+				return err
+			}
+			if ok {
+				evs = append(evs, envelope.Event{
+					Type: "command." + fleet.CommandFailed, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID,
+					Time: s.g.cfg.Clock.Now(), Data: map[string]any{"node_id": s.nodeID, "seq": c.Seq, "kind": c.Kind,
+						"failure_code": fleet.CommandFailUnencodable},
+				})
+			}
+		}
+		if len(evs) > 0 {
+			if err := s.g.cfg.Recorder.InsertEvents(ctx, tx, evs); err != nil {
+				return err
+			}
+		}
+		if !pending {
+			return nil
+		}
 		return fleet.CommandMarkDelivered(ctx, tx, s.nodeID, from, seqOf(cmds[len(cmds)-1]))
 	})
+}
+
+// truncateMessage keeps a failure message to what a command row shows.
+func truncateMessage(msg string) string {
+	const limit = 512
+	if len(msg) > limit {
+		msg = msg[:limit] + "…"
+	}
+	return strings.ToValidUTF8(msg, "?")
 }
 
 // seqOf is a command's sequence number as the agent protocol carries it.
 func seqOf(c fleet.Command) uint64 { return uint64(max(c.Seq, 0)) }
 
+// commandMessage encodes a command for its agent; an error means it never
+// can be (fleet.ErrCommandUnencodable).
 func commandMessage(c fleet.Command) (*agentv1.Command, error) {
-	var params map[string]any
-	if c.Params != "" {
-		if err := json.Unmarshal([]byte(c.Params), &params); err != nil {
-			return nil, err
-		}
-	}
-	ps, err := structpb.NewStruct(params)
+	ps, err := fleet.CommandParamsStruct(c.Params)
 	if err != nil {
 		return nil, err
 	}
