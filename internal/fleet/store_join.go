@@ -24,7 +24,21 @@ type JoinToken struct {
 	UsedTime   *time.Time
 	CSRSHA256  string
 	NodeID     string
+	// Role is what a machine joining with the token becomes: node, site
+	// or ramdisk. The token decides it; "" means node.
+	Role string
 }
+
+// Agent roles a join token can bind; the certificate carries the same
+// word (pki.Role).
+const (
+	RoleNode    = "node"
+	RoleSite    = "site"
+	RoleRamdisk = "ramdisk"
+)
+
+// JoinTokenRoles are the roles a join token can bind.
+var JoinTokenRoles = []string{RoleNode, RoleSite, RoleRamdisk}
 
 // Join token states, derived from the row.
 const (
@@ -49,20 +63,20 @@ func (t JoinToken) State(now time.Time) string {
 }
 
 const joinTokenColumns = `id, tenant_id, project_id, pool, labels, created_by, create_time, expire_time, revoke_time,
-	used_time, csr_sha256, node_id`
+	used_time, csr_sha256, node_id, role`
 
 func scanJoinToken(row scanner) (JoinToken, error) {
 	var t JoinToken
 	err := row.Scan(&t.ID, &t.TenantID, &t.ProjectID, &t.Pool, &t.Labels, &t.CreatedBy, &t.CreateTime, &t.ExpireTime,
-		&t.RevokeTime, &t.UsedTime, &t.CSRSHA256, &t.NodeID)
+		&t.RevokeTime, &t.UsedTime, &t.CSRSHA256, &t.NodeID, &t.Role)
 	return t, err
 }
 
 // JoinTokenInsert creates a join token's row.
 func JoinTokenInsert(ctx context.Context, tx store.Tx, t *JoinToken) error {
-	_, err := tx.Exec(ctx, `INSERT INTO join_tokens (id, tenant_id, project_id, pool, labels, created_by, create_time, expire_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		t.ID, t.TenantID, t.ProjectID, t.Pool, cmp.Or(t.Labels, "{}"), t.CreatedBy, t.CreateTime, t.ExpireTime)
+	_, err := tx.Exec(ctx, `INSERT INTO join_tokens (id, tenant_id, project_id, pool, labels, created_by, create_time, expire_time, role)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		t.ID, t.TenantID, t.ProjectID, t.Pool, cmp.Or(t.Labels, "{}"), t.CreatedBy, t.CreateTime, t.ExpireTime, cmp.Or(t.Role, RoleNode))
 	return err
 }
 

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -88,7 +89,7 @@ func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 
 	var out joinOutcome
 	err = g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		out = joinOutcome{role: roleOf(req.GetMode())}
+		out = joinOutcome{}
 		return g.joinTx(ctx, tx, req, claims, csrSHA, hwKey, placeholder, &out)
 	})
 	if err != nil {
@@ -156,9 +157,16 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 	case tok.CSRSHA256 != "" && tok.CSRSHA256 != csrSHA:
 		return denied("token already used")
 	}
+	// The token decides the role, never the agent: a site or ramdisk
+	// certificate opens paths a node's does not. A join asking for another
+	// role is refused rather than quietly given the token's, so a
+	// misconfigured agent hears why.
+	out.role = cmp.Or(tok.Role, RoleNode)
+	if asked := roleOf(req.GetMode()); asked != out.role {
+		return denied("join token %s admits a %s agent; this agent asked to join as %s", tok.ID, out.role, asked)
+	}
 	if tok.NodeID != "" {
-		// A retry of an admitted join: same node, fresh certificate, the
-		// role of the mode it joined with.
+		// A retry of an admitted join: same node, fresh certificate.
 		n, err := fleet.NodeStatusGet(ctx, tx, tok.NodeID)
 		if err != nil {
 			return err
@@ -166,7 +174,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		if n.State == "retired" {
 			return denied("node %s was retired; join with a new token", n.ID)
 		}
-		out.nodeID, out.role = n.ID, roleOfName(n.Mode)
+		out.nodeID = n.ID
 		return nil
 	}
 	jr, err := fleet.JoinRequestGetByToken(ctx, tx, tok.ID)
@@ -305,14 +313,6 @@ func uniqueNodeName(ctx context.Context, tx store.Tx, base string) (string, erro
 		}
 	}
 	return "", status.Errorf(codes.ResourceExhausted, "no free node name for %q", base)
-}
-
-func roleOfName(mode string) string {
-	switch mode {
-	case RoleSite, RoleRamdisk:
-		return mode
-	}
-	return RoleNode
 }
 
 // issue signs a node certificate and records its serial on the node. The

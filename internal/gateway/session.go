@@ -289,9 +289,15 @@ func (s *session) doneError() error {
 // liveness ready (event node.ready when it was not) and a heartbeat.
 func (s *session) hello(h *agentv1.Hello) error {
 	g := s.g
+	// The certificate's role (the join token's) is the node's mode; a Hello
+	// claiming another must not rewrite it, or a rejoin would be issued
+	// that role.
+	if mode := roleOf(h.GetMode()); mode != s.ident.Role {
+		return denied("hello: mode %s, but the node's certificate is for role %s", mode, s.ident.Role)
+	}
 	s.cursor = h.GetLastAppliedSeq()
 	before, err := g.hellos.submit(s.ctx, fleet.NodeHelloParams{
-		NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: roleOf(h.GetMode()),
+		NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: s.ident.Role,
 		Capabilities: h.GetCapabilities(), TrustVersion: h.GetTrustVersion(), LastAppliedSeq: h.GetLastAppliedSeq(),
 	})
 	if errors.Is(err, errRetired) {
