@@ -189,7 +189,7 @@ type fakeJoinTokens struct{ ff *fleetFake }
 func (s fakeJoinTokens) Create(_ context.Context, req *connect.Request[apiv1.CreateJoinTokenRequest]) (*connect.Response[apiv1.CreateJoinTokenResponse], error) {
 	m := req.Msg
 	return connect.NewResponse(&apiv1.CreateJoinTokenResponse{
-		JoinToken: &apiv1.JoinToken{Id: "jtk_1", TenantId: m.GetTenant(), ProjectId: m.GetProject(), Pool: m.GetPool(), Labels: m.GetLabels(),
+		JoinToken: &apiv1.JoinToken{Id: "jtk_1", TenantId: m.GetTenant(), ProjectId: m.GetProject(), Pool: m.GetPool(), Labels: m.GetLabels(), Role: m.GetRole(),
 			State: "active", CreateTime: created, ExpireTime: timestamppb.New(created.AsTime().Add(time.Duration(m.GetTtlSeconds()) * time.Second))},
 		Token: "bcjt_PIN.sealed-token",
 	}), nil
@@ -354,6 +354,8 @@ func TestJoinTokensCLI(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(b.ok(t, "join-tokens", "create", "--tenant", "acme", "--project", "web", "-o", "json")), &created))
 	require.Equal(t, "bcjt_PIN.sealed-token", created.Token)
 	require.Equal(t, "jtk_1", created.JoinToken.Id)
+	site := b.ok(t, "join-tokens", "create", "--tenant", "acme", "--project", "web", "--role", "site")
+	require.Regexp(t, `jtk_1\s+active\s+site\s`, site, "the role the token binds is shown")
 
 	list := b.ok(t, "join-tokens", "list", "--tenant", "acme")
 	require.Contains(t, list, "a=1,b=2")

@@ -1,9 +1,12 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -127,28 +130,47 @@ func (s *CommandService) Run(ctx context.Context, req *connect.Request[apiv1.Run
 }
 
 // insertCommand inserts a pending command for n, wakes the node's session
-// once the transaction commits, and records the event.
+// once the transaction commits, and records the event. A key the node
+// already used answers the stored command when it asked for the same kind
+// and params (nothing is written), and IDEMPOTENCY_KEY_REUSED otherwise.
 func insertCommand(ctx context.Context, tx *envelope.Tx, deps Deps, n *Node, kind, params, idemKey string, deadline int32) (Command, error) {
 	if deadline == 0 {
 		deadline = defaultDeadline
 	}
 	now := tx.Now()
-	cmd, err := CommandInsert(ctx, tx, &CommandInsertParams{
+	cmd, inserted, err := CommandInsert(ctx, tx, &CommandInsertParams{
 		ID: envelope.NewID(CommandIDPrefix, now), TenantID: n.TenantID, NodeID: n.ID, Kind: kind, Params: params,
 		IdempotencyKey: idemKey, Traceparent: envelope.InfoFrom(ctx).TraceID, CreatedBy: tx.Caller().Principal.ID,
 		Deadline: now.Add(time.Duration(deadline) * time.Second), CreateTime: now,
 	})
 	if err != nil {
-		if errors.Is(err, store.ErrUnique) {
-			return Command{}, envelope.Errorf(envelope.CodeAlreadyExists, "a command with this Idempotency-Key already exists for node %s", n.Name)
-		}
 		return Command{}, err
+	}
+	if !inserted {
+		if !sameCommand(cmd, kind, params) {
+			return Command{}, envelope.Errorf(envelope.CodeIdempotencyKeyReused,
+				"Idempotency-Key was used for a different command on node %s (%s)", n.Name, cmd.ID)
+		}
+		tx.SetResource(cmd.ID, "")
+		return cmd, nil
 	}
 	deps.notify(tx.Tx, n.ID)
 	tx.SetResource(cmd.ID, "")
 	tx.Emit(envelope.Event{Type: "command.created", TenantID: n.TenantID, ResourceType: "Command", ResourceID: cmd.ID,
 		Data: map[string]any{"node_id": n.ID, "kind": kind, "seq": cmd.Seq}})
 	return cmd, nil
+}
+
+// sameCommand reports whether a stored command is what a repeat asks for.
+func sameCommand(c Command, kind, params string) bool {
+	if c.Kind != kind {
+		return false
+	}
+	var a, b any
+	if json.Unmarshal([]byte(c.Params), &a) != nil || json.Unmarshal([]byte(cmp.Or(params, "{}")), &b) != nil {
+		return c.Params == params
+	}
+	return reflect.DeepEqual(a, b)
 }
 
 // lookupCommand resolves a command (and its node's project) for a draft or
@@ -344,6 +366,44 @@ func paramsJSON(m map[string]any) (string, error) {
 	return string(b), err
 }
 
+// MaxCommandParamsBytes bounds a command's params as JSON, so that every
+// command fits the agent protocol's 4 MiB frame with room to spare.
+const MaxCommandParamsBytes = 1 << 20
+
+// ErrCommandUnencodable says a command's params cannot travel to an agent:
+// not a JSON object, not representable as a protobuf Struct, or larger than
+// MaxCommandParamsBytes. Such a command is refused when it is sent and
+// failed (never left pending) when it is found at delivery.
+var ErrCommandUnencodable = errors.New("command params cannot be encoded for the agent")
+
+// ErrCommandKeyReused says a node's command idempotency key was used before
+// for a different kind or params.
+var ErrCommandKeyReused = errors.New("command idempotency key was used for a different command")
+
+// CommandFailUnencodable is the failure code of a command the gateway
+// failed because it cannot be encoded.
+const CommandFailUnencodable = "UNENCODABLE"
+
+// CommandParamsStruct decodes a command's params column into the Struct
+// the agent protocol carries. The send path and the gateway's delivery
+// both use it, so a command that would not encode is never stored.
+func CommandParamsStruct(params string) (*structpb.Struct, error) {
+	if len(params) > MaxCommandParamsBytes {
+		return nil, fmt.Errorf("%w: %d bytes of JSON, at most %d", ErrCommandUnencodable, len(params), MaxCommandParamsBytes)
+	}
+	var m map[string]any
+	if params != "" {
+		if err := json.Unmarshal([]byte(params), &m); err != nil {
+			return nil, fmt.Errorf("%w: not a JSON object: %w", ErrCommandUnencodable, err)
+		}
+	}
+	st, err := structpb.NewStruct(m)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCommandUnencodable, err)
+	}
+	return st, nil
+}
+
 // SystemCommand is a command another module sends a node on the control
 // plane's own account (capacity's allocation.bind), not a caller's.
 type SystemCommand struct {
@@ -358,22 +418,37 @@ type SystemCommand struct {
 
 // SendSystemCommand persists a command in the caller's transaction with the
 // node's next sequence number and wakes the node's session once it commits.
-// A repeated idempotency key returns the command already stored.
+// A repeated idempotency key returns the command already stored (nothing is
+// written, the transaction stays usable), or ErrCommandKeyReused when that
+// command has another kind or params. Params that cannot be encoded for the
+// agent are refused at once with ErrCommandUnencodable, and nothing is
+// written.
 func SendSystemCommand(ctx context.Context, tx store.Tx, notifier CommandNotifier, c SystemCommand) (string, error) {
 	params, err := paramsJSON(c.Params)
+	if err == nil {
+		_, err = CommandParamsStruct(params)
+	} else {
+		err = fmt.Errorf("%w: %w", ErrCommandUnencodable, err)
+	}
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("fleet: %s command for node %s: %w", c.Kind, c.NodeID, err)
 	}
 	if c.TTL <= 0 {
 		c.TTL = defaultDeadline * time.Second
 	}
 	at := c.Time.UTC()
-	cmd, err := CommandInsert(ctx, tx, &CommandInsertParams{
+	cmd, inserted, err := CommandInsert(ctx, tx, &CommandInsertParams{
 		ID: envelope.NewID(CommandIDPrefix, at), TenantID: c.TenantID, NodeID: c.NodeID, Kind: c.Kind, Params: params,
 		IdempotencyKey: c.IdempotencyKey, CreatedBy: c.CreatedBy, Deadline: at.Add(c.TTL), CreateTime: at,
 	})
 	if err != nil {
 		return "", err
+	}
+	if !inserted {
+		if !sameCommand(cmd, c.Kind, params) {
+			return "", fmt.Errorf("fleet: %s command for node %s, key %q (stored as %s): %w", c.Kind, c.NodeID, c.IdempotencyKey, cmd.ID, ErrCommandKeyReused)
+		}
+		return cmd.ID, nil
 	}
 	if notifier != nil {
 		notifier.NotifyCommand(tx, c.NodeID)

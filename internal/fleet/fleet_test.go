@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -204,11 +205,11 @@ func TestNodes(t *testing.T) {
 		if err := fleet.InventoryReplace(ctx, tx, &fleet.Inventory{NodeID: f.node.ID, Digest: "sha256:abc", GPUs: []fleet.GPU{
 			{UUID: "GPU-1", Index: 0, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559},
 			{UUID: "GPU-2", Index: 1, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559},
-		}}, f.cp.Clock.Now()); err != nil {
+		}}, ""); err != nil {
 			return err
 		}
-		return fleet.NodeConditionUpsert(ctx, tx, &fleet.NodeCondition{NodeID: f.node.ID, Type: "GpuHealthy", Status: "true",
-			Reason: "AllHealthy", Message: "2 of 2", UpdateTime: f.cp.Clock.Now()})
+		return fleet.NodeConditionSet(ctx, tx, &fleet.NodeCondition{NodeID: f.node.ID, Type: "GpuHealthy", Status: "true",
+			Reason: "AllHealthy", Message: "2 of 2"})
 	}))
 	joining := f.insertNode(t, f.acme.GetId(), f.web.GetId(), "gpu-2", fleet.NodeJoining)
 	f.insertNode(t, f.other.GetId(), "prj_x", "elsewhere", fleet.NodeActive)
@@ -568,7 +569,6 @@ func TestInventory(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	now := f.cp.Clock.Now()
 	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		return fleet.InventoryReplace(ctx, tx, &fleet.Inventory{
 			NodeID: f.node.ID, Digest: "sha256:def",
@@ -580,7 +580,7 @@ func TestInventory(t *testing.T) {
 			NvLinks:   []fleet.NvLink{{GPUUUID: "GPU-a", PeerUUID: "GPU-b", Link: 0}},
 			NumaNodes: []fleet.NumaNode{{ID: 0, CPUs: "0-31", MemoryMiB: 515000, Hugepages2Mi: 512}, {ID: 1, CPUs: "32-63", MemoryMiB: 515000}},
 			Resources: &fleet.NodeResources{CPUModel: "AMD EPYC 7763", Sockets: 2, Cores: 64, Threads: 128, MemoryMiB: 1030000},
-		}, now)
+		}, "")
 	}))
 	res, err := f.client("viewer").Inventory.Get(ctx, connect.NewRequest(&apiv1.GetInventoryRequest{Node: f.node.Name}))
 	require.NoError(t, err)
@@ -834,4 +834,105 @@ func TestJoinTokenTTLEdges(t *testing.T) {
 	res, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web", TtlSeconds: maxTTL}))
 	require.NoError(t, err)
 	require.Equal(t, f.cp.Clock.Now().Add(maxTTL*time.Second).Unix(), res.Msg.GetJoinToken().GetExpireTime().AsTime().Unix())
+}
+
+// TestCommandKeyOutlivesReplay: once the envelope's 24-hour replay record
+// is gone, the key on the command row still answers a repeat with the
+// stored command (it used to be ALREADY_EXISTS), and a different command
+// with it is IDEMPOTENCY_KEY_REUSED.
+func TestCommandKeyOutlivesReplay(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	member := f.client("member")
+	run := func(key string, kind string) (*apiv1.Command, error) {
+		req := connect.NewRequest(&apiv1.RunCommandRequest{Node: f.node.Name, Kind: kind})
+		req.Header().Set(client.HeaderIdempotencyKey, key)
+		res, err := member.Commands.Run(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg.GetCommand(), nil
+	}
+	key := client.NewIdempotencyKey()
+	a, err := run(key, fleet.KindInventoryRefresh)
+	require.NoError(t, err)
+	woken := f.notifier.count(f.node.ID)
+	f.cp.Clock.Advance(25 * time.Hour)
+	b, err := run(key, fleet.KindInventoryRefresh)
+	require.NoError(t, err)
+	require.Equal(t, a.GetId(), b.GetId())
+	require.Equal(t, a.GetSeq(), b.GetSeq())
+	require.Equal(t, woken, f.notifier.count(f.node.ID), "a repeat wakes nobody")
+	_, err = run(key, fleet.KindNodeDrain)
+	requireCode(t, err, "IDEMPOTENCY_KEY_REUSED")
+	c, err := run(client.NewIdempotencyKey(), fleet.KindInventoryRefresh)
+	require.NoError(t, err)
+	require.Equal(t, a.GetSeq()+1, c.GetSeq(), "a repeat takes no sequence number")
+}
+
+// TestSystemCommands: a repeated idempotency key answers the stored
+// command and leaves the caller's transaction usable (on PostgreSQL a
+// unique violation used to abort it); a different command with the key,
+// or params that cannot reach the agent, are refused at once and write
+// nothing.
+func TestSystemCommands(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	send := func(tx store.Tx, key string, params map[string]any) (string, error) {
+		return fleet.SendSystemCommand(ctx, tx, f.notifier, fleet.SystemCommand{
+			TenantID: f.node.TenantID, NodeID: f.node.ID, Kind: "allocation.bind", Params: params,
+			IdempotencyKey: key, CreatedBy: "system:test", Time: f.cp.Clock.Now(),
+		})
+	}
+	count := func() (n int, nextSeq int64) {
+		require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM commands WHERE node_id = $1`, f.node.ID).Scan(&n); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT next_seq FROM nodes WHERE id = $1`, f.node.ID).Scan(&nextSeq)
+		}))
+		return n, nextSeq
+	}
+	params := map[string]any{"allocation_id": "rsv_1", "gpus": []any{"GPU-1"}}
+	var first, again string
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		if first, err = send(tx, "bind:rsv_1:1", params); err != nil {
+			return err
+		}
+		// The same transaction goes on after the repeat.
+		again, err = send(tx, "bind:rsv_1:1", params)
+		return err
+	}))
+	require.Equal(t, first, again)
+	var later string
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		later, err = send(tx, "bind:rsv_1:1", map[string]any{"gpus": []any{"GPU-1"}, "allocation_id": "rsv_1"})
+		return err
+	}))
+	require.Equal(t, first, later)
+	n, seq := count()
+	require.Equal(t, 1, n)
+	require.EqualValues(t, 1, seq, "a repeat hands its sequence number back")
+
+	err := f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := send(tx, "bind:rsv_1:1", map[string]any{"allocation_id": "rsv_2"})
+		return err
+	})
+	require.ErrorIs(t, err, fleet.ErrCommandKeyReused)
+
+	for name, p := range map[string]map[string]any{
+		"not JSON": {"x": math.NaN()},
+		"too big":  {"blob": strings.Repeat("x", fleet.MaxCommandParamsBytes)},
+	} {
+		err := f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			_, err := send(tx, "bind:"+name, p)
+			return err
+		})
+		require.ErrorIs(t, err, fleet.ErrCommandUnencodable, name)
+	}
+	n, seq = count()
+	require.Equal(t, 1, n, "a refused command writes nothing")
+	require.EqualValues(t, 1, seq)
 }

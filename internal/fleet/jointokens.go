@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -55,6 +56,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			vs.Ref("project", msg.GetProject(), "prj")
 			vs.OptionalName("pool", msg.GetPool())
 			validateLabels(&vs, "labels", msg.GetLabels())
+			validateOneOf(&vs, "role", msg.GetRole(), JoinTokenRoles...)
 			// Compare in seconds: multiplying first overflows and wraps a huge
 			// ttl into an already-expired token.
 			if ttl := msg.GetTtlSeconds(); ttl < 0 || ttl > int64(maxJoinTokenTTL/time.Second) {
@@ -95,6 +97,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			jt := JoinToken{
 				ID: envelope.NewID(JoinTokenIDPrefix, now), TenantID: tenant.ID, ProjectID: project.ID, Pool: msg.GetPool(),
 				Labels: labels, CreatedBy: tx.Caller().Principal.ID, CreateTime: now, ExpireTime: now.Add(ttl),
+				Role: cmp.Or(msg.GetRole(), RoleNode),
 			}
 			if err := JoinTokenInsert(ctx, tx, &jt); err != nil {
 				return nil, err
@@ -108,7 +111,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			}
 			tx.SetResource(jt.ID, "")
 			tx.Emit(envelope.Event{Type: "jointoken.created", TenantID: jt.TenantID, ResourceType: "JoinToken", ResourceID: jt.ID,
-				Data: map[string]any{"project_id": jt.ProjectID, "pool": jt.Pool, "expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}})
+				Data: map[string]any{"project_id": jt.ProjectID, "pool": jt.Pool, "role": jt.Role, "expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}})
 			return &apiv1.CreateJoinTokenResponse{JoinToken: JoinTokenProto(jt, now), Token: token}, nil
 		},
 		// The replay copy sits in the database: it must not hold the token.

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -310,7 +311,7 @@ func JoinTokenProto(t JoinToken, now time.Time) *apiv1.JoinToken {
 		Id: t.ID, TenantId: t.TenantID, ProjectId: t.ProjectID, Pool: t.Pool, Labels: labelsMap(t.Labels),
 		CreatedBy: t.CreatedBy, State: t.State(now), CreateTime: timestamppb.New(t.CreateTime),
 		ExpireTime: timestamppb.New(t.ExpireTime), RevokeTime: timestamp(t.RevokeTime), UsedTime: timestamp(t.UsedTime),
-		NodeId: t.NodeID,
+		NodeId: t.NodeID, Role: cmp.Or(t.Role, RoleNode),
 	}
 }
 

@@ -282,7 +282,7 @@ func (g *Gateway) Connected(nodeID string) bool { return g.hub.get(nodeID) != ni
 // owning the session wakes too. The fleet API calls it when it writes or
 // cancels a command.
 func (g *Gateway) NotifyCommand(tx store.Tx, nodeID string) {
-	if err := fleet.SessionNotify(context.Background(), tx, nodeID); err != nil {
+	if err := fleet.CommandNotify(context.Background(), tx, nodeID); err != nil {
 		g.log.Error("notify command", "node", nodeID, "err", err)
 	}
 	tx.AfterCommit(func() { g.hub.wake(nodeID) })

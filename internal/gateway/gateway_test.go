@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,9 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // TestRoundTrip: join → session → hello → heartbeat → command round trip →
@@ -248,4 +252,132 @@ func TestCommandSweep(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	query(t, f.cp.App.DB, `SELECT state FROM commands WHERE id = $1`, []any{c.GetId()}, &cstate)
 	require.Equal(t, "expired", cstate)
+}
+
+// TestUnencodableCommandFails: a stored command whose params cannot be
+// encoded for the agent is failed at delivery, with its event, instead of
+// staying open until its deadline; the commands after it still go out.
+func TestUnencodableCommandFails(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	_, tok := f.token(t, nil)
+	a := newAgent(t, f, "gpu-07")
+	a.join(tok)
+	st := a.session(0, "")
+	require.NotNil(t, st.next().GetInventoryRequest())
+
+	var tenant string
+	query(t, f.cp.App.DB, `SELECT tenant_id FROM nodes WHERE id = $1`, []any{a.nodeID}, &tenant)
+	now := f.cp.Clock.Now()
+	bad := map[string]string{
+		"array":   `["not", "an", "object"]`,
+		"garbage": `{"a":`,
+		"huge":    `{"blob":"` + strings.Repeat("x", fleet.MaxCommandParamsBytes) + `"}`,
+	}
+	ids := map[string]string{}
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		for _, name := range []string{"array", "garbage", "huge"} {
+			c, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{
+				ID: envelope.NewID(fleet.CommandIDPrefix, now), TenantID: tenant, NodeID: a.nodeID, Kind: "allocation.bind",
+				Params: bad[name], Deadline: now.Add(time.Hour), CreateTime: now,
+			})
+			if err != nil {
+				return err
+			}
+			ids[name] = c.ID
+		}
+		return nil
+	}))
+	run, err := f.cp.Admin().Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: a.nodeID, Kind: "inventory.refresh"}))
+	require.NoError(t, err)
+	c := st.nextCommand()
+	require.Equal(t, run.Msg.GetCommand().GetId(), c.GetId(), "the command after the unencodable ones goes out")
+	require.Equal(t, uint64(4), c.GetSeq())
+	for name, id := range ids {
+		eventually(t, func() bool {
+			var state, code, msg string
+			query(t, f.cp.App.DB, `SELECT state, failure_code, message FROM commands WHERE id = $1`, []any{id}, &state, &code, &msg)
+			return state == fleet.CommandFailed && code == fleet.CommandFailUnencodable && strings.Contains(msg, "cannot be encoded")
+		}, name+" command failed at once")
+		require.Equal(t, 1, count(t, f, `SELECT count(*) FROM events WHERE type = 'command.failed' AND resource_id = $1`, id), name)
+	}
+}
+
+// TestJoinRoleFromToken: the join token decides the agent's role. A join
+// asking for another role is refused and writes nothing; a Hello claiming
+// another mode than its certificate's role is refused, so it cannot
+// rewrite the node's mode (which a rejoin used to be issued).
+func TestJoinRoleFromToken(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	mint := func(role string) (string, string) {
+		res, err := f.cp.Admin().JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{
+			Tenant: "acme", Project: "gpu", Role: role,
+		}))
+		require.NoError(t, err)
+		return res.Msg.GetJoinToken().GetId(), res.Msg.GetToken()
+	}
+	joinAs := func(a *agent, tok string, mode agentv1.AgentMode) (*agentv1.JoinResponse, error) {
+		req := a.joinRequest(tok)
+		req.Mode = mode
+		return a.dial(nil).Join(ctx, req)
+	}
+
+	nodeTok, nodeTokSecret := mint("")
+	a := newAgent(t, f, "gpu-11")
+	for _, mode := range []agentv1.AgentMode{agentv1.AgentMode_AGENT_MODE_SITE, agentv1.AgentMode_AGENT_MODE_RAMDISK} {
+		_, err := joinAs(a, nodeTokSecret, mode)
+		requireCode(t, err, codes.PermissionDenied, "admits a node agent")
+	}
+	var used int
+	query(t, f.cp.App.DB, `SELECT count(*) FROM join_tokens WHERE id = $1 AND used_time IS NULL AND csr_sha256 = ''`, []any{nodeTok}, &used)
+	require.Equal(t, 1, used, "a refused join leaves the token unused")
+	require.Zero(t, count(t, f, `SELECT count(*) FROM nodes WHERE name = 'gpu-11'`))
+	a.join(nodeTokSecret)
+	var mode string
+	query(t, f.cp.App.DB, `SELECT mode FROM nodes WHERE id = $1`, []any{a.nodeID}, &mode)
+	require.Equal(t, "node", mode)
+	// A retry of the admitted join in another mode is refused as well.
+	_, err := joinAs(a, nodeTokSecret, agentv1.AgentMode_AGENT_MODE_SITE)
+	requireCode(t, err, codes.PermissionDenied, "admits a node agent")
+
+	// A Hello in site mode on a node certificate is refused; the mode stays.
+	st := a.open(nil)
+	st.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Hello{Hello: &agentv1.Hello{
+		AgentVersion: "0.1.0", Mode: agentv1.AgentMode_AGENT_MODE_SITE, TrustVersion: 1,
+	}}})
+	got := st.closed()
+	require.Equal(t, codes.PermissionDenied, got.Code(), "%v", got)
+	require.Contains(t, got.Message(), "certificate is for role node")
+	query(t, f.cp.App.DB, `SELECT mode FROM nodes WHERE id = $1`, []any{a.nodeID}, &mode)
+	require.Equal(t, "node", mode)
+	again := a.join(nodeTokSecret)
+	require.Equal(t, a.nodeID, again.GetNodeId())
+
+	// A site token admits a site agent only.
+	siteTok, siteTokSecret := mint("site")
+	s := newAgent(t, f, "site-1")
+	_, err = joinAs(s, siteTokSecret, agentv1.AgentMode_AGENT_MODE_NODE)
+	requireCode(t, err, codes.PermissionDenied, "admits a site agent")
+	res, err := joinAs(s, siteTokSecret, agentv1.AgentMode_AGENT_MODE_SITE)
+	require.NoError(t, err)
+	require.Equal(t, agentv1.JoinStatus_JOIN_STATUS_ADMITTED, res.GetStatus())
+	query(t, f.cp.App.DB, `SELECT mode FROM nodes WHERE id = $1`, []any{res.GetNodeId()}, &mode)
+	require.Equal(t, "site", mode)
+	leaf, err := x509.ParseCertificate(res.GetCertificateChain()[0])
+	require.NoError(t, err)
+	require.Contains(t, leaf.Subject.OrganizationalUnit, "bc-role:site")
+	jt, err := f.cp.Admin().JoinTokens.List(ctx, connect.NewRequest(&apiv1.ListJoinTokensRequest{Tenant: "acme", IncludeInactive: true}))
+	require.NoError(t, err)
+	roles := map[string]string{}
+	for _, tok := range jt.Msg.GetJoinTokens() {
+		roles[tok.GetId()] = tok.GetRole()
+	}
+	require.Equal(t, map[string]string{nodeTok: "node", siteTok: "site"}, roles)
+
+	_, err = f.cp.Admin().JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "gpu", Role: "gateway"}))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "role")
 }

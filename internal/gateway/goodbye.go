@@ -20,7 +20,7 @@ var errGoodbye = errors.New("the agent said goodbye")
 func (s *session) goodbye(m *agentv1.Goodbye) error {
 	g := s.g
 	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		refs, err := fleet.SessionGoodbye(ctx, tx, s.nodeID, g.cfg.ReplicaID)
+		refs, err := fleet.NodeRecordGoodbye(ctx, tx, s.nodeID, g.cfg.ReplicaID)
 		if err != nil {
 			return err
 		}

@@ -21,8 +21,8 @@ type helloBatch struct {
 
 type helloReq struct {
 	ctx    context.Context
-	p      fleet.SessionHelloParams
-	result fleet.SessionNode
+	p      fleet.NodeHelloParams
+	result fleet.NodeStatus
 	err    error
 	done   chan struct{}
 }
@@ -38,18 +38,18 @@ func newHelloBatch(g *Gateway) *helloBatch {
 
 // submit records a node's session opening and returns its row as it was
 // before (or the error that refused it).
-func (b *helloBatch) submit(ctx context.Context, p fleet.SessionHelloParams) (fleet.SessionNode, error) {
+func (b *helloBatch) submit(ctx context.Context, p fleet.NodeHelloParams) (fleet.NodeStatus, error) {
 	r := &helloReq{ctx: ctx, p: p, done: make(chan struct{})}
 	select {
 	case b.reqs <- r:
 	case <-ctx.Done():
-		return fleet.SessionNode{}, ctx.Err()
+		return fleet.NodeStatus{}, ctx.Err()
 	}
 	select {
 	case <-r.done:
 		return r.result, r.err
 	case <-ctx.Done():
-		return fleet.SessionNode{}, ctx.Err()
+		return fleet.NodeStatus{}, ctx.Err()
 	}
 }
 
@@ -128,15 +128,15 @@ func isRefusal(err error) bool { return errors.Is(err, errRetired) }
 // applyHello records one opening in tx: the node's agent facts, this
 // replica as session owner, liveness ready; events for a node coming back
 // or adopted; and a notification that ends an older session elsewhere.
-func (g *Gateway) applyHello(ctx context.Context, tx store.Tx, p fleet.SessionHelloParams) (fleet.SessionNode, error) {
-	before, err := fleet.SessionNodeGet(ctx, tx, p.NodeID)
+func (g *Gateway) applyHello(ctx context.Context, tx store.Tx, p fleet.NodeHelloParams) (fleet.NodeStatus, error) {
+	before, err := fleet.NodeStatusGet(ctx, tx, p.NodeID)
 	if err != nil {
 		return before, err
 	}
 	if before.State == "retired" {
 		return before, errRetired
 	}
-	if before, err = fleet.SessionHello(ctx, tx, p); err != nil {
+	if before, err = fleet.NodeRecordHello(ctx, tx, &p); err != nil {
 		return before, err
 	}
 	ref := []fleet.NodeRef{{ID: p.NodeID, TenantID: before.TenantID}}
@@ -150,5 +150,5 @@ func (g *Gateway) applyHello(ctx context.Context, tx store.Tx, p fleet.SessionHe
 			return before, err
 		}
 	}
-	return before, fleet.SessionNotify(ctx, tx, p.NodeID)
+	return before, fleet.CommandNotify(ctx, tx, p.NodeID)
 }

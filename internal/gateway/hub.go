@@ -145,7 +145,7 @@ func (g *Gateway) FlushHeartbeats(ctx context.Context) error {
 		return nil
 	}
 	err := g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		revived, err := fleet.SessionHeartbeats(ctx, tx, ids)
+		revived, err := fleet.NodeRecordHeartbeats(ctx, tx, ids)
 		if err != nil {
 			return err
 		}
@@ -202,7 +202,7 @@ func (g *Gateway) listenOnce(ctx context.Context) error {
 	// A LISTENing connection must never go back to the pool.
 	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := fleet.SessionListen(ctx, conn); err != nil {
+	if err := fleet.CommandListen(ctx, conn); err != nil {
 		return err
 	}
 	g.hub.wakeAll()

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -219,7 +220,7 @@ func (s *session) inventory(raw *agentv1.InventorySection) error {
 		return invalid("inventory section %q: section_count %d, other sections of the snapshot said %d", sec.Name, sec.Count, ps.count)
 	}
 	if err := s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		return fleet.SessionInventorySectionPut(ctx, tx, s.nodeID, sec.Name, sec.SHA256, sec.Data)
+		return fleet.InventorySectionPut(ctx, tx, s.nodeID, sec.Name, sec.SHA256, sec.Data)
 	}); err != nil {
 		return err
 	}
@@ -254,7 +255,7 @@ type ModelChange struct {
 }
 
 // DiffGPUs compares a node's GPUs before and after a snapshot.
-func DiffGPUs(before, after []fleet.SessionGPU) InventoryDiff {
+func DiffGPUs(before, after []fleet.GPU) InventoryDiff {
 	d := InventoryDiff{GPUsAdded: []string{}, GPUsRemoved: []string{}, ModelsChanged: []ModelChange{},
 		GPUCount: map[string]int{"from": len(before), "to": len(after)}}
 	old := map[string]string{}
@@ -291,48 +292,49 @@ func KnownGPUModel(model string) bool {
 }
 
 // snapshotParams builds the device rows of a snapshot.
-func snapshotParams(nodeID, digest string, sections map[string]*Section) fleet.SessionInventoryParams {
-	p := fleet.SessionInventoryParams{NodeID: nodeID, Digest: digest}
+func snapshotParams(nodeID, digest string, sections map[string]*Section) fleet.Inventory {
+	inv := fleet.Inventory{NodeID: nodeID, Digest: digest, Resources: &fleet.NodeResources{}}
 	if sec := sections["gpus"]; sec != nil {
 		gi := sec.Message.(*agentv1.GpuInventory)
 		for _, g := range gi.GetGpus() {
-			mode := g.GetMigMode()
-			if mode == "" {
-				mode = "disabled"
+			gpu := fleet.GPU{
+				UUID: g.GetUuid(), Index: int(g.GetIndex()), Model: g.GetModel(), MemoryMiB: i64(g.GetMemoryMib()),
+				PCIBusID: g.GetPciBusId(), NumaNode: int(g.GetNumaNode()), MigMode: g.GetMigMode(),
 			}
-			p.GPUs = append(p.GPUs, fleet.SessionGPU{
-				UUID: g.GetUuid(), Index: g.GetIndex(), Model: g.GetModel(), MemoryMiB: g.GetMemoryMib(),
-				PCIBusID: g.GetPciBusId(), NUMANode: g.GetNumaNode(), MIGMode: mode,
-			})
 			for _, m := range g.GetMigInstances() {
-				p.MIG = append(p.MIG, fleet.SessionMIGInstance{
-					UUID: m.GetUuid(), GPUUUID: g.GetUuid(), Profile: m.GetProfile(), GPUInstanceID: m.GetGpuInstanceId(), MemoryMiB: m.GetMemoryMib(),
+				gpu.MigInstances = append(gpu.MigInstances, fleet.MigInstance{
+					UUID: m.GetUuid(), GPUUUID: g.GetUuid(), Profile: m.GetProfile(), GPUInstanceID: int(m.GetGpuInstanceId()), MemoryMiB: i64(m.GetMemoryMib()),
 				})
 			}
+			inv.GPUs = append(inv.GPUs, gpu)
 		}
 		for _, l := range gi.GetNvlinks() {
-			p.NVLinks = append(p.NVLinks, fleet.SessionNVLink{GPUUUID: l.GetGpuUuid(), PeerUUID: l.GetPeerUuid(), Link: l.GetLink()})
+			inv.NvLinks = append(inv.NvLinks, fleet.NvLink{GPUUUID: l.GetGpuUuid(), PeerUUID: l.GetPeerUuid(), Link: int(l.GetLink())})
 		}
 	}
+	r := inv.Resources
 	if sec := sections["cpus"]; sec != nil {
 		ci := sec.Message.(*agentv1.CpuInventory)
-		p.Resources.CPUModel, p.Resources.Sockets, p.Resources.Cores, p.Resources.Threads = ci.GetModel(), ci.GetSockets(), ci.GetCores(), ci.GetThreads()
+		r.CPUModel, r.Sockets, r.Cores, r.Threads = ci.GetModel(), int(ci.GetSockets()), int(ci.GetCores()), int(ci.GetThreads())
 		for _, n := range ci.GetNumaNodes() {
-			p.NUMA = append(p.NUMA, fleet.SessionNUMANode{
-				ID: n.GetId(), CPUs: n.GetCpus(), MemoryMiB: n.GetMemoryMib(), Hugepages2Mi: n.GetHugepages_2Mi(), Hugepages1Gi: n.GetHugepages_1Gi(),
+			inv.NumaNodes = append(inv.NumaNodes, fleet.NumaNode{
+				ID: int(n.GetId()), CPUs: n.GetCpus(), MemoryMiB: i64(n.GetMemoryMib()), Hugepages2Mi: i64(n.GetHugepages_2Mi()), Hugepages1Gi: i64(n.GetHugepages_1Gi()),
 			})
 		}
 	}
 	if sec := sections["memory"]; sec != nil {
 		mi := sec.Message.(*agentv1.MemoryInventory)
-		p.Resources.MemoryMiB, p.Resources.Hugepages2MiTotal, p.Resources.Hugepages1GiTotal = mi.GetTotalMib(), mi.GetHugepages_2MiTotal(), mi.GetHugepages_1GiTotal()
+		r.MemoryMiB, r.Hugepages2MiTotal, r.Hugepages1GiTotal = i64(mi.GetTotalMib()), i64(mi.GetHugepages_2MiTotal()), i64(mi.GetHugepages_1GiTotal())
 	}
-	return p
+	return inv
 }
 
+// i64 converts an agent's unsigned count for a BIGINT column.
+func i64(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
+
 // gpuConditions derives GpuCountMismatch and GpuModelUnknown.
-func gpuConditions(labelsJSON string, hadSnapshot bool, before, after []fleet.SessionGPU) []fleet.SessionCondition {
-	count := fleet.SessionCondition{Type: ConditionGpuCountMismatch, Status: "false", Reason: "AsExpected",
+func gpuConditions(labelsJSON string, hadSnapshot bool, before, after []fleet.GPU) []fleet.NodeCondition {
+	count := fleet.NodeCondition{Type: ConditionGpuCountMismatch, Status: "false", Reason: "AsExpected",
 		Message: fmt.Sprintf("%d GPUs reported", len(after))}
 	var labels map[string]string
 	_ = json.Unmarshal([]byte(labelsJSON), &labels)
@@ -343,7 +345,7 @@ func gpuConditions(labelsJSON string, hadSnapshot bool, before, after []fleet.Se
 		count.Status, count.Reason = "true", "CountDropped"
 		count.Message = fmt.Sprintf("the node reports %d GPUs, %d before", len(after), len(before))
 	}
-	model := fleet.SessionCondition{Type: ConditionGpuModelUnknown, Status: "false", Reason: "KnownModels", Message: "every GPU model is known"}
+	model := fleet.NodeCondition{Type: ConditionGpuModelUnknown, Status: "false", Reason: "KnownModels", Message: "every GPU model is known"}
 	var unknown []string
 	for _, g := range after {
 		if !KnownGPUModel(g.Model) && !slices.Contains(unknown, g.Model) {
@@ -354,7 +356,7 @@ func gpuConditions(labelsJSON string, hadSnapshot bool, before, after []fleet.Se
 		model.Status, model.Reason = "true", "UnknownModel"
 		model.Message = "unknown GPU models: " + strings.Join(unknown, ", ")
 	}
-	return []fleet.SessionCondition{count, model}
+	return []fleet.NodeCondition{count, model}
 }
 
 // commitSnapshot rebuilds the node's devices from a complete snapshot in
@@ -362,26 +364,26 @@ func gpuConditions(labelsJSON string, hadSnapshot bool, before, after []fleet.Se
 func (s *session) commitSnapshot(digest string, sections map[string]*Section) error {
 	g := s.g
 	p := snapshotParams(s.nodeID, digest, sections)
-	uuids := make([]string, 0, len(p.GPUs)+len(p.MIG))
+	uuids := make([]string, 0, len(p.GPUs))
 	for _, x := range p.GPUs {
 		uuids = append(uuids, x.UUID)
 	}
 	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		node, err := fleet.SessionNodeGet(ctx, tx, s.nodeID)
+		node, err := fleet.NodeStatusGet(ctx, tx, s.nodeID)
 		if err != nil {
 			return err
 		}
 		if node.InventoryDigest == digest {
 			return nil
 		}
-		owners, err := fleet.SessionGPUOwners(ctx, tx, s.nodeID, uuids)
+		owners, err := fleet.GPUListOwners(ctx, tx, s.nodeID, uuids)
 		if err != nil {
 			return err
 		}
 		for u, other := range owners {
 			return status.Errorf(codes.AlreadyExists, "inventory: GPU %s is held by node %s", u, other)
 		}
-		before, err := fleet.SessionGPUs(ctx, tx, s.nodeID)
+		before, err := fleet.GPUList(ctx, tx, s.nodeID)
 		if err != nil {
 			return err
 		}
@@ -390,12 +392,12 @@ func (s *session) commitSnapshot(digest string, sections map[string]*Section) er
 		if err != nil {
 			return err
 		}
-		p.Diff = string(b)
-		if err := fleet.SessionInventoryReplace(ctx, tx, p); err != nil {
+		if err := fleet.InventoryReplace(ctx, tx, &p, string(b)); err != nil {
 			return err
 		}
 		for _, c := range gpuConditions(node.Labels, node.InventoryDigest != "", before, p.GPUs) {
-			if err := fleet.SessionConditionSet(ctx, tx, s.nodeID, c); err != nil {
+			c.NodeID = s.nodeID
+			if err := fleet.NodeConditionSet(ctx, tx, &c); err != nil {
 				return err
 			}
 		}

@@ -31,8 +31,8 @@ func conditions(t *testing.T, f fixture, nodeID string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
-		cs, err := fleet.SessionConditions(ctx, tx, nodeID)
-		for _, c := range cs {
+		cs, err := fleet.NodeConditionList(ctx, tx, nodeID)
+		for _, c := range cs[nodeID] {
 			out[c.Type] = c.Status + "/" + c.Reason
 		}
 		return err

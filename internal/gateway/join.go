@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -88,7 +89,7 @@ func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 
 	var out joinOutcome
 	err = g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		out = joinOutcome{role: roleOf(req.GetMode())}
+		out = joinOutcome{}
 		return g.joinTx(ctx, tx, req, claims, csrSHA, hwKey, placeholder, &out)
 	})
 	if err != nil {
@@ -143,33 +144,40 @@ func validateJoin(req *agentv1.JoinRequest) error {
 }
 
 func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequest, claims JoinClaims, csrSHA, hwKey, placeholder string, out *joinOutcome) error {
-	tok, err := fleet.GatewayJoinTokenGet(ctx, tx, claims.TokenID)
+	tok, err := fleet.JoinTokenGet(ctx, tx, "", claims.TokenID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return denied("unknown join token")
 	case err != nil:
 		return err
-	case tok.Revoked:
+	case tok.RevokeTime != nil:
 		return denied("join token revoked")
-	case tok.Expired:
+	case !g.cfg.Clock.Now().Before(tok.ExpireTime):
 		return denied("join token expired")
 	case tok.CSRSHA256 != "" && tok.CSRSHA256 != csrSHA:
 		return denied("token already used")
 	}
+	// The token decides the role, never the agent: a site or ramdisk
+	// certificate opens paths a node's does not. A join asking for another
+	// role is refused rather than quietly given the token's, so a
+	// misconfigured agent hears why.
+	out.role = cmp.Or(tok.Role, RoleNode)
+	if asked := roleOf(req.GetMode()); asked != out.role {
+		return denied("join token %s admits a %s agent; this agent asked to join as %s", tok.ID, out.role, asked)
+	}
 	if tok.NodeID != "" {
-		// A retry of an admitted join: same node, fresh certificate, the
-		// role of the mode it joined with.
-		n, err := fleet.SessionNodeGet(ctx, tx, tok.NodeID)
+		// A retry of an admitted join: same node, fresh certificate.
+		n, err := fleet.NodeStatusGet(ctx, tx, tok.NodeID)
 		if err != nil {
 			return err
 		}
 		if n.State == "retired" {
 			return denied("node %s was retired; join with a new token", n.ID)
 		}
-		out.nodeID, out.role = n.ID, roleOfName(n.Mode)
+		out.nodeID = n.ID
 		return nil
 	}
-	jr, err := fleet.GatewayJoinRequestByToken(ctx, tx, tok.ID)
+	jr, err := fleet.JoinRequestGetByToken(ctx, tx, tok.ID)
 	hasRequest := err == nil
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
@@ -192,11 +200,11 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		if err != nil {
 			return err
 		}
-		jr := fleet.GatewayJoinRequest{
+		jr := fleet.JoinRequest{
 			ID: envelope.NewID(fleet.JoinRequestIDPrefix, now), TenantID: tok.TenantID, TokenID: tok.ID, CSRSHA256: csrSHA,
-			HardwareKey: hwKey, Identity: string(identity), Reason: placeholder,
+			HardwareKey: hwKey, Identity: string(identity), Reason: placeholder, CreateTime: now,
 		}
-		if err := fleet.GatewayJoinRequestInsert(ctx, tx, jr); err != nil {
+		if err := fleet.JoinRequestInsert(ctx, tx, &jr); err != nil {
 			return err
 		}
 		if err := bindToken(ctx, tx, tok.ID, csrSHA, ""); err != nil {
@@ -209,7 +217,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		}})
 	}
 
-	holder, err := fleet.GatewayNodeByHardwareKey(ctx, tx, hwKey)
+	holder, err := fleet.NodeIDByHardwareKey(ctx, tx, hwKey)
 	if err != nil {
 		return err
 	}
@@ -223,13 +231,16 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		return err
 	}
 	mode := out.role
-	err = fleet.GatewayNodeInsert(ctx, tx, fleet.GatewayNodeInsertParams{
+	// The first heartbeat is now, so that a node that never opens a
+	// session still turns unreachable.
+	err = fleet.NodeInsert(ctx, tx, &fleet.NodeInsertParams{
 		ID: nodeID, Name: name, TenantID: tok.TenantID, ProjectID: tok.ProjectID, Pool: tok.Pool, Labels: tok.Labels,
-		HardwareKey: hwKey, Mode: mode, AgentVersion: req.GetAgentVersion(),
+		HardwareKey: hwKey, State: fleet.NodeJoining, Liveness: fleet.LivenessReady, Mode: mode,
+		AgentVersion: req.GetAgentVersion(), LastHeartbeat: &now, CreateTime: now,
 	})
 	if errors.Is(err, store.ErrUnique) {
 		// A concurrent join of the same machine won the race.
-		if holder, _ := fleet.GatewayNodeByHardwareKey(ctx, tx, hwKey); holder != "" {
+		if holder, _ := fleet.NodeIDByHardwareKey(ctx, tx, hwKey); holder != "" {
 			return g.duplicateIdentity(ctx, tx, holder, tok.TenantID)
 		}
 		return status.Error(codes.Aborted, "a concurrent join took the node name; retry")
@@ -238,7 +249,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		return err
 	}
 	if hasRequest {
-		ok, err := fleet.GatewayJoinRequestAdmit(ctx, tx, jr.ID, nodeID)
+		ok, err := fleet.JoinRequestAdmit(ctx, tx, jr.ID, nodeID)
 		if err != nil {
 			return err
 		}
@@ -260,7 +271,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 }
 
 func bindToken(ctx context.Context, tx store.Tx, tokenID, csrSHA, nodeID string) error {
-	ok, err := fleet.GatewayJoinTokenBind(ctx, tx, tokenID, csrSHA, nodeID)
+	ok, err := fleet.JoinTokenBind(ctx, tx, tokenID, csrSHA, nodeID)
 	if err != nil {
 		return err
 	}
@@ -275,7 +286,7 @@ func bindToken(ctx context.Context, tx store.Tx, tokenID, csrSHA, nodeID string)
 // a join token of another tenant must not learn node ids outside it. The
 // log, for the operator, always names it.
 func (g *Gateway) duplicateIdentity(ctx context.Context, tx store.Tx, holder, tokenTenant string) error {
-	n, err := fleet.SessionNodeGet(ctx, tx, holder)
+	n, err := fleet.NodeStatusGet(ctx, tx, holder)
 	if err != nil {
 		return err
 	}
@@ -293,7 +304,7 @@ func uniqueNodeName(ctx context.Context, tx store.Tx, base string) (string, erro
 		if i > 1 {
 			name = base + "-" + strconv.Itoa(i)
 		}
-		taken, err := fleet.GatewayNodeNameTaken(ctx, tx, name)
+		taken, err := fleet.NodeNameTaken(ctx, tx, name)
 		if err != nil {
 			return "", err
 		}
@@ -302,14 +313,6 @@ func uniqueNodeName(ctx context.Context, tx store.Tx, base string) (string, erro
 		}
 	}
 	return "", status.Errorf(codes.ResourceExhausted, "no free node name for %q", base)
-}
-
-func roleOfName(mode string) string {
-	switch mode {
-	case RoleSite, RoleRamdisk:
-		return mode
-	}
-	return RoleNode
 }
 
 // issue signs a node certificate and records its serial on the node. The
@@ -327,7 +330,7 @@ func (g *Gateway) issue(ctx context.Context, csrDER []byte, nodeID, role string)
 		return nil, time.Time{}, fmt.Errorf("parse issued certificate: %w", err)
 	}
 	err = g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		return fleet.GatewayNodeCertSet(ctx, tx, nodeID, leaf.SerialNumber.Text(16), notAfter)
+		return fleet.NodeUpdateCert(ctx, tx, nodeID, leaf.SerialNumber.Text(16), notAfter)
 	})
 	return chain, notAfter, err
 }
@@ -375,7 +378,7 @@ func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv
 			return denied("signature: does not verify with the presented certificate's key")
 		}
 		return g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-			n, err := fleet.SessionNodeGet(ctx, tx, ident.NodeID)
+			n, err := fleet.NodeStatusGet(ctx, tx, ident.NodeID)
 			if errors.Is(err, store.ErrNotFound) {
 				return denied("node %s is not known", ident.NodeID)
 			}

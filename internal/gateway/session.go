@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -48,7 +48,7 @@ type session struct {
 	// node's session owner.
 	registered bool
 
-	node fleet.SessionNode
+	node fleet.NodeStatus
 	// cursor is the highest command seq sent on this session (or the
 	// agent's last applied one); inflight are those sent and not known to
 	// have ended, so a cancel or expiry can be passed on. Both maps are
@@ -99,9 +99,9 @@ func (g *Gateway) open(stream grpc.BidiStreamingServer[agentv1.AgentMessage, age
 		return nil, g.refused(log, "session refused", err)
 	}
 	log.node = ident.NodeID
-	var node fleet.SessionNode
+	var node fleet.NodeStatus
 	err = g.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
-		node, err = fleet.SessionNodeGet(ctx, tx, ident.NodeID)
+		node, err = fleet.NodeStatusGet(ctx, tx, ident.NodeID)
 		return err
 	})
 	switch {
@@ -175,7 +175,7 @@ func (s *session) close() {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 5*time.Second)
 	defer cancel()
 	if err := g.cfg.DB.Write(rctx, func(ctx context.Context, tx store.Tx) error {
-		return fleet.SessionRelease(ctx, tx, s.nodeID, g.cfg.ReplicaID)
+		return fleet.NodeReleaseSession(ctx, tx, s.nodeID, g.cfg.ReplicaID)
 	}); err != nil {
 		s.log.Warn("release session owner", "err", err)
 	}
@@ -289,9 +289,15 @@ func (s *session) doneError() error {
 // liveness ready (event node.ready when it was not) and a heartbeat.
 func (s *session) hello(h *agentv1.Hello) error {
 	g := s.g
+	// The certificate's role (the join token's) is the node's mode; a Hello
+	// claiming another must not rewrite it, or a rejoin would be issued
+	// that role.
+	if mode := roleOf(h.GetMode()); mode != s.ident.Role {
+		return denied("hello: mode %s, but the node's certificate is for role %s", mode, s.ident.Role)
+	}
 	s.cursor = h.GetLastAppliedSeq()
-	before, err := g.hellos.submit(s.ctx, fleet.SessionHelloParams{
-		NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: roleOf(h.GetMode()),
+	before, err := g.hellos.submit(s.ctx, fleet.NodeHelloParams{
+		NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: s.ident.Role,
 		Capabilities: h.GetCapabilities(), TrustVersion: h.GetTrustVersion(), LastAppliedSeq: h.GetLastAppliedSeq(),
 	})
 	if errors.Is(err, errRetired) {
@@ -314,15 +320,15 @@ func (s *session) hello(h *agentv1.Hello) error {
 func (s *session) sync() error {
 	g := s.g
 	var (
-		node    fleet.SessionNode
-		cmds    []fleet.SessionCommand
+		node    fleet.NodeStatus
+		cmds    []fleet.Command
 		stopped map[string]uint64
 	)
 	err := g.cfg.DB.Read(s.ctx, func(ctx context.Context, tx store.Tx) (err error) {
-		if node, err = fleet.SessionNodeGet(ctx, tx, s.nodeID); err != nil {
+		if node, err = fleet.NodeStatusGet(ctx, tx, s.nodeID); err != nil {
 			return err
 		}
-		if cmds, err = fleet.SessionCommandsAfter(ctx, tx, s.nodeID, s.cursor, commandPage); err != nil {
+		if cmds, err = fleet.CommandListOpen(ctx, tx, s.nodeID, s.cursor, commandPage); err != nil {
 			return err
 		}
 		if len(s.inflight) > 0 {
@@ -330,7 +336,7 @@ func (s *session) sync() error {
 			for _, seq := range s.inflight {
 				lo = min(lo, seq)
 			}
-			stopped, err = fleet.SessionCommandsStopped(ctx, tx, s.nodeID, lo, s.cursor)
+			stopped, err = fleet.CommandListStopped(ctx, tx, s.nodeID, lo, s.cursor)
 		}
 		return err
 	})
@@ -365,7 +371,7 @@ func (s *session) sync() error {
 			return nil
 		}
 		err := g.cfg.DB.Read(s.ctx, func(ctx context.Context, tx store.Tx) (err error) {
-			cmds, err = fleet.SessionCommandsAfter(ctx, tx, s.nodeID, s.cursor, commandPage)
+			cmds, err = fleet.CommandListOpen(ctx, tx, s.nodeID, s.cursor, commandPage)
 			return err
 		})
 		if err != nil {
@@ -395,47 +401,85 @@ func (s *session) certificateValid() error {
 // deliver sends commands in seq order, then marks the pending ones
 // delivered. Sending first keeps the single SQLite writer off the dispatch
 // path; the mark is bookkeeping only — redelivery follows the agent's
-// last applied seq, and the agent applies a command at most once.
-func (s *session) deliver(cmds []fleet.SessionCommand) error {
+// last applied seq, and the agent applies a command at most once. A
+// command that cannot be encoded is failed in the same write, with its
+// event, rather than left open until its deadline.
+func (s *session) deliver(cmds []fleet.Command) error {
 	from, pending := s.cursor, false
+	var unencodable []fleet.Command
+	var reasons []error
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
 		m, err := commandMessage(c)
 		if err != nil {
-			s.log.Error("command cannot be encoded; skipped", "command", c.ID, "err", err)
-			s.cursor = c.Seq
+			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
+			unencodable, reasons = append(unencodable, c), append(reasons, err)
+			s.cursor = seqOf(c)
 			continue
 		}
 		if err := s.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Command{Command: m}}); err != nil {
 			return err
 		}
-		s.cursor = c.Seq
+		s.cursor = seqOf(c)
 		if s.inflight == nil {
 			s.inflight = map[string]uint64{}
 		}
-		s.inflight[c.ID] = c.Seq
+		s.inflight[c.ID] = seqOf(c)
 	}
-	if !pending {
+	if !pending && len(unencodable) == 0 {
 		return nil
 	}
 	return s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		return fleet.SessionCommandsDelivered(ctx, tx, s.nodeID, from, cmds[len(cmds)-1].Seq)
+		var evs []envelope.Event
+		for i, c := range unencodable {
+			ok, err := fleet.CommandUpdate(ctx, tx, &fleet.CommandUpdateParams{
+				ID: c.ID, FromState: c.State, State: fleet.CommandFailed, Progress: c.Progress,
+				Message: truncateMessage(reasons[i].Error()), FailureCode: fleet.CommandFailUnencodable,
+			})
+			if err != nil {
+				return err
+			}
+			if ok {
+				evs = append(evs, envelope.Event{
+					Type: "command." + fleet.CommandFailed, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID,
+					Time: s.g.cfg.Clock.Now(), Data: map[string]any{"node_id": s.nodeID, "seq": c.Seq, "kind": c.Kind,
+						"failure_code": fleet.CommandFailUnencodable},
+				})
+			}
+		}
+		if len(evs) > 0 {
+			if err := s.g.cfg.Recorder.InsertEvents(ctx, tx, evs); err != nil {
+				return err
+			}
+		}
+		if !pending {
+			return nil
+		}
+		return fleet.CommandMarkDelivered(ctx, tx, s.nodeID, from, seqOf(cmds[len(cmds)-1]))
 	})
 }
 
-func commandMessage(c fleet.SessionCommand) (*agentv1.Command, error) {
-	var params map[string]any
-	if c.Params != "" {
-		if err := json.Unmarshal([]byte(c.Params), &params); err != nil {
-			return nil, err
-		}
+// truncateMessage keeps a failure message to what a command row shows.
+func truncateMessage(msg string) string {
+	const limit = 512
+	if len(msg) > limit {
+		msg = msg[:limit] + "…"
 	}
-	ps, err := structpb.NewStruct(params)
+	return strings.ToValidUTF8(msg, "?")
+}
+
+// seqOf is a command's sequence number as the agent protocol carries it.
+func seqOf(c fleet.Command) uint64 { return uint64(max(c.Seq, 0)) }
+
+// commandMessage encodes a command for its agent; an error means it never
+// can be (fleet.ErrCommandUnencodable).
+func commandMessage(c fleet.Command) (*agentv1.Command, error) {
+	ps, err := fleet.CommandParamsStruct(c.Params)
 	if err != nil {
 		return nil, err
 	}
 	return &agentv1.Command{
-		Id: c.ID, Seq: c.Seq, Kind: c.Kind, Params: ps, IdempotencyKey: c.IdempotencyKey,
+		Id: c.ID, Seq: seqOf(c), Kind: c.Kind, Params: ps, IdempotencyKey: c.IdempotencyKey,
 		Deadline: timestamppb.New(c.Deadline), Traceparent: c.Traceparent,
 	}, nil
 }
@@ -504,7 +548,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 	terminal := false
 	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		terminal = false
-		c, err := fleet.SessionCommandGet(ctx, tx, u.GetCommandId())
+		c, err := fleet.CommandGet(ctx, tx, "", u.GetCommandId())
 		if errors.Is(err, store.ErrNotFound) {
 			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
 		}
@@ -515,7 +559,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 			s.log.Warn("node reported on another node's command", "command", c.ID, "owner", c.NodeID)
 			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
 		}
-		if c.Seq != u.GetSeq() {
+		if seqOf(c) != u.GetSeq() {
 			return invalid("command_update.seq: command %s has seq %d, not %d", c.ID, c.Seq, u.GetSeq())
 		}
 		from, to := stateRank(c.State), stateRank(next)
@@ -524,7 +568,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 		case to < from, to == from && next != "running":
 			s.log.Debug("stale command update ignored", "command", c.ID, "state", c.State, "update", next)
 			return nil
-		case next == "running" && c.State == "running" && progress < c.Progress:
+		case next == "running" && c.State == "running" && int(progress) < c.Progress:
 			return nil
 		}
 		if next == "succeeded" {
@@ -538,8 +582,8 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 			}
 			result = string(b)
 		}
-		ok, err := fleet.SessionCommandUpdate(ctx, tx, fleet.SessionCommandUpdateParams{
-			ID: c.ID, FromState: c.State, State: next, Progress: progress, Message: u.GetMessage(),
+		ok, err := fleet.CommandUpdate(ctx, tx, &fleet.CommandUpdateParams{
+			ID: c.ID, FromState: c.State, State: next, Progress: int(progress), Message: u.GetMessage(),
 			Result: result, FailureCode: u.GetFailureCode(),
 		})
 		if err != nil || !ok {
@@ -555,7 +599,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 			Data: map[string]any{"node_id": s.nodeID, "seq": c.Seq, "kind": c.Kind, "failure_code": u.GetFailureCode()},
 		}}
 		if c.Kind == "node.drain" && next == "succeeded" {
-			drained, err := fleet.SessionNodeDrained(ctx, tx, s.nodeID)
+			drained, err := fleet.NodeUpdateState(ctx, tx, &fleet.NodeUpdateStateParams{ID: s.nodeID, From: []string{fleet.NodeDraining}, To: fleet.NodeDrained})
 			if err != nil {
 				return err
 			}
@@ -576,11 +620,11 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 func (s *session) allocation(typ, allocationID, commandID string, data map[string]any) error {
 	g := s.g
 	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		cmds, err := fleet.SessionCommandForAllocation(ctx, tx, s.nodeID, commandID, allocationID)
+		cmds, err := fleet.CommandListForAllocation(ctx, tx, s.nodeID, commandID, allocationID)
 		if err != nil {
 			return err
 		}
-		var found *fleet.SessionCommand
+		var found *fleet.Command
 		for i := range cmds {
 			var params any
 			if json.Unmarshal([]byte(cmds[i].Params), &params) == nil && namesAllocation(params, allocationID) {
@@ -650,13 +694,13 @@ var fatalXIDs = map[int64]bool{48: true, 63: true, 64: true, 74: true, 79: true,
 // quarantine records a GpuQuarantined condition for each GPU a fatal XID
 // names and tells the hooks, so placement stops using that GPU alone.
 func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
-	var conds []fleet.SessionCondition
+	var conds []fleet.NodeCondition
 	for _, e := range evs {
 		if e.GetKind() != "gpu.xid" || e.GetDevice() == "" || !fatalXIDs[e.GetCode()] {
 			continue
 		}
-		conds = append(conds, fleet.SessionCondition{
-			Type: ConditionGPUQuarantinedPrefix + e.GetDevice(), Status: "true", Reason: fmt.Sprintf("XID%d", e.GetCode()),
+		conds = append(conds, fleet.NodeCondition{
+			NodeID: s.nodeID, Type: ConditionGPUQuarantinedPrefix + e.GetDevice(), Status: "true", Reason: fmt.Sprintf("XID%d", e.GetCode()),
 			Message: e.GetMessage(),
 		})
 	}
@@ -666,7 +710,7 @@ func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
 	g := s.g
 	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		for _, c := range conds {
-			if err := fleet.SessionConditionSet(ctx, tx, s.nodeID, c); err != nil {
+			if err := fleet.NodeConditionSet(ctx, tx, &c); err != nil {
 				return err
 			}
 		}

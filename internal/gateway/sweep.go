@@ -21,7 +21,7 @@ const expireBatch = 1000
 // it twice changes nothing more.
 func (g *Gateway) SweepLiveness(ctx context.Context) (unreachable, lost int, err error) {
 	err = g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		u, l, err := fleet.GatewayLivenessSweep(ctx, tx, g.cfg.UnreachableAfter, g.cfg.LostAfter)
+		u, l, err := fleet.NodeSweepLiveness(ctx, tx, g.cfg.UnreachableAfter, g.cfg.LostAfter)
 		if err != nil {
 			return err
 		}
@@ -47,10 +47,10 @@ func (g *Gateway) SweepLiveness(ctx context.Context) (unreachable, lost int, err
 // command.expired) and wakes their sessions, which tell the agent to stop
 // them.
 func (g *Gateway) SweepCommands(ctx context.Context) (int, error) {
-	var expired []fleet.SessionCommand
+	var expired []fleet.Command
 	err := g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		var err error
-		if expired, err = fleet.GatewayCommandsExpire(ctx, tx, expireBatch); err != nil {
+		if expired, err = fleet.CommandExpire(ctx, tx, expireBatch); err != nil {
 			return err
 		}
 		now := g.cfg.Clock.Now()

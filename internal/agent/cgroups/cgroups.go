@@ -35,7 +35,11 @@ type Manager struct {
 	Root string
 }
 
-var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+// validID admits no dot: every cgroup v2 interface file is named
+// "<controller>.<file>" (cgroup.procs, cpu.max, memory.max, …), so an id
+// with one could name a file of the root (Remove would delete it on a test
+// root; Apply would write limits below it) instead of a child cgroup.
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
 // ErrInvalidID is returned for an allocation id that is not a safe single
 // path element.
@@ -133,8 +137,11 @@ func (m Manager) Writable() bool {
 
 // Path is the cgroup directory of an allocation.
 func (m Manager) Path(allocationID string) (string, error) {
+	if strings.Contains(allocationID, ".") {
+		return "", fmt.Errorf("%w: %q contains '.', so it could name a cgroup interface file (like cgroup.procs) instead of a cgroup", ErrInvalidID, allocationID)
+	}
 	if !validID.MatchString(allocationID) {
-		return "", fmt.Errorf("%w: %q", ErrInvalidID, allocationID)
+		return "", fmt.Errorf("%w: %q must be 1-128 letters, digits, '_' or '-', starting with a letter or digit", ErrInvalidID, allocationID)
 	}
 	return filepath.Join(m.Root, allocationID), nil
 }

@@ -52,6 +52,26 @@ func TestInvalidIDs(t *testing.T) {
 	}
 }
 
+// TestIDNamesNoInterfaceFile: an allocation id must not name one of the
+// root cgroup's interface files. On a test root Remove("cgroup.procs")
+// deleted the file; on a real one Apply would have written limits below it.
+func TestIDNamesNoInterfaceFile(t *testing.T) {
+	t.Parallel()
+	m := Manager{Root: t.TempDir()}
+	for _, id := range []string{"cgroup.procs", "cgroup.subtree_control", "cpu.max", "memory.max", "cpuset.cpus", "io.weight"} {
+		file := filepath.Join(m.Root, id)
+		require.NoError(t, os.WriteFile(file, []byte("1\n"), 0o644))
+		_, err := m.Apply(id, Limits{})
+		require.ErrorIs(t, err, ErrInvalidID, id)
+		require.ErrorContains(t, err, "cgroup interface file", id)
+		require.ErrorIs(t, m.Remove(id), ErrInvalidID, id)
+		require.FileExists(t, file, "the interface file %s must be left alone", id)
+		got, err := m.Path(id)
+		require.ErrorIs(t, err, ErrInvalidID, id)
+		require.Empty(t, got)
+	}
+}
+
 // TestRealCgroup writes a real child cgroup; it needs root and a writable
 // cgroup2 mount at /sys/fs/cgroup.
 func TestRealCgroup(t *testing.T) {

@@ -1461,7 +1461,9 @@ type JoinToken struct {
 	RevokeTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
 	UsedTime   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=used_time,json=usedTime,proto3" json:"used_time,omitempty"`
 	// The node that joined with it.
-	NodeId        string `protobuf:"bytes,12,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,12,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The role a machine joining with it gets: node, site or ramdisk.
+	Role          string `protobuf:"bytes,13,opt,name=role,proto3" json:"role,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1580,6 +1582,13 @@ func (x *JoinToken) GetNodeId() string {
 	return ""
 }
 
+func (x *JoinToken) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
 type CreateJoinTokenRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -1590,7 +1599,10 @@ type CreateJoinTokenRequest struct {
 	// Labels the nodes get.
 	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Lifetime: default 3600, at most 604800 (7 days).
-	TtlSeconds    int64 `protobuf:"varint,5,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	TtlSeconds int64 `protobuf:"varint,5,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// The role the joining agent gets: node, site or ramdisk; empty means
+	// node. The token decides it: a join in another mode is refused.
+	Role          string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1658,6 +1670,13 @@ func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
 		return x.TtlSeconds
 	}
 	return 0
+}
+
+func (x *CreateJoinTokenRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
 }
 
 type CreateJoinTokenResponse struct {
@@ -3054,7 +3073,7 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"P\n" +
 	"\x15CancelCommandResponse\x127\n" +
-	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xa9\x04\n" +
+	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xbd\x04\n" +
 	"\tJoinToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3073,17 +3092,19 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"revokeTime\x127\n" +
 	"\tused_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\busedTime\x12\x17\n" +
-	"\anode_id\x18\f \x01(\tR\x06nodeId\x1a9\n" +
+	"\anode_id\x18\f \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04role\x18\r \x01(\tR\x04role\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8c\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x02\n" +
 	"\x16CreateJoinTokenRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
 	"\x04pool\x18\x03 \x01(\tR\x04pool\x12P\n" +
 	"\x06labels\x18\x04 \x03(\v28.bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntryR\x06labels\x12\x1f\n" +
 	"\vttl_seconds\x18\x05 \x01(\x03R\n" +
-	"ttlSeconds\x1a9\n" +
+	"ttlSeconds\x12\x12\n" +
+	"\x04role\x18\x06 \x01(\tR\x04role\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +

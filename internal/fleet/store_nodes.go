@@ -1,0 +1,396 @@
+package fleet
+
+// SQL over nodes and node_conditions.
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// Node states: the lifecycle an operator drives.
+const (
+	NodeJoining  = "joining"
+	NodeActive   = "active"
+	NodeDraining = "draining"
+	NodeDrained  = "drained"
+	NodeRetired  = "retired"
+)
+
+// Node liveness: what heartbeats say.
+const (
+	LivenessReady       = "ready"
+	LivenessUnreachable = "unreachable"
+	LivenessLost        = "lost"
+)
+
+// Node is a row of nodes, with the GPU summary of its inventory.
+type Node struct {
+	ID          string
+	Name        string
+	TenantID    string
+	ProjectID   string
+	Pool        string
+	Labels      string // JSON object
+	HardwareKey string
+	State       string
+	Liveness    string
+	Mode        string
+	// AgentVersion and Capabilities (a JSON array) come from the agent's Hello.
+	AgentVersion    string
+	Capabilities    string
+	TrustVersion    int64
+	LastHeartbeat   *time.Time
+	SessionOwner    string
+	NextSeq         int64
+	LastAppliedSeq  int64
+	InventoryDigest string
+	CertSerial      string
+	CertNotAfter    *time.Time
+	CreateTime      time.Time
+	UpdateTime      time.Time
+
+	// GPUCount and GPUModel summarize the gpus table; GPUModel is "mixed"
+	// when the models differ. Read-only.
+	GPUCount int
+	GPUModel string
+	// MemberPool is the name of the pool capacity's membership puts the
+	// node in ("" for none, e.g. two pools claim it); nil before capacity
+	// first reconciled the node. Read-only.
+	MemberPool *string
+	// FirstGPU and FirstGPUMemMiB are the first GPU's name and memory (by
+	// index), from which derived labels come. Read-only.
+	FirstGPU       string
+	FirstGPUMemMiB int
+}
+
+const nodeColumns = `n.id, n.name, n.tenant_id, n.project_id, n.pool, n.labels, n.hardware_key, n.state, n.liveness,
+	n.mode, n.agent_version, n.capabilities, n.trust_version, n.last_heartbeat, n.session_owner, n.next_seq,
+	n.last_applied_seq, n.inventory_digest, n.cert_serial, n.cert_not_after, n.create_time, n.update_time,
+	(SELECT COUNT(*) FROM gpus g WHERE g.node_id = n.id),
+	COALESCE((SELECT MIN(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
+	COALESCE((SELECT MAX(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
+	(SELECT COALESCE(p.name, '') FROM node_pools np LEFT JOIN pools p ON p.id = np.pool_id WHERE np.node_id = n.id),
+	COALESCE((SELECT g.model FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), ''),
+	COALESCE((SELECT g.memory_mib FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), 0)`
+
+func scanNode(row scanner) (Node, error) {
+	var (
+		n              Node
+		minModel, maxM string
+	)
+	err := row.Scan(&n.ID, &n.Name, &n.TenantID, &n.ProjectID, &n.Pool, &n.Labels, &n.HardwareKey, &n.State, &n.Liveness,
+		&n.Mode, &n.AgentVersion, &n.Capabilities, &n.TrustVersion, &n.LastHeartbeat, &n.SessionOwner, &n.NextSeq,
+		&n.LastAppliedSeq, &n.InventoryDigest, &n.CertSerial, &n.CertNotAfter, &n.CreateTime, &n.UpdateTime,
+		&n.GPUCount, &minModel, &maxM, &n.MemberPool, &n.FirstGPU, &n.FirstGPUMemMiB)
+	n.GPUModel = minModel
+	if minModel != maxM {
+		n.GPUModel = "mixed"
+	}
+	return n, err
+}
+
+// NodeInsertParams are the fields of a new node; the rest take their
+// defaults.
+type NodeInsertParams struct {
+	ID           string
+	Name         string
+	TenantID     string
+	ProjectID    string
+	Pool         string
+	Labels       string // JSON object; "" means {}
+	HardwareKey  string
+	State        string
+	Liveness     string
+	Mode         string // "" means node
+	AgentVersion string
+	Capabilities string // JSON array; "" means []
+	// LastHeartbeat, when set, starts the liveness clock: a node admitted
+	// by a join that never opens a session still turns unreachable.
+	LastHeartbeat *time.Time
+	CreateTime    time.Time
+}
+
+// NodeInsert creates a node.
+func NodeInsert(ctx context.Context, tx store.Tx, p *NodeInsertParams) error {
+	_, err := tx.Exec(ctx, `INSERT INTO nodes (id, name, tenant_id, project_id, pool, labels, hardware_key, state, liveness,
+		mode, agent_version, capabilities, last_heartbeat, create_time, update_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)`,
+		p.ID, p.Name, p.TenantID, p.ProjectID, p.Pool, cmp.Or(p.Labels, "{}"), p.HardwareKey, p.State, p.Liveness,
+		cmp.Or(p.Mode, "node"), p.AgentVersion, cmp.Or(p.Capabilities, "[]"), p.LastHeartbeat, p.CreateTime)
+	return err
+}
+
+// NodeGet resolves a node by id (nod_…) or name. A non-empty tenantID
+// confines the lookup to that tenant's nodes.
+func NodeGet(ctx context.Context, q store.Querier, tenantID, ref string) (Node, error) {
+	col := "name"
+	if strings.HasPrefix(ref, NodeIDPrefix+"_") {
+		col = "id"
+	}
+	return scanNode(q.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes n
+		WHERE n.`+col+` = $1 AND ($2 = '' OR n.tenant_id = $2)`, ref, tenantID))
+}
+
+// NodeStatus is the part of a node's row its session checks on every wake;
+// NodeGet's GPU summary would cost a scan of gpus each time.
+type NodeStatus struct {
+	ID              string
+	TenantID        string
+	Name            string
+	Mode            string
+	State           string
+	Liveness        string
+	Labels          string
+	HardwareKey     string
+	InventoryDigest string
+	SessionOwner    string
+}
+
+// NodeStatusGet reads a node's status by id (store.ErrNotFound when absent).
+func NodeStatusGet(ctx context.Context, q store.Querier, id string) (NodeStatus, error) {
+	var n NodeStatus
+	err := q.QueryRow(ctx, `SELECT id, tenant_id, name, mode, state, liveness, labels, hardware_key, inventory_digest, session_owner
+		FROM nodes WHERE id = $1`, id).
+		Scan(&n.ID, &n.TenantID, &n.Name, &n.Mode, &n.State, &n.Liveness, &n.Labels, &n.HardwareKey, &n.InventoryDigest, &n.SessionOwner)
+	return n, err
+}
+
+// NodeIDByHardwareKey returns the live (non-retired) node holding a
+// hardware key, or "" when none does.
+func NodeIDByHardwareKey(ctx context.Context, q store.Querier, key string) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `SELECT id FROM nodes WHERE hardware_key = $1 AND state <> 'retired'`, key).Scan(&id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return id, err
+}
+
+// NodeNameTaken reports whether a node already has name.
+func NodeNameTaken(ctx context.Context, q store.Querier, name string) (bool, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE name = $1`, name).Scan(&n)
+	return n > 0, err
+}
+
+// NodeListParams filter a node listing; empty fields do not filter.
+type NodeListParams struct {
+	TenantID  string
+	ProjectID string
+	State     string
+	Liveness  string
+	// After is the id the page starts after.
+	After string
+	Limit int
+}
+
+// NodeList lists nodes by id.
+func NodeList(ctx context.Context, q store.Querier, p *NodeListParams) ([]Node, error) {
+	rows, err := q.Query(ctx, `SELECT `+nodeColumns+` FROM nodes n
+		WHERE n.id > $1 AND ($2 = '' OR n.tenant_id = $2) AND ($3 = '' OR n.project_id = $3)
+		AND ($4 = '' OR n.state = $4) AND ($5 = '' OR n.liveness = $5)
+		ORDER BY n.id LIMIT $6`, p.After, p.TenantID, p.ProjectID, p.State, p.Liveness, p.Limit)
+	return collect(rows, err, scanNode)
+}
+
+// NodeUpdateStateParams move a node from one of From to To.
+type NodeUpdateStateParams struct {
+	ID   string
+	From []string
+	To   string
+}
+
+// NodeUpdateState moves a node to a new state if it is in one of the From
+// states; it reports whether it did.
+func NodeUpdateState(ctx context.Context, tx store.Tx, p *NodeUpdateStateParams) (bool, error) {
+	if len(p.From) == 0 {
+		return false, fmt.Errorf("fleet: NodeUpdateState of %s needs From states", p.ID)
+	}
+	args := []any{p.ID, p.To}
+	n, err := tx.Exec(ctx, `UPDATE nodes SET state = $2, update_time = compute_now()
+		WHERE id = $1 AND state IN (`+placeholders(&args, p.From)+`)`, args...)
+	return n == 1, err
+}
+
+// NodeUpdateCert records the serial and expiry of a node's newest
+// certificate.
+func NodeUpdateCert(ctx context.Context, tx store.Tx, nodeID, serial string, notAfter time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE nodes SET cert_serial = $2, cert_not_after = $3, update_time = compute_now() WHERE id = $1`,
+		nodeID, serial, notAfter)
+	return err
+}
+
+// NodeDelete deletes a node if it is in one of the given states; its
+// commands, conditions and inventory go with it. It reports whether it did.
+func NodeDelete(ctx context.Context, tx store.Tx, id string, states []string) (bool, error) {
+	args := []any{id}
+	n, err := tx.Exec(ctx, `DELETE FROM nodes WHERE id = $1 AND state IN (`+placeholders(&args, states)+`)`, args...)
+	return n == 1, err
+}
+
+// NodeRef names a node and its tenant, as events need them.
+type NodeRef struct {
+	ID       string
+	TenantID string
+}
+
+func scanNodeRef(row scanner) (NodeRef, error) {
+	var r NodeRef
+	err := row.Scan(&r.ID, &r.TenantID)
+	return r, err
+}
+
+// NodeHelloParams is what an agent's Hello records on its node.
+type NodeHelloParams struct {
+	NodeID         string
+	Owner          string
+	AgentVersion   string
+	Mode           string
+	Capabilities   []string
+	TrustVersion   int64
+	LastAppliedSeq uint64
+}
+
+// NodeRecordHello records a Hello: the agent's facts, this replica as
+// session owner, joining → active, liveness ready and a heartbeat now. It
+// returns the node as it was before.
+func NodeRecordHello(ctx context.Context, tx store.Tx, p *NodeHelloParams) (NodeStatus, error) {
+	before, err := NodeStatusGet(ctx, tx, p.NodeID)
+	if err != nil {
+		return before, err
+	}
+	caps := p.Capabilities
+	if caps == nil {
+		caps = []string{}
+	}
+	capsJSON, err := json.Marshal(caps)
+	if err != nil {
+		return before, err
+	}
+	_, err = tx.Exec(ctx, `UPDATE nodes SET agent_version = $2, mode = $3, capabilities = $4, trust_version = $5,
+			last_applied_seq = $6, session_owner = $7,
+			state = CASE WHEN state = 'joining' THEN 'active' ELSE state END,
+			liveness = 'ready', last_heartbeat = compute_now(), update_time = compute_now()
+		WHERE id = $1`, p.NodeID, p.AgentVersion, p.Mode, string(capsJSON), p.TrustVersion, i64(p.LastAppliedSeq), p.Owner)
+	return before, err
+}
+
+// NodeReleaseSession clears the session owner when it is still owner.
+func NodeReleaseSession(ctx context.Context, tx store.Tx, nodeID, owner string) error {
+	_, err := tx.Exec(ctx, `UPDATE nodes SET session_owner = '' WHERE id = $1 AND session_owner = $2`, nodeID, owner)
+	return err
+}
+
+// NodeRecordGoodbye records that the agent of nodeID closed its session on
+// purpose while owner held it: liveness unreachable now (when it was
+// ready; the returned refs name it, for the event) and the session owner
+// cleared, so heartbeats received before the goodbye and flushed after it
+// do not revive the node. A session another replica took over meanwhile is
+// left alone.
+func NodeRecordGoodbye(ctx context.Context, tx store.Tx, nodeID, owner string) ([]NodeRef, error) {
+	rows, err := tx.Query(ctx, `UPDATE nodes SET liveness = 'unreachable', update_time = compute_now()
+		WHERE id = $1 AND session_owner = $2 AND liveness = 'ready' AND state <> 'retired'
+		RETURNING id, tenant_id`, nodeID, owner)
+	refs, err := collect(rows, err, scanNodeRef)
+	if err != nil {
+		return nil, err
+	}
+	return refs, NodeReleaseSession(ctx, tx, nodeID, owner)
+}
+
+// NodeRecordHeartbeats records heartbeats of many nodes at once:
+// last_heartbeat = compute_now() and liveness ready. It returns the nodes
+// that were unreachable or lost, which are ready again now. A node without
+// a session owner is skipped: its session ended (with a goodbye, or
+// replaced and released) before the batch was written.
+func NodeRecordHeartbeats(ctx context.Context, tx store.Tx, ids []string) ([]NodeRef, error) {
+	var revived []NodeRef
+	for _, chunk := range chunks(ids) {
+		var args []any
+		in := placeholders(&args, chunk)
+		rows, err := tx.Query(ctx, `UPDATE nodes SET liveness = 'ready', last_heartbeat = compute_now(), update_time = compute_now()
+			WHERE id IN (`+in+`) AND liveness <> 'ready' AND state <> 'retired' AND session_owner <> '' RETURNING id, tenant_id`, args...)
+		refs, err := collect(rows, err, scanNodeRef)
+		if err != nil {
+			return nil, err
+		}
+		revived = append(revived, refs...)
+		if _, err := tx.Exec(ctx, `UPDATE nodes SET last_heartbeat = compute_now(), liveness = 'ready'
+			WHERE id IN (`+in+`) AND state <> 'retired' AND session_owner <> ''`, args...); err != nil {
+			return nil, err
+		}
+	}
+	return revived, nil
+}
+
+// NodeSweepLiveness marks ready nodes without a heartbeat for
+// unreachableAfter unreachable, and nodes without one for lostAfter lost.
+func NodeSweepLiveness(ctx context.Context, tx store.Tx, unreachableAfter, lostAfter time.Duration) (unreachable, lost []NodeRef, err error) {
+	d := tx.Dialect()
+	rows, err := tx.Query(ctx, `UPDATE nodes SET liveness = 'lost', update_time = compute_now()
+		WHERE liveness <> 'lost' AND state <> 'retired' AND last_heartbeat < `+ago(d, 1)+`
+		RETURNING id, tenant_id`, agoArg(d, lostAfter))
+	if lost, err = collect(rows, err, scanNodeRef); err != nil {
+		return nil, nil, err
+	}
+	rows, err = tx.Query(ctx, `UPDATE nodes SET liveness = 'unreachable', update_time = compute_now()
+		WHERE liveness = 'ready' AND state <> 'retired' AND last_heartbeat < `+ago(d, 1)+`
+		RETURNING id, tenant_id`, agoArg(d, unreachableAfter))
+	if unreachable, err = collect(rows, err, scanNodeRef); err != nil {
+		return nil, nil, err
+	}
+	return unreachable, lost, nil
+}
+
+// NodeCondition is one health fact of a node.
+type NodeCondition struct {
+	NodeID  string
+	Type    string
+	Status  string // true, false or unknown
+	Reason  string
+	Message string
+	// UpdateTime says since when the condition holds; NodeConditionSet
+	// sets it.
+	UpdateTime time.Time
+}
+
+// NodeConditionSet upserts a node condition. update_time moves (to
+// compute_now()) only when the status changes, so it says since when the
+// condition holds.
+func NodeConditionSet(ctx context.Context, tx store.Tx, c *NodeCondition) error {
+	_, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
+		VALUES ($1, $2, $3, $4, $5, compute_now())
+		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
+			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
+		c.NodeID, c.Type, c.Status, c.Reason, c.Message)
+	return err
+}
+
+// NodeConditionList returns the conditions of the given nodes by node and
+// type.
+func NodeConditionList(ctx context.Context, q store.Querier, nodeIDs ...string) (map[string][]NodeCondition, error) {
+	out := map[string][]NodeCondition{}
+	if len(nodeIDs) == 0 {
+		return out, nil
+	}
+	var args []any
+	in := placeholders(&args, nodeIDs)
+	rows, err := q.Query(ctx, `SELECT node_id, type, status, reason, message, update_time FROM node_conditions
+		WHERE node_id IN (`+in+`) ORDER BY node_id, type`, args...)
+	conds, err := collect(rows, err, func(r scanner) (NodeCondition, error) {
+		var c NodeCondition
+		err := r.Scan(&c.NodeID, &c.Type, &c.Status, &c.Reason, &c.Message, &c.UpdateTime)
+		return c, err
+	})
+	for _, c := range conds {
+		out[c.NodeID] = append(out[c.NodeID], c)
+	}
+	return out, err
+}
