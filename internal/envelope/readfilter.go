@@ -24,16 +24,16 @@ import (
 type ReadFilter struct {
 	env     *Envelope
 	scope   iam.Resource
-	decided map[projectRef]bool
+	decided map[resourceRef]bool
 	checked time.Time
 }
 
-type projectRef struct{ tenantID, projectID string }
+type resourceRef struct{ typ, tenantID, id string }
 
 // NewReadFilter returns the row filter of a read whose scope decision
 // (AuthorizeRead on scope) the caller has already made and passed.
 func (e *Envelope) NewReadFilter(scope iam.Resource) *ReadFilter {
-	return &ReadFilter{env: e, scope: scope, decided: map[projectRef]bool{}, checked: e.cfg.Clock.Now()}
+	return &ReadFilter{env: e, scope: scope, decided: map[resourceRef]bool{}, checked: e.cfg.Clock.Now()}
 }
 
 // ProjectResource is the entity a row in a project is filtered on.
@@ -49,11 +49,18 @@ func (f *ReadFilter) Readable(ctx context.Context, tenantID, projectID string) (
 	if projectID == "" {
 		return true, nil
 	}
-	ref := projectRef{tenantID, projectID}
+	return f.ReadableResource(ctx, ProjectResource(tenantID, projectID))
+}
+
+// ReadableResource reports whether the caller may read res, deciding each
+// resource (by type, tenant and id) once per filter. A list of projects
+// passes each project with its attributes.
+func (f *ReadFilter) ReadableResource(ctx context.Context, res iam.Resource) (bool, error) {
+	ref := resourceRef{res.Type, res.TenantID, res.ID}
 	if allowed, ok := f.decided[ref]; ok {
 		return allowed, nil
 	}
-	allowed, err := f.env.decideRead(ctx, ProjectResource(tenantID, projectID), nil)
+	allowed, err := f.env.decideRead(ctx, res, nil)
 	if err != nil {
 		f.env.logError(ctx, err)
 		return false, ToConnect(err)
@@ -92,4 +99,22 @@ func (f *ReadFilter) RequireProject(ctx context.Context, tenantID, projectID str
 	refusal := f.env.refusal(ctx, caller, InfoFrom(ctx).Method.Action, ProjectResource(tenantID, projectID))
 	f.env.logError(ctx, refusal)
 	return ToConnect(refusal)
+}
+
+// KeepReadable returns the rows the caller may read, in order; where names
+// the tenant and project a row sits in. rows itself is left as it was, so a
+// list can still take its cursor from the last row it read.
+func KeepReadable[T any](ctx context.Context, f *ReadFilter, rows []T, where func(T) (tenantID, projectID string)) ([]T, error) {
+	out := make([]T, 0, len(rows))
+	for _, r := range rows {
+		tenantID, projectID := where(r)
+		ok, err := f.Readable(ctx, tenantID, projectID)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
