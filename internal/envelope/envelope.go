@@ -114,6 +114,9 @@ func New(cfg Config) (*Envelope, error) {
 	if cfg.DB == nil || cfg.Authz == nil || cfg.Recorder == nil {
 		return nil, errors.New("envelope: DB, Authz and Recorder are required")
 	}
+	if cfg.WatchRecheck < 0 {
+		return nil, fmt.Errorf("envelope: watch recheck must not be negative, got %s", cfg.WatchRecheck)
+	}
 	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock())
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.ReadCacheTTL = min(cmp.Or(cfg.ReadCacheTTL, 10*time.Second), 10*time.Second)
