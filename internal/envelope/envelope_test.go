@@ -207,3 +207,19 @@ func TestDecisionCacheKey(t *testing.T) {
 	_, ok = c.key(p, "reservations.preview", res(map[string]any{"when": time.Now()}), confirmed)
 	require.False(t, ok)
 }
+
+// BenchmarkDecisionCacheKey measures the key of a typical reservation read.
+func BenchmarkDecisionCacheKey(b *testing.B) {
+	c := newDecisionCache(10*time.Second, 100)
+	p := iam.Principal{ID: "key_01m8r1dbek6qdgqn5d6nh2yee5", Role: "member"}
+	res := iam.Resource{Type: "Reservation", ID: "rsv_01m8r1dbek6qdgqn5d6nh2yee5", TenantID: "tnt_01m8r1dbek6qdgqn5d6nh2yee5",
+		ProjectID: "prj_01m8r1dbek6qdgqn5d6nh2yee5", Attrs: map[string]any{"pool": "pol_01m8r1dbek6qdgqn5d6nh2yee5",
+			"state": "active", "gpus": 8, "binding": "none", "lifetimeSeconds": int64(3600)}}
+	decisionCtx := map[string]any{iam.ContextConfirmed: false}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := c.key(p, "reservations.get", res, decisionCtx); !ok {
+			b.Fatal("not cacheable")
+		}
+	}
+}

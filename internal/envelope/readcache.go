@@ -104,7 +104,8 @@ func hashValue(h *maphash.Hash, v any) bool {
 	case map[string]any:
 		h.WriteByte('m')
 		num(uint64(len(v)))
-		keys := make([]string, 0, len(v))
+		var small [16]string // most attribute maps fit: no allocation
+		keys := small[:0]
 		for k := range v {
 			keys = append(keys, k)
 		}
@@ -166,7 +167,7 @@ func (e *Envelope) AuthorizeRead(ctx context.Context, res iam.Resource) error {
 }
 
 func (e *Envelope) authorizeRead(ctx context.Context, res iam.Resource) error {
-	allowed, err := e.decideRead(ctx, res, nil)
+	allowed, err := e.decideRead(ctx, res)
 	if err != nil {
 		return err
 	}
@@ -178,21 +179,18 @@ func (e *Envelope) authorizeRead(ctx context.Context, res iam.Resource) error {
 }
 
 // decideRead makes the (cached) read decision for the current request's
-// catalog action on res, with extra facts in the decision's context. It
-// returns an error only when no decision could be made.
-func (e *Envelope) decideRead(ctx context.Context, res iam.Resource, extra map[string]any) (bool, error) {
+// catalog action on res. It returns an error only when no decision could
+// be made.
+func (e *Envelope) decideRead(ctx context.Context, res iam.Resource) (bool, error) {
 	info := InfoFrom(ctx)
 	caller, ok := CallerFrom(ctx)
 	if !ok || info.Method.Kind != KindRead {
 		return false, &Error{Code: CodeInternal, Message: "internal error"}
 	}
 	action := info.Method.Action
+	// The context is part of the key too, so a read that one day adds
+	// request facts to it cannot be answered from another's decision.
 	decisionCtx := map[string]any{iam.ContextConfirmed: false}
-	for k, v := range extra {
-		if k != iam.ContextConfirmed {
-			decisionCtx[k] = v
-		}
-	}
 	key, cacheable := e.readCache.key(caller.Principal, action, res, decisionCtx)
 	now := e.cfg.Clock.Now()
 	if cacheable {

@@ -60,7 +60,7 @@ func (f *ReadFilter) ReadableResource(ctx context.Context, res iam.Resource) (bo
 	if allowed, ok := f.decided[ref]; ok {
 		return allowed, nil
 	}
-	allowed, err := f.env.decideRead(ctx, res, nil)
+	allowed, err := f.env.decideRead(ctx, res)
 	if err != nil {
 		f.env.logError(ctx, err)
 		return false, ToConnect(err)
