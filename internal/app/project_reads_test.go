@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/assert"
@@ -124,3 +125,40 @@ forbid (principal, action in BC::Action::"read", resource in BC::Project::%q);`,
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestEventsWatchRechecks: an event stream open across a policy change that
+// forbids it ends with PERMISSION_DENIED at the next re-check, rather than
+// streaming on the decision it started with.
+func TestEventsWatchRechecks(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := cp.Admin()
+	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	k, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "viewer"}))
+	require.NoError(t, err)
+	viewer := cp.Client(k.Msg.GetSecret())
+
+	stream, err := viewer.Events.Watch(ctx, connect.NewRequest(&apiv1.WatchEventsRequest{Tenant: "acme", After: "0"}))
+	require.NoError(t, err)
+	defer func() { _ = stream.Close() }()
+	_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "default"}))
+	require.NoError(t, err)
+	for stream.Receive() {
+		if stream.Msg().GetEvent().GetType() == "project.created" {
+			break
+		}
+	}
+	require.NoError(t, stream.Err())
+
+	_, err = admin.Policies.Put(ctx, connect.NewRequest(&apiv1.PutPolicyRequest{Tenant: "acme", Id: "no-events",
+		Text: `@id("no-events")
+forbid (principal, action == BC::Action::"events.watch", resource);`}))
+	require.NoError(t, err)
+	cp.Clock.Advance(30 * time.Second)
+	for stream.Receive() {
+	}
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(stream.Err()), "%v", stream.Err())
+}
