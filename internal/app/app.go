@@ -139,6 +139,9 @@ type Config struct {
 	// are written to the audit log (default 30 a minute).
 	RefusalAuditLimit  int
 	RefusalAuditWindow time.Duration
+	// WatchRecheck is how often a watch stream is decided again, on the
+	// clock (default 30s).
+	WatchRecheck time.Duration
 	// GatewayHandshakeTimeout bounds a gateway connection's TLS handshake
 	// (default 10s); GatewayIdleConnTimeout closes one without a stream for
 	// that long (default 2m).
@@ -319,6 +322,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
 		RefusalAuditLimit: cfg.RefusalAuditLimit, RefusalAuditWindow: cfg.RefusalAuditWindow, Limits: cfg.Limits,
+		WatchRecheck: cfg.WatchRecheck,
 		TenantName: func(ctx context.Context, id string) (name string, err error) {
 			err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 				t, err := tenancy.TenantGet(ctx, tx, id)

@@ -82,6 +82,9 @@ type Config struct {
 	Metrics  Metrics
 	// ReadCacheTTL bounds how long a read decision is reused; at most 10 s.
 	ReadCacheTTL time.Duration
+	// WatchRecheck is how often a watch stream decides its reads again
+	// (default 30 s), so a policy change reaches a stream that stays open.
+	WatchRecheck time.Duration
 	// ConfirmationTTL is how long a confirmation may be approved and used.
 	ConfirmationTTL time.Duration
 	// IdempotencyTTL is how long a create's result is kept for replay.
@@ -112,9 +115,13 @@ func New(cfg Config) (*Envelope, error) {
 	if cfg.DB == nil || cfg.Authz == nil || cfg.Recorder == nil {
 		return nil, errors.New("envelope: DB, Authz and Recorder are required")
 	}
+	if cfg.WatchRecheck < 0 {
+		return nil, fmt.Errorf("envelope: watch recheck must not be negative, got %s", cfg.WatchRecheck)
+	}
 	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock())
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.ReadCacheTTL = min(cmp.Or(cfg.ReadCacheTTL, 10*time.Second), 10*time.Second)
+	cfg.WatchRecheck = cmp.Or(cfg.WatchRecheck, 30*time.Second)
 	cfg.ConfirmationTTL = cmp.Or(cfg.ConfirmationTTL, 15*time.Minute)
 	cfg.IdempotencyTTL = cmp.Or(cfg.IdempotencyTTL, 24*time.Hour)
 	cfg.RefusalAuditLimit = cmp.Or(cfg.RefusalAuditLimit, 30)

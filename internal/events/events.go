@@ -216,6 +216,9 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 	}
 	ticker := time.NewTicker(s.poll)
 	defer ticker.Stop()
+	// A long watch follows policy changes: the stream is decided again
+	// every WatchRecheck and ends with PERMISSION_DENIED once refused.
+	rf := s.env.NewReadFilter(res)
 	for {
 		wake := s.hub.Wait()
 		var batch []Stored
@@ -227,6 +230,9 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 				return nil
 			}
 			return s.env.Fail(ctx, err)
+		}
+		if err := rf.Recheck(ctx); err != nil {
+			return err
 		}
 		for _, ev := range batch {
 			after = ev.Seq

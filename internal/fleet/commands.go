@@ -281,19 +281,42 @@ func (s *CommandService) List(ctx context.Context, req *connect.Request[apiv1.Li
 		return nil, s.env.Fail(ctx, missing)
 	}
 	limit := envelope.PageSize(msg.GetPageSize())
-	var cmds []Command
+	var (
+		cmds []Command
+		// A command sits in its node's project.
+		projects = map[string]string{}
+	)
 	if err := s.env.Resolve(ctx, "commands", func(ctx context.Context, q store.Querier) (err error) {
-		cmds, err = CommandList(ctx, q, &CommandListParams{TenantID: tenantID, NodeID: nodeID, State: msg.GetState(), After: after, Limit: limit + 1})
-		return err
+		if cmds, err = CommandList(ctx, q, &CommandListParams{TenantID: tenantID, NodeID: nodeID, State: msg.GetState(), After: after, Limit: limit + 1}); err != nil {
+			return err
+		}
+		for _, c := range cmds {
+			if _, ok := projects[c.NodeID]; ok {
+				continue
+			}
+			n, err := NodeGet(ctx, q, "", c.NodeID)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			projects[c.NodeID] = n.ProjectID
+		}
+		return nil
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
 	out := &apiv1.ListCommandsResponse{}
-	for i, c := range cmds {
-		if i == limit {
-			out.NextPageToken = envelope.EncodePageToken(cmds[i-1].ID, filter)
-			break
-		}
+	if len(cmds) > limit {
+		// The cursor follows the rows read, not those shown.
+		out.NextPageToken = envelope.EncodePageToken(cmds[limit-1].ID, filter)
+		cmds = cmds[:limit]
+	}
+	// Commands of a node in a project are decided on the project too, once
+	// per project, so a policy forbidding a project hides them as Get does.
+	cmds, err = envelope.KeepReadable(ctx, s.env.NewReadFilter(res), cmds, func(c Command) (string, string) { return c.TenantID, projects[c.NodeID] })
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cmds {
 		out.Commands = append(out.Commands, CommandProto(c))
 	}
 	return connect.NewResponse(out), nil

@@ -160,11 +160,17 @@ func (s *JoinTokenService) List(ctx context.Context, req *connect.Request[apiv1.
 	}
 	now := s.env.Clock().Now()
 	out := &apiv1.ListJoinTokensResponse{}
-	for i, jt := range tokens {
-		if i == limit {
-			out.NextPageToken = envelope.EncodePageToken(tokens[i-1].ID, filter)
-			break
-		}
+	if len(tokens) > limit {
+		// The cursor follows the rows read, not those shown.
+		out.NextPageToken = envelope.EncodePageToken(tokens[limit-1].ID, filter)
+		tokens = tokens[:limit]
+	}
+	// Tokens of a project are decided on the project too, once per project.
+	tokens, err = envelope.KeepReadable(ctx, s.env.NewReadFilter(res), tokens, func(jt JoinToken) (string, string) { return jt.TenantID, jt.ProjectID })
+	if err != nil {
+		return nil, err
+	}
+	for _, jt := range tokens {
 		out.JoinTokens = append(out.JoinTokens, JoinTokenProto(jt, now))
 	}
 	return connect.NewResponse(out), nil

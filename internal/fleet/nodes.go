@@ -71,8 +71,9 @@ func (s *NodeService) List(ctx context.Context, req *connect.Request[apiv1.ListN
 	}
 	limit := envelope.PageSize(msg.GetPageSize())
 	var (
-		nodes []Node
-		conds map[string][]NodeCondition
+		nodes     []Node
+		conds     map[string][]NodeCondition
+		projectID string
 	)
 	if err := s.env.Resolve(ctx, "nodes", func(ctx context.Context, q store.Querier) error {
 		p := &NodeListParams{TenantID: t.ID, State: msg.GetState(), Liveness: msg.GetLiveness(), After: after, Limit: limit + 1}
@@ -84,7 +85,7 @@ func (s *NodeService) List(ctx context.Context, req *connect.Request[apiv1.ListN
 			if err != nil {
 				return err
 			}
-			p.ProjectID = proj.ID
+			p.ProjectID, projectID = proj.ID, proj.ID
 		}
 		var err error
 		if nodes, err = NodeList(ctx, q, p); err != nil {
@@ -100,11 +101,23 @@ func (s *NodeService) List(ctx context.Context, req *connect.Request[apiv1.ListN
 		return nil, s.env.Fail(ctx, err)
 	}
 	out := &apiv1.ListNodesResponse{}
-	for i, n := range nodes {
-		if i == limit {
-			out.NextPageToken = envelope.EncodePageToken(nodes[i-1].ID, filter)
-			break
+	if len(nodes) > limit {
+		// The cursor follows the rows read, not those shown.
+		out.NextPageToken = envelope.EncodePageToken(nodes[limit-1].ID, filter)
+		nodes = nodes[:limit]
+	}
+	// Nodes in a project are decided on it too, once per project, so a
+	// policy forbidding a project hides its nodes as it does from Get.
+	rf := s.env.NewReadFilter(res)
+	if projectID != "" {
+		if err := rf.RequireProject(ctx, t.ID, projectID); err != nil {
+			return nil, err
 		}
+	}
+	if nodes, err = envelope.KeepReadable(ctx, rf, nodes, func(n Node) (string, string) { return n.TenantID, n.ProjectID }); err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
 		out.Nodes = append(out.Nodes, NodeProto(n, conds[n.ID]))
 	}
 	return connect.NewResponse(out), nil

@@ -131,12 +131,22 @@ func (s *ProjectService) List(ctx context.Context, req *connect.Request[apiv1.Li
 		return nil, s.env.Fail(ctx, err)
 	}
 	out := &apiv1.ListProjectsResponse{}
-	for i, p := range ps {
-		if i == limit {
-			out.NextPageToken = envelope.EncodePageToken(ps[i-1].ID, req.Msg.GetTenant()+"/"+req.Msg.GetNamePrefix())
-			break
+	if len(ps) > limit {
+		// The cursor follows the rows read, not those shown.
+		out.NextPageToken = envelope.EncodePageToken(ps[limit-1].ID, req.Msg.GetTenant()+"/"+req.Msg.GetNamePrefix())
+		ps = ps[:limit]
+	}
+	// Each project is decided as well, as Get decides it, so a policy
+	// forbidding a project hides it from the list too.
+	rf := s.env.NewReadFilter(TenantResource(t))
+	for _, p := range ps {
+		ok, err := rf.ReadableResource(ctx, ProjectResource(p))
+		if err != nil {
+			return nil, err
 		}
-		out.Projects = append(out.Projects, ProjectProto(p))
+		if ok {
+			out.Projects = append(out.Projects, ProjectProto(p))
+		}
 	}
 	return connect.NewResponse(out), nil
 }

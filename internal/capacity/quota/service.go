@@ -300,19 +300,35 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListQuota
 	case !pfound:
 		return nil, s.env.Fail(ctx, envelope.NotFound("project", msg.GetProject()))
 	}
-	limit := envelope.PageSize(msg.GetPageSize())
-	now := s.env.Clock().Now()
-	out := &apiv1.ListQuotasResponse{}
-	if err := s.env.Resolve(ctx, "quotas", func(ctx context.Context, q store.Querier) error {
-		qs, err := List(ctx, q, &ListParams{TenantID: t.ID, ProjectID: p.ID, After: after, Limit: limit + 1})
-		if err != nil {
-			return err
+	// Quotas of a project are decided on the project as well, once each:
+	// a policy forbidding a project hides its quotas as it does from Get.
+	rf := s.env.NewReadFilter(res)
+	if p.ID != "" {
+		if err := rf.RequireProject(ctx, t.ID, p.ID); err != nil {
+			return nil, err
 		}
-		for i, qt := range qs {
-			if i == limit {
-				out.NextPageToken = envelope.EncodePageToken(qs[i-1].ID, filter)
-				break
-			}
+	}
+	limit := envelope.PageSize(msg.GetPageSize())
+	var qs []Quota
+	if err := s.env.Resolve(ctx, "quotas", func(ctx context.Context, q store.Querier) (err error) {
+		qs, err = List(ctx, q, &ListParams{TenantID: t.ID, ProjectID: p.ID, After: after, Limit: limit + 1})
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	out := &apiv1.ListQuotasResponse{}
+	if len(qs) > limit {
+		// The cursor follows the rows read, not those shown.
+		out.NextPageToken = envelope.EncodePageToken(qs[limit-1].ID, filter)
+		qs = qs[:limit]
+	}
+	qs, err = envelope.KeepReadable(ctx, rf, qs, func(q Quota) (string, string) { return q.TenantID, q.ProjectID })
+	if err != nil {
+		return nil, err
+	}
+	now := s.env.Clock().Now()
+	if err := s.env.Resolve(ctx, "quotas", func(ctx context.Context, q store.Querier) error {
+		for _, qt := range qs {
 			u, err := usageNow(ctx, q, qt, now)
 			if err != nil {
 				return err

@@ -727,17 +727,21 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 		return nil, s.env.Fail(ctx, err)
 	}
 	p := &ListParams{States: states, After: after, Limit: envelope.PageSize(msg.GetPageSize())}
+	scope := tenancy.PlatformResource()
 	if msg.GetTenant() != "" {
 		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
 		if err != nil {
 			return nil, err
 		}
-		p.TenantID = t.ID
-	} else if err := s.env.AuthorizeRead(ctx, tenancy.PlatformResource()); err != nil {
+		p.TenantID, scope = t.ID, tenancy.TenantResource(t)
+	} else if err := s.env.AuthorizeRead(ctx, scope); err != nil {
 		return nil, err
 	}
-	out := &apiv1.ListReservationsResponse{}
-	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) error {
+	var (
+		rs    []Reservation
+		names = map[string]string{}
+	)
+	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
 		if msg.GetProject() != "" {
 			pr, err := tenancy.ProjectGet(ctx, q, p.TenantID, msg.GetProject())
 			if err != nil {
@@ -745,7 +749,6 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 			}
 			p.ProjectID = pr.ID
 		}
-		names := map[string]string{}
 		if msg.GetPool() != "" {
 			pl, err := pool.Get(ctx, q, p.TenantID, msg.GetPool())
 			if err != nil {
@@ -753,26 +756,45 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 			}
 			p.PoolID, names[pl.ID] = pl.ID, pl.Name
 		}
-		rs, err := List(ctx, q, p)
-		if err != nil {
+		if rs, err = List(ctx, q, p); err != nil {
 			return err
 		}
 		for _, r := range rs {
-			name, ok := names[r.PoolID]
-			if !ok {
-				if pl, err := pool.Get(ctx, q, r.TenantID, r.PoolID); err == nil {
-					name = pl.Name
+			if _, ok := names[r.PoolID]; !ok {
+				pl, err := pool.Get(ctx, q, r.TenantID, r.PoolID)
+				if err == nil {
+					names[r.PoolID] = pl.Name
+				} else {
+					names[r.PoolID] = ""
 				}
-				names[r.PoolID] = name
 			}
-			out.Reservations = append(out.Reservations, Proto(r, name))
-		}
-		if len(rs) == p.Limit {
-			out.NextPageToken = envelope.EncodePageToken(rs[len(rs)-1].ID, filter)
 		}
 		return nil
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
+	}
+	// Rows are decided per project outside the read transaction: a decision
+	// may read tenant policies itself.
+	rf := s.env.NewReadFilter(scope)
+	if p.ProjectID != "" {
+		if err := rf.RequireProject(ctx, p.TenantID, p.ProjectID); err != nil {
+			return nil, err
+		}
+	}
+	out := &apiv1.ListReservationsResponse{}
+	for _, r := range rs {
+		ok, err := rf.Readable(ctx, r.TenantID, r.ProjectID)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out.Reservations = append(out.Reservations, Proto(r, names[r.PoolID]))
+		}
+	}
+	// The cursor follows the rows read, not the rows shown, so a page
+	// thinned by the filter still leads on to the next one.
+	if len(rs) == p.Limit {
+		out.NextPageToken = envelope.EncodePageToken(rs[len(rs)-1].ID, filter)
 	}
 	return connect.NewResponse(out), nil
 }
@@ -1020,7 +1042,10 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
-	var tenantID string
+	var (
+		tenantID string
+		scope    iam.Resource
+	)
 	if msg.GetReservation() != "" {
 		var r ref
 		if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
@@ -1035,14 +1060,15 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 		if err := r.notFound(msg.GetTenant(), msg.GetReservation()); err != nil {
 			return s.env.Fail(ctx, err)
 		}
-		tenantID = r.tenant.ID
+		tenantID, scope = r.tenant.ID, r.resource()
 	} else {
 		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
 		if err != nil {
 			return err
 		}
-		tenantID = t.ID
+		tenantID, scope = t.ID, tenancy.TenantResource(t)
 	}
+	rf := s.env.NewReadFilter(scope)
 	if msg.GetCursor() == "" {
 		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
 			after, err = s.events.Last(ctx, q)
@@ -1058,8 +1084,11 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 	defer ticker.Stop()
 	for {
 		wake := s.events.Wait()
-		var out []*apiv1.WatchReservationsResponse
-		var full bool
+		var (
+			out  []*apiv1.WatchReservationsResponse
+			rows []Reservation
+			full bool
+		)
 		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
 			evs, seqs, err := s.events.After(ctx, q, tenantID, after, 500)
 			if err != nil {
@@ -1079,6 +1108,7 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 					return err
 				}
 				out = append(out, &apiv1.WatchReservationsResponse{Type: ev.Type, Reservation: Proto(r, ""), Cursor: fmt.Sprint(seqs[i])})
+				rows = append(rows, r)
 			}
 			return nil
 		}); err != nil {
@@ -1087,7 +1117,21 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 			}
 			return s.env.Fail(ctx, err)
 		}
-		for _, o := range out {
+		// A long watch follows policy changes: the scope and the projects
+		// are decided again every WatchRecheck, after the read, so rows
+		// written after a re-check was due are never sent on the old
+		// decisions.
+		if err := rf.Recheck(ctx); err != nil {
+			return err
+		}
+		for i, o := range out {
+			ok, err := rf.Readable(ctx, rows[i].TenantID, rows[i].ProjectID)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
 			if err := stream.Send(o); err != nil {
 				return err
 			}

@@ -84,17 +84,23 @@ func validateFilter(vs *envelope.Violations, tenant, project string, start, end 
 
 // authorize makes the read decision on the tenant the request names (the
 // platform when none) and resolves the project filter, returning the
-// tenant's and the project's ids.
-func (s *Service) authorize(ctx context.Context, f filter) (tenantID, projectID string, err error) {
+// tenant's and the project's ids and the filter that decides each window's
+// project (a project the request names is decided up front).
+func (s *Service) authorize(ctx context.Context, f filter) (tenantID, projectID string, rf *envelope.ReadFilter, err error) {
 	if f.tenant == "" {
-		return "", "", s.env.AuthorizeRead(ctx, tenancy.PlatformResource())
+		scope := tenancy.PlatformResource()
+		if err := s.env.AuthorizeRead(ctx, scope); err != nil {
+			return "", "", nil, err
+		}
+		return "", "", s.env.NewReadFilter(scope), nil
 	}
 	t, err := tenancy.AuthorizeTenantRead(ctx, s.env, f.tenant)
 	if err != nil {
-		return "", "", err
+		return "", "", nil, err
 	}
+	rf = s.env.NewReadFilter(tenancy.TenantResource(t))
 	if f.project == "" {
-		return t.ID, "", nil
+		return t.ID, "", rf, nil
 	}
 	var p tenancy.Project
 	if err := s.env.Resolve(ctx, "project", func(ctx context.Context, q store.Querier) (err error) {
@@ -104,10 +110,16 @@ func (s *Service) authorize(ctx context.Context, f filter) (tenantID, projectID 
 		}
 		return err
 	}); err != nil {
-		return "", "", s.env.Fail(ctx, err)
+		return "", "", nil, s.env.Fail(ctx, err)
 	}
-	return t.ID, p.ID, nil
+	if err := rf.RequireProject(ctx, t.ID, p.ID); err != nil {
+		return "", "", nil, err
+	}
+	return t.ID, p.ID, rf, nil
 }
+
+// windowWhere names the tenant and project a window sits in.
+func windowWhere(w UsageWindow) (string, string) { return w.TenantID, w.ProjectID }
 
 // List lists usage windows by window start, reservation and metric: a
 // tenant's, or every tenant's for platform administrators.
@@ -135,7 +147,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 		}
 		after = &c
 	}
-	tenantID, projectID, err := s.authorize(ctx, f)
+	tenantID, projectID, rf, err := s.authorize(ctx, f)
 	if err != nil {
 		return nil, err
 	}
@@ -149,12 +161,17 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 		return nil, s.env.Fail(ctx, err)
 	}
 	out := &apiv1.ListUsageResponse{}
-	for i, w := range windows {
-		if i == limit {
-			last := windows[i-1]
-			out.NextPageToken = envelope.EncodePageToken(Cursor{WindowStart: last.WindowStart, ReservationID: last.ReservationID, Metric: last.Metric}.String(), f.key())
-			break
-		}
+	if len(windows) > limit {
+		// The cursor follows the windows read, not those shown, so a page
+		// thinned by a project the caller may not read still leads on.
+		last := windows[limit-1]
+		out.NextPageToken = envelope.EncodePageToken(Cursor{WindowStart: last.WindowStart, ReservationID: last.ReservationID, Metric: last.Metric}.String(), f.key())
+		windows = windows[:limit]
+	}
+	if windows, err = envelope.KeepReadable(ctx, rf, windows, windowWhere); err != nil {
+		return nil, err
+	}
+	for _, w := range windows {
 		out.Windows = append(out.Windows, Proto(w))
 	}
 	// The last page ends with the hour still open, as far as it has gone,
@@ -167,6 +184,9 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 			return err
 		}); err != nil {
 			return nil, s.env.Fail(ctx, err)
+		}
+		if open, err = envelope.KeepReadable(ctx, rf, open, windowWhere); err != nil {
+			return nil, err
 		}
 		for _, w := range open {
 			pw := Proto(w)
@@ -194,7 +214,7 @@ func (s *Service) Export(ctx context.Context, req *connect.Request[apiv1.ExportU
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	tenantID, projectID, err := s.authorize(ctx, f)
+	tenantID, projectID, rf, err := s.authorize(ctx, f)
 	if err != nil {
 		return nil, err
 	}
@@ -209,6 +229,9 @@ func (s *Service) Export(ctx context.Context, req *connect.Request[apiv1.ExportU
 	if len(windows) > MaxExportWindows {
 		return nil, s.env.Fail(ctx, envelope.Errorf(envelope.CodeResourceExhaustedLimit,
 			"the export holds more than %d windows: narrow start_time and end_time", MaxExportWindows))
+	}
+	if windows, err = envelope.KeepReadable(ctx, rf, windows, windowWhere); err != nil {
+		return nil, err
 	}
 	var (
 		buf bytes.Buffer
