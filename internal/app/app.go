@@ -445,6 +445,9 @@ type reservationEvents struct{ hub *events.Hub }
 
 func (r reservationEvents) After(ctx context.Context, q store.Querier, tenantID string, after int64, limit int) ([]envelope.Event, []int64, error) {
 	evs, err := events.ListAfter(ctx, q, tenantID, false, after, limit)
+	if errors.Is(err, events.ErrUnknownCursor) {
+		return nil, nil, envelope.Invalid(envelope.Violation{Field: "cursor", Reason: fmt.Sprintf("no event with id %d", after)})
+	}
 	if err != nil {
 		return nil, nil, err
 	}
