@@ -56,8 +56,9 @@ func Migrations() store.Migrations {
 // So the events below the horizon, sorted by (xid, seq), are final: a prefix
 // of the order all events will ever have. A read returns the next events of
 // that prefix after the cursor; the cursor only moves over events it
-// returned, and the next read's prefix contains this one (xmin never moves
-// back), so each event is served exactly once. Ordering by seq alone would
+// returned, and since every read's prefix is final, a later read can only
+// continue where the cursor stands (nothing can appear behind it), so each
+// event is served exactly once. Ordering by seq alone would
 // not do: a transaction still open holds a smaller seq than one that
 // committed after it, and a watcher that moved past the later one would skip
 // it. An event of a transaction that is still open (or of any older open
