@@ -71,6 +71,9 @@ type Config struct {
 	StateDir string
 	// DatabaseURL selects PostgreSQL (postgres://…); empty means SQLite.
 	DatabaseURL string
+	// DBStatementTimeout and DBLockTimeout bound every PostgreSQL statement
+	// and lock wait (store.Config: 0 takes the default, negative is off).
+	DBStatementTimeout, DBLockTimeout time.Duration
 	// PDP is "cedar" (embedded, default) or "authzen" (remote).
 	PDP            string
 	AuthZENURL     string
@@ -242,7 +245,8 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock, Logger: cfg.Logger})
+	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock, Logger: cfg.Logger,
+		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -478,6 +482,9 @@ type reservationEvents struct{ hub *events.Hub }
 
 func (r reservationEvents) After(ctx context.Context, q store.Querier, tenantID string, after int64, limit int) ([]envelope.Event, []int64, error) {
 	evs, err := events.ListAfter(ctx, q, tenantID, false, after, limit)
+	if errors.Is(err, events.ErrUnknownCursor) {
+		return nil, nil, envelope.Invalid(envelope.Violation{Field: "cursor", Reason: fmt.Sprintf("no event with id %d", after)})
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 func init() {
@@ -40,6 +41,9 @@ type serverFlags struct {
 	gatewayListen, trustDomain                         string
 	gatewayHosts                                       []string
 	heartbeatInterval, unreachableAfter, lostAfter     time.Duration
+	// dbStatementTimeout and dbLockTimeout bound every PostgreSQL
+	// statement and lock wait (0 turns a bound off).
+	dbStatementTimeout, dbLockTimeout time.Duration
 	// maxConnections caps the API's open connections; requestRate,
 	// requestBurst and maxStreams bound each principal.
 	maxConnections, requestBurst, maxStreams int
@@ -79,6 +83,8 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringSliceVar(&f.gatewayHosts, "gateway-host", nil, "name or IP agents reach the gateway by, put in its serving certificate (repeatable; default the listen host and localhost)")
 	fl.StringVar(&f.trustDomain, "trust-domain", envOr("BETTER_COMPUTE_TRUST_DOMAIN", ""), "SPIFFE trust domain of the PKI created on an empty database (env BETTER_COMPUTE_TRUST_DOMAIN)")
 	fl.StringVar(&f.databaseURL, "database-url", envOr("BETTER_COMPUTE_DATABASE_URL", ""), "PostgreSQL URL (postgres://…); empty uses SQLite in --state-dir (env BETTER_COMPUTE_DATABASE_URL)")
+	fl.DurationVar(&f.dbStatementTimeout, "db-statement-timeout", store.DefaultStatementTimeout, "PostgreSQL statement_timeout of every connection (0: no limit); a statement past it fails UNAVAILABLE, retryable")
+	fl.DurationVar(&f.dbLockTimeout, "db-lock-timeout", store.DefaultLockTimeout, "PostgreSQL lock_timeout of every connection (0: no limit); a lock wait past it fails UNAVAILABLE, retryable")
 	fl.StringVar(&f.bootstrapKeyFile, "bootstrap-key-file", "", "where an empty database's first admin key is written, mode 0600 (default <state-dir>/admin.key)")
 	fl.StringVar(&f.pdp, "pdp", "cedar", "policy decision point: cedar (embedded) or authzen (remote)")
 	fl.StringVar(&f.authzenURL, "authzen-url", envOr("BETTER_COMPUTE_AUTHZEN_URL", ""), "base URL of the AuthZEN PDP (env BETTER_COMPUTE_AUTHZEN_URL)")
@@ -95,6 +101,10 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 // the flags rather than the gateway's settings.
 func (f *serverFlags) checkLiveness() error {
 	switch {
+	case f.dbStatementTimeout < 0:
+		return invalidArg("db-statement-timeout", "must not be negative (0 turns the limit off)")
+	case f.dbLockTimeout < 0:
+		return invalidArg("db-lock-timeout", "must not be negative (0 turns the limit off)")
 	case f.heartbeatInterval <= 0:
 		return invalidArg("heartbeat-interval", "must be positive")
 	case f.unreachableAfter < 2*f.heartbeatInterval:
@@ -181,9 +191,19 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger, DownloadsDir: f.downloadsDir,
 		GatewayListen: f.gatewayListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
 		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
-		MaxConnections: f.maxConnections,
-		Limits:         envelope.Limits{RequestRate: f.requestRate, RequestBurst: f.requestBurst, MaxStreams: f.maxStreams},
+		MaxConnections:     f.maxConnections,
+		DBStatementTimeout: offIfZero(f.dbStatementTimeout), DBLockTimeout: offIfZero(f.dbLockTimeout),
+		Limits: envelope.Limits{RequestRate: f.requestRate, RequestBurst: f.requestBurst, MaxStreams: f.maxStreams},
 	}
+}
+
+// offIfZero turns a flag's "0: no limit" into the store's "negative: off"
+// (the store reads 0 as "the default").
+func offIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func newServeCommand() *cobra.Command {

@@ -102,6 +102,8 @@ func TestErrorMapping(t *testing.T) {
 		{&store.Error{Kind: store.ErrUnique}, CodeAlreadyExists, connect.CodeAlreadyExists},
 		{&store.Error{Kind: store.ErrConstraint}, CodeFailedPrecondition, connect.CodeFailedPrecondition},
 		{&store.Error{Kind: store.ErrSerialization}, CodeConflict, connect.CodeAborted},
+		{&store.Error{Kind: store.ErrLockTimeout}, CodeUnavailable, connect.CodeUnavailable},
+		{fmt.Errorf("write: %w", &store.Error{Kind: store.ErrStatementTimeout}), CodeUnavailable, connect.CodeUnavailable},
 		{errors.New("boom"), CodeInternal, connect.CodeInternal},
 		{&Error{Code: CodeConfirmationRequired, Message: "m", ConfirmationID: "cfm_x"}, CodeConfirmationRequired, connect.CodeFailedPrecondition},
 	}
@@ -113,6 +115,10 @@ func TestErrorMapping(t *testing.T) {
 		require.Equal(t, string(tt.code), d.GetCode())
 		// Internal detail never reaches the caller.
 		require.NotContains(t, ce.Message(), "boom")
+		if tt.code == CodeUnavailable {
+			// A store timeout is retryable and says when to retry.
+			require.Positive(t, RetryDelayOf(ce), "%v", tt.err)
+		}
 	}
 }
 

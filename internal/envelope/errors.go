@@ -145,6 +145,9 @@ func NotFound(kind, key string) *Error {
 	return Errorf(CodeNotFound, "%s %q not found", kind, key)
 }
 
+// storeRetryAfter is the retry hint sent with a store timeout.
+const storeRetryAfter = time.Second
+
 // FromStore turns a store error into an API error, keeping the store's
 // detail for the log only.
 func FromStore(err error, what string) error {
@@ -162,6 +165,12 @@ func FromStore(err error, what string) error {
 		return &Error{Code: CodeFailedPrecondition, Message: what + " violates a constraint", Err: err}
 	case errors.Is(err, store.ErrSerialization):
 		return &Error{Code: CodeConflict, Message: "concurrent update, retry", Err: err}
+	case errors.Is(err, store.ErrLockTimeout):
+		// Nothing was changed and the holder will finish: retryable, after
+		// a pause rather than at once into the same queue.
+		return &Error{Code: CodeUnavailable, Message: "the database is busy (waited too long for a lock), retry", RetryAfter: storeRetryAfter, Err: err}
+	case errors.Is(err, store.ErrStatementTimeout):
+		return &Error{Code: CodeUnavailable, Message: "the database is busy (a statement took too long), retry", RetryAfter: storeRetryAfter, Err: err}
 	default:
 		return &Error{Code: CodeInternal, Message: "internal error", Err: err}
 	}
@@ -233,7 +242,8 @@ func AsError(err error) *Error {
 		return &Error{Code: codeFromConnect(ce.Code()), Message: ce.Message(), Err: err}
 	}
 	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrUnique) ||
-		errors.Is(err, store.ErrConstraint) || errors.Is(err, store.ErrSerialization) {
+		errors.Is(err, store.ErrConstraint) || errors.Is(err, store.ErrSerialization) ||
+		errors.Is(err, store.ErrLockTimeout) || errors.Is(err, store.ErrStatementTimeout) {
 		return AsError(FromStore(err, "resource"))
 	}
 	return &Error{Code: CodeInternal, Message: "internal error", Err: err}

@@ -9,6 +9,8 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,9 +36,46 @@ func Migrations() store.Migrations {
 	return store.Embedded("events", migrationsFS)
 }
 
-// outboxLockKey is the advisory lock that orders outbox writers on
-// PostgreSQL; SQLite's single writer orders them already.
-const outboxLockKey = 0x6263_6f75_7462 // "bcoutb"
+// Commit order without a writer lock.
+//
+// Every event row carries the id of the transaction that wrote it (xid: the
+// column default pg_current_xact_id() on PostgreSQL, always 0 on SQLite),
+// and the outbox is read in (xid, seq) order, only below a horizon: on
+// PostgreSQL the xmin of the reading statement's own snapshot, the oldest
+// transaction still running when it started. Why a watcher resuming from a
+// cursor neither misses nor repeats an event:
+//
+//   - Every transaction with an xid below xmin has ended: its events are
+//     visible to this very snapshot if it committed, and never will be if it
+//     rolled back.
+//   - No transaction can later write an event with an xid below xmin:
+//     transaction ids are handed out in increasing order, and every one
+//     handed out after this snapshot is at or above its xmax > xmin (the
+//     column holds the top-level id even inside a savepoint).
+//
+// So the events below the horizon, sorted by (xid, seq), are final: a prefix
+// of the order all events will ever have. A read returns the next events of
+// that prefix after the cursor; the cursor only moves over events it
+// returned, and since every read's prefix is final, a later read can only
+// continue where the cursor stands (nothing can appear behind it), so each
+// event is served exactly once. Ordering by seq alone would
+// not do: a transaction still open holds a smaller seq than one that
+// committed after it, and a watcher that moved past the later one would skip
+// it. An event of a transaction that is still open (or of any older open
+// transaction) simply waits until it ends.
+//
+// The public cursor stays the event's seq (a stable decimal id); a read
+// looks up its xid, so (xid, seq) is the position resumed from. Ids are
+// unique but, across concurrent transactions, not increasing.
+//
+// The one dialect difference is the view events_visible that readers read
+// (migrations/<dialect>/0002): on PostgreSQL it applies the horizon; SQLite
+// has one writer, so seq order is commit order and there is no horizon, and
+// xid 0 on every row keeps one query for both stores.
+
+// ErrUnknownCursor: the cursor names no stored event, so there is no
+// position in the outbox to resume from.
+var ErrUnknownCursor = errors.New("no event with this id")
 
 // Hub wakes watchers in this process when events commit, and ends them
 // when the server shuts down.
@@ -70,13 +109,9 @@ func (h *Hub) Wait() <-chan struct{} {
 	return h.ch
 }
 
-// Insert writes events in tx and wakes local watchers after commit.
+// Insert writes events in tx and wakes local watchers after commit. It
+// takes no lock: the row's xid (the column default) orders it for readers.
 func Insert(ctx context.Context, tx store.Tx, hub *Hub, evs []envelope.Event) error {
-	if tx.Dialect() == store.Postgres {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(outboxLockKey)); err != nil {
-			return err
-		}
-	}
 	for _, ev := range evs {
 		data, err := json.Marshal(ev.Data)
 		if err != nil {
@@ -102,11 +137,24 @@ type Stored struct {
 	envelope.Event
 }
 
-// ListAfter returns up to limit events after seq, of one tenant unless
-// allTenants.
+// ListAfter returns up to limit events after the event whose id is after (0:
+// from the beginning), of one tenant unless allTenants, in commit order and
+// only those whose transactions have ended (events_visible). It fails with
+// ErrUnknownCursor when after names no stored event.
 func ListAfter(ctx context.Context, q store.Querier, tenantID string, allTenants bool, after int64, limit int) ([]Stored, error) {
-	rows, err := q.Query(ctx, `SELECT seq, type, tenant_id, resource_type, resource_id, time, data FROM events
-		WHERE seq > $1 AND ($2 OR tenant_id = $3) ORDER BY seq LIMIT $4`, after, allTenants, tenantID, limit)
+	var xid uint64
+	if after > 0 {
+		err := q.QueryRow(ctx, `SELECT xid FROM events WHERE seq = $1`, after).Scan(&xid)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("resume after %d: %w", after, ErrUnknownCursor)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	rows, err := q.Query(ctx, `SELECT seq, type, tenant_id, resource_type, resource_id, time, data FROM events_visible
+		WHERE (xid, seq) > ($1, $2) AND ($3 OR tenant_id = $4)
+		ORDER BY xid, seq LIMIT $5`, xid, after, allTenants, tenantID, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -128,10 +176,15 @@ func ListAfter(ctx context.Context, q store.Querier, tenantID string, allTenants
 	return out, rows.Err()
 }
 
-// LastSeq returns the newest event's cursor (0 when there is none).
+// LastSeq returns the cursor of the newest event below the horizon (0 when
+// there is none): a watch that starts there serves every event whose
+// transaction had not ended yet, and nothing older.
 func LastSeq(ctx context.Context, q store.Querier) (int64, error) {
 	var seq int64
-	err := q.QueryRow(ctx, `SELECT COALESCE(MAX(seq), 0) FROM events`).Scan(&seq)
+	err := q.QueryRow(ctx, `SELECT seq FROM events_visible ORDER BY xid DESC, seq DESC LIMIT 1`).Scan(&seq)
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, nil
+	}
 	return seq, err
 }
 
@@ -224,6 +277,9 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 		var batch []Stored
 		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
 			batch, err = ListAfter(ctx, q, tenantID, msg.GetTenant() == "", after, 500)
+			if errors.Is(err, ErrUnknownCursor) {
+				return envelope.Invalid(envelope.Violation{Field: "after", Reason: fmt.Sprintf("no event with id %d", after)})
+			}
 			return err
 		}); err != nil {
 			if ctx.Err() != nil {

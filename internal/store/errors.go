@@ -18,6 +18,13 @@ var (
 	// ErrSerialization: the transaction conflicted with another (or, on
 	// SQLite, the database stayed locked); rerunning it may succeed.
 	ErrSerialization = errors.New("serialization failure")
+	// ErrLockTimeout: a statement waited for a lock longer than the
+	// connection's lock_timeout (another transaction held it); nothing was
+	// changed, and rerunning later may succeed.
+	ErrLockTimeout = errors.New("lock wait timed out")
+	// ErrStatementTimeout: a statement ran longer than the connection's
+	// statement_timeout and was cancelled; nothing was changed.
+	ErrStatementTimeout = errors.New("statement timed out")
 	// ErrSchemaTooNew: the database was migrated by a newer binary.
 	ErrSchemaTooNew = errors.New("schema too new")
 )

@@ -145,7 +145,7 @@ func (db *DB) appliedVersions(ctx context.Context, module string) (map[int]bool,
 }
 
 func (db *DB) applyMigration(ctx context.Context, module string, f migrationFile) error {
-	err := db.Write(ctx, func(ctx context.Context, tx Tx) error {
+	err := db.write(ctx, db.d.PrepareMigration, func(ctx context.Context, tx Tx) error {
 		// Check again inside the write transaction: on SQLite the lock is the
 		// writer itself, so another process may have applied it meanwhile.
 		ok, err := db.d.TableExists(ctx, tx, "schema_migrations")

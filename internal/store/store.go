@@ -84,6 +84,10 @@ type Driver interface {
 	// Classify turns a driver error into an *Error with a domain Kind, or
 	// returns err unchanged when it is not one the store knows.
 	Classify(err error) error
+	// PrepareMigration readies a migration's write transaction: on
+	// PostgreSQL it lifts the statement bound every pooled connection has
+	// (a migration may rewrite a large table) and sets its own lock bound.
+	PrepareMigration(ctx context.Context, tx DriverTx) error
 	// LockMigrations serializes migrators across processes until unlock.
 	LockMigrations(ctx context.Context) (unlock func(), err error)
 	// TableExists reports whether a table exists, so the store can bootstrap
@@ -149,8 +153,12 @@ func (db *DB) Close() error { return db.d.Close() }
 // call Write or Read on the same DB from inside fn: on SQLite the single
 // writer would deadlock.
 func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error {
+	return db.write(ctx, nil, fn)
+}
+
+func (db *DB) write(ctx context.Context, prepare func(context.Context, DriverTx) error, fn func(ctx context.Context, tx Tx) error) error {
 	for attempt := 0; ; attempt++ {
-		err := db.run(ctx, false, fn)
+		err := db.run(ctx, false, prepare, fn)
 		if err == nil || !errors.Is(err, ErrSerialization) || attempt >= maxRetries {
 			return err
 		}
@@ -167,13 +175,21 @@ func (db *DB) Write(ctx context.Context, fn func(ctx context.Context, tx Tx) err
 // Read runs fn in one read-only transaction from the reader pool, so reads
 // never wait for the writer. It sees data committed before it began.
 func (db *DB) Read(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error {
-	return db.run(ctx, true, fn)
+	return db.run(ctx, true, nil, fn)
 }
 
-func (db *DB) run(ctx context.Context, readOnly bool, fn func(ctx context.Context, tx Tx) error) (err error) {
+// run runs fn in one transaction; prepare, when set, runs first on the
+// driver transaction (a migration's own settings).
+func (db *DB) run(ctx context.Context, readOnly bool, prepare func(context.Context, DriverTx) error, fn func(ctx context.Context, tx Tx) error) (err error) {
 	dtx, err := db.d.Begin(ctx, readOnly)
 	if err != nil {
 		return fmt.Errorf("begin: %w", db.d.Classify(err))
+	}
+	if prepare != nil {
+		if err := prepare(ctx, dtx); err != nil {
+			_ = dtx.Rollback(context.WithoutCancel(ctx))
+			return fmt.Errorf("prepare: %w", db.d.Classify(err))
+		}
 	}
 	t := &tx{dtx: dtx, db: db}
 	done := false

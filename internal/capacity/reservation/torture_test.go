@@ -1709,10 +1709,6 @@ func TestTortureConcurrentReconcileKeepsRollups(t *testing.T) {
 	}))
 }
 
-// outboxLock is the events package's advisory lock (events.outboxLockKey):
-// every transaction that records events takes it last, just before commit.
-const outboxLock = 0x6263_6f75_7462
-
 // TestTortureBugBookingRacesNodeLoss (PostgreSQL): book() checks that the
 // chosen node is active and ready with a plain SELECT, so under READ
 // COMMITTED the liveness sweep can mark the node lost and run NodesLost —
@@ -1721,7 +1717,7 @@ const outboxLock = 0x6263_6f75_7462
 // for kubernetes and none bindings) until its window ends: nothing runs
 // NodesLost for that node again. A share lock on the node row (SELECT … FOR
 // SHARE) would order the two. Here the create is held at its last step
-// (the outbox lock) while every node is lost.
+// (its events insert) while every node is lost.
 func TestTortureBugBookingRacesNodeLoss(t *testing.T) {
 	t.Parallel()
 	if bctest.Dialect() != store.Postgres {
@@ -1731,13 +1727,15 @@ func TestTortureBugBookingRacesNodeLoss(t *testing.T) {
 	ctx := context.Background()
 	hold, err := e.db.PgxPool().Begin(ctx)
 	require.NoError(t, err)
-	_, err = hold.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(outboxLock))
+	// Every transaction that records events inserts them last, just before
+	// commit: a table lock that refuses inserts holds the create there.
+	_, err = hold.Exec(ctx, `LOCK TABLE events IN EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	created := make(chan *connect.Response[apiv1.CreateReservationResponse], 1)
 	go func() {
 		res, err := e.admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
 			Tenant: "acme", Project: "default", Pool: "main", Gpus: 1, Binding: reservation.BindingKubernetes}))
-		// Another writer may have been the advisory waiter: then the sweep
+		// Another writer may have been the events waiter: then the sweep
 		// ran first and the create finds every node lost, which is as
 		// right an answer as a booking the sweep releases.
 		if err != nil {
@@ -1745,7 +1743,7 @@ func TestTortureBugBookingRacesNodeLoss(t *testing.T) {
 		}
 		created <- res
 	}()
-	waitForLockWaiters(t, e.db, 1, "advisory")
+	waitForLockWaiters(t, e.db, 1, "relation")
 	// The booking holds its node's row (FOR SHARE): the sweep's update waits
 	// for the booking to commit, and its NodesLost then sees it.
 	swept := make(chan error, 1)

@@ -1,7 +1,8 @@
 // Package postgres is the PostgreSQL dialect of the store (pgx/v5 pool, no
 // database/sql): read-committed write transactions, READ ONLY read
-// transactions, SQLSTATE classification, a session advisory lock for
-// migrations, and compute_now() pinned to the Go clock per transaction when
+// transactions, statement_timeout and lock_timeout on every connection,
+// SQLSTATE classification, a session advisory lock for migrations, and
+// compute_now() pinned to the Go clock per transaction when
 // that clock is not the real one.
 //
 // It must never contain module SQL or business rules, and must never be
@@ -13,6 +14,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +31,31 @@ import (
 type Config struct {
 	URL   string
 	Clock clock.Clock
+	// StatementTimeout bounds every statement of a pooled connection
+	// (statement_timeout); 0 takes store.DefaultStatementTimeout, a negative value
+	// turns the bound off.
+	StatementTimeout time.Duration
+	// LockTimeout bounds every wait for a lock (lock_timeout); 0 takes
+	// store.DefaultLockTimeout, a negative value turns the bound off.
+	LockTimeout time.Duration
+}
+
+// Migrations run with no statement bound (an index build on a large table
+// may take minutes) and a lock bound of their own: a DDL statement queued
+// for a table lock blocks every later query of that table, so it gives up
+// (and the start fails, saying why) rather than wait indefinitely.
+const migrationLockTimeout = time.Minute
+
+// timeoutSetting renders a bound as a PostgreSQL setting in milliseconds
+// ("0" turns it off).
+func timeoutSetting(d, def time.Duration) string {
+	switch {
+	case d == 0:
+		d = def
+	case d < 0:
+		d = 0
+	}
+	return strconv.FormatInt(d.Milliseconds(), 10)
 }
 
 // Driver implements store.Driver for PostgreSQL.
@@ -59,6 +86,17 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if !strings.Contains(cfg.URL, "pool_max_conns") && pcfg.MaxConns < minPoolConns {
 		pcfg.MaxConns = minPoolConns
+	}
+	// Sent in the startup message, so every pooled connection (River's too)
+	// has the bounds from its first statement at no extra round trip.
+	// A value the URL sets itself (…?lock_timeout=2000) beats the default,
+	// and an explicit Config value beats the URL.
+	rp := pcfg.ConnConfig.RuntimeParams
+	if _, inURL := rp["statement_timeout"]; !inURL || cfg.StatementTimeout != 0 {
+		rp["statement_timeout"] = timeoutSetting(cfg.StatementTimeout, store.DefaultStatementTimeout)
+	}
+	if _, inURL := rp["lock_timeout"]; !inURL || cfg.LockTimeout != 0 {
+		rp["lock_timeout"] = timeoutSetting(cfg.LockTimeout, store.DefaultLockTimeout)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -114,6 +152,14 @@ func (d *Driver) Begin(ctx context.Context, readOnly bool) (store.DriverTx, erro
 	return &tx{tx: t}, nil
 }
 
+// PrepareMigration lifts the statement bound and sets the migration lock
+// bound for the migration's own transaction only (SET LOCAL).
+func (d *Driver) PrepareMigration(ctx context.Context, t store.DriverTx) error {
+	_, err := t.Exec(ctx, `SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', $1, true)`,
+		timeoutSetting(migrationLockTimeout, 0))
+	return err
+}
+
 // LockMigrations takes a session advisory lock on a connection of its own,
 // held until unlock, so replicas starting together migrate one at a time.
 func (d *Driver) LockMigrations(ctx context.Context) (func(), error) {
@@ -154,7 +200,16 @@ const (
 	codeRaiseException       = "P0001"
 	codeSerializationFailure = "40001"
 	codeDeadlockDetected     = "40P01"
+	// lock_not_available: lock_timeout ran out (or a NOWAIT lock was taken).
+	codeLockNotAvailable = "55P03"
+	// query_canceled: statement_timeout ran out, or a cancel request came;
+	// only the first is a timeout, told apart by the server's message.
+	codeQueryCanceled = "57014"
 )
+
+// statementTimeoutMessage is how the server words a statement_timeout
+// cancel; a cancel request says "due to user request" instead.
+const statementTimeoutMessage = "statement timeout"
 
 // Classify maps SQLSTATEs to the store's domain errors.
 func (d *Driver) Classify(err error) error {
@@ -179,6 +234,12 @@ func (d *Driver) Classify(err error) error {
 		return &store.Error{Kind: store.ErrConstraint, Constraint: pe.ConstraintName, Err: err}
 	case codeSerializationFailure, codeDeadlockDetected:
 		return &store.Error{Kind: store.ErrSerialization, Err: err}
+	case codeLockNotAvailable:
+		return &store.Error{Kind: store.ErrLockTimeout, Err: err}
+	case codeQueryCanceled:
+		if strings.Contains(pe.Message, statementTimeoutMessage) {
+			return &store.Error{Kind: store.ErrStatementTimeout, Err: err}
+		}
 	}
 	return err
 }

@@ -196,6 +196,10 @@ func (d *Driver) Begin(ctx context.Context, readOnly bool) (store.DriverTx, erro
 	return &tx{tx: t, cache: cache}, nil
 }
 
+// PrepareMigration does nothing: SQLite has no statement or lock bounds to
+// lift (a writer waits on busy_timeout, the same for migrations).
+func (d *Driver) PrepareMigration(context.Context, store.DriverTx) error { return nil }
+
 // LockMigrations takes an exclusive lock on a file beside the database, so
 // that handles opened by replicas (or processes) starting together install
 // schemas one at a time. The store's own migrations would be safe without

@@ -55,7 +55,8 @@ func Open(ctx context.Context, cfg store.Config) (*store.DB, error) {
 		}
 		return store.New(d, clk), nil
 	case strings.HasPrefix(cfg.URL, "postgres://") || strings.HasPrefix(cfg.URL, "postgresql://"):
-		d, err := postgres.Open(ctx, postgres.Config{URL: cfg.URL, Clock: clk})
+		d, err := postgres.Open(ctx, postgres.Config{URL: cfg.URL, Clock: clk,
+			StatementTimeout: cfg.StatementTimeout, LockTimeout: cfg.LockTimeout})
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}

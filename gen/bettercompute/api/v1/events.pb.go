@@ -284,7 +284,8 @@ func (x *ListAuditResponse) GetNextPageToken() string {
 // An Event is a committed change, delivered from the transactional outbox.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Monotonic cursor: resume a watch after it.
+	// Cursor: resume a watch after it. Unique, not increasing across
+	// concurrent transactions; resume from the last one seen.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// e.g. tenant.created, project.deleted.
 	Type          string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
