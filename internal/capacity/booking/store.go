@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -270,7 +271,7 @@ func BookingsActiveAt(ctx context.Context, q store.Querier, atoms []string, at t
 		}
 		out = append(out, bs...)
 	}
-	nodes := slices.Sorted(mapKeys(cpus))
+	nodes := slices.Sorted(maps.Keys(cpus))
 	for chunk := range slices.Chunk(nodes, maxInList) {
 		args := append([]any{at}, anys(chunk)...)
 		rs, err := scanCPU(q.Query(ctx, `SELECT `+cpuColumns+` FROM cpu_bookings

@@ -3,8 +3,6 @@ package booking
 import (
 	"context"
 	"fmt"
-	"iter"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,8 +61,6 @@ func anys[T any](s []T) []any {
 	return out
 }
 
-func mapKeys[K comparable, V any](m map[K]V) iter.Seq[K] { return maps.Keys(m) }
-
 // Insert books atoms and CPU ranges in as few statements as the dialect's
 // parameter limit allows (one multi-row INSERT per table for a batch of a
 // few thousand rows). Empty Booking IDs are filled in. Bad input (no
@@ -93,8 +89,23 @@ func Insert(ctx context.Context, tx store.Tx, atoms []Booking, cpus []CPURange) 
 			return fmt.Errorf("cpu range %d of node %s: [%d, %d) is not a range of CPUs: %w", i, r.NodeID, r.Lo, r.Hi, store.ErrConstraint)
 		}
 	}
+	// Rows go in atom (node, CPU) order, so two batches that want the same
+	// atoms meet on the first of them instead of each taking one and
+	// waiting for the other's (a deadlock on PostgreSQL).
+	byAtom := make([]*Booking, len(atoms))
+	for i := range atoms {
+		byAtom[i] = &atoms[i]
+	}
+	slices.SortFunc(byAtom, func(a, b *Booking) int { return strings.Compare(a.Atom, b.Atom) })
+	byNode := slices.Clone(cpus)
+	slices.SortFunc(byNode, func(a, b CPURange) int {
+		if c := strings.Compare(a.NodeID, b.NodeID); c != 0 {
+			return c
+		}
+		return a.Lo - b.Lo
+	})
 	limit := maxParams(tx.Dialect())
-	for chunk := range slices.Chunk(atoms, limit/5) {
+	for chunk := range slices.Chunk(byAtom, limit/5) {
 		args := make([]any, 0, 5*len(chunk))
 		for _, b := range chunk {
 			args = append(args, b.ID, b.ReservationID, b.Atom, norm(b.StartsAt), norm(b.EndsAt))
@@ -103,7 +114,7 @@ func Insert(ctx context.Context, tx store.Tx, atoms []Booking, cpus []CPURange) 
 			return fmt.Errorf("insert %d bookings: %w", len(chunk), classify(err))
 		}
 	}
-	for chunk := range slices.Chunk(cpus, limit/7) {
+	for chunk := range slices.Chunk(byNode, limit/7) {
 		args := make([]any, 0, 7*len(chunk))
 		for _, r := range chunk {
 			args = append(args, newID(), r.ReservationID, r.NodeID, r.Lo, r.Hi, norm(r.StartsAt), norm(r.EndsAt))
