@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,9 +55,25 @@ func requireOverlap(t *testing.T, err error) {
 	require.ErrorIs(t, err, booking.ErrOverlap)
 	require.ErrorIs(t, err, store.ErrConstraint)
 	// Both dialects name the refusal: the exclusion constraint on
-	// PostgreSQL, the triggers' RAISE message on SQLite.
-	require.Equal(t, booking.OverlapConstraint, store.ConstraintOf(err), "%v", err)
+	// PostgreSQL, the triggers' RAISE message on SQLite (which goes on to
+	// name the atom).
+	c := store.ConstraintOf(err)
+	require.True(t, c == booking.OverlapConstraint || c == booking.CPUOverlapConstraint ||
+		strings.HasPrefix(c, booking.OverlapConstraint+": ") || strings.HasPrefix(c, booking.CPUOverlapConstraint+": "), "%v", err)
+	var oe *booking.OverlapError
+	require.ErrorAs(t, err, &oe)
 	t.Log(err)
+}
+
+// requireOverlapOf checks that the refusal names what was taken: the atom,
+// or the node of a CPU range.
+func requireOverlapOf(t *testing.T, err error, atom, node string) {
+	t.Helper()
+	requireOverlap(t, err)
+	var oe *booking.OverlapError
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, atom, oe.Atom, "%v", err)
+	require.Equal(t, node, oe.NodeID, "%v", err)
 }
 
 const gpu = "GPU-5a1c7e0e-0000-4000-8000-000000000001"
@@ -91,7 +108,7 @@ func TestAdjacentRangesAllowed(t *testing.T) {
 func TestDifferentAtomsIndependent(t *testing.T) {
 	t.Parallel()
 	db := newDB(t)
-	atoms := []string{gpu, gpu + "/mig/1g.10gb/0", gpu + "/mig/1g.10gb/1", gpu + "/s3", "node-7/vcpu/17"}
+	atoms := []string{gpu, gpu + "/mig/1g.10gb/0", gpu + "/mig/1g.10gb/1", gpu + "/s3", "node-7/cpu/17"}
 	for i, a := range atoms {
 		require.NoError(t, insert(t, db, bk(fmt.Sprintf("b%d", i), fmt.Sprintf("r%d", i), a, hours(0), hours(4))))
 	}
@@ -125,8 +142,8 @@ func TestSetWithOneConflictInsertsNothing(t *testing.T) {
 
 	// Two bookings of one set that overlap each other are refused too.
 	requireOverlap(t, insert(t, db,
-		bk("x0", "r2", "node-1/vcpu/0", hours(0), hours(2)),
-		bk("x1", "r2", "node-1/vcpu/0", hours(1), hours(3))))
+		bk("x0", "r2", "node-1/cpu/0", hours(0), hours(2)),
+		bk("x1", "r2", "node-1/cpu/0", hours(1), hours(3))))
 	require.Empty(t, of(t, db, "r2"))
 }
 
