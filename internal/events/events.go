@@ -112,6 +112,7 @@ func (h *Hub) Wait() <-chan struct{} {
 // Insert writes events in tx and wakes local watchers after commit. It
 // takes no lock: the row's xid (the column default) orders it for readers.
 func Insert(ctx context.Context, tx store.Tx, hub *Hub, evs []envelope.Event) error {
+	rows := make([][]any, 0, len(evs))
 	for _, ev := range evs {
 		data, err := json.Marshal(ev.Data)
 		if err != nil {
@@ -120,10 +121,12 @@ func Insert(ctx context.Context, tx store.Tx, hub *Hub, evs []envelope.Event) er
 		if ev.Data == nil {
 			data = []byte("{}")
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO events (type, tenant_id, resource_type, resource_id, time, data) VALUES ($1, $2, $3, $4, $5, $6)`,
-			ev.Type, ev.TenantID, ev.ResourceType, ev.ResourceID, ev.Time, string(data)); err != nil {
-			return err
-		}
+		rows = append(rows, []any{ev.Type, ev.TenantID, ev.ResourceType, ev.ResourceID, ev.Time, string(data)})
+	}
+	// One statement for a batch's events; rows take their sequence numbers
+	// in the order given.
+	if err := store.InsertRows(ctx, tx, `INSERT INTO events (type, tenant_id, resource_type, resource_id, time, data)`, "", rows); err != nil {
+		return err
 	}
 	if hub != nil {
 		tx.AfterCommit(hub.Notify)

@@ -258,12 +258,15 @@ func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms 
 // book books the plan for r in the batch and marks the index (undone if
 // the batch, or in the fallback the item, rolls back).
 func (e *Engine) book(ctx context.Context, b *batch, r *Reservation, plan *placement.Plan, n *placement.Node) error {
-	bs := make([]booking.Booking, 0, len(plan.Atoms)+len(plan.CPUs))
+	bs := make([]booking.Booking, 0, len(plan.Atoms))
 	for _, a := range plan.Atoms {
 		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: a, StartsAt: r.StartsAt, EndsAt: r.EndsAt})
 	}
-	for _, c := range plan.CPUs {
-		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: cpuAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
+	// CPUs are booked as ranges, one row per contiguous run.
+	runs := booking.CPURanges(plan.CPUs)
+	cpus := make([]booking.CPURange, len(runs))
+	for i, run := range runs {
+		cpus[i] = booking.CPURange{ReservationID: r.ID, NodeID: plan.NodeID, Lo: run[0], Hi: run[1], StartsAt: r.StartsAt, EndsAt: r.EndsAt}
 	}
 	// The node must still take bookings (FOR SHARE on PostgreSQL: a
 	// liveness sweep marking it lost waits for this batch to commit, and
@@ -280,7 +283,7 @@ func (e *Engine) book(ctx context.Context, b *batch, r *Reservation, plan *place
 	} else {
 		b.atoms = append(b.atoms, plan.Atoms...)
 	}
-	if err := b.stageBookings(ctx, bs); err != nil {
+	if err := b.stageBookings(ctx, bs, cpus); err != nil {
 		return err
 	}
 	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0) {
@@ -467,7 +470,7 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 	if holding(from) {
 		var err error
 		if at.After(r.StartsAt) {
-			_, err = booking.BookingsRelease(ctx, tx, r.ID, at)
+			_, err = booking.Release(ctx, tx, []string{r.ID}, at)
 		} else {
 			// Not started: the atoms go back whole. Shrunk to its first
 			// microsecond, a booking would still refuse them to every

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -215,29 +216,23 @@ func loadIndex(ctx context.Context, q store.Querier, poolID string, version int6
 			atomNode[a] = n
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b
-		JOIN atoms a ON a.id = b.atom JOIN node_pools np ON np.node_id = a.node_id
-		WHERE np.pool_id = $1 AND b.ends_at > $2`, poolID, now)
+	devs, cpus, err := booking.Current(ctx, q, poolID, now)
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var a, rsv string
-		var sp span
-		if err := rows.Scan(&a, &rsv, &sp.start, &sp.end); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		sp.rsv = rsv
-		if n := atomNode[a]; n != nil {
-			n.booked[a] = append(n.booked[a], sp)
+	for _, b := range devs {
+		if n := atomNode[b.Atom]; n != nil {
+			n.booked[b.Atom] = append(n.booked[b.Atom], span{start: b.StartsAt, end: b.EndsAt, rsv: b.ReservationID})
 		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
+	for _, r := range cpus {
+		for c := r.Lo; c < r.Hi; c++ {
+			if a := cpuAtom(r.NodeID, c); atomNode[a] != nil {
+				atomNode[a].booked[a] = append(atomNode[a].booked[a], span{start: r.StartsAt, end: r.EndsAt, rsv: r.ReservationID})
+			}
+		}
 	}
-	rows, err = q.Query(ctx, `SELECT r.id, r.node_id, r.tenant_id, r.starts_at, r.ends_at, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
+	rows, err := q.Query(ctx, `SELECT r.id, r.node_id, r.tenant_id, r.starts_at, r.ends_at, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
 		FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
 		WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.ends_at > $2`, poolID, now)
 	if err != nil {
@@ -583,6 +578,26 @@ func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string
 				return err
 			}
 			booked[a] = append(booked[a], sp)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = q.Query(ctx, `SELECT reservation_id, cpu_lo, cpu_hi, starts_at, ends_at FROM cpu_bookings
+			WHERE node_id = $1 AND ends_at > $2`, id, now)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var lo, hi int
+			var sp span
+			if err := rows.Scan(&sp.rsv, &lo, &hi, &sp.start, &sp.end); err != nil {
+				rows.Close()
+				return err
+			}
+			for c := lo; c < hi; c++ {
+				booked[cpuAtom(id, c)] = append(booked[cpuAtom(id, c)], sp)
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {

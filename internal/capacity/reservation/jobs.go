@@ -12,6 +12,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 
+	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -451,7 +452,7 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 		}
 	})
 	// The bookings go: the reservation is booked afresh where it lands.
-	if _, err := tx.Exec(ctx, `DELETE FROM bookings WHERE reservation_id = $1`, r.ID); err != nil {
+	if _, err := booking.Delete(ctx, tx, []string{r.ID}); err != nil {
 		return nil, err
 	}
 	if err := rollupBooked(ctx, tx, r, -1); err != nil {

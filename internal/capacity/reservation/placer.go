@@ -83,6 +83,7 @@ type batch struct {
 	charges   []quota.Charge // charges staged this batch, for later items' quota checks
 	rsvs      []*Reservation
 	bookings  []booking.Booking
+	cpus      []booking.CPURange
 	rollups   map[rollupDelta]int
 	// atoms this batch booked: checked in the pool and usable at once
 	// before the commit.
@@ -106,13 +107,13 @@ func newBatch(tx store.Tx, ix *poolIndex, now time.Time) *batch {
 type mark struct {
 	env                           envelope.BatchMark
 	rsvs, bookings, undo, charges int
-	atoms                         int
+	atoms, cpus                   int
 	pending                       int
 	rollups                       map[rollupDelta]int
 }
 
 func (b *batch) mark() mark {
-	m := mark{rsvs: len(b.rsvs), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms)}
+	m := mark{rsvs: len(b.rsvs), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus)}
 	if b.env != nil {
 		m.env = b.env.Mark()
 	}
@@ -132,7 +133,7 @@ func (b *batch) rewind(m mark) {
 	}
 	b.undo = b.undo[:m.undo]
 	b.rsvs, b.bookings, b.charges, b.pending = b.rsvs[:m.rsvs], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
-	b.atoms = b.atoms[:m.atoms]
+	b.atoms, b.cpus = b.atoms[:m.atoms], b.cpus[:m.cpus]
 	if b.env != nil {
 		b.env.Rewind(m.env)
 	}
@@ -159,12 +160,13 @@ func (b *batch) stageReservation(ctx context.Context, r *Reservation) error {
 	return nil
 }
 
-// stageBookings queues bookings.
-func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking) error {
+// stageBookings queues bookings of devices and CPU ranges.
+func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking, cpus []booking.CPURange) error {
 	if b.immediate {
-		return booking.BookingInsert(ctx, b.tx, bs)
+		return booking.Insert(ctx, b.tx, bs, cpus)
 	}
 	b.bookings = append(b.bookings, bs...)
+	b.cpus = append(b.cpus, cpus...)
 	return nil
 }
 
@@ -193,10 +195,10 @@ func (b *batch) flush(ctx context.Context) error {
 		return err
 	}
 	b.rsvs = b.rsvs[:0]
-	if err := booking.BookingInsert(ctx, b.tx, b.bookings); err != nil {
+	if err := booking.Insert(ctx, b.tx, b.bookings, b.cpus); err != nil {
 		return err
 	}
-	b.bookings = b.bookings[:0]
+	b.bookings, b.cpus = b.bookings[:0], b.cpus[:0]
 	for k, n := range b.rollups {
 		if n != 0 {
 			if err := RollupAdd(ctx, b.tx, k.pool, k.model, k.kind, 0, n, 0); err != nil {

@@ -958,7 +958,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 				return nil, err
 			}
 			if holding(from) {
-				if err := booking.BookingsExtend(ctx, tx.Tx, r.ID, end); err != nil {
+				if err := booking.Extend(ctx, tx.Tx, r.ID, end); err != nil {
 					if errors.Is(err, booking.ErrOverlap) {
 						return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s cannot be extended to %s: another reservation books its devices by then", r.ID, end.Format(time.RFC3339))
 					}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -230,7 +231,7 @@ func hostLock(ctx context.Context, tx store.Tx, nodeID string) error {
 
 // bookingsDelete drops a reservation's bookings.
 func bookingsDelete(ctx context.Context, tx store.Tx, reservationID string) error {
-	_, err := tx.Exec(ctx, `DELETE FROM bookings WHERE reservation_id = $1`, reservationID)
+	_, err := booking.Delete(ctx, tx, []string{reservationID})
 	return err
 }
 

@@ -876,6 +876,29 @@ func (e *torture) read() (*world, error) {
 		if err := rows.Err(); err != nil {
 			return err
 		}
+		// CPU ranges, as the per-CPU atoms the invariants speak.
+		rows, err = q.Query(ctx, `SELECT id, reservation_id, node_id, cpu_lo, cpu_hi, starts_at, ends_at FROM cpu_bookings`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var b tBooking
+			var node string
+			var lo, hi int
+			if err := rows.Scan(&b.id, &b.rsv, &node, &lo, &hi, &b.start, &b.end); err != nil {
+				rows.Close()
+				return err
+			}
+			b.start, b.end = b.start.UTC(), b.end.UTC()
+			for c := lo; c < hi; c++ {
+				b.atom = node + "/cpu/" + strconv.Itoa(c)
+				w.bookings = append(w.bookings, b)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
 		rows, err = q.Query(ctx, `SELECT id, node_id, kind, quarantined FROM atoms`)
 		if err != nil {
 			return err
