@@ -66,6 +66,51 @@ type ReconcileAllArgs struct{}
 // Kind is the job kind.
 func (ReconcileAllArgs) Kind() string { return "capacity.reconcile_all" }
 
+// ArchiveBookingsArgs moves ended bookings to the archive tables.
+type ArchiveBookingsArgs struct{}
+
+// Kind is the job kind.
+func (ArchiveBookingsArgs) Kind() string { return "capacity.archive_bookings" }
+
+// ArchiveAfter is how long a booking stays in the live tables after it
+// ends: well past the tick that expires its reservation, so the rollups
+// never miss a live reservation's bookings.
+const ArchiveAfter = 24 * time.Hour
+
+// archiveBatch bounds one archive transaction.
+const archiveBatch = 10000
+
+type archiveWorker struct {
+	river.WorkerDefaults[ArchiveBookingsArgs]
+	rn *Runner
+}
+
+func (w *archiveWorker) Work(ctx context.Context, _ *river.Job[ArchiveBookingsArgs]) error {
+	_, err := w.rn.ArchiveBookings(ctx)
+	return err
+}
+
+// ArchiveBookings moves bookings that ended more than ArchiveAfter ago to
+// the archive, in bounded transactions, so history never slows booking.
+func (rn *Runner) ArchiveBookings(ctx context.Context) (int, error) {
+	before := rn.Engine.Clock.Now().Add(-ArchiveAfter)
+	total := 0
+	for {
+		var n int
+		if err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			var err error
+			n, err = booking.Archive(ctx, tx, before, archiveBatch)
+			return err
+		}); err != nil {
+			return total, err
+		}
+		total += n
+		if n < archiveBatch {
+			return total, nil
+		}
+	}
+}
+
 type placeWorker struct {
 	river.WorkerDefaults[PlacePendingArgs]
 	rn *Runner
@@ -97,6 +142,7 @@ func (rn *Runner) AddWorkers(workers *river.Workers) {
 	river.AddWorker(workers, &placeWorker{rn: rn})
 	river.AddWorker(workers, &tickWorker{rn: rn})
 	river.AddWorker(workers, &reconcileWorker{rn: rn})
+	river.AddWorker(workers, &archiveWorker{rn: rn})
 }
 
 // PeriodicJobs are the tick and the reconcile sweep; River runs them on the
@@ -112,6 +158,9 @@ func (rn *Runner) PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(river.PeriodicInterval(every), func() (river.JobArgs, *river.InsertOpts) { return TickArgs{}, tick }, nil),
 		river.NewPeriodicJob(river.PeriodicInterval(5*time.Minute), func() (river.JobArgs, *river.InsertOpts) { return ReconcileAllArgs{}, sweep },
 			&river.PeriodicJobOpts{RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
+			return ArchiveBookingsArgs{}, &river.InsertOpts{MaxAttempts: 3, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: time.Hour}}
+		}, nil),
 	}
 }
 
