@@ -39,6 +39,9 @@ type serverFlags struct {
 	bootstrapKeyFile                                   string
 	downloadsDir                                       string
 	gatewayListen, trustDomain                         string
+	// advertiseURL is where peers forward the mutations of pools whose
+	// placer runs here.
+	advertiseURL string
 	gatewayHosts                                       []string
 	heartbeatInterval, unreachableAfter, lostAfter     time.Duration
 	// dbStatementTimeout and dbLockTimeout bound every PostgreSQL
@@ -82,6 +85,7 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringSliceVar(&f.roles, "roles", strings.Split(envOr("BETTER_COMPUTE_ROLES", "api,worker,gateway"), ","), "roles to run: api, worker, gateway (env BETTER_COMPUTE_ROLES)")
 	fl.StringSliceVar(&f.gatewayHosts, "gateway-host", nil, "name or IP agents reach the gateway by, put in its serving certificate (repeatable; default the listen host and localhost)")
 	fl.StringVar(&f.trustDomain, "trust-domain", envOr("BETTER_COMPUTE_TRUST_DOMAIN", ""), "SPIFFE trust domain of the PKI created on an empty database (env BETTER_COMPUTE_TRUST_DOMAIN)")
+	fl.StringVar(&f.advertiseURL, "advertise-url", envOr("BETTER_COMPUTE_ADVERTISE_URL", ""), "URL other replicas reach this one's API by, to forward the pools it places (env BETTER_COMPUTE_ADVERTISE_URL; default http://<listen address>)")
 	fl.StringVar(&f.databaseURL, "database-url", envOr("BETTER_COMPUTE_DATABASE_URL", ""), "PostgreSQL URL (postgres://…); empty uses SQLite in --state-dir (env BETTER_COMPUTE_DATABASE_URL)")
 	fl.DurationVar(&f.dbStatementTimeout, "db-statement-timeout", store.DefaultStatementTimeout, "PostgreSQL statement_timeout of every connection (0: no limit); a statement past it fails UNAVAILABLE, retryable")
 	fl.DurationVar(&f.dbLockTimeout, "db-lock-timeout", store.DefaultLockTimeout, "PostgreSQL lock_timeout of every connection (0: no limit); a lock wait past it fails UNAVAILABLE, retryable")
@@ -244,6 +248,12 @@ offline root run "better-compute pki init" before the first serve.`,
 			ln, gwAddr, err := f.bind(a, slices.Contains(f.roles, bcapp.RoleAPI), slices.Contains(f.roles, bcapp.RoleGateway))
 			if err != nil {
 				return err
+			}
+			switch {
+			case f.advertiseURL != "":
+				a.SetAPIURL(f.advertiseURL)
+			case ln != nil:
+				a.SetAPIURL("http://" + ln.Addr().String())
 			}
 			keyFile := f.bootstrapKeyFile
 			if keyFile == "" {
