@@ -458,7 +458,7 @@ func (a *App) buildCapacity() *reservation.Runner {
 	if a.DB.PgxPool() != nil {
 		// Several replicas may share the database: each pool's queue is
 		// run by the replica that owns its placer.
-		e.PendingEvery = a.cfg.CapacityTick
+		e.PendingEvery = rn.TickEvery()
 		e.PendingPass = func(poolID string) {
 			if _, err := rn.PlacePending(context.Background(), poolID); err != nil {
 				a.cfg.Logger.Warn("placing a pool's queue", "pool", poolID, "err", err)

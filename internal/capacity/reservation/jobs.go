@@ -145,13 +145,18 @@ func (rn *Runner) AddWorkers(workers *river.Workers) {
 	river.AddWorker(workers, &archiveWorker{rn: rn})
 }
 
+// TickEvery is the tick's interval: TickInterval, or 5 s.
+func (rn *Runner) TickEvery() time.Duration {
+	if rn.TickInterval <= 0 {
+		return 5 * time.Second
+	}
+	return rn.TickInterval
+}
+
 // PeriodicJobs are the tick and the reconcile sweep; River runs them on the
 // leader only.
 func (rn *Runner) PeriodicJobs() []*river.PeriodicJob {
-	every := rn.TickInterval
-	if every <= 0 {
-		every = 5 * time.Second
-	}
+	every := rn.TickEvery()
 	tick := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: every}}
 	sweep := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: 5 * time.Minute}}
 	return []*river.PeriodicJob{
