@@ -234,9 +234,10 @@ func TestHistoryPreload(t *testing.T) {
 			require.NoError(t, err)
 			defer func() { require.NoError(t, closeAll()) }()
 			end := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-			// 24 GPU atoms, 4 rounds (96 rows) a transaction: 11
-			// transactions, the last with 40 rows.
-			require.NoError(t, preloadHistory(ctx, b.app.DB, 1000, end, 100))
+			// 24 GPU atoms, 16 with 42 bookings and 8 with 41; 5 atoms a
+			// transaction: 5 transactions, the last with 4 atoms, the
+			// fourth across the 42/41 boundary.
+			require.NoError(t, preloadHistory(ctx, b.app.DB, 1000, end, 250))
 
 			ended := func(at time.Time) int64 {
 				n, err := countEndedBookings(ctx, b.app.DB, at)
@@ -245,7 +246,8 @@ func TestHistoryPreload(t *testing.T) {
 			}
 			require.EqualValues(t, 1000, ended(end))
 			require.EqualValues(t, 1000-24, ended(end.Add(-time.Second)), "round 0 ends exactly at end, on every atom")
-			require.EqualValues(t, 0, ended(end.Add(-42*time.Hour)), "41 or 42 rounds of an hour each")
+			require.EqualValues(t, 16, ended(end.Add(-41*time.Hour)), "16 atoms have a 42nd booking")
+			require.EqualValues(t, 0, ended(end.Add(-41*time.Hour-time.Second)))
 
 			type span struct{ start, end time.Time }
 			perAtom := map[string][]span{}
