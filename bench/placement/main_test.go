@@ -5,14 +5,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storeopen"
 )
 
 // stores are the backends the tests run on: SQLite, and PostgreSQL when
@@ -24,21 +28,34 @@ func stores() []string {
 	return []string{"sqlite"}
 }
 
-// TestSmoke runs the harness at a tiny scale and checks the JSON line has
-// every figure docs/benchmarks.md reports. It never asserts on speed.
+// storeArgs are the flags that select st: PostgreSQL is the test server,
+// not a throw-away cluster (TestThrowawayCluster covers that).
+func storeArgs(st string) []string {
+	if st == "postgres" {
+		return []string{"-store", st, "-postgres-url", os.Getenv("BC_TEST_POSTGRES_URL")}
+	}
+	return []string{"-store", st}
+}
+
+// TestSmoke runs the harness at a tiny scale, with a history, and checks the
+// JSON line has every figure docs/benchmarks.md reports. It never asserts on
+// speed.
 func TestSmoke(t *testing.T) {
 	t.Parallel()
 	for _, st := range stores() {
 		t.Run(st, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			err := execute(context.Background(), []string{"-nodes", "20", "-duration", "1s", "-clients", "4", "-store", st, "-json"}, &stdout, &stderr)
+			args := append([]string{"-nodes", "20", "-duration", "1s", "-clients", "4", "-history", "500", "-json"}, storeArgs(st)...)
+			err := execute(context.Background(), args, &stdout, &stderr)
 			require.NoError(t, err, "stderr: %s", stderr.String())
 			lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 			var got map[string]any
 			require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &got), "the last line is one JSON object")
 			for _, k := range []string{"nodes", "store", "placements_per_s", "queued_placements_per_s", "lock_hold_p50_ms",
-				"lock_hold_p90_ms", "lock_hold_p99_ms", "rss_mib", "heap_mib", "replans", "load_s"} {
+				"lock_hold_p90_ms", "lock_hold_p99_ms", "rss_mib", "heap_mib", "replans", "load_s",
+				"batch_p50", "txn_hold_p50_ms", "txn_hold_p99_ms", "queued_txn_hold_p50_ms", "queued_txn_hold_p99_ms",
+				"history_bookings"} {
 				require.Contains(t, got, k)
 			}
 			require.EqualValues(t, 20, got["nodes"])
@@ -47,7 +64,21 @@ func TestSmoke(t *testing.T) {
 			require.EqualValues(t, 0, got["inline_failed"], "first failure: %v", got["inline_error"])
 			require.EqualValues(t, 80, got["pending"], "half the GPUs wait for the queued placer")
 			require.EqualValues(t, 80, got["queued_placed"], "the queued placer places every pending reservation")
+			require.EqualValues(t, 500, got["history_bookings"], "the preloaded bookings had ended when measuring began")
 			require.Positive(t, got["rss_mib"])
+			// Every create went through a placer transaction: at least one
+			// each, never more creates in one than there were clients.
+			require.Positive(t, got["lock_holds"])
+			require.GreaterOrEqual(t, got["batch_p50"], 1.0)
+			require.LessOrEqual(t, got["batch_max"], 4.0, "4 clients have at most 4 creates in flight")
+			require.Equal(t, got["lock_hold_p99_ms"], got["txn_hold_p99_ms"], "one set of BEGIN…COMMIT samples")
+			require.Positive(t, got["queued_txn_hold_p50_ms"])
+			if st == "postgres" {
+				require.Equal(t, "url", got["postgres_server"])
+				require.Contains(t, got, "postgres_fsync")
+			} else {
+				require.NotContains(t, got, "postgres_server")
+			}
 		})
 	}
 }
@@ -58,6 +89,8 @@ func TestOptionsRejectNonsense(t *testing.T) {
 		{"-nodes", "0"},
 		{"-store", "mysql"},
 		{"-store", "postgres", "-postgres-url", "mysql://x"},
+		{"-store", "sqlite", "-postgres-url", "postgres://x"},
+		{"-history", "-1"},
 		{"-binding", "node"},
 		{"-cpus-per-node", "7"},
 	} {
@@ -184,4 +217,115 @@ func dumpCapacityRows(t *testing.T, b *bench) string {
 	})
 	require.NoError(t, err)
 	return out.String()
+}
+
+// TestHistoryPreload: the preloaded bookings are n rows on the fleet's GPU
+// atoms, spread evenly, never overlapping on an atom, all over by the end
+// given, with times each store compares correctly; written across several
+// transactions, the last one partial.
+func TestHistoryPreload(t *testing.T) {
+	t.Parallel()
+	for _, st := range stores() {
+		t.Run(st, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			o := options{nodes: 3, store: st, postgresURL: os.Getenv("BC_TEST_POSTGRES_URL"), gpusPerNode: 8, cpusPerNode: 16}
+			b, closeAll, err := prepare(ctx, o, t.TempDir(), &result{})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, closeAll()) }()
+			end := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+			// 24 GPU atoms, 16 with 42 bookings and 8 with 41; 5 atoms a
+			// transaction: 5 transactions, the last with 4 atoms, the
+			// fourth across the 42/41 boundary.
+			require.NoError(t, preloadHistory(ctx, b.app.DB, 1000, end, 250))
+
+			ended := func(at time.Time) int64 {
+				n, err := countEndedBookings(ctx, b.app.DB, at)
+				require.NoError(t, err)
+				return n
+			}
+			require.EqualValues(t, 1000, ended(end))
+			require.EqualValues(t, 1000-24, ended(end.Add(-time.Second)), "round 0 ends exactly at end, on every atom")
+			require.EqualValues(t, 16, ended(end.Add(-41*time.Hour)), "16 atoms have a 42nd booking")
+			require.EqualValues(t, 0, ended(end.Add(-41*time.Hour-time.Second)))
+
+			type span struct{ start, end time.Time }
+			perAtom := map[string][]span{}
+			err = b.app.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+				rows, err := tx.Query(ctx, `SELECT a.kind, b.atom, b.starts_at, b.ends_at FROM bookings b JOIN atoms a ON a.id = b.atom`)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = rows.Close() }()
+				for rows.Next() {
+					var kind, atom string
+					var s span
+					if err := rows.Scan(&kind, &atom, &s.start, &s.end); err != nil {
+						return err
+					}
+					require.Equal(t, reservation.KindGPU, kind)
+					perAtom[atom] = append(perAtom[atom], s)
+				}
+				return rows.Err()
+			})
+			require.NoError(t, err)
+			require.Len(t, perAtom, 24, "every GPU atom of the fleet")
+			total := 0
+			for atom, spans := range perAtom {
+				require.Contains(t, []int{41, 42}, len(spans), atom)
+				total += len(spans)
+				slices.SortFunc(spans, func(a, b span) int { return a.start.Compare(b.start) })
+				for i, s := range spans {
+					require.Equal(t, time.Hour, s.end.Sub(s.start), atom)
+					require.False(t, s.end.After(end), atom)
+					if i > 0 {
+						require.False(t, s.start.Before(spans[i-1].end), "%s: bookings overlap", atom)
+					}
+				}
+			}
+			require.Equal(t, 1000, total)
+		})
+	}
+}
+
+// TestThrowawayCluster: the harness's own PostgreSQL runs with durable
+// commits and the connections asked for, and is gone after stop, also when
+// the run's context was cancelled first (Ctrl-C). It needs the server
+// binaries, as `.ci/run` installs them.
+func TestThrowawayCluster(t *testing.T) {
+	t.Parallel()
+	if _, err := pgBinDir(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := startCluster(ctx, 40, t.Logf)
+	require.NoError(t, err)
+	dir := c.dir
+	defer func() { require.NoError(t, c.stop()) }()
+
+	db, err := storeopen.Open(ctx, store.Config{URL: c.URL})
+	require.NoError(t, err)
+	var fsync, syncCommit string
+	var conns int
+	err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit'),
+			current_setting('max_connections')::int`).Scan(&fsync, &syncCommit, &conns)
+	})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	require.Equal(t, "on", fsync)
+	require.Equal(t, "on", syncCommit)
+	require.Equal(t, 40, conns)
+
+	cancel() // as Ctrl-C does, before the harness stops the server
+	require.NoError(t, c.stop())
+	_, err = os.Stat(dir)
+	require.True(t, os.IsNotExist(err), "the cluster's directory is removed: %v", err)
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", c.port))
+	if err == nil {
+		_ = conn.Close()
+	}
+	require.Error(t, err, "nothing listens on the cluster's port any more")
+	require.NoError(t, c.stop(), "stopping twice is harmless")
 }

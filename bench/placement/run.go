@@ -38,7 +38,7 @@ const reservationLength = time.Hour
 type bench struct {
 	app                   *app.App
 	api                   *client.Client
-	holds                 *lockHolds
+	txns                  *txnObserver
 	tenant, project, pool string
 }
 
@@ -61,8 +61,8 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 	if err != nil {
 		return nil, nil, err
 	}
-	b = &bench{app: a, holds: &lockHolds{}}
-	a.Capacity.Engine.BatchObserved = func(_ int, d time.Duration) { b.holds.observe(d) }
+	b = &bench{app: a, txns: &txnObserver{}}
+	a.Capacity.Engine.BatchObserved = b.txns.observe
 	key, _, err := a.Bootstrap(ctx, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bootstrap: %w", err)
@@ -76,10 +76,18 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 		tenantID: b.tenant, projectID: b.project, poolID: b.pool, direct: !o.reconcile, now: time.Now()}); err != nil {
 		return nil, nil, fmt.Errorf("load fleet: %w", err)
 	}
+	fleetLoad := time.Since(loadStart)
+	historyStart := time.Now()
+	// The history ends a minute ago: over before the first create.
+	if err := preloadHistory(ctx, a.DB, o.history, historyStart.Add(-time.Minute), historyRowsPerTx); err != nil {
+		return nil, nil, err
+	}
+	res.HistoryLoadS = time.Since(historyStart).Seconds()
+	analyzeStart := time.Now()
 	if err := analyze(ctx, a.DB); err != nil {
 		return nil, nil, err
 	}
-	res.LoadS = time.Since(loadStart).Seconds()
+	res.LoadS = (fleetLoad + time.Since(analyzeStart)).Seconds()
 	if res.Atoms, err = countAtoms(ctx, a.DB); err != nil {
 		return nil, nil, err
 	}
@@ -102,6 +110,21 @@ func run(ctx context.Context, o options, logf func(string, ...any)) (res result,
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
 
+	if o.store == "postgres" {
+		res.PostgresServer = "url"
+		if o.postgresURL == "" {
+			res.PostgresServer = "throw-away"
+			c, err := startCluster(ctx, clusterConns(o.clients), logf)
+			if err != nil {
+				return res, fmt.Errorf("throw-away postgres: %w", err)
+			}
+			// Deferred first, so it runs last: after the database is
+			// dropped and the pool closed.
+			defer func() { err = errors.Join(err, c.stop()) }()
+			o.postgresURL = c.URL
+		}
+	}
+
 	logf("loading %d nodes × %d GPUs (%s atoms) into %s", o.nodes, o.gpusPerNode, res.AtomsFrom, o.store)
 	b, closeAll, err := prepare(ctx, o, dir, &res)
 	if err != nil {
@@ -109,6 +132,15 @@ func run(ctx context.Context, o options, logf func(string, ...any)) (res result,
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
 	logf("loaded %d atoms in %.1fs", res.Atoms, res.LoadS)
+	if o.history > 0 {
+		logf("preloaded %d ended bookings in %.1fs", o.history, res.HistoryLoadS)
+	}
+	if err := serverSettings(ctx, b.app.DB, &res); err != nil {
+		return res, err
+	}
+	if res.HistoryBookings, err = countEndedBookings(ctx, b.app.DB, time.Now()); err != nil {
+		return res, fmt.Errorf("count ended bookings: %w", err)
+	}
 
 	// Half the GPUs at most wait for the queued placer; the inline clients
 	// may take the rest.
@@ -116,8 +148,8 @@ func run(ctx context.Context, o options, logf func(string, ...any)) (res result,
 	if err := b.inline(ctx, o, res.GPUs-res.Pending, &res); err != nil {
 		return res, err
 	}
-	logf("inline: %.0f placements/s (%d placed, %d pending, %d failed); lock hold p99 %.2f ms",
-		res.PlacementsPerS, res.InlinePlaced, res.InlinePending, res.InlineFailed, res.LockHoldP99ms)
+	logf("inline: %.0f placements/s (%d placed, %d pending, %d failed); %d transactions, batch p50 %d, hold p99 %.2f ms",
+		res.PlacementsPerS, res.InlinePlaced, res.InlinePending, res.InlineFailed, res.LockHolds, res.BatchP50, res.TxnHoldP99ms)
 	if res.InlineError != "" {
 		logf("inline: first failure: %s", res.InlineError)
 	}
@@ -176,9 +208,9 @@ func (b *bench) inline(ctx context.Context, o options, limit int, res *result) e
 	res.FirstCreateMS = float64(time.Since(t0).Microseconds()) / 1000
 	limit--
 
-	var samples []time.Duration
-	b.holds.start(&samples)
-	defer b.holds.start(nil)
+	var samples []txn
+	b.txns.start(&samples)
+	defer b.txns.start(nil)
 	if o.cpuProfile != "" {
 		f, err := os.Create(o.cpuProfile)
 		if err != nil {
@@ -231,10 +263,13 @@ func (b *bench) inline(ctx context.Context, o options, limit int, res *result) e
 	res.PlacementsPerS = float64(res.InlinePlaced) / elapsed.Seconds()
 	all := slices.Concat(lat...)
 	res.CreateP50ms, res.CreateP99ms, res.CreateMaxms = percentileMS(all, 0.50), percentileMS(all, 0.99), percentileMS(all, 1)
-	hs := b.holds.start(nil)
+	txns := b.txns.start(nil)
+	hs, sizes := holdsAndSizes(txns)
 	res.LockHolds = len(hs)
 	res.LockHoldP50ms, res.LockHoldP90ms = percentileMS(hs, 0.50), percentileMS(hs, 0.90)
 	res.LockHoldP99ms, res.LockHoldMaxms = percentileMS(hs, 0.99), percentileMS(hs, 1)
+	res.TxnHoldP50ms, res.TxnHoldP99ms = res.LockHoldP50ms, res.LockHoldP99ms
+	res.BatchP50, res.BatchMax = percentile(sizes, 0.50), percentile(sizes, 1)
 	if res.InlinePlaced == 0 && res.InlineFailed > 0 {
 		return fmt.Errorf("no create succeeded; %d failed, the first with: %s", res.InlineFailed, res.InlineError)
 	}
@@ -253,8 +288,8 @@ func (b *bench) queued(ctx context.Context, o options, res *result) error {
 		createdBy: "bench", now: time.Now(), duration: reservationLength}); err != nil {
 		return fmt.Errorf("insert pending: %w", err)
 	}
-	var samples []time.Duration
-	b.holds.start(&samples)
+	var samples []txn
+	b.txns.start(&samples)
 	began := time.Now()
 	var busy time.Duration
 	for {
@@ -270,15 +305,19 @@ func (b *bench) queued(ctx context.Context, o options, res *result) error {
 		res.QueuedBatches++
 		busy = time.Since(began)
 	}
-	hs := b.holds.start(nil)
-	if len(hs) > res.QueuedBatches {
-		hs = hs[:res.QueuedBatches] // the last, empty pass
+	txns := b.txns.start(nil)
+	// Observations arrive in commit order and only PlacePending writes
+	// now: the last is the pass that placed nothing.
+	if len(txns) > res.QueuedBatches {
+		txns = txns[:res.QueuedBatches]
 	}
+	hs, _ := holdsAndSizes(txns)
 	res.QueuedS = busy.Seconds()
 	if busy > 0 {
 		res.QueuedPlacementsPerS = float64(res.QueuedPlaced) / busy.Seconds()
 	}
 	res.QueuedLockHoldP50ms, res.QueuedLockHoldP99ms = percentileMS(hs, 0.50), percentileMS(hs, 0.99)
+	res.QueuedTxnHoldP50ms, res.QueuedTxnHoldP99ms = res.QueuedLockHoldP50ms, res.QueuedLockHoldP99ms
 	return nil
 }
 
@@ -354,32 +393,47 @@ func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
 	return rec.Result(), nil
 }
 
-// lockHolds collects Engine.LockHold observations into the current phase's
-// slice.
-type lockHolds struct {
-	mu  sync.Mutex
-	cur *[]time.Duration
+// txn is one placer transaction as Engine.BatchObserved reports it: the
+// mutations it carried and its hold, BEGIN to COMMIT.
+type txn struct {
+	size int
+	hold time.Duration
 }
 
-func (l *lockHolds) observe(d time.Duration) {
+// txnObserver collects Engine.BatchObserved observations into the current
+// phase's slice.
+type txnObserver struct {
+	mu  sync.Mutex
+	cur *[]txn
+}
+
+func (l *txnObserver) observe(size int, hold time.Duration) {
 	l.mu.Lock()
 	if l.cur != nil {
-		*l.cur = append(*l.cur, d)
+		*l.cur = append(*l.cur, txn{size: size, hold: hold})
 	}
 	l.mu.Unlock()
 }
 
 // start makes next the current phase's slice and returns the previous
 // phase's observations.
-func (l *lockHolds) start(next *[]time.Duration) []time.Duration {
+func (l *txnObserver) start(next *[]txn) []txn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var prev []time.Duration
+	var prev []txn
 	if l.cur != nil {
 		prev = *l.cur
 	}
 	l.cur = next
 	return prev
+}
+
+func holdsAndSizes(ts []txn) (holds []time.Duration, sizes []int) {
+	for _, t := range ts {
+		holds = append(holds, t.hold)
+		sizes = append(sizes, t.size)
+	}
+	return holds, sizes
 }
 
 // percentileMS is the q-quantile of ds (nearest rank) in milliseconds; it
@@ -388,9 +442,38 @@ func percentileMS(ds []time.Duration, q float64) float64 {
 	if len(ds) == 0 {
 		return 0
 	}
-	slices.Sort(ds)
-	i := min(len(ds)-1, max(0, int(float64(len(ds))*q+0.999999)-1))
-	return float64(ds[i].Microseconds()) / 1000
+	return float64(percentile(ds, q).Microseconds()) / 1000
+}
+
+// percentile is the q-quantile of xs (nearest rank), zero for none; it sorts
+// xs.
+func percentile[T int | time.Duration](xs []T, q float64) T {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	return xs[min(len(xs)-1, max(0, int(float64(len(xs))*q+0.999999)-1))]
+}
+
+// clusterConns is max_connections for a throw-away cluster: the control
+// plane's pool (at least 16, four a core: internal/store/postgres), one more
+// per client as headroom, and room for the harness's admin connections, a
+// psql to look on, and the three superuser slots.
+func clusterConns(clients int) int {
+	return max(16, 4*runtime.NumCPU()) + clients + 16
+}
+
+// serverSettings records the PostgreSQL settings the figures were taken
+// under, read from the server itself.
+func serverSettings(ctx context.Context, db *store.DB, res *result) error {
+	if db.Dialect() != store.Postgres {
+		return nil
+	}
+	return db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
+			current_setting('synchronous_commit'), current_setting('max_connections')::int`).
+			Scan(&res.PostgresVersion, &res.PostgresFsync, &res.PostgresSyncCommit, &res.PostgresMaxConns)
+	})
 }
 
 // maxRSSMiB is the process's peak resident set (VmHWM).
