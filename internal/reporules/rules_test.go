@@ -153,6 +153,25 @@ func layer(pkg string) int {
 	}
 }
 
+// capacityRank orders the capacity packages that must import one way: the
+// leaves (shared types and pure or single-table packages), then the atoms
+// reconciler, the pool's placer, and the reservation API and lifecycle. It
+// is -1 for packages outside that chain.
+func capacityRank(pkg string) int {
+	switch pkg {
+	case "internal/capacity/capmodel", "internal/capacity/placement", "internal/capacity/booking",
+		"internal/capacity/pool", "internal/capacity/quota", "internal/capacity/gpumodel":
+		return 0
+	case "internal/capacity/atoms":
+		return 1
+	case "internal/capacity/placer":
+		return 2
+	case "internal/capacity/reservation":
+		return 3
+	}
+	return -1
+}
+
 func TestDependencyDirection(t *testing.T) {
 	t.Parallel()
 	for dir, files := range goPackages(t) {
@@ -163,6 +182,10 @@ func TestDependencyDirection(t *testing.T) {
 				to, ok := strings.CutPrefix(path, module+"/")
 				if !ok {
 					continue
+				}
+				if rf, rt := capacityRank(from), capacityRank(to); rf >= 0 && rt >= 0 {
+					require.LessOrEqual(t, rt, rf, "%s must not import %s: capacity imports one way, capmodel/placement/booking/pool/quota/gpumodel → atoms → placer → reservation", from, to)
+					require.False(t, from == "internal/capacity/capmodel", "capmodel is the capacity leaf; it imports %s", to)
 				}
 				switch {
 				case strings.HasPrefix(to, "bctest"):

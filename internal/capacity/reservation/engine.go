@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -64,7 +66,7 @@ type Engine struct {
 	// how many are sent before the reservation fails; default 3.
 	BindTimeout  time.Duration
 	BindAttempts int
-	Reconciler   Reconciler
+	Reconciler   atoms.Reconciler
 
 	// IndexRefresh is how often a pool's in-memory index is reloaded;
 	// default DefaultIndexRefresh.
@@ -256,7 +258,7 @@ func (e *Engine) book(ctx context.Context, b *batch, r *Reservation, plan *place
 		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: a, StartsAt: r.StartsAt, EndsAt: r.EndsAt})
 	}
 	for _, c := range plan.CPUs {
-		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: cpuAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
+		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: capmodel.CPUAtom(plan.NodeID, c), StartsAt: r.StartsAt, EndsAt: r.EndsAt})
 	}
 	// The node must still take bookings (FOR SHARE on PostgreSQL: a
 	// liveness sweep marking it lost waits for this batch to commit, and
@@ -405,7 +407,7 @@ func (e *Engine) sendBind(ctx context.Context, tx store.Tx, r *Reservation, now 
 	if r.MemoryGiB > 0 {
 		params["memory_max_bytes"] = float64(int64(r.MemoryGiB) << 30)
 	}
-	if mems := r.cpusetMems(); mems != "" {
+	if mems := r.CPUSetMems(); mems != "" {
 		params["cpuset_mems"] = mems
 	}
 	id, err := e.Commands.Send(ctx, tx, Command{
@@ -429,15 +431,6 @@ func bindKey(r *Reservation) string {
 	return fmt.Sprintf("%s/bind/%s/%d/%d", r.ID, r.NodeID, r.StartsAt.UnixMicro(), r.BindAttempts)
 }
 
-// cpusetMems is the NUMA nodes of the reservation's CPUs, or of its GPUs when
-// it has no CPUs.
-func (r *Reservation) cpusetMems() string {
-	if r.Placement.NUMA >= 0 && (len(r.Placement.CPUs) > 0 || len(r.Placement.Atoms) > 0) {
-		return fmt.Sprint(r.Placement.NUMA)
-	}
-	return ""
-}
-
 func anySlice(ss []string) []any {
 	out := make([]any, len(ss))
 	for i, s := range ss {
@@ -451,13 +444,13 @@ func anySlice(ss []string) []any {
 // bound allocation is removed from the node, and the pool's queue is woken.
 func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, reason string, now time.Time) ([]envelope.Event, error) {
 	from := r.State
-	if !live(from) {
+	if !capmodel.Live(from) {
 		return nil, nil
 	}
 	// The end as stored: the bookings, the window and the index must agree
 	// on it to the microsecond.
 	at := now.UTC().Truncate(booking.Resolution)
-	if holding(from) {
+	if capmodel.Holding(from) {
 		var err error
 		if at.After(r.StartsAt) {
 			_, err = booking.BookingsRelease(ctx, tx, r.ID, at)
@@ -503,7 +496,7 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		return nil, errors.Join(err, errMoved(ok))
 	}
 	evs := []envelope.Event{event("reservation."+state, r, map[string]any{"reason": reason})}
-	if holding(from) {
+	if capmodel.Holding(from) {
 		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
 		tx.AfterCommit(func() {
 			if ix := e.cached(pool); ix != nil {

@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -84,17 +85,6 @@ func poolVersion(ctx context.Context, q store.Querier, poolID string) (int64, er
 	var v int64
 	err := q.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM pool_versions WHERE pool_id = $1`, poolID).Scan(&v)
 	return v, err
-}
-
-// bumpPoolVersion tells every process's index that a pool's nodes or atoms
-// changed.
-func bumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
-	if poolID == "" {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO pool_versions (pool_id, version) VALUES ($1, 1)
-		ON CONFLICT (pool_id) DO UPDATE SET version = pool_versions.version + 1`, poolID)
-	return err
 }
 
 // indexLoad is one load of a pool's index that concurrent callers share.
@@ -284,7 +274,7 @@ func nodeAtoms(n *placement.Node) []string {
 	}
 	for _, nn := range n.NUMA {
 		for _, c := range nn.FreeCPUs {
-			out = append(out, cpuAtom(n.ID, c))
+			out = append(out, capmodel.CPUAtom(n.ID, c))
 		}
 	}
 	return out
@@ -354,7 +344,7 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 	for i := range d.NUMA {
 		free := make([]int, 0, len(d.NUMA[i].FreeCPUs))
 		for _, c := range d.NUMA[i].FreeCPUs {
-			if overlaps(n.booked[cpuAtom(d.ID, c)], start, end) {
+			if overlaps(n.booked[capmodel.CPUAtom(d.ID, c)], start, end) {
 				d.HostBooked.VCPU++
 				continue
 			}
@@ -447,7 +437,7 @@ func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
 		n.booked[a] = append(n.booked[a], sp)
 	}
 	for _, c := range plan.CPUs {
-		a := cpuAtom(plan.NodeID, c)
+		a := capmodel.CPUAtom(plan.NodeID, c)
 		n.booked[a] = append(n.booked[a], sp)
 	}
 	n.holds = append(n.holds, hold{rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt, mem: r.MemoryGiB,

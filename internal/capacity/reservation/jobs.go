@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"log/slog"
 	"slices"
 	"time"
@@ -255,16 +256,7 @@ func (rn *Runner) Tick(ctx context.Context) error {
 	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		now := e.Clock.Now()
 		var evs []envelope.Event
-		// FOR UPDATE on PostgreSQL: an Extend, a second tick or the placer
-		// waits, and what it then reads is what this tick wrote.
-		lock := ""
-		if tx.Dialect() == store.Postgres {
-			lock = " FOR UPDATE"
-		}
-		rs, err := scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
-			WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
-				OR (state = 'binding' AND bind_deadline < $1)
-			ORDER BY id LIMIT 500`+lock, now))
+		rs, err := due(ctx, tx, now)
 		if err != nil {
 			return err
 		}
@@ -397,7 +389,7 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 	for _, id := range nodeIDs {
 		var poolID string
 		if err := tx.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, id).Scan(&poolID); err == nil {
-			if err := bumpPoolVersion(ctx, tx, poolID); err != nil {
+			if err := atoms.BumpPoolVersion(ctx, tx, poolID); err != nil {
 				return err
 			}
 		} else if !errors.Is(err, store.ErrNotFound) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"slices"
 	"sync"
 	"time"
@@ -167,7 +168,7 @@ func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking) error {
 // stageRollup adds to a capacity rollup's booked count.
 func (b *batch) stageRollup(ctx context.Context, poolID, model, kind string, n int) error {
 	if b.immediate {
-		return RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
+		return atoms.RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
 	}
 	b.rollups[rollupDelta{poolID, model, kind}] += n
 	return nil
@@ -195,7 +196,7 @@ func (b *batch) flush(ctx context.Context) error {
 	b.bookings = b.bookings[:0]
 	for k, n := range b.rollups {
 		if n != 0 {
-			if err := RollupAdd(ctx, b.tx, k.pool, k.model, k.kind, 0, n, 0); err != nil {
+			if err := atoms.RollupAdd(ctx, b.tx, k.pool, k.model, k.kind, 0, n, 0); err != nil {
 				return err
 			}
 		}
