@@ -204,3 +204,50 @@ func TestDependencyDirection(t *testing.T) {
 		}
 	}
 }
+
+// sqlRE matches a string literal that is a SQL statement.
+var sqlRE = regexp.MustCompile(`(?s)^\s*(SELECT|INSERT|UPDATE|DELETE|SAVEPOINT|ROLLBACK|RELEASE|LOCK)\s`)
+
+// TestCapacitySQLOnlyInStoreFiles: the split capacity packages keep their
+// SQL in store.go or *_store.go files, so a reader finds every statement of
+// a package in one place and the logic files read as logic.
+func TestCapacitySQLOnlyInStoreFiles(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	fset := token.NewFileSet()
+	var offenders []string
+	for _, pkg := range []string{"capmodel", "atoms", "placer", "reservation"} {
+		dir := filepath.Join(root, "internal", "capacity", pkg)
+		paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		require.NoError(t, err)
+		for _, path := range paths {
+			name := filepath.Base(path)
+			if name == "store.go" || strings.HasSuffix(name, "_store.go") || strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, path, nil, 0)
+			require.NoError(t, err)
+			ast.Inspect(f, func(n ast.Node) bool {
+				lit, ok := n.(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true
+				}
+				if s, err := strconv.Unquote(lit.Value); err == nil && sqlRE.MatchString(s) {
+					offenders = append(offenders, fset.Position(lit.Pos()).String())
+				}
+				return true
+			})
+		}
+	}
+	require.Empty(t, offenders, "capacity SQL belongs in store.go or *_store.go")
+}
+
+func TestCapacitySQLRuleCatchesOffenders(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"SELECT id FROM atoms", "\n\t\tINSERT INTO x VALUES ($1)", "SAVEPOINT place", "DELETE FROM bookings"} {
+		require.True(t, sqlRE.MatchString(bad), bad)
+	}
+	for _, good := range []string{"select a node", "delete the rows", "pool %s would share %s", "Selected"} {
+		require.False(t, sqlRE.MatchString(good), good)
+	}
+}

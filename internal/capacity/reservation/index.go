@@ -79,14 +79,6 @@ func (e *Engine) indexRefresh() time.Duration {
 	return e.IndexRefresh
 }
 
-// poolVersion reads the version the reconciler bumps when a pool's nodes or
-// atoms change.
-func poolVersion(ctx context.Context, q store.Querier, poolID string) (int64, error) {
-	var v int64
-	err := q.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM pool_versions WHERE pool_id = $1`, poolID).Scan(&v)
-	return v, err
-}
-
 // indexLoad is one load of a pool's index that concurrent callers share.
 type indexLoad struct {
 	done chan struct{}
@@ -205,47 +197,18 @@ func loadIndex(ctx context.Context, q store.Querier, poolID string, version int6
 			atomNode[a] = n
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b
-		JOIN atoms a ON a.id = b.atom JOIN node_pools np ON np.node_id = a.node_id
-		WHERE np.pool_id = $1 AND b.ends_at > $2`, poolID, now)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var a, rsv string
-		var sp span
-		if err := rows.Scan(&a, &rsv, &sp.start, &sp.end); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		sp.rsv = rsv
+	if err := poolBookings(ctx, q, poolID, now, func(a string, sp span) {
 		if n := atomNode[a]; n != nil {
 			n.booked[a] = append(n.booked[a], sp)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	}); err != nil {
 		return nil, err
 	}
-	rows, err = q.Query(ctx, `SELECT r.id, r.node_id, r.tenant_id, r.starts_at, r.ends_at, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
-		FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
-		WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.ends_at > $2`, poolID, now)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var h hold
-		var node string
-		if err := rows.Scan(&h.rsv, &node, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
-			rows.Close()
-			return nil, err
-		}
+	if err := poolHolds(ctx, q, poolID, now, func(node string, h hold) {
 		if n := ix.byID[node]; n != nil {
 			n.holds = append(n.holds, h)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	}); err != nil {
 		return nil, err
 	}
 	for _, n := range ix.nodes {
@@ -559,41 +522,12 @@ func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string
 	slices.Sort(nodeIDs)
 	nodeIDs = slices.Compact(nodeIDs)
 	for _, id := range nodeIDs {
-		booked := map[string][]span{}
-		rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b JOIN atoms a ON a.id = b.atom
-			WHERE a.node_id = $1 AND b.ends_at > $2`, id, now)
+		booked, err := nodeBookings(ctx, q, id, now)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var a string
-			var sp span
-			if err := rows.Scan(&a, &sp.rsv, &sp.start, &sp.end); err != nil {
-				rows.Close()
-				return err
-			}
-			booked[a] = append(booked[a], sp)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		var holds []hold
-		rows, err = q.Query(ctx, `SELECT id, tenant_id, starts_at, ends_at, memory_gib, hugepages_1gi, gpus + slots FROM reservations
-			WHERE node_id = $1 AND state IN ('placed', 'binding', 'active') AND ends_at > $2`, id, now)
+		holds, err := nodeHolds(ctx, q, id, now)
 		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var h hold
-			if err := rows.Scan(&h.rsv, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
-				rows.Close()
-				return err
-			}
-			holds = append(holds, h)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return err
 		}
 		ix.mu.Lock()

@@ -119,19 +119,9 @@ func (rn *Runner) PeriodicJobs() []*river.PeriodicJob {
 func (rn *Runner) ReconcileAll(ctx context.Context) error {
 	var tenants []string
 	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var t string
-			if err := rows.Scan(&t); err != nil {
-				return err
-			}
-			tenants = append(tenants, t)
-		}
-		return rows.Err()
+		var err error
+		tenants, err = nodeTenants(ctx, tx)
+		return err
 	}); err != nil {
 		return err
 	}
@@ -279,20 +269,7 @@ func (rn *Runner) Tick(ctx context.Context) error {
 			}
 			evs = append(evs, more...)
 		}
-		rows, err := tx.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		pools = pools[:0]
-		for rows.Next() {
-			var p string
-			if err := rows.Scan(&p); err != nil {
-				return err
-			}
-			pools = append(pools, p)
-		}
-		if err := rows.Err(); err != nil {
+		if pools, err = pendingPools(ctx, tx); err != nil {
 			return err
 		}
 		return rn.record(ctx, tx, evs)
@@ -388,7 +365,7 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 	var evs []envelope.Event
 	for _, id := range nodeIDs {
 		var poolID string
-		if err := tx.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, id).Scan(&poolID); err == nil {
+		if err := nodePool(ctx, tx, id).Scan(&poolID); err == nil {
 			if err := atoms.BumpPoolVersion(ctx, tx, poolID); err != nil {
 				return err
 			}
@@ -436,7 +413,7 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 		}
 	})
 	// The bookings go: the reservation is booked afresh where it lands.
-	if _, err := tx.Exec(ctx, `DELETE FROM bookings WHERE reservation_id = $1`, r.ID); err != nil {
+	if err := bookingsDelete(ctx, tx, r.ID); err != nil {
 		return nil, err
 	}
 	if err := rollupBooked(ctx, tx, r, -1); err != nil {

@@ -217,7 +217,7 @@ func (b *batch) checkNode(ctx context.Context, nodeID string) error {
 		return err
 	}
 	var state, liveness string
-	err := b.tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+store.ForShare(b.tx), nodeID).Scan(&state, &liveness)
+	err := nodeStateForShare(ctx, b.tx, nodeID).Scan(&state, &liveness)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		err = errNodeGone
@@ -249,7 +249,7 @@ func (b *batch) lockPool(ctx context.Context, poolID string) (*pool.Pool, error)
 // batch adds its own.
 func (b *batch) pendingCount(ctx context.Context, poolID string) (int, error) {
 	if !b.pendingOK {
-		if err := b.tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, poolID).Scan(&b.pending); err != nil {
+		if err := countPending(ctx, b.tx, poolID).Scan(&b.pending); err != nil {
 			return 0, err
 		}
 		b.pendingOK = true

@@ -259,8 +259,7 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 	}
 	if !t.modelKnown {
 		var n int
-		if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM atoms WHERE kind <> 'cpu' AND (upper(model) = upper($1) OR upper(model) LIKE upper($1) || ' %')`,
-			msg.GetModel()).Scan(&n); err != nil {
+		if err := countModelAtoms(ctx, q, msg.GetModel()).Scan(&n); err != nil {
 			return t, err
 		}
 		t.modelKnown = n > 0

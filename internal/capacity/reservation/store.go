@@ -200,3 +200,50 @@ func due(ctx context.Context, tx store.Tx, now time.Time) ([]Reservation, error)
 				OR (state = 'binding' AND bind_deadline < $1)
 			ORDER BY id LIMIT 500`+store.ForUpdate(tx), now))
 }
+
+// nodeTenants lists the tenants that have nodes that are not retired.
+func nodeTenants(ctx context.Context, q store.Querier) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var tenants []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		tenants = append(tenants, t)
+	}
+	return tenants, rows.Err()
+}
+
+// nodePool reads the pool a node is a member of.
+func nodePool(ctx context.Context, q store.Querier, nodeID string) store.Row {
+	return q.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, nodeID)
+}
+
+// countModelAtoms counts the device atoms of a model, named in full or by
+// its first word ("H100" for "H100 80GB").
+func countModelAtoms(ctx context.Context, q store.Querier, model string) store.Row {
+	return q.QueryRow(ctx, `SELECT COUNT(*) FROM atoms WHERE kind <> 'cpu' AND (upper(model) = upper($1) OR upper(model) LIKE upper($1) || ' %')`, model)
+}
+
+// pendingPools lists the pools that have pending reservations.
+func pendingPools(ctx context.Context, q store.Querier) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pools []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		pools = append(pools, p)
+	}
+	return pools, rows.Err()
+}
