@@ -202,20 +202,7 @@ func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string)
 
 // tenantNodes lists a tenant's nodes that are not retired, by id.
 func tenantNodes(ctx context.Context, q store.Querier, tenantID string) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return store.Strings(q.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID))
 }
 
 // nodePool reads a node's membership row (store.ErrNotFound: none yet).

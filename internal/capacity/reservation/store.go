@@ -203,20 +203,7 @@ func due(ctx context.Context, tx store.Tx, now time.Time) ([]Reservation, error)
 
 // nodeTenants lists the tenants that have nodes that are not retired.
 func nodeTenants(ctx context.Context, q store.Querier) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var tenants []string
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, err
-		}
-		tenants = append(tenants, t)
-	}
-	return tenants, rows.Err()
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`))
 }
 
 // nodePool reads the pool a node is a member of.
@@ -232,18 +219,5 @@ func countModelAtoms(ctx context.Context, q store.Querier, model string) store.R
 
 // pendingPools lists the pools that have pending reservations.
 func pendingPools(ctx context.Context, q store.Querier) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var pools []string
-	for rows.Next() {
-		var p string
-		if err := rows.Scan(&p); err != nil {
-			return nil, err
-		}
-		pools = append(pools, p)
-	}
-	return pools, rows.Err()
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`))
 }
