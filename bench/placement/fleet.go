@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"strings"
 	"time"
 
@@ -77,7 +78,7 @@ func loadFleet(ctx context.Context, db *store.DB, s fleetSpec) error {
 	}
 	return db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		if !s.direct {
-			return (&reservation.Reconciler{}).ReconcileTenant(ctx, tx, s.tenantID)
+			return (&atoms.Reconciler{}).ReconcileTenant(ctx, tx, s.tenantID)
 		}
 		// One rollup delta for the whole pool: the reconciler writes one
 		// per node, which the compactor folds into the same sum.

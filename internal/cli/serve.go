@@ -41,9 +41,9 @@ type serverFlags struct {
 	gatewayListen, trustDomain                         string
 	// advertiseURL is where peers forward the mutations of pools whose
 	// placer runs here.
-	advertiseURL string
-	gatewayHosts                                       []string
-	heartbeatInterval, unreachableAfter, lostAfter     time.Duration
+	advertiseURL                                   string
+	gatewayHosts                                   []string
+	heartbeatInterval, unreachableAfter, lostAfter time.Duration
 	// dbStatementTimeout and dbLockTimeout bound every PostgreSQL
 	// statement and lock wait (0 turns a bound off).
 	dbStatementTimeout, dbLockTimeout time.Duration

@@ -153,6 +153,25 @@ func layer(pkg string) int {
 	}
 }
 
+// capacityRank orders the capacity packages that must import one way: the
+// leaves (shared types and pure or single-table packages), then the atoms
+// reconciler, the pool's placer, and the reservation API and lifecycle. It
+// is -1 for packages outside that chain.
+func capacityRank(pkg string) int {
+	switch pkg {
+	case "internal/capacity/capmodel", "internal/capacity/placement", "internal/capacity/booking",
+		"internal/capacity/pool", "internal/capacity/quota", "internal/capacity/gpumodel":
+		return 0
+	case "internal/capacity/atoms":
+		return 1
+	case "internal/capacity/placer":
+		return 2
+	case "internal/capacity/reservation":
+		return 3
+	}
+	return -1
+}
+
 func TestDependencyDirection(t *testing.T) {
 	t.Parallel()
 	for dir, files := range goPackages(t) {
@@ -163,6 +182,10 @@ func TestDependencyDirection(t *testing.T) {
 				to, ok := strings.CutPrefix(path, module+"/")
 				if !ok {
 					continue
+				}
+				if rf, rt := capacityRank(from), capacityRank(to); rf >= 0 && rt >= 0 {
+					require.LessOrEqual(t, rt, rf, "%s must not import %s: capacity imports one way, capmodel/placement/booking/pool/quota/gpumodel → atoms → placer → reservation", from, to)
+					require.False(t, from == "internal/capacity/capmodel", "capmodel is the capacity leaf; it imports %s", to)
 				}
 				switch {
 				case strings.HasPrefix(to, "bctest"):
@@ -179,5 +202,52 @@ func TestDependencyDirection(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// sqlRE matches a string literal that is a SQL statement.
+var sqlRE = regexp.MustCompile(`(?s)^\s*(SELECT|INSERT|UPDATE|DELETE|SAVEPOINT|ROLLBACK|RELEASE|LOCK)\s`)
+
+// TestCapacitySQLOnlyInStoreFiles: the split capacity packages keep their
+// SQL in store.go or *_store.go files, so a reader finds every statement of
+// a package in one place and the logic files read as logic.
+func TestCapacitySQLOnlyInStoreFiles(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	fset := token.NewFileSet()
+	var offenders []string
+	for _, pkg := range []string{"capmodel", "atoms", "placer", "reservation"} {
+		dir := filepath.Join(root, "internal", "capacity", pkg)
+		paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		require.NoError(t, err)
+		for _, path := range paths {
+			name := filepath.Base(path)
+			if name == "store.go" || strings.HasSuffix(name, "_store.go") || strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, path, nil, 0)
+			require.NoError(t, err)
+			ast.Inspect(f, func(n ast.Node) bool {
+				lit, ok := n.(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true
+				}
+				if s, err := strconv.Unquote(lit.Value); err == nil && sqlRE.MatchString(s) {
+					offenders = append(offenders, fset.Position(lit.Pos()).String())
+				}
+				return true
+			})
+		}
+	}
+	require.Empty(t, offenders, "capacity SQL belongs in store.go or *_store.go")
+}
+
+func TestCapacitySQLRuleCatchesOffenders(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"SELECT id FROM atoms", "\n\t\tINSERT INTO x VALUES ($1)", "SAVEPOINT place", "DELETE FROM bookings"} {
+		require.True(t, sqlRE.MatchString(bad), bad)
+	}
+	for _, good := range []string{"select a node", "delete the rows", "pool %s would share %s", "Selected"} {
+		require.False(t, sqlRE.MatchString(good), good)
 	}
 }

@@ -81,3 +81,21 @@ func lockClause(tx Tx, clause string) string {
 	}
 	return ""
 }
+
+// Strings reads a one-column result of strings (call it with what Query
+// returned) and closes the rows.
+func Strings(rows Rows, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}

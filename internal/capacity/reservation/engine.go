@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -64,7 +66,7 @@ type Engine struct {
 	// how many are sent before the reservation fails; default 3.
 	BindTimeout  time.Duration
 	BindAttempts int
-	Reconciler   Reconciler
+	Reconciler   atoms.Reconciler
 
 	// IndexRefresh is how often a pool's in-memory index is reloaded;
 	// default DefaultIndexRefresh.
@@ -129,21 +131,6 @@ func event(typ string, r *Reservation, data map[string]any) envelope.Event {
 // error otherwise).
 func savepoint(ctx context.Context, tx store.Tx, fn func() error) error {
 	return savepointNamed(ctx, tx, "place", fn)
-}
-
-func savepointNamed(ctx context.Context, tx store.Tx, name string, fn func() error) error {
-	if _, err := tx.Exec(ctx, `SAVEPOINT `+name); err != nil {
-		return err
-	}
-	if err := fn(); err != nil {
-		if _, rerr := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT `+name); rerr != nil {
-			return errors.Join(err, rerr)
-		}
-		_, rerr := tx.Exec(ctx, `RELEASE SAVEPOINT `+name)
-		return errors.Join(err, rerr)
-	}
-	_, err := tx.Exec(ctx, `RELEASE SAVEPOINT `+name)
-	return err
 }
 
 // errHostFull: the node's host memory is taken by a booking placement did not
@@ -235,26 +222,6 @@ var errNodeGone = errors.New("node left placement")
 // errStaleIndex: the chosen atoms are no longer in the pool or usable.
 var errStaleIndex = errors.New("pool index is stale")
 
-// atomsUsable reports whether the atoms are still the node's, in the pool,
-// and neither quarantined nor frozen.
-func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms []string) (bool, error) {
-	if len(atoms) == 0 {
-		return true, nil
-	}
-	atoms = slices.Compact(slices.Sorted(slices.Values(atoms)))
-	args := []any{poolID, nodeID}
-	ph := make([]string, len(atoms))
-	for i, a := range atoms {
-		args = append(args, a)
-		ph[i] = fmt.Sprintf("$%d", i+3)
-	}
-	var n int
-	err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
-		WHERE np.pool_id = $1 AND ($2 = '' OR a.node_id = $2) AND a.id IN (`+strings.Join(ph, ", ")+`)
-			AND a.quarantined = $`+fmt.Sprint(len(args)+1)+` AND a.partition_pending = $`+fmt.Sprint(len(args)+1), append(args, false)...).Scan(&n)
-	return n == len(atoms), err
-}
-
 // book books the plan for r in the batch and marks the index (undone if
 // the batch, or in the fallback the item, rolls back).
 func (e *Engine) book(ctx context.Context, b *batch, r *Reservation, plan *placement.Plan, n *placement.Node) error {
@@ -341,27 +308,6 @@ func (e *Engine) recordPlan(r *Reservation, plan *placement.Plan, n *placement.N
 	return nil
 }
 
-// checkHost takes the node's host row lock (PostgreSQL; SQLite has one
-// writer) and refuses the booking when the memory of the reservations that
-// overlap it, this one included, would exceed what the node hands out.
-func checkHost(ctx context.Context, tx store.Tx, r *Reservation, nodeID string) error {
-	var mem, hp1 int
-	if err := tx.QueryRow(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1 RETURNING memory_gib, hugepages_1gi`, nodeID).
-		Scan(&mem, &hp1); err != nil {
-		return err
-	}
-	var usedMem, usedHP int
-	if err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(memory_gib), 0), COALESCE(SUM(hugepages_1gi), 0) FROM reservations
-		WHERE node_id = $1 AND id <> $2 AND state IN ('placed', 'binding', 'active') AND starts_at < $4 AND ends_at > $3`,
-		nodeID, r.ID, r.StartsAt, r.EndsAt).Scan(&usedMem, &usedHP); err != nil {
-		return err
-	}
-	if usedMem+r.MemoryGiB > mem || usedHP+r.Hugepages1Gi > hp1 {
-		return errHostFull
-	}
-	return nil
-}
-
 // held moves a freshly placed reservation to placed, or further when its
 // window has begun.
 func (e *Engine) held(ctx context.Context, b *batch, r *Reservation, now time.Time) ([]envelope.Event, error) {
@@ -415,7 +361,7 @@ func (e *Engine) sendBind(ctx context.Context, tx store.Tx, r *Reservation, now 
 	if r.MemoryGiB > 0 {
 		params["memory_max_bytes"] = float64(int64(r.MemoryGiB) << 30)
 	}
-	if mems := r.cpusetMems(); mems != "" {
+	if mems := r.CPUSetMems(); mems != "" {
 		params["cpuset_mems"] = mems
 	}
 	id, err := e.Commands.Send(ctx, tx, Command{
@@ -439,15 +385,6 @@ func bindKey(r *Reservation) string {
 	return fmt.Sprintf("%s/bind/%s/%d/%d", r.ID, r.NodeID, r.StartsAt.UnixMicro(), r.BindAttempts)
 }
 
-// cpusetMems is the NUMA nodes of the reservation's CPUs, or of its GPUs when
-// it has no CPUs.
-func (r *Reservation) cpusetMems() string {
-	if r.Placement.NUMA >= 0 && (len(r.Placement.CPUs) > 0 || len(r.Placement.Atoms) > 0) {
-		return fmt.Sprint(r.Placement.NUMA)
-	}
-	return ""
-}
-
 func anySlice(ss []string) []any {
 	out := make([]any, len(ss))
 	for i, s := range ss {
@@ -461,13 +398,13 @@ func anySlice(ss []string) []any {
 // bound allocation is removed from the node, and the pool's queue is woken.
 func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, reason string, now time.Time) ([]envelope.Event, error) {
 	from := r.State
-	if !live(from) {
+	if !capmodel.Live(from) {
 		return nil, nil
 	}
 	// The end as stored: the bookings, the window and the index must agree
 	// on it to the microsecond.
 	at := now.UTC().Truncate(booking.Resolution)
-	if holding(from) {
+	if capmodel.Holding(from) {
 		var err error
 		if at.After(r.StartsAt) {
 			_, err = booking.Release(ctx, tx, []string{r.ID}, at)
@@ -513,7 +450,7 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		return nil, errors.Join(err, errMoved(ok))
 	}
 	evs := []envelope.Event{event("reservation."+state, r, map[string]any{"reason": reason})}
-	if holding(from) {
+	if capmodel.Holding(from) {
 		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
 		tx.AfterCommit(func() {
 			if ix := e.cached(pool); ix != nil {

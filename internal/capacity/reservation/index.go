@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -10,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -77,25 +77,6 @@ func (e *Engine) indexRefresh() time.Duration {
 		return DefaultIndexRefresh
 	}
 	return e.IndexRefresh
-}
-
-// poolVersion reads the version the reconciler bumps when a pool's nodes or
-// atoms change.
-func poolVersion(ctx context.Context, q store.Querier, poolID string) (int64, error) {
-	var v int64
-	err := q.QueryRow(ctx, `SELECT COALESCE(MAX(version), 0) FROM pool_versions WHERE pool_id = $1`, poolID).Scan(&v)
-	return v, err
-}
-
-// bumpPoolVersion tells every process's index that a pool's nodes or atoms
-// changed.
-func bumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
-	if poolID == "" {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO pool_versions (pool_id, version) VALUES ($1, 1)
-		ON CONFLICT (pool_id) DO UPDATE SET version = pool_versions.version + 1`, poolID)
-	return err
 }
 
 // indexLoad is one load of a pool's index that concurrent callers share.
@@ -216,41 +197,18 @@ func loadIndex(ctx context.Context, q store.Querier, poolID string, version int6
 			atomNode[a] = n
 		}
 	}
-	devs, cpus, err := booking.Current(ctx, q, poolID, now)
-	if err != nil {
+	if err := poolBookings(ctx, q, poolID, now, func(a string, sp span) {
+		if n := atomNode[a]; n != nil {
+			n.booked[a] = append(n.booked[a], sp)
+		}
+	}); err != nil {
 		return nil, err
 	}
-	for _, b := range devs {
-		if n := atomNode[b.Atom]; n != nil {
-			n.booked[b.Atom] = append(n.booked[b.Atom], span{start: b.StartsAt, end: b.EndsAt, rsv: b.ReservationID})
-		}
-	}
-	for _, r := range cpus {
-		for c := r.Lo; c < r.Hi; c++ {
-			if a := cpuAtom(r.NodeID, c); atomNode[a] != nil {
-				atomNode[a].booked[a] = append(atomNode[a].booked[a], span{start: r.StartsAt, end: r.EndsAt, rsv: r.ReservationID})
-			}
-		}
-	}
-	rows, err := q.Query(ctx, `SELECT r.id, r.node_id, r.tenant_id, r.starts_at, r.ends_at, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
-		FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
-		WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.ends_at > $2`, poolID, now)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var h hold
-		var node string
-		if err := rows.Scan(&h.rsv, &node, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
-			rows.Close()
-			return nil, err
-		}
+	if err := poolHolds(ctx, q, poolID, now, func(node string, h hold) {
 		if n := ix.byID[node]; n != nil {
 			n.holds = append(n.holds, h)
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	}); err != nil {
 		return nil, err
 	}
 	for _, n := range ix.nodes {
@@ -279,7 +237,7 @@ func nodeAtoms(n *placement.Node) []string {
 	}
 	for _, nn := range n.NUMA {
 		for _, c := range nn.FreeCPUs {
-			out = append(out, cpuAtom(n.ID, c))
+			out = append(out, capmodel.CPUAtom(n.ID, c))
 		}
 	}
 	return out
@@ -349,7 +307,7 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 	for i := range d.NUMA {
 		free := make([]int, 0, len(d.NUMA[i].FreeCPUs))
 		for _, c := range d.NUMA[i].FreeCPUs {
-			if overlaps(n.booked[cpuAtom(d.ID, c)], start, end) {
+			if overlaps(n.booked[capmodel.CPUAtom(d.ID, c)], start, end) {
 				d.HostBooked.VCPU++
 				continue
 			}
@@ -442,7 +400,7 @@ func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
 		n.booked[a] = append(n.booked[a], sp)
 	}
 	for _, c := range plan.CPUs {
-		a := cpuAtom(plan.NodeID, c)
+		a := capmodel.CPUAtom(plan.NodeID, c)
 		n.booked[a] = append(n.booked[a], sp)
 	}
 	n.holds = append(n.holds, hold{rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt, mem: r.MemoryGiB,
@@ -564,61 +522,12 @@ func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string
 	slices.Sort(nodeIDs)
 	nodeIDs = slices.Compact(nodeIDs)
 	for _, id := range nodeIDs {
-		booked := map[string][]span{}
-		rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b JOIN atoms a ON a.id = b.atom
-			WHERE a.node_id = $1 AND b.ends_at > $2`, id, now)
+		booked, err := nodeBookings(ctx, q, id, now)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var a string
-			var sp span
-			if err := rows.Scan(&a, &sp.rsv, &sp.start, &sp.end); err != nil {
-				rows.Close()
-				return err
-			}
-			booked[a] = append(booked[a], sp)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		rows, err = q.Query(ctx, `SELECT reservation_id, cpu_lo, cpu_hi, starts_at, ends_at FROM cpu_bookings
-			WHERE node_id = $1 AND ends_at > $2`, id, now)
+		holds, err := nodeHolds(ctx, q, id, now)
 		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var lo, hi int
-			var sp span
-			if err := rows.Scan(&sp.rsv, &lo, &hi, &sp.start, &sp.end); err != nil {
-				rows.Close()
-				return err
-			}
-			for c := lo; c < hi; c++ {
-				booked[cpuAtom(id, c)] = append(booked[cpuAtom(id, c)], sp)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		var holds []hold
-		rows, err = q.Query(ctx, `SELECT id, tenant_id, starts_at, ends_at, memory_gib, hugepages_1gi, gpus + slots FROM reservations
-			WHERE node_id = $1 AND state IN ('placed', 'binding', 'active') AND ends_at > $2`, id, now)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var h hold
-			if err := rows.Scan(&h.rsv, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
-				rows.Close()
-				return err
-			}
-			holds = append(holds, h)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return err
 		}
 		ix.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"log/slog"
 	"slices"
 	"time"
@@ -173,19 +174,9 @@ func (rn *Runner) PeriodicJobs() []*river.PeriodicJob {
 func (rn *Runner) ReconcileAll(ctx context.Context) error {
 	var tenants []string
 	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var t string
-			if err := rows.Scan(&t); err != nil {
-				return err
-			}
-			tenants = append(tenants, t)
-		}
-		return rows.Err()
+		var err error
+		tenants, err = nodeTenants(ctx, tx)
+		return err
 	}); err != nil {
 		return err
 	}
@@ -317,16 +308,7 @@ func (rn *Runner) Tick(ctx context.Context) error {
 	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		now := e.Clock.Now()
 		var evs []envelope.Event
-		// FOR UPDATE on PostgreSQL: an Extend, a second tick or the placer
-		// waits, and what it then reads is what this tick wrote.
-		lock := ""
-		if tx.Dialect() == store.Postgres {
-			lock = " FOR UPDATE"
-		}
-		rs, err := scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
-			WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
-				OR (state = 'binding' AND bind_deadline < $1)
-			ORDER BY id LIMIT 500`+lock, now))
+		rs, err := due(ctx, tx, now)
 		if err != nil {
 			return err
 		}
@@ -349,20 +331,7 @@ func (rn *Runner) Tick(ctx context.Context) error {
 			}
 			evs = append(evs, more...)
 		}
-		rows, err := tx.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		pools = pools[:0]
-		for rows.Next() {
-			var p string
-			if err := rows.Scan(&p); err != nil {
-				return err
-			}
-			pools = append(pools, p)
-		}
-		if err := rows.Err(); err != nil {
+		if pools, err = pendingPools(ctx, tx); err != nil {
 			return err
 		}
 		return rn.record(ctx, tx, evs)
@@ -458,8 +427,8 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 	var evs []envelope.Event
 	for _, id := range nodeIDs {
 		var poolID string
-		if err := tx.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, id).Scan(&poolID); err == nil {
-			if err := bumpPoolVersion(ctx, tx, poolID); err != nil {
+		if err := nodePool(ctx, tx, id).Scan(&poolID); err == nil {
+			if err := atoms.BumpPoolVersion(ctx, tx, poolID); err != nil {
 				return err
 			}
 		} else if !errors.Is(err, store.ErrNotFound) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"slices"
 	"sync"
 	"time"
@@ -173,7 +174,7 @@ func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking, cpus []
 // stageRollup adds to a capacity rollup's booked count.
 func (b *batch) stageRollup(ctx context.Context, poolID, model, kind string, n int) error {
 	if b.immediate {
-		return RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
+		return atoms.RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
 	}
 	b.rollups[rollupDelta{poolID, model, kind}] += n
 	return nil
@@ -201,7 +202,7 @@ func (b *batch) flush(ctx context.Context) error {
 	b.bookings, b.cpus = b.bookings[:0], b.cpus[:0]
 	for k, n := range b.rollups {
 		if n != 0 {
-			if err := RollupAdd(ctx, b.tx, k.pool, k.model, k.kind, 0, n, 0); err != nil {
+			if err := atoms.RollupAdd(ctx, b.tx, k.pool, k.model, k.kind, 0, n, 0); err != nil {
 				return err
 			}
 		}
@@ -222,7 +223,7 @@ func (b *batch) checkNode(ctx context.Context, nodeID string) error {
 		return err
 	}
 	var state, liveness string
-	err := b.tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+store.ForShare(b.tx), nodeID).Scan(&state, &liveness)
+	err := nodeStateForShare(ctx, b.tx, nodeID).Scan(&state, &liveness)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		err = errNodeGone
@@ -254,7 +255,7 @@ func (b *batch) lockPool(ctx context.Context, poolID string) (*pool.Pool, error)
 // batch adds its own.
 func (b *batch) pendingCount(ctx context.Context, poolID string) (int, error) {
 	if !b.pendingOK {
-		if err := b.tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, poolID).Scan(&b.pending); err != nil {
+		if err := countPending(ctx, b.tx, poolID).Scan(&b.pending); err != nil {
 			return 0, err
 		}
 		b.pendingOK = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"regexp"
 	"slices"
 	"strings"
@@ -258,8 +259,7 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 	}
 	if !t.modelKnown {
 		var n int
-		if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM atoms WHERE kind <> 'cpu' AND (upper(model) = upper($1) OR upper(model) LIKE upper($1) || ' %')`,
-			msg.GetModel()).Scan(&n); err != nil {
+		if err := countModelAtoms(ctx, q, msg.GetModel()).Scan(&n); err != nil {
 			return t, err
 		}
 		t.modelKnown = n > 0
@@ -929,7 +929,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			return map[string]any{"lifetimeSeconds": int64(decidedEnd.Sub(r.StartsAt) / time.Second)}
 		},
 		apply: func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*apiv1.ExtendReservationResponse, error) {
-			if !live(r.State) {
+			if !capmodel.Live(r.State) {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s is %s; only a live reservation can be extended", r.ID, r.State)
 			}
 			if !r.EndsAt.Equal(decidedFrom) {
@@ -957,7 +957,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			if _, err := quota.Check(ctx, tx.Tx, charge(r)); err != nil {
 				return nil, err
 			}
-			if holding(from) {
+			if capmodel.Holding(from) {
 				if err := booking.Extend(ctx, tx.Tx, r.ID, end); err != nil {
 					if errors.Is(err, booking.ErrOverlap) {
 						return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s cannot be extended to %s: another reservation books its devices by then", r.ID, end.Format(time.RFC3339))
@@ -965,7 +965,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 					return nil, err
 				}
 			}
-			if b := batchOf(ctx); holding(from) && b != nil && b.ix != nil {
+			if b := batchOf(ctx); capmodel.Holding(from) && b != nil && b.ix != nil {
 				// Marked now, so the batch's later placements see it;
 				// undone if the item or the batch rolls back.
 				ix, nodeID, id, prevEnd := b.ix, r.NodeID, r.ID, decidedFrom

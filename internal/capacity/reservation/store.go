@@ -5,6 +5,7 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"strings"
 	"time"
 
@@ -23,109 +24,6 @@ func Migrations() store.Migrations {
 
 // IDPrefix is the prefix of reservation ids.
 const IDPrefix = "rsv"
-
-// Reservation states.
-const (
-	StatePending  = "pending"
-	StatePlaced   = "placed"
-	StateBinding  = "binding"
-	StateActive   = "active"
-	StateReleased = "released"
-	StateExpired  = "expired"
-	StateFailed   = "failed"
-	StateCanceled = "canceled"
-)
-
-// Bindings.
-const (
-	BindingNode       = "node"
-	BindingKubernetes = "kubernetes"
-	BindingNone       = "none"
-)
-
-// Condition types.
-const (
-	CondDevicesHeld = "DevicesHeld"
-	CondBindTimeout = "BindTimeout"
-	CondNodeLost    = "NodeLost"
-)
-
-// holding reports whether a reservation in state holds its bookings.
-func holding(state string) bool {
-	return state == StatePlaced || state == StateBinding || state == StateActive
-}
-
-// live reports whether a reservation in state may still change.
-func live(state string) bool { return state == StatePending || holding(state) }
-
-// Condition is one condition of a reservation.
-type Condition struct {
-	Type       string    `json:"type"`
-	Status     string    `json:"status"`
-	Reason     string    `json:"reason"`
-	Message    string    `json:"message"`
-	UpdateTime time.Time `json:"update_time"`
-}
-
-// PlacementRecord is where a reservation sits, as stored.
-type PlacementRecord struct {
-	NodeName string   `json:"node_name,omitempty"`
-	Atoms    []string `json:"atoms,omitempty"`
-	// GPUUUIDs are the physical GPUs the atoms sit on.
-	GPUUUIDs []string   `json:"gpu_uuids,omitempty"`
-	CPUs     []int      `json:"cpus,omitempty"`
-	CPUSet   string     `json:"cpuset,omitempty"`
-	NUMA     int        `json:"numa"`
-	Island   int        `json:"island"`
-	Score    [5]float64 `json:"score"`
-	// AtomModel is the atoms' model ("H100 80GB"), the rollups' key.
-	AtomModel string `json:"atom_model,omitempty"`
-	// Kinds counts the GPU atoms by kind (gpu, mig, slot) for the rollups.
-	Kinds map[string]int `json:"kinds,omitempty"`
-}
-
-// Reservation is a row of reservations.
-type Reservation struct {
-	ID, TenantID, ProjectID, PoolID string
-	State                           string
-	GPUs                            int
-	Model, MIGProfile               string
-	Slots, VCPU, MemoryGiB          int
-	Hugepages1Gi                    int
-	Binding                         string
-	SingleTenant                    bool
-	StartsAt, EndsAt                time.Time
-	NodeID, GPUModel                string
-	Placement                       PlacementRecord
-	Conditions                      []Condition
-	Explanation                     string // JSON of apiv1.Explanation
-	CommandID                       string
-	BindAttempts                    int
-	BindDeadline                    *time.Time
-	ActiveSince, ActiveUntil        *time.Time
-	CreatedBy                       string
-	CreateTime, UpdateTime          time.Time
-}
-
-// SetCondition sets or replaces a condition; it reports whether anything
-// changed.
-func (r *Reservation) SetCondition(c Condition) bool {
-	for i := range r.Conditions {
-		if r.Conditions[i].Type == c.Type {
-			old := r.Conditions[i]
-			if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
-				return false
-			}
-			if old.Status == c.Status {
-				c.UpdateTime = old.UpdateTime
-			}
-			r.Conditions[i] = c
-			return true
-		}
-	}
-	r.Conditions = append(r.Conditions, c)
-	return true
-}
 
 const columns = `id, tenant_id, project_id, pool_id, state, gpus, model, mig_profile, slots, vcpu, memory_gib,
 	hugepages_1gi, binding, single_tenant, starts_at, ends_at, node_id, gpu_model, placement, conditions,
@@ -207,18 +105,6 @@ func save(ctx context.Context, tx store.Tx, r *Reservation, fromState string) (b
 	return n == 1, err
 }
 
-// reconcileLock serializes the reconciles of one tenant until the
-// transaction ends (PostgreSQL; SQLite has one writer). Without it a
-// reconcile that read the pools before another transaction created or
-// changed one writes its stale memberships over the newer ones.
-func reconcileLock(ctx context.Context, tx store.Tx, tenantID string) error {
-	if tx.Dialect() != store.Postgres {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('capacity.reconcile'), hashtext($1))`, tenantID)
-	return err
-}
-
 // hostLock takes a node's host row lock until the transaction ends
 // (PostgreSQL; SQLite has one writer).
 func hostLock(ctx context.Context, tx store.Tx, nodeID string) error {
@@ -243,11 +129,7 @@ func Get(ctx context.Context, q store.Querier, tenantID, id string) (Reservation
 // getForUpdate reads a reservation in a write transaction, locking its row on
 // PostgreSQL so that concurrent transitions serialize.
 func getForUpdate(ctx context.Context, tx store.Tx, id string) (Reservation, error) {
-	lock := ""
-	if tx.Dialect() == store.Postgres {
-		lock = " FOR UPDATE"
-	}
-	return scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM reservations WHERE id = $1`+lock, id))
+	return scan(tx.QueryRow(ctx, `SELECT `+columns+` FROM reservations WHERE id = $1`+store.ForUpdate(tx), id))
 }
 
 // pendingForUpdate lists a pool's pending reservations for the queued
@@ -255,12 +137,8 @@ func getForUpdate(ctx context.Context, tx store.Tx, id string) (Reservation, err
 // tick's and a woken job's) take turns: the second sees what the first left
 // pending instead of failing on what it placed.
 func pendingForUpdate(ctx context.Context, tx store.Tx, poolID string, limit int) ([]Reservation, error) {
-	lock := ""
-	if tx.Dialect() == store.Postgres {
-		lock = " FOR UPDATE"
-	}
 	return scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations WHERE pool_id = $1 AND state = 'pending'
-		ORDER BY id LIMIT $2`+lock, poolID, limit))
+		ORDER BY id LIMIT $2`+store.ForUpdate(tx), poolID, limit))
 }
 
 // ListParams filter a listing.
@@ -297,27 +175,16 @@ func onNode(ctx context.Context, q store.Querier, nodeID string, states ...strin
 		ph[i] = fmt.Sprintf("$%d", i+2)
 	}
 	lock := ""
-	if tx, ok := q.(store.Tx); ok && tx.Dialect() == store.Postgres {
-		lock = " FOR UPDATE" // the caller changes them: an Extend or a tick waits
+	if tx, ok := q.(store.Tx); ok {
+		lock = store.ForUpdate(tx) // the caller changes them: an Extend or a tick waits
 	}
 	return scanAll(q.Query(ctx, `SELECT `+columns+` FROM reservations WHERE node_id = $1 AND state IN (`+strings.Join(ph, ", ")+`) ORDER BY id`+lock, args...))
-}
-
-// RollupAdd records a change of the capacity rollup of (pool, model, kind).
-// Rows are insert-only, so concurrent bookings never wait on one counter.
-func RollupAdd(ctx context.Context, tx store.Tx, poolID, model, kind string, total, booked, quarantined int) error {
-	if poolID == "" || (total == 0 && booked == 0 && quarantined == 0) {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO capacity_deltas (pool_id, model, kind, total, booked, quarantined) VALUES ($1, $2, $3, $4, $5, $6)`,
-		poolID, model, kind, total, booked, quarantined)
-	return err
 }
 
 // rollupBooked moves the booked rollup of a reservation's atoms by sign.
 func rollupBooked(ctx context.Context, tx store.Tx, r *Reservation, sign int) error {
 	for kind, n := range r.Placement.Kinds {
-		if err := RollupAdd(ctx, tx, r.PoolID, r.Placement.AtomModel, kind, 0, sign*n, 0); err != nil {
+		if err := atoms.RollupAdd(ctx, tx, r.PoolID, r.Placement.AtomModel, kind, 0, sign*n, 0); err != nil {
 			return err
 		}
 	}
@@ -336,4 +203,36 @@ func ownerSet(ctx context.Context, tx store.Tx, poolID, replicaID, url string) e
 func ownerGet(ctx context.Context, q store.Querier, poolID string) (url, replicaID string, err error) {
 	err = q.QueryRow(ctx, `SELECT url, replica_id FROM placer_owners WHERE pool_id = $1`, poolID).Scan(&url, &replicaID)
 	return url, replicaID, err
+}
+
+// due lists the reservations the tick acts on: placed ones whose start came,
+// live ones whose end came and binds past their deadline. FOR UPDATE on
+// PostgreSQL: an Extend, a second tick or the placer waits, and what it then
+// reads is what the tick wrote.
+func due(ctx context.Context, tx store.Tx, now time.Time) ([]Reservation, error) {
+	return scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
+			WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
+				OR (state = 'binding' AND bind_deadline < $1)
+			ORDER BY id LIMIT 500`+store.ForUpdate(tx), now))
+}
+
+// nodeTenants lists the tenants that have nodes that are not retired.
+func nodeTenants(ctx context.Context, q store.Querier) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`))
+}
+
+// nodePool reads the pool a node is a member of.
+func nodePool(ctx context.Context, q store.Querier, nodeID string) store.Row {
+	return q.QueryRow(ctx, `SELECT pool_id FROM node_pools WHERE node_id = $1`, nodeID)
+}
+
+// countModelAtoms counts the device atoms of a model, named in full or by
+// its first word ("H100" for "H100 80GB").
+func countModelAtoms(ctx context.Context, q store.Querier, model string) store.Row {
+	return q.QueryRow(ctx, `SELECT COUNT(*) FROM atoms WHERE kind <> 'cpu' AND (upper(model) = upper($1) OR upper(model) LIKE upper($1) || ' %')`, model)
+}
+
+// pendingPools lists the pools that have pending reservations.
+func pendingPools(ctx context.Context, q store.Querier) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`))
 }

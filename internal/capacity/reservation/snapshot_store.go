@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"sort"
 	"strings"
 
@@ -91,7 +92,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapsho
 	gpuAt := map[string]int{} // gpu uuid -> index into its node's GPUs
 	numaAt := map[string]map[int]int{}
 	for rows.Next() {
-		var a atomRow
+		var a atoms.Row
 		if err := rows.Scan(&a.ID, &a.NodeID, &a.Kind, &a.GPUUUID, &a.Model, &a.GPUIndex, &a.NUMA, &a.Island, &a.MemMiB, &a.Profile,
 			&a.Quarantined, &a.PartitionPending); err != nil {
 			rows.Close()

@@ -1,10 +1,10 @@
-package reservation
+package atoms
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"slices"
 	"sort"
 	"strconv"
@@ -18,14 +18,6 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 )
 
-// Atom kinds.
-const (
-	KindGPU  = "gpu"
-	KindMIG  = "mig"
-	KindSlot = "slot"
-	KindCPU  = "cpu"
-)
-
 // ConditionPoolConflict is the node condition that shows a node two pools
 // claim (status true: it is in none until the selectors are fixed).
 const ConditionPoolConflict = "PoolConflict"
@@ -34,15 +26,15 @@ const ConditionPoolConflict = "PoolConflict"
 // (set by the gateway on a fatal XID).
 const conditionGPUQuarantined = "GpuQuarantined/"
 
-// atomRow is one row of atoms.
-type atomRow struct {
+// Row is one row of atoms.
+type Row struct {
 	ID, NodeID, Kind, GPUUUID, Model string
 	GPUIndex, NUMA, Island, MemMiB   int
 	Profile                          string
 	Quarantined, PartitionPending    bool
 }
 
-func (a atomRow) same(b atomRow) bool { return a == b }
+func (a Row) same(b Row) bool { return a == b }
 
 // nodeFacts is what reconciling a node reads.
 type nodeFacts struct {
@@ -72,37 +64,6 @@ func EffectiveLabels(labels map[string]string, gpuNames []string, gpuMemMiB []in
 type gpuFacts struct {
 	UUID, Model, MigMode string
 	Index, NUMA, MemMiB  int
-}
-
-func readGPUs(ctx context.Context, q store.Querier, nodeID string) ([]gpuFacts, error) {
-	rows, err := q.Query(ctx, `SELECT uuid, idx, model, memory_mib, numa_node, mig_mode FROM gpus WHERE node_id = $1 ORDER BY idx, uuid`, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []gpuFacts
-	for rows.Next() {
-		var g gpuFacts
-		if err := rows.Scan(&g.UUID, &g.Index, &g.Model, &g.MemMiB, &g.NUMA, &g.MigMode); err != nil {
-			return nil, err
-		}
-		out = append(out, g)
-	}
-	return out, rows.Err()
-}
-
-func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, error) {
-	var n nodeFacts
-	var labels string
-	err := q.QueryRow(ctx, `SELECT id, tenant_id, pool, state, labels FROM nodes WHERE id = $1`, nodeID).
-		Scan(&n.ID, &n.TenantID, &n.PoolName, &n.State, &labels)
-	if err != nil {
-		return n, err
-	}
-	if err := json.Unmarshal([]byte(labels), &n.Labels); err != nil {
-		n.Labels = map[string]string{}
-	}
-	return n, nil
 }
 
 // activePools is a tenant's active pools, decoded.
@@ -240,21 +201,8 @@ func (rc *Reconciler) reconcileTenant(ctx context.Context, tx store.Tx, tenantID
 	if err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID)
+	ids, err := tenantNodes(ctx, tx, tenantID)
 	if err != nil {
-		return err
-	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return err
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
 	var woken []string
@@ -268,7 +216,7 @@ func (rc *Reconciler) reconcileTenant(ctx context.Context, tx store.Tx, tenantID
 	// A policy change (host reserve, sharing) reshapes what every member
 	// offers: every process reloads its index of the tenant's pools.
 	for _, p := range pools {
-		if err := bumpPoolVersion(ctx, tx, p.ID); err != nil {
+		if err := BumpPoolVersion(ctx, tx, p.ID); err != nil {
 			return err
 		}
 	}
@@ -353,18 +301,14 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 		poolID = member.ID
 	}
 	oldPool, oldConflict := "", ""
-	err = tx.QueryRow(ctx, `SELECT pool_id, conflict FROM node_pools WHERE node_id = $1`, nodeID).Scan(&oldPool, &oldConflict)
+	oldPool, oldConflict, err = nodePool(ctx, tx, nodeID)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
 	if oldConflict == "" {
 		guard.saw(claiming)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO node_pools (node_id, tenant_id, pool_id, conflict, update_time) VALUES ($1, $2, $3, $4, compute_now())
-		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, pool_id = excluded.pool_id, conflict = excluded.conflict,
-			update_time = CASE WHEN node_pools.pool_id = excluded.pool_id AND node_pools.conflict = excluded.conflict
-				THEN node_pools.update_time ELSE excluded.update_time END`,
-		nodeID, n.TenantID, poolID, conflict); err != nil {
+	if err := saveNodePool(ctx, tx, nodeID, n.TenantID, poolID, conflict); err != nil {
 		return nil, err
 	}
 	if err := setPoolCondition(ctx, tx, nodeID, conflict); err != nil {
@@ -417,11 +361,11 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 		}
 	}
 	if changed {
-		if err := bumpPoolVersion(ctx, tx, oldPool); err != nil {
+		if err := BumpPoolVersion(ctx, tx, oldPool); err != nil {
 			return nil, err
 		}
 		if poolID != oldPool {
-			if err := bumpPoolVersion(ctx, tx, poolID); err != nil {
+			if err := BumpPoolVersion(ctx, tx, poolID); err != nil {
 				return nil, err
 			}
 		}
@@ -430,21 +374,13 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 		if old, ok := have[id]; ok && old.same(a) {
 			continue
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO atoms (id, node_id, kind, gpu_uuid, model, gpu_index, numa, island, memory_mib, profile,
-				quarantined, partition_pending, update_time)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute_now())
-			ON CONFLICT (id) DO UPDATE SET node_id = excluded.node_id, kind = excluded.kind, gpu_uuid = excluded.gpu_uuid,
-				model = excluded.model, gpu_index = excluded.gpu_index, numa = excluded.numa, island = excluded.island,
-				memory_mib = excluded.memory_mib, profile = excluded.profile, quarantined = excluded.quarantined,
-				partition_pending = excluded.partition_pending, update_time = excluded.update_time`,
-			a.ID, a.NodeID, a.Kind, a.GPUUUID, a.Model, a.GPUIndex, a.NUMA, a.Island, a.MemMiB, a.Profile,
-			a.Quarantined, a.PartitionPending); err != nil {
+		if err := saveAtom(ctx, tx, a); err != nil {
 			return nil, err
 		}
 	}
 	for id := range have {
 		if _, ok := want[id]; !ok {
-			if _, err := tx.Exec(ctx, `DELETE FROM atoms WHERE id = $1`, id); err != nil {
+			if err := deleteAtom(ctx, tx, id); err != nil {
 				return nil, err
 			}
 		}
@@ -458,60 +394,24 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	return nil, nil
 }
 
-func freeCount(atoms map[string]atomRow) int {
+func freeCount(atoms map[string]Row) int {
 	n := 0
 	for _, a := range atoms {
-		if a.Kind != KindCPU && !a.Quarantined && !a.PartitionPending {
+		if a.Kind != capmodel.KindCPU && !a.Quarantined && !a.PartitionPending {
 			n++
 		}
 	}
 	return n
 }
 
-func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string) error {
-	status, reason, msg := "false", "OnePool", "the node belongs to at most one pool"
-	if conflict == "" {
-		// Only a node that once had a conflict carries the condition.
-		_, err := tx.Exec(ctx, `UPDATE node_conditions SET status = $3, reason = $4, message = $5, update_time = compute_now()
-			WHERE node_id = $1 AND type = $2 AND status <> $3`, nodeID, ConditionPoolConflict, status, reason, msg)
-		return err
-	}
-	status, reason, msg = "true", "SelectorsOverlap", conflict
-	// node_conditions is the fleet's table; capacity owns this one type.
-	_, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
-		VALUES ($1, $2, $3, $4, $5, compute_now())
-		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
-			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
-		nodeID, ConditionPoolConflict, status, reason, msg)
-	return err
-}
-
-func quarantinedGPUs(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
-	rows, err := q.Query(ctx, `SELECT type FROM node_conditions WHERE node_id = $1 AND status = 'true' AND type LIKE 'GpuQuarantined/%'`, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]bool{}
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, err
-		}
-		out[strings.TrimPrefix(t, conditionGPUQuarantined)] = true
-	}
-	return out, rows.Err()
-}
-
 // islands groups a node's GPUs into NVLink islands: connected components of
 // the NVLink graph, named by their lowest GPU index; a GPU without peers has
 // island -1.
 func islands(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts) (map[string]int, error) {
-	rows, err := q.Query(ctx, `SELECT gpu_uuid, peer_uuid FROM nvlinks WHERE node_id = $1`, nodeID)
+	links, err := nvlinks(ctx, q, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	parent := map[string]string{}
 	find := func(x string) string {
 		for parent[x] != x {
@@ -526,11 +426,8 @@ func islands(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFact
 		index[g.UUID] = g.Index
 	}
 	linked := map[string]bool{}
-	for rows.Next() {
-		var a, b string
-		if err := rows.Scan(&a, &b); err != nil {
-			return nil, err
-		}
+	for _, l := range links {
+		a, b := l[0], l[1]
 		if _, ok := parent[a]; !ok {
 			continue
 		}
@@ -542,9 +439,6 @@ func islands(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFact
 		if ra != rb {
 			parent[ra] = rb
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	low := map[string]int{}
 	for _, g := range gpus {
@@ -569,29 +463,10 @@ type migFacts struct {
 	GIID    int
 }
 
-func readMIG(ctx context.Context, q store.Querier, nodeID string) (map[string][]migFacts, error) {
-	rows, err := q.Query(ctx, `SELECT m.gpu_uuid, m.profile, m.gpu_instance_id FROM mig_instances m JOIN gpus g ON g.uuid = m.gpu_uuid
-		WHERE g.node_id = $1 ORDER BY m.gpu_uuid, m.profile, m.gpu_instance_id`, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string][]migFacts{}
-	for rows.Next() {
-		var u string
-		var m migFacts
-		if err := rows.Scan(&u, &m.Profile, &m.GIID); err != nil {
-			return nil, err
-		}
-		out[u] = append(out[u], m)
-	}
-	return out, rows.Err()
-}
-
 // desiredAtoms derives a node's atoms from its inventory and its pool's
 // sharing mode: whole GPUs, the MIG instances the GPU model's layout allows,
 // or shared slots; and one atom per CPU the host does not keep.
-func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts, policy *apiv1.PoolPolicy, quarantined map[string]bool) (map[string]atomRow, error) {
+func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts, policy *apiv1.PoolPolicy, quarantined map[string]bool) (map[string]Row, error) {
 	isl, err := islands(ctx, q, nodeID, gpus)
 	if err != nil {
 		return nil, err
@@ -601,9 +476,9 @@ func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gp
 		return nil, err
 	}
 	sharing := policy.GetGpuSharing()
-	out := map[string]atomRow{}
+	out := map[string]Row{}
 	for _, g := range gpus {
-		base := atomRow{NodeID: nodeID, GPUUUID: g.UUID, Model: gpumodel.Canonical(g.Model, g.MemMiB), GPUIndex: g.Index,
+		base := Row{NodeID: nodeID, GPUUUID: g.UUID, Model: gpumodel.Canonical(g.Model, g.MemMiB), GPUIndex: g.Index,
 			NUMA: g.NUMA, Island: isl[g.UUID], MemMiB: g.MemMiB, Quarantined: quarantined[g.UUID],
 			PartitionPending: g.MigMode == "pending"}
 		switch sharing {
@@ -615,7 +490,7 @@ func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gp
 					continue // the layout gate: a profile the model does not support is never booked
 				}
 				a := base
-				a.Kind, a.Profile = KindMIG, m.Profile
+				a.Kind, a.Profile = capmodel.KindMIG, m.Profile
 				a.ID = fmt.Sprintf("%s/mig/%s/%d", g.UUID, m.Profile, count[m.Profile])
 				count[m.Profile]++
 				out[a.ID] = a
@@ -623,12 +498,12 @@ func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gp
 		case pool.GPUSharingTimeslice, pool.GPUSharingMPS:
 			for k := range int(policy.GetSlotsPerGpu()) {
 				a := base
-				a.Kind, a.ID = KindSlot, g.UUID+"/s"+strconv.Itoa(k)
+				a.Kind, a.ID = capmodel.KindSlot, g.UUID+"/s"+strconv.Itoa(k)
 				out[a.ID] = a
 			}
 		default:
 			a := base
-			a.Kind, a.ID = KindGPU, g.UUID
+			a.Kind, a.ID = capmodel.KindGPU, g.UUID
 			out[a.ID] = a
 		}
 	}
@@ -642,7 +517,7 @@ func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gp
 			if reserved[c] {
 				continue
 			}
-			out[cpuAtom(nodeID, c)] = atomRow{ID: cpuAtom(nodeID, c), NodeID: nodeID, Kind: KindCPU, NUMA: nn.ID, Island: -1, GPUIndex: c}
+			out[capmodel.CPUAtom(nodeID, c)] = Row{ID: capmodel.CPUAtom(nodeID, c), NodeID: nodeID, Kind: capmodel.KindCPU, NUMA: nn.ID, Island: -1, GPUIndex: c}
 		}
 	}
 	return out, nil
@@ -652,27 +527,6 @@ type numaFacts struct {
 	ID                   int
 	CPUs                 []int
 	MemMiB, HP2Mi, HP1Gi int
-}
-
-func readNUMA(ctx context.Context, q store.Querier, nodeID string) ([]numaFacts, error) {
-	rows, err := q.Query(ctx, `SELECT numa_id, cpus, memory_mib, hugepages_2mi, hugepages_1gi FROM numa_nodes WHERE node_id = $1 ORDER BY numa_id`, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []numaFacts
-	for rows.Next() {
-		var n numaFacts
-		var cpus string
-		if err := rows.Scan(&n.ID, &cpus, &n.MemMiB, &n.HP2Mi, &n.HP1Gi); err != nil {
-			return nil, err
-		}
-		if n.CPUs, err = parseCPUList(cpus); err != nil {
-			n.CPUs = nil // a bad list offers no CPUs rather than wrong ones
-		}
-		out = append(out, n)
-	}
-	return out, rows.Err()
 }
 
 // reservedCPUs picks the CPUs the host keeps: the lowest of each NUMA node in
@@ -697,50 +551,16 @@ func reservedCPUs(numas []numaFacts, n int) map[int]bool {
 	return out
 }
 
-func readAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]atomRow, error) {
-	rows, err := q.Query(ctx, `SELECT id, node_id, kind, gpu_uuid, model, gpu_index, numa, island, memory_mib, profile, quarantined, partition_pending
-		FROM atoms WHERE node_id = $1`, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]atomRow{}
-	for rows.Next() {
-		var a atomRow
-		if err := rows.Scan(&a.ID, &a.NodeID, &a.Kind, &a.GPUUUID, &a.Model, &a.GPUIndex, &a.NUMA, &a.Island, &a.MemMiB, &a.Profile,
-			&a.Quarantined, &a.PartitionPending); err != nil {
-			return nil, err
-		}
-		out[a.ID] = a
-	}
-	return out, rows.Err()
-}
-
-// heldAtoms is the set of the node's atoms live reservations hold.
-func heldAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
-	rs, err := onNode(ctx, q, nodeID, StatePlaced, StateBinding, StateActive)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	for _, r := range rs {
-		for _, a := range r.Placement.Atoms {
-			out[a] = true
-		}
-	}
-	return out, nil
-}
-
 type rollupKey struct{ model, kind string }
 
-func rollupNode(ctx context.Context, tx store.Tx, poolID string, atoms map[string]atomRow, sign int) error {
+func rollupNode(ctx context.Context, tx store.Tx, poolID string, atoms map[string]Row, sign int) error {
 	if poolID == "" {
 		return nil
 	}
 	type counts struct{ total, quarantined int }
 	by := map[rollupKey]*counts{}
 	for _, a := range atoms {
-		if a.Kind == KindCPU {
+		if a.Kind == capmodel.KindCPU {
 			continue
 		}
 		k := rollupKey{a.Model, a.Kind}
@@ -789,10 +609,5 @@ func reconcileHost(ctx context.Context, tx store.Tx, nodeID string, policy *apiv
 	for c := range reserved {
 		keys = append(keys, c)
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO host_resources (node_id, vcpu, memory_gib, hugepages_2mi, hugepages_1gi, reserved_cpus, version, update_time)
-		VALUES ($1, $2, $3, $4, $5, $6, 0, compute_now())
-		ON CONFLICT (node_id) DO UPDATE SET vcpu = excluded.vcpu, memory_gib = excluded.memory_gib, hugepages_2mi = excluded.hugepages_2mi,
-			hugepages_1gi = excluded.hugepages_1gi, reserved_cpus = excluded.reserved_cpus, update_time = excluded.update_time`,
-		nodeID, cpus-len(reserved), memGiB, hp2, hp1, formatCPUList(keys))
-	return err
+	return saveHost(ctx, tx, nodeID, cpus-len(reserved), memGiB, hp2, hp1, capmodel.FormatCPUList(keys))
 }

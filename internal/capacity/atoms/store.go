@@ -1,0 +1,271 @@
+package atoms
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// reconcileLock serializes the reconciles of one tenant until the
+// transaction ends (PostgreSQL; SQLite has one writer). Without it a
+// reconcile that read the pools before another transaction created or
+// changed one writes its stale memberships over the newer ones.
+func reconcileLock(ctx context.Context, tx store.Tx, tenantID string) error {
+	if tx.Dialect() != store.Postgres {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('capacity.reconcile'), hashtext($1))`, tenantID)
+	return err
+}
+
+// BumpPoolVersion tells every process's index that a pool's nodes or atoms
+// changed.
+func BumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
+	if poolID == "" {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO pool_versions (pool_id, version) VALUES ($1, 1)
+		ON CONFLICT (pool_id) DO UPDATE SET version = pool_versions.version + 1`, poolID)
+	return err
+}
+
+// RollupAdd records a change of the capacity rollup of (pool, model, kind).
+// Rows are insert-only, so concurrent bookings never wait on one counter.
+func RollupAdd(ctx context.Context, tx store.Tx, poolID, model, kind string, total, booked, quarantined int) error {
+	if poolID == "" || (total == 0 && booked == 0 && quarantined == 0) {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO capacity_deltas (pool_id, model, kind, total, booked, quarantined) VALUES ($1, $2, $3, $4, $5, $6)`,
+		poolID, model, kind, total, booked, quarantined)
+	return err
+}
+
+func readGPUs(ctx context.Context, q store.Querier, nodeID string) ([]gpuFacts, error) {
+	rows, err := q.Query(ctx, `SELECT uuid, idx, model, memory_mib, numa_node, mig_mode FROM gpus WHERE node_id = $1 ORDER BY idx, uuid`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpuFacts
+	for rows.Next() {
+		var g gpuFacts
+		if err := rows.Scan(&g.UUID, &g.Index, &g.Model, &g.MemMiB, &g.NUMA, &g.MigMode); err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, error) {
+	var n nodeFacts
+	var labels string
+	err := q.QueryRow(ctx, `SELECT id, tenant_id, pool, state, labels FROM nodes WHERE id = $1`, nodeID).
+		Scan(&n.ID, &n.TenantID, &n.PoolName, &n.State, &labels)
+	if err != nil {
+		return n, err
+	}
+	if err := json.Unmarshal([]byte(labels), &n.Labels); err != nil {
+		n.Labels = map[string]string{}
+	}
+	return n, nil
+}
+
+func quarantinedGPUs(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
+	rows, err := q.Query(ctx, `SELECT type FROM node_conditions WHERE node_id = $1 AND status = 'true' AND type LIKE 'GpuQuarantined/%'`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		out[strings.TrimPrefix(t, conditionGPUQuarantined)] = true
+	}
+	return out, rows.Err()
+}
+
+func readMIG(ctx context.Context, q store.Querier, nodeID string) (map[string][]migFacts, error) {
+	rows, err := q.Query(ctx, `SELECT m.gpu_uuid, m.profile, m.gpu_instance_id FROM mig_instances m JOIN gpus g ON g.uuid = m.gpu_uuid
+		WHERE g.node_id = $1 ORDER BY m.gpu_uuid, m.profile, m.gpu_instance_id`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]migFacts{}
+	for rows.Next() {
+		var u string
+		var m migFacts
+		if err := rows.Scan(&u, &m.Profile, &m.GIID); err != nil {
+			return nil, err
+		}
+		out[u] = append(out[u], m)
+	}
+	return out, rows.Err()
+}
+
+func readNUMA(ctx context.Context, q store.Querier, nodeID string) ([]numaFacts, error) {
+	rows, err := q.Query(ctx, `SELECT numa_id, cpus, memory_mib, hugepages_2mi, hugepages_1gi FROM numa_nodes WHERE node_id = $1 ORDER BY numa_id`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []numaFacts
+	for rows.Next() {
+		var n numaFacts
+		var cpus string
+		if err := rows.Scan(&n.ID, &cpus, &n.MemMiB, &n.HP2Mi, &n.HP1Gi); err != nil {
+			return nil, err
+		}
+		if n.CPUs, err = capmodel.ParseCPUList(cpus); err != nil {
+			n.CPUs = nil // a bad list offers no CPUs rather than wrong ones
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+func readAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]Row, error) {
+	rows, err := q.Query(ctx, `SELECT id, node_id, kind, gpu_uuid, model, gpu_index, numa, island, memory_mib, profile, quarantined, partition_pending
+		FROM atoms WHERE node_id = $1`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]Row{}
+	for rows.Next() {
+		var a Row
+		if err := rows.Scan(&a.ID, &a.NodeID, &a.Kind, &a.GPUUUID, &a.Model, &a.GPUIndex, &a.NUMA, &a.Island, &a.MemMiB, &a.Profile,
+			&a.Quarantined, &a.PartitionPending); err != nil {
+			return nil, err
+		}
+		out[a.ID] = a
+	}
+	return out, rows.Err()
+}
+
+// heldAtoms is the set of the node's atoms live reservations hold.
+func heldAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
+	// FOR UPDATE as reservation's own reads of a node's holders: an
+	// Extend or a tick of these reservations waits for the reconcile.
+	lock := ""
+	if tx, ok := q.(store.Tx); ok {
+		lock = store.ForUpdate(tx)
+	}
+	rows, err := q.Query(ctx, `SELECT placement FROM reservations WHERE node_id = $1 AND state IN ($2, $3, $4) ORDER BY id`+lock,
+		nodeID, capmodel.StatePlaced, capmodel.StateBinding, capmodel.StateActive)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var text string
+		if err := rows.Scan(&text); err != nil {
+			return nil, err
+		}
+		var p capmodel.PlacementRecord
+		if err := json.Unmarshal([]byte(text), &p); err != nil {
+			return nil, fmt.Errorf("reservation placement on node %s: %w", nodeID, err)
+		}
+		for _, a := range p.Atoms {
+			out[a] = true
+		}
+	}
+	return out, rows.Err()
+}
+
+func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string) error {
+	status, reason, msg := "false", "OnePool", "the node belongs to at most one pool"
+	if conflict == "" {
+		// Only a node that once had a conflict carries the condition.
+		_, err := tx.Exec(ctx, `UPDATE node_conditions SET status = $3, reason = $4, message = $5, update_time = compute_now()
+			WHERE node_id = $1 AND type = $2 AND status <> $3`, nodeID, ConditionPoolConflict, status, reason, msg)
+		return err
+	}
+	status, reason, msg = "true", "SelectorsOverlap", conflict
+	// node_conditions is the fleet's table; capacity owns this one type.
+	_, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
+		VALUES ($1, $2, $3, $4, $5, compute_now())
+		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
+			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
+		nodeID, ConditionPoolConflict, status, reason, msg)
+	return err
+}
+
+// tenantNodes lists a tenant's nodes that are not retired, by id.
+func tenantNodes(ctx context.Context, q store.Querier, tenantID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID))
+}
+
+// nodePool reads a node's membership row (store.ErrNotFound: none yet).
+func nodePool(ctx context.Context, q store.Querier, nodeID string) (poolID, conflict string, err error) {
+	err = q.QueryRow(ctx, `SELECT pool_id, conflict FROM node_pools WHERE node_id = $1`, nodeID).Scan(&poolID, &conflict)
+	return poolID, conflict, err
+}
+
+// saveNodePool writes a node's membership, keeping its update time when
+// nothing changed.
+func saveNodePool(ctx context.Context, tx store.Tx, nodeID, tenantID, poolID, conflict string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO node_pools (node_id, tenant_id, pool_id, conflict, update_time) VALUES ($1, $2, $3, $4, compute_now())
+		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, pool_id = excluded.pool_id, conflict = excluded.conflict,
+			update_time = CASE WHEN node_pools.pool_id = excluded.pool_id AND node_pools.conflict = excluded.conflict
+				THEN node_pools.update_time ELSE excluded.update_time END`,
+		nodeID, tenantID, poolID, conflict)
+	return err
+}
+
+// saveAtom inserts or replaces one atom.
+func saveAtom(ctx context.Context, tx store.Tx, a Row) error {
+	_, err := tx.Exec(ctx, `INSERT INTO atoms (id, node_id, kind, gpu_uuid, model, gpu_index, numa, island, memory_mib, profile,
+				quarantined, partition_pending, update_time)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, compute_now())
+			ON CONFLICT (id) DO UPDATE SET node_id = excluded.node_id, kind = excluded.kind, gpu_uuid = excluded.gpu_uuid,
+				model = excluded.model, gpu_index = excluded.gpu_index, numa = excluded.numa, island = excluded.island,
+				memory_mib = excluded.memory_mib, profile = excluded.profile, quarantined = excluded.quarantined,
+				partition_pending = excluded.partition_pending, update_time = excluded.update_time`,
+		a.ID, a.NodeID, a.Kind, a.GPUUUID, a.Model, a.GPUIndex, a.NUMA, a.Island, a.MemMiB, a.Profile,
+		a.Quarantined, a.PartitionPending)
+	return err
+}
+
+// deleteAtom deletes one atom.
+func deleteAtom(ctx context.Context, tx store.Tx, id string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM atoms WHERE id = $1`, id)
+	return err
+}
+
+// nvlinks lists a node's NVLink pairs (GPU UUID, peer UUID).
+func nvlinks(ctx context.Context, q store.Querier, nodeID string) ([][2]string, error) {
+	rows, err := q.Query(ctx, `SELECT gpu_uuid, peer_uuid FROM nvlinks WHERE node_id = $1`, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out [][2]string
+	for rows.Next() {
+		var l [2]string
+		if err := rows.Scan(&l[0], &l[1]); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// saveHost writes a node's allocatable host resources.
+func saveHost(ctx context.Context, tx store.Tx, nodeID string, vcpu, memGiB, hp2, hp1 int, reservedCPUs string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO host_resources (node_id, vcpu, memory_gib, hugepages_2mi, hugepages_1gi, reserved_cpus, version, update_time)
+		VALUES ($1, $2, $3, $4, $5, $6, 0, compute_now())
+		ON CONFLICT (node_id) DO UPDATE SET vcpu = excluded.vcpu, memory_gib = excluded.memory_gib, hugepages_2mi = excluded.hugepages_2mi,
+			hugepages_1gi = excluded.hugepages_1gi, reserved_cpus = excluded.reserved_cpus, update_time = excluded.update_time`,
+		nodeID, vcpu, memGiB, hp2, hp1, reservedCPUs)
+	return err
+}

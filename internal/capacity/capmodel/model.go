@@ -1,0 +1,185 @@
+package capmodel
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ParseCPUList parses a kernel CPU list ("0-3,8,10-11").
+func ParseCPUList(s string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(strings.TrimSpace(s), ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil, fmt.Errorf("cpu list %q: %w", s, err)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil {
+				return nil, fmt.Errorf("cpu list %q: %w", s, err)
+			}
+		}
+		if b < a || b-a > 1<<16 {
+			return nil, fmt.Errorf("cpu list %q: bad range %q", s, part)
+		}
+		for c := a; c <= b; c++ {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// FormatCPUList writes CPUs in kernel list form.
+func FormatCPUList(cpus []int) string {
+	cpus = slices.Clone(cpus)
+	slices.Sort(cpus)
+	var b strings.Builder
+	for i := 0; i < len(cpus); {
+		j := i
+		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j == i {
+			fmt.Fprintf(&b, "%d", cpus[i])
+		} else {
+			fmt.Fprintf(&b, "%d-%d", cpus[i], cpus[j])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// CPUAtom names a CPU of a node as an atom.
+func CPUAtom(nodeID string, cpu int) string { return nodeID + "/cpu/" + strconv.Itoa(cpu) }
+
+// Atom kinds.
+const (
+	KindGPU  = "gpu"
+	KindMIG  = "mig"
+	KindSlot = "slot"
+	KindCPU  = "cpu"
+)
+
+// Reservation states.
+const (
+	StatePending  = "pending"
+	StatePlaced   = "placed"
+	StateBinding  = "binding"
+	StateActive   = "active"
+	StateReleased = "released"
+	StateExpired  = "expired"
+	StateFailed   = "failed"
+	StateCanceled = "canceled"
+)
+
+// Bindings.
+const (
+	BindingNode       = "node"
+	BindingKubernetes = "kubernetes"
+	BindingNone       = "none"
+)
+
+// Condition types.
+const (
+	CondDevicesHeld = "DevicesHeld"
+	CondBindTimeout = "BindTimeout"
+	CondNodeLost    = "NodeLost"
+)
+
+// Holding reports whether a reservation in state holds its bookings.
+func Holding(state string) bool {
+	return state == StatePlaced || state == StateBinding || state == StateActive
+}
+
+// Live reports whether a reservation in state may still change.
+func Live(state string) bool { return state == StatePending || Holding(state) }
+
+// Condition is one condition of a reservation.
+type Condition struct {
+	Type       string    `json:"type"`
+	Status     string    `json:"status"`
+	Reason     string    `json:"reason"`
+	Message    string    `json:"message"`
+	UpdateTime time.Time `json:"update_time"`
+}
+
+// PlacementRecord is where a reservation sits, as stored.
+type PlacementRecord struct {
+	NodeName string   `json:"node_name,omitempty"`
+	Atoms    []string `json:"atoms,omitempty"`
+	// GPUUUIDs are the physical GPUs the atoms sit on.
+	GPUUUIDs []string   `json:"gpu_uuids,omitempty"`
+	CPUs     []int      `json:"cpus,omitempty"`
+	CPUSet   string     `json:"cpuset,omitempty"`
+	NUMA     int        `json:"numa"`
+	Island   int        `json:"island"`
+	Score    [5]float64 `json:"score"`
+	// AtomModel is the atoms' model ("H100 80GB"), the rollups' key.
+	AtomModel string `json:"atom_model,omitempty"`
+	// Kinds counts the GPU atoms by kind (gpu, mig, slot) for the rollups.
+	Kinds map[string]int `json:"kinds,omitempty"`
+}
+
+// Reservation is a row of reservations.
+type Reservation struct {
+	ID, TenantID, ProjectID, PoolID string
+	State                           string
+	GPUs                            int
+	Model, MIGProfile               string
+	Slots, VCPU, MemoryGiB          int
+	Hugepages1Gi                    int
+	Binding                         string
+	SingleTenant                    bool
+	StartsAt, EndsAt                time.Time
+	NodeID, GPUModel                string
+	Placement                       PlacementRecord
+	Conditions                      []Condition
+	Explanation                     string // JSON of apiv1.Explanation
+	CommandID                       string
+	BindAttempts                    int
+	BindDeadline                    *time.Time
+	ActiveSince, ActiveUntil        *time.Time
+	CreatedBy                       string
+	CreateTime, UpdateTime          time.Time
+}
+
+// SetCondition sets or replaces a condition; it reports whether anything
+// changed.
+func (r *Reservation) SetCondition(c Condition) bool {
+	for i := range r.Conditions {
+		if r.Conditions[i].Type == c.Type {
+			old := r.Conditions[i]
+			if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+				return false
+			}
+			if old.Status == c.Status {
+				c.UpdateTime = old.UpdateTime
+			}
+			r.Conditions[i] = c
+			return true
+		}
+	}
+	r.Conditions = append(r.Conditions, c)
+	return true
+}
+
+// CPUSetMems is the NUMA nodes of the reservation's CPUs, or of its GPUs when
+// it has no CPUs.
+func (r *Reservation) CPUSetMems() string {
+	if r.Placement.NUMA >= 0 && (len(r.Placement.CPUs) > 0 || len(r.Placement.Atoms) > 0) {
+		return fmt.Sprint(r.Placement.NUMA)
+	}
+	return ""
+}
