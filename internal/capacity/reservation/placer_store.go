@@ -32,16 +32,23 @@ func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms 
 		return true, nil
 	}
 	atoms = slices.Compact(slices.Sorted(slices.Values(atoms)))
-	args := []any{poolID, nodeID}
+	args := []any{poolID, false}
 	ph := make([]string, len(atoms))
 	for i, a := range atoms {
 		args = append(args, a)
 		ph[i] = fmt.Sprintf("$%d", i+3)
 	}
+	// Looked up by id (the primary key), whatever the node: a batch checks
+	// atoms of many nodes at once, and a condition on the node would steer
+	// the planner off the key.
+	query := `SELECT COUNT(*) FROM atoms a WHERE a.id IN (` + strings.Join(ph, ", ") + `) AND a.quarantined = $2 AND a.partition_pending = $2
+		AND EXISTS (SELECT 1 FROM node_pools np WHERE np.node_id = a.node_id AND np.pool_id = $1)`
+	if nodeID != "" {
+		args = append(args, nodeID)
+		query += fmt.Sprintf(" AND a.node_id = $%d", len(args))
+	}
 	var n int
-	err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
-		WHERE np.pool_id = $1 AND ($2 = '' OR a.node_id = $2) AND a.id IN (`+strings.Join(ph, ", ")+`)
-			AND a.quarantined = $`+fmt.Sprint(len(args)+1)+` AND a.partition_pending = $`+fmt.Sprint(len(args)+1), append(args, false)...).Scan(&n)
+	err := tx.QueryRow(ctx, query, args...).Scan(&n)
 	return n == len(atoms), err
 }
 
