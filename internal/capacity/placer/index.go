@@ -1,4 +1,4 @@
-package reservation
+package placer
 
 import (
 	"context"
@@ -51,7 +51,7 @@ type ixNode struct {
 	bpos   int
 }
 
-type poolIndex struct {
+type Index struct {
 	mu       sync.RWMutex
 	poolID   string
 	version  int64
@@ -70,9 +70,9 @@ const DefaultIndexRefresh = 10 * time.Second
 // candidateLimit is how many nodes a placement looks at before the full
 // scan: the fullest nodes that can take the request (binpack), a few of them
 // chosen at random so concurrent placements spread.
-const candidateLimit = 24
+const CandidateLimit = 24
 
-func (e *Engine) indexRefresh() time.Duration {
+func (e *Placers) indexRefresh() time.Duration {
 	if e.IndexRefresh <= 0 {
 		return DefaultIndexRefresh
 	}
@@ -82,7 +82,7 @@ func (e *Engine) indexRefresh() time.Duration {
 // indexLoad is one load of a pool's index that concurrent callers share.
 type indexLoad struct {
 	done chan struct{}
-	ix   *poolIndex
+	ix   *Index
 	err  error
 }
 
@@ -92,14 +92,14 @@ type indexLoad struct {
 // waits for a connection a waiter holds). One that is merely old is returned
 // as it is and reloaded in the background, which nobody waits for. Call it
 // outside write transactions: a load reads the whole pool.
-func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*poolIndex, error) {
+func (e *Placers) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*Index, error) {
 	v, err := poolVersion(ctx, q, poolID)
 	if err != nil {
 		return nil, err
 	}
 	e.ixMu.Lock()
 	if e.indexes == nil {
-		e.indexes, e.loading, e.refreshing = map[string]*poolIndex{}, map[string]*indexLoad{}, map[string]bool{}
+		e.indexes, e.loading, e.refreshing = map[string]*Index{}, map[string]*indexLoad{}, map[string]bool{}
 	}
 	if ix := e.indexes[poolID]; ix != nil && ix.version == v {
 		if time.Since(ix.loadedAt) >= e.indexRefresh() && e.DB != nil && !e.refreshing[poolID] {
@@ -138,7 +138,7 @@ func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now 
 }
 
 // refresh reloads a pool's index in the background.
-func (e *Engine) refresh(ctx context.Context, poolID string, version int64) {
+func (e *Placers) refresh(ctx context.Context, poolID string, version int64) {
 	defer func() {
 		e.ixMu.Lock()
 		delete(e.refreshing, poolID)
@@ -159,34 +159,34 @@ func (e *Engine) refresh(ctx context.Context, poolID string, version int64) {
 }
 
 // invalidate drops a pool's index so the next placement reloads it.
-func (e *Engine) invalidate(poolID string) {
+func (e *Placers) invalidate(poolID string) {
 	e.ixMu.Lock()
 	delete(e.indexes, poolID)
 	e.ixMu.Unlock()
 }
 
 // cached returns the pool's index if one is loaded.
-func (e *Engine) cached(poolID string) *poolIndex {
+func (e *Placers) Cached(poolID string) *Index {
 	e.ixMu.Lock()
 	defer e.ixMu.Unlock()
 	return e.indexes[poolID]
 }
 
-func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*poolIndex, error) {
+func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*Index, error) {
 	// The static part is the snapshot loader's, with nothing booked.
 	s, err := loadSnapshot(ctx, q, poolID)
 	if err != nil {
 		return nil, err
 	}
-	ix := &poolIndex{poolID: poolID, version: version, loadedAt: time.Now(), byID: make(map[string]*ixNode, len(s.nodes)),
+	ix := &Index{poolID: poolID, version: version, loadedAt: time.Now(), byID: make(map[string]*ixNode, len(s.Nodes)),
 		shareVCPU: s.shareVCPU, shareMemGiB: s.shareMemGiB}
-	ids := make([]string, 0, len(s.nodes))
-	for id := range s.nodes {
+	ids := make([]string, 0, len(s.Nodes))
+	for id := range s.Nodes {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		n := &ixNode{base: *s.nodes[id], booked: map[string][]span{}}
+		n := &ixNode{base: *s.Nodes[id], booked: map[string][]span{}}
 		n.base.TenantAtoms = nil
 		ix.nodes = append(ix.nodes, n)
 		ix.byID[id] = n
@@ -327,7 +327,7 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 }
 
 // place files a node in the bucket of its free count.
-func (ix *poolIndex) place(n *ixNode) {
+func (ix *Index) place(n *ixNode) {
 	for len(ix.buckets) <= n.free {
 		ix.buckets = append(ix.buckets, nil)
 	}
@@ -335,14 +335,14 @@ func (ix *poolIndex) place(n *ixNode) {
 	ix.buckets[n.free] = append(ix.buckets[n.free], n)
 }
 
-func (ix *poolIndex) unplace(n *ixNode) {
+func (ix *Index) unplace(n *ixNode) {
 	b := ix.buckets[n.bucket]
 	last := b[len(b)-1]
 	b[n.bpos], last.bpos = last, n.bpos
 	ix.buckets[n.bucket] = b[:len(b)-1]
 }
 
-func (ix *poolIndex) refile(n *ixNode, now time.Time) {
+func (ix *Index) refile(n *ixNode, now time.Time) {
 	if f := n.freeAt(now); f != n.free {
 		ix.unplace(n)
 		n.free = f
@@ -353,7 +353,7 @@ func (ix *poolIndex) refile(n *ixNode, now time.Time) {
 // snapshot builds a placement snapshot over [start, end): of at most limit
 // candidate nodes (the fullest that may take need units, a random few among
 // equals), or of every node when limit is 0.
-func (ix *poolIndex) snapshot(start, end time.Time, need, limit int, rng *rand.Rand) *snapshot {
+func (ix *Index) Snapshot(start, end time.Time, need, limit int, Rng *rand.Rand) *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	var picked []*ixNode
@@ -368,27 +368,27 @@ func (ix *poolIndex) snapshot(start, end time.Time, need, limit int, rng *rand.R
 			}
 			// More equals than room: a random window of them, so that
 			// concurrent placements do not all race for one node.
-			off := rng.IntN(len(b))
+			off := Rng.IntN(len(b))
 			for i := 0; len(picked) < limit; i++ {
 				picked = append(picked, b[(off+i)%len(b)])
 			}
 		}
 	}
-	s := &snapshot{nodes: make(map[string]*placement.Node, len(picked))}
+	s := &Snapshot{Nodes: make(map[string]*placement.Node, len(picked))}
 	list := make([]placement.Node, len(picked))
 	for i, n := range picked {
 		list[i] = n.detail(start, end)
 	}
-	s.snap = placement.NewSnapshot(list)
+	s.Snap = placement.NewSnapshot(list)
 	for i := range list {
-		s.nodes[list[i].ID] = &list[i]
+		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s
 }
 
 // mark records a plan's bookings for r before they are inserted: the marks
 // steer concurrent placements away before the commit.
-func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
+func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[plan.NodeID]
@@ -410,7 +410,7 @@ func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
 
 // released drops a reservation's bookings from [at, …) (after its commit:
 // freeing early would invite a placement the database then refuses).
-func (ix *poolIndex) released(nodeID, rsv string, at, now time.Time) {
+func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[nodeID]
@@ -460,7 +460,7 @@ func (ix *poolIndex) released(nodeID, rsv string, at, now time.Time) {
 
 // extended moves a reservation's bookings' end (in its transaction: a
 // longer booking steers placements away at once).
-func (ix *poolIndex) extended(nodeID, rsv string, end, now time.Time) {
+func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[nodeID]
@@ -484,7 +484,7 @@ func (ix *poolIndex) extended(nodeID, rsv string, end, now time.Time) {
 }
 
 // shortened undoes an extension: the reservation's spans end at end again.
-func (ix *poolIndex) shortened(nodeID, rsv string, end, now time.Time) {
+func (ix *Index) Shortened(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[nodeID]
@@ -508,7 +508,7 @@ func (ix *poolIndex) shortened(nodeID, rsv string, end, now time.Time) {
 
 // markUnschedulable takes a node out of placement until the next reload
 // (the booking transaction found it drained or not ready).
-func (ix *poolIndex) markUnschedulable(nodeID string) {
+func (ix *Index) markUnschedulable(nodeID string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if n := ix.byID[nodeID]; n != nil {
@@ -518,7 +518,7 @@ func (ix *poolIndex) markUnschedulable(nodeID string) {
 
 // sync re-reads the bookings and holds of some nodes (after lost races:
 // another writer booked what the index thought free).
-func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string, now time.Time) error {
+func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, now time.Time) error {
 	slices.Sort(nodeIDs)
 	nodeIDs = slices.Compact(nodeIDs)
 	for _, id := range nodeIDs {
@@ -542,7 +542,7 @@ func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string
 
 // static is a snapshot of the whole pool with nothing booked: "could this
 // ever fit".
-func (ix *poolIndex) static() *snapshot {
+func (ix *Index) Static() *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	list := make([]placement.Node, len(ix.nodes))
@@ -550,16 +550,16 @@ func (ix *poolIndex) static() *snapshot {
 		list[i] = n.base
 		list[i].TenantAtoms = map[string]int{}
 	}
-	s := &snapshot{snap: placement.NewSnapshot(list), nodes: make(map[string]*placement.Node, len(list))}
+	s := &Snapshot{Snap: placement.NewSnapshot(list), Nodes: make(map[string]*placement.Node, len(list))}
 	for i := range list {
-		s.nodes[list[i].ID] = &list[i]
+		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s
 }
 
 // share is the smallest host's per-GPU share (vcpu, memoryGiB), the default
 // host resources when the pool sets none.
-func (ix *poolIndex) share() (vcpu, memGiB int) {
+func (ix *Index) Share() (vcpu, memGiB int) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	return ix.shareVCPU, ix.shareMemGiB
