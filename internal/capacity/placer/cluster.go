@@ -25,7 +25,7 @@ import (
 // lock; the next request for the pool, at any replica, claims it. A placer
 // checks placer_owners under the pool's row lock in every batch, so one that
 // lost its lock without noticing (a dropped connection) stops at its next
-// batch; batches of one pool take turns on that row lock either way.
+// Batch; batches of one pool take turns on that row lock either way.
 
 // placerLockClass is the first key of every pool's advisory lock.
 const placerLockClass = 0x4243504c // "BCPL"
@@ -34,7 +34,7 @@ const placerLockClass = 0x4243504c // "BCPL"
 // the owner never forwards it again.
 const ForwardedHeader = "Bc-Forwarded-By"
 
-// errNotOwner: this replica's placer no longer owns the pool.
+// ErrNotOwner: this replica's placer no longer owns the pool.
 var ErrNotOwner = errors.New("the pool's placer moved to another replica")
 
 // notOwner is what a caller hears when the pool's owner changed under it.
@@ -43,7 +43,7 @@ func notOwner(poolID string) error {
 		Err: ErrNotOwner, RetryAfter: time.Second}
 }
 
-// cluster is the engine's view of the other replicas.
+// cluster is the placers' view of the other replicas.
 type cluster struct {
 	replicaID string
 	url       string
@@ -146,7 +146,7 @@ func (p *placer) retire() {
 	}
 }
 
-// forward sends a mutation to the replica that owns its pool, with the
+// Forward sends a mutation to the replica that owns its pool, with the
 // caller's credentials: the owner authenticates and decides it, once.
 func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure string, req *connect.Request[Req]) (*connect.Response[Res], error) {
 	if by := req.Header().Get(ForwardedHeader); by != "" {
@@ -179,7 +179,7 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 	return res, nil
 }
 
-// readIndex returns an index of the pool to read (a preview): the placer's
+// ReadIndex returns an index of the pool to read (a preview): the placer's
 // when this replica owns the pool, else a copy loaded here and reloaded when
 // the pool's version moves.
 func (e *Placers) ReadIndex(ctx context.Context, poolID string) (*Index, error) {

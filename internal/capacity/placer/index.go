@@ -3,7 +3,6 @@ package placer
 import (
 	"context"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -11,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -51,6 +51,7 @@ type ixNode struct {
 	bpos   int
 }
 
+// Index is a pool's placement index (see above).
 type Index struct {
 	mu       sync.RWMutex
 	poolID   string
@@ -67,7 +68,7 @@ type Index struct {
 // database when nothing else asks for it.
 const DefaultIndexRefresh = 10 * time.Second
 
-// candidateLimit is how many nodes a placement looks at before the full
+// CandidateLimit is how many nodes a placement looks at before the full
 // scan: the fullest nodes that can take the request (binpack), a few of them
 // chosen at random so concurrent placements spread.
 const CandidateLimit = 24
@@ -86,7 +87,7 @@ type indexLoad struct {
 	err  error
 }
 
-// index returns the pool's index. A missing one, or one of an older pool
+// Index returns the pool's index. A missing one, or one of an older pool
 // version, is loaded now on the caller's reader — once, however many callers
 // ask: the others wait for it (holding their own readers, so no load ever
 // waits for a connection a waiter holds). One that is merely old is returned
@@ -165,7 +166,7 @@ func (e *Placers) invalidate(poolID string) {
 	e.ixMu.Unlock()
 }
 
-// cached returns the pool's index if one is loaded.
+// Cached returns the pool's index if one is loaded.
 func (e *Placers) Cached(poolID string) *Index {
 	e.ixMu.Lock()
 	defer e.ixMu.Unlock()
@@ -326,7 +327,7 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 	return d
 }
 
-// place files a node in the bucket of its free count.
+// Place files a node in the bucket of its free count.
 func (ix *Index) place(n *ixNode) {
 	for len(ix.buckets) <= n.free {
 		ix.buckets = append(ix.buckets, nil)
@@ -350,7 +351,7 @@ func (ix *Index) refile(n *ixNode, now time.Time) {
 	}
 }
 
-// snapshot builds a placement snapshot over [start, end): of at most limit
+// Snapshot builds a placement snapshot over [start, end): of at most limit
 // candidate nodes (the fullest that may take need units, a random few among
 // equals), or of every node when limit is 0.
 func (ix *Index) Snapshot(start, end time.Time, need, limit int, Rng *rand.Rand) *Snapshot {
@@ -386,7 +387,7 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, Rng *rand.Rand)
 	return s
 }
 
-// mark records a plan's bookings for r before they are inserted: the marks
+// Mark records a plan's bookings for r before they are inserted: the marks
 // steer concurrent placements away before the commit.
 func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Time) {
 	ix.mu.Lock()
@@ -408,7 +409,7 @@ func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Ti
 	ix.refile(n, now)
 }
 
-// released drops a reservation's bookings from [at, …) (after its commit:
+// Released drops a reservation's bookings from [at, …) (after its commit:
 // freeing early would invite a placement the database then refuses).
 func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 	ix.mu.Lock()
@@ -458,7 +459,7 @@ func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 	ix.refile(n, now)
 }
 
-// extended moves a reservation's bookings' end (in its transaction: a
+// Extended moves a reservation's bookings' end (in its transaction: a
 // longer booking steers placements away at once).
 func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
@@ -483,7 +484,7 @@ func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 	ix.refile(n, now)
 }
 
-// shortened undoes an extension: the reservation's spans end at end again.
+// Shortened undoes an extension: the reservation's spans end at end again.
 func (ix *Index) Shortened(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -540,7 +541,7 @@ func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, no
 	return nil
 }
 
-// static is a snapshot of the whole pool with nothing booked: "could this
+// Static is a snapshot of the whole pool with nothing booked: "could this
 // ever fit".
 func (ix *Index) Static() *Snapshot {
 	ix.mu.RLock()
@@ -557,7 +558,7 @@ func (ix *Index) Static() *Snapshot {
 	return s
 }
 
-// share is the smallest host's per-GPU share (vcpu, memoryGiB), the default
+// Share is the smallest host's per-GPU share (vcpu, memoryGiB), the default
 // host resources when the pool sets none.
 func (ix *Index) Share() (vcpu, memGiB int) {
 	ix.mu.RLock()

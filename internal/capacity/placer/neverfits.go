@@ -2,18 +2,18 @@ package placer
 
 import (
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
 
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/envelope"
 )
 
-// pristine is the pool as it would be with every node schedulable and
+// Pristine is the pool as it would be with every node schedulable and
 // healthy and no GPU quarantined or changing MIG mode: what the pool could
 // hold once its nodes come back. A request that does not fit even this never
 // fits; one that fits it may later.
@@ -36,7 +36,7 @@ func Pristine(nodes map[string]*placement.Node) []placement.Node {
 	return out
 }
 
-// poolModels lists the GPU models of a pool's nodes by their short names
+// PoolModels lists the GPU models of a pool's nodes by their short names
 // ("H100"), sorted.
 func PoolModels(nodes []placement.Node) []string {
 	var out []string
@@ -51,7 +51,7 @@ func PoolModels(nodes []placement.Node) []string {
 	return out
 }
 
-// modelsPhrase says which models a pool has: "it has H100, L40S", or "it
+// ModelsPhrase says which models a pool has: "it has H100, L40S", or "it
 // has no GPUs".
 func ModelsPhrase(models []string) string {
 	if len(models) == 0 {
@@ -134,7 +134,7 @@ func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.E
 	return "no node of the pool can ever hold it"
 }
 
-// neverFits is the refusal of a request no node of the pool could ever
+// NeverFits is the refusal of a request no node of the pool could ever
 // hold: FAILED_PRECONDITION (waiting or retrying cannot help), with the
 // machine code NO_CAPACITY and the explanation kept for clients that read
 // them.

@@ -3,7 +3,6 @@ package placer
 import (
 	"context"
 	"errors"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/clock"
@@ -75,7 +75,7 @@ func savepoint(ctx context.Context, tx store.Tx, fn func() error) error {
 // see; like an overlap, it means replan.
 var errHostFull = errors.New("host resources taken concurrently")
 
-// request is the placement request of a reservation.
+// Request is the placement request of a reservation.
 func Request(r *capmodel.Reservation) placement.Request {
 	return placement.Request{
 		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
@@ -84,7 +84,7 @@ func Request(r *capmodel.Reservation) placement.Request {
 	}
 }
 
-// place finds a plan and books it in the batch. It looks at the fullest
+// Place finds a plan and books it in the batch. It looks at the fullest
 // candidate nodes first and scans the whole pool only when none fits. In a
 // placer batch the index is the truth (the placer is the pool's only
 // writer), so the first plan is booked; a plan the database refuses — which
@@ -150,6 +150,7 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 	return false, ex, nil
 }
 
+// Rng is a fresh random source for a snapshot's sample of candidates.
 func (e *Placers) Rng() *rand.Rand {
 	return rand.New(rand.NewPCG(e.seed.Add(1), 0x9e3779b97f4a7c15))
 }
@@ -209,7 +210,7 @@ func (e *Placers) book(ctx context.Context, b *Batch, r *capmodel.Reservation, p
 	return nil
 }
 
-// recordPlan records a plan's placement on r.
+// RecordPlan records a plan's placement on r.
 func (e *Placers) RecordPlan(r *capmodel.Reservation, plan *placement.Plan, n *placement.Node) error {
 	rec := capmodel.PlacementRecord{NodeName: plan.NodeName, Atoms: plan.Atoms, CPUs: plan.CPUs, CPUSet: plan.CPUSet, NUMA: plan.NUMA,
 		Island: -1, Kinds: map[string]int{},

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
@@ -62,11 +62,11 @@ type placer struct {
 	ix   *Index
 	// retired: another replica took the pool; the loop ends.
 	retired bool
-	// quit is closed when the engine stops.
+	// quit is closed when the placers stop.
 	quit chan struct{}
 }
 
-// batch is one placer transaction.
+// Batch is one placer transaction.
 type Batch struct {
 	tx  store.Tx
 	env *envelope.Batch
@@ -113,7 +113,7 @@ func newBatch(tx store.Tx, ix *Index, now time.Time) *Batch {
 		rollups: map[rollupDelta]int{}}
 }
 
-// mark is where a batch stood before an item, to undo the item alone.
+// Mark is where a batch stood before an item, to undo the item alone.
 type Mark struct {
 	env                           envelope.BatchMark
 	rows, bookings, undo, charges int
@@ -122,6 +122,7 @@ type Mark struct {
 	rollups                       map[rollupDelta]int
 }
 
+// Mark notes where the batch stands before an item.
 func (b *Batch) Mark() Mark {
 	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus)}
 	if b.env != nil {
@@ -136,7 +137,7 @@ func (b *Batch) Mark() Mark {
 	return m
 }
 
-// rewind drops what an item staged and undoes its index marks.
+// Rewind drops what an item staged and undoes its index marks.
 func (b *Batch) Rewind(m Mark) {
 	for i := len(b.undo) - 1; i >= m.undo; i-- {
 		b.undo[i]()
@@ -181,7 +182,7 @@ func (b *Batch) stageBookings(ctx context.Context, bs []booking.Booking, cpus []
 	return nil
 }
 
-// stageRollup adds to a capacity rollup's booked count.
+// StageRollup adds to a capacity rollup's booked count.
 func (b *Batch) StageRollup(ctx context.Context, poolID, model, kind string, n int) error {
 	if b.immediate {
 		return atoms.RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
@@ -246,7 +247,7 @@ func (b *Batch) checkNode(ctx context.Context, nodeID string) error {
 	return err
 }
 
-// lockPool re-reads the pool under a row lock, once a batch: a pool archived
+// LockPool re-reads the pool under a row lock, once a batch: a pool archived
 // after the decision books nothing, and batches of one pool from two
 // replicas (during a handover) take turns.
 func (b *Batch) LockPool(ctx context.Context, poolID string) (*pool.Pool, error) {
@@ -261,8 +262,8 @@ func (b *Batch) LockPool(ctx context.Context, poolID string) (*pool.Pool, error)
 	return b.pool, nil
 }
 
-// pendingCount counts the pool's pending reservations once a batch; the
-// batch adds its own.
+// PendingCount counts the pool's pending reservations once a batch; the
+// Batch adds its own.
 func (b *Batch) PendingCount(ctx context.Context, poolID string) (int, error) {
 	if !b.pendingOK {
 		if err := countPending(ctx, b.tx, poolID).Scan(&b.pending); err != nil {
@@ -273,7 +274,7 @@ func (b *Batch) PendingCount(ctx context.Context, poolID string) (int, error) {
 	return b.pending, nil
 }
 
-// checkQuota checks a charge against the quotas that cover it, counting the
+// CheckQuota checks a charge against the quotas that cover it, counting the
 // charges this batch staged before it. The covering quotas are read (and
 // locked, on PostgreSQL) once a batch per key.
 func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
@@ -401,7 +402,7 @@ func (p *placer) drain() {
 	}
 }
 
-// index returns the placer's index, loaded outside every lock on a detached
+// Index returns the placer's index, loaded outside every lock on a detached
 // context (no caller's cancel aborts a load others wait on).
 func (p *placer) index() (*Index, error) {
 	return p.current(false)
@@ -602,7 +603,7 @@ func (p *placer) item(ctx context.Context, b *Batch, w *work) error {
 
 type batchKey struct{}
 
-// batchOf returns the placer batch a mutation runs in, if any.
+// BatchOf returns the placer batch a mutation runs in, if any.
 func BatchOf(ctx context.Context) *Batch {
 	b, _ := ctx.Value(batchKey{}).(*Batch)
 	return b

@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"slices"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
+// Savepoint runs fn under the named savepoint: an error rolls back fn's
+// writes only, leaving the transaction usable.
 func Savepoint(ctx context.Context, tx store.Tx, name string, fn func() error) error {
 	if _, err := tx.Exec(ctx, `SAVEPOINT `+name); err != nil {
 		return err

@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"sort"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -24,7 +24,7 @@ type Snapshot struct {
 }
 
 // loadSnapshot reads a pool's nodes and atoms with nothing booked: the
-// static part of the pool index, which adds the bookings itself.
+// Static part of the pool index, which adds the bookings itself.
 func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapshot, error) {
 	nodes := map[string]*placement.Node{}
 	var order []string

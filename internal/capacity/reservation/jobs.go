@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
-	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"log/slog"
 	"slices"
 	"time"
@@ -13,9 +11,10 @@ import (
 	"github.com/riverqueue/river"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
-
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"

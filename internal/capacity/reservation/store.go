@@ -5,12 +5,12 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
-	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
