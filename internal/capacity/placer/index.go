@@ -159,13 +159,6 @@ func (e *Placers) refresh(ctx context.Context, poolID string, version int64) {
 	})
 }
 
-// invalidate drops a pool's index so the next placement reloads it.
-func (e *Placers) invalidate(poolID string) {
-	e.ixMu.Lock()
-	delete(e.indexes, poolID)
-	e.ixMu.Unlock()
-}
-
 // Cached returns the pool's index if one is loaded.
 func (e *Placers) Cached(poolID string) *Index {
 	e.ixMu.Lock()
@@ -327,7 +320,7 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 	return d
 }
 
-// Place files a node in the bucket of its free count.
+// place files a node in the bucket of its free count.
 func (ix *Index) place(n *ixNode) {
 	for len(ix.buckets) <= n.free {
 		ix.buckets = append(ix.buckets, nil)
@@ -387,7 +380,7 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, Rng *rand.Rand)
 	return s
 }
 
-// Mark records a plan's bookings for r before they are inserted: the marks
+// mark records a plan's bookings for r before they are inserted: the marks
 // steer concurrent placements away before the commit.
 func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Time) {
 	ix.mu.Lock()

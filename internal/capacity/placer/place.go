@@ -64,13 +64,6 @@ type Placers struct {
 // Replans counts placements retried after a lost race (for benchmarks).
 func (e *Placers) Replans() int64 { return e.replans.Load() }
 
-// savepoint runs fn under a savepoint: an error rolls back fn's writes only,
-// leaving the transaction usable (PostgreSQL aborts a transaction on any
-// error otherwise).
-func savepoint(ctx context.Context, tx store.Tx, fn func() error) error {
-	return Savepoint(ctx, tx, "place", fn)
-}
-
 // errHostFull: the node's host memory is taken by a booking placement did not
 // see; like an overlap, it means replan.
 var errHostFull = errors.New("host resources taken concurrently")

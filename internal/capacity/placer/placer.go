@@ -263,7 +263,7 @@ func (b *Batch) LockPool(ctx context.Context, poolID string) (*pool.Pool, error)
 }
 
 // PendingCount counts the pool's pending reservations once a batch; the
-// Batch adds its own.
+// batch adds its own.
 func (b *Batch) PendingCount(ctx context.Context, poolID string) (int, error) {
 	if !b.pendingOK {
 		if err := countPending(ctx, b.tx, poolID).Scan(&b.pending); err != nil {
@@ -400,12 +400,6 @@ func (p *placer) drain() {
 			return
 		}
 	}
-}
-
-// Index returns the placer's index, loaded outside every lock on a detached
-// context (no caller's cancel aborts a load others wait on).
-func (p *placer) index() (*Index, error) {
-	return p.current(false)
 }
 
 // current returns the index, first checking the pool's version when check
@@ -606,17 +600,6 @@ type batchKey struct{}
 // BatchOf returns the placer batch a mutation runs in, if any.
 func BatchOf(ctx context.Context) *Batch {
 	b, _ := ctx.Value(batchKey{}).(*Batch)
-	return b
-}
-
-// batchFor returns the batch ctx runs in, or one that writes at once in tx
-// (callers outside a placer: jobs, hooks, tests).
-func (e *Placers) batchFor(ctx context.Context, tx store.Tx, ix *Index, now time.Time) *Batch {
-	if b := BatchOf(ctx); b != nil && b.tx == tx {
-		return b
-	}
-	b := newBatch(tx, ix, now)
-	b.immediate = true
 	return b
 }
 

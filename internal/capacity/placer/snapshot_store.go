@@ -24,7 +24,7 @@ type Snapshot struct {
 }
 
 // loadSnapshot reads a pool's nodes and atoms with nothing booked: the
-// Static part of the pool index, which adds the bookings itself.
+// static part of the pool index, which adds the bookings itself.
 func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapshot, error) {
 	nodes := map[string]*placement.Node{}
 	var order []string

@@ -101,16 +101,6 @@ func save(ctx context.Context, tx store.Tx, r *Reservation, fromState string) (b
 	return n == 1, err
 }
 
-// hostLock takes a node's host row lock until the transaction ends
-// (PostgreSQL; SQLite has one writer).
-func hostLock(ctx context.Context, tx store.Tx, nodeID string) error {
-	if tx.Dialect() != store.Postgres {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1`, nodeID)
-	return err
-}
-
 // bookingsDelete drops a reservation's bookings.
 func bookingsDelete(ctx context.Context, tx store.Tx, reservationID string) error {
 	_, err := booking.Delete(ctx, tx, []string{reservationID})
