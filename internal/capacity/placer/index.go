@@ -347,7 +347,7 @@ func (ix *Index) refile(n *ixNode, now time.Time) {
 // Snapshot builds a placement snapshot over [start, end): of at most limit
 // candidate nodes (the fullest that may take need units, a random few among
 // equals), or of every node when limit is 0.
-func (ix *Index) Snapshot(start, end time.Time, need, limit int, Rng *rand.Rand) *Snapshot {
+func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand) *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	var picked []*ixNode
@@ -362,7 +362,7 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, Rng *rand.Rand)
 			}
 			// More equals than room: a random window of them, so that
 			// concurrent placements do not all race for one node.
-			off := Rng.IntN(len(b))
+			off := rng.IntN(len(b))
 			for i := 0; len(picked) < limit; i++ {
 				picked = append(picked, b[(off+i)%len(b)])
 			}
