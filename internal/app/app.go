@@ -25,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
@@ -447,7 +448,8 @@ func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Co
 // the job runtime and the gateway's hooks.
 func (a *App) buildCapacity() *reservation.Runner {
 	e := &reservation.Engine{
-		DB: a.DB, Clock: a.cfg.Clock, Commands: commandSender{notifier: a.Gateway},
+		Placers:  placer.Placers{DB: a.DB, Clock: a.cfg.Clock},
+		Commands: commandSender{notifier: a.Gateway},
 		Enqueue: func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
 			return a.Jobs.InsertTx(ctx, tx, args, opts)
 		},

@@ -1,9 +1,12 @@
-// Package reservation books capacity: it keeps pool membership, device atoms
-// and host resources in step with inventory, places reservations with the
-// placement pipeline (inline, then a queued placer), binds them on their
-// node through the fleet's command path, and serves ReservationService.
+// Package reservation serves ReservationService and carries a reservation
+// through its life: it decides each request, submits it to its pool's
+// placer (package placer), binds placed reservations on their node through
+// the fleet's command path, and runs the tick, the queue and the archive as
+// River jobs.
 //
-// It reads the fleet's tables (nodes, gpus, mig_instances, nvlinks,
-// numa_nodes, node_conditions) as a read model and never writes them; it
-// sends commands through the CommandSender port the application wires.
+// It never places into or changes a pool's index itself (only the pool's
+// placer does), and never writes the fleet's tables (nodes, gpus,
+// mig_instances, nvlinks, numa_nodes, node_conditions), which it reads as a
+// read model; it sends commands through the CommandSender port the
+// application wires.
 package reservation

@@ -4,25 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
-	"math/rand/v2"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/riverqueue/river"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
-	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
-	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
-	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -49,16 +43,13 @@ const (
 	KindAllocationRelease = "allocation.release"
 )
 
-// MaxReplans is how many times one placement is retried after losing a race
-// for its atoms before the reservation waits in the queue.
-const MaxReplans = 3
-
 // Engine carries a reservation through its life. Every method runs in the
 // caller's transaction and returns the events to record with it.
 type Engine struct {
-	// DB is read to refresh pool indexes in the background.
-	DB       *store.DB
-	Clock    clock.Clock
+	// Placers owns the pools' indexes and commits their batches; its DB
+	// and Clock are the engine's too.
+	placer.Placers
+
 	Commands CommandSender
 	// Enqueue inserts a job in the caller's transaction.
 	Enqueue func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error
@@ -67,35 +58,6 @@ type Engine struct {
 	BindTimeout  time.Duration
 	BindAttempts int
 	Reconciler   atoms.Reconciler
-
-	// IndexRefresh is how often a pool's in-memory index is reloaded;
-	// default DefaultIndexRefresh.
-	IndexRefresh time.Duration
-
-	// BatchObserved observes each placer transaction: how many mutations
-	// it carried and how long it held the writer, from BEGIN to COMMIT
-	// (benchmarks read it); nil skips it.
-	BatchObserved func(size int, hold time.Duration)
-	// Env stages placer batches' audit rows, events and idempotency
-	// records; NewService sets it.
-	Env *envelope.Envelope
-
-	// PendingEvery, when set (several replicas on PostgreSQL), is how often
-	// a pool's placer runs PendingPass for its pool.
-	PendingEvery time.Duration
-	PendingPass  func(poolID string)
-
-	plMu    sync.Mutex
-	placers map[string]*placer
-	cluster *cluster
-	stopped bool
-
-	replans    atomic.Int64
-	seed       atomic.Uint64
-	ixMu       sync.Mutex
-	indexes    map[string]*poolIndex
-	loading    map[string]*indexLoad
-	refreshing map[string]bool
 }
 
 func (e *Engine) bindTimeout() time.Duration {
@@ -112,9 +74,6 @@ func (e *Engine) bindAttempts() int {
 	return e.BindAttempts
 }
 
-// Replans counts placements retried after a lost race (for benchmarks).
-func (e *Engine) Replans() int64 { return e.replans.Load() }
-
 func event(typ string, r *Reservation, data map[string]any) envelope.Event {
 	if data == nil {
 		data = map[string]any{}
@@ -126,202 +85,20 @@ func event(typ string, r *Reservation, data map[string]any) envelope.Event {
 	return envelope.Event{Type: typ, TenantID: r.TenantID, ResourceType: "Reservation", ResourceID: r.ID, Data: data}
 }
 
-// savepoint runs fn under a savepoint: an error rolls back fn's writes only,
-// leaving the transaction usable (PostgreSQL aborts a transaction on any
-// error otherwise).
-func savepoint(ctx context.Context, tx store.Tx, fn func() error) error {
-	return savepointNamed(ctx, tx, "place", fn)
-}
-
-// errHostFull: the node's host memory is taken by a booking placement did not
-// see; like an overlap, it means replan.
-var errHostFull = errors.New("host resources taken concurrently")
-
-// request is the placement request of a reservation.
-func request(r *Reservation) placement.Request {
-	return placement.Request{
-		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
-		Hugepages1Gi: r.Hugepages1Gi, Tenant: r.TenantID, SingleTenant: r.SingleTenant,
-		Tolerations: []string{"dedicated=" + r.TenantID},
-	}
-}
-
-// place finds a plan and books it in the batch. It looks at the fullest
-// candidate nodes first and scans the whole pool only when none fits. In a
-// placer batch the index is the truth (the placer is the pool's only
-// writer), so the first plan is booked; a plan the database refuses — which
-// only the per-item fallback can see — is followed by the next plan, and
-// after a round of such refusals the index re-reads the contested nodes and
-// places again, up to MaxReplans times. It reports whether the reservation
-// was placed and, when not, why.
-func (e *Engine) place(ctx context.Context, b *batch, r *Reservation, now time.Time) (bool, placement.Explanation, error) {
-	ix := b.ix
-	req := request(r)
-	need := r.GPUs + r.Slots
-	var ex placement.Explanation
-	for attempt := 0; attempt < MaxReplans; attempt++ {
-		snap := ix.snapshot(r.StartsAt, r.EndsAt, need, candidateLimit, e.rng())
-		res, err := placement.Place(snap.snap, req, placement.Options{Limit: 4})
-		if err != nil {
-			return false, ex, err
-		}
-		if len(res.Plans) == 0 {
-			snap = ix.snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
-			if res, err = placement.Place(snap.snap, req, placement.Options{Limit: 4}); err != nil {
-				return false, ex, err
-			}
-		}
-		ex = res.Explanation
-		if len(res.Plans) == 0 {
-			return false, ex, nil
-		}
-		var contested []string
-		for k := range res.Plans {
-			plan := &res.Plans[k]
-			m := b.mark()
-			err := e.book(ctx, b, r, plan, snap.nodes[plan.NodeID])
-			if b.immediate && err != nil {
-				b.rewind(m)
-			}
-			switch {
-			case errors.Is(err, errNodeGone):
-				ix.markUnschedulable(plan.NodeID)
-				continue
-			case errors.Is(err, errStaleIndex):
-				// The pool changed under the index and no delta told it
-				// yet: leave the node out now, reload after the batch.
-				ix.markUnschedulable(plan.NodeID)
-				b.stale = true
-				continue
-			case errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull):
-				contested = append(contested, plan.NodeID)
-				continue
-			case err != nil:
-				return false, ex, err
-			}
-			return true, ex, nil
-		}
-		if len(contested) == 0 {
-			continue
-		}
-		e.replans.Add(1)
-		if err := ix.sync(ctx, b.tx, contested, now); err != nil {
-			return false, ex, err
-		}
-	}
-	return false, ex, nil
-}
-
-func (e *Engine) rng() *rand.Rand {
-	return rand.New(rand.NewPCG(e.seed.Add(1), 0x9e3779b97f4a7c15))
-}
-
-// errNodeGone: the chosen node is no longer active and ready.
-var errNodeGone = errors.New("node left placement")
-
-// errStaleIndex: the chosen atoms are no longer in the pool or usable.
-var errStaleIndex = errors.New("pool index is stale")
-
-// book books the plan for r in the batch and marks the index (undone if
-// the batch, or in the fallback the item, rolls back).
-func (e *Engine) book(ctx context.Context, b *batch, r *Reservation, plan *placement.Plan, n *placement.Node) error {
-	bs := make([]booking.Booking, 0, len(plan.Atoms))
-	for _, a := range plan.Atoms {
-		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: a, StartsAt: r.StartsAt, EndsAt: r.EndsAt})
-	}
-	// CPUs are booked as ranges, one row per contiguous run.
-	runs := booking.CPURanges(plan.CPUs)
-	cpus := make([]booking.CPURange, len(runs))
-	for i, run := range runs {
-		cpus[i] = booking.CPURange{ReservationID: r.ID, NodeID: plan.NodeID, Lo: run[0], Hi: run[1], StartsAt: r.StartsAt, EndsAt: r.EndsAt}
-	}
-	// The node must still take bookings (FOR SHARE on PostgreSQL: a
-	// liveness sweep marking it lost waits for this batch to commit, and
-	// its NodesLost hook then sees the booking).
-	if err := b.checkNode(ctx, plan.NodeID); err != nil {
-		return err
-	}
-	if b.immediate {
-		// The plan came from the index; the atoms must still be in the
-		// pool and usable. A batch checks all its atoms at once instead.
-		if ok, err := atomsUsable(ctx, b.tx, r.PoolID, plan.NodeID, plan.Atoms); err != nil || !ok {
-			return errors.Join(err, errStaleIndex)
-		}
-	} else {
-		b.atoms = append(b.atoms, plan.Atoms...)
-	}
-	if err := b.stageBookings(ctx, bs, cpus); err != nil {
-		return err
-	}
-	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0) {
-		// The database's word on host memory, in the fallback; a batch
-		// trusts the index, whose placer is the node's only booker.
-		if err := checkHost(ctx, b.tx, r, plan.NodeID); err != nil {
-			return err
-		}
-	}
-	if err := e.recordPlan(r, plan, n); err != nil {
-		return err
-	}
-	if ix := b.ix; ix != nil {
-		ix.mark(r, plan, b.now)
-		nodeID, id, start := plan.NodeID, r.ID, r.StartsAt
-		b.undo = append(b.undo, func() { ix.released(nodeID, id, start, b.now) })
-	}
-	return nil
-}
-
-// recordPlan records a plan's placement on r.
-func (e *Engine) recordPlan(r *Reservation, plan *placement.Plan, n *placement.Node) error {
-	rec := PlacementRecord{NodeName: plan.NodeName, Atoms: plan.Atoms, CPUs: plan.CPUs, CPUSet: plan.CPUSet, NUMA: plan.NUMA,
-		Island: -1, Kinds: map[string]int{},
-		Score: [5]float64{plan.Score.Binpack, plan.Score.Topology, plan.Score.Fragmentation, plan.Score.Spread, plan.Score.Total}}
-	islands := map[int]bool{}
-	model := ""
-	for _, a := range plan.Atoms {
-		uuid, kind := a, KindGPU
-		if i := strings.Index(a, "/mig/"); i >= 0 {
-			uuid, kind = a[:i], KindMIG
-		} else if i := strings.LastIndex(a, "/s"); i >= 0 {
-			uuid, kind = a[:i], KindSlot
-		}
-		rec.Kinds[kind]++
-		if !slices.Contains(rec.GPUUUIDs, uuid) {
-			rec.GPUUUIDs = append(rec.GPUUUIDs, uuid)
-		}
-		if n != nil {
-			for _, g := range n.GPUs {
-				if g.UUID == uuid {
-					islands[g.Island] = true
-					model = g.Model
-				}
-			}
-		}
-	}
-	if len(islands) == 1 {
-		for i := range islands {
-			rec.Island = i
-		}
-	}
-	rec.AtomModel = model
-	r.NodeID, r.GPUModel, r.Placement = plan.NodeID, gpumodel.Short(model), rec
-	return nil
-}
-
 // held moves a freshly placed reservation to placed, or further when its
 // window has begun.
-func (e *Engine) held(ctx context.Context, b *batch, r *Reservation, now time.Time) ([]envelope.Event, error) {
+func (e *Engine) held(ctx context.Context, b *placer.Batch, r *Reservation, now time.Time) ([]envelope.Event, error) {
 	r.State = StatePlaced
 	r.Explanation = "{}"
 	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Booked",
 		Message: fmt.Sprintf("%d atoms on %s", len(r.Placement.Atoms), r.Placement.NodeName), UpdateTime: now})
 	for kind, n := range r.Placement.Kinds {
-		if err := b.stageRollup(ctx, r.PoolID, r.Placement.AtomModel, kind, n); err != nil {
+		if err := b.StageRollup(ctx, r.PoolID, r.Placement.AtomModel, kind, n); err != nil {
 			return nil, err
 		}
 	}
 	evs := []envelope.Event{event("reservation.placed", r, map[string]any{"atoms": r.Placement.Atoms})}
-	more, err := e.startIfDue(ctx, b.tx, r, now)
+	more, err := e.startIfDue(ctx, b.Tx(), r, now)
 	return append(evs, more...), err
 }
 
@@ -453,8 +230,8 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 	if capmodel.Holding(from) {
 		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
 		tx.AfterCommit(func() {
-			if ix := e.cached(pool); ix != nil {
-				ix.released(nodeID, id, at, e.Clock.Now())
+			if ix := e.Cached(pool); ix != nil {
+				ix.Released(nodeID, id, at, e.Clock.Now())
 			}
 		})
 		if err := e.wake(ctx, tx, r.PoolID); err != nil {
@@ -501,15 +278,6 @@ func explanationJSON(ex *apiv1.Explanation) string {
 		return "{}"
 	}
 	return string(b)
-}
-
-// ExplanationProto converts a placement explanation for the API.
-func ExplanationProto(ex placement.Explanation) *apiv1.Explanation {
-	out := &apiv1.Explanation{Evaluated: int32(ex.Evaluated), Feasible: int32(ex.Feasible), Summary: ex.String()}
-	for _, l := range ex.Lines() {
-		out.Lines = append(out.Lines, &apiv1.ExplanationLine{Class: l.Class.String(), Reason: l.Reason, Nodes: int32(l.Nodes)})
-	}
-	return out
 }
 
 // charge is what r asks of its quotas.

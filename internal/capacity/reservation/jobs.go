@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"log/slog"
 	"slices"
 	"time"
@@ -12,9 +11,10 @@ import (
 	"github.com/riverqueue/river"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
-
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -203,18 +203,18 @@ func (rn *Runner) batch() int {
 // reservation asked for a length keeps its length: its window moves to now.
 func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) {
 	e := rn.Engine
-	if p, _, err := e.claim(ctx, poolID); err != nil || p == nil {
+	if here, _, err := e.Claim(ctx, poolID); err != nil || !here {
 		// Another replica places this pool, and runs its queue itself.
-		if errors.Is(err, errNotOwner) {
+		if errors.Is(err, placer.ErrNotOwner) {
 			err = nil
 		}
 		return 0, err
 	}
 	placed := 0
-	err := e.submit(ctx, poolID, &work{direct: true, run: func(ctx context.Context, b *batch) error {
+	err := e.Submit(ctx, poolID, true, func(ctx context.Context, b *placer.Batch) error {
 		placed = 0
-		now := b.now
-		tx := b.tx
+		now := b.Now()
+		tx := b.Tx()
 		rs, err := pendingForUpdate(ctx, tx, poolID, rn.batch())
 		if err != nil {
 			return err
@@ -242,17 +242,17 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			}
 			var ok bool
 			var ex placement.Explanation
-			m := b.mark()
-			err := savepointNamed(ctx, tx, "pending", func() error {
+			m := b.Mark()
+			err := placer.Savepoint(ctx, tx, "pending", func() error {
 				var err error
-				if ok, ex, err = e.place(ctx, b, r, now); err != nil || !ok {
+				if ok, ex, err = e.Place(ctx, b, r, now); err != nil || !ok {
 					return err
 				}
-				return b.checkQuota(ctx, charge(r))
+				return b.CheckQuota(ctx, charge(r))
 			})
 			if err != nil {
 				// Its bookings, marks and charge go with the savepoint.
-				b.rewind(m)
+				b.Rewind(m)
 			}
 			var apiErr *envelope.Error
 			switch {
@@ -272,7 +272,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 				}
 				return err
 			case !ok:
-				r.Explanation = explanationJSON(ExplanationProto(ex))
+				r.Explanation = explanationJSON(placer.ExplanationProto(ex))
 			}
 			if !ok {
 				r.StartsAt, r.EndsAt = origStart, origEnd
@@ -295,7 +295,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			}
 		}
 		return rn.record(ctx, tx, evs)
-	}})
+	})
 	return placed, err
 }
 
@@ -470,8 +470,8 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 	from := r.State
 	nodeID, id, poolID, start := r.NodeID, r.ID, r.PoolID, r.StartsAt
 	tx.AfterCommit(func() {
-		if ix := e.cached(poolID); ix != nil {
-			ix.released(nodeID, id, start, e.Clock.Now())
+		if ix := e.Cached(poolID); ix != nil {
+			ix.Released(nodeID, id, start, e.Clock.Now())
 		}
 	})
 	// The bookings go: the reservation is booked afresh where it lands.

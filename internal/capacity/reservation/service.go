@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"regexp"
 	"slices"
 	"strings"
@@ -16,7 +15,9 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -221,7 +222,7 @@ type target struct {
 	policy       *apiv1.PoolPolicy
 	modelKnown   bool
 	// ix is the placer's index, set once the create runs in its batch.
-	ix            *poolIndex
+	ix            *placer.Index
 	projectReason string
 }
 
@@ -315,7 +316,7 @@ func (t *target) check(sp *spec) error {
 		// Say what the pool has, so the next try names one of them.
 		have := "it has no GPUs"
 		if t.ix != nil {
-			have = modelsPhrase(poolModels(pristine(t.ix.static().nodes)))
+			have = placer.ModelsPhrase(placer.PoolModels(placer.Pristine(t.ix.Static().Nodes)))
 		}
 		vs.Add("model", "unknown GPU model %q; pool %s: %s", truncate(msg.GetModel()), t.pool.Name, have)
 	}
@@ -365,7 +366,7 @@ func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reser
 			if share != nil {
 				r.VCPU = r.GPUs * int(share.GetVcpu())
 			} else if t.ix != nil {
-				v, _ := t.ix.share()
+				v, _ := t.ix.Share()
 				r.VCPU = r.GPUs * v
 			}
 		}
@@ -373,7 +374,7 @@ func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reser
 			if share != nil {
 				r.MemoryGiB = r.GPUs * int(share.GetMemoryGib())
 			} else if t.ix != nil {
-				_, m := t.ix.share()
+				_, m := t.ix.Share()
 				r.MemoryGiB = r.GPUs * m
 			}
 		}
@@ -410,7 +411,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return forward[apiv1.CreateReservationRequest, apiv1.CreateReservationResponse](ctx, s.engine, url, apiv1connect.ReservationServiceCreateProcedure, req)
+		return placer.Forward[apiv1.CreateReservationRequest, apiv1.CreateReservationResponse](ctx, &s.engine.Placers, url, apiv1connect.ReservationServiceCreateProcedure, req)
 	}
 	var sp spec
 	var t target
@@ -431,18 +432,18 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 				// Nothing to place: Apply answers NOT_FOUND alone.
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.engine.submitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
+			return s.engine.SubmitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateReservationResponse, error) {
-			b := batchOf(ctx)
+			b := placer.BatchOf(ctx)
 			if b != nil {
 				// Re-read under the batch's lock: a pool archived or
 				// changed since the decision is what the create sees.
-				p, err := b.lockPool(ctx, t.pool.ID)
+				p, err := b.LockPool(ctx, t.pool.ID)
 				if err != nil {
 					return nil, envelope.FromStore(err, "pool")
 				}
-				t.pool, t.policy, t.ix = *p, poolPolicy(*p), b.ix
+				t.pool, t.policy, t.ix = *p, poolPolicy(*p), b.Index()
 			}
 			if err := t.check(&sp); err != nil {
 				return nil, err
@@ -464,8 +465,8 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 // create places r inline or queues it, checks quota, and stages it in the
 // placer's batch. Everything that can refuse it comes before anything is
 // staged or written.
-func (e *Engine) create(ctx context.Context, b *batch, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
-	placed, ex, err := e.place(ctx, b, r, now)
+func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
+	placed, ex, err := e.Place(ctx, b, r, now)
 	if err != nil {
 		var re *placement.RequestError
 		if errors.As(err, &re) {
@@ -476,8 +477,8 @@ func (e *Engine) create(ctx context.Context, b *batch, r *Reservation, t *target
 	if !placed {
 		// Could it ever fit? Against the pool with nothing booked: if not,
 		// waiting is pointless and the caller hears why now.
-		static := t.ix.static()
-		res, err := placement.Place(static.snap, request(r), placement.Options{Limit: 1})
+		static := t.ix.Static()
+		res, err := placement.Place(static.Snap, placer.Request(r), placement.Options{Limit: 1})
 		if err != nil {
 			return nil, err
 		}
@@ -485,13 +486,13 @@ func (e *Engine) create(ctx context.Context, b *batch, r *Reservation, t *target
 			// Never, or only once nodes come back (healthy, schedulable,
 			// GPUs out of quarantine)? The first is the caller's mistake
 			// (400), the second worth a retry (429).
-			nodes := pristine(static.nodes)
-			again, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), request(r), placement.Options{Limit: 1})
+			nodes := placer.Pristine(static.Nodes)
+			again, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), placer.Request(r), placement.Options{Limit: 1})
 			if err != nil {
 				return nil, err
 			}
 			if len(again.Plans) == 0 {
-				return nil, neverFits(t.pool.Name, nodes, r, res.Explanation)
+				return nil, placer.NeverFits(t.pool.Name, nodes, r, res.Explanation)
 			}
 			return nil, noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
 		}
@@ -501,17 +502,17 @@ func (e *Engine) create(ctx context.Context, b *batch, r *Reservation, t *target
 		}
 		// The placer is the pool's only creator and counts the batch's own
 		// pending ones, so the count cannot be raced past the limit.
-		pending, err := b.pendingCount(ctx, r.PoolID)
+		pending, err := b.PendingCount(ctx, r.PoolID)
 		if err != nil {
 			return nil, err
 		}
 		if maxPending < 0 || pending >= maxPending {
 			return nil, noCapacity(t.pool.Name, ex, fmt.Sprintf("nothing fits now and the pool's queue is full (%d waiting)", pending))
 		}
-		b.pending++
-		r.Explanation = explanationJSON(ExplanationProto(ex))
+		b.AddPending()
+		r.Explanation = explanationJSON(placer.ExplanationProto(ex))
 	}
-	if err := b.checkQuota(ctx, charge(r)); err != nil {
+	if err := b.CheckQuota(ctx, charge(r)); err != nil {
 		return nil, err
 	}
 	evs := []envelope.Event{event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots})}
@@ -522,7 +523,7 @@ func (e *Engine) create(ctx context.Context, b *batch, r *Reservation, t *target
 		}
 		evs = append(evs, more...)
 	}
-	if err := b.stageReservation(ctx, r); err != nil {
+	if err := stageInsert(ctx, b, r); err != nil {
 		return nil, err
 	}
 	return evs, nil
@@ -533,7 +534,7 @@ func noCapacity(poolName string, ex placement.Explanation, why string) error {
 	if s := ex.String(); s != "" {
 		msg += " (" + s + ")"
 	}
-	return &envelope.Error{Code: envelope.CodeNoCapacity, Message: msg, Explanation: ExplanationProto(ex)}
+	return &envelope.Error{Code: envelope.CodeNoCapacity, Message: msg, Explanation: placer.ExplanationProto(ex)}
 }
 
 // Preview answers what Create would do now, booking nothing.
@@ -559,7 +560,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}
 	if t.poolFound && t.pool.State == pool.StateActive {
 		// Loaded only now, for a caller the decision allowed.
-		ix, err := s.engine.readIndex(ctx, t.pool.ID)
+		ix, err := s.engine.ReadIndex(ctx, t.pool.ID)
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
@@ -569,11 +570,11 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		return nil, s.env.Fail(ctx, prefixed(err, "request."))
 	}
 	r := t.newReservation(&sp, s.env.Clock().Now(), "")
-	snap := t.ix.snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, candidateLimit, s.engine.rng())
-	res, err := placement.Place(snap.snap, request(&r), placement.Options{Limit: 1})
+	snap := t.ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, placer.CandidateLimit, s.engine.Rng())
+	res, err := placement.Place(snap.Snap, placer.Request(&r), placement.Options{Limit: 1})
 	if err == nil && len(res.Plans) == 0 {
-		snap = t.ix.snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
-		res, err = placement.Place(snap.snap, request(&r), placement.Options{Limit: 1})
+		snap = t.ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+		res, err = placement.Place(snap.Snap, placer.Request(&r), placement.Options{Limit: 1})
 	}
 	if err != nil {
 		var re *placement.RequestError
@@ -582,12 +583,12 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		}
 		return nil, s.env.Fail(ctx, err)
 	}
-	out := &apiv1.PreviewReservationResponse{Explanation: ExplanationProto(res.Explanation),
+	out := &apiv1.PreviewReservationResponse{Explanation: placer.ExplanationProto(res.Explanation),
 		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt)}
 	if len(res.Plans) > 0 {
 		p := res.Plans[0]
 		rec := r
-		if err := (&Engine{}).recordPlan(&rec, &p, snap.nodes[p.NodeID]); err != nil {
+		if err := (&placer.Placers{}).RecordPlan(&rec, &p, snap.Nodes[p.NodeID]); err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
 		out.Feasible = true
@@ -824,7 +825,7 @@ func (s *Service) ownerURL(ctx context.Context, poolOf func(q store.Querier) (st
 	if poolID == "" {
 		return "", nil
 	}
-	_, url, err := s.engine.claim(ctx, poolID)
+	_, url, err := s.engine.Claim(ctx, poolID)
 	return url, err
 }
 
@@ -845,7 +846,7 @@ func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Reque
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return forward[Req, Res](ctx, s.engine, url, envelope.InfoFrom(ctx).Procedure, req)
+		return placer.Forward[Req, Res](ctx, &s.engine.Placers, url, envelope.InfoFrom(ctx).Procedure, req)
 	}
 	var r ref
 	mut := envelope.Mutation[Res]{
@@ -868,7 +869,7 @@ func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Reque
 			if !r.found || r.r.PoolID == "" {
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.engine.submitMutation(ctx, r.r.PoolID, r.r.TenantID, true, write)
+			return s.engine.SubmitMutation(ctx, r.r.PoolID, r.r.TenantID, true, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*Res, error) {
 			if err := r.notFound(m.tenant, m.id); err != nil {
@@ -965,12 +966,12 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 					return nil, err
 				}
 			}
-			if b := batchOf(ctx); capmodel.Holding(from) && b != nil && b.ix != nil {
+			if b := placer.BatchOf(ctx); capmodel.Holding(from) && b != nil && b.Index() != nil {
 				// Marked now, so the batch's later placements see it;
 				// undone if the item or the batch rolls back.
-				ix, nodeID, id, prevEnd := b.ix, r.NodeID, r.ID, decidedFrom
-				ix.extended(nodeID, id, end, tx.Now())
-				b.undo = append(b.undo, func() { ix.shortened(nodeID, id, prevEnd, b.now) })
+				ix, nodeID, id, prevEnd := b.Index(), r.NodeID, r.ID, decidedFrom
+				ix.Extended(nodeID, id, end, tx.Now())
+				b.OnUndo(func() { ix.Shortened(nodeID, id, prevEnd, b.Now()) })
 			}
 			r.UpdateTime = tx.Now()
 			ok, err := save(ctx, tx.Tx, r, from)

@@ -5,11 +5,12 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -73,24 +74,19 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-// insert writes a new reservation row.
-func insert(ctx context.Context, tx store.Tx, r *Reservation) error {
-	return insertMany(ctx, tx, []*Reservation{r})
-}
+// insertHead is the INSERT new reservation rows are written by.
+const insertHead = `INSERT INTO reservations (` + columns + `)`
 
-// insertMany writes new reservation rows, many to a statement.
-func insertMany(ctx context.Context, tx store.Tx, rs []*Reservation) error {
-	rows := make([][]any, len(rs))
-	for i, r := range rs {
-		if r.Conditions == nil {
-			r.Conditions = []Condition{}
-		}
-		rows[i] = []any{r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
-			r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
-			jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
-			r.CreatedBy, r.CreateTime, r.UpdateTime}
+// stageInsert stages a new reservation row in the batch: written at once
+// outside a placer, with the batch's other new reservations inside one.
+func stageInsert(ctx context.Context, b *placer.Batch, r *Reservation) error {
+	if r.Conditions == nil {
+		r.Conditions = []Condition{}
 	}
-	return store.InsertRows(ctx, tx, `INSERT INTO reservations (`+columns+`)`, "", rows)
+	return b.Stage(ctx, insertHead, []any{r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
+		r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
+		jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
+		r.CreatedBy, r.CreateTime, r.UpdateTime})
 }
 
 // save writes back every mutable column of r, guarded by the state it was
@@ -103,16 +99,6 @@ func save(ctx context.Context, tx store.Tx, r *Reservation, fromState string) (b
 		r.ID, r.State, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement), jsonText(r.Conditions),
 		r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil, r.UpdateTime, fromState)
 	return n == 1, err
-}
-
-// hostLock takes a node's host row lock until the transaction ends
-// (PostgreSQL; SQLite has one writer).
-func hostLock(ctx context.Context, tx store.Tx, nodeID string) error {
-	if tx.Dialect() != store.Postgres {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1`, nodeID)
-	return err
 }
 
 // bookingsDelete drops a reservation's bookings.
@@ -189,20 +175,6 @@ func rollupBooked(ctx context.Context, tx store.Tx, r *Reservation, sign int) er
 		}
 	}
 	return nil
-}
-
-// ownerSet records this replica as the pool's placer.
-func ownerSet(ctx context.Context, tx store.Tx, poolID, replicaID, url string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO placer_owners (pool_id, replica_id, url, since) VALUES ($1, $2, $3, compute_now())
-		ON CONFLICT (pool_id) DO UPDATE SET replica_id = excluded.replica_id, url = excluded.url, since = excluded.since`,
-		poolID, replicaID, url)
-	return err
-}
-
-// ownerGet reads the replica that places the pool and its API URL.
-func ownerGet(ctx context.Context, q store.Querier, poolID string) (url, replicaID string, err error) {
-	err = q.QueryRow(ctx, `SELECT url, replica_id FROM placer_owners WHERE pool_id = $1`, poolID).Scan(&url, &replicaID)
-	return url, replicaID, err
 }
 
 // due lists the reservations the tick acts on: placed ones whose start came,

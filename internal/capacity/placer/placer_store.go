@@ -1,4 +1,4 @@
-package reservation
+package placer
 
 import (
 	"context"
@@ -7,10 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
-func savepointNamed(ctx context.Context, tx store.Tx, name string, fn func() error) error {
+// Savepoint runs fn under the named savepoint: an error rolls back fn's
+// writes only, leaving the transaction usable.
+func Savepoint(ctx context.Context, tx store.Tx, name string, fn func() error) error {
 	if _, err := tx.Exec(ctx, `SAVEPOINT `+name); err != nil {
 		return err
 	}
@@ -55,7 +58,7 @@ func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms 
 // checkHost takes the node's host row lock (PostgreSQL; SQLite has one
 // writer) and refuses the booking when the memory of the reservations that
 // overlap it, this one included, would exceed what the node hands out.
-func checkHost(ctx context.Context, tx store.Tx, r *Reservation, nodeID string) error {
+func checkHost(ctx context.Context, tx store.Tx, r *capmodel.Reservation, nodeID string) error {
 	var mem, hp1 int
 	if err := tx.QueryRow(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1 RETURNING memory_gib, hugepages_1gi`, nodeID).
 		Scan(&mem, &hp1); err != nil {
@@ -82,4 +85,23 @@ func nodeStateForShare(ctx context.Context, tx store.Tx, nodeID string) store.Ro
 // countPending counts a pool's pending reservations.
 func countPending(ctx context.Context, tx store.Tx, poolID string) store.Row {
 	return tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, poolID)
+}
+
+// insertStaged writes staged rows, many to a statement per INSERT head, the
+// heads in the order first staged.
+func insertStaged(ctx context.Context, tx store.Tx, rows []stagedRow) error {
+	var heads []string
+	byHead := map[string][][]any{}
+	for _, r := range rows {
+		if _, ok := byHead[r.head]; !ok {
+			heads = append(heads, r.head)
+		}
+		byHead[r.head] = append(byHead[r.head], r.row)
+	}
+	for _, h := range heads {
+		if err := store.InsertRows(ctx, tx, h, "", byHead[h]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

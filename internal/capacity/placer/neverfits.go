@@ -1,4 +1,4 @@
-package reservation
+package placer
 
 import (
 	"fmt"
@@ -7,16 +7,17 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/envelope"
 )
 
-// pristine is the pool as it would be with every node schedulable and
+// Pristine is the pool as it would be with every node schedulable and
 // healthy and no GPU quarantined or changing MIG mode: what the pool could
 // hold once its nodes come back. A request that does not fit even this never
 // fits; one that fits it may later.
-func pristine(nodes map[string]*placement.Node) []placement.Node {
+func Pristine(nodes map[string]*placement.Node) []placement.Node {
 	ids := make([]string, 0, len(nodes))
 	for id := range nodes {
 		ids = append(ids, id)
@@ -35,9 +36,9 @@ func pristine(nodes map[string]*placement.Node) []placement.Node {
 	return out
 }
 
-// poolModels lists the GPU models of a pool's nodes by their short names
+// PoolModels lists the GPU models of a pool's nodes by their short names
 // ("H100"), sorted.
-func poolModels(nodes []placement.Node) []string {
+func PoolModels(nodes []placement.Node) []string {
 	var out []string
 	for i := range nodes {
 		for _, g := range nodes[i].GPUs {
@@ -50,9 +51,9 @@ func poolModels(nodes []placement.Node) []string {
 	return out
 }
 
-// modelsPhrase says which models a pool has: "it has H100, L40S", or "it
+// ModelsPhrase says which models a pool has: "it has H100, L40S", or "it
 // has no GPUs".
-func modelsPhrase(models []string) string {
+func ModelsPhrase(models []string) string {
 	if len(models) == 0 {
 		return "it has no GPUs"
 	}
@@ -63,11 +64,11 @@ func modelsPhrase(models []string) string {
 // hold r even empty and healthy: "the largest node has 8 H100 GPUs", or
 // the model it lacks. It falls back to the node explanation when the limit
 // is not a size (a taint, a label, NVLink).
-func neverReason(nodes []placement.Node, r *Reservation, ex placement.Explanation) string {
+func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.Explanation) string {
 	if len(nodes) == 0 {
 		return "the pool has no nodes"
 	}
-	models := poolModels(nodes)
+	models := PoolModels(nodes)
 	matches := func(g placement.GPU) bool { return r.Model == "" || placement.ModelMatches(r.Model, g.Model) }
 	any := false
 	for i := range nodes {
@@ -79,7 +80,7 @@ func neverReason(nodes []placement.Node, r *Reservation, ex placement.Explanatio
 		if r.Model == "" {
 			return "the pool has no GPUs"
 		}
-		return fmt.Sprintf("the pool has no %s GPUs (%s)", r.Model, modelsPhrase(models))
+		return fmt.Sprintf("the pool has no %s GPUs (%s)", r.Model, ModelsPhrase(models))
 	}
 	model := ""
 	if r.Model != "" {
@@ -133,11 +134,11 @@ func neverReason(nodes []placement.Node, r *Reservation, ex placement.Explanatio
 	return "no node of the pool can ever hold it"
 }
 
-// neverFits is the refusal of a request no node of the pool could ever
+// NeverFits is the refusal of a request no node of the pool could ever
 // hold: FAILED_PRECONDITION (waiting or retrying cannot help), with the
 // machine code NO_CAPACITY and the explanation kept for clients that read
 // them.
-func neverFits(poolName string, nodes []placement.Node, r *Reservation, ex placement.Explanation) error {
+func NeverFits(poolName string, nodes []placement.Node, r *capmodel.Reservation, ex placement.Explanation) error {
 	msg := fmt.Sprintf("pool %s can never hold this request: %s", poolName, neverReason(nodes, r, ex))
 	return &envelope.Error{Code: envelope.CodeNoCapacity, Status: connect.CodeFailedPrecondition, Message: msg,
 		Explanation: ExplanationProto(ex)}

@@ -1,22 +1,23 @@
-package reservation
+package placer
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"sort"
 	"strings"
 
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
-// snapshot is a pool's fleet as placement sees it over one window, with what
+// Snapshot is a pool's fleet as placement sees it over one window, with what
 // booking needs besides (the CPUs behind each node's free vCPUs).
-type snapshot struct {
-	snap  *placement.Snapshot
-	nodes map[string]*placement.Node
+type Snapshot struct {
+	Snap  *placement.Snapshot
+	Nodes map[string]*placement.Node
 	// share is the smallest host's per-GPU share (vcpu, memoryGiB), the
 	// default when the pool sets none.
 	shareVCPU, shareMemGiB int
@@ -24,7 +25,7 @@ type snapshot struct {
 
 // loadSnapshot reads a pool's nodes and atoms with nothing booked: the
 // static part of the pool index, which adds the bookings itself.
-func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapshot, error) {
+func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapshot, error) {
 	nodes := map[string]*placement.Node{}
 	var order []string
 	// Explanations name the pool as operators do.
@@ -102,7 +103,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapsho
 		if n == nil {
 			continue
 		}
-		if a.Kind == KindCPU {
+		if a.Kind == capmodel.KindCPU {
 			if numaAt[n.ID] == nil {
 				numaAt[n.ID] = map[int]int{}
 			}
@@ -127,12 +128,12 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapsho
 		g.Quarantined = g.Quarantined || a.Quarantined
 		g.PartitionPending = g.PartitionPending || a.PartitionPending
 		switch a.Kind {
-		case KindGPU:
+		case capmodel.KindGPU:
 			g.Mode = placement.ModeWhole
-		case KindMIG:
+		case capmodel.KindMIG:
 			g.Mode = placement.ModeMIG
 			g.MIG = append(g.MIG, placement.MIGInstance{Profile: a.Profile, N: migN(a.ID)})
-		case KindSlot:
+		case capmodel.KindSlot:
 			g.Mode = placement.ModeShared
 			g.Slots = append(g.Slots, placement.Slot{K: slotK(a.ID)})
 		}
@@ -163,7 +164,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapsho
 		return nil, err
 	}
 
-	s := &snapshot{nodes: nodes}
+	s := &Snapshot{Nodes: nodes}
 	list := make([]placement.Node, 0, len(order))
 	for _, id := range order {
 		n := nodes[id]
@@ -188,10 +189,10 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*snapsho
 		}
 		list = append(list, *n)
 	}
-	s.snap = placement.NewSnapshot(list)
+	s.Snap = placement.NewSnapshot(list)
 	// NewSnapshot keeps its own copies; point nodes at them for booking.
 	for i := range list {
-		s.nodes[list[i].ID] = &list[i]
+		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s, nil
 }

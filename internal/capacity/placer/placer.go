@@ -1,14 +1,14 @@
-package reservation
+package placer
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
@@ -39,7 +39,7 @@ type work struct {
 	// run does the mutation in the batch. A staged item only reads and
 	// stages rows until it cannot fail; a direct one writes as it goes
 	// and runs under a savepoint.
-	run    func(ctx context.Context, b *batch) error
+	run    func(ctx context.Context, b *Batch) error
 	direct bool
 	env    func(ctx context.Context, eb *envelope.Batch) error
 	// tenant whose quotas the item may charge: a batch locks them all
@@ -54,23 +54,23 @@ type work struct {
 
 // placer owns one pool's index and commits its batches.
 type placer struct {
-	e      *Engine
+	e      *Placers
 	poolID string
 	in     chan *work
 	// ixMu guards loading ix; the index's own lock guards its contents.
 	ixMu sync.Mutex
-	ix   *poolIndex
+	ix   *Index
 	// retired: another replica took the pool; the loop ends.
 	retired bool
-	// quit is closed when the engine stops.
+	// quit is closed when the placers stop.
 	quit chan struct{}
 }
 
-// batch is one placer transaction.
-type batch struct {
+// Batch is one placer transaction.
+type Batch struct {
 	tx  store.Tx
 	env *envelope.Batch
-	ix  *poolIndex
+	ix  *Index
 	now time.Time
 	// immediate: rows are written as staged (the per-item fallback and
 	// callers outside a placer).
@@ -82,10 +82,12 @@ type batch struct {
 	nodes     map[string]error // node checks made this batch
 	quotas    map[quotaKey][]quota.Quota
 	charges   []quota.Charge // charges staged this batch, for later items' quota checks
-	rsvs      []*Reservation
-	bookings  []booking.Booking
-	cpus      []booking.CPURange
-	rollups   map[rollupDelta]int
+	// rows staged by the caller's store code (a new reservation),
+	// written by INSERT head, in order.
+	rows     []stagedRow
+	bookings []booking.Booking
+	cpus     []booking.CPURange
+	rollups  map[rollupDelta]int
 	// atoms this batch booked: checked in the pool and usable at once
 	// before the commit.
 	atoms []string
@@ -95,26 +97,34 @@ type batch struct {
 	afterwards []func()
 }
 
+// stagedRow is one row for an INSERT whose head (table and columns) the
+// staging package's store code supplies.
+type stagedRow struct {
+	head string
+	row  []any
+}
+
 type rollupDelta struct{ pool, model, kind string }
 
 type quotaKey struct{ tenant, project, pool, model string }
 
-func newBatch(tx store.Tx, ix *poolIndex, now time.Time) *batch {
-	return &batch{tx: tx, ix: ix, now: now, nodes: map[string]error{}, quotas: map[quotaKey][]quota.Quota{},
+func newBatch(tx store.Tx, ix *Index, now time.Time) *Batch {
+	return &Batch{tx: tx, ix: ix, now: now, nodes: map[string]error{}, quotas: map[quotaKey][]quota.Quota{},
 		rollups: map[rollupDelta]int{}}
 }
 
-// mark is where a batch stood before an item, to undo the item alone.
-type mark struct {
+// Mark is where a batch stood before an item, to undo the item alone.
+type Mark struct {
 	env                           envelope.BatchMark
-	rsvs, bookings, undo, charges int
+	rows, bookings, undo, charges int
 	atoms, cpus                   int
 	pending                       int
 	rollups                       map[rollupDelta]int
 }
 
-func (b *batch) mark() mark {
-	m := mark{rsvs: len(b.rsvs), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus)}
+// Mark notes where the batch stands before an item.
+func (b *Batch) Mark() Mark {
+	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus)}
 	if b.env != nil {
 		m.env = b.env.Mark()
 	}
@@ -127,13 +137,13 @@ func (b *batch) mark() mark {
 	return m
 }
 
-// rewind drops what an item staged and undoes its index marks.
-func (b *batch) rewind(m mark) {
+// Rewind drops what an item staged and undoes its index marks.
+func (b *Batch) Rewind(m Mark) {
 	for i := len(b.undo) - 1; i >= m.undo; i-- {
 		b.undo[i]()
 	}
 	b.undo = b.undo[:m.undo]
-	b.rsvs, b.bookings, b.charges, b.pending = b.rsvs[:m.rsvs], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
+	b.rows, b.bookings, b.charges, b.pending = b.rows[:m.rows], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
 	b.atoms, b.cpus = b.atoms[:m.atoms], b.cpus[:m.cpus]
 	if b.env != nil {
 		b.env.Rewind(m.env)
@@ -145,24 +155,25 @@ func (b *batch) rewind(m mark) {
 }
 
 // undoAll undoes every index mark of a batch that rolled back.
-func (b *batch) undoAll() {
+func (b *Batch) undoAll() {
 	for i := len(b.undo) - 1; i >= 0; i-- {
 		b.undo[i]()
 	}
 	b.undo = nil
 }
 
-// stageReservation queues a new reservation row.
-func (b *batch) stageReservation(ctx context.Context, r *Reservation) error {
+// Stage queues one row for INSERT head ("INSERT INTO t (cols)"): written at
+// once outside a batch, with the batch's other rows of that head otherwise.
+func (b *Batch) Stage(ctx context.Context, head string, row []any) error {
 	if b.immediate {
-		return insert(ctx, b.tx, r)
+		return store.InsertRows(ctx, b.tx, head, "", [][]any{row})
 	}
-	b.rsvs = append(b.rsvs, r)
+	b.rows = append(b.rows, stagedRow{head, row})
 	return nil
 }
 
 // stageBookings queues bookings of devices and CPU ranges.
-func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking, cpus []booking.CPURange) error {
+func (b *Batch) stageBookings(ctx context.Context, bs []booking.Booking, cpus []booking.CPURange) error {
 	if b.immediate {
 		return booking.Insert(ctx, b.tx, bs, cpus)
 	}
@@ -171,8 +182,8 @@ func (b *batch) stageBookings(ctx context.Context, bs []booking.Booking, cpus []
 	return nil
 }
 
-// stageRollup adds to a capacity rollup's booked count.
-func (b *batch) stageRollup(ctx context.Context, poolID, model, kind string, n int) error {
+// StageRollup adds to a capacity rollup's booked count.
+func (b *Batch) StageRollup(ctx context.Context, poolID, model, kind string, n int) error {
 	if b.immediate {
 		return atoms.RollupAdd(ctx, b.tx, poolID, model, kind, 0, n, 0)
 	}
@@ -181,7 +192,7 @@ func (b *batch) stageRollup(ctx context.Context, poolID, model, kind string, n i
 }
 
 // flush writes what the batch staged.
-func (b *batch) flush(ctx context.Context) error {
+func (b *Batch) flush(ctx context.Context) error {
 	if len(b.atoms) > 0 && b.ix != nil {
 		// Every atom booked must still be in the pool and usable (a GPU
 		// quarantined, a node moved out since the index learned of it):
@@ -192,10 +203,10 @@ func (b *batch) flush(ctx context.Context) error {
 		}
 		b.atoms = b.atoms[:0]
 	}
-	if err := insertMany(ctx, b.tx, b.rsvs); err != nil {
+	if err := insertStaged(ctx, b.tx, b.rows); err != nil {
 		return err
 	}
-	b.rsvs = b.rsvs[:0]
+	b.rows = b.rows[:0]
 	if err := booking.Insert(ctx, b.tx, b.bookings, b.cpus); err != nil {
 		return err
 	}
@@ -218,7 +229,7 @@ func (b *batch) flush(ctx context.Context) error {
 
 // checkNode verifies, once a batch, that a node may take bookings: active,
 // ready, and locked against a concurrent liveness sweep (FOR SHARE).
-func (b *batch) checkNode(ctx context.Context, nodeID string) error {
+func (b *Batch) checkNode(ctx context.Context, nodeID string) error {
 	if err, ok := b.nodes[nodeID]; ok {
 		return err
 	}
@@ -236,10 +247,10 @@ func (b *batch) checkNode(ctx context.Context, nodeID string) error {
 	return err
 }
 
-// lockPool re-reads the pool under a row lock, once a batch: a pool archived
+// LockPool re-reads the pool under a row lock, once a batch: a pool archived
 // after the decision books nothing, and batches of one pool from two
 // replicas (during a handover) take turns.
-func (b *batch) lockPool(ctx context.Context, poolID string) (*pool.Pool, error) {
+func (b *Batch) LockPool(ctx context.Context, poolID string) (*pool.Pool, error) {
 	if b.pool != nil {
 		return b.pool, nil
 	}
@@ -251,9 +262,9 @@ func (b *batch) lockPool(ctx context.Context, poolID string) (*pool.Pool, error)
 	return b.pool, nil
 }
 
-// pendingCount counts the pool's pending reservations once a batch; the
+// PendingCount counts the pool's pending reservations once a batch; the
 // batch adds its own.
-func (b *batch) pendingCount(ctx context.Context, poolID string) (int, error) {
+func (b *Batch) PendingCount(ctx context.Context, poolID string) (int, error) {
 	if !b.pendingOK {
 		if err := countPending(ctx, b.tx, poolID).Scan(&b.pending); err != nil {
 			return 0, err
@@ -263,10 +274,10 @@ func (b *batch) pendingCount(ctx context.Context, poolID string) (int, error) {
 	return b.pending, nil
 }
 
-// checkQuota checks a charge against the quotas that cover it, counting the
+// CheckQuota checks a charge against the quotas that cover it, counting the
 // charges this batch staged before it. The covering quotas are read (and
 // locked, on PostgreSQL) once a batch per key.
-func (b *batch) checkQuota(ctx context.Context, c quota.Charge) error {
+func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
 	k := quotaKey{c.TenantID, c.ProjectID, c.PoolID, c.Model}
 	qs, ok := b.quotas[k]
 	if !ok {
@@ -286,7 +297,7 @@ func (b *batch) checkQuota(ctx context.Context, c quota.Charge) error {
 }
 
 // placerFor returns the pool's placer when this replica owns the pool.
-func (e *Engine) placerFor(ctx context.Context, poolID string) (*placer, error) {
+func (e *Placers) placerFor(ctx context.Context, poolID string) (*placer, error) {
 	p, url, err := e.claim(ctx, poolID)
 	if err == nil && p == nil {
 		err = &envelope.Error{Code: envelope.CodeUnavailable, Message: "pool " + poolID + " is placed by the replica at " + url}
@@ -295,7 +306,7 @@ func (e *Engine) placerFor(ctx context.Context, poolID string) (*placer, error) 
 }
 
 // startPlacer starts the pool's placer; the caller holds plMu.
-func (e *Engine) startPlacer(poolID string) *placer {
+func (e *Placers) startPlacer(poolID string) *placer {
 	if e.placers == nil {
 		e.placers = map[string]*placer{}
 	}
@@ -306,7 +317,7 @@ func (e *Engine) startPlacer(poolID string) *placer {
 }
 
 // submit hands a mutation to the pool's placer and waits for its answer.
-func (e *Engine) submit(ctx context.Context, poolID string, w *work) error {
+func (e *Placers) submit(ctx context.Context, poolID string, w *work) error {
 	w.ctx, w.done = ctx, make(chan error, 1)
 	p, err := e.placerFor(ctx, poolID)
 	if err != nil {
@@ -328,9 +339,9 @@ func (e *Engine) submit(ctx context.Context, poolID string, w *work) error {
 	}
 }
 
-// submitMutation runs an envelope mutation in the pool's placer (the
+// SubmitMutation runs an envelope mutation in the pool's placer (the
 // envelope's Mutation.Submit). direct: its Apply writes as it goes.
-func (e *Engine) submitMutation(ctx context.Context, poolID, tenantID string, direct bool, write func(ctx context.Context, eb *envelope.Batch) error) error {
+func (e *Placers) SubmitMutation(ctx context.Context, poolID, tenantID string, direct bool, write func(ctx context.Context, eb *envelope.Batch) error) error {
 	return e.submit(ctx, poolID, &work{env: write, direct: direct, tenant: tenantID})
 }
 
@@ -391,16 +402,10 @@ func (p *placer) drain() {
 	}
 }
 
-// index returns the placer's index, loaded outside every lock on a detached
-// context (no caller's cancel aborts a load others wait on).
-func (p *placer) index() (*poolIndex, error) {
-	return p.current(false)
-}
-
 // current returns the index, first checking the pool's version when check
 // is set (the placer does before each batch): the atoms reconciler bumps it
 // when the pool's nodes or atoms change.
-func (p *placer) current(check bool) (*poolIndex, error) {
+func (p *placer) current(check bool) (*Index, error) {
 	p.ixMu.Lock()
 	defer p.ixMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -408,7 +413,7 @@ func (p *placer) current(check bool) (*poolIndex, error) {
 	if p.ix != nil && !check {
 		return p.ix, nil
 	}
-	var ix *poolIndex
+	var ix *Index
 	err := p.e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		v, err := poolVersion(ctx, tx, p.poolID)
 		if err != nil {
@@ -427,7 +432,7 @@ func (p *placer) current(check bool) (*poolIndex, error) {
 	p.ix = ix
 	p.e.ixMu.Lock()
 	if p.e.indexes == nil {
-		p.e.indexes = map[string]*poolIndex{}
+		p.e.indexes = map[string]*Index{}
 	}
 	p.e.indexes[p.poolID] = ix
 	p.e.ixMu.Unlock()
@@ -459,7 +464,7 @@ func (p *placer) commit(ws []*work) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err = p.run(ctx, ix, live, false)
-	if errors.Is(err, errNotOwner) {
+	if errors.Is(err, ErrNotOwner) {
 		// Another replica took the pool: stop, and let callers retry there.
 		p.retire()
 		p.retired = true
@@ -489,8 +494,8 @@ func (p *placer) commit(ws []*work) {
 
 // run is one transaction over ws; perItem puts each under a savepoint and
 // writes its rows at once.
-func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem bool) error {
-	var b *batch
+func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) error {
+	var b *Batch
 	var began time.Time
 	err := p.e.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		// The transaction's hold, BEGIN to COMMIT: the write began just
@@ -523,7 +528,7 @@ func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem boo
 					return err
 				}
 			}
-			m := b.mark()
+			m := b.Mark()
 			item := func() error {
 				if err := p.item(ctx, b, w); err != nil {
 					return err
@@ -535,14 +540,14 @@ func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem boo
 			}
 			var err error
 			if perItem || w.direct {
-				err = savepointNamed(ctx, tx, fmt.Sprintf("item%d", i), item)
+				err = Savepoint(ctx, tx, fmt.Sprintf("item%d", i), item)
 			} else {
 				err = item()
 			}
 			if err == nil {
 				continue
 			}
-			b.rewind(m)
+			b.Rewind(m)
 			var apiErr *envelope.Error
 			if perItem || w.direct || errors.As(err, &apiErr) {
 				w.err, w.failed = err, true
@@ -576,7 +581,7 @@ func (p *placer) run(ctx context.Context, ix *poolIndex, ws []*work, perItem boo
 }
 
 // item runs one work item in the batch.
-func (p *placer) item(ctx context.Context, b *batch, w *work) error {
+func (p *placer) item(ctx context.Context, b *Batch, w *work) error {
 	ctx = context.WithValue(ctx, batchKey{}, b)
 	if w.direct && !b.immediate {
 		// A direct item writes as it goes, bookings included, so the
@@ -592,19 +597,37 @@ func (p *placer) item(ctx context.Context, b *batch, w *work) error {
 
 type batchKey struct{}
 
-// batchOf returns the placer batch a mutation runs in, if any.
-func batchOf(ctx context.Context) *batch {
-	b, _ := ctx.Value(batchKey{}).(*batch)
+// BatchOf returns the placer batch a mutation runs in, if any.
+func BatchOf(ctx context.Context) *Batch {
+	b, _ := ctx.Value(batchKey{}).(*Batch)
 	return b
 }
 
-// batchFor returns the batch ctx runs in, or one that writes at once in tx
-// (callers outside a placer: jobs, hooks, tests).
-func (e *Engine) batchFor(ctx context.Context, tx store.Tx, ix *poolIndex, now time.Time) *batch {
-	if b := batchOf(ctx); b != nil && b.tx == tx {
-		return b
-	}
-	b := newBatch(tx, ix, now)
-	b.immediate = true
-	return b
+// Submit runs a mutation in the pool's placer and waits for its answer.
+// direct: run writes as it goes, under a savepoint of its own.
+func (e *Placers) Submit(ctx context.Context, poolID string, direct bool, run func(ctx context.Context, b *Batch) error) error {
+	return e.submit(ctx, poolID, &work{direct: direct, run: run})
 }
+
+// Claim reports whether this replica places the pool (claiming it when no
+// replica does) and, when another does, the API URL of that replica.
+func (e *Placers) Claim(ctx context.Context, poolID string) (here bool, url string, err error) {
+	p, url, err := e.claim(ctx, poolID)
+	return p != nil, url, err
+}
+
+// Tx is the batch's transaction.
+func (b *Batch) Tx() store.Tx { return b.tx }
+
+// Now is the batch's time.
+func (b *Batch) Now() time.Time { return b.now }
+
+// Index is the pool index the batch places against; nil outside a placer.
+func (b *Batch) Index() *Index { return b.ix }
+
+// AddPending counts a reservation the batch left pending.
+func (b *Batch) AddPending() { b.pending++ }
+
+// OnUndo registers fn to undo an index change if the batch, or in the
+// fallback the item, rolls back.
+func (b *Batch) OnUndo(fn func()) { b.undo = append(b.undo, fn) }

@@ -1,4 +1,4 @@
-package reservation
+package placer
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 // lock; the next request for the pool, at any replica, claims it. A placer
 // checks placer_owners under the pool's row lock in every batch, so one that
 // lost its lock without noticing (a dropped connection) stops at its next
-// batch; batches of one pool take turns on that row lock either way.
+// Batch; batches of one pool take turns on that row lock either way.
 
 // placerLockClass is the first key of every pool's advisory lock.
 const placerLockClass = 0x4243504c // "BCPL"
@@ -34,16 +34,16 @@ const placerLockClass = 0x4243504c // "BCPL"
 // the owner never forwards it again.
 const ForwardedHeader = "Bc-Forwarded-By"
 
-// errNotOwner: this replica's placer no longer owns the pool.
-var errNotOwner = errors.New("the pool's placer moved to another replica")
+// ErrNotOwner: this replica's placer no longer owns the pool.
+var ErrNotOwner = errors.New("the pool's placer moved to another replica")
 
 // notOwner is what a caller hears when the pool's owner changed under it.
 func notOwner(poolID string) error {
 	return &envelope.Error{Code: envelope.CodeUnavailable, Message: "the placer of pool " + poolID + " is moving to another replica; retry",
-		Err: errNotOwner, RetryAfter: time.Second}
+		Err: ErrNotOwner, RetryAfter: time.Second}
 }
 
-// cluster is the engine's view of the other replicas.
+// cluster is the placers' view of the other replicas.
 type cluster struct {
 	replicaID string
 	url       string
@@ -54,20 +54,20 @@ type cluster struct {
 
 // SetURL sets the API URL other replicas forward this replica's pools to.
 // Call it before serving.
-func (e *Engine) SetURL(url string) {
+func (e *Placers) SetURL(url string) {
 	e.plMu.Lock()
 	defer e.plMu.Unlock()
 	e.cl().url = strings.TrimRight(url, "/")
 }
 
 // ReplicaID names this replica in placer_owners.
-func (e *Engine) ReplicaID() string {
+func (e *Placers) ReplicaID() string {
 	e.plMu.Lock()
 	defer e.plMu.Unlock()
 	return e.cl().replicaID
 }
 
-func (e *Engine) cl() *cluster {
+func (e *Placers) cl() *cluster {
 	if e.cluster == nil {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
@@ -78,7 +78,7 @@ func (e *Engine) cl() *cluster {
 
 // claim returns the pool's placer when this replica owns the pool or can
 // take it now; otherwise the owner's URL.
-func (e *Engine) claim(ctx context.Context, poolID string) (*placer, string, error) {
+func (e *Placers) claim(ctx context.Context, poolID string) (*placer, string, error) {
 	e.plMu.Lock()
 	defer e.plMu.Unlock()
 	if e.stopped {
@@ -132,7 +132,7 @@ func (p *placer) checkOwner(ctx context.Context, tx store.Tx) error {
 		return err
 	}
 	if replica != p.e.ReplicaID() {
-		return errNotOwner
+		return ErrNotOwner
 	}
 	return nil
 }
@@ -146,9 +146,9 @@ func (p *placer) retire() {
 	}
 }
 
-// forward sends a mutation to the replica that owns its pool, with the
+// Forward sends a mutation to the replica that owns its pool, with the
 // caller's credentials: the owner authenticates and decides it, once.
-func forward[Req, Res any](ctx context.Context, e *Engine, url, procedure string, req *connect.Request[Req]) (*connect.Response[Res], error) {
+func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure string, req *connect.Request[Req]) (*connect.Response[Res], error) {
 	if by := req.Header().Get(ForwardedHeader); by != "" {
 		// Forwarded here because this replica owned the pool, which it
 		// no longer does: one hop only, the caller retries.
@@ -179,15 +179,15 @@ func forward[Req, Res any](ctx context.Context, e *Engine, url, procedure string
 	return res, nil
 }
 
-// readIndex returns an index of the pool to read (a preview): the placer's
+// ReadIndex returns an index of the pool to read (a preview): the placer's
 // when this replica owns the pool, else a copy loaded here and reloaded when
 // the pool's version moves.
-func (e *Engine) readIndex(ctx context.Context, poolID string) (*poolIndex, error) {
+func (e *Placers) ReadIndex(ctx context.Context, poolID string) (*Index, error) {
 	p, _, err := e.claim(ctx, poolID)
 	if err == nil && p != nil {
 		return p.current(true)
 	}
-	var ix *poolIndex
+	var ix *Index
 	err = e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		var err error
 		ix, err = e.index(ctx, tx, poolID, e.Clock.Now())
@@ -198,7 +198,7 @@ func (e *Engine) readIndex(ctx context.Context, poolID string) (*poolIndex, erro
 
 // Stop stops every placer of this replica; what is queued is answered
 // UNAVAILABLE, and nothing is placed here again.
-func (e *Engine) Stop() {
+func (e *Placers) Stop() {
 	e.plMu.Lock()
 	defer e.plMu.Unlock()
 	e.stopped = true

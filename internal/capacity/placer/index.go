@@ -1,9 +1,8 @@
-package reservation
+package placer
 
 import (
 	"context"
 	"fmt"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -11,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -51,7 +51,8 @@ type ixNode struct {
 	bpos   int
 }
 
-type poolIndex struct {
+// Index is a pool's placement index (see above).
+type Index struct {
 	mu       sync.RWMutex
 	poolID   string
 	version  int64
@@ -67,12 +68,12 @@ type poolIndex struct {
 // database when nothing else asks for it.
 const DefaultIndexRefresh = 10 * time.Second
 
-// candidateLimit is how many nodes a placement looks at before the full
+// CandidateLimit is how many nodes a placement looks at before the full
 // scan: the fullest nodes that can take the request (binpack), a few of them
 // chosen at random so concurrent placements spread.
-const candidateLimit = 24
+const CandidateLimit = 24
 
-func (e *Engine) indexRefresh() time.Duration {
+func (e *Placers) indexRefresh() time.Duration {
 	if e.IndexRefresh <= 0 {
 		return DefaultIndexRefresh
 	}
@@ -82,24 +83,24 @@ func (e *Engine) indexRefresh() time.Duration {
 // indexLoad is one load of a pool's index that concurrent callers share.
 type indexLoad struct {
 	done chan struct{}
-	ix   *poolIndex
+	ix   *Index
 	err  error
 }
 
-// index returns the pool's index. A missing one, or one of an older pool
+// Index returns the pool's index. A missing one, or one of an older pool
 // version, is loaded now on the caller's reader — once, however many callers
 // ask: the others wait for it (holding their own readers, so no load ever
 // waits for a connection a waiter holds). One that is merely old is returned
 // as it is and reloaded in the background, which nobody waits for. Call it
 // outside write transactions: a load reads the whole pool.
-func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*poolIndex, error) {
+func (e *Placers) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*Index, error) {
 	v, err := poolVersion(ctx, q, poolID)
 	if err != nil {
 		return nil, err
 	}
 	e.ixMu.Lock()
 	if e.indexes == nil {
-		e.indexes, e.loading, e.refreshing = map[string]*poolIndex{}, map[string]*indexLoad{}, map[string]bool{}
+		e.indexes, e.loading, e.refreshing = map[string]*Index{}, map[string]*indexLoad{}, map[string]bool{}
 	}
 	if ix := e.indexes[poolID]; ix != nil && ix.version == v {
 		if time.Since(ix.loadedAt) >= e.indexRefresh() && e.DB != nil && !e.refreshing[poolID] {
@@ -138,7 +139,7 @@ func (e *Engine) index(ctx context.Context, q store.Querier, poolID string, now 
 }
 
 // refresh reloads a pool's index in the background.
-func (e *Engine) refresh(ctx context.Context, poolID string, version int64) {
+func (e *Placers) refresh(ctx context.Context, poolID string, version int64) {
 	defer func() {
 		e.ixMu.Lock()
 		delete(e.refreshing, poolID)
@@ -158,35 +159,28 @@ func (e *Engine) refresh(ctx context.Context, poolID string, version int64) {
 	})
 }
 
-// invalidate drops a pool's index so the next placement reloads it.
-func (e *Engine) invalidate(poolID string) {
-	e.ixMu.Lock()
-	delete(e.indexes, poolID)
-	e.ixMu.Unlock()
-}
-
-// cached returns the pool's index if one is loaded.
-func (e *Engine) cached(poolID string) *poolIndex {
+// Cached returns the pool's index if one is loaded.
+func (e *Placers) Cached(poolID string) *Index {
 	e.ixMu.Lock()
 	defer e.ixMu.Unlock()
 	return e.indexes[poolID]
 }
 
-func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*poolIndex, error) {
+func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*Index, error) {
 	// The static part is the snapshot loader's, with nothing booked.
 	s, err := loadSnapshot(ctx, q, poolID)
 	if err != nil {
 		return nil, err
 	}
-	ix := &poolIndex{poolID: poolID, version: version, loadedAt: time.Now(), byID: make(map[string]*ixNode, len(s.nodes)),
+	ix := &Index{poolID: poolID, version: version, loadedAt: time.Now(), byID: make(map[string]*ixNode, len(s.Nodes)),
 		shareVCPU: s.shareVCPU, shareMemGiB: s.shareMemGiB}
-	ids := make([]string, 0, len(s.nodes))
-	for id := range s.nodes {
+	ids := make([]string, 0, len(s.Nodes))
+	for id := range s.Nodes {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		n := &ixNode{base: *s.nodes[id], booked: map[string][]span{}}
+		n := &ixNode{base: *s.Nodes[id], booked: map[string][]span{}}
 		n.base.TenantAtoms = nil
 		ix.nodes = append(ix.nodes, n)
 		ix.byID[id] = n
@@ -327,7 +321,7 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 }
 
 // place files a node in the bucket of its free count.
-func (ix *poolIndex) place(n *ixNode) {
+func (ix *Index) place(n *ixNode) {
 	for len(ix.buckets) <= n.free {
 		ix.buckets = append(ix.buckets, nil)
 	}
@@ -335,14 +329,14 @@ func (ix *poolIndex) place(n *ixNode) {
 	ix.buckets[n.free] = append(ix.buckets[n.free], n)
 }
 
-func (ix *poolIndex) unplace(n *ixNode) {
+func (ix *Index) unplace(n *ixNode) {
 	b := ix.buckets[n.bucket]
 	last := b[len(b)-1]
 	b[n.bpos], last.bpos = last, n.bpos
 	ix.buckets[n.bucket] = b[:len(b)-1]
 }
 
-func (ix *poolIndex) refile(n *ixNode, now time.Time) {
+func (ix *Index) refile(n *ixNode, now time.Time) {
 	if f := n.freeAt(now); f != n.free {
 		ix.unplace(n)
 		n.free = f
@@ -350,10 +344,10 @@ func (ix *poolIndex) refile(n *ixNode, now time.Time) {
 	}
 }
 
-// snapshot builds a placement snapshot over [start, end): of at most limit
+// Snapshot builds a placement snapshot over [start, end): of at most limit
 // candidate nodes (the fullest that may take need units, a random few among
 // equals), or of every node when limit is 0.
-func (ix *poolIndex) snapshot(start, end time.Time, need, limit int, rng *rand.Rand) *snapshot {
+func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand) *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	var picked []*ixNode
@@ -374,21 +368,21 @@ func (ix *poolIndex) snapshot(start, end time.Time, need, limit int, rng *rand.R
 			}
 		}
 	}
-	s := &snapshot{nodes: make(map[string]*placement.Node, len(picked))}
+	s := &Snapshot{Nodes: make(map[string]*placement.Node, len(picked))}
 	list := make([]placement.Node, len(picked))
 	for i, n := range picked {
 		list[i] = n.detail(start, end)
 	}
-	s.snap = placement.NewSnapshot(list)
+	s.Snap = placement.NewSnapshot(list)
 	for i := range list {
-		s.nodes[list[i].ID] = &list[i]
+		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s
 }
 
 // mark records a plan's bookings for r before they are inserted: the marks
 // steer concurrent placements away before the commit.
-func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
+func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[plan.NodeID]
@@ -408,9 +402,9 @@ func (ix *poolIndex) mark(r *Reservation, plan *placement.Plan, now time.Time) {
 	ix.refile(n, now)
 }
 
-// released drops a reservation's bookings from [at, …) (after its commit:
+// Released drops a reservation's bookings from [at, …) (after its commit:
 // freeing early would invite a placement the database then refuses).
-func (ix *poolIndex) released(nodeID, rsv string, at, now time.Time) {
+func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[nodeID]
@@ -458,9 +452,9 @@ func (ix *poolIndex) released(nodeID, rsv string, at, now time.Time) {
 	ix.refile(n, now)
 }
 
-// extended moves a reservation's bookings' end (in its transaction: a
+// Extended moves a reservation's bookings' end (in its transaction: a
 // longer booking steers placements away at once).
-func (ix *poolIndex) extended(nodeID, rsv string, end, now time.Time) {
+func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[nodeID]
@@ -483,8 +477,8 @@ func (ix *poolIndex) extended(nodeID, rsv string, end, now time.Time) {
 	ix.refile(n, now)
 }
 
-// shortened undoes an extension: the reservation's spans end at end again.
-func (ix *poolIndex) shortened(nodeID, rsv string, end, now time.Time) {
+// Shortened undoes an extension: the reservation's spans end at end again.
+func (ix *Index) Shortened(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	n := ix.byID[nodeID]
@@ -508,7 +502,7 @@ func (ix *poolIndex) shortened(nodeID, rsv string, end, now time.Time) {
 
 // markUnschedulable takes a node out of placement until the next reload
 // (the booking transaction found it drained or not ready).
-func (ix *poolIndex) markUnschedulable(nodeID string) {
+func (ix *Index) markUnschedulable(nodeID string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if n := ix.byID[nodeID]; n != nil {
@@ -518,7 +512,7 @@ func (ix *poolIndex) markUnschedulable(nodeID string) {
 
 // sync re-reads the bookings and holds of some nodes (after lost races:
 // another writer booked what the index thought free).
-func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string, now time.Time) error {
+func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, now time.Time) error {
 	slices.Sort(nodeIDs)
 	nodeIDs = slices.Compact(nodeIDs)
 	for _, id := range nodeIDs {
@@ -540,9 +534,9 @@ func (ix *poolIndex) sync(ctx context.Context, q store.Querier, nodeIDs []string
 	return nil
 }
 
-// static is a snapshot of the whole pool with nothing booked: "could this
+// Static is a snapshot of the whole pool with nothing booked: "could this
 // ever fit".
-func (ix *poolIndex) static() *snapshot {
+func (ix *Index) Static() *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	list := make([]placement.Node, len(ix.nodes))
@@ -550,16 +544,16 @@ func (ix *poolIndex) static() *snapshot {
 		list[i] = n.base
 		list[i].TenantAtoms = map[string]int{}
 	}
-	s := &snapshot{snap: placement.NewSnapshot(list), nodes: make(map[string]*placement.Node, len(list))}
+	s := &Snapshot{Snap: placement.NewSnapshot(list), Nodes: make(map[string]*placement.Node, len(list))}
 	for i := range list {
-		s.nodes[list[i].ID] = &list[i]
+		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s
 }
 
-// share is the smallest host's per-GPU share (vcpu, memoryGiB), the default
+// Share is the smallest host's per-GPU share (vcpu, memoryGiB), the default
 // host resources when the pool sets none.
-func (ix *poolIndex) share() (vcpu, memGiB int) {
+func (ix *Index) Share() (vcpu, memGiB int) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	return ix.shareVCPU, ix.shareMemGiB

@@ -1,0 +1,250 @@
+package placer
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
+	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
+	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// MaxReplans is how many times one placement is retried after losing a race
+// for its atoms before the reservation waits in the queue.
+const MaxReplans = 3
+
+// Placers runs the placers of the pools this replica owns, keeps their
+// indexes, and elects the owner of each pool across replicas.
+type Placers struct {
+	// DB is read to refresh pool indexes in the background.
+	DB    *store.DB
+	Clock clock.Clock
+
+	// IndexRefresh is how often a pool's in-memory index is reloaded;
+	// default DefaultIndexRefresh.
+	IndexRefresh time.Duration
+
+	// BatchObserved observes each placer transaction: how many mutations
+	// it carried and how long it held the writer, from BEGIN to COMMIT
+	// (benchmarks read it); nil skips it.
+	BatchObserved func(size int, hold time.Duration)
+	// Env stages placer batches' audit rows, events and idempotency
+	// records; the reservation service sets it.
+	Env *envelope.Envelope
+
+	// PendingEvery, when set (several replicas on PostgreSQL), is how often
+	// a pool's placer runs PendingPass for its pool.
+	PendingEvery time.Duration
+	PendingPass  func(poolID string)
+
+	plMu    sync.Mutex
+	placers map[string]*placer
+	cluster *cluster
+	stopped bool
+
+	replans    atomic.Int64
+	seed       atomic.Uint64
+	ixMu       sync.Mutex
+	indexes    map[string]*Index
+	loading    map[string]*indexLoad
+	refreshing map[string]bool
+}
+
+// Replans counts placements retried after a lost race (for benchmarks).
+func (e *Placers) Replans() int64 { return e.replans.Load() }
+
+// errHostFull: the node's host memory is taken by a booking placement did not
+// see; like an overlap, it means replan.
+var errHostFull = errors.New("host resources taken concurrently")
+
+// Request is the placement request of a reservation.
+func Request(r *capmodel.Reservation) placement.Request {
+	return placement.Request{
+		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
+		Hugepages1Gi: r.Hugepages1Gi, Tenant: r.TenantID, SingleTenant: r.SingleTenant,
+		Tolerations: []string{"dedicated=" + r.TenantID},
+	}
+}
+
+// Place finds a plan and books it in the batch. It looks at the fullest
+// candidate nodes first and scans the whole pool only when none fits. In a
+// placer batch the index is the truth (the placer is the pool's only
+// writer), so the first plan is booked; a plan the database refuses — which
+// only the per-item fallback can see — is followed by the next plan, and
+// after a round of such refusals the index re-reads the contested nodes and
+// places again, up to MaxReplans times. It reports whether the reservation
+// was placed and, when not, why.
+func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, now time.Time) (bool, placement.Explanation, error) {
+	ix := b.ix
+	req := Request(r)
+	need := r.GPUs + r.Slots
+	var ex placement.Explanation
+	for attempt := 0; attempt < MaxReplans; attempt++ {
+		snap := ix.Snapshot(r.StartsAt, r.EndsAt, need, CandidateLimit, e.Rng())
+		res, err := placement.Place(snap.Snap, req, placement.Options{Limit: 4})
+		if err != nil {
+			return false, ex, err
+		}
+		if len(res.Plans) == 0 {
+			snap = ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+			if res, err = placement.Place(snap.Snap, req, placement.Options{Limit: 4}); err != nil {
+				return false, ex, err
+			}
+		}
+		ex = res.Explanation
+		if len(res.Plans) == 0 {
+			return false, ex, nil
+		}
+		var contested []string
+		for k := range res.Plans {
+			plan := &res.Plans[k]
+			m := b.Mark()
+			err := e.book(ctx, b, r, plan, snap.Nodes[plan.NodeID])
+			if b.immediate && err != nil {
+				b.Rewind(m)
+			}
+			switch {
+			case errors.Is(err, errNodeGone):
+				ix.markUnschedulable(plan.NodeID)
+				continue
+			case errors.Is(err, errStaleIndex):
+				// The pool changed under the index and no delta told it
+				// yet: leave the node out now, reload after the batch.
+				ix.markUnschedulable(plan.NodeID)
+				b.stale = true
+				continue
+			case errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull):
+				contested = append(contested, plan.NodeID)
+				continue
+			case err != nil:
+				return false, ex, err
+			}
+			return true, ex, nil
+		}
+		if len(contested) == 0 {
+			continue
+		}
+		e.replans.Add(1)
+		if err := ix.sync(ctx, b.tx, contested, now); err != nil {
+			return false, ex, err
+		}
+	}
+	return false, ex, nil
+}
+
+// Rng is a fresh random source for a snapshot's sample of candidates.
+func (e *Placers) Rng() *rand.Rand {
+	return rand.New(rand.NewPCG(e.seed.Add(1), 0x9e3779b97f4a7c15))
+}
+
+// errNodeGone: the chosen node is no longer active and ready.
+var errNodeGone = errors.New("node left placement")
+
+// errStaleIndex: the chosen atoms are no longer in the pool or usable.
+var errStaleIndex = errors.New("pool index is stale")
+
+// book books the plan for r in the batch and marks the index (undone if
+// the batch, or in the fallback the item, rolls back).
+func (e *Placers) book(ctx context.Context, b *Batch, r *capmodel.Reservation, plan *placement.Plan, n *placement.Node) error {
+	bs := make([]booking.Booking, 0, len(plan.Atoms))
+	for _, a := range plan.Atoms {
+		bs = append(bs, booking.Booking{ReservationID: r.ID, Atom: a, StartsAt: r.StartsAt, EndsAt: r.EndsAt})
+	}
+	// CPUs are booked as ranges, one row per contiguous run.
+	runs := booking.CPURanges(plan.CPUs)
+	cpus := make([]booking.CPURange, len(runs))
+	for i, run := range runs {
+		cpus[i] = booking.CPURange{ReservationID: r.ID, NodeID: plan.NodeID, Lo: run[0], Hi: run[1], StartsAt: r.StartsAt, EndsAt: r.EndsAt}
+	}
+	// The node must still take bookings (FOR SHARE on PostgreSQL: a
+	// liveness sweep marking it lost waits for this batch to commit, and
+	// its NodesLost hook then sees the booking).
+	if err := b.checkNode(ctx, plan.NodeID); err != nil {
+		return err
+	}
+	if b.immediate {
+		// The plan came from the index; the atoms must still be in the
+		// pool and usable. A batch checks all its atoms at once instead.
+		if ok, err := atomsUsable(ctx, b.tx, r.PoolID, plan.NodeID, plan.Atoms); err != nil || !ok {
+			return errors.Join(err, errStaleIndex)
+		}
+	} else {
+		b.atoms = append(b.atoms, plan.Atoms...)
+	}
+	if err := b.stageBookings(ctx, bs, cpus); err != nil {
+		return err
+	}
+	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0) {
+		// The database's word on host memory, in the fallback; a batch
+		// trusts the index, whose placer is the node's only booker.
+		if err := checkHost(ctx, b.tx, r, plan.NodeID); err != nil {
+			return err
+		}
+	}
+	if err := e.RecordPlan(r, plan, n); err != nil {
+		return err
+	}
+	if ix := b.ix; ix != nil {
+		ix.mark(r, plan, b.now)
+		nodeID, id, start := plan.NodeID, r.ID, r.StartsAt
+		b.undo = append(b.undo, func() { ix.Released(nodeID, id, start, b.now) })
+	}
+	return nil
+}
+
+// RecordPlan records a plan's placement on r.
+func (e *Placers) RecordPlan(r *capmodel.Reservation, plan *placement.Plan, n *placement.Node) error {
+	rec := capmodel.PlacementRecord{NodeName: plan.NodeName, Atoms: plan.Atoms, CPUs: plan.CPUs, CPUSet: plan.CPUSet, NUMA: plan.NUMA,
+		Island: -1, Kinds: map[string]int{},
+		Score: [5]float64{plan.Score.Binpack, plan.Score.Topology, plan.Score.Fragmentation, plan.Score.Spread, plan.Score.Total}}
+	islands := map[int]bool{}
+	model := ""
+	for _, a := range plan.Atoms {
+		uuid, kind := a, capmodel.KindGPU
+		if i := strings.Index(a, "/mig/"); i >= 0 {
+			uuid, kind = a[:i], capmodel.KindMIG
+		} else if i := strings.LastIndex(a, "/s"); i >= 0 {
+			uuid, kind = a[:i], capmodel.KindSlot
+		}
+		rec.Kinds[kind]++
+		if !slices.Contains(rec.GPUUUIDs, uuid) {
+			rec.GPUUUIDs = append(rec.GPUUUIDs, uuid)
+		}
+		if n != nil {
+			for _, g := range n.GPUs {
+				if g.UUID == uuid {
+					islands[g.Island] = true
+					model = g.Model
+				}
+			}
+		}
+	}
+	if len(islands) == 1 {
+		for i := range islands {
+			rec.Island = i
+		}
+	}
+	rec.AtomModel = model
+	r.NodeID, r.GPUModel, r.Placement = plan.NodeID, gpumodel.Short(model), rec
+	return nil
+}
+
+// ExplanationProto converts a placement explanation for the API.
+func ExplanationProto(ex placement.Explanation) *apiv1.Explanation {
+	out := &apiv1.Explanation{Evaluated: int32(ex.Evaluated), Feasible: int32(ex.Feasible), Summary: ex.String()}
+	for _, l := range ex.Lines() {
+		out.Lines = append(out.Lines, &apiv1.ExplanationLine{Class: l.Class.String(), Reason: l.Reason, Nodes: int32(l.Nodes)})
+	}
+	return out
+}
