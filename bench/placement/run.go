@@ -131,6 +131,9 @@ func run(ctx context.Context, o options, logf func(string, ...any)) (res result,
 		return res, err
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
+	// The placers hand their pools back (and their lock session to the
+	// pool) before the store closes.
+	defer b.app.Stop()
 	logf("loaded %d atoms in %.1fs", res.Atoms, res.LoadS)
 	if o.history > 0 {
 		logf("preloaded %d ended bookings in %.1fs", o.history, res.HistoryLoadS)
