@@ -462,6 +462,9 @@ func (a *App) buildCapacity() *reservation.Runner {
 		// run by the replica that owns its placer.
 		e.PendingEvery = rn.TickEvery()
 		e.PendingPass = func(poolID string) {
+			if err := rn.TickPool(context.Background(), poolID); err != nil {
+				a.cfg.Logger.Warn("ticking a pool", "pool", poolID, "err", err)
+			}
 			if _, err := rn.PlacePending(context.Background(), poolID); err != nil {
 				a.cfg.Logger.Warn("placing a pool's queue", "pool", poolID, "err", err)
 			}

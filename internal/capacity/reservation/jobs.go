@@ -304,14 +304,48 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 // what waits.
 func (rn *Runner) Tick(ctx context.Context) error {
 	e := rn.Engine
-	var pools []string
-	err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		now := e.Clock.Now()
-		var evs []envelope.Event
-		rs, err := due(ctx, tx, now)
+	var due, pending []string
+	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		var err error
+		if due, err = duePools(ctx, tx, e.Clock.Now()); err != nil {
+			return err
+		}
+		pending, err = pendingPools(ctx, tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, p := range due {
+		if err := rn.TickPool(ctx, p); err != nil {
+			return err
+		}
+	}
+	for _, p := range pending {
+		if _, err := rn.PlacePending(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TickPool starts, expires and times out the binds of one pool's due
+// reservations, in its placer: a transition never races the pool's
+// placements. Another replica's pool is left to it (its owner ticks it).
+func (rn *Runner) TickPool(ctx context.Context, poolID string) error {
+	e := rn.Engine
+	if here, _, err := e.Claim(ctx, poolID); err != nil || !here {
+		if errors.Is(err, placer.ErrNotOwner) {
+			err = nil
+		}
+		return err
+	}
+	return e.Submit(ctx, poolID, true, func(ctx context.Context, b *placer.Batch) error {
+		tx, now := b.Tx(), b.Now()
+		rs, err := duePool(ctx, tx, poolID, now)
 		if err != nil {
 			return err
 		}
+		var evs []envelope.Event
 		for i := range rs {
 			r := &rs[i]
 			from := r.State
@@ -331,20 +365,8 @@ func (rn *Runner) Tick(ctx context.Context) error {
 			}
 			evs = append(evs, more...)
 		}
-		if pools, err = pendingPools(ctx, tx); err != nil {
-			return err
-		}
 		return rn.record(ctx, tx, evs)
 	})
-	if err != nil {
-		return err
-	}
-	for _, p := range pools {
-		if _, err := rn.PlacePending(ctx, p); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func saveMoved(ctx context.Context, tx store.Tx, r *Reservation, from string, now time.Time) error {

@@ -177,15 +177,23 @@ func rollupBooked(ctx context.Context, tx store.Tx, r *Reservation, sign int) er
 	return nil
 }
 
-// due lists the reservations the tick acts on: placed ones whose start came,
+// duePool lists the reservations of a pool the tick acts on: placed ones whose start came,
 // live ones whose end came and binds past their deadline. FOR UPDATE on
 // PostgreSQL: an Extend, a second tick or the placer waits, and what it then
 // reads is what the tick wrote.
-func due(ctx context.Context, tx store.Tx, now time.Time) ([]Reservation, error) {
+func duePool(ctx context.Context, tx store.Tx, poolID string, now time.Time) ([]Reservation, error) {
 	return scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
-			WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
-				OR (state = 'binding' AND bind_deadline < $1)
-			ORDER BY id LIMIT 500`+store.ForUpdate(tx), now))
+			WHERE pool_id = $2 AND ((state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
+				OR (state = 'binding' AND bind_deadline < $1))
+			ORDER BY id LIMIT 500`+store.ForUpdate(tx), now, poolID))
+}
+
+// duePools lists the pools that have reservations the tick acts on.
+func duePools(ctx context.Context, q store.Querier, now time.Time) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations
+		WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
+			OR (state = 'binding' AND bind_deadline < $1)
+		ORDER BY pool_id`, now))
 }
 
 // nodeTenants lists the tenants that have nodes that are not retired.
