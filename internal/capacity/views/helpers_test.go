@@ -134,7 +134,7 @@ func (f *world) reservation(id, tenantID, poolID, state string, gpus int) {
 func (f *world) book(reservation, atom string, from, to time.Time) {
 	f.t.Helper()
 	require.NoError(f.t, f.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
-		return booking.BookingInsert(ctx, tx, []booking.Booking{{ReservationID: reservation, Atom: atom, StartsAt: from, EndsAt: to}})
+		return booking.Insert(ctx, tx, []booking.Booking{{ReservationID: reservation, Atom: atom, StartsAt: from, EndsAt: to}}, nil)
 	}))
 }
 
