@@ -457,6 +457,7 @@ func (a *App) buildCapacity() *reservation.Runner {
 	}
 	rn := &reservation.Runner{DB: a.DB, Rec: a.recorder, Engine: e, Log: a.cfg.Logger, TickInterval: a.cfg.CapacityTick}
 	e.Reconciler.Wake = e.WakePools
+	e.Reconciler.NodeChanged = e.NodeChanged
 	if a.DB.PgxPool() != nil {
 		// Several replicas may share the database: each pool's queue is
 		// run by the replica that owns its placer.

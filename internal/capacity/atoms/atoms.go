@@ -120,6 +120,9 @@ type Reconciler struct {
 	// Wake is called (in the transaction) with the pools that gained
 	// capacity, so the queued placer looks at them; may be nil.
 	Wake func(ctx context.Context, tx store.Tx, poolIDs []string) error
+	// NodeChanged, when set, is told (in the transaction) that a node of a
+	// pool changed and the pool's version became version.
+	NodeChanged func(tx store.Tx, poolID, nodeID string, version int64)
 }
 
 // ReconcileTenant reconciles every node of a tenant (a pool changed).
@@ -361,12 +364,18 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 		}
 	}
 	if changed {
-		if err := BumpPoolVersion(ctx, tx, oldPool); err != nil {
-			return nil, err
-		}
+		bumped := []string{oldPool}
 		if poolID != oldPool {
-			if err := BumpPoolVersion(ctx, tx, poolID); err != nil {
+			bumped = append(bumped, poolID)
+		}
+		for _, p := range bumped {
+			v, err := bumpPoolVersion(ctx, tx, p)
+			if err != nil {
 				return nil, err
+			}
+			// The pool's placer reads this node again, not the pool.
+			if p != "" && rc.NodeChanged != nil {
+				rc.NodeChanged(tx, p, nodeID, v)
 			}
 		}
 	}

@@ -25,12 +25,19 @@ func reconcileLock(ctx context.Context, tx store.Tx, tenantID string) error {
 // BumpPoolVersion tells every process's index that a pool's nodes or atoms
 // changed.
 func BumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
-	if poolID == "" {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO pool_versions (pool_id, version) VALUES ($1, 1)
-		ON CONFLICT (pool_id) DO UPDATE SET version = pool_versions.version + 1`, poolID)
+	_, err := bumpPoolVersion(ctx, tx, poolID)
 	return err
+}
+
+// bumpPoolVersion bumps a pool's version and returns the new one.
+func bumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) (int64, error) {
+	if poolID == "" {
+		return 0, nil
+	}
+	var v int64
+	err := tx.QueryRow(ctx, `INSERT INTO pool_versions (pool_id, version) VALUES ($1, 1)
+		ON CONFLICT (pool_id) DO UPDATE SET version = pool_versions.version + 1 RETURNING version`, poolID).Scan(&v)
+	return v, err
 }
 
 // RollupAdd records a change of the capacity rollup of (pool, model, kind).

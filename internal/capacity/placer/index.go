@@ -558,3 +558,39 @@ func (ix *Index) Share() (vcpu, memGiB int) {
 	defer ix.mu.RUnlock()
 	return ix.shareVCPU, ix.shareMemGiB
 }
+
+// applyNodes updates the index from a snapshot of some of its pool's nodes
+// (a delta from the atoms reconciler): a node in s replaces or joins, one of
+// changed missing from s has left the pool. The bookings and holds of the
+// nodes that stay are read again by the caller (sync).
+func (ix *Index) applyNodes(s *Snapshot, changed []string, now time.Time) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	for _, id := range changed {
+		old := ix.byID[id]
+		fresh, ok := s.Nodes[id]
+		switch {
+		case ok && old != nil:
+			old.base = *fresh
+			old.base.TenantAtoms = nil
+			ix.refile(old, now)
+		case ok:
+			n := &ixNode{base: *fresh, booked: map[string][]span{}}
+			n.base.TenantAtoms = nil
+			ix.nodes = append(ix.nodes, n)
+			ix.byID[id] = n
+			n.free = n.freeAt(now)
+			ix.place(n)
+		case old != nil:
+			ix.unplace(old)
+			delete(ix.byID, id)
+			ix.nodes = slices.DeleteFunc(ix.nodes, func(n *ixNode) bool { return n == old })
+		}
+	}
+	if s.shareVCPU > 0 && (ix.shareVCPU == 0 || s.shareVCPU < ix.shareVCPU) {
+		ix.shareVCPU = s.shareVCPU
+	}
+	if s.shareMemGiB > 0 && (ix.shareMemGiB == 0 || s.shareMemGiB < ix.shareMemGiB) {
+		ix.shareMemGiB = s.shareMemGiB
+	}
+}

@@ -54,6 +54,7 @@ type Placers struct {
 	stopped bool
 
 	replans    atomic.Int64
+	deltas     atomic.Int64
 	seed       atomic.Uint64
 	ixMu       sync.Mutex
 	indexes    map[string]*Index

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -60,6 +61,10 @@ type placer struct {
 	// ixMu guards loading ix; the index's own lock guards its contents.
 	ixMu sync.Mutex
 	ix   *Index
+	// deltas are the nodes the atoms reconciler changed, by the pool
+	// version each change took.
+	deltaMu sync.Mutex
+	deltas  map[int64][]string
 	// retired: another replica took the pool; the loop ends.
 	retired bool
 	// quit is closed when the placers stop.
@@ -310,7 +315,7 @@ func (e *Placers) startPlacer(poolID string) *placer {
 	if e.placers == nil {
 		e.placers = map[string]*placer{}
 	}
-	p := &placer{e: e, poolID: poolID, in: make(chan *work, 4*MaxBatch), quit: make(chan struct{})}
+	p := &placer{e: e, poolID: poolID, in: make(chan *work, 4*MaxBatch), quit: make(chan struct{}), deltas: map[int64][]string{}}
 	e.placers[poolID] = p
 	go p.loop()
 	return p
@@ -420,6 +425,56 @@ func (p *placer) current(check bool) (*Index, error) {
 			return err
 		}
 		if p.ix != nil && p.ix.version == v {
+			ix = p.ix
+			return nil
+		}
+		// Deltas cover the change when every version since the index's
+		// came with one (another replica's reconcile, or a policy change,
+		// bumps without).
+		covered := p.ix != nil && v > p.ix.version
+		var set map[string]bool
+		p.deltaMu.Lock()
+		if covered {
+			set = map[string]bool{}
+			for ver := p.ix.version + 1; ver <= v; ver++ {
+				ns, ok := p.deltas[ver]
+				if !ok {
+					covered = false
+					break
+				}
+				for _, id := range ns {
+					set[id] = true
+				}
+			}
+		}
+		for ver := range p.deltas {
+			if ver <= v {
+				delete(p.deltas, ver)
+			}
+		}
+		p.deltaMu.Unlock()
+		nodes := slices.Sorted(maps.Keys(set))
+		if covered {
+			// Every change since the index was loaded is one this
+			// process's reconciler told of: read those nodes again
+			// instead of the whole pool.
+			s, err := loadSnapshot(ctx, tx, p.poolID, nodes...)
+			if err != nil {
+				return err
+			}
+			now := p.e.Clock.Now()
+			p.ix.applyNodes(s, nodes, now)
+			var stay []string
+			for _, id := range nodes {
+				if _, ok := s.Nodes[id]; ok {
+					stay = append(stay, id)
+				}
+			}
+			if err := p.ix.sync(ctx, tx, stay, now); err != nil {
+				return err
+			}
+			p.ix.version = v
+			p.e.deltas.Add(1)
 			ix = p.ix
 			return nil
 		}
@@ -631,3 +686,23 @@ func (b *Batch) AddPending() { b.pending++ }
 // OnUndo registers fn to undo an index change if the batch, or in the
 // fallback the item, rolls back.
 func (b *Batch) OnUndo(fn func()) { b.undo = append(b.undo, fn) }
+
+// NodeChanged tells the pool's placer, after tx commits, that the atoms
+// reconciler changed a node of the pool, which took the pool to version:
+// the placer reads that node again instead of the whole pool.
+func (e *Placers) NodeChanged(tx store.Tx, poolID, nodeID string, version int64) {
+	tx.AfterCommit(func() {
+		e.plMu.Lock()
+		p := e.placers[poolID]
+		e.plMu.Unlock()
+		if p == nil {
+			return
+		}
+		p.deltaMu.Lock()
+		p.deltas[version] = append(p.deltas[version], nodeID)
+		p.deltaMu.Unlock()
+	})
+}
+
+// Deltas counts index updates made from deltas rather than reloads.
+func (e *Placers) Deltas() int64 { return e.deltas.Load() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sort"
 	"strings"
 
@@ -25,7 +26,19 @@ type Snapshot struct {
 
 // loadSnapshot reads a pool's nodes and atoms with nothing booked: the
 // static part of the pool index, which adds the bookings itself.
-func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapshot, error) {
+func loadSnapshot(ctx context.Context, q store.Querier, poolID string, only ...string) (*Snapshot, error) {
+	// only, when given, confines the read to those nodes (a delta).
+	var onlyArgs []any
+	inNodes := func(col string) string { return "" }
+	if len(only) > 0 {
+		ph := make([]string, len(only))
+		for i, id := range only {
+			ph[i] = fmt.Sprintf("$%d", i+2)
+			onlyArgs = append(onlyArgs, id)
+		}
+		list := strings.Join(ph, ", ")
+		inNodes = func(col string) string { return " AND " + col + " IN (" + list + ")" }
+	}
 	nodes := map[string]*placement.Node{}
 	var order []string
 	// Explanations name the pool as operators do.
@@ -34,7 +47,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapsho
 		return nil, err
 	}
 	rows, err := q.Query(ctx, `SELECT n.id, n.name, n.labels, n.state, n.liveness, n.capabilities
-		FROM node_pools np JOIN nodes n ON n.id = np.node_id WHERE np.pool_id = $1 ORDER BY n.id`, poolID)
+		FROM node_pools np JOIN nodes n ON n.id = np.node_id WHERE np.pool_id = $1`+inNodes("n.id")+` ORDER BY n.id`, append([]any{poolID}, onlyArgs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +99,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapsho
 
 	rows, err = q.Query(ctx, `SELECT a.id, a.node_id, a.kind, a.gpu_uuid, a.model, a.gpu_index, a.numa, a.island, a.memory_mib, a.profile,
 			a.quarantined, a.partition_pending
-		FROM atoms a JOIN node_pools np ON np.node_id = a.node_id WHERE np.pool_id = $1 ORDER BY a.node_id, a.gpu_index, a.id`, poolID)
+		FROM atoms a JOIN node_pools np ON np.node_id = a.node_id WHERE np.pool_id = $1`+inNodes("a.node_id")+` ORDER BY a.node_id, a.gpu_index, a.id`, append([]any{poolID}, onlyArgs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +157,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string) (*Snapsho
 	}
 
 	rows, err = q.Query(ctx, `SELECT h.node_id, h.memory_gib, h.hugepages_2mi, h.hugepages_1gi FROM host_resources h
-		JOIN node_pools np ON np.node_id = h.node_id WHERE np.pool_id = $1`, poolID)
+		JOIN node_pools np ON np.node_id = h.node_id WHERE np.pool_id = $1`+inNodes("h.node_id"), append([]any{poolID}, onlyArgs...)...)
 	if err != nil {
 		return nil, err
 	}

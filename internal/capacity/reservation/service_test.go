@@ -748,3 +748,34 @@ func TestPoolConflict(t *testing.T) {
 	require.Empty(t, reason)
 	require.Equal(t, "false", status)
 }
+
+// TestIndexFollowsDeltas: once the placer's index is loaded, a node the
+// atoms reconciler changes (a GPU quarantined) is read again on its own —
+// a delta, not a reload of the pool — and placement sees the change.
+func TestIndexFollowsDeltas(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	node := f.sim.Daemons[0].NodeID()
+	first := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", first.GetState())
+	var bad string
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT uuid FROM gpus WHERE node_id = $1 AND uuid <> $2 ORDER BY idx LIMIT 1`,
+			node, first.GetPlacement().GetAtoms()[0]).Scan(&bad)
+	}))
+	before := f.cp.App.Capacity.Engine.Deltas()
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
+			VALUES ($1, $2, 'true', 'XID79', 'fell off the bus', compute_now())`, node, "GpuQuarantined/"+bad); err != nil {
+			return err
+		}
+		return f.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, node)
+	}))
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 6, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", r.GetState())
+	require.NotContains(t, r.GetPlacement().GetAtoms(), bad)
+	require.Greater(t, f.cp.App.Capacity.Engine.Deltas(), before, "the change came as a delta")
+	one := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	require.Equal(t, "pending", one.GetState(), "the quarantined GPU is all that is left")
+}
