@@ -127,7 +127,15 @@ type Reconciler struct {
 
 // ReconcileTenant reconciles every node of a tenant (a pool changed).
 func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID string) error {
-	return rc.reconcileTenant(ctx, tx, tenantID, nil)
+	return rc.reconcileTenant(ctx, tx, tenantID, nil, true)
+}
+
+// Sweep reconciles every node of a tenant as the periodic safety net does:
+// like ReconcileTenant, except that no pool's policy changed, so only the
+// nodes that change tell the pools' indexes (a delta each), and an index
+// with nothing changed is not reloaded.
+func (rc *Reconciler) Sweep(ctx context.Context, tx store.Tx, tenantID string) error {
+	return rc.reconcileTenant(ctx, tx, tenantID, nil, false)
 }
 
 // ReconcilePool reconciles every node of a tenant after one of its pools
@@ -139,7 +147,7 @@ func (rc *Reconciler) ReconcileTenant(ctx context.Context, tx store.Tx, tenantID
 // transaction rolls back whatever the pass wrote.
 func (rc *Reconciler) ReconcilePool(ctx context.Context, tx store.Tx, tenantID, poolID string) error {
 	g := &conflictGuard{poolID: poolID, overlaps: map[string]int{}}
-	if err := rc.reconcileTenant(ctx, tx, tenantID, g); err != nil {
+	if err := rc.reconcileTenant(ctx, tx, tenantID, g, true); err != nil {
 		return err
 	}
 	return g.err()
@@ -196,7 +204,7 @@ func (g *conflictGuard) err() error {
 		g.name, strings.Join(parts, ", "))
 }
 
-func (rc *Reconciler) reconcileTenant(ctx context.Context, tx store.Tx, tenantID string, guard *conflictGuard) error {
+func (rc *Reconciler) reconcileTenant(ctx context.Context, tx store.Tx, tenantID string, guard *conflictGuard, policyChanged bool) error {
 	if err := reconcileLock(ctx, tx, tenantID); err != nil {
 		return err
 	}
@@ -219,6 +227,9 @@ func (rc *Reconciler) reconcileTenant(ctx context.Context, tx store.Tx, tenantID
 	// A policy change (host reserve, sharing) reshapes what every member
 	// offers: every process reloads its index of the tenant's pools.
 	for _, p := range pools {
+		if !policyChanged {
+			break
+		}
 		if err := BumpPoolVersion(ctx, tx, p.ID); err != nil {
 			return err
 		}

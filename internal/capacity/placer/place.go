@@ -111,7 +111,15 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 		for k := range res.Plans {
 			plan := &res.Plans[k]
 			m := b.Mark()
-			err := e.book(ctx, b, r, plan, snap.Nodes[plan.NodeID])
+			var err error
+			if b.immediate {
+				// Written at once: a refusal (an overlap, a lost node)
+				// must leave the transaction usable for the next plan —
+				// PostgreSQL aborts it on any error otherwise.
+				err = Savepoint(ctx, b.tx, "place", func() error { return e.book(ctx, b, r, plan, snap.Nodes[plan.NodeID]) })
+			} else {
+				err = e.book(ctx, b, r, plan, snap.Nodes[plan.NodeID])
+			}
 			if b.immediate && err != nil {
 				b.Rewind(m)
 			}

@@ -603,8 +603,7 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) e
 				continue
 			}
 			b.Rewind(m)
-			var apiErr *envelope.Error
-			if perItem || w.direct || errors.As(err, &apiErr) {
+			if perItem || w.direct || refusedBeforeWriting(err) {
 				w.err, w.failed = err, true
 				continue
 			}
@@ -706,3 +705,18 @@ func (e *Placers) NodeChanged(tx store.Tx, poolID, nodeID string, version int64)
 
 // Deltas counts index updates made from deltas rather than reloads.
 func (e *Placers) Deltas() int64 { return e.deltas.Load() }
+
+// refusedBeforeWriting reports whether a staged item's error is the API's
+// own refusal (no capacity, a quota, a bad field), which leaves the shared
+// transaction as it was. An error from the database — even wrapped as an API
+// error — may have aborted it (PostgreSQL does on any error), so it fails
+// the batch, and the per-item fallback finds the item.
+func refusedBeforeWriting(err error) bool {
+	var apiErr *envelope.Error
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	var se *store.Error
+	var sqlState interface{ SQLState() string }
+	return !errors.As(err, &se) && !errors.As(err, &sqlState)
+}

@@ -182,7 +182,7 @@ func (rn *Runner) ReconcileAll(ctx context.Context) error {
 	}
 	for _, t := range tenants {
 		if err := rn.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-			return rn.Engine.Reconciler.ReconcileTenant(ctx, tx, t)
+			return rn.Engine.Reconciler.Sweep(ctx, tx, t)
 		}); err != nil {
 			return err
 		}
