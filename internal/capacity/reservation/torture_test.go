@@ -1308,16 +1308,7 @@ func TestTortureBugRequeueClearsDevicesHeld(t *testing.T) {
 	require.NoError(t, err)
 	id := res.Msg.GetReservation().GetId()
 	// Take every other node of the pool out, so that it cannot land again.
-	nodeID := res.Msg.GetReservation().GetPlacement().GetNodeId()
-	require.NoError(t, e.write(func(ctx context.Context, tx store.Tx) error {
-		if _, err := tx.Exec(ctx, `UPDATE nodes SET state = 'draining' WHERE id <> $1`, nodeID); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'lost' WHERE id = $1`, nodeID); err != nil {
-			return err
-		}
-		return e.cp.App.Capacity.Hooks().NodesLost(ctx, tx, []string{nodeID})
-	}))
+	e.loseOnlyNode(t, res.Msg.GetReservation().GetPlacement().GetNodeId())
 	got, err := e.admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: id}))
 	require.NoError(t, err)
 	r := got.Msg.GetReservation()
@@ -1854,7 +1845,6 @@ func TestRequeueResetsBindAttempts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reservation.StateBinding, res.Msg.GetReservation().GetState())
 	id := res.Msg.GetReservation().GetId()
-	nodeID := res.Msg.GetReservation().GetPlacement().GetNodeId()
 	attempts := func() (n int) {
 		require.NoError(t, e.write(func(ctx context.Context, tx store.Tx) error {
 			return tx.QueryRow(ctx, `SELECT bind_attempts FROM reservations WHERE id = $1`, id).Scan(&n)
@@ -1862,6 +1852,18 @@ func TestRequeueResetsBindAttempts(t *testing.T) {
 		return n
 	}
 	require.Equal(t, 1, attempts())
+	e.loseOnlyNode(t, res.Msg.GetReservation().GetPlacement().GetNodeId())
+	got, err := e.admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: id}))
+	require.NoError(t, err)
+	require.Equal(t, reservation.StatePending, got.Msg.GetReservation().GetState(), "requeued")
+	require.Zero(t, attempts(), "a requeued reservation starts its binds afresh")
+}
+
+// loseOnlyNode drains every other node and loses this one, as the liveness
+// sweep does (the hook in the same transaction): what it held must be placed
+// again, and cannot land anywhere yet.
+func (e *torture) loseOnlyNode(t *testing.T, nodeID string) {
+	t.Helper()
 	require.NoError(t, e.write(func(ctx context.Context, tx store.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE nodes SET state = 'draining' WHERE id <> $1`, nodeID); err != nil {
 			return err
@@ -1871,8 +1873,4 @@ func TestRequeueResetsBindAttempts(t *testing.T) {
 		}
 		return e.cp.App.Capacity.Hooks().NodesLost(ctx, tx, []string{nodeID})
 	}))
-	got, err := e.admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: id}))
-	require.NoError(t, err)
-	require.Equal(t, reservation.StatePending, got.Msg.GetReservation().GetState(), "requeued")
-	require.Zero(t, attempts(), "a requeued reservation starts its binds afresh")
 }
