@@ -188,6 +188,17 @@ func TestConfirmationExpiry(t *testing.T) {
 	pendingID := request("web")
 
 	cp.Clock.Advance(16 * time.Minute)
+	// River follows the simulated clock: the expiry jobs are due now and
+	// write their rows (an event each) in the background. Let them finish
+	// before counting, or their rows land inside the refused approval's
+	// window.
+	bctest.WaitFor(t, "the expiry jobs", func() bool {
+		var n int
+		require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM confirmations WHERE id IN ($1, $2) AND state = 'expired'`, approvedID, pendingID).Scan(&n)
+		}))
+		return n == 2
+	})
 
 	before := sfCounts(t, cp)
 	cp.Authz.Reset()
