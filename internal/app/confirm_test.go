@@ -188,10 +188,10 @@ func TestConfirmationExpiry(t *testing.T) {
 	pendingID := request("web")
 
 	cp.Clock.Advance(16 * time.Minute)
-	// River follows the simulated clock: the expiry jobs are due now and
-	// write their rows (an event each) in the background. Let them finish
-	// before counting, or their rows land inside the refused approval's
-	// window.
+	// River follows the simulated clock (jobs.Config.Clock): the expiry
+	// jobs are due now and write their rows (an event each) in the
+	// background. Let them finish before counting, or their rows land
+	// inside the refused approval's window.
 	bctest.WaitFor(t, "the expiry jobs", func() bool {
 		var n int
 		require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
@@ -221,20 +221,6 @@ func TestConfirmationExpiry(t *testing.T) {
 	}))
 	require.Equal(t, 2, jobs)
 
-	// River schedules by wall time, not by the control plane's clock: after
-	// a simulated 16 minutes the jobs are still ~15 real minutes away and
-	// never run within a test (see the report). Make them due and available
-	// now in River's own terms (skipping River's scheduler, which promotes
-	// scheduled jobs only every few seconds); the worker then decides expiry
-	// by the store's clock.
-	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		q := `UPDATE river_job SET state = 'available', scheduled_at = '2000-01-01 00:00:00' WHERE kind = 'confirmations.expire'`
-		if tx.Dialect() == store.Postgres {
-			q = `UPDATE river_job SET state = 'available', scheduled_at = now() - interval '1 minute' WHERE kind = 'confirmations.expire'`
-		}
-		_, err := tx.Exec(ctx, q)
-		return err
-	}))
 	bctest.WaitFor(t, "the expire jobs to mark both confirmations expired", func() bool {
 		return len(cfList(t, admin, envelope.ConfirmationExpired)) == 2
 	})
