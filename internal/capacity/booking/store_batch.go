@@ -11,16 +11,6 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 )
 
-// maxParams is how many bind parameters one statement may carry: SQLite's
-// SQLITE_MAX_VARIABLE_NUMBER (32766) and PostgreSQL's protocol limit
-// (65535). Multi-row statements are chunked below it.
-func maxParams(d store.Dialect) int {
-	if d == store.Postgres {
-		return 65535
-	}
-	return 32766
-}
-
 // maxInList bounds an IN list where no dialect is at hand; it is under both
 // limits with room for the statement's other parameters.
 const maxInList = 10000
@@ -34,21 +24,6 @@ func placeholders(from, n int) string {
 		}
 		b.WriteByte('$')
 		b.WriteString(strconv.Itoa(from + i))
-	}
-	return b.String()
-}
-
-// rowsValues returns "($1, …, $k, compute_now()), (…)" for n rows of k
-// bound columns each; create_time comes from the one clock.
-func rowsValues(n, k int) string {
-	var b strings.Builder
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteByte('(')
-		b.WriteString(placeholders(1+i*k, k))
-		b.WriteString(", compute_now())")
 	}
 	return b.String()
 }
@@ -104,24 +79,21 @@ func Insert(ctx context.Context, tx store.Tx, atoms []Booking, cpus []CPURange) 
 		}
 		return a.Lo - b.Lo
 	})
-	limit := maxParams(tx.Dialect())
-	for chunk := range slices.Chunk(byAtom, limit/5) {
-		args := make([]any, 0, 5*len(chunk))
-		for _, b := range chunk {
-			args = append(args, b.ID, b.ReservationID, b.Atom, norm(b.StartsAt), norm(b.EndsAt))
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO bookings (`+columns+`) VALUES `+rowsValues(len(chunk), 5), args...); err != nil {
-			return fmt.Errorf("insert %d bookings: %w", len(chunk), classify(err))
-		}
+	// create_time comes from the one clock.
+	now := store.Raw("compute_now()")
+	rows := make([][]any, len(byAtom))
+	for i, b := range byAtom {
+		rows[i] = []any{b.ID, b.ReservationID, b.Atom, norm(b.StartsAt), norm(b.EndsAt), now}
 	}
-	for chunk := range slices.Chunk(byNode, limit/7) {
-		args := make([]any, 0, 7*len(chunk))
-		for _, r := range chunk {
-			args = append(args, newID(), r.ReservationID, r.NodeID, r.Lo, r.Hi, norm(r.StartsAt), norm(r.EndsAt))
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO cpu_bookings (`+cpuColumns+`) VALUES `+rowsValues(len(chunk), 7), args...); err != nil {
-			return fmt.Errorf("insert %d cpu ranges: %w", len(chunk), classify(err))
-		}
+	if err := store.InsertRows(ctx, tx, `INSERT INTO bookings (`+columns+`)`, "", rows); err != nil {
+		return fmt.Errorf("insert %d bookings: %w", len(rows), classify(err))
+	}
+	rows = make([][]any, len(byNode))
+	for i, r := range byNode {
+		rows[i] = []any{newID(), r.ReservationID, r.NodeID, r.Lo, r.Hi, norm(r.StartsAt), norm(r.EndsAt), now}
+	}
+	if err := store.InsertRows(ctx, tx, `INSERT INTO cpu_bookings (`+cpuColumns+`)`, "", rows); err != nil {
+		return fmt.Errorf("insert %d cpu ranges: %w", len(rows), classify(err))
 	}
 	return nil
 }
