@@ -55,6 +55,7 @@ type Placers struct {
 
 	replans    atomic.Int64
 	deltas     atomic.Int64
+	submitted  atomic.Int64
 	seed       atomic.Uint64
 	ixMu       sync.Mutex
 	indexes    map[string]*Index

@@ -330,6 +330,7 @@ func (e *Placers) submit(ctx context.Context, poolID string, w *work) error {
 	}
 	select {
 	case p.in <- w:
+		e.submitted.Add(1)
 	case <-p.quit:
 		return notOwner(poolID)
 	case <-ctx.Done():
@@ -702,6 +703,9 @@ func (e *Placers) NodeChanged(tx store.Tx, poolID, nodeID string, version int64)
 		p.deltaMu.Unlock()
 	})
 }
+
+// Submitted counts the mutations handed to this replica's placers.
+func (e *Placers) Submitted() int64 { return e.submitted.Load() }
 
 // Deltas counts index updates made from deltas rather than reloads.
 func (e *Placers) Deltas() int64 { return e.deltas.Load() }

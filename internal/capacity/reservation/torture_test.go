@@ -1656,11 +1656,16 @@ func TestTortureBugConcurrentTicksCollide(t *testing.T) {
 	e.cp.Clock.Advance(15 * time.Minute)
 
 	unlock := lockNode(t, e.db, res.Msg.GetReservation().GetPlacement().GetNodeId())
+	submitted := e.cp.App.Capacity.Engine.Submitted()
 	ticks := make(chan error, 2)
 	for range 2 {
 		go func() { ticks <- e.cp.App.Capacity.Tick(ctx) }()
 	}
-	waitForLockWaiters(t, e.db, 2)
+	// Both ticks reach the pool's placer, which runs them one after the
+	// other (in one batch or two): one waits on the node's row lock, the
+	// other behind it.
+	bctest.WaitFor(t, "both ticks to reach the placer", func() bool { return e.cp.App.Capacity.Engine.Submitted()-submitted >= 2 })
+	waitForLockWaiters(t, e.db, 1)
 	unlock()
 	for range 2 {
 		if err := <-ticks; err != nil {
