@@ -54,6 +54,7 @@ var matrixExpect = map[string]map[string]string{
 	"pools.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"pools.update":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"pools.archive": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.offer":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Rebuilding the capacity rollups spans every tenant: the platform's.
 	"capacity.rebuild": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Quotas: tenant admins set their projects' quotas (the call uses a
@@ -211,6 +212,10 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	},
 	"pools.archive": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Pools.Archive(context.Background(), connect.NewRequest(&apiv1.ArchivePoolRequest{Tenant: "acme", Pool: f.matrixPool(t)}))
+		return err
+	},
+	"pools.offer": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Pools.Offer(context.Background(), connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: f.matrixPool(t), To: []string{"all"}}))
 		return err
 	},
 	"capacity.rebuild": func(t *testing.T, f *matrixFixture, c *client.Client) error {

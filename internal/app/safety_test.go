@@ -1024,6 +1024,30 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.PoolServiceOfferProcedure: {
+			func() error {
+				_, err := evil.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: "h100", To: []string{"other"}}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "other", Pool: poolID, To: []string{"all"}}))
+				return err
+			},
+			func() error {
+				_, err := evil.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: poolID, To: []string{"all"}}))
+				return err
+			},
+		},
+		apiv1connect.CapacityServiceByConsumerProcedure: {
+			func() error {
+				_, err := evil.Capacity.ByConsumer(ctx, connect.NewRequest(&apiv1.CapacityByConsumerRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Capacity.ByConsumer(ctx, connect.NewRequest(&apiv1.CapacityByConsumerRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+		},
 		apiv1connect.QuotaServiceSetProcedure: {
 			func() error {
 				_, err := evil.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web", Gpus: &evilGPUs}))

@@ -101,7 +101,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "JoinToken", ID: "jt1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"pool": "a100"}}
 	case "pools.create":
 		return Resource{Type: "Pool", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "h100"}}
-	case "pools.update", "pools.get", "pools.archive":
+	case "pools.update", "pools.get", "pools.archive", "pools.offer":
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
 	case "joinRequests.approve", "joinRequests.reject":
 		return Resource{Type: "JoinRequest", ID: "jr1", TenantID: tenant}
@@ -129,7 +129,7 @@ func TestCedarMatrix(t *testing.T) {
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
-		"capacity.timeline", "usage.list", "usage.export"}
+		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -429,14 +429,14 @@ func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
 		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.list",
-		"capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
+		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
 		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
-		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.update",
+		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.offer", "pools.update",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.extend", "reservations.get",

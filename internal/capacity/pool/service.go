@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -183,6 +184,7 @@ func Proto(p Pool) *apiv1.Pool {
 	out := &apiv1.Pool{
 		Id: p.ID, TenantId: p.TenantID, Name: p.Name, Selector: sel.GetRequirements(), Policy: normalPolicy(pol),
 		State: p.State, CreatedBy: p.CreatedBy, CreateTime: timestamppb.New(p.CreateTime), UpdateTime: timestamppb.New(p.UpdateTime),
+		Offer: &apiv1.PoolOffer{Scope: cmp.Or(p.Offer, OfferPrivate), Tenants: p.OfferedTo}, Owner: p.Owner,
 	}
 	if p.ArchiveTime != nil {
 		out.ArchiveTime = timestamppb.New(*p.ArchiveTime)
@@ -198,6 +200,8 @@ type poolRef struct {
 	tenantFound    bool
 	pool           Pool
 	found          bool
+	// amb: the name is offered by several owners (a consumer's read).
+	amb *Ambiguous
 }
 
 // lookup resolves a pool for a draft or a read. Misses are not errors yet:
@@ -230,6 +234,9 @@ func (r poolRef) resource() iam.Resource {
 func (r poolRef) notFound() error {
 	if !r.tenantFound {
 		return envelope.NotFound("tenant", r.tenantRef)
+	}
+	if r.amb != nil {
+		return r.amb.Err()
 	}
 	if !r.found {
 		return envelope.NotFound("pool", r.ref)
@@ -399,22 +406,37 @@ func (s *Service) Archive(ctx context.Context, req *connect.Request[apiv1.Archiv
 	})
 }
 
-// Get reads a pool.
+// Get reads a pool: one the tenant owns, or one offered to it (read on the
+// consumer's side: the decision is on the consumer tenant, whose view of
+// the catalogue it is).
 func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetPoolRequest]) (*connect.Response[apiv1.GetPoolResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateRef(&vs, msg.GetTenant(), msg.GetPool())
+	vs.Ref("tenant", msg.GetTenant(), "tnt")
+	ValidateVisibleRef(&vs, "pool", msg.GetPool())
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	var r poolRef
+	r := poolRef{tenantRef: msg.GetTenant(), ref: msg.GetPool()}
 	if err := s.env.Resolve(ctx, "pool", func(ctx context.Context, q store.Querier) (err error) {
-		r, err = lookup(ctx, q, msg.GetTenant(), msg.GetPool())
+		if r.tenant, r.tenantFound, err = tenancy.LookupTenant(ctx, q, r.tenantRef); err != nil || !r.tenantFound {
+			return err
+		}
+		if r.pool, r.found, r.amb, err = ResolveVisible(ctx, q, r.tenant.ID, r.ref); err != nil || !r.found {
+			return err
+		}
+		ps := []Pool{r.pool}
+		err = withOffers(ctx, q, ps)
+		r.pool = ps[0]
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+	res := r.resource()
+	if r.found && r.pool.TenantID != r.tenant.ID {
+		res = tenancy.TenantResource(r.tenant)
+	}
+	if err := s.env.AuthorizeRead(ctx, res); err != nil {
 		return nil, err
 	}
 	if err := r.notFound(); err != nil {
@@ -465,8 +487,12 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListPools
 	limit := envelope.PageSize(msg.GetPageSize())
 	var pools []Pool
 	if err := s.env.Resolve(ctx, "pools", func(ctx context.Context, q store.Querier) (err error) {
-		pools, err = List(ctx, q, &ListParams{TenantID: t.ID, IncludeArchived: msg.GetIncludeArchived(), After: after, Limit: limit + 1})
-		return err
+		// A tenant's listing shows the pools offered to it beside its own.
+		pools, err = List(ctx, q, &ListParams{TenantID: t.ID, Offered: true, IncludeArchived: msg.GetIncludeArchived(), After: after, Limit: limit + 1})
+		if err != nil {
+			return err
+		}
+		return withOffers(ctx, q, pools)
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}

@@ -39,15 +39,93 @@ type Pool struct {
 	CreateTime  time.Time
 	UpdateTime  time.Time
 	ArchiveTime *time.Time
+	// Offer is private, all or tenants (those in pool_offers).
+	Offer string
+	// Owner is the owning tenant's name (read with the row).
+	Owner string
+	// OfferedTo names the consumer tenants of a list offer (filled by
+	// withOffers, not read with the row).
+	OfferedTo []string
 }
 
-const poolColumns = `id, tenant_id, name, selector, policy, state, created_by, create_time, update_time, archive_time`
+// Offer scopes.
+const (
+	OfferPrivate = "private"
+	OfferAll     = "all"
+	OfferTenants = "tenants"
+)
+
+// poolColumns reads a pool with its owner's name: a consumer sees whose
+// pool it books from.
+const poolColumns = `id, tenant_id, name, selector, policy, state, created_by, create_time, update_time, archive_time, offer,
+	COALESCE((SELECT t.name FROM tenants t WHERE t.id = pools.tenant_id), '')`
 
 func scanPool(row interface{ Scan(...any) error }) (Pool, error) {
 	var p Pool
 	err := row.Scan(&p.ID, &p.TenantID, &p.Name, &p.Selector, &p.Policy, &p.State, &p.CreatedBy,
-		&p.CreateTime, &p.UpdateTime, &p.ArchiveTime)
+		&p.CreateTime, &p.UpdateTime, &p.ArchiveTime, &p.Offer, &p.Owner)
 	return p, err
+}
+
+// offeredTo is the condition that a pool is the tenant's own or offered to
+// it; $N is the tenant's id.
+func offeredTo(n string) string {
+	return `(tenant_id = ` + n + ` OR offer = 'all' OR (offer = 'tenants' AND EXISTS (
+		SELECT 1 FROM pool_offers o WHERE o.pool_id = pools.id AND o.tenant_id = ` + n + `)))`
+}
+
+// Visible reads the pools named ref (a name or an id) that tenantID may
+// reserve from — its own first, then those offered to it — at most two, so
+// the caller can tell an ambiguous name. ownerID, when set, confines the
+// lookup to that owner's pools.
+func Visible(ctx context.Context, q store.Querier, tenantID, ownerID, ref string) ([]Pool, error) {
+	col := "name"
+	if strings.HasPrefix(ref, IDPrefix+"_") {
+		col = "id"
+	}
+	rows, err := q.Query(ctx, `SELECT `+poolColumns+` FROM pools
+		WHERE `+col+` = $1 AND ($3 = '' OR tenant_id = $3) AND `+offeredTo("$2")+`
+		ORDER BY CASE WHEN tenant_id = $2 THEN 0 ELSE 1 END, id LIMIT 2`, ref, tenantID, ownerID)
+	if err != nil {
+		return nil, err
+	}
+	return collectPools(rows)
+}
+
+// SetOffer replaces an active pool's offer: its scope and, for tenants, the
+// consumer tenant ids. It reports whether the pool was active.
+func SetOffer(ctx context.Context, tx store.Tx, id, scope string, tenantIDs []string) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE pools SET offer = $1, update_time = compute_now() WHERE id = $2 AND state = 'active'`, scope, id)
+	if err != nil || n != 1 {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM pool_offers WHERE pool_id = $1`, id); err != nil {
+		return false, err
+	}
+	rows := make([][]any, 0, len(tenantIDs))
+	for _, t := range tenantIDs {
+		rows = append(rows, []any{id, t})
+	}
+	return true, store.InsertRows(ctx, tx, `INSERT INTO pool_offers (pool_id, tenant_id)`, "", rows)
+}
+
+// OfferedTenants names the tenants a pool is offered to by list, by name.
+func OfferedTenants(ctx context.Context, q store.Querier, poolID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT t.name FROM pool_offers o JOIN tenants t ON t.id = o.tenant_id
+		WHERE o.pool_id = $1 ORDER BY t.name`, poolID))
+}
+
+func collectPools(rows store.Rows) ([]Pool, error) {
+	defer rows.Close()
+	var out []Pool
+	for rows.Next() {
+		p, err := scanPool(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
 }
 
 // Insert creates a pool's row.
@@ -79,7 +157,9 @@ func GetForUpdate(ctx context.Context, tx store.Tx, id string) (Pool, error) {
 
 // ListParams filter a pool listing.
 type ListParams struct {
-	TenantID        string
+	TenantID string
+	// Offered adds the pools offered to TenantID to its own.
+	Offered         bool
 	IncludeArchived bool
 	After           string
 	Limit           int
@@ -87,22 +167,17 @@ type ListParams struct {
 
 // List lists pools by id.
 func List(ctx context.Context, q store.Querier, p *ListParams) ([]Pool, error) {
+	tenant := `($2 = '' OR tenant_id = $2)`
+	if p.Offered && p.TenantID != "" {
+		tenant = offeredTo("$2")
+	}
 	rows, err := q.Query(ctx, `SELECT `+poolColumns+` FROM pools
-		WHERE id > $1 AND ($2 = '' OR tenant_id = $2) AND ($3 OR state = 'active')
+		WHERE id > $1 AND `+tenant+` AND ($3 OR state = 'active')
 		ORDER BY id LIMIT $4`, p.After, p.TenantID, p.IncludeArchived, p.Limit)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Pool
-	for rows.Next() {
-		p, err := scanPool(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return collectPools(rows)
 }
 
 // Update replaces an active pool's selector and policy; it reports whether

@@ -89,13 +89,10 @@ func lookupSet(ctx context.Context, q store.Querier, msg *apiv1.SetQuotaRequest)
 		}
 	}
 	if msg.GetPool() != "" {
-		r.pool, err = pool.Get(ctx, q, r.tenant.ID, msg.GetPool())
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-		case err != nil:
+		// The tenant's own pool or one offered to it: a quota bounds what
+		// a consumer may hold of an owner's pool.
+		if r.pool, r.poolFound, _, err = pool.ResolveVisible(ctx, q, r.tenant.ID, msg.GetPool()); err != nil {
 			return r, err
-		default:
-			r.poolFound = true
 		}
 	}
 	return r, nil
@@ -116,7 +113,7 @@ func (s *Service) Set(ctx context.Context, req *connect.Request[apiv1.SetQuotaRe
 				vs.Add("model", "must match [A-Za-z0-9.-]{1,32}, got %q", truncate(m))
 			}
 			if msg.GetPool() != "" {
-				vs.Ref("pool", msg.GetPool(), pool.IDPrefix)
+				pool.ValidateVisibleRef(&vs, "pool", msg.GetPool())
 			}
 			if msg.Gpus != nil && msg.GetGpus() < 0 {
 				vs.Add("gpus", "must not be negative (leave it unset for no limit), got %d", msg.GetGpus())
@@ -158,7 +155,7 @@ func (s *Service) Set(ctx context.Context, req *connect.Request[apiv1.SetQuotaRe
 				}
 			}
 			if r.poolFound {
-				p, err := pool.Get(ctx, tx, r.tenant.ID, r.pool.ID)
+				p, err := pool.Get(ctx, tx, "", r.pool.ID)
 				switch {
 				case errors.Is(err, store.ErrNotFound):
 					return nil, envelope.NotFound("pool", msg.GetPool())

@@ -465,7 +465,7 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 			r.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
 				Message: "node " + r.Placement.NodeName + " stopped answering", UpdateTime: now})
 			policy := pool.OnNodeLostRelease
-			if p, err := pool.Get(ctx, tx, r.TenantID, r.PoolID); err == nil {
+			if p, err := pool.Get(ctx, tx, "", r.PoolID); err == nil {
 				policy = poolPolicy(p).GetOnNodeLost()
 			}
 			if policy == pool.OnNodeLostReplace {

@@ -119,7 +119,7 @@ func validateCreate(vs *envelope.Violations, msg *apiv1.CreateReservationRequest
 	if msg.GetProject() != "" {
 		vs.Ref("project", msg.GetProject(), "prj")
 	}
-	vs.Ref("pool", msg.GetPool(), pool.IDPrefix)
+	pool.ValidateVisibleRef(vs, "pool", msg.GetPool())
 	gpus, slots := msg.GetGpus(), msg.GetSlots()
 	switch {
 	case gpus < 0:
@@ -224,6 +224,8 @@ type target struct {
 	// ix is the placer's index, set once the create runs in its batch.
 	ix            *placer.Index
 	projectReason string
+	// ambiguous: several owners offer the tenant a pool of that name.
+	ambiguous *pool.Ambiguous
 }
 
 func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (target, error) {
@@ -243,15 +245,16 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 	default:
 		return t, perr
 	}
-	p, err := pool.Get(ctx, q, t.tenant.ID, msg.GetPool())
+	// The tenant's own pool, or one offered to it.
+	p, found, amb, err := pool.ResolveVisible(ctx, q, t.tenant.ID, msg.GetPool())
 	switch {
-	case errors.Is(err, store.ErrNotFound):
 	case err != nil:
 		return t, err
-	default:
+	case found:
 		t.pool, t.poolFound = p, true
 		t.policy = poolPolicy(p)
 	}
+	t.ambiguous = amb
 	t.modelKnown = msg.GetModel() == ""
 	for _, m := range knownModels {
 		if placement.ModelMatches(msg.GetModel(), m) {
@@ -304,6 +307,9 @@ func (t *target) check(sp *spec) error {
 			return envelope.Invalid(envelope.Violation{Field: "project", Reason: t.projectReason})
 		}
 		return envelope.NotFound("project", msg.GetProject())
+	}
+	if t.ambiguous != nil {
+		return t.ambiguous.Err()
 	}
 	if !t.poolFound {
 		return envelope.NotFound("pool", msg.GetPool())
@@ -405,8 +411,11 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 		if err != nil || !found {
 			return "", err
 		}
-		p, err := pool.Get(ctx, q, t.ID, req.Msg.GetPool())
-		return p.ID, err
+		p, found, _, err := pool.ResolveVisible(ctx, q, t.ID, req.Msg.GetPool())
+		if err != nil || !found {
+			return "", err
+		}
+		return p.ID, nil
 	}); err != nil || url != "" {
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
@@ -457,7 +466,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 			for _, ev := range evs {
 				tx.Emit(ev)
 			}
-			return &apiv1.CreateReservationResponse{Reservation: Proto(r, t.pool.Name)}, nil
+			out := Proto(r, t.pool.Name)
+			out.Tenant = t.tenant.Name
+			return &apiv1.CreateReservationResponse{Reservation: out}, nil
 		},
 	})
 }
@@ -640,7 +651,7 @@ func lookup(ctx context.Context, q store.Querier, tenantRef, id string) (ref, er
 		return out, err
 	}
 	out.r, out.found = r, true
-	if p, err := pool.Get(ctx, q, r.TenantID, r.PoolID); err == nil {
+	if p, err := pool.Get(ctx, q, "", r.PoolID); err == nil {
 		out.poolName = p.Name
 	}
 	return out, nil
@@ -692,7 +703,9 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetReserva
 	if err := r.notFound(msg.GetTenant(), msg.GetReservation()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetReservationResponse{Reservation: Proto(r.r, r.poolName)}), nil
+	out := Proto(r.r, r.poolName)
+	out.Tenant = r.tenant.Name
+	return connect.NewResponse(&apiv1.GetReservationResponse{Reservation: out}), nil
 }
 
 var allStates = []string{StatePending, StatePlaced, StateBinding, StateActive, StateReleased, StateExpired, StateFailed, StateCanceled}
@@ -716,13 +729,19 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 		}
 		states = append(states, st)
 	}
-	if (msg.GetProject() != "" || msg.GetPool() != "") && msg.GetTenant() == "" {
-		vs.Add("tenant", "is required with project or pool")
+	if (msg.GetProject() != "" || msg.GetPool() != "" || msg.GetOnOwnedPools()) && msg.GetTenant() == "" {
+		vs.Add("tenant", "is required with project, pool or on_owned_pools")
+	}
+	if msg.GetOnOwnedPools() && msg.GetProject() != "" {
+		vs.Add("project", "names the tenant's own projects: it does not go with on_owned_pools")
+	}
+	if msg.GetPool() != "" {
+		pool.ValidateVisibleRef(&vs, "pool", msg.GetPool())
 	}
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	filter := strings.Join([]string{msg.GetTenant(), msg.GetProject(), msg.GetPool(), msg.GetState()}, "/")
+	filter := strings.Join([]string{msg.GetTenant(), msg.GetProject(), msg.GetPool(), msg.GetState(), fmt.Sprint(msg.GetOnOwnedPools())}, "/")
 	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), filter)
 	if err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -735,12 +754,18 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 			return nil, err
 		}
 		p.TenantID, scope = t.ID, tenancy.TenantResource(t)
+		if msg.GetOnOwnedPools() {
+			// The owner reads every reservation on its pools: its
+			// decision is the read of its own tenant, made above.
+			p.TenantID, p.PoolOwnerID = "", t.ID
+		}
 	} else if err := s.env.AuthorizeRead(ctx, scope); err != nil {
 		return nil, err
 	}
 	var (
-		rs    []Reservation
-		names = map[string]string{}
+		rs      []Reservation
+		names   = map[string]string{}
+		tenants = map[string]string{}
 	)
 	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
 		if msg.GetProject() != "" {
@@ -751,7 +776,21 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 			p.ProjectID = pr.ID
 		}
 		if msg.GetPool() != "" {
-			pl, err := pool.Get(ctx, q, p.TenantID, msg.GetPool())
+			var pl pool.Pool
+			if p.PoolOwnerID != "" {
+				pl, err = pool.Get(ctx, q, p.PoolOwnerID, msg.GetPool())
+			} else {
+				var found bool
+				var amb *pool.Ambiguous
+				pl, found, amb, err = pool.ResolveVisible(ctx, q, p.TenantID, msg.GetPool())
+				switch {
+				case err != nil:
+				case amb != nil:
+					err = amb.Err()
+				case !found:
+					err = store.ErrNotFound
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -762,11 +801,20 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 		}
 		for _, r := range rs {
 			if _, ok := names[r.PoolID]; !ok {
-				pl, err := pool.Get(ctx, q, r.TenantID, r.PoolID)
+				pl, err := pool.Get(ctx, q, "", r.PoolID)
 				if err == nil {
 					names[r.PoolID] = pl.Name
 				} else {
 					names[r.PoolID] = ""
+				}
+			}
+			if _, ok := tenants[r.TenantID]; !ok {
+				t, found, err := tenancy.LookupTenant(ctx, q, r.TenantID)
+				if err != nil {
+					return err
+				}
+				if found {
+					tenants[r.TenantID] = t.Name
 				}
 			}
 		}
@@ -784,12 +832,19 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReser
 	}
 	out := &apiv1.ListReservationsResponse{}
 	for _, r := range rs {
-		ok, err := rf.Readable(ctx, r.TenantID, r.ProjectID)
-		if err != nil {
-			return nil, err
+		ok := true
+		// A consumer's reservation on the owner's pool is not in one of
+		// the owner's projects: the owner's tenant read covers it.
+		if p.PoolOwnerID == "" || r.TenantID == p.PoolOwnerID {
+			var err error
+			if ok, err = rf.Readable(ctx, r.TenantID, r.ProjectID); err != nil {
+				return nil, err
+			}
 		}
 		if ok {
-			out.Reservations = append(out.Reservations, Proto(r, names[r.PoolID]))
+			pr := Proto(r, names[r.PoolID])
+			pr.Tenant = tenants[r.TenantID]
+			out.Reservations = append(out.Reservations, pr)
 		}
 	}
 	// The cursor follows the rows read, not the rows shown, so a page
@@ -943,7 +998,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			if !end.After(r.EndsAt) {
 				return nil, envelope.Invalid(envelope.Violation{Field: "end_time", Reason: fmt.Sprintf("must be after the current end %s", r.EndsAt.Format(time.RFC3339))})
 			}
-			p, err := pool.Get(ctx, tx, r.TenantID, r.PoolID)
+			p, err := pool.Get(ctx, tx, "", r.PoolID)
 			if err != nil {
 				return nil, err
 			}

@@ -130,6 +130,9 @@ func pendingForUpdate(ctx context.Context, tx store.Tx, poolID string, limit int
 // ListParams filter a listing.
 type ListParams struct {
 	TenantID, ProjectID, PoolID string
+	// PoolOwnerID lists the reservations on the pools a tenant owns,
+	// whoever holds them (TenantID is then empty).
+	PoolOwnerID string
 	States                      []string
 	After                       string
 	Limit                       int
@@ -139,13 +142,17 @@ type ListParams struct {
 func List(ctx context.Context, q store.Querier, p *ListParams) ([]Reservation, error) {
 	args := []any{p.After, p.TenantID, p.ProjectID, p.PoolID, p.Limit}
 	where := ""
+	if p.PoolOwnerID != "" {
+		args = append(args, p.PoolOwnerID)
+		where = fmt.Sprintf(" AND pool_id IN (SELECT id FROM pools WHERE tenant_id = $%d)", len(args))
+	}
 	if len(p.States) > 0 {
 		ph := make([]string, len(p.States))
 		for i, s := range p.States {
 			args = append(args, s)
 			ph[i] = fmt.Sprintf("$%d", len(args))
 		}
-		where = " AND state IN (" + strings.Join(ph, ", ") + ")"
+		where += " AND state IN (" + strings.Join(ph, ", ") + ")"
 	}
 	return scanAll(q.Query(ctx, `SELECT `+columns+` FROM reservations
 		WHERE id > $1 AND ($2 = '' OR tenant_id = $2) AND ($3 = '' OR project_id = $3) AND ($4 = '' OR pool_id = $4)`+where+`

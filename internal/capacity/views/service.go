@@ -257,44 +257,52 @@ func (s *Service) authorizeTenant(ctx context.Context, ref string) (string, erro
 // validatePoolRef checks a pool reference; a pool named by name needs its
 // tenant, because names are unique only within one.
 func validatePoolRef(vs *envelope.Violations, tenant, ref string) {
-	vs.Ref("pool", ref, pool.IDPrefix)
+	pool.ValidateVisibleRef(vs, "pool", ref)
 	if tenant == "" && ref != "" && !strings.HasPrefix(ref, pool.IDPrefix+"_") {
 		vs.Add("tenant", "is required to name a pool by name (or give the pool's id)")
 	}
 }
 
-// authorizePool resolves a pool and makes the read decision on it. A pool
-// that is not found is decided as an unknown pool of its tenant (or of the
-// platform when the tenant is not found either), so a stranger learns
-// nothing, and only then reported NOT_FOUND.
+// authorizePool resolves a pool — the tenant's own or one offered to it —
+// and makes the read decision on it (on the consumer tenant for an offered
+// pool: it is the consumer's view of what it may book). A pool that is not
+// found is decided as an unknown pool of its tenant (or of the platform
+// when the tenant is not found either), so a stranger learns nothing, and
+// only then reported NOT_FOUND.
 func (s *Service) authorizePool(ctx context.Context, tenantRef, ref string) (pool.Pool, error) {
 	var (
 		t           tenancy.Tenant
 		tenantFound = tenantRef == ""
 		p           pool.Pool
 		found       bool
+		amb         *pool.Ambiguous
 	)
 	if err := s.env.Resolve(ctx, "pool", func(ctx context.Context, q store.Querier) error {
-		if tenantRef != "" {
-			var err error
-			if t, tenantFound, err = tenancy.LookupTenant(ctx, q, tenantRef); err != nil || !tenantFound {
+		if tenantRef == "" {
+			got, err := pool.Get(ctx, q, "", ref)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				return nil
+			case err != nil:
 				return err
 			}
-		}
-		got, err := pool.Get(ctx, q, t.ID, ref)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
+			p, found = got, true
 			return nil
-		case err != nil:
+		}
+		var err error
+		if t, tenantFound, err = tenancy.LookupTenant(ctx, q, tenantRef); err != nil || !tenantFound {
 			return err
 		}
-		p, found = got, true
-		return nil
+		p, found, amb, err = pool.ResolveVisible(ctx, q, t.ID, ref)
+		return err
 	}); err != nil {
 		return pool.Pool{}, s.env.Fail(ctx, err)
 	}
 	res := iam.Resource{Type: "Pool", ID: "unknown", TenantID: t.ID}
-	if found {
+	switch {
+	case found && tenantRef != "" && p.TenantID != t.ID:
+		res = tenancy.TenantResource(t)
+	case found:
 		res = pool.Resource(p)
 	}
 	if err := s.env.AuthorizeRead(ctx, res); err != nil {
@@ -303,10 +311,80 @@ func (s *Service) authorizePool(ctx context.Context, tenantRef, ref string) (poo
 	switch {
 	case !tenantFound:
 		return pool.Pool{}, s.env.Fail(ctx, envelope.NotFound("tenant", tenantRef))
+	case amb != nil:
+		return pool.Pool{}, s.env.Fail(ctx, amb.Err())
 	case !found:
 		return pool.Pool{}, s.env.Fail(ctx, envelope.NotFound("pool", ref))
 	}
 	return p, nil
+}
+
+// DefaultConsumerWindow is how far back ByConsumer sums usage when the
+// request gives no start.
+const DefaultConsumerWindow = 30 * 24 * time.Hour
+
+// ByConsumer shows an owner, per pool it owns and per consumer tenant, the
+// live reservations, the GPUs they hold and the GPU-hours used. The
+// decision is a read of the owner's tenant: consumers' rows on its pools
+// are its pools' business.
+func (s *Service) ByConsumer(ctx context.Context, req *connect.Request[apiv1.CapacityByConsumerRequest]) (*connect.Response[apiv1.CapacityByConsumerResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	vs.Ref("tenant", msg.GetTenant(), "tnt")
+	if msg.GetPool() != "" {
+		vs.Ref("pool", msg.GetPool(), pool.IDPrefix)
+	}
+	now := s.env.Clock().Now()
+	to, from := now, now.Add(-DefaultConsumerWindow)
+	for _, b := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+		dst   *time.Time
+	}{{"start_time", msg.GetStartTime(), &from}, {"end_time", msg.GetEndTime(), &to}} {
+		if b.ts == nil {
+			continue
+		}
+		if err := b.ts.CheckValid(); err != nil {
+			vs.Add(b.field, "is not a valid time: %v", err)
+			continue
+		}
+		*b.dst = b.ts.AsTime()
+	}
+	if to.Before(from) {
+		vs.Add("end_time", "must not be before start_time (%s), got %s", from.Format(time.RFC3339), to.Format(time.RFC3339))
+	}
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
+	if err != nil {
+		return nil, err
+	}
+	var rows []ConsumerRow
+	if err := s.env.Resolve(ctx, "capacity", func(ctx context.Context, q store.Querier) error {
+		poolID := ""
+		if msg.GetPool() != "" {
+			p, err := pool.Get(ctx, q, t.ID, msg.GetPool())
+			if errors.Is(err, store.ErrNotFound) {
+				return envelope.NotFound("pool", msg.GetPool())
+			}
+			if err != nil {
+				return err
+			}
+			poolID = p.ID
+		}
+		var err error
+		rows, err = ByConsumer(ctx, q, t.ID, poolID, from, to)
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	out := &apiv1.CapacityByConsumerResponse{}
+	for _, r := range rows {
+		out.Rows = append(out.Rows, &apiv1.ConsumerRow{PoolId: r.PoolID, Pool: r.PoolName, TenantId: r.TenantID, Tenant: r.TenantName,
+			Reservations: int32(r.Reservations), Gpus: int32(r.GPUs), GpuHours: r.GPUHours})
+	}
+	return connect.NewResponse(out), nil
 }
 
 // read returns the stored rollups, booked counted at this instant, and the

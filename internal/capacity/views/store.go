@@ -429,3 +429,72 @@ func Timeline(ctx context.Context, q store.Querier, poolID string, start, end ti
 func sortTimes(ts []time.Time) {
 	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
 }
+
+// ConsumerRow is one consumer tenant's hold on one pool of an owner.
+type ConsumerRow struct {
+	PoolID, PoolName, TenantID, TenantName string
+	Reservations, GPUs                     int
+	GPUHours                               float64
+}
+
+// ByConsumer sums, per pool of ownerID (or only poolID) and per consumer
+// tenant, the live reservations and their GPUs (slots and MIG instances
+// count as asked), and the GPU-hours recorded in [from, to).
+func ByConsumer(ctx context.Context, q store.Querier, ownerID, poolID string, from, to time.Time) ([]ConsumerRow, error) {
+	rows, err := q.Query(ctx, `SELECT r.pool_id, p.name, r.tenant_id, t.name, COUNT(*), COALESCE(SUM(r.gpus + r.slots), 0)
+		FROM reservations r JOIN pools p ON p.id = r.pool_id JOIN tenants t ON t.id = r.tenant_id
+		WHERE p.tenant_id = $1 AND ($2 = '' OR p.id = $2) AND r.state IN `+liveStates+`
+		GROUP BY r.pool_id, p.name, r.tenant_id, t.name`, ownerID, poolID)
+	if err != nil {
+		return nil, err
+	}
+	type key struct{ pool, tenant string }
+	byKey := map[key]*ConsumerRow{}
+	var out []*ConsumerRow
+	for rows.Next() {
+		var c ConsumerRow
+		if err := rows.Scan(&c.PoolID, &c.PoolName, &c.TenantID, &c.TenantName, &c.Reservations, &c.GPUs); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		byKey[key{c.PoolID, c.TenantID}] = &c
+		out = append(out, &c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = q.Query(ctx, `SELECT r.pool_id, p.name, r.tenant_id, t.name, SUM(w.quantity)
+		FROM usage_windows w JOIN reservations r ON r.id = w.reservation_id
+		JOIN pools p ON p.id = r.pool_id JOIN tenants t ON t.id = r.tenant_id
+		WHERE p.tenant_id = $1 AND ($2 = '' OR p.id = $2) AND w.metric LIKE 'gpu.%'
+		AND w.window_start >= $3 AND w.window_start < $4
+		GROUP BY r.pool_id, p.name, r.tenant_id, t.name`, ownerID, poolID, from, to)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c ConsumerRow
+		if err := rows.Scan(&c.PoolID, &c.PoolName, &c.TenantID, &c.TenantName, &c.GPUHours); err != nil {
+			return nil, err
+		}
+		if have := byKey[key{c.PoolID, c.TenantID}]; have != nil {
+			have.GPUHours = c.GPUHours
+			continue
+		}
+		byKey[key{c.PoolID, c.TenantID}] = &c
+		out = append(out, &c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	res := make([]ConsumerRow, 0, len(out))
+	for _, c := range out {
+		res = append(res, *c)
+	}
+	slices.SortFunc(res, func(a, b ConsumerRow) int {
+		return cmp.Or(cmp.Compare(a.PoolName, b.PoolName), cmp.Compare(a.PoolID, b.PoolID), cmp.Compare(a.TenantName, b.TenantName))
+	})
+	return res, nil
+}

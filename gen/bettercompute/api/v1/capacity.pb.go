@@ -35,11 +35,15 @@ type Pool struct {
 	Selector []*SelectorRequirement `protobuf:"bytes,4,rep,name=selector,proto3" json:"selector,omitempty"`
 	Policy   *PoolPolicy            `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
 	// active, archived.
-	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
-	CreatedBy     string                 `protobuf:"bytes,7,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	ArchiveTime   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=archive_time,json=archiveTime,proto3" json:"archive_time,omitempty"`
+	State       string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	CreatedBy   string                 `protobuf:"bytes,7,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	ArchiveTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=archive_time,json=archiveTime,proto3" json:"archive_time,omitempty"`
+	// Who besides the owner may reserve from the pool.
+	Offer *PoolOffer `protobuf:"bytes,11,opt,name=offer,proto3" json:"offer,omitempty"`
+	// The owning tenant's name: a consumer sees whose pool it books from.
+	Owner         string `protobuf:"bytes,12,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +148,76 @@ func (x *Pool) GetArchiveTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Pool) GetOffer() *PoolOffer {
+	if x != nil {
+		return x.Offer
+	}
+	return nil
+}
+
+func (x *Pool) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+// PoolOffer says which other tenants may reserve from a pool. A
+// single-tenant offer is the pool's policy.single_tenant.
+type PoolOffer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// private (the owner only), all (every tenant) or tenants (those listed).
+	Scope string `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	// The consumer tenants' names, for scope tenants.
+	Tenants       []string `protobuf:"bytes,2,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolOffer) Reset() {
+	*x = PoolOffer{}
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolOffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolOffer) ProtoMessage() {}
+
+func (x *PoolOffer) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolOffer.ProtoReflect.Descriptor instead.
+func (*PoolOffer) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PoolOffer) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *PoolOffer) GetTenants() []string {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
 // A SelectorRequirement is one matchExpression over node labels.
 type SelectorRequirement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -158,7 +232,7 @@ type SelectorRequirement struct {
 
 func (x *SelectorRequirement) Reset() {
 	*x = SelectorRequirement{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[1]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -170,7 +244,7 @@ func (x *SelectorRequirement) String() string {
 func (*SelectorRequirement) ProtoMessage() {}
 
 func (x *SelectorRequirement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[1]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -183,7 +257,7 @@ func (x *SelectorRequirement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SelectorRequirement.ProtoReflect.Descriptor instead.
 func (*SelectorRequirement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SelectorRequirement) GetKey() string {
@@ -241,7 +315,7 @@ type PoolPolicy struct {
 
 func (x *PoolPolicy) Reset() {
 	*x = PoolPolicy{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[2]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +327,7 @@ func (x *PoolPolicy) String() string {
 func (*PoolPolicy) ProtoMessage() {}
 
 func (x *PoolPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[2]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +340,7 @@ func (x *PoolPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolPolicy.ProtoReflect.Descriptor instead.
 func (*PoolPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PoolPolicy) GetPerGpu() *PerGpuShare {
@@ -351,7 +425,7 @@ type PerGpuShare struct {
 
 func (x *PerGpuShare) Reset() {
 	*x = PerGpuShare{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[3]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +437,7 @@ func (x *PerGpuShare) String() string {
 func (*PerGpuShare) ProtoMessage() {}
 
 func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[3]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +450,7 @@ func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PerGpuShare.ProtoReflect.Descriptor instead.
 func (*PerGpuShare) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PerGpuShare) GetVcpu() int32 {
@@ -411,7 +485,7 @@ type HostReserve struct {
 
 func (x *HostReserve) Reset() {
 	*x = HostReserve{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +497,7 @@ func (x *HostReserve) String() string {
 func (*HostReserve) ProtoMessage() {}
 
 func (x *HostReserve) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +510,7 @@ func (x *HostReserve) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostReserve.ProtoReflect.Descriptor instead.
 func (*HostReserve) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HostReserve) GetVcpu() int32 {
@@ -453,6 +527,122 @@ func (x *HostReserve) GetMemoryGib() int32 {
 	return 0
 }
 
+type OfferPoolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owning tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Pool name or id.
+	Pool string `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	// "all", or consumer tenant names or ids; empty makes the pool private.
+	To []string `protobuf:"bytes,3,rep,name=to,proto3" json:"to,omitempty"`
+	// One consumer tenant at a time on a node (sets policy.single_tenant).
+	SingleTenant  bool `protobuf:"varint,4,opt,name=single_tenant,json=singleTenant,proto3" json:"single_tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OfferPoolRequest) Reset() {
+	*x = OfferPoolRequest{}
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OfferPoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OfferPoolRequest) ProtoMessage() {}
+
+func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OfferPoolRequest.ProtoReflect.Descriptor instead.
+func (*OfferPoolRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *OfferPoolRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *OfferPoolRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *OfferPoolRequest) GetTo() []string {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *OfferPoolRequest) GetSingleTenant() bool {
+	if x != nil {
+		return x.SingleTenant
+	}
+	return false
+}
+
+type OfferPoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          *Pool                  `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OfferPoolResponse) Reset() {
+	*x = OfferPoolResponse{}
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OfferPoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OfferPoolResponse) ProtoMessage() {}
+
+func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OfferPoolResponse.ProtoReflect.Descriptor instead.
+func (*OfferPoolResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OfferPoolResponse) GetPool() *Pool {
+	if x != nil {
+		return x.Pool
+	}
+	return nil
+}
+
 type CreatePoolRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -465,7 +655,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +667,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +680,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreatePoolRequest) GetTenant() string {
@@ -530,7 +720,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +732,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +745,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -576,7 +766,7 @@ type PoolSelector struct {
 
 func (x *PoolSelector) Reset() {
 	*x = PoolSelector{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +778,7 @@ func (x *PoolSelector) String() string {
 func (*PoolSelector) ProtoMessage() {}
 
 func (x *PoolSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +791,7 @@ func (x *PoolSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSelector.ProtoReflect.Descriptor instead.
 func (*PoolSelector) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PoolSelector) GetRequirements() []*SelectorRequirement {
@@ -626,7 +816,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +828,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +841,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdatePoolRequest) GetTenant() string {
@@ -691,7 +881,7 @@ type UpdatePoolResponse struct {
 
 func (x *UpdatePoolResponse) Reset() {
 	*x = UpdatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +893,7 @@ func (x *UpdatePoolResponse) String() string {
 func (*UpdatePoolResponse) ProtoMessage() {}
 
 func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +906,7 @@ func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdatePoolResponse) GetPool() *Pool {
@@ -737,7 +927,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +939,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +952,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetPoolRequest) GetTenant() string {
@@ -788,7 +978,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +990,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +1003,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -837,7 +1027,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +1039,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1052,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListPoolsRequest) GetTenant() string {
@@ -903,7 +1093,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1105,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1118,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -956,7 +1146,7 @@ type ArchivePoolRequest struct {
 
 func (x *ArchivePoolRequest) Reset() {
 	*x = ArchivePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1158,7 @@ func (x *ArchivePoolRequest) String() string {
 func (*ArchivePoolRequest) ProtoMessage() {}
 
 func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1171,7 @@ func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolRequest.ProtoReflect.Descriptor instead.
 func (*ArchivePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ArchivePoolRequest) GetTenant() string {
@@ -1007,7 +1197,7 @@ type ArchivePoolResponse struct {
 
 func (x *ArchivePoolResponse) Reset() {
 	*x = ArchivePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1209,7 @@ func (x *ArchivePoolResponse) String() string {
 func (*ArchivePoolResponse) ProtoMessage() {}
 
 func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1222,7 @@ func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolResponse.ProtoReflect.Descriptor instead.
 func (*ArchivePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ArchivePoolResponse) GetPool() *Pool {
@@ -1046,7 +1236,7 @@ var File_bettercompute_api_v1_capacity_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\n" +
-	"#bettercompute/api/v1/capacity.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x03\n" +
+	"#bettercompute/api/v1/capacity.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x04\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -1061,7 +1251,12 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\vupdate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12=\n" +
 	"\farchive_time\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\varchiveTime\"[\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\varchiveTime\x125\n" +
+	"\x05offer\x18\v \x01(\v2\x1f.bettercompute.api.v1.PoolOfferR\x05offer\x12\x14\n" +
+	"\x05owner\x18\f \x01(\tR\x05owner\";\n" +
+	"\tPoolOffer\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x18\n" +
+	"\atenants\x18\x02 \x03(\tR\atenants\"[\n" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
@@ -1090,7 +1285,14 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\vHostReserve\x12\x12\n" +
 	"\x04vcpu\x18\x01 \x01(\x05R\x04vcpu\x12\x1d\n" +
 	"\n" +
-	"memory_gib\x18\x02 \x01(\x05R\tmemoryGib\"\xc0\x01\n" +
+	"memory_gib\x18\x02 \x01(\x05R\tmemoryGib\"s\n" +
+	"\x10OfferPoolRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x0e\n" +
+	"\x02to\x18\x03 \x03(\tR\x02to\x12#\n" +
+	"\rsingle_tenant\x18\x04 \x01(\bR\fsingleTenant\"C\n" +
+	"\x11OfferPoolResponse\x12.\n" +
+	"\x04pool\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PoolR\x04pool\"\xc0\x01\n" +
 	"\x11CreatePoolRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12E\n" +
@@ -1125,13 +1327,14 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\"E\n" +
 	"\x13ArchivePoolResponse\x12.\n" +
-	"\x04pool\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PoolR\x04pool2\xde\x03\n" +
+	"\x04pool\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PoolR\x04pool2\xb8\x04\n" +
 	"\vPoolService\x12[\n" +
 	"\x06Create\x12'.bettercompute.api.v1.CreatePoolRequest\x1a(.bettercompute.api.v1.CreatePoolResponse\x12[\n" +
 	"\x06Update\x12'.bettercompute.api.v1.UpdatePoolRequest\x1a(.bettercompute.api.v1.UpdatePoolResponse\x12W\n" +
 	"\x03Get\x12$.bettercompute.api.v1.GetPoolRequest\x1a%.bettercompute.api.v1.GetPoolResponse\"\x03\x90\x02\x01\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListPoolsRequest\x1a'.bettercompute.api.v1.ListPoolsResponse\"\x03\x90\x02\x01\x12^\n" +
-	"\aArchive\x12(.bettercompute.api.v1.ArchivePoolRequest\x1a).bettercompute.api.v1.ArchivePoolResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\aArchive\x12(.bettercompute.api.v1.ArchivePoolRequest\x1a).bettercompute.api.v1.ArchivePoolResponse\x12X\n" +
+	"\x05Offer\x12&.bettercompute.api.v1.OfferPoolRequest\x1a'.bettercompute.api.v1.OfferPoolResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_capacity_proto_rawDescOnce sync.Once
@@ -1145,59 +1348,66 @@ func file_bettercompute_api_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_capacity_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_bettercompute_api_v1_capacity_proto_goTypes = []any{
 	(*Pool)(nil),                  // 0: bettercompute.api.v1.Pool
-	(*SelectorRequirement)(nil),   // 1: bettercompute.api.v1.SelectorRequirement
-	(*PoolPolicy)(nil),            // 2: bettercompute.api.v1.PoolPolicy
-	(*PerGpuShare)(nil),           // 3: bettercompute.api.v1.PerGpuShare
-	(*HostReserve)(nil),           // 4: bettercompute.api.v1.HostReserve
-	(*CreatePoolRequest)(nil),     // 5: bettercompute.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),    // 6: bettercompute.api.v1.CreatePoolResponse
-	(*PoolSelector)(nil),          // 7: bettercompute.api.v1.PoolSelector
-	(*UpdatePoolRequest)(nil),     // 8: bettercompute.api.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),    // 9: bettercompute.api.v1.UpdatePoolResponse
-	(*GetPoolRequest)(nil),        // 10: bettercompute.api.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),       // 11: bettercompute.api.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),      // 12: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),     // 13: bettercompute.api.v1.ListPoolsResponse
-	(*ArchivePoolRequest)(nil),    // 14: bettercompute.api.v1.ArchivePoolRequest
-	(*ArchivePoolResponse)(nil),   // 15: bettercompute.api.v1.ArchivePoolResponse
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*PoolOffer)(nil),             // 1: bettercompute.api.v1.PoolOffer
+	(*SelectorRequirement)(nil),   // 2: bettercompute.api.v1.SelectorRequirement
+	(*PoolPolicy)(nil),            // 3: bettercompute.api.v1.PoolPolicy
+	(*PerGpuShare)(nil),           // 4: bettercompute.api.v1.PerGpuShare
+	(*HostReserve)(nil),           // 5: bettercompute.api.v1.HostReserve
+	(*OfferPoolRequest)(nil),      // 6: bettercompute.api.v1.OfferPoolRequest
+	(*OfferPoolResponse)(nil),     // 7: bettercompute.api.v1.OfferPoolResponse
+	(*CreatePoolRequest)(nil),     // 8: bettercompute.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),    // 9: bettercompute.api.v1.CreatePoolResponse
+	(*PoolSelector)(nil),          // 10: bettercompute.api.v1.PoolSelector
+	(*UpdatePoolRequest)(nil),     // 11: bettercompute.api.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),    // 12: bettercompute.api.v1.UpdatePoolResponse
+	(*GetPoolRequest)(nil),        // 13: bettercompute.api.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),       // 14: bettercompute.api.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),      // 15: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),     // 16: bettercompute.api.v1.ListPoolsResponse
+	(*ArchivePoolRequest)(nil),    // 17: bettercompute.api.v1.ArchivePoolRequest
+	(*ArchivePoolResponse)(nil),   // 18: bettercompute.api.v1.ArchivePoolResponse
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_capacity_proto_depIdxs = []int32{
-	1,  // 0: bettercompute.api.v1.Pool.selector:type_name -> bettercompute.api.v1.SelectorRequirement
-	2,  // 1: bettercompute.api.v1.Pool.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	16, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	16, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	16, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
-	3,  // 5: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
-	4,  // 6: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
-	1,  // 7: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
-	2,  // 8: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 9: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	1,  // 10: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
-	7,  // 11: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
-	2,  // 12: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 13: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 14: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 15: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	0,  // 16: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	5,  // 17: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	8,  // 18: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
-	10, // 19: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
-	12, // 20: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	14, // 21: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
-	6,  // 22: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
-	9,  // 23: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
-	11, // 24: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
-	13, // 25: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	15, // 26: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	2,  // 0: bettercompute.api.v1.Pool.selector:type_name -> bettercompute.api.v1.SelectorRequirement
+	3,  // 1: bettercompute.api.v1.Pool.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	19, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	19, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	19, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
+	1,  // 5: bettercompute.api.v1.Pool.offer:type_name -> bettercompute.api.v1.PoolOffer
+	4,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
+	5,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
+	0,  // 8: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 9: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
+	3,  // 10: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 11: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 12: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
+	10, // 13: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
+	3,  // 14: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 15: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 16: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 17: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	0,  // 18: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	8,  // 19: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	11, // 20: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
+	13, // 21: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
+	15, // 22: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	17, // 23: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
+	6,  // 24: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
+	9,  // 25: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
+	12, // 26: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
+	14, // 27: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
+	16, // 28: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	18, // 29: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
+	7,  // 30: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
+	25, // [25:31] is the sub-list for method output_type
+	19, // [19:25] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_capacity_proto_init() }
@@ -1211,7 +1421,7 @@ func file_bettercompute_api_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_capacity_proto_rawDesc), len(file_bettercompute_api_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,10 +40,13 @@ type Reservation struct {
 	Placement  *Placement              `protobuf:"bytes,10,opt,name=placement,proto3" json:"placement,omitempty"`
 	Conditions []*ReservationCondition `protobuf:"bytes,11,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// Why a pending reservation is not placed yet.
-	Explanation   *Explanation           `protobuf:"bytes,12,opt,name=explanation,proto3" json:"explanation,omitempty"`
-	CreatedBy     string                 `protobuf:"bytes,13,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	Explanation *Explanation           `protobuf:"bytes,12,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	CreatedBy   string                 `protobuf:"bytes,13,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime  *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// The consumer tenant's name: an owner listing its pools sees whose
+	// reservation each is.
+	Tenant        string `protobuf:"bytes,16,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -181,6 +184,13 @@ func (x *Reservation) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *Reservation) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 // ReservationSpec is what was asked for, defaults filled in.
@@ -1290,9 +1300,12 @@ type ListReservationsRequest struct {
 	// Pool name or id.
 	Pool string `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`
 	// Comma-separated states; empty lists all.
-	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
-	PageSize      int32  `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	State     string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	PageSize  int32  `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// List the reservations every tenant holds on the pools tenant owns
+	// (theirs included) instead of tenant's own.
+	OnOwnedPools  bool `protobuf:"varint,7,opt,name=on_owned_pools,json=onOwnedPools,proto3" json:"on_owned_pools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1367,6 +1380,13 @@ func (x *ListReservationsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListReservationsRequest) GetOnOwnedPools() bool {
+	if x != nil {
+		return x.OnOwnedPools
+	}
+	return false
 }
 
 type ListReservationsResponse struct {
@@ -1853,7 +1873,7 @@ var File_bettercompute_api_v1_reservations_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\n" +
-	"'bettercompute/api/v1/reservations.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x05\n" +
+	"'bettercompute/api/v1/reservations.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x05\n" +
 	"\vReservation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -1877,7 +1897,8 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\vcreate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\x89\x02\n" +
+	"updateTime\x12\x16\n" +
+	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\x89\x02\n" +
 	"\x0fReservationSpec\x12\x12\n" +
 	"\x04gpus\x18\x01 \x01(\x05R\x04gpus\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1f\n" +
@@ -1971,7 +1992,7 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12 \n" +
 	"\vreservation\x18\x02 \x01(\tR\vreservation\"]\n" +
 	"\x16GetReservationResponse\x12C\n" +
-	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"\xb1\x01\n" +
+	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"\xd7\x01\n" +
 	"\x17ListReservationsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -1979,7 +2000,8 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x1b\n" +
 	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x06 \x01(\tR\tpageToken\"\x89\x01\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\x12$\n" +
+	"\x0eon_owned_pools\x18\a \x01(\bR\fonOwnedPools\"\x89\x01\n" +
 	"\x18ListReservationsResponse\x12E\n" +
 	"\freservations\x18\x01 \x03(\v2!.bettercompute.api.v1.ReservationR\freservations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"l\n" +

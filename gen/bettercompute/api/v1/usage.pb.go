@@ -964,6 +964,216 @@ func (x *ExportUsageResponse) GetData() []byte {
 	return nil
 }
 
+type CapacityByConsumerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owning tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Pool name or id; empty covers every pool the tenant owns.
+	Pool string `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Usage is summed over [start_time, end_time); default the last 30 days.
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapacityByConsumerRequest) Reset() {
+	*x = CapacityByConsumerRequest{}
+	mi := &file_bettercompute_api_v1_usage_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapacityByConsumerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapacityByConsumerRequest) ProtoMessage() {}
+
+func (x *CapacityByConsumerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_usage_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapacityByConsumerRequest.ProtoReflect.Descriptor instead.
+func (*CapacityByConsumerRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_usage_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CapacityByConsumerRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CapacityByConsumerRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *CapacityByConsumerRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *CapacityByConsumerRequest) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+// ConsumerRow is one consumer tenant's hold on one pool of the owner.
+type ConsumerRow struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	PoolId   string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	Pool     string                 `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	TenantId string                 `protobuf:"bytes,3,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	Tenant   string                 `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Reservations placed, binding or active now, and the GPUs they hold.
+	Reservations int32 `protobuf:"varint,5,opt,name=reservations,proto3" json:"reservations,omitempty"`
+	Gpus         int32 `protobuf:"varint,6,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	// Recorded GPU-hours of the window (closed hours).
+	GpuHours      float64 `protobuf:"fixed64,7,opt,name=gpu_hours,json=gpuHours,proto3" json:"gpu_hours,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsumerRow) Reset() {
+	*x = ConsumerRow{}
+	mi := &file_bettercompute_api_v1_usage_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerRow) ProtoMessage() {}
+
+func (x *ConsumerRow) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_usage_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerRow.ProtoReflect.Descriptor instead.
+func (*ConsumerRow) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_usage_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ConsumerRow) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *ConsumerRow) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *ConsumerRow) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *ConsumerRow) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ConsumerRow) GetReservations() int32 {
+	if x != nil {
+		return x.Reservations
+	}
+	return 0
+}
+
+func (x *ConsumerRow) GetGpus() int32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *ConsumerRow) GetGpuHours() float64 {
+	if x != nil {
+		return x.GpuHours
+	}
+	return 0
+}
+
+type CapacityByConsumerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          []*ConsumerRow         `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CapacityByConsumerResponse) Reset() {
+	*x = CapacityByConsumerResponse{}
+	mi := &file_bettercompute_api_v1_usage_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CapacityByConsumerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CapacityByConsumerResponse) ProtoMessage() {}
+
+func (x *CapacityByConsumerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_usage_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CapacityByConsumerResponse.ProtoReflect.Descriptor instead.
+func (*CapacityByConsumerResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_usage_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CapacityByConsumerResponse) GetRows() []*ConsumerRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
 var File_bettercompute_api_v1_usage_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_usage_proto_rawDesc = "" +
@@ -1038,12 +1248,30 @@ const file_bettercompute_api_v1_usage_proto_rawDesc = "" +
 	"\x06format\x18\x05 \x01(\tR\x06format\"L\n" +
 	"\x13ExportUsageResponse\x12!\n" +
 	"\fcontent_type\x18\x01 \x01(\tR\vcontentType\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data2\xc0\x03\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xb9\x01\n" +
+	"\x19CapacityByConsumerRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04pool\x18\x02 \x01(\tR\x04pool\x129\n" +
+	"\n" +
+	"start_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\xc4\x01\n" +
+	"\vConsumerRow\x12\x17\n" +
+	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12\x12\n" +
+	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x1b\n" +
+	"\ttenant_id\x18\x03 \x01(\tR\btenantId\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\"\n" +
+	"\freservations\x18\x05 \x01(\x05R\freservations\x12\x12\n" +
+	"\x04gpus\x18\x06 \x01(\x05R\x04gpus\x12\x1b\n" +
+	"\tgpu_hours\x18\a \x01(\x01R\bgpuHours\"S\n" +
+	"\x1aCapacityByConsumerResponse\x125\n" +
+	"\x04rows\x18\x01 \x03(\v2!.bettercompute.api.v1.ConsumerRowR\x04rows2\xb6\x04\n" +
 	"\x0fCapacityService\x12k\n" +
 	"\aSummary\x12,.bettercompute.api.v1.CapacitySummaryRequest\x1a-.bettercompute.api.v1.CapacitySummaryResponse\"\x03\x90\x02\x01\x12h\n" +
 	"\x06ByPool\x12+.bettercompute.api.v1.CapacityByPoolRequest\x1a,.bettercompute.api.v1.CapacityByPoolResponse\"\x03\x90\x02\x01\x12n\n" +
 	"\bTimeline\x12-.bettercompute.api.v1.CapacityTimelineRequest\x1a..bettercompute.api.v1.CapacityTimelineResponse\"\x03\x90\x02\x01\x12f\n" +
-	"\aRebuild\x12,.bettercompute.api.v1.RebuildCapacityRequest\x1a-.bettercompute.api.v1.RebuildCapacityResponse2\xd0\x01\n" +
+	"\aRebuild\x12,.bettercompute.api.v1.RebuildCapacityRequest\x1a-.bettercompute.api.v1.RebuildCapacityResponse\x12t\n" +
+	"\n" +
+	"ByConsumer\x12/.bettercompute.api.v1.CapacityByConsumerRequest\x1a0.bettercompute.api.v1.CapacityByConsumerResponse\"\x03\x90\x02\x012\xd0\x01\n" +
 	"\fUsageService\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListUsageRequest\x1a'.bettercompute.api.v1.ListUsageResponse\"\x03\x90\x02\x01\x12b\n" +
 	"\x06Export\x12(.bettercompute.api.v1.ExportUsageRequest\x1a).bettercompute.api.v1.ExportUsageResponse\"\x03\x90\x02\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
@@ -1060,55 +1288,63 @@ func file_bettercompute_api_v1_usage_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_usage_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_bettercompute_api_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_bettercompute_api_v1_usage_proto_goTypes = []any{
-	(*CapacityRow)(nil),              // 0: bettercompute.api.v1.CapacityRow
-	(*TimelinePoint)(nil),            // 1: bettercompute.api.v1.TimelinePoint
-	(*CapacitySummaryRequest)(nil),   // 2: bettercompute.api.v1.CapacitySummaryRequest
-	(*CapacitySummaryResponse)(nil),  // 3: bettercompute.api.v1.CapacitySummaryResponse
-	(*CapacityByPoolRequest)(nil),    // 4: bettercompute.api.v1.CapacityByPoolRequest
-	(*CapacityByPoolResponse)(nil),   // 5: bettercompute.api.v1.CapacityByPoolResponse
-	(*CapacityTimelineRequest)(nil),  // 6: bettercompute.api.v1.CapacityTimelineRequest
-	(*CapacityTimelineResponse)(nil), // 7: bettercompute.api.v1.CapacityTimelineResponse
-	(*RebuildCapacityRequest)(nil),   // 8: bettercompute.api.v1.RebuildCapacityRequest
-	(*RebuildCapacityResponse)(nil),  // 9: bettercompute.api.v1.RebuildCapacityResponse
-	(*UsageWindow)(nil),              // 10: bettercompute.api.v1.UsageWindow
-	(*ListUsageRequest)(nil),         // 11: bettercompute.api.v1.ListUsageRequest
-	(*ListUsageResponse)(nil),        // 12: bettercompute.api.v1.ListUsageResponse
-	(*ExportUsageRequest)(nil),       // 13: bettercompute.api.v1.ExportUsageRequest
-	(*ExportUsageResponse)(nil),      // 14: bettercompute.api.v1.ExportUsageResponse
-	(*timestamppb.Timestamp)(nil),    // 15: google.protobuf.Timestamp
+	(*CapacityRow)(nil),                // 0: bettercompute.api.v1.CapacityRow
+	(*TimelinePoint)(nil),              // 1: bettercompute.api.v1.TimelinePoint
+	(*CapacitySummaryRequest)(nil),     // 2: bettercompute.api.v1.CapacitySummaryRequest
+	(*CapacitySummaryResponse)(nil),    // 3: bettercompute.api.v1.CapacitySummaryResponse
+	(*CapacityByPoolRequest)(nil),      // 4: bettercompute.api.v1.CapacityByPoolRequest
+	(*CapacityByPoolResponse)(nil),     // 5: bettercompute.api.v1.CapacityByPoolResponse
+	(*CapacityTimelineRequest)(nil),    // 6: bettercompute.api.v1.CapacityTimelineRequest
+	(*CapacityTimelineResponse)(nil),   // 7: bettercompute.api.v1.CapacityTimelineResponse
+	(*RebuildCapacityRequest)(nil),     // 8: bettercompute.api.v1.RebuildCapacityRequest
+	(*RebuildCapacityResponse)(nil),    // 9: bettercompute.api.v1.RebuildCapacityResponse
+	(*UsageWindow)(nil),                // 10: bettercompute.api.v1.UsageWindow
+	(*ListUsageRequest)(nil),           // 11: bettercompute.api.v1.ListUsageRequest
+	(*ListUsageResponse)(nil),          // 12: bettercompute.api.v1.ListUsageResponse
+	(*ExportUsageRequest)(nil),         // 13: bettercompute.api.v1.ExportUsageRequest
+	(*ExportUsageResponse)(nil),        // 14: bettercompute.api.v1.ExportUsageResponse
+	(*CapacityByConsumerRequest)(nil),  // 15: bettercompute.api.v1.CapacityByConsumerRequest
+	(*ConsumerRow)(nil),                // 16: bettercompute.api.v1.ConsumerRow
+	(*CapacityByConsumerResponse)(nil), // 17: bettercompute.api.v1.CapacityByConsumerResponse
+	(*timestamppb.Timestamp)(nil),      // 18: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_usage_proto_depIdxs = []int32{
-	15, // 0: bettercompute.api.v1.TimelinePoint.time:type_name -> google.protobuf.Timestamp
+	18, // 0: bettercompute.api.v1.TimelinePoint.time:type_name -> google.protobuf.Timestamp
 	0,  // 1: bettercompute.api.v1.CapacitySummaryResponse.rows:type_name -> bettercompute.api.v1.CapacityRow
 	0,  // 2: bettercompute.api.v1.CapacityByPoolResponse.rows:type_name -> bettercompute.api.v1.CapacityRow
-	15, // 3: bettercompute.api.v1.CapacityTimelineRequest.start_time:type_name -> google.protobuf.Timestamp
-	15, // 4: bettercompute.api.v1.CapacityTimelineRequest.end_time:type_name -> google.protobuf.Timestamp
+	18, // 3: bettercompute.api.v1.CapacityTimelineRequest.start_time:type_name -> google.protobuf.Timestamp
+	18, // 4: bettercompute.api.v1.CapacityTimelineRequest.end_time:type_name -> google.protobuf.Timestamp
 	1,  // 5: bettercompute.api.v1.CapacityTimelineResponse.points:type_name -> bettercompute.api.v1.TimelinePoint
-	15, // 6: bettercompute.api.v1.UsageWindow.window_start:type_name -> google.protobuf.Timestamp
-	15, // 7: bettercompute.api.v1.ListUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	15, // 8: bettercompute.api.v1.ListUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	18, // 6: bettercompute.api.v1.UsageWindow.window_start:type_name -> google.protobuf.Timestamp
+	18, // 7: bettercompute.api.v1.ListUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	18, // 8: bettercompute.api.v1.ListUsageRequest.end_time:type_name -> google.protobuf.Timestamp
 	10, // 9: bettercompute.api.v1.ListUsageResponse.windows:type_name -> bettercompute.api.v1.UsageWindow
-	15, // 10: bettercompute.api.v1.ExportUsageRequest.start_time:type_name -> google.protobuf.Timestamp
-	15, // 11: bettercompute.api.v1.ExportUsageRequest.end_time:type_name -> google.protobuf.Timestamp
-	2,  // 12: bettercompute.api.v1.CapacityService.Summary:input_type -> bettercompute.api.v1.CapacitySummaryRequest
-	4,  // 13: bettercompute.api.v1.CapacityService.ByPool:input_type -> bettercompute.api.v1.CapacityByPoolRequest
-	6,  // 14: bettercompute.api.v1.CapacityService.Timeline:input_type -> bettercompute.api.v1.CapacityTimelineRequest
-	8,  // 15: bettercompute.api.v1.CapacityService.Rebuild:input_type -> bettercompute.api.v1.RebuildCapacityRequest
-	11, // 16: bettercompute.api.v1.UsageService.List:input_type -> bettercompute.api.v1.ListUsageRequest
-	13, // 17: bettercompute.api.v1.UsageService.Export:input_type -> bettercompute.api.v1.ExportUsageRequest
-	3,  // 18: bettercompute.api.v1.CapacityService.Summary:output_type -> bettercompute.api.v1.CapacitySummaryResponse
-	5,  // 19: bettercompute.api.v1.CapacityService.ByPool:output_type -> bettercompute.api.v1.CapacityByPoolResponse
-	7,  // 20: bettercompute.api.v1.CapacityService.Timeline:output_type -> bettercompute.api.v1.CapacityTimelineResponse
-	9,  // 21: bettercompute.api.v1.CapacityService.Rebuild:output_type -> bettercompute.api.v1.RebuildCapacityResponse
-	12, // 22: bettercompute.api.v1.UsageService.List:output_type -> bettercompute.api.v1.ListUsageResponse
-	14, // 23: bettercompute.api.v1.UsageService.Export:output_type -> bettercompute.api.v1.ExportUsageResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	18, // 10: bettercompute.api.v1.ExportUsageRequest.start_time:type_name -> google.protobuf.Timestamp
+	18, // 11: bettercompute.api.v1.ExportUsageRequest.end_time:type_name -> google.protobuf.Timestamp
+	18, // 12: bettercompute.api.v1.CapacityByConsumerRequest.start_time:type_name -> google.protobuf.Timestamp
+	18, // 13: bettercompute.api.v1.CapacityByConsumerRequest.end_time:type_name -> google.protobuf.Timestamp
+	16, // 14: bettercompute.api.v1.CapacityByConsumerResponse.rows:type_name -> bettercompute.api.v1.ConsumerRow
+	2,  // 15: bettercompute.api.v1.CapacityService.Summary:input_type -> bettercompute.api.v1.CapacitySummaryRequest
+	4,  // 16: bettercompute.api.v1.CapacityService.ByPool:input_type -> bettercompute.api.v1.CapacityByPoolRequest
+	6,  // 17: bettercompute.api.v1.CapacityService.Timeline:input_type -> bettercompute.api.v1.CapacityTimelineRequest
+	8,  // 18: bettercompute.api.v1.CapacityService.Rebuild:input_type -> bettercompute.api.v1.RebuildCapacityRequest
+	15, // 19: bettercompute.api.v1.CapacityService.ByConsumer:input_type -> bettercompute.api.v1.CapacityByConsumerRequest
+	11, // 20: bettercompute.api.v1.UsageService.List:input_type -> bettercompute.api.v1.ListUsageRequest
+	13, // 21: bettercompute.api.v1.UsageService.Export:input_type -> bettercompute.api.v1.ExportUsageRequest
+	3,  // 22: bettercompute.api.v1.CapacityService.Summary:output_type -> bettercompute.api.v1.CapacitySummaryResponse
+	5,  // 23: bettercompute.api.v1.CapacityService.ByPool:output_type -> bettercompute.api.v1.CapacityByPoolResponse
+	7,  // 24: bettercompute.api.v1.CapacityService.Timeline:output_type -> bettercompute.api.v1.CapacityTimelineResponse
+	9,  // 25: bettercompute.api.v1.CapacityService.Rebuild:output_type -> bettercompute.api.v1.RebuildCapacityResponse
+	17, // 26: bettercompute.api.v1.CapacityService.ByConsumer:output_type -> bettercompute.api.v1.CapacityByConsumerResponse
+	12, // 27: bettercompute.api.v1.UsageService.List:output_type -> bettercompute.api.v1.ListUsageResponse
+	14, // 28: bettercompute.api.v1.UsageService.Export:output_type -> bettercompute.api.v1.ExportUsageResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_usage_proto_init() }
@@ -1122,7 +1358,7 @@ func file_bettercompute_api_v1_usage_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_usage_proto_rawDesc), len(file_bettercompute_api_v1_usage_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -43,6 +43,8 @@ const (
 	PoolServiceListProcedure = "/bettercompute.api.v1.PoolService/List"
 	// PoolServiceArchiveProcedure is the fully-qualified name of the PoolService's Archive RPC.
 	PoolServiceArchiveProcedure = "/bettercompute.api.v1.PoolService/Archive"
+	// PoolServiceOfferProcedure is the fully-qualified name of the PoolService's Offer RPC.
+	PoolServiceOfferProcedure = "/bettercompute.api.v1.PoolService/Offer"
 )
 
 // PoolServiceClient is a client for the bettercompute.api.v1.PoolService service.
@@ -53,6 +55,9 @@ type PoolServiceClient interface {
 	List(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error)
 	// Archive is idempotent; an archived pool refuses updates.
 	Archive(context.Context, *connect.Request[v1.ArchivePoolRequest]) (*connect.Response[v1.ArchivePoolResponse], error)
+	// Offer replaces who may reserve from the pool (the owner's
+	// administrators decide). Existing reservations are kept.
+	Offer(context.Context, *connect.Request[v1.OfferPoolRequest]) (*connect.Response[v1.OfferPoolResponse], error)
 }
 
 // NewPoolServiceClient constructs a client for the bettercompute.api.v1.PoolService service. By
@@ -98,6 +103,12 @@ func NewPoolServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(poolServiceMethods.ByName("Archive")),
 			connect.WithClientOptions(opts...),
 		),
+		offer: connect.NewClient[v1.OfferPoolRequest, v1.OfferPoolResponse](
+			httpClient,
+			baseURL+PoolServiceOfferProcedure,
+			connect.WithSchema(poolServiceMethods.ByName("Offer")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -108,6 +119,7 @@ type poolServiceClient struct {
 	get     *connect.Client[v1.GetPoolRequest, v1.GetPoolResponse]
 	list    *connect.Client[v1.ListPoolsRequest, v1.ListPoolsResponse]
 	archive *connect.Client[v1.ArchivePoolRequest, v1.ArchivePoolResponse]
+	offer   *connect.Client[v1.OfferPoolRequest, v1.OfferPoolResponse]
 }
 
 // Create calls bettercompute.api.v1.PoolService.Create.
@@ -135,6 +147,11 @@ func (c *poolServiceClient) Archive(ctx context.Context, req *connect.Request[v1
 	return c.archive.CallUnary(ctx, req)
 }
 
+// Offer calls bettercompute.api.v1.PoolService.Offer.
+func (c *poolServiceClient) Offer(ctx context.Context, req *connect.Request[v1.OfferPoolRequest]) (*connect.Response[v1.OfferPoolResponse], error) {
+	return c.offer.CallUnary(ctx, req)
+}
+
 // PoolServiceHandler is an implementation of the bettercompute.api.v1.PoolService service.
 type PoolServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreatePoolRequest]) (*connect.Response[v1.CreatePoolResponse], error)
@@ -143,6 +160,9 @@ type PoolServiceHandler interface {
 	List(context.Context, *connect.Request[v1.ListPoolsRequest]) (*connect.Response[v1.ListPoolsResponse], error)
 	// Archive is idempotent; an archived pool refuses updates.
 	Archive(context.Context, *connect.Request[v1.ArchivePoolRequest]) (*connect.Response[v1.ArchivePoolResponse], error)
+	// Offer replaces who may reserve from the pool (the owner's
+	// administrators decide). Existing reservations are kept.
+	Offer(context.Context, *connect.Request[v1.OfferPoolRequest]) (*connect.Response[v1.OfferPoolResponse], error)
 }
 
 // NewPoolServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -184,6 +204,12 @@ func NewPoolServiceHandler(svc PoolServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(poolServiceMethods.ByName("Archive")),
 		connect.WithHandlerOptions(opts...),
 	)
+	poolServiceOfferHandler := connect.NewUnaryHandler(
+		PoolServiceOfferProcedure,
+		svc.Offer,
+		connect.WithSchema(poolServiceMethods.ByName("Offer")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.PoolService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PoolServiceCreateProcedure:
@@ -196,6 +222,8 @@ func NewPoolServiceHandler(svc PoolServiceHandler, opts ...connect.HandlerOption
 			poolServiceListHandler.ServeHTTP(w, r)
 		case PoolServiceArchiveProcedure:
 			poolServiceArchiveHandler.ServeHTTP(w, r)
+		case PoolServiceOfferProcedure:
+			poolServiceOfferHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -223,4 +251,8 @@ func (UnimplementedPoolServiceHandler) List(context.Context, *connect.Request[v1
 
 func (UnimplementedPoolServiceHandler) Archive(context.Context, *connect.Request[v1.ArchivePoolRequest]) (*connect.Response[v1.ArchivePoolResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.PoolService.Archive is not implemented"))
+}
+
+func (UnimplementedPoolServiceHandler) Offer(context.Context, *connect.Request[v1.OfferPoolRequest]) (*connect.Response[v1.OfferPoolResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.PoolService.Offer is not implemented"))
 }

@@ -44,6 +44,9 @@ const (
 	CapacityServiceTimelineProcedure = "/bettercompute.api.v1.CapacityService/Timeline"
 	// CapacityServiceRebuildProcedure is the fully-qualified name of the CapacityService's Rebuild RPC.
 	CapacityServiceRebuildProcedure = "/bettercompute.api.v1.CapacityService/Rebuild"
+	// CapacityServiceByConsumerProcedure is the fully-qualified name of the CapacityService's
+	// ByConsumer RPC.
+	CapacityServiceByConsumerProcedure = "/bettercompute.api.v1.CapacityService/ByConsumer"
 	// UsageServiceListProcedure is the fully-qualified name of the UsageService's List RPC.
 	UsageServiceListProcedure = "/bettercompute.api.v1.UsageService/List"
 	// UsageServiceExportProcedure is the fully-qualified name of the UsageService's Export RPC.
@@ -57,6 +60,9 @@ type CapacityServiceClient interface {
 	Timeline(context.Context, *connect.Request[v1.CapacityTimelineRequest]) (*connect.Response[v1.CapacityTimelineResponse], error)
 	// Rebuild recomputes the rollups from the bookings and says what differed.
 	Rebuild(context.Context, *connect.Request[v1.RebuildCapacityRequest]) (*connect.Response[v1.RebuildCapacityResponse], error)
+	// ByConsumer shows a pool owner what each consumer tenant holds on its
+	// pools and has used.
+	ByConsumer(context.Context, *connect.Request[v1.CapacityByConsumerRequest]) (*connect.Response[v1.CapacityByConsumerResponse], error)
 }
 
 // NewCapacityServiceClient constructs a client for the bettercompute.api.v1.CapacityService
@@ -97,15 +103,23 @@ func NewCapacityServiceClient(httpClient connect.HTTPClient, baseURL string, opt
 			connect.WithSchema(capacityServiceMethods.ByName("Rebuild")),
 			connect.WithClientOptions(opts...),
 		),
+		byConsumer: connect.NewClient[v1.CapacityByConsumerRequest, v1.CapacityByConsumerResponse](
+			httpClient,
+			baseURL+CapacityServiceByConsumerProcedure,
+			connect.WithSchema(capacityServiceMethods.ByName("ByConsumer")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // capacityServiceClient implements CapacityServiceClient.
 type capacityServiceClient struct {
-	summary  *connect.Client[v1.CapacitySummaryRequest, v1.CapacitySummaryResponse]
-	byPool   *connect.Client[v1.CapacityByPoolRequest, v1.CapacityByPoolResponse]
-	timeline *connect.Client[v1.CapacityTimelineRequest, v1.CapacityTimelineResponse]
-	rebuild  *connect.Client[v1.RebuildCapacityRequest, v1.RebuildCapacityResponse]
+	summary    *connect.Client[v1.CapacitySummaryRequest, v1.CapacitySummaryResponse]
+	byPool     *connect.Client[v1.CapacityByPoolRequest, v1.CapacityByPoolResponse]
+	timeline   *connect.Client[v1.CapacityTimelineRequest, v1.CapacityTimelineResponse]
+	rebuild    *connect.Client[v1.RebuildCapacityRequest, v1.RebuildCapacityResponse]
+	byConsumer *connect.Client[v1.CapacityByConsumerRequest, v1.CapacityByConsumerResponse]
 }
 
 // Summary calls bettercompute.api.v1.CapacityService.Summary.
@@ -128,6 +142,11 @@ func (c *capacityServiceClient) Rebuild(ctx context.Context, req *connect.Reques
 	return c.rebuild.CallUnary(ctx, req)
 }
 
+// ByConsumer calls bettercompute.api.v1.CapacityService.ByConsumer.
+func (c *capacityServiceClient) ByConsumer(ctx context.Context, req *connect.Request[v1.CapacityByConsumerRequest]) (*connect.Response[v1.CapacityByConsumerResponse], error) {
+	return c.byConsumer.CallUnary(ctx, req)
+}
+
 // CapacityServiceHandler is an implementation of the bettercompute.api.v1.CapacityService service.
 type CapacityServiceHandler interface {
 	Summary(context.Context, *connect.Request[v1.CapacitySummaryRequest]) (*connect.Response[v1.CapacitySummaryResponse], error)
@@ -135,6 +154,9 @@ type CapacityServiceHandler interface {
 	Timeline(context.Context, *connect.Request[v1.CapacityTimelineRequest]) (*connect.Response[v1.CapacityTimelineResponse], error)
 	// Rebuild recomputes the rollups from the bookings and says what differed.
 	Rebuild(context.Context, *connect.Request[v1.RebuildCapacityRequest]) (*connect.Response[v1.RebuildCapacityResponse], error)
+	// ByConsumer shows a pool owner what each consumer tenant holds on its
+	// pools and has used.
+	ByConsumer(context.Context, *connect.Request[v1.CapacityByConsumerRequest]) (*connect.Response[v1.CapacityByConsumerResponse], error)
 }
 
 // NewCapacityServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -171,6 +193,13 @@ func NewCapacityServiceHandler(svc CapacityServiceHandler, opts ...connect.Handl
 		connect.WithSchema(capacityServiceMethods.ByName("Rebuild")),
 		connect.WithHandlerOptions(opts...),
 	)
+	capacityServiceByConsumerHandler := connect.NewUnaryHandler(
+		CapacityServiceByConsumerProcedure,
+		svc.ByConsumer,
+		connect.WithSchema(capacityServiceMethods.ByName("ByConsumer")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.CapacityService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CapacityServiceSummaryProcedure:
@@ -181,6 +210,8 @@ func NewCapacityServiceHandler(svc CapacityServiceHandler, opts ...connect.Handl
 			capacityServiceTimelineHandler.ServeHTTP(w, r)
 		case CapacityServiceRebuildProcedure:
 			capacityServiceRebuildHandler.ServeHTTP(w, r)
+		case CapacityServiceByConsumerProcedure:
+			capacityServiceByConsumerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -204,6 +235,10 @@ func (UnimplementedCapacityServiceHandler) Timeline(context.Context, *connect.Re
 
 func (UnimplementedCapacityServiceHandler) Rebuild(context.Context, *connect.Request[v1.RebuildCapacityRequest]) (*connect.Response[v1.RebuildCapacityResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.CapacityService.Rebuild is not implemented"))
+}
+
+func (UnimplementedCapacityServiceHandler) ByConsumer(context.Context, *connect.Request[v1.CapacityByConsumerRequest]) (*connect.Response[v1.CapacityByConsumerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.CapacityService.ByConsumer is not implemented"))
 }
 
 // UsageServiceClient is a client for the bettercompute.api.v1.UsageService service.
