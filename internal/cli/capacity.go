@@ -146,7 +146,33 @@ none.`,
 	}
 	addConfirmationFlag(rebuild, &confirmationID)
 
-	cmd.AddCommand(summary, byPool, timeline, rebuild)
+	var bcPool string
+	byConsumer := &cobra.Command{
+		Use:   "by-consumer [--pool P]",
+		Short: "What each consumer tenant holds on the tenant's pools, and has used (30 days)",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Capacity.ByConsumer(cmd.Context(), connect.NewRequest(&apiv1.CapacityByConsumerRequest{Tenant: t, Pool: bcPool}))
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
+				row(w, "POOL", "TENANT", "RESERVATIONS", "GPUS", "GPU-HOURS")
+				for _, r := range resp.Msg.GetRows() {
+					row(w, r.GetPool(), r.GetTenant(), strconv.Itoa(int(r.GetReservations())), strconv.Itoa(int(r.GetGpus())),
+						strconv.FormatFloat(r.GetGpuHours(), 'f', 1, 64))
+				}
+			})
+		},
+	}
+	addTenantFlag(byConsumer, &tenant)
+	byConsumer.Flags().StringVar(&bcPool, "pool", "", "one pool the tenant owns (name or id); default every pool")
+
+	cmd.AddCommand(summary, byPool, timeline, rebuild, byConsumer)
 	return cmd
 }
 

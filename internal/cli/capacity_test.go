@@ -31,6 +31,7 @@ type capacityFake struct {
 	summaries []*apiv1.CapacitySummaryRequest
 	byPools   []*apiv1.CapacityByPoolRequest
 	timelines []*apiv1.CapacityTimelineRequest
+	consumers []*apiv1.CapacityByConsumerRequest
 	lists     []*apiv1.ListUsageRequest
 	exports   []*apiv1.ExportUsageRequest
 	windows   []*apiv1.UsageWindow
@@ -116,6 +117,16 @@ func (s fakeCapacity) ByPool(_ context.Context, req *connect.Request[apiv1.Capac
 	return connect.NewResponse(&apiv1.CapacityByPoolResponse{Rows: fakeRows}), nil
 }
 
+func (s fakeCapacity) ByConsumer(_ context.Context, req *connect.Request[apiv1.CapacityByConsumerRequest]) (*connect.Response[apiv1.CapacityByConsumerResponse], error) {
+	s.cf.mu.Lock()
+	defer s.cf.mu.Unlock()
+	s.cf.consumers = append(s.cf.consumers, req.Msg)
+	return connect.NewResponse(&apiv1.CapacityByConsumerResponse{Rows: []*apiv1.ConsumerRow{
+		{Pool: "h100", Tenant: "acme", Reservations: 2, Gpus: 5, GpuHours: 12.25},
+		{Pool: "h100", Tenant: "globex", Reservations: 1, Gpus: 1},
+	}}), nil
+}
+
 func (s fakeCapacity) Timeline(_ context.Context, req *connect.Request[apiv1.CapacityTimelineRequest]) (*connect.Response[apiv1.CapacityTimelineResponse], error) {
 	s.cf.mu.Lock()
 	defer s.cf.mu.Unlock()
@@ -194,6 +205,12 @@ func TestCapacityCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(b.ok(t, "capacity", "by-pool", "-o", "json")), &js))
 	require.Len(t, js.Rows, 2)
 	require.Equal(t, 2, js.Rows[0].Free)
+
+	lines = strings.Split(strings.TrimSpace(b.ok(t, "capacity", "by-consumer", "--pool", "h100")), "\n")
+	require.Equal(t, []string{"POOL", "TENANT", "RESERVATIONS", "GPUS", "GPU-HOURS"}, strings.Fields(lines[0]))
+	require.Equal(t, []string{"h100", "acme", "2", "5", "12.2"}, strings.Fields(lines[1]))
+	require.Equal(t, "acme", cf.consumers[0].GetTenant(), "the token's tenant: the owner")
+	require.Equal(t, "h100", cf.consumers[0].GetPool())
 
 	out := b.ok(t, "capacity", "timeline", "--pool", "h100", "--start", "2025-01-02T00:00:00Z", "--end", "+2h", "--step", "30m")
 	require.Equal(t, []string{"2025-01-02T01:00:00Z", "5", "8"}, strings.Fields(strings.Split(strings.TrimSpace(out), "\n")[2]))

@@ -18,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	bcapp "github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/pki"
 )
 
@@ -156,7 +157,8 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 				stopApp()
 				return errors.Join(serverError(fmt.Errorf("start %d simulated nodes: %w", simNodes, err)), ignoreCanceled(<-runErr))
 			}
-			fmt.Fprintf(out, "sim: %d simulated nodes (%s) in tenant sim, project nodes\n", simNodes, cmp.Or(strings.Join(profiles, ","), "dgxh100"))
+			fmt.Fprintf(out, "sim: %d simulated nodes (%s) in tenant sim, project nodes; pool %s offered to all tenants\n", simNodes,
+				cmp.Or(strings.Join(profiles, ","), "dgxh100"), DevPool)
 			select {
 			case <-ctx.Done():
 			case err := <-runErr:
@@ -195,6 +197,21 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 	} else if err != nil {
 		return nil, err
 	}
+	// The simulated fleet is the operator's: its H100 nodes form pool h100,
+	// offered to every tenant, so a tenant the platform creates can reserve
+	// from it within the quota it is given.
+	if _, err := c.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "sim", Pool: DevPool})); client.Code(err) == "NOT_FOUND" {
+		_, err := c.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "sim", Name: DevPool,
+			Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: pool.OpIn, Values: []string{"H100"}}}}))
+		if err != nil && client.Code(err) != "ALREADY_EXISTS" {
+			return nil, err
+		}
+		if _, err := c.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "sim", Pool: DevPool, To: []string{pool.OfferAll}})); err != nil {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
 	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
 		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim")},
 		Root:     root,
@@ -209,6 +226,10 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 		},
 	})
 }
+
+// DevPool is the pool of the simulated fleet's H100 nodes that dev offers
+// to every tenant.
+const DevPool = "h100"
 
 // devSecret returns BETTER_COMPUTE_SECRET, else the secret in
 // <state-dir>/secret, generating it (mode 0600) on the first start so that

@@ -222,19 +222,70 @@ replaces the whole policy with the flags given (unset ones take defaults).`,
 	addTenantFlag(archive, &tenant)
 	addConfirmationFlag(archive, &confirmationID)
 
-	cmd.AddCommand(create, list, get, update, archive)
+	var (
+		offerTo     []string
+		offerSingle bool
+	)
+	offer := &cobra.Command{
+		Use:   "offer POOL --to all|TENANT,… [--single-tenant]",
+		Short: "Offer a pool to other tenants (all, a list, or none)",
+		Long: `Offer a pool the tenant owns to other tenants, who may then list it, preview
+and reserve from it within their quotas. --to all offers it to every tenant,
+--to acme,globex to those, --to none makes it private again. --single-tenant
+keeps one consumer tenant at a time on a node. Reservations already made are
+kept.`,
+		Args: positional("POOL"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if !cmd.Flags().Changed("to") {
+				return invalidArg("to", "is required: all, tenant names, or none")
+			}
+			to := offerTo
+			if len(to) == 1 && to[0] == "none" {
+				to = nil
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Pools.Offer(cmd.Context(), request(&apiv1.OfferPoolRequest{Tenant: t, Pool: argv[0], To: to, SingleTenant: offerSingle},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printPools(cmd, resp.Msg, resp.Msg.GetPool())
+		},
+	}
+	addTenantFlag(offer, &tenant)
+	offer.Flags().StringSliceVar(&offerTo, "to", nil, "all, consumer tenants (comma-separated), or none")
+	offer.Flags().BoolVar(&offerSingle, "single-tenant", false, "one consumer tenant at a time on a node")
+	addConfirmationFlag(offer, &confirmationID)
+
+	cmd.AddCommand(create, list, get, update, archive, offer)
 	return cmd
+}
+
+// offerString prints who a pool is offered to.
+func offerString(p *apiv1.Pool) string {
+	o := p.GetOffer()
+	s := o.GetScope()
+	if s == pool.OfferTenants {
+		s = strings.Join(o.GetTenants(), ",")
+	}
+	if p.GetPolicy().GetSingleTenant() {
+		s += " (single-tenant)"
+	}
+	return s
 }
 
 func (a *app) printPools(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Pool) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
-		row(w, "ID", "NAME", "STATE", "TENANT", "SELECTOR", "SHARING", "CREATED")
+		row(w, "ID", "NAME", "STATE", "OWNER", "OFFERED", "SELECTOR", "SHARING", "CREATED")
 		for _, p := range items {
 			sharing := p.GetPolicy().GetGpuSharing()
 			if n := p.GetPolicy().GetSlotsPerGpu(); n > 0 {
 				sharing = fmt.Sprintf("%s/%d", sharing, n)
 			}
-			row(w, p.GetId(), p.GetName(), p.GetState(), p.GetTenantId(), dash(selectorString(p.GetSelector())), sharing, ts(p.GetCreateTime()))
+			row(w, p.GetId(), p.GetName(), p.GetState(), dash(p.GetOwner()), offerString(p), dash(selectorString(p.GetSelector())), sharing, ts(p.GetCreateTime()))
 		}
 	})
 }

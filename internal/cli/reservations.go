@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -327,11 +328,14 @@ func (a *app) reservationsCommand() *cobra.Command {
 	var (
 		limit                int
 		project, pool, state string
+		onOwned              bool
 	)
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List reservations (a tenant's, or every tenant's for platform administrators)",
-		Args:  positional(),
+		Long: `List reservations: the tenant's own, or with --on-my-pools every tenant's
+reservation on the pools the tenant owns (the TENANT column names whose).`,
+		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, t, err := a.clientFleetTenant(cmd, tenant)
 			if err != nil {
@@ -339,7 +343,7 @@ func (a *app) reservationsCommand() *cobra.Command {
 			}
 			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.Reservation, string, error) {
 				resp, err := c.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{
-					Tenant: t, Project: project, Pool: pool, State: state, PageToken: token, PageSize: size,
+					Tenant: t, Project: project, Pool: pool, State: state, PageToken: token, PageSize: size, OnOwnedPools: onOwned,
 				}))
 				if err != nil {
 					return nil, "", err
@@ -355,7 +359,8 @@ func (a *app) reservationsCommand() *cobra.Command {
 	addTenantFlag(list, &tenant)
 	addLimitFlag(list, &limit)
 	list.Flags().StringVar(&project, "project", "", "only reservations of this project")
-	list.Flags().StringVar(&pool, "pool", "", "only reservations in this pool (name or id)")
+	list.Flags().StringVar(&pool, "pool", "", "only reservations in this pool (name, owner/name or id)")
+	list.Flags().BoolVar(&onOwned, "on-my-pools", false, "every tenant's reservations on the pools the tenant owns")
 	list.Flags().StringVar(&state, "state", "", "only these states, comma-separated: pending, placed, binding, active, released, expired, failed, canceled")
 
 	get := &cobra.Command{
@@ -584,14 +589,28 @@ func (a *app) printReservations(cmd *cobra.Command, msg proto.Message, items ...
 }
 
 func reservationTable(w io.Writer, items ...*apiv1.Reservation) {
-	row(w, "ID", "STATE", "POOL", "NODE", "GPUS", "ATOMS", "START", "END")
+	// Whose each reservation is shows only when the rows are several
+	// tenants' (an owner's pools, a platform listing).
+	mixed := false
+	for _, r := range items {
+		mixed = mixed || r.GetTenantId() != items[0].GetTenantId()
+	}
+	head := []string{"ID", "STATE", "POOL", "NODE", "GPUS", "ATOMS", "START", "END"}
+	if mixed {
+		head = slices.Insert(head, 2, "TENANT")
+	}
+	row(w, head...)
 	for _, r := range items {
 		atoms := "-"
 		if n := len(r.GetPlacement().GetAtoms()); n > 0 {
 			atoms = strconv.Itoa(n)
 		}
-		row(w, r.GetId(), r.GetState(), dash(cmpOr(r.GetPool(), r.GetPoolId())), dash(placementNode(r.GetPlacement())),
-			reservationAsk(r), atoms, ts(r.GetStartTime()), ts(r.GetEndTime()))
+		cells := []string{r.GetId(), r.GetState(), dash(cmpOr(r.GetPool(), r.GetPoolId())), dash(placementNode(r.GetPlacement())),
+			reservationAsk(r), atoms, ts(r.GetStartTime()), ts(r.GetEndTime())}
+		if mixed {
+			cells = slices.Insert(cells, 2, dash(cmpOr(r.GetTenant(), r.GetTenantId())))
+		}
+		row(w, cells...)
 	}
 }
 

@@ -2,6 +2,7 @@ package atoms
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
@@ -314,15 +315,20 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	case member != nil:
 		poolID = member.ID
 	}
-	oldPool, oldConflict := "", ""
-	oldPool, oldConflict, err = nodePool(ctx, tx, nodeID)
+	oldPool, oldConflict, oldLabels := "", "", ""
+	oldPool, oldConflict, oldLabels, err = nodePool(ctx, tx, nodeID)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
 	if oldConflict == "" {
 		guard.saw(claiming)
 	}
-	if err := saveNodePool(ctx, tx, nodeID, n.TenantID, poolID, conflict); err != nil {
+	// Map keys marshal sorted: equal labels give equal text.
+	labelText, err := json.Marshal(n.Labels)
+	if err != nil {
+		return nil, err
+	}
+	if err := saveNodePool(ctx, tx, nodeID, n.TenantID, poolID, conflict, string(labelText)); err != nil {
 		return nil, err
 	}
 	if err := setPoolCondition(ctx, tx, nodeID, conflict); err != nil {
@@ -367,7 +373,9 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	}
 
 	gained := poolID != "" && (poolID != oldPool || freeCount(want) > freeCount(have))
-	changed := poolID != oldPool || len(want) != len(have)
+	// A label change that keeps the node in its pool (a taint, a shape)
+	// changes what the placer may do with it all the same.
+	changed := poolID != oldPool || len(want) != len(have) || oldLabels != string(labelText)
 	for id, a := range want {
 		if old, ok := have[id]; !ok || !old.same(a) {
 			changed = true

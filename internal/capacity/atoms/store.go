@@ -213,19 +213,20 @@ func tenantNodes(ctx context.Context, q store.Querier, tenantID string) ([]strin
 }
 
 // nodePool reads a node's membership row (store.ErrNotFound: none yet).
-func nodePool(ctx context.Context, q store.Querier, nodeID string) (poolID, conflict string, err error) {
-	err = q.QueryRow(ctx, `SELECT pool_id, conflict FROM node_pools WHERE node_id = $1`, nodeID).Scan(&poolID, &conflict)
-	return poolID, conflict, err
+func nodePool(ctx context.Context, q store.Querier, nodeID string) (poolID, conflict, labels string, err error) {
+	err = q.QueryRow(ctx, `SELECT pool_id, conflict, labels FROM node_pools WHERE node_id = $1`, nodeID).Scan(&poolID, &conflict, &labels)
+	return poolID, conflict, labels, err
 }
 
 // saveNodePool writes a node's membership, keeping its update time when
 // nothing changed.
-func saveNodePool(ctx context.Context, tx store.Tx, nodeID, tenantID, poolID, conflict string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO node_pools (node_id, tenant_id, pool_id, conflict, update_time) VALUES ($1, $2, $3, $4, compute_now())
+func saveNodePool(ctx context.Context, tx store.Tx, nodeID, tenantID, poolID, conflict, labels string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO node_pools (node_id, tenant_id, pool_id, conflict, labels, update_time) VALUES ($1, $2, $3, $4, $5, compute_now())
 		ON CONFLICT (node_id) DO UPDATE SET tenant_id = excluded.tenant_id, pool_id = excluded.pool_id, conflict = excluded.conflict,
+			labels = excluded.labels,
 			update_time = CASE WHEN node_pools.pool_id = excluded.pool_id AND node_pools.conflict = excluded.conflict
 				THEN node_pools.update_time ELSE excluded.update_time END`,
-		nodeID, tenantID, poolID, conflict)
+		nodeID, tenantID, poolID, conflict, labels)
 	return err
 }
 

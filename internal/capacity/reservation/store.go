@@ -133,9 +133,9 @@ type ListParams struct {
 	// PoolOwnerID lists the reservations on the pools a tenant owns,
 	// whoever holds them (TenantID is then empty).
 	PoolOwnerID string
-	States                      []string
-	After                       string
-	Limit                       int
+	States      []string
+	After       string
+	Limit       int
 }
 
 // List lists reservations by id.

@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -34,7 +35,8 @@ func migrateCapacity(t testing.TB, db *store.DB) {
 	t.Helper()
 	ctx := context.Background()
 	if !tableExists(db, "capacity_deltas") {
-		require.NoError(t, db.Migrate(ctx, pool.Migrations(), booking.Migrations(), reservationMigrations()))
+		// Pools name their owner and are offered to tenants.
+		require.NoError(t, db.Migrate(ctx, tenancy.Migrations(), pool.Migrations(), booking.Migrations(), reservationMigrations()))
 	}
 	if !tableExists(db, "bookings") {
 		require.NoError(t, db.Migrate(ctx, booking.Migrations()))
