@@ -353,6 +353,12 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 			if err != nil {
 				return err
 			}
+			if onOwned {
+				// The owner's listing always says whose each one is.
+				return a.printer(cmd.OutOrStdout()).print(&apiv1.ListReservationsResponse{Reservations: all}, func(w io.Writer) {
+					reservationRows(w, true, all...)
+				})
+			}
 			return a.printReservations(cmd, &apiv1.ListReservationsResponse{Reservations: all}, all...)
 		},
 	}
@@ -589,12 +595,16 @@ func (a *app) printReservations(cmd *cobra.Command, msg proto.Message, items ...
 }
 
 func reservationTable(w io.Writer, items ...*apiv1.Reservation) {
-	// Whose each reservation is shows only when the rows are several
-	// tenants' (an owner's pools, a platform listing).
+	// Whose each reservation is shows when the rows are several tenants'
+	// (a platform listing).
 	mixed := false
 	for _, r := range items {
 		mixed = mixed || r.GetTenantId() != items[0].GetTenantId()
 	}
+	reservationRows(w, mixed, items...)
+}
+
+func reservationRows(w io.Writer, mixed bool, items ...*apiv1.Reservation) {
 	head := []string{"ID", "STATE", "POOL", "NODE", "GPUS", "ATOMS", "START", "END"}
 	if mixed {
 		head = slices.Insert(head, 2, "TENANT")
