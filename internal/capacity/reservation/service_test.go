@@ -609,6 +609,9 @@ func TestBoundReportsIsolation(t *testing.T) {
 	require.Contains(t, iso.GetMessage(), "devices: simulated")
 	require.Contains(t, iso.GetMessage(), "/dev/nvidia")
 	require.Contains(t, iso.GetMessage(), "cpuset: simulated")
+	// The gateway's allocation.bound event carries the report as data.
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM events WHERE type = 'allocation.bound' AND resource_id = $1
+		AND data LIKE '%"enforced":[{%"resource":"devices"%"state":"simulated"%'`, r.GetId()))
 }
 
 func TestCancel(t *testing.T) {
