@@ -514,7 +514,9 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
 		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), map[string]any{"killed_processes": r.GetKilledProcesses()},
-			func(ctx context.Context, tx store.Tx, h Hooks) error { return h.AllocationReleased(ctx, tx, s.nodeID, r) })
+			func(ctx context.Context, tx store.Tx, h Hooks) error {
+				return h.AllocationReleased(ctx, tx, s.nodeID, r)
+			})
 	case *agentv1.AgentMessage_Goodbye:
 		return s.goodbye(msg.Goodbye)
 	}
