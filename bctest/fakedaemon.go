@@ -116,10 +116,20 @@ func (d *FakeDaemon) Stop() error {
 // Restart stops this daemon and returns a new one on the same state dir:
 // the same machine, keeping its identity, started.
 func (d *FakeDaemon) Restart() (*FakeDaemon, error) {
+	return d.RestartWith(nil)
+}
+
+// RestartWith is Restart with the configuration changed by change first
+// (e.g. a device filter that no longer attaches).
+func (d *FakeDaemon) RestartWith(change func(*FakeDaemonConfig)) (*FakeDaemon, error) {
 	if err := d.Stop(); err != nil {
 		return nil, err
 	}
-	nd, err := NewFakeDaemon(d.cfg)
+	cfg := d.cfg
+	if change != nil {
+		change(&cfg)
+	}
+	nd, err := NewFakeDaemon(cfg)
 	if err != nil {
 		return nil, err
 	}

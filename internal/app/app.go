@@ -428,6 +428,13 @@ func (l *lateHooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID 
 	return l.h.AllocationReleased(ctx, tx, nodeID, r)
 }
 
+func (l *lateHooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.NodeCapabilitiesChanged(ctx, tx, nodeID)
+}
+
 func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
 	if l.h == nil {
 		return nil

@@ -50,6 +50,10 @@ type Hooks interface {
 	// AllocationReleased: the agent killed what was left and removed the
 	// allocation.
 	AllocationReleased(ctx context.Context, tx store.Tx, nodeID string, r *agentv1.AllocationReleased) error
+	// NodeCapabilitiesChanged: the node's agent advertises other
+	// capabilities than before (e.g. devices.limits, which placement
+	// requires of reservations bcd binds).
+	NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error
 	// NodesLost: the liveness sweep marked these nodes lost.
 	NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }

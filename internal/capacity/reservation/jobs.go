@@ -500,6 +500,21 @@ func (h Hooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID strin
 	return saveMoved(ctx, tx, &r, r.State, now)
 }
 
+// NodeCapabilitiesChanged makes the node's pool read its nodes again: the
+// index holds each node's capabilities, which placement checks (a node
+// that no longer advertises devices.limits takes no binding-node work).
+func (h Hooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	var poolID string
+	err := nodePool(ctx, tx, nodeID).Scan(&poolID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && poolID == "") {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return atoms.BumpPoolVersion(ctx, tx, poolID)
+}
+
 // NodesLost marks the reservations of lost nodes NodeLost and, per their
 // pool's policy, releases them or puts them back in the queue.
 func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {

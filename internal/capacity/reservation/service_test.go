@@ -589,6 +589,26 @@ func TestNodeBindingNeedsDeviceIsolation(t *testing.T) {
 	require.Equal(t, "active", none.GetState(), "explanation: %v", none.GetExplanation())
 }
 
+// TestLostCapabilityStopsPlacement: a node whose bcd comes back without
+// devices.limits (its device filter no longer attaches) takes no more
+// binding-node reservations: the pool's index reads the node again.
+func TestLostCapabilityStopsPlacement(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	f.waitState(t, r.GetId(), "active")
+	d, err := f.sim.Daemons[0].RestartWith(func(c *bctest.FakeDaemonConfig) { c.DeviceFilter = refusingFilter{} })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Stop() })
+	f.eventually(t, "the node advertises no devices.limits", func() bool {
+		return f.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND capabilities NOT LIKE '%devices.limits%' AND liveness = 'ready'`, d.NodeID()) == 1
+	})
+	_, err = f.member.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+		Tenant: "acme", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
+	require.Equal(t, "NO_CAPACITY", client.Code(err), "error: %v", err)
+	require.ErrorContains(t, err, "missing capability devices.limits")
+}
+
 // TestBoundReportsIsolation: the node's report of what it enforces is kept
 // on the reservation as its Isolated condition (a simulated node's devices
 // are confined by nothing, and it says so).
