@@ -2,6 +2,7 @@ package reservation_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"path/filepath"
@@ -630,8 +631,18 @@ func TestBoundReportsIsolation(t *testing.T) {
 	require.Contains(t, iso.GetMessage(), "/dev/nvidia")
 	require.Contains(t, iso.GetMessage(), "cpuset: simulated")
 	// The gateway's allocation.bound event carries the report as data.
-	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM events WHERE type = 'allocation.bound' AND resource_id = $1
-		AND data LIKE '%"enforced":[{%"resource":"devices"%"state":"simulated"%'`, r.GetId()))
+	var data string
+	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT CAST(data AS TEXT) FROM events WHERE type = 'allocation.bound' AND resource_id = $1`, r.GetId()).Scan(&data)
+	}))
+	var ev struct {
+		Enforced []struct{ Resource, State, Detail string } `json:"enforced"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(data), &ev))
+	require.Len(t, ev.Enforced, 4)
+	require.Equal(t, "devices", ev.Enforced[0].Resource)
+	require.Equal(t, "simulated", ev.Enforced[0].State)
+	require.Contains(t, ev.Enforced[0].Detail, "/dev/nvidia")
 }
 
 func TestCancel(t *testing.T) {
