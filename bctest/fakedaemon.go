@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/agent/devfilter"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/clock"
 )
@@ -36,6 +37,10 @@ type FakeDaemonConfig struct {
 	// ReconnectMin/Max bound the reconnect backoff (default 50 ms / 2 s, so
 	// simulations converge fast).
 	ReconnectMin, ReconnectMax time.Duration
+	// DeviceFilter replaces the simulated device filter, e.g. with one
+	// that fails, for a node that cannot confine its GPUs (it then does
+	// not advertise devices.limits).
+	DeviceFilter devfilter.Attacher
 }
 
 // FakeDaemon is an in-process bcd: the real agent code with go-nvml's mock
@@ -74,7 +79,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	}
 	a, err := agent.New(agent.Config{
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
-		CgroupRoot: filepath.Join(cfg.StateDir, "cgroup"), PlainCgroupDir: true, Clock: cfg.Clock, Logger: cfg.Logger,
+		CgroupRoot: filepath.Join(cfg.StateDir, "cgroup"), PlainCgroupDir: true, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax,
 	})
@@ -111,10 +116,20 @@ func (d *FakeDaemon) Stop() error {
 // Restart stops this daemon and returns a new one on the same state dir:
 // the same machine, keeping its identity, started.
 func (d *FakeDaemon) Restart() (*FakeDaemon, error) {
+	return d.RestartWith(nil)
+}
+
+// RestartWith is Restart with the configuration changed by change first
+// (e.g. a device filter that no longer attaches).
+func (d *FakeDaemon) RestartWith(change func(*FakeDaemonConfig)) (*FakeDaemon, error) {
 	if err := d.Stop(); err != nil {
 		return nil, err
 	}
-	nd, err := NewFakeDaemon(d.cfg)
+	cfg := d.cfg
+	if change != nil {
+		change(&cfg)
+	}
+	nd, err := NewFakeDaemon(cfg)
 	if err != nil {
 		return nil, err
 	}

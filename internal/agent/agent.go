@@ -25,6 +25,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
+	"github.com/better-compute/better-compute/internal/agent/devfilter"
 	"github.com/better-compute/better-compute/internal/agent/hw"
 	"github.com/better-compute/better-compute/internal/agent/sysfs"
 	"github.com/better-compute/better-compute/internal/clock"
@@ -77,6 +78,11 @@ type Config struct {
 	// fake hardware mode and tests): a real one would report limits applied
 	// that nothing enforces.
 	PlainCgroupDir bool
+	// DeviceFilter attaches allocations' device programs (default the
+	// real BPF one; devfilter.Simulated with PlainCgroupDir). The start-up
+	// probe attaches it once to a throw-away cgroup: only where that works
+	// does bcd advertise devices.limits.
+	DeviceFilter devfilter.Attacher
 }
 
 // MinKeepaliveTime is the shortest KeepaliveTime: the gateway answers
@@ -122,6 +128,12 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("agent: cgroup root %s: %w", c.CgroupRoot, err)
 		}
 	}
+	if c.DeviceFilter == nil {
+		c.DeviceFilter = devfilter.BPF{}
+		if c.PlainCgroupDir {
+			c.DeviceFilter = devfilter.Simulated{}
+		}
+	}
 	return nil
 }
 
@@ -143,6 +155,8 @@ type Agent struct {
 	dir     stateDir
 	fs      sysfs.FS
 	cg      cgroups.Manager
+	filter  devfilter.Attacher
+	iso     isolation
 	metrics *metrics
 	running atomic.Bool
 
@@ -172,6 +186,7 @@ func New(cfg Config) (*Agent, error) {
 		dir:       stateDir(cfg.StateDir),
 		fs:        sysfs.FS{Root: cfg.SysfsRoot},
 		cg:        cgroups.Manager{Root: cfg.CgroupRoot},
+		filter:    cfg.DeviceFilter,
 		metrics:   newMetrics(),
 		failKinds: map[string]string{},
 		canceled:  map[string]bool{},
@@ -179,6 +194,15 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if err := a.dir.ensure(); err != nil {
 		return nil, err
+	}
+	a.iso = probeIsolation(a.cg, a.filter, cfg.PlainCgroupDir)
+	for _, c := range cgroups.Controllers {
+		if why := a.iso.controllers[c]; why != "" {
+			a.log.Warn("limits not enforced on this node", "controller", c, "reason", why)
+		}
+	}
+	if a.iso.devicesErr != nil {
+		a.log.Warn("no device filter: devices.limits is not advertised", "reason", a.iso.devicesErr)
 	}
 	if _, err := a.dir.readJSON(commandsFile, &a.cmds); err != nil {
 		return nil, err

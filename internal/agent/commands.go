@@ -256,33 +256,31 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		if err := ctx.Err(); err != nil {
 			return outcome{}, err
 		}
-		path, err := a.cg.Apply(da.GetAllocationId(), cgroups.Limits{
-			CPUQuotaUS: da.GetCpuQuotaUs(), CPUPeriodUS: da.GetCpuPeriodUs(), MemoryMaxBytes: da.GetMemoryMaxBytes(),
-			CPUs: da.GetCpusetCpus(), Mems: da.GetCpusetMems(),
-		})
-		if errors.Is(err, cgroups.ErrInvalidID) {
-			return outcome{}, fail(FailInvalidParams, err)
-		}
+		path, enforced, err := a.bind(ctx, da)
 		if err != nil {
-			return outcome{}, fail(FailCgroupWrite, err)
+			return outcome{}, err
 		}
 		res, _ := structpb.NewStruct(map[string]any{"cgroup": path})
 		return outcome{result: res, extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{
-			AllocationId: da.GetAllocationId(), CommandId: c.GetId(), Cgroup: path,
+			AllocationId: da.GetAllocationId(), CommandId: c.GetId(), Cgroup: path, Enforced: enforced,
 		}}}}}, nil
 	case KindAllocationRelease:
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
 		if id == "" {
 			id = c.GetParams().GetFields()["allocationId"].GetStringValue()
 		}
-		if err := a.cg.Remove(id); err != nil {
+		// Release means gone: whatever still runs in the cgroup is killed
+		// before the cgroup is removed and the release reported.
+		killed, err := a.cg.Release(ctx, id)
+		if err != nil {
 			if errors.Is(err, cgroups.ErrInvalidID) {
 				return outcome{}, fail(FailInvalidParams, err)
 			}
 			return outcome{}, fail(FailCgroupWrite, err)
 		}
-		return outcome{extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationReleased{AllocationReleased: &agentv1.AllocationReleased{
-			AllocationId: id, CommandId: c.GetId(),
+		res, _ := structpb.NewStruct(map[string]any{"killed_processes": killed})
+		return outcome{result: res, extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationReleased{AllocationReleased: &agentv1.AllocationReleased{
+			AllocationId: id, CommandId: c.GetId(), KilledProcesses: uint32(killed),
 		}}}}}, nil
 	}
 	return outcome{}, fail(FailUnknownKind, fmt.Errorf("unknown command kind %q", c.GetKind()))

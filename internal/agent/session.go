@@ -334,12 +334,10 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 	}
 }
 
+// capabilities are what the agent supports: the isolation ones only as
+// far as the start-up probe found them enforced.
 func (a *Agent) capabilities() []string {
-	caps := []string{"inventory.sections", "commands.cancel"}
-	if a.cg.Writable() {
-		caps = append(caps, "cgroups.v2", "devices.limits")
-	}
-	return caps
+	return append([]string{"inventory.sections", "commands.cancel"}, a.iso.capabilities()...)
 }
 
 func (a *Agent) status() *agentv1.StatusReport {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/riverqueue/river"
 
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
@@ -413,18 +414,25 @@ func (l *lateHooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string)
 	return l.h.NodeChanged(ctx, tx, nodeID)
 }
 
-func (l *lateHooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocationID, cgroup string) error {
+func (l *lateHooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID string, b *agentv1.AllocationBound) error {
 	if l.h == nil {
 		return nil
 	}
-	return l.h.AllocationBound(ctx, tx, nodeID, allocationID, cgroup)
+	return l.h.AllocationBound(ctx, tx, nodeID, b)
 }
 
-func (l *lateHooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID, allocationID string) error {
+func (l *lateHooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID string, r *agentv1.AllocationReleased) error {
 	if l.h == nil {
 		return nil
 	}
-	return l.h.AllocationReleased(ctx, tx, nodeID, allocationID)
+	return l.h.AllocationReleased(ctx, tx, nodeID, r)
+}
+
+func (l *lateHooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.NodeCapabilitiesChanged(ctx, tx, nodeID)
 }
 
 func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {

@@ -151,14 +151,16 @@ type NodeStatus struct {
 	HardwareKey     string
 	InventoryDigest string
 	SessionOwner    string
+	// Capabilities is the JSON array the agent last advertised.
+	Capabilities string
 }
 
 // NodeStatusGet reads a node's status by id (store.ErrNotFound when absent).
 func NodeStatusGet(ctx context.Context, q store.Querier, id string) (NodeStatus, error) {
 	var n NodeStatus
-	err := q.QueryRow(ctx, `SELECT id, tenant_id, name, mode, state, liveness, labels, hardware_key, inventory_digest, session_owner
+	err := q.QueryRow(ctx, `SELECT id, tenant_id, name, mode, state, liveness, labels, hardware_key, inventory_digest, session_owner, capabilities
 		FROM nodes WHERE id = $1`, id).
-		Scan(&n.ID, &n.TenantID, &n.Name, &n.Mode, &n.State, &n.Liveness, &n.Labels, &n.HardwareKey, &n.InventoryDigest, &n.SessionOwner)
+		Scan(&n.ID, &n.TenantID, &n.Name, &n.Mode, &n.State, &n.Liveness, &n.Labels, &n.HardwareKey, &n.InventoryDigest, &n.SessionOwner, &n.Capabilities)
 	return n, err
 }
 

@@ -3,8 +3,12 @@ package gateway_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -21,6 +25,9 @@ func FuzzAgentFrame(f *testing.F) {
 		{Msg: &agentv1.AgentMessage_CommandUpdate{CommandUpdate: &agentv1.CommandUpdate{CommandId: "cmd_01", Seq: 1, State: agentv1.CommandState_COMMAND_STATE_FAILED, FailureCode: "CGROUP_WRITE_FAILED"}}},
 		{Msg: &agentv1.AgentMessage_Status{Status: &agentv1.StatusReport{Health: "degraded", Pressure: &agentv1.Pressure{Cpu: 12.5}}}},
 		{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{AllocationId: "alc_1", CommandId: "cmd_1", Cgroup: "/bc/alc_1"}}},
+		{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{AllocationId: "alc_1", CommandId: "cmd_1", Cgroup: "/bc/alc_1",
+			Enforced: []*agentv1.Enforcement{{Resource: "devices", State: agentv1.EnforcementState_ENFORCEMENT_STATE_APPLIED, Detail: "only /dev/nvidia0"}}}}},
+		{Msg: &agentv1.AgentMessage_AllocationReleased{AllocationReleased: &agentv1.AllocationReleased{AllocationId: "alc_1", CommandId: "cmd_2", KilledProcesses: 3}}},
 		{Msg: &agentv1.AgentMessage_Inventory{Inventory: inventorySeed()}},
 	} {
 		b, err := proto.Marshal(m)
@@ -51,6 +58,37 @@ func FuzzAgentFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestEnforcedValidation: an AllocationBound's enforcement report names
+// each known resource once, with a known state and a bounded detail.
+func TestEnforcedValidation(t *testing.T) {
+	t.Parallel()
+	applied := agentv1.EnforcementState_ENFORCEMENT_STATE_APPLIED
+	tests := []struct {
+		name     string
+		enforced []*agentv1.Enforcement
+		want     string
+	}{
+		{"ok", []*agentv1.Enforcement{{Resource: "devices", State: applied}, {Resource: "cpu", State: agentv1.EnforcementState_ENFORCEMENT_STATE_NOT_APPLIED, Detail: "no cpu controller"}}, ""},
+		{"unknown resource", []*agentv1.Enforcement{{Resource: "gpu-clock", State: applied}}, "allocation_bound.enforced.resource: must be one of devices, cpu, memory, cpuset"},
+		{"twice", []*agentv1.Enforcement{{Resource: "cpu", State: applied}, {Resource: "cpu", State: applied}}, "cpu reported twice"},
+		{"no state", []*agentv1.Enforcement{{Resource: "memory"}}, "allocation_bound.enforced.state: required for memory"},
+		{"unknown state", []*agentv1.Enforcement{{Resource: "memory", State: 42}}, "allocation_bound.enforced.state: unknown state 42"},
+		{"long detail", []*agentv1.Enforcement{{Resource: "cpuset", State: applied, Detail: strings.Repeat("x", 5000)}}, "allocation_bound.enforced.detail: longer than"},
+	}
+	for _, tt := range tests {
+		err := gateway.ValidateAgentMessage(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{
+			AllocationId: "rsv_1", CommandId: "cmd_1", Enforced: tt.enforced}}})
+		if tt.want == "" {
+			require.NoError(t, err, tt.name)
+			continue
+		}
+		require.Equal(t, codes.InvalidArgument, status.Code(err), tt.name)
+		require.ErrorContains(t, err, tt.want, tt.name)
+	}
+	require.Equal(t, "not_applied", gateway.EnforcementState(agentv1.EnforcementState_ENFORCEMENT_STATE_NOT_APPLIED))
+	require.Equal(t, "unspecified", gateway.EnforcementState(99))
 }
 
 func inventorySeed() *agentv1.InventorySection {

@@ -44,10 +44,16 @@ const (
 type Hooks interface {
 	// NodeChanged: the node's inventory or device health changed.
 	NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error
-	// AllocationBound: the agent applied an allocation.bind.
-	AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocationID, cgroup string) error
-	// AllocationReleased: the agent removed an allocation.
-	AllocationReleased(ctx context.Context, tx store.Tx, nodeID, allocationID string) error
+	// AllocationBound: the agent applied an allocation.bind; the report
+	// names the cgroup and what the node enforces.
+	AllocationBound(ctx context.Context, tx store.Tx, nodeID string, b *agentv1.AllocationBound) error
+	// AllocationReleased: the agent killed what was left and removed the
+	// allocation.
+	AllocationReleased(ctx context.Context, tx store.Tx, nodeID string, r *agentv1.AllocationReleased) error
+	// NodeCapabilitiesChanged: the node's agent advertises other
+	// capabilities than before (e.g. devices.limits, which placement
+	// requires of reservations bcd binds).
+	NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error
 	// NodesLost: the liveness sweep marked these nodes lost.
 	NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }

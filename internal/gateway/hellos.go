@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -119,6 +121,19 @@ func (b *helloBatch) commit(ctx context.Context, batch []*helloReq) {
 	}
 }
 
+// capabilitiesChanged compares the stored capabilities (a JSON array) with
+// the ones a Hello advertises, as sets.
+func capabilitiesChanged(stored string, now []string) bool {
+	var old []string
+	if stored != "" && json.Unmarshal([]byte(stored), &old) != nil {
+		return true
+	}
+	a, b := slices.Clone(old), slices.Clone(now)
+	slices.Sort(a)
+	slices.Sort(b)
+	return !slices.Equal(slices.Compact(a), slices.Compact(b))
+}
+
 // errRetired refuses a session of a retired node without aborting the
 // batch it rode in.
 var errRetired = errors.New("node is retired")
@@ -138,6 +153,11 @@ func (g *Gateway) applyHello(ctx context.Context, tx store.Tx, p fleet.NodeHello
 	}
 	if before, err = fleet.NodeRecordHello(ctx, tx, &p); err != nil {
 		return before, err
+	}
+	if h := g.cfg.Hooks; h != nil && capabilitiesChanged(before.Capabilities, p.Capabilities) {
+		if err := h.NodeCapabilitiesChanged(ctx, tx, p.NodeID); err != nil {
+			return before, err
+		}
 	}
 	ref := []fleet.NodeRef{{ID: p.NodeID, TenantID: before.TenantID}}
 	if before.Liveness != "ready" {

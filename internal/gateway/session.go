@@ -505,10 +505,18 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		return s.commandUpdate(msg.CommandUpdate)
 	case *agentv1.AgentMessage_AllocationBound:
 		b := msg.AllocationBound
-		return s.allocation("allocation.bound", b.GetAllocationId(), b.GetCommandId(), map[string]any{"cgroup": b.GetCgroup()})
+		enforced := make([]any, 0, len(b.GetEnforced()))
+		for _, e := range b.GetEnforced() {
+			enforced = append(enforced, map[string]any{"resource": e.GetResource(), "state": EnforcementState(e.GetState()), "detail": e.GetDetail()})
+		}
+		return s.allocation("allocation.bound", b.GetAllocationId(), b.GetCommandId(), map[string]any{"cgroup": b.GetCgroup(), "enforced": enforced},
+			func(ctx context.Context, tx store.Tx, h Hooks) error { return h.AllocationBound(ctx, tx, s.nodeID, b) })
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
-		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), nil)
+		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), map[string]any{"killed_processes": r.GetKilledProcesses()},
+			func(ctx context.Context, tx store.Tx, h Hooks) error {
+				return h.AllocationReleased(ctx, tx, s.nodeID, r)
+			})
 	case *agentv1.AgentMessage_Goodbye:
 		return s.goodbye(msg.Goodbye)
 	}
@@ -617,7 +625,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 
 // allocation records allocation.bound or allocation.released, only for an
 // allocation a command of this node carries.
-func (s *session) allocation(typ, allocationID, commandID string, data map[string]any) error {
+func (s *session) allocation(typ, allocationID, commandID string, data map[string]any, hook func(context.Context, store.Tx, Hooks) error) error {
 	g := s.g
 	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		cmds, err := fleet.CommandListForAllocation(ctx, tx, s.nodeID, commandID, allocationID)
@@ -641,14 +649,7 @@ func (s *session) allocation(typ, allocationID, commandID string, data map[strin
 		}
 		data["node_id"], data["command_id"] = s.nodeID, found.ID
 		if h := g.cfg.Hooks; h != nil {
-			var err error
-			if typ == "allocation.bound" {
-				cg, _ := data["cgroup"].(string)
-				err = h.AllocationBound(ctx, tx, s.nodeID, allocationID, cg)
-			} else {
-				err = h.AllocationReleased(ctx, tx, s.nodeID, allocationID)
-			}
-			if err != nil {
+			if err := hook(ctx, tx, h); err != nil {
 				return err
 			}
 		}
@@ -657,6 +658,16 @@ func (s *session) allocation(typ, allocationID, commandID string, data map[strin
 			Time: g.cfg.Clock.Now(), Data: data,
 		}})
 	})
+}
+
+// EnforcementState is the word for an enforcement state in events and on
+// reservations: "applied", "not_applied", "simulated", "not_requested".
+func EnforcementState(st agentv1.EnforcementState) string {
+	name, ok := agentv1.EnforcementState_name[int32(st)]
+	if !ok || st == agentv1.EnforcementState_ENFORCEMENT_STATE_UNSPECIFIED {
+		return "unspecified"
+	}
+	return strings.ToLower(strings.TrimPrefix(name, "ENFORCEMENT_STATE_"))
 }
 
 // namesAllocation reports whether a command's params carry allocationID

@@ -4,6 +4,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -73,7 +74,7 @@ func validateAgentMessage(m *agentv1.AgentMessage) error {
 		if len(b.GetCgroup()) > maxMessage {
 			return invalid("allocation_bound.cgroup: longer than %d bytes", maxMessage)
 		}
-		return nil
+		return validateEnforced(b.GetEnforced())
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
 		return validateAllocation(r.GetAllocationId(), r.GetCommandId())
@@ -82,6 +83,37 @@ func validateAgentMessage(m *agentv1.AgentMessage) error {
 	default:
 		return invalid("unknown agent message kind %T", msg)
 	}
+}
+
+// enforcedResources are the resources an AllocationBound reports on.
+var enforcedResources = []string{"devices", "cpu", "memory", "cpuset"}
+
+// clip shortens a refused value for its error message.
+func clip(v string) string {
+	if len(v) > 32 {
+		return v[:32] + "…"
+	}
+	return v
+}
+
+func validateEnforced(es []*agentv1.Enforcement) error {
+	seen := map[string]bool{}
+	for _, e := range es {
+		switch {
+		case !slices.Contains(enforcedResources, e.GetResource()):
+			return invalid("allocation_bound.enforced.resource: must be one of %s, got %q", strings.Join(enforcedResources, ", "), clip(e.GetResource()))
+		case seen[e.GetResource()]:
+			return invalid("allocation_bound.enforced: %s reported twice", e.GetResource())
+		case e.GetState() == agentv1.EnforcementState_ENFORCEMENT_STATE_UNSPECIFIED:
+			return invalid("allocation_bound.enforced.state: required for %s", e.GetResource())
+		case agentv1.EnforcementState_name[int32(e.GetState())] == "":
+			return invalid("allocation_bound.enforced.state: unknown state %d for %s", e.GetState(), e.GetResource())
+		case len(e.GetDetail()) > maxMessage:
+			return invalid("allocation_bound.enforced.detail: longer than %d bytes", maxMessage)
+		}
+		seen[e.GetResource()] = true
+	}
+	return nil
 }
 
 func validShort(field, v string, required bool) error {

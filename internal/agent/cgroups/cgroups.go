@@ -7,14 +7,17 @@
 package cgroups
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -121,20 +124,6 @@ func Version(mount string) string {
 	return ""
 }
 
-// Writable reports whether the root exists (or can be created) and accepts
-// a child directory.
-func (m Manager) Writable() bool {
-	if err := os.MkdirAll(m.Root, 0o755); err != nil {
-		return false
-	}
-	probe, err := os.MkdirTemp(m.Root, ".probe-")
-	if err != nil {
-		return false
-	}
-	_ = os.Remove(probe)
-	return true
-}
-
 // Path is the cgroup directory of an allocation.
 func (m Manager) Path(allocationID string) (string, error) {
 	if strings.Contains(allocationID, ".") {
@@ -146,75 +135,291 @@ func (m Manager) Path(allocationID string) (string, error) {
 	return filepath.Join(m.Root, allocationID), nil
 }
 
-// Apply creates (or updates) the allocation's cgroup and writes its limits.
-// On a real cgroupfs the controllers are first enabled in the parents'
-// cgroup.subtree_control, as the kernel requires.
-func (m Manager) Apply(allocationID string, l Limits) (string, error) {
+// State is whether a limit is in force.
+type State int
+
+// States of a Result.
+const (
+	// Applied: the kernel enforces it.
+	Applied State = iota + 1
+	// NotApplied: asked for, but the controller is not available to
+	// bcd's cgroups; Result.Detail says why.
+	NotApplied
+	// Simulated: written to a plain directory (a simulated node), where
+	// nothing enforces it.
+	Simulated
+	// NotRequested: the allocation asked for no such limit.
+	NotRequested
+)
+
+// Result is what one resource's limit came to.
+type Result struct {
+	// Resource is "cpu", "memory" or "cpuset".
+	Resource string
+	State    State
+	// Detail is what was written, or why nothing was.
+	Detail string
+}
+
+// Controllers are the cgroup v2 controllers whose limits Apply writes.
+var Controllers = []string{"cpu", "memory", "cpuset"}
+
+// Real reports whether the root is (or will be made) on cgroup2: writes
+// there are enforced. Otherwise it is a simulated node's plain directory.
+func (m Manager) Real() bool {
+	return IsCgroup2(filepath.Dir(m.Root)) || IsCgroup2(m.Root)
+}
+
+// Delegate makes the root and enables the controllers for the root's
+// children where the host allows it: in the parent's and the root's
+// cgroup.subtree_control. It returns, per controller, why it is not
+// available to allocation cgroups ("" when it is). A controller the host
+// keeps on cgroup v1 (a hybrid layout) is not listed in cgroup.controllers
+// and cannot be enabled; neither can one below a parent that holds
+// processes (the "no internal processes" rule).
+func (m Manager) Delegate() (map[string]string, error) {
+	if err := os.MkdirAll(m.Root, 0o755); err != nil {
+		return nil, fmt.Errorf("create cgroup root: %w", err)
+	}
+	why := map[string]string{}
+	if !m.Real() {
+		for _, c := range Controllers {
+			why[c] = ""
+		}
+		return why, nil
+	}
+	parent := filepath.Dir(m.Root)
+	for _, c := range Controllers {
+		var err error
+		if IsCgroup2(parent) {
+			err = enable(parent, c)
+		}
+		if err == nil {
+			err = enable(m.Root, c)
+		}
+		if err != nil {
+			why[c] = err.Error()
+		} else {
+			why[c] = ""
+		}
+	}
+	return why, nil
+}
+
+// Apply creates (or updates) the allocation's cgroup and writes the limits
+// it asks for, each where its controller is available (Delegate). A limit
+// whose controller is missing is reported NotApplied with the reason; a
+// write the kernel refuses on an available controller is an error.
+func (m Manager) Apply(allocationID string, l Limits) (string, []Result, error) {
 	dir, err := m.Path(allocationID)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	real := IsCgroup2(filepath.Dir(m.Root)) || IsCgroup2(m.Root)
-	if err := os.MkdirAll(m.Root, 0o755); err != nil {
-		return "", fmt.Errorf("create cgroup root: %w", err)
-	}
-	if real {
-		controllers := []string{"cpu", "memory", "cpuset"}
-		if IsCgroup2(filepath.Dir(m.Root)) {
-			if err := enable(filepath.Dir(m.Root), controllers); err != nil {
-				return "", err
-			}
-		}
-		if err := enable(m.Root, controllers); err != nil {
-			return "", err
-		}
+	why, err := m.Delegate()
+	if err != nil {
+		return "", nil, err
 	}
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", fmt.Errorf("create cgroup: %w", err)
+		return "", nil, fmt.Errorf("create cgroup: %w", err)
+	}
+	real := m.Real()
+	have := map[string]bool{}
+	if real {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+		if err != nil {
+			return "", nil, fmt.Errorf("read controllers of %s: %w", dir, err)
+		}
+		for _, c := range strings.Fields(string(b)) {
+			have[c] = true
+		}
 	}
 	period := l.CPUPeriodUS
 	if period <= 0 {
 		period = 100000
 	}
-	quota := "max"
+	type write struct{ file, value string }
+	limits := []struct {
+		resource string
+		writes   []write
+	}{
+		{"cpu", nil}, {"memory", nil}, {"cpuset", nil},
+	}
 	if l.CPUQuotaUS > 0 {
-		quota = strconv.FormatInt(l.CPUQuotaUS, 10)
+		limits[0].writes = []write{{"cpu.max", strconv.FormatInt(l.CPUQuotaUS, 10) + " " + strconv.FormatInt(period, 10)}}
 	}
-	mem := "max"
 	if l.MemoryMaxBytes > 0 {
-		mem = strconv.FormatUint(l.MemoryMaxBytes, 10)
+		limits[1].writes = []write{{"memory.max", strconv.FormatUint(l.MemoryMaxBytes, 10)}}
 	}
-	writes := [][2]string{
-		{"cpu.max", quota + " " + strconv.FormatInt(period, 10)},
-		{"memory.max", mem},
-	}
-	// cpuset.mems before cpuset.cpus is not required by the kernel, but an
-	// empty value must not be written: it would mean "no CPUs".
+	// An empty cpuset value must not be written: it would mean "no CPUs".
 	if l.CPUs != "" {
-		writes = append(writes, [2]string{"cpuset.cpus", l.CPUs})
+		limits[2].writes = append(limits[2].writes, write{"cpuset.cpus", l.CPUs})
 	}
 	if l.Mems != "" {
-		writes = append(writes, [2]string{"cpuset.mems", l.Mems})
+		limits[2].writes = append(limits[2].writes, write{"cpuset.mems", l.Mems})
 	}
-	for _, w := range writes {
-		if err := writeFile(filepath.Join(dir, w[0]), w[1], real); err != nil {
-			return "", err
+	results := make([]Result, 0, len(limits))
+	for _, lim := range limits {
+		res := Result{Resource: lim.resource}
+		switch {
+		case len(lim.writes) == 0:
+			res.State, res.Detail = NotRequested, "no "+lim.resource+" limit asked for"
+		case real && !have[lim.resource]:
+			res.State = NotApplied
+			res.Detail = fmt.Sprintf("the %s controller is not enabled for %s", lim.resource, m.Root)
+			if w := why[lim.resource]; w != "" {
+				res.Detail += ": " + w
+			}
+		default:
+			var done []string
+			for _, w := range lim.writes {
+				if err := writeFile(filepath.Join(dir, w.file), w.value, real); err != nil {
+					return "", nil, err
+				}
+				done = append(done, w.file+"="+w.value)
+			}
+			res.State, res.Detail = Applied, strings.Join(done, " ")
+			if !real {
+				res.State = Simulated
+			}
+		}
+		results = append(results, res)
+	}
+	return dir, results, nil
+}
+
+// Release kills every process left in the allocation's cgroup (and its
+// descendants), waits until they are gone, and removes the cgroup. It
+// reports how many processes it killed. A missing cgroup is not an error.
+// It writes cgroup.kill (Linux 5.14+); where the kernel lacks it, it sends
+// SIGKILL to each pid in cgroup.procs until none is left, so a process
+// that forks while being killed is caught on the next pass.
+func (m Manager) Release(ctx context.Context, allocationID string) (int, error) {
+	dir, err := m.Path(allocationID)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	killed := 0
+	if IsCgroup2(dir) {
+		if killed, err = kill(ctx, dir); err != nil {
+			return killed, err
 		}
 	}
-	return dir, nil
+	return killed, m.Remove(allocationID)
+}
+
+// killFile kills every process of a cgroup when "1" is written to it; a
+// test names a missing file to take the fallback.
+var killFile = "cgroup.kill"
+
+// kill empties a real cgroup and returns how many processes were in it.
+func kill(ctx context.Context, dir string) (int, error) {
+	pids, err := procs(dir)
+	if err != nil || len(pids) == 0 {
+		return 0, err
+	}
+	seen := map[int]bool{}
+	for _, p := range pids {
+		seen[p] = true
+	}
+	err = writeFile(filepath.Join(dir, killFile), "1", true)
+	useKill := err == nil
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	// The kernel delivers the SIGKILLs at once, but a process leaves the
+	// cgroup only when it has exited: wait for that, briefly backing off.
+	wait := time.Millisecond
+	for {
+		if !useKill {
+			for _, p := range pids {
+				if err := unix.Kill(p, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+					return len(seen), fmt.Errorf("kill %d in %s: %w", p, dir, err)
+				}
+			}
+		}
+		if pids, err = procs(dir); err != nil {
+			return len(seen), err
+		}
+		if len(pids) == 0 {
+			return len(seen), nil
+		}
+		for _, p := range pids {
+			seen[p] = true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return len(seen), fmt.Errorf("%d processes still in %s: %w", len(pids), dir, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(wait*2, 100*time.Millisecond)
+	}
+}
+
+// procs lists the pids in dir's cgroup and every cgroup below it.
+func procs(dir string) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s/cgroup.procs: %w", p, err)
+		}
+		for _, f := range strings.Fields(string(b)) {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("%s/cgroup.procs: bad pid %q", p, f)
+			}
+			pids = append(pids, n)
+		}
+		return nil
+	})
+	return pids, err
 }
 
 // Remove deletes the allocation's cgroup; a missing one is not an error.
+// On cgroupfs the cgroups below it are removed first (rmdir, deepest
+// first): a cgroup with children cannot be removed.
 func (m Manager) Remove(allocationID string) error {
 	dir, err := m.Path(allocationID)
 	if err != nil {
 		return err
 	}
 	if IsCgroup2(dir) {
+		var dirs []string
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("list cgroup %s: %w", dir, err)
+		}
 		// A cgroup directory is removed with rmdir; its interface files go
 		// with it. It fails while processes remain.
-		if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := unix.Rmdir(dirs[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("remove cgroup %s: %w", dirs[i], err)
+			}
 		}
 		return nil
 	}
@@ -224,27 +429,23 @@ func (m Manager) Remove(allocationID string) error {
 	return nil
 }
 
-func enable(dir string, controllers []string) error {
+// enable enables one controller for dir's children, unless it already is.
+func enable(dir, controller string) error {
 	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	if err != nil {
 		return fmt.Errorf("read controllers of %s: %w", dir, err)
 	}
-	have := strings.Fields(string(avail))
-	var want []string
-	for _, c := range controllers {
-		for _, h := range have {
-			if h == c {
-				want = append(want, "+"+c)
-			}
-		}
+	if !slices.Contains(strings.Fields(string(avail)), controller) {
+		return fmt.Errorf("%s/cgroup.controllers does not list %s (%q): the host does not delegate it on cgroup v2", dir, controller, strings.TrimSpace(string(avail)))
 	}
-	if len(want) == 0 {
+	on, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	if err != nil {
+		return fmt.Errorf("read subtree_control of %s: %w", dir, err)
+	}
+	if slices.Contains(strings.Fields(string(on)), controller) {
 		return nil
 	}
-	if err := writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(want, " "), true); err != nil {
-		return err
-	}
-	return nil
+	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), "+"+controller, true)
 }
 
 func writeFile(path, value string, real bool) error {

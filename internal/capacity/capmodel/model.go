@@ -96,6 +96,12 @@ const (
 	CondDevicesHeld = "DevicesHeld"
 	CondBindTimeout = "BindTimeout"
 	CondNodeLost    = "NodeLost"
+	// CondIsolated says what the node enforces for a bound reservation
+	// (its AllocationBound report): true when its devices are confined.
+	CondIsolated = "Isolated"
+	// CondNodeReleased is false from the release command until the node
+	// confirms it killed what was left and removed the cgroup.
+	CondNodeReleased = "NodeReleased"
 )
 
 // Holding reports whether a reservation in state holds its bookings.

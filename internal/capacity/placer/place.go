@@ -70,13 +70,23 @@ func (e *Placers) Replans() int64 { return e.replans.Load() }
 // see; like an overlap, it means replan.
 var errHostFull = errors.New("host resources taken concurrently")
 
-// Request is the placement request of a reservation.
+// CapDevices is the agent capability of a node whose bcd confines an
+// allocation to its GPUs (a cgroup v2 device program).
+const CapDevices = "devices.limits"
+
+// Request is the placement request of a reservation. A reservation that
+// bcd binds on the node (binding "node") needs its GPUs isolated there, so
+// it places only on nodes that advertise devices.limits.
 func Request(r *capmodel.Reservation) placement.Request {
-	return placement.Request{
+	req := placement.Request{
 		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
 		Hugepages1Gi: r.Hugepages1Gi, Tenant: r.TenantID, SingleTenant: r.SingleTenant,
 		Tolerations: []string{"dedicated=" + r.TenantID},
 	}
+	if r.Binding == capmodel.BindingNode {
+		req.Capabilities = []string{CapDevices}
+	}
+	return req
 }
 
 // Place finds a plan and books it in the batch. It looks at the fullest

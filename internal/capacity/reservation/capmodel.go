@@ -31,9 +31,11 @@ const (
 
 // Condition types.
 const (
-	CondDevicesHeld = capmodel.CondDevicesHeld
-	CondBindTimeout = capmodel.CondBindTimeout
-	CondNodeLost    = capmodel.CondNodeLost
+	CondDevicesHeld  = capmodel.CondDevicesHeld
+	CondBindTimeout  = capmodel.CondBindTimeout
+	CondNodeLost     = capmodel.CondNodeLost
+	CondIsolated     = capmodel.CondIsolated
+	CondNodeReleased = capmodel.CondNodeReleased
 )
 
 // Atom kinds.

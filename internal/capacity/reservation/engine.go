@@ -206,6 +206,8 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		}); err != nil {
 			return nil, fmt.Errorf("send allocation.release: %w", err)
 		}
+		r.SetCondition(Condition{Type: CondNodeReleased, Status: "false", Reason: "ReleaseSent",
+			Message: "waiting for the node to kill the reservation's processes and remove its cgroup", UpdateTime: now})
 	}
 	if from == StateActive {
 		t := now

@@ -4,12 +4,15 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/riverqueue/river"
 
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
@@ -416,8 +419,9 @@ func (h Hooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) erro
 }
 
 // AllocationBound makes a binding reservation active: the node applied its
-// limits.
-func (h Hooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocationID, cgroup string) error {
+// limits. What the node enforces is kept as the Isolated condition.
+func (h Hooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID string, b *agentv1.AllocationBound) error {
+	allocationID := b.GetAllocationId()
 	if !envelope.IsID(allocationID, IDPrefix) {
 		return nil // another module's allocation
 	}
@@ -430,16 +434,86 @@ func (h Hooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID, allocat
 	}
 	now := h.rn.Engine.Clock.Now()
 	evs := h.rn.Engine.activate(&r, now)
-	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Bound", Message: "limits applied at " + cgroup, UpdateTime: now})
+	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Bound", Message: "limits applied at " + b.GetCgroup(), UpdateTime: now})
 	r.SetCondition(Condition{Type: CondBindTimeout, Status: "false", Reason: "Bound", Message: "the node confirmed the bind", UpdateTime: now})
+	r.SetCondition(isolated(b.GetEnforced(), now))
 	if err := saveMoved(ctx, tx, &r, StateBinding, now); err != nil {
 		return err
 	}
 	return h.rn.record(ctx, tx, evs)
 }
 
-// AllocationReleased is recorded by the gateway's event; nothing changes.
-func (h Hooks) AllocationReleased(context.Context, store.Tx, string, string) error { return nil }
+// maxIsolatedMessage bounds the Isolated condition's message: the node's
+// details are free text.
+const maxIsolatedMessage = 2048
+
+// isolated is the Isolated condition for what a node reported enforcing:
+// true when the devices are confined by the kernel, false otherwise (not
+// applied, not reported by an older bcd, or only simulated), with each
+// resource's state and detail in the message.
+func isolated(enforced []*agentv1.Enforcement, now time.Time) Condition {
+	c := Condition{Type: CondIsolated, Status: "false", Reason: "NotReported",
+		Message: "the node did not report what it enforces", UpdateTime: now}
+	var parts []string
+	for _, e := range enforced {
+		st := strings.ToLower(strings.TrimPrefix(e.GetState().String(), "ENFORCEMENT_STATE_"))
+		parts = append(parts, fmt.Sprintf("%s: %s (%s)", e.GetResource(), st, e.GetDetail()))
+		if e.GetResource() != "devices" {
+			continue
+		}
+		switch e.GetState() {
+		case agentv1.EnforcementState_ENFORCEMENT_STATE_APPLIED:
+			c.Status, c.Reason = "true", "DevicesConfined"
+		case agentv1.EnforcementState_ENFORCEMENT_STATE_SIMULATED:
+			c.Reason = "Simulated"
+		default:
+			c.Reason = "DevicesNotConfined"
+		}
+	}
+	if len(parts) > 0 {
+		c.Message = strings.Join(parts, "; ")
+		if len(c.Message) > maxIsolatedMessage {
+			c.Message = c.Message[:maxIsolatedMessage] + "…"
+		}
+	}
+	return c
+}
+
+// AllocationReleased records the node's confirmation of a release: it
+// killed what was left in the reservation's cgroup and removed it.
+func (h Hooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID string, rel *agentv1.AllocationReleased) error {
+	if !envelope.IsID(rel.GetAllocationId(), IDPrefix) {
+		return nil
+	}
+	r, err := getForUpdate(ctx, tx, rel.GetAllocationId())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || r.NodeID != nodeID {
+		return err
+	}
+	now := h.rn.Engine.Clock.Now()
+	if !r.SetCondition(Condition{Type: CondNodeReleased, Status: "true", Reason: "Released",
+		Message: fmt.Sprintf("the node killed %d leftover processes and removed the cgroup", rel.GetKilledProcesses()), UpdateTime: now}) {
+		return nil
+	}
+	return saveMoved(ctx, tx, &r, r.State, now)
+}
+
+// NodeCapabilitiesChanged makes the node's pool read its nodes again: the
+// index holds each node's capabilities, which placement checks (a node
+// that no longer advertises devices.limits takes no binding-node work).
+func (h Hooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	var poolID string
+	err := nodePool(ctx, tx, nodeID).Scan(&poolID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && poolID == "") {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return atoms.BumpPoolVersion(ctx, tx, poolID)
+}
 
 // NodesLost marks the reservations of lost nodes NodeLost and, per their
 // pool's policy, releases them or puts them back in the queue.

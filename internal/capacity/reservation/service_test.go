@@ -2,8 +2,10 @@ package reservation_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/agent/devfilter"
 	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -40,6 +43,13 @@ const poolMaxDuration = 24 * 3600
 
 func setup(t *testing.T, nodes int) *fixture {
 	t.Helper()
+	return setupWith(t, nodes, bctest.FakeDaemonConfig{})
+}
+
+// setupWith is setup with simulated nodes made from template (its Gateway
+// is set here).
+func setupWith(t *testing.T, nodes int, template bctest.FakeDaemonConfig) *fixture {
+	t.Helper()
 	// The simulated clock jumps hours ahead in some tests: nodes that beat
 	// in real time must not be declared lost for it.
 	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.UnreachableAfter, c.LostAfter = 1000*time.Hour, 2000*time.Hour })
@@ -61,8 +71,9 @@ func setup(t *testing.T, nodes int) *fixture {
 	require.NoError(t, err)
 	f.evil = cp.Client(k.Msg.GetSecret())
 
+	template.Gateway = cp.GatewayAddr
 	f.sim, err = bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
-		Template: bctest.FakeDaemonConfig{Gateway: cp.GatewayAddr}, Root: t.TempDir(), N: nodes,
+		Template: template, Root: t.TempDir(), N: nodes,
 		Token: func(ctx context.Context, i int) (string, error) {
 			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default"}))
 			return tok.Msg.GetToken(), err
@@ -517,10 +528,20 @@ func TestReleaseTwice(t *testing.T) {
 		require.NoError(t, err)
 		return res.Msg.GetReservation()
 	}
-	require.Equal(t, "released", release().GetState())
-	// As stored (a response's times may carry more than the store's
-	// microseconds).
-	once := f.get(t, r.GetId())
+	first := release()
+	require.Equal(t, "released", first.GetState())
+	// Release means gone: the reservation waits for the node to confirm it
+	// killed what was left and removed the cgroup.
+	require.True(t, hasCondition(first, "NodeReleased", "false"), "conditions: %v", first.GetConditions())
+	cg := filepath.Join(f.sim.Daemons[0].CgroupRoot(), r.GetId())
+	var once *apiv1.Reservation
+	f.eventually(t, "the node confirms the release", func() bool {
+		// As stored (a response's times may carry more than the store's
+		// microseconds).
+		once = f.get(t, r.GetId())
+		return hasCondition(once, "NodeReleased", "true")
+	})
+	require.NoDirExists(t, cg)
 	require.Equal(t, "released", once.GetState())
 	require.Equal(t, f.cp.Clock.Now().UTC().Truncate(time.Microsecond), once.GetEndTime().AsTime(), "it ends now")
 	ends := f.bookingEnds(t, r.GetId())
@@ -534,6 +555,94 @@ func TestReleaseTwice(t *testing.T) {
 	require.Equal(t, once.GetUpdateTime().AsTime(), twice.GetUpdateTime().AsTime(), "the second release changes nothing")
 	require.Equal(t, before, f.written(t))
 	require.Equal(t, ends, f.bookingEnds(t, r.GetId()))
+}
+
+func hasCondition(r *apiv1.Reservation, typ, status string) bool {
+	for _, c := range r.GetConditions() {
+		if c.GetType() == typ && c.GetStatus() == status {
+			return true
+		}
+	}
+	return false
+}
+
+// refusingFilter is a device filter the kernel refuses.
+type refusingFilter struct{}
+
+func (refusingFilter) Attach(string, []devfilter.Rule) error {
+	return errors.New("attach device program: operation not permitted")
+}
+
+// TestNodeBindingNeedsDeviceIsolation: a reservation that bcd binds on the
+// node (binding "node", the default) places only on nodes that advertise
+// devices.limits; one the node does not bind (binding "none") places on
+// a node without it.
+func TestNodeBindingNeedsDeviceIsolation(t *testing.T) {
+	t.Parallel()
+	f := setupWith(t, 1, bctest.FakeDaemonConfig{DeviceFilter: refusingFilter{}})
+	before := f.written(t)
+	_, err := f.member.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+		Tenant: "acme", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
+	require.Equal(t, "NO_CAPACITY", client.Code(err), "error: %v", err)
+	require.ErrorContains(t, err, "missing capability devices.limits")
+	require.Equal(t, before, f.written(t), "nothing written")
+	none := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600, Binding: "none"})
+	require.Equal(t, "active", none.GetState(), "explanation: %v", none.GetExplanation())
+}
+
+// TestLostCapabilityStopsPlacement: a node whose bcd comes back without
+// devices.limits (its device filter no longer attaches) takes no more
+// binding-node reservations: the pool's index reads the node again.
+func TestLostCapabilityStopsPlacement(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	f.waitState(t, r.GetId(), "active")
+	d, err := f.sim.Daemons[0].RestartWith(func(c *bctest.FakeDaemonConfig) { c.DeviceFilter = refusingFilter{} })
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Stop() })
+	f.eventually(t, "the node advertises no devices.limits", func() bool {
+		return f.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND capabilities NOT LIKE '%devices.limits%' AND liveness = 'ready'`, d.NodeID()) == 1
+	})
+	_, err = f.member.Reservations.Create(context.Background(), connect.NewRequest(&apiv1.CreateReservationRequest{
+		Tenant: "acme", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
+	require.Equal(t, "NO_CAPACITY", client.Code(err), "error: %v", err)
+	require.ErrorContains(t, err, "missing capability devices.limits")
+}
+
+// TestBoundReportsIsolation: the node's report of what it enforces is kept
+// on the reservation as its Isolated condition (a simulated node's devices
+// are confined by nothing, and it says so).
+func TestBoundReportsIsolation(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 2, DurationSeconds: 3600})
+	got := f.waitState(t, r.GetId(), "active")
+	var iso *apiv1.ReservationCondition
+	for _, c := range got.GetConditions() {
+		if c.GetType() == "Isolated" {
+			iso = c
+		}
+	}
+	require.NotNil(t, iso, "conditions: %v", got.GetConditions())
+	require.Equal(t, "false", iso.GetStatus())
+	require.Equal(t, "Simulated", iso.GetReason())
+	require.Contains(t, iso.GetMessage(), "devices: simulated")
+	require.Contains(t, iso.GetMessage(), "/dev/nvidia")
+	require.Contains(t, iso.GetMessage(), "cpuset: simulated")
+	// The gateway's allocation.bound event carries the report as data.
+	var data string
+	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT CAST(data AS TEXT) FROM events WHERE type = 'allocation.bound' AND resource_id = $1`, r.GetId()).Scan(&data)
+	}))
+	var ev struct {
+		Enforced []struct{ Resource, State, Detail string } `json:"enforced"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(data), &ev))
+	require.Len(t, ev.Enforced, 4)
+	require.Equal(t, "devices", ev.Enforced[0].Resource)
+	require.Equal(t, "simulated", ev.Enforced[0].State)
+	require.Contains(t, ev.Enforced[0].Detail, "/dev/nvidia")
 }
 
 func TestCancel(t *testing.T) {
@@ -612,6 +721,11 @@ func TestTickExpires(t *testing.T) {
 		"no booking outlives its reservation")
 	held, _ := f.held(t)
 	require.Zero(t, held)
+	// Expiry releases on the node too: leftovers killed, cgroup removed,
+	// and the node's confirmation recorded.
+	require.True(t, hasCondition(got, "NodeReleased", "false"), "conditions: %v", got.GetConditions())
+	f.eventually(t, "the node confirms the release", func() bool { return hasCondition(f.get(t, r.GetId()), "NodeReleased", "true") })
+	require.NoDirExists(t, filepath.Join(f.sim.Daemons[0].CgroupRoot(), r.GetId()))
 }
 
 func TestQuarantinedGPU(t *testing.T) {

@@ -188,6 +188,69 @@ func (CommandState) EnumDescriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
+// EnforcementState says whether a limit is in force.
+type EnforcementState int32
+
+const (
+	EnforcementState_ENFORCEMENT_STATE_UNSPECIFIED EnforcementState = 0
+	// The kernel enforces it (a cgroup v2 file written, a device program
+	// attached).
+	EnforcementState_ENFORCEMENT_STATE_APPLIED EnforcementState = 1
+	// Asked for but not in force; detail says why (a controller the host
+	// does not delegate, no cgroup2, no BPF).
+	EnforcementState_ENFORCEMENT_STATE_NOT_APPLIED EnforcementState = 2
+	// A simulated node wrote it where a real node would, to a plain
+	// directory: nothing enforces it.
+	EnforcementState_ENFORCEMENT_STATE_SIMULATED EnforcementState = 3
+	// The allocation asked for no limit of this kind.
+	EnforcementState_ENFORCEMENT_STATE_NOT_REQUESTED EnforcementState = 4
+)
+
+// Enum value maps for EnforcementState.
+var (
+	EnforcementState_name = map[int32]string{
+		0: "ENFORCEMENT_STATE_UNSPECIFIED",
+		1: "ENFORCEMENT_STATE_APPLIED",
+		2: "ENFORCEMENT_STATE_NOT_APPLIED",
+		3: "ENFORCEMENT_STATE_SIMULATED",
+		4: "ENFORCEMENT_STATE_NOT_REQUESTED",
+	}
+	EnforcementState_value = map[string]int32{
+		"ENFORCEMENT_STATE_UNSPECIFIED":   0,
+		"ENFORCEMENT_STATE_APPLIED":       1,
+		"ENFORCEMENT_STATE_NOT_APPLIED":   2,
+		"ENFORCEMENT_STATE_SIMULATED":     3,
+		"ENFORCEMENT_STATE_NOT_REQUESTED": 4,
+	}
+)
+
+func (x EnforcementState) Enum() *EnforcementState {
+	p := new(EnforcementState)
+	*p = x
+	return p
+}
+
+func (x EnforcementState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EnforcementState) Descriptor() protoreflect.EnumDescriptor {
+	return file_bettercompute_agent_v1_agent_proto_enumTypes[3].Descriptor()
+}
+
+func (EnforcementState) Type() protoreflect.EnumType {
+	return &file_bettercompute_agent_v1_agent_proto_enumTypes[3]
+}
+
+func (x EnforcementState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EnforcementState.Descriptor instead.
+func (EnforcementState) EnumDescriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
 // HardwareIdentity is what identifies the machine; the gateway derives the
 // node's hardware key from it, and refuses a second machine with the same.
 type HardwareIdentity struct {
@@ -1631,8 +1694,12 @@ type Gpu struct {
 	// NUMA node of the GPU's PCI root; -1 when unknown.
 	NumaNode int32 `protobuf:"varint,6,opt,name=numa_node,json=numaNode,proto3" json:"numa_node,omitempty"`
 	// MIG mode: "disabled", "enabled", or "pending" while it changes.
-	MigMode       string         `protobuf:"bytes,7,opt,name=mig_mode,json=migMode,proto3" json:"mig_mode,omitempty"`
-	MigInstances  []*MigInstance `protobuf:"bytes,8,rep,name=mig_instances,json=migInstances,proto3" json:"mig_instances,omitempty"`
+	MigMode      string         `protobuf:"bytes,7,opt,name=mig_mode,json=migMode,proto3" json:"mig_mode,omitempty"`
+	MigInstances []*MigInstance `protobuf:"bytes,8,rep,name=mig_instances,json=migInstances,proto3" json:"mig_instances,omitempty"`
+	// The minor number of the GPU's character device /dev/nvidiaN (major
+	// 195): what the allocation's device filter allows. Unset when the
+	// backend cannot tell; such a GPU cannot be isolated.
+	MinorNumber   *int32 `protobuf:"varint,9,opt,name=minor_number,json=minorNumber,proto3,oneof" json:"minor_number,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1721,6 +1788,13 @@ func (x *Gpu) GetMigInstances() []*MigInstance {
 		return x.MigInstances
 	}
 	return nil
+}
+
+func (x *Gpu) GetMinorNumber() int32 {
+	if x != nil && x.MinorNumber != nil {
+		return *x.MinorNumber
+	}
+	return 0
 }
 
 type MigInstance struct {
@@ -2409,7 +2483,10 @@ type AllocationBound struct {
 	AllocationId string                 `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
 	CommandId    string                 `protobuf:"bytes,2,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
 	// The cgroup path the limits were applied to.
-	Cgroup        string `protobuf:"bytes,3,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Cgroup string `protobuf:"bytes,3,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// What the node enforces for this allocation: one entry per resource
+	// ("devices", "cpu", "memory", "cpuset"), each applied or not and why.
+	Enforced      []*Enforcement `protobuf:"bytes,4,rep,name=enforced,proto3" json:"enforced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2465,17 +2542,89 @@ func (x *AllocationBound) GetCgroup() string {
 	return ""
 }
 
-type AllocationReleased struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AllocationId  string                 `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
-	CommandId     string                 `protobuf:"bytes,2,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+func (x *AllocationBound) GetEnforced() []*Enforcement {
+	if x != nil {
+		return x.Enforced
+	}
+	return nil
+}
+
+type Enforcement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "devices", "cpu", "memory" or "cpuset".
+	Resource string           `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	State    EnforcementState `protobuf:"varint,2,opt,name=state,proto3,enum=bettercompute.agent.v1.EnforcementState" json:"state,omitempty"`
+	// What was written or allowed, or why it was not.
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *Enforcement) Reset() {
+	*x = Enforcement{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Enforcement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Enforcement) ProtoMessage() {}
+
+func (x *Enforcement) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
+func (*Enforcement) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Enforcement) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *Enforcement) GetState() EnforcementState {
+	if x != nil {
+		return x.State
+	}
+	return EnforcementState_ENFORCEMENT_STATE_UNSPECIFIED
+}
+
+func (x *Enforcement) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+type AllocationReleased struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AllocationId string                 `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	CommandId    string                 `protobuf:"bytes,2,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// Processes still in the allocation's cgroup that the node killed
+	// before it removed the cgroup.
+	KilledProcesses uint32 `protobuf:"varint,3,opt,name=killed_processes,json=killedProcesses,proto3" json:"killed_processes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2636,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2649,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -2515,6 +2664,13 @@ func (x *AllocationReleased) GetCommandId() string {
 		return x.CommandId
 	}
 	return ""
+}
+
+func (x *AllocationReleased) GetKilledProcesses() uint32 {
+	if x != nil {
+		return x.KilledProcesses
+	}
+	return 0
 }
 
 var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
@@ -2619,7 +2775,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x04gpus\x18\x01 \x03(\v2\x1b.bettercompute.agent.v1.GpuR\x04gpus\x128\n" +
 	"\anvlinks\x18\x02 \x03(\v2\x1e.bettercompute.agent.v1.NvLinkR\anvlinks\x12%\n" +
 	"\x0edriver_version\x18\x03 \x01(\tR\rdriverVersion\x12!\n" +
-	"\fcuda_version\x18\x04 \x01(\tR\vcudaVersion\"\x84\x02\n" +
+	"\fcuda_version\x18\x04 \x01(\tR\vcudaVersion\"\xbd\x02\n" +
 	"\x03Gpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x14\n" +
@@ -2630,7 +2786,9 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"pci_bus_id\x18\x05 \x01(\tR\bpciBusId\x12\x1b\n" +
 	"\tnuma_node\x18\x06 \x01(\x05R\bnumaNode\x12\x19\n" +
 	"\bmig_mode\x18\a \x01(\tR\amigMode\x12H\n" +
-	"\rmig_instances\x18\b \x03(\v2#.bettercompute.agent.v1.MigInstanceR\fmigInstances\"\x82\x01\n" +
+	"\rmig_instances\x18\b \x03(\v2#.bettercompute.agent.v1.MigInstanceR\fmigInstances\x12&\n" +
+	"\fminor_number\x18\t \x01(\x05H\x00R\vminorNumber\x88\x01\x01B\x0f\n" +
+	"\r_minor_number\"\x82\x01\n" +
 	"\vMigInstance\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12&\n" +
 	"\x0fgpu_instance_id\x18\x02 \x01(\rR\rgpuInstanceId\x12\x12\n" +
@@ -2690,16 +2848,22 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vcpuset_cpus\x18\x06 \x01(\tR\n" +
 	"cpusetCpus\x12\x1f\n" +
 	"\vcpuset_mems\x18\a \x01(\tR\n" +
-	"cpusetMems\"m\n" +
+	"cpusetMems\"\xae\x01\n" +
 	"\x0fAllocationBound\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tR\tcommandId\x12\x16\n" +
-	"\x06cgroup\x18\x03 \x01(\tR\x06cgroup\"X\n" +
+	"\x06cgroup\x18\x03 \x01(\tR\x06cgroup\x12?\n" +
+	"\benforced\x18\x04 \x03(\v2#.bettercompute.agent.v1.EnforcementR\benforced\"\x81\x01\n" +
+	"\vEnforcement\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12>\n" +
+	"\x05state\x18\x02 \x01(\x0e2(.bettercompute.agent.v1.EnforcementStateR\x05state\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\x83\x01\n" +
 	"\x12AllocationReleased\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x02 \x01(\tR\tcommandId*i\n" +
+	"command_id\x18\x02 \x01(\tR\tcommandId\x12)\n" +
+	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses*i\n" +
 	"\tAgentMode\x12\x1a\n" +
 	"\x16AGENT_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fAGENT_MODE_NODE\x10\x01\x12\x13\n" +
@@ -2716,7 +2880,13 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x15COMMAND_STATE_RUNNING\x10\x02\x12\x1b\n" +
 	"\x17COMMAND_STATE_SUCCEEDED\x10\x03\x12\x18\n" +
 	"\x14COMMAND_STATE_FAILED\x10\x04\x12\x1a\n" +
-	"\x16COMMAND_STATE_CANCELED\x10\x052\x94\x02\n" +
+	"\x16COMMAND_STATE_CANCELED\x10\x05*\xbd\x01\n" +
+	"\x10EnforcementState\x12!\n" +
+	"\x1dENFORCEMENT_STATE_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19ENFORCEMENT_STATE_APPLIED\x10\x01\x12!\n" +
+	"\x1dENFORCEMENT_STATE_NOT_APPLIED\x10\x02\x12\x1f\n" +
+	"\x1bENFORCEMENT_STATE_SIMULATED\x10\x03\x12#\n" +
+	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\x94\x02\n" +
 	"\fAgentService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12[\n" +
@@ -2734,90 +2904,94 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_bettercompute_agent_v1_agent_proto_rawDescData
 }
 
-var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
 	(CommandState)(0),             // 2: bettercompute.agent.v1.CommandState
-	(*HardwareIdentity)(nil),      // 3: bettercompute.agent.v1.HardwareIdentity
-	(*JoinRequest)(nil),           // 4: bettercompute.agent.v1.JoinRequest
-	(*JoinResponse)(nil),          // 5: bettercompute.agent.v1.JoinResponse
-	(*RenewRequest)(nil),          // 6: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),         // 7: bettercompute.agent.v1.RenewResponse
-	(*AgentMessage)(nil),          // 8: bettercompute.agent.v1.AgentMessage
-	(*GatewayMessage)(nil),        // 9: bettercompute.agent.v1.GatewayMessage
-	(*Hello)(nil),                 // 10: bettercompute.agent.v1.Hello
-	(*Goodbye)(nil),               // 11: bettercompute.agent.v1.Goodbye
-	(*HelloAck)(nil),              // 12: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 13: bettercompute.agent.v1.Heartbeat
-	(*Pressure)(nil),              // 14: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 15: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 16: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 17: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 18: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 19: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 20: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 21: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 22: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 23: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 24: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 25: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 26: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 27: bettercompute.agent.v1.Command
-	(*CancelCommand)(nil),         // 28: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 29: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 30: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 31: bettercompute.agent.v1.AllocationBound
-	(*AllocationReleased)(nil),    // 32: bettercompute.agent.v1.AllocationReleased
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 34: google.protobuf.Struct
+	(EnforcementState)(0),         // 3: bettercompute.agent.v1.EnforcementState
+	(*HardwareIdentity)(nil),      // 4: bettercompute.agent.v1.HardwareIdentity
+	(*JoinRequest)(nil),           // 5: bettercompute.agent.v1.JoinRequest
+	(*JoinResponse)(nil),          // 6: bettercompute.agent.v1.JoinResponse
+	(*RenewRequest)(nil),          // 7: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),         // 8: bettercompute.agent.v1.RenewResponse
+	(*AgentMessage)(nil),          // 9: bettercompute.agent.v1.AgentMessage
+	(*GatewayMessage)(nil),        // 10: bettercompute.agent.v1.GatewayMessage
+	(*Hello)(nil),                 // 11: bettercompute.agent.v1.Hello
+	(*Goodbye)(nil),               // 12: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 13: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 14: bettercompute.agent.v1.Heartbeat
+	(*Pressure)(nil),              // 15: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 16: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 17: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 18: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 19: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 20: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 21: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 22: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 23: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 24: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 25: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 26: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 27: bettercompute.agent.v1.MemoryInventory
+	(*Command)(nil),               // 28: bettercompute.agent.v1.Command
+	(*CancelCommand)(nil),         // 29: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 30: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 31: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 32: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 33: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 34: bettercompute.agent.v1.AllocationReleased
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	3,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	4,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	1,  // 2: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	33, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	33, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	33, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	10, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	13, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	15, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	17, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	29, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	31, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	32, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	11, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	12, // 14: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	27, // 15: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	28, // 16: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	18, // 17: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	35, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	35, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	35, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	11, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	14, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	16, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	18, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	30, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	32, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	34, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	12, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	13, // 14: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	28, // 15: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	29, // 16: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	19, // 17: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
 	0,  // 18: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	33, // 19: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	33, // 20: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	14, // 21: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	16, // 22: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	33, // 23: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	3,  // 24: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	21, // 25: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	23, // 26: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	22, // 27: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	25, // 28: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	34, // 29: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	33, // 30: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	35, // 19: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	35, // 20: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	15, // 21: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	17, // 22: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	35, // 23: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	4,  // 24: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	22, // 25: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	24, // 26: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	23, // 27: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	26, // 28: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	36, // 29: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	35, // 30: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
 	2,  // 31: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	34, // 32: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	4,  // 33: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	6,  // 34: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	8,  // 35: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	5,  // 36: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	7,  // 37: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	9,  // 38: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	36, // [36:39] is the sub-list for method output_type
-	33, // [33:36] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	36, // 32: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	33, // 33: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 34: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	5,  // 35: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	7,  // 36: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	9,  // 37: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	6,  // 38: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	8,  // 39: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	10, // 40: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	38, // [38:41] is the sub-list for method output_type
+	35, // [35:38] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -2841,13 +3015,14 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   30,
+			NumEnums:      4,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

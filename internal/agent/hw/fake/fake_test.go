@@ -30,6 +30,9 @@ func TestDGXH100(t *testing.T) {
 			want = 1
 		}
 		require.Equal(t, want, g.NumaNode, "gpu %d", i)
+		// The device filter allows /dev/nvidiaN by this minor.
+		require.NotNil(t, g.MinorNumber, "gpu %d has no /dev/nvidiaN minor", i)
+		require.EqualValues(t, i, g.GetMinorNumber(), "gpu %d", i)
 		require.False(t, seen[g.Uuid])
 		seen[g.Uuid] = true
 	}

@@ -19,6 +19,7 @@ import (
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/hw"
@@ -144,6 +145,10 @@ func readGPU(d nvml.Device, index int) (*agentv1.Gpu, error) {
 	if numa, ret := safeNuma(d); ret == nvml.SUCCESS {
 		g.NumaNode = int32(numa)
 	}
+	if minor, ret := safeMinor(d); ret == nvml.SUCCESS && minor >= 0 {
+		// /dev/nvidiaN: what bcd's device filter lets an allocation open.
+		g.MinorNumber = proto.Int32(int32(minor))
+	}
 	if cur, pending, ret := d.GetMigMode(); ret == nvml.SUCCESS {
 		switch {
 		case cur != pending:
@@ -165,6 +170,17 @@ func safeNuma(d nvml.Device) (n int, ret nvml.Return) {
 		}
 	}()
 	return d.GetNumaNodeId()
+}
+
+// safeMinor asks for the minor number of the GPU's /dev/nvidiaN; a mock
+// without the call does not know it.
+func safeMinor(d nvml.Device) (n int, ret nvml.Return) {
+	defer func() {
+		if recover() != nil {
+			n, ret = -1, nvml.ERROR_NOT_SUPPORTED
+		}
+	}()
+	return d.GetMinorNumber()
 }
 
 func readMIG(d nvml.Device) []*agentv1.MigInstance {
