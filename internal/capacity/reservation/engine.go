@@ -58,6 +58,8 @@ type Engine struct {
 	BindTimeout  time.Duration
 	BindAttempts int
 	Reconciler   atoms.Reconciler
+	// Exec is reservations.exec's path to the nodes; nil refuses it.
+	Exec ExecPath
 }
 
 func (e *Engine) bindTimeout() time.Duration {
