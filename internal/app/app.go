@@ -458,7 +458,9 @@ type execPath struct {
 
 func (p execPath) Connected(nodeID string) bool { return p.gw.Connected(nodeID) }
 
-func (p execPath) Subscribe(commandID string) *execrelay.Subscription { return p.hub.Subscribe(commandID) }
+func (p execPath) Subscribe(commandID string) *execrelay.Subscription {
+	return p.hub.Subscribe(commandID)
+}
 
 func (p execPath) Cancel(ctx context.Context, commandID, message string) error {
 	return p.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
