@@ -110,6 +110,8 @@ func CommandLine(argv []string) string {
 func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReservationRequest], stream *connect.ServerStream[apiv1.ExecReservationResponse]) error {
 	msg := req.Msg
 	ep := s.engine.Exec
+	// A refusal names the tenant the request named, as for unary calls.
+	ctx = envelope.WithRequestedTenant(ctx, msg)
 	var (
 		r   ref
 		sub *execrelay.Subscription
