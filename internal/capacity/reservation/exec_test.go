@@ -143,6 +143,20 @@ func TestExecRunsInTheReservation(t *testing.T) {
 	require.Contains(t, run.exit.GetMessage(), "not found")
 }
 
+// pidAlive reports whether pid runs: a killed process whose parent died too
+// stays a zombie until init reaps it, and counts as gone.
+func pidAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
+}
+
 // selfCgroup is this process's cgroup v2 path: a simulated node runs
 // processes in its own.
 func selfCgroup(t *testing.T) string {
@@ -190,10 +204,7 @@ func TestExecCancelKillsTheProcessGroup(t *testing.T) {
 
 	cancel() // the client's Ctrl-C
 	for _, pid := range pids {
-		bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool {
-			_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-			return errors.Is(err, os.ErrNotExist)
-		})
+		bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !pidAlive(pid) })
 	}
 	f.eventually(t, "the command canceled", func() bool {
 		return f.count(t, `SELECT COUNT(*) FROM commands WHERE id = $1 AND state = 'canceled'`, cmdID) == 1
