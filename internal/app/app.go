@@ -477,6 +477,31 @@ func (p execPath) Cancel(ctx context.Context, commandID, message string) error {
 	})
 }
 
+func (p execPath) EndAllocation(ctx context.Context, tx store.Tx, nodeID, allocationID string) error {
+	cmds, err := fleet.CommandListOpenForAllocation(ctx, tx, nodeID, reservation.KindProcessExec, allocationID)
+	if err != nil {
+		return err
+	}
+	canceled := false
+	for _, c := range cmds {
+		var params struct {
+			AllocationID string `json:"allocation_id"`
+		}
+		if json.Unmarshal([]byte(c.Params), &params) != nil || params.AllocationID != allocationID {
+			continue
+		}
+		n, err := fleet.CommandCancel(ctx, tx, &fleet.CommandCancelParams{ID: c.ID, Message: "the reservation ended"})
+		if err != nil {
+			return err
+		}
+		canceled = canceled || n > 0
+	}
+	if canceled {
+		p.gw.NotifyCommand(tx, nodeID)
+	}
+	return nil
+}
+
 func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit, error) {
 	var c fleet.Command
 	err := p.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {

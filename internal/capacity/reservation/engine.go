@@ -208,6 +208,11 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		}); err != nil {
 			return nil, fmt.Errorf("send allocation.release: %w", err)
 		}
+		if e.Exec != nil {
+			if err := e.Exec.EndAllocation(ctx, tx, r.NodeID, r.ID); err != nil {
+				return nil, fmt.Errorf("end the reservation's processes: %w", err)
+			}
+		}
 	}
 	if from == StateActive {
 		t := now

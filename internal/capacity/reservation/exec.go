@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/iam"
@@ -45,6 +46,9 @@ type ExecPath interface {
 	// Ended returns the command's end when its row is final (the agent's
 	// report reached another replica, or the command expired), else nil.
 	Ended(ctx context.Context, commandID string) (*execrelay.Exit, error)
+	// EndAllocation cancels, in tx, the processes still running in an
+	// allocation that ends, and wakes the node's session once tx commits.
+	EndAllocation(ctx context.Context, tx store.Tx, nodeID, allocationID string) error
 }
 
 func validateArgv(vs *envelope.Violations, argv []string) {
@@ -161,8 +165,10 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReser
 				},
 				// Each exec is a command of its own; a replayed request runs again.
 				IdempotencyKey: envelope.NewID("exe", now), CreatedBy: tx.Caller().Principal.ID,
-				// A process lives at most as long as its reservation.
-				TTL: cur.EndsAt.Sub(now), Time: now,
+				// The reservation's end cancels it (an extension moves the
+				// end); the deadline is the backstop past the longest
+				// lifetime a reservation may have.
+				TTL: cur.StartsAt.Add(pool.MaxDurationSeconds*time.Second + time.Hour).Sub(now), Time: now,
 			})
 			if err != nil {
 				return nil, fmt.Errorf("send process.exec: %w", err)

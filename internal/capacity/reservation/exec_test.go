@@ -307,3 +307,40 @@ func TestCommandLine(t *testing.T) {
 	require.LessOrEqual(t, len(long), reservation.MaxExecAuditBytes+len("… (99999 more bytes)"))
 	require.True(t, strings.HasSuffix(long, "… (2981 more bytes)"), long)
 }
+
+func TestExecEndsWithTheReservation(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	r := f.active(t, 1)
+	ctx := context.Background()
+	stream, err := f.member.Reservations.Exec(ctx, connect.NewRequest(&apiv1.ExecReservationRequest{Tenant: "acme", Reservation: r.GetId(),
+		Argv: []string{"sh", "-c", "echo $$; exec sleep 1000"}}))
+	require.NoError(t, err)
+	defer func() { _ = stream.Close() }()
+	require.True(t, stream.Receive(), "started: %v", stream.Err())
+	require.True(t, stream.Receive(), "output: %v", stream.Err())
+	pid, err := strconv.Atoi(strings.TrimSpace(string(stream.Msg().GetOutput().GetData())))
+	require.NoError(t, err)
+	require.True(t, pidAlive(pid))
+
+	// An extension moves the end and keeps the process.
+	_, err = f.member.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: r.GetId(), ExtendSeconds: 600}))
+	require.NoError(t, err)
+	require.True(t, pidAlive(pid))
+
+	// The release ends it: the process is killed and the call ends with the
+	// exit.
+	_, err = f.member.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "acme", Reservation: r.GetId()}))
+	require.NoError(t, err)
+	var exit *apiv1.ExecExit
+	for stream.Receive() {
+		if e := stream.Msg().GetExit(); e != nil {
+			exit = e
+		}
+	}
+	require.NoError(t, stream.Err())
+	require.NotNil(t, exit)
+	require.Equal(t, "canceled", exit.GetState())
+	require.Equal(t, "the reservation ended", exit.GetMessage())
+	bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !pidAlive(pid) })
+}
