@@ -31,8 +31,8 @@ const (
 
 func (a *app) reservationExecCommand() *cobra.Command {
 	var (
-		tenant string
-		gpuEnv bool
+		tenant, confirmationID string
+		gpuEnv                 bool
 	)
 	cmd := &cobra.Command{
 		Use:   "exec ID [--gpu-env] -- CMD [ARGS...]",
@@ -71,9 +71,9 @@ arguments and 64 KiB, and is kept (quoted, first 1 KiB) in the audit log.`,
 			// No retry: a repeated exec would run the process twice.
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			stream, err := c.Reservations.Exec(ctx, connect.NewRequest(&apiv1.ExecReservationRequest{
+			stream, err := c.Reservations.Exec(ctx, request(&apiv1.ExecReservationRequest{
 				Tenant: t, Reservation: argv[0], Argv: argv[1:], OmitGpuEnv: !gpuEnv,
-			}))
+			}, mutation{confirmationID: confirmationID}))
 			if err != nil {
 				return err
 			}
@@ -82,6 +82,7 @@ arguments and 64 KiB, and is kept (quoted, first 1 KiB) in the audit log.`,
 		},
 	}
 	addTenantFlag(cmd, &tenant)
+	addConfirmationFlag(cmd, &confirmationID)
 	cmd.Flags().BoolVar(&gpuEnv, "gpu-env", true, "set NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES to the reserved GPUs (--gpu-env=false leaves them unset)")
 	return cmd
 }

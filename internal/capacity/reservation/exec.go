@@ -178,7 +178,9 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReser
 			closeSub()
 			sub = ep.Subscribe(id)
 			tx.SetAuditDetail(CommandLine(msg.GetArgv()))
-			tx.Emit(event("reservation.exec", &cur, map[string]any{"command_id": id, "program": truncate(msg.GetArgv()[0])}))
+			// The command line stays in the audit row; the event, which
+			// every watcher of the tenant sees, names only the command.
+			tx.Emit(event("reservation.exec", &cur, map[string]any{"command_id": id}))
 			return &apiv1.ExecStarted{CommandId: id, NodeId: cur.NodeID}, nil
 		},
 	})
