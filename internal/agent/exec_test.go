@@ -238,3 +238,31 @@ func TestExecRefusesBadParams(t *testing.T) {
 		require.Equal(t, agent.FailInvalidParams, u.GetFailureCode(), "%v: %s", p, u.GetMessage())
 	}
 }
+
+func TestExecStopsWithBcd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := b.newAgent(t)
+	require.NoError(t, a.Join(context.Background(), b.gw.token))
+	stop := run(t, a)
+	b.gw.hello(t)
+	require.NoError(t, os.MkdirAll(filepath.Join(b.cgRoot, "rsv_1"), 0o755))
+	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
+		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", "echo $$; exec sleep 1000"}})})
+	m := b.gw.await(t, "the pid", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
+	pid, err := strconv.Atoi(strings.TrimSpace(string(m.GetProcessOutput().GetData())))
+	require.NoError(t, err)
+
+	// bcd stops: its processes go with it, and the next bcd reports the
+	// command interrupted instead of running it again.
+	stop()
+	bctest.WaitFor(t, fmt.Sprintf("pid %d gone", pid), func() bool { return !pidAlive(pid) })
+	a2 := b.newAgent(t)
+	run(t, a2)
+	h := b.gw.hello(t)
+	require.EqualValues(t, 1, h.GetLastAppliedSeq(), "started counts as applied")
+	u, ran := b.gw.finalUpdate(t, 1)
+	require.False(t, ran)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_FAILED, u.GetState())
+	require.Equal(t, agent.FailInterrupted, u.GetFailureCode())
+}
