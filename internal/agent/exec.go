@@ -223,7 +223,8 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 		<-exited
 	}
 	_ = unix.Kill(-pid, unix.SIGKILL)
-	waitErr := cmd.Wait()
+	// Its error only restates the exit status, read from ProcessState.
+	_ = cmd.Wait()
 
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
@@ -238,7 +239,7 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 	_ = outR.Close()
 	_ = errR.Close()
 
-	code, sig := exitOf(cmd.ProcessState, waitErr)
+	code, sig := exitOf(cmd.ProcessState)
 	result["exit_code"] = float64(code)
 	if sig != "" {
 		result["signal"] = sig
@@ -269,14 +270,13 @@ func lookPath(name string) (string, error) {
 
 // exitOf is a finished process's exit code (-1 when a signal ended it)
 // and the signal's name.
-func exitOf(ps *os.ProcessState, err error) (int, string) {
+func exitOf(ps *os.ProcessState) (int, string) {
 	if ps == nil {
 		return -1, ""
 	}
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		return -1, unix.SignalName(ws.Signal())
 	}
-	_ = err
 	return ps.ExitCode(), ""
 }
 
