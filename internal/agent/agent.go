@@ -171,6 +171,8 @@ type Agent struct {
 	events    []*agentv1.HealthEvent
 	canceled  map[string]bool // command ids canceled before they ran
 	running1  *runningCommand
+	execs     map[string]*runningCommand // process.exec commands running
+	execWG    sync.WaitGroup
 
 	queue chan *agentv1.Command
 }
@@ -190,6 +192,7 @@ func New(cfg Config) (*Agent, error) {
 		metrics:   newMetrics(),
 		failKinds: map[string]string{},
 		canceled:  map[string]bool{},
+		execs:     map[string]*runningCommand{},
 		queue:     make(chan *agentv1.Command, 256),
 	}
 	if err := a.dir.ensure(); err != nil {
@@ -215,6 +218,21 @@ func New(cfg Config) (*Agent, error) {
 			FailureCode: "INTERRUPTED", Message: "bcd restarted while applying this command",
 		})})
 		a.cmds.InFlight = nil
+		if err := a.dir.writeJSON(commandsFile, &a.cmds); err != nil {
+			return nil, err
+		}
+	}
+	if len(a.cmds.Execs) > 0 {
+		// Processes that were running when bcd died: their output is
+		// lost and their exit unknown, so they end INTERRUPTED. Whatever
+		// is left of them is killed with the allocation's cgroup.
+		for _, f := range a.cmds.Execs {
+			a.cmds.add(commandRecord{Seq: f.Seq, ID: f.ID, Kind: f.Kind, Update: marshalUpdate(&agentv1.CommandUpdate{
+				CommandId: f.ID, Seq: f.Seq, State: agentv1.CommandState_COMMAND_STATE_FAILED,
+				FailureCode: FailInterrupted, Message: "bcd restarted while this process ran",
+			})})
+		}
+		a.cmds.Execs = nil
 		if err := a.dir.writeJSON(commandsFile, &a.cmds); err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -18,6 +19,7 @@ const (
 	KindNodeDrain         = "node.drain"
 	KindAllocationBind    = "allocation.bind"
 	KindAllocationRelease = "allocation.release"
+	KindProcessExec       = "process.exec"
 )
 
 // Failure codes in CommandUpdate.failure_code.
@@ -31,6 +33,8 @@ const (
 	FailStaleSeq         = "STALE_SEQ"
 	FailPersist          = "STATE_WRITE_FAILED"
 	FailInjected         = "INJECTED"
+	FailExecStart        = "EXEC_START_FAILED"
+	FailNotBound         = "ALLOCATION_NOT_BOUND"
 )
 
 type runningCommand struct {
@@ -82,12 +86,19 @@ func update(u *agentv1.CommandUpdate) *agentv1.AgentMessage {
 }
 
 // handle applies c at most once: a command already applied (by seq or id)
-// gets its recorded final update again, without running.
+// gets its recorded final update again, without running. A process.exec
+// runs on a goroutine of its own, so a long process never holds up the
+// node's other commands.
 func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	a.mu.Lock()
 	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil {
 		a.mu.Unlock()
 		a.resend(rec)
+		return
+	}
+	if a.execs[c.GetId()] != nil {
+		// Redelivered while it runs: its final update comes when it ends.
+		a.mu.Unlock()
 		return
 	}
 	if c.GetSeq() <= a.cmds.LastAppliedSeq {
@@ -100,20 +111,45 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	canceled := a.canceled[c.GetId()]
 	delete(a.canceled, c.GetId())
 	injected := a.failKinds[c.GetKind()]
-	a.cmds.InFlight = &inFlight{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind()}
 	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	if d := c.GetDeadline(); d != nil {
 		var dcancel context.CancelFunc
 		cctx, dcancel = context.WithDeadline(cctx, d.AsTime())
-		defer dcancel()
+		stop := cancel
+		cancel = func() { dcancel(); stop() }
 	}
-	a.running1 = &runningCommand{id: c.GetId(), cancel: cancel}
+	async := c.GetKind() == KindProcessExec
+	if async {
+		// Started counts as applied: a redelivery after a reconnect must
+		// not start it again. The record lets a restarted bcd report it
+		// INTERRUPTED.
+		a.execs[c.GetId()] = &runningCommand{id: c.GetId(), cancel: cancel}
+		a.cmds.Execs = append(a.cmds.Execs, inFlight{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind()})
+		a.cmds.LastAppliedSeq = max(a.cmds.LastAppliedSeq, c.GetSeq())
+	} else {
+		a.cmds.InFlight = &inFlight{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind()}
+		a.running1 = &runningCommand{id: c.GetId(), cancel: cancel}
+	}
 	// Written before applying: if bcd dies mid-command, the next start
 	// reports it INTERRUPTED instead of running it again.
 	perr := a.saveCommandsLocked()
 	a.mu.Unlock()
 
+	run := func() {
+		defer cancel()
+		final, out := a.run(ctx, cctx, c, perr, canceled, injected)
+		a.finish(c, final, out)
+	}
+	if async {
+		a.execWG.Go(run)
+		return
+	}
+	run()
+}
+
+// run applies c unless something stops it first, and returns its final
+// update.
+func (a *Agent) run(ctx, cctx context.Context, c *agentv1.Command, perr error, canceled bool, injected string) (*agentv1.CommandUpdate, outcome) {
 	final := &agentv1.CommandUpdate{CommandId: c.GetId(), Seq: c.GetSeq()}
 	var out outcome
 	switch {
@@ -134,9 +170,13 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 		case err == nil:
 			final.State, final.Progress, final.Result = agentv1.CommandState_COMMAND_STATE_SUCCEEDED, 100, out.result
 		case errors.Is(err, context.Canceled) && ctx.Err() == nil:
-			final.State, final.Message = agentv1.CommandState_COMMAND_STATE_CANCELED, "canceled"
+			final.State, final.Message, final.Result = agentv1.CommandState_COMMAND_STATE_CANCELED, "canceled", out.result
+		case errors.Is(err, context.Canceled):
+			final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, FailInterrupted, "bcd stopped while applying this command"
+			final.Result = out.result
 		case errors.Is(err, context.DeadlineExceeded):
 			final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, FailDeadlineExceeded, err.Error()
+			final.Result = out.result
 		case errors.As(err, &ce):
 			final.State, final.FailureCode, final.Message = agentv1.CommandState_COMMAND_STATE_FAILED, ce.code, ce.err.Error()
 		default:
@@ -146,10 +186,19 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	if final.State != agentv1.CommandState_COMMAND_STATE_SUCCEEDED {
 		out.extra = nil
 	}
+	return final, out
+}
 
+// finish records c's final update and reports it.
+func (a *Agent) finish(c *agentv1.Command, final *agentv1.CommandUpdate, out outcome) {
 	a.mu.Lock()
-	a.running1 = nil
-	a.cmds.InFlight = nil
+	if c.GetKind() == KindProcessExec {
+		delete(a.execs, c.GetId())
+		a.cmds.Execs = slices.DeleteFunc(a.cmds.Execs, func(f inFlight) bool { return f.ID == c.GetId() })
+	} else {
+		a.running1 = nil
+		a.cmds.InFlight = nil
+	}
 	a.cmds.add(commandRecord{Seq: c.GetSeq(), ID: c.GetId(), Kind: c.GetKind(), Update: marshalUpdate(final)})
 	if err := a.saveCommandsLocked(); err != nil {
 		a.log.Error("persist command log", "err", err)
@@ -223,6 +272,8 @@ func (a *Agent) cancelCommand(c *agentv1.CancelCommand) {
 	}
 	if r := a.running1; r != nil && r.id == c.GetCommandId() {
 		r.cancel()
+	} else if r := a.execs[c.GetCommandId()]; r != nil {
+		r.cancel()
 	} else {
 		a.canceled[c.GetCommandId()] = true
 	}
@@ -264,6 +315,8 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		return outcome{result: res, extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{
 			AllocationId: da.GetAllocationId(), CommandId: c.GetId(), Cgroup: path, Enforced: enforced,
 		}}}}}, nil
+	case KindProcessExec:
+		return a.exec(ctx, c)
 	case KindAllocationRelease:
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
 		if id == "" {

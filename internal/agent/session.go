@@ -105,6 +105,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.commandLoop(ctx) })
 	defer wg.Wait()
+	// Running processes are killed when ctx ends; their final updates are
+	// kept for the next session.
+	defer a.execWG.Wait()
 
 	bo := backoff{min: a.cfg.ReconnectMin, max: a.cfg.ReconnectMax}
 	for attempt := 0; ; attempt++ {

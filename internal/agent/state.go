@@ -54,9 +54,12 @@ type inFlight struct {
 
 // commandState is what makes commands apply at most once across restarts.
 type commandState struct {
-	LastAppliedSeq uint64          `json:"last_applied_seq"`
-	InFlight       *inFlight       `json:"in_flight,omitempty"`
-	Log            []commandRecord `json:"log"`
+	LastAppliedSeq uint64    `json:"last_applied_seq"`
+	InFlight       *inFlight `json:"in_flight,omitempty"`
+	// Execs are the process.exec commands running (they run beside the
+	// one in flight).
+	Execs []inFlight      `json:"execs,omitempty"`
+	Log   []commandRecord `json:"log"`
 	// InventoryDigest is the last snapshot digest sent to the gateway.
 	InventoryDigest string `json:"inventory_digest,omitempty"`
 }

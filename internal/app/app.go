@@ -9,6 +9,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
+	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/iam"
@@ -211,6 +213,7 @@ type App struct {
 	hub        *events.Hub
 	recorder   recorder
 	fleetHooks lateHooks
+	execHub    *execrelay.Hub
 	conns      *connMetrics
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
@@ -367,8 +370,9 @@ func (a *App) buildGateway(ctx context.Context) error {
 		a.PKI = pa
 		authority = gateway.FromPKI(pa)
 	}
+	a.execHub = execrelay.New()
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, Hooks: &a.fleetHooks, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, Hooks: &a.fleetHooks, Exec: a.execHub, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
@@ -452,6 +456,76 @@ func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Co
 	})
 }
 
+// execPath is the fleet's side of reservations.exec: the gateway's sessions
+// on this replica, the relay hub, and the command rows.
+type execPath struct {
+	gw  *gateway.Gateway
+	hub *execrelay.Hub
+	db  *store.DB
+}
+
+func (p execPath) Connected(nodeID string) bool { return p.gw.Connected(nodeID) }
+
+func (p execPath) Subscribe(commandID string) *execrelay.Subscription {
+	return p.hub.Subscribe(commandID)
+}
+
+func (p execPath) Cancel(ctx context.Context, commandID, message string) error {
+	return p.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		c, err := fleet.CommandGet(ctx, tx, "", commandID)
+		if err != nil {
+			return err
+		}
+		n, err := fleet.CommandCancel(ctx, tx, &fleet.CommandCancelParams{ID: commandID, Message: message})
+		if err != nil || n == 0 {
+			return err
+		}
+		p.gw.NotifyCommand(tx, c.NodeID)
+		return nil
+	})
+}
+
+func (p execPath) EndAllocation(ctx context.Context, tx store.Tx, nodeID, allocationID string) error {
+	cmds, err := fleet.CommandListOpenForAllocation(ctx, tx, nodeID, reservation.KindProcessExec, allocationID)
+	if err != nil {
+		return err
+	}
+	canceled := false
+	for _, c := range cmds {
+		var params struct {
+			AllocationID string `json:"allocation_id"`
+		}
+		if json.Unmarshal([]byte(c.Params), &params) != nil || params.AllocationID != allocationID {
+			continue
+		}
+		n, err := fleet.CommandCancel(ctx, tx, &fleet.CommandCancelParams{ID: c.ID, Message: "the reservation ended"})
+		if err != nil {
+			return err
+		}
+		canceled = canceled || n > 0
+	}
+	if canceled {
+		p.gw.NotifyCommand(tx, nodeID)
+	}
+	return nil
+}
+
+func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit, error) {
+	var c fleet.Command
+	err := p.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		c, err = fleet.CommandGet(ctx, tx, "", commandID)
+		return err
+	})
+	if err != nil || slices.Contains(fleet.OpenCommandStates, c.State) {
+		return nil, err
+	}
+	e := &execrelay.Exit{State: c.State, Message: c.Message, FailureCode: c.FailureCode}
+	if c.Result != "" {
+		_ = json.Unmarshal([]byte(c.Result), &e.Result)
+	}
+	return e, nil
+}
+
 // buildCapacity wires the reservation engine to the fleet's command path,
 // the job runtime and the gateway's hooks.
 func (a *App) buildCapacity() *reservation.Runner {
@@ -462,6 +536,7 @@ func (a *App) buildCapacity() *reservation.Runner {
 			return a.Jobs.InsertTx(ctx, tx, args, opts)
 		},
 		BindTimeout: a.cfg.BindTimeout,
+		Exec:        execPath{gw: a.Gateway, hub: a.execHub, db: a.DB},
 	}
 	rn := &reservation.Runner{DB: a.DB, Rec: a.recorder, Engine: e, Log: a.cfg.Logger, TickInterval: a.cfg.CapacityTick}
 	e.Reconciler.Wake = e.WakePools

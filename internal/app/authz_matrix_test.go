@@ -67,6 +67,9 @@ var matrixExpect = map[string]map[string]string{
 	"reservations.extend":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"reservations.release": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"reservations.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	// Running a process in a reservation is using what was booked: whoever
+	// books may; viewers only look.
+	"reservations.exec": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 }
 
 type matrixFixture struct {
@@ -78,6 +81,8 @@ type matrixFixture struct {
 	acme, web string
 	// gpuPool is the id of acme's pool of one simulated 8-GPU node.
 	gpuPool string
+	// active is an active reservation of that pool, made on first use.
+	active string
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -249,6 +254,20 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 			Reservation: f.matrixReservation(t)}))
 		return err
 	},
+	"reservations.exec": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		stream, err := c.Reservations.Exec(context.Background(), connect.NewRequest(&apiv1.ExecReservationRequest{Tenant: "acme",
+			Reservation: f.matrixActive(t), Argv: []string{"true"}}))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = stream.Close() }()
+		for stream.Receive() {
+			if e := stream.Msg().GetExit(); e != nil && (e.GetState() != "succeeded" || e.GetExitCode() != 0) {
+				return fmt.Errorf("exec ended %s (exit %d): %s", e.GetState(), e.GetExitCode(), e.GetMessage())
+			}
+		}
+		return stream.Err()
+	},
 	"confirmations.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		name := f.name("p")
 		_, err := f.admin.Projects.Create(context.Background(), connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: name}))
@@ -288,6 +307,27 @@ func (f *matrixFixture) matrixReservation(t *testing.T) string {
 	require.Equal(t, "placed", r.Msg.GetReservation().GetState())
 	f.cp.Authz.Reset()
 	return r.Msg.GetReservation().GetId()
+}
+
+// matrixActive returns an active reservation of one GPU for the next hour,
+// made (as the platform admin) and bound on first use; the windows of
+// matrixReservationRequest start later.
+func (f *matrixFixture) matrixActive(t *testing.T) string {
+	t.Helper()
+	if f.active == "" {
+		ctx := context.Background()
+		r, err := f.admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme", Project: "web",
+			Pool: f.gpuPool, Gpus: 1, DurationSeconds: 3600}))
+		require.NoError(t, err)
+		f.active = r.Msg.GetReservation().GetId()
+		eventually(t, "reservation "+f.active+" active", func() bool {
+			g, err := f.admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: f.active}))
+			require.NoError(t, err)
+			return g.Msg.GetReservation().GetState() == "active"
+		})
+	}
+	f.cp.Authz.Reset()
+	return f.active
 }
 
 // mxGPUPool joins one simulated 8-GPU node to tenant/project and returns

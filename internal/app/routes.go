@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
@@ -32,6 +33,9 @@ import (
 // MaxRequestBytes caps every request body; larger ones are refused before
 // they are decoded.
 const MaxRequestBytes = 1 << 20
+
+// MaxExecRequestBytes caps the body of ReservationService.Exec.
+const MaxExecRequestBytes = 2 << 20
 
 // strictJSON is Connect's JSON codec without DiscardUnknown: a field the
 // server does not know is an error, not silently dropped.
@@ -106,8 +110,14 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))
-	mux.Handle(apiv1connect.NewReservationServiceHandler(
-		reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub}), opts))
+	rsv := reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub})
+	mux.Handle(apiv1connect.NewReservationServiceHandler(rsv, opts))
+	// Exec alone takes a body up to MaxExecRequestBytes, so that a command
+	// line past its 64 KiB limit (a 1 MiB argument list) is refused with
+	// the field that is wrong rather than as an oversized body.
+	execMethod := apiv1.File_bettercompute_api_v1_reservations_proto.Services().ByName("ReservationService").Methods().ByName("Exec")
+	mux.Handle(apiv1connect.ReservationServiceExecProcedure, connect.NewServerStreamHandler(apiv1connect.ReservationServiceExecProcedure,
+		rsv.Exec, connect.WithSchema(execMethod), opts, connect.WithReadMaxBytes(MaxExecRequestBytes)))
 	mux.Handle(apiv1connect.NewQuotaServiceHandler(quota.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewCapacityServiceHandler(views.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope), opts))

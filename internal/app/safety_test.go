@@ -125,6 +125,20 @@ func sfWatchReservations(ctx context.Context, c *client.Client, req *apiv1.Watch
 	return stream.Err()
 }
 
+// sfExec runs an exec and returns how its stream ended.
+func sfExec(ctx context.Context, c *client.Client, req *apiv1.ExecReservationRequest) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, err := c.Reservations.Exec(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stream.Close() }()
+	for stream.Receive() {
+	}
+	return stream.Err()
+}
+
 // --- raw HTTP -------------------------------------------------------------
 
 func TestSafetyRawHTTP(t *testing.T) {
@@ -1227,6 +1241,14 @@ permit (principal, action, resource);`}))
 			func() error {
 				_, err := evil.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "other", Reservation: rsvID}))
 				return err
+			},
+		},
+		apiv1connect.ReservationServiceExecProcedure: {
+			func() error {
+				return sfExec(ctx, evil, &apiv1.ExecReservationRequest{Tenant: "acme", Reservation: rsvID, Argv: []string{"id"}})
+			},
+			func() error {
+				return sfExec(ctx, evil, &apiv1.ExecReservationRequest{Tenant: "other", Reservation: rsvID, Argv: []string{"id"}})
 			},
 		},
 		apiv1connect.ReservationServiceCancelProcedure: {

@@ -32,9 +32,9 @@ func Migrations() store.Migrations {
 func Insert(ctx context.Context, tx store.Tx, entries ...envelope.AuditEntry) error {
 	rows := make([][]any, len(entries))
 	for i, e := range entries {
-		rows[i] = []any{e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result}
+		rows[i] = []any{e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result, e.Detail}
 	}
-	return store.InsertRows(ctx, tx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result)`, "", rows)
+	return store.InsertRows(ctx, tx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result, detail)`, "", rows)
 }
 
 // ListParams filters List. AllTenants lists the platform-wide log.
@@ -52,7 +52,7 @@ func List(ctx context.Context, q store.Querier, p ListParams) ([]envelope.AuditE
 	if before == "" {
 		before = "~" // sorts after every id
 	}
-	rows, err := q.Query(ctx, `SELECT id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result
+	rows, err := q.Query(ctx, `SELECT id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result, detail
 		FROM audit_log WHERE ($1 OR tenant_id = $2) AND ($3 = '' OR action = $3) AND id < $4 ORDER BY id DESC LIMIT $5`,
 		p.AllTenants, p.TenantID, p.Action, before, p.Limit)
 	if err != nil {
@@ -62,7 +62,7 @@ func List(ctx context.Context, q store.Querier, p ListParams) ([]envelope.AuditE
 	var out []envelope.AuditEntry
 	for rows.Next() {
 		var e envelope.AuditEntry
-		if err := rows.Scan(&e.ID, &e.Time, &e.TenantID, &e.PrincipalID, &e.PrincipalKind, &e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result); err != nil {
+		if err := rows.Scan(&e.ID, &e.Time, &e.TenantID, &e.PrincipalID, &e.PrincipalKind, &e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result, &e.Detail); err != nil {
 			return nil, err
 		}
 		out = append(out, e)
@@ -143,7 +143,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListAudit
 		out.Entries = append(out.Entries, &apiv1.AuditEntry{
 			Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
 			Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
-			RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result,
+			RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail,
 		})
 	}
 	return connect.NewResponse(out), nil

@@ -547,7 +547,7 @@ says which cursor to resume from.`,
 	addTenantFlag(watch, &tenant)
 	watch.Flags().StringVar(&cursor, "cursor", "", "resume after this cursor (default: new changes only)")
 
-	cmd.AddCommand(a.reservationCreateCommand("create"), list, get, preview, extend, release, cancel, watch)
+	cmd.AddCommand(a.reservationCreateCommand("create"), list, get, preview, extend, release, cancel, watch, a.reservationExecCommand())
 	return cmd
 }
 

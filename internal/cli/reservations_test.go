@@ -48,6 +48,9 @@ type reservationsFake struct {
 	path []string
 	// preview is the canned Preview answer.
 	preview *apiv1.PreviewReservationResponse
+	execs   []*apiv1.ExecReservationRequest
+	// execEvents is what every Exec streams.
+	execEvents []*apiv1.ExecReservationResponse
 }
 
 var (
@@ -210,6 +213,23 @@ func (s fakeReservations) Watch(_ context.Context, req *connect.Request[apiv1.Wa
 		evs = append(evs, &apiv1.WatchReservationsResponse{Type: "reservation." + r.GetState(), Reservation: r, Cursor: strconv.Itoa(i + 1)})
 	}
 	s.rf.mu.Unlock()
+	for _, ev := range evs {
+		if err := stream.Send(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s fakeReservations) Exec(_ context.Context, req *connect.Request[apiv1.ExecReservationRequest], stream *connect.ServerStream[apiv1.ExecReservationResponse]) error {
+	s.rf.mu.Lock()
+	s.rf.execs = append(s.rf.execs, req.Msg)
+	evs := s.rf.execEvents
+	_, err := s.get(req.Msg.GetReservation())
+	s.rf.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	for _, ev := range evs {
 		if err := stream.Send(ev); err != nil {
 			return err

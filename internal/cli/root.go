@@ -146,6 +146,10 @@ func run(ctx context.Context, a *app, args []string, stdin io.Reader, stdout, st
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	if cmd, err := root.ExecuteContextC(ctx); err != nil {
+		var ec *exitCodeError
+		if errors.As(err, &ec) {
+			return ec.code
+		}
 		printError(stderr, cmd, err)
 		if client.Code(err) == "PERMISSION_DENIED" && a.tenantFrom != "" {
 			fmt.Fprintf(stderr, "hint: the tenant came from %s; pass --tenant to choose another\n", a.tenantFrom)

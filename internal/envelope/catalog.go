@@ -79,6 +79,7 @@ var catalog = []Method{
 	{apiv1connect.ReservationServiceExtendProcedure, "reservations.extend", KindMutation, false},
 	{apiv1connect.ReservationServiceReleaseProcedure, "reservations.release", KindMutation, false},
 	{apiv1connect.ReservationServiceCancelProcedure, "reservations.cancel", KindMutation, false},
+	{apiv1connect.ReservationServiceExecProcedure, "reservations.exec", KindMutation, false},
 	{apiv1connect.QuotaServiceSetProcedure, "quotas.set", KindMutation, false},
 	{apiv1connect.QuotaServiceGetProcedure, "quotas.get", KindRead, false},
 	{apiv1connect.QuotaServiceListProcedure, "quotas.list", KindRead, false},

@@ -33,6 +33,9 @@ type AuditEntry struct {
 	RequestID     string
 	TraceID       string
 	Result        string
+	// Detail says what the mutation did beyond its resource (the command
+	// line of reservations.exec); empty for most.
+	Detail string
 }
 
 // Decisions as recorded in the audit log.
@@ -137,6 +140,9 @@ func New(cfg Config) (*Envelope, error) {
 // DB returns the store the envelope writes to.
 func (e *Envelope) DB() *store.DB { return e.cfg.DB }
 
+// Logger returns the envelope's logger.
+func (e *Envelope) Logger() *slog.Logger { return e.cfg.Logger }
+
 // Clock returns the envelope's clock.
 func (e *Envelope) Clock() clock.Clock { return e.cfg.Clock }
 
@@ -153,6 +159,7 @@ type Tx struct {
 	events     []Event
 	resourceID string
 	tenantID   string
+	detail     string
 }
 
 // Caller returns the authenticated caller.
@@ -177,6 +184,10 @@ func (t *Tx) SetResource(id, tenantID string) {
 		t.tenantID = tenantID
 	}
 }
+
+// SetAuditDetail records what the audit row says beyond the resource, such
+// as a command line; the caller bounds and quotes it.
+func (t *Tx) SetAuditDetail(detail string) { t.detail = detail }
 
 // Enqueue inserts a job that commits or rolls back with this transaction.
 func (t *Tx) Enqueue(ctx context.Context, args river.JobArgs, opts *river.InsertOpts) error {
@@ -350,6 +361,7 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		entry.Time = tx.Now()
 		entry.TenantID, entry.ResourceID = tx.tenantID, tx.resourceID
 		entry.Decision, entry.Result = DecisionAllow, "OK"
+		entry.Detail = tx.detail
 		for i := range tx.events {
 			if tx.events[i].Time.IsZero() {
 				tx.events[i].Time = tx.Now()

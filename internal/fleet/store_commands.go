@@ -178,6 +178,17 @@ func CommandListForAllocation(ctx context.Context, q store.Querier, nodeID, comm
 	return collect(rows, err, scanCommand)
 }
 
+// CommandListOpenForAllocation returns nodeID's open commands of kind whose
+// params may name allocationID. The caller checks the params precisely;
+// LIKE only narrows the scan.
+func CommandListOpenForAllocation(ctx context.Context, q store.Querier, nodeID, kind, allocationID string) ([]Command, error) {
+	pattern := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(allocationID) + "%"
+	args := []any{nodeID, kind, pattern}
+	rows, err := q.Query(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE node_id = $1 AND kind = $2 AND params LIKE $3 ESCAPE '\' AND state IN (`+placeholders(&args, OpenCommandStates)+`) ORDER BY seq`, args...)
+	return collect(rows, err, scanCommand)
+}
+
 // CommandMarkDelivered marks the node's pending commands with seq in
 // (afterSeq, lastSeq] delivered.
 func CommandMarkDelivered(ctx context.Context, tx store.Tx, nodeID string, afterSeq, lastSeq uint64) error {

@@ -29,6 +29,7 @@ func FuzzAgentFrame(f *testing.F) {
 			Enforced: []*agentv1.Enforcement{{Resource: "devices", State: agentv1.EnforcementState_ENFORCEMENT_STATE_APPLIED, Detail: "only /dev/nvidia0"}}}}},
 		{Msg: &agentv1.AgentMessage_AllocationReleased{AllocationReleased: &agentv1.AllocationReleased{AllocationId: "alc_1", CommandId: "cmd_2", KilledProcesses: 3}}},
 		{Msg: &agentv1.AgentMessage_Inventory{Inventory: inventorySeed()}},
+		{Msg: &agentv1.AgentMessage_ProcessOutput{ProcessOutput: &agentv1.ProcessOutput{CommandId: "cmd_1", Seq: 2, Stream: "stdout", Data: []byte("0,1\n")}}},
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
@@ -51,6 +52,11 @@ func FuzzAgentFrame(f *testing.F) {
 		case *agentv1.AgentMessage_CommandUpdate:
 			if msg.CommandUpdate.GetSeq() == 0 || msg.CommandUpdate.GetProgress() > 100 {
 				t.Fatalf("bad command update passed: %v", msg.CommandUpdate)
+			}
+		case *agentv1.AgentMessage_ProcessOutput:
+			o := msg.ProcessOutput
+			if o.GetSeq() == 0 || len(o.GetData()) > gateway.MaxProcessOutputBytes || (o.GetStream() != "stdout" && o.GetStream() != "stderr") {
+				t.Fatalf("bad process output passed: %v", o)
 			}
 		case *agentv1.AgentMessage_Inventory:
 			if s, err := gateway.DecodeSection(msg.Inventory); err == nil && len(s.Data) > gateway.MaxSectionBytes {
@@ -89,6 +95,31 @@ func TestEnforcedValidation(t *testing.T) {
 	}
 	require.Equal(t, "not_applied", gateway.EnforcementState(agentv1.EnforcementState_ENFORCEMENT_STATE_NOT_APPLIED))
 	require.Equal(t, "unspecified", gateway.EnforcementState(99))
+}
+
+func TestValidateProcessOutput(t *testing.T) {
+	t.Parallel()
+	ok := func() *agentv1.ProcessOutput {
+		return &agentv1.ProcessOutput{CommandId: "cmd_1", Seq: 2, Stream: "stderr", Data: make([]byte, gateway.MaxProcessOutputBytes)}
+	}
+	msg := func(o *agentv1.ProcessOutput) *agentv1.AgentMessage {
+		return &agentv1.AgentMessage{Msg: &agentv1.AgentMessage_ProcessOutput{ProcessOutput: o}}
+	}
+	if err := gateway.ValidateAgentMessage(msg(ok())); err != nil {
+		t.Fatal(err)
+	}
+	for name, mutate := range map[string]func(o *agentv1.ProcessOutput){
+		"no command": func(o *agentv1.ProcessOutput) { o.CommandId = "" },
+		"no seq":     func(o *agentv1.ProcessOutput) { o.Seq = 0 },
+		"stream":     func(o *agentv1.ProcessOutput) { o.Stream = "stdin" },
+		"too big":    func(o *agentv1.ProcessOutput) { o.Data = append(o.Data, 'x') },
+	} {
+		o := ok()
+		mutate(o)
+		if err := gateway.ValidateAgentMessage(msg(o)); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: got %v, want INVALID_ARGUMENT", name, err)
+		}
+	}
 }
 
 func inventorySeed() *agentv1.InventorySection {

@@ -23,6 +23,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -64,6 +65,9 @@ type Config struct {
 	// Hooks, when set, act on what nodes report in the gateway's own
 	// transactions (capacity keeps atoms and reservations in step).
 	Hooks Hooks
+	// Exec, when set, receives the output and end of process.exec commands
+	// whose sessions this replica holds, for the API calls waiting on them.
+	Exec *execrelay.Hub
 	// Authority is the PKI. It may be nil in a process that does not
 	// serve (an api or worker replica): the gateway then only wakes
 	// sessions (NotifyCommand) and runs the sweeps; Run fails.

@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -519,8 +520,22 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 			})
 	case *agentv1.AgentMessage_Goodbye:
 		return s.goodbye(msg.Goodbye)
+	case *agentv1.AgentMessage_ProcessOutput:
+		s.processOutput(msg.ProcessOutput)
 	}
 	return nil
+}
+
+// processOutput relays a chunk of a running process.exec to the API call
+// waiting for it on this replica. Only a command sent on this session is
+// relayed: a node cannot write into another node's exec, and it costs no
+// database read per chunk. Output of a command sent on an earlier session
+// is dropped (the agent does not get it again after a reconnect).
+func (s *session) processOutput(o *agentv1.ProcessOutput) {
+	if seq, ok := s.inflight[o.GetCommandId()]; !ok || seq != o.GetSeq() || s.g.cfg.Exec == nil {
+		return
+	}
+	s.g.cfg.Exec.Output(o.GetCommandId(), o.GetStream(), o.GetData())
 }
 
 // commandStates maps the wire's command states to the database's.
@@ -553,9 +568,9 @@ func stateRank(state string) int {
 func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 	g := s.g
 	next := commandStates[u.GetState()]
-	terminal := false
+	terminal, kind := false, ""
 	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		terminal = false
+		terminal, kind = false, ""
 		c, err := fleet.CommandGet(ctx, tx, "", u.GetCommandId())
 		if errors.Is(err, store.ErrNotFound) {
 			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
@@ -600,7 +615,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 		if to < 4 {
 			return nil
 		}
-		terminal = true
+		terminal, kind = true, c.Kind
 		now := g.cfg.Clock.Now()
 		evs := []envelope.Event{{
 			Type: "command." + next, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID, Time: now,
@@ -619,9 +634,16 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 	})
 	if err == nil && terminal {
 		delete(s.inflight, u.GetCommandId())
+		if kind == KindProcessExec && g.cfg.Exec != nil {
+			g.cfg.Exec.Exited(u.GetCommandId(), &execrelay.Exit{State: next, Message: u.GetMessage(),
+				FailureCode: u.GetFailureCode(), Result: u.GetResult().AsMap()})
+		}
 	}
 	return err
 }
+
+// KindProcessExec is the command kind of reservations.exec.
+const KindProcessExec = "process.exec"
 
 // allocation records allocation.bound or allocation.released, only for an
 // allocation a command of this node carries.

@@ -55,7 +55,7 @@ func ValidateAgentMessage(m *agentv1.AgentMessage) error {
 func validateAgentMessage(m *agentv1.AgentMessage) error {
 	switch msg := m.GetMsg().(type) {
 	case nil:
-		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released, goodbye")
+		return invalid("empty agent message: set one of hello, heartbeat, status, inventory, command_update, allocation_bound, allocation_released, goodbye, process_output")
 	case *agentv1.AgentMessage_Hello:
 		return validateHello(msg.Hello)
 	case *agentv1.AgentMessage_Heartbeat:
@@ -80,6 +80,8 @@ func validateAgentMessage(m *agentv1.AgentMessage) error {
 		return validateAllocation(r.GetAllocationId(), r.GetCommandId())
 	case *agentv1.AgentMessage_Goodbye:
 		return validShort("goodbye.reason", msg.Goodbye.GetReason(), false)
+	case *agentv1.AgentMessage_ProcessOutput:
+		return validateProcessOutput(msg.ProcessOutput)
 	default:
 		return invalid("unknown agent message kind %T", msg)
 	}
@@ -215,6 +217,24 @@ func validateCommandUpdate(u *agentv1.CommandUpdate) error {
 		return invalid("command_update.failure_code: must match [A-Z0-9_]{0,64}")
 	case u.GetResult() != nil && proto.Size(u.GetResult()) > maxResultBytes:
 		return invalid("command_update.result: larger than %d bytes", maxResultBytes)
+	}
+	return nil
+}
+
+// MaxProcessOutputBytes bounds one process_output chunk.
+const MaxProcessOutputBytes = 32 << 10
+
+func validateProcessOutput(o *agentv1.ProcessOutput) error {
+	if err := validShort("process_output.command_id", o.GetCommandId(), true); err != nil {
+		return err
+	}
+	switch {
+	case o.GetSeq() == 0 || o.GetSeq() > math.MaxInt64:
+		return invalid("process_output.seq: must be a command's sequence number (> 0)")
+	case o.GetStream() != "stdout" && o.GetStream() != "stderr":
+		return invalid("process_output.stream: must be stdout or stderr")
+	case len(o.GetData()) > MaxProcessOutputBytes:
+		return invalid("process_output.data: longer than %d bytes", MaxProcessOutputBytes)
 	}
 	return nil
 }

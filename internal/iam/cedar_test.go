@@ -106,7 +106,7 @@ func resourceFor(action, tenant string) Resource {
 	case "joinRequests.approve", "joinRequests.reject":
 		return Resource{Type: "JoinRequest", ID: "jr1", TenantID: tenant}
 	case "reservations.create", "reservations.preview", "reservations.get", "reservations.extend",
-		"reservations.release", "reservations.cancel":
+		"reservations.release", "reservations.cancel", "reservations.exec":
 		return Resource{Type: "Reservation", ID: "rsv1", TenantID: tenant, ProjectID: "p1",
 			Attrs: map[string]any{"pool": "gpu", "gpus": 4, "lifetimeSeconds": 3600}}
 	case "quotas.set", "quotas.get":
@@ -130,7 +130,7 @@ func TestCedarMatrix(t *testing.T) {
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export"}
-	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel"}
+	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -439,7 +439,7 @@ func TestActions(t *testing.T) {
 		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.offer", "pools.update",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"quotas.get", "quotas.list", "quotas.set",
-		"reservations.cancel", "reservations.create", "reservations.extend", "reservations.get",
+		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
 	}

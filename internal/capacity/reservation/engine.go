@@ -58,6 +58,8 @@ type Engine struct {
 	BindTimeout  time.Duration
 	BindAttempts int
 	Reconciler   atoms.Reconciler
+	// Exec is reservations.exec's path to the nodes; nil refuses it.
+	Exec ExecPath
 }
 
 func (e *Engine) bindTimeout() time.Duration {
@@ -208,6 +210,11 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		}
 		r.SetCondition(Condition{Type: CondNodeReleased, Status: "false", Reason: "ReleaseSent",
 			Message: "waiting for the node to kill the reservation's processes and remove its cgroup", UpdateTime: now})
+		if e.Exec != nil {
+			if err := e.Exec.EndAllocation(ctx, tx, r.NodeID, r.ID); err != nil {
+				return nil, fmt.Errorf("end the reservation's processes: %w", err)
+			}
+		}
 	}
 	if from == StateActive {
 		t := now

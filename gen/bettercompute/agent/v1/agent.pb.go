@@ -685,6 +685,7 @@ type AgentMessage struct {
 	//	*AgentMessage_AllocationBound
 	//	*AgentMessage_AllocationReleased
 	//	*AgentMessage_Goodbye
+	//	*AgentMessage_ProcessOutput
 	Msg           isAgentMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -799,6 +800,15 @@ func (x *AgentMessage) GetGoodbye() *Goodbye {
 	return nil
 }
 
+func (x *AgentMessage) GetProcessOutput() *ProcessOutput {
+	if x != nil {
+		if x, ok := x.Msg.(*AgentMessage_ProcessOutput); ok {
+			return x.ProcessOutput
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Msg interface {
 	isAgentMessage_Msg()
 }
@@ -835,6 +845,10 @@ type AgentMessage_Goodbye struct {
 	Goodbye *Goodbye `protobuf:"bytes,8,opt,name=goodbye,proto3,oneof"`
 }
 
+type AgentMessage_ProcessOutput struct {
+	ProcessOutput *ProcessOutput `protobuf:"bytes,9,opt,name=process_output,json=processOutput,proto3,oneof"`
+}
+
 func (*AgentMessage_Hello) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Heartbeat) isAgentMessage_Msg() {}
@@ -850,6 +864,8 @@ func (*AgentMessage_AllocationBound) isAgentMessage_Msg() {}
 func (*AgentMessage_AllocationReleased) isAgentMessage_Msg() {}
 
 func (*AgentMessage_Goodbye) isAgentMessage_Msg() {}
+
+func (*AgentMessage_ProcessOutput) isAgentMessage_Msg() {}
 
 // GatewayMessage is everything the gateway sends on a session.
 type GatewayMessage struct {
@@ -2673,6 +2689,160 @@ func (x *AllocationReleased) GetKilledProcesses() uint32 {
 	return 0
 }
 
+// ProcessExec is what process.exec runs (sent in Command.params as its JSON
+// form): a process in an allocation's cgroup. The command's deadline bounds
+// how long it may run; a cancel kills its process group.
+type ProcessExec struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AllocationId string                 `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// The program and its arguments.
+	Argv []string `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	// The allocation's GPUs: the agent sets NVIDIA_VISIBLE_DEVICES and
+	// CUDA_VISIBLE_DEVICES to their indexes unless omit_gpu_env.
+	GpuUuids      []string `protobuf:"bytes,3,rep,name=gpu_uuids,json=gpuUuids,proto3" json:"gpu_uuids,omitempty"`
+	OmitGpuEnv    bool     `protobuf:"varint,4,opt,name=omit_gpu_env,json=omitGpuEnv,proto3" json:"omit_gpu_env,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessExec) Reset() {
+	*x = ProcessExec{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessExec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessExec) ProtoMessage() {}
+
+func (x *ProcessExec) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
+func (*ProcessExec) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ProcessExec) GetAllocationId() string {
+	if x != nil {
+		return x.AllocationId
+	}
+	return ""
+}
+
+func (x *ProcessExec) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ProcessExec) GetGpuUuids() []string {
+	if x != nil {
+		return x.GpuUuids
+	}
+	return nil
+}
+
+func (x *ProcessExec) GetOmitGpuEnv() bool {
+	if x != nil {
+		return x.OmitGpuEnv
+	}
+	return false
+}
+
+// ProcessOutput is a chunk of a process.exec command's output, sent while
+// it runs, before its final CommandUpdate. At most 32 KiB of data.
+type ProcessOutput struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	CommandId string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	Seq       uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// stdout or stderr.
+	Stream string `protobuf:"bytes,3,opt,name=stream,proto3" json:"stream,omitempty"`
+	Data   []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// Bytes dropped so far past the output caps.
+	DroppedBytes  uint64 `protobuf:"varint,5,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcessOutput) Reset() {
+	*x = ProcessOutput{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcessOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcessOutput) ProtoMessage() {}
+
+func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
+func (*ProcessOutput) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ProcessOutput) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *ProcessOutput) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ProcessOutput) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ProcessOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ProcessOutput) GetDroppedBytes() uint64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
 var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
@@ -2710,7 +2880,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rRenewResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12(\n" +
 	"\x10trust_bundle_pem\x18\x02 \x01(\fR\x0etrustBundlePem\x127\n" +
-	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\xdb\x04\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\xab\x05\n" +
 	"\fAgentMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12>\n" +
@@ -2719,7 +2889,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0ecommand_update\x18\x05 \x01(\v2%.bettercompute.agent.v1.CommandUpdateH\x00R\rcommandUpdate\x12T\n" +
 	"\x10allocation_bound\x18\x06 \x01(\v2'.bettercompute.agent.v1.AllocationBoundH\x00R\x0fallocationBound\x12]\n" +
 	"\x13allocation_released\x18\a \x01(\v2*.bettercompute.agent.v1.AllocationReleasedH\x00R\x12allocationReleased\x12;\n" +
-	"\agoodbye\x18\b \x01(\v2\x1f.bettercompute.agent.v1.GoodbyeH\x00R\agoodbyeB\x05\n" +
+	"\agoodbye\x18\b \x01(\v2\x1f.bettercompute.agent.v1.GoodbyeH\x00R\agoodbye\x12N\n" +
+	"\x0eprocess_output\x18\t \x01(\v2%.bettercompute.agent.v1.ProcessOutputH\x00R\rprocessOutputB\x05\n" +
 	"\x03msg\"\xaf\x02\n" +
 	"\x0eGatewayMessage\x12?\n" +
 	"\thello_ack\x18\x01 \x01(\v2 .bettercompute.agent.v1.HelloAckH\x00R\bhelloAck\x12;\n" +
@@ -2863,7 +3034,20 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tR\tcommandId\x12)\n" +
-	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses*i\n" +
+	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses\"\x85\x01\n" +
+	"\vProcessExec\x12#\n" +
+	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x1b\n" +
+	"\tgpu_uuids\x18\x03 \x03(\tR\bgpuUuids\x12 \n" +
+	"\fomit_gpu_env\x18\x04 \x01(\bR\n" +
+	"omitGpuEnv\"\x91\x01\n" +
+	"\rProcessOutput\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x16\n" +
+	"\x06stream\x18\x03 \x01(\tR\x06stream\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12#\n" +
+	"\rdropped_bytes\x18\x05 \x01(\x04R\fdroppedBytes*i\n" +
 	"\tAgentMode\x12\x1a\n" +
 	"\x16AGENT_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fAGENT_MODE_NODE\x10\x01\x12\x13\n" +
@@ -2905,7 +3089,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
@@ -2942,16 +3126,18 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*AllocationBound)(nil),       // 32: bettercompute.agent.v1.AllocationBound
 	(*Enforcement)(nil),           // 33: bettercompute.agent.v1.Enforcement
 	(*AllocationReleased)(nil),    // 34: bettercompute.agent.v1.AllocationReleased
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 36: google.protobuf.Struct
+	(*ProcessExec)(nil),           // 35: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 36: bettercompute.agent.v1.ProcessOutput
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 38: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	4,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	1,  // 2: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	35, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	35, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	35, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	37, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	37, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	37, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
 	11, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
 	14, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
 	16, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
@@ -2960,38 +3146,39 @@ var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	32, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
 	34, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
 	12, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	13, // 14: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	28, // 15: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	29, // 16: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	19, // 17: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 18: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	35, // 19: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	35, // 20: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	15, // 21: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	17, // 22: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	35, // 23: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	4,  // 24: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	22, // 25: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	24, // 26: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	23, // 27: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	26, // 28: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	36, // 29: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	35, // 30: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 31: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	36, // 32: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	33, // 33: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 34: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	5,  // 35: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	7,  // 36: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	9,  // 37: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	6,  // 38: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	8,  // 39: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	10, // 40: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	38, // [38:41] is the sub-list for method output_type
-	35, // [35:38] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	36, // 14: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	13, // 15: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	28, // 16: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	29, // 17: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	19, // 18: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	0,  // 19: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
+	37, // 20: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	37, // 21: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	15, // 22: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	17, // 23: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	37, // 24: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	4,  // 25: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	22, // 26: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	24, // 27: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	23, // 28: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	26, // 29: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	38, // 30: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	37, // 31: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 32: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	38, // 33: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	33, // 34: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 35: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	5,  // 36: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	7,  // 37: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	9,  // 38: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	6,  // 39: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	8,  // 40: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	10, // 41: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	39, // [39:42] is the sub-list for method output_type
+	36, // [36:39] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -3008,6 +3195,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*AgentMessage_AllocationBound)(nil),
 		(*AgentMessage_AllocationReleased)(nil),
 		(*AgentMessage_Goodbye)(nil),
+		(*AgentMessage_ProcessOutput)(nil),
 	}
 	file_bettercompute_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*GatewayMessage_HelloAck)(nil),
@@ -3022,7 +3210,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

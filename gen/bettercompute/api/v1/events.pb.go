@@ -40,7 +40,10 @@ type AuditEntry struct {
 	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	TraceId   string `protobuf:"bytes,11,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
 	// The machine code of the outcome (OK when it succeeded).
-	Result        string `protobuf:"bytes,12,opt,name=result,proto3" json:"result,omitempty"`
+	Result string `protobuf:"bytes,12,opt,name=result,proto3" json:"result,omitempty"`
+	// What the mutation did beyond its resource, e.g. the command line of
+	// reservations.exec (quoted, at most 1 KiB).
+	Detail        string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -155,6 +158,13 @@ func (x *AuditEntry) GetTraceId() string {
 func (x *AuditEntry) GetResult() string {
 	if x != nil {
 		return x.Result
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetDetail() string {
+	if x != nil {
+		return x.Detail
 	}
 	return ""
 }
@@ -488,7 +498,7 @@ var File_bettercompute_api_v1_events_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"!bettercompute/api/v1/events.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xff\x02\n" +
+	"!bettercompute/api/v1/events.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x03\n" +
 	"\n" +
 	"AuditEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
@@ -505,7 +515,8 @@ const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	"request_id\x18\n" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\btrace_id\x18\v \x01(\tR\atraceId\x12\x16\n" +
-	"\x06result\x18\f \x01(\tR\x06result\"~\n" +
+	"\x06result\x18\f \x01(\tR\x06result\x12\x16\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\"~\n" +
 	"\x10ListAuditRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +

@@ -1869,6 +1869,401 @@ func (x *CancelReservationResponse) GetReservation() *Reservation {
 	return nil
 }
 
+type ExecReservationRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Tenant      string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Reservation string                 `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// The program and its arguments; argv[0] is looked up in the node's PATH.
+	// At most 1,024 arguments and 64 KiB in all.
+	Argv []string `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	// Leave NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES unset (by default
+	// they name the reserved GPUs by index).
+	OmitGpuEnv    bool `protobuf:"varint,4,opt,name=omit_gpu_env,json=omitGpuEnv,proto3" json:"omit_gpu_env,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecReservationRequest) Reset() {
+	*x = ExecReservationRequest{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecReservationRequest) ProtoMessage() {}
+
+func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecReservationRequest.ProtoReflect.Descriptor instead.
+func (*ExecReservationRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ExecReservationRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ExecReservationRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+func (x *ExecReservationRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ExecReservationRequest) GetOmitGpuEnv() bool {
+	if x != nil {
+		return x.OmitGpuEnv
+	}
+	return false
+}
+
+type ExecReservationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*ExecReservationResponse_Started
+	//	*ExecReservationResponse_Output
+	//	*ExecReservationResponse_Exit
+	Event         isExecReservationResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecReservationResponse) Reset() {
+	*x = ExecReservationResponse{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecReservationResponse) ProtoMessage() {}
+
+func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecReservationResponse.ProtoReflect.Descriptor instead.
+func (*ExecReservationResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ExecReservationResponse) GetEvent() isExecReservationResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *ExecReservationResponse) GetStarted() *ExecStarted {
+	if x != nil {
+		if x, ok := x.Event.(*ExecReservationResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *ExecReservationResponse) GetOutput() *ExecOutput {
+	if x != nil {
+		if x, ok := x.Event.(*ExecReservationResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *ExecReservationResponse) GetExit() *ExecExit {
+	if x != nil {
+		if x, ok := x.Event.(*ExecReservationResponse_Exit); ok {
+			return x.Exit
+		}
+	}
+	return nil
+}
+
+type isExecReservationResponse_Event interface {
+	isExecReservationResponse_Event()
+}
+
+type ExecReservationResponse_Started struct {
+	Started *ExecStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type ExecReservationResponse_Output struct {
+	Output *ExecOutput `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+type ExecReservationResponse_Exit struct {
+	Exit *ExecExit `protobuf:"bytes,3,opt,name=exit,proto3,oneof"`
+}
+
+func (*ExecReservationResponse_Started) isExecReservationResponse_Event() {}
+
+func (*ExecReservationResponse_Output) isExecReservationResponse_Event() {}
+
+func (*ExecReservationResponse_Exit) isExecReservationResponse_Event() {}
+
+// ExecStarted is the first message: the command that carries the process.
+type ExecStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CommandId     string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStarted) Reset() {
+	*x = ExecStarted{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStarted) ProtoMessage() {}
+
+func (x *ExecStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
+func (*ExecStarted) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ExecStarted) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *ExecStarted) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// ExecOutput is a chunk of the process's output, in the order it was read.
+type ExecOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// stdout or stderr.
+	Stream        string `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecOutput) Reset() {
+	*x = ExecOutput{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecOutput) ProtoMessage() {}
+
+func (x *ExecOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
+func (*ExecOutput) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ExecOutput) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ExecOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// ExecExit is the last message.
+type ExecExit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The command's final state: succeeded (the process ran and exited, with
+	// any exit code), failed (it could not start), canceled or expired.
+	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// The process's exit code; -1 when it was killed by a signal or never ran.
+	ExitCode int32 `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// The signal that killed it, e.g. "killed".
+	Signal string `protobuf:"bytes,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	// Output bytes dropped past the caps (per second and in total), on the
+	// node and in the relay.
+	DroppedBytes uint64 `protobuf:"varint,4,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	// The cgroup the process ran in, and whether it entered it: false on a
+	// node whose cgroup root is not cgroup v2 (cgroup_note says why).
+	Cgroup        string `protobuf:"bytes,5,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	CgroupEntered bool   `protobuf:"varint,6,opt,name=cgroup_entered,json=cgroupEntered,proto3" json:"cgroup_entered,omitempty"`
+	CgroupNote    string `protobuf:"bytes,7,opt,name=cgroup_note,json=cgroupNote,proto3" json:"cgroup_note,omitempty"`
+	// Why it failed or ended early, and the stable failure code.
+	Message       string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	FailureCode   string `protobuf:"bytes,9,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecExit) Reset() {
+	*x = ExecExit{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecExit) ProtoMessage() {}
+
+func (x *ExecExit) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
+func (*ExecExit) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ExecExit) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ExecExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExecExit) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+func (x *ExecExit) GetDroppedBytes() uint64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+func (x *ExecExit) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *ExecExit) GetCgroupEntered() bool {
+	if x != nil {
+		return x.CgroupEntered
+	}
+	return false
+}
+
+func (x *ExecExit) GetCgroupNote() string {
+	if x != nil {
+		return x.CgroupNote
+	}
+	return ""
+}
+
+func (x *ExecExit) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ExecExit) GetFailureCode() string {
+	if x != nil {
+		return x.FailureCode
+	}
+	return ""
+}
+
 var File_bettercompute_api_v1_reservations_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
@@ -2029,7 +2424,37 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12 \n" +
 	"\vreservation\x18\x02 \x01(\tR\vreservation\"`\n" +
 	"\x19CancelReservationResponse\x12C\n" +
-	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation2\xf5\x06\n" +
+	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"\x88\x01\n" +
+	"\x16ExecReservationRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12 \n" +
+	"\vreservation\x18\x02 \x01(\tR\vreservation\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12 \n" +
+	"\fomit_gpu_env\x18\x04 \x01(\bR\n" +
+	"omitGpuEnv\"\xd3\x01\n" +
+	"\x17ExecReservationResponse\x12=\n" +
+	"\astarted\x18\x01 \x01(\v2!.bettercompute.api.v1.ExecStartedH\x00R\astarted\x12:\n" +
+	"\x06output\x18\x02 \x01(\v2 .bettercompute.api.v1.ExecOutputH\x00R\x06output\x124\n" +
+	"\x04exit\x18\x03 \x01(\v2\x1e.bettercompute.api.v1.ExecExitH\x00R\x04exitB\a\n" +
+	"\x05event\"E\n" +
+	"\vExecStarted\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"8\n" +
+	"\n" +
+	"ExecOutput\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x97\x02\n" +
+	"\bExecExit\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1b\n" +
+	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\tR\x06signal\x12#\n" +
+	"\rdropped_bytes\x18\x04 \x01(\x04R\fdroppedBytes\x12\x16\n" +
+	"\x06cgroup\x18\x05 \x01(\tR\x06cgroup\x12%\n" +
+	"\x0ecgroup_entered\x18\x06 \x01(\bR\rcgroupEntered\x12\x1f\n" +
+	"\vcgroup_note\x18\a \x01(\tR\n" +
+	"cgroupNote\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12!\n" +
+	"\ffailure_code\x18\t \x01(\tR\vfailureCode2\xdc\a\n" +
 	"\x12ReservationService\x12i\n" +
 	"\x06Create\x12..bettercompute.api.v1.CreateReservationRequest\x1a/.bettercompute.api.v1.CreateReservationResponse\x12q\n" +
 	"\aPreview\x12/.bettercompute.api.v1.PreviewReservationRequest\x1a0.bettercompute.api.v1.PreviewReservationResponse\"\x03\x90\x02\x01\x12e\n" +
@@ -2038,7 +2463,8 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\x05Watch\x12..bettercompute.api.v1.WatchReservationsRequest\x1a/.bettercompute.api.v1.WatchReservationsResponse0\x01\x12i\n" +
 	"\x06Extend\x12..bettercompute.api.v1.ExtendReservationRequest\x1a/.bettercompute.api.v1.ExtendReservationResponse\x12l\n" +
 	"\aRelease\x12/.bettercompute.api.v1.ReleaseReservationRequest\x1a0.bettercompute.api.v1.ReleaseReservationResponse\x12i\n" +
-	"\x06Cancel\x12..bettercompute.api.v1.CancelReservationRequest\x1a/.bettercompute.api.v1.CancelReservationResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\x06Cancel\x12..bettercompute.api.v1.CancelReservationRequest\x1a/.bettercompute.api.v1.CancelReservationResponse\x12e\n" +
+	"\x04Exec\x12,.bettercompute.api.v1.ExecReservationRequest\x1a-.bettercompute.api.v1.ExecReservationResponse0\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_reservations_proto_rawDescOnce sync.Once
@@ -2052,7 +2478,7 @@ func file_bettercompute_api_v1_reservations_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_reservations_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*Reservation)(nil),                // 0: bettercompute.api.v1.Reservation
 	(*ReservationSpec)(nil),            // 1: bettercompute.api.v1.ReservationSpec
@@ -2079,58 +2505,68 @@ var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*ReleaseReservationResponse)(nil), // 22: bettercompute.api.v1.ReleaseReservationResponse
 	(*CancelReservationRequest)(nil),   // 23: bettercompute.api.v1.CancelReservationRequest
 	(*CancelReservationResponse)(nil),  // 24: bettercompute.api.v1.CancelReservationResponse
-	(*timestamppb.Timestamp)(nil),      // 25: google.protobuf.Timestamp
+	(*ExecReservationRequest)(nil),     // 25: bettercompute.api.v1.ExecReservationRequest
+	(*ExecReservationResponse)(nil),    // 26: bettercompute.api.v1.ExecReservationResponse
+	(*ExecStarted)(nil),                // 27: bettercompute.api.v1.ExecStarted
+	(*ExecOutput)(nil),                 // 28: bettercompute.api.v1.ExecOutput
+	(*ExecExit)(nil),                   // 29: bettercompute.api.v1.ExecExit
+	(*timestamppb.Timestamp)(nil),      // 30: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_reservations_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.api.v1.Reservation.spec:type_name -> bettercompute.api.v1.ReservationSpec
-	25, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
-	25, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
+	30, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
+	30, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
 	2,  // 3: bettercompute.api.v1.Reservation.placement:type_name -> bettercompute.api.v1.Placement
 	4,  // 4: bettercompute.api.v1.Reservation.conditions:type_name -> bettercompute.api.v1.ReservationCondition
 	5,  // 5: bettercompute.api.v1.Reservation.explanation:type_name -> bettercompute.api.v1.Explanation
-	25, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
-	25, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
+	30, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
+	30, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
 	3,  // 8: bettercompute.api.v1.Placement.score:type_name -> bettercompute.api.v1.PlacementScore
-	25, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
+	30, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
 	6,  // 10: bettercompute.api.v1.Explanation.lines:type_name -> bettercompute.api.v1.ExplanationLine
-	25, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
-	25, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	30, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
+	30, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 13: bettercompute.api.v1.CreateReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
 	7,  // 14: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
 	2,  // 15: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
 	5,  // 16: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
 	11, // 17: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
-	25, // 18: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
-	25, // 19: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
+	30, // 18: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
+	30, // 19: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
 	12, // 20: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
 	0,  // 21: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
 	0,  // 22: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
 	0,  // 23: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	25, // 24: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	30, // 24: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 25: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
 	0,  // 26: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
 	0,  // 27: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	7,  // 28: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
-	9,  // 29: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
-	13, // 30: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
-	15, // 31: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
-	17, // 32: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
-	19, // 33: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
-	21, // 34: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
-	23, // 35: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
-	8,  // 36: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
-	10, // 37: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
-	14, // 38: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
-	16, // 39: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
-	18, // 40: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
-	20, // 41: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
-	22, // 42: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
-	24, // 43: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
-	36, // [36:44] is the sub-list for method output_type
-	28, // [28:36] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	27, // 28: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
+	28, // 29: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
+	29, // 30: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
+	7,  // 31: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
+	9,  // 32: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
+	13, // 33: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
+	15, // 34: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
+	17, // 35: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
+	19, // 36: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
+	21, // 37: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
+	23, // 38: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
+	25, // 39: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
+	8,  // 40: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
+	10, // 41: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
+	14, // 42: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
+	16, // 43: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
+	18, // 44: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
+	20, // 45: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
+	22, // 46: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
+	24, // 47: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
+	26, // 48: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
+	40, // [40:49] is the sub-list for method output_type
+	31, // [31:40] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_reservations_proto_init() }
@@ -2138,13 +2574,18 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 	if File_bettercompute_api_v1_reservations_proto != nil {
 		return
 	}
+	file_bettercompute_api_v1_reservations_proto_msgTypes[26].OneofWrappers = []any{
+		(*ExecReservationResponse_Started)(nil),
+		(*ExecReservationResponse_Output)(nil),
+		(*ExecReservationResponse_Exit)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_reservations_proto_rawDesc), len(file_bettercompute_api_v1_reservations_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

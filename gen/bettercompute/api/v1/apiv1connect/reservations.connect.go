@@ -55,6 +55,8 @@ const (
 	// ReservationServiceCancelProcedure is the fully-qualified name of the ReservationService's Cancel
 	// RPC.
 	ReservationServiceCancelProcedure = "/bettercompute.api.v1.ReservationService/Cancel"
+	// ReservationServiceExecProcedure is the fully-qualified name of the ReservationService's Exec RPC.
+	ReservationServiceExecProcedure = "/bettercompute.api.v1.ReservationService/Exec"
 )
 
 // ReservationServiceClient is a client for the bettercompute.api.v1.ReservationService service.
@@ -72,6 +74,10 @@ type ReservationServiceClient interface {
 	Release(context.Context, *connect.Request[v1.ReleaseReservationRequest]) (*connect.Response[v1.ReleaseReservationResponse], error)
 	// Cancel withdraws a reservation that is not active yet.
 	Cancel(context.Context, *connect.Request[v1.CancelReservationRequest]) (*connect.Response[v1.CancelReservationResponse], error)
+	// Exec runs a process inside an active reservation's cgroup on its node
+	// and streams its output as it runs: first a started message, then output
+	// chunks, last the exit. Ending the call (Ctrl-C) kills the process group.
+	Exec(context.Context, *connect.Request[v1.ExecReservationRequest]) (*connect.ServerStreamForClient[v1.ExecReservationResponse], error)
 }
 
 // NewReservationServiceClient constructs a client for the bettercompute.api.v1.ReservationService
@@ -136,6 +142,12 @@ func NewReservationServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(reservationServiceMethods.ByName("Cancel")),
 			connect.WithClientOptions(opts...),
 		),
+		exec: connect.NewClient[v1.ExecReservationRequest, v1.ExecReservationResponse](
+			httpClient,
+			baseURL+ReservationServiceExecProcedure,
+			connect.WithSchema(reservationServiceMethods.ByName("Exec")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -149,6 +161,7 @@ type reservationServiceClient struct {
 	extend  *connect.Client[v1.ExtendReservationRequest, v1.ExtendReservationResponse]
 	release *connect.Client[v1.ReleaseReservationRequest, v1.ReleaseReservationResponse]
 	cancel  *connect.Client[v1.CancelReservationRequest, v1.CancelReservationResponse]
+	exec    *connect.Client[v1.ExecReservationRequest, v1.ExecReservationResponse]
 }
 
 // Create calls bettercompute.api.v1.ReservationService.Create.
@@ -191,6 +204,11 @@ func (c *reservationServiceClient) Cancel(ctx context.Context, req *connect.Requ
 	return c.cancel.CallUnary(ctx, req)
 }
 
+// Exec calls bettercompute.api.v1.ReservationService.Exec.
+func (c *reservationServiceClient) Exec(ctx context.Context, req *connect.Request[v1.ExecReservationRequest]) (*connect.ServerStreamForClient[v1.ExecReservationResponse], error) {
+	return c.exec.CallServerStream(ctx, req)
+}
+
 // ReservationServiceHandler is an implementation of the bettercompute.api.v1.ReservationService
 // service.
 type ReservationServiceHandler interface {
@@ -207,6 +225,10 @@ type ReservationServiceHandler interface {
 	Release(context.Context, *connect.Request[v1.ReleaseReservationRequest]) (*connect.Response[v1.ReleaseReservationResponse], error)
 	// Cancel withdraws a reservation that is not active yet.
 	Cancel(context.Context, *connect.Request[v1.CancelReservationRequest]) (*connect.Response[v1.CancelReservationResponse], error)
+	// Exec runs a process inside an active reservation's cgroup on its node
+	// and streams its output as it runs: first a started message, then output
+	// chunks, last the exit. Ending the call (Ctrl-C) kills the process group.
+	Exec(context.Context, *connect.Request[v1.ExecReservationRequest], *connect.ServerStream[v1.ExecReservationResponse]) error
 }
 
 // NewReservationServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -267,6 +289,12 @@ func NewReservationServiceHandler(svc ReservationServiceHandler, opts ...connect
 		connect.WithSchema(reservationServiceMethods.ByName("Cancel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	reservationServiceExecHandler := connect.NewServerStreamHandler(
+		ReservationServiceExecProcedure,
+		svc.Exec,
+		connect.WithSchema(reservationServiceMethods.ByName("Exec")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.ReservationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ReservationServiceCreateProcedure:
@@ -285,6 +313,8 @@ func NewReservationServiceHandler(svc ReservationServiceHandler, opts ...connect
 			reservationServiceReleaseHandler.ServeHTTP(w, r)
 		case ReservationServiceCancelProcedure:
 			reservationServiceCancelHandler.ServeHTTP(w, r)
+		case ReservationServiceExecProcedure:
+			reservationServiceExecHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -324,4 +354,8 @@ func (UnimplementedReservationServiceHandler) Release(context.Context, *connect.
 
 func (UnimplementedReservationServiceHandler) Cancel(context.Context, *connect.Request[v1.CancelReservationRequest]) (*connect.Response[v1.CancelReservationResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.ReservationService.Cancel is not implemented"))
+}
+
+func (UnimplementedReservationServiceHandler) Exec(context.Context, *connect.Request[v1.ExecReservationRequest], *connect.ServerStream[v1.ExecReservationResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.ReservationService.Exec is not implemented"))
 }
