@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/devfilter"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/clock"
@@ -41,6 +43,37 @@ type FakeDaemonConfig struct {
 	// that fails, for a node that cannot confine its GPUs (it then does
 	// not advertise devices.limits).
 	DeviceFilter devfilter.Attacher
+	// CgroupRoot, when set, is a directory on a cgroup2 filesystem: the
+	// node's allocations become real cgroups with the real device filter,
+	// and reservations exec runs processes inside them (see
+	// RealCgroupRoot). Empty keeps them in a plain directory under
+	// StateDir, enforcing nothing.
+	CgroupRoot string
+}
+
+// RealCgroupRoot returns a directory under the machine's cgroup2 mount
+// where simulated nodes can make real cgroups (dir names it), after
+// checking that this process may create one there and attach a device
+// filter to it; "" with the reason when it may not (not root, no cgroup2,
+// no BPF).
+func RealCgroupRoot(dir string) (string, error) {
+	mount := cgroups.Cgroup2Mount()
+	if mount == "" {
+		return "", errors.New("no cgroup2 filesystem is mounted")
+	}
+	root := filepath.Join(mount, dir)
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", fmt.Errorf("create %s: %w", root, err)
+	}
+	probe, err := os.MkdirTemp(root, "probe-")
+	if err != nil {
+		return "", fmt.Errorf("create a cgroup under %s: %w", root, err)
+	}
+	defer func() { _ = os.Remove(probe) }()
+	if err := (devfilter.BPF{}).Attach(probe, devfilter.Pseudo()); err != nil {
+		return "", fmt.Errorf("attach a device filter under %s: %w", root, err)
+	}
+	return root, nil
 }
 
 // FakeDaemon is an in-process bcd: the real agent code with go-nvml's mock
@@ -77,9 +110,13 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	cgroupRoot, plain := filepath.Join(cfg.StateDir, "cgroup"), true
+	if cfg.CgroupRoot != "" {
+		cgroupRoot, plain = cfg.CgroupRoot, false
+	}
 	a, err := agent.New(agent.Config{
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
-		CgroupRoot: filepath.Join(cfg.StateDir, "cgroup"), PlainCgroupDir: true, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
+		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax,
 	})
@@ -138,4 +175,9 @@ func (d *FakeDaemon) RestartWith(change func(*FakeDaemonConfig)) (*FakeDaemon, e
 }
 
 // CgroupRoot is where the simulated node writes allocation cgroups.
-func (d *FakeDaemon) CgroupRoot() string { return filepath.Join(d.cfg.StateDir, "cgroup") }
+func (d *FakeDaemon) CgroupRoot() string {
+	if d.cfg.CgroupRoot != "" {
+		return d.cfg.CgroupRoot
+	}
+	return filepath.Join(d.cfg.StateDir, "cgroup")
+}

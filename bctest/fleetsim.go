@@ -64,6 +64,11 @@ func StartFleetSim(ctx context.Context, cfg FleetSimConfig) (*FleetSim, error) {
 			if len(cfg.Profiles) > 0 {
 				c.Profile = cfg.Profiles[i%len(cfg.Profiles)]
 			}
+			if c.CgroupRoot != "" {
+				// One cgroup subtree per node: allocation ids are unique,
+				// but a node removes only what is below its own root.
+				c.CgroupRoot = filepath.Join(c.CgroupRoot, fmt.Sprintf("node-%03d", i))
+			}
 			d, err := NewFakeDaemon(c)
 			if err != nil {
 				errs[i] = err

@@ -27,6 +27,7 @@ func newDevCommand() *cobra.Command {
 		f          serverFlags
 		simNodes   int
 		simProfile string
+		simCgroups string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -43,7 +44,11 @@ commands talk to it. Restarting keeps all state.
 --sim-nodes N runs N simulated GPU hosts in the same process: the real agent
 code on go-nvml's DGX mocks, joining through the gateway over loopback mTLS
 into tenant "sim", project "nodes". Their identities live in
-<state-dir>/sim, so a restart brings the same nodes back.
+<state-dir>/sim, so a restart brings the same nodes back. With
+--sim-cgroups real (or auto, the default, where this process may) their
+allocations are real cgroups under the machine's cgroup2 mount
+(bettercompute-dev/) with the real BPF device filter, so reservations exec
+runs processes inside them; plain keeps them in ordinary directories.
 
 A port in use stops the start before anything is created; the error names
 the flag to pass (--listen, --gateway-listen; 127.0.0.1:0 picks a free port
@@ -60,6 +65,11 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 			profiles, err := bctest.ParseProfiles(simProfile)
 			if err != nil {
 				return invalidArg("sim-profile", err.Error())
+			}
+			switch simCgroups {
+			case "auto", "real", "plain":
+			default:
+				return invalidArg("sim-cgroups", "must be auto, real or plain, got "+simCgroups)
 			}
 			if err := f.checkLiveness(); err != nil {
 				return err
@@ -152,7 +162,20 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 			defer stopApp()
 			runErr := make(chan error, 1)
 			go func() { runErr <- a.Run(appCtx, ln) }()
-			sim, err := startSim(ctx, api, secret, gwAddr.String(), filepath.Join(f.stateDir, "sim"), simNodes, profiles, logger)
+			cgroupRoot := ""
+			if simCgroups != "plain" {
+				root, err := bctest.RealCgroupRoot("bettercompute-dev")
+				switch {
+				case err == nil:
+					cgroupRoot = root
+				case simCgroups == "real":
+					stopApp()
+					return errors.Join(invalidArg("sim-cgroups", "real cgroups: "+err.Error()), ignoreCanceled(<-runErr))
+				default:
+					logger.Info("simulated nodes keep plain cgroup directories", "reason", err)
+				}
+			}
+			sim, err := startSim(ctx, api, secret, gwAddr.String(), filepath.Join(f.stateDir, "sim"), simNodes, profiles, cgroupRoot, logger)
 			if err != nil {
 				stopApp()
 				return errors.Join(serverError(fmt.Errorf("start %d simulated nodes: %w", simNodes, err)), ignoreCanceled(<-runErr))
@@ -172,6 +195,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 	}
 	f.register(cmd, false)
 	cmd.Flags().IntVar(&simNodes, "sim-nodes", 0, "run N simulated GPU hosts (8 GPUs each for dgxh100) that join through the gateway")
+	cmd.Flags().StringVar(&simCgroups, "sim-cgroups", "auto", "simulated nodes' allocations: real cgroups (real), plain directories (plain), or real where permitted (auto)")
 	cmd.Flags().StringVar(&simProfile, "sim-profile", "dgxh100", "simulated host mix, round-robin: dgxh100, dgxa100, dgxb200 (comma-separated)")
 	return cmd
 }
@@ -179,7 +203,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 // startSim ensures the sim tenant and project exist, then starts the fleet;
 // nodes that joined on an earlier start reuse their identity and take no
 // token.
-func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, logger *slog.Logger) (*bctest.FleetSim, error) {
+func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, cgroupRoot string, logger *slog.Logger) (*bctest.FleetSim, error) {
 	c := client.New(api, adminKey)
 	// Look before creating: on a restart both exist, and a create refused
 	// ALREADY_EXISTS would be logged on every start.
@@ -213,7 +237,7 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 		return nil, err
 	}
 	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
-		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim")},
+		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim"), CgroupRoot: cgroupRoot},
 		Root:     root,
 		N:        n,
 		Profiles: profiles,
