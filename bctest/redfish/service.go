@@ -271,7 +271,9 @@ func serviceRoot() map[string]any {
 }
 
 func odata() map[string]any {
-	svc := func(name, url string) map[string]any { return map[string]any{"name": name, "kind": "Singleton", "url": url} }
+	svc := func(name, url string) map[string]any {
+		return map[string]any{"name": name, "kind": "Singleton", "url": url}
+	}
 	return map[string]any{
 		"@odata.context": root + "/$metadata",
 		"value": []any{
