@@ -112,7 +112,7 @@ func splitHostPort(s string, defaultPort int) (string, int, error) {
 			}
 			portText = p
 		}
-		if _, err := netip.ParseAddr(host); err != nil {
+		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() {
 			return "", 0, fmt.Errorf("%q in brackets is not an IPv6 address", host)
 		}
 	case strings.Count(s, ":") == 1:

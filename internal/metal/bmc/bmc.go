@@ -12,6 +12,8 @@ package bmc
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -97,6 +99,9 @@ type Options struct {
 	// InsecureSkipVerify accepts any TLS certificate from a Redfish BMC;
 	// BMCs ship self-signed certificates far more often than not.
 	InsecureSkipVerify bool
+	// RootCAs verifies a Redfish BMC's certificate (default: the system's
+	// pool), for a site that issues its BMCs certificates from its own CA.
+	RootCAs *x509.CertPool
 	// BasicAuth makes the Redfish driver send HTTP Basic credentials on
 	// every request instead of opening a session (POST
 	// /redfish/v1/SessionService/Sessions, then X-Auth-Token).
@@ -123,15 +128,29 @@ func Drivers() []string { return []string{"ipmi", "redfish"} }
 // host[:port] (redfish) before it sends anything.
 func New(name, address string, creds Credentials, opts Options) (Driver, error) {
 	opts = opts.withDefaults()
+	var (
+		d   Driver
+		err error
+	)
 	switch name {
 	case "ipmi":
-		return newIPMI(address, creds, opts)
+		d, err = newIPMI(address, creds, opts)
 	case "redfish":
-		return newRedfish(address, creds, opts)
+		d, err = newRedfish(address, creds, opts)
 	default:
-		return nil, &Error{Driver: name, Address: address, Op: "new", Kind: ErrUnsupported,
+		err = &Error{Driver: name, Address: printable(address), Op: "new", Kind: ErrUnsupported,
 			Detail: fmt.Sprintf("unknown driver %q (want one of %v)", name, Drivers())}
 	}
+	if err != nil {
+		// An address may carry the password by mistake (a URL's path, a
+		// user:password@ the parser did not recognise): scrub it.
+		var e *Error
+		if errors.As(err, &e) {
+			e.Address, e.Detail = creds.scrub(e.Address), creds.scrub(e.Detail)
+		}
+		return nil, err
+	}
+	return d, nil
 }
 
 // callContext bounds one BMC call by the driver's timeout.

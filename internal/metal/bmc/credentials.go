@@ -40,7 +40,9 @@ func (c Credentials) validate() error {
 }
 
 // String shows the user name only.
-func (c Credentials) String() string { return "bmc.Credentials{Username:" + c.username + " Password:" + redacted + "}" }
+func (c Credentials) String() string {
+	return "bmc.Credentials{Username:" + c.username + " Password:" + redacted + "}"
+}
 
 // GoString serves %#v like String.
 func (c Credentials) GoString() string { return c.String() }

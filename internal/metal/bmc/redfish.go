@@ -276,7 +276,8 @@ func (d *redfishDriver) attemptLocked(ctx context.Context, fn func(*schemas.Comp
 // otherwise receive our session token at another host.
 func (d *redfishDriver) httpClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: d.opts.InsecureSkipVerify} //nolint:gosec // BMCs ship self-signed certificates; the operator chooses
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: d.opts.RootCAs,
+		InsecureSkipVerify: d.opts.InsecureSkipVerify} //nolint:gosec // BMCs ship self-signed certificates; the operator chooses
 	return &http.Client{
 		Transport: t,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
