@@ -174,6 +174,8 @@ func (d *ipmiDriver) session(ctx context.Context, op string, fn func(context.Con
 // classify maps a go-ipmi error to a kind. While connecting, silence means
 // the BMC is unreachable and a refused RAKP handshake means bad
 // credentials; once in session, the BMC's completion code decides.
+// go-ipmi reports a failed handshake with %v, not %w (the chain is cut), so
+// the handshake's kinds are also recognised by their text.
 func (d *ipmiDriver) classify(op string, err error, connecting bool) *Error {
 	kind := ErrRefused
 	var (
@@ -181,19 +183,14 @@ func (d *ipmiDriver) classify(op string, err error, connecting bool) *Error {
 		resp *types.ResponseError
 		nerr net.Error
 	)
+	text := err.Error()
 	switch {
-	case errors.Is(err, client.ErrRAKPAuthentication):
+	case errors.Is(err, client.ErrRAKPAuthentication), strings.Contains(text, client.ErrRAKPAuthentication.Error()):
 		kind = ErrAuth
 	case errors.As(err, &rmcp):
-		switch rmcp.StatusCode() {
-		case types.RmcpStatusCodeUnauthorizedName, types.RmcpStatusCodeInvalidIntegrityCheckValue,
-			types.RmcpStatusCodeUnauthorizedRoleOfPriLevel, types.RmcpStatusCodeInvalidRole,
-			types.RmcpStatusCodeUnauthorizedGUID:
-			kind = ErrAuth
-		case types.RmcpStatusCodeNoCipherSuiteMatch, types.RmcpStatusCodeInvalidAuthAlg,
-			types.RmcpStatusCodeInvalidIntegrityAlg, types.RmcpStatusCodeInvalidConfidentAlg:
-			kind = ErrUnsupported
-		}
+		kind = rmcpKind(rmcp.StatusCode())
+	case connecting && rmcpTextKind(text) != nil:
+		kind = rmcpTextKind(text)
 	case errors.As(err, &resp):
 		switch resp.CompletionCode() {
 		case types.CodeInvalidCommand, types.CodeRequestDataFieldInvalid, types.CodeNotSupported,
@@ -203,11 +200,35 @@ func (d *ipmiDriver) classify(op string, err error, connecting bool) *Error {
 			kind = ErrAuth
 		}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.As(err, &nerr),
-		strings.Contains(err.Error(), "no datagram matched"),
-		connecting && strings.Contains(err.Error(), "Get Channel Authentication Capabilities"):
+		strings.Contains(text, "no datagram matched"),
+		connecting && strings.Contains(text, "Get Channel Authentication Capabilities"):
 		kind = ErrUnreachable
 	}
-	e := newError("ipmi", d.ep.String(), op, kind, d.creds, err.Error())
+	e := newError("ipmi", d.ep.String(), op, kind, d.creds, text)
 	e.Err = contextError(err)
 	return e
+}
+
+// rmcpKind maps an RMCP+ session-setup status to a kind.
+func rmcpKind(code types.RmcpStatusCode) error {
+	switch code {
+	case types.RmcpStatusCodeUnauthorizedName, types.RmcpStatusCodeInvalidIntegrityCheckValue,
+		types.RmcpStatusCodeUnauthorizedRoleOfPriLevel, types.RmcpStatusCodeInvalidRole,
+		types.RmcpStatusCodeUnauthorizedGUID, types.RmcpStatusCodeInvalidNameLength:
+		return ErrAuth
+	case types.RmcpStatusCodeNoCipherSuiteMatch, types.RmcpStatusCodeInvalidAuthAlg,
+		types.RmcpStatusCodeInvalidIntegrityAlg, types.RmcpStatusCodeInvalidConfidentAlg:
+		return ErrUnsupported
+	}
+	return ErrRefused
+}
+
+// rmcpTextKind finds an RMCP+ status in an error's text, nil if none.
+func rmcpTextKind(text string) error {
+	for code := types.RmcpStatusCode(1); code <= types.RmcpStatusCodeIllegalParameter; code++ {
+		if strings.Contains(text, types.NewRmcpStatusError(code).Error()) {
+			return rmcpKind(code)
+		}
+	}
+	return nil
 }
