@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -29,7 +30,25 @@ type ipmiRig struct {
 	address string // ipmi_sim's LAN interface, host:port
 	pidfile string // QEMU writes its pid here while it runs
 	name    string // QEMU's -name: tells our VM from any other
-	log     *bytes.Buffer
+	log     *syncBuffer // ipmi_sim's output
+}
+
+// syncBuffer is a bytes.Buffer a process writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func freePort(t *testing.T, network string) int {
@@ -62,7 +81,7 @@ func startIPMIRig(t *testing.T) ipmiRig {
 		address: fmt.Sprintf("127.0.0.1:%d", lanPort),
 		pidfile: filepath.Join(dir, "qemu.pid"),
 		name:    fmt.Sprintf("bctest-ipmi-%d", lanPort),
-		log:     &bytes.Buffer{},
+		log:     &syncBuffer{},
 	}
 	// TCG, 32 MiB, no disk, no display: SeaBIOS finds nothing to boot and
 	// waits, which is all a power test needs.
