@@ -27,9 +27,9 @@ import (
 // ipmi-bmc-extern device talks back to it over a socket, as a real board's
 // KCS interface talks to its BMC.
 type ipmiRig struct {
-	address string // ipmi_sim's LAN interface, host:port
-	pidfile string // QEMU writes its pid here while it runs
-	name    string // QEMU's -name: tells our VM from any other
+	address string      // ipmi_sim's LAN interface, host:port
+	pidfile string      // QEMU writes its pid here while it runs
+	name    string      // QEMU's -name: tells our VM from any other
 	log     *syncBuffer // ipmi_sim's output
 }
 
