@@ -149,6 +149,12 @@ func (d *ipmiDriver) session(ctx context.Context, op string, fn func(context.Con
 	}
 	c.WithInterface(client.InterfaceLanplus).WithCipherSuiteID(types.CipherSuiteID3)
 	if err := c.Connect(ctx); err != nil {
+		// No session to close, but go-ipmi opened a UDP socket: a Close
+		// with an ended context skips the Close Session exchange and only
+		// releases the socket.
+		done, end := context.WithCancel(ctx)
+		end()
+		_ = c.Close(done)
 		e := d.classify(op, err, true)
 		log.DebugContext(ctx, "bmc call failed", "error", e)
 		return e

@@ -183,6 +183,16 @@ func TestIPMIDriverPowersQEMU(t *testing.T) {
 	require.Equal(t, bmc.PowerOn, status)
 	require.NoError(t, d.PowerOn(ctx), "on when on")
 	require.Equal(t, first, rig.qemuPID(), "powering on a running machine leaves it alone")
+	// ipmi_sim takes an ACPI shutdown request only once the VM's KCS device
+	// has connected back to it (until then: "invalid data field"). The VM
+	// has no OS to obey the request.
+	bctest.WaitFor(t, "the VM to connect to ipmi_sim and the shutdown request to be accepted", func() bool {
+		err := d.Shutdown(ctx)
+		if err != nil {
+			require.ErrorIs(t, err, bmc.ErrUnsupported)
+		}
+		return err == nil
+	})
 
 	// A cycle is a new QEMU process: the old one ended, a new one runs.
 	require.NoError(t, d.PowerCycle(ctx))
