@@ -6,8 +6,9 @@
 // a QEMU VM over QMP (QEMUPower) or a simulated one (MemoryPower).
 //
 // It is a fake that speaks the real protocol: gofish and Debian's own
-// Redfish clients (redfishtool, python3-sushy) drive it. It must never be
-// imported by the control plane or the agent.
+// Redfish clients (redfishtool, python3-sushy) drive it. Nothing in the
+// control plane or the agent may import it; `dev --sim-machines` may, to
+// give its simulated machines a BMC.
 package redfish
 
 import (
