@@ -98,7 +98,7 @@ func (p *QEMUPower) startLocked(ctx context.Context, boot string) error {
 	if err != nil {
 		return fmt.Errorf("qemu power: listen for QMP: %w", err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	args := slices.Clone(p.cfg.Args)
 	args = append(args, "-name", "bctest-redfish",
 		"-chardev", "socket,id=qmp0,path="+sock, "-mon", "chardev=qmp0,mode=control")
@@ -249,11 +249,11 @@ func newQMP(ctx context.Context, c net.Conn) (*qmpConn, error) {
 		QMP json.RawMessage `json:"QMP"`
 	}
 	if err := q.dec.Decode(&greeting); err != nil || greeting.QMP == nil {
-		c.Close()
-		return nil, fmt.Errorf("qmp: no greeting: %v", err)
+		_ = c.Close()
+		return nil, fmt.Errorf("qmp: no greeting: %w", err)
 	}
 	if _, err := q.run(ctx, "qmp_capabilities"); err != nil {
-		c.Close()
+		_ = c.Close()
 		return nil, err
 	}
 	return q, nil

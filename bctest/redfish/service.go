@@ -17,6 +17,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -456,7 +457,8 @@ func (s *Service) reset(w http.ResponseWriter, r *http.Request) {
 		err = s.applyReset(ctx, rt, on)
 	}
 	if err != nil {
-		if c, ok := err.(conflict); ok {
+		var c conflict
+		if errors.As(err, &c) {
 			writeError(w, http.StatusConflict, "ResourceInStandby", string(c))
 			return
 		}

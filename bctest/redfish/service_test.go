@@ -32,9 +32,15 @@ func setup(t *testing.T) fixture {
 	return fixture{svc: svc, power: power, srv: srv, clock: clock}
 }
 
+// reply is what a test reads of a response; do has closed its body.
+type reply struct {
+	StatusCode int
+	Header     http.Header
+}
+
 // do sends a request with Basic credentials (unless user is "") and decodes
 // a JSON body, if any.
-func (f fixture) do(t *testing.T, method, path, body, user string, hdr map[string]string) (*http.Response, map[string]any) {
+func (f fixture) do(t *testing.T, method, path, body, user string, hdr map[string]string) (reply, map[string]any) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -57,7 +63,7 @@ func (f fixture) do(t *testing.T, method, path, body, user string, hdr map[strin
 	if len(raw) > 0 {
 		require.NoError(t, json.Unmarshal(raw, &out), string(raw))
 	}
-	return resp, out
+	return reply{StatusCode: resp.StatusCode, Header: resp.Header}, out
 }
 
 // requireError checks the Redfish error body: a general error whose
@@ -110,8 +116,8 @@ func TestEverythingElseNeedsCredentials(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	// A reset without credentials changes nothing.
-	resp, _ = f.do(t, "POST", "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`, "", nil)
-	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	rep, _ := f.do(t, "POST", "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`, "", nil)
+	require.Equal(t, http.StatusUnauthorized, rep.StatusCode)
 	require.Empty(t, f.power.Boots())
 }
 
