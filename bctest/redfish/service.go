@@ -41,6 +41,12 @@ type Config struct {
 	Now func() time.Time
 	// Logger gets one debug line per request (never a credential).
 	Logger *slog.Logger
+	// ResetTypes are the ComputerSystem.Reset types offered (default: On,
+	// ForceOff, GracefulShutdown, ForceRestart, PowerCycle); a subset plays
+	// a BMC that lacks some.
+	ResetTypes []string
+	// NoVirtualMedia plays a BMC without a virtual CD.
+	NoVirtualMedia bool
 }
 
 // Service is the emulated BMC: an http.Handler.
@@ -81,7 +87,7 @@ const (
 )
 
 var (
-	resetTypes  = []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "PowerCycle"}
+	allResetTypes = []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "PowerCycle"}
 	bootTargets = []string{"None", "Pxe", "Hdd", "Cd", "BiosSetup"}
 	bootEnabled = []string{"Disabled", "Once", "Continuous"}
 	bootModes   = []string{"Legacy", "UEFI"}
@@ -100,6 +106,14 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ResetTypes == nil {
+		cfg.ResetTypes = allResetTypes
+	}
+	for _, rt := range cfg.ResetTypes {
+		if !slices.Contains(allResetTypes, rt) {
+			panic(fmt.Sprintf("redfish: reset type %q is not one of %v", rt, allResetTypes))
+		}
 	}
 	return &Service{cfg: cfg, sessions: map[string]*session{}, bootTgt: "None", bootOn: "Disabled", bootMode: "Legacy"}
 }
@@ -175,7 +189,9 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == root+"/Managers":
 		s.get(w, r, collection(root+"/Managers", "#ManagerCollection.ManagerCollection", "Manager Collection", managerPath))
 	case path == managerPath:
-		s.get(w, r, manager())
+		s.get(w, r, s.manager())
+	case strings.HasPrefix(path, managerPath+"/VirtualMedia") && s.cfg.NoVirtualMedia:
+		writeError(w, http.StatusNotFound, "ResourceMissingAtURI", fmt.Sprintf("The resource at the URI %s was not found.", r.URL.Path))
 	case path == managerPath+"/VirtualMedia":
 		s.get(w, r, collection(managerPath+"/VirtualMedia", "#VirtualMediaCollection.VirtualMediaCollection", "Virtual Media Collection", mediaPath))
 	case path == mediaPath:
@@ -341,7 +357,7 @@ func (s *Service) systemLocked(on bool) map[string]any {
 		"Actions": map[string]any{
 			"#ComputerSystem.Reset": map[string]any{
 				"target":                            resetPath,
-				"ResetType@Redfish.AllowableValues": resetTypes,
+				"ResetType@Redfish.AllowableValues": s.cfg.ResetTypes,
 			},
 		},
 		"Links": map[string]any{"ManagedBy": []any{link(managerPath)}},
@@ -445,8 +461,8 @@ func (s *Service) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rt := *body.ResetType
-	if !slices.Contains(resetTypes, rt) {
-		writeError(w, http.StatusBadRequest, "ActionParameterNotSupported", fmt.Sprintf("The parameter ResetType value %s is not supported by the action ComputerSystem.Reset (allowed: %v).", rt, resetTypes), "#/ResetType")
+	if !slices.Contains(s.cfg.ResetTypes, rt) {
+		writeError(w, http.StatusBadRequest, "ActionParameterNotSupported", fmt.Sprintf("The parameter ResetType value %s is not supported by the action ComputerSystem.Reset (allowed: %v).", rt, s.cfg.ResetTypes), "#/ResetType")
 		return
 	}
 	s.powerBusy.Lock()
@@ -504,8 +520,8 @@ func (s *Service) applyReset(ctx context.Context, rt string, on bool) error {
 	return fmt.Errorf("reset type %s has no handler", rt)
 }
 
-func manager() map[string]any {
-	return map[string]any{
+func (s *Service) manager() map[string]any {
+	m := map[string]any{
 		"@odata.type":     "#Manager.v1_19_0.Manager",
 		"@odata.id":       managerPath,
 		"Id":              "BMC",
@@ -513,9 +529,12 @@ func manager() map[string]any {
 		"ManagerType":     "BMC",
 		"FirmwareVersion": "1.0.0",
 		"Status":          map[string]string{"State": "Enabled", "Health": "OK"},
-		"VirtualMedia":    link(managerPath + "/VirtualMedia"),
 		"Links":           map[string]any{"ManagerForServers": []any{link(systemPath)}},
 	}
+	if !s.cfg.NoVirtualMedia {
+		m["VirtualMedia"] = link(managerPath + "/VirtualMedia")
+	}
+	return m
 }
 
 func (s *Service) mediaResource() map[string]any {

@@ -257,3 +257,35 @@ func TestUnsupportedOperationsAreTyped(t *testing.T) {
 	require.Contains(t, err.Error(), `unknown driver "ilo"`)
 	require.False(t, errors.Is(err, bmc.ErrAuth))
 }
+
+// A BMC that offers fewer reset types and no virtual CD: the driver falls
+// back where it can (ForceRestart for a cycle) and says "unsupported" where
+// it cannot, before sending anything.
+func TestRedfishDriverOnALesserBMC(t *testing.T) {
+	t.Parallel()
+	power := &redfish.MemoryPower{}
+	svc := redfish.New(redfish.Config{Username: "admin", Password: password, Power: power,
+		ResetTypes: []string{"On", "ForceOff", "ForceRestart"}, NoVirtualMedia: true})
+	srv := httptest.NewServer(svc)
+	t.Cleanup(srv.Close)
+	d, err := bmc.New("redfish", srv.URL, bmc.NewCredentials("admin", password), bmc.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	ctx := context.Background()
+
+	require.NoError(t, d.PowerOn(ctx))
+	require.NoError(t, d.PowerCycle(ctx), "no PowerCycle: ForceRestart instead")
+	require.Equal(t, []string{"None", "None"}, power.Boots())
+
+	err = d.Shutdown(ctx)
+	require.ErrorIs(t, err, bmc.ErrUnsupported)
+	require.Contains(t, err.Error(), "not GracefulShutdown")
+	on, err := power.IsOn(ctx)
+	require.NoError(t, err)
+	require.True(t, on, "the refused shutdown reached nothing")
+
+	err = d.InsertVirtualMedia(ctx, "http://192.0.2.1/x.iso")
+	require.ErrorIs(t, err, bmc.ErrUnsupported)
+	require.Contains(t, err.Error(), "no virtual CD")
+	require.ErrorIs(t, d.EjectVirtualMedia(ctx), bmc.ErrUnsupported)
+}
