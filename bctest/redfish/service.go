@@ -88,9 +88,9 @@ const (
 
 var (
 	allResetTypes = []string{"On", "ForceOff", "GracefulShutdown", "ForceRestart", "PowerCycle"}
-	bootTargets = []string{"None", "Pxe", "Hdd", "Cd", "BiosSetup"}
-	bootEnabled = []string{"Disabled", "Once", "Continuous"}
-	bootModes   = []string{"Legacy", "UEFI"}
+	bootTargets   = []string{"None", "Pxe", "Hdd", "Cd", "BiosSetup"}
+	bootEnabled   = []string{"Disabled", "Once", "Continuous"}
+	bootModes     = []string{"Legacy", "UEFI"}
 )
 
 // New returns a Service for cfg.
