@@ -313,24 +313,14 @@ func (s *Server) nak(m *dhcpv4.DHCPv4, why string) (*dhcpv4.DHCPv4, error) {
 	)
 }
 
-// send addresses a reply as RFC 2131 §4.1 says: to a relay, to a configured
-// client, or broadcast to a client without an address. server4 already turns
-// a 0.0.0.0 source into the broadcast address on the client's port.
+// send addresses a reply as RFC 2131 §4.1 says: to a relay when relayed;
+// else where the client asked from when it has an address (a renewing client
+// sends from its ciaddr); else broadcast on the client's port, which server4
+// already made of a 0.0.0.0 source.
 func (s *Server) send(conn net.PacketConn, peer net.Addr, req, reply *dhcpv4.DHCPv4) {
 	dst := peer
-	switch {
-	case !ipZero(req.GatewayIPAddr):
+	if !ipZero(req.GatewayIPAddr) {
 		dst = &net.UDPAddr{IP: req.GatewayIPAddr, Port: dhcpv4.ServerPort}
-	case reply.MessageType() == dhcpv4.MessageTypeNak:
-		// A NAK goes to broadcast unless relayed: the client may not use
-		// the address it asked for.
-		if up, ok := peer.(*net.UDPAddr); ok && !up.IP.IsLoopback() {
-			dst = &net.UDPAddr{IP: net.IPv4bcast, Port: up.Port}
-		}
-	case !ipZero(req.ClientIPAddr):
-		if up, ok := peer.(*net.UDPAddr); ok {
-			dst = &net.UDPAddr{IP: req.ClientIPAddr, Port: up.Port}
-		}
 	}
 	if _, err := conn.WriteTo(reply.ToBytes(), dst); err != nil {
 		s.log.Warn("send dhcp reply", "to", dst.String(), "err", err)
