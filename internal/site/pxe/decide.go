@@ -104,6 +104,9 @@ func (s Secret) String() string { return redacted }
 // GoString hides the value from %#v.
 func (s Secret) GoString() string { return redacted }
 
+// MarshalText hides the value from encoders (JSON logs of a whole Ramdisk).
+func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
 // LogValue hides the value from slog.
 func (s Secret) LogValue() slog.Value { return slog.StringValue(redacted) }
 

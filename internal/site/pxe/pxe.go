@@ -198,12 +198,12 @@ type Server struct {
 	dhcpConn  net.PacketConn
 	proxy     *server4.Server // proxy mode only
 	proxyConn net.PacketConn
-	tftp     *tftp.Server
-	tftpConn net.PacketConn
-	http     *http.Server
-	httpLn   net.Listener
-	bootRoot *os.Root
-	filesDir *os.Root
+	tftp      *tftp.Server
+	tftpConn  net.PacketConn
+	http      *http.Server
+	httpLn    net.Listener
+	bootRoot  *os.Root
+	filesDir  *os.Root
 
 	// seen remembers each MAC's last DHCP architecture and user class, so the
 	// script request (plain HTTP) can tell the Decider what the machine is.

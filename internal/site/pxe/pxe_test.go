@@ -68,6 +68,7 @@ type fixture struct {
 	srv      *Server
 	machines *machines
 	logs     *logBuffer
+	web      string // http://<bound HTTP address>
 	bootDir  string
 	chain    []byte // undionly.kpxe's content
 }
@@ -115,7 +116,7 @@ func setup(t *testing.T, mode Mode, tweak func(*Config)) *fixture {
 	require.NoError(t, err)
 	require.NoError(t, srv.Start(t.Context()))
 	t.Cleanup(func() { _ = srv.Close() })
-	return &fixture{srv: srv, machines: m, logs: logs, bootDir: bootDir, chain: chain}
+	return &fixture{srv: srv, web: "http://" + srv.HTTPAddr().String(), machines: m, logs: logs, bootDir: bootDir, chain: chain}
 }
 
 // dhcpClient speaks DHCP to the server over a UDP socket on loopback: the
