@@ -1,0 +1,380 @@
+package pxe
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The real rig: a QEMU VM PXE-boots from this package's server inside a
+// network namespace (bridge + tap). Behind BC_RIG=1, as root.
+//
+// The server runs in a child process (this test binary again, under
+// `ip netns exec`), because a Go process cannot keep all its threads in
+// another namespace and pin/tftp opens a socket per transfer.
+
+const (
+	rigMAC     = "52:54:00:bc:00:01"
+	rigToken   = "rigT0ken-single-use_42"
+	rigMarker  = "BC-PXE-INIT-STARTED"
+	helperEnv  = "BC_PXE_RIG_HELPER"
+	rigNetPref = "10.213.77."
+)
+
+// rigHelperConfig is what the parent hands the server process.
+type rigHelperConfig struct {
+	BootDir string            `json:"boot_dir"`
+	Blobs   map[string]string `json:"blobs"` // digest → file
+	Kernel  string            `json:"kernel"`
+	Initrd  string            `json:"initrd"`
+	Cache   string            `json:"cache"`
+}
+
+func TestPXEBootsQEMU(t *testing.T) {
+	if os.Getenv("BC_RIG") != "1" {
+		t.Skip("the PXE rig needs BC_RIG=1 (root, iproute2, qemu-system-x86, ipxe, ipxe-qemu)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("BC_RIG=1 but not root: the rig creates a network namespace")
+	}
+	for _, bin := range []string{"ip", "qemu-system-x86_64"} {
+		_, err := exec.LookPath(bin)
+		require.NoError(t, err, "the rig needs %s", bin)
+	}
+	bootDir := cmpEnv("BC_RIG_IPXE_DIR", "/usr/lib/ipxe")
+	_, err := os.Stat(filepath.Join(bootDir, "undionly.kpxe"))
+	require.NoError(t, err, "Debian's ipxe package provides the chainload binaries")
+
+	work := t.TempDir()
+	cfg := rigHelperConfig{BootDir: bootDir, Blobs: map[string]string{}, Cache: filepath.Join(work, "cache")}
+	kernel := rigKernel(t)
+	if kernel != "" {
+		initrd := filepath.Join(work, "initrd.cpio")
+		buildRigInitrd(t, work, initrd)
+		cfg.Kernel = addBlob(t, cfg.Blobs, kernel)
+		cfg.Initrd = addBlob(t, cfg.Blobs, initrd)
+		t.Logf("booting kernel %s with a Go init over HTTP", kernel)
+	} else {
+		t.Log("no kernel (BC_RIG_KERNEL, /boot/vmlinuz-*, or apt-get download): the VM gets a local-disk script and the test checks it was fetched")
+	}
+
+	ns := fmt.Sprintf("bcpxe%d", os.Getpid())
+	run(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "br0", "type", "bridge"},
+		{"addr", "add", rigNetPref + "1/24", "dev", "br0"},
+		{"link", "set", "br0", "up"},
+		{"tuntap", "add", "dev", "tap0", "mode", "tap"},
+		{"link", "set", "tap0", "master", "br0"},
+		{"link", "set", "tap0", "up"},
+	} {
+		run(t, "ip", append([]string{"-n", ns}, args...)...)
+	}
+
+	start := time.Now()
+	cfgJSON, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	helper := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestPXERigServerProcess$", "-test.v")
+	helper.Env = append(os.Environ(), helperEnv+"="+string(cfgJSON))
+	helperOut, err := helper.StdoutPipe()
+	require.NoError(t, err)
+	helper.Stderr = helper.Stdout
+	require.NoError(t, helper.Start())
+	t.Cleanup(func() { stop(helper) })
+
+	var logsMu sync.Mutex
+	var logs bytes.Buffer
+	listening := make(chan struct{})
+	scriptServed := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(helperOut)
+		var once1, once2 sync.Once
+		for sc.Scan() {
+			line := sc.Text()
+			logsMu.Lock()
+			logs.WriteString(line + "\n")
+			logsMu.Unlock()
+			if strings.Contains(line, "provisioning services listening") {
+				once1.Do(func() { close(listening) })
+			}
+			if strings.Contains(line, "ipxe script served") && strings.Contains(line, rigMAC) {
+				once2.Do(func() { close(scriptServed) })
+			}
+		}
+	}()
+	helperDone := make(chan error, 1)
+	go func() { helperDone <- helper.Wait() }()
+	select {
+	case <-listening:
+	case err := <-helperDone:
+		t.Fatalf("server process ended before listening: %v\n%s", err, logs.String())
+	}
+
+	serial := filepath.Join(work, "serial.log")
+	qemu := exec.Command("ip", "netns", "exec", ns, "qemu-system-x86_64",
+		"-accel", "tcg", "-m", "256", "-boot", "n", "-no-reboot",
+		"-display", "none", "-monitor", "none", "-serial", "file:"+serial,
+		"-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac="+rigMAC,
+	)
+	var qemuOut bytes.Buffer
+	qemu.Stdout, qemu.Stderr = &qemuOut, &qemuOut
+	require.NoError(t, qemu.Start())
+	t.Cleanup(func() { stop(qemu) })
+	qemuDone := make(chan error, 1)
+	go func() { qemuDone <- qemu.Wait() }()
+
+	// The VM's DHCP, its script fetch over HTTP, and (with a kernel) its
+	// kernel's init reporting in on the serial console and powering off.
+	select {
+	case <-scriptServed:
+		t.Logf("script fetched %.1f s after the server started", time.Since(start).Seconds())
+	case err := <-qemuDone:
+		t.Fatalf("qemu ended before fetching its script: %v\n%s\nserver:\n%s", err, qemuOut.String(), logsSnapshot(&logsMu, &logs))
+	}
+	if kernel != "" {
+		err := <-qemuDone // the init powers the VM off
+		out, _ := os.ReadFile(serial)
+		require.NoError(t, err, "qemu: %s", qemuOut.String())
+		require.Contains(t, string(out), rigMarker, "the kernel ran our init")
+		require.Contains(t, string(out), "bc.token="+rigToken, "the token reached the kernel command line")
+		t.Logf("PXE boot to init (DHCP, iPXE script, kernel+initrd over HTTP, Linux, init) in %.1f s wall", time.Since(start).Seconds())
+	}
+	stop(helper)
+	<-helperDone
+	all := logsSnapshot(&logsMu, &logs)
+	require.NotContains(t, all, rigToken, "the token never reaches the logs")
+	require.Contains(t, all, "dhcp ack")
+}
+
+func logsSnapshot(mu *sync.Mutex, b *bytes.Buffer) string {
+	mu.Lock()
+	defer mu.Unlock()
+	return b.String()
+}
+
+// TestPXERigServerProcess is the server half of TestPXEBootsQEMU, run inside
+// the namespace; it does nothing in a normal test run.
+func TestPXERigServerProcess(t *testing.T) {
+	raw := os.Getenv(helperEnv)
+	if raw == "" {
+		t.Skip("server process of TestPXEBootsQEMU only")
+	}
+	var cfg rigHelperConfig
+	require.NoError(t, json.Unmarshal([]byte(raw), &cfg))
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+
+	mac, err := normalizeMAC(rigMAC)
+	require.NoError(t, err)
+	decider := DeciderFunc(func(_ context.Context, req Request) (Boot, error) {
+		if req.MAC.String() != mac.String() {
+			return Unknown{}, nil
+		}
+		if cfg.Kernel == "" {
+			return LocalDisk{}, nil
+		}
+		return Ramdisk{
+			Kernel: cfg.Kernel, Initrd: cfg.Initrd,
+			Cmdline: "console=ttyS0 panic=-1 quiet",
+			Token:   Secret(rigToken),
+		}, nil
+	})
+	srv, err := New(Config{
+		Mode:       ModeFull,
+		Interface:  "br0",
+		ServerIP:   netip.MustParseAddr(rigNetPref + "1"),
+		Subnet:     netip.MustParsePrefix(rigNetPref + "0/24"),
+		RangeStart: netip.MustParseAddr(rigNetPref + "100"),
+		RangeEnd:   netip.MustParseAddr(rigNetPref + "150"),
+		BootDir:    cfg.BootDir,
+		CacheDir:   cfg.Cache,
+		Upstream: func(_ context.Context, digest string) (io.ReadCloser, error) {
+			p, ok := cfg.Blobs[digest]
+			if !ok {
+				return nil, fmt.Errorf("no blob %s", digest)
+			}
+			return os.Open(p)
+		},
+		Decider: decider,
+		Logger:  slog.New(slog.NewJSONHandler(os.Stdout, nil)),
+	})
+	require.NoError(t, err)
+	require.NoError(t, srv.Start(ctx))
+	<-ctx.Done()
+	require.NoError(t, srv.Close())
+}
+
+func cmpEnv(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(t *testing.T, name string, args ...string) {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	require.NoError(t, err, "%s %s: %s", name, strings.Join(args, " "), out)
+}
+
+func stop(c *exec.Cmd) {
+	if c.Process != nil && c.ProcessState == nil {
+		_ = c.Process.Signal(syscall.SIGTERM)
+	}
+}
+
+func addBlob(t *testing.T, blobs map[string]string, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+	d := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	blobs[d] = path
+	return d
+}
+
+// rigKernel finds a Linux kernel: BC_RIG_KERNEL, the host's /boot, or
+// Debian's linux-image package fetched with apt-get download and unpacked
+// with dpkg-deb -x (no install hooks) into a cache directory.
+func rigKernel(t *testing.T) string {
+	t.Helper()
+	if k := os.Getenv("BC_RIG_KERNEL"); k != "" {
+		return k
+	}
+	if ks, _ := filepath.Glob("/boot/vmlinuz-*"); len(ks) > 0 {
+		sort.Strings(ks)
+		return ks[len(ks)-1]
+	}
+	cache := "/var/cache/bc-rig"
+	if ks, _ := filepath.Glob(filepath.Join(cache, "root/boot/vmlinuz-*")); len(ks) > 0 {
+		sort.Strings(ks)
+		return ks[len(ks)-1]
+	}
+	if _, err := exec.LookPath("apt-get"); err != nil {
+		return ""
+	}
+	debs, _ := filepath.Glob(filepath.Join(cache, "linux-image-*.deb"))
+	if len(debs) == 0 {
+		pkg := debianKernelPackage()
+		if pkg == "" {
+			return ""
+		}
+		require.NoError(t, os.MkdirAll(cache, 0o755))
+		cmd := exec.Command("apt-get", "download", pkg)
+		cmd.Dir = cache
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Logf("apt-get download %s: %v: %s", pkg, err, out)
+			return ""
+		}
+		debs, _ = filepath.Glob(filepath.Join(cache, "linux-image-*.deb"))
+	}
+	if len(debs) == 0 {
+		return ""
+	}
+	run(t, "dpkg-deb", "-x", debs[0], filepath.Join(cache, "root"))
+	ks, _ := filepath.Glob(filepath.Join(cache, "root/boot/vmlinuz-*"))
+	if len(ks) == 0 {
+		return ""
+	}
+	return ks[0]
+}
+
+// debianKernelPackage names the versioned image package linux-image-amd64
+// depends on.
+func debianKernelPackage() string {
+	out, err := exec.Command("apt-cache", "depends", "linux-image-amd64").Output()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if dep, ok := strings.CutPrefix(strings.TrimSpace(line), "Depends: "); ok && strings.HasPrefix(dep, "linux-image-") {
+			return dep
+		}
+	}
+	return ""
+}
+
+// rigInit is the VM's /init: it says it started, with the kernel command
+// line, and powers the VM off.
+const rigInit = `package main
+
+import (
+	"os"
+	"syscall"
+)
+
+func main() {
+	_ = os.MkdirAll("/proc", 0o755)
+	_ = syscall.Mount("proc", "/proc", "proc", 0, "")
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	os.Stdout.WriteString("` + rigMarker + ` cmdline: " + string(cmdline) + "\n")
+	syscall.Sync()
+	_ = syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF)
+	select {}
+}
+`
+
+// buildRigInitrd builds a static Go /init and packs it, with /dev/console,
+// into a newc cpio archive (the initramfs format).
+func buildRigInitrd(t *testing.T, work, out string) {
+	t.Helper()
+	src := filepath.Join(work, "init.go")
+	require.NoError(t, os.WriteFile(src, []byte(rigInit), 0o644))
+	bin := filepath.Join(work, "init")
+	cmd := exec.Command("go", "build", "-o", bin, src)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=")
+	cmd.Dir = work
+	o, err := cmd.CombinedOutput()
+	require.NoError(t, err, "build init: %s", o)
+	initBytes, err := os.ReadFile(bin)
+	require.NoError(t, err)
+
+	var buf bytes.Buffer
+	ino := 1
+	add := func(name string, mode, rdevMajor, rdevMinor uint32, data []byte) {
+		fmt.Fprintf(&buf, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
+			ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdevMajor, rdevMinor, len(name)+1, 0)
+		ino++
+		buf.WriteString(name + "\x00")
+		pad4(&buf)
+		buf.Write(data)
+		pad4(&buf)
+	}
+	add("dev", 0o040755, 0, 0, nil)
+	add("dev/console", 0o020600, 5, 1, nil)
+	add("proc", 0o040755, 0, 0, nil)
+	add("init", 0o100755, 0, 0, initBytes)
+	add("TRAILER!!!", 0, 0, 0, nil)
+	require.NoError(t, os.WriteFile(out, buf.Bytes(), 0o644))
+}
+
+func pad4(b *bytes.Buffer) {
+	for b.Len()%4 != 0 {
+		b.WriteByte(0)
+	}
+}
