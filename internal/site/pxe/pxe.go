@@ -288,7 +288,7 @@ func (s *Server) Start(ctx context.Context) (err error) {
 		<-ctx.Done()
 		_ = s.Close()
 	}()
-	s.log.Info("provisioning services listening", "dhcp", s.DHCPAddr(), "tftp", s.TFTPAddr(), "http", s.HTTPAddr(), "interface", c.Interface)
+	s.log.Info("provisioning services listening", "dhcp", s.DHCPAddr().String(), "tftp", s.TFTPAddr().String(), "http", s.HTTPAddr().String(), "interface", c.Interface)
 	return nil
 }
 

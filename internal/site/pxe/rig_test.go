@@ -42,6 +42,11 @@ const (
 
 // rigHelperConfig is what the parent hands the server process.
 type rigHelperConfig struct {
+	Interface string `json:"interface"`
+	Net       string `json:"net"` // "a.b.c.": the server is .1, the range .100-.150
+	MAC       string `json:"mac"` // the one machine the Decider knows
+	HTTPAddr  string `json:"http_addr"`
+
 	BootDir string            `json:"boot_dir"`
 	Blobs   map[string]string `json:"blobs"` // digest → file
 	Kernel  string            `json:"kernel"`
@@ -93,43 +98,8 @@ func TestPXEBootsQEMU(t *testing.T) {
 	}
 
 	start := time.Now()
-	cfgJSON, err := json.Marshal(cfg)
-	require.NoError(t, err)
-	helper := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestPXERigServerProcess$", "-test.v")
-	helper.Env = append(os.Environ(), helperEnv+"="+string(cfgJSON))
-	helperOut, err := helper.StdoutPipe()
-	require.NoError(t, err)
-	helper.Stderr = helper.Stdout
-	require.NoError(t, helper.Start())
-	t.Cleanup(func() { stop(helper) })
-
-	var logsMu sync.Mutex
-	var logs bytes.Buffer
-	listening := make(chan struct{})
-	scriptServed := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(helperOut)
-		var once1, once2 sync.Once
-		for sc.Scan() {
-			line := sc.Text()
-			logsMu.Lock()
-			logs.WriteString(line + "\n")
-			logsMu.Unlock()
-			if strings.Contains(line, "provisioning services listening") {
-				once1.Do(func() { close(listening) })
-			}
-			if strings.Contains(line, "ipxe script served") && strings.Contains(line, rigMAC) {
-				once2.Do(func() { close(scriptServed) })
-			}
-		}
-	}()
-	helperDone := make(chan error, 1)
-	go func() { helperDone <- helper.Wait() }()
-	select {
-	case <-listening:
-	case err := <-helperDone:
-		t.Fatalf("server process ended before listening: %v\n%s", err, logs.String())
-	}
+	cfg.Interface, cfg.Net, cfg.MAC = "br0", rigNetPref, rigMAC
+	srv := startServerProcess(t, ns, cfg)
 
 	serial := filepath.Join(work, "serial.log")
 	qemu := exec.Command("ip", "netns", "exec", ns, "qemu-system-x86_64",
@@ -138,6 +108,7 @@ func TestPXEBootsQEMU(t *testing.T) {
 		"-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=n0,mac="+rigMAC,
 	)
+	qemu.SysProcAttr = dieWithParent()
 	var qemuOut bytes.Buffer
 	qemu.Stdout, qemu.Stderr = &qemuOut, &qemuOut
 	require.NoError(t, qemu.Start())
@@ -147,12 +118,10 @@ func TestPXEBootsQEMU(t *testing.T) {
 
 	// The VM's DHCP, its script fetch over HTTP, and (with a kernel) its
 	// kernel's init reporting in on the serial console and powering off.
-	select {
-	case <-scriptServed:
-		t.Logf("script fetched %.1f s after the server started", time.Since(start).Seconds())
-	case err := <-qemuDone:
-		t.Fatalf("qemu ended before fetching its script: %v\n%s\nserver:\n%s", err, qemuOut.String(), logsSnapshot(&logsMu, &logs))
+	if err := srv.waitLog("ipxe script served", rigMAC, qemuDone); err != nil {
+		t.Fatalf("qemu ended before fetching its script: %v\n%s\nserver:\n%s", err, qemuOut.String(), srv.logs())
 	}
+	t.Logf("script fetched %.1f s after the server started", time.Since(start).Seconds())
 	if kernel != "" {
 		err := <-qemuDone // the init powers the VM off
 		out, _ := os.ReadFile(serial)
@@ -161,17 +130,9 @@ func TestPXEBootsQEMU(t *testing.T) {
 		require.Contains(t, string(out), "bc.token="+rigToken, "the token reached the kernel command line")
 		t.Logf("PXE boot to init (DHCP, iPXE script, kernel+initrd over HTTP, Linux, init) in %.1f s wall", time.Since(start).Seconds())
 	}
-	stop(helper)
-	<-helperDone
-	all := logsSnapshot(&logsMu, &logs)
+	all := srv.stop(t)
 	require.NotContains(t, all, rigToken, "the token never reaches the logs")
 	require.Contains(t, all, "dhcp ack")
-}
-
-func logsSnapshot(mu *sync.Mutex, b *bytes.Buffer) string {
-	mu.Lock()
-	defer mu.Unlock()
-	return b.String()
 }
 
 // TestPXERigServerProcess is the server half of TestPXEBootsQEMU, run inside
@@ -186,7 +147,7 @@ func TestPXERigServerProcess(t *testing.T) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
 
-	mac, err := normalizeMAC(rigMAC)
+	mac, err := normalizeMAC(cfg.MAC)
 	require.NoError(t, err)
 	decider := DeciderFunc(func(_ context.Context, req Request) (Boot, error) {
 		if req.MAC.String() != mac.String() {
@@ -203,11 +164,12 @@ func TestPXERigServerProcess(t *testing.T) {
 	})
 	srv, err := New(Config{
 		Mode:       ModeFull,
-		Interface:  "br0",
-		ServerIP:   netip.MustParseAddr(rigNetPref + "1"),
-		Subnet:     netip.MustParsePrefix(rigNetPref + "0/24"),
-		RangeStart: netip.MustParseAddr(rigNetPref + "100"),
-		RangeEnd:   netip.MustParseAddr(rigNetPref + "150"),
+		Interface:  cfg.Interface,
+		ServerIP:   netip.MustParseAddr(cfg.Net + "1"),
+		Subnet:     netip.MustParsePrefix(cfg.Net + "0/24"),
+		RangeStart: netip.MustParseAddr(cfg.Net + "100"),
+		RangeEnd:   netip.MustParseAddr(cfg.Net + "150"),
+		HTTPAddr:   cfg.HTTPAddr,
 		BootDir:    cfg.BootDir,
 		CacheDir:   cfg.Cache,
 		Upstream: func(_ context.Context, digest string) (io.ReadCloser, error) {
@@ -226,6 +188,90 @@ func TestPXERigServerProcess(t *testing.T) {
 	require.NoError(t, srv.Close())
 }
 
+// serverProcess is the server running in a namespace as a child process,
+// its JSON log lines collected.
+type serverProcess struct {
+	cmd  *exec.Cmd
+	done chan error
+
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{} // closed and replaced on every line
+	ended   bool
+}
+
+func startServerProcess(t *testing.T, ns string, cfg rigHelperConfig) *serverProcess {
+	t.Helper()
+	raw, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	p := &serverProcess{done: make(chan error, 1), changed: make(chan struct{})}
+	p.cmd = exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestPXERigServerProcess$", "-test.v")
+	p.cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
+	p.cmd.SysProcAttr = dieWithParent()
+	out, err := p.cmd.StdoutPipe()
+	require.NoError(t, err)
+	p.cmd.Stderr = p.cmd.Stdout
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() { stop(p.cmd) })
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.buf.WriteString(sc.Text() + "\n")
+			close(p.changed)
+			p.changed = make(chan struct{})
+			p.mu.Unlock()
+		}
+		p.mu.Lock()
+		p.ended = true
+		close(p.changed)
+		p.mu.Unlock()
+		p.done <- p.cmd.Wait()
+	}()
+	if err := p.waitLog("provisioning services listening", "", nil); err != nil {
+		t.Fatalf("server process: %v\n%s", err, p.logs())
+	}
+	return p
+}
+
+func (p *serverProcess) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.buf.String()
+}
+
+// waitLog waits for a log line containing both substrings; it gives up when
+// the process ends or abort yields.
+func (p *serverProcess) waitLog(msg, also string, abort <-chan error) error {
+	for {
+		p.mu.Lock()
+		for _, line := range strings.Split(p.buf.String(), "\n") {
+			if strings.Contains(line, msg) && strings.Contains(line, also) {
+				p.mu.Unlock()
+				return nil
+			}
+		}
+		changed, ended := p.changed, p.ended
+		p.mu.Unlock()
+		if ended {
+			return fmt.Errorf("server process ended before logging %q", msg)
+		}
+		select {
+		case <-changed:
+		case err := <-abort:
+			return fmt.Errorf("gave up waiting for %q: %v", msg, err)
+		}
+	}
+}
+
+// stop ends the process and returns everything it logged.
+func (p *serverProcess) stop(t *testing.T) string {
+	t.Helper()
+	stop(p.cmd)
+	<-p.done
+	return p.logs()
+}
+
 func cmpEnv(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -239,8 +285,16 @@ func run(t *testing.T, name string, args ...string) {
 	require.NoError(t, err, "%s %s: %s", name, strings.Join(args, " "), out)
 }
 
+// dieWithParent ends a child when the test binary dies (a test timeout
+// panics without running cleanups). ip netns exec execs in place, so the
+// setting reaches the server or QEMU.
+func dieWithParent() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// stop asks a child to end; signalling one that already ended is harmless.
 func stop(c *exec.Cmd) {
-	if c.Process != nil && c.ProcessState == nil {
+	if c.Process != nil {
 		_ = c.Process.Signal(syscall.SIGTERM)
 	}
 }
