@@ -127,6 +127,12 @@ func TestPXEBootsQEMU(t *testing.T) {
 		out, _ := os.ReadFile(serial)
 		require.NoError(t, err, "qemu: %s", qemuOut.String())
 		require.Contains(t, string(out), rigMarker, "the kernel ran our init")
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, rigMarker) {
+				// The token is the test's own; printing it here is fine.
+				t.Logf("serial: %s", strings.TrimSpace(line))
+			}
+		}
 		require.Contains(t, string(out), "bc.token="+rigToken, "the token reached the kernel command line")
 		t.Logf("PXE boot to init (DHCP, iPXE script, kernel+initrd over HTTP, Linux, init) in %.1f s wall", time.Since(start).Seconds())
 	}
