@@ -56,11 +56,6 @@ func (s *Server) decideBoot(ctx context.Context, m *dhcpv4.DHCPv4) (bootAnswer, 
 	if len(req.MAC) != 6 {
 		return bootAnswer{}, false
 	}
-	if req.HasArch || req.UserClass != "" {
-		s.seenMu.Lock()
-		s.seen[macKey(req.MAC)] = req
-		s.seenMu.Unlock()
-	}
 	b, err := s.cfg.Decider.Decide(ctx, req)
 	if err != nil {
 		s.log.Warn("decider failed; no boot answer", "mac", req.MAC.String(), "err", err)
@@ -70,6 +65,11 @@ func (s *Server) decideBoot(ctx context.Context, m *dhcpv4.DHCPv4) (bootAnswer, 
 		s.log.Debug("unknown machine; no boot answer", "mac", req.MAC.String())
 		return bootAnswer{}, false
 	}
+	// Remembered for the script request, which carries neither (only
+	// machines the Decider knows, so the map stays as small as the site).
+	s.seenMu.Lock()
+	s.seen[macKey(req.MAC)] = req
+	s.seenMu.Unlock()
 	ans := bootAnswer{client: req, efi: req.HasArch && isEFI(req.Arch)}
 	if req.UserClass == "iPXE" {
 		ans.ipxe = true
@@ -150,7 +150,7 @@ func (s *Server) handlePXE(conn net.PacketConn, peer net.Addr, m *dhcpv4.DHCPv4)
 		s.log.Warn("send pxe reply", "mac", m.ClientHWAddr.String(), "err", err)
 		return
 	}
-	s.log.Info("pxe boot file sent", "mac", m.ClientHWAddr.String(), "file", logFile(ans), "port", "4011")
+	s.log.Info("pxe boot file sent", "mac", m.ClientHWAddr.String(), "file", ans.file, "port", "4011")
 }
 
 // proxyOffer answers a PXE client's DISCOVER with boot options and no
@@ -173,7 +173,7 @@ func (s *Server) proxyOffer(ctx context.Context, m *dhcpv4.DHCPv4) (*dhcpv4.DHCP
 		return nil, err
 	}
 	s.addBootOptions(reply, m, ans, true)
-	s.log.Info("proxydhcp offer", "mac", m.ClientHWAddr.String(), "file", logFile(ans))
+	s.log.Info("proxydhcp offer", "mac", m.ClientHWAddr.String(), "file", ans.file)
 	return reply, nil
 }
 
@@ -200,16 +200,16 @@ func (s *Server) addBootOptions(reply, req *dhcpv4.DHCPv4, ans bootAnswer, proxy
 	}
 }
 
-// logFile is the boot file for logs: script URLs carry no secret, but keep
-// the line short.
-func logFile(a bootAnswer) string { return a.file }
-
 // full serves a DHCP server's side of DISCOVER, REQUEST, DECLINE, RELEASE
 // and INFORM on the configured range.
 func (s *Server) full(ctx context.Context, m *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, error) {
 	mac := macKey(m.ClientHWAddr)
 	if len(m.ClientHWAddr) != 6 {
 		return nil, fmt.Errorf("hardware address of %d bytes", len(m.ClientHWAddr))
+	}
+	if relay := addrOf(m.GatewayIPAddr); relay.IsValid() && !s.cfg.Subnet.Contains(relay) {
+		// Relayed from another subnet: this server has no range there.
+		return nil, nil
 	}
 	now := s.cfg.Clock.Now()
 	switch m.MessageType() {

@@ -212,7 +212,7 @@ type Server struct {
 
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-	closeErr  error
+	closed    chan struct{} // closed by Close
 }
 
 // New checks cfg and returns a Server that is not listening yet.
@@ -221,7 +221,12 @@ func New(cfg Config) (*Server, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: c, log: c.Logger.With("component", "pxe", "mode", string(c.Mode)), seen: map[string]Request{}}, nil
+	return &Server{
+		cfg:    c,
+		log:    c.Logger.With("component", "pxe", "mode", string(c.Mode)),
+		seen:   map[string]Request{},
+		closed: make(chan struct{}),
+	}, nil
 }
 
 // Start opens every listener and serves until Close or until ctx ends. On an
@@ -285,8 +290,11 @@ func (s *Server) Start(ctx context.Context) (err error) {
 	}
 
 	go func() {
-		<-ctx.Done()
-		_ = s.Close()
+		select {
+		case <-ctx.Done():
+			_ = s.Close()
+		case <-s.closed:
+		}
 	}()
 	s.log.Info("provisioning services listening", "dhcp", s.DHCPAddr().String(), "tftp", s.TFTPAddr().String(), "http", s.HTTPAddr().String(), "interface", c.Interface)
 	return nil
@@ -320,20 +328,19 @@ func (s *Server) goServe(name string, serve func() error) {
 	}()
 }
 
-var errClosed = errors.New("closed")
-
 func (s *Server) closing() bool {
-	s.seenMu.Lock()
-	defer s.seenMu.Unlock()
-	return s.closeErr != nil
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
 }
 
 // Close stops every listener and waits for them. Safe to call twice.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
-		s.seenMu.Lock()
-		s.closeErr = errClosed
-		s.seenMu.Unlock()
+		close(s.closed)
 		s.shutdown()
 	})
 	return nil

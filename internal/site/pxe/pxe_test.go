@@ -505,3 +505,34 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	_, err := New(base())
 	require.NoError(t, err)
 }
+
+func TestFullDHCPIgnoresRelaysFromOtherSubnets(t *testing.T) {
+	t.Parallel()
+	f := setup(t, ModeFull, nil)
+	c := newDHCPClient(t, f.srv.DHCPAddr())
+	c.send(discover(t, macB, dhcpv4.WithGatewayIP(ip("192.0.2.1"))))
+	local := discover(t, macA)
+	c.send(local)
+	offer := c.recv()
+	require.Equal(t, local.TransactionID, offer.TransactionID, "the relayed DISCOVER from another subnet is not answered")
+	require.Equal(t, ip("10.99.0.10"), offer.YourIPAddr.To4(), "and took no address")
+}
+
+func TestStartFailureLeavesNothingListeningAndCloseTwiceIsSafe(t *testing.T) {
+	t.Parallel()
+	f := setup(t, ModeProxy, nil)
+	// A second server whose TFTP port is taken by the first.
+	srv, err := New(Config{
+		Mode: ModeProxy, ServerIP: netip.MustParseAddr("10.99.0.1"), BootDir: f.bootDir,
+		Decider: f.machines, HTTPAddr: "127.0.0.1:0", TFTPAddr: f.srv.TFTPAddr().String(),
+		DHCPAddr: "127.0.0.1:0", ProxyAddr: "127.0.0.1:0",
+	})
+	require.NoError(t, err)
+	err = srv.Start(t.Context())
+	require.ErrorContains(t, err, "listen tftp")
+	_, err = net.Dial("tcp", srv.HTTPAddr().String())
+	require.Error(t, err, "the HTTP listener opened before the failure is closed again")
+	require.NoError(t, srv.Close())
+	require.NoError(t, f.srv.Close())
+	require.NoError(t, f.srv.Close())
+}
