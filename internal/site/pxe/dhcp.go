@@ -77,8 +77,8 @@ func (s *Server) decideBoot(ctx context.Context, m *dhcpv4.DHCPv4) (bootAnswer, 
 		return ans, true
 	}
 	if !req.HasArch {
-		// A PXE ROM always sends option 93; without it the client cannot be
-		// told which binary fits, and a wrong one would not run.
+		// Without option 93: a PXE ROM older than RFC 4578 is a BIOS one;
+		// any other client is not network-booting (a deployed OS renewing).
 		if !isPXEClient(m) {
 			return bootAnswer{}, false
 		}
