@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -255,34 +256,74 @@ func TestFullDHCPNeverGivesOneAddressToTwoClients(t *testing.T) {
 	f := setup(t, ModeFull, nil)
 	const n = 25
 	got := make(chan net.IP, n)
+	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := newDHCPClient(t, f.srv.DHCPAddr())
-			mac := net.HardwareAddr{0x52, 0x54, 0, 1, 0, byte(i)}
-			d, err := dhcpv4.NewDiscovery(mac)
+			// No require here: FailNow belongs to the test's goroutine.
+			a, err := handshake(f.srv.DHCPAddr(), net.HardwareAddr{0x52, 0x54, 0, 1, 0, byte(i)})
 			if err != nil {
-				t.Error(err)
+				errs <- err
 				return
 			}
-			offer := c.exchange(d)
-			ack := c.exchange(request(t, offer))
-			if ack.MessageType() != dhcpv4.MessageTypeAck {
-				t.Errorf("client %d: %s", i, ack.MessageType())
-			}
-			got <- ack.YourIPAddr.To4()
+			got <- a
 		}()
 	}
 	wg.Wait()
 	close(got)
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 	seen := map[string]bool{}
 	for a := range got {
 		require.False(t, seen[a.String()], "address %s given twice", a)
 		seen[a.String()] = true
 	}
 	require.Len(t, seen, n)
+}
+
+// handshake runs DISCOVER/OFFER/REQUEST/ACK for mac on its own socket and
+// returns the acknowledged address.
+func handshake(server net.Addr, mac net.HardwareAddr) (net.IP, error) {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ex := func(m *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, error) {
+		if _, err := conn.WriteTo(m.ToBytes(), server); err != nil {
+			return nil, err
+		}
+		buf := make([]byte, 1500)
+		n, _, err := conn.ReadFrom(buf)
+		if err != nil {
+			return nil, err
+		}
+		return dhcpv4.FromBytes(buf[:n])
+	}
+	d, err := dhcpv4.NewDiscovery(mac)
+	if err != nil {
+		return nil, err
+	}
+	offer, err := ex(d)
+	if err != nil {
+		return nil, err
+	}
+	req, err := dhcpv4.NewRequestFromOffer(offer)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := ex(req)
+	if err != nil {
+		return nil, err
+	}
+	if ack.MessageType() != dhcpv4.MessageTypeAck {
+		return nil, fmt.Errorf("%s: got %s", mac, ack.MessageType())
+	}
+	return ack.YourIPAddr.To4(), nil
 }
 
 func TestFullDHCPRequestForAnotherClientsAddressIsRefused(t *testing.T) {
