@@ -265,7 +265,7 @@ func (p *serverProcess) waitLog(msg, also string, abort <-chan error) error {
 		select {
 		case <-changed:
 		case err := <-abort:
-			return fmt.Errorf("gave up waiting for %q: %v", msg, err)
+			return fmt.Errorf("gave up waiting for %q: %w", msg, err)
 		}
 	}
 }
