@@ -54,6 +54,16 @@ func TestTFTPServesOnlyTheChainloadBinaries(t *testing.T) {
 		require.Contains(t, err.Error(), "only the iPXE chainload binaries are served", name)
 	}
 	require.Contains(t, f.logs.String(), "tftp request refused")
+
+	// Nothing can be written.
+	rf, err := c.Send("undionly.kpxe", "octet")
+	if err == nil {
+		_, err = rf.ReadFrom(strings.NewReader("overwrite"))
+	}
+	require.ErrorContains(t, err, "does not support write requests")
+	onDisk, err := os.ReadFile(filepath.Join(f.bootDir, "undionly.kpxe"))
+	require.NoError(t, err)
+	require.Equal(t, f.chain, onDisk)
 }
 
 func TestScriptPerMachineState(t *testing.T) {
