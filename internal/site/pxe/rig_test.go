@@ -2,6 +2,7 @@ package pxe
 
 import (
 	"bufio"
+	"cmp"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -46,6 +48,8 @@ type rigHelperConfig struct {
 	Net       string `json:"net"` // "a.b.c.": the server is .1, the range .100-.150
 	MAC       string `json:"mac"` // the one machine the Decider knows
 	HTTPAddr  string `json:"http_addr"`
+	Mode      Mode   `json:"mode"` // default full
+	Host      string `json:"host"` // the server's last octet, default "1"
 
 	BootDir string            `json:"boot_dir"`
 	Blobs   map[string]string `json:"blobs"` // digest → file
@@ -141,6 +145,76 @@ func TestPXEBootsQEMU(t *testing.T) {
 	require.Contains(t, all, "dhcp ack")
 }
 
+// TestPXEProxyBootsQEMU: the VM's iPXE ROM takes its address from the
+// network's DHCP server (in its own namespace, knowing no machine) and its
+// boot answer from this package in proxy mode (port 67 offer, port 4011
+// request), then fetches its script.
+func TestPXEProxyBootsQEMU(t *testing.T) {
+	if os.Getenv("BC_RIG") != "1" {
+		t.Skip("the PXE rig needs BC_RIG=1 (root, iproute2, qemu-system-x86, ipxe, ipxe-qemu)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("BC_RIG=1 but not root: the rig creates network namespaces")
+	}
+	bootDir := cmpEnv("BC_RIG_IPXE_DIR", "/usr/lib/ipxe")
+	const net3 = "10.213.79."
+	id := fmt.Sprintf("%d", os.Getpid())
+	nsR, nsD := "bcpxer"+id, "bcpxed"+id // the machines' LAN, the existing DHCP server
+	for _, ns := range []string{nsR, nsD} {
+		run(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	for _, args := range [][]string{
+		{"-n", nsR, "link", "add", "br0", "type", "bridge"},
+		{"-n", nsR, "addr", "add", net3 + "2/24", "dev", "br0"},
+		{"-n", nsR, "link", "set", "br0", "up"},
+		{"-n", nsR, "tuntap", "add", "dev", "tap0", "mode", "tap"},
+		{"-n", nsR, "link", "set", "tap0", "master", "br0"},
+		{"-n", nsR, "link", "set", "tap0", "up"},
+		{"-n", nsR, "link", "add", "vlan0", "type", "veth", "peer", "name", "vdhcp", "netns", nsD},
+		{"-n", nsR, "link", "set", "vlan0", "master", "br0"},
+		{"-n", nsR, "link", "set", "vlan0", "up"},
+		{"-n", nsD, "addr", "add", net3 + "1/24", "dev", "vdhcp"},
+		{"-n", nsD, "link", "set", "vdhcp", "up"},
+	} {
+		run(t, "ip", args...)
+	}
+	start := time.Now()
+	existing := startServerProcess(t, nsD, rigHelperConfig{
+		Interface: "vdhcp", Net: net3, BootDir: bootDir, Blobs: map[string]string{},
+		Cache: filepath.Join(t.TempDir(), "d"),
+	})
+	proxy := startServerProcess(t, nsR, rigHelperConfig{
+		Mode: ModeProxy, Host: "2", Interface: "br0", Net: net3, MAC: rigMAC, BootDir: bootDir,
+		Blobs: map[string]string{}, Cache: filepath.Join(t.TempDir(), "p"),
+	})
+
+	qemu := exec.Command("ip", "netns", "exec", nsR, "qemu-system-x86_64",
+		"-accel", "tcg", "-m", "256", "-boot", "n", "-no-reboot",
+		"-display", "none", "-monitor", "none", "-serial", "none",
+		"-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
+		"-device", "virtio-net-pci,netdev=n0,mac="+rigMAC,
+	)
+	qemu.SysProcAttr = dieWithParent()
+	var qemuOut bytes.Buffer
+	qemu.Stdout, qemu.Stderr = &qemuOut, &qemuOut
+	require.NoError(t, qemu.Start())
+	t.Cleanup(func() { stop(qemu) })
+	qemuDone := make(chan error, 1)
+	go func() { qemuDone <- qemu.Wait() }()
+
+	if err := proxy.waitLog("ipxe script served", rigMAC, qemuDone); err != nil {
+		t.Fatalf("%v\nqemu: %s\nproxy:\n%s\nexisting DHCP:\n%s", err, qemuOut.String(), proxy.logs(), existing.logs())
+	}
+	t.Logf("proxyDHCP: script fetched %.1f s after the servers started", time.Since(start).Seconds())
+	stop(qemu)
+	plogs, dlogs := proxy.stop(t), existing.stop(t)
+	require.Contains(t, plogs, "proxydhcp offer")
+	require.Contains(t, dlogs, "dhcp ack", "the address came from the network's server")
+	require.NotContains(t, dlogs, "/boot/", "the network's server handed out no boot file")
+}
+
 // TestPXERigServerProcess is the server half of TestPXEBootsQEMU, run inside
 // the namespace; it does nothing in a normal test run.
 func TestPXERigServerProcess(t *testing.T) {
@@ -153,10 +227,14 @@ func TestPXERigServerProcess(t *testing.T) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
 
-	mac, err := normalizeMAC(cfg.MAC)
-	require.NoError(t, err)
+	var mac net.HardwareAddr
+	if cfg.MAC != "" {
+		var err error
+		mac, err = normalizeMAC(cfg.MAC)
+		require.NoError(t, err)
+	}
 	decider := DeciderFunc(func(_ context.Context, req Request) (Boot, error) {
-		if req.MAC.String() != mac.String() {
+		if mac == nil || req.MAC.String() != mac.String() {
 			return Unknown{}, nil
 		}
 		if cfg.Kernel == "" {
@@ -169,13 +247,14 @@ func TestPXERigServerProcess(t *testing.T) {
 		}, nil
 	})
 	srv, err := New(Config{
-		Mode:       ModeFull,
+		Mode:       cmp.Or(cfg.Mode, ModeFull),
 		Interface:  cfg.Interface,
-		ServerIP:   netip.MustParseAddr(cfg.Net + "1"),
+		ServerIP:   netip.MustParseAddr(cfg.Net + cmp.Or(cfg.Host, "1")),
 		Subnet:     netip.MustParsePrefix(cfg.Net + "0/24"),
 		RangeStart: netip.MustParseAddr(cfg.Net + "100"),
 		RangeEnd:   netip.MustParseAddr(cfg.Net + "150"),
 		HTTPAddr:   cfg.HTTPAddr,
+		ProxyAddr:  ":4011",
 		BootDir:    cfg.BootDir,
 		CacheDir:   cfg.Cache,
 		Upstream: func(_ context.Context, digest string) (io.ReadCloser, error) {
