@@ -223,7 +223,7 @@ func (f *flow) decide(mayClaim bool) action {
 			f.finish(WorkflowCancelled, "", "cancelled")
 			return action{}
 		}
-		if w.State == WorkflowPaused || !mayClaim {
+		if w.State == WorkflowPaused || (w.State == WorkflowPending && !mayClaim) {
 			return action{}
 		}
 		if w.State == WorkflowPending {
@@ -232,6 +232,8 @@ func (f *flow) decide(mayClaim bool) action {
 		}
 		next := f.nextPending()
 		if next == nil {
+			// The last step ended (also in a caller's transaction: ending
+			// needs no dispatch).
 			if w.FailedStep != "" {
 				f.finish(WorkflowFailed, w.FailedStep, w.Reason)
 			} else {
@@ -239,7 +241,7 @@ func (f *flow) decide(mayClaim bool) action {
 			}
 			return action{}
 		}
-		if next.NotBefore != nil && f.now.Before(*next.NotBefore) {
+		if !mayClaim || (next.NotBefore != nil && f.now.Before(*next.NotBefore)) {
 			return action{}
 		}
 		f.claim(next)

@@ -29,6 +29,7 @@ func scanWorkflow(r store.Row) (Workflow, error) {
 		return Workflow{}, err
 	}
 	w.State = WorkflowState(state)
+	w.CreateTime, w.UpdateTime, w.EndTime = w.CreateTime.UTC(), w.UpdateTime.UTC(), utc(w.EndTime)
 	if err := json.Unmarshal([]byte(spec), &w.spec); err != nil {
 		return Workflow{}, fmt.Errorf("workflow %s: spec: %w", w.ID, err)
 	}
@@ -164,6 +165,8 @@ func stepsOf(ctx context.Context, q store.Querier, workflowID string) ([]Workflo
 			return nil, err
 		}
 		s.State = StepState(state)
+		s.LeaseUntil, s.Deadline, s.NotBefore = utc(s.LeaseUntil), utc(s.Deadline), utc(s.NotBefore)
+		s.StartTime, s.EndTime, s.UpdateTime = utc(s.StartTime), utc(s.EndTime), s.UpdateTime.UTC()
 		s.Timeout = time.Duration(timeoutMS) * time.Millisecond
 		s.Backoff = time.Duration(backMS) * time.Millisecond
 		if err := json.Unmarshal([]byte(params), &s.Params); err != nil {
@@ -212,7 +215,17 @@ func scanAttempt(r store.Row) (Attempt, error) {
 	var a Attempt
 	err := r.Scan(&a.IdempotencyKey, &a.StepID, &a.WorkflowID, &a.Attempt, &a.Destructive, &a.State, &a.Handle, &a.Error,
 		&a.ClaimTime, &a.EndTime)
+	a.ClaimTime, a.EndTime = a.ClaimTime.UTC(), utc(a.EndTime)
 	return a, err
+}
+
+// utc keeps times in UTC whichever store read them (pgx reads local time).
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // attemptInsert records a claim; a key claimed before fails with
