@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -177,7 +178,7 @@ func setup(t *testing.T, profiles []provision.Profile, mod func(*provision.Confi
 	site := newFakeSite("disk.wipe", "image.write")
 	f := &fixture{db: db, clk: clk, site: site, rt: rt, ctx: ctx}
 	f.cfg = provision.Config{DB: db, Recorder: recorder{}, Enqueue: rt.InsertTx, Clock: clk, Profiles: profiles,
-		Runners: map[string]provision.StepRunner{}, Lease: time.Minute}
+		Runners: map[string]provision.StepRunner{}, Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)}
 	for _, k := range allKinds {
 		f.cfg.Runners[k] = site
 	}
