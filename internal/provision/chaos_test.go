@@ -185,11 +185,31 @@ func (r *chaosRig) stopGeneration() {
 	bctest.Receive(r.t, "the worker to stop", r.gen.done)
 }
 
-// busy counts River jobs waiting to run or running.
+// busy counts River jobs running or ready to run. A job River made
+// available but scheduled later on the simulated clock (a deadline's
+// wake-up) waits for the clock, so it does not count.
 func (r *chaosRig) busy() int {
-	var n int
+	n := 0
+	now := r.clk.Now()
 	require.NoError(r.t, r.db.Read(r.ctx, func(ctx context.Context, tx store.Tx) error {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state IN ('available', 'running')`).Scan(&n)
+		rows, err := tx.Query(ctx, `SELECT state, scheduled_at FROM river_job WHERE state IN ('available', 'running')`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				state string
+				at    time.Time
+			)
+			if err := rows.Scan(&state, &at); err != nil {
+				return err
+			}
+			if state == "running" || !at.After(now) {
+				n++
+			}
+		}
+		return rows.Err()
 	}))
 	return n
 }
