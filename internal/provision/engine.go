@@ -419,15 +419,23 @@ func (e *Engine) SignalTx(ctx context.Context, tx store.Tx, targetID, kind strin
 // advance job runs, level-triggered and safe to run twice or concurrently:
 // every decision is made under the workflow's row lock, and a claim's
 // dispatch belongs to the worker that claimed it until its lease ends.
+//
+// It makes at most one call to a runner (a dispatch, and a lookup if the
+// dispatch is in doubt), so one job stays within its timeout; when more is
+// left to dispatch it enqueues the next job.
 func (e *Engine) Reconcile(ctx context.Context, id string) error {
-	for range 256 {
+	for round := 0; round < 2; round++ {
 		var act action
 		err := e.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 			f, err := e.load(ctx, tx, id)
 			if err != nil {
 				return err
 			}
-			act = f.decide(true)
+			act = f.decide(round == 0)
+			if round > 0 && act.kind != actNone {
+				// A lookup is due as well: the next job does it.
+				act, f.kick = action{}, true
+			}
 			return f.save(ctx, tx)
 		})
 		if errors.Is(err, store.ErrNotFound) {

@@ -195,8 +195,9 @@ func (f *flow) touch(s *WorkflowStep) {
 
 // decide moves the workflow as far as it can inside the transaction and
 // returns what must happen outside it. Without mayClaim (a caller's
-// transaction: Complete, Signal, Cancel) it never claims a step, since the
-// dispatch that must follow a claim belongs to the advance job.
+// transaction: Complete, Signal, Cancel; or an advance job that already
+// dispatched once) it claims no step that dispatches, since the dispatch
+// that must follow a claim belongs to an advance job; it enqueues one.
 func (f *flow) decide(mayClaim bool) action {
 	for range 4*len(f.w.Steps) + 8 {
 		w := f.w
@@ -241,7 +242,14 @@ func (f *flow) decide(mayClaim bool) action {
 			}
 			return action{}
 		}
-		if !mayClaim || (next.NotBefore != nil && f.now.Before(*next.NotBefore)) {
+		if next.NotBefore != nil && f.now.Before(*next.NotBefore) {
+			return action{}
+		}
+		if !mayClaim && !IsAwait(next.Kind) {
+			// Claiming an await step dispatches nothing, so any
+			// transaction may; any other claim is the advance job's,
+			// which must dispatch right after it commits.
+			f.kick = true
 			return action{}
 		}
 		f.claim(next)

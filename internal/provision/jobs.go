@@ -35,6 +35,12 @@ type advanceWorker struct {
 	e *Engine
 }
 
+// Timeout covers one dispatch and one lookup, each cut off at half the
+// lease, and the transactions around them.
+func (w *advanceWorker) Timeout(*river.Job[AdvanceArgs]) time.Duration {
+	return w.e.cfg.Lease + time.Minute
+}
+
 func (w *advanceWorker) Work(ctx context.Context, job *river.Job[AdvanceArgs]) error {
 	return w.e.Reconcile(ctx, job.Args.WorkflowID)
 }
