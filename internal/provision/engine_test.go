@@ -392,3 +392,35 @@ func TestCompleteUnknownKey(t *testing.T) {
 	err := f.eng.Complete(f.ctx, "wf_x:0:1", provision.Result{})
 	requireCode(t, err, envelope.CodeNotFound)
 }
+
+// Concurrent starts on one target: one wins; on PostgreSQL the losers that
+// passed the check meet the index, and are refused the same way.
+func TestConcurrentStartsOnOneTarget(t *testing.T) {
+	t.Parallel()
+	f := setup(t, deployProfiles(), nil)
+	const n = 8
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			_, err := f.eng.Start(f.ctx, provision.StartParams{TenantID: "tnt_test", TargetID: "mch_1", Profile: "deploy"})
+			errs <- err
+		}()
+	}
+	won := 0
+	for range n {
+		err := <-errs
+		if err == nil {
+			won++
+			continue
+		}
+		requireCode(t, err, envelope.CodeFailedPrecondition)
+		require.ErrorIs(t, err, provision.ErrTargetBusy)
+	}
+	require.Equal(t, 1, won)
+	var ws []provision.Workflow
+	require.NoError(t, f.db.Read(f.ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		ws, err = provision.List(ctx, tx, provision.ListParams{TargetID: "mch_1"})
+		return err
+	}))
+	require.Len(t, ws, 1)
+}
