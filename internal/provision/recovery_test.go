@@ -28,7 +28,7 @@ func (r *dyingRunner) Dispatch(ctx context.Context, run provision.StepRun) (prov
 	}
 	r.killed = true
 	if r.after {
-		_, _ = r.fakeSite.execute(run)
+		_, _ = r.execute(run)
 	}
 	r.kill()
 	<-ctx.Done()
