@@ -38,8 +38,8 @@ mbr=/usr/lib/syslinux/mbr/mbr.bin
 for f in "$busybox" "$mbr"; do
 	[[ -f $f ]] || { echo "build-sample: $f is missing (busybox-static, syslinux-common)" >&2; exit 1; }
 done
-file -b "$busybox" 2>/dev/null | grep -q 'statically linked' || [[ $(command -v file) == "" ]] ||
-	{ echo "build-sample: $busybox is not static: install busybox-static" >&2; exit 1; }
+# busybox-static puts a static busybox at /bin/busybox (the dynamic busybox
+# package conflicts with it); the initramfs has no libc for anything else.
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
