@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -494,4 +495,27 @@ func TestSignerKeys(t *testing.T) {
 	require.NoError(t, err, "by fingerprint, in the caller's own tenant")
 	_, err = c.SignerKeys.Remove(ctx, connect.NewRequest(&apiv1.RemoveSignerKeyRequest{Tenant: "acme", Key: "ci"}))
 	require.Equal(t, "NOT_FOUND", client.Code(err))
+}
+
+// TestPushOverGRPC: the push is a client stream over gRPC (HTTP/2) as well
+// as over the Connect protocol on HTTP/1.1 (the other tests).
+func TestPushOverGRPC(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h2c := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
+		p := new(http.Protocols)
+		p.SetUnencryptedHTTP2(true)
+		return p
+	}()}}
+	grpc := client.New(f.cp.URL, f.cp.AdminKey, client.WithGRPC(), client.WithHTTPClient(h2c))
+	b, sum := content(t, 2*client.PushChunkBytes+1)
+	res, err := push(t, grpc, "acme", "disk", "qcow2", b)
+	require.NoError(t, err)
+	require.Equal(t, sum, res.GetImage().GetSha256())
+	stored, err := os.ReadFile(f.cp.App.Blobs.Path(sum))
+	require.NoError(t, err)
+	require.Equal(t, b, stored)
+	_, err = grpc.PushImage(context.Background(), &apiv1.PushImageHeader{Tenant: "acme", Name: "bad", Kind: "raw", Sha256: sum,
+		SizeBytes: int64(len(b))}, bytes.NewReader(b[1:]), "")
+	require.Equal(t, "DIGEST_MISMATCH", client.Code(err))
 }
