@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 
+	"connectrpc.com/connect"
+
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 )
 
@@ -53,4 +55,37 @@ func (c *Client) PushImage(ctx context.Context, hdr *apiv1.PushImageHeader, r io
 		return nil, err
 	}
 	return res.Msg, nil
+}
+
+// PullImage streams an image's content from req's offset into w and
+// returns the image. It does not check the bytes: a caller that uses them
+// verifies them (imagesig.CopyVerified over what it wrote, or a sha256 of
+// the whole).
+func (c *Client) PullImage(ctx context.Context, req *apiv1.PullImageRequest, w io.Writer) (*apiv1.Image, error) {
+	stream, err := c.Images.Pull(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	var img *apiv1.Image
+	for stream.Receive() {
+		switch part := stream.Msg().GetPart().(type) {
+		case *apiv1.PullImageResponse_Image:
+			img = part.Image
+		case *apiv1.PullImageResponse_Chunk:
+			if img == nil {
+				return nil, errors.New("pull: content before the image")
+			}
+			if _, err := w.Write(part.Chunk); err != nil {
+				return img, err
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return img, err
+	}
+	if img == nil {
+		return nil, errors.New("pull: the stream ended without the image")
+	}
+	return img, nil
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 )
 
-// TestStreamingProcedures: the watches and the image push, read from the
+// TestStreamingProcedures: the watches and the image push and pull, read from the
 // descriptors, are the procedures exempt from the body deadline; an empty
 // set would cut every watch (and every push of a large image) after the
 // deadline. A stream authenticates on its headers, before its body.
@@ -18,5 +18,6 @@ func TestStreamingProcedures(t *testing.T) {
 		apiv1connect.EventServiceWatchProcedure:       true,
 		apiv1connect.ReservationServiceWatchProcedure: true,
 		apiv1connect.ImageServicePushProcedure:        true,
+		apiv1connect.ImageServicePullProcedure:        true,
 	}, streamingProcedures)
 }

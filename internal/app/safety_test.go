@@ -1375,6 +1375,16 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.ImageServicePullProcedure: {
+			func() error {
+				_, err := evil.PullImage(ctx, &apiv1.PullImageRequest{Tenant: "acme", Image: imgID}, io.Discard)
+				return err
+			},
+			func() error {
+				_, err := evil.PullImage(ctx, &apiv1.PullImageRequest{Tenant: "other", Image: imgID}, io.Discard)
+				return err
+			},
+		},
 		apiv1connect.ImageServiceListProcedure: {func() error {
 			_, err := evil.Images.List(ctx, connect.NewRequest(&apiv1.ListImagesRequest{Tenant: acme.GetId()}))
 			return err

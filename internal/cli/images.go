@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -117,6 +118,49 @@ private and unsigned: sign it (images sign) before it can be deployed.`,
 	}
 	addFlag(list)
 	addLimitFlag(list, &limit)
+
+	var pullOut string
+	pull := &cobra.Command{
+		Use:   "pull IMAGE --out FILE",
+		Short: "Download an image's content; FILE appears only once its sha256 and size match",
+		Args:  positional("IMAGE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if pullOut == "" {
+				return invalidArg("out", "required: pass --out FILE")
+			}
+			c, t, err := a.imagesClient(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			tmp, err := os.CreateTemp(filepath.Dir(pullOut), ".pull-*")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(tmp.Name())
+			h := sha256.New()
+			img, err := c.PullImage(cmd.Context(), &apiv1.PullImageRequest{Tenant: t, Image: argv[0]}, io.MultiWriter(tmp, h))
+			if cerr := tmp.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			st, err := os.Stat(tmp.Name())
+			if err != nil {
+				return err
+			}
+			if got := hex.EncodeToString(h.Sum(nil)); got != img.GetSha256() || st.Size() != img.GetSizeBytes() {
+				return fmt.Errorf("downloaded %d bytes with sha256 %s, but image %s has %d bytes with sha256 %s; nothing was written",
+					st.Size(), got, img.GetName(), img.GetSizeBytes(), img.GetSha256())
+			}
+			if err := os.Rename(tmp.Name(), pullOut); err != nil {
+				return err
+			}
+			return a.printImages(cmd, img, img)
+		},
+	}
+	addFlag(pull)
+	pull.Flags().StringVar(&pullOut, "out", "", "file to write")
 
 	var keyFile string
 	sign := &cobra.Command{
@@ -236,7 +280,7 @@ printed for signer-keys add.`,
 	keygen.Flags().StringVar(&out, "out", "", "file for the private key (must not exist)")
 	keygen.Flags().StringVar(&alg, "algorithm", imagesig.AlgEd25519, "ed25519 or ecdsa-p256")
 
-	cmd.AddCommand(push, list, get, sign, promote, del, keygen)
+	cmd.AddCommand(push, list, get, pull, sign, promote, del, keygen)
 	return cmd
 }
 

@@ -76,6 +76,13 @@ func TestImagesAgainstAControlPlane(t *testing.T) {
 	require.True(t, got.Image.Trusted)
 	require.Equal(t, "ci", got.Image.Signatures[0].KeyName)
 	require.Contains(t, ok("images", "list"), "disk")
+	pulled := filepath.Join(dir, "pulled.img")
+	ok("images", "pull", "disk", "--out", pulled)
+	pb, err := os.ReadFile(pulled)
+	require.NoError(t, err)
+	db, err := os.ReadFile(disk)
+	require.NoError(t, err)
+	require.Equal(t, db, pb)
 
 	// A tenant admin cannot promote.
 	r = cli(acme, "images", "promote", "disk")

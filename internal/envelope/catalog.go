@@ -90,6 +90,7 @@ var catalog = []Method{
 	{apiv1connect.ImageServicePushProcedure, "images.push", KindMutation, true},
 	{apiv1connect.ImageServiceGetProcedure, "images.get", KindRead, false},
 	{apiv1connect.ImageServiceListProcedure, "images.list", KindRead, false},
+	{apiv1connect.ImageServicePullProcedure, "images.pull", KindRead, false},
 	{apiv1connect.ImageServiceSignProcedure, "images.sign", KindMutation, false},
 	{apiv1connect.ImageServicePromoteProcedure, "images.promote", KindMutation, false},
 	{apiv1connect.ImageServiceDeleteProcedure, "images.delete", KindMutation, false},

@@ -117,7 +117,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Platform", ID: "platform"}
 	case "images.push":
 		return Resource{Type: "Image", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw"}}
-	case "images.get", "images.sign", "images.promote", "images.delete":
+	case "images.get", "images.pull", "images.sign", "images.promote", "images.delete":
 		return Resource{Type: "Image", ID: "img1", TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw", "visibility": "private"}}
 	case "signerKeys.add", "signerKeys.remove":
 		return Resource{Type: "SignerKey", ID: "skey1", TenantID: tenant, Attrs: map[string]any{"name": "ci"}}
@@ -135,7 +135,7 @@ func TestCedarMatrix(t *testing.T) {
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
-		"capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "signerKeys.list"}
+		"capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -438,7 +438,7 @@ func TestActions(t *testing.T) {
 		"capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
-		"images.delete", "images.get", "images.list", "images.promote", "images.push", "images.sign",
+		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
 		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",

@@ -385,6 +385,71 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetImageRe
 	return connect.NewResponse(&apiv1.GetImageResponse{Image: p}), nil
 }
 
+// PullChunkBytes is the size of the chunks Pull sends.
+const PullChunkBytes = 256 << 10
+
+// Pull streams an image's content after the image itself.
+func (s *Service) Pull(ctx context.Context, req *connect.Request[apiv1.PullImageRequest], stream *connect.ServerStream[apiv1.PullImageResponse]) error {
+	msg := req.Msg
+	var vs envelope.Violations
+	validateImageRef(&vs, msg.GetTenant(), msg.GetImage())
+	if msg.GetOffset() < 0 {
+		vs.Add("offset", "must not be negative")
+	}
+	if err := vs.Err(); err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	var (
+		r imageRef
+		p *apiv1.Image
+	)
+	if err := s.env.Resolve(ctx, "image", func(ctx context.Context, q store.Querier) (err error) {
+		r, err = lookupImage(ctx, q, msg.GetTenant(), msg.GetImage(), true)
+		return err
+	}); err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+		return err
+	}
+	if err := r.notFound(); err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	if msg.GetOffset() > r.image.SizeBytes {
+		return s.env.Fail(ctx, envelope.Invalid(envelope.Violation{Field: "offset", Reason: "is past the image's end"}))
+	}
+	if err := s.env.Resolve(ctx, "image", func(ctx context.Context, q store.Querier) (err error) {
+		p, err = s.proto(ctx, q, r.image)
+		return err
+	}); err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	f, err := s.blobs.Open(r.image.SHA256)
+	if err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	defer f.Close()
+	if err := stream.Send(&apiv1.PullImageResponse{Part: &apiv1.PullImageResponse_Image{Image: p}}); err != nil {
+		return err
+	}
+	buf := make([]byte, PullChunkBytes)
+	rd := io.NewSectionReader(f, msg.GetOffset(), r.image.SizeBytes-msg.GetOffset())
+	for {
+		n, err := io.ReadFull(rd, buf)
+		if n > 0 {
+			if serr := stream.Send(&apiv1.PullImageResponse{Part: &apiv1.PullImageResponse_Chunk{Chunk: buf[:n]}}); serr != nil {
+				return serr
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		if err != nil {
+			return s.env.Fail(ctx, err)
+		}
+	}
+}
+
 // List lists the scope's images and every public image.
 func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListImagesRequest]) (*connect.Response[apiv1.ListImagesResponse], error) {
 	msg := req.Msg

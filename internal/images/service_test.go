@@ -519,3 +519,32 @@ func TestPushOverGRPC(t *testing.T) {
 		SizeBytes: int64(len(b))}, bytes.NewReader(b[1:]), "")
 	require.Equal(t, "DIGEST_MISMATCH", client.Code(err))
 }
+
+// TestPull streams content back, resumes at an offset, and hides another
+// tenant's private image.
+func TestPull(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	b, sum := content(t, 2*images.PullChunkBytes+3)
+	_, err := push(t, f.keys["admin"], "acme", "disk", "raw", b)
+	require.NoError(t, err)
+
+	var out bytes.Buffer
+	img, err := f.keys["viewer"].PullImage(ctx, &apiv1.PullImageRequest{Tenant: "acme", Image: "disk"}, &out)
+	require.NoError(t, err)
+	require.Equal(t, sum, img.GetSha256())
+	require.Equal(t, b, out.Bytes())
+
+	out.Reset()
+	_, err = f.keys["viewer"].PullImage(ctx, &apiv1.PullImageRequest{Tenant: "acme", Image: "disk", Offset: int64(len(b) - 10)}, &out)
+	require.NoError(t, err)
+	require.Equal(t, b[len(b)-10:], out.Bytes())
+
+	_, err = f.keys["viewer"].PullImage(ctx, &apiv1.PullImageRequest{Tenant: "acme", Image: "disk", Offset: int64(len(b) + 1)}, &out)
+	require.Equal(t, "INVALID_ARGUMENT", client.Code(err))
+	_, err = f.keys["evil"].PullImage(ctx, &apiv1.PullImageRequest{Tenant: "other", Image: img.GetId()}, &out)
+	require.Equal(t, "NOT_FOUND", client.Code(err))
+	_, err = f.keys["evil"].PullImage(ctx, &apiv1.PullImageRequest{Tenant: "acme", Image: img.GetId()}, &out)
+	require.Equal(t, "PERMISSION_DENIED", client.Code(err))
+}

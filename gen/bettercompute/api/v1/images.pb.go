@@ -701,6 +701,153 @@ func (x *ListImagesResponse) GetNextPageToken() string {
 	return ""
 }
 
+type PullImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tenant name or id; empty for platform images.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Image name or id; a public image of another owner by id.
+	Image string `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	// Resume from this byte (0 for the whole image).
+	Offset        int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageRequest) Reset() {
+	*x = PullImageRequest{}
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageRequest) ProtoMessage() {}
+
+func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
+func (*PullImageRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PullImageRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PullImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *PullImageRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type PullImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*PullImageResponse_Image
+	//	*PullImageResponse_Chunk
+	Part          isPullImageResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageResponse) Reset() {
+	*x = PullImageResponse{}
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageResponse) ProtoMessage() {}
+
+func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
+func (*PullImageResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PullImageResponse) GetPart() isPullImageResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *PullImageResponse) GetImage() *Image {
+	if x != nil {
+		if x, ok := x.Part.(*PullImageResponse_Image); ok {
+			return x.Image
+		}
+	}
+	return nil
+}
+
+func (x *PullImageResponse) GetChunk() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*PullImageResponse_Chunk); ok {
+			return x.Chunk
+		}
+	}
+	return nil
+}
+
+type isPullImageResponse_Part interface {
+	isPullImageResponse_Part()
+}
+
+type PullImageResponse_Image struct {
+	// The first message.
+	Image *Image `protobuf:"bytes,1,opt,name=image,proto3,oneof"`
+}
+
+type PullImageResponse_Chunk struct {
+	// At most 256 KiB each, in order from offset.
+	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
+}
+
+func (*PullImageResponse_Image) isPullImageResponse_Part() {}
+
+func (*PullImageResponse_Chunk) isPullImageResponse_Part() {}
+
 type SignImageRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -714,7 +861,7 @@ type SignImageRequest struct {
 
 func (x *SignImageRequest) Reset() {
 	*x = SignImageRequest{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +873,7 @@ func (x *SignImageRequest) String() string {
 func (*SignImageRequest) ProtoMessage() {}
 
 func (x *SignImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +886,7 @@ func (x *SignImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignImageRequest.ProtoReflect.Descriptor instead.
 func (*SignImageRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignImageRequest) GetTenant() string {
@@ -779,7 +926,7 @@ type SignImageResponse struct {
 
 func (x *SignImageResponse) Reset() {
 	*x = SignImageResponse{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +938,7 @@ func (x *SignImageResponse) String() string {
 func (*SignImageResponse) ProtoMessage() {}
 
 func (x *SignImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +951,7 @@ func (x *SignImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignImageResponse.ProtoReflect.Descriptor instead.
 func (*SignImageResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SignImageResponse) GetImage() *Image {
@@ -824,7 +971,7 @@ type PromoteImageRequest struct {
 
 func (x *PromoteImageRequest) Reset() {
 	*x = PromoteImageRequest{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +983,7 @@ func (x *PromoteImageRequest) String() string {
 func (*PromoteImageRequest) ProtoMessage() {}
 
 func (x *PromoteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +996,7 @@ func (x *PromoteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteImageRequest.ProtoReflect.Descriptor instead.
 func (*PromoteImageRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PromoteImageRequest) GetTenant() string {
@@ -875,7 +1022,7 @@ type PromoteImageResponse struct {
 
 func (x *PromoteImageResponse) Reset() {
 	*x = PromoteImageResponse{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1034,7 @@ func (x *PromoteImageResponse) String() string {
 func (*PromoteImageResponse) ProtoMessage() {}
 
 func (x *PromoteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +1047,7 @@ func (x *PromoteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteImageResponse.ProtoReflect.Descriptor instead.
 func (*PromoteImageResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromoteImageResponse) GetImage() *Image {
@@ -920,7 +1067,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1079,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1092,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteImageRequest) GetTenant() string {
@@ -970,7 +1117,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1129,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1142,7 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{16}
 }
 
 // A SignerKey is a public key on an allowlist: a tenant's (images it signs
@@ -1020,7 +1167,7 @@ type SignerKey struct {
 
 func (x *SignerKey) Reset() {
 	*x = SignerKey{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1179,7 @@ func (x *SignerKey) String() string {
 func (*SignerKey) ProtoMessage() {}
 
 func (x *SignerKey) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1192,7 @@ func (x *SignerKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignerKey.ProtoReflect.Descriptor instead.
 func (*SignerKey) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignerKey) GetId() string {
@@ -1117,7 +1264,7 @@ type AddSignerKeyRequest struct {
 
 func (x *AddSignerKeyRequest) Reset() {
 	*x = AddSignerKeyRequest{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1276,7 @@ func (x *AddSignerKeyRequest) String() string {
 func (*AddSignerKeyRequest) ProtoMessage() {}
 
 func (x *AddSignerKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1289,7 @@ func (x *AddSignerKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddSignerKeyRequest.ProtoReflect.Descriptor instead.
 func (*AddSignerKeyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AddSignerKeyRequest) GetTenant() string {
@@ -1175,7 +1322,7 @@ type AddSignerKeyResponse struct {
 
 func (x *AddSignerKeyResponse) Reset() {
 	*x = AddSignerKeyResponse{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1334,7 @@ func (x *AddSignerKeyResponse) String() string {
 func (*AddSignerKeyResponse) ProtoMessage() {}
 
 func (x *AddSignerKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1347,7 @@ func (x *AddSignerKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddSignerKeyResponse.ProtoReflect.Descriptor instead.
 func (*AddSignerKeyResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AddSignerKeyResponse) GetSignerKey() *SignerKey {
@@ -1221,7 +1368,7 @@ type ListSignerKeysRequest struct {
 
 func (x *ListSignerKeysRequest) Reset() {
 	*x = ListSignerKeysRequest{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1233,7 +1380,7 @@ func (x *ListSignerKeysRequest) String() string {
 func (*ListSignerKeysRequest) ProtoMessage() {}
 
 func (x *ListSignerKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1246,7 +1393,7 @@ func (x *ListSignerKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignerKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListSignerKeysRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSignerKeysRequest) GetTenant() string {
@@ -1280,7 +1427,7 @@ type ListSignerKeysResponse struct {
 
 func (x *ListSignerKeysResponse) Reset() {
 	*x = ListSignerKeysResponse{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1439,7 @@ func (x *ListSignerKeysResponse) String() string {
 func (*ListSignerKeysResponse) ProtoMessage() {}
 
 func (x *ListSignerKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1452,7 @@ func (x *ListSignerKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSignerKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListSignerKeysResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSignerKeysResponse) GetSignerKeys() []*SignerKey {
@@ -1333,7 +1480,7 @@ type RemoveSignerKeyRequest struct {
 
 func (x *RemoveSignerKeyRequest) Reset() {
 	*x = RemoveSignerKeyRequest{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1492,7 @@ func (x *RemoveSignerKeyRequest) String() string {
 func (*RemoveSignerKeyRequest) ProtoMessage() {}
 
 func (x *RemoveSignerKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1505,7 @@ func (x *RemoveSignerKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerKeyRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSignerKeyRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveSignerKeyRequest) GetTenant() string {
@@ -1383,7 +1530,7 @@ type RemoveSignerKeyResponse struct {
 
 func (x *RemoveSignerKeyResponse) Reset() {
 	*x = RemoveSignerKeyResponse{}
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1542,7 @@ func (x *RemoveSignerKeyResponse) String() string {
 func (*RemoveSignerKeyResponse) ProtoMessage() {}
 
 func (x *RemoveSignerKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_images_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_images_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1555,7 @@ func (x *RemoveSignerKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSignerKeyResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSignerKeyResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_images_proto_rawDescGZIP(), []int{23}
 }
 
 var File_bettercompute_api_v1_images_proto protoreflect.FileDescriptor
@@ -1475,7 +1622,15 @@ const file_bettercompute_api_v1_images_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"q\n" +
 	"\x12ListImagesResponse\x123\n" +
 	"\x06images\x18\x01 \x03(\v2\x1b.bettercompute.api.v1.ImageR\x06images\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x87\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"X\n" +
+	"\x10PullImageRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\"h\n" +
+	"\x11PullImageResponse\x123\n" +
+	"\x05image\x18\x01 \x01(\v2\x1b.bettercompute.api.v1.ImageH\x00R\x05image\x12\x16\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
+	"\x04part\"\x87\x01\n" +
 	"\x10SignImageRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12'\n" +
@@ -1524,11 +1679,12 @@ const file_bettercompute_api_v1_images_proto_rawDesc = "" +
 	"\x16RemoveSignerKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\"\x19\n" +
-	"\x17RemoveSignerKeyResponse2\xbe\x04\n" +
+	"\x17RemoveSignerKeyResponse2\x9e\x05\n" +
 	"\fImageService\x12Y\n" +
 	"\x04Push\x12&.bettercompute.api.v1.PushImageRequest\x1a'.bettercompute.api.v1.PushImageResponse(\x01\x12Y\n" +
 	"\x03Get\x12%.bettercompute.api.v1.GetImageRequest\x1a&.bettercompute.api.v1.GetImageResponse\"\x03\x90\x02\x01\x12^\n" +
-	"\x04List\x12'.bettercompute.api.v1.ListImagesRequest\x1a(.bettercompute.api.v1.ListImagesResponse\"\x03\x90\x02\x01\x12W\n" +
+	"\x04List\x12'.bettercompute.api.v1.ListImagesRequest\x1a(.bettercompute.api.v1.ListImagesResponse\"\x03\x90\x02\x01\x12^\n" +
+	"\x04Pull\x12&.bettercompute.api.v1.PullImageRequest\x1a'.bettercompute.api.v1.PullImageResponse\"\x03\x90\x02\x010\x01\x12W\n" +
 	"\x04Sign\x12&.bettercompute.api.v1.SignImageRequest\x1a'.bettercompute.api.v1.SignImageResponse\x12`\n" +
 	"\aPromote\x12).bettercompute.api.v1.PromoteImageRequest\x1a*.bettercompute.api.v1.PromoteImageResponse\x12]\n" +
 	"\x06Delete\x12(.bettercompute.api.v1.DeleteImageRequest\x1a).bettercompute.api.v1.DeleteImageResponse2\xbf\x02\n" +
@@ -1549,7 +1705,7 @@ func file_bettercompute_api_v1_images_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_images_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_bettercompute_api_v1_images_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_bettercompute_api_v1_images_proto_goTypes = []any{
 	(*Image)(nil),                   // 0: bettercompute.api.v1.Image
 	(*ImageSignature)(nil),          // 1: bettercompute.api.v1.ImageSignature
@@ -1560,57 +1716,62 @@ var file_bettercompute_api_v1_images_proto_goTypes = []any{
 	(*GetImageResponse)(nil),        // 6: bettercompute.api.v1.GetImageResponse
 	(*ListImagesRequest)(nil),       // 7: bettercompute.api.v1.ListImagesRequest
 	(*ListImagesResponse)(nil),      // 8: bettercompute.api.v1.ListImagesResponse
-	(*SignImageRequest)(nil),        // 9: bettercompute.api.v1.SignImageRequest
-	(*SignImageResponse)(nil),       // 10: bettercompute.api.v1.SignImageResponse
-	(*PromoteImageRequest)(nil),     // 11: bettercompute.api.v1.PromoteImageRequest
-	(*PromoteImageResponse)(nil),    // 12: bettercompute.api.v1.PromoteImageResponse
-	(*DeleteImageRequest)(nil),      // 13: bettercompute.api.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),     // 14: bettercompute.api.v1.DeleteImageResponse
-	(*SignerKey)(nil),               // 15: bettercompute.api.v1.SignerKey
-	(*AddSignerKeyRequest)(nil),     // 16: bettercompute.api.v1.AddSignerKeyRequest
-	(*AddSignerKeyResponse)(nil),    // 17: bettercompute.api.v1.AddSignerKeyResponse
-	(*ListSignerKeysRequest)(nil),   // 18: bettercompute.api.v1.ListSignerKeysRequest
-	(*ListSignerKeysResponse)(nil),  // 19: bettercompute.api.v1.ListSignerKeysResponse
-	(*RemoveSignerKeyRequest)(nil),  // 20: bettercompute.api.v1.RemoveSignerKeyRequest
-	(*RemoveSignerKeyResponse)(nil), // 21: bettercompute.api.v1.RemoveSignerKeyResponse
-	(*timestamppb.Timestamp)(nil),   // 22: google.protobuf.Timestamp
+	(*PullImageRequest)(nil),        // 9: bettercompute.api.v1.PullImageRequest
+	(*PullImageResponse)(nil),       // 10: bettercompute.api.v1.PullImageResponse
+	(*SignImageRequest)(nil),        // 11: bettercompute.api.v1.SignImageRequest
+	(*SignImageResponse)(nil),       // 12: bettercompute.api.v1.SignImageResponse
+	(*PromoteImageRequest)(nil),     // 13: bettercompute.api.v1.PromoteImageRequest
+	(*PromoteImageResponse)(nil),    // 14: bettercompute.api.v1.PromoteImageResponse
+	(*DeleteImageRequest)(nil),      // 15: bettercompute.api.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),     // 16: bettercompute.api.v1.DeleteImageResponse
+	(*SignerKey)(nil),               // 17: bettercompute.api.v1.SignerKey
+	(*AddSignerKeyRequest)(nil),     // 18: bettercompute.api.v1.AddSignerKeyRequest
+	(*AddSignerKeyResponse)(nil),    // 19: bettercompute.api.v1.AddSignerKeyResponse
+	(*ListSignerKeysRequest)(nil),   // 20: bettercompute.api.v1.ListSignerKeysRequest
+	(*ListSignerKeysResponse)(nil),  // 21: bettercompute.api.v1.ListSignerKeysResponse
+	(*RemoveSignerKeyRequest)(nil),  // 22: bettercompute.api.v1.RemoveSignerKeyRequest
+	(*RemoveSignerKeyResponse)(nil), // 23: bettercompute.api.v1.RemoveSignerKeyResponse
+	(*timestamppb.Timestamp)(nil),   // 24: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_images_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.api.v1.Image.signatures:type_name -> bettercompute.api.v1.ImageSignature
-	22, // 1: bettercompute.api.v1.Image.create_time:type_name -> google.protobuf.Timestamp
-	22, // 2: bettercompute.api.v1.ImageSignature.create_time:type_name -> google.protobuf.Timestamp
+	24, // 1: bettercompute.api.v1.Image.create_time:type_name -> google.protobuf.Timestamp
+	24, // 2: bettercompute.api.v1.ImageSignature.create_time:type_name -> google.protobuf.Timestamp
 	3,  // 3: bettercompute.api.v1.PushImageRequest.header:type_name -> bettercompute.api.v1.PushImageHeader
 	0,  // 4: bettercompute.api.v1.PushImageResponse.image:type_name -> bettercompute.api.v1.Image
 	0,  // 5: bettercompute.api.v1.GetImageResponse.image:type_name -> bettercompute.api.v1.Image
 	0,  // 6: bettercompute.api.v1.ListImagesResponse.images:type_name -> bettercompute.api.v1.Image
-	0,  // 7: bettercompute.api.v1.SignImageResponse.image:type_name -> bettercompute.api.v1.Image
-	0,  // 8: bettercompute.api.v1.PromoteImageResponse.image:type_name -> bettercompute.api.v1.Image
-	22, // 9: bettercompute.api.v1.SignerKey.create_time:type_name -> google.protobuf.Timestamp
-	15, // 10: bettercompute.api.v1.AddSignerKeyResponse.signer_key:type_name -> bettercompute.api.v1.SignerKey
-	15, // 11: bettercompute.api.v1.ListSignerKeysResponse.signer_keys:type_name -> bettercompute.api.v1.SignerKey
-	2,  // 12: bettercompute.api.v1.ImageService.Push:input_type -> bettercompute.api.v1.PushImageRequest
-	5,  // 13: bettercompute.api.v1.ImageService.Get:input_type -> bettercompute.api.v1.GetImageRequest
-	7,  // 14: bettercompute.api.v1.ImageService.List:input_type -> bettercompute.api.v1.ListImagesRequest
-	9,  // 15: bettercompute.api.v1.ImageService.Sign:input_type -> bettercompute.api.v1.SignImageRequest
-	11, // 16: bettercompute.api.v1.ImageService.Promote:input_type -> bettercompute.api.v1.PromoteImageRequest
-	13, // 17: bettercompute.api.v1.ImageService.Delete:input_type -> bettercompute.api.v1.DeleteImageRequest
-	16, // 18: bettercompute.api.v1.SignerKeyService.Add:input_type -> bettercompute.api.v1.AddSignerKeyRequest
-	18, // 19: bettercompute.api.v1.SignerKeyService.List:input_type -> bettercompute.api.v1.ListSignerKeysRequest
-	20, // 20: bettercompute.api.v1.SignerKeyService.Remove:input_type -> bettercompute.api.v1.RemoveSignerKeyRequest
-	4,  // 21: bettercompute.api.v1.ImageService.Push:output_type -> bettercompute.api.v1.PushImageResponse
-	6,  // 22: bettercompute.api.v1.ImageService.Get:output_type -> bettercompute.api.v1.GetImageResponse
-	8,  // 23: bettercompute.api.v1.ImageService.List:output_type -> bettercompute.api.v1.ListImagesResponse
-	10, // 24: bettercompute.api.v1.ImageService.Sign:output_type -> bettercompute.api.v1.SignImageResponse
-	12, // 25: bettercompute.api.v1.ImageService.Promote:output_type -> bettercompute.api.v1.PromoteImageResponse
-	14, // 26: bettercompute.api.v1.ImageService.Delete:output_type -> bettercompute.api.v1.DeleteImageResponse
-	17, // 27: bettercompute.api.v1.SignerKeyService.Add:output_type -> bettercompute.api.v1.AddSignerKeyResponse
-	19, // 28: bettercompute.api.v1.SignerKeyService.List:output_type -> bettercompute.api.v1.ListSignerKeysResponse
-	21, // 29: bettercompute.api.v1.SignerKeyService.Remove:output_type -> bettercompute.api.v1.RemoveSignerKeyResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	0,  // 7: bettercompute.api.v1.PullImageResponse.image:type_name -> bettercompute.api.v1.Image
+	0,  // 8: bettercompute.api.v1.SignImageResponse.image:type_name -> bettercompute.api.v1.Image
+	0,  // 9: bettercompute.api.v1.PromoteImageResponse.image:type_name -> bettercompute.api.v1.Image
+	24, // 10: bettercompute.api.v1.SignerKey.create_time:type_name -> google.protobuf.Timestamp
+	17, // 11: bettercompute.api.v1.AddSignerKeyResponse.signer_key:type_name -> bettercompute.api.v1.SignerKey
+	17, // 12: bettercompute.api.v1.ListSignerKeysResponse.signer_keys:type_name -> bettercompute.api.v1.SignerKey
+	2,  // 13: bettercompute.api.v1.ImageService.Push:input_type -> bettercompute.api.v1.PushImageRequest
+	5,  // 14: bettercompute.api.v1.ImageService.Get:input_type -> bettercompute.api.v1.GetImageRequest
+	7,  // 15: bettercompute.api.v1.ImageService.List:input_type -> bettercompute.api.v1.ListImagesRequest
+	9,  // 16: bettercompute.api.v1.ImageService.Pull:input_type -> bettercompute.api.v1.PullImageRequest
+	11, // 17: bettercompute.api.v1.ImageService.Sign:input_type -> bettercompute.api.v1.SignImageRequest
+	13, // 18: bettercompute.api.v1.ImageService.Promote:input_type -> bettercompute.api.v1.PromoteImageRequest
+	15, // 19: bettercompute.api.v1.ImageService.Delete:input_type -> bettercompute.api.v1.DeleteImageRequest
+	18, // 20: bettercompute.api.v1.SignerKeyService.Add:input_type -> bettercompute.api.v1.AddSignerKeyRequest
+	20, // 21: bettercompute.api.v1.SignerKeyService.List:input_type -> bettercompute.api.v1.ListSignerKeysRequest
+	22, // 22: bettercompute.api.v1.SignerKeyService.Remove:input_type -> bettercompute.api.v1.RemoveSignerKeyRequest
+	4,  // 23: bettercompute.api.v1.ImageService.Push:output_type -> bettercompute.api.v1.PushImageResponse
+	6,  // 24: bettercompute.api.v1.ImageService.Get:output_type -> bettercompute.api.v1.GetImageResponse
+	8,  // 25: bettercompute.api.v1.ImageService.List:output_type -> bettercompute.api.v1.ListImagesResponse
+	10, // 26: bettercompute.api.v1.ImageService.Pull:output_type -> bettercompute.api.v1.PullImageResponse
+	12, // 27: bettercompute.api.v1.ImageService.Sign:output_type -> bettercompute.api.v1.SignImageResponse
+	14, // 28: bettercompute.api.v1.ImageService.Promote:output_type -> bettercompute.api.v1.PromoteImageResponse
+	16, // 29: bettercompute.api.v1.ImageService.Delete:output_type -> bettercompute.api.v1.DeleteImageResponse
+	19, // 30: bettercompute.api.v1.SignerKeyService.Add:output_type -> bettercompute.api.v1.AddSignerKeyResponse
+	21, // 31: bettercompute.api.v1.SignerKeyService.List:output_type -> bettercompute.api.v1.ListSignerKeysResponse
+	23, // 32: bettercompute.api.v1.SignerKeyService.Remove:output_type -> bettercompute.api.v1.RemoveSignerKeyResponse
+	23, // [23:33] is the sub-list for method output_type
+	13, // [13:23] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_images_proto_init() }
@@ -1622,13 +1783,17 @@ func file_bettercompute_api_v1_images_proto_init() {
 		(*PushImageRequest_Header)(nil),
 		(*PushImageRequest_Chunk)(nil),
 	}
+	file_bettercompute_api_v1_images_proto_msgTypes[10].OneofWrappers = []any{
+		(*PullImageResponse_Image)(nil),
+		(*PullImageResponse_Chunk)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_images_proto_rawDesc), len(file_bettercompute_api_v1_images_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

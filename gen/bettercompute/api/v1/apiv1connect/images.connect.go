@@ -41,6 +41,8 @@ const (
 	ImageServiceGetProcedure = "/bettercompute.api.v1.ImageService/Get"
 	// ImageServiceListProcedure is the fully-qualified name of the ImageService's List RPC.
 	ImageServiceListProcedure = "/bettercompute.api.v1.ImageService/List"
+	// ImageServicePullProcedure is the fully-qualified name of the ImageService's Pull RPC.
+	ImageServicePullProcedure = "/bettercompute.api.v1.ImageService/Pull"
 	// ImageServiceSignProcedure is the fully-qualified name of the ImageService's Sign RPC.
 	ImageServiceSignProcedure = "/bettercompute.api.v1.ImageService/Sign"
 	// ImageServicePromoteProcedure is the fully-qualified name of the ImageService's Promote RPC.
@@ -60,6 +62,10 @@ type ImageServiceClient interface {
 	Push(context.Context) *connect.ClientStreamForClient[v1.PushImageRequest, v1.PushImageResponse]
 	Get(context.Context, *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error)
 	List(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
+	// Pull streams an image's content: the image first, then chunks from
+	// offset. A reader checks the bytes against the image's sha256 (and, to
+	// deploy, its signatures: imagesig.CopyVerified) before using them.
+	Pull(context.Context, *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error)
 	// Sign attaches a signature the caller made with a key on the owner's or
 	// the platform's allowlist; it is verified before it is kept.
 	Sign(context.Context, *connect.Request[v1.SignImageRequest]) (*connect.Response[v1.SignImageResponse], error)
@@ -101,6 +107,13 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		pull: connect.NewClient[v1.PullImageRequest, v1.PullImageResponse](
+			httpClient,
+			baseURL+ImageServicePullProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("Pull")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		sign: connect.NewClient[v1.SignImageRequest, v1.SignImageResponse](
 			httpClient,
 			baseURL+ImageServiceSignProcedure,
@@ -127,6 +140,7 @@ type imageServiceClient struct {
 	push    *connect.Client[v1.PushImageRequest, v1.PushImageResponse]
 	get     *connect.Client[v1.GetImageRequest, v1.GetImageResponse]
 	list    *connect.Client[v1.ListImagesRequest, v1.ListImagesResponse]
+	pull    *connect.Client[v1.PullImageRequest, v1.PullImageResponse]
 	sign    *connect.Client[v1.SignImageRequest, v1.SignImageResponse]
 	promote *connect.Client[v1.PromoteImageRequest, v1.PromoteImageResponse]
 	delete  *connect.Client[v1.DeleteImageRequest, v1.DeleteImageResponse]
@@ -145,6 +159,11 @@ func (c *imageServiceClient) Get(ctx context.Context, req *connect.Request[v1.Ge
 // List calls bettercompute.api.v1.ImageService.List.
 func (c *imageServiceClient) List(ctx context.Context, req *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error) {
 	return c.list.CallUnary(ctx, req)
+}
+
+// Pull calls bettercompute.api.v1.ImageService.Pull.
+func (c *imageServiceClient) Pull(ctx context.Context, req *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageResponse], error) {
+	return c.pull.CallServerStream(ctx, req)
 }
 
 // Sign calls bettercompute.api.v1.ImageService.Sign.
@@ -167,6 +186,10 @@ type ImageServiceHandler interface {
 	Push(context.Context, *connect.ClientStream[v1.PushImageRequest]) (*connect.Response[v1.PushImageResponse], error)
 	Get(context.Context, *connect.Request[v1.GetImageRequest]) (*connect.Response[v1.GetImageResponse], error)
 	List(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
+	// Pull streams an image's content: the image first, then chunks from
+	// offset. A reader checks the bytes against the image's sha256 (and, to
+	// deploy, its signatures: imagesig.CopyVerified) before using them.
+	Pull(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error
 	// Sign attaches a signature the caller made with a key on the owner's or
 	// the platform's allowlist; it is verified before it is kept.
 	Sign(context.Context, *connect.Request[v1.SignImageRequest]) (*connect.Response[v1.SignImageResponse], error)
@@ -204,6 +227,13 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServicePullHandler := connect.NewServerStreamHandler(
+		ImageServicePullProcedure,
+		svc.Pull,
+		connect.WithSchema(imageServiceMethods.ByName("Pull")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	imageServiceSignHandler := connect.NewUnaryHandler(
 		ImageServiceSignProcedure,
 		svc.Sign,
@@ -230,6 +260,8 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceGetHandler.ServeHTTP(w, r)
 		case ImageServiceListProcedure:
 			imageServiceListHandler.ServeHTTP(w, r)
+		case ImageServicePullProcedure:
+			imageServicePullHandler.ServeHTTP(w, r)
 		case ImageServiceSignProcedure:
 			imageServiceSignHandler.ServeHTTP(w, r)
 		case ImageServicePromoteProcedure:
@@ -255,6 +287,10 @@ func (UnimplementedImageServiceHandler) Get(context.Context, *connect.Request[v1
 
 func (UnimplementedImageServiceHandler) List(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.ImageService.List is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) Pull(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.ImageService.Pull is not implemented"))
 }
 
 func (UnimplementedImageServiceHandler) Sign(context.Context, *connect.Request[v1.SignImageRequest]) (*connect.Response[v1.SignImageResponse], error) {
