@@ -252,6 +252,7 @@ func (s *Service) Push(ctx context.Context, stream *connect.ClientStream[apiv1.P
 	var (
 		sc    scope
 		dedup bool
+		taken bool
 	)
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.PushImageResponse]{
 		Validate: func() error {
@@ -274,12 +275,23 @@ func (s *Service) Push(ctx context.Context, stream *connect.ClientStream[apiv1.P
 			if sc, err = lookupScope(ctx, q, hdr.GetTenant()); err != nil || !sc.found {
 				return iam.Resource{Type: "Image", ID: iam.DraftID}, err
 			}
+			// Read now so a taken name is refused before gigabytes are sent;
+			// the unique index still decides a race.
+			switch _, err := ImageGet(ctx, q, sc.id(), hdr.GetName()); {
+			case err == nil:
+				taken = true
+			case !errors.Is(err, store.ErrNotFound):
+				return iam.Resource{}, err
+			}
 			return iam.Resource{Type: "Image", ID: iam.DraftID, TenantID: sc.id(),
 				Attrs: map[string]any{"name": hdr.GetName(), "kind": hdr.GetKind(), "visibility": VisibilityPrivate}}, nil
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
 			if err := sc.notFound(); err != nil {
 				return err
+			}
+			if taken {
+				return envelope.Errorf(envelope.CodeAlreadyExists, "image %q already exists in %s", hdr.GetName(), sc.name())
 			}
 			staged, err := s.blobs.Stage(&chunkReader{stream: stream}, hdr.GetSha256(), hdr.GetSizeBytes())
 			if err != nil {

@@ -164,7 +164,7 @@ func TestPushGetListDedup(t *testing.T) {
 	_, err = push(t, c, "acme", "disk", "raw", other)
 	require.Equal(t, "ALREADY_EXISTS", client.Code(err), "err: %v", err)
 	blobs, uploads = f.blobFiles(t)
-	require.Equal(t, []string{sum}, blobs, "the refused push's blob is collected")
+	require.Equal(t, []string{sum}, blobs, "the refused push kept nothing")
 	require.Empty(t, uploads)
 	// …but another tenant may use it.
 	_, err = push(t, f.keys["evil"], "other", "disk", "raw", other)
