@@ -44,6 +44,10 @@ $(BIN)/golangci-lint: tools/go.mod tools/go.sum
 bench: ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+.PHONY: sample-image
+sample-image: ## build the sample deployable disk image into bin/sample-image (deploy/images/build-sample.sh)
+	deploy/images/build-sample.sh $(BIN)/sample-image
+
 .PHONY: dev
 dev: ## run better-compute dev (all roles, SQLite in ./.better-compute)
 	$(GO) run ./cmd/better-compute dev

@@ -42,7 +42,10 @@ type ControlPlane struct {
 	Secret string
 
 	storeCfg store.Config
-	stop     func()
+	// imagesDir is the image blob directory, shared by replicas as
+	// deployments of several replicas must share it.
+	imagesDir string
+	stop      func()
 	// appName tags this replica's PostgreSQL sessions, so Kill can end
 	// them.
 	appName string
@@ -62,7 +65,7 @@ func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 	if err != nil {
 		t.Fatalf("bctest: generate secret: %v", err)
 	}
-	cp := &ControlPlane{Clock: clk, Secret: secret, storeCfg: storeCfg}
+	cp := &ControlPlane{Clock: clk, Secret: secret, storeCfg: storeCfg, imagesDir: t.TempDir()}
 	cp.start(t, opts, true)
 	return cp
 }
@@ -73,7 +76,7 @@ func NewControlPlane(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 // other's sessions only where the database can notify (PostgreSQL).
 func (cp *ControlPlane) NewReplica(t testing.TB, opts ...ControlPlaneOption) *ControlPlane {
 	t.Helper()
-	r := &ControlPlane{Clock: cp.Clock, Secret: cp.Secret, AdminKey: cp.AdminKey, storeCfg: cp.storeCfg}
+	r := &ControlPlane{Clock: cp.Clock, Secret: cp.Secret, AdminKey: cp.AdminKey, storeCfg: cp.storeCfg, imagesDir: cp.imagesDir}
 	r.start(t, opts, false)
 	return r
 }
@@ -99,6 +102,7 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 		JobPoll:       50 * time.Millisecond,
 		Secret:        cp.Secret,
 		GatewayListen: "127.0.0.1:0",
+		ImagesDir:     cp.imagesDir,
 		WrapAuthorizer: func(inner iam.Authorizer) iam.Authorizer {
 			cp.Authz = iam.NewCounting(inner)
 			return cp.Authz

@@ -55,6 +55,8 @@ type Client struct {
 	Quotas        apiv1connect.QuotaServiceClient
 	Capacity      apiv1connect.CapacityServiceClient
 	Usage         apiv1connect.UsageServiceClient
+	Images        apiv1connect.ImageServiceClient
+	SignerKeys    apiv1connect.SignerKeyServiceClient
 }
 
 type options struct {
@@ -119,6 +121,8 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Quotas:        apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),
 		Capacity:      apiv1connect.NewCapacityServiceClient(h, baseURL, copts...),
 		Usage:         apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
+		Images:        apiv1connect.NewImageServiceClient(h, baseURL, copts...),
+		SignerKeys:    apiv1connect.NewSignerKeyServiceClient(h, baseURL, copts...),
 		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
 	}

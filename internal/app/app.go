@@ -39,6 +39,7 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/jobs"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
@@ -94,8 +95,14 @@ type Config struct {
 	// /downloads/bcd/{version}/linux-{arch} for the install script;
 	// default <state-dir>/downloads.
 	DownloadsDir string
-	Clock        clock.Clock
-	Logger       *slog.Logger
+	// ImagesDir is the image catalog's blob directory (sha256/<hex> and
+	// uploads/); default <state-dir>/images. Replicas that take pushes must
+	// share it.
+	ImagesDir string
+	// MaxImageBytes bounds one image push; default 64 GiB.
+	MaxImageBytes int64
+	Clock         clock.Clock
+	Logger        *slog.Logger
 	// WrapAuthorizer lets tests instrument the authorizer (counting calls).
 	WrapAuthorizer func(iam.Authorizer) iam.Authorizer
 
@@ -168,6 +175,10 @@ func (c *Config) defaults() error {
 	c.Listen = cmp.Or(c.Listen, "127.0.0.1:8080")
 	c.StateDir = cmp.Or(c.StateDir, ".better-compute")
 	c.DownloadsDir = cmp.Or(c.DownloadsDir, filepath.Join(c.StateDir, "downloads"))
+	c.ImagesDir = cmp.Or(c.ImagesDir, filepath.Join(c.StateDir, "images"))
+	if c.MaxImageBytes < 0 {
+		return fmt.Errorf("max image bytes must not be negative, got %d", c.MaxImageBytes)
+	}
 	c.PDP = cmp.Or(c.PDP, "cedar")
 	if c.PDP != "cedar" && c.PDP != "authzen" {
 		return fmt.Errorf("pdp must be cedar or authzen, got %q", c.PDP)
@@ -218,6 +229,8 @@ type App struct {
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
 	Capacity *reservation.Runner
+	// Blobs is the image catalog's blob directory.
+	Blobs *images.Blobs
 }
 
 // Modules lists every module's migrations in dependency order.
@@ -231,6 +244,7 @@ func Modules() []store.Migrations {
 		// Usage reads reservations at run time only; keep it last of the
 		// capacity modules all the same.
 		usage.Migrations(),
+		images.Migrations(),
 	}
 }
 
@@ -341,6 +355,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 			return name, err
 		},
 	}); err != nil {
+		return nil, err
+	}
+	if a.Blobs, err = images.OpenBlobs(cfg.ImagesDir); err != nil {
 		return nil, err
 	}
 	a.Handler = bodyDeadline(a.routes(cedar, metrics), cfg.RequestBodyTimeout)

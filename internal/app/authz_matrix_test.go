@@ -1,7 +1,10 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"sort"
 	"sync/atomic"
@@ -19,6 +22,7 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -70,6 +74,15 @@ var matrixExpect = map[string]map[string]string{
 	// Running a process in a reservation is using what was booked: whoever
 	// books may; viewers only look.
 	"reservations.exec": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	// Images: admins push, sign and delete; making one public reaches
+	// every tenant, so it is the platform's alone.
+	"images.push":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.sign":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.promote": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Signer keys decide what a tenant deploys: credentials.
+	"signerKeys.add":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"signerKeys.remove": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -83,6 +96,9 @@ type matrixFixture struct {
 	gpuPool string
 	// active is an active reservation of that pool, made on first use.
 	active string
+	// acmeSigner and platformSigner are on acme's and the platform's
+	// signer allowlists once matrixSigners ran.
+	acmeSigner, platformSigner *imagesig.Signer
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -268,6 +284,43 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		}
 		return stream.Err()
 	},
+	"images.push": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := f.matrixImagePush(c)
+		return err
+	},
+	"images.sign": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		f.matrixSigners(t)
+		img := f.matrixImage(t, false)
+		_, err := f.matrixSign(c, img, f.acmeSigner)
+		return err
+	},
+	"images.promote": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		img := f.matrixImage(t, true)
+		_, err := c.Images.Promote(context.Background(), connect.NewRequest(&apiv1.PromoteImageRequest{Tenant: "acme", Image: img.GetId()}))
+		return err
+	},
+	"images.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		img := f.matrixImage(t, false)
+		_, err := c.Images.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteImageRequest{Tenant: "acme", Image: img.GetId()}))
+		return err
+	},
+	"signerKeys.add": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		s, _, err := imagesig.GenerateKey(imagesig.AlgECDSAP256)
+		require.NoError(t, err)
+		_, err = c.SignerKeys.Add(context.Background(), connect.NewRequest(&apiv1.AddSignerKeyRequest{Tenant: "acme", Name: f.name("key"),
+			PublicKey: s.Public.PEM()}))
+		return err
+	},
+	"signerKeys.remove": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		s, _, err := imagesig.GenerateKey(imagesig.AlgEd25519)
+		require.NoError(t, err)
+		k, err := f.admin.SignerKeys.Add(context.Background(), connect.NewRequest(&apiv1.AddSignerKeyRequest{Tenant: "acme", Name: f.name("key"),
+			PublicKey: s.Public.PEM()}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.SignerKeys.Remove(context.Background(), connect.NewRequest(&apiv1.RemoveSignerKeyRequest{Tenant: "acme", Key: k.Msg.GetSignerKey().GetId()}))
+		return err
+	},
 	"confirmations.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		name := f.name("p")
 		_, err := f.admin.Projects.Create(context.Background(), connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: name}))
@@ -278,6 +331,64 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err = c.Confirmations.Approve(context.Background(), connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: client.Detail(err).GetConfirmationId()}))
 		return err
 	},
+}
+
+// matrixSigners puts a key on acme's and one on the platform's allowlist,
+// once.
+func (f *matrixFixture) matrixSigners(t *testing.T) {
+	t.Helper()
+	if f.acmeSigner != nil {
+		return
+	}
+	for _, tenant := range []string{"acme", ""} {
+		s, _, err := imagesig.GenerateKey(imagesig.AlgEd25519)
+		require.NoError(t, err)
+		_, err = f.admin.SignerKeys.Add(context.Background(), connect.NewRequest(&apiv1.AddSignerKeyRequest{Tenant: tenant, Name: f.name("key"),
+			PublicKey: s.Public.PEM()}))
+		require.NoError(t, err)
+		if tenant == "" {
+			f.platformSigner = &s
+		} else {
+			f.acmeSigner = &s
+		}
+	}
+}
+
+// matrixImagePush is a push of fresh bytes into acme.
+func (f *matrixFixture) matrixImagePush(c *client.Client) (*apiv1.Image, error) {
+	body := []byte(f.name("image-bytes"))
+	sum := sha256.Sum256(body)
+	res, err := c.PushImage(context.Background(), &apiv1.PushImageHeader{Tenant: "acme", Name: f.name("img"), Kind: "raw",
+		Sha256: hex.EncodeToString(sum[:]), SizeBytes: int64(len(body))}, bytes.NewReader(body), "")
+	return res.GetImage(), err
+}
+
+// matrixImage pushes an image into acme as the platform admin, signed by
+// the platform's key when platformSigned, and returns it.
+func (f *matrixFixture) matrixImage(t *testing.T, platformSigned bool) *apiv1.Image {
+	t.Helper()
+	img, err := f.matrixImagePush(f.admin)
+	require.NoError(t, err)
+	if platformSigned {
+		f.matrixSigners(t)
+		img, err = f.matrixSign(f.admin, img, f.platformSigner)
+		require.NoError(t, err)
+	}
+	f.cp.Authz.Reset()
+	return img
+}
+
+func (f *matrixFixture) matrixSign(c *client.Client, img *apiv1.Image, s *imagesig.Signer) (*apiv1.Image, error) {
+	sig, err := s.Sign(imagesig.Payload(img.GetName(), img.GetKind(), img.GetSha256()))
+	if err != nil {
+		return nil, err
+	}
+	res, err := c.Images.Sign(context.Background(), connect.NewRequest(&apiv1.SignImageRequest{Tenant: "acme", Image: img.GetId(),
+		KeyFingerprint: s.Public.Fingerprint, Signature: sig}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg.GetImage(), nil
 }
 
 // matrixPool creates a pool in acme as the platform admin and returns its id.

@@ -8,14 +8,18 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 )
 
-// TestStreamingProcedures: the watches and exec, read from the
-// descriptors, are the procedures exempt from the body deadline; an empty
-// set would cut every watch (and every running exec) after the deadline.
+// TestStreamingProcedures: the watches, exec and the image push and pull,
+// read from the descriptors, are the procedures exempt from the body
+// deadline; an empty set would cut every watch (every running exec, every
+// push of a large image) after the deadline. A stream authenticates on its
+// headers, before its body.
 func TestStreamingProcedures(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, map[string]bool{
 		apiv1connect.EventServiceWatchProcedure:       true,
 		apiv1connect.ReservationServiceWatchProcedure: true,
 		apiv1connect.ReservationServiceExecProcedure:  true,
+		apiv1connect.ImageServicePushProcedure:        true,
+		apiv1connect.ImageServicePullProcedure:        true,
 	}, streamingProcedures)
 }

@@ -3,6 +3,8 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
@@ -22,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -31,7 +35,8 @@ import (
 
 // sfTables are the tables a mutation may write.
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
-	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings"}
+	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
+	"images", "image_signatures", "signer_keys", "image_refs"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -738,6 +743,25 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	}))
 	evilBooking := &apiv1.CreateReservationRequest{Tenant: "acme", Project: "web", Pool: "h100", Gpus: 1}
 
+	// An image of acme, a key on acme's allowlist and evil's own key with a
+	// signature of acme's image.
+	imgBytes := []byte("acme's disk")
+	imgSum := sha256.Sum256(imgBytes)
+	imgHdr := &apiv1.PushImageHeader{Tenant: "acme", Name: "disk", Kind: "raw", Sha256: hex.EncodeToString(imgSum[:]), SizeBytes: int64(len(imgBytes))}
+	pushed, err := admin.PushImage(ctx, imgHdr, bytes.NewReader(imgBytes), "")
+	require.NoError(t, err)
+	imgID := pushed.GetImage().GetId()
+	acmeSigner, _, err := imagesig.GenerateKey(imagesig.AlgEd25519)
+	require.NoError(t, err)
+	_, err = admin.SignerKeys.Add(ctx, connect.NewRequest(&apiv1.AddSignerKeyRequest{Tenant: "acme", Name: "ci", PublicKey: acmeSigner.Public.PEM()}))
+	require.NoError(t, err)
+	evilSigner, _, err := imagesig.GenerateKey(imagesig.AlgEd25519)
+	require.NoError(t, err)
+	evilSig, err := evilSigner.Sign(imagesig.Payload("disk", "raw", imgHdr.GetSha256()))
+	require.NoError(t, err)
+	evilPush := proto.CloneOf(imgHdr)
+	evilPush.Name = "evil"
+
 	type call func() error
 	cases := map[string][]call{
 		apiv1connect.TenantServiceCreateProcedure: {func() error {
@@ -1383,6 +1407,84 @@ permit (principal, action, resource);`}))
 				return evil.Watch(ctx, &apiv1.WatchEventsRequest{}, func(*apiv1.Event) error { return nil })
 			},
 		},
+		apiv1connect.ImageServicePushProcedure: {func() error {
+			_, err := evil.PushImage(ctx, evilPush, bytes.NewReader(imgBytes), "")
+			return err
+		}},
+		apiv1connect.ImageServiceGetProcedure: {
+			func() error {
+				_, err := evil.Images.Get(ctx, connect.NewRequest(&apiv1.GetImageRequest{Tenant: "acme", Image: "disk"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Images.Get(ctx, connect.NewRequest(&apiv1.GetImageRequest{Tenant: "other", Image: imgID}))
+				return err
+			},
+		},
+		apiv1connect.ImageServicePullProcedure: {
+			func() error {
+				_, err := evil.PullImage(ctx, &apiv1.PullImageRequest{Tenant: "acme", Image: imgID}, io.Discard)
+				return err
+			},
+			func() error {
+				_, err := evil.PullImage(ctx, &apiv1.PullImageRequest{Tenant: "other", Image: imgID}, io.Discard)
+				return err
+			},
+		},
+		apiv1connect.ImageServiceListProcedure: {func() error {
+			_, err := evil.Images.List(ctx, connect.NewRequest(&apiv1.ListImagesRequest{Tenant: acme.GetId()}))
+			return err
+		}},
+		apiv1connect.ImageServiceSignProcedure: {
+			func() error {
+				_, err := evil.Images.Sign(ctx, connect.NewRequest(&apiv1.SignImageRequest{Tenant: "acme", Image: imgID,
+					KeyFingerprint: evilSigner.Public.Fingerprint, Signature: evilSig}))
+				return err
+			},
+			func() error {
+				_, err := evil.Images.Sign(ctx, connect.NewRequest(&apiv1.SignImageRequest{Tenant: "other", Image: imgID,
+					KeyFingerprint: evilSigner.Public.Fingerprint, Signature: evilSig}))
+				return err
+			},
+		},
+		apiv1connect.ImageServicePromoteProcedure: {
+			func() error {
+				_, err := evil.Images.Promote(ctx, connect.NewRequest(&apiv1.PromoteImageRequest{Tenant: "acme", Image: imgID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Images.Promote(ctx, connect.NewRequest(&apiv1.PromoteImageRequest{Tenant: "other", Image: imgID}))
+				return err
+			},
+		},
+		apiv1connect.ImageServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Images.Delete(ctx, connect.NewRequest(&apiv1.DeleteImageRequest{Tenant: "acme", Image: "disk"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Images.Delete(ctx, connect.NewRequest(&apiv1.DeleteImageRequest{Tenant: "other", Image: imgID}))
+				return err
+			},
+		},
+		apiv1connect.SignerKeyServiceAddProcedure: {func() error {
+			_, err := evil.SignerKeys.Add(ctx, connect.NewRequest(&apiv1.AddSignerKeyRequest{Tenant: "acme", Name: "evil", PublicKey: evilSigner.Public.PEM()}))
+			return err
+		}},
+		apiv1connect.SignerKeyServiceListProcedure: {func() error {
+			_, err := evil.SignerKeys.List(ctx, connect.NewRequest(&apiv1.ListSignerKeysRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.SignerKeyServiceRemoveProcedure: {
+			func() error {
+				_, err := evil.SignerKeys.Remove(ctx, connect.NewRequest(&apiv1.RemoveSignerKeyRequest{Tenant: "acme", Key: "ci"}))
+				return err
+			},
+			func() error {
+				_, err := evil.SignerKeys.Remove(ctx, connect.NewRequest(&apiv1.RemoveSignerKeyRequest{Tenant: "other", Key: acmeSigner.Public.Fingerprint}))
+				return err
+			},
+		},
 	}
 
 	for _, m := range envelope.Catalog() {
@@ -1449,4 +1551,11 @@ permit (principal, action, resource);`}))
 		require.Equal(t, 4, got.GPUs, "acme's quota is untouched")
 		return nil
 	}))
+	img, err := admin.Images.Get(ctx, connect.NewRequest(&apiv1.GetImageRequest{Tenant: "acme", Image: imgID}))
+	require.NoError(t, err)
+	require.Empty(t, img.Msg.GetImage().GetSignatures(), "acme's image is untouched")
+	require.Equal(t, "private", img.Msg.GetImage().GetVisibility())
+	keys, err := admin.SignerKeys.List(ctx, connect.NewRequest(&apiv1.ListSignerKeysRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Len(t, keys.Msg.GetSignerKeys(), 1)
 }

@@ -81,6 +81,7 @@ func (a *app) command() *cobra.Command {
   Observe:        audit, events
   Fleet:          nodes, commands, inventory, join-tokens, join-requests
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
+  Images:         images, signer-keys
   This CLI:       config, version
 
 The server and token come from --server/--token, else the environment
@@ -120,6 +121,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	)
 	root.AddCommand(a.fleetCommands()...)
 	root.AddCommand(a.poolsCommand())
+	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
 	root.AddCommand(a.quotasCommand())
 	root.AddCommand(a.reservationCommands()...)

@@ -38,6 +38,8 @@ type serverFlags struct {
 	oidc                                               authn.OIDCConfig
 	bootstrapKeyFile                                   string
 	downloadsDir                                       string
+	imagesDir                                          string
+	maxImageBytes                                      int64
 	gatewayListen, trustDomain                         string
 	// advertiseURL is where peers forward the mutations of pools whose
 	// placer runs here.
@@ -71,6 +73,8 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 15*time.Second, "how long in-flight requests get to finish on SIGTERM")
 	fl.StringVar(&f.downloadsDir, "downloads-dir", "", "bcd builds served at /downloads/bcd/{version}/linux-{arch} (default <state-dir>/downloads)")
+	fl.StringVar(&f.imagesDir, "images-dir", "", "image catalog blobs (sha256/<hex>) and uploads in flight; replicas taking pushes must share it (default <state-dir>/images)")
+	fl.Int64Var(&f.maxImageBytes, "max-image-bytes", 64<<30, "largest image a push may upload, in bytes")
 	fl.StringVar(&f.gatewayListen, "gateway-listen", envOr("BETTER_COMPUTE_GATEWAY_LISTEN", "127.0.0.1:8443"), "agent gateway (gRPC, mutual TLS) listen address (env BETTER_COMPUTE_GATEWAY_LISTEN)")
 	fl.IntVar(&f.maxConnections, "max-connections", bcapp.DefaultMaxConnections, "most open connections to the API; more are closed at accept")
 	fl.Float64Var(&f.requestRate, "request-rate", 100, "API requests per second one principal may make over time (0: no limit); beyond, RESOURCE_EXHAUSTED with a retry delay")
@@ -193,6 +197,7 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		Roles: f.roles, Listen: f.listen, StateDir: f.stateDir, DatabaseURL: f.databaseURL,
 		PDP: f.pdp, AuthZENURL: f.authzenURL, AuthZENTimeout: f.authzenTimeout, AuthZENToken: token,
 		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger, DownloadsDir: f.downloadsDir,
+		ImagesDir: f.imagesDir, MaxImageBytes: f.maxImageBytes,
 		GatewayListen: f.gatewayListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
 		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
 		MaxConnections:     f.maxConnections,

@@ -90,6 +90,16 @@ var catalog = []Method{
 	{apiv1connect.CapacityServiceRebuildProcedure, "capacity.rebuild", KindMutation, false},
 	{apiv1connect.UsageServiceListProcedure, "usage.list", KindRead, false},
 	{apiv1connect.UsageServiceExportProcedure, "usage.export", KindRead, false},
+	{apiv1connect.ImageServicePushProcedure, "images.push", KindMutation, true},
+	{apiv1connect.ImageServiceGetProcedure, "images.get", KindRead, false},
+	{apiv1connect.ImageServiceListProcedure, "images.list", KindRead, false},
+	{apiv1connect.ImageServicePullProcedure, "images.pull", KindRead, false},
+	{apiv1connect.ImageServiceSignProcedure, "images.sign", KindMutation, false},
+	{apiv1connect.ImageServicePromoteProcedure, "images.promote", KindMutation, false},
+	{apiv1connect.ImageServiceDeleteProcedure, "images.delete", KindMutation, false},
+	{apiv1connect.SignerKeyServiceAddProcedure, "signerKeys.add", KindMutation, true},
+	{apiv1connect.SignerKeyServiceListProcedure, "signerKeys.list", KindRead, false},
+	{apiv1connect.SignerKeyServiceRemoveProcedure, "signerKeys.remove", KindMutation, false},
 }
 
 var catalogIndex = func() map[string]Method {

@@ -47,6 +47,18 @@ const (
 	// CodeTooManyStreams: the principal holds as many watch streams as it
 	// may; close one, or retry after the error's retry delay.
 	CodeTooManyStreams Code = "TOO_MANY_STREAMS"
+	// CodeDigestMismatch: uploaded bytes disagree with the sha256 or size
+	// the request declared; nothing was kept.
+	CodeDigestMismatch Code = "DIGEST_MISMATCH"
+	// CodeUnknownSigner: the signing key is on neither the owner's nor the
+	// platform's signer allowlist.
+	CodeUnknownSigner Code = "UNKNOWN_SIGNER"
+	// CodeImageUntrusted: no trusted key signed the image for this use
+	// (deploy, promote; a ramdisk needs the platform's signature).
+	CodeImageUntrusted Code = "IMAGE_UNTRUSTED"
+	// CodeImageInUse: something (a deployed machine) uses the image; the
+	// detail names it in the message.
+	CodeImageInUse Code = "IMAGE_IN_USE"
 )
 
 var connectCodes = map[Code]connect.Code{
@@ -68,6 +80,10 @@ var connectCodes = map[Code]connect.Code{
 	CodeNoCapacity:             connect.CodeResourceExhausted,
 	CodeRateLimited:            connect.CodeResourceExhausted,
 	CodeTooManyStreams:         connect.CodeResourceExhausted,
+	CodeDigestMismatch:         connect.CodeInvalidArgument,
+	CodeUnknownSigner:          connect.CodeFailedPrecondition,
+	CodeImageUntrusted:         connect.CodeFailedPrecondition,
+	CodeImageInUse:             connect.CodeFailedPrecondition,
 }
 
 // canonicalCodes maps a bare Connect code (from Connect itself, not the

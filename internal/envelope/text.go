@@ -17,6 +17,8 @@ import (
 // moves the cursor back over what was printed.
 var MultiLineFields = map[protoreflect.FullName]bool{
 	"bettercompute.api.v1.PutPolicyRequest.text": true,
+	// A PEM block is lines of base64.
+	"bettercompute.api.v1.AddSignerKeyRequest.public_key": true,
 }
 
 // UnsafeRune reports why r must not appear in text that reaches an

@@ -936,3 +936,19 @@ func TestSystemCommands(t *testing.T) {
 	require.Equal(t, 1, n, "a refused command writes nothing")
 	require.EqualValues(t, 1, seq)
 }
+
+// TestInventorySectionEmpty: an empty section (nil data, as a host without
+// disks or GPUs sends it) is stored, not refused by the NOT NULL column.
+func TestInventorySectionEmpty(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return fleet.InventorySectionPut(ctx, tx, f.node.ID, "disks", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", nil)
+	}))
+	var n int
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT count(*) FROM inventory_sections WHERE node_id = $1 AND data IS NOT NULL`, f.node.ID).Scan(&n)
+	}))
+	require.Equal(t, 1, n)
+}

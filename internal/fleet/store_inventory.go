@@ -240,6 +240,11 @@ func InventoryReplace(ctx context.Context, tx store.Tx, inv *Inventory, diff str
 
 // InventorySectionPut stores one verified inventory section.
 func InventorySectionPut(ctx context.Context, tx store.Tx, nodeID, name, sha256 string, data []byte) error {
+	if data == nil {
+		// An empty section (a host with no disks, no GPUs) arrives as nil,
+		// which the drivers write as NULL; the column holds bytes.
+		data = []byte{}
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO inventory_sections (node_id, name, sha256, data, update_time) VALUES ($1, $2, $3, $4, compute_now())
 		ON CONFLICT (node_id, name) DO UPDATE SET sha256 = excluded.sha256, data = excluded.data, update_time = excluded.update_time`,
 		nodeID, name, sha256, data)

@@ -115,6 +115,12 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
 	case "capacity.rebuild":
 		return Resource{Type: "Platform", ID: "platform"}
+	case "images.push":
+		return Resource{Type: "Image", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw"}}
+	case "images.get", "images.pull", "images.sign", "images.promote", "images.delete":
+		return Resource{Type: "Image", ID: "img1", TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw", "visibility": "private"}}
+	case "signerKeys.add", "signerKeys.remove":
+		return Resource{Type: "SignerKey", ID: "skey1", TenantID: tenant, Attrs: map[string]any{"name": "ci"}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -129,7 +135,7 @@ func TestCedarMatrix(t *testing.T) {
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
-		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export"}
+		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -147,7 +153,7 @@ func TestCedarMatrix(t *testing.T) {
 	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
-		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" {
+		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" {
 			want[RoleAdmin][a] = allow
 		}
 	}
@@ -164,7 +170,7 @@ func TestCedarMatrix(t *testing.T) {
 				if tenant != p.TenantID && role != RolePlatformAdmin {
 					expect = deny
 				}
-				if action == "capacity.rebuild" && role != RolePlatformAdmin {
+				if (action == "capacity.rebuild" || action == "images.promote") && role != RolePlatformAdmin {
 					expect = deny
 				}
 				t.Run(string(role)+"/"+action+"/"+tenant, func(t *testing.T) {
@@ -432,6 +438,7 @@ func TestActions(t *testing.T) {
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
+		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
 		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
@@ -441,6 +448,7 @@ func TestActions(t *testing.T) {
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
+		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
 	}
 	require.Equal(t, want, Actions())
