@@ -66,7 +66,7 @@ func (c *Client) PullImage(ctx context.Context, req *apiv1.PullImageRequest, w i
 	if err != nil {
 		return nil, err
 	}
-	defer stream.Close()
+	defer func() { _ = stream.Close() }()
 	var img *apiv1.Image
 	for stream.Receive() {
 		switch part := stream.Msg().GetPart().(type) {

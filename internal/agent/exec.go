@@ -149,7 +149,7 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 		if err != nil {
 			return outcome{}, fail(FailExecStart, fmt.Errorf("open cgroup %s: %w", dir, err))
 		}
-		defer unix.Close(fd)
+		defer func() { _ = unix.Close(fd) }()
 		// clone3 with CLONE_INTO_CGROUP: the process is in the cgroup from
 		// its first instruction, so nothing it forks escapes the limits.
 		attr.UseCgroupFD, attr.CgroupFD, entered = true, fd, true

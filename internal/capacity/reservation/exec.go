@@ -86,8 +86,7 @@ func CommandLine(argv []string) string {
 			b.WriteByte(' ')
 		}
 		if a != "" && strings.IndexFunc(a, func(r rune) bool {
-			return !(r == '-' || r == '_' || r == '.' || r == '/' || r == '=' || r == ':' || r == ',' || r == '@' || r == '+' ||
-				('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9'))
+			return !strings.ContainsRune("-_./=:,@+", r) && (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9')
 		}) < 0 {
 			b.WriteString(a)
 		} else {

@@ -21,14 +21,13 @@ import (
 // gpus; acme, globex and stranger are consumers-to-be, each with a member
 // key; operator has an admin key.
 type offerFixture struct {
-	cp                       *bctest.ControlPlane
-	admin                    *client.Client
-	owner                    *client.Client
-	members                  map[string]*client.Client
-	ids                      map[string]string
-	poolID                   string
-	nodes                    []string
-	offersBefore, eventsSeen int
+	cp      *bctest.ControlPlane
+	admin   *client.Client
+	owner   *client.Client
+	members map[string]*client.Client
+	ids     map[string]string
+	poolID  string
+	nodes   []string
 }
 
 func setupOffers(t *testing.T) *offerFixture {
