@@ -99,6 +99,8 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 		JobPoll:       50 * time.Millisecond,
 		Secret:        cp.Secret,
 		GatewayListen: "127.0.0.1:0",
+		// Test receivers listen on loopback, as in dev.
+		WebhookAllowLoopback: true,
 		WrapAuthorizer: func(inner iam.Authorizer) iam.Authorizer {
 			cp.Authz = iam.NewCounting(inner)
 			return cp.Authz
@@ -131,6 +133,8 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	a.SetAPIURL(srv.URL)
 	done := make(chan error, 1)
 	go func() { done <- a.Jobs.Run(ctx) }()
+	whDone := make(chan error, 1)
+	go func() { whDone <- a.RunWebhooks(ctx) }()
 	gwDone := make(chan error, 1)
 	if len(cfg.Roles) == 0 || slices.Contains(cfg.Roles, app.RoleGateway) {
 		addr, err := a.ListenGateway()
@@ -154,6 +158,9 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 			}
 			if err := <-done; err != nil {
 				t.Errorf("bctest: jobs: %v", err)
+			}
+			if err := <-whDone; err != nil {
+				t.Errorf("bctest: webhooks: %v", err)
 			}
 		})
 	}

@@ -55,6 +55,7 @@ type Client struct {
 	Quotas        apiv1connect.QuotaServiceClient
 	Capacity      apiv1connect.CapacityServiceClient
 	Usage         apiv1connect.UsageServiceClient
+	Webhooks      apiv1connect.WebhookServiceClient
 }
 
 type options struct {
@@ -121,6 +122,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Usage:         apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
 		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
+		Webhooks:      apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),
 	}
 }
 
