@@ -304,3 +304,14 @@ func DeliveryDueWebhooks(ctx context.Context, q store.Querier, now time.Time) ([
 	}
 	return out, rows.Err()
 }
+
+// WebhookSecrets lists every endpoint's sealed secrets (for a reseal).
+func WebhookSecrets(ctx context.Context, q store.Querier) ([]Webhook, error) {
+	return scanWebhooks(q.Query(ctx, `SELECT `+webhookColumns+` FROM webhooks ORDER BY id`))
+}
+
+// WebhookSetSecrets writes an endpoint's sealed secrets.
+func WebhookSetSecrets(ctx context.Context, tx store.Tx, id string, secret, previous []byte) error {
+	_, err := tx.Exec(ctx, `UPDATE webhooks SET secret = $2, previous_secret = $3 WHERE id = $1`, id, secret, previous)
+	return err
+}
