@@ -175,7 +175,11 @@ func (a *App) addWebhookJobs(workers *river.Workers, jm *jobMetrics) []*river.Pe
 		sealer = a.sealer
 	}
 	d := webhooks.NewDeliverer(a.DB, sealer, a.WebhookGuard, a.recorder, a.cfg.Logger)
-	d.Metrics = func(outcome string) { jm.total.WithLabelValues("webhooks.attempt", outcome).Inc() }
+	attempts := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "bc_webhook_delivery_attempts_total", Help: "Webhook delivery attempts, by outcome (ok or failed).",
+	}, []string{"outcome"})
+	a.Registry.MustRegister(attempts)
+	d.Metrics = func(outcome string) { attempts.WithLabelValues(outcome).Inc() }
 	river.AddWorker(workers, d)
 	river.AddWorker(workers, &pruneEventsWorker{db: a.DB, retention: a.cfg.EventRetention, metrics: jm})
 	a.Webhooks = &webhooks.Dispatcher{DB: a.DB, Hub: a.hub, Poll: a.cfg.EventPoll, Log: a.cfg.Logger,
