@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,7 +400,7 @@ func TestRotateSecretOverlap(t *testing.T) {
 	rcv.mu.Lock()
 	sigs := rcv.got[0].sigs
 	rcv.mu.Unlock()
-	require.Len(t, splitFields(sigs), 2, "two v1 signatures during the overlap")
+	require.Len(t, strings.Fields(sigs), 2, "two v1 signatures during the overlap")
 
 	f.cp.Clock.Advance(2 * time.Hour)
 	rcv.setSecret(fresh)
@@ -409,29 +410,7 @@ func TestRotateSecretOverlap(t *testing.T) {
 	rcv.mu.Lock()
 	sigs = rcv.got[len(rcv.got)-1].sigs
 	rcv.mu.Unlock()
-	require.Len(t, splitFields(sigs), 1, "the old secret stopped signing")
-}
-
-func splitFields(s string) []string {
-	var out []string
-	for _, f := range []byte(s) {
-		_ = f
-	}
-	cur := ""
-	for _, r := range s {
-		if r == ' ' {
-			if cur != "" {
-				out = append(out, cur)
-			}
-			cur = ""
-			continue
-		}
-		cur += string(r)
-	}
-	if cur != "" {
-		out = append(out, cur)
-	}
-	return out
+	require.Len(t, strings.Fields(sigs), 1, "the old secret stopped signing")
 }
 
 // TestSSRFRefusals: endpoints on loopback, link-local, private and
@@ -577,4 +556,49 @@ func TestOutboxRetention(t *testing.T) {
 		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM events WHERE seq = $1`, cursor).Scan(&kept)
 	}))
 	require.Equal(t, 1, kept, "the event the cursor stands on stays")
+}
+
+// TestCreateIsIdempotentAndShowsTheSecretOnce: a replay with the same
+// Idempotency-Key answers the same endpoint without its secret, and writes
+// nothing more.
+func TestCreateIsIdempotentAndShowsTheSecretOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	key := client.NewIdempotencyKey()
+	call := func() *apiv1.CreateWebhookResponse {
+		req := connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: "http://127.0.0.1:9/x"})
+		req.Header().Set(client.HeaderIdempotencyKey, key)
+		res, err := f.admin.Webhooks.Create(ctx, req)
+		require.NoError(t, err)
+		return res.Msg
+	}
+	first, again := call(), call()
+	require.NotEmpty(t, first.GetSecret())
+	require.Empty(t, again.GetSecret(), "the secret is shown once")
+	require.Equal(t, first.GetWebhook().GetId(), again.GetWebhook().GetId())
+	list, err := f.admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Len(t, list.Msg.GetWebhooks(), 1)
+	// Bad input: field errors, nothing written.
+	for _, tc := range []struct {
+		req   *apiv1.CreateWebhookRequest
+		field string
+	}{
+		{&apiv1.CreateWebhookRequest{Tenant: "acme"}, "url"},
+		{&apiv1.CreateWebhookRequest{Url: "http://127.0.0.1:9/x"}, "tenant"},
+		{&apiv1.CreateWebhookRequest{Tenant: "acme", Url: "http://127.0.0.1:9/x", Description: strings.Repeat("x", 300)}, "description"},
+	} {
+		_, err := f.admin.Webhooks.Create(ctx, connect.NewRequest(tc.req))
+		require.Equal(t, "INVALID_ARGUMENT", code(err))
+		require.Equal(t, tc.field, client.Detail(err).GetViolations()[0].GetField())
+	}
+	_, err = f.admin.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme",
+		Webhook: first.GetWebhook().GetId(), OverlapSeconds: 8 * 24 * 3600}))
+	require.Equal(t, "INVALID_ARGUMENT", code(err))
+	_, err = f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "nobody", Url: "http://127.0.0.1:9/x"}))
+	require.Equal(t, "NOT_FOUND", code(err))
+	list, err = f.admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Len(t, list.Msg.GetWebhooks(), 1)
 }
