@@ -3,6 +3,7 @@ package webhooks_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -156,12 +157,10 @@ func (f *fixture) head(t *testing.T, webhookID string) (webhooks.Delivery, bool)
 	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
 		var err error
 		d, err = webhooks.DeliveryHead(ctx, tx, webhookID)
-		if err == nil {
-			ok = true
-		}
-		if err == store.ErrNotFound || err != nil && ok == false {
+		if errors.Is(err, store.ErrNotFound) {
 			return nil
 		}
+		ok = err == nil
 		return err
 	}))
 	return d, ok
