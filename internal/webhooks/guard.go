@@ -48,9 +48,21 @@ func (g *Guard) AddSelf(hostport string) {
 			return
 		}
 	}
+	self := []netip.AddrPort{netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
+	if ap.Addr().IsUnspecified() {
+		// A listener on every address answers on each of this host's
+		// addresses, not only on loopback.
+		if addrs, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range addrs {
+				if p, err := netip.ParsePrefix(a.String()); err == nil {
+					self = append(self, netip.AddrPortFrom(p.Addr().Unmap(), ap.Port()))
+				}
+			}
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.self = append(g.self, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	g.self = append(g.self, self...)
 }
 
 // AddSelfURL records the API's base URL (http://host:port).

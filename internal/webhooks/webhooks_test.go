@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -462,6 +464,18 @@ func TestSSRFRefusals(t *testing.T) {
 	loop.AddSelf("127.0.0.1:8080")
 	require.NoError(t, loop.Control("tcp4", "127.0.0.1:9000", nil))
 	require.ErrorContains(t, loop.Control("tcp4", "127.0.0.1:8080", nil), "own API listener")
+	// A listener on every address is refused on each of this host's.
+	all := &webhooks.Guard{AllowPrivate: true}
+	all.AddSelf(":8443")
+	require.ErrorContains(t, all.Control("tcp4", "127.0.0.1:8443", nil), "own API listener")
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				require.ErrorContains(t, all.Control("tcp", netip.AddrPortFrom(p.Addr(), 8443).String(), nil), "own API listener", p.Addr())
+			}
+		}
+	}
+	require.NoError(t, all.Control("tcp4", "10.9.9.9:8444", nil), "private allowed, another port")
 
 	// Bad types are field errors too.
 	_, err = f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: "http://93.184.216.34/x",
