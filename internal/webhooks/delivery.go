@@ -81,11 +81,12 @@ func (DeliverArgs) Kind() string { return "webhooks.deliver" }
 
 // DeliverOpts makes the job unique per endpoint while waiting or running:
 // one delivery job per endpoint at a time is what keeps its events in
-// order.
+// order. A job that failed (retryable) does not count: its retry is
+// scheduled on the clock, and the dispatcher's next pass must be able to
+// enqueue a fresh one rather than wait for it.
 func DeliverOpts() *river.InsertOpts {
 	return &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
-		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
-		rivertype.JobStateScheduled, rivertype.JobStateRetryable,
+		rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
 	}}}
 }
 
