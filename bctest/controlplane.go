@@ -103,6 +103,8 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 		Secret:        cp.Secret,
 		GatewayListen: "127.0.0.1:0",
 		ImagesDir:     cp.imagesDir,
+		// Test receivers listen on loopback, as in dev.
+		WebhookAllowLoopback: true,
 		WrapAuthorizer: func(inner iam.Authorizer) iam.Authorizer {
 			cp.Authz = iam.NewCounting(inner)
 			return cp.Authz
@@ -135,6 +137,8 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	a.SetAPIURL(srv.URL)
 	done := make(chan error, 1)
 	go func() { done <- a.Jobs.Run(ctx) }()
+	whDone := make(chan error, 1)
+	go func() { whDone <- a.RunWebhooks(ctx) }()
 	gwDone := make(chan error, 1)
 	if len(cfg.Roles) == 0 || slices.Contains(cfg.Roles, app.RoleGateway) {
 		addr, err := a.ListenGateway()
@@ -158,6 +162,9 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 			}
 			if err := <-done; err != nil {
 				t.Errorf("bctest: jobs: %v", err)
+			}
+			if err := <-whDone; err != nil {
+				t.Errorf("bctest: webhooks: %v", err)
 			}
 		})
 	}

@@ -57,6 +57,7 @@ type Client struct {
 	Usage         apiv1connect.UsageServiceClient
 	Images        apiv1connect.ImageServiceClient
 	SignerKeys    apiv1connect.SignerKeyServiceClient
+	Webhooks      apiv1connect.WebhookServiceClient
 }
 
 type options struct {
@@ -125,6 +126,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		SignerKeys:    apiv1connect.NewSignerKeyServiceClient(h, baseURL, copts...),
 		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
+		Webhooks:      apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),
 	}
 }
 

@@ -46,6 +46,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storeopen"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
 // Roles a process can run.
@@ -161,6 +162,18 @@ type Config struct {
 	// that long (default 2m).
 	GatewayHandshakeTimeout time.Duration
 	GatewayIdleConnTimeout  time.Duration
+	// WebhookAllowPrivate lets webhook endpoints resolve to loopback,
+	// link-local and private addresses (--webhook-allow-private);
+	// WebhookAllowLoopback allows loopback alone (dev). The API's own
+	// listener is refused either way.
+	WebhookAllowPrivate  bool
+	WebhookAllowLoopback bool
+	// EventRetention is how long outbox events are kept once every webhook
+	// cursor has passed them (default 7 days).
+	EventRetention time.Duration
+	// SSEHeartbeat is how often an idle event stream gets a comment line
+	// (default 15s).
+	SSEHeartbeat time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -201,6 +214,11 @@ func (c *Config) defaults() error {
 	if c.Limits.RequestRate < 0 || c.Limits.RequestBurst < 0 || c.Limits.MaxStreams < 0 {
 		return errors.New("request rate, burst and stream limits must not be negative (0 means no limit)")
 	}
+	c.EventRetention = cmp.Or(c.EventRetention, 7*24*time.Hour)
+	c.SSEHeartbeat = cmp.Or(c.SSEHeartbeat, 15*time.Second)
+	if c.EventRetention < time.Hour {
+		return fmt.Errorf("event retention must be at least 1h, got %s", c.EventRetention)
+	}
 	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return nil
@@ -231,13 +249,19 @@ type App struct {
 	Capacity *reservation.Runner
 	// Blobs is the image catalog's blob directory.
 	Blobs *images.Blobs
+	// Webhooks is the outbox consumer that queues webhook deliveries; it
+	// runs with the worker role (RunWebhooks).
+	Webhooks *webhooks.Dispatcher
+	// WebhookGuard is the SSRF guard of webhook endpoints.
+	WebhookGuard *webhooks.Guard
+	sealer       *pki.Sealer
 }
 
 // Modules lists every module's migrations in dependency order.
 func Modules() []store.Migrations {
 	return []store.Migrations{
 		tenancy.Migrations(), authn.Migrations(), policy.Migrations(),
-		envelope.Migrations(), audit.Migrations(), events.Migrations(),
+		envelope.Migrations(), audit.Migrations(), events.Migrations(), webhooks.Migrations(),
 		fleet.Migrations(), pool.Migrations(), booking.Migrations(), reservation.Migrations(),
 		// Quotas read the reservations table; keep them after its module.
 		quota.Migrations(),
@@ -332,6 +356,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Gateway.AddWorkers(workers)
 	periodic = append(periodic, a.Gateway.PeriodicJobs()...)
+	a.WebhookGuard = &webhooks.Guard{AllowPrivate: cfg.WebhookAllowPrivate, AllowLoopback: cfg.WebhookAllowLoopback}
+	a.WebhookGuard.AddSelf(cfg.Listen)
+	periodic = append(periodic, a.addWebhookJobs(workers, jm)...)
 	a.Capacity = a.buildCapacity()
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
@@ -385,6 +412,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 			cfg.Logger.Info("created the PKI", "trust_domain", pa.TrustDomain(), "pin", pa.Pin())
 		}
 		a.PKI = pa
+		a.sealer = sealer
 		authority = gateway.FromPKI(pa)
 	}
 	a.execHub = execrelay.New()
@@ -578,6 +606,7 @@ func (a *App) buildCapacity() *reservation.Runner {
 // SetAPIURL sets the URL other replicas reach this replica's API by: they
 // forward the mutations of pools whose placer runs here to it.
 func (a *App) SetAPIURL(url string) {
+	a.WebhookGuard.AddSelfURL(url)
 	if a.Capacity != nil {
 		a.Capacity.Engine.SetURL(url)
 	}

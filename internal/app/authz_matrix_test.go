@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
 // principals of the matrix, all of tenant acme except the platform admin.
@@ -83,6 +84,14 @@ var matrixExpect = map[string]map[string]string{
 	// Signer keys decide what a tenant deploys: credentials.
 	"signerKeys.add":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"signerKeys.remove": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Webhooks: admins manage endpoints; a secret (create, rotation) is a
+	// credential.
+	"webhooks.create":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.update":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.delete":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.test":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.rotateSecret": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.redeliver":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -135,6 +144,31 @@ func (f *matrixFixture) matrixJoinRequest(t *testing.T) string {
 	})
 	require.NoError(t, err)
 	return jr.ID
+}
+
+// matrixWebhook creates a webhook of acme (disabled, so nothing is sent).
+func (f *matrixFixture) matrixWebhook(t *testing.T) string {
+	t.Helper()
+	res, err := f.admin.Webhooks.Create(context.Background(), connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme",
+		Url: "http://127.0.0.1:9/" + f.name("hook")}))
+	require.NoError(t, err)
+	f.cp.Authz.Reset()
+	return res.Msg.GetWebhook().GetId()
+}
+
+// matrixDeadDelivery gives a webhook of acme a dead delivery, as a day of
+// failures would.
+func (f *matrixFixture) matrixDeadDelivery(t *testing.T) (webhookID, deliveryID string) {
+	t.Helper()
+	wh := f.matrixWebhook(t)
+	now := f.cp.Clock.Now()
+	d := &webhooks.Delivery{ID: envelope.NewID(webhooks.DeliveryIDPrefix, now), WebhookID: wh, TenantID: f.acme, EventID: "1",
+		EventType: "webhook.test", Payload: []byte("{}"), State: webhooks.DeliveryDead, Attempts: 30, NextAttemptTime: now,
+		CreateTime: now, UpdateTime: now}
+	require.NoError(t, f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return webhooks.DeliveryInsert(ctx, tx, d)
+	}))
+	return wh, d.ID
 }
 
 // matrixCalls makes each mutation with fresh resources, so every cell of the
@@ -241,6 +275,34 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	},
 	"capacity.rebuild": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Capacity.Rebuild(context.Background(), connect.NewRequest(&apiv1.RebuildCapacityRequest{}))
+		return err
+	},
+	"webhooks.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Webhooks.Create(context.Background(), connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme",
+			Url: "http://127.0.0.1:9/" + f.name("hook")}))
+		return err
+	},
+	"webhooks.update": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		desc := "renamed"
+		_, err := c.Webhooks.Update(context.Background(), connect.NewRequest(&apiv1.UpdateWebhookRequest{Tenant: "acme",
+			Webhook: f.matrixWebhook(t), Description: &desc}))
+		return err
+	},
+	"webhooks.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Webhooks.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteWebhookRequest{Tenant: "acme", Webhook: f.matrixWebhook(t)}))
+		return err
+	},
+	"webhooks.test": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Webhooks.Test(context.Background(), connect.NewRequest(&apiv1.TestWebhookRequest{Tenant: "acme", Webhook: f.matrixWebhook(t)}))
+		return err
+	},
+	"webhooks.rotateSecret": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Webhooks.RotateSecret(context.Background(), connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme", Webhook: f.matrixWebhook(t)}))
+		return err
+	},
+	"webhooks.redeliver": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		wh, dl := f.matrixDeadDelivery(t)
+		_, err := c.Webhooks.Redeliver(context.Background(), connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "acme", Webhook: wh, Delivery: dl}))
 		return err
 	},
 	"quotas.set": func(t *testing.T, f *matrixFixture, c *client.Client) error {

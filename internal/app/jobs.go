@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/views"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
 // jobMetrics counts worked jobs by kind and outcome.
@@ -145,4 +147,57 @@ func addCapacityViewJobs(workers *river.Workers, db *store.DB, jm *jobMetrics) [
 			func() (river.JobArgs, *river.InsertOpts) { return rollupUsageArgs{}, unique(rollupUsageInterval) },
 			&river.PeriodicJobOpts{RunOnStart: true}),
 	}
+}
+
+type pruneEventsArgs struct{}
+
+func (pruneEventsArgs) Kind() string { return "events.prune" }
+
+// pruneEventsWorker deletes outbox events past the retention window that
+// every webhook cursor has passed.
+type pruneEventsWorker struct {
+	river.WorkerDefaults[pruneEventsArgs]
+	db        *store.DB
+	retention time.Duration
+	metrics   *jobMetrics
+}
+
+func (w *pruneEventsWorker) Work(ctx context.Context, job *river.Job[pruneEventsArgs]) error {
+	_, err := webhooks.PruneEvents(ctx, w.db, w.retention)
+	return w.metrics.done(job.Kind, err)
+}
+
+// addWebhookJobs registers the delivery worker and the outbox retention
+// job, and builds the dispatcher that feeds the workers.
+func (a *App) addWebhookJobs(workers *river.Workers, jm *jobMetrics) []*river.PeriodicJob {
+	var sealer webhooks.Sealer
+	if a.sealer != nil {
+		sealer = a.sealer
+	}
+	d := webhooks.NewDeliverer(a.DB, sealer, a.WebhookGuard, a.recorder, a.cfg.Logger)
+	attempts := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "bc_webhook_delivery_attempts_total", Help: "Webhook delivery attempts, by outcome (ok or failed).",
+	}, []string{"outcome"})
+	a.Registry.MustRegister(attempts)
+	d.Metrics = func(outcome string) { attempts.WithLabelValues(outcome).Inc() }
+	river.AddWorker(workers, d)
+	river.AddWorker(workers, &pruneEventsWorker{db: a.DB, retention: a.cfg.EventRetention, metrics: jm})
+	a.Webhooks = &webhooks.Dispatcher{DB: a.DB, Hub: a.hub, Poll: a.cfg.EventPoll, Log: a.cfg.Logger,
+		Enqueue: func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
+			return a.Jobs.InsertTx(ctx, tx, args, opts)
+		}}
+	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(time.Hour),
+		func() (river.JobArgs, *river.InsertOpts) {
+			return pruneEventsArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: time.Hour}}
+		}, &river.PeriodicJobOpts{RunOnStart: true})}
+}
+
+// RunWebhooks runs the webhook dispatcher until ctx is done; without the
+// worker role it only waits.
+func (a *App) RunWebhooks(ctx context.Context) error {
+	if !slices.Contains(a.cfg.Roles, RoleWorker) {
+		<-ctx.Done()
+		return nil
+	}
+	return a.Webhooks.Run(ctx)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
 // MaxRequestBytes caps every request body; larger ones are refused before
@@ -87,8 +88,9 @@ func (textProto) Unmarshal(b []byte, v any) error {
 }
 
 func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) http.Handler {
+	interceptor := envelope.NewInterceptor(a.Envelope, a.Authn, metrics)
 	opts := connect.WithHandlerOptions(
-		connect.WithInterceptors(envelope.NewInterceptor(a.Envelope, a.Authn, metrics)),
+		connect.WithInterceptors(interceptor),
 		connect.WithReadMaxBytes(MaxRequestBytes),
 		connect.WithCodec(strictJSON{}),
 		connect.WithCodec(textProto{}),
@@ -101,7 +103,19 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewPolicyServiceHandler(policy.NewService(a.Envelope, validator), opts))
 	mux.Handle(apiv1connect.NewConfirmationServiceHandler(confirmation.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewAuditServiceHandler(audit.NewService(a.Envelope), opts))
-	mux.Handle(apiv1connect.NewEventServiceHandler(events.NewService(a.Envelope, a.hub, a.cfg.EventPoll), opts))
+	eventService := events.NewService(a.Envelope, a.hub, a.cfg.EventPoll)
+	mux.Handle(apiv1connect.NewEventServiceHandler(eventService, opts))
+	// Server-Sent Events: the watch's procedure row authorizes it
+	// (events.watch) and its streams count against the same limit.
+	mux.Handle("GET "+events.SSEPath, interceptor.HTTPStream(apiv1connect.EventServiceWatchProcedure,
+		func(ctx context.Context, w http.ResponseWriter, r *http.Request) error {
+			return eventService.SSE(ctx, w, r, a.cfg.SSEHeartbeat)
+		}, events.SSEError))
+	var sealer webhooks.Sealer
+	if a.sealer != nil {
+		sealer = a.sealer
+	}
+	mux.Handle(apiv1connect.NewWebhookServiceHandler(webhooks.NewService(a.Envelope, sealer, a.WebhookGuard), opts))
 	// a.PKI is nil when no secret is configured: join token creation and
 	// node deletion then answer INTERNAL. a.Gateway always wakes sessions.
 	fd := fleetDeps(a.PKI, a.Gateway)

@@ -71,7 +71,7 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	if slices.Contains(a.cfg.Roles, RoleGateway) {
 		tasks = append(tasks, a.Gateway.Run)
 	}
-	tasks = append(tasks, a.Jobs.Run)
+	tasks = append(tasks, a.Jobs.Run, a.RunWebhooks)
 	return RunTasks(ctx, tasks...)
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
 // Helpers shared by safety_test.go, confirm_test.go, oidc_test.go and
@@ -36,7 +37,7 @@ import (
 // sfTables are the tables a mutation may write.
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
-	"images", "image_signatures", "signer_keys", "image_refs"}
+	"images", "image_signatures", "signer_keys", "image_refs", "webhooks"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -732,6 +733,18 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return quota.Upsert(ctx, tx, &quo) }))
 	evilGPUs := int32(1000)
 
+	// A webhook of acme (its filter matches nothing, so nothing is sent)
+	// with a dead delivery.
+	wh, err := admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme",
+		Url: "http://127.0.0.1:9/acme", Types: []string{"nothing.matches"}}))
+	require.NoError(t, err)
+	whID := wh.Msg.GetWebhook().GetId()
+	dead := &webhooks.Delivery{ID: envelope.NewID(webhooks.DeliveryIDPrefix, now), WebhookID: whID, TenantID: acme.GetId(),
+		EventID: "1", EventType: "webhook.test", Payload: []byte("{}"), State: webhooks.DeliveryDead, NextAttemptTime: now,
+		CreateTime: now, UpdateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return webhooks.DeliveryInsert(ctx, tx, dead) }))
+	evilURL := "http://127.0.0.1:9/evil"
+
 	// A reservation of acme's project web waiting in pool h100, written as
 	// Create would.
 	rsvID := envelope.NewID(reservation.IDPrefix, now)
@@ -1073,6 +1086,92 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: poolID, To: []string{"all"}}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceCreateProcedure: {
+			func() error {
+				_, err := evil.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: evilURL}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: acme.GetId(), Url: evilURL}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceGetProcedure: {
+			func() error {
+				_, err := evil.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "acme", Webhook: whID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "other", Webhook: whID}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceListProcedure: {
+			func() error {
+				_, err := evil.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "acme"}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceUpdateProcedure: {
+			func() error {
+				_, err := evil.Webhooks.Update(ctx, connect.NewRequest(&apiv1.UpdateWebhookRequest{Tenant: "acme", Webhook: whID, Url: &evilURL}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.Update(ctx, connect.NewRequest(&apiv1.UpdateWebhookRequest{Tenant: "other", Webhook: whID, Url: &evilURL}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Webhooks.Delete(ctx, connect.NewRequest(&apiv1.DeleteWebhookRequest{Tenant: "acme", Webhook: whID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.Delete(ctx, connect.NewRequest(&apiv1.DeleteWebhookRequest{Tenant: "other", Webhook: whID}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceTestProcedure: {
+			func() error {
+				_, err := evil.Webhooks.Test(ctx, connect.NewRequest(&apiv1.TestWebhookRequest{Tenant: "acme", Webhook: whID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.Test(ctx, connect.NewRequest(&apiv1.TestWebhookRequest{Tenant: "other", Webhook: whID}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceRotateSecretProcedure: {
+			func() error {
+				_, err := evil.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme", Webhook: whID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "other", Webhook: whID}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceListDeliveriesProcedure: {
+			func() error {
+				_, err := evil.Webhooks.ListDeliveries(ctx, connect.NewRequest(&apiv1.ListWebhookDeliveriesRequest{Tenant: "acme", Webhook: whID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.ListDeliveries(ctx, connect.NewRequest(&apiv1.ListWebhookDeliveriesRequest{Tenant: "other", Webhook: whID}))
+				return err
+			},
+		},
+		apiv1connect.WebhookServiceRedeliverProcedure: {
+			func() error {
+				_, err := evil.Webhooks.Redeliver(ctx, connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "acme", Webhook: whID, Delivery: dead.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Webhooks.Redeliver(ctx, connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "other", Webhook: whID, Delivery: dead.ID}))
 				return err
 			},
 		},
@@ -1545,6 +1644,10 @@ permit (principal, action, resource);`}))
 	require.NoError(t, err)
 	require.Equal(t, "pending", rsv.Msg.GetReservation().GetState(), "acme's reservation is untouched")
 	require.Equal(t, now.Add(time.Hour).UTC().Truncate(time.Microsecond), rsv.Msg.GetReservation().GetEndTime().AsTime())
+	gotWh, err := admin.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "acme", Webhook: whID}))
+	require.NoError(t, err)
+	require.Equal(t, "http://127.0.0.1:9/acme", gotWh.Msg.GetWebhook().GetUrl(), "acme's webhook is untouched")
+	require.Nil(t, gotWh.Msg.GetWebhook().GetPreviousSecretExpireTime(), "its secret was not rotated")
 	require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		got, err := quota.Get(ctx, tx, acme.GetId(), quo.ID)
 		require.NoError(t, err)

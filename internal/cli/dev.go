@@ -82,7 +82,11 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 				return err
 			}
 			ctx := cmd.Context()
-			a, err := bcapp.New(ctx, f.config(logger))
+			appCfg := f.config(logger)
+			// dev's receivers run on this machine: loopback endpoints are
+			// allowed (the API's own listener still is not).
+			appCfg.WebhookAllowLoopback = true
+			a, err := bcapp.New(ctx, appCfg)
 			if err != nil {
 				return serverError(err)
 			}

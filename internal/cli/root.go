@@ -78,7 +78,7 @@ func (a *app) command() *cobra.Command {
 
   Run it:         serve, dev, pki, daemon
   Tenancy:        tenants, projects, api-keys, iam, confirmations, whoami
-  Observe:        audit, events
+  Observe:        audit, events, webhooks
   Fleet:          nodes, commands, inventory, join-tokens, join-requests
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
@@ -124,6 +124,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
 	root.AddCommand(a.quotasCommand())
+	root.AddCommand(a.webhooksCommand())
 	root.AddCommand(a.reservationCommands()...)
 	for _, f := range extraCommands {
 		root.AddCommand(f())

@@ -31,6 +31,8 @@ func init() {
 
 // serverFlags are the flags serve and dev share.
 type serverFlags struct {
+	webhookAllowPrivate                                bool
+	eventRetention, sseHeartbeat                       time.Duration
 	listen, stateDir, databaseURL, logFormat, logLevel string
 	roles                                              []string
 	pdp, authzenURL, authzenToken                      string
@@ -79,7 +81,10 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.IntVar(&f.maxConnections, "max-connections", bcapp.DefaultMaxConnections, "most open connections to the API; more are closed at accept")
 	fl.Float64Var(&f.requestRate, "request-rate", 100, "API requests per second one principal may make over time (0: no limit); beyond, RESOURCE_EXHAUSTED with a retry delay")
 	fl.IntVar(&f.requestBurst, "request-burst", 0, "API requests one principal may make at once (default twice --request-rate)")
-	fl.IntVar(&f.maxStreams, "max-streams", 16, "watch streams one principal may hold open (0: no limit)")
+	fl.IntVar(&f.maxStreams, "max-streams", 16, "watch streams (Connect watches and /v1/events/stream) one principal may hold open (0: no limit); beyond, TOO_MANY_STREAMS (HTTP 429)")
+	fl.BoolVar(&f.webhookAllowPrivate, "webhook-allow-private", false, "let webhook endpoints resolve to loopback, link-local and private addresses (the API's own listener stays refused)")
+	fl.DurationVar(&f.eventRetention, "event-retention", 7*24*time.Hour, "keep outbox events this long once every webhook has received them (SSE and watch clients resume within it)")
+	fl.DurationVar(&f.sseHeartbeat, "sse-heartbeat", 15*time.Second, "how often an idle /v1/events/stream gets a heartbeat comment line")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")
 	fl.DurationVar(&f.unreachableAfter, "unreachable-after", 30*time.Second, "a node without a heartbeat this long is unreachable (at least twice --heartbeat-interval)")
 	fl.DurationVar(&f.lostAfter, "lost-after", 5*time.Minute, "a node without a heartbeat this long is lost and its reservations are released (longer than --unreachable-after)")
@@ -202,7 +207,8 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
 		MaxConnections:     f.maxConnections,
 		DBStatementTimeout: offIfZero(f.dbStatementTimeout), DBLockTimeout: offIfZero(f.dbLockTimeout),
-		Limits: envelope.Limits{RequestRate: f.requestRate, RequestBurst: f.requestBurst, MaxStreams: f.maxStreams},
+		Limits:              envelope.Limits{RequestRate: f.requestRate, RequestBurst: f.requestBurst, MaxStreams: f.maxStreams},
+		WebhookAllowPrivate: f.webhookAllowPrivate, EventRetention: f.eventRetention, SSEHeartbeat: f.sseHeartbeat,
 	}
 }
 

@@ -100,6 +100,15 @@ var catalog = []Method{
 	{apiv1connect.SignerKeyServiceAddProcedure, "signerKeys.add", KindMutation, true},
 	{apiv1connect.SignerKeyServiceListProcedure, "signerKeys.list", KindRead, false},
 	{apiv1connect.SignerKeyServiceRemoveProcedure, "signerKeys.remove", KindMutation, false},
+	{apiv1connect.WebhookServiceCreateProcedure, "webhooks.create", KindMutation, true},
+	{apiv1connect.WebhookServiceGetProcedure, "webhooks.get", KindRead, false},
+	{apiv1connect.WebhookServiceListProcedure, "webhooks.list", KindRead, false},
+	{apiv1connect.WebhookServiceUpdateProcedure, "webhooks.update", KindMutation, false},
+	{apiv1connect.WebhookServiceDeleteProcedure, "webhooks.delete", KindMutation, false},
+	{apiv1connect.WebhookServiceTestProcedure, "webhooks.test", KindMutation, false},
+	{apiv1connect.WebhookServiceRotateSecretProcedure, "webhooks.rotateSecret", KindMutation, false},
+	{apiv1connect.WebhookServiceListDeliveriesProcedure, "webhooks.listDeliveries", KindRead, false},
+	{apiv1connect.WebhookServiceRedeliverProcedure, "webhooks.redeliver", KindMutation, false},
 }
 
 var catalogIndex = func() map[string]Method {

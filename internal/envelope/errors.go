@@ -104,8 +104,8 @@ var canonicalCodes = map[connect.Code]Code{
 
 // Violation names a refused request field and why.
 type Violation struct {
-	Field  string
-	Reason string
+	Field  string `json:"field"`
+	Reason string `json:"reason"`
 }
 
 // Error is an API error: a machine code, a user-facing message and, where

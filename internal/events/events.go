@@ -191,6 +191,29 @@ func LastSeq(ctx context.Context, q store.Querier) (int64, error) {
 	return seq, err
 }
 
+// Prune deletes the events older than before, but only those a cursor
+// standing on the event keep has passed (keep 0: none; -1: no such bound).
+// It returns how many it deleted. Only events whose transactions have ended
+// are considered.
+func Prune(ctx context.Context, tx store.Tx, before time.Time, keep int64) (int64, error) {
+	if keep == 0 {
+		return 0, nil
+	}
+	if keep < 0 {
+		return tx.Exec(ctx, `DELETE FROM events WHERE seq IN (SELECT seq FROM events_visible WHERE time < $1)`, before)
+	}
+	var xid uint64
+	err := tx.QueryRow(ctx, `SELECT xid FROM events WHERE seq = $1`, keep).Scan(&xid)
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, nil // the cursor's own event is gone: prune nothing rather than guess
+	}
+	if err != nil {
+		return 0, err
+	}
+	return tx.Exec(ctx, `DELETE FROM events WHERE seq IN (SELECT seq FROM events_visible
+		WHERE time < $1 AND (xid, seq) < ($2, $3))`, before, xid, keep)
+}
+
 // Service serves the EventService API.
 type Service struct {
 	env  *envelope.Envelope
@@ -213,32 +236,65 @@ func NewService(env *envelope.Envelope, hub *Hub, poll time.Duration) *Service {
 func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEventsRequest], stream *connect.ServerStream[apiv1.WatchEventsResponse]) error {
 	msg := req.Msg
 	var vs envelope.Violations
-	if msg.GetTenant() != "" {
-		vs.Ref("tenant", msg.GetTenant(), "tnt")
-	}
-	var after int64
-	if msg.GetAfter() != "" {
-		n, err := strconv.ParseInt(msg.GetAfter(), 10, 64)
-		if err != nil || n < 0 {
-			vs.Add("after", "must be an event id (a non-negative integer), got %q", msg.GetAfter())
-		}
-		after = n
-	}
 	if len(msg.GetTypePrefixes()) > 32 {
 		vs.Add("type_prefixes", "at most 32 prefixes")
+	}
+	return s.follow(ctx, followParams{
+		Tenant: msg.GetTenant(), After: msg.GetAfter(), AfterField: "after", Violations: vs,
+		Match: func(typ string) bool { return matches(typ, msg.GetTypePrefixes()) },
+		// The header goes out now so a client knows the watch is
+		// established before the first event.
+		Ready: func() error { return stream.Send(nil) },
+		Send:  func(ev Stored) error { return stream.Send(&apiv1.WatchEventsResponse{Event: Proto(ev)}) },
+	})
+}
+
+// followParams is one watch of the outbox, whatever carries it (a Connect
+// stream or Server-Sent Events).
+type followParams struct {
+	// Tenant is a name or id; empty follows every tenant (platform admins).
+	Tenant string
+	// After is the cursor to resume after ("" starts with new events);
+	// AfterField names it in errors.
+	After, AfterField string
+	// Violations already found in the caller's own fields.
+	Violations envelope.Violations
+	Match      func(typ string) bool
+	// Ready runs once the stream is decided, before the first event.
+	Ready func() error
+	Send  func(Stored) error
+	// Heartbeat, when set, runs every HeartbeatEvery without an event.
+	Heartbeat      func() error
+	HeartbeatEvery time.Duration
+}
+
+// follow validates, decides (once, then again every WatchRecheck) and
+// streams the events after the cursor, then live ones, until ctx ends.
+func (s *Service) follow(ctx context.Context, p followParams) error {
+	vs := p.Violations
+	if p.Tenant != "" {
+		vs.Ref("tenant", p.Tenant, "tnt")
+	}
+	var after int64
+	if p.After != "" {
+		n, err := strconv.ParseInt(p.After, 10, 64)
+		if err != nil || n < 0 {
+			vs.Add(p.AfterField, "must be an event id (a non-negative integer), got %q", p.After)
+		}
+		after = n
 	}
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
 	res := tenancy.PlatformResource()
 	var tenantID string
-	if msg.GetTenant() != "" {
+	if p.Tenant != "" {
 		var (
 			t      tenancy.Tenant
 			tfound bool
 		)
 		if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-			t, tfound, err = tenancy.LookupTenant(ctx, q, msg.GetTenant())
+			t, tfound, err = tenancy.LookupTenant(ctx, q, p.Tenant)
 			return err
 		}); err != nil {
 			return s.env.Fail(ctx, err)
@@ -251,27 +307,40 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 			return err
 		}
 		if !tfound {
-			return s.env.Fail(ctx, envelope.NotFound("tenant", msg.GetTenant()))
+			return s.env.Fail(ctx, envelope.NotFound("tenant", p.Tenant))
 		}
 		tenantID = t.ID
 	} else if err := s.env.AuthorizeRead(ctx, res); err != nil {
 		return err
 	}
-	if msg.GetAfter() == "" {
+	if p.After == "" {
 		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
 			after, err = LastSeq(ctx, q)
 			return err
 		}); err != nil {
 			return s.env.Fail(ctx, err)
 		}
+	} else if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
+		// An unknown cursor is refused before the stream starts.
+		_, err := ListAfter(ctx, q, tenantID, p.Tenant == "", after, 1)
+		if errors.Is(err, ErrUnknownCursor) {
+			return envelope.Invalid(envelope.Violation{Field: p.AfterField, Reason: fmt.Sprintf("no event with id %d (it may have been pruned by the outbox retention)", after)})
+		}
+		return err
+	}); err != nil {
+		return s.env.Fail(ctx, err)
 	}
-	// The header goes out now so a client knows the watch is established
-	// before the first event.
-	if err := stream.Send(nil); err != nil {
+	if err := p.Ready(); err != nil {
 		return err
 	}
 	ticker := time.NewTicker(s.poll)
 	defer ticker.Stop()
+	var beat <-chan time.Time
+	if p.Heartbeat != nil && p.HeartbeatEvery > 0 {
+		hb := time.NewTicker(p.HeartbeatEvery)
+		defer hb.Stop()
+		beat = hb.C
+	}
 	// A long watch follows policy changes: the stream is decided again
 	// every WatchRecheck and ends with PERMISSION_DENIED once refused.
 	rf := s.env.NewReadFilter(res)
@@ -279,9 +348,9 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 		wake := s.hub.Wait()
 		var batch []Stored
 		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
-			batch, err = ListAfter(ctx, q, tenantID, msg.GetTenant() == "", after, 500)
+			batch, err = ListAfter(ctx, q, tenantID, p.Tenant == "", after, 500)
 			if errors.Is(err, ErrUnknownCursor) {
-				return envelope.Invalid(envelope.Violation{Field: "after", Reason: fmt.Sprintf("no event with id %d", after)})
+				return envelope.Invalid(envelope.Violation{Field: p.AfterField, Reason: fmt.Sprintf("no event with id %d", after)})
 			}
 			return err
 		}); err != nil {
@@ -295,16 +364,17 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 		}
 		for _, ev := range batch {
 			after = ev.Seq
-			if !matches(ev.Type, msg.GetTypePrefixes()) {
+			if !p.Match(ev.Type) {
 				continue
 			}
-			if err := stream.Send(&apiv1.WatchEventsResponse{Event: Proto(ev)}); err != nil {
+			if err := p.Send(ev); err != nil {
 				return err
 			}
 		}
 		if len(batch) == 500 {
 			continue
 		}
+	wait:
 		select {
 		case <-ctx.Done():
 			return nil
@@ -312,6 +382,11 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 			return nil
 		case <-wake:
 		case <-ticker.C:
+		case <-beat:
+			if err := p.Heartbeat(); err != nil {
+				return err
+			}
+			goto wait
 		}
 	}
 }

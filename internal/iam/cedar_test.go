@@ -121,6 +121,11 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Image", ID: "img1", TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw", "visibility": "private"}}
 	case "signerKeys.add", "signerKeys.remove":
 		return Resource{Type: "SignerKey", ID: "skey1", TenantID: tenant, Attrs: map[string]any{"name": "ci"}}
+	case "webhooks.create":
+		return Resource{Type: "Webhook", ID: DraftID, TenantID: tenant}
+	case "webhooks.get", "webhooks.update", "webhooks.delete", "webhooks.test", "webhooks.rotateSecret",
+		"webhooks.listDeliveries", "webhooks.redeliver":
+		return Resource{Type: "Webhook", ID: "whk1", TenantID: tenant}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -135,7 +140,8 @@ func TestCedarMatrix(t *testing.T) {
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
-		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list"}
+		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
+		"webhooks.get", "webhooks.list", "webhooks.listDeliveries"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -450,6 +456,8 @@ func TestActions(t *testing.T) {
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
+		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",
+		"webhooks.redeliver", "webhooks.rotateSecret", "webhooks.test", "webhooks.update",
 	}
 	require.Equal(t, want, Actions())
 	// A copy: callers cannot corrupt the shared list.
