@@ -81,6 +81,7 @@ func (a *app) command() *cobra.Command {
   Observe:        audit, events
   Fleet:          nodes, commands, inventory, join-tokens, join-requests
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
+  Agents:         mcp
   This CLI:       config, version
 
 The server and token come from --server/--token, else the environment
@@ -123,6 +124,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
 	root.AddCommand(a.quotasCommand())
 	root.AddCommand(a.reservationCommands()...)
+	root.AddCommand(a.mcpCommand())
 	for _, f := range extraCommands {
 		root.AddCommand(f())
 	}
