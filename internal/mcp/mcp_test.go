@@ -43,6 +43,8 @@ func setup(t *testing.T) *fixture {
 	}
 	_, err := f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))
 	require.NoError(t, err)
+	_, err = f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "other", Name: "default"}))
+	require.NoError(t, err)
 	key := func(tenant, role string) (string, string) {
 		res, err := f.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: tenant, Role: role}))
 		require.NoError(t, err)

@@ -81,7 +81,8 @@ func refusal(err error, tool, tenant string, fields map[string]string) *Refusal 
 		r.Message = d.GetMessage()
 	}
 	for _, v := range d.GetViolations() {
-		f := v.GetField()
+		// Preview nests the create request; the tool's arguments are flat.
+		f := strings.TrimPrefix(v.GetField(), "request.")
 		if to, ok := fields[f]; ok {
 			f = to
 		}

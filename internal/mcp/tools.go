@@ -116,7 +116,7 @@ type ReserveInput struct {
 
 // createFields maps the API's field names to the tool's arguments.
 var createFields = map[string]string{"duration_seconds": "duration", "memory_gib": "memory_gib",
-	"request.duration_seconds": "duration", "Bc-Confirmation-Id": "confirmation_id"}
+	"Bc-Confirmation-Id": "confirmation_id"}
 
 func (in ReserveInput) request(tenant string) (*apiv1.CreateReservationRequest, error) {
 	var secs int64
