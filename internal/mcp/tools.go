@@ -100,7 +100,7 @@ type CapacityOutput struct {
 // ReserveInput is reserve_gpus' and preview_reservation's arguments.
 type ReserveInput struct {
 	Tenant     string `json:"tenant,omitempty" jsonschema:"tenant name or id (default: the key's tenant)"`
-	Project    string `json:"project,omitempty" jsonschema:"project name or id (default: the tenant's default project)"`
+	Project    string `json:"project,omitempty" jsonschema:"project name or id (default: the project named default, or the tenant's only project)"`
 	Pool       string `json:"pool" jsonschema:"pool name or id; a pool another tenant offers is owner/name"`
 	GPUs       int32  `json:"gpus,omitempty" jsonschema:"whole GPUs, or MIG instances with mig_profile"`
 	Model      string `json:"model,omitempty" jsonschema:"GPU model, e.g. H100 (default: any)"`
