@@ -3,12 +3,15 @@ package mcp_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/internal/mcp"
@@ -61,6 +64,61 @@ func toolNames(t *testing.T, v map[string]any) []string {
 	return names
 }
 
+// buildCLI builds better-compute once for the tests that start it.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	cliOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "bc-mcp-test-")
+		if err != nil {
+			cliErr = err
+			return
+		}
+		cliPath = filepath.Join(dir, "better-compute")
+		out, err := exec.Command("go", "build", "-o", cliPath, "github.com/better-compute/better-compute/cmd/better-compute").CombinedOutput()
+		if err != nil {
+			cliErr = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, cliErr)
+	return cliPath
+}
+
+var (
+	cliOnce sync.Once
+	cliPath string
+	cliErr  error
+)
+
+// TestMain removes the binary buildCLI built, which outlives each test.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cliPath != "" {
+		_ = os.RemoveAll(filepath.Dir(cliPath))
+	}
+	os.Exit(code)
+}
+
+// TestMCPStdioBinary starts the built `better-compute mcp` as a desktop
+// agent does and drives it with the Go SDK's client over its stdin and
+// stdout: the tenant from --tenant, the key from the environment.
+func TestMCPStdioBinary(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	cmd := exec.Command(buildCLI(t), "mcp", "--tenant", "acme")
+	cmd.Env = append(os.Environ(), "BETTER_COMPUTE_SERVER="+f.cp.URL, "BETTER_COMPUTE_TOKEN="+f.acmeAgent,
+		"BETTER_COMPUTE_CONFIG="+filepath.Join(t.TempDir(), "config.yaml"))
+	c := sdk.NewClient(&sdk.Implementation{Name: "test", Version: "1"}, nil)
+	cs, err := c.Connect(context.Background(), &sdk.CommandTransport{Command: cmd}, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, cs.Close()) }()
+	var made mcp.ReservationOutput
+	res := call(t, cs, "reserve_gpus", map[string]any{"pool": "gpus", "gpus": 1, "duration": "30m"}, &made)
+	require.False(t, res.IsError, "%v", res.Content)
+	require.Equal(t, f.acmeAgentID, f.reservation(t, made.Reservation.ID).GetCreatedBy())
+	r := refused(t, cs, "extend_reservation", map[string]any{"reservation": made.Reservation.ID, "by": "2d"})
+	require.Equal(t, mcp.CodeConfirmationRequired, r.Code)
+}
+
 // TestMCPInspector drives the server with the inspector's CLI: over
 // streamable HTTP with an agent key, and over stdio by starting the built
 // `better-compute mcp` with the key in its environment, as a desktop agent
@@ -84,10 +142,7 @@ func TestMCPInspector(t *testing.T) {
 	require.Equal(t, f.acmeAgentID, f.reservation(t, id).GetCreatedBy())
 
 	// stdio: the real binary, configured only by its environment.
-	exe := filepath.Join(t.TempDir(), "better-compute")
-	build := exec.Command("go", "build", "-o", exe, "github.com/better-compute/better-compute/cmd/better-compute")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	exe := buildCLI(t)
 	env := []string{"BETTER_COMPUTE_SERVER=" + f.cp.URL, "BETTER_COMPUTE_TOKEN=" + f.acmeAgent,
 		"BETTER_COMPUTE_CONFIG=" + filepath.Join(t.TempDir(), "config.yaml")}
 	names = toolNames(t, runInspector(t, bin, env, exe, "mcp", "--method", "tools/list"))
