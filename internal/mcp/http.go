@@ -65,7 +65,13 @@ func Handler(cfg HTTPConfig) (http.Handler, error) {
 		timeout = 30 * time.Minute
 	}
 	streamable := sdk.NewStreamableHTTPHandler(func(*http.Request) *sdk.Server { return srv },
-		&sdk.StreamableHTTPOptions{SessionTimeout: timeout})
+		&sdk.StreamableHTTPOptions{SessionTimeout: timeout, MaxRequestBodyBytes: cfg.MaxRequestBytes,
+			// The SDK refuses a loopback peer whose Host is not localhost, a
+			// guard against DNS rebinding for unauthenticated local
+			// servers. Every request here carries an agent key a rebinding
+			// page cannot know, and the guard would refuse a reverse proxy
+			// on the same host.
+			DisableLocalhostProtection: true})
 	// RequireBearerToken ties a session to the key that opened it (the SDK
 	// refuses a session id presented with another key).
 	verified := auth.RequireBearerToken(func(ctx context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
@@ -77,9 +83,6 @@ func Handler(cfg HTTPConfig) (http.Handler, error) {
 		return &auth.TokenInfo{UserID: caller.Principal.ID, Expiration: time.Now().Add(24 * time.Hour)}, nil
 	}, nil)(streamable)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if cfg.MaxRequestBytes > 0 {
-			r.Body = http.MaxBytesReader(w, r.Body, cfg.MaxRequestBytes)
-		}
 		caller, err := cfg.Authn.Authenticate(r.Context(), r.Header)
 		if err != nil {
 			writeRefusal(w, http.StatusUnauthorized, refusalOfEnvelope(err))

@@ -123,6 +123,8 @@ func TestMCPHTTPRefusesOtherKeys(t *testing.T) {
 	post := func(auth string) (int, string) {
 		req, err := http.NewRequest(http.MethodPost, f.cp.URL+mcp.Path, strings.NewReader(initialize))
 		require.NoError(t, err)
+		// As through a reverse proxy on the same host.
+		req.Host = "bc.example.com"
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
 		if auth != "" {
@@ -161,10 +163,22 @@ func TestMCPHTTPRefusesOtherKeys(t *testing.T) {
 	status, body := post("Bearer " + f.acmeAgent)
 	require.Equal(t, http.StatusOK, status, body)
 
+	// A body past the API's limit is refused whole.
+	big := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("x", 2<<20) + `"}}`
+	req, err := http.NewRequest(http.MethodPost, f.cp.URL+mcp.Path, strings.NewReader(big))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+f.acmeAgent)
+	tooBig, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = tooBig.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, tooBig.StatusCode)
+
 	// A session is tied to the key that opened it: another agent key cannot
 	// ride on its id.
 	cs := f.httpSession(t, f.acmeAgent)
-	req, err := http.NewRequest(http.MethodPost, f.cp.URL+mcp.Path,
+	req, err = http.NewRequest(http.MethodPost, f.cp.URL+mcp.Path,
 		strings.NewReader(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"list_reservations","arguments":{"tenant":"acme"}}}`))
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
