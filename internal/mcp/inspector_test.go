@@ -3,6 +3,7 @@ package mcp_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -41,7 +42,8 @@ func runInspector(t *testing.T, bin string, env []string, args ...string) map[st
 	cmd.Env = append(os.Environ(), env...)
 	var stderr []byte
 	out, err := cmd.Output()
-	if ee, ok := err.(*exec.ExitError); ok {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
 		stderr = ee.Stderr
 	}
 	require.NoError(t, err, "mcp-inspector %v\nstdout: %s\nstderr: %s", args, out, stderr)
