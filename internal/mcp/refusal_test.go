@@ -197,3 +197,29 @@ func TestMCPHTTPRefusesOtherKeys(t *testing.T) {
 	_, err = cs.CallTool(context.Background(), &sdk.CallToolParams{Name: "list_pools"})
 	require.Error(t, err)
 }
+
+// TestMCPOfferedPool: once acme offers its pool to other, other's agent
+// sees it (with its owner) and reserves from it by owner/name, as its own
+// tenant; acme's reservations stay out of its sight.
+func TestMCPOfferedPool(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	_, err := f.admin.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: "gpus", To: []string{"other"}}))
+	require.NoError(t, err)
+	cs := f.httpSession(t, f.other)
+	var pools mcp.PoolsOutput
+	call(t, cs, "list_pools", nil, &pools)
+	require.Len(t, pools.Pools, 1)
+	require.Equal(t, "acme", pools.Pools[0].Owner)
+	var made mcp.ReservationOutput
+	res := call(t, cs, "reserve_gpus", map[string]any{"pool": "acme/gpus", "gpus": 1, "duration": "1h"}, &made)
+	require.False(t, res.IsError, "%v", res.Content)
+	require.Equal(t, "gpus", made.Reservation.Pool)
+	require.Equal(t, pools.Pools[0].ID, made.Reservation.PoolID)
+	var list mcp.ReservationsOutput
+	call(t, cs, "list_reservations", nil, &list)
+	require.Len(t, list.Reservations, 1)
+	require.Equal(t, made.Reservation.ID, list.Reservations[0].ID)
+	require.Zero(t, f.reservationCount(t), "acme's own reservations: none")
+}
