@@ -219,6 +219,7 @@ func TestMCPAgentOverHTTP(t *testing.T) {
 	res = call(t, cs, "reserve_gpus", map[string]any{"pool": "gpus", "gpus": 1, "duration": "1h"}, &made)
 	require.False(t, res.IsError, "%v", res.Content)
 	require.Equal(t, 1, f.cp.Authz.CallsFor("reservations.create"))
+	require.Equal(t, 1, f.cp.Authz.Calls(), "the tenant lookup (WhoAmI) decides nothing")
 	r := made.Reservation
 	require.NotNil(t, r)
 	require.Equal(t, f.acmeAgentID, r.CreatedBy)
