@@ -387,7 +387,11 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	if a.Blobs, err = images.OpenBlobs(cfg.ImagesDir); err != nil {
 		return nil, err
 	}
-	a.Handler = bodyDeadline(a.routes(cedar, metrics), cfg.RequestBodyTimeout)
+	routes, err := a.routes(cedar, metrics)
+	if err != nil {
+		return nil, err
+	}
+	a.Handler = bodyDeadline(routes, cfg.RequestBodyTimeout)
 	a.conns = newConnMetrics(a.Registry)
 	return a, nil
 }

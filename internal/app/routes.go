@@ -25,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/images"
+	"github.com/better-compute/better-compute/internal/mcp"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/store"
@@ -87,7 +88,7 @@ func (textProto) Unmarshal(b []byte, v any) error {
 	return err
 }
 
-func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) http.Handler {
+func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) (http.Handler, error) {
 	interceptor := envelope.NewInterceptor(a.Envelope, a.Authn, metrics)
 	opts := connect.WithHandlerOptions(
 		connect.WithInterceptors(interceptor),
@@ -156,7 +157,14 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
 	// bcd builds for the install script, which pins their sha256.
 	mux.Handle("GET /downloads/", downloads.Handler(a.cfg.DownloadsDir))
-	return mux
+	// MCP for AI agents: its tools call the handlers above in process, so
+	// each passes the envelope as the agent's key.
+	agents, err := mcp.Handler(mcp.HTTPConfig{API: mux, Authn: a.Authn, MaxRequestBytes: MaxRequestBytes})
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(mcp.Path, agents)
+	return mux, nil
 }
 
 // fleetDeps adapts the PKI authority and the gateway's notifier to the fleet

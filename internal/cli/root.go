@@ -82,6 +82,7 @@ func (a *app) command() *cobra.Command {
   Fleet:          nodes, commands, inventory, join-tokens, join-requests
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
+  Agents:         mcp
   This CLI:       config, version
 
 The server and token come from --server/--token, else the environment
@@ -126,6 +127,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.quotasCommand())
 	root.AddCommand(a.webhooksCommand())
 	root.AddCommand(a.reservationCommands()...)
+	root.AddCommand(a.mcpCommand())
 	for _, f := range extraCommands {
 		root.AddCommand(f())
 	}
