@@ -41,9 +41,17 @@ type hold struct {
 }
 
 type ixNode struct {
-	base   placement.Node // static: booked flags clear, every CPU free
+	base placement.Node // static: booked flags clear, every CPU free
+	// booked holds the spans of the GPU atoms (whole GPUs, MIG instances,
+	// slots) by atom id; parts names them per base.GPUs entry (MIG
+	// instances or slots), built once so a snapshot formats no strings.
 	booked map[string][]span
-	holds  []hold
+	parts  [][]string
+	// cpus holds the spans of booked CPUs by CPU number: a snapshot asks
+	// for every CPU of every candidate, and an atom id per CPU was the
+	// placer's hottest path.
+	cpus  map[int][]span
+	holds []hold
 	// free is how many GPU units (whole GPUs, MIG instances or slots) were
 	// free at the last change: the key the candidate buckets order by.
 	free   int
@@ -180,8 +188,7 @@ func loadIndex(ctx context.Context, q store.Querier, poolID string, version int6
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		n := &ixNode{base: *s.Nodes[id], booked: map[string][]span{}}
-		n.base.TenantAtoms = nil
+		n := newIxNode(*s.Nodes[id])
 		ix.nodes = append(ix.nodes, n)
 		ix.byID[id] = n
 	}
@@ -194,6 +201,10 @@ func loadIndex(ctx context.Context, q store.Querier, poolID string, version int6
 	if err := poolBookings(ctx, q, poolID, now, func(a string, sp span) {
 		if n := atomNode[a]; n != nil {
 			n.booked[a] = append(n.booked[a], sp)
+		}
+	}, func(node string, cpu int, sp span) {
+		if n := ix.byID[node]; n != nil {
+			n.cpus[cpu] = append(n.cpus[cpu], sp)
 		}
 	}); err != nil {
 		return nil, err
@@ -229,12 +240,26 @@ func nodeAtoms(n *placement.Node) []string {
 			}
 		}
 	}
-	for _, nn := range n.NUMA {
-		for _, c := range nn.FreeCPUs {
-			out = append(out, capmodel.CPUAtom(n.ID, c))
+	return out
+}
+
+// newIxNode is a node with nothing booked.
+func newIxNode(base placement.Node) *ixNode {
+	base.TenantAtoms = nil
+	n := &ixNode{base: base, booked: map[string][]span{}, cpus: map[int][]span{}, parts: make([][]string, len(base.GPUs))}
+	for i, g := range base.GPUs {
+		switch g.Mode {
+		case placement.ModeMIG:
+			for _, m := range g.MIG {
+				n.parts[i] = append(n.parts[i], fmt.Sprintf("%s/mig/%s/%d", g.UUID, m.Profile, m.N))
+			}
+		case placement.ModeShared:
+			for _, sl := range g.Slots {
+				n.parts[i] = append(n.parts[i], g.UUID+"/s"+strconv.Itoa(sl.K))
+			}
 		}
 	}
-	return out
+	return n
 }
 
 func overlaps(spans []span, start, end time.Time) bool {
@@ -250,7 +275,7 @@ func overlaps(spans []span, start, end time.Time) bool {
 func (n *ixNode) freeAt(t time.Time) int {
 	end := t.Add(time.Microsecond)
 	free := 0
-	for _, g := range n.base.GPUs {
+	for i, g := range n.base.GPUs {
 		if g.Quarantined || g.PartitionPending {
 			continue
 		}
@@ -259,15 +284,9 @@ func (n *ixNode) freeAt(t time.Time) int {
 			if !overlaps(n.booked[g.UUID], t, end) {
 				free++
 			}
-		case placement.ModeMIG:
-			for _, m := range g.MIG {
-				if !overlaps(n.booked[fmt.Sprintf("%s/mig/%s/%d", g.UUID, m.Profile, m.N)], t, end) {
-					free++
-				}
-			}
-		case placement.ModeShared:
-			for _, s := range g.Slots {
-				if !overlaps(n.booked[g.UUID+"/s"+strconv.Itoa(s.K)], t, end) {
+		case placement.ModeMIG, placement.ModeShared:
+			for _, a := range n.parts[i] {
+				if !overlaps(n.booked[a], t, end) {
 					free++
 				}
 			}
@@ -276,10 +295,40 @@ func (n *ixNode) freeAt(t time.Time) int {
 	return free
 }
 
+// arena backs the details of one snapshot: a few large allocations instead
+// of several per candidate node (allocation was most of a create's time in
+// the placer).
+type arena struct {
+	gpus []placement.GPU
+	numa []placement.NUMANode
+	cpus []int
+	busy []bool
+}
+
+func newArena(nodes []*ixNode) *arena {
+	var g, nn, c int
+	for _, n := range nodes {
+		g += len(n.base.GPUs)
+		nn += len(n.base.NUMA)
+		for _, x := range n.base.NUMA {
+			c += len(x.FreeCPUs)
+		}
+	}
+	return &arena{gpus: make([]placement.GPU, 0, g), numa: make([]placement.NUMANode, 0, nn), cpus: make([]int, 0, c)}
+}
+
+// take appends src to the arena's buf and returns the copy, capped so an
+// append to it cannot run into the next node's part.
+func take[T any](buf *[]T, src []T) []T {
+	at := len(*buf)
+	*buf = append(*buf, src...)
+	return (*buf)[at:len(*buf):len(*buf)]
+}
+
 // detail is the node as placement sees it over [start, end).
-func (n *ixNode) detail(start, end time.Time) placement.Node {
+func (n *ixNode) detail(start, end time.Time, a *arena) placement.Node {
 	d := n.base
-	d.GPUs = slices.Clone(n.base.GPUs)
+	d.GPUs = take(&a.gpus, n.base.GPUs)
 	for i := range d.GPUs {
 		g := &d.GPUs[i]
 		switch g.Mode {
@@ -288,32 +337,55 @@ func (n *ixNode) detail(start, end time.Time) placement.Node {
 		case placement.ModeMIG:
 			g.MIG = slices.Clone(g.MIG)
 			for j := range g.MIG {
-				g.MIG[j].Booked = overlaps(n.booked[fmt.Sprintf("%s/mig/%s/%d", g.UUID, g.MIG[j].Profile, g.MIG[j].N)], start, end)
+				g.MIG[j].Booked = overlaps(n.booked[n.parts[i][j]], start, end)
 			}
 		case placement.ModeShared:
 			g.Slots = slices.Clone(g.Slots)
 			for j := range g.Slots {
-				g.Slots[j].Booked = overlaps(n.booked[g.UUID+"/s"+strconv.Itoa(g.Slots[j].K)], start, end)
+				g.Slots[j].Booked = overlaps(n.booked[n.parts[i][j]], start, end)
 			}
 		}
 	}
-	d.NUMA = slices.Clone(n.base.NUMA)
-	for i := range d.NUMA {
-		free := make([]int, 0, len(d.NUMA[i].FreeCPUs))
-		for _, c := range d.NUMA[i].FreeCPUs {
-			if overlaps(n.booked[capmodel.CPUAtom(d.ID, c)], start, end) {
-				d.HostBooked.VCPU++
-				continue
+	// Only the booked CPUs are looked at, marked in the arena's scratch
+	// and cleared again below.
+	any := false
+	for c, spans := range n.cpus {
+		if overlaps(spans, start, end) {
+			for len(a.busy) <= c {
+				a.busy = append(a.busy, false)
 			}
-			free = append(free, c)
+			a.busy[c], any = true, true
 		}
-		d.NUMA[i].FreeCPUs = free
 	}
-	d.TenantAtoms = map[string]int{}
+	if any {
+		d.NUMA = take(&a.numa, n.base.NUMA)
+		for i := range d.NUMA {
+			free := a.cpus[len(a.cpus):len(a.cpus)]
+			for _, c := range d.NUMA[i].FreeCPUs {
+				if c < len(a.busy) && a.busy[c] {
+					d.HostBooked.VCPU++
+					continue
+				}
+				free = append(free, c)
+			}
+			a.cpus = a.cpus[:len(a.cpus)+len(free)]
+			d.NUMA[i].FreeCPUs = free[:len(free):len(free)]
+		}
+		for c := range n.cpus {
+			if c < len(a.busy) {
+				a.busy[c] = false
+			}
+		}
+	}
+	// A node nobody holds reads as a nil map: placement only reads it.
+	d.TenantAtoms = nil
 	for _, h := range n.holds {
 		if h.start.Before(end) && start.Before(h.end) {
 			d.HostBooked.MemoryGiB += h.mem
 			d.HostBooked.Hugepages1Gi += h.hp1
+			if d.TenantAtoms == nil {
+				d.TenantAtoms = make(map[string]int, 2)
+			}
 			d.TenantAtoms[h.tenant] += h.atoms
 		}
 	}
@@ -370,8 +442,9 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand)
 	}
 	s := &Snapshot{Nodes: make(map[string]*placement.Node, len(picked))}
 	list := make([]placement.Node, len(picked))
+	a := newArena(picked)
 	for i, n := range picked {
-		list[i] = n.detail(start, end)
+		list[i] = n.detail(start, end, a)
 	}
 	s.Snap = placement.NewSnapshot(list)
 	for i := range list {
@@ -394,8 +467,7 @@ func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Ti
 		n.booked[a] = append(n.booked[a], sp)
 	}
 	for _, c := range plan.CPUs {
-		a := capmodel.CPUAtom(plan.NodeID, c)
-		n.booked[a] = append(n.booked[a], sp)
+		n.cpus[c] = append(n.cpus[c], sp)
 	}
 	n.holds = append(n.holds, hold{rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt, mem: r.MemoryGiB,
 		hp1: r.Hugepages1Gi, atoms: r.GPUs + r.Slots})
@@ -423,19 +495,8 @@ func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 		}
 		return s, true
 	}
-	for a, spans := range n.booked {
-		out := spans[:0]
-		for _, s := range spans {
-			if s2, keep := cut(s); keep {
-				out = append(out, s2)
-			}
-		}
-		if len(out) == 0 {
-			delete(n.booked, a)
-		} else {
-			n.booked[a] = out
-		}
-	}
+	cutAll(n.booked, cut)
+	cutAll(n.cpus, cut)
 	holds := n.holds[:0]
 	for _, h := range n.holds {
 		if h.rsv == rsv {
@@ -461,14 +522,13 @@ func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 	if n == nil {
 		return
 	}
-	for a, spans := range n.booked {
-		for i := range spans {
-			if spans[i].rsv == rsv && end.After(spans[i].end) {
-				spans[i].end = end
-			}
+	move := func(s *span) {
+		if s.rsv == rsv && end.After(s.end) {
+			s.end = end
 		}
-		n.booked[a] = spans
 	}
+	eachSpan(n.booked, move)
+	eachSpan(n.cpus, move)
 	for i := range n.holds {
 		if n.holds[i].rsv == rsv && end.After(n.holds[i].end) {
 			n.holds[i].end = end
@@ -485,13 +545,13 @@ func (ix *Index) Shortened(nodeID, rsv string, end, now time.Time) {
 	if n == nil {
 		return
 	}
-	for _, spans := range n.booked {
-		for i := range spans {
-			if spans[i].rsv == rsv && spans[i].end.After(end) {
-				spans[i].end = end
-			}
+	shorten := func(s *span) {
+		if s.rsv == rsv && s.end.After(end) {
+			s.end = end
 		}
 	}
+	eachSpan(n.booked, shorten)
+	eachSpan(n.cpus, shorten)
 	for i := range n.holds {
 		if n.holds[i].rsv == rsv && n.holds[i].end.After(end) {
 			n.holds[i].end = end
@@ -516,7 +576,7 @@ func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, no
 	slices.Sort(nodeIDs)
 	nodeIDs = slices.Compact(nodeIDs)
 	for _, id := range nodeIDs {
-		booked, err := nodeBookings(ctx, q, id, now)
+		booked, cpus, err := nodeBookings(ctx, q, id, now)
 		if err != nil {
 			return err
 		}
@@ -526,7 +586,7 @@ func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, no
 		}
 		ix.mu.Lock()
 		if n := ix.byID[id]; n != nil {
-			n.booked, n.holds = booked, holds
+			n.booked, n.cpus, n.holds = booked, cpus, holds
 			ix.refile(n, now)
 		}
 		ix.mu.Unlock()
@@ -571,12 +631,11 @@ func (ix *Index) applyNodes(s *Snapshot, changed []string, now time.Time) {
 		fresh, ok := s.Nodes[id]
 		switch {
 		case ok && old != nil:
-			old.base = *fresh
-			old.base.TenantAtoms = nil
+			fresh := newIxNode(*fresh)
+			old.base, old.parts = fresh.base, fresh.parts
 			ix.refile(old, now)
 		case ok:
-			n := &ixNode{base: *fresh, booked: map[string][]span{}}
-			n.base.TenantAtoms = nil
+			n := newIxNode(*fresh)
 			ix.nodes = append(ix.nodes, n)
 			ix.byID[id] = n
 			n.free = n.freeAt(now)
@@ -592,5 +651,31 @@ func (ix *Index) applyNodes(s *Snapshot, changed []string, now time.Time) {
 	}
 	if s.shareMemGiB > 0 && (ix.shareMemGiB == 0 || s.shareMemGiB < ix.shareMemGiB) {
 		ix.shareMemGiB = s.shareMemGiB
+	}
+}
+
+// cutAll applies cut to every span of m, dropping those it does not keep.
+func cutAll[K comparable](m map[K][]span, cut func(span) (span, bool)) {
+	for k, spans := range m {
+		out := spans[:0]
+		for _, s := range spans {
+			if s2, keep := cut(s); keep {
+				out = append(out, s2)
+			}
+		}
+		if len(out) == 0 {
+			delete(m, k)
+		} else {
+			m[k] = out
+		}
+	}
+}
+
+// eachSpan calls fn with every span of m, in place.
+func eachSpan[K comparable](m map[K][]span, fn func(*span)) {
+	for _, spans := range m {
+		for i := range spans {
+			fn(&spans[i])
+		}
 	}
 }

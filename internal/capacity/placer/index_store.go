@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/booking"
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -19,7 +18,8 @@ func poolVersion(ctx context.Context, q store.Querier, poolID string) (int64, er
 
 // poolBookings calls fn with each booking of the pool's atoms that ends
 // after now.
-func poolBookings(ctx context.Context, q store.Querier, poolID string, now time.Time, fn func(atom string, sp span)) error {
+func poolBookings(ctx context.Context, q store.Querier, poolID string, now time.Time, fn func(atom string, sp span),
+	cpu func(node string, cpu int, sp span)) error {
 	devs, cpus, err := booking.Current(ctx, q, poolID, now)
 	if err != nil {
 		return err
@@ -30,7 +30,7 @@ func poolBookings(ctx context.Context, q store.Querier, poolID string, now time.
 	// The index keeps a span per CPU: placement picks CPUs one by one.
 	for _, r := range cpus {
 		for c := r.Lo; c < r.Hi; c++ {
-			fn(capmodel.CPUAtom(r.NodeID, c), span{start: r.StartsAt, end: r.EndsAt, rsv: r.ReservationID})
+			cpu(r.NodeID, c, span{start: r.StartsAt, end: r.EndsAt, rsv: r.ReservationID})
 		}
 	}
 	return nil
@@ -57,45 +57,46 @@ func poolHolds(ctx context.Context, q store.Querier, poolID string, now time.Tim
 	return rows.Err()
 }
 
-// nodeBookings reads a node's bookings that end after now, by atom.
-func nodeBookings(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string][]span, error) {
+// nodeBookings reads a node's bookings that end after now: by GPU atom, and
+// by CPU.
+func nodeBookings(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string][]span, map[int][]span, error) {
 	booked := map[string][]span{}
+	cpus := map[int][]span{}
 	rows, err := q.Query(ctx, `SELECT b.atom, b.reservation_id, b.starts_at, b.ends_at FROM bookings b JOIN atoms a ON a.id = b.atom
 			WHERE a.node_id = $1 AND b.ends_at > $2`, nodeID, now)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var a string
 		var sp span
 		if err := rows.Scan(&a, &sp.rsv, &sp.start, &sp.end); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		booked[a] = append(booked[a], sp)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rows.Close()
 	cpuRows, err := q.Query(ctx, `SELECT reservation_id, cpu_lo, cpu_hi, starts_at, ends_at FROM cpu_bookings
 		WHERE node_id = $1 AND ends_at > $2`, nodeID, now)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer cpuRows.Close()
 	for cpuRows.Next() {
 		var lo, hi int
 		var sp span
 		if err := cpuRows.Scan(&sp.rsv, &lo, &hi, &sp.start, &sp.end); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for c := lo; c < hi; c++ {
-			a := capmodel.CPUAtom(nodeID, c)
-			booked[a] = append(booked[a], sp)
+			cpus[c] = append(cpus[c], sp)
 		}
 	}
-	return booked, cpuRows.Err()
+	return booked, cpus, cpuRows.Err()
 }
 
 // nodeHolds reads a node's holding reservations that end after now.
