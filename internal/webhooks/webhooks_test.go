@@ -276,7 +276,13 @@ func TestReceiverDownGetsEveryEventInOrder(t *testing.T) {
 		want = append(want, "project.created")
 	}
 	// Three refused attempts of the first event; the others wait behind it.
-	f.drive(t, wh.GetId(), func() bool { return rcv.refusedCount() >= 3 })
+	// Done when the third is recorded, not when the receiver saw it: the
+	// worker writes the attempt after the answer arrives.
+	f.drive(t, wh.GetId(), func() bool {
+		d, ok := f.head(t, wh.GetId())
+		return ok && d.Attempts >= 3
+	})
+	require.Equal(t, 3, rcv.refusedCount())
 	require.Empty(t, rcv.types(), "nothing got through while down")
 	d, ok := f.head(t, wh.GetId())
 	require.True(t, ok)
