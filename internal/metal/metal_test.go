@@ -201,3 +201,8 @@ func TestMachineLifecycle(t *testing.T) {
 	require.NotContains(t, string(b), sm.Password)
 	require.Equal(t, 0, f.count(t, `SELECT COUNT(*) FROM events WHERE CAST(data AS TEXT) LIKE $1`, "%"+sm.Password+"%"))
 }
+
+func sha(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
