@@ -242,6 +242,28 @@ func TestCedarAgentConfirmation(t *testing.T) {
 		})
 	}
 
+	// An agent given the admin role may run machines, but whatever
+	// destroys a machine's disk waits for a human; inspecting does not.
+	for _, tt := range []struct {
+		action string
+		want   outcome
+	}{
+		{"machines.deploy", confirm}, {"machines.release", confirm}, {"machines.commission", confirm},
+		{"machines.retire", confirm}, {"sites.delete", confirm}, {"machines.inspect", allow},
+	} {
+		t.Run("admin agent "+tt.action, func(t *testing.T) {
+			t.Parallel()
+			p := agent
+			p.Role = RoleAdmin
+			got, err := c.Authorize(context.Background(), Request{
+				Principal: p, Action: tt.action, Resource: resourceFor(tt.action, "t1"),
+				Context: map[string]any{ContextConfirmed: false},
+			})
+			require.NoError(t, err)
+			require.Equal(t, tt.want, outcomeOf(got), "reasons: %v", got.Reasons)
+		})
+	}
+
 	t.Run("agent with admin role still confirms deletes", func(t *testing.T) {
 		t.Parallel()
 		p := agent
