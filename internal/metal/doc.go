@@ -1,9 +1,9 @@
 // Package metal is the bare-metal API: sites (a tenant's provisioning
 // networks) and machines (servers enrolled at a site with their BMC), and
 // the machine lifecycle — enrolled → inspecting → commissioning → ready →
-// deploying → deployed → releasing → ready, rescue, retire — where every
-// transition starts a workflow on the provision engine with the seed's
-// profiles and the workflow's end moves the machine on.
+// deploying → deployed → releasing → ready, rescue (ended when it expires),
+// retire — where every transition starts a workflow on the provision engine
+// with the seed's profiles and the workflow's end moves the machine on.
 //
 // It must never talk to a BMC or a machine itself: every step goes to the
 // site agent of the machine's site (SiteAgent), which refuses anything that

@@ -50,6 +50,10 @@ const (
 	OpDeploy     = "deploy"
 	OpRelease    = "release"
 	OpRescue     = "rescue"
+	// A rescue that expired ends by booting the deployed disk again, or,
+	// on a machine without an image, by powering it off.
+	OpRescueEndDisk = "rescue-end-disk"
+	OpRescueEndOff  = "rescue-end-off"
 )
 
 // Step kinds the site agent carries out.
@@ -86,7 +90,7 @@ var transitions = map[string]transition{
 	OpCommission: {from: []State{StateEnrolled, StateReady, StateFailed}, running: StateCommissioning},
 	OpDeploy:     {from: []State{StateReady}, running: StateDeploying},
 	OpRelease:    {from: []State{StateDeployed, StateRescue, StateFailed}, running: StateReleasing},
-	OpRescue:     {from: []State{StateReady, StateDeployed, StateFailed}, running: StateRescuing},
+	OpRescue:     {from: []State{StateReady, StateDeployed}, running: StateRescuing},
 }
 
 // retireFrom are the states a machine may be retired from: nothing runs
@@ -123,6 +127,11 @@ func Profiles() []provision.Profile {
 			provision.Step{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute})},
 		{Name: OpRelease, Steps: append(ramdiskBoot(BootRamdisk), wipe, powerOff)},
 		{Name: OpRescue, Steps: ramdiskBoot(BootRescue)},
+		{Name: OpRescueEndDisk, Steps: []provision.Step{
+			{Name: "boot-disk", Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": BootDisk},
+				Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
+			{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute}}},
+		{Name: OpRescueEndOff, Steps: []provision.Step{powerOff}},
 	}
 }
 
@@ -240,11 +249,83 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
-// AddWorkers registers the engine's jobs.
-func (r *Runtime) AddWorkers(w *river.Workers) { r.Engine.AddWorkers(w) }
+// AddWorkers registers the engine's jobs and the rescue expiry.
+func (r *Runtime) AddWorkers(w *river.Workers) {
+	r.Engine.AddWorkers(w)
+	river.AddWorker(w, &rescueExpireWorker{r: r})
+}
 
-// PeriodicJobs is the engine's sweep.
-func (r *Runtime) PeriodicJobs() []*river.PeriodicJob { return r.Engine.PeriodicJobs() }
+// RescueExpireArgs runs ExpireRescues.
+type RescueExpireArgs struct{}
+
+// Kind is the job kind.
+func (RescueExpireArgs) Kind() string { return "metal.rescue_expire" }
+
+type rescueExpireWorker struct {
+	river.WorkerDefaults[RescueExpireArgs]
+	r *Runtime
+}
+
+func (w *rescueExpireWorker) Work(ctx context.Context, _ *river.Job[RescueExpireArgs]) error {
+	_, err := w.r.ExpireRescues(ctx)
+	return err
+}
+
+// rescueSweep is how often expired rescues are looked for.
+const rescueSweep = time.Minute
+
+// PeriodicJobs are the engine's sweep and the rescue expiry, on the leader.
+func (r *Runtime) PeriodicJobs() []*river.PeriodicJob {
+	opts := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: rescueSweep}}
+	return append(r.Engine.PeriodicJobs(), river.NewPeriodicJob(river.PeriodicInterval(rescueSweep),
+		func() (river.JobArgs, *river.InsertOpts) { return RescueExpireArgs{}, opts }, &river.PeriodicJobOpts{RunOnStart: true}))
+}
+
+// ExpireRescues ends every rescue past its expiry (by the database's
+// clock): a machine with a deployed image boots its disk again and ends
+// deployed; one without powers off and ends ready. It returns how many it
+// started; it is level-triggered and safe to run twice.
+func (r *Runtime) ExpireRescues(ctx context.Context) (int, error) {
+	n := 0
+	err := r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		ids, err := MachinesRescueExpired(ctx, tx, 100)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			m, err := MachineByID(ctx, tx, id, store.ForUpdate(tx))
+			if err != nil {
+				return err
+			}
+			if m.State != StateRescue || m.WorkflowID != "" {
+				continue
+			}
+			op := OpRescueEndOff
+			if m.ImageID != "" {
+				op = OpRescueEndDisk
+			}
+			w, err := r.Engine.StartTx(ctx, tx, provision.StartParams{TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID,
+				Profile: op, CreatedBy: "system:rescue-expiry"})
+			if err != nil {
+				return err
+			}
+			m.WorkflowID, m.Operation, m.UpdateTime = w.ID, op, r.clock.Now()
+			if err := MachineUpdate(ctx, tx, &m); err != nil {
+				return err
+			}
+			if r.rec != nil {
+				if err := r.rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "machine.rescue_expired", TenantID: m.TenantID,
+					ResourceType: "Machine", ResourceID: m.ID, Time: m.UpdateTime,
+					Data: map[string]any{"operation": op, "workflow_id": w.ID}}}); err != nil {
+					return err
+				}
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
 
 // SetEnqueue hands the engine the job inserter.
 func (r *Runtime) SetEnqueue(fn func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error) {
@@ -379,6 +460,10 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 		case OpRescue:
 			exp := now.Add(inputSeconds(w.Input["duration_seconds"]))
 			m.State, m.RescueExpireTime = StateRescue, &exp
+		case OpRescueEndDisk:
+			m.State, m.RescueExpireTime = StateDeployed, nil
+		case OpRescueEndOff:
+			m.State, m.RescueExpireTime = StateReady, nil
 		}
 	} else {
 		m.State = StateFailed

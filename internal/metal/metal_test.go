@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -205,4 +206,57 @@ func TestMachineLifecycle(t *testing.T) {
 func sha(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// TestRescueExpires: a rescue ends on its own once it expires — a machine
+// without an image powers off and is ready again; a deployed one boots
+// its disk and is deployed again, its image untouched.
+func TestRescueExpires(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	sm := f.sim.AddMachine(t, "m1")
+	f.enroll(t, sm)
+	_, err := f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	require.Equal(t, "ready", f.waitIdle(t, "m1").GetState())
+	key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl ops@example"
+	rescue := func(secs int64) {
+		t.Helper()
+		_, err := f.admin.Machines.Rescue(ctx, connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "acme", Machine: "m1",
+			SshPublicKey: key, DurationSeconds: secs}))
+		require.NoError(t, err)
+		require.Equal(t, "rescue", f.waitIdle(t, "m1").GetState())
+	}
+
+	rescue(600)
+	n, err := f.cp.App.Metal.ExpireRescues(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "not yet")
+	f.cp.Clock.Advance(11 * time.Minute)
+	n, err = f.cp.App.Metal.ExpireRescues(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	m := f.waitIdle(t, "m1")
+	require.Equal(t, "ready", m.GetState(), "failure: %s %s", m.GetFailedStep(), m.GetFailureReason())
+	require.Nil(t, m.GetRescueExpireTime())
+	on, err := sm.Power.IsOn(ctx)
+	require.NoError(t, err)
+	require.False(t, on)
+
+	img, _ := f.image(t, "debian", true)
+	_, err = f.admin.Machines.Deploy(ctx, connect.NewRequest(&apiv1.DeployMachineRequest{Tenant: "acme", Machine: "m1", Image: "debian"}))
+	require.NoError(t, err)
+	require.Equal(t, "deployed", f.waitIdle(t, "m1").GetState())
+	rescue(0) // the default: an hour
+	f.cp.Clock.Advance(61 * time.Minute)
+	n, err = f.cp.App.Metal.ExpireRescues(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	m = f.waitIdle(t, "m1")
+	require.Equal(t, "deployed", m.GetState(), "failure: %s %s", m.GetFailedStep(), m.GetFailureReason())
+	require.Equal(t, img.GetId(), m.GetImageId())
+	require.Equal(t, img.GetSha256(), sm.Image(), "a rescue leaves the disk alone")
+	booted := sm.Booted()
+	require.Equal(t, []string{"rescue", "disk"}, booted[len(booted)-2:])
 }

@@ -296,3 +296,23 @@ func RetiredMachinesDelete(ctx context.Context, tx store.Tx, siteID string) erro
 	_, err := tx.Exec(ctx, `DELETE FROM machines WHERE site_id = $1 AND state = 'retired'`, siteID)
 	return err
 }
+
+// MachinesRescueExpired lists machines in rescue, with no workflow, whose
+// rescue ended by compute_now().
+func MachinesRescueExpired(ctx context.Context, q store.Querier, limit int) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT id FROM machines WHERE state = 'rescue' AND workflow_id = ''
+		AND rescue_expire_time <= compute_now() ORDER BY id LIMIT $1`, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
