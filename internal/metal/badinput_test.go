@@ -203,3 +203,49 @@ func TestMachineFailure(t *testing.T) {
 	require.Empty(t, m.GetFailedStep())
 	require.Empty(t, m.GetFailureReason())
 }
+
+// TestMachineOneWorkflowUnderConcurrency: many callers start workflows on
+// one idle machine at once; exactly one wins, every other is refused as
+// busy, and the machine has one workflow.
+func TestMachineOneWorkflowUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	// No site agent: the winner's workflow stays active (its first step
+	// waits out a backoff on the simulated clock).
+	_, err := f.admin.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "acme", Name: "dark", Networks: []string{"127.0.0.0/8"}}))
+	require.NoError(t, err)
+	res, err := f.admin.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "acme", Site: "dark", Name: "m1",
+		BmcDriver: "ipmi", BmcAddress: "127.0.0.6", BmcUsername: "admin", BmcPassword: "pw", Mac: "02:00:00:00:03:01"}))
+	require.NoError(t, err)
+	id := res.Msg.GetMachine().GetId()
+
+	const callers = 8
+	errs := make(chan error, callers)
+	start := make(chan struct{})
+	for i := range callers {
+		go func() {
+			<-start
+			var err error
+			if i%2 == 0 {
+				_, err = f.admin.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: "m1"}))
+			} else {
+				_, err = f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	won := 0
+	for range callers {
+		err := bctest.Receive(t, "a caller's answer", errs)
+		if err == nil {
+			won++
+			continue
+		}
+		require.Equal(t, "FAILED_PRECONDITION", client.Code(err), "err: %v", err)
+		require.Contains(t, client.Detail(err).GetMessage(), "is active")
+	}
+	require.Equal(t, 1, won)
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM provision_workflows WHERE target_id = $1`, id))
+}
