@@ -202,6 +202,24 @@ func TestMachineFailure(t *testing.T) {
 	require.Equal(t, "ready", m.GetState())
 	require.Empty(t, m.GetFailedStep())
 	require.Empty(t, m.GetFailureReason())
+
+	// A deploy that fails keeps its image pinned (its bytes may be on the
+	// disk) until a wipe: commissioning again unpins it.
+	f.image(t, "debian", true)
+	f.sim.FailNext("image.write", "short write: no space left on device")
+	_, err = f.admin.Machines.Deploy(ctx, connect.NewRequest(&apiv1.DeployMachineRequest{Tenant: "acme", Machine: "m1", Image: "debian"}))
+	require.NoError(t, err)
+	m = f.waitIdle(t, "m1")
+	require.Equal(t, "failed", m.GetState())
+	require.Equal(t, "deploy", m.GetFailedOperation())
+	require.Equal(t, "write-image", m.GetFailedStep())
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM image_refs WHERE ref_id = $1`, m.GetId()))
+	_, err = f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	m = f.waitIdle(t, "m1")
+	require.Equal(t, "ready", m.GetState())
+	require.Empty(t, m.GetImageId())
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM image_refs WHERE ref_id = $1`, m.GetId()))
 }
 
 // TestMachineOneWorkflowUnderConcurrency: many callers start workflows on

@@ -448,15 +448,17 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 			}
 		case OpCommission:
 			m.State, m.Commissioned = StateReady, true
+			// The wipe took whatever a failed deploy left on the disk.
+			if err := r.unpinImage(ctx, tx, &m); err != nil {
+				return err
+			}
 		case OpDeploy:
 			m.State = StateDeployed
 		case OpRelease:
-			if m.ImageID != "" {
-				if _, err := images.RefDelete(ctx, tx, m.ImageID, "machine", m.ID); err != nil {
-					return err
-				}
+			if err := r.unpinImage(ctx, tx, &m); err != nil {
+				return err
 			}
-			m.State, m.ImageID, m.ImageName, m.RescueExpireTime = StateReady, "", "", nil
+			m.State, m.RescueExpireTime = StateReady, nil
 		case OpRescue:
 			exp := now.Add(inputSeconds(w.Input["duration_seconds"]))
 			m.State, m.RescueExpireTime = StateRescue, &exp
@@ -500,4 +502,17 @@ func inputSeconds(v any) time.Duration {
 		return time.Duration(n) * time.Second
 	}
 	return 0
+}
+
+// unpinImage drops a machine's use of its image (image_refs) once its disk
+// was wiped.
+func (r *Runtime) unpinImage(ctx context.Context, tx store.Tx, m *Machine) error {
+	if m.ImageID == "" {
+		return nil
+	}
+	if _, err := images.RefDelete(ctx, tx, m.ImageID, "machine", m.ID); err != nil {
+		return err
+	}
+	m.ImageID, m.ImageName = "", ""
+	return nil
 }
