@@ -58,6 +58,8 @@ type Client struct {
 	Images        apiv1connect.ImageServiceClient
 	SignerKeys    apiv1connect.SignerKeyServiceClient
 	Webhooks      apiv1connect.WebhookServiceClient
+	Sites         apiv1connect.SiteServiceClient
+	Machines      apiv1connect.MachineServiceClient
 }
 
 type options struct {
@@ -127,6 +129,8 @@ func New(baseURL, token string, opts ...Option) *Client {
 		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
 		Webhooks:      apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),
+		Sites:         apiv1connect.NewSiteServiceClient(h, baseURL, copts...),
+		Machines:      apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
 	}
 }
 

@@ -41,8 +41,10 @@ import (
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/jobs"
+	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storeopen"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -254,7 +256,10 @@ type App struct {
 	Webhooks *webhooks.Dispatcher
 	// WebhookGuard is the SSRF guard of webhook endpoints.
 	WebhookGuard *webhooks.Guard
-	sealer       *pki.Sealer
+	// Metal is the machine lifecycle: the provision engine with the
+	// machine profiles and the site agents its steps go to.
+	Metal  *metal.Runtime
+	sealer *pki.Sealer
 }
 
 // Modules lists every module's migrations in dependency order.
@@ -269,6 +274,8 @@ func Modules() []store.Migrations {
 		// capacity modules all the same.
 		usage.Migrations(),
 		images.Migrations(),
+		// Machines run workflows on the provision engine.
+		provision.Migrations(), metal.Migrations(),
 	}
 }
 
@@ -363,11 +370,18 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
 	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
+	if a.Metal, err = a.buildMetal(); err != nil {
+		return nil, err
+	}
+	a.Metal.AddWorkers(workers)
+	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 	}); err != nil {
 		return nil, err
 	}
+
+	a.Metal.SetEnqueue(a.Jobs.InsertTx)
 
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
@@ -432,6 +446,16 @@ func (a *App) buildGateway(ctx context.Context) error {
 	}
 	a.Gateway = gw
 	return nil
+}
+
+// buildMetal builds the machine lifecycle; without a secret BMC passwords
+// cannot be sealed, so enrolment is refused.
+func (a *App) buildMetal() (*metal.Runtime, error) {
+	var sealer metal.Sealer
+	if a.sealer != nil {
+		sealer = a.sealer
+	}
+	return metal.NewRuntime(metal.Config{DB: a.DB, Recorder: a.recorder, Sealer: sealer, Clock: a.cfg.Clock, Logger: a.cfg.Logger})
 }
 
 // Recorder returns the audit and outbox writer (bootstrap uses it).

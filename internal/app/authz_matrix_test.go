@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
+	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -92,6 +93,19 @@ var matrixExpect = map[string]map[string]string{
 	"webhooks.test":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"webhooks.rotateSecret": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"webhooks.redeliver":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Bare metal: admins manage sites and machines; a machine's BMC
+	// password and rescue key are credentials, and deploy, release and
+	// retire destroy what is on its disk.
+	"sites.create":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.update":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.delete":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.enroll":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.inspect":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.commission": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.deploy":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.release":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.retire":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -108,6 +122,8 @@ type matrixFixture struct {
 	// acmeSigner and platformSigner are on acme's and the platform's
 	// signer allowlists once matrixSigners ran.
 	acmeSigner, platformSigner *imagesig.Signer
+	// machineSite is acme's site of the matrix's machines.
+	machineSite string
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -300,6 +316,59 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err := c.Webhooks.RotateSecret(context.Background(), connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme", Webhook: f.matrixWebhook(t)}))
 		return err
 	},
+	"sites.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Sites.Create(context.Background(), connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "acme", Name: f.name("site"),
+			Networks: []string{"10.0.0.0/24"}}))
+		return err
+	},
+	"sites.update": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		site := f.matrixSite(t)
+		desc := "rack 4"
+		_, err := c.Sites.Update(context.Background(), connect.NewRequest(&apiv1.UpdateSiteRequest{Tenant: "acme", Site: site, Description: &desc}))
+		return err
+	},
+	"sites.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		site := f.matrixSite(t)
+		_, err := c.Sites.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteSiteRequest{Tenant: "acme", Site: site}))
+		return err
+	},
+	"machines.enroll": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		site := f.matrixMachineSite(t)
+		_, err := c.Machines.Enroll(context.Background(), connect.NewRequest(f.matrixEnroll(site)))
+		return err
+	},
+	"machines.inspect": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateEnrolled)
+		_, err := c.Machines.Inspect(context.Background(), connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: m}))
+		return err
+	},
+	"machines.commission": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateEnrolled)
+		_, err := c.Machines.Commission(context.Background(), connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: m}))
+		return err
+	},
+	"machines.deploy": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		img := f.matrixImage(t, true)
+		m := f.matrixMachine(t, metal.StateReady)
+		_, err := c.Machines.Deploy(context.Background(), connect.NewRequest(&apiv1.DeployMachineRequest{Tenant: "acme", Machine: m, Image: img.GetId()}))
+		return err
+	},
+	"machines.release": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateDeployed)
+		_, err := c.Machines.Release(context.Background(), connect.NewRequest(&apiv1.ReleaseMachineRequest{Tenant: "acme", Machine: m}))
+		return err
+	},
+	"machines.retire": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateEnrolled)
+		_, err := c.Machines.Retire(context.Background(), connect.NewRequest(&apiv1.RetireMachineRequest{Tenant: "acme", Machine: m}))
+		return err
+	},
+	"machines.rescue": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateReady)
+		_, err := c.Machines.Rescue(context.Background(), connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "acme", Machine: m,
+			SshPublicKey: sfSSHKey, DurationSeconds: 600}))
+		return err
+	},
 	"webhooks.redeliver": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		wh, dl := f.matrixDeadDelivery(t)
 		_, err := c.Webhooks.Redeliver(context.Background(), connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "acme", Webhook: wh, Delivery: dl}))
@@ -451,6 +520,52 @@ func (f *matrixFixture) matrixSign(c *client.Client, img *apiv1.Image, s *images
 		return nil, err
 	}
 	return res.Msg.GetImage(), nil
+}
+
+// matrixSite creates a site in acme as the platform admin and returns its
+// name.
+func (f *matrixFixture) matrixSite(t *testing.T) string {
+	t.Helper()
+	name := f.name("site")
+	_, err := f.admin.Sites.Create(context.Background(), connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "acme", Name: name,
+		Networks: []string{"127.0.0.0/8"}}))
+	require.NoError(t, err)
+	f.cp.Authz.Reset()
+	return name
+}
+
+// matrixMachineSite is acme's site for the matrix's machines, made on
+// first use.
+func (f *matrixFixture) matrixMachineSite(t *testing.T) string {
+	t.Helper()
+	if f.machineSite == "" {
+		f.machineSite = f.matrixSite(t)
+	}
+	return f.machineSite
+}
+
+// matrixEnroll is an enrolment of a fresh machine (its own name, MAC and
+// BMC address) at site.
+func (f *matrixFixture) matrixEnroll(site string) *apiv1.EnrollMachineRequest {
+	n := f.counter.Add(1)
+	return &apiv1.EnrollMachineRequest{Tenant: "acme", Site: site, Name: fmt.Sprintf("m-%d", n), BmcDriver: "ipmi",
+		BmcAddress: fmt.Sprintf("127.0.%d.%d", n/250, n%250+1), BmcUsername: "admin", BmcPassword: "secret",
+		Mac: fmt.Sprintf("02:00:00:00:%02x:%02x", n/256, n%256)}
+}
+
+// matrixMachine enrolls a machine in acme as the platform admin, puts it in
+// state (as its workflows would have) and returns its id.
+func (f *matrixFixture) matrixMachine(t *testing.T, state metal.State) string {
+	t.Helper()
+	res, err := f.admin.Machines.Enroll(context.Background(), connect.NewRequest(f.matrixEnroll(f.matrixMachineSite(t))))
+	require.NoError(t, err)
+	id := res.Msg.GetMachine().GetId()
+	require.NoError(t, f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE machines SET state = $2 WHERE id = $1`, id, string(state))
+		return err
+	}))
+	f.cp.Authz.Reset()
+	return id
 }
 
 // matrixPool creates a pool in acme as the platform admin and returns its id.

@@ -26,6 +26,7 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/mcp"
+	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/store"
@@ -139,6 +140,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewImageServiceHandler(images.NewService(a.Envelope, a.Blobs, a.cfg.MaxImageBytes, a.cfg.Logger), opts))
 	mux.Handle(apiv1connect.NewSignerKeyServiceHandler(images.NewSignerService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewSiteServiceHandler(metal.NewSiteService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewMachineServiceHandler(metal.NewMachineService(a.Envelope, a.Metal), opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

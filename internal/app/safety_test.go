@@ -37,7 +37,8 @@ import (
 // sfTables are the tables a mutation may write.
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
-	"images", "image_signatures", "signer_keys", "image_refs", "webhooks"}
+	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
+	"sites", "machines", "provision_workflows", "provision_steps"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -772,6 +773,15 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	require.NoError(t, err)
 	evilSig, err := evilSigner.Sign(imagesig.Payload("disk", "raw", imgHdr.GetSha256()))
 	require.NoError(t, err)
+
+	// A site of acme with a machine enrolled on loopback.
+	site, err := admin.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "acme", Name: "dc1", Networks: []string{"127.0.0.0/8"}}))
+	require.NoError(t, err)
+	siteID := site.Msg.GetSite().GetId()
+	mch, err := admin.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "acme", Site: "dc1", Name: "m1",
+		BmcDriver: "ipmi", BmcAddress: "127.0.0.2", BmcUsername: "admin", BmcPassword: "secret", Mac: "02:00:00:00:00:01"}))
+	require.NoError(t, err)
+	machineID := mch.Msg.GetMachine().GetId()
 	evilPush := proto.CloneOf(imgHdr)
 	evilPush.Name = "evil"
 
@@ -1584,6 +1594,125 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.SiteServiceCreateProcedure: {func() error {
+			_, err := evil.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "acme", Name: "evil", Networks: []string{"10.0.0.0/8"}}))
+			return err
+		}},
+		apiv1connect.SiteServiceGetProcedure: {
+			func() error {
+				_, err := evil.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: "acme", Site: "dc1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: "other", Site: siteID}))
+				return err
+			},
+		},
+		apiv1connect.SiteServiceListProcedure: {func() error {
+			_, err := evil.Sites.List(ctx, connect.NewRequest(&apiv1.ListSitesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.SiteServiceUpdateProcedure: {
+			func() error {
+				_, err := evil.Sites.Update(ctx, connect.NewRequest(&apiv1.UpdateSiteRequest{Tenant: "acme", Site: "dc1",
+					UpdateNetworks: true, Networks: []string{"10.0.0.0/8"}}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sites.Update(ctx, connect.NewRequest(&apiv1.UpdateSiteRequest{Tenant: "other", Site: siteID,
+					UpdateNetworks: true, Networks: []string{"10.0.0.0/8"}}))
+				return err
+			},
+		},
+		apiv1connect.SiteServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Sites.Delete(ctx, connect.NewRequest(&apiv1.DeleteSiteRequest{Tenant: "acme", Site: "dc1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sites.Delete(ctx, connect.NewRequest(&apiv1.DeleteSiteRequest{Tenant: "other", Site: siteID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceEnrollProcedure: {func() error {
+			_, err := evil.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "acme", Site: "dc1", Name: "evil",
+				BmcDriver: "ipmi", BmcAddress: "127.0.0.9", BmcUsername: "u", BmcPassword: "p", Mac: "02:00:00:00:00:99"}))
+			return err
+		}},
+		apiv1connect.MachineServiceGetProcedure: {
+			func() error {
+				_, err := evil.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceListProcedure: {func() error {
+			_, err := evil.Machines.List(ctx, connect.NewRequest(&apiv1.ListMachinesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.MachineServiceInspectProcedure: {
+			func() error {
+				_, err := evil.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceCommissionProcedure: {
+			func() error {
+				_, err := evil.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceDeployProcedure: {
+			func() error {
+				_, err := evil.Machines.Deploy(ctx, connect.NewRequest(&apiv1.DeployMachineRequest{Tenant: "acme", Machine: "m1", Image: "disk"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Deploy(ctx, connect.NewRequest(&apiv1.DeployMachineRequest{Tenant: "other", Machine: machineID, Image: imgID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceReleaseProcedure: {
+			func() error {
+				_, err := evil.Machines.Release(ctx, connect.NewRequest(&apiv1.ReleaseMachineRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Release(ctx, connect.NewRequest(&apiv1.ReleaseMachineRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceRetireProcedure: {
+			func() error {
+				_, err := evil.Machines.Retire(ctx, connect.NewRequest(&apiv1.RetireMachineRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Retire(ctx, connect.NewRequest(&apiv1.RetireMachineRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceRescueProcedure: {
+			func() error {
+				_, err := evil.Machines.Rescue(ctx, connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "acme", Machine: "m1", SshPublicKey: sfSSHKey}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Rescue(ctx, connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "other", Machine: machineID, SshPublicKey: sfSSHKey}))
+				return err
+			},
+		},
 	}
 
 	for _, m := range envelope.Catalog() {
@@ -1661,4 +1790,14 @@ permit (principal, action, resource);`}))
 	keys, err := admin.SignerKeys.List(ctx, connect.NewRequest(&apiv1.ListSignerKeysRequest{Tenant: "acme"}))
 	require.NoError(t, err)
 	require.Len(t, keys.Msg.GetSignerKeys(), 1)
+	gotSite, err := admin.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: "acme", Site: siteID}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"127.0.0.0/8"}, gotSite.Msg.GetSite().GetNetworks(), "acme's site is untouched")
+	gotM, err := admin.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "acme", Machine: machineID}))
+	require.NoError(t, err)
+	require.Equal(t, "enrolled", gotM.Msg.GetMachine().GetState(), "acme's machine is untouched")
+	require.Empty(t, gotM.Msg.GetMachine().GetWorkflowId())
 }
+
+// sfSSHKey is a well-formed OpenSSH public key line.
+const sfSSHKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl ops@example"

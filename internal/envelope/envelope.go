@@ -227,6 +227,13 @@ type Mutation[Res any] struct {
 	// error it returns must come before it writes anything, or the committer
 	// must run it under a savepoint.
 	Submit func(ctx context.Context, write func(ctx context.Context, b *Batch) error) error
+	// AuditRefusals, when set, keeps an audit row (decision allow, result
+	// the error's machine code) for a request that passed the decision but
+	// that Apply refused with an API error — a BMC address outside the
+	// site's networks, a busy machine — so refusals of risky requests stay
+	// on record like denials do. Nothing else of the request is written. A
+	// miss (NOT_FOUND) is no refusal and leaves no row, as for reads.
+	AuditRefusals bool
 }
 
 // Mutate runs a mutation through the whole envelope and converts errors to
@@ -413,6 +420,14 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 			// non-human approving a confirmation): a refusal like any other,
 			// so it stays on record.
 			audit.Decision, audit.Result = DecisionDeny, string(CodePermissionDenied)
+			e.recordRefusal(ctx, audit)
+			return nil, err
+		}
+		if m.AuditRefusals && errors.As(err, &apiErr) && apiErr.Code != CodeInternal && apiErr.Code != CodeNotFound {
+			audit.Decision, audit.Result = DecisionAllow, string(apiErr.Code)
+			if len(apiErr.Message) <= 1024 {
+				audit.Detail = apiErr.Message
+			}
 			e.recordRefusal(ctx, audit)
 			return nil, err
 		}

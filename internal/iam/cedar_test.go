@@ -126,6 +126,15 @@ func resourceFor(action, tenant string) Resource {
 	case "webhooks.get", "webhooks.update", "webhooks.delete", "webhooks.test", "webhooks.rotateSecret",
 		"webhooks.listDeliveries", "webhooks.redeliver":
 		return Resource{Type: "Webhook", ID: "whk1", TenantID: tenant}
+	case "sites.create":
+		return Resource{Type: "Site", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "dc1"}}
+	case "sites.get", "sites.update", "sites.delete":
+		return Resource{Type: "Site", ID: "site1", TenantID: tenant, Attrs: map[string]any{"name": "dc1"}}
+	case "machines.enroll":
+		return Resource{Type: "Machine", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "m1"}}
+	case "machines.get", "machines.inspect", "machines.commission", "machines.deploy", "machines.release",
+		"machines.retire", "machines.rescue":
+		return Resource{Type: "Machine", ID: "mch1", TenantID: tenant, Attrs: map[string]any{"name": "m1", "site": "site1", "state": "ready"}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -141,7 +150,8 @@ func TestCedarMatrix(t *testing.T) {
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
-		"webhooks.get", "webhooks.list", "webhooks.listDeliveries"}
+		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
+		"sites.get", "sites.list", "machines.get", "machines.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -229,6 +239,28 @@ func TestCedarAgentConfirmation(t *testing.T) {
 			if tt.want == confirm {
 				require.Equal(t, []string{"agent-delete-needs-human"}, got.Reasons)
 			}
+		})
+	}
+
+	// An agent given the admin role may run machines, but whatever
+	// destroys a machine's disk waits for a human; inspecting does not.
+	for _, tt := range []struct {
+		action string
+		want   outcome
+	}{
+		{"machines.deploy", confirm}, {"machines.release", confirm}, {"machines.commission", confirm},
+		{"machines.retire", confirm}, {"sites.delete", confirm}, {"machines.inspect", allow},
+	} {
+		t.Run("admin agent "+tt.action, func(t *testing.T) {
+			t.Parallel()
+			p := agent
+			p.Role = RoleAdmin
+			got, err := c.Authorize(context.Background(), Request{
+				Principal: p, Action: tt.action, Resource: resourceFor(tt.action, "t1"),
+				Context: map[string]any{ContextConfirmed: false},
+			})
+			require.NoError(t, err)
+			require.Equal(t, tt.want, outcomeOf(got), "reasons: %v", got.Reasons)
 		})
 	}
 
@@ -447,6 +479,8 @@ func TestActions(t *testing.T) {
 		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
 		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
+		"machines.commission", "machines.deploy", "machines.enroll", "machines.get", "machines.inspect", "machines.list",
+		"machines.release", "machines.rescue", "machines.retire",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
 		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.offer", "pools.update",
@@ -455,6 +489,7 @@ func TestActions(t *testing.T) {
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
+		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
 		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"webhooks.redeliver", "webhooks.rotateSecret", "webhooks.test", "webhooks.update",

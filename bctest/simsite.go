@@ -1,0 +1,278 @@
+package bctest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/better-compute/better-compute/bctest/redfish"
+	"github.com/better-compute/better-compute/internal/metal"
+	"github.com/better-compute/better-compute/internal/metal/bmc"
+	"github.com/better-compute/better-compute/internal/provision"
+)
+
+// SimSite is a simulated site agent for fast bare-metal tests: it takes the
+// control plane's machine steps like bcd in site mode would, drives each
+// machine's power through the real Redfish driver against a bctest/redfish
+// emulator on loopback, and plays the machine's ramdisk (inventory, wipe,
+// image write) in memory, reporting results and rejoins back to the
+// control plane. Every step runs in its own goroutine and reports through
+// metal.Runtime.Complete, as a site agent's command updates would.
+type SimSite struct {
+	rt     *metal.Runtime
+	siteID string
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	machines map[string]*SimMachine // by BMC address
+	keys     map[string]*simKey
+	failNext map[string]string // step kind -> error
+}
+
+// SimMachine is a simulated machine: a Redfish BMC on loopback and a disk.
+type SimMachine struct {
+	Name string
+	MAC  string
+	// BMCAddress is the emulator's URL (http://127.0.0.1:port).
+	BMCAddress string
+	Username   string
+	Password   string
+	// Power is the machine behind the BMC: it records every boot.
+	Power *redfish.MemoryPower
+
+	mu     sync.Mutex
+	image  string // sha256 of the image on its disk
+	wipes  int
+	booted []string // boot modes the site's iPXE script chose
+}
+
+type simKey struct {
+	state   provision.OutcomeStatus
+	result  provision.Result
+	applied int
+}
+
+// NewSimSite connects a simulated site agent for siteID to the control
+// plane's machine runtime; it disconnects when the test ends.
+func NewSimSite(t testing.TB, rt *metal.Runtime, siteID string) *SimSite {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &SimSite{rt: rt, siteID: siteID, ctx: ctx, cancel: cancel, machines: map[string]*SimMachine{},
+		keys: map[string]*simKey{}, failNext: map[string]string{}}
+	unregister := rt.Agents.Register(siteID, s)
+	t.Cleanup(func() {
+		unregister()
+		cancel()
+		s.wg.Wait()
+	})
+	return s
+}
+
+var simMACs sync.Map
+
+// AddMachine starts a machine's BMC: a Redfish emulator with its own random
+// password, on loopback.
+func (s *SimSite) AddMachine(t testing.TB, name string) *SimMachine {
+	t.Helper()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	m := &SimMachine{Name: name, Username: "admin", Password: "pw-" + hex.EncodeToString(b[:]), Power: &redfish.MemoryPower{}}
+	// A locally administered unicast MAC, unique in this test binary.
+	for {
+		_, _ = rand.Read(b[:5])
+		mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
+		if _, dup := simMACs.LoadOrStore(mac, true); !dup {
+			m.MAC = mac
+			break
+		}
+	}
+	srv := httptest.NewServer(redfish.New(redfish.Config{Username: m.Username, Password: m.Password, Power: m.Power}))
+	t.Cleanup(srv.Close)
+	m.BMCAddress = srv.URL
+	s.mu.Lock()
+	s.machines[m.BMCAddress] = m
+	s.mu.Unlock()
+	return m
+}
+
+// FailNext makes the next step of kind fail with reason (and the logs a
+// ramdisk would leave).
+func (s *SimSite) FailNext(kind, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failNext[kind] = reason
+}
+
+// Applied reports how many times the site applied an idempotency key.
+func (s *SimSite) Applied(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.keys[key]; k != nil {
+		return k.applied
+	}
+	return 0
+}
+
+// MaxApplied is the most times any key was applied (1 when every
+// destructive step ran at most once).
+func (s *SimSite) MaxApplied() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, k := range s.keys {
+		n = max(n, k.applied)
+	}
+	return n
+}
+
+// Image is the sha256 of the image on the machine's disk ("" when wiped).
+func (m *SimMachine) Image() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.image
+}
+
+// Wipes counts the machine's disk wipes.
+func (m *SimMachine) Wipes() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.wipes
+}
+
+// Booted lists the boot modes (ramdisk, rescue, disk) of the machine's
+// boots so far.
+func (m *SimMachine) Booted() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.booted...)
+}
+
+// Dispatch takes a step: a target that is not a machine of this site, or a
+// key already fenced, is refused.
+func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.StepRun) (provision.Dispatched, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[t.BMCAddress]
+	if !ok || t.SiteID != s.siteID {
+		return provision.Dispatched{}, fmt.Errorf("%w: %s is not a machine of site %s", provision.ErrNotDispatched, t.MachineID, s.siteID)
+	}
+	k := s.keys[run.IdempotencyKey]
+	switch {
+	case k != nil && k.state == provision.OutcomeNotDispatched:
+		return provision.Dispatched{}, fmt.Errorf("%w: key %s is fenced", provision.ErrNotDispatched, run.IdempotencyKey)
+	case k != nil:
+		// A repeated delivery of a key: applied once.
+		return provision.Dispatched{Handle: "sim-" + run.IdempotencyKey}, nil
+	}
+	k = &simKey{state: provision.OutcomeRunning, applied: 1}
+	s.keys[run.IdempotencyKey] = k
+	fail := s.failNext[run.Kind]
+	delete(s.failNext, run.Kind)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		res := s.apply(s.ctx, m, t, run, fail)
+		s.mu.Lock()
+		k.result, k.state = res, provision.OutcomeSucceeded
+		if res.Error != "" {
+			k.state = provision.OutcomeFailed
+		}
+		s.mu.Unlock()
+		if err := s.rt.Complete(s.ctx, run.IdempotencyKey, res); err != nil {
+			return // the test is over, or the sweep asks Lookup later
+		}
+		if run.Kind == metal.KindPowerCycle && res.Error == "" {
+			// The machine PXE-boots; its ramdisk (or its deployed OS) joins.
+			_ = s.rt.Joined(s.ctx, s.siteID, t.MachineID)
+		}
+	}()
+	return provision.Dispatched{Handle: "sim-" + run.IdempotencyKey}, nil
+}
+
+// Lookup answers what became of a key; a key never seen is fenced.
+func (s *SimSite) Lookup(_ context.Context, _ metal.Target, run provision.StepRun) (provision.Outcome, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.keys[run.IdempotencyKey]
+	if k == nil {
+		s.keys[run.IdempotencyKey] = &simKey{state: provision.OutcomeNotDispatched}
+		return provision.Outcome{Status: provision.OutcomeNotDispatched}, nil
+	}
+	return provision.Outcome{Status: k.state, Handle: "sim-" + run.IdempotencyKey, Result: k.result}, nil
+}
+
+// apply carries out one step on the simulated machine.
+func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run provision.StepRun, fail string) provision.Result {
+	if fail != "" {
+		return provision.Result{Error: fail, Logs: fmt.Sprintf("%s: %s\nstep %s gave up", run.Kind, fail, run.Name)}
+	}
+	switch run.Kind {
+	case metal.KindPowerCycle, metal.KindPowerOff:
+		if err := power(ctx, t, run.Kind); err != nil {
+			return provision.Result{Error: err.Error(), Logs: err.Error()}
+		}
+		if run.Kind == metal.KindPowerCycle {
+			boot, _ := run.Params["boot"].(string)
+			m.mu.Lock()
+			m.booted = append(m.booted, boot)
+			m.mu.Unlock()
+		}
+		return provision.Result{Output: map[string]any{"power": strings.TrimPrefix(run.Kind, "power.")}}
+	case metal.KindInventory:
+		return provision.Result{Output: map[string]any{
+			"cpus": 64, "memory_bytes": int64(512) << 30,
+			"disks": []any{map[string]any{"device": "/dev/nvme0n1", "size_bytes": int64(3840) << 30, "model": "SIM NVMe"}},
+			"nics":  []any{map[string]any{"name": "eno1", "mac": m.MAC}},
+			"gpus":  []any{map[string]any{"model": "H100", "count": 8}},
+		}}
+	case metal.KindDiskWipe:
+		m.mu.Lock()
+		m.image, m.wipes = "", m.wipes+1
+		m.mu.Unlock()
+		return provision.Result{Output: map[string]any{"drives": []any{map[string]any{
+			"device": "/dev/nvme0n1", "method": "nvme-format", "bytes": int64(3840) << 30, "verified": true}}}}
+	case metal.KindBurnIn:
+		if on, _ := run.Input["burn_in"].(bool); !on {
+			return provision.Result{Output: map[string]any{"skipped": true}}
+		}
+		return provision.Result{Output: map[string]any{"passed": true}}
+	case metal.KindImageWrite:
+		img, _ := run.Input["image"].(map[string]any)
+		sha, _ := img["sha256"].(string)
+		if sha == "" {
+			return provision.Result{Error: "no image in the workflow input"}
+		}
+		m.mu.Lock()
+		m.image = sha
+		m.mu.Unlock()
+		return provision.Result{Output: map[string]any{"sha256": sha}}
+	case metal.KindConfigure:
+		return provision.Result{Output: map[string]any{"hostname": t.Name}}
+	}
+	return provision.Result{Error: "the simulated site does not know step kind " + run.Kind}
+}
+
+// power drives the machine's BMC with the real driver.
+func power(ctx context.Context, t metal.Target, kind string) error {
+	d, err := bmc.New(t.BMCDriver, t.BMCAddress, t.Credentials, bmc.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = d.Close(context.WithoutCancel(ctx)) }()
+	switch kind {
+	case metal.KindPowerCycle:
+		return d.PowerCycle(ctx)
+	case metal.KindPowerOff:
+		return d.PowerOff(ctx)
+	}
+	return errors.New("not a power step: " + kind)
+}

@@ -1,0 +1,425 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+)
+
+func (a *app) sitesCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "sites", Aliases: []string{"site"}, Short: "Manage a tenant's sites (provisioning networks of bare-metal machines)"}
+	var (
+		tenant, confirmationID, dhcpMode, description string
+		networks                                      []string
+		limit                                         int
+	)
+	create := &cobra.Command{
+		Use:   "create NAME --networks CIDR[,CIDR…] [--dhcp-mode full|proxy]",
+		Short: "Add a site; every BMC address of its machines must fall in its networks",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			m := newCreate(confirmationID)
+			var resp *connect.Response[apiv1.CreateSiteResponse]
+			err = a.retry(cmd.Context(), func() (err error) {
+				resp, err = c.Sites.Create(cmd.Context(), request(&apiv1.CreateSiteRequest{Tenant: t, Name: argv[0], Networks: networks,
+					DhcpMode: dhcpMode, Description: description}, m))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return a.printSites(cmd, resp.Msg, resp.Msg.GetSite())
+		},
+	}
+	addTenantFlag(create, &tenant)
+	create.Flags().StringSliceVar(&networks, "networks", nil, "provisioning networks as CIDRs, comma-separated")
+	create.Flags().StringVar(&dhcpMode, "dhcp-mode", "full", "full (answer DHCP on the network) or proxy (proxyDHCP beside a DHCP server)")
+	create.Flags().StringVar(&description, "description", "", "what the site is")
+	addConfirmationFlag(create, &confirmationID)
+
+	get := &cobra.Command{
+		Use:   "get SITE",
+		Short: "Show a site",
+		Args:  positional("SITE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Sites.Get(cmd.Context(), connect.NewRequest(&apiv1.GetSiteRequest{Tenant: t, Site: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printSites(cmd, resp.Msg, resp.Msg.GetSite())
+		},
+	}
+	addTenantFlag(get, &tenant)
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List a tenant's sites",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.Site, string, error) {
+				resp, err := c.Sites.List(ctx, connect.NewRequest(&apiv1.ListSitesRequest{Tenant: t, PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetSites(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printSites(cmd, &apiv1.ListSitesResponse{Sites: all}, all...)
+		},
+	}
+	addTenantFlag(list, &tenant)
+	addLimitFlag(list, &limit)
+
+	update := &cobra.Command{
+		Use:   "update SITE [--networks CIDR,…] [--dhcp-mode full|proxy] [--description D]",
+		Short: "Change a site; a network an enrolled machine's BMC needs stays",
+		Args:  positional("SITE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			req := &apiv1.UpdateSiteRequest{Tenant: t, Site: argv[0]}
+			fl := cmd.Flags()
+			if fl.Changed("networks") {
+				req.Networks, req.UpdateNetworks = networks, true
+			}
+			if fl.Changed("dhcp-mode") {
+				req.DhcpMode = &dhcpMode
+			}
+			if fl.Changed("description") {
+				req.Description = &description
+			}
+			resp, err := c.Sites.Update(cmd.Context(), request(req, mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printSites(cmd, resp.Msg, resp.Msg.GetSite())
+		},
+	}
+	addTenantFlag(update, &tenant)
+	update.Flags().StringSliceVar(&networks, "networks", nil, "replace the networks (CIDRs, comma-separated)")
+	update.Flags().StringVar(&dhcpMode, "dhcp-mode", "", "full or proxy")
+	update.Flags().StringVar(&description, "description", "", "the new description")
+	addConfirmationFlag(update, &confirmationID)
+
+	del := &cobra.Command{
+		Use:   "delete SITE",
+		Short: "Delete a site whose machines are all retired",
+		Args:  positional("SITE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Sites.Delete(cmd.Context(), request(&apiv1.DeleteSiteRequest{Tenant: t, Site: argv[0]}, mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) { fmt.Fprintf(w, "deleted %s\n", argv[0]) })
+		},
+	}
+	addTenantFlag(del, &tenant)
+	addConfirmationFlag(del, &confirmationID)
+
+	cmd.AddCommand(create, list, get, update, del)
+	return cmd
+}
+
+func (a *app) printSites(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Site) error {
+	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		row(w, "ID", "NAME", "NETWORKS", "DHCP", "UPDATED")
+		for _, s := range items {
+			row(w, s.GetId(), s.GetName(), strings.Join(s.GetNetworks(), ","), s.GetDhcpMode(), ts(s.GetUpdateTime()))
+		}
+	})
+}
+
+// bmcPassword reads the BMC password from --bmc-password-file (- for
+// stdin): never from an argument, which the process list shows.
+func bmcPassword(cmd *cobra.Command, file string) (string, error) {
+	var (
+		b   []byte
+		err error
+	)
+	switch file {
+	case "":
+		return "", invalidArg("bmc-password-file", "pass --bmc-password-file FILE (- for stdin): the password is never an argument")
+	case "-":
+		b, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), 4096))
+	default:
+		b, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return "", invalidArg("bmc-password-file", err.Error())
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+func (a *app) machinesCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "machines", Aliases: []string{"machine"}, Short: "Enroll bare-metal machines and move them through their lifecycle",
+		Long: `A machine is enrolled at a site with its BMC and the MAC it PXE-boots from, then
+driven by workflows: inspect (inventory), commission (inventory, wipe, optional
+burn-in; ends ready), deploy (write a signed image and boot it), release (wipe;
+ends ready), rescue (the ramdisk with an SSH key, at most an hour) and retire.
+A machine runs one workflow at a time.`}
+	var (
+		tenant, confirmationID string
+		limit                  int
+	)
+	var (
+		site, name, driver, address, username, passwordFile, mac, profile string
+	)
+	enroll := &cobra.Command{
+		Use:   "enroll NAME --site S --bmc-driver ipmi|redfish --bmc-address A --bmc-username U --bmc-password-file F --mac M",
+		Short: "Enroll a machine; its BMC password is sealed at once and never shown",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			name = argv[0]
+			pw, err := bmcPassword(cmd, passwordFile)
+			if err != nil {
+				return err
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			m := newCreate(confirmationID)
+			var resp *connect.Response[apiv1.EnrollMachineResponse]
+			err = a.retry(cmd.Context(), func() (err error) {
+				resp, err = c.Machines.Enroll(cmd.Context(), request(&apiv1.EnrollMachineRequest{Tenant: t, Site: site, Name: name,
+					BmcDriver: driver, BmcAddress: address, BmcUsername: username, BmcPassword: pw, Mac: mac, HardwareProfile: profile}, m))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return a.printMachine(cmd, resp.Msg, resp.Msg.GetMachine())
+		},
+	}
+	addTenantFlag(enroll, &tenant)
+	enroll.Flags().StringVar(&site, "site", "", "the site (name or id)")
+	enroll.Flags().StringVar(&driver, "bmc-driver", "", "ipmi or redfish")
+	enroll.Flags().StringVar(&address, "bmc-address", "", "the BMC: an IP (ipmi, port 623) or a Redfish URL (https://10.0.0.5)")
+	enroll.Flags().StringVar(&username, "bmc-username", "", "the BMC user")
+	enroll.Flags().StringVar(&passwordFile, "bmc-password-file", "", "read the BMC password from this file (- for stdin)")
+	enroll.Flags().StringVar(&mac, "mac", "", "the MAC address the machine PXE-boots from")
+	enroll.Flags().StringVar(&profile, "hardware-profile", "", "a hardware profile label")
+	addConfirmationFlag(enroll, &confirmationID)
+
+	get := &cobra.Command{
+		Use:   "get MACHINE",
+		Short: "Show a machine: state, workflow, failure, inventory and erase record",
+		Args:  positional("MACHINE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Machines.Get(cmd.Context(), connect.NewRequest(&apiv1.GetMachineRequest{Tenant: t, Machine: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printMachine(cmd, resp.Msg, resp.Msg.GetMachine())
+		},
+	}
+	addTenantFlag(get, &tenant)
+
+	var state string
+	list := &cobra.Command{
+		Use:   "list [--site S] [--state ready]",
+		Short: "List a tenant's machines",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.Machine, string, error) {
+				resp, err := c.Machines.List(ctx, connect.NewRequest(&apiv1.ListMachinesRequest{Tenant: t, Site: site, State: state,
+					PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetMachines(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(&apiv1.ListMachinesResponse{Machines: all}, func(w io.Writer) { machineTable(w, all...) })
+		},
+	}
+	addTenantFlag(list, &tenant)
+	list.Flags().StringVar(&site, "site", "", "only this site's machines")
+	list.Flags().StringVar(&state, "state", "", "only machines in this state")
+	addLimitFlag(list, &limit)
+
+	// transition builds one lifecycle verb.
+	transition := func(use, short string, call func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error),
+		flags func(*cobra.Command)) *cobra.Command {
+		sub := &cobra.Command{
+			Use:   use,
+			Short: short,
+			Args:  positional("MACHINE"),
+			RunE: func(cmd *cobra.Command, argv []string) error {
+				c, t, err := a.clientTenant(cmd, tenant)
+				if err != nil {
+					return err
+				}
+				m, msg, err := call(cmd, c.Machines, t, argv[0], mutation{confirmationID: confirmationID})
+				if err != nil {
+					return err
+				}
+				return a.printMachine(cmd, msg, m)
+			},
+		}
+		addTenantFlag(sub, &tenant)
+		addConfirmationFlag(sub, &confirmationID)
+		if flags != nil {
+			flags(sub)
+		}
+		return sub
+	}
+	inspect := transition("inspect MACHINE", "Refresh a machine's inventory from the ramdisk",
+		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
+			r, err := c.Inspect(cmd.Context(), request(&apiv1.InspectMachineRequest{Tenant: t, Machine: machine}, m))
+			if err != nil {
+				return nil, nil, err
+			}
+			return r.Msg.GetMachine(), r.Msg, nil
+		}, nil)
+	var burnIn bool
+	commission := transition("commission MACHINE [--burn-in]", "Inventory and wipe a machine (and burn it in); it ends ready",
+		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
+			r, err := c.Commission(cmd.Context(), request(&apiv1.CommissionMachineRequest{Tenant: t, Machine: machine, BurnIn: burnIn}, m))
+			if err != nil {
+				return nil, nil, err
+			}
+			return r.Msg.GetMachine(), r.Msg, nil
+		}, func(c *cobra.Command) { c.Flags().BoolVar(&burnIn, "burn-in", false, "run the burn-in step") })
+	var image string
+	deploy := transition("deploy MACHINE --image NAME", "Write a signed image to a ready machine and boot it",
+		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
+			r, err := c.Deploy(cmd.Context(), request(&apiv1.DeployMachineRequest{Tenant: t, Machine: machine, Image: image}, m))
+			if err != nil {
+				return nil, nil, err
+			}
+			return r.Msg.GetMachine(), r.Msg, nil
+		}, func(c *cobra.Command) {
+			c.Flags().StringVar(&image, "image", "", "the image (name or id), signed by a key on the tenant's or the platform's allowlist")
+		})
+	release := transition("release MACHINE", "Wipe a machine; it ends ready",
+		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
+			r, err := c.Release(cmd.Context(), request(&apiv1.ReleaseMachineRequest{Tenant: t, Machine: machine}, m))
+			if err != nil {
+				return nil, nil, err
+			}
+			return r.Msg.GetMachine(), r.Msg, nil
+		}, nil)
+	retire := transition("retire MACHINE", "Take an idle machine out of service for good",
+		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
+			r, err := c.Retire(cmd.Context(), request(&apiv1.RetireMachineRequest{Tenant: t, Machine: machine}, m))
+			if err != nil {
+				return nil, nil, err
+			}
+			return r.Msg.GetMachine(), r.Msg, nil
+		}, nil)
+	var (
+		keyFile string
+		dur     time.Duration
+	)
+	rescue := transition("rescue MACHINE --ssh-key-file F [--duration 1h]", "Boot the ramdisk with an SSH key, for at most an hour",
+		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
+			if keyFile == "" {
+				return nil, nil, invalidArg("ssh-key-file", "pass --ssh-key-file FILE (an OpenSSH public key, - for stdin)")
+			}
+			var (
+				b   []byte
+				err error
+			)
+			if keyFile == "-" {
+				b, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), 16<<10))
+			} else {
+				b, err = os.ReadFile(keyFile)
+			}
+			if err != nil {
+				return nil, nil, invalidArg("ssh-key-file", err.Error())
+			}
+			r, err := c.Rescue(cmd.Context(), request(&apiv1.RescueMachineRequest{Tenant: t, Machine: machine,
+				SshPublicKey: strings.TrimSpace(string(b)), DurationSeconds: int64(dur / time.Second)}, m))
+			if err != nil {
+				return nil, nil, err
+			}
+			return r.Msg.GetMachine(), r.Msg, nil
+		}, func(c *cobra.Command) {
+			c.Flags().StringVar(&keyFile, "ssh-key-file", "", "an OpenSSH public key file (- for stdin)")
+			c.Flags().DurationVar(&dur, "duration", time.Hour, "how long the rescue lasts (at most 1h)")
+		})
+
+	cmd.AddCommand(enroll, list, get, inspect, commission, deploy, release, retire, rescue)
+	return cmd
+}
+
+// machineCaller is the machine API as the lifecycle verbs use it.
+type machineCaller interface {
+	Inspect(context.Context, *connect.Request[apiv1.InspectMachineRequest]) (*connect.Response[apiv1.InspectMachineResponse], error)
+	Commission(context.Context, *connect.Request[apiv1.CommissionMachineRequest]) (*connect.Response[apiv1.CommissionMachineResponse], error)
+	Deploy(context.Context, *connect.Request[apiv1.DeployMachineRequest]) (*connect.Response[apiv1.DeployMachineResponse], error)
+	Release(context.Context, *connect.Request[apiv1.ReleaseMachineRequest]) (*connect.Response[apiv1.ReleaseMachineResponse], error)
+	Retire(context.Context, *connect.Request[apiv1.RetireMachineRequest]) (*connect.Response[apiv1.RetireMachineResponse], error)
+	Rescue(context.Context, *connect.Request[apiv1.RescueMachineRequest]) (*connect.Response[apiv1.RescueMachineResponse], error)
+}
+
+func machineTable(w io.Writer, items ...*apiv1.Machine) {
+	row(w, "ID", "NAME", "SITE", "STATE", "BMC", "MAC", "IMAGE", "WORKFLOW")
+	for _, m := range items {
+		row(w, m.GetId(), m.GetName(), m.GetSiteId(), m.GetState(), m.GetBmcDriver()+" "+m.GetBmcAddress(), m.GetMac(),
+			dash(m.GetImageName()), dash(m.GetWorkflowId()))
+	}
+}
+
+func (a *app) printMachine(cmd *cobra.Command, msg proto.Message, m *apiv1.Machine) error {
+	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		machineTable(w, m)
+		if m.GetState() == "failed" {
+			fmt.Fprintf(w, "\nfailed: %s, step %s: %s\n", m.GetFailedOperation(), m.GetFailedStep(), m.GetFailureReason())
+			if logs := m.GetFailureLogs(); logs != "" {
+				fmt.Fprintf(w, "last logs:\n%s\n", logs)
+			}
+		}
+		if exp := m.GetRescueExpireTime(); exp != nil {
+			fmt.Fprintf(w, "\nrescue until %s\n", ts(exp))
+		}
+		if drives := m.GetEraseRecord().GetFields()["drives"].GetListValue().GetValues(); len(drives) > 0 {
+			fmt.Fprintln(w, "\nlast wipe:")
+			for _, d := range drives {
+				f := d.GetStructValue().GetFields()
+				fmt.Fprintf(w, "  %s  %s  %.0f bytes  verified=%v\n", f["device"].GetStringValue(), f["method"].GetStringValue(),
+					f["bytes"].GetNumberValue(), f["verified"].GetBoolValue())
+			}
+		}
+	})
+}

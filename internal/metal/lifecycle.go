@@ -1,0 +1,518 @@
+package metal
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/images"
+	"github.com/better-compute/better-compute/internal/metal/bmc"
+	"github.com/better-compute/better-compute/internal/provision"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// State is a machine's lifecycle state.
+type State string
+
+// Machine states. The -ing states hold an active workflow.
+const (
+	StateEnrolled      State = "enrolled"
+	StateInspecting    State = "inspecting"
+	StateCommissioning State = "commissioning"
+	StateReady         State = "ready"
+	StateDeploying     State = "deploying"
+	StateDeployed      State = "deployed"
+	StateReleasing     State = "releasing"
+	StateRescuing      State = "rescuing"
+	StateRescue        State = "rescue"
+	StateRetired       State = "retired"
+	StateFailed        State = "failed"
+)
+
+// States lists every state (a list filter is checked against it).
+func States() []State {
+	return []State{StateEnrolled, StateInspecting, StateCommissioning, StateReady, StateDeploying, StateDeployed,
+		StateReleasing, StateRescuing, StateRescue, StateRetired, StateFailed}
+}
+
+// Operations: the profiles a machine transition runs.
+const (
+	OpInspect    = "inspect"
+	OpCommission = "commission"
+	OpDeploy     = "deploy"
+	OpRelease    = "release"
+	OpRescue     = "rescue"
+	// A rescue that expired ends by booting the deployed disk again, or,
+	// on a machine without an image, by powering it off.
+	OpRescueEndDisk = "rescue-end-disk"
+	OpRescueEndOff  = "rescue-end-off"
+)
+
+// Step kinds the site agent carries out.
+const (
+	KindPowerCycle = "power.cycle"
+	KindPowerOff   = "power.off"
+	KindInventory  = "inventory.refresh"
+	KindDiskWipe   = "disk.wipe"
+	KindBurnIn     = "burnin.run"
+	KindImageWrite = "image.write"
+	KindConfigure  = "machine.configure"
+)
+
+// Boot modes a power.cycle step asks the site's iPXE script for (its
+// "boot" param): the commissioning ramdisk, the ramdisk with the rescue
+// SSH key, or the local disk.
+const (
+	BootRamdisk = "ramdisk"
+	BootRescue  = "rescue"
+	BootDisk    = "disk"
+)
+
+// MaxRescue bounds a rescue.
+const MaxRescue = time.Hour
+
+// transition is what an operation needs and does.
+type transition struct {
+	from    []State
+	running State
+}
+
+var transitions = map[string]transition{
+	OpInspect:    {from: []State{StateEnrolled, StateReady, StateFailed}, running: StateInspecting},
+	OpCommission: {from: []State{StateEnrolled, StateReady, StateFailed}, running: StateCommissioning},
+	OpDeploy:     {from: []State{StateReady}, running: StateDeploying},
+	OpRelease:    {from: []State{StateDeployed, StateRescue, StateFailed}, running: StateReleasing},
+	OpRescue:     {from: []State{StateReady, StateDeployed}, running: StateRescuing},
+}
+
+// retireFrom are the states a machine may be retired from: nothing runs
+// and nothing of a tenant is on its disk.
+var retireFrom = []State{StateEnrolled, StateReady, StateFailed}
+
+func ramdiskBoot(mode string) []provision.Step {
+	return []provision.Step{
+		{Name: "boot-" + mode, Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": mode},
+			Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
+		{Name: mode + "-joined", Kind: provision.KindAwaitRejoin, Timeout: 20 * time.Minute},
+	}
+}
+
+var powerOff = provision.Step{Name: "power-off", Kind: KindPowerOff, Destructive: true, Timeout: 5 * time.Minute,
+	Retries: 2, Backoff: 10 * time.Second}
+
+// Profiles are the seed's machine profiles: inspect (inventory),
+// commission (inventory + wipe + optional burn-in), deploy (write the
+// image, configure, reboot into it), release (wipe) and rescue (the
+// ramdisk with an SSH key).
+func Profiles() []provision.Profile {
+	inventory := provision.Step{Name: "inventory", Kind: KindInventory, Timeout: 10 * time.Minute, Retries: 1}
+	wipe := provision.Step{Name: "wipe", Kind: KindDiskWipe, Destructive: true, Timeout: 6 * time.Hour}
+	return []provision.Profile{
+		{Name: OpInspect, Steps: append(ramdiskBoot(BootRamdisk), inventory, powerOff)},
+		{Name: OpCommission, Steps: append(ramdiskBoot(BootRamdisk), inventory, wipe,
+			provision.Step{Name: "burn-in", Kind: KindBurnIn, Timeout: 4 * time.Hour}, powerOff)},
+		{Name: OpDeploy, Steps: append(ramdiskBoot(BootRamdisk),
+			provision.Step{Name: "write-image", Kind: KindImageWrite, Destructive: true, Timeout: 2 * time.Hour},
+			provision.Step{Name: "configure", Kind: KindConfigure, Timeout: 10 * time.Minute, Retries: 2},
+			provision.Step{Name: "boot-disk", Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": BootDisk},
+				Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
+			provision.Step{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute})},
+		{Name: OpRelease, Steps: append(ramdiskBoot(BootRamdisk), wipe, powerOff)},
+		{Name: OpRescue, Steps: ramdiskBoot(BootRescue)},
+		{Name: OpRescueEndDisk, Steps: []provision.Step{
+			{Name: "boot-disk", Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": BootDisk},
+				Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
+			{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute}}},
+		{Name: OpRescueEndOff, Steps: []provision.Step{powerOff}},
+	}
+}
+
+// Target is the machine a step acts on, as its site agent needs it: the
+// only place the BMC password is unsealed.
+type Target struct {
+	MachineID       string
+	TenantID        string
+	SiteID          string
+	Name            string
+	MAC             string
+	BMCDriver       string
+	BMCAddress      string
+	Credentials     bmc.Credentials
+	HardwareProfile string
+}
+
+// SiteAgent carries out steps at one site: BMC calls and ramdisk commands.
+// Dispatch and Lookup have the provision.StepRunner contract (a key is
+// applied at most once; OutcomeNotDispatched fences it). Results that come
+// later arrive through Runtime.Complete, and a machine whose ramdisk or OS
+// joined through Runtime.Joined.
+type SiteAgent interface {
+	Dispatch(ctx context.Context, t Target, run provision.StepRun) (provision.Dispatched, error)
+	Lookup(ctx context.Context, t Target, run provision.StepRun) (provision.Outcome, error)
+}
+
+// Agents holds the site agents connected to this replica, by site id.
+type Agents struct {
+	mu     sync.Mutex
+	bySite map[string]SiteAgent
+}
+
+// Register connects a site's agent (replacing one before it); the returned
+// function disconnects it.
+func (a *Agents) Register(siteID string, agent SiteAgent) func() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.bySite == nil {
+		a.bySite = map[string]SiteAgent{}
+	}
+	a.bySite[siteID] = agent
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.bySite[siteID] == agent {
+			delete(a.bySite, siteID)
+		}
+	}
+}
+
+func (a *Agents) get(siteID string) (SiteAgent, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.bySite[siteID]
+	return s, ok
+}
+
+// Sealer seals BMC passwords at rest (the PKI's sealer).
+type Sealer interface {
+	Seal(ref string, plaintext []byte) ([]byte, error)
+	Open(ref string, sealed []byte) ([]byte, error)
+}
+
+func sealRef(credRef string) string { return "machine-bmc/" + credRef }
+
+// Config wires a Runtime.
+type Config struct {
+	DB       *store.DB
+	Recorder envelope.Recorder
+	// Sealer seals and opens BMC passwords; without one enrolment is
+	// refused (no BETTER_COMPUTE_SECRET).
+	Sealer Sealer
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Engine tunes the provision engine (Lease, SweepInterval, ...); its
+	// DB, Recorder, Profiles, Runners and OnEnd are the runtime's.
+	Engine provision.Config
+}
+
+// Runtime is the machine lifecycle: the provision engine with the machine
+// profiles, the step runner that hands steps to site agents, and the hook
+// that moves a machine on when its workflow ends.
+type Runtime struct {
+	Engine *provision.Engine
+	// Agents are the site agents steps go to.
+	Agents *Agents
+	db     *store.DB
+	rec    envelope.Recorder
+	sealer Sealer
+	clock  clock.Clock
+	log    *slog.Logger
+}
+
+// NewRuntime builds the lifecycle.
+func NewRuntime(cfg Config) (*Runtime, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("metal: DB is required")
+	}
+	r := &Runtime{Agents: &Agents{}, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
+		clock: cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock()), log: cmp.Or(cfg.Logger, slog.Default())}
+	ec := cfg.Engine
+	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
+	ec.Profiles = Profiles()
+	run := stepRunner{r}
+	ec.Runners = map[string]provision.StepRunner{}
+	for _, k := range []string{KindPowerCycle, KindPowerOff, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure} {
+		ec.Runners[k] = run
+	}
+	ec.OnEnd = r.onEnd
+	var err error
+	if r.Engine, err = provision.New(ec); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// AddWorkers registers the engine's jobs and the rescue expiry.
+func (r *Runtime) AddWorkers(w *river.Workers) {
+	r.Engine.AddWorkers(w)
+	river.AddWorker(w, &rescueExpireWorker{r: r})
+}
+
+// RescueExpireArgs runs ExpireRescues.
+type RescueExpireArgs struct{}
+
+// Kind is the job kind.
+func (RescueExpireArgs) Kind() string { return "metal.rescue_expire" }
+
+type rescueExpireWorker struct {
+	river.WorkerDefaults[RescueExpireArgs]
+	r *Runtime
+}
+
+func (w *rescueExpireWorker) Work(ctx context.Context, _ *river.Job[RescueExpireArgs]) error {
+	_, err := w.r.ExpireRescues(ctx)
+	return err
+}
+
+// rescueSweep is how often expired rescues are looked for.
+const rescueSweep = time.Minute
+
+// PeriodicJobs are the engine's sweep and the rescue expiry, on the leader.
+func (r *Runtime) PeriodicJobs() []*river.PeriodicJob {
+	opts := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: rescueSweep}}
+	return append(r.Engine.PeriodicJobs(), river.NewPeriodicJob(river.PeriodicInterval(rescueSweep),
+		func() (river.JobArgs, *river.InsertOpts) { return RescueExpireArgs{}, opts }, &river.PeriodicJobOpts{RunOnStart: true}))
+}
+
+// ExpireRescues ends every rescue past its expiry (by the database's
+// clock): a machine with a deployed image boots its disk again and ends
+// deployed; one without powers off and ends ready. It returns how many it
+// started; it is level-triggered and safe to run twice.
+func (r *Runtime) ExpireRescues(ctx context.Context) (int, error) {
+	n := 0
+	err := r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		ids, err := MachinesRescueExpired(ctx, tx, 100)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			m, err := MachineByID(ctx, tx, id, store.ForUpdate(tx))
+			if err != nil {
+				return err
+			}
+			if m.State != StateRescue || m.WorkflowID != "" {
+				continue
+			}
+			op := OpRescueEndOff
+			if m.ImageID != "" {
+				op = OpRescueEndDisk
+			}
+			w, err := r.Engine.StartTx(ctx, tx, provision.StartParams{TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID,
+				Profile: op, CreatedBy: "system:rescue-expiry"})
+			if err != nil {
+				return err
+			}
+			m.WorkflowID, m.Operation, m.UpdateTime = w.ID, op, r.clock.Now()
+			if err := MachineUpdate(ctx, tx, &m); err != nil {
+				return err
+			}
+			if r.rec != nil {
+				if err := r.rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "machine.rescue_expired", TenantID: m.TenantID,
+					ResourceType: "Machine", ResourceID: m.ID, Time: m.UpdateTime,
+					Data: map[string]any{"operation": op, "workflow_id": w.ID}}}); err != nil {
+					return err
+				}
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
+// SetEnqueue hands the engine the job inserter.
+func (r *Runtime) SetEnqueue(fn func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error) {
+	r.Engine.SetEnqueue(fn)
+}
+
+// Complete records a site agent's result for a dispatched step, by its
+// idempotency key.
+func (r *Runtime) Complete(ctx context.Context, key string, res provision.Result) error {
+	return r.Engine.Complete(ctx, key, res)
+}
+
+// Joined reports that a machine's ramdisk (or its deployed OS) joined
+// through the site agent of siteID: the machine's await.rejoin step ends.
+// A machine of another site is refused.
+func (r *Runtime) Joined(ctx context.Context, siteID, machineID string) error {
+	return r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		m, err := MachineByID(ctx, tx, machineID, "")
+		if errors.Is(err, store.ErrNotFound) || err == nil && m.SiteID != siteID {
+			return envelope.Errorf(envelope.CodePermissionDenied, "machine %s is not enrolled at site %s", machineID, siteID)
+		}
+		if err != nil {
+			return err
+		}
+		_, err = r.Engine.SignalTx(ctx, tx, machineID, provision.KindAwaitRejoin, provision.Result{})
+		return err
+	})
+}
+
+// target reads a machine and unseals its BMC password.
+func (r *Runtime) target(ctx context.Context, machineID string) (Target, error) {
+	var m Machine
+	if err := r.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		m, err = MachineByID(ctx, tx, machineID, "")
+		return err
+	}); err != nil {
+		return Target{}, fmt.Errorf("machine %s: %w", machineID, err)
+	}
+	if r.sealer == nil {
+		return Target{}, errors.New("no sealer (BETTER_COMPUTE_SECRET) to open the BMC credential")
+	}
+	pw, err := r.sealer.Open(sealRef(m.BMCCredentialRef), m.BMCCredential)
+	if err != nil {
+		return Target{}, fmt.Errorf("open the BMC credential %s: %w", m.BMCCredentialRef, err)
+	}
+	return Target{MachineID: m.ID, TenantID: m.TenantID, SiteID: m.SiteID, Name: m.Name, MAC: m.MAC, BMCDriver: m.BMCDriver,
+		BMCAddress: m.BMCAddress, Credentials: bmc.NewCredentials(m.BMCUsername, string(pw)), HardwareProfile: m.HardwareProfile}, nil
+}
+
+// stepRunner hands every machine step to the site agent of its machine's
+// site.
+type stepRunner struct{ r *Runtime }
+
+func (s stepRunner) Dispatch(ctx context.Context, run provision.StepRun) (provision.Dispatched, error) {
+	t, err := s.r.target(ctx, run.TargetID)
+	if err != nil {
+		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+	}
+	agent, ok := s.r.Agents.get(t.SiteID)
+	if !ok {
+		return provision.Dispatched{}, fmt.Errorf("%w: site %s has no connected site agent", provision.ErrNotDispatched, t.SiteID)
+	}
+	return agent.Dispatch(ctx, t, run)
+}
+
+func (s stepRunner) Lookup(ctx context.Context, run provision.StepRun) (provision.Outcome, error) {
+	t, err := s.r.target(ctx, run.TargetID)
+	if err != nil {
+		return provision.Outcome{}, err
+	}
+	agent, ok := s.r.Agents.get(t.SiteID)
+	if !ok {
+		// Nothing is decided while the site is away: the sweep asks again.
+		return provision.Outcome{}, fmt.Errorf("site %s has no connected site agent", t.SiteID)
+	}
+	return agent.Lookup(ctx, t, run)
+}
+
+// onEnd moves a machine on when its workflow ends, in the workflow's
+// transaction.
+func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) error {
+	m, err := MachineByID(ctx, tx, w.TargetID, store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if m.WorkflowID != w.ID {
+		return nil
+	}
+	full, err := provision.Get(ctx, tx, w.ID)
+	if err != nil {
+		return err
+	}
+	now := r.clock.Now()
+	var failedLogs string
+	for _, s := range full.Steps {
+		if s.State == provision.StepSucceeded {
+			switch s.Kind {
+			case KindInventory:
+				m.Inventory = s.Output
+			case KindDiskWipe:
+				m.EraseRecord = s.Output
+			}
+		}
+		if s.Name == w.FailedStep && s.Phase == provision.PhaseMain {
+			failedLogs = cmp.Or(s.Logs, s.Error)
+		}
+	}
+	op := w.Profile
+	m.WorkflowID, m.Operation, m.UpdateTime = "", "", now
+	if w.State == provision.WorkflowSucceeded {
+		m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs = "", "", "", ""
+		switch op {
+		case OpInspect:
+			m.State = StateEnrolled
+			if m.Commissioned {
+				m.State = StateReady
+			}
+		case OpCommission:
+			m.State, m.Commissioned = StateReady, true
+			// The wipe took whatever a failed deploy left on the disk.
+			if err := r.unpinImage(ctx, tx, &m); err != nil {
+				return err
+			}
+		case OpDeploy:
+			m.State = StateDeployed
+		case OpRelease:
+			if err := r.unpinImage(ctx, tx, &m); err != nil {
+				return err
+			}
+			m.State, m.RescueExpireTime = StateReady, nil
+		case OpRescue:
+			exp := now.Add(inputSeconds(w.Input["duration_seconds"]))
+			m.State, m.RescueExpireTime = StateRescue, &exp
+		case OpRescueEndDisk:
+			m.State, m.RescueExpireTime = StateDeployed, nil
+		case OpRescueEndOff:
+			m.State, m.RescueExpireTime = StateReady, nil
+		}
+	} else {
+		m.State = StateFailed
+		m.FailedOperation, m.FailedStep = op, w.FailedStep
+		m.FailureReason = cmp.Or(w.Reason, string(w.State))
+		if w.State == provision.WorkflowCancelled {
+			m.FailureReason = "the workflow was cancelled"
+		}
+		m.FailureLogs = failedLogs
+	}
+	if err := MachineUpdate(ctx, tx, &m); err != nil {
+		return err
+	}
+	if r.rec == nil {
+		return nil
+	}
+	data := map[string]any{"state": string(m.State), "operation": op, "workflow_id": w.ID}
+	if m.State == StateFailed {
+		data["failed_step"], data["reason"] = m.FailedStep, m.FailureReason
+	}
+	return r.rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "machine." + string(m.State), TenantID: m.TenantID,
+		ResourceType: "Machine", ResourceID: m.ID, Time: now, Data: data}})
+}
+
+// inputSeconds reads a number of seconds from a workflow's input (JSON
+// numbers decode as float64).
+func inputSeconds(v any) time.Duration {
+	switch n := v.(type) {
+	case float64:
+		return time.Duration(n) * time.Second
+	case int64:
+		return time.Duration(n) * time.Second
+	case int:
+		return time.Duration(n) * time.Second
+	}
+	return 0
+}
+
+// unpinImage drops a machine's use of its image (image_refs) once its disk
+// was wiped.
+func (r *Runtime) unpinImage(ctx context.Context, tx store.Tx, m *Machine) error {
+	if m.ImageID == "" {
+		return nil
+	}
+	if _, err := images.RefDelete(ctx, tx, m.ImageID, "machine", m.ID); err != nil {
+		return err
+	}
+	m.ImageID, m.ImageName = "", ""
+	return nil
+}
