@@ -4,6 +4,7 @@ package nvml_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -56,4 +57,30 @@ func TestReadTelemetry(t *testing.T) {
 	require.Nil(t, got[1].TemperatureCelsius)
 	require.Nil(t, got[1].XidTotal, "NVML keeps no XID counter: bcd fills it")
 	require.NotNil(t, got[1].MemoryTotalBytes)
+}
+
+// On a host with an NVIDIA driver, every GPU reads with its memory and a
+// utilization in range; elsewhere the test says why it did not run.
+func TestTelemetryOnRealGPU(t *testing.T) {
+	t.Parallel()
+	b, err := nvml.New()
+	if errors.Is(err, nvml.ErrUnavailable) {
+		t.Skipf("no NVIDIA driver on this host: %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	got, err := b.Telemetry(context.Background())
+	require.NoError(t, err)
+	require.NotEmpty(t, got)
+	for _, g := range got {
+		require.NotEmpty(t, g.GetUuid())
+		require.NotNil(t, g.MemoryTotalBytes, "gpu %d", g.GetIndex())
+		require.LessOrEqual(t, g.GetMemoryUsedBytes(), g.GetMemoryTotalBytes())
+		if g.UtilizationPercent != nil {
+			require.True(t, g.GetUtilizationPercent() >= 0 && g.GetUtilizationPercent() <= 100)
+		}
+		t.Logf("gpu %d %s: util %v%% mem %d/%d temp %v°C power %vW ecc %v/%v", g.GetIndex(), g.GetUuid(), g.GetUtilizationPercent(),
+			g.GetMemoryUsedBytes(), g.GetMemoryTotalBytes(), g.GetTemperatureCelsius(), g.GetPowerWatts(),
+			g.GetEccCorrectedTotal(), g.GetEccUncorrectedTotal())
+	}
 }
