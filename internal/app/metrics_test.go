@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/doctest"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 var (
@@ -357,4 +359,42 @@ func TestMetricsFleetAndCapacity(t *testing.T) {
 		ratio, ok := value(t, cp, "bc_quota_gpu_headroom_ratio_min", nil)
 		return n == 1 && ok && ratio == 0
 	})
+}
+
+// TestMetricsWebhookBacklog: a disabled, failing endpoint with one pending
+// delivery queued ten minutes ago and one dead-lettered shows in the
+// webhook gauges, on the control plane's clock.
+func TestMetricsWebhookBacklog(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	queued := cp.Clock.Now().Add(-10 * time.Minute)
+	require.NoError(t, cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO webhooks (id, tenant_id, url, state, disabled_reason, secret, failing_since, created_by, create_time, update_time)
+			VALUES ('whk_metrics', 'ten_metrics', 'https://example.invalid/hook', 'disabled', 'failing since yesterday', $1, $2, 'test', $2, $2)`,
+			[]byte("sealed"), queued); err != nil {
+			return err
+		}
+		for i, state := range []string{"dead", "pending"} {
+			if _, err := tx.Exec(ctx, `INSERT INTO webhook_deliveries (id, webhook_id, tenant_id, event_id, event_type, payload, state, next_attempt_time, create_time, update_time)
+				VALUES ($1, 'whk_metrics', 'ten_metrics', $2, 'reservation.created', $3, $4, $5, $5, $5)`,
+				fmt.Sprintf("whd_metrics%d", i), fmt.Sprintf("evt_%d", i), []byte("{}"), state, queued); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	eventually(t, "the webhook backlog in the metrics", func() bool {
+		pending, _ := value(t, cp, "bc_webhook_deliveries", map[string]string{"state": "pending"})
+		dead, _ := value(t, cp, "bc_webhook_deliveries", map[string]string{"state": "dead"})
+		return pending == 1 && dead == 1
+	})
+	disabled, _ := value(t, cp, "bc_webhook_endpoints", map[string]string{"state": "disabled"})
+	require.EqualValues(t, 1, disabled)
+	enabled, ok := value(t, cp, "bc_webhook_endpoints", map[string]string{"state": "enabled"})
+	require.True(t, ok, "both states are exported, 0 when empty")
+	require.Zero(t, enabled)
+	failing, _ := value(t, cp, "bc_webhook_endpoints_failing", nil)
+	require.EqualValues(t, 1, failing)
+	lag, _ := value(t, cp, "bc_webhook_delivery_lag_seconds", nil)
+	require.GreaterOrEqual(t, lag, 600.0, "the oldest pending delivery was queued ten minutes ago on the control plane's clock")
 }
