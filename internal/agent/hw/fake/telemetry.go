@@ -20,11 +20,25 @@ var _ hw.TelemetrySource = (*Backend)(nil)
 // minute of scraping sees it move.
 const telemetryPeriod = 5 * time.Minute
 
-// gpuList is the fake machine's GPUs, read once from its inventory.
+// gpuList is the fake machine's GPUs, read from its inventory once it has
+// been read without error (a failed read, e.g. a cancelled context, is
+// tried again next time).
 type gpuList struct {
-	once sync.Once
+	mu   sync.Mutex
 	gpus []*agentv1.Gpu
-	err  error
+}
+
+func (l *gpuList) get(ctx context.Context, b *Backend) ([]*agentv1.Gpu, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.gpus == nil {
+		inv, err := b.Inventory(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l.gpus = inv.GetGpus()
+	}
+	return l.gpus, nil
 }
 
 // Telemetry makes up plausible readings for each GPU: a load that swings
@@ -33,14 +47,11 @@ type gpuList struct {
 // corrected ECC errors on some GPUs. The mocks model no load, so this is
 // the fake's own and never goes through the NVML reader.
 func (b *Backend) Telemetry(ctx context.Context) ([]*agentv1.GpuTelemetry, error) {
-	b.list.once.Do(func() {
-		inv, err := b.Inventory(ctx)
-		b.list.gpus, b.list.err = inv.GetGpus(), err
-	})
-	if b.list.err != nil {
-		return nil, b.list.err
+	gpus, err := b.list.get(ctx, b)
+	if err != nil {
+		return nil, err
 	}
-	return readings(b.list.gpus, time.Now()), nil
+	return readings(gpus, time.Now()), nil
 }
 
 func readings(gpus []*agentv1.Gpu, now time.Time) []*agentv1.GpuTelemetry {
