@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,6 +351,7 @@ func TestMetricsFleetAndCapacity(t *testing.T) {
 	require.GreaterOrEqual(t, bound, 1.0)
 	errs, _ := value(t, cp, "bc_metrics_collect_errors_total", nil)
 	require.Zero(t, errs, "every database collection worked")
+	require.Empty(t, lintMetrics(t, cp), "promtool check metrics")
 
 	// A quota the reservation uses up shows as exhausted.
 	_, err = admin.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Gpus: proto.Int32(4)}))
@@ -397,4 +399,29 @@ func TestMetricsWebhookBacklog(t *testing.T) {
 	require.EqualValues(t, 1, failing)
 	lag, _ := value(t, cp, "bc_webhook_delivery_lag_seconds", nil)
 	require.GreaterOrEqual(t, lag, 600.0, "the oldest pending delivery was queued ten minutes ago on the control plane's clock")
+}
+
+// lintMetrics runs `promtool check metrics` (Prometheus's naming linter) on
+// the control plane's /metrics and returns its complaints about bc_ series.
+func lintMetrics(t *testing.T, cp *bctest.ControlPlane) []string {
+	t.Helper()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Log("promtool is not on PATH (Debian package prometheus): metric names not linted")
+		return nil
+	}
+	resp, err := http.Get(cp.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	cmd := exec.CommandContext(t.Context(), promtool, "check", "metrics")
+	cmd.Stdin = resp.Body
+	out, _ := cmd.CombinedOutput() // exits 1 when it complains: the lines say about what
+	var problems []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "bc_") {
+			problems = append(problems, strings.TrimSpace(l))
+		}
+	}
+	return problems
 }
