@@ -2,6 +2,10 @@ package agent_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +65,18 @@ func TestGPUTelemetry(t *testing.T) {
 			want = 1
 		}
 		require.InDelta(t, want, m.GetCounter().GetValue(), 0, "gpu %s", label(m, "uuid"))
+	}
+
+	// Prometheus's naming linter has nothing to say about bcd's series.
+	if promtool, err := exec.LookPath("promtool"); err == nil {
+		rec := httptest.NewRecorder()
+		a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		cmd := exec.CommandContext(t.Context(), promtool, "check", "metrics")
+		cmd.Stdin = rec.Body
+		out, _ := cmd.CombinedOutput() // exits 1 on complaints, listed in out
+		for _, l := range strings.Split(string(out), "\n") {
+			require.False(t, strings.HasPrefix(l, "bcd_"), "promtool check metrics: %s", l)
+		}
 	}
 
 	// The heartbeats carry the same readings to the gateway.
