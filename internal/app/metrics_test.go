@@ -206,6 +206,9 @@ func TestGrafanaDashboard(t *testing.T) {
 		Panels []struct {
 			Title   string `json:"title"`
 			Type    string `json:"type"`
+			GridPos struct {
+				X, Y, W, H int
+			} `json:"gridPos"`
 			Targets []struct {
 				Expr string `json:"expr"`
 			} `json:"targets"`
@@ -216,6 +219,8 @@ func TestGrafanaDashboard(t *testing.T) {
 	want := exposed(t)
 	exprs := 0
 	for _, p := range dash.Panels {
+		// Grafana's grid is 24 columns wide.
+		require.True(t, p.GridPos.W > 0 && p.GridPos.X >= 0 && p.GridPos.X+p.GridPos.W <= 24, "panel %q: gridPos %+v off the grid", p.Title, p.GridPos)
 		if p.Type == "row" {
 			continue
 		}
@@ -227,6 +232,28 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	require.Positive(t, exprs)
+
+	// Every query parses: promtool checks them as recording rules.
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Log("promtool is not on PATH (Debian package prometheus): dashboard queries not parsed")
+		return
+	}
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	n := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			expr, err := json.Marshal(tg.Expr) // a JSON string is a YAML string
+			require.NoError(t, err)
+			fmt.Fprintf(&rules, "      - record: dashboard:query_%d\n        expr: %s\n", n, expr)
+			n++
+		}
+	}
+	path := filepath.Join(t.TempDir(), "dashboard-rules.yml")
+	require.NoError(t, os.WriteFile(path, []byte(rules.String()), 0o600))
+	out, err := exec.CommandContext(t.Context(), promtool, "check", "rules", path).CombinedOutput()
+	require.NoError(t, err, "promtool check rules on the dashboard's queries:\n%s", out)
 }
 
 // gathered reads one metric family from the control plane's registry.
