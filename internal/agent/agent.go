@@ -158,6 +158,7 @@ type Agent struct {
 	filter  devfilter.Attacher
 	iso     isolation
 	metrics *metrics
+	xids    xidCounts
 	running atomic.Bool
 
 	mu        sync.Mutex
@@ -195,6 +196,7 @@ func New(cfg Config) (*Agent, error) {
 		execs:     map[string]*runningCommand{},
 		queue:     make(chan *agentv1.Command, 256),
 	}
+	a.metrics.reg.MustRegister(gpuCollector{a: a})
 	if err := a.dir.ensure(); err != nil {
 		return nil, err
 	}
@@ -334,6 +336,7 @@ func (a *Agent) DropSession() bool {
 // GPU's UUID and the XID code) and sends a StatusReport at once when a
 // session is up. The node reports "degraded" while events are held.
 func (a *Agent) ReportHealthEvent(ev *agentv1.HealthEvent) {
+	a.xids.add(ev)
 	a.mu.Lock()
 	a.events = append(a.events, ev)
 	if len(a.events) > 32 {

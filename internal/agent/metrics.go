@@ -19,6 +19,9 @@ type metrics struct {
 	heartbeats   prometheus.Counter
 	certExpiry   prometheus.Gauge
 	renewals     *prometheus.CounterVec
+	// telemetryErrors counts failed reads of the GPUs' live state
+	// (telemetry.go).
+	telemetryErrors prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -46,6 +49,10 @@ func newMetrics() *metrics {
 			Name: "bcd_certificate_renewals_total", Help: "Certificate renewals by result.",
 		}, []string{"result"}),
 	}
+	m.telemetryErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "bcd_gpu_telemetry_errors_total", Help: "Reads of the GPUs' live state that failed or timed out.",
+	})
+	m.reg.MustRegister(m.telemetryErrors)
 	m.reg.MustRegister(m.connected, m.reconnects, m.commands, m.heartbeatRTT, m.heartbeats, m.certExpiry, m.renewals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -270,7 +270,9 @@ func (a *Agent) heartbeats(ctx context.Context, s *session, interval time.Durati
 			return nil
 		case <-t.C:
 		}
-		err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{Time: timestamppb.New(a.cfg.Clock.Now())}}})
+		err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{
+			Time: timestamppb.New(a.cfg.Clock.Now()), Gpus: a.gpuTelemetry(ctx),
+		}}})
 		if errors.Is(err, errLeaving) {
 			return nil
 		}

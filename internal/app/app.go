@@ -367,6 +367,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.WebhookGuard.AddSelf(cfg.Listen)
 	periodic = append(periodic, a.addWebhookJobs(workers, jm)...)
 	a.Capacity = a.buildCapacity()
+	a.registerMetrics()
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
 	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)

@@ -239,7 +239,7 @@ func New(cfg Config) (*Gateway, error) {
 		beats: newBatcher(),
 	}
 	g.hellos = newHelloBatch(g)
-	g.metrics = newMetrics()
+	g.metrics = newMetrics(g)
 	if cfg.Metrics != nil {
 		if err := g.metrics.register(cfg.Metrics); err != nil {
 			return nil, fmt.Errorf("gateway: register metrics: %w", err)

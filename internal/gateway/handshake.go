@@ -30,10 +30,12 @@ const (
 // the global registry) so that many control planes fit in one test process.
 type metrics struct {
 	handshakesRefused *prometheus.CounterVec
+	*fleetMetrics
 }
 
-func newMetrics() *metrics {
+func newMetrics(g *Gateway) *metrics {
 	return &metrics{
+		fleetMetrics: newFleetMetrics(g),
 		handshakesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bc_gateway_handshakes_refused_total",
 			Help: "Connections to the agent gateway whose TLS handshake failed, by reason (refused, timeout, closed).",
@@ -42,7 +44,12 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	return r.Register(m.handshakesRefused)
+	for _, c := range append(m.collectors(), m.handshakesRefused) {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // watchedCreds wraps the gateway's TLS credentials so that a failed

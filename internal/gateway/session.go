@@ -172,6 +172,7 @@ func (s *session) close() {
 	if !s.registered || !s.g.hub.unregister(s) {
 		return
 	}
+	s.g.metrics.telemetry.forget(s.nodeID)
 	g := s.g
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), 5*time.Second)
 	defer cancel()
@@ -421,6 +422,9 @@ func (s *session) deliver(cmds []fleet.Command) error {
 		if err := s.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Command{Command: m}}); err != nil {
 			return err
 		}
+		if c.State == "pending" {
+			s.g.metrics.dispatched(c.Kind, s.g.cfg.Clock.Now().Sub(c.CreateTime))
+		}
 		s.cursor = seqOf(c)
 		if s.inflight == nil {
 			s.inflight = map[string]uint64{}
@@ -495,6 +499,7 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		return invalid("hello: sent twice on one session")
 	case *agentv1.AgentMessage_Heartbeat:
 		s.g.beats.add(s.nodeID)
+		s.g.metrics.heartbeat(s.nodeID, s.node.Name, msg.Heartbeat.GetGpus())
 	case *agentv1.AgentMessage_Status:
 		// A status report is a sign of life too.
 		s.g.beats.add(s.nodeID)
@@ -633,6 +638,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 		return g.cfg.Recorder.InsertEvents(ctx, tx, evs)
 	})
 	if err == nil && terminal {
+		g.metrics.commandFinished(kind, next)
 		delete(s.inflight, u.GetCommandId())
 		if kind == KindProcessExec && g.cfg.Exec != nil {
 			g.cfg.Exec.Exited(u.GetCommandId(), &execrelay.Exit{State: next, Message: u.GetMessage(),

@@ -71,6 +71,11 @@ func (g *Gateway) SweepCommands(ctx context.Context) (int, error) {
 		}
 		return g.cfg.Recorder.InsertEvents(ctx, tx, evs)
 	})
+	if err == nil {
+		for _, c := range expired {
+			g.metrics.commandFinished(c.Kind, fleet.CommandExpired)
+		}
+	}
 	return len(expired), err
 }
 

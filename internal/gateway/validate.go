@@ -59,7 +59,7 @@ func validateAgentMessage(m *agentv1.AgentMessage) error {
 	case *agentv1.AgentMessage_Hello:
 		return validateHello(msg.Hello)
 	case *agentv1.AgentMessage_Heartbeat:
-		return nil
+		return validateHeartbeat(msg.Heartbeat)
 	case *agentv1.AgentMessage_Status:
 		return validateStatus(msg.Status)
 	case *agentv1.AgentMessage_Inventory:

@@ -24,3 +24,11 @@ type Backend interface {
 type IdentitySource interface {
 	Identity() *agentv1.HardwareIdentity
 }
+
+// TelemetrySource is implemented by backends that read their GPUs' live
+// state (utilization, memory in use, temperature, power, ECC counts). A
+// reading a device does not support is left unset. bcd exports it on its
+// /metrics and sends it with each heartbeat.
+type TelemetrySource interface {
+	Telemetry(ctx context.Context) ([]*agentv1.GpuTelemetry, error)
+}

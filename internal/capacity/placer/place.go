@@ -39,6 +39,10 @@ type Placers struct {
 	// it carried and how long it held the writer, from BEGIN to COMMIT
 	// (benchmarks read it); nil skips it.
 	BatchObserved func(size int, hold time.Duration)
+	// SubmitObserved observes each mutation submitted to a placer on this
+	// replica: how long from submission to its answer (the wait in the
+	// queue and the batch's commit) and the answer; nil skips it.
+	SubmitObserved func(wait time.Duration, err error)
 	// Env stages placer batches' audit rows, events and idempotency
 	// records; the reservation service sets it.
 	Env *envelope.Envelope

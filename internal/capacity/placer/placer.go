@@ -322,7 +322,11 @@ func (e *Placers) startPlacer(poolID string) *placer {
 }
 
 // submit hands a mutation to the pool's placer and waits for its answer.
-func (e *Placers) submit(ctx context.Context, poolID string, w *work) error {
+func (e *Placers) submit(ctx context.Context, poolID string, w *work) (err error) {
+	if e.SubmitObserved != nil {
+		start := time.Now()
+		defer func() { e.SubmitObserved(time.Since(start), err) }()
+	}
 	w.ctx, w.done = ctx, make(chan error, 1)
 	p, err := e.placerFor(ctx, poolID)
 	if err != nil {

@@ -72,6 +72,8 @@ type Options struct {
 type Backend struct {
 	hw.Backend
 	identity *agentv1.HardwareIdentity
+	// list is the GPUs Telemetry makes readings for (telemetry.go).
+	list gpuList
 }
 
 var (
