@@ -569,9 +569,11 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 	g := s.g
 	next := commandStates[u.GetState()]
 	terminal, kind := false, ""
+	var cmd fleet.Command
 	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		terminal, kind = false, ""
 		c, err := fleet.CommandGet(ctx, tx, "", u.GetCommandId())
+		cmd = c
 		if errors.Is(err, store.ErrNotFound) {
 			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
 		}
@@ -633,6 +635,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 		return g.cfg.Recorder.InsertEvents(ctx, tx, evs)
 	})
 	if err == nil && terminal {
+		g.traceCommandDone(cmd, u, next)
 		delete(s.inflight, u.GetCommandId())
 		if kind == KindProcessExec && g.cfg.Exec != nil {
 			g.cfg.Exec.Exited(u.GetCommandId(), &execrelay.Exit{State: next, Message: u.GetMessage(),
