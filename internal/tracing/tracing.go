@@ -128,6 +128,15 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 // Enabled reports whether spans are recorded and exported.
 func (p *Provider) Enabled() bool { return p != nil && p.sdk != nil }
 
+// IfEnabled returns p when it records spans and nil when it does not, for
+// a component that skips its tracing work entirely on nil.
+func (p *Provider) IfEnabled() trace.TracerProvider {
+	if !p.Enabled() {
+		return nil
+	}
+	return p
+}
+
 // ForceFlush exports the spans that have ended and not yet been sent.
 func (p *Provider) ForceFlush(ctx context.Context) error {
 	if !p.Enabled() {
