@@ -187,7 +187,8 @@ func TestTraceReservationToAgent(t *testing.T) {
 
 // TestTracingOff: with tracing off (here OTEL_SDK_DISABLED wins over a
 // configured endpoint) nothing is exported — the control plane holds no
-// exporter at all — and commands go to the node with no traceparent.
+// exporter at all — and commands go to the node with no traceparent, even
+// when the caller sent one; its trace id still reaches the audit row.
 func TestTracingOff(t *testing.T) {
 	t.Parallel()
 	col := tracingtest.Start(t)
@@ -199,10 +200,12 @@ func TestTracingOff(t *testing.T) {
 	}
 	cp := traceSetup(t, tracing.Config{Endpoint: col.Endpoint(), Insecure: true, Getenv: disabled}, nil)
 	require.False(t, cp.App.Tracing.Enabled(), "OTEL_SDK_DISABLED=true turns tracing off")
-	rsv := reserveUntilActive(t, cp, "")
+	traceID := randomHex(t, 16)
+	rsv := reserveUntilActive(t, cp, fmt.Sprintf("00-%s-%s-01", traceID, randomHex(t, 8)))
 	require.Empty(t, bindTraceparent(t, cp, rsv))
 	require.Zero(t, countRows(t, cp, `SELECT COUNT(*) FROM commands WHERE traceparent <> ''`))
-	require.Zero(t, countRows(t, cp, `SELECT COUNT(*) FROM audit_log WHERE trace_id <> ''`))
+	require.Equal(t, 1, countRows(t, cp, `SELECT COUNT(*) FROM audit_log WHERE trace_id <> ''`), "only the call that sent a traceparent")
+	require.Equal(t, 1, countRows(t, cp, `SELECT COUNT(*) FROM audit_log WHERE trace_id = $1 AND action = 'reservations.create'`, traceID))
 	require.NoError(t, cp.App.Tracing.ForceFlush(context.Background()))
 	require.Empty(t, col.Spans())
 }

@@ -24,10 +24,13 @@ const (
 )
 
 // startSpan starts the API call's server span, a child of the caller's
-// traceparent when it sent one. With tracing off it returns the caller's
-// remote span context as a non-recording span (or none), so the trace id
-// still reaches the logs and the audit row.
+// traceparent when it sent one. With tracing off it starts nothing.
 func (i *Interceptor) startSpan(ctx context.Context, procedure string, h http.Header) context.Context {
+	if !tracing.On(i.env.cfg.Tracing) {
+		// Off: no span, and nothing downstream (commands, jobs) inherits a
+		// trace context; the logs still get the caller's trace id.
+		return ctx
+	}
 	ctx = tracing.WithTraceparent(ctx, h.Get(HeaderTraceparent))
 	service, method, _ := strings.Cut(strings.TrimPrefix(procedure, "/"), "/")
 	ctx, _ = tracing.Tracer(i.env.cfg.Tracing).Start(ctx, procedure, trace.WithSpanKind(trace.SpanKindServer),

@@ -157,6 +157,19 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// On reports whether tp records spans: a hot path skips its tracing work
+// (parsing headers, building links) when it does not.
+func On(tp trace.TracerProvider) bool {
+	if tp == nil {
+		return false
+	}
+	if p, ok := tp.(*Provider); ok {
+		return p.Enabled()
+	}
+	_, noopTP := tp.(noop.TracerProvider)
+	return !noopTP
+}
+
 // Tracer returns the project's tracer from tp, or the no-op tracer when tp
 // is nil (a component built without tracing).
 func Tracer(tp trace.TracerProvider) trace.Tracer {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/better-compute/better-compute/internal/tracing"
 	"github.com/better-compute/better-compute/internal/tracing/tracingtest"
@@ -92,4 +93,15 @@ func TestExportsOverOTLP(t *testing.T) {
 	require.Equal(t, pa.SpanID, c.ParentSpanID)
 	require.Equal(t, pa.TraceID, c.TraceID)
 	require.NoError(t, p.Shutdown(context.Background()), "twice is fine")
+}
+
+func TestOn(t *testing.T) {
+	t.Parallel()
+	p, err := tracing.New(context.Background(), tracing.Config{Endpoint: "127.0.0.1:1", Insecure: true, Getenv: env(nil)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	require.True(t, tracing.On(p))
+	require.False(t, tracing.On(tracing.Off()))
+	require.False(t, tracing.On(nil))
+	require.False(t, tracing.On(noop.NewTracerProvider()))
 }

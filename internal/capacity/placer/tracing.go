@@ -6,6 +6,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/better-compute/better-compute/internal/tracing"
 )
@@ -21,6 +22,10 @@ const (
 // carries many callers' mutations, so it belongs to no one caller's trace:
 // it is a root linked to each caller's span.
 func (p *placer) startBatchSpan(ws []*work, perItem bool) trace.Span {
+	if !tracing.On(p.e.Tracing) {
+		// The placer is the hot path: off, no links to build.
+		return noop.Span{}
+	}
 	links := make([]trace.Link, 0, len(ws))
 	for _, w := range ws {
 		if sc := trace.SpanContextFromContext(w.ctx); sc.IsValid() {
@@ -37,6 +42,9 @@ func (p *placer) startBatchSpan(ws []*work, perItem bool) trace.Span {
 // allocation.bind) joins the caller's trace, linked to the batch that
 // committed it.
 func (p *placer) startItemSpan(ctx context.Context, w *work, batch trace.Span, size int) (context.Context, trace.Span) {
+	if !tracing.On(p.e.Tracing) {
+		return ctx, noop.Span{}
+	}
 	parent := trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(w.ctx))
 	return tracing.Tracer(p.e.Tracing).Start(parent, "placer.place", trace.WithLinks(trace.Link{SpanContext: batch.SpanContext()}),
 		trace.WithAttributes(attribute.String(AttrPoolID, p.poolID), attribute.Int(AttrBatchSize, size)))
