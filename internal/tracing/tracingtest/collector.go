@@ -82,8 +82,8 @@ func (c *Collector) Export(_ context.Context, req *coltracepb.ExportTraceService
 					ParentSpanID: hex.EncodeToString(s.GetParentSpanId()),
 					Kind:         strings.TrimPrefix(s.GetKind().String(), "SPAN_KIND_"),
 					Attrs:        attrs(s.GetAttributes()),
-					Start:        time.Unix(0, int64(s.GetStartTimeUnixNano())), //nolint:gosec // nanoseconds since 1970 fit
-					End:          time.Unix(0, int64(s.GetEndTimeUnixNano())),   //nolint:gosec // as above
+					Start:        time.Unix(0, int64(s.GetStartTimeUnixNano())),
+					End:          time.Unix(0, int64(s.GetEndTimeUnixNano())),
 					StatusError:  s.GetStatus().GetCode().String() == "STATUS_CODE_ERROR",
 				}
 				for _, l := range s.GetLinks() {
