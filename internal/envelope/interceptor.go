@@ -40,8 +40,8 @@ func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header
 		info.TraceID = m[1]
 	}
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
-		// The call's own span (or the caller's, with tracing off): the id
-		// the logs and the audit row share with the exported trace.
+		// The call's span (tracing on): the logs and the audit row name
+		// the trace it is exported in.
 		info.TraceID = sc.TraceID().String()
 	}
 	m, ok := Lookup(procedure)
