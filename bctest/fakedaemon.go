@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/devfilter"
@@ -49,6 +51,8 @@ type FakeDaemonConfig struct {
 	// RealCgroupRoot). Empty keeps them in a plain directory under
 	// StateDir, enforcing nothing.
 	CgroupRoot string
+	// Tracing records the agent's command spans; nil records none.
+	Tracing trace.TracerProvider
 }
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
@@ -118,7 +122,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
-		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax,
+		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing,
 	})
 	if err != nil {
 		return nil, err

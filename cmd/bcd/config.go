@@ -32,6 +32,8 @@ type options struct {
 	helloTimeout  time.Duration
 	keepalive     time.Duration
 	showVersion   bool
+	otlpEndpoint  string
+	otlpInsecure  bool
 }
 
 func (o *options) register(fs *flag.FlagSet) {
@@ -50,6 +52,8 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "override the gateway's heartbeat interval (testing)")
 	fs.DurationVar(&o.helloTimeout, "hello-timeout", 30*time.Second, "give up on a session whose HelloAck has not come this long after opening it, and dial again")
 	fs.DurationVar(&o.keepalive, "keepalive", 30*time.Second, "ping the gateway after this long without traffic from it; no answer in 10s drops the connection (at least 10s)")
+	fs.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces to this OTLP/gRPC collector (host:port or URL); empty: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set")
+	fs.BoolVar(&o.otlpInsecure, "otlp-insecure", false, "send traces to a host:port --otlp-endpoint without TLS")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 }
 
@@ -65,6 +69,7 @@ type fileConfig struct {
 	Mode          string `toml:"mode" yaml:"mode"`
 	LogLevel      string `toml:"log_level" yaml:"log_level"`
 	TokenEnvFile  string `toml:"token_env_file" yaml:"token_env_file"`
+	OTLPEndpoint  string `toml:"otlp_endpoint" yaml:"otlp_endpoint"`
 }
 
 var errConfigMode = errors.New("config file must not be readable or writable by group or others (chmod 600)")
@@ -118,6 +123,7 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("mode", &o.mode, fc.Mode)
 	pick("log-level", &o.logLevel, fc.LogLevel)
 	pick("token-env-file", &o.tokenEnvFile, fc.TokenEnvFile)
+	pick("otlp-endpoint", &o.otlpEndpoint, fc.OTLPEndpoint)
 }
 
 func (o *options) validate() error {

@@ -28,6 +28,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
+	"github.com/better-compute/better-compute/internal/tracing"
 )
 
 var version = "dev"
@@ -103,10 +104,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return fmt.Errorf("--cgroup-root %s: %w (only --hardware fake:… may use a plain directory)", o.cgroupRoot, err)
 		}
 	}
+	tp, err := tracing.New(ctx, tracing.Config{Endpoint: o.otlpEndpoint, Insecure: o.otlpInsecure, ServiceName: "bcd", ServiceVersion: version,
+		Getenv: getenv})
+	if err != nil {
+		if backend != nil {
+			_ = backend.Close()
+		}
+		return err
+	}
+	defer func() {
+		// Bounded: an unreachable collector must not hold up a stop.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("spans were lost at shutdown", "err", err)
+		}
+	}()
 	a, err := agent.New(agent.Config{
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
+		Tracing: tp,
 	})
 	if err != nil {
 		if backend != nil {

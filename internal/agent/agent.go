@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/devfilter"
@@ -83,6 +85,10 @@ type Config struct {
 	// probe attaches it once to a throw-away cgroup: only where that works
 	// does bcd advertise devices.limits.
 	DeviceFilter devfilter.Attacher
+	// Tracing records a span per command applied, a child of the span
+	// that sent it; nil records none (the command's traceparent still
+	// goes back with its update).
+	Tracing trace.TracerProvider
 }
 
 // MinKeepaliveTime is the shortest KeepaliveTime: the gateway answers

@@ -137,7 +137,9 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 
 	run := func() {
 		defer cancel()
-		final, out := a.run(ctx, cctx, c, perr, canceled, injected)
+		sctx, span := a.startCommandSpan(cctx, c)
+		final, out := a.run(ctx, sctx, c, perr, canceled, injected)
+		endCommandSpan(sctx, span, final)
 		a.finish(c, final, out)
 	}
 	if async {

@@ -48,6 +48,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storeopen"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/tracing"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
@@ -176,6 +177,10 @@ type Config struct {
 	// SSEHeartbeat is how often an idle event stream gets a comment line
 	// (default 15s).
 	SSEHeartbeat time.Duration
+	// Tracing exports OpenTelemetry traces over OTLP when it names an
+	// endpoint (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT); off
+	// otherwise.
+	Tracing tracing.Config
 }
 
 func (c *Config) defaults() error {
@@ -258,8 +263,11 @@ type App struct {
 	WebhookGuard *webhooks.Guard
 	// Metal is the machine lifecycle: the provision engine with the
 	// machine profiles and the site agents its steps go to.
-	Metal  *metal.Runtime
-	sealer *pki.Sealer
+	Metal *metal.Runtime
+	// Tracing is the tracer provider: OTLP when configured, no-op when
+	// not.
+	Tracing *tracing.Provider
+	sealer  *pki.Sealer
 }
 
 // Modules lists every module's migrations in dependency order.
@@ -328,6 +336,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a := &App{cfg: cfg, DB: db, hub: events.NewHub(), Registry: prometheus.NewRegistry()}
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.recorder = recorder{hub: a.hub}
+	if err := a.buildTracing(ctx); err != nil {
+		return nil, err
+	}
 
 	if err := a.buildGateway(ctx); err != nil {
 		return nil, err
@@ -378,6 +389,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
+		Tracing: a.Tracing.IfEnabled(),
 	}); err != nil {
 		return nil, err
 	}
@@ -387,7 +399,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
 		RefusalAuditLimit: cfg.RefusalAuditLimit, RefusalAuditWindow: cfg.RefusalAuditWindow, Limits: cfg.Limits,
-		WatchRecheck: cfg.WatchRecheck,
+		WatchRecheck: cfg.WatchRecheck, Tracing: a.Tracing,
 		TenantName: func(ctx context.Context, id string) (name string, err error) {
 			err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 				t, err := tenancy.TenantGet(ctx, tx, id)
@@ -441,6 +453,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
 		HandshakeTimeout: cfg.GatewayHandshakeTimeout, IdleConnTimeout: cfg.GatewayIdleConnTimeout, Metrics: a.Registry,
+		Tracing: a.Tracing,
 	})
 	if err != nil {
 		return err
@@ -480,6 +493,7 @@ func (a *App) Stop() {
 	if a.Capacity != nil {
 		a.Capacity.Engine.Stop()
 	}
+	a.stopTracing()
 }
 
 // lateHooks hands the gateway capacity's hooks, which are built after it.
@@ -604,7 +618,7 @@ func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit,
 // the job runtime and the gateway's hooks.
 func (a *App) buildCapacity() *reservation.Runner {
 	e := &reservation.Engine{
-		Placers:  placer.Placers{DB: a.DB, Clock: a.cfg.Clock},
+		Placers:  placer.Placers{DB: a.DB, Clock: a.cfg.Clock, Tracing: a.Tracing},
 		Commands: commandSender{notifier: a.Gateway},
 		Enqueue: func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
 			return a.Jobs.InsertTx(ctx, tx, args, opts)

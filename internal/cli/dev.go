@@ -20,6 +20,7 @@ import (
 	bcapp "github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/tracing"
 )
 
 func newDevCommand() *cobra.Command {
@@ -179,7 +180,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 					logger.Info("simulated nodes keep plain cgroup directories", "reason", err)
 				}
 			}
-			sim, err := startSim(ctx, api, secret, gwAddr.String(), filepath.Join(f.stateDir, "sim"), simNodes, profiles, cgroupRoot, logger)
+			sim, err := startSim(ctx, api, secret, gwAddr.String(), filepath.Join(f.stateDir, "sim"), simNodes, profiles, cgroupRoot, logger, a.Tracing)
 			if err != nil {
 				stopApp()
 				return errors.Join(serverError(fmt.Errorf("start %d simulated nodes: %w", simNodes, err)), ignoreCanceled(<-runErr))
@@ -207,7 +208,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 // startSim ensures the sim tenant and project exist, then starts the fleet;
 // nodes that joined on an earlier start reuse their identity and take no
 // token.
-func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, cgroupRoot string, logger *slog.Logger) (*bctest.FleetSim, error) {
+func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, cgroupRoot string, logger *slog.Logger, tp *tracing.Provider) (*bctest.FleetSim, error) {
 	c := client.New(api, adminKey)
 	// Look before creating: on a restart both exist, and a create refused
 	// ALREADY_EXISTS would be logged on every start.
@@ -241,7 +242,9 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 		return nil, err
 	}
 	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
-		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim"), CgroupRoot: cgroupRoot},
+		// The simulated nodes trace with the control plane's provider, so
+		// a dev trace runs into the agent as a real node's would.
+		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim"), CgroupRoot: cgroupRoot, Tracing: tp.IfEnabled()},
 		Root:     root,
 		N:        n,
 		Profiles: profiles,

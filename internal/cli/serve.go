@@ -22,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tracing"
 )
 
 func init() {
@@ -55,6 +56,10 @@ type serverFlags struct {
 	// requestBurst and maxStreams bound each principal.
 	maxConnections, requestBurst, maxStreams int
 	requestRate                              float64
+	// otlpEndpoint turns tracing on (else the standard OTEL_EXPORTER_OTLP_*
+	// variables may); otlpInsecure sends to a host:port without TLS.
+	otlpEndpoint string
+	otlpInsecure bool
 	// secret is BETTER_COMPUTE_SECRET, read from the environment (or, for
 	// dev, from <state-dir>/secret); never a flag, so it stays out of ps.
 	secret string
@@ -87,6 +92,8 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.DurationVar(&f.sseHeartbeat, "sse-heartbeat", 15*time.Second, "how often an idle /v1/events/stream gets a heartbeat comment line")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")
 	fl.DurationVar(&f.unreachableAfter, "unreachable-after", 30*time.Second, "a node without a heartbeat this long is unreachable (at least twice --heartbeat-interval)")
+	fl.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces to this OTLP/gRPC collector (host:port, or an http:// or https:// URL); empty: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set")
+	fl.BoolVar(&f.otlpInsecure, "otlp-insecure", false, "send traces to a host:port --otlp-endpoint without TLS")
 	fl.DurationVar(&f.lostAfter, "lost-after", 5*time.Minute, "a node without a heartbeat this long is lost and its reservations are released (longer than --unreachable-after)")
 	if !full {
 		return
@@ -209,6 +216,7 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		DBStatementTimeout: offIfZero(f.dbStatementTimeout), DBLockTimeout: offIfZero(f.dbLockTimeout),
 		Limits:              envelope.Limits{RequestRate: f.requestRate, RequestBurst: f.requestBurst, MaxStreams: f.maxStreams},
 		WebhookAllowPrivate: f.webhookAllowPrivate, EventRetention: f.eventRetention, SSEHeartbeat: f.sseHeartbeat,
+		Tracing: tracing.Config{Endpoint: f.otlpEndpoint, Insecure: f.otlpInsecure, ServiceName: "better-compute"},
 	}
 }
 

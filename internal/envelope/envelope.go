@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/riverqueue/river"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/internal/clock"
@@ -100,6 +101,8 @@ type Config struct {
 	RefusalAuditWindow time.Duration
 	// Limits bound each principal's request rate and open streams.
 	Limits Limits
+	// Tracing records a span per API call; nil records none.
+	Tracing trace.TracerProvider
 	// TenantName names a tenant by id for refusal messages (the tenancy
 	// module owns the table); nil leaves ids in them.
 	TenantName func(ctx context.Context, id string) (string, error)
@@ -307,6 +310,7 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		RequestID:     info.RequestID,
 		TraceID:       info.TraceID,
 	}
+	spanTenant(ctx, audit.TenantID)
 
 	decisionCtx := map[string]any{"confirmed": confirmed}
 	if m.Context != nil {
@@ -325,7 +329,7 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 	})
 	switch {
 	case err != nil:
-		e.observe(info.Method.Action, DecisionError)
+		e.observe(ctx, info.Method.Action, DecisionError)
 		audit.Decision, audit.Result = DecisionError, string(CodeAuthorizationFailed)
 		e.recordRefusal(ctx, audit)
 		return nil, &Error{Code: CodeAuthorizationFailed, Message: "authorization is unavailable; nothing was changed", Err: err}
@@ -334,19 +338,19 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		// its way), so saying NOT_FOUND leaks nothing; opening a
 		// confirmation for nothing would ask a human to approve a request
 		// that can only fail.
-		e.observe(info.Method.Action, DecisionConfirmationRequired)
+		e.observe(ctx, info.Method.Action, DecisionConfirmationRequired)
 		return nil, Errorf(CodeNotFound, "%s not found", words(resource.Type))
 	case dec.ConfirmationRequired && !confirmed:
-		e.observe(info.Method.Action, DecisionConfirmationRequired)
+		e.observe(ctx, info.Method.Action, DecisionConfirmationRequired)
 		audit.Decision, audit.Result = DecisionConfirmationRequired, string(CodeConfirmationRequired)
 		return nil, e.requireConfirmation(ctx, caller, audit, reqHash)
 	case !dec.Allowed:
-		e.observe(info.Method.Action, DecisionDeny)
+		e.observe(ctx, info.Method.Action, DecisionDeny)
 		audit.Decision, audit.Result = DecisionDeny, string(CodePermissionDenied)
 		e.recordRefusal(ctx, audit)
 		return nil, e.refusal(ctx, caller, info.Method.Action, resource)
 	}
-	e.observe(info.Method.Action, DecisionAllow)
+	e.observe(ctx, info.Method.Action, DecisionAllow)
 
 	var res *Res
 	// write is the mutation's part of a transaction: Apply, then its audit
@@ -470,7 +474,8 @@ func (e *Envelope) recordRefusal(ctx context.Context, entry AuditEntry) {
 	}
 }
 
-func (e *Envelope) observe(action, decision string) {
+func (e *Envelope) observe(ctx context.Context, action, decision string) {
+	spanDecision(ctx, decision)
 	if e.cfg.Metrics != nil {
 		e.cfg.Metrics.Decision(action, decision)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -37,6 +38,11 @@ func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header
 	}
 	if m := traceparentRE.FindStringSubmatch(h.Get(HeaderTraceparent)); m != nil {
 		info.TraceID = m[1]
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		// The call's span (tracing on): the logs and the audit row name
+		// the trace it is exported in.
+		info.TraceID = sc.TraceID().String()
 	}
 	m, ok := Lookup(procedure)
 	if !ok {
@@ -85,6 +91,7 @@ func (i *Interceptor) finish(ctx context.Context, procedure string, start time.T
 		attrs = append(attrs, "principal", c.Principal.ID)
 	}
 	i.env.cfg.Logger.InfoContext(ctx, "request", attrs...)
+	endSpan(ctx, code, err)
 }
 
 // WrapUnary implements connect.Interceptor.
@@ -94,6 +101,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return next(ctx, req)
 		}
 		start := time.Now()
+		ctx = i.startSpan(ctx, req.Spec().Procedure, req.Header())
 		ctx, err := i.begin(ctx, req.Spec().Procedure, req.Header())
 		if err == nil {
 			err = strictFields(req.Any())
@@ -123,6 +131,7 @@ func (i *Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conn
 func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		start := time.Now()
+		ctx = i.startSpan(ctx, conn.Spec().Procedure, conn.RequestHeader())
 		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.RequestHeader())
 		var done func()
 		if err == nil {

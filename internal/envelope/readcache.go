@@ -195,15 +195,16 @@ func (e *Envelope) decideRead(ctx context.Context, res iam.Resource) (bool, erro
 	now := e.cfg.Clock.Now()
 	if cacheable {
 		if allowed, hit := e.readCache.get(key, now); hit {
+			spanDecision(ctx, decisionName(allowed))
 			return allowed, nil
 		}
 	}
 	dec, err := e.cfg.Authz.Authorize(ctx, iam.Request{Principal: caller.Principal, Action: action, Resource: res, Context: decisionCtx})
 	if err != nil {
-		e.observe(action, DecisionError)
+		e.observe(ctx, action, DecisionError)
 		return false, &Error{Code: CodeAuthorizationFailed, Message: "authorization is unavailable", Err: err}
 	}
-	e.observe(action, decisionName(dec.Allowed))
+	e.observe(ctx, action, decisionName(dec.Allowed))
 	if cacheable {
 		e.readCache.put(key, dec.Allowed, now)
 	}

@@ -138,11 +138,13 @@ func insertCommand(ctx context.Context, tx *envelope.Tx, deps Deps, n *Node, kin
 		deadline = defaultDeadline
 	}
 	now := tx.Now()
+	span, traceparent := startSend(ctx, kind, n.ID)
 	cmd, inserted, err := CommandInsert(ctx, tx, &CommandInsertParams{
 		ID: envelope.NewID(CommandIDPrefix, now), TenantID: n.TenantID, NodeID: n.ID, Kind: kind, Params: params,
-		IdempotencyKey: idemKey, Traceparent: envelope.InfoFrom(ctx).TraceID, CreatedBy: tx.Caller().Principal.ID,
+		IdempotencyKey: idemKey, Traceparent: traceparent, CreatedBy: tx.Caller().Principal.ID,
 		Deadline: now.Add(time.Duration(deadline) * time.Second), CreateTime: now,
 	})
+	endSend(span, cmd, inserted)
 	if err != nil {
 		return Command{}, err
 	}
@@ -460,10 +462,12 @@ func SendSystemCommand(ctx context.Context, tx store.Tx, notifier CommandNotifie
 		c.TTL = defaultDeadline * time.Second
 	}
 	at := c.Time.UTC()
+	span, traceparent := startSend(ctx, c.Kind, c.NodeID)
 	cmd, inserted, err := CommandInsert(ctx, tx, &CommandInsertParams{
 		ID: envelope.NewID(CommandIDPrefix, at), TenantID: c.TenantID, NodeID: c.NodeID, Kind: c.Kind, Params: params,
-		IdempotencyKey: c.IdempotencyKey, CreatedBy: c.CreatedBy, Deadline: at.Add(c.TTL), CreateTime: at,
+		IdempotencyKey: c.IdempotencyKey, Traceparent: traceparent, CreatedBy: c.CreatedBy, Deadline: at.Add(c.TTL), CreateTime: at,
 	})
+	endSend(span, cmd, inserted)
 	if err != nil {
 		return "", err
 	}

@@ -151,3 +151,17 @@ func FuzzInventorySection(f *testing.F) {
 		}
 	})
 }
+
+// TestValidateCommandUpdateTraceparent: an agent's traceparent is bounded;
+// a W3C one passes.
+func TestValidateCommandUpdateTraceparent(t *testing.T) {
+	t.Parallel()
+	msg := func(tp string) *agentv1.AgentMessage {
+		return &agentv1.AgentMessage{Msg: &agentv1.AgentMessage_CommandUpdate{CommandUpdate: &agentv1.CommandUpdate{
+			CommandId: "cmd_1", Seq: 1, State: agentv1.CommandState_COMMAND_STATE_SUCCEEDED, Traceparent: tp}}}
+	}
+	require.NoError(t, gateway.ValidateAgentMessage(msg("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")))
+	err := gateway.ValidateAgentMessage(msg(strings.Repeat("0", 257)))
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	require.ErrorContains(t, err, "command_update.traceparent")
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -72,6 +73,9 @@ type Config struct {
 	// serve (an api or worker replica): the gateway then only wakes
 	// sessions (NotifyCommand) and runs the sweeps; Run fails.
 	Authority Authority
+	// Tracing records each command's span when its node reports it done;
+	// nil records none.
+	Tracing trace.TracerProvider
 	// Recorder writes outbox events in the gateway's transactions.
 	Recorder envelope.Recorder
 	Clock    clock.Clock

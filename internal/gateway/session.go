@@ -574,9 +574,11 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 	g := s.g
 	next := commandStates[u.GetState()]
 	terminal, kind := false, ""
+	var cmd fleet.Command
 	err := g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		terminal, kind = false, ""
 		c, err := fleet.CommandGet(ctx, tx, "", u.GetCommandId())
+		cmd = c
 		if errors.Is(err, store.ErrNotFound) {
 			return denied("command %s is not a command of node %s", u.GetCommandId(), s.nodeID)
 		}
@@ -639,6 +641,7 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 	})
 	if err == nil && terminal {
 		g.metrics.commandFinished(kind, next)
+		g.traceCommandDone(cmd, u, next)
 		delete(s.inflight, u.GetCommandId())
 		if kind == KindProcessExec && g.cfg.Exec != nil {
 			g.cfg.Exec.Exited(u.GetCommandId(), &execrelay.Exit{State: next, Message: u.GetMessage(),

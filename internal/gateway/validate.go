@@ -211,6 +211,8 @@ func validateCommandUpdate(u *agentv1.CommandUpdate) error {
 		return invalid("command_update.state: unknown state %d", u.GetState())
 	case u.GetProgress() < 0 || u.GetProgress() > 100:
 		return invalid("command_update.progress: must be 0-100")
+	case len(u.GetTraceparent()) > maxTraceparent:
+		return invalid("command_update.traceparent: longer than %d bytes", maxTraceparent)
 	case len(u.GetMessage()) > maxMessage:
 		return invalid("command_update.message: longer than %d bytes", maxMessage)
 	case !failureCodeRE.MatchString(u.GetFailureCode()):

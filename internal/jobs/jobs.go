@@ -38,9 +38,11 @@ import (
 	"github.com/riverqueue/river/riverdriver/riversqlite"
 	"github.com/riverqueue/river/rivermigrate"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tracing"
 )
 
 // Config configures a Runtime; the zero value is an insert-only client.
@@ -60,6 +62,9 @@ type Config struct {
 	// Logger receives River's logs, its INFO lines as DEBUG; default
 	// slog.Default().
 	Logger *slog.Logger
+	// Tracing records a span per worked job, linked to the span that
+	// enqueued it; nil records none (and adds nothing to job metadata).
+	Tracing trace.TracerProvider
 	// Clock is the control plane's clock. When it is simulated, River
 	// schedules by it too, so a job due at a simulated time runs when the
 	// simulation gets there.
@@ -128,6 +133,9 @@ func New(db *store.DB, workers *river.Workers, periodic []*river.PeriodicJob, cf
 		// Without LISTEN/NOTIFY River must poll instead of waiting for
 		// notifications that never come.
 		PollOnly: !db.SupportsListener(),
+	}
+	if cfg.Tracing != nil {
+		rc.Middleware = []rivertype.Middleware{&traceMiddleware{tracer: tracing.Tracer(cfg.Tracing)}}
 	}
 	if cfg.Clock != nil && !clock.IsReal(cfg.Clock) {
 		rc.Test.Time = riverTime{clk: cfg.Clock}

@@ -140,7 +140,7 @@ func layer(pkg string) int {
 		return 4
 	case pkg == "internal/app":
 		return 3
-	case pkg == "internal/clock", strings.HasPrefix(pkg, "gen/"):
+	case pkg == "internal/clock", strings.HasPrefix(pkg, "internal/tracing"), strings.HasPrefix(pkg, "gen/"):
 		return -1
 	case strings.HasPrefix(pkg, "internal/store"), pkg == "internal/iam":
 		return 0

@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tracing"
 )
 
 // Across replicas (PostgreSQL) each pool's placer runs in exactly one: the
@@ -163,6 +164,10 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 		if v := req.Header().Get(h); v != "" {
 			out.Header().Set(h, v)
 		}
+	}
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		// The owner's span continues this call's, not its caller's.
+		out.Header().Set(envelope.HeaderTraceparent, tp)
 	}
 	out.Header().Set(ForwardedHeader, c.replicaID)
 	res, err := connect.NewClient[Req, Res](c.http, url+procedure).CallUnary(ctx, out)

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
@@ -46,6 +48,10 @@ type Placers struct {
 	// Env stages placer batches' audit rows, events and idempotency
 	// records; the reservation service sets it.
 	Env *envelope.Envelope
+
+	// Tracing records a span per batch and per placement, linked to the
+	// callers' spans; nil records none.
+	Tracing trace.TracerProvider
 
 	// PendingEvery, when set (several replicas on PostgreSQL), is how often
 	// a pool's placer runs PendingPass for its pool.

@@ -554,10 +554,12 @@ func (p *placer) commit(ws []*work) {
 
 // run is one transaction over ws; perItem puts each under a savepoint and
 // writes its rows at once.
-func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) error {
+func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (err error) {
+	batchSpan := p.startBatchSpan(ws, perItem)
+	defer func() { endSpan(batchSpan, err) }()
 	var b *Batch
 	var began time.Time
-	err := p.e.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+	err = p.e.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		// The transaction's hold, BEGIN to COMMIT: the write began just
 		// before this callback (a retried write starts again).
 		began = time.Now()
@@ -589,8 +591,10 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) e
 				}
 			}
 			m := b.Mark()
-			item := func() error {
-				if err := p.item(ctx, b, w); err != nil {
+			item := func() (err error) {
+				ictx, span := p.startItemSpan(ctx, w, batchSpan, len(ws))
+				defer func() { endSpan(span, err) }()
+				if err := p.item(ictx, b, w); err != nil {
 					return err
 				}
 				if perItem || w.direct {

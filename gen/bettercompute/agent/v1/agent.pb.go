@@ -2447,7 +2447,10 @@ type CommandUpdate struct {
 	Message  string           `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
 	Result   *structpb.Struct `protobuf:"bytes,6,opt,name=result,proto3" json:"result,omitempty"`
 	// Stable failure code when FAILED, e.g. "CGROUP_WRITE_FAILED".
-	FailureCode   string `protobuf:"bytes,7,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
+	FailureCode string `protobuf:"bytes,7,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
+	// W3C trace context of the agent's span that applied the command (a
+	// child of Command.traceparent); empty when the command carried none.
+	Traceparent   string `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2527,6 +2530,13 @@ func (x *CommandUpdate) GetResult() *structpb.Struct {
 func (x *CommandUpdate) GetFailureCode() string {
 	if x != nil {
 		return x.FailureCode
+	}
+	return ""
+}
+
+func (x *CommandUpdate) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
 	}
 	return ""
 }
@@ -3154,7 +3164,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rCancelCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x86\x02\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xa8\x02\n" +
 	"\rCommandUpdate\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
@@ -3163,7 +3173,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\bprogress\x18\x04 \x01(\x05R\bprogress\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12/\n" +
 	"\x06result\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06result\x12!\n" +
-	"\ffailure_code\x18\a \x01(\tR\vfailureCode\"\x86\x02\n" +
+	"\ffailure_code\x18\a \x01(\tR\vfailureCode\x12 \n" +
+	"\vtraceparent\x18\b \x01(\tR\vtraceparent\"\x86\x02\n" +
 	"\x10DeviceAssignment\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1b\n" +
 	"\tgpu_uuids\x18\x02 \x03(\tR\bgpuUuids\x12 \n" +
