@@ -62,56 +62,7 @@ func Resource(i Image) iam.Resource {
 }
 
 // scope is the owner a request names: a tenant, or the platform.
-type scope struct {
-	ref      string
-	platform bool
-	tenant   tenancy.Tenant
-	found    bool
-}
-
-// lookupScope resolves a request's tenant field. Empty means the caller's
-// own tenant for a tenant principal and the platform for a platform one.
-func lookupScope(ctx context.Context, q store.Querier, ref string) (scope, error) {
-	s := scope{ref: ref}
-	if ref == "" {
-		c, _ := envelope.CallerFrom(ctx)
-		if c.Principal.TenantID == "" {
-			s.platform, s.found = true, true
-			return s, nil
-		}
-		ref = c.Principal.TenantID
-	}
-	var err error
-	s.tenant, s.found, err = tenancy.LookupTenant(ctx, q, ref)
-	return s, err
-}
-
-// id is the owner's tenant id (” for the platform).
-func (s scope) id() string { return s.tenant.ID }
-
-// resource is the container a list, or a miss, is decided on. A tenant
-// that does not exist decides as the platform, so a stranger learns
-// nothing.
-func (s scope) resource() iam.Resource {
-	if s.platform {
-		return tenancy.PlatformResource()
-	}
-	return tenancy.TenantResource(s.tenant)
-}
-
-func (s scope) notFound() error {
-	if !s.found {
-		return envelope.NotFound("tenant", s.ref)
-	}
-	return nil
-}
-
-func (s scope) name() string {
-	if s.platform {
-		return "the platform"
-	}
-	return "tenant " + s.tenant.Name
-}
+type scope = tenancy.Scope
 
 func validateScope(vs *envelope.Violations, tenant string) {
 	if tenant != "" {
@@ -135,10 +86,10 @@ type imageRef struct {
 func lookupImage(ctx context.Context, q store.Querier, tenantRef, ref string, public bool) (imageRef, error) {
 	r := imageRef{ref: ref}
 	var err error
-	if r.scope, err = lookupScope(ctx, q, tenantRef); err != nil || !r.scope.found {
+	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.Found {
 		return r, err
 	}
-	candidates := []func() (Image, error){func() (Image, error) { return ImageGet(ctx, q, r.id(), ref) }}
+	candidates := []func() (Image, error){func() (Image, error) { return ImageGet(ctx, q, r.ID(), ref) }}
 	if public {
 		candidates = append(candidates,
 			func() (Image, error) {
@@ -173,20 +124,20 @@ func (r imageRef) resource() iam.Resource {
 		return Resource(r.image)
 	case r.found:
 		res := Resource(r.image)
-		res.TenantID = r.id()
-		if r.platform {
+		res.TenantID = r.ID()
+		if r.Platform {
 			res.TenantID = ""
 		}
 		return res
-	case r.scope.found && !r.platform:
-		return iam.Resource{Type: "Image", ID: envelope.UnknownResourceID, TenantID: r.id()}
+	case r.Found && !r.Platform:
+		return iam.Resource{Type: "Image", ID: envelope.UnknownResourceID, TenantID: r.ID()}
 	default:
 		return iam.Resource{Type: "Image", ID: envelope.UnknownResourceID}
 	}
 }
 
 func (r imageRef) notFound() error {
-	if err := r.scope.notFound(); err != nil {
+	if err := r.NotFound(); err != nil {
 		return err
 	}
 	if !r.found {
@@ -272,26 +223,26 @@ func (s *Service) Push(ctx context.Context, stream *connect.ClientStream[apiv1.P
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if sc, err = lookupScope(ctx, q, hdr.GetTenant()); err != nil || !sc.found {
+			if sc, err = tenancy.LookupScope(ctx, q, hdr.GetTenant()); err != nil || !sc.Found {
 				return iam.Resource{Type: "Image", ID: iam.DraftID}, err
 			}
 			// Read now so a taken name is refused before gigabytes are sent;
 			// the unique index still decides a race.
-			switch _, err := ImageGet(ctx, q, sc.id(), hdr.GetName()); {
+			switch _, err := ImageGet(ctx, q, sc.ID(), hdr.GetName()); {
 			case err == nil:
 				taken = true
 			case !errors.Is(err, store.ErrNotFound):
 				return iam.Resource{}, err
 			}
-			return iam.Resource{Type: "Image", ID: iam.DraftID, TenantID: sc.id(),
+			return iam.Resource{Type: "Image", ID: iam.DraftID, TenantID: sc.ID(),
 				Attrs: map[string]any{"name": hdr.GetName(), "kind": hdr.GetKind(), "visibility": VisibilityPrivate}}, nil
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
-			if err := sc.notFound(); err != nil {
+			if err := sc.NotFound(); err != nil {
 				return err
 			}
 			if taken {
-				return envelope.Errorf(envelope.CodeAlreadyExists, "image %q already exists in %s", hdr.GetName(), sc.name())
+				return envelope.Errorf(envelope.CodeAlreadyExists, "image %q already exists in %s", hdr.GetName(), sc.Name())
 			}
 			staged, err := s.blobs.Stage(&chunkReader{stream: stream}, hdr.GetSha256(), hdr.GetSizeBytes())
 			if err != nil {
@@ -324,12 +275,12 @@ func (s *Service) Push(ctx context.Context, stream *connect.ClientStream[apiv1.P
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.PushImageResponse, error) {
 			now := tx.Now()
-			i := Image{ID: envelope.NewID(IDPrefix, now), TenantID: sc.id(), Name: hdr.GetName(), Kind: hdr.GetKind(),
+			i := Image{ID: envelope.NewID(IDPrefix, now), TenantID: sc.ID(), Name: hdr.GetName(), Kind: hdr.GetKind(),
 				SHA256: hdr.GetSha256(), SizeBytes: hdr.GetSizeBytes(), Visibility: VisibilityPrivate,
 				CreatedBy: tx.Caller().Principal.ID, CreateTime: now}
 			if err := ImageInsert(ctx, tx, &i); err != nil {
 				if errors.Is(err, store.ErrUnique) {
-					return nil, envelope.Errorf(envelope.CodeAlreadyExists, "image %q already exists in %s", i.Name, sc.name())
+					return nil, envelope.Errorf(envelope.CodeAlreadyExists, "image %q already exists in %s", i.Name, sc.Name())
 				}
 				return nil, err
 			}
@@ -477,21 +428,21 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListImage
 	}
 	var sc scope
 	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		sc, err = lookupScope(ctx, q, msg.GetTenant())
+		sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, sc.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, sc.Resource()); err != nil {
 		return nil, err
 	}
-	if err := sc.notFound(); err != nil {
+	if err := sc.NotFound(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
 	limit := envelope.PageSize(msg.GetPageSize())
 	out := &apiv1.ListImagesResponse{}
 	if err := s.env.Resolve(ctx, "images", func(ctx context.Context, q store.Querier) error {
-		imgs, err := ImageList(ctx, q, sc.id(), after, limit+1)
+		imgs, err := ImageList(ctx, q, sc.ID(), after, limit+1)
 		if err != nil {
 			return err
 		}
@@ -575,7 +526,7 @@ func ownerName(r imageRef) string {
 	if r.image.TenantID == "" {
 		return "the platform"
 	}
-	return "tenant " + r.tenant.Name
+	return "tenant " + r.Tenant.Name
 }
 
 // allowlists are the allowlists whose keys count for an owner's images:

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // SignerService serves the SignerKeyService API.
@@ -60,22 +61,22 @@ func (s *SignerService) Add(ctx context.Context, req *connect.Request[apiv1.AddS
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if sc, err = lookupScope(ctx, q, msg.GetTenant()); err != nil || !sc.found {
+			if sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant()); err != nil || !sc.Found {
 				return iam.Resource{Type: "SignerKey", ID: iam.DraftID}, err
 			}
-			return iam.Resource{Type: "SignerKey", ID: iam.DraftID, TenantID: sc.id(), Attrs: map[string]any{"name": msg.GetName()}}, nil
+			return iam.Resource{Type: "SignerKey", ID: iam.DraftID, TenantID: sc.ID(), Attrs: map[string]any{"name": msg.GetName()}}, nil
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.AddSignerKeyResponse, error) {
-			if err := sc.notFound(); err != nil {
+			if err := sc.NotFound(); err != nil {
 				return nil, err
 			}
 			now := tx.Now()
-			k := SignerKey{ID: envelope.NewID(SignerIDPrefix, now), TenantID: sc.id(), Name: msg.GetName(), Algorithm: pub.Algorithm,
+			k := SignerKey{ID: envelope.NewID(SignerIDPrefix, now), TenantID: sc.ID(), Name: msg.GetName(), Algorithm: pub.Algorithm,
 				Fingerprint: pub.Fingerprint, PublicKey: pub.DER, CreatedBy: tx.Caller().Principal.ID, CreateTime: now}
 			if err := SignerKeyInsert(ctx, tx, &k); err != nil {
 				if errors.Is(err, store.ErrUnique) {
 					return nil, envelope.Errorf(envelope.CodeAlreadyExists, "signer key %q or one with fingerprint %s is already on %s's allowlist",
-						k.Name, k.Fingerprint, sc.name())
+						k.Name, k.Fingerprint, sc.Name())
 				}
 				return nil, err
 			}
@@ -102,21 +103,21 @@ func (s *SignerService) List(ctx context.Context, req *connect.Request[apiv1.Lis
 	}
 	var sc scope
 	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		sc, err = lookupScope(ctx, q, msg.GetTenant())
+		sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, sc.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, sc.Resource()); err != nil {
 		return nil, err
 	}
-	if err := sc.notFound(); err != nil {
+	if err := sc.NotFound(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
 	limit := envelope.PageSize(msg.GetPageSize())
 	var keys []SignerKey
 	if err := s.env.Resolve(ctx, "signer keys", func(ctx context.Context, q store.Querier) (err error) {
-		keys, err = SignerKeyList(ctx, q, sc.id(), after, limit+1)
+		keys, err = SignerKeyList(ctx, q, sc.ID(), after, limit+1)
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -151,18 +152,18 @@ func (s *SignerService) Remove(ctx context.Context, req *connect.Request[apiv1.R
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if sc, err = lookupScope(ctx, q, msg.GetTenant()); err != nil || !sc.found {
+			if sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant()); err != nil || !sc.Found {
 				return iam.Resource{Type: "SignerKey", ID: envelope.UnknownResourceID}, err
 			}
-			k, err = SignerKeyGet(ctx, q, sc.id(), msg.GetKey())
+			k, err = SignerKeyGet(ctx, q, sc.ID(), msg.GetKey())
 			if errors.Is(err, store.ErrNotFound) {
-				return iam.Resource{Type: "SignerKey", ID: envelope.UnknownResourceID, TenantID: sc.id()}, nil
+				return iam.Resource{Type: "SignerKey", ID: envelope.UnknownResourceID, TenantID: sc.ID()}, nil
 			}
 			found = err == nil
 			return SignerResource(k), err
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.RemoveSignerKeyResponse, error) {
-			if err := sc.notFound(); err != nil {
+			if err := sc.NotFound(); err != nil {
 				return nil, err
 			}
 			if !found {

@@ -26,6 +26,7 @@ import (
 	"github.com/better-compute/better-compute/internal/metal/bmc"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // Credential limits.
@@ -66,10 +67,10 @@ type machineRef struct {
 func lookupMachine(ctx context.Context, q store.Querier, tenantRef, ref string) (machineRef, error) {
 	r := machineRef{ref: ref}
 	var err error
-	if r.scope, err = lookupScope(ctx, q, tenantRef); err != nil || !r.scope.found {
+	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.Found {
 		return r, err
 	}
-	r.machine, err = MachineGet(ctx, q, r.id(), ref, "")
+	r.machine, err = MachineGet(ctx, q, r.ID(), ref, "")
 	if errors.Is(err, store.ErrNotFound) {
 		return r, nil
 	}
@@ -81,11 +82,11 @@ func (r machineRef) resource() iam.Resource {
 	if r.found {
 		return MachineResource(r.machine)
 	}
-	return r.missing("Machine")
+	return r.Missing("Machine")
 }
 
 func (r machineRef) notFound() error {
-	if err := r.scope.notFound(); err != nil {
+	if err := r.NotFound(); err != nil {
 		return err
 	}
 	if !r.found {
@@ -161,10 +162,10 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if r, err = lookupSite(ctx, q, msg.GetTenant(), msg.GetSite()); err != nil || !r.scope.found {
+			if r, err = lookupSite(ctx, q, msg.GetTenant(), msg.GetSite()); err != nil || !r.Found {
 				return iam.Resource{Type: "Machine", ID: iam.DraftID}, err
 			}
-			return iam.Resource{Type: "Machine", ID: iam.DraftID, TenantID: r.id(), Attrs: map[string]any{"name": msg.GetName()}}, nil
+			return iam.Resource{Type: "Machine", ID: iam.DraftID, TenantID: r.ID(), Attrs: map[string]any{"name": msg.GetName()}}, nil
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.EnrollMachineResponse, error) {
 			if err := r.notFound(); err != nil {
@@ -271,15 +272,15 @@ func (s *MachineService) List(ctx context.Context, req *connect.Request[apiv1.Li
 			r, err = lookupSite(ctx, q, msg.GetTenant(), msg.GetSite())
 			return err
 		}
-		r.scope, err = lookupScope(ctx, q, msg.GetTenant())
+		r.scope, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.scope.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 		return nil, err
 	}
-	if err := r.scope.notFound(); err != nil {
+	if err := r.NotFound(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
 	if msg.GetSite() != "" && !r.found {
@@ -288,7 +289,7 @@ func (s *MachineService) List(ctx context.Context, req *connect.Request[apiv1.Li
 	limit := envelope.PageSize(msg.GetPageSize())
 	var ms []Machine
 	if err := s.env.Resolve(ctx, "machines", func(ctx context.Context, q store.Querier) (err error) {
-		ms, err = MachineList(ctx, q, MachineListParams{TenantID: r.id(), SiteID: r.site.ID, State: msg.GetState(), After: after, Limit: limit + 1})
+		ms, err = MachineList(ctx, q, MachineListParams{TenantID: r.ID(), SiteID: r.site.ID, State: msg.GetState(), After: after, Limit: limit + 1})
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // Site limits.
@@ -111,10 +112,10 @@ type siteRef struct {
 func lookupSite(ctx context.Context, q store.Querier, tenantRef, ref string) (siteRef, error) {
 	r := siteRef{ref: ref}
 	var err error
-	if r.scope, err = lookupScope(ctx, q, tenantRef); err != nil || !r.scope.found {
+	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.Found {
 		return r, err
 	}
-	r.site, err = SiteGet(ctx, q, r.id(), ref, "")
+	r.site, err = SiteGet(ctx, q, r.ID(), ref, "")
 	if errors.Is(err, store.ErrNotFound) {
 		return r, nil
 	}
@@ -126,11 +127,11 @@ func (r siteRef) resource() iam.Resource {
 	if r.found {
 		return SiteResource(r.site)
 	}
-	return r.missing("Site")
+	return r.Missing("Site")
 }
 
 func (r siteRef) notFound() error {
-	if err := r.scope.notFound(); err != nil {
+	if err := r.NotFound(); err != nil {
 		return err
 	}
 	if !r.found {
@@ -162,17 +163,17 @@ func (s *SiteService) Create(ctx context.Context, req *connect.Request[apiv1.Cre
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if sc, err = lookupScope(ctx, q, msg.GetTenant()); err != nil || !sc.found {
+			if sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant()); err != nil || !sc.Found {
 				return iam.Resource{Type: "Site", ID: iam.DraftID}, err
 			}
-			return iam.Resource{Type: "Site", ID: iam.DraftID, TenantID: sc.id(), Attrs: map[string]any{"name": msg.GetName()}}, nil
+			return iam.Resource{Type: "Site", ID: iam.DraftID, TenantID: sc.ID(), Attrs: map[string]any{"name": msg.GetName()}}, nil
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateSiteResponse, error) {
-			if err := sc.notFound(); err != nil {
+			if err := sc.NotFound(); err != nil {
 				return nil, err
 			}
 			now := tx.Now()
-			site := Site{ID: envelope.NewID(SiteIDPrefix, now), TenantID: sc.id(), Name: msg.GetName(), Networks: nets,
+			site := Site{ID: envelope.NewID(SiteIDPrefix, now), TenantID: sc.ID(), Name: msg.GetName(), Networks: nets,
 				DHCPMode: mode, Description: msg.GetDescription(), CreateTime: now, UpdateTime: now}
 			if err := SiteInsert(ctx, tx, &site); err != nil {
 				if errors.Is(err, store.ErrUnique) {
@@ -228,21 +229,21 @@ func (s *SiteService) List(ctx context.Context, req *connect.Request[apiv1.ListS
 	}
 	var sc scope
 	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		sc, err = lookupScope(ctx, q, msg.GetTenant())
+		sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, sc.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, sc.Resource()); err != nil {
 		return nil, err
 	}
-	if err := sc.notFound(); err != nil {
+	if err := sc.NotFound(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
 	limit := envelope.PageSize(msg.GetPageSize())
 	var sites []Site
 	if err := s.env.Resolve(ctx, "sites", func(ctx context.Context, q store.Querier) (err error) {
-		sites, err = SiteList(ctx, q, sc.id(), after, limit+1)
+		sites, err = SiteList(ctx, q, sc.ID(), after, limit+1)
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
