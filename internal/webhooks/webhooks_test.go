@@ -144,6 +144,22 @@ func (f *fixture) key(t *testing.T, tenant, role string) string {
 
 func (f *fixture) create(t *testing.T, url string, types ...string) (*apiv1.Webhook, string) {
 	t.Helper()
+	// A new endpoint starts at the outbox's horizon, so it may be sent
+	// events of transactions still open when it was created (never miss
+	// one, docs/webhooks.md). On PostgreSQL the horizon is the cluster's
+	// oldest open transaction: with other tests' transactions open, the
+	// setup's own events (acme's default project) could still be ahead of
+	// it. Wait until they are behind, so a test sees only its own events.
+	bctest.WaitFor(t, "the setup's events below the outbox horizon", func() bool {
+		var all, visible int
+		require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM events`).Scan(&all); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM events_visible`).Scan(&visible)
+		}))
+		return all == visible
+	})
 	res, err := f.admin.Webhooks.Create(context.Background(), connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: url, Types: types}))
 	require.NoError(t, err)
 	require.Regexp(t, `^whsec_[A-Za-z0-9+/]+=*$`, res.Msg.GetSecret())
