@@ -57,42 +57,10 @@ func MachineResource(m Machine) iam.Resource {
 }
 
 // machineRef is a machine resolved for a draft or a read.
-type machineRef struct {
-	scope
-	ref     string
-	machine Machine
-	found   bool
-}
+type machineRef = ref[Machine]
 
-func lookupMachine(ctx context.Context, q store.Querier, tenantRef, ref string) (machineRef, error) {
-	r := machineRef{ref: ref}
-	var err error
-	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.Found {
-		return r, err
-	}
-	r.machine, err = MachineGet(ctx, q, r.ID(), ref, "")
-	if errors.Is(err, store.ErrNotFound) {
-		return r, nil
-	}
-	r.found = err == nil
-	return r, err
-}
-
-func (r machineRef) resource() iam.Resource {
-	if r.found {
-		return MachineResource(r.machine)
-	}
-	return r.Missing("Machine")
-}
-
-func (r machineRef) notFound() error {
-	if err := r.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("machine", r.ref)
-	}
-	return nil
+func lookupMachine(ctx context.Context, q store.Querier, tenantRef, name string) (machineRef, error) {
+	return lookupRef(ctx, q, tenantRef, name, "machine", "Machine", MachineGet, MachineResource)
 }
 
 // parseMAC checks and normalizes an Ethernet MAC (aa:bb:cc:dd:ee:ff).
@@ -171,7 +139,7 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 			if err := r.notFound(); err != nil {
 				return nil, err
 			}
-			site, err := SiteGet(ctx, tx, r.site.TenantID, r.site.ID, store.ForUpdate(tx))
+			site, err := SiteGet(ctx, tx, r.obj.TenantID, r.obj.ID, store.ForUpdate(tx))
 			if errors.Is(err, store.ErrNotFound) {
 				return nil, envelope.NotFound("site", msg.GetSite())
 			}
@@ -243,7 +211,7 @@ func (s *MachineService) Get(ctx context.Context, req *connect.Request[apiv1.Get
 	if err := r.notFound(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetMachineResponse{Machine: MachineProto(r.machine)}), nil
+	return connect.NewResponse(&apiv1.GetMachineResponse{Machine: MachineProto(r.obj)}), nil
 }
 
 // List lists a tenant's machines, by site and state.
@@ -289,7 +257,7 @@ func (s *MachineService) List(ctx context.Context, req *connect.Request[apiv1.Li
 	limit := envelope.PageSize(msg.GetPageSize())
 	var ms []Machine
 	if err := s.env.Resolve(ctx, "machines", func(ctx context.Context, q store.Querier) (err error) {
-		ms, err = MachineList(ctx, q, MachineListParams{TenantID: r.ID(), SiteID: r.site.ID, State: msg.GetState(), After: after, Limit: limit + 1})
+		ms, err = MachineList(ctx, q, MachineListParams{TenantID: r.ID(), SiteID: r.obj.ID, State: msg.GetState(), After: after, Limit: limit + 1})
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -374,9 +342,9 @@ func start[Req, Res any](ctx context.Context, s *MachineService, req *connect.Re
 }
 
 func lockMachine(ctx context.Context, tx *envelope.Tx, r machineRef) (Machine, error) {
-	m, err := MachineGet(ctx, tx, r.machine.TenantID, r.machine.ID, store.ForUpdate(tx))
+	m, err := MachineGet(ctx, tx, r.obj.TenantID, r.obj.ID, store.ForUpdate(tx))
 	if errors.Is(err, store.ErrNotFound) {
-		return m, envelope.NotFound("machine", r.ref)
+		return m, envelope.NotFound("machine", r.name)
 	}
 	return m, err
 }

@@ -102,42 +102,10 @@ func inNetworks(host string, networks []string) bool {
 }
 
 // siteRef is a site resolved for a draft or a read.
-type siteRef struct {
-	scope
-	ref   string
-	site  Site
-	found bool
-}
+type siteRef = ref[Site]
 
-func lookupSite(ctx context.Context, q store.Querier, tenantRef, ref string) (siteRef, error) {
-	r := siteRef{ref: ref}
-	var err error
-	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.Found {
-		return r, err
-	}
-	r.site, err = SiteGet(ctx, q, r.ID(), ref, "")
-	if errors.Is(err, store.ErrNotFound) {
-		return r, nil
-	}
-	r.found = err == nil
-	return r, err
-}
-
-func (r siteRef) resource() iam.Resource {
-	if r.found {
-		return SiteResource(r.site)
-	}
-	return r.Missing("Site")
-}
-
-func (r siteRef) notFound() error {
-	if err := r.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("site", r.ref)
-	}
-	return nil
+func lookupSite(ctx context.Context, q store.Querier, tenantRef, name string) (siteRef, error) {
+	return lookupRef(ctx, q, tenantRef, name, "site", "Site", SiteGet, SiteResource)
 }
 
 // Create adds a site.
@@ -211,7 +179,7 @@ func (s *SiteService) Get(ctx context.Context, req *connect.Request[apiv1.GetSit
 	if err := r.notFound(); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetSiteResponse{Site: SiteProto(r.site)}), nil
+	return connect.NewResponse(&apiv1.GetSiteResponse{Site: SiteProto(r.obj)}), nil
 }
 
 // List lists a tenant's sites.
@@ -294,7 +262,7 @@ func (s *SiteService) Update(ctx context.Context, req *connect.Request[apiv1.Upd
 			if err := r.notFound(); err != nil {
 				return nil, err
 			}
-			site, err := SiteGet(ctx, tx, r.site.TenantID, r.site.ID, store.ForUpdate(tx))
+			site, err := SiteGet(ctx, tx, r.obj.TenantID, r.obj.ID, store.ForUpdate(tx))
 			if errors.Is(err, store.ErrNotFound) {
 				return nil, envelope.NotFound("site", msg.GetSite())
 			}
@@ -357,7 +325,7 @@ func (s *SiteService) Delete(ctx context.Context, req *connect.Request[apiv1.Del
 			if err := r.notFound(); err != nil {
 				return nil, err
 			}
-			site, err := SiteGet(ctx, tx, r.site.TenantID, r.site.ID, store.ForUpdate(tx))
+			site, err := SiteGet(ctx, tx, r.obj.TenantID, r.obj.ID, store.ForUpdate(tx))
 			if errors.Is(err, store.ErrNotFound) {
 				return nil, envelope.NotFound("site", msg.GetSite())
 			}
