@@ -64,12 +64,6 @@ func Resource(i Image) iam.Resource {
 // scope is the owner a request names: a tenant, or the platform.
 type scope = tenancy.Scope
 
-func validateScope(vs *envelope.Violations, tenant string) {
-	if tenant != "" {
-		vs.Ref("tenant", tenant, "tnt")
-	}
-}
-
 // imageRef is an image resolved for a draft or a read.
 type imageRef struct {
 	scope
@@ -147,7 +141,7 @@ func (r imageRef) notFound() error {
 }
 
 func validateImageRef(vs *envelope.Violations, tenant, image string) {
-	validateScope(vs, tenant)
+	tenancy.ValidateScope(vs, tenant)
 	vs.Ref("image", image, IDPrefix)
 }
 
@@ -208,7 +202,7 @@ func (s *Service) Push(ctx context.Context, stream *connect.ClientStream[apiv1.P
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.PushImageResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, hdr.GetTenant())
+			tenancy.ValidateScope(&vs, hdr.GetTenant())
 			vs.Name("name", hdr.GetName())
 			if _, ok := mediaTypes[hdr.GetKind()]; !ok {
 				vs.Add("kind", "must be one of raw, qcow2, kernel, initrd, ramdisk, got %q", hdr.GetKind())
@@ -417,7 +411,7 @@ func (s *Service) Pull(ctx context.Context, req *connect.Request[apiv1.PullImage
 func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListImagesRequest]) (*connect.Response[apiv1.ListImagesResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateScope(&vs, msg.GetTenant())
+	tenancy.ValidateScope(&vs, msg.GetTenant())
 	vs.PageSize("page_size", msg.GetPageSize())
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)

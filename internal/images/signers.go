@@ -44,7 +44,7 @@ func (s *SignerService) Add(ctx context.Context, req *connect.Request[apiv1.AddS
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.AddSignerKeyResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Name("name", msg.GetName())
 			switch {
 			case msg.GetPublicKey() == "":
@@ -92,7 +92,7 @@ func (s *SignerService) Add(ctx context.Context, req *connect.Request[apiv1.AddS
 func (s *SignerService) List(ctx context.Context, req *connect.Request[apiv1.ListSignerKeysRequest]) (*connect.Response[apiv1.ListSignerKeysResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateScope(&vs, msg.GetTenant())
+	tenancy.ValidateScope(&vs, msg.GetTenant())
 	vs.PageSize("page_size", msg.GetPageSize())
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -144,7 +144,7 @@ func (s *SignerService) Remove(ctx context.Context, req *connect.Request[apiv1.R
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.RemoveSignerKeyResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			if key := msg.GetKey(); !imagesig.ValidDigest(key) {
 				vs.Ref("key", key, SignerIDPrefix)
 			}

@@ -95,7 +95,7 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 		AuditRefusals: true,
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Ref("site", msg.GetSite(), SiteIDPrefix)
 			vs.Name("name", msg.GetName())
 			if !slices.Contains(bmc.Drivers(), msg.GetBmcDriver()) {
@@ -193,7 +193,7 @@ func macInUse(mac string) error {
 func (s *MachineService) Get(ctx context.Context, req *connect.Request[apiv1.GetMachineRequest]) (*connect.Response[apiv1.GetMachineResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateScope(&vs, msg.GetTenant())
+	tenancy.ValidateScope(&vs, msg.GetTenant())
 	vs.Ref("machine", msg.GetMachine(), MachineIDPrefix)
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -218,7 +218,7 @@ func (s *MachineService) Get(ctx context.Context, req *connect.Request[apiv1.Get
 func (s *MachineService) List(ctx context.Context, req *connect.Request[apiv1.ListMachinesRequest]) (*connect.Response[apiv1.ListMachinesResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateScope(&vs, msg.GetTenant())
+	tenancy.ValidateScope(&vs, msg.GetTenant())
 	if msg.GetSite() != "" {
 		vs.Ref("site", msg.GetSite(), SiteIDPrefix)
 	}
@@ -287,7 +287,7 @@ func start[Req, Res any](ctx context.Context, s *MachineService, req *connect.Re
 		AuditRefusals: true,
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, tenant)
+			tenancy.ValidateScope(&vs, tenant)
 			vs.Ref("machine", machine, MachineIDPrefix)
 			if validate != nil {
 				validate(&vs)
@@ -491,7 +491,7 @@ func (s *MachineService) Retire(ctx context.Context, req *connect.Request[apiv1.
 		AuditRefusals: true,
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Ref("machine", msg.GetMachine(), MachineIDPrefix)
 			return vs.Err()
 		},

@@ -14,12 +14,6 @@ import (
 // operator's own sites and machines).
 type scope = tenancy.Scope
 
-func validateScope(vs *envelope.Violations, tenant string) {
-	if tenant != "" {
-		vs.Ref("tenant", tenant, "tnt")
-	}
-}
-
 // ref is a site or machine resolved for a draft or a read: its scope, and
 // the resource when it exists.
 type ref[T any] struct {

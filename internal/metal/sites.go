@@ -122,7 +122,7 @@ func (s *SiteService) Create(ctx context.Context, req *connect.Request[apiv1.Cre
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateSiteResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Name("name", msg.GetName())
 			nets = parseNetworks(&vs, "networks", msg.GetNetworks())
 			validDHCPMode(&vs, "dhcp_mode", mode)
@@ -161,7 +161,7 @@ func (s *SiteService) Create(ctx context.Context, req *connect.Request[apiv1.Cre
 func (s *SiteService) Get(ctx context.Context, req *connect.Request[apiv1.GetSiteRequest]) (*connect.Response[apiv1.GetSiteResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateScope(&vs, msg.GetTenant())
+	tenancy.ValidateScope(&vs, msg.GetTenant())
 	vs.Ref("site", msg.GetSite(), SiteIDPrefix)
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -186,7 +186,7 @@ func (s *SiteService) Get(ctx context.Context, req *connect.Request[apiv1.GetSit
 func (s *SiteService) List(ctx context.Context, req *connect.Request[apiv1.ListSitesRequest]) (*connect.Response[apiv1.ListSitesResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
-	validateScope(&vs, msg.GetTenant())
+	tenancy.ValidateScope(&vs, msg.GetTenant())
 	vs.PageSize("page_size", msg.GetPageSize())
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -238,7 +238,7 @@ func (s *SiteService) Update(ctx context.Context, req *connect.Request[apiv1.Upd
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.UpdateSiteResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Ref("site", msg.GetSite(), SiteIDPrefix)
 			if msg.GetUpdateNetworks() {
 				nets = parseNetworks(&vs, "networks", msg.GetNetworks())
@@ -312,7 +312,7 @@ func (s *SiteService) Delete(ctx context.Context, req *connect.Request[apiv1.Del
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.DeleteSiteResponse]{
 		Validate: func() error {
 			var vs envelope.Violations
-			validateScope(&vs, msg.GetTenant())
+			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Ref("site", msg.GetSite(), SiteIDPrefix)
 			return vs.Err()
 		},

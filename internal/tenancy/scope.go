@@ -73,3 +73,11 @@ func (s Scope) Missing(typ string) iam.Resource {
 	}
 	return iam.Resource{Type: typ, ID: envelope.UnknownResourceID}
 }
+
+// ValidateScope checks a request's tenant field: empty (the caller's own
+// scope) or a tenant name or id.
+func ValidateScope(vs *envelope.Violations, tenant string) {
+	if tenant != "" {
+		vs.Ref("tenant", tenant, "tnt")
+	}
+}
