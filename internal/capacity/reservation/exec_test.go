@@ -198,9 +198,12 @@ func TestExecCancelKillsTheProcessGroup(t *testing.T) {
 		pids = append(pids, pid)
 	}
 	require.Len(t, pids, 2)
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[1]))
-	require.NoError(t, err)
-	require.Contains(t, string(cmdline), "sleep", "the sleep runs")
+	// $! is printed right after the fork: the child may still be in
+	// execve, when /proc/PID/cmdline reads empty, so wait for the sleep.
+	bctest.WaitFor(t, "the sleep runs", func() bool {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[1]))
+		return err == nil && strings.Contains(string(cmdline), "sleep")
+	})
 
 	cancel() // the client's Ctrl-C
 	for _, pid := range pids {
