@@ -6,10 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/bctest/redfish"
 	"github.com/better-compute/better-compute/internal/metal"
@@ -32,10 +35,17 @@ type SimSite struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	unregister func()
+	closeOnce  sync.Once
+
 	mu       sync.Mutex
 	machines map[string]*SimMachine // by BMC address
+	servers  []*httptest.Server
 	keys     map[string]*simKey
-	failNext map[string]string // step kind -> error
+	failNext map[string]string        // step kind -> error
+	holdNext map[string]chan struct{} // step kind -> closed to let it go on
+	// delay is how long each step takes (0: at once).
+	delay time.Duration
 }
 
 // SimMachine is a simulated machine: a Redfish BMC on loopback and a disk.
@@ -65,16 +75,46 @@ type simKey struct {
 // plane's machine runtime; it disconnects when the test ends.
 func NewSimSite(t testing.TB, rt *metal.Runtime, siteID string) *SimSite {
 	t.Helper()
+	s := StartSimSite(rt, siteID)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// StartSimSite connects a simulated site agent for siteID to the control
+// plane's machine runtime, for a caller that is not a test (dev
+// --sim-machines); Close disconnects it and stops its BMCs.
+func StartSimSite(rt *metal.Runtime, siteID string) *SimSite {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &SimSite{rt: rt, siteID: siteID, ctx: ctx, cancel: cancel, machines: map[string]*SimMachine{},
-		keys: map[string]*simKey{}, failNext: map[string]string{}}
-	unregister := rt.Agents.Register(siteID, s)
-	t.Cleanup(func() {
-		unregister()
-		cancel()
-		s.wg.Wait()
-	})
+		keys: map[string]*simKey{}, failNext: map[string]string{}, holdNext: map[string]chan struct{}{}}
+	s.unregister = rt.Agents.Register(siteID, s)
 	return s
+}
+
+// Close disconnects the site agent, waits for the steps it is carrying
+// out and stops its machines' BMCs. It is safe to call twice.
+func (s *SimSite) Close() {
+	s.closeOnce.Do(func() {
+		s.unregister()
+		s.cancel()
+		s.wg.Wait()
+		s.mu.Lock()
+		servers := s.servers
+		s.servers = nil
+		s.mu.Unlock()
+		for _, srv := range servers {
+			srv.Close()
+		}
+	})
+}
+
+// SetStepDelay makes every step take d before it reports, as a real
+// machine's would take seconds (dev uses it so that a lifecycle can be
+// watched); 0, the default, reports at once.
+func (s *SimSite) SetStepDelay(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delay = d
 }
 
 var simMACs sync.Map
@@ -83,25 +123,93 @@ var simMACs sync.Map
 // password, on loopback.
 func (s *SimSite) AddMachine(t testing.TB, name string) *SimMachine {
 	t.Helper()
+	m, err := s.NewMachine(name)
+	if err != nil {
+		t.Fatalf("bctest: simulated machine %s: %v", name, err)
+	}
+	return m
+}
+
+// NewMachine is AddMachine for a caller that is not a test: the BMC stops
+// when the site is closed.
+func (s *SimSite) NewMachine(name string) (*SimMachine, error) {
 	var b [8]byte
-	_, _ = rand.Read(b[:])
-	m := &SimMachine{Name: name, Username: "admin", Password: "pw-" + hex.EncodeToString(b[:]), Power: &redfish.MemoryPower{}}
-	// A locally administered unicast MAC, unique in this test binary.
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	spec := SimMachineSpec{Name: name, Username: "admin", Password: "pw-" + hex.EncodeToString(b[:])}
+	// A locally administered unicast MAC, unique in this process.
 	for {
-		_, _ = rand.Read(b[:5])
+		if _, err := rand.Read(b[:5]); err != nil {
+			return nil, err
+		}
 		mac := fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
 		if _, dup := simMACs.LoadOrStore(mac, true); !dup {
-			m.MAC = mac
+			spec.MAC = mac
 			break
 		}
 	}
-	srv := httptest.NewServer(redfish.New(redfish.Config{Username: m.Username, Password: m.Password, Power: m.Power}))
-	t.Cleanup(srv.Close)
-	m.BMCAddress = srv.URL
+	return s.RestoreMachine(spec)
+}
+
+// SimMachineSpec is what identifies a simulated machine to the control
+// plane: kept by a caller that brings the same machines back after a
+// restart (dev --sim-machines).
+type SimMachineSpec struct {
+	Name       string `json:"name"`
+	MAC        string `json:"mac"`
+	BMCAddress string `json:"bmc_address,omitempty"`
+	Username   string `json:"username"`
+	Password   string `json:"password"`
+}
+
+// Spec returns the machine's identity.
+func (m *SimMachine) Spec() SimMachineSpec {
+	return SimMachineSpec{Name: m.Name, MAC: m.MAC, BMCAddress: m.BMCAddress, Username: m.Username, Password: m.Password}
+}
+
+// RestoreMachine starts a machine's BMC with spec's login, on spec's BMC
+// address when it has one (an http://127.0.0.1:port URL, which must be
+// free), else on a free loopback port.
+func (s *SimSite) RestoreMachine(spec SimMachineSpec) (*SimMachine, error) {
+	addr := "127.0.0.1:0"
+	if spec.BMCAddress != "" {
+		u, err := url.Parse(spec.BMCAddress)
+		if err != nil || u.Scheme != "http" || u.Host == "" {
+			return nil, fmt.Errorf("machine %s: BMC address %q is not an http://host:port URL", spec.Name, spec.BMCAddress)
+		}
+		addr = u.Host
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("machine %s: listen for its BMC: %w", spec.Name, err)
+	}
+	m := &SimMachine{Name: spec.Name, MAC: spec.MAC, Username: spec.Username, Password: spec.Password, Power: &redfish.MemoryPower{}}
+	srv := httptest.NewUnstartedServer(redfish.New(redfish.Config{Username: m.Username, Password: m.Password, Power: m.Power}))
+	_ = srv.Listener.Close()
+	srv.Listener = ln
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		_ = ln.Close()
+		return nil, errors.New("the simulated site is closed")
+	}
+	srv.Start()
+	m.BMCAddress = srv.URL
+	s.servers = append(s.servers, srv)
 	s.machines[m.BMCAddress] = m
-	s.mu.Unlock()
-	return m
+	return m, nil
+}
+
+// Machines lists the site's machines in the order they were added.
+func (s *SimSite) Machines() []*SimMachine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*SimMachine, 0, len(s.servers))
+	for _, srv := range s.servers {
+		out = append(out, s.machines[srv.URL])
+	}
+	return out
 }
 
 // FailNext makes the next step of kind fail with reason (and the logs a
@@ -110,6 +218,18 @@ func (s *SimSite) FailNext(kind, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failNext[kind] = reason
+}
+
+// HoldNext keeps the next step of kind in flight (dispatched, not yet
+// carried out) until the returned function is called, as a slow BMC or
+// wipe would: a test can act on a workflow while its step is in flight.
+func (s *SimSite) HoldNext(kind string) (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.holdNext[kind] = ch
+	s.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { close(ch) }) }
 }
 
 // Applied reports how many times the site applied an idempotency key.
@@ -177,9 +297,26 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 	s.keys[run.IdempotencyKey] = k
 	fail := s.failNext[run.Kind]
 	delete(s.failNext, run.Kind)
+	delay := s.delay
+	hold := s.holdNext[run.Kind]
+	delete(s.holdNext, run.Kind)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		if hold != nil {
+			select {
+			case <-hold:
+			case <-s.ctx.Done():
+				return
+			}
+		}
+		if delay > 0 {
+			select {
+			case <-time.After(delay):
+			case <-s.ctx.Done():
+				return
+			}
+		}
 		res := s.apply(s.ctx, m, t, run, fail)
 		s.mu.Lock()
 		k.result, k.state = res, provision.OutcomeSucceeded
@@ -190,7 +327,7 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 		if err := s.rt.Complete(s.ctx, run.IdempotencyKey, res); err != nil {
 			return // the test is over, or the sweep asks Lookup later
 		}
-		if run.Kind == metal.KindPowerCycle && res.Error == "" {
+		if boot, _ := run.Params["boot"].(string); run.Kind == metal.KindPowerCycle && boot != "" && res.Error == "" {
 			// The machine PXE-boots; its ramdisk (or its deployed OS) joins.
 			_ = s.rt.Joined(s.ctx, s.siteID, t.MachineID)
 		}
@@ -210,18 +347,34 @@ func (s *SimSite) Lookup(_ context.Context, _ metal.Target, run provision.StepRu
 	return provision.Outcome{Status: k.state, Handle: "sim-" + run.IdempotencyKey, Result: k.result}, nil
 }
 
+// PowerStatus reads a machine's power from its BMC with the real driver;
+// a target that is not a machine of this site is refused.
+func (s *SimSite) PowerStatus(ctx context.Context, t metal.Target) (bmc.PowerState, error) {
+	s.mu.Lock()
+	_, ok := s.machines[t.BMCAddress]
+	s.mu.Unlock()
+	if !ok || t.SiteID != s.siteID {
+		return "", fmt.Errorf("%s is not a machine of site %s", t.MachineID, s.siteID)
+	}
+	d, err := bmc.New(t.BMCDriver, t.BMCAddress, t.Credentials, bmc.Options{})
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = d.Close(context.WithoutCancel(ctx)) }()
+	return d.PowerStatus(ctx)
+}
+
 // apply carries out one step on the simulated machine.
 func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run provision.StepRun, fail string) provision.Result {
 	if fail != "" {
 		return provision.Result{Error: fail, Logs: fmt.Sprintf("%s: %s\nstep %s gave up", run.Kind, fail, run.Name)}
 	}
 	switch run.Kind {
-	case metal.KindPowerCycle, metal.KindPowerOff:
+	case metal.KindPowerCycle, metal.KindPowerOff, metal.KindPowerOn:
 		if err := power(ctx, t, run.Kind); err != nil {
 			return provision.Result{Error: err.Error(), Logs: err.Error()}
 		}
-		if run.Kind == metal.KindPowerCycle {
-			boot, _ := run.Params["boot"].(string)
+		if boot, _ := run.Params["boot"].(string); run.Kind == metal.KindPowerCycle && boot != "" {
 			m.mu.Lock()
 			m.booted = append(m.booted, boot)
 			m.mu.Unlock()
@@ -273,6 +426,8 @@ func power(ctx context.Context, t metal.Target, kind string) error {
 		return d.PowerCycle(ctx)
 	case metal.KindPowerOff:
 		return d.PowerOff(ctx)
+	case metal.KindPowerOn:
+		return d.PowerOn(ctx)
 	}
 	return errors.New("not a power step: " + kind)
 }

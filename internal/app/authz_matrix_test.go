@@ -106,6 +106,8 @@ var matrixExpect = map[string]map[string]string{
 	"machines.release":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.retire":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -367,6 +369,20 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		m := f.matrixMachine(t, metal.StateReady)
 		_, err := c.Machines.Rescue(context.Background(), connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "acme", Machine: m,
 			SshPublicKey: sfSSHKey, DurationSeconds: 600}))
+		return err
+	},
+	"machines.power": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateReady)
+		_, err := c.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "on"}))
+		return err
+	},
+	"machines.abort": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		// A machine with a workflow running: the platform admin's power-off.
+		m := f.matrixMachine(t, metal.StateReady)
+		_, err := f.admin.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "off"}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Machines.Abort(context.Background(), connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "acme", Machine: m}))
 		return err
 	},
 	"webhooks.redeliver": func(t *testing.T, f *matrixFixture, c *client.Client) error {

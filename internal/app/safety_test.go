@@ -782,6 +782,9 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		BmcDriver: "ipmi", BmcAddress: "127.0.0.2", BmcUsername: "admin", BmcPassword: "secret", Mac: "02:00:00:00:00:01"}))
 	require.NoError(t, err)
 	machineID := mch.Msg.GetMachine().GetId()
+	// A workflow id of the shape the engine makes; none exists, in acme or
+	// anywhere.
+	sfWorkflowID := envelope.NewID("wf", time.Now())
 	evilPush := proto.CloneOf(imgHdr)
 	evilPush.Name = "evil"
 
@@ -1710,6 +1713,56 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Machines.Rescue(ctx, connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "other", Machine: machineID, SshPublicKey: sfSSHKey}))
+				return err
+			},
+		},
+		apiv1connect.MachineServicePowerProcedure: {
+			func() error {
+				_, err := evil.Machines.Power(ctx, connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: "m1", Action: "off"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Power(ctx, connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "other", Machine: machineID, Action: "off"}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceGetPowerStatusProcedure: {
+			func() error {
+				_, err := evil.Machines.GetPowerStatus(ctx, connect.NewRequest(&apiv1.GetMachinePowerStatusRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.GetPowerStatus(ctx, connect.NewRequest(&apiv1.GetMachinePowerStatusRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceAbortProcedure: {
+			func() error {
+				_, err := evil.Machines.Abort(ctx, connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Abort(ctx, connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceListWorkflowsProcedure: {
+			func() error {
+				_, err := evil.Machines.ListWorkflows(ctx, connect.NewRequest(&apiv1.ListMachineWorkflowsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.ListWorkflows(ctx, connect.NewRequest(&apiv1.ListMachineWorkflowsRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceGetWorkflowProcedure: {
+			func() error {
+				_, err := evil.Machines.GetWorkflow(ctx, connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: "acme", Workflow: sfWorkflowID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.GetWorkflow(ctx, connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: "other", Workflow: sfWorkflowID}))
 				return err
 			},
 		},

@@ -133,7 +133,7 @@ func resourceFor(action, tenant string) Resource {
 	case "machines.enroll":
 		return Resource{Type: "Machine", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "m1"}}
 	case "machines.get", "machines.inspect", "machines.commission", "machines.deploy", "machines.release",
-		"machines.retire", "machines.rescue":
+		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow":
 		return Resource{Type: "Machine", ID: "mch1", TenantID: tenant, Attrs: map[string]any{"name": "m1", "site": "site1", "state": "ready"}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
@@ -151,7 +151,8 @@ func TestCedarMatrix(t *testing.T) {
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
-		"sites.get", "sites.list", "machines.get", "machines.list"}
+		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
+		"machines.getWorkflow"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -250,6 +251,7 @@ func TestCedarAgentConfirmation(t *testing.T) {
 	}{
 		{"machines.deploy", confirm}, {"machines.release", confirm}, {"machines.commission", confirm},
 		{"machines.retire", confirm}, {"sites.delete", confirm}, {"machines.inspect", allow},
+		{"machines.power", confirm}, {"machines.abort", confirm},
 	} {
 		t.Run("admin agent "+tt.action, func(t *testing.T) {
 			t.Parallel()
@@ -479,7 +481,8 @@ func TestActions(t *testing.T) {
 		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
 		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
-		"machines.commission", "machines.deploy", "machines.enroll", "machines.get", "machines.inspect", "machines.list",
+		"machines.abort", "machines.commission", "machines.deploy", "machines.enroll", "machines.get", "machines.getWorkflow",
+		"machines.inspect", "machines.list", "machines.listWorkflows", "machines.power", "machines.powerStatus",
 		"machines.release", "machines.rescue", "machines.retire",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",

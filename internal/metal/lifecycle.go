@@ -54,12 +54,24 @@ const (
 	// on a machine without an image, by powering it off.
 	OpRescueEndDisk = "rescue-end-disk"
 	OpRescueEndOff  = "rescue-end-off"
+	// Power operations: one BMC call as a one-step workflow; the machine
+	// keeps its lifecycle state whatever becomes of it.
+	OpPowerOn    = "power-on"
+	OpPowerOff   = "power-off"
+	OpPowerCycle = "power-cycle"
 )
+
+// PowerOps maps a power action (on, off, cycle) to its operation.
+var PowerOps = map[string]string{"on": OpPowerOn, "off": OpPowerOff, "cycle": OpPowerCycle}
+
+// powerOp reports whether op is a power operation.
+func powerOp(op string) bool { return op == OpPowerOn || op == OpPowerOff || op == OpPowerCycle }
 
 // Step kinds the site agent carries out.
 const (
 	KindPowerCycle = "power.cycle"
 	KindPowerOff   = "power.off"
+	KindPowerOn    = "power.on"
 	KindInventory  = "inventory.refresh"
 	KindDiskWipe   = "disk.wipe"
 	KindBurnIn     = "burnin.run"
@@ -79,11 +91,16 @@ const (
 // MaxRescue bounds a rescue.
 const MaxRescue = time.Hour
 
-// transition is what an operation needs and does.
+// transition is what an operation needs and does; an operation without a
+// running state (power) leaves the machine's state as it is.
 type transition struct {
 	from    []State
 	running State
 }
+
+// powerFrom are the states a power operation starts from: any idle
+// machine not retired.
+var powerFrom = []State{StateEnrolled, StateReady, StateDeployed, StateRescue, StateFailed}
 
 var transitions = map[string]transition{
 	OpInspect:    {from: []State{StateEnrolled, StateReady, StateFailed}, running: StateInspecting},
@@ -91,6 +108,9 @@ var transitions = map[string]transition{
 	OpDeploy:     {from: []State{StateReady}, running: StateDeploying},
 	OpRelease:    {from: []State{StateDeployed, StateRescue, StateFailed}, running: StateReleasing},
 	OpRescue:     {from: []State{StateReady, StateDeployed}, running: StateRescuing},
+	OpPowerOn:    {from: powerFrom},
+	OpPowerOff:   {from: powerFrom},
+	OpPowerCycle: {from: powerFrom},
 }
 
 // retireFrom are the states a machine may be retired from: nothing runs
@@ -132,6 +152,13 @@ func Profiles() []provision.Profile {
 				Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
 			{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute}}},
 		{Name: OpRescueEndOff, Steps: []provision.Step{powerOff}},
+		// An operator's power actions: the BMC call alone, no boot mode
+		// asked of the site's iPXE script.
+		{Name: OpPowerOn, Steps: []provision.Step{{Name: "power-on", Kind: KindPowerOn, Destructive: true, Timeout: 5 * time.Minute,
+			Retries: 2, Backoff: 10 * time.Second}}},
+		{Name: OpPowerOff, Steps: []provision.Step{powerOff}},
+		{Name: OpPowerCycle, Steps: []provision.Step{{Name: "power-cycle", Kind: KindPowerCycle, Destructive: true, Timeout: 5 * time.Minute,
+			Retries: 2, Backoff: 10 * time.Second}}},
 	}
 }
 
@@ -157,6 +184,9 @@ type Target struct {
 type SiteAgent interface {
 	Dispatch(ctx context.Context, t Target, run provision.StepRun) (provision.Dispatched, error)
 	Lookup(ctx context.Context, t Target, run provision.StepRun) (provision.Outcome, error)
+	// PowerStatus reads the machine's power from its BMC: a read, so it
+	// is asked directly rather than run as a workflow step.
+	PowerStatus(ctx context.Context, t Target) (bmc.PowerState, error)
 }
 
 // Agents holds the site agents connected to this replica, by site id.
@@ -238,7 +268,7 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	ec.Profiles = Profiles()
 	run := stepRunner{r}
 	ec.Runners = map[string]provision.StepRunner{}
-	for _, k := range []string{KindPowerCycle, KindPowerOff, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure} {
+	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure} {
 		ec.Runners[k] = run
 	}
 	ec.OnEnd = r.onEnd
@@ -375,6 +405,19 @@ func (r *Runtime) target(ctx context.Context, machineID string) (Target, error) 
 		BMCAddress: m.BMCAddress, Credentials: bmc.NewCredentials(m.BMCUsername, string(pw)), HardwareProfile: m.HardwareProfile}, nil
 }
 
+// PowerStatus asks the site agent of the machine's site for its power.
+func (r *Runtime) PowerStatus(ctx context.Context, machineID string) (bmc.PowerState, error) {
+	t, err := r.target(ctx, machineID)
+	if err != nil {
+		return "", err
+	}
+	agent, ok := r.Agents.get(t.SiteID)
+	if !ok {
+		return "", envelope.Errorf(envelope.CodeUnavailable, "site %s has no connected site agent to ask the BMC", t.SiteID)
+	}
+	return agent.PowerStatus(ctx, t)
+}
+
 // stepRunner hands every machine step to the site agent of its machine's
 // site.
 type stepRunner struct{ r *Runtime }
@@ -438,6 +481,23 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 	}
 	op := w.Profile
 	m.WorkflowID, m.Operation, m.UpdateTime = "", "", now
+	if powerOp(op) {
+		// A power action changes nothing of the lifecycle: the machine
+		// keeps its state, and a failure is the workflow's and the
+		// event's to tell.
+		if err := MachineUpdate(ctx, tx, &m); err != nil {
+			return err
+		}
+		if r.rec == nil {
+			return nil
+		}
+		data := map[string]any{"state": string(m.State), "operation": op, "workflow_id": w.ID, "result": string(w.State)}
+		if w.State != provision.WorkflowSucceeded {
+			data["failed_step"], data["reason"] = w.FailedStep, cmp.Or(w.Reason, string(w.State))
+		}
+		return r.rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "machine.power", TenantID: m.TenantID,
+			ResourceType: "Machine", ResourceID: m.ID, Time: now, Data: data}})
+	}
 	if w.State == provision.WorkflowSucceeded {
 		m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs = "", "", "", ""
 		switch op {

@@ -329,12 +329,18 @@ func start[Req, Res any](ctx context.Context, s *MachineService, req *connect.Re
 			if err != nil {
 				return nil, err
 			}
-			from := m.State
-			m.State, m.WorkflowID, m.Operation, m.UpdateTime = t.running, w.ID, op, tx.Now()
+			from, typ := m.State, "machine."+string(t.running)
+			if t.running == "" {
+				// A power action: the machine keeps its state.
+				typ = "machine.power_requested"
+			} else {
+				m.State = t.running
+			}
+			m.WorkflowID, m.Operation, m.UpdateTime = w.ID, op, tx.Now()
 			if err := MachineUpdate(ctx, tx, &m); err != nil {
 				return nil, err
 			}
-			tx.Emit(envelope.Event{Type: "machine." + string(m.State), TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
+			tx.Emit(envelope.Event{Type: typ, TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
 				Data: map[string]any{"state": string(m.State), "from": string(from), "operation": op, "workflow_id": w.ID}})
 			return wrap(MachineProto(m)), nil
 		},

@@ -1914,6 +1914,827 @@ func (x *RescueMachineResponse) GetMachine() *Machine {
 	return nil
 }
 
+type PowerMachineRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Machine string                 `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
+	// on, off or cycle.
+	Action        string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerMachineRequest) Reset() {
+	*x = PowerMachineRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerMachineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerMachineRequest) ProtoMessage() {}
+
+func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerMachineRequest.ProtoReflect.Descriptor instead.
+func (*PowerMachineRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PowerMachineRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PowerMachineRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *PowerMachineRequest) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+type PowerMachineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The machine with the power workflow in workflow_id.
+	Machine       *Machine `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerMachineResponse) Reset() {
+	*x = PowerMachineResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerMachineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerMachineResponse) ProtoMessage() {}
+
+func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerMachineResponse.ProtoReflect.Descriptor instead.
+func (*PowerMachineResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PowerMachineResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+type GetMachinePowerStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Machine       string                 `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMachinePowerStatusRequest) Reset() {
+	*x = GetMachinePowerStatusRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMachinePowerStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMachinePowerStatusRequest) ProtoMessage() {}
+
+func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMachinePowerStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetMachinePowerStatusRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *GetMachinePowerStatusRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetMachinePowerStatusRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+type GetMachinePowerStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// on, off or unknown (the BMC answered with a state not known).
+	Power         string `protobuf:"bytes,1,opt,name=power,proto3" json:"power,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMachinePowerStatusResponse) Reset() {
+	*x = GetMachinePowerStatusResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMachinePowerStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMachinePowerStatusResponse) ProtoMessage() {}
+
+func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMachinePowerStatusResponse.ProtoReflect.Descriptor instead.
+func (*GetMachinePowerStatusResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *GetMachinePowerStatusResponse) GetPower() string {
+	if x != nil {
+		return x.Power
+	}
+	return ""
+}
+
+type AbortMachineRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Machine       string                 `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortMachineRequest) Reset() {
+	*x = AbortMachineRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortMachineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortMachineRequest) ProtoMessage() {}
+
+func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortMachineRequest.ProtoReflect.Descriptor instead.
+func (*AbortMachineRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *AbortMachineRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AbortMachineRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+type AbortMachineResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Machine *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	// The workflow being cancelled: cancelled already, or cancel_requested
+	// while its step in flight ends.
+	Workflow      *MachineWorkflow `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortMachineResponse) Reset() {
+	*x = AbortMachineResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortMachineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortMachineResponse) ProtoMessage() {}
+
+func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortMachineResponse.ProtoReflect.Descriptor instead.
+func (*AbortMachineResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AbortMachineResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+func (x *AbortMachineResponse) GetWorkflow() *MachineWorkflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+// A MachineWorkflow is one run of an operation (a provisioning profile)
+// on a machine.
+type MachineWorkflow struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId  string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	MachineId string                 `protobuf:"bytes,3,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// inspect, commission, deploy, release, rescue, rescue-end-disk,
+	// rescue-end-off, power-on, power-off or power-cycle.
+	Operation string `protobuf:"bytes,4,opt,name=operation,proto3" json:"operation,omitempty"`
+	// pending, running, paused, succeeded, failed or cancelled.
+	State string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	// Abort was asked while a step was in flight.
+	CancelRequested bool                   `protobuf:"varint,6,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
+	FailedStep      string                 `protobuf:"bytes,7,opt,name=failed_step,json=failedStep,proto3" json:"failed_step,omitempty"`
+	Reason          string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	CreatedBy       string                 `protobuf:"bytes,9,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreateTime      *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime      *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	EndTime         *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// Filled by GetWorkflow only.
+	Steps         []*MachineWorkflowStep `protobuf:"bytes,13,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineWorkflow) Reset() {
+	*x = MachineWorkflow{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineWorkflow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineWorkflow) ProtoMessage() {}
+
+func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineWorkflow.ProtoReflect.Descriptor instead.
+func (*MachineWorkflow) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *MachineWorkflow) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetCancelRequested() bool {
+	if x != nil {
+		return x.CancelRequested
+	}
+	return false
+}
+
+func (x *MachineWorkflow) GetFailedStep() string {
+	if x != nil {
+		return x.FailedStep
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *MachineWorkflow) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *MachineWorkflow) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *MachineWorkflow) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *MachineWorkflow) GetSteps() []*MachineWorkflowStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// A MachineWorkflowStep is one step of a workflow.
+type MachineWorkflowStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Index int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// main, or cleanup (a failure's cleanup profile).
+	Phase       string `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
+	Name        string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	Kind        string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	Destructive bool   `protobuf:"varint,5,opt,name=destructive,proto3" json:"destructive,omitempty"`
+	// pending, running, awaiting, succeeded, failed or skipped.
+	State string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	// Claims so far (each with its own idempotency key).
+	Attempts int32 `protobuf:"varint,7,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// Failures spent of the retry budget.
+	Failures int32  `protobuf:"varint,8,opt,name=failures,proto3" json:"failures,omitempty"`
+	Error    string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	// The step's last logs (the ramdisk's tail).
+	Logs          string                 `protobuf:"bytes,10,opt,name=logs,proto3" json:"logs,omitempty"`
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime       *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineWorkflowStep) Reset() {
+	*x = MachineWorkflowStep{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineWorkflowStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineWorkflowStep) ProtoMessage() {}
+
+func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineWorkflowStep.ProtoReflect.Descriptor instead.
+func (*MachineWorkflowStep) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *MachineWorkflowStep) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *MachineWorkflowStep) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *MachineWorkflowStep) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MachineWorkflowStep) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *MachineWorkflowStep) GetDestructive() bool {
+	if x != nil {
+		return x.Destructive
+	}
+	return false
+}
+
+func (x *MachineWorkflowStep) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *MachineWorkflowStep) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *MachineWorkflowStep) GetFailures() int32 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
+func (x *MachineWorkflowStep) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *MachineWorkflowStep) GetLogs() string {
+	if x != nil {
+		return x.Logs
+	}
+	return ""
+}
+
+func (x *MachineWorkflowStep) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *MachineWorkflowStep) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+type ListMachineWorkflowsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this machine's workflows (name or id).
+	Machine string `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
+	// Only workflows in this state.
+	State         string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	PageSize      int32  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMachineWorkflowsRequest) Reset() {
+	*x = ListMachineWorkflowsRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMachineWorkflowsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMachineWorkflowsRequest) ProtoMessage() {}
+
+func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMachineWorkflowsRequest.ProtoReflect.Descriptor instead.
+func (*ListMachineWorkflowsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ListMachineWorkflowsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListMachineWorkflowsRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *ListMachineWorkflowsRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ListMachineWorkflowsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListMachineWorkflowsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListMachineWorkflowsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Workflows     []*MachineWorkflow     `protobuf:"bytes,1,rep,name=workflows,proto3" json:"workflows,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMachineWorkflowsResponse) Reset() {
+	*x = ListMachineWorkflowsResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMachineWorkflowsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMachineWorkflowsResponse) ProtoMessage() {}
+
+func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMachineWorkflowsResponse.ProtoReflect.Descriptor instead.
+func (*ListMachineWorkflowsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListMachineWorkflowsResponse) GetWorkflows() []*MachineWorkflow {
+	if x != nil {
+		return x.Workflows
+	}
+	return nil
+}
+
+func (x *ListMachineWorkflowsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetMachineWorkflowRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The workflow's id (wf_...).
+	Workflow      string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMachineWorkflowRequest) Reset() {
+	*x = GetMachineWorkflowRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMachineWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMachineWorkflowRequest) ProtoMessage() {}
+
+func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMachineWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*GetMachineWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *GetMachineWorkflowRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetMachineWorkflowRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+type GetMachineWorkflowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Workflow      *MachineWorkflow       `protobuf:"bytes,1,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMachineWorkflowResponse) Reset() {
+	*x = GetMachineWorkflowResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMachineWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMachineWorkflowResponse) ProtoMessage() {}
+
+func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMachineWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*GetMachineWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *GetMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
 var File_bettercompute_api_v1_metal_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
@@ -2062,13 +2883,80 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x0essh_public_key\x18\x03 \x01(\tR\fsshPublicKey\x12)\n" +
 	"\x10duration_seconds\x18\x04 \x01(\x03R\x0fdurationSeconds\"P\n" +
 	"\x15RescueMachineResponse\x127\n" +
-	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine2\xdb\x03\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"_\n" +
+	"\x13PowerMachineRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\amachine\x18\x02 \x01(\tR\amachine\x12\x16\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\"O\n" +
+	"\x14PowerMachineResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"P\n" +
+	"\x1cGetMachinePowerStatusRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\amachine\x18\x02 \x01(\tR\amachine\"5\n" +
+	"\x1dGetMachinePowerStatusResponse\x12\x14\n" +
+	"\x05power\x18\x01 \x01(\tR\x05power\"G\n" +
+	"\x13AbortMachineRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\amachine\x18\x02 \x01(\tR\amachine\"\x92\x01\n" +
+	"\x14AbortMachineResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\x12A\n" +
+	"\bworkflow\x18\x02 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow\"\x86\x04\n" +
+	"\x0fMachineWorkflow\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x03 \x01(\tR\tmachineId\x12\x1c\n" +
+	"\toperation\x18\x04 \x01(\tR\toperation\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12)\n" +
+	"\x10cancel_requested\x18\x06 \x01(\bR\x0fcancelRequested\x12\x1f\n" +
+	"\vfailed_step\x18\a \x01(\tR\n" +
+	"failedStep\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\t \x01(\tR\tcreatedBy\x12;\n" +
+	"\vcreate_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x125\n" +
+	"\bend_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12?\n" +
+	"\x05steps\x18\r \x03(\v2).bettercompute.api.v1.MachineWorkflowStepR\x05steps\"\xf5\x02\n" +
+	"\x13MachineWorkflowStep\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x14\n" +
+	"\x05phase\x18\x02 \x01(\tR\x05phase\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12 \n" +
+	"\vdestructive\x18\x05 \x01(\bR\vdestructive\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x1a\n" +
+	"\battempts\x18\a \x01(\x05R\battempts\x12\x1a\n" +
+	"\bfailures\x18\b \x01(\x05R\bfailures\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x12\x12\n" +
+	"\x04logs\x18\n" +
+	" \x01(\tR\x04logs\x129\n" +
+	"\n" +
+	"start_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\xa1\x01\n" +
+	"\x1bListMachineWorkflowsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\amachine\x18\x02 \x01(\tR\amachine\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\x8b\x01\n" +
+	"\x1cListMachineWorkflowsResponse\x12C\n" +
+	"\tworkflows\x18\x01 \x03(\v2%.bettercompute.api.v1.MachineWorkflowR\tworkflows\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"O\n" +
+	"\x19GetMachineWorkflowRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\"_\n" +
+	"\x1aGetMachineWorkflowResponse\x12A\n" +
+	"\bworkflow\x18\x01 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow2\xdb\x03\n" +
 	"\vSiteService\x12[\n" +
 	"\x06Create\x12'.bettercompute.api.v1.CreateSiteRequest\x1a(.bettercompute.api.v1.CreateSiteResponse\x12W\n" +
 	"\x03Get\x12$.bettercompute.api.v1.GetSiteRequest\x1a%.bettercompute.api.v1.GetSiteResponse\"\x03\x90\x02\x01\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\x03\x90\x02\x01\x12[\n" +
 	"\x06Update\x12'.bettercompute.api.v1.UpdateSiteRequest\x1a(.bettercompute.api.v1.UpdateSiteResponse\x12[\n" +
-	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\x9a\a\n" +
+	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xce\v\n" +
 	"\x0eMachineService\x12a\n" +
 	"\x06Enroll\x12*.bettercompute.api.v1.EnrollMachineRequest\x1a+.bettercompute.api.v1.EnrollMachineResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetMachineRequest\x1a(.bettercompute.api.v1.GetMachineResponse\"\x03\x90\x02\x01\x12b\n" +
@@ -2079,7 +2967,12 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x06Deploy\x12*.bettercompute.api.v1.DeployMachineRequest\x1a+.bettercompute.api.v1.DeployMachineResponse\x12d\n" +
 	"\aRelease\x12+.bettercompute.api.v1.ReleaseMachineRequest\x1a,.bettercompute.api.v1.ReleaseMachineResponse\x12a\n" +
 	"\x06Retire\x12*.bettercompute.api.v1.RetireMachineRequest\x1a+.bettercompute.api.v1.RetireMachineResponse\x12a\n" +
-	"\x06Rescue\x12*.bettercompute.api.v1.RescueMachineRequest\x1a+.bettercompute.api.v1.RescueMachineResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\x06Rescue\x12*.bettercompute.api.v1.RescueMachineRequest\x1a+.bettercompute.api.v1.RescueMachineResponse\x12^\n" +
+	"\x05Power\x12).bettercompute.api.v1.PowerMachineRequest\x1a*.bettercompute.api.v1.PowerMachineResponse\x12~\n" +
+	"\x0eGetPowerStatus\x122.bettercompute.api.v1.GetMachinePowerStatusRequest\x1a3.bettercompute.api.v1.GetMachinePowerStatusResponse\"\x03\x90\x02\x01\x12^\n" +
+	"\x05Abort\x12).bettercompute.api.v1.AbortMachineRequest\x1a*.bettercompute.api.v1.AbortMachineResponse\x12{\n" +
+	"\rListWorkflows\x121.bettercompute.api.v1.ListMachineWorkflowsRequest\x1a2.bettercompute.api.v1.ListMachineWorkflowsResponse\"\x03\x90\x02\x01\x12u\n" +
+	"\vGetWorkflow\x12/.bettercompute.api.v1.GetMachineWorkflowRequest\x1a0.bettercompute.api.v1.GetMachineWorkflowResponse\"\x03\x90\x02\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_metal_proto_rawDescOnce sync.Once
@@ -2093,53 +2986,65 @@ func file_bettercompute_api_v1_metal_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_metal_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_bettercompute_api_v1_metal_proto_goTypes = []any{
-	(*Site)(nil),                      // 0: bettercompute.api.v1.Site
-	(*CreateSiteRequest)(nil),         // 1: bettercompute.api.v1.CreateSiteRequest
-	(*CreateSiteResponse)(nil),        // 2: bettercompute.api.v1.CreateSiteResponse
-	(*GetSiteRequest)(nil),            // 3: bettercompute.api.v1.GetSiteRequest
-	(*GetSiteResponse)(nil),           // 4: bettercompute.api.v1.GetSiteResponse
-	(*ListSitesRequest)(nil),          // 5: bettercompute.api.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),         // 6: bettercompute.api.v1.ListSitesResponse
-	(*UpdateSiteRequest)(nil),         // 7: bettercompute.api.v1.UpdateSiteRequest
-	(*UpdateSiteResponse)(nil),        // 8: bettercompute.api.v1.UpdateSiteResponse
-	(*DeleteSiteRequest)(nil),         // 9: bettercompute.api.v1.DeleteSiteRequest
-	(*DeleteSiteResponse)(nil),        // 10: bettercompute.api.v1.DeleteSiteResponse
-	(*Machine)(nil),                   // 11: bettercompute.api.v1.Machine
-	(*EnrollMachineRequest)(nil),      // 12: bettercompute.api.v1.EnrollMachineRequest
-	(*EnrollMachineResponse)(nil),     // 13: bettercompute.api.v1.EnrollMachineResponse
-	(*GetMachineRequest)(nil),         // 14: bettercompute.api.v1.GetMachineRequest
-	(*GetMachineResponse)(nil),        // 15: bettercompute.api.v1.GetMachineResponse
-	(*ListMachinesRequest)(nil),       // 16: bettercompute.api.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),      // 17: bettercompute.api.v1.ListMachinesResponse
-	(*InspectMachineRequest)(nil),     // 18: bettercompute.api.v1.InspectMachineRequest
-	(*InspectMachineResponse)(nil),    // 19: bettercompute.api.v1.InspectMachineResponse
-	(*CommissionMachineRequest)(nil),  // 20: bettercompute.api.v1.CommissionMachineRequest
-	(*CommissionMachineResponse)(nil), // 21: bettercompute.api.v1.CommissionMachineResponse
-	(*DeployMachineRequest)(nil),      // 22: bettercompute.api.v1.DeployMachineRequest
-	(*DeployMachineResponse)(nil),     // 23: bettercompute.api.v1.DeployMachineResponse
-	(*ReleaseMachineRequest)(nil),     // 24: bettercompute.api.v1.ReleaseMachineRequest
-	(*ReleaseMachineResponse)(nil),    // 25: bettercompute.api.v1.ReleaseMachineResponse
-	(*RetireMachineRequest)(nil),      // 26: bettercompute.api.v1.RetireMachineRequest
-	(*RetireMachineResponse)(nil),     // 27: bettercompute.api.v1.RetireMachineResponse
-	(*RescueMachineRequest)(nil),      // 28: bettercompute.api.v1.RescueMachineRequest
-	(*RescueMachineResponse)(nil),     // 29: bettercompute.api.v1.RescueMachineResponse
-	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),           // 31: google.protobuf.Struct
+	(*Site)(nil),                          // 0: bettercompute.api.v1.Site
+	(*CreateSiteRequest)(nil),             // 1: bettercompute.api.v1.CreateSiteRequest
+	(*CreateSiteResponse)(nil),            // 2: bettercompute.api.v1.CreateSiteResponse
+	(*GetSiteRequest)(nil),                // 3: bettercompute.api.v1.GetSiteRequest
+	(*GetSiteResponse)(nil),               // 4: bettercompute.api.v1.GetSiteResponse
+	(*ListSitesRequest)(nil),              // 5: bettercompute.api.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),             // 6: bettercompute.api.v1.ListSitesResponse
+	(*UpdateSiteRequest)(nil),             // 7: bettercompute.api.v1.UpdateSiteRequest
+	(*UpdateSiteResponse)(nil),            // 8: bettercompute.api.v1.UpdateSiteResponse
+	(*DeleteSiteRequest)(nil),             // 9: bettercompute.api.v1.DeleteSiteRequest
+	(*DeleteSiteResponse)(nil),            // 10: bettercompute.api.v1.DeleteSiteResponse
+	(*Machine)(nil),                       // 11: bettercompute.api.v1.Machine
+	(*EnrollMachineRequest)(nil),          // 12: bettercompute.api.v1.EnrollMachineRequest
+	(*EnrollMachineResponse)(nil),         // 13: bettercompute.api.v1.EnrollMachineResponse
+	(*GetMachineRequest)(nil),             // 14: bettercompute.api.v1.GetMachineRequest
+	(*GetMachineResponse)(nil),            // 15: bettercompute.api.v1.GetMachineResponse
+	(*ListMachinesRequest)(nil),           // 16: bettercompute.api.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),          // 17: bettercompute.api.v1.ListMachinesResponse
+	(*InspectMachineRequest)(nil),         // 18: bettercompute.api.v1.InspectMachineRequest
+	(*InspectMachineResponse)(nil),        // 19: bettercompute.api.v1.InspectMachineResponse
+	(*CommissionMachineRequest)(nil),      // 20: bettercompute.api.v1.CommissionMachineRequest
+	(*CommissionMachineResponse)(nil),     // 21: bettercompute.api.v1.CommissionMachineResponse
+	(*DeployMachineRequest)(nil),          // 22: bettercompute.api.v1.DeployMachineRequest
+	(*DeployMachineResponse)(nil),         // 23: bettercompute.api.v1.DeployMachineResponse
+	(*ReleaseMachineRequest)(nil),         // 24: bettercompute.api.v1.ReleaseMachineRequest
+	(*ReleaseMachineResponse)(nil),        // 25: bettercompute.api.v1.ReleaseMachineResponse
+	(*RetireMachineRequest)(nil),          // 26: bettercompute.api.v1.RetireMachineRequest
+	(*RetireMachineResponse)(nil),         // 27: bettercompute.api.v1.RetireMachineResponse
+	(*RescueMachineRequest)(nil),          // 28: bettercompute.api.v1.RescueMachineRequest
+	(*RescueMachineResponse)(nil),         // 29: bettercompute.api.v1.RescueMachineResponse
+	(*PowerMachineRequest)(nil),           // 30: bettercompute.api.v1.PowerMachineRequest
+	(*PowerMachineResponse)(nil),          // 31: bettercompute.api.v1.PowerMachineResponse
+	(*GetMachinePowerStatusRequest)(nil),  // 32: bettercompute.api.v1.GetMachinePowerStatusRequest
+	(*GetMachinePowerStatusResponse)(nil), // 33: bettercompute.api.v1.GetMachinePowerStatusResponse
+	(*AbortMachineRequest)(nil),           // 34: bettercompute.api.v1.AbortMachineRequest
+	(*AbortMachineResponse)(nil),          // 35: bettercompute.api.v1.AbortMachineResponse
+	(*MachineWorkflow)(nil),               // 36: bettercompute.api.v1.MachineWorkflow
+	(*MachineWorkflowStep)(nil),           // 37: bettercompute.api.v1.MachineWorkflowStep
+	(*ListMachineWorkflowsRequest)(nil),   // 38: bettercompute.api.v1.ListMachineWorkflowsRequest
+	(*ListMachineWorkflowsResponse)(nil),  // 39: bettercompute.api.v1.ListMachineWorkflowsResponse
+	(*GetMachineWorkflowRequest)(nil),     // 40: bettercompute.api.v1.GetMachineWorkflowRequest
+	(*GetMachineWorkflowResponse)(nil),    // 41: bettercompute.api.v1.GetMachineWorkflowResponse
+	(*timestamppb.Timestamp)(nil),         // 42: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 43: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
-	30, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	30, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
+	42, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	42, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: bettercompute.api.v1.CreateSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 3: bettercompute.api.v1.GetSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 4: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
 	0,  // 5: bettercompute.api.v1.UpdateSiteResponse.site:type_name -> bettercompute.api.v1.Site
-	31, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
-	31, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
-	30, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
-	30, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	30, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
+	43, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
+	43, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
+	42, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
+	42, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	42, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
 	11, // 11: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
 	11, // 12: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
 	11, // 13: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
@@ -2149,39 +3054,60 @@ var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
 	11, // 17: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
 	11, // 18: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
 	11, // 19: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	1,  // 20: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	3,  // 21: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
-	5,  // 22: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,  // 23: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
-	9,  // 24: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
-	12, // 25: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
-	14, // 26: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
-	16, // 27: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
-	18, // 28: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
-	20, // 29: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
-	22, // 30: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
-	24, // 31: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
-	26, // 32: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
-	28, // 33: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
-	2,  // 34: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
-	4,  // 35: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
-	6,  // 36: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	8,  // 37: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
-	10, // 38: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
-	13, // 39: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
-	15, // 40: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
-	17, // 41: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
-	19, // 42: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
-	21, // 43: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
-	23, // 44: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
-	25, // 45: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
-	27, // 46: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
-	29, // 47: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
-	34, // [34:48] is the sub-list for method output_type
-	20, // [20:34] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	11, // 20: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 21: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	36, // 22: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	42, // 23: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
+	42, // 24: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
+	42, // 25: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
+	37, // 26: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
+	42, // 27: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
+	42, // 28: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
+	36, // 29: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
+	36, // 30: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	1,  // 31: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	3,  // 32: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
+	5,  // 33: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,  // 34: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
+	9,  // 35: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
+	12, // 36: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
+	14, // 37: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
+	16, // 38: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
+	18, // 39: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
+	20, // 40: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
+	22, // 41: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
+	24, // 42: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
+	26, // 43: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
+	28, // 44: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
+	30, // 45: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
+	32, // 46: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
+	34, // 47: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
+	38, // 48: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
+	40, // 49: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
+	2,  // 50: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
+	4,  // 51: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
+	6,  // 52: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	8,  // 53: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
+	10, // 54: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
+	13, // 55: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
+	15, // 56: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
+	17, // 57: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
+	19, // 58: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
+	21, // 59: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
+	23, // 60: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
+	25, // 61: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
+	27, // 62: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
+	29, // 63: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
+	31, // 64: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
+	33, // 65: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
+	35, // 66: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
+	39, // 67: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
+	41, // 68: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
+	50, // [50:69] is the sub-list for method output_type
+	31, // [31:50] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_metal_proto_init() }
@@ -2196,7 +3122,7 @@ func file_bettercompute_api_v1_metal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_metal_proto_rawDesc), len(file_bettercompute_api_v1_metal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

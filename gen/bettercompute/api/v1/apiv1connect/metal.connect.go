@@ -64,6 +64,19 @@ const (
 	MachineServiceRetireProcedure = "/bettercompute.api.v1.MachineService/Retire"
 	// MachineServiceRescueProcedure is the fully-qualified name of the MachineService's Rescue RPC.
 	MachineServiceRescueProcedure = "/bettercompute.api.v1.MachineService/Rescue"
+	// MachineServicePowerProcedure is the fully-qualified name of the MachineService's Power RPC.
+	MachineServicePowerProcedure = "/bettercompute.api.v1.MachineService/Power"
+	// MachineServiceGetPowerStatusProcedure is the fully-qualified name of the MachineService's
+	// GetPowerStatus RPC.
+	MachineServiceGetPowerStatusProcedure = "/bettercompute.api.v1.MachineService/GetPowerStatus"
+	// MachineServiceAbortProcedure is the fully-qualified name of the MachineService's Abort RPC.
+	MachineServiceAbortProcedure = "/bettercompute.api.v1.MachineService/Abort"
+	// MachineServiceListWorkflowsProcedure is the fully-qualified name of the MachineService's
+	// ListWorkflows RPC.
+	MachineServiceListWorkflowsProcedure = "/bettercompute.api.v1.MachineService/ListWorkflows"
+	// MachineServiceGetWorkflowProcedure is the fully-qualified name of the MachineService's
+	// GetWorkflow RPC.
+	MachineServiceGetWorkflowProcedure = "/bettercompute.api.v1.MachineService/GetWorkflow"
 )
 
 // SiteServiceClient is a client for the bettercompute.api.v1.SiteService service.
@@ -268,6 +281,20 @@ type MachineServiceClient interface {
 	Retire(context.Context, *connect.Request[v1.RetireMachineRequest]) (*connect.Response[v1.RetireMachineResponse], error)
 	// Rescue boots the ramdisk with an SSH key for at most an hour.
 	Rescue(context.Context, *connect.Request[v1.RescueMachineRequest]) (*connect.Response[v1.RescueMachineResponse], error)
+	// Power turns an idle machine on or off or cycles it: a one-step
+	// workflow, its BMC call made at most once; the machine keeps its state.
+	Power(context.Context, *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error)
+	// GetPowerStatus asks the site agent to read the machine's power from
+	// its BMC.
+	GetPowerStatus(context.Context, *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error)
+	// Abort cancels the machine's active workflow: at once when no step is
+	// in flight, else when the step in flight ends. The machine ends failed
+	// (a power action's machine keeps its state).
+	Abort(context.Context, *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error)
+	// ListWorkflows lists the tenant's machine workflows, newest last.
+	ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error)
+	// GetWorkflow shows a workflow with its steps.
+	GetWorkflow(context.Context, *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error)
 }
 
 // NewMachineServiceClient constructs a client for the bettercompute.api.v1.MachineService service.
@@ -337,20 +364,58 @@ func NewMachineServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(machineServiceMethods.ByName("Rescue")),
 			connect.WithClientOptions(opts...),
 		),
+		power: connect.NewClient[v1.PowerMachineRequest, v1.PowerMachineResponse](
+			httpClient,
+			baseURL+MachineServicePowerProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("Power")),
+			connect.WithClientOptions(opts...),
+		),
+		getPowerStatus: connect.NewClient[v1.GetMachinePowerStatusRequest, v1.GetMachinePowerStatusResponse](
+			httpClient,
+			baseURL+MachineServiceGetPowerStatusProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("GetPowerStatus")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		abort: connect.NewClient[v1.AbortMachineRequest, v1.AbortMachineResponse](
+			httpClient,
+			baseURL+MachineServiceAbortProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("Abort")),
+			connect.WithClientOptions(opts...),
+		),
+		listWorkflows: connect.NewClient[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse](
+			httpClient,
+			baseURL+MachineServiceListWorkflowsProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("ListWorkflows")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getWorkflow: connect.NewClient[v1.GetMachineWorkflowRequest, v1.GetMachineWorkflowResponse](
+			httpClient,
+			baseURL+MachineServiceGetWorkflowProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("GetWorkflow")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // machineServiceClient implements MachineServiceClient.
 type machineServiceClient struct {
-	enroll     *connect.Client[v1.EnrollMachineRequest, v1.EnrollMachineResponse]
-	get        *connect.Client[v1.GetMachineRequest, v1.GetMachineResponse]
-	list       *connect.Client[v1.ListMachinesRequest, v1.ListMachinesResponse]
-	inspect    *connect.Client[v1.InspectMachineRequest, v1.InspectMachineResponse]
-	commission *connect.Client[v1.CommissionMachineRequest, v1.CommissionMachineResponse]
-	deploy     *connect.Client[v1.DeployMachineRequest, v1.DeployMachineResponse]
-	release    *connect.Client[v1.ReleaseMachineRequest, v1.ReleaseMachineResponse]
-	retire     *connect.Client[v1.RetireMachineRequest, v1.RetireMachineResponse]
-	rescue     *connect.Client[v1.RescueMachineRequest, v1.RescueMachineResponse]
+	enroll         *connect.Client[v1.EnrollMachineRequest, v1.EnrollMachineResponse]
+	get            *connect.Client[v1.GetMachineRequest, v1.GetMachineResponse]
+	list           *connect.Client[v1.ListMachinesRequest, v1.ListMachinesResponse]
+	inspect        *connect.Client[v1.InspectMachineRequest, v1.InspectMachineResponse]
+	commission     *connect.Client[v1.CommissionMachineRequest, v1.CommissionMachineResponse]
+	deploy         *connect.Client[v1.DeployMachineRequest, v1.DeployMachineResponse]
+	release        *connect.Client[v1.ReleaseMachineRequest, v1.ReleaseMachineResponse]
+	retire         *connect.Client[v1.RetireMachineRequest, v1.RetireMachineResponse]
+	rescue         *connect.Client[v1.RescueMachineRequest, v1.RescueMachineResponse]
+	power          *connect.Client[v1.PowerMachineRequest, v1.PowerMachineResponse]
+	getPowerStatus *connect.Client[v1.GetMachinePowerStatusRequest, v1.GetMachinePowerStatusResponse]
+	abort          *connect.Client[v1.AbortMachineRequest, v1.AbortMachineResponse]
+	listWorkflows  *connect.Client[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse]
+	getWorkflow    *connect.Client[v1.GetMachineWorkflowRequest, v1.GetMachineWorkflowResponse]
 }
 
 // Enroll calls bettercompute.api.v1.MachineService.Enroll.
@@ -398,6 +463,31 @@ func (c *machineServiceClient) Rescue(ctx context.Context, req *connect.Request[
 	return c.rescue.CallUnary(ctx, req)
 }
 
+// Power calls bettercompute.api.v1.MachineService.Power.
+func (c *machineServiceClient) Power(ctx context.Context, req *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error) {
+	return c.power.CallUnary(ctx, req)
+}
+
+// GetPowerStatus calls bettercompute.api.v1.MachineService.GetPowerStatus.
+func (c *machineServiceClient) GetPowerStatus(ctx context.Context, req *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error) {
+	return c.getPowerStatus.CallUnary(ctx, req)
+}
+
+// Abort calls bettercompute.api.v1.MachineService.Abort.
+func (c *machineServiceClient) Abort(ctx context.Context, req *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error) {
+	return c.abort.CallUnary(ctx, req)
+}
+
+// ListWorkflows calls bettercompute.api.v1.MachineService.ListWorkflows.
+func (c *machineServiceClient) ListWorkflows(ctx context.Context, req *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error) {
+	return c.listWorkflows.CallUnary(ctx, req)
+}
+
+// GetWorkflow calls bettercompute.api.v1.MachineService.GetWorkflow.
+func (c *machineServiceClient) GetWorkflow(ctx context.Context, req *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error) {
+	return c.getWorkflow.CallUnary(ctx, req)
+}
+
 // MachineServiceHandler is an implementation of the bettercompute.api.v1.MachineService service.
 type MachineServiceHandler interface {
 	Enroll(context.Context, *connect.Request[v1.EnrollMachineRequest]) (*connect.Response[v1.EnrollMachineResponse], error)
@@ -416,6 +506,20 @@ type MachineServiceHandler interface {
 	Retire(context.Context, *connect.Request[v1.RetireMachineRequest]) (*connect.Response[v1.RetireMachineResponse], error)
 	// Rescue boots the ramdisk with an SSH key for at most an hour.
 	Rescue(context.Context, *connect.Request[v1.RescueMachineRequest]) (*connect.Response[v1.RescueMachineResponse], error)
+	// Power turns an idle machine on or off or cycles it: a one-step
+	// workflow, its BMC call made at most once; the machine keeps its state.
+	Power(context.Context, *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error)
+	// GetPowerStatus asks the site agent to read the machine's power from
+	// its BMC.
+	GetPowerStatus(context.Context, *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error)
+	// Abort cancels the machine's active workflow: at once when no step is
+	// in flight, else when the step in flight ends. The machine ends failed
+	// (a power action's machine keeps its state).
+	Abort(context.Context, *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error)
+	// ListWorkflows lists the tenant's machine workflows, newest last.
+	ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error)
+	// GetWorkflow shows a workflow with its steps.
+	GetWorkflow(context.Context, *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error)
 }
 
 // NewMachineServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -481,6 +585,39 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 		connect.WithSchema(machineServiceMethods.ByName("Rescue")),
 		connect.WithHandlerOptions(opts...),
 	)
+	machineServicePowerHandler := connect.NewUnaryHandler(
+		MachineServicePowerProcedure,
+		svc.Power,
+		connect.WithSchema(machineServiceMethods.ByName("Power")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceGetPowerStatusHandler := connect.NewUnaryHandler(
+		MachineServiceGetPowerStatusProcedure,
+		svc.GetPowerStatus,
+		connect.WithSchema(machineServiceMethods.ByName("GetPowerStatus")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceAbortHandler := connect.NewUnaryHandler(
+		MachineServiceAbortProcedure,
+		svc.Abort,
+		connect.WithSchema(machineServiceMethods.ByName("Abort")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceListWorkflowsHandler := connect.NewUnaryHandler(
+		MachineServiceListWorkflowsProcedure,
+		svc.ListWorkflows,
+		connect.WithSchema(machineServiceMethods.ByName("ListWorkflows")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceGetWorkflowHandler := connect.NewUnaryHandler(
+		MachineServiceGetWorkflowProcedure,
+		svc.GetWorkflow,
+		connect.WithSchema(machineServiceMethods.ByName("GetWorkflow")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.MachineService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case MachineServiceEnrollProcedure:
@@ -501,6 +638,16 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 			machineServiceRetireHandler.ServeHTTP(w, r)
 		case MachineServiceRescueProcedure:
 			machineServiceRescueHandler.ServeHTTP(w, r)
+		case MachineServicePowerProcedure:
+			machineServicePowerHandler.ServeHTTP(w, r)
+		case MachineServiceGetPowerStatusProcedure:
+			machineServiceGetPowerStatusHandler.ServeHTTP(w, r)
+		case MachineServiceAbortProcedure:
+			machineServiceAbortHandler.ServeHTTP(w, r)
+		case MachineServiceListWorkflowsProcedure:
+			machineServiceListWorkflowsHandler.ServeHTTP(w, r)
+		case MachineServiceGetWorkflowProcedure:
+			machineServiceGetWorkflowHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -544,4 +691,24 @@ func (UnimplementedMachineServiceHandler) Retire(context.Context, *connect.Reque
 
 func (UnimplementedMachineServiceHandler) Rescue(context.Context, *connect.Request[v1.RescueMachineRequest]) (*connect.Response[v1.RescueMachineResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.Rescue is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) Power(context.Context, *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.Power is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) GetPowerStatus(context.Context, *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.GetPowerStatus is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) Abort(context.Context, *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.Abort is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.ListWorkflows is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) GetWorkflow(context.Context, *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.GetWorkflow is not implemented"))
 }
