@@ -379,7 +379,157 @@ A machine runs one workflow at a time.`}
 			c.Flags().DurationVar(&dur, "duration", time.Hour, "how long the rescue lasts (at most 1h)")
 		})
 
-	cmd.AddCommand(enroll, list, get, inspect, commission, deploy, release, retire, rescue)
+	power := &cobra.Command{
+		Use:   "power MACHINE on|off|cycle|status",
+		Short: "Turn an idle machine on or off or cycle it (a one-step workflow), or read its power from the BMC",
+		Args:  positional("MACHINE", "ACTION"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			if argv[1] == "status" {
+				r, err := c.Machines.GetPowerStatus(cmd.Context(), connect.NewRequest(&apiv1.GetMachinePowerStatusRequest{Tenant: t, Machine: argv[0]}))
+				if err != nil {
+					return err
+				}
+				return a.printer(cmd.OutOrStdout()).print(r.Msg, func(w io.Writer) { fmt.Fprintf(w, "%s: power %s\n", argv[0], r.Msg.GetPower()) })
+			}
+			r, err := c.Machines.Power(cmd.Context(), request(&apiv1.PowerMachineRequest{Tenant: t, Machine: argv[0], Action: argv[1]},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printMachine(cmd, r.Msg, r.Msg.GetMachine())
+		},
+	}
+	addTenantFlag(power, &tenant)
+	addConfirmationFlag(power, &confirmationID)
+
+	abort := &cobra.Command{
+		Use:   "abort MACHINE",
+		Short: "Cancel a machine's active workflow; the machine ends failed (a power action's keeps its state)",
+		Long: `abort cancels the machine's active workflow. With no step in flight it ends at
+once; a step in flight (a BMC call, a wipe) is not taken back halfway, and the
+workflow ends when it does. The machine then ends failed, as nothing says what
+its disk holds any more: commission or release it to bring it back. An aborted
+power action leaves the machine in the state it was in.`,
+		Args: positional("MACHINE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			r, err := c.Machines.Abort(cmd.Context(), request(&apiv1.AbortMachineRequest{Tenant: t, Machine: argv[0]},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(r.Msg, func(w io.Writer) {
+				machineTable(w, r.Msg.GetMachine())
+				wf := r.Msg.GetWorkflow()
+				if wf.GetState() == "cancelled" {
+					fmt.Fprintf(w, "\nworkflow %s cancelled\n", wf.GetId())
+				} else {
+					fmt.Fprintf(w, "\nworkflow %s: cancel requested; it ends when its step in flight does\n", wf.GetId())
+				}
+			})
+		},
+	}
+	addTenantFlag(abort, &tenant)
+	addConfirmationFlag(abort, &confirmationID)
+
+	cmd.AddCommand(enroll, list, get, inspect, commission, deploy, release, retire, rescue, power, abort)
+	return cmd
+}
+
+func (a *app) workflowsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "workflows", Aliases: []string{"workflow"}, Short: "Show machine workflows: their steps, attempts, timings and errors"}
+	var (
+		tenant, machine, state string
+		limit                  int
+	)
+	list := &cobra.Command{
+		Use:   "list [--machine M] [--state S]",
+		Short: "List a tenant's machine workflows, oldest first",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.MachineWorkflow, string, error) {
+				resp, err := c.Machines.ListWorkflows(ctx, connect.NewRequest(&apiv1.ListMachineWorkflowsRequest{Tenant: t, Machine: machine,
+					State: state, PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetWorkflows(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(&apiv1.ListMachineWorkflowsResponse{Workflows: all}, func(w io.Writer) {
+				row(w, "ID", "MACHINE", "OPERATION", "STATE", "CREATED", "ENDED", "FAILED STEP")
+				for _, wf := range all {
+					row(w, wf.GetId(), wf.GetMachineId(), wf.GetOperation(), wf.GetState(), ts(wf.GetCreateTime()), ts(wf.GetEndTime()),
+						dash(wf.GetFailedStep()))
+				}
+			})
+		},
+	}
+	addTenantFlag(list, &tenant)
+	list.Flags().StringVar(&machine, "machine", "", "only this machine's workflows (name or id)")
+	list.Flags().StringVar(&state, "state", "", "only workflows in this state (pending, running, paused, succeeded, failed, cancelled)")
+	addLimitFlag(list, &limit)
+
+	get := &cobra.Command{
+		Use:   "get WORKFLOW",
+		Short: "Show a workflow's steps: state, attempts, timings, error and last logs",
+		Args:  positional("WORKFLOW"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			r, err := c.Machines.GetWorkflow(cmd.Context(), connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: t, Workflow: argv[0]}))
+			if err != nil {
+				return err
+			}
+			wf := r.Msg.GetWorkflow()
+			return a.printer(cmd.OutOrStdout()).print(r.Msg, func(w io.Writer) {
+				fmt.Fprintf(w, "workflow %s: %s of machine %s, %s", wf.GetId(), wf.GetOperation(), wf.GetMachineId(), wf.GetState())
+				if wf.GetCancelRequested() && wf.GetState() != "cancelled" {
+					fmt.Fprint(w, " (cancel requested)")
+				}
+				fmt.Fprintln(w)
+				if wf.GetReason() != "" {
+					fmt.Fprintf(w, "failed at %s: %s\n", wf.GetFailedStep(), wf.GetReason())
+				}
+				fmt.Fprintln(w)
+				row(w, "#", "STEP", "KIND", "STATE", "ATTEMPTS", "STARTED", "TOOK", "ERROR")
+				for _, s := range wf.GetSteps() {
+					took := "-"
+					if s.GetStartTime() != nil && s.GetEndTime() != nil {
+						took = s.GetEndTime().AsTime().Sub(s.GetStartTime().AsTime()).Round(time.Millisecond).String()
+					}
+					name := s.GetName()
+					if s.GetPhase() == "cleanup" {
+						name += " (cleanup)"
+					}
+					row(w, fmt.Sprint(s.GetIndex()), name, s.GetKind(), s.GetState(), fmt.Sprint(s.GetAttempts()), ts(s.GetStartTime()), took,
+						dash(s.GetError()))
+				}
+				for _, s := range wf.GetSteps() {
+					if s.GetLogs() != "" && (s.GetState() == "failed" || s.GetError() != "") {
+						fmt.Fprintf(w, "\nlast logs of %s:\n%s\n", s.GetName(), s.GetLogs())
+					}
+				}
+			})
+		},
+	}
+	addTenantFlag(get, &tenant)
+	cmd.AddCommand(list, get)
 	return cmd
 }
 

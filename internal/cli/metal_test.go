@@ -72,3 +72,78 @@ func TestMetalCommands(t *testing.T) {
 	require.Contains(t, ok("machines", "retire", "m1", "--tenant", "acme"), "retired")
 	require.Contains(t, ok("sites", "delete", "dc1", "--tenant", "acme"), "deleted dc1")
 }
+
+// TestMachineOperateCommands drives power, abort and workflows: a power
+// cycle and its status, an abort refused with nothing running and one
+// taken while a step is held in flight, and the workflows read back.
+func TestMachineOperateCommands(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	dir := t.TempDir()
+	env := map[string]string{envConfig: filepath.Join(dir, "config.yaml"), envServer: cp.URL, envToken: cp.AdminKey, "HOME": dir}
+	cli := func(argv ...string) (int, string, string) {
+		a := newApp("test", func(k string) (string, bool) { v, ok := env[k]; return v, ok && v != "" })
+		a.retryBackoff = time.Millisecond
+		var out, errb bytes.Buffer
+		code := run(t.Context(), a, argv, strings.NewReader(""), &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	ok := func(argv ...string) string {
+		t.Helper()
+		code, out, errs := cli(argv...)
+		require.Equal(t, 0, code, "%v: %s", argv, errs)
+		return out
+	}
+	ok("tenants", "create", "acme")
+	var site struct{ Site struct{ Id string } }
+	require.NoError(t, json.Unmarshal([]byte(ok("sites", "create", "dc1", "--tenant", "acme", "--networks", "127.0.0.0/8", "-o", "json")), &site))
+	sim := bctest.NewSimSite(t, cp.App.Metal, site.Site.Id)
+	sm := sim.AddMachine(t, "m1")
+	pwFile := filepath.Join(dir, "bmc-password")
+	require.NoError(t, os.WriteFile(pwFile, []byte(sm.Password), 0o600))
+	ok("machines", "enroll", "m1", "--tenant", "acme", "--site", "dc1", "--bmc-driver", "redfish",
+		"--bmc-address", sm.BMCAddress, "--bmc-username", sm.Username, "--bmc-password-file", pwFile, "--mac", sm.MAC)
+	idle := func() {
+		bctest.WaitFor(t, "m1's workflow to end", func() bool {
+			var m struct{ Machine struct{ WorkflowId string } }
+			require.NoError(t, json.Unmarshal([]byte(ok("machines", "get", "m1", "--tenant", "acme", "-o", "json")), &m))
+			return m.Machine.WorkflowId == ""
+		})
+	}
+
+	require.Contains(t, ok("machines", "power", "m1", "status", "--tenant", "acme"), "m1: power off")
+	require.Contains(t, ok("machines", "power", "m1", "cycle", "--tenant", "acme"), "enrolled")
+	idle()
+	require.Contains(t, ok("machines", "power", "m1", "status", "--tenant", "acme"), "m1: power on")
+	code, _, errs := cli("machines", "power", "m1", "reboot", "--tenant", "acme")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "INVALID_ARGUMENT")
+	require.Contains(t, errs, "must be one of [cycle off on]")
+
+	code, _, errs = cli("machines", "abort", "m1", "--tenant", "acme")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "no workflow is active to abort")
+	release := sim.HoldNext("power.cycle")
+	ok("machines", "commission", "m1", "--tenant", "acme")
+	require.Contains(t, ok("machines", "abort", "m1", "--tenant", "acme"), "cancel requested")
+	release()
+	idle()
+	require.Contains(t, ok("machines", "get", "m1", "--tenant", "acme"), "the workflow was cancelled")
+
+	list := ok("workflows", "list", "--tenant", "acme", "--machine", "m1")
+	require.Contains(t, list, "power-cycle")
+	require.Contains(t, list, "cancelled")
+	var wfs struct {
+		Workflows []struct{ Id, Operation string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(ok("workflows", "list", "--tenant", "acme", "--state", "cancelled", "-o", "json")), &wfs))
+	require.Len(t, wfs.Workflows, 1)
+	require.Equal(t, "commission", wfs.Workflows[0].Operation)
+	got := ok("workflows", "get", wfs.Workflows[0].Id, "--tenant", "acme")
+	require.Contains(t, got, "commission of machine")
+	require.Contains(t, got, "boot-ramdisk")
+	require.Contains(t, got, "skipped")
+	code, _, errs = cli("workflows", "get", "wf_nope", "--tenant", "acme")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "INVALID_ARGUMENT")
+}
