@@ -27,6 +27,7 @@ func newDevCommand() *cobra.Command {
 	var (
 		f          serverFlags
 		simNodes   int
+		simMachs   int
 		simProfile string
 		simCgroups string
 	)
@@ -41,6 +42,14 @@ by BETTER_COMPUTE_SECRET, or else by a secret generated once into
 <state-dir>/secret (mode 0600);
 every start writes a CLI context named "dev" so that plain better-compute
 commands talk to it. Restarting keeps all state.
+
+--sim-machines N adds N simulated bare-metal machines (sim-m1…) at site
+sim-site of tenant sim: Redfish BMC emulators on loopback behind an
+in-process site agent that plays each machine's ramdisk, and a signed raw
+image "sample", so commission → deploy --image sample → release runs in
+seconds without QEMU. Their BMC addresses and logins live in
+<state-dir>/sim-machines.json (mode 0600), so a restart brings the same
+machines back.
 
 --sim-nodes N runs N simulated GPU hosts in the same process: the real agent
 code on go-nvml's DGX mocks, joining through the gateway over loopback mTLS
@@ -62,6 +71,9 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 			f.roles = []string{bcapp.RoleAPI, bcapp.RoleWorker, bcapp.RoleGateway}
 			if simNodes < 0 || simNodes > 1000 {
 				return invalidArg("sim-nodes", "must be between 0 and 1000")
+			}
+			if simMachs < 0 || simMachs > 1000 {
+				return invalidArg("sim-machines", "must be between 0 and 1000")
 			}
 			profiles, err := bctest.ParseProfiles(simProfile)
 			if err != nil {
@@ -135,9 +147,9 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 				return err
 			}
 			devCtx := Context{Name: "dev", Server: api, Token: secret}
-			if simNodes > 0 {
-				// The simulated nodes live in tenant sim: tenant-side verbs
-				// (pools, reserve, quotas) default to it.
+			if simNodes > 0 || simMachs > 0 {
+				// The simulated nodes and machines live in tenant sim:
+				// tenant-side verbs (pools, reserve, machines) default to it.
 				devCtx.Tenant = "sim"
 			}
 			cfg.Upsert(devCtx, true)
@@ -158,7 +170,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 				fmt.Fprintf(out, "admin key: in %s (mode 0600)\n", keyFile)
 			}
 			fmt.Fprintf(out, "CLI context \"dev\" written to %s; try: better-compute tenants list\n", cfgPath)
-			if simNodes == 0 {
+			if simNodes == 0 && simMachs == 0 {
 				return serverError(ignoreCanceled(a.Run(ctx, ln)))
 			}
 			// The simulated nodes stop before the gateway, so their sessions
@@ -167,6 +179,27 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 			defer stopApp()
 			runErr := make(chan error, 1)
 			go func() { runErr <- a.Run(appCtx, ln) }()
+			if simMachs > 0 {
+				site, err := startSimMachines(ctx, a.Metal, api, secret, f.stateDir, simMachs)
+				if err != nil {
+					stopApp()
+					return errors.Join(serverError(fmt.Errorf("start %d simulated machines: %w", simMachs, err)), ignoreCanceled(<-runErr))
+				}
+				defer site.Close()
+				fmt.Fprintf(out, "sim: %d simulated machines (sim-m1…sim-m%d, Redfish BMCs on loopback) at site %s in tenant sim; signed image %s\n",
+					simMachs, simMachs, DevSite, DevSampleImage)
+				fmt.Fprintf(out, "  try: better-compute machines commission sim-m1; better-compute machines deploy sim-m1 --image %s; better-compute machines release sim-m1\n",
+					DevSampleImage)
+			}
+			if simNodes == 0 {
+				select {
+				case <-ctx.Done():
+				case err := <-runErr:
+					return serverError(ignoreCanceled(err))
+				}
+				stopApp()
+				return serverError(ignoreCanceled(<-runErr))
+			}
 			cgroupRoot := ""
 			if simCgroups != "plain" {
 				root, err := bctest.RealCgroupRoot("bettercompute-dev")
@@ -200,6 +233,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 	}
 	f.register(cmd, false)
 	cmd.Flags().IntVar(&simNodes, "sim-nodes", 0, "run N simulated GPU hosts (8 GPUs each for dgxh100) that join through the gateway")
+	cmd.Flags().IntVar(&simMachs, "sim-machines", 0, "run N simulated bare-metal machines (Redfish BMCs on loopback) at site sim-site, with a signed image sample")
 	cmd.Flags().StringVar(&simCgroups, "sim-cgroups", "auto", "simulated nodes' allocations: real cgroups (real), plain directories (plain), or real where permitted (auto)")
 	cmd.Flags().StringVar(&simProfile, "sim-profile", "dgxh100", "simulated host mix, round-robin: dgxh100, dgxa100, dgxb200 (comma-separated)")
 	return cmd
@@ -210,13 +244,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 // token.
 func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, cgroupRoot string, logger *slog.Logger, tp *tracing.Provider) (*bctest.FleetSim, error) {
 	c := client.New(api, adminKey)
-	// Look before creating: on a restart both exist, and a create refused
-	// ALREADY_EXISTS would be logged on every start.
-	if _, err := c.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "sim"})); client.Code(err) == "NOT_FOUND" {
-		if _, err := c.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "sim", DisplayName: "Simulated fleet"})); err != nil && client.Code(err) != "ALREADY_EXISTS" {
-			return nil, err
-		}
-	} else if err != nil {
+	if err := ensureSimTenant(ctx, c); err != nil {
 		return nil, err
 	}
 	if _, err := c.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "sim", Project: "nodes"})); client.Code(err) == "NOT_FOUND" {
