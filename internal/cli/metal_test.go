@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // TestMetalCommands drives the sites and machines verbs against a real
@@ -124,7 +126,17 @@ func TestMachineOperateCommands(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "no workflow is active to abort")
 	release := sim.HoldNext("power.cycle")
-	ok("machines", "commission", "m1", "--tenant", "acme")
+	var cm struct{ Machine struct{ WorkflowId string } }
+	require.NoError(t, json.Unmarshal([]byte(ok("machines", "commission", "m1", "--tenant", "acme", "-o", "json")), &cm))
+	// Abort once the power cycle is dispatched and held: it is in flight.
+	bctest.WaitFor(t, "the held power cycle to be dispatched", func() bool {
+		var n int
+		require.NoError(t, cp.App.DB.Read(t.Context(), func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM provision_steps WHERE workflow_id = $1 AND idx = 0 AND dispatched`,
+				cm.Machine.WorkflowId).Scan(&n)
+		}))
+		return n == 1
+	})
 	require.Contains(t, ok("machines", "abort", "m1", "--tenant", "acme"), "cancel requested")
 	release()
 	idle()

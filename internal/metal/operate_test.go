@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/bctest"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/metal"
@@ -64,6 +65,9 @@ func TestPowerAbortWorkflows(t *testing.T) {
 	c, err := f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
 	require.NoError(t, err)
 	commissionWf := c.Msg.GetMachine().GetWorkflowId()
+	bctest.WaitFor(t, "the held power cycle to be dispatched", func() bool {
+		return f.count(t, `SELECT COUNT(*) FROM provision_steps WHERE workflow_id = $1 AND idx = 0 AND dispatched`, commissionWf) == 1
+	})
 	// Busy: a power action is refused while the commission runs (the
 	// commission itself goes on writing its own events).
 	wfs := f.count(t, `SELECT COUNT(*) FROM provision_workflows`)
