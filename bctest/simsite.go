@@ -180,6 +180,9 @@ func (s *SimSite) RestoreMachine(spec SimMachineSpec) (*SimMachine, error) {
 		}
 		addr = u.Host
 	}
+	// A restored MAC is taken: a new machine of this process must not
+	// draw it.
+	simMACs.Store(spec.MAC, true)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("machine %s: listen for its BMC: %w", spec.Name, err)
