@@ -21,6 +21,7 @@ var devTourMetal = []string{
 	"bin/better-compute machines commission sim-m1",
 	"bin/better-compute machines deploy sim-m1 --image sample",
 	"bin/better-compute machines release sim-m1",
+	"bin/better-compute workflows list --machine sim-m1",
 }
 
 // startDev runs dev with args until the test ends, returning once its
@@ -99,9 +100,13 @@ func TestDevSimMachines(t *testing.T) {
 	require.Contains(t, list, "sim-m1")
 	require.Contains(t, list, "sim-m2")
 	want := []string{"ready", "deployed", "ready"}
-	for i, line := range devTourMetal {
+	for i, line := range devTourMetal[:3] {
 		cli(strings.Fields(line)[1:]...)
 		settled(want[i])
+	}
+	tour := cli(strings.Fields(devTourMetal[3])[1:]...)
+	for _, op := range []string{"commission", "deploy", "release"} {
+		require.Contains(t, tour, op)
 	}
 	require.Contains(t, cli("machines", "power", "sim-m1", "status"), "power off", "release ends with the machine off")
 	wfs := cli("workflows", "list", "--machine", "sim-m1", "--state", "succeeded")
