@@ -75,7 +75,10 @@ func TestWebhooksCommands(t *testing.T) {
 
 	ok("webhooks", "test", id, "--tenant", "acme")
 	bctest.WaitFor(t, "the test event", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 1 })
-	require.Contains(t, ok("webhooks", "deliveries", id, "--tenant", "acme"), "succeeded")
+	// The receiver answers before the worker records the delivery: wait for the row.
+	bctest.WaitFor(t, "the delivery recorded as succeeded", func() bool {
+		return strings.Contains(ok("webhooks", "deliveries", id, "--tenant", "acme"), "succeeded")
+	})
 
 	out = ok("webhooks", "rotate-secret", id, "--tenant", "acme", "--overlap", "1h")
 	require.Regexp(t, `secret: whsec_`, out)
