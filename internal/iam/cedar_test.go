@@ -133,7 +133,7 @@ func resourceFor(action, tenant string) Resource {
 	case "ipPools.create":
 		return Resource{Type: "IPPool", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "lan", "cidr": "10.0.0.0/24"}}
 	case "ipPools.get", "ipPools.listLeases", "ipPools.delete":
-		return Resource{Type: "IPPool", ID: "ippool1", TenantID: tenant, Attrs: map[string]any{"name": "lan", "cidr": "10.0.0.0/24"}}
+		return Resource{Type: "IPPool", ID: "ipp1", TenantID: tenant, Attrs: map[string]any{"name": "lan", "cidr": "10.0.0.0/24"}}
 	case "sites.create":
 		return Resource{Type: "Site", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "dc1"}}
 	case "sites.get", "sites.update", "sites.delete":

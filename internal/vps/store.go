@@ -22,7 +22,7 @@ func Migrations() store.Migrations { return store.Embedded(Module, migrationsFS)
 // Id prefixes (envelope.NewID).
 const (
 	FlavorIDPrefix = "flv"
-	IPPoolIDPrefix = "ippool"
+	IPPoolIDPrefix = "ipp"
 )
 
 // Flavor is a row of flavors.

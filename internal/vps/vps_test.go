@@ -317,6 +317,9 @@ func TestIPPoolConcurrentLeases(t *testing.T) {
 	require.Len(t, got, 5, "every address leased once: %v", got)
 	require.Equal(t, holders-5, exhausted)
 	require.Equal(t, 5, f.count(t, `SELECT COUNT(*) FROM ip_leases WHERE pool_id = $1`, pool.GetId()))
+	byID, err := f.acme.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{IpPool: pool.GetId()}))
+	require.NoError(t, err)
+	require.EqualValues(t, 5, byID.Msg.GetIpPool().GetLeased())
 }
 
 // TestIPPoolCreateReplays: a create retried with its Idempotency-Key
