@@ -48,13 +48,13 @@ func lookupIPPool(ctx context.Context, q store.Querier, tenantRef, name string) 
 	return lookupRef(ctx, q, tenantRef, name, "ip pool", "IPPool", false, IPPoolGet, IPPoolResource)
 }
 
-// poolPlan is a checked pool request: the network, the gateway, the range.
+// poolPlan is a checked pool request: the network, the gateway, the range
+// (as integers) and the nameservers.
 type poolPlan struct {
-	prefix             netip.Prefix
-	gateway            netip.Addr
-	first, last        netip.Addr
-	dns                []string
-	rangeFirst, rangeN int64
+	prefix                netip.Prefix
+	gateway               netip.Addr
+	dns                   []string
+	rangeFirst, rangeLast int64
 }
 
 // planPool checks a pool request. The network is IPv4, canonical, /8 to
@@ -111,9 +111,10 @@ func planPool(vs *envelope.Violations, msg *apiv1.CreateIPPoolRequest) poolPlan 
 	}
 	gw := addrOrdinal(pl.gateway)
 	first, last := network+1, broadcast-1
-	if gw == first {
+	switch gw {
+	case first:
 		first++
-	} else if gw == last {
+	case last:
 		last--
 	}
 	if msg.GetRangeStart() != "" {
@@ -134,7 +135,7 @@ func planPool(vs *envelope.Violations, msg *apiv1.CreateIPPoolRequest) poolPlan 
 		vs.Add("range_start", "the range %s-%s contains the gateway %s: guests would be leased the gateway's address",
 			ordinalAddr(first), ordinalAddr(last), pl.gateway)
 	}
-	pl.rangeFirst, pl.rangeN = first, last
+	pl.rangeFirst, pl.rangeLast = first, last
 	if len(msg.GetDns()) > MaxDNSServers {
 		vs.Add("dns", "must list at most %d nameservers, got %d", MaxDNSServers, len(msg.GetDns()))
 	}
@@ -193,7 +194,7 @@ func (s *IPPoolService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			}
 			now := tx.Now()
 			p := IPPool{ID: envelope.NewID(IPPoolIDPrefix, now), TenantID: sc.ID(), Name: msg.GetName(), CIDR: pl.prefix.String(),
-				Gateway: pl.gateway.String(), DNS: pl.dns, RangeFirst: pl.rangeFirst, RangeLast: pl.rangeN,
+				Gateway: pl.gateway.String(), DNS: pl.dns, RangeFirst: pl.rangeFirst, RangeLast: pl.rangeLast,
 				Network: msg.GetNetwork(), Description: msg.GetDescription(), CreateTime: now}
 			if err := IPPoolInsert(ctx, tx, &p); err != nil {
 				if errors.Is(err, store.ErrUnique) {
