@@ -60,6 +60,8 @@ type Client struct {
 	Webhooks      apiv1connect.WebhookServiceClient
 	Sites         apiv1connect.SiteServiceClient
 	Machines      apiv1connect.MachineServiceClient
+	Flavors       apiv1connect.FlavorServiceClient
+	IPPools       apiv1connect.IPPoolServiceClient
 }
 
 type options struct {
@@ -131,6 +133,8 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Webhooks:      apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),
 		Sites:         apiv1connect.NewSiteServiceClient(h, baseURL, copts...),
 		Machines:      apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
+		Flavors:       apiv1connect.NewFlavorServiceClient(h, baseURL, copts...),
+		IPPools:       apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
 	}
 }
 

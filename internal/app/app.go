@@ -49,6 +49,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storeopen"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/tracing"
+	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
@@ -284,6 +285,7 @@ func Modules() []store.Migrations {
 		images.Migrations(),
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
+		vps.Migrations(),
 	}
 }
 

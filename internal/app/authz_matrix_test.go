@@ -108,6 +108,11 @@ var matrixExpect = map[string]map[string]string{
 	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Instances: admins manage flavors and IP pools.
+	"flavors.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
 type matrixFixture struct {
@@ -383,6 +388,34 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Machines.Abort(context.Background(), connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "acme", Machine: m}))
+		return err
+	},
+	"flavors.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Flavors.Create(context.Background(), connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: f.name("flv"),
+			Vcpus: 2, MemoryMib: 2048, DiskGib: 10}))
+		return err
+	},
+	"flavors.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.name("flv")
+		_, err := f.admin.Flavors.Create(context.Background(), connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: name,
+			Vcpus: 2, MemoryMib: 2048, DiskGib: 10}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Flavors.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteFlavorRequest{Tenant: "acme", Flavor: name}))
+		return err
+	},
+	"ipPools.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.IPPools.Create(context.Background(), connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: f.name("ipp"),
+			Cidr: "10.0.0.0/24"}))
+		return err
+	},
+	"ipPools.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.name("ipp")
+		_, err := f.admin.IPPools.Create(context.Background(), connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: name,
+			Cidr: "10.0.0.0/24"}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.IPPools.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteIPPoolRequest{Tenant: "acme", IpPool: name}))
 		return err
 	},
 	"webhooks.redeliver": func(t *testing.T, f *matrixFixture, c *client.Client) error {

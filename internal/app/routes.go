@@ -31,6 +31,7 @@ import (
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
@@ -142,6 +143,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewSignerKeyServiceHandler(images.NewSignerService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewSiteServiceHandler(metal.NewSiteService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewMachineServiceHandler(metal.NewMachineService(a.Envelope, a.Metal), opts))
+	mux.Handle(apiv1connect.NewFlavorServiceHandler(vps.NewFlavorService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewIPPoolServiceHandler(vps.NewIPPoolService(a.Envelope), opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

@@ -38,7 +38,7 @@ import (
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
 	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
-	"sites", "machines", "provision_workflows", "provision_steps"}
+	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -785,6 +785,15 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	// A workflow id of the shape the engine makes; none exists, in acme or
 	// anywhere.
 	sfWorkflowID := envelope.NewID("wf", time.Now())
+
+	// A flavor and an IP pool of acme.
+	flv, err := admin.Flavors.Create(ctx, connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: "small", Vcpus: 2,
+		MemoryMib: 2048, DiskGib: 10}))
+	require.NoError(t, err)
+	flavorID := flv.Msg.GetFlavor().GetId()
+	ipp, err := admin.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "lan", Cidr: "10.9.0.0/24"}))
+	require.NoError(t, err)
+	ipPoolID := ipp.Msg.GetIpPool().GetId()
 	evilPush := proto.CloneOf(imgHdr)
 	evilPush.Name = "evil"
 
@@ -1706,6 +1715,73 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.FlavorServiceCreateProcedure: {func() error {
+			_, err := evil.Flavors.Create(ctx, connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: "evil", Vcpus: 1,
+				MemoryMib: 512, DiskGib: 1}))
+			return err
+		}},
+		apiv1connect.FlavorServiceGetProcedure: {
+			func() error {
+				_, err := evil.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Tenant: "acme", Flavor: "small"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Tenant: "other", Flavor: flavorID}))
+				return err
+			},
+		},
+		apiv1connect.FlavorServiceListProcedure: {func() error {
+			_, err := evil.Flavors.List(ctx, connect.NewRequest(&apiv1.ListFlavorsRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.FlavorServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Flavors.Delete(ctx, connect.NewRequest(&apiv1.DeleteFlavorRequest{Tenant: "acme", Flavor: "small"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Flavors.Delete(ctx, connect.NewRequest(&apiv1.DeleteFlavorRequest{Tenant: "other", Flavor: flavorID}))
+				return err
+			},
+		},
+		apiv1connect.IPPoolServiceCreateProcedure: {func() error {
+			_, err := evil.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "evil", Cidr: "10.8.0.0/24"}))
+			return err
+		}},
+		apiv1connect.IPPoolServiceGetProcedure: {
+			func() error {
+				_, err := evil.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{Tenant: "acme", IpPool: "lan"}))
+				return err
+			},
+			func() error {
+				_, err := evil.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{Tenant: "other", IpPool: ipPoolID}))
+				return err
+			},
+		},
+		apiv1connect.IPPoolServiceListProcedure: {func() error {
+			_, err := evil.IPPools.List(ctx, connect.NewRequest(&apiv1.ListIPPoolsRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.IPPoolServiceListLeasesProcedure: {
+			func() error {
+				_, err := evil.IPPools.ListLeases(ctx, connect.NewRequest(&apiv1.ListIPLeasesRequest{Tenant: "acme", IpPool: "lan"}))
+				return err
+			},
+			func() error {
+				_, err := evil.IPPools.ListLeases(ctx, connect.NewRequest(&apiv1.ListIPLeasesRequest{Tenant: "other", IpPool: ipPoolID}))
+				return err
+			},
+		},
+		apiv1connect.IPPoolServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.IPPools.Delete(ctx, connect.NewRequest(&apiv1.DeleteIPPoolRequest{Tenant: "acme", IpPool: "lan"}))
+				return err
+			},
+			func() error {
+				_, err := evil.IPPools.Delete(ctx, connect.NewRequest(&apiv1.DeleteIPPoolRequest{Tenant: "other", IpPool: ipPoolID}))
+				return err
+			},
+		},
 		apiv1connect.MachineServiceRescueProcedure: {
 			func() error {
 				_, err := evil.Machines.Rescue(ctx, connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "acme", Machine: "m1", SshPublicKey: sfSSHKey}))
@@ -1850,6 +1926,10 @@ permit (principal, action, resource);`}))
 	require.NoError(t, err)
 	require.Equal(t, "enrolled", gotM.Msg.GetMachine().GetState(), "acme's machine is untouched")
 	require.Empty(t, gotM.Msg.GetMachine().GetWorkflowId())
+	_, err = admin.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Tenant: "acme", Flavor: flavorID}))
+	require.NoError(t, err, "acme's flavor is untouched")
+	_, err = admin.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{Tenant: "acme", IpPool: ipPoolID}))
+	require.NoError(t, err, "acme's ip pool is untouched")
 }
 
 // sfSSHKey is a well-formed OpenSSH public key line.

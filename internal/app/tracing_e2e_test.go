@@ -126,9 +126,12 @@ func TestTraceReservationToAgent(t *testing.T) {
 		return slices.DeleteFunc(slices.Clone(spans), func(s tracingtest.Span) bool { return s.TraceID != traceID })
 	}
 	spans := col.WaitFor(t, "the reservation's trace through to the command's completion", func(spans []tracingtest.Span) bool {
+		// bcd exports through its own provider, so its span can arrive
+		// after the control plane's completion: wait for both.
 		_, done := tracingtest.Find(inTrace(spans), "better-compute", "command.complete")
+		_, applied := tracingtest.Find(inTrace(spans), "bcd", "bcd.command")
 		_, batch := tracingtest.Find(spans, "better-compute", "placer.batch")
-		return done && batch
+		return done && applied && batch
 	})
 	trace := inTrace(spans)
 	find := func(service, name string) tracingtest.Span {

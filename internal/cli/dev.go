@@ -218,8 +218,8 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 				stopApp()
 				return errors.Join(serverError(fmt.Errorf("start %d simulated nodes: %w", simNodes, err)), ignoreCanceled(<-runErr))
 			}
-			fmt.Fprintf(out, "sim: %d simulated nodes (%s) in tenant sim, project nodes; pool %s offered to all tenants\n", simNodes,
-				cmp.Or(strings.Join(profiles, ","), "dgxh100"), DevPool)
+			fmt.Fprintf(out, "sim: %d simulated nodes (%s) in tenant sim, project nodes; pool %s offered to all tenants; platform flavor %s and ip pool %s\n", simNodes,
+				cmp.Or(strings.Join(profiles, ","), "dgxh100"), DevPool, DevFlavor, DevIPPool)
 			select {
 			case <-ctx.Done():
 			case err := <-runErr:
@@ -269,6 +269,9 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 	} else if err != nil {
 		return nil, err
 	}
+	if err := devInstanceCatalog(ctx, c); err != nil {
+		return nil, err
+	}
 	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
 		// The simulated nodes trace with the control plane's provider, so
 		// a dev trace runs into the agent as a real node's would.
@@ -289,6 +292,37 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 // DevPool is the pool of the simulated fleet's H100 nodes that dev offers
 // to every tenant.
 const DevPool = "h100"
+
+// The platform's flavor and IP pool dev ships, so a newcomer has a size and
+// addresses for guests without setting them up first.
+const (
+	DevFlavor = "small"
+	DevIPPool = "dev"
+)
+
+// devInstanceCatalog ensures the platform's default flavor and IP pool;
+// on a restart both exist and nothing is written.
+func devInstanceCatalog(ctx context.Context, c *client.Client) error {
+	if _, err := c.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Flavor: DevFlavor})); client.Code(err) == "NOT_FOUND" {
+		_, err := c.Flavors.Create(ctx, connect.NewRequest(&apiv1.CreateFlavorRequest{Name: DevFlavor, Vcpus: 2, MemoryMib: 2048, DiskGib: 10,
+			Description: "dev's default: 2 vCPUs, 2 GiB, 10 GiB disk"}))
+		if err != nil && client.Code(err) != "ALREADY_EXISTS" {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	if _, err := c.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{IpPool: DevIPPool})); client.Code(err) == "NOT_FOUND" {
+		_, err := c.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Name: DevIPPool, Cidr: "10.100.0.0/24",
+			Dns: []string{"10.100.0.1"}, Network: "sim", Description: "dev's default: the simulated hosts' guest network"}))
+		if err != nil && client.Code(err) != "ALREADY_EXISTS" {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
 
 // devSecret returns BETTER_COMPUTE_SECRET, else the secret in
 // <state-dir>/secret, generating it (mode 0600) on the first start so that

@@ -126,6 +126,14 @@ func resourceFor(action, tenant string) Resource {
 	case "webhooks.get", "webhooks.update", "webhooks.delete", "webhooks.test", "webhooks.rotateSecret",
 		"webhooks.listDeliveries", "webhooks.redeliver":
 		return Resource{Type: "Webhook", ID: "whk1", TenantID: tenant}
+	case "flavors.create":
+		return Resource{Type: "Flavor", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "small", "vcpus": int64(2), "gpus": int64(0)}}
+	case "flavors.get", "flavors.delete":
+		return Resource{Type: "Flavor", ID: "flv1", TenantID: tenant, Attrs: map[string]any{"name": "small", "vcpus": int64(2), "gpus": int64(0)}}
+	case "ipPools.create":
+		return Resource{Type: "IPPool", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "lan", "cidr": "10.0.0.0/24"}}
+	case "ipPools.get", "ipPools.listLeases", "ipPools.delete":
+		return Resource{Type: "IPPool", ID: "ipp1", TenantID: tenant, Attrs: map[string]any{"name": "lan", "cidr": "10.0.0.0/24"}}
 	case "sites.create":
 		return Resource{Type: "Site", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "dc1"}}
 	case "sites.get", "sites.update", "sites.delete":
@@ -152,7 +160,8 @@ func TestCedarMatrix(t *testing.T) {
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
-		"machines.getWorkflow"}
+		"machines.getWorkflow",
+		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -252,6 +261,7 @@ func TestCedarAgentConfirmation(t *testing.T) {
 		{"machines.deploy", confirm}, {"machines.release", confirm}, {"machines.commission", confirm},
 		{"machines.retire", confirm}, {"sites.delete", confirm}, {"machines.inspect", allow},
 		{"machines.power", confirm}, {"machines.abort", confirm},
+		{"flavors.delete", confirm}, {"ipPools.delete", confirm}, {"ipPools.create", allow},
 	} {
 		t.Run("admin agent "+tt.action, func(t *testing.T) {
 			t.Parallel()
@@ -478,8 +488,10 @@ func TestActions(t *testing.T) {
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
+		"flavors.create", "flavors.delete", "flavors.get", "flavors.list",
 		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
-		"inventory.get", "joinRequests.approve", "joinRequests.list", "joinRequests.reject",
+		"inventory.get", "ipPools.create", "ipPools.delete", "ipPools.get", "ipPools.list", "ipPools.listLeases",
+		"joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
 		"machines.abort", "machines.commission", "machines.deploy", "machines.enroll", "machines.get", "machines.getWorkflow",
 		"machines.inspect", "machines.list", "machines.listWorkflows", "machines.power", "machines.powerStatus",
