@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -147,6 +148,11 @@ type Target struct {
 	BMCAddress      string
 	Credentials     bmc.Credentials
 	HardwareProfile string
+	// DiscoveryToken is set on a power.cycle into the ramdisk (or rescue)
+	// when the control plane mints them: the single-use token the site's
+	// iPXE script puts on the ramdisk's kernel command line (pxe.Ramdisk's
+	// Token). A secret: never log it.
+	DiscoveryToken string
 }
 
 // SiteAgent carries out steps at one site: BMC calls and ramdisk commands.
@@ -158,6 +164,20 @@ type SiteAgent interface {
 	Dispatch(ctx context.Context, t Target, run provision.StepRun) (provision.Dispatched, error)
 	Lookup(ctx context.Context, t Target, run provision.StepRun) (provision.Outcome, error)
 }
+
+// RamdiskAgent carries the ramdisk's steps (RamdiskKinds) to the ramdisk
+// node that joined for the machine's boot, as fleet commands keyed by the
+// step's idempotency key; Dispatch and Lookup have the provision.StepRunner
+// contract.
+type RamdiskAgent interface {
+	Dispatch(ctx context.Context, t Target, nodeID string, run provision.StepRun) (provision.Dispatched, error)
+	Lookup(ctx context.Context, t Target, nodeID string, run provision.StepRun) (provision.Outcome, error)
+}
+
+// RamdiskKinds are the step kinds a RamdiskAgent runs on the machine's
+// ramdisk; the others (power, burn-in, configure, and the image write until
+// sites serve images to ramdisks) stay with the site agent.
+var RamdiskKinds = []string{KindInventory, KindDiskWipe}
 
 // Agents holds the site agents connected to this replica, by site id.
 type Agents struct {
@@ -210,6 +230,9 @@ type Config struct {
 	// Engine tunes the provision engine (Lease, SweepInterval, ...); its
 	// DB, Recorder, Profiles, Runners and OnEnd are the runtime's.
 	Engine provision.Config
+	// DiscoveryPin returns the gateway's pin for discovery tokens; nil
+	// mints none (an in-process site agent plays the ramdisk).
+	DiscoveryPin func() string
 }
 
 // Runtime is the machine lifecycle: the provision engine with the machine
@@ -219,7 +242,11 @@ type Runtime struct {
 	Engine *provision.Engine
 	// Agents are the site agents steps go to.
 	Agents *Agents
-	db     *store.DB
+	// Ramdisk, when set, runs RamdiskKinds on the machine's joined ramdisk
+	// node instead of the site agent.
+	Ramdisk RamdiskAgent
+	pin     func() string
+	db      *store.DB
 	rec    envelope.Recorder
 	sealer Sealer
 	clock  clock.Clock
@@ -231,7 +258,7 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("metal: DB is required")
 	}
-	r := &Runtime{Agents: &Agents{}, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
+	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
 		clock: cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock()), log: cmp.Or(cfg.Logger, slog.Default())}
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
@@ -384,17 +411,57 @@ func (s stepRunner) Dispatch(ctx context.Context, run provision.StepRun) (provis
 	if err != nil {
 		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
 	}
+	if s.r.Ramdisk != nil && slices.Contains(RamdiskKinds, run.Kind) {
+		nodeID, err := s.ramdiskNode(ctx, run)
+		if err != nil {
+			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+		return s.r.Ramdisk.Dispatch(ctx, t, nodeID, run)
+	}
 	agent, ok := s.r.Agents.get(t.SiteID)
 	if !ok {
 		return provision.Dispatched{}, fmt.Errorf("%w: site %s has no connected site agent", provision.ErrNotDispatched, t.SiteID)
 	}
+	if boot, _ := run.Params["boot"].(string); run.Kind == KindPowerCycle && (boot == BootRamdisk || boot == BootRescue) {
+		var m Machine
+		if err := s.r.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			m, err = MachineByID(ctx, tx, run.TargetID, "")
+			return err
+		}); err != nil {
+			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+		if t.DiscoveryToken, err = s.r.mintDiscovery(ctx, m); err != nil {
+			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+	}
 	return agent.Dispatch(ctx, t, run)
+}
+
+// ramdiskNode is the node of the ramdisk that joined for run's workflow.
+func (s stepRunner) ramdiskNode(ctx context.Context, run provision.StepRun) (string, error) {
+	var nodeID string
+	err := s.r.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		nodeID, _, err = ramdiskOf(ctx, tx, run.TargetID, run.WorkflowID)
+		return err
+	})
+	if err == nil && nodeID == "" {
+		err = fmt.Errorf("machine %s: no ramdisk joined for workflow %s", run.TargetID, run.WorkflowID)
+	}
+	return nodeID, err
 }
 
 func (s stepRunner) Lookup(ctx context.Context, run provision.StepRun) (provision.Outcome, error) {
 	t, err := s.r.target(ctx, run.TargetID)
 	if err != nil {
 		return provision.Outcome{}, err
+	}
+	if s.r.Ramdisk != nil && slices.Contains(RamdiskKinds, run.Kind) {
+		nodeID, err := s.ramdiskNode(ctx, run)
+		if err != nil {
+			// No ramdisk joined: nothing was dispatched to one.
+			return provision.Outcome{Status: provision.OutcomeNotDispatched}, nil //nolint:nilerr // the answer is "fenced"
+		}
+		return s.r.Ramdisk.Lookup(ctx, t, nodeID, run)
 	}
 	agent, ok := s.r.Agents.get(t.SiteID)
 	if !ok {
@@ -422,14 +489,28 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 		return err
 	}
 	now := r.clock.Now()
-	var failedLogs string
+	_, ramdiskKey, err := ramdiskOf(ctx, tx, m.ID, w.ID)
+	if err != nil {
+		return err
+	}
+	// The ramdisk boot is over: its discovery tokens go.
+	if err := discoveryDelete(ctx, tx, m.ID); err != nil {
+		return err
+	}
+	var failedLogs, wipeStep string
+	var wipeErr error
 	for _, s := range full.Steps {
 		if s.State == provision.StepSucceeded {
 			switch s.Kind {
 			case KindInventory:
 				m.Inventory = s.Output
 			case KindDiskWipe:
-				m.EraseRecord = s.Output
+				rec, err := attestedWipe(s.Output, ramdiskKey, m.ID, w.ID)
+				if err != nil {
+					wipeStep, wipeErr = s.Name, err
+					continue
+				}
+				m.EraseRecord = rec
 			}
 		}
 		if s.Name == w.FailedStep && s.Phase == provision.PhaseMain {
@@ -438,6 +519,11 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 	}
 	op := w.Profile
 	m.WorkflowID, m.Operation, m.UpdateTime = "", "", now
+	if wipeErr != nil && w.State == provision.WorkflowSucceeded {
+		// A machine returns to ready only after a wipe the control plane
+		// verified: an unsigned or forged record fails it.
+		return r.refuseWipe(ctx, tx, &m, op, wipeStep, wipeErr)
+	}
 	if w.State == provision.WorkflowSucceeded {
 		m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs = "", "", "", ""
 		switch op {
