@@ -61,7 +61,7 @@ type SimMachine struct {
 	mu     sync.Mutex
 	image  string // sha256 of the image on its disk
 	wipes  int
-	booted []string // boot modes the site's iPXE script chose
+	booted []string      // boot modes the site's iPXE script chose
 	key    crypto.Signer // the running ramdisk's key
 }
 

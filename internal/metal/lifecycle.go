@@ -247,10 +247,10 @@ type Runtime struct {
 	Ramdisk RamdiskAgent
 	pin     func() string
 	db      *store.DB
-	rec    envelope.Recorder
-	sealer Sealer
-	clock  clock.Clock
-	log    *slog.Logger
+	rec     envelope.Recorder
+	sealer  Sealer
+	clock   clock.Clock
+	log     *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
