@@ -411,11 +411,11 @@ func (s stepRunner) Dispatch(ctx context.Context, run provision.StepRun) (provis
 	if err != nil {
 		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
 	}
-	if s.r.Ramdisk != nil && slices.Contains(RamdiskKinds, run.Kind) {
-		nodeID, err := s.ramdiskNode(ctx, run)
-		if err != nil {
-			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
-		}
+	nodeID, err := s.ramdiskNode(ctx, run)
+	if err != nil {
+		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+	}
+	if nodeID != "" {
 		return s.r.Ramdisk.Dispatch(ctx, t, nodeID, run)
 	}
 	agent, ok := s.r.Agents.get(t.SiteID)
@@ -437,16 +437,19 @@ func (s stepRunner) Dispatch(ctx context.Context, run provision.StepRun) (provis
 	return agent.Dispatch(ctx, t, run)
 }
 
-// ramdiskNode is the node of the ramdisk that joined for run's workflow.
+// ramdiskNode is the node of the ramdisk that joined through the gateway
+// for run's workflow, when run is a ramdisk step and a RamdiskAgent is
+// configured; "" sends the step to the site agent (whose in-process
+// ramdisk, like bctest.SimSite's, joined without a node).
 func (s stepRunner) ramdiskNode(ctx context.Context, run provision.StepRun) (string, error) {
+	if s.r.Ramdisk == nil || !slices.Contains(RamdiskKinds, run.Kind) {
+		return "", nil
+	}
 	var nodeID string
 	err := s.r.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
 		nodeID, _, err = ramdiskOf(ctx, tx, run.TargetID, run.WorkflowID)
 		return err
 	})
-	if err == nil && nodeID == "" {
-		err = fmt.Errorf("machine %s: no ramdisk joined for workflow %s", run.TargetID, run.WorkflowID)
-	}
 	return nodeID, err
 }
 
@@ -455,12 +458,11 @@ func (s stepRunner) Lookup(ctx context.Context, run provision.StepRun) (provisio
 	if err != nil {
 		return provision.Outcome{}, err
 	}
-	if s.r.Ramdisk != nil && slices.Contains(RamdiskKinds, run.Kind) {
-		nodeID, err := s.ramdiskNode(ctx, run)
-		if err != nil {
-			// No ramdisk joined: nothing was dispatched to one.
-			return provision.Outcome{Status: provision.OutcomeNotDispatched}, nil //nolint:nilerr // the answer is "fenced"
-		}
+	nodeID, err := s.ramdiskNode(ctx, run)
+	if err != nil {
+		return provision.Outcome{}, err
+	}
+	if nodeID != "" {
 		return s.r.Ramdisk.Lookup(ctx, t, nodeID, run)
 	}
 	agent, ok := s.r.Agents.get(t.SiteID)
