@@ -476,6 +476,7 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 		// Ramdisks dial the gateway pinned to this PKI's trust anchor.
 		cfg.DiscoveryPin = a.PKI.Pin
 	}
+	cfg.RamdiskEnded = retireRamdiskNodes(a.recorder, a.DB.Clock())
 	rt, err := metal.NewRuntime(cfg)
 	if err != nil {
 		return nil, err

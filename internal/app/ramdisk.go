@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gateway"
@@ -193,5 +194,34 @@ func commandDone(rt func() *metal.Runtime) func(ctx context.Context, tx store.Tx
 			return nil // the workflow is gone: the command's row is its record
 		}
 		return err
+	}
+}
+
+// retireRamdiskNodes retires the nodes of a ramdisk boot that ended: their
+// sessions and renewals are refused from then on, and their certificates
+// (at most 2 h) are never renewed.
+func retireRamdiskNodes(rec envelope.Recorder, clk clock.Clock) func(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+	return func(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+		for _, id := range nodeIDs {
+			n, err := fleet.NodeGet(ctx, tx, "", id)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			ok, err := fleet.NodeUpdateState(ctx, tx, &fleet.NodeUpdateStateParams{ID: id,
+				From: []string{fleet.NodeJoining, fleet.NodeActive, fleet.NodeDraining, fleet.NodeDrained}, To: fleet.NodeRetired})
+			if err != nil {
+				return err
+			}
+			if ok {
+				if err := rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "node.retired", TenantID: n.TenantID, ResourceType: "Node",
+					ResourceID: id, Time: clk.Now(), Data: map[string]any{"reason": "the ramdisk boot ended"}}}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	}
 }

@@ -197,11 +197,12 @@ func TestRamdiskCommission(t *testing.T) {
 	require.EqualValues(t, 2, m.GetInventory().GetFields()["cpus"].GetNumberValue())
 
 	// The signature rides with the command's result; the node is a ramdisk
-	// node linked to the machine; the boot's token is gone.
+	// node linked to the machine, retired with the boot; the boot's token
+	// is gone.
 	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM commands WHERE node_id = $1 AND kind = 'disk.wipe' AND state = 'succeeded'
 		AND result LIKE '%signature%'`, rd.NodeID()))
-	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND mode = 'ramdisk' AND labels LIKE $2`,
-		rd.NodeID(), "%"+m.GetId()+"%"))
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND mode = 'ramdisk' AND labels LIKE $2
+		AND state = 'retired'`, rd.NodeID(), "%"+m.GetId()+"%"), "a ramdisk node lives for one boot")
 	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM machine_discovery_tokens`))
 }
 

@@ -315,3 +315,21 @@ func (r *Runtime) refuseWipe(ctx context.Context, tx store.Tx, m *Machine, op, s
 		ResourceID: m.ID, Time: now, Data: map[string]any{"state": string(m.State), "operation": op, "failed_step": step,
 			"reason": m.FailureReason}}})
 }
+
+// ramdiskNodes lists the nodes a machine's ramdisks joined as.
+func ramdiskNodes(ctx context.Context, q store.Querier, machineID string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT node_id FROM machine_discovery_tokens WHERE machine_id = $1 AND node_id <> '' ORDER BY node_id`, machineID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}

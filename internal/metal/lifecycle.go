@@ -233,6 +233,10 @@ type Config struct {
 	// DiscoveryPin returns the gateway's pin for discovery tokens; nil
 	// mints none (an in-process site agent plays the ramdisk).
 	DiscoveryPin func() string
+	// RamdiskEnded retires the nodes of a machine's ramdisk boot when its
+	// workflow ends, in the workflow's transaction: a ramdisk's identity
+	// lives for one boot.
+	RamdiskEnded func(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }
 
 // Runtime is the machine lifecycle: the provision engine with the machine
@@ -246,6 +250,7 @@ type Runtime struct {
 	// node instead of the site agent.
 	Ramdisk RamdiskAgent
 	pin     func() string
+	ended   func(ctx context.Context, tx store.Tx, nodeIDs []string) error
 	db      *store.DB
 	rec     envelope.Recorder
 	sealer  Sealer
@@ -258,7 +263,7 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("metal: DB is required")
 	}
-	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
+	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, ended: cfg.RamdiskEnded, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
 		clock: cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock()), log: cmp.Or(cfg.Logger, slog.Default())}
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
@@ -495,7 +500,17 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 	if err != nil {
 		return err
 	}
-	// The ramdisk boot is over: its discovery tokens go.
+	// The ramdisk boot is over: its discovery tokens go, and the nodes
+	// its ramdisks joined as are retired.
+	nodes, err := ramdiskNodes(ctx, tx, m.ID)
+	if err != nil {
+		return err
+	}
+	if len(nodes) > 0 && r.ended != nil {
+		if err := r.ended(ctx, tx, nodes); err != nil {
+			return err
+		}
+	}
 	if err := discoveryDelete(ctx, tx, m.ID); err != nil {
 		return err
 	}
