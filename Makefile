@@ -48,6 +48,10 @@ bench: ## run the Go benchmarks
 sample-image: ## build the sample deployable disk image into bin/sample-image (deploy/images/build-sample.sh)
 	deploy/images/build-sample.sh $(BIN)/sample-image
 
+.PHONY: ramdisk
+ramdisk: ## build the commissioning ramdisk (Debian kernel, busybox, bcd) into .cache/ramdisk/out (tools/ramdisk/build.sh)
+	tools/ramdisk/build.sh
+
 .PHONY: dev
 dev: ## run better-compute dev (all roles, SQLite in ./.better-compute)
 	$(GO) run ./cmd/better-compute dev

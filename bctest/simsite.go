@@ -2,7 +2,11 @@ package bctest
 
 import (
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,6 +19,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bctest/redfish"
+	"github.com/better-compute/better-compute/internal/erase"
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/metal/bmc"
 	"github.com/better-compute/better-compute/internal/provision"
@@ -25,7 +30,9 @@ import (
 // machine's power through the real Redfish driver against a bctest/redfish
 // emulator on loopback, and plays the machine's ramdisk (inventory, wipe,
 // image write) in memory, reporting results and rejoins back to the
-// control plane. Every step runs in its own goroutine and reports through
+// control plane. Its ramdisk has a key of its own per boot, registered
+// with metal.Runtime.JoinedRamdisk, and signs its wipe records with it,
+// as bcd --mode ramdisk does (the control plane verifies them). Every step runs in its own goroutine and reports through
 // metal.Runtime.Complete, as a site agent's command updates would.
 type SimSite struct {
 	rt     *metal.Runtime
@@ -46,6 +53,7 @@ type SimSite struct {
 	holdNext map[string]chan struct{} // step kind -> closed to let it go on
 	// delay is how long each step takes (0: at once).
 	delay time.Duration
+	forge bool // sign wipe records with a key the control plane never saw
 }
 
 // SimMachine is a simulated machine: a Redfish BMC on loopback and a disk.
@@ -62,7 +70,8 @@ type SimMachine struct {
 	mu     sync.Mutex
 	image  string // sha256 of the image on its disk
 	wipes  int
-	booted []string // boot modes the site's iPXE script chose
+	booted []string      // boot modes the site's iPXE script chose
+	key    crypto.Signer // the running ramdisk's key
 }
 
 type simKey struct {
@@ -264,6 +273,14 @@ func (m *SimMachine) Image() string {
 	return m.image
 }
 
+// ForgeWipes makes the site's ramdisks sign wipe records with a key the
+// control plane never saw (a forged attestation), or stop doing so.
+func (s *SimSite) ForgeWipes(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forge = on
+}
+
 // Wipes counts the machine's disk wipes.
 func (m *SimMachine) Wipes() int {
 	m.mu.Lock()
@@ -332,7 +349,11 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 		}
 		if boot, _ := run.Params["boot"].(string); run.Kind == metal.KindPowerCycle && boot != "" && res.Error == "" {
 			// The machine PXE-boots; its ramdisk (or its deployed OS) joins.
-			_ = s.rt.Joined(s.ctx, s.siteID, t.MachineID)
+			if boot, _ := run.Params["boot"].(string); boot == metal.BootDisk {
+				_ = s.rt.Joined(s.ctx, s.siteID, t.MachineID)
+			} else if pub := m.bootRamdisk(); pub != nil {
+				_ = s.rt.JoinedRamdisk(s.ctx, s.siteID, t.MachineID, pub)
+			}
 		}
 	}()
 	return provision.Dispatched{Handle: "sim-" + run.IdempotencyKey}, nil
@@ -393,9 +414,21 @@ func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run 
 	case metal.KindDiskWipe:
 		m.mu.Lock()
 		m.image, m.wipes = "", m.wipes+1
+		key := m.key
 		m.mu.Unlock()
-		return provision.Result{Output: map[string]any{"drives": []any{map[string]any{
-			"device": "/dev/nvme0n1", "method": "nvme-format", "bytes": int64(3840) << 30, "verified": true}}}}
+		s.mu.Lock()
+		forge := s.forge
+		s.mu.Unlock()
+		if forge || key == nil {
+			key, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		}
+		signed, err := erase.Sign(key, erase.Record{MachineID: t.MachineID, WorkflowID: run.WorkflowID, Time: time.Now(),
+			Drives: []erase.Drive{{Device: "/dev/nvme0n1", Method: erase.MethodNVMeFormat, Bytes: int64(3840) << 30, DurationMS: 1,
+				Verification: erase.Verification{Samples: 66, BlockBytes: 4096, Zero: true}}}})
+		if err != nil {
+			return provision.Result{Error: err.Error()}
+		}
+		return provision.Result{Output: signed.Output()}
 	case metal.KindBurnIn:
 		if on, _ := run.Input["burn_in"].(bool); !on {
 			return provision.Result{Output: map[string]any{"skipped": true}}
@@ -415,6 +448,23 @@ func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run 
 		return provision.Result{Output: map[string]any{"hostname": t.Name}}
 	}
 	return provision.Result{Error: "the simulated site does not know step kind " + run.Kind}
+}
+
+// bootRamdisk gives the machine's new ramdisk a key and returns its public
+// half (PKIX DER).
+func (m *SimMachine) bootRamdisk() []byte {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil
+	}
+	der, err := x509.MarshalPKIXPublicKey(k.Public())
+	if err != nil {
+		return nil
+	}
+	m.mu.Lock()
+	m.key = k
+	m.mu.Unlock()
+	return der
 }
 
 // power drives the machine's BMC with the real driver.

@@ -34,6 +34,8 @@ type options struct {
 	showVersion   bool
 	otlpEndpoint  string
 	otlpInsecure  bool
+	imageKeys     string
+	spoolDir      string
 }
 
 func (o *options) register(fs *flag.FlagSet) {
@@ -55,6 +57,8 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces to this OTLP/gRPC collector (host:port or URL); empty: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set")
 	fs.BoolVar(&o.otlpInsecure, "otlp-insecure", false, "send traces to a host:port --otlp-endpoint without TLS")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&o.imageKeys, "trusted-image-keys", "", "ramdisk mode: PEM file of the public keys image.write accepts signatures of (besides the keys each command names)")
+	fs.StringVar(&o.spoolDir, "spool-dir", "", "ramdisk mode: where a downloaded image waits until it verified (default the temp dir)")
 }
 
 // fileConfig is the config file; keys are the flag names with underscores.

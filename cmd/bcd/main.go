@@ -8,6 +8,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -28,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
+	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 	"github.com/better-compute/better-compute/internal/tracing"
 )
 
@@ -48,7 +50,7 @@ var errTokenInArgv = errors.New("a join token is never accepted on the command l
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stderr io.Writer) error {
 	for _, a := range args {
-		if strings.Contains(a, agent.TokenPrefix) || strings.HasPrefix(strings.TrimLeft(a, "-"), "token=") || strings.TrimLeft(a, "-") == "token" {
+		if strings.Contains(a, agent.TokenPrefix) || strings.Contains(a, agent.DiscoveryTokenPrefix) || strings.HasPrefix(strings.TrimLeft(a, "-"), "token=") || strings.TrimLeft(a, "-") == "token" {
 			return errTokenInArgv
 		}
 	}
@@ -75,6 +77,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		o.merge(fc, set)
 	}
+	// A commissioning ramdisk finds its gateway and discovery token on the
+	// kernel command line the site's iPXE script wrote.
+	var boot ramdisk.Boot
+	if o.mode == "ramdisk" {
+		b, err := os.ReadFile(filepath.Join(o.sysfsRoot, "proc/cmdline"))
+		if err == nil {
+			boot, _ = ramdisk.ParseCmdline(string(b))
+		}
+		o.server = cmp.Or(o.server, boot.Server)
+	}
 	if err := o.validate(); err != nil {
 		return err
 	}
@@ -91,11 +103,26 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	// nothing applies.
 	// The hardware is checked first: a backend this build cannot run is the
 	// more basic mistake.
+	var rd *ramdisk.Ramdisk
+	logs := &ramdisk.LogRing{}
+	if mode == agentv1.AgentMode_AGENT_MODE_RAMDISK {
+		// The ramdisk reads its hardware from sysfs and runs no
+		// allocations: no GPU library, no cgroups.
+		o.hardware, o.cgroupRoot = "none", filepath.Join(o.stateDir, "cgroup")
+		rcfg := ramdisk.Config{SysfsRoot: o.sysfsRoot, SpoolDir: o.spoolDir, Logs: logs.String}
+		if o.imageKeys != "" {
+			if rcfg.TrustedImageKeys, err = ramdisk.LoadTrustedKeys(o.imageKeys); err != nil {
+				return fmt.Errorf("--trusted-image-keys: %w", err)
+			}
+		}
+		rd = ramdisk.New(rcfg)
+		log = slog.New(slog.NewTextHandler(io.MultiWriter(stderr, logs), &slog.HandlerOptions{Level: logLevel(o.logLevel)}))
+	}
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
 	}
-	fakeHW := strings.HasPrefix(o.hardware, "fake:")
+	fakeHW := strings.HasPrefix(o.hardware, "fake:") || rd != nil
 	if !fakeHW {
 		if err := cgroups.CheckRoot(o.cgroupRoot); err != nil {
 			if backend != nil {
@@ -122,7 +149,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}()
 	a, err := agent.New(agent.Config{
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
-		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode,
+		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
 		Tracing: tp,
 	})
@@ -139,6 +166,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		if err != nil {
 			return err
 		}
+		token = cmp.Or(token, boot.Token)
 		if token == "" {
 			return errors.New("not joined yet: provide the join token in BCD_JOIN_TOKEN or on stdin with --token-stdin")
 		}
@@ -189,6 +217,13 @@ func readToken(getenv func(string) string, stdin io.Reader, fromStdin bool) (str
 		return strings.TrimSpace(line), nil
 	}
 	return strings.TrimSpace(getenv("BCD_JOIN_TOKEN")), nil
+}
+
+// logLevel is a level newLogger already accepted.
+func logLevel(level string) slog.Level {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return l
 }
 
 func newLogger(level string, w io.Writer) (*slog.Logger, error) {

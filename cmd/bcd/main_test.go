@@ -119,3 +119,23 @@ func TestLivenessFlags(t *testing.T) {
 	err = run(context.Background(), append(base, "--hello-timeout", "0s"), noenv, strings.NewReader(""), &bytes.Buffer{})
 	require.ErrorContains(t, err, "--hello-timeout 0s: must be positive")
 }
+
+// TestRamdiskModeReadsKernelCmdline: in ramdisk mode the gateway and the
+// discovery token come from the kernel command line, and a discovery token
+// on bcd's own command line is refused like a join token.
+func TestRamdiskModeReadsKernelCmdline(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "proc"), 0o755))
+	tok := "bcdt_" + strings.Repeat("a", 64) + ".secret"
+	require.NoError(t, os.WriteFile(filepath.Join(root, "proc/cmdline"), []byte("console=ttyS0 bc.server=127.0.0.1:1 bc.token="+tok+"\n"), 0o644))
+	err := run(context.Background(), []string{"--mode", "ramdisk", "--sysfs-root", root, "--state-dir", t.TempDir(), "--metrics-listen", ""},
+		noenv, strings.NewReader(""), &bytes.Buffer{})
+	// The server came from the command line (no "--server is required"):
+	// the join dials it and is refused there.
+	require.ErrorContains(t, err, "join")
+	require.NotContains(t, err.Error(), "--server")
+
+	err = run(context.Background(), []string{"--mode", "ramdisk", "--server", "127.0.0.1:1", tok}, noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorIs(t, err, errTokenInArgv)
+}

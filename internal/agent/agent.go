@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/devfilter"
 	"github.com/better-compute/better-compute/internal/agent/hw"
+	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 	"github.com/better-compute/better-compute/internal/agent/sysfs"
 	"github.com/better-compute/better-compute/internal/clock"
 )
@@ -57,6 +58,10 @@ type Config struct {
 	Version string
 	// Mode is how the agent runs (default AGENT_MODE_NODE).
 	Mode agentv1.AgentMode
+	// Ramdisk carries out the ramdisk's commands (disk.wipe, image.write,
+	// logs.collect, inventory.refresh); required in AGENT_MODE_RAMDISK,
+	// where it is all the agent runs.
+	Ramdisk *ramdisk.Ramdisk
 	// ReconnectMin and ReconnectMax bound the jittered exponential backoff
 	// between sessions (default 0.5 s and 30 s).
 	ReconnectMin, ReconnectMax time.Duration
@@ -116,6 +121,9 @@ func (c *Config) setDefaults() error {
 	c.Version = cmp.Or(c.Version, "dev")
 	if c.Mode == agentv1.AgentMode_AGENT_MODE_UNSPECIFIED {
 		c.Mode = agentv1.AgentMode_AGENT_MODE_NODE
+	}
+	if c.Mode == agentv1.AgentMode_AGENT_MODE_RAMDISK && c.Ramdisk == nil {
+		return errors.New("agent: ramdisk mode needs Ramdisk")
 	}
 	c.ReconnectMin = cmp.Or(c.ReconnectMin, 500*time.Millisecond)
 	c.ReconnectMax = cmp.Or(c.ReconnectMax, 30*time.Second)

@@ -2,15 +2,18 @@ package agent
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
+	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 )
 
 // Command kinds bcd applies.
@@ -35,6 +38,10 @@ const (
 	FailInjected         = "INJECTED"
 	FailExecStart        = "EXEC_START_FAILED"
 	FailNotBound         = "ALLOCATION_NOT_BOUND"
+	// FailWrongMode: a node command sent to a ramdisk, or a ramdisk
+	// command to a node.
+	FailWrongMode = "WRONG_MODE"
+	FailRamdisk   = "RAMDISK_FAILED"
 )
 
 type runningCommand struct {
@@ -283,6 +290,12 @@ func (a *Agent) cancelCommand(c *agentv1.CancelCommand) {
 }
 
 func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) {
+	if a.cfg.Mode == agentv1.AgentMode_AGENT_MODE_RAMDISK {
+		return a.applyRamdisk(ctx, c)
+	}
+	if ramdisk.IsKind(c.GetKind()) && c.GetKind() != KindInventoryRefresh {
+		return outcome{}, fail(FailWrongMode, fmt.Errorf("command kind %q runs only in a commissioning ramdisk, not on a node", c.GetKind()))
+	}
 	switch c.GetKind() {
 	case KindInventoryRefresh:
 		sections, digest, err := a.inventory(ctx)
@@ -360,4 +373,36 @@ func deviceAssignment(p *structpb.Struct) (*agentv1.DeviceAssignment, error) {
 		return nil, errors.New("params: allocation_id is required")
 	}
 	return da, nil
+}
+
+// applyRamdisk runs a ramdisk command; every other kind is refused. The
+// ramdisk signs wipe records with the key of its node certificate.
+func (a *Agent) applyRamdisk(ctx context.Context, c *agentv1.Command) (outcome, error) {
+	if !ramdisk.IsKind(c.GetKind()) {
+		return outcome{}, fail(FailWrongMode, fmt.Errorf("command kind %q is not a ramdisk command: a ramdisk runs only %s",
+			c.GetKind(), strings.Join(ramdisk.Kinds(), ", ")))
+	}
+	a.mu.Lock()
+	cert := a.cert
+	nodeID := a.node.NodeID
+	a.mu.Unlock()
+	var key crypto.Signer
+	if cert != nil {
+		key, _ = cert.PrivateKey.(crypto.Signer)
+	}
+	res, err := a.cfg.Ramdisk.Apply(ctx, c.GetKind(), c.GetParams().AsMap(), ramdisk.Identity{NodeID: nodeID, Key: key})
+	if errors.Is(err, ramdisk.ErrInvalidParams) {
+		return outcome{}, fail(FailInvalidParams, err)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return outcome{}, err
+		}
+		return outcome{}, fail(FailRamdisk, err)
+	}
+	st, err := structpb.NewStruct(res)
+	if err != nil {
+		return outcome{}, fail(FailRamdisk, fmt.Errorf("result: %w", err))
+	}
+	return outcome{result: st}, nil
 }

@@ -14,6 +14,11 @@ import (
 // TokenPrefix starts every join token: bcjt_<64 hex pin>.<jwe>.
 const TokenPrefix = "bcjt_"
 
+// DiscoveryTokenPrefix starts a machine's discovery token, which a
+// commissioning ramdisk finds on its kernel command line:
+// bcdt_<64 hex pin>.<secret>.
+const DiscoveryTokenPrefix = "bcdt_"
+
 // ErrBadToken is returned for a join token that is not bcjt_<pin>.<jwe>.
 var ErrBadToken = errors.New("malformed join token")
 
@@ -21,6 +26,9 @@ var ErrBadToken = errors.New("malformed join token")
 // SubjectPublicKeyInfo of a certificate in the gateway's chain.
 func TokenPin(token string) ([]byte, error) {
 	rest, ok := strings.CutPrefix(strings.TrimSpace(token), TokenPrefix)
+	if !ok {
+		rest, ok = strings.CutPrefix(strings.TrimSpace(token), DiscoveryTokenPrefix)
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w: want prefix %q", ErrBadToken, TokenPrefix)
 	}

@@ -251,6 +251,7 @@ type App struct {
 	recorder   recorder
 	fleetHooks lateHooks
 	execHub    *execrelay.Hub
+	discovery  *discovery
 	conns      *connMetrics
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
@@ -449,13 +450,14 @@ func (a *App) buildGateway(ctx context.Context) error {
 		authority = gateway.FromPKI(pa)
 	}
 	a.execHub = execrelay.New()
+	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
 		DB: a.DB, Hooks: &a.fleetHooks, Exec: a.execHub, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
 		HandshakeTimeout: cfg.GatewayHandshakeTimeout, IdleConnTimeout: cfg.GatewayIdleConnTimeout, Metrics: a.Registry,
-		Tracing: a.Tracing,
+		Tracing: a.Tracing, Discovery: a.discovery, CommandDone: commandDone(func() *metal.Runtime { return a.discovery.rt }),
 	})
 	if err != nil {
 		return err
@@ -471,7 +473,19 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 	if a.sealer != nil {
 		sealer = a.sealer
 	}
-	return metal.NewRuntime(metal.Config{DB: a.DB, Recorder: a.recorder, Sealer: sealer, Clock: a.cfg.Clock, Logger: a.cfg.Logger})
+	cfg := metal.Config{DB: a.DB, Recorder: a.recorder, Sealer: sealer, Clock: a.cfg.Clock, Logger: a.cfg.Logger}
+	if a.PKI != nil {
+		// Ramdisks dial the gateway pinned to this PKI's trust anchor.
+		cfg.DiscoveryPin = a.PKI.Pin
+	}
+	cfg.RamdiskEnded = retireRamdiskNodes(a.recorder, a.DB.Clock())
+	rt, err := metal.NewRuntime(cfg)
+	if err != nil {
+		return nil, err
+	}
+	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway}
+	a.discovery.rt = rt
+	return rt, nil
 }
 
 // Recorder returns the audit and outbox writer (bootstrap uses it).

@@ -564,11 +564,14 @@ func (a *app) printMachine(cmd *cobra.Command, msg proto.Message, m *apiv1.Machi
 			fmt.Fprintf(w, "\nrescue until %s\n", ts(exp))
 		}
 		if drives := m.GetEraseRecord().GetFields()["drives"].GetListValue().GetValues(); len(drives) > 0 {
-			fmt.Fprintln(w, "\nlast wipe:")
+			rec := m.GetEraseRecord().GetFields()
+			fmt.Fprintf(w, "\nlast wipe (attested=%v, signed by the ramdisk at %s):\n", rec["attested"].GetBoolValue(), rec["time"].GetStringValue())
 			for _, d := range drives {
 				f := d.GetStructValue().GetFields()
-				fmt.Fprintf(w, "  %s  %s  %.0f bytes  verified=%v\n", f["device"].GetStringValue(), f["method"].GetStringValue(),
-					f["bytes"].GetNumberValue(), f["verified"].GetBoolValue())
+				v := f["verification"].GetStructValue().GetFields()
+				fmt.Fprintf(w, "  %s  %s  %.0f bytes  %.0f ms  read-back %.0f blocks zero=%v\n", f["device"].GetStringValue(),
+					f["method"].GetStringValue(), f["bytes"].GetNumberValue(), f["duration_ms"].GetNumberValue(),
+					v["samples"].GetNumberValue(), v["zero"].GetBoolValue())
 			}
 		}
 	})

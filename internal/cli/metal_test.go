@@ -63,7 +63,7 @@ func TestMetalCommands(t *testing.T) {
 		return strings.Contains(ok("machines", "list", "--tenant", "acme", "--state", "ready"), "m1")
 	})
 	got := ok("machines", "get", "m1", "--tenant", "acme")
-	require.Contains(t, got, "last wipe:")
+	require.Contains(t, got, "last wipe (attested=true")
 	require.Contains(t, got, "nvme-format")
 
 	code, _, errs = cli("machines", "release", "m1", "--tenant", "acme")

@@ -108,6 +108,9 @@ func (s *CommandService) Run(ctx context.Context, req *connect.Request[apiv1.Run
 			if n.State == NodeRetired {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "node %s is retired: it takes no commands", n.Name)
 			}
+			if err := CheckKindForMode(n.Mode, msg.GetKind()); err != nil {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "node %s (%s): %v", n.Name, cmp.Or(n.Mode, RoleNode), err)
+			}
 			// The envelope answers a replay from its own table; the key also
 			// goes on the row (per principal, as the envelope scopes it), so
 			// the node's uniqueness backs it up.
@@ -481,4 +484,38 @@ func SendSystemCommand(ctx context.Context, tx store.Tx, notifier CommandNotifie
 		notifier.NotifyCommand(tx, c.NodeID)
 	}
 	return cmd.ID, nil
+}
+
+// Command kinds of the commissioning ramdisk (bcd --mode ramdisk).
+const (
+	KindDiskWipe    = "disk.wipe"
+	KindImageWrite  = "image.write"
+	KindLogsCollect = "logs.collect"
+)
+
+// RamdiskCommandKinds are all a ramdisk node runs; the ones besides
+// inventory.refresh are ramdisk-only: a node never gets them (a disk.wipe
+// on a host that runs tenants' work would destroy it).
+var RamdiskCommandKinds = []string{KindInventoryRefresh, KindDiskWipe, KindImageWrite, KindLogsCollect}
+
+// CommandFailWrongRole is the failure code of a command the gateway failed
+// because its kind is not for the role of the node's certificate.
+const CommandFailWrongRole = "WRONG_ROLE"
+
+// CheckKindForMode refuses a command kind the agent's mode must not run: a
+// node kind for a ramdisk, a ramdisk-only kind for a node. Site agents'
+// kinds are theirs to check.
+func CheckKindForMode(mode, kind string) error {
+	ramdiskKind := slices.Contains(RamdiskCommandKinds, kind)
+	switch cmp.Or(mode, RoleNode) {
+	case RoleRamdisk:
+		if !ramdiskKind {
+			return fmt.Errorf("command kind %q is not a ramdisk command: a ramdisk runs only %s", kind, strings.Join(RamdiskCommandKinds, ", "))
+		}
+	case RoleNode:
+		if ramdiskKind && kind != KindInventoryRefresh {
+			return fmt.Errorf("command kind %q runs only in a commissioning ramdisk, not on a node", kind)
+		}
+	}
+	return nil
 }

@@ -270,3 +270,9 @@ func CommandListen(ctx context.Context, conn *pgx.Conn) error {
 	_, err := conn.Exec(ctx, `LISTEN `+CommandChannel)
 	return err
 }
+
+// CommandByKey reads a node's command by its idempotency key
+// (store.ErrNotFound when absent).
+func CommandByKey(ctx context.Context, q store.Querier, nodeID, key string) (Command, error) {
+	return scanCommand(q.QueryRow(ctx, `SELECT `+commandColumns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`, nodeID, key))
+}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -67,6 +68,9 @@ func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 		return nil, g.refused(g.log.With("rpc", "Join", "peer", peerAddr(ctx)), "join refused", err)
 	}
 	fleet.SanitizeNodeText(req.GetIdentity()) // the host name reaches join requests and events
+	if strings.HasPrefix(req.GetToken(), DiscoveryTokenPrefix) {
+		return g.joinDiscovery(ctx, req)
+	}
 	claims, err := g.cfg.Authority.OpenJoinToken(req.GetToken())
 	if errors.Is(err, ErrTokenExpired) {
 		g.log.Warn("join refused: token expired", "peer", peerAddr(ctx))

@@ -410,12 +410,21 @@ func (s *session) deliver(cmds []fleet.Command) error {
 	from, pending := s.cursor, false
 	var unencodable []fleet.Command
 	var reasons []error
+	var codes []string
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
+		// The certificate's role decides what the agent may run: a
+		// ramdisk never gets a node's command, nor a node a wipe.
+		if err := fleet.CheckKindForMode(s.ident.Role, c.Kind); err != nil {
+			s.log.Warn("command refused for the node's role; failed", "command", c.ID, "role", s.ident.Role, "err", err)
+			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailWrongRole)
+			s.cursor = seqOf(c)
+			continue
+		}
 		m, err := commandMessage(c)
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
-			unencodable, reasons = append(unencodable, c), append(reasons, err)
+			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailUnencodable)
 			s.cursor = seqOf(c)
 			continue
 		}
@@ -439,16 +448,26 @@ func (s *session) deliver(cmds []fleet.Command) error {
 		for i, c := range unencodable {
 			ok, err := fleet.CommandUpdate(ctx, tx, &fleet.CommandUpdateParams{
 				ID: c.ID, FromState: c.State, State: fleet.CommandFailed, Progress: c.Progress,
-				Message: truncateMessage(reasons[i].Error()), FailureCode: fleet.CommandFailUnencodable,
+				Message: truncateMessage(reasons[i].Error()), FailureCode: codes[i],
 			})
 			if err != nil {
 				return err
+			}
+			if ok && codes[i] == fleet.CommandFailWrongRole {
+				now := s.g.cfg.Clock.Now()
+				if err := s.g.cfg.Recorder.InsertAudits(ctx, tx, []envelope.AuditEntry{{
+					ID: envelope.NewID("aud", now), Time: now, TenantID: c.TenantID, PrincipalID: s.nodeID, PrincipalKind: "node",
+					Action: "commands.deliver", ResourceType: "Command", ResourceID: c.ID, Decision: envelope.DecisionDeny,
+					Result: fleet.CommandFailWrongRole, Detail: truncateMessage(reasons[i].Error()),
+				}}); err != nil {
+					return err
+				}
 			}
 			if ok {
 				evs = append(evs, envelope.Event{
 					Type: "command." + fleet.CommandFailed, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID,
 					Time: s.g.cfg.Clock.Now(), Data: map[string]any{"node_id": s.nodeID, "seq": c.Seq, "kind": c.Kind,
-						"failure_code": fleet.CommandFailUnencodable},
+						"failure_code": codes[i]},
 				})
 			}
 		}
@@ -623,6 +642,11 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 			return nil
 		}
 		terminal, kind = true, c.Kind
+		if g.cfg.CommandDone != nil {
+			if err := g.cfg.CommandDone(ctx, tx, c, next, u.GetMessage(), u.GetResult().AsMap()); err != nil {
+				return err
+			}
+		}
 		now := g.cfg.Clock.Now()
 		evs := []envelope.Event{{
 			Type: "command." + next, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID, Time: now,

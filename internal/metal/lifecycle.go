@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -174,6 +175,11 @@ type Target struct {
 	BMCAddress      string
 	Credentials     bmc.Credentials
 	HardwareProfile string
+	// DiscoveryToken is set on a power.cycle into the ramdisk (or rescue)
+	// when the control plane mints them: the single-use token the site's
+	// iPXE script puts on the ramdisk's kernel command line (pxe.Ramdisk's
+	// Token). A secret: never log it.
+	DiscoveryToken string
 }
 
 // SiteAgent carries out steps at one site: BMC calls and ramdisk commands.
@@ -188,6 +194,20 @@ type SiteAgent interface {
 	// is asked directly rather than run as a workflow step.
 	PowerStatus(ctx context.Context, t Target) (bmc.PowerState, error)
 }
+
+// RamdiskAgent carries the ramdisk's steps (RamdiskKinds) to the ramdisk
+// node that joined for the machine's boot, as fleet commands keyed by the
+// step's idempotency key; Dispatch and Lookup have the provision.StepRunner
+// contract.
+type RamdiskAgent interface {
+	Dispatch(ctx context.Context, t Target, nodeID string, run provision.StepRun) (provision.Dispatched, error)
+	Lookup(ctx context.Context, t Target, nodeID string, run provision.StepRun) (provision.Outcome, error)
+}
+
+// RamdiskKinds are the step kinds a RamdiskAgent runs on the machine's
+// ramdisk; the others (power, burn-in, configure, and the image write until
+// sites serve images to ramdisks) stay with the site agent.
+var RamdiskKinds = []string{KindInventory, KindDiskWipe}
 
 // Agents holds the site agents connected to this replica, by site id.
 type Agents struct {
@@ -240,6 +260,13 @@ type Config struct {
 	// Engine tunes the provision engine (Lease, SweepInterval, ...); its
 	// DB, Recorder, Profiles, Runners and OnEnd are the runtime's.
 	Engine provision.Config
+	// DiscoveryPin returns the gateway's pin for discovery tokens; nil
+	// mints none (an in-process site agent plays the ramdisk).
+	DiscoveryPin func() string
+	// RamdiskEnded retires the nodes of a machine's ramdisk boot when its
+	// workflow ends, in the workflow's transaction: a ramdisk's identity
+	// lives for one boot.
+	RamdiskEnded func(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }
 
 // Runtime is the machine lifecycle: the provision engine with the machine
@@ -249,11 +276,16 @@ type Runtime struct {
 	Engine *provision.Engine
 	// Agents are the site agents steps go to.
 	Agents *Agents
-	db     *store.DB
-	rec    envelope.Recorder
-	sealer Sealer
-	clock  clock.Clock
-	log    *slog.Logger
+	// Ramdisk, when set, runs RamdiskKinds on the machine's joined ramdisk
+	// node instead of the site agent.
+	Ramdisk RamdiskAgent
+	pin     func() string
+	ended   func(ctx context.Context, tx store.Tx, nodeIDs []string) error
+	db      *store.DB
+	rec     envelope.Recorder
+	sealer  Sealer
+	clock   clock.Clock
+	log     *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
@@ -261,7 +293,7 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("metal: DB is required")
 	}
-	r := &Runtime{Agents: &Agents{}, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
+	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, ended: cfg.RamdiskEnded, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
 		clock: cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock()), log: cmp.Or(cfg.Logger, slog.Default())}
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
@@ -427,17 +459,59 @@ func (s stepRunner) Dispatch(ctx context.Context, run provision.StepRun) (provis
 	if err != nil {
 		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
 	}
+	nodeID, err := s.ramdiskNode(ctx, run)
+	if err != nil {
+		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+	}
+	if nodeID != "" {
+		return s.r.Ramdisk.Dispatch(ctx, t, nodeID, run)
+	}
 	agent, ok := s.r.Agents.get(t.SiteID)
 	if !ok {
 		return provision.Dispatched{}, fmt.Errorf("%w: site %s has no connected site agent", provision.ErrNotDispatched, t.SiteID)
 	}
+	if boot, _ := run.Params["boot"].(string); run.Kind == KindPowerCycle && (boot == BootRamdisk || boot == BootRescue) {
+		var m Machine
+		if err := s.r.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			m, err = MachineByID(ctx, tx, run.TargetID, "")
+			return err
+		}); err != nil {
+			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+		if t.DiscoveryToken, err = s.r.mintDiscovery(ctx, m); err != nil {
+			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+	}
 	return agent.Dispatch(ctx, t, run)
+}
+
+// ramdiskNode is the node of the ramdisk that joined through the gateway
+// for run's workflow, when run is a ramdisk step and a RamdiskAgent is
+// configured; "" sends the step to the site agent (whose in-process
+// ramdisk, like bctest.SimSite's, joined without a node).
+func (s stepRunner) ramdiskNode(ctx context.Context, run provision.StepRun) (string, error) {
+	if s.r.Ramdisk == nil || !slices.Contains(RamdiskKinds, run.Kind) {
+		return "", nil
+	}
+	var nodeID string
+	err := s.r.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		nodeID, _, err = ramdiskOf(ctx, tx, run.TargetID, run.WorkflowID)
+		return err
+	})
+	return nodeID, err
 }
 
 func (s stepRunner) Lookup(ctx context.Context, run provision.StepRun) (provision.Outcome, error) {
 	t, err := s.r.target(ctx, run.TargetID)
 	if err != nil {
 		return provision.Outcome{}, err
+	}
+	nodeID, err := s.ramdiskNode(ctx, run)
+	if err != nil {
+		return provision.Outcome{}, err
+	}
+	if nodeID != "" {
+		return s.r.Ramdisk.Lookup(ctx, t, nodeID, run)
 	}
 	agent, ok := s.r.Agents.get(t.SiteID)
 	if !ok {
@@ -465,14 +539,38 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 		return err
 	}
 	now := r.clock.Now()
-	var failedLogs string
+	_, ramdiskKey, err := ramdiskOf(ctx, tx, m.ID, w.ID)
+	if err != nil {
+		return err
+	}
+	// The ramdisk boot is over: its discovery tokens go, and the nodes
+	// its ramdisks joined as are retired.
+	nodes, err := ramdiskNodes(ctx, tx, m.ID)
+	if err != nil {
+		return err
+	}
+	if len(nodes) > 0 && r.ended != nil {
+		if err := r.ended(ctx, tx, nodes); err != nil {
+			return err
+		}
+	}
+	if err := discoveryDelete(ctx, tx, m.ID); err != nil {
+		return err
+	}
+	var failedLogs, wipeStep string
+	var wipeErr error
 	for _, s := range full.Steps {
 		if s.State == provision.StepSucceeded {
 			switch s.Kind {
 			case KindInventory:
 				m.Inventory = s.Output
 			case KindDiskWipe:
-				m.EraseRecord = s.Output
+				rec, err := attestedWipe(s.Output, ramdiskKey, m.ID, w.ID)
+				if err != nil {
+					wipeStep, wipeErr = s.Name, err
+					continue
+				}
+				m.EraseRecord = rec
 			}
 		}
 		if s.Name == w.FailedStep && s.Phase == provision.PhaseMain {
@@ -497,6 +595,11 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 		}
 		return r.rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "machine.power", TenantID: m.TenantID,
 			ResourceType: "Machine", ResourceID: m.ID, Time: now, Data: data}})
+	}
+	if wipeErr != nil && w.State == provision.WorkflowSucceeded {
+		// A machine returns to ready only after a wipe the control plane
+		// verified: an unsigned or forged record fails it.
+		return r.refuseWipe(ctx, tx, &m, op, wipeStep, wipeErr)
 	}
 	if w.State == provision.WorkflowSucceeded {
 		m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs = "", "", "", ""

@@ -260,3 +260,37 @@ func TestRescueExpires(t *testing.T) {
 	booted := sm.Booted()
 	require.Equal(t, []string{"rescue", "disk"}, booted[len(booted)-2:])
 }
+
+// TestForgedWipeRefused: a wipe record signed with a key other than the
+// one the machine's ramdisk joined with is refused: the machine fails
+// instead of becoming ready, keeps no erase record, and the refusal is
+// audited. Its discovery tokens are gone with the workflow.
+func TestForgedWipeRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	sm := f.sim.AddMachine(t, "m1")
+	m := f.enroll(t, sm)
+	f.sim.ForgeWipes(true)
+	_, err := f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	got := f.waitIdle(t, "m1")
+	require.Equal(t, "failed", got.GetState())
+	require.Equal(t, "wipe", got.GetFailedStep())
+	require.Contains(t, got.GetFailureReason(), "the wipe result was refused")
+	require.Contains(t, got.GetFailureReason(), "signature does not verify")
+	require.Nil(t, got.GetEraseRecord())
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM audit_log WHERE action = 'machines.attestWipe' AND resource_id = $1 AND decision = 'deny'`, m.GetId()))
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM machine_discovery_tokens WHERE machine_id = $1`, m.GetId()))
+
+	// An honest ramdisk's wipe takes it to ready, with the attested record.
+	f.sim.ForgeWipes(false)
+	_, err = f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	got = f.waitIdle(t, "m1")
+	require.Equal(t, "ready", got.GetState(), "failure: %s %s", got.GetFailedStep(), got.GetFailureReason())
+	rec := got.GetEraseRecord().GetFields()
+	require.True(t, rec["attested"].GetBoolValue())
+	require.NotEmpty(t, rec["signature"].GetStringValue())
+	require.Equal(t, m.GetId(), rec["machine_id"].GetStringValue())
+}
