@@ -159,10 +159,23 @@ func (g *Gateway) open(stream grpc.BidiStreamingServer[agentv1.AgentMessage, age
 			return s, s.sendError(err)
 		}
 	}
+	s.siteAlive()
 	if err := s.sync(); err != nil {
 		return s, s.fail(err)
 	}
 	return s, nil
+}
+
+// siteAlive tells the site hooks a site agent is alive. A failure is
+// logged, not fatal: the next heartbeat tries again, and a lease not
+// renewed only expires.
+func (s *session) siteAlive() {
+	if s.ident.Role != RoleSite || s.g.cfg.Sites == nil {
+		return
+	}
+	if err := s.g.cfg.Sites.SiteAlive(s.ctx, s.nodeID); err != nil {
+		s.log.Warn("site agent's boot lease not renewed", "err", err)
+	}
 }
 
 // close ends the session's context (which stops its receive goroutine) and,
@@ -412,6 +425,22 @@ func (s *session) deliver(cmds []fleet.Command) error {
 	var reasons []error
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
+		if s.ident.Role == RoleSite && s.g.cfg.Sites != nil {
+			p, err := s.g.cfg.Sites.SiteCommandParams(s.ctx, s.nodeID, c)
+			switch {
+			case errors.Is(err, fleet.ErrCommandFenced) && c.State == "pending":
+				s.log.Warn("command fenced; failed", "command", c.ID, "err", err)
+				unencodable, reasons = append(unencodable, c), append(reasons, err)
+				s.cursor = seqOf(c)
+				continue
+			case errors.Is(err, fleet.ErrCommandFenced):
+				// Delivered before: the agent answers it from its log.
+			case err != nil:
+				return err
+			default:
+				c.Params = p
+			}
+		}
 		m, err := commandMessage(c)
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
@@ -437,9 +466,13 @@ func (s *session) deliver(cmds []fleet.Command) error {
 	return s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		var evs []envelope.Event
 		for i, c := range unencodable {
+			code := fleet.CommandFailUnencodable
+			if errors.Is(reasons[i], fleet.ErrCommandFenced) {
+				code = fleet.CommandFailFenced
+			}
 			ok, err := fleet.CommandUpdate(ctx, tx, &fleet.CommandUpdateParams{
 				ID: c.ID, FromState: c.State, State: fleet.CommandFailed, Progress: c.Progress,
-				Message: truncateMessage(reasons[i].Error()), FailureCode: fleet.CommandFailUnencodable,
+				Message: truncateMessage(reasons[i].Error()), FailureCode: code,
 			})
 			if err != nil {
 				return err
@@ -448,7 +481,7 @@ func (s *session) deliver(cmds []fleet.Command) error {
 				evs = append(evs, envelope.Event{
 					Type: "command." + fleet.CommandFailed, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID,
 					Time: s.g.cfg.Clock.Now(), Data: map[string]any{"node_id": s.nodeID, "seq": c.Seq, "kind": c.Kind,
-						"failure_code": fleet.CommandFailUnencodable},
+						"failure_code": code},
 				})
 			}
 		}
@@ -499,6 +532,7 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		return invalid("hello: sent twice on one session")
 	case *agentv1.AgentMessage_Heartbeat:
 		s.g.beats.add(s.nodeID)
+		s.siteAlive()
 		s.g.metrics.heartbeat(s.nodeID, s.node.Name, msg.Heartbeat.GetGpus())
 	case *agentv1.AgentMessage_Status:
 		// A status report is a sign of life too.
@@ -623,6 +657,13 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 			return nil
 		}
 		terminal, kind = true, c.Kind
+		if s.ident.Role == RoleSite && g.cfg.Sites != nil {
+			ended := c
+			ended.State, ended.Progress, ended.Message, ended.Result, ended.FailureCode = next, int(progress), u.GetMessage(), result, u.GetFailureCode()
+			if err := g.cfg.Sites.SiteCommandEnded(ctx, tx, ended); err != nil {
+				return err
+			}
+		}
 		now := g.cfg.Clock.Now()
 		evs := []envelope.Event{{
 			Type: "command." + next, TenantID: c.TenantID, ResourceType: "Command", ResourceID: c.ID, Time: now,
