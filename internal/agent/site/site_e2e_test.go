@@ -304,3 +304,74 @@ func TestSiteAgentPowerCycle(t *testing.T) {
 	require.Zero(t, other.Calls(), "no machine of another site was touched")
 	require.Equal(t, []string{"succeeded:"}, f.commands(t, metal.CommandBMCPower))
 }
+
+// TestSiteAgentStandbyTakeover: a second site agent of the site waits as a
+// standby while the first holds the boot lease, and takes it over under a
+// new epoch only once it expired; BMC steps then go to it.
+func TestSiteAgentStandbyTakeover(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	power := &countingPower{}
+	f.machine(t, "dc1", "m1", "52:54:00:00:03:01", power)
+	a := startSiteAgent(t, f.cp, t.TempDir(), f.siteToken(t, "dc1"))
+	bctest.WaitFor(t, "the first agent to hold the lease", func() bool { return f.lease(t).HolderNodeID == a.ag.NodeID() })
+	b := startSiteAgent(t, f.cp, t.TempDir(), f.siteToken(t, "dc1"))
+	bctest.WaitFor(t, "the standby to connect", b.ag.Connected)
+	l := f.lease(t)
+	require.Equal(t, a.ag.NodeID(), l.HolderNodeID, "a live lease stays with its holder")
+	require.EqualValues(t, 1, l.Epoch)
+	require.Zero(t, b.site.Epoch(), "the standby was sent nothing")
+
+	a.stop()
+	require.Equal(t, a.ag.NodeID(), f.lease(t).HolderNodeID, "the lease outlives its holder's session until it expires")
+	f.cp.Clock.Advance(metal.DefaultBootLeaseTTL + time.Second)
+	bctest.WaitFor(t, "the standby to take the lease over", func() bool { return f.lease(t).HolderNodeID == b.ag.NodeID() })
+	require.EqualValues(t, 2, f.lease(t).Epoch)
+	bctest.WaitFor(t, "the new holder to get the machines under epoch 2", func() bool { return b.site.Epoch() == 2 && len(b.site.Machines()) == 1 })
+
+	_, err := f.admin.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	bctest.WaitFor(t, "the power cycle to succeed through the new holder", func() bool {
+		return step(f.workflow(t, "m1"), "boot-ramdisk").State == provision.StepSucceeded
+	})
+	require.Equal(t, 1, power.Calls())
+}
+
+// TestSiteAgentKilledMidStep: bcd stops while a power cycle is out to the
+// BMC; restarted, it does not send it again, and the provision engine —
+// which cannot tell whether it happened — fails the destructive step with
+// an unknown outcome instead of dispatching it again.
+func TestSiteAgentKilledMidStep(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	power := &countingPower{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	f.machine(t, "dc1", "m1", "52:54:00:00:04:01", power)
+	dir := t.TempDir()
+	a := startSiteAgent(t, f.cp, dir, f.siteToken(t, "dc1"))
+	bctest.WaitFor(t, "the machine list to reach the site agent", func() bool { return len(a.site.Machines()) == 1 })
+
+	_, err := f.admin.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	bctest.Receive(t, "the power cycle to reach the BMC", power.entered)
+	a.stop()
+	close(power.gate)
+
+	startSiteAgent(t, f.cp, dir, "") // the same bcd, restarted from its state directory
+	bctest.WaitFor(t, "the interrupted command to be reported", func() bool {
+		states := f.commands(t, metal.CommandBMCPower)
+		return len(states) == 1 && states[0] == "failed:INTERRUPTED"
+	})
+	f.cp.Clock.Advance(6 * time.Minute) // past the step's deadline
+	bctest.WaitFor(t, "the engine to give the step up", func() bool {
+		_, err := f.cp.App.Metal.Engine.Sweep(ctx)
+		require.NoError(t, err)
+		return f.workflow(t, "m1").State != provision.WorkflowRunning
+	})
+	w := f.workflow(t, "m1")
+	require.Equal(t, provision.WorkflowFailed, w.State)
+	require.Equal(t, "boot-ramdisk", w.FailedStep)
+	require.Len(t, f.commands(t, metal.CommandBMCPower), 1, "the destructive command was sent once")
+	require.Equal(t, 1, power.Calls(), "and reached the BMC once")
+}
