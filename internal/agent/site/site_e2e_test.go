@@ -375,3 +375,35 @@ func TestSiteAgentKilledMidStep(t *testing.T) {
 	require.Len(t, f.commands(t, metal.CommandBMCPower), 1, "the destructive command was sent once")
 	require.Equal(t, 1, power.Calls(), "and reached the BMC once")
 }
+
+// TestSiteTokens: a site token binds its site (shown on the token and on
+// the joined node); a site on another role's token, or a site the tenant
+// does not have, is refused with the field and why.
+func TestSiteTokens(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	create := func(role, site string) (*apiv1.CreateJoinTokenResponse, error) {
+		res, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "infra", Role: role, Site: site}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+	_, err := create("node", "dc1")
+	require.ErrorContains(t, err, "site: only a site token (role site) is bound to a site")
+	_, err = create("site", "nowhere")
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err))
+	_, err = create("site", "Bad Name!")
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+
+	tok, err := create("site", f.site.GetId())
+	require.NoError(t, err)
+	require.Equal(t, f.site.GetId(), tok.GetJoinToken().GetSiteId())
+	sa := startSiteAgent(t, f.cp, t.TempDir(), tok.GetToken())
+	var siteID string
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT site_id FROM nodes WHERE id = $1`, sa.ag.NodeID()).Scan(&siteID)
+	}))
+	require.Equal(t, f.site.GetId(), siteID, "the joined node acts for the token's site")
+}
