@@ -24,11 +24,11 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent"
-	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/hw"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
+	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
 )
 

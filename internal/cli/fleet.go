@@ -488,8 +488,8 @@ func (a *app) joinTokensCommand() *cobra.Command {
 
 	var (
 		project, pool, role, site, confirmationID string
-		labels                              []string
-		ttl                                 time.Duration
+		labels                                    []string
+		ttl                                       time.Duration
 	)
 	create := &cobra.Command{
 		Use:   "create --tenant T --project P",

@@ -68,9 +68,9 @@ type SiteHooks interface {
 	// site's boot lease is renewed, taken, or left to its holder.
 	SiteAlive(ctx context.Context, nodeID string) error
 	// SiteCommandParams are the params a site agent's command goes out
-	// with (secrets opened for delivery only). fleet.ErrCommandFenced: a
-	// pending command is failed instead of sent; one already delivered
-	// goes out as stored.
+	// with (secrets opened for delivery only). On an error a pending
+	// command is failed instead of sent (STALE_EPOCH for
+	// fleet.ErrCommandFenced); one already delivered goes out as stored.
 	SiteCommandParams(ctx context.Context, nodeID string, c fleet.Command) (string, error)
 	// SiteCommandEnded: a site agent's command reached a final state (c
 	// holds it), in the transaction that records it.

@@ -428,15 +428,15 @@ func (s *session) deliver(cmds []fleet.Command) error {
 		if s.ident.Role == RoleSite && s.g.cfg.Sites != nil {
 			p, err := s.g.cfg.Sites.SiteCommandParams(s.ctx, s.nodeID, c)
 			switch {
-			case errors.Is(err, fleet.ErrCommandFenced) && c.State == "pending":
-				s.log.Warn("command fenced; failed", "command", c.ID, "err", err)
+			case err != nil && c.State == "pending":
+				// Never sent: failed with the reason, so the step that
+				// queued it knows it did not run.
+				s.log.Warn("site command not deliverable; failed", "command", c.ID, "err", err)
 				unencodable, reasons = append(unencodable, c), append(reasons, err)
 				s.cursor = seqOf(c)
 				continue
-			case errors.Is(err, fleet.ErrCommandFenced):
-				// Delivered before: the agent answers it from its log.
 			case err != nil:
-				return err
+				// Delivered before: the agent answers it from its log.
 			default:
 				c.Params = p
 			}

@@ -229,7 +229,7 @@ type Runtime struct {
 	Agents *Agents
 	// Sites reaches bcd site agents through the gateway (the app hands it
 	// to the gateway as its site hooks).
-	Sites *SiteCommands
+	Sites  *SiteCommands
 	db     *store.DB
 	rec    envelope.Recorder
 	sealer Sealer
