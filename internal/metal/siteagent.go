@@ -213,7 +213,7 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 		now := s.r.clock.Now()
 		l, err := BootLeaseGet(ctx, tx, t.SiteID, "")
 		if errors.Is(err, store.ErrNotFound) || err == nil && !l.Live(now) {
-			return fmt.Errorf("%w: no site agent holds the boot lease of site %s", provision.ErrNotDispatched, t.SiteID)
+			return fmt.Errorf("%w: site %s has no connected site agent (none holds its boot lease)", provision.ErrNotDispatched, t.SiteID)
 		}
 		if err != nil {
 			return err
