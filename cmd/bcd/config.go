@@ -36,6 +36,14 @@ type options struct {
 	otlpInsecure  bool
 	imageKeys     string
 	spoolDir      string
+	site          siteOptions
+}
+
+// siteOptions configure --mode site's provisioning services.
+type siteOptions struct {
+	iface, dhcpMode, serverIP, subnet, rangeSpec, router string
+	bootDir, filesDir, cacheDir, httpListen              string
+	kernel, initrd, cmdline                              string
 }
 
 func (o *options) register(fs *flag.FlagSet) {
@@ -59,6 +67,19 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	fs.StringVar(&o.imageKeys, "trusted-image-keys", "", "ramdisk mode: PEM file of the public keys image.write accepts signatures of (besides the keys each command names)")
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "ramdisk mode: where a downloaded image waits until it verified (default the temp dir)")
+	fs.StringVar(&o.site.iface, "site-interface", "", "site mode: the provisioning network's interface DHCP binds to")
+	fs.StringVar(&o.site.dhcpMode, "site-dhcp", "proxy", "site mode: proxy (proxyDHCP beside the network's DHCP server) or full (hand out --site-range)")
+	fs.StringVar(&o.site.serverIP, "site-server-ip", "", "site mode: this host's address on the provisioning network (TFTP next-server, script URLs); required")
+	fs.StringVar(&o.site.subnet, "site-subnet", "", "site mode, full DHCP: the provisioning subnet, e.g. 10.0.0.0/24")
+	fs.StringVar(&o.site.rangeSpec, "site-range", "", "site mode, full DHCP: addresses handed out, FIRST-LAST")
+	fs.StringVar(&o.site.router, "site-router", "", "site mode, full DHCP: the default gateway handed out (optional)")
+	fs.StringVar(&o.site.bootDir, "site-boot-dir", "/usr/lib/ipxe", "site mode: directory of the iPXE chainload binaries TFTP serves")
+	fs.StringVar(&o.site.filesDir, "site-files-dir", "", "site mode: directory HTTP serves kernels, initrds and images from by name")
+	fs.StringVar(&o.site.cacheDir, "site-cache-dir", "", "site mode: content-addressed image cache (default STATE_DIR/cache)")
+	fs.StringVar(&o.site.httpListen, "site-http-listen", ":80", "site mode: address of the HTTP server for iPXE scripts and files")
+	fs.StringVar(&o.site.kernel, "site-ramdisk-kernel", "", "site mode: the commissioning ramdisk's kernel (a file in --site-files-dir, sha256:…, or a URL)")
+	fs.StringVar(&o.site.initrd, "site-ramdisk-initrd", "", "site mode: the commissioning ramdisk's initrd (as --site-ramdisk-kernel)")
+	fs.StringVar(&o.site.cmdline, "site-ramdisk-cmdline", "", "site mode: the ramdisk's kernel command line")
 }
 
 // fileConfig is the config file; keys are the flag names with underscores.
@@ -74,6 +95,20 @@ type fileConfig struct {
 	LogLevel      string `toml:"log_level" yaml:"log_level"`
 	TokenEnvFile  string `toml:"token_env_file" yaml:"token_env_file"`
 	OTLPEndpoint  string `toml:"otlp_endpoint" yaml:"otlp_endpoint"`
+
+	SiteInterface     string `toml:"site_interface" yaml:"site_interface"`
+	SiteDHCP          string `toml:"site_dhcp" yaml:"site_dhcp"`
+	SiteServerIP      string `toml:"site_server_ip" yaml:"site_server_ip"`
+	SiteSubnet        string `toml:"site_subnet" yaml:"site_subnet"`
+	SiteRange         string `toml:"site_range" yaml:"site_range"`
+	SiteRouter        string `toml:"site_router" yaml:"site_router"`
+	SiteBootDir       string `toml:"site_boot_dir" yaml:"site_boot_dir"`
+	SiteFilesDir      string `toml:"site_files_dir" yaml:"site_files_dir"`
+	SiteCacheDir      string `toml:"site_cache_dir" yaml:"site_cache_dir"`
+	SiteHTTPListen    string `toml:"site_http_listen" yaml:"site_http_listen"`
+	SiteRamdiskKernel string `toml:"site_ramdisk_kernel" yaml:"site_ramdisk_kernel"`
+	SiteRamdiskInitrd string `toml:"site_ramdisk_initrd" yaml:"site_ramdisk_initrd"`
+	SiteRamdiskCmd    string `toml:"site_ramdisk_cmdline" yaml:"site_ramdisk_cmdline"`
 }
 
 var errConfigMode = errors.New("config file must not be readable or writable by group or others (chmod 600)")
@@ -128,6 +163,19 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("log-level", &o.logLevel, fc.LogLevel)
 	pick("token-env-file", &o.tokenEnvFile, fc.TokenEnvFile)
 	pick("otlp-endpoint", &o.otlpEndpoint, fc.OTLPEndpoint)
+	pick("site-interface", &o.site.iface, fc.SiteInterface)
+	pick("site-dhcp", &o.site.dhcpMode, fc.SiteDHCP)
+	pick("site-server-ip", &o.site.serverIP, fc.SiteServerIP)
+	pick("site-subnet", &o.site.subnet, fc.SiteSubnet)
+	pick("site-range", &o.site.rangeSpec, fc.SiteRange)
+	pick("site-router", &o.site.router, fc.SiteRouter)
+	pick("site-boot-dir", &o.site.bootDir, fc.SiteBootDir)
+	pick("site-files-dir", &o.site.filesDir, fc.SiteFilesDir)
+	pick("site-cache-dir", &o.site.cacheDir, fc.SiteCacheDir)
+	pick("site-http-listen", &o.site.httpListen, fc.SiteHTTPListen)
+	pick("site-ramdisk-kernel", &o.site.kernel, fc.SiteRamdiskKernel)
+	pick("site-ramdisk-initrd", &o.site.initrd, fc.SiteRamdiskInitrd)
+	pick("site-ramdisk-cmdline", &o.site.cmdline, fc.SiteRamdiskCmd)
 }
 
 func (o *options) validate() error {

@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
+	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
 )
 
@@ -147,11 +148,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			log.Warn("spans were lost at shutdown", "err", err)
 		}
 	}()
+	// Site mode: the BMC commands' handler and the provisioning services
+	// (DHCP, TFTP, HTTP) deciding each machine's boot from the control
+	// plane's machine list.
+	var (
+		handler agent.CommandHandler
+		pxeCfg  *pxe.Config
+	)
+	if mode == agentv1.AgentMode_AGENT_MODE_SITE {
+		sa, pc, err := o.siteServices(log)
+		if err != nil {
+			if backend != nil {
+				_ = backend.Close()
+			}
+			return err
+		}
+		handler, pxeCfg = sa, &pc
+	}
 	a, err := agent.New(agent.Config{
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
-		Tracing: tp,
+		Tracing: tp, Commands: handler,
 	})
 	if err != nil {
 		if backend != nil {
@@ -195,6 +213,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			defer cancel()
 			_ = srv.Shutdown(sctx)
 		}()
+	}
+	if pxeCfg != nil {
+		srv, err := pxe.New(*pxeCfg)
+		if err != nil {
+			return err
+		}
+		if err := srv.Start(ctx); err != nil {
+			return err
+		}
+		defer func() { _ = srv.Close() }()
 	}
 	log.Info("bcd running", "node_id", a.NodeID(), "server", o.server, "version", version)
 	// On SIGTERM (or SIGINT) Run says goodbye to the gateway, which marks

@@ -90,6 +90,9 @@ type Config struct {
 	// probe attaches it once to a throw-away cgroup: only where that works
 	// does bcd advertise devices.limits.
 	DeviceFilter devfilter.Attacher
+	// Commands applies the command kinds bcd does not know itself (site
+	// mode's bmc.power and site.machines); nil leaves them UNKNOWN_KIND.
+	Commands CommandHandler
 	// Tracing records a span per command applied, a child of the span
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).

@@ -351,8 +351,25 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 			AllocationId: id, CommandId: c.GetId(), KilledProcesses: uint32(killed),
 		}}}}}, nil
 	}
+	if a.cfg.Commands != nil {
+		res, err := a.cfg.Commands.Apply(ctx, c)
+		return outcome{result: res}, err
+	}
 	return outcome{}, fail(FailUnknownKind, fmt.Errorf("unknown command kind %q", c.GetKind()))
 }
+
+// CommandHandler applies command kinds of a mode of bcd (Config.Commands).
+// Apply runs at most once per command (bcd's command log sees to it) and
+// returns the command's result; an error made with CommandError carries
+// its failure code, and a canceled ctx means bcd stopped or the command
+// was canceled.
+type CommandHandler interface {
+	Apply(ctx context.Context, c *agentv1.Command) (*structpb.Struct, error)
+}
+
+// CommandError is a command failure with its failure code
+// (CommandUpdate.failure_code).
+func CommandError(code string, err error) error { return fail(code, err) }
 
 // deviceAssignment decodes Command.params, the JSON form of a
 // DeviceAssignment (protojson: either field-name spelling, 64-bit numbers

@@ -250,6 +250,7 @@ type App struct {
 	hub        *events.Hub
 	recorder   recorder
 	fleetHooks lateHooks
+	siteHooks  lateSites
 	execHub    *execrelay.Hub
 	discovery  *discovery
 	conns      *connMetrics
@@ -389,6 +390,8 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		return nil, err
 	}
 	a.Metal.AddWorkers(workers)
+	a.Metal.Sites.SetNotifier(a.Gateway)
+	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
@@ -452,7 +455,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 	a.execHub = execrelay.New()
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, Hooks: &a.fleetHooks, Exec: a.execHub, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
@@ -510,6 +513,31 @@ func (a *App) Stop() {
 		a.Capacity.Engine.Stop()
 	}
 	a.stopTracing()
+}
+
+// lateSites hands the gateway the machine lifecycle's site hooks, which
+// are built after it.
+type lateSites struct{ s *metal.SiteCommands }
+
+func (l *lateSites) SiteAlive(ctx context.Context, nodeID string) error {
+	if l.s == nil {
+		return errors.New("the machine lifecycle is not built yet")
+	}
+	return l.s.SiteAlive(ctx, nodeID)
+}
+
+func (l *lateSites) SiteCommandParams(ctx context.Context, nodeID string, c fleet.Command) (string, error) {
+	if l.s == nil {
+		return "", errors.New("the machine lifecycle is not built yet")
+	}
+	return l.s.SiteCommandParams(ctx, nodeID, c)
+}
+
+func (l *lateSites) SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.Command) error {
+	if l.s == nil {
+		return nil
+	}
+	return l.s.SiteCommandEnded(ctx, tx, c)
 }
 
 // lateHooks hands the gateway capacity's hooks, which are built after it.

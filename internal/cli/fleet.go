@@ -487,9 +487,9 @@ func (a *app) joinTokensCommand() *cobra.Command {
 	var tenant string
 
 	var (
-		project, pool, role, confirmationID string
-		labels                              []string
-		ttl                                 time.Duration
+		project, pool, role, site, confirmationID string
+		labels                                    []string
+		ttl                                       time.Duration
 	)
 	create := &cobra.Command{
 		Use:   "create --tenant T --project P",
@@ -516,7 +516,7 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 			var resp *connect.Response[apiv1.CreateJoinTokenResponse]
 			err = a.retry(cmd.Context(), func() (err error) {
 				resp, err = c.JoinTokens.Create(cmd.Context(), request(&apiv1.CreateJoinTokenRequest{
-					Tenant: t, Project: project, Pool: pool, Labels: lm, TtlSeconds: int64(ttl / time.Second), Role: role,
+					Tenant: t, Project: project, Pool: pool, Labels: lm, TtlSeconds: int64(ttl / time.Second), Role: role, Site: site,
 				}, m))
 				return err
 			})
@@ -535,6 +535,7 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 	create.Flags().StringArrayVar(&labels, "label", nil, "label k=v the nodes get (repeatable)")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 1h (default 1h, at most 168h)")
 	create.Flags().StringVar(&role, "role", "", "role of the joining agent: node (default), site or ramdisk; a bcd in another mode is refused")
+	create.Flags().StringVar(&site, "site", "", "site a site token (--role site) binds its agent to (name or id)")
 	addConfirmationFlag(create, &confirmationID)
 
 	var limit int
@@ -589,10 +590,10 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 }
 
 func joinTokenTable(w io.Writer, items ...*apiv1.JoinToken) {
-	row(w, "ID", "STATE", "ROLE", "TENANT", "PROJECT", "POOL", "LABELS", "EXPIRES", "NODE")
+	row(w, "ID", "STATE", "ROLE", "TENANT", "PROJECT", "POOL", "LABELS", "EXPIRES", "NODE", "SITE")
 	for _, t := range items {
 		row(w, t.GetId(), t.GetState(), dash(t.GetRole()), t.GetTenantId(), t.GetProjectId(), dash(t.GetPool()), dash(labelString(t.GetLabels())),
-			ts(t.GetExpireTime()), dash(t.GetNodeId()))
+			ts(t.GetExpireTime()), dash(t.GetNodeId()), dash(t.GetSiteId()))
 	}
 }
 

@@ -190,7 +190,7 @@ func (s fakeJoinTokens) Create(_ context.Context, req *connect.Request[apiv1.Cre
 	m := req.Msg
 	return connect.NewResponse(&apiv1.CreateJoinTokenResponse{
 		JoinToken: &apiv1.JoinToken{Id: "jtk_1", TenantId: m.GetTenant(), ProjectId: m.GetProject(), Pool: m.GetPool(), Labels: m.GetLabels(), Role: m.GetRole(),
-			State: "active", CreateTime: created, ExpireTime: timestamppb.New(created.AsTime().Add(time.Duration(m.GetTtlSeconds()) * time.Second))},
+			SiteId: m.GetSite(), State: "active", CreateTime: created, ExpireTime: timestamppb.New(created.AsTime().Add(time.Duration(m.GetTtlSeconds()) * time.Second))},
 		Token: "bcjt_PIN.sealed-token",
 	}), nil
 }
@@ -356,6 +356,14 @@ func TestJoinTokensCLI(t *testing.T) {
 	require.Equal(t, "jtk_1", created.JoinToken.Id)
 	site := b.ok(t, "join-tokens", "create", "--tenant", "acme", "--project", "web", "--role", "site")
 	require.Regexp(t, `jtk_1\s+active\s+site\s`, site, "the role the token binds is shown")
+
+	// A site token: role site, bound to its site, printed once.
+	st := b.ok(t, "site-tokens", "create", "--tenant", "acme", "--project", "web", "--site", "dc1")
+	require.Regexp(t, `jtk_1\s+active\s+site\s.*\sdc1\s*\n`, st, "the token's role and site are shown")
+	require.Contains(t, st, "token: bcjt_PIN.sealed-token  (shown once; store it now)")
+	r0 := b.run(t, "", "site-tokens", "create", "--tenant", "acme", "--project", "web")
+	require.Equal(t, 1, r0.code)
+	require.Contains(t, r0.stderr, "site: required")
 
 	list := b.ok(t, "join-tokens", "list", "--tenant", "acme")
 	require.Contains(t, list, "a=1,b=2")

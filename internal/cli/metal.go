@@ -576,3 +576,60 @@ func (a *app) printMachine(cmd *cobra.Command, msg proto.Message, m *apiv1.Machi
 		}
 	})
 }
+
+// siteTokensCommand mints site tokens: join tokens of role site bound to
+// one site, for `bcd --mode site`. They are listed and revoked with
+// join-tokens.
+func (a *app) siteTokensCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "site-tokens", Aliases: []string{"site-token"},
+		Short: "Mint the tokens site agents (bcd --mode site) join a site with"}
+	var (
+		tenant, project, site, confirmationID string
+		ttl                                   time.Duration
+	)
+	create := &cobra.Command{
+		Use:   "create --tenant T --project P --site S",
+		Short: "Create a site token and print it once",
+		Long: `Create a site token: a join token of role site bound to one site. The bcd
+that joins with it (bcd --mode site) acts for that site only, and holds its
+boot lease while connected. The token is printed once and never again;
+list and revoke it with join-tokens.`,
+		Args: positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case site == "":
+				return invalidArg("site", "required: pass --site")
+			case project == "":
+				return invalidArg("project", "required: pass --project (where the site agent's node is listed)")
+			case ttl < 0:
+				return invalidArg("ttl", "must not be negative")
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			m := newCreate(confirmationID)
+			var resp *connect.Response[apiv1.CreateJoinTokenResponse]
+			err = a.retry(cmd.Context(), func() (err error) {
+				resp, err = c.JoinTokens.Create(cmd.Context(), request(&apiv1.CreateJoinTokenRequest{
+					Tenant: t, Project: project, TtlSeconds: int64(ttl / time.Second), Role: "site", Site: site,
+				}, m))
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
+				joinTokenTable(w, resp.Msg.GetJoinToken())
+				fmt.Fprintf(w, "\ntoken: %s  (shown once; store it now)\n", resp.Msg.GetToken())
+			})
+		},
+	}
+	addTenantFlag(create, &tenant)
+	create.Flags().StringVar(&project, "project", "", "project the site agent's node is listed in (name or id)")
+	create.Flags().StringVar(&site, "site", "", "site the agent acts for (name or id)")
+	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 1h (default 1h, at most 168h)")
+	addConfirmationFlag(create, &confirmationID)
+	cmd.AddCommand(create)
+	return cmd
+}

@@ -82,7 +82,7 @@ func (a *app) command() *cobra.Command {
   Fleet:          nodes, commands, inventory, join-tokens, join-requests
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
-  Bare metal:     sites, machines, workflows
+  Bare metal:     sites, site-tokens, machines, workflows
   Instances:      flavors, ip-pools
   Agents:         mcp
   This CLI:       config, version
@@ -125,7 +125,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.fleetCommands()...)
 	root.AddCommand(a.poolsCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
-	root.AddCommand(a.sitesCommand(), a.machinesCommand(), a.workflowsCommand())
+	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.machinesCommand(), a.workflowsCommand())
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
 	root.AddCommand(a.quotasCommand())

@@ -408,6 +408,15 @@ var ErrCommandUnencodable = errors.New("command params cannot be encoded for the
 // for a different kind or params.
 var ErrCommandKeyReused = errors.New("command idempotency key was used for a different command")
 
+// ErrCommandFenced says a command must not reach its agent any more: it
+// was sent under a site's boot-lease epoch that has passed. A pending one
+// is failed with CommandFailFenced instead of delivered.
+var ErrCommandFenced = errors.New("command fenced")
+
+// CommandFailFenced is the failure code of a command fenced before it was
+// delivered (ErrCommandFenced).
+const CommandFailFenced = "STALE_EPOCH"
+
 // CommandFailUnencodable is the failure code of a command the gateway
 // failed because it cannot be encoded.
 const CommandFailUnencodable = "UNENCODABLE"

@@ -46,8 +46,10 @@ func JoinTokenResource(t JoinToken) iam.Resource {
 func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv1.CreateJoinTokenRequest]) (*connect.Response[apiv1.CreateJoinTokenResponse], error) {
 	msg := req.Msg
 	var (
-		tenant  tenancy.Tenant
-		project tenancy.Project
+		tenant    tenancy.Tenant
+		project   tenancy.Project
+		siteID    string
+		siteFound bool
 	)
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateJoinTokenResponse]{
 		Validate: func() error {
@@ -57,6 +59,13 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			vs.OptionalName("pool", msg.GetPool())
 			validateLabels(&vs, "labels", msg.GetLabels())
 			validateOneOf(&vs, "role", msg.GetRole(), JoinTokenRoles...)
+			if msg.GetSite() != "" {
+				if msg.GetRole() != RoleSite {
+					vs.Add("site", "only a site token (role site) is bound to a site")
+				} else {
+					vs.Ref("site", msg.GetSite(), "site")
+				}
+			}
 			// Compare in seconds: multiplying first overflows and wraps a huge
 			// ttl into an already-expired token.
 			if ttl := msg.GetTtlSeconds(); ttl < 0 || ttl > int64(maxJoinTokenTTL/time.Second) {
@@ -73,6 +82,14 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			if project, err = tenancy.ProjectGet(ctx, q, t.ID, msg.GetProject()); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return iam.Resource{}, err
 			}
+			if msg.GetSite() != "" {
+				if s.deps.Sites == nil {
+					return iam.Resource{}, errNotWired("site resolver")
+				}
+				if siteID, siteFound, err = s.deps.Sites.ResolveSite(ctx, q, t.ID, msg.GetSite()); err != nil {
+					return iam.Resource{}, err
+				}
+			}
 			return iam.Resource{Type: "JoinToken", ID: iam.DraftID, TenantID: t.ID, ProjectID: project.ID,
 				Attrs: map[string]any{"pool": msg.GetPool()}}, nil
 		},
@@ -84,6 +101,8 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 				return nil, envelope.NotFound("tenant", msg.GetTenant())
 			case project.ID == "":
 				return nil, envelope.NotFound("project", msg.GetProject())
+			case msg.GetSite() != "" && !siteFound:
+				return nil, envelope.NotFound("site", msg.GetSite())
 			}
 			labels, err := labelsJSON(msg.GetLabels())
 			if err != nil {
@@ -97,7 +116,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			jt := JoinToken{
 				ID: envelope.NewID(JoinTokenIDPrefix, now), TenantID: tenant.ID, ProjectID: project.ID, Pool: msg.GetPool(),
 				Labels: labels, CreatedBy: tx.Caller().Principal.ID, CreateTime: now, ExpireTime: now.Add(ttl),
-				Role: cmp.Or(msg.GetRole(), RoleNode),
+				Role: cmp.Or(msg.GetRole(), RoleNode), SiteID: siteID,
 			}
 			if err := JoinTokenInsert(ctx, tx, &jt); err != nil {
 				return nil, err
@@ -111,7 +130,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			}
 			tx.SetResource(jt.ID, "")
 			tx.Emit(envelope.Event{Type: "jointoken.created", TenantID: jt.TenantID, ResourceType: "JoinToken", ResourceID: jt.ID,
-				Data: map[string]any{"project_id": jt.ProjectID, "pool": jt.Pool, "role": jt.Role, "expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}})
+				Data: map[string]any{"project_id": jt.ProjectID, "pool": jt.Pool, "role": jt.Role, "site_id": jt.SiteID, "expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}})
 			return &apiv1.CreateJoinTokenResponse{JoinToken: JoinTokenProto(jt, now), Token: token}, nil
 		},
 		// The replay copy sits in the database: it must not hold the token.

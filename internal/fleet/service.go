@@ -57,8 +57,16 @@ type CommandNotifier interface {
 	NotifyCommand(tx store.Tx, nodeID string)
 }
 
+// SiteResolver resolves the site a site token binds (the machine
+// lifecycle implements it): its id, or found false.
+type SiteResolver interface {
+	ResolveSite(ctx context.Context, q store.Querier, tenantID, ref string) (id string, found bool, err error)
+}
+
 // Deps are what the fleet API needs from the rest of the control plane.
 type Deps struct {
+	// Sites resolves site tokens' sites; without it a site cannot be bound.
+	Sites SiteResolver
 	// Revoker is required by NodeService.Delete.
 	Revoker CertRevoker
 	// Sealer is required by JoinTokenService.Create.
@@ -311,7 +319,7 @@ func JoinTokenProto(t JoinToken, now time.Time) *apiv1.JoinToken {
 		Id: t.ID, TenantId: t.TenantID, ProjectId: t.ProjectID, Pool: t.Pool, Labels: labelsMap(t.Labels),
 		CreatedBy: t.CreatedBy, State: t.State(now), CreateTime: timestamppb.New(t.CreateTime),
 		ExpireTime: timestamppb.New(t.ExpireTime), RevokeTime: timestamp(t.RevokeTime), UsedTime: timestamp(t.UsedTime),
-		NodeId: t.NodeID, Role: cmp.Or(t.Role, RoleNode),
+		NodeId: t.NodeID, Role: cmp.Or(t.Role, RoleNode), SiteId: t.SiteID,
 	}
 }
 

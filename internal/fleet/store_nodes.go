@@ -115,16 +115,26 @@ type NodeInsertParams struct {
 	// by a join that never opens a session still turns unreachable.
 	LastHeartbeat *time.Time
 	CreateTime    time.Time
+	// SiteID is the site a site agent joined for (its token's); "" else.
+	SiteID string
 }
 
 // NodeInsert creates a node.
 func NodeInsert(ctx context.Context, tx store.Tx, p *NodeInsertParams) error {
 	_, err := tx.Exec(ctx, `INSERT INTO nodes (id, name, tenant_id, project_id, pool, labels, hardware_key, state, liveness,
-		mode, agent_version, capabilities, last_heartbeat, create_time, update_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)`,
+		mode, agent_version, capabilities, last_heartbeat, create_time, update_time, site_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15)`,
 		p.ID, p.Name, p.TenantID, p.ProjectID, p.Pool, cmp.Or(p.Labels, "{}"), p.HardwareKey, p.State, p.Liveness,
-		cmp.Or(p.Mode, "node"), p.AgentVersion, cmp.Or(p.Capabilities, "[]"), p.LastHeartbeat, p.CreateTime)
+		cmp.Or(p.Mode, "node"), p.AgentVersion, cmp.Or(p.Capabilities, "[]"), p.LastHeartbeat, p.CreateTime, p.SiteID)
 	return err
+}
+
+// NodeSiteID returns the site a node acts for ("" for a node that is not
+// a site agent; store.ErrNotFound when absent).
+func NodeSiteID(ctx context.Context, q store.Querier, id string) (string, error) {
+	var site string
+	err := q.QueryRow(ctx, `SELECT site_id FROM nodes WHERE id = $1`, id).Scan(&site)
+	return site, err
 }
 
 // NodeGet resolves a node by id (nod_…) or name. A non-empty tenantID

@@ -60,9 +60,28 @@ type Hooks interface {
 	NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }
 
+// SiteHooks act for site agents (bcd --mode site, certificate role site):
+// the machine lifecycle's boot lease and BMC commands. Like Hooks, they
+// make no authorization call.
+type SiteHooks interface {
+	// SiteAlive: a site agent's session opened or it sent a heartbeat; the
+	// site's boot lease is renewed, taken, or left to its holder.
+	SiteAlive(ctx context.Context, nodeID string) error
+	// SiteCommandParams are the params a site agent's command goes out
+	// with (secrets opened for delivery only). On an error a pending
+	// command is failed instead of sent (STALE_EPOCH for
+	// fleet.ErrCommandFenced); one already delivered goes out as stored.
+	SiteCommandParams(ctx context.Context, nodeID string, c fleet.Command) (string, error)
+	// SiteCommandEnded: a site agent's command reached a final state (c
+	// holds it), in the transaction that records it.
+	SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.Command) error
+}
+
 // Config configures a Gateway. Zero values take the defaults noted.
 type Config struct {
 	DB *store.DB
+	// Sites, when set, act for site agents' sessions.
+	Sites SiteHooks
 	// Hooks, when set, act on what nodes report in the gateway's own
 	// transactions (capacity keeps atoms and reservations in step).
 	Hooks Hooks

@@ -240,7 +240,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 	err = fleet.NodeInsert(ctx, tx, &fleet.NodeInsertParams{
 		ID: nodeID, Name: name, TenantID: tok.TenantID, ProjectID: tok.ProjectID, Pool: tok.Pool, Labels: tok.Labels,
 		HardwareKey: hwKey, State: fleet.NodeJoining, Liveness: fleet.LivenessReady, Mode: mode,
-		AgentVersion: req.GetAgentVersion(), LastHeartbeat: &now, CreateTime: now,
+		AgentVersion: req.GetAgentVersion(), LastHeartbeat: &now, CreateTime: now, SiteID: tok.SiteID,
 	})
 	if errors.Is(err, store.ErrUnique) {
 		// A concurrent join of the same machine won the race.

@@ -159,10 +159,23 @@ func (g *Gateway) open(stream grpc.BidiStreamingServer[agentv1.AgentMessage, age
 			return s, s.sendError(err)
 		}
 	}
+	s.siteAlive()
 	if err := s.sync(); err != nil {
 		return s, s.fail(err)
 	}
 	return s, nil
+}
+
+// siteAlive tells the site hooks a site agent is alive. A failure is
+// logged, not fatal: the next heartbeat tries again, and a lease not
+// renewed only expires.
+func (s *session) siteAlive() {
+	if s.ident.Role != RoleSite || s.g.cfg.Sites == nil {
+		return
+	}
+	if err := s.g.cfg.Sites.SiteAlive(s.ctx, s.nodeID); err != nil {
+		s.log.Warn("site agent's boot lease not renewed", "err", err)
+	}
 }
 
 // close ends the session's context (which stops its receive goroutine) and,
@@ -421,6 +434,26 @@ func (s *session) deliver(cmds []fleet.Command) error {
 			s.cursor = seqOf(c)
 			continue
 		}
+		if s.ident.Role == RoleSite && s.g.cfg.Sites != nil {
+			p, err := s.g.cfg.Sites.SiteCommandParams(s.ctx, s.nodeID, c)
+			switch {
+			case err != nil && c.State == "pending":
+				// Never sent: failed with the reason, so the step that
+				// queued it knows it did not run.
+				s.log.Warn("site command not deliverable; failed", "command", c.ID, "err", err)
+				code := fleet.CommandFailUnencodable
+				if errors.Is(err, fleet.ErrCommandFenced) {
+					code = fleet.CommandFailFenced
+				}
+				unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, code)
+				s.cursor = seqOf(c)
+				continue
+			case err != nil:
+				// Delivered before: the agent answers it from its log.
+			default:
+				c.Params = p
+			}
+		}
 		m, err := commandMessage(c)
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
@@ -518,6 +551,7 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		return invalid("hello: sent twice on one session")
 	case *agentv1.AgentMessage_Heartbeat:
 		s.g.beats.add(s.nodeID)
+		s.siteAlive()
 		s.g.metrics.heartbeat(s.nodeID, s.node.Name, msg.Heartbeat.GetGpus())
 	case *agentv1.AgentMessage_Status:
 		// A status report is a sign of life too.
@@ -644,6 +678,13 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 		terminal, kind = true, c.Kind
 		if g.cfg.CommandDone != nil {
 			if err := g.cfg.CommandDone(ctx, tx, c, next, u.GetMessage(), u.GetResult().AsMap()); err != nil {
+				return err
+			}
+		}
+		if s.ident.Role == RoleSite && g.cfg.Sites != nil {
+			ended := c
+			ended.State, ended.Progress, ended.Message, ended.Result, ended.FailureCode = next, int(progress), u.GetMessage(), result, u.GetFailureCode()
+			if err := g.cfg.Sites.SiteCommandEnded(ctx, tx, ended); err != nil {
 				return err
 			}
 		}

@@ -209,10 +209,13 @@ type RamdiskAgent interface {
 // sites serve images to ramdisks) stay with the site agent.
 var RamdiskKinds = []string{KindInventory, KindDiskWipe}
 
-// Agents holds the site agents connected to this replica, by site id.
+// Agents holds the site agents connected to this replica, by site id, and
+// the one for every other site: the gateway-backed SiteCommands, which
+// reach whichever bcd holds the site's boot lease, on any replica.
 type Agents struct {
 	mu     sync.Mutex
 	bySite map[string]SiteAgent
+	remote SiteAgent
 }
 
 // Register connects a site's agent (replacing one before it); the returned
@@ -236,8 +239,10 @@ func (a *Agents) Register(siteID string, agent SiteAgent) func() {
 func (a *Agents) get(siteID string) (SiteAgent, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s, ok := a.bySite[siteID]
-	return s, ok
+	if s, ok := a.bySite[siteID]; ok {
+		return s, true
+	}
+	return a.remote, a.remote != nil
 }
 
 // Sealer seals BMC passwords at rest (the PKI's sealer).
@@ -257,6 +262,9 @@ type Config struct {
 	Sealer Sealer
 	Clock  clock.Clock
 	Logger *slog.Logger
+	// BootLeaseTTL is how long a site agent's boot lease lasts after its
+	// last heartbeat (default DefaultBootLeaseTTL).
+	BootLeaseTTL time.Duration
 	// Engine tunes the provision engine (Lease, SweepInterval, ...); its
 	// DB, Recorder, Profiles, Runners and OnEnd are the runtime's.
 	Engine provision.Config
@@ -279,13 +287,16 @@ type Runtime struct {
 	// Ramdisk, when set, runs RamdiskKinds on the machine's joined ramdisk
 	// node instead of the site agent.
 	Ramdisk RamdiskAgent
-	pin     func() string
-	ended   func(ctx context.Context, tx store.Tx, nodeIDs []string) error
-	db      *store.DB
-	rec     envelope.Recorder
-	sealer  Sealer
-	clock   clock.Clock
-	log     *slog.Logger
+	// Sites reaches bcd site agents through the gateway (the app hands it
+	// to the gateway as its site hooks).
+	Sites  *SiteCommands
+	pin    func() string
+	ended  func(ctx context.Context, tx store.Tx, nodeIDs []string) error
+	db     *store.DB
+	rec    envelope.Recorder
+	sealer Sealer
+	clock  clock.Clock
+	log    *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
@@ -295,6 +306,8 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	}
 	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, ended: cfg.RamdiskEnded, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
 		clock: cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock()), log: cmp.Or(cfg.Logger, slog.Default())}
+	r.Sites = &SiteCommands{r: r, ttl: cmp.Or(cfg.BootLeaseTTL, DefaultBootLeaseTTL)}
+	r.Agents.remote = r.Sites
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
 	ec.Profiles = Profiles()

@@ -1463,7 +1463,10 @@ type JoinToken struct {
 	// The node that joined with it.
 	NodeId string `protobuf:"bytes,12,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The role a machine joining with it gets: node, site or ramdisk.
-	Role          string `protobuf:"bytes,13,opt,name=role,proto3" json:"role,omitempty"`
+	Role string `protobuf:"bytes,13,opt,name=role,proto3" json:"role,omitempty"`
+	// The site a site token is bound to: the site agent that joins with it
+	// acts for this site only. Empty for every other token.
+	SiteId        string `protobuf:"bytes,14,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1589,6 +1592,13 @@ func (x *JoinToken) GetRole() string {
 	return ""
 }
 
+func (x *JoinToken) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
 type CreateJoinTokenRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -1602,7 +1612,10 @@ type CreateJoinTokenRequest struct {
 	TtlSeconds int64 `protobuf:"varint,5,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
 	// The role the joining agent gets: node, site or ramdisk; empty means
 	// node. The token decides it: a join in another mode is refused.
-	Role          string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
+	Role string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
+	// Site name or id a site token (role site) binds its agent to; only a
+	// site token takes one.
+	Site          string `protobuf:"bytes,7,opt,name=site,proto3" json:"site,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1675,6 +1688,13 @@ func (x *CreateJoinTokenRequest) GetTtlSeconds() int64 {
 func (x *CreateJoinTokenRequest) GetRole() string {
 	if x != nil {
 		return x.Role
+	}
+	return ""
+}
+
+func (x *CreateJoinTokenRequest) GetSite() string {
+	if x != nil {
+		return x.Site
 	}
 	return ""
 }
@@ -3073,7 +3093,7 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"P\n" +
 	"\x15CancelCommandResponse\x127\n" +
-	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xbd\x04\n" +
+	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xd6\x04\n" +
 	"\tJoinToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3093,10 +3113,11 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"revokeTime\x127\n" +
 	"\tused_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\busedTime\x12\x17\n" +
 	"\anode_id\x18\f \x01(\tR\x06nodeId\x12\x12\n" +
-	"\x04role\x18\r \x01(\tR\x04role\x1a9\n" +
+	"\x04role\x18\r \x01(\tR\x04role\x12\x17\n" +
+	"\asite_id\x18\x0e \x01(\tR\x06siteId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x02\n" +
 	"\x16CreateJoinTokenRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -3104,7 +3125,8 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\x06labels\x18\x04 \x03(\v28.bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntryR\x06labels\x12\x1f\n" +
 	"\vttl_seconds\x18\x05 \x01(\x03R\n" +
 	"ttlSeconds\x12\x12\n" +
-	"\x04role\x18\x06 \x01(\tR\x04role\x1a9\n" +
+	"\x04role\x18\x06 \x01(\tR\x04role\x12\x12\n" +
+	"\x04site\x18\a \x01(\tR\x04site\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
