@@ -45,7 +45,7 @@ type ExecParams struct {
 	// Auth is the signer carrying the user certificate (UserCert.Signer).
 	Auth ssh.Signer
 	// HostCA is the CA the guest's host certificate must be signed by.
-	HostCA ssh.PublicKey
+	HostCA  ssh.PublicKey
 	Command string
 	// Dial opens the connection (net.Dialer's when nil): a caller reaching
 	// a guest in a network namespace brings its own.
@@ -115,7 +115,7 @@ func Exec(ctx context.Context, p ExecParams) (*ExecResult, error) {
 			}
 			if err := checker.CheckHostKey(net.JoinHostPort(host, "22"), remote, key); err != nil {
 				setStatus(HostCertNone)
-				return fmt.Errorf("%w: %v", ErrHostNotPinned, err)
+				return fmt.Errorf("%w: %w", ErrHostNotPinned, err)
 			}
 			setStatus(HostCertValid)
 			return nil
@@ -140,7 +140,7 @@ func Exec(ctx context.Context, p ExecParams) (*ExecResult, error) {
 	if err != nil {
 		_ = conn.Close()
 		if s := status(res, &mu); s != HostCertValid {
-			return res, fmt.Errorf("%w (%s): %v", ErrHostNotPinned, s, err)
+			return res, fmt.Errorf("%w (%s): %w", ErrHostNotPinned, s, err)
 		}
 		return res, fmt.Errorf("sshca: handshake with %s: %w", p.Addr, err)
 	}
