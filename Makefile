@@ -48,6 +48,10 @@ bench: ## run the Go benchmarks
 sample-image: ## build the sample deployable disk image into bin/sample-image (deploy/images/build-sample.sh)
 	deploy/images/build-sample.sh $(BIN)/sample-image
 
+.PHONY: guest-image
+guest-image: ## build the instance guest image into bin/guest-image (tools/guest-image/build.sh; root, network; cached)
+	tools/guest-image/build.sh $(BIN)/guest-image
+
 .PHONY: dev
 dev: ## run better-compute dev (all roles, SQLite in ./.better-compute)
 	$(GO) run ./cmd/better-compute dev

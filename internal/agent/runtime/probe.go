@@ -118,7 +118,7 @@ func (r *Runtime) bootProbe(ctx context.Context, accel string) error {
 	if errors.As(err, &ee) && ee.ExitCode() == 99 {
 		return nil
 	}
-	return fmt.Errorf("probe sector did not run: %v: %s", err, bytes.TrimSpace(out))
+	return fmt.Errorf("probe sector did not run: %w: %s", err, bytes.TrimSpace(out))
 }
 
 // probeHugePages: hugetlbfs mounted at /dev/hugepages with pages reserved.
