@@ -21,8 +21,9 @@ suite=bookworm
 size=${GUEST_ROOT_SIZE:-1536M}
 # What goes into the guest: the cloud kernel (virtio built for clouds),
 # OpenSSH, cloud-init, ifupdown (cloud-init's ENI renderer), iproute2 for
-# the tests' `ip`. Recommends stay out.
-packages=linux-image-cloud-amd64,openssh-server,cloud-init,ifupdown,iproute2,systemd-sysv,udev,kmod,e2fsprogs,initramfs-tools
+# the tests' `ip`, acpid so an ACPI power button (the runtime's Stop) shuts
+# the guest down without logind and dbus. Recommends stay out.
+packages=linux-image-cloud-amd64,openssh-server,cloud-init,ifupdown,iproute2,systemd-sysv,udev,kmod,e2fsprogs,initramfs-tools,acpid
 cmdline="root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 quiet loglevel=3 mitigations=off nowatchdog tsc=reliable"
 
 inputs=$( { cat "$0"; echo "$mirror $suite $size $packages"; } | sha256sum | cut -d' ' -f1)
@@ -83,6 +84,10 @@ cloud_init_modules: [bootcmd, write_files, growpart, resizefs, set_hostname, upd
 cloud_config_modules: [runcmd]
 cloud_final_modules: [scripts_per_once, scripts_per_boot, scripts_per_instance, scripts_user, final_message]
 CFG
+# The runtime's Stop presses the ACPI power button.
+mkdir -p "$root/etc/acpi/events"
+printf 'event=button/power.*\naction=/bin/systemctl poweroff\n' >"$root/etc/acpi/events/better-compute-power"
+echo button >"$root/etc/modules-load.d/better-compute.conf"
 echo "/dev/vda / ext4 defaults,noatime 0 0" >"$root/etc/fstab"
 echo "guest" >"$root/etc/hostname"
 cat >"$root/etc/network/interfaces" <<'ENI'

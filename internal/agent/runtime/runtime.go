@@ -657,7 +657,9 @@ func (in *instance) infoLocked() Info {
 		info.Accel = string(b)
 	}
 	if !pidAlive(pid, in.spec.ID) {
-		if pid > 0 {
+		// QEMU removes its pidfile when it exits; the accel file says it
+		// was started.
+		if _, err := os.Stat(filepath.Join(in.dir, fileAccel)); err == nil {
 			info.State = StateStopped
 		}
 		return info
