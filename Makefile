@@ -51,6 +51,9 @@ sample-image: ## build the sample deployable disk image into bin/sample-image (d
 .PHONY: ramdisk
 ramdisk: ## build the commissioning ramdisk (Debian kernel, busybox, bcd) into .cache/ramdisk/out (tools/ramdisk/build.sh)
 	tools/ramdisk/build.sh
+.PHONY: guest-image
+guest-image: ## build the instance guest image into bin/guest-image (tools/guest-image/build.sh; root, network; cached)
+	tools/guest-image/build.sh $(BIN)/guest-image
 
 .PHONY: dev
 dev: ## run better-compute dev (all roles, SQLite in ./.better-compute)

@@ -1,0 +1,184 @@
+package sshca
+
+import (
+	"bytes"
+	"context"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+func pemEncode(typ string, b []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b})
+}
+
+// HostCertStatus is what the guest presented when a client dialled it.
+type HostCertStatus string
+
+const (
+	HostCertValid   HostCertStatus = "valid"
+	HostCertExpired HostCertStatus = "expired"
+	// HostCertNone: a bare host key, or a certificate from another CA
+	// (neither pins the guest).
+	HostCertNone HostCertStatus = "none"
+)
+
+// ErrHostNotPinned is returned when the guest's host key is not a valid
+// certificate from the trusted CA; the session never starts.
+var ErrHostNotPinned = errors.New("sshca: guest host key is not pinned by a valid CA certificate")
+
+// ExecParams is one command on one guest.
+type ExecParams struct {
+	// Addr is host:port of the guest's sshd.
+	Addr string
+	// HostName is the name the host certificate must carry (defaults to
+	// Addr's host).
+	HostName string
+	// User is the guest account; the user certificate's principal.
+	User string
+	// Auth is the signer carrying the user certificate (UserCert.Signer).
+	Auth ssh.Signer
+	// HostCA is the CA the guest's host certificate must be signed by.
+	HostCA  ssh.PublicKey
+	Command string
+	// Dial opens the connection (net.Dialer's when nil): a caller reaching
+	// a guest in a network namespace brings its own.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Now is the clock host certificates are checked against (time.Now
+	// when nil).
+	Now func() time.Time
+}
+
+// ExecResult is the command's outcome.
+type ExecResult struct {
+	Stdout, Stderr []byte
+	ExitCode       int
+	HostCert       HostCertStatus
+}
+
+// Exec dials the guest, pins it by its host certificate, runs the command
+// and returns its output and exit code. A guest that presents no valid
+// host certificate from HostCA is refused with ErrHostNotPinned and the
+// status in the result.
+func Exec(ctx context.Context, p ExecParams) (*ExecResult, error) {
+	if p.Addr == "" || p.User == "" || p.Auth == nil || p.HostCA == nil {
+		return nil, errors.New("sshca: exec: addr, user, auth and host CA are required")
+	}
+	host := p.HostName
+	if host == "" {
+		h, _, err := net.SplitHostPort(p.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("sshca: exec: addr %q: %w", p.Addr, err)
+		}
+		host = h
+	}
+	now := p.Now
+	if now == nil {
+		now = time.Now
+	}
+	res := &ExecResult{HostCert: HostCertNone}
+	var mu sync.Mutex
+	setStatus := func(s HostCertStatus) { mu.Lock(); res.HostCert = s; mu.Unlock() }
+	checker := &ssh.CertChecker{
+		Clock: now,
+		IsHostAuthority: func(auth ssh.PublicKey, _ string) bool {
+			return bytes.Equal(auth.Marshal(), p.HostCA.Marshal())
+		},
+		// A bare key is never trusted: no first-use pinning.
+		HostKeyFallback: func(string, net.Addr, ssh.PublicKey) error {
+			setStatus(HostCertNone)
+			return ErrHostNotPinned
+		},
+	}
+	cfg := &ssh.ClientConfig{
+		User: p.User,
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(p.Auth)},
+		HostKeyCallback: func(hostname string, remote net.Addr, key ssh.PublicKey) error {
+			cert, ok := key.(*ssh.Certificate)
+			if !ok {
+				return checker.CheckHostKey(hostname, remote, key)
+			}
+			if cert.CertType != ssh.HostCert || !checker.IsHostAuthority(cert.SignatureKey, hostname) {
+				setStatus(HostCertNone)
+				return fmt.Errorf("%w: certificate from another CA", ErrHostNotPinned)
+			}
+			t := uint64(now().Unix())
+			if cert.ValidBefore != ssh.CertTimeInfinity && t >= cert.ValidBefore {
+				setStatus(HostCertExpired)
+				return fmt.Errorf("%w: host certificate expired", ErrHostNotPinned)
+			}
+			if err := checker.CheckHostKey(net.JoinHostPort(host, "22"), remote, key); err != nil {
+				setStatus(HostCertNone)
+				return fmt.Errorf("%w: %w", ErrHostNotPinned, err)
+			}
+			setStatus(HostCertValid)
+			return nil
+		},
+		// Certificates first, so a guest that has one shows it; bare keys
+		// stay in the list only to report "none" rather than fail
+		// negotiation.
+		HostKeyAlgorithms: slices.Concat(certAlgos, plainAlgos),
+		Timeout:           30 * time.Second,
+	}
+	dial := p.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	conn, err := dial(ctx, "tcp", p.Addr)
+	if err != nil {
+		return res, fmt.Errorf("sshca: dial %s: %w", p.Addr, err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	c, chans, reqs, err := ssh.NewClientConn(conn, p.Addr, cfg)
+	if err != nil {
+		_ = conn.Close()
+		if s := status(res, &mu); s != HostCertValid {
+			return res, fmt.Errorf("%w (%s): %w", ErrHostNotPinned, s, err)
+		}
+		return res, fmt.Errorf("sshca: handshake with %s: %w", p.Addr, err)
+	}
+	client := ssh.NewClient(c, chans, reqs)
+	defer func() { _ = client.Close() }()
+	sess, err := client.NewSession()
+	if err != nil {
+		return res, fmt.Errorf("sshca: session: %w", err)
+	}
+	defer func() { _ = sess.Close() }()
+	var stdout, stderr bytes.Buffer
+	sess.Stdout, sess.Stderr = &stdout, &stderr
+	err = sess.Run(p.Command)
+	res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
+	var exitErr *ssh.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exitErr):
+		res.ExitCode = exitErr.ExitStatus()
+	default:
+		if ctx.Err() != nil {
+			return res, fmt.Errorf("sshca: run: %w", ctx.Err())
+		}
+		return res, fmt.Errorf("sshca: run: %w", err)
+	}
+	return res, nil
+}
+
+func status(r *ExecResult, mu *sync.Mutex) HostCertStatus {
+	mu.Lock()
+	defer mu.Unlock()
+	return r.HostCert
+}
+
+var certAlgos = []string{
+	ssh.CertAlgoED25519v01, ssh.CertAlgoECDSA256v01, ssh.CertAlgoRSASHA512v01, ssh.CertAlgoRSASHA256v01,
+}
+
+var plainAlgos = []string{
+	ssh.KeyAlgoED25519, ssh.KeyAlgoECDSA256, ssh.KeyAlgoRSASHA512, ssh.KeyAlgoRSASHA256,
+}
