@@ -511,12 +511,21 @@ var RamdiskCommandKinds = []string{KindInventoryRefresh, KindDiskWipe, KindImage
 // because its kind is not for the role of the node's certificate.
 const CommandFailWrongRole = "WRONG_ROLE"
 
+// SiteCommandKinds are the site agent's own kinds (bcd --mode site): BMC
+// calls and the site's machine list. Only a site agent gets them — a BMC
+// password never goes to a node or a ramdisk.
+var SiteCommandKinds = []string{"bmc.power", "site.machines"}
+
 // CheckKindForMode refuses a command kind the agent's mode must not run: a
-// node kind for a ramdisk, a ramdisk-only kind for a node. Site agents'
-// kinds are theirs to check.
+// node kind for a ramdisk, a ramdisk-only kind for a node, a site kind for
+// either. What else a site agent refuses is its own to check.
 func CheckKindForMode(mode, kind string) error {
 	ramdiskKind := slices.Contains(RamdiskCommandKinds, kind)
-	switch cmp.Or(mode, RoleNode) {
+	mode = cmp.Or(mode, RoleNode)
+	if slices.Contains(SiteCommandKinds, kind) && mode != RoleSite {
+		return fmt.Errorf("command kind %q runs only on a site agent, not on a %s", kind, mode)
+	}
+	switch mode {
 	case RoleRamdisk:
 		if !ramdiskKind {
 			return fmt.Errorf("command kind %q is not a ramdisk command: a ramdisk runs only %s", kind, strings.Join(RamdiskCommandKinds, ", "))

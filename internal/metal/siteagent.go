@@ -22,7 +22,7 @@ const (
 	// mac, action (cycle or off), boot, and bmc {driver, address,
 	// username, credential_ref} with the password sealed in the row
 	// (credential_sealed) and opened only as the gateway delivers it.
-	CommandBMCPower = "bmc.power"
+	CommandBMCPower = "bmc.power" // one of fleet.SiteCommandKinds
 	// CommandSiteMachines hands the site agent the enrolled machines of
 	// its site with the boot of each: the only targets it accepts, and
 	// what its iPXE scripts say.
@@ -196,6 +196,10 @@ func powerAction(kind string) (string, bool) {
 	return "", false
 }
 
+// discoverySealRef binds a sealed discovery token to the step key it was
+// sent under.
+func discoverySealRef(key string) string { return "machine-discovery/" + key }
+
 // powerStatusWait bounds how long PowerStatus waits for the site agent's
 // answer when the caller's context has no deadline.
 const powerStatusWait = 30 * time.Second
@@ -317,6 +321,19 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 		params := map[string]any{"epoch": l.Epoch, "machine_id": m.ID, "mac": m.MAC, "action": action, "boot": boot,
 			"bmc": map[string]any{"driver": m.BMCDriver, "address": m.BMCAddress, "username": m.BMCUsername,
 				"credential_ref": m.BMCCredentialRef, "credential_sealed": base64.StdEncoding.EncodeToString(m.BMCCredential)}}
+		if t.DiscoveryToken != "" && (boot == BootRamdisk || boot == BootRescue) {
+			// The ramdisk's discovery token goes to the site agent's iPXE
+			// script with the cycle; like the BMC password it is sealed
+			// in the row and opened only at delivery.
+			if s.r.sealer == nil {
+				return errors.New("no sealer (BETTER_COMPUTE_SECRET) to seal the discovery token")
+			}
+			sealed, err := s.r.sealer.Seal(discoverySealRef(run.IdempotencyKey), []byte(t.DiscoveryToken))
+			if err != nil {
+				return err
+			}
+			params["discovery_sealed"] = base64.StdEncoding.EncodeToString(sealed)
+		}
 		n, err := fleet.NodeStatusGet(ctx, tx, l.HolderNodeID)
 		if err != nil {
 			return err
@@ -451,6 +468,18 @@ func (s *SiteCommands) SiteCommandParams(ctx context.Context, nodeID string, c f
 	}
 	delete(bmcp, "credential_sealed")
 	bmcp["password"] = string(pw)
+	if ds, ok := p["discovery_sealed"].(string); ok {
+		sealed, err := base64.StdEncoding.DecodeString(ds)
+		if err != nil {
+			return "", err
+		}
+		tok, err := s.r.sealer.Open(discoverySealRef(c.IdempotencyKey), sealed)
+		if err != nil {
+			return "", fmt.Errorf("open the discovery token: %w", err)
+		}
+		delete(p, "discovery_sealed")
+		p["discovery_token"] = string(tok)
+	}
 	b, err := json.Marshal(p)
 	return string(b), err
 }

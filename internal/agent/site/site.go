@@ -111,6 +111,10 @@ type Agent struct {
 	mu    sync.Mutex
 	st    state
 	byMAC map[string]Machine
+	// tokens are the discovery tokens of the machines' pending ramdisk
+	// boots, by machine id: kept in memory only (a secret; after a
+	// restart the boot's join fails and the step is retried).
+	tokens map[string]pxe.Secret
 }
 
 var (
@@ -249,7 +253,10 @@ type powerParams struct {
 	MAC       string `json:"mac"`
 	Action    string `json:"action"`
 	Boot      string `json:"boot"`
-	BMC       struct {
+	// DiscoveryToken, on a cycle into the ramdisk, goes on the ramdisk's
+	// kernel command line (bc.token=) for the machine's next PXE boot.
+	DiscoveryToken string `json:"discovery_token"`
+	BMC            struct {
 		Driver   string `json:"driver"`
 		Address  string `json:"address"`
 		Username string `json:"username"`
@@ -315,6 +322,14 @@ func (a *Agent) power(ctx context.Context, c *agentv1.Command) (*structpb.Struct
 	}
 	if p.Action == "cycle" && p.Boot != "" {
 		a.setBootLocked(m.ID, p.Boot)
+		if a.tokens == nil {
+			a.tokens = map[string]pxe.Secret{}
+		}
+		if p.DiscoveryToken != "" {
+			a.tokens[m.ID] = pxe.Secret(p.DiscoveryToken)
+		} else {
+			delete(a.tokens, m.ID)
+		}
 	}
 	if err := a.saveLocked(); err != nil {
 		a.st.Keys = a.st.Keys[:len(a.st.Keys)-1]
@@ -409,6 +424,7 @@ func (a *Agent) callBMC(ctx context.Context, p powerParams) (map[string]any, err
 func (a *Agent) Decide(_ context.Context, req pxe.Request) (pxe.Boot, error) {
 	a.mu.Lock()
 	m, ok := a.byMAC[req.MAC.String()]
+	token := a.tokens[m.ID]
 	a.mu.Unlock()
 	if !ok {
 		return pxe.Unknown{}, nil
@@ -420,6 +436,7 @@ func (a *Agent) Decide(_ context.Context, req pxe.Request) (pxe.Boot, error) {
 			return nil, fmt.Errorf("machine %s should boot the %s, but no ramdisk kernel and initrd are configured", m.Name, m.Boot)
 		}
 		r.Cmdline = strings.TrimSpace(r.Cmdline + " bc.machine=" + m.ID)
+		r.Token = token
 		if m.Boot == BootRescue {
 			r.Cmdline += " " + a.cfg.RescueArg
 		}

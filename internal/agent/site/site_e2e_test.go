@@ -303,6 +303,16 @@ func TestSiteAgentPowerCycle(t *testing.T) {
 	script := sa.script(t, "52:54:00:00:01:01")
 	require.Contains(t, script, "ramdisk/vmlinuz", "the workflow needs the ramdisk")
 	require.Contains(t, script, "bc.machine=")
+	require.Contains(t, script, "bc.token="+metal.DiscoveryTokenPrefix, "the boot's discovery token, for the ramdisk to join with")
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		var params string
+		if err := tx.QueryRow(ctx, `SELECT params FROM commands WHERE kind = $1 ORDER BY seq LIMIT 1`, metal.CommandBMCPower).Scan(&params); err != nil {
+			return err
+		}
+		require.NotContains(t, params, metal.DiscoveryTokenPrefix, "the token is sealed in the command row")
+		require.Contains(t, params, "discovery_sealed")
+		return nil
+	}))
 
 	// The ramdisk joins; its inventory is not the site agent's to run.
 	require.NoError(t, f.cp.App.Metal.Joined(ctx, f.site.GetId(), f.workflow(t, "m1").TargetID))
