@@ -184,44 +184,15 @@ func (s *SiteService) Get(ctx context.Context, req *connect.Request[apiv1.GetSit
 
 // List lists a tenant's sites.
 func (s *SiteService) List(ctx context.Context, req *connect.Request[apiv1.ListSitesRequest]) (*connect.Response[apiv1.ListSitesResponse], error) {
-	msg := req.Msg
-	var vs envelope.Violations
-	tenancy.ValidateScope(&vs, msg.GetTenant())
-	vs.PageSize("page_size", msg.GetPageSize())
-	if err := vs.Err(); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), msg.GetTenant())
+	sites, next, err := tenancy.ListPage(ctx, s.env, req.Msg, "sites",
+		func(ctx context.Context, q store.Querier, sc scope, after string, limit int) ([]Site, error) {
+			return SiteList(ctx, q, sc.ID(), after, limit)
+		}, func(site Site) string { return site.ID })
 	if err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	var sc scope
-	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	if err := s.env.AuthorizeRead(ctx, sc.Resource()); err != nil {
 		return nil, err
 	}
-	if err := sc.NotFound(); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	limit := envelope.PageSize(msg.GetPageSize())
-	var sites []Site
-	if err := s.env.Resolve(ctx, "sites", func(ctx context.Context, q store.Querier) (err error) {
-		sites, err = SiteList(ctx, q, sc.ID(), after, limit+1)
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	out := &apiv1.ListSitesResponse{}
-	for n, site := range sites {
-		if n == limit {
-			out.NextPageToken = envelope.EncodePageToken(sites[n-1].ID, msg.GetTenant())
-			break
-		}
+	out := &apiv1.ListSitesResponse{NextPageToken: next}
+	for _, site := range sites {
 		out.Sites = append(out.Sites, SiteProto(site))
 	}
 	return connect.NewResponse(out), nil

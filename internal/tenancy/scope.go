@@ -81,3 +81,55 @@ func ValidateScope(vs *envelope.Violations, tenant string) {
 		vs.Ref("tenant", tenant, "tnt")
 	}
 }
+
+// PageRequest is a list request of a tenant-or-platform scope.
+type PageRequest interface {
+	GetTenant() string
+	GetPageSize() int32
+	GetPageToken() string
+}
+
+// ListPage answers a list request of a scope, as every scoped List
+// handler does: it validates the scope and the paging, resolves the
+// scope, makes the one read decision on it, then reads one row past the
+// page with read (given the scope, the cursor and the limit). It returns
+// the page and the next page's token ("" on the last page); errors are
+// the envelope's, ready to return.
+func ListPage[T any](ctx context.Context, env *envelope.Envelope, msg PageRequest, what string,
+	read func(ctx context.Context, q store.Querier, sc Scope, after string, limit int) ([]T, error), id func(T) string) ([]T, string, error) {
+	var vs envelope.Violations
+	ValidateScope(&vs, msg.GetTenant())
+	vs.PageSize("page_size", msg.GetPageSize())
+	if err := vs.Err(); err != nil {
+		return nil, "", env.Fail(ctx, err)
+	}
+	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), msg.GetTenant())
+	if err != nil {
+		return nil, "", env.Fail(ctx, err)
+	}
+	var sc Scope
+	if err := env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
+		sc, err = LookupScope(ctx, q, msg.GetTenant())
+		return err
+	}); err != nil {
+		return nil, "", env.Fail(ctx, err)
+	}
+	if err := env.AuthorizeRead(ctx, sc.Resource()); err != nil {
+		return nil, "", err
+	}
+	if err := sc.NotFound(); err != nil {
+		return nil, "", env.Fail(ctx, err)
+	}
+	limit := envelope.PageSize(msg.GetPageSize())
+	var rows []T
+	if err := env.Resolve(ctx, what, func(ctx context.Context, q store.Querier) (err error) {
+		rows, err = read(ctx, q, sc, after, limit+1)
+		return err
+	}); err != nil {
+		return nil, "", env.Fail(ctx, err)
+	}
+	if len(rows) > limit {
+		return rows[:limit], envelope.EncodePageToken(id(rows[limit-1]), msg.GetTenant()), nil
+	}
+	return rows, "", nil
+}

@@ -149,44 +149,15 @@ func (s *FlavorService) Get(ctx context.Context, req *connect.Request[apiv1.GetF
 
 // List lists the scope's flavors and, for a tenant, the platform's.
 func (s *FlavorService) List(ctx context.Context, req *connect.Request[apiv1.ListFlavorsRequest]) (*connect.Response[apiv1.ListFlavorsResponse], error) {
-	msg := req.Msg
-	var vs envelope.Violations
-	tenancy.ValidateScope(&vs, msg.GetTenant())
-	vs.PageSize("page_size", msg.GetPageSize())
-	if err := vs.Err(); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), msg.GetTenant())
+	flavors, next, err := tenancy.ListPage(ctx, s.env, req.Msg, "flavors",
+		func(ctx context.Context, q store.Querier, sc scope, after string, limit int) ([]Flavor, error) {
+			return FlavorList(ctx, q, []string{sc.ID(), ""}, after, limit)
+		}, func(f Flavor) string { return f.ID })
 	if err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	var sc scope
-	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	if err := s.env.AuthorizeRead(ctx, sc.Resource()); err != nil {
 		return nil, err
 	}
-	if err := sc.NotFound(); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	limit := envelope.PageSize(msg.GetPageSize())
-	var flavors []Flavor
-	if err := s.env.Resolve(ctx, "flavors", func(ctx context.Context, q store.Querier) (err error) {
-		flavors, err = FlavorList(ctx, q, []string{sc.ID(), ""}, after, limit+1)
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	out := &apiv1.ListFlavorsResponse{}
-	for n, f := range flavors {
-		if n == limit {
-			out.NextPageToken = envelope.EncodePageToken(flavors[n-1].ID, msg.GetTenant())
-			break
-		}
+	out := &apiv1.ListFlavorsResponse{NextPageToken: next}
+	for _, f := range flavors {
 		out.Flavors = append(out.Flavors, FlavorProto(f))
 	}
 	return connect.NewResponse(out), nil

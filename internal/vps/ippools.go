@@ -266,44 +266,15 @@ func (s *IPPoolService) ListLeases(ctx context.Context, req *connect.Request[api
 
 // List lists the scope's pools.
 func (s *IPPoolService) List(ctx context.Context, req *connect.Request[apiv1.ListIPPoolsRequest]) (*connect.Response[apiv1.ListIPPoolsResponse], error) {
-	msg := req.Msg
-	var vs envelope.Violations
-	tenancy.ValidateScope(&vs, msg.GetTenant())
-	vs.PageSize("page_size", msg.GetPageSize())
-	if err := vs.Err(); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	after, err := envelope.DecodePageToken("page_token", msg.GetPageToken(), msg.GetTenant())
+	pools, next, err := tenancy.ListPage(ctx, s.env, req.Msg, "ip pools",
+		func(ctx context.Context, q store.Querier, sc scope, after string, limit int) ([]IPPool, error) {
+			return IPPoolList(ctx, q, sc.ID(), after, limit)
+		}, func(p IPPool) string { return p.ID })
 	if err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	var sc scope
-	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		sc, err = tenancy.LookupScope(ctx, q, msg.GetTenant())
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	if err := s.env.AuthorizeRead(ctx, sc.Resource()); err != nil {
 		return nil, err
 	}
-	if err := sc.NotFound(); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	limit := envelope.PageSize(msg.GetPageSize())
-	var pools []IPPool
-	if err := s.env.Resolve(ctx, "ip pools", func(ctx context.Context, q store.Querier) (err error) {
-		pools, err = IPPoolList(ctx, q, sc.ID(), after, limit+1)
-		return err
-	}); err != nil {
-		return nil, s.env.Fail(ctx, err)
-	}
-	out := &apiv1.ListIPPoolsResponse{}
-	for n, p := range pools {
-		if n == limit {
-			out.NextPageToken = envelope.EncodePageToken(pools[n-1].ID, msg.GetTenant())
-			break
-		}
+	out := &apiv1.ListIPPoolsResponse{NextPageToken: next}
+	for _, p := range pools {
 		out.IpPools = append(out.IpPools, IPPoolProto(p))
 	}
 	return connect.NewResponse(out), nil
