@@ -1,0 +1,250 @@
+// Package vmcmd is the wire contract between the control plane's instance
+// and volume services (internal/vps) and bcd's hypervisor side
+// (internal/agent): the command kinds, the JSON form of their params (in
+// agentv1.Command.params) and of their results (in CommandUpdate.result),
+// and the failure codes. Both sides import it so the contract is written
+// once; it holds no logic beyond validation of its own shapes.
+package vmcmd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+)
+
+// Command kinds. Every instance command names the instance by its id; a
+// command for an instance bcd does not have fails with FailNotFound, except
+// delete, which succeeds (deletes are retried and must converge).
+const (
+	// KindInstanceCreate creates the instance's disks, seed, tap and
+	// network policy and boots it. Params: CreateParams; result: Status.
+	// Creating an instance that exists with the same spec succeeds with
+	// its status (the command may be redelivered).
+	KindInstanceCreate = "instance.create"
+	// KindInstanceStart, Stop, Reboot, Pause, Resume and Delete take
+	// InstanceRef and answer Status (delete answers State "deleted").
+	KindInstanceStart  = "instance.start"
+	KindInstanceStop   = "instance.stop"
+	KindInstanceReboot = "instance.reboot"
+	KindInstancePause  = "instance.pause"
+	KindInstanceResume = "instance.resume"
+	KindInstanceDelete = "instance.delete"
+	// KindInstanceSnapshot saves memory, device state and disks into the
+	// host's snapshot store under SnapshotParams.SnapshotID; Restore
+	// replaces the instance's state with one taken on this host.
+	KindInstanceSnapshot = "instance.snapshot"
+	KindInstanceRestore  = "instance.restore"
+	// KindInstanceList reports every instance bcd runs (ListResult), so
+	// the control plane converges (lost instances, strays).
+	KindInstanceList = "instance.list"
+	// KindVolumeCreate creates a host volume file (VolumeParams); Delete
+	// removes it (a missing one succeeds). A volume attached to an
+	// existing instance cannot be deleted (FailBusy).
+	KindVolumeCreate = "volume.create"
+	KindVolumeDelete = "volume.delete"
+)
+
+// Kinds is every kind of this contract, for the gateway's allow list and
+// capability checks.
+var Kinds = []string{KindInstanceCreate, KindInstanceStart, KindInstanceStop, KindInstanceReboot, KindInstancePause,
+	KindInstanceResume, KindInstanceDelete, KindInstanceSnapshot, KindInstanceRestore, KindInstanceList,
+	KindVolumeCreate, KindVolumeDelete}
+
+// Capabilities bcd advertises only where it enforces them (DESIGN §7).
+const (
+	// CapInstances: bcd runs instances (a runtime is configured).
+	CapInstances = "instance.run"
+	// CapPlacement: pinned CPUs, NUMA binding and hugepages are applied.
+	CapPlacement = "instance.placement"
+	// CapVolumes: host volumes can be created and attached.
+	CapVolumes = "instance.volumes"
+	// CapNetworkPolicy: egress/private/none are enforced with nftables.
+	CapNetworkPolicy = "instance.network-policy"
+	// CapSnapshot: snapshot and restore work on this host.
+	CapSnapshot = "instance.snapshot"
+)
+
+// Failure codes (CommandUpdate.failure_code).
+const (
+	FailInvalid     = "INSTANCE_INVALID"       // the params are refused; the message names the field
+	FailNotFound    = "INSTANCE_NOT_FOUND"     // no such instance (or volume, or snapshot)
+	FailExists      = "INSTANCE_EXISTS"        // create with a different spec for an existing id
+	FailImage       = "INSTANCE_IMAGE"         // the guest image is not on this host or its digest differs
+	FailUnsupported = "INSTANCE_UNSUPPORTED"   // a capability this host does not enforce was asked for
+	FailBusy        = "INSTANCE_BUSY"          // e.g. deleting an attached volume
+	FailRuntime     = "INSTANCE_RUNTIME"       // QEMU or the host failed; the message carries its output
+	FailNoRuntime   = "INSTANCE_NO_HYPERVISOR" // this bcd runs no instances
+)
+
+// Network policies (DESIGN §7; issue: egress is the default).
+const (
+	PolicyEgress  = "egress"  // the guest reaches anything; inbound only from its tenant's guests and the host
+	PolicyPrivate = "private" // only the tenant's guests on the same host network (and DHCP/DNS to the gateway)
+	PolicyNone    = "none"    // no traffic at all besides the host's SSH exec path
+)
+
+// InstanceRef names one instance.
+type InstanceRef struct {
+	InstanceID string `json:"instance_id"`
+}
+
+// Image is the guest image an instance boots. bcd resolves it from its
+// guest image directory (--guest-images DIR: DIR/NAME/{disk.qcow2,
+// vmlinuz, initrd.img, SHA256SUMS}); Sha256, when set, must be the disk's.
+type Image struct {
+	Name   string `json:"name"`
+	Sha256 string `json:"sha256,omitempty"`
+}
+
+// Network is the guest's one NIC and what IPAM gave it.
+type Network struct {
+	// MAC is the guest NIC's address (the control plane derives it from
+	// the instance id, so redelivery gives the same one).
+	MAC string `json:"mac"`
+	// Address is the lease with the pool's prefix length (10.0.0.5/24).
+	Address string   `json:"address"`
+	Gateway string   `json:"gateway"`
+	DNS     []string `json:"dns,omitempty"`
+	// Policy is egress, private or none.
+	Policy string `json:"policy"`
+	// Peers are the addresses of the same tenant's instances on this
+	// host network: what private admits. The control plane resends them
+	// (instance.create is level-triggered) as instances come and go.
+	Peers []string `json:"peers,omitempty"`
+}
+
+// VolumeRef is a host volume attached to an instance.
+type VolumeRef struct {
+	VolumeID string `json:"volume_id"`
+	Format   string `json:"format"` // qcow2 or raw
+	SizeMiB  int    `json:"size_mib"`
+}
+
+// Placement is what capacity booked on the host for this instance.
+type Placement struct {
+	// HostCPUs are the dedicated CPUs of a pinned flavor (empty: shared).
+	HostCPUs []int `json:"host_cpus,omitempty"`
+	// NUMANode binds memory (nil: any).
+	NUMANode *int `json:"numa_node,omitempty"`
+	// HugePages backs memory with hugepages.
+	HugePages bool `json:"huge_pages,omitempty"`
+	// GPUUUIDs are GPUs passed through (VFIO), where the host supports it.
+	GPUUUIDs []string `json:"gpu_uuids,omitempty"`
+}
+
+// Seed is the guest's cloud-init data.
+type Seed struct {
+	Hostname string `json:"hostname"`
+	// User is the login account (the SSH user certificates' principal).
+	User              string   `json:"user"`
+	AuthorizedKeys    []string `json:"authorized_keys,omitempty"`
+	TrustedUserCAKeys []string `json:"trusted_user_ca_keys,omitempty"`
+	// HostKey (OpenSSH PEM) and HostCertificate (CA-signed) let clients
+	// pin the guest. HostKey is secret: it travels only in the command
+	// (over mTLS) and in the guest's seed, never in results or logs.
+	HostKey         string `json:"host_key,omitempty"`
+	HostCertificate string `json:"host_certificate,omitempty"`
+	// UserData is the tenant's user data; secrets in it never appear in
+	// results, events or logs.
+	UserData string `json:"user_data,omitempty"`
+}
+
+// CreateParams is instance.create.
+type CreateParams struct {
+	InstanceID string      `json:"instance_id"`
+	VCPUs      int         `json:"vcpus"`
+	MemoryMiB  int         `json:"memory_mib"`
+	DiskMiB    int         `json:"disk_mib"`
+	Image      Image       `json:"image"`
+	Network    Network     `json:"network"`
+	Volumes    []VolumeRef `json:"volumes,omitempty"`
+	Placement  Placement   `json:"placement"`
+	Seed       Seed        `json:"seed"`
+	// Paused leaves the guest paused once booted (a warm sandbox).
+	Paused bool `json:"paused,omitempty"`
+}
+
+// SnapshotParams is instance.snapshot and instance.restore.
+type SnapshotParams struct {
+	InstanceID string `json:"instance_id"`
+	SnapshotID string `json:"snapshot_id"`
+}
+
+// VolumeParams is volume.create and volume.delete.
+type VolumeParams struct {
+	VolumeID string `json:"volume_id"`
+	Format   string `json:"format"`
+	SizeMiB  int    `json:"size_mib"`
+}
+
+// Instance states bcd reports.
+const (
+	StateRunning = "running"
+	StatePaused  = "paused"
+	StateStopped = "stopped"
+	StateDeleted = "deleted"
+)
+
+// Status is one instance as bcd sees it.
+type Status struct {
+	InstanceID string `json:"instance_id"`
+	State      string `json:"state"`
+	// Accel is kvm or tcg: what this guest really runs on.
+	Accel string `json:"accel,omitempty"`
+	Tap   string `json:"tap,omitempty"`
+	// Degraded lists placement asks the host could not apply (e.g.
+	// "huge_pages"), for the instance's PlacementDegraded condition.
+	Degraded []string `json:"degraded,omitempty"`
+	// SSHAddress is where the control plane's exec path reaches the
+	// guest's sshd (host:port, or the guest address on the host network).
+	SSHAddress string `json:"ssh_address,omitempty"`
+}
+
+// ListResult is instance.list.
+type ListResult struct {
+	Instances []Status `json:"instances"`
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidID reports whether s can name an instance, volume or snapshot on a
+// host (it becomes a directory and part of device names).
+func ValidID(s string) bool { return idRE.MatchString(s) }
+
+// Decode reads params (a command's Struct as JSON) into v, refusing
+// unknown fields so a newer control plane's ask is not half-applied.
+func Decode(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("vmcmd: %w", err)
+	}
+	return nil
+}
+
+// NetPolicy enforces an instance's network policy on its tap device
+// (internal/agent/netpolicy implements it with nftables). Apply is
+// idempotent and replaces the tap's rules; Remove of a tap without rules
+// succeeds.
+type NetPolicy interface {
+	// Supported reports whether policies are enforced on this host.
+	Supported(ctx context.Context) bool
+	Apply(ctx context.Context, r Rule) error
+	Remove(ctx context.Context, tap string) error
+}
+
+// Rule is one tap's policy.
+type Rule struct {
+	// NetNS is the network namespace holding the bridge and tap (empty:
+	// the host's).
+	NetNS   string   `json:"netns,omitempty"`
+	Bridge  string   `json:"bridge"`
+	Tap     string   `json:"tap"`
+	MAC     string   `json:"mac"`
+	Address string   `json:"address"` // the guest's, without prefix
+	Gateway string   `json:"gateway"`
+	Policy  string   `json:"policy"`
+	Peers   []string `json:"peers,omitempty"`
+}
