@@ -62,6 +62,7 @@ type Client struct {
 	Machines      apiv1connect.MachineServiceClient
 	Flavors       apiv1connect.FlavorServiceClient
 	IPPools       apiv1connect.IPPoolServiceClient
+	Secrets       apiv1connect.SecretServiceClient
 }
 
 type options struct {
@@ -135,6 +136,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Machines:      apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
 		Flavors:       apiv1connect.NewFlavorServiceClient(h, baseURL, copts...),
 		IPPools:       apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
+		Secrets:       apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
 	}
 }
 

@@ -126,6 +126,10 @@ func resourceFor(action, tenant string) Resource {
 	case "webhooks.get", "webhooks.update", "webhooks.delete", "webhooks.test", "webhooks.rotateSecret",
 		"webhooks.listDeliveries", "webhooks.redeliver":
 		return Resource{Type: "Webhook", ID: "whk1", TenantID: tenant}
+	case "secrets.put":
+		return Resource{Type: "Secret", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "token"}}
+	case "secrets.get", "secrets.delete":
+		return Resource{Type: "Secret", ID: "sec1", TenantID: tenant, Attrs: map[string]any{"name": "token"}}
 	case "flavors.create":
 		return Resource{Type: "Flavor", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "small", "vcpus": int64(2), "gpus": int64(0)}}
 	case "flavors.get", "flavors.delete":
@@ -161,7 +165,7 @@ func TestCedarMatrix(t *testing.T) {
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
 		"machines.getWorkflow",
-		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases"}
+		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases", "secrets.get", "secrets.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
@@ -503,6 +507,7 @@ func TestActions(t *testing.T) {
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
+		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
