@@ -50,7 +50,7 @@ var (
 )
 
 // needNetns skips unless this machine can run the namespace tests.
-func needNetns(t *testing.T) {
+func needNetns(t testing.TB) {
 	t.Helper()
 	probeOnce.Do(func() {
 		if os.Geteuid() != 0 {

@@ -138,8 +138,10 @@ type state struct {
 
 func (s *state) empty() bool { return !s.chains && len(s.jumps) == 0 && len(s.inet) == 0 }
 
-// read finds tap's chains and tagged rules in both tables.
-func read(c *nftables.Conn, tap string) (*state, error) {
+// read finds tap's chains and tagged rules in both tables; the bridge
+// table's jumps (a dump of every tap's) only when jumps is set, as Apply
+// does not need them.
+func read(c *nftables.Conn, tap string, jumps bool) (*state, error) {
 	st := &state{}
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyBridge, nftables.TableFamilyINet} {
 		chains, err := c.ListChainsOfTableFamily(fam)
@@ -153,7 +155,7 @@ func read(c *nftables.Conn, tap string) (*state, error) {
 			if ch.Name == chainFrom(tap) {
 				st.chains = true
 			}
-			if ch.Hooknum == nil {
+			if ch.Hooknum == nil || (fam == nftables.TableFamilyBridge && !jumps) {
 				continue
 			}
 			rules, err := c.GetRules(ch.Table, ch)
@@ -192,7 +194,7 @@ func (p *Policy) Apply(ctx context.Context, r vmcmd.Rule) error {
 		return err
 	}
 	defer release()
-	st, err := read(c, rr.tap)
+	st, err := read(c, rr.tap, false)
 	if err != nil {
 		return err
 	}
@@ -254,7 +256,7 @@ func (p *Policy) Remove(ctx context.Context, tap string) error {
 		return err
 	}
 	defer release()
-	st, err := read(c, tap)
+	st, err := read(c, tap, true)
 	if err != nil {
 		return err
 	}
