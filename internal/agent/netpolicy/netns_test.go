@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -211,7 +212,7 @@ func (tp *topo) listen(who string, port int) {
 	tp.t.Helper()
 	var l net.Listener
 	require.NoError(tp.t, inNS(tp.ns(who), func() (err error) {
-		l, err = net.Listen("tcp", fmt.Sprintf("%s:%d", addrOf(who), port))
+		l, err = net.Listen("tcp", net.JoinHostPort(addrOf(who), strconv.Itoa(port)))
 		return err
 	}))
 	tp.t.Cleanup(func() { l.Close() })
@@ -226,6 +227,46 @@ func (tp *topo) listen(who string, port int) {
 	}()
 }
 
+// serveUDP answers every datagram to who's address:port with its payload.
+func (tp *topo) serveUDP(who string, port int) {
+	tp.t.Helper()
+	var c net.PacketConn
+	require.NoError(tp.t, inNS(tp.ns(who), func() (err error) {
+		c, err = net.ListenPacket("udp4", net.JoinHostPort(addrOf(who), strconv.Itoa(port)))
+		return err
+	}))
+	tp.t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = c.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// askUDP sends one datagram from who to to:port and waits for the echo.
+func (tp *topo) askUDP(ctx context.Context, who, to string, port int) error {
+	var c net.Conn
+	if err := inNS(tp.ns(who), func() (err error) {
+		c, err = net.Dial("udp4", net.JoinHostPort(addrOf(to), strconv.Itoa(port)))
+		return err
+	}); err != nil {
+		return err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	if _, err := c.Write([]byte("q")); err != nil {
+		return err
+	}
+	_, err := c.Read(make([]byte, 16))
+	return err
+}
+
 // dial connects from who (from the source address src when set) to
 // to:port.
 func (tp *topo) dial(ctx context.Context, who, src, to string, port int) error {
@@ -234,7 +275,7 @@ func (tp *topo) dial(ctx context.Context, who, src, to string, port int) error {
 		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
 	}
 	return inNS(tp.ns(who), func() error {
-		c, err := d.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", addrOf(to), port))
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(addrOf(to), strconv.Itoa(port)))
 		if err == nil {
 			c.Close()
 		}

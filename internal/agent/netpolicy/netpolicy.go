@@ -233,6 +233,12 @@ func (p *Policy) Apply(ctx context.Context, r vmcmd.Rule) error {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("netpolicy: apply %s policy to %s: %w", rr.policy, rr.tap, err)
 	}
+	if prev, ok := p.netns[rr.tap]; ok && prev != rr.netns {
+		// The tap moved namespaces: its old rules would otherwise stay.
+		if err := p.removeLocked(rr.tap, prev); err != nil {
+			return err
+		}
+	}
 	p.netns[rr.tap] = rr.netns
 	return nil
 }
@@ -251,6 +257,10 @@ func (p *Policy) Remove(ctx context.Context, tap string) error {
 	if !ok {
 		netns = p.cfg.NetNS
 	}
+	return p.removeLocked(tap, netns)
+}
+
+func (p *Policy) removeLocked(tap, netns string) error {
 	c, release, err := p.conn(netns)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -63,7 +64,14 @@ func TestPrivate(t *testing.T) {
 	tp.reaches("a1", "a2", 8080)
 	tp.reaches("a2", "a1", 8080)
 	tp.pings("a1", "a2")
-	// DNS on the gateway, and the host's exec path to the guest.
+	// DNS on the gateway (UDP and TCP), and the host's exec path to the
+	// guest.
+	tp.serveUDP("gw", 53)
+	tp.serveUDP("gw", 5353)
+	require.NoError(t, tp.askUDP(t.Context(), "a1", "gw", 53), "a1 -> gw:53/udp")
+	tp.blockedAt(bridgeChain(chainFrom("a1")), "a1 -> gw:5353/udp", func(ctx context.Context) error {
+		return tp.askUDP(ctx, "a1", "gw", 5353)
+	})
 	tp.reaches("a1", "gw", 53)
 	tp.reaches("gw", "a1", 22)
 
@@ -236,4 +244,23 @@ func TestBadRuleWritesNothing(t *testing.T) {
 	r.NetNS = "bcnp-missing-" + randHex(3)
 	require.ErrorContains(t, tp.p.Apply(ctx, r), "network namespace")
 	require.Equal(t, applied, tp.ruleset())
+}
+
+// A tap applied in another namespace leaves nothing in the old one.
+func TestApplyMovesNamespace(t *testing.T) {
+	t.Parallel()
+	tp := newTopo(t)
+	other := tp.host + "2"
+	run(t, "ip", "netns", "add", other)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", other).Run() })
+	tp.apply("a1", vmcmd.PolicyPrivate)
+	require.Contains(t, tp.ruleset(), "from-a1")
+	r := tp.rule("a1", vmcmd.PolicyPrivate)
+	r.NetNS = other
+	require.NoError(t, tp.p.Apply(context.Background(), r))
+	require.NotContains(t, tp.ruleset(), "a1")
+	moved := &topo{t: t, host: other, p: tp.p}
+	require.Contains(t, moved.ruleset(), "from-a1")
+	require.NoError(t, tp.p.Remove(context.Background(), "a1"))
+	require.NotContains(t, moved.ruleset(), "a1")
 }
