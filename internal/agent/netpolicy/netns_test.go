@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -419,6 +420,24 @@ func (tp *topo) ruleset() string {
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyBridge, nftables.TableFamilyINet} {
 		chains, err := c.ListChainsOfTableFamily(fam)
 		require.NoError(tp.t, err)
+		if fam == nftables.TableFamilyBridge && len(chains) > 0 {
+			sets, err := c.GetSets(bridgeTable())
+			require.NoError(tp.t, err)
+			for _, set := range sets {
+				els, err := c.GetSetElements(set)
+				require.NoError(tp.t, err)
+				var entries []string
+				for _, e := range els {
+					to := fmt.Sprintf("%x", e.Val)
+					if e.VerdictData != nil {
+						to = e.VerdictData.Chain
+					}
+					entries = append(entries, strings.TrimRight(string(e.Key), "\x00")+":"+to)
+				}
+				slices.Sort(entries)
+				fmt.Fprintf(&b, "map %s %v\n", set.Name, entries)
+			}
+		}
 		for _, ch := range chains {
 			fmt.Fprintf(&b, "%d %s %s\n", fam, ch.Table.Name, ch.Name)
 			rules, err := c.GetRules(ch.Table, ch)

@@ -6,8 +6,9 @@
 // binary.
 //
 // Layout. The bridge-family table bc_instances sees every frame a guest
-// sends or receives at its bridge port. Base chains jump, by the tap's
-// name, to four per-tap chains: prerouting to guard-TAP (anti-spoofing:
+// sends or receives at its bridge port. Base chains look the port up in
+// verdict maps (one lookup, however many guests) that jump to four per-tap
+// chains: prerouting to guard-TAP (anti-spoofing:
 // the guest's MAC and IPv4 address only, before the bridge learns the
 // source MAC), forward and input to from-TAP (what the guest may send),
 // forward to to-TAP (what other bridge ports may send it) and output to
@@ -131,17 +132,16 @@ func (p *Policy) probeLocked() error {
 
 // state is what of one tap is in the kernel now.
 type state struct {
-	chains bool             // its per-tap chains exist (and so its jumps)
-	jumps  []*nftables.Rule // its jumps in the bridge base chains
+	bridge bool             // the bridge table exists (with its maps and base rules)
+	chains bool             // the tap's chains exist (and so its map entries)
 	inet   []*nftables.Rule // its rules in the inet table
 }
 
-func (s *state) empty() bool { return !s.chains && len(s.jumps) == 0 && len(s.inet) == 0 }
+func (s *state) empty() bool { return !s.chains && len(s.inet) == 0 }
 
-// read finds tap's chains and tagged rules in both tables; the bridge
-// table's jumps (a dump of every tap's) only when jumps is set, as Apply
-// does not need them.
-func read(c *nftables.Conn, tap string, jumps bool) (*state, error) {
+// read finds the bridge table, tap's chains, and tap's tagged rules in the
+// inet table.
+func read(c *nftables.Conn, tap string) (*state, error) {
 	st := &state{}
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyBridge, nftables.TableFamilyINet} {
 		chains, err := c.ListChainsOfTableFamily(fam)
@@ -152,10 +152,12 @@ func read(c *nftables.Conn, tap string, jumps bool) (*state, error) {
 			if ch.Table.Name != TableName {
 				continue
 			}
-			if ch.Name == chainFrom(tap) {
-				st.chains = true
+			if fam == nftables.TableFamilyBridge {
+				st.bridge = true
+				st.chains = st.chains || ch.Name == chainFrom(tap)
+				continue
 			}
-			if ch.Hooknum == nil || (fam == nftables.TableFamilyBridge && !jumps) {
+			if ch.Hooknum == nil {
 				continue
 			}
 			rules, err := c.GetRules(ch.Table, ch)
@@ -163,13 +165,8 @@ func read(c *nftables.Conn, tap string, jumps bool) (*state, error) {
 				return nil, fmt.Errorf("netpolicy: list rules of %s: %w", ch.Name, err)
 			}
 			for _, r := range rules {
-				if ruleComment(r) != tag(tap) {
-					continue
-				}
-				r.Table, r.Chain = ch.Table, ch
-				if fam == nftables.TableFamilyBridge {
-					st.jumps = append(st.jumps, r)
-				} else {
+				if ruleComment(r) == tag(tap) {
+					r.Table, r.Chain = ch.Table, ch
 					st.inet = append(st.inet, r)
 				}
 			}
@@ -194,13 +191,18 @@ func (p *Policy) Apply(ctx context.Context, r vmcmd.Rule) error {
 		return err
 	}
 	defer release()
-	st, err := read(c, rr.tap, false)
+	st, err := read(c, rr.tap)
 	if err != nil {
 		return err
 	}
 	bt, it := c.AddTable(bridgeTable()), c.AddTable(inetTable())
 	for _, ch := range append(bridgeBase(bt), inetBase(it)...) {
 		c.AddChain(ch)
+	}
+	if !st.bridge {
+		if err := dispatch(c, bt); err != nil {
+			return err
+		}
 	}
 	perTap := []*ruleSet{guardRules(bt, rr), fromRules(bt, rr), toRules(bt, rr), hostRules(bt, rr)}
 	for _, s := range perTap {
@@ -209,17 +211,17 @@ func (p *Policy) Apply(ctx context.Context, r vmcmd.Rule) error {
 		} else {
 			c.AddChain(s.chain)
 		}
-	}
-	if !st.chains {
-		// A half-removed tap (jumps without chains) cannot exist: both
-		// change in one batch.
-		for _, j := range jumpRules(bt, rr.tap) {
-			c.AddRule(j)
-		}
-	}
-	for _, s := range perTap {
 		for _, rule := range s.rules {
 			c.AddRule(rule)
+		}
+	}
+	if !st.chains {
+		// Entries and chains change together, in this batch: a map never
+		// names a missing chain.
+		for name, els := range tapElements(rr.tap) {
+			if err := c.SetAddElements(tapMap(bt, name), els); err != nil {
+				return fmt.Errorf("netpolicy: %w", err)
+			}
 		}
 	}
 	for _, old := range st.inet {
@@ -266,18 +268,23 @@ func (p *Policy) removeLocked(tap, netns string) error {
 		return err
 	}
 	defer release()
-	st, err := read(c, tap, true)
+	st, err := read(c, tap)
 	if err != nil {
 		return err
 	}
 	if !st.empty() {
-		for _, rule := range append(st.jumps, st.inet...) {
+		for _, rule := range st.inet {
 			if err := c.DelRule(rule); err != nil {
 				return fmt.Errorf("netpolicy: %w", err)
 			}
 		}
 		if st.chains {
 			bt := bridgeTable()
+			for name, els := range tapElements(tap) {
+				if err := c.SetDeleteElements(tapMap(bt, name), els); err != nil {
+					return fmt.Errorf("netpolicy: %w", err)
+				}
+			}
 			for _, name := range []string{chainGuard(tap), chainFrom(tap), chainTo(tap), chainHost(tap)} {
 				ch := &nftables.Chain{Name: name, Table: bt}
 				c.FlushChain(ch)

@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -291,18 +292,67 @@ func hostRules(t *nftables.Table, r *rule) *ruleSet {
 	return s
 }
 
-// jumpRules are the tap's entries in the bridge table's base chains.
-func jumpRules(t *nftables.Table, tap string) []*nftables.Rule {
-	jump := func(chain string, match []expr.Any, to string) *nftables.Rule {
-		return &nftables.Rule{Table: t, Chain: &nftables.Chain{Name: chain, Table: t}, UserData: comment(tag(tap)),
-			Exprs: append(match, &expr.Verdict{Kind: expr.VerdictJump, Chain: to})}
+// Verdict maps of the bridge table: a tap's name to a jump to one of its
+// chains, so a frame finds its port's chain in one lookup however many
+// guests the host runs.
+const (
+	mapGuard = "guard"
+	mapFrom  = "from"
+	mapTo    = "to"
+	mapHost  = "host"
+)
+
+func tapMap(t *nftables.Table, name string) *nftables.Set {
+	// Host byte order is how nft(8) stores ifname keys; with it `nft list`
+	// shows the names.
+	return &nftables.Set{Table: t, Name: name, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict,
+		KeyByteOrder: binaryutil.NativeEndian}
+}
+
+// vmap looks the input (iif) or output (oif) device up in set and
+// jumps where it says; a device not in it falls through.
+func vmap(key expr.MetaKey, set *nftables.Set) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: key, Register: 1},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: set.Name, SetID: set.ID}}
+}
+
+// dispatch creates the bridge table's maps and the base-chain rules that
+// consult them: written once, with the table.
+func dispatch(c *nftables.Conn, t *nftables.Table) error {
+	sets := map[string]*nftables.Set{}
+	for _, name := range []string{mapGuard, mapFrom, mapTo, mapHost} {
+		sets[name] = tapMap(t, name)
+		if err := c.AddSet(sets[name], nil); err != nil {
+			return fmt.Errorf("netpolicy: map %s: %w", name, err)
+		}
 	}
-	return []*nftables.Rule{
-		jump(chainPrerouting, iif(tap), chainGuard(tap)),
-		jump(chainForward, iif(tap), chainFrom(tap)),
-		jump(chainForward, oif(tap), chainTo(tap)),
-		jump(chainInput, iif(tap), chainFrom(tap)),
-		jump(chainOutput, oif(tap), chainHost(tap)),
+	base := func(chain string) *nftables.Chain { return &nftables.Chain{Name: chain, Table: t} }
+	for _, r := range []struct {
+		chain string
+		key   expr.MetaKey
+		set   string
+	}{
+		{chainPrerouting, expr.MetaKeyIIFNAME, mapGuard},
+		{chainForward, expr.MetaKeyIIFNAME, mapFrom},
+		{chainForward, expr.MetaKeyOIFNAME, mapTo},
+		{chainInput, expr.MetaKeyIIFNAME, mapFrom},
+		{chainOutput, expr.MetaKeyOIFNAME, mapHost},
+	} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: base(r.chain), Exprs: vmap(r.key, sets[r.set])})
+	}
+	return nil
+}
+
+// tapElements are the tap's entries in the maps, by map.
+func tapElements(tap string) map[string][]nftables.SetElement {
+	el := func(chain string) []nftables.SetElement {
+		return []nftables.SetElement{{Key: ifname(tap), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}}}
+	}
+	return map[string][]nftables.SetElement{
+		mapGuard: el(chainGuard(tap)),
+		mapFrom:  el(chainFrom(tap)),
+		mapTo:    el(chainTo(tap)),
+		mapHost:  el(chainHost(tap)),
 	}
 }
 
