@@ -71,3 +71,11 @@ func TestRemoveRefusesBadTap(t *testing.T) {
 	require.True(t, errors.As(err, &re), "%v", err)
 	require.Equal(t, "tap", re.Field)
 }
+
+// A namespace that cannot be opened makes Supported false, with the reason.
+func TestSupportedNeedsItsNamespace(t *testing.T) {
+	t.Parallel()
+	p := New(Config{NetNS: "missing", NetNSDir: t.TempDir()})
+	require.False(t, p.Supported(context.Background()))
+	require.ErrorContains(t, p.Reason(context.Background()), `network namespace "missing"`)
+}

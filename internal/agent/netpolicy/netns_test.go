@@ -69,8 +69,8 @@ func needNetns(t testing.TB) {
 			return
 		}
 		defer exec.Command("ip", "netns", "del", name).Run()
-		if !New(Config{NetNS: name}).Supported(context.Background()) {
-			probeSkip = "nf_tables (bridge and inet families) is not usable in a network namespace here"
+		if err := New(Config{NetNS: name}).Reason(context.Background()); err != nil {
+			probeSkip = fmt.Sprintf("nf_tables is not usable in a network namespace here: %v", err)
 		}
 	})
 	if probeSkip != "" {

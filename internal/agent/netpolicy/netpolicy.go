@@ -55,10 +55,10 @@ type Config struct {
 type Policy struct {
 	cfg Config
 
-	mu        sync.Mutex
-	probed    bool
-	supported bool
-	netns     map[string]string // tap -> the namespace its last Apply used
+	mu       sync.Mutex
+	probed   bool
+	probeErr error
+	netns    map[string]string // tap -> the namespace its last Apply used
 }
 
 var _ vmcmd.NetPolicy = (*Policy)(nil)
@@ -90,19 +90,24 @@ func (p *Policy) conn(netns string) (c *nftables.Conn, release func(), err error
 	return c, func() { f.Close() }, nil
 }
 
-// Supported reports whether nf_tables with the bridge family is usable in
-// the configured namespace, by creating and deleting a scratch table (and
-// chain, since a kernel without bridge filtering refuses the hook only
-// there). The answer is cached: it decides a capability bcd advertises
-// once.
+// Supported reports whether policies can be enforced in the configured
+// namespace: nf_tables with the bridge family, verdict maps and, in the
+// inet family, conntrack. It probes once, by creating and deleting scratch
+// tables shaped like the real ones, and caches the answer: it decides a
+// capability bcd advertises (Reason says why not).
 func (p *Policy) Supported(ctx context.Context) bool {
+	return p.Reason(ctx) == nil
+}
+
+// Reason is why Supported is false (nil when it is true), for bcd's log.
+func (p *Policy) Reason(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.probed {
-		p.supported = p.probeLocked() == nil
+		p.probeErr = p.probeLocked()
 		p.probed = true
 	}
-	return p.supported
+	return p.probeErr
 }
 
 func (p *Policy) probeLocked() error {
@@ -112,14 +117,19 @@ func (p *Policy) probeLocked() error {
 	}
 	defer release()
 	// One batch that creates and deletes: nothing is left behind whether
-	// it passes or not. The inet chain carries a ct rule since the
-	// stateful half needs conntrack.
+	// it passes or not.
 	name := fmt.Sprintf("bc_probe_%d", os.Getpid())
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyBridge, nftables.TableFamilyINet} {
 		t := c.AddTable(&nftables.Table{Name: name, Family: fam})
 		ch := c.AddChain(&nftables.Chain{Name: "probe", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
-		if fam == nftables.TableFamilyINet {
+		if fam == nftables.TableFamilyBridge {
+			m := tapMap(t, "probe")
+			if err := c.AddSet(m, nil); err != nil {
+				return fmt.Errorf("netpolicy: probe: %w", err)
+			}
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: vmap(expr.MetaKeyIIFNAME, m)})
+		} else {
 			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ctReply(expr.VerdictAccept)})
 		}
 		c.DelTable(t)

@@ -219,6 +219,8 @@ func TestBadRuleWritesNothing(t *testing.T) {
 	t.Parallel()
 	tp := newTopo(t)
 	ctx := context.Background()
+	require.True(t, tp.p.Supported(ctx))
+	require.Empty(t, tp.tables(), "the probe leaves nothing behind")
 	bad := tp.rule("a1", "public")
 	require.ErrorContains(t, tp.p.Apply(ctx, bad), "policy")
 	require.Empty(t, tp.tables(), "nothing was created for a refused rule")
