@@ -221,6 +221,11 @@ func (p *Policy) Apply(ctx context.Context, r vmcmd.Rule) error {
 		} else {
 			c.AddChain(s.chain)
 		}
+		for _, a := range s.sets {
+			if err := c.AddSet(a.set, a.elems); err != nil {
+				return fmt.Errorf("netpolicy: peers: %w", err)
+			}
+		}
 		for _, rule := range s.rules {
 			c.AddRule(rule)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -159,11 +160,44 @@ func ctReply(v expr.VerdictKind) []expr.Any {
 	}
 }
 
-// ruleSet collects rules for one chain.
+// ruleSet collects rules for one chain, and the anonymous sets they
+// look up (added to the batch before the rules).
 type ruleSet struct {
 	table *nftables.Table
 	chain *nftables.Chain
 	rules []*nftables.Rule
+	sets  []anonSet
+}
+
+// setIDs numbers anonymous sets; IDs only need to be unique within a
+// batch, and start far above the library's own counter.
+var setIDs atomic.Uint32
+
+func init() { setIDs.Store(1 << 24) }
+
+type anonSet struct {
+	set   *nftables.Set
+	elems []nftables.SetElement
+}
+
+// peers returns when the IPv4 address at offset (12: source, 16:
+// destination) is one of r's peers: one set lookup however many peers.
+func (s *ruleSet) peers(r *rule, offset uint32) {
+	if len(r.peers) == 0 {
+		return
+	}
+	// The lookup names the set by the ID it gets in the batch, so the ID
+	// is chosen here (the library would choose it only in AddSet);
+	// "__set%d" is how the kernel names an anonymous set.
+	set := &nftables.Set{Table: s.table, Anonymous: true, Constant: true, KeyType: nftables.TypeIPAddr,
+		Name: "__set%d", ID: setIDs.Add(1)}
+	var elems []nftables.SetElement
+	for _, p := range r.peers {
+		a := p.As4()
+		elems = append(elems, nftables.SetElement{Key: a[:]})
+	}
+	s.sets = append(s.sets, anonSet{set, elems})
+	s.add(expr.VerdictReturn, "", []expr.Any{load(expr.PayloadBaseNetworkHeader, offset, 4), &expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID}})
 }
 
 // add appends a rule of the matches in parts followed by verdict v.
@@ -226,9 +260,7 @@ func fromRules(t *nftables.Table, r *rule) *ruleSet {
 		// Anything; what the receiver accepts is its own chain's say.
 	case vmcmd.PolicyPrivate:
 		s.add(expr.VerdictReturn, "", etherType(expr.CmpOpEq, etherARP))
-		for _, peer := range r.peers {
-			s.add(expr.VerdictReturn, "", ipDaddr(expr.CmpOpEq, peer))
-		}
+		s.peers(r, 16) // ip daddr
 		gw := ipDaddr(expr.CmpOpEq, r.gateway)
 		s.add(expr.VerdictReturn, "", ipDaddr(expr.CmpOpEq, broadcast4), dport(unix.IPPROTO_UDP, portDHCPs))
 		s.add(expr.VerdictReturn, "", gw, dport(unix.IPPROTO_UDP, portDHCPs))
@@ -255,9 +287,7 @@ func toRules(t *nftables.Table, r *rule) *ruleSet {
 	// own port.
 	s.add(expr.VerdictReturn, "", etherType(expr.CmpOpEq, etherARP))
 	s.add(expr.VerdictDrop, "not IPv4 or ARP", etherType(expr.CmpOpNeq, etherIPv4))
-	for _, peer := range r.peers {
-		s.add(expr.VerdictReturn, "", ipSaddr(expr.CmpOpEq, peer))
-	}
+	s.peers(r, 12) // ip saddr
 	if r.policy == vmcmd.PolicyEgress {
 		// Replies to the guest's own connections to other guests, judged
 		// without conntrack: TCP that is not a bare SYN, ICMP errors and
