@@ -388,4 +388,3 @@ func qemuPID(t *testing.T, hvDir, id string) int {
 	require.NoError(t, err)
 	return pid
 }
-
