@@ -325,7 +325,7 @@ func TestGuestAgentRunsInstances(t *testing.T) {
 	// bcd restarts; the guest keeps running and is adopted.
 	pid := qemuPID(t, g.hvDir, "web-1")
 	node.stop()
-	node = g.startBCD(t, "")
+	g.startBCD(t, "") // stopped at cleanup
 	list := g.must(t, nodeID, vmcmd.KindInstanceList, struct{}{})["instances"].([]any)
 	require.Len(t, list, 1)
 	require.Equal(t, "web-1", list[0].(map[string]any)["instance_id"])
