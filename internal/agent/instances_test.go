@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -130,4 +132,26 @@ func TestInstanceCommandsWithoutHypervisor(t *testing.T) {
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_FAILED, u.GetState())
 	require.Equal(t, vmcmd.FailNoRuntime, u.GetFailureCode())
 	require.Contains(t, u.GetMessage(), "runs no instances")
+}
+
+// An instance command that was running when bcd died (its record is in the
+// command log's running list) is reported INTERRUPTED by the next bcd and
+// not applied again: the control plane resends it, and it converges.
+func TestInstanceCommandInterruptedByACrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := b.newAgent(t)
+	require.NoError(t, a.Join(context.Background(), b.gw.token))
+	p := filepath.Join(b.stateDir, "commands.json")
+	require.NoError(t, os.WriteFile(p, []byte(`{"last_applied_seq":1,"execs":[{"seq":1,"id":"c1","kind":"instance.create"}],"log":[]}`), 0o600))
+	hv := &gatedRunner{gate: make(chan struct{})}
+	a2 := b.newAgent(t, func(c *agent.Config) { c.Instances = hv })
+	run(t, a2)
+	require.EqualValues(t, 1, b.gw.hello(t).GetLastAppliedSeq())
+	u, ran := b.gw.finalUpdate(t, 1)
+	require.False(t, ran)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_FAILED, u.GetState())
+	require.Equal(t, agent.FailInterrupted, u.GetFailureCode())
+	require.Equal(t, "bcd restarted while applying this command", u.GetMessage())
+	require.Empty(t, hv.applied())
 }
