@@ -149,6 +149,10 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 		key = orderKey(c)
 	}
 	wait, done := a.instOrder.enter(key)
+	if canceled {
+		// Canceled before it ran: it ends now, not after its turn.
+		wait, _ = a.instOrder.enter("")
+	}
 	run := func() {
 		defer done()
 		defer cancel()

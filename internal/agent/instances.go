@@ -100,12 +100,15 @@ func (a *Agent) applyInstance(ctx context.Context, c *agentv1.Command) (outcome,
 	}
 	res, err := a.cfg.Instances.Apply(ctx, c.GetKind(), params)
 	if err != nil {
+		// Canceled or stopped first: a QEMU or qemu-img killed with the
+		// context fails with its own error, which would read as the
+		// host's fault.
+		if cerr := ctx.Err(); cerr != nil {
+			return outcome{}, fmt.Errorf("%w: %w", cerr, err)
+		}
 		var coded interface{ FailureCode() string }
 		if errors.As(err, &coded) {
 			return outcome{}, fail(coded.FailureCode(), err)
-		}
-		if ctx.Err() != nil {
-			return outcome{}, err
 		}
 		return outcome{}, fail(vmcmd.FailRuntime, err)
 	}

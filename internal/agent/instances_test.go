@@ -26,6 +26,9 @@ type gatedRunner struct {
 }
 
 func (g *gatedRunner) Apply(ctx context.Context, kind string, params []byte) (any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	var p struct {
 		InstanceID string `json:"instance_id"`
 	}
@@ -154,4 +157,32 @@ func TestInstanceCommandInterruptedByACrash(t *testing.T) {
 	require.Equal(t, agent.FailInterrupted, u.GetFailureCode())
 	require.Equal(t, "bcd restarted while applying this command", u.GetMessage())
 	require.Empty(t, hv.applied())
+}
+
+// A running instance command, and one waiting for its turn behind it, can
+// be canceled; the next command for the instance then runs.
+func TestInstanceCommandCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hv := &gatedRunner{gate: make(chan struct{})}
+	a := b.newAgent(t, func(c *agent.Config) { c.Instances = hv })
+	require.NoError(t, a.Join(context.Background(), b.gw.token))
+	run(t, a)
+	b.gw.hello(t)
+	ref := params(t, map[string]any{"instance_id": "a"})
+	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: vmcmd.KindInstanceCreate, Params: ref})
+	b.gw.await(t, "c1 running", func(m *agentv1.AgentMessage) bool {
+		return m.GetCommandUpdate().GetSeq() == 1 && m.GetCommandUpdate().GetState() == agentv1.CommandState_COMMAND_STATE_RUNNING
+	})
+	b.gw.command(&agentv1.Command{Id: "c2", Seq: 2, Kind: vmcmd.KindInstanceStop, Params: ref})
+	b.gw.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Cancel{Cancel: &agentv1.CancelCommand{CommandId: "c2", Seq: 2}}})
+	u, _ := b.gw.finalUpdate(t, 2)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_CANCELED, u.GetState(), u.GetMessage())
+	b.gw.send(&agentv1.GatewayMessage{Msg: &agentv1.GatewayMessage_Cancel{Cancel: &agentv1.CancelCommand{CommandId: "c1", Seq: 1}}})
+	u, _ = b.gw.finalUpdate(t, 1)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_CANCELED, u.GetState(), u.GetMessage())
+	b.gw.command(&agentv1.Command{Id: "c3", Seq: 3, Kind: vmcmd.KindInstanceDelete, Params: ref})
+	u, _ = b.gw.finalUpdate(t, 3)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
+	require.Equal(t, []string{vmcmd.KindInstanceDelete + " a"}, hv.applied())
 }
