@@ -192,6 +192,17 @@ func (h *Hypervisor) create(ctx context.Context, p *vmcmd.CreateParams) (_ any, 
 	}
 	unlock := h.lock(p.InstanceID)
 	defer unlock()
+	// The volumes too, so a volume.delete cannot remove one between its
+	// check and the instance's creation (sorted: always the same order;
+	// volume commands take one volume lock and no instance lock).
+	vols := make([]string, 0, len(p.Volumes))
+	for _, v := range p.Volumes {
+		vols = append(vols, "volume/"+v.VolumeID)
+	}
+	slices.Sort(vols)
+	for _, v := range vols {
+		defer h.lock(v)()
+	}
 	want, degraded := h.spec(ctx, p, img)
 	// Checked before anything is made; the volumes' files are made below
 	// (the runtime's Create checks them).
