@@ -37,6 +37,12 @@ type options struct {
 	imageKeys     string
 	spoolDir      string
 	site          siteOptions
+	inst          instanceOptions
+}
+
+// instanceOptions configure a node that runs instances (QEMU guests).
+type instanceOptions struct {
+	dir, images, bridge, bridgeAddress, netns, accel string
 }
 
 // siteOptions configure --mode site's provisioning services.
@@ -80,6 +86,12 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.site.kernel, "site-ramdisk-kernel", "", "site mode: the commissioning ramdisk's kernel (a file in --site-files-dir, sha256:…, or a URL)")
 	fs.StringVar(&o.site.initrd, "site-ramdisk-initrd", "", "site mode: the commissioning ramdisk's initrd (as --site-ramdisk-kernel)")
 	fs.StringVar(&o.site.cmdline, "site-ramdisk-cmdline", "", "site mode: the ramdisk's kernel command line")
+	fs.StringVar(&o.inst.dir, "instances-dir", "", "run instances (QEMU guests): their disks, seeds, volumes and snapshots live here; empty: this node runs none")
+	fs.StringVar(&o.inst.images, "guest-images", "", "with --instances-dir: the guest image directory (DIR/NAME as make guest-image writes it); required")
+	fs.StringVar(&o.inst.bridge, "instance-bridge", "bcbr0", "with --instances-dir: the bridge guests' taps join (created when missing)")
+	fs.StringVar(&o.inst.bridgeAddress, "instance-bridge-address", "", "with --instances-dir: address/prefix given to a bridge bcd creates (the guests' gateway)")
+	fs.StringVar(&o.inst.netns, "instance-netns", "", "with --instances-dir: named network namespace holding the bridge and taps (default the host's)")
+	fs.StringVar(&o.inst.accel, "instance-accel", "", "with --instances-dir: kvm or tcg; empty probes KVM by booting and falls back to TCG")
 }
 
 // fileConfig is the config file; keys are the flag names with underscores.
@@ -109,6 +121,13 @@ type fileConfig struct {
 	SiteRamdiskKernel string `toml:"site_ramdisk_kernel" yaml:"site_ramdisk_kernel"`
 	SiteRamdiskInitrd string `toml:"site_ramdisk_initrd" yaml:"site_ramdisk_initrd"`
 	SiteRamdiskCmd    string `toml:"site_ramdisk_cmdline" yaml:"site_ramdisk_cmdline"`
+
+	InstancesDir          string `toml:"instances_dir" yaml:"instances_dir"`
+	GuestImages           string `toml:"guest_images" yaml:"guest_images"`
+	InstanceBridge        string `toml:"instance_bridge" yaml:"instance_bridge"`
+	InstanceBridgeAddress string `toml:"instance_bridge_address" yaml:"instance_bridge_address"`
+	InstanceNetNS         string `toml:"instance_netns" yaml:"instance_netns"`
+	InstanceAccel         string `toml:"instance_accel" yaml:"instance_accel"`
 }
 
 var errConfigMode = errors.New("config file must not be readable or writable by group or others (chmod 600)")
@@ -176,6 +195,12 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("site-ramdisk-kernel", &o.site.kernel, fc.SiteRamdiskKernel)
 	pick("site-ramdisk-initrd", &o.site.initrd, fc.SiteRamdiskInitrd)
 	pick("site-ramdisk-cmdline", &o.site.cmdline, fc.SiteRamdiskCmd)
+	pick("instances-dir", &o.inst.dir, fc.InstancesDir)
+	pick("guest-images", &o.inst.images, fc.GuestImages)
+	pick("instance-bridge", &o.inst.bridge, fc.InstanceBridge)
+	pick("instance-bridge-address", &o.inst.bridgeAddress, fc.InstanceBridgeAddress)
+	pick("instance-netns", &o.inst.netns, fc.InstanceNetNS)
+	pick("instance-accel", &o.inst.accel, fc.InstanceAccel)
 }
 
 func (o *options) validate() error {
@@ -187,6 +212,20 @@ func (o *options) validate() error {
 	}
 	if o.helloTimeout <= 0 {
 		return fmt.Errorf("--hello-timeout %v: must be positive", o.helloTimeout)
+	}
+	if o.inst.dir != "" {
+		if !filepath.IsAbs(o.inst.dir) {
+			return fmt.Errorf("--instances-dir %q: must be an absolute path", o.inst.dir)
+		}
+		if o.inst.images == "" || !filepath.IsAbs(o.inst.images) {
+			return fmt.Errorf("--guest-images %q: an absolute path is required with --instances-dir", o.inst.images)
+		}
+		if o.mode != "node" {
+			return fmt.Errorf("--instances-dir: only --mode node runs instances, not %s", o.mode)
+		}
+		if o.inst.accel != "" && o.inst.accel != "kvm" && o.inst.accel != "tcg" {
+			return fmt.Errorf("--instance-accel %q: must be kvm, tcg or empty (probe)", o.inst.accel)
+		}
 	}
 	if o.keepalive < agent.MinKeepaliveTime {
 		return fmt.Errorf("--keepalive %v: must be at least %v (the gateway closes connections that ping more often)", o.keepalive, agent.MinKeepaliveTime)

@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
+	"github.com/better-compute/better-compute/internal/agent/hypervisor"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
@@ -165,11 +166,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		handler, pxeCfg = sa, &pc
 	}
+	// A node that runs instances: the hypervisor re-adopts the guests a
+	// previous bcd left running before the agent says hello.
+	var instances agent.InstanceRunner
+	if o.inst.dir != "" {
+		hv, err := hypervisor.New(hypervisor.Config{StateDir: o.inst.dir, Images: o.inst.images, Bridge: o.inst.bridge,
+			BridgeAddress: o.inst.bridgeAddress, NetNS: o.inst.netns, Accel: o.inst.accel, SysfsRoot: o.sysfsRoot, Logger: log})
+		if err == nil {
+			err = hv.Start(ctx)
+		}
+		if err != nil {
+			if backend != nil {
+				_ = backend.Close()
+			}
+			return fmt.Errorf("--instances-dir: %w", err)
+		}
+		instances = hv
+	}
 	a, err := agent.New(agent.Config{
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
-		Tracing: tp, Commands: handler,
+		Tracing: tp, Commands: handler, Instances: instances,
 	})
 	if err != nil {
 		if backend != nil {

@@ -139,3 +139,35 @@ func TestRamdiskModeReadsKernelCmdline(t *testing.T) {
 	err = run(context.Background(), []string{"--mode", "ramdisk", "--server", "127.0.0.1:1", tok}, noenv, strings.NewReader(""), &bytes.Buffer{})
 	require.ErrorIs(t, err, errTokenInArgv)
 }
+
+// TestInstanceFlags: the instance flags are checked before anything starts,
+// and a config file sets them like the flags.
+func TestInstanceFlags(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	base := []string{"--server", "127.0.0.1:1", "--state-dir", filepath.Join(dir, "state"), "--hardware", "fake:dgxh100"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--instances-dir", "rel/dir", "--guest-images", dir}, "--instances-dir \"rel/dir\": must be an absolute path"},
+		{[]string{"--instances-dir", dir}, "--guest-images \"\": an absolute path is required with --instances-dir"},
+		{[]string{"--instances-dir", dir, "--guest-images", dir, "--mode", "site"}, "only --mode node runs instances"},
+		{[]string{"--instances-dir", dir, "--guest-images", dir, "--instance-accel", "hvf"}, "--instance-accel \"hvf\": must be kvm, tcg or empty"},
+		{[]string{"--instances-dir", dir, "--guest-images", dir, "--instance-bridge", "a-very-long-bridge-name"}, "is not an interface name"},
+	} {
+		err := run(context.Background(), append(append([]string{}, base...), c.args...), noenv, strings.NewReader(""), &bytes.Buffer{})
+		require.ErrorContains(t, err, c.want, c.args)
+	}
+
+	p := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("server: gw:1\ninstances_dir: /var/lib/bcd/instances\nguest_images: /var/lib/bcd/images\n"+
+		"instance_bridge: br9\ninstance_bridge_address: 10.9.0.1/24\ninstance_netns: vms\ninstance_accel: tcg\n"), 0o600))
+	fc, err := loadConfigFile(p)
+	require.NoError(t, err)
+	var o options
+	o.inst.bridge = "bcbr0"
+	o.merge(fc, map[string]bool{})
+	require.Equal(t, instanceOptions{dir: "/var/lib/bcd/instances", images: "/var/lib/bcd/images", bridge: "br9",
+		bridgeAddress: "10.9.0.1/24", netns: "vms", accel: "tcg"}, o.inst)
+}

@@ -93,6 +93,10 @@ type Config struct {
 	// Commands applies the command kinds bcd does not know itself (site
 	// mode's bmc.power and site.machines); nil leaves them UNKNOWN_KIND.
 	Commands CommandHandler
+	// Instances runs the instance and volume commands (vmcmd.Kinds) and
+	// names the capabilities it enforces; nil fails them
+	// INSTANCE_NO_HYPERVISOR and advertises none.
+	Instances InstanceRunner
 	// Tracing records a span per command applied, a child of the span
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).
@@ -191,6 +195,7 @@ type Agent struct {
 	running1  *runningCommand
 	execs     map[string]*runningCommand // process.exec commands running
 	execWG    sync.WaitGroup
+	instOrder keyedOrder
 
 	queue chan *agentv1.Command
 }
@@ -244,11 +249,17 @@ func New(cfg Config) (*Agent, error) {
 	if len(a.cmds.Execs) > 0 {
 		// Processes that were running when bcd died: their output is
 		// lost and their exit unknown, so they end INTERRUPTED. Whatever
-		// is left of them is killed with the allocation's cgroup.
+		// is left of them is killed with the allocation's cgroup. An
+		// instance command ends INTERRUPTED too; the control plane
+		// resends it (they converge) or reads instance.list.
 		for _, f := range a.cmds.Execs {
+			msg := "bcd restarted while this process ran"
+			if isInstanceKind(f.Kind) {
+				msg = "bcd restarted while applying this command"
+			}
 			a.cmds.add(commandRecord{Seq: f.Seq, ID: f.ID, Kind: f.Kind, Update: marshalUpdate(&agentv1.CommandUpdate{
 				CommandId: f.ID, Seq: f.Seq, State: agentv1.CommandState_COMMAND_STATE_FAILED,
-				FailureCode: FailInterrupted, Message: "bcd restarted while this process ran",
+				FailureCode: FailInterrupted, Message: msg,
 			})})
 		}
 		a.cmds.Execs = nil

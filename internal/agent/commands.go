@@ -95,7 +95,8 @@ func update(u *agentv1.CommandUpdate) *agentv1.AgentMessage {
 // handle applies c at most once: a command already applied (by seq or id)
 // gets its recorded final update again, without running. A process.exec
 // runs on a goroutine of its own, so a long process never holds up the
-// node's other commands.
+// node's other commands; so does an instance command, in order with the
+// other commands for the same instance.
 func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	a.mu.Lock()
 	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil {
@@ -125,7 +126,7 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 		stop := cancel
 		cancel = func() { dcancel(); stop() }
 	}
-	async := c.GetKind() == KindProcessExec
+	async := isAsync(c.GetKind())
 	if async {
 		// Started counts as applied: a redelivery after a reconnect must
 		// not start it again. The record lets a restarted bcd report it
@@ -142,8 +143,23 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	perr := a.saveCommandsLocked()
 	a.mu.Unlock()
 
+	// The turn is taken here, in arrival order, not on the goroutine.
+	key := ""
+	if isInstanceKind(c.GetKind()) {
+		key = orderKey(c)
+	}
+	wait, done := a.instOrder.enter(key)
+	if canceled {
+		// Canceled before it ran: it ends now, not after its turn.
+		wait, _ = a.instOrder.enter("")
+	}
 	run := func() {
+		defer done()
 		defer cancel()
+		select {
+		case <-wait:
+		case <-cctx.Done():
+		}
 		sctx, span := a.startCommandSpan(cctx, c)
 		final, out := a.run(ctx, sctx, c, perr, canceled, injected)
 		endCommandSpan(sctx, span, final)
@@ -201,7 +217,7 @@ func (a *Agent) run(ctx, cctx context.Context, c *agentv1.Command, perr error, c
 // finish records c's final update and reports it.
 func (a *Agent) finish(c *agentv1.Command, final *agentv1.CommandUpdate, out outcome) {
 	a.mu.Lock()
-	if c.GetKind() == KindProcessExec {
+	if isAsync(c.GetKind()) {
 		delete(a.execs, c.GetId())
 		a.cmds.Execs = slices.DeleteFunc(a.cmds.Execs, func(f inFlight) bool { return f.ID == c.GetId() })
 	} else {
@@ -295,6 +311,9 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 	}
 	if ramdisk.IsKind(c.GetKind()) && c.GetKind() != KindInventoryRefresh {
 		return outcome{}, fail(FailWrongMode, fmt.Errorf("command kind %q runs only in a commissioning ramdisk, not on a node", c.GetKind()))
+	}
+	if isInstanceKind(c.GetKind()) {
+		return a.applyInstance(ctx, c)
 	}
 	switch c.GetKind() {
 	case KindInventoryRefresh:

@@ -340,9 +340,14 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 }
 
 // capabilities are what the agent supports: the isolation ones only as
-// far as the start-up probe found them enforced.
+// far as the start-up probe found them enforced, the instance ones as far
+// as the hypervisor enforces them.
 func (a *Agent) capabilities() []string {
-	return append([]string{"inventory.sections", "commands.cancel"}, a.iso.capabilities()...)
+	caps := append([]string{"inventory.sections", "commands.cancel"}, a.iso.capabilities()...)
+	if a.cfg.Instances != nil {
+		caps = append(caps, a.cfg.Instances.Capabilities()...)
+	}
+	return caps
 }
 
 func (a *Agent) status() *agentv1.StatusReport {

@@ -56,8 +56,8 @@ type inFlight struct {
 type commandState struct {
 	LastAppliedSeq uint64    `json:"last_applied_seq"`
 	InFlight       *inFlight `json:"in_flight,omitempty"`
-	// Execs are the process.exec commands running (they run beside the
-	// one in flight).
+	// Execs are the process.exec and instance commands running (they
+	// run beside the one in flight).
 	Execs []inFlight      `json:"execs,omitempty"`
 	Log   []commandRecord `json:"log"`
 	// InventoryDigest is the last snapshot digest sent to the gateway.

@@ -91,8 +91,9 @@ type InstanceRef struct {
 }
 
 // Image is the guest image an instance boots. bcd resolves it from its
-// guest image directory (--guest-images DIR: DIR/NAME/{disk.qcow2,
-// vmlinuz, initrd.img, SHA256SUMS}); Sha256, when set, must be the disk's.
+// guest image directory (--guest-images DIR: DIR/NAME/{rootfs.qcow2,
+// vmlinuz, initrd.img, cmdline, SHA256SUMS}, as make guest-image writes
+// it); Sha256, when set, must be rootfs.qcow2's.
 type Image struct {
 	Name   string `json:"name"`
 	Sha256 string `json:"sha256,omitempty"`

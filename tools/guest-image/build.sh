@@ -7,8 +7,10 @@
 #
 #   tools/guest-image/build.sh [OUT_DIR]     (default: bin/guest-image)
 #
-# Writes OUT_DIR/rootfs.qcow2, vmlinuz, initrd.img, cmdline and INPUTS (the
-# hash of this script and its inputs). A run whose INPUTS match the output's
+# Writes OUT_DIR/rootfs.qcow2, vmlinuz, initrd.img, cmdline, SHA256SUMS (of
+# the three boot files: bcd checks an instance's image digest against it) and
+# INPUTS (the hash of this script and its inputs). OUT_DIR is one image of a
+# bcd guest image directory (--guest-images DIR: DIR/NAME is an image). A run whose INPUTS match the output's
 # does nothing, so `make guest-image` is cheap once built. Needs root
 # (debootstrap, chroot, ownership kept by mkfs.ext4 -d) and the network to
 # reach MIRROR. Debian packages: debootstrap, qemu-utils, e2fsprogs.
@@ -27,7 +29,7 @@ packages=linux-image-cloud-amd64,openssh-server,cloud-init,ifupdown,iproute2,sys
 cmdline="root=/dev/vda rw console=ttyS0 net.ifnames=0 biosdevname=0 quiet loglevel=3 mitigations=off nowatchdog tsc=reliable"
 
 inputs=$( { cat "$0"; echo "$mirror $suite $size $packages"; } | sha256sum | cut -d' ' -f1)
-if [[ -f $out/INPUTS && $(cat "$out/INPUTS") == "$inputs" && -f $out/rootfs.qcow2 && -f $out/vmlinuz && -f $out/initrd.img ]]; then
+if [[ -f $out/INPUTS && $(cat "$out/INPUTS") == "$inputs" && -f $out/rootfs.qcow2 && -f $out/vmlinuz && -f $out/initrd.img && -f $out/SHA256SUMS ]]; then
 	echo "guest-image: $out is up to date ($inputs)"
 	exit 0
 fi
@@ -119,5 +121,6 @@ mv "$out/rootfs.qcow2.tmp" "$out/rootfs.qcow2"
 mv "$out/vmlinuz.tmp" "$out/vmlinuz"
 mv "$out/initrd.img.tmp" "$out/initrd.img"
 echo "$cmdline" >"$out/cmdline"
+(cd "$out" && sha256sum rootfs.qcow2 vmlinuz initrd.img >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
 echo "$inputs" >"$out/INPUTS"
 echo "guest-image: built $out in $(( $(date +%s) - start ))s: $(du -sh --apparent-size "$out/rootfs.qcow2" | cut -f1) qcow2 ($(qemu-img info --output=json "$out/rootfs.qcow2" | grep -m1 '"actual-size"' | tr -dc 0-9) bytes on disk)"

@@ -699,9 +699,23 @@ func (r *Runtime) Adopt(ctx context.Context) ([]Info, error) {
 		}
 		dir := filepath.Join(r.cfg.StateDir, e.Name())
 		b, err := os.ReadFile(filepath.Join(dir, fileSpec))
+		if errors.Is(err, os.ErrNotExist) {
+			// A Create that died half-way (the spec is written last, and
+			// nothing was started): removed, so the instance can be
+			// created again. One this runtime is creating is left alone.
+			r.mu.Lock()
+			_, creating := r.instances[e.Name()]
+			r.mu.Unlock()
+			if !creating {
+				r.log.Warn("runtime: adopt: removed a half-created instance", "dir", dir)
+				if err := os.RemoveAll(dir); err != nil {
+					return nil, fmt.Errorf("runtime: adopt: %w", err)
+				}
+			}
+			continue
+		}
 		if err != nil {
-			// A Create that died half-way: nothing to adopt.
-			r.log.Warn("runtime: adopt: no spec; skipped", "dir", dir, "err", err)
+			r.log.Warn("runtime: adopt: unreadable spec; skipped", "dir", dir, "err", err)
 			continue
 		}
 		var spec Spec

@@ -225,12 +225,19 @@ func TestCreateAdoptDeleteWithoutBooting(t *testing.T) {
 	require.Equal(t, "disk_mib", se.Field)
 	require.NoDirExists(t, filepath.Join(state, "vm-2"))
 
-	// A second runtime on the same state directory sees the instance.
+	// A Create that died before writing its spec (bcd was killed) left
+	// a directory with an overlay and no spec.
+	require.NoError(t, os.Mkdir(filepath.Join(state, "vm-3"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(state, "vm-3", "disk.qcow2"), []byte("half"), 0o600))
+
+	// A second runtime on the same state directory sees the instance,
+	// and removes the half-created one so it can be created again.
 	rt2, err := runtime.New(runtime.Config{StateDir: state, Accel: "tcg"})
 	require.NoError(t, err)
 	list, err := rt2.Adopt(ctx)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
+	require.NoDirExists(t, filepath.Join(state, "vm-3"))
 	require.Equal(t, runtime.StateCreated, list[0].State)
 	require.Equal(t, spec.Volumes, list[0].Spec.Volumes)
 

@@ -1,0 +1,390 @@
+package hypervisor_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/better-compute/better-compute/bctest"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/agent/hw/fake"
+	"github.com/better-compute/better-compute/internal/agent/hypervisor"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/sshca"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/vmcmd"
+)
+
+// The guest test runs a real bcd (the agent library with the hypervisor)
+// joined to a real control plane over the mTLS gateway, sends it instance
+// commands through the fleet command path, and boots the real guest image
+// (make guest-image) on QEMU under TCG, in a network namespace of its own
+// so the host's network is untouched.
+
+const (
+	agNet  = "10.213.92."
+	agUser = "bc"
+)
+
+// guestImageDir is the image make guest-image built; the test's image
+// directory names it debian-12.
+func guestImageDir(t *testing.T) string {
+	t.Helper()
+	if os.Getenv("BC_GUEST") == "" {
+		t.Skip("set BC_GUEST=1 to boot real QEMU guests from the guest image (make guest-image); .ci/run does")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("BC_GUEST needs root: network namespaces, taps and a bridge")
+	}
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "ip", "mkfs.vfat", "mcopy"} {
+		_, err := exec.LookPath(tool)
+		require.NoError(t, err, "BC_GUEST needs %s", tool)
+	}
+	dir := os.Getenv("BC_GUEST_IMAGE")
+	if dir == "" {
+		wd, err := os.Getwd()
+		require.NoError(t, err)
+		dir = filepath.Join(wd, "..", "..", "..", "bin", "guest-image")
+	}
+	dir, err := filepath.Abs(dir)
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(dir, "SHA256SUMS"), "no guest image in %s: run make guest-image (or set BC_GUEST_IMAGE)", dir)
+	return dir
+}
+
+// nsDialer dials from inside the named network namespace: the socket is
+// made on a thread switched into it, and stays there.
+func nsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		goruntime.LockOSThread()
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			goruntime.UnlockOSThread()
+			return nil, err
+		}
+		defer func() { _ = self.Close() }()
+		target, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			goruntime.UnlockOSThread()
+			return nil, err
+		}
+		defer func() { _ = target.Close() }()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			goruntime.UnlockOSThread()
+			return nil, err
+		}
+		d := net.Dialer{Timeout: 5 * time.Second}
+		conn, derr := d.DialContext(ctx, network, addr)
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			// The thread stays locked and dies with the goroutine rather
+			// than serve others from the wrong namespace.
+			return nil, fmt.Errorf("restore network namespace: %w", err)
+		}
+		goruntime.UnlockOSThread()
+		return conn, derr
+	}
+}
+
+// bcd is one run of the node agent with its hypervisor, on state that
+// outlives it (a restart is a new bcd on the same directories).
+type bcd struct {
+	a    *agent.Agent
+	stop func()
+}
+
+type agentRig struct {
+	cp        *bctest.ControlPlane
+	tenantID  string
+	agentDir  string
+	hvDir     string
+	imagesDir string
+	ns        string
+	ca        *sshca.CA
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	sent      atomic.Int64
+}
+
+func (g *agentRig) startBCD(t *testing.T, token string) *bcd {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	hv, err := hypervisor.New(hypervisor.Config{StateDir: g.hvDir, Images: g.imagesDir, Bridge: "bchvbr0",
+		BridgeAddress: agNet + "1/24", NetNS: g.ns, Accel: "tcg", StopTimeout: 2 * time.Minute, Logger: log})
+	require.NoError(t, err)
+	require.NoError(t, hv.Start(context.Background()))
+	sysfs := filepath.Join(g.agentDir, "host")
+	require.NoError(t, bctest.WriteSimHost(sysfs))
+	// The fake GPU backend gives the machine a DMI identity the gateway
+	// admits without an operator's approval.
+	hw, err := fake.New(fake.Options{Model: "dgxh100", Seed: g.agentDir})
+	require.NoError(t, err)
+	a, err := agent.New(agent.Config{Server: g.cp.GatewayAddr, StateDir: g.agentDir, SysfsRoot: sysfs, Hardware: hw,
+		CgroupRoot: filepath.Join(g.agentDir, "cgroup"), PlainCgroupDir: true, Logger: log, Version: "guest-test",
+		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second, Instances: hv})
+	require.NoError(t, err)
+	if token != "" {
+		require.NoError(t, a.Join(context.Background(), token))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	b := &bcd{a: a}
+	stopped := false
+	b.stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+			_ = a.Close()
+		}
+	}
+	t.Cleanup(b.stop)
+	return b
+}
+
+// send enqueues a command for the node the way the capacity engine does
+// (fleet.SendSystemCommand in a transaction, the gateway notified) and
+// waits for its end: its state, failure code, message and result.
+func (g *agentRig) send(t *testing.T, nodeID, kind string, params any) (state, code, message string, result map[string]any) {
+	t.Helper()
+	b, err := json.Marshal(params)
+	require.NoError(t, err)
+	var p map[string]any
+	require.NoError(t, json.Unmarshal(b, &p))
+	ctx := context.Background()
+	var id string
+	require.NoError(t, g.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		now := g.cp.Clock.Now()
+		id, err = fleet.SendSystemCommand(ctx, tx, g.cp.App.Gateway, fleet.SystemCommand{TenantID: g.tenantID, NodeID: nodeID,
+			Kind: kind, Params: p, IdempotencyKey: fmt.Sprintf("%s-%d", kind, g.sent.Add(1)), CreatedBy: "guest-test",
+			TTL: time.Hour, Time: now})
+		return err
+	}))
+	var raw string
+	bctest.WaitFor(t, kind+" to end", func() bool {
+		_ = g.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT state, failure_code, message, result FROM commands WHERE id = $1`, id).Scan(&state, &code, &message, &raw)
+		})
+		return state == "succeeded" || state == "failed" || state == "canceled" || state == "expired"
+	})
+	require.NoError(t, json.Unmarshal([]byte(raw), &result))
+	return state, code, message, result
+}
+
+func (g *agentRig) must(t *testing.T, nodeID, kind string, params any) map[string]any {
+	t.Helper()
+	state, code, msg, res := g.send(t, nodeID, kind, params)
+	require.Equal(t, "succeeded", state, "%s: %s %s", kind, code, msg)
+	return res
+}
+
+func (g *agentRig) exec(ctx context.Context, cmd string) (*sshca.ExecResult, error) {
+	u, err := g.ca.NewUser(agUser, 5*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	return sshca.Exec(ctx, sshca.ExecParams{Addr: agNet + "5:22", User: agUser, Auth: u.Signer, HostCA: g.ca.PublicKey(),
+		Command: cmd, Dial: g.dial})
+}
+
+// run runs cmd in the guest and requires exit 0 and the pinned host
+// certificate.
+func (g *agentRig) run(t *testing.T, cmd string) string {
+	t.Helper()
+	res, err := g.exec(context.Background(), cmd)
+	require.NoError(t, err, cmd)
+	require.Equal(t, 0, res.ExitCode, "%s: %s", cmd, res.Stderr)
+	require.Equal(t, sshca.HostCertValid, res.HostCert)
+	return string(res.Stdout)
+}
+
+func (g *agentRig) waitSSH(t *testing.T, what string) {
+	t.Helper()
+	bctest.WaitFor(t, what, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res, err := g.exec(ctx, "true")
+		return err == nil && res.ExitCode == 0
+	})
+}
+
+// TestGuestAgentRunsInstances: instance.create through the fleet command
+// path boots the real guest image; the guest answers SSH with a user
+// certificate and the pinned host certificate, with the address, gateway
+// and DNS the seed gave; bcd restarts and re-adopts the running guest;
+// a snapshot and restore through the commands keep a file written before
+// the snapshot; instance.delete leaves no QEMU, tap or files.
+func TestGuestAgentRunsInstances(t *testing.T) {
+	img := guestImageDir(t)
+	dir := t.TempDir()
+	g := &agentRig{cp: bctest.NewControlPlane(t), agentDir: filepath.Join(dir, "bcd"), hvDir: filepath.Join(dir, "instances"),
+		imagesDir: filepath.Join(dir, "images"), ns: fmt.Sprintf("bchv%d", os.Getpid())}
+	require.NoError(t, os.MkdirAll(g.imagesDir, 0o755))
+	require.NoError(t, os.Symlink(img, filepath.Join(g.imagesDir, "debian-12")))
+	out, err := exec.Command("ip", "netns", "add", g.ns).CombinedOutput()
+	require.NoError(t, err, string(out))
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", g.ns).Run() })
+	require.NoError(t, exec.Command("ip", "-n", g.ns, "link", "set", "lo", "up").Run())
+	g.dial = nsDialer(g.ns)
+	t.Cleanup(func() {
+		if t.Failed() {
+			con, _ := os.ReadFile(filepath.Join(g.hvDir, "instances", "web-1", "console.log"))
+			t.Logf("guest console (last 6 KiB):\n%s", con[max(0, len(con)-6<<10):])
+		}
+		// QEMU is daemonized: a failed test must not leave it running.
+		pids, _ := filepath.Glob(filepath.Join(g.hvDir, "instances", "*", "qemu.pid"))
+		for _, p := range pids {
+			b, _ := os.ReadFile(p)
+			var pid int
+			if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err == nil && pid > 0 {
+				if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), "guest=") {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+	})
+
+	ctx := context.Background()
+	admin := g.cp.Admin()
+	ten, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	g.tenantID = ten.Msg.GetTenant().GetId()
+	_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "vms"}))
+	require.NoError(t, err)
+	tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "vms"}))
+	require.NoError(t, err)
+
+	g.ca, err = sshca.New(nil)
+	require.NoError(t, err)
+	hk, err := sshca.NewHostKey()
+	require.NoError(t, err)
+	hostCert, err := g.ca.SignHost(hk.Signer.PublicKey(), []string{agNet + "5"}, 24*time.Hour)
+	require.NoError(t, err)
+
+	node := g.startBCD(t, tok.Msg.GetToken())
+	nodeID := node.a.NodeID()
+	var caps string
+	bctest.WaitFor(t, "the node to connect and advertise instance.run", func() bool {
+		_ = g.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT capabilities FROM nodes WHERE id = $1`, nodeID).Scan(&caps)
+		})
+		return strings.Contains(caps, vmcmd.CapInstances)
+	})
+	require.Contains(t, caps, vmcmd.CapSnapshot)
+	require.NotContains(t, caps, vmcmd.CapNetworkPolicy, "no policy enforcement configured")
+
+	create := vmcmd.CreateParams{
+		InstanceID: "web-1", VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048,
+		Image: vmcmd.Image{Name: "debian-12", Sha256: imageDigest(t, img)},
+		Network: vmcmd.Network{MAC: "52:54:00:bc:92:05", Address: agNet + "5/24", Gateway: agNet + "1",
+			DNS: []string{agNet + "53"}, Policy: vmcmd.PolicyEgress},
+		Volumes: []vmcmd.VolumeRef{{VolumeID: "data", Format: "qcow2", SizeMiB: 64}},
+		Seed: vmcmd.Seed{Hostname: "web-one", User: agUser, TrustedUserCAKeys: []string{g.ca.AuthorizedKey()},
+			HostKey: string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(hostCert)},
+	}
+	start := time.Now()
+	st := g.must(t, nodeID, vmcmd.KindInstanceCreate, create)
+	require.Equal(t, "running", st["state"])
+	require.Equal(t, "tcg", st["accel"])
+	require.Equal(t, agNet+"5:22", st["ssh_address"])
+	tap := st["tap"].(string)
+	g.waitSSH(t, "the guest's sshd to accept a CA-signed login")
+	t.Logf("figure: instance.create → SSH ready (TCG, through the fleet): %s", time.Since(start).Round(100*time.Millisecond))
+
+	// What the seed said.
+	require.Equal(t, "web-one\n", g.run(t, "hostname"))
+	require.Contains(t, g.run(t, "ip -4 addr show dev eth0"), "inet "+agNet+"5/24")
+	require.Contains(t, g.run(t, "ip route"), "default via "+agNet+"1")
+	require.Contains(t, g.run(t, "cat /etc/resolv.conf"), "nameserver "+agNet+"53")
+	require.Contains(t, g.run(t, "lsblk -dn -o NAME,SERIAL"), "data")
+
+	// A redelivered create (another command, same spec) is the same
+	// instance; another spec for its id is refused.
+	require.Equal(t, st, g.must(t, nodeID, vmcmd.KindInstanceCreate, create))
+	other := create
+	other.MemoryMiB = 1024
+	state, code, msg, _ := g.send(t, nodeID, vmcmd.KindInstanceCreate, other)
+	require.Equal(t, "failed", state)
+	require.Equal(t, vmcmd.FailExists, code, msg)
+
+	// bcd restarts; the guest keeps running and is adopted.
+	pid := qemuPID(t, g.hvDir, "web-1")
+	node.stop()
+	g.startBCD(t, "") // stopped at cleanup
+	list := g.must(t, nodeID, vmcmd.KindInstanceList, struct{}{})["instances"].([]any)
+	require.Len(t, list, 1)
+	require.Equal(t, "web-1", list[0].(map[string]any)["instance_id"])
+	require.Equal(t, "running", list[0].(map[string]any)["state"])
+	require.Equal(t, pid, qemuPID(t, g.hvDir, "web-1"), "the same QEMU, adopted, not restarted")
+	require.Equal(t, "still here\n", g.run(t, "echo still here"))
+
+	// Snapshot and restore through the commands: the file written
+	// before the snapshot is there after, the one written after is not.
+	g.run(t, "echo before > ~/marker; sync")
+	snap := vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "snap-1"}
+	start = time.Now()
+	g.must(t, nodeID, vmcmd.KindInstanceSnapshot, snap)
+	t.Logf("figure: instance.snapshot of a 512 MiB guest (TCG, through the fleet): %s", time.Since(start).Round(10*time.Millisecond))
+	g.run(t, "echo after > ~/marker; touch ~/later; sync")
+	g.must(t, nodeID, vmcmd.KindInstanceRestore, snap)
+	g.waitSSH(t, "the restored guest to accept a login")
+	require.Equal(t, "before\n", g.run(t, "cat ~/marker"))
+	require.Equal(t, "gone\n", g.run(t, "test -e ~/later && echo there || echo gone"))
+
+	// Delete leaves no QEMU, no tap, no files but the volume, which
+	// volume.delete then removes.
+	pid = qemuPID(t, g.hvDir, "web-1")
+	require.Equal(t, map[string]any{"instance_id": "web-1", "state": "deleted"}, g.must(t, nodeID, vmcmd.KindInstanceDelete, vmcmd.InstanceRef{InstanceID: "web-1"}))
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	require.Empty(t, cmdline, "qemu pid %d still runs", pid)
+	require.Error(t, exec.Command("ip", "-n", g.ns, "link", "show", "dev", tap).Run(), "tap %s still exists", tap)
+	for _, d := range []string{"instances", "meta", "snapshots"} {
+		entries, err := os.ReadDir(filepath.Join(g.hvDir, d))
+		require.NoError(t, err)
+		require.Empty(t, entries, d)
+	}
+	g.must(t, nodeID, vmcmd.KindVolumeDelete, vmcmd.VolumeParams{VolumeID: "data"})
+	entries, err := os.ReadDir(filepath.Join(g.hvDir, "volumes"))
+	require.NoError(t, err)
+	require.Empty(t, entries)
+	// Deleting again converges.
+	g.must(t, nodeID, vmcmd.KindInstanceDelete, vmcmd.InstanceRef{InstanceID: "web-1"})
+}
+
+func imageDigest(t *testing.T, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == "rootfs.qcow2" {
+			return f[0]
+		}
+	}
+	t.Fatalf("%s/SHA256SUMS lists no rootfs.qcow2", dir)
+	return ""
+}
+
+func qemuPID(t *testing.T, hvDir, id string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(hvDir, "instances", id, "qemu.pid"))
+	require.NoError(t, err)
+	var pid int
+	_, err = fmt.Sscan(strings.TrimSpace(string(b)), &pid)
+	require.NoError(t, err)
+	return pid
+}
