@@ -62,6 +62,8 @@ type Client struct {
 	Machines      apiv1connect.MachineServiceClient
 	Flavors       apiv1connect.FlavorServiceClient
 	IPPools       apiv1connect.IPPoolServiceClient
+	Instances     apiv1connect.InstanceServiceClient
+	Volumes       apiv1connect.VolumeServiceClient
 }
 
 type options struct {
@@ -135,6 +137,8 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Machines:      apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
 		Flavors:       apiv1connect.NewFlavorServiceClient(h, baseURL, copts...),
 		IPPools:       apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
+		Instances:     apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
+		Volumes:       apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
 	}
 }
 

@@ -146,6 +146,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewMachineServiceHandler(metal.NewMachineService(a.Envelope, a.Metal), opts))
 	mux.Handle(apiv1connect.NewFlavorServiceHandler(vps.NewFlavorService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewIPPoolServiceHandler(vps.NewIPPoolService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewInstanceServiceHandler(a.Instances, opts))
+	mux.Handle(apiv1connect.NewVolumeServiceHandler(vps.NewVolumeService(a.Instances), opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
