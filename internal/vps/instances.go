@@ -177,7 +177,9 @@ func validateCreateInstance(vs *envelope.Violations, msg *apiv1.CreateInstanceRe
 	vs.Ref("tenant", msg.GetTenant(), "tnt")
 	vs.Name("name", msg.GetName())
 	vs.Ref("flavor", msg.GetFlavor(), FlavorIDPrefix)
-	vs.Ref("ip_pool", msg.GetIpPool(), IPPoolIDPrefix)
+	if msg.GetIpPool() != "" {
+		vs.Ref("ip_pool", msg.GetIpPool(), IPPoolIDPrefix)
+	}
 	if msg.GetPool() != "" {
 		pool.ValidateVisibleRef(vs, "pool", msg.GetPool())
 	}
@@ -186,7 +188,7 @@ func validateCreateInstance(vs *envelope.Violations, msg *apiv1.CreateInstanceRe
 	}
 	switch img := msg.GetImage(); {
 	case img == "":
-		vs.Add("image", "is required: a guest image name")
+		// The control plane's only guest image, if it knows one (Apply).
 	case !imageNameRE(img):
 		vs.Add("image", "must be a guest image name such as debian-12, got %q", truncate(img))
 	}
@@ -261,7 +263,11 @@ func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1
 			if t.flavor, err = lookupFlavor(ctx, q, msg.GetTenant(), msg.GetFlavor(), true); err != nil {
 				return iam.Resource{}, err
 			}
-			if t.ipPool, err = lookupRef(ctx, q, msg.GetTenant(), msg.GetIpPool(), "ip pool", "IPPool", true, IPPoolGet, IPPoolResource); err != nil {
+			if msg.GetIpPool() == "" {
+				if t.ipPool, err = defaultIPPool(ctx, q, t.scope); err != nil {
+					return iam.Resource{}, err
+				}
+			} else if t.ipPool, err = lookupRef(ctx, q, msg.GetTenant(), msg.GetIpPool(), "ip pool", "IPPool", true, IPPoolGet, IPPoolResource); err != nil {
 				return iam.Resource{}, err
 			}
 			t.pool, t.poolOK, t.poolErr = reservation.ResolveInstancePool(ctx, q, t.scope.ID(), msg.GetPool())
@@ -291,6 +297,27 @@ func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1
 	})
 }
 
+// defaultIPPool is the pool an instance leases from when the request names
+// none: the tenant's only pool or, when it has none, the platform's only
+// one. Not found (for the caller to refuse) otherwise.
+func defaultIPPool(ctx context.Context, q store.Querier, sc scope) (ipPoolRef, error) {
+	r := ipPoolRef{scope: sc, noun: "ip pool", typ: "IPPool", res: IPPoolResource}
+	for _, owner := range []string{sc.ID(), ""} {
+		ps, err := IPPoolList(ctx, q, owner, "", 2)
+		if err != nil {
+			return r, err
+		}
+		switch len(ps) {
+		case 0:
+			continue
+		case 1:
+			r.obj, r.found, r.own = ps[0], true, owner == sc.ID()
+		}
+		return r, nil
+	}
+	return r, nil
+}
+
 func policyOf(p string) string {
 	if p == "" {
 		return vmcmd.PolicyEgress
@@ -310,6 +337,9 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 	if err := t.flavor.notFound(); err != nil {
 		return nil, err
 	}
+	if msg.GetIpPool() == "" && !t.ipPool.found {
+		return nil, envelope.Invalid(envelope.Violation{Field: "ip_pool", Reason: "the tenant sees no IP pool, or several (its own or the platform's): name one"})
+	}
 	if err := t.ipPool.notFound(); err != nil {
 		return nil, err
 	}
@@ -325,9 +355,16 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 		}
 		return nil, envelope.Invalid(envelope.Violation{Field: "pool", Reason: "the tenant sees no pool, or several: name one"})
 	}
-	if !slices.Contains(s.images, msg.GetImage()) {
+	image := msg.GetImage()
+	if image == "" && len(s.images) == 1 {
+		image = s.images[0]
+	}
+	switch {
+	case image == "":
+		return nil, envelope.Invalid(envelope.Violation{Field: "image", Reason: "is required: one of " + strings.Join(s.images, ", ")})
+	case !slices.Contains(s.images, image):
 		return nil, envelope.Invalid(envelope.Violation{Field: "image", Reason: fmt.Sprintf("unknown guest image %q; hosts hold %s",
-			truncate(msg.GetImage()), strings.Join(s.images, ", "))})
+			truncate(image), strings.Join(s.images, ", "))})
 	}
 	f := t.flavor.obj
 	now := tx.Now()
@@ -371,7 +408,7 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 		return nil, fmt.Errorf("ip pool %s: %w", ipp.ID, err)
 	}
 	in := Instance{ID: id, TenantID: t.scope.ID(), ProjectID: r.ProjectID, Name: msg.GetName(), State: StateBooting,
-		FlavorID: f.ID, FlavorName: f.Name, VCPUs: f.VCPUs, MemoryMiB: f.MemoryMiB, DiskGiB: f.DiskGiB, Image: msg.GetImage(),
+		FlavorID: f.ID, FlavorName: f.Name, VCPUs: f.VCPUs, MemoryMiB: f.MemoryMiB, DiskGiB: f.DiskGiB, Image: image,
 		IPPoolID: ipp.ID, IPPoolName: ipp.Name, Address: lease.Address, PrefixLen: prefix.Bits(), Gateway: ipp.Gateway, DNS: ipp.DNS,
 		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserData: msg.GetUserData(),
 		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.Caller().Principal.ID,
