@@ -83,7 +83,7 @@ func (a *app) command() *cobra.Command {
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows
-  Instances:      flavors, ip-pools
+  Instances:      instances, volumes, flavors, ip-pools
   Agents:         mcp
   This CLI:       config, version
 
