@@ -12,6 +12,8 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/usage"
+	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 	"github.com/better-compute/better-compute/internal/vps"
 )
@@ -304,4 +306,67 @@ func fields(err error) []string {
 		out = append(out, v.GetField())
 	}
 	return out
+}
+
+// TestInstanceWatchUsageVolumes: a watch sees the instance's events as
+// they happen; usage meters instance.<flavor>.hours from its booking; a
+// volume created on an instance's host goes creating → available and is
+// deleted from the host.
+func TestInstanceWatchUsageVolumes(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := h.acme.Instances.Watch(ctx, connect.NewRequest(&apiv1.WatchInstancesRequest{Tenant: "acme", Cursor: "0"}))
+	require.NoError(t, err)
+	defer func() { _ = stream.Close() }()
+	res, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm1", Flavor: "small",
+		Image: "debian-12", IpPool: "dev"}))
+	require.NoError(t, err)
+	id := res.Msg.GetInstance().GetId()
+	var types []string
+	for stream.Receive() {
+		msg := stream.Msg()
+		if msg.GetInstance() == nil {
+			continue
+		}
+		require.Equal(t, id, msg.GetInstance().GetId())
+		types = append(types, msg.GetType())
+		if msg.GetType() == "instance.running" {
+			break
+		}
+	}
+	require.NoError(t, stream.Err())
+	require.Equal(t, []string{"instance.created", "instance.running"}, types)
+
+	// A rollup two hours on meters the closed hour per flavor (the clock
+	// stays: the host must not turn unreachable).
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := usage.Rollup(ctx, tx, h.cp.Clock.Now().Add(2*time.Hour))
+		return err
+	}))
+	require.Positive(t, h.count(t, `SELECT COUNT(*) FROM usage_windows WHERE metric = 'instance.small.hours' AND reservation_id = $1 AND quantity > 0`,
+		res.Msg.GetInstance().GetReservationId()))
+
+	vol, err := h.acme.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: "scratch", SizeGib: 5, Format: "raw",
+		Instance: "vm1"}))
+	require.NoError(t, err)
+	require.Equal(t, vps.VolumeCreating, vol.Msg.GetVolume().GetState())
+	volState := func() string {
+		v, err := h.acme.Volumes.Get(ctx, connect.NewRequest(&apiv1.GetVolumeRequest{Tenant: "acme", Volume: vol.Msg.GetVolume().GetId()}))
+		require.NoError(t, err)
+		return v.Msg.GetVolume().GetState()
+	}
+	bctest.WaitFor(t, "volume available", func() bool { return volState() == vps.VolumeAvailable })
+	hv := h.sim.Daemons[0].Hypervisor()
+	require.Equal(t, []string{vps.HostID(vol.Msg.GetVolume().GetId())}, hv.Volumes())
+	_, err = h.acme.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: "scratch", SizeGib: 5, Instance: "vm1"}))
+	require.Equal(t, "ALREADY_EXISTS", client.Code(err))
+	_, err = h.acme.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: "big", SizeGib: 0, Instance: "vm1"}))
+	require.Equal(t, "INVALID_ARGUMENT", client.Code(err))
+	require.Contains(t, fields(err), "size_gib")
+	_, err = h.acme.Volumes.Delete(ctx, connect.NewRequest(&apiv1.DeleteVolumeRequest{Tenant: "acme", Volume: "scratch"}))
+	require.NoError(t, err)
+	bctest.WaitFor(t, "volume deleted", func() bool { return volState() == vps.VolumeDeleted })
+	require.Empty(t, hv.Volumes())
 }
