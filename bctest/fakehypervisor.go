@@ -294,7 +294,7 @@ func (h *FakeHypervisor) create(p *vmcmd.CreateParams) (*structpb.Struct, error)
 		if !vmcmd.ValidID(v.VolumeID) {
 			return nil, invalid("volumes: %q is not a host id", v.VolumeID)
 		}
-		h.volumes[v.VolumeID] = vmcmd.VolumeParams{VolumeID: v.VolumeID, Format: v.Format, SizeMiB: v.SizeMiB}
+		h.volumes[v.VolumeID] = vmcmd.VolumeParams(v)
 	}
 	g := &fakeGuest{params: *p, state: vmcmd.StateRunning}
 	if p.Paused {

@@ -103,8 +103,8 @@ func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.
 func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit func(envelope.Event), c fleet.Command, state, code, message string,
 	result map[string]any, now time.Time) error {
 	var ref vmcmd.InstanceRef
-	if err := json.Unmarshal([]byte(c.Params), &ref); err != nil || ref.InstanceID == "" {
-		return nil // not ours to read
+	if json.Unmarshal([]byte(c.Params), &ref) != nil || ref.InstanceID == "" {
+		return nil //nolint:nilerr // params that name no instance are no instance's to converge
 	}
 	in, err := InstanceByID(ctx, tx, apiID(ref.InstanceID), store.ForUpdate(tx))
 	if errors.Is(err, store.ErrNotFound) {
@@ -193,8 +193,8 @@ func (s *InstanceService) applyStatus(in *Instance, st *vmcmd.Status, now time.T
 
 func (s *InstanceService) volumeDone(ctx context.Context, tx store.Tx, emit func(envelope.Event), c fleet.Command, state, code, message string, now time.Time) error {
 	var p vmcmd.VolumeParams
-	if err := json.Unmarshal([]byte(c.Params), &p); err != nil || p.VolumeID == "" {
-		return nil
+	if json.Unmarshal([]byte(c.Params), &p) != nil || p.VolumeID == "" {
+		return nil //nolint:nilerr // params that name no volume are no volume's to converge
 	}
 	v, err := VolumeByID(ctx, tx, apiID(p.VolumeID), store.ForUpdate(tx))
 	if errors.Is(err, store.ErrNotFound) {

@@ -145,18 +145,15 @@ func instanceEvent(typ string, in *Instance, data map[string]any) envelope.Event
 
 // createTarget is what a create resolves before its decision.
 type createTarget struct {
-	scope    scope
-	flavor   flavorRef
-	ipPool   ipPoolRef
-	pool     pool.Pool
-	poolOK   bool
-	project  tenancy.Project
-	projOK   bool
-	poolErr  error
-	projErr  error
-	policy   string
-	volumes  []*apiv1.InstanceVolumeSpec
-	imageSHA string
+	scope   scope
+	flavor  flavorRef
+	ipPool  ipPoolRef
+	pool    pool.Pool
+	poolOK  bool
+	project tenancy.Project
+	projOK  bool
+	poolErr error
+	projErr error
 }
 
 func validPolicy(p string) bool {
