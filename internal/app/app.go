@@ -471,6 +471,12 @@ func (a *App) buildGateway(ctx context.Context) error {
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
 		HandshakeTimeout: cfg.GatewayHandshakeTimeout, IdleConnTimeout: cfg.GatewayIdleConnTimeout, Metrics: a.Registry,
 		Tracing: a.Tracing, Discovery: a.discovery, CommandDone: a.commandDone(commandDone(func() *metal.Runtime { return a.discovery.rt })),
+		CommandsExpired: func(ctx context.Context, tx store.Tx, expired []fleet.Command) error {
+			if a.Instances == nil {
+				return nil
+			}
+			return a.Instances.CommandsExpired(ctx, tx, expired)
+		},
 	})
 	if err != nil {
 		return err

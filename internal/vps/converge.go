@@ -100,6 +100,18 @@ func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.
 	return s.rec.InsertEvents(ctx, tx, evs)
 }
 
+// CommandsExpired converges instances and volumes whose command's deadline
+// passed before their host answered: a create that never answered fails,
+// other commands leave their message.
+func (s *InstanceService) CommandsExpired(ctx context.Context, tx store.Tx, expired []fleet.Command) error {
+	for _, c := range expired {
+		if err := s.CommandDone(ctx, tx, c, fleet.CommandExpired, "the host did not answer before the command's deadline", nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit func(envelope.Event), c fleet.Command, state, code, message string,
 	result map[string]any, now time.Time) error {
 	var ref vmcmd.InstanceRef

@@ -678,11 +678,12 @@ func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1
 			switch in.State {
 			case StateDeleted:
 				return nil // deleting twice changes nothing
-			case StateLost, StateFailed:
-				// No guest runs (its host is gone, or it never booked or
-				// booted): nothing to ask a host.
+			case StateLost:
+				// Its host is gone, and the guest with it: nothing to ask.
 				return s.finishDelete(ctx, tx.Tx, tx.Emit, in, in.State, "Deleted", now)
 			}
+			// A failed create may have left part of a guest on its host:
+			// the delete goes there too (deleting a missing guest succeeds).
 			from := in.State
 			in.State, in.UpdateTime = StateDeleting, now
 			if ok, err := InstanceSave(ctx, tx.Tx, in, from); err != nil || !ok {

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/usage"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 	"github.com/better-compute/better-compute/internal/vps"
@@ -369,4 +370,40 @@ func TestInstanceWatchUsageVolumes(t *testing.T) {
 	require.NoError(t, err)
 	bctest.WaitFor(t, "volume deleted", func() bool { return volState() == vps.VolumeDeleted })
 	require.Empty(t, hv.Volumes())
+}
+
+// TestInstanceCreateExpired: a create whose host never answered before the
+// command's deadline fails the instance and gives its booking back (the
+// gateway's command sweep reports the expiry in its transaction).
+func TestInstanceCreateExpired(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	res, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm1", Flavor: "small",
+		Image: "debian-12", IpPool: "dev"}))
+	require.NoError(t, err)
+	in := waitState(t, h.acme, "vm1", vps.StateRunning)
+	// As if the answer had never come.
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE instances SET state = 'booting' WHERE id = $1`, in.GetId())
+		return err
+	}))
+	var cmd fleet.Command
+	require.NoError(t, h.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT id, node_id, kind, params FROM commands WHERE kind = 'instance.create'`).Scan(&cmd.ID, &cmd.NodeID,
+			&cmd.Kind, &cmd.Params)
+	}))
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return h.cp.App.Instances.CommandsExpired(ctx, tx, []fleet.Command{cmd})
+	}))
+	in = getInstance(t, h.acme, in.GetId())
+	require.Equal(t, vps.StateFailed, in.GetState())
+	require.Contains(t, in.GetMessage(), "deadline")
+	require.Equal(t, 1, h.count(t, `SELECT COUNT(*) FROM reservations WHERE id = $1 AND state = 'released'`, res.Msg.GetInstance().GetReservationId()))
+	// Its delete still goes to the host, which may hold part of a guest.
+	_, err = h.acme.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: "vm1"}))
+	require.NoError(t, err)
+	waitState(t, h.acme, in.GetId(), vps.StateDeleted)
+	require.Empty(t, h.sim.Daemons[0].Hypervisor().Guests())
+	require.Zero(t, h.count(t, `SELECT COUNT(*) FROM ip_leases`))
 }
