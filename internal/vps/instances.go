@@ -433,7 +433,15 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 		tx.Emit(envelope.Event{Type: "volume.created", TenantID: vol.TenantID, ResourceType: "Volume", ResourceID: vol.ID,
 			Data: map[string]any{"name": vol.Name, "instance_id": in.ID, "size_gib": vol.SizeGiB}})
 	}
-	if _, err := s.send(ctx, tx.Tx, &in, vmcmd.KindInstanceCreate, createParams(&in, r, vols), in.ID+"/create", now); err != nil {
+	params := createParams(&in, r, vols)
+	if in.NetworkPolicy == vmcmd.PolicyPrivate {
+		// What private admits: the tenant's guests on this network now.
+		// Later peers are not pushed to guests already running.
+		if params.Network.Peers, err = PeerAddresses(ctx, tx.Tx, in.TenantID, in.IPPoolID, in.ID); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := s.send(ctx, tx.Tx, &in, vmcmd.KindInstanceCreate, params, in.ID+"/create", now); err != nil {
 		return nil, err
 	}
 	tx.SetResource(in.ID, "")

@@ -187,6 +187,9 @@ func TestInstancePlacement(t *testing.T) {
 		MemoryMib: 4096, DiskGib: 10, Pinned: true, Hugepages: true}))
 	require.NoError(t, err)
 	h.sim.Daemons[0].Hypervisor().SetDegraded("huge_pages")
+	web, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "web", Flavor: "small",
+		Image: "debian-12", IpPool: "dev"}))
+	require.NoError(t, err)
 	res, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "db", Flavor: "pinned",
 		Image: "debian-12", IpPool: "dev", NetworkPolicy: "private"}))
 	require.NoError(t, err)
@@ -204,6 +207,7 @@ func TestInstancePlacement(t *testing.T) {
 	require.Len(t, p.Placement.HostCPUs, 4)
 	require.True(t, p.Placement.HugePages)
 	require.Equal(t, "private", p.Network.Policy)
+	require.Equal(t, []string{web.Msg.GetInstance().GetAddress()}, p.Network.Peers, "private admits the tenant's guests")
 }
 
 // TestInstanceNodeLost: the host stops answering; the fleet marks it lost,

@@ -278,3 +278,10 @@ func VolumeList(ctx context.Context, q store.Querier, tenantID, after string, li
 func VolumesOfInstance(ctx context.Context, q store.Querier, instanceID string) ([]Volume, error) {
 	return scanVolumes(q.Query(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE instance_id = $1 AND state <> 'deleted' ORDER BY id`, instanceID))
 }
+
+// PeerAddresses lists the addresses of a tenant's other instances leased
+// from one IP pool that may hold a guest: what a private guest admits.
+func PeerAddresses(ctx context.Context, q store.Querier, tenantID, ipPoolID, exceptID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT address FROM instances WHERE tenant_id = $1 AND ip_pool_id = $2 AND id <> $3
+		AND state IN ('pending', 'placing', 'booting', 'running', 'stopped') ORDER BY address`, tenantID, ipPoolID, exceptID))
+}
