@@ -17,6 +17,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -242,6 +243,23 @@ func imageNameRE(s string) bool {
 // Create places an instance and asks its host to boot it.
 func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1.CreateInstanceRequest]) (*connect.Response[apiv1.CreateInstanceResponse], error) {
 	msg := req.Msg
+	if url, err := s.ownerURL(ctx, func(ctx context.Context, q store.Querier) (string, error) {
+		sc, err := tenancy.LookupScope(ctx, q, msg.GetTenant())
+		if err != nil || !sc.Found || sc.Platform {
+			return "", err
+		}
+		p, found, err := reservation.ResolveInstancePool(ctx, q, sc.ID(), msg.GetPool())
+		if err != nil || !found {
+			return "", nil //nolint:nilerr // the create itself answers a pool it cannot resolve
+		}
+		return p.ID, nil
+	}); err != nil || url != "" {
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		return placer.Forward[apiv1.CreateInstanceRequest, apiv1.CreateInstanceResponse](ctx, &s.engine.Placers, url,
+			apiv1connect.InstanceServiceCreateProcedure, req)
+	}
 	var t createTarget
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateInstanceResponse]{
 		// A refusal past the decision (no capacity, an exhausted pool, an
@@ -313,6 +331,29 @@ func defaultIPPool(ctx context.Context, q store.Querier, sc scope) (ipPoolRef, e
 		return r, nil
 	}
 	return r, nil
+}
+
+// ownerURL returns the API URL of the replica that places the pool poolOf
+// names, or "" when this replica does (always on SQLite) or there is no
+// pool (the mutation then answers for itself): a booking runs in its
+// pool's placer, which one replica owns.
+func (s *InstanceService) ownerURL(ctx context.Context, poolOf func(ctx context.Context, q store.Querier) (string, error)) (string, error) {
+	if s.env.DB().PgxPool() == nil {
+		return "", nil
+	}
+	var poolID string
+	if err := s.env.DB().Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		var err error
+		poolID, err = poolOf(ctx, tx)
+		return err
+	}); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	if poolID == "" {
+		return "", nil
+	}
+	_, url, err := s.engine.Claim(ctx, poolID)
+	return url, err
 }
 
 func policyOf(p string) string {
@@ -680,6 +721,16 @@ func (s *InstanceService) Reboot(ctx context.Context, req *connect.Request[apiv1
 // Delete removes the guest from its host; the address, booking and the
 // instance's row follow once bcd confirms (at once when no host holds it).
 func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteInstanceRequest]) (*connect.Response[apiv1.DeleteInstanceResponse], error) {
+	if url, err := s.ownerURL(ctx, func(ctx context.Context, q store.Querier) (string, error) {
+		r, err := lookupInstance(ctx, q, req.Msg.GetTenant(), req.Msg.GetInstance())
+		return r.in.PoolID, err
+	}); err != nil || url != "" {
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		return placer.Forward[apiv1.DeleteInstanceRequest, apiv1.DeleteInstanceResponse](ctx, &s.engine.Placers, url,
+			apiv1connect.InstanceServiceDeleteProcedure, req)
+	}
 	in, vols, err := mutate(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetInstance(), true,
 		func(ctx context.Context, tx *envelope.Tx, in *Instance) error {
 			now := tx.Now()

@@ -3,6 +3,7 @@ package vps_test
 import (
 	"context"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -410,4 +411,27 @@ func TestInstanceCreateExpired(t *testing.T) {
 	waitState(t, h.acme, in.GetId(), vps.StateDeleted)
 	require.Empty(t, h.sim.Daemons[0].Hypervisor().Guests())
 	require.Zero(t, h.count(t, `SELECT COUNT(*) FROM ip_leases`))
+}
+
+// TestInstanceOtherReplica: with several replicas (PostgreSQL), a create or
+// delete that reaches a replica not owning the pool's placer is forwarded
+// to the one that does.
+func TestInstanceOtherReplica(t *testing.T) {
+	if os.Getenv(bctest.PostgresURLEnv) == "" {
+		t.Skip("several replicas need PostgreSQL: on SQLite one process owns every pool")
+	}
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	_, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm1", Flavor: "small",
+		Image: "debian-12", IpPool: "dev"}))
+	require.NoError(t, err, "the first create makes this replica the pool's owner")
+	b := h.cp.NewReplica(t).Admin()
+	res, err := b.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm2", Flavor: "small",
+		Image: "debian-12", IpPool: "dev"}))
+	require.NoError(t, err, "the other replica forwards the create")
+	waitState(t, h.acme, "vm2", vps.StateRunning)
+	_, err = b.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: "vm2"}))
+	require.NoError(t, err, "and the delete")
+	waitState(t, h.acme, res.Msg.GetInstance().GetId(), vps.StateDeleted)
 }
