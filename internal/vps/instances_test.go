@@ -30,7 +30,7 @@ type hosts struct {
 	sim *bctest.FleetSim
 }
 
-func setupHosts(t *testing.T, n int) *hosts {
+func setupHosts(t testing.TB, n int) *hosts {
 	t.Helper()
 	f := setup(t)
 	ctx := context.Background()
@@ -65,14 +65,14 @@ func (h *hosts) daemon(nodeID string) *bctest.FakeDaemon {
 	return nil
 }
 
-func getInstance(t *testing.T, c *client.Client, ref string) *apiv1.Instance {
+func getInstance(t testing.TB, c *client.Client, ref string) *apiv1.Instance {
 	t.Helper()
 	g, err := c.Instances.Get(context.Background(), connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: ref}))
 	require.NoError(t, err)
 	return g.Msg.GetInstance()
 }
 
-func waitState(t *testing.T, c *client.Client, ref, state string) *apiv1.Instance {
+func waitState(t testing.TB, c *client.Client, ref, state string) *apiv1.Instance {
 	t.Helper()
 	var in *apiv1.Instance
 	bctest.WaitFor(t, "instance "+ref+" "+state, func() bool {
