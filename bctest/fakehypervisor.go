@@ -101,6 +101,17 @@ func (h *FakeHypervisor) Volumes() []string {
 	return out
 }
 
+// Drop makes a guest vanish, as when its QEMU died with the host's
+// reboot: the host no longer reports it.
+func (h *FakeHypervisor) Drop(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g, ok := h.guests[id]; ok {
+		g.stopSSH()
+		delete(h.guests, id)
+	}
+}
+
 // Close stops every guest's listener (the machine went away).
 func (h *FakeHypervisor) Close() {
 	h.mu.Lock()

@@ -393,6 +393,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
 	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
+	river.AddWorker(workers, &reconcileInstancesWorker{app: a, metrics: jm})
+	periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(vps.ReconcileInterval),
+		func() (river.JobArgs, *river.InsertOpts) { return reconcileInstancesArgs{}, nil }, nil))
 	if a.Metal, err = a.buildMetal(); err != nil {
 		return nil, err
 	}

@@ -89,9 +89,14 @@ func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.
 		evs = append(evs, ev)
 	}
 	var err error
-	if c.Kind == vmcmd.KindVolumeCreate || c.Kind == vmcmd.KindVolumeDelete {
+	switch c.Kind {
+	case vmcmd.KindInstanceList:
+		if state == fleet.CommandSucceeded {
+			err = s.listDone(ctx, tx, emit, c, result, now)
+		}
+	case vmcmd.KindVolumeCreate, vmcmd.KindVolumeDelete:
 		err = s.volumeDone(ctx, tx, emit, c, state, code, message, now)
-	} else {
+	default:
 		err = s.instanceDone(ctx, tx, emit, c, state, code, message, result, now)
 	}
 	if err != nil || len(evs) == 0 {

@@ -435,3 +435,47 @@ func TestInstanceOtherReplica(t *testing.T) {
 	require.NoError(t, err, "and the delete")
 	waitState(t, h.acme, res.Msg.GetInstance().GetId(), vps.StateDeleted)
 }
+
+// TestInstanceReconcile: hosts are asked which guests they run. A guest
+// its host no longer runs fails the instance and frees its booking; a guest
+// the control plane no longer holds (its host came back after being marked
+// lost) is a stray and is deleted on the host.
+func TestInstanceReconcile(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	var ids []string
+	for _, name := range []string{"vm1", "vm2"} {
+		_, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: name, Flavor: "small",
+			Image: "debian-12", IpPool: "dev"}))
+		require.NoError(t, err)
+		ids = append(ids, waitState(t, h.acme, name, vps.StateRunning).GetId())
+	}
+	h.sim.Daemons[0].Hypervisor().Drop(vps.HostID(ids[1]))
+	h.cp.Clock.Advance(time.Second) // the list is newer than what the instances last heard
+	n, err := h.cp.App.Instances.SendLists(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	in := waitState(t, h.acme, "vm2", vps.StateFailed)
+	require.Contains(t, in.GetMessage(), "no longer runs")
+	require.Equal(t, 1, h.count(t, `SELECT COUNT(*) FROM reservations WHERE id = $1 AND state = 'released'`, in.GetReservationId()))
+	require.Equal(t, vps.StateRunning, getInstance(t, h.acme, "vm1").GetState(), "a guest its host runs is left alone")
+
+	// The host is lost, then comes back with vm1 still running on it.
+	require.NoError(t, h.sim.Daemons[0].Stop())
+	h.cp.Clock.Advance(6 * time.Minute)
+	_, _, err = h.cp.App.Gateway.SweepLiveness(ctx)
+	require.NoError(t, err)
+	require.Equal(t, vps.StateLost, getInstance(t, h.acme, ids[0]).GetState())
+	d, err := h.sim.Daemons[0].Restart()
+	require.NoError(t, err)
+	h.sim.Daemons[0] = d
+	require.Len(t, d.Hypervisor().Guests(), 1, "the guest outlived the lost session")
+	bctest.WaitFor(t, "the host ready again", func() bool {
+		return h.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND liveness = 'ready'`, d.NodeID()) == 1
+	})
+	h.cp.Clock.Advance(time.Second)
+	_, err = h.cp.App.Instances.SendLists(ctx)
+	require.NoError(t, err)
+	bctest.WaitFor(t, "the stray deleted on its host", func() bool { return len(d.Hypervisor().Guests()) == 0 })
+}
