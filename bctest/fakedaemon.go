@@ -53,6 +53,9 @@ type FakeDaemonConfig struct {
 	CgroupRoot string
 	// Tracing records the agent's command spans; nil records none.
 	Tracing trace.TracerProvider
+	// Hypervisor answers the instance and volume commands (vmcmd); nil
+	// gives the node a FakeHypervisor of its own.
+	Hypervisor *FakeHypervisor
 }
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
@@ -114,6 +117,10 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Hypervisor == nil {
+		cfg.Hypervisor = NewFakeHypervisor()
+	}
+	cfg.Hypervisor.reopen()
 	cgroupRoot, plain := filepath.Join(cfg.StateDir, "cgroup"), true
 	if cfg.CgroupRoot != "" {
 		cgroupRoot, plain = cfg.CgroupRoot, false
@@ -122,7 +129,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
-		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing,
+		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
 	})
 	if err != nil {
 		return nil, err
@@ -150,6 +157,7 @@ func (d *FakeDaemon) Stop() error {
 			}
 		}
 		err = errors.Join(err, d.Close())
+		d.cfg.Hypervisor.Close()
 	})
 	return err
 }
@@ -185,3 +193,6 @@ func (d *FakeDaemon) CgroupRoot() string {
 	}
 	return filepath.Join(d.cfg.StateDir, "cgroup")
 }
+
+// Hypervisor is the node's fake hypervisor (its instances and volumes).
+func (d *FakeDaemon) Hypervisor() *FakeHypervisor { return d.cfg.Hypervisor }

@@ -62,6 +62,8 @@ type Client struct {
 	Machines      apiv1connect.MachineServiceClient
 	Flavors       apiv1connect.FlavorServiceClient
 	IPPools       apiv1connect.IPPoolServiceClient
+	Instances     apiv1connect.InstanceServiceClient
+	Volumes       apiv1connect.VolumeServiceClient
 	Secrets       apiv1connect.SecretServiceClient
 }
 
@@ -136,6 +138,8 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Machines:      apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
 		Flavors:       apiv1connect.NewFlavorServiceClient(h, baseURL, copts...),
 		IPPools:       apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
+		Instances:     apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
+		Volumes:       apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
 		Secrets:       apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
 	"github.com/better-compute/better-compute/internal/agent/hypervisor"
+	"github.com/better-compute/better-compute/internal/agent/netpolicy"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
@@ -170,8 +171,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	// previous bcd left running before the agent says hello.
 	var instances agent.InstanceRunner
 	if o.inst.dir != "" {
+		// Policies are enforced with nftables where the kernel and our
+		// privileges allow; elsewhere only egress guests are accepted and
+		// instance.network-policy is not advertised.
+		np := netpolicy.New(netpolicy.Config{NetNS: o.inst.netns})
+		if err := np.Reason(ctx); err != nil {
+			log.Warn("network policy not enforced on this host", "reason", err)
+		}
 		hv, err := hypervisor.New(hypervisor.Config{StateDir: o.inst.dir, Images: o.inst.images, Bridge: o.inst.bridge,
-			BridgeAddress: o.inst.bridgeAddress, NetNS: o.inst.netns, Accel: o.inst.accel, SysfsRoot: o.sysfsRoot, Logger: log})
+			BridgeAddress: o.inst.bridgeAddress, NetNS: o.inst.netns, Accel: o.inst.accel, SysfsRoot: o.sysfsRoot, Logger: log,
+			NetPolicy: np})
 		if err == nil {
 			err = hv.Start(ctx)
 		}

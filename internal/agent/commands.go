@@ -57,6 +57,10 @@ type commandError struct {
 func (e *commandError) Error() string { return e.code + ": " + e.err.Error() }
 func (e *commandError) Unwrap() error { return e.err }
 
+// FailureCode is the code the command fails with (InstanceRunner errors
+// built with CommandError keep theirs).
+func (e *commandError) FailureCode() string { return e.code }
+
 func fail(code string, err error) error { return &commandError{code: code, err: err} }
 
 // outcome is what applying a command produced beyond its final state.

@@ -133,6 +133,10 @@ type Config struct {
 	LostAfter        time.Duration
 	// BindTimeout bounds an allocation.bind before it is re-sent; default 60s.
 	BindTimeout time.Duration
+	// GuestImages are the guest image names hosts hold (bcd
+	// --guest-images); instances naming another are refused. Default
+	// vps.DefaultGuestImages.
+	GuestImages []string
 	// CapacityTick is how often reservations are started, expired and
 	// re-bound, and the queue looked at; default 5s.
 	CapacityTick time.Duration
@@ -258,6 +262,9 @@ type App struct {
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
 	Capacity *reservation.Runner
+	// Instances runs virtual machines through capacity and the fleet's
+	// command path, and converges them from bcd's answers.
+	Instances *vps.InstanceService
 	// Blobs is the image catalog's blob directory.
 	Blobs *images.Blobs
 	// Webhooks is the outbox consumer that queues webhook deliveries; it
@@ -387,6 +394,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
 	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
+	river.AddWorker(workers, &reconcileInstancesWorker{app: a, metrics: jm})
+	periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(vps.ReconcileInterval),
+		func() (river.JobArgs, *river.InsertOpts) { return reconcileInstancesArgs{}, nil }, nil))
 	if a.Metal, err = a.buildMetal(); err != nil {
 		return nil, err
 	}
@@ -418,6 +428,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}); err != nil {
 		return nil, err
 	}
+	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
+		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages})
+	a.fleetHooks.instances = a.Instances
 	if a.Blobs, err = images.OpenBlobs(cfg.ImagesDir); err != nil {
 		return nil, err
 	}
@@ -461,7 +474,13 @@ func (a *App) buildGateway(ctx context.Context) error {
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
 		HandshakeTimeout: cfg.GatewayHandshakeTimeout, IdleConnTimeout: cfg.GatewayIdleConnTimeout, Metrics: a.Registry,
-		Tracing: a.Tracing, Discovery: a.discovery, CommandDone: commandDone(func() *metal.Runtime { return a.discovery.rt }),
+		Tracing: a.Tracing, Discovery: a.discovery, CommandDone: a.commandDone(commandDone(func() *metal.Runtime { return a.discovery.rt })),
+		CommandsExpired: func(ctx context.Context, tx store.Tx, expired []fleet.Command) error {
+			if a.Instances == nil {
+				return nil
+			}
+			return a.Instances.CommandsExpired(ctx, tx, expired)
+		},
 	})
 	if err != nil {
 		return err
@@ -541,8 +560,26 @@ func (l *lateSites) SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.C
 	return l.s.SiteCommandEnded(ctx, tx, c)
 }
 
-// lateHooks hands the gateway capacity's hooks, which are built after it.
-type lateHooks struct{ h gateway.Hooks }
+// lateHooks hands the gateway capacity's hooks, which are built after it,
+// and the instance service's, which follow capacity's.
+type lateHooks struct {
+	h         gateway.Hooks
+	instances *vps.InstanceService
+}
+
+// commandDone tells the instance service of each command that ends, after
+// metal's hook.
+func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error) func(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error {
+	return func(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error {
+		if err := metalDone(ctx, tx, c, state, message, result); err != nil {
+			return err
+		}
+		if a.Instances == nil {
+			return nil
+		}
+		return a.Instances.CommandDone(ctx, tx, c, state, message, result)
+	}
+}
 
 func (l *lateHooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
 	if l.h == nil {
@@ -573,10 +610,16 @@ func (l *lateHooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, no
 }
 
 func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
-	if l.h == nil {
+	if l.h != nil {
+		// Capacity first: it releases the lost instances' bookings.
+		if err := l.h.NodesLost(ctx, tx, nodeIDs); err != nil {
+			return err
+		}
+	}
+	if l.instances == nil {
 		return nil
 	}
-	return l.h.NodesLost(ctx, tx, nodeIDs)
+	return l.instances.NodesLost(ctx, tx, nodeIDs)
 }
 
 // commandSender is the fleet's command path as capacity's port.

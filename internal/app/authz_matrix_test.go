@@ -115,6 +115,16 @@ var matrixExpect = map[string]map[string]string{
 	"secrets.put":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"ipPools.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Guests: whoever works in the tenant runs them; a delete destroys a
+	// disk, so an agent's waits for a human.
+	"instances.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.start":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.stop":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.reboot": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"volumes.create":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"volumes.detach":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"volumes.delete":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 }
 
 type matrixFixture struct {
@@ -133,6 +143,9 @@ type matrixFixture struct {
 	acmeSigner, platformSigner *imagesig.Signer
 	// machineSite is acme's site of the matrix's machines.
 	machineSite string
+	// volumeHost is a running instance whose host takes the matrix's
+	// volumes, made before the reservations fill the node.
+	volumeHost string
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -434,6 +447,42 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err = c.IPPools.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteIPPoolRequest{Tenant: "acme", IpPool: name}))
 		return err
 	},
+	"instances.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		f.matrixInstanceCatalog(t)
+		_, err := c.Instances.Create(context.Background(), connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: f.name("vm"),
+			Flavor: "mx-tiny", Image: "debian-12", IpPool: "mx-lan", Project: "web", Pool: f.gpuPool}))
+		return err
+	},
+	"instances.start": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixInstance(t, "stopped")
+		_, err := c.Instances.Start(context.Background(), connect.NewRequest(&apiv1.StartInstanceRequest{Tenant: "acme", Instance: id}))
+		return err
+	},
+	"instances.stop": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Instances.Stop(context.Background(), connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "acme", Instance: f.matrixInstance(t, "running")}))
+		return err
+	},
+	"instances.reboot": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Instances.Reboot(context.Background(), connect.NewRequest(&apiv1.RebootInstanceRequest{Tenant: "acme", Instance: f.matrixInstance(t, "running")}))
+		return err
+	},
+	"instances.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Instances.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: f.matrixInstance(t, "running")}))
+		return err
+	},
+	"volumes.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Volumes.Create(context.Background(), connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: f.name("vol"), SizeGib: 1,
+			Instance: f.volumeHost}))
+		return err
+	},
+	"volumes.detach": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Volumes.Detach(context.Background(), connect.NewRequest(&apiv1.DetachVolumeRequest{Tenant: "acme", Volume: f.matrixVolume(t)}))
+		return err
+	},
+	"volumes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Volumes.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteVolumeRequest{Tenant: "acme", Volume: f.matrixVolume(t)}))
+		return err
+	},
 	"webhooks.redeliver": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		wh, dl := f.matrixDeadDelivery(t)
 		_, err := c.Webhooks.Redeliver(context.Background(), connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "acme", Webhook: wh, Delivery: dl}))
@@ -683,6 +732,67 @@ func (f *matrixFixture) matrixActive(t *testing.T) string {
 	return f.active
 }
 
+// matrixInstanceCatalog makes acme's flavor mx-tiny and IP pool mx-lan
+// once.
+func (f *matrixFixture) matrixInstanceCatalog(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.admin.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Tenant: "acme", Flavor: "mx-tiny"})); err == nil {
+		f.cp.Authz.Reset()
+		return
+	}
+	_, err := f.admin.Flavors.Create(ctx, connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: "mx-tiny", Vcpus: 1,
+		MemoryMib: 1024, DiskGib: 1}))
+	require.NoError(t, err)
+	_, err = f.admin.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "mx-lan", Cidr: "10.50.0.0/16"}))
+	require.NoError(t, err)
+	f.cp.Authz.Reset()
+}
+
+// matrixInstance returns a fresh instance of acme/web on the pool's node,
+// running or stopped.
+func (f *matrixFixture) matrixInstance(t *testing.T, state string) string {
+	t.Helper()
+	ctx := context.Background()
+	f.matrixInstanceCatalog(t)
+	res, err := f.admin.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: f.name("vm"),
+		Flavor: "mx-tiny", Image: "debian-12", IpPool: "mx-lan", Project: "web", Pool: f.gpuPool}))
+	require.NoError(t, err)
+	id := res.Msg.GetInstance().GetId()
+	wait := func(want string) {
+		eventually(t, "instance "+id+" "+want, func() bool {
+			g, err := f.admin.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: id}))
+			require.NoError(t, err)
+			return g.Msg.GetInstance().GetState() == want
+		})
+	}
+	wait("running")
+	if state == "stopped" {
+		_, err := f.admin.Instances.Stop(ctx, connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "acme", Instance: id}))
+		require.NoError(t, err)
+		wait("stopped")
+	}
+	f.cp.Authz.Reset()
+	return id
+}
+
+// matrixVolume returns a fresh detached volume of acme on the pool's node.
+func (f *matrixFixture) matrixVolume(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	v, err := f.admin.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: f.name("vol"), SizeGib: 1,
+		Instance: f.volumeHost}))
+	require.NoError(t, err)
+	id := v.Msg.GetVolume().GetId()
+	eventually(t, "volume "+id+" available", func() bool {
+		g, err := f.admin.Volumes.Get(ctx, connect.NewRequest(&apiv1.GetVolumeRequest{Tenant: "acme", Volume: id}))
+		require.NoError(t, err)
+		return g.Msg.GetVolume().GetState() == "available"
+	})
+	f.cp.Authz.Reset()
+	return id
+}
+
 // mxGPUPool joins one simulated 8-GPU node to tenant/project and returns
 // the id of a pool that adopts it; the node stops with the test.
 func mxGPUPool(t *testing.T, cp *bctest.ControlPlane, admin *client.Client, tenant, project string) string {
@@ -753,6 +863,7 @@ func TestAuthzMatrix(t *testing.T) {
 		f.keys[role] = k.Msg.GetSecret()
 	}
 	f.gpuPool = mxGPUPool(t, cp, f.admin, "acme", "web")
+	f.volumeHost = f.matrixInstance(t, "running")
 
 	var actions []string
 	for _, m := range envelope.Catalog() {

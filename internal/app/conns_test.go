@@ -21,5 +21,6 @@ func TestStreamingProcedures(t *testing.T) {
 		apiv1connect.ReservationServiceExecProcedure:  true,
 		apiv1connect.ImageServicePushProcedure:        true,
 		apiv1connect.ImageServicePullProcedure:        true,
+		apiv1connect.InstanceServiceWatchProcedure:    true,
 	}, streamingProcedures)
 }

@@ -201,3 +201,24 @@ func (a *App) RunWebhooks(ctx context.Context) error {
 	}
 	return a.Webhooks.Run(ctx)
 }
+
+// reconcileInstancesArgs asks every host holding instances which guests it
+// runs (vps.InstanceService.SendLists), so lost guests and strays converge.
+type reconcileInstancesArgs struct{}
+
+func (reconcileInstancesArgs) Kind() string { return "instances.reconcile" }
+
+type reconcileInstancesWorker struct {
+	river.WorkerDefaults[reconcileInstancesArgs]
+	// app: the instance service is built after the workers are registered.
+	app     *App
+	metrics *jobMetrics
+}
+
+func (w *reconcileInstancesWorker) Work(ctx context.Context, job *river.Job[reconcileInstancesArgs]) error {
+	if w.app.Instances == nil {
+		return nil
+	}
+	_, err := w.app.Instances.SendLists(ctx)
+	return w.metrics.done(job.Kind, err)
+}

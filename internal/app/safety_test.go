@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
@@ -38,7 +40,7 @@ import (
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
 	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
-	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "secrets"}
+	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes", "secrets"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -123,6 +125,20 @@ func sfWatchReservations(ctx context.Context, c *client.Client, req *apiv1.Watch
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	stream, err := c.Reservations.Watch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stream.Close() }()
+	for stream.Receive() {
+	}
+	return stream.Err()
+}
+
+// sfWatchInstances runs an instance watch and returns how it ended.
+func sfWatchInstances(ctx context.Context, c *client.Client, req *apiv1.WatchInstancesRequest) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, err := c.Instances.Watch(ctx, connect.NewRequest(req))
 	if err != nil {
 		return err
 	}
@@ -794,6 +810,17 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	ipp, err := admin.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "lan", Cidr: "10.9.0.0/24"}))
 	require.NoError(t, err)
 	ipPoolID := ipp.Msg.GetIpPool().GetId()
+	// An instance of acme with a volume, written as Create would (no host
+	// answers here).
+	inst := vps.Instance{ID: envelope.NewID(vps.InstanceIDPrefix, now), TenantID: acme.GetId(), ProjectID: web.GetId(), Name: "vm1",
+		State: vps.StateRunning, FlavorID: flavorID, FlavorName: "small", VCPUs: 2, MemoryMiB: 2048, DiskGiB: 10, Image: "debian-12",
+		IPPoolID: ipPoolID, IPPoolName: "lan", Address: "10.9.0.2", PrefixLen: 24, Gateway: "10.9.0.1", MAC: "52:54:00:00:00:01",
+		NetworkPolicy: "egress", NodeID: node.ID, NodeName: "gpu-1", CreatedBy: "test", CreateTime: now, UpdateTime: now}
+	vol := vps.Volume{ID: envelope.NewID(vps.VolumeIDPrefix, now), TenantID: acme.GetId(), Name: "data", SizeGiB: 5, Format: "qcow2",
+		State: vps.VolumeAvailable, NodeID: node.ID, CreateTime: now, UpdateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return errors.Join(vps.InstanceInsert(ctx, tx, &inst), vps.VolumeInsert(ctx, tx, &vol))
+	}))
 	sec, err := admin.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "db", Value: []byte("acme-db-password")}))
 	require.NoError(t, err)
 	secretID := sec.Msg.GetSecret().GetId()
@@ -1812,6 +1839,115 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.IPPools.Delete(ctx, connect.NewRequest(&apiv1.DeleteIPPoolRequest{Tenant: "other", IpPool: ipPoolID}))
+				return err
+			},
+		},
+		apiv1connect.InstanceServiceCreateProcedure: {func() error {
+			_, err := evil.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "evil", Flavor: "small",
+				Image: "debian-12", IpPool: "lan"}))
+			return err
+		}},
+		apiv1connect.InstanceServiceGetProcedure: {
+			func() error {
+				_, err := evil.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "other", Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.InstanceServiceListProcedure: {func() error {
+			_, err := evil.Instances.List(ctx, connect.NewRequest(&apiv1.ListInstancesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.InstanceServiceWatchProcedure: {
+			func() error { return sfWatchInstances(ctx, evil, &apiv1.WatchInstancesRequest{Tenant: "acme"}) },
+			func() error {
+				return sfWatchInstances(ctx, evil, &apiv1.WatchInstancesRequest{Tenant: "other", Instance: inst.ID})
+			},
+		},
+		apiv1connect.InstanceServiceStartProcedure: {
+			func() error {
+				_, err := evil.Instances.Start(ctx, connect.NewRequest(&apiv1.StartInstanceRequest{Tenant: "acme", Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Instances.Start(ctx, connect.NewRequest(&apiv1.StartInstanceRequest{Tenant: "other", Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.InstanceServiceStopProcedure: {
+			func() error {
+				_, err := evil.Instances.Stop(ctx, connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "acme", Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Instances.Stop(ctx, connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "other", Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.InstanceServiceRebootProcedure: {
+			func() error {
+				_, err := evil.Instances.Reboot(ctx, connect.NewRequest(&apiv1.RebootInstanceRequest{Tenant: "acme", Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Instances.Reboot(ctx, connect.NewRequest(&apiv1.RebootInstanceRequest{Tenant: "other", Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.InstanceServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "other", Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.VolumeServiceCreateProcedure: {
+			func() error {
+				_, err := evil.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: "evil", SizeGib: 1, Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "other", Name: "evil", SizeGib: 1, Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.VolumeServiceListProcedure: {func() error {
+			_, err := evil.Volumes.List(ctx, connect.NewRequest(&apiv1.ListVolumesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.VolumeServiceGetProcedure: {
+			func() error {
+				_, err := evil.Volumes.Get(ctx, connect.NewRequest(&apiv1.GetVolumeRequest{Tenant: "acme", Volume: "data"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Volumes.Get(ctx, connect.NewRequest(&apiv1.GetVolumeRequest{Tenant: "other", Volume: vol.ID}))
+				return err
+			},
+		},
+		apiv1connect.VolumeServiceDetachProcedure: {
+			func() error {
+				_, err := evil.Volumes.Detach(ctx, connect.NewRequest(&apiv1.DetachVolumeRequest{Tenant: "acme", Volume: "data"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Volumes.Detach(ctx, connect.NewRequest(&apiv1.DetachVolumeRequest{Tenant: "other", Volume: vol.ID}))
+				return err
+			},
+		},
+		apiv1connect.VolumeServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Volumes.Delete(ctx, connect.NewRequest(&apiv1.DeleteVolumeRequest{Tenant: "acme", Volume: "data"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Volumes.Delete(ctx, connect.NewRequest(&apiv1.DeleteVolumeRequest{Tenant: "other", Volume: vol.ID}))
 				return err
 			},
 		},

@@ -19,6 +19,8 @@ var MultiLineFields = map[protoreflect.FullName]bool{
 	"bettercompute.api.v1.PutPolicyRequest.text": true,
 	// A PEM block is lines of base64.
 	"bettercompute.api.v1.AddSignerKeyRequest.public_key": true,
+	// cloud-init user data is a YAML document or a script.
+	"bettercompute.api.v1.CreateInstanceRequest.user_data": true,
 }
 
 // UnsafeRune reports why r must not appear in text that reaches an

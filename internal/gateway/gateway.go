@@ -162,6 +162,10 @@ type Config struct {
 	// RefreshInterval is how often revocations made on other replicas are
 	// loaded, when the Authority can (FromPKI's can); default 30s.
 	RefreshInterval time.Duration
+	// CommandsExpired, when set, is told of the commands a sweep expired
+	// (their deadline passed before the node answered), in the sweep's
+	// transaction: instances converge from it as from an answer.
+	CommandsExpired func(ctx context.Context, tx store.Tx, expired []fleet.Command) error
 }
 
 func (c *Config) defaults() error {

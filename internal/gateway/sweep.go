@@ -69,6 +69,11 @@ func (g *Gateway) SweepCommands(ctx context.Context) (int, error) {
 		if len(evs) == 0 {
 			return nil
 		}
+		if g.cfg.CommandsExpired != nil {
+			if err := g.cfg.CommandsExpired(ctx, tx, expired); err != nil {
+				return err
+			}
+		}
 		return g.cfg.Recorder.InsertEvents(ctx, tx, evs)
 	})
 	if err == nil {

@@ -147,6 +147,14 @@ func resourceFor(action, tenant string) Resource {
 	case "machines.get", "machines.inspect", "machines.commission", "machines.deploy", "machines.release",
 		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow":
 		return Resource{Type: "Machine", ID: "mch1", TenantID: tenant, Attrs: map[string]any{"name": "m1", "site": "site1", "state": "ready"}}
+	case "instances.create":
+		return Resource{Type: "Instance", ID: DraftID, TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "vm1", "flavor": "small"}}
+	case "instances.get", "instances.start", "instances.stop", "instances.reboot", "instances.delete":
+		return Resource{Type: "Instance", ID: "ins1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "vm1", "state": "running"}}
+	case "volumes.create":
+		return Resource{Type: "Volume", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "data", "sizeGiB": int64(10)}}
+	case "volumes.get", "volumes.detach", "volumes.delete":
+		return Resource{Type: "Volume", ID: "vol1", TenantID: tenant, Attrs: map[string]any{"name": "data", "sizeGiB": int64(10)}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -165,8 +173,10 @@ func TestCedarMatrix(t *testing.T) {
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
 		"machines.getWorkflow",
-		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases", "secrets.get", "secrets.list"}
-	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec"}
+		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
+		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list"}
+	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
+		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -180,6 +190,12 @@ func TestCedarMatrix(t *testing.T) {
 	for _, a := range books {
 		want[RoleMember][a] = allow
 		want[RoleAgent][a] = allow
+	}
+	// Members delete their guests and volumes; an agent's delete waits for
+	// a human.
+	for _, a := range []string{"instances.delete", "volumes.delete"} {
+		want[RoleMember][a] = allow
+		want[RoleAgent][a] = confirm
 	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
@@ -494,6 +510,8 @@ func TestActions(t *testing.T) {
 		"confirmations.approve", "confirmations.list", "events.watch",
 		"flavors.create", "flavors.delete", "flavors.get", "flavors.list",
 		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
+		"instances.create", "instances.delete", "instances.get", "instances.list", "instances.reboot", "instances.start",
+		"instances.stop", "instances.watch",
 		"inventory.get", "ipPools.create", "ipPools.delete", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
@@ -511,6 +529,7 @@ func TestActions(t *testing.T) {
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
+		"volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",
 		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"webhooks.redeliver", "webhooks.rotateSecret", "webhooks.test", "webhooks.update",
 	}

@@ -26,7 +26,7 @@ type fixture struct {
 }
 
 // setup starts a control plane with tenant acme and an admin key of it.
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	cp := bctest.NewControlPlane(t)
 	f := &fixture{cp: cp, admin: cp.Admin()}
@@ -39,7 +39,7 @@ func setup(t *testing.T) *fixture {
 	return f
 }
 
-func (f *fixture) count(t *testing.T, query string, args ...any) int {
+func (f *fixture) count(t testing.TB, query string, args ...any) int {
 	t.Helper()
 	var n int
 	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {

@@ -89,6 +89,10 @@ const (
 	BindingNode       = "node"
 	BindingKubernetes = "kubernetes"
 	BindingNone       = "none"
+	// BindingInstance: booked by the instance service for one guest, in
+	// the instance's transaction; it may hold no GPU (vCPUs and memory
+	// only) and is active as soon as it is placed.
+	BindingInstance = "instance"
 )
 
 // Condition types.
@@ -159,6 +163,9 @@ type Reservation struct {
 	ActiveSince, ActiveUntil        *time.Time
 	CreatedBy                       string
 	CreateTime, UpdateTime          time.Time
+	// Flavor is the instance flavor a binding-instance reservation was
+	// booked for (usage meters instance.<flavor>.hours).
+	Flavor string
 }
 
 // SetCondition sets or replaces a condition; it reports whether anything

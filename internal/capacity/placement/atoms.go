@@ -60,6 +60,9 @@ func (sc *scratch) pickAtoms(req *Request, d *digest) (pick, string) {
 	var reason string
 	sc.chosen, sc.chosenNUMA, sc.unitGPU, sc.unit = sc.chosen[:0], sc.chosenNUMA[:0], sc.unitGPU[:0], sc.unit[:0]
 	switch {
+	case req.GPUs == 0 && req.Slots == 0 && req.MIGProfile == "":
+		// Host resources only (a guest without GPUs): no atom to pick;
+		// the host check already admitted the node.
 	case req.MIGProfile != "":
 		p, reason = sc.pickMIG(req, d.n)
 	case req.Slots > 0:

@@ -20,8 +20,10 @@ func (r *Request) Validate() error {
 		return &RequestError{"gpus", "must not be negative"}
 	case r.Slots < 0:
 		return &RequestError{"slots", "must not be negative"}
-	case r.GPUs == 0 && r.Slots == 0:
-		return &RequestError{"gpus", "must ask for at least one GPU, MIG instance or slot"}
+	case r.GPUs == 0 && r.Slots == 0 && (r.MIGProfile != "" || r.VCPU <= 0 || r.MemoryGiB+r.Hugepages1Gi+r.Hugepages2Mi <= 0):
+		// Without devices a request is host resources alone (a guest):
+		// it must ask for CPUs and memory, or it would book nothing.
+		return &RequestError{"gpus", "must ask for at least one GPU, MIG instance or slot (or, without devices, vCPUs and memory)"}
 	case r.GPUs > 0 && r.Slots > 0:
 		return &RequestError{"slots", "cannot be combined with gpus"}
 	case r.VCPU < 0:

@@ -40,7 +40,7 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	// Once the top is full, a whole-GPU node that could not enter it even
 	// with the best topology and fragmentation scores is counted feasible
 	// without picking its GPUs or scoring it.
-	bound := req.MIGProfile == "" && req.Slots == 0 && boundable(&w)
+	bound := req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 0 && boundable(&w)
 	res := Result{Explanation: newExplanation()}
 	ex := &res.Explanation
 	for ci, class := range snap.classes {

@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/vmcmd"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -86,15 +87,20 @@ const CapDevices = "devices.limits"
 
 // Request is the placement request of a reservation. A reservation that
 // bcd binds on the node (binding "node") needs its GPUs isolated there, so
-// it places only on nodes that advertise devices.limits.
+// it places only on nodes that advertise devices.limits; an instance's
+// only on nodes that run instances (vmcmd.CapInstances).
 func Request(r *capmodel.Reservation) placement.Request {
 	req := placement.Request{
 		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
 		Hugepages1Gi: r.Hugepages1Gi, Tenant: r.TenantID, SingleTenant: r.SingleTenant,
 		Tolerations: []string{"dedicated=" + r.TenantID},
 	}
-	if r.Binding == capmodel.BindingNode {
+	switch r.Binding {
+	case capmodel.BindingNode:
 		req.Capabilities = []string{CapDevices}
+	case capmodel.BindingInstance:
+		// A guest goes only where bcd runs a hypervisor.
+		req.Capabilities = []string{vmcmd.CapInstances}
 	}
 	return req
 }

@@ -194,3 +194,15 @@ func Archive(ctx context.Context, tx store.Tx, tenantID, id string) (bool, error
 		WHERE id = $1 AND tenant_id = $2 AND state = 'active'`, id, tenantID)
 	return n == 1, err
 }
+
+// ListVisible lists up to limit active pools tenantID may book from — its
+// own first, then those offered to it — for a caller that picks the only
+// one when the request names none (an instance's create).
+func ListVisible(ctx context.Context, q store.Querier, tenantID string, limit int) ([]Pool, error) {
+	rows, err := q.Query(ctx, `SELECT `+poolColumns+` FROM pools WHERE state = 'active' AND `+offeredTo("$1")+`
+		ORDER BY CASE WHEN tenant_id = $1 THEN 0 ELSE 1 END, id LIMIT $2`, tenantID, limit)
+	if err != nil {
+		return nil, err
+	}
+	return collectPools(rows)
+}

@@ -27,6 +27,7 @@ const (
 	BindingNode       = capmodel.BindingNode
 	BindingKubernetes = capmodel.BindingKubernetes
 	BindingNone       = capmodel.BindingNone
+	BindingInstance   = capmodel.BindingInstance
 )
 
 // Condition types.

@@ -542,7 +542,10 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 			if p, err := pool.Get(ctx, tx, "", r.PoolID); err == nil {
 				policy = poolPolicy(p).GetOnNodeLost()
 			}
-			if policy == pool.OnNodeLostReplace {
+			// A guest dies with its host: placing its booking elsewhere
+			// would hold capacity for nothing, so an instance's is released
+			// whatever the pool's policy (the instance is marked lost).
+			if policy == pool.OnNodeLostReplace && r.Binding != BindingInstance {
 				more, err := e.requeue(ctx, tx, r, now)
 				if err != nil {
 					return err

@@ -28,7 +28,7 @@ const IDPrefix = "rsv"
 
 const columns = `id, tenant_id, project_id, pool_id, state, gpus, model, mig_profile, slots, vcpu, memory_gib,
 	hugepages_1gi, binding, single_tenant, starts_at, ends_at, node_id, gpu_model, placement, conditions,
-	explanation, command_id, bind_attempts, bind_deadline, active_since, active_until, created_by, create_time, update_time`
+	explanation, command_id, bind_attempts, bind_deadline, active_since, active_until, created_by, create_time, update_time, flavor`
 
 func scan(row interface{ Scan(...any) error }) (Reservation, error) {
 	var r Reservation
@@ -36,7 +36,7 @@ func scan(row interface{ Scan(...any) error }) (Reservation, error) {
 	err := row.Scan(&r.ID, &r.TenantID, &r.ProjectID, &r.PoolID, &r.State, &r.GPUs, &r.Model, &r.MIGProfile, &r.Slots,
 		&r.VCPU, &r.MemoryGiB, &r.Hugepages1Gi, &r.Binding, &r.SingleTenant, &r.StartsAt, &r.EndsAt, &r.NodeID,
 		&r.GPUModel, &placement, &conds, &r.Explanation, &r.CommandID, &r.BindAttempts, &r.BindDeadline,
-		&r.ActiveSince, &r.ActiveUntil, &r.CreatedBy, &r.CreateTime, &r.UpdateTime)
+		&r.ActiveSince, &r.ActiveUntil, &r.CreatedBy, &r.CreateTime, &r.UpdateTime, &r.Flavor)
 	if err != nil {
 		return r, err
 	}
@@ -86,7 +86,7 @@ func stageInsert(ctx context.Context, b *placer.Batch, r *Reservation) error {
 	return b.Stage(ctx, insertHead, []any{r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
 		r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
 		jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
-		r.CreatedBy, r.CreateTime, r.UpdateTime})
+		r.CreatedBy, r.CreateTime, r.UpdateTime, r.Flavor})
 }
 
 // save writes back every mutable column of r, guarded by the state it was

@@ -128,7 +128,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 	var vs envelope.Violations
 	f := validateFilter(&vs, msg.GetTenant(), msg.GetProject(), msg.GetStartTime(), msg.GetEndTime())
 	if m := msg.GetMetric(); m != "" && !ValidMetric(m) {
-		vs.Add("metric", "must be gpu.<model>.hours, vcpu.hours or memoryGiB.hours, got %q", truncate(m))
+		vs.Add("metric", "must be gpu.<model>.hours, instance.<flavor>.hours, vcpu.hours or memoryGiB.hours, got %q", truncate(m))
 	}
 	f.metric = msg.GetMetric()
 	vs.PageSize("page_size", msg.GetPageSize())

@@ -38,7 +38,7 @@ const Window = time.Hour
 const Grace = time.Hour
 
 var (
-	metricRE     = regexp.MustCompile(`(?i)^(gpu\.[A-Za-z0-9_-]{1,64}\.hours|vcpu\.hours|memoryGiB\.hours)$`)
+	metricRE     = regexp.MustCompile(`(?i)^((gpu|instance)\.[A-Za-z0-9_-]{1,64}\.hours|vcpu\.hours|memoryGiB\.hours)$`)
 	modelCleanRE = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 )
 
@@ -55,6 +55,39 @@ func GPUMetric(model string) string {
 		m = m[:64]
 	}
 	return "gpu." + m + ".hours"
+}
+
+// InstanceMetric returns the metric of an instance flavor's hours:
+// instance.<flavor>.hours (one per hour an instance holds its host), the
+// flavor cleaned as GPUMetric cleans a model.
+func InstanceMetric(flavor string) string {
+	m := strings.Trim(modelCleanRE.ReplaceAllString(flavor, "-"), "-")
+	if m == "" {
+		m = "unknown"
+	}
+	if len(m) > 64 {
+		m = m[:64]
+	}
+	return "instance." + m + ".hours"
+}
+
+// metrics are the quantities of one reservation: its GPUs of a model,
+// vCPUs, memory and, for an instance's, one instance of its flavor.
+func (r *activeInterval) metrics() []struct {
+	metric string
+	n      int64
+} {
+	out := []struct {
+		metric string
+		n      int64
+	}{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}}
+	if r.binding == "instance" {
+		out = append(out, struct {
+			metric string
+			n      int64
+		}{InstanceMetric(r.flavor), 1})
+	}
+	return out
 }
 
 // ValidMetric reports whether s is a metric name this package writes, in
@@ -77,7 +110,7 @@ type UsageWindow struct {
 type activeInterval struct {
 	id, tenantID, projectID string
 	gpus, vcpu, memoryGiB   int64
-	model                   string
+	model, binding, flavor  string
 	since                   time.Time
 	until                   *time.Time
 }
@@ -126,10 +159,7 @@ func Rollup(ctx context.Context, tx store.Tx, upTo time.Time) (int, error) {
 				continue
 			}
 			hours := hi.Sub(lo).Hours()
-			for _, m := range []struct {
-				metric string
-				n      int64
-			}{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}} {
+			for _, m := range r.metrics() {
 				if m.n <= 0 {
 					continue
 				}
@@ -175,10 +205,7 @@ func OpenHour(ctx context.Context, q store.Querier, tenantID, projectID, metric 
 			continue
 		}
 		hours := until.Sub(lo).Hours()
-		for _, m := range []struct {
-			metric string
-			n      int64
-		}{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}} {
+		for _, m := range r.metrics() {
 			if m.n <= 0 || (metric != "" && !strings.EqualFold(metric, m.metric)) {
 				continue
 			}
@@ -196,7 +223,7 @@ func OpenHour(ctx context.Context, q store.Querier, tenantID, projectID, metric 
 // closeAt and had not ended by from.
 func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.Time) ([]activeInterval, error) {
 	rows, err := tx.Query(ctx, `SELECT id, tenant_id, project_id, gpus, vcpu, memory_gib,
-			CASE WHEN gpu_model <> '' THEN gpu_model ELSE model END, active_since, active_until
+			CASE WHEN gpu_model <> '' THEN gpu_model ELSE model END, active_since, active_until, binding, flavor
 		FROM reservations
 		WHERE active_since IS NOT NULL AND active_since < $1 AND (active_until IS NULL OR active_until > $2)
 		ORDER BY id`, closeAt, from)
@@ -207,7 +234,7 @@ func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.T
 	var out []activeInterval
 	for rows.Next() {
 		var r activeInterval
-		if err := rows.Scan(&r.id, &r.tenantID, &r.projectID, &r.gpus, &r.vcpu, &r.memoryGiB, &r.model, &r.since, &r.until); err != nil {
+		if err := rows.Scan(&r.id, &r.tenantID, &r.projectID, &r.gpus, &r.vcpu, &r.memoryGiB, &r.model, &r.since, &r.until, &r.binding, &r.flavor); err != nil {
 			return nil, fmt.Errorf("usage rollup: read active reservations: %w", err)
 		}
 		out = append(out, r)

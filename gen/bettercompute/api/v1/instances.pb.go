@@ -1408,6 +1408,1960 @@ func (*DeleteIPPoolResponse) Descriptor() ([]byte, []int) {
 	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{20}
 }
 
+// An Instance is a virtual machine on one host, placed through capacity (a
+// reservation with binding "instance" on a pool the tenant sees), with an
+// address leased from an IP pool, run by bcd on its host.
+type Instance struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId  string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	ProjectId string                 `protobuf:"bytes,3,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
+	Name      string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	// pending, placing, booting, running, stopped, deleting, deleted, failed
+	// or lost.
+	State    string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	Flavor   string `protobuf:"bytes,6,opt,name=flavor,proto3" json:"flavor,omitempty"`
+	FlavorId string `protobuf:"bytes,7,opt,name=flavor_id,json=flavorId,proto3" json:"flavor_id,omitempty"`
+	Image    string `protobuf:"bytes,8,opt,name=image,proto3" json:"image,omitempty"`
+	IpPool   string `protobuf:"bytes,9,opt,name=ip_pool,json=ipPool,proto3" json:"ip_pool,omitempty"`
+	IpPoolId string `protobuf:"bytes,10,opt,name=ip_pool_id,json=ipPoolId,proto3" json:"ip_pool_id,omitempty"`
+	// The leased address (without prefix), the pool's gateway and DNS.
+	Address string   `protobuf:"bytes,11,opt,name=address,proto3" json:"address,omitempty"`
+	Gateway string   `protobuf:"bytes,12,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	Dns     []string `protobuf:"bytes,13,rep,name=dns,proto3" json:"dns,omitempty"`
+	Mac     string   `protobuf:"bytes,14,opt,name=mac,proto3" json:"mac,omitempty"`
+	// egress (default), private or none.
+	NetworkPolicy string   `protobuf:"bytes,15,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
+	SshKeys       []string `protobuf:"bytes,16,rep,name=ssh_keys,json=sshKeys,proto3" json:"ssh_keys,omitempty"`
+	// The capacity pool and reservation that hold the host's resources.
+	PoolId        string `protobuf:"bytes,17,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	ReservationId string `protobuf:"bytes,18,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	NodeId        string `protobuf:"bytes,19,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeName      string `protobuf:"bytes,20,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// kvm or tcg: what the guest really runs on (bcd's report).
+	Accel string `protobuf:"bytes,21,opt,name=accel,proto3" json:"accel,omitempty"`
+	// Where the guest's sshd answers (host:port), once bcd reports it.
+	SshAddress string `protobuf:"bytes,22,opt,name=ssh_address,json=sshAddress,proto3" json:"ssh_address,omitempty"`
+	// Pinned host CPUs (pinned flavors), as booked.
+	Cpuset     string               `protobuf:"bytes,23,opt,name=cpuset,proto3" json:"cpuset,omitempty"`
+	Conditions []*InstanceCondition `protobuf:"bytes,24,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	// Why the instance failed, when it did.
+	Message       string                 `protobuf:"bytes,25,opt,name=message,proto3" json:"message,omitempty"`
+	VolumeIds     []string               `protobuf:"bytes,26,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Instance) Reset() {
+	*x = Instance{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Instance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Instance) ProtoMessage() {}
+
+func (x *Instance) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Instance.ProtoReflect.Descriptor instead.
+func (*Instance) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Instance) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Instance) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *Instance) GetProjectId() string {
+	if x != nil {
+		return x.ProjectId
+	}
+	return ""
+}
+
+func (x *Instance) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Instance) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Instance) GetFlavor() string {
+	if x != nil {
+		return x.Flavor
+	}
+	return ""
+}
+
+func (x *Instance) GetFlavorId() string {
+	if x != nil {
+		return x.FlavorId
+	}
+	return ""
+}
+
+func (x *Instance) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *Instance) GetIpPool() string {
+	if x != nil {
+		return x.IpPool
+	}
+	return ""
+}
+
+func (x *Instance) GetIpPoolId() string {
+	if x != nil {
+		return x.IpPoolId
+	}
+	return ""
+}
+
+func (x *Instance) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Instance) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *Instance) GetDns() []string {
+	if x != nil {
+		return x.Dns
+	}
+	return nil
+}
+
+func (x *Instance) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *Instance) GetNetworkPolicy() string {
+	if x != nil {
+		return x.NetworkPolicy
+	}
+	return ""
+}
+
+func (x *Instance) GetSshKeys() []string {
+	if x != nil {
+		return x.SshKeys
+	}
+	return nil
+}
+
+func (x *Instance) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *Instance) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *Instance) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Instance) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *Instance) GetAccel() string {
+	if x != nil {
+		return x.Accel
+	}
+	return ""
+}
+
+func (x *Instance) GetSshAddress() string {
+	if x != nil {
+		return x.SshAddress
+	}
+	return ""
+}
+
+func (x *Instance) GetCpuset() string {
+	if x != nil {
+		return x.Cpuset
+	}
+	return ""
+}
+
+func (x *Instance) GetConditions() []*InstanceCondition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+func (x *Instance) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Instance) GetVolumeIds() []string {
+	if x != nil {
+		return x.VolumeIds
+	}
+	return nil
+}
+
+func (x *Instance) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Instance) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+// An InstanceCondition is one observation: PlacementDegraded (the host could
+// not apply a placement ask), NodeLost, ...
+type InstanceCondition struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Status        string                 `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceCondition) Reset() {
+	*x = InstanceCondition{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceCondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceCondition) ProtoMessage() {}
+
+func (x *InstanceCondition) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceCondition.ProtoReflect.Descriptor instead.
+func (*InstanceCondition) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *InstanceCondition) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *InstanceCondition) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *InstanceCondition) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *InstanceCondition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *InstanceCondition) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+// A volume to create with the instance and attach to it.
+type InstanceVolumeSpec struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	SizeGib int32                  `protobuf:"varint,2,opt,name=size_gib,json=sizeGib,proto3" json:"size_gib,omitempty"`
+	// qcow2 (default) or raw.
+	Format        string `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceVolumeSpec) Reset() {
+	*x = InstanceVolumeSpec{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceVolumeSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceVolumeSpec) ProtoMessage() {}
+
+func (x *InstanceVolumeSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceVolumeSpec.ProtoReflect.Descriptor instead.
+func (*InstanceVolumeSpec) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *InstanceVolumeSpec) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *InstanceVolumeSpec) GetSizeGib() int32 {
+	if x != nil {
+		return x.SizeGib
+	}
+	return 0
+}
+
+func (x *InstanceVolumeSpec) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+type CreateInstanceRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// A flavor of the tenant, or the platform's (name or id).
+	Flavor string `protobuf:"bytes,3,opt,name=flavor,proto3" json:"flavor,omitempty"`
+	// The guest image name (bcd's guest image directory).
+	Image string `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	// An IP pool of the tenant, or the platform's (name or id).
+	IpPool string `protobuf:"bytes,5,opt,name=ip_pool,json=ipPool,proto3" json:"ip_pool,omitempty"`
+	// The capacity pool (the tenant's or one offered to it); empty: the only
+	// pool the tenant sees.
+	Pool string `protobuf:"bytes,6,opt,name=pool,proto3" json:"pool,omitempty"`
+	// egress (default), private or none.
+	NetworkPolicy string                `protobuf:"bytes,7,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
+	Volumes       []*InstanceVolumeSpec `protobuf:"bytes,8,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// OpenSSH authorized keys of the guest's user.
+	SshKeys []string `protobuf:"bytes,9,rep,name=ssh_keys,json=sshKeys,proto3" json:"ssh_keys,omitempty"`
+	// cloud-init user data (at most 64 KiB).
+	UserData string `protobuf:"bytes,10,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
+	// Empty: the tenant's default project.
+	Project       string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateInstanceRequest) Reset() {
+	*x = CreateInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateInstanceRequest) ProtoMessage() {}
+
+func (x *CreateInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateInstanceRequest.ProtoReflect.Descriptor instead.
+func (*CreateInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CreateInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetFlavor() string {
+	if x != nil {
+		return x.Flavor
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetIpPool() string {
+	if x != nil {
+		return x.IpPool
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetNetworkPolicy() string {
+	if x != nil {
+		return x.NetworkPolicy
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetVolumes() []*InstanceVolumeSpec {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+func (x *CreateInstanceRequest) GetSshKeys() []string {
+	if x != nil {
+		return x.SshKeys
+	}
+	return nil
+}
+
+func (x *CreateInstanceRequest) GetUserData() string {
+	if x != nil {
+		return x.UserData
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetProject() string {
+	if x != nil {
+		return x.Project
+	}
+	return ""
+}
+
+type CreateInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateInstanceResponse) Reset() {
+	*x = CreateInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateInstanceResponse) ProtoMessage() {}
+
+func (x *CreateInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateInstanceResponse.ProtoReflect.Descriptor instead.
+func (*CreateInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *CreateInstanceResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+type GetInstanceRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Name or id.
+	Instance      string `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInstanceRequest) Reset() {
+	*x = GetInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInstanceRequest) ProtoMessage() {}
+
+func (x *GetInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInstanceRequest.ProtoReflect.Descriptor instead.
+func (*GetInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GetInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetInstanceRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type GetInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInstanceResponse) Reset() {
+	*x = GetInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInstanceResponse) ProtoMessage() {}
+
+func (x *GetInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInstanceResponse.ProtoReflect.Descriptor instead.
+func (*GetInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *GetInstanceResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+type ListInstancesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInstancesRequest) Reset() {
+	*x = ListInstancesRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInstancesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInstancesRequest) ProtoMessage() {}
+
+func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
+func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListInstancesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListInstancesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListInstancesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListInstancesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instances     []*Instance            `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInstancesResponse) Reset() {
+	*x = ListInstancesResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInstancesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInstancesResponse) ProtoMessage() {}
+
+func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
+func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListInstancesResponse) GetInstances() []*Instance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *ListInstancesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type StartInstanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Instance      string                 `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartInstanceRequest) Reset() {
+	*x = StartInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartInstanceRequest) ProtoMessage() {}
+
+func (x *StartInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartInstanceRequest.ProtoReflect.Descriptor instead.
+func (*StartInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *StartInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *StartInstanceRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type StartInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartInstanceResponse) Reset() {
+	*x = StartInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartInstanceResponse) ProtoMessage() {}
+
+func (x *StartInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartInstanceResponse.ProtoReflect.Descriptor instead.
+func (*StartInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *StartInstanceResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+type StopInstanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Instance      string                 `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopInstanceRequest) Reset() {
+	*x = StopInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopInstanceRequest) ProtoMessage() {}
+
+func (x *StopInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopInstanceRequest.ProtoReflect.Descriptor instead.
+func (*StopInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *StopInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *StopInstanceRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type StopInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopInstanceResponse) Reset() {
+	*x = StopInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopInstanceResponse) ProtoMessage() {}
+
+func (x *StopInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopInstanceResponse.ProtoReflect.Descriptor instead.
+func (*StopInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *StopInstanceResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+type RebootInstanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Instance      string                 `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebootInstanceRequest) Reset() {
+	*x = RebootInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebootInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebootInstanceRequest) ProtoMessage() {}
+
+func (x *RebootInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebootInstanceRequest.ProtoReflect.Descriptor instead.
+func (*RebootInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RebootInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RebootInstanceRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type RebootInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebootInstanceResponse) Reset() {
+	*x = RebootInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebootInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebootInstanceResponse) ProtoMessage() {}
+
+func (x *RebootInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebootInstanceResponse.ProtoReflect.Descriptor instead.
+func (*RebootInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *RebootInstanceResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+type DeleteInstanceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Instance      string                 `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteInstanceRequest) Reset() {
+	*x = DeleteInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteInstanceRequest) ProtoMessage() {}
+
+func (x *DeleteInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteInstanceRequest.ProtoReflect.Descriptor instead.
+func (*DeleteInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DeleteInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DeleteInstanceRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type DeleteInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      *Instance              `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteInstanceResponse) Reset() {
+	*x = DeleteInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteInstanceResponse) ProtoMessage() {}
+
+func (x *DeleteInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteInstanceResponse.ProtoReflect.Descriptor instead.
+func (*DeleteInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *DeleteInstanceResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+type WatchInstancesRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only this instance (name or id); empty watches all of the tenant's.
+	Instance string `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	// Resume after this cursor (from a previous response).
+	Cursor        string `protobuf:"bytes,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchInstancesRequest) Reset() {
+	*x = WatchInstancesRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchInstancesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchInstancesRequest) ProtoMessage() {}
+
+func (x *WatchInstancesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchInstancesRequest.ProtoReflect.Descriptor instead.
+func (*WatchInstancesRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *WatchInstancesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WatchInstancesRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *WatchInstancesRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+type WatchInstancesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// instance.created, instance.running, instance.stopped, ...
+	Type          string    `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Instance      *Instance `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	Cursor        string    `protobuf:"bytes,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchInstancesResponse) Reset() {
+	*x = WatchInstancesResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchInstancesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchInstancesResponse) ProtoMessage() {}
+
+func (x *WatchInstancesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchInstancesResponse.ProtoReflect.Descriptor instead.
+func (*WatchInstancesResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *WatchInstancesResponse) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *WatchInstancesResponse) GetInstance() *Instance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+func (x *WatchInstancesResponse) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+// A Volume is a disk file on one host (qcow2 or raw), attached to at most
+// one instance on that host.
+type Volume struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	SizeGib  int32                  `protobuf:"varint,4,opt,name=size_gib,json=sizeGib,proto3" json:"size_gib,omitempty"`
+	Format   string                 `protobuf:"bytes,5,opt,name=format,proto3" json:"format,omitempty"`
+	// creating, available, attached, deleting, deleted or failed.
+	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	InstanceId    string                 `protobuf:"bytes,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	NodeId        string                 `protobuf:"bytes,8,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Message       string                 `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Volume) Reset() {
+	*x = Volume{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Volume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Volume) ProtoMessage() {}
+
+func (x *Volume) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Volume.ProtoReflect.Descriptor instead.
+func (*Volume) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *Volume) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Volume) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *Volume) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Volume) GetSizeGib() int32 {
+	if x != nil {
+		return x.SizeGib
+	}
+	return 0
+}
+
+func (x *Volume) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *Volume) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Volume) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *Volume) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Volume) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Volume) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Volume) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+type CreateVolumeRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Name    string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	SizeGib int32                  `protobuf:"varint,3,opt,name=size_gib,json=sizeGib,proto3" json:"size_gib,omitempty"`
+	// qcow2 (default) or raw.
+	Format string `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`
+	// The instance whose host holds the volume (name or id).
+	Instance      string `protobuf:"bytes,5,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeRequest) Reset() {
+	*x = CreateVolumeRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeRequest) ProtoMessage() {}
+
+func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
+func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CreateVolumeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetSizeGib() int32 {
+	if x != nil {
+		return x.SizeGib
+	}
+	return 0
+}
+
+func (x *CreateVolumeRequest) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *CreateVolumeRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type CreateVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeResponse) Reset() {
+	*x = CreateVolumeResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeResponse) ProtoMessage() {}
+
+func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
+func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *CreateVolumeResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+type GetVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Volume        string                 `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetVolumeRequest) Reset() {
+	*x = GetVolumeRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetVolumeRequest) ProtoMessage() {}
+
+func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
+func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *GetVolumeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetVolumeRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+type GetVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetVolumeResponse) Reset() {
+	*x = GetVolumeResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetVolumeResponse) ProtoMessage() {}
+
+func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetVolumeResponse.ProtoReflect.Descriptor instead.
+func (*GetVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GetVolumeResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+type ListVolumesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVolumesRequest) Reset() {
+	*x = ListVolumesRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVolumesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVolumesRequest) ProtoMessage() {}
+
+func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
+func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ListVolumesRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListVolumesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListVolumesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListVolumesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volumes       []*Volume              `protobuf:"bytes,1,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVolumesResponse) Reset() {
+	*x = ListVolumesResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVolumesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVolumesResponse) ProtoMessage() {}
+
+func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
+func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ListVolumesResponse) GetVolumes() []*Volume {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+func (x *ListVolumesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type DetachVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Volume        string                 `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetachVolumeRequest) Reset() {
+	*x = DetachVolumeRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetachVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetachVolumeRequest) ProtoMessage() {}
+
+func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *DetachVolumeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DetachVolumeRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+type DetachVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetachVolumeResponse) Reset() {
+	*x = DetachVolumeResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetachVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetachVolumeResponse) ProtoMessage() {}
+
+func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetachVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DetachVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *DetachVolumeResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+type DeleteVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Volume        string                 `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeRequest) Reset() {
+	*x = DeleteVolumeRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeRequest) ProtoMessage() {}
+
+func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *DeleteVolumeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DeleteVolumeRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *DeleteVolumeResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
 var File_bettercompute_api_v1_instances_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
@@ -1523,7 +3477,159 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x13DeleteIPPoolRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x17\n" +
 	"\aip_pool\x18\x02 \x01(\tR\x06ipPool\"\x16\n" +
-	"\x14DeleteIPPoolResponse2\x90\x03\n" +
+	"\x14DeleteIPPoolResponse\"\xdd\x06\n" +
+	"\bInstance\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
+	"\n" +
+	"project_id\x18\x03 \x01(\tR\tprojectId\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12\x16\n" +
+	"\x06flavor\x18\x06 \x01(\tR\x06flavor\x12\x1b\n" +
+	"\tflavor_id\x18\a \x01(\tR\bflavorId\x12\x14\n" +
+	"\x05image\x18\b \x01(\tR\x05image\x12\x17\n" +
+	"\aip_pool\x18\t \x01(\tR\x06ipPool\x12\x1c\n" +
+	"\n" +
+	"ip_pool_id\x18\n" +
+	" \x01(\tR\bipPoolId\x12\x18\n" +
+	"\aaddress\x18\v \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\f \x01(\tR\agateway\x12\x10\n" +
+	"\x03dns\x18\r \x03(\tR\x03dns\x12\x10\n" +
+	"\x03mac\x18\x0e \x01(\tR\x03mac\x12%\n" +
+	"\x0enetwork_policy\x18\x0f \x01(\tR\rnetworkPolicy\x12\x19\n" +
+	"\bssh_keys\x18\x10 \x03(\tR\asshKeys\x12\x17\n" +
+	"\apool_id\x18\x11 \x01(\tR\x06poolId\x12%\n" +
+	"\x0ereservation_id\x18\x12 \x01(\tR\rreservationId\x12\x17\n" +
+	"\anode_id\x18\x13 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tnode_name\x18\x14 \x01(\tR\bnodeName\x12\x14\n" +
+	"\x05accel\x18\x15 \x01(\tR\x05accel\x12\x1f\n" +
+	"\vssh_address\x18\x16 \x01(\tR\n" +
+	"sshAddress\x12\x16\n" +
+	"\x06cpuset\x18\x17 \x01(\tR\x06cpuset\x12G\n" +
+	"\n" +
+	"conditions\x18\x18 \x03(\v2'.bettercompute.api.v1.InstanceConditionR\n" +
+	"conditions\x12\x18\n" +
+	"\amessage\x18\x19 \x01(\tR\amessage\x12\x1d\n" +
+	"\n" +
+	"volume_ids\x18\x1a \x03(\tR\tvolumeIds\x12;\n" +
+	"\vcreate_time\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\"\xae\x01\n" +
+	"\x11InstanceCondition\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12;\n" +
+	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\"[\n" +
+	"\x12InstanceVolumeSpec\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\bsize_gib\x18\x02 \x01(\x05R\asizeGib\x12\x16\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\"\xdb\x02\n" +
+	"\x15CreateInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06flavor\x18\x03 \x01(\tR\x06flavor\x12\x14\n" +
+	"\x05image\x18\x04 \x01(\tR\x05image\x12\x17\n" +
+	"\aip_pool\x18\x05 \x01(\tR\x06ipPool\x12\x12\n" +
+	"\x04pool\x18\x06 \x01(\tR\x04pool\x12%\n" +
+	"\x0enetwork_policy\x18\a \x01(\tR\rnetworkPolicy\x12B\n" +
+	"\avolumes\x18\b \x03(\v2(.bettercompute.api.v1.InstanceVolumeSpecR\avolumes\x12\x19\n" +
+	"\bssh_keys\x18\t \x03(\tR\asshKeys\x12\x1b\n" +
+	"\tuser_data\x18\n" +
+	" \x01(\tR\buserData\x12\x18\n" +
+	"\aproject\x18\v \x01(\tR\aproject\"T\n" +
+	"\x16CreateInstanceResponse\x12:\n" +
+	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"H\n" +
+	"\x12GetInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"Q\n" +
+	"\x13GetInstanceResponse\x12:\n" +
+	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"j\n" +
+	"\x14ListInstancesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"}\n" +
+	"\x15ListInstancesResponse\x12<\n" +
+	"\tinstances\x18\x01 \x03(\v2\x1e.bettercompute.api.v1.InstanceR\tinstances\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
+	"\x14StartInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"S\n" +
+	"\x15StartInstanceResponse\x12:\n" +
+	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"I\n" +
+	"\x13StopInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"R\n" +
+	"\x14StopInstanceResponse\x12:\n" +
+	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"K\n" +
+	"\x15RebootInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"T\n" +
+	"\x16RebootInstanceResponse\x12:\n" +
+	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"K\n" +
+	"\x15DeleteInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"T\n" +
+	"\x16DeleteInstanceResponse\x12:\n" +
+	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"c\n" +
+	"\x15WatchInstancesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\tR\x06cursor\"\x80\x01\n" +
+	"\x16WatchInstancesResponse\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12:\n" +
+	"\binstance\x18\x02 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\tR\x06cursor\"\xe0\x02\n" +
+	"\x06Volume\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x19\n" +
+	"\bsize_gib\x18\x04 \x01(\x05R\asizeGib\x12\x16\n" +
+	"\x06format\x18\x05 \x01(\tR\x06format\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x1f\n" +
+	"\vinstance_id\x18\a \x01(\tR\n" +
+	"instanceId\x12\x17\n" +
+	"\anode_id\x18\b \x01(\tR\x06nodeId\x12\x18\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12;\n" +
+	"\vcreate_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\"\x90\x01\n" +
+	"\x13CreateVolumeRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
+	"\bsize_gib\x18\x03 \x01(\x05R\asizeGib\x12\x16\n" +
+	"\x06format\x18\x04 \x01(\tR\x06format\x12\x1a\n" +
+	"\binstance\x18\x05 \x01(\tR\binstance\"L\n" +
+	"\x14CreateVolumeResponse\x124\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.VolumeR\x06volume\"B\n" +
+	"\x10GetVolumeRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06volume\x18\x02 \x01(\tR\x06volume\"I\n" +
+	"\x11GetVolumeResponse\x124\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.VolumeR\x06volume\"h\n" +
+	"\x12ListVolumesRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"u\n" +
+	"\x13ListVolumesResponse\x126\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1c.bettercompute.api.v1.VolumeR\avolumes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"E\n" +
+	"\x13DetachVolumeRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06volume\x18\x02 \x01(\tR\x06volume\"L\n" +
+	"\x14DetachVolumeResponse\x124\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.VolumeR\x06volume\"E\n" +
+	"\x13DeleteVolumeRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06volume\x18\x02 \x01(\tR\x06volume\"L\n" +
+	"\x14DeleteVolumeResponse\x124\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.VolumeR\x06volume2\x90\x03\n" +
 	"\rFlavorService\x12_\n" +
 	"\x06Create\x12).bettercompute.api.v1.CreateFlavorRequest\x1a*.bettercompute.api.v1.CreateFlavorResponse\x12[\n" +
 	"\x03Get\x12&.bettercompute.api.v1.GetFlavorRequest\x1a'.bettercompute.api.v1.GetFlavorResponse\"\x03\x90\x02\x01\x12`\n" +
@@ -1535,7 +3641,22 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x04List\x12(.bettercompute.api.v1.ListIPPoolsRequest\x1a).bettercompute.api.v1.ListIPPoolsResponse\"\x03\x90\x02\x01\x12h\n" +
 	"\n" +
 	"ListLeases\x12).bettercompute.api.v1.ListIPLeasesRequest\x1a*.bettercompute.api.v1.ListIPLeasesResponse\"\x03\x90\x02\x01\x12_\n" +
-	"\x06Delete\x12).bettercompute.api.v1.DeleteIPPoolRequest\x1a*.bettercompute.api.v1.DeleteIPPoolResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\x06Delete\x12).bettercompute.api.v1.DeleteIPPoolRequest\x1a*.bettercompute.api.v1.DeleteIPPoolResponse2\xae\x06\n" +
+	"\x0fInstanceService\x12c\n" +
+	"\x06Create\x12+.bettercompute.api.v1.CreateInstanceRequest\x1a,.bettercompute.api.v1.CreateInstanceResponse\x12_\n" +
+	"\x03Get\x12(.bettercompute.api.v1.GetInstanceRequest\x1a).bettercompute.api.v1.GetInstanceResponse\"\x03\x90\x02\x01\x12d\n" +
+	"\x04List\x12*.bettercompute.api.v1.ListInstancesRequest\x1a+.bettercompute.api.v1.ListInstancesResponse\"\x03\x90\x02\x01\x12`\n" +
+	"\x05Start\x12*.bettercompute.api.v1.StartInstanceRequest\x1a+.bettercompute.api.v1.StartInstanceResponse\x12]\n" +
+	"\x04Stop\x12).bettercompute.api.v1.StopInstanceRequest\x1a*.bettercompute.api.v1.StopInstanceResponse\x12c\n" +
+	"\x06Reboot\x12+.bettercompute.api.v1.RebootInstanceRequest\x1a,.bettercompute.api.v1.RebootInstanceResponse\x12c\n" +
+	"\x06Delete\x12+.bettercompute.api.v1.DeleteInstanceRequest\x1a,.bettercompute.api.v1.DeleteInstanceResponse\x12d\n" +
+	"\x05Watch\x12+.bettercompute.api.v1.WatchInstancesRequest\x1a,.bettercompute.api.v1.WatchInstancesResponse0\x012\xf1\x03\n" +
+	"\rVolumeService\x12_\n" +
+	"\x06Create\x12).bettercompute.api.v1.CreateVolumeRequest\x1a*.bettercompute.api.v1.CreateVolumeResponse\x12[\n" +
+	"\x03Get\x12&.bettercompute.api.v1.GetVolumeRequest\x1a'.bettercompute.api.v1.GetVolumeResponse\"\x03\x90\x02\x01\x12`\n" +
+	"\x04List\x12(.bettercompute.api.v1.ListVolumesRequest\x1a).bettercompute.api.v1.ListVolumesResponse\"\x03\x90\x02\x01\x12_\n" +
+	"\x06Detach\x12).bettercompute.api.v1.DetachVolumeRequest\x1a*.bettercompute.api.v1.DetachVolumeResponse\x12_\n" +
+	"\x06Delete\x12).bettercompute.api.v1.DeleteVolumeRequest\x1a*.bettercompute.api.v1.DeleteVolumeResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_instances_proto_rawDescOnce sync.Once
@@ -1549,65 +3670,141 @@ func file_bettercompute_api_v1_instances_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_instances_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_instances_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_bettercompute_api_v1_instances_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_bettercompute_api_v1_instances_proto_goTypes = []any{
-	(*Flavor)(nil),                // 0: bettercompute.api.v1.Flavor
-	(*CreateFlavorRequest)(nil),   // 1: bettercompute.api.v1.CreateFlavorRequest
-	(*CreateFlavorResponse)(nil),  // 2: bettercompute.api.v1.CreateFlavorResponse
-	(*GetFlavorRequest)(nil),      // 3: bettercompute.api.v1.GetFlavorRequest
-	(*GetFlavorResponse)(nil),     // 4: bettercompute.api.v1.GetFlavorResponse
-	(*ListFlavorsRequest)(nil),    // 5: bettercompute.api.v1.ListFlavorsRequest
-	(*ListFlavorsResponse)(nil),   // 6: bettercompute.api.v1.ListFlavorsResponse
-	(*DeleteFlavorRequest)(nil),   // 7: bettercompute.api.v1.DeleteFlavorRequest
-	(*DeleteFlavorResponse)(nil),  // 8: bettercompute.api.v1.DeleteFlavorResponse
-	(*IPPool)(nil),                // 9: bettercompute.api.v1.IPPool
-	(*IPLease)(nil),               // 10: bettercompute.api.v1.IPLease
-	(*CreateIPPoolRequest)(nil),   // 11: bettercompute.api.v1.CreateIPPoolRequest
-	(*CreateIPPoolResponse)(nil),  // 12: bettercompute.api.v1.CreateIPPoolResponse
-	(*GetIPPoolRequest)(nil),      // 13: bettercompute.api.v1.GetIPPoolRequest
-	(*GetIPPoolResponse)(nil),     // 14: bettercompute.api.v1.GetIPPoolResponse
-	(*ListIPPoolsRequest)(nil),    // 15: bettercompute.api.v1.ListIPPoolsRequest
-	(*ListIPPoolsResponse)(nil),   // 16: bettercompute.api.v1.ListIPPoolsResponse
-	(*ListIPLeasesRequest)(nil),   // 17: bettercompute.api.v1.ListIPLeasesRequest
-	(*ListIPLeasesResponse)(nil),  // 18: bettercompute.api.v1.ListIPLeasesResponse
-	(*DeleteIPPoolRequest)(nil),   // 19: bettercompute.api.v1.DeleteIPPoolRequest
-	(*DeleteIPPoolResponse)(nil),  // 20: bettercompute.api.v1.DeleteIPPoolResponse
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*Flavor)(nil),                 // 0: bettercompute.api.v1.Flavor
+	(*CreateFlavorRequest)(nil),    // 1: bettercompute.api.v1.CreateFlavorRequest
+	(*CreateFlavorResponse)(nil),   // 2: bettercompute.api.v1.CreateFlavorResponse
+	(*GetFlavorRequest)(nil),       // 3: bettercompute.api.v1.GetFlavorRequest
+	(*GetFlavorResponse)(nil),      // 4: bettercompute.api.v1.GetFlavorResponse
+	(*ListFlavorsRequest)(nil),     // 5: bettercompute.api.v1.ListFlavorsRequest
+	(*ListFlavorsResponse)(nil),    // 6: bettercompute.api.v1.ListFlavorsResponse
+	(*DeleteFlavorRequest)(nil),    // 7: bettercompute.api.v1.DeleteFlavorRequest
+	(*DeleteFlavorResponse)(nil),   // 8: bettercompute.api.v1.DeleteFlavorResponse
+	(*IPPool)(nil),                 // 9: bettercompute.api.v1.IPPool
+	(*IPLease)(nil),                // 10: bettercompute.api.v1.IPLease
+	(*CreateIPPoolRequest)(nil),    // 11: bettercompute.api.v1.CreateIPPoolRequest
+	(*CreateIPPoolResponse)(nil),   // 12: bettercompute.api.v1.CreateIPPoolResponse
+	(*GetIPPoolRequest)(nil),       // 13: bettercompute.api.v1.GetIPPoolRequest
+	(*GetIPPoolResponse)(nil),      // 14: bettercompute.api.v1.GetIPPoolResponse
+	(*ListIPPoolsRequest)(nil),     // 15: bettercompute.api.v1.ListIPPoolsRequest
+	(*ListIPPoolsResponse)(nil),    // 16: bettercompute.api.v1.ListIPPoolsResponse
+	(*ListIPLeasesRequest)(nil),    // 17: bettercompute.api.v1.ListIPLeasesRequest
+	(*ListIPLeasesResponse)(nil),   // 18: bettercompute.api.v1.ListIPLeasesResponse
+	(*DeleteIPPoolRequest)(nil),    // 19: bettercompute.api.v1.DeleteIPPoolRequest
+	(*DeleteIPPoolResponse)(nil),   // 20: bettercompute.api.v1.DeleteIPPoolResponse
+	(*Instance)(nil),               // 21: bettercompute.api.v1.Instance
+	(*InstanceCondition)(nil),      // 22: bettercompute.api.v1.InstanceCondition
+	(*InstanceVolumeSpec)(nil),     // 23: bettercompute.api.v1.InstanceVolumeSpec
+	(*CreateInstanceRequest)(nil),  // 24: bettercompute.api.v1.CreateInstanceRequest
+	(*CreateInstanceResponse)(nil), // 25: bettercompute.api.v1.CreateInstanceResponse
+	(*GetInstanceRequest)(nil),     // 26: bettercompute.api.v1.GetInstanceRequest
+	(*GetInstanceResponse)(nil),    // 27: bettercompute.api.v1.GetInstanceResponse
+	(*ListInstancesRequest)(nil),   // 28: bettercompute.api.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),  // 29: bettercompute.api.v1.ListInstancesResponse
+	(*StartInstanceRequest)(nil),   // 30: bettercompute.api.v1.StartInstanceRequest
+	(*StartInstanceResponse)(nil),  // 31: bettercompute.api.v1.StartInstanceResponse
+	(*StopInstanceRequest)(nil),    // 32: bettercompute.api.v1.StopInstanceRequest
+	(*StopInstanceResponse)(nil),   // 33: bettercompute.api.v1.StopInstanceResponse
+	(*RebootInstanceRequest)(nil),  // 34: bettercompute.api.v1.RebootInstanceRequest
+	(*RebootInstanceResponse)(nil), // 35: bettercompute.api.v1.RebootInstanceResponse
+	(*DeleteInstanceRequest)(nil),  // 36: bettercompute.api.v1.DeleteInstanceRequest
+	(*DeleteInstanceResponse)(nil), // 37: bettercompute.api.v1.DeleteInstanceResponse
+	(*WatchInstancesRequest)(nil),  // 38: bettercompute.api.v1.WatchInstancesRequest
+	(*WatchInstancesResponse)(nil), // 39: bettercompute.api.v1.WatchInstancesResponse
+	(*Volume)(nil),                 // 40: bettercompute.api.v1.Volume
+	(*CreateVolumeRequest)(nil),    // 41: bettercompute.api.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),   // 42: bettercompute.api.v1.CreateVolumeResponse
+	(*GetVolumeRequest)(nil),       // 43: bettercompute.api.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),      // 44: bettercompute.api.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),     // 45: bettercompute.api.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 46: bettercompute.api.v1.ListVolumesResponse
+	(*DetachVolumeRequest)(nil),    // 47: bettercompute.api.v1.DetachVolumeRequest
+	(*DetachVolumeResponse)(nil),   // 48: bettercompute.api.v1.DetachVolumeResponse
+	(*DeleteVolumeRequest)(nil),    // 49: bettercompute.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 50: bettercompute.api.v1.DeleteVolumeResponse
+	(*timestamppb.Timestamp)(nil),  // 51: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_instances_proto_depIdxs = []int32{
-	21, // 0: bettercompute.api.v1.Flavor.create_time:type_name -> google.protobuf.Timestamp
+	51, // 0: bettercompute.api.v1.Flavor.create_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: bettercompute.api.v1.CreateFlavorResponse.flavor:type_name -> bettercompute.api.v1.Flavor
 	0,  // 2: bettercompute.api.v1.GetFlavorResponse.flavor:type_name -> bettercompute.api.v1.Flavor
 	0,  // 3: bettercompute.api.v1.ListFlavorsResponse.flavors:type_name -> bettercompute.api.v1.Flavor
-	21, // 4: bettercompute.api.v1.IPPool.create_time:type_name -> google.protobuf.Timestamp
-	21, // 5: bettercompute.api.v1.IPLease.create_time:type_name -> google.protobuf.Timestamp
+	51, // 4: bettercompute.api.v1.IPPool.create_time:type_name -> google.protobuf.Timestamp
+	51, // 5: bettercompute.api.v1.IPLease.create_time:type_name -> google.protobuf.Timestamp
 	9,  // 6: bettercompute.api.v1.CreateIPPoolResponse.ip_pool:type_name -> bettercompute.api.v1.IPPool
 	9,  // 7: bettercompute.api.v1.GetIPPoolResponse.ip_pool:type_name -> bettercompute.api.v1.IPPool
 	9,  // 8: bettercompute.api.v1.ListIPPoolsResponse.ip_pools:type_name -> bettercompute.api.v1.IPPool
 	10, // 9: bettercompute.api.v1.ListIPLeasesResponse.leases:type_name -> bettercompute.api.v1.IPLease
-	1,  // 10: bettercompute.api.v1.FlavorService.Create:input_type -> bettercompute.api.v1.CreateFlavorRequest
-	3,  // 11: bettercompute.api.v1.FlavorService.Get:input_type -> bettercompute.api.v1.GetFlavorRequest
-	5,  // 12: bettercompute.api.v1.FlavorService.List:input_type -> bettercompute.api.v1.ListFlavorsRequest
-	7,  // 13: bettercompute.api.v1.FlavorService.Delete:input_type -> bettercompute.api.v1.DeleteFlavorRequest
-	11, // 14: bettercompute.api.v1.IPPoolService.Create:input_type -> bettercompute.api.v1.CreateIPPoolRequest
-	13, // 15: bettercompute.api.v1.IPPoolService.Get:input_type -> bettercompute.api.v1.GetIPPoolRequest
-	15, // 16: bettercompute.api.v1.IPPoolService.List:input_type -> bettercompute.api.v1.ListIPPoolsRequest
-	17, // 17: bettercompute.api.v1.IPPoolService.ListLeases:input_type -> bettercompute.api.v1.ListIPLeasesRequest
-	19, // 18: bettercompute.api.v1.IPPoolService.Delete:input_type -> bettercompute.api.v1.DeleteIPPoolRequest
-	2,  // 19: bettercompute.api.v1.FlavorService.Create:output_type -> bettercompute.api.v1.CreateFlavorResponse
-	4,  // 20: bettercompute.api.v1.FlavorService.Get:output_type -> bettercompute.api.v1.GetFlavorResponse
-	6,  // 21: bettercompute.api.v1.FlavorService.List:output_type -> bettercompute.api.v1.ListFlavorsResponse
-	8,  // 22: bettercompute.api.v1.FlavorService.Delete:output_type -> bettercompute.api.v1.DeleteFlavorResponse
-	12, // 23: bettercompute.api.v1.IPPoolService.Create:output_type -> bettercompute.api.v1.CreateIPPoolResponse
-	14, // 24: bettercompute.api.v1.IPPoolService.Get:output_type -> bettercompute.api.v1.GetIPPoolResponse
-	16, // 25: bettercompute.api.v1.IPPoolService.List:output_type -> bettercompute.api.v1.ListIPPoolsResponse
-	18, // 26: bettercompute.api.v1.IPPoolService.ListLeases:output_type -> bettercompute.api.v1.ListIPLeasesResponse
-	20, // 27: bettercompute.api.v1.IPPoolService.Delete:output_type -> bettercompute.api.v1.DeleteIPPoolResponse
-	19, // [19:28] is the sub-list for method output_type
-	10, // [10:19] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	22, // 10: bettercompute.api.v1.Instance.conditions:type_name -> bettercompute.api.v1.InstanceCondition
+	51, // 11: bettercompute.api.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
+	51, // 12: bettercompute.api.v1.Instance.update_time:type_name -> google.protobuf.Timestamp
+	51, // 13: bettercompute.api.v1.InstanceCondition.update_time:type_name -> google.protobuf.Timestamp
+	23, // 14: bettercompute.api.v1.CreateInstanceRequest.volumes:type_name -> bettercompute.api.v1.InstanceVolumeSpec
+	21, // 15: bettercompute.api.v1.CreateInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 16: bettercompute.api.v1.GetInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 17: bettercompute.api.v1.ListInstancesResponse.instances:type_name -> bettercompute.api.v1.Instance
+	21, // 18: bettercompute.api.v1.StartInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 19: bettercompute.api.v1.StopInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 20: bettercompute.api.v1.RebootInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 21: bettercompute.api.v1.DeleteInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 22: bettercompute.api.v1.WatchInstancesResponse.instance:type_name -> bettercompute.api.v1.Instance
+	51, // 23: bettercompute.api.v1.Volume.create_time:type_name -> google.protobuf.Timestamp
+	51, // 24: bettercompute.api.v1.Volume.update_time:type_name -> google.protobuf.Timestamp
+	40, // 25: bettercompute.api.v1.CreateVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	40, // 26: bettercompute.api.v1.GetVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	40, // 27: bettercompute.api.v1.ListVolumesResponse.volumes:type_name -> bettercompute.api.v1.Volume
+	40, // 28: bettercompute.api.v1.DetachVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	40, // 29: bettercompute.api.v1.DeleteVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	1,  // 30: bettercompute.api.v1.FlavorService.Create:input_type -> bettercompute.api.v1.CreateFlavorRequest
+	3,  // 31: bettercompute.api.v1.FlavorService.Get:input_type -> bettercompute.api.v1.GetFlavorRequest
+	5,  // 32: bettercompute.api.v1.FlavorService.List:input_type -> bettercompute.api.v1.ListFlavorsRequest
+	7,  // 33: bettercompute.api.v1.FlavorService.Delete:input_type -> bettercompute.api.v1.DeleteFlavorRequest
+	11, // 34: bettercompute.api.v1.IPPoolService.Create:input_type -> bettercompute.api.v1.CreateIPPoolRequest
+	13, // 35: bettercompute.api.v1.IPPoolService.Get:input_type -> bettercompute.api.v1.GetIPPoolRequest
+	15, // 36: bettercompute.api.v1.IPPoolService.List:input_type -> bettercompute.api.v1.ListIPPoolsRequest
+	17, // 37: bettercompute.api.v1.IPPoolService.ListLeases:input_type -> bettercompute.api.v1.ListIPLeasesRequest
+	19, // 38: bettercompute.api.v1.IPPoolService.Delete:input_type -> bettercompute.api.v1.DeleteIPPoolRequest
+	24, // 39: bettercompute.api.v1.InstanceService.Create:input_type -> bettercompute.api.v1.CreateInstanceRequest
+	26, // 40: bettercompute.api.v1.InstanceService.Get:input_type -> bettercompute.api.v1.GetInstanceRequest
+	28, // 41: bettercompute.api.v1.InstanceService.List:input_type -> bettercompute.api.v1.ListInstancesRequest
+	30, // 42: bettercompute.api.v1.InstanceService.Start:input_type -> bettercompute.api.v1.StartInstanceRequest
+	32, // 43: bettercompute.api.v1.InstanceService.Stop:input_type -> bettercompute.api.v1.StopInstanceRequest
+	34, // 44: bettercompute.api.v1.InstanceService.Reboot:input_type -> bettercompute.api.v1.RebootInstanceRequest
+	36, // 45: bettercompute.api.v1.InstanceService.Delete:input_type -> bettercompute.api.v1.DeleteInstanceRequest
+	38, // 46: bettercompute.api.v1.InstanceService.Watch:input_type -> bettercompute.api.v1.WatchInstancesRequest
+	41, // 47: bettercompute.api.v1.VolumeService.Create:input_type -> bettercompute.api.v1.CreateVolumeRequest
+	43, // 48: bettercompute.api.v1.VolumeService.Get:input_type -> bettercompute.api.v1.GetVolumeRequest
+	45, // 49: bettercompute.api.v1.VolumeService.List:input_type -> bettercompute.api.v1.ListVolumesRequest
+	47, // 50: bettercompute.api.v1.VolumeService.Detach:input_type -> bettercompute.api.v1.DetachVolumeRequest
+	49, // 51: bettercompute.api.v1.VolumeService.Delete:input_type -> bettercompute.api.v1.DeleteVolumeRequest
+	2,  // 52: bettercompute.api.v1.FlavorService.Create:output_type -> bettercompute.api.v1.CreateFlavorResponse
+	4,  // 53: bettercompute.api.v1.FlavorService.Get:output_type -> bettercompute.api.v1.GetFlavorResponse
+	6,  // 54: bettercompute.api.v1.FlavorService.List:output_type -> bettercompute.api.v1.ListFlavorsResponse
+	8,  // 55: bettercompute.api.v1.FlavorService.Delete:output_type -> bettercompute.api.v1.DeleteFlavorResponse
+	12, // 56: bettercompute.api.v1.IPPoolService.Create:output_type -> bettercompute.api.v1.CreateIPPoolResponse
+	14, // 57: bettercompute.api.v1.IPPoolService.Get:output_type -> bettercompute.api.v1.GetIPPoolResponse
+	16, // 58: bettercompute.api.v1.IPPoolService.List:output_type -> bettercompute.api.v1.ListIPPoolsResponse
+	18, // 59: bettercompute.api.v1.IPPoolService.ListLeases:output_type -> bettercompute.api.v1.ListIPLeasesResponse
+	20, // 60: bettercompute.api.v1.IPPoolService.Delete:output_type -> bettercompute.api.v1.DeleteIPPoolResponse
+	25, // 61: bettercompute.api.v1.InstanceService.Create:output_type -> bettercompute.api.v1.CreateInstanceResponse
+	27, // 62: bettercompute.api.v1.InstanceService.Get:output_type -> bettercompute.api.v1.GetInstanceResponse
+	29, // 63: bettercompute.api.v1.InstanceService.List:output_type -> bettercompute.api.v1.ListInstancesResponse
+	31, // 64: bettercompute.api.v1.InstanceService.Start:output_type -> bettercompute.api.v1.StartInstanceResponse
+	33, // 65: bettercompute.api.v1.InstanceService.Stop:output_type -> bettercompute.api.v1.StopInstanceResponse
+	35, // 66: bettercompute.api.v1.InstanceService.Reboot:output_type -> bettercompute.api.v1.RebootInstanceResponse
+	37, // 67: bettercompute.api.v1.InstanceService.Delete:output_type -> bettercompute.api.v1.DeleteInstanceResponse
+	39, // 68: bettercompute.api.v1.InstanceService.Watch:output_type -> bettercompute.api.v1.WatchInstancesResponse
+	42, // 69: bettercompute.api.v1.VolumeService.Create:output_type -> bettercompute.api.v1.CreateVolumeResponse
+	44, // 70: bettercompute.api.v1.VolumeService.Get:output_type -> bettercompute.api.v1.GetVolumeResponse
+	46, // 71: bettercompute.api.v1.VolumeService.List:output_type -> bettercompute.api.v1.ListVolumesResponse
+	48, // 72: bettercompute.api.v1.VolumeService.Detach:output_type -> bettercompute.api.v1.DetachVolumeResponse
+	50, // 73: bettercompute.api.v1.VolumeService.Delete:output_type -> bettercompute.api.v1.DeleteVolumeResponse
+	52, // [52:74] is the sub-list for method output_type
+	30, // [30:52] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_instances_proto_init() }
@@ -1621,9 +3818,9 @@ func file_bettercompute_api_v1_instances_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_instances_proto_rawDesc), len(file_bettercompute_api_v1_instances_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   51,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   4,
 		},
 		GoTypes:           file_bettercompute_api_v1_instances_proto_goTypes,
 		DependencyIndexes: file_bettercompute_api_v1_instances_proto_depIdxs,

@@ -600,7 +600,7 @@ type UsageWindow struct {
 	TenantId      string                 `protobuf:"bytes,1,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	ProjectId     string                 `protobuf:"bytes,2,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	ReservationId string                 `protobuf:"bytes,3,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
-	// gpu.<model>.hours, vcpu.hours, memoryGiB.hours.
+	// gpu.<model>.hours, instance.<flavor>.hours, vcpu.hours, memoryGiB.hours.
 	Metric      string                 `protobuf:"bytes,4,opt,name=metric,proto3" json:"metric,omitempty"`
 	WindowStart *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
 	Quantity    float64                `protobuf:"fixed64,6,opt,name=quantity,proto3" json:"quantity,omitempty"`

@@ -25,6 +25,10 @@ const (
 	FlavorServiceName = "bettercompute.api.v1.FlavorService"
 	// IPPoolServiceName is the fully-qualified name of the IPPoolService service.
 	IPPoolServiceName = "bettercompute.api.v1.IPPoolService"
+	// InstanceServiceName is the fully-qualified name of the InstanceService service.
+	InstanceServiceName = "bettercompute.api.v1.InstanceService"
+	// VolumeServiceName is the fully-qualified name of the VolumeService service.
+	VolumeServiceName = "bettercompute.api.v1.VolumeService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -54,6 +58,32 @@ const (
 	IPPoolServiceListLeasesProcedure = "/bettercompute.api.v1.IPPoolService/ListLeases"
 	// IPPoolServiceDeleteProcedure is the fully-qualified name of the IPPoolService's Delete RPC.
 	IPPoolServiceDeleteProcedure = "/bettercompute.api.v1.IPPoolService/Delete"
+	// InstanceServiceCreateProcedure is the fully-qualified name of the InstanceService's Create RPC.
+	InstanceServiceCreateProcedure = "/bettercompute.api.v1.InstanceService/Create"
+	// InstanceServiceGetProcedure is the fully-qualified name of the InstanceService's Get RPC.
+	InstanceServiceGetProcedure = "/bettercompute.api.v1.InstanceService/Get"
+	// InstanceServiceListProcedure is the fully-qualified name of the InstanceService's List RPC.
+	InstanceServiceListProcedure = "/bettercompute.api.v1.InstanceService/List"
+	// InstanceServiceStartProcedure is the fully-qualified name of the InstanceService's Start RPC.
+	InstanceServiceStartProcedure = "/bettercompute.api.v1.InstanceService/Start"
+	// InstanceServiceStopProcedure is the fully-qualified name of the InstanceService's Stop RPC.
+	InstanceServiceStopProcedure = "/bettercompute.api.v1.InstanceService/Stop"
+	// InstanceServiceRebootProcedure is the fully-qualified name of the InstanceService's Reboot RPC.
+	InstanceServiceRebootProcedure = "/bettercompute.api.v1.InstanceService/Reboot"
+	// InstanceServiceDeleteProcedure is the fully-qualified name of the InstanceService's Delete RPC.
+	InstanceServiceDeleteProcedure = "/bettercompute.api.v1.InstanceService/Delete"
+	// InstanceServiceWatchProcedure is the fully-qualified name of the InstanceService's Watch RPC.
+	InstanceServiceWatchProcedure = "/bettercompute.api.v1.InstanceService/Watch"
+	// VolumeServiceCreateProcedure is the fully-qualified name of the VolumeService's Create RPC.
+	VolumeServiceCreateProcedure = "/bettercompute.api.v1.VolumeService/Create"
+	// VolumeServiceGetProcedure is the fully-qualified name of the VolumeService's Get RPC.
+	VolumeServiceGetProcedure = "/bettercompute.api.v1.VolumeService/Get"
+	// VolumeServiceListProcedure is the fully-qualified name of the VolumeService's List RPC.
+	VolumeServiceListProcedure = "/bettercompute.api.v1.VolumeService/List"
+	// VolumeServiceDetachProcedure is the fully-qualified name of the VolumeService's Detach RPC.
+	VolumeServiceDetachProcedure = "/bettercompute.api.v1.VolumeService/Detach"
+	// VolumeServiceDeleteProcedure is the fully-qualified name of the VolumeService's Delete RPC.
+	VolumeServiceDeleteProcedure = "/bettercompute.api.v1.VolumeService/Delete"
 )
 
 // FlavorServiceClient is a client for the bettercompute.api.v1.FlavorService service.
@@ -392,4 +422,462 @@ func (UnimplementedIPPoolServiceHandler) ListLeases(context.Context, *connect.Re
 
 func (UnimplementedIPPoolServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteIPPoolRequest]) (*connect.Response[v1.DeleteIPPoolResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.IPPoolService.Delete is not implemented"))
+}
+
+// InstanceServiceClient is a client for the bettercompute.api.v1.InstanceService service.
+type InstanceServiceClient interface {
+	// Create places the guest, leases its address, creates its volumes and
+	// asks bcd on the host to boot it; the instance converges from bcd's
+	// reports (booting → running).
+	Create(context.Context, *connect.Request[v1.CreateInstanceRequest]) (*connect.Response[v1.CreateInstanceResponse], error)
+	Get(context.Context, *connect.Request[v1.GetInstanceRequest]) (*connect.Response[v1.GetInstanceResponse], error)
+	List(context.Context, *connect.Request[v1.ListInstancesRequest]) (*connect.Response[v1.ListInstancesResponse], error)
+	Start(context.Context, *connect.Request[v1.StartInstanceRequest]) (*connect.Response[v1.StartInstanceResponse], error)
+	Stop(context.Context, *connect.Request[v1.StopInstanceRequest]) (*connect.Response[v1.StopInstanceResponse], error)
+	Reboot(context.Context, *connect.Request[v1.RebootInstanceRequest]) (*connect.Response[v1.RebootInstanceResponse], error)
+	// Delete stops and removes the guest; its address, booking and volumes
+	// created with it go. Deleting twice changes nothing.
+	Delete(context.Context, *connect.Request[v1.DeleteInstanceRequest]) (*connect.Response[v1.DeleteInstanceResponse], error)
+	// Watch streams a tenant's instance changes (or one instance's).
+	Watch(context.Context, *connect.Request[v1.WatchInstancesRequest]) (*connect.ServerStreamForClient[v1.WatchInstancesResponse], error)
+}
+
+// NewInstanceServiceClient constructs a client for the bettercompute.api.v1.InstanceService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewInstanceServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) InstanceServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	instanceServiceMethods := v1.File_bettercompute_api_v1_instances_proto.Services().ByName("InstanceService").Methods()
+	return &instanceServiceClient{
+		create: connect.NewClient[v1.CreateInstanceRequest, v1.CreateInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceCreateProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		get: connect.NewClient[v1.GetInstanceRequest, v1.GetInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceGetProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Get")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		list: connect.NewClient[v1.ListInstancesRequest, v1.ListInstancesResponse](
+			httpClient,
+			baseURL+InstanceServiceListProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("List")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		start: connect.NewClient[v1.StartInstanceRequest, v1.StartInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceStartProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Start")),
+			connect.WithClientOptions(opts...),
+		),
+		stop: connect.NewClient[v1.StopInstanceRequest, v1.StopInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceStopProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Stop")),
+			connect.WithClientOptions(opts...),
+		),
+		reboot: connect.NewClient[v1.RebootInstanceRequest, v1.RebootInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceRebootProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Reboot")),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[v1.DeleteInstanceRequest, v1.DeleteInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceDeleteProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
+		watch: connect.NewClient[v1.WatchInstancesRequest, v1.WatchInstancesResponse](
+			httpClient,
+			baseURL+InstanceServiceWatchProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Watch")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// instanceServiceClient implements InstanceServiceClient.
+type instanceServiceClient struct {
+	create *connect.Client[v1.CreateInstanceRequest, v1.CreateInstanceResponse]
+	get    *connect.Client[v1.GetInstanceRequest, v1.GetInstanceResponse]
+	list   *connect.Client[v1.ListInstancesRequest, v1.ListInstancesResponse]
+	start  *connect.Client[v1.StartInstanceRequest, v1.StartInstanceResponse]
+	stop   *connect.Client[v1.StopInstanceRequest, v1.StopInstanceResponse]
+	reboot *connect.Client[v1.RebootInstanceRequest, v1.RebootInstanceResponse]
+	delete *connect.Client[v1.DeleteInstanceRequest, v1.DeleteInstanceResponse]
+	watch  *connect.Client[v1.WatchInstancesRequest, v1.WatchInstancesResponse]
+}
+
+// Create calls bettercompute.api.v1.InstanceService.Create.
+func (c *instanceServiceClient) Create(ctx context.Context, req *connect.Request[v1.CreateInstanceRequest]) (*connect.Response[v1.CreateInstanceResponse], error) {
+	return c.create.CallUnary(ctx, req)
+}
+
+// Get calls bettercompute.api.v1.InstanceService.Get.
+func (c *instanceServiceClient) Get(ctx context.Context, req *connect.Request[v1.GetInstanceRequest]) (*connect.Response[v1.GetInstanceResponse], error) {
+	return c.get.CallUnary(ctx, req)
+}
+
+// List calls bettercompute.api.v1.InstanceService.List.
+func (c *instanceServiceClient) List(ctx context.Context, req *connect.Request[v1.ListInstancesRequest]) (*connect.Response[v1.ListInstancesResponse], error) {
+	return c.list.CallUnary(ctx, req)
+}
+
+// Start calls bettercompute.api.v1.InstanceService.Start.
+func (c *instanceServiceClient) Start(ctx context.Context, req *connect.Request[v1.StartInstanceRequest]) (*connect.Response[v1.StartInstanceResponse], error) {
+	return c.start.CallUnary(ctx, req)
+}
+
+// Stop calls bettercompute.api.v1.InstanceService.Stop.
+func (c *instanceServiceClient) Stop(ctx context.Context, req *connect.Request[v1.StopInstanceRequest]) (*connect.Response[v1.StopInstanceResponse], error) {
+	return c.stop.CallUnary(ctx, req)
+}
+
+// Reboot calls bettercompute.api.v1.InstanceService.Reboot.
+func (c *instanceServiceClient) Reboot(ctx context.Context, req *connect.Request[v1.RebootInstanceRequest]) (*connect.Response[v1.RebootInstanceResponse], error) {
+	return c.reboot.CallUnary(ctx, req)
+}
+
+// Delete calls bettercompute.api.v1.InstanceService.Delete.
+func (c *instanceServiceClient) Delete(ctx context.Context, req *connect.Request[v1.DeleteInstanceRequest]) (*connect.Response[v1.DeleteInstanceResponse], error) {
+	return c.delete.CallUnary(ctx, req)
+}
+
+// Watch calls bettercompute.api.v1.InstanceService.Watch.
+func (c *instanceServiceClient) Watch(ctx context.Context, req *connect.Request[v1.WatchInstancesRequest]) (*connect.ServerStreamForClient[v1.WatchInstancesResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
+}
+
+// InstanceServiceHandler is an implementation of the bettercompute.api.v1.InstanceService service.
+type InstanceServiceHandler interface {
+	// Create places the guest, leases its address, creates its volumes and
+	// asks bcd on the host to boot it; the instance converges from bcd's
+	// reports (booting → running).
+	Create(context.Context, *connect.Request[v1.CreateInstanceRequest]) (*connect.Response[v1.CreateInstanceResponse], error)
+	Get(context.Context, *connect.Request[v1.GetInstanceRequest]) (*connect.Response[v1.GetInstanceResponse], error)
+	List(context.Context, *connect.Request[v1.ListInstancesRequest]) (*connect.Response[v1.ListInstancesResponse], error)
+	Start(context.Context, *connect.Request[v1.StartInstanceRequest]) (*connect.Response[v1.StartInstanceResponse], error)
+	Stop(context.Context, *connect.Request[v1.StopInstanceRequest]) (*connect.Response[v1.StopInstanceResponse], error)
+	Reboot(context.Context, *connect.Request[v1.RebootInstanceRequest]) (*connect.Response[v1.RebootInstanceResponse], error)
+	// Delete stops and removes the guest; its address, booking and volumes
+	// created with it go. Deleting twice changes nothing.
+	Delete(context.Context, *connect.Request[v1.DeleteInstanceRequest]) (*connect.Response[v1.DeleteInstanceResponse], error)
+	// Watch streams a tenant's instance changes (or one instance's).
+	Watch(context.Context, *connect.Request[v1.WatchInstancesRequest], *connect.ServerStream[v1.WatchInstancesResponse]) error
+}
+
+// NewInstanceServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewInstanceServiceHandler(svc InstanceServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	instanceServiceMethods := v1.File_bettercompute_api_v1_instances_proto.Services().ByName("InstanceService").Methods()
+	instanceServiceCreateHandler := connect.NewUnaryHandler(
+		InstanceServiceCreateProcedure,
+		svc.Create,
+		connect.WithSchema(instanceServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceGetHandler := connect.NewUnaryHandler(
+		InstanceServiceGetProcedure,
+		svc.Get,
+		connect.WithSchema(instanceServiceMethods.ByName("Get")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceListHandler := connect.NewUnaryHandler(
+		InstanceServiceListProcedure,
+		svc.List,
+		connect.WithSchema(instanceServiceMethods.ByName("List")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceStartHandler := connect.NewUnaryHandler(
+		InstanceServiceStartProcedure,
+		svc.Start,
+		connect.WithSchema(instanceServiceMethods.ByName("Start")),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceStopHandler := connect.NewUnaryHandler(
+		InstanceServiceStopProcedure,
+		svc.Stop,
+		connect.WithSchema(instanceServiceMethods.ByName("Stop")),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceRebootHandler := connect.NewUnaryHandler(
+		InstanceServiceRebootProcedure,
+		svc.Reboot,
+		connect.WithSchema(instanceServiceMethods.ByName("Reboot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceDeleteHandler := connect.NewUnaryHandler(
+		InstanceServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(instanceServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	instanceServiceWatchHandler := connect.NewServerStreamHandler(
+		InstanceServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(instanceServiceMethods.ByName("Watch")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.api.v1.InstanceService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case InstanceServiceCreateProcedure:
+			instanceServiceCreateHandler.ServeHTTP(w, r)
+		case InstanceServiceGetProcedure:
+			instanceServiceGetHandler.ServeHTTP(w, r)
+		case InstanceServiceListProcedure:
+			instanceServiceListHandler.ServeHTTP(w, r)
+		case InstanceServiceStartProcedure:
+			instanceServiceStartHandler.ServeHTTP(w, r)
+		case InstanceServiceStopProcedure:
+			instanceServiceStopHandler.ServeHTTP(w, r)
+		case InstanceServiceRebootProcedure:
+			instanceServiceRebootHandler.ServeHTTP(w, r)
+		case InstanceServiceDeleteProcedure:
+			instanceServiceDeleteHandler.ServeHTTP(w, r)
+		case InstanceServiceWatchProcedure:
+			instanceServiceWatchHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedInstanceServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedInstanceServiceHandler struct{}
+
+func (UnimplementedInstanceServiceHandler) Create(context.Context, *connect.Request[v1.CreateInstanceRequest]) (*connect.Response[v1.CreateInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Create is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Get(context.Context, *connect.Request[v1.GetInstanceRequest]) (*connect.Response[v1.GetInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Get is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) List(context.Context, *connect.Request[v1.ListInstancesRequest]) (*connect.Response[v1.ListInstancesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.List is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Start(context.Context, *connect.Request[v1.StartInstanceRequest]) (*connect.Response[v1.StartInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Start is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Stop(context.Context, *connect.Request[v1.StopInstanceRequest]) (*connect.Response[v1.StopInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Stop is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Reboot(context.Context, *connect.Request[v1.RebootInstanceRequest]) (*connect.Response[v1.RebootInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Reboot is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteInstanceRequest]) (*connect.Response[v1.DeleteInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Delete is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Watch(context.Context, *connect.Request[v1.WatchInstancesRequest], *connect.ServerStream[v1.WatchInstancesResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Watch is not implemented"))
+}
+
+// VolumeServiceClient is a client for the bettercompute.api.v1.VolumeService service.
+type VolumeServiceClient interface {
+	// Create makes a detached volume on the host of the instance it names
+	// (a volume is placed on its instance's host; one created with an
+	// instance, CreateInstanceRequest.volumes, is attached to it).
+	Create(context.Context, *connect.Request[v1.CreateVolumeRequest]) (*connect.Response[v1.CreateVolumeResponse], error)
+	Get(context.Context, *connect.Request[v1.GetVolumeRequest]) (*connect.Response[v1.GetVolumeResponse], error)
+	List(context.Context, *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error)
+	// Detach takes a volume off its instance (the instance must be stopped
+	// or deleted); the volume stays on its host.
+	Detach(context.Context, *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error)
+	// Delete removes a detached volume from its host.
+	Delete(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
+}
+
+// NewVolumeServiceClient constructs a client for the bettercompute.api.v1.VolumeService service. By
+// default, it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses,
+// and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the
+// connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewVolumeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) VolumeServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	volumeServiceMethods := v1.File_bettercompute_api_v1_instances_proto.Services().ByName("VolumeService").Methods()
+	return &volumeServiceClient{
+		create: connect.NewClient[v1.CreateVolumeRequest, v1.CreateVolumeResponse](
+			httpClient,
+			baseURL+VolumeServiceCreateProcedure,
+			connect.WithSchema(volumeServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		get: connect.NewClient[v1.GetVolumeRequest, v1.GetVolumeResponse](
+			httpClient,
+			baseURL+VolumeServiceGetProcedure,
+			connect.WithSchema(volumeServiceMethods.ByName("Get")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		list: connect.NewClient[v1.ListVolumesRequest, v1.ListVolumesResponse](
+			httpClient,
+			baseURL+VolumeServiceListProcedure,
+			connect.WithSchema(volumeServiceMethods.ByName("List")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		detach: connect.NewClient[v1.DetachVolumeRequest, v1.DetachVolumeResponse](
+			httpClient,
+			baseURL+VolumeServiceDetachProcedure,
+			connect.WithSchema(volumeServiceMethods.ByName("Detach")),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse](
+			httpClient,
+			baseURL+VolumeServiceDeleteProcedure,
+			connect.WithSchema(volumeServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// volumeServiceClient implements VolumeServiceClient.
+type volumeServiceClient struct {
+	create *connect.Client[v1.CreateVolumeRequest, v1.CreateVolumeResponse]
+	get    *connect.Client[v1.GetVolumeRequest, v1.GetVolumeResponse]
+	list   *connect.Client[v1.ListVolumesRequest, v1.ListVolumesResponse]
+	detach *connect.Client[v1.DetachVolumeRequest, v1.DetachVolumeResponse]
+	delete *connect.Client[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse]
+}
+
+// Create calls bettercompute.api.v1.VolumeService.Create.
+func (c *volumeServiceClient) Create(ctx context.Context, req *connect.Request[v1.CreateVolumeRequest]) (*connect.Response[v1.CreateVolumeResponse], error) {
+	return c.create.CallUnary(ctx, req)
+}
+
+// Get calls bettercompute.api.v1.VolumeService.Get.
+func (c *volumeServiceClient) Get(ctx context.Context, req *connect.Request[v1.GetVolumeRequest]) (*connect.Response[v1.GetVolumeResponse], error) {
+	return c.get.CallUnary(ctx, req)
+}
+
+// List calls bettercompute.api.v1.VolumeService.List.
+func (c *volumeServiceClient) List(ctx context.Context, req *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error) {
+	return c.list.CallUnary(ctx, req)
+}
+
+// Detach calls bettercompute.api.v1.VolumeService.Detach.
+func (c *volumeServiceClient) Detach(ctx context.Context, req *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error) {
+	return c.detach.CallUnary(ctx, req)
+}
+
+// Delete calls bettercompute.api.v1.VolumeService.Delete.
+func (c *volumeServiceClient) Delete(ctx context.Context, req *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
+	return c.delete.CallUnary(ctx, req)
+}
+
+// VolumeServiceHandler is an implementation of the bettercompute.api.v1.VolumeService service.
+type VolumeServiceHandler interface {
+	// Create makes a detached volume on the host of the instance it names
+	// (a volume is placed on its instance's host; one created with an
+	// instance, CreateInstanceRequest.volumes, is attached to it).
+	Create(context.Context, *connect.Request[v1.CreateVolumeRequest]) (*connect.Response[v1.CreateVolumeResponse], error)
+	Get(context.Context, *connect.Request[v1.GetVolumeRequest]) (*connect.Response[v1.GetVolumeResponse], error)
+	List(context.Context, *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error)
+	// Detach takes a volume off its instance (the instance must be stopped
+	// or deleted); the volume stays on its host.
+	Detach(context.Context, *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error)
+	// Delete removes a detached volume from its host.
+	Delete(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
+}
+
+// NewVolumeServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewVolumeServiceHandler(svc VolumeServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	volumeServiceMethods := v1.File_bettercompute_api_v1_instances_proto.Services().ByName("VolumeService").Methods()
+	volumeServiceCreateHandler := connect.NewUnaryHandler(
+		VolumeServiceCreateProcedure,
+		svc.Create,
+		connect.WithSchema(volumeServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	volumeServiceGetHandler := connect.NewUnaryHandler(
+		VolumeServiceGetProcedure,
+		svc.Get,
+		connect.WithSchema(volumeServiceMethods.ByName("Get")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	volumeServiceListHandler := connect.NewUnaryHandler(
+		VolumeServiceListProcedure,
+		svc.List,
+		connect.WithSchema(volumeServiceMethods.ByName("List")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	volumeServiceDetachHandler := connect.NewUnaryHandler(
+		VolumeServiceDetachProcedure,
+		svc.Detach,
+		connect.WithSchema(volumeServiceMethods.ByName("Detach")),
+		connect.WithHandlerOptions(opts...),
+	)
+	volumeServiceDeleteHandler := connect.NewUnaryHandler(
+		VolumeServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(volumeServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.api.v1.VolumeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case VolumeServiceCreateProcedure:
+			volumeServiceCreateHandler.ServeHTTP(w, r)
+		case VolumeServiceGetProcedure:
+			volumeServiceGetHandler.ServeHTTP(w, r)
+		case VolumeServiceListProcedure:
+			volumeServiceListHandler.ServeHTTP(w, r)
+		case VolumeServiceDetachProcedure:
+			volumeServiceDetachHandler.ServeHTTP(w, r)
+		case VolumeServiceDeleteProcedure:
+			volumeServiceDeleteHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedVolumeServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedVolumeServiceHandler struct{}
+
+func (UnimplementedVolumeServiceHandler) Create(context.Context, *connect.Request[v1.CreateVolumeRequest]) (*connect.Response[v1.CreateVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.Create is not implemented"))
+}
+
+func (UnimplementedVolumeServiceHandler) Get(context.Context, *connect.Request[v1.GetVolumeRequest]) (*connect.Response[v1.GetVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.Get is not implemented"))
+}
+
+func (UnimplementedVolumeServiceHandler) List(context.Context, *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.List is not implemented"))
+}
+
+func (UnimplementedVolumeServiceHandler) Detach(context.Context, *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.Detach is not implemented"))
+}
+
+func (UnimplementedVolumeServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.Delete is not implemented"))
 }

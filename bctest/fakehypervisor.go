@@ -1,0 +1,347 @@
+package bctest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"slices"
+	"sort"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/vmcmd"
+)
+
+// FakeHypervisor answers the vmcmd contract (instance.* and volume.*) with
+// in-memory guests, as bcd's runtime does with QEMU: a simulated node runs
+// it as its agent's command handler, so instances go through the real
+// gateway, command path and agent protocol. A running guest's "sshd" is a
+// loopback listener that greets like OpenSSH, so callers that wait for SSH
+// (instances create --wait) see it answer.
+type FakeHypervisor struct {
+	mu      sync.Mutex
+	images  []string
+	guests  map[string]*fakeGuest
+	volumes map[string]vmcmd.VolumeParams
+	// degraded is what the host reports it cannot apply (e.g. huge_pages).
+	degraded []string
+	closed   bool
+}
+
+type fakeGuest struct {
+	params vmcmd.CreateParams
+	state  string
+	ln     net.Listener
+}
+
+// FakeGuestImages are the images a FakeHypervisor holds by default.
+var FakeGuestImages = []string{"debian-12"}
+
+// NewFakeHypervisor returns a hypervisor holding the given guest images
+// (default FakeGuestImages).
+func NewFakeHypervisor(images ...string) *FakeHypervisor {
+	if len(images) == 0 {
+		images = FakeGuestImages
+	}
+	return &FakeHypervisor{images: images, guests: map[string]*fakeGuest{}, volumes: map[string]vmcmd.VolumeParams{}}
+}
+
+// Capabilities are what a node running this hypervisor enforces (all of
+// them, in memory).
+func (h *FakeHypervisor) Capabilities() []string {
+	return []string{vmcmd.CapInstances, vmcmd.CapPlacement, vmcmd.CapVolumes, vmcmd.CapNetworkPolicy, vmcmd.CapSnapshot}
+}
+
+// SetDegraded makes later creates report that the host could not apply
+// these placement asks (the instance's PlacementDegraded condition).
+func (h *FakeHypervisor) SetDegraded(asks ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.degraded = asks
+}
+
+// Guests reports every guest the hypervisor holds, by instance id.
+func (h *FakeHypervisor) Guests() []vmcmd.Status {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []vmcmd.Status
+	for id, g := range h.guests {
+		out = append(out, h.status(id, g))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+// Guest returns one guest's create params, and whether it exists.
+func (h *FakeHypervisor) Guest(id string) (vmcmd.CreateParams, string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g, ok := h.guests[id]
+	if !ok {
+		return vmcmd.CreateParams{}, "", false
+	}
+	return g.params, g.state, true
+}
+
+// Volumes lists the volume ids the hypervisor holds.
+func (h *FakeHypervisor) Volumes() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for id := range h.volumes {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Drop makes a guest vanish, as when its QEMU died with the host's
+// reboot: the host no longer reports it.
+func (h *FakeHypervisor) Drop(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if g, ok := h.guests[id]; ok {
+		g.stopSSH()
+		delete(h.guests, id)
+	}
+}
+
+// Close stops every guest's listener (the machine went away).
+func (h *FakeHypervisor) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for _, g := range h.guests {
+		g.stopSSH()
+	}
+}
+
+// reopen takes a closed hypervisor back into service for a restarted
+// node: its guests kept running, as bcd re-adopts QEMU processes.
+func (h *FakeHypervisor) reopen() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.closed {
+		return
+	}
+	h.closed = false
+	for _, g := range h.guests {
+		if g.state == vmcmd.StateRunning {
+			_ = g.startSSH()
+		}
+	}
+}
+
+func (h *FakeHypervisor) status(id string, g *fakeGuest) vmcmd.Status {
+	st := vmcmd.Status{InstanceID: id, State: g.state, Accel: "tcg", Tap: "tap-" + id[:min(len(id), 8)]}
+	if g.ln != nil {
+		st.SSHAddress = g.ln.Addr().String()
+	}
+	if g.params.Placement.HugePages || len(g.params.Placement.HostCPUs) > 0 {
+		st.Degraded = slices.Clone(h.degraded)
+	}
+	return st
+}
+
+func (g *fakeGuest) startSSH() error {
+	if g.ln != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	g.ln = ln
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.2 bctest\r\n"))
+			_ = c.Close()
+		}
+	}()
+	return nil
+}
+
+func (g *fakeGuest) stopSSH() {
+	if g.ln != nil {
+		_ = g.ln.Close()
+		g.ln = nil
+	}
+}
+
+func result(v any) (*structpb.Struct, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	return structpb.NewStruct(m)
+}
+
+func invalid(format string, args ...any) error {
+	return agent.CommandError(vmcmd.FailInvalid, fmt.Errorf(format, args...))
+}
+
+// Apply carries out one vmcmd command (Runner adapts it for the agent).
+func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb.Struct, error) {
+	if !slices.Contains(vmcmd.Kinds, c.GetKind()) {
+		return nil, agent.CommandError(agent.FailUnknownKind, fmt.Errorf("unknown command kind %q", c.GetKind()))
+	}
+	raw, err := c.GetParams().MarshalJSON()
+	if err != nil {
+		return nil, invalid("params: %v", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, agent.CommandError(vmcmd.FailRuntime, errors.New("the hypervisor is closed"))
+	}
+	switch c.GetKind() {
+	case vmcmd.KindInstanceCreate:
+		var p vmcmd.CreateParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		return h.create(&p)
+	case vmcmd.KindVolumeCreate, vmcmd.KindVolumeDelete:
+		var p vmcmd.VolumeParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		if !vmcmd.ValidID(p.VolumeID) {
+			return nil, invalid("volume_id %q is not a host id", p.VolumeID)
+		}
+		if c.GetKind() == vmcmd.KindVolumeCreate {
+			h.volumes[p.VolumeID] = p
+			return result(map[string]any{"volume_id": p.VolumeID})
+		}
+		for id, g := range h.guests {
+			for _, v := range g.params.Volumes {
+				if v.VolumeID == p.VolumeID {
+					return nil, agent.CommandError(vmcmd.FailBusy, fmt.Errorf("volume %s is attached to %s", p.VolumeID, id))
+				}
+			}
+		}
+		delete(h.volumes, p.VolumeID)
+		return result(map[string]any{"volume_id": p.VolumeID})
+	case vmcmd.KindInstanceList:
+		var out vmcmd.ListResult
+		for id, g := range h.guests {
+			out.Instances = append(out.Instances, h.status(id, g))
+		}
+		return result(out)
+	case vmcmd.KindInstanceSnapshot, vmcmd.KindInstanceRestore:
+		var p vmcmd.SnapshotParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		g, ok := h.guests[p.InstanceID]
+		if !ok {
+			return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", p.InstanceID))
+		}
+		return result(h.status(p.InstanceID, g))
+	}
+	var ref vmcmd.InstanceRef
+	if err := vmcmd.Decode(raw, &ref); err != nil {
+		return nil, invalid("%v", err)
+	}
+	g, ok := h.guests[ref.InstanceID]
+	if c.GetKind() == vmcmd.KindInstanceDelete {
+		if ok {
+			g.stopSSH()
+			delete(h.guests, ref.InstanceID)
+		}
+		return result(vmcmd.Status{InstanceID: ref.InstanceID, State: vmcmd.StateDeleted})
+	}
+	if !ok {
+		return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", ref.InstanceID))
+	}
+	switch c.GetKind() {
+	case vmcmd.KindInstanceStart, vmcmd.KindInstanceResume, vmcmd.KindInstanceReboot:
+		g.state = vmcmd.StateRunning
+		if err := g.startSSH(); err != nil {
+			return nil, agent.CommandError(vmcmd.FailRuntime, err)
+		}
+	case vmcmd.KindInstanceStop:
+		g.state = vmcmd.StateStopped
+		g.stopSSH()
+	case vmcmd.KindInstancePause:
+		g.state = vmcmd.StatePaused
+	}
+	return result(h.status(ref.InstanceID, g))
+}
+
+func (h *FakeHypervisor) create(p *vmcmd.CreateParams) (*structpb.Struct, error) {
+	switch {
+	case !vmcmd.ValidID(p.InstanceID):
+		return nil, invalid("instance_id %q is not a host id", p.InstanceID)
+	case p.VCPUs < 1 || p.MemoryMiB < 1:
+		return nil, invalid("vcpus and memory_mib must be positive")
+	case p.Network.Policy != vmcmd.PolicyEgress && p.Network.Policy != vmcmd.PolicyPrivate && p.Network.Policy != vmcmd.PolicyNone:
+		return nil, invalid("network.policy %q", p.Network.Policy)
+	case !slices.Contains(h.images, p.Image.Name):
+		return nil, agent.CommandError(vmcmd.FailImage, fmt.Errorf("guest image %q is not on this host", p.Image.Name))
+	}
+	if g, ok := h.guests[p.InstanceID]; ok {
+		// Redelivered: the same spec answers its status; another is refused.
+		if !reflect.DeepEqual(g.params, *p) {
+			return nil, agent.CommandError(vmcmd.FailExists, fmt.Errorf("instance %s exists with another spec", p.InstanceID))
+		}
+		return result(h.status(p.InstanceID, g))
+	}
+	for _, v := range p.Volumes {
+		if !vmcmd.ValidID(v.VolumeID) {
+			return nil, invalid("volumes: %q is not a host id", v.VolumeID)
+		}
+		h.volumes[v.VolumeID] = vmcmd.VolumeParams(v)
+	}
+	g := &fakeGuest{params: *p, state: vmcmd.StateRunning}
+	if p.Paused {
+		g.state = vmcmd.StatePaused
+	} else if err := g.startSSH(); err != nil {
+		return nil, agent.CommandError(vmcmd.FailRuntime, err)
+	}
+	h.guests[p.InstanceID] = g
+	return result(h.status(p.InstanceID, g))
+}
+
+// Runner is the hypervisor as bcd's agent.InstanceRunner: the agent runs
+// instance commands aside from its others, in order per instance, exactly
+// as it runs the real hypervisor's.
+func (h *FakeHypervisor) Runner() agent.InstanceRunner { return fakeRunner{h} }
+
+type fakeRunner struct{ h *FakeHypervisor }
+
+func (r fakeRunner) Capabilities() []string { return r.h.Capabilities() }
+
+func (r fakeRunner) Apply(ctx context.Context, kind string, params []byte) (any, error) {
+	st := &structpb.Struct{}
+	if err := protojson.Unmarshal(params, st); err != nil {
+		return nil, invalid("params: %v", err)
+	}
+	res, err := r.h.Apply(ctx, &agentv1.Command{Kind: kind, Params: st})
+	if err != nil {
+		return nil, err
+	}
+	if res == nil {
+		return map[string]any{}, nil
+	}
+	b, err := protojson.Marshal(res)
+	if err != nil {
+		return nil, err
+	}
+	return json.RawMessage(b), nil
+}

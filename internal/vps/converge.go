@@ -1,0 +1,414 @@
+package vps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/vmcmd"
+)
+
+// finishDelete ends a deleted instance's booking, gives its address back,
+// detaches its volumes (they stay on the host) and marks it deleted.
+func (s *InstanceService) finishDelete(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, from, reason string, now time.Time) error {
+	evs, err := s.engine.EndInstance(ctx, tx, in.ReservationID, reason, now)
+	if err != nil {
+		return err
+	}
+	for _, ev := range evs {
+		emit(ev)
+	}
+	if _, err := LeaseRelease(ctx, tx, in.IPPoolID, in.ID); err != nil {
+		return err
+	}
+	vols, err := VolumesOfInstance(ctx, tx, in.ID)
+	if err != nil {
+		return err
+	}
+	for i := range vols {
+		v := &vols[i]
+		v.InstanceID, v.UpdateTime = "", now
+		if v.State == VolumeAttached {
+			v.State = VolumeAvailable
+		}
+		if err := VolumeSave(ctx, tx, v); err != nil {
+			return err
+		}
+	}
+	in.State, in.SSHAddress, in.UpdateTime = StateDeleted, "", now
+	ok, err := InstanceSave(ctx, tx, in, from)
+	if err != nil || !ok {
+		return errors.Join(err, errMoved(ok))
+	}
+	emit(instanceEvent("instance.deleted", in, map[string]any{"reason": reason}))
+	return nil
+}
+
+// degradedCondition is PlacementDegraded from what the host reported it
+// could not apply.
+func degradedCondition(degraded []string, now time.Time) Condition {
+	if len(degraded) == 0 {
+		return Condition{Type: CondPlacementDegraded, Status: "false", Reason: "Applied", Message: "the host applied the placement", UpdateTime: now}
+	}
+	return Condition{Type: CondPlacementDegraded, Status: "true", Reason: "HostCouldNotApply",
+		Message: "the host could not apply: " + strings.Join(degraded, ", "), UpdateTime: now}
+}
+
+// CommandDone converges an instance or a volume from bcd's answer to one
+// of its commands, in the gateway's transaction that records it. Other
+// kinds pass by.
+func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error {
+	if !slices.Contains(vmcmd.Kinds, c.Kind) {
+		return nil
+	}
+	// The failure code is on the row the gateway just updated.
+	code := ""
+	if state != fleet.CommandSucceeded {
+		if cur, err := fleet.CommandGet(ctx, tx, "", c.ID); err == nil {
+			code = cur.FailureCode
+		}
+	}
+	now := s.env.Clock().Now()
+	var evs []envelope.Event
+	emit := func(ev envelope.Event) {
+		if ev.Time.IsZero() {
+			ev.Time = now
+		}
+		evs = append(evs, ev)
+	}
+	var err error
+	switch c.Kind {
+	case vmcmd.KindInstanceList:
+		if state == fleet.CommandSucceeded {
+			err = s.listDone(ctx, tx, emit, c, result, now)
+		}
+	case vmcmd.KindVolumeCreate, vmcmd.KindVolumeDelete:
+		err = s.volumeDone(ctx, tx, emit, c, state, code, message, now)
+	default:
+		err = s.instanceDone(ctx, tx, emit, c, state, code, message, result, now)
+	}
+	if err != nil || len(evs) == 0 {
+		return err
+	}
+	return s.rec.InsertEvents(ctx, tx, evs)
+}
+
+// CommandsExpired converges instances and volumes whose command's deadline
+// passed before their host answered: a create that never answered fails,
+// other commands leave their message.
+func (s *InstanceService) CommandsExpired(ctx context.Context, tx store.Tx, expired []fleet.Command) error {
+	for _, c := range expired {
+		if err := s.CommandDone(ctx, tx, c, fleet.CommandExpired, "the host did not answer before the command's deadline", nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit func(envelope.Event), c fleet.Command, state, code, message string,
+	result map[string]any, now time.Time) error {
+	var ref vmcmd.InstanceRef
+	if json.Unmarshal([]byte(c.Params), &ref) != nil || ref.InstanceID == "" {
+		return nil //nolint:nilerr // params that name no instance are no instance's to converge
+	}
+	in, err := InstanceByID(ctx, tx, apiID(ref.InstanceID), store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || in.NodeID != c.NodeID {
+		return err
+	}
+	var st vmcmd.Status
+	if result != nil {
+		if b, err := json.Marshal(result); err == nil {
+			_ = json.Unmarshal(b, &st)
+		}
+	}
+	from := in.State
+	ok := state == fleet.CommandSucceeded
+	failure := strings.TrimSpace(strings.Join([]string{code, message}, ": "))
+	switch c.Kind {
+	case vmcmd.KindInstanceDelete:
+		if in.State != StateDeleting {
+			return nil
+		}
+		if ok || code == vmcmd.FailNotFound {
+			return s.finishDelete(ctx, tx, emit, &in, from, "Deleted", now)
+		}
+		in.Message = "delete failed: " + failure
+		emit(instanceEvent("instance.delete_failed", &in, map[string]any{"failure_code": code}))
+	case vmcmd.KindInstanceCreate:
+		if in.State != StateBooting {
+			return nil // deleted (or lost) meanwhile: its delete converges it
+		}
+		if !ok {
+			// The guest will not boot: its booking goes now, its address
+			// and row when the user deletes it.
+			evs, err := s.engine.EndInstance(ctx, tx, in.ReservationID, "InstanceFailed", now)
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				emit(ev)
+			}
+			in.State, in.Message = StateFailed, "create failed: "+failure
+			emit(instanceEvent("instance.failed", &in, map[string]any{"failure_code": code}))
+			break
+		}
+		s.applyStatus(&in, &st, now)
+		emit(instanceEvent("instance."+in.State, &in, map[string]any{"accel": in.Accel}))
+	default: // start, stop, reboot, pause, resume, snapshot, restore
+		if in.State != StateRunning && in.State != StateStopped {
+			return nil
+		}
+		if !ok {
+			in.Message = strings.TrimPrefix(c.Kind, "instance.") + " failed: " + failure
+			emit(instanceEvent("instance.action_failed", &in, map[string]any{"kind": c.Kind, "failure_code": code}))
+			break
+		}
+		s.applyStatus(&in, &st, now)
+		emit(instanceEvent("instance."+in.State, &in, map[string]any{"kind": c.Kind}))
+	}
+	in.UpdateTime = now
+	saved, err := InstanceSave(ctx, tx, &in, from)
+	if err != nil || !saved {
+		return errors.Join(err, errMoved(saved))
+	}
+	return nil
+}
+
+// applyStatus takes what bcd reports of a guest.
+func (s *InstanceService) applyStatus(in *Instance, st *vmcmd.Status, now time.Time) {
+	switch st.State {
+	case vmcmd.StateStopped:
+		in.State = StateStopped
+		in.SSHAddress = ""
+	default: // running, or paused (a warm guest)
+		in.State = StateRunning
+		if st.SSHAddress != "" {
+			in.SSHAddress = st.SSHAddress
+		}
+	}
+	if st.Accel != "" {
+		in.Accel = st.Accel
+	}
+	in.Message = ""
+	in.SetCondition(degradedCondition(st.Degraded, now))
+}
+
+func (s *InstanceService) volumeDone(ctx context.Context, tx store.Tx, emit func(envelope.Event), c fleet.Command, state, code, message string, now time.Time) error {
+	var p vmcmd.VolumeParams
+	if json.Unmarshal([]byte(c.Params), &p) != nil || p.VolumeID == "" {
+		return nil //nolint:nilerr // params that name no volume are no volume's to converge
+	}
+	v, err := VolumeByID(ctx, tx, apiID(p.VolumeID), store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || v.NodeID != c.NodeID {
+		return err
+	}
+	ok := state == fleet.CommandSucceeded
+	switch {
+	case c.Kind == vmcmd.KindVolumeCreate && v.State == VolumeCreating:
+		v.State = VolumeAvailable
+		if !ok {
+			v.State, v.Message = VolumeFailed, "create failed: "+code+": "+message
+		}
+	case c.Kind == vmcmd.KindVolumeDelete && v.State == VolumeDeleting:
+		v.State = VolumeDeleted
+		if !ok && code != vmcmd.FailNotFound {
+			v.State, v.Message = VolumeAvailable, "delete failed: "+code+": "+message
+		}
+	default:
+		return nil
+	}
+	v.UpdateTime = now
+	if err := VolumeSave(ctx, tx, &v); err != nil {
+		return err
+	}
+	emit(envelope.Event{Type: "volume." + v.State, TenantID: v.TenantID, ResourceType: "Volume", ResourceID: v.ID, Time: now,
+		Data: map[string]any{"name": v.Name, "state": v.State}})
+	return nil
+}
+
+// NodesLost marks the instances of lost hosts lost (capacity's hook, run
+// first in the same transaction, released their bookings); an instance
+// being deleted is deleted, as its guest went with the host.
+func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+	now := s.env.Clock().Now()
+	var evs []envelope.Event
+	emit := func(ev envelope.Event) {
+		if ev.Time.IsZero() {
+			ev.Time = now
+		}
+		evs = append(evs, ev)
+	}
+	for _, id := range nodeIDs {
+		ins, err := InstancesOnNode(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		for i := range ins {
+			in := &ins[i]
+			from := in.State
+			in.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
+				Message: "host " + in.NodeName + " stopped answering", UpdateTime: now})
+			if from == StateDeleting {
+				if err := s.finishDelete(ctx, tx, emit, in, from, "NodeLost", now); err != nil {
+					return err
+				}
+				continue
+			}
+			more, err := s.engine.EndInstance(ctx, tx, in.ReservationID, "NodeLost", now)
+			if err != nil {
+				return err
+			}
+			for _, ev := range more {
+				emit(ev)
+			}
+			in.State, in.SSHAddress, in.UpdateTime = StateLost, "", now
+			ok, err := InstanceSave(ctx, tx, in, from)
+			if err != nil || !ok {
+				return errors.Join(err, errMoved(ok))
+			}
+			emit(instanceEvent("instance.lost", in, nil))
+		}
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	return s.rec.InsertEvents(ctx, tx, evs)
+}
+
+// Watch streams the tenant's instance changes (or one instance's), after
+// the cursor, then live ones.
+func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.WatchInstancesRequest], stream *connect.ServerStream[apiv1.WatchInstancesResponse]) error {
+	msg := req.Msg
+	var vs envelope.Violations
+	vs.Ref("tenant", msg.GetTenant(), "tnt")
+	if msg.GetInstance() != "" {
+		vs.Ref("instance", msg.GetInstance(), InstanceIDPrefix)
+	}
+	var after int64
+	if msg.GetCursor() != "" {
+		if _, err := fmt.Sscan(msg.GetCursor(), &after); err != nil || after < 0 {
+			vs.Add("cursor", "must be a cursor from a previous response, got %q", truncate(msg.GetCursor()))
+		}
+	}
+	if err := vs.Err(); err != nil {
+		return s.env.Fail(ctx, err)
+	}
+	var (
+		tenantID, only string
+		scopeRes       iam.Resource
+	)
+	if msg.GetInstance() != "" {
+		var r instanceRef
+		if err := s.env.Resolve(ctx, "instance", func(ctx context.Context, q store.Querier) (err error) {
+			r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance())
+			return err
+		}); err != nil {
+			return s.env.Fail(ctx, err)
+		}
+		if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+			return err
+		}
+		if err := r.notFound(msg.GetInstance()); err != nil {
+			return s.env.Fail(ctx, err)
+		}
+		tenantID, only, scopeRes = r.in.TenantID, r.in.ID, r.resource()
+	} else {
+		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
+		if err != nil {
+			return err
+		}
+		tenantID, scopeRes = t.ID, tenancy.TenantResource(t)
+	}
+	rf := s.env.NewReadFilter(scopeRes)
+	if msg.GetCursor() == "" {
+		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
+			after, err = s.events.Last(ctx, q)
+			return err
+		}); err != nil {
+			return s.env.Fail(ctx, err)
+		}
+	}
+	if err := stream.Send(nil); err != nil {
+		return err
+	}
+	ticker := time.NewTicker(s.poll)
+	defer ticker.Stop()
+	for {
+		wake := s.events.Wait()
+		var (
+			out  []*apiv1.WatchInstancesResponse
+			rows []Instance
+			full bool
+		)
+		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
+			evs, seqs, err := s.events.After(ctx, q, tenantID, after, 500)
+			if err != nil {
+				return err
+			}
+			full = len(evs) == 500
+			for i, ev := range evs {
+				after = seqs[i]
+				if ev.ResourceType != "Instance" || (only != "" && ev.ResourceID != only) {
+					continue
+				}
+				in, err := InstanceByID(ctx, q, ev.ResourceID, "")
+				if errors.Is(err, store.ErrNotFound) || (err == nil && in.TenantID != tenantID) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				out = append(out, &apiv1.WatchInstancesResponse{Type: ev.Type, Instance: InstanceProto(in, nil), Cursor: fmt.Sprint(seqs[i])})
+				rows = append(rows, in)
+			}
+			return nil
+		}); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return s.env.Fail(ctx, err)
+		}
+		if err := rf.Recheck(ctx); err != nil {
+			return err
+		}
+		for i, o := range out {
+			ok, err := rf.Readable(ctx, rows[i].TenantID, rows[i].ProjectID)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if err := stream.Send(o); err != nil {
+				return err
+			}
+		}
+		if full {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-ticker.C:
+		}
+	}
+}
