@@ -17,10 +17,10 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/gpumodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
-	"github.com/better-compute/better-compute/internal/vmcmd"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
 // MaxReplans is how many times one placement is retried after losing a race
