@@ -427,6 +427,10 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 	memGiB := int((f.MemoryMiB + 1023) / 1024)
 	ib := reservation.InstanceBooking{TenantID: t.scope.ID(), ProjectID: t.project.ID, PoolID: t.pool.ID, VCPU: int(f.VCPUs),
 		GPUs: int(f.GPUs), Model: f.GPUModel, CreatedBy: tx.Caller().Principal.ID, Flavor: f.Name, Field: "flavor"}
+	// private and none place only where bcd enforces them.
+	if policyOf(msg.GetNetworkPolicy()) != vmcmd.PolicyEgress {
+		ib.Requires = []string{vmcmd.CapNetworkPolicy}
+	}
 	if f.Hugepages {
 		ib.Hugepages1Gi = memGiB
 	} else {

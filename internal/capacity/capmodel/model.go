@@ -166,6 +166,10 @@ type Reservation struct {
 	// Flavor is the instance flavor a binding-instance reservation was
 	// booked for (usage meters instance.<flavor>.hours).
 	Flavor string
+	// Requires are agent capabilities the host must advertise beyond what
+	// the binding implies (an instance's network policy). Not stored: only
+	// instances set it, and they place inline, never from the queue.
+	Requires []string
 }
 
 // SetCondition sets or replaces a condition; it reports whether anything

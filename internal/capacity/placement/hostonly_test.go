@@ -30,6 +30,15 @@ func TestHostOnlyRequest(t *testing.T) {
 	res = place(t, []Node{node8("a")}, Request{VCPU: 2, Hugepages1Gi: 8})
 	require.Len(t, res.Plans, 1)
 
+	// A guest asking for what a host does not advertise (a hypervisor, its
+	// network policy enforced) goes elsewhere.
+	plain, hv := node8("plain"), node8("hv")
+	hv.Capabilities = []string{"instance.run", "instance.network-policy"}
+	plain.Capabilities = []string{"instance.run"}
+	res = place(t, []Node{plain, hv}, Request{VCPU: 2, MemoryGiB: 2, Capabilities: []string{"instance.run", "instance.network-policy"}})
+	require.Len(t, res.Plans, 1)
+	require.Equal(t, "hv", res.Plans[0].NodeID)
+
 	for _, req := range []Request{{}, {VCPU: 2}, {MemoryGiB: 4}, {MIGProfile: "1g.10gb", VCPU: 2, MemoryGiB: 4}} {
 		_, err := Place(NewSnapshot([]Node{node8("a")}), req, Options{})
 		var re *RequestError

@@ -88,7 +88,8 @@ const CapDevices = "devices.limits"
 // Request is the placement request of a reservation. A reservation that
 // bcd binds on the node (binding "node") needs its GPUs isolated there, so
 // it places only on nodes that advertise devices.limits; an instance's
-// only on nodes that run instances (vmcmd.CapInstances).
+// only on nodes that run instances (vmcmd.CapInstances), plus what it
+// Requires.
 func Request(r *capmodel.Reservation) placement.Request {
 	req := placement.Request{
 		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
@@ -102,6 +103,7 @@ func Request(r *capmodel.Reservation) placement.Request {
 		// A guest goes only where bcd runs a hypervisor.
 		req.Capabilities = []string{vmcmd.CapInstances}
 	}
+	req.Capabilities = append(req.Capabilities, r.Requires...)
 	return req
 }
 

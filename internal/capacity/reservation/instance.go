@@ -42,6 +42,8 @@ type InstanceBooking struct {
 	Flavor string
 	// Field names the request field the pool came from, for refusals.
 	Field string
+	// Requires are host capabilities the guest needs (its network policy).
+	Requires []string
 }
 
 // ResolveInstancePool finds the pool an instance places in: the one the
@@ -115,6 +117,7 @@ func (e *Engine) BookInstance(ctx context.Context, tx store.Tx, ib InstanceBooki
 		GPUs: ib.GPUs, Model: strings.ToUpper(ib.Model), VCPU: ib.VCPU, MemoryGiB: ib.MemoryGiB, Hugepages1Gi: ib.Hugepages1Gi,
 		Binding: BindingInstance, SingleTenant: poolPolicy(*p).GetSingleTenant(), StartsAt: start, EndsAt: start.Add(InstanceHorizon),
 		Placement: PlacementRecord{NUMA: -1, Island: -1}, Explanation: "{}", CreatedBy: ib.CreatedBy, CreateTime: now, UpdateTime: now, Flavor: ib.Flavor,
+		Requires: ib.Requires,
 	}
 	placed, ex, err := e.Place(ctx, b, &r, now)
 	if err != nil {
