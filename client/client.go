@@ -64,6 +64,7 @@ type Client struct {
 	IPPools       apiv1connect.IPPoolServiceClient
 	Instances     apiv1connect.InstanceServiceClient
 	Volumes       apiv1connect.VolumeServiceClient
+	Secrets       apiv1connect.SecretServiceClient
 }
 
 type options struct {
@@ -139,6 +140,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		IPPools:       apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
 		Instances:     apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
 		Volumes:       apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
+		Secrets:       apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
 	}
 }
 

@@ -112,6 +112,8 @@ var matrixExpect = map[string]map[string]string{
 	"flavors.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"flavors.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"ipPools.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"secrets.put":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"secrets.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"ipPools.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 }
 
@@ -402,6 +404,20 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Flavors.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteFlavorRequest{Tenant: "acme", Flavor: name}))
+		return err
+	},
+	"secrets.put": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Secrets.Put(context.Background(), connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: f.name("sec"),
+			Value: []byte("s3cret")}))
+		return err
+	},
+	"secrets.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.name("sec")
+		_, err := f.admin.Secrets.Put(context.Background(), connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: name,
+			Value: []byte("s3cret")}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Secrets.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteSecretRequest{Tenant: "acme", Secret: name}))
 		return err
 	},
 	"ipPools.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {

@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/vps"
@@ -148,6 +149,11 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewIPPoolServiceHandler(vps.NewIPPoolService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInstanceServiceHandler(a.Instances, opts))
 	mux.Handle(apiv1connect.NewVolumeServiceHandler(vps.NewVolumeService(a.Instances), opts))
+	var secretSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
+	if a.sealer != nil {
+		secretSealer = a.sealer
+	}
+	mux.Handle(apiv1connect.NewSecretServiceHandler(secrets.NewService(a.Envelope, secretSealer), opts))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

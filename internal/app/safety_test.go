@@ -40,7 +40,7 @@ import (
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
 	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
-	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes"}
+	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes", "secrets"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -821,6 +821,9 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		return errors.Join(vps.InstanceInsert(ctx, tx, &inst), vps.VolumeInsert(ctx, tx, &vol))
 	}))
+	sec, err := admin.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "db", Value: []byte("acme-db-password")}))
+	require.NoError(t, err)
+	secretID := sec.Msg.GetSecret().GetId()
 	evilPush := proto.CloneOf(imgHdr)
 	evilPush.Name = "evil"
 
@@ -1771,6 +1774,36 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.SecretServicePutProcedure: {
+			func() error {
+				_, err := evil.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "db", Value: []byte("evil")}))
+				return err
+			},
+		},
+		apiv1connect.SecretServiceGetProcedure: {
+			func() error {
+				_, err := evil.Secrets.Get(ctx, connect.NewRequest(&apiv1.GetSecretRequest{Tenant: "acme", Secret: "db"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Secrets.Get(ctx, connect.NewRequest(&apiv1.GetSecretRequest{Tenant: "other", Secret: secretID}))
+				return err
+			},
+		},
+		apiv1connect.SecretServiceListProcedure: {func() error {
+			_, err := evil.Secrets.List(ctx, connect.NewRequest(&apiv1.ListSecretsRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.SecretServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Secrets.Delete(ctx, connect.NewRequest(&apiv1.DeleteSecretRequest{Tenant: "acme", Secret: "db"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Secrets.Delete(ctx, connect.NewRequest(&apiv1.DeleteSecretRequest{Tenant: "other", Secret: secretID}))
+				return err
+			},
+		},
 		apiv1connect.IPPoolServiceCreateProcedure: {func() error {
 			_, err := evil.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "evil", Cidr: "10.8.0.0/24"}))
 			return err
@@ -2066,6 +2099,9 @@ permit (principal, action, resource);`}))
 	require.NoError(t, err, "acme's flavor is untouched")
 	_, err = admin.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{Tenant: "acme", IpPool: ipPoolID}))
 	require.NoError(t, err, "acme's ip pool is untouched")
+	gotSec, err := admin.Secrets.Get(ctx, connect.NewRequest(&apiv1.GetSecretRequest{Tenant: "acme", Secret: secretID}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, gotSec.Msg.GetSecret().GetVersion(), "acme's secret is untouched")
 }
 
 // sfSSHKey is a well-formed OpenSSH public key line.

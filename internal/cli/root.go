@@ -83,7 +83,7 @@ func (a *app) command() *cobra.Command {
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows
-  Instances:      instances, volumes, flavors, ip-pools
+  Instances:      instances, volumes, flavors, ip-pools, secrets
   Agents:         mcp
   This CLI:       config, version
 
@@ -126,7 +126,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.poolsCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.machinesCommand(), a.workflowsCommand())
-	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand())
+	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
 	root.AddCommand(a.quotasCommand())

@@ -126,6 +126,10 @@ func resourceFor(action, tenant string) Resource {
 	case "webhooks.get", "webhooks.update", "webhooks.delete", "webhooks.test", "webhooks.rotateSecret",
 		"webhooks.listDeliveries", "webhooks.redeliver":
 		return Resource{Type: "Webhook", ID: "whk1", TenantID: tenant}
+	case "secrets.put":
+		return Resource{Type: "Secret", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "token"}}
+	case "secrets.get", "secrets.delete":
+		return Resource{Type: "Secret", ID: "sec1", TenantID: tenant, Attrs: map[string]any{"name": "token"}}
 	case "flavors.create":
 		return Resource{Type: "Flavor", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "small", "vcpus": int64(2), "gpus": int64(0)}}
 	case "flavors.get", "flavors.delete":
@@ -170,7 +174,7 @@ func TestCedarMatrix(t *testing.T) {
 		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
 		"machines.getWorkflow",
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
-		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list"}
+		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
 		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach"}
 	// want[role][action] in the principal's own tenant; absent means deny.
@@ -521,6 +525,7 @@ func TestActions(t *testing.T) {
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
+		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",
 		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",

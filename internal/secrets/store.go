@@ -1,0 +1,99 @@
+// Package secrets stores a tenant's named secrets (SecretService): values
+// sealed at rest, write-only through the API, versioned per put, and opened
+// only in-process for a workload of the same tenant (Open).
+package secrets
+
+import (
+	"context"
+	"embed"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Module is the migration module name.
+const Module = "secrets"
+
+// Migrations returns the module's tables.
+func Migrations() store.Migrations { return store.Embedded(Module, migrationsFS) }
+
+// IDPrefix is the secrets' id prefix (envelope.NewID).
+const IDPrefix = "sec"
+
+// Secret is a row of secrets; Value is sealed.
+type Secret struct {
+	ID          string
+	TenantID    string
+	Name        string
+	Version     int64
+	Value       []byte
+	SizeBytes   int64
+	Description string
+	CreateTime  time.Time
+	UpdateTime  time.Time
+}
+
+const columns = `id, tenant_id, name, version, value, size_bytes, description, create_time, update_time`
+
+type scanner interface{ Scan(...any) error }
+
+func scan(row scanner) (Secret, error) {
+	var s Secret
+	err := row.Scan(&s.ID, &s.TenantID, &s.Name, &s.Version, &s.Value, &s.SizeBytes, &s.Description, &s.CreateTime, &s.UpdateTime)
+	return s, err
+}
+
+func refColumn(ref string) string {
+	if strings.HasPrefix(ref, IDPrefix+"_") {
+		return "id"
+	}
+	return "name"
+}
+
+// Get reads an owner's secret (tenant id, "" for the platform) by id or
+// name; lock adds a row lock clause (store.ForUpdate).
+func Get(ctx context.Context, q store.Querier, tenantID, ref, lock string) (Secret, error) {
+	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM secrets WHERE tenant_id = $1 AND `+refColumn(ref)+` = $2`+lock, tenantID, ref))
+}
+
+// Insert creates a secret's row.
+func Insert(ctx context.Context, tx store.Tx, s *Secret) error {
+	_, err := tx.Exec(ctx, `INSERT INTO secrets (`+columns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		s.ID, s.TenantID, s.Name, s.Version, s.Value, s.SizeBytes, s.Description, s.CreateTime, s.UpdateTime)
+	return err
+}
+
+// Update replaces a secret's value, version and description.
+func Update(ctx context.Context, tx store.Tx, s *Secret) error {
+	_, err := tx.Exec(ctx, `UPDATE secrets SET version = $2, value = $3, size_bytes = $4, description = $5, update_time = $6 WHERE id = $1`,
+		s.ID, s.Version, s.Value, s.SizeBytes, s.Description, s.UpdateTime)
+	return err
+}
+
+// List lists an owner's secrets by id after the cursor.
+func List(ctx context.Context, q store.Querier, tenantID, after string, limit int) ([]Secret, error) {
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM secrets WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3`, tenantID, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Secret
+	for rows.Next() {
+		s, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// Delete removes a secret's row.
+func Delete(ctx context.Context, tx store.Tx, id string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM secrets WHERE id = $1`, id)
+	return err
+}
