@@ -185,6 +185,12 @@ func (s *Service) bootWarm(ctx context.Context, t Template) error {
 		return fmt.Errorf("template %s no longer resolves its flavor, pool or IP pool", t.Name)
 	}
 	return s.inst.Submit(ctx, t.PoolID, t.TenantID, func(ctx context.Context, b *envelope.Batch) error {
+		// Counted again in the pool's placer batch (one at a time per
+		// pool): two reconciles racing never boot past warm_min.
+		ws, err := WarmOfTemplate(ctx, b.Tx, t.ID)
+		if err != nil || len(ws) >= int(t.WarmMin) {
+			return err
+		}
 		e := &events{now: s.env.Clock().Now()}
 		in, err := s.inst.BootIn(ctx, b.Tx, e.emit, e.now, systemActor, boot, true)
 		if err != nil {
