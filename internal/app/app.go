@@ -580,7 +580,13 @@ func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fle
 		if a.Instances == nil {
 			return nil
 		}
-		return a.Instances.CommandDone(ctx, tx, c, state, message, result)
+		if err := a.Instances.CommandDone(ctx, tx, c, state, message, result); err != nil {
+			return err
+		}
+		if a.Sandboxes == nil {
+			return nil
+		}
+		return a.Sandboxes.CommandDone(ctx, tx, c, state)
 	}
 }
 

@@ -240,7 +240,9 @@ func (w *reconcileWarmWorker) Work(ctx context.Context, job *river.Job[reconcile
 	return w.metrics.done(job.Kind, w.app.Sandboxes.ReconcileWarm(ctx))
 }
 
-func (w *reconcileWarmWorker) Timeout(*river.Job[reconcileWarmArgs]) time.Duration { return 5 * time.Minute }
+func (w *reconcileWarmWorker) Timeout(*river.Job[reconcileWarmArgs]) time.Duration {
+	return 5 * time.Minute
+}
 
 func (a *App) addSandboxJobs(workers *river.Workers, jm *jobMetrics) []*river.PeriodicJob {
 	river.AddWorker(workers, &expireSandboxesWorker{app: a, metrics: jm})

@@ -425,8 +425,9 @@ func TestSnapshotAndSafety(t *testing.T) {
 	snap := s.Msg.GetSnapshot()
 	require.Equal(t, sb.GetNodeId(), snap.GetNodeId())
 	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM sandbox_snapshots WHERE id = $1 AND tenant_id <> ''`, snap.GetId()))
-	bctest.WaitFor(t, "instance.snapshot answered", func() bool {
-		return f.count(t, `SELECT COUNT(*) FROM commands WHERE kind = 'instance.snapshot' AND state = 'succeeded'`) == 1
+	require.Equal(t, "saving", snap.GetState())
+	bctest.WaitFor(t, "the snapshot ready on its host", func() bool {
+		return f.count(t, `SELECT COUNT(*) FROM sandbox_snapshots WHERE id = $1 AND state = 'ready'`, snap.GetId()) == 1
 	})
 
 	for range 2 {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/store"
@@ -24,9 +26,8 @@ import (
 
 // Sandbox origins.
 const (
-	OriginWarm     = "warm"
-	OriginCold     = "cold"
-	OriginSnapshot = "snapshot"
+	OriginWarm = "warm"
+	OriginCold = "cold"
 )
 
 // systemActor creates warm instances and expires sandboxes.
@@ -95,7 +96,7 @@ func stateOf(sb Sandbox, in *vps.Instance) string {
 // Proto converts a sandbox for the API.
 func Proto(sb Sandbox, in *vps.Instance) *apiv1.Sandbox {
 	out := &apiv1.Sandbox{Id: sb.ID, TenantId: sb.TenantID, TemplateId: sb.TemplateID, Template: sb.TemplateName, InstanceId: sb.InstanceID,
-		State: stateOf(sb, in), Origin: sb.Origin, SnapshotId: sb.SnapshotID, ExpireTime: timestamppb.New(sb.ExpireTime),
+		State: stateOf(sb, in), Origin: sb.Origin, ExpireTime: timestamppb.New(sb.ExpireTime),
 		CreateTime: timestamppb.New(sb.CreateTime), UpdateTime: timestamppb.New(sb.UpdateTime)}
 	if in != nil {
 		out.Address, out.NodeId = in.Address, in.NodeID
@@ -156,11 +157,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateS
 		Validate: func() error {
 			var vs envelope.Violations
 			vs.Ref("tenant", msg.GetTenant(), "tnt")
-			if msg.GetFromSnapshot() != "" {
-				vs.Add("from_snapshot", "restoring a snapshot is not served by this control plane yet")
-			} else {
-				vs.Ref("template", msg.GetTemplate(), TemplateIDPrefix)
-			}
+			vs.Ref("template", msg.GetTemplate(), TemplateIDPrefix)
 			if msg.GetTtl() != nil && (ttl <= 0 || ttl%time.Second != 0) {
 				vs.Add("ttl", "must be a positive whole number of seconds, got %s", ttl)
 			}
@@ -525,4 +522,21 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.Snaps
 func SnapshotProto(s Snapshot) *apiv1.SandboxSnapshot {
 	return &apiv1.SandboxSnapshot{Id: s.ID, TenantId: s.TenantID, SandboxId: s.SandboxID, TemplateId: s.TemplateID, NodeId: s.NodeID,
 		Shape: s.Shape, State: s.State, CreateTime: timestamppb.New(s.CreateTime)}
+}
+
+// CommandDone records a snapshot's outcome from bcd's answer to its
+// instance.snapshot, in the gateway's transaction. Other commands pass by.
+func (s *Service) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state string) error {
+	if c.Kind != vmcmd.KindInstanceSnapshot {
+		return nil
+	}
+	var p vmcmd.SnapshotParams
+	if json.Unmarshal([]byte(c.Params), &p) != nil || p.SnapshotID == "" {
+		return nil //nolint:nilerr // params that name no snapshot are no snapshot's to converge
+	}
+	to := "failed"
+	if state == fleet.CommandSucceeded {
+		to = "ready"
+	}
+	return SnapshotFinish(ctx, tx, strings.Replace(p.SnapshotID, "-", "_", 1), c.NodeID, to)
 }

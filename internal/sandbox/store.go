@@ -51,7 +51,7 @@ type Template struct {
 // Sandbox is a row of sandboxes.
 type Sandbox struct {
 	ID, TenantID, TemplateID, TemplateName string
-	InstanceID, State, Origin, SnapshotID  string
+	InstanceID, State, Origin              string
 	CreatedBy                              string
 	ExpireTime, CreateTime, UpdateTime     time.Time
 }
@@ -210,20 +210,20 @@ func WarmRemove(ctx context.Context, tx store.Tx, instanceID string) (int64, err
 	return tx.Exec(ctx, `DELETE FROM sandbox_warm WHERE instance_id = $1`, instanceID)
 }
 
-const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, snapshot_id, created_by,
+const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, created_by,
 	expire_time, create_time, update_time`
 
 func scanSandbox(row scanner) (Sandbox, error) {
 	var s Sandbox
-	err := row.Scan(&s.ID, &s.TenantID, &s.TemplateID, &s.TemplateName, &s.InstanceID, &s.State, &s.Origin, &s.SnapshotID,
+	err := row.Scan(&s.ID, &s.TenantID, &s.TemplateID, &s.TemplateName, &s.InstanceID, &s.State, &s.Origin,
 		&s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime)
 	return s, err
 }
 
 // SandboxInsert writes a new sandbox.
 func SandboxInsert(ctx context.Context, tx store.Tx, s *Sandbox) error {
-	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, s.SnapshotID, s.CreatedBy, s.ExpireTime,
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, s.CreatedBy, s.ExpireTime,
 		s.CreateTime, s.UpdateTime)
 	return err
 }
@@ -274,4 +274,11 @@ func SnapshotInsert(ctx context.Context, tx store.Tx, s *Snapshot) error {
 func SnapshotGet(ctx context.Context, q store.Querier, tenantID, id string) (Snapshot, error) {
 	s, err := scanSnapshot(q.QueryRow(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE tenant_id = $1 AND id = $2`, tenantID, id))
 	return s, err
+}
+
+// SnapshotFinish moves a saving snapshot taken on nodeID to ready or
+// failed; a snapshot already finished, or another node's, is left alone.
+func SnapshotFinish(ctx context.Context, tx store.Tx, id, nodeID, state string) error {
+	_, err := tx.Exec(ctx, `UPDATE sandbox_snapshots SET state = $3 WHERE id = $1 AND node_id = $2 AND state = 'saving'`, id, nodeID, state)
+	return err
 }

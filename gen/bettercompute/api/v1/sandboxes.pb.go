@@ -701,12 +701,10 @@ type Sandbox struct {
 	InstanceId string `protobuf:"bytes,5,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// starting, running, deleting, deleted or failed.
 	State string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
-	// warm (claimed from the warm pool), cold (booted for it) or snapshot.
-	Origin  string `protobuf:"bytes,7,opt,name=origin,proto3" json:"origin,omitempty"`
-	Address string `protobuf:"bytes,8,opt,name=address,proto3" json:"address,omitempty"`
-	NodeId  string `protobuf:"bytes,9,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The snapshot it was restored from, if any.
-	SnapshotId    string                 `protobuf:"bytes,10,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// warm (claimed from the warm pool) or cold (booted for it).
+	Origin        string                 `protobuf:"bytes,7,opt,name=origin,proto3" json:"origin,omitempty"`
+	Address       string                 `protobuf:"bytes,8,opt,name=address,proto3" json:"address,omitempty"`
+	NodeId        string                 `protobuf:"bytes,9,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
 	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
@@ -807,13 +805,6 @@ func (x *Sandbox) GetNodeId() string {
 	return ""
 }
 
-func (x *Sandbox) GetSnapshotId() string {
-	if x != nil {
-		return x.SnapshotId
-	}
-	return ""
-}
-
 func (x *Sandbox) GetExpireTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ExpireTime
@@ -836,7 +827,7 @@ func (x *Sandbox) GetUpdateTime() *timestamppb.Timestamp {
 }
 
 // A SandboxSnapshot is a sandbox's memory, device state and disks saved on
-// its host. It is private to its tenant and restores only on that host.
+// its host (instance.snapshot). It is private to its tenant.
 type SandboxSnapshot struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -941,12 +932,10 @@ func (x *SandboxSnapshot) GetCreateTime() *timestamppb.Timestamp {
 type CreateSandboxRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	// A template name or id (or empty with from_snapshot).
+	// A template name or id.
 	Template string `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
 	// Lifetime; empty: the template's default_ttl.
-	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
-	// A snapshot id of the tenant's to restore.
-	FromSnapshot  string `protobuf:"bytes,4,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1000,13 +989,6 @@ func (x *CreateSandboxRequest) GetTtl() *durationpb.Duration {
 		return x.Ttl
 	}
 	return nil
-}
-
-func (x *CreateSandboxRequest) GetFromSnapshot() string {
-	if x != nil {
-		return x.FromSnapshot
-	}
-	return ""
 }
 
 type CreateSandboxResponse struct {
@@ -1624,7 +1606,7 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x1cDeleteSandboxTemplateRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\"\x1f\n" +
-	"\x1dDeleteSandboxTemplateResponse\"\xcd\x03\n" +
+	"\x1dDeleteSandboxTemplateResponse\"\xb2\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1f\n" +
@@ -1636,16 +1618,14 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\tR\x05state\x12\x16\n" +
 	"\x06origin\x18\a \x01(\tR\x06origin\x12\x18\n" +
 	"\aaddress\x18\b \x01(\tR\aaddress\x12\x17\n" +
-	"\anode_id\x18\t \x01(\tR\x06nodeId\x12\x1f\n" +
-	"\vsnapshot_id\x18\n" +
-	" \x01(\tR\n" +
-	"snapshotId\x12;\n" +
+	"\anode_id\x18\t \x01(\tR\x06nodeId\x12;\n" +
 	"\vexpire_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12;\n" +
 	"\vcreate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\x80\x02\n" +
+	"updateTimeJ\x04\b\n" +
+	"\x10\v\"\x80\x02\n" +
 	"\x0fSandboxSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -1657,12 +1637,11 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x05shape\x18\x06 \x01(\tR\x05shape\x12\x14\n" +
 	"\x05state\x18\a \x01(\tR\x05state\x12;\n" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\x9c\x01\n" +
+	"createTime\"w\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12+\n" +
-	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12#\n" +
-	"\rfrom_snapshot\x18\x04 \x01(\tR\ffromSnapshot\"P\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"P\n" +
 	"\x15CreateSandboxResponse\x127\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.SandboxR\asandbox\"E\n" +
 	"\x11GetSandboxRequest\x12\x16\n" +

@@ -222,8 +222,7 @@ func (UnimplementedSandboxTemplateServiceHandler) Delete(context.Context, *conne
 
 // SandboxServiceClient is a client for the bettercompute.api.v1.SandboxService service.
 type SandboxServiceClient interface {
-	// Create claims a warm instance of the template, or boots one; or, with
-	// from_snapshot, restores a snapshot on its host.
+	// Create claims a warm instance of the template, or boots one.
 	Create(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
 	Get(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	List(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
@@ -329,8 +328,7 @@ func (c *sandboxServiceClient) Snapshot(ctx context.Context, req *connect.Reques
 
 // SandboxServiceHandler is an implementation of the bettercompute.api.v1.SandboxService service.
 type SandboxServiceHandler interface {
-	// Create claims a warm instance of the template, or boots one; or, with
-	// from_snapshot, restores a snapshot on its host.
+	// Create claims a warm instance of the template, or boots one.
 	Create(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
 	Get(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	List(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
