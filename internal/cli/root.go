@@ -84,6 +84,7 @@ func (a *app) command() *cobra.Command {
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows
   Instances:      instances, volumes, flavors, ip-pools, secrets
+  Sandboxes:      sandboxes, sandbox-templates
   Agents:         mcp
   This CLI:       config, version
 
