@@ -313,10 +313,10 @@ func TestWarmClaim(t *testing.T) {
 	sb := c.Msg.GetSandbox()
 	require.Equal(t, sandbox.OriginWarm, sb.GetOrigin())
 	require.Equal(t, warm[0], sb.GetInstanceId(), "the oldest warm instance is claimed")
-	bctest.WaitFor(t, "the claimed guest resumed", func() bool {
-		_, st, _ := f.guest(sb.GetInstanceId())
-		return st == vmcmd.StateRunning
-	})
+	require.Equal(t, "starting", sb.GetState(), "paused until it answers instance.resume")
+	sb = f.waitSandbox(t, sb.GetId(), "running")
+	_, st, _ := f.guest(sb.GetInstanceId())
+	require.Equal(t, vmcmd.StateRunning, st, "the claimed guest was resumed, not booted")
 	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM sandbox_warm WHERE instance_id = $1`, sb.GetInstanceId()), "claimed, out of the pool")
 	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx))
 	f.warmReady(t, tpl.GetId(), 2)

@@ -82,6 +82,10 @@ func stateOf(sb Sandbox, in *vps.Instance) string {
 	}
 	switch in.State {
 	case vps.StateRunning:
+		// A claimed warm guest is paused until it answers instance.resume.
+		if sb.Origin == OriginWarm && !sb.Resumed {
+			return "starting"
+		}
 		return "running"
 	case vps.StateDeleting:
 		return "deleting"
@@ -524,10 +528,21 @@ func SnapshotProto(s Snapshot) *apiv1.SandboxSnapshot {
 		Shape: s.Shape, State: s.State, CreateTime: timestamppb.New(s.CreateTime)}
 }
 
-// CommandDone records a snapshot's outcome from bcd's answer to its
-// instance.snapshot, in the gateway's transaction. Other commands pass by.
+// CommandDone converges from bcd's answers, in the gateway's transaction:
+// a claimed warm guest is up once instance.resume succeeds, and a
+// snapshot is ready (or failed) with instance.snapshot's answer. Other
+// commands pass by.
 func (s *Service) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state string) error {
-	if c.Kind != vmcmd.KindInstanceSnapshot {
+	switch c.Kind {
+	case vmcmd.KindInstanceResume:
+		var ref vmcmd.InstanceRef
+		if state != fleet.CommandSucceeded || json.Unmarshal([]byte(c.Params), &ref) != nil || ref.InstanceID == "" {
+			return nil //nolint:nilerr // a failed resume leaves the sandbox starting; the instance carries the failure
+		}
+		_, err := SandboxResumed(ctx, tx, strings.Replace(ref.InstanceID, "-", "_", 1), s.env.Clock().Now())
+		return err
+	case vmcmd.KindInstanceSnapshot:
+	default:
 		return nil
 	}
 	var p vmcmd.SnapshotParams

@@ -52,8 +52,10 @@ type Template struct {
 type Sandbox struct {
 	ID, TenantID, TemplateID, TemplateName string
 	InstanceID, State, Origin              string
-	CreatedBy                              string
-	ExpireTime, CreateTime, UpdateTime     time.Time
+	// Resumed: a claimed warm guest answered instance.resume.
+	Resumed                            bool
+	CreatedBy                          string
+	ExpireTime, CreateTime, UpdateTime time.Time
 }
 
 // Snapshot is a row of sandbox_snapshots.
@@ -210,20 +212,24 @@ func WarmRemove(ctx context.Context, tx store.Tx, instanceID string) (int64, err
 	return tx.Exec(ctx, `DELETE FROM sandbox_warm WHERE instance_id = $1`, instanceID)
 }
 
-const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, created_by,
+const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, resumed, created_by,
 	expire_time, create_time, update_time`
 
 func scanSandbox(row scanner) (Sandbox, error) {
-	var s Sandbox
+	var (
+		s       Sandbox
+		resumed int
+	)
 	err := row.Scan(&s.ID, &s.TenantID, &s.TemplateID, &s.TemplateName, &s.InstanceID, &s.State, &s.Origin,
-		&s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime)
+		&resumed, &s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime)
+	s.Resumed = resumed != 0
 	return s, err
 }
 
 // SandboxInsert writes a new sandbox.
 func SandboxInsert(ctx context.Context, tx store.Tx, s *Sandbox) error {
-	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, s.CreatedBy, s.ExpireTime,
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, boolInt(s.Resumed), s.CreatedBy, s.ExpireTime,
 		s.CreateTime, s.UpdateTime)
 	return err
 }
@@ -281,4 +287,16 @@ func SnapshotGet(ctx context.Context, q store.Querier, tenantID, id string) (Sna
 func SnapshotFinish(ctx context.Context, tx store.Tx, id, nodeID, state string) error {
 	_, err := tx.Exec(ctx, `UPDATE sandbox_snapshots SET state = $3 WHERE id = $1 AND node_id = $2 AND state = 'saving'`, id, nodeID, state)
 	return err
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// SandboxResumed marks the sandbox on a claimed warm instance resumed.
+func SandboxResumed(ctx context.Context, tx store.Tx, instanceID string, now time.Time) (int64, error) {
+	return tx.Exec(ctx, `UPDATE sandboxes SET resumed = 1, update_time = $2 WHERE instance_id = $1 AND resumed = 0`, instanceID, now)
 }

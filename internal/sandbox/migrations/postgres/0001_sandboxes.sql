@@ -41,7 +41,8 @@ CREATE TABLE sandbox_warm (
 CREATE INDEX sandbox_warm_template ON sandbox_warm (template_id, shape, create_time);
 
 -- Sandboxes: one instance each; expire_time is when the TTL sweep
--- deletes it.
+-- deletes it. resumed is 1 once a claimed warm guest answered
+-- instance.resume (a cold one is up when its instance runs).
 CREATE TABLE sandboxes (
     id            TEXT PRIMARY KEY,
     tenant_id     TEXT NOT NULL,
@@ -50,6 +51,7 @@ CREATE TABLE sandboxes (
     instance_id   TEXT NOT NULL UNIQUE,
     state         TEXT NOT NULL CHECK (state IN ('active', 'deleted')),
     origin        TEXT NOT NULL CHECK (origin IN ('warm', 'cold')),
+    resumed       INTEGER NOT NULL,
     created_by    TEXT NOT NULL,
     expire_time   TIMESTAMPTZ NOT NULL,
     create_time   TIMESTAMPTZ NOT NULL,
