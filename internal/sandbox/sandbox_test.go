@@ -36,7 +36,7 @@ type fixture struct {
 	sim    *bctest.FleetSim
 }
 
-func setup(t *testing.T, n int) *fixture {
+func setup(t testing.TB, n int) *fixture {
 	t.Helper()
 	cp := bctest.NewControlPlane(t)
 	f := &fixture{cp: cp, admin: cp.Admin()}
@@ -77,7 +77,7 @@ func setup(t *testing.T, n int) *fixture {
 	return f
 }
 
-func (f *fixture) count(t *testing.T, query string, args ...any) int {
+func (f *fixture) count(t testing.TB, query string, args ...any) int {
 	t.Helper()
 	var n int
 	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
@@ -119,14 +119,14 @@ func templateReq(name string, min, max int32) *apiv1.CreateSandboxTemplateReques
 		Env: map[string]string{"API_KEY": "secret://api-key"}}
 }
 
-func (f *fixture) sandbox(t *testing.T, id string) *apiv1.Sandbox {
+func (f *fixture) sandbox(t testing.TB, id string) *apiv1.Sandbox {
 	t.Helper()
 	g, err := f.acme.Sandboxes.Get(context.Background(), connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "acme", Sandbox: id}))
 	require.NoError(t, err)
 	return g.Msg.GetSandbox()
 }
 
-func (f *fixture) waitSandbox(t *testing.T, id, state string) *apiv1.Sandbox {
+func (f *fixture) waitSandbox(t testing.TB, id, state string) *apiv1.Sandbox {
 	t.Helper()
 	var sb *apiv1.Sandbox
 	bctest.WaitFor(t, "sandbox "+id+" "+state, func() bool {
@@ -137,7 +137,7 @@ func (f *fixture) waitSandbox(t *testing.T, id, state string) *apiv1.Sandbox {
 }
 
 // warmReady waits until the template has n warm instances booted (paused).
-func (f *fixture) warmReady(t *testing.T, templateID string, n int) {
+func (f *fixture) warmReady(t testing.TB, templateID string, n int) {
 	t.Helper()
 	bctest.WaitFor(t, fmt.Sprintf("%d warm instances", n), func() bool {
 		return f.count(t, `SELECT COUNT(*) FROM sandbox_warm w JOIN instances i ON i.id = w.instance_id
