@@ -11,8 +11,8 @@ import (
 	"github.com/better-compute/better-compute/internal/vps"
 )
 
-// expireBatch bounds one TTL sweep's transaction.
-const expireBatch = 100
+// expirePerTx bounds one TTL sweep transaction.
+const expirePerTx = 100
 
 // events collects a sweep's events and writes them in its transaction.
 type events struct {
@@ -35,17 +35,32 @@ func (s *Service) flush(ctx context.Context, tx store.Tx, e *events) error {
 }
 
 // ExpireDue deletes sandboxes past their expiry (sandbox.expired, then
-// the instance's ordinary delete). It is level-triggered: a second run,
-// or one racing a user's delete, finds nothing left to do. It returns how
-// many it expired.
+// the instance's ordinary delete), a bounded batch per transaction until
+// none is due. It is level-triggered: a second run, or one racing a
+// user's delete, finds nothing left to do. It returns how many it
+// expired.
 func (s *Service) ExpireDue(ctx context.Context) (int, error) {
-	n := 0
+	total := 0
+	for {
+		n, full, err := s.expireBatch(ctx)
+		total += n
+		if err != nil || !full {
+			return total, err
+		}
+	}
+}
+
+// expireBatch expires up to expirePerTx sandboxes in one transaction; full
+// reports that it found a whole batch due (more may be).
+func (s *Service) expireBatch(ctx context.Context) (int, bool, error) {
+	n, full := 0, false
 	err := s.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		n = 0
-		due, err := SandboxesExpired(ctx, tx, expireBatch)
+		due, err := SandboxesExpired(ctx, tx, expirePerTx)
 		if err != nil {
 			return err
 		}
+		full = len(due) == expirePerTx
 		e := &events{now: s.env.Clock().Now()}
 		for _, d := range due {
 			sb, err := SandboxGet(ctx, tx, d.TenantID, d.ID, store.ForUpdate(tx))
@@ -67,7 +82,7 @@ func (s *Service) ExpireDue(ctx context.Context) (int, error) {
 		}
 		return s.flush(ctx, tx, e)
 	})
-	return n, err
+	return n, full, err
 }
 
 // ReconcileWarm keeps every active template's warm pool between warm_min
