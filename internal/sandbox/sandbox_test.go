@@ -420,6 +420,12 @@ func TestSnapshotAndSafety(t *testing.T) {
 		require.Error(t, call(), name)
 	}
 
+	// The instance changes only through its sandbox.
+	_, err = f.acme.Instances.Stop(ctx, connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "acme", Instance: sb.GetInstanceId()}))
+	refused(t, err, "FAILED_PRECONDITION", "", "belongs to sandbox")
+	_, err = f.acme.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: sb.GetInstanceId()}))
+	refused(t, err, "FAILED_PRECONDITION", "", "use sandboxes delete")
+
 	s, err := f.acme.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: sb.GetId()}))
 	require.NoError(t, err)
 	snap := s.Msg.GetSnapshot()

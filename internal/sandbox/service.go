@@ -58,8 +58,10 @@ type Config struct {
 	Recorder envelope.Recorder
 }
 
-// New returns the sandbox service.
+// New returns the sandbox service; it makes the instance service refuse
+// item methods on sandboxes' and warm pools' instances.
 func New(cfg Config) *Service {
+	cfg.Instances.SetOwner(OwnerOf)
 	return &Service{env: cfg.Env, db: cfg.DB, inst: cfg.Instances, sealer: cfg.Sealer, rec: cfg.Recorder}
 }
 

@@ -300,3 +300,24 @@ func boolInt(b bool) int {
 func SandboxResumed(ctx context.Context, tx store.Tx, instanceID string, now time.Time) (int64, error) {
 	return tx.Exec(ctx, `UPDATE sandboxes SET resumed = 1, update_time = $2 WHERE instance_id = $1 AND resumed = 0`, instanceID, now)
 }
+
+// OwnerOf names the sandbox or warm pool an instance belongs to, "" when
+// none (vps.InstanceService.SetOwner).
+func OwnerOf(ctx context.Context, q store.Querier, instanceID string) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `SELECT id FROM sandboxes WHERE instance_id = $1 AND state = 'active'`, instanceID).Scan(&id)
+	if err == nil {
+		return "sandbox " + id + " (use sandboxes delete)", nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	err = q.QueryRow(ctx, `SELECT template_id FROM sandbox_warm WHERE instance_id = $1`, instanceID).Scan(&id)
+	if err == nil {
+		return "the warm pool of sandbox template " + id, nil
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return "", err
+}

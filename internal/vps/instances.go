@@ -60,6 +60,9 @@ type InstanceService struct {
 	rec    envelope.Recorder
 	images []string
 	poll   time.Duration
+	// owner, when set, names the module that drives an instance (a
+	// sandbox), whose item methods then refuse it (SetOwner).
+	owner func(ctx context.Context, q store.Querier, instanceID string) (string, error)
 }
 
 var (
@@ -773,6 +776,9 @@ func mutate[Req any](ctx context.Context, s *InstanceService, req *connect.Reque
 			cur, err = InstanceByID(ctx, tx.Tx, r.in.ID, store.ForUpdate(tx.Tx))
 			if err != nil {
 				return nil, envelope.FromStore(err, "instance")
+			}
+			if err := s.checkOwner(ctx, tx.Tx, &cur); err != nil {
+				return nil, err
 			}
 			if err := apply(ctx, tx, &cur); err != nil {
 				return nil, err

@@ -123,3 +123,22 @@ func (s *InstanceService) DeleteIn(ctx context.Context, tx store.Tx, emit func(e
 	emit(instanceEvent("instance.deleting", in, nil))
 	return nil
 }
+
+// SetOwner installs the lookup that names what drives an instance (a
+// sandbox, or a sandbox template's warm pool): instances start, stop,
+// reboot and delete then refuse such an instance, so it changes only
+// through its owner. Call it before serving.
+func (s *InstanceService) SetOwner(owner func(ctx context.Context, q store.Querier, instanceID string) (string, error)) {
+	s.owner = owner
+}
+
+func (s *InstanceService) checkOwner(ctx context.Context, q store.Querier, in *Instance) error {
+	if s.owner == nil {
+		return nil
+	}
+	by, err := s.owner(ctx, q, in.ID)
+	if err != nil || by == "" {
+		return err
+	}
+	return envelope.Errorf(envelope.CodeFailedPrecondition, "instance %s belongs to %s: change it through that", in.Name, by)
+}
