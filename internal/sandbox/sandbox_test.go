@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"sync"
@@ -242,6 +243,14 @@ func TestColdBootExtendExpire(t *testing.T) {
 	require.False(t, p.Paused)
 	require.Contains(t, p.Seed.UserData, sandbox.EnvPath)
 	require.NotContains(t, p.Seed.UserData, secretValue, "the value is base64 in write_files")
+	require.Contains(t, p.Seed.UserData, base64.StdEncoding.EncodeToString([]byte("API_KEY='"+secretValue+"'\n")), "the guest gets it")
+	// The command API never returns the seed that carries it.
+	cmds, err := f.acme.Commands.List(ctx, connect.NewRequest(&apiv1.ListCommandsRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.NotEmpty(t, cmds.Msg.GetCommands())
+	for _, c := range cmds.Msg.GetCommands() {
+		require.Nil(t, c.GetParams().GetFields()["seed"], "%s", c.GetKind())
+	}
 
 	_, err = f.acme.Sandboxes.Extend(ctx, connect.NewRequest(&apiv1.ExtendSandboxRequest{Tenant: "acme", Sandbox: sb.GetId(), Ttl: durationpb.New(2 * time.Hour)}))
 	refused(t, err, "INVALID_ARGUMENT", "ttl", "at most 1h0m0s")
