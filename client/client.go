@@ -65,6 +65,9 @@ type Client struct {
 	Instances     apiv1connect.InstanceServiceClient
 	Volumes       apiv1connect.VolumeServiceClient
 	Secrets       apiv1connect.SecretServiceClient
+	// SandboxTemplates and Sandboxes run short-lived guests from templates.
+	SandboxTemplates apiv1connect.SandboxTemplateServiceClient
+	Sandboxes        apiv1connect.SandboxServiceClient
 }
 
 type options struct {
@@ -113,34 +116,36 @@ func New(baseURL, token string, opts ...Option) *Client {
 	baseURL = strings.TrimRight(baseURL, "/")
 	h := o.httpClient
 	return &Client{
-		Tenants:       apiv1connect.NewTenantServiceClient(h, baseURL, copts...),
-		Projects:      apiv1connect.NewProjectServiceClient(h, baseURL, copts...),
-		ApiKeys:       apiv1connect.NewApiKeyServiceClient(h, baseURL, copts...),
-		Identity:      apiv1connect.NewIdentityServiceClient(h, baseURL, copts...),
-		Policies:      apiv1connect.NewPolicyServiceClient(h, baseURL, copts...),
-		Confirmations: apiv1connect.NewConfirmationServiceClient(h, baseURL, copts...),
-		Audit:         apiv1connect.NewAuditServiceClient(h, baseURL, copts...),
-		Events:        apiv1connect.NewEventServiceClient(h, baseURL, copts...),
-		Nodes:         apiv1connect.NewNodeServiceClient(h, baseURL, copts...),
-		Commands:      apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
-		JoinTokens:    apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
-		Pools:         apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
-		Reservations:  apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
-		Quotas:        apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),
-		Capacity:      apiv1connect.NewCapacityServiceClient(h, baseURL, copts...),
-		Usage:         apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
-		Images:        apiv1connect.NewImageServiceClient(h, baseURL, copts...),
-		SignerKeys:    apiv1connect.NewSignerKeyServiceClient(h, baseURL, copts...),
-		JoinRequests:  apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
-		Inventory:     apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
-		Webhooks:      apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),
-		Sites:         apiv1connect.NewSiteServiceClient(h, baseURL, copts...),
-		Machines:      apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
-		Flavors:       apiv1connect.NewFlavorServiceClient(h, baseURL, copts...),
-		IPPools:       apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
-		Instances:     apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
-		Volumes:       apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
-		Secrets:       apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
+		Tenants:          apiv1connect.NewTenantServiceClient(h, baseURL, copts...),
+		Projects:         apiv1connect.NewProjectServiceClient(h, baseURL, copts...),
+		ApiKeys:          apiv1connect.NewApiKeyServiceClient(h, baseURL, copts...),
+		Identity:         apiv1connect.NewIdentityServiceClient(h, baseURL, copts...),
+		Policies:         apiv1connect.NewPolicyServiceClient(h, baseURL, copts...),
+		Confirmations:    apiv1connect.NewConfirmationServiceClient(h, baseURL, copts...),
+		Audit:            apiv1connect.NewAuditServiceClient(h, baseURL, copts...),
+		Events:           apiv1connect.NewEventServiceClient(h, baseURL, copts...),
+		Nodes:            apiv1connect.NewNodeServiceClient(h, baseURL, copts...),
+		Commands:         apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
+		JoinTokens:       apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
+		Pools:            apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
+		Reservations:     apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
+		Quotas:           apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),
+		Capacity:         apiv1connect.NewCapacityServiceClient(h, baseURL, copts...),
+		Usage:            apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
+		Images:           apiv1connect.NewImageServiceClient(h, baseURL, copts...),
+		SignerKeys:       apiv1connect.NewSignerKeyServiceClient(h, baseURL, copts...),
+		JoinRequests:     apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
+		Inventory:        apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
+		Webhooks:         apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),
+		Sites:            apiv1connect.NewSiteServiceClient(h, baseURL, copts...),
+		Machines:         apiv1connect.NewMachineServiceClient(h, baseURL, copts...),
+		Flavors:          apiv1connect.NewFlavorServiceClient(h, baseURL, copts...),
+		IPPools:          apiv1connect.NewIPPoolServiceClient(h, baseURL, copts...),
+		Instances:        apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
+		Volumes:          apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
+		Secrets:          apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
+		SandboxTemplates: apiv1connect.NewSandboxTemplateServiceClient(h, baseURL, copts...),
+		Sandboxes:        apiv1connect.NewSandboxServiceClient(h, baseURL, copts...),
 	}
 }
 

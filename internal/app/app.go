@@ -45,6 +45,7 @@ import (
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/provision"
+	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storeopen"
@@ -265,6 +266,9 @@ type App struct {
 	// Instances runs virtual machines through capacity and the fleet's
 	// command path, and converges them from bcd's answers.
 	Instances *vps.InstanceService
+	// Sandboxes runs sandboxes on instances: templates, warm pools, TTL
+	// expiry and snapshots.
+	Sandboxes *sandbox.Service
 	// Blobs is the image catalog's blob directory.
 	Blobs *images.Blobs
 	// Webhooks is the outbox consumer that queues webhook deliveries; it
@@ -296,6 +300,8 @@ func Modules() []store.Migrations {
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
 		vps.Migrations(), secrets.Migrations(),
+		// Sandboxes claim warm instances by joining the instances table.
+		sandbox.Migrations(),
 	}
 }
 
@@ -404,6 +410,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Metal.Sites.SetNotifier(a.Gateway)
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
+	periodic = append(periodic, a.addSandboxJobs(workers, jm)...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 		Tracing: a.Tracing.IfEnabled(),
@@ -431,6 +438,11 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
 		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages})
 	a.fleetHooks.instances = a.Instances
+	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
+	if a.sealer != nil {
+		sandboxSealer = a.sealer
+	}
+	a.Sandboxes = sandbox.New(sandbox.Config{Env: a.Envelope, DB: a.DB, Instances: a.Instances, Sealer: sandboxSealer, Recorder: a.recorder})
 	if a.Blobs, err = images.OpenBlobs(cfg.ImagesDir); err != nil {
 		return nil, err
 	}
@@ -577,7 +589,13 @@ func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fle
 		if a.Instances == nil {
 			return nil
 		}
-		return a.Instances.CommandDone(ctx, tx, c, state, message, result)
+		if err := a.Instances.CommandDone(ctx, tx, c, state, message, result); err != nil {
+			return err
+		}
+		if a.Sandboxes == nil {
+			return nil
+		}
+		return a.Sandboxes.CommandDone(ctx, tx, c, state)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bctest"
@@ -109,12 +110,18 @@ var matrixExpect = map[string]map[string]string{
 	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Instances: admins manage flavors and IP pools.
-	"flavors.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"flavors.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"ipPools.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"secrets.put":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"secrets.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"ipPools.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxTemplates.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxTemplates.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxes.create":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.extend":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Guests: whoever works in the tenant runs them; a delete destroys a
 	// disk, so an agent's waits for a human.
 	"instances.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
@@ -417,6 +424,43 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Flavors.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteFlavorRequest{Tenant: "acme", Flavor: name}))
+		return err
+	},
+	"sandboxTemplates.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		mxSandboxBase(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.SandboxTemplates.Create(context.Background(), connect.NewRequest(mxTemplateReq(f.name("sbt"))))
+		return err
+	},
+	"sandboxTemplates.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := mxSandboxTemplate(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.SandboxTemplates.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteSandboxTemplateRequest{Tenant: "acme", Template: name}))
+		return err
+	},
+	"sandboxes.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := mxSandboxTemplate(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.Sandboxes.Create(context.Background(), connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "acme", Template: name}))
+		return err
+	},
+	"sandboxes.extend": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := mxSandbox(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.Sandboxes.Extend(context.Background(), connect.NewRequest(&apiv1.ExtendSandboxRequest{Tenant: "acme", Sandbox: id,
+			Ttl: durationpb.New(20 * time.Minute)}))
+		return err
+	},
+	"sandboxes.snapshot": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := mxSandbox(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.Sandboxes.Snapshot(context.Background(), connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: id}))
+		return err
+	},
+	"sandboxes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := mxSandbox(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.Sandboxes.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "acme", Sandbox: id}))
 		return err
 	},
 	"secrets.put": func(t *testing.T, f *matrixFixture, c *client.Client) error {
@@ -813,6 +857,50 @@ func mxGPUPool(t *testing.T, cp *bctest.ControlPlane, admin *client.Client, tena
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
 	require.NoError(t, err)
 	return p.Msg.GetPool().GetId()
+}
+
+// mxSandboxBase gives acme a flavor and an IP pool for sandbox templates
+// (once; a second call finds them).
+func mxSandboxBase(t *testing.T, f *matrixFixture) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.admin.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Tenant: "acme", Flavor: "sbx-tiny"})); err == nil {
+		return
+	}
+	_, err := f.admin.Flavors.Create(ctx, connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: "sbx-tiny", Vcpus: 1,
+		MemoryMib: 512, DiskGib: 1}))
+	require.NoError(t, err)
+	_, err = f.admin.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "sbx-lan", Cidr: "10.77.0.0/24"}))
+	require.NoError(t, err)
+}
+
+func mxTemplateReq(name string) *apiv1.CreateSandboxTemplateRequest {
+	return &apiv1.CreateSandboxTemplateRequest{Tenant: "acme", Name: name, Flavor: "sbx-tiny", Image: "debian-12", Pool: "gpus", IpPool: "sbx-lan",
+		DefaultTtl: durationpb.New(10 * time.Minute), MaxTtl: durationpb.New(time.Hour)}
+}
+
+// mxSandboxTemplate creates a template of acme's as its admin.
+func mxSandboxTemplate(t *testing.T, f *matrixFixture) string {
+	t.Helper()
+	mxSandboxBase(t, f)
+	name := f.name("sbt")
+	_, err := f.admin.SandboxTemplates.Create(context.Background(), connect.NewRequest(mxTemplateReq(name)))
+	require.NoError(t, err)
+	return name
+}
+
+// mxSandbox creates a running sandbox of acme's as its admin.
+func mxSandbox(t *testing.T, f *matrixFixture) string {
+	t.Helper()
+	ctx := context.Background()
+	res, err := f.admin.Sandboxes.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "acme", Template: mxSandboxTemplate(t, f)}))
+	require.NoError(t, err)
+	id := res.Msg.GetSandbox().GetId()
+	eventually(t, "sandbox "+id+" running", func() bool {
+		g, err := f.admin.Sandboxes.Get(ctx, connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "acme", Sandbox: id}))
+		return err == nil && g.Msg.GetSandbox().GetState() == "running"
+	})
+	return id
 }
 
 // TestCatalogCoversAPI fails when the API serves a procedure that has no

@@ -222,3 +222,58 @@ func (w *reconcileInstancesWorker) Work(ctx context.Context, job *river.Job[reco
 	_, err := w.app.Instances.SendLists(ctx)
 	return w.metrics.done(job.Kind, err)
 }
+
+// Sandbox sweeps: TTL expiry and the warm pool reconciler. Both are
+// level-triggered, so a run that overlaps another, or repeats, is safe.
+const (
+	expireSandboxesInterval = 15 * time.Second
+	reconcileWarmInterval   = 15 * time.Second
+)
+
+type expireSandboxesArgs struct{}
+
+func (expireSandboxesArgs) Kind() string { return "sandbox.expire" }
+
+type reconcileWarmArgs struct{}
+
+func (reconcileWarmArgs) Kind() string { return "sandbox.warm" }
+
+// The workers read App.Sandboxes at run time: jobs are registered before
+// the envelope the sandbox service needs exists.
+type expireSandboxesWorker struct {
+	river.WorkerDefaults[expireSandboxesArgs]
+	app     *App
+	metrics *jobMetrics
+}
+
+func (w *expireSandboxesWorker) Work(ctx context.Context, job *river.Job[expireSandboxesArgs]) error {
+	_, err := w.app.Sandboxes.ExpireDue(ctx)
+	return w.metrics.done(job.Kind, err)
+}
+
+type reconcileWarmWorker struct {
+	river.WorkerDefaults[reconcileWarmArgs]
+	app     *App
+	metrics *jobMetrics
+}
+
+func (w *reconcileWarmWorker) Work(ctx context.Context, job *river.Job[reconcileWarmArgs]) error {
+	return w.metrics.done(job.Kind, w.app.Sandboxes.ReconcileWarm(ctx))
+}
+
+func (w *reconcileWarmWorker) Timeout(*river.Job[reconcileWarmArgs]) time.Duration {
+	return 5 * time.Minute
+}
+
+func (a *App) addSandboxJobs(workers *river.Workers, jm *jobMetrics) []*river.PeriodicJob {
+	river.AddWorker(workers, &expireSandboxesWorker{app: a, metrics: jm})
+	river.AddWorker(workers, &reconcileWarmWorker{app: a, metrics: jm})
+	return []*river.PeriodicJob{
+		river.NewPeriodicJob(river.PeriodicInterval(expireSandboxesInterval),
+			func() (river.JobArgs, *river.InsertOpts) { return expireSandboxesArgs{}, nil },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(reconcileWarmInterval),
+			func() (river.JobArgs, *river.InsertOpts) { return reconcileWarmArgs{}, nil },
+			&river.PeriodicJobOpts{RunOnStart: true}),
+	}
+}

@@ -149,6 +149,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewIPPoolServiceHandler(vps.NewIPPoolService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInstanceServiceHandler(a.Instances, opts))
 	mux.Handle(apiv1connect.NewVolumeServiceHandler(vps.NewVolumeService(a.Instances), opts))
+	mux.Handle(apiv1connect.NewSandboxTemplateServiceHandler(a.Sandboxes.Templates(), opts))
+	mux.Handle(apiv1connect.NewSandboxServiceHandler(a.Sandboxes, opts))
 	var secretSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
 		secretSealer = a.sealer

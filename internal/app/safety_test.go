@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
@@ -27,6 +28,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
+	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
@@ -40,7 +42,8 @@ import (
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
 	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
-	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes", "secrets"}
+	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes", "secrets",
+	"sandbox_templates", "sandboxes", "sandbox_warm", "sandbox_snapshots"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -824,6 +827,18 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	sec, err := admin.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "db", Value: []byte("acme-db-password")}))
 	require.NoError(t, err)
 	secretID := sec.Msg.GetSecret().GetId()
+	// A sandbox template of acme's and a sandbox on vm1, written as Create
+	// would.
+	tpl := sandbox.Template{ID: envelope.NewID(sandbox.TemplateIDPrefix, now), TenantID: acme.GetId(), Name: "t1", Image: "debian-12",
+		FlavorID: flavorID, FlavorName: "small", PoolID: poolID, IPPoolID: ipPoolID, DefaultTTL: time.Hour, MaxTTL: 2 * time.Hour,
+		Env: map[string]string{"DB": "secret://db"}, NetworkPolicy: "egress", Shape: "s1", State: sandbox.TemplateActive, CreatedBy: "test",
+		CreateTime: now, UpdateTime: now}
+	sbx := sandbox.Sandbox{ID: envelope.NewID(sandbox.SandboxIDPrefix, now), TenantID: acme.GetId(), TemplateID: tpl.ID, TemplateName: "t1",
+		InstanceID: inst.ID, State: sandbox.SandboxActive, Origin: sandbox.OriginCold, CreatedBy: "test", ExpireTime: now.Add(time.Hour),
+		CreateTime: now, UpdateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return errors.Join(sandbox.TemplateInsert(ctx, tx, &tpl), sandbox.SandboxInsert(ctx, tx, &sbx))
+	}))
 	evilPush := proto.CloneOf(imgHdr)
 	evilPush.Name = "evil"
 
@@ -1771,6 +1786,93 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Flavors.Delete(ctx, connect.NewRequest(&apiv1.DeleteFlavorRequest{Tenant: "other", Flavor: flavorID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxTemplateServiceCreateProcedure: {
+			func() error {
+				_, err := evil.SandboxTemplates.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxTemplateRequest{Tenant: "acme", Name: "evil",
+					Flavor: "small", Env: map[string]string{"DB": "secret://db"}}))
+				return err
+			},
+		},
+		apiv1connect.SandboxTemplateServiceGetProcedure: {
+			func() error {
+				_, err := evil.SandboxTemplates.Get(ctx, connect.NewRequest(&apiv1.GetSandboxTemplateRequest{Tenant: "acme", Template: "t1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.SandboxTemplates.Get(ctx, connect.NewRequest(&apiv1.GetSandboxTemplateRequest{Tenant: "other", Template: tpl.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxTemplateServiceListProcedure: {func() error {
+			_, err := evil.SandboxTemplates.List(ctx, connect.NewRequest(&apiv1.ListSandboxTemplatesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.SandboxTemplateServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.SandboxTemplates.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxTemplateRequest{Tenant: "acme", Template: "t1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.SandboxTemplates.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxTemplateRequest{Tenant: "other", Template: tpl.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceCreateProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "acme", Template: "t1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "other", Template: tpl.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceGetProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Get(ctx, connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "acme", Sandbox: sbx.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Get(ctx, connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "other", Sandbox: sbx.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceListProcedure: {func() error {
+			_, err := evil.Sandboxes.List(ctx, connect.NewRequest(&apiv1.ListSandboxesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.SandboxServiceExtendProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Extend(ctx, connect.NewRequest(&apiv1.ExtendSandboxRequest{Tenant: "acme", Sandbox: sbx.ID,
+					Ttl: durationpb.New(time.Hour)}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Extend(ctx, connect.NewRequest(&apiv1.ExtendSandboxRequest{Tenant: "other", Sandbox: sbx.ID,
+					Ttl: durationpb.New(time.Hour)}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "acme", Sandbox: sbx.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "other", Sandbox: sbx.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceSnapshotProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: sbx.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "other", Sandbox: sbx.ID}))
 				return err
 			},
 		},

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -220,6 +221,13 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 			}
 			fmt.Fprintf(out, "sim: %d simulated nodes (%s) in tenant sim, project nodes; pool %s offered to all tenants; platform flavor %s and ip pool %s\n", simNodes,
 				cmp.Or(strings.Join(profiles, ","), "dgxh100"), DevPool, DevFlavor, DevIPPool)
+			if err := devSandboxTemplate(ctx, client.New(api, secret)); err != nil {
+				sim.Stop()
+				stopApp()
+				return errors.Join(serverError(fmt.Errorf("ship sandbox template %s: %w", DevSandboxTemplate, err)), ignoreCanceled(<-runErr))
+			}
+			fmt.Fprintf(out, "sandbox template %s in tenant sim (flavor %s, pool %s); try: better-compute sandboxes create --template %s --wait 1m\n",
+				DevSandboxTemplate, DevFlavor, DevPool, DevSandboxTemplate)
 			select {
 			case <-ctx.Done():
 			case err := <-runErr:
@@ -322,6 +330,40 @@ func devInstanceCatalog(ctx context.Context, c *client.Client) error {
 		return err
 	}
 	return nil
+}
+
+// DevSandboxTemplate is the sandbox template dev ships in tenant sim.
+const DevSandboxTemplate = "default"
+
+// devSandboxTemplate ensures tenant sim's default sandbox template (dev's
+// flavor, pool and IP pool, one warm instance). A template is checked
+// against its pool's hosts, so on a first start it waits for the
+// simulated hosts' inventory to arrive; on a restart it exists and
+// nothing is written.
+func devSandboxTemplate(ctx context.Context, c *client.Client) error {
+	_, err := c.SandboxTemplates.Get(ctx, connect.NewRequest(&apiv1.GetSandboxTemplateRequest{Tenant: "sim", Template: DevSandboxTemplate}))
+	if client.Code(err) != "NOT_FOUND" {
+		return err
+	}
+	req := &apiv1.CreateSandboxTemplateRequest{Tenant: "sim", Name: DevSandboxTemplate, Flavor: DevFlavor, Pool: DevPool, IpPool: DevIPPool,
+		WarmMin: 1, WarmMax: 2}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := c.SandboxTemplates.Create(ctx, connect.NewRequest(req))
+		switch code := client.Code(err); {
+		case err == nil, code == "ALREADY_EXISTS":
+			return nil
+		case (code == "NO_CAPACITY" || code == "FAILED_PRECONDITION") && time.Now().Before(deadline):
+			// The hosts' inventory is not in yet.
+		default:
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // devSecret returns BETTER_COMPUTE_SECRET, else the secret in

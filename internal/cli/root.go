@@ -84,6 +84,7 @@ func (a *app) command() *cobra.Command {
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows
   Instances:      instances, volumes, flavors, ip-pools, secrets
+  Sandboxes:      sandboxes, sandbox-templates
   Agents:         mcp
   This CLI:       config, version
 
@@ -128,6 +129,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.machinesCommand(), a.workflowsCommand())
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
+	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
 	root.AddCommand(a.quotasCommand())
 	root.AddCommand(a.webhooksCommand())

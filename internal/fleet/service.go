@@ -302,10 +302,27 @@ func ConditionProto(c NodeCondition) *apiv1.NodeCondition {
 	return &apiv1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message, UpdateTime: timestamppb.New(c.UpdateTime)}
 }
 
+// SealedParams are command params the API never returns: an instance's
+// seed carries its user data (a sandbox's secret environment) and its SSH
+// host key, meant for the guest alone.
+var SealedParams = []string{"seed"}
+
+// paramsView is a command's params as the API shows them, SealedParams
+// left out.
+func paramsView(s string) *structpb.Struct {
+	st := structOf(s)
+	for _, k := range SealedParams {
+		if st != nil && st.Fields[k] != nil {
+			delete(st.Fields, k)
+		}
+	}
+	return st
+}
+
 // CommandProto converts a command for the API.
 func CommandProto(c Command) *apiv1.Command {
 	return &apiv1.Command{
-		Id: c.ID, TenantId: c.TenantID, NodeId: c.NodeID, Seq: c.Seq, Kind: c.Kind, Params: structOf(c.Params),
+		Id: c.ID, TenantId: c.TenantID, NodeId: c.NodeID, Seq: c.Seq, Kind: c.Kind, Params: paramsView(c.Params),
 		State: c.State, Progress: int32(c.Progress), Message: c.Message, Result: structOf(c.Result),
 		FailureCode: c.FailureCode, CreatedBy: c.CreatedBy, Deadline: timestamppb.New(c.Deadline),
 		CreateTime: timestamppb.New(c.CreateTime), UpdateTime: timestamppb.New(c.UpdateTime),

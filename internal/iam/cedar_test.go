@@ -155,6 +155,14 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Volume", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "data", "sizeGiB": int64(10)}}
 	case "volumes.get", "volumes.detach", "volumes.delete":
 		return Resource{Type: "Volume", ID: "vol1", TenantID: tenant, Attrs: map[string]any{"name": "data", "sizeGiB": int64(10)}}
+	case "sandboxTemplates.create":
+		return Resource{Type: "SandboxTemplate", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "t1", "warmMax": int64(2)}}
+	case "sandboxTemplates.get", "sandboxTemplates.delete":
+		return Resource{Type: "SandboxTemplate", ID: "sbt1", TenantID: tenant, Attrs: map[string]any{"name": "t1", "warmMax": int64(2)}}
+	case "sandboxes.create":
+		return Resource{Type: "Sandbox", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
+	case "sandboxes.get", "sandboxes.extend", "sandboxes.delete", "sandboxes.snapshot":
+		return Resource{Type: "Sandbox", ID: "sbx1", TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	}
@@ -174,9 +182,11 @@ func TestCedarMatrix(t *testing.T) {
 		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
 		"machines.getWorkflow",
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
-		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list"}
+		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
+		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
-		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach"}
+		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach",
+		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -193,7 +203,7 @@ func TestCedarMatrix(t *testing.T) {
 	}
 	// Members delete their guests and volumes; an agent's delete waits for
 	// a human.
-	for _, a := range []string{"instances.delete", "volumes.delete"} {
+	for _, a := range []string{"instances.delete", "volumes.delete", "sandboxes.delete"} {
 		want[RoleMember][a] = allow
 		want[RoleAgent][a] = confirm
 	}
@@ -525,6 +535,8 @@ func TestActions(t *testing.T) {
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
+		"sandboxTemplates.create", "sandboxTemplates.delete", "sandboxTemplates.get", "sandboxTemplates.list",
+		"sandboxes.create", "sandboxes.delete", "sandboxes.extend", "sandboxes.get", "sandboxes.list", "sandboxes.snapshot",
 		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",

@@ -61,6 +61,9 @@ type InstanceService struct {
 	rec    envelope.Recorder
 	images []string
 	poll   time.Duration
+	// owner, when set, names the module that drives an instance (a
+	// sandbox), whose item methods then refuse it (SetOwner).
+	owner func(ctx context.Context, q store.Querier, instanceID string) (string, error)
 }
 
 var (
@@ -155,6 +158,8 @@ type createTarget struct {
 	projOK  bool
 	poolErr error
 	projErr error
+	// paused boots the guest paused (a sandbox's warm pool).
+	paused bool
 }
 
 func validPolicy(p string) bool {
@@ -366,32 +371,52 @@ func policyOf(p string) string {
 // applyCreate checks what the draft found, then books, leases and sends,
 // in that order: every refusal comes before the first write.
 func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg *apiv1.CreateInstanceRequest, t *createTarget) (*apiv1.CreateInstanceResponse, error) {
-	if err := t.scope.NotFound(); err != nil {
+	in, ids, err := s.boot(ctx, bootTx{Tx: tx.Tx, emit: tx.Emit, now: tx.Now(), by: tx.Caller().Principal.ID}, msg, t)
+	if err != nil {
 		return nil, err
+	}
+	tx.SetResource(in.ID, "")
+	return &apiv1.CreateInstanceResponse{Instance: InstanceProto(in, ids)}, nil
+}
+
+// bootTx is what a boot writes with: the envelope's transaction for a
+// create, a placer batch's for a sandbox's warm pool.
+type bootTx struct {
+	store.Tx
+	emit func(envelope.Event)
+	now  time.Time
+	by   string
+}
+
+// checkCreate refuses what the draft found wanting and returns the image
+// to boot; it writes nothing.
+func (s *InstanceService) checkCreate(msg *apiv1.CreateInstanceRequest, t *createTarget) (string, error) {
+	if err := t.scope.NotFound(); err != nil {
+		return "", err
 	}
 	if t.scope.Platform {
-		return nil, envelope.Invalid(envelope.Violation{Field: "tenant", Reason: "instances belong to a tenant: name one"})
+		return "", envelope.Invalid(envelope.Violation{Field: "tenant", Reason: "instances belong to a tenant: name one"})
 	}
 	if err := t.flavor.notFound(); err != nil {
-		return nil, err
+		return "", err
 	}
 	if msg.GetIpPool() == "" && !t.ipPool.found {
-		return nil, envelope.Invalid(envelope.Violation{Field: "ip_pool", Reason: "the tenant sees no IP pool, or several (its own or the platform's): name one"})
+		return "", envelope.Invalid(envelope.Violation{Field: "ip_pool", Reason: "the tenant sees no IP pool, or several (its own or the platform's): name one"})
 	}
 	if err := t.ipPool.notFound(); err != nil {
-		return nil, err
+		return "", err
 	}
 	if msg.GetProject() != "" && !t.projOK {
-		return nil, envelope.NotFound("project", msg.GetProject())
+		return "", envelope.NotFound("project", msg.GetProject())
 	}
 	if t.poolErr != nil {
-		return nil, t.poolErr
+		return "", t.poolErr
 	}
 	if !t.poolOK {
 		if msg.GetPool() != "" {
-			return nil, envelope.NotFound("pool", msg.GetPool())
+			return "", envelope.NotFound("pool", msg.GetPool())
 		}
-		return nil, envelope.Invalid(envelope.Violation{Field: "pool", Reason: "the tenant sees no pool, or several: name one"})
+		return "", envelope.Invalid(envelope.Violation{Field: "pool", Reason: "the tenant sees no pool, or several: name one"})
 	}
 	image := msg.GetImage()
 	if image == "" && len(s.images) == 1 {
@@ -399,26 +424,35 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 	}
 	switch {
 	case image == "":
-		return nil, envelope.Invalid(envelope.Violation{Field: "image", Reason: "is required: one of " + strings.Join(s.images, ", ")})
+		return "", envelope.Invalid(envelope.Violation{Field: "image", Reason: "is required: one of " + strings.Join(s.images, ", ")})
 	case !slices.Contains(s.images, image):
-		return nil, envelope.Invalid(envelope.Violation{Field: "image", Reason: fmt.Sprintf("unknown guest image %q; hosts hold %s",
+		return "", envelope.Invalid(envelope.Violation{Field: "image", Reason: fmt.Sprintf("unknown guest image %q; hosts hold %s",
 			truncate(image), strings.Join(s.images, ", "))})
 	}
+	return image, nil
+}
+
+// boot books, leases, records and sends instance.create.
+func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.CreateInstanceRequest, t *createTarget) (Instance, []string, error) {
+	image, err := s.checkCreate(msg, t)
+	if err != nil {
+		return Instance{}, nil, err
+	}
 	f := t.flavor.obj
-	now := tx.Now()
+	now := tx.now
 	// The name is checked before anything is booked: a taken name writes
 	// nothing.
 	if _, err := InstanceGet(ctx, tx, t.scope.ID(), msg.GetName(), ""); err == nil {
-		return nil, envelope.Errorf(envelope.CodeAlreadyExists, "an instance named %q already exists in %s", msg.GetName(), t.scope.Name())
+		return Instance{}, nil, envelope.Errorf(envelope.CodeAlreadyExists, "an instance named %q already exists in %s", msg.GetName(), t.scope.Name())
 	} else if !errors.Is(err, store.ErrNotFound) {
-		return nil, err
+		return Instance{}, nil, err
 	}
 	for i, v := range msg.GetVolumes() {
 		if _, err := VolumeGet(ctx, tx, t.scope.ID(), v.GetName(), ""); err == nil {
-			return nil, &envelope.Error{Code: envelope.CodeAlreadyExists, Message: fmt.Sprintf("a volume named %q already exists in %s", v.GetName(), t.scope.Name()),
+			return Instance{}, nil, &envelope.Error{Code: envelope.CodeAlreadyExists, Message: fmt.Sprintf("a volume named %q already exists in %s", v.GetName(), t.scope.Name()),
 				Violations: []envelope.Violation{{Field: fmt.Sprintf("volumes[%d].name", i), Reason: "is taken"}}}
 		} else if !errors.Is(err, store.ErrNotFound) {
-			return nil, err
+			return Instance{}, nil, err
 		}
 	}
 	id := envelope.NewID(InstanceIDPrefix, now)
@@ -426,7 +460,7 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 	// hugepages instead), GPUs of the flavor's model.
 	memGiB := int((f.MemoryMiB + 1023) / 1024)
 	ib := reservation.InstanceBooking{TenantID: t.scope.ID(), ProjectID: t.project.ID, PoolID: t.pool.ID, VCPU: int(f.VCPUs),
-		GPUs: int(f.GPUs), Model: f.GPUModel, CreatedBy: tx.Caller().Principal.ID, Flavor: f.Name, Field: "flavor"}
+		GPUs: int(f.GPUs), Model: f.GPUModel, CreatedBy: tx.by, Flavor: f.Name, Field: "flavor"}
 	// private and none place only where bcd enforces them.
 	if policyOf(msg.GetNetworkPolicy()) != vmcmd.PolicyEgress {
 		ib.Requires = []string{vmcmd.CapNetworkPolicy}
@@ -436,70 +470,70 @@ func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg 
 	} else {
 		ib.MemoryGiB = memGiB
 	}
-	r, evs, err := s.engine.BookInstance(ctx, tx.Tx, ib, now)
+	r, evs, err := s.engine.BookInstance(ctx, tx, ib, now)
 	if err != nil {
-		return nil, err
+		return Instance{}, nil, err
 	}
 	mac := macOf(id)
-	lease, ipp, err := LeaseAllocate(ctx, tx.Tx, now, t.ipPool.obj.ID, id, mac, "ip_pool")
+	lease, ipp, err := LeaseAllocate(ctx, tx, now, t.ipPool.obj.ID, id, mac, "ip_pool")
 	if err != nil {
-		return nil, err
+		return Instance{}, nil, err
 	}
 	prefix, err := netip.ParsePrefix(ipp.CIDR)
 	if err != nil {
-		return nil, fmt.Errorf("ip pool %s: %w", ipp.ID, err)
+		return Instance{}, nil, fmt.Errorf("ip pool %s: %w", ipp.ID, err)
 	}
 	in := Instance{ID: id, TenantID: t.scope.ID(), ProjectID: r.ProjectID, Name: msg.GetName(), State: StateBooting,
 		FlavorID: f.ID, FlavorName: f.Name, VCPUs: f.VCPUs, MemoryMiB: f.MemoryMiB, DiskGiB: f.DiskGiB, Image: image,
 		IPPoolID: ipp.ID, IPPoolName: ipp.Name, Address: lease.Address, PrefixLen: prefix.Bits(), Gateway: ipp.Gateway, DNS: ipp.DNS,
 		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserData: msg.GetUserData(),
-		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.Caller().Principal.ID,
+		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.by,
 		CreateTime: now, UpdateTime: now}
 	if f.Pinned {
 		in.CPUSet = r.Placement.CPUSet
 	}
-	if err := InstanceInsert(ctx, tx.Tx, &in); err != nil {
+	if err := InstanceInsert(ctx, tx, &in); err != nil {
 		if errors.Is(err, store.ErrUnique) {
-			return nil, envelope.Errorf(envelope.CodeAlreadyExists, "an instance named %q already exists in %s", in.Name, t.scope.Name())
+			return Instance{}, nil, envelope.Errorf(envelope.CodeAlreadyExists, "an instance named %q already exists in %s", in.Name, t.scope.Name())
 		}
-		return nil, err
+		return Instance{}, nil, err
 	}
 	var vols []VolumeRefRow
 	for _, v := range msg.GetVolumes() {
 		vol := Volume{ID: envelope.NewID(VolumeIDPrefix, now), TenantID: in.TenantID, Name: v.GetName(), SizeGiB: v.GetSizeGib(),
 			Format: formatOf(v.GetFormat()), State: VolumeAttached, InstanceID: in.ID, NodeID: in.NodeID, CreateTime: now, UpdateTime: now}
-		if err := VolumeInsert(ctx, tx.Tx, &vol); err != nil {
+		if err := VolumeInsert(ctx, tx, &vol); err != nil {
 			if errors.Is(err, store.ErrUnique) {
-				return nil, envelope.Errorf(envelope.CodeAlreadyExists, "a volume named %q already exists in %s", vol.Name, t.scope.Name())
+				return Instance{}, nil, envelope.Errorf(envelope.CodeAlreadyExists, "a volume named %q already exists in %s", vol.Name, t.scope.Name())
 			}
-			return nil, err
+			return Instance{}, nil, err
 		}
 		vols = append(vols, VolumeRefRow{ID: vol.ID, Format: vol.Format, SizeGiB: vol.SizeGiB})
-		tx.Emit(envelope.Event{Type: "volume.created", TenantID: vol.TenantID, ResourceType: "Volume", ResourceID: vol.ID,
+		tx.emit(envelope.Event{Type: "volume.created", TenantID: vol.TenantID, ResourceType: "Volume", ResourceID: vol.ID,
 			Data: map[string]any{"name": vol.Name, "instance_id": in.ID, "size_gib": vol.SizeGiB}})
 	}
-	params := createParams(&in, r, vols)
+	cp := createParams(&in, r, vols)
+	cp.Paused = t.paused
 	if in.NetworkPolicy == vmcmd.PolicyPrivate {
 		// What private admits: the tenant's guests on this network now.
 		// Later peers are not pushed to guests already running.
-		if params.Network.Peers, err = PeerAddresses(ctx, tx.Tx, in.TenantID, in.IPPoolID, in.ID); err != nil {
-			return nil, err
+		if cp.Network.Peers, err = PeerAddresses(ctx, tx, in.TenantID, in.IPPoolID, in.ID); err != nil {
+			return Instance{}, nil, err
 		}
 	}
-	if _, err := s.send(ctx, tx.Tx, &in, vmcmd.KindInstanceCreate, params, in.ID+"/create", now); err != nil {
-		return nil, err
+	if _, err := s.send(ctx, tx, &in, vmcmd.KindInstanceCreate, cp, in.ID+"/create", now); err != nil {
+		return Instance{}, nil, err
 	}
-	tx.SetResource(in.ID, "")
 	for _, ev := range evs {
-		tx.Emit(ev)
+		tx.emit(ev)
 	}
-	tx.Emit(instanceEvent("instance.created", &in, map[string]any{"flavor": in.FlavorName, "address": in.Address,
+	tx.emit(instanceEvent("instance.created", &in, map[string]any{"flavor": in.FlavorName, "address": in.Address,
 		"reservation_id": in.ReservationID}))
 	ids := make([]string, len(vols))
 	for i, v := range vols {
 		ids[i] = v.ID
 	}
-	return &apiv1.CreateInstanceResponse{Instance: InstanceProto(in, ids)}, nil
+	return in, ids, nil
 }
 
 // VolumeRefRow is a volume as instance.create names it.
@@ -805,6 +839,9 @@ func mutate[Req any](ctx context.Context, s *InstanceService, req *connect.Reque
 			cur, err = InstanceByID(ctx, tx.Tx, r.in.ID, store.ForUpdate(tx.Tx))
 			if err != nil {
 				return nil, envelope.FromStore(err, "instance")
+			}
+			if err := s.checkOwner(ctx, tx.Tx, &cur); err != nil {
+				return nil, err
 			}
 			if err := apply(ctx, tx, &cur); err != nil {
 				return nil, err

@@ -1,0 +1,559 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/secrets"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/vmcmd"
+	"github.com/better-compute/better-compute/internal/vps"
+)
+
+// Sandbox origins.
+const (
+	OriginWarm = "warm"
+	OriginCold = "cold"
+)
+
+// systemActor creates warm instances and expires sandboxes.
+const systemActor = "system:sandboxes"
+
+// EnvPath is where a sandbox's environment is written in the guest.
+const EnvPath = "/etc/sandbox/env"
+
+// Service serves SandboxService and runs the warm pool and TTL sweeps.
+type Service struct {
+	env    *envelope.Envelope
+	db     *store.DB
+	inst   *vps.InstanceService
+	sealer secrets.Sealer
+	rec    envelope.Recorder
+}
+
+var _ apiv1connect.SandboxServiceHandler = (*Service)(nil)
+
+// Config wires the sandbox service.
+type Config struct {
+	Env       *envelope.Envelope
+	DB        *store.DB
+	Instances *vps.InstanceService
+	// Sealer opens the tenant secrets a template's env names.
+	Sealer secrets.Sealer
+	// Recorder writes events of the sweeps (no request, no audit row).
+	Recorder envelope.Recorder
+}
+
+// New returns the sandbox service; it makes the instance service refuse
+// item methods on sandboxes' and warm pools' instances.
+func New(cfg Config) *Service {
+	cfg.Instances.SetOwner(OwnerOf)
+	return &Service{env: cfg.Env, db: cfg.DB, inst: cfg.Instances, sealer: cfg.Sealer, rec: cfg.Recorder}
+}
+
+// Templates returns the SandboxTemplateService handler.
+func (s *Service) Templates() *TemplateService { return &TemplateService{s: s} }
+
+// Resource projects a sandbox into the authorization model.
+func Resource(sb Sandbox) iam.Resource {
+	return iam.Resource{Type: "Sandbox", ID: sb.ID, TenantID: sb.TenantID, Attrs: map[string]any{
+		"template": sb.TemplateName, "lifetimeSeconds": int64(sb.ExpireTime.Sub(sb.CreateTime) / time.Second)}}
+}
+
+// stateOf is a sandbox's state from its row and its instance's.
+func stateOf(sb Sandbox, in *vps.Instance) string {
+	if sb.State == SandboxDeleted {
+		return "deleted"
+	}
+	if in == nil {
+		return "starting"
+	}
+	switch in.State {
+	case vps.StateRunning:
+		// A claimed warm guest is paused until it answers instance.resume.
+		if sb.Origin == OriginWarm && !sb.Resumed {
+			return "starting"
+		}
+		return "running"
+	case vps.StateDeleting:
+		return "deleting"
+	case vps.StateDeleted:
+		return "deleted"
+	case vps.StateFailed, vps.StateLost, vps.StateStopped:
+		return "failed"
+	}
+	return "starting"
+}
+
+// Proto converts a sandbox for the API.
+func Proto(sb Sandbox, in *vps.Instance) *apiv1.Sandbox {
+	out := &apiv1.Sandbox{Id: sb.ID, TenantId: sb.TenantID, TemplateId: sb.TemplateID, Template: sb.TemplateName, InstanceId: sb.InstanceID,
+		State: stateOf(sb, in), Origin: sb.Origin, ExpireTime: timestamppb.New(sb.ExpireTime),
+		CreateTime: timestamppb.New(sb.CreateTime), UpdateTime: timestamppb.New(sb.UpdateTime)}
+	if in != nil {
+		out.Address, out.NodeId = in.Address, in.NodeID
+	}
+	return out
+}
+
+func sandboxEvent(typ string, sb *Sandbox, data map[string]any) envelope.Event {
+	if data == nil {
+		data = map[string]any{}
+	}
+	data["template_id"], data["instance_id"] = sb.TemplateID, sb.InstanceID
+	return envelope.Event{Type: typ, TenantID: sb.TenantID, ResourceType: "Sandbox", ResourceID: sb.ID, Data: data}
+}
+
+// userData writes the template's environment into the guest: the tenant's
+// secrets are opened here, in the transaction that boots the guest, and
+// travel only in the instance's seed.
+func (s *Service) userData(ctx context.Context, q store.Querier, t Template) (string, error) {
+	if len(t.Env) == 0 {
+		return "", nil
+	}
+	var b strings.Builder
+	for _, k := range sortedKeys(t.Env) {
+		v, err := secrets.Open(ctx, q, s.sealer, t.TenantID, t.Env[k])
+		if errors.Is(err, secrets.ErrNotFound) {
+			return "", envelope.Errorf(envelope.CodeFailedPrecondition, "template %s: env %s names a secret the tenant no longer has", t.Name, k)
+		}
+		if err != nil {
+			return "", fmt.Errorf("template %s: env %s: %w", t.Name, k, err)
+		}
+		// Single-quoted for a shell's `. /etc/sandbox/env`.
+		fmt.Fprintf(&b, "%s='%s'\n", k, strings.ReplaceAll(string(v.Bytes), "'", `'\''`))
+	}
+	return "#cloud-config\nwrite_files:\n  - path: " + EnvPath + "\n    permissions: '0600'\n    encoding: b64\n    content: " +
+		base64.StdEncoding.EncodeToString([]byte(b.String())) + "\n", nil
+}
+
+// bootFor resolves the instance a template boots.
+func (s *Service) bootFor(ctx context.Context, q store.Querier, tenant, name string, t Template, userData string) (*vps.Boot, error) {
+	m := bootRequest(tenant, name, t)
+	m.UserData = userData
+	return s.inst.ResolveBoot(ctx, q, m)
+}
+
+func hostName(prefix string, now time.Time) string {
+	return strings.ReplaceAll(envelope.NewID(prefix, now), "_", "-")
+}
+
+// Create claims a warm instance of the template's shape (after the one
+// decision), or boots one.
+func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateSandboxRequest]) (*connect.Response[apiv1.CreateSandboxResponse], error) {
+	msg := req.Msg
+	var r templateRef
+	ttl := durationOr(msg.GetTtl(), 0)
+	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateSandboxResponse]{
+		AuditRefusals: true,
+		Validate: func() error {
+			var vs envelope.Violations
+			vs.Ref("tenant", msg.GetTenant(), "tnt")
+			vs.Ref("template", msg.GetTemplate(), TemplateIDPrefix)
+			if msg.GetTtl() != nil && (ttl <= 0 || ttl%time.Second != 0) {
+				vs.Add("ttl", "must be a positive whole number of seconds, got %s", ttl)
+			}
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			if r, err = lookupTemplate(ctx, q, msg.GetTenant(), msg.GetTemplate()); err != nil || !r.sc.Found {
+				return iam.Resource{Type: "Sandbox", ID: iam.DraftID}, err
+			}
+			life := ttl
+			if life == 0 && r.found {
+				life = r.t.DefaultTTL
+			}
+			return iam.Resource{Type: "Sandbox", ID: iam.DraftID, TenantID: r.sc.ID(), Attrs: map[string]any{
+				"template": msg.GetTemplate(), "lifetimeSeconds": int64(life / time.Second)}}, nil
+		},
+		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
+			if !r.found {
+				return s.env.CommitAlone(ctx, write)
+			}
+			return s.inst.Submit(ctx, r.t.PoolID, r.t.TenantID, write)
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateSandboxResponse, error) {
+			if err := r.notFound(msg.GetTemplate()); err != nil {
+				return nil, err
+			}
+			t := r.t
+			life := ttl
+			if life == 0 {
+				life = t.DefaultTTL
+			}
+			if life > t.MaxTTL {
+				return nil, envelope.Invalid(envelope.Violation{Field: "ttl", Reason: fmt.Sprintf("template %s allows at most %s, got %s", t.Name, t.MaxTTL, life)})
+			}
+			now := tx.Now()
+			sb := Sandbox{ID: envelope.NewID(SandboxIDPrefix, now), TenantID: t.TenantID, TemplateID: t.ID, TemplateName: t.Name,
+				State: SandboxActive, CreatedBy: tx.Caller().Principal.ID, ExpireTime: now.Add(life), CreateTime: now, UpdateTime: now}
+			in, err := s.claimOrBoot(ctx, tx, t, &sb, now)
+			if err != nil {
+				return nil, err
+			}
+			sb.InstanceID = in.ID
+			if err := SandboxInsert(ctx, tx.Tx, &sb); err != nil {
+				return nil, err
+			}
+			tx.SetResource(sb.ID, "")
+			tx.Emit(sandboxEvent("sandbox.created", &sb, map[string]any{"origin": sb.Origin, "expire_time": sb.ExpireTime}))
+			return &apiv1.CreateSandboxResponse{Sandbox: Proto(sb, &in)}, nil
+		},
+	})
+}
+
+// claimOrBoot takes a warm instance of the template's current shape and
+// resumes it, or boots a new one. Every refusal comes before a write.
+func (s *Service) claimOrBoot(ctx context.Context, tx *envelope.Tx, t Template, sb *Sandbox, now time.Time) (vps.Instance, error) {
+	id, err := WarmClaim(ctx, tx.Tx, t.ID, t.Shape)
+	if err != nil {
+		return vps.Instance{}, err
+	}
+	if id != "" {
+		in, err := vps.InstanceByID(ctx, tx.Tx, id, store.ForUpdate(tx.Tx))
+		if err != nil {
+			return in, fmt.Errorf("warm instance %s: %w", id, err)
+		}
+		key := fmt.Sprintf("%s/resume/%s", in.ID, sb.ID)
+		if _, err := s.inst.SendIn(ctx, tx.Tx, &in, vmcmd.KindInstanceResume, vmcmd.InstanceRef{InstanceID: vps.HostID(in.ID)}, key, now); err != nil {
+			return in, err
+		}
+		sb.Origin = OriginWarm
+		return in, nil
+	}
+	ud, err := s.userData(ctx, tx.Tx, t)
+	if err != nil {
+		return vps.Instance{}, err
+	}
+	boot, err := s.bootFor(ctx, tx.Tx, t.TenantID, strings.ReplaceAll(sb.ID, "_", "-"), t, ud)
+	if err != nil {
+		return vps.Instance{}, err
+	}
+	in, err := s.inst.BootIn(ctx, tx.Tx, tx.Emit, now, tx.Caller().Principal.ID, boot, false)
+	if err != nil {
+		return in, err
+	}
+	sb.Origin = OriginCold
+	return in, nil
+}
+
+type sandboxRef struct {
+	sc    tenancy.Scope
+	sb    Sandbox
+	found bool
+}
+
+func lookupSandbox(ctx context.Context, q store.Querier, tenantRef, id string) (sandboxRef, error) {
+	var r sandboxRef
+	var err error
+	if r.sc, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.sc.Found {
+		return r, err
+	}
+	r.sb, err = SandboxGet(ctx, q, r.sc.ID(), id, "")
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return r, nil
+	case err != nil:
+		return r, err
+	}
+	r.found = true
+	return r, nil
+}
+
+func (r sandboxRef) resource() iam.Resource {
+	if r.found {
+		return Resource(r.sb)
+	}
+	return r.sc.Missing("Sandbox")
+}
+
+func (r sandboxRef) notFound(ref string) error {
+	if err := r.sc.NotFound(); err != nil {
+		return err
+	}
+	if !r.found {
+		return envelope.NotFound("sandbox", ref)
+	}
+	return nil
+}
+
+func validateSandboxRef(vs *envelope.Violations, tenant, ref string) {
+	vs.Ref("tenant", tenant, "tnt")
+	vs.ID("sandbox", ref, SandboxIDPrefix)
+}
+
+func instanceOf(ctx context.Context, q store.Querier, sb Sandbox) (*vps.Instance, error) {
+	in, err := vps.InstanceByID(ctx, q, sb.InstanceID, "")
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	return &in, err
+}
+
+// Get reads a sandbox.
+func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetSandboxRequest]) (*connect.Response[apiv1.GetSandboxResponse], error) {
+	msg := req.Msg
+	var vs envelope.Violations
+	validateSandboxRef(&vs, msg.GetTenant(), msg.GetSandbox())
+	if err := vs.Err(); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	var (
+		r  sandboxRef
+		in *vps.Instance
+	)
+	if err := s.env.Resolve(ctx, "sandbox", func(ctx context.Context, q store.Querier) (err error) {
+		if r, err = lookupSandbox(ctx, q, msg.GetTenant(), msg.GetSandbox()); err != nil || !r.found {
+			return err
+		}
+		in, err = instanceOf(ctx, q, r.sb)
+		return err
+	}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+		return nil, err
+	}
+	if err := r.notFound(msg.GetSandbox()); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	return connect.NewResponse(&apiv1.GetSandboxResponse{Sandbox: Proto(r.sb, in)}), nil
+}
+
+// List lists a tenant's live sandboxes.
+func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListSandboxesRequest]) (*connect.Response[apiv1.ListSandboxesResponse], error) {
+	type row struct {
+		sb Sandbox
+		in *vps.Instance
+	}
+	rows, next, err := tenancy.ListPage(ctx, s.env, req.Msg, "sandboxes",
+		func(ctx context.Context, q store.Querier, sc tenancy.Scope, after string, limit int) ([]row, error) {
+			sbs, err := SandboxList(ctx, q, sc.ID(), after, limit)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]row, len(sbs))
+			for i, sb := range sbs {
+				out[i].sb = sb
+				if out[i].in, err = instanceOf(ctx, q, sb); err != nil {
+					return nil, err
+				}
+			}
+			return out, nil
+		}, func(r row) string { return r.sb.ID })
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListSandboxesResponse{NextPageToken: next}
+	for _, r := range rows {
+		out.Sandboxes = append(out.Sandboxes, Proto(r.sb, r.in))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// mutateSandbox runs a sandbox mutation under the request's envelope.
+func mutateSandbox[Req any](ctx context.Context, s *Service, req *connect.Request[Req], tenant, ref string, validate func(*envelope.Violations),
+	decisionCtx func(r sandboxRef) map[string]any, apply func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, in *vps.Instance) error) (*apiv1.Sandbox, error) {
+	var r sandboxRef
+	m := envelope.Mutation[apiv1.Sandbox]{
+		AuditRefusals: true,
+		Validate: func() error {
+			var vs envelope.Violations
+			validateSandboxRef(&vs, tenant, ref)
+			if validate != nil {
+				validate(&vs)
+			}
+			return vs.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			r, err = lookupSandbox(ctx, q, tenant, ref)
+			return r.resource(), err
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.Sandbox, error) {
+			if err := r.notFound(ref); err != nil {
+				return nil, err
+			}
+			sb, err := SandboxGet(ctx, tx.Tx, r.sb.TenantID, r.sb.ID, store.ForUpdate(tx.Tx))
+			if err != nil {
+				return nil, envelope.FromStore(err, "sandbox")
+			}
+			in, err := instanceOf(ctx, tx.Tx, sb)
+			if err != nil {
+				return nil, err
+			}
+			if err := apply(ctx, tx, &sb, in); err != nil {
+				return nil, err
+			}
+			return Proto(sb, in), nil
+		},
+	}
+	if decisionCtx != nil {
+		m.Context = func() map[string]any { return decisionCtx(r) }
+	}
+	res, err := envelope.Mutate(ctx, s.env, req, m)
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+// Extend sets a sandbox's lifetime, counted from its create: decided with
+// the new lifetime, bounded by its template's max_ttl.
+func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendSandboxRequest]) (*connect.Response[apiv1.ExtendSandboxResponse], error) {
+	msg := req.Msg
+	ttl := durationOr(msg.GetTtl(), 0)
+	out, err := mutateSandbox(ctx, s, req, msg.GetTenant(), msg.GetSandbox(), func(vs *envelope.Violations) {
+		if ttl <= 0 || ttl%time.Second != 0 {
+			vs.Add("ttl", "must be a positive whole number of seconds, got %s", ttl)
+		}
+	}, func(sandboxRef) map[string]any {
+		return map[string]any{"lifetimeSeconds": int64(ttl / time.Second)}
+	}, func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, _ *vps.Instance) error {
+		if sb.State != SandboxActive {
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "sandbox %s is deleted", sb.ID)
+		}
+		t, err := TemplateByID(ctx, tx.Tx, sb.TemplateID)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: template: %w", sb.ID, err)
+		}
+		if ttl > t.MaxTTL {
+			return envelope.Invalid(envelope.Violation{Field: "ttl", Reason: fmt.Sprintf("template %s allows at most %s from create, got %s", t.Name, t.MaxTTL, ttl)})
+		}
+		now := tx.Now()
+		exp := sb.CreateTime.Add(ttl)
+		if !exp.After(now) {
+			return envelope.Invalid(envelope.Violation{Field: "ttl", Reason: fmt.Sprintf("ends before now (the sandbox is %s old)", now.Sub(sb.CreateTime).Round(time.Second))})
+		}
+		old := sb.ExpireTime
+		sb.ExpireTime, sb.UpdateTime = exp, now
+		if err := SandboxSave(ctx, tx.Tx, sb); err != nil {
+			return err
+		}
+		tx.Emit(sandboxEvent("sandbox.extended", sb, map[string]any{"expire_time": exp, "previous_expire_time": old}))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&apiv1.ExtendSandboxResponse{Sandbox: out}), nil
+}
+
+// deleteIn deletes a sandbox and its instance in tx.
+func (s *Service) deleteIn(ctx context.Context, tx store.Tx, emit func(envelope.Event), sb *Sandbox, in *vps.Instance, now time.Time) error {
+	if sb.State == SandboxDeleted {
+		return nil
+	}
+	if in != nil {
+		cur, err := vps.InstanceByID(ctx, tx, in.ID, store.ForUpdate(tx))
+		if err != nil {
+			return err
+		}
+		if err := s.inst.DeleteIn(ctx, tx, emit, &cur, now); err != nil {
+			return err
+		}
+		*in = cur
+	}
+	sb.State, sb.UpdateTime = SandboxDeleted, now
+	if err := SandboxSave(ctx, tx, sb); err != nil {
+		return err
+	}
+	emit(sandboxEvent("sandbox.deleted", sb, nil))
+	return nil
+}
+
+// Delete deletes a sandbox and its instance; deleting twice changes
+// nothing.
+func (s *Service) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteSandboxRequest]) (*connect.Response[apiv1.DeleteSandboxResponse], error) {
+	msg := req.Msg
+	out, err := mutateSandbox(ctx, s, req, msg.GetTenant(), msg.GetSandbox(), nil, nil,
+		func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, in *vps.Instance) error {
+			return s.deleteIn(ctx, tx.Tx, tx.Emit, sb, in, tx.Now())
+		})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&apiv1.DeleteSandboxResponse{Sandbox: out}), nil
+}
+
+// Snapshot saves a running sandbox's memory, device state and disks on its
+// host into the tenant's private snapshot table.
+func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.SnapshotSandboxRequest]) (*connect.Response[apiv1.SnapshotSandboxResponse], error) {
+	msg := req.Msg
+	var snap Snapshot
+	_, err := mutateSandbox(ctx, s, req, msg.GetTenant(), msg.GetSandbox(), nil, nil,
+		func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, in *vps.Instance) error {
+			if sb.State != SandboxActive || in == nil || in.State != vps.StateRunning {
+				return envelope.Errorf(envelope.CodeFailedPrecondition, "sandbox %s is %s; a snapshot needs it running", sb.ID, stateOf(*sb, in))
+			}
+			t, err := TemplateByID(ctx, tx.Tx, sb.TemplateID)
+			if err != nil {
+				return fmt.Errorf("sandbox %s: template: %w", sb.ID, err)
+			}
+			now := tx.Now()
+			snap = Snapshot{ID: envelope.NewID(SnapshotIDPrefix, now), TenantID: sb.TenantID, SandboxID: sb.ID, TemplateID: sb.TemplateID,
+				NodeID: in.NodeID, Shape: t.Shape, State: "saving", CreateTime: now}
+			if err := SnapshotInsert(ctx, tx.Tx, &snap); err != nil {
+				return err
+			}
+			if _, err := s.inst.SendIn(ctx, tx.Tx, in, vmcmd.KindInstanceSnapshot,
+				vmcmd.SnapshotParams{InstanceID: vps.HostID(in.ID), SnapshotID: strings.ReplaceAll(snap.ID, "_", "-")}, snap.ID, now); err != nil {
+				return err
+			}
+			tx.Emit(sandboxEvent("sandbox.snapshot_requested", sb, map[string]any{"snapshot_id": snap.ID, "node_id": snap.NodeID}))
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&apiv1.SnapshotSandboxResponse{Snapshot: SnapshotProto(snap)}), nil
+}
+
+// SnapshotProto converts a snapshot for the API.
+func SnapshotProto(s Snapshot) *apiv1.SandboxSnapshot {
+	return &apiv1.SandboxSnapshot{Id: s.ID, TenantId: s.TenantID, SandboxId: s.SandboxID, TemplateId: s.TemplateID, NodeId: s.NodeID,
+		Shape: s.Shape, State: s.State, CreateTime: timestamppb.New(s.CreateTime)}
+}
+
+// CommandDone converges from bcd's answers, in the gateway's transaction:
+// a claimed warm guest is up once instance.resume succeeds, and a
+// snapshot is ready (or failed) with instance.snapshot's answer. Other
+// commands pass by.
+func (s *Service) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state string) error {
+	switch c.Kind {
+	case vmcmd.KindInstanceResume:
+		var ref vmcmd.InstanceRef
+		if state != fleet.CommandSucceeded || json.Unmarshal([]byte(c.Params), &ref) != nil || ref.InstanceID == "" {
+			return nil //nolint:nilerr // a failed resume leaves the sandbox starting; the instance carries the failure
+		}
+		_, err := SandboxResumed(ctx, tx, strings.Replace(ref.InstanceID, "-", "_", 1), s.env.Clock().Now())
+		return err
+	case vmcmd.KindInstanceSnapshot:
+	default:
+		return nil
+	}
+	var p vmcmd.SnapshotParams
+	if json.Unmarshal([]byte(c.Params), &p) != nil || p.SnapshotID == "" {
+		return nil //nolint:nilerr // params that name no snapshot are no snapshot's to converge
+	}
+	to := "failed"
+	if state == fleet.CommandSucceeded {
+		to = "ready"
+	}
+	return SnapshotFinish(ctx, tx, strings.Replace(p.SnapshotID, "-", "_", 1), c.NodeID, to)
+}

@@ -1,0 +1,323 @@
+package sandbox
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+//go:embed migrations
+var migrationsFS embed.FS
+
+// Module is the migration module name.
+const Module = "sandbox"
+
+// Migrations returns the module's tables.
+func Migrations() store.Migrations { return store.Embedded(Module, migrationsFS) }
+
+// Id prefixes (envelope.NewID).
+const (
+	TemplateIDPrefix = "sbt"
+	SandboxIDPrefix  = "sbx"
+	SnapshotIDPrefix = "sbs"
+)
+
+// Template and sandbox states.
+const (
+	TemplateActive   = "active"
+	TemplateDeleting = "deleting"
+	SandboxActive    = "active"
+	SandboxDeleted   = "deleted"
+)
+
+// Template is a row of sandbox_templates.
+type Template struct {
+	ID, TenantID, Name, Image string
+	FlavorID, FlavorName      string
+	PoolID, IPPoolID          string
+	DefaultTTL, MaxTTL        time.Duration
+	WarmMin, WarmMax          int32
+	Env                       map[string]string
+	NetworkPolicy, Shape      string
+	State, CreatedBy          string
+	CreateTime, UpdateTime    time.Time
+}
+
+// Sandbox is a row of sandboxes.
+type Sandbox struct {
+	ID, TenantID, TemplateID, TemplateName string
+	InstanceID, State, Origin              string
+	// Resumed: a claimed warm guest answered instance.resume.
+	Resumed                            bool
+	CreatedBy                          string
+	ExpireTime, CreateTime, UpdateTime time.Time
+}
+
+// Snapshot is a row of sandbox_snapshots.
+type Snapshot struct {
+	ID, TenantID, SandboxID, TemplateID, NodeID, Shape, State string
+	CreateTime                                                time.Time
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+const templateColumns = `id, tenant_id, name, image, flavor_id, flavor_name, pool_id, ip_pool_id, default_ttl_s, max_ttl_s,
+	warm_min, warm_max, env, network_policy, shape, state, created_by, create_time, update_time`
+
+func scanTemplate(row scanner) (Template, error) {
+	var (
+		t       Template
+		def, mx int64
+		env     string
+	)
+	if err := row.Scan(&t.ID, &t.TenantID, &t.Name, &t.Image, &t.FlavorID, &t.FlavorName, &t.PoolID, &t.IPPoolID, &def, &mx,
+		&t.WarmMin, &t.WarmMax, &env, &t.NetworkPolicy, &t.Shape, &t.State, &t.CreatedBy, &t.CreateTime, &t.UpdateTime); err != nil {
+		return t, err
+	}
+	t.DefaultTTL, t.MaxTTL = time.Duration(def)*time.Second, time.Duration(mx)*time.Second
+	if err := json.Unmarshal([]byte(env), &t.Env); err != nil {
+		return t, fmt.Errorf("sandbox template %s: env: %w", t.ID, err)
+	}
+	return t, nil
+}
+
+func collect[T any](rows store.Rows, err error, scan func(scanner) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// TemplateInsert writes a new template.
+func TemplateInsert(ctx context.Context, tx store.Tx, t *Template) error {
+	env, err := json.Marshal(t.Env)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO sandbox_templates (`+templateColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+		$11, $12, $13, $14, $15, $16, $17, $18, $19)`, t.ID, t.TenantID, t.Name, t.Image, t.FlavorID, t.FlavorName, t.PoolID, t.IPPoolID,
+		int64(t.DefaultTTL/time.Second), int64(t.MaxTTL/time.Second), t.WarmMin, t.WarmMax, string(env), t.NetworkPolicy, t.Shape,
+		t.State, t.CreatedBy, t.CreateTime, t.UpdateTime)
+	return err
+}
+
+// TemplateGet reads a tenant's active template by name or id.
+func TemplateGet(ctx context.Context, q store.Querier, tenantID, ref string) (Template, error) {
+	return scanTemplate(q.QueryRow(ctx, `SELECT `+templateColumns+` FROM sandbox_templates
+		WHERE tenant_id = $1 AND (id = $2 OR name = $2) AND state = 'active'`, tenantID, ref))
+}
+
+// TemplateByID reads a template in any state.
+func TemplateByID(ctx context.Context, q store.Querier, id string) (Template, error) {
+	return scanTemplate(q.QueryRow(ctx, `SELECT `+templateColumns+` FROM sandbox_templates WHERE id = $1`, id))
+}
+
+// TemplateList lists a tenant's active templates by id.
+func TemplateList(ctx context.Context, q store.Querier, tenantID, after string, limit int) ([]Template, error) {
+	rows, err := q.Query(ctx, `SELECT `+templateColumns+` FROM sandbox_templates WHERE tenant_id = $1 AND state = 'active' AND id > $2
+		ORDER BY id LIMIT $3`, tenantID, after, limit)
+	return collect(rows, err, scanTemplate)
+}
+
+// TemplatesAll lists every template of every tenant, for the warm pool
+// reconciler.
+func TemplatesAll(ctx context.Context, q store.Querier) ([]Template, error) {
+	rows, err := q.Query(ctx, `SELECT `+templateColumns+` FROM sandbox_templates ORDER BY id`)
+	return collect(rows, err, scanTemplate)
+}
+
+// TemplateSetState moves a template to state.
+func TemplateSetState(ctx context.Context, tx store.Tx, id, state string, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE sandbox_templates SET state = $2, update_time = $3 WHERE id = $1`, id, state, now)
+	return err
+}
+
+// TemplateDelete removes a drained template's row.
+func TemplateDelete(ctx context.Context, tx store.Tx, id string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM sandbox_templates WHERE id = $1 AND state = 'deleting'`, id)
+	return err
+}
+
+// Warm is a row of sandbox_warm.
+type Warm struct {
+	InstanceID, TenantID, TemplateID, Shape string
+	CreateTime                              time.Time
+}
+
+func scanWarm(row scanner) (Warm, error) {
+	var w Warm
+	err := row.Scan(&w.InstanceID, &w.TenantID, &w.TemplateID, &w.Shape, &w.CreateTime)
+	return w, err
+}
+
+// WarmInsert records a warm instance.
+func WarmInsert(ctx context.Context, tx store.Tx, w *Warm) error {
+	_, err := tx.Exec(ctx, `INSERT INTO sandbox_warm (instance_id, tenant_id, template_id, shape, create_time) VALUES ($1, $2, $3, $4, $5)`,
+		w.InstanceID, w.TenantID, w.TemplateID, w.Shape, w.CreateTime)
+	return err
+}
+
+// WarmOfTemplate lists a template's warm instances, oldest first.
+func WarmOfTemplate(ctx context.Context, q store.Querier, templateID string) ([]Warm, error) {
+	rows, err := q.Query(ctx, `SELECT instance_id, tenant_id, template_id, shape, create_time FROM sandbox_warm
+		WHERE template_id = $1 ORDER BY create_time, instance_id`, templateID)
+	return collect(rows, err, scanWarm)
+}
+
+// WarmClaim takes the oldest booted warm instance of a template shape and
+// removes it from the pool, in tx. On PostgreSQL the row is locked with
+// SKIP LOCKED, so concurrent creates never wait on, nor take, the same
+// instance; SQLite has one writer. It returns "" when none is ready.
+func WarmClaim(ctx context.Context, tx store.Tx, templateID, shape string) (string, error) {
+	lock := ""
+	if tx.Dialect() == store.Postgres {
+		lock = " FOR UPDATE OF w SKIP LOCKED"
+	}
+	var id string
+	err := tx.QueryRow(ctx, `SELECT w.instance_id FROM sandbox_warm w JOIN instances i ON i.id = w.instance_id
+		WHERE w.template_id = $1 AND w.shape = $2 AND i.state = 'running'
+		ORDER BY w.create_time, w.instance_id LIMIT 1`+lock, templateID, shape).Scan(&id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return "", nil
+		}
+		return "", err
+	}
+	n, err := WarmRemove(ctx, tx, id)
+	if err != nil {
+		return "", err
+	}
+	if n != 1 {
+		return "", fmt.Errorf("warm instance %s was claimed twice", id)
+	}
+	return id, nil
+}
+
+// WarmRemove drops a warm instance's row; it returns the rows removed.
+func WarmRemove(ctx context.Context, tx store.Tx, instanceID string) (int64, error) {
+	return tx.Exec(ctx, `DELETE FROM sandbox_warm WHERE instance_id = $1`, instanceID)
+}
+
+const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, resumed, created_by,
+	expire_time, create_time, update_time`
+
+func scanSandbox(row scanner) (Sandbox, error) {
+	var (
+		s       Sandbox
+		resumed int
+	)
+	err := row.Scan(&s.ID, &s.TenantID, &s.TemplateID, &s.TemplateName, &s.InstanceID, &s.State, &s.Origin,
+		&resumed, &s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime)
+	s.Resumed = resumed != 0
+	return s, err
+}
+
+// SandboxInsert writes a new sandbox.
+func SandboxInsert(ctx context.Context, tx store.Tx, s *Sandbox) error {
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, boolInt(s.Resumed), s.CreatedBy, s.ExpireTime,
+		s.CreateTime, s.UpdateTime)
+	return err
+}
+
+// SandboxSave writes a sandbox's state and expiry.
+func SandboxSave(ctx context.Context, tx store.Tx, s *Sandbox) error {
+	_, err := tx.Exec(ctx, `UPDATE sandboxes SET state = $2, expire_time = $3, update_time = $4 WHERE id = $1`,
+		s.ID, s.State, s.ExpireTime, s.UpdateTime)
+	return err
+}
+
+// SandboxGet reads a tenant's sandbox by id (lock: store.ForUpdate or "").
+func SandboxGet(ctx context.Context, q store.Querier, tenantID, id, lock string) (Sandbox, error) {
+	s, err := scanSandbox(q.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE tenant_id = $1 AND id = $2`+lock, tenantID, id))
+	return s, err
+}
+
+// SandboxList lists a tenant's sandboxes that are not deleted, by id.
+func SandboxList(ctx context.Context, q store.Querier, tenantID, after string, limit int) ([]Sandbox, error) {
+	rows, err := q.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE tenant_id = $1 AND state = 'active' AND id > $2
+		ORDER BY id LIMIT $3`, tenantID, after, limit)
+	return collect(rows, err, scanSandbox)
+}
+
+// SandboxesExpired lists active sandboxes whose expiry has passed.
+func SandboxesExpired(ctx context.Context, q store.Querier, limit int) ([]Sandbox, error) {
+	rows, err := q.Query(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE state = 'active' AND expire_time <= compute_now()
+		ORDER BY expire_time, id LIMIT $1`, limit)
+	return collect(rows, err, scanSandbox)
+}
+
+const snapshotColumns = `id, tenant_id, sandbox_id, template_id, node_id, shape, state, create_time`
+
+func scanSnapshot(row scanner) (Snapshot, error) {
+	var s Snapshot
+	err := row.Scan(&s.ID, &s.TenantID, &s.SandboxID, &s.TemplateID, &s.NodeID, &s.Shape, &s.State, &s.CreateTime)
+	return s, err
+}
+
+// SnapshotInsert writes a new snapshot.
+func SnapshotInsert(ctx context.Context, tx store.Tx, s *Snapshot) error {
+	_, err := tx.Exec(ctx, `INSERT INTO sandbox_snapshots (`+snapshotColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		s.ID, s.TenantID, s.SandboxID, s.TemplateID, s.NodeID, s.Shape, s.State, s.CreateTime)
+	return err
+}
+
+// SnapshotGet reads a tenant's snapshot: another tenant's is not found.
+func SnapshotGet(ctx context.Context, q store.Querier, tenantID, id string) (Snapshot, error) {
+	s, err := scanSnapshot(q.QueryRow(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE tenant_id = $1 AND id = $2`, tenantID, id))
+	return s, err
+}
+
+// SnapshotFinish moves a saving snapshot taken on nodeID to ready or
+// failed; a snapshot already finished, or another node's, is left alone.
+func SnapshotFinish(ctx context.Context, tx store.Tx, id, nodeID, state string) error {
+	_, err := tx.Exec(ctx, `UPDATE sandbox_snapshots SET state = $3 WHERE id = $1 AND node_id = $2 AND state = 'saving'`, id, nodeID, state)
+	return err
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// SandboxResumed marks the sandbox on a claimed warm instance resumed.
+func SandboxResumed(ctx context.Context, tx store.Tx, instanceID string, now time.Time) (int64, error) {
+	return tx.Exec(ctx, `UPDATE sandboxes SET resumed = 1, update_time = $2 WHERE instance_id = $1 AND resumed = 0`, instanceID, now)
+}
+
+// OwnerOf names the sandbox or warm pool an instance belongs to, "" when
+// none (vps.InstanceService.SetOwner).
+func OwnerOf(ctx context.Context, q store.Querier, instanceID string) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `SELECT id FROM sandboxes WHERE instance_id = $1 AND state = 'active'`, instanceID).Scan(&id)
+	if err == nil {
+		return "sandbox " + id + " (use sandboxes delete)", nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	err = q.QueryRow(ctx, `SELECT template_id FROM sandbox_warm WHERE instance_id = $1`, instanceID).Scan(&id)
+	if err == nil {
+		return "the warm pool of sandbox template " + id, nil
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return "", err
+}
