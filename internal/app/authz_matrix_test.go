@@ -875,7 +875,7 @@ func mxSandboxBase(t *testing.T, f *matrixFixture) {
 }
 
 func mxTemplateReq(name string) *apiv1.CreateSandboxTemplateRequest {
-	return &apiv1.CreateSandboxTemplateRequest{Tenant: "acme", Name: name, Flavor: "sbx-tiny", Image: "debian-12", Pool: "gpus", IpPool: "sbx-lan",
+	return &apiv1.CreateSandboxTemplateRequest{Tenant: "acme", Name: name, Flavor: "sbx-tiny", Image: "debian-12", Pool: "gpus", IpPool: "sbx-lan", Project: "web",
 		DefaultTtl: durationpb.New(10 * time.Minute), MaxTtl: durationpb.New(time.Hour)}
 }
 

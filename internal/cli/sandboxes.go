@@ -25,6 +25,7 @@ func (a *app) sandboxTemplatesCommand() *cobra.Command {
 	var (
 		tenant, confirmationID                 string
 		flavor, image, ipPool, capPool, policy string
+		project                                string
 		defTTL, maxTTL                         time.Duration
 		warmMin, warmMax                       int32
 		env                                    []string
@@ -35,7 +36,7 @@ func (a *app) sandboxTemplatesCommand() *cobra.Command {
 		Short: "Add a template, checked once against its pool (so later sandbox creates fail only for capacity)",
 		Args:  positional("NAME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			req := &apiv1.CreateSandboxTemplateRequest{Name: argv[0], Flavor: flavor, Image: image, Pool: capPool, IpPool: ipPool,
+			req := &apiv1.CreateSandboxTemplateRequest{Name: argv[0], Flavor: flavor, Image: image, Pool: capPool, IpPool: ipPool, Project: project,
 				WarmMin: warmMin, WarmMax: warmMax, NetworkPolicy: policy}
 			if defTTL != 0 {
 				req.DefaultTtl = durationpb.New(defTTL)
@@ -77,6 +78,7 @@ func (a *app) sandboxTemplatesCommand() *cobra.Command {
 	fl.StringVar(&capPool, "pool", "", "the capacity pool (default: the only one the tenant sees)")
 	fl.StringVar(&ipPool, "ip-pool", "", "the IP pool (default: the only one the tenant sees)")
 	fl.StringVar(&policy, "network-policy", "", "egress (default), private or none")
+	fl.StringVar(&project, "project", "", "the project sandboxes book capacity in (default: the tenant's default project)")
 	fl.DurationVar(&defTTL, "ttl", 0, "a sandbox's lifetime when its create names none (default 1h)")
 	fl.DurationVar(&maxTTL, "max-ttl", 0, "the longest lifetime a create or extend may ask for (default 24h)")
 	fl.Int32Var(&warmMin, "warm-min", 0, "paused instances kept ready to claim")

@@ -191,6 +191,8 @@ func TestTemplateRefusals(t *testing.T) {
 		{"warm min above max", func(r *apiv1.CreateSandboxTemplateRequest) { r.WarmMin, r.WarmMax = 3, 1 },
 			"INVALID_ARGUMENT", "warm_min", "must not exceed warm_max"},
 		{"unknown flavor", func(r *apiv1.CreateSandboxTemplateRequest) { r.Flavor = "nope" }, "NOT_FOUND", "", "nope"},
+		{"unknown project", func(r *apiv1.CreateSandboxTemplateRequest) { r.Project = "nowhere" }, "NOT_FOUND", "", "nowhere"},
+		{"bad project", func(r *apiv1.CreateSandboxTemplateRequest) { r.Project = "Bad!" }, "INVALID_ARGUMENT", "project", "must be a name"},
 		{"unknown image", func(r *apiv1.CreateSandboxTemplateRequest) { r.Image = "arch" }, "INVALID_ARGUMENT", "image", "unknown guest image"},
 		{"bad network policy", func(r *apiv1.CreateSandboxTemplateRequest) { r.NetworkPolicy = "open" },
 			"INVALID_ARGUMENT", "network_policy", "egress, private or none"},

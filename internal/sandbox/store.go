@@ -40,6 +40,7 @@ type Template struct {
 	ID, TenantID, Name, Image string
 	FlavorID, FlavorName      string
 	PoolID, IPPoolID          string
+	ProjectID                 string
 	DefaultTTL, MaxTTL        time.Duration
 	WarmMin, WarmMax          int32
 	Env                       map[string]string
@@ -67,7 +68,7 @@ type Snapshot struct {
 type scanner interface{ Scan(dest ...any) error }
 
 const templateColumns = `id, tenant_id, name, image, flavor_id, flavor_name, pool_id, ip_pool_id, default_ttl_s, max_ttl_s,
-	warm_min, warm_max, env, network_policy, shape, state, created_by, create_time, update_time`
+	warm_min, warm_max, env, network_policy, shape, state, created_by, create_time, update_time, project_id`
 
 func scanTemplate(row scanner) (Template, error) {
 	var (
@@ -76,7 +77,7 @@ func scanTemplate(row scanner) (Template, error) {
 		env     string
 	)
 	if err := row.Scan(&t.ID, &t.TenantID, &t.Name, &t.Image, &t.FlavorID, &t.FlavorName, &t.PoolID, &t.IPPoolID, &def, &mx,
-		&t.WarmMin, &t.WarmMax, &env, &t.NetworkPolicy, &t.Shape, &t.State, &t.CreatedBy, &t.CreateTime, &t.UpdateTime); err != nil {
+		&t.WarmMin, &t.WarmMax, &env, &t.NetworkPolicy, &t.Shape, &t.State, &t.CreatedBy, &t.CreateTime, &t.UpdateTime, &t.ProjectID); err != nil {
 		return t, err
 	}
 	t.DefaultTTL, t.MaxTTL = time.Duration(def)*time.Second, time.Duration(mx)*time.Second
@@ -109,9 +110,9 @@ func TemplateInsert(ctx context.Context, tx store.Tx, t *Template) error {
 		return err
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO sandbox_templates (`+templateColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-		$11, $12, $13, $14, $15, $16, $17, $18, $19)`, t.ID, t.TenantID, t.Name, t.Image, t.FlavorID, t.FlavorName, t.PoolID, t.IPPoolID,
+		$11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`, t.ID, t.TenantID, t.Name, t.Image, t.FlavorID, t.FlavorName, t.PoolID, t.IPPoolID,
 		int64(t.DefaultTTL/time.Second), int64(t.MaxTTL/time.Second), t.WarmMin, t.WarmMax, string(env), t.NetworkPolicy, t.Shape,
-		t.State, t.CreatedBy, t.CreateTime, t.UpdateTime)
+		t.State, t.CreatedBy, t.CreateTime, t.UpdateTime, t.ProjectID)
 	return err
 }
 

@@ -54,7 +54,7 @@ func TemplateProto(t Template) *apiv1.SandboxTemplate {
 	return &apiv1.SandboxTemplate{Id: t.ID, TenantId: t.TenantID, Name: t.Name, Image: t.Image, Flavor: t.FlavorName, FlavorId: t.FlavorID,
 		PoolId: t.PoolID, IpPoolId: t.IPPoolID, DefaultTtl: durationpb.New(t.DefaultTTL), MaxTtl: durationpb.New(t.MaxTTL),
 		WarmMin: t.WarmMin, WarmMax: t.WarmMax, Env: t.Env, NetworkPolicy: t.NetworkPolicy, Shape: t.Shape, State: t.State,
-		CreateTime: timestamppb.New(t.CreateTime)}
+		CreateTime: timestamppb.New(t.CreateTime), ProjectId: t.ProjectID}
 }
 
 func durationOr(d *durationpb.Duration, def time.Duration) time.Duration {
@@ -68,6 +68,9 @@ func validateCreateTemplate(vs *envelope.Violations, msg *apiv1.CreateSandboxTem
 	vs.Ref("tenant", msg.GetTenant(), "tnt")
 	vs.Name("name", msg.GetName())
 	vs.Ref("flavor", msg.GetFlavor(), vps.FlavorIDPrefix)
+	if msg.GetProject() != "" {
+		vs.Ref("project", msg.GetProject(), "prj")
+	}
 	if msg.GetIpPool() != "" {
 		vs.Ref("ip_pool", msg.GetIpPool(), vps.IPPoolIDPrefix)
 	}
@@ -122,7 +125,7 @@ func sortedKeys(m map[string]string) []string {
 // bootRequest is the instance create a template makes.
 func bootRequest(tenant, name string, t Template) *apiv1.CreateInstanceRequest {
 	return &apiv1.CreateInstanceRequest{Tenant: tenant, Name: name, Flavor: t.FlavorID, Image: t.Image, Pool: t.PoolID,
-		IpPool: t.IPPoolID, NetworkPolicy: t.NetworkPolicy}
+		IpPool: t.IPPoolID, NetworkPolicy: t.NetworkPolicy, Project: t.ProjectID}
 }
 
 // shapeOf fingerprints what a warm instance is booted from, plus the
@@ -154,7 +157,7 @@ func (ts *TemplateService) Create(ctx context.Context, req *connect.Request[apiv
 			}
 			if boot, err = s.inst.ResolveBoot(ctx, q, &apiv1.CreateInstanceRequest{Tenant: msg.GetTenant(), Name: "template-check",
 				Flavor: msg.GetFlavor(), Image: msg.GetImage(), Pool: msg.GetPool(), IpPool: msg.GetIpPool(),
-				NetworkPolicy: msg.GetNetworkPolicy()}); err != nil {
+				NetworkPolicy: msg.GetNetworkPolicy(), Project: msg.GetProject()}); err != nil {
 				return iam.Resource{}, err
 			}
 			return iam.Resource{Type: "SandboxTemplate", ID: iam.DraftID, TenantID: sc.ID(), Attrs: map[string]any{
@@ -203,7 +206,7 @@ func (ts *TemplateService) Create(ctx context.Context, req *connect.Request[apiv
 				FlavorID: boot.FlavorID(), FlavorName: boot.FlavorName(), PoolID: boot.PoolID(), IPPoolID: boot.IPPoolID(),
 				DefaultTTL: def, MaxTTL: durationOr(msg.GetMaxTtl(), max(DefaultMaxTTL, def)), WarmMin: msg.GetWarmMin(), WarmMax: msg.GetWarmMax(),
 				Env: msg.GetEnv(), NetworkPolicy: cmpOr(msg.GetNetworkPolicy(), vmcmd.PolicyEgress), State: TemplateActive,
-				CreatedBy: tx.Caller().Principal.ID, CreateTime: now, UpdateTime: now}
+				CreatedBy: tx.Caller().Principal.ID, CreateTime: now, UpdateTime: now, ProjectID: boot.ProjectID()}
 			if t.Env == nil {
 				t.Env = map[string]string{}
 			}

@@ -43,8 +43,18 @@ func (s *InstanceService) ResolveBoot(ctx context.Context, q store.Querier, msg 
 		return b, err
 	}
 	t.pool, t.poolOK, t.poolErr = reservation.ResolveInstancePool(ctx, q, t.scope.ID(), msg.GetPool())
-	return b, nil
+	if msg.GetProject() != "" {
+		t.project, t.projErr = tenancy.ProjectGet(ctx, q, t.scope.ID(), msg.GetProject())
+		t.projOK = t.projErr == nil
+		if errors.Is(t.projErr, store.ErrNotFound) {
+			t.projErr = nil
+		}
+	}
+	return b, t.projErr
 }
+
+// ProjectID is the project the boot books in ("" : the tenant's default).
+func (b *Boot) ProjectID() string { return b.t.project.ID }
 
 // Check refuses what instances.create would refuse before booking (an
 // unknown flavor, IP pool, pool or image) and returns the image.

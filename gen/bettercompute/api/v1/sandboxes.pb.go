@@ -55,8 +55,11 @@ type SandboxTemplate struct {
 	// of the same shape.
 	Shape string `protobuf:"bytes,15,opt,name=shape,proto3" json:"shape,omitempty"`
 	// active, or deleting while its warm instances drain.
-	State         string                 `protobuf:"bytes,16,opt,name=state,proto3" json:"state,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	State      string                 `protobuf:"bytes,16,opt,name=state,proto3" json:"state,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The project its sandboxes book capacity in (empty: the tenant's
+	// default project at each boot).
+	ProjectId     string `protobuf:"bytes,18,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +213,13 @@ func (x *SandboxTemplate) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *SandboxTemplate) GetProjectId() string {
+	if x != nil {
+		return x.ProjectId
+	}
+	return ""
+}
+
 type CreateSandboxTemplateRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -229,6 +239,10 @@ type CreateSandboxTemplateRequest struct {
 	WarmMax       int32                `protobuf:"varint,10,opt,name=warm_max,json=warmMax,proto3" json:"warm_max,omitempty"`
 	Env           map[string]string    `protobuf:"bytes,11,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	NetworkPolicy string               `protobuf:"bytes,12,opt,name=network_policy,json=networkPolicy,proto3" json:"network_policy,omitempty"`
+	// The project sandboxes book capacity in; empty: the tenant's default
+	// project (a tenant with several projects and none named default must
+	// name one).
+	Project       string `protobuf:"bytes,13,opt,name=project,proto3" json:"project,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +357,13 @@ func (x *CreateSandboxTemplateRequest) GetEnv() map[string]string {
 func (x *CreateSandboxTemplateRequest) GetNetworkPolicy() string {
 	if x != nil {
 		return x.NetworkPolicy
+	}
+	return ""
+}
+
+func (x *CreateSandboxTemplateRequest) GetProject() string {
+	if x != nil {
+		return x.Project
 	}
 	return ""
 }
@@ -1544,7 +1565,7 @@ var File_bettercompute_api_v1_sandboxes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/api/v1/sandboxes.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\x05\n" +
+	"$bettercompute/api/v1/sandboxes.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x05\n" +
 	"\x0fSandboxTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -1566,10 +1587,12 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x05shape\x18\x0f \x01(\tR\x05shape\x12\x14\n" +
 	"\x05state\x18\x10 \x01(\tR\x05state\x12;\n" +
 	"\vcreate_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\x1a6\n" +
+	"createTime\x12\x1d\n" +
+	"\n" +
+	"project_id\x18\x12 \x01(\tR\tprojectId\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf9\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x04\n" +
 	"\x1cCreateSandboxTemplateRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -1584,7 +1607,8 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\bwarm_max\x18\n" +
 	" \x01(\x05R\awarmMax\x12M\n" +
 	"\x03env\x18\v \x03(\v2;.bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntryR\x03env\x12%\n" +
-	"\x0enetwork_policy\x18\f \x01(\tR\rnetworkPolicy\x1a6\n" +
+	"\x0enetwork_policy\x18\f \x01(\tR\rnetworkPolicy\x12\x18\n" +
+	"\aproject\x18\r \x01(\tR\aproject\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"b\n" +

@@ -13,6 +13,7 @@ CREATE TABLE sandbox_templates (
     flavor_name    TEXT NOT NULL,
     pool_id        TEXT NOT NULL,
     ip_pool_id     TEXT NOT NULL,
+    project_id     TEXT NOT NULL,
     default_ttl_s  BIGINT NOT NULL,
     max_ttl_s      BIGINT NOT NULL,
     warm_min       INTEGER NOT NULL,
