@@ -740,7 +740,10 @@ func (f *matrixFixture) matrixPool(t *testing.T) string {
 // reservation that has not started can be canceled.
 func (f *matrixFixture) matrixReservationRequest() *apiv1.CreateReservationRequest {
 	start := f.cp.Clock.Now().Add(time.Duration(f.counter.Add(1)) * 2 * time.Hour)
-	return &apiv1.CreateReservationRequest{Tenant: "acme", Project: "web", Pool: f.gpuPool, Gpus: 1,
+	// One vCPU and 1 GiB, not the pool's per-GPU share: host resources
+	// are booked for every live reservation, future ones included, and the
+	// matrix makes dozens on one host beside its instances and sandboxes.
+	return &apiv1.CreateReservationRequest{Tenant: "acme", Project: "web", Pool: f.gpuPool, Gpus: 1, Vcpu: 1, MemoryGib: 1,
 		StartTime: timestamppb.New(start), DurationSeconds: 3600}
 }
 
@@ -811,6 +814,12 @@ func (f *matrixFixture) matrixInstance(t *testing.T, state string) string {
 		})
 	}
 	wait("running")
+	// The matrix makes one per principal and action on one host: give its
+	// booking back once the case is decided.
+	t.Cleanup(func() {
+		_, _ = f.admin.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: id}))
+		wait("deleted")
+	})
 	if state == "stopped" {
 		_, err := f.admin.Instances.Stop(ctx, connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "acme", Instance: id}))
 		require.NoError(t, err)
@@ -899,6 +908,15 @@ func mxSandbox(t *testing.T, f *matrixFixture) string {
 	eventually(t, "sandbox "+id+" running", func() bool {
 		g, err := f.admin.Sandboxes.Get(ctx, connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "acme", Sandbox: id}))
 		return err == nil && g.Msg.GetSandbox().GetState() == "running"
+	})
+	// The matrix makes one per principal and action on one host: give its
+	// booking back once the case is decided.
+	t.Cleanup(func() {
+		_, _ = f.admin.Sandboxes.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "acme", Sandbox: id}))
+		eventually(t, "sandbox "+id+" deleted", func() bool {
+			g, err := f.admin.Sandboxes.Get(ctx, connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "acme", Sandbox: id}))
+			return err == nil && g.Msg.GetSandbox().GetState() == "deleted"
+		})
 	})
 	return id
 }
