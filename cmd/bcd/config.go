@@ -44,6 +44,7 @@ type siteOptions struct {
 	iface, dhcpMode, serverIP, subnet, rangeSpec, router string
 	bootDir, filesDir, cacheDir, httpListen              string
 	kernel, initrd, cmdline                              string
+	controlPlaneURL                                      string
 }
 
 func (o *options) register(fs *flag.FlagSet) {
@@ -80,6 +81,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.site.kernel, "site-ramdisk-kernel", "", "site mode: the commissioning ramdisk's kernel (a file in --site-files-dir, sha256:…, or a URL)")
 	fs.StringVar(&o.site.initrd, "site-ramdisk-initrd", "", "site mode: the commissioning ramdisk's initrd (as --site-ramdisk-kernel)")
 	fs.StringVar(&o.site.cmdline, "site-ramdisk-cmdline", "", "site mode: the ramdisk's kernel command line")
+	fs.StringVar(&o.site.controlPlaneURL, "site-control-plane-url", "", "site mode: the control plane's HTTP API URL, where deploying machines' images are fetched into the site's cache")
 }
 
 // fileConfig is the config file; keys are the flag names with underscores.
@@ -108,6 +110,7 @@ type fileConfig struct {
 	SiteHTTPListen    string `toml:"site_http_listen" yaml:"site_http_listen"`
 	SiteRamdiskKernel string `toml:"site_ramdisk_kernel" yaml:"site_ramdisk_kernel"`
 	SiteRamdiskInitrd string `toml:"site_ramdisk_initrd" yaml:"site_ramdisk_initrd"`
+	SiteControlPlane  string `toml:"site_control_plane_url" yaml:"site_control_plane_url"`
 	SiteRamdiskCmd    string `toml:"site_ramdisk_cmdline" yaml:"site_ramdisk_cmdline"`
 }
 
@@ -176,6 +179,7 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("site-ramdisk-kernel", &o.site.kernel, fc.SiteRamdiskKernel)
 	pick("site-ramdisk-initrd", &o.site.initrd, fc.SiteRamdiskInitrd)
 	pick("site-ramdisk-cmdline", &o.site.cmdline, fc.SiteRamdiskCmd)
+	pick("site-control-plane-url", &o.site.controlPlaneURL, fc.SiteControlPlane)
 }
 
 func (o *options) validate() error {

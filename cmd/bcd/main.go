@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hw/nvml"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
+	"github.com/better-compute/better-compute/internal/agent/site"
 	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
 )
@@ -110,7 +111,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		// The ramdisk reads its hardware from sysfs and runs no
 		// allocations: no GPU library, no cgroups.
 		o.hardware, o.cgroupRoot = "none", filepath.Join(o.stateDir, "cgroup")
-		rcfg := ramdisk.Config{SysfsRoot: o.sysfsRoot, SpoolDir: o.spoolDir, Logs: logs.String}
+		rcfg := ramdisk.Config{SysfsRoot: o.sysfsRoot, SpoolDir: o.spoolDir, Logs: logs.String,
+			ImagesURL: boot.Images, Server: o.server}
 		if o.imageKeys != "" {
 			if rcfg.TrustedImageKeys, err = ramdisk.LoadTrustedKeys(o.imageKeys); err != nil {
 				return fmt.Errorf("--trusted-image-keys: %w", err)
@@ -223,6 +225,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return err
 		}
 		defer func() { _ = srv.Close() }()
+		if sa, ok := handler.(*site.Agent); ok {
+			sa.SetPrefetch(srv.Prefetch)
+		}
 	}
 	log.Info("bcd running", "node_id", a.NodeID(), "server", o.server, "version", version)
 	// On SIGTERM (or SIGINT) Run says goodbye to the gateway, which marks

@@ -482,11 +482,15 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 		cfg.DiscoveryPin = a.PKI.Pin
 	}
 	cfg.RamdiskEnded = retireRamdiskNodes(a.recorder, a.DB.Clock())
+	if a.PKI != nil {
+		cfg.NodeTokens = deployNodeTokens(joinTokenSealer{a.PKI}, a.recorder, a.DB.Clock())
+	}
 	rt, err := metal.NewRuntime(cfg)
 	if err != nil {
 		return nil, err
 	}
-	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway}
+	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway, rt: rt}
+	a.fleetHooks.metal = rt
 	a.discovery.rt = rt
 	return rt, nil
 }
@@ -541,9 +545,19 @@ func (l *lateSites) SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.C
 }
 
 // lateHooks hands the gateway capacity's hooks, which are built after it.
-type lateHooks struct{ h gateway.Hooks }
+// A deployed machine's node reporting its inventory also ends its deploy
+// (metal.Runtime.NodeReported).
+type lateHooks struct {
+	h     gateway.Hooks
+	metal *metal.Runtime
+}
 
 func (l *lateHooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	if l.metal != nil {
+		if err := l.metal.NodeReported(ctx, tx, nodeID); err != nil {
+			return err
+		}
+	}
 	if l.h == nil {
 		return nil
 	}
