@@ -294,15 +294,15 @@ type Runtime struct {
 	Ramdisk RamdiskAgent
 	// Sites reaches bcd site agents through the gateway (the app hands it
 	// to the gateway as its site hooks).
-	Sites  *SiteCommands
+	Sites      *SiteCommands
 	pin        func() string
 	ended      func(ctx context.Context, tx store.Tx, nodeIDs []string) error
 	nodeTokens func(ctx context.Context, tx store.Tx, req NodeTokenRequest) (string, error)
-	db     *store.DB
-	rec    envelope.Recorder
-	sealer Sealer
-	clock  clock.Clock
-	log    *slog.Logger
+	db         *store.DB
+	rec        envelope.Recorder
+	sealer     Sealer
+	clock      clock.Clock
+	log        *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
