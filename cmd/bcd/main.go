@@ -121,11 +121,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		rd = ramdisk.New(rcfg)
 		log = slog.New(slog.NewTextHandler(io.MultiWriter(stderr, logs), &slog.HandlerOptions{Level: logLevel(o.logLevel)}))
 	}
+	if mode == agentv1.AgentMode_AGENT_MODE_SITE {
+		// A site agent runs no allocations: no cgroups to enforce with.
+		o.cgroupRoot = filepath.Join(o.stateDir, "cgroup")
+	}
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
 	}
-	fakeHW := strings.HasPrefix(o.hardware, "fake:") || rd != nil
+	fakeHW := strings.HasPrefix(o.hardware, "fake:") || rd != nil || mode == agentv1.AgentMode_AGENT_MODE_SITE
 	if !fakeHW {
 		if err := cgroups.CheckRoot(o.cgroupRoot); err != nil {
 			if backend != nil {
