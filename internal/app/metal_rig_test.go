@@ -192,6 +192,9 @@ func TestRigLifecycle(t *testing.T) {
 			"-device", "virtio-net-pci,netdev=n0,mac=" + mac,
 			"-drive", "file=" + d + ",if=virtio,format=raw,discard=unmap",
 			"-boot", "order=n",
+			// SeaBIOS mirrors its and the iPXE ROM's output to the serial
+			// console: the log shows a PXE boot's DHCP and script.
+			"-fw_cfg", "name=etc/sercon-port,string=0x3f8",
 			"-smbios", fmt.Sprintf("type=1,manufacturer=BetterCompute,product=rig,serial=RIG-%d-%d,uuid=6b1c0e2a-0000-4000-8000-%012d", os.Getpid(), n, n),
 			"-smbios", fmt.Sprintf("type=2,serial=RIGBOARD-%d-%d", os.Getpid(), n)}
 	}
@@ -366,14 +369,19 @@ func (r *metalRig) lifecycle(cp *bctest.ControlPlane, name string, loop int) boo
 			return nil, false
 		}
 		var m *apiv1.Machine
-		bctest.WaitFor(t, tag+" "+op+" to end", func() bool {
-			res, err := admin.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "acme", Machine: name}))
-			if err != nil {
-				return false
+		deadline := time.Now().Add(rigPhaseLimit)
+		for m.GetWorkflowId() != "" || m == nil {
+			if time.Now().After(deadline) {
+				t.Errorf("%s %s: still %s after %v (step logs: machines get); consoles under %s", tag, op, m.GetState(), rigPhaseLimit, r.work)
+				r.consoles()
+				return m, false
 			}
-			m = res.Msg.GetMachine()
-			return m.GetWorkflowId() == ""
-		})
+			time.Sleep(250 * time.Millisecond)
+			res, err := admin.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "acme", Machine: name}))
+			if err == nil {
+				m = res.Msg.GetMachine()
+			}
+		}
 		if m.GetState() != want {
 			t.Errorf("%s %s ended %s, want %s: step %s: %s\n%s", tag, op, m.GetState(), want, m.GetFailedStep(), m.GetFailureReason(), m.GetFailureLogs())
 			return m, false
@@ -435,6 +443,21 @@ func (r *metalRig) lifecycle(cp *bctest.ControlPlane, name string, loop int) boo
 		return false
 	}
 	return true
+}
+
+// rigPhaseLimit bounds one phase (a commission, a deploy, a release) so a
+// machine stuck at boot fails the test with its consoles instead of
+// running into go test's timeout. On TCG a phase takes 30–80 s.
+const rigPhaseLimit = 8 * time.Minute
+
+// consoles logs the tail of each VM's serial console.
+func (r *metalRig) consoles() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range []int{1, 2} {
+		b, _ := os.ReadFile(filepath.Join(r.work, fmt.Sprintf("console%d.log", n)))
+		r.t.Logf("m%d console (tail):\n%s", n, tail(string(b), 4000))
+	}
 }
 
 // attested: the machine shows a wipe record the control plane verified.

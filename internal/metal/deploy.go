@@ -82,7 +82,7 @@ func (r *Runtime) ImageFetchHandler(open func(sha string) (*os.File, error)) htt
 			return
 		}
 		raw, err := base64.RawURLEncoding.DecodeString(req.URL.Query().Get("token"))
-		if err != nil || r.sealer == nil {
+		if err != nil || len(raw) == 0 || r.sealer == nil {
 			http.Error(w, "a fetch token is required", http.StatusUnauthorized)
 			return
 		}
@@ -124,11 +124,21 @@ func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, imageI
 		}
 		return nil, err
 	}
-	tok, err := r.imageFetchToken(siteID, sha)
+	fetch, err := r.ImageFetchURL(siteID, sha)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"sha256": sha, "fetch": ImageFetchPath + sha + "?token=" + tok}, nil
+	return map[string]any{"sha256": sha, "fetch": fetch}, nil
+}
+
+// ImageFetchURL is the path (with its capability) site siteID fetches blob
+// sha from: ImageFetchPath + sha + "?token=...".
+func (r *Runtime) ImageFetchURL(siteID, sha string) (string, error) {
+	tok, err := r.imageFetchToken(siteID, sha)
+	if err != nil {
+		return "", err
+	}
+	return ImageFetchPath + sha + "?token=" + tok, nil
 }
 
 // bootDisk is the disk a deploy writes: the first disk the machine's

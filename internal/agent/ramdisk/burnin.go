@@ -17,9 +17,9 @@ const (
 	burnInMemory  = 64 << 20
 )
 
-// burnInCommand is a bounded health pass: hash on every CPU's worth of
-// work, write and verify a memory pattern, and read the machine's disks
-// end to end (or until the time is up). A disk read error or a memory
+// burnInCommand is a bounded health pass: read the machine's disks end to
+// end (a third of the time each at most), write and verify a memory
+// pattern, and hash on the CPU until the time is up. A disk read error or a memory
 // mismatch fails it.
 //
 // Params: enabled (false: skipped), duration_seconds (default 30, at most
@@ -52,18 +52,6 @@ func (r *Ramdisk) burnInCommand(ctx context.Context, params map[string]any) (map
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 
-	// Memory: a pattern written and read back, twice inverted.
-	mem := make([]byte, burnInMemory)
-	for _, pat := range []byte{0x55, 0xaa} {
-		for i := range mem {
-			mem[i] = pat ^ byte(i)
-		}
-		for i := range mem {
-			if mem[i] != pat^byte(i) {
-				return nil, fmt.Errorf("burn-in: memory mismatch at offset %d", i)
-			}
-		}
-	}
 	// Disks: sequential reads, a third of the time each at most.
 	var read int64
 	buf := make([]byte, 1<<20)
@@ -87,6 +75,18 @@ func (r *Ramdisk) burnInCommand(ctx context.Context, params map[string]any) (map
 		}
 		dcancel()
 		_ = dst.f.Close()
+	}
+	// Memory: a pattern written and read back, twice inverted.
+	mem := make([]byte, burnInMemory)
+	for _, pat := range []byte{0x55, 0xaa} {
+		for i := range mem {
+			mem[i] = pat ^ byte(i)
+		}
+		for i := range mem {
+			if mem[i] != pat^byte(i) {
+				return nil, fmt.Errorf("burn-in: memory mismatch at offset %d", i)
+			}
+		}
 	}
 	// CPU: hash until the time is up.
 	var hashed int64

@@ -85,7 +85,7 @@ func TestBurnIn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, true, out["skipped"])
 	path := dirtyDisk(t, 4<<20)
-	out, err = rd.Apply(context.Background(), ramdisk.KindBurnIn, map[string]any{"enabled": true, "duration_seconds": float64(1),
+	out, err = rd.Apply(context.Background(), ramdisk.KindBurnIn, map[string]any{"enabled": true, "duration_seconds": float64(2),
 		"devices": []any{path}}, id)
 	require.NoError(t, err)
 	require.Equal(t, true, out["passed"])
