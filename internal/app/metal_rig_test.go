@@ -127,6 +127,23 @@ func TestRigLifecycle(t *testing.T) {
 	cp := bctest.NewControlPlane(t, func(c *app.Config) {
 		c.GatewayListen, c.GatewayHosts = pfx+"1:0", []string{pfx + "1"}
 	})
+	dumpSteps(t, cp)
+	// The rig runs in real time: ramdisks boot on the wall clock, and a
+	// step's retry backoff must elapse.
+	ticking := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ticking:
+				return
+			case <-tick.C:
+				cp.Clock.Set(time.Now())
+			}
+		}
+	}()
+	t.Cleanup(func() { close(ticking) })
 	apiLn, err := net.Listen("tcp", pfx+"1:0")
 	require.NoError(t, err)
 	api := &http.Server{Handler: cp.App.Handler, ReadHeaderTimeout: 10 * time.Second}

@@ -265,6 +265,31 @@ func (r *Runtime) NodeReported(ctx context.Context, tx store.Tx, nodeID string) 
 	return err
 }
 
+// osJoinedTx ends a deploy's os-joined step when its OS already joined and
+// reported before the step began to await it (the boot-disk step's result
+// can reach the control plane after the OS's first report): called once
+// the step before it completed, in that transaction.
+func (r *Runtime) osJoinedTx(ctx context.Context, tx store.Tx, machineID string) error {
+	ids, err := deployedNodes(ctx, tx, machineID)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		var state, digest string
+		err := tx.QueryRow(ctx, `SELECT state, inventory_digest FROM nodes WHERE id = $1`, id).Scan(&state, &digest)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if state != "retired" && digest != "" {
+			return r.NodeReported(ctx, tx, id)
+		}
+	}
+	return nil
+}
+
 // deployedNodes are the nodes a machine's deploys joined as: a wipe ends
 // them (their OS is gone).
 func deployedNodes(ctx context.Context, q store.Querier, machineID string) ([]string, error) {

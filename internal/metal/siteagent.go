@@ -518,7 +518,14 @@ func (s *SiteCommands) SiteCommandEnded(ctx context.Context, tx store.Tx, c flee
 	if errors.As(err, &ee) && ee.Code == envelope.CodeNotFound {
 		return nil // the workflow is gone
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if boot, _ := o.Result.Output["boot"].(string); boot == BootDisk && o.Status == provision.OutcomeSucceeded {
+		// The OS may have joined before this result arrived.
+		return s.r.osJoinedTx(ctx, tx, d.MachineID)
+	}
+	return nil
 }
 
 // ResolveSite resolves a site of a tenant by name or id for a site token
