@@ -232,7 +232,7 @@ func machineOfNode(ctx context.Context, q store.Querier, nodeID string) (string,
 	}
 	var l map[string]string
 	if err := json.Unmarshal([]byte(cmp.Or(labels, "{}")), &l); err != nil {
-		return "", nil
+		return "", fmt.Errorf("join token of node %s: labels: %w", nodeID, err)
 	}
 	return l[MachineLabel], nil
 }
