@@ -101,7 +101,6 @@ func TestRamdiskDeploy(t *testing.T) {
 		slot = b[100*512 : 100*512+ramdisk.SlotSize]
 		return bytes.Contains(slot, []byte("BCD_JOIN_TOKEN="))
 	})
-	stop()
 	tok := regexp.MustCompile(`BCD_JOIN_TOKEN='([^']+)'`).FindSubmatch(slot)
 	require.NotNil(t, tok, "%s", slot)
 	require.Contains(t, string(slot), "BCD_SERVER='"+f.cp.GatewayAddr+"'")
@@ -120,6 +119,7 @@ func TestRamdiskDeploy(t *testing.T) {
 	bctest.WaitFor(t, "the deploy to await the OS", func() bool {
 		return f.count(t, `SELECT COUNT(*) FROM provision_steps WHERE name = 'os-joined' AND state = 'awaiting'`) == 1
 	})
+	stop() // the ramdisk reported its last command: the machine reboots
 	osRoot := t.TempDir()
 	for rel, v := range map[string]string{"sys/class/dmi/id/product_uuid": "0c1d2e3f-0000-4000-8000-000000000001",
 		"sys/class/dmi/id/product_serial": "DEPLOYED-1", "sys/class/dmi/id/board_serial": "DEPLOYEDBOARD-1", "proc/sys/kernel/hostname": "m1",
