@@ -65,7 +65,9 @@ func TestRamdiskDeploy(t *testing.T) {
 				ImagesURL: site.URL, Server: f.cp.GatewayAddr}),
 		})
 		require.NoError(t, err)
-		require.NoError(t, rd.Join(ctx, token))
+		// The gateway answers "retry later" while the boot's step is still
+		// being recorded (or SQLite is busy): bcd retries, so does this.
+		bctest.WaitFor(t, "the ramdisk to join", func() bool { return rd.Join(ctx, token) == nil })
 		runCtx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- rd.Run(runCtx) }()
@@ -132,7 +134,7 @@ func TestRamdiskDeploy(t *testing.T) {
 		PlainCgroupDir: true, Version: "os-test", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second})
 	require.NoError(t, err)
-	require.NoError(t, node.Join(ctx, string(tok[1])))
+	bctest.WaitFor(t, "the deployed OS to join", func() bool { return node.Join(ctx, string(tok[1])) == nil })
 	runCtx, stopNode := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- node.Run(runCtx) }()
@@ -190,7 +192,9 @@ func TestRamdiskDeployRefusesAnImageWithoutASlot(t *testing.T) {
 				ImagesURL: site.URL, Server: f.cp.GatewayAddr}),
 		})
 		require.NoError(t, err)
-		require.NoError(t, rd.Join(ctx, token))
+		// The gateway answers "retry later" while the boot's step is still
+		// being recorded (or SQLite is busy): bcd retries, so does this.
+		bctest.WaitFor(t, "the ramdisk to join", func() bool { return rd.Join(ctx, token) == nil })
 		runCtx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- rd.Run(runCtx) }()
