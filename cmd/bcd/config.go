@@ -50,6 +50,7 @@ type siteOptions struct {
 	iface, dhcpMode, serverIP, subnet, rangeSpec, router string
 	bootDir, filesDir, cacheDir, httpListen              string
 	kernel, initrd, cmdline                              string
+	controlPlaneURL                                      string
 }
 
 func (o *options) register(fs *flag.FlagSet) {
@@ -92,6 +93,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.inst.bridgeAddress, "instance-bridge-address", "", "with --instances-dir: address/prefix given to a bridge bcd creates (the guests' gateway)")
 	fs.StringVar(&o.inst.netns, "instance-netns", "", "with --instances-dir: named network namespace holding the bridge and taps (default the host's)")
 	fs.StringVar(&o.inst.accel, "instance-accel", "", "with --instances-dir: kvm or tcg; empty probes KVM by booting and falls back to TCG")
+	fs.StringVar(&o.site.controlPlaneURL, "site-control-plane-url", "", "site mode: the control plane's HTTP API URL, where deploying machines' images are fetched into the site's cache")
 }
 
 // fileConfig is the config file; keys are the flag names with underscores.
@@ -120,6 +122,7 @@ type fileConfig struct {
 	SiteHTTPListen    string `toml:"site_http_listen" yaml:"site_http_listen"`
 	SiteRamdiskKernel string `toml:"site_ramdisk_kernel" yaml:"site_ramdisk_kernel"`
 	SiteRamdiskInitrd string `toml:"site_ramdisk_initrd" yaml:"site_ramdisk_initrd"`
+	SiteControlPlane  string `toml:"site_control_plane_url" yaml:"site_control_plane_url"`
 	SiteRamdiskCmd    string `toml:"site_ramdisk_cmdline" yaml:"site_ramdisk_cmdline"`
 
 	InstancesDir          string `toml:"instances_dir" yaml:"instances_dir"`
@@ -201,6 +204,7 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("instance-bridge-address", &o.inst.bridgeAddress, fc.InstanceBridgeAddress)
 	pick("instance-netns", &o.inst.netns, fc.InstanceNetNS)
 	pick("instance-accel", &o.inst.accel, fc.InstanceAccel)
+	pick("site-control-plane-url", &o.site.controlPlaneURL, fc.SiteControlPlane)
 }
 
 func (o *options) validate() error {

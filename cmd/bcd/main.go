@@ -32,6 +32,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hypervisor"
 	"github.com/better-compute/better-compute/internal/agent/netpolicy"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
+	"github.com/better-compute/better-compute/internal/agent/site"
 	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
 )
@@ -112,7 +113,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		// The ramdisk reads its hardware from sysfs and runs no
 		// allocations: no GPU library, no cgroups.
 		o.hardware, o.cgroupRoot = "none", filepath.Join(o.stateDir, "cgroup")
-		rcfg := ramdisk.Config{SysfsRoot: o.sysfsRoot, SpoolDir: o.spoolDir, Logs: logs.String}
+		rcfg := ramdisk.Config{SysfsRoot: o.sysfsRoot, SpoolDir: o.spoolDir, Logs: logs.String,
+			ImagesURL: boot.Images, Server: o.server}
 		if o.imageKeys != "" {
 			if rcfg.TrustedImageKeys, err = ramdisk.LoadTrustedKeys(o.imageKeys); err != nil {
 				return fmt.Errorf("--trusted-image-keys: %w", err)
@@ -121,11 +123,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		rd = ramdisk.New(rcfg)
 		log = slog.New(slog.NewTextHandler(io.MultiWriter(stderr, logs), &slog.HandlerOptions{Level: logLevel(o.logLevel)}))
 	}
+	if mode == agentv1.AgentMode_AGENT_MODE_SITE {
+		// A site agent runs no allocations: no cgroups to enforce with.
+		o.cgroupRoot = filepath.Join(o.stateDir, "cgroup")
+	}
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
 	}
-	fakeHW := strings.HasPrefix(o.hardware, "fake:") || rd != nil
+	fakeHW := strings.HasPrefix(o.hardware, "fake:") || rd != nil || mode == agentv1.AgentMode_AGENT_MODE_SITE
 	if !fakeHW {
 		if err := cgroups.CheckRoot(o.cgroupRoot); err != nil {
 			if backend != nil {
@@ -250,6 +256,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return err
 		}
 		defer func() { _ = srv.Close() }()
+		if sa, ok := handler.(*site.Agent); ok {
+			sa.SetPrefetch(srv.Prefetch)
+		}
 	}
 	log.Info("bcd running", "node_id", a.NodeID(), "server", o.server, "version", version)
 	// On SIGTERM (or SIGINT) Run says goodbye to the gateway, which marks

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"net/url"
 	"path/filepath"
 	"strings"
 
@@ -47,11 +49,25 @@ func (o *options) siteServices(log *slog.Logger) (*site.Agent, pxe.Config, error
 	default:
 		return nil, pxe.Config{}, fmt.Errorf("--site-dhcp %q: want proxy or full", s.dhcpMode)
 	}
+	_, port, err := net.SplitHostPort(s.httpListen)
+	if err != nil {
+		return nil, pxe.Config{}, fmt.Errorf("--site-http-listen %q: want [HOST]:PORT", s.httpListen)
+	}
+	if s.controlPlaneURL != "" {
+		if u, err := url.Parse(s.controlPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, pxe.Config{}, fmt.Errorf("--site-control-plane-url %q: want the control plane's http(s):// API URL", s.controlPlaneURL)
+		}
+	}
 	a, err := site.New(site.Config{StateDir: o.stateDir, Logger: log,
-		Ramdisk: pxe.Ramdisk{Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline}})
+		Ramdisk:         pxe.Ramdisk{Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline},
+		ImagesURL:       "http://" + net.JoinHostPort(cfg.ServerIP.String(), port) + "/files/sha256",
+		ControlPlaneURL: s.controlPlaneURL})
 	if err != nil {
 		return nil, pxe.Config{}, err
 	}
 	cfg.Decider = a
+	// Images come through from the control plane, only for a machine of
+	// the site that deploys them.
+	cfg.Upstream = a.FetchImage
 	return a, cfg, nil
 }

@@ -119,6 +119,8 @@ for a in \$(cat /proc/cmdline); do
 done
 boot=\$(findfs LABEL=BCBOOT 2>/dev/null)
 if [ -n "\$boot" ] && mount -t vfat -o ro "\$boot" /boot && [ -f /boot/bcd.env ]; then
+	# The deploy wrote BCD_SERVER and BCD_JOIN_TOKEN into this slot;
+	# never echo it (the token is a secret).
 	. /boot/bcd.env
 fi
 ip link set lo up
@@ -161,7 +163,17 @@ LABEL bcd
   APPEND console=tty0 console=ttyS0,115200n8 quiet
 EOF
 cp "$vmlinuz" "$work/vmlinuz"
-touch -d "@$SOURCE_DATE_EPOCH" "$work/vmlinuz" "$work/initrd.img" "$work/syslinux.cfg"
+# bcd.env is the config slot the deploy's machine.configure step rewrites
+# in place (internal/agent/ramdisk/configure.go): 2048 bytes starting on a
+# sector, a marker line first and last, a shell comment between. Copied
+# last onto a fresh file system, its clusters are contiguous.
+{
+	printf '# bcd-config-slot v1\n#'
+	printf '%*s' 2000 ''
+	printf '\n# end of bcd-config-slot\n'
+} >"$work/bcd.env"
+[[ $(stat -c %s "$work/bcd.env") -eq 2048 ]] || { echo "build-sample: bcd.env slot is not 2048 bytes" >&2; exit 1; }
+touch -d "@$SOURCE_DATE_EPOCH" "$work/vmlinuz" "$work/initrd.img" "$work/syslinux.cfg" "$work/bcd.env"
 kb=$(( ( $(stat -c %s "$work/vmlinuz") + $(stat -c %s "$initrd") ) / 1024 + 8192 ))
 part_mib=$(( kb / 1024 + 8 ))
 [[ $part_mib -ge 40 ]] || part_mib=40 # FAT32 wants at least ~33 MiB
@@ -169,7 +181,7 @@ part="$work/part.img"
 truncate -s "${part_mib}M" "$part"
 mkfs.fat -F 32 -n BCBOOT -i 42434d50 --invariant "$part" >/dev/null 2>&1 || mkfs.fat -F 32 -n BCBOOT -i 42434d50 "$part" >/dev/null
 export MTOOLS_SKIP_CHECK=1
-mcopy -m -i "$part" "$work/vmlinuz" "$work/initrd.img" "$work/syslinux.cfg" ::/
+mcopy -m -i "$part" "$work/vmlinuz" "$work/initrd.img" "$work/syslinux.cfg" "$work/bcd.env" ::/
 syslinux --install "$part"
 
 # The disk: an MBR with one bootable FAT32 (LBA) partition at 1 MiB.

@@ -514,11 +514,15 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 		cfg.DiscoveryPin = a.PKI.Pin
 	}
 	cfg.RamdiskEnded = retireRamdiskNodes(a.recorder, a.DB.Clock())
+	if a.PKI != nil {
+		cfg.NodeTokens = deployNodeTokens(joinTokenSealer{a.PKI}, a.recorder, a.DB.Clock())
+	}
 	rt, err := metal.NewRuntime(cfg)
 	if err != nil {
 		return nil, err
 	}
-	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway}
+	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway, rt: rt}
+	a.fleetHooks.metal = rt
 	a.discovery.rt = rt
 	return rt, nil
 }
@@ -573,10 +577,13 @@ func (l *lateSites) SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.C
 }
 
 // lateHooks hands the gateway capacity's hooks, which are built after it,
-// and the instance service's, which follow capacity's.
+// and the instance service's, which follow capacity's. A deployed
+// machine's node reporting its inventory also ends its deploy
+// (metal.Runtime.NodeReported).
 type lateHooks struct {
 	h         gateway.Hooks
 	instances *vps.InstanceService
+	metal     *metal.Runtime
 }
 
 // commandDone tells the instance service of each command that ends, after
@@ -600,6 +607,11 @@ func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fle
 }
 
 func (l *lateHooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	if l.metal != nil {
+		if err := l.metal.NodeReported(ctx, tx, nodeID); err != nil {
+			return err
+		}
+	}
 	if l.h == nil {
 		return nil
 	}

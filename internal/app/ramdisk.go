@@ -54,26 +54,12 @@ const stepKeyPrefix = "step:"
 type ramdiskCommands struct {
 	db     *store.DB
 	notify fleet.CommandNotifier
-}
-
-func stepCommandParams(t metal.Target, run provision.StepRun) (string, error) {
-	params := map[string]any{}
-	if run.Kind == metal.KindDiskWipe {
-		// The signed record names them, so it cannot be replayed onto
-		// another machine or a later wipe.
-		params["machine_id"], params["workflow_id"] = t.MachineID, run.WorkflowID
-	}
-	b, err := json.Marshal(params)
-	return string(b), err
+	rt     *metal.Runtime
 }
 
 func (r *ramdiskCommands) Dispatch(ctx context.Context, t metal.Target, nodeID string, run provision.StepRun) (provision.Dispatched, error) {
-	params, err := stepCommandParams(t, run)
-	if err != nil {
-		return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
-	}
 	var cmd fleet.Command
-	err = r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+	err := r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		n, err := fleet.NodeGet(ctx, tx, "", nodeID)
 		if err != nil {
 			return err
@@ -81,6 +67,27 @@ func (r *ramdiskCommands) Dispatch(ctx context.Context, t metal.Target, nodeID s
 		if n.State == fleet.NodeRetired {
 			return fmt.Errorf("%w: ramdisk node %s is retired", provision.ErrNotDispatched, n.Name)
 		}
+		key := stepKeyPrefix + run.IdempotencyKey
+		if c, err := fleet.CommandByKey(ctx, tx, nodeID, key); err == nil {
+			// A repeated dispatch: the command is already there, and no
+			// second join token is minted for it.
+			if c.State == fleet.CommandCanceled {
+				return fmt.Errorf("%w: key %s is fenced", provision.ErrNotDispatched, run.IdempotencyKey)
+			}
+			cmd = c
+			return nil
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		p, err := r.rt.RamdiskStepParams(ctx, tx, run, nodeID)
+		if err != nil {
+			return fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+		b, err := json.Marshal(p)
+		if err != nil {
+			return fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+		params := string(b)
 		now := r.db.Clock().Now()
 		deadline := run.Deadline
 		if deadline.IsZero() {
@@ -223,5 +230,35 @@ func retireRamdiskNodes(rec envelope.Recorder, clk clock.Clock) func(ctx context
 			}
 		}
 		return nil
+	}
+}
+
+// deployNodeTokens mints a deploy's node join token: a join_tokens row of
+// role node in the machine's tenant, labelled with the machine, created by
+// the lifecycle, and the sealed token, which goes only into the configure
+// command (sealed again, to the ramdisk's key) — never into a log or a row.
+func deployNodeTokens(sealer fleet.TokenSealer, rec envelope.Recorder, clk clock.Clock) func(ctx context.Context, tx store.Tx, req metal.NodeTokenRequest) (string, error) {
+	return func(ctx context.Context, tx store.Tx, req metal.NodeTokenRequest) (string, error) {
+		now := clk.Now()
+		labels := map[string]string{metal.MachineLabel: req.MachineID}
+		b, err := json.Marshal(labels)
+		if err != nil {
+			return "", err
+		}
+		jt := fleet.JoinToken{ID: envelope.NewID(fleet.JoinTokenIDPrefix, now), TenantID: req.TenantID, Labels: string(b),
+			CreatedBy: "system:metal", CreateTime: now, ExpireTime: now.Add(req.TTL), Role: fleet.RoleNode}
+		if err := fleet.JoinTokenInsert(ctx, tx, &jt); err != nil {
+			return "", err
+		}
+		token, err := sealer.SealJoinToken(fleet.JoinClaims{TokenID: jt.ID, TenantID: jt.TenantID, Labels: labels, ExpiresAt: jt.ExpireTime})
+		if err != nil {
+			return "", err
+		}
+		if err := rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "jointoken.created", TenantID: jt.TenantID, ResourceType: "JoinToken",
+			ResourceID: jt.ID, Time: now, Data: map[string]any{"role": jt.Role, "machine_id": req.MachineID, "workflow_id": req.WorkflowID,
+				"expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}}}); err != nil {
+			return "", err
+		}
+		return token, nil
 	}
 }

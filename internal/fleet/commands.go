@@ -500,12 +500,16 @@ const (
 	KindDiskWipe    = "disk.wipe"
 	KindImageWrite  = "image.write"
 	KindLogsCollect = "logs.collect"
+	// KindConfigure writes the deployed OS's join settings onto its disk;
+	// KindBurnIn is the commissioning health pass.
+	KindConfigure = "machine.configure"
+	KindBurnIn    = "burnin.run"
 )
 
 // RamdiskCommandKinds are all a ramdisk node runs; the ones besides
 // inventory.refresh are ramdisk-only: a node never gets them (a disk.wipe
 // on a host that runs tenants' work would destroy it).
-var RamdiskCommandKinds = []string{KindInventoryRefresh, KindDiskWipe, KindImageWrite, KindLogsCollect}
+var RamdiskCommandKinds = []string{KindInventoryRefresh, KindDiskWipe, KindImageWrite, KindConfigure, KindBurnIn, KindLogsCollect}
 
 // CommandFailWrongRole is the failure code of a command the gateway failed
 // because its kind is not for the role of the node's certificate.

@@ -205,9 +205,9 @@ type RamdiskAgent interface {
 }
 
 // RamdiskKinds are the step kinds a RamdiskAgent runs on the machine's
-// ramdisk; the others (power, burn-in, configure, and the image write until
-// sites serve images to ramdisks) stay with the site agent.
-var RamdiskKinds = []string{KindInventory, KindDiskWipe}
+// ramdisk (the image write fetches from the site's cache); the power steps
+// stay with the site agent.
+var RamdiskKinds = []string{KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure}
 
 // Agents holds the site agents connected to this replica, by site id, and
 // the one for every other site: the gateway-backed SiteCommands, which
@@ -275,6 +275,11 @@ type Config struct {
 	// workflow ends, in the workflow's transaction: a ramdisk's identity
 	// lives for one boot.
 	RamdiskEnded func(ctx context.Context, tx store.Tx, nodeIDs []string) error
+	// NodeTokens mints a deploy's single-use node join token, in the
+	// transaction that queues machine.configure: role node, labelled
+	// MachineLabel, created_by "system:metal". Nil: a deploy through a
+	// joined ramdisk cannot configure the OS to join.
+	NodeTokens func(ctx context.Context, tx store.Tx, req NodeTokenRequest) (string, error)
 }
 
 // Runtime is the machine lifecycle: the provision engine with the machine
@@ -289,14 +294,15 @@ type Runtime struct {
 	Ramdisk RamdiskAgent
 	// Sites reaches bcd site agents through the gateway (the app hands it
 	// to the gateway as its site hooks).
-	Sites  *SiteCommands
-	pin    func() string
-	ended  func(ctx context.Context, tx store.Tx, nodeIDs []string) error
-	db     *store.DB
-	rec    envelope.Recorder
-	sealer Sealer
-	clock  clock.Clock
-	log    *slog.Logger
+	Sites      *SiteCommands
+	pin        func() string
+	ended      func(ctx context.Context, tx store.Tx, nodeIDs []string) error
+	nodeTokens func(ctx context.Context, tx store.Tx, req NodeTokenRequest) (string, error)
+	db         *store.DB
+	rec        envelope.Recorder
+	sealer     Sealer
+	clock      clock.Clock
+	log        *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
@@ -304,7 +310,7 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("metal: DB is required")
 	}
-	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, ended: cfg.RamdiskEnded, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
+	r := &Runtime{Agents: &Agents{}, pin: cfg.DiscoveryPin, ended: cfg.RamdiskEnded, nodeTokens: cfg.NodeTokens, db: cfg.DB, rec: cfg.Recorder, sealer: cfg.Sealer,
 		clock: cmp.Or[clock.Clock](cfg.Clock, cfg.DB.Clock()), log: cmp.Or(cfg.Logger, slog.Default())}
 	r.Sites = &SiteCommands{r: r, ttl: cmp.Or(cfg.BootLeaseTTL, DefaultBootLeaseTTL)}
 	r.Agents.remote = r.Sites
@@ -556,11 +562,20 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 	if err != nil {
 		return err
 	}
+	op := w.Profile
 	// The ramdisk boot is over: its discovery tokens go, and the nodes
 	// its ramdisks joined as are retired.
 	nodes, err := ramdiskNodes(ctx, tx, m.ID)
 	if err != nil {
 		return err
+	}
+	if w.State == provision.WorkflowSucceeded && (op == OpRelease || op == OpCommission) {
+		// The wipe took the deployed OS: the nodes it joined as go too.
+		osNodes, err := deployedNodes(ctx, tx, m.ID)
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, osNodes...)
 	}
 	if len(nodes) > 0 && r.ended != nil {
 		if err := r.ended(ctx, tx, nodes); err != nil {
@@ -590,7 +605,6 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 			failedLogs = cmp.Or(s.Logs, s.Error)
 		}
 	}
-	op := w.Profile
 	m.WorkflowID, m.Operation, m.UpdateTime = "", "", now
 	if powerOp(op) {
 		// A power action changes nothing of the lifecycle: the machine

@@ -152,8 +152,19 @@ func (s *SiteCommands) pushMachines(ctx context.Context, tx store.Tx, l BootLeas
 	}
 	list := make([]any, 0, len(ms))
 	for _, m := range ms {
-		list = append(list, map[string]any{"id": m.ID, "name": m.Name, "mac": m.MAC, "bmc_driver": m.BMCDriver,
-			"bmc_address": m.BMCAddress, "state": string(m.State), "boot": m.Boot})
+		e := map[string]any{"id": m.ID, "name": m.Name, "mac": m.MAC, "bmc_driver": m.BMCDriver,
+			"bmc_address": m.BMCAddress, "state": string(m.State), "boot": m.Boot}
+		if m.State == StateDeploying && m.ImageID != "" {
+			// The site caches the image while the ramdisk boots.
+			img, err := s.r.siteImage(ctx, tx, l.SiteID, m.ImageID)
+			if err != nil {
+				return err
+			}
+			if img != nil {
+				e["image"] = img
+			}
+		}
+		list = append(list, e)
 	}
 	_, err = s.insert(ctx, tx, l, CommandSiteMachines, "", map[string]any{"epoch": l.Epoch, "site_id": l.SiteID, "machines": list}, time.Time{})
 	return err
@@ -507,7 +518,14 @@ func (s *SiteCommands) SiteCommandEnded(ctx context.Context, tx store.Tx, c flee
 	if errors.As(err, &ee) && ee.Code == envelope.CodeNotFound {
 		return nil // the workflow is gone
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if boot, _ := o.Result.Output["boot"].(string); boot == BootDisk && o.Status == provision.OutcomeSucceeded {
+		// The OS may have joined before this result arrived.
+		return s.r.osJoinedTx(ctx, tx, d.MachineID)
+	}
+	return nil
 }
 
 // ResolveSite resolves a site of a tenant by name or id for a site token

@@ -118,12 +118,13 @@ type SiteMachine struct {
 	BMCAddress string
 	State      State
 	Boot       string
+	ImageID    string
 }
 
 // SiteMachines lists a site's machines that are not retired, with the
 // boot of each (BootDisk for one never power-cycled into another).
 func SiteMachines(ctx context.Context, q store.Querier, siteID string) ([]SiteMachine, error) {
-	rows, err := q.Query(ctx, `SELECT m.id, m.name, m.mac, m.bmc_driver, m.bmc_address, m.state, COALESCE(b.boot, $2)
+	rows, err := q.Query(ctx, `SELECT m.id, m.name, m.mac, m.bmc_driver, m.bmc_address, m.state, COALESCE(b.boot, $2), m.image_id
 		FROM machines m LEFT JOIN site_machine_boots b ON b.machine_id = m.id
 		WHERE m.site_id = $1 AND m.state <> 'retired' ORDER BY m.id`, siteID, BootDisk)
 	if err != nil {
@@ -133,7 +134,7 @@ func SiteMachines(ctx context.Context, q store.Querier, siteID string) ([]SiteMa
 	var out []SiteMachine
 	for rows.Next() {
 		var m SiteMachine
-		if err := rows.Scan(&m.ID, &m.Name, &m.MAC, &m.BMCDriver, &m.BMCAddress, &m.State, &m.Boot); err != nil {
+		if err := rows.Scan(&m.ID, &m.Name, &m.MAC, &m.BMCDriver, &m.BMCAddress, &m.State, &m.Boot, &m.ImageID); err != nil {
 			return nil, err
 		}
 		out = append(out, m)

@@ -13,6 +13,9 @@ const (
 	ArgServer = "bc.server"
 	// ArgPin is the sha256 of the gateway's trust anchor (64 hex).
 	ArgPin = "bc.pin"
+	// ArgImages is the site's image cache URL (image.write's default
+	// source).
+	ArgImages = "bc.images"
 )
 
 // Boot is what the ramdisk reads from its kernel command line.
@@ -20,6 +23,7 @@ type Boot struct {
 	Token  string
 	Server string
 	Pin    string
+	Images string
 }
 
 // ParseCmdline reads the ramdisk's arguments from a kernel command line.
@@ -34,6 +38,8 @@ func ParseCmdline(cmdline string) (Boot, error) {
 			b.Server = v
 		case ArgPin:
 			b.Pin = v
+		case ArgImages:
+			b.Images = v
 		}
 	}
 	if b.Token == "" || b.Server == "" {

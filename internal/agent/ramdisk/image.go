@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/better-compute/better-compute/internal/imagesig"
 )
@@ -15,15 +16,25 @@ import (
 // imageCommand downloads an image to the spool, checks its size, sha256
 // and a signature by a trusted key, and only then writes it to the drive.
 //
-// Params: url, device, and the descriptor: name, kind, sha256, size_bytes,
-// signatures [{key_fingerprint, signature (base64)}].
+// Params: url (default: the site's image cache, Config.ImagesURL + "/" +
+// sha256), device, trusted_keys (PEM public keys the control plane's signer
+// allowlist holds for this image, besides Config.TrustedImageKeys), and the
+// descriptor: name, kind, sha256, size_bytes, signatures
+// [{key_fingerprint, signature (base64)}].
 func (r *Ramdisk) imageCommand(ctx context.Context, params map[string]any) (map[string]any, error) {
+	if paramString(params, "url") == "" && r.cfg.ImagesURL != "" && imagesig.ValidDigest(paramString(params, "sha256")) {
+		params["url"] = strings.TrimSuffix(r.cfg.ImagesURL, "/") + "/" + paramString(params, "sha256")
+	}
 	d, url, device, err := imageParams(params)
 	if err != nil {
 		return nil, err
 	}
+	trusted, err := r.trustedKeys(params)
+	if err != nil {
+		return nil, err
+	}
 	// A signature that cannot verify fails before anything is downloaded.
-	if err := imagesig.VerifySignatures(d, r.cfg.TrustedImageKeys); err != nil {
+	if err := imagesig.VerifySignatures(d, trusted); err != nil {
 		return nil, fmt.Errorf("image %s: %w", d.Name, err)
 	}
 	dst, err := r.open(device)
@@ -52,7 +63,7 @@ func (r *Ramdisk) imageCommand(ctx context.Context, params map[string]any) (map[
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("download %s: %s", url, resp.Status)
 	}
-	if _, err := imagesig.CopyVerified(spool, resp.Body, d, r.cfg.TrustedImageKeys); err != nil {
+	if _, err := imagesig.CopyVerified(spool, resp.Body, d, trusted); err != nil {
 		return nil, fmt.Errorf("image %s: %w", d.Name, err)
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
@@ -65,7 +76,24 @@ func (r *Ramdisk) imageCommand(ctx context.Context, params map[string]any) (map[
 	if err := dst.f.Sync(); err != nil {
 		return nil, fmt.Errorf("sync %s: %w", device, err)
 	}
-	return map[string]any{"sha256": d.SHA256, "bytes": n, "device": device}, nil
+	return map[string]any{"sha256": d.SHA256, "bytes": n, "device": device, "source": url}, nil
+}
+
+// trustedKeys are the configured keys plus the PEM keys the command names.
+func (r *Ramdisk) trustedKeys(params map[string]any) ([]imagesig.PublicKey, error) {
+	pems, err := paramStrings(params, "trusted_keys")
+	if err != nil {
+		return nil, err
+	}
+	keys := append([]imagesig.PublicKey(nil), r.cfg.TrustedImageKeys...)
+	for i, p := range pems {
+		k, err := imagesig.ParsePublicKeyPEM([]byte(p))
+		if err != nil {
+			return nil, fmt.Errorf("%w: trusted_keys[%d]: %w", ErrInvalidParams, i, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }
 
 func imageParams(params map[string]any) (imagesig.Descriptor, string, string, error) {

@@ -31,11 +31,13 @@ const (
 	KindDiskWipe         = "disk.wipe"
 	KindImageWrite       = "image.write"
 	KindLogsCollect      = "logs.collect"
+	KindConfigure        = "machine.configure"
+	KindBurnIn           = "burnin.run"
 )
 
 // Kinds lists the ramdisk's command kinds.
 func Kinds() []string {
-	return []string{KindInventoryRefresh, KindDiskWipe, KindImageWrite, KindLogsCollect}
+	return []string{KindInventoryRefresh, KindDiskWipe, KindImageWrite, KindConfigure, KindBurnIn, KindLogsCollect}
 }
 
 // IsKind reports whether kind is a ramdisk kind.
@@ -60,6 +62,13 @@ type Config struct {
 	// TrustedImageKeys are the keys an image must be signed with; none
 	// means image.write refuses every image.
 	TrustedImageKeys []imagesig.PublicKey
+	// ImagesURL is where image.write fetches an image by digest when its
+	// command names no url: the site's cache (bc.images= on the kernel
+	// command line, "http://SITE/files/sha256").
+	ImagesURL string
+	// Server is the gateway's host:port this ramdisk joined (bc.server=);
+	// machine.configure hands it to the deployed OS unless told another.
+	Server string
 	// HTTP downloads images (default a client with a 1 h timeout).
 	HTTP *http.Client
 	// Samples is the number of random blocks read back after a wipe
@@ -108,6 +117,10 @@ func (r *Ramdisk) Apply(ctx context.Context, kind string, params map[string]any,
 		return r.wipeCommand(ctx, params, id)
 	case KindImageWrite:
 		return r.imageCommand(ctx, params)
+	case KindConfigure:
+		return r.configureCommand(params, id)
+	case KindBurnIn:
+		return r.burnInCommand(ctx, params)
 	case KindLogsCollect:
 		return r.collectLogs(), nil
 	}

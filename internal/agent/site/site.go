@@ -16,12 +16,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -74,6 +78,28 @@ type Config struct {
 	// BMC tunes the BMC drivers.
 	BMC    bmc.Options
 	Logger *slog.Logger
+	// ImagesURL is the site's own image cache as a ramdisk reaches it
+	// ("http://SITE/files/sha256"): it goes on the ramdisk's command line
+	// (bc.images=) as image.write's source.
+	ImagesURL string
+	// ControlPlaneURL is the control plane's HTTP API, where a deploying
+	// machine's image is fetched (metal.ImageFetchPath with the
+	// capability the machine list carries).
+	ControlPlaneURL string
+	// HTTP fetches images from the control plane (default: a client with a
+	// 1 h timeout).
+	HTTP *http.Client
+	// Prefetch, when set, warms the site's cache with a digest as soon as
+	// a deploying machine names it (pxe.Server.Prefetch).
+	Prefetch func(ctx context.Context, digest string) error
+}
+
+// MachineImage is the image a deploying machine is about to write: its
+// digest and the control plane path (with a fetch capability) it comes
+// from.
+type MachineImage struct {
+	SHA256 string `json:"sha256"`
+	Fetch  string `json:"fetch"`
 }
 
 // Machine is an enrolled machine of the site, as the control plane sent it.
@@ -85,6 +111,9 @@ type Machine struct {
 	BMCAddress string `json:"bmc_address"`
 	State      string `json:"state"`
 	Boot       string `json:"boot"`
+	// Image is set while the machine deploys. Its fetch path holds a
+	// capability: the state file is 0600.
+	Image *MachineImage `json:"image,omitempty"`
 }
 
 type keyRecord struct {
@@ -243,6 +272,21 @@ func (a *Agent) machines(c *agentv1.Command) (*structpb.Struct, error) {
 	a.indexLocked()
 	if err := a.saveLocked(); err != nil {
 		return nil, agent.CommandError(agent.FailPersist, err)
+	}
+	if prefetch := a.cfg.Prefetch; prefetch != nil {
+		for _, m := range p.Machines {
+			if m.Image != nil && validDigest(m.Image.SHA256) {
+				// The cache fetches while the machine's ramdisk boots;
+				// image.write's request waits on the same fetch.
+				go func(name, sha string) {
+					if err := prefetch(context.Background(), "sha256:"+sha); err != nil {
+						a.log.Warn("image prefetch failed; the ramdisk's request fetches again", "machine", name, "digest", "sha256:"+sha, "err", err)
+						return
+					}
+					a.log.Info("image cached", "machine", name, "digest", "sha256:"+sha)
+				}(m.Name, m.Image.SHA256)
+			}
+		}
 	}
 	return structpb.NewStruct(map[string]any{"machines": len(p.Machines), "epoch": p.Epoch})
 }
@@ -436,6 +480,9 @@ func (a *Agent) Decide(_ context.Context, req pxe.Request) (pxe.Boot, error) {
 			return nil, fmt.Errorf("machine %s should boot the %s, but no ramdisk kernel and initrd are configured", m.Name, m.Boot)
 		}
 		r.Cmdline = strings.TrimSpace(r.Cmdline + " bc.machine=" + m.ID)
+		if a.cfg.ImagesURL != "" {
+			r.Cmdline += " bc.images=" + a.cfg.ImagesURL
+		}
 		r.Token = token
 		if m.Boot == BootRescue {
 			r.Cmdline += " " + a.cfg.RescueArg
@@ -443,6 +490,70 @@ func (a *Agent) Decide(_ context.Context, req pxe.Request) (pxe.Boot, error) {
 		return r, nil
 	}
 	return pxe.LocalDisk{}, nil
+}
+
+// SetPrefetch hands the agent the cache warmer of the PXE server, which is
+// built after it (Config.Prefetch).
+func (a *Agent) SetPrefetch(fn func(ctx context.Context, digest string) error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.cfg.Prefetch = fn
+}
+
+// FetchImage is the site cache's upstream (pxe.Config.Upstream): a blob
+// is fetched from the control plane only when a machine of the site is
+// deploying it, with the capability the machine list carries.
+func (a *Agent) FetchImage(ctx context.Context, digest string) (io.ReadCloser, error) {
+	sha := strings.TrimPrefix(digest, "sha256:")
+	a.mu.Lock()
+	fetch := ""
+	for _, m := range a.st.Machines {
+		if m.Image != nil && m.Image.SHA256 == sha {
+			fetch = m.Image.Fetch
+		}
+	}
+	a.mu.Unlock()
+	switch {
+	case fetch == "":
+		return nil, fmt.Errorf("%s: no machine of this site deploys it", digest)
+	case a.cfg.ControlPlaneURL == "":
+		return nil, errors.New("no control plane URL (--site-control-plane-url) to fetch images from")
+	case !strings.HasPrefix(fetch, "/"):
+		return nil, fmt.Errorf("%s: the fetch path is not a path", digest)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(a.cfg.ControlPlaneURL, "/")+fetch, nil)
+	if err != nil {
+		return nil, err
+	}
+	client := a.cfg.HTTP
+	if client == nil {
+		client = &http.Client{Timeout: time.Hour}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		// The URL carries the capability: name only the digest.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("fetch %s from the control plane: %w", digest, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("fetch %s from the control plane: %s", digest, resp.Status)
+	}
+	return resp.Body, nil
+}
+
+func validDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // decode reads a command's params into v.

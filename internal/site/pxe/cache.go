@@ -153,3 +153,20 @@ func (c *cache) fetch(ctx context.Context, hexDigest string) error {
 	committed = true
 	return nil
 }
+
+// Prefetch fetches a "sha256:<hex>" blob into the cache from upstream if it
+// is not there yet, as a request for it would (one fetch per digest).
+func (s *Server) Prefetch(ctx context.Context, digest string) error {
+	hexDigest, err := parseDigest(digest)
+	if err != nil {
+		return err
+	}
+	if s.cache == nil {
+		return errors.New("prefetch: no cache configured")
+	}
+	f, err := s.cache.Open(ctx, hexDigest)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
