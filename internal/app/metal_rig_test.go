@@ -44,7 +44,7 @@ var rigLoops = flag.Int("loops", 0, "TestRigLifecycle: lifecycle loops per machi
 // process on a veth into the bridge. Machine m1 is a QEMU VM (TCG, iPXE
 // ROM, PXE first, a 64 MiB virtio disk) behind OpenIPMI's ipmi_sim;
 // machine m2 the same behind the bctest Redfish emulator. Both,
-// concurrently: enroll → commission (PXE → ramdisk, inventory, attested
+// concurrently: enroll → inspect (PXE → ramdisk, inventory) → commission (PXE → ramdisk, inventory, attested
 // wipe) → ready → deploy the signed sample image (the ramdisk fetches it
 // from the site's cache and writes it; configure writes the node join
 // token into its config slot) → PXE says sanboot, the sample OS boots and
@@ -406,7 +406,24 @@ func (r *metalRig) lifecycle(cp *bctest.ControlPlane, name string, loop int) boo
 		r.phase(tag, fmt.Sprintf("%-10s %6.1f s → %s", op, time.Since(start).Seconds(), want))
 		return m, true
 	}
-	m, ok := step("commission", func() error {
+	// Inspect first: PXE → ramdisk → inventory → power off; the machine
+	// keeps its state (enrolled, or ready once commissioned).
+	was := "enrolled"
+	if loop > 1 {
+		was = "ready"
+	}
+	m, ok := step("inspect", func() error {
+		_, err := admin.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: name}))
+		return err
+	}, was)
+	if !ok {
+		return false
+	}
+	if cpus := m.GetInventory().GetFields()["cpus"]; cpus == nil {
+		t.Errorf("%s: inspect left no inventory: %v", tag, m.GetInventory())
+		return false
+	}
+	m, ok = step("commission", func() error {
 		_, err := admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: name}))
 		return err
 	}, "ready")
