@@ -3,6 +3,8 @@ package ramdisk
 import (
 	"bytes"
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -159,6 +161,19 @@ func (r *Ramdisk) methods(d *drive) []method {
 			if caps.format {
 				out = append(out, method{erase.MethodNVMeFormat, func(_ context.Context, d *drive) error { return nvmeFormat(d.f) }})
 			}
+		}
+	}
+	// A SATA drive (sd*, behind libata) that offers the security feature
+	// set erases itself, remapped and spare sectors included.
+	if d.block && strings.HasPrefix(d.name, "sd") {
+		if s, err := ataIdentifySecurity(d.f); err == nil && s.usable() {
+			out = append(out, method{erase.MethodATASecure, func(ctx context.Context, d *drive) error {
+				pw := make([]byte, 16)
+				if _, err := cryptorand.Read(pw); err != nil {
+					return err
+				}
+				return ataSecureErase(ctx, d.f, []byte(hex.EncodeToString(pw)))
+			}})
 		}
 	}
 	if d.block && r.discards(d.name) {
