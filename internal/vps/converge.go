@@ -91,7 +91,9 @@ func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.
 	var err error
 	switch c.Kind {
 	case vmcmd.KindInstanceList:
-		if state == fleet.CommandSucceeded {
+		// Only the reconciler's own survey converges (and may delete a
+		// stray): a list someone ran by hand is just an answer.
+		if state == fleet.CommandSucceeded && c.CreatedBy == Principal {
 			err = s.listDone(ctx, tx, emit, c, result, now)
 		}
 	case vmcmd.KindVolumeCreate, vmcmd.KindVolumeDelete:

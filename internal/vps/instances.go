@@ -593,7 +593,7 @@ func (s *InstanceService) send(ctx context.Context, tx store.Tx, in *Instance, k
 		return "", err
 	}
 	id, err := s.engine.Commands.Send(ctx, tx, reservation.Command{TenantID: in.TenantID, NodeID: in.NodeID, Kind: kind, Params: m,
-		IdempotencyKey: key, CreatedBy: "system:instances", TTL: CommandTTL, Time: now})
+		IdempotencyKey: key, CreatedBy: Principal, TTL: CommandTTL, Time: now})
 	if err != nil {
 		return "", fmt.Errorf("send %s: %w", kind, err)
 	}

@@ -453,6 +453,23 @@ func TestInstanceReconcile(t *testing.T) {
 	}
 	h.sim.Daemons[0].Hypervisor().Drop(vps.HostID(ids[1]))
 	h.cp.Clock.Advance(time.Second) // the list is newer than what the instances last heard
+
+	// A list someone else runs is only an answer: it converges nothing.
+	var cmdID string
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		var tenant string
+		if err := tx.QueryRow(ctx, `SELECT tenant_id FROM nodes WHERE id = $1`, h.sim.Daemons[0].NodeID()).Scan(&tenant); err != nil {
+			return err
+		}
+		cmdID, err = fleet.SendSystemCommand(ctx, tx, h.cp.App.Gateway, fleet.SystemCommand{TenantID: tenant,
+			NodeID: h.sim.Daemons[0].NodeID(), Kind: vmcmd.KindInstanceList, Params: map[string]any{}, IdempotencyKey: "ops-list",
+			CreatedBy: "ops", TTL: time.Hour, Time: h.cp.Clock.Now()})
+		return err
+	}))
+	bctest.WaitFor(t, "the operator's list answered", func() bool {
+		return h.count(t, `SELECT COUNT(*) FROM commands WHERE id = $1 AND state = 'succeeded'`, cmdID) == 1
+	})
+	require.Equal(t, vps.StateRunning, getInstance(t, h.acme, "vm2").GetState(), "an operator's list converges nothing")
 	n, err := h.cp.App.Instances.SendLists(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)

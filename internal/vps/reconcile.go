@@ -17,6 +17,11 @@ import (
 // ReconcileInterval is how often hosts are asked which guests they run.
 const ReconcileInterval = 5 * time.Minute
 
+// Principal is who the instance service's commands are created by; only
+// an instance.list of its own (the reconciler's) converges instances and
+// deletes strays.
+const Principal = "system:instances"
+
 // SendLists asks every reachable host that holds (or held) instances which
 // guests it runs (instance.list); CommandDone converges from the answers.
 // It returns how many hosts were asked.
@@ -46,7 +51,7 @@ func (s *InstanceService) SendLists(ctx context.Context) (int, error) {
 		now := s.env.Clock().Now()
 		for _, h := range hosts {
 			if _, err := s.engine.Commands.Send(ctx, tx, reservation.Command{TenantID: h.tenant, NodeID: h.id, Kind: vmcmd.KindInstanceList,
-				Params: map[string]any{}, IdempotencyKey: fmt.Sprintf("%s/instance.list/%d", h.id, now.UnixNano()), CreatedBy: "system:instances",
+				Params: map[string]any{}, IdempotencyKey: fmt.Sprintf("%s/instance.list/%d", h.id, now.UnixNano()), CreatedBy: Principal,
 				TTL: CommandTTL, Time: now}); err != nil {
 				return fmt.Errorf("send instance.list to %s: %w", h.id, err)
 			}

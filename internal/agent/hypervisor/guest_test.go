@@ -206,8 +206,21 @@ func (g *agentRig) exec(ctx context.Context, cmd string) (*sshca.ExecResult, err
 // certificate.
 func (g *agentRig) run(t *testing.T, cmd string) string {
 	t.Helper()
-	res, err := g.exec(context.Background(), cmd)
-	require.NoError(t, err, cmd)
+	// A TCG guest beside other TCG guests on a busy CI machine can stall
+	// an SSH session until its transport times out; every command here is
+	// idempotent, so a failed transport is tried again (bounded by the
+	// test's deadline), while a command that ran is judged as it ran.
+	var res *sshca.ExecResult
+	bctest.WaitFor(t, "ssh "+cmd, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var err error
+		if res, err = g.exec(ctx, cmd); err != nil {
+			t.Logf("ssh %q: %v (trying again)", cmd, err)
+			return false
+		}
+		return true
+	})
 	require.Equal(t, 0, res.ExitCode, "%s: %s", cmd, res.Stderr)
 	require.Equal(t, sshca.HostCertValid, res.HostCert)
 	return string(res.Stdout)
