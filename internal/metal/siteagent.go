@@ -292,7 +292,11 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 	var out provision.Dispatched
 	err := s.r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		now := s.r.clock.Now()
-		l, err := BootLeaseGet(ctx, tx, t.SiteID, "")
+		// The lease row's lock orders a site's dispatches: the machine list
+		// one pushes must see the boot another set just before it (two
+		// machines cycled at once on PostgreSQL each pushed a list without
+		// the other's boot, and the later list sent a ramdisk boot to disk).
+		l, err := BootLeaseGet(ctx, tx, t.SiteID, store.ForUpdate(tx))
 		if errors.Is(err, store.ErrNotFound) || err == nil && !l.Live(now) {
 			return fmt.Errorf("%w: site %s has no connected site agent (none holds its boot lease)", provision.ErrNotDispatched, t.SiteID)
 		}
