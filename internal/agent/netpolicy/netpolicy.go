@@ -125,7 +125,7 @@ func (p *Policy) probeLocked() error {
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
 		if fam == nftables.TableFamilyBridge {
 			m := tapMap(t, "probe")
-			if err := c.AddSet(m, nil); err != nil {
+			if err := addSet(c, m, nil); err != nil {
 				return fmt.Errorf("netpolicy: probe: %w", err)
 			}
 			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: vmap(expr.MetaKeyIIFNAME, m)})
@@ -222,7 +222,7 @@ func (p *Policy) Apply(ctx context.Context, r vmcmd.Rule) error {
 			c.AddChain(s.chain)
 		}
 		for _, a := range s.sets {
-			if err := c.AddSet(a.set, a.elems); err != nil {
+			if err := addSet(c, a.set, a.elems); err != nil {
 				return fmt.Errorf("netpolicy: peers: %w", err)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/google/nftables"
@@ -348,11 +349,22 @@ func vmap(key expr.MetaKey, set *nftables.Set) []expr.Any {
 
 // dispatch creates the bridge table's maps and the base-chain rules that
 // consult them: written once, with the table.
+// addSetMu serialises AddSet: google/nftables v0.3.0 reads and writes an
+// unguarded package counter there, so two Policies building batches at
+// once race on it.
+var addSetMu sync.Mutex
+
+func addSet(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	addSetMu.Lock()
+	defer addSetMu.Unlock()
+	return c.AddSet(s, elems)
+}
+
 func dispatch(c *nftables.Conn, t *nftables.Table) error {
 	sets := map[string]*nftables.Set{}
 	for _, name := range []string{mapGuard, mapFrom, mapTo, mapHost} {
 		sets[name] = tapMap(t, name)
-		if err := c.AddSet(sets[name], nil); err != nil {
+		if err := addSet(c, sets[name], nil); err != nil {
 			return fmt.Errorf("netpolicy: map %s: %w", name, err)
 		}
 	}

@@ -88,10 +88,11 @@ func (r *Ramdisk) burnInCommand(ctx context.Context, params map[string]any) (map
 			}
 		}
 	}
-	// CPU: hash until the time is up.
+	// CPU: hash until the time is up, at least one block even when the
+	// disks and memory took the whole time (a slow machine).
 	var hashed int64
 	block := bytes.Repeat([]byte{0x5a}, 1<<20)
-	for ctx.Err() == nil {
+	for hashed == 0 || ctx.Err() == nil {
 		sum := sha256.Sum256(block)
 		block[0] = sum[0]
 		hashed += int64(len(block))
