@@ -171,8 +171,9 @@ func TestRigLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	_, gwPort, err := net.SplitHostPort(cp.GatewayAddr)
 	require.NoError(t, err)
-	// The site host's identity: a container or a VM without DMI would be
-	// held for an operator's approval (a placeholder identity).
+	// The site host's identity: the gateway holds a host whose DMI serials
+	// are missing or a vendor's filler values for an operator's approval,
+	// so the rig gives its site host real-looking ones.
 	siteRoot := filepath.Join(work, "siteroot")
 	for f, v := range map[string]string{"sys/class/dmi/id/product_uuid": "5e1c0e2a-0000-4000-8000-00000000051e",
 		"sys/class/dmi/id/product_serial": fmt.Sprintf("RIGSITE-%d", os.Getpid()), "sys/class/dmi/id/board_serial": "RIGSITEBOARD",
