@@ -723,7 +723,10 @@ func TestTickExpires(t *testing.T) {
 	require.Zero(t, held)
 	// Expiry releases on the node too: leftovers killed, cgroup removed,
 	// and the node's confirmation recorded.
-	require.True(t, hasCondition(got, "NodeReleased", "false"), "conditions: %v", got.GetConditions())
+	// The node may confirm before this read (a busy machine schedules the
+	// gateway push first), so the condition is either still pending or done.
+	require.True(t, hasCondition(got, "NodeReleased", "false") || hasCondition(got, "NodeReleased", "true"),
+		"conditions: %v", got.GetConditions())
 	f.eventually(t, "the node confirms the release", func() bool { return hasCondition(f.get(t, r.GetId()), "NodeReleased", "true") })
 	require.NoDirExists(t, filepath.Join(f.sim.Daemons[0].CgroupRoot(), r.GetId()))
 }
