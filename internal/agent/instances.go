@@ -87,6 +87,9 @@ func (o *keyedOrder) enter(key string) (wait <-chan struct{}, done func()) {
 
 // applyInstance hands an instance command to the hypervisor.
 func (a *Agent) applyInstance(ctx context.Context, c *agentv1.Command) (outcome, error) {
+	if a.cfg.Instances != nil && c.GetKind() == vmcmd.KindInstanceTunnel {
+		return a.openTunnel(ctx, c)
+	}
 	if a.cfg.Instances == nil {
 		return outcome{}, fail(vmcmd.FailNoRuntime, fmt.Errorf("command kind %q: this bcd runs no instances (start it with --instances-dir and --guest-images)", c.GetKind()))
 	}

@@ -70,7 +70,8 @@ func degradedCondition(degraded []string, now time.Time) Condition {
 // of its commands, in the gateway's transaction that records it. Other
 // kinds pass by.
 func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error {
-	if !slices.Contains(vmcmd.Kinds, c.Kind) {
+	// A tunnel's answer changes nothing about its instance.
+	if !slices.Contains(vmcmd.Kinds, c.Kind) || c.Kind == vmcmd.KindInstanceTunnel {
 		return nil
 	}
 	// The failure code is on the row the gateway just updated.
