@@ -84,6 +84,13 @@ func (a *Agent) openTunnel(ctx context.Context, c *agentv1.Command) (outcome, er
 		}
 		return outcome{}, fail(vmcmd.FailRuntime, dialErr)
 	}
+	// The gateway accepts with an empty frame, or refuses (a tunnel id
+	// issued for another node, no request waiting any more).
+	if _, err := stream.Recv(); err != nil {
+		cancel()
+		_ = guest.Close()
+		return outcome{}, fail(vmcmd.FailRuntime, fmt.Errorf("tunnel refused by the gateway: %w", err))
+	}
 	go a.pipeTunnel(stream, guest, cancel)
 	res, err := structpb.NewStruct(map[string]any{"tunnel_id": p.TunnelID})
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 const maxTunnelIDLen = 64
 
 // Tunnel carries one byte stream between a waiting API request and a
-// guest's sshd. The node is authenticated from its mTLS certificate as
+// guest's sshd; an empty first frame back accepts it. The node is authenticated from its mTLS certificate as
 // Session does, and may only attach a tunnel id issued for it.
 func (g *Gateway) Tunnel(stream grpc.BidiStreamingServer[agentv1.TunnelRequest, agentv1.TunnelResponse]) error {
 	ctx := stream.Context()
@@ -51,7 +51,14 @@ func (g *Gateway) Tunnel(stream grpc.BidiStreamingServer[agentv1.TunnelRequest, 
 		}
 		o = tunnel.Opened{Err: errors.New(truncateMessage(msg))}
 	}
-	switch err := g.cfg.Tunnels.Attach(id, ident.NodeID, o); {
+	// The accepting frame goes before any of the API side's bytes: hold
+	// the send lock across the handover.
+	conn.sendMu.Lock()
+	err = g.cfg.Tunnels.Attach(id, ident.NodeID, o)
+	if err != nil || o.Err != nil {
+		conn.sendMu.Unlock()
+	}
+	switch {
 	case errors.Is(err, tunnel.ErrWrongNode):
 		return g.refused(log, "tunnel refused", denied("tunnel %s was not issued for node %s", id, ident.NodeID))
 	case errors.Is(err, tunnel.ErrUnknownTunnel):
@@ -61,6 +68,13 @@ func (g *Gateway) Tunnel(stream grpc.BidiStreamingServer[agentv1.TunnelRequest, 
 	}
 	if o.Err != nil {
 		return nil
+	}
+	// An empty frame tells bcd the tunnel was accepted.
+	err = stream.Send(&agentv1.TunnelResponse{})
+	conn.sendMu.Unlock()
+	if err != nil {
+		_ = conn.Close()
+		return err
 	}
 	// The API side pipes and closes conn; the stream lives until then.
 	select {
@@ -75,6 +89,8 @@ func (g *Gateway) Tunnel(stream grpc.BidiStreamingServer[agentv1.TunnelRequest, 
 // blocks while bcd does not read.
 type tunnelConn struct {
 	stream grpc.BidiStreamingServer[agentv1.TunnelRequest, agentv1.TunnelResponse]
+	// sendMu orders Sends (the accepting frame, then data).
+	sendMu sync.Mutex
 	rest   []byte
 	once   sync.Once
 	done   chan struct{}
@@ -102,6 +118,8 @@ func (c *tunnelConn) Write(p []byte) (int, error) {
 		return 0, io.ErrClosedPipe
 	default:
 	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	// gRPC may hold the slice until sent: send a copy.
 	if err := c.stream.Send(&agentv1.TunnelResponse{Data: append([]byte(nil), p...)}); err != nil {
 		return 0, err
