@@ -25,9 +25,9 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/execrelay"
-	"github.com/better-compute/better-compute/internal/tunnel"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tunnel"
 )
 
 // Limits of the wire protocol.
