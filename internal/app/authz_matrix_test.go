@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -923,7 +924,7 @@ func mxPublicKey(t *testing.T) string {
 	require.NoError(t, err)
 	k, err := ssh.NewPublicKey(pub)
 	require.NoError(t, err)
-	return string(ssh.MarshalAuthorizedKey(k))
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k)))
 }
 
 // mxSandbox creates a running sandbox of acme's as its admin.
