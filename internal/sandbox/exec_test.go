@@ -39,6 +39,7 @@ func TestSandboxExec(t *testing.T) {
 	ctx := context.Background()
 	warm, err := f.acme.SandboxTemplates.Create(ctx, connect.NewRequest(templateReq("warm", 1, 1)))
 	require.NoError(t, err)
+	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx))
 	f.warmReady(t, warm.Msg.GetTemplate().GetId(), 1)
 	_, err = f.acme.SandboxTemplates.Create(ctx, connect.NewRequest(templateReq("cold", 0, 0)))
 	require.NoError(t, err)
