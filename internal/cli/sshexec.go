@@ -119,7 +119,7 @@ func shellJoin(argv []string) string {
 	q := make([]string, len(argv))
 	for i, s := range argv {
 		if s != "" && strings.IndexFunc(s, func(r rune) bool {
-			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+			return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && !strings.ContainsRune("-_./=:,+@%", r)
 		}) < 0 {
 			q[i] = s
 			continue

@@ -67,7 +67,9 @@ func (g *Gateway) Tunnel(stream grpc.BidiStreamingServer[agentv1.TunnelRequest, 
 		return err
 	}
 	if o.Err != nil {
-		return nil
+		// The node's failure went to the waiting request; the stream
+		// itself ends cleanly.
+		return nil //nolint:nilerr // o.Err is the guest's, reported to the request
 	}
 	// An empty frame tells bcd the tunnel was accepted.
 	err = stream.Send(&agentv1.TunnelResponse{})

@@ -97,7 +97,7 @@ func Dial(ctx context.Context, baseURL, ticket string, tlsConfig *tls.Config) (n
 		return nil, fmt.Errorf("tunnel: read response: %w", err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
-		defer func() { _ = conn.Close() }()
+		defer func() { _ = resp.Body.Close(); _ = conn.Close() }()
 		refused := &RefusedError{Status: resp.StatusCode}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		if json.Unmarshal(b, &refused.ErrorBody) != nil {
@@ -105,6 +105,8 @@ func Dial(ctx context.Context, baseURL, ticket string, tlsConfig *tls.Config) (n
 		}
 		return nil, refused
 	}
+	// A 101 has no body: what follows on conn is the tunnel.
+	_ = resp.Body.Close()
 	if !stop() {
 		return nil, fmt.Errorf("tunnel: %w", ctx.Err())
 	}
