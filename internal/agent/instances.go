@@ -35,8 +35,14 @@ func isAsync(kind string) bool { return kind == KindProcessExec || isInstanceKin
 
 // orderKey is what an instance command must be ordered with: commands for
 // one instance (or volume) apply in the order they came, commands for
-// different ones at the same time. instance.list needs no order.
+// different ones at the same time. instance.list and instance.tunnel need
+// no order.
 func orderKey(c *agentv1.Command) string {
+	// A tunnel changes nothing about its instance: it waits for no other
+	// command (a slow create, another tunnel still dialling).
+	if c.GetKind() == vmcmd.KindInstanceTunnel {
+		return ""
+	}
 	f := c.GetParams().GetFields()
 	if id := f["instance_id"].GetStringValue(); id != "" {
 		return "instance/" + id

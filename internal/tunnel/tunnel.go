@@ -138,13 +138,22 @@ func (h *Hub) Expect(tunnelID, nodeID string) *Pending {
 // Opened delivers the node's stream (or its failure).
 func (p *Pending) Opened() <-chan Opened { return p.ch }
 
-// Close stops waiting; a node attaching later is refused.
+// Close stops waiting; a node attaching later is refused, and a stream
+// handed over that nobody took (the request gave up meanwhile) is closed.
 func (p *Pending) Close() {
 	p.hub.mu.Lock()
 	if p.hub.pending[p.id] == p {
 		delete(p.hub.pending, p.id)
 	}
+	var left Opened
+	select {
+	case left = <-p.ch:
+	default:
+	}
 	p.hub.mu.Unlock()
+	if left.Stream != nil {
+		_ = left.Stream.Close()
+	}
 }
 
 // Attach hands the node's stream to the request waiting for tunnelID. Only
@@ -162,8 +171,10 @@ func (h *Hub) Attach(tunnelID, nodeID string, o Opened) error {
 		return ErrWrongNode
 	}
 	delete(h.pending, tunnelID)
-	h.mu.Unlock()
+	// Under the lock, so Close either sees the stream or Attach no
+	// request (ch holds one, and only Attach fills it, once).
 	p.ch <- o
+	h.mu.Unlock()
 	return nil
 }
 

@@ -76,3 +76,14 @@ func TestPipeBothWays(t *testing.T) {
 	_, err = c1.Read(buf)
 	require.Error(t, err)
 }
+
+func TestCloseReleasesAnUntakenStream(t *testing.T) {
+	h := tunnel.New(nil)
+	p := h.Expect("tun1", "nod_a")
+	a, b := net.Pipe()
+	defer func() { _ = b.Close() }()
+	require.NoError(t, h.Attach("tun1", "nod_a", tunnel.Opened{Stream: a}))
+	p.Close()
+	_, err := b.Write([]byte("x"))
+	require.Error(t, err, "the stream nobody took was closed")
+}

@@ -488,6 +488,9 @@ func TestGuestExecThroughGateway(t *testing.T) {
 		stdout strings.Builder
 	)
 	bctest.WaitFor(t, "uname -a through the gateway", func() bool {
+		// The control plane's clock is the test's: keep it at real time,
+		// which bcd checks the tunnel command's deadline against.
+		g.cp.Clock.Set(time.Now())
 		key, err := sshexec.NewKey()
 		require.NoError(t, err)
 		r, err := admin.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: id, PublicKey: key.AuthorizedKey}))
