@@ -129,24 +129,6 @@ func (s *InstanceService) readCA(ctx context.Context, q store.Querier) (ssh.Sign
 	return signer, nil
 }
 
-// SSHCAKey is the deployment's SSH CA public key in authorized_keys form,
-// created on first use; "" without a sealing secret.
-func (s *InstanceService) SSHCAKey(ctx context.Context) (string, error) {
-	var key string
-	err := s.env.DB().Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		signer, err := s.caIn(ctx, tx)
-		if errors.Is(err, errNoSSHCA) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		key = sshca.FromSigner(signer, nil).AuthorizedKey()
-		return nil
-	})
-	return key, err
-}
-
 // seedSSH makes the guest trust the CA for user certificates and gives it
 // a fresh host key certified for its host id and address, so clients pin
 // it. Without a sealing secret the guest gets only the user's keys.

@@ -89,6 +89,8 @@ func (s *InstanceService) TunnelHandler(log *slog.Logger) http.Handler {
 			tunnelRefuse(w, http.StatusInternalServerError, envelope.CodeInternal, "the connection cannot be taken over: "+err.Error())
 			return
 		}
+		// The server's header deadlines must not cut the tunnel.
+		_ = conn.SetDeadline(time.Time{})
 		if _, err := brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + tunnel.Protocol + "\r\n\r\n"); err != nil {
 			_ = conn.Close()
 			return
