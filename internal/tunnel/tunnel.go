@@ -178,6 +178,21 @@ func (h *Hub) Attach(tunnelID, nodeID string, o Opened) error {
 	return nil
 }
 
+// Fail tells the request waiting for tunnelID from nodeID that the node's
+// command failed (it never opened the stream: a deadline that passed, a
+// node without a hypervisor), so it answers at once instead of timing out.
+// A request waiting for another node is left alone.
+func (h *Hub) Fail(tunnelID, nodeID string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p := h.pending[tunnelID]
+	if p == nil || p.nodeID != nodeID {
+		return
+	}
+	delete(h.pending, tunnelID)
+	p.ch <- Opened{Err: err}
+}
+
 // Waiting is how many requests wait for their node.
 func (h *Hub) Waiting() int {
 	h.mu.Lock()

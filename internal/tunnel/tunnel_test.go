@@ -87,3 +87,15 @@ func TestCloseReleasesAnUntakenStream(t *testing.T) {
 	_, err := b.Write([]byte("x"))
 	require.Error(t, err, "the stream nobody took was closed")
 }
+
+func TestFailOnlyForItsNode(t *testing.T) {
+	h := tunnel.New(nil)
+	p := h.Expect("tun1", "nod_a")
+	defer p.Close()
+	h.Fail("tun1", "nod_b", io.EOF)
+	require.Equal(t, 1, h.Waiting(), "another node's failure leaves it waiting")
+	h.Fail("tun1", "nod_a", io.ErrUnexpectedEOF)
+	o := <-p.Opened()
+	require.ErrorIs(t, o.Err, io.ErrUnexpectedEOF)
+	require.Zero(t, h.Waiting())
+}

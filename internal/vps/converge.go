@@ -70,8 +70,16 @@ func degradedCondition(degraded []string, now time.Time) Condition {
 // of its commands, in the gateway's transaction that records it. Other
 // kinds pass by.
 func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error {
-	// A tunnel's answer changes nothing about its instance.
-	if !slices.Contains(vmcmd.Kinds, c.Kind) || c.Kind == vmcmd.KindInstanceTunnel {
+	if !slices.Contains(vmcmd.Kinds, c.Kind) {
+		return nil
+	}
+	// A tunnel's answer changes nothing about its instance; a failure is
+	// told to the request waiting for it on this replica.
+	if c.Kind == vmcmd.KindInstanceTunnel {
+		var p vmcmd.TunnelParams
+		if state != fleet.CommandSucceeded && s.tunnels != nil && json.Unmarshal([]byte(c.Params), &p) == nil && p.TunnelID != "" {
+			s.tunnels.Fail(p.TunnelID, c.NodeID, fmt.Errorf("instance.tunnel %s: %s", state, message))
+		}
 		return nil
 	}
 	// The failure code is on the row the gateway just updated.

@@ -197,3 +197,21 @@ func TestTunnelWrongNode(t *testing.T) {
 	default:
 	}
 }
+
+// TestTunnelCommandFailsFast: a tunnel command the host fails without
+// opening a stream (here its deadline passed before it ran: the control
+// plane's clock is an hour behind the host's) answers the waiting request
+// at once with the reason, rather than after the open timeout.
+func TestTunnelCommandFailsFast(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	h.runningInstance(t, "vm1")
+	h.cp.Clock.Set(time.Now().Add(-time.Hour))
+	tk, key := sshTicket(t, h, "vm1")
+	_, err := sshexec.Run(context.Background(), sshexec.Params{APIURL: h.cp.URL, Ticket: tk, Key: key, Command: "true"})
+	var refused *tunnel.RefusedError
+	require.ErrorAs(t, err, &refused)
+	// 502 with the command's reason; the open timeout would be a 504.
+	require.Equal(t, 502, refused.Status, "%v", err)
+	require.Contains(t, refused.Message, "deadline")
+}

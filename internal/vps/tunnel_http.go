@@ -80,7 +80,7 @@ func (s *InstanceService) TunnelHandler(log *slog.Logger) http.Handler {
 			return
 		}
 		if o.Err != nil {
-			tunnelRefuse(w, http.StatusBadGateway, envelope.CodeUnavailable, "the host could not reach the guest's sshd: "+o.Err.Error())
+			tunnelRefuse(w, http.StatusBadGateway, envelope.CodeUnavailable, "the host could not open the tunnel to the guest's sshd: "+o.Err.Error())
 			return
 		}
 		defer func() { _ = o.Stream.Close() }()
