@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -22,9 +25,10 @@ import (
 // FakeHypervisor answers the vmcmd contract (instance.* and volume.*) with
 // in-memory guests, as bcd's runtime does with QEMU: a simulated node runs
 // it as its agent's command handler, so instances go through the real
-// gateway, command path and agent protocol. A running guest's "sshd" is a
-// loopback listener that greets like OpenSSH, so callers that wait for SSH
-// (instances create --wait) see it answer.
+// gateway, command path and agent protocol. A running guest's sshd is a
+// real SSH server on loopback, configured from its seed (fakesshd.go), that
+// runs commands with /bin/sh in <root>/<instance>/fs; instance.tunnel
+// reaches it as bcd reaches a real guest's.
 type FakeHypervisor struct {
 	mu      sync.Mutex
 	images  []string
@@ -33,12 +37,21 @@ type FakeHypervisor struct {
 	// degraded is what the host reports it cannot apply (e.g. huge_pages).
 	degraded []string
 	closed   bool
+	// root holds each guest's fs directory (SetRoot; a temporary
+	// directory when unset).
+	root string
+	// uncertified makes later guests ignore their seeded host key and
+	// certificate (a guest whose host key the CA never signed).
+	uncertified bool
 }
 
 type fakeGuest struct {
-	params vmcmd.CreateParams
-	state  string
-	ln     net.Listener
+	params      vmcmd.CreateParams
+	state       string
+	dir         string
+	uncertified bool
+	sshd        *fakeSSHD
+	ran         int
 }
 
 // FakeGuestImages are the images a FakeHypervisor holds by default.
@@ -57,6 +70,67 @@ func NewFakeHypervisor(images ...string) *FakeHypervisor {
 // them, in memory).
 func (h *FakeHypervisor) Capabilities() []string {
 	return []string{vmcmd.CapInstances, vmcmd.CapPlacement, vmcmd.CapVolumes, vmcmd.CapNetworkPolicy, vmcmd.CapSnapshot}
+}
+
+// SetRoot sets the directory under which each guest's files live
+// (<root>/<instance>/fs); call it before the first create.
+func (h *FakeHypervisor) SetRoot(dir string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.root = dir
+}
+
+// Root is the directory holding the guests' fs directories.
+func (h *FakeHypervisor) Root() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.root
+}
+
+// GuestDir is a guest's fs directory: its sshd's HOME and cwd.
+func (h *FakeHypervisor) GuestDir(id string) string { return filepath.Join(h.Root(), id, "fs") }
+
+// SetUncertifiedHostKeys makes guests created later present a host key of
+// their own instead of the seeded, CA-certified one.
+func (h *FakeHypervisor) SetUncertifiedHostKeys(on bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.uncertified = on
+}
+
+// CommandsRun is how many commands a guest's sshd ran (across restarts).
+func (h *FakeHypervisor) CommandsRun(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g, ok := h.guests[id]
+	if !ok {
+		return 0
+	}
+	n := g.ran
+	if g.sshd != nil {
+		n += g.sshd.ran()
+	}
+	return n
+}
+
+// DialGuest connects to a running guest's sshd, as bcd's hypervisor does
+// for instance.tunnel.
+func (h *FakeHypervisor) DialGuest(ctx context.Context, id string) (net.Conn, error) {
+	h.mu.Lock()
+	g, ok := h.guests[id]
+	addr := ""
+	if ok && g.sshd != nil {
+		addr = g.sshd.addr()
+	}
+	h.mu.Unlock()
+	switch {
+	case !ok:
+		return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", id))
+	case addr == "":
+		return nil, agent.CommandError(vmcmd.FailRuntime, fmt.Errorf("instance %s is %s: its sshd does not answer", id, g.state))
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
 }
 
 // SetDegraded makes later creates report that the host could not apply
@@ -141,8 +215,8 @@ func (h *FakeHypervisor) reopen() {
 
 func (h *FakeHypervisor) status(id string, g *fakeGuest) vmcmd.Status {
 	st := vmcmd.Status{InstanceID: id, State: g.state, Accel: "tcg", Tap: "tap-" + id[:min(len(id), 8)]}
-	if g.ln != nil {
-		st.SSHAddress = g.ln.Addr().String()
+	if g.sshd != nil {
+		st.SSHAddress = g.sshd.addr()
 	}
 	if g.params.Placement.HugePages || len(g.params.Placement.HostCPUs) > 0 {
 		st.Degraded = slices.Clone(h.degraded)
@@ -151,32 +225,39 @@ func (h *FakeHypervisor) status(id string, g *fakeGuest) vmcmd.Status {
 }
 
 func (g *fakeGuest) startSSH() error {
-	if g.ln != nil {
+	if g.sshd != nil {
 		return nil
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	cfg, err := sshdConfig(g.params.Seed, g.uncertified, time.Now)
 	if err != nil {
 		return err
 	}
-	g.ln = ln
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("SSH-2.0-OpenSSH_9.2 bctest\r\n"))
-			_ = c.Close()
-		}
-	}()
+	d, err := startSSHD(cfg, g.dir)
+	if err != nil {
+		return err
+	}
+	g.sshd = d
 	return nil
 }
 
 func (g *fakeGuest) stopSSH() {
-	if g.ln != nil {
-		_ = g.ln.Close()
-		g.ln = nil
+	if g.sshd != nil {
+		g.ran += g.sshd.ran()
+		g.sshd.close()
+		g.sshd = nil
 	}
+}
+
+// rootDir is the guests' directory, made on first use when unset.
+func (h *FakeHypervisor) rootDir() (string, error) {
+	if h.root == "" {
+		dir, err := os.MkdirTemp("", "bc-fake-guests-")
+		if err != nil {
+			return "", err
+		}
+		h.root = dir
+	}
+	return h.root, nil
 }
 
 func result(v any) (*structpb.Struct, error) {
@@ -243,6 +324,10 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 			out.Instances = append(out.Instances, h.status(id, g))
 		}
 		return result(out)
+	case vmcmd.KindInstanceTunnel:
+		// bcd's agent opens tunnels itself (DialGuest); a tunnel reaching
+		// the hypervisor as a plain command has nothing to carry it.
+		return nil, agent.CommandError(vmcmd.FailUnsupported, errors.New("instance.tunnel is carried by the agent"))
 	case vmcmd.KindInstanceSnapshot, vmcmd.KindInstanceRestore:
 		var p vmcmd.SnapshotParams
 		if err := vmcmd.Decode(raw, &p); err != nil {
@@ -308,7 +393,11 @@ func (h *FakeHypervisor) create(p *vmcmd.CreateParams) (*structpb.Struct, error)
 		}
 		h.volumes[v.VolumeID] = vmcmd.VolumeParams(v)
 	}
-	g := &fakeGuest{params: *p, state: vmcmd.StateRunning}
+	root, err := h.rootDir()
+	if err != nil {
+		return nil, agent.CommandError(vmcmd.FailRuntime, err)
+	}
+	g := &fakeGuest{params: *p, state: vmcmd.StateRunning, dir: filepath.Join(root, p.InstanceID, "fs"), uncertified: h.uncertified}
 	if p.Paused {
 		g.state = vmcmd.StatePaused
 	} else if err := g.startSSH(); err != nil {
@@ -326,6 +415,10 @@ func (h *FakeHypervisor) Runner() agent.InstanceRunner { return fakeRunner{h} }
 type fakeRunner struct{ h *FakeHypervisor }
 
 func (r fakeRunner) Capabilities() []string { return r.h.Capabilities() }
+
+func (r fakeRunner) DialGuest(ctx context.Context, id string) (net.Conn, error) {
+	return r.h.DialGuest(ctx, id)
+}
 
 func (r fakeRunner) Apply(ctx context.Context, kind string, params []byte) (any, error) {
 	st := &structpb.Struct{}

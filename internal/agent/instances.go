@@ -35,8 +35,14 @@ func isAsync(kind string) bool { return kind == KindProcessExec || isInstanceKin
 
 // orderKey is what an instance command must be ordered with: commands for
 // one instance (or volume) apply in the order they came, commands for
-// different ones at the same time. instance.list needs no order.
+// different ones at the same time. instance.list and instance.tunnel need
+// no order.
 func orderKey(c *agentv1.Command) string {
+	// A tunnel changes nothing about its instance: it waits for no other
+	// command (a slow create, another tunnel still dialling).
+	if c.GetKind() == vmcmd.KindInstanceTunnel {
+		return ""
+	}
 	f := c.GetParams().GetFields()
 	if id := f["instance_id"].GetStringValue(); id != "" {
 		return "instance/" + id
@@ -87,6 +93,9 @@ func (o *keyedOrder) enter(key string) (wait <-chan struct{}, done func()) {
 
 // applyInstance hands an instance command to the hypervisor.
 func (a *Agent) applyInstance(ctx context.Context, c *agentv1.Command) (outcome, error) {
+	if a.cfg.Instances != nil && c.GetKind() == vmcmd.KindInstanceTunnel {
+		return a.openTunnel(ctx, c)
+	}
 	if a.cfg.Instances == nil {
 		return outcome{}, fail(vmcmd.FailNoRuntime, fmt.Errorf("command kind %q: this bcd runs no instances (start it with --instances-dir and --guest-images)", c.GetKind()))
 	}

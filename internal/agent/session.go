@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc"
 	"io"
 	"math/rand/v2"
 	"sync"
@@ -42,7 +43,9 @@ const statusEvery = 4
 type session struct {
 	stream agentv1.AgentService_SessionClient
 	cancel context.CancelFunc
-	mu     sync.Mutex
+	// conn is the session's gateway connection; tunnels open streams on it.
+	conn *grpc.ClientConn
+	mu   sync.Mutex
 	// leaving is set once the Goodbye went out: nothing more is sent, and
 	// the stream's end is the gateway's answer, not a failure.
 	leaving bool
@@ -159,7 +162,7 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	if err != nil {
 		return false, a.openError(helloTimer, "open session", err)
 	}
-	s := &session{stream: stream, cancel: cancel}
+	s := &session{stream: stream, cancel: cancel, conn: conn}
 	a.mu.Lock()
 	hello := &agentv1.Hello{
 		AgentVersion:    a.cfg.Version,

@@ -51,6 +51,7 @@ import (
 	"github.com/better-compute/better-compute/internal/store/storeopen"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/tracing"
+	"github.com/better-compute/better-compute/internal/tunnel"
 	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -258,8 +259,10 @@ type App struct {
 	fleetHooks lateHooks
 	siteHooks  lateSites
 	execHub    *execrelay.Hub
-	discovery  *discovery
-	conns      *connMetrics
+	// tunnels holds SSH tickets and the tunnels waiting for their node.
+	tunnels   *tunnel.Hub
+	discovery *discovery
+	conns     *connMetrics
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
 	Capacity *reservation.Runner
@@ -435,8 +438,12 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}); err != nil {
 		return nil, err
 	}
+	var sshSealer vps.Sealer // a nil *pki.Sealer must stay a nil interface
+	if a.sealer != nil {
+		sshSealer = a.sealer
+	}
 	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
-		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages})
+		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: sshSealer, Tunnels: a.tunnels})
 	a.fleetHooks.instances = a.Instances
 	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
@@ -479,9 +486,10 @@ func (a *App) buildGateway(ctx context.Context) error {
 		authority = gateway.FromPKI(pa)
 	}
 	a.execHub = execrelay.New()
+	a.tunnels = tunnel.New(cfg.Clock.Now)
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,

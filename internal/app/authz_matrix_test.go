@@ -3,16 +3,20 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -118,6 +122,7 @@ var matrixExpect = map[string]map[string]string{
 	"sandboxes.create":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.extend":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.exec":          {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -128,6 +133,7 @@ var matrixExpect = map[string]map[string]string{
 	"instances.start":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"instances.stop":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"instances.reboot": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.ssh":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"instances.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"volumes.create":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"volumes.detach":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
@@ -457,6 +463,13 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err := c.Sandboxes.Snapshot(context.Background(), connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: id}))
 		return err
 	},
+	"sandboxes.exec": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := mxSandbox(t, f)
+		f.cp.Authz.Reset()
+		_, err := c.Sandboxes.Exec(context.Background(), connect.NewRequest(&apiv1.ExecSandboxRequest{Tenant: "acme", Sandbox: id,
+			PublicKey: mxPublicKey(t)}))
+		return err
+	},
 	"sandboxes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		id := mxSandbox(t, f)
 		f.cp.Authz.Reset()
@@ -508,6 +521,12 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	},
 	"instances.reboot": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Instances.Reboot(context.Background(), connect.NewRequest(&apiv1.RebootInstanceRequest{Tenant: "acme", Instance: f.matrixInstance(t, "running")}))
+		return err
+	},
+	"instances.ssh": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixInstance(t, "running")
+		_, err := c.Instances.Ssh(context.Background(), connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: id,
+			PublicKey: mxPublicKey(t)}))
 		return err
 	},
 	"instances.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
@@ -896,6 +915,16 @@ func mxSandboxTemplate(t *testing.T, f *matrixFixture) string {
 	_, err := f.admin.SandboxTemplates.Create(context.Background(), connect.NewRequest(mxTemplateReq(name)))
 	require.NoError(t, err)
 	return name
+}
+
+// mxPublicKey is a fresh SSH public key in authorized_keys form.
+func mxPublicKey(t *testing.T) string {
+	t.Helper()
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	k, err := ssh.NewPublicKey(pub)
+	require.NoError(t, err)
+	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k)))
 }
 
 // mxSandbox creates a running sandbox of acme's as its admin.

@@ -32,6 +32,7 @@ import (
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/tunnel"
 	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -156,6 +157,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		secretSealer = a.sealer
 	}
 	mux.Handle(apiv1connect.NewSecretServiceHandler(secrets.NewService(a.Envelope, secretSealer), opts))
+	// SSH tunnels: the ticket is the credential (see vps.TunnelHandler).
+	mux.Handle("GET "+tunnel.Path, a.Instances.TunnelHandler(a.cfg.Logger))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

@@ -1866,6 +1866,16 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.SandboxServiceExecProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Exec(ctx, connect.NewRequest(&apiv1.ExecSandboxRequest{Tenant: "acme", Sandbox: sbx.ID, PublicKey: evilSSHKey}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Exec(ctx, connect.NewRequest(&apiv1.ExecSandboxRequest{Tenant: "other", Sandbox: sbx.ID, PublicKey: evilSSHKey}))
+				return err
+			},
+		},
 		apiv1connect.SandboxServiceSnapshotProcedure: {
 			func() error {
 				_, err := evil.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: sbx.ID}))
@@ -1986,6 +1996,16 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Instances.Stop(ctx, connect.NewRequest(&apiv1.StopInstanceRequest{Tenant: "other", Instance: inst.ID}))
+				return err
+			},
+		},
+		apiv1connect.InstanceServiceSshProcedure: {
+			func() error {
+				_, err := evil.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: "vm1", PublicKey: evilSSHKey}))
+				return err
+			},
+			func() error {
+				_, err := evil.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "other", Instance: inst.ID, PublicKey: evilSSHKey}))
 				return err
 			},
 		},
@@ -2208,3 +2228,6 @@ permit (principal, action, resource);`}))
 
 // sfSSHKey is a well-formed OpenSSH public key line.
 const sfSSHKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl ops@example"
+
+// evilSSHKey is the cross-tenant cases' SSH public key.
+const evilSSHKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGqL6xRVEXhP4Se+YuNJyr0Z5mDN3j0pHHs2cEXbQu5h evil@bc"

@@ -328,7 +328,38 @@ func (a *app) sandboxesCommand() *cobra.Command {
 	snap.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	addConfirmationFlag(snap, &confirmationID)
 
-	cmd.AddCommand(create, list, get, extend, del, snap)
+	execCmd := &cobra.Command{
+		Use:   "exec SANDBOX -- CMD [ARGS...]",
+		Short: "Run a command in a running sandbox over SSH, through the API (no agent in the guest)",
+		Long: `Run CMD in the sandbox as its guest account (bc) and stream its stdout and
+stderr here; the CLI exits with the command's exit code.
+
+The API signs an ephemeral key for at most 15 minutes and never past the
+sandbox's expire time, and issues a single-use ticket; the CLI tunnels
+through the API and the sandbox's host and pins the guest by its CA-signed
+host certificate. With -o json it prints {exitCode, hostCertificate:
+valid|expired|none, stdout, stderr}. An expired or deleted sandbox is
+refused (FAILED_PRECONDITION).`,
+		Args: guestExecArgs("SANDBOX", "uname -a"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			return a.runGuestCommand(cmd, argv[1:], func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error) {
+				r, err := c.Sandboxes.Exec(ctx, request(&apiv1.ExecSandboxRequest{Tenant: t, Sandbox: argv[0], PublicKey: publicKey},
+					mutation{confirmationID: confirmationID}))
+				if err != nil {
+					return nil, err
+				}
+				return r.Msg.GetTicket(), nil
+			})
+		},
+	}
+	execCmd.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	addConfirmationFlag(execCmd, &confirmationID)
+
+	cmd.AddCommand(create, list, get, extend, del, snap, execCmd)
 	return cmd
 }
 

@@ -79,6 +79,16 @@ func TestSandboxCommands(t *testing.T) {
 	code, _, errs := cli("sandboxes", "extend", id, "--tenant", "sim", "--ttl", "48h")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "--ttl")
+	// exec runs through the API's tunnel to the fake guest's sshd.
+	require.Equal(t, "hi there\n", ok("sandboxes", "exec", id, "--tenant", "sim", "--", "echo", "hi", "there"))
+	code, _, _ = cli("sandboxes", "exec", id, "--tenant", "sim", "--", "exit 4")
+	require.Equal(t, 4, code, "the remote exit code")
+	out = ok("sandboxes", "exec", id, "--tenant", "sim", "-o", "json", "--", "echo", "it's")
+	require.Contains(t, out, `"hostCertificate": "valid"`)
+	require.Contains(t, out, `"stdout": "it's\n"`)
+	code, _, errs = cli("sandboxes", "exec", id, "--tenant", "sim")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errs, "give the command after --")
 	require.Contains(t, ok("sandboxes", "snapshot", id, "--tenant", "sim"), "sbs_")
 	require.Contains(t, ok("sandboxes", "delete", id, "--tenant", "sim"), "deleted")
 

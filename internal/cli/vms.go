@@ -224,7 +224,39 @@ its host reports an SSH address, until that address answers on TCP.`,
 			}
 			return r.Msg.GetInstance(), nil
 		})
-	cmd.AddCommand(create, list, get, start, stop, reboot, del)
+	var sshTenant, sshConfirmationID string
+	sshCmd := &cobra.Command{
+		Use:   "ssh INSTANCE -- CMD [ARGS...]",
+		Short: "Run a command in a running instance over SSH, through the API (no agent in the guest)",
+		Long: `Run CMD in the instance as its guest account (bc) and stream its stdout and
+stderr here; the CLI exits with the command's exit code.
+
+The CLI makes an ephemeral Ed25519 key, has the API sign it (a certificate
+valid at most 15 minutes) and issue a single-use ticket, then opens a tunnel
+through the API and the instance's host (never a direct connection) and
+pins the guest by its host certificate from the deployment's SSH CA. A guest
+without a valid certificate is refused before anything runs. With -o json
+it prints {exitCode, hostCertificate: valid|expired|none, stdout, stderr}.
+There is no interactive shell: give the command after --.`,
+		Args: guestExecArgs("INSTANCE", "uname -a"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, sshTenant)
+			if err != nil {
+				return err
+			}
+			return a.runGuestCommand(cmd, argv[1:], func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error) {
+				r, err := c.Instances.Ssh(ctx, request(&apiv1.SshInstanceRequest{Tenant: t, Instance: argv[0], PublicKey: publicKey},
+					mutation{confirmationID: sshConfirmationID}))
+				if err != nil {
+					return nil, err
+				}
+				return r.Msg.GetTicket(), nil
+			})
+		},
+	}
+	sshCmd.Flags().StringVar(&sshTenant, "tenant", "", "tenant (default: the context's)")
+	addConfirmationFlag(sshCmd, &sshConfirmationID)
+	cmd.AddCommand(create, list, get, start, stop, reboot, del, sshCmd)
 	return cmd
 }
 

@@ -75,6 +75,7 @@ func TestInstanceCommands(t *testing.T) {
 	require.Contains(t, ok("volumes", "list", "--tenant", "acme"), "attached")
 	require.Contains(t, ok("instances", "stop", "vm1", "--tenant", "acme", "--wait", "1m"), "stopped")
 	require.Contains(t, ok("instances", "start", "vm1", "--tenant", "acme", "--wait", "1m"), "running")
+	require.Equal(t, "bc-guest\n", ok("instances", "ssh", "vm1", "--tenant", "acme", "--", "echo bc-guest"))
 
 	code, _, errs := cli("instances", "create", "vm2", "--tenant", "acme", "--flavor", DevFlavor, "--network-policy", "open")
 	require.Equal(t, 1, code)

@@ -27,6 +27,7 @@ import (
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tunnel"
 )
 
 // Limits of the wire protocol.
@@ -88,6 +89,9 @@ type Config struct {
 	// Exec, when set, receives the output and end of process.exec commands
 	// whose sessions this replica holds, for the API calls waiting on them.
 	Exec *execrelay.Hub
+	// Tunnels, when set, matches the tunnels nodes open (Tunnel) to the
+	// API requests waiting for them.
+	Tunnels *tunnel.Hub
 	// Authority is the PKI. It may be nil in a process that does not
 	// serve (an api or worker replica): the gateway then only wakes
 	// sessions (NotifyCommand) and runs the sweeps; Run fails.
@@ -155,7 +159,8 @@ type Config struct {
 	// /metrics registry).
 	Metrics prometheus.Registerer
 	// MaxStreamsPerConn bounds concurrent streams on one connection;
-	// default 8 (an agent needs one session and an occasional unary call).
+	// default 32 (an agent needs one session, an occasional unary call,
+	// and one stream per open SSH tunnel).
 	MaxStreamsPerConn uint32
 	// ShutdownTimeout bounds the graceful stop; default 10s.
 	ShutdownTimeout time.Duration
@@ -201,7 +206,7 @@ func (c *Config) defaults() error {
 	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, 10*time.Second)
 	c.IdleConnTimeout = cmp.Or(c.IdleConnTimeout, 2*time.Minute)
 	c.RefusalLogInterval = cmp.Or(c.RefusalLogInterval, 10*time.Second)
-	c.MaxStreamsPerConn = cmp.Or(c.MaxStreamsPerConn, 8)
+	c.MaxStreamsPerConn = cmp.Or(c.MaxStreamsPerConn, 32)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 10*time.Second)
 	c.RefreshInterval = cmp.Or(c.RefreshInterval, 30*time.Second)
 	return c.Validate()

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -53,6 +54,9 @@ type ExecParams struct {
 	// Now is the clock host certificates are checked against (time.Now
 	// when nil).
 	Now func() time.Time
+	// Stdout and Stderr, when set, receive the output as it comes
+	// (ExecResult then holds none of it).
+	Stdout, Stderr io.Writer
 }
 
 // ExecResult is the command's outcome.
@@ -153,6 +157,12 @@ func Exec(ctx context.Context, p ExecParams) (*ExecResult, error) {
 	defer func() { _ = sess.Close() }()
 	var stdout, stderr bytes.Buffer
 	sess.Stdout, sess.Stderr = &stdout, &stderr
+	if p.Stdout != nil {
+		sess.Stdout = p.Stdout
+	}
+	if p.Stderr != nil {
+		sess.Stderr = p.Stderr
+	}
 	err = sess.Run(p.Command)
 	res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
 	var exitErr *ssh.ExitError

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"regexp"
 )
 
@@ -44,13 +45,19 @@ const (
 	// existing instance cannot be deleted (FailBusy).
 	KindVolumeCreate = "volume.create"
 	KindVolumeDelete = "volume.delete"
+	// KindInstanceTunnel asks bcd to dial the guest's sshd and carry the
+	// connection on a new AgentService.Tunnel stream named
+	// TunnelParams.TunnelID. It succeeds once the stream is open (the
+	// bytes flow after the command ends); a guest bcd cannot reach fails
+	// it, and the stream's first frame says why.
+	KindInstanceTunnel = "instance.tunnel"
 )
 
 // Kinds is every kind of this contract, for the gateway's allow list and
 // capability checks.
 var Kinds = []string{KindInstanceCreate, KindInstanceStart, KindInstanceStop, KindInstanceReboot, KindInstancePause,
 	KindInstanceResume, KindInstanceDelete, KindInstanceSnapshot, KindInstanceRestore, KindInstanceList,
-	KindVolumeCreate, KindVolumeDelete}
+	KindVolumeCreate, KindVolumeDelete, KindInstanceTunnel}
 
 // Capabilities bcd advertises only where it enforces them (DESIGN §7).
 const (
@@ -171,6 +178,25 @@ type CreateParams struct {
 type SnapshotParams struct {
 	InstanceID string `json:"instance_id"`
 	SnapshotID string `json:"snapshot_id"`
+}
+
+// TunnelParams is instance.tunnel.
+type TunnelParams struct {
+	InstanceID string `json:"instance_id"`
+	TunnelID   string `json:"tunnel_id"`
+}
+
+// TunnelResult is instance.tunnel's result.
+type TunnelResult struct {
+	TunnelID string `json:"tunnel_id"`
+}
+
+// GuestDialer is what a hypervisor offers the tunnel path: a connection to
+// an instance's sshd, from wherever the guest is reachable (inside the
+// instance network's namespace). A missing instance fails with
+// FailNotFound; one not running with FailRuntime.
+type GuestDialer interface {
+	DialGuest(ctx context.Context, instanceID string) (net.Conn, error)
 }
 
 // VolumeParams is volume.create and volume.delete.

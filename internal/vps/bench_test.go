@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/sshexec"
 	"github.com/better-compute/better-compute/internal/vps"
 )
 
@@ -80,4 +81,31 @@ func BenchmarkInstanceCreate(b *testing.B) {
 	}
 	require.Zero(b, h.count(b, `SELECT COUNT(*) FROM ip_leases`), "no lease left")
 	require.Zero(b, h.count(b, `SELECT COUNT(*) FROM reservations WHERE state = 'active'`), "no live booking left")
+}
+
+// BenchmarkSSHExec measures exec into a guest on the fake hypervisor
+// through the whole path, one at a time: Ssh (decision, certificate,
+// ticket), GET /v1/ssh/tunnel (instance.tunnel command row, delivery to
+// the host, the host's Tunnel stream over the real mTLS gateway), the SSH
+// handshake with host pinning and `true` in the guest.
+//
+//	go test ./internal/vps -run '^$' -bench SSHExec -benchtime 100x
+func BenchmarkSSHExec(b *testing.B) {
+	h := setupHosts(b, 1)
+	ctx := context.Background()
+	h.runningInstance(b, "vm1")
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		tk, key := sshTicket(b, h, "vm1")
+		res, err := sshexec.Run(ctx, sshexec.Params{APIURL: h.cp.URL, Ticket: tk, Key: key, Command: "true"})
+		require.NoError(b, err)
+		require.Zero(b, res.ExitCode)
+		lat[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }

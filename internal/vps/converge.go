@@ -73,6 +73,15 @@ func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.
 	if !slices.Contains(vmcmd.Kinds, c.Kind) {
 		return nil
 	}
+	// A tunnel's answer changes nothing about its instance; a failure is
+	// told to the request waiting for it on this replica.
+	if c.Kind == vmcmd.KindInstanceTunnel {
+		var p vmcmd.TunnelParams
+		if state != fleet.CommandSucceeded && s.tunnels != nil && json.Unmarshal([]byte(c.Params), &p) == nil && p.TunnelID != "" {
+			s.tunnels.Fail(p.TunnelID, c.NodeID, fmt.Errorf("instance.tunnel %s: %s", state, message))
+		}
+		return nil
+	}
 	// The failure code is on the row the gateway just updated.
 	code := ""
 	if state != fleet.CommandSucceeded {

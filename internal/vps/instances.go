@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
+	"github.com/better-compute/better-compute/internal/tunnel"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
@@ -64,6 +65,12 @@ type InstanceService struct {
 	// owner, when set, names the module that drives an instance (a
 	// sandbox), whose item methods then refuse it (SetOwner).
 	owner func(ctx context.Context, q store.Querier, instanceID string) (string, error)
+	// sealer seals the SSH CA's key; nil: no CA (guests get only the
+	// users' keys, and ssh is refused).
+	sealer Sealer
+	ca     sshCA
+	// tunnels holds SSH tickets and pending tunnels on this replica.
+	tunnels *tunnel.Hub
 }
 
 var (
@@ -85,6 +92,10 @@ type InstanceConfig struct {
 	// GuestImages are the image names hosts hold (bcd --guest-images);
 	// empty: DefaultGuestImages.
 	GuestImages []string
+	// Sealer seals the SSH CA's key (nil: no BETTER_COMPUTE_SECRET).
+	Sealer Sealer
+	// Tunnels holds SSH tickets and pending tunnels (nil: ssh is refused).
+	Tunnels *tunnel.Hub
 }
 
 // NewInstanceService returns the instance handlers.
@@ -93,7 +104,8 @@ func NewInstanceService(cfg InstanceConfig) *InstanceService {
 	if len(images) == 0 {
 		images = DefaultGuestImages
 	}
-	return &InstanceService{env: cfg.Env, engine: cfg.Engine, events: cfg.Events, rec: cfg.Recorder, images: images, poll: time.Second}
+	return &InstanceService{env: cfg.Env, engine: cfg.Engine, events: cfg.Events, rec: cfg.Recorder, images: images, poll: time.Second,
+		sealer: cfg.Sealer, tunnels: cfg.Tunnels}
 }
 
 // InstanceResource projects an instance into the authorization model.
@@ -514,6 +526,9 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 	}
 	cp := createParams(&in, r, vols)
 	cp.Paused = t.paused
+	if err := s.seedSSH(ctx, tx, &cp, &in, now); err != nil {
+		return Instance{}, nil, err
+	}
 	if in.NetworkPolicy == vmcmd.PolicyPrivate {
 		// What private admits: the tenant's guests on this network now.
 		// Later peers are not pushed to guests already running.

@@ -27,6 +27,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hypervisor"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/sshca"
+	"github.com/better-compute/better-compute/internal/sshexec"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
@@ -400,4 +401,112 @@ func qemuPID(t *testing.T, hvDir, id string) int {
 	_, err = fmt.Sscan(strings.TrimSpace(string(b)), &pid)
 	require.NoError(t, err)
 	return pid
+}
+
+// TestGuestExecThroughGateway: an instance created through the API boots
+// the real guest image with the deployment's SSH CA in its seed; a ticket
+// from InstanceService.Ssh opens a tunnel through the API, the gateway and
+// bcd (which dials the guest inside the bridge's network namespace), and
+// the guest's OpenSSH accepts the CA-signed user certificate while the
+// client pins it by its CA-signed host certificate.
+func TestGuestExecThroughGateway(t *testing.T) {
+	img := guestImageDir(t)
+	dir := t.TempDir()
+	g := &agentRig{cp: bctest.NewControlPlane(t), agentDir: filepath.Join(dir, "bcd"), hvDir: filepath.Join(dir, "instances"),
+		imagesDir: filepath.Join(dir, "images"), ns: fmt.Sprintf("bcx%d", os.Getpid())}
+	require.NoError(t, os.MkdirAll(g.imagesDir, 0o755))
+	require.NoError(t, os.Symlink(img, filepath.Join(g.imagesDir, "debian-12")))
+	out, err := exec.Command("ip", "netns", "add", g.ns).CombinedOutput()
+	require.NoError(t, err, string(out))
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", g.ns).Run() })
+	require.NoError(t, exec.Command("ip", "-n", g.ns, "link", "set", "lo", "up").Run())
+	t.Cleanup(func() {
+		pids, _ := filepath.Glob(filepath.Join(g.hvDir, "instances", "*", "qemu.pid"))
+		if t.Failed() {
+			for _, p := range pids {
+				con, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "console.log"))
+				t.Logf("guest console (last 6 KiB):\n%s", con[max(0, len(con)-6<<10):])
+			}
+		}
+		// QEMU is daemonized: a failed test must not leave it running.
+		for _, p := range pids {
+			b, _ := os.ReadFile(p)
+			var pid int
+			if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err == nil && pid > 0 {
+				if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), "guest=") {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+	})
+
+	ctx := context.Background()
+	admin := g.cp.Admin()
+	ten, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	g.tenantID = ten.Msg.GetTenant().GetId()
+	_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "vms"}))
+	require.NoError(t, err)
+	tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "vms"}))
+	require.NoError(t, err)
+	node := g.startBCD(t, tok.Msg.GetToken())
+	bctest.WaitFor(t, "the node's GPUs", func() bool {
+		var n int
+		_ = g.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM gpus WHERE node_id = $1`, node.a.NodeID()).Scan(&n)
+		})
+		return n == 8
+	})
+	_, err = admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "gpu",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
+	require.NoError(t, err)
+	_, err = admin.Flavors.Create(ctx, connect.NewRequest(&apiv1.CreateFlavorRequest{Name: "tiny", Vcpus: 1, MemoryMib: 512, DiskGib: 2}))
+	require.NoError(t, err)
+	_, err = admin.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Name: "lan", Cidr: agNet + "0/24",
+		Gateway: agNet + "1", Dns: []string{agNet + "53"}}))
+	require.NoError(t, err)
+
+	start := time.Now()
+	res, err := admin.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "web", Flavor: "tiny",
+		Image: "debian-12", IpPool: "lan", Pool: "gpu", Project: "vms"}))
+	require.NoError(t, err)
+	id := res.Msg.GetInstance().GetId()
+	t.Cleanup(func() {
+		_, _ = admin.Instances.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: id}))
+	})
+	bctest.WaitFor(t, "the instance to run", func() bool {
+		r, err := admin.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: id}))
+		require.NoError(t, err)
+		require.NotEqual(t, "failed", r.Msg.GetInstance().GetState(), r.Msg.GetInstance().GetMessage())
+		return r.Msg.GetInstance().GetState() == "running"
+	})
+
+	// Each attempt is a fresh ticket (single use) until the guest's sshd
+	// is up and accepts the certificate.
+	var (
+		result *sshca.ExecResult
+		stdout strings.Builder
+	)
+	bctest.WaitFor(t, "uname -a through the gateway", func() bool {
+		// The control plane's clock is the test's: keep it at real time,
+		// which bcd checks the tunnel command's deadline against.
+		g.cp.Clock.Set(time.Now())
+		key, err := sshexec.NewKey()
+		require.NoError(t, err)
+		r, err := admin.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: id, PublicKey: key.AuthorizedKey}))
+		require.NoError(t, err)
+		actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		stdout.Reset()
+		result, err = sshexec.Run(actx, sshexec.Params{APIURL: g.cp.URL, Ticket: r.Msg.GetTicket(), Key: key, Command: "uname -a", Stdout: &stdout})
+		if err != nil {
+			t.Logf("exec: %v (trying again)", err)
+			return false
+		}
+		return true
+	})
+	t.Logf("figure: create through the API → exec through the gateway (TCG): %s", time.Since(start).Round(100*time.Millisecond))
+	require.Zero(t, result.ExitCode)
+	require.Equal(t, sshca.HostCertValid, result.HostCert)
+	require.Contains(t, stdout.String(), "Linux")
 }

@@ -251,6 +251,114 @@ func (EnforcementState) EnumDescriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
+// TunnelRequest is a piece of a tunnel from bcd: the first carries
+// tunnel_id (and no data, and error when bcd could not reach the guest,
+// after which it closes); every later one carries bytes from the guest.
+type TunnelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TunnelId      string                 `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelRequest) Reset() {
+	*x = TunnelRequest{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelRequest) ProtoMessage() {}
+
+func (x *TunnelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelRequest.ProtoReflect.Descriptor instead.
+func (*TunnelRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TunnelRequest) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *TunnelRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelRequest) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// TunnelResponse carries bytes from the API client to the guest.
+type TunnelResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelResponse) Reset() {
+	*x = TunnelResponse{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelResponse) ProtoMessage() {}
+
+func (x *TunnelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelResponse.ProtoReflect.Descriptor instead.
+func (*TunnelResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TunnelResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // HardwareIdentity is what identifies the machine; the gateway derives the
 // node's hardware key from it, and refuses a second machine with the same.
 type HardwareIdentity struct {
@@ -270,7 +378,7 @@ type HardwareIdentity struct {
 
 func (x *HardwareIdentity) Reset() {
 	*x = HardwareIdentity{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +390,7 @@ func (x *HardwareIdentity) String() string {
 func (*HardwareIdentity) ProtoMessage() {}
 
 func (x *HardwareIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +403,7 @@ func (x *HardwareIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HardwareIdentity.ProtoReflect.Descriptor instead.
 func (*HardwareIdentity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HardwareIdentity) GetDmiProductUuid() string {
@@ -362,7 +470,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +482,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +495,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -447,7 +555,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +567,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +580,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinResponse) GetStatus() JoinStatus {
@@ -556,7 +664,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +676,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +689,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -623,7 +731,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +743,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +756,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewResponse) GetCertificateChain() [][]byte {
@@ -693,7 +801,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +813,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +826,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -883,7 +991,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1003,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1016,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GatewayMessage) GetMsg() isGatewayMessage_Msg {
@@ -1004,7 +1112,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1124,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1137,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -1088,7 +1196,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1208,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1221,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1135,7 +1243,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1255,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1268,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1197,7 +1305,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1317,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1330,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -1262,7 +1370,7 @@ type GpuTelemetry struct {
 
 func (x *GpuTelemetry) Reset() {
 	*x = GpuTelemetry{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1382,7 @@ func (x *GpuTelemetry) String() string {
 func (*GpuTelemetry) ProtoMessage() {}
 
 func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1395,7 @@ func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuTelemetry.ProtoReflect.Descriptor instead.
 func (*GpuTelemetry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GpuTelemetry) GetUuid() string {
@@ -1372,7 +1480,7 @@ type Pressure struct {
 
 func (x *Pressure) Reset() {
 	*x = Pressure{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1384,7 +1492,7 @@ func (x *Pressure) String() string {
 func (*Pressure) ProtoMessage() {}
 
 func (x *Pressure) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1397,7 +1505,7 @@ func (x *Pressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pressure.ProtoReflect.Descriptor instead.
 func (*Pressure) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Pressure) GetCpu() float64 {
@@ -1435,7 +1543,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1555,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1568,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatusReport) GetPressure() *Pressure {
@@ -1506,7 +1614,7 @@ type HealthEvent struct {
 
 func (x *HealthEvent) Reset() {
 	*x = HealthEvent{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1626,7 @@ func (x *HealthEvent) String() string {
 func (*HealthEvent) ProtoMessage() {}
 
 func (x *HealthEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1639,7 @@ func (x *HealthEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthEvent.ProtoReflect.Descriptor instead.
 func (*HealthEvent) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HealthEvent) GetKind() string {
@@ -1589,7 +1697,7 @@ type InventorySection struct {
 
 func (x *InventorySection) Reset() {
 	*x = InventorySection{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1709,7 @@ func (x *InventorySection) String() string {
 func (*InventorySection) ProtoMessage() {}
 
 func (x *InventorySection) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1722,7 @@ func (x *InventorySection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventorySection.ProtoReflect.Descriptor instead.
 func (*InventorySection) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InventorySection) GetName() string {
@@ -1660,7 +1768,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1780,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1793,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type SystemInventory struct {
@@ -1701,7 +1809,7 @@ type SystemInventory struct {
 
 func (x *SystemInventory) Reset() {
 	*x = SystemInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1821,7 @@ func (x *SystemInventory) String() string {
 func (*SystemInventory) ProtoMessage() {}
 
 func (x *SystemInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1834,7 @@ func (x *SystemInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemInventory.ProtoReflect.Descriptor instead.
 func (*SystemInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SystemInventory) GetIdentity() *HardwareIdentity {
@@ -1776,7 +1884,7 @@ type GpuInventory struct {
 
 func (x *GpuInventory) Reset() {
 	*x = GpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +1896,7 @@ func (x *GpuInventory) String() string {
 func (*GpuInventory) ProtoMessage() {}
 
 func (x *GpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +1909,7 @@ func (x *GpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuInventory.ProtoReflect.Descriptor instead.
 func (*GpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GpuInventory) GetGpus() []*Gpu {
@@ -1854,7 +1962,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1974,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1987,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Gpu) GetIndex() int32 {
@@ -1958,7 +2066,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2078,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2091,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -2025,7 +2133,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2145,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2158,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -2087,7 +2195,7 @@ type CpuInventory struct {
 
 func (x *CpuInventory) Reset() {
 	*x = CpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2207,7 @@ func (x *CpuInventory) String() string {
 func (*CpuInventory) ProtoMessage() {}
 
 func (x *CpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2220,7 @@ func (x *CpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CpuInventory.ProtoReflect.Descriptor instead.
 func (*CpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CpuInventory) GetModel() string {
@@ -2164,7 +2272,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2284,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2297,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -2238,7 +2346,7 @@ type MemoryInventory struct {
 
 func (x *MemoryInventory) Reset() {
 	*x = MemoryInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2250,7 +2358,7 @@ func (x *MemoryInventory) String() string {
 func (*MemoryInventory) ProtoMessage() {}
 
 func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2263,7 +2371,7 @@ func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryInventory.ProtoReflect.Descriptor instead.
 func (*MemoryInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MemoryInventory) GetTotalMib() uint64 {
@@ -2308,7 +2416,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2428,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2441,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Command) GetId() string {
@@ -2395,7 +2503,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2515,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2528,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -2457,7 +2565,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2577,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2590,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -2559,7 +2667,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2679,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2692,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -2651,7 +2759,7 @@ type AllocationBound struct {
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2771,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2784,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -2720,7 +2828,7 @@ type Enforcement struct {
 
 func (x *Enforcement) Reset() {
 	*x = Enforcement{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2840,7 @@ func (x *Enforcement) String() string {
 func (*Enforcement) ProtoMessage() {}
 
 func (x *Enforcement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2853,7 @@ func (x *Enforcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
 func (*Enforcement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Enforcement) GetResource() string {
@@ -2782,7 +2890,7 @@ type AllocationReleased struct {
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +2902,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +2915,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -2849,7 +2957,7 @@ type ProcessExec struct {
 
 func (x *ProcessExec) Reset() {
 	*x = ProcessExec{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +2969,7 @@ func (x *ProcessExec) String() string {
 func (*ProcessExec) ProtoMessage() {}
 
 func (x *ProcessExec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +2982,7 @@ func (x *ProcessExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
 func (*ProcessExec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ProcessExec) GetAllocationId() string {
@@ -2922,7 +3030,7 @@ type ProcessOutput struct {
 
 func (x *ProcessOutput) Reset() {
 	*x = ProcessOutput{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2934,7 +3042,7 @@ func (x *ProcessOutput) String() string {
 func (*ProcessOutput) ProtoMessage() {}
 
 func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2947,7 +3055,7 @@ func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
 func (*ProcessOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ProcessOutput) GetCommandId() string {
@@ -2989,7 +3097,13 @@ var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x02\n" +
+	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n" +
+	"\rTunnelRequest\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"$\n" +
+	"\x0eTunnelResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x8b\x02\n" +
 	"\x10HardwareIdentity\x12(\n" +
 	"\x10dmi_product_uuid\x18\x01 \x01(\tR\x0edmiProductUuid\x12,\n" +
 	"\x12dmi_product_serial\x18\x02 \x01(\tR\x10dmiProductSerial\x12(\n" +
@@ -3236,11 +3350,12 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x19ENFORCEMENT_STATE_APPLIED\x10\x01\x12!\n" +
 	"\x1dENFORCEMENT_STATE_NOT_APPLIED\x10\x02\x12\x1f\n" +
 	"\x1bENFORCEMENT_STATE_SIMULATED\x10\x03\x12#\n" +
-	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\x94\x02\n" +
+	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\xf1\x02\n" +
 	"\fAgentService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12[\n" +
-	"\aSession\x12$.bettercompute.agent.v1.AgentMessage\x1a&.bettercompute.agent.v1.GatewayMessage(\x010\x01BMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
+	"\aSession\x12$.bettercompute.agent.v1.AgentMessage\x1a&.bettercompute.agent.v1.GatewayMessage(\x010\x01\x12[\n" +
+	"\x06Tunnel\x12%.bettercompute.agent.v1.TunnelRequest\x1a&.bettercompute.agent.v1.TunnelResponse(\x010\x01BMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_bettercompute_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -3255,95 +3370,99 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
 	(CommandState)(0),             // 2: bettercompute.agent.v1.CommandState
 	(EnforcementState)(0),         // 3: bettercompute.agent.v1.EnforcementState
-	(*HardwareIdentity)(nil),      // 4: bettercompute.agent.v1.HardwareIdentity
-	(*JoinRequest)(nil),           // 5: bettercompute.agent.v1.JoinRequest
-	(*JoinResponse)(nil),          // 6: bettercompute.agent.v1.JoinResponse
-	(*RenewRequest)(nil),          // 7: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),         // 8: bettercompute.agent.v1.RenewResponse
-	(*AgentMessage)(nil),          // 9: bettercompute.agent.v1.AgentMessage
-	(*GatewayMessage)(nil),        // 10: bettercompute.agent.v1.GatewayMessage
-	(*Hello)(nil),                 // 11: bettercompute.agent.v1.Hello
-	(*Goodbye)(nil),               // 12: bettercompute.agent.v1.Goodbye
-	(*HelloAck)(nil),              // 13: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 14: bettercompute.agent.v1.Heartbeat
-	(*GpuTelemetry)(nil),          // 15: bettercompute.agent.v1.GpuTelemetry
-	(*Pressure)(nil),              // 16: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 17: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 18: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 19: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 20: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 21: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 22: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 23: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 24: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 25: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 26: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 27: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 28: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 29: bettercompute.agent.v1.Command
-	(*CancelCommand)(nil),         // 30: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 31: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 32: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 33: bettercompute.agent.v1.AllocationBound
-	(*Enforcement)(nil),           // 34: bettercompute.agent.v1.Enforcement
-	(*AllocationReleased)(nil),    // 35: bettercompute.agent.v1.AllocationReleased
-	(*ProcessExec)(nil),           // 36: bettercompute.agent.v1.ProcessExec
-	(*ProcessOutput)(nil),         // 37: bettercompute.agent.v1.ProcessOutput
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 39: google.protobuf.Struct
+	(*TunnelRequest)(nil),         // 4: bettercompute.agent.v1.TunnelRequest
+	(*TunnelResponse)(nil),        // 5: bettercompute.agent.v1.TunnelResponse
+	(*HardwareIdentity)(nil),      // 6: bettercompute.agent.v1.HardwareIdentity
+	(*JoinRequest)(nil),           // 7: bettercompute.agent.v1.JoinRequest
+	(*JoinResponse)(nil),          // 8: bettercompute.agent.v1.JoinResponse
+	(*RenewRequest)(nil),          // 9: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),         // 10: bettercompute.agent.v1.RenewResponse
+	(*AgentMessage)(nil),          // 11: bettercompute.agent.v1.AgentMessage
+	(*GatewayMessage)(nil),        // 12: bettercompute.agent.v1.GatewayMessage
+	(*Hello)(nil),                 // 13: bettercompute.agent.v1.Hello
+	(*Goodbye)(nil),               // 14: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 15: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 16: bettercompute.agent.v1.Heartbeat
+	(*GpuTelemetry)(nil),          // 17: bettercompute.agent.v1.GpuTelemetry
+	(*Pressure)(nil),              // 18: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 19: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 20: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 21: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 22: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 23: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 24: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 25: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 26: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 27: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 28: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 29: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 30: bettercompute.agent.v1.MemoryInventory
+	(*Command)(nil),               // 31: bettercompute.agent.v1.Command
+	(*CancelCommand)(nil),         // 32: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 33: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 34: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 35: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 36: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 37: bettercompute.agent.v1.AllocationReleased
+	(*ProcessExec)(nil),           // 38: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 39: bettercompute.agent.v1.ProcessOutput
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 41: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	4,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	6,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	1,  // 2: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	38, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	38, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	38, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	11, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	14, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	17, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	19, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	31, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	33, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	35, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	12, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	37, // 14: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
-	13, // 15: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	29, // 16: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	30, // 17: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	20, // 18: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	40, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	40, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	40, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	13, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	16, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	19, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	21, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	33, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	35, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	37, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	14, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	39, // 14: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	15, // 15: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	31, // 16: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	32, // 17: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	22, // 18: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
 	0,  // 19: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	38, // 20: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	38, // 21: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	15, // 22: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
-	16, // 23: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	18, // 24: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	38, // 25: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	4,  // 26: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	23, // 27: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	25, // 28: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	24, // 29: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	27, // 30: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	39, // 31: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	38, // 32: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	40, // 20: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	40, // 21: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	17, // 22: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
+	18, // 23: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	20, // 24: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	40, // 25: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	6,  // 26: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	25, // 27: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	27, // 28: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	26, // 29: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	29, // 30: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	41, // 31: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	40, // 32: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
 	2,  // 33: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	39, // 34: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	34, // 35: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	41, // 34: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	36, // 35: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
 	3,  // 36: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	5,  // 37: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	7,  // 38: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	9,  // 39: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	6,  // 40: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	8,  // 41: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	10, // 42: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	40, // [40:43] is the sub-list for method output_type
-	37, // [37:40] is the sub-list for method input_type
+	7,  // 37: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	9,  // 38: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	11, // 39: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	4,  // 40: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	8,  // 41: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	10, // 42: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	12, // 43: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	5,  // 44: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	41, // [41:45] is the sub-list for method output_type
+	37, // [37:41] is the sub-list for method input_type
 	37, // [37:37] is the sub-list for extension type_name
 	37, // [37:37] is the sub-list for extension extendee
 	0,  // [0:37] is the sub-list for field type_name
@@ -3354,7 +3473,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Status)(nil),
@@ -3365,21 +3484,21 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*AgentMessage_Goodbye)(nil),
 		(*AgentMessage_ProcessOutput)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*GatewayMessage_HelloAck)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[19].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

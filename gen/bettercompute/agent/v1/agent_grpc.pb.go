@@ -22,6 +22,7 @@ const (
 	AgentService_Join_FullMethodName    = "/bettercompute.agent.v1.AgentService/Join"
 	AgentService_Renew_FullMethodName   = "/bettercompute.agent.v1.AgentService/Renew"
 	AgentService_Session_FullMethodName = "/bettercompute.agent.v1.AgentService/Session"
+	AgentService_Tunnel_FullMethodName  = "/bettercompute.agent.v1.AgentService/Tunnel"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -43,6 +44,12 @@ type AgentServiceClient interface {
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 	// Session is the node's one long-lived stream.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentMessage, GatewayMessage], error)
+	// Tunnel carries one byte stream between an API client and a guest's
+	// sshd. bcd opens it when an instance.tunnel command asks: its first
+	// frame names the tunnel id, which the gateway matches to the waiting
+	// API request issued for this node only; then both sides send data
+	// frames until either closes.
+	Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelRequest, TunnelResponse], error)
 }
 
 type agentServiceClient struct {
@@ -86,6 +93,19 @@ func (c *agentServiceClient) Session(ctx context.Context, opts ...grpc.CallOptio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_SessionClient = grpc.BidiStreamingClient[AgentMessage, GatewayMessage]
 
+func (c *agentServiceClient) Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelRequest, TunnelResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_Tunnel_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TunnelRequest, TunnelResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_TunnelClient = grpc.BidiStreamingClient[TunnelRequest, TunnelResponse]
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -105,6 +125,12 @@ type AgentServiceServer interface {
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	// Session is the node's one long-lived stream.
 	Session(grpc.BidiStreamingServer[AgentMessage, GatewayMessage]) error
+	// Tunnel carries one byte stream between an API client and a guest's
+	// sshd. bcd opens it when an instance.tunnel command asks: its first
+	// frame names the tunnel id, which the gateway matches to the waiting
+	// API request issued for this node only; then both sides send data
+	// frames until either closes.
+	Tunnel(grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -123,6 +149,9 @@ func (UnimplementedAgentServiceServer) Renew(context.Context, *RenewRequest) (*R
 }
 func (UnimplementedAgentServiceServer) Session(grpc.BidiStreamingServer[AgentMessage, GatewayMessage]) error {
 	return status.Error(codes.Unimplemented, "method Session not implemented")
+}
+func (UnimplementedAgentServiceServer) Tunnel(grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]) error {
+	return status.Error(codes.Unimplemented, "method Tunnel not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -188,6 +217,13 @@ func _AgentService_Session_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_SessionServer = grpc.BidiStreamingServer[AgentMessage, GatewayMessage]
 
+func _AgentService_Tunnel_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServiceServer).Tunnel(&grpc.GenericServerStream[TunnelRequest, TunnelResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_TunnelServer = grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -208,6 +244,12 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Session",
 			Handler:       _AgentService_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Tunnel",
+			Handler:       _AgentService_Tunnel_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

@@ -1758,6 +1758,211 @@ func (x *InstanceCondition) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+type SshInstanceRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Tenant   string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Instance string                 `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	// The caller's SSH public key, in authorized_keys form.
+	PublicKey     string `protobuf:"bytes,3,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SshInstanceRequest) Reset() {
+	*x = SshInstanceRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SshInstanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SshInstanceRequest) ProtoMessage() {}
+
+func (x *SshInstanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SshInstanceRequest.ProtoReflect.Descriptor instead.
+func (*SshInstanceRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SshInstanceRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *SshInstanceRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *SshInstanceRequest) GetPublicKey() string {
+	if x != nil {
+		return x.PublicKey
+	}
+	return ""
+}
+
+// SshTicket is what a client needs to reach a guest's sshd and pin it.
+type SshTicket struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ticket opens one tunnel (header X-BC-SSH-Ticket on GET /v1/ssh/tunnel),
+	// once, before ticket_expire_time.
+	Ticket           string                 `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	TicketExpireTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=ticket_expire_time,json=ticketExpireTime,proto3" json:"ticket_expire_time,omitempty"`
+	// user_certificate is the caller's key signed for account, in
+	// authorized_keys form.
+	UserCertificate string `protobuf:"bytes,3,opt,name=user_certificate,json=userCertificate,proto3" json:"user_certificate,omitempty"`
+	// host_ca_key is the CA that signs guests' host keys (authorized_keys
+	// form): the client pins the guest by it and host_name.
+	HostCaKey string `protobuf:"bytes,4,opt,name=host_ca_key,json=hostCaKey,proto3" json:"host_ca_key,omitempty"`
+	Account   string `protobuf:"bytes,5,opt,name=account,proto3" json:"account,omitempty"`
+	HostName  string `protobuf:"bytes,6,opt,name=host_name,json=hostName,proto3" json:"host_name,omitempty"`
+	// valid_before is when user_certificate expires.
+	ValidBefore   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=valid_before,json=validBefore,proto3" json:"valid_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SshTicket) Reset() {
+	*x = SshTicket{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SshTicket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SshTicket) ProtoMessage() {}
+
+func (x *SshTicket) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SshTicket.ProtoReflect.Descriptor instead.
+func (*SshTicket) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SshTicket) GetTicket() string {
+	if x != nil {
+		return x.Ticket
+	}
+	return ""
+}
+
+func (x *SshTicket) GetTicketExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TicketExpireTime
+	}
+	return nil
+}
+
+func (x *SshTicket) GetUserCertificate() string {
+	if x != nil {
+		return x.UserCertificate
+	}
+	return ""
+}
+
+func (x *SshTicket) GetHostCaKey() string {
+	if x != nil {
+		return x.HostCaKey
+	}
+	return ""
+}
+
+func (x *SshTicket) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *SshTicket) GetHostName() string {
+	if x != nil {
+		return x.HostName
+	}
+	return ""
+}
+
+func (x *SshTicket) GetValidBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ValidBefore
+	}
+	return nil
+}
+
+type SshInstanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ticket        *SshTicket             `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SshInstanceResponse) Reset() {
+	*x = SshInstanceResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SshInstanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SshInstanceResponse) ProtoMessage() {}
+
+func (x *SshInstanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SshInstanceResponse.ProtoReflect.Descriptor instead.
+func (*SshInstanceResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SshInstanceResponse) GetTicket() *SshTicket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
 // A volume to create with the instance and attach to it.
 type InstanceVolumeSpec struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -1771,7 +1976,7 @@ type InstanceVolumeSpec struct {
 
 func (x *InstanceVolumeSpec) Reset() {
 	*x = InstanceVolumeSpec{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1988,7 @@ func (x *InstanceVolumeSpec) String() string {
 func (*InstanceVolumeSpec) ProtoMessage() {}
 
 func (x *InstanceVolumeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +2001,7 @@ func (x *InstanceVolumeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceVolumeSpec.ProtoReflect.Descriptor instead.
 func (*InstanceVolumeSpec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *InstanceVolumeSpec) GetName() string {
@@ -1848,7 +2053,7 @@ type CreateInstanceRequest struct {
 
 func (x *CreateInstanceRequest) Reset() {
 	*x = CreateInstanceRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2065,7 @@ func (x *CreateInstanceRequest) String() string {
 func (*CreateInstanceRequest) ProtoMessage() {}
 
 func (x *CreateInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2078,7 @@ func (x *CreateInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateInstanceRequest.ProtoReflect.Descriptor instead.
 func (*CreateInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateInstanceRequest) GetTenant() string {
@@ -1962,7 +2167,7 @@ type CreateInstanceResponse struct {
 
 func (x *CreateInstanceResponse) Reset() {
 	*x = CreateInstanceResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2179,7 @@ func (x *CreateInstanceResponse) String() string {
 func (*CreateInstanceResponse) ProtoMessage() {}
 
 func (x *CreateInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2192,7 @@ func (x *CreateInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateInstanceResponse.ProtoReflect.Descriptor instead.
 func (*CreateInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateInstanceResponse) GetInstance() *Instance {
@@ -2008,7 +2213,7 @@ type GetInstanceRequest struct {
 
 func (x *GetInstanceRequest) Reset() {
 	*x = GetInstanceRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2225,7 @@ func (x *GetInstanceRequest) String() string {
 func (*GetInstanceRequest) ProtoMessage() {}
 
 func (x *GetInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2238,7 @@ func (x *GetInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInstanceRequest.ProtoReflect.Descriptor instead.
 func (*GetInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetInstanceRequest) GetTenant() string {
@@ -2059,7 +2264,7 @@ type GetInstanceResponse struct {
 
 func (x *GetInstanceResponse) Reset() {
 	*x = GetInstanceResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2276,7 @@ func (x *GetInstanceResponse) String() string {
 func (*GetInstanceResponse) ProtoMessage() {}
 
 func (x *GetInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2289,7 @@ func (x *GetInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInstanceResponse.ProtoReflect.Descriptor instead.
 func (*GetInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetInstanceResponse) GetInstance() *Instance {
@@ -2105,7 +2310,7 @@ type ListInstancesRequest struct {
 
 func (x *ListInstancesRequest) Reset() {
 	*x = ListInstancesRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2322,7 @@ func (x *ListInstancesRequest) String() string {
 func (*ListInstancesRequest) ProtoMessage() {}
 
 func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2335,7 @@ func (x *ListInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesRequest.ProtoReflect.Descriptor instead.
 func (*ListInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListInstancesRequest) GetTenant() string {
@@ -2164,7 +2369,7 @@ type ListInstancesResponse struct {
 
 func (x *ListInstancesResponse) Reset() {
 	*x = ListInstancesResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2381,7 @@ func (x *ListInstancesResponse) String() string {
 func (*ListInstancesResponse) ProtoMessage() {}
 
 func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2394,7 @@ func (x *ListInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListInstancesResponse.ProtoReflect.Descriptor instead.
 func (*ListInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListInstancesResponse) GetInstances() []*Instance {
@@ -2216,7 +2421,7 @@ type StartInstanceRequest struct {
 
 func (x *StartInstanceRequest) Reset() {
 	*x = StartInstanceRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2433,7 @@ func (x *StartInstanceRequest) String() string {
 func (*StartInstanceRequest) ProtoMessage() {}
 
 func (x *StartInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2446,7 @@ func (x *StartInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartInstanceRequest.ProtoReflect.Descriptor instead.
 func (*StartInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StartInstanceRequest) GetTenant() string {
@@ -2267,7 +2472,7 @@ type StartInstanceResponse struct {
 
 func (x *StartInstanceResponse) Reset() {
 	*x = StartInstanceResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2484,7 @@ func (x *StartInstanceResponse) String() string {
 func (*StartInstanceResponse) ProtoMessage() {}
 
 func (x *StartInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2497,7 @@ func (x *StartInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartInstanceResponse.ProtoReflect.Descriptor instead.
 func (*StartInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StartInstanceResponse) GetInstance() *Instance {
@@ -2312,7 +2517,7 @@ type StopInstanceRequest struct {
 
 func (x *StopInstanceRequest) Reset() {
 	*x = StopInstanceRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2529,7 @@ func (x *StopInstanceRequest) String() string {
 func (*StopInstanceRequest) ProtoMessage() {}
 
 func (x *StopInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2542,7 @@ func (x *StopInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopInstanceRequest.ProtoReflect.Descriptor instead.
 func (*StopInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StopInstanceRequest) GetTenant() string {
@@ -2363,7 +2568,7 @@ type StopInstanceResponse struct {
 
 func (x *StopInstanceResponse) Reset() {
 	*x = StopInstanceResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2580,7 @@ func (x *StopInstanceResponse) String() string {
 func (*StopInstanceResponse) ProtoMessage() {}
 
 func (x *StopInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2593,7 @@ func (x *StopInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopInstanceResponse.ProtoReflect.Descriptor instead.
 func (*StopInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StopInstanceResponse) GetInstance() *Instance {
@@ -2408,7 +2613,7 @@ type RebootInstanceRequest struct {
 
 func (x *RebootInstanceRequest) Reset() {
 	*x = RebootInstanceRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2625,7 @@ func (x *RebootInstanceRequest) String() string {
 func (*RebootInstanceRequest) ProtoMessage() {}
 
 func (x *RebootInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2638,7 @@ func (x *RebootInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebootInstanceRequest.ProtoReflect.Descriptor instead.
 func (*RebootInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RebootInstanceRequest) GetTenant() string {
@@ -2459,7 +2664,7 @@ type RebootInstanceResponse struct {
 
 func (x *RebootInstanceResponse) Reset() {
 	*x = RebootInstanceResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2471,7 +2676,7 @@ func (x *RebootInstanceResponse) String() string {
 func (*RebootInstanceResponse) ProtoMessage() {}
 
 func (x *RebootInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2484,7 +2689,7 @@ func (x *RebootInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebootInstanceResponse.ProtoReflect.Descriptor instead.
 func (*RebootInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RebootInstanceResponse) GetInstance() *Instance {
@@ -2504,7 +2709,7 @@ type DeleteInstanceRequest struct {
 
 func (x *DeleteInstanceRequest) Reset() {
 	*x = DeleteInstanceRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2721,7 @@ func (x *DeleteInstanceRequest) String() string {
 func (*DeleteInstanceRequest) ProtoMessage() {}
 
 func (x *DeleteInstanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +2734,7 @@ func (x *DeleteInstanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteInstanceRequest.ProtoReflect.Descriptor instead.
 func (*DeleteInstanceRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteInstanceRequest) GetTenant() string {
@@ -2555,7 +2760,7 @@ type DeleteInstanceResponse struct {
 
 func (x *DeleteInstanceResponse) Reset() {
 	*x = DeleteInstanceResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2772,7 @@ func (x *DeleteInstanceResponse) String() string {
 func (*DeleteInstanceResponse) ProtoMessage() {}
 
 func (x *DeleteInstanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +2785,7 @@ func (x *DeleteInstanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteInstanceResponse.ProtoReflect.Descriptor instead.
 func (*DeleteInstanceResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteInstanceResponse) GetInstance() *Instance {
@@ -2603,7 +2808,7 @@ type WatchInstancesRequest struct {
 
 func (x *WatchInstancesRequest) Reset() {
 	*x = WatchInstancesRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2820,7 @@ func (x *WatchInstancesRequest) String() string {
 func (*WatchInstancesRequest) ProtoMessage() {}
 
 func (x *WatchInstancesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2833,7 @@ func (x *WatchInstancesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchInstancesRequest.ProtoReflect.Descriptor instead.
 func (*WatchInstancesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchInstancesRequest) GetTenant() string {
@@ -2664,7 +2869,7 @@ type WatchInstancesResponse struct {
 
 func (x *WatchInstancesResponse) Reset() {
 	*x = WatchInstancesResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2676,7 +2881,7 @@ func (x *WatchInstancesResponse) String() string {
 func (*WatchInstancesResponse) ProtoMessage() {}
 
 func (x *WatchInstancesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2689,7 +2894,7 @@ func (x *WatchInstancesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchInstancesResponse.ProtoReflect.Descriptor instead.
 func (*WatchInstancesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchInstancesResponse) GetType() string {
@@ -2735,7 +2940,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +2952,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +2965,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Volume) GetId() string {
@@ -2855,7 +3060,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +3072,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +3085,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateVolumeRequest) GetTenant() string {
@@ -2927,7 +3132,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[42]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3144,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[42]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3157,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateVolumeResponse) GetVolume() *Volume {
@@ -2972,7 +3177,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[43]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2984,7 +3189,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[43]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2997,7 +3202,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetVolumeRequest) GetTenant() string {
@@ -3023,7 +3228,7 @@ type GetVolumeResponse struct {
 
 func (x *GetVolumeResponse) Reset() {
 	*x = GetVolumeResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[44]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3240,7 @@ func (x *GetVolumeResponse) String() string {
 func (*GetVolumeResponse) ProtoMessage() {}
 
 func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[44]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3253,7 @@ func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetVolumeResponse) GetVolume() *Volume {
@@ -3069,7 +3274,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[45]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3286,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[45]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3299,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListVolumesRequest) GetTenant() string {
@@ -3128,7 +3333,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[46]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3345,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[46]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3358,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -3180,7 +3385,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[47]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3397,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[47]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3410,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DetachVolumeRequest) GetTenant() string {
@@ -3231,7 +3436,7 @@ type DetachVolumeResponse struct {
 
 func (x *DetachVolumeResponse) Reset() {
 	*x = DetachVolumeResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[48]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3243,7 +3448,7 @@ func (x *DetachVolumeResponse) String() string {
 func (*DetachVolumeResponse) ProtoMessage() {}
 
 func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[48]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3256,7 +3461,7 @@ func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DetachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DetachVolumeResponse) GetVolume() *Volume {
@@ -3276,7 +3481,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[49]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3493,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[49]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3301,7 +3506,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteVolumeRequest) GetTenant() string {
@@ -3327,7 +3532,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3544,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3557,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteVolumeResponse) GetVolume() *Volume {
@@ -3522,7 +3727,22 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12;\n" +
 	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"[\n" +
+	"updateTime\"g\n" +
+	"\x12SshInstanceRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x03 \x01(\tR\tpublicKey\"\xae\x02\n" +
+	"\tSshTicket\x12\x16\n" +
+	"\x06ticket\x18\x01 \x01(\tR\x06ticket\x12H\n" +
+	"\x12ticket_expire_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x10ticketExpireTime\x12)\n" +
+	"\x10user_certificate\x18\x03 \x01(\tR\x0fuserCertificate\x12\x1e\n" +
+	"\vhost_ca_key\x18\x04 \x01(\tR\thostCaKey\x12\x18\n" +
+	"\aaccount\x18\x05 \x01(\tR\aaccount\x12\x1b\n" +
+	"\thost_name\x18\x06 \x01(\tR\bhostName\x12=\n" +
+	"\fvalid_before\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vvalidBefore\"N\n" +
+	"\x13SshInstanceResponse\x127\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.SshTicketR\x06ticket\"[\n" +
 	"\x12InstanceVolumeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bsize_gib\x18\x02 \x01(\x05R\asizeGib\x12\x16\n" +
@@ -3641,7 +3861,7 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x04List\x12(.bettercompute.api.v1.ListIPPoolsRequest\x1a).bettercompute.api.v1.ListIPPoolsResponse\"\x03\x90\x02\x01\x12h\n" +
 	"\n" +
 	"ListLeases\x12).bettercompute.api.v1.ListIPLeasesRequest\x1a*.bettercompute.api.v1.ListIPLeasesResponse\"\x03\x90\x02\x01\x12_\n" +
-	"\x06Delete\x12).bettercompute.api.v1.DeleteIPPoolRequest\x1a*.bettercompute.api.v1.DeleteIPPoolResponse2\xae\x06\n" +
+	"\x06Delete\x12).bettercompute.api.v1.DeleteIPPoolRequest\x1a*.bettercompute.api.v1.DeleteIPPoolResponse2\x8a\a\n" +
 	"\x0fInstanceService\x12c\n" +
 	"\x06Create\x12+.bettercompute.api.v1.CreateInstanceRequest\x1a,.bettercompute.api.v1.CreateInstanceResponse\x12_\n" +
 	"\x03Get\x12(.bettercompute.api.v1.GetInstanceRequest\x1a).bettercompute.api.v1.GetInstanceResponse\"\x03\x90\x02\x01\x12d\n" +
@@ -3650,7 +3870,8 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x04Stop\x12).bettercompute.api.v1.StopInstanceRequest\x1a*.bettercompute.api.v1.StopInstanceResponse\x12c\n" +
 	"\x06Reboot\x12+.bettercompute.api.v1.RebootInstanceRequest\x1a,.bettercompute.api.v1.RebootInstanceResponse\x12c\n" +
 	"\x06Delete\x12+.bettercompute.api.v1.DeleteInstanceRequest\x1a,.bettercompute.api.v1.DeleteInstanceResponse\x12d\n" +
-	"\x05Watch\x12+.bettercompute.api.v1.WatchInstancesRequest\x1a,.bettercompute.api.v1.WatchInstancesResponse0\x012\xf1\x03\n" +
+	"\x05Watch\x12+.bettercompute.api.v1.WatchInstancesRequest\x1a,.bettercompute.api.v1.WatchInstancesResponse0\x01\x12Z\n" +
+	"\x03Ssh\x12(.bettercompute.api.v1.SshInstanceRequest\x1a).bettercompute.api.v1.SshInstanceResponse2\xf1\x03\n" +
 	"\rVolumeService\x12_\n" +
 	"\x06Create\x12).bettercompute.api.v1.CreateVolumeRequest\x1a*.bettercompute.api.v1.CreateVolumeResponse\x12[\n" +
 	"\x03Get\x12&.bettercompute.api.v1.GetVolumeRequest\x1a'.bettercompute.api.v1.GetVolumeResponse\"\x03\x90\x02\x01\x12`\n" +
@@ -3670,7 +3891,7 @@ func file_bettercompute_api_v1_instances_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_instances_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_instances_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_bettercompute_api_v1_instances_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_bettercompute_api_v1_instances_proto_goTypes = []any{
 	(*Flavor)(nil),                 // 0: bettercompute.api.v1.Flavor
 	(*CreateFlavorRequest)(nil),    // 1: bettercompute.api.v1.CreateFlavorRequest
@@ -3695,116 +3916,124 @@ var file_bettercompute_api_v1_instances_proto_goTypes = []any{
 	(*DeleteIPPoolResponse)(nil),   // 20: bettercompute.api.v1.DeleteIPPoolResponse
 	(*Instance)(nil),               // 21: bettercompute.api.v1.Instance
 	(*InstanceCondition)(nil),      // 22: bettercompute.api.v1.InstanceCondition
-	(*InstanceVolumeSpec)(nil),     // 23: bettercompute.api.v1.InstanceVolumeSpec
-	(*CreateInstanceRequest)(nil),  // 24: bettercompute.api.v1.CreateInstanceRequest
-	(*CreateInstanceResponse)(nil), // 25: bettercompute.api.v1.CreateInstanceResponse
-	(*GetInstanceRequest)(nil),     // 26: bettercompute.api.v1.GetInstanceRequest
-	(*GetInstanceResponse)(nil),    // 27: bettercompute.api.v1.GetInstanceResponse
-	(*ListInstancesRequest)(nil),   // 28: bettercompute.api.v1.ListInstancesRequest
-	(*ListInstancesResponse)(nil),  // 29: bettercompute.api.v1.ListInstancesResponse
-	(*StartInstanceRequest)(nil),   // 30: bettercompute.api.v1.StartInstanceRequest
-	(*StartInstanceResponse)(nil),  // 31: bettercompute.api.v1.StartInstanceResponse
-	(*StopInstanceRequest)(nil),    // 32: bettercompute.api.v1.StopInstanceRequest
-	(*StopInstanceResponse)(nil),   // 33: bettercompute.api.v1.StopInstanceResponse
-	(*RebootInstanceRequest)(nil),  // 34: bettercompute.api.v1.RebootInstanceRequest
-	(*RebootInstanceResponse)(nil), // 35: bettercompute.api.v1.RebootInstanceResponse
-	(*DeleteInstanceRequest)(nil),  // 36: bettercompute.api.v1.DeleteInstanceRequest
-	(*DeleteInstanceResponse)(nil), // 37: bettercompute.api.v1.DeleteInstanceResponse
-	(*WatchInstancesRequest)(nil),  // 38: bettercompute.api.v1.WatchInstancesRequest
-	(*WatchInstancesResponse)(nil), // 39: bettercompute.api.v1.WatchInstancesResponse
-	(*Volume)(nil),                 // 40: bettercompute.api.v1.Volume
-	(*CreateVolumeRequest)(nil),    // 41: bettercompute.api.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),   // 42: bettercompute.api.v1.CreateVolumeResponse
-	(*GetVolumeRequest)(nil),       // 43: bettercompute.api.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),      // 44: bettercompute.api.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),     // 45: bettercompute.api.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 46: bettercompute.api.v1.ListVolumesResponse
-	(*DetachVolumeRequest)(nil),    // 47: bettercompute.api.v1.DetachVolumeRequest
-	(*DetachVolumeResponse)(nil),   // 48: bettercompute.api.v1.DetachVolumeResponse
-	(*DeleteVolumeRequest)(nil),    // 49: bettercompute.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 50: bettercompute.api.v1.DeleteVolumeResponse
-	(*timestamppb.Timestamp)(nil),  // 51: google.protobuf.Timestamp
+	(*SshInstanceRequest)(nil),     // 23: bettercompute.api.v1.SshInstanceRequest
+	(*SshTicket)(nil),              // 24: bettercompute.api.v1.SshTicket
+	(*SshInstanceResponse)(nil),    // 25: bettercompute.api.v1.SshInstanceResponse
+	(*InstanceVolumeSpec)(nil),     // 26: bettercompute.api.v1.InstanceVolumeSpec
+	(*CreateInstanceRequest)(nil),  // 27: bettercompute.api.v1.CreateInstanceRequest
+	(*CreateInstanceResponse)(nil), // 28: bettercompute.api.v1.CreateInstanceResponse
+	(*GetInstanceRequest)(nil),     // 29: bettercompute.api.v1.GetInstanceRequest
+	(*GetInstanceResponse)(nil),    // 30: bettercompute.api.v1.GetInstanceResponse
+	(*ListInstancesRequest)(nil),   // 31: bettercompute.api.v1.ListInstancesRequest
+	(*ListInstancesResponse)(nil),  // 32: bettercompute.api.v1.ListInstancesResponse
+	(*StartInstanceRequest)(nil),   // 33: bettercompute.api.v1.StartInstanceRequest
+	(*StartInstanceResponse)(nil),  // 34: bettercompute.api.v1.StartInstanceResponse
+	(*StopInstanceRequest)(nil),    // 35: bettercompute.api.v1.StopInstanceRequest
+	(*StopInstanceResponse)(nil),   // 36: bettercompute.api.v1.StopInstanceResponse
+	(*RebootInstanceRequest)(nil),  // 37: bettercompute.api.v1.RebootInstanceRequest
+	(*RebootInstanceResponse)(nil), // 38: bettercompute.api.v1.RebootInstanceResponse
+	(*DeleteInstanceRequest)(nil),  // 39: bettercompute.api.v1.DeleteInstanceRequest
+	(*DeleteInstanceResponse)(nil), // 40: bettercompute.api.v1.DeleteInstanceResponse
+	(*WatchInstancesRequest)(nil),  // 41: bettercompute.api.v1.WatchInstancesRequest
+	(*WatchInstancesResponse)(nil), // 42: bettercompute.api.v1.WatchInstancesResponse
+	(*Volume)(nil),                 // 43: bettercompute.api.v1.Volume
+	(*CreateVolumeRequest)(nil),    // 44: bettercompute.api.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),   // 45: bettercompute.api.v1.CreateVolumeResponse
+	(*GetVolumeRequest)(nil),       // 46: bettercompute.api.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),      // 47: bettercompute.api.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),     // 48: bettercompute.api.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 49: bettercompute.api.v1.ListVolumesResponse
+	(*DetachVolumeRequest)(nil),    // 50: bettercompute.api.v1.DetachVolumeRequest
+	(*DetachVolumeResponse)(nil),   // 51: bettercompute.api.v1.DetachVolumeResponse
+	(*DeleteVolumeRequest)(nil),    // 52: bettercompute.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 53: bettercompute.api.v1.DeleteVolumeResponse
+	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_instances_proto_depIdxs = []int32{
-	51, // 0: bettercompute.api.v1.Flavor.create_time:type_name -> google.protobuf.Timestamp
+	54, // 0: bettercompute.api.v1.Flavor.create_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: bettercompute.api.v1.CreateFlavorResponse.flavor:type_name -> bettercompute.api.v1.Flavor
 	0,  // 2: bettercompute.api.v1.GetFlavorResponse.flavor:type_name -> bettercompute.api.v1.Flavor
 	0,  // 3: bettercompute.api.v1.ListFlavorsResponse.flavors:type_name -> bettercompute.api.v1.Flavor
-	51, // 4: bettercompute.api.v1.IPPool.create_time:type_name -> google.protobuf.Timestamp
-	51, // 5: bettercompute.api.v1.IPLease.create_time:type_name -> google.protobuf.Timestamp
+	54, // 4: bettercompute.api.v1.IPPool.create_time:type_name -> google.protobuf.Timestamp
+	54, // 5: bettercompute.api.v1.IPLease.create_time:type_name -> google.protobuf.Timestamp
 	9,  // 6: bettercompute.api.v1.CreateIPPoolResponse.ip_pool:type_name -> bettercompute.api.v1.IPPool
 	9,  // 7: bettercompute.api.v1.GetIPPoolResponse.ip_pool:type_name -> bettercompute.api.v1.IPPool
 	9,  // 8: bettercompute.api.v1.ListIPPoolsResponse.ip_pools:type_name -> bettercompute.api.v1.IPPool
 	10, // 9: bettercompute.api.v1.ListIPLeasesResponse.leases:type_name -> bettercompute.api.v1.IPLease
 	22, // 10: bettercompute.api.v1.Instance.conditions:type_name -> bettercompute.api.v1.InstanceCondition
-	51, // 11: bettercompute.api.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
-	51, // 12: bettercompute.api.v1.Instance.update_time:type_name -> google.protobuf.Timestamp
-	51, // 13: bettercompute.api.v1.InstanceCondition.update_time:type_name -> google.protobuf.Timestamp
-	23, // 14: bettercompute.api.v1.CreateInstanceRequest.volumes:type_name -> bettercompute.api.v1.InstanceVolumeSpec
-	21, // 15: bettercompute.api.v1.CreateInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
-	21, // 16: bettercompute.api.v1.GetInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
-	21, // 17: bettercompute.api.v1.ListInstancesResponse.instances:type_name -> bettercompute.api.v1.Instance
-	21, // 18: bettercompute.api.v1.StartInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
-	21, // 19: bettercompute.api.v1.StopInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
-	21, // 20: bettercompute.api.v1.RebootInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
-	21, // 21: bettercompute.api.v1.DeleteInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
-	21, // 22: bettercompute.api.v1.WatchInstancesResponse.instance:type_name -> bettercompute.api.v1.Instance
-	51, // 23: bettercompute.api.v1.Volume.create_time:type_name -> google.protobuf.Timestamp
-	51, // 24: bettercompute.api.v1.Volume.update_time:type_name -> google.protobuf.Timestamp
-	40, // 25: bettercompute.api.v1.CreateVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
-	40, // 26: bettercompute.api.v1.GetVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
-	40, // 27: bettercompute.api.v1.ListVolumesResponse.volumes:type_name -> bettercompute.api.v1.Volume
-	40, // 28: bettercompute.api.v1.DetachVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
-	40, // 29: bettercompute.api.v1.DeleteVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
-	1,  // 30: bettercompute.api.v1.FlavorService.Create:input_type -> bettercompute.api.v1.CreateFlavorRequest
-	3,  // 31: bettercompute.api.v1.FlavorService.Get:input_type -> bettercompute.api.v1.GetFlavorRequest
-	5,  // 32: bettercompute.api.v1.FlavorService.List:input_type -> bettercompute.api.v1.ListFlavorsRequest
-	7,  // 33: bettercompute.api.v1.FlavorService.Delete:input_type -> bettercompute.api.v1.DeleteFlavorRequest
-	11, // 34: bettercompute.api.v1.IPPoolService.Create:input_type -> bettercompute.api.v1.CreateIPPoolRequest
-	13, // 35: bettercompute.api.v1.IPPoolService.Get:input_type -> bettercompute.api.v1.GetIPPoolRequest
-	15, // 36: bettercompute.api.v1.IPPoolService.List:input_type -> bettercompute.api.v1.ListIPPoolsRequest
-	17, // 37: bettercompute.api.v1.IPPoolService.ListLeases:input_type -> bettercompute.api.v1.ListIPLeasesRequest
-	19, // 38: bettercompute.api.v1.IPPoolService.Delete:input_type -> bettercompute.api.v1.DeleteIPPoolRequest
-	24, // 39: bettercompute.api.v1.InstanceService.Create:input_type -> bettercompute.api.v1.CreateInstanceRequest
-	26, // 40: bettercompute.api.v1.InstanceService.Get:input_type -> bettercompute.api.v1.GetInstanceRequest
-	28, // 41: bettercompute.api.v1.InstanceService.List:input_type -> bettercompute.api.v1.ListInstancesRequest
-	30, // 42: bettercompute.api.v1.InstanceService.Start:input_type -> bettercompute.api.v1.StartInstanceRequest
-	32, // 43: bettercompute.api.v1.InstanceService.Stop:input_type -> bettercompute.api.v1.StopInstanceRequest
-	34, // 44: bettercompute.api.v1.InstanceService.Reboot:input_type -> bettercompute.api.v1.RebootInstanceRequest
-	36, // 45: bettercompute.api.v1.InstanceService.Delete:input_type -> bettercompute.api.v1.DeleteInstanceRequest
-	38, // 46: bettercompute.api.v1.InstanceService.Watch:input_type -> bettercompute.api.v1.WatchInstancesRequest
-	41, // 47: bettercompute.api.v1.VolumeService.Create:input_type -> bettercompute.api.v1.CreateVolumeRequest
-	43, // 48: bettercompute.api.v1.VolumeService.Get:input_type -> bettercompute.api.v1.GetVolumeRequest
-	45, // 49: bettercompute.api.v1.VolumeService.List:input_type -> bettercompute.api.v1.ListVolumesRequest
-	47, // 50: bettercompute.api.v1.VolumeService.Detach:input_type -> bettercompute.api.v1.DetachVolumeRequest
-	49, // 51: bettercompute.api.v1.VolumeService.Delete:input_type -> bettercompute.api.v1.DeleteVolumeRequest
-	2,  // 52: bettercompute.api.v1.FlavorService.Create:output_type -> bettercompute.api.v1.CreateFlavorResponse
-	4,  // 53: bettercompute.api.v1.FlavorService.Get:output_type -> bettercompute.api.v1.GetFlavorResponse
-	6,  // 54: bettercompute.api.v1.FlavorService.List:output_type -> bettercompute.api.v1.ListFlavorsResponse
-	8,  // 55: bettercompute.api.v1.FlavorService.Delete:output_type -> bettercompute.api.v1.DeleteFlavorResponse
-	12, // 56: bettercompute.api.v1.IPPoolService.Create:output_type -> bettercompute.api.v1.CreateIPPoolResponse
-	14, // 57: bettercompute.api.v1.IPPoolService.Get:output_type -> bettercompute.api.v1.GetIPPoolResponse
-	16, // 58: bettercompute.api.v1.IPPoolService.List:output_type -> bettercompute.api.v1.ListIPPoolsResponse
-	18, // 59: bettercompute.api.v1.IPPoolService.ListLeases:output_type -> bettercompute.api.v1.ListIPLeasesResponse
-	20, // 60: bettercompute.api.v1.IPPoolService.Delete:output_type -> bettercompute.api.v1.DeleteIPPoolResponse
-	25, // 61: bettercompute.api.v1.InstanceService.Create:output_type -> bettercompute.api.v1.CreateInstanceResponse
-	27, // 62: bettercompute.api.v1.InstanceService.Get:output_type -> bettercompute.api.v1.GetInstanceResponse
-	29, // 63: bettercompute.api.v1.InstanceService.List:output_type -> bettercompute.api.v1.ListInstancesResponse
-	31, // 64: bettercompute.api.v1.InstanceService.Start:output_type -> bettercompute.api.v1.StartInstanceResponse
-	33, // 65: bettercompute.api.v1.InstanceService.Stop:output_type -> bettercompute.api.v1.StopInstanceResponse
-	35, // 66: bettercompute.api.v1.InstanceService.Reboot:output_type -> bettercompute.api.v1.RebootInstanceResponse
-	37, // 67: bettercompute.api.v1.InstanceService.Delete:output_type -> bettercompute.api.v1.DeleteInstanceResponse
-	39, // 68: bettercompute.api.v1.InstanceService.Watch:output_type -> bettercompute.api.v1.WatchInstancesResponse
-	42, // 69: bettercompute.api.v1.VolumeService.Create:output_type -> bettercompute.api.v1.CreateVolumeResponse
-	44, // 70: bettercompute.api.v1.VolumeService.Get:output_type -> bettercompute.api.v1.GetVolumeResponse
-	46, // 71: bettercompute.api.v1.VolumeService.List:output_type -> bettercompute.api.v1.ListVolumesResponse
-	48, // 72: bettercompute.api.v1.VolumeService.Detach:output_type -> bettercompute.api.v1.DetachVolumeResponse
-	50, // 73: bettercompute.api.v1.VolumeService.Delete:output_type -> bettercompute.api.v1.DeleteVolumeResponse
-	52, // [52:74] is the sub-list for method output_type
-	30, // [30:52] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	54, // 11: bettercompute.api.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
+	54, // 12: bettercompute.api.v1.Instance.update_time:type_name -> google.protobuf.Timestamp
+	54, // 13: bettercompute.api.v1.InstanceCondition.update_time:type_name -> google.protobuf.Timestamp
+	54, // 14: bettercompute.api.v1.SshTicket.ticket_expire_time:type_name -> google.protobuf.Timestamp
+	54, // 15: bettercompute.api.v1.SshTicket.valid_before:type_name -> google.protobuf.Timestamp
+	24, // 16: bettercompute.api.v1.SshInstanceResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
+	26, // 17: bettercompute.api.v1.CreateInstanceRequest.volumes:type_name -> bettercompute.api.v1.InstanceVolumeSpec
+	21, // 18: bettercompute.api.v1.CreateInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 19: bettercompute.api.v1.GetInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 20: bettercompute.api.v1.ListInstancesResponse.instances:type_name -> bettercompute.api.v1.Instance
+	21, // 21: bettercompute.api.v1.StartInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 22: bettercompute.api.v1.StopInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 23: bettercompute.api.v1.RebootInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 24: bettercompute.api.v1.DeleteInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
+	21, // 25: bettercompute.api.v1.WatchInstancesResponse.instance:type_name -> bettercompute.api.v1.Instance
+	54, // 26: bettercompute.api.v1.Volume.create_time:type_name -> google.protobuf.Timestamp
+	54, // 27: bettercompute.api.v1.Volume.update_time:type_name -> google.protobuf.Timestamp
+	43, // 28: bettercompute.api.v1.CreateVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	43, // 29: bettercompute.api.v1.GetVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	43, // 30: bettercompute.api.v1.ListVolumesResponse.volumes:type_name -> bettercompute.api.v1.Volume
+	43, // 31: bettercompute.api.v1.DetachVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	43, // 32: bettercompute.api.v1.DeleteVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	1,  // 33: bettercompute.api.v1.FlavorService.Create:input_type -> bettercompute.api.v1.CreateFlavorRequest
+	3,  // 34: bettercompute.api.v1.FlavorService.Get:input_type -> bettercompute.api.v1.GetFlavorRequest
+	5,  // 35: bettercompute.api.v1.FlavorService.List:input_type -> bettercompute.api.v1.ListFlavorsRequest
+	7,  // 36: bettercompute.api.v1.FlavorService.Delete:input_type -> bettercompute.api.v1.DeleteFlavorRequest
+	11, // 37: bettercompute.api.v1.IPPoolService.Create:input_type -> bettercompute.api.v1.CreateIPPoolRequest
+	13, // 38: bettercompute.api.v1.IPPoolService.Get:input_type -> bettercompute.api.v1.GetIPPoolRequest
+	15, // 39: bettercompute.api.v1.IPPoolService.List:input_type -> bettercompute.api.v1.ListIPPoolsRequest
+	17, // 40: bettercompute.api.v1.IPPoolService.ListLeases:input_type -> bettercompute.api.v1.ListIPLeasesRequest
+	19, // 41: bettercompute.api.v1.IPPoolService.Delete:input_type -> bettercompute.api.v1.DeleteIPPoolRequest
+	27, // 42: bettercompute.api.v1.InstanceService.Create:input_type -> bettercompute.api.v1.CreateInstanceRequest
+	29, // 43: bettercompute.api.v1.InstanceService.Get:input_type -> bettercompute.api.v1.GetInstanceRequest
+	31, // 44: bettercompute.api.v1.InstanceService.List:input_type -> bettercompute.api.v1.ListInstancesRequest
+	33, // 45: bettercompute.api.v1.InstanceService.Start:input_type -> bettercompute.api.v1.StartInstanceRequest
+	35, // 46: bettercompute.api.v1.InstanceService.Stop:input_type -> bettercompute.api.v1.StopInstanceRequest
+	37, // 47: bettercompute.api.v1.InstanceService.Reboot:input_type -> bettercompute.api.v1.RebootInstanceRequest
+	39, // 48: bettercompute.api.v1.InstanceService.Delete:input_type -> bettercompute.api.v1.DeleteInstanceRequest
+	41, // 49: bettercompute.api.v1.InstanceService.Watch:input_type -> bettercompute.api.v1.WatchInstancesRequest
+	23, // 50: bettercompute.api.v1.InstanceService.Ssh:input_type -> bettercompute.api.v1.SshInstanceRequest
+	44, // 51: bettercompute.api.v1.VolumeService.Create:input_type -> bettercompute.api.v1.CreateVolumeRequest
+	46, // 52: bettercompute.api.v1.VolumeService.Get:input_type -> bettercompute.api.v1.GetVolumeRequest
+	48, // 53: bettercompute.api.v1.VolumeService.List:input_type -> bettercompute.api.v1.ListVolumesRequest
+	50, // 54: bettercompute.api.v1.VolumeService.Detach:input_type -> bettercompute.api.v1.DetachVolumeRequest
+	52, // 55: bettercompute.api.v1.VolumeService.Delete:input_type -> bettercompute.api.v1.DeleteVolumeRequest
+	2,  // 56: bettercompute.api.v1.FlavorService.Create:output_type -> bettercompute.api.v1.CreateFlavorResponse
+	4,  // 57: bettercompute.api.v1.FlavorService.Get:output_type -> bettercompute.api.v1.GetFlavorResponse
+	6,  // 58: bettercompute.api.v1.FlavorService.List:output_type -> bettercompute.api.v1.ListFlavorsResponse
+	8,  // 59: bettercompute.api.v1.FlavorService.Delete:output_type -> bettercompute.api.v1.DeleteFlavorResponse
+	12, // 60: bettercompute.api.v1.IPPoolService.Create:output_type -> bettercompute.api.v1.CreateIPPoolResponse
+	14, // 61: bettercompute.api.v1.IPPoolService.Get:output_type -> bettercompute.api.v1.GetIPPoolResponse
+	16, // 62: bettercompute.api.v1.IPPoolService.List:output_type -> bettercompute.api.v1.ListIPPoolsResponse
+	18, // 63: bettercompute.api.v1.IPPoolService.ListLeases:output_type -> bettercompute.api.v1.ListIPLeasesResponse
+	20, // 64: bettercompute.api.v1.IPPoolService.Delete:output_type -> bettercompute.api.v1.DeleteIPPoolResponse
+	28, // 65: bettercompute.api.v1.InstanceService.Create:output_type -> bettercompute.api.v1.CreateInstanceResponse
+	30, // 66: bettercompute.api.v1.InstanceService.Get:output_type -> bettercompute.api.v1.GetInstanceResponse
+	32, // 67: bettercompute.api.v1.InstanceService.List:output_type -> bettercompute.api.v1.ListInstancesResponse
+	34, // 68: bettercompute.api.v1.InstanceService.Start:output_type -> bettercompute.api.v1.StartInstanceResponse
+	36, // 69: bettercompute.api.v1.InstanceService.Stop:output_type -> bettercompute.api.v1.StopInstanceResponse
+	38, // 70: bettercompute.api.v1.InstanceService.Reboot:output_type -> bettercompute.api.v1.RebootInstanceResponse
+	40, // 71: bettercompute.api.v1.InstanceService.Delete:output_type -> bettercompute.api.v1.DeleteInstanceResponse
+	42, // 72: bettercompute.api.v1.InstanceService.Watch:output_type -> bettercompute.api.v1.WatchInstancesResponse
+	25, // 73: bettercompute.api.v1.InstanceService.Ssh:output_type -> bettercompute.api.v1.SshInstanceResponse
+	45, // 74: bettercompute.api.v1.VolumeService.Create:output_type -> bettercompute.api.v1.CreateVolumeResponse
+	47, // 75: bettercompute.api.v1.VolumeService.Get:output_type -> bettercompute.api.v1.GetVolumeResponse
+	49, // 76: bettercompute.api.v1.VolumeService.List:output_type -> bettercompute.api.v1.ListVolumesResponse
+	51, // 77: bettercompute.api.v1.VolumeService.Detach:output_type -> bettercompute.api.v1.DetachVolumeResponse
+	53, // 78: bettercompute.api.v1.VolumeService.Delete:output_type -> bettercompute.api.v1.DeleteVolumeResponse
+	56, // [56:79] is the sub-list for method output_type
+	33, // [33:56] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_instances_proto_init() }
@@ -3818,7 +4047,7 @@ func file_bettercompute_api_v1_instances_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_instances_proto_rawDesc), len(file_bettercompute_api_v1_instances_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

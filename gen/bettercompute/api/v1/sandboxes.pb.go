@@ -950,6 +950,111 @@ func (x *SandboxSnapshot) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+type ExecSandboxRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Sandbox string                 `protobuf:"bytes,2,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The caller's SSH public key, in authorized_keys form.
+	PublicKey     string `protobuf:"bytes,3,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecSandboxRequest) Reset() {
+	*x = ExecSandboxRequest{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecSandboxRequest) ProtoMessage() {}
+
+func (x *ExecSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ExecSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ExecSandboxRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ExecSandboxRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *ExecSandboxRequest) GetPublicKey() string {
+	if x != nil {
+		return x.PublicKey
+	}
+	return ""
+}
+
+type ExecSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ticket        *SshTicket             `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecSandboxResponse) Reset() {
+	*x = ExecSandboxResponse{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecSandboxResponse) ProtoMessage() {}
+
+func (x *ExecSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ExecSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ExecSandboxResponse) GetTicket() *SshTicket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
 type CreateSandboxRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -963,7 +1068,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1080,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1093,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateSandboxRequest) GetTenant() string {
@@ -1021,7 +1126,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1138,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1151,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -1066,7 +1171,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1183,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1196,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetSandboxRequest) GetTenant() string {
@@ -1117,7 +1222,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1234,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1247,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -1163,7 +1268,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1280,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1293,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListSandboxesRequest) GetTenant() string {
@@ -1222,7 +1327,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1339,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1352,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1276,7 +1381,7 @@ type ExtendSandboxRequest struct {
 
 func (x *ExtendSandboxRequest) Reset() {
 	*x = ExtendSandboxRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1393,7 @@ func (x *ExtendSandboxRequest) String() string {
 func (*ExtendSandboxRequest) ProtoMessage() {}
 
 func (x *ExtendSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1406,7 @@ func (x *ExtendSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ExtendSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExtendSandboxRequest) GetTenant() string {
@@ -1334,7 +1439,7 @@ type ExtendSandboxResponse struct {
 
 func (x *ExtendSandboxResponse) Reset() {
 	*x = ExtendSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1451,7 @@ func (x *ExtendSandboxResponse) String() string {
 func (*ExtendSandboxResponse) ProtoMessage() {}
 
 func (x *ExtendSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1464,7 @@ func (x *ExtendSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ExtendSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExtendSandboxResponse) GetSandbox() *Sandbox {
@@ -1379,7 +1484,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1496,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1509,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteSandboxRequest) GetTenant() string {
@@ -1430,7 +1535,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1547,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1560,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteSandboxResponse) GetSandbox() *Sandbox {
@@ -1475,7 +1580,7 @@ type SnapshotSandboxRequest struct {
 
 func (x *SnapshotSandboxRequest) Reset() {
 	*x = SnapshotSandboxRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1592,7 @@ func (x *SnapshotSandboxRequest) String() string {
 func (*SnapshotSandboxRequest) ProtoMessage() {}
 
 func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1605,7 @@ func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotSandboxRequest) GetTenant() string {
@@ -1526,7 +1631,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1643,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1656,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *SandboxSnapshot {
@@ -1565,7 +1670,7 @@ var File_bettercompute_api_v1_sandboxes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/api/v1/sandboxes.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x05\n" +
+	"$bettercompute/api/v1/sandboxes.proto\x12\x14bettercompute.api.v1\x1a$bettercompute/api/v1/instances.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x05\n" +
 	"\x0fSandboxTemplate\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -1661,7 +1766,14 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x05shape\x18\x06 \x01(\tR\x05shape\x12\x14\n" +
 	"\x05state\x18\a \x01(\tR\x05state\x12;\n" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"w\n" +
+	"createTime\"e\n" +
+	"\x12ExecSandboxRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\asandbox\x18\x02 \x01(\tR\asandbox\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x03 \x01(\tR\tpublicKey\"N\n" +
+	"\x13ExecSandboxResponse\x127\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.SshTicketR\x06ticket\"w\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12+\n" +
@@ -1701,14 +1813,15 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x06Create\x122.bettercompute.api.v1.CreateSandboxTemplateRequest\x1a3.bettercompute.api.v1.CreateSandboxTemplateResponse\x12m\n" +
 	"\x03Get\x12/.bettercompute.api.v1.GetSandboxTemplateRequest\x1a0.bettercompute.api.v1.GetSandboxTemplateResponse\"\x03\x90\x02\x01\x12r\n" +
 	"\x04List\x121.bettercompute.api.v1.ListSandboxTemplatesRequest\x1a2.bettercompute.api.v1.ListSandboxTemplatesResponse\"\x03\x90\x02\x01\x12q\n" +
-	"\x06Delete\x122.bettercompute.api.v1.DeleteSandboxTemplateRequest\x1a3.bettercompute.api.v1.DeleteSandboxTemplateResponse2\xe7\x04\n" +
+	"\x06Delete\x122.bettercompute.api.v1.DeleteSandboxTemplateRequest\x1a3.bettercompute.api.v1.DeleteSandboxTemplateResponse2\xc4\x05\n" +
 	"\x0eSandboxService\x12a\n" +
 	"\x06Create\x12*.bettercompute.api.v1.CreateSandboxRequest\x1a+.bettercompute.api.v1.CreateSandboxResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetSandboxRequest\x1a(.bettercompute.api.v1.GetSandboxResponse\"\x03\x90\x02\x01\x12d\n" +
 	"\x04List\x12*.bettercompute.api.v1.ListSandboxesRequest\x1a+.bettercompute.api.v1.ListSandboxesResponse\"\x03\x90\x02\x01\x12a\n" +
 	"\x06Extend\x12*.bettercompute.api.v1.ExtendSandboxRequest\x1a+.bettercompute.api.v1.ExtendSandboxResponse\x12a\n" +
 	"\x06Delete\x12*.bettercompute.api.v1.DeleteSandboxRequest\x1a+.bettercompute.api.v1.DeleteSandboxResponse\x12g\n" +
-	"\bSnapshot\x12,.bettercompute.api.v1.SnapshotSandboxRequest\x1a-.bettercompute.api.v1.SnapshotSandboxResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\bSnapshot\x12,.bettercompute.api.v1.SnapshotSandboxRequest\x1a-.bettercompute.api.v1.SnapshotSandboxResponse\x12[\n" +
+	"\x04Exec\x12(.bettercompute.api.v1.ExecSandboxRequest\x1a).bettercompute.api.v1.ExecSandboxResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_sandboxes_proto_rawDescOnce sync.Once
@@ -1722,7 +1835,7 @@ func file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_sandboxes_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_sandboxes_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_bettercompute_api_v1_sandboxes_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_bettercompute_api_v1_sandboxes_proto_goTypes = []any{
 	(*SandboxTemplate)(nil),               // 0: bettercompute.api.v1.SandboxTemplate
 	(*CreateSandboxTemplateRequest)(nil),  // 1: bettercompute.api.v1.CreateSandboxTemplateRequest
@@ -1735,71 +1848,77 @@ var file_bettercompute_api_v1_sandboxes_proto_goTypes = []any{
 	(*DeleteSandboxTemplateResponse)(nil), // 8: bettercompute.api.v1.DeleteSandboxTemplateResponse
 	(*Sandbox)(nil),                       // 9: bettercompute.api.v1.Sandbox
 	(*SandboxSnapshot)(nil),               // 10: bettercompute.api.v1.SandboxSnapshot
-	(*CreateSandboxRequest)(nil),          // 11: bettercompute.api.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),         // 12: bettercompute.api.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),             // 13: bettercompute.api.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),            // 14: bettercompute.api.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),          // 15: bettercompute.api.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),         // 16: bettercompute.api.v1.ListSandboxesResponse
-	(*ExtendSandboxRequest)(nil),          // 17: bettercompute.api.v1.ExtendSandboxRequest
-	(*ExtendSandboxResponse)(nil),         // 18: bettercompute.api.v1.ExtendSandboxResponse
-	(*DeleteSandboxRequest)(nil),          // 19: bettercompute.api.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),         // 20: bettercompute.api.v1.DeleteSandboxResponse
-	(*SnapshotSandboxRequest)(nil),        // 21: bettercompute.api.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),       // 22: bettercompute.api.v1.SnapshotSandboxResponse
-	nil,                                   // 23: bettercompute.api.v1.SandboxTemplate.EnvEntry
-	nil,                                   // 24: bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
-	(*durationpb.Duration)(nil),           // 25: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),         // 26: google.protobuf.Timestamp
+	(*ExecSandboxRequest)(nil),            // 11: bettercompute.api.v1.ExecSandboxRequest
+	(*ExecSandboxResponse)(nil),           // 12: bettercompute.api.v1.ExecSandboxResponse
+	(*CreateSandboxRequest)(nil),          // 13: bettercompute.api.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),         // 14: bettercompute.api.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),             // 15: bettercompute.api.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),            // 16: bettercompute.api.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),          // 17: bettercompute.api.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),         // 18: bettercompute.api.v1.ListSandboxesResponse
+	(*ExtendSandboxRequest)(nil),          // 19: bettercompute.api.v1.ExtendSandboxRequest
+	(*ExtendSandboxResponse)(nil),         // 20: bettercompute.api.v1.ExtendSandboxResponse
+	(*DeleteSandboxRequest)(nil),          // 21: bettercompute.api.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),         // 22: bettercompute.api.v1.DeleteSandboxResponse
+	(*SnapshotSandboxRequest)(nil),        // 23: bettercompute.api.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),       // 24: bettercompute.api.v1.SnapshotSandboxResponse
+	nil,                                   // 25: bettercompute.api.v1.SandboxTemplate.EnvEntry
+	nil,                                   // 26: bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
+	(*durationpb.Duration)(nil),           // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),         // 28: google.protobuf.Timestamp
+	(*SshTicket)(nil),                     // 29: bettercompute.api.v1.SshTicket
 }
 var file_bettercompute_api_v1_sandboxes_proto_depIdxs = []int32{
-	25, // 0: bettercompute.api.v1.SandboxTemplate.default_ttl:type_name -> google.protobuf.Duration
-	25, // 1: bettercompute.api.v1.SandboxTemplate.max_ttl:type_name -> google.protobuf.Duration
-	23, // 2: bettercompute.api.v1.SandboxTemplate.env:type_name -> bettercompute.api.v1.SandboxTemplate.EnvEntry
-	26, // 3: bettercompute.api.v1.SandboxTemplate.create_time:type_name -> google.protobuf.Timestamp
-	25, // 4: bettercompute.api.v1.CreateSandboxTemplateRequest.default_ttl:type_name -> google.protobuf.Duration
-	25, // 5: bettercompute.api.v1.CreateSandboxTemplateRequest.max_ttl:type_name -> google.protobuf.Duration
-	24, // 6: bettercompute.api.v1.CreateSandboxTemplateRequest.env:type_name -> bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
+	27, // 0: bettercompute.api.v1.SandboxTemplate.default_ttl:type_name -> google.protobuf.Duration
+	27, // 1: bettercompute.api.v1.SandboxTemplate.max_ttl:type_name -> google.protobuf.Duration
+	25, // 2: bettercompute.api.v1.SandboxTemplate.env:type_name -> bettercompute.api.v1.SandboxTemplate.EnvEntry
+	28, // 3: bettercompute.api.v1.SandboxTemplate.create_time:type_name -> google.protobuf.Timestamp
+	27, // 4: bettercompute.api.v1.CreateSandboxTemplateRequest.default_ttl:type_name -> google.protobuf.Duration
+	27, // 5: bettercompute.api.v1.CreateSandboxTemplateRequest.max_ttl:type_name -> google.protobuf.Duration
+	26, // 6: bettercompute.api.v1.CreateSandboxTemplateRequest.env:type_name -> bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
 	0,  // 7: bettercompute.api.v1.CreateSandboxTemplateResponse.template:type_name -> bettercompute.api.v1.SandboxTemplate
 	0,  // 8: bettercompute.api.v1.GetSandboxTemplateResponse.template:type_name -> bettercompute.api.v1.SandboxTemplate
 	0,  // 9: bettercompute.api.v1.ListSandboxTemplatesResponse.templates:type_name -> bettercompute.api.v1.SandboxTemplate
-	26, // 10: bettercompute.api.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
-	26, // 11: bettercompute.api.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	26, // 12: bettercompute.api.v1.Sandbox.update_time:type_name -> google.protobuf.Timestamp
-	26, // 13: bettercompute.api.v1.SandboxSnapshot.create_time:type_name -> google.protobuf.Timestamp
-	25, // 14: bettercompute.api.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	9,  // 15: bettercompute.api.v1.CreateSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
-	9,  // 16: bettercompute.api.v1.GetSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
-	9,  // 17: bettercompute.api.v1.ListSandboxesResponse.sandboxes:type_name -> bettercompute.api.v1.Sandbox
-	25, // 18: bettercompute.api.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	9,  // 19: bettercompute.api.v1.ExtendSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
-	9,  // 20: bettercompute.api.v1.DeleteSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
-	10, // 21: bettercompute.api.v1.SnapshotSandboxResponse.snapshot:type_name -> bettercompute.api.v1.SandboxSnapshot
-	1,  // 22: bettercompute.api.v1.SandboxTemplateService.Create:input_type -> bettercompute.api.v1.CreateSandboxTemplateRequest
-	3,  // 23: bettercompute.api.v1.SandboxTemplateService.Get:input_type -> bettercompute.api.v1.GetSandboxTemplateRequest
-	5,  // 24: bettercompute.api.v1.SandboxTemplateService.List:input_type -> bettercompute.api.v1.ListSandboxTemplatesRequest
-	7,  // 25: bettercompute.api.v1.SandboxTemplateService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxTemplateRequest
-	11, // 26: bettercompute.api.v1.SandboxService.Create:input_type -> bettercompute.api.v1.CreateSandboxRequest
-	13, // 27: bettercompute.api.v1.SandboxService.Get:input_type -> bettercompute.api.v1.GetSandboxRequest
-	15, // 28: bettercompute.api.v1.SandboxService.List:input_type -> bettercompute.api.v1.ListSandboxesRequest
-	17, // 29: bettercompute.api.v1.SandboxService.Extend:input_type -> bettercompute.api.v1.ExtendSandboxRequest
-	19, // 30: bettercompute.api.v1.SandboxService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxRequest
-	21, // 31: bettercompute.api.v1.SandboxService.Snapshot:input_type -> bettercompute.api.v1.SnapshotSandboxRequest
-	2,  // 32: bettercompute.api.v1.SandboxTemplateService.Create:output_type -> bettercompute.api.v1.CreateSandboxTemplateResponse
-	4,  // 33: bettercompute.api.v1.SandboxTemplateService.Get:output_type -> bettercompute.api.v1.GetSandboxTemplateResponse
-	6,  // 34: bettercompute.api.v1.SandboxTemplateService.List:output_type -> bettercompute.api.v1.ListSandboxTemplatesResponse
-	8,  // 35: bettercompute.api.v1.SandboxTemplateService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxTemplateResponse
-	12, // 36: bettercompute.api.v1.SandboxService.Create:output_type -> bettercompute.api.v1.CreateSandboxResponse
-	14, // 37: bettercompute.api.v1.SandboxService.Get:output_type -> bettercompute.api.v1.GetSandboxResponse
-	16, // 38: bettercompute.api.v1.SandboxService.List:output_type -> bettercompute.api.v1.ListSandboxesResponse
-	18, // 39: bettercompute.api.v1.SandboxService.Extend:output_type -> bettercompute.api.v1.ExtendSandboxResponse
-	20, // 40: bettercompute.api.v1.SandboxService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxResponse
-	22, // 41: bettercompute.api.v1.SandboxService.Snapshot:output_type -> bettercompute.api.v1.SnapshotSandboxResponse
-	32, // [32:42] is the sub-list for method output_type
-	22, // [22:32] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	28, // 10: bettercompute.api.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
+	28, // 11: bettercompute.api.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	28, // 12: bettercompute.api.v1.Sandbox.update_time:type_name -> google.protobuf.Timestamp
+	28, // 13: bettercompute.api.v1.SandboxSnapshot.create_time:type_name -> google.protobuf.Timestamp
+	29, // 14: bettercompute.api.v1.ExecSandboxResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
+	27, // 15: bettercompute.api.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	9,  // 16: bettercompute.api.v1.CreateSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
+	9,  // 17: bettercompute.api.v1.GetSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
+	9,  // 18: bettercompute.api.v1.ListSandboxesResponse.sandboxes:type_name -> bettercompute.api.v1.Sandbox
+	27, // 19: bettercompute.api.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	9,  // 20: bettercompute.api.v1.ExtendSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
+	9,  // 21: bettercompute.api.v1.DeleteSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
+	10, // 22: bettercompute.api.v1.SnapshotSandboxResponse.snapshot:type_name -> bettercompute.api.v1.SandboxSnapshot
+	1,  // 23: bettercompute.api.v1.SandboxTemplateService.Create:input_type -> bettercompute.api.v1.CreateSandboxTemplateRequest
+	3,  // 24: bettercompute.api.v1.SandboxTemplateService.Get:input_type -> bettercompute.api.v1.GetSandboxTemplateRequest
+	5,  // 25: bettercompute.api.v1.SandboxTemplateService.List:input_type -> bettercompute.api.v1.ListSandboxTemplatesRequest
+	7,  // 26: bettercompute.api.v1.SandboxTemplateService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxTemplateRequest
+	13, // 27: bettercompute.api.v1.SandboxService.Create:input_type -> bettercompute.api.v1.CreateSandboxRequest
+	15, // 28: bettercompute.api.v1.SandboxService.Get:input_type -> bettercompute.api.v1.GetSandboxRequest
+	17, // 29: bettercompute.api.v1.SandboxService.List:input_type -> bettercompute.api.v1.ListSandboxesRequest
+	19, // 30: bettercompute.api.v1.SandboxService.Extend:input_type -> bettercompute.api.v1.ExtendSandboxRequest
+	21, // 31: bettercompute.api.v1.SandboxService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxRequest
+	23, // 32: bettercompute.api.v1.SandboxService.Snapshot:input_type -> bettercompute.api.v1.SnapshotSandboxRequest
+	11, // 33: bettercompute.api.v1.SandboxService.Exec:input_type -> bettercompute.api.v1.ExecSandboxRequest
+	2,  // 34: bettercompute.api.v1.SandboxTemplateService.Create:output_type -> bettercompute.api.v1.CreateSandboxTemplateResponse
+	4,  // 35: bettercompute.api.v1.SandboxTemplateService.Get:output_type -> bettercompute.api.v1.GetSandboxTemplateResponse
+	6,  // 36: bettercompute.api.v1.SandboxTemplateService.List:output_type -> bettercompute.api.v1.ListSandboxTemplatesResponse
+	8,  // 37: bettercompute.api.v1.SandboxTemplateService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxTemplateResponse
+	14, // 38: bettercompute.api.v1.SandboxService.Create:output_type -> bettercompute.api.v1.CreateSandboxResponse
+	16, // 39: bettercompute.api.v1.SandboxService.Get:output_type -> bettercompute.api.v1.GetSandboxResponse
+	18, // 40: bettercompute.api.v1.SandboxService.List:output_type -> bettercompute.api.v1.ListSandboxesResponse
+	20, // 41: bettercompute.api.v1.SandboxService.Extend:output_type -> bettercompute.api.v1.ExtendSandboxResponse
+	22, // 42: bettercompute.api.v1.SandboxService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxResponse
+	24, // 43: bettercompute.api.v1.SandboxService.Snapshot:output_type -> bettercompute.api.v1.SnapshotSandboxResponse
+	12, // 44: bettercompute.api.v1.SandboxService.Exec:output_type -> bettercompute.api.v1.ExecSandboxResponse
+	34, // [34:45] is the sub-list for method output_type
+	23, // [23:34] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_sandboxes_proto_init() }
@@ -1807,13 +1926,14 @@ func file_bettercompute_api_v1_sandboxes_proto_init() {
 	if File_bettercompute_api_v1_sandboxes_proto != nil {
 		return
 	}
+	file_bettercompute_api_v1_instances_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_sandboxes_proto_rawDesc), len(file_bettercompute_api_v1_sandboxes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -74,6 +74,8 @@ const (
 	InstanceServiceDeleteProcedure = "/bettercompute.api.v1.InstanceService/Delete"
 	// InstanceServiceWatchProcedure is the fully-qualified name of the InstanceService's Watch RPC.
 	InstanceServiceWatchProcedure = "/bettercompute.api.v1.InstanceService/Watch"
+	// InstanceServiceSshProcedure is the fully-qualified name of the InstanceService's Ssh RPC.
+	InstanceServiceSshProcedure = "/bettercompute.api.v1.InstanceService/Ssh"
 	// VolumeServiceCreateProcedure is the fully-qualified name of the VolumeService's Create RPC.
 	VolumeServiceCreateProcedure = "/bettercompute.api.v1.VolumeService/Create"
 	// VolumeServiceGetProcedure is the fully-qualified name of the VolumeService's Get RPC.
@@ -440,6 +442,10 @@ type InstanceServiceClient interface {
 	Delete(context.Context, *connect.Request[v1.DeleteInstanceRequest]) (*connect.Response[v1.DeleteInstanceResponse], error)
 	// Watch streams a tenant's instance changes (or one instance's).
 	Watch(context.Context, *connect.Request[v1.WatchInstancesRequest]) (*connect.ServerStreamForClient[v1.WatchInstancesResponse], error)
+	// Ssh signs the caller's public key for the guest account (valid at most
+	// 15 minutes) and issues a single-use ticket that opens a tunnel to the
+	// guest's sshd through the gateway (GET /v1/ssh/tunnel).
+	Ssh(context.Context, *connect.Request[v1.SshInstanceRequest]) (*connect.Response[v1.SshInstanceResponse], error)
 }
 
 // NewInstanceServiceClient constructs a client for the bettercompute.api.v1.InstanceService
@@ -503,6 +509,12 @@ func NewInstanceServiceClient(httpClient connect.HTTPClient, baseURL string, opt
 			connect.WithSchema(instanceServiceMethods.ByName("Watch")),
 			connect.WithClientOptions(opts...),
 		),
+		ssh: connect.NewClient[v1.SshInstanceRequest, v1.SshInstanceResponse](
+			httpClient,
+			baseURL+InstanceServiceSshProcedure,
+			connect.WithSchema(instanceServiceMethods.ByName("Ssh")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -516,6 +528,7 @@ type instanceServiceClient struct {
 	reboot *connect.Client[v1.RebootInstanceRequest, v1.RebootInstanceResponse]
 	delete *connect.Client[v1.DeleteInstanceRequest, v1.DeleteInstanceResponse]
 	watch  *connect.Client[v1.WatchInstancesRequest, v1.WatchInstancesResponse]
+	ssh    *connect.Client[v1.SshInstanceRequest, v1.SshInstanceResponse]
 }
 
 // Create calls bettercompute.api.v1.InstanceService.Create.
@@ -558,6 +571,11 @@ func (c *instanceServiceClient) Watch(ctx context.Context, req *connect.Request[
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// Ssh calls bettercompute.api.v1.InstanceService.Ssh.
+func (c *instanceServiceClient) Ssh(ctx context.Context, req *connect.Request[v1.SshInstanceRequest]) (*connect.Response[v1.SshInstanceResponse], error) {
+	return c.ssh.CallUnary(ctx, req)
+}
+
 // InstanceServiceHandler is an implementation of the bettercompute.api.v1.InstanceService service.
 type InstanceServiceHandler interface {
 	// Create places the guest, leases its address, creates its volumes and
@@ -574,6 +592,10 @@ type InstanceServiceHandler interface {
 	Delete(context.Context, *connect.Request[v1.DeleteInstanceRequest]) (*connect.Response[v1.DeleteInstanceResponse], error)
 	// Watch streams a tenant's instance changes (or one instance's).
 	Watch(context.Context, *connect.Request[v1.WatchInstancesRequest], *connect.ServerStream[v1.WatchInstancesResponse]) error
+	// Ssh signs the caller's public key for the guest account (valid at most
+	// 15 minutes) and issues a single-use ticket that opens a tunnel to the
+	// guest's sshd through the gateway (GET /v1/ssh/tunnel).
+	Ssh(context.Context, *connect.Request[v1.SshInstanceRequest]) (*connect.Response[v1.SshInstanceResponse], error)
 }
 
 // NewInstanceServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -633,6 +655,12 @@ func NewInstanceServiceHandler(svc InstanceServiceHandler, opts ...connect.Handl
 		connect.WithSchema(instanceServiceMethods.ByName("Watch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	instanceServiceSshHandler := connect.NewUnaryHandler(
+		InstanceServiceSshProcedure,
+		svc.Ssh,
+		connect.WithSchema(instanceServiceMethods.ByName("Ssh")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.InstanceService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case InstanceServiceCreateProcedure:
@@ -651,6 +679,8 @@ func NewInstanceServiceHandler(svc InstanceServiceHandler, opts ...connect.Handl
 			instanceServiceDeleteHandler.ServeHTTP(w, r)
 		case InstanceServiceWatchProcedure:
 			instanceServiceWatchHandler.ServeHTTP(w, r)
+		case InstanceServiceSshProcedure:
+			instanceServiceSshHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -690,6 +720,10 @@ func (UnimplementedInstanceServiceHandler) Delete(context.Context, *connect.Requ
 
 func (UnimplementedInstanceServiceHandler) Watch(context.Context, *connect.Request[v1.WatchInstancesRequest], *connect.ServerStream[v1.WatchInstancesResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Watch is not implemented"))
+}
+
+func (UnimplementedInstanceServiceHandler) Ssh(context.Context, *connect.Request[v1.SshInstanceRequest]) (*connect.Response[v1.SshInstanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.InstanceService.Ssh is not implemented"))
 }
 
 // VolumeServiceClient is a client for the bettercompute.api.v1.VolumeService service.

@@ -59,6 +59,8 @@ const (
 	SandboxServiceDeleteProcedure = "/bettercompute.api.v1.SandboxService/Delete"
 	// SandboxServiceSnapshotProcedure is the fully-qualified name of the SandboxService's Snapshot RPC.
 	SandboxServiceSnapshotProcedure = "/bettercompute.api.v1.SandboxService/Snapshot"
+	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
+	SandboxServiceExecProcedure = "/bettercompute.api.v1.SandboxService/Exec"
 )
 
 // SandboxTemplateServiceClient is a client for the bettercompute.api.v1.SandboxTemplateService
@@ -232,6 +234,10 @@ type SandboxServiceClient interface {
 	Delete(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
 	// Snapshot saves a running sandbox on its host.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// Exec signs the caller's public key for the sandbox's guest account
+	// (valid at most 15 minutes and never past the sandbox's expire time)
+	// and issues a single-use tunnel ticket, as InstanceService.Ssh does.
+	Exec(context.Context, *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the bettercompute.api.v1.SandboxService service.
@@ -283,6 +289,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		exec: connect.NewClient[v1.ExecSandboxRequest, v1.ExecSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceExecProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Exec")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -294,6 +306,7 @@ type sandboxServiceClient struct {
 	extend   *connect.Client[v1.ExtendSandboxRequest, v1.ExtendSandboxResponse]
 	delete   *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
 	snapshot *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	exec     *connect.Client[v1.ExecSandboxRequest, v1.ExecSandboxResponse]
 }
 
 // Create calls bettercompute.api.v1.SandboxService.Create.
@@ -326,6 +339,11 @@ func (c *sandboxServiceClient) Snapshot(ctx context.Context, req *connect.Reques
 	return c.snapshot.CallUnary(ctx, req)
 }
 
+// Exec calls bettercompute.api.v1.SandboxService.Exec.
+func (c *sandboxServiceClient) Exec(ctx context.Context, req *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error) {
+	return c.exec.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the bettercompute.api.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create claims a warm instance of the template, or boots one.
@@ -338,6 +356,10 @@ type SandboxServiceHandler interface {
 	Delete(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
 	// Snapshot saves a running sandbox on its host.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// Exec signs the caller's public key for the sandbox's guest account
+	// (valid at most 15 minutes and never past the sandbox's expire time)
+	// and issues a single-use tunnel ticket, as InstanceService.Ssh does.
+	Exec(context.Context, *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -385,6 +407,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceExecHandler := connect.NewUnaryHandler(
+		SandboxServiceExecProcedure,
+		svc.Exec,
+		connect.WithSchema(sandboxServiceMethods.ByName("Exec")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -399,6 +427,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotProcedure:
 			sandboxServiceSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceExecProcedure:
+			sandboxServiceExecHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -430,4 +460,8 @@ func (UnimplementedSandboxServiceHandler) Delete(context.Context, *connect.Reque
 
 func (UnimplementedSandboxServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Snapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Exec is not implemented"))
 }
