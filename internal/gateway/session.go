@@ -454,6 +454,17 @@ func (s *session) deliver(cmds []fleet.Command) error {
 				c.Params = p
 			}
 		}
+		if p, err := s.g.cfg.OpenParams.Open(c); err != nil && c.State == "pending" {
+			// Never sent without what was sealed: failed with the reason.
+			s.log.Warn("command params cannot be opened; failed", "command", c.ID, "kind", c.Kind, "err", err)
+			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailUnencodable)
+			s.cursor = seqOf(c)
+			continue
+		} else if err == nil {
+			// (A delivered one that no longer opens goes out as stored: the
+			// agent answers it from its log.)
+			c.Params = p
+		}
 		m, err := commandMessage(c)
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)

@@ -21,8 +21,21 @@ import (
 )
 
 // finishDelete ends a deleted instance's booking, gives its address back,
-// detaches its volumes (they stay on the host) and marks it deleted.
+// detaches its volumes (they stay on the host) and marks it deleted; the
+// tenant's private instances on its IP pool get their new peer list.
 func (s *InstanceService) finishDelete(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, from, reason string, now time.Time) error {
+	if err := s.endDeleted(ctx, tx, emit, in, from, reason, now); err != nil {
+		return err
+	}
+	if !leftPeers(from) {
+		return nil
+	}
+	return s.pushPeers(ctx, tx, []Instance{*in}, now)
+}
+
+// endDeleted is finishDelete without the peer push, for callers that end
+// several instances in one change and push once.
+func (s *InstanceService) endDeleted(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, from, reason string, now time.Time) error {
 	evs, err := s.engine.EndInstance(ctx, tx, in.ReservationID, reason, now)
 	if err != nil {
 		return err
@@ -140,6 +153,7 @@ func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit fu
 	}
 	from := in.State
 	ok := state == fleet.CommandSucceeded
+	pushed := false
 	failure := strings.TrimSpace(strings.Join([]string{code, message}, ": "))
 	switch c.Kind {
 	case vmcmd.KindInstanceDelete:
@@ -167,10 +181,20 @@ func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit fu
 			}
 			in.State, in.Message = StateFailed, "create failed: "+failure
 			emit(instanceEvent("instance.failed", &in, map[string]any{"failure_code": code}))
+			pushed = true
 			break
 		}
 		s.applyStatus(&in, &st, now)
 		emit(instanceEvent("instance."+in.State, &in, map[string]any{"accel": in.Accel}))
+		// It runs: the tenant's private guests on its network admit it.
+		pushed = true
+	case vmcmd.KindInstancePeers:
+		// Nothing of the instance changes; a failure is left on it.
+		if ok || (in.State != StateRunning && in.State != StateStopped) {
+			return nil
+		}
+		in.Message = "peers failed: " + failure
+		emit(instanceEvent("instance.action_failed", &in, map[string]any{"kind": c.Kind, "failure_code": code}))
 	default: // start, stop, reboot, pause, resume, snapshot, restore
 		if in.State != StateRunning && in.State != StateStopped {
 			return nil
@@ -187,6 +211,9 @@ func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit fu
 	saved, err := InstanceSave(ctx, tx, &in, from)
 	if err != nil || !saved {
 		return errors.Join(err, errMoved(saved))
+	}
+	if pushed {
+		return s.pushPeers(ctx, tx, []Instance{in}, now)
 	}
 	return nil
 }
@@ -258,6 +285,8 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 		}
 		evs = append(evs, ev)
 	}
+	// One peer push for everything the lost hosts took.
+	var gone []Instance
 	for _, id := range nodeIDs {
 		ins, err := InstancesOnNode(ctx, tx, id)
 		if err != nil {
@@ -268,8 +297,9 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 			from := in.State
 			in.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
 				Message: "host " + in.NodeName + " stopped answering", UpdateTime: now})
+			gone = append(gone, *in)
 			if from == StateDeleting {
-				if err := s.finishDelete(ctx, tx, emit, in, from, "NodeLost", now); err != nil {
+				if err := s.endDeleted(ctx, tx, emit, in, from, "NodeLost", now); err != nil {
 					return err
 				}
 				continue
@@ -287,7 +317,11 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 				return errors.Join(err, errMoved(ok))
 			}
 			emit(instanceEvent("instance.lost", in, nil))
+			gone[len(gone)-1].State = in.State
 		}
+	}
+	if err := s.pushPeers(ctx, tx, gone, now); err != nil {
+		return err
 	}
 	if len(evs) == 0 {
 		return nil

@@ -61,6 +61,9 @@ type InstanceService struct {
 	rec    envelope.Recorder
 	images []string
 	poll   time.Duration
+	// sealer seals user data and the seed's secrets at rest; nil refuses
+	// to store them.
+	sealer Sealer
 	// owner, when set, names the module that drives an instance (a
 	// sandbox), whose item methods then refuse it (SetOwner).
 	owner func(ctx context.Context, q store.Querier, instanceID string) (string, error)
@@ -85,6 +88,10 @@ type InstanceConfig struct {
 	// GuestImages are the image names hosts hold (bcd --guest-images);
 	// empty: DefaultGuestImages.
 	GuestImages []string
+	// Sealer seals user data (in the instance row) and the seed's secrets
+	// (in the instance.create command) at rest; without one an instance
+	// with user data is refused (FAILED_PRECONDITION).
+	Sealer Sealer
 }
 
 // NewInstanceService returns the instance handlers.
@@ -93,7 +100,7 @@ func NewInstanceService(cfg InstanceConfig) *InstanceService {
 	if len(images) == 0 {
 		images = DefaultGuestImages
 	}
-	return &InstanceService{env: cfg.Env, engine: cfg.Engine, events: cfg.Events, rec: cfg.Recorder, images: images, poll: time.Second}
+	return &InstanceService{env: cfg.Env, engine: cfg.Engine, events: cfg.Events, rec: cfg.Recorder, images: images, poll: time.Second, sealer: cfg.Sealer}
 }
 
 // InstanceResource projects an instance into the authorization model.
@@ -456,6 +463,12 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 		}
 	}
 	id := envelope.NewID(InstanceIDPrefix, now)
+	// Sealed before anything is booked: without a sealer the create is
+	// refused and writes nothing.
+	userData, err := s.sealUserData(id, msg.GetUserData())
+	if err != nil {
+		return Instance{}, nil, err
+	}
 	// Capacity: vCPUs and memory in whole GiB (hugepage flavors in 1 GiB
 	// hugepages instead), GPUs of the flavor's model.
 	memGiB := int((f.MemoryMiB + 1023) / 1024)
@@ -486,7 +499,7 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 	in := Instance{ID: id, TenantID: t.scope.ID(), ProjectID: r.ProjectID, Name: msg.GetName(), State: StateBooting,
 		FlavorID: f.ID, FlavorName: f.Name, VCPUs: f.VCPUs, MemoryMiB: f.MemoryMiB, DiskGiB: f.DiskGiB, Image: image,
 		IPPoolID: ipp.ID, IPPoolName: ipp.Name, Address: lease.Address, PrefixLen: prefix.Bits(), Gateway: ipp.Gateway, DNS: ipp.DNS,
-		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserData: msg.GetUserData(),
+		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserDataSealed: userData,
 		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.by,
 		CreateTime: now, UpdateTime: now}
 	if f.Pinned {
@@ -513,15 +526,25 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 			Data: map[string]any{"name": vol.Name, "instance_id": in.ID, "size_gib": vol.SizeGiB}})
 	}
 	cp := createParams(&in, r, vols)
+	cp.Seed.UserData = msg.GetUserData()
 	cp.Paused = t.paused
 	if in.NetworkPolicy == vmcmd.PolicyPrivate {
-		// What private admits: the tenant's guests on this network now.
-		// Later peers are not pushed to guests already running.
+		// What private admits: the tenant's guests on this network now;
+		// later changes follow as instance.peers (pushPeers).
 		if cp.Network.Peers, err = PeerAddresses(ctx, tx, in.TenantID, in.IPPoolID, in.ID); err != nil {
 			return Instance{}, nil, err
 		}
 	}
-	if _, err := s.send(ctx, tx, &in, vmcmd.KindInstanceCreate, cp, in.ID+"/create", now); err != nil {
+	m, err := paramsMap(cp)
+	if err != nil {
+		return Instance{}, nil, err
+	}
+	// The seed's secrets sit in the command row sealed; the gateway opens
+	// them at delivery (OpenCreateParams).
+	if err := s.sealSeed(in.TenantID, m); err != nil {
+		return Instance{}, nil, err
+	}
+	if _, err := s.send(ctx, tx, &in, vmcmd.KindInstanceCreate, m, in.ID+"/create", now); err != nil {
 		return Instance{}, nil, err
 	}
 	for _, ev := range evs {
@@ -556,7 +579,7 @@ func createParams(in *Instance, r *reservation.Reservation, vols []VolumeRefRow)
 	p := vmcmd.CreateParams{InstanceID: HostID(in.ID), VCPUs: int(in.VCPUs), MemoryMiB: int(in.MemoryMiB), DiskMiB: int(in.DiskGiB) * 1024,
 		Image:   vmcmd.Image{Name: in.Image, Sha256: in.ImageSHA256},
 		Network: vmcmd.Network{MAC: in.MAC, Address: fmt.Sprintf("%s/%d", in.Address, in.PrefixLen), Gateway: in.Gateway, DNS: in.DNS, Policy: in.NetworkPolicy},
-		Seed:    vmcmd.Seed{Hostname: in.Name, User: GuestUser, AuthorizedKeys: in.SSHKeys, UserData: in.UserData},
+		Seed:    vmcmd.Seed{Hostname: in.Name, User: GuestUser, AuthorizedKeys: in.SSHKeys},
 	}
 	for _, v := range vols {
 		p.Volumes = append(p.Volumes, vmcmd.VolumeRef{VolumeID: HostID(v.ID), Format: v.Format, SizeMiB: int(v.SizeGiB) * 1024})
