@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
@@ -338,12 +338,7 @@ func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.
 	if msg.GetInstance() != "" {
 		vs.Ref("instance", msg.GetInstance(), InstanceIDPrefix)
 	}
-	var after int64
-	if msg.GetCursor() != "" {
-		if _, err := fmt.Sscan(msg.GetCursor(), &after); err != nil || after < 0 {
-			vs.Add("cursor", "must be a cursor from a previous response, got %q", truncate(msg.GetCursor()))
-		}
-	}
+	after := events.ParseCursor(&vs, msg.GetCursor())
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
@@ -373,78 +368,20 @@ func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.
 		}
 		tenantID, scopeRes = t.ID, tenancy.TenantResource(t)
 	}
-	rf := s.env.NewReadFilter(scopeRes)
-	if msg.GetCursor() == "" {
-		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
-			after, err = s.events.Last(ctx, q)
-			return err
-		}); err != nil {
-			return s.env.Fail(ctx, err)
-		}
-	}
-	if err := stream.Send(nil); err != nil {
-		return err
-	}
-	ticker := time.NewTicker(s.poll)
-	defer ticker.Stop()
-	for {
-		wake := s.events.Wait()
-		var (
-			out  []*apiv1.WatchInstancesResponse
-			rows []Instance
-			full bool
-		)
-		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
-			evs, seqs, err := s.events.After(ctx, q, tenantID, after, 500)
-			if err != nil {
-				return err
+	return events.ResourceWatch[Instance, apiv1.WatchInstancesResponse]{
+		Env: s.env, Events: s.events, Poll: s.poll, TenantID: tenantID, Scope: scopeRes,
+		ResourceType: "Instance", Only: only, After: after, FromNow: msg.GetCursor() == "",
+		Load: func(ctx context.Context, q store.Querier, id string) (Instance, bool, error) {
+			in, err := InstanceByID(ctx, q, id, "")
+			if errors.Is(err, store.ErrNotFound) || (err == nil && in.TenantID != tenantID) {
+				return in, false, nil
 			}
-			full = len(evs) == 500
-			for i, ev := range evs {
-				after = seqs[i]
-				if ev.ResourceType != "Instance" || (only != "" && ev.ResourceID != only) {
-					continue
-				}
-				in, err := InstanceByID(ctx, q, ev.ResourceID, "")
-				if errors.Is(err, store.ErrNotFound) || (err == nil && in.TenantID != tenantID) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				out = append(out, &apiv1.WatchInstancesResponse{Type: ev.Type, Instance: InstanceProto(in, nil), Cursor: fmt.Sprint(seqs[i])})
-				rows = append(rows, in)
-			}
-			return nil
-		}); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return s.env.Fail(ctx, err)
-		}
-		if err := rf.Recheck(ctx); err != nil {
-			return err
-		}
-		for i, o := range out {
-			ok, err := rf.Readable(ctx, rows[i].TenantID, rows[i].ProjectID)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			if err := stream.Send(o); err != nil {
-				return err
-			}
-		}
-		if full {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-ticker.C:
-		}
-	}
+			return in, err == nil, err
+		},
+		Owner: func(in Instance) (string, string) { return in.TenantID, in.ProjectID },
+		Message: func(typ string, in Instance, cursor string) *apiv1.WatchInstancesResponse {
+			return &apiv1.WatchInstancesResponse{Type: typ, Instance: InstanceProto(in, nil), Cursor: cursor}
+		},
+		Send: stream.Send,
+	}.Run(ctx)
 }
