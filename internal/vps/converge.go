@@ -354,13 +354,13 @@ func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.
 		}); err != nil {
 			return s.env.Fail(ctx, err)
 		}
-		if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+		if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 			return err
 		}
-		if err := r.notFound(msg.GetInstance()); err != nil {
+		if err := r.NotFound(msg.GetInstance()); err != nil {
 			return s.env.Fail(ctx, err)
 		}
-		tenantID, only, scopeRes = r.in.TenantID, r.in.ID, r.resource()
+		tenantID, only, scopeRes = r.Obj.TenantID, r.Obj.ID, r.Resource()
 	} else {
 		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
 		if err != nil {

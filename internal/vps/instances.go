@@ -624,44 +624,15 @@ func (s *InstanceService) send(ctx context.Context, tx store.Tx, in *Instance, k
 }
 
 // instanceRef is an instance resolved before a decision.
-type instanceRef struct {
-	scope scope
-	in    Instance
-	found bool
-}
+type instanceRef = tenancy.Item[Instance]
+
+var instanceKind = tenancy.ItemKind[Instance]{Type: "Instance", Noun: "instance", Resource: InstanceResource,
+	Get: func(ctx context.Context, q store.Querier, tenantID, ref string) (Instance, error) {
+		return InstanceGet(ctx, q, tenantID, ref, "")
+	}}
 
 func lookupInstance(ctx context.Context, q store.Querier, tenantRef, ref string) (instanceRef, error) {
-	var r instanceRef
-	var err error
-	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.scope.Found {
-		return r, err
-	}
-	r.in, err = InstanceGet(ctx, q, r.scope.ID(), ref, "")
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return r, nil
-	case err != nil:
-		return r, err
-	}
-	r.found = true
-	return r, nil
-}
-
-func (r instanceRef) resource() iam.Resource {
-	if r.found {
-		return InstanceResource(r.in)
-	}
-	return r.scope.Missing("Instance")
-}
-
-func (r instanceRef) notFound(ref string) error {
-	if err := r.scope.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("instance", ref)
-	}
-	return nil
+	return instanceKind.Lookup(ctx, q, tenantRef, ref)
 }
 
 func validateInstanceRef(vs *envelope.Violations, tenant, ref string) {
@@ -682,21 +653,21 @@ func (s *InstanceService) Get(ctx context.Context, req *connect.Request[apiv1.Ge
 		vols []Volume
 	)
 	if err := s.env.Resolve(ctx, "instance", func(ctx context.Context, q store.Querier) (err error) {
-		if r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance()); err != nil || !r.found {
+		if r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance()); err != nil || !r.Found {
 			return err
 		}
-		vols, err = VolumesOfInstance(ctx, q, r.in.ID)
+		vols, err = VolumesOfInstance(ctx, q, r.Obj.ID)
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 		return nil, err
 	}
-	if err := r.notFound(msg.GetInstance()); err != nil {
+	if err := r.NotFound(msg.GetInstance()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetInstanceResponse{Instance: InstanceProto(r.in, volumeIDs(vols))}), nil
+	return connect.NewResponse(&apiv1.GetInstanceResponse{Instance: InstanceProto(r.Obj, volumeIDs(vols))}), nil
 }
 
 func volumeIDs(vs []Volume) []string {
@@ -784,7 +755,7 @@ func (s *InstanceService) Reboot(ctx context.Context, req *connect.Request[apiv1
 func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteInstanceRequest]) (*connect.Response[apiv1.DeleteInstanceResponse], error) {
 	if url, err := s.ownerURL(ctx, func(ctx context.Context, q store.Querier) (string, error) {
 		r, err := lookupInstance(ctx, q, req.Msg.GetTenant(), req.Msg.GetInstance())
-		return r.in.PoolID, err
+		return r.Obj.PoolID, err
 	}); err != nil || url != "" {
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
@@ -846,20 +817,20 @@ func mutate[Req any](ctx context.Context, s *InstanceService, req *connect.Reque
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupInstance(ctx, q, tenant, ref)
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
-			if !viaPlacer || !r.found || r.in.PoolID == "" {
+			if !viaPlacer || !r.Found || r.Obj.PoolID == "" {
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.engine.SubmitInstance(ctx, r.in.PoolID, r.in.TenantID, write)
+			return s.engine.SubmitInstance(ctx, r.Obj.PoolID, r.Obj.TenantID, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.Instance, error) {
-			if err := r.notFound(ref); err != nil {
+			if err := r.NotFound(ref); err != nil {
 				return nil, err
 			}
 			var err error
-			cur, err = InstanceByID(ctx, tx.Tx, r.in.ID, store.ForUpdate(tx.Tx))
+			cur, err = InstanceByID(ctx, tx.Tx, r.Obj.ID, store.ForUpdate(tx.Tx))
 			if err != nil {
 				return nil, envelope.FromStore(err, "instance")
 			}
