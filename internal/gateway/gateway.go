@@ -100,15 +100,15 @@ type Config struct {
 	// Discovery admits commissioning ramdisks joining with a machine's
 	// discovery token; nil refuses such tokens.
 	Discovery Discovery
+	// OpenParams opens, per command kind, what another module sealed in
+	// a command's params (vps: an instance's seed), at delivery only.
+	OpenParams fleet.ParamsOpeners
 	// CommandDone, when set, is told of each command that ends (succeeded,
 	// failed, canceled), in the transaction that records it: the machine
 	// lifecycle completes the step a ramdisk command carried.
 	CommandDone func(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error
-	// OpenParams opens, per command kind, what another module sealed in
-	// a command's params (vps: an instance's seed), at delivery only.
-	OpenParams fleet.ParamsOpeners
-	Clock      clock.Clock
-	Logger     *slog.Logger
+	Clock       clock.Clock
+	Logger      *slog.Logger
 	// Listen is the gRPC address; default 127.0.0.1:8443.
 	Listen string
 	// Hosts are the serving certificate's names; default the listen host

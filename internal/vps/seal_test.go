@@ -3,6 +3,8 @@ package vps_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -103,4 +105,50 @@ func TestInstanceUserDataSealed(t *testing.T) {
 	bctest.WaitFor(t, "both creates succeeded", func() bool {
 		return h.count(t, `SELECT COUNT(*) FROM commands WHERE kind = 'instance.create' AND state = 'succeeded'`) == 2
 	})
+}
+
+// TestInstanceSealedSeedThatDoesNotOpen: a command whose sealed seed no
+// longer opens (tampered, or sealed under another secret) is failed by the
+// gateway instead of delivered without it; the instance fails with the
+// reason and no guest boots.
+func TestInstanceSealedSeedThatDoesNotOpen(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	d := h.sim.Daemons[0]
+	require.NoError(t, d.Stop())
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'ready' WHERE id = $1`, d.NodeID())
+		return err
+	}))
+	res, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm1", Flavor: "small",
+		Image: "debian-12", IpPool: "dev", UserData: "#cloud-config\n"}))
+	require.NoError(t, err)
+	in := res.Msg.GetInstance()
+	// Another instance's sealed seed in this command: bound to the other
+	// instance, it does not open here.
+	sealer, err := pki.NewSealer(h.cp.Secret)
+	require.NoError(t, err)
+	other, err := sealer.Seal("instance-seed/"+in.GetTenantId()+"/ins-other", []byte(`{"user_data":"#!/bin/sh\n"}`))
+	require.NoError(t, err)
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		var id, params string
+		if err := tx.QueryRow(ctx, `SELECT id, params FROM commands WHERE kind = 'instance.create'`).Scan(&id, &params); err != nil {
+			return err
+		}
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(params), &m))
+		m["seed"].(map[string]any)[vps.SealedSeedField] = base64.StdEncoding.EncodeToString(other)
+		b, err := json.Marshal(m)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `UPDATE commands SET params = $1 WHERE id = $2`, string(b), id)
+		return err
+	}))
+	nd, err := d.Restart()
+	require.NoError(t, err)
+	h.sim.Daemons[0] = nd
+	failed := waitState(t, h.acme, "vm1", vps.StateFailed)
+	require.Contains(t, failed.GetMessage(), "UNENCODABLE")
+	require.Contains(t, failed.GetMessage(), "open the seed")
+	require.Empty(t, nd.Hypervisor().Guests(), "no guest booted without its seed")
 }
