@@ -52,6 +52,9 @@ type fakeGuest struct {
 	uncertified bool
 	sshd        *fakeSSHD
 	ran         int
+	// peers is the latest peer list (instance.peers), nil until one came:
+	// kept apart from params so a redelivered create still compares equal.
+	peers []string
 }
 
 // FakeGuestImages are the images a FakeHypervisor holds by default.
@@ -162,6 +165,21 @@ func (h *FakeHypervisor) Guest(id string) (vmcmd.CreateParams, string, bool) {
 		return vmcmd.CreateParams{}, "", false
 	}
 	return g.params, g.state, true
+}
+
+// Peers returns the peer list a guest's network policy admits now: the
+// latest instance.peers, else its create's; ok is false without the guest.
+func (h *FakeHypervisor) Peers(id string) (peers []string, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g, ok := h.guests[id]
+	if !ok {
+		return nil, false
+	}
+	if g.peers != nil {
+		return slices.Clone(g.peers), true
+	}
+	return slices.Clone(g.params.Network.Peers), true
 }
 
 // Volumes lists the volume ids the hypervisor holds.
@@ -328,6 +346,17 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		// bcd's agent opens tunnels itself (DialGuest); a tunnel reaching
 		// the hypervisor as a plain command has nothing to carry it.
 		return nil, agent.CommandError(vmcmd.FailUnsupported, errors.New("instance.tunnel is carried by the agent"))
+	case vmcmd.KindInstancePeers:
+		var p vmcmd.PeersParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		g, ok := h.guests[p.InstanceID]
+		if !ok {
+			return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", p.InstanceID))
+		}
+		g.peers = append([]string{}, p.Peers...)
+		return result(h.status(p.InstanceID, g))
 	case vmcmd.KindInstanceSnapshot, vmcmd.KindInstanceRestore:
 		var p vmcmd.SnapshotParams
 		if err := vmcmd.Decode(raw, &p); err != nil {

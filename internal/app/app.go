@@ -52,6 +52,7 @@ import (
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/tracing"
 	"github.com/better-compute/better-compute/internal/tunnel"
+	"github.com/better-compute/better-compute/internal/vmcmd"
 	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -438,12 +439,12 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}); err != nil {
 		return nil, err
 	}
-	var sshSealer vps.Sealer // a nil *pki.Sealer must stay a nil interface
+	var instanceSealer vps.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
-		sshSealer = a.sealer
+		instanceSealer = a.sealer
 	}
 	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
-		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: sshSealer, Tunnels: a.tunnels})
+		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels})
 	a.fleetHooks.instances = a.Instances
 	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
@@ -494,7 +495,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
 		HandshakeTimeout: cfg.GatewayHandshakeTimeout, IdleConnTimeout: cfg.GatewayIdleConnTimeout, Metrics: a.Registry,
-		Tracing: a.Tracing, Discovery: a.discovery, CommandDone: a.commandDone(commandDone(func() *metal.Runtime { return a.discovery.rt })),
+		Tracing: a.Tracing, Discovery: a.discovery, OpenParams: openParams(a.sealer), CommandDone: a.commandDone(commandDone(func() *metal.Runtime { return a.discovery.rt })),
 		CommandsExpired: func(ctx context.Context, tx store.Tx, expired []fleet.Command) error {
 			if a.Instances == nil {
 				return nil
@@ -507,6 +508,16 @@ func (a *App) buildGateway(ctx context.Context) error {
 	}
 	a.Gateway = gw
 	return nil
+}
+
+// openParams are the gateway's openers of sealed command params: an
+// instance's seed (user data, host key) is opened only for its host.
+func openParams(sealer *pki.Sealer) fleet.ParamsOpeners {
+	var s vps.Sealer // a nil *pki.Sealer must stay a nil interface
+	if sealer != nil {
+		s = sealer
+	}
+	return fleet.ParamsOpeners{vmcmd.KindInstanceCreate: vps.OpenCreateParams(s)}
 }
 
 // buildMetal builds the machine lifecycle; without a secret BMC passwords

@@ -307,6 +307,25 @@ func ConditionProto(c NodeCondition) *apiv1.NodeCondition {
 // host key, meant for the guest alone.
 var SealedParams = []string{"seed"}
 
+// ParamsOpener gives the params a command of one kind is delivered with,
+// from the params it is stored with: secrets another module sealed at rest
+// (an instance's user data and host key) are opened for the agent alone,
+// on its mTLS session. The gateway calls it per delivery; an error fails
+// a pending command (UNENCODABLE) rather than send it without them.
+type ParamsOpener func(c Command) (string, error)
+
+// ParamsOpeners are the openers by command kind; kinds without one go out
+// as stored.
+type ParamsOpeners map[string]ParamsOpener
+
+// Open returns the params c is delivered with.
+func (o ParamsOpeners) Open(c Command) (string, error) {
+	if open := o[c.Kind]; open != nil {
+		return open(c)
+	}
+	return c.Params, nil
+}
+
 // paramsView is a command's params as the API shows them, SealedParams
 // left out.
 func paramsView(s string) *structpb.Struct {

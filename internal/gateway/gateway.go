@@ -104,6 +104,9 @@ type Config struct {
 	// Discovery admits commissioning ramdisks joining with a machine's
 	// discovery token; nil refuses such tokens.
 	Discovery Discovery
+	// OpenParams opens, per command kind, what another module sealed in
+	// a command's params (vps: an instance's seed), at delivery only.
+	OpenParams fleet.ParamsOpeners
 	// CommandDone, when set, is told of each command that ends (succeeded,
 	// failed, canceled), in the transaction that records it: the machine
 	// lifecycle completes the step a ramdisk command carried.

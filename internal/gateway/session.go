@@ -424,6 +424,9 @@ func (s *session) deliver(cmds []fleet.Command) error {
 	var unencodable []fleet.Command
 	var reasons []error
 	var codes []string
+	// sealed marks the failures whose sealed params did not open: their
+	// owner hears of it (CommandDone), as of an answer from the agent.
+	var sealed []bool
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
 		// The certificate's role decides what the agent may run: a
@@ -431,6 +434,7 @@ func (s *session) deliver(cmds []fleet.Command) error {
 		if err := fleet.CheckKindForMode(s.ident.Role, c.Kind); err != nil {
 			s.log.Warn("command refused for the node's role; failed", "command", c.ID, "role", s.ident.Role, "err", err)
 			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailWrongRole)
+			sealed = append(sealed, false)
 			s.cursor = seqOf(c)
 			continue
 		}
@@ -446,6 +450,7 @@ func (s *session) deliver(cmds []fleet.Command) error {
 					code = fleet.CommandFailFenced
 				}
 				unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, code)
+				sealed = append(sealed, false)
 				s.cursor = seqOf(c)
 				continue
 			case err != nil:
@@ -454,10 +459,24 @@ func (s *session) deliver(cmds []fleet.Command) error {
 				c.Params = p
 			}
 		}
+		switch p, err := s.g.cfg.OpenParams.Open(c); {
+		case err != nil && c.State == "pending":
+			// Never sent without what was sealed: failed with the reason.
+			s.log.Warn("command params cannot be opened; failed", "command", c.ID, "kind", c.Kind, "err", err)
+			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailUnencodable)
+			sealed = append(sealed, true)
+			s.cursor = seqOf(c)
+			continue
+		case err != nil:
+			// Delivered before: the agent answers it from its log.
+		default:
+			c.Params = p
+		}
 		m, err := commandMessage(c)
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
 			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailUnencodable)
+			sealed = append(sealed, false)
 			s.cursor = seqOf(c)
 			continue
 		}
@@ -493,6 +512,11 @@ func (s *session) deliver(cmds []fleet.Command) error {
 					Action: "commands.deliver", ResourceType: "Command", ResourceID: c.ID, Decision: envelope.DecisionDeny,
 					Result: fleet.CommandFailWrongRole, Detail: truncateMessage(reasons[i].Error()),
 				}}); err != nil {
+					return err
+				}
+			}
+			if ok && sealed[i] && s.g.cfg.CommandDone != nil {
+				if err := s.g.cfg.CommandDone(ctx, tx, c, fleet.CommandFailed, truncateMessage(reasons[i].Error()), nil); err != nil {
 					return err
 				}
 			}

@@ -36,13 +36,13 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecSandb
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupSandbox(ctx, q, msg.GetTenant(), msg.GetSandbox())
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.ExecSandboxResponse, error) {
-			if err := r.notFound(msg.GetSandbox()); err != nil {
+			if err := r.NotFound(msg.GetSandbox()); err != nil {
 				return nil, err
 			}
-			sb, err := SandboxGet(ctx, tx.Tx, r.sb.TenantID, r.sb.ID, "")
+			sb, err := SandboxGet(ctx, tx.Tx, r.Obj.TenantID, r.Obj.ID, "")
 			if err != nil {
 				return nil, envelope.FromStore(err, "sandbox")
 			}

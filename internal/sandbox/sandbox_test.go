@@ -1,6 +1,7 @@
 package sandbox_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -284,12 +285,32 @@ func TestColdBootExtendExpire(t *testing.T) {
 }
 
 // noSecretAnywhere: the secret's value is in no event, audit row or
-// response body we recorded.
+// response body we recorded, and neither it nor the guest's env line
+// (base64 in the user data) is in an instance or command row: user data
+// is sealed at rest.
 func noSecretAnywhere(t *testing.T, f *fixture) {
 	t.Helper()
 	for _, q := range []string{`SELECT COUNT(*) FROM events WHERE CAST(data AS TEXT) LIKE $1`, `SELECT COUNT(*) FROM audit_log WHERE CAST(detail AS TEXT) LIKE $1`} {
 		require.Zero(t, f.count(t, q, "%"+secretValue+"%"), q)
 	}
+	envLine := base64.StdEncoding.EncodeToString([]byte("API_KEY='" + secretValue + "'\n"))
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM commands WHERE params LIKE $1 OR params LIKE $2 OR params LIKE $3`,
+		"%"+secretValue+"%", "%"+envLine+"%", "%write_files%"))
+	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT user_data_sealed FROM instances`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var b []byte
+			if err := rows.Scan(&b); err != nil {
+				return err
+			}
+			require.False(t, bytes.Contains(b, []byte(secretValue)) || bytes.Contains(b, []byte(envLine)))
+		}
+		return rows.Err()
+	}))
 }
 
 // TestWarmClaim: the reconciler boots warm_min paused instances; a create

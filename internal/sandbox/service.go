@@ -171,27 +171,27 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateS
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if r, err = lookupTemplate(ctx, q, msg.GetTenant(), msg.GetTemplate()); err != nil || !r.sc.Found {
+			if r, err = lookupTemplate(ctx, q, msg.GetTenant(), msg.GetTemplate()); err != nil || !r.Scope.Found {
 				return iam.Resource{Type: "Sandbox", ID: iam.DraftID}, err
 			}
 			life := ttl
-			if life == 0 && r.found {
-				life = r.t.DefaultTTL
+			if life == 0 && r.Found {
+				life = r.Obj.DefaultTTL
 			}
-			return iam.Resource{Type: "Sandbox", ID: iam.DraftID, TenantID: r.sc.ID(), Attrs: map[string]any{
+			return iam.Resource{Type: "Sandbox", ID: iam.DraftID, TenantID: r.Scope.ID(), Attrs: map[string]any{
 				"template": msg.GetTemplate(), "lifetimeSeconds": int64(life / time.Second)}}, nil
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
-			if !r.found {
+			if !r.Found {
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.inst.Submit(ctx, r.t.PoolID, r.t.TenantID, write)
+			return s.inst.Submit(ctx, r.Obj.PoolID, r.Obj.TenantID, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateSandboxResponse, error) {
-			if err := r.notFound(msg.GetTemplate()); err != nil {
+			if err := r.NotFound(msg.GetTemplate()); err != nil {
 				return nil, err
 			}
-			t := r.t
+			t := r.Obj
 			life := ttl
 			if life == 0 {
 				life = t.DefaultTTL
@@ -252,44 +252,16 @@ func (s *Service) claimOrBoot(ctx context.Context, tx *envelope.Tx, t Template, 
 	return in, nil
 }
 
-type sandboxRef struct {
-	sc    tenancy.Scope
-	sb    Sandbox
-	found bool
-}
+// sandboxRef is a sandbox resolved before a decision.
+type sandboxRef = tenancy.Item[Sandbox]
+
+var sandboxKind = tenancy.ItemKind[Sandbox]{Type: "Sandbox", Noun: "sandbox", Resource: Resource,
+	Get: func(ctx context.Context, q store.Querier, tenantID, id string) (Sandbox, error) {
+		return SandboxGet(ctx, q, tenantID, id, "")
+	}}
 
 func lookupSandbox(ctx context.Context, q store.Querier, tenantRef, id string) (sandboxRef, error) {
-	var r sandboxRef
-	var err error
-	if r.sc, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.sc.Found {
-		return r, err
-	}
-	r.sb, err = SandboxGet(ctx, q, r.sc.ID(), id, "")
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return r, nil
-	case err != nil:
-		return r, err
-	}
-	r.found = true
-	return r, nil
-}
-
-func (r sandboxRef) resource() iam.Resource {
-	if r.found {
-		return Resource(r.sb)
-	}
-	return r.sc.Missing("Sandbox")
-}
-
-func (r sandboxRef) notFound(ref string) error {
-	if err := r.sc.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("sandbox", ref)
-	}
-	return nil
+	return sandboxKind.Lookup(ctx, q, tenantRef, id)
 }
 
 func validateSandboxRef(vs *envelope.Violations, tenant, ref string) {
@@ -318,21 +290,21 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetSandbox
 		in *vps.Instance
 	)
 	if err := s.env.Resolve(ctx, "sandbox", func(ctx context.Context, q store.Querier) (err error) {
-		if r, err = lookupSandbox(ctx, q, msg.GetTenant(), msg.GetSandbox()); err != nil || !r.found {
+		if r, err = lookupSandbox(ctx, q, msg.GetTenant(), msg.GetSandbox()); err != nil || !r.Found {
 			return err
 		}
-		in, err = instanceOf(ctx, q, r.sb)
+		in, err = instanceOf(ctx, q, r.Obj)
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 		return nil, err
 	}
-	if err := r.notFound(msg.GetSandbox()); err != nil {
+	if err := r.NotFound(msg.GetSandbox()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetSandboxResponse{Sandbox: Proto(r.sb, in)}), nil
+	return connect.NewResponse(&apiv1.GetSandboxResponse{Sandbox: Proto(r.Obj, in)}), nil
 }
 
 // List lists a tenant's live sandboxes.
@@ -383,13 +355,13 @@ func mutateSandbox[Req any](ctx context.Context, s *Service, req *connect.Reques
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupSandbox(ctx, q, tenant, ref)
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.Sandbox, error) {
-			if err := r.notFound(ref); err != nil {
+			if err := r.NotFound(ref); err != nil {
 				return nil, err
 			}
-			sb, err := SandboxGet(ctx, tx.Tx, r.sb.TenantID, r.sb.ID, store.ForUpdate(tx.Tx))
+			sb, err := SandboxGet(ctx, tx.Tx, r.Obj.TenantID, r.Obj.ID, store.ForUpdate(tx.Tx))
 			if err != nil {
 				return nil, envelope.FromStore(err, "sandbox")
 			}

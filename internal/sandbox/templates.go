@@ -232,44 +232,13 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-type templateRef struct {
-	sc    tenancy.Scope
-	t     Template
-	found bool
-}
+// templateRef is a template resolved before a decision.
+type templateRef = tenancy.Item[Template]
+
+var templateKind = tenancy.ItemKind[Template]{Type: "SandboxTemplate", Noun: "sandbox template", Resource: TemplateResource, Get: TemplateGet}
 
 func lookupTemplate(ctx context.Context, q store.Querier, tenantRef, ref string) (templateRef, error) {
-	var r templateRef
-	var err error
-	if r.sc, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.sc.Found {
-		return r, err
-	}
-	r.t, err = TemplateGet(ctx, q, r.sc.ID(), ref)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return r, nil
-	case err != nil:
-		return r, err
-	}
-	r.found = true
-	return r, nil
-}
-
-func (r templateRef) resource() iam.Resource {
-	if r.found {
-		return TemplateResource(r.t)
-	}
-	return r.sc.Missing("SandboxTemplate")
-}
-
-func (r templateRef) notFound(ref string) error {
-	if err := r.sc.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("sandbox template", ref)
-	}
-	return nil
+	return templateKind.Lookup(ctx, q, tenantRef, ref)
 }
 
 func validateTemplateRef(vs *envelope.Violations, tenant, ref string) {
@@ -292,13 +261,13 @@ func (ts *TemplateService) Get(ctx context.Context, req *connect.Request[apiv1.G
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 		return nil, err
 	}
-	if err := r.notFound(msg.GetTemplate()); err != nil {
+	if err := r.NotFound(msg.GetTemplate()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetSandboxTemplateResponse{Template: TemplateProto(r.t)}), nil
+	return connect.NewResponse(&apiv1.GetSandboxTemplateResponse{Template: TemplateProto(r.Obj)}), nil
 }
 
 // List lists a tenant's templates.
@@ -331,18 +300,18 @@ func (ts *TemplateService) Delete(ctx context.Context, req *connect.Request[apiv
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupTemplate(ctx, q, msg.GetTenant(), msg.GetTemplate())
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.DeleteSandboxTemplateResponse, error) {
-			if err := r.notFound(msg.GetTemplate()); err != nil {
+			if err := r.NotFound(msg.GetTemplate()); err != nil {
 				return nil, err
 			}
 			now := tx.Now()
-			if err := TemplateSetState(ctx, tx.Tx, r.t.ID, TemplateDeleting, now); err != nil {
+			if err := TemplateSetState(ctx, tx.Tx, r.Obj.ID, TemplateDeleting, now); err != nil {
 				return nil, err
 			}
-			tx.Emit(envelope.Event{Type: "sandbox_template.deleted", TenantID: r.t.TenantID, ResourceType: "SandboxTemplate",
-				ResourceID: r.t.ID, Data: map[string]any{"name": r.t.Name}})
+			tx.Emit(envelope.Event{Type: "sandbox_template.deleted", TenantID: r.Obj.TenantID, ResourceType: "SandboxTemplate",
+				ResourceID: r.Obj.ID, Data: map[string]any{"name": r.Obj.Name}})
 			return &apiv1.DeleteSandboxTemplateResponse{}, nil
 		},
 	})

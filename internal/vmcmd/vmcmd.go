@@ -40,6 +40,12 @@ const (
 	// KindInstanceList reports every instance bcd runs (ListResult), so
 	// the control plane converges (lost instances, strays).
 	KindInstanceList = "instance.list"
+	// KindInstancePeers replaces a private instance's peers (PeersParams)
+	// in its network policy, as the tenant's instances on its network come
+	// and go; the guest is not touched. Result: Status. An instance whose
+	// policy is not private succeeds unchanged (peers are what private
+	// admits).
+	KindInstancePeers = "instance.peers"
 	// KindVolumeCreate creates a host volume file (VolumeParams); Delete
 	// removes it (a missing one succeeds). A volume attached to an
 	// existing instance cannot be deleted (FailBusy).
@@ -57,7 +63,7 @@ const (
 // capability checks.
 var Kinds = []string{KindInstanceCreate, KindInstanceStart, KindInstanceStop, KindInstanceReboot, KindInstancePause,
 	KindInstanceResume, KindInstanceDelete, KindInstanceSnapshot, KindInstanceRestore, KindInstanceList,
-	KindVolumeCreate, KindVolumeDelete, KindInstanceTunnel}
+	KindInstancePeers, KindVolumeCreate, KindVolumeDelete, KindInstanceTunnel}
 
 // Capabilities bcd advertises only where it enforces them (DESIGN §7).
 const (
@@ -118,8 +124,8 @@ type Network struct {
 	// Policy is egress, private or none.
 	Policy string `json:"policy"`
 	// Peers are the addresses of the same tenant's instances on this
-	// host network: what private admits. The control plane resends them
-	// (instance.create is level-triggered) as instances come and go.
+	// host network: what private admits. The control plane sends later
+	// lists as instance.peers as instances come and go.
 	Peers []string `json:"peers,omitempty"`
 }
 
@@ -172,6 +178,14 @@ type CreateParams struct {
 	Seed       Seed        `json:"seed"`
 	// Paused leaves the guest paused once booted (a warm sandbox).
 	Paused bool `json:"paused,omitempty"`
+}
+
+// PeersParams is instance.peers: the whole peer list, replacing the
+// previous one (bcd runs an instance's commands in order, so the latest
+// list wins and a redelivery converges).
+type PeersParams struct {
+	InstanceID string   `json:"instance_id"`
+	Peers      []string `json:"peers"`
 }
 
 // SnapshotParams is instance.snapshot and instance.restore.

@@ -13,6 +13,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
@@ -21,8 +22,21 @@ import (
 )
 
 // finishDelete ends a deleted instance's booking, gives its address back,
-// detaches its volumes (they stay on the host) and marks it deleted.
+// detaches its volumes (they stay on the host) and marks it deleted; the
+// tenant's private instances on its IP pool get their new peer list.
 func (s *InstanceService) finishDelete(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, from, reason string, now time.Time) error {
+	if err := s.endDeleted(ctx, tx, emit, in, from, reason, now); err != nil {
+		return err
+	}
+	if !leftPeers(from) {
+		return nil
+	}
+	return s.pushPeers(ctx, tx, []Instance{*in}, now)
+}
+
+// endDeleted is finishDelete without the peer push, for callers that end
+// several instances in one change and push once.
+func (s *InstanceService) endDeleted(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, from, reason string, now time.Time) error {
 	evs, err := s.engine.EndInstance(ctx, tx, in.ReservationID, reason, now)
 	if err != nil {
 		return err
@@ -149,6 +163,7 @@ func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit fu
 	}
 	from := in.State
 	ok := state == fleet.CommandSucceeded
+	pushed := false
 	failure := strings.TrimSpace(strings.Join([]string{code, message}, ": "))
 	switch c.Kind {
 	case vmcmd.KindInstanceDelete:
@@ -176,10 +191,20 @@ func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit fu
 			}
 			in.State, in.Message = StateFailed, "create failed: "+failure
 			emit(instanceEvent("instance.failed", &in, map[string]any{"failure_code": code}))
+			pushed = true
 			break
 		}
 		s.applyStatus(&in, &st, now)
 		emit(instanceEvent("instance."+in.State, &in, map[string]any{"accel": in.Accel}))
+		// It runs: the tenant's private guests on its network admit it.
+		pushed = true
+	case vmcmd.KindInstancePeers:
+		// Nothing of the instance changes; a failure is left on it.
+		if ok || (in.State != StateRunning && in.State != StateStopped) {
+			return nil
+		}
+		in.Message = "peers failed: " + failure
+		emit(instanceEvent("instance.action_failed", &in, map[string]any{"kind": c.Kind, "failure_code": code}))
 	default: // start, stop, reboot, pause, resume, snapshot, restore
 		if in.State != StateRunning && in.State != StateStopped {
 			return nil
@@ -196,6 +221,9 @@ func (s *InstanceService) instanceDone(ctx context.Context, tx store.Tx, emit fu
 	saved, err := InstanceSave(ctx, tx, &in, from)
 	if err != nil || !saved {
 		return errors.Join(err, errMoved(saved))
+	}
+	if pushed {
+		return s.pushPeers(ctx, tx, []Instance{in}, now)
 	}
 	return nil
 }
@@ -267,6 +295,8 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 		}
 		evs = append(evs, ev)
 	}
+	// One peer push for everything the lost hosts took.
+	var gone []Instance
 	for _, id := range nodeIDs {
 		ins, err := InstancesOnNode(ctx, tx, id)
 		if err != nil {
@@ -277,8 +307,9 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 			from := in.State
 			in.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
 				Message: "host " + in.NodeName + " stopped answering", UpdateTime: now})
+			gone = append(gone, *in)
 			if from == StateDeleting {
-				if err := s.finishDelete(ctx, tx, emit, in, from, "NodeLost", now); err != nil {
+				if err := s.endDeleted(ctx, tx, emit, in, from, "NodeLost", now); err != nil {
 					return err
 				}
 				continue
@@ -296,7 +327,11 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 				return errors.Join(err, errMoved(ok))
 			}
 			emit(instanceEvent("instance.lost", in, nil))
+			gone[len(gone)-1].State = in.State
 		}
+	}
+	if err := s.pushPeers(ctx, tx, gone, now); err != nil {
+		return err
 	}
 	if len(evs) == 0 {
 		return nil
@@ -313,12 +348,7 @@ func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.
 	if msg.GetInstance() != "" {
 		vs.Ref("instance", msg.GetInstance(), InstanceIDPrefix)
 	}
-	var after int64
-	if msg.GetCursor() != "" {
-		if _, err := fmt.Sscan(msg.GetCursor(), &after); err != nil || after < 0 {
-			vs.Add("cursor", "must be a cursor from a previous response, got %q", truncate(msg.GetCursor()))
-		}
-	}
+	after := events.ParseCursor(&vs, msg.GetCursor())
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
@@ -334,13 +364,13 @@ func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.
 		}); err != nil {
 			return s.env.Fail(ctx, err)
 		}
-		if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+		if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 			return err
 		}
-		if err := r.notFound(msg.GetInstance()); err != nil {
+		if err := r.NotFound(msg.GetInstance()); err != nil {
 			return s.env.Fail(ctx, err)
 		}
-		tenantID, only, scopeRes = r.in.TenantID, r.in.ID, r.resource()
+		tenantID, only, scopeRes = r.Obj.TenantID, r.Obj.ID, r.Resource()
 	} else {
 		t, err := tenancy.AuthorizeTenantRead(ctx, s.env, msg.GetTenant())
 		if err != nil {
@@ -348,78 +378,20 @@ func (s *InstanceService) Watch(ctx context.Context, req *connect.Request[apiv1.
 		}
 		tenantID, scopeRes = t.ID, tenancy.TenantResource(t)
 	}
-	rf := s.env.NewReadFilter(scopeRes)
-	if msg.GetCursor() == "" {
-		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
-			after, err = s.events.Last(ctx, q)
-			return err
-		}); err != nil {
-			return s.env.Fail(ctx, err)
-		}
-	}
-	if err := stream.Send(nil); err != nil {
-		return err
-	}
-	ticker := time.NewTicker(s.poll)
-	defer ticker.Stop()
-	for {
-		wake := s.events.Wait()
-		var (
-			out  []*apiv1.WatchInstancesResponse
-			rows []Instance
-			full bool
-		)
-		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
-			evs, seqs, err := s.events.After(ctx, q, tenantID, after, 500)
-			if err != nil {
-				return err
+	return events.ResourceWatch[Instance, apiv1.WatchInstancesResponse]{
+		Env: s.env, Events: s.events, Poll: s.poll, TenantID: tenantID, Scope: scopeRes,
+		ResourceType: "Instance", Only: only, After: after, FromNow: msg.GetCursor() == "",
+		Load: func(ctx context.Context, q store.Querier, id string) (Instance, bool, error) {
+			in, err := InstanceByID(ctx, q, id, "")
+			if errors.Is(err, store.ErrNotFound) || (err == nil && in.TenantID != tenantID) {
+				return in, false, nil
 			}
-			full = len(evs) == 500
-			for i, ev := range evs {
-				after = seqs[i]
-				if ev.ResourceType != "Instance" || (only != "" && ev.ResourceID != only) {
-					continue
-				}
-				in, err := InstanceByID(ctx, q, ev.ResourceID, "")
-				if errors.Is(err, store.ErrNotFound) || (err == nil && in.TenantID != tenantID) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				out = append(out, &apiv1.WatchInstancesResponse{Type: ev.Type, Instance: InstanceProto(in, nil), Cursor: fmt.Sprint(seqs[i])})
-				rows = append(rows, in)
-			}
-			return nil
-		}); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return s.env.Fail(ctx, err)
-		}
-		if err := rf.Recheck(ctx); err != nil {
-			return err
-		}
-		for i, o := range out {
-			ok, err := rf.Readable(ctx, rows[i].TenantID, rows[i].ProjectID)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			if err := stream.Send(o); err != nil {
-				return err
-			}
-		}
-		if full {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-ticker.C:
-		}
-	}
+			return in, err == nil, err
+		},
+		Owner: func(in Instance) (string, string) { return in.TenantID, in.ProjectID },
+		Message: func(typ string, in Instance, cursor string) *apiv1.WatchInstancesResponse {
+			return &apiv1.WatchInstancesResponse{Type: typ, Instance: InstanceProto(in, nil), Cursor: cursor}
+		},
+		Send: stream.Send,
+	}.Run(ctx)
 }

@@ -62,13 +62,14 @@ type InstanceService struct {
 	rec    envelope.Recorder
 	images []string
 	poll   time.Duration
+	// sealer seals user data, the seed's secrets and the SSH CA's key at
+	// rest; nil refuses user data and SSH (guests get only the users'
+	// keys).
+	sealer Sealer
 	// owner, when set, names the module that drives an instance (a
 	// sandbox), whose item methods then refuse it (SetOwner).
 	owner func(ctx context.Context, q store.Querier, instanceID string) (string, error)
-	// sealer seals the SSH CA's key; nil: no CA (guests get only the
-	// users' keys, and ssh is refused).
-	sealer Sealer
-	ca     sshCA
+	ca    sshCA
 	// tunnels holds SSH tickets and pending tunnels on this replica.
 	tunnels *tunnel.Hub
 }
@@ -92,7 +93,10 @@ type InstanceConfig struct {
 	// GuestImages are the image names hosts hold (bcd --guest-images);
 	// empty: DefaultGuestImages.
 	GuestImages []string
-	// Sealer seals the SSH CA's key (nil: no BETTER_COMPUTE_SECRET).
+	// Sealer seals user data (in the instance row), the seed's secrets (in
+	// the instance.create command) and the SSH CA's key at rest; without
+	// one an instance with user data and SSH tickets are refused
+	// (FAILED_PRECONDITION).
 	Sealer Sealer
 	// Tunnels holds SSH tickets and pending tunnels (nil: ssh is refused).
 	Tunnels *tunnel.Hub
@@ -468,6 +472,12 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 		}
 	}
 	id := envelope.NewID(InstanceIDPrefix, now)
+	// Sealed before anything is booked: without a sealer the create is
+	// refused and writes nothing.
+	userData, err := s.sealUserData(id, msg.GetUserData())
+	if err != nil {
+		return Instance{}, nil, err
+	}
 	// Capacity: vCPUs and memory in whole GiB (hugepage flavors in 1 GiB
 	// hugepages instead), GPUs of the flavor's model.
 	memGiB := int((f.MemoryMiB + 1023) / 1024)
@@ -498,7 +508,7 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 	in := Instance{ID: id, TenantID: t.scope.ID(), ProjectID: r.ProjectID, Name: msg.GetName(), State: StateBooting,
 		FlavorID: f.ID, FlavorName: f.Name, VCPUs: f.VCPUs, MemoryMiB: f.MemoryMiB, DiskGiB: f.DiskGiB, Image: image,
 		IPPoolID: ipp.ID, IPPoolName: ipp.Name, Address: lease.Address, PrefixLen: prefix.Bits(), Gateway: ipp.Gateway, DNS: ipp.DNS,
-		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserData: msg.GetUserData(),
+		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserDataSealed: userData,
 		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.by,
 		CreateTime: now, UpdateTime: now}
 	if f.Pinned {
@@ -525,18 +535,28 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 			Data: map[string]any{"name": vol.Name, "instance_id": in.ID, "size_gib": vol.SizeGiB}})
 	}
 	cp := createParams(&in, r, vols)
+	cp.Seed.UserData = msg.GetUserData()
 	cp.Paused = t.paused
 	if err := s.seedSSH(ctx, tx, &cp, &in, now); err != nil {
 		return Instance{}, nil, err
 	}
 	if in.NetworkPolicy == vmcmd.PolicyPrivate {
-		// What private admits: the tenant's guests on this network now.
-		// Later peers are not pushed to guests already running.
+		// What private admits: the tenant's guests on this network now;
+		// later changes follow as instance.peers (pushPeers).
 		if cp.Network.Peers, err = PeerAddresses(ctx, tx, in.TenantID, in.IPPoolID, in.ID); err != nil {
 			return Instance{}, nil, err
 		}
 	}
-	if _, err := s.send(ctx, tx, &in, vmcmd.KindInstanceCreate, cp, in.ID+"/create", now); err != nil {
+	m, err := paramsMap(cp)
+	if err != nil {
+		return Instance{}, nil, err
+	}
+	// The seed's secrets sit in the command row sealed; the gateway opens
+	// them at delivery (OpenCreateParams).
+	if err := s.sealSeed(in.TenantID, m); err != nil {
+		return Instance{}, nil, err
+	}
+	if _, err := s.send(ctx, tx, &in, vmcmd.KindInstanceCreate, m, in.ID+"/create", now); err != nil {
 		return Instance{}, nil, err
 	}
 	for _, ev := range evs {
@@ -571,7 +591,7 @@ func createParams(in *Instance, r *reservation.Reservation, vols []VolumeRefRow)
 	p := vmcmd.CreateParams{InstanceID: HostID(in.ID), VCPUs: int(in.VCPUs), MemoryMiB: int(in.MemoryMiB), DiskMiB: int(in.DiskGiB) * 1024,
 		Image:   vmcmd.Image{Name: in.Image, Sha256: in.ImageSHA256},
 		Network: vmcmd.Network{MAC: in.MAC, Address: fmt.Sprintf("%s/%d", in.Address, in.PrefixLen), Gateway: in.Gateway, DNS: in.DNS, Policy: in.NetworkPolicy},
-		Seed:    vmcmd.Seed{Hostname: in.Name, User: GuestUser, AuthorizedKeys: in.SSHKeys, UserData: in.UserData},
+		Seed:    vmcmd.Seed{Hostname: in.Name, User: GuestUser, AuthorizedKeys: in.SSHKeys},
 	}
 	for _, v := range vols {
 		p.Volumes = append(p.Volumes, vmcmd.VolumeRef{VolumeID: HostID(v.ID), Format: v.Format, SizeMiB: int(v.SizeGiB) * 1024})
@@ -616,44 +636,15 @@ func (s *InstanceService) send(ctx context.Context, tx store.Tx, in *Instance, k
 }
 
 // instanceRef is an instance resolved before a decision.
-type instanceRef struct {
-	scope scope
-	in    Instance
-	found bool
-}
+type instanceRef = tenancy.Item[Instance]
+
+var instanceKind = tenancy.ItemKind[Instance]{Type: "Instance", Noun: "instance", Resource: InstanceResource,
+	Get: func(ctx context.Context, q store.Querier, tenantID, ref string) (Instance, error) {
+		return InstanceGet(ctx, q, tenantID, ref, "")
+	}}
 
 func lookupInstance(ctx context.Context, q store.Querier, tenantRef, ref string) (instanceRef, error) {
-	var r instanceRef
-	var err error
-	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.scope.Found {
-		return r, err
-	}
-	r.in, err = InstanceGet(ctx, q, r.scope.ID(), ref, "")
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return r, nil
-	case err != nil:
-		return r, err
-	}
-	r.found = true
-	return r, nil
-}
-
-func (r instanceRef) resource() iam.Resource {
-	if r.found {
-		return InstanceResource(r.in)
-	}
-	return r.scope.Missing("Instance")
-}
-
-func (r instanceRef) notFound(ref string) error {
-	if err := r.scope.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("instance", ref)
-	}
-	return nil
+	return instanceKind.Lookup(ctx, q, tenantRef, ref)
 }
 
 func validateInstanceRef(vs *envelope.Violations, tenant, ref string) {
@@ -674,21 +665,21 @@ func (s *InstanceService) Get(ctx context.Context, req *connect.Request[apiv1.Ge
 		vols []Volume
 	)
 	if err := s.env.Resolve(ctx, "instance", func(ctx context.Context, q store.Querier) (err error) {
-		if r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance()); err != nil || !r.found {
+		if r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance()); err != nil || !r.Found {
 			return err
 		}
-		vols, err = VolumesOfInstance(ctx, q, r.in.ID)
+		vols, err = VolumesOfInstance(ctx, q, r.Obj.ID)
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 		return nil, err
 	}
-	if err := r.notFound(msg.GetInstance()); err != nil {
+	if err := r.NotFound(msg.GetInstance()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetInstanceResponse{Instance: InstanceProto(r.in, volumeIDs(vols))}), nil
+	return connect.NewResponse(&apiv1.GetInstanceResponse{Instance: InstanceProto(r.Obj, volumeIDs(vols))}), nil
 }
 
 func volumeIDs(vs []Volume) []string {
@@ -776,7 +767,7 @@ func (s *InstanceService) Reboot(ctx context.Context, req *connect.Request[apiv1
 func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteInstanceRequest]) (*connect.Response[apiv1.DeleteInstanceResponse], error) {
 	if url, err := s.ownerURL(ctx, func(ctx context.Context, q store.Querier) (string, error) {
 		r, err := lookupInstance(ctx, q, req.Msg.GetTenant(), req.Msg.GetInstance())
-		return r.in.PoolID, err
+		return r.Obj.PoolID, err
 	}); err != nil || url != "" {
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
@@ -838,20 +829,20 @@ func mutate[Req any](ctx context.Context, s *InstanceService, req *connect.Reque
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupInstance(ctx, q, tenant, ref)
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
-			if !viaPlacer || !r.found || r.in.PoolID == "" {
+			if !viaPlacer || !r.Found || r.Obj.PoolID == "" {
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.engine.SubmitInstance(ctx, r.in.PoolID, r.in.TenantID, write)
+			return s.engine.SubmitInstance(ctx, r.Obj.PoolID, r.Obj.TenantID, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.Instance, error) {
-			if err := r.notFound(ref); err != nil {
+			if err := r.NotFound(ref); err != nil {
 				return nil, err
 			}
 			var err error
-			cur, err = InstanceByID(ctx, tx.Tx, r.in.ID, store.ForUpdate(tx.Tx))
+			cur, err = InstanceByID(ctx, tx.Tx, r.Obj.ID, store.ForUpdate(tx.Tx))
 			if err != nil {
 				return nil, envelope.FromStore(err, "instance")
 			}

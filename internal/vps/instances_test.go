@@ -2,6 +2,7 @@ package vps_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -38,8 +39,10 @@ func setupHosts(t testing.TB, n int) *hosts {
 	require.NoError(t, err)
 	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
 		Template: bctest.FakeDaemonConfig{Gateway: f.cp.GatewayAddr}, Root: t.TempDir(), N: n,
-		Token: func(ctx context.Context, _ int) (string, error) {
-			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default"}))
+		Token: func(ctx context.Context, i int) (string, error) {
+			// host=hN lets a test pool one host alone.
+			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default",
+				Labels: map[string]string{"host": fmt.Sprintf("h%d", i)}}))
 			return tok.Msg.GetToken(), err
 		},
 	})

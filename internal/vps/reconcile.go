@@ -105,6 +105,8 @@ func (s *InstanceService) listDone(ctx context.Context, tx store.Tx, emit func(e
 	if err != nil {
 		return err
 	}
+	// One peer push for every guest this answer ends.
+	var gone []Instance
 	for i := range ins {
 		in := &ins[i]
 		if in.State == StateBooting || !in.UpdateTime.Before(c.CreateTime) {
@@ -114,9 +116,10 @@ func (s *InstanceService) listDone(ctx context.Context, tx store.Tx, emit func(e
 		st, ok := reported[in.ID]
 		switch {
 		case !ok && from == StateDeleting:
-			if err := s.finishDelete(ctx, tx, emit, in, from, "Deleted", now); err != nil {
+			if err := s.endDeleted(ctx, tx, emit, in, from, "Deleted", now); err != nil {
 				return err
 			}
+			gone = append(gone, *in)
 			continue
 		case !ok:
 			evs, err := s.engine.EndInstance(ctx, tx, in.ReservationID, "InstanceGone", now)
@@ -128,6 +131,7 @@ func (s *InstanceService) listDone(ctx context.Context, tx store.Tx, emit func(e
 			}
 			in.State, in.SSHAddress, in.Message = StateFailed, "", "the host no longer runs this guest"
 			emit(instanceEvent("instance.failed", in, map[string]any{"reason": "missing on its host"}))
+			gone = append(gone, *in)
 		case from == StateRunning || from == StateStopped:
 			before := in.State
 			s.applyStatus(in, &st, now)
@@ -144,5 +148,5 @@ func (s *InstanceService) listDone(ctx context.Context, tx store.Tx, emit func(e
 			return errors.Join(err, errMoved(saved))
 		}
 	}
-	return nil
+	return s.pushPeers(ctx, tx, gone, now)
 }

@@ -96,7 +96,7 @@ func (s *InstanceService) Submit(ctx context.Context, poolID, tenantID string, w
 
 // BootIn books, leases and boots the instance in tx (a placer batch's
 // transaction): paused leaves the guest paused once booted. Events go to
-// emit; the instance's user data stays in its row and command.
+// emit; the instance's user data stays in its row and command, sealed.
 func (s *InstanceService) BootIn(ctx context.Context, tx store.Tx, emit func(envelope.Event), now time.Time, by string, b *Boot, paused bool) (Instance, error) {
 	t := b.t
 	t.paused = paused

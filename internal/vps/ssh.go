@@ -38,13 +38,6 @@ const (
 	sshCAID         = "default"
 )
 
-// Sealer seals the SSH CA's private key at rest (the PKI's sealer, from
-// BETTER_COMPUTE_SECRET).
-type Sealer interface {
-	Seal(ref string, plaintext []byte) ([]byte, error)
-	Open(ref string, sealed []byte) ([]byte, error)
-}
-
 // errNoSSHCA: the control plane runs without a sealing secret.
 var errNoSSHCA = errors.New("the control plane runs without BETTER_COMPUTE_SECRET, so it has no SSH certificate authority")
 
@@ -285,13 +278,13 @@ func (s *InstanceService) Ssh(ctx context.Context, req *connect.Request[apiv1.Ss
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance())
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.SshInstanceResponse, error) {
-			if err := r.notFound(msg.GetInstance()); err != nil {
+			if err := r.NotFound(msg.GetInstance()); err != nil {
 				return nil, err
 			}
-			in, err := InstanceByID(ctx, tx.Tx, r.in.ID, "")
+			in, err := InstanceByID(ctx, tx.Tx, r.Obj.ID, "")
 			if err != nil {
 				return nil, envelope.FromStore(err, "instance")
 			}

@@ -64,15 +64,17 @@ type Instance struct {
 	MAC                                  string
 	NetworkPolicy                        string
 	SSHKeys                              []string
-	UserData                             string
-	PoolID, ReservationID                string
-	NodeID, NodeName                     string
-	CPUSet                               string
-	Accel, SSHAddress                    string
-	Conditions                           []Condition
-	Message                              string
-	CreatedBy                            string
-	CreateTime, UpdateTime               time.Time
+	// UserDataSealed is the user data sealed (userDataRef); OpenUserData
+	// opens it.
+	UserDataSealed         []byte
+	PoolID, ReservationID  string
+	NodeID, NodeName       string
+	CPUSet                 string
+	Accel, SSHAddress      string
+	Conditions             []Condition
+	Message                string
+	CreatedBy              string
+	CreateTime, UpdateTime time.Time
 }
 
 // SetCondition sets or replaces a condition; it reports whether anything
@@ -98,7 +100,7 @@ func (in *Instance) Live() bool {
 }
 
 const instanceColumns = `id, tenant_id, project_id, name, state, flavor_id, flavor_name, vcpus, memory_mib, disk_gib, image, image_sha256,
-	ip_pool_id, ip_pool_name, address, prefix_len, gateway, dns, mac, network_policy, ssh_keys, user_data, pool_id, reservation_id,
+	ip_pool_id, ip_pool_name, address, prefix_len, gateway, dns, mac, network_policy, ssh_keys, user_data_sealed, pool_id, reservation_id,
 	node_id, node_name, cpuset, accel, ssh_address, conditions, message, created_by, create_time, update_time`
 
 func scanInstance(row scanner) (Instance, error) {
@@ -108,7 +110,7 @@ func scanInstance(row scanner) (Instance, error) {
 	)
 	if err := row.Scan(&in.ID, &in.TenantID, &in.ProjectID, &in.Name, &in.State, &in.FlavorID, &in.FlavorName, &in.VCPUs,
 		&in.MemoryMiB, &in.DiskGiB, &in.Image, &in.ImageSHA256, &in.IPPoolID, &in.IPPoolName, &in.Address, &in.PrefixLen,
-		&in.Gateway, &dns, &in.MAC, &in.NetworkPolicy, &keys, &in.UserData, &in.PoolID, &in.ReservationID, &in.NodeID,
+		&in.Gateway, &dns, &in.MAC, &in.NetworkPolicy, &keys, &in.UserDataSealed, &in.PoolID, &in.ReservationID, &in.NodeID,
 		&in.NodeName, &in.CPUSet, &in.Accel, &in.SSHAddress, &conds, &in.Message, &in.CreatedBy, &in.CreateTime,
 		&in.UpdateTime); err != nil {
 		return in, err
@@ -145,7 +147,7 @@ func InstanceInsert(ctx context.Context, tx store.Tx, in *Instance) error {
 		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)`,
 		in.ID, in.TenantID, in.ProjectID, in.Name, in.State, in.FlavorID, in.FlavorName, in.VCPUs, in.MemoryMiB, in.DiskGiB,
 		in.Image, in.ImageSHA256, in.IPPoolID, in.IPPoolName, in.Address, in.PrefixLen, in.Gateway, jsonText(nonNil(in.DNS)),
-		in.MAC, in.NetworkPolicy, jsonText(nonNil(in.SSHKeys)), in.UserData, in.PoolID, in.ReservationID, in.NodeID, in.NodeName,
+		in.MAC, in.NetworkPolicy, jsonText(nonNil(in.SSHKeys)), nonNil(in.UserDataSealed), in.PoolID, in.ReservationID, in.NodeID, in.NodeName,
 		in.CPUSet, in.Accel, in.SSHAddress, jsonText(nonNil(in.Conditions)), in.Message, in.CreatedBy, in.CreateTime, in.UpdateTime)
 	return err
 }

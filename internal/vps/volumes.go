@@ -59,17 +59,17 @@ func (vs *VolumeService) Create(ctx context.Context, req *connect.Request[apiv1.
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
-			if r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance()); err != nil || !r.scope.Found {
+			if r, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance()); err != nil || !r.Scope.Found {
 				return iam.Resource{Type: "Volume", ID: iam.DraftID}, err
 			}
-			return iam.Resource{Type: "Volume", ID: iam.DraftID, TenantID: r.scope.ID(),
+			return iam.Resource{Type: "Volume", ID: iam.DraftID, TenantID: r.Scope.ID(),
 				Attrs: map[string]any{"name": msg.GetName(), "sizeGiB": int64(msg.GetSizeGib())}}, nil
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateVolumeResponse, error) {
-			if err := r.notFound(msg.GetInstance()); err != nil {
+			if err := r.NotFound(msg.GetInstance()); err != nil {
 				return nil, err
 			}
-			in, err := InstanceByID(ctx, tx.Tx, r.in.ID, store.ForUpdate(tx.Tx))
+			in, err := InstanceByID(ctx, tx.Tx, r.Obj.ID, store.ForUpdate(tx.Tx))
 			if err != nil {
 				return nil, envelope.FromStore(err, "instance")
 			}
@@ -115,44 +115,16 @@ func prefixVolume(err error) error {
 	return &out
 }
 
-type volumeRef struct {
-	scope scope
-	v     Volume
-	found bool
-}
+// volumeRef is a volume resolved before a decision.
+type volumeRef = tenancy.Item[Volume]
+
+var volumeKind = tenancy.ItemKind[Volume]{Type: "Volume", Noun: "volume", Resource: VolumeResource,
+	Get: func(ctx context.Context, q store.Querier, tenantID, ref string) (Volume, error) {
+		return VolumeGet(ctx, q, tenantID, ref, "")
+	}}
 
 func lookupVolume(ctx context.Context, q store.Querier, tenantRef, ref string) (volumeRef, error) {
-	var r volumeRef
-	var err error
-	if r.scope, err = tenancy.LookupScope(ctx, q, tenantRef); err != nil || !r.scope.Found {
-		return r, err
-	}
-	r.v, err = VolumeGet(ctx, q, r.scope.ID(), ref, "")
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return r, nil
-	case err != nil:
-		return r, err
-	}
-	r.found = true
-	return r, nil
-}
-
-func (r volumeRef) resource() iam.Resource {
-	if r.found {
-		return VolumeResource(r.v)
-	}
-	return r.scope.Missing("Volume")
-}
-
-func (r volumeRef) notFound(ref string) error {
-	if err := r.scope.NotFound(); err != nil {
-		return err
-	}
-	if !r.found {
-		return envelope.NotFound("volume", ref)
-	}
-	return nil
+	return volumeKind.Lookup(ctx, q, tenantRef, ref)
 }
 
 // Get reads a volume.
@@ -172,13 +144,13 @@ func (vs *VolumeService) Get(ctx context.Context, req *connect.Request[apiv1.Get
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, r.resource()); err != nil {
+	if err := s.env.AuthorizeRead(ctx, r.Resource()); err != nil {
 		return nil, err
 	}
-	if err := r.notFound(msg.GetVolume()); err != nil {
+	if err := r.NotFound(msg.GetVolume()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetVolumeResponse{Volume: VolumeProto(r.v)}), nil
+	return connect.NewResponse(&apiv1.GetVolumeResponse{Volume: VolumeProto(r.Obj)}), nil
 }
 
 // List lists a tenant's volumes.
@@ -215,14 +187,14 @@ func volumeMutation[Req any](ctx context.Context, vs *VolumeService, req *connec
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			r, err = lookupVolume(ctx, q, tenant, ref)
-			return r.resource(), err
+			return r.Resource(), err
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.Volume, error) {
-			if err := r.notFound(ref); err != nil {
+			if err := r.NotFound(ref); err != nil {
 				return nil, err
 			}
 			var err error
-			if cur, err = VolumeByID(ctx, tx.Tx, r.v.ID, store.ForUpdate(tx.Tx)); err != nil {
+			if cur, err = VolumeByID(ctx, tx.Tx, r.Obj.ID, store.ForUpdate(tx.Tx)); err != nil {
 				return nil, envelope.FromStore(err, "volume")
 			}
 			if err := apply(ctx, tx, &cur); err != nil {

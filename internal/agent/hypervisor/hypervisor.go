@@ -309,6 +309,12 @@ func (h *Hypervisor) Apply(ctx context.Context, kind string, params []byte) (any
 			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
 		}
 		return h.list(ctx), nil
+	case vmcmd.KindInstancePeers:
+		var p vmcmd.PeersParams
+		if err := vmcmd.Decode(params, &p); err != nil {
+			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
+		}
+		return h.peers(ctx, p)
 	case vmcmd.KindVolumeCreate, vmcmd.KindVolumeDelete:
 		var p vmcmd.VolumeParams
 		if err := vmcmd.Decode(params, &p); err != nil {

@@ -624,3 +624,49 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		require.ErrorContains(t, err, c.want)
 	}
 }
+
+// TestPeersReappliesThePolicy: instance.peers replaces a private guest's
+// peer list in its network policy rule (the rest of the rule as create
+// made it, the guest untouched); an egress guest and bad params are
+// answered without a rule change, a missing instance is not found.
+func TestPeersReappliesThePolicy(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, true)
+	p := createParams("web-1")
+	p.Network.Policy = vmcmd.PolicyPrivate
+	p.Network.Peers = []string{"10.77.0.6"}
+	tap := r.must(t, vmcmd.KindInstanceCreate, p)["tap"].(string)
+
+	st := r.must(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-1", Peers: []string{"10.77.0.6", "10.77.0.7"}})
+	require.Equal(t, "running", st["state"])
+	rule, ok := r.pol.get(tap)
+	require.True(t, ok)
+	require.Equal(t, vmcmd.Rule{Bridge: "bcbr0", Tap: tap, MAC: p.Network.MAC, Address: "10.77.0.5", Gateway: "10.77.0.1",
+		Policy: vmcmd.PolicyPrivate, Peers: []string{"10.77.0.6", "10.77.0.7"}}, rule)
+	// A peer went: the list shrinks (it replaces, it does not add).
+	r.must(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-1", Peers: []string{"10.77.0.7"}})
+	rule, _ = r.pol.get(tap)
+	require.Equal(t, []string{"10.77.0.7"}, rule.Peers)
+	r.must(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-1"})
+	rule, _ = r.pol.get(tap)
+	require.Empty(t, rule.Peers)
+	require.Equal(t, 1, r.rt.count("create"), "the guest is not recreated")
+	require.Equal(t, 1, r.rt.count("start"))
+
+	_, err := r.apply(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-1", Peers: []string{"not-an-ip"}})
+	requireCode(t, err, vmcmd.FailInvalid, "peers[0]")
+	rule, _ = r.pol.get(tap)
+	require.Empty(t, rule.Peers, "a refused list changes nothing")
+	_, err = r.apply(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-2", Peers: []string{"10.77.0.6"}})
+	requireCode(t, err, vmcmd.FailNotFound, "web-2")
+
+	// An egress guest admits by no peer list: its rule stays as created.
+	e := createParams("web-3")
+	e.Network.MAC, e.Network.Address = "52:54:00:77:00:08", "10.77.0.8/24"
+	etap := r.must(t, vmcmd.KindInstanceCreate, e)["tap"].(string)
+	before, ok := r.pol.get(etap)
+	require.True(t, ok)
+	r.must(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-3", Peers: []string{"10.77.0.5"}})
+	after, _ := r.pol.get(etap)
+	require.Equal(t, before, after)
+}

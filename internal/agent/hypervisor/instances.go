@@ -307,6 +307,41 @@ func (h *Hypervisor) converge(ctx context.Context, p *vmcmd.CreateParams, have r
 	return h.status(ctx, p.InstanceID)
 }
 
+// peers re-applies a private instance's network policy with a new peer
+// list; the guest and its spec are untouched. The rule's other fields come
+// from what create recorded (the runtime's spec and the metadata).
+func (h *Hypervisor) peers(ctx context.Context, p vmcmd.PeersParams) (any, error) {
+	if !vmcmd.ValidID(p.InstanceID) {
+		return nil, invalid("instance_id", "%q is not an instance id (1-63 of a-z, 0-9 and '-')", p.InstanceID)
+	}
+	for i, peer := range p.Peers {
+		if _, err := netip.ParseAddr(peer); err != nil {
+			return nil, invalid(fmt.Sprintf("peers[%d]", i), "%q is not an IP address", peer)
+		}
+	}
+	unlock := h.lock(p.InstanceID)
+	defer unlock()
+	have, err := h.rt.Get(ctx, p.InstanceID)
+	if err != nil {
+		return nil, runtimeErr("instance.peers", err)
+	}
+	m := h.readMeta(p.InstanceID)
+	// Only private admits by peers; egress and none do not read them.
+	if m.Policy == vmcmd.PolicyPrivate && h.enforcing() {
+		n := vmcmd.Network{MAC: have.Spec.MAC, Address: m.Address, Policy: m.Policy, Peers: p.Peers}
+		if sd := have.Spec.Seed; sd != nil {
+			n.Gateway = sd.Gateway
+			if n.Address == "" {
+				n.Address = sd.Address
+			}
+		}
+		if err := h.cfg.NetPolicy.Apply(ctx, h.rule(&have.Spec, n)); err != nil {
+			return nil, failf(vmcmd.FailRuntime, "instance.peers: network policy: %v", err)
+		}
+	}
+	return h.status(ctx, p.InstanceID)
+}
+
 // delete converges on "gone": no QEMU, tap, overlay, seed, metadata,
 // snapshots or policy rules, whether or not the runtime knew the
 // instance.

@@ -21,21 +21,14 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // EventSource is the outbox as the Watch method reads it.
-type EventSource interface {
-	// After returns up to limit reservation events of the tenant after the
-	// cursor, and the cursor of the last event read.
-	After(ctx context.Context, q store.Querier, tenantID string, after int64, limit int) ([]envelope.Event, []int64, error)
-	// Last is the newest cursor.
-	Last(ctx context.Context, q store.Querier) (int64, error)
-	// Wait is closed when new events may be there.
-	Wait() <-chan struct{}
-}
+type EventSource = events.Source
 
 // Service serves ReservationService.
 type Service struct {
@@ -1089,12 +1082,7 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 	if msg.GetReservation() != "" {
 		vs.ID("reservation", msg.GetReservation(), IDPrefix)
 	}
-	var after int64
-	if msg.GetCursor() != "" {
-		if _, err := fmt.Sscan(msg.GetCursor(), &after); err != nil || after < 0 {
-			vs.Add("cursor", "must be a cursor from a previous response, got %q", truncate(msg.GetCursor()))
-		}
-	}
+	after := events.ParseCursor(&vs, msg.GetCursor())
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
@@ -1124,82 +1112,20 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchRes
 		}
 		tenantID, scope = t.ID, tenancy.TenantResource(t)
 	}
-	rf := s.env.NewReadFilter(scope)
-	if msg.GetCursor() == "" {
-		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
-			after, err = s.events.Last(ctx, q)
-			return err
-		}); err != nil {
-			return s.env.Fail(ctx, err)
-		}
-	}
-	if err := stream.Send(nil); err != nil {
-		return err
-	}
-	ticker := time.NewTicker(s.poll)
-	defer ticker.Stop()
-	for {
-		wake := s.events.Wait()
-		var (
-			out  []*apiv1.WatchReservationsResponse
-			rows []Reservation
-			full bool
-		)
-		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) error {
-			evs, seqs, err := s.events.After(ctx, q, tenantID, after, 500)
-			if err != nil {
-				return err
+	return events.ResourceWatch[Reservation, apiv1.WatchReservationsResponse]{
+		Env: s.env, Events: s.events, Poll: s.poll, TenantID: tenantID, Scope: scope,
+		ResourceType: "Reservation", Only: msg.GetReservation(), After: after, FromNow: msg.GetCursor() == "",
+		Load: func(ctx context.Context, q store.Querier, id string) (Reservation, bool, error) {
+			r, err := Get(ctx, q, tenantID, id)
+			if errors.Is(err, store.ErrNotFound) {
+				return r, false, nil
 			}
-			full = len(evs) == 500
-			for i, ev := range evs {
-				after = seqs[i]
-				if ev.ResourceType != "Reservation" || (msg.GetReservation() != "" && ev.ResourceID != msg.GetReservation()) {
-					continue
-				}
-				r, err := Get(ctx, q, tenantID, ev.ResourceID)
-				if errors.Is(err, store.ErrNotFound) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				out = append(out, &apiv1.WatchReservationsResponse{Type: ev.Type, Reservation: Proto(r, ""), Cursor: fmt.Sprint(seqs[i])})
-				rows = append(rows, r)
-			}
-			return nil
-		}); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return s.env.Fail(ctx, err)
-		}
-		// A long watch follows policy changes: the scope and the projects
-		// are decided again every WatchRecheck, after the read, so rows
-		// written after a re-check was due are never sent on the old
-		// decisions.
-		if err := rf.Recheck(ctx); err != nil {
-			return err
-		}
-		for i, o := range out {
-			ok, err := rf.Readable(ctx, rows[i].TenantID, rows[i].ProjectID)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			if err := stream.Send(o); err != nil {
-				return err
-			}
-		}
-		if full {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-wake:
-		case <-ticker.C:
-		}
-	}
+			return r, err == nil, err
+		},
+		Owner: func(r Reservation) (string, string) { return r.TenantID, r.ProjectID },
+		Message: func(typ string, r Reservation, cursor string) *apiv1.WatchReservationsResponse {
+			return &apiv1.WatchReservationsResponse{Type: typ, Reservation: Proto(r, ""), Cursor: cursor}
+		},
+		Send: stream.Send,
+	}.Run(ctx)
 }
