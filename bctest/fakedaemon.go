@@ -120,6 +120,9 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	if cfg.Hypervisor == nil {
 		cfg.Hypervisor = NewFakeHypervisor()
 	}
+	if cfg.Hypervisor.root == "" {
+		cfg.Hypervisor.SetRoot(filepath.Join(cfg.StateDir, "guests"))
+	}
 	cfg.Hypervisor.reopen()
 	cgroupRoot, plain := filepath.Join(cfg.StateDir, "cgroup"), true
 	if cfg.CgroupRoot != "" {

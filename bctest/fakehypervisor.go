@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sort"
@@ -33,6 +35,9 @@ type FakeHypervisor struct {
 	// degraded is what the host reports it cannot apply (e.g. huge_pages).
 	degraded []string
 	closed   bool
+	// root holds each guest's files (<root>/<instance>/fs) and the
+	// snapshots of them (<root>/snapshots/<instance>/<snapshot>/fs).
+	root string
 }
 
 type fakeGuest struct {
@@ -57,6 +62,70 @@ func NewFakeHypervisor(images ...string) *FakeHypervisor {
 // them, in memory).
 func (h *FakeHypervisor) Capabilities() []string {
 	return []string{vmcmd.CapInstances, vmcmd.CapPlacement, vmcmd.CapVolumes, vmcmd.CapNetworkPolicy, vmcmd.CapSnapshot}
+}
+
+// SetRoot sets the directory that holds the guests' files and their
+// snapshots (a FakeDaemon sets <state dir>/guests when none is set).
+func (h *FakeHypervisor) SetRoot(dir string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.root = dir
+}
+
+// GuestDir is the directory a fake guest's files live in.
+func (h *FakeHypervisor) GuestDir(id string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.guestDirLocked(id)
+}
+
+func (h *FakeHypervisor) guestDirLocked(id string) string {
+	return filepath.Join(h.root, id, "fs")
+}
+
+// snapshotLocked copies the guest's files aside, as bcd saves a guest's
+// memory and disks; taking a snapshot id again keeps the first copy.
+func (h *FakeHypervisor) snapshotLocked(p vmcmd.SnapshotParams) error {
+	if h.root == "" {
+		return errors.New("the fake hypervisor has no root for guest files")
+	}
+	dst := filepath.Join(h.root, "snapshots", p.InstanceID, p.SnapshotID)
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	src := h.guestDirLocked(p.InstanceID)
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o700); err != nil {
+		return err
+	}
+	if err := os.CopyFS(filepath.Join(tmp, "fs"), os.DirFS(src)); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+var errNoSnapshot = errors.New("no such snapshot")
+
+// restoreLocked puts a snapshot's files back in place of the guest's.
+func (h *FakeHypervisor) restoreLocked(p vmcmd.SnapshotParams) error {
+	snap := filepath.Join(h.root, "snapshots", p.InstanceID, p.SnapshotID, "fs")
+	if h.root == "" {
+		snap = ""
+	}
+	if _, err := os.Stat(snap); snap == "" || err != nil {
+		return fmt.Errorf("instance %q has no snapshot %q on this host: %w", p.InstanceID, p.SnapshotID, errNoSnapshot)
+	}
+	dst := h.guestDirLocked(p.InstanceID)
+	if err := os.RemoveAll(dst); err != nil {
+		return err
+	}
+	return os.CopyFS(dst, os.DirFS(snap))
 }
 
 // SetDegraded makes later creates report that the host could not apply
@@ -252,6 +321,20 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		if !ok {
 			return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", p.InstanceID))
 		}
+		if !vmcmd.ValidID(p.SnapshotID) {
+			return nil, invalid("snapshot_id %q is not a host id", p.SnapshotID)
+		}
+		op := h.snapshotLocked
+		if c.GetKind() == vmcmd.KindInstanceRestore {
+			op = h.restoreLocked
+		}
+		if err := op(p); err != nil {
+			code := vmcmd.FailRuntime
+			if errors.Is(err, errNoSnapshot) {
+				code = vmcmd.FailNotFound
+			}
+			return nil, agent.CommandError(code, err)
+		}
 		return result(h.status(p.InstanceID, g))
 	}
 	var ref vmcmd.InstanceRef
@@ -263,6 +346,14 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		if ok {
 			g.stopSSH()
 			delete(h.guests, ref.InstanceID)
+		}
+		if h.root != "" {
+			// A guest's files and snapshots go with it, as bcd's do.
+			for _, dir := range []string{filepath.Join(h.root, ref.InstanceID), filepath.Join(h.root, "snapshots", ref.InstanceID)} {
+				if err := os.RemoveAll(dir); err != nil {
+					return nil, agent.CommandError(vmcmd.FailRuntime, err)
+				}
+			}
 		}
 		return result(vmcmd.Status{InstanceID: ref.InstanceID, State: vmcmd.StateDeleted})
 	}

@@ -59,6 +59,8 @@ const (
 	SandboxServiceDeleteProcedure = "/bettercompute.api.v1.SandboxService/Delete"
 	// SandboxServiceSnapshotProcedure is the fully-qualified name of the SandboxService's Snapshot RPC.
 	SandboxServiceSnapshotProcedure = "/bettercompute.api.v1.SandboxService/Snapshot"
+	// SandboxServiceRestoreProcedure is the fully-qualified name of the SandboxService's Restore RPC.
+	SandboxServiceRestoreProcedure = "/bettercompute.api.v1.SandboxService/Restore"
 )
 
 // SandboxTemplateServiceClient is a client for the bettercompute.api.v1.SandboxTemplateService
@@ -232,6 +234,11 @@ type SandboxServiceClient interface {
 	Delete(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
 	// Snapshot saves a running sandbox on its host.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// Restore brings a running sandbox back to one of its own ready
+	// snapshots, in place on its host: the guest's memory holds its address,
+	// hostname and host keys, so a snapshot comes back only as the instance
+	// it was taken of.
+	Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the bettercompute.api.v1.SandboxService service.
@@ -283,6 +290,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		restore: connect.NewClient[v1.RestoreSandboxRequest, v1.RestoreSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceRestoreProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -294,6 +307,7 @@ type sandboxServiceClient struct {
 	extend   *connect.Client[v1.ExtendSandboxRequest, v1.ExtendSandboxResponse]
 	delete   *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
 	snapshot *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	restore  *connect.Client[v1.RestoreSandboxRequest, v1.RestoreSandboxResponse]
 }
 
 // Create calls bettercompute.api.v1.SandboxService.Create.
@@ -326,6 +340,11 @@ func (c *sandboxServiceClient) Snapshot(ctx context.Context, req *connect.Reques
 	return c.snapshot.CallUnary(ctx, req)
 }
 
+// Restore calls bettercompute.api.v1.SandboxService.Restore.
+func (c *sandboxServiceClient) Restore(ctx context.Context, req *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error) {
+	return c.restore.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the bettercompute.api.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// Create claims a warm instance of the template, or boots one.
@@ -338,6 +357,11 @@ type SandboxServiceHandler interface {
 	Delete(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
 	// Snapshot saves a running sandbox on its host.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// Restore brings a running sandbox back to one of its own ready
+	// snapshots, in place on its host: the guest's memory holds its address,
+	// hostname and host keys, so a snapshot comes back only as the instance
+	// it was taken of.
+	Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -385,6 +409,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRestoreHandler := connect.NewUnaryHandler(
+		SandboxServiceRestoreProcedure,
+		svc.Restore,
+		connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -399,6 +429,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotProcedure:
 			sandboxServiceSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceRestoreProcedure:
+			sandboxServiceRestoreHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -430,4 +462,8 @@ func (UnimplementedSandboxServiceHandler) Delete(context.Context, *connect.Reque
 
 func (UnimplementedSandboxServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Snapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Restore is not implemented"))
 }
