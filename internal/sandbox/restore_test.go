@@ -86,7 +86,14 @@ func TestRestore(t *testing.T) {
 	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM audit_log WHERE action = 'sandboxes.restore' AND resource_id = $1`, sb.GetId()))
 	require.Equal(t, 0, f.count(t, `SELECT COUNT(*) FROM sandboxes WHERE id = $1 AND restoring <> ''`, sb.GetId()))
 
-	// The same snapshot restores again (each restore is its own command).
+	// The sandbox outlives its template: with the template deleted and
+	// drained, it still snapshots, and the same snapshot restores again
+	// (each restore is its own command).
+	_, err = f.acme.SandboxTemplates.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxTemplateRequest{Tenant: "acme", Template: "t1"}))
+	require.NoError(t, err)
+	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx))
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM sandbox_templates`))
+	f.readySnapshot(t, sb.GetId())
 	require.NoError(t, os.WriteFile(note, []byte("changed again\n"), 0o600))
 	_, err = f.restore(sb.GetId(), snap)
 	require.NoError(t, err)

@@ -522,13 +522,20 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.Snaps
 			if sb.State != SandboxActive || in == nil || in.State != vps.StateRunning || sb.Restoring != "" {
 				return envelope.Errorf(envelope.CodeFailedPrecondition, "sandbox %s is %s; a snapshot needs it running", sb.ID, stateOf(*sb, in))
 			}
+			// A sandbox outlives its template: once the template is deleted
+			// and its warm pool drained, its row is gone, and the snapshot
+			// records no shape (it restores only into this sandbox anyway).
+			shape := ""
 			t, err := TemplateByID(ctx, tx.Tx, sb.TemplateID)
-			if err != nil {
+			switch {
+			case err == nil:
+				shape = t.Shape
+			case !errors.Is(err, store.ErrNotFound):
 				return fmt.Errorf("sandbox %s: template: %w", sb.ID, err)
 			}
 			now := tx.Now()
 			snap = Snapshot{ID: envelope.NewID(SnapshotIDPrefix, now), TenantID: sb.TenantID, SandboxID: sb.ID, TemplateID: sb.TemplateID,
-				NodeID: in.NodeID, Shape: t.Shape, State: "saving", CreateTime: now}
+				NodeID: in.NodeID, Shape: shape, State: "saving", CreateTime: now}
 			if err := SnapshotInsert(ctx, tx.Tx, &snap); err != nil {
 				return err
 			}
