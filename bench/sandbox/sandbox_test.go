@@ -155,7 +155,11 @@ func (e *env) execReadyErr(id string) error {
 		}
 		sb = r.Msg.GetSandbox()
 		if sb.GetState() == "failed" || sb.GetState() == "deleted" {
-			return fmt.Errorf("sandbox %s is %s", id, sb.GetState())
+			msg := ""
+			if in, err := e.acme.Instances.Get(context.Background(), connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: sb.GetInstanceId()})); err == nil {
+				msg = in.Msg.GetInstance().GetMessage()
+			}
+			return fmt.Errorf("sandbox %s is %s: %s", id, sb.GetState(), msg)
 		}
 		if sb.GetState() == "running" {
 			break

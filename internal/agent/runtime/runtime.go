@@ -80,6 +80,9 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	instances map[string]*instance
+	// bridgeMu serialises bridge creation: the first guests of a host,
+	// created at once, would otherwise both add the bridge.
+	bridgeMu sync.Mutex
 
 	capsOnce sync.Once
 	caps     Capabilities
