@@ -215,7 +215,9 @@ func StartGuestRig(tb testing.TB, cfg GuestRigConfig) *GuestRig {
 	go func() { done <- a.Run(runCtx) }()
 	tb.Cleanup(func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			tb.Logf("bcd: %v", err)
+		}
 		_ = a.Close()
 	})
 	g.NodeID = a.NodeID()
