@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vps"
@@ -179,4 +180,43 @@ func tenantID(t *testing.T, f *fixture, name string) string {
 	g, err := f.admin.Tenants.Get(context.Background(), connect.NewRequest(&apiv1.GetTenantRequest{Tenant: name}))
 	require.NoError(t, err)
 	return g.Msg.GetTenant().GetId()
+}
+
+// TestRestoreExpired: a restore whose command expires before its host
+// answers ends the restoring mark (sandbox.restore_failed), so the sandbox
+// does not read restoring forever.
+func TestRestoreExpired(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	_, err := f.acme.SandboxTemplates.Create(ctx, connect.NewRequest(templateReq("t1", 0, 0)))
+	require.NoError(t, err)
+	c, err := f.acme.Sandboxes.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "acme", Template: "t1"}))
+	require.NoError(t, err)
+	sb := f.waitSandbox(t, c.Msg.GetSandbox().GetId(), "running")
+	snap := f.readySnapshot(t, sb.GetId())
+
+	// The host goes away: the restore is never answered.
+	require.NoError(t, f.sim.Daemons[0].Stop())
+	got, err := f.restore(sb.GetId(), snap)
+	require.NoError(t, err)
+	require.Equal(t, "restoring", got.GetState())
+	_, err = f.acme.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: sb.GetId()}))
+	refused(t, err, "FAILED_PRECONDITION", "", "a snapshot needs it running")
+	_, err = f.restore(sb.GetId(), snap)
+	refused(t, err, "FAILED_PRECONDITION", "sandbox", "is restoring")
+
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		var id string
+		if err := tx.QueryRow(ctx, `SELECT id FROM commands WHERE kind = 'instance.restore'`).Scan(&id); err != nil {
+			return err
+		}
+		cmd, err := fleet.CommandGet(ctx, tx, "", id)
+		if err != nil {
+			return err
+		}
+		return f.cp.App.Sandboxes.CommandsExpired(ctx, tx, []fleet.Command{cmd})
+	}))
+	require.Equal(t, "running", f.sandbox(t, sb.GetId()).GetState())
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM events WHERE type = 'sandbox.restore_failed' AND resource_id = $1`, sb.GetId()))
 }
