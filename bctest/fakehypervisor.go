@@ -37,8 +37,8 @@ type FakeHypervisor struct {
 	// degraded is what the host reports it cannot apply (e.g. huge_pages).
 	degraded []string
 	closed   bool
-	// root holds each guest's fs directory (SetRoot; a temporary
-	// directory when unset).
+	// root holds each guest's files (<root>/<instance>/fs) and the
+	// snapshots of them (<root>/snapshots/<instance>/<snapshot>/fs).
 	root string
 	// uncertified makes later guests ignore their seeded host key and
 	// certificate (a guest whose host key the CA never signed).
@@ -75,8 +75,8 @@ func (h *FakeHypervisor) Capabilities() []string {
 	return []string{vmcmd.CapInstances, vmcmd.CapPlacement, vmcmd.CapVolumes, vmcmd.CapNetworkPolicy, vmcmd.CapSnapshot}
 }
 
-// SetRoot sets the directory under which each guest's files live
-// (<root>/<instance>/fs); call it before the first create.
+// SetRoot sets the directory that holds the guests' files and their
+// snapshots (a FakeDaemon sets <state dir>/guests when none is set).
 func (h *FakeHypervisor) SetRoot(dir string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -89,9 +89,6 @@ func (h *FakeHypervisor) Root() string {
 	defer h.mu.Unlock()
 	return h.root
 }
-
-// GuestDir is a guest's fs directory: its sshd's HOME and cwd.
-func (h *FakeHypervisor) GuestDir(id string) string { return filepath.Join(h.Root(), id, "fs") }
 
 // SetUncertifiedHostKeys makes guests created later present a host key of
 // their own instead of the seeded, CA-certified one.
@@ -134,6 +131,63 @@ func (h *FakeHypervisor) DialGuest(ctx context.Context, id string) (net.Conn, er
 	}
 	var d net.Dialer
 	return d.DialContext(ctx, "tcp", addr)
+}
+
+// GuestDir is the directory a fake guest's files live in: its sshd's
+// HOME and cwd.
+func (h *FakeHypervisor) GuestDir(id string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.guestDirLocked(id)
+}
+
+func (h *FakeHypervisor) guestDirLocked(id string) string {
+	return filepath.Join(h.root, id, "fs")
+}
+
+// snapshotLocked copies the guest's files aside, as bcd saves a guest's
+// memory and disks; taking a snapshot id again keeps the first copy.
+func (h *FakeHypervisor) snapshotLocked(p vmcmd.SnapshotParams) error {
+	if h.root == "" {
+		return errors.New("the fake hypervisor has no root for guest files")
+	}
+	dst := filepath.Join(h.root, "snapshots", p.InstanceID, p.SnapshotID)
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	src := h.guestDirLocked(p.InstanceID)
+	if err := os.MkdirAll(src, 0o700); err != nil {
+		return err
+	}
+	tmp := dst + ".tmp"
+	if err := os.RemoveAll(tmp); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o700); err != nil {
+		return err
+	}
+	if err := os.CopyFS(filepath.Join(tmp, "fs"), os.DirFS(src)); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+var errNoSnapshot = errors.New("no such snapshot")
+
+// restoreLocked puts a snapshot's files back in place of the guest's.
+func (h *FakeHypervisor) restoreLocked(p vmcmd.SnapshotParams) error {
+	snap := filepath.Join(h.root, "snapshots", p.InstanceID, p.SnapshotID, "fs")
+	if h.root == "" {
+		snap = ""
+	}
+	if _, err := os.Stat(snap); snap == "" || err != nil {
+		return fmt.Errorf("instance %q has no snapshot %q on this host: %w", p.InstanceID, p.SnapshotID, errNoSnapshot)
+	}
+	dst := h.guestDirLocked(p.InstanceID)
+	if err := os.RemoveAll(dst); err != nil {
+		return err
+	}
+	return os.CopyFS(dst, os.DirFS(snap))
 }
 
 // SetDegraded makes later creates report that the host could not apply
@@ -366,6 +420,20 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		if !ok {
 			return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", p.InstanceID))
 		}
+		if !vmcmd.ValidID(p.SnapshotID) {
+			return nil, invalid("snapshot_id %q is not a host id", p.SnapshotID)
+		}
+		op := h.snapshotLocked
+		if c.GetKind() == vmcmd.KindInstanceRestore {
+			op = h.restoreLocked
+		}
+		if err := op(p); err != nil {
+			code := vmcmd.FailRuntime
+			if errors.Is(err, errNoSnapshot) {
+				code = vmcmd.FailNotFound
+			}
+			return nil, agent.CommandError(code, err)
+		}
 		return result(h.status(p.InstanceID, g))
 	}
 	var ref vmcmd.InstanceRef
@@ -377,6 +445,14 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		if ok {
 			g.stopSSH()
 			delete(h.guests, ref.InstanceID)
+		}
+		if h.root != "" {
+			// A guest's files and snapshots go with it, as bcd's do.
+			for _, dir := range []string{filepath.Join(h.root, ref.InstanceID), filepath.Join(h.root, "snapshots", ref.InstanceID)} {
+				if err := os.RemoveAll(dir); err != nil {
+					return nil, agent.CommandError(vmcmd.FailRuntime, err)
+				}
+			}
 		}
 		return result(vmcmd.Status{InstanceID: ref.InstanceID, State: vmcmd.StateDeleted})
 	}

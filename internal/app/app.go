@@ -500,7 +500,10 @@ func (a *App) buildGateway(ctx context.Context) error {
 			if a.Instances == nil {
 				return nil
 			}
-			return a.Instances.CommandsExpired(ctx, tx, expired)
+			if err := a.Instances.CommandsExpired(ctx, tx, expired); err != nil || a.Sandboxes == nil {
+				return err
+			}
+			return a.Sandboxes.CommandsExpired(ctx, tx, expired)
 		},
 	})
 	if err != nil {

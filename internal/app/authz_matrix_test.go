@@ -123,6 +123,7 @@ var matrixExpect = map[string]map[string]string{
 	"sandboxes.extend":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.exec":          {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.restore":       {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -468,6 +469,23 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		f.cp.Authz.Reset()
 		_, err := c.Sandboxes.Exec(context.Background(), connect.NewRequest(&apiv1.ExecSandboxRequest{Tenant: "acme", Sandbox: id,
 			PublicKey: mxPublicKey(t)}))
+		return err
+	},
+	"sandboxes.restore": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := mxSandbox(t, f)
+		ctx := context.Background()
+		s, err := f.admin.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: id}))
+		require.NoError(t, err)
+		snap := s.Msg.GetSnapshot().GetId()
+		eventually(t, "snapshot "+snap+" ready", func() bool {
+			n := 0
+			err := f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+				return tx.QueryRow(ctx, `SELECT COUNT(*) FROM sandbox_snapshots WHERE id = $1 AND state = 'ready'`, snap).Scan(&n)
+			})
+			return err == nil && n == 1
+		})
+		f.cp.Authz.Reset()
+		_, err = c.Sandboxes.Restore(ctx, connect.NewRequest(&apiv1.RestoreSandboxRequest{Tenant: "acme", Sandbox: id, Snapshot: snap}))
 		return err
 	},
 	"sandboxes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {

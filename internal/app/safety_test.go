@@ -836,8 +836,10 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	sbx := sandbox.Sandbox{ID: envelope.NewID(sandbox.SandboxIDPrefix, now), TenantID: acme.GetId(), TemplateID: tpl.ID, TemplateName: "t1",
 		InstanceID: inst.ID, State: sandbox.SandboxActive, Origin: sandbox.OriginCold, CreatedBy: "test", ExpireTime: now.Add(time.Hour),
 		CreateTime: now, UpdateTime: now}
+	sbs := sandbox.Snapshot{ID: envelope.NewID(sandbox.SnapshotIDPrefix, now), TenantID: acme.GetId(), SandboxID: sbx.ID, TemplateID: tpl.ID,
+		NodeID: inst.NodeID, Shape: "s1", State: "ready", CreateTime: now}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		return errors.Join(sandbox.TemplateInsert(ctx, tx, &tpl), sandbox.SandboxInsert(ctx, tx, &sbx))
+		return errors.Join(sandbox.TemplateInsert(ctx, tx, &tpl), sandbox.SandboxInsert(ctx, tx, &sbx), sandbox.SnapshotInsert(ctx, tx, &sbs))
 	}))
 	evilPush := proto.CloneOf(imgHdr)
 	evilPush.Name = "evil"
@@ -1883,6 +1885,16 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "other", Sandbox: sbx.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceRestoreProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.Restore(ctx, connect.NewRequest(&apiv1.RestoreSandboxRequest{Tenant: "acme", Sandbox: sbx.ID, Snapshot: sbs.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.Restore(ctx, connect.NewRequest(&apiv1.RestoreSandboxRequest{Tenant: "other", Sandbox: sbx.ID, Snapshot: sbs.ID}))
 				return err
 			},
 		},

@@ -359,7 +359,44 @@ refused (FAILED_PRECONDITION).`,
 	execCmd.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	addConfirmationFlag(execCmd, &confirmationID)
 
-	cmd.AddCommand(create, list, get, extend, del, snap, execCmd)
+	var (
+		snapshotID  string
+		restoreWait time.Duration
+	)
+	restore := &cobra.Command{
+		Use:   "restore SANDBOX --snapshot SNAP [--wait D]",
+		Short: "Bring a running sandbox back to one of its own ready snapshots, in place on its host",
+		Args:  positional("SANDBOX"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if restoreWait < 0 {
+				return invalidArg("wait", "must not be negative")
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Sandboxes.Restore(cmd.Context(), request(&apiv1.RestoreSandboxRequest{Tenant: t, Sandbox: argv[0], Snapshot: snapshotID},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return reportRefusal(cmd.ErrOrStderr(), err)
+			}
+			sb := resp.Msg.GetSandbox()
+			var waitErr error
+			if restoreWait > 0 {
+				sb, waitErr = a.waitSandbox(cmd.Context(), c, t, sb, restoreWait)
+			}
+			if err := a.printSandboxes(cmd, &apiv1.RestoreSandboxResponse{Sandbox: sb}, sb); err != nil {
+				return err
+			}
+			return waitErr
+		},
+	}
+	restore.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	restore.Flags().StringVar(&snapshotID, "snapshot", "", "a ready snapshot of this sandbox (id)")
+	restore.Flags().DurationVar(&restoreWait, "wait", 0, "wait up to this long for the sandbox to run again")
+	addConfirmationFlag(restore, &confirmationID)
+
+	cmd.AddCommand(create, list, get, extend, del, snap, restore, execCmd)
 	return cmd
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,16 @@ func TestSandboxCommands(t *testing.T) {
 	require.NotEqual(t, 0, code)
 	require.Contains(t, errs, "give the command after --")
 	require.Contains(t, ok("sandboxes", "snapshot", id, "--tenant", "sim"), "sbs_")
+	snapOut := ok("sandboxes", "snapshot", id, "--tenant", "sim", "-o", "json")
+	snapID := regexp.MustCompile(`sbs_[0-9a-z]+`).FindString(snapOut)
+	require.NotEmpty(t, snapID, snapOut)
+	bctest.WaitFor(t, "the snapshot ready", func() bool {
+		code, out, _ := cli("sandboxes", "restore", id, "--tenant", "sim", "--snapshot", snapID, "--wait", "1m")
+		return code == 0 && strings.Contains(out, "running")
+	})
+	code, _, errs = cli("sandboxes", "restore", id, "--tenant", "sim", "--snapshot", "sbx_1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "snapshot")
 	require.Contains(t, ok("sandboxes", "delete", id, "--tenant", "sim"), "deleted")
 
 	code, _, errs = cli("sandbox-templates", "create", "t2", "--tenant", "sim", "--flavor", DevFlavor, "--env", "K=secret://missing")

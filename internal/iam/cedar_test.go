@@ -161,7 +161,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "SandboxTemplate", ID: "sbt1", TenantID: tenant, Attrs: map[string]any{"name": "t1", "warmMax": int64(2)}}
 	case "sandboxes.create":
 		return Resource{Type: "Sandbox", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
-	case "sandboxes.get", "sandboxes.extend", "sandboxes.delete", "sandboxes.snapshot", "sandboxes.exec":
+	case "sandboxes.get", "sandboxes.extend", "sandboxes.delete", "sandboxes.snapshot", "sandboxes.exec", "sandboxes.restore":
 		return Resource{Type: "Sandbox", ID: "sbx1", TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
@@ -186,7 +186,7 @@ func TestCedarMatrix(t *testing.T) {
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
 		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach",
-		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot", "instances.ssh", "sandboxes.exec"}
+		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot", "instances.ssh", "sandboxes.exec", "sandboxes.restore"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -536,7 +536,7 @@ func TestActions(t *testing.T) {
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
 		"sandboxTemplates.create", "sandboxTemplates.delete", "sandboxTemplates.get", "sandboxTemplates.list",
-		"sandboxes.create", "sandboxes.delete", "sandboxes.exec", "sandboxes.extend", "sandboxes.get", "sandboxes.list", "sandboxes.snapshot",
+		"sandboxes.create", "sandboxes.delete", "sandboxes.exec", "sandboxes.extend", "sandboxes.get", "sandboxes.list", "sandboxes.restore", "sandboxes.snapshot",
 		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",

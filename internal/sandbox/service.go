@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -43,6 +45,9 @@ type Service struct {
 	inst   *vps.InstanceService
 	sealer secrets.Sealer
 	rec    envelope.Recorder
+	// guestKeys are authorized keys every sandbox guest booted from now on
+	// trusts (SetGuestKeys).
+	guestKeys atomic.Pointer[[]string]
 }
 
 var _ apiv1connect.SandboxServiceHandler = (*Service)(nil)
@@ -87,6 +92,9 @@ func stateOf(sb Sandbox, in *vps.Instance) string {
 		// A claimed warm guest is paused until it answers instance.resume.
 		if sb.Origin == OriginWarm && !sb.Resumed {
 			return "starting"
+		}
+		if sb.Restoring != "" {
+			return "restoring"
 		}
 		return "running"
 	case vps.StateDeleting:
@@ -141,10 +149,23 @@ func (s *Service) userData(ctx context.Context, q store.Querier, t Template) (st
 		base64.StdEncoding.EncodeToString([]byte(b.String())) + "\n", nil
 }
 
+// SetGuestKeys sets OpenSSH authorized keys that every sandbox guest
+// booted from now on (warm or cold) trusts for the guest user. It is the
+// operator's way into sandbox guests over plain SSH, which the real-guest
+// tests use until exec goes through the gateway with CA-signed
+// certificates; nil clears them.
+func (s *Service) SetGuestKeys(keys []string) {
+	k := slices.Clone(keys)
+	s.guestKeys.Store(&k)
+}
+
 // bootFor resolves the instance a template boots.
 func (s *Service) bootFor(ctx context.Context, q store.Querier, tenant, name string, t Template, userData string) (*vps.Boot, error) {
 	m := bootRequest(tenant, name, t)
 	m.UserData = userData
+	if k := s.guestKeys.Load(); k != nil {
+		m.SshKeys = slices.Clone(*k)
+	}
 	return s.inst.ResolveBoot(ctx, q, m)
 }
 
@@ -470,16 +491,23 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.Snaps
 	var snap Snapshot
 	_, err := mutateSandbox(ctx, s, req, msg.GetTenant(), msg.GetSandbox(), nil, nil,
 		func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, in *vps.Instance) error {
-			if sb.State != SandboxActive || in == nil || in.State != vps.StateRunning {
+			if sb.State != SandboxActive || in == nil || in.State != vps.StateRunning || sb.Restoring != "" {
 				return envelope.Errorf(envelope.CodeFailedPrecondition, "sandbox %s is %s; a snapshot needs it running", sb.ID, stateOf(*sb, in))
 			}
+			// A sandbox outlives its template: once the template is deleted
+			// and its warm pool drained, its row is gone, and the snapshot
+			// records no shape (it restores only into this sandbox anyway).
+			shape := ""
 			t, err := TemplateByID(ctx, tx.Tx, sb.TemplateID)
-			if err != nil {
+			switch {
+			case err == nil:
+				shape = t.Shape
+			case !errors.Is(err, store.ErrNotFound):
 				return fmt.Errorf("sandbox %s: template: %w", sb.ID, err)
 			}
 			now := tx.Now()
 			snap = Snapshot{ID: envelope.NewID(SnapshotIDPrefix, now), TenantID: sb.TenantID, SandboxID: sb.ID, TemplateID: sb.TemplateID,
-				NodeID: in.NodeID, Shape: t.Shape, State: "saving", CreateTime: now}
+				NodeID: in.NodeID, Shape: shape, State: "saving", CreateTime: now}
 			if err := SnapshotInsert(ctx, tx.Tx, &snap); err != nil {
 				return err
 			}
@@ -496,6 +524,67 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.Snaps
 	return connect.NewResponse(&apiv1.SnapshotSandboxResponse{Snapshot: SnapshotProto(snap)}), nil
 }
 
+// precondition is a FAILED_PRECONDITION that names the request field it
+// is about.
+func precondition(field, format string, args ...any) *envelope.Error {
+	msg := fmt.Sprintf(format, args...)
+	return &envelope.Error{Code: envelope.CodeFailedPrecondition, Message: msg, Violations: []envelope.Violation{{Field: field, Reason: msg}}}
+}
+
+// Restore brings a running sandbox back to one of its own ready snapshots,
+// in place: the guest's memory holds its address, hostname and host keys,
+// so a snapshot can only come back as the instance it was taken of, on
+// that host and runtime. The sandbox is restoring until bcd answers
+// instance.restore (CommandDone).
+func (s *Service) Restore(ctx context.Context, req *connect.Request[apiv1.RestoreSandboxRequest]) (*connect.Response[apiv1.RestoreSandboxResponse], error) {
+	msg := req.Msg
+	out, err := mutateSandbox(ctx, s, req, msg.GetTenant(), msg.GetSandbox(), func(vs *envelope.Violations) {
+		vs.ID("snapshot", msg.GetSnapshot(), SnapshotIDPrefix)
+	}, nil, func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, in *vps.Instance) error {
+		now := tx.Now()
+		// The snapshot is looked up in the sandbox's tenant only: another
+		// tenant's is not found, whatever its id.
+		snap, err := SnapshotGet(ctx, tx.Tx, sb.TenantID, msg.GetSnapshot())
+		if errors.Is(err, store.ErrNotFound) {
+			return envelope.NotFound("snapshot", msg.GetSnapshot())
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", msg.GetSnapshot(), err)
+		}
+		switch st := stateOf(*sb, in); {
+		case sb.State != SandboxActive:
+			return precondition("sandbox", "sandbox %s is deleted", sb.ID)
+		case !sb.ExpireTime.After(now):
+			return precondition("sandbox", "sandbox %s expired at %s", sb.ID, sb.ExpireTime.UTC().Format(time.RFC3339))
+		case st != "running":
+			return precondition("sandbox", "sandbox %s is %s; a restore needs it running", sb.ID, st)
+		case snap.SandboxID != sb.ID:
+			return precondition("snapshot", "snapshot %s is of sandbox %s: a snapshot restores only into the sandbox it was taken of", snap.ID, snap.SandboxID)
+		case snap.State != "ready":
+			return precondition("snapshot", "snapshot %s is %s; only a ready snapshot restores", snap.ID, snap.State)
+		case snap.NodeID != in.NodeID:
+			return precondition("snapshot", "snapshot %s is on node %s, the sandbox on %s", snap.ID, snap.NodeID, in.NodeID)
+		}
+		sb.Restoring, sb.UpdateTime = snap.ID, now
+		if err := SandboxSave(ctx, tx.Tx, sb); err != nil {
+			return err
+		}
+		// Each restore is its own command: the same snapshot may be
+		// restored again later (even at the same clock reading).
+		key := fmt.Sprintf("%s/restore/%s/%s", in.ID, snap.ID, envelope.NewID("rst", now))
+		if _, err := s.inst.SendIn(ctx, tx.Tx, in, vmcmd.KindInstanceRestore,
+			vmcmd.SnapshotParams{InstanceID: vps.HostID(in.ID), SnapshotID: strings.ReplaceAll(snap.ID, "_", "-")}, key, now); err != nil {
+			return err
+		}
+		tx.Emit(sandboxEvent("sandbox.restore_requested", sb, map[string]any{"snapshot_id": snap.ID, "node_id": snap.NodeID}))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&apiv1.RestoreSandboxResponse{Sandbox: out}), nil
+}
+
 // SnapshotProto converts a snapshot for the API.
 func SnapshotProto(s Snapshot) *apiv1.SandboxSnapshot {
 	return &apiv1.SandboxSnapshot{Id: s.ID, TenantId: s.TenantID, SandboxId: s.SandboxID, TemplateId: s.TemplateID, NodeId: s.NodeID,
@@ -503,11 +592,14 @@ func SnapshotProto(s Snapshot) *apiv1.SandboxSnapshot {
 }
 
 // CommandDone converges from bcd's answers, in the gateway's transaction:
-// a claimed warm guest is up once instance.resume succeeds, and a
-// snapshot is ready (or failed) with instance.snapshot's answer. Other
-// commands pass by.
+// a claimed warm guest is up once instance.resume succeeds, a snapshot is
+// ready (or failed) with instance.snapshot's answer, and a restore ends
+// with instance.restore's (whatever it is: a failure is on the instance's
+// message and the sandbox's events). Other commands pass by.
 func (s *Service) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command, state string) error {
 	switch c.Kind {
+	case vmcmd.KindInstanceRestore:
+		return s.restoreDone(ctx, tx, c, state)
 	case vmcmd.KindInstanceResume:
 		var ref vmcmd.InstanceRef
 		if state != fleet.CommandSucceeded || json.Unmarshal([]byte(c.Params), &ref) != nil || ref.InstanceID == "" {
@@ -528,4 +620,43 @@ func (s *Service) CommandDone(ctx context.Context, tx store.Tx, c fleet.Command,
 		to = "ready"
 	}
 	return SnapshotFinish(ctx, tx, strings.Replace(p.SnapshotID, "-", "_", 1), c.NodeID, to)
+}
+
+// CommandsExpired ends the restores whose command's deadline passed
+// before their host answered, so the sandbox does not read restoring
+// forever.
+func (s *Service) CommandsExpired(ctx context.Context, tx store.Tx, expired []fleet.Command) error {
+	for _, c := range expired {
+		if c.Kind != vmcmd.KindInstanceRestore {
+			continue
+		}
+		if err := s.restoreDone(ctx, tx, c, fleet.CommandExpired); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Service) restoreDone(ctx context.Context, tx store.Tx, c fleet.Command, state string) error {
+	var p vmcmd.SnapshotParams
+	if json.Unmarshal([]byte(c.Params), &p) != nil || p.InstanceID == "" || p.SnapshotID == "" {
+		return nil //nolint:nilerr // params that name no snapshot are no restore's to converge
+	}
+	instanceID, snapID := strings.Replace(p.InstanceID, "-", "_", 1), strings.Replace(p.SnapshotID, "-", "_", 1)
+	now := s.env.Clock().Now()
+	n, err := SandboxRestored(ctx, tx, instanceID, snapID, now)
+	if err != nil || n == 0 {
+		return err
+	}
+	sb, err := SandboxByInstance(ctx, tx, instanceID)
+	if err != nil {
+		return fmt.Errorf("restore of %s: %w", snapID, err)
+	}
+	typ := "sandbox.restored"
+	if state != fleet.CommandSucceeded {
+		typ = "sandbox.restore_failed"
+	}
+	ev := sandboxEvent(typ, &sb, map[string]any{"snapshot_id": snapID, "command_state": state})
+	ev.Time = now
+	return s.rec.InsertEvents(ctx, tx, []envelope.Event{ev})
 }

@@ -54,7 +54,9 @@ type Sandbox struct {
 	ID, TenantID, TemplateID, TemplateName string
 	InstanceID, State, Origin              string
 	// Resumed: a claimed warm guest answered instance.resume.
-	Resumed                            bool
+	Resumed bool
+	// Restoring: the snapshot being restored until the host answers.
+	Restoring                          string
 	CreatedBy                          string
 	ExpireTime, CreateTime, UpdateTime time.Time
 }
@@ -214,7 +216,7 @@ func WarmRemove(ctx context.Context, tx store.Tx, instanceID string) (int64, err
 }
 
 const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, resumed, created_by,
-	expire_time, create_time, update_time`
+	expire_time, create_time, update_time, restoring`
 
 func scanSandbox(row scanner) (Sandbox, error) {
 	var (
@@ -222,30 +224,44 @@ func scanSandbox(row scanner) (Sandbox, error) {
 		resumed int
 	)
 	err := row.Scan(&s.ID, &s.TenantID, &s.TemplateID, &s.TemplateName, &s.InstanceID, &s.State, &s.Origin,
-		&resumed, &s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime)
+		&resumed, &s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime, &s.Restoring)
 	s.Resumed = resumed != 0
 	return s, err
 }
 
 // SandboxInsert writes a new sandbox.
 func SandboxInsert(ctx context.Context, tx store.Tx, s *Sandbox) error {
-	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
 		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, boolInt(s.Resumed), s.CreatedBy, s.ExpireTime,
-		s.CreateTime, s.UpdateTime)
+		s.CreateTime, s.UpdateTime, s.Restoring)
 	return err
 }
 
-// SandboxSave writes a sandbox's state and expiry.
+// SandboxSave writes a sandbox's state, expiry and the snapshot it is
+// being restored to.
 func SandboxSave(ctx context.Context, tx store.Tx, s *Sandbox) error {
-	_, err := tx.Exec(ctx, `UPDATE sandboxes SET state = $2, expire_time = $3, update_time = $4 WHERE id = $1`,
-		s.ID, s.State, s.ExpireTime, s.UpdateTime)
+	_, err := tx.Exec(ctx, `UPDATE sandboxes SET state = $2, expire_time = $3, update_time = $4, restoring = $5 WHERE id = $1`,
+		s.ID, s.State, s.ExpireTime, s.UpdateTime, s.Restoring)
 	return err
+}
+
+// SandboxRestored ends the restore of snapshotID on the sandbox running
+// instanceID (whatever its host answered); a sandbox restoring another
+// snapshot, or none, is left alone.
+func SandboxRestored(ctx context.Context, tx store.Tx, instanceID, snapshotID string, now time.Time) (int64, error) {
+	return tx.Exec(ctx, `UPDATE sandboxes SET restoring = '', update_time = $3 WHERE instance_id = $1 AND restoring = $2`,
+		instanceID, snapshotID, now)
 }
 
 // SandboxGet reads a tenant's sandbox by id (lock: store.ForUpdate or "").
 func SandboxGet(ctx context.Context, q store.Querier, tenantID, id, lock string) (Sandbox, error) {
 	s, err := scanSandbox(q.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE tenant_id = $1 AND id = $2`+lock, tenantID, id))
 	return s, err
+}
+
+// SandboxByInstance reads the sandbox an instance runs.
+func SandboxByInstance(ctx context.Context, q store.Querier, instanceID string) (Sandbox, error) {
+	return scanSandbox(q.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE instance_id = $1`, instanceID))
 }
 
 // SandboxList lists a tenant's sandboxes that are not deleted, by id.

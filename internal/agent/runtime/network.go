@@ -28,19 +28,8 @@ func linkExists(ctx context.Context, netns, name string) bool {
 // ensureTap creates the bridge (when missing) and the instance's tap on it.
 func (r *Runtime) ensureTap(ctx context.Context, s *Spec) error {
 	n := s.Network
-	if !linkExists(ctx, n.NetNS, n.Bridge) {
-		if _, err := ip(ctx, n.NetNS, "link", "add", n.Bridge, "type", "bridge"); err != nil {
-			return err
-		}
-		if n.BridgeAddress != "" {
-			if _, err := ip(ctx, n.NetNS, "addr", "add", n.BridgeAddress, "dev", n.Bridge); err != nil {
-				return err
-			}
-		}
-		if _, err := ip(ctx, n.NetNS, "link", "set", n.Bridge, "up"); err != nil {
-			return err
-		}
-		r.log.Info("runtime: bridge created", "bridge", n.Bridge, "netns", n.NetNS)
+	if err := r.ensureBridge(ctx, n); err != nil {
+		return err
 	}
 	tap := s.tapName()
 	if !linkExists(ctx, n.NetNS, tap) {
@@ -51,6 +40,28 @@ func (r *Runtime) ensureTap(ctx context.Context, s *Spec) error {
 	if _, err := ip(ctx, n.NetNS, "link", "set", tap, "master", n.Bridge, "up"); err != nil {
 		return err
 	}
+	return nil
+}
+
+// ensureBridge creates the host's bridge when missing.
+func (r *Runtime) ensureBridge(ctx context.Context, n *Network) error {
+	r.bridgeMu.Lock()
+	defer r.bridgeMu.Unlock()
+	if linkExists(ctx, n.NetNS, n.Bridge) {
+		return nil
+	}
+	if _, err := ip(ctx, n.NetNS, "link", "add", n.Bridge, "type", "bridge"); err != nil {
+		return err
+	}
+	if n.BridgeAddress != "" {
+		if _, err := ip(ctx, n.NetNS, "addr", "add", n.BridgeAddress, "dev", n.Bridge); err != nil {
+			return err
+		}
+	}
+	if _, err := ip(ctx, n.NetNS, "link", "set", n.Bridge, "up"); err != nil {
+		return err
+	}
+	r.log.Info("runtime: bridge created", "bridge", n.Bridge, "netns", n.NetNS)
 	return nil
 }
 

@@ -3,6 +3,8 @@ package runtime
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,6 +80,9 @@ type Runtime struct {
 
 	mu        sync.Mutex
 	instances map[string]*instance
+	// bridgeMu serialises bridge creation: the first guests of a host,
+	// created at once, would otherwise both add the bridge.
+	bridgeMu sync.Mutex
 
 	capsOnce sync.Once
 	caps     Capabilities
@@ -350,7 +355,7 @@ func (r *Runtime) qemuArgs(in *instance, accel string, incoming bool) []string {
 		"-blockdev", blockdev("disk0", p(fileDisk), "qcow2", false),
 		"-device", "virtio-blk-pci,drive=disk0,id=dev-disk0")
 	for _, v := range s.Volumes {
-		args = append(args, "-blockdev", blockdev("vol-"+v.ID, v.Path, v.Format, v.ReadOnly),
+		args = append(args, "-blockdev", blockdev(volNode(v.ID), v.Path, v.Format, v.ReadOnly),
 			"-device", volumeDevice(v))
 	}
 	if s.Seed != nil {
@@ -384,7 +389,19 @@ func blockdevArgs(node, path, format string, ro bool) map[string]any {
 }
 
 func volumeDevice(v Volume) string {
-	return "virtio-blk-pci,drive=vol-" + v.ID + ",id=dev-vol-" + v.ID + ",serial=" + serial(v.ID)
+	return "virtio-blk-pci,drive=" + volNode(v.ID) + ",id=dev-vol-" + v.ID + ",serial=" + serial(v.ID)
+}
+
+// volNode is a volume's block node name: QEMU keeps at most 31
+// characters, and the control plane's volume ids (vol-<ULID>, 30) are
+// longer once prefixed, so a long id is named by its digest (the same on
+// every start, so a re-adopted guest's nodes keep their names).
+func volNode(id string) string {
+	if n := "vol-" + id; len(n) <= 31 {
+		return n
+	}
+	h := sha256.Sum256([]byte(id))
+	return "vol-" + hex.EncodeToString(h[:])[:27]
 }
 
 // serial is the virtio serial the guest sees (/dev/disk/by-id/virtio-…);

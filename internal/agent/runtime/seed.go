@@ -165,6 +165,13 @@ func RenderSeed(s *Seed, instanceID, mac string) (map[string][]byte, error) {
 	if len(s.AuthorizedKeys) > 0 {
 		user["ssh_authorized_keys"] = s.AuthorizedKeys
 	}
+	// The image carries no host keys: a seed with one installs it; without
+	// one (an instance with no CA-certified host key) cloud-init makes an
+	// Ed25519 key at first boot, or sshd would not start.
+	genKeys := []string{}
+	if s.HostKey == "" {
+		genKeys = []string{"ed25519"}
+	}
 	cc := map[string]any{
 		"hostname":          s.Hostname,
 		"preserve_hostname": false,
@@ -172,7 +179,7 @@ func RenderSeed(s *Seed, instanceID, mac string) (map[string][]byte, error) {
 		"users":             []any{user},
 		"ssh_pwauth":        false,
 		"ssh_deletekeys":    false,
-		"ssh_genkeytypes":   []string{},
+		"ssh_genkeytypes":   genKeys,
 		"write_files":       files,
 	}
 	ccYAML, err := yaml.Marshal(cc)

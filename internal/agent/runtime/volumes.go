@@ -69,13 +69,13 @@ func (r *Runtime) AttachVolume(ctx context.Context, id string, v Volume) error {
 		return err
 	}
 	if pidAlive(in.pid(), id) {
-		if _, err := in.monitor("blockdev-add", blockdevArgs("vol-"+v.ID, v.Path, v.Format, v.ReadOnly)); err != nil {
+		if _, err := in.monitor("blockdev-add", blockdevArgs(volNode(v.ID), v.Path, v.Format, v.ReadOnly)); err != nil {
 			return err
 		}
 		if _, err := in.monitor("device_add", map[string]any{
-			"driver": "virtio-blk-pci", "drive": "vol-" + v.ID, "id": "dev-vol-" + v.ID, "serial": serial(v.ID),
+			"driver": "virtio-blk-pci", "drive": volNode(v.ID), "id": "dev-vol-" + v.ID, "serial": serial(v.ID),
 		}); err != nil {
-			_, _ = in.monitor("blockdev-del", map[string]any{"node-name": "vol-" + v.ID})
+			_, _ = in.monitor("blockdev-del", map[string]any{"node-name": volNode(v.ID)})
 			return err
 		}
 	}
@@ -105,7 +105,7 @@ func (r *Runtime) DetachVolume(ctx context.Context, id, volumeID string) error {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
-			_, err := in.monitor("blockdev-del", map[string]any{"node-name": "vol-" + volumeID})
+			_, err := in.monitor("blockdev-del", map[string]any{"node-name": volNode(volumeID)})
 			if err == nil {
 				break
 			}
@@ -118,7 +118,7 @@ func (r *Runtime) DetachVolume(ctx context.Context, id, volumeID string) error {
 					gone = !slices.ContainsFunc(nodes, func(n struct {
 						NodeName string `json:"node-name"`
 					}) bool {
-						return n.NodeName == "vol-"+volumeID
+						return n.NodeName == volNode(volumeID)
 					})
 				}
 			}

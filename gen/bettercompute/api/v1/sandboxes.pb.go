@@ -720,7 +720,8 @@ type Sandbox struct {
 	Template   string                 `protobuf:"bytes,4,opt,name=template,proto3" json:"template,omitempty"`
 	// The instance that runs it.
 	InstanceId string `protobuf:"bytes,5,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	// starting, running, deleting, deleted or failed.
+	// starting, running, restoring (from a snapshot, until its host
+	// answers), deleting, deleted or failed.
 	State string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
 	// warm (claimed from the warm pool) or cold (booted for it).
 	Origin        string                 `protobuf:"bytes,7,opt,name=origin,proto3" json:"origin,omitempty"`
@@ -1666,6 +1667,112 @@ func (x *SnapshotSandboxResponse) GetSnapshot() *SandboxSnapshot {
 	return nil
 }
 
+type RestoreSandboxRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Sandbox string                 `protobuf:"bytes,2,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// A ready snapshot of this sandbox (id).
+	Snapshot      string `protobuf:"bytes,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSandboxRequest) Reset() {
+	*x = RestoreSandboxRequest{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSandboxRequest) ProtoMessage() {}
+
+func (x *RestoreSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSandboxRequest.ProtoReflect.Descriptor instead.
+func (*RestoreSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RestoreSandboxRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RestoreSandboxRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *RestoreSandboxRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+type RestoreSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox, restoring until its host answers.
+	Sandbox       *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreSandboxResponse) Reset() {
+	*x = RestoreSandboxResponse{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreSandboxResponse) ProtoMessage() {}
+
+func (x *RestoreSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreSandboxResponse.ProtoReflect.Descriptor instead.
+func (*RestoreSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RestoreSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 var File_bettercompute_api_v1_sandboxes_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
@@ -1808,19 +1915,26 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\asandbox\x18\x02 \x01(\tR\asandbox\"\\\n" +
 	"\x17SnapshotSandboxResponse\x12A\n" +
-	"\bsnapshot\x18\x01 \x01(\v2%.bettercompute.api.v1.SandboxSnapshotR\bsnapshot2\xe1\x03\n" +
+	"\bsnapshot\x18\x01 \x01(\v2%.bettercompute.api.v1.SandboxSnapshotR\bsnapshot\"e\n" +
+	"\x15RestoreSandboxRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\asandbox\x18\x02 \x01(\tR\asandbox\x12\x1a\n" +
+	"\bsnapshot\x18\x03 \x01(\tR\bsnapshot\"Q\n" +
+	"\x16RestoreSandboxResponse\x127\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.SandboxR\asandbox2\xe1\x03\n" +
 	"\x16SandboxTemplateService\x12q\n" +
 	"\x06Create\x122.bettercompute.api.v1.CreateSandboxTemplateRequest\x1a3.bettercompute.api.v1.CreateSandboxTemplateResponse\x12m\n" +
 	"\x03Get\x12/.bettercompute.api.v1.GetSandboxTemplateRequest\x1a0.bettercompute.api.v1.GetSandboxTemplateResponse\"\x03\x90\x02\x01\x12r\n" +
 	"\x04List\x121.bettercompute.api.v1.ListSandboxTemplatesRequest\x1a2.bettercompute.api.v1.ListSandboxTemplatesResponse\"\x03\x90\x02\x01\x12q\n" +
-	"\x06Delete\x122.bettercompute.api.v1.DeleteSandboxTemplateRequest\x1a3.bettercompute.api.v1.DeleteSandboxTemplateResponse2\xc4\x05\n" +
+	"\x06Delete\x122.bettercompute.api.v1.DeleteSandboxTemplateRequest\x1a3.bettercompute.api.v1.DeleteSandboxTemplateResponse2\xaa\x06\n" +
 	"\x0eSandboxService\x12a\n" +
 	"\x06Create\x12*.bettercompute.api.v1.CreateSandboxRequest\x1a+.bettercompute.api.v1.CreateSandboxResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetSandboxRequest\x1a(.bettercompute.api.v1.GetSandboxResponse\"\x03\x90\x02\x01\x12d\n" +
 	"\x04List\x12*.bettercompute.api.v1.ListSandboxesRequest\x1a+.bettercompute.api.v1.ListSandboxesResponse\"\x03\x90\x02\x01\x12a\n" +
 	"\x06Extend\x12*.bettercompute.api.v1.ExtendSandboxRequest\x1a+.bettercompute.api.v1.ExtendSandboxResponse\x12a\n" +
 	"\x06Delete\x12*.bettercompute.api.v1.DeleteSandboxRequest\x1a+.bettercompute.api.v1.DeleteSandboxResponse\x12g\n" +
-	"\bSnapshot\x12,.bettercompute.api.v1.SnapshotSandboxRequest\x1a-.bettercompute.api.v1.SnapshotSandboxResponse\x12[\n" +
+	"\bSnapshot\x12,.bettercompute.api.v1.SnapshotSandboxRequest\x1a-.bettercompute.api.v1.SnapshotSandboxResponse\x12d\n" +
+	"\aRestore\x12+.bettercompute.api.v1.RestoreSandboxRequest\x1a,.bettercompute.api.v1.RestoreSandboxResponse\x12[\n" +
 	"\x04Exec\x12(.bettercompute.api.v1.ExecSandboxRequest\x1a).bettercompute.api.v1.ExecSandboxResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
@@ -1835,7 +1949,7 @@ func file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_sandboxes_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_sandboxes_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_bettercompute_api_v1_sandboxes_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_bettercompute_api_v1_sandboxes_proto_goTypes = []any{
 	(*SandboxTemplate)(nil),               // 0: bettercompute.api.v1.SandboxTemplate
 	(*CreateSandboxTemplateRequest)(nil),  // 1: bettercompute.api.v1.CreateSandboxTemplateRequest
@@ -1862,63 +1976,68 @@ var file_bettercompute_api_v1_sandboxes_proto_goTypes = []any{
 	(*DeleteSandboxResponse)(nil),         // 22: bettercompute.api.v1.DeleteSandboxResponse
 	(*SnapshotSandboxRequest)(nil),        // 23: bettercompute.api.v1.SnapshotSandboxRequest
 	(*SnapshotSandboxResponse)(nil),       // 24: bettercompute.api.v1.SnapshotSandboxResponse
-	nil,                                   // 25: bettercompute.api.v1.SandboxTemplate.EnvEntry
-	nil,                                   // 26: bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
-	(*durationpb.Duration)(nil),           // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),         // 28: google.protobuf.Timestamp
-	(*SshTicket)(nil),                     // 29: bettercompute.api.v1.SshTicket
+	(*RestoreSandboxRequest)(nil),         // 25: bettercompute.api.v1.RestoreSandboxRequest
+	(*RestoreSandboxResponse)(nil),        // 26: bettercompute.api.v1.RestoreSandboxResponse
+	nil,                                   // 27: bettercompute.api.v1.SandboxTemplate.EnvEntry
+	nil,                                   // 28: bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
+	(*durationpb.Duration)(nil),           // 29: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),         // 30: google.protobuf.Timestamp
+	(*SshTicket)(nil),                     // 31: bettercompute.api.v1.SshTicket
 }
 var file_bettercompute_api_v1_sandboxes_proto_depIdxs = []int32{
-	27, // 0: bettercompute.api.v1.SandboxTemplate.default_ttl:type_name -> google.protobuf.Duration
-	27, // 1: bettercompute.api.v1.SandboxTemplate.max_ttl:type_name -> google.protobuf.Duration
-	25, // 2: bettercompute.api.v1.SandboxTemplate.env:type_name -> bettercompute.api.v1.SandboxTemplate.EnvEntry
-	28, // 3: bettercompute.api.v1.SandboxTemplate.create_time:type_name -> google.protobuf.Timestamp
-	27, // 4: bettercompute.api.v1.CreateSandboxTemplateRequest.default_ttl:type_name -> google.protobuf.Duration
-	27, // 5: bettercompute.api.v1.CreateSandboxTemplateRequest.max_ttl:type_name -> google.protobuf.Duration
-	26, // 6: bettercompute.api.v1.CreateSandboxTemplateRequest.env:type_name -> bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
+	29, // 0: bettercompute.api.v1.SandboxTemplate.default_ttl:type_name -> google.protobuf.Duration
+	29, // 1: bettercompute.api.v1.SandboxTemplate.max_ttl:type_name -> google.protobuf.Duration
+	27, // 2: bettercompute.api.v1.SandboxTemplate.env:type_name -> bettercompute.api.v1.SandboxTemplate.EnvEntry
+	30, // 3: bettercompute.api.v1.SandboxTemplate.create_time:type_name -> google.protobuf.Timestamp
+	29, // 4: bettercompute.api.v1.CreateSandboxTemplateRequest.default_ttl:type_name -> google.protobuf.Duration
+	29, // 5: bettercompute.api.v1.CreateSandboxTemplateRequest.max_ttl:type_name -> google.protobuf.Duration
+	28, // 6: bettercompute.api.v1.CreateSandboxTemplateRequest.env:type_name -> bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
 	0,  // 7: bettercompute.api.v1.CreateSandboxTemplateResponse.template:type_name -> bettercompute.api.v1.SandboxTemplate
 	0,  // 8: bettercompute.api.v1.GetSandboxTemplateResponse.template:type_name -> bettercompute.api.v1.SandboxTemplate
 	0,  // 9: bettercompute.api.v1.ListSandboxTemplatesResponse.templates:type_name -> bettercompute.api.v1.SandboxTemplate
-	28, // 10: bettercompute.api.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
-	28, // 11: bettercompute.api.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	28, // 12: bettercompute.api.v1.Sandbox.update_time:type_name -> google.protobuf.Timestamp
-	28, // 13: bettercompute.api.v1.SandboxSnapshot.create_time:type_name -> google.protobuf.Timestamp
-	29, // 14: bettercompute.api.v1.ExecSandboxResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
-	27, // 15: bettercompute.api.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 10: bettercompute.api.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
+	30, // 11: bettercompute.api.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	30, // 12: bettercompute.api.v1.Sandbox.update_time:type_name -> google.protobuf.Timestamp
+	30, // 13: bettercompute.api.v1.SandboxSnapshot.create_time:type_name -> google.protobuf.Timestamp
+	31, // 14: bettercompute.api.v1.ExecSandboxResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
+	29, // 15: bettercompute.api.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	9,  // 16: bettercompute.api.v1.CreateSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	9,  // 17: bettercompute.api.v1.GetSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	9,  // 18: bettercompute.api.v1.ListSandboxesResponse.sandboxes:type_name -> bettercompute.api.v1.Sandbox
-	27, // 19: bettercompute.api.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	29, // 19: bettercompute.api.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	9,  // 20: bettercompute.api.v1.ExtendSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	9,  // 21: bettercompute.api.v1.DeleteSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	10, // 22: bettercompute.api.v1.SnapshotSandboxResponse.snapshot:type_name -> bettercompute.api.v1.SandboxSnapshot
-	1,  // 23: bettercompute.api.v1.SandboxTemplateService.Create:input_type -> bettercompute.api.v1.CreateSandboxTemplateRequest
-	3,  // 24: bettercompute.api.v1.SandboxTemplateService.Get:input_type -> bettercompute.api.v1.GetSandboxTemplateRequest
-	5,  // 25: bettercompute.api.v1.SandboxTemplateService.List:input_type -> bettercompute.api.v1.ListSandboxTemplatesRequest
-	7,  // 26: bettercompute.api.v1.SandboxTemplateService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxTemplateRequest
-	13, // 27: bettercompute.api.v1.SandboxService.Create:input_type -> bettercompute.api.v1.CreateSandboxRequest
-	15, // 28: bettercompute.api.v1.SandboxService.Get:input_type -> bettercompute.api.v1.GetSandboxRequest
-	17, // 29: bettercompute.api.v1.SandboxService.List:input_type -> bettercompute.api.v1.ListSandboxesRequest
-	19, // 30: bettercompute.api.v1.SandboxService.Extend:input_type -> bettercompute.api.v1.ExtendSandboxRequest
-	21, // 31: bettercompute.api.v1.SandboxService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxRequest
-	23, // 32: bettercompute.api.v1.SandboxService.Snapshot:input_type -> bettercompute.api.v1.SnapshotSandboxRequest
-	11, // 33: bettercompute.api.v1.SandboxService.Exec:input_type -> bettercompute.api.v1.ExecSandboxRequest
-	2,  // 34: bettercompute.api.v1.SandboxTemplateService.Create:output_type -> bettercompute.api.v1.CreateSandboxTemplateResponse
-	4,  // 35: bettercompute.api.v1.SandboxTemplateService.Get:output_type -> bettercompute.api.v1.GetSandboxTemplateResponse
-	6,  // 36: bettercompute.api.v1.SandboxTemplateService.List:output_type -> bettercompute.api.v1.ListSandboxTemplatesResponse
-	8,  // 37: bettercompute.api.v1.SandboxTemplateService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxTemplateResponse
-	14, // 38: bettercompute.api.v1.SandboxService.Create:output_type -> bettercompute.api.v1.CreateSandboxResponse
-	16, // 39: bettercompute.api.v1.SandboxService.Get:output_type -> bettercompute.api.v1.GetSandboxResponse
-	18, // 40: bettercompute.api.v1.SandboxService.List:output_type -> bettercompute.api.v1.ListSandboxesResponse
-	20, // 41: bettercompute.api.v1.SandboxService.Extend:output_type -> bettercompute.api.v1.ExtendSandboxResponse
-	22, // 42: bettercompute.api.v1.SandboxService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxResponse
-	24, // 43: bettercompute.api.v1.SandboxService.Snapshot:output_type -> bettercompute.api.v1.SnapshotSandboxResponse
-	12, // 44: bettercompute.api.v1.SandboxService.Exec:output_type -> bettercompute.api.v1.ExecSandboxResponse
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	9,  // 23: bettercompute.api.v1.RestoreSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
+	1,  // 24: bettercompute.api.v1.SandboxTemplateService.Create:input_type -> bettercompute.api.v1.CreateSandboxTemplateRequest
+	3,  // 25: bettercompute.api.v1.SandboxTemplateService.Get:input_type -> bettercompute.api.v1.GetSandboxTemplateRequest
+	5,  // 26: bettercompute.api.v1.SandboxTemplateService.List:input_type -> bettercompute.api.v1.ListSandboxTemplatesRequest
+	7,  // 27: bettercompute.api.v1.SandboxTemplateService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxTemplateRequest
+	13, // 28: bettercompute.api.v1.SandboxService.Create:input_type -> bettercompute.api.v1.CreateSandboxRequest
+	15, // 29: bettercompute.api.v1.SandboxService.Get:input_type -> bettercompute.api.v1.GetSandboxRequest
+	17, // 30: bettercompute.api.v1.SandboxService.List:input_type -> bettercompute.api.v1.ListSandboxesRequest
+	19, // 31: bettercompute.api.v1.SandboxService.Extend:input_type -> bettercompute.api.v1.ExtendSandboxRequest
+	21, // 32: bettercompute.api.v1.SandboxService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxRequest
+	23, // 33: bettercompute.api.v1.SandboxService.Snapshot:input_type -> bettercompute.api.v1.SnapshotSandboxRequest
+	25, // 34: bettercompute.api.v1.SandboxService.Restore:input_type -> bettercompute.api.v1.RestoreSandboxRequest
+	11, // 35: bettercompute.api.v1.SandboxService.Exec:input_type -> bettercompute.api.v1.ExecSandboxRequest
+	2,  // 36: bettercompute.api.v1.SandboxTemplateService.Create:output_type -> bettercompute.api.v1.CreateSandboxTemplateResponse
+	4,  // 37: bettercompute.api.v1.SandboxTemplateService.Get:output_type -> bettercompute.api.v1.GetSandboxTemplateResponse
+	6,  // 38: bettercompute.api.v1.SandboxTemplateService.List:output_type -> bettercompute.api.v1.ListSandboxTemplatesResponse
+	8,  // 39: bettercompute.api.v1.SandboxTemplateService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxTemplateResponse
+	14, // 40: bettercompute.api.v1.SandboxService.Create:output_type -> bettercompute.api.v1.CreateSandboxResponse
+	16, // 41: bettercompute.api.v1.SandboxService.Get:output_type -> bettercompute.api.v1.GetSandboxResponse
+	18, // 42: bettercompute.api.v1.SandboxService.List:output_type -> bettercompute.api.v1.ListSandboxesResponse
+	20, // 43: bettercompute.api.v1.SandboxService.Extend:output_type -> bettercompute.api.v1.ExtendSandboxResponse
+	22, // 44: bettercompute.api.v1.SandboxService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxResponse
+	24, // 45: bettercompute.api.v1.SandboxService.Snapshot:output_type -> bettercompute.api.v1.SnapshotSandboxResponse
+	26, // 46: bettercompute.api.v1.SandboxService.Restore:output_type -> bettercompute.api.v1.RestoreSandboxResponse
+	12, // 47: bettercompute.api.v1.SandboxService.Exec:output_type -> bettercompute.api.v1.ExecSandboxResponse
+	36, // [36:48] is the sub-list for method output_type
+	24, // [24:36] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_sandboxes_proto_init() }
@@ -1933,7 +2052,7 @@ func file_bettercompute_api_v1_sandboxes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_sandboxes_proto_rawDesc), len(file_bettercompute_api_v1_sandboxes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -59,6 +59,8 @@ const (
 	SandboxServiceDeleteProcedure = "/bettercompute.api.v1.SandboxService/Delete"
 	// SandboxServiceSnapshotProcedure is the fully-qualified name of the SandboxService's Snapshot RPC.
 	SandboxServiceSnapshotProcedure = "/bettercompute.api.v1.SandboxService/Snapshot"
+	// SandboxServiceRestoreProcedure is the fully-qualified name of the SandboxService's Restore RPC.
+	SandboxServiceRestoreProcedure = "/bettercompute.api.v1.SandboxService/Restore"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/bettercompute.api.v1.SandboxService/Exec"
 )
@@ -234,6 +236,11 @@ type SandboxServiceClient interface {
 	Delete(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
 	// Snapshot saves a running sandbox on its host.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// Restore brings a running sandbox back to one of its own ready
+	// snapshots, in place on its host: the guest's memory holds its address,
+	// hostname and host keys, so a snapshot comes back only as the instance
+	// it was taken of.
+	Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error)
 	// Exec signs the caller's public key for the sandbox's guest account
 	// (valid at most 15 minutes and never past the sandbox's expire time)
 	// and issues a single-use tunnel ticket, as InstanceService.Ssh does.
@@ -289,6 +296,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
 			connect.WithClientOptions(opts...),
 		),
+		restore: connect.NewClient[v1.RestoreSandboxRequest, v1.RestoreSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceRestoreProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+			connect.WithClientOptions(opts...),
+		),
 		exec: connect.NewClient[v1.ExecSandboxRequest, v1.ExecSandboxResponse](
 			httpClient,
 			baseURL+SandboxServiceExecProcedure,
@@ -306,6 +319,7 @@ type sandboxServiceClient struct {
 	extend   *connect.Client[v1.ExtendSandboxRequest, v1.ExtendSandboxResponse]
 	delete   *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
 	snapshot *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	restore  *connect.Client[v1.RestoreSandboxRequest, v1.RestoreSandboxResponse]
 	exec     *connect.Client[v1.ExecSandboxRequest, v1.ExecSandboxResponse]
 }
 
@@ -339,6 +353,11 @@ func (c *sandboxServiceClient) Snapshot(ctx context.Context, req *connect.Reques
 	return c.snapshot.CallUnary(ctx, req)
 }
 
+// Restore calls bettercompute.api.v1.SandboxService.Restore.
+func (c *sandboxServiceClient) Restore(ctx context.Context, req *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error) {
+	return c.restore.CallUnary(ctx, req)
+}
+
 // Exec calls bettercompute.api.v1.SandboxService.Exec.
 func (c *sandboxServiceClient) Exec(ctx context.Context, req *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error) {
 	return c.exec.CallUnary(ctx, req)
@@ -356,6 +375,11 @@ type SandboxServiceHandler interface {
 	Delete(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
 	// Snapshot saves a running sandbox on its host.
 	Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// Restore brings a running sandbox back to one of its own ready
+	// snapshots, in place on its host: the guest's memory holds its address,
+	// hostname and host keys, so a snapshot comes back only as the instance
+	// it was taken of.
+	Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error)
 	// Exec signs the caller's public key for the sandbox's guest account
 	// (valid at most 15 minutes and never past the sandbox's expire time)
 	// and issues a single-use tunnel ticket, as InstanceService.Ssh does.
@@ -407,6 +431,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Snapshot")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRestoreHandler := connect.NewUnaryHandler(
+		SandboxServiceRestoreProcedure,
+		svc.Restore,
+		connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceExecHandler := connect.NewUnaryHandler(
 		SandboxServiceExecProcedure,
 		svc.Exec,
@@ -427,6 +457,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteHandler.ServeHTTP(w, r)
 		case SandboxServiceSnapshotProcedure:
 			sandboxServiceSnapshotHandler.ServeHTTP(w, r)
+		case SandboxServiceRestoreProcedure:
+			sandboxServiceRestoreHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		default:
@@ -460,6 +492,10 @@ func (UnimplementedSandboxServiceHandler) Delete(context.Context, *connect.Reque
 
 func (UnimplementedSandboxServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Snapshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Restore is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error) {
