@@ -2,8 +2,6 @@ package bctest
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +16,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/better-compute/client"
@@ -49,8 +46,6 @@ type GuestRig struct {
 	HVDir string
 	// Net is the bridge's /24 ("10.213.93."), gateway Net+"1".
 	Net string
-	// Key is an SSH key the rig generated, for the guests' ssh_keys.
-	Key ssh.Signer
 }
 
 // GuestRigConfig sizes a GuestRig.
@@ -176,10 +171,9 @@ func StartGuestRig(tb testing.TB, cfg GuestRigConfig) *GuestRig {
 	g.Dial = NSDialer(g.NS)
 	tb.Cleanup(func() { g.killQEMU(tb) })
 
-	_, pk, err := ed25519.GenerateKey(rand.Reader)
-	must(tb, err)
-	g.Key, err = ssh.NewSignerFromKey(pk)
-	must(tb, err)
+	// Certificates and host certificates are signed on the control
+	// plane's clock and checked by guests against real time.
+	g.CP.Clock.Set(time.Now())
 
 	ctx := context.Background()
 	ten, err := g.Admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
@@ -291,80 +285,49 @@ func (g *GuestRig) QEMUPIDs() map[string]int {
 	return out
 }
 
-// AuthorizedKey is the rig's key as an OpenSSH authorized_keys line.
-func (g *GuestRig) AuthorizedKey() string {
-	return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(g.Key.PublicKey())))
-}
-
-// SSH runs cmd in the guest at addr (inside the rig's namespace) as the
-// guest user with the rig's key, and returns its stdout, stderr and exit
-// code. The guest's host key is not pinned: this is the interim path
-// until exec goes through the gateway with CA-signed certificates.
-func (g *GuestRig) SSH(ctx context.Context, addr, user, cmd string) (stdout, stderr string, code int, err error) {
-	conn, err := g.Dial(ctx, "tcp", net.JoinHostPort(addr, "22"))
-	if err != nil {
-		return "", "", -1, err
+// Exec runs cmd in an instance's or a sandbox's guest of tenant acme
+// through the API, the host's gateway tunnel and SSH with a CA-signed
+// certificate (GuestExec). The control plane's clock is moved up to real
+// time first: the guest checks certificates, and bcd the tunnel command's
+// deadline, against real time.
+func (g *GuestRig) Exec(ctx context.Context, t GuestTarget, cmd string) (*GuestExecResult, error) {
+	if now := time.Now(); g.CP.Clock.Now().Before(now) {
+		g.CP.Clock.Set(now)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	c, chans, reqs, err := ssh.NewClientConn(conn, addr, &ssh.ClientConfig{User: user, Auth: []ssh.AuthMethod{ssh.PublicKeys(g.Key)},
-		HostKeyCallback: ssh.InsecureIgnoreHostKey(), //nolint:gosec // interim: the guest has no CA-certified host key on this path
-		Timeout:         30 * time.Second})
-	if err != nil {
-		_ = conn.Close()
-		return "", "", -1, err
-	}
-	cl := ssh.NewClient(c, chans, reqs)
-	defer func() { _ = cl.Close() }()
-	sess, err := cl.NewSession()
-	if err != nil {
-		return "", "", -1, err
-	}
-	defer func() { _ = sess.Close() }()
-	var out, errb strings.Builder
-	sess.Stdout, sess.Stderr = &out, &errb
-	err = sess.Run(cmd)
-	var exitErr *ssh.ExitError
-	switch {
-	case err == nil:
-		return out.String(), errb.String(), 0, nil
-	case errors.As(err, &exitErr):
-		return out.String(), errb.String(), exitErr.ExitStatus(), nil
-	}
-	return out.String(), errb.String(), -1, err
+	t.Tenant = cmpOr(t.Tenant, "acme")
+	return GuestExec(ctx, g.Acme, g.CP.URL, t, cmd)
 }
 
 // Run runs an idempotent cmd in the guest, trying a failed transport again
 // (a TCG guest on a busy machine can stall a session) until tb's
 // deadline; it fails tb on a non-zero exit.
-func (g *GuestRig) Run(tb testing.TB, addr, user, cmd string) string {
+func (g *GuestRig) Run(tb testing.TB, t GuestTarget, cmd string) string {
 	tb.Helper()
-	var out, errs string
-	var code int
-	WaitFor(tb, "ssh "+cmd, func() bool {
+	var res *GuestExecResult
+	WaitFor(tb, "exec "+cmd, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var err error
-		if out, errs, code, err = g.SSH(ctx, addr, user, cmd); err != nil {
-			tb.Logf("ssh %s %q: %v (trying again)", addr, cmd, err)
+		if res, err = g.Exec(ctx, t, cmd); err != nil {
+			tb.Logf("exec %+v %q: %v (trying again)", t, cmd, err)
 			return false
 		}
 		return true
 	})
-	if code != 0 {
-		tb.Fatalf("ssh %s %q: exit %d: %s", addr, cmd, code, errs)
+	if res.ExitCode != 0 {
+		tb.Fatalf("exec %+v %q: exit %d: %s", t, cmd, res.ExitCode, res.Stderr)
 	}
-	return out
+	return res.Stdout
 }
 
-// WaitSSH waits until the guest at addr runs a command.
-func (g *GuestRig) WaitSSH(tb testing.TB, addr, user string) {
+// WaitExec waits until the guest runs a command through the gateway.
+func (g *GuestRig) WaitExec(tb testing.TB, t GuestTarget) {
 	tb.Helper()
-	WaitFor(tb, "ssh to "+addr, func() bool {
+	WaitFor(tb, fmt.Sprintf("exec in %+v", t), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _, code, err := g.SSH(ctx, addr, user, "true")
-		return err == nil && code == 0
+		res, err := g.Exec(ctx, t, "true")
+		return err == nil && res.ExitCode == 0
 	})
 }
 

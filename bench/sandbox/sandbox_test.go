@@ -1,15 +1,12 @@
 package sandboxbench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +18,6 @@ import (
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/store"
-	"github.com/better-compute/better-compute/internal/vps"
 )
 
 var (
@@ -43,7 +39,6 @@ func newEnv(b *testing.B) *env {
 	b.Helper()
 	if os.Getenv("BC_GUEST") != "" {
 		g := bctest.StartGuestRig(b, bctest.GuestRigConfig{Net: "10.213.95."})
-		g.CP.App.Sandboxes.SetGuestKeys([]string{g.AuthorizedKey()})
 		return &env{cp: g.CP, acme: g.Acme, real: g, poll: 50 * time.Millisecond}
 	}
 	cp := bctest.NewControlPlane(b)
@@ -181,34 +176,26 @@ func (e *env) execReadyErr(id string) error {
 	}
 }
 
+// answers runs `true` in the sandbox the way `sandboxes exec` does: a
+// certificate and ticket from the API, the tunnel through the host's
+// gateway connection, SSH to the guest pinned by the CA.
 func (e *env) answers(sb *apiv1.Sandbox) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	t := bctest.GuestTarget{Tenant: "acme", Sandbox: sb.GetId()}
+	var (
+		res *bctest.GuestExecResult
+		err error
+	)
 	if e.real != nil {
-		_, _, code, err := e.real.SSH(ctx, sb.GetAddress(), vps.GuestUser, "true")
-		if err == nil && code != 0 {
-			err = fmt.Errorf("exit %d", code)
-		}
-		return err
+		res, err = e.real.Exec(ctx, t, "true")
+	} else {
+		res, err = bctest.GuestExec(ctx, e.acme, e.cp.URL, t, "true")
 	}
-	in, err := e.acme.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: sb.GetInstanceId()}))
-	if err != nil {
-		return err
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("exit %d", res.ExitCode)
 	}
-	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", in.Msg.GetInstance().GetSshAddress())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = c.Close() }()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "SSH-2.0-") {
-		return errors.New("not an SSH server: " + line)
-	}
-	return nil
+	return err
 }
 
 func (e *env) create(b testing.TB, template string) *apiv1.Sandbox {

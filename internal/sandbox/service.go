@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -45,9 +43,6 @@ type Service struct {
 	inst   *vps.InstanceService
 	sealer secrets.Sealer
 	rec    envelope.Recorder
-	// guestKeys are authorized keys every sandbox guest booted from now on
-	// trusts (SetGuestKeys).
-	guestKeys atomic.Pointer[[]string]
 }
 
 var _ apiv1connect.SandboxServiceHandler = (*Service)(nil)
@@ -149,23 +144,10 @@ func (s *Service) userData(ctx context.Context, q store.Querier, t Template) (st
 		base64.StdEncoding.EncodeToString([]byte(b.String())) + "\n", nil
 }
 
-// SetGuestKeys sets OpenSSH authorized keys that every sandbox guest
-// booted from now on (warm or cold) trusts for the guest user. It is the
-// operator's way into sandbox guests over plain SSH, which the real-guest
-// tests use until exec goes through the gateway with CA-signed
-// certificates; nil clears them.
-func (s *Service) SetGuestKeys(keys []string) {
-	k := slices.Clone(keys)
-	s.guestKeys.Store(&k)
-}
-
 // bootFor resolves the instance a template boots.
 func (s *Service) bootFor(ctx context.Context, q store.Querier, tenant, name string, t Template, userData string) (*vps.Boot, error) {
 	m := bootRequest(tenant, name, t)
 	m.UserData = userData
-	if k := s.guestKeys.Load(); k != nil {
-		m.SshKeys = slices.Clone(*k)
-	}
 	return s.inst.ResolveBoot(ctx, q, m)
 }
 

@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	goruntime "runtime"
@@ -35,9 +36,12 @@ func (h *Hypervisor) DialGuest(ctx context.Context, id string) (net.Conn, error)
 	ctx, cancel := context.WithTimeout(ctx, guestDialTimeout)
 	defer cancel()
 	var conn net.Conn
-	if h.cfg.NetNS == "" {
+	switch {
+	case h.dial != nil:
+		conn, err = h.dial(ctx, st.SSHAddress)
+	case h.cfg.NetNS == "":
 		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", st.SSHAddress)
-	} else {
+	default:
 		conn, err = dialInNetNS(ctx, h.cfg.NetNS, st.SSHAddress)
 	}
 	if err != nil {
@@ -77,4 +81,56 @@ func dialInNetNS(ctx context.Context, ns, addr string) (net.Conn, error) {
 	}
 	goruntime.UnlockOSThread()
 	return conn, derr
+}
+
+// warmReadyDefault is how long a warm guest may take to boot to its sshd
+// (a TCG guest on a busy host takes minutes).
+const warmReadyDefault = 10 * time.Minute
+
+// warmPoll is the pause between tries while a warm guest boots.
+const warmPoll = 250 * time.Millisecond
+
+// awaitBooted lets a guest that is to be kept warm boot until its sshd
+// sends its banner, so a claim resumes a booted guest rather than one
+// frozen at its first instruction. A guest that does not answer in time
+// is paused all the same (logged): the claim then waits for the rest of
+// its boot, as a cold create would.
+func (h *Hypervisor) awaitBooted(ctx context.Context, id string) {
+	limit := h.cfg.WarmReady
+	if limit < 0 {
+		return
+	}
+	if limit == 0 {
+		limit = warmReadyDefault
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	start := time.Now()
+	for {
+		if sshBanner(ctx, h, id) {
+			h.log.Info("hypervisor: warm guest booted", "instance", id, "after", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		t := time.NewTimer(warmPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			h.log.Warn("hypervisor: warm guest's sshd did not answer; pausing it unbooted", "instance", id, "waited", limit)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sshBanner reports whether the guest's sshd answers with its banner.
+func sshBanner(ctx context.Context, h *Hypervisor, id string) bool {
+	conn, err := h.DialGuest(ctx, id)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = conn.Close() }()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4)
+	n, _ := io.ReadFull(conn, buf)
+	return n == 4 && string(buf) == "SSH-"
 }

@@ -108,7 +108,7 @@ func TestGuestInstance(t *testing.T) {
 
 	start := time.Now()
 	c, err := g.Acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm1", Flavor: "small",
-		Image: "debian-12", IpPool: "vms", SshKeys: []string{g.AuthorizedKey()},
+		Image: "debian-12", IpPool: "vms",
 		Volumes: []*apiv1.InstanceVolumeSpec{{Name: "data", SizeGib: 1}}}))
 	require.NoError(t, err)
 	in := waitInstance(t, g, c.Msg.GetInstance().GetId(), "running")
@@ -117,10 +117,14 @@ func TestGuestInstance(t *testing.T) {
 	require.True(t, strings.HasPrefix(in.GetAddress(), g.Net), in.GetAddress())
 	require.Equal(t, g.Net+"1", in.GetGateway())
 	require.Equal(t, []string{g.Net + "53"}, in.GetDns())
-	g.WaitSSH(t, in.GetAddress(), vps.GuestUser)
-	t.Logf("figure: instances create → SSH ready (TCG, through the API): %s", time.Since(start).Round(100*time.Millisecond))
+	// In through the API and the host's gateway tunnel, with a certificate
+	// from the control plane's SSH CA, the guest pinned by its host
+	// certificate.
+	target := bctest.GuestTarget{Instance: in.GetId()}
+	g.WaitExec(t, target)
+	t.Logf("figure: instances create → exec ready through the gateway (TCG, through the API): %s", time.Since(start).Round(100*time.Millisecond))
 
-	run := func(cmd string) string { return g.Run(t, in.GetAddress(), vps.GuestUser, cmd) }
+	run := func(cmd string) string { return g.Run(t, target, cmd) }
 	require.Equal(t, "vm1\n", run("hostname"))
 	require.Contains(t, run("ip -4 addr show dev eth0"), "inet "+in.GetAddress()+"/24")
 	require.Contains(t, run("ip route"), "default via "+in.GetGateway())
@@ -163,10 +167,9 @@ func TestGuestSandbox(t *testing.T) {
 	g := bctest.StartGuestRig(t, bctest.GuestRigConfig{Net: "10.213.94."})
 	ctx := context.Background()
 	linksBefore := links(t, g)
-	g.CP.App.Sandboxes.SetGuestKeys([]string{g.AuthorizedKey()})
 
 	_, err := g.Acme.SandboxTemplates.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxTemplateRequest{Tenant: "acme", Name: "py",
-		Image: "debian-12", Flavor: "small", Pool: "vms", IpPool: "vms", DefaultTtl: durationpb.New(10 * time.Minute),
+		Image: "debian-12", Flavor: "small", Pool: "vms", IpPool: "vms", DefaultTtl: durationpb.New(30 * time.Minute),
 		MaxTtl: durationpb.New(time.Hour), WarmMin: 1, WarmMax: 1}))
 	require.NoError(t, err)
 	gs := guestState{g}
@@ -196,16 +199,17 @@ func TestGuestSandbox(t *testing.T) {
 	// sandbox reads running once bcd answered instance.resume), then the
 	// guest until its sshd answers, then one exec's SSH handshake.
 	resumed := time.Since(start)
-	g.WaitSSH(t, sb.GetAddress(), vps.GuestUser)
+	target := bctest.GuestTarget{Sandbox: sb.GetId()}
+	g.WaitExec(t, target)
 	ready := time.Since(start)
 	one := time.Now()
-	_, _, code, err := g.SSH(ctx, sb.GetAddress(), vps.GuestUser, "true")
+	res, err := g.Exec(ctx, target, "true")
 	require.NoError(t, err)
-	require.Zero(t, code)
-	t.Logf("figure: sandboxes create (warm claim) → running (API + gateway + instance.resume): %s; → exec ready: %s; one exec (dial + SSH handshake + session) on the ready guest: %s",
+	require.Zero(t, res.ExitCode)
+	t.Logf("figure: sandboxes create (warm claim) → running (API + gateway + instance.resume): %s; → exec ready: %s; one exec (ticket + tunnel + SSH handshake + session) on the ready guest: %s",
 		resumed.Round(time.Millisecond), ready.Round(100*time.Millisecond), time.Since(one).Round(time.Millisecond))
 
-	run := func(cmd string) string { return g.Run(t, sb.GetAddress(), vps.GuestUser, cmd) }
+	run := func(cmd string) string { return g.Run(t, target, cmd) }
 	require.Contains(t, run("uname -a"), "Linux")
 	run("echo written-before > ~/marker; sync")
 
@@ -228,7 +232,7 @@ func TestGuestSandbox(t *testing.T) {
 		require.NoError(t, err)
 		return r.Msg.GetSandbox().GetState() == "running"
 	})
-	g.WaitSSH(t, sb.GetAddress(), vps.GuestUser)
+	g.WaitExec(t, target)
 	t.Logf("figure: sandboxes restore → exec ready (TCG): %s", time.Since(start).Round(100*time.Millisecond))
 	require.Equal(t, "written-before\n", run("cat ~/marker"))
 	require.Equal(t, "gone\n", run("test -e ~/later && echo there || echo gone"))
@@ -237,7 +241,7 @@ func TestGuestSandbox(t *testing.T) {
 	in := guestInstance(t, g, sb.GetInstanceId())
 	pid := g.QEMUPIDs()[vps.HostID(in.GetId())]
 	require.NotZero(t, pid)
-	g.CP.Clock.Advance(11 * time.Minute)
+	g.CP.Clock.Advance(31 * time.Minute)
 	n, err := g.CP.App.Sandboxes.ExpireDue(ctx)
 	require.NoError(t, err)
 	require.LessOrEqual(t, n, 1, "the periodic sweep may have run first")

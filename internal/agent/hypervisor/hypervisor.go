@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -78,7 +79,12 @@ type Config struct {
 	Runtime     Runtime
 	Accel       string
 	StopTimeout time.Duration
-	Logger      *slog.Logger
+	// WarmReady bounds how long a create asking for a paused guest (a
+	// warm sandbox) lets it boot until its sshd answers before pausing it,
+	// so that claiming it later costs a resume, not a boot (0: 10 minutes;
+	// negative: pause at once, as a host without guest networking must).
+	WarmReady time.Duration
+	Logger    *slog.Logger
 }
 
 var ifNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,14}$`)
@@ -114,6 +120,9 @@ type Hypervisor struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 	caps  []string
+	// dial reaches a guest's sshd address (tests only; nil: TCP, inside
+	// NetNS when set).
+	dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Directories under StateDir.

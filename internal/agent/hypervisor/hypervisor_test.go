@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -267,8 +269,55 @@ func (r *rig) start(t *testing.T) *hypervisor.Hypervisor {
 	}
 	hv, err := hypervisor.New(cfg)
 	require.NoError(t, err)
+	// Every guest's sshd answers at once (TestWarmGuestBootsBeforePause
+	// sets its own).
+	hv.SetDial(func(context.Context, string) (net.Conn, error) { return bannerConn(), nil })
 	require.NoError(t, hv.Start(context.Background()))
 	return hv
+}
+
+// bannerConn is a connection whose far end greets as sshd does.
+func bannerConn() net.Conn {
+	c, s := net.Pipe()
+	go func() {
+		_, _ = s.Write([]byte("SSH-2.0-OpenSSH_9.2 rig\r\n"))
+		_ = s.Close()
+	}()
+	return c
+}
+
+// TestWarmGuestBootsBeforePause: a create asking for a paused guest (a
+// warm sandbox) lets it run until its sshd answers, and only then pauses
+// it, so a claim resumes a booted guest.
+func TestWarmGuestBootsBeforePause(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, false)
+	var (
+		mu     sync.Mutex
+		states []runtime.State
+		addrs  []string
+	)
+	r.hv.SetDial(func(ctx context.Context, addr string) (net.Conn, error) {
+		info, err := r.rt.Get(ctx, "web-1")
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		states = append(states, info.State)
+		addrs = append(addrs, addr)
+		if len(states) < 3 { // still booting: nothing listens yet
+			return nil, errors.New("connect: connection refused")
+		}
+		return bannerConn(), nil
+	})
+	p := createParams("web-1")
+	p.Paused = true
+	require.Equal(t, "paused", r.must(t, vmcmd.KindInstanceCreate, p)["state"])
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []runtime.State{runtime.StateRunning, runtime.StateRunning, runtime.StateRunning}, states,
+		"the guest runs while it boots, and is asked until its sshd answers")
+	require.Equal(t, strings.Split(p.Network.Address, "/")[0]+":22", addrs[0])
+	require.Equal(t, runtime.StatePaused, r.rt.instances["web-1"].State)
 }
 
 func createParams(id string) vmcmd.CreateParams {

@@ -263,6 +263,7 @@ func (h *Hypervisor) create(ctx context.Context, p *vmcmd.CreateParams) (_ any, 
 		return nil, runtimeErr("instance.create: start", err)
 	}
 	if p.Paused {
+		h.awaitBooted(ctx, want.ID)
 		if err := h.rt.Pause(ctx, want.ID); err != nil {
 			return nil, runtimeErr("instance.create: pause", err)
 		}
@@ -299,6 +300,7 @@ func (h *Hypervisor) converge(ctx context.Context, p *vmcmd.CreateParams, have r
 			return nil, runtimeErr("instance.create: start", err)
 		}
 		if p.Paused {
+			h.awaitBooted(ctx, p.InstanceID)
 			if err := h.rt.Pause(ctx, p.InstanceID); err != nil {
 				return nil, runtimeErr("instance.create: pause", err)
 			}
