@@ -86,11 +86,7 @@ func TestInstanceUserDataSealed(t *testing.T) {
 	// bcd goes away before its next create is delivered; the session of
 	// the restarted bcd delivers it, opened.
 	require.NoError(t, d.Stop())
-	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		// Still placeable: a restart that beat the liveness sweep.
-		_, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'ready' WHERE id = $1`, d.NodeID())
-		return err
-	}))
+	stillPlaceable(t, h, d.NodeID())
 	in2 := create("vm2")
 	require.Equal(t, d.NodeID(), in2.GetNodeId())
 	_, params = rows(in2.GetId())
@@ -117,10 +113,7 @@ func TestInstanceSealedSeedThatDoesNotOpen(t *testing.T) {
 	ctx := context.Background()
 	d := h.sim.Daemons[0]
 	require.NoError(t, d.Stop())
-	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'ready' WHERE id = $1`, d.NodeID())
-		return err
-	}))
+	stillPlaceable(t, h, d.NodeID())
 	res, err := h.acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm1", Flavor: "small",
 		Image: "debian-12", IpPool: "dev", UserData: "#cloud-config\n"}))
 	require.NoError(t, err)
@@ -151,4 +144,18 @@ func TestInstanceSealedSeedThatDoesNotOpen(t *testing.T) {
 	require.Contains(t, failed.GetMessage(), "UNENCODABLE")
 	require.Contains(t, failed.GetMessage(), "open the seed")
 	require.Empty(t, nd.Hypervisor().Guests(), "no guest booted without its seed")
+}
+
+// stillPlaceable makes a stopped bcd's node placeable again, as a restart
+// that beat the liveness sweep: once the gateway recorded the goodbye
+// (asynchronously after Stop, so forcing it earlier would be undone).
+func stillPlaceable(t *testing.T, h *hosts, nodeID string) {
+	t.Helper()
+	bctest.WaitFor(t, "the gateway recorded bcd's goodbye", func() bool {
+		return h.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND liveness = 'unreachable'`, nodeID) == 1
+	})
+	require.NoError(t, h.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'ready' WHERE id = $1`, nodeID)
+		return err
+	}))
 }
