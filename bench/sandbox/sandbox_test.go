@@ -125,7 +125,24 @@ func (e *env) warmReady(b testing.TB, template string, n int) {
 	b.Helper()
 	// The periodic sweep would refill within 15 s; the benchmark does
 	// not wait for it.
-	must(b, e.cp.App.Sandboxes.ReconcileWarm(context.Background()))
+	if err := e.cp.App.Sandboxes.ReconcileWarm(context.Background()); err != nil {
+		var nodes []string
+		_ = e.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+			rows, err := tx.Query(ctx, `SELECT id, state, liveness FROM nodes`)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var id, st, lv string
+				if rows.Scan(&id, &st, &lv) == nil {
+					nodes = append(nodes, id+" "+st+"/"+lv)
+				}
+			}
+			return rows.Err()
+		})
+		b.Fatalf("warm pool refill: %v (nodes: %v)", err, nodes)
+	}
 	e.waitFor(b, "warm guests", e.patience(), func() bool {
 		return e.count(b, `SELECT COUNT(*) FROM sandbox_warm w JOIN instances i ON i.id = w.instance_id JOIN sandbox_templates t ON t.id = w.template_id
 			WHERE t.name = $1 AND t.state = 'active' AND i.state = 'running'`, template) >= n
@@ -190,6 +207,11 @@ func (e *env) answers(sb *apiv1.Sandbox) error {
 	if e.real != nil {
 		res, err = e.real.Exec(ctx, t, "true")
 	} else {
+		// Simulated hosts check the tunnel command's deadline against
+		// real time; the control plane's clock is the benchmark's.
+		if now := time.Now(); e.cp.Clock.Now().Before(now) {
+			e.cp.Clock.Set(now)
+		}
 		res, err = bctest.GuestExec(ctx, e.acme, e.cp.URL, t, "true")
 	}
 	if err == nil && res.ExitCode != 0 {
