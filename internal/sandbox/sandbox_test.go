@@ -255,6 +255,12 @@ func TestColdBootExtendExpire(t *testing.T) {
 		require.Nil(t, c.GetParams().GetFields()["seed"], "%s", c.GetKind())
 	}
 
+	// A sandbox outlives its template: once the template is deleted and
+	// its row gone, extend is still bounded by the template's max_ttl.
+	_, err = f.acme.SandboxTemplates.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxTemplateRequest{Tenant: "acme", Template: "t1"}))
+	require.NoError(t, err)
+	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx))
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM sandbox_templates`), "the drained template's row is gone")
 	_, err = f.acme.Sandboxes.Extend(ctx, connect.NewRequest(&apiv1.ExtendSandboxRequest{Tenant: "acme", Sandbox: sb.GetId(), Ttl: durationpb.New(2 * time.Hour)}))
 	refused(t, err, "INVALID_ARGUMENT", "ttl", "at most 1h0m0s")
 	ext, err := f.acme.Sandboxes.Extend(ctx, connect.NewRequest(&apiv1.ExtendSandboxRequest{Tenant: "acme", Sandbox: sb.GetId(), Ttl: durationpb.New(30 * time.Minute)}))

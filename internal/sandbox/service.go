@@ -204,7 +204,8 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateS
 			}
 			now := tx.Now()
 			sb := Sandbox{ID: envelope.NewID(SandboxIDPrefix, now), TenantID: t.TenantID, TemplateID: t.ID, TemplateName: t.Name,
-				State: SandboxActive, CreatedBy: tx.Caller().Principal.ID, ExpireTime: now.Add(life), CreateTime: now, UpdateTime: now}
+				State: SandboxActive, CreatedBy: tx.Caller().Principal.ID, ExpireTime: now.Add(life), CreateTime: now, UpdateTime: now,
+				MaxTTL: t.MaxTTL}
 			in, err := s.claimOrBoot(ctx, tx, t, &sb, now)
 			if err != nil {
 				return nil, err
@@ -403,12 +404,14 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendS
 		if sb.State != SandboxActive {
 			return envelope.Errorf(envelope.CodeFailedPrecondition, "sandbox %s is deleted", sb.ID)
 		}
-		t, err := TemplateByID(ctx, tx.Tx, sb.TemplateID)
-		if err != nil {
-			return fmt.Errorf("sandbox %s: template: %w", sb.ID, err)
+		// The bound recorded at create: the template may be gone since
+		// (sandboxes outlive their template).
+		if sb.MaxTTL <= 0 {
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "sandbox %s: its template %s was deleted before its lifetime bound was recorded, so it cannot be extended",
+				sb.ID, sb.TemplateName)
 		}
-		if ttl > t.MaxTTL {
-			return envelope.Invalid(envelope.Violation{Field: "ttl", Reason: fmt.Sprintf("template %s allows at most %s from create, got %s", t.Name, t.MaxTTL, ttl)})
+		if ttl > sb.MaxTTL {
+			return envelope.Invalid(envelope.Violation{Field: "ttl", Reason: fmt.Sprintf("template %s allows at most %s from create, got %s", sb.TemplateName, sb.MaxTTL, ttl)})
 		}
 		now := tx.Now()
 		exp := sb.CreateTime.Add(ttl)

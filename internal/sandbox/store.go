@@ -59,6 +59,9 @@ type Sandbox struct {
 	Restoring                          string
 	CreatedBy                          string
 	ExpireTime, CreateTime, UpdateTime time.Time
+	// MaxTTL is the template's max_ttl at create, which bounds extend
+	// after the template is gone too (0: unknown, an older row).
+	MaxTTL time.Duration
 }
 
 // Snapshot is a row of sandbox_snapshots.
@@ -216,24 +219,26 @@ func WarmRemove(ctx context.Context, tx store.Tx, instanceID string) (int64, err
 }
 
 const sandboxColumns = `id, tenant_id, template_id, template_name, instance_id, state, origin, resumed, created_by,
-	expire_time, create_time, update_time, restoring`
+	expire_time, create_time, update_time, restoring, max_ttl_s`
 
 func scanSandbox(row scanner) (Sandbox, error) {
 	var (
 		s       Sandbox
 		resumed int
+		maxTTL  int64
 	)
 	err := row.Scan(&s.ID, &s.TenantID, &s.TemplateID, &s.TemplateName, &s.InstanceID, &s.State, &s.Origin,
-		&resumed, &s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime, &s.Restoring)
+		&resumed, &s.CreatedBy, &s.ExpireTime, &s.CreateTime, &s.UpdateTime, &s.Restoring, &maxTTL)
 	s.Resumed = resumed != 0
+	s.MaxTTL = time.Duration(maxTTL) * time.Second
 	return s, err
 }
 
 // SandboxInsert writes a new sandbox.
 func SandboxInsert(ctx context.Context, tx store.Tx, s *Sandbox) error {
-	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
 		s.ID, s.TenantID, s.TemplateID, s.TemplateName, s.InstanceID, s.State, s.Origin, boolInt(s.Resumed), s.CreatedBy, s.ExpireTime,
-		s.CreateTime, s.UpdateTime, s.Restoring)
+		s.CreateTime, s.UpdateTime, s.Restoring, int64(s.MaxTTL/time.Second))
 	return err
 }
 
