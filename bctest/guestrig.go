@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hypervisor"
+	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
@@ -109,37 +109,9 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// NSDialer dials from inside the named network namespace: the socket is
-// made on a thread switched into it, and stays there.
+// NSDialer dials from inside the named network namespace.
 func NSDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		goruntime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		defer func() { _ = self.Close() }()
-		target, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		defer func() { _ = target.Close() }()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		d := net.Dialer{Timeout: 5 * time.Second}
-		conn, derr := d.DialContext(ctx, network, addr)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and dies with the goroutine rather
-			// than serve others from the wrong namespace.
-			return nil, fmt.Errorf("restore network namespace: %w", err)
-		}
-		goruntime.UnlockOSThread()
-		return conn, derr
-	}
+	return netns.Dialer(ns)
 }
 
 // StartGuestRig builds the rig; everything it made goes at tb's cleanup

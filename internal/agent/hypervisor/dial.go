@@ -2,15 +2,11 @@ package hypervisor
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
-	"os"
-	goruntime "runtime"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
@@ -39,48 +35,13 @@ func (h *Hypervisor) DialGuest(ctx context.Context, id string) (net.Conn, error)
 	switch {
 	case h.dial != nil:
 		conn, err = h.dial(ctx, st.SSHAddress)
-	case h.cfg.NetNS == "":
-		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", st.SSHAddress)
 	default:
-		conn, err = dialInNetNS(ctx, h.cfg.NetNS, st.SSHAddress)
+		conn, err = netns.Dial(ctx, h.cfg.NetNS, "tcp", st.SSHAddress)
 	}
 	if err != nil {
 		return nil, failf(vmcmd.FailRuntime, "instance %s: dial sshd at %s: %v", id, st.SSHAddress, err)
 	}
 	return conn, nil
-}
-
-// dialInNetNS makes the socket on a thread switched into the named
-// namespace; the connection stays there after the thread switches back.
-func dialInNetNS(ctx context.Context, ns, addr string) (net.Conn, error) {
-	goruntime.LockOSThread()
-	self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-	if err != nil {
-		goruntime.UnlockOSThread()
-		return nil, err
-	}
-	defer func() { _ = self.Close() }()
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		goruntime.UnlockOSThread()
-		return nil, err
-	}
-	defer func() { _ = target.Close() }()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		goruntime.UnlockOSThread()
-		return nil, fmt.Errorf("enter network namespace %s: %w", ns, err)
-	}
-	conn, derr := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread stays locked and dies with the goroutine rather than
-		// serve others from the wrong namespace.
-		if conn != nil {
-			_ = conn.Close()
-		}
-		return nil, fmt.Errorf("restore network namespace: %w", err)
-	}
-	goruntime.UnlockOSThread()
-	return conn, derr
 }
 
 // warmReadyDefault is how long a warm guest may take to boot to its sshd

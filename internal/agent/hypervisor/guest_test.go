@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/agent/hypervisor"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/sshca"
 	"github.com/better-compute/better-compute/internal/sshexec"
 	"github.com/better-compute/better-compute/internal/store"
@@ -67,39 +67,6 @@ func guestImageDir(t *testing.T) string {
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(dir, "SHA256SUMS"), "no guest image in %s: run make guest-image (or set BC_GUEST_IMAGE)", dir)
 	return dir
-}
-
-// nsDialer dials from inside the named network namespace: the socket is
-// made on a thread switched into it, and stays there.
-func nsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		goruntime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		defer func() { _ = self.Close() }()
-		target, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		defer func() { _ = target.Close() }()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		d := net.Dialer{Timeout: 5 * time.Second}
-		conn, derr := d.DialContext(ctx, network, addr)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and dies with the goroutine rather
-			// than serve others from the wrong namespace.
-			return nil, fmt.Errorf("restore network namespace: %w", err)
-		}
-		goruntime.UnlockOSThread()
-		return conn, derr
-	}
 }
 
 // bcd is one run of the node agent with its hypervisor, on state that
@@ -254,7 +221,7 @@ func TestGuestAgentRunsInstances(t *testing.T) {
 	require.NoError(t, err, string(out))
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", g.ns).Run() })
 	require.NoError(t, exec.Command("ip", "-n", g.ns, "link", "set", "lo", "up").Run())
-	g.dial = nsDialer(g.ns)
+	g.dial = netns.Dialer(g.ns)
 	t.Cleanup(func() {
 		if t.Failed() {
 			con, _ := os.ReadFile(filepath.Join(g.hvDir, "instances", "web-1", "console.log"))

@@ -8,8 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,9 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
@@ -178,41 +176,11 @@ func (tp *topo) apply(g, policy string, peers ...string) {
 	require.NoError(tp.t, tp.p.Apply(context.Background(), tp.rule(g, policy, peers...)))
 }
 
-// inNS runs fn on this goroutine's thread moved into namespace ns; sockets
-// fn creates stay in ns.
-func inNS(ns string, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := os.Open(filepath.Join("/run/netns", ns))
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("setns %s: %w", ns, err)
-	}
-	defer func() {
-		// A thread that cannot go back stays locked, so it exits with
-		// the goroutine instead of serving others in the wrong namespace.
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return fn()
-}
-
 // listen serves TCP on who's address:port, accepting and closing.
 func (tp *topo) listen(who string, port int) {
 	tp.t.Helper()
 	var l net.Listener
-	require.NoError(tp.t, inNS(tp.ns(who), func() (err error) {
+	require.NoError(tp.t, netns.Do(tp.ns(who), func() (err error) {
 		l, err = net.Listen("tcp", net.JoinHostPort(addrOf(who), strconv.Itoa(port)))
 		return err
 	}))
@@ -232,7 +200,7 @@ func (tp *topo) listen(who string, port int) {
 func (tp *topo) serveUDP(who string, port int) {
 	tp.t.Helper()
 	var c net.PacketConn
-	require.NoError(tp.t, inNS(tp.ns(who), func() (err error) {
+	require.NoError(tp.t, netns.Do(tp.ns(who), func() (err error) {
 		c, err = net.ListenPacket("udp4", net.JoinHostPort(addrOf(who), strconv.Itoa(port)))
 		return err
 	}))
@@ -252,7 +220,7 @@ func (tp *topo) serveUDP(who string, port int) {
 // askUDP sends one datagram from who to to:port and waits for the echo.
 func (tp *topo) askUDP(ctx context.Context, who, to string, port int) error {
 	var c net.Conn
-	if err := inNS(tp.ns(who), func() (err error) {
+	if err := netns.Do(tp.ns(who), func() (err error) {
 		c, err = net.Dial("udp4", net.JoinHostPort(addrOf(to), strconv.Itoa(port)))
 		return err
 	}); err != nil {
@@ -275,7 +243,7 @@ func (tp *topo) dial(ctx context.Context, who, src, to string, port int) error {
 	if src != "" {
 		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
 	}
-	return inNS(tp.ns(who), func() error {
+	return netns.Do(tp.ns(who), func() error {
 		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(addrOf(to), strconv.Itoa(port)))
 		if err == nil {
 			c.Close()
@@ -288,7 +256,7 @@ func (tp *topo) dial(ctx context.Context, who, src, to string, port int) error {
 // ctx ends).
 func (tp *topo) ping(ctx context.Context, who, to string) error {
 	var c *icmp.PacketConn
-	if err := inNS(tp.ns(who), func() (err error) {
+	if err := netns.Do(tp.ns(who), func() (err error) {
 		c, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		return err
 	}); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
@@ -111,7 +112,7 @@ func TestNone(t *testing.T) {
 
 // sendARP sends, from who's eth0, an ARP reply claiming ip is at mac.
 func (tp *topo) sendARP(who string, mac net.HardwareAddr, ip string) error {
-	return inNS(tp.ns(who), func() error {
+	return netns.Do(tp.ns(who), func() error {
 		ifi, err := net.InterfaceByName("eth0")
 		if err != nil {
 			return err

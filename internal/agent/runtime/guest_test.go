@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/internal/agent/runtime"
+	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/sshca"
 )
 
@@ -51,39 +51,6 @@ func guestImage(t *testing.T) runtime.Image {
 	return runtime.Image{
 		Disk: filepath.Join(dir, "rootfs.qcow2"), Kernel: filepath.Join(dir, "vmlinuz"),
 		Initrd: filepath.Join(dir, "initrd.img"), Cmdline: strings.TrimSpace(string(cmdline)),
-	}
-}
-
-// netnsDialer dials from inside the named network namespace: the socket
-// is made on a thread switched into it, and stays there.
-func netnsDialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		goruntime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		defer func() { _ = self.Close() }()
-		target, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		defer func() { _ = target.Close() }()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
-			return nil, err
-		}
-		d := net.Dialer{Timeout: 5 * time.Second}
-		conn, derr := d.DialContext(ctx, network, addr)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and dies with the goroutine rather
-			// than serve others from the wrong namespace.
-			return nil, fmt.Errorf("restore network namespace: %w", err)
-		}
-		goruntime.UnlockOSThread()
-		return conn, derr
 	}
 }
 
@@ -175,7 +142,7 @@ func setupGuest(t *testing.T) *guestRig {
 			Address: guestNet + "2/24", Gateway: guestNet + "1", DNS: []string{guestNet + "53"},
 		},
 	}
-	return &guestRig{rt: rt, state: state, ns: ns, ca: ca, spec: spec, dial: netnsDialer(ns)}
+	return &guestRig{rt: rt, state: state, ns: ns, ca: ca, spec: spec, dial: netns.Dialer(ns)}
 }
 
 func TestGuestLifecycle(t *testing.T) {
