@@ -148,14 +148,21 @@ func TestInstanceSealedSeedThatDoesNotOpen(t *testing.T) {
 
 // stillPlaceable makes a stopped bcd's node placeable again, as a restart
 // that beat the liveness sweep: once the gateway recorded the goodbye
-// (asynchronously after Stop, so forcing it earlier would be undone).
+// (asynchronously after Stop, so forcing it earlier would be undone), and
+// telling capacity, whose placer may already hold the node unreachable.
 func stillPlaceable(t *testing.T, h *hosts, nodeID string) {
 	t.Helper()
 	bctest.WaitFor(t, "the gateway recorded bcd's goodbye", func() bool {
 		return h.count(t, `SELECT COUNT(*) FROM nodes WHERE id = $1 AND liveness = 'unreachable'`, nodeID) == 1
 	})
 	require.NoError(t, h.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'ready' WHERE id = $1`, nodeID)
-		return err
+		if _, err := tx.Exec(ctx, `UPDATE nodes SET liveness = 'ready' WHERE id = $1`, nodeID); err != nil {
+			return err
+		}
+		// The pool's placer may have loaded the node unreachable after
+		// the goodbye, and a liveness change alone does not bump the
+		// pool's version: bump it, as a change of what the node offers
+		// does, so the index reads the node again.
+		return h.cp.App.Capacity.Hooks().NodeCapabilitiesChanged(ctx, tx, nodeID)
 	}))
 }
