@@ -661,6 +661,13 @@ func (l *lateHooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, no
 	return l.h.NodeCapabilitiesChanged(ctx, tx, nodeID)
 }
 
+func (l *lateHooks) NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+	if l.h == nil {
+		return nil
+	}
+	return l.h.NodesStateChanged(ctx, tx, nodeIDs)
+}
+
 func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
 	if l.h != nil {
 		// Capacity first: it releases the lost instances' bookings.

@@ -206,6 +206,9 @@ func (s *NodeService) drain(ctx context.Context, tx *envelope.Tx, n *Node, param
 		return Command{}, envelope.Errorf(envelope.CodeFailedPrecondition, "node %s is %s: only an active node can be drained", n.Name, n.State)
 	}
 	n.State = NodeDraining
+	if err := s.deps.stateChanged(ctx, tx.Tx, n.ID); err != nil {
+		return Command{}, err
+	}
 	tx.Emit(envelope.Event{Type: "node.draining", TenantID: n.TenantID, ResourceType: "Node", ResourceID: n.ID, Data: map[string]any{"name": n.Name}})
 	return insertCommand(ctx, tx, s.deps, n, KindNodeDrain, params, idemKey, deadline)
 }
@@ -240,6 +243,9 @@ func (s *NodeService) Undrain(ctx context.Context, req *connect.Request[apiv1.Un
 			}
 			if !ok {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "node %s is %s: only a draining or drained node can be undrained", n.Name, n.State)
+			}
+			if err := s.deps.stateChanged(ctx, tx.Tx, n.ID); err != nil {
+				return nil, err
 			}
 			canceled, err := CommandCancel(ctx, tx, &CommandCancelParams{NodeID: n.ID, Kind: KindNodeDrain, Message: "node undrained"})
 			if err != nil {

@@ -73,6 +73,22 @@ type Deps struct {
 	Sealer TokenSealer
 	// Notifier may be nil: commands then wait for the node's next poll.
 	Notifier CommandNotifier
+	// States, when set, is told in the transaction of nodes that started
+	// or stopped taking work (drain, undrain), so capacity's placers read
+	// them again.
+	States NodeStateHook
+}
+
+// NodeStateHook hears of nodes whose state changed whether they take work.
+type NodeStateHook interface {
+	NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []string) error
+}
+
+func (d Deps) stateChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	if d.States == nil {
+		return nil
+	}
+	return d.States.NodesStateChanged(ctx, tx, []string{nodeID})
 }
 
 func (d Deps) notify(tx store.Tx, nodeID string) {

@@ -59,6 +59,10 @@ type Hooks interface {
 	NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error
 	// NodesLost: the liveness sweep marked these nodes lost.
 	NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error
+	// NodesStateChanged: these nodes started or stopped taking work (a
+	// goodbye, a hello or heartbeat reviving them, the unreachable sweep,
+	// joining → active), so what places on them reads them again.
+	NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }
 
 // SiteHooks act for site agents (bcd --mode site, certificate role site):

@@ -24,6 +24,9 @@ func (s *session) goodbye(m *agentv1.Goodbye) error {
 		if err != nil {
 			return err
 		}
+		if err := g.stateChanged(ctx, tx, refs); err != nil {
+			return err
+		}
 		return g.nodeEvents(ctx, tx, "node.unreachable", refs, map[string]any{"reason": "goodbye", "agent_reason": m.GetReason()})
 	})
 	if err != nil {

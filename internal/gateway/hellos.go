@@ -160,6 +160,11 @@ func (g *Gateway) applyHello(ctx context.Context, tx store.Tx, p fleet.NodeHello
 		}
 	}
 	ref := []fleet.NodeRef{{ID: p.NodeID, TenantID: before.TenantID}}
+	if before.Liveness != "ready" || before.State == "joining" {
+		if err := g.stateChanged(ctx, tx, ref); err != nil {
+			return before, err
+		}
+	}
 	if before.Liveness != "ready" {
 		if err := g.nodeEvents(ctx, tx, "node.ready", ref, map[string]any{"was": before.Liveness}); err != nil {
 			return before, err

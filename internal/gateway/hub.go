@@ -149,6 +149,9 @@ func (g *Gateway) FlushHeartbeats(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if err := g.stateChanged(ctx, tx, revived); err != nil {
+			return err
+		}
 		return g.nodeEvents(ctx, tx, "node.ready", revived, nil)
 	})
 	if err != nil {
@@ -158,6 +161,20 @@ func (g *Gateway) FlushHeartbeats(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// stateChanged tells the hooks of nodes that started or stopped taking
+// work.
+func (g *Gateway) stateChanged(ctx context.Context, tx store.Tx, nodes []fleet.NodeRef) error {
+	h := g.cfg.Hooks
+	if h == nil || len(nodes) == 0 {
+		return nil
+	}
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = n.ID
+	}
+	return h.NodesStateChanged(ctx, tx, ids)
 }
 
 // nodeEvents records one event of type typ per node.

@@ -26,6 +26,9 @@ func (g *Gateway) SweepLiveness(ctx context.Context) (unreachable, lost int, err
 			return err
 		}
 		unreachable, lost = len(u), len(l)
+		if err := g.stateChanged(ctx, tx, u); err != nil {
+			return err
+		}
 		if err := g.nodeEvents(ctx, tx, "node.unreachable", u, nil); err != nil {
 			return err
 		}

@@ -75,6 +75,11 @@ func ForUpdate(tx Tx) string { return lockClause(tx, " FOR UPDATE") }
 // row may not change until the reader commits, other readers still may.
 func ForShare(tx Tx) string { return lockClause(tx, " FOR SHARE") }
 
+// ForNoKeyUpdate is the clause of a writer that changes what hangs off a row
+// (not its key): it waits for, and makes wait, every FOR SHARE reader of the
+// row (" FOR NO KEY UPDATE" on PostgreSQL).
+func ForNoKeyUpdate(tx Tx) string { return lockClause(tx, " FOR NO KEY UPDATE") }
+
 func lockClause(tx Tx, clause string) string {
 	if tx.Dialect() == Postgres {
 		return clause

@@ -274,6 +274,9 @@ func (rc *Reconciler) wake(ctx context.Context, tx store.Tx, pools []string) err
 // It returns the pools that may now fit more. A non-nil guard counts the
 // conflicts its pool would newly cause.
 func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string, pools []activePool, guard *conflictGuard) ([]string, error) {
+	if err := lockNode(ctx, tx, nodeID); err != nil {
+		return nil, err
+	}
 	n, err := readNode(ctx, tx, nodeID)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, nil

@@ -29,6 +29,12 @@ func BumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) error {
 	return err
 }
 
+// BumpPoolVersionOf bumps a pool's version and returns the new one, for a
+// caller that tells the pool's placer which node changed (a delta).
+func BumpPoolVersionOf(ctx context.Context, tx store.Tx, poolID string) (int64, error) {
+	return bumpPoolVersion(ctx, tx, poolID)
+}
+
 // bumpPoolVersion bumps a pool's version and returns the new one.
 func bumpPoolVersion(ctx context.Context, tx store.Tx, poolID string) (int64, error) {
 	if poolID == "" {
@@ -66,6 +72,20 @@ func readGPUs(ctx context.Context, q store.Querier, nodeID string) ([]gpuFacts, 
 		out = append(out, g)
 	}
 	return out, rows.Err()
+}
+
+// lockNode takes the node's row lock for the rest of the reconcile
+// (PostgreSQL; SQLite has one writer). A placer batch reads the node FOR
+// SHARE before it books there, so a batch and a reconcile of that node
+// (a GPU quarantined, the node moved between pools) take turns: the batch
+// commits first and the reconcile sees its bookings, or the reconcile
+// commits first and the batch's last check sees the atoms it changed.
+func lockNode(ctx context.Context, tx store.Tx, nodeID string) error {
+	if tx.Dialect() != store.Postgres {
+		return nil
+	}
+	_, err := store.Strings(tx.Query(ctx, `SELECT id FROM nodes WHERE id = $1`+store.ForNoKeyUpdate(tx), nodeID))
+	return err
 }
 
 func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, error) {

@@ -49,8 +49,10 @@ type cluster struct {
 	replicaID string
 	url       string
 	http      *http.Client
-	// lockConn holds this replica's pool locks (one session for all).
-	lockConn *pgxpool.Conn
+	// lockConn holds this replica's pool locks (one session for all);
+	// claimMu guards it. watchStop ends the goroutine that pings it.
+	lockConn  *pgxpool.Conn
+	watchStop chan struct{}
 }
 
 // SetURL sets the API URL other replicas forward this replica's pools to.
@@ -78,38 +80,65 @@ func (e *Placers) cl() *cluster {
 }
 
 // claim returns the pool's placer when this replica owns the pool or can
-// take it now; otherwise the owner's URL.
+// take it now; otherwise the owner's URL. The replica-wide plMu guards only
+// the map: the lock session's round trips run under claimMu, on a context
+// of their own, so a caller that gives up does not close the session (and
+// with it every pool lock of the replica).
 func (e *Placers) claim(ctx context.Context, poolID string) (*placer, string, error) {
 	e.plMu.Lock()
-	defer e.plMu.Unlock()
 	if e.stopped {
+		e.plMu.Unlock()
 		return nil, "", &envelope.Error{Code: envelope.CodeUnavailable, Message: "the control plane is shutting down; retry", RetryAfter: time.Second}
 	}
 	if p := e.placers[poolID]; p != nil {
+		e.plMu.Unlock()
 		return p, "", nil
 	}
 	if e.DB == nil || e.DB.PgxPool() == nil {
 		// SQLite: one process, which owns every pool.
-		return e.startPlacer(poolID), "", nil
+		p := e.startPlacer(poolID, 0)
+		e.plMu.Unlock()
+		return p, "", nil
 	}
 	c := e.cl()
-	got, err := e.tryLock(ctx, c, poolID)
+	e.plMu.Unlock()
+
+	e.claimMu.Lock()
+	defer e.claimMu.Unlock()
+	e.plMu.Lock()
+	p := e.placers[poolID]
+	e.plMu.Unlock()
+	if p != nil {
+		// Claimed while this call waited its turn.
+		return p, "", nil
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	got, err := e.tryLock(lctx, c, poolID)
 	if err != nil {
 		return nil, "", err
 	}
 	if got {
-		if err := e.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-			return ownerSet(ctx, tx, poolID, c.replicaID, c.url)
+		var epoch int64
+		if err := e.DB.Write(lctx, func(ctx context.Context, tx store.Tx) error {
+			var err error
+			epoch, err = ownerSet(ctx, tx, poolID, c.replicaID, c.url)
+			return err
 		}); err != nil {
-			_ = e.unlock(ctx, c, poolID)
+			_ = e.unlock(lctx, c, poolID)
 			return nil, "", err
 		}
-		return e.startPlacer(poolID), "", nil
+		e.plMu.Lock()
+		defer e.plMu.Unlock()
+		if e.stopped {
+			return nil, "", &envelope.Error{Code: envelope.CodeUnavailable, Message: "the control plane is shutting down; retry", RetryAfter: time.Second}
+		}
+		return e.startPlacer(poolID, epoch), "", nil
 	}
 	var url, replica string
 	err = e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		var err error
-		url, replica, err = ownerGet(ctx, tx, poolID)
+		url, replica, _, err = ownerGet(ctx, tx, poolID, false)
 		return err
 	})
 	switch {
@@ -123,27 +152,50 @@ func (e *Placers) claim(ctx context.Context, poolID string) (*placer, string, er
 	return nil, url, nil
 }
 
-// checkOwner, in a batch, makes sure this replica still owns the pool.
+// claimTimeout bounds a claim's round trips on the lock session.
+const claimTimeout = 30 * time.Second
+
+// checkOwner, in a batch, makes sure this replica's placer still holds the
+// pool at the epoch it claimed. It reads the owner row FOR SHARE, so a claim
+// by another replica (which rewrites the row) waits for this batch to
+// commit, and every batch after the claim sees the new epoch and stops.
 func (p *placer) checkOwner(ctx context.Context, tx store.Tx) error {
 	if tx.Dialect() != store.Postgres {
 		return nil
 	}
-	_, replica, err := ownerGet(ctx, tx, p.poolID)
+	_, replica, epoch, err := ownerGet(ctx, tx, p.poolID, true)
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if replica != p.e.ReplicaID() {
+	if replica != p.e.ReplicaID() || epoch != p.epoch {
 		return ErrNotOwner
 	}
 	return nil
 }
 
-// retire stops a placer that lost its pool; the next request claims again.
+// retire stops a placer that lost its pool: it leaves the map (the next
+// request claims again), its queue is closed to new work and what waits in
+// it is answered UNAVAILABLE.
 func (p *placer) retire() {
 	p.e.plMu.Lock()
 	defer p.e.plMu.Unlock()
+	p.retireLocked()
+}
+
+func (p *placer) retireLocked() {
 	if p.e.placers[p.poolID] == p {
 		delete(p.e.placers, p.poolID)
+	}
+	p.stop.Do(func() { close(p.quit) })
+}
+
+// retireAll retires every placer of this replica: its lock session died,
+// and every pool lock with it.
+func (e *Placers) retireAll() {
+	e.plMu.Lock()
+	defer e.plMu.Unlock()
+	for _, p := range e.placers {
+		p.retireLocked()
 	}
 }
 
@@ -184,16 +236,30 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 	return res, nil
 }
 
-// ReadIndex returns an index of the pool to read (a preview): the placer's
-// when this replica owns the pool, else a copy loaded here and reloaded when
-// the pool's version moves.
+// ReadIndex returns an index of the pool to read (a preview), never to
+// change: the placer's when this replica owns the pool and its index is of
+// the pool's current version, else a copy loaded here and reloaded when the
+// pool's version moves. A preview never loads or re-syncs the placer's own
+// index: that is the placer's to do between batches, and a reload mid-batch
+// would drop the batch's marks.
 func (e *Placers) ReadIndex(ctx context.Context, poolID string) (*Index, error) {
-	p, _, err := e.claim(ctx, poolID)
-	if err == nil && p != nil {
-		return p.current(true)
-	}
+	e.plMu.Lock()
+	p := e.placers[poolID]
+	e.plMu.Unlock()
 	var ix *Index
-	err = e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+	err := e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		if p != nil {
+			if cur := p.cur.Load(); cur != nil {
+				v, err := poolVersion(ctx, tx, poolID)
+				if err != nil {
+					return err
+				}
+				if cur.Version() == v {
+					ix = cur
+					return nil
+				}
+			}
+		}
 		var err error
 		ix, err = e.index(ctx, tx, poolID, e.Clock.Now())
 		return err
@@ -204,14 +270,19 @@ func (e *Placers) ReadIndex(ctx context.Context, poolID string) (*Index, error) 
 // Stop stops every placer of this replica; what is queued is answered
 // UNAVAILABLE, and nothing is placed here again.
 func (e *Placers) Stop() {
+	e.claimMu.Lock()
+	defer e.claimMu.Unlock()
 	e.plMu.Lock()
 	defer e.plMu.Unlock()
 	e.stopped = true
-	for id, p := range e.placers {
-		close(p.quit)
-		delete(e.placers, id)
+	for _, p := range e.placers {
+		p.retireLocked()
 	}
 	if c := e.cluster; c != nil && c.lockConn != nil {
+		if c.watchStop != nil {
+			close(c.watchStop)
+			c.watchStop = nil
+		}
 		c.lockConn.Release()
 		c.lockConn = nil
 	}

@@ -167,8 +167,18 @@ func (e *Placers) refresh(ctx context.Context, poolID string, version int64) {
 	})
 }
 
-// Cached returns the pool's index if one is loaded.
+// Cached returns the pool's index if one is loaded: its placer's, when this
+// replica places the pool (releases after commit must reach the index the
+// placer books against), else the copy previews read.
 func (e *Placers) Cached(poolID string) *Index {
+	e.plMu.Lock()
+	p := e.placers[poolID]
+	e.plMu.Unlock()
+	if p != nil {
+		if ix := p.cur.Load(); ix != nil {
+			return ix
+		}
+	}
 	e.ixMu.Lock()
 	defer e.ixMu.Unlock()
 	return e.indexes[poolID]
@@ -560,6 +570,21 @@ func (ix *Index) Shortened(nodeID, rsv string, end, now time.Time) {
 	ix.refile(n, now)
 }
 
+// Version is the pool version the index holds.
+func (ix *Index) Version() int64 {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.version
+}
+
+// setVersion records that the index caught up with the pool's version
+// (read by previews on other goroutines).
+func (ix *Index) setVersion(v int64) {
+	ix.mu.Lock()
+	ix.version = v
+	ix.mu.Unlock()
+}
+
 // markUnschedulable takes a node out of placement until the next reload
 // (the booking transaction found it drained or not ready).
 func (ix *Index) markUnschedulable(nodeID string) {
@@ -592,6 +617,24 @@ func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, no
 		ix.mu.Unlock()
 	}
 	return nil
+}
+
+// reread reads some nodes of the pool again, whole: what they are (state,
+// liveness, atoms, membership) and what is booked on them. A node no longer
+// in the pool leaves the index.
+func (ix *Index) reread(ctx context.Context, q store.Querier, nodeIDs []string, now time.Time) error {
+	s, err := loadSnapshot(ctx, q, ix.poolID, nodeIDs...)
+	if err != nil {
+		return err
+	}
+	ix.applyNodes(s, nodeIDs, now)
+	var stay []string
+	for _, id := range nodeIDs {
+		if _, ok := s.Nodes[id]; ok {
+			stay = append(stay, id)
+		}
+	}
+	return ix.sync(ctx, q, stay, now)
 }
 
 // Static is a snapshot of the whole pool with nothing booked: "could this

@@ -61,10 +61,14 @@ type Placers struct {
 
 	plMu    sync.Mutex
 	placers map[string]*placer
+	// claimMu orders claims on the replica's lock session (one
+	// connection); taken before plMu, never while holding it.
+	claimMu sync.Mutex
 	cluster *cluster
 	stopped bool
 
 	replans    atomic.Int64
+	lost       atomic.Int64
 	deltas     atomic.Int64
 	submitted  atomic.Int64
 	seed       atomic.Uint64
@@ -149,18 +153,27 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 			} else {
 				err = e.book(ctx, b, r, plan, snap.Nodes[plan.NodeID])
 			}
-			if b.immediate && err != nil {
+			if err != nil {
+				// Nothing of a refused plan stays staged or marked.
 				b.Rewind(m)
 			}
 			switch {
 			case errors.Is(err, errNodeGone):
+				// Out of this batch's placements; the placer reads the
+				// node again before its next batch, so one that comes
+				// back is not kept out.
 				ix.markUnschedulable(plan.NodeID)
+				b.gone = append(b.gone, plan.NodeID)
 				continue
 			case errors.Is(err, errStaleIndex):
-				// The pool changed under the index and no delta told it
-				// yet: leave the node out now, reload after the batch.
-				ix.markUnschedulable(plan.NodeID)
-				b.stale = true
+				// The node changed under the index and no delta told it
+				// yet (written at once, so this transaction reads what
+				// is committed and its own rows): read the node again
+				// and place once more.
+				if err := ix.reread(ctx, b.tx, []string{plan.NodeID}, now); err != nil {
+					return false, ex, err
+				}
+				contested = append(contested, plan.NodeID)
 				continue
 			case errors.Is(err, booking.ErrOverlap) || errors.Is(err, errHostFull):
 				contested = append(contested, plan.NodeID)
@@ -223,13 +236,15 @@ func (e *Placers) book(ctx context.Context, b *Batch, r *capmodel.Reservation, p
 	if err := b.stageBookings(ctx, bs, cpus); err != nil {
 		return err
 	}
-	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0) {
-		// The database's word on host memory, in the fallback; a batch
-		// trusts the index, whose placer is the node's only booker.
-		if err := checkHost(ctx, b.tx, r, plan.NodeID); err != nil {
+	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0 || r.SingleTenant) {
+		// The database's word on host memory, hugepages and tenancy, in
+		// the transaction that books: the index is only where placement
+		// looks first. A batch checks all its items at once instead.
+		if err := b.checkHost(ctx, r, plan.NodeID); err != nil {
 			return err
 		}
 	}
+	b.noteHost(r, plan.NodeID, len(plan.Atoms))
 	if err := e.RecordPlan(r, plan, n); err != nil {
 		return err
 	}

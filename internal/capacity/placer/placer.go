@@ -7,10 +7,12 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -61,14 +63,28 @@ type placer struct {
 	// ixMu guards loading ix; the index's own lock guards its contents.
 	ixMu sync.Mutex
 	ix   *Index
+	// cur is the index as last loaded, for readers that must not wait for
+	// a load or change it (previews, releases after commit).
+	cur atomic.Pointer[Index]
 	// deltas are the nodes the atoms reconciler changed, by the pool
 	// version each change took.
 	deltaMu sync.Mutex
 	deltas  map[int64][]string
+	// recheck are nodes a batch found no longer taking bookings: the
+	// next batch reads them again rather than keeping them out.
+	recheck []string
 	// retired: another replica took the pool; the loop ends.
 	retired bool
-	// quit is closed when the placers stop.
+	// epoch is the owner row's epoch this placer claimed the pool at
+	// (PostgreSQL); every batch checks it still holds.
+	epoch int64
+	// quit is closed when the placer retires or the placers stop; stop
+	// closes it once.
 	quit chan struct{}
+	stop sync.Once
+	// exited is closed when the loop has returned: work still queued then
+	// is never run, and its submitter answers itself.
+	exited chan struct{}
 }
 
 // Batch is one placer transaction.
@@ -96,8 +112,12 @@ type Batch struct {
 	// atoms this batch booked: checked in the pool and usable at once
 	// before the commit.
 	atoms []string
-	// stale: an atom was not where the index said; reload after the batch.
-	stale      bool
+	// hosts are the host shares this batch staged but has not written,
+	// which the database cannot count yet.
+	hosts []hostShare
+	// gone are nodes the batch found no longer taking bookings: the
+	// placer reads them again before its next batch.
+	gone       []string
 	undo       []func()
 	afterwards []func()
 }
@@ -122,14 +142,15 @@ func newBatch(tx store.Tx, ix *Index, now time.Time) *Batch {
 type Mark struct {
 	env                           envelope.BatchMark
 	rows, bookings, undo, charges int
-	atoms, cpus                   int
+	atoms, cpus, hosts            int
 	pending                       int
 	rollups                       map[rollupDelta]int
 }
 
 // Mark notes where the batch stands before an item.
 func (b *Batch) Mark() Mark {
-	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus)}
+	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus),
+		hosts: len(b.hosts)}
 	if b.env != nil {
 		m.env = b.env.Mark()
 	}
@@ -149,7 +170,7 @@ func (b *Batch) Rewind(m Mark) {
 	}
 	b.undo = b.undo[:m.undo]
 	b.rows, b.bookings, b.charges, b.pending = b.rows[:m.rows], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
-	b.atoms, b.cpus = b.atoms[:m.atoms], b.cpus[:m.cpus]
+	b.atoms, b.cpus, b.hosts = b.atoms[:m.atoms], b.cpus[:m.cpus], b.hosts[:m.hosts]
 	if b.env != nil {
 		b.env.Rewind(m.env)
 	}
@@ -198,6 +219,13 @@ func (b *Batch) StageRollup(ctx context.Context, poolID, model, kind string, n i
 
 // flush writes what the batch staged.
 func (b *Batch) flush(ctx context.Context) error {
+	if len(b.hosts) > 0 && !b.immediate {
+		if ok, err := b.hostsUsable(ctx); err != nil || !ok {
+			return errors.Join(err, errHostFull, errStaleIndex)
+		}
+		// Written below: the database counts them from now on.
+		b.hosts = b.hosts[:0]
+	}
 	if len(b.atoms) > 0 && b.ix != nil {
 		// Every atom booked must still be in the pool and usable (a GPU
 		// quarantined, a node moved out since the index learned of it):
@@ -230,6 +258,134 @@ func (b *Batch) flush(ctx context.Context) error {
 		return b.env.Flush(ctx)
 	}
 	return nil
+}
+
+// hostShare is one reservation's claim on its node's host, staged in a
+// batch.
+type hostShare struct {
+	node, rsv, tenant string
+	start, end        time.Time
+	mem, hp1, atoms   int
+	single            bool
+}
+
+// checked says whether the share asks for what the batch checks in the
+// database before it commits.
+func (h hostShare) checked() bool { return h.mem > 0 || h.hp1 > 0 || h.single }
+
+// hostsUsable checks, once a batch, every staged share that asks for host
+// memory, hugepages or single tenancy against the database (host rows
+// locked) and the batch's other shares: the batch trusts its index only
+// as far as the database agrees.
+func (b *Batch) hostsUsable(ctx context.Context) (bool, error) {
+	var nodes, hostNodes []string
+	var from, to time.Time
+	for _, h := range b.hosts {
+		if !h.checked() {
+			continue
+		}
+		nodes = append(nodes, h.node)
+		if h.mem > 0 || h.hp1 > 0 {
+			hostNodes = append(hostNodes, h.node)
+		}
+		if from.IsZero() || h.start.Before(from) {
+			from = h.start
+		}
+		if h.end.After(to) {
+			to = h.end
+		}
+	}
+	if len(nodes) == 0 {
+		return true, nil
+	}
+	caps, err := hostCaps(ctx, b.tx, hostNodes)
+	if err != nil {
+		return false, err
+	}
+	held, err := hostHolds(ctx, b.tx, nodes, from, to)
+	if err != nil {
+		return false, err
+	}
+	staged := make(map[string]bool, len(b.hosts))
+	for _, h := range b.hosts {
+		staged[h.rsv] = true
+	}
+	for _, h := range b.hosts {
+		if !h.checked() {
+			continue
+		}
+		mem, hp1, others := h.mem, h.hp1, 0
+		add := func(o hostShare) {
+			if o.node != h.node || o.rsv == h.rsv || !o.start.Before(h.end) || !o.end.After(h.start) {
+				return
+			}
+			mem += o.mem
+			hp1 += o.hp1
+			if o.tenant != h.tenant && o.atoms > 0 {
+				others++
+			}
+		}
+		for _, o := range held {
+			if !staged[o.rsv] {
+				add(o)
+			}
+		}
+		for _, o := range b.hosts {
+			add(o)
+		}
+		c, ok := caps[h.node]
+		if (h.mem > 0 || h.hp1 > 0) && (!ok || mem > c[0] || hp1 > c[1]) {
+			return false, nil
+		}
+		if h.single && others > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// checkHost refuses a plan that would over-commit the node's host memory or
+// 1 GiB hugepages, or break single tenancy, counting the reservations the
+// database holds on the node (host row locked: PostgreSQL) and those this
+// batch staged before r.
+func (b *Batch) checkHost(ctx context.Context, r *capmodel.Reservation, nodeID string) error {
+	var staged []hostShare
+	var exclude []string
+	for _, h := range b.hosts {
+		if h.node == nodeID && h.rsv != r.ID {
+			exclude = append(exclude, h.rsv)
+			if h.start.Before(r.EndsAt) && h.end.After(r.StartsAt) {
+				staged = append(staged, h)
+			}
+		}
+	}
+	use, err := hostUse(ctx, b.tx, r, nodeID, exclude, r.MemoryGiB > 0 || r.Hugepages1Gi > 0)
+	if err != nil {
+		return err
+	}
+	for _, h := range staged {
+		use.mem += h.mem
+		use.hp1 += h.hp1
+		if h.tenant != r.TenantID && h.atoms > 0 {
+			use.otherTenants++
+		}
+	}
+	switch {
+	case use.mem+r.MemoryGiB > use.memCap || use.hp1+r.Hugepages1Gi > use.hp1Cap:
+		return errHostFull
+	case r.SingleTenant && use.otherTenants > 0:
+		// As placement's tenancy check: a node no other tenant holds.
+		return errHostFull
+	}
+	return nil
+}
+
+// noteHost records a booking the batch staged, for later items' host checks.
+func (b *Batch) noteHost(r *capmodel.Reservation, nodeID string, atoms int) {
+	if !b.immediate {
+		b.hosts = append(b.hosts, hostShare{node: nodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
+			mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: atoms, single: r.SingleTenant})
+	}
 }
 
 // checkNode verifies, once a batch, that a node may take bookings: active,
@@ -311,11 +467,12 @@ func (e *Placers) placerFor(ctx context.Context, poolID string) (*placer, error)
 }
 
 // startPlacer starts the pool's placer; the caller holds plMu.
-func (e *Placers) startPlacer(poolID string) *placer {
+func (e *Placers) startPlacer(poolID string, epoch int64) *placer {
 	if e.placers == nil {
 		e.placers = map[string]*placer{}
 	}
-	p := &placer{e: e, poolID: poolID, in: make(chan *work, 4*MaxBatch), quit: make(chan struct{}), deltas: map[int64][]string{}}
+	p := &placer{e: e, poolID: poolID, epoch: epoch, in: make(chan *work, 4*MaxBatch), quit: make(chan struct{}), exited: make(chan struct{}),
+		deltas: map[int64][]string{}}
 	e.placers[poolID] = p
 	go p.loop()
 	return p
@@ -343,6 +500,15 @@ func (e *Placers) submit(ctx context.Context, poolID string, w *work) (err error
 	select {
 	case err := <-w.done:
 		return err
+	case <-p.exited:
+		// The placer retired; it answered w before it returned, or never
+		// took it.
+		select {
+		case err := <-w.done:
+			return err
+		default:
+			return notOwner(poolID)
+		}
 	case <-ctx.Done():
 		// The placer may still commit it; the caller learns nothing more.
 		return ctx.Err()
@@ -358,6 +524,7 @@ func (e *Placers) SubmitMutation(ctx context.Context, poolID, tenantID string, d
 // loop takes what is queued and commits it in batches, one at a time:
 // while one commits the next fills.
 func (p *placer) loop() {
+	defer close(p.exited)
 	var tick <-chan time.Time
 	if p.e.PendingEvery > 0 {
 		// Across replicas the queue of a pool is its owner's to run: the
@@ -429,18 +596,25 @@ func (p *placer) current(check bool) (*Index, error) {
 		if err != nil {
 			return err
 		}
-		if p.ix != nil && p.ix.version == v {
+		p.deltaMu.Lock()
+		recheck := p.recheck
+		p.recheck = nil
+		p.deltaMu.Unlock()
+		if p.ix != nil && p.ix.version == v && len(recheck) == 0 {
 			ix = p.ix
 			return nil
 		}
 		// Deltas cover the change when every version since the index's
 		// came with one (another replica's reconcile, or a policy change,
-		// bumps without).
-		covered := p.ix != nil && v > p.ix.version
-		var set map[string]bool
+		// bumps without). Nodes a batch found gone are read again too, so
+		// none stays out of placement after it comes back.
+		covered := p.ix != nil && v >= p.ix.version
+		set := map[string]bool{}
+		for _, id := range recheck {
+			set[id] = true
+		}
 		p.deltaMu.Lock()
 		if covered {
-			set = map[string]bool{}
 			for ver := p.ix.version + 1; ver <= v; ver++ {
 				ns, ok := p.deltas[ver]
 				if !ok {
@@ -459,26 +633,19 @@ func (p *placer) current(check bool) (*Index, error) {
 		}
 		p.deltaMu.Unlock()
 		nodes := slices.Sorted(maps.Keys(set))
+		if covered && len(nodes) == 0 {
+			p.ix.setVersion(v)
+			ix = p.ix
+			return nil
+		}
 		if covered {
 			// Every change since the index was loaded is one this
 			// process's reconciler told of: read those nodes again
 			// instead of the whole pool.
-			s, err := loadSnapshot(ctx, tx, p.poolID, nodes...)
-			if err != nil {
+			if err := p.ix.reread(ctx, tx, nodes, p.e.Clock.Now()); err != nil {
 				return err
 			}
-			now := p.e.Clock.Now()
-			p.ix.applyNodes(s, nodes, now)
-			var stay []string
-			for _, id := range nodes {
-				if _, ok := s.Nodes[id]; ok {
-					stay = append(stay, id)
-				}
-			}
-			if err := p.ix.sync(ctx, tx, stay, now); err != nil {
-				return err
-			}
-			p.ix.version = v
+			p.ix.setVersion(v)
 			p.e.deltas.Add(1)
 			ix = p.ix
 			return nil
@@ -490,12 +657,7 @@ func (p *placer) current(check bool) (*Index, error) {
 		return nil, err
 	}
 	p.ix = ix
-	p.e.ixMu.Lock()
-	if p.e.indexes == nil {
-		p.e.indexes = map[string]*Index{}
-	}
-	p.e.indexes[p.poolID] = ix
-	p.e.ixMu.Unlock()
+	p.cur.Store(ix)
 	return ix, nil
 }
 
@@ -528,6 +690,7 @@ func (p *placer) commit(ws []*work) {
 		// Another replica took the pool: stop, and let callers retry there.
 		p.retire()
 		p.retired = true
+		p.e.lost.Add(1)
 		for _, w := range live {
 			w.done <- notOwner(p.poolID)
 		}
@@ -632,7 +795,12 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (
 	if b != nil && err != nil {
 		b.undoAll()
 	}
-	if b != nil && (b.stale || errors.Is(err, errStaleIndex)) {
+	if b != nil && len(b.gone) > 0 {
+		p.deltaMu.Lock()
+		p.recheck = append(p.recheck, b.gone...)
+		p.deltaMu.Unlock()
+	}
+	if errors.Is(err, errStaleIndex) {
 		{
 			// The index missed a change: load it again for the next batch.
 			p.ixMu.Lock()
@@ -711,6 +879,17 @@ func (e *Placers) NodeChanged(tx store.Tx, poolID, nodeID string, version int64)
 		p.deltaMu.Unlock()
 	})
 }
+
+// Placing reports whether a placer of this replica holds the pool now.
+func (e *Placers) Placing(poolID string) bool {
+	e.plMu.Lock()
+	defer e.plMu.Unlock()
+	return e.placers[poolID] != nil
+}
+
+// Lost counts the batches this replica's placers refused because another
+// replica had claimed their pool (the fence held).
+func (e *Placers) Lost() int64 { return e.lost.Load() }
 
 // Submitted counts the mutations handed to this replica's placers.
 func (e *Placers) Submitted() int64 { return e.submitted.Load() }

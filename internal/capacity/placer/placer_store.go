@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/store"
@@ -55,25 +57,93 @@ func atomsUsable(ctx context.Context, tx store.Tx, poolID, nodeID string, atoms 
 	return n == len(atoms), err
 }
 
-// checkHost takes the node's host row lock (PostgreSQL; SQLite has one
-// writer) and refuses the booking when the memory of the reservations that
-// overlap it, this one included, would exceed what the node hands out.
-func checkHost(ctx context.Context, tx store.Tx, r *capmodel.Reservation, nodeID string) error {
-	var mem, hp1 int
-	if err := tx.QueryRow(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1 RETURNING memory_gib, hugepages_1gi`, nodeID).
-		Scan(&mem, &hp1); err != nil {
-		return err
+// hostCaps locks the host rows of nodes (PostgreSQL; SQLite has one writer)
+// and reads what each hands out: memory GiB and 1 GiB hugepages.
+func hostCaps(ctx context.Context, tx store.Tx, nodes []string) (map[string][2]int, error) {
+	out := map[string][2]int{}
+	if len(nodes) == 0 {
+		return out, nil
 	}
-	var usedMem, usedHP int
-	if err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(memory_gib), 0), COALESCE(SUM(hugepages_1gi), 0) FROM reservations
-		WHERE node_id = $1 AND id <> $2 AND state IN ('placed', 'binding', 'active') AND starts_at < $4 AND ends_at > $3`,
-		nodeID, r.ID, r.StartsAt, r.EndsAt).Scan(&usedMem, &usedHP); err != nil {
-		return err
+	nodes = slices.Compact(slices.Sorted(slices.Values(nodes)))
+	args := make([]any, len(nodes))
+	ph := make([]string, len(nodes))
+	for i, n := range nodes {
+		args[i] = n
+		ph[i] = fmt.Sprintf("$%d", i+1)
 	}
-	if usedMem+r.MemoryGiB > mem || usedHP+r.Hugepages1Gi > hp1 {
-		return errHostFull
+	rows, err := tx.Query(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id IN (`+strings.Join(ph, ", ")+`)
+		RETURNING node_id, memory_gib, hugepages_1gi`, args...)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var c [2]int
+		if err := rows.Scan(&id, &c[0], &c[1]); err != nil {
+			return nil, err
+		}
+		out[id] = c
+	}
+	return out, rows.Err()
+}
+
+// hostHolds reads the holding reservations on nodes that overlap [from, to).
+func hostHolds(ctx context.Context, tx store.Tx, nodes []string, from, to time.Time) ([]hostShare, error) {
+	nodes = slices.Compact(slices.Sorted(slices.Values(nodes)))
+	args := []any{from, to}
+	ph := make([]string, len(nodes))
+	for i, n := range nodes {
+		args = append(args, n)
+		ph[i] = fmt.Sprintf("$%d", i+3)
+	}
+	rows, err := tx.Query(ctx, `SELECT id, node_id, tenant_id, starts_at, ends_at, memory_gib, hugepages_1gi, gpus + slots FROM reservations
+		WHERE node_id IN (`+strings.Join(ph, ", ")+`) AND state IN ('placed', 'binding', 'active') AND starts_at < $2 AND ends_at > $1`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []hostShare
+	for rows.Next() {
+		var h hostShare
+		if err := rows.Scan(&h.rsv, &h.node, &h.tenant, &h.start, &h.end, &h.mem, &h.hp1, &h.atoms); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+// hostUsage is what the reservations overlapping one hold on its node.
+type hostUsage struct {
+	memCap, hp1Cap, mem, hp1 int
+	// otherTenants counts reservations of other tenants.
+	otherTenants int
+}
+
+// hostUse reads the node's host capacity — taking its host row lock
+// (PostgreSQL; SQLite has one writer) when host is set — and what the
+// reservations overlapping r hold there, r and exclude left out.
+func hostUse(ctx context.Context, tx store.Tx, r *capmodel.Reservation, nodeID string, exclude []string, host bool) (hostUsage, error) {
+	u := hostUsage{memCap: math.MaxInt, hp1Cap: math.MaxInt}
+	if host {
+		if err := tx.QueryRow(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1 RETURNING memory_gib, hugepages_1gi`, nodeID).
+			Scan(&u.memCap, &u.hp1Cap); err != nil {
+			return u, err
+		}
+	}
+	args := []any{nodeID, r.ID, r.StartsAt, r.EndsAt, r.TenantID}
+	not := ""
+	for _, id := range exclude {
+		args = append(args, id)
+		not += fmt.Sprintf(" AND id <> $%d", len(args))
+	}
+	err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(memory_gib), 0), COALESCE(SUM(hugepages_1gi), 0),
+			COALESCE(SUM(CASE WHEN tenant_id <> $5 AND gpus + slots > 0 THEN 1 ELSE 0 END), 0)
+		FROM reservations
+		WHERE node_id = $1 AND id <> $2 AND state IN ('placed', 'binding', 'active') AND starts_at < $4 AND ends_at > $3`+not,
+		args...).Scan(&u.mem, &u.hp1, &u.otherTenants)
+	return u, err
 }
 
 // nodeStateForShare reads a node's state and liveness, locking the row

@@ -125,3 +125,95 @@ func TestPlacerHandover(t *testing.T) {
 	require.Zero(t, orphans, "bookings without a reservation")
 	t.Logf("%d creates, %d answered OK", done.Load(), len(ok))
 }
+
+// TestPlacerFence: the replica that places a pool loses its lock session
+// without being told (the server ended it). It retires its placers at
+// once, the other replica claims the pool at the next epoch, and the first
+// forwards to it from then on; an owner row held FOR SHARE (a batch in
+// flight) makes the claim wait for the batch.
+func TestPlacerFence(t *testing.T) {
+	if os.Getenv(bctest.PostgresURLEnv) == "" {
+		t.Skip("several replicas need PostgreSQL: on SQLite one process owns every pool")
+	}
+	t.Parallel()
+	e := setupTorture(t, 1)
+	a := e.cp
+	b := a.NewReplica(t)
+	ctx := context.Background()
+	create := func(cp *bctest.ControlPlane) error {
+		_, err := cp.Admin().Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Project: "default", Pool: "main", Gpus: 1, DurationSeconds: 600, Binding: reservation.BindingNone}))
+		return err
+	}
+	type owner struct {
+		replica string
+		epoch   int64
+		pool    string
+	}
+	ownerOf := func() (o owner) {
+		require.NoError(t, b.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT o.replica_id, o.epoch, o.pool_id FROM placer_owners o JOIN pools p ON p.id = o.pool_id WHERE p.name = 'main'`).
+				Scan(&o.replica, &o.epoch, &o.pool)
+		}))
+		return o
+	}
+	require.NoError(t, create(a))
+	first := ownerOf()
+	require.Equal(t, a.App.Capacity.Engine.ReplicaID(), first.replica)
+	require.True(t, a.App.Capacity.Engine.Placing(first.pool))
+
+	// The server ends a's lock session.
+	var killed int
+	require.NoError(t, a.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(pg_terminate_backend(pid)) FROM (SELECT DISTINCT l.pid FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::bigint::oid
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) s`, int64(0x4243504c)).Scan(&killed)
+	}))
+	require.Equal(t, 1, killed, "a's lock session")
+	bctest.WaitFor(t, "a to retire the placer whose lock it lost", func() bool {
+		return !a.App.Capacity.Engine.Placing(first.pool)
+	})
+
+	// A batch in flight on the owner row holds a claim back until it ends.
+	held, release := make(chan struct{}), make(chan struct{})
+	inFlight := make(chan error, 1)
+	go func() {
+		inFlight <- b.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			if _, err := store.Strings(tx.Query(ctx, `SELECT replica_id FROM placer_owners WHERE pool_id = $1 FOR SHARE`, first.pool)); err != nil {
+				return err
+			}
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	bctest.Receive(t, "the batch holding the owner row", held)
+	claimed := make(chan error, 1)
+	go func() { claimed <- create(b) }()
+	bctest.WaitFor(t, "the claim to wait on the owner row", func() bool {
+		var n int
+		require.NoError(t, b.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		}))
+		select {
+		case err := <-claimed:
+			claimed <- err
+			return true // answered without waiting: the check below fails
+		default:
+		}
+		return n > 0
+	})
+	select {
+	case err := <-claimed:
+		t.Fatalf("b claimed the pool while a batch held its owner row (err %v)", err)
+	default:
+	}
+	close(release)
+	require.NoError(t, <-inFlight)
+	require.NoError(t, <-claimed)
+	now := ownerOf()
+	require.Equal(t, b.App.Capacity.Engine.ReplicaID(), now.replica, "b claimed the pool")
+	require.Equal(t, first.epoch+1, now.epoch, "at the next epoch")
+	require.NoError(t, create(a), "a forwards to b")
+	require.False(t, a.App.Capacity.Engine.Placing(first.pool))
+}

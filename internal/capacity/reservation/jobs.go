@@ -504,15 +504,30 @@ func (h Hooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID strin
 // index holds each node's capabilities, which placement checks (a node
 // that no longer advertises devices.limits takes no binding-node work).
 func (h Hooks) NodeCapabilitiesChanged(ctx context.Context, tx store.Tx, nodeID string) error {
-	var poolID string
-	err := nodePool(ctx, tx, nodeID).Scan(&poolID)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && poolID == "") {
-		return nil
+	return h.NodesStateChanged(ctx, tx, []string{nodeID})
+}
+
+// NodesStateChanged makes the pools of nodes that started or stopped taking
+// work (drained, undrained, gone unreachable, back) read those nodes again:
+// each node's pool version moves, with the node as its delta, so the pool's
+// placer re-reads the node instead of keeping what it last knew.
+func (h Hooks) NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+	for _, id := range nodeIDs {
+		var poolID string
+		err := nodePool(ctx, tx, id).Scan(&poolID)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && poolID == "") {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		v, err := atoms.BumpPoolVersionOf(ctx, tx, poolID)
+		if err != nil {
+			return err
+		}
+		h.rn.Engine.NodeChanged(tx, poolID, id, v)
 	}
-	if err != nil {
-		return err
-	}
-	return atoms.BumpPoolVersion(ctx, tx, poolID)
+	return nil
 }
 
 // NodesLost marks the reservations of lost nodes NodeLost and, per their
@@ -521,15 +536,10 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 	e := h.rn.Engine
 	now := e.Clock.Now()
 	var evs []envelope.Event
+	if err := h.NodesStateChanged(ctx, tx, nodeIDs); err != nil {
+		return err
+	}
 	for _, id := range nodeIDs {
-		var poolID string
-		if err := nodePool(ctx, tx, id).Scan(&poolID); err == nil {
-			if err := atoms.BumpPoolVersion(ctx, tx, poolID); err != nil {
-				return err
-			}
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
 		rs, err := onNode(ctx, tx, id, StatePlaced, StateBinding, StateActive)
 		if err != nil {
 			return err

@@ -1,0 +1,213 @@
+package reservation_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// A GPU quarantined while a placer batch books it: the reconcile that marks
+// the atom quarantined and the batch that books it take turns on the node's
+// row, so the batch either commits first or sees the quarantine. Before the
+// reconcile locked the node, the batch's last check read the atoms without
+// waiting and booked them while the quarantine was being written.
+func TestQuarantineDuringBatchWaitsForIt(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	if f.cp.App.DB.Dialect() != store.Postgres {
+		t.Skip("SQLite has one writer: a batch and a quarantine cannot interleave (set BC_TEST_POSTGRES_URL)")
+	}
+	ctx := context.Background()
+	node := f.sim.Daemons[0].NodeID()
+	// The placer's index is loaded: it knows every GPU as free.
+	first := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", first.GetState())
+
+	var free []string
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		var err error
+		free, err = store.Strings(tx.Query(ctx, `SELECT uuid FROM gpus WHERE node_id = $1 AND uuid <> $2 ORDER BY idx`,
+			node, first.GetPlacement().GetAtoms()[0]))
+		return err
+	}))
+	require.Len(t, free, 7)
+
+	// The quarantine of every free GPU, held open.
+	held, release := make(chan struct{}), make(chan struct{})
+	quarantined := make(chan error, 1)
+	go func() {
+		quarantined <- f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			for _, g := range free {
+				if _, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
+					VALUES ($1, $2, 'true', 'XID79', 'fell off the bus', compute_now())`, node, "GpuQuarantined/"+g); err != nil {
+					return err
+				}
+			}
+			if err := f.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, node); err != nil {
+				return err
+			}
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-held:
+	case err := <-quarantined:
+		t.Fatalf("the quarantine ended before it was held: %v", err)
+	}
+
+	type result struct {
+		r   *apiv1.Reservation
+		err error
+	}
+	created := make(chan result, 1)
+	go func() {
+		res, err := f.member.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
+		if err != nil {
+			created <- result{err: err}
+			return
+		}
+		created <- result{r: res.Msg.GetReservation()}
+	}()
+	// The create must wait for the quarantine: it is seen waiting on a
+	// row lock, and it has not answered.
+	deadline := time.After(2 * time.Minute)
+	for waiting := false; !waiting; {
+		select {
+		case res := <-created:
+			close(release)
+			require.NoError(t, <-quarantined)
+			t.Fatalf("the create answered while the quarantine of its GPUs was uncommitted: %+v (err %v)", res.r.GetPlacement().GetAtoms(), res.err)
+		case <-deadline:
+			close(release)
+			t.Fatal("the create neither answered nor waited on a lock")
+		case <-time.After(20 * time.Millisecond):
+		}
+		waiting = f.count(t, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	}
+	_ = f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		qs, _ := store.Strings(tx.Query(ctx, `SELECT query FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`))
+		t.Logf("DEBUG waiting: %q", qs)
+		return nil
+	})
+	close(release)
+	require.NoError(t, <-quarantined)
+	res := <-created
+	require.NoError(t, res.err)
+	require.Equal(t, "pending", res.r.GetState(), "every GPU left is quarantined: the create waits in the queue")
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM bookings b JOIN atoms a ON a.id = b.atom WHERE a.quarantined = $1`, true),
+		"nothing is booked on a quarantined GPU")
+}
+
+// A node drained and undrained takes work again: the drain and the undrain
+// move the pool's version with the node as a delta, and a node a batch
+// found draining is read again rather than kept out until a reload.
+func TestUndrainedNodeTakesWorkAgain(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	name := ""
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT name FROM nodes WHERE id = $1`, f.sim.Daemons[0].NodeID()).Scan(&name)
+	}))
+	// The placer's index is loaded with the node schedulable.
+	first := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", first.GetState())
+
+	_, err := f.admin.Nodes.Drain(ctx, connect.NewRequest(&apiv1.DrainNodeRequest{Tenant: "acme", Node: name}))
+	require.NoError(t, err)
+	_, err = f.member.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+		Tenant: "acme", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
+	require.Equal(t, connect.CodeResourceExhausted, connect.CodeOf(err), "a draining node takes no new work: %v", err)
+
+	_, err = f.admin.Nodes.Undrain(ctx, connect.NewRequest(&apiv1.UndrainNodeRequest{Tenant: "acme", Node: name}))
+	require.NoError(t, err)
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", r.GetState(), "the undrained node takes work again")
+	require.Equal(t, f.sim.Daemons[0].NodeID(), r.GetPlacement().GetNodeId())
+}
+
+// A preview never changes the placer's own index: it reads it when it is of
+// the pool's version and otherwise a copy of its own. Before, a preview
+// re-synced the placer's index in place, dropping the marks of a batch in
+// flight.
+func TestPreviewLeavesThePlacersIndex(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	node := f.sim.Daemons[0].NodeID()
+	first := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", first.GetState())
+	ix := f.cp.App.Capacity.Engine.Cached(f.pool)
+	require.NotNil(t, ix, "the placer's index")
+	before := ix.Version()
+
+	var bad string
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT uuid FROM gpus WHERE node_id = $1 AND uuid <> $2 ORDER BY idx LIMIT 1`,
+			node, first.GetPlacement().GetAtoms()[0]).Scan(&bad)
+	}))
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
+			VALUES ($1, $2, 'true', 'XID79', 'fell off the bus', compute_now())`, node, "GpuQuarantined/"+bad); err != nil {
+			return err
+		}
+		return f.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, node)
+	}))
+
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pv, err := f.member.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{
+				Request: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 7}}))
+			require.NoError(t, err)
+			require.False(t, pv.Msg.GetFeasible(), "the preview sees the quarantine: six GPUs are free")
+		}()
+	}
+	wg.Wait()
+	require.Same(t, ix, f.cp.App.Capacity.Engine.Cached(f.pool))
+	require.Equal(t, before, ix.Version(), "the previews left the placer's index as it was")
+
+	// The placer's next batch catches up, and places around the GPU.
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 6, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", r.GetState())
+	require.NotContains(t, r.GetPlacement().GetAtoms(), bad)
+	require.Greater(t, f.cp.App.Capacity.Engine.Cached(f.pool).Version(), before)
+}
+
+// The batch checks a node's host memory in the database, not only in the
+// index: memory the index does not know of (here the host reporting less
+// without the pool's version moving) is not over-committed.
+func TestBatchChecksHostMemoryInTheDatabase(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	node := f.sim.Daemons[0].NodeID()
+	mem := f.count(t, `SELECT memory_gib FROM host_resources WHERE node_id = $1`, node)
+	require.Greater(t, mem, 8)
+	half := int32(mem / 2)
+	first := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, MemoryGib: half, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", first.GetState())
+
+	// The host now hands out less than two halves; the index still holds
+	// the old figure.
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE host_resources SET memory_gib = $2 WHERE node_id = $1`, node, 2*int(half)-1)
+		return err
+	}))
+	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, MemoryGib: half, DurationSeconds: 3600})
+	require.Equal(t, "pending", r.GetState(), "the second half does not fit the host any more")
+	require.Equal(t, int(half), f.count(t, `SELECT COALESCE(SUM(memory_gib), 0) FROM reservations
+		WHERE node_id = $1 AND state IN ('placed', 'binding', 'active')`, node))
+}
