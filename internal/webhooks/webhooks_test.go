@@ -628,9 +628,17 @@ func TestCreateIsIdempotentAndShowsTheSecretOnce(t *testing.T) {
 		require.Equal(t, "INVALID_ARGUMENT", code(err))
 		require.Equal(t, tc.field, client.Detail(err).GetViolations()[0].GetField())
 	}
-	_, err = f.admin.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme",
-		Webhook: first.GetWebhook().GetId(), OverlapSeconds: 8 * 24 * 3600}))
-	require.Equal(t, "INVALID_ARGUMENT", code(err))
+	// An overlap past 7 days is refused, also one so large that it
+	// overflows a time.Duration (to 1734, or to a few seconds).
+	for _, o := range []int64{8 * 24 * 3600, -1, 9_223_372_037, 18_446_744_074, 1 << 62} {
+		_, err = f.admin.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme",
+			Webhook: first.GetWebhook().GetId(), OverlapSeconds: o}))
+		require.Equal(t, "INVALID_ARGUMENT", code(err), "overlap %d", o)
+		require.Equal(t, "overlap_seconds", client.Detail(err).GetViolations()[0].GetField(), "overlap %d", o)
+	}
+	got, err := f.admin.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "acme", Webhook: first.GetWebhook().GetId()}))
+	require.NoError(t, err)
+	require.Nil(t, got.Msg.GetWebhook().GetPreviousSecretExpireTime(), "no rotation was written")
 	_, err = f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "nobody", Url: "http://127.0.0.1:9/x"}))
 	require.Equal(t, "NOT_FOUND", code(err))
 	list, err = f.admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "acme"}))
