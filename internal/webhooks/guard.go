@@ -25,7 +25,8 @@ import (
 // connection a delivery dials is checked again after its name resolved
 // (DNS can change between the two), by Control on the dialer.
 type Guard struct {
-	// AllowPrivate allows every address (the operator's --webhook-allow-private).
+	// AllowPrivate allows loopback, private, shared and benchmarking
+	// addresses (the operator's --webhook-allow-private); never the rest.
 	AllowPrivate bool
 	// AllowLoopback allows loopback addresses (dev).
 	AllowLoopback bool
