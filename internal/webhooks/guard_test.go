@@ -149,17 +149,21 @@ func TestAllowPrivateStillRefuses(t *testing.T) {
 	ctx := context.Background()
 	_, port, err := net.SplitHostPort(strings.TrimPrefix(f.cp.URL, "http://"))
 	require.NoError(t, err)
-	for _, u := range []string{
-		"http://0.0.0.0:" + port + "/v1/hooks", "http://[::]:" + port + "/v1/hooks", "http://0.0.0.0/x",
-		"http://169.254.169.254/latest/meta-data", "http://[fd00:ec2::254]/latest/meta-data", "http://224.0.0.1/x",
-		"http://[ff02::1]/x", "http://255.255.255.255/x", "http://[64:ff9b::a9fe:a9fe]/latest/meta-data",
-		"http://[2002:a9fe:a9fe::1]/latest/meta-data",
-	} {
-		_, err := f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: u}))
-		require.Equal(t, "INVALID_ARGUMENT", code(err), u)
-		vs := client.Detail(err).GetViolations()
-		require.NotEmpty(t, vs, u)
-		require.Equal(t, "url", vs[0].GetField(), u)
+	// The platform admin for acme, and another tenant's own admin for it.
+	other := f.cp.Client(f.key(t, "other", "admin"))
+	for tenant, c := range map[string]*client.Client{"acme": f.admin, "other": other} {
+		for _, u := range []string{
+			"http://0.0.0.0:" + port + "/v1/hooks", "http://[::]:" + port + "/v1/hooks", "http://0.0.0.0/x",
+			"http://169.254.169.254/latest/meta-data", "http://[fd00:ec2::254]/latest/meta-data", "http://224.0.0.1/x",
+			"http://[ff02::1]/x", "http://255.255.255.255/x", "http://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+			"http://[2002:a9fe:a9fe::1]/latest/meta-data",
+		} {
+			_, err := c.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: tenant, Url: u}))
+			require.Equal(t, "INVALID_ARGUMENT", code(err), u)
+			vs := client.Detail(err).GetViolations()
+			require.NotEmpty(t, vs, u)
+			require.Equal(t, "url", vs[0].GetField(), u)
+		}
 	}
 	var n int
 	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {

@@ -541,6 +541,19 @@ func TestCrossTenantWebhooks(t *testing.T) {
 	_, err = evil.Webhooks.Redeliver(ctx, connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "acme", Webhook: wh.GetId(),
 		Delivery: "whd_00000000000000000000000000"}))
 	require.Contains(t, []string{"PERMISSION_DENIED", "INVALID_ARGUMENT"}, code(err))
+	// Nor rotate their secret, with an overlap in bounds or one that
+	// would overflow.
+	for tenant, want := range map[string]string{"acme": "PERMISSION_DENIED", "other": "NOT_FOUND"} {
+		_, err = evil.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: tenant, Webhook: wh.GetId(),
+			OverlapSeconds: 3600}))
+		require.Equal(t, want, code(err), tenant)
+		_, err = evil.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: tenant, Webhook: wh.GetId(),
+			OverlapSeconds: 9_223_372_037}))
+		require.Equal(t, "INVALID_ARGUMENT", code(err), tenant)
+	}
+	got, err := f.admin.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "acme", Webhook: wh.GetId()}))
+	require.NoError(t, err)
+	require.Nil(t, got.Msg.GetWebhook().GetPreviousSecretExpireTime(), "acme's secret was not rotated")
 	mine, err := evil.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "other"}))
 	require.NoError(t, err)
 	require.Empty(t, mine.Msg.GetWebhooks())
