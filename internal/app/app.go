@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -175,11 +176,15 @@ type Config struct {
 	GatewayHandshakeTimeout time.Duration
 	GatewayIdleConnTimeout  time.Duration
 	// WebhookAllowPrivate lets webhook endpoints resolve to loopback,
-	// link-local and private addresses (--webhook-allow-private);
+	// private, shared and benchmarking addresses (--webhook-allow-private);
 	// WebhookAllowLoopback allows loopback alone (dev). The API's own
-	// listener is refused either way.
+	// listener, unspecified, link-local, metadata, multicast and reserved
+	// addresses are refused either way.
 	WebhookAllowPrivate  bool
 	WebhookAllowLoopback bool
+	// WebhookResolver resolves webhook hosts, when endpoints are checked
+	// and when deliveries dial (default the system's resolver).
+	WebhookResolver *net.Resolver
 	// EventRetention is how long outbox events are kept once every webhook
 	// cursor has passed them (default 7 days).
 	EventRetention time.Duration
@@ -396,7 +401,8 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Gateway.AddWorkers(workers)
 	periodic = append(periodic, a.Gateway.PeriodicJobs()...)
-	a.WebhookGuard = &webhooks.Guard{AllowPrivate: cfg.WebhookAllowPrivate, AllowLoopback: cfg.WebhookAllowLoopback}
+	a.WebhookGuard = &webhooks.Guard{AllowPrivate: cfg.WebhookAllowPrivate, AllowLoopback: cfg.WebhookAllowLoopback,
+		Resolver: cfg.WebhookResolver}
 	a.WebhookGuard.AddSelf(cfg.Listen)
 	periodic = append(periodic, a.addWebhookJobs(workers, jm)...)
 	a.Capacity = a.buildCapacity()

@@ -87,7 +87,7 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.Float64Var(&f.requestRate, "request-rate", 100, "API requests per second one principal may make over time (0: no limit); beyond, RESOURCE_EXHAUSTED with a retry delay")
 	fl.IntVar(&f.requestBurst, "request-burst", 0, "API requests one principal may make at once (default twice --request-rate)")
 	fl.IntVar(&f.maxStreams, "max-streams", 16, "watch streams (Connect watches and /v1/events/stream) one principal may hold open (0: no limit); beyond, TOO_MANY_STREAMS (HTTP 429)")
-	fl.BoolVar(&f.webhookAllowPrivate, "webhook-allow-private", false, "let webhook endpoints resolve to loopback, link-local and private addresses (the API's own listener stays refused)")
+	fl.BoolVar(&f.webhookAllowPrivate, "webhook-allow-private", false, "let webhook endpoints resolve to loopback, private, shared and benchmarking addresses (the API's own listener, unspecified, link-local, cloud metadata, multicast and reserved addresses stay refused)")
 	fl.DurationVar(&f.eventRetention, "event-retention", 7*24*time.Hour, "keep outbox events this long once every webhook has received them (SSE and watch clients resume within it)")
 	fl.DurationVar(&f.sseHeartbeat, "sse-heartbeat", 15*time.Second, "how often an idle /v1/events/stream gets a heartbeat comment line")
 	fl.DurationVar(&f.heartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")

@@ -28,8 +28,9 @@ func (a *app) webhooksCommand() *cobra.Command {
 		Long: `Register an endpoint that receives the tenant's events as CloudEvents signed by
 the Standard Webhooks scheme. --types takes event types or globs (reservation.*);
 none means every event. The endpoint starts with events committed after it is
-created. Endpoints on loopback, link-local or private addresses are refused
-unless the operator runs the server with --webhook-allow-private.`,
+created. Endpoints on loopback or private addresses are refused unless the
+operator runs the server with --webhook-allow-private; link-local, cloud
+metadata, multicast and unspecified addresses and the API itself always are.`,
 		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, t, err := a.clientTenant(cmd, tenant)

@@ -138,6 +138,16 @@ func TestMachineBadInput(t *testing.T) {
 			SshPublicKey: "ssh-ed25519 bm90IGEga2V5", DurationSeconds: 7200}))
 		refused(t, err, "INVALID_ARGUMENT", "ssh_public_key", "not a ssh-ed25519 key")
 		refused(t, err, "INVALID_ARGUMENT", "duration_seconds", "between 1 and 3600")
+		// Seconds that overflow a time.Duration into a small or negative
+		// one are refused, not let through the bound.
+		key := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl ops@example"
+		for _, secs := range []int64{9_223_372_037, 18_446_744_074, 1 << 62} {
+			before := f.rows(t)
+			_, err = f.admin.Machines.Rescue(ctx, connect.NewRequest(&apiv1.RescueMachineRequest{Tenant: "acme", Machine: "m1",
+				SshPublicKey: key, DurationSeconds: secs}))
+			refused(t, err, "INVALID_ARGUMENT", "duration_seconds", "between 1 and 3600")
+			require.Equal(t, before, f.rows(t), "nothing written for %d", secs)
+		}
 	})
 }
 

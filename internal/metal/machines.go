@@ -462,9 +462,12 @@ func (s *MachineService) Release(ctx context.Context, req *connect.Request[apiv1
 // Rescue boots the ramdisk with an SSH key, for at most an hour.
 func (s *MachineService) Rescue(ctx context.Context, req *connect.Request[apiv1.RescueMachineRequest]) (*connect.Response[apiv1.RescueMachineResponse], error) {
 	msg := req.Msg
-	dur := time.Duration(msg.GetDurationSeconds()) * time.Second
-	if msg.GetDurationSeconds() == 0 {
-		dur = MaxRescue
+	// The bound is checked on the seconds, before they become a Duration:
+	// a huge count would overflow into a small or negative one.
+	secs := msg.GetDurationSeconds()
+	dur := MaxRescue
+	if secs > 0 && secs <= int64(MaxRescue/time.Second) {
+		dur = time.Duration(secs) * time.Second
 	}
 	return start(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetMachine(), OpRescue,
 		func(vs *envelope.Violations) {
@@ -478,8 +481,8 @@ func (s *MachineService) Rescue(ctx context.Context, req *connect.Request[apiv1.
 					vs.Add("ssh_public_key", "must be an OpenSSH public key line (ssh-ed25519 AAAA…): %v", err)
 				}
 			}
-			if msg.GetDurationSeconds() < 0 || dur > MaxRescue {
-				vs.Add("duration_seconds", "must be between 1 and %d, got %d", int(MaxRescue/time.Second), msg.GetDurationSeconds())
+			if secs < 0 || secs > int64(MaxRescue/time.Second) {
+				vs.Add("duration_seconds", "must be between 1 and %d, got %d", int(MaxRescue/time.Second), secs)
 			}
 		},
 		func(context.Context, *envelope.Tx, *Machine) (map[string]any, error) {

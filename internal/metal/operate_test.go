@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/metal"
@@ -169,4 +170,66 @@ func TestOperateBadInput(t *testing.T) {
 	r, err := f.admin.Machines.ListWorkflows(ctx, connect.NewRequest(&apiv1.ListMachineWorkflowsRequest{Tenant: "globex"}))
 	require.NoError(t, err)
 	require.Empty(t, r.Msg.GetWorkflows())
+}
+
+// TestCrossTenantReadsAnswerAlike: another tenant's credentials get the same
+// answer for acme's real site, machine and workflow ids as for made-up ones
+// (PERMISSION_DENIED naming acme, NOT_FOUND under their own tenant), so the
+// metal reads are no oracle of what exists.
+func TestCrossTenantReadsAnswerAlike(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	m := f.enroll(t, f.sim.AddMachine(t, "m1"))
+	p, err := f.admin.Machines.Power(ctx, connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: "m1", Action: "on"}))
+	require.NoError(t, err)
+	wf := p.Msg.GetMachine().GetWorkflowId()
+	f.waitIdle(t, "m1")
+	_, err = f.admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "globex"}))
+	require.NoError(t, err)
+	k, err := f.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "globex", Role: "admin"}))
+	require.NoError(t, err)
+	evil := f.cp.Client(k.Msg.GetSecret())
+
+	now := f.cp.Clock.Now()
+	reads := map[string]func(tenant, id string) error{
+		"workflow": func(tenant, id string) error {
+			_, err := evil.Machines.GetWorkflow(ctx, connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: tenant, Workflow: id}))
+			return err
+		},
+		"machine": func(tenant, id string) error {
+			_, err := evil.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: tenant, Machine: id}))
+			return err
+		},
+		"power": func(tenant, id string) error {
+			_, err := evil.Machines.GetPowerStatus(ctx, connect.NewRequest(&apiv1.GetMachinePowerStatusRequest{Tenant: tenant, Machine: id}))
+			return err
+		},
+		"workflows": func(tenant, id string) error {
+			_, err := evil.Machines.ListWorkflows(ctx, connect.NewRequest(&apiv1.ListMachineWorkflowsRequest{Tenant: tenant, Machine: id}))
+			return err
+		},
+		"site": func(tenant, id string) error {
+			_, err := evil.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: tenant, Site: id}))
+			return err
+		},
+	}
+	ids := map[string][2]string{ // real, made up
+		"workflow":  {wf, envelope.NewID(metal.WorkflowIDPrefix, now)},
+		"machine":   {m.GetId(), envelope.NewID(metal.MachineIDPrefix, now)},
+		"power":     {m.GetId(), envelope.NewID(metal.MachineIDPrefix, now)},
+		"workflows": {m.GetId(), envelope.NewID(metal.MachineIDPrefix, now)},
+		"site":      {f.site.GetId(), envelope.NewID(metal.SiteIDPrefix, now)},
+	}
+	for name, read := range reads {
+		real, madeUp := ids[name][0], ids[name][1]
+		for tenant, want := range map[string]string{"acme": "PERMISSION_DENIED", "globex": "NOT_FOUND", "": "NOT_FOUND"} {
+			errReal, errMadeUp := read(tenant, real), read(tenant, madeUp)
+			require.Equal(t, want, client.Code(errReal), "%s in %q, real id: %v", name, tenant, errReal)
+			require.Equal(t, want, client.Code(errMadeUp), "%s in %q, made-up id: %v", name, tenant, errMadeUp)
+			if want == "PERMISSION_DENIED" {
+				require.Equal(t, client.Detail(errReal).GetMessage(), client.Detail(errMadeUp).GetMessage(), "%s in %q", name, tenant)
+			}
+		}
+	}
 }

@@ -214,7 +214,12 @@ func (e *Engine) profileNames() []string {
 func Get(ctx context.Context, q store.Querier, id string) (Workflow, error) {
 	w, err := workflowGet(ctx, q, id, "")
 	if errors.Is(err, store.ErrNotFound) {
-		return Workflow{}, envelope.NotFound("workflow", id)
+		// Keep store.ErrNotFound in the chain: a handler that decides a
+		// miss before answering it (so a stranger learns nothing) tells
+		// it apart from a failure by errors.Is.
+		nf := envelope.NotFound("workflow", id)
+		nf.Err = err
+		return Workflow{}, nf
 	}
 	if err != nil {
 		return Workflow{}, err

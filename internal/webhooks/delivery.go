@@ -111,7 +111,11 @@ type Deliverer struct {
 // NewDeliverer returns the worker with an HTTP client whose every
 // connection the guard checks.
 func NewDeliverer(db *store.DB, sealer Sealer, guard *Guard, rec Recorder, log *slog.Logger) *Deliverer {
-	d := &net.Dialer{Timeout: 10 * time.Second, Control: guard.Control}
+	// The guard's Control sees each address the name resolved to, just
+	// before the connection is made: a name that resolved to a public
+	// address when the endpoint was checked and to a refused one now is
+	// not dialed. Names resolve with the guard's resolver, as CheckURL's.
+	d := &net.Dialer{Timeout: 10 * time.Second, Control: guard.Control, Resolver: guard.Resolver}
 	tr := &http.Transport{DialContext: d.DialContext, Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
 		TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: AttemptTimeout}
 	return &Deliverer{DB: db, Sealer: sealer, Guard: guard, Rec: rec, Log: log, client: &http.Client{

@@ -12,16 +12,21 @@ import (
 )
 
 // Guard keeps webhook deliveries off the control plane's own networks
-// (SSRF): an endpoint whose host resolves to a loopback, link-local,
-// private, shared (CGNAT), multicast or unspecified address is refused, and
-// so is the control plane's own API listener, unless the operator allows
-// private addresses (AllowPrivate) or, as `dev` does, loopback ones.
+// (SSRF). An endpoint whose host resolves to a loopback, private, shared
+// (CGNAT) or benchmarking address is refused unless the operator allows
+// private addresses (AllowPrivate) or, as `dev` does, loopback ones. Some
+// addresses are refused whatever the flags: unspecified ones (0.0.0.0/8,
+// ::, which reach this host), link-local ones and the clouds' metadata
+// services, multicast and reserved ones, and the control plane's own API
+// listener. An IPv6 address that carries an IPv4 one (IPv4-mapped, NAT64,
+// 6to4, Teredo) is judged by that IPv4 address too.
 //
 // URLs are checked when an endpoint is created or updated, and every
-// connection a delivery dials is checked again (DNS can change between the
-// two), by Control on the dialer.
+// connection a delivery dials is checked again after its name resolved
+// (DNS can change between the two), by Control on the dialer.
 type Guard struct {
-	// AllowPrivate allows every address (the operator's --webhook-allow-private).
+	// AllowPrivate allows loopback, private, shared and benchmarking
+	// addresses (the operator's --webhook-allow-private); never the rest.
 	AllowPrivate bool
 	// AllowLoopback allows loopback addresses (dev).
 	AllowLoopback bool
@@ -74,42 +79,143 @@ func (g *Guard) AddSelfURL(raw string) {
 	g.AddSelf(u.Host)
 }
 
-var sharedCGNAT = netip.MustParsePrefix("100.64.0.0/10")
+// class is how far the flags let a delivery reach an address.
+type class int
 
-// checkAddr says why a delivery must not reach addr, or "" if it may.
+const (
+	public   class = iota
+	loopback       // allowed by AllowLoopback or AllowPrivate
+	private        // allowed by AllowPrivate
+	never          // allowed by no flag
+)
+
+// special lists the address ranges a delivery may not reach by default; the
+// first match decides, so a narrower range comes before the one holding it.
+var special = []struct {
+	prefix netip.Prefix
+	class  class
+	what   string
+}{
+	// Connecting to an unspecified address reaches this host (and its API).
+	{netip.MustParsePrefix("0.0.0.0/8"), never, "an unspecified address"},
+	{netip.MustParsePrefix("::/128"), never, "an unspecified address"},
+	{netip.MustParsePrefix("127.0.0.0/8"), loopback, "a loopback address"},
+	{netip.MustParsePrefix("::1/128"), loopback, "a loopback address"},
+	// Deprecated IPv4-compatible addresses (::a.b.c.d): no receiver lives there.
+	{netip.MustParsePrefix("::/96"), never, "a reserved address"},
+	// Cloud metadata services hand out instance credentials: never a
+	// webhook receiver. Most answer on link-local 169.254.169.254 (AWS,
+	// GCP, Azure, OCI, OpenStack), AWS ECS/EKS on 169.254.170.x; these sit
+	// elsewhere.
+	{netip.MustParsePrefix("100.100.100.200/32"), never, "a cloud metadata address"}, // Alibaba
+	{netip.MustParsePrefix("168.63.129.16/32"), never, "a cloud metadata address"},   // Azure WireServer
+	{netip.MustParsePrefix("fd00:ec2::254/128"), never, "a cloud metadata address"},  // AWS IMDS over IPv6
+	{netip.MustParsePrefix("fd00:ec2::23/128"), never, "a cloud metadata address"},   // AWS EKS Pod Identity
+	{netip.MustParsePrefix("169.254.0.0/16"), never, "a link-local address (cloud metadata lives there)"},
+	{netip.MustParsePrefix("fe80::/10"), never, "a link-local address"},
+	{netip.MustParsePrefix("224.0.0.0/4"), never, "a multicast address"},
+	{netip.MustParsePrefix("ff00::/8"), never, "a multicast address"},
+	// Class E and the limited broadcast address.
+	{netip.MustParsePrefix("240.0.0.0/4"), never, "a reserved address"},
+	{netip.MustParsePrefix("10.0.0.0/8"), private, "a private address"},
+	{netip.MustParsePrefix("172.16.0.0/12"), private, "a private address"},
+	{netip.MustParsePrefix("192.168.0.0/16"), private, "a private address"},
+	{netip.MustParsePrefix("fc00::/7"), private, "a private address"},
+	{netip.MustParsePrefix("fec0::/10"), private, "a private (site-local) address"},
+	{netip.MustParsePrefix("100.64.0.0/10"), private, "a shared (CGNAT) address"},
+	{netip.MustParsePrefix("198.18.0.0/15"), private, "a benchmarking address"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), private, "a local-use NAT64 address"},
+}
+
+var (
+	nat64  = netip.MustParsePrefix("64:ff9b::/96")
+	nat64L = netip.MustParsePrefix("64:ff9b:1::/48")
+	sixTo4 = netip.MustParsePrefix("2002::/16")
+	teredo = netip.MustParsePrefix("2001::/32")
+)
+
+// embedded returns the IPv4 addresses an IPv6 address carries, which are
+// where its packets end up: NAT64 (RFC 6052, the well-known /96 and the
+// local-use /48), 6to4 (RFC 3056) and Teredo (RFC 4380: the server, and the
+// client's address stored inverted). IPv4-mapped addresses are unmapped
+// before this.
+func embedded(a netip.Addr) []netip.Addr {
+	if !a.Is6() {
+		return nil
+	}
+	b := a.As16()
+	v4 := func(b0, b1, b2, b3 byte) netip.Addr { return netip.AddrFrom4([4]byte{b0, b1, b2, b3}) }
+	switch {
+	case nat64.Contains(a):
+		return []netip.Addr{v4(b[12], b[13], b[14], b[15])}
+	case nat64L.Contains(a):
+		// A /48 prefix puts the IPv4 address in bits 48-63 and 72-87,
+		// around the reserved octet at 64-71.
+		return []netip.Addr{v4(b[6], b[7], b[9], b[10])}
+	case sixTo4.Contains(a):
+		return []netip.Addr{v4(b[2], b[3], b[4], b[5])}
+	case teredo.Contains(a):
+		return []netip.Addr{v4(b[4], b[5], b[6], b[7]), v4(^b[12], ^b[13], ^b[14], ^b[15])}
+	}
+	return nil
+}
+
+// classify says which range holds a and what it is.
+func classify(a netip.Addr) (class, string) {
+	for _, r := range special {
+		if r.prefix.Contains(a) {
+			return r.class, r.what
+		}
+	}
+	return public, ""
+}
+
+// checkAddr says why a delivery must not reach ap, or "" if it may.
 func (g *Guard) checkAddr(ap netip.AddrPort) string {
-	a := ap.Addr().Unmap()
+	// A zone would keep the address out of every prefix.
+	a := ap.Addr().Unmap().WithZone("")
+	// The IPv4 address carried inside is where the packets end up, so it
+	// names the refusal when both are refused.
+	for _, e := range embedded(a) {
+		if why := g.refusal(e, ap.Port()); why != "" {
+			return "resolves to " + a.String() + ", which carries " + why
+		}
+	}
+	if why := g.refusal(a, ap.Port()); why != "" {
+		return "resolves to " + why
+	}
+	return ""
+}
+
+// refusal names what a is when a delivery must not reach it on port, or "".
+func (g *Guard) refusal(a netip.Addr, port uint16) string {
+	if g.isSelf(a, port) {
+		return "the control plane's own API listener (" + netip.AddrPortFrom(a, port).String() + ")"
+	}
+	switch c, what := classify(a); {
+	case c == public:
+		return ""
+	case c == never, c == private && !g.AllowPrivate, c == loopback && !g.AllowPrivate && !g.AllowLoopback:
+		return what + " (" + a.String() + ")"
+	}
+	return ""
+}
+
+// isSelf says whether a connection to a on port reaches the control
+// plane's own API listener.
+func (g *Guard) isSelf(a netip.Addr, port uint16) bool {
 	g.mu.Lock()
 	self := g.self
 	g.mu.Unlock()
+	// A connection to an unspecified address lands on this host's
+	// loopback, so it reaches a listener on loopback too.
+	local := a.IsLoopback() || a.IsUnspecified()
 	for _, s := range self {
-		if s.Port() != ap.Port() {
-			continue
-		}
-		if s.Addr() == a || (s.Addr().IsUnspecified() && (a.IsLoopback() || a.IsUnspecified())) ||
-			(s.Addr().IsLoopback() && a.IsLoopback()) {
-			return "is the control plane's own API listener"
+		if s.Port() == port && (s.Addr() == a || (s.Addr().IsUnspecified() || s.Addr().IsLoopback()) && local) {
+			return true
 		}
 	}
-	if g.AllowPrivate {
-		return ""
-	}
-	switch {
-	case a.IsLoopback():
-		if g.AllowLoopback {
-			return ""
-		}
-		return "resolves to a loopback address (" + a.String() + ")"
-	case a.IsUnspecified():
-		return "resolves to an unspecified address (" + a.String() + ")"
-	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
-		return "resolves to a link-local address (" + a.String() + ")"
-	case a.IsPrivate(), sharedCGNAT.Contains(a):
-		return "resolves to a private address (" + a.String() + ")"
-	case a.IsMulticast(), a.IsInterfaceLocalMulticast():
-		return "resolves to a multicast address (" + a.String() + ")"
-	}
-	return ""
+	return false
 }
 
 // CheckURL validates an endpoint URL and resolves its host: it returns the

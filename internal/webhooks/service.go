@@ -433,9 +433,12 @@ func (s *Service) RotateSecret(ctx context.Context, req *connect.Request[apiv1.R
 	msg := req.Msg
 	overlap := DefaultOverlap
 	return mutateOne(ctx, s, req, msg.GetTenant(), msg.GetWebhook(), func(vs *envelope.Violations) {
+		// Bounded on the seconds, before they become a Duration: a huge
+		// count overflows into a negative one that passes a Duration bound.
 		if o := msg.GetOverlapSeconds(); o != 0 {
-			if o < 0 || time.Duration(o)*time.Second > MaxOverlap {
+			if o < 0 || o > int64(MaxOverlap/time.Second) {
 				vs.Add("overlap_seconds", "must be between 1 and %d (7 days), got %d", int64(MaxOverlap/time.Second), o)
+				return
 			}
 			overlap = time.Duration(o) * time.Second
 		}

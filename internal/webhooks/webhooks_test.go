@@ -541,6 +541,19 @@ func TestCrossTenantWebhooks(t *testing.T) {
 	_, err = evil.Webhooks.Redeliver(ctx, connect.NewRequest(&apiv1.RedeliverWebhookRequest{Tenant: "acme", Webhook: wh.GetId(),
 		Delivery: "whd_00000000000000000000000000"}))
 	require.Contains(t, []string{"PERMISSION_DENIED", "INVALID_ARGUMENT"}, code(err))
+	// Nor rotate their secret, with an overlap in bounds or one that
+	// would overflow.
+	for tenant, want := range map[string]string{"acme": "PERMISSION_DENIED", "other": "NOT_FOUND"} {
+		_, err = evil.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: tenant, Webhook: wh.GetId(),
+			OverlapSeconds: 3600}))
+		require.Equal(t, want, code(err), tenant)
+		_, err = evil.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: tenant, Webhook: wh.GetId(),
+			OverlapSeconds: 9_223_372_037}))
+		require.Equal(t, "INVALID_ARGUMENT", code(err), tenant)
+	}
+	got, err := f.admin.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "acme", Webhook: wh.GetId()}))
+	require.NoError(t, err)
+	require.Nil(t, got.Msg.GetWebhook().GetPreviousSecretExpireTime(), "acme's secret was not rotated")
 	mine, err := evil.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "other"}))
 	require.NoError(t, err)
 	require.Empty(t, mine.Msg.GetWebhooks())
@@ -628,9 +641,17 @@ func TestCreateIsIdempotentAndShowsTheSecretOnce(t *testing.T) {
 		require.Equal(t, "INVALID_ARGUMENT", code(err))
 		require.Equal(t, tc.field, client.Detail(err).GetViolations()[0].GetField())
 	}
-	_, err = f.admin.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme",
-		Webhook: first.GetWebhook().GetId(), OverlapSeconds: 8 * 24 * 3600}))
-	require.Equal(t, "INVALID_ARGUMENT", code(err))
+	// An overlap past 7 days is refused, also one so large that it
+	// overflows a time.Duration (to 1734, or to a few seconds).
+	for _, o := range []int64{8 * 24 * 3600, -1, 9_223_372_037, 18_446_744_074, 1 << 62} {
+		_, err = f.admin.Webhooks.RotateSecret(ctx, connect.NewRequest(&apiv1.RotateWebhookSecretRequest{Tenant: "acme",
+			Webhook: first.GetWebhook().GetId(), OverlapSeconds: o}))
+		require.Equal(t, "INVALID_ARGUMENT", code(err), "overlap %d", o)
+		require.Equal(t, "overlap_seconds", client.Detail(err).GetViolations()[0].GetField(), "overlap %d", o)
+	}
+	got, err := f.admin.Webhooks.Get(ctx, connect.NewRequest(&apiv1.GetWebhookRequest{Tenant: "acme", Webhook: first.GetWebhook().GetId()}))
+	require.NoError(t, err)
+	require.Nil(t, got.Msg.GetWebhook().GetPreviousSecretExpireTime(), "no rotation was written")
 	_, err = f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "nobody", Url: "http://127.0.0.1:9/x"}))
 	require.Equal(t, "NOT_FOUND", code(err))
 	list, err = f.admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "acme"}))
