@@ -102,7 +102,12 @@ type Batch struct {
 	pendingOK bool
 	nodes     map[string]error // node checks made this batch
 	quotas    map[quotaKey][]quota.Quota
-	charges   []quota.Charge // charges staged this batch, for later items' quota checks
+	// lockedTenants are the tenants whose quota rows the batch holds
+	// (FOR UPDATE): those of the items that named theirs, and those a
+	// charge of an item that did not (the pending pass) locked since.
+	lockedTenants map[string]bool
+	itemLocked    []string
+	charges       []quota.Charge // charges staged this batch, for later items' quota checks
 	// rows staged by the caller's store code (a new reservation),
 	// written by INSERT head, in order.
 	rows     []stagedRow
@@ -135,14 +140,14 @@ type quotaKey struct{ tenant, project, pool, model string }
 
 func newBatch(tx store.Tx, ix *Index, now time.Time) *Batch {
 	return &Batch{tx: tx, ix: ix, now: now, nodes: map[string]error{}, quotas: map[quotaKey][]quota.Quota{},
-		rollups: map[rollupDelta]int{}}
+		rollups: map[rollupDelta]int{}, lockedTenants: map[string]bool{}}
 }
 
 // Mark is where a batch stood before an item, to undo the item alone.
 type Mark struct {
 	env                           envelope.BatchMark
 	rows, bookings, undo, charges int
-	atoms, cpus, hosts            int
+	atoms, cpus, hosts, locked    int
 	pending                       int
 	rollups                       map[rollupDelta]int
 }
@@ -150,7 +155,7 @@ type Mark struct {
 // Mark notes where the batch stands before an item.
 func (b *Batch) Mark() Mark {
 	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus),
-		hosts: len(b.hosts)}
+		hosts: len(b.hosts), locked: len(b.itemLocked)}
 	if b.env != nil {
 		m.env = b.env.Mark()
 	}
@@ -171,6 +176,7 @@ func (b *Batch) Rewind(m Mark) {
 	b.undo = b.undo[:m.undo]
 	b.rows, b.bookings, b.charges, b.pending = b.rows[:m.rows], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
 	b.atoms, b.cpus, b.hosts = b.atoms[:m.atoms], b.cpus[:m.cpus], b.hosts[:m.hosts]
+	b.itemLocked = b.itemLocked[:m.locked]
 	if b.env != nil {
 		b.env.Rewind(m.env)
 	}
@@ -435,6 +441,23 @@ func (b *Batch) PendingCount(ctx context.Context, poolID string) (int, error) {
 	return b.pending, nil
 }
 
+// LockTenant locks a tenant's quota rows for the rest of the batch unless it
+// holds them already: an item that did not name its tenant up front (the
+// pending pass places many tenants' work) charges quotas that a create in
+// another pool may charge at once, and the two must take turns. Call it
+// outside a savepoint: rolling one back lets go of what it locked.
+func (b *Batch) LockTenant(ctx context.Context, tenantID string) error {
+	if b.lockedTenants[tenantID] || slices.Contains(b.itemLocked, tenantID) {
+		return nil
+	}
+	if err := quota.LockTenants(ctx, b.tx, []string{tenantID}); err != nil {
+		return err
+	}
+	// Rewound with the item: its savepoint's rollback lets go of the lock.
+	b.itemLocked = append(b.itemLocked, tenantID)
+	return nil
+}
+
 // CheckQuota checks a charge against the quotas that cover it, counting the
 // charges this batch staged before it. The covering quotas are read (and
 // locked, on PostgreSQL) once a batch per key.
@@ -442,6 +465,9 @@ func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
 	k := quotaKey{c.TenantID, c.ProjectID, c.PoolID, c.Model}
 	qs, ok := b.quotas[k]
 	if !ok {
+		if err := b.LockTenant(ctx, c.TenantID); err != nil {
+			return err
+		}
 		var err error
 		if qs, err = quota.Covering(ctx, b.tx, c); err != nil {
 			return err
@@ -743,6 +769,9 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (
 		slices.Sort(tenants)
 		if err := quota.LockTenants(ctx, tx, tenants); err != nil {
 			return err
+		}
+		for _, t := range tenants {
+			b.lockedTenants[t] = true
 		}
 		for i, w := range ws {
 			if w.direct && !perItem {

@@ -245,6 +245,11 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			}
 			var ok bool
 			var ex placement.Explanation
+			// The tenant's quotas are held before the savepoint, whose
+			// rollback would let go of them.
+			if err := b.LockTenant(ctx, r.TenantID); err != nil {
+				return err
+			}
 			m := b.Mark()
 			err := placer.Savepoint(ctx, tx, "pending", func() error {
 				var err error
