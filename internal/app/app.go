@@ -331,7 +331,7 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	db, err := storeopen.Open(ctx, store.Config{URL: cfg.DatabaseURL, StateDir: cfg.StateDir, Clock: cfg.Clock, Logger: cfg.Logger,
-		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
+		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout, Exclusive: true})
 	if err != nil {
 		return nil, err
 	}

@@ -36,4 +36,10 @@ type Config struct {
 	// Logger receives warnings about the state directory's permissions;
 	// default slog.Default().
 	Logger *slog.Logger
+	// Exclusive (SQLite) holds a lock on the database for as long as it is
+	// open: a control plane sets it, so a second one on the same state
+	// directory refuses to start (naming the process that holds it) instead
+	// of placing against bookings it cannot see. Tools that only read or
+	// rotate keys (pki) leave it unset.
+	Exclusive bool
 }

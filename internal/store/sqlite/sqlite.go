@@ -30,6 +30,10 @@ type Config struct {
 	Path       string
 	Clock      clock.Clock
 	MaxReaders int
+	// Exclusive holds an exclusive lock on Path + ".lock" until Close: a
+	// second Exclusive opening (another process, or this one) is refused
+	// with ErrInUse, naming the holder.
+	Exclusive bool
 }
 
 // Driver implements store.Driver for SQLite.
@@ -44,6 +48,8 @@ type Driver struct {
 	wstmts, rstmts *stmtCache
 	stop           chan struct{}
 	done           chan struct{}
+	// release lets go of the database's process lock.
+	release func()
 }
 
 // checkpointInterval is how often the background checkpoint runs.
@@ -55,11 +61,29 @@ var _ store.Driver = (*Driver)(nil)
 // lock before SQLITE_BUSY (classified as ErrSerialization, so Write retries).
 const busyTimeoutMS = 5000
 
-// Open opens (creating if needed) the database file at cfg.Path.
-func Open(ctx context.Context, cfg Config) (*Driver, error) {
+// ErrInUse: another process (or another Open in this one) has the database
+// open. SQLite's one-writer design is this store's invariant: a second
+// control plane on the same file would place against an index that does
+// not see the first one's bookings.
+var ErrInUse = errors.New("sqlite: the database is in use")
+
+// Open opens (creating if needed) the database file at cfg.Path; with
+// cfg.Exclusive it holds the database's process lock until Close.
+func Open(ctx context.Context, cfg Config) (drv *Driver, err error) {
 	if cfg.Path == "" {
 		return nil, errors.New("sqlite: path is empty")
 	}
+	release := func() {}
+	if cfg.Exclusive {
+		if release, err = holdFile(cfg.Path + ".lock"); err != nil {
+			return nil, fmt.Errorf("sqlite: open %s: %w", cfg.Path, err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	clk := cfg.Clock
 	if clk == nil {
 		clk = clock.Real{}
@@ -72,7 +96,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	// A private driver per DB, so compute_now() closes over this DB's clock
 	// and parallel tests with different SimClocks do not see each other's.
 	d := &msqlite.Driver{}
-	err := d.RegisterScalarFunction("compute_now", 0, func(*msqlite.FunctionContext, []driver.Value) (driver.Value, error) {
+	err = d.RegisterScalarFunction("compute_now", 0, func(*msqlite.FunctionContext, []driver.Value) (driver.Value, error) {
 		return clk.Now().UTC().Format(store.SQLiteTimeLayout), nil
 	})
 	if err != nil {
@@ -121,7 +145,7 @@ func Open(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	cp := sql.OpenDB(connector{d: d, dsn: base + "?" + common.Encode()})
 	cp.SetMaxOpenConns(1)
-	d2 := &Driver{path: cfg.Path, writer: writer, reader: reader, checkpointer: cp, stop: make(chan struct{}), done: make(chan struct{}),
+	d2 := &Driver{path: cfg.Path, writer: writer, reader: reader, checkpointer: cp, stop: make(chan struct{}), done: make(chan struct{}), release: release,
 		wstmts: newStmtCache(writer), rstmts: newStmtCache(reader)}
 	go d2.checkpoint()
 	return d2, nil
@@ -178,7 +202,9 @@ func (d *Driver) Close() error {
 	_, cerr := d.checkpointer.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
 	d.wstmts.close()
 	d.rstmts.close()
-	return errors.Join(d.reader.Close(), cerr, d.checkpointer.Close(), d.writer.Close())
+	err := errors.Join(d.reader.Close(), cerr, d.checkpointer.Close(), d.writer.Close())
+	d.release()
+	return err
 }
 
 // Begin starts an immediate transaction on the writer, or a deferred

@@ -1,7 +1,11 @@
 package sqlite
 
 import (
+	"context"
 	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -47,4 +51,26 @@ func TestConvertArgs(t *testing.T) {
 	assert.Equal(t, want, convertArgs(in))
 	plain := []any{1, "x"}
 	assert.Equal(t, plain, convertArgs(plain))
+}
+
+// A second opening of one database file (another process, or this one) is
+// refused while the first holds it, naming the holder; it opens once the
+// first closes.
+func TestOpenRefusesASecondHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "bc.db")
+	first, err := Open(ctx, Config{Path: path, Exclusive: true})
+	require.NoError(t, err)
+	// A tool that does not serve still opens it.
+	tool, err := Open(ctx, Config{Path: path})
+	require.NoError(t, err)
+	require.NoError(t, tool.Close())
+	_, err = Open(ctx, Config{Path: path, Exclusive: true})
+	require.ErrorIs(t, err, ErrInUse)
+	require.Contains(t, err.Error(), fmt.Sprintf("process %d holds", os.Getpid()))
+	require.NoError(t, first.Close())
+	second, err := Open(ctx, Config{Path: path, Exclusive: true})
+	require.NoError(t, err)
+	require.NoError(t, second.Close())
 }

@@ -49,6 +49,7 @@ func Open(ctx context.Context, cfg store.Config) (*store.DB, error) {
 			Path:       path,
 			Clock:      clk,
 			MaxReaders: cmp.Or(cfg.MaxReaders, 4),
+			Exclusive:  cfg.Exclusive,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
