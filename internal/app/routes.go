@@ -30,7 +30,6 @@ import (
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/secrets"
-	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"github.com/better-compute/better-compute/internal/tunnel"
 	"github.com/better-compute/better-compute/internal/vps"
@@ -166,10 +165,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := a.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-			var one int
-			return tx.QueryRow(ctx, `SELECT 1`).Scan(&one)
-		}); err != nil {
+		if err := a.DB.Ping(ctx); err != nil {
 			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
 			return
 		}

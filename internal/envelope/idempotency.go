@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -37,9 +36,7 @@ func replay[Res any](ctx context.Context, e *Envelope, caller Caller, key, proce
 		body             []byte
 	)
 	err := e.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		return tx.QueryRow(ctx, `SELECT procedure, request_hash, response FROM idempotency_keys
-			WHERE principal_id = $1 AND key = $2 AND expire_time > compute_now()`,
-			caller.Principal.ID, key).Scan(&gotProc, &gotHash, &body)
+		return idempotencyGet(ctx, tx, caller.Principal.ID, key).Scan(&gotProc, &gotHash, &body)
 	})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -65,44 +62,4 @@ type idemRecord struct {
 	principalID, key, procedure, reqHash string
 	body                                 []byte
 	expire                               time.Time
-}
-
-// idempotencyInsert stores results for replay; a key another request stored
-// first fails with errIdempotencyRace.
-func idempotencyInsert(ctx context.Context, tx store.Tx, recs []idemRecord) error {
-	if len(recs) == 0 {
-		return nil
-	}
-	// An expired row for the same key may still be there until the pruner
-	// runs; it no longer counts.
-	rows := make([][]any, len(recs))
-	var where strings.Builder
-	args := make([]any, 0, 2*len(recs))
-	for i, r := range recs {
-		rows[i] = []any{r.principalID, r.key, r.procedure, r.reqHash, r.body, store.Raw("compute_now()"), r.expire}
-		if i > 0 {
-			where.WriteString(" OR ")
-		}
-		fmt.Fprintf(&where, "(principal_id = $%d AND key = $%d)", 2*i+1, 2*i+2)
-		args = append(args, r.principalID, r.key)
-	}
-	if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE expire_time <= compute_now() AND (`+where.String()+`)`, args...); err != nil {
-		return err
-	}
-	err := store.InsertRows(ctx, tx, `INSERT INTO idempotency_keys (principal_id, key, procedure, request_hash, response, create_time, expire_time)`, "", rows)
-	if errors.Is(err, store.ErrUnique) {
-		return errIdempotencyRace
-	}
-	return err
-}
-
-// PruneIdempotencyKeys deletes expired keys; a periodic job calls it.
-func PruneIdempotencyKeys(ctx context.Context, db *store.DB) (int64, error) {
-	var n int64
-	err := db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		var err error
-		n, err = tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE expire_time <= compute_now()`)
-		return err
-	})
-	return n, err
 }

@@ -83,14 +83,8 @@ func (r *Runtime) mintDiscovery(ctx context.Context, m Machine) (string, error) 
 	s := base64.RawURLEncoding.EncodeToString(secret[:])
 	sum := sha256.Sum256([]byte(s))
 	err := r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		if _, err := tx.Exec(ctx, `DELETE FROM machine_discovery_tokens WHERE machine_id = $1 AND used_time IS NULL`, m.ID); err != nil {
-			return err
-		}
 		now := r.clock.Now()
-		_, err := tx.Exec(ctx, `INSERT INTO machine_discovery_tokens (id, secret_sha256, machine_id, site_id, mac, workflow_id,
-			create_time, expire_time) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-			envelope.NewID(discoveryIDPrefix, now), hex.EncodeToString(sum[:]), m.ID, m.SiteID, m.MAC, m.WorkflowID, now, now.Add(DiscoveryTTL))
-		return err
+		return discoveryTokenReplace(ctx, tx, envelope.NewID(discoveryIDPrefix, now), hex.EncodeToString(sum[:]), m, now, now.Add(DiscoveryTTL))
 	})
 	if err != nil {
 		return "", fmt.Errorf("mint a discovery token: %w", err)
@@ -139,9 +133,7 @@ func (r *Runtime) ClaimDiscoveryTx(ctx context.Context, tx store.Tx, token strin
 		boundCSR  string
 		tokenNode string
 	)
-	err = tx.QueryRow(ctx, `SELECT id, machine_id, site_id, mac, workflow_id, expire_time, used_time, csr_sha256, node_id
-		FROM machine_discovery_tokens WHERE secret_sha256 = $1`+store.ForUpdate(tx), sha).
-		Scan(&c.TokenID, &c.MachineID, &c.SiteID, &mac, &c.WorkflowID, &expire, &used, &boundCSR, &tokenNode)
+	err = discoveryTokenForUpdate(ctx, tx, sha).Scan(&c.TokenID, &c.MachineID, &c.SiteID, &mac, &c.WorkflowID, &expire, &used, &boundCSR, &tokenNode)
 	if errors.Is(err, store.ErrNotFound) {
 		return DiscoveryClaim{}, &DiscoveryRefusal{Reason: "unknown discovery token (its boot ended, or a later boot replaced it)"}
 	}
@@ -174,8 +166,7 @@ func (r *Runtime) ClaimDiscoveryTx(ctx context.Context, tx store.Tx, token strin
 	case m.WorkflowID != c.WorkflowID:
 		return refuse("discovery token %s is for a boot of machine %s that ended", c.TokenID, m.Name)
 	}
-	n, err := tx.Exec(ctx, `UPDATE machine_discovery_tokens SET used_time = $2, csr_sha256 = $3 WHERE id = $1 AND used_time IS NULL`,
-		c.TokenID, r.clock.Now(), csrSHA)
+	n, err := discoveryTokenUse(ctx, tx, c.TokenID, r.clock.Now(), csrSHA)
 	if err != nil {
 		return DiscoveryClaim{}, err
 	}
@@ -190,8 +181,7 @@ func (r *Runtime) ClaimDiscoveryTx(ctx context.Context, tx store.Tx, token strin
 // certificate, which signs its wipe records), and ends the machine's wait
 // for its ramdisk, in the join's transaction.
 func (r *Runtime) DiscoveryJoinedTx(ctx context.Context, tx store.Tx, c DiscoveryClaim, nodeID string, publicKeyDER []byte) error {
-	if _, err := tx.Exec(ctx, `UPDATE machine_discovery_tokens SET node_id = $2, public_key = $3 WHERE id = $1`,
-		c.TokenID, nodeID, base64.StdEncoding.EncodeToString(publicKeyDER)); err != nil {
+	if err := discoveryTokenJoined(ctx, tx, c.TokenID, nodeID, base64.StdEncoding.EncodeToString(publicKeyDER)); err != nil {
 		return err
 	}
 	return r.ramdiskJoinedTx(ctx, tx, c.MachineID, c.WorkflowID, nodeID)
@@ -234,38 +224,12 @@ func (r *Runtime) JoinedRamdisk(ctx context.Context, siteID, machineID string, p
 		if _, err := rand.Read(secret[:]); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO machine_discovery_tokens (id, secret_sha256, machine_id, site_id, mac, workflow_id,
-			create_time, expire_time, used_time, public_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $7, $8)`,
-			envelope.NewID(discoveryIDPrefix, now), hex.EncodeToString(secret[:]), m.ID, m.SiteID, m.MAC, m.WorkflowID, now,
+		if err := discoveryTokenInsertUsed(ctx, tx, envelope.NewID(discoveryIDPrefix, now), hex.EncodeToString(secret[:]), m, now,
 			base64.StdEncoding.EncodeToString(publicKeyDER)); err != nil {
 			return err
 		}
 		return r.ramdiskJoinedTx(ctx, tx, m.ID, m.WorkflowID, "")
 	})
-}
-
-// ramdiskOf returns the node and public key of the ramdisk that joined
-// last for a machine's workflow; "" and nil when none did.
-func ramdiskOf(ctx context.Context, q store.Querier, machineID, workflowID string) (nodeID string, publicKeyDER []byte, err error) {
-	var key string
-	err = q.QueryRow(ctx, `SELECT node_id, public_key FROM machine_discovery_tokens
-		WHERE machine_id = $1 AND workflow_id = $2 AND used_time IS NOT NULL AND public_key <> ''
-		ORDER BY used_time DESC, id DESC LIMIT 1`, machineID, workflowID).Scan(&nodeID, &key)
-	if errors.Is(err, store.ErrNotFound) {
-		return "", nil, nil
-	}
-	if err != nil {
-		return "", nil, err
-	}
-	der, err := base64.StdEncoding.DecodeString(key)
-	return nodeID, der, err
-}
-
-// discoveryDelete deletes a machine's discovery tokens: its ramdisk boot
-// ended with the workflow.
-func discoveryDelete(ctx context.Context, tx store.Tx, machineID string) error {
-	_, err := tx.Exec(ctx, `DELETE FROM machine_discovery_tokens WHERE machine_id = $1`, machineID)
-	return err
 }
 
 // attestedWipe verifies a disk.wipe step's output: a record signed by the
@@ -314,22 +278,4 @@ func (r *Runtime) refuseWipe(ctx context.Context, tx store.Tx, m *Machine, op, s
 	return r.rec.InsertEvents(ctx, tx, []envelope.Event{{Type: "machine.failed", TenantID: m.TenantID, ResourceType: "Machine",
 		ResourceID: m.ID, Time: now, Data: map[string]any{"state": string(m.State), "operation": op, "failed_step": step,
 			"reason": m.FailureReason}}})
-}
-
-// ramdiskNodes lists the nodes a machine's ramdisks joined as.
-func ramdiskNodes(ctx context.Context, q store.Querier, machineID string) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT node_id FROM machine_discovery_tokens WHERE machine_id = $1 AND node_id <> '' ORDER BY node_id`, machineID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
 }

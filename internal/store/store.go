@@ -172,6 +172,14 @@ func (db *DB) write(ctx context.Context, prepare func(context.Context, DriverTx)
 	}
 }
 
+// Ping reads from the database once (a readiness probe).
+func (db *DB) Ping(ctx context.Context) error {
+	return db.Read(ctx, func(ctx context.Context, tx Tx) error {
+		var one int
+		return tx.QueryRow(ctx, `SELECT 1`).Scan(&one)
+	})
+}
+
 // Read runs fn in one read-only transaction from the reader pool, so reads
 // never wait for the writer. It sees data committed before it began.
 func (db *DB) Read(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error {

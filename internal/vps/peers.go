@@ -11,13 +11,6 @@ import (
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
-// privateOnPool lists the tenant's private instances leased from an IP
-// pool that hold a guest on a host: those whose peer list is pushed.
-func privateOnPool(ctx context.Context, q store.Querier, tenantID, ipPoolID string) ([]Instance, error) {
-	return scanInstances(q.Query(ctx, `SELECT `+instanceColumns+` FROM instances WHERE tenant_id = $1 AND ip_pool_id = $2
-		AND network_policy = 'private' AND node_id <> '' AND state IN ('booting', 'running', 'stopped') ORDER BY id`, tenantID, ipPoolID))
-}
-
 // peerKey is an instance.peers command's idempotency key: the recipient,
 // the change that caused it and the peer set's digest. A change handled
 // twice (a redelivered answer) sends nothing more; the same peer set after

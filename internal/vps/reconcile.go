@@ -29,23 +29,8 @@ func (s *InstanceService) SendLists(ctx context.Context) (int, error) {
 	n := 0
 	err := s.env.DB().Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		n = 0
-		rows, err := tx.Query(ctx, `SELECT DISTINCT n.id, n.tenant_id FROM instances i JOIN nodes n ON n.id = i.node_id
-			WHERE n.liveness = 'ready' AND i.state IN ('booting', 'running', 'stopped', 'deleting', 'failed', 'lost') ORDER BY n.id`)
+		hosts, err := reachableHosts(ctx, tx)
 		if err != nil {
-			return err
-		}
-		type host struct{ id, tenant string }
-		var hosts []host
-		for rows.Next() {
-			var h host
-			if err := rows.Scan(&h.id, &h.tenant); err != nil {
-				rows.Close()
-				return err
-			}
-			hosts = append(hosts, h)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return err
 		}
 		now := s.env.Clock().Now()

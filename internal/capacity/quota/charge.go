@@ -80,22 +80,6 @@ func effect(ctx context.Context, q store.Querier, c Charge, lock bool) (*apiv1.Q
 	return effectOf(ctx, q, c, qs, nil)
 }
 
-// LockTenants locks every quota of the tenants, in id order (PostgreSQL;
-// SQLite has one writer): a batch of charges takes its quota locks once,
-// in the one global order, before it checks any.
-func LockTenants(ctx context.Context, tx store.Tx, tenantIDs []string) error {
-	if tx.Dialect() != store.Postgres || len(tenantIDs) == 0 {
-		return nil
-	}
-	ph := make([]string, len(tenantIDs))
-	args := make([]any, len(tenantIDs))
-	for i, t := range tenantIDs {
-		ph[i], args[i] = fmt.Sprintf("$%d", i+1), t
-	}
-	_, err := tx.Exec(ctx, `SELECT id FROM quotas WHERE tenant_id IN (`+strings.Join(ph, ", ")+`) ORDER BY id`+store.ForUpdate(tx), args...)
-	return err
-}
-
 // Covering returns the quotas that cover a charge, without locking them.
 func Covering(ctx context.Context, q store.Querier, c Charge) ([]Quota, error) {
 	return covering(ctx, q, c, false)

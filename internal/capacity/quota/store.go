@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"embed"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -202,4 +203,20 @@ func usageOf(ctx context.Context, q store.Querier, quota Quota, start, end time.
 		}
 	}
 	return u, rows.Err()
+}
+
+// LockTenants locks every quota of the tenants, in id order (PostgreSQL;
+// SQLite has one writer): a batch of charges takes its quota locks once,
+// in the one global order, before it checks any.
+func LockTenants(ctx context.Context, tx store.Tx, tenantIDs []string) error {
+	if tx.Dialect() != store.Postgres || len(tenantIDs) == 0 {
+		return nil
+	}
+	ph := make([]string, len(tenantIDs))
+	args := make([]any, len(tenantIDs))
+	for i, t := range tenantIDs {
+		ph[i], args[i] = fmt.Sprintf("$%d", i+1), t
+	}
+	_, err := tx.Exec(ctx, `SELECT id FROM quotas WHERE tenant_id IN (`+strings.Join(ph, ", ")+`) ORDER BY id`+store.ForUpdate(tx), args...)
+	return err
 }
