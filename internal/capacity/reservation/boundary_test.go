@@ -9,6 +9,8 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/bctest"
+
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -210,4 +212,66 @@ func TestBatchChecksHostMemoryInTheDatabase(t *testing.T) {
 	require.Equal(t, "pending", r.GetState(), "the second half does not fit the host any more")
 	require.Equal(t, int(half), f.count(t, `SELECT COALESCE(SUM(memory_gib), 0) FROM reservations
 		WHERE node_id = $1 AND state IN ('placed', 'binding', 'active')`, node))
+}
+
+// The pending pass places many tenants' work without naming them up front:
+// it locks each tenant's quota rows before it charges them, so a create in
+// another pool charging the same quota (here: a transaction holding them)
+// and the pass take turns. Before, the pass read the quotas without a lock
+// and placed while the other transaction held them.
+func TestPendingPassLocksTheQuotasItCharges(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	if f.cp.App.DB.Dialect() != store.Postgres {
+		t.Skip("SQLite has one writer: the pass and a create cannot interleave (set BC_TEST_POSTGRES_URL)")
+	}
+	ctx := context.Background()
+	_, err := f.admin.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: "h100", To: []string{"other"}}))
+	require.NoError(t, err)
+	gpus := int32(8)
+	_, err = f.admin.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "other", Gpus: &gpus}))
+	require.NoError(t, err)
+	full := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 8, DurationSeconds: 3600, Binding: "none"})
+	require.NotEqual(t, "pending", full.GetState())
+	res, err := f.evil.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+		Tenant: "other", Pool: "h100", Gpus: 1, DurationSeconds: 3600, Binding: "none"}))
+	require.NoError(t, err)
+	waiting := res.Msg.GetReservation()
+	require.Equal(t, "pending", waiting.GetState(), "the node is full")
+
+	// Another transaction charging other's quota, held open.
+	held, release := make(chan struct{}), make(chan struct{})
+	charged := make(chan error, 1)
+	go func() {
+		charged <- f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			if _, err := store.Strings(tx.Query(ctx, `SELECT q.id FROM quotas q JOIN tenants t ON t.id = q.tenant_id
+				WHERE t.name = 'other' ORDER BY q.id FOR UPDATE`)); err != nil {
+				return err
+			}
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	bctest.Receive(t, "the quota rows held", held)
+	// Releasing acme's reservation wakes the pool's pending pass.
+	_, err = f.member.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "acme", Reservation: full.GetId()}))
+	require.NoError(t, err)
+	state := func() string {
+		r, err := f.evil.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "other", Reservation: waiting.GetId()}))
+		require.NoError(t, err)
+		return r.Msg.GetReservation().GetState()
+	}
+	bctest.WaitFor(t, "the pending pass to wait for other's quota rows (or to place without them)", func() bool {
+		if st := state(); st != "pending" {
+			close(release)
+			<-charged
+			t.Fatalf("the pending pass placed other's reservation (%s) while its quota rows were held", st)
+		}
+		return f.count(t, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	})
+	require.Equal(t, "pending", state())
+	close(release)
+	require.NoError(t, <-charged)
+	bctest.WaitFor(t, "the pass to place other's reservation once the quota rows are free", func() bool { return state() != "pending" })
 }
