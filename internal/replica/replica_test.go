@@ -8,18 +8,21 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/net/http/httpproxy"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -121,11 +124,15 @@ func nonLoopback(t *testing.T) string {
 	return ""
 }
 
-// TestForwardIgnoresProxy: with HTTPS_PROXY and HTTP_PROXY set, the
-// replica client connects to the replica directly; a transport that
-// honours the environment sends the same request to the proxy, so the
-// environment is one that would have been used.
+// TestForwardIgnoresProxy: with HTTPS_PROXY and HTTP_PROXY in its
+// environment from the start, a process reaches a replica with the replica
+// client directly: the proxy sees nothing. The same process with a
+// transport that honours the environment (http.ProxyFromEnvironment) is
+// sent to the proxy, so the environment is one that would have been used.
+// The client runs in a child process because the standard library reads
+// the proxy environment once per process.
 func TestForwardIgnoresProxy(t *testing.T) {
+	t.Parallel()
 	var proxied atomic.Int32
 	proxy := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		proxied.Add(1)
@@ -134,27 +141,71 @@ func TestForwardIgnoresProxy(t *testing.T) {
 	pln := listen(t, "127.0.0.1")
 	go func() { _ = proxy.Serve(pln) }()
 	t.Cleanup(func() { _ = proxy.Close() })
-	proxyURL := "http://" + pln.Addr().String()
-	t.Setenv("HTTPS_PROXY", proxyURL)
-	t.Setenv("HTTP_PROXY", proxyURL)
-	t.Setenv("NO_PROXY", "")
 
 	a := authority(t)
-	ra, rb := identity(t, a, "rep_a"), identity(t, a, "rep_b")
-	u := serve(t, rb, listen(t, nonLoopback(t)))
-
-	got, err := get(ra.Client(time.Minute), u)
+	u := serve(t, identity(t, a, "rep_b"), listen(t, nonLoopback(t)))
+	cert, err := a.IssueReplica("rep_a")
 	require.NoError(t, err)
-	require.Equal(t, "rep_a Bearer bc_caller", got)
+	dir := t.TempDir()
+	var certPEM []byte
+	for _, der := range cert.Certificate {
+		certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+		break
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cert.pem"), certPEM, 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "key.pem"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
+
+	child := func(mode string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestProxyChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "HTTPS_PROXY=http://"+pln.Addr().String(), "HTTP_PROXY=http://"+pln.Addr().String(),
+			"NO_PROXY=", "no_proxy=", "BC_REPLICA_PROXY_CHILD="+mode, "BC_REPLICA_PROXY_DIR="+dir, "BC_REPLICA_PROXY_URL="+u)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := child("replica")
+	require.NoError(t, err, out)
 	require.Zero(t, proxied.Load(), "the replica client went through the proxy")
 
-	// The control: the same transport honouring the environment is sent
-	// to the proxy.
-	tr := ra.Transport()
-	tr.Proxy = func(r *http.Request) (*url.URL, error) { return httpproxy.FromEnvironment().ProxyFunc()(r.URL) }
-	_, err = get(&http.Client{Transport: tr}, u)
-	require.Error(t, err)
-	require.NotZero(t, proxied.Load(), "the environment's proxy was not used by the control either")
+	out, err = child("environment")
+	require.Error(t, err, "the control reached the replica directly: %s", out)
+	require.NotZero(t, proxied.Load(), "the environment's proxy was not used by the control either: %s", out)
+}
+
+// TestProxyChild is TestForwardIgnoresProxy's child process: it fetches
+// the replica endpoint as rep_a with the replica client ("replica") or
+// with the same client honouring the proxy environment ("environment").
+func TestProxyChild(t *testing.T) {
+	mode := os.Getenv("BC_REPLICA_PROXY_CHILD")
+	if mode == "" {
+		return // only as TestForwardIgnoresProxy's child
+	}
+	dir := os.Getenv("BC_REPLICA_PROXY_DIR")
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
+	require.NoError(t, err)
+	cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
+	require.NoError(t, err)
+	id := identity(t, fixedAuthority{cert}, "rep_a")
+	c := id.Client(time.Minute)
+	if mode == "environment" {
+		tr := id.Transport()
+		tr.Proxy = http.ProxyFromEnvironment
+		c = &http.Client{Transport: tr}
+	}
+	got, err := get(c, os.Getenv("BC_REPLICA_PROXY_URL"))
+	require.NoError(t, err)
+	require.Equal(t, "rep_a Bearer bc_caller", got)
+}
+
+// fixedAuthority hands out one certificate and accepts any server: the
+// child tests where its requests go, not whom it trusts.
+type fixedAuthority struct{ cert tls.Certificate }
+
+func (f fixedAuthority) IssueReplica(string) (tls.Certificate, error) { return f.cert, nil }
+
+func (fixedAuthority) VerifyReplica([]*x509.Certificate, x509.ExtKeyUsage, time.Time) (string, error) {
+	return "rep_b", nil
 }
 
 // selfSigned is a server certificate no CA of the control plane issued,
