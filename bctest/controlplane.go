@@ -36,6 +36,9 @@ type ControlPlane struct {
 	// GatewayAddr is the agent gateway's host:port on loopback ("" when the
 	// gateway role is not run); agents verify it with PKI.TrustBundlePEM.
 	GatewayAddr string
+	// ReplicaURL is the replica listener other replicas forward to
+	// (https://, mutual TLS); "" on SQLite, where nothing is forwarded.
+	ReplicaURL string
 	// PKI is the control plane's certificate authority.
 	PKI *pki.Authority
 	// Secret is the generated BETTER_COMPUTE_SECRET sealing the PKI.
@@ -102,6 +105,7 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 		JobPoll:       50 * time.Millisecond,
 		Secret:        cp.Secret,
 		GatewayListen: "127.0.0.1:0",
+		ReplicaListen: "127.0.0.1:0",
 		ImagesDir:     cp.imagesDir,
 		// Test receivers listen on loopback, as in dev.
 		WebhookAllowLoopback: true,
@@ -135,6 +139,19 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	srv.Start()
 	cp.URL = srv.URL
 	a.SetAPIURL(srv.URL)
+	// Peers forward to the replica listener (PostgreSQL only), over mutual
+	// TLS with the internal CA's certificates, as in serve.
+	replicaAddr, err := a.ListenReplica()
+	if err != nil {
+		cancel()
+		t.Fatalf("bctest: replica listener: %v", err)
+	}
+	if replicaAddr != nil {
+		cp.ReplicaURL = "https://" + replicaAddr.String()
+		a.SetAPIURL(cp.ReplicaURL)
+	}
+	replicaDone := make(chan error, 1)
+	go func() { replicaDone <- a.ServeReplica(ctx) }()
 	done := make(chan error, 1)
 	go func() { done <- a.Jobs.Run(ctx) }()
 	whDone := make(chan error, 1)
@@ -159,6 +176,9 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 			a.Stop()
 			if err := <-gwDone; err != nil {
 				t.Errorf("bctest: gateway: %v", err)
+			}
+			if err := <-replicaDone; err != nil {
+				t.Errorf("bctest: replica listener: %v", err)
 			}
 			if err := <-done; err != nil {
 				t.Errorf("bctest: jobs: %v", err)

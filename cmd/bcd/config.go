@@ -93,7 +93,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.inst.bridgeAddress, "instance-bridge-address", "", "with --instances-dir: address/prefix given to a bridge bcd creates (the guests' gateway)")
 	fs.StringVar(&o.inst.netns, "instance-netns", "", "with --instances-dir: named network namespace holding the bridge and taps (default the host's)")
 	fs.StringVar(&o.inst.accel, "instance-accel", "", "with --instances-dir: kvm or tcg; empty probes KVM by booting and falls back to TCG")
-	fs.StringVar(&o.site.controlPlaneURL, "site-control-plane-url", "", "site mode: the control plane's HTTP API URL, where deploying machines' images are fetched into the site's cache")
+	fs.StringVar(&o.site.controlPlaneURL, "site-control-plane-url", "", "site mode: ignored (deploying machines' images now come over the gateway connection); kept so old configurations still start")
 }
 
 // fileConfig is the config file; keys are the flag names with underscores.

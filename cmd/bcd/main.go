@@ -211,6 +211,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return err
 	}
 	defer func() { _ = a.Close() }()
+	if sa, ok := handler.(*site.Agent); ok {
+		// Images come over the agent's own mTLS connection.
+		sa.SetFetch(a.FetchSiteImage)
+	}
 
 	if !a.Joined() {
 		token, err := readToken(getenv, stdin, o.tokenStdin)

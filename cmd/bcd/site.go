@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"net/url"
 	"path/filepath"
 	"strings"
 
@@ -54,14 +53,11 @@ func (o *options) siteServices(log *slog.Logger) (*site.Agent, pxe.Config, error
 		return nil, pxe.Config{}, fmt.Errorf("--site-http-listen %q: want [HOST]:PORT", s.httpListen)
 	}
 	if s.controlPlaneURL != "" {
-		if u, err := url.Parse(s.controlPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, pxe.Config{}, fmt.Errorf("--site-control-plane-url %q: want the control plane's http(s):// API URL", s.controlPlaneURL)
-		}
+		log.Warn("--site-control-plane-url is ignored: images come over the gateway connection, bound to this agent's certificate")
 	}
 	a, err := site.New(site.Config{StateDir: o.stateDir, Logger: log,
-		Ramdisk:         pxe.Ramdisk{Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline},
-		ImagesURL:       "http://" + net.JoinHostPort(cfg.ServerIP.String(), port) + "/files/sha256",
-		ControlPlaneURL: s.controlPlaneURL})
+		Ramdisk:   pxe.Ramdisk{Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline},
+		ImagesURL: "http://" + net.JoinHostPort(cfg.ServerIP.String(), port) + "/files/sha256"})
 	if err != nil {
 		return nil, pxe.Config{}, err
 	}

@@ -46,6 +46,7 @@ import (
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/provision"
+	"github.com/better-compute/better-compute/internal/replica"
 	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/store"
@@ -119,6 +120,11 @@ type Config struct {
 	// GatewayListen is the agent gateway's gRPC address; default
 	// 127.0.0.1:8443.
 	GatewayListen string
+	// ReplicaListen is the replica listener's address: mutual TLS with
+	// certificates from the internal CA, where other replicas forward the
+	// mutations of pools this one places (PostgreSQL, with a PKI, api
+	// role). Empty: none; peers cannot forward here.
+	ReplicaListen string
 	// GatewayHosts are the names in the gateway's serving certificate;
 	// default the listen host (unless a wildcard) and "localhost".
 	GatewayHosts []string
@@ -257,6 +263,10 @@ type App struct {
 	Handler  http.Handler
 	// PKI is the certificate authority; nil when no Secret was given.
 	PKI *pki.Authority
+	// Replica is this replica's identity among its peers (nil without a
+	// PKI): the transport it forwards with and its replica listener's TLS.
+	Replica   *replica.Identity
+	replicaLn net.Listener
 	// Gateway serves the agent protocol (gateway role); in every process it
 	// also wakes sessions when commands are written and runs the sweeps.
 	Gateway    *gateway.Gateway
@@ -406,6 +416,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.WebhookGuard.AddSelf(cfg.Listen)
 	periodic = append(periodic, a.addWebhookJobs(workers, jm)...)
 	a.Capacity = a.buildCapacity()
+	if err := a.buildReplica(); err != nil {
+		return nil, err
+	}
 	a.registerMetrics()
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
@@ -496,7 +509,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 	a.tunnels = tunnel.New(cfg.Clock.Now)
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, SiteImages: siteImages{a}, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
@@ -797,6 +810,23 @@ func (a *App) buildCapacity() *reservation.Runner {
 	}
 	a.fleetHooks.h = rn.Hooks()
 	return rn
+}
+
+// buildReplica gives this replica its certificate from the internal CA:
+// it forwards pools' mutations (and the callers' credentials in them) only
+// over mutual TLS with it, never through a proxy, and serves its replica
+// listener with it. Without a PKI it does neither.
+func (a *App) buildReplica() error {
+	if a.PKI == nil {
+		return nil
+	}
+	id, err := replica.New(replica.Config{Authority: a.PKI, ReplicaID: a.Capacity.Engine.ReplicaID(), Now: a.cfg.Clock.Now})
+	if err != nil {
+		return err
+	}
+	a.Replica = id
+	a.Capacity.Engine.SetForwardClient(id.Client(time.Minute))
+	return nil
 }
 
 // SetAPIURL sets the URL other replicas reach this replica's API by: they

@@ -174,9 +174,6 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
 	// bcd builds for the install script, which pins their sha256.
 	mux.Handle("GET /downloads/", downloads.Handler(a.cfg.DownloadsDir))
-	// Site agents fetch a deploying machine's image by digest, with the
-	// capability the lifecycle minted for their site.
-	mux.Handle("GET "+metal.ImageFetchPath+"{digest}", a.Metal.ImageFetchHandler(a.Blobs.Open))
 	// MCP for AI agents: its tools call the handlers above in process, so
 	// each passes the envelope as the agent's key.
 	agents, err := mcp.Handler(mcp.HTTPConfig{API: mux, Authn: a.Authn, MaxRequestBytes: MaxRequestBytes})

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 )
 
 // Task is a long-running component: it runs until ctx is done and returns
@@ -52,6 +54,62 @@ func (a *App) Listen() (net.Listener, error) {
 // (dev prints it; tests use 127.0.0.1:0).
 func (a *App) ListenGateway() (net.Addr, error) { return a.Gateway.Listen() }
 
+// ListenReplica opens the replica listener (Config.ReplicaListen) and
+// returns its address, or nil where this replica takes no forwards: no
+// address, no PKI (BETTER_COMPUTE_SECRET), or SQLite (one process places
+// every pool).
+func (a *App) ListenReplica() (net.Addr, error) {
+	if a.replicaLn != nil {
+		return a.replicaLn.Addr(), nil
+	}
+	if a.cfg.ReplicaListen == "" || a.Replica == nil || a.DB.PgxPool() == nil {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", a.cfg.ReplicaListen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", a.cfg.ReplicaListen, err)
+	}
+	a.replicaLn = ln
+	return ln.Addr(), nil
+}
+
+// ServeReplica serves the API to other replicas on the replica listener
+// until ctx is done: mutual TLS, and only a client with a replica
+// certificate of the internal CA gets a request through (replica.Guard).
+// The callers' own credentials are then checked as on the API listener.
+func (a *App) ServeReplica(ctx context.Context) error {
+	if _, err := a.ListenReplica(); err != nil {
+		return err
+	}
+	if a.replicaLn == nil {
+		return nil
+	}
+	ln := newLimitListener(a.replicaLn, a.cfg.MaxConnections, a.conns, a.cfg.Logger)
+	srv := &http.Server{
+		Handler:           a.Replica.Guard(a.Handler),
+		TLSConfig:         a.Replica.ServerTLS(),
+		ReadHeaderTimeout: a.cfg.ReadHeaderTimeout,
+		IdleTimeout:       a.cfg.IdleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("replica server: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("replica server: %w", err)
+	}
+	return nil
+}
+
 // Run serves the configured roles until ctx is done, then shuts down
 // cleanly: in-flight requests finish (bounded by ShutdownTimeout), jobs
 // stop, and the caller closes the database.
@@ -65,8 +123,22 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 			}
 		}
 		tasks = append(tasks, func(ctx context.Context) error { return a.ServeAPI(ctx, ln) })
-	} else if ln != nil {
-		_ = ln.Close()
+		// Only with a listener: a task that returns stops the others.
+		addr, err := a.ListenReplica()
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		if addr != nil {
+			tasks = append(tasks, a.ServeReplica)
+		}
+	} else {
+		if ln != nil {
+			_ = ln.Close()
+		}
+		if a.replicaLn != nil {
+			_ = a.replicaLn.Close()
+		}
 	}
 	if slices.Contains(a.cfg.Roles, RoleGateway) {
 		tasks = append(tasks, a.Gateway.Run)
@@ -85,7 +157,7 @@ func (a *App) ServeAPI(ctx context.Context, ln net.Listener) error {
 	// gRPC clients speak HTTP/2 without TLS to a plain-text listener.
 	protocols.SetUnencryptedHTTP2(true)
 	srv := &http.Server{
-		Handler:           a.Handler,
+		Handler:           publicOnly(a.Handler),
 		Protocols:         protocols,
 		ReadHeaderTimeout: a.cfg.ReadHeaderTimeout,
 		// No ReadTimeout or WriteTimeout: they would cut watch streams.
@@ -112,4 +184,17 @@ func (a *App) ServeAPI(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("api server: %w", err)
 	}
 	return nil
+}
+
+// publicOnly drops the mark of a forwarded request from what the API
+// listener receives: only the replica listener, behind replica.Guard,
+// carries requests forwarded by another replica.
+func publicOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(placer.ForwardedHeader) != "" {
+			r = r.Clone(r.Context())
+			r.Header.Del(placer.ForwardedHeader)
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -46,7 +46,9 @@ type serverFlags struct {
 	gatewayListen, trustDomain                         string
 	// advertiseURL is where peers forward the mutations of pools whose
 	// placer runs here.
-	advertiseURL                                   string
+	advertiseURL string
+	// replicaListen is the mutual TLS listener peers forward to.
+	replicaListen                                  string
 	gatewayHosts                                   []string
 	heartbeatInterval, unreachableAfter, lostAfter time.Duration
 	// dbStatementTimeout and dbLockTimeout bound every PostgreSQL
@@ -101,7 +103,8 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringSliceVar(&f.roles, "roles", strings.Split(envOr("BETTER_COMPUTE_ROLES", "api,worker,gateway"), ","), "roles to run: api, worker, gateway (env BETTER_COMPUTE_ROLES)")
 	fl.StringSliceVar(&f.gatewayHosts, "gateway-host", nil, "name or IP agents reach the gateway by, put in its serving certificate (repeatable; default the listen host and localhost)")
 	fl.StringVar(&f.trustDomain, "trust-domain", envOr("BETTER_COMPUTE_TRUST_DOMAIN", ""), "SPIFFE trust domain of the PKI created on an empty database (env BETTER_COMPUTE_TRUST_DOMAIN)")
-	fl.StringVar(&f.advertiseURL, "advertise-url", envOr("BETTER_COMPUTE_ADVERTISE_URL", ""), "URL other replicas reach this one's API by, to forward the pools it places (env BETTER_COMPUTE_ADVERTISE_URL; default http://<listen address>)")
+	fl.StringVar(&f.advertiseURL, "advertise-url", envOr("BETTER_COMPUTE_ADVERTISE_URL", ""), "https:// URL other replicas reach this one's replica listener by, to forward the pools it places (env BETTER_COMPUTE_ADVERTISE_URL; default https://<replica listen address>)")
+	fl.StringVar(&f.replicaListen, "replica-listen", envOr("BETTER_COMPUTE_REPLICA_LISTEN", "127.0.0.1:8444"), "replica listener address: mutual TLS with internal CA certificates, where other replicas forward the pools this one places (PostgreSQL with BETTER_COMPUTE_SECRET; env BETTER_COMPUTE_REPLICA_LISTEN; empty: none)")
 	fl.StringVar(&f.databaseURL, "database-url", envOr("BETTER_COMPUTE_DATABASE_URL", ""), "PostgreSQL URL (postgres://…); empty uses SQLite in --state-dir (env BETTER_COMPUTE_DATABASE_URL)")
 	fl.DurationVar(&f.dbStatementTimeout, "db-statement-timeout", store.DefaultStatementTimeout, "PostgreSQL statement_timeout of every connection (0: no limit); a statement past it fails UNAVAILABLE, retryable")
 	fl.DurationVar(&f.dbLockTimeout, "db-lock-timeout", store.DefaultLockTimeout, "PostgreSQL lock_timeout of every connection (0: no limit); a lock wait past it fails UNAVAILABLE, retryable")
@@ -210,7 +213,7 @@ func (f *serverFlags) config(logger *slog.Logger) bcapp.Config {
 		PDP: f.pdp, AuthZENURL: f.authzenURL, AuthZENTimeout: f.authzenTimeout, AuthZENToken: token,
 		OIDC: f.oidc, ShutdownTimeout: f.shutdownTimeout, Logger: logger, DownloadsDir: f.downloadsDir,
 		ImagesDir: f.imagesDir, MaxImageBytes: f.maxImageBytes,
-		GatewayListen: f.gatewayListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
+		GatewayListen: f.gatewayListen, ReplicaListen: f.replicaListen, GatewayHosts: f.gatewayHosts, TrustDomain: f.trustDomain, Secret: f.secret,
 		HeartbeatInterval: f.heartbeatInterval, UnreachableAfter: f.unreachableAfter, LostAfter: f.lostAfter,
 		MaxConnections:     f.maxConnections,
 		DBStatementTimeout: offIfZero(f.dbStatementTimeout), DBLockTimeout: offIfZero(f.dbLockTimeout),
@@ -268,11 +271,28 @@ offline root run "better-compute pki init" before the first serve.`,
 			if err != nil {
 				return err
 			}
+			// Peers forward to the replica listener only, over mutual TLS.
+			var replicaAddr net.Addr
+			if ln != nil {
+				if replicaAddr, err = a.ListenReplica(); err != nil {
+					_ = ln.Close()
+					return serverError(errors.New(listenError(err, f.replicaListen, "replica-listen")))
+				}
+			}
+			if ln != nil {
+				// Webhooks never call this replica's own API.
+				a.WebhookGuard.AddSelfURL("http://" + ln.Addr().String())
+			}
 			switch {
+			case replicaAddr == nil:
 			case f.advertiseURL != "":
+				if !strings.HasPrefix(f.advertiseURL, "https://") {
+					_ = ln.Close()
+					return invalidArg("advertise-url", "must be the https:// URL of --replica-listen: peers forward over mutual TLS")
+				}
 				a.SetAPIURL(f.advertiseURL)
-			case ln != nil:
-				a.SetAPIURL("http://" + ln.Addr().String())
+			default:
+				a.SetAPIURL("https://" + replicaAddr.String())
 			}
 			keyFile := f.bootstrapKeyFile
 			if keyFile == "" {

@@ -96,6 +96,9 @@ type Config struct {
 	// Tunnels, when set, matches the tunnels nodes open (Tunnel) to the
 	// API requests waiting for them.
 	Tunnels *tunnel.Hub
+	// SiteImages, when set, serves deploying machines' images to site
+	// agents (FetchSiteImage).
+	SiteImages SiteImages
 	// Authority is the PKI. It may be nil in a process that does not
 	// serve (an api or worker replica): the gateway then only wakes
 	// sessions (NotifyCommand) and runs the sweeps; Run fails.

@@ -3,14 +3,12 @@ package metal
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -21,17 +19,14 @@ import (
 )
 
 // The deploy path on a real site: the site agent fetches the image from
-// the control plane by digest (ImageFetchPath, with a capability minted
-// for its site) into its cache, the ramdisk streams it from the site's
-// HTTP server and writes it after verifying it, and machine.configure
-// writes a single-use node join token (sealed to the ramdisk's key) and the
-// gateway address into the image's config slot; the deployed OS joins
-// with it, and its first inventory report ends the deploy's os-joined
-// step.
-
-// ImageFetchPath is the control plane's HTTP route a site agent fetches a
-// deploying machine's image from: ImageFetchPath + sha256 + "?token=...".
-const ImageFetchPath = "/v1/site-images/sha256/"
+// the control plane by digest over its mutually authenticated gateway
+// connection (FetchSiteImage, with a capability minted for the site's
+// boot lease holder) into its cache, the ramdisk streams it from the
+// site's HTTP server and writes it after verifying it, and
+// machine.configure writes a single-use node join token (sealed to the
+// ramdisk's key) and the gateway address into the image's config slot; the
+// deployed OS joins with it, and its first inventory report ends the
+// deploy's os-joined step.
 
 // imageFetchTTL bounds a fetch capability: long enough for a deploy's
 // ramdisk boot and a slow first fetch.
@@ -43,6 +38,13 @@ const MachineLabel = "bettercompute.io/machine"
 
 // nodeTokenCreator marks the join tokens the deploy mints (created_by).
 const nodeTokenCreator = "system:metal"
+
+// ErrImageFetchDenied: an image fetch capability is missing, malformed,
+// for another digest or another node, expired, or used already.
+var ErrImageFetchDenied = errors.New("metal: image fetch refused")
+
+// ErrImageFetchNoBlob: the capability holds but the blob is gone.
+var ErrImageFetchNoBlob = errors.New("metal: no such image blob")
 
 // NodeTokenRequest is what a deploy's node join token binds.
 type NodeTokenRequest struct {
@@ -57,66 +59,107 @@ type NodeTokenRequest struct {
 
 func fetchSealRef(sha string) string { return "image-fetch/" + sha }
 
-// imageFetchToken mints the capability to fetch blob sha for site siteID.
-func (r *Runtime) imageFetchToken(siteID, sha string) (string, error) {
+// fetchClaim is what a fetch capability seals: the site and the node (the
+// site agent's certificate identity) it was minted for, a random id that
+// makes it single-use, and its expiry.
+type fetchClaim struct {
+	SiteID  string `json:"site"`
+	NodeID  string `json:"node"`
+	TokenID string `json:"id"`
+	Expires int64  `json:"exp"`
+}
+
+// ImageFetchToken mints the capability for site agent nodeID of site
+// siteID to fetch blob sha once, over its gateway connection.
+func (r *Runtime) ImageFetchToken(siteID, nodeID, sha string) (string, error) {
 	if r.sealer == nil {
 		return "", errors.New("no sealer (BETTER_COMPUTE_SECRET) to mint an image fetch token")
 	}
-	exp := r.clock.Now().Add(imageFetchTTL).Unix()
-	sealed, err := r.sealer.Seal(fetchSealRef(sha), []byte(siteID+" "+strconv.FormatInt(exp, 10)))
+	if siteID == "" || nodeID == "" {
+		return "", errors.New("an image fetch token needs a site and a node")
+	}
+	var id [16]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return "", err
+	}
+	claim, err := json.Marshal(fetchClaim{SiteID: siteID, NodeID: nodeID, TokenID: base64.RawURLEncoding.EncodeToString(id[:]),
+		Expires: r.clock.Now().Add(imageFetchTTL).Unix()})
+	if err != nil {
+		return "", err
+	}
+	sealed, err := r.sealer.Seal(fetchSealRef(sha), claim)
 	if err != nil {
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(sealed), nil
 }
 
-// ImageFetchHandler serves a blob to a site agent holding a fetch
-// capability for it (GET ImageFetchPath{sha256}?token=): the token opens
-// only for that digest, and only until it expires. open reads the image
+// OpenSiteImage serves a capability that site agent nodeID (the identity
+// of its verified client certificate) presents for blob sha: the token
+// opens only for that digest and that node, only until it expires, and for
+// one transfer. The caller streams the blob and calls finish with whether
+// the transfer completed: a complete one uses the capability up, an
+// incomplete one frees it for the site's retry. open reads the image
 // catalog's blob.
-func (r *Runtime) ImageFetchHandler(open func(sha string) (*os.File, error)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		sha := strings.TrimPrefix(req.URL.Path, ImageFetchPath)
-		if !imagesig.ValidDigest(sha) {
-			http.Error(w, "want "+ImageFetchPath+"<64 lower-case hex digits>", http.StatusBadRequest)
-			return
-		}
-		raw, err := base64.RawURLEncoding.DecodeString(req.URL.Query().Get("token"))
-		if err != nil || len(raw) == 0 || r.sealer == nil {
-			http.Error(w, "a fetch token is required", http.StatusUnauthorized)
-			return
-		}
-		claim, err := r.sealer.Open(fetchSealRef(sha), raw)
-		if err != nil {
-			http.Error(w, "the fetch token is not for this image", http.StatusForbidden)
-			return
-		}
-		_, expText, _ := strings.Cut(string(claim), " ")
-		exp, err := strconv.ParseInt(expText, 10, 64)
-		if err != nil || !r.clock.Now().Before(time.Unix(exp, 0)) {
-			http.Error(w, "the fetch token expired", http.StatusForbidden)
-			return
-		}
-		f, err := open(sha)
-		if err != nil {
-			http.Error(w, "no such image blob", http.StatusNotFound)
-			return
-		}
-		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			http.Error(w, "stat failed", http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Cache-Control", "no-store")
-		http.ServeContent(w, req, "", st.ModTime(), f)
+func (r *Runtime) OpenSiteImage(ctx context.Context, nodeID, sha, token string, open func(sha string) (*os.File, error)) (*os.File, func(complete bool), error) {
+	if !imagesig.ValidDigest(sha) {
+		return nil, nil, fmt.Errorf("%w: want a digest of 64 lower-case hex digits", ErrImageFetchDenied)
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(raw) == 0 || r.sealer == nil {
+		return nil, nil, fmt.Errorf("%w: a fetch token is required", ErrImageFetchDenied)
+	}
+	pt, err := r.sealer.Open(fetchSealRef(sha), raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: the fetch token is not for this image", ErrImageFetchDenied)
+	}
+	var c fetchClaim
+	if err := json.Unmarshal(pt, &c); err != nil || c.TokenID == "" || c.NodeID == "" {
+		return nil, nil, fmt.Errorf("%w: the fetch token is malformed", ErrImageFetchDenied)
+	}
+	if c.NodeID != nodeID {
+		return nil, nil, fmt.Errorf("%w: the fetch token was not issued to node %s", ErrImageFetchDenied, nodeID)
+	}
+	now, exp := r.clock.Now(), time.Unix(c.Expires, 0)
+	if !now.Before(exp) {
+		return nil, nil, fmt.Errorf("%w: the fetch token expired", ErrImageFetchDenied)
+	}
+	var claimed bool
+	err = r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		claimed, err = SiteImageFetchClaim(ctx, tx, c.TokenID, nodeID, sha, now, exp)
+		return err
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !claimed {
+		return nil, nil, fmt.Errorf("%w: the fetch token was used already", ErrImageFetchDenied)
+	}
+	release := func() {
+		// Detached: the fetch's own context is usually what ended it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+			return SiteImageFetchRelease(ctx, tx, c.TokenID)
+		}); err != nil {
+			r.log.Warn("free an image fetch capability after an incomplete transfer", "node", nodeID, "digest", sha, "err", err)
+		}
+	}
+	f, err := open(sha)
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("%w: %s", ErrImageFetchNoBlob, sha)
+	}
+	return f, func(complete bool) {
+		if !complete {
+			release()
+		}
+	}, nil
 }
 
-// siteImage is what the site agent needs to cache a deploying machine's
-// image: its digest and where to fetch it (ImageFetchPath with a token).
-func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, imageID string) (map[string]any, error) {
+// siteImage is what the site agent nodeID needs to cache a deploying
+// machine's image: its digest and the capability to fetch it.
+func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, nodeID, imageID string) (map[string]any, error) {
 	var sha string
 	if err := q.QueryRow(ctx, `SELECT sha256 FROM images WHERE id = $1`, imageID).Scan(&sha); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
@@ -124,21 +167,11 @@ func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, imageI
 		}
 		return nil, err
 	}
-	fetch, err := r.ImageFetchURL(siteID, sha)
+	tok, err := r.ImageFetchToken(siteID, nodeID, sha)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"sha256": sha, "fetch": fetch}, nil
-}
-
-// ImageFetchURL is the path (with its capability) site siteID fetches blob
-// sha from: ImageFetchPath + sha + "?token=...".
-func (r *Runtime) ImageFetchURL(siteID, sha string) (string, error) {
-	tok, err := r.imageFetchToken(siteID, sha)
-	if err != nil {
-		return "", err
-	}
-	return ImageFetchPath + sha + "?token=" + tok, nil
+	return map[string]any{"sha256": sha, "fetch_token": tok}, nil
 }
 
 // bootDisk is the disk a deploy writes: the first disk the machine's

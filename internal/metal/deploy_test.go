@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -17,53 +16,65 @@ import (
 )
 
 // TestImageFetchCapability: the control plane serves an image blob to a
-// site agent only with a capability minted for that digest, and only until
-// it expires.
+// site agent only with a capability minted for that digest and that agent
+// (its certificate's node id), only until it expires, and for one complete
+// transfer; an incomplete one frees it for a retry.
 func TestImageFetchCapability(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	f := setup(t)
+	rt, blobs := f.cp.App.Metal, f.cp.App.Blobs.Open
 	img, _ := f.image(t, "sample", true)
-	get := func(path string) (int, string) {
-		t.Helper()
-		res, err := http.Get(f.cp.URL + path)
-		require.NoError(t, err)
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		require.NoError(t, err)
-		return res.StatusCode, string(b)
-	}
-	path, err := f.cp.App.Metal.ImageFetchURL(f.site.GetId(), img.GetSha256())
+	sha, site := img.GetSha256(), f.site.GetId()
+	tok, err := rt.ImageFetchToken(site, "nod_site_a", sha)
 	require.NoError(t, err)
-	code, body := get(path)
-	require.Equal(t, http.StatusOK, code, body)
-	sum := sha256.Sum256([]byte(body))
-	require.Equal(t, img.GetSha256(), hex.EncodeToString(sum[:]))
 
-	_, tok, _ := strings.Cut(path, "?token=")
 	other := strings.Repeat("ab", 32)
-	for _, c := range []struct {
-		path string
-		code int
-		why  string
-	}{
-		{metal.ImageFetchPath + img.GetSha256(), http.StatusUnauthorized, "no token"},
-		{metal.ImageFetchPath + img.GetSha256() + "?token=AAAA", http.StatusForbidden, "a token that does not open"},
-		{metal.ImageFetchPath + other + "?token=" + tok, http.StatusForbidden, "another digest's token"},
-		{metal.ImageFetchPath + "not-a-digest?token=" + tok, http.StatusBadRequest, "a malformed digest"},
-	} {
-		code, body := get(c.path)
-		require.Equal(t, c.code, code, "%s: %s", c.why, body)
-	}
-	// A digest with a valid token but no blob: not found.
-	missing, err := f.cp.App.Metal.ImageFetchURL(f.site.GetId(), other)
+	otherTok, err := rt.ImageFetchToken(site, "nod_site_a", other)
 	require.NoError(t, err)
-	code, _ = get(missing)
-	require.Equal(t, http.StatusNotFound, code)
+	for _, c := range []struct {
+		node, sha, token, why string
+	}{
+		{"nod_site_a", sha, "", "no token"},
+		{"nod_site_a", sha, "AAAA", "a token that does not open"},
+		{"nod_site_a", other, tok, "another digest's token"},
+		{"nod_site_a", "not-a-digest", tok, "a malformed digest"},
+		{"nod_site_b", sha, tok, "another site agent's token"},
+	} {
+		_, _, err := rt.OpenSiteImage(ctx, c.node, c.sha, c.token, blobs)
+		require.ErrorIs(t, err, metal.ErrImageFetchDenied, c.why)
+	}
 
+	// The legitimate fetch, cut short: the capability stays usable.
+	file, finish, err := rt.OpenSiteImage(ctx, "nod_site_a", sha, tok, blobs)
+	require.NoError(t, err)
+	require.NoError(t, file.Close())
+	finish(false)
+	file, finish, err = rt.OpenSiteImage(ctx, "nod_site_a", sha, tok, blobs)
+	require.NoError(t, err)
+	// While one transfer runs, the capability serves no other.
+	_, _, err = rt.OpenSiteImage(ctx, "nod_site_a", sha, tok, blobs)
+	require.ErrorIs(t, err, metal.ErrImageFetchDenied)
+	b, err := io.ReadAll(file)
+	require.NoError(t, err)
+	require.NoError(t, file.Close())
+	finish(true)
+	sum := sha256.Sum256(b)
+	require.Equal(t, sha, hex.EncodeToString(sum[:]))
+	_, _, err = rt.OpenSiteImage(ctx, "nod_site_a", sha, tok, blobs)
+	require.ErrorIs(t, err, metal.ErrImageFetchDenied, "a second use")
+	require.ErrorContains(t, err, "used already")
+
+	// A valid capability for a blob that is gone: not found, and not used up.
+	_, _, err = rt.OpenSiteImage(ctx, "nod_site_a", other, otherTok, blobs)
+	require.ErrorIs(t, err, metal.ErrImageFetchNoBlob)
+
+	fresh, err := rt.ImageFetchToken(site, "nod_site_a", sha)
+	require.NoError(t, err)
 	f.cp.Clock.Advance(2*time.Hour + time.Second)
-	code, body = get(path)
-	require.Equal(t, http.StatusForbidden, code)
-	require.Contains(t, body, "expired")
+	_, _, err = rt.OpenSiteImage(ctx, "nod_site_a", sha, fresh, blobs)
+	require.ErrorIs(t, err, metal.ErrImageFetchDenied)
+	require.ErrorContains(t, err, "expired")
 }
 
 // TestNodeReportedIgnoresOtherNodes: an inventory report of a node that

@@ -156,7 +156,7 @@ func (s *SiteCommands) pushMachines(ctx context.Context, tx store.Tx, l BootLeas
 			"bmc_address": m.BMCAddress, "state": string(m.State), "boot": m.Boot}
 		if m.State == StateDeploying && m.ImageID != "" {
 			// The site caches the image while the ramdisk boots.
-			img, err := s.r.siteImage(ctx, tx, l.SiteID, m.ImageID)
+			img, err := s.r.siteImage(ctx, tx, l.SiteID, l.HolderNodeID, m.ImageID)
 			if err != nil {
 				return err
 			}

@@ -141,3 +141,22 @@ func SiteMachines(ctx context.Context, q store.Querier, siteID string) ([]SiteMa
 	}
 	return out, rows.Err()
 }
+
+// SiteImageFetchClaim records the use of an image fetch capability, after
+// pruning capabilities expired before claim.ClaimTime; it reports false
+// when the capability was used (or is in use) already.
+func SiteImageFetchClaim(ctx context.Context, tx store.Tx, tokenID, nodeID, sha string, claimTime, expireTime time.Time) (bool, error) {
+	if _, err := tx.Exec(ctx, `DELETE FROM site_image_fetches WHERE expire_time < $1`, claimTime); err != nil {
+		return false, err
+	}
+	n, err := tx.Exec(ctx, `INSERT INTO site_image_fetches (token_id, node_id, sha256, claim_time, expire_time)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (token_id) DO NOTHING`, tokenID, nodeID, sha, claimTime, expireTime)
+	return n == 1, err
+}
+
+// SiteImageFetchRelease frees a claimed capability whose transfer did not
+// complete.
+func SiteImageFetchRelease(ctx context.Context, tx store.Tx, tokenID string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM site_image_fetches WHERE token_id = $1`, tokenID)
+	return err
+}

@@ -257,10 +257,19 @@ func Load(ctx context.Context, db *store.DB, s *Sealer, clk clock.Clock) (*Autho
 
 // LoadOrInit loads the authority, creating it first on a database without
 // one; created reports whether it did.
+//
+// It moves CA keys sealed under the raw secret by an earlier release under
+// the derived key (ResealLegacy) once they have opened.
 func LoadOrInit(ctx context.Context, db *store.DB, s *Sealer, clk clock.Clock, opts InitOptions) (*Authority, bool, error) {
 	a, err := Load(ctx, db, s, clk)
+	if err == nil {
+		if _, err := ResealLegacy(ctx, db, s); err != nil {
+			return nil, false, err
+		}
+		return a, false, nil
+	}
 	if !errors.Is(err, ErrNotInitialized) {
-		return a, false, err
+		return nil, false, err
 	}
 	a, err = Init(ctx, db, s, opts)
 	if errors.Is(err, ErrAlreadyInitialized) {
@@ -372,6 +381,18 @@ func Inspect(ctx context.Context, db *store.DB) (Summary, error) {
 // tokens are keyed by the secret too: those issued before a rotation no
 // longer open after it. Load the authority again with the new Sealer.
 func Reseal(ctx context.Context, db *store.DB, from, to *Sealer) (int, error) {
+	return reseal(ctx, db, from, to, func([]byte) bool { return true })
+}
+
+// ResealLegacy re-seals, under s's derived key, the CA keys an earlier
+// release sealed under the raw secret, and returns how many. It is the
+// upgrade step LoadOrInit runs; rows already sealed under the derived key
+// are left as they are, so replicas starting together only repeat a no-op.
+func ResealLegacy(ctx context.Context, db *store.DB, s *Sealer) (int, error) {
+	return reseal(ctx, db, s, s, s.Legacy)
+}
+
+func reseal(ctx context.Context, db *store.DB, from, to *Sealer, want func(sealed []byte) bool) (int, error) {
 	n := 0
 	err := db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		n = 0
@@ -380,7 +401,7 @@ func Reseal(ctx context.Context, db *store.DB, from, to *Sealer) (int, error) {
 			return err
 		}
 		for _, r := range rows {
-			if r.KeySealed == nil {
+			if r.KeySealed == nil || !want(r.KeySealed) {
 				continue
 			}
 			pt, err := from.Open(keyRef(r.Kind), r.KeySealed)

@@ -102,7 +102,7 @@ func TestSealer(t *testing.T) {
 	sealed, err := s.Seal("pki/ca/node/key", secret)
 	require.NoError(t, err)
 	require.NotContains(t, string(sealed), string(secret))
-	require.Equal(t, s.KeyID(), sealed[:8])
+	require.Equal(t, s.KeyID(), sealed[1:9], "version byte, then the derived key's id")
 	got, err := s.Open("pki/ca/node/key", sealed)
 	require.NoError(t, err)
 	require.Equal(t, secret, got)
@@ -138,6 +138,68 @@ func TestSealer(t *testing.T) {
 			require.ErrorIs(t, err, pki.ErrSealed)
 		})
 	}
+}
+
+// TestSealerDerivedKey: values are sealed under a key derived from the
+// secret, never the raw secret; values an earlier release sealed under the
+// raw secret still open, and nothing but the raw-key path opens them.
+func TestSealerDerivedKey(t *testing.T) {
+	t.Parallel()
+	s := newSealer(t)
+	const ref = "secret/sec_1"
+	sealed, err := s.Seal(ref, []byte("v"))
+	require.NoError(t, err)
+	require.False(t, s.Legacy(sealed))
+	_, err = s.OpenLegacyForTest(ref, sealed)
+	require.Error(t, err, "the raw secret must not open a new value")
+
+	old := s.SealLegacyForTest(ref, []byte("old"))
+	require.True(t, s.Legacy(old))
+	got, err := s.Open(ref, old)
+	require.NoError(t, err)
+	require.Equal(t, []byte("old"), got)
+	_, err = s.Open("secret/sec_2", old)
+	require.ErrorIs(t, err, pki.ErrSealed, "a legacy value stays bound to its ref")
+	_, err = newSealer(t).Open(ref, old)
+	require.ErrorIs(t, err, pki.ErrSealed)
+}
+
+// TestUpgradeReseal: CA keys sealed under the raw secret by an earlier
+// release load after the upgrade, and LoadOrInit reseals them under the
+// derived key, so the raw secret no longer opens them.
+func TestUpgradeReseal(t *testing.T) {
+	t.Parallel()
+	f := setup(t, pki.InitOptions{})
+	ctx := t.Context()
+	keys, err := pki.CAKeysSealedForTest(ctx, f.db)
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	for kind, sealed := range keys {
+		der, err := f.sealer.Open(pki.KeyRefForTest(kind), sealed)
+		require.NoError(t, err)
+		require.NoError(t, pki.SetCAKeySealedForTest(ctx, f.db, kind, f.sealer.SealLegacyForTest(pki.KeyRefForTest(kind), der)))
+	}
+
+	a, created, err := pki.LoadOrInit(ctx, f.db, f.sealer, f.clk, pki.InitOptions{})
+	require.NoError(t, err, "CA keys sealed under the raw secret still open")
+	require.False(t, created)
+	require.Equal(t, f.a.Pin(), a.Pin())
+
+	after, err := pki.CAKeysSealedForTest(ctx, f.db)
+	require.NoError(t, err)
+	require.Len(t, after, len(keys))
+	for kind, sealed := range after {
+		require.False(t, f.sealer.Legacy(sealed), kind)
+		_, err := f.sealer.OpenLegacyForTest(pki.KeyRefForTest(kind), sealed)
+		require.Error(t, err, "%s: the raw secret no longer opens the resealed key", kind)
+		_, err = f.sealer.Open(pki.KeyRefForTest(kind), sealed)
+		require.NoError(t, err, kind)
+	}
+	n, err := pki.ResealLegacy(ctx, f.db, f.sealer)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to move")
+	_, err = pki.Load(ctx, f.db, f.sealer, f.clk)
+	require.NoError(t, err)
 }
 
 func TestNewSealer(t *testing.T) {

@@ -19,13 +19,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -82,24 +79,22 @@ type Config struct {
 	// ("http://SITE/files/sha256"): it goes on the ramdisk's command line
 	// (bc.images=) as image.write's source.
 	ImagesURL string
-	// ControlPlaneURL is the control plane's HTTP API, where a deploying
-	// machine's image is fetched (metal.ImageFetchPath with the
-	// capability the machine list carries).
-	ControlPlaneURL string
-	// HTTP fetches images from the control plane (default: a client with a
-	// 1 h timeout).
-	HTTP *http.Client
+	// Fetch streams a deploying machine's image blob from the control
+	// plane over bcd's gateway connection, with the capability the
+	// machine list carries (agent.Agent.FetchSiteImage); SetFetch sets it
+	// once the agent exists.
+	Fetch func(ctx context.Context, sha256, token string) (io.ReadCloser, error)
 	// Prefetch, when set, warms the site's cache with a digest as soon as
 	// a deploying machine names it (pxe.Server.Prefetch).
 	Prefetch func(ctx context.Context, digest string) error
 }
 
 // MachineImage is the image a deploying machine is about to write: its
-// digest and the control plane path (with a fetch capability) it comes
-// from.
+// digest and the capability to fetch it from the control plane, which
+// opens only with this agent's certificate, once.
 type MachineImage struct {
 	SHA256 string `json:"sha256"`
-	Fetch  string `json:"fetch"`
+	Token  string `json:"fetch_token"`
 }
 
 // Machine is an enrolled machine of the site, as the control plane sent it.
@@ -111,8 +106,8 @@ type Machine struct {
 	BMCAddress string `json:"bmc_address"`
 	State      string `json:"state"`
 	Boot       string `json:"boot"`
-	// Image is set while the machine deploys. Its fetch path holds a
-	// capability: the state file is 0600.
+	// Image is set while the machine deploys. It holds a capability:
+	// the state file is 0600.
 	Image *MachineImage `json:"image,omitempty"`
 }
 
@@ -500,48 +495,38 @@ func (a *Agent) SetPrefetch(fn func(ctx context.Context, digest string) error) {
 	a.cfg.Prefetch = fn
 }
 
+// SetFetch hands the agent the control plane fetch of bcd's gateway
+// connection, which is built after it (Config.Fetch).
+func (a *Agent) SetFetch(fn func(ctx context.Context, sha256, token string) (io.ReadCloser, error)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.cfg.Fetch = fn
+}
+
 // FetchImage is the site cache's upstream (pxe.Config.Upstream): a blob
 // is fetched from the control plane only when a machine of the site is
 // deploying it, with the capability the machine list carries.
 func (a *Agent) FetchImage(ctx context.Context, digest string) (io.ReadCloser, error) {
 	sha := strings.TrimPrefix(digest, "sha256:")
 	a.mu.Lock()
-	fetch := ""
+	token, fetch := "", a.cfg.Fetch
 	for _, m := range a.st.Machines {
 		if m.Image != nil && m.Image.SHA256 == sha {
-			fetch = m.Image.Fetch
+			token = m.Image.Token
 		}
 	}
 	a.mu.Unlock()
 	switch {
-	case fetch == "":
+	case token == "":
 		return nil, fmt.Errorf("%s: no machine of this site deploys it", digest)
-	case a.cfg.ControlPlaneURL == "":
-		return nil, errors.New("no control plane URL (--site-control-plane-url) to fetch images from")
-	case !strings.HasPrefix(fetch, "/"):
-		return nil, fmt.Errorf("%s: the fetch path is not a path", digest)
+	case fetch == nil:
+		return nil, errors.New("no gateway connection to fetch images on")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(a.cfg.ControlPlaneURL, "/")+fetch, nil)
+	rc, err := fetch(ctx, sha, token)
 	if err != nil {
-		return nil, err
-	}
-	client := a.cfg.HTTP
-	if client == nil {
-		client = &http.Client{Timeout: time.Hour}
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		// The URL carries the capability: name only the digest.
-		if ue, ok := errors.AsType[*url.Error](err); ok {
-			err = ue.Err
-		}
 		return nil, fmt.Errorf("fetch %s from the control plane: %w", digest, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		return nil, fmt.Errorf("fetch %s from the control plane: %s", digest, resp.Status)
-	}
-	return resp.Body, nil
+	return rc, nil
 }
 
 func validDigest(s string) bool {

@@ -1,8 +1,10 @@
 package site_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,12 +15,15 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/bctest/redfish"
@@ -125,6 +130,8 @@ func startSiteAgent(t *testing.T, cp *bctest.ControlPlane, dir, token string) *s
 		PlainCgroupDir: true, Mode: agentv1.AgentMode_AGENT_MODE_SITE, Commands: sa, Version: "test", Logger: quiet(),
 		HeartbeatInterval: 50 * time.Millisecond, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 500 * time.Millisecond})
 	require.NoError(t, err)
+	// As bcd wires it: images come over the agent's own mTLS session.
+	sa.SetFetch(ag.FetchSiteImage)
 	ctx, cancel := context.WithCancel(context.Background())
 	if token != "" {
 		require.NoError(t, ag.Join(ctx, token))
@@ -423,4 +430,44 @@ func TestSiteTokens(t *testing.T) {
 		return tx.QueryRow(ctx, `SELECT site_id FROM nodes WHERE id = $1`, sa.ag.NodeID()).Scan(&siteID)
 	}))
 	require.Equal(t, f.site.GetId(), siteID, "the joined node acts for the token's site")
+}
+
+// TestSiteAgentFetchesImageOverItsSession: a site image capability opens
+// on the mTLS session of the site agent it was minted for, once: another
+// site's agent presenting it is refused, and so is a second use.
+func TestSiteAgentFetchesImageOverItsSession(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	blob := bytes.Repeat([]byte("disk image "), 300_000)
+	sum := sha256.Sum256(blob)
+	sha := hex.EncodeToString(sum[:])
+	_, err := f.admin.PushImage(ctx, &apiv1.PushImageHeader{Tenant: "acme", Name: "img", Kind: "raw", Sha256: sha,
+		SizeBytes: int64(len(blob))}, bytes.NewReader(blob), "")
+	require.NoError(t, err)
+
+	a := startSiteAgent(t, f.cp, t.TempDir(), f.siteToken(t, "dc1"))
+	b := startSiteAgent(t, f.cp, t.TempDir(), f.siteToken(t, "dc2"))
+	bctest.WaitFor(t, "the site agent to hold the boot lease", func() bool { return f.lease(t).HolderNodeID == a.ag.NodeID() })
+	tok, err := f.cp.App.Metal.ImageFetchToken(f.site.GetId(), a.ag.NodeID(), sha)
+	require.NoError(t, err)
+
+	// dc2's agent, on its own session, presents dc1's capability.
+	var refused error
+	bctest.WaitFor(t, "dc2's agent to have a session", func() bool {
+		_, refused = b.ag.FetchSiteImage(ctx, sha, tok)
+		return refused != nil && !strings.Contains(refused.Error(), "no gateway session")
+	})
+	require.Equal(t, codes.PermissionDenied, status.Code(refused), "%v", refused)
+
+	rc, err := a.ag.FetchSiteImage(ctx, sha, tok)
+	require.NoError(t, err)
+	got, err := io.ReadAll(rc)
+	require.NoError(t, err)
+	require.NoError(t, rc.Close())
+	require.Equal(t, blob, got)
+
+	_, err = a.ag.FetchSiteImage(ctx, sha, tok)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "used already")
 }

@@ -63,6 +63,16 @@ func (e *Placers) SetURL(url string) {
 	e.cl().url = strings.TrimRight(url, "/")
 }
 
+// SetForwardClient sets the client this replica forwards mutations to a
+// pool's owner with: replica.Identity's (mutual TLS from the internal CA,
+// never a proxy). Without one this replica does not forward. Call it
+// before serving.
+func (e *Placers) SetForwardClient(c *http.Client) {
+	e.plMu.Lock()
+	defer e.plMu.Unlock()
+	e.cl().http = c
+}
+
 // ReplicaID names this replica in placer_owners.
 func (e *Placers) ReplicaID() string {
 	e.plMu.Lock()
@@ -74,7 +84,7 @@ func (e *Placers) cl() *cluster {
 	if e.cluster == nil {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
-		e.cluster = &cluster{replicaID: "rep_" + hex.EncodeToString(b[:]), http: &http.Client{Timeout: time.Minute}}
+		e.cluster = &cluster{replicaID: "rep_" + hex.EncodeToString(b[:])}
 	}
 	return e.cluster
 }
@@ -210,7 +220,14 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 	}
 	e.plMu.Lock()
 	c := e.cl()
+	client := c.http
 	e.plMu.Unlock()
+	if client == nil {
+		// The caller's credentials go only over mutual TLS to a replica.
+		return nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable,
+			Message: "another replica places this pool and this one has no replica certificate to forward with (set " +
+				"BETTER_COMPUTE_SECRET on every replica); retry", RetryAfter: time.Second})
+	}
 	out := connect.NewRequest(req.Msg)
 	for _, h := range []string{"Authorization", envelope.HeaderIdempotencyKey, envelope.HeaderConfirmationID, "Traceparent"} {
 		if v := req.Header().Get(h); v != "" {
@@ -222,7 +239,7 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 		out.Header().Set(envelope.HeaderTraceparent, tp)
 	}
 	out.Header().Set(ForwardedHeader, c.replicaID)
-	res, err := connect.NewClient[Req, Res](c.http, url+procedure).CallUnary(ctx, out)
+	res, err := connect.NewClient[Req, Res](client, url+procedure).CallUnary(ctx, out)
 	if err != nil {
 		var ce *connect.Error
 		if errors.As(err, &ce) && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeUnknown {

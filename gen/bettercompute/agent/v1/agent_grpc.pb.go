@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentService_Join_FullMethodName    = "/bettercompute.agent.v1.AgentService/Join"
-	AgentService_Renew_FullMethodName   = "/bettercompute.agent.v1.AgentService/Renew"
-	AgentService_Session_FullMethodName = "/bettercompute.agent.v1.AgentService/Session"
-	AgentService_Tunnel_FullMethodName  = "/bettercompute.agent.v1.AgentService/Tunnel"
+	AgentService_Join_FullMethodName           = "/bettercompute.agent.v1.AgentService/Join"
+	AgentService_Renew_FullMethodName          = "/bettercompute.agent.v1.AgentService/Renew"
+	AgentService_Session_FullMethodName        = "/bettercompute.agent.v1.AgentService/Session"
+	AgentService_Tunnel_FullMethodName         = "/bettercompute.agent.v1.AgentService/Tunnel"
+	AgentService_FetchSiteImage_FullMethodName = "/bettercompute.agent.v1.AgentService/FetchSiteImage"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -50,6 +51,11 @@ type AgentServiceClient interface {
 	// API request issued for this node only; then both sides send data
 	// frames until either closes.
 	Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelRequest, TunnelResponse], error)
+	// FetchSiteImage streams a deploying machine's image blob to the site
+	// agent whose certificate the capability was minted for. The capability
+	// comes in the site's machine list, opens for that digest and that node
+	// only, and serves one complete transfer: a second use is refused.
+	FetchSiteImage(ctx context.Context, in *FetchSiteImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SiteImageChunk], error)
 }
 
 type agentServiceClient struct {
@@ -106,6 +112,25 @@ func (c *agentServiceClient) Tunnel(ctx context.Context, opts ...grpc.CallOption
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_TunnelClient = grpc.BidiStreamingClient[TunnelRequest, TunnelResponse]
 
+func (c *agentServiceClient) FetchSiteImage(ctx context.Context, in *FetchSiteImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SiteImageChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[2], AgentService_FetchSiteImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchSiteImageRequest, SiteImageChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_FetchSiteImageClient = grpc.ServerStreamingClient[SiteImageChunk]
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -131,6 +156,11 @@ type AgentServiceServer interface {
 	// API request issued for this node only; then both sides send data
 	// frames until either closes.
 	Tunnel(grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]) error
+	// FetchSiteImage streams a deploying machine's image blob to the site
+	// agent whose certificate the capability was minted for. The capability
+	// comes in the site's machine list, opens for that digest and that node
+	// only, and serves one complete transfer: a second use is refused.
+	FetchSiteImage(*FetchSiteImageRequest, grpc.ServerStreamingServer[SiteImageChunk]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -152,6 +182,9 @@ func (UnimplementedAgentServiceServer) Session(grpc.BidiStreamingServer[AgentMes
 }
 func (UnimplementedAgentServiceServer) Tunnel(grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]) error {
 	return status.Error(codes.Unimplemented, "method Tunnel not implemented")
+}
+func (UnimplementedAgentServiceServer) FetchSiteImage(*FetchSiteImageRequest, grpc.ServerStreamingServer[SiteImageChunk]) error {
+	return status.Error(codes.Unimplemented, "method FetchSiteImage not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -224,6 +257,17 @@ func _AgentService_Tunnel_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_TunnelServer = grpc.BidiStreamingServer[TunnelRequest, TunnelResponse]
 
+func _AgentService_FetchSiteImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchSiteImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServiceServer).FetchSiteImage(m, &grpc.GenericServerStream[FetchSiteImageRequest, SiteImageChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_FetchSiteImageServer = grpc.ServerStreamingServer[SiteImageChunk]
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -252,6 +296,11 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _AgentService_Tunnel_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "FetchSiteImage",
+			Handler:       _AgentService_FetchSiteImage_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "bettercompute/agent/v1/agent.proto",
