@@ -128,6 +128,14 @@ func (s *InstanceService) readCA(ctx context.Context, q store.Querier) (ssh.Sign
 // guest (the account name, which all guests share, would not).
 func SSHPrincipal(instanceID string) string { return instanceID }
 
+// SSHStale reports whether in's guest was seeded without a principal of
+// its own although this control plane has a CA (a guest seeded before
+// guests had their own): no certificate signed now opens it. A warm pool
+// replaces such guests rather than hand them out.
+func (s *InstanceService) SSHStale(in *Instance) bool {
+	return s.sealer != nil && in.SSHPrincipal == ""
+}
+
 // seedSSH makes the guest trust the CA for user certificates made out to
 // its own principal only, and gives it a fresh host key certified for its
 // host id and address, so clients pin it. An instance with no principal
