@@ -22,10 +22,13 @@ import (
 
 // fakeSSHD is a fake guest's sshd: a real golang.org/x/crypto/ssh server
 // configured from the guest's cloud-init seed as the real guest's sshd is
-// (HostKey, HostCertificate, TrustedUserCAKeys, AuthorizedKeys). It accepts
-// a user certificate signed by a trusted CA for the seed's account, valid
-// now, or a plain authorized key, and runs exec requests with /bin/sh -c in
-// the guest's fs directory (HOME and cwd there).
+// (HostKey, HostCertificate, TrustedUserCAKeys, AuthorizedPrincipalsFile,
+// AuthorizedKeys). It accepts, for the seed's account, a user certificate
+// signed by a trusted CA, valid now, that names one of the seed's
+// authorized principals (or, for a seed without them, the account, as
+// sshd without an AuthorizedPrincipalsFile does), or a plain authorized
+// key, and runs exec requests with /bin/sh -c in the guest's fs directory
+// (HOME and cwd there).
 type fakeSSHD struct {
 	cfg *ssh.ServerConfig
 	dir string
@@ -72,7 +75,11 @@ func sshdConfig(seed vmcmd.Seed, uncertified bool, now func() time.Time) (*ssh.S
 			if conn.User() != seed.User {
 				return nil, fmt.Errorf("no account %q", conn.User())
 			}
-			return checker.Authenticate(conn, key)
+			cert, ok := key.(*ssh.Certificate)
+			if !ok {
+				return checker.Authenticate(conn, key)
+			}
+			return authenticateCert(checker, seed, cert)
 		},
 	}
 	var hostKey ssh.Signer
@@ -107,6 +114,32 @@ func sshdConfig(seed vmcmd.Seed, uncertified bool, now func() time.Time) (*ssh.S
 	}
 	cfg.AddHostKey(hostKey)
 	return cfg, nil
+}
+
+// authenticateCert admits a user certificate as sshd does for the seed:
+// from a trusted CA, and naming a principal of the account's
+// AuthorizedPrincipalsFile (the seed's authorized principals); a seed
+// without them has no such file, and sshd then wants the account name.
+// Validity, signature and critical options are the checker's.
+func authenticateCert(checker *ssh.CertChecker, seed vmcmd.Seed, cert *ssh.Certificate) (*ssh.Permissions, error) {
+	if cert.CertType != ssh.UserCert {
+		return nil, errors.New("not a user certificate")
+	}
+	if !checker.IsUserAuthority(cert.SignatureKey) {
+		return nil, errors.New("certificate signed by an untrusted CA")
+	}
+	allowed := seed.AuthorizedPrincipals
+	if len(allowed) == 0 {
+		allowed = []string{seed.User}
+	}
+	i := slices.IndexFunc(cert.ValidPrincipals, func(p string) bool { return slices.Contains(allowed, p) })
+	if i < 0 {
+		return nil, fmt.Errorf("certificate principals %q are not authorized for %s", cert.ValidPrincipals, seed.User)
+	}
+	if err := checker.CheckCert(cert.ValidPrincipals[i], cert); err != nil {
+		return nil, err
+	}
+	return &cert.Permissions, nil
 }
 
 func startSSHD(cfg *ssh.ServerConfig, dir string) (*fakeSSHD, error) {

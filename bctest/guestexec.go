@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 
 	"connectrpc.com/connect"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
@@ -66,4 +68,31 @@ func GuestExec(ctx context.Context, c *client.Client, apiURL string, t GuestTarg
 		return nil, fmt.Errorf("bctest: the guest's host certificate is %s", res.HostCert)
 	}
 	return &GuestExecResult{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: res.ExitCode, HostCert: res.HostCert}, nil
+}
+
+// GuestPresent presents a ticket's user certificate (with its key) straight
+// to a guest's sshd, without the ticket's tunnel: what a tenant that can
+// reach a guest on the network could try. dial reaches the guest's sshd;
+// hostName is the name its host certificate carries (vps.HostID of the
+// instance), so the guest is pinned and a refusal is the guest's own.
+func GuestPresent(ctx context.Context, tk *apiv1.SshTicket, key *sshexec.Key, hostName string,
+	dial func(ctx context.Context, network, addr string) (net.Conn, error), cmd string) (*sshca.ExecResult, error) {
+	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(tk.GetUserCertificate()))
+	if err != nil {
+		return nil, fmt.Errorf("bctest: user certificate: %w", err)
+	}
+	cert, ok := pub.(*ssh.Certificate)
+	if !ok {
+		return nil, errors.New("bctest: user_certificate is not a certificate")
+	}
+	auth, err := ssh.NewCertSigner(cert, key.Signer)
+	if err != nil {
+		return nil, fmt.Errorf("bctest: certificate signer: %w", err)
+	}
+	ca, _, _, _, err := ssh.ParseAuthorizedKey([]byte(tk.GetHostCaKey()))
+	if err != nil {
+		return nil, fmt.Errorf("bctest: host CA key: %w", err)
+	}
+	return sshca.Exec(ctx, sshca.ExecParams{Addr: net.JoinHostPort(hostName, "22"), HostName: hostName, User: tk.GetAccount(),
+		Auth: auth, HostCA: ca, Command: cmd, Dial: dial})
 }

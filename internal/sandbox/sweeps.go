@@ -117,8 +117,10 @@ func (s *Service) reconcileTemplate(ctx context.Context, t Template) error {
 		var live []vps.Instance
 		for _, w := range ws {
 			in, err := vps.InstanceByID(ctx, tx, w.InstanceID, store.ForUpdate(tx))
-			if errors.Is(err, store.ErrNotFound) || (err == nil && !in.Live()) || (err == nil && in.State == vps.StateDeleting) {
-				// A warm guest that failed or was lost is replaced.
+			if errors.Is(err, store.ErrNotFound) || (err == nil && (!in.Live() || in.State == vps.StateDeleting || s.inst.SSHStale(&in))) {
+				// A warm guest that failed or was lost is replaced, and so
+				// is one seeded before guests had their own SSH principal
+				// (exec could never get into it).
 				if err == nil {
 					if err := s.inst.DeleteIn(ctx, tx, e.emit, &in, e.now); err != nil {
 						return err

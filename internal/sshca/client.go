@@ -41,7 +41,7 @@ type ExecParams struct {
 	// HostName is the name the host certificate must carry (defaults to
 	// Addr's host).
 	HostName string
-	// User is the guest account; the user certificate's principal.
+	// User is the guest account to log in as.
 	User string
 	// Auth is the signer carrying the user certificate (UserCert.Signer).
 	Auth ssh.Signer

@@ -1,8 +1,13 @@
 // Package sshca is the SSH side of exec into guests that run no agent: a
 // certificate authority on golang.org/x/crypto/ssh that signs short user
-// certificates (principal = the account, valid at most MaxUserTTL) and host
+// certificates (one principal, valid at most MaxUserTTL) and host
 // certificates, and a client that logs in with a user certificate and pins
 // the guest by its CA-signed host certificate.
+//
+// One CA serves every guest of a deployment, so a user certificate is only
+// as narrow as its principal: callers sign for one guest's own principal
+// (the instance id its sshd's AuthorizedPrincipalsFile lists), never for a
+// name that every guest shares, such as the login account.
 //
 // It must never accept a guest by a bare host key (no trust on first use),
 // and never sign a user certificate that outlives MaxUserTTL.
@@ -80,8 +85,9 @@ type UserCert struct {
 	Signer ssh.Signer
 }
 
-// SignUser signs pub for principal (the guest account), valid from now for
-// ttl (at most MaxUserTTL).
+// SignUser signs pub for principal (what the guest's
+// AuthorizedPrincipalsFile must list), valid from now for ttl (at most
+// MaxUserTTL).
 func (c *CA) SignUser(pub ssh.PublicKey, principal string, ttl time.Duration) (*ssh.Certificate, error) {
 	if principal == "" {
 		return nil, errors.New("sshca: user certificate: principal is required")

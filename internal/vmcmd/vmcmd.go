@@ -151,10 +151,15 @@ type Placement struct {
 // Seed is the guest's cloud-init data.
 type Seed struct {
 	Hostname string `json:"hostname"`
-	// User is the login account (the SSH user certificates' principal).
+	// User is the login account.
 	User              string   `json:"user"`
 	AuthorizedKeys    []string `json:"authorized_keys,omitempty"`
 	TrustedUserCAKeys []string `json:"trusted_user_ca_keys,omitempty"`
+	// AuthorizedPrincipals are the only certificate principals that log in
+	// as User (sshd's AuthorizedPrincipalsFile): the instance's own id, so
+	// a certificate signed for one instance opens no other guest although
+	// every guest trusts the same CA. Required with TrustedUserCAKeys.
+	AuthorizedPrincipals []string `json:"authorized_principals,omitempty"`
 	// HostKey (OpenSSH PEM) and HostCertificate (CA-signed) let clients
 	// pin the guest. HostKey is secret: it travels only in the command
 	// (over mTLS) and in the guest's seed, never in results or logs.

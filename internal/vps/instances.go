@@ -514,6 +514,11 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 	if f.Pinned {
 		in.CPUSet = r.Placement.CPUSet
 	}
+	// A guest trusts the CA (seedSSH) only where there is one to sign its
+	// certificates; the row records the principal it was seeded with.
+	if s.sealer != nil {
+		in.SSHPrincipal = SSHPrincipal(in.ID)
+	}
 	if err := InstanceInsert(ctx, tx, &in); err != nil {
 		if errors.Is(err, store.ErrUnique) {
 			return Instance{}, nil, envelope.Errorf(envelope.CodeAlreadyExists, "an instance named %q already exists in %s", in.Name, t.scope.Name())

@@ -122,14 +122,29 @@ func (s *InstanceService) readCA(ctx context.Context, q store.Querier) (ssh.Sign
 	return signer, nil
 }
 
-// seedSSH makes the guest trust the CA for user certificates and gives it
-// a fresh host key certified for its host id and address, so clients pin
-// it. Without a sealing secret the guest gets only the user's keys.
+// SSHPrincipal is the one user certificate principal an instance's guest
+// accepts: its id. Every guest trusts the same CA, so the principal is
+// what keeps a certificate signed for one instance out of every other
+// guest (the account name, which all guests share, would not).
+func SSHPrincipal(instanceID string) string { return instanceID }
+
+// SSHStale reports whether in's guest was seeded without a principal of
+// its own although this control plane has a CA (a guest seeded before
+// guests had their own): no certificate signed now opens it. A warm pool
+// replaces such guests rather than hand them out.
+func (s *InstanceService) SSHStale(in *Instance) bool {
+	return s.sealer != nil && in.SSHPrincipal == ""
+}
+
+// seedSSH makes the guest trust the CA for user certificates made out to
+// its own principal only, and gives it a fresh host key certified for its
+// host id and address, so clients pin it. An instance with no principal
+// (no sealing secret, so no CA) gets only the user's keys.
 func (s *InstanceService) seedSSH(ctx context.Context, tx store.Tx, p *vmcmd.CreateParams, in *Instance, now time.Time) error {
-	signer, err := s.caIn(ctx, tx)
-	if errors.Is(err, errNoSSHCA) {
+	if in.SSHPrincipal == "" {
 		return nil
 	}
+	signer, err := s.caIn(ctx, tx)
 	if err != nil {
 		return err
 	}
@@ -143,6 +158,7 @@ func (s *InstanceService) seedSSH(ctx context.Context, tx store.Tx, p *vmcmd.Cre
 		return err
 	}
 	p.Seed.TrustedUserCAKeys = []string{ca.AuthorizedKey()}
+	p.Seed.AuthorizedPrincipals = []string{in.SSHPrincipal}
 	p.Seed.HostKey = string(hk.PrivatePEM)
 	p.Seed.HostCertificate = sshca.MarshalCert(cert)
 	return nil
@@ -190,7 +206,8 @@ type SSHGrant struct {
 	ticket      tunnel.Ticket
 }
 
-// GrantSSH signs pub for the guest account of a running instance, valid
+// GrantSSH signs pub for a running instance's guest account, made out to
+// that instance's principal only (so it logs into no other guest), valid
 // for at most sshca.MaxUserTTL and never past notAfter (when set).
 func (s *InstanceService) GrantSSH(ctx context.Context, tx store.Tx, in *Instance, pub ssh.PublicKey, notAfter, now time.Time) (*SSHGrant, error) {
 	if in.State != StateRunning {
@@ -209,6 +226,13 @@ func (s *InstanceService) GrantSSH(ctx context.Context, tx store.Tx, in *Instanc
 	if err != nil {
 		return nil, err
 	}
+	if in.SSHPrincipal == "" {
+		// Seeded before guests had their own principal (they accept any
+		// certificate for the shared account, which is no longer signed)
+		// or seeded without the CA: no certificate of ours logs in.
+		return nil, envelope.Errorf(envelope.CodeFailedPrecondition,
+			"instance %s was created without its own SSH principal, so its guest accepts no certificate this control plane signs; recreate it to use ssh (docs/instances.md)", in.Name)
+	}
 	ttl := sshca.MaxUserTTL
 	if !notAfter.IsZero() {
 		left := notAfter.Sub(now).Truncate(time.Second)
@@ -219,7 +243,7 @@ func (s *InstanceService) GrantSSH(ctx context.Context, tx store.Tx, in *Instanc
 		ttl = min(ttl, left)
 	}
 	ca := sshca.FromSigner(signer, func() time.Time { return now })
-	cert, err := ca.SignUser(pub, GuestUser, ttl)
+	cert, err := ca.SignUser(pub, in.SSHPrincipal, ttl)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package vps_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
@@ -214,4 +216,101 @@ func TestTunnelCommandFailsFast(t *testing.T) {
 	// 502 with the command's reason; the open timeout would be a 504.
 	require.Equal(t, 502, refused.Status, "%v", err)
 	require.Contains(t, refused.Message, "deadline")
+}
+
+// TestInstanceSshCertificateOpensOnlyItsGuest: two tenants' guests trust
+// the same CA, each for its own instance id only. Acme's certificate,
+// obtained through the API for its own instance, opens that guest but is
+// refused by the other tenant's guest when presented to its sshd directly
+// (the guest pinned, so the refusal is the guest's); asking the API for a
+// certificate for the other tenant's instance is NOT_FOUND.
+func TestInstanceSshCertificateOpensOnlyItsGuest(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	a := h.runningInstance(t, "vm-a")
+
+	_, err := h.admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "other"}))
+	require.NoError(t, err)
+	_, err = h.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "other", Name: "default"}))
+	require.NoError(t, err)
+	k, err := h.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "other", Role: "admin"}))
+	require.NoError(t, err)
+	other := h.cp.Client(k.Msg.GetSecret())
+	_, err = h.acme.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: "gpu", To: []string{"other"}}))
+	require.NoError(t, err)
+	c, err := other.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "other", Name: "vm-b",
+		Flavor: "small", Image: "debian-12", IpPool: "dev"}))
+	require.NoError(t, err)
+	var b *apiv1.Instance
+	bctest.WaitFor(t, "other's instance running", func() bool {
+		g, err := other.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "other", Instance: c.Msg.GetInstance().GetId()}))
+		require.NoError(t, err)
+		b = g.Msg.GetInstance()
+		return b.GetState() == vps.StateRunning
+	})
+	require.NotEqual(t, a.GetTenantId(), b.GetTenantId())
+
+	hv := h.sim.Daemons[0].Hypervisor()
+	for _, in := range []*apiv1.Instance{a, b} {
+		p, _, ok := hv.Guest(vps.HostID(in.GetId()))
+		require.True(t, ok)
+		require.Equal(t, []string{in.GetId()}, p.Seed.AuthorizedPrincipals, "the guest accepts its own id only")
+	}
+	dial := func(in *apiv1.Instance) func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return hv.DialGuest(ctx, vps.HostID(in.GetId()))
+		}
+	}
+
+	tk, key := sshTicket(t, h, "vm-a")
+	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(tk.GetUserCertificate()))
+	require.NoError(t, err)
+	cert := pub.(*ssh.Certificate)
+	require.Equal(t, []string{a.GetId()}, cert.ValidPrincipals, "signed for the ticket's instance only")
+	require.Empty(t, cert.CriticalOptions)
+
+	res, err := bctest.GuestPresent(ctx, tk, key, vps.HostID(b.GetId()), dial(b), "touch intruded")
+	require.ErrorContains(t, err, "unable to authenticate")
+	require.Equal(t, sshca.HostCertValid, res.HostCert, "the other guest was pinned: the refusal is its sshd's")
+	require.Zero(t, hv.CommandsRun(vps.HostID(b.GetId())), "nothing ran in the other tenant's guest")
+	_, err = os.Stat(filepath.Join(hv.GuestDir(vps.HostID(b.GetId())), "intruded"))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+
+	// The same certificate presented the same way opens its own guest.
+	res, err = bctest.GuestPresent(ctx, tk, key, vps.HostID(a.GetId()), dial(a), "exit 7")
+	require.NoError(t, err)
+	require.Equal(t, 7, res.ExitCode)
+
+	// Acme cannot get a certificate for the other tenant's instance: in
+	// its own tenant the instance is not found; in the other tenant its
+	// key is denied whether the instance exists or not.
+	_, err = h.acme.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: b.GetId(), PublicKey: key.AuthorizedKey}))
+	refused(t, err, "NOT_FOUND", "", "instance")
+	for _, id := range []string{b.GetId(), "ins_01kbw6wq0n2r2ccxv6ty3x0p9h"} {
+		_, err = h.acme.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "other", Instance: id, PublicKey: key.AuthorizedKey}))
+		require.Equal(t, "PERMISSION_DENIED", client.Code(err), "%s: %v", id, err)
+	}
+	require.Equal(t, 1, h.count(t, `SELECT COUNT(*) FROM events WHERE type = 'instance.ssh_granted'`), "only acme's own grant")
+}
+
+// TestInstanceSshGuestSeededBefore: an instance whose guest was seeded
+// before guests had their own principal (its row has none, as migration
+// 0005 leaves it) gets no certificate: FAILED_PRECONDITION naming the
+// remedy, on record, and no grant. (Its guest would refuse a certificate
+// for an instance id anyway: bctest's fake sshd tests show how.)
+func TestInstanceSshGuestSeededBefore(t *testing.T) {
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	in := h.runningInstance(t, "vm1")
+	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE instances SET ssh_principal = '' WHERE id = $1`, in.GetId())
+		return err
+	}))
+	_, err := h.acme.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: "vm1", PublicKey: testKey}))
+	refused(t, err, "FAILED_PRECONDITION", "", "without its own SSH principal")
+	require.Contains(t, client.Detail(err).GetMessage(), "recreate it")
+	require.Equal(t, 1, h.audited(t, "instances.ssh", "FAILED_PRECONDITION"))
+	require.Zero(t, h.count(t, `SELECT COUNT(*) FROM events WHERE type = 'instance.ssh_granted'`))
 }

@@ -66,11 +66,15 @@ type Instance struct {
 	SSHKeys                              []string
 	// UserDataSealed is the user data sealed (userDataRef); OpenUserData
 	// opens it.
-	UserDataSealed         []byte
-	PoolID, ReservationID  string
-	NodeID, NodeName       string
-	CPUSet                 string
-	Accel, SSHAddress      string
+	UserDataSealed        []byte
+	PoolID, ReservationID string
+	NodeID, NodeName      string
+	CPUSet                string
+	Accel, SSHAddress     string
+	// SSHPrincipal is the one certificate principal the guest was seeded
+	// to accept (SSHPrincipal(ID)); "" for a guest seeded without the CA
+	// or before guests had their own.
+	SSHPrincipal           string
 	Conditions             []Condition
 	Message                string
 	CreatedBy              string
@@ -101,7 +105,7 @@ func (in *Instance) Live() bool {
 
 const instanceColumns = `id, tenant_id, project_id, name, state, flavor_id, flavor_name, vcpus, memory_mib, disk_gib, image, image_sha256,
 	ip_pool_id, ip_pool_name, address, prefix_len, gateway, dns, mac, network_policy, ssh_keys, user_data_sealed, pool_id, reservation_id,
-	node_id, node_name, cpuset, accel, ssh_address, conditions, message, created_by, create_time, update_time`
+	node_id, node_name, cpuset, accel, ssh_address, conditions, message, created_by, create_time, update_time, ssh_principal`
 
 func scanInstance(row scanner) (Instance, error) {
 	var (
@@ -112,7 +116,7 @@ func scanInstance(row scanner) (Instance, error) {
 		&in.MemoryMiB, &in.DiskGiB, &in.Image, &in.ImageSHA256, &in.IPPoolID, &in.IPPoolName, &in.Address, &in.PrefixLen,
 		&in.Gateway, &dns, &in.MAC, &in.NetworkPolicy, &keys, &in.UserDataSealed, &in.PoolID, &in.ReservationID, &in.NodeID,
 		&in.NodeName, &in.CPUSet, &in.Accel, &in.SSHAddress, &conds, &in.Message, &in.CreatedBy, &in.CreateTime,
-		&in.UpdateTime); err != nil {
+		&in.UpdateTime, &in.SSHPrincipal); err != nil {
 		return in, err
 	}
 	for _, f := range []struct {
@@ -144,11 +148,12 @@ func nonNil[T any](s []T) []T {
 // InstanceInsert writes a new instance's row.
 func InstanceInsert(ctx context.Context, tx store.Tx, in *Instance) error {
 	_, err := tx.Exec(ctx, `INSERT INTO instances (`+instanceColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34)`,
+		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35)`,
 		in.ID, in.TenantID, in.ProjectID, in.Name, in.State, in.FlavorID, in.FlavorName, in.VCPUs, in.MemoryMiB, in.DiskGiB,
 		in.Image, in.ImageSHA256, in.IPPoolID, in.IPPoolName, in.Address, in.PrefixLen, in.Gateway, jsonText(nonNil(in.DNS)),
 		in.MAC, in.NetworkPolicy, jsonText(nonNil(in.SSHKeys)), nonNil(in.UserDataSealed), in.PoolID, in.ReservationID, in.NodeID, in.NodeName,
-		in.CPUSet, in.Accel, in.SSHAddress, jsonText(nonNil(in.Conditions)), in.Message, in.CreatedBy, in.CreateTime, in.UpdateTime)
+		in.CPUSet, in.Accel, in.SSHAddress, jsonText(nonNil(in.Conditions)), in.Message, in.CreatedBy, in.CreateTime, in.UpdateTime,
+		in.SSHPrincipal)
 	return err
 }
 

@@ -3,6 +3,7 @@ package hypervisor_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +16,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/sshca"
+	"github.com/better-compute/better-compute/internal/sshexec"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vps"
 )
@@ -256,4 +260,87 @@ func TestGuestSandbox(t *testing.T) {
 		return len(g.QEMUPIDs()) == 0 && gs.count(t, `SELECT COUNT(*) FROM sandbox_templates`) == 0
 	})
 	requireNothingLeft(t, g, in, linksBefore, pid)
+}
+
+// TestGuestSshCrossTenant: two tenants' real guests on one host trust the
+// control plane's one SSH CA, each for its own instance id (sshd's
+// AuthorizedPrincipalsFile, from the seed). Acme's certificate for its own
+// instance, presented straight to the other tenant's guest's sshd (the
+// guest pinned by its host certificate), is refused and nothing runs
+// there; the same certificate opens acme's own guest; the API gives acme
+// no certificate for the other's instance.
+func TestGuestSshCrossTenant(t *testing.T) {
+	g := bctest.StartGuestRig(t, bctest.GuestRigConfig{Net: "10.213.96."})
+	ctx := context.Background()
+	_, err := g.Admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "beta"}))
+	require.NoError(t, err)
+	_, err = g.Admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "beta", Name: "default"}))
+	require.NoError(t, err)
+	k, err := g.Admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "beta", Role: "admin"}))
+	require.NoError(t, err)
+	beta := g.CP.Client(k.Msg.GetSecret())
+	_, err = g.Acme.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: "vms", To: []string{"beta"}}))
+	require.NoError(t, err)
+
+	createA, err := g.Acme.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm-a", Flavor: "small",
+		Image: "debian-12", IpPool: "vms"}))
+	require.NoError(t, err)
+	createB, err := beta.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "beta", Name: "vm-b", Flavor: "small",
+		Image: "debian-12", IpPool: "vms"}))
+	require.NoError(t, err)
+	a := waitInstance(t, g, createA.Msg.GetInstance().GetId(), "running")
+	var b *apiv1.Instance
+	bctest.WaitFor(t, "beta's instance running", func() bool {
+		r, err := beta.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "beta", Instance: createB.Msg.GetInstance().GetId()}))
+		require.NoError(t, err)
+		b = r.Msg.GetInstance()
+		require.NotEqual(t, "failed", b.GetState(), b.GetMessage())
+		return b.GetState() == "running"
+	})
+	// Both guests answer their own tenant's certificates through the API.
+	g.WaitExec(t, bctest.GuestTarget{Instance: a.GetId()})
+	betaExec := func(cmd string) (*bctest.GuestExecResult, error) {
+		if now := time.Now(); g.CP.Clock.Now().Before(now) {
+			g.CP.Clock.Set(now)
+		}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return bctest.GuestExec(ctx, beta, g.CP.URL, bctest.GuestTarget{Tenant: "beta", Instance: b.GetId()}, cmd)
+	}
+	var res *bctest.GuestExecResult
+	bctest.WaitFor(t, "exec in beta's guest", func() bool {
+		res, err = betaExec("cat /etc/ssh/better_compute_principals/bc")
+		return err == nil && res.ExitCode == 0
+	})
+	require.Equal(t, b.GetId()+"\n", res.Stdout, "the seed wrote the guest's own principal")
+
+	// Acme's certificate for vm-a, straight to each guest's sshd.
+	g.CP.Clock.Set(time.Now())
+	key, err := sshexec.NewKey()
+	require.NoError(t, err)
+	tk, err := g.Acme.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: a.GetId(), PublicKey: key.AuthorizedKey}))
+	require.NoError(t, err)
+	direct := func(in *apiv1.Instance) func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return g.Dial(ctx, network, net.JoinHostPort(in.GetAddress(), "22"))
+		}
+	}
+	present := func(in *apiv1.Instance, cmd string) (*sshca.ExecResult, error) {
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		return bctest.GuestPresent(ctx, tk.Msg.GetTicket(), key, vps.HostID(in.GetId()), direct(in), cmd)
+	}
+	intruded, err := present(b, "touch /tmp/intruded")
+	require.ErrorContains(t, err, "unable to authenticate")
+	require.Equal(t, sshca.HostCertValid, intruded.HostCert, "beta's guest was pinned: the refusal is its sshd's")
+	own, err := present(a, "hostname")
+	require.NoError(t, err)
+	require.Zero(t, own.ExitCode)
+	require.Equal(t, "vm-a\n", string(own.Stdout))
+	res, err = betaExec("test -e /tmp/intruded && echo there || echo absent")
+	require.NoError(t, err)
+	require.Equal(t, "absent\n", res.Stdout, "nothing ran in beta's guest")
+
+	_, err = g.Acme.Instances.Ssh(ctx, connect.NewRequest(&apiv1.SshInstanceRequest{Tenant: "acme", Instance: b.GetId(), PublicKey: key.AuthorizedKey}))
+	require.Equal(t, "NOT_FOUND", client.Code(err), "%v", err)
 }

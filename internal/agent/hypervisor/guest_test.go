@@ -41,6 +41,9 @@ import (
 const (
 	agNet  = "10.213.92."
 	agUser = "bc"
+	// agPrincipal is the guest's own certificate principal (the control
+	// plane seeds an instance's id).
+	agPrincipal = "ins_web1"
 )
 
 // guestImageDir is the image make guest-image built; the test's image
@@ -162,7 +165,7 @@ func (g *agentRig) must(t *testing.T, nodeID, kind string, params any) map[strin
 }
 
 func (g *agentRig) exec(ctx context.Context, cmd string) (*sshca.ExecResult, error) {
-	u, err := g.ca.NewUser(agUser, 5*time.Minute)
+	u, err := g.ca.NewUser(agPrincipal, 5*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +279,7 @@ func TestGuestAgentRunsInstances(t *testing.T) {
 			DNS: []string{agNet + "53"}, Policy: vmcmd.PolicyEgress},
 		Volumes: []vmcmd.VolumeRef{{VolumeID: "data", Format: "qcow2", SizeMiB: 64}},
 		Seed: vmcmd.Seed{Hostname: "web-one", User: agUser, TrustedUserCAKeys: []string{g.ca.AuthorizedKey()},
-			HostKey: string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(hostCert)},
+			AuthorizedPrincipals: []string{agPrincipal}, HostKey: string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(hostCert)},
 	}
 	start := time.Now()
 	st := g.must(t, nodeID, vmcmd.KindInstanceCreate, create)

@@ -405,6 +405,11 @@ func TestCreateRefusesBadParamsNamingTheField(t *testing.T) {
 		{"seed.user", vmcmd.FailInvalid, func(p *vmcmd.CreateParams) { p.Seed.User = "root" }},
 		{"seed.hostname", vmcmd.FailInvalid, func(p *vmcmd.CreateParams) { p.Seed.Hostname = "Web_1" }},
 		{"seed.authorized_keys", vmcmd.FailInvalid, func(p *vmcmd.CreateParams) { p.Seed.AuthorizedKeys = nil }},
+		// A CA trusted for any principal would admit every guest's
+		// certificates (the seed of a control plane from before principals).
+		{"seed.authorized_principals", vmcmd.FailInvalid, func(p *vmcmd.CreateParams) {
+			p.Seed.TrustedUserCAKeys = []string{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOQ ca"}
+		}},
 		{"placement.gpu_uuids", vmcmd.FailUnsupported, func(p *vmcmd.CreateParams) { p.Placement.GPUUUIDs = []string{"GPU-1"} }},
 		{"network.policy", vmcmd.FailUnsupported, func(p *vmcmd.CreateParams) { p.Network.Policy = vmcmd.PolicyPrivate }},
 	}

@@ -121,7 +121,8 @@ func (h *Hypervisor) spec(ctx context.Context, p *vmcmd.CreateParams, img runtim
 		Network: &runtime.Network{Bridge: h.cfg.Bridge, BridgeAddress: h.cfg.BridgeAddress, NetNS: h.cfg.NetNS},
 		Seed: &runtime.Seed{
 			Hostname: p.Seed.Hostname, User: p.Seed.User, AuthorizedKeys: p.Seed.AuthorizedKeys,
-			TrustedUserCAKeys: p.Seed.TrustedUserCAKeys, HostKey: p.Seed.HostKey, HostCertificate: p.Seed.HostCertificate,
+			TrustedUserCAKeys: p.Seed.TrustedUserCAKeys, AuthorizedPrincipals: p.Seed.AuthorizedPrincipals,
+			HostKey: p.Seed.HostKey, HostCertificate: p.Seed.HostCertificate,
 			Address: p.Network.Address, Gateway: p.Network.Gateway, DNS: p.Network.DNS, UserData: p.Seed.UserData,
 		},
 	}

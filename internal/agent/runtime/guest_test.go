@@ -64,7 +64,7 @@ type guestRig struct {
 }
 
 func (g *guestRig) exec(ctx context.Context, cmd string) (*sshca.ExecResult, error) {
-	u, err := g.ca.NewUser(guestUser, 5*time.Minute)
+	u, err := g.ca.NewUser(g.spec.Seed.AuthorizedPrincipals[0], 5*time.Minute)
 	if err != nil {
 		return nil, err
 	}
@@ -137,8 +137,8 @@ func setupGuest(t *testing.T) *guestRig {
 		Network:  &runtime.Network{Bridge: "bcgbr0", BridgeAddress: guestNet + "1/24", NetNS: ns},
 		Seed: &runtime.Seed{
 			Hostname: "guest-one", User: guestUser,
-			TrustedUserCAKeys: []string{ca.AuthorizedKey()},
-			HostKey:           string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(hostCert),
+			TrustedUserCAKeys: []string{ca.AuthorizedKey()}, AuthorizedPrincipals: []string{"guest-1"},
+			HostKey: string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(hostCert),
 			Address: guestNet + "2/24", Gateway: guestNet + "1", DNS: []string{guestNet + "53"},
 		},
 	}

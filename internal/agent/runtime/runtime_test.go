@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/better-compute/better-compute/internal/agent/runtime"
 	"github.com/better-compute/better-compute/internal/sshca"
@@ -53,8 +54,8 @@ func validSeed(t *testing.T) *runtime.Seed {
 	require.NoError(t, err)
 	return &runtime.Seed{
 		Hostname: "web-1", User: "alice",
-		TrustedUserCAKeys: []string{ca.AuthorizedKey()},
-		HostKey:           string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(cert),
+		TrustedUserCAKeys: []string{ca.AuthorizedKey()}, AuthorizedPrincipals: []string{"ins_01jd5x"},
+		HostKey: string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(cert),
 		Address: "10.0.0.2/24", Gateway: "10.0.0.1", DNS: []string{"10.0.0.53", "9.9.9.9"},
 	}
 }
@@ -102,6 +103,12 @@ func TestSpecValidation(t *testing.T) {
 		{"hostname", func(s *runtime.Spec) { s.Seed.Hostname = "Web_1" }, "seed.hostname", "DNS label"},
 		{"root login", func(s *runtime.Spec) { s.Seed.User = "root" }, "seed.user", "not an allowed account"},
 		{"no way in", func(s *runtime.Spec) { s.Seed.TrustedUserCAKeys = nil }, "seed.authorized_keys", "required to log in"},
+		{"CA without principals", func(s *runtime.Spec) { s.Seed.AuthorizedPrincipals = nil }, "seed.authorized_principals", "required with a trusted user CA"},
+		{"principals without CA", func(s *runtime.Spec) {
+			s.Seed.TrustedUserCAKeys, s.Seed.AuthorizedKeys = nil, []string{"ssh-ed25519 AAAA"}
+		}, "seed.authorized_principals", "need a trusted user CA"},
+		{"principal with a space", func(s *runtime.Spec) { s.Seed.AuthorizedPrincipals = []string{"ins_1", "a b"} }, "seed.authorized_principals[1]", "not a principal"},
+		{"principal with options", func(s *runtime.Spec) { s.Seed.AuthorizedPrincipals = []string{`from="*",x`} }, "seed.authorized_principals[0]", "not a principal"},
 		{"key with newline", func(s *runtime.Spec) { s.Seed.AuthorizedKeys = []string{"ssh-ed25519 AAAA\nssh-rsa B"} }, "seed.authorized_keys", "one authorized_keys line"},
 		{"host key alone", func(s *runtime.Spec) { s.Seed.HostCertificate = "" }, "seed.host_certificate", "come together"},
 		{"host cert not a cert", func(s *runtime.Spec) { s.Seed.HostCertificate = "ssh-ed25519 AAAA" }, "seed.host_certificate", "OpenSSH certificate"},
@@ -140,10 +147,24 @@ func TestRenderSeed(t *testing.T) {
 		"path: /etc/ssh/ssh_host_ed25519_key\n", "permissions: \"0600\"", "OPENSSH PRIVATE KEY",
 		"path: /etc/ssh/ssh_host_ed25519_key-cert.pub", "ssh-ed25519-cert-v01@openssh.com ",
 		"TrustedUserCAKeys /etc/ssh/better_compute_user_ca.pub", "HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub",
+		"AuthorizedPrincipalsFile /etc/ssh/better_compute_principals/%u",
 		"PasswordAuthentication no", "nameserver 10.0.0.53\n", "nameserver 9.9.9.9\n",
 	} {
 		require.Contains(t, ud, want)
 	}
+	// The CA's certificates log in as the account only for the instance's
+	// own principal: sshd reads it from the account's principals file.
+	var cc struct {
+		WriteFiles []struct{ Path, Content, Permissions, Owner string } `yaml:"write_files"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(ud), &cc))
+	principals := map[string]string{}
+	for _, f := range cc.WriteFiles {
+		if strings.HasPrefix(f.Path, "/etc/ssh/better_compute_principals") {
+			principals[f.Path] = f.Content + " " + f.Permissions + " " + f.Owner
+		}
+	}
+	require.Equal(t, map[string]string{"/etc/ssh/better_compute_principals/alice": "ins_01jd5x\n 0644 root:root"}, principals)
 	nc := string(got["network-config"])
 	for _, want := range []string{"version: 1", "name: eth0", "mac_address: 52:54:00:ab:cd:ef", "address: 10.0.0.2/24", "gateway: 10.0.0.1", "- 10.0.0.53"} {
 		require.Contains(t, nc, want)

@@ -24,12 +24,18 @@ type Seed struct {
 	// InstanceID changes when the guest should re-run first-boot modules
 	// (default: the spec's ID).
 	InstanceID string `json:"instance_id,omitempty"`
-	// User is the login account (the user certificates' principal).
+	// User is the login account.
 	User           string   `json:"user"`
 	AuthorizedKeys []string `json:"authorized_keys,omitempty"`
 	// TrustedUserCAKeys are CA public keys (authorized_keys form) whose
-	// user certificates sshd accepts.
+	// user certificates sshd accepts, for AuthorizedPrincipals only.
 	TrustedUserCAKeys []string `json:"trusted_user_ca_keys,omitempty"`
+	// AuthorizedPrincipals are the certificate principals that log in as
+	// User (sshd's AuthorizedPrincipalsFile). Without the file sshd takes
+	// the account name as the principal, which every guest shares: a
+	// certificate for one guest would open all of them. Required with
+	// TrustedUserCAKeys.
+	AuthorizedPrincipals []string `json:"authorized_principals,omitempty"`
 	// HostKey is the guest's Ed25519 host key (OpenSSH PEM) and
 	// HostCertificate its CA-signed certificate (authorized_keys form).
 	HostKey         string   `json:"host_key,omitempty"`
@@ -45,6 +51,9 @@ type Seed struct {
 var (
 	hostnameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 	userRE     = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+	// principalRE keeps a principal one token of an AuthorizedPrincipalsFile
+	// line: no space, comma, quote or option syntax.
+	principalRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$`)
 )
 
 // reservedUsers cannot be the login account: the seed would lock or
@@ -70,6 +79,17 @@ func (s *Seed) validate() error {
 	for i, k := range append(append([]string{}, s.AuthorizedKeys...), s.TrustedUserCAKeys...) {
 		if strings.ContainsAny(k, "\n\r") || !strings.HasPrefix(k, "ssh-") && !strings.HasPrefix(k, "ecdsa-") {
 			return bad("authorized_keys", "key %d is not one authorized_keys line", i)
+		}
+	}
+	switch {
+	case len(s.TrustedUserCAKeys) > 0 && len(s.AuthorizedPrincipals) == 0:
+		return bad("authorized_principals", "are required with a trusted user CA (without them every certificate of the CA logs in)")
+	case len(s.TrustedUserCAKeys) == 0 && len(s.AuthorizedPrincipals) > 0:
+		return bad("authorized_principals", "need a trusted user CA")
+	}
+	for i, p := range s.AuthorizedPrincipals {
+		if !principalRE.MatchString(p) {
+			return bad(fmt.Sprintf("authorized_principals[%d]", i), "%q is not a principal (1-128 of A-Z, a-z, 0-9, '.', '_', '@', '-')", p)
 		}
 	}
 	if (s.HostKey == "") != (s.HostCertificate == "") {
@@ -111,9 +131,12 @@ func (s *Seed) validate() error {
 // Paths in the guest the seed writes; the image's sshd includes
 // sshd_config.d.
 const (
-	guestHostKey  = "/etc/ssh/ssh_host_ed25519_key"
-	guestUserCA   = "/etc/ssh/better_compute_user_ca.pub"
-	guestSSHDConf = "/etc/ssh/sshd_config.d/50-better-compute.conf"
+	guestHostKey = "/etc/ssh/ssh_host_ed25519_key"
+	guestUserCA  = "/etc/ssh/better_compute_user_ca.pub"
+	// guestPrincipals holds one file per account (sshd expands %u), so a
+	// certificate logs in as the seed's account only.
+	guestPrincipals = "/etc/ssh/better_compute_principals"
+	guestSSHDConf   = "/etc/ssh/sshd_config.d/50-better-compute.conf"
 )
 
 // RenderSeed returns the NoCloud files: meta-data, user-data and
@@ -147,7 +170,9 @@ func RenderSeed(s *Seed, instanceID, mac string) (map[string][]byte, error) {
 	}
 	if len(s.TrustedUserCAKeys) > 0 {
 		files = append(files, file{Path: guestUserCA, Content: strings.Join(s.TrustedUserCAKeys, "\n") + "\n", Permissions: "0644"})
-		sshd = append(sshd, "TrustedUserCAKeys "+guestUserCA)
+		files = append(files, file{Path: guestPrincipals + "/" + s.User, Content: strings.Join(s.AuthorizedPrincipals, "\n") + "\n",
+			Permissions: "0644", Owner: "root:root"})
+		sshd = append(sshd, "TrustedUserCAKeys "+guestUserCA, "AuthorizedPrincipalsFile "+guestPrincipals+"/%u")
 	}
 	files = append(files, file{Path: guestSSHDConf, Content: strings.Join(sshd, "\n") + "\n", Permissions: "0644"})
 	if len(s.DNS) > 0 {
