@@ -303,6 +303,11 @@ func setup(s *Spec) error {
 		return fmt.Errorf("new cgroup namespace: %w", err)
 	}
 	if s.Cgroup2 != "" {
+		// The same superblock cannot be mounted twice at one place:
+		// the host's mount goes first (in this mount namespace only).
+		if err := unix.Unmount(s.Cgroup2, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount the host's cgroup2 at %s: %w", s.Cgroup2, err)
+		}
 		if err := unix.Mount("cgroup2", s.Cgroup2, "cgroup2", hidden|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("mount cgroup2 at %s for the cgroup namespace: %w", s.Cgroup2, err)
 		}
