@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -155,47 +154,6 @@ func pidAlive(pid int) bool {
 	return true
 }
 
-// uniqueSleep is a sleep command line no other test runs, so its
-// processes can be found on the host by their command line.
-func uniqueSleep() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return fmt.Sprintf("sleep %d", 1000000+int(b[0])<<16|int(b[1])<<8|int(b[2]))
-}
-
-// pidsWith are the host pids of running processes whose command line holds
-// token (the confinement helper's aside).
-func pidsWith(token string) []int {
-	var pids []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		// The confinement helper's command line holds the command's too.
-		if err == nil && !bytes.HasPrefix(b, []byte("bc-confine-init\x00")) &&
-			strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), token) && pidAlive(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// hostPIDs waits until n processes run whose command line holds token and
-// returns their host pids: a confined process's $$ is its pid in its own
-// PID namespace, so the host's are found by command line.
-func hostPIDs(t *testing.T, token string, n int) []int {
-	t.Helper()
-	var pids []int
-	bctest.WaitFor(t, fmt.Sprintf("%d processes running %q", n, token), func() bool {
-		pids = pidsWith(token)
-		return len(pids) == n
-	})
-	return pids
-}
-
 func TestExecCancelAndLeftovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -207,11 +165,11 @@ func TestExecCancelAndLeftovers(t *testing.T) {
 
 	// A long process: the other commands of the node go on meanwhile, and
 	// a cancel kills its whole group.
-	sleep := uniqueSleep()
+	sleep := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
 		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", sleep + " & echo $$ $!; wait"}})})
 	b.gw.await(t, "the pids", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
-	pids := hostPIDs(t, sleep, 2)
+	pids := bctest.WaitPIDs(t, sleep, 2)
 	b.gw.command(&agentv1.Command{Id: "c2", Seq: 2, Kind: agent.KindNodeDrain})
 	u, _ := b.gw.finalUpdate(t, 2)
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), "a running exec holds up no other command")
@@ -230,12 +188,12 @@ func TestExecCancelAndLeftovers(t *testing.T) {
 	require.Contains(t, u.GetResult().AsMap()["cgroup_note"], "not on a cgroup v2 filesystem")
 
 	// A process that exits leaves nothing running in its group.
-	leftover := uniqueSleep()
+	leftover := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "c3", Seq: 3, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
 		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", leftover + " >/dev/null 2>&1 & echo $!"}})})
 	_, _, u = execOutput(t, b, 3)
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
-	bctest.WaitFor(t, "the leftover "+leftover+" killed", func() bool { return len(pidsWith(leftover)) == 0 })
+	bctest.WaitFor(t, "the leftover "+leftover+" killed", func() bool { return len(bctest.PIDsWith(leftover)) == 0 })
 
 	// Redelivered after it ran: the recorded final update, not a second run.
 	b.gw.command(&agentv1.Command{Id: "c3", Seq: 3, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
@@ -297,11 +255,11 @@ func TestExecStopsWithBcd(t *testing.T) {
 	stop := run(t, a)
 	b.gw.hello(t)
 	require.NoError(t, os.MkdirAll(filepath.Join(b.cgRoot, "rsv_1"), 0o755))
-	sleep := uniqueSleep()
+	sleep := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
 		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", "echo $$; exec " + sleep}})})
 	b.gw.await(t, "the pid", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
-	pid := hostPIDs(t, sleep, 1)[0]
+	pid := bctest.WaitPIDs(t, sleep, 1)[0]
 
 	// bcd stops: its processes go with it, and the next bcd reports the
 	// command interrupted instead of running it again.

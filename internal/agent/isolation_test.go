@@ -292,10 +292,10 @@ func TestExecIsolated(t *testing.T) {
 	}
 
 	// Something of alloc-b's runs meanwhile.
-	sleep := uniqueSleep()
+	sleep := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "b-sleep", Seq: 3, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
 		"allocation_id": "alloc-b", "argv": []any{"sh", "-c", "exec " + sleep}})})
-	other := hostPIDs(t, sleep, 1)[0]
+	other := bctest.WaitPIDs(t, sleep, 1)[0]
 
 	key := filepath.Join(b.stateDir, "node.key")
 	require.FileExists(t, key)
