@@ -95,6 +95,10 @@ type Config struct {
 	// DefaultExecIDFirst, DefaultExecIDCount). No account of the host may
 	// use them.
 	ExecIDFirst, ExecIDCount uint32
+	// ExecHide are host paths, besides StateDir, that no allocation's
+	// process may reach (they are covered by an empty tmpfs in its mount
+	// namespace).
+	ExecHide []string
 	// Commands applies the command kinds bcd does not know itself (site
 	// mode's bmc.power and site.machines); nil leaves them UNKNOWN_KIND.
 	Commands CommandHandler

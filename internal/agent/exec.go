@@ -301,7 +301,7 @@ func (a *Agent) confined(allocationID, prog string, argv []string, inCgroup bool
 	if err != nil {
 		return nil, fail(FailExecStart, err)
 	}
-	hide := []string{a.cfg.StateDir}
+	hide := append([]string{a.cfg.StateDir}, a.cfg.ExecHide...)
 	cg2 := ""
 	if inCgroup {
 		// Mounted again in the process's cgroup namespace, the cgroup
