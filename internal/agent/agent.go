@@ -126,6 +126,12 @@ func (c *Config) setDefaults() error {
 	if c.StateDir == "" {
 		return errors.New("agent: StateDir is required")
 	}
+	// Absolute, so that confined processes' mounts can name it.
+	dir, err := filepath.Abs(c.StateDir)
+	if err != nil {
+		return fmt.Errorf("agent: StateDir: %w", err)
+	}
+	c.StateDir = dir
 	c.SysfsRoot = cmp.Or(c.SysfsRoot, "/")
 	c.CgroupRoot = cmp.Or(c.CgroupRoot, "/sys/fs/cgroup/bettercompute")
 	if c.Clock == nil {

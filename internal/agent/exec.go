@@ -310,6 +310,12 @@ func (a *Agent) confined(allocationID, prog string, argv []string, inCgroup bool
 	} else {
 		hide = append(hide, a.cfg.CgroupRoot)
 	}
+	// The helper takes absolute paths only (a --state-dir may be relative).
+	for i, p := range hide {
+		if hide[i], err = filepath.Abs(p); err != nil {
+			return nil, fail(FailExecStart, err)
+		}
+	}
 	cmd, err := confine.Command(confine.Spec{Path: prog, Argv: argv, UID: id, GID: id, Tmp: tmp, Hide: hide, Cgroup2: cg2})
 	if err != nil {
 		return nil, fail(FailExecStart, err)
