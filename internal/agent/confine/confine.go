@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -338,11 +339,39 @@ func bindFD(fd int, target string) error {
 	return nil
 }
 
-// Probe starts a confined /bin/true (or true from PATH) as uid/gid and
-// says why that does not work here; nil means every step of the
-// confinement was made (the helper runs nothing otherwise). cgroup2 is
-// passed as Spec.Cgroup2.
+// probes remembers Probe's answers: they depend on this process and its
+// kernel only, and a test process starts many simulated nodes.
+var probes sync.Map // probeKey → error (nil stored as errProbeOK)
+
+type probeKey struct {
+	uid, gid uint32
+	cgroup2  string
+}
+
+var errProbeOK = errors.New("ok")
+
+// Probe starts a confined true (from PATH) as uid/gid and says why that
+// does not work here; nil means every step of the confinement was made
+// (the helper runs nothing otherwise). cgroup2 is passed as Spec.Cgroup2.
+// The answer is remembered for the process.
 func Probe(uid, gid uint32, cgroup2 string) error {
+	k := probeKey{uid, gid, cgroup2}
+	if v, ok := probes.Load(k); ok {
+		if err := v.(error); err != errProbeOK { //nolint:errorlint // the sentinel itself
+			return err
+		}
+		return nil
+	}
+	err := probe(uid, gid, cgroup2)
+	v := err
+	if v == nil {
+		v = errProbeOK
+	}
+	probes.Store(k, v)
+	return err
+}
+
+func probe(uid, gid uint32, cgroup2 string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("bcd is not root: it cannot run processes as another uid")
 	}
