@@ -357,7 +357,7 @@ var errProbeOK = errors.New("ok")
 func Probe(uid, gid uint32, cgroup2 string) error {
 	k := probeKey{uid, gid, cgroup2}
 	if v, ok := probes.Load(k); ok {
-		if err := v.(error); err != errProbeOK { //nolint:errorlint // the sentinel itself
+		if err := v.(error); !errors.Is(err, errProbeOK) {
 			return err
 		}
 		return nil
