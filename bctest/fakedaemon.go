@@ -56,6 +56,10 @@ type FakeDaemonConfig struct {
 	// Hypervisor answers the instance and volume commands (vmcmd); nil
 	// gives the node a FakeHypervisor of its own.
 	Hypervisor *FakeHypervisor
+	// Hide are host paths, besides StateDir, that no allocation's process
+	// and no guest's command may reach (dev's state directory, with its
+	// admin key and database).
+	Hide []string
 }
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
@@ -123,6 +127,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	if cfg.Hypervisor.Root() == "" {
 		cfg.Hypervisor.SetRoot(filepath.Join(cfg.StateDir, "guests"))
 	}
+	cfg.Hypervisor.Hide(append([]string{cfg.StateDir}, cfg.Hide...)...)
 	cfg.Hypervisor.reopen()
 	cgroupRoot, plain := filepath.Join(cfg.StateDir, "cgroup"), true
 	if cfg.CgroupRoot != "" {
@@ -133,6 +138,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
+		ExecHide: cfg.Hide,
 	})
 	if err != nil {
 		return nil, err
@@ -196,6 +202,10 @@ func (d *FakeDaemon) CgroupRoot() string {
 	}
 	return filepath.Join(d.cfg.StateDir, "cgroup")
 }
+
+// StateDir is the node's state directory (its key, certificates and
+// command log).
+func (d *FakeDaemon) StateDir() string { return d.cfg.StateDir }
 
 // Hypervisor is the node's fake hypervisor (its instances and volumes).
 func (d *FakeDaemon) Hypervisor() *FakeHypervisor { return d.cfg.Hypervisor }

@@ -28,7 +28,11 @@ import (
 // gateway, command path and agent protocol. A running guest's sshd is a
 // real SSH server on loopback, configured from its seed (fakesshd.go), that
 // runs commands with /bin/sh in <root>/<instance>/fs; instance.tunnel
-// reaches it as bcd reaches a real guest's.
+// reaches it as bcd reaches a real guest's. Where this process can (root,
+// user namespaces), each guest's commands run confined as bcd confines an
+// allocation's processes: a uid of the guest's own, new namespaces, its fs
+// directory and a /tmp of its own, and nothing of the node's state or of
+// the other guests reachable.
 type FakeHypervisor struct {
 	mu      sync.Mutex
 	images  []string
@@ -43,12 +47,16 @@ type FakeHypervisor struct {
 	// uncertified makes later guests ignore their seeded host key and
 	// certificate (a guest whose host key the CA never signed).
 	uncertified bool
+	// hide are host paths no guest's command may reach besides root (the
+	// node's state directory; dev's).
+	hide []string
 }
 
 type fakeGuest struct {
 	params      vmcmd.CreateParams
 	state       string
 	dir         string
+	jail        *guestJail
 	uncertified bool
 	sshd        *fakeSSHD
 	ran         int
@@ -81,6 +89,19 @@ func (h *FakeHypervisor) SetRoot(dir string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.root = dir
+}
+
+// Hide adds host paths that guests' commands must not reach (the
+// guests' root is always out of their reach, but for each guest's own
+// directory).
+func (h *FakeHypervisor) Hide(paths ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, p := range paths {
+		if p != "" && !slices.Contains(h.hide, p) {
+			h.hide = append(h.hide, p)
+		}
+	}
 }
 
 // Root is the directory holding the guests' fs directories.
@@ -304,7 +325,7 @@ func (g *fakeGuest) startSSH() error {
 	if err != nil {
 		return err
 	}
-	d, err := startSSHD(cfg, g.dir)
+	d, err := startSSHD(cfg, g.dir, g.jail)
 	if err != nil {
 		return err
 	}
@@ -503,6 +524,8 @@ func (h *FakeHypervisor) create(p *vmcmd.CreateParams) (*structpb.Struct, error)
 		return nil, agent.CommandError(vmcmd.FailRuntime, err)
 	}
 	g := &fakeGuest{params: *p, state: vmcmd.StateRunning, dir: filepath.Join(root, p.InstanceID, "fs"), uncertified: h.uncertified}
+	g.jail = &guestJail{uid: nextGuestID(), dir: g.dir, tmp: filepath.Join(root, p.InstanceID, "tmp"),
+		hide: append([]string{root}, h.hide...)}
 	if p.Paused {
 		g.state = vmcmd.StatePaused
 	} else if err := g.startSSH(); err != nil {

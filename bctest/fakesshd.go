@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/better-compute/better-compute/internal/agent/confine"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
@@ -28,12 +29,15 @@ import (
 // authorized principals (or, for a seed without them, the account, as
 // sshd without an AuthorizedPrincipalsFile does), or a plain authorized
 // key, and runs exec requests with /bin/sh -c in the guest's fs directory
-// (HOME and cwd there).
+// (HOME and cwd there), confined as bcd confines an allocation's processes
+// where this process can (guestJail): its own uid, and nothing of the
+// node's state or of other guests reachable.
 type fakeSSHD struct {
-	cfg *ssh.ServerConfig
-	dir string
-	ln  net.Listener
-	wg  sync.WaitGroup
+	cfg  *ssh.ServerConfig
+	dir  string
+	jail *guestJail
+	ln   net.Listener
+	wg   sync.WaitGroup
 	// Commands counts the exec requests the guest ran.
 	mu       sync.Mutex
 	commands int
@@ -142,7 +146,7 @@ func authenticateCert(checker *ssh.CertChecker, seed vmcmd.Seed, cert *ssh.Certi
 	return &cert.Permissions, nil
 }
 
-func startSSHD(cfg *ssh.ServerConfig, dir string) (*fakeSSHD, error) {
+func startSSHD(cfg *ssh.ServerConfig, dir string, jail *guestJail) (*fakeSSHD, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("guest fs: %w", err)
 	}
@@ -150,7 +154,7 @@ func startSSHD(cfg *ssh.ServerConfig, dir string) (*fakeSSHD, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &fakeSSHD{cfg: cfg, dir: dir, ln: ln}
+	d := &fakeSSHD{cfg: cfg, dir: dir, jail: jail, ln: ln}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -233,12 +237,26 @@ func (d *fakeSSHD) run(ch ssh.Channel, command string) int {
 	d.mu.Lock()
 	d.commands++
 	d.mu.Unlock()
-	cmd := exec.Command("/bin/sh", "-c", command)
-	cmd.Dir = d.dir
+	cmd, confined, err := d.jail.command(command)
+	if err != nil {
+		_, _ = fmt.Fprintf(ch.Stderr(), "sh: %v\n", err)
+		return 127
+	}
 	cmd.Env = []string{"HOME=" + d.dir, "PATH=/usr/local/bin:/usr/bin:/bin"}
 	cmd.Stdin = io.LimitReader(ch, 0)
 	cmd.Stdout, cmd.Stderr = ch, ch.Stderr()
-	err := cmd.Run()
+	if confined {
+		var p *confine.Process
+		if p, err = confine.Start(cmd); err == nil {
+			err = cmd.Wait()
+			if st, ok := p.Status(); ok && st.StartError != "" {
+				_, _ = fmt.Fprintf(ch.Stderr(), "sh: %s\n", st.StartError)
+				return 127
+			}
+		}
+	} else {
+		err = cmd.Run()
+	}
 	var exitErr *exec.ExitError
 	switch {
 	case err == nil:

@@ -71,7 +71,7 @@ func TestFakeSSHDPrincipals(t *testing.T) {
 			t.Parallel()
 			cfg, err := sshdConfig(tc.seed, false, time.Now)
 			require.NoError(t, err)
-			d, err := startSSHD(cfg, t.TempDir())
+			d, err := startSSHD(cfg, t.TempDir(), nil)
 			require.NoError(t, err)
 			t.Cleanup(d.close)
 			res, err := sshca.Exec(context.Background(), sshca.ExecParams{Addr: d.addr(), HostName: "ins-a", User: tc.account,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +37,7 @@ type options struct {
 	otlpInsecure  bool
 	imageKeys     string
 	spoolDir      string
+	execIDs       string
 	site          siteOptions
 	inst          instanceOptions
 }
@@ -61,6 +63,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.fakeSeed, "fake-seed", "", "seed for the fake backend's identity (default: the state dir)")
 	fs.StringVar(&o.sysfsRoot, "sysfs-root", "/", "root under which /sys and /proc are read")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup/bettercompute", "cgroup v2 directory bcd owns for allocations; must be on a cgroup2 filesystem (any directory with --hardware fake:…)")
+	fs.StringVar(&o.execIDs, "exec-ids", "1879048192:65536", "FIRST:COUNT: the uids/gids bcd gives allocations' processes, one per reservation; no account of the host may use them")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9101", "address for /metrics; empty disables")
 	fs.StringVar(&o.mode, "mode", "node", "agent mode: node, site or ramdisk")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -104,6 +107,7 @@ type fileConfig struct {
 	FakeSeed      string `toml:"fake_seed" yaml:"fake_seed"`
 	SysfsRoot     string `toml:"sysfs_root" yaml:"sysfs_root"`
 	CgroupRoot    string `toml:"cgroup_root" yaml:"cgroup_root"`
+	ExecIDs       string `toml:"exec_ids" yaml:"exec_ids"`
 	MetricsListen string `toml:"metrics_listen" yaml:"metrics_listen"`
 	Mode          string `toml:"mode" yaml:"mode"`
 	LogLevel      string `toml:"log_level" yaml:"log_level"`
@@ -180,6 +184,7 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("fake-seed", &o.fakeSeed, fc.FakeSeed)
 	pick("sysfs-root", &o.sysfsRoot, fc.SysfsRoot)
 	pick("cgroup-root", &o.cgroupRoot, fc.CgroupRoot)
+	pick("exec-ids", &o.execIDs, fc.ExecIDs)
 	pick("metrics-listen", &o.metricsListen, fc.MetricsListen)
 	pick("mode", &o.mode, fc.Mode)
 	pick("log-level", &o.logLevel, fc.LogLevel)
@@ -235,4 +240,24 @@ func (o *options) validate() error {
 		return fmt.Errorf("--keepalive %v: must be at least %v (the gateway closes connections that ping more often)", o.keepalive, agent.MinKeepaliveTime)
 	}
 	return nil
+}
+
+// parseExecIDs reads --exec-ids, FIRST:COUNT.
+func parseExecIDs(v string) (first, count uint32, err error) {
+	a, b, ok := strings.Cut(v, ":")
+	if !ok {
+		return 0, 0, fmt.Errorf("%q is not FIRST:COUNT", v)
+	}
+	f, err := strconv.ParseUint(a, 10, 32)
+	if err != nil || f == 0 {
+		return 0, 0, fmt.Errorf("FIRST %q is not a uid above 0", a)
+	}
+	c, err := strconv.ParseUint(b, 10, 32)
+	if err != nil || c == 0 {
+		return 0, 0, fmt.Errorf("COUNT %q is not a positive number", b)
+	}
+	if f+c > 1<<32-1 {
+		return 0, 0, fmt.Errorf("%d ids from %d run past the largest uid", c, f)
+	}
+	return uint32(f), uint32(c), nil
 }

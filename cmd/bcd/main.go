@@ -127,6 +127,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		// A site agent runs no allocations: no cgroups to enforce with.
 		o.cgroupRoot = filepath.Join(o.stateDir, "cgroup")
 	}
+	execFirst, execCount, err := parseExecIDs(o.execIDs)
+	if err != nil {
+		return fmt.Errorf("--exec-ids: %w", err)
+	}
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
@@ -202,7 +206,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
-		Tracing: tp, Commands: handler, Instances: instances,
+		Tracing: tp, Commands: handler, Instances: instances, ExecIDFirst: execFirst, ExecIDCount: execCount,
 	})
 	if err != nil {
 		if backend != nil {

@@ -171,3 +171,14 @@ func TestInstanceFlags(t *testing.T) {
 	require.Equal(t, instanceOptions{dir: "/var/lib/bcd/instances", images: "/var/lib/bcd/images", bridge: "br9",
 		bridgeAddress: "10.9.0.1/24", netns: "vms", accel: "tcg"}, o.inst)
 }
+
+func TestExecIDs(t *testing.T) {
+	t.Parallel()
+	first, count, err := parseExecIDs("1879048192:65536")
+	require.NoError(t, err)
+	require.Equal(t, [2]uint32{1879048192, 65536}, [2]uint32{first, count})
+	for _, bad := range []string{"", "100", "0:10", "10:0", "x:1", "1:y", "4294967000:1000", "-1:5"} {
+		_, _, err := parseExecIDs(bad)
+		require.Error(t, err, bad)
+	}
+}

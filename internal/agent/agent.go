@@ -90,6 +90,15 @@ type Config struct {
 	// probe attaches it once to a throw-away cgroup: only where that works
 	// does bcd advertise devices.limits.
 	DeviceFilter devfilter.Attacher
+	// ExecIDFirst and ExecIDCount are the range of uids (and gids) bcd
+	// gives allocations' processes, one per allocation (default
+	// DefaultExecIDFirst, DefaultExecIDCount). No account of the host may
+	// use them.
+	ExecIDFirst, ExecIDCount uint32
+	// ExecHide are host paths, besides StateDir, that no allocation's
+	// process may reach (they are covered by an empty tmpfs in its mount
+	// namespace).
+	ExecHide []string
 	// Commands applies the command kinds bcd does not know itself (site
 	// mode's bmc.power and site.machines); nil leaves them UNKNOWN_KIND.
 	Commands CommandHandler
@@ -117,6 +126,12 @@ func (c *Config) setDefaults() error {
 	if c.StateDir == "" {
 		return errors.New("agent: StateDir is required")
 	}
+	// Absolute, so that confined processes' mounts can name it.
+	dir, err := filepath.Abs(c.StateDir)
+	if err != nil {
+		return fmt.Errorf("agent: StateDir: %w", err)
+	}
+	c.StateDir = dir
 	c.SysfsRoot = cmp.Or(c.SysfsRoot, "/")
 	c.CgroupRoot = cmp.Or(c.CgroupRoot, "/sys/fs/cgroup/bettercompute")
 	if c.Clock == nil {
@@ -149,6 +164,11 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("agent: cgroup root %s: %w", c.CgroupRoot, err)
 		}
 	}
+	c.ExecIDFirst = cmp.Or(c.ExecIDFirst, DefaultExecIDFirst)
+	c.ExecIDCount = cmp.Or(c.ExecIDCount, DefaultExecIDCount)
+	if uint64(c.ExecIDFirst)+uint64(c.ExecIDCount) > 1<<32-1 {
+		return fmt.Errorf("agent: exec ids %d+%d run past the largest uid", c.ExecIDFirst, c.ExecIDCount)
+	}
 	if c.DeviceFilter == nil {
 		c.DeviceFilter = devfilter.BPF{}
 		if c.PlainCgroupDir {
@@ -178,6 +198,7 @@ type Agent struct {
 	cg      cgroups.Manager
 	filter  devfilter.Attacher
 	iso     isolation
+	ids     *execIDs
 	metrics *metrics
 	xids    xidCounts
 	running atomic.Bool
@@ -218,11 +239,20 @@ func New(cfg Config) (*Agent, error) {
 		execs:     map[string]*runningCommand{},
 		queue:     make(chan *agentv1.Command, 256),
 	}
+	a.ids = &execIDs{dir: a.dir, first: cfg.ExecIDFirst, count: cfg.ExecIDCount}
 	a.metrics.reg.MustRegister(gpuCollector{a: a})
 	if err := a.dir.ensure(); err != nil {
 		return nil, err
 	}
 	a.iso = probeIsolation(a.cg, a.filter, cfg.PlainCgroupDir)
+	if cfg.Mode == agentv1.AgentMode_AGENT_MODE_RAMDISK {
+		a.iso.execErr = errors.New("a ramdisk runs no allocation's processes")
+	} else {
+		a.iso.execErr = probeExec(a.cg, cfg.ExecIDFirst)
+	}
+	if a.iso.execErr != nil {
+		a.log.Warn("processes are not confined: exec.isolated is not advertised", "reason", a.iso.execErr)
+	}
 	for _, c := range cgroups.Controllers {
 		if why := a.iso.controllers[c]; why != "" {
 			a.log.Warn("limits not enforced on this node", "controller", c, "reason", why)

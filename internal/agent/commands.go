@@ -369,6 +369,11 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 			}
 			return outcome{}, fail(FailCgroupWrite, err)
 		}
+		// Its processes are gone: its /tmp goes, and its uid may be
+		// given to the next allocation.
+		if err := a.releaseFiles(id); err != nil {
+			return outcome{}, fail(FailPersist, err)
+		}
 		res, _ := structpb.NewStruct(map[string]any{"killed_processes": killed})
 		return outcome{result: res, extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationReleased{AllocationReleased: &agentv1.AllocationReleased{
 			AllocationId: id, CommandId: c.GetId(), KilledProcesses: uint32(killed),

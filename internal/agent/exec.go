@@ -21,6 +21,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
+	"github.com/better-compute/better-compute/internal/agent/confine"
 )
 
 // Output caps of one process.exec: beyond them output is dropped (and
@@ -114,7 +115,9 @@ func (o *outputCap) droppedBytes() uint64 {
 
 // exec runs a process.exec: the process in the allocation's cgroup (where
 // the cgroup root is cgroup v2), in a process group of its own, with the
-// allocation's GPUs in its environment. Its output goes out as
+// allocation's GPUs in its environment, and confined (package confine: the
+// allocation's own uid/gid and namespaces) wherever the start-up probe
+// found confinement works. Its output goes out as
 // ProcessOutput chunks while it runs; the result says how it ended. When
 // ctx ends (a cancel, the deadline, bcd stopping) the whole process group
 // is killed; when the process exits, what it left in its group is killed
@@ -131,7 +134,13 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		return outcome{}, fail(FailNotBound, fmt.Errorf("allocation %s is not bound on this node (no cgroup at %s)", pe.GetAllocationId(), dir))
 	}
-	env := []string{"PATH=" + execPath, "HOME=/", "LANG=C.UTF-8", "BC_ALLOCATION_ID=" + pe.GetAllocationId()}
+	confined := a.iso.execErr == nil
+	home := "/"
+	if confined {
+		// The allocation's own /tmp is the one place it may write.
+		home = "/tmp"
+	}
+	env := []string{"PATH=" + execPath, "HOME=" + home, "LANG=C.UTF-8", "BC_ALLOCATION_ID=" + pe.GetAllocationId()}
 	if !pe.GetOmitGpuEnv() {
 		devs, err := a.visibleDevices(ctx, pe.GetGpuUuids())
 		if err != nil {
@@ -162,6 +171,17 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 		return outcome{}, fail(FailExecStart, err)
 	}
 	cmd := &exec.Cmd{Path: prog, Args: pe.GetArgv(), Env: env, Dir: "/", SysProcAttr: attr}
+	result := map[string]any{"cgroup": dir, "cgroup_entered": entered, "confined": confined}
+	if confined {
+		cmd, err = a.confined(pe.GetAllocationId(), prog, pe.GetArgv(), entered, result)
+		if err != nil {
+			return outcome{}, err
+		}
+		cmd.Env = env
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = attr.UseCgroupFD, attr.CgroupFD
+	} else {
+		result["confine_note"] = "the process runs as bcd's user, in bcd's namespaces: " + a.iso.execErr.Error()
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return outcome{}, fail(FailExecStart, err)
@@ -173,11 +193,16 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 		return outcome{}, fail(FailExecStart, err)
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	result := map[string]any{"cgroup": dir, "cgroup_entered": entered}
 	if note != "" {
 		result["cgroup_note"] = note
 	}
-	if err := cmd.Start(); err != nil {
+	var helper *confine.Process
+	if confined {
+		helper, err = confine.Start(cmd)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
 		for _, f := range []*os.File{outR, outW, errR, errW} {
 			_ = f.Close()
 		}
@@ -240,6 +265,16 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 	_ = errR.Close()
 
 	code, sig := exitOf(cmd.ProcessState)
+	if helper != nil {
+		// The helper repeats the command's end; it reports nothing when
+		// it was killed (a cancel), and then its own end is the answer.
+		if st, ok := helper.Status(); ok {
+			if st.StartError != "" {
+				return outcome{}, fail(FailExecStart, fmt.Errorf("start %q confined: %s", pe.GetArgv()[0], st.StartError))
+			}
+			code, sig = st.ExitCode, st.Signal
+		}
+	}
 	result["exit_code"] = float64(code)
 	if sig != "" {
 		result["signal"] = sig
@@ -251,6 +286,42 @@ func (a *Agent) exec(ctx context.Context, c *agentv1.Command) (outcome, error) {
 		return outcome{result: res}, stopped
 	}
 	return outcome{result: res}, nil
+}
+
+// confined prepares the confinement helper for an allocation's process:
+// the allocation's uid/gid, its /tmp, bcd's state directory (and a
+// simulated node's plain cgroup directories) hidden. It notes the uid in
+// result.
+func (a *Agent) confined(allocationID, prog string, argv []string, inCgroup bool, result map[string]any) (*exec.Cmd, error) {
+	id, err := a.ids.get(allocationID)
+	if err != nil {
+		return nil, fail(FailExecStart, fmt.Errorf("no process id for allocation %s: %w", allocationID, err))
+	}
+	tmp, err := a.allocationTmp(allocationID, id)
+	if err != nil {
+		return nil, fail(FailExecStart, err)
+	}
+	hide := append([]string{a.cfg.StateDir}, a.cfg.ExecHide...)
+	cg2 := ""
+	if inCgroup {
+		// Mounted again in the process's cgroup namespace, the cgroup
+		// tree shows only its own cgroup: other allocations' are gone.
+		cg2 = cgroups.Cgroup2Mount()
+	} else {
+		hide = append(hide, a.cfg.CgroupRoot)
+	}
+	// The helper takes absolute paths only (a --state-dir may be relative).
+	for i, p := range hide {
+		if hide[i], err = filepath.Abs(p); err != nil {
+			return nil, fail(FailExecStart, err)
+		}
+	}
+	cmd, err := confine.Command(confine.Spec{Path: prog, Argv: argv, UID: id, GID: id, Tmp: tmp, Hide: hide, Cgroup2: cg2})
+	if err != nil {
+		return nil, fail(FailExecStart, err)
+	}
+	result["uid"] = float64(id)
+	return cmd, nil
 }
 
 // lookPath finds a program in execPath (the process's PATH, not bcd's); a

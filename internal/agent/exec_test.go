@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -103,13 +104,26 @@ func TestExecInARealCgroup(t *testing.T) {
 
 	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
 		"allocation_id": "rsv_1", "gpu_uuids": []any{gpus[5], gpus[3]},
-		"argv": []any{"sh", "-c", "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER; cat /proc/self/cgroup; echo bye >&2; exit 7"},
+		"argv": []any{"sh", "-c", "echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER; cat /proc/self/cgroup; echo self=$$; cat " + cgroups.Cgroup2Mount() + "/cgroup.procs; echo bye >&2; exit 7"},
 	})})
 	stdout, stderr, u := execOutput(t, b, 1)
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	require.Equal(t, "3,5 PCI_BUS_ID", lines[0])
-	require.Contains(t, lines, "0::"+rel+"/rsv_1", "the process ran in the allocation's cgroup from its start")
+	// Confined, the process's cgroup namespace is rooted at the cgroup it
+	// was cloned into, and the cgroup tree it sees is that cgroup's: the
+	// shell is in it, from its start.
+	require.Contains(t, lines, "0::/", "the process ran in the root of its cgroup namespace")
+	self := ""
+	for _, l := range lines {
+		if p, ok := strings.CutPrefix(l, "self="); ok {
+			self = p
+		}
+	}
+	require.NotEmpty(t, self)
+	require.Contains(t, lines[slices.Index(lines, "self="+self)+1:], self, "the allocation's cgroup.procs lists the shell")
+	require.Equal(t, true, u.GetResult().AsMap()["confined"])
+	_ = rel
 	require.Equal(t, "bye\n", stderr)
 	res := u.GetResult().AsMap()
 	require.Equal(t, true, res["cgroup_entered"])
@@ -151,16 +165,11 @@ func TestExecCancelAndLeftovers(t *testing.T) {
 
 	// A long process: the other commands of the node go on meanwhile, and
 	// a cancel kills its whole group.
+	sleep := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
-		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", "sleep 1000 & echo $$ $!; wait"}})})
-	m := b.gw.await(t, "the pids", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
-	var pids []int
-	for _, f := range strings.Fields(string(m.GetProcessOutput().GetData())) {
-		pid, err := strconv.Atoi(f)
-		require.NoError(t, err)
-		pids = append(pids, pid)
-	}
-	require.Len(t, pids, 2)
+		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", sleep + " & echo $$ $!; wait"}})})
+	b.gw.await(t, "the pids", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
+	pids := bctest.WaitPIDs(t, sleep, 2)
 	b.gw.command(&agentv1.Command{Id: "c2", Seq: 2, Kind: agent.KindNodeDrain})
 	u, _ := b.gw.finalUpdate(t, 2)
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), "a running exec holds up no other command")
@@ -179,13 +188,12 @@ func TestExecCancelAndLeftovers(t *testing.T) {
 	require.Contains(t, u.GetResult().AsMap()["cgroup_note"], "not on a cgroup v2 filesystem")
 
 	// A process that exits leaves nothing running in its group.
+	leftover := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "c3", Seq: 3, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
-		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"}})})
-	stdout, _, u := execOutput(t, b, 3)
+		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", leftover + " >/dev/null 2>&1 & echo $!"}})})
+	_, _, u = execOutput(t, b, 3)
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
-	pid, err := strconv.Atoi(strings.TrimSpace(stdout))
-	require.NoError(t, err)
-	bctest.WaitFor(t, fmt.Sprintf("the leftover sleep %d killed", pid), func() bool { return !pidAlive(pid) })
+	bctest.WaitFor(t, "the leftover "+leftover+" killed", func() bool { return len(bctest.PIDsWith(leftover)) == 0 })
 
 	// Redelivered after it ran: the recorded final update, not a second run.
 	b.gw.command(&agentv1.Command{Id: "c3", Seq: 3, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
@@ -247,11 +255,11 @@ func TestExecStopsWithBcd(t *testing.T) {
 	stop := run(t, a)
 	b.gw.hello(t)
 	require.NoError(t, os.MkdirAll(filepath.Join(b.cgRoot, "rsv_1"), 0o755))
+	sleep := bctest.UniqueSleep()
 	b.gw.command(&agentv1.Command{Id: "c1", Seq: 1, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
-		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", "echo $$; exec sleep 1000"}})})
-	m := b.gw.await(t, "the pid", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
-	pid, err := strconv.Atoi(strings.TrimSpace(string(m.GetProcessOutput().GetData())))
-	require.NoError(t, err)
+		"allocation_id": "rsv_1", "argv": []any{"sh", "-c", "echo $$; exec " + sleep}})})
+	b.gw.await(t, "the pid", func(m *agentv1.AgentMessage) bool { return m.GetProcessOutput().GetSeq() == 1 })
+	pid := bctest.WaitPIDs(t, sleep, 1)[0]
 
 	// bcd stops: its processes go with it, and the next bcd reports the
 	// command interrupted instead of running it again.

@@ -10,6 +10,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
+	"github.com/better-compute/better-compute/internal/agent/confine"
 	"github.com/better-compute/better-compute/internal/agent/devfilter"
 )
 
@@ -21,6 +22,11 @@ const (
 	CapMemory    = "memory.limits"  // memory.max is enforced
 	CapCPUSet    = "cpuset.limits"  // cpuset.cpus/mems are enforced
 	CapSimulated = "simulated"      // a simulated node: its limits are written, not enforced
+	// CapExecIsolated: an allocation's processes run confined (their own
+	// uid/gid, new user, mount, PID, IPC and cgroup namespaces,
+	// no_new_privs, private /tmp, bcd's state hidden) in the allocation's
+	// cgroup v2 with its device filter.
+	CapExecIsolated = "exec.isolated"
 )
 
 // FailDeviceFilter is the failure code of a bind whose device program did
@@ -37,6 +43,33 @@ type isolation struct {
 	// are not enforced ("" when they are).
 	controllers map[string]string
 	simulated   bool
+	// execErr says why processes cannot be confined (package confine).
+	execErr error
+}
+
+// probeExec starts one confined process: only where that works are
+// allocations' processes confined.
+func probeExec(m cgroups.Manager, uid uint32) error {
+	cg2 := ""
+	if m.Real() {
+		cg2 = cgroups.Cgroup2Mount()
+	}
+	return confine.Probe(uid, uid, cg2)
+}
+
+// execIsolated says why exec.isolated is not advertised ("" when it is).
+func (iso isolation) execIsolated() string {
+	switch {
+	case iso.execErr != nil:
+		return "processes are not confined: " + iso.execErr.Error()
+	case iso.simulated:
+		return "a simulated node enforces no cgroup or device limits"
+	case iso.cgroupErr != nil:
+		return "no allocation cgroups: " + iso.cgroupErr.Error()
+	case iso.devicesErr != nil:
+		return "no device filter: " + iso.devicesErr.Error()
+	}
+	return ""
 }
 
 // probeIsolation makes a throw-away cgroup under the root, attaches the
@@ -87,6 +120,9 @@ func (iso isolation) capabilities() []string {
 	}
 	if iso.simulated {
 		caps = append(caps, CapSimulated)
+	}
+	if iso.execIsolated() == "" {
+		caps = append(caps, CapExecIsolated)
 	}
 	return caps
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
@@ -80,6 +83,7 @@ func TestSimulatedNodeReportsSimulated(t *testing.T) {
 	b := setup(t)
 	_, hello := b.joined(t)
 	require.Subset(t, hello.GetCapabilities(), []string{agent.CapCgroups, agent.CapDevices, agent.CapCPU, agent.CapMemory, agent.CapCPUSet, agent.CapSimulated})
+	require.NotContains(t, hello.GetCapabilities(), agent.CapExecIsolated, "a simulated node confines no cgroup or device")
 	uuids := b.gpuUUIDs(t)
 
 	u, bound := bind(t, b, 1, "alloc-sim", map[string]any{"gpu_uuids": []any{uuids[2]}, "cpu_quota_us": 200000, "cpuset_cpus": "0-1"})
@@ -114,6 +118,7 @@ func TestFailedAttachNotAdvertised(t *testing.T) {
 	b := setup(t)
 	_, hello := b.joined(t, func(c *agent.Config) { c.DeviceFilter = failingFilter{} })
 	require.NotContains(t, hello.GetCapabilities(), agent.CapDevices)
+	require.NotContains(t, hello.GetCapabilities(), agent.CapExecIsolated, "processes would reach every device")
 	require.Contains(t, hello.GetCapabilities(), agent.CapCgroups, "cgroups themselves still work")
 	uuids := b.gpuUUIDs(t)
 
@@ -233,4 +238,117 @@ func TestAttachFailureFailsTheBind(t *testing.T) {
 	require.Equal(t, agentv1.CommandState_COMMAND_STATE_FAILED, u.GetState())
 	require.Equal(t, agent.FailDeviceFilter, u.GetFailureCode())
 	require.Contains(t, u.GetMessage(), "no memory for the program")
+}
+
+// TestExecIsolated is issue 21's acceptance for process.exec, on the real
+// kernel as root: from inside an exec of one allocation, reading bcd's
+// key, moving itself to the parent cgroup, signalling another allocation's
+// process, opening another allocation's GPU and setuid(0) all fail; what it
+// writes to /tmp is its allocation's and is gone after release.
+func TestExecIsolated(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: bcd confines processes as root (cgroups, BPF, mounts, id maps)")
+	}
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("this kernel has no user namespaces (no /proc/self/ns/user): processes cannot be confined")
+	}
+	mount := cgroups.Cgroup2Mount()
+	if mount == "" {
+		t.Skip("no cgroup2 mount on this host (see /proc/self/mounts)")
+	}
+	if _, err := exec.LookPath("perl"); err != nil {
+		t.Skip("needs perl to call setuid(0) from inside")
+	}
+	root, err := os.MkdirTemp(mount, "bc-agent-test-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Rmdir(root) })
+	b := setup(t)
+	b.cgRoot = root
+	// Outside /tmp, as bcd's is (/var/lib/bcd): the state directory must be
+	// hidden for itself, not only because the process has a /tmp of its own.
+	state, err := os.MkdirTemp("/var/lib", "bctest-bcd-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(state) })
+	require.NoError(t, os.Chmod(state, 0o755))
+	b.stateDir = filepath.Join(state, "state")
+	_, hello := b.joined(t, func(c *agent.Config) { c.PlainCgroupDir = false })
+	require.Contains(t, hello.GetCapabilities(), agent.CapExecIsolated)
+	uuids := b.gpuUUIDs(t)
+	for i, id := range []string{"alloc-a", "alloc-b"} {
+		u, bound := bind(t, b, uint64(i+1), id, map[string]any{"gpu_uuids": []any{uuids[i]}})
+		require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
+		require.Contains(t, enforced(bound)["devices"].GetDetail(), fmt.Sprintf("/dev/nvidia%d", i))
+	}
+	// The two GPUs' device nodes, open to everyone by their mode: only the
+	// device filter stands between an allocation and the other's GPU.
+	devDir, err := os.MkdirTemp("/dev", "bctest-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(devDir) })
+	require.NoError(t, os.Chmod(devDir, 0o755))
+	for minor := range 2 {
+		p := filepath.Join(devDir, fmt.Sprintf("nvidia%d", minor))
+		require.NoError(t, unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(195, uint32(minor)))))
+		require.NoError(t, os.Chmod(p, 0o666))
+	}
+
+	// Something of alloc-b's runs meanwhile.
+	sleep := bctest.UniqueSleep()
+	b.gw.command(&agentv1.Command{Id: "b-sleep", Seq: 3, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
+		"allocation_id": "alloc-b", "argv": []any{"sh", "-c", "exec " + sleep}})})
+	other := bctest.WaitPIDs(t, sleep, 1)[0]
+
+	key := filepath.Join(b.stateDir, "node.key")
+	require.FileExists(t, key)
+	script := strings.Join([]string{
+		"id -u",
+		"cat " + key + " && echo LEAK: read the node key",
+		"echo $$ > " + filepath.Join(root, "cgroup.procs") + " && echo LEAK: moved to the parent cgroup",
+		"echo $$ > " + filepath.Join(mount, "cgroup.procs") + " && echo LEAK: moved to the root cgroup",
+		fmt.Sprintf("kill -0 %d && echo LEAK: signalled alloc-b", other),
+		"head -c1 " + filepath.Join(devDir, "nvidia1") + " && echo LEAK: opened the GPU of alloc-b",
+		"head -c1 " + filepath.Join(devDir, "nvidia0") + "; echo own GPU tried",
+		`perl -MPOSIX -e 'POSIX::setuid(0) and print "LEAK: setuid(0)\n"; print "uid $<\n"'`,
+		"echo kept > /tmp/mine && echo wrote tmp",
+	}, "\n")
+	b.gw.command(&agentv1.Command{Id: "a-probe", Seq: 4, Kind: agent.KindProcessExec, Params: params(t, map[string]any{
+		"allocation_id": "alloc-a", "argv": []any{"sh", "-c", script}})})
+	stdout, stderr, u := execOutput(t, b, 4)
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
+	res := u.GetResult().AsMap()
+	require.Equal(t, true, res["confined"])
+	require.Equal(t, true, res["cgroup_entered"])
+	uid := strconv.Itoa(int(res["uid"].(float64)))
+	require.NotContains(t, stdout, "LEAK")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	require.Equal(t, uid, lines[0], "the allocation's own uid")
+	require.NotEqual(t, "0", uid)
+	require.Contains(t, lines, "uid "+uid, "setuid(0) failed and left the uid as it was")
+	require.Contains(t, lines, "wrote tmp")
+	require.Contains(t, stderr, "node.key: No such file or directory", "the state directory is hidden, not only closed")
+	require.Regexp(t, `nvidia1\b.*: Operation not permitted`, stderr, "the device filter refuses the other allocation's GPU")
+	require.Regexp(t, `nvidia0\b.*: No such device or address`, stderr, "its own GPU passes the filter (this host has no driver behind it)")
+	require.True(t, pidAlive(other), "alloc-b's process was not touched")
+
+	// The allocation's /tmp is a directory of its own on the host, and
+	// release takes it away.
+	var tmpFile string
+	require.NoError(t, filepath.WalkDir(b.stateDir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "mine" {
+			tmpFile = p
+		}
+		return nil
+	}))
+	require.NotEmpty(t, tmpFile, "the file written to /tmp is on the host while the allocation lives")
+	st, err := os.Stat(tmpFile)
+	require.NoError(t, err)
+	require.EqualValues(t, res["uid"], st.Sys().(*syscall.Stat_t).Uid, "and belongs to the allocation's uid")
+	b.gw.command(&agentv1.Command{Id: "rel-a", Seq: 5, Kind: agent.KindAllocationRelease, Params: params(t, map[string]any{"allocation_id": "alloc-a"})})
+	u, _ = b.gw.finalUpdate(t, 5)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
+	require.NoFileExists(t, tmpFile, "released: its /tmp is gone")
+	b.gw.command(&agentv1.Command{Id: "rel-b", Seq: 6, Kind: agent.KindAllocationRelease, Params: params(t, map[string]any{"allocation_id": "alloc-b"})})
+	u, _ = b.gw.finalUpdate(t, 6)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
+	bctest.WaitFor(t, "alloc-b's process killed with its cgroup", func() bool { return !pidAlive(other) })
 }

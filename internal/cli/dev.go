@@ -214,7 +214,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 					logger.Info("simulated nodes keep plain cgroup directories", "reason", err)
 				}
 			}
-			sim, err := startSim(ctx, api, secret, gwAddr.String(), filepath.Join(f.stateDir, "sim"), simNodes, profiles, cgroupRoot, logger, a.Tracing)
+			sim, err := startSim(ctx, api, secret, gwAddr.String(), f.stateDir, simNodes, profiles, cgroupRoot, logger, a.Tracing)
 			if err != nil {
 				stopApp()
 				return errors.Join(serverError(fmt.Errorf("start %d simulated nodes: %w", simNodes, err)), ignoreCanceled(<-runErr))
@@ -247,10 +247,16 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 	return cmd
 }
 
-// startSim ensures the sim tenant and project exist, then starts the fleet;
-// nodes that joined on an earlier start reuse their identity and take no
-// token.
-func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, profiles []string, cgroupRoot string, logger *slog.Logger, tp *tracing.Provider) (*bctest.FleetSim, error) {
+// startSim ensures the sim tenant and project exist, then starts the fleet
+// in <stateDir>/sim; nodes that joined on an earlier start reuse their
+// identity and take no token. No process of a reservation and no guest's
+// command reaches stateDir (the admin key, the database).
+func startSim(ctx context.Context, api, adminKey, gateway, stateDir string, n int, profiles []string, cgroupRoot string, logger *slog.Logger, tp *tracing.Provider) (*bctest.FleetSim, error) {
+	stateDir, err := filepath.Abs(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(stateDir, "sim")
 	c := client.New(api, adminKey)
 	if err := ensureSimTenant(ctx, c); err != nil {
 		return nil, err
@@ -283,7 +289,8 @@ func startSim(ctx context.Context, api, adminKey, gateway, root string, n int, p
 	return bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
 		// The simulated nodes trace with the control plane's provider, so
 		// a dev trace runs into the agent as a real node's would.
-		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim"), CgroupRoot: cgroupRoot, Tracing: tp.IfEnabled()},
+		Template: bctest.FakeDaemonConfig{Gateway: gateway, Logger: logger.With("component", "sim"), CgroupRoot: cgroupRoot, Tracing: tp.IfEnabled(),
+			Hide: []string{stateDir}},
 		Root:     root,
 		N:        n,
 		Profiles: profiles,

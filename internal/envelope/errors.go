@@ -59,6 +59,9 @@ const (
 	// CodeImageInUse: something (a deployed machine) uses the image; the
 	// detail names it in the message.
 	CodeImageInUse Code = "IMAGE_IN_USE"
+	// CodeExecNotIsolated: the process would run on a node that does not
+	// confine it (no exec.isolated) in a pool shared beyond its owner.
+	CodeExecNotIsolated Code = "EXEC_NOT_ISOLATED"
 )
 
 var connectCodes = map[Code]connect.Code{
@@ -84,6 +87,7 @@ var connectCodes = map[Code]connect.Code{
 	CodeUnknownSigner:          connect.CodeFailedPrecondition,
 	CodeImageUntrusted:         connect.CodeFailedPrecondition,
 	CodeImageInUse:             connect.CodeFailedPrecondition,
+	CodeExecNotIsolated:        connect.CodeFailedPrecondition,
 }
 
 // canonicalCodes maps a bare Connect code (from Connect itself, not the

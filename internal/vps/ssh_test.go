@@ -314,3 +314,48 @@ func TestInstanceSshGuestSeededBefore(t *testing.T) {
 	require.Equal(t, 1, h.audited(t, "instances.ssh", "FAILED_PRECONDITION"))
 	require.Zero(t, h.count(t, `SELECT COUNT(*) FROM events WHERE type = 'instance.ssh_granted'`))
 }
+
+// TestInstanceGuestIsConfined is issue 21's item 3: a simulated guest's
+// command is not the host's root. It runs as a uid of the guest's own, in
+// its fs directory, and reaches neither the node's state (its key) nor
+// another guest's files.
+func TestInstanceGuestIsConfined(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: guests' commands are confined only where the simulator runs as root")
+	}
+	if _, err := os.Stat("/proc/self/ns/user"); err != nil {
+		t.Skip("this kernel has no user namespaces (no /proc/self/ns/user): guests cannot be confined")
+	}
+	t.Parallel()
+	h := setupHosts(t, 1)
+	ctx := context.Background()
+	vm1 := h.runningInstance(t, "vm1")
+	vm2 := h.runningInstance(t, "vm2")
+	d := h.sim.Daemons[0]
+	other := d.Hypervisor().GuestDir(vps.HostID(vm2.GetId()))
+	require.NoError(t, os.WriteFile(filepath.Join(other, "secret"), []byte("vm2's"), 0o644))
+	key := filepath.Join(d.StateDir(), "node.key")
+	require.FileExists(t, key)
+
+	tk, sshKey := sshTicket(t, h, "vm1")
+	var stdout, stderr strings.Builder
+	res, err := sshexec.Run(ctx, sshexec.Params{APIURL: h.cp.URL, Ticket: tk, Key: sshKey, Stdout: &stdout, Stderr: &stderr,
+		Command: strings.Join([]string{
+			"id -u",
+			"cat " + key + " && echo LEAK: the node key",
+			"cat " + filepath.Join(other, "secret") + " && echo LEAK: the other guest",
+			"ls " + d.Hypervisor().Root(),
+			"echo kept > note && echo wrote",
+		}, "; ")})
+	require.NoError(t, err)
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Zero(t, res.ExitCode)
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	require.NotEqual(t, "0", lines[0], "not root")
+	require.NotContains(t, stdout.String(), "LEAK")
+	require.NotContains(t, stdout.String(), vps.HostID(vm2.GetId()), "the other guest's directory is not even listed")
+	require.Contains(t, lines, "wrote")
+	b, err := os.ReadFile(filepath.Join(d.Hypervisor().GuestDir(vps.HostID(vm1.GetId())), "note"))
+	require.NoError(t, err)
+	require.Equal(t, "kept\n", string(b), "the guest writes its own directory")
+}

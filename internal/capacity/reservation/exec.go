@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,7 +32,34 @@ const (
 	MaxExecAuditBytes = 1 << 10
 	// KindProcessExec is the command that carries it to the node.
 	KindProcessExec = "process.exec"
+	// CapExecIsolated is the node capability that says bcd confines
+	// allocations' processes (agent.CapExecIsolated).
+	CapExecIsolated = "exec.isolated"
 )
+
+// requireIsolation refuses an exec on a node that does not confine its
+// processes when the reservation's pool is shared beyond its owner: there
+// the process would run beside other tenants' work as root.
+func requireIsolation(ctx context.Context, q store.Querier, cur *Reservation) error {
+	p, err := pool.Get(ctx, q, "", cur.PoolID)
+	if err != nil {
+		return fmt.Errorf("read the reservation's pool: %w", err)
+	}
+	shared := p.Offer == pool.OfferAll || p.Offer == pool.OfferTenants || p.TenantID != cur.TenantID
+	if !shared {
+		return nil
+	}
+	caps, err := nodeCapabilities(ctx, q, cur.NodeID)
+	if err != nil {
+		return fmt.Errorf("read node %s: %w", cur.NodeID, err)
+	}
+	if slices.Contains(caps, CapExecIsolated) {
+		return nil
+	}
+	return envelope.Errorf(envelope.CodeExecNotIsolated,
+		"pool %s is shared beyond its owner and node %s does not confine processes (it lacks capability %s): exec runs only on nodes that do, or in a pool of the owner's alone",
+		p.Name, cur.NodeID, CapExecIsolated)
+}
 
 // ExecPath is what reservations.exec needs of the fleet: the node's session
 // on this replica, the relay of its output, and the command's row.
@@ -155,6 +183,9 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReser
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s ended at %s", cur.ID, cur.EndsAt.Format(time.RFC3339))
 			case ep == nil || !ep.Connected(cur.NodeID):
 				return nil, envelope.Errorf(envelope.CodeUnavailable, "node %s has no session on this replica (it is unreachable, or connected to another replica): retry, or call the replica that holds its session", cur.NodeID)
+			}
+			if err := requireIsolation(ctx, tx.Tx, &cur); err != nil {
+				return nil, err
 			}
 			id, err := s.engine.Commands.Send(ctx, tx.Tx, Command{
 				TenantID: cur.TenantID, NodeID: cur.NodeID, Kind: KindProcessExec,

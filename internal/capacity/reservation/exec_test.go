@@ -2,6 +2,7 @@ package reservation_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -104,7 +105,6 @@ func TestExecRunsInTheReservation(t *testing.T) {
 	require.Equal(t, r.GetPlacement().GetNodeId(), run.started.GetNodeId())
 	lines := strings.Split(strings.TrimSpace(run.stdout.String()), "\n")
 	require.Equal(t, want+" "+want, lines[0], "the reserved GPUs by index, for CUDA and the NVIDIA runtime")
-	require.Contains(t, lines[1:], "0::"+selfCgroup(t), "the process's cgroup (v2 line)")
 	require.Equal(t, "oops\n", run.stderr.String())
 
 	require.NotNil(t, run.exit)
@@ -127,6 +127,13 @@ func TestExecRunsInTheReservation(t *testing.T) {
 	require.Equal(t, `sh -c "echo $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES; cat /proc/self/cgroup; echo oops >&2; exit 3"`, detail)
 	require.Equal(t, "succeeded", state)
 	require.Contains(t, result, `"exit_code":3`)
+	// A simulated node runs the process in its own cgroup; confined (bcd
+	// runs as root here), the process's cgroup namespace is rooted there.
+	cgroupLine := "0::" + selfCgroup(t)
+	if strings.Contains(result, `"confined":true`) {
+		cgroupLine = "0::/"
+	}
+	require.Contains(t, lines[1:], cgroupLine, "the process's cgroup (v2 line)")
 
 	// Without the GPU environment.
 	run, err = f.exec(t, f.member, &apiv1.ExecReservationRequest{Tenant: "acme", Reservation: r.GetId(), OmitGpuEnv: true,
@@ -180,8 +187,9 @@ func TestExecCancelKillsTheProcessGroup(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The shell prints its pid and starts a sleep in its group: both must go.
+	sleep := bctest.UniqueSleep()
 	stream, err := f.member.Reservations.Exec(ctx, connect.NewRequest(&apiv1.ExecReservationRequest{Tenant: "acme", Reservation: r.GetId(),
-		Argv: []string{"sh", "-c", "sleep 1000 & echo $$ $!; wait"}}))
+		Argv: []string{"sh", "-c", sleep + " & echo $$ $!; wait"}}))
 	require.NoError(t, err)
 	require.True(t, stream.Receive(), "started: %v", stream.Err())
 	cmdID := stream.Msg().GetStarted().GetCommandId()
@@ -191,19 +199,11 @@ func TestExecCancelKillsTheProcessGroup(t *testing.T) {
 		require.True(t, stream.Receive(), "output: %v", stream.Err())
 		out.Write(stream.Msg().GetOutput().GetData())
 	}
-	var pids []int
-	for _, s := range strings.Fields(out.String()) {
-		pid, err := strconv.Atoi(s)
-		require.NoError(t, err)
-		pids = append(pids, pid)
-	}
-	require.Len(t, pids, 2)
-	// $! is printed right after the fork: the child may still be in
-	// execve, when /proc/PID/cmdline reads empty, so wait for the sleep.
-	bctest.WaitFor(t, "the sleep runs", func() bool {
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[1]))
-		return err == nil && strings.Contains(string(cmdline), "sleep")
-	})
+	require.Len(t, strings.Fields(out.String()), 2)
+	// The printed pids are the process's own PID namespace's when bcd
+	// confines it: the host's are found by command line (the shell's and
+	// the sleep's).
+	pids := bctest.WaitPIDs(t, sleep, 2)
 
 	cancel() // the client's Ctrl-C
 	for _, pid := range pids {
@@ -316,15 +316,14 @@ func TestExecEndsWithTheReservation(t *testing.T) {
 	f := setup(t, 1)
 	r := f.active(t, 1)
 	ctx := context.Background()
+	sleep := bctest.UniqueSleep()
 	stream, err := f.member.Reservations.Exec(ctx, connect.NewRequest(&apiv1.ExecReservationRequest{Tenant: "acme", Reservation: r.GetId(),
-		Argv: []string{"sh", "-c", "echo $$; exec sleep 1000"}}))
+		Argv: []string{"sh", "-c", "echo $$; exec " + sleep}}))
 	require.NoError(t, err)
 	defer func() { _ = stream.Close() }()
 	require.True(t, stream.Receive(), "started: %v", stream.Err())
 	require.True(t, stream.Receive(), "output: %v", stream.Err())
-	pid, err := strconv.Atoi(strings.TrimSpace(string(stream.Msg().GetOutput().GetData())))
-	require.NoError(t, err)
-	require.True(t, pidAlive(pid))
+	pid := bctest.WaitPIDs(t, sleep, 1)[0]
 
 	// An extension moves the end and keeps the process.
 	_, err = f.member.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: r.GetId(), ExtendSeconds: 600}))
@@ -346,4 +345,54 @@ func TestExecEndsWithTheReservation(t *testing.T) {
 	require.Equal(t, "canceled", exit.GetState())
 	require.Equal(t, "the reservation ended", exit.GetMessage())
 	bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !pidAlive(pid) })
+}
+
+// TestExecNeedsIsolationOnASharedPool: once the pool is offered beyond its
+// owner, exec runs only on a node that advertises exec.isolated; a
+// simulated node does not, and the refusal writes nothing.
+func TestExecNeedsIsolationOnASharedPool(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	r := f.active(t, 1)
+	req := &apiv1.ExecReservationRequest{Tenant: "acme", Reservation: r.GetId(), Argv: []string{"true"}}
+
+	// The owner's pool alone: the simulated node runs it.
+	run, err := f.exec(t, f.member, req)
+	require.NoError(t, err)
+	require.Equal(t, "succeeded", run.exit.GetState())
+
+	_, err = f.admin.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: "h100", To: []string{"other"}}))
+	require.NoError(t, err)
+	before := f.execWritten(t)
+	run, err = f.exec(t, f.member, req)
+	require.Error(t, err, "ran: %+v", run)
+	require.Equal(t, "EXEC_NOT_ISOLATED", client.Code(err))
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+	require.Contains(t, err.Error(), "pool h100 is shared beyond its owner")
+	require.Contains(t, err.Error(), "lacks capability exec.isolated")
+	require.Equal(t, before, f.execWritten(t), "nothing written")
+
+	// The node as a bcd that confines processes reports itself in Hello.
+	nodeID := r.GetPlacement().GetNodeId()
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		var raw string
+		if err := tx.QueryRow(ctx, `SELECT capabilities FROM nodes WHERE id = $1`, nodeID).Scan(&raw); err != nil {
+			return err
+		}
+		var caps []string
+		if err := json.Unmarshal([]byte(raw), &caps); err != nil {
+			return err
+		}
+		require.NotContains(t, caps, reservation.CapExecIsolated, "a simulated node does not advertise it")
+		b, err := json.Marshal(append(caps, reservation.CapExecIsolated))
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE nodes SET capabilities = $1 WHERE id = $2`, string(b), nodeID)
+		return err
+	}))
+	run, err = f.exec(t, f.member, req)
+	require.NoError(t, err)
+	require.Equal(t, "succeeded", run.exit.GetState())
 }
