@@ -1,14 +1,15 @@
 // Package tunnel joins an API client's SSH tunnel request to the byte
-// stream bcd opens from the guest's host, in memory and within one replica
-// (as internal/execrelay does for exec output): tickets the ticket APIs
-// issue, redeemed once by GET /v1/ssh/tunnel, and tunnel ids waiting for
-// the node they were issued for.
+// stream bcd opens from the guest's host: tickets the ticket APIs issue,
+// redeemed once by GET /v1/ssh/tunnel, tunnel ids waiting in memory for the
+// node they were issued for, and the hop (Forward, relay.go) that carries
+// a redeemed ticket to the replica holding the node's gateway session, where
+// the node opens its stream.
 //
 // Tickets are opaque random ids kept here rather than sealed tokens: a
 // ticket must be single-use, and a use recorded in memory is exact and free,
 // where a sealed token would still need a shared record of its use. The
-// price is the same-replica limitation: the ticket, the tunnel request and
-// the node's gateway session must all be on the replica that issued it.
+// price is that a ticket is redeemed on the replica that issued it; the
+// node's session may be on any replica.
 package tunnel
 
 import (
