@@ -261,7 +261,9 @@ type App struct {
 	siteHooks  lateSites
 	execHub    *execrelay.Hub
 	// tunnels holds SSH tickets and the tunnels waiting for their node.
-	tunnels   *tunnel.Hub
+	tunnels *tunnel.Hub
+	// peers finds the replica holding a node's session, for tunnels.
+	peers     *replicaPeers
 	discovery *discovery
 	conns     *connMetrics
 	// Capacity is the reservation runner: the queued placer, the tick and
@@ -444,7 +446,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		instanceSealer = a.sealer
 	}
 	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
-		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels})
+		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels, Peers: a.peers})
 	a.fleetHooks.instances = a.Instances
 	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
@@ -510,6 +512,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		return err
 	}
 	a.Gateway = gw
+	a.peers = &replicaPeers{db: a.DB, gw: gw}
 	return nil
 }
 
