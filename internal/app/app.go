@@ -260,7 +260,7 @@ type App struct {
 	fleetHooks lateHooks
 	siteHooks  lateSites
 	execHub    *execrelay.Hub
-	// tunnels holds SSH tickets and the tunnels waiting for their node.
+	// tunnels holds the tunnels waiting for their node (tickets are rows).
 	tunnels *tunnel.Hub
 	// peers finds the replica holding a node's session, for tunnels.
 	peers     *replicaPeers
@@ -489,7 +489,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		authority = gateway.FromPKI(pa)
 	}
 	a.execHub = execrelay.New()
-	a.tunnels = tunnel.New(cfg.Clock.Now)
+	a.tunnels = tunnel.New()
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
 		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,

@@ -54,10 +54,15 @@ func (s *InstanceService) TunnelHandler(log *slog.Logger) http.Handler {
 			tunnelRefuse(w, http.StatusUnauthorized, envelope.CodeUnauthenticated, "the "+tunnel.HeaderTicket+" header must carry a ticket")
 			return
 		}
-		t, err := s.tunnels.Redeem(id)
-		if err != nil {
+		t, err := s.RedeemTicket(r.Context(), id)
+		if errors.Is(err, errTicket) {
 			tunnelRefuse(w, http.StatusUnauthorized, envelope.CodeUnauthenticated,
-				"the ticket is unknown, already used or expired (tickets open one tunnel, within a minute, on the replica that issued them)")
+				"the ticket is unknown, already used or expired (tickets open one tunnel, within a minute)")
+			return
+		}
+		if err != nil {
+			log.Error("ssh tunnel: redeem the ticket", "err", err)
+			tunnelRefuse(w, http.StatusInternalServerError, envelope.CodeInternal, "internal error")
 			return
 		}
 		if s.peers != nil {
