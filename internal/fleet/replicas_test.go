@@ -30,8 +30,12 @@ func TestNodeSessionReplica(t *testing.T) {
 		t.Helper()
 		require.NoError(t, db.Write(ctx, fn))
 	}
-	write(func(ctx context.Context, tx store.Tx) error { return fleet.GatewayReplicaSet(ctx, tx, "rep-a", "https://10.0.0.1:9443") })
-	write(func(ctx context.Context, tx store.Tx) error { return fleet.GatewayReplicaSet(ctx, tx, "rep-a", "https://10.0.0.9:9443") })
+	write(func(ctx context.Context, tx store.Tx) error {
+		return fleet.GatewayReplicaSet(ctx, tx, "rep-a", "https://10.0.0.1:9443")
+	})
+	write(func(ctx context.Context, tx store.Tx) error {
+		return fleet.GatewayReplicaSet(ctx, tx, "rep-a", "https://10.0.0.9:9443")
+	})
 	write(func(ctx context.Context, tx store.Tx) error {
 		_, err := fleet.NodeRecordHello(ctx, tx, &fleet.NodeHelloParams{NodeID: f.node.ID, Owner: "rep-a", Mode: "node"})
 		return err
@@ -48,7 +52,9 @@ func TestNodeSessionReplica(t *testing.T) {
 	require.Equal(t, "rep-b", owner)
 	require.Empty(t, url, "rep-b recorded no URL")
 
-	write(func(ctx context.Context, tx store.Tx) error { return fleet.NodeReleaseSession(ctx, tx, f.node.ID, "rep-b") })
+	write(func(ctx context.Context, tx store.Tx) error {
+		return fleet.NodeReleaseSession(ctx, tx, f.node.ID, "rep-b")
+	})
 	owner, url = read()
 	require.Empty(t, owner)
 	require.Empty(t, url)
