@@ -89,15 +89,22 @@ func (g *gateways) resolve(ctx context.Context) ([]gatewayAddr, error) {
 // pick returns the next address to dial.
 func (g *gateways) pick(ctx context.Context) (gatewayAddr, error) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.next >= len(g.round) {
+	done := g.next >= len(g.round)
+	g.mu.Unlock()
+	if done {
+		// Resolved without the lock: a slow resolver must not hold up
+		// current (the renewal).
 		round, err := g.resolve(ctx)
 		if err != nil {
 			return gatewayAddr{}, err
 		}
+		g.mu.Lock()
 		g.round, g.next = round, 0
+		g.mu.Unlock()
 	}
-	g.last = g.round[g.next]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.last = g.round[g.next%len(g.round)]
 	g.next++
 	return g.last, nil
 }
