@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 )
 
@@ -18,8 +17,7 @@ func (cp *ControlPlane) ServeReplicaTLS(t testing.TB) {
 	if cp.PKI == nil {
 		t.Fatalf("bctest: ServeReplicaTLS needs the PKI (a Secret)")
 	}
-	name := strings.ReplaceAll(cp.App.Gateway.ReplicaID(), ".", "-")
-	cert, err := cp.PKI.IssueReplica(name, []string{"127.0.0.1"})
+	cert, err := cp.PKI.IssueReplica(cp.App.Gateway.ReplicaID(), []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatalf("bctest: replica certificate: %v", err)
 	}

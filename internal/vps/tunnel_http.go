@@ -31,7 +31,9 @@ type TunnelPeers interface {
 	// each other (the tunnel is then opened here, as on one replica).
 	SessionReplica(ctx context.Context, nodeID string) (string, error)
 	// Transport carries requests to peers: mutual TLS with the internal
-	// CA's certificates, HTTP/1.1 (a tunnel is an upgrade).
+	// CA's certificates, HTTP/1.1 (a tunnel is an upgrade), and no
+	// response header timeout shorter than TunnelOpenTimeout (the peer
+	// answers once the node opened the tunnel).
 	Transport() http.RoundTripper
 }
 
