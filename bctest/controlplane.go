@@ -149,6 +149,10 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	if replicaAddr != nil {
 		cp.ReplicaURL = "https://" + replicaAddr.String()
 		a.SetAPIURL(cp.ReplicaURL)
+		if err := a.EnableReplicaTunnels(ctx, cp.ReplicaURL); err != nil {
+			cancel()
+			t.Fatalf("bctest: replica tunnels: %v", err)
+		}
 	}
 	replicaDone := make(chan error, 1)
 	go func() { replicaDone <- a.ServeReplica(ctx) }()

@@ -23,7 +23,9 @@ import (
 
 // FakeDaemonConfig describes one simulated node.
 type FakeDaemonConfig struct {
-	// Gateway is the gateway's host:port.
+	// Gateway is the gateway's host:port, or several comma-separated (the
+	// replicas of one control plane): the node moves to the next one when
+	// its session fails, as bcd --server does.
 	Gateway string
 	// StateDir holds the agent's key, certificates and command log; reusing
 	// it after Stop is a restart of the same machine.

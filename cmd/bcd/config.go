@@ -57,7 +57,7 @@ type siteOptions struct {
 
 func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.configFile, "config", "", "config file (TOML or YAML by extension; must be mode 0600); flags override it")
-	fs.StringVar(&o.server, "server", "", "gateway HOST:PORT")
+	fs.StringVar(&o.server, "server", "", "gateway HOST:PORT, or several comma-separated (a name may resolve to several); bcd moves to the next when a session fails")
 	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/bcd", "state directory (key, certificates, command log)")
 	fs.StringVar(&o.hardware, "hardware", "nvml", "GPU backend: nvml, none, or fake:dgxh100|dgxa100|dgxb200[:FIXTURE]")
 	fs.StringVar(&o.fakeSeed, "fake-seed", "", "seed for the fake backend's identity (default: the state dir)")
@@ -215,6 +215,9 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 func (o *options) validate() error {
 	if o.server == "" {
 		return errors.New("--server HOST:PORT is required")
+	}
+	if _, err := agent.ParseServers(o.server); err != nil {
+		return fmt.Errorf("--server: %w", err)
 	}
 	if o.stateDir == "" {
 		return errors.New("--state-dir is required")

@@ -83,6 +83,19 @@ func TestNotJoinedNeedsToken(t *testing.T) {
 	require.ErrorContains(t, err, "malformed join token")
 }
 
+// TestServerList: --server takes several gateways; a malformed list is
+// refused at start, naming the flag.
+func TestServerList(t *testing.T) {
+	t.Parallel()
+	base := []string{"--state-dir", t.TempDir(), "--hardware", "fake:dgxh100", "--metrics-listen", ""}
+	err := run(context.Background(), append([]string{"--server", "127.0.0.1:1,gw.example:7443"}, base...), noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "not joined")
+	for _, bad := range []string{"127.0.0.1:1,,127.0.0.1:2", "127.0.0.1:1,gw.example"} {
+		err := run(context.Background(), append([]string{"--server", bad}, base...), noenv, strings.NewReader(""), &bytes.Buffer{})
+		require.ErrorContains(t, err, "--server: ", bad)
+	}
+}
+
 func TestHardwareSpec(t *testing.T) {
 	t.Parallel()
 	b, err := openHardware("fake:dgxb200", "s", "")

@@ -36,8 +36,14 @@ import (
 
 // Config configures an Agent. Zero values take the defaults noted.
 type Config struct {
-	// Server is the gateway's host:port.
+	// Server is the gateway's host:port, or several comma-separated. A
+	// host that is a name is resolved at each round through the list, and
+	// every address it resolves to is a gateway of its own, verified
+	// against the name. A failed dial or a dropped session moves bcd to
+	// the next address (after the reconnect backoff).
 	Server string
+	// LookupHost resolves a gateway's name (default net.DefaultResolver).
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// StateDir holds the key, certificates and command log (created 0700).
 	StateDir string
 	// Hardware reads GPUs; nil means a node without GPUs.
@@ -120,8 +126,11 @@ func (c *Config) setDefaults() error {
 	if c.Server == "" {
 		return errors.New("agent: Server is required")
 	}
-	if _, _, err := net.SplitHostPort(c.Server); err != nil {
-		return fmt.Errorf("agent: Server must be host:port: %w", err)
+	if _, err := ParseServers(c.Server); err != nil {
+		return fmt.Errorf("agent: Server: %w", err)
+	}
+	if c.LookupHost == nil {
+		c.LookupHost = net.DefaultResolver.LookupHost
 	}
 	if c.StateDir == "" {
 		return errors.New("agent: StateDir is required")
@@ -202,6 +211,7 @@ type Agent struct {
 	metrics *metrics
 	xids    xidCounts
 	running atomic.Bool
+	gws     *gateways
 
 	mu        sync.Mutex
 	node      nodeState
@@ -240,6 +250,8 @@ func New(cfg Config) (*Agent, error) {
 		queue:     make(chan *agentv1.Command, 256),
 	}
 	a.ids = &execIDs{dir: a.dir, first: cfg.ExecIDFirst, count: cfg.ExecIDCount}
+	entries, _ := ParseServers(cfg.Server) // checked by setDefaults
+	a.gws = &gateways{entries: entries, lookup: cfg.LookupHost}
 	a.metrics.reg.MustRegister(gpuCollector{a: a})
 	if err := a.dir.ensure(); err != nil {
 		return nil, err
@@ -414,9 +426,15 @@ func (a *Agent) ClearHealthEvents() {
 	a.events = nil
 }
 
-func (a *Agent) serverName() string {
-	host, _, _ := net.SplitHostPort(a.cfg.Server)
-	return host
+// Gateway is the address of the gateway the session is established
+// with, "" between sessions.
+func (a *Agent) Gateway() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sess == nil {
+		return ""
+	}
+	return a.sess.gateway.addr
 }
 
 // cgroupVersion is the host layout, read below SysfsRoot.

@@ -77,10 +77,15 @@ func (ca *testCA) issue(t testing.TB, pub any, tmpl *x509.Certificate) *x509.Cer
 }
 
 func (ca *testCA) serverCert(t *testing.T) (tls.Certificate, *x509.Certificate) {
+	return ca.serverCertFor(t, nil, []net.IP{net.ParseIP("127.0.0.1")})
+}
+
+// serverCertFor is a gateway certificate for exactly these names.
+func (ca *testCA) serverCertFor(t *testing.T, dnsNames []string, ips []net.IP) (tls.Certificate, *x509.Certificate) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	leaf := ca.issue(t, &key.PublicKey, &x509.Certificate{
-		Subject: pkix.Name{CommonName: "gateway"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		Subject: pkix.Name{CommonName: "gateway"}, DNSNames: dnsNames, IPAddresses: ips,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
@@ -119,18 +124,27 @@ type fakeGateway struct {
 	// ignoreGoodbye keeps a session open after the agent's Goodbye.
 	ignoreGoodbye bool
 	goodbyes      chan *agentv1.Goodbye
+	// stop stops the server, closing its connections (a replica that died).
+	stop func()
 }
 
 func newGateway(t *testing.T) *fakeGateway {
 	t.Helper()
 	ca := newCA(t, "test root")
+	srvCert, _ := ca.serverCert(t)
+	return newGatewayWith(t, ca, srvCert)
+}
+
+// newGatewayWith is a gateway of ca serving srvCert: several of one CA are
+// the replicas of one control plane.
+func newGatewayWith(t *testing.T, ca *testCA, srvCert tls.Certificate) *fakeGateway {
+	t.Helper()
 	g := &fakeGateway{
 		t: t, ca: ca, certLife: time.Hour, nodeID: "node-" + t.Name(), heartbeat: 1,
 		hellos: make(chan *agentv1.Hello, 16), msgs: make(chan *agentv1.AgentMessage, 4096),
 		out: make(chan *agentv1.GatewayMessage, 64), goodbyes: make(chan *agentv1.Goodbye, 16),
 	}
 	g.token = "bcjt_" + pinOf(ca.cert) + ".eyJhbGciOiJkaXIifQ.x.y.z.w"
-	srvCert, _ := ca.serverCert(t)
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.cert)
 	creds := credentials.NewTLS(&tls.Config{
@@ -143,6 +157,7 @@ func newGateway(t *testing.T) *fakeGateway {
 	s := grpc.NewServer(grpc.Creds(creds))
 	agentv1.RegisterAgentServiceServer(s, g)
 	go func() { _ = s.Serve(lis) }()
+	g.stop = s.Stop
 	t.Cleanup(s.Stop)
 	return g
 }

@@ -15,16 +15,19 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 )
 
-// dial opens a client connection to the gateway with tlsConf. The
-// passthrough scheme keeps host:port as given (no DNS resolver games).
-func (a *Agent) dial(tlsConf *tls.Config) (*grpc.ClientConn, error) {
+// dial opens a client connection to the gateway at gw with tlsConf. The
+// passthrough scheme keeps host:port as given: names were resolved by
+// gateways, which picks the address.
+func (a *Agent) dial(gw gatewayAddr, tlsConf *tls.Config) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
 		// Pings notice a gateway that vanished without closing the
@@ -34,24 +37,25 @@ func (a *Agent) dial(tlsConf *tls.Config) (*grpc.ClientConn, error) {
 	if a.cfg.Dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(a.cfg.Dialer))
 	}
-	conn, err := grpc.NewClient("passthrough:///"+a.cfg.Server, opts...)
+	conn, err := grpc.NewClient("passthrough:///"+gw.addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("dial gateway %s: %w", a.cfg.Server, err)
+		return nil, fmt.Errorf("dial gateway %s: %w", gw.addr, err)
 	}
 	return conn, nil
 }
 
 // mtlsConfig verifies the gateway against the saved trust bundle and
 // presents the current node certificate (read at each handshake, so a
-// renewal applies to the next connection).
-func (a *Agent) mtlsConfig() *tls.Config {
+// renewal applies to the next connection). serverName is the name the
+// gateway's certificate must carry: the configured host of its address.
+func (a *Agent) mtlsConfig(serverName string) *tls.Config {
 	a.mu.Lock()
 	roots := a.roots
 	a.mu.Unlock()
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		RootCAs:    roots,
-		ServerName: a.serverName(),
+		ServerName: serverName,
 		Time:       a.cfg.Clock.Now,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			a.mu.Lock()
@@ -84,7 +88,29 @@ func (a *Agent) Join(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := a.dial(&tls.Config{
+	// Every gateway of one round is asked in turn: a replica that is down
+	// (unreachable, refusing connections) is passed for the next.
+	round, err := a.gws.resolve(ctx)
+	if err != nil {
+		return err
+	}
+	req := &agentv1.JoinRequest{Token: token, CsrDer: csr, Identity: id, AgentVersion: a.cfg.Version, Mode: a.cfg.Mode}
+	var errs []error
+	for _, gw := range round {
+		err := a.joinAt(ctx, gw, pin, key, req)
+		if err == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return err
+		}
+		a.log.Warn("join: gateway unavailable, trying the next", "gateway", gw.addr, "err", err)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// joinAt asks the gateway at gw to admit the node, waiting out a pending
+// approval on the same connection.
+func (a *Agent) joinAt(ctx context.Context, gw gatewayAddr, pin []byte, key *ecdsa.PrivateKey, req *agentv1.JoinRequest) error {
+	conn, err := a.dial(gw, &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		// The node has no trust bundle yet: the pin from the token is the
 		// trust anchor, checked by PinVerifier instead of the default chain
@@ -97,11 +123,10 @@ func (a *Agent) Join(ctx context.Context, token string) error {
 	}
 	defer func() { _ = conn.Close() }()
 	client := agentv1.NewAgentServiceClient(conn)
-	req := &agentv1.JoinRequest{Token: token, CsrDer: csr, Identity: id, AgentVersion: a.cfg.Version, Mode: a.cfg.Mode}
 	for {
 		resp, err := client.Join(ctx, req)
 		if err != nil {
-			return fmt.Errorf("join: %w", err)
+			return fmt.Errorf("join at %s: %w", gw.addr, err)
 		}
 		switch resp.GetStatus() {
 		case agentv1.JoinStatus_JOIN_STATUS_ADMITTED:
@@ -261,7 +286,13 @@ func (a *Agent) Renew(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sign renew request: %w", err)
 	}
-	conn, err := a.dial(a.mtlsConfig())
+	// The session's gateway, or the one it is trying: a renewal failing
+	// there is retried as the session moves on.
+	gw, err := a.gws.current(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := a.dial(gw, a.mtlsConfig(gw.serverName))
 	if err != nil {
 		return err
 	}
@@ -271,7 +302,7 @@ func (a *Agent) Renew(ctx context.Context) error {
 	})
 	if err != nil {
 		a.metrics.renewals.WithLabelValues("error").Inc()
-		return fmt.Errorf("renew: %w", err)
+		return fmt.Errorf("renew at %s: %w", gw.addr, err)
 	}
 	if err := a.saveIdentity(key, "", "", resp.GetCertificateChain(), resp.GetTrustBundlePem()); err != nil {
 		a.metrics.renewals.WithLabelValues("error").Inc()

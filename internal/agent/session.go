@@ -45,7 +45,9 @@ type session struct {
 	cancel context.CancelFunc
 	// conn is the session's gateway connection; tunnels open streams on it.
 	conn *grpc.ClientConn
-	mu   sync.Mutex
+	// gateway is the address conn went to.
+	gateway gatewayAddr
+	mu      sync.Mutex
 	// leaving is set once the Goodbye went out: nothing more is sent, and
 	// the stream's end is the gateway's answer, not a failure.
 	leaving bool
@@ -125,7 +127,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			bo.reset()
 		}
 		d := bo.next()
-		a.log.Warn("session ended", "err", err, "reconnect_in", d)
+		a.log.Warn("session ended; trying the next gateway", "err", err, "reconnect_in", d)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -138,7 +140,18 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // session runs one session; established reports whether HelloAck arrived.
 func (a *Agent) session(ctx context.Context) (established bool, err error) {
-	conn, err := a.dial(a.mtlsConfig())
+	// Each attempt takes the next gateway: one that failed or dropped the
+	// session is left for another replica.
+	gw, err := a.gws.pick(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("gateway %s: %w", gw.addr, err)
+		}
+	}()
+	conn, err := a.dial(gw, a.mtlsConfig(gw.serverName))
 	if err != nil {
 		return false, err
 	}
@@ -162,7 +175,7 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	if err != nil {
 		return false, a.openError(helloTimer, "open session", err)
 	}
-	s := &session{stream: stream, cancel: cancel, conn: conn}
+	s := &session{stream: stream, cancel: cancel, conn: conn, gateway: gw}
 	a.mu.Lock()
 	hello := &agentv1.Hello{
 		AgentVersion:    a.cfg.Version,
@@ -218,7 +231,7 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		a.mu.Unlock()
 		a.metrics.connected.Set(0)
 	}()
-	a.log.Info("session established", "node_id", a.NodeID(), "heartbeat", interval)
+	a.log.Info("session established", "node_id", a.NodeID(), "gateway", gw.addr, "heartbeat", interval)
 
 	if err := a.flushUnreported(s); err != nil {
 		return true, err

@@ -275,8 +275,10 @@ type App struct {
 	fleetHooks lateHooks
 	siteHooks  lateSites
 	execHub    *execrelay.Hub
-	// tunnels holds SSH tickets and the tunnels waiting for their node.
-	tunnels   *tunnel.Hub
+	// tunnels holds the tunnels waiting for their node (tickets are rows).
+	tunnels *tunnel.Hub
+	// peers finds the replica holding a node's session, for tunnels.
+	peers     *replicaPeers
 	discovery *discovery
 	conns     *connMetrics
 	// Capacity is the reservation runner: the queued placer, the tick and
@@ -463,7 +465,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		instanceSealer = a.sealer
 	}
 	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
-		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels})
+		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels, Peers: a.peers})
 	a.fleetHooks.instances = a.Instances
 	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
@@ -506,7 +508,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		authority = gateway.FromPKI(pa)
 	}
 	a.execHub = execrelay.New()
-	a.tunnels = tunnel.New(cfg.Clock.Now)
+	a.tunnels = tunnel.New()
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
 		DB: a.DB, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, SiteImages: siteImages{a}, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
@@ -529,6 +531,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 		return err
 	}
 	a.Gateway = gw
+	a.peers = &replicaPeers{db: a.DB, gw: gw}
 	return nil
 }
 

@@ -86,7 +86,7 @@ func (a *App) ServeReplica(ctx context.Context) error {
 	}
 	ln := newLimitListener(a.replicaLn, a.cfg.MaxConnections, a.conns, a.cfg.Logger)
 	srv := &http.Server{
-		Handler:           a.Replica.Guard(a.Handler),
+		Handler:           a.ReplicaHandler(),
 		TLSConfig:         a.Replica.ServerTLS(),
 		ReadHeaderTimeout: a.cfg.ReadHeaderTimeout,
 		IdleTimeout:       a.cfg.IdleTimeout,

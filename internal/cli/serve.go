@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -293,6 +294,15 @@ offline root run "better-compute pki init" before the first serve.`,
 				a.SetAPIURL(f.advertiseURL)
 			default:
 				a.SetAPIURL("https://" + replicaAddr.String())
+			}
+			if replicaAddr != nil {
+				// SSH tunnels reach the node's gateway session on any
+				// replica, through the same listener.
+				url := cmp.Or(f.advertiseURL, "https://"+replicaAddr.String())
+				if err := a.EnableReplicaTunnels(cmd.Context(), url); err != nil {
+					_ = ln.Close()
+					return serverError(err)
+				}
 			}
 			keyFile := f.bootstrapKeyFile
 			if keyFile == "" {

@@ -406,3 +406,20 @@ func NodeConditionList(ctx context.Context, q store.Querier, nodeIDs ...string) 
 	}
 	return out, err
 }
+
+// GatewayReplicaSet records the URL peers reach gateway replica id by.
+func GatewayReplicaSet(ctx context.Context, tx store.Tx, id, url string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO gateway_replicas (id, url, update_time) VALUES ($1, $2, compute_now())
+		ON CONFLICT (id) DO UPDATE SET url = excluded.url, update_time = excluded.update_time`, id, url)
+	return err
+}
+
+// NodeSessionReplica returns the replica holding nodeID's session and the
+// URL it recorded; both "" when no replica holds it, and url "" when the
+// owner recorded none (store.ErrNotFound for an unknown node).
+func NodeSessionReplica(ctx context.Context, q store.Querier, nodeID string) (owner, url string, err error) {
+	err = q.QueryRow(ctx, `SELECT n.session_owner, COALESCE(r.url, '') FROM nodes n
+		LEFT JOIN gateway_replicas r ON r.id = n.session_owner AND n.session_owner <> ''
+		WHERE n.id = $1`, nodeID).Scan(&owner, &url)
+	return owner, url, err
+}

@@ -207,6 +207,28 @@ func (id *Identity) Guard(next http.Handler) http.Handler {
 	})
 }
 
+// VerifyClient checks a connection's client as Guard does and returns its
+// replica id: for a handler that answers refusals in its own format.
+func (id *Identity) VerifyClient(cs tls.ConnectionState) (string, error) {
+	return id.verify(cs, x509.ExtKeyUsageClientAuth)
+}
+
+// TunnelTransport is an HTTP/1.1 transport to other replicas (mutual TLS as
+// Transport, never a proxy): a forwarded tunnel is an HTTP upgrade, which
+// HTTP/2 does not carry.
+func (id *Identity) TunnelTransport() *http.Transport {
+	cfg := id.ClientTLS()
+	cfg.NextProtos = []string{"http/1.1"}
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: id.cfg.DialTimeout}).DialContext,
+		TLSClientConfig:     cfg,
+		TLSHandshakeTimeout: id.cfg.DialTimeout,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
 // Peer returns the replica a request reached this one from, set by Guard;
 // false on a request that did not come from a replica.
 func Peer(ctx context.Context) (string, bool) {

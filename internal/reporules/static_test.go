@@ -26,7 +26,7 @@ func TestProgramsBuildWithoutCgo(t *testing.T) {
 	require.NoError(t, err, "CGO_ENABLED=0 go build ./cmd/better-compute ./cmd/bcd:\n%s", b)
 
 	var stderr bytes.Buffer
-	bcd := exec.CommandContext(t.Context(), filepath.Join(out, "bcd"), "--hardware", "nvml", "--server", "https://127.0.0.1:1", "--state-dir", t.TempDir())
+	bcd := exec.CommandContext(t.Context(), filepath.Join(out, "bcd"), "--hardware", "nvml", "--server", "127.0.0.1:1", "--state-dir", t.TempDir())
 	bcd.Stderr = &stderr
 	require.Error(t, bcd.Run())
 	require.Contains(t, stderr.String(), "--hardware nvml: nvml unavailable: this bcd was built without cgo")

@@ -75,7 +75,7 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecSandb
 		return nil, err
 	}
 	if grant != nil && res.Msg.GetTicket() != nil {
-		if err := s.inst.IssueTicket(grant, res.Msg.GetTicket()); err != nil {
+		if err := s.inst.IssueTicket(ctx, grant, res.Msg.GetTicket()); err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
 	}

@@ -1,14 +1,14 @@
 // Package tunnel joins an API client's SSH tunnel request to the byte
-// stream bcd opens from the guest's host, in memory and within one replica
-// (as internal/execrelay does for exec output): tickets the ticket APIs
-// issue, redeemed once by GET /v1/ssh/tunnel, and tunnel ids waiting for
-// the node they were issued for.
+// stream bcd opens from the guest's host: the ticket a ticket API issues
+// (its type; the control plane keeps tickets in its database, so any
+// replica redeems them, once), tunnel ids waiting in memory for the node
+// they were issued for, and the hop (Forward, relay.go) that carries a
+// redeemed ticket to the replica holding the node's gateway session, where
+// the node opens its stream.
 //
-// Tickets are opaque random ids kept here rather than sealed tokens: a
-// ticket must be single-use, and a use recorded in memory is exact and free,
-// where a sealed token would still need a shared record of its use. The
-// price is the same-replica limitation: the ticket, the tunnel request and
-// the node's gateway session must all be on the replica that issued it.
+// Waiting requests are in memory: a node opens its tunnel on its session,
+// so the request waits on the replica holding that session, and a replica
+// that redeemed the ticket elsewhere forwards it there.
 package tunnel
 
 import (
@@ -24,11 +24,8 @@ import (
 // TicketTTL is how long a ticket can open its tunnel.
 const TicketTTL = 60 * time.Second
 
-// Errors of redeeming tickets and attaching tunnels.
+// Errors of attaching tunnels.
 var (
-	// ErrTicket: unknown, already used or expired (one error, so a probe
-	// learns nothing about which).
-	ErrTicket = errors.New("tunnel: the ticket is unknown, used or expired")
 	// ErrUnknownTunnel: no API request waits for this tunnel id.
 	ErrUnknownTunnel = errors.New("tunnel: no request waits for this tunnel")
 	// ErrWrongNode: the tunnel id was issued for another node.
@@ -45,21 +42,15 @@ type Ticket struct {
 	Expire time.Time
 }
 
-// Hub holds tickets and pending tunnels.
+// Hub holds the requests waiting for their node's tunnel.
 type Hub struct {
-	now func() time.Time
-
 	mu      sync.Mutex
-	tickets map[string]Ticket
 	pending map[string]*Pending
 }
 
-// New returns an empty hub on clock now (time.Now when nil).
-func New(now func() time.Time) *Hub {
-	if now == nil {
-		now = time.Now
-	}
-	return &Hub{now: now, tickets: map[string]Ticket{}, pending: map[string]*Pending{}}
+// New returns an empty hub.
+func New() *Hub {
+	return &Hub{pending: map[string]*Pending{}}
 }
 
 // NewID is a random 256-bit id, URL-safe.
@@ -69,41 +60,6 @@ func NewID() (string, error) {
 		return "", fmt.Errorf("tunnel: random id: %w", err)
 	}
 	return base64.RawURLEncoding.EncodeToString(b[:]), nil
-}
-
-// Issue records t under a fresh id, valid until t.Expire.
-func (h *Hub) Issue(t Ticket) (string, error) {
-	id, err := NewID()
-	if err != nil {
-		return "", err
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	now := h.now()
-	// Expired tickets go as new ones come: the map stays as small as the
-	// tickets issued in the last TicketTTL.
-	for k, old := range h.tickets {
-		if !now.Before(old.Expire) {
-			delete(h.tickets, k)
-		}
-	}
-	h.tickets[id] = t
-	return id, nil
-}
-
-// Redeem uses a ticket: it answers once, before the ticket expires.
-func (h *Hub) Redeem(id string) (Ticket, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	t, ok := h.tickets[id]
-	if !ok {
-		return Ticket{}, ErrTicket
-	}
-	delete(h.tickets, id)
-	if !h.now().Before(t.Expire) {
-		return Ticket{}, ErrTicket
-	}
-	return t, nil
 }
 
 // Stream is the node's side of a tunnel as the gateway hands it over.

@@ -4,41 +4,14 @@ import (
 	"io"
 	"net"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/internal/tunnel"
 )
 
-type clock struct{ t time.Time }
-
-func (c *clock) now() time.Time { return c.t }
-
-func TestTicketSingleUseAndExpiry(t *testing.T) {
-	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	h := tunnel.New(c.now)
-	tk := tunnel.Ticket{TenantID: "tnt_a", InstanceID: "ins_1", HostID: "ins-1", NodeID: "nod_1", Expire: c.t.Add(tunnel.TicketTTL)}
-	id, err := h.Issue(tk)
-	require.NoError(t, err)
-	require.Len(t, id, 43, "256 random bits, base64url")
-	got, err := h.Redeem(id)
-	require.NoError(t, err)
-	require.Equal(t, tk, got)
-	_, err = h.Redeem(id)
-	require.ErrorIs(t, err, tunnel.ErrTicket, "a second use")
-	_, err = h.Redeem("unknown")
-	require.ErrorIs(t, err, tunnel.ErrTicket)
-
-	id, err = h.Issue(tk)
-	require.NoError(t, err)
-	c.t = c.t.Add(tunnel.TicketTTL)
-	_, err = h.Redeem(id)
-	require.ErrorIs(t, err, tunnel.ErrTicket, "expired")
-}
-
 func TestAttachOnlyFromItsNode(t *testing.T) {
-	h := tunnel.New(nil)
+	h := tunnel.New()
 	p := h.Expect("tun1", "nod_a")
 	a, b := net.Pipe()
 	defer func() { _ = a.Close(); _ = b.Close() }()
@@ -78,7 +51,7 @@ func TestPipeBothWays(t *testing.T) {
 }
 
 func TestCloseReleasesAnUntakenStream(t *testing.T) {
-	h := tunnel.New(nil)
+	h := tunnel.New()
 	p := h.Expect("tun1", "nod_a")
 	a, b := net.Pipe()
 	defer func() { _ = b.Close() }()
@@ -89,7 +62,7 @@ func TestCloseReleasesAnUntakenStream(t *testing.T) {
 }
 
 func TestFailOnlyForItsNode(t *testing.T) {
-	h := tunnel.New(nil)
+	h := tunnel.New()
 	p := h.Expect("tun1", "nod_a")
 	defer p.Close()
 	h.Fail("tun1", "nod_b", io.EOF)

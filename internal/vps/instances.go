@@ -72,6 +72,8 @@ type InstanceService struct {
 	ca    sshCA
 	// tunnels holds SSH tickets and pending tunnels on this replica.
 	tunnels *tunnel.Hub
+	// peers bridges tunnels through the replica holding a node's session.
+	peers TunnelPeers
 }
 
 var (
@@ -100,6 +102,9 @@ type InstanceConfig struct {
 	Sealer Sealer
 	// Tunnels holds SSH tickets and pending tunnels (nil: ssh is refused).
 	Tunnels *tunnel.Hub
+	// Peers finds and reaches the replica holding a node's gateway
+	// session; nil opens every tunnel on this replica.
+	Peers TunnelPeers
 }
 
 // NewInstanceService returns the instance handlers.
@@ -109,7 +114,7 @@ func NewInstanceService(cfg InstanceConfig) *InstanceService {
 		images = DefaultGuestImages
 	}
 	return &InstanceService{env: cfg.Env, engine: cfg.Engine, events: cfg.Events, rec: cfg.Recorder, images: images, poll: time.Second,
-		sealer: cfg.Sealer, tunnels: cfg.Tunnels}
+		sealer: cfg.Sealer, tunnels: cfg.Tunnels, peers: cfg.Peers}
 }
 
 // InstanceResource projects an instance into the authorization model.

@@ -258,15 +258,44 @@ func (s *InstanceService) GrantSSH(ctx context.Context, tx store.Tx, in *Instanc
 		HostID: HostID(in.ID), NodeID: in.NodeID, Expire: expire}}, nil
 }
 
-// IssueTicket records the grant's ticket on this replica and fills it in.
-func (s *InstanceService) IssueTicket(g *SSHGrant, msg *apiv1.SshTicket) error {
-	id, err := s.tunnels.Issue(g.ticket)
+// IssueTicket records the grant's ticket, for any replica to redeem once,
+// and fills it in.
+func (s *InstanceService) IssueTicket(ctx context.Context, g *SSHGrant, msg *apiv1.SshTicket) error {
+	id, err := tunnel.NewID()
 	if err != nil {
 		return err
+	}
+	if err := s.env.DB().Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return TicketInsert(ctx, tx, id, g.ticket, s.env.Clock().Now())
+	}); err != nil {
+		return fmt.Errorf("record the ssh ticket: %w", err)
 	}
 	msg.Ticket, msg.TicketExpireTime = id, timestamppb.New(g.ticket.Expire)
 	return nil
 }
+
+// RedeemTicket uses ticket id: it answers once, before the ticket expires.
+// An unknown, used or expired ticket is one error (errTicket), so a probe
+// learns nothing about which.
+func (s *InstanceService) RedeemTicket(ctx context.Context, id string) (tunnel.Ticket, error) {
+	var t tunnel.Ticket
+	err := s.env.DB().Write(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		t, err = TicketRedeem(ctx, tx, id)
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return tunnel.Ticket{}, errTicket
+	case err != nil:
+		return tunnel.Ticket{}, err
+	case !s.env.Clock().Now().Before(t.Expire):
+		return tunnel.Ticket{}, errTicket
+	}
+	return t, nil
+}
+
+// errTicket: the ticket is unknown, used or expired.
+var errTicket = errors.New("the ssh ticket is unknown, used or expired")
 
 // StripTicket is what an idempotent replay may answer: the ticket and the
 // certificate are credentials and are not stored.
@@ -279,7 +308,7 @@ func StripTicket(t *apiv1.SshTicket) *apiv1.SshTicket {
 	return c
 }
 
-// Tunnels is the replica's ticket and tunnel hub.
+// Tunnels is the replica's hub of tunnels waiting for their node.
 func (s *InstanceService) Tunnels() *tunnel.Hub { return s.tunnels }
 
 // Ssh signs the caller's key for an instance's guest account and issues a
@@ -331,7 +360,7 @@ func (s *InstanceService) Ssh(ctx context.Context, req *connect.Request[apiv1.Ss
 		return nil, err
 	}
 	if grant != nil && res.Msg.GetTicket() != nil {
-		if err := s.IssueTicket(grant, res.Msg.GetTicket()); err != nil {
+		if err := s.IssueTicket(ctx, grant, res.Msg.GetTicket()); err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
 	}

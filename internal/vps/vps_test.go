@@ -21,8 +21,9 @@ import (
 type fixture struct {
 	cp    *bctest.ControlPlane
 	admin *client.Client
-	// acme is acme's admin.
-	acme *client.Client
+	// acme is acme's admin, acmeKey its API key.
+	acme    *client.Client
+	acmeKey string
 }
 
 // setup starts a control plane with tenant acme and an admin key of it.
@@ -35,7 +36,7 @@ func setup(t testing.TB) *fixture {
 	require.NoError(t, err)
 	k, err := f.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin"}))
 	require.NoError(t, err)
-	f.acme = cp.Client(k.Msg.GetSecret())
+	f.acme, f.acmeKey = cp.Client(k.Msg.GetSecret()), k.Msg.GetSecret()
 	return f
 }
 

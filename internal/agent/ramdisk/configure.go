@@ -56,7 +56,7 @@ func (r *Ramdisk) configureCommand(params map[string]any, id Identity) (map[stri
 	case token == "" || !shellSafe(token):
 		return nil, fmt.Errorf("%w: join_token: required, base64 or hex characters only", ErrInvalidParams)
 	case server == "" || !shellSafe(server):
-		return nil, fmt.Errorf("%w: server: required (host:port)", ErrInvalidParams)
+		return nil, fmt.Errorf("%w: server: required (host:port, or several comma-separated)", ErrInvalidParams)
 	case size <= 0:
 		return nil, fmt.Errorf("%w: size_bytes: must be positive", ErrInvalidParams)
 	}
@@ -142,7 +142,7 @@ func shellSafe(s string) bool {
 		return false
 	}
 	for _, c := range s {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-_.~+/=:[]", c)
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("-_.~+/=:[],", c)
 		if !ok {
 			return false
 		}

@@ -54,6 +54,21 @@ func TestConfigureWritesTheSlot(t *testing.T) {
 	require.ErrorIs(t, err, ramdisk.ErrInvalidParams)
 }
 
+// TestConfigureWritesAGatewayList: a ramdisk given several gateways
+// (bc.server=a,b) hands the deployed system all of them.
+func TestConfigureWritesAGatewayList(t *testing.T) {
+	t.Parallel()
+	path, size := imageWithSlot(t, 8*512)
+	id, _ := identity(t)
+	rd := ramdisk.New(ramdisk.Config{AllowFileDisks: true, Server: "10.9.0.1:7443,10.9.0.2:7443"})
+	_, err := rd.Apply(context.Background(), ramdisk.KindConfigure, map[string]any{"device": path, "size_bytes": float64(size),
+		"join_token": "tok"}, id)
+	require.NoError(t, err)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Contains(t, string(b[8*512:8*512+ramdisk.SlotSize]), "BCD_SERVER='10.9.0.1:7443,10.9.0.2:7443'\n")
+}
+
 func TestConfigureRefusesAnImageWithoutASlot(t *testing.T) {
 	t.Parallel()
 	id, _ := identity(t)

@@ -66,8 +66,9 @@ type Config struct {
 	// command names no url: the site's cache (bc.images= on the kernel
 	// command line, "http://SITE/files/sha256").
 	ImagesURL string
-	// Server is the gateway's host:port this ramdisk joined (bc.server=);
-	// machine.configure hands it to the deployed OS unless told another.
+	// Server is the gateway host:port (or comma-separated list) this
+	// ramdisk joined (bc.server=); machine.configure hands it to the
+	// deployed OS unless told another.
 	Server string
 	// HTTP downloads images (default a client with a 1 h timeout).
 	HTTP *http.Client
