@@ -161,7 +161,7 @@ func (r *Runtime) OpenSiteImage(ctx context.Context, nodeID, sha, token string, 
 // machine's image: its digest and the capability to fetch it.
 func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, nodeID, imageID string) (map[string]any, error) {
 	var sha string
-	if err := q.QueryRow(ctx, `SELECT sha256 FROM images WHERE id = $1`, imageID).Scan(&sha); err != nil {
+	if err := imageDigest(ctx, q, imageID).Scan(&sha); err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil // deleted: the deploy's write step fails on its own
 		}
@@ -256,7 +256,7 @@ func (r *Runtime) RamdiskStepParams(ctx context.Context, tx store.Tx, run provis
 // (created by the lifecycle, labelled with the machine) that admitted it.
 func machineOfNode(ctx context.Context, q store.Querier, nodeID string) (string, error) {
 	var labels string
-	err := q.QueryRow(ctx, `SELECT labels FROM join_tokens WHERE node_id = $1 AND created_by = $2`, nodeID, nodeTokenCreator).Scan(&labels)
+	err := nodeTokenLabels(ctx, q, nodeID).Scan(&labels)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", nil
 	}
@@ -309,7 +309,7 @@ func (r *Runtime) osJoinedTx(ctx context.Context, tx store.Tx, machineID string)
 	}
 	for _, id := range ids {
 		var state, digest string
-		err := tx.QueryRow(ctx, `SELECT state, inventory_digest FROM nodes WHERE id = $1`, id).Scan(&state, &digest)
+		err := nodeReportState(ctx, tx, id).Scan(&state, &digest)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
@@ -326,8 +326,7 @@ func (r *Runtime) osJoinedTx(ctx context.Context, tx store.Tx, machineID string)
 // deployedNodes are the nodes a machine's deploys joined as: a wipe ends
 // them (their OS is gone).
 func deployedNodes(ctx context.Context, q store.Querier, machineID string) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT node_id, labels FROM join_tokens WHERE created_by = $1 AND node_id <> '' AND labels LIKE $2`,
-		nodeTokenCreator, "%"+machineID+"%")
+	rows, err := deployTokens(ctx, q, machineID)
 	if err != nil {
 		return nil, err
 	}

@@ -208,42 +208,51 @@ func TestDependencyDirection(t *testing.T) {
 // sqlRE matches a string literal that is a SQL statement.
 var sqlRE = regexp.MustCompile(`(?s)^\s*(SELECT|INSERT|UPDATE|DELETE|SAVEPOINT|ROLLBACK|RELEASE|LOCK)\s`)
 
-// TestCapacitySQLOnlyInStoreFiles: the split capacity packages and the
-// provisioning engine keep their SQL in store.go or *_store.go files, so a
-// reader finds every statement of a package in one place and the logic
-// files read as logic.
-func TestCapacitySQLOnlyInStoreFiles(t *testing.T) {
+// TestSQLOnlyInStoreFiles: every module keeps its SQL in store.go,
+// store_*.go or *_store.go files, so a reader finds every statement of a
+// package in one place and the logic files read as logic. internal/store
+// (the store layer itself: dialects, migrations) is the exception.
+func TestSQLOnlyInStoreFiles(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	fset := token.NewFileSet()
 	var offenders []string
-	for _, pkg := range []string{"capacity/capmodel", "capacity/atoms", "capacity/placer", "capacity/reservation", "provision"} {
-		dir := filepath.Join(root, "internal", filepath.FromSlash(pkg))
-		paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
-		require.NoError(t, err)
-		for _, path := range paths {
-			name := filepath.Base(path)
-			if name == "store.go" || strings.HasSuffix(name, "_store.go") || strings.HasSuffix(name, "_test.go") {
-				continue
-			}
-			f, err := parser.ParseFile(fset, path, nil, 0)
-			require.NoError(t, err)
-			ast.Inspect(f, func(n ast.Node) bool {
-				lit, ok := n.(*ast.BasicLit)
-				if !ok || lit.Kind != token.STRING {
-					return true
-				}
-				if s, err := strconv.Unquote(lit.Value); err == nil && sqlRE.MatchString(s) {
-					offenders = append(offenders, fset.Position(lit.Pos()).String())
-				}
-				return true
-			})
+	err := filepath.WalkDir(filepath.Join(root, "internal"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
 		}
-	}
-	require.Empty(t, offenders, "capacity and provision SQL belongs in store.go or *_store.go")
+		if d.IsDir() {
+			if path == filepath.Join(root, "internal", "store") || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		name := d.Name()
+		if !strings.HasSuffix(name, ".go") || name == "store.go" || strings.HasPrefix(name, "store_") ||
+			strings.HasSuffix(name, "_store.go") || strings.HasSuffix(name, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			if s, err := strconv.Unquote(lit.Value); err == nil && sqlRE.MatchString(s) {
+				offenders = append(offenders, fset.Position(lit.Pos()).String())
+			}
+			return true
+		})
+		return nil
+	})
+	require.NoError(t, err)
+	require.Empty(t, offenders, "SQL belongs in store.go, store_*.go or *_store.go")
 }
 
-func TestCapacitySQLRuleCatchesOffenders(t *testing.T) {
+func TestStoreFileRuleCatchesOffenders(t *testing.T) {
 	t.Parallel()
 	for _, bad := range []string{"SELECT id FROM atoms", "\n\t\tINSERT INTO x VALUES ($1)", "SAVEPOINT place", "DELETE FROM bookings"} {
 		require.True(t, sqlRE.MatchString(bad), bad)

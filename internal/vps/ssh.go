@@ -91,8 +91,7 @@ func (s *InstanceService) caIn(ctx context.Context, tx store.Tx) (ssh.Signer, er
 	}
 	// Two replicas creating it at once: the first row wins, and both
 	// read it back.
-	if _, err := tx.Exec(ctx, `INSERT INTO ssh_cas (id, public_key, sealed_key, create_time) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (id) DO NOTHING`, sshCAID, ca.AuthorizedKey(), base64.StdEncoding.EncodeToString(sealed), s.env.Clock().Now()); err != nil {
+	if err := sshCAInsert(ctx, tx, sshCAID, ca.AuthorizedKey(), base64.StdEncoding.EncodeToString(sealed), s.env.Clock().Now()); err != nil {
 		return nil, fmt.Errorf("ssh ca: store: %w", err)
 	}
 	signer, err = s.readCA(ctx, tx)
@@ -104,7 +103,7 @@ func (s *InstanceService) caIn(ctx context.Context, tx store.Tx) (ssh.Signer, er
 
 func (s *InstanceService) readCA(ctx context.Context, q store.Querier) (ssh.Signer, error) {
 	var pub, sealed string
-	if err := q.QueryRow(ctx, `SELECT public_key, sealed_key FROM ssh_cas WHERE id = $1`, sshCAID).Scan(&pub, &sealed); err != nil {
+	if err := sshCAGet(ctx, q, sshCAID).Scan(&pub, &sealed); err != nil {
 		return nil, err
 	}
 	raw, err := base64.StdEncoding.DecodeString(sealed)

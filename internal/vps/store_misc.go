@@ -2,6 +2,7 @@ package vps
 
 import (
 	"context"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -33,4 +34,17 @@ func reachableHosts(ctx context.Context, q store.Querier) ([]listHost, error) {
 		hosts = append(hosts, h)
 	}
 	return hosts, rows.Err()
+}
+
+// sshCAInsert stores the deployment's SSH CA (its key sealed) unless one
+// with the id exists: of two replicas creating it at once, the first wins.
+func sshCAInsert(ctx context.Context, tx store.Tx, id, publicKey, sealedKey string, now time.Time) error {
+	_, err := tx.Exec(ctx, `INSERT INTO ssh_cas (id, public_key, sealed_key, create_time) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (id) DO NOTHING`, id, publicKey, sealedKey, now)
+	return err
+}
+
+// sshCAGet reads the SSH CA's public key and sealed private key.
+func sshCAGet(ctx context.Context, q store.Querier, id string) store.Row {
+	return q.QueryRow(ctx, `SELECT public_key, sealed_key FROM ssh_cas WHERE id = $1`, id)
 }
