@@ -48,11 +48,11 @@ func setup(t *testing.T, nodes int) *fixture {
 
 // setupWith is setup with simulated nodes made from template (its Gateway
 // is set here).
-func setupWith(t *testing.T, nodes int, template bctest.FakeDaemonConfig) *fixture {
+func setupWith(t *testing.T, nodes int, template bctest.FakeDaemonConfig, opts ...bctest.ControlPlaneOption) *fixture {
 	t.Helper()
 	// The simulated clock jumps hours ahead in some tests: nodes that beat
 	// in real time must not be declared lost for it.
-	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.UnreachableAfter, c.LostAfter = 1000*time.Hour, 2000*time.Hour })
+	cp := bctest.NewControlPlane(t, append([]bctest.ControlPlaneOption{func(c *app.Config) { c.UnreachableAfter, c.LostAfter = 1000*time.Hour, 2000*time.Hour }}, opts...)...)
 	ctx := context.Background()
 	f := &fixture{cp: cp, admin: cp.Admin()}
 	for _, name := range []string{"acme", "other"} {
