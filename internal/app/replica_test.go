@@ -38,6 +38,9 @@ func TestReplicaListener(t *testing.T) {
 
 	// No replica certificate: the handshake fails, nothing is served.
 	plain := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the server is not under test
-	_, err = plain.Get(a.ReplicaURL + "/healthz")
+	res, err = plain.Get(a.ReplicaURL + "/healthz")
+	if err == nil {
+		_ = res.Body.Close()
+	}
 	require.Error(t, err)
 }
