@@ -67,7 +67,7 @@ import (
 // test needs no separate build.
 const serveEnv = "BC_REPLICA_TORTURE_SERVE"
 
-var opsFlag = flag.Int("ops", 0, "client operations the replica torture test plays (default BC_REPLICA_TORTURE_OPS, else 240)")
+var opsFlag = flag.Int("ops", 0, "client operations the replica torture test plays (default BC_REPLICA_TORTURE_OPS, else 400)")
 
 func TestMain(m *testing.M) {
 	if os.Getenv(serveEnv) != "" {
@@ -78,7 +78,7 @@ func TestMain(m *testing.M) {
 
 const (
 	defaultSeed = 21
-	defaultOps  = 240
+	defaultOps  = 400
 	clients     = 8
 	nodes       = 6
 	// killEvery is how many rounds pass between kills.
