@@ -94,6 +94,11 @@ func TestReplicaTorture(t *testing.T) {
 	if os.Getenv(bctest.PostgresURLEnv) == "" {
 		t.Skip("the replica torture test needs PostgreSQL: set " + bctest.PostgresURLEnv + " (several serve processes share one database)")
 	}
+	if testing.Short() {
+		// CI's race pass (-short) would play it a second time, with every
+		// replica under the race detector; its PostgreSQL pass runs it.
+		t.Skip("the replica torture test runs without -short (two serve processes, killed in turn)")
+	}
 	ops := defaultOps
 	if s := os.Getenv("BC_REPLICA_TORTURE_OPS"); s != "" {
 		n, err := strconv.Atoi(s)
