@@ -121,6 +121,28 @@ func TestReplicaTorture(t *testing.T) {
 	e.run(ops)
 	t.Logf("seed %d: %d operations in %d rounds, %d kills, in %s; outcomes: %s", seed, ops, e.round, e.kills,
 		time.Since(began).Round(time.Millisecond), e.summary())
+	for _, r := range e.replicas {
+		// What the replicas logged as errors, for the record: a request
+		// cut off by a kill ends in one without being a caller's answer.
+		b, err := os.ReadFile(r.log.Name())
+		require.NoError(t, err)
+		var errs []string
+		for line := range strings.Lines(string(b)) {
+			if strings.Contains(line, "level=ERROR") {
+				errs = append(errs, strings.TrimSpace(line))
+			}
+		}
+		t.Logf("replica %d: %d starts, %d error lines%s", r.idx, r.all, len(errs), sample(errs, 3))
+	}
+}
+
+// sample lists up to n of lines, indented.
+func sample(lines []string, n int) string {
+	var b strings.Builder
+	for _, l := range lines[:min(n, len(lines))] {
+		b.WriteString("\n\t" + l)
+	}
+	return b.String()
 }
 
 // replica is one `serve` process; restarting it keeps its ports and state
@@ -139,13 +161,22 @@ type replica struct {
 
 func (r *replica) url() string { return "http://" + r.api }
 
+// freeAddr picks a free loopback port below the kernel's ephemeral range
+// (32768 and up), so that an outgoing connection elsewhere on the machine
+// cannot take it while its replica is down between a kill and a restart.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
+	for range 1000 {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+		if err != nil {
+			continue
+		}
+		addr := ln.Addr().String()
+		require.NoError(t, ln.Close())
+		return addr
+	}
+	t.Fatal("no free port in 20000-31999")
+	return ""
 }
 
 // start runs the process and waits until its API answers /readyz (the
