@@ -560,6 +560,11 @@ func randomRequest(rng *rand.Rand) *apiv1.CreateReservationRequest {
 	if rng.IntN(6) == 0 {
 		req.Gpus = 8
 	}
+	// Some bind on the node: the placer's replica sends the agent its
+	// allocation through whichever gateway holds the node's session.
+	if rng.IntN(5) == 0 {
+		req.Binding = "node"
+	}
 	if rng.IntN(4) == 0 {
 		req.StartTime = timestamppb.New(time.Now().Add(time.Duration(1+rng.IntN(180)) * time.Minute))
 	}
