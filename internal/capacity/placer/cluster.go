@@ -242,13 +242,20 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 	res, err := connect.NewClient[Req, Res](client, url+procedure).CallUnary(ctx, out)
 	if err != nil {
 		var ce *connect.Error
-		if errors.As(err, &ce) && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeUnknown {
+		// connect-go reads a connection reset as the peer going away
+		// (CANCELED); here the peer is the owner, dying under the call,
+		// and a caller whose context is still live cancelled nothing: it
+		// is told to retry like any caller the owner did not answer.
+		if errors.As(err, &ce) && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeUnknown &&
+			(ce.Code() != connect.CodeCanceled || ctx.Err() != nil) {
 			return nil, ce
 		}
 		// The owner did not answer (it may be dying): the caller retries,
-		// and by then the pool has an owner that does.
+		// and by then the pool has an owner that does. The owner's error
+		// goes along as text only: ToConnect would answer with a
+		// connect.Error it finds wrapped, code and all.
 		return nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable,
-			Message: "the replica that places this pool did not answer; retry", Err: err, RetryAfter: time.Second})
+			Message: "the replica that places this pool did not answer; retry", Err: errors.New(err.Error()), RetryAfter: time.Second})
 	}
 	return res, nil
 }
