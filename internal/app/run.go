@@ -92,22 +92,7 @@ func (a *App) ServeReplica(ctx context.Context) error {
 		IdleTimeout:       a.cfg.IdleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ServeTLS(ln, "", "") }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("replica server: %w", err)
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		_ = srv.Close()
-	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("replica server: %w", err)
-	}
-	return nil
+	return a.serveUntilDone(ctx, "replica server", srv, func() error { return srv.ServeTLS(ln, "", "") })
 }
 
 // Run serves the configured roles until ctx is done, then shuts down
@@ -166,22 +151,28 @@ func (a *App) ServeAPI(ctx context.Context, ln net.Listener) error {
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	srv.RegisterOnShutdown(a.hub.Shutdown)
+	return a.serveUntilDone(ctx, "api server", srv, func() error { return srv.Serve(ln) })
+}
+
+// serveUntilDone runs serve (srv's Serve or ServeTLS) until ctx is done,
+// then shuts srv down within ShutdownTimeout, closing what is left after it:
+// watch streams never finish on their own, so their contexts are cancelled
+// when the grace period ends.
+func (a *App) serveUntilDone(ctx context.Context, name string, srv *http.Server, serve func() error) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- serve() }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("api server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
 	defer cancel()
-	// Watch streams never finish on their own: cancel their contexts
-	// when the grace period ends.
 	if err := srv.Shutdown(shutdownCtx); err != nil {
 		_ = srv.Close()
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("api server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
 }

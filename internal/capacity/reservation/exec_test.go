@@ -3,7 +3,6 @@ package reservation_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -150,20 +149,6 @@ func TestExecRunsInTheReservation(t *testing.T) {
 	require.Contains(t, run.exit.GetMessage(), "not found")
 }
 
-// pidAlive reports whether pid runs: a killed process whose parent died too
-// stays a zombie until init reaps it, and counts as gone.
-func pidAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if errors.Is(err, os.ErrNotExist) {
-		return false
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
-}
-
 // selfCgroup is this process's cgroup v2 path: a simulated node runs
 // processes in its own.
 func selfCgroup(t *testing.T) string {
@@ -207,7 +192,7 @@ func TestExecCancelKillsTheProcessGroup(t *testing.T) {
 
 	cancel() // the client's Ctrl-C
 	for _, pid := range pids {
-		bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !pidAlive(pid) })
+		bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !bctest.PIDAlive(pid) })
 	}
 	f.eventually(t, "the command canceled", func() bool {
 		return f.count(t, `SELECT COUNT(*) FROM commands WHERE id = $1 AND state = 'canceled'`, cmdID) == 1
@@ -328,7 +313,7 @@ func TestExecEndsWithTheReservation(t *testing.T) {
 	// An extension moves the end and keeps the process.
 	_, err = f.member.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: r.GetId(), ExtendSeconds: 600}))
 	require.NoError(t, err)
-	require.True(t, pidAlive(pid))
+	require.True(t, bctest.PIDAlive(pid))
 
 	// The release ends it: the process is killed and the call ends with the
 	// exit.
@@ -344,7 +329,7 @@ func TestExecEndsWithTheReservation(t *testing.T) {
 	require.NotNil(t, exit)
 	require.Equal(t, "canceled", exit.GetState())
 	require.Equal(t, "the reservation ended", exit.GetMessage())
-	bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !pidAlive(pid) })
+	bctest.WaitFor(t, fmt.Sprintf("process %d gone", pid), func() bool { return !bctest.PIDAlive(pid) })
 }
 
 // TestExecNeedsIsolationOnASharedPool: once the pool is offered beyond its
