@@ -42,8 +42,12 @@ func TestQuarantineDuringBatchWaitsForIt(t *testing.T) {
 	}))
 	require.Len(t, free, 7)
 
-	// The quarantine of every free GPU, held open.
+	// The quarantine of every free GPU, held open (and let go if the test
+	// fails: the database's close would wait on it).
 	held, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
 	quarantined := make(chan error, 1)
 	go func() {
 		quarantined <- f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
@@ -87,11 +91,11 @@ func TestQuarantineDuringBatchWaitsForIt(t *testing.T) {
 	for waiting := false; !waiting; {
 		select {
 		case res := <-created:
-			close(release)
+			letGo()
 			require.NoError(t, <-quarantined)
 			t.Fatalf("the create answered while the quarantine of its GPUs was uncommitted: %+v (err %v)", res.r.GetPlacement().GetAtoms(), res.err)
 		case <-deadline:
-			close(release)
+			letGo()
 			t.Fatal("the create neither answered nor waited on a lock")
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -102,7 +106,7 @@ func TestQuarantineDuringBatchWaitsForIt(t *testing.T) {
 		t.Logf("DEBUG waiting: %q", qs)
 		return nil
 	})
-	close(release)
+	letGo()
 	require.NoError(t, <-quarantined)
 	res := <-created
 	require.NoError(t, res.err)
@@ -250,8 +254,12 @@ func TestPendingPassLocksTheQuotasItCharges(t *testing.T) {
 	waiting := res.Msg.GetReservation()
 	require.Equal(t, "pending", waiting.GetState(), "the node is full")
 
-	// Another transaction charging other's quota, held open.
+	// Another transaction charging other's quota, held open (and let go
+	// if the test fails).
 	held, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
 	charged := make(chan error, 1)
 	go func() {
 		charged <- f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
@@ -275,14 +283,14 @@ func TestPendingPassLocksTheQuotasItCharges(t *testing.T) {
 	}
 	bctest.WaitFor(t, "the pending pass to wait for other's quota rows (or to place without them)", func() bool {
 		if st := state(); st != "pending" {
-			close(release)
+			letGo()
 			<-charged
 			t.Fatalf("the pending pass placed other's reservation (%s) while its quota rows were held", st)
 		}
 		return f.count(t, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
 	})
 	require.Equal(t, "pending", state())
-	close(release)
+	letGo()
 	require.NoError(t, <-charged)
 	bctest.WaitFor(t, "the pass to place other's reservation once the quota rows are free", func() bool { return state() != "pending" })
 }

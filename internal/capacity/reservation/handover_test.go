@@ -174,12 +174,28 @@ func TestPlacerFence(t *testing.T) {
 		return !a.App.Capacity.Engine.Placing(first.pool)
 	})
 
-	// A batch in flight on the owner row holds a claim back until it ends.
+	// A batch of a pool's old owner in flight (its owner row held FOR
+	// SHARE) holds a new claim back until it ends. A pool no replica
+	// placed yet, recorded as a gone replica's at epoch 5, so that only
+	// this claim (or a tick's, which waits alike) takes it.
+	pl, err := b.Admin().Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "fenced",
+		Selector: []*apiv1.SelectorRequirement{{Key: "zone", Operator: "In", Values: []string{"nowhere"}}}}))
+	require.NoError(t, err)
+	fenced := pl.Msg.GetPool().GetId()
+	require.NoError(t, b.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO placer_owners (pool_id, replica_id, url, since, epoch) VALUES ($1, 'rep_gone', 'https://127.0.0.1:1', compute_now(), 5)`, fenced)
+		return err
+	}))
 	held, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	// A failure below must not leave the row held: the database's close
+	// (and every snapshot of the cluster) would wait on it.
+	t.Cleanup(letGo)
 	inFlight := make(chan error, 1)
 	go func() {
 		inFlight <- b.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-			if _, err := store.Strings(tx.Query(ctx, `SELECT replica_id FROM placer_owners WHERE pool_id = $1 FOR SHARE`, first.pool)); err != nil {
+			if _, err := store.Strings(tx.Query(ctx, `SELECT replica_id FROM placer_owners WHERE pool_id = $1 FOR SHARE`, fenced)); err != nil {
 				return err
 			}
 			close(held)
@@ -188,32 +204,38 @@ func TestPlacerFence(t *testing.T) {
 		})
 	}()
 	bctest.Receive(t, "the batch holding the owner row", held)
-	claimed := make(chan error, 1)
-	go func() { claimed <- create(b) }()
+	type claim struct {
+		here bool
+		err  error
+	}
+	claimed := make(chan claim, 1)
+	go func() {
+		here, _, err := b.App.Capacity.Engine.Claim(ctx, fenced)
+		claimed <- claim{here, err}
+	}()
 	bctest.WaitFor(t, "the claim to wait on the owner row", func() bool {
+		select {
+		case c := <-claimed:
+			letGo()
+			t.Fatalf("b claimed the pool while a batch held its owner row (here %v, err %v)", c.here, c.err)
+		default:
+		}
 		var n int
 		require.NoError(t, b.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
 		}))
-		select {
-		case err := <-claimed:
-			claimed <- err
-			return true // answered without waiting: the check below fails
-		default:
-		}
 		return n > 0
 	})
-	select {
-	case err := <-claimed:
-		t.Fatalf("b claimed the pool while a batch held its owner row (err %v)", err)
-	default:
-	}
-	close(release)
+	letGo()
 	require.NoError(t, <-inFlight)
-	require.NoError(t, <-claimed)
-	now := ownerOf()
-	require.Equal(t, b.App.Capacity.Engine.ReplicaID(), now.replica, "b claimed the pool")
-	require.Equal(t, first.epoch+1, now.epoch, "at the next epoch")
-	require.NoError(t, create(a), "a forwards to b")
-	require.False(t, a.App.Capacity.Engine.Placing(first.pool))
+	c := <-claimed
+	require.NoError(t, c.err)
+	require.True(t, c.here, "b places the pool")
+	var replica string
+	var epoch int64
+	require.NoError(t, b.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT replica_id, epoch FROM placer_owners WHERE pool_id = $1`, fenced).Scan(&replica, &epoch)
+	}))
+	require.Equal(t, b.App.Capacity.Engine.ReplicaID(), replica)
+	require.Equal(t, int64(6), epoch, "at the next epoch")
 }
