@@ -260,35 +260,50 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 	return res, nil
 }
 
-// ReadIndex returns an index of the pool to read (a preview), never to
-// change: the placer's when this replica owns the pool and its index is of
-// the pool's current version, else a copy loaded here and reloaded when the
-// pool's version moves. A preview never loads or re-syncs the placer's own
-// index: that is the placer's to do between batches, and a reload mid-batch
-// would drop the batch's marks.
+// ReadIndex returns the pool's index to read (a preview), never to change:
+// its placer's, claiming the pool when nobody places it (a pool another
+// replica places answers UNAVAILABLE: the API forwards previews to the
+// owner first). A placer behind the pool's version is asked to catch up
+// and the call waits for it; the placer does it between batches, never in
+// the middle of one, whose marks a reload would drop.
 func (e *Placers) ReadIndex(ctx context.Context, poolID string) (*Index, error) {
-	e.plMu.Lock()
-	p := e.placers[poolID]
-	e.plMu.Unlock()
-	var ix *Index
-	err := e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		if p != nil {
-			if cur := p.cur.Load(); cur != nil {
-				v, err := poolVersion(ctx, tx, poolID)
-				if err != nil {
-					return err
-				}
-				if cur.Version() == v {
-					ix = cur
-					return nil
-				}
-			}
-		}
-		var err error
-		ix, err = e.index(ctx, tx, poolID, e.Clock.Now())
+	p, err := e.placerFor(ctx, poolID)
+	if err != nil {
+		return nil, err
+	}
+	var v int64
+	if err := e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		v, err = poolVersion(ctx, tx, poolID)
 		return err
-	})
-	return ix, err
+	}); err != nil {
+		return nil, err
+	}
+	if cur := p.cur.Load(); cur != nil && cur.Version() >= v {
+		return cur, nil
+	}
+	w := &work{ctx: ctx, done: make(chan error, 1), refresh: true}
+	select {
+	case p.in <- w:
+	case <-p.quit:
+		return nil, notOwner(poolID)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case err = <-w.done:
+	case <-p.exited:
+		select {
+		case err = <-w.done:
+		default:
+			err = notOwner(poolID)
+		}
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p.cur.Load(), nil
 }
 
 // Stop stops every placer of this replica; what is queued is answered

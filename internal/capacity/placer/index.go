@@ -61,127 +61,32 @@ type ixNode struct {
 
 // Index is a pool's placement index (see above).
 type Index struct {
-	mu       sync.RWMutex
-	poolID   string
-	version  int64
-	loadedAt time.Time
-	nodes    []*ixNode
-	byID     map[string]*ixNode
-	buckets  [][]*ixNode
+	mu      sync.RWMutex
+	poolID  string
+	version int64
+	nodes   []*ixNode
+	byID    map[string]*ixNode
+	buckets [][]*ixNode
 	// shareVCPU and shareMemGiB are the smallest host's per-GPU share.
 	shareVCPU, shareMemGiB int
 }
-
-// DefaultIndexRefresh is how often a pool index is reloaded from the
-// database when nothing else asks for it.
-const DefaultIndexRefresh = 10 * time.Second
 
 // CandidateLimit is how many nodes a placement looks at before the full
 // scan: the fullest nodes that can take the request (binpack), a few of them
 // chosen at random so concurrent placements spread.
 const CandidateLimit = 24
 
-func (e *Placers) indexRefresh() time.Duration {
-	if e.IndexRefresh <= 0 {
-		return DefaultIndexRefresh
-	}
-	return e.IndexRefresh
-}
-
-// indexLoad is one load of a pool's index that concurrent callers share.
-type indexLoad struct {
-	done chan struct{}
-	ix   *Index
-	err  error
-}
-
-// Index returns the pool's index. A missing one, or one of an older pool
-// version, is loaded now on the caller's reader — once, however many callers
-// ask: the others wait for it (holding their own readers, so no load ever
-// waits for a connection a waiter holds). One that is merely old is returned
-// as it is and reloaded in the background, which nobody waits for. Call it
-// outside write transactions: a load reads the whole pool.
-func (e *Placers) index(ctx context.Context, q store.Querier, poolID string, now time.Time) (*Index, error) {
-	v, err := poolVersion(ctx, q, poolID)
-	if err != nil {
-		return nil, err
-	}
-	e.ixMu.Lock()
-	if e.indexes == nil {
-		e.indexes, e.loading, e.refreshing = map[string]*Index{}, map[string]*indexLoad{}, map[string]bool{}
-	}
-	if ix := e.indexes[poolID]; ix != nil && ix.version == v {
-		if time.Since(ix.loadedAt) >= e.indexRefresh() && e.DB != nil && !e.refreshing[poolID] {
-			e.refreshing[poolID] = true
-			go e.refresh(context.WithoutCancel(ctx), poolID, v)
-		}
-		e.ixMu.Unlock()
-		return ix, nil
-	}
-	if call := e.loading[poolID]; call != nil {
-		e.ixMu.Unlock()
-		select {
-		case <-call.done:
-			// A load that began before this call read the version may
-			// be stale already: then this call loads again.
-			if call.err == nil && call.ix.version < v {
-				return e.index(ctx, q, poolID, now)
-			}
-			return call.ix, call.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	call := &indexLoad{done: make(chan struct{})}
-	e.loading[poolID] = call
-	e.ixMu.Unlock()
-	call.ix, call.err = loadIndex(ctx, q, poolID, v, now)
-	e.ixMu.Lock()
-	if call.err == nil {
-		e.indexes[poolID] = call.ix
-	}
-	delete(e.loading, poolID)
-	e.ixMu.Unlock()
-	close(call.done)
-	return call.ix, call.err
-}
-
-// refresh reloads a pool's index in the background.
-func (e *Placers) refresh(ctx context.Context, poolID string, version int64) {
-	defer func() {
-		e.ixMu.Lock()
-		delete(e.refreshing, poolID)
-		e.ixMu.Unlock()
-	}()
-	_ = e.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		ix, err := loadIndex(ctx, tx, poolID, version, e.Clock.Now())
-		if err != nil {
-			return err
-		}
-		e.ixMu.Lock()
-		if cur := e.indexes[poolID]; cur == nil || cur.version <= version {
-			e.indexes[poolID] = ix
-		}
-		e.ixMu.Unlock()
-		return nil
-	})
-}
-
-// Cached returns the pool's index if one is loaded: its placer's, when this
-// replica places the pool (releases after commit must reach the index the
-// placer books against), else the copy previews read.
+// Cached returns the index of a pool this replica places, as its placer
+// last loaded it, or nil: releases after commit reach the one index the
+// placer books against.
 func (e *Placers) Cached(poolID string) *Index {
 	e.plMu.Lock()
 	p := e.placers[poolID]
 	e.plMu.Unlock()
-	if p != nil {
-		if ix := p.cur.Load(); ix != nil {
-			return ix
-		}
+	if p == nil {
+		return nil
 	}
-	e.ixMu.Lock()
-	defer e.ixMu.Unlock()
-	return e.indexes[poolID]
+	return p.cur.Load()
 }
 
 func loadIndex(ctx context.Context, q store.Querier, poolID string, version int64, now time.Time) (*Index, error) {
@@ -190,7 +95,7 @@ func loadIndex(ctx context.Context, q store.Querier, poolID string, version int6
 	if err != nil {
 		return nil, err
 	}
-	ix := &Index{poolID: poolID, version: version, loadedAt: time.Now(), byID: make(map[string]*ixNode, len(s.Nodes)),
+	ix := &Index{poolID: poolID, version: version, byID: make(map[string]*ixNode, len(s.Nodes)),
 		shareVCPU: s.shareVCPU, shareMemGiB: s.shareMemGiB}
 	ids := make([]string, 0, len(s.Nodes))
 	for id := range s.Nodes {

@@ -27,16 +27,15 @@ import (
 // for its atoms before the reservation waits in the queue.
 const MaxReplans = 3
 
-// Placers runs the placers of the pools this replica owns, keeps their
-// indexes, and elects the owner of each pool across replicas.
+// Placers runs the placers of the pools this replica owns and elects the
+// owner of each pool across replicas. A pool has one index, its placer's:
+// bookings mark it, the placer alone loads it (by the pool's version,
+// between batches), and previews and releases read it.
 type Placers struct {
-	// DB is read to refresh pool indexes in the background.
+	// DB is where the placers load their indexes and commit their
+	// batches.
 	DB    *store.DB
 	Clock clock.Clock
-
-	// IndexRefresh is how often a pool's in-memory index is reloaded;
-	// default DefaultIndexRefresh.
-	IndexRefresh time.Duration
 
 	// BatchObserved observes each placer transaction: how many mutations
 	// it carried and how long it held the writer, from BEGIN to COMMIT
@@ -67,15 +66,11 @@ type Placers struct {
 	cluster *cluster
 	stopped bool
 
-	replans    atomic.Int64
-	lost       atomic.Int64
-	deltas     atomic.Int64
-	submitted  atomic.Int64
-	seed       atomic.Uint64
-	ixMu       sync.Mutex
-	indexes    map[string]*Index
-	loading    map[string]*indexLoad
-	refreshing map[string]bool
+	replans   atomic.Int64
+	lost      atomic.Int64
+	deltas    atomic.Int64
+	submitted atomic.Int64
+	seed      atomic.Uint64
 }
 
 // Replans counts placements retried after a lost race (for benchmarks).
@@ -224,27 +219,19 @@ func (e *Placers) book(ctx context.Context, b *Batch, r *capmodel.Reservation, p
 	if err := b.checkNode(ctx, plan.NodeID); err != nil {
 		return err
 	}
+	b.atoms = append(b.atoms, plan.Atoms...)
+	b.noteHost(r, plan.NodeID, len(plan.Atoms))
 	if b.immediate {
-		// The plan came from the index; the atoms must still be in the
-		// pool and usable. A batch checks all its atoms at once instead.
-		if ok, err := atomsUsable(ctx, b.tx, r.PoolID, plan.NodeID, plan.Atoms); err != nil || !ok {
-			return errors.Join(err, errStaleIndex)
+		// Written at once: verified first, with the checks a staged
+		// batch makes at its flush, so an atom gone from the pool is a
+		// stale index, not a failed insert.
+		if err := b.verify(ctx); err != nil {
+			return err
 		}
-	} else {
-		b.atoms = append(b.atoms, plan.Atoms...)
 	}
 	if err := b.stageBookings(ctx, bs, cpus); err != nil {
 		return err
 	}
-	if b.immediate && (r.MemoryGiB > 0 || r.Hugepages1Gi > 0 || r.SingleTenant) {
-		// The database's word on host memory, hugepages and tenancy, in
-		// the transaction that books: the index is only where placement
-		// looks first. A batch checks all its items at once instead.
-		if err := b.checkHost(ctx, r, plan.NodeID); err != nil {
-			return err
-		}
-	}
-	b.noteHost(r, plan.NodeID, len(plan.Atoms))
 	if err := e.RecordPlan(r, plan, n); err != nil {
 		return err
 	}

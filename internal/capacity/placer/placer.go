@@ -53,6 +53,9 @@ type work struct {
 	// failed: the item failed on its own (an API error before any write);
 	// it is answered with err whatever the batch does.
 	failed bool
+	// refresh asks the placer only to catch its index up to the pool's
+	// version, between batches (a preview that found it behind).
+	refresh bool
 }
 
 // placer owns one pool's index and commits its batches.
@@ -143,6 +146,15 @@ func newBatch(tx store.Tx, ix *Index, now time.Time) *Batch {
 		rollups: map[rollupDelta]int{}, lockedTenants: map[string]bool{}}
 }
 
+// Immediate is a batch for one change outside a placer (a reservation with
+// no pool): it writes as it goes and books against no index, so its checks
+// — quota above all — are the placer's, not a second copy of them.
+func Immediate(tx store.Tx, now time.Time) *Batch {
+	b := newBatch(tx, nil, now)
+	b.immediate = true
+	return b
+}
+
 // Mark is where a batch stood before an item, to undo the item alone.
 type Mark struct {
 	env                           envelope.BatchMark
@@ -223,24 +235,36 @@ func (b *Batch) StageRollup(ctx context.Context, poolID, model, kind string, n i
 	return nil
 }
 
-// flush writes what the batch staged.
-func (b *Batch) flush(ctx context.Context) error {
-	if len(b.hosts) > 0 && !b.immediate {
+// verify checks, against the database, what the batch booked from its
+// index since it last verified: every atom still in the pool and usable (a
+// GPU quarantined, a node moved out since the index learned of it), every
+// host share within its node's memory and hugepages and single tenancy. A
+// staged batch verifies once, when it flushes (a miss fails the batch, and
+// the per-item fallback finds the item); a batch that writes as it goes
+// verifies each plan it books, so the database's refusal reaches the
+// replan loop. The checks are the same either way.
+func (b *Batch) verify(ctx context.Context) error {
+	if len(b.hosts) > 0 {
 		if ok, err := b.hostsUsable(ctx); err != nil || !ok {
 			return errors.Join(err, errHostFull, errStaleIndex)
 		}
-		// Written below: the database counts them from now on.
+		// Written by now or at this flush: the database counts them
+		// from here on.
 		b.hosts = b.hosts[:0]
 	}
 	if len(b.atoms) > 0 && b.ix != nil {
-		// Every atom booked must still be in the pool and usable (a GPU
-		// quarantined, a node moved out since the index learned of it):
-		// one query for the batch; a miss fails the batch, and the
-		// fallback finds the item.
 		if ok, err := atomsUsable(ctx, b.tx, b.ix.poolID, "", b.atoms); err != nil || !ok {
 			return errors.Join(err, errStaleIndex)
 		}
 		b.atoms = b.atoms[:0]
+	}
+	return nil
+}
+
+// flush verifies and writes what the batch staged.
+func (b *Batch) flush(ctx context.Context) error {
+	if err := b.verify(ctx); err != nil {
+		return err
 	}
 	if err := insertStaged(ctx, b.tx, b.rows); err != nil {
 		return err
@@ -350,48 +374,10 @@ func (b *Batch) hostsUsable(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// checkHost refuses a plan that would over-commit the node's host memory or
-// 1 GiB hugepages, or break single tenancy, counting the reservations the
-// database holds on the node (host row locked: PostgreSQL) and those this
-// batch staged before r.
-func (b *Batch) checkHost(ctx context.Context, r *capmodel.Reservation, nodeID string) error {
-	var staged []hostShare
-	var exclude []string
-	for _, h := range b.hosts {
-		if h.node == nodeID && h.rsv != r.ID {
-			exclude = append(exclude, h.rsv)
-			if h.start.Before(r.EndsAt) && h.end.After(r.StartsAt) {
-				staged = append(staged, h)
-			}
-		}
-	}
-	use, err := hostUse(ctx, b.tx, r, nodeID, exclude, r.MemoryGiB > 0 || r.Hugepages1Gi > 0)
-	if err != nil {
-		return err
-	}
-	for _, h := range staged {
-		use.mem += h.mem
-		use.hp1 += h.hp1
-		if h.tenant != r.TenantID && h.atoms > 0 {
-			use.otherTenants++
-		}
-	}
-	switch {
-	case use.mem+r.MemoryGiB > use.memCap || use.hp1+r.Hugepages1Gi > use.hp1Cap:
-		return errHostFull
-	case r.SingleTenant && use.otherTenants > 0:
-		// As placement's tenancy check: a node no other tenant holds.
-		return errHostFull
-	}
-	return nil
-}
-
-// noteHost records a booking the batch staged, for later items' host checks.
+// noteHost records a booking's host share, for verify.
 func (b *Batch) noteHost(r *capmodel.Reservation, nodeID string, atoms int) {
-	if !b.immediate {
-		b.hosts = append(b.hosts, hostShare{node: nodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
-			mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: atoms, single: r.SingleTenant})
-	}
+	b.hosts = append(b.hosts, hostShare{node: nodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
+		mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: atoms, single: r.SingleTenant})
 }
 
 // checkNode verifies, once a batch, that a node may take bookings: active,
@@ -575,17 +561,28 @@ func (p *placer) loop() {
 		if w == nil {
 			return
 		}
-		ws := []*work{w}
-	fill:
-		for len(ws) < MaxBatch {
-			select {
-			case w := <-p.in:
+		var ws, refreshes []*work
+		for w != nil && len(ws) < MaxBatch {
+			if w.refresh {
+				refreshes = append(refreshes, w)
+			} else {
 				ws = append(ws, w)
+			}
+			select {
+			case w = <-p.in:
 			default:
-				break fill
+				w = nil
 			}
 		}
-		p.commit(ws)
+		if len(ws) > 0 {
+			p.commit(ws)
+		}
+		if len(refreshes) > 0 && !p.retired {
+			_, err := p.current(true)
+			for _, r := range refreshes {
+				r.done <- err
+			}
+		}
 		if p.retired {
 			p.drain()
 			return

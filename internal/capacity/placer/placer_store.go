@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -112,38 +110,6 @@ func hostHolds(ctx context.Context, tx store.Tx, nodes []string, from, to time.T
 		out = append(out, h)
 	}
 	return out, rows.Err()
-}
-
-// hostUsage is what the reservations overlapping one hold on its node.
-type hostUsage struct {
-	memCap, hp1Cap, mem, hp1 int
-	// otherTenants counts reservations of other tenants.
-	otherTenants int
-}
-
-// hostUse reads the node's host capacity — taking its host row lock
-// (PostgreSQL; SQLite has one writer) when host is set — and what the
-// reservations overlapping r hold there, r and exclude left out.
-func hostUse(ctx context.Context, tx store.Tx, r *capmodel.Reservation, nodeID string, exclude []string, host bool) (hostUsage, error) {
-	u := hostUsage{memCap: math.MaxInt, hp1Cap: math.MaxInt}
-	if host {
-		if err := tx.QueryRow(ctx, `UPDATE host_resources SET version = version + 1 WHERE node_id = $1 RETURNING memory_gib, hugepages_1gi`, nodeID).
-			Scan(&u.memCap, &u.hp1Cap); err != nil {
-			return u, err
-		}
-	}
-	args := []any{nodeID, r.ID, r.StartsAt, r.EndsAt, r.TenantID}
-	not := ""
-	for _, id := range exclude {
-		args = append(args, id)
-		not += fmt.Sprintf(" AND id <> $%d", len(args))
-	}
-	err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(memory_gib), 0), COALESCE(SUM(hugepages_1gi), 0),
-			COALESCE(SUM(CASE WHEN tenant_id <> $5 AND gpus + slots > 0 THEN 1 ELSE 0 END), 0)
-		FROM reservations
-		WHERE node_id = $1 AND id <> $2 AND state IN ('placed', 'binding', 'active') AND starts_at < $4 AND ends_at > $3`+not,
-		args...).Scan(&u.mem, &u.hp1, &u.otherTenants)
-	return u, err
 }
 
 // nodeStateForShare reads a node's state and liveness, locking the row

@@ -38,51 +38,26 @@ func (c Charge) GPUHours() float64 {
 // exactly reaches its limit is never refused for a rounding error.
 const hoursSlack = 1e-9
 
-// Check runs inside the booking's write transaction. It locks the quota rows
-// that cover the charge (SELECT … FOR UPDATE on PostgreSQL; SQLite has one
-// writer) so concurrent bookings of one tenant serialize on them, computes
-// the effect, and returns it. When any covering quota would be exceeded it
-// returns the effect and an *envelope.Error{Code: envelope.CodeQuotaExceeded,
-// Quota: effect}, whose message names each exceeded quota with its use and
-// limit: the booking must then fail as a whole. With no covering quota it
-// returns an empty effect and nil after one indexed query.
-//
-// The lock is what makes the check sound on PostgreSQL: every booking a
-// quota covers takes its row lock before reading the usage, and under READ
-// COMMITTED the usage read after the lock sees every booking committed by
-// the holder before it. The caller must insert its reservation in the same
-// transaction.
-func Check(ctx context.Context, tx store.Tx, c Charge) (*apiv1.QuotaEffect, error) {
-	eff, err := effect(ctx, tx, c, tx.Dialect() == store.Postgres)
-	if err != nil {
-		return nil, err
-	}
-	if eff.GetExceeded() {
-		return eff, &envelope.Error{Code: envelope.CodeQuotaExceeded, Message: exceededMessage(eff), Quota: eff}
-	}
-	return eff, nil
-}
-
-// Effect computes the same effect as Check without locking and never fails
-// for an exceeded quota (previews: the effect says so).
+// Effect computes a charge's effect without locking and never fails for an
+// exceeded quota (previews: the effect says so). A booking checks its charge
+// with the placer's Batch.CheckQuota, the one check that refuses: it locks
+// the tenant's quota rows (LockTenants), reads the covering quotas once a
+// batch (Covering) and counts the batch's staged charges (CheckCovered).
 func Effect(ctx context.Context, q store.Querier, c Charge) (*apiv1.QuotaEffect, error) {
-	return effect(ctx, q, c, false)
-}
-
-func effect(ctx context.Context, q store.Querier, c Charge, lock bool) (*apiv1.QuotaEffect, error) {
 	if c.TenantID == "" {
 		return nil, errors.New("quota: a charge needs a tenant")
 	}
-	qs, err := covering(ctx, q, c, lock)
+	qs, err := Covering(ctx, q, c)
 	if err != nil {
 		return nil, err
 	}
 	return effectOf(ctx, q, c, qs, nil)
 }
 
-// Covering returns the quotas that cover a charge, without locking them.
+// Covering returns the quotas that cover a charge, without locking them
+// (LockTenants does, for a booking).
 func Covering(ctx context.Context, q store.Querier, c Charge) ([]Quota, error) {
-	return covering(ctx, q, c, false)
+	return covering(ctx, q, c)
 }
 
 // CheckCovered checks a charge against quotas Covering returned, counting

@@ -87,10 +87,23 @@ func (f *fixture) check(t *testing.T, c quota.Charge) (*apiv1.QuotaEffect, error
 	t.Helper()
 	var eff *apiv1.QuotaEffect
 	err := f.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) (err error) {
-		eff, err = quota.Check(ctx, tx, c)
+		eff, err = checkLocked(ctx, tx, c)
 		return err
 	})
 	return eff, err
+}
+
+// checkLocked is what the placer's Batch.CheckQuota does for a batch of one:
+// lock the tenant's quotas, read those covering the charge, and check it.
+func checkLocked(ctx context.Context, tx store.Tx, c quota.Charge) (*apiv1.QuotaEffect, error) {
+	if err := quota.LockTenants(ctx, tx, []string{c.TenantID}); err != nil {
+		return nil, err
+	}
+	qs, err := quota.Covering(ctx, tx, c)
+	if err != nil {
+		return nil, err
+	}
+	return quota.CheckCovered(ctx, tx, c, qs, nil)
 }
 
 // effect previews a charge in a read transaction.
@@ -409,7 +422,7 @@ func TestConcurrentLastGPU(t *testing.T) {
 			<-start
 			c := charge(web, h100, "", 1, hours(1), hours(2))
 			errs[i] = f.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
-				if _, err := quota.Check(ctx, tx, c); err != nil {
+				if _, err := checkLocked(ctx, tx, c); err != nil {
 					return err
 				}
 				// Widen the race window between the check and the insert.

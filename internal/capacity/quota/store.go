@@ -136,16 +136,10 @@ func List(ctx context.Context, q store.Querier, p *ListParams) ([]Quota, error) 
 
 // covering reads the quotas that bound a charge: the tenant's, the
 // project's, each either for every model and pool or for the charge's.
-// forUpdate locks them (PostgreSQL only; SQLite has one writer), in id
-// order so that two bookings locking overlapping sets cannot deadlock.
-func covering(ctx context.Context, q store.Querier, c Charge, forUpdate bool) ([]Quota, error) {
-	query := `SELECT ` + quotaColumns + ` FROM quotas
+func covering(ctx context.Context, q store.Querier, c Charge) ([]Quota, error) {
+	return scanQuotas(q.Query(ctx, `SELECT `+quotaColumns+` FROM quotas
 		WHERE tenant_id = $1 AND project_id IN ('', $2) AND model IN ('', $3) AND pool_id IN ('', $4)
-		ORDER BY id`
-	if forUpdate {
-		query += ` FOR UPDATE`
-	}
-	return scanQuotas(q.Query(ctx, query, c.TenantID, c.ProjectID, NormalModel(c.Model), c.PoolID))
+		ORDER BY id`, c.TenantID, c.ProjectID, NormalModel(c.Model), c.PoolID))
 }
 
 // Reservation states, as the reservation module writes them.

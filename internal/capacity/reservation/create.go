@@ -325,17 +325,7 @@ func draftResource(t *target, sp *spec) iam.Resource {
 // After the decision the create goes to the pool's placer, which commits it
 // in a batch with others.
 func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateReservationRequest]) (*connect.Response[apiv1.CreateReservationResponse], error) {
-	if url, err := s.ownerURL(ctx, func(q store.Querier) (string, error) {
-		t, found, err := tenancy.LookupTenant(ctx, q, req.Msg.GetTenant())
-		if err != nil || !found {
-			return "", err
-		}
-		p, found, _, err := pool.ResolveVisible(ctx, q, t.ID, req.Msg.GetPool())
-		if err != nil || !found {
-			return "", err
-		}
-		return p.ID, nil
-	}); err != nil || url != "" {
+	if url, err := s.ownerURL(ctx, poolNamed(ctx, req.Msg)); err != nil || url != "" {
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
@@ -467,11 +457,34 @@ func noCapacity(poolName string, ex placement.Explanation, why string) error {
 	return &envelope.Error{Code: envelope.CodeNoCapacity, Message: msg, Explanation: placer.ExplanationProto(ex)}
 }
 
-// Preview answers what Create would do now, booking nothing.
+// poolNamed returns the id of the pool a create names, for ownerURL.
+func poolNamed(ctx context.Context, msg *apiv1.CreateReservationRequest) func(q store.Querier) (string, error) {
+	return func(q store.Querier) (string, error) {
+		t, found, err := tenancy.LookupTenant(ctx, q, msg.GetTenant())
+		if err != nil || !found {
+			return "", err
+		}
+		p, found, _, err := pool.ResolveVisible(ctx, q, t.ID, msg.GetPool())
+		if err != nil || !found {
+			return "", err
+		}
+		return p.ID, nil
+	}
+}
+
+// Preview answers what Create would do now, booking nothing. It reads the
+// pool's one index, its placer's, so it runs where the placer does: a
+// preview of a pool another replica places is forwarded there.
 func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.PreviewReservationRequest]) (*connect.Response[apiv1.PreviewReservationResponse], error) {
 	msg := req.Msg.GetRequest()
 	if msg == nil {
 		return nil, s.env.Fail(ctx, envelope.Invalid(envelope.Violation{Field: "request", Reason: "is required"}))
+	}
+	if url, err := s.ownerURL(ctx, poolNamed(ctx, msg)); err != nil || url != "" {
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		return placer.Forward[apiv1.PreviewReservationRequest, apiv1.PreviewReservationResponse](ctx, &s.engine.Placers, url, apiv1connect.ReservationServicePreviewProcedure, req)
 	}
 	var vs envelope.Violations
 	sp := validateCreate(&vs, msg, s.env.Clock().Now())

@@ -13,7 +13,6 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
-	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
@@ -222,7 +221,14 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			}
 			from := r.State
 			r.EndsAt = end
-			if _, err := quota.Check(ctx, tx.Tx, charge(r)); err != nil {
+			b := placer.BatchOf(ctx)
+			if b == nil {
+				b = placer.Immediate(tx.Tx, tx.Now())
+			}
+			// The batch's check, as for a create: it counts what the
+			// batch's earlier items charged and holds the tenant's quota
+			// rows until the commit.
+			if err := b.CheckQuota(ctx, charge(r)); err != nil {
 				return nil, err
 			}
 			if capmodel.Holding(from) {
@@ -233,7 +239,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 					return nil, err
 				}
 			}
-			if b := placer.BatchOf(ctx); capmodel.Holding(from) && b != nil && b.Index() != nil {
+			if capmodel.Holding(from) && b.Index() != nil {
 				// Marked now, so the batch's later placements see it;
 				// undone if the item or the batch rolls back.
 				ix, nodeID, id, prevEnd := b.Index(), r.NodeID, r.ID, decidedFrom
