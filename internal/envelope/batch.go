@@ -33,6 +33,12 @@ func (b *Batch) Rewind(m BatchMark) {
 	b.audits, b.events, b.idem = b.audits[:m.audits], b.events[:m.events], b.idem[:m.idem]
 }
 
+// Emit stages events of background work that runs in the batch's
+// transaction (a placer's pending pass): they are written with the
+// mutations' events, in one insert, and rewound with the work that emitted
+// them.
+func (b *Batch) Emit(evs ...Event) { b.events = append(b.events, evs...) }
+
 // Len is how many mutations the batch holds (one audit row each).
 func (b *Batch) Len() int { return len(b.audits) }
 

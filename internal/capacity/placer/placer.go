@@ -873,6 +873,26 @@ func (e *Placers) Claim(ctx context.Context, poolID string) (here bool, url stri
 	return p != nil, url, err
 }
 
+// Emit stages events of work the batch runs outside a mutation (a pending
+// pass, expiries) with the batch's other events: one way for a placer
+// transaction to write them, in the batch's one insert at its flush, and
+// rewound with the item that emitted them.
+func (b *Batch) Emit(evs ...envelope.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	if b.env == nil {
+		return errors.New("placer: a batch without an envelope cannot stage events (set Placers.Env)")
+	}
+	for i := range evs {
+		if evs[i].Time.IsZero() {
+			evs[i].Time = b.now
+		}
+	}
+	b.env.Emit(evs...)
+	return nil
+}
+
 // Tx is the batch's transaction.
 func (b *Batch) Tx() store.Tx { return b.tx }
 

@@ -297,7 +297,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 				return errMoved(false)
 			}
 		}
-		return rn.record(ctx, tx, evs)
+		return b.Emit(evs...)
 	})
 	return placed, err
 }
@@ -368,7 +368,7 @@ func (rn *Runner) TickPool(ctx context.Context, poolID string) error {
 			}
 			evs = append(evs, more...)
 		}
-		return rn.record(ctx, tx, evs)
+		return b.Emit(evs...)
 	})
 }
 
