@@ -62,7 +62,7 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 		return nil, nil, err
 	}
 	b = &bench{app: a, txns: &txnObserver{}}
-	a.Capacity.Engine.BatchObserved = b.txns.observe
+	a.Capacity.Engine.ObserveBatches(b.txns.observe)
 	key, _, err := a.Bootstrap(ctx, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("bootstrap: %w", err)

@@ -28,7 +28,6 @@ import (
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
-	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
@@ -786,30 +785,18 @@ func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit,
 // buildCapacity wires the reservation engine to the fleet's command path,
 // the job runtime and the gateway's hooks.
 func (a *App) buildCapacity() *reservation.Runner {
-	e := &reservation.Engine{
-		Placers:  placer.Placers{DB: a.DB, Clock: a.cfg.Clock, Tracing: a.Tracing},
-		Commands: commandSender{notifier: a.Gateway},
-		Enqueue: func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
-			return a.Jobs.InsertTx(ctx, tx, args, opts)
-		},
-		BindTimeout: a.cfg.BindTimeout,
-		Exec:        execPath{gw: a.Gateway, hub: a.execHub, db: a.DB},
+	e := reservation.NewEngine(a.DB, a.cfg.Clock, a.Tracing)
+	e.Commands = commandSender{notifier: a.Gateway}
+	e.Enqueue = func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
+		return a.Jobs.InsertTx(ctx, tx, args, opts)
 	}
+	e.BindTimeout = a.cfg.BindTimeout
+	e.Exec = execPath{gw: a.Gateway, hub: a.execHub, db: a.DB}
 	rn := &reservation.Runner{DB: a.DB, Rec: a.recorder, Engine: e, Log: a.cfg.Logger, TickInterval: a.cfg.CapacityTick}
-	e.Reconciler.Wake = e.WakePools
-	e.Reconciler.NodeChanged = e.NodeChanged
 	if a.DB.PgxPool() != nil {
 		// Several replicas may share the database: each pool's queue is
 		// run by the replica that owns its placer.
-		e.PendingEvery = rn.TickEvery()
-		e.PendingPass = func(poolID string) {
-			if err := rn.TickPool(context.Background(), poolID); err != nil {
-				a.cfg.Logger.Warn("ticking a pool", "pool", poolID, "err", err)
-			}
-			if _, err := rn.PlacePending(context.Background(), poolID); err != nil {
-				a.cfg.Logger.Warn("placing a pool's queue", "pool", poolID, "err", err)
-			}
-		}
+		rn.RunQueuesWhereOwned()
 	}
 	a.fleetHooks.h = rn.Hooks()
 	return rn

@@ -28,15 +28,15 @@ func (a *App) registerMetrics() {
 		return
 	}
 	e := a.Capacity.Engine
-	e.SubmitObserved = func(wait time.Duration, err error) {
+	e.ObserveSubmits(func(wait time.Duration, err error) {
 		outcome := "ok"
 		if err != nil {
 			outcome = "error"
 		}
 		placement.WithLabelValues(outcome).Observe(wait.Seconds())
-	}
-	e.BatchObserved = func(size int, hold time.Duration) {
+	})
+	e.ObserveBatches(func(size int, hold time.Duration) {
 		batchSize.Observe(float64(size))
 		batchHold.Observe(hold.Seconds())
-	}
+	})
 }

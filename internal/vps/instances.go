@@ -17,7 +17,6 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
-	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -283,7 +282,7 @@ func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return placer.Forward[apiv1.CreateInstanceRequest, apiv1.CreateInstanceResponse](ctx, &s.engine.Placers, url,
+		return reservation.Forward[apiv1.CreateInstanceRequest, apiv1.CreateInstanceResponse](ctx, s.engine, url,
 			apiv1connect.InstanceServiceCreateProcedure, req)
 	}
 	var t createTarget
@@ -782,7 +781,7 @@ func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return placer.Forward[apiv1.DeleteInstanceRequest, apiv1.DeleteInstanceResponse](ctx, &s.engine.Placers, url,
+		return reservation.Forward[apiv1.DeleteInstanceRequest, apiv1.DeleteInstanceResponse](ctx, s.engine, url,
 			apiv1connect.InstanceServiceDeleteProcedure, req)
 	}
 	in, vols, err := mutate(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetInstance(), true,

@@ -329,7 +329,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return placer.Forward[apiv1.CreateReservationRequest, apiv1.CreateReservationResponse](ctx, &s.engine.Placers, url, apiv1connect.ReservationServiceCreateProcedure, req)
+		return placer.Forward[apiv1.CreateReservationRequest, apiv1.CreateReservationResponse](ctx, &s.engine.placers, url, apiv1connect.ReservationServiceCreateProcedure, req)
 	}
 	var sp spec
 	var t target
@@ -350,7 +350,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 				// Nothing to place: Apply answers NOT_FOUND alone.
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.engine.SubmitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
+			return s.engine.placers.SubmitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateReservationResponse, error) {
 			b := placer.BatchOf(ctx)
@@ -386,7 +386,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 // placer's batch. Everything that can refuse it comes before anything is
 // staged or written.
 func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
-	placed, ex, err := e.Place(ctx, b, r, now)
+	placed, ex, err := e.placers.Place(ctx, b, r, now)
 	if err != nil {
 		var re *placement.RequestError
 		if errors.As(err, &re) {
@@ -484,7 +484,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return placer.Forward[apiv1.PreviewReservationRequest, apiv1.PreviewReservationResponse](ctx, &s.engine.Placers, url, apiv1connect.ReservationServicePreviewProcedure, req)
+		return placer.Forward[apiv1.PreviewReservationRequest, apiv1.PreviewReservationResponse](ctx, &s.engine.placers, url, apiv1connect.ReservationServicePreviewProcedure, req)
 	}
 	var vs envelope.Violations
 	sp := validateCreate(&vs, msg, s.env.Clock().Now())
@@ -503,7 +503,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}
 	if t.poolFound && t.pool.State == pool.StateActive {
 		// Loaded only now, for a caller the decision allowed.
-		ix, err := s.engine.ReadIndex(ctx, t.pool.ID)
+		ix, err := s.engine.placers.ReadIndex(ctx, t.pool.ID)
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
@@ -513,7 +513,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		return nil, s.env.Fail(ctx, prefixed(err, "request."))
 	}
 	r := t.newReservation(&sp, s.env.Clock().Now(), "")
-	snap := t.ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, placer.CandidateLimit, s.engine.Rng())
+	snap := t.ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, placer.CandidateLimit, s.engine.placers.Rng())
 	res, err := placement.Place(snap.Snap, placer.Request(&r), placement.Options{Limit: 1})
 	if err == nil && len(res.Plans) == 0 {
 		snap = t.ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)

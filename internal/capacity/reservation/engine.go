@@ -48,7 +48,7 @@ const (
 type Engine struct {
 	// Placers owns the pools' indexes and commits their batches; its DB
 	// and Clock are the engine's too.
-	placer.Placers
+	placers placer.Placers
 
 	Commands CommandSender
 	// Enqueue inserts a job in the caller's transaction.
@@ -239,8 +239,8 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 	if capmodel.Holding(from) {
 		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
 		tx.AfterCommit(func() {
-			if ix := e.Cached(pool); ix != nil {
-				ix.Released(nodeID, id, at, e.Clock.Now())
+			if ix := e.placers.Cached(pool); ix != nil {
+				ix.Released(nodeID, id, at, e.placers.Clock.Now())
 			}
 		})
 		if err := e.wake(ctx, tx, r.PoolID); err != nil {

@@ -52,7 +52,7 @@ func (h Hooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID string, 
 	if err != nil || r.State != StateBinding || r.NodeID != nodeID {
 		return err
 	}
-	now := h.rn.Engine.Clock.Now()
+	now := h.rn.Engine.placers.Clock.Now()
 	evs := h.rn.Engine.activate(&r, now)
 	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Bound", Message: "limits applied at " + b.GetCgroup(), UpdateTime: now})
 	r.SetCondition(Condition{Type: CondBindTimeout, Status: "false", Reason: "Bound", Message: "the node confirmed the bind", UpdateTime: now})
@@ -108,7 +108,7 @@ func (h Hooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID strin
 	if err != nil || r.NodeID != nodeID {
 		return err
 	}
-	now := h.rn.Engine.Clock.Now()
+	now := h.rn.Engine.placers.Clock.Now()
 	if !r.SetCondition(Condition{Type: CondNodeReleased, Status: "true", Reason: "Released",
 		Message: fmt.Sprintf("the node killed %d leftover processes and removed the cgroup", rel.GetKilledProcesses()), UpdateTime: now}) {
 		return nil
@@ -141,7 +141,7 @@ func (h Hooks) NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []str
 		if err != nil {
 			return err
 		}
-		h.rn.Engine.NodeChanged(tx, poolID, id, v)
+		h.rn.Engine.placers.NodeChanged(tx, poolID, id, v)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (h Hooks) NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []str
 // pool's policy, releases them or puts them back in the queue.
 func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
 	e := h.rn.Engine
-	now := e.Clock.Now()
+	now := e.placers.Clock.Now()
 	var evs []envelope.Event
 	if err := h.NodesStateChanged(ctx, tx, nodeIDs); err != nil {
 		return err
@@ -195,8 +195,8 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 	from := r.State
 	nodeID, id, poolID, start := r.NodeID, r.ID, r.PoolID, r.StartsAt
 	tx.AfterCommit(func() {
-		if ix := e.Cached(poolID); ix != nil {
-			ix.Released(nodeID, id, start, e.Clock.Now())
+		if ix := e.placers.Cached(poolID); ix != nil {
+			ix.Released(nodeID, id, start, e.placers.Clock.Now())
 		}
 	})
 	// The bookings go: the reservation is booked afresh where it lands.

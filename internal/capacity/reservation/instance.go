@@ -72,7 +72,7 @@ func ResolveInstancePool(ctx context.Context, q store.Querier, tenantID, ref str
 // it goes (the envelope's Mutation.Submit): its booking never races the
 // pool's other placements.
 func (e *Engine) SubmitInstance(ctx context.Context, poolID, tenantID string, write func(ctx context.Context, b *envelope.Batch) error) error {
-	return e.SubmitMutation(ctx, poolID, tenantID, true, write)
+	return e.placers.SubmitMutation(ctx, poolID, tenantID, true, write)
 }
 
 // BookInstance places and books an instance's reservation now, in the
@@ -119,7 +119,7 @@ func (e *Engine) BookInstance(ctx context.Context, tx store.Tx, ib InstanceBooki
 		Placement: PlacementRecord{NUMA: -1, Island: -1}, Explanation: "{}", CreatedBy: ib.CreatedBy, CreateTime: now, UpdateTime: now, Flavor: ib.Flavor,
 		Requires: ib.Requires,
 	}
-	placed, ex, err := e.Place(ctx, b, &r, now)
+	placed, ex, err := e.placers.Place(ctx, b, &r, now)
 	if err != nil {
 		var re *placement.RequestError
 		if errors.As(err, &re) {

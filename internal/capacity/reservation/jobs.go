@@ -36,7 +36,7 @@ func (rn *Runner) record(ctx context.Context, tx store.Tx, evs []envelope.Event)
 	if len(evs) == 0 {
 		return nil
 	}
-	now := rn.Engine.Clock.Now()
+	now := rn.Engine.placers.Clock.Now()
 	for i := range evs {
 		if evs[i].Time.IsZero() {
 			evs[i].Time = now
@@ -92,7 +92,7 @@ func (w *archiveWorker) Work(ctx context.Context, _ *river.Job[ArchiveBookingsAr
 // ArchiveBookings moves bookings that ended more than ArchiveAfter ago to
 // the archive, in bounded transactions, so history never slows booking.
 func (rn *Runner) ArchiveBookings(ctx context.Context) (int, error) {
-	before := rn.Engine.Clock.Now().Add(-ArchiveAfter)
+	before := rn.Engine.placers.Clock.Now().Add(-ArchiveAfter)
 	total := 0
 	for {
 		var n int
@@ -201,7 +201,7 @@ func (rn *Runner) batch() int {
 // reservation asked for a length keeps its length: its window moves to now.
 func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) {
 	e := rn.Engine
-	if here, _, err := e.Claim(ctx, poolID); err != nil || !here {
+	if here, _, err := e.placers.Claim(ctx, poolID); err != nil || !here {
 		// Another replica places this pool, and runs its queue itself.
 		if errors.Is(err, placer.ErrNotOwner) {
 			err = nil
@@ -209,7 +209,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 		return 0, err
 	}
 	placed := 0
-	err := e.Submit(ctx, poolID, true, func(ctx context.Context, b *placer.Batch) error {
+	err := e.placers.Submit(ctx, poolID, true, func(ctx context.Context, b *placer.Batch) error {
 		placed = 0
 		now := b.Now()
 		tx := b.Tx()
@@ -248,7 +248,7 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 			m := b.Mark()
 			err := placer.Savepoint(ctx, tx, "pending", func() error {
 				var err error
-				if ok, ex, err = e.Place(ctx, b, r, now); err != nil || !ok {
+				if ok, ex, err = e.placers.Place(ctx, b, r, now); err != nil || !ok {
 					return err
 				}
 				return b.CheckQuota(ctx, charge(r))
@@ -310,7 +310,7 @@ func (rn *Runner) Tick(ctx context.Context) error {
 	var due, pending []string
 	if err := rn.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		var err error
-		if due, err = duePools(ctx, tx, e.Clock.Now()); err != nil {
+		if due, err = duePools(ctx, tx, e.placers.Clock.Now()); err != nil {
 			return err
 		}
 		pending, err = pendingPools(ctx, tx)
@@ -336,13 +336,13 @@ func (rn *Runner) Tick(ctx context.Context) error {
 // placements. Another replica's pool is left to it (its owner ticks it).
 func (rn *Runner) TickPool(ctx context.Context, poolID string) error {
 	e := rn.Engine
-	if here, _, err := e.Claim(ctx, poolID); err != nil || !here {
+	if here, _, err := e.placers.Claim(ctx, poolID); err != nil || !here {
 		if errors.Is(err, placer.ErrNotOwner) {
 			err = nil
 		}
 		return err
 	}
-	return e.Submit(ctx, poolID, true, func(ctx context.Context, b *placer.Batch) error {
+	return e.placers.Submit(ctx, poolID, true, func(ctx context.Context, b *placer.Batch) error {
 		tx, now := b.Tx(), b.Now()
 		rs, err := duePool(ctx, tx, poolID, now)
 		if err != nil {

@@ -91,7 +91,7 @@ func (s *Service) ownerURL(ctx context.Context, poolOf func(q store.Querier) (st
 	if poolID == "" {
 		return "", nil
 	}
-	_, url, err := s.engine.Claim(ctx, poolID)
+	_, url, err := s.engine.placers.Claim(ctx, poolID)
 	return url, err
 }
 
@@ -112,7 +112,7 @@ func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Reque
 		if err != nil {
 			return nil, s.env.Fail(ctx, err)
 		}
-		return placer.Forward[Req, Res](ctx, &s.engine.Placers, url, envelope.InfoFrom(ctx).Procedure, req)
+		return placer.Forward[Req, Res](ctx, &s.engine.placers, url, envelope.InfoFrom(ctx).Procedure, req)
 	}
 	var r ref
 	mut := envelope.Mutation[Res]{
@@ -135,7 +135,7 @@ func mutateRef[Req, Res any](ctx context.Context, s *Service, req *connect.Reque
 			if !r.found || r.r.PoolID == "" {
 				return s.env.CommitAlone(ctx, write)
 			}
-			return s.engine.SubmitMutation(ctx, r.r.PoolID, r.r.TenantID, true, write)
+			return s.engine.placers.SubmitMutation(ctx, r.r.PoolID, r.r.TenantID, true, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*Res, error) {
 			if err := r.notFound(m.tenant, m.id); err != nil {

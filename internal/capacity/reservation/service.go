@@ -37,7 +37,7 @@ var _ apiv1connect.ReservationServiceHandler = (*Service)(nil)
 
 // NewService returns the reservation handlers.
 func NewService(env *envelope.Envelope, engine *Engine, events EventSource) *Service {
-	engine.Env = env
+	engine.placers.Env = env
 	return &Service{env: env, engine: engine, events: events, poll: time.Second}
 }
 
