@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/sealbox"
@@ -161,8 +162,8 @@ func (r *Runtime) OpenSiteImage(ctx context.Context, nodeID, sha, token string, 
 // siteImage is what the site agent nodeID needs to cache a deploying
 // machine's image: its digest and the capability to fetch it.
 func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, nodeID, imageID string) (map[string]any, error) {
-	var sha string
-	if err := imageDigest(ctx, q, imageID).Scan(&sha); err != nil {
+	sha, err := images.ImageSHA256(ctx, q, imageID)
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil // deleted: the deploy's write step fails on its own
 		}

@@ -91,8 +91,3 @@ func discoveryTokenJoined(ctx context.Context, tx store.Tx, id, nodeID, publicKe
 	_, err := tx.Exec(ctx, `UPDATE machine_discovery_tokens SET node_id = $2, public_key = $3 WHERE id = $1`, id, nodeID, publicKey)
 	return err
 }
-
-// imageDigest reads a catalog image's sha256.
-func imageDigest(ctx context.Context, q store.Querier, imageID string) store.Row {
-	return q.QueryRow(ctx, `SELECT sha256 FROM images WHERE id = $1`, imageID)
-}

@@ -356,7 +356,6 @@ var foreignTableDebt = map[string]string{
 	"internal/capacity/views/store.go tenants": "per-consumer sums group by the tenant's name in one statement",
 	"internal/fleet/store_nodes.go node_pools": "a node's member pool (Node.MemberPool); fleet cannot import capacity, which imports fleet",
 	"internal/fleet/store_nodes.go pools":      "as node_pools",
-	"internal/metal/store_deploy.go images":    "a deploy reads its image's digest",
 	"internal/sandbox/store.go instances":      "a warm claim locks the sandbox row (SKIP LOCKED) only while its instance runs, in one statement",
 	// Applied migrations are history: forward-only, never rewritten.
 	"internal/vps/migrations/sqlite/0003_sealed_user_data.sql commands":   "drops sealed secrets from old instance.create commands",
