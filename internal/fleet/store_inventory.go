@@ -151,6 +151,40 @@ func GPUList(ctx context.Context, q store.Querier, nodeID string) ([]GPU, error)
 	})
 }
 
+// MigInstanceList lists the MIG instances of a node's GPUs, by GPU,
+// profile and GPU instance id.
+func MigInstanceList(ctx context.Context, q store.Querier, nodeID string) ([]MigInstance, error) {
+	rows, err := q.Query(ctx, `SELECT m.uuid, m.gpu_uuid, m.profile, m.gpu_instance_id, m.memory_mib
+		FROM mig_instances m JOIN gpus g ON g.uuid = m.gpu_uuid WHERE g.node_id = $1
+		ORDER BY m.gpu_uuid, m.profile, m.gpu_instance_id`, nodeID)
+	return collect(rows, err, func(r scanner) (MigInstance, error) {
+		var m MigInstance
+		err := r.Scan(&m.UUID, &m.GPUUUID, &m.Profile, &m.GPUInstanceID, &m.MemoryMiB)
+		return m, err
+	})
+}
+
+// NvLinkList lists a node's NVLinks, by GPU and link.
+func NvLinkList(ctx context.Context, q store.Querier, nodeID string) ([]NvLink, error) {
+	rows, err := q.Query(ctx, `SELECT gpu_uuid, peer_uuid, link FROM nvlinks WHERE node_id = $1 ORDER BY gpu_uuid, link`, nodeID)
+	return collect(rows, err, func(r scanner) (NvLink, error) {
+		var l NvLink
+		err := r.Scan(&l.GPUUUID, &l.PeerUUID, &l.Link)
+		return l, err
+	})
+}
+
+// NumaNodeList lists a node's NUMA nodes, by id.
+func NumaNodeList(ctx context.Context, q store.Querier, nodeID string) ([]NumaNode, error) {
+	rows, err := q.Query(ctx, `SELECT numa_id, cpus, memory_mib, hugepages_2mi, hugepages_1gi FROM numa_nodes
+		WHERE node_id = $1 ORDER BY numa_id`, nodeID)
+	return collect(rows, err, func(r scanner) (NumaNode, error) {
+		var n NumaNode
+		err := r.Scan(&n.ID, &n.CPUs, &n.MemoryMiB, &n.Hugepages2Mi, &n.Hugepages1Gi)
+		return n, err
+	})
+}
+
 // GPUListOwners returns, of the given GPU UUIDs, those a node other than
 // nodeID holds, mapped to that node.
 func GPUListOwners(ctx context.Context, q store.Querier, nodeID string, uuids []string) (map[string]string, error) {

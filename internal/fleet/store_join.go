@@ -108,6 +108,23 @@ func JoinTokenList(ctx context.Context, q store.Querier, p *JoinTokenListParams)
 	return collect(rows, err, scanJoinToken)
 }
 
+// JoinTokenLabelsOfNode reads the labels (a JSON object) of the token
+// createdBy made that admitted a node (store.ErrNotFound when none did).
+func JoinTokenLabelsOfNode(ctx context.Context, q store.Querier, nodeID, createdBy string) (string, error) {
+	var labels string
+	err := q.QueryRow(ctx, `SELECT labels FROM join_tokens WHERE node_id = $1 AND created_by = $2`, nodeID, createdBy).Scan(&labels)
+	return labels, err
+}
+
+// JoinTokenListAdmitting lists the tokens createdBy made that admitted a
+// node and whose labels text contains labelsContain (a LIKE prefilter: the
+// caller matches the decoded label exactly).
+func JoinTokenListAdmitting(ctx context.Context, q store.Querier, createdBy, labelsContain string) ([]JoinToken, error) {
+	rows, err := q.Query(ctx, `SELECT `+joinTokenColumns+` FROM join_tokens WHERE created_by = $1 AND node_id <> '' AND labels LIKE $2`,
+		createdBy, "%"+labelsContain+"%")
+	return collect(rows, err, scanJoinToken)
+}
+
 // JoinTokenRevoke revokes a token that was neither used nor revoked; it
 // reports whether it did.
 func JoinTokenRevoke(ctx context.Context, tx store.Tx, tenantID, id string) (bool, error) {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -151,12 +152,14 @@ func NodeGet(ctx context.Context, q store.Querier, tenantID, ref string) (Node, 
 // NodeStatus is the part of a node's row its session checks on every wake;
 // NodeGet's GPU summary would cost a scan of gpus each time.
 type NodeStatus struct {
-	ID              string
-	TenantID        string
-	Name            string
-	Mode            string
-	State           string
-	Liveness        string
+	ID       string
+	TenantID string
+	Name     string
+	Mode     string
+	State    string
+	Liveness string
+	// Pool is the pool name the node joined with (nodes.pool).
+	Pool            string
 	Labels          string
 	HardwareKey     string
 	InventoryDigest string
@@ -165,13 +168,76 @@ type NodeStatus struct {
 	Capabilities string
 }
 
+const nodeStatusColumns = `id, tenant_id, name, mode, state, liveness, pool, labels, hardware_key, inventory_digest, session_owner, capabilities`
+
+func scanNodeStatus(row scanner) (NodeStatus, error) {
+	var n NodeStatus
+	err := row.Scan(&n.ID, &n.TenantID, &n.Name, &n.Mode, &n.State, &n.Liveness, &n.Pool, &n.Labels, &n.HardwareKey, &n.InventoryDigest,
+		&n.SessionOwner, &n.Capabilities)
+	return n, err
+}
+
 // NodeStatusGet reads a node's status by id (store.ErrNotFound when absent).
 func NodeStatusGet(ctx context.Context, q store.Querier, id string) (NodeStatus, error) {
-	var n NodeStatus
-	err := q.QueryRow(ctx, `SELECT id, tenant_id, name, mode, state, liveness, labels, hardware_key, inventory_digest, session_owner, capabilities
-		FROM nodes WHERE id = $1`, id).
-		Scan(&n.ID, &n.TenantID, &n.Name, &n.Mode, &n.State, &n.Liveness, &n.Labels, &n.HardwareKey, &n.InventoryDigest, &n.SessionOwner, &n.Capabilities)
-	return n, err
+	return scanNodeStatus(q.QueryRow(ctx, `SELECT `+nodeStatusColumns+` FROM nodes WHERE id = $1`, id))
+}
+
+// statusBatch is how many ids one NodeStatusList statement binds: under
+// both dialects' parameter limits, so a pool's load is one statement for
+// any pool of up to that many nodes (chunks' 500 would make it one per
+// 500 nodes).
+const statusBatch = 30000
+
+// NodeStatusList reads the status of the given nodes, by id; ids with no
+// node are left out. Capacity's pool index and vps's host sweep read their
+// nodes through it, after reading the ids from their own tables.
+func NodeStatusList(ctx context.Context, q store.Querier, ids []string) ([]NodeStatus, error) {
+	var out []NodeStatus
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	for len(sorted) > 0 {
+		chunk := sorted[:min(len(sorted), statusBatch)]
+		sorted = sorted[len(chunk):]
+		var args []any
+		in := placeholders(&args, chunk)
+		rows, err := q.Query(ctx, `SELECT `+nodeStatusColumns+` FROM nodes WHERE id IN (`+in+`) ORDER BY id`, args...)
+		got, err := collect(rows, err, scanNodeStatus)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
+// NodeLock takes a node's row lock until the transaction ends (FOR NO KEY
+// UPDATE on PostgreSQL; SQLite has one writer), so that capacity's
+// reconcile of the node and a placer batch booking on it take turns.
+func NodeLock(ctx context.Context, tx store.Tx, id string) error {
+	if tx.Dialect() != store.Postgres {
+		return nil
+	}
+	_, err := store.Strings(tx.Query(ctx, `SELECT id FROM nodes WHERE id = $1`+store.ForNoKeyUpdate(tx), id))
+	return err
+}
+
+// NodeStateForShare reads a node's state and liveness, locking the row
+// against a concurrent liveness sweep (FOR SHARE on PostgreSQL)
+// (store.ErrNotFound when absent).
+func NodeStateForShare(ctx context.Context, tx store.Tx, id string) (state, liveness string, err error) {
+	err = tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+store.ForShare(tx), id).Scan(&state, &liveness)
+	return state, liveness, err
+}
+
+// NodeIDsOfTenant lists a tenant's nodes that are not retired, by id.
+func NodeIDsOfTenant(ctx context.Context, q store.Querier, tenantID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID))
+}
+
+// NodeTenantIDs lists the tenants that have nodes that are not retired.
+func NodeTenantIDs(ctx context.Context, q store.Querier) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`))
 }
 
 // NodeIDByHardwareKey returns the live (non-retired) node holding a
@@ -382,6 +448,16 @@ func NodeConditionSet(ctx context.Context, tx store.Tx, c *NodeCondition) error 
 		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
 			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
 		c.NodeID, c.Type, c.Status, c.Reason, c.Message)
+	return err
+}
+
+// NodeConditionUpdate changes a condition the node already carries, and
+// only when its status differs; it never creates one. Capacity clears its
+// pool-conflict condition with it, so that only a node that once had a
+// conflict carries the condition.
+func NodeConditionUpdate(ctx context.Context, tx store.Tx, c *NodeCondition) error {
+	_, err := tx.Exec(ctx, `UPDATE node_conditions SET status = $3, reason = $4, message = $5, update_time = compute_now()
+		WHERE node_id = $1 AND type = $2 AND status <> $3`, c.NodeID, c.Type, c.Status, c.Reason, c.Message)
 	return err
 }
 

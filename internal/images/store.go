@@ -104,6 +104,14 @@ func ImageGetPublic(ctx context.Context, q store.Querier, id string) (Image, err
 	return scanImage(q.QueryRow(ctx, `SELECT `+imageColumns+` FROM images WHERE id = $1 AND visibility = 'public'`, id))
 }
 
+// ImageSHA256 reads an image's digest by id, whoever owns it
+// (store.ErrNotFound when absent): metal's deploy fetches by digest.
+func ImageSHA256(ctx context.Context, q store.Querier, id string) (string, error) {
+	var sha string
+	err := q.QueryRow(ctx, `SELECT sha256 FROM images WHERE id = $1`, id).Scan(&sha)
+	return sha, err
+}
+
 // ImageList lists an owner's images and every public image, by id after the
 // cursor.
 func ImageList(ctx context.Context, q store.Querier, tenantID, after string, limit int) ([]Image, error) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/sealbox"
@@ -160,8 +162,8 @@ func (r *Runtime) OpenSiteImage(ctx context.Context, nodeID, sha, token string, 
 // siteImage is what the site agent nodeID needs to cache a deploying
 // machine's image: its digest and the capability to fetch it.
 func (r *Runtime) siteImage(ctx context.Context, q store.Querier, siteID, nodeID, imageID string) (map[string]any, error) {
-	var sha string
-	if err := imageDigest(ctx, q, imageID).Scan(&sha); err != nil {
+	sha, err := images.ImageSHA256(ctx, q, imageID)
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil // deleted: the deploy's write step fails on its own
 		}
@@ -255,8 +257,7 @@ func (r *Runtime) RamdiskStepParams(ctx context.Context, tx store.Tx, run provis
 // machineOfNode is the machine a node joined for: the deploy's join token
 // (created by the lifecycle, labelled with the machine) that admitted it.
 func machineOfNode(ctx context.Context, q store.Querier, nodeID string) (string, error) {
-	var labels string
-	err := nodeTokenLabels(ctx, q, nodeID).Scan(&labels)
+	labels, err := fleet.JoinTokenLabelsOfNode(ctx, q, nodeID, nodeTokenCreator)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", nil
 	}
@@ -308,15 +309,14 @@ func (r *Runtime) osJoinedTx(ctx context.Context, tx store.Tx, machineID string)
 		return err
 	}
 	for _, id := range ids {
-		var state, digest string
-		err := nodeReportState(ctx, tx, id).Scan(&state, &digest)
+		n, err := fleet.NodeStatusGet(ctx, tx, id)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		if state != "retired" && digest != "" {
+		if n.State != "retired" && n.InventoryDigest != "" {
 			return r.NodeReported(ctx, tx, id)
 		}
 	}
@@ -326,21 +326,16 @@ func (r *Runtime) osJoinedTx(ctx context.Context, tx store.Tx, machineID string)
 // deployedNodes are the nodes a machine's deploys joined as: a wipe ends
 // them (their OS is gone).
 func deployedNodes(ctx context.Context, q store.Querier, machineID string) ([]string, error) {
-	rows, err := deployTokens(ctx, q, machineID)
+	toks, err := fleet.JoinTokenListAdmitting(ctx, q, nodeTokenCreator, machineID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []string
-	for rows.Next() {
-		var id, labels string
-		if err := rows.Scan(&id, &labels); err != nil {
-			return nil, err
-		}
+	for _, t := range toks {
 		var l map[string]string
-		if json.Unmarshal([]byte(cmp.Or(labels, "{}")), &l) == nil && l[MachineLabel] == machineID {
-			out = append(out, id)
+		if json.Unmarshal([]byte(cmp.Or(t.Labels, "{}")), &l) == nil && l[MachineLabel] == machineID {
+			out = append(out, t.NodeID)
 		}
 	}
-	return out, rows.Err()
+	return out, nil
 }

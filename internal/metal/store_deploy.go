@@ -91,27 +91,3 @@ func discoveryTokenJoined(ctx context.Context, tx store.Tx, id, nodeID, publicKe
 	_, err := tx.Exec(ctx, `UPDATE machine_discovery_tokens SET node_id = $2, public_key = $3 WHERE id = $1`, id, nodeID, publicKey)
 	return err
 }
-
-// imageDigest reads a catalog image's sha256.
-func imageDigest(ctx context.Context, q store.Querier, imageID string) store.Row {
-	return q.QueryRow(ctx, `SELECT sha256 FROM images WHERE id = $1`, imageID)
-}
-
-// nodeTokenLabels reads the labels of the deploy join token that admitted
-// a node.
-func nodeTokenLabels(ctx context.Context, q store.Querier, nodeID string) store.Row {
-	return q.QueryRow(ctx, `SELECT labels FROM join_tokens WHERE node_id = $1 AND created_by = $2`, nodeID, nodeTokenCreator)
-}
-
-// nodeReportState reads a node's state and inventory digest (empty until
-// its first inventory report).
-func nodeReportState(ctx context.Context, q store.Querier, nodeID string) store.Row {
-	return q.QueryRow(ctx, `SELECT state, inventory_digest FROM nodes WHERE id = $1`, nodeID)
-}
-
-// deployTokens lists the used deploy join tokens whose labels may name
-// machineID: node id and labels (the caller matches the label exactly).
-func deployTokens(ctx context.Context, q store.Querier, machineID string) (store.Rows, error) {
-	return q.Query(ctx, `SELECT node_id, labels FROM join_tokens WHERE created_by = $1 AND node_id <> '' AND labels LIKE $2`,
-		nodeTokenCreator, "%"+machineID+"%")
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -17,23 +18,25 @@ func privateOnPool(ctx context.Context, q store.Querier, tenantID, ipPoolID stri
 // listHost is a reachable host that holds (or held) instances.
 type listHost struct{ id, tenant string }
 
-// reachableHosts lists the ready hosts that hold or held instances.
+// reachableHosts lists the ready hosts that hold or held instances: the
+// hosts from instances, their liveness and tenant from the fleet's store.
 func reachableHosts(ctx context.Context, q store.Querier) ([]listHost, error) {
-	rows, err := q.Query(ctx, `SELECT DISTINCT n.id, n.tenant_id FROM instances i JOIN nodes n ON n.id = i.node_id
-		WHERE n.liveness = 'ready' AND i.state IN ('booting', 'running', 'stopped', 'deleting', 'failed', 'lost') ORDER BY n.id`)
+	ids, err := store.Strings(q.Query(ctx, `SELECT DISTINCT node_id FROM instances
+		WHERE node_id <> '' AND state IN ('booting', 'running', 'stopped', 'deleting', 'failed', 'lost') ORDER BY node_id`))
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var hosts []listHost
-	for rows.Next() {
-		var h listHost
-		if err := rows.Scan(&h.id, &h.tenant); err != nil {
-			return nil, err
-		}
-		hosts = append(hosts, h)
+	nodes, err := fleet.NodeStatusList(ctx, q, ids)
+	if err != nil {
+		return nil, err
 	}
-	return hosts, rows.Err()
+	var hosts []listHost
+	for _, n := range nodes {
+		if n.Liveness == fleet.LivenessReady {
+			hosts = append(hosts, listHost{id: n.ID, tenant: n.TenantID})
+		}
+	}
+	return hosts, nil
 }
 
 // sshCAInsert stores the deployment's SSH CA (its key sealed) unless one

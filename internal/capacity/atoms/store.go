@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -57,21 +58,17 @@ func RollupAdd(ctx context.Context, tx store.Tx, poolID, model, kind string, tot
 	return err
 }
 
+// readGPUs reads a node's GPUs by index from the fleet's store.
 func readGPUs(ctx context.Context, q store.Querier, nodeID string) ([]gpuFacts, error) {
-	rows, err := q.Query(ctx, `SELECT uuid, idx, model, memory_mib, numa_node, mig_mode FROM gpus WHERE node_id = $1 ORDER BY idx, uuid`, nodeID)
+	gpus, err := fleet.GPUList(ctx, q, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []gpuFacts
-	for rows.Next() {
-		var g gpuFacts
-		if err := rows.Scan(&g.UUID, &g.Index, &g.Model, &g.MemMiB, &g.NUMA, &g.MigMode); err != nil {
-			return nil, err
-		}
-		out = append(out, g)
+	for _, g := range gpus {
+		out = append(out, gpuFacts{UUID: g.UUID, Index: g.Index, Model: g.Model, MemMiB: int(g.MemoryMiB), NUMA: g.NumaNode, MigMode: g.MigMode})
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // lockNode takes the node's row lock for the rest of the reconcile
@@ -81,82 +78,63 @@ func readGPUs(ctx context.Context, q store.Querier, nodeID string) ([]gpuFacts, 
 // commits first and the reconcile sees its bookings, or the reconcile
 // commits first and the batch's last check sees the atoms it changed.
 func lockNode(ctx context.Context, tx store.Tx, nodeID string) error {
-	if tx.Dialect() != store.Postgres {
-		return nil
-	}
-	_, err := store.Strings(tx.Query(ctx, `SELECT id FROM nodes WHERE id = $1`+store.ForNoKeyUpdate(tx), nodeID))
-	return err
+	return fleet.NodeLock(ctx, tx, nodeID)
 }
 
 func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, error) {
-	var n nodeFacts
-	var labels string
-	err := q.QueryRow(ctx, `SELECT id, tenant_id, pool, state, labels FROM nodes WHERE id = $1`, nodeID).
-		Scan(&n.ID, &n.TenantID, &n.PoolName, &n.State, &labels)
+	row, err := fleet.NodeStatusGet(ctx, q, nodeID)
 	if err != nil {
-		return n, err
+		return nodeFacts{}, err
 	}
-	if err := json.Unmarshal([]byte(labels), &n.Labels); err != nil {
+	n := nodeFacts{ID: row.ID, TenantID: row.TenantID, PoolName: row.Pool, State: row.State}
+	if err := json.Unmarshal([]byte(row.Labels), &n.Labels); err != nil {
 		n.Labels = map[string]string{}
 	}
 	return n, nil
 }
 
+// quarantinedGPUs is the set of a node's GPUs (by UUID) whose
+// GpuQuarantined condition holds.
 func quarantinedGPUs(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
-	rows, err := q.Query(ctx, `SELECT type FROM node_conditions WHERE node_id = $1 AND status = 'true' AND type LIKE 'GpuQuarantined/%'`, nodeID)
+	conds, err := fleet.NodeConditionList(ctx, q, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	out := map[string]bool{}
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, err
+	for _, c := range conds[nodeID] {
+		if u, ok := strings.CutPrefix(c.Type, conditionGPUQuarantined); ok && c.Status == "true" {
+			out[u] = true
 		}
-		out[strings.TrimPrefix(t, conditionGPUQuarantined)] = true
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func readMIG(ctx context.Context, q store.Querier, nodeID string) (map[string][]migFacts, error) {
-	rows, err := q.Query(ctx, `SELECT m.gpu_uuid, m.profile, m.gpu_instance_id FROM mig_instances m JOIN gpus g ON g.uuid = m.gpu_uuid
-		WHERE g.node_id = $1 ORDER BY m.gpu_uuid, m.profile, m.gpu_instance_id`, nodeID)
+	mig, err := fleet.MigInstanceList(ctx, q, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	out := map[string][]migFacts{}
-	for rows.Next() {
-		var u string
-		var m migFacts
-		if err := rows.Scan(&u, &m.Profile, &m.GIID); err != nil {
-			return nil, err
-		}
-		out[u] = append(out[u], m)
+	for _, m := range mig {
+		out[m.GPUUUID] = append(out[m.GPUUUID], migFacts{Profile: m.Profile, GIID: m.GPUInstanceID})
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func readNUMA(ctx context.Context, q store.Querier, nodeID string) ([]numaFacts, error) {
-	rows, err := q.Query(ctx, `SELECT numa_id, cpus, memory_mib, hugepages_2mi, hugepages_1gi FROM numa_nodes WHERE node_id = $1 ORDER BY numa_id`, nodeID)
+	numas, err := fleet.NumaNodeList(ctx, q, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out []numaFacts
-	for rows.Next() {
-		var n numaFacts
-		var cpus string
-		if err := rows.Scan(&n.ID, &cpus, &n.MemMiB, &n.HP2Mi, &n.HP1Gi); err != nil {
-			return nil, err
-		}
-		if n.CPUs, err = capmodel.ParseCPUList(cpus); err != nil {
+	for _, r := range numas {
+		n := numaFacts{ID: r.ID, MemMiB: int(r.MemoryMiB), HP2Mi: int(r.Hugepages2Mi), HP1Gi: int(r.Hugepages1Gi)}
+		if n.CPUs, err = capmodel.ParseCPUList(r.CPUs); err != nil {
 			n.CPUs = nil // a bad list offers no CPUs rather than wrong ones
 		}
 		out = append(out, n)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 func readAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]Row, error) {
@@ -210,26 +188,20 @@ func heldAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]
 }
 
 func setPoolCondition(ctx context.Context, tx store.Tx, nodeID, conflict string) error {
-	status, reason, msg := "false", "OnePool", "the node belongs to at most one pool"
+	// node_conditions is the fleet's table; capacity owns this one type.
+	c := &fleet.NodeCondition{NodeID: nodeID, Type: ConditionPoolConflict, Status: "false", Reason: "OnePool",
+		Message: "the node belongs to at most one pool"}
 	if conflict == "" {
 		// Only a node that once had a conflict carries the condition.
-		_, err := tx.Exec(ctx, `UPDATE node_conditions SET status = $3, reason = $4, message = $5, update_time = compute_now()
-			WHERE node_id = $1 AND type = $2 AND status <> $3`, nodeID, ConditionPoolConflict, status, reason, msg)
-		return err
+		return fleet.NodeConditionUpdate(ctx, tx, c)
 	}
-	status, reason, msg = "true", "SelectorsOverlap", conflict
-	// node_conditions is the fleet's table; capacity owns this one type.
-	_, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
-		VALUES ($1, $2, $3, $4, $5, compute_now())
-		ON CONFLICT (node_id, type) DO UPDATE SET status = excluded.status, reason = excluded.reason, message = excluded.message,
-			update_time = CASE WHEN node_conditions.status = excluded.status THEN node_conditions.update_time ELSE excluded.update_time END`,
-		nodeID, ConditionPoolConflict, status, reason, msg)
-	return err
+	c.Status, c.Reason, c.Message = "true", "SelectorsOverlap", conflict
+	return fleet.NodeConditionSet(ctx, tx, c)
 }
 
 // tenantNodes lists a tenant's nodes that are not retired, by id.
 func tenantNodes(ctx context.Context, q store.Querier, tenantID string) ([]string, error) {
-	return store.Strings(q.Query(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND state <> 'retired' ORDER BY id`, tenantID))
+	return fleet.NodeIDsOfTenant(ctx, q, tenantID)
 }
 
 // nodePool reads a node's membership row (store.ErrNotFound: none yet).
@@ -272,20 +244,15 @@ func deleteAtom(ctx context.Context, tx store.Tx, id string) error {
 
 // nvlinks lists a node's NVLink pairs (GPU UUID, peer UUID).
 func nvlinks(ctx context.Context, q store.Querier, nodeID string) ([][2]string, error) {
-	rows, err := q.Query(ctx, `SELECT gpu_uuid, peer_uuid FROM nvlinks WHERE node_id = $1`, nodeID)
+	links, err := fleet.NvLinkList(ctx, q, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	var out [][2]string
-	for rows.Next() {
-		var l [2]string
-		if err := rows.Scan(&l[0], &l[1]); err != nil {
-			return nil, err
-		}
-		out = append(out, l)
+	for _, l := range links {
+		out = append(out, [2]string{l.GPUUUID, l.PeerUUID})
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // saveHost writes a node's allocatable host resources.

@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -386,8 +387,7 @@ func (b *Batch) checkNode(ctx context.Context, nodeID string) error {
 	if err, ok := b.nodes[nodeID]; ok {
 		return err
 	}
-	var state, liveness string
-	err := nodeStateForShare(ctx, b.tx, nodeID).Scan(&state, &liveness)
+	state, liveness, err := fleet.NodeStateForShare(ctx, b.tx, nodeID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		err = errNodeGone

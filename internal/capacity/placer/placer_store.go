@@ -112,12 +112,6 @@ func hostHolds(ctx context.Context, tx store.Tx, nodes []string, from, to time.T
 	return out, rows.Err()
 }
 
-// nodeStateForShare reads a node's state and liveness, locking the row
-// against a concurrent liveness sweep (FOR SHARE on PostgreSQL).
-func nodeStateForShare(ctx context.Context, tx store.Tx, nodeID string) store.Row {
-	return tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`+store.ForShare(tx), nodeID)
-}
-
 // countPending counts a pool's pending reservations.
 func countPending(ctx context.Context, tx store.Tx, poolID string) store.Row {
 	return tx.QueryRow(ctx, `SELECT COUNT(*) FROM reservations WHERE pool_id = $1 AND state = 'pending'`, poolID)

@@ -11,7 +11,9 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // Snapshot is a pool's fleet as placement sees it over one window, with what
@@ -46,21 +48,23 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string, only ...s
 	if err := q.QueryRow(ctx, `SELECT name FROM pools WHERE id = $1`, poolID).Scan(&poolName); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	rows, err := q.Query(ctx, `SELECT n.id, n.name, n.labels, n.state, n.liveness, n.capabilities
-		FROM node_pools np JOIN nodes n ON n.id = np.node_id WHERE np.pool_id = $1`+inNodes("n.id")+` ORDER BY n.id`, append([]any{poolID}, onlyArgs...)...)
+	// The pool's members from node_pools, then their rows from the fleet's
+	// store: two statements however large the pool.
+	ids, err := store.Strings(q.Query(ctx, `SELECT node_id FROM node_pools WHERE pool_id = $1`+inNodes("node_id")+` ORDER BY node_id`,
+		append([]any{poolID}, onlyArgs...)...))
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var id, name, labels, state, liveness, caps string
-		if err := rows.Scan(&id, &name, &labels, &state, &liveness, &caps); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		n := &placement.Node{ID: id, Name: name, Pool: poolName, Schedulable: state == "active", Healthy: liveness == "ready",
+	members, err := fleet.NodeStatusList(ctx, q, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range members {
+		id := m.ID
+		n := &placement.Node{ID: id, Name: m.Name, Pool: poolName, Schedulable: m.State == "active", Healthy: m.Liveness == "ready",
 			Labels: map[string]string{}, TenantAtoms: map[string]int{}}
-		_ = json.Unmarshal([]byte(labels), &n.Labels)
-		_ = json.Unmarshal([]byte(caps), &n.Capabilities)
+		_ = json.Unmarshal([]byte(m.Labels), &n.Labels)
+		_ = json.Unmarshal([]byte(m.Capabilities), &n.Capabilities)
 		for k, v := range n.Labels {
 			if t, ok := strings.CutPrefix(k, "taint."); ok {
 				n.Taints = append(n.Taints, placement.Taint{Key: t, Value: v})
@@ -73,10 +77,6 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string, only ...s
 		nodes[id] = n
 		order = append(order, id)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
 	// Operators name the tenant of a dedicated taint; placement compares
 	// ids. (Resolved after the scan: pgx runs one query at a time.)
 	names := map[string]string{}
@@ -88,7 +88,12 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string, only ...s
 			id, ok := names[t.Value]
 			if !ok {
 				id = t.Value
-				if err := q.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1`, t.Value).Scan(&id); err != nil && !errors.Is(err, store.ErrNotFound) {
+				// Not "tnt_…", so TenantGet looks the name up.
+				tn, err := tenancy.TenantGet(ctx, q, t.Value)
+				switch {
+				case err == nil:
+					id = tn.ID
+				case !errors.Is(err, store.ErrNotFound):
 					return nil, err
 				}
 				names[t.Value] = id
@@ -97,7 +102,7 @@ func loadSnapshot(ctx context.Context, q store.Querier, poolID string, only ...s
 		}
 	}
 
-	rows, err = q.Query(ctx, `SELECT a.id, a.node_id, a.kind, a.gpu_uuid, a.model, a.gpu_index, a.numa, a.island, a.memory_mib, a.profile,
+	rows, err := q.Query(ctx, `SELECT a.id, a.node_id, a.kind, a.gpu_uuid, a.model, a.gpu_index, a.numa, a.island, a.memory_mib, a.profile,
 			a.quarantined, a.partition_pending
 		FROM atoms a JOIN node_pools np ON np.node_id = a.node_id WHERE np.pool_id = $1`+inNodes("a.node_id")+` ORDER BY a.node_id, a.gpu_index, a.id`, append([]any{poolID}, onlyArgs...)...)
 	if err != nil {

@@ -5,15 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
 // nodeCapabilities reads what a node's bcd advertised in its latest Hello.
 func nodeCapabilities(ctx context.Context, q store.Querier, nodeID string) ([]string, error) {
-	var raw string
-	if err := q.QueryRow(ctx, `SELECT capabilities FROM nodes WHERE id = $1`, nodeID).Scan(&raw); err != nil {
+	n, err := fleet.NodeStatusGet(ctx, q, nodeID)
+	if err != nil {
 		return nil, err
 	}
+	raw := n.Capabilities
 	var caps []string
 	if raw == "" {
 		return nil, nil

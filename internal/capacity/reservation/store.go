@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
 	"github.com/better-compute/better-compute/internal/capacity/placer"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -205,7 +206,7 @@ func duePools(ctx context.Context, q store.Querier, now time.Time) ([]string, er
 
 // nodeTenants lists the tenants that have nodes that are not retired.
 func nodeTenants(ctx context.Context, q store.Querier) ([]string, error) {
-	return store.Strings(q.Query(ctx, `SELECT DISTINCT tenant_id FROM nodes WHERE state <> 'retired' ORDER BY tenant_id`))
+	return fleet.NodeTenantIDs(ctx, q)
 }
 
 // nodePool reads the pool a node is a member of.
