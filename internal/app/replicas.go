@@ -26,6 +26,9 @@ type replicaPeers struct {
 	rt http.RoundTripper
 }
 
+// errNoReplicaURL: the replica holding a session recorded no URL.
+var errNoReplicaURL = errors.New("no replica URL")
+
 func (p *replicaPeers) Transport() http.RoundTripper {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -50,7 +53,7 @@ func (p *replicaPeers) SessionReplica(ctx context.Context, nodeID string) (strin
 	case owner == "" || owner == p.gw.ReplicaID():
 		return "", nil
 	case url == "":
-		return "", fmt.Errorf("replica %s holds node %s's session and recorded no URL to reach it by", owner, nodeID)
+		return "", fmt.Errorf("replica %s holds node %s's session and recorded no URL to reach it by: %w", owner, nodeID, errNoReplicaURL)
 	}
 	return url, nil
 }
