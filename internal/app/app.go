@@ -713,14 +713,27 @@ func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Co
 }
 
 // execPath is the fleet's side of reservations.exec: the gateway's sessions
-// on this replica, the relay hub, and the command rows.
+// on this replica, the replica holding a node's session elsewhere, the
+// relay hub, and the command rows.
 type execPath struct {
-	gw  *gateway.Gateway
-	hub *execrelay.Hub
-	db  *store.DB
+	gw    *gateway.Gateway
+	peers *replicaPeers
+	hub   *execrelay.Hub
+	db    *store.DB
 }
 
 func (p execPath) Connected(nodeID string) bool { return p.gw.Connected(nodeID) }
+
+func (p execPath) SessionReplica(ctx context.Context, nodeID string) (string, error) {
+	url, err := p.peers.SessionReplica(ctx, nodeID)
+	if errors.Is(err, errNoReplicaURL) {
+		// The owner cannot be reached from here (yet): as when the node
+		// is unreachable, the caller retries.
+		return "", &envelope.Error{Code: envelope.CodeUnavailable, Message: "node " + nodeID + "'s session is on a replica that peers cannot reach; retry",
+			Err: err, RetryAfter: time.Second}
+	}
+	return url, err
+}
 
 func (p execPath) Subscribe(commandID string) *execrelay.Subscription {
 	return p.hub.Subscribe(commandID)
@@ -791,7 +804,7 @@ func (a *App) buildCapacity() *reservation.Runner {
 		return a.Jobs.InsertTx(ctx, tx, args, opts)
 	}
 	e.BindTimeout = a.cfg.BindTimeout
-	e.Exec = execPath{gw: a.Gateway, hub: a.execHub, db: a.DB}
+	e.Exec = execPath{gw: a.Gateway, peers: a.peers, hub: a.execHub, db: a.DB}
 	rn := &reservation.Runner{DB: a.DB, Rec: a.recorder, Engine: e, Log: a.cfg.Logger, TickInterval: a.cfg.CapacityTick}
 	if a.DB.PgxPool() != nil {
 		// Several replicas may share the database: each pool's queue is

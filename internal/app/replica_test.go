@@ -1,7 +1,9 @@
 package app_test
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // TestReplicaListener: on PostgreSQL each replica serves its peers on a
@@ -43,4 +46,49 @@ func TestReplicaListener(t *testing.T) {
 		_ = res.Body.Close()
 	}
 	require.Error(t, err)
+}
+
+// TestKeepReplicaRow: a serving replica touches its gateway_replicas row,
+// and the rows of replicas that stopped touching theirs (and hold no
+// node's session) are pruned; a replica that touches again is back.
+func TestKeepReplicaRow(t *testing.T) {
+	if os.Getenv(bctest.PostgresURLEnv) == "" {
+		t.Skip("replicas record their URLs only on PostgreSQL")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	a := bctest.NewControlPlane(t)
+	b := a.NewReplica(t)
+	urls := func() map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		require.NoError(t, a.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			for _, cp := range []*bctest.ControlPlane{a, b} {
+				var got string
+				err := tx.QueryRow(ctx, `SELECT url FROM gateway_replicas WHERE id = $1`, cp.App.Gateway.ReplicaID()).Scan(&got)
+				if errors.Is(err, store.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				out[cp.App.Gateway.ReplicaID()] = got
+			}
+			return nil
+		}))
+		return out
+	}
+	both := map[string]string{a.App.Gateway.ReplicaID(): a.ReplicaURL, b.App.Gateway.ReplicaID(): b.ReplicaURL}
+	require.Equal(t, both, urls())
+
+	// B stops touching its row (it died); A goes on.
+	a.Clock.Advance(9 * time.Minute)
+	require.NoError(t, a.App.KeepReplicaRow(ctx))
+	require.Equal(t, both, urls(), "not stale yet")
+	a.Clock.Advance(2 * time.Minute)
+	require.NoError(t, a.App.KeepReplicaRow(ctx))
+	require.Equal(t, map[string]string{a.App.Gateway.ReplicaID(): a.ReplicaURL}, urls(), "B's row is pruned, A's kept")
+
+	require.NoError(t, b.App.KeepReplicaRow(ctx))
+	require.Equal(t, both, urls(), "B is back")
 }

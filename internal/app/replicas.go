@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gateway"
@@ -24,7 +25,12 @@ type replicaPeers struct {
 
 	mu sync.Mutex
 	rt http.RoundTripper
+	// url is where peers reach this replica, recorded in gateway_replicas.
+	url string
 }
+
+// errNoReplicaURL: the replica holding a session recorded no URL.
+var errNoReplicaURL = errors.New("no replica URL")
 
 func (p *replicaPeers) Transport() http.RoundTripper {
 	p.mu.Lock()
@@ -50,7 +56,7 @@ func (p *replicaPeers) SessionReplica(ctx context.Context, nodeID string) (strin
 	case owner == "" || owner == p.gw.ReplicaID():
 		return "", nil
 	case url == "":
-		return "", fmt.Errorf("replica %s holds node %s's session and recorded no URL to reach it by", owner, nodeID)
+		return "", fmt.Errorf("replica %s holds node %s's session and recorded no URL to reach it by: %w", owner, nodeID, errNoReplicaURL)
 	}
 	return url, nil
 }
@@ -72,8 +78,57 @@ func (a *App) SetReplicaTransport(ctx context.Context, rt http.RoundTripper, url
 	}
 	a.peers.mu.Lock()
 	a.peers.rt = rt
+	a.peers.url = url
 	a.peers.mu.Unlock()
 	return nil
+}
+
+const (
+	// replicaTouchInterval is how often a replica serving its peers
+	// touches its gateway_replicas row.
+	replicaTouchInterval = time.Minute
+	// replicaStaleAfter without a touch a replica's row is pruned, unless
+	// a node's session names the replica: ten missed touches, so a replica
+	// cut off from the database for a while keeps its row (and writes it
+	// again when it is back).
+	replicaStaleAfter = 10 * replicaTouchInterval
+)
+
+// KeepReplicaRow touches this replica's gateway_replicas row (recording
+// its URL again) and prunes the rows of replicas that stopped touching
+// theirs, which are gone. ServeReplica calls it every
+// replicaTouchInterval; before SetReplicaTransport it does nothing.
+func (a *App) KeepReplicaRow(ctx context.Context) error {
+	a.peers.mu.Lock()
+	url := a.peers.url
+	a.peers.mu.Unlock()
+	if url == "" {
+		return nil
+	}
+	return a.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if err := fleet.GatewayReplicaSet(ctx, tx, a.Gateway.ReplicaID(), url); err != nil {
+			return err
+		}
+		_, err := fleet.GatewayReplicaPrune(ctx, tx, replicaStaleAfter)
+		return err
+	})
+}
+
+// keepReplicaRow runs KeepReplicaRow every replicaTouchInterval until ctx
+// is done.
+func (a *App) keepReplicaRow(ctx context.Context) {
+	t := time.NewTicker(replicaTouchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := a.KeepReplicaRow(ctx); err != nil && ctx.Err() == nil {
+				a.cfg.Logger.Warn("touch this replica's gateway_replicas row", "err", err)
+			}
+		}
+	}
 }
 
 // ReplicaHandler serves what peer replicas ask of this one on the replica

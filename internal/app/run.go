@@ -84,6 +84,12 @@ func (a *App) ServeReplica(ctx context.Context) error {
 	if a.replicaLn == nil {
 		return nil
 	}
+	// Peers find this replica by its gateway_replicas row while it serves
+	// them; a replica that stops touching it is pruned by the others.
+	kctx, stopKeep := context.WithCancel(ctx)
+	var keep sync.WaitGroup
+	keep.Go(func() { a.keepReplicaRow(kctx) })
+	defer func() { stopKeep(); keep.Wait() }()
 	ln := newLimitListener(a.replicaLn, a.cfg.MaxConnections, a.conns, a.cfg.Logger)
 	srv := &http.Server{
 		Handler:           a.ReplicaHandler(),

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -63,4 +64,84 @@ func TestNodeSessionReplica(t *testing.T) {
 		_, _, err := fleet.NodeSessionReplica(ctx, tx, "nod_unknown")
 		return err
 	}), store.ErrNotFound)
+}
+
+// TestGatewayReplicaPrune: a replica's row goes once it has not been
+// touched for the bound, unless a node's session still names the replica;
+// a touch (GatewayReplicaSet again) keeps it.
+func TestGatewayReplicaPrune(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	db := f.cp.App.DB
+	write := func(fn func(ctx context.Context, tx store.Tx) error) {
+		t.Helper()
+		require.NoError(t, db.Write(ctx, fn))
+	}
+	set := func(id string) {
+		t.Helper()
+		write(func(ctx context.Context, tx store.Tx) error {
+			return fleet.GatewayReplicaSet(ctx, tx, id, "https://"+id+":9443")
+		})
+	}
+	// prune prunes and checks it says how many rows went (the control
+	// plane's own replica may have one too, on PostgreSQL).
+	prune := func() {
+		t.Helper()
+		var before, after, n int64
+		write(func(ctx context.Context, tx store.Tx) (err error) {
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM gateway_replicas`).Scan(&before); err != nil {
+				return err
+			}
+			if n, err = fleet.GatewayReplicaPrune(ctx, tx, 10*time.Minute); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM gateway_replicas`).Scan(&after)
+		})
+		require.Equal(t, before-after, n)
+	}
+	rows := func() []string {
+		t.Helper()
+		var ids []string
+		require.NoError(t, db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			rs, err := tx.Query(ctx, `SELECT id FROM gateway_replicas WHERE id LIKE 'rep-%' ORDER BY id`)
+			if err != nil {
+				return err
+			}
+			defer rs.Close()
+			for rs.Next() {
+				var id string
+				if err := rs.Scan(&id); err != nil {
+					return err
+				}
+				ids = append(ids, id)
+			}
+			return rs.Err()
+		}))
+		return ids
+	}
+
+	set("rep-gone")
+	set("rep-live")
+	set("rep-owner")
+	write(func(ctx context.Context, tx store.Tx) error {
+		_, err := fleet.NodeRecordHello(ctx, tx, &fleet.NodeHelloParams{NodeID: f.node.ID, Owner: "rep-owner", Mode: "node"})
+		return err
+	})
+	f.cp.Clock.Advance(9 * time.Minute)
+	prune()
+	require.Equal(t, []string{"rep-gone", "rep-live", "rep-owner"}, rows(), "nothing stale yet")
+	set("rep-live") // its periodic touch
+	f.cp.Clock.Advance(2 * time.Minute)
+	prune()
+	require.Equal(t, []string{"rep-live", "rep-owner"}, rows(), "the stale row whose replica holds a session stays")
+
+	write(func(ctx context.Context, tx store.Tx) error {
+		return fleet.NodeReleaseSession(ctx, tx, f.node.ID, "rep-owner")
+	})
+	prune()
+	require.Equal(t, []string{"rep-live"}, rows())
+	f.cp.Clock.Advance(10*time.Minute + time.Second)
+	prune()
+	require.Empty(t, rows())
 }

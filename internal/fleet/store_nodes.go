@@ -483,11 +483,23 @@ func NodeConditionList(ctx context.Context, q store.Querier, nodeIDs ...string) 
 	return out, err
 }
 
-// GatewayReplicaSet records the URL peers reach gateway replica id by.
+// GatewayReplicaSet records the URL peers reach gateway replica id by; a
+// serving replica calls it again now and then to keep its row fresh
+// (GatewayReplicaPrune).
 func GatewayReplicaSet(ctx context.Context, tx store.Tx, id, url string) error {
 	_, err := tx.Exec(ctx, `INSERT INTO gateway_replicas (id, url, update_time) VALUES ($1, $2, compute_now())
 		ON CONFLICT (id) DO UPDATE SET url = excluded.url, update_time = excluded.update_time`, id, url)
 	return err
+}
+
+// GatewayReplicaPrune deletes the rows of replicas that have not touched
+// theirs for staleAfter, unless a node's session still names the replica
+// (its row is how peers reach that session until the session moves or the
+// liveness sweep releases it). It returns how many rows went.
+func GatewayReplicaPrune(ctx context.Context, tx store.Tx, staleAfter time.Duration) (int64, error) {
+	d := tx.Dialect()
+	return tx.Exec(ctx, `DELETE FROM gateway_replicas WHERE update_time < `+ago(d, 1)+`
+		AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.session_owner = gateway_replicas.id)`, agoArg(d, staleAfter))
 }
 
 // NodeSessionReplica returns the replica holding nodeID's session and the

@@ -49,6 +49,9 @@ type cluster struct {
 	replicaID string
 	url       string
 	http      *http.Client
+	// stream is http without its per-request timeout: a forwarded stream
+	// lasts as long as what it relays (a process's output).
+	stream *http.Client
 	// lockConn holds this replica's pool locks (one session for all);
 	// claimMu guards it. watchStop ends the goroutine that pings it.
 	lockConn  *pgxpool.Conn
@@ -71,6 +74,9 @@ func (e *Placers) SetForwardClient(c *http.Client) {
 	e.plMu.Lock()
 	defer e.plMu.Unlock()
 	e.cl().http = c
+	stream := *c
+	stream.Timeout = 0
+	e.cl().stream = &stream
 }
 
 // ReplicaID names this replica in placer_owners.
@@ -212,20 +218,74 @@ func (e *Placers) retireAll() {
 // Forward sends a mutation to the replica that owns its pool, with the
 // caller's credentials: the owner authenticates and decides it, once.
 func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure string, req *connect.Request[Req]) (*connect.Response[Res], error) {
+	client, out, err := forwardRequest(ctx, e, req, "the pool's placer is moving between replicas; retry",
+		"another replica places this pool", false)
+	if err != nil {
+		return nil, err
+	}
+	res, err := connect.NewClient[Req, Res](client, url+procedure).CallUnary(ctx, out)
+	if err != nil {
+		return nil, forwardError(ctx, err, "the replica that places this pool did not answer; retry")
+	}
+	return res, nil
+}
+
+// ForwardStream is Forward for a server-streaming call: it sends the call,
+// with the caller's credentials, to the replica that holds what the call
+// needs (holder names it, for the caller: "node nod_…'s session"), and
+// relays that replica's messages to stream until the call ends. The caller
+// going away cancels the forwarded call, and so whatever the owner
+// started for it.
+func ForwardStream[Req, Res any](ctx context.Context, e *Placers, url, procedure, holder string, req *connect.Request[Req], stream *connect.ServerStream[Res]) error {
+	client, out, err := forwardRequest(ctx, e, req, "the replica this call was forwarded to no longer holds "+holder+"; retry",
+		"another replica holds "+holder, true)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	res, err := connect.NewClient[Req, Res](client, url+procedure).CallServerStream(ctx, out)
+	noAnswer := "the replica that holds " + holder + " did not answer; retry"
+	if err != nil {
+		return forwardError(ctx, err, noAnswer)
+	}
+	defer func() { _ = res.Close() }()
+	for res.Receive() {
+		if err := stream.Send(res.Msg()); err != nil {
+			// The caller went away: the deferred cancel ends the owner's
+			// call, which ends what it started.
+			return err
+		}
+	}
+	if err := res.Err(); err != nil {
+		return forwardError(ctx, err, noAnswer)
+	}
+	return nil
+}
+
+// forwardRequest is the request a replica forwards for req: the caller's
+// credentials, idempotency key, confirmation and trace, marked as
+// forwarded, and the client to send it with (the one without a timeout for
+// a stream). A request forwarded here already (moving), or a replica
+// without a replica certificate while another replica serves the call
+// (elsewhere), is answered UNAVAILABLE.
+func forwardRequest[Req any](ctx context.Context, e *Placers, req *connect.Request[Req], moving, elsewhere string, stream bool) (*http.Client, *connect.Request[Req], error) {
 	if by := req.Header().Get(ForwardedHeader); by != "" {
-		// Forwarded here because this replica owned the pool, which it
+		// Forwarded here because this replica served the call, which it
 		// no longer does: one hop only, the caller retries.
-		return nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable,
-			Message: "the pool's placer is moving between replicas; retry", RetryAfter: time.Second})
+		return nil, nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable, Message: moving, RetryAfter: time.Second})
 	}
 	e.plMu.Lock()
 	c := e.cl()
 	client := c.http
+	if stream {
+		client = c.stream
+	}
 	e.plMu.Unlock()
 	if client == nil {
 		// The caller's credentials go only over mutual TLS to a replica.
-		return nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable,
-			Message: "another replica places this pool and this one has no replica certificate to forward with (set " +
+		return nil, nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable,
+			Message: elsewhere + " and this one has no replica certificate to forward with (set " +
 				"BETTER_COMPUTE_SECRET on every replica); retry", RetryAfter: time.Second})
 	}
 	out := connect.NewRequest(req.Msg)
@@ -239,25 +299,28 @@ func Forward[Req, Res any](ctx context.Context, e *Placers, url, procedure strin
 		out.Header().Set(envelope.HeaderTraceparent, tp)
 	}
 	out.Header().Set(ForwardedHeader, c.replicaID)
-	res, err := connect.NewClient[Req, Res](client, url+procedure).CallUnary(ctx, out)
-	if err != nil {
-		var ce *connect.Error
-		// connect-go reads a connection reset as the peer going away
-		// (CANCELED); here the peer is the owner, dying under the call,
-		// and a caller whose context is still live cancelled nothing: it
-		// is told to retry like any caller the owner did not answer.
-		if errors.As(err, &ce) && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeUnknown &&
-			(ce.Code() != connect.CodeCanceled || ctx.Err() != nil) {
-			return nil, ce
-		}
-		// The owner did not answer (it may be dying): the caller retries,
-		// and by then the pool has an owner that does. The owner's error
-		// goes along as text only: ToConnect would answer with a
-		// connect.Error it finds wrapped, code and all.
-		return nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable,
-			Message: "the replica that places this pool did not answer; retry", Err: errors.New(err.Error()), RetryAfter: time.Second})
+	return client, out, nil
+}
+
+// forwardError is what the caller of a forwarded call hears when it
+// failed: the owner's answer, or UNAVAILABLE (noAnswer) when the owner did
+// not answer.
+func forwardError(ctx context.Context, err error, noAnswer string) error {
+	var ce *connect.Error
+	// connect-go reads a connection reset as the peer going away
+	// (CANCELED); here the peer is the owner, dying under the call, and a
+	// caller whose context is still live cancelled nothing: it is told to
+	// retry like any caller the owner did not answer.
+	if errors.As(err, &ce) && ce.Code() != connect.CodeUnavailable && ce.Code() != connect.CodeUnknown &&
+		(ce.Code() != connect.CodeCanceled || ctx.Err() != nil) {
+		return ce
 	}
-	return res, nil
+	// The owner did not answer (it may be dying): the caller retries, and
+	// by then another replica serves it. The owner's error goes along as
+	// text only: ToConnect would answer with a connect.Error it finds
+	// wrapped, code and all.
+	return envelope.ToConnect(&envelope.Error{Code: envelope.CodeUnavailable, Message: noAnswer,
+		Err: errors.New(err.Error()), RetryAfter: time.Second})
 }
 
 // ReadIndex returns the pool's index to read (a preview), never to change:

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/execrelay"
@@ -67,6 +68,11 @@ type ExecPath interface {
 	// Connected reports whether this replica holds nodeID's session: the
 	// output of a process reaches only the replica the node talks to.
 	Connected(nodeID string) bool
+	// SessionReplica returns the URL of the replica that holds nodeID's
+	// session when that is another replica this one can reach over the
+	// replicas' mutual TLS; "" when it is this one, none, or this replica
+	// forwards nothing (one replica, SQLite, no PKI).
+	SessionReplica(ctx context.Context, nodeID string) (string, error)
 	// Subscribe receives a command's output and end.
 	Subscribe(commandID string) *execrelay.Subscription
 	// Cancel cancels the command (the agent kills the process group).
@@ -137,10 +143,18 @@ func CommandLine(argv []string) string {
 // audited with the command line) that writes a process.exec command; the
 // call then relays what the node's session reports until the process ends.
 // Ending the call cancels the command, and the agent kills the process
-// group.
+// group. The output reaches only the replica that holds the node's
+// session, so a call that reaches another replica is forwarded there whole,
+// before any decision: that replica decides, runs and relays it.
 func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReservationRequest], stream *connect.ServerStream[apiv1.ExecReservationResponse]) error {
 	msg := req.Msg
 	ep := s.engine.Exec
+	if url, nodeID, err := s.sessionReplica(ctx, msg.GetTenant(), msg.GetReservation()); err != nil || url != "" {
+		if err != nil {
+			return s.env.Fail(ctx, err)
+		}
+		return placer.ForwardStream(ctx, &s.engine.placers, url, envelope.InfoFrom(ctx).Procedure, "node "+nodeID+"'s session", req, stream)
+	}
 	// A refusal names the tenant the request named, as for unary calls.
 	ctx = envelope.WithRequestedTenant(ctx, msg)
 	var (
@@ -182,7 +196,7 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReser
 			case !cur.EndsAt.After(now):
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s ended at %s", cur.ID, cur.EndsAt.Format(time.RFC3339))
 			case ep == nil || !ep.Connected(cur.NodeID):
-				return nil, envelope.Errorf(envelope.CodeUnavailable, "node %s has no session on this replica (it is unreachable, or connected to another replica): retry, or call the replica that holds its session", cur.NodeID)
+				return nil, envelope.Errorf(envelope.CodeUnavailable, "node %s has no session on this replica (it is unreachable, or its session is moving to another replica): retry", cur.NodeID)
 			}
 			if err := requireIsolation(ctx, tx.Tx, &cur); err != nil {
 				return nil, err
@@ -278,6 +292,28 @@ func (s *Service) Exec(ctx context.Context, req *connect.Request[apiv1.ExecReser
 			return ctx.Err()
 		}
 	}
+}
+
+// sessionReplica returns the URL of the replica that holds the session of
+// the node of the reservation tenantRef and id name, when another replica
+// holds it (with the node), or "" when this replica answers the call
+// itself: it holds the session, the reservation is not found or has no
+// node, or this replica forwards nothing. Nothing here is decided: the
+// replica that answers authorizes the call.
+func (s *Service) sessionReplica(ctx context.Context, tenantRef, id string) (url, nodeID string, err error) {
+	ep := s.engine.Exec
+	if ep == nil || s.env.DB().PgxPool() == nil {
+		return "", "", nil
+	}
+	if err := s.env.DB().Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		r, err := lookup(ctx, tx, tenantRef, id)
+		nodeID = r.r.NodeID
+		return err
+	}); err != nil || nodeID == "" {
+		return "", "", err
+	}
+	url, err = ep.SessionReplica(ctx, nodeID)
+	return url, nodeID, err
 }
 
 // ExitProto is a command's end as the API says it.

@@ -33,9 +33,11 @@ type fixture struct {
 	admin  *client.Client // platform admin
 	member *client.Client // a member of acme
 	evil   *client.Client // an admin of other
-	acme   string         // acme's id
-	pool   string         // the id of acme's pool h100
-	sim    *bctest.FleetSim
+	// evilKey is evil's API key, to call another replica with.
+	evilKey string
+	acme    string // acme's id
+	pool    string // the id of acme's pool h100
+	sim     *bctest.FleetSim
 }
 
 // poolMaxDuration is the longest booking pool h100 takes.
@@ -49,6 +51,13 @@ func setup(t *testing.T, nodes int) *fixture {
 // setupWith is setup with simulated nodes made from template (its Gateway
 // is set here).
 func setupWith(t *testing.T, nodes int, template bctest.FakeDaemonConfig, opts ...bctest.ControlPlaneOption) *fixture {
+	t.Helper()
+	return setupOn(t, nodes, template, nil, opts...)
+}
+
+// setupOn is setupWith whose nodes hold their sessions on the gateway of
+// the replica gateway returns (nil: the control plane's own).
+func setupOn(t *testing.T, nodes int, template bctest.FakeDaemonConfig, gateway func(cp *bctest.ControlPlane) *bctest.ControlPlane, opts ...bctest.ControlPlaneOption) *fixture {
 	t.Helper()
 	// The simulated clock jumps hours ahead in some tests: nodes that beat
 	// in real time must not be declared lost for it.
@@ -69,9 +78,13 @@ func setupWith(t *testing.T, nodes int, template bctest.FakeDaemonConfig, opts .
 	f.member = cp.Client(k.Msg.GetSecret())
 	k, err = f.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "other", Role: "admin"}))
 	require.NoError(t, err)
-	f.evil = cp.Client(k.Msg.GetSecret())
+	f.evilKey = k.Msg.GetSecret()
+	f.evil = cp.Client(f.evilKey)
 
 	template.Gateway = cp.GatewayAddr
+	if gateway != nil {
+		template.Gateway = gateway(cp).GatewayAddr
+	}
 	f.sim, err = bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
 		Template: template, Root: t.TempDir(), N: nodes,
 		Token: func(ctx context.Context, i int) (string, error) {
