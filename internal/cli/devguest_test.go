@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/bctest"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/devrig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -43,14 +44,14 @@ func TestDevGuestsAreConfined(t *testing.T) {
 	require.NoError(t, os.Chmod(state, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(state, "admin.key"), []byte("bc_admin_secret\n"), 0o644))
 
-	sim, err := startSim(ctx, cp.URL, cp.AdminKey, cp.GatewayAddr, state, 1, nil, "", slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	sim, err := devrig.StartFleet(ctx, cp.URL, cp.AdminKey, cp.GatewayAddr, state, 1, nil, "", slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	require.NoError(t, err)
 	t.Cleanup(sim.Stop)
 	bctest.WaitFor(t, "the simulated node's GPUs in dev's pool", func() bool {
 		var n int
 		require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
-				JOIN pools p ON p.id = np.pool_id WHERE p.name = $1 AND a.kind = 'gpu'`, DevPool).Scan(&n)
+				JOIN pools p ON p.id = np.pool_id WHERE p.name = $1 AND a.kind = 'gpu'`, devrig.Pool).Scan(&n)
 		}))
 		return n == 8
 	})
@@ -73,7 +74,7 @@ func TestDevGuestsAreConfined(t *testing.T) {
 		require.Equal(t, 0, code, "%v: %s", argv, errb.String())
 		return out.String()
 	}
-	require.Contains(t, ok("instances", "create", "evil1", "--tenant", "evil", "--flavor", DevFlavor, "--ip-pool", DevIPPool, "--pool", DevPool, "--wait", "2m"), "running")
+	require.Contains(t, ok("instances", "create", "evil1", "--tenant", "evil", "--flavor", devrig.Flavor, "--ip-pool", devrig.IPPool, "--pool", devrig.Pool, "--wait", "2m"), "running")
 	out := ok("instances", "ssh", "evil1", "--tenant", "evil", "--",
 		"id -u; cat "+filepath.Join(state, "admin.key")+" 2>&1; ls "+state+"; pwd")
 	lines := strings.Split(strings.TrimSpace(out), "\n")

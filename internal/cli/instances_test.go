@@ -7,11 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
-	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 )
 
 // TestInstanceCatalogCommands drives flavors and ip-pools against a real
@@ -62,28 +60,4 @@ func TestInstanceCatalogCommands(t *testing.T) {
 
 	require.Contains(t, ok("ip-pools", "delete", "lan", "--tenant", "acme"), "deleted lan")
 	require.Contains(t, ok("flavors", "delete", "gpu", "--tenant", "acme"), "deleted gpu")
-}
-
-// TestDevInstanceCatalog: dev's default flavor and IP pool are the
-// platform's, every tenant sees the flavor, and a restart writes nothing.
-func TestDevInstanceCatalog(t *testing.T) {
-	t.Parallel()
-	cp := bctest.NewControlPlane(t)
-	ctx := t.Context()
-	admin := cp.Admin()
-	require.NoError(t, devInstanceCatalog(ctx, admin))
-	require.NoError(t, devInstanceCatalog(ctx, admin), "a restart finds both")
-
-	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
-	require.NoError(t, err)
-	fl, err := admin.Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Tenant: "acme", Flavor: DevFlavor}))
-	require.NoError(t, err)
-	require.Empty(t, fl.Msg.GetFlavor().GetTenantId(), "the platform's")
-	p, err := admin.IPPools.Get(ctx, connect.NewRequest(&apiv1.GetIPPoolRequest{IpPool: DevIPPool}))
-	require.NoError(t, err)
-	require.Equal(t, "10.100.0.1", p.Msg.GetIpPool().GetGateway())
-	require.EqualValues(t, 253, p.Msg.GetIpPool().GetSize())
-	list, err := admin.Flavors.List(ctx, connect.NewRequest(&apiv1.ListFlavorsRequest{}))
-	require.NoError(t, err)
-	require.Len(t, list.Msg.GetFlavors(), 1, "one flavor after two starts")
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/server"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/store/storeopen"
 )
@@ -36,13 +37,13 @@ func (f *pkiFlags) register(cmd *cobra.Command) {
 
 // open opens and migrates the pki tables of the database serve uses.
 func (f *pkiFlags) open(ctx context.Context) (*store.DB, error) {
-	db, err := storeopen.Open(ctx, store.Config{URL: f.databaseURL, StateDir: f.server.stateDir})
+	db, err := storeopen.Open(ctx, store.Config{URL: f.databaseURL, StateDir: f.server.StateDir})
 	if err != nil {
-		return nil, serverError(err)
+		return nil, server.Unavailable(err)
 	}
 	if err := db.Migrate(ctx, pki.Migrations()); err != nil {
 		_ = db.Close()
-		return nil, serverError(err)
+		return nil, server.Unavailable(err)
 	}
 	return db, nil
 }
@@ -50,7 +51,7 @@ func (f *pkiFlags) open(ctx context.Context) (*store.DB, error) {
 // sealer reads the sealing secret: BETTER_COMPUTE_SECRET, else the file dev
 // writes in the state directory.
 func (f *pkiFlags) sealer() (*pki.Sealer, error) {
-	s, err := pki.LoadSealer(nil, f.server.stateDir)
+	s, err := pki.LoadSealer(nil, f.server.StateDir)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/bctest"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/devrig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -28,7 +29,7 @@ func TestSandboxCommands(t *testing.T) {
 	cp := bctest.NewControlPlane(t)
 	ctx := context.Background()
 	admin := cp.Admin()
-	require.NoError(t, devInstanceCatalog(ctx, admin))
+	require.NoError(t, devrig.EnsureInstanceCatalog(ctx, admin))
 	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "sim"}))
 	require.NoError(t, err)
 	_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "sim", Name: "nodes"}))
@@ -42,7 +43,7 @@ func TestSandboxCommands(t *testing.T) {
 	})
 	require.NoError(t, err)
 	defer sim.Stop()
-	_, err = admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "sim", Name: DevPool,
+	_, err = admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "sim", Name: devrig.Pool,
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
 	require.NoError(t, err)
 	bctest.WaitFor(t, "the host's GPUs", func() bool {
@@ -52,8 +53,8 @@ func TestSandboxCommands(t *testing.T) {
 		}))
 		return n == 8
 	})
-	require.NoError(t, devSandboxTemplate(ctx, admin))
-	require.NoError(t, devSandboxTemplate(ctx, admin), "a restart finds the template")
+	require.NoError(t, devrig.EnsureSandboxTemplate(ctx, admin))
+	require.NoError(t, devrig.EnsureSandboxTemplate(ctx, admin), "a restart finds the template")
 
 	dir := t.TempDir()
 	env := map[string]string{envConfig: filepath.Join(dir, "config.yaml"), envServer: cp.URL, envToken: cp.AdminKey, "HOME": dir}
@@ -70,8 +71,8 @@ func TestSandboxCommands(t *testing.T) {
 		require.Equal(t, 0, code, "%v: %s", argv, errs)
 		return out
 	}
-	require.Contains(t, ok("sandbox-templates", "list", "--tenant", "sim"), DevSandboxTemplate)
-	out := ok("sandboxes", "create", "--tenant", "sim", "--template", DevSandboxTemplate, "--wait", "1m")
+	require.Contains(t, ok("sandbox-templates", "list", "--tenant", "sim"), devrig.SandboxTemplate)
+	out := ok("sandboxes", "create", "--tenant", "sim", "--template", devrig.SandboxTemplate, "--wait", "1m")
 	require.Contains(t, out, "running")
 	id := strings.Fields(strings.Split(out, "\n")[1])[0]
 	require.True(t, strings.HasPrefix(id, "sbx_"), "first column of %q", out)
@@ -103,11 +104,11 @@ func TestSandboxCommands(t *testing.T) {
 	require.Contains(t, errs, "snapshot")
 	require.Contains(t, ok("sandboxes", "delete", id, "--tenant", "sim"), "deleted")
 
-	code, _, errs = cli("sandbox-templates", "create", "t2", "--tenant", "sim", "--flavor", DevFlavor, "--env", "K=secret://missing")
+	code, _, errs = cli("sandbox-templates", "create", "t2", "--tenant", "sim", "--flavor", devrig.Flavor, "--env", "K=secret://missing")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "env.K")
-	code, _, errs = cli("sandbox-templates", "create", "t3", "--tenant", "sim", "--flavor", DevFlavor, "--env", "no-equals")
+	code, _, errs = cli("sandbox-templates", "create", "t3", "--tenant", "sim", "--flavor", devrig.Flavor, "--env", "no-equals")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "--env")
-	require.Contains(t, ok("sandbox-templates", "delete", DevSandboxTemplate, "--tenant", "sim"), "deleted")
+	require.Contains(t, ok("sandbox-templates", "delete", devrig.SandboxTemplate, "--tenant", "sim"), "deleted")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/better-compute/bctest"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/devrig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -26,7 +27,7 @@ func TestInstanceCommands(t *testing.T) {
 	cp := bctest.NewControlPlane(t)
 	ctx := context.Background()
 	admin := cp.Admin()
-	require.NoError(t, devInstanceCatalog(ctx, admin))
+	require.NoError(t, devrig.EnsureInstanceCatalog(ctx, admin))
 	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
 	require.NoError(t, err)
 	_, err = admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "default"}))
@@ -68,7 +69,7 @@ func TestInstanceCommands(t *testing.T) {
 	}
 	// Every default at once: dev's flavor, the only IP pool, guest image
 	// and capacity pool.
-	out := ok("instances", "create", "vm1", "--tenant", "acme", "--flavor", DevFlavor, "--volume", "data:5", "--wait", "2m")
+	out := ok("instances", "create", "vm1", "--tenant", "acme", "--flavor", devrig.Flavor, "--volume", "data:5", "--wait", "2m")
 	require.Contains(t, out, "running")
 	require.Contains(t, out, "10.100.0.2")
 	require.Contains(t, ok("instances", "list", "--tenant", "acme"), "vm1")
@@ -77,10 +78,10 @@ func TestInstanceCommands(t *testing.T) {
 	require.Contains(t, ok("instances", "start", "vm1", "--tenant", "acme", "--wait", "1m"), "running")
 	require.Equal(t, "bc-guest\n", ok("instances", "ssh", "vm1", "--tenant", "acme", "--", "echo bc-guest"))
 
-	code, _, errs := cli("instances", "create", "vm2", "--tenant", "acme", "--flavor", DevFlavor, "--network-policy", "open")
+	code, _, errs := cli("instances", "create", "vm2", "--tenant", "acme", "--flavor", devrig.Flavor, "--network-policy", "open")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "network-policy")
-	code, _, errs = cli("instances", "create", "vm2", "--tenant", "acme", "--flavor", DevFlavor, "--volume", "bad")
+	code, _, errs = cli("instances", "create", "vm2", "--tenant", "acme", "--flavor", devrig.Flavor, "--volume", "bad")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "volume")
 

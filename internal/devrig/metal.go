@@ -1,4 +1,4 @@
-package cli
+package devrig
 
 import (
 	"bytes"
@@ -21,13 +21,14 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/metal"
+	"github.com/better-compute/better-compute/internal/server"
 )
 
 // Names dev --sim-machines gives what it makes in tenant sim.
 const (
-	DevSite        = "sim-site"
-	DevSampleImage = "sample"
-	devSampleKey   = "dev-sample"
+	Site         = "sim-site"
+	SampleImage  = "sample"
+	devSampleKey = "dev-sample"
 )
 
 // devStepDelay is how long each simulated machine step takes: long enough
@@ -45,17 +46,17 @@ func startSimMachines(ctx context.Context, rt *metal.Runtime, api, adminKey, sta
 	if err := ensureSimTenant(ctx, c); err != nil {
 		return nil, err
 	}
-	site, err := c.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: "sim", Site: DevSite}))
+	site, err := c.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: "sim", Site: Site}))
 	if client.Code(err) == "NOT_FOUND" {
 		var cr *connect.Response[apiv1.CreateSiteResponse]
-		cr, err = c.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "sim", Name: DevSite,
+		cr, err = c.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "sim", Name: Site,
 			Networks: []string{"127.0.0.0/8"}, Description: "dev --sim-machines: simulated BMCs on loopback"}))
 		if err == nil {
 			site = &connect.Response[apiv1.GetSiteResponse]{Msg: &apiv1.GetSiteResponse{Site: cr.Msg.GetSite()}}
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("site %s: %w", DevSite, err)
+		return nil, fmt.Errorf("site %s: %w", Site, err)
 	}
 	specsPath := filepath.Join(stateDir, "sim-machines.json")
 	var specs []bctest.SimMachineSpec
@@ -91,7 +92,7 @@ func startSimMachines(ctx context.Context, rt *metal.Runtime, api, adminKey, sta
 		}
 		_, err = c.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "sim", Machine: m.Name}))
 		if client.Code(err) == "NOT_FOUND" {
-			_, err = c.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "sim", Site: DevSite, Name: m.Name,
+			_, err = c.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "sim", Site: Site, Name: m.Name,
 				BmcDriver: "redfish", BmcAddress: m.BMCAddress, BmcUsername: m.Username, BmcPassword: m.Password, Mac: m.MAC,
 				HardwareProfile: "sim-8xh100"}))
 		}
@@ -105,7 +106,7 @@ func startSimMachines(ctx context.Context, rt *metal.Runtime, api, adminKey, sta
 	}
 	// The file holds the simulated BMCs' passwords: private, as the admin
 	// key is.
-	if err := writeSecretFile(specsPath, string(b)+"\n", true); err != nil {
+	if err := server.WriteSecretFile(specsPath, string(b)+"\n", true); err != nil {
 		return fail(err)
 	}
 	if err := ensureSampleImage(ctx, c); err != nil {
@@ -141,12 +142,12 @@ func sampleDisk() []byte {
 // ensureSampleImage pushes the sample image to tenant sim and signs it
 // with a key put on sim's allowlist, unless it is there already.
 func ensureSampleImage(ctx context.Context, c *client.Client) error {
-	if _, err := c.Images.Get(ctx, connect.NewRequest(&apiv1.GetImageRequest{Tenant: "sim", Image: DevSampleImage})); client.Code(err) != "NOT_FOUND" {
+	if _, err := c.Images.Get(ctx, connect.NewRequest(&apiv1.GetImageRequest{Tenant: "sim", Image: SampleImage})); client.Code(err) != "NOT_FOUND" {
 		return err
 	}
 	disk := sampleDisk()
 	sum := sha256.Sum256(disk)
-	res, err := c.PushImage(ctx, &apiv1.PushImageHeader{Tenant: "sim", Name: DevSampleImage, Kind: "raw",
+	res, err := c.PushImage(ctx, &apiv1.PushImageHeader{Tenant: "sim", Name: SampleImage, Kind: "raw",
 		Sha256: hex.EncodeToString(sum[:]), SizeBytes: int64(len(disk))}, bytes.NewReader(disk), "")
 	if err != nil {
 		return err
