@@ -305,7 +305,21 @@ func TestReceiverDownGetsEveryEventInOrder(t *testing.T) {
 	require.Equal(t, 3, d.Attempts)
 	require.Equal(t, 503, d.LastStatus)
 	rcv.setDown(false)
-	f.drive(t, wh.GetId(), func() bool { return len(rcv.types()) == 5 })
+	// Done when the fifth success is recorded, not when the receiver saw
+	// it: as above, the worker writes the outcome after the answer.
+	f.drive(t, wh.GetId(), func() bool {
+		if len(rcv.types()) < 5 {
+			return false
+		}
+		dl, err := f.admin.Webhooks.ListDeliveries(ctx, connect.NewRequest(&apiv1.ListWebhookDeliveriesRequest{Tenant: "acme", Webhook: wh.GetId()}))
+		require.NoError(t, err)
+		for _, d := range dl.Msg.GetDeliveries() {
+			if d.GetState() != webhooks.DeliverySucceeded {
+				return false
+			}
+		}
+		return len(dl.Msg.GetDeliveries()) == 5
+	})
 	require.Equal(t, want, rcv.types())
 	// Their order is the projects' order.
 	rcv.mu.Lock()
