@@ -485,8 +485,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 
 // buildGateway opens the PKI when a secret is configured — creating it on a
 // database without one, for serve as for dev (an operator who wants an
-// offline root runs `better-compute pki init` before the first serve) — and
-// builds the gateway.
+// offline root runs `better-compute pki init` before the first serve),
+// reseals every module's values an earlier release sealed under the raw
+// secret (resealLegacy), and builds the gateway.
 func (a *App) buildGateway(ctx context.Context) error {
 	cfg := a.cfg
 	var authority gateway.Authority
@@ -501,6 +502,9 @@ func (a *App) buildGateway(ctx context.Context) error {
 		}
 		if created {
 			cfg.Logger.Info("created the PKI", "trust_domain", pa.TrustDomain(), "pin", pa.Pin())
+		}
+		if err := resealLegacy(ctx, a.DB, sealer, cfg.Logger); err != nil {
+			return err
 		}
 		a.PKI = pa
 		a.sealer = sealer

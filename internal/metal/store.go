@@ -316,3 +316,37 @@ func MachinesRescueExpired(ctx context.Context, q store.Querier, limit int) ([]s
 	}
 	return out, rows.Err()
 }
+
+// sealedCredential is a machine's sealed BMC password and the ref it is
+// sealed under: what a reseal reads.
+type sealedCredential struct {
+	ID, CredentialRef string
+	Sealed            []byte
+}
+
+// machineCredentials lists every machine's sealed BMC password, of every
+// tenant and state.
+func machineCredentials(ctx context.Context, q store.Querier) ([]sealedCredential, error) {
+	rows, err := q.Query(ctx, `SELECT id, bmc_credential_ref, bmc_credential FROM machines ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []sealedCredential
+	for rows.Next() {
+		var c sealedCredential
+		if err := rows.Scan(&c.ID, &c.CredentialRef, &c.Sealed); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// machineCredentialReseal replaces a machine's sealed BMC password with
+// the same plaintext sealed anew, only while the row still holds old: a
+// write since the read wins. It reports whether it replaced it.
+func machineCredentialReseal(ctx context.Context, tx store.Tx, id string, old, resealed []byte) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE machines SET bmc_credential = $3 WHERE id = $1 AND bmc_credential = $2`, id, old, resealed)
+	return n > 0, err
+}

@@ -97,3 +97,35 @@ func Delete(ctx context.Context, tx store.Tx, id string) error {
 	_, err := tx.Exec(ctx, `DELETE FROM secrets WHERE id = $1`, id)
 	return err
 }
+
+// sealedValue is a secret's id and sealed value: what a reseal reads.
+type sealedValue struct {
+	ID     string
+	Sealed []byte
+}
+
+// sealedValues lists every secret's id and sealed value, of every owner.
+func sealedValues(ctx context.Context, q store.Querier) ([]sealedValue, error) {
+	rows, err := q.Query(ctx, `SELECT id, value FROM secrets ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []sealedValue
+	for rows.Next() {
+		var v sealedValue
+		if err := rows.Scan(&v.ID, &v.Sealed); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// valueReseal replaces a secret's sealed value with the same plaintext
+// sealed anew, only while the row still holds old: a put since the read
+// wins. It reports whether it replaced it.
+func valueReseal(ctx context.Context, tx store.Tx, id string, old, resealed []byte) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE secrets SET value = $3 WHERE id = $1 AND value = $2`, id, old, resealed)
+	return n > 0, err
+}

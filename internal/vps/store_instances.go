@@ -292,3 +292,37 @@ func PeerAddresses(ctx context.Context, q store.Querier, tenantID, ipPoolID, exc
 	return store.Strings(q.Query(ctx, `SELECT address FROM instances WHERE tenant_id = $1 AND ip_pool_id = $2 AND id <> $3
 		AND state IN ('pending', 'placing', 'booting', 'running', 'stopped') ORDER BY address`, tenantID, ipPoolID, exceptID))
 }
+
+// instanceUserData is an instance's id and sealed user data: what a reseal
+// reads.
+type instanceUserData struct {
+	ID     string
+	Sealed []byte
+}
+
+// instancesUserDataSealed lists every instance that has user data, in
+// every tenant and state, with its sealed user data.
+func instancesUserDataSealed(ctx context.Context, q store.Querier) ([]instanceUserData, error) {
+	rows, err := q.Query(ctx, `SELECT id, user_data_sealed FROM instances WHERE length(user_data_sealed) > 0 ORDER BY id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []instanceUserData
+	for rows.Next() {
+		var u instanceUserData
+		if err := rows.Scan(&u.ID, &u.Sealed); err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
+// instanceUserDataReseal replaces an instance's sealed user data with the
+// same plaintext sealed anew, only while the row still holds old. It
+// reports whether it did.
+func instanceUserDataReseal(ctx context.Context, tx store.Tx, id string, old, resealed []byte) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE instances SET user_data_sealed = $3 WHERE id = $1 AND user_data_sealed = $2`, id, old, resealed)
+	return n > 0, err
+}

@@ -51,3 +51,27 @@ func sshCAInsert(ctx context.Context, tx store.Tx, id, publicKey, sealedKey stri
 func sshCAGet(ctx context.Context, q store.Querier, id string) store.Row {
 	return q.QueryRow(ctx, `SELECT public_key, sealed_key FROM ssh_cas WHERE id = $1`, id)
 }
+
+// sshCAsSealed lists every SSH CA's id and sealed key (base64).
+func sshCAsSealed(ctx context.Context, q store.Querier) (ids, sealedKeys []string, err error) {
+	rows, err := q.Query(ctx, `SELECT id, sealed_key FROM ssh_cas ORDER BY id`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, sealed string
+		if err := rows.Scan(&id, &sealed); err != nil {
+			return nil, nil, err
+		}
+		ids, sealedKeys = append(ids, id), append(sealedKeys, sealed)
+	}
+	return ids, sealedKeys, rows.Err()
+}
+
+// sshCAReseal replaces an SSH CA's sealed key with the same key sealed
+// anew, only while the row still holds old. It reports whether it did.
+func sshCAReseal(ctx context.Context, tx store.Tx, id, old, resealed string) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE ssh_cas SET sealed_key = $3 WHERE id = $1 AND sealed_key = $2`, id, old, resealed)
+	return n > 0, err
+}

@@ -315,3 +315,16 @@ func WebhookSetSecrets(ctx context.Context, tx store.Tx, id string, secret, prev
 	_, err := tx.Exec(ctx, `UPDATE webhooks SET secret = $2, previous_secret = $3 WHERE id = $1`, id, secret, previous)
 	return err
 }
+
+// webhookSecretReseal replaces an endpoint's sealed secret (previous: its
+// previous secret) with the same plaintext sealed anew, only while the row
+// still holds old: a rotation since the read wins. It reports whether it
+// replaced it.
+func webhookSecretReseal(ctx context.Context, tx store.Tx, id string, previous bool, old, resealed []byte) (bool, error) {
+	q := `UPDATE webhooks SET secret = $3 WHERE id = $1 AND secret = $2`
+	if previous {
+		q = `UPDATE webhooks SET previous_secret = $3 WHERE id = $1 AND previous_secret = $2`
+	}
+	n, err := tx.Exec(ctx, q, id, old, resealed)
+	return n > 0, err
+}
