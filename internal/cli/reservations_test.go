@@ -32,6 +32,7 @@ type reservationsFake struct {
 
 	mu       sync.Mutex
 	creates  []*apiv1.CreateReservationRequest
+	arrays   []*apiv1.CreateReservationsRequest
 	previews []*apiv1.PreviewReservationRequest
 	lists    []*apiv1.ListReservationsRequest
 	extends  []*apiv1.ExtendReservationRequest
@@ -148,6 +149,31 @@ func (s fakeReservations) Create(_ context.Context, req *connect.Request[apiv1.C
 	s.rf.add(r)
 	s.rf.moving[r.GetId()] = true
 	return connect.NewResponse(&apiv1.CreateReservationResponse{Reservation: r}), nil
+}
+
+// CreateReservations books min_count (else count) placed reservations,
+// saying why the rest were not when it books fewer.
+func (s fakeReservations) CreateReservations(_ context.Context, req *connect.Request[apiv1.CreateReservationsRequest]) (*connect.Response[apiv1.CreateReservationsResponse], error) {
+	s.rf.mu.Lock()
+	defer s.rf.mu.Unlock()
+	m := req.Msg
+	s.rf.arrays = append(s.rf.arrays, m)
+	if s.rf.createErr != nil {
+		return nil, s.rf.createErr
+	}
+	n, out := m.GetCount(), &apiv1.CreateReservationsResponse{}
+	if m.GetMinCount() > 0 && m.GetMinCount() < n {
+		n = m.GetMinCount()
+		out.Shortfall = fmt.Sprintf("%d of %d booked: no room now", n, m.GetCount())
+	}
+	for range n {
+		r := &apiv1.Reservation{Id: fmt.Sprintf("rsv_%d", len(s.rf.order)+1), TenantId: "ten_1", Pool: m.GetTemplate().GetPool(), State: "placed",
+			Spec:      &apiv1.ReservationSpec{Gpus: m.GetTemplate().GetGpus(), Binding: "node"},
+			Placement: placedOnGPU1(), StartTime: rsvStart, EndTime: rsvEnd, CreateTime: created, UpdateTime: created}
+		s.rf.add(r)
+		out.Reservations = append(out.Reservations, r)
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (s fakeReservations) Preview(_ context.Context, req *connect.Request[apiv1.PreviewReservationRequest]) (*connect.Response[apiv1.PreviewReservationResponse], error) {
