@@ -8,7 +8,8 @@
 // The fleet is written straight into the store with bulk inserts (inventory,
 // pool membership, atoms, host resources and capacity rollups, the rows the
 // atoms reconciler would write), then reservations go through
-// ReservationService.Create over an in-process Connect client: the envelope,
+// ReservationService.Create (with -count N, arrays of N through
+// CreateReservations) over an in-process Connect client: the envelope,
 // authorization, snapshot, placement, booking, quota check and audit/outbox
 // rows all run as in production. With -json the last line of stdout is one
 // JSON object.
@@ -50,6 +51,7 @@ type options struct {
 	quota       bool
 	cpuProfile  string
 	history     int
+	count       int
 }
 
 // result is what the benchmark reports.
@@ -79,8 +81,11 @@ type result struct {
 	PostgresSyncCommit string `json:"postgres_synchronous_commit,omitempty"`
 	PostgresMaxConns   int    `json:"postgres_max_connections,omitempty"`
 
-	// Inline path: concurrent clients creating 1-GPU reservations.
+	// Inline path: concurrent clients creating 1-GPU reservations, one a
+	// call (Count 1, Create) or arrays of Count (CreateReservations): the
+	// placement fields count reservations, the create latency calls.
 	Clients        int     `json:"clients"`
+	Count          int     `json:"count"`
 	Binding        string  `json:"binding"`
 	PlacementsPerS float64 `json:"placements_per_s"`
 	InlinePlaced   int64   `json:"inline_placed"`
@@ -173,6 +178,7 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&o.quota, "quota", false, "give the tenant a GPU quota, so every create sums its usage")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the inline phase to this file")
 	fs.IntVar(&o.history, "history", 0, "ended bookings to preload on the fleet's GPU atoms before measuring")
+	fs.IntVar(&o.count, "count", 1, "reservations per inline call: above 1, each client books arrays of this many (CreateReservations, all or nothing)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -227,6 +233,9 @@ func (o *options) validate() error {
 	if o.history < 0 {
 		errs = append(errs, fmt.Errorf("-history must not be negative, got %d", o.history))
 	}
+	if o.count < 1 || o.count > 1000 {
+		errs = append(errs, fmt.Errorf("-count must be 1..1000, got %d", o.count))
+	}
 	if o.pending < 0 {
 		errs = append(errs, fmt.Errorf("-pending must not be negative, got %d", o.pending))
 	}
@@ -239,7 +248,7 @@ func (o *options) validate() error {
 func printSummary(w io.Writer, r result) error {
 	_, err := fmt.Fprintf(w, `placement benchmark: %d nodes × %d GPUs (%d atoms, %s) on %s, %s (load average %.1f)
   load            %.1f s (history: %d ended bookings, preloaded in %.1f s)
-  inline          %.0f placements/s (%d placed, %d pending, %d failed in %.1f s; %d clients, binding %s)
+  inline          %.0f placements/s (%d placed, %d pending, %d failed in %.1f s; %d clients, %d a call, binding %s)
   create latency  p50 %.2f ms, p99 %.2f ms, max %.0f ms (the first, untimed: %.0f ms)
   transactions    %d, creates per transaction p50 %d, max %d
   txn hold        p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms (BEGIN…COMMIT)
@@ -248,7 +257,7 @@ func printSummary(w io.Writer, r result) error {
   memory          max RSS %.0f MiB, peak heap %.0f MiB
 `, r.Nodes, r.GPUsPerNode, r.Atoms, r.AtomsFrom, r.Store, r.Machine, r.LoadAvg,
 		r.LoadS, r.HistoryBookings, r.HistoryLoadS,
-		r.PlacementsPerS, r.InlinePlaced, r.InlinePending, r.InlineFailed, r.InlineS, r.Clients, r.Binding,
+		r.PlacementsPerS, r.InlinePlaced, r.InlinePending, r.InlineFailed, r.InlineS, r.Clients, r.Count, r.Binding,
 		r.CreateP50ms, r.CreateP99ms, r.CreateMaxms, r.FirstCreateMS,
 		r.LockHolds, r.BatchP50, r.BatchMax,
 		r.LockHoldP50ms, r.LockHoldP90ms, r.LockHoldP99ms, r.LockHoldMaxms,

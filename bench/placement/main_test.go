@@ -83,6 +83,27 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestSmokeArrays: with -count the inline clients book arrays
+// (CreateReservations), reported in the same fields, counted in
+// reservations.
+func TestSmokeArrays(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"-nodes", "10", "-duration", "1s", "-clients", "2", "-count", "4", "-json"}
+	require.NoError(t, execute(context.Background(), args, &stdout, &stderr), "stderr: %s", stderr.String())
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &got))
+	require.EqualValues(t, 4, got["count"])
+	require.EqualValues(t, 0, got["inline_failed"], "first failure: %v", got["inline_error"])
+	require.EqualValues(t, 0, got["inline_pending"], "an array never queues")
+	placed, ok := got["inline_placed"].(float64)
+	require.True(t, ok)
+	require.Positive(t, placed)
+	require.Zero(t, int(placed)%4, "whole arrays only: %v", placed)
+	require.LessOrEqual(t, got["batch_max"], 2.0, "2 clients have at most 2 arrays in flight, one work item each")
+}
+
 func TestOptionsRejectNonsense(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
@@ -93,6 +114,8 @@ func TestOptionsRejectNonsense(t *testing.T) {
 		{"-history", "-1"},
 		{"-binding", "node"},
 		{"-cpus-per-node", "7"},
+		{"-count", "0"},
+		{"-count", "1001"},
 	} {
 		var stdout, stderr bytes.Buffer
 		require.Error(t, execute(context.Background(), args, &stdout, &stderr), "%v", args)

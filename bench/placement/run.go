@@ -97,7 +97,7 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 func run(ctx context.Context, o options, logf func(string, ...any)) (res result, err error) {
 	start := time.Now()
 	res = result{Nodes: o.nodes, Store: o.store, GPUsPerNode: o.gpusPerNode, CPUsPerNode: o.cpusPerNode, GPUs: o.nodes * o.gpusPerNode,
-		Clients: o.clients, Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
+		Clients: o.clients, Count: max(o.count, 1), Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
 		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339)}
 	if o.reconcile {
 		res.AtomsFrom = "reconciler"
@@ -197,19 +197,41 @@ func setup(ctx context.Context, api *client.Client, o options) (tenant, project,
 // inline runs o.clients clients creating 1-GPU reservations through the API
 // for o.duration, until limit were asked for, or until the pool is full.
 func (b *bench) inline(ctx context.Context, o options, limit int, res *result) error {
-	create := func() (*connect.Response[apiv1.CreateReservationResponse], error) {
-		return b.api.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
-			Tenant: "bench", Pool: "gpu", Gpus: 1, Binding: o.binding, DurationSeconds: int64(reservationLength / time.Second)}))
+	per := max(o.count, 1)
+	// create books one reservation (Create), or with -count N an array of
+	// N (CreateReservations, all or nothing); it returns how many were
+	// placed and how many wait.
+	create := func() (placed, waiting int, err error) {
+		tmpl := &apiv1.CreateReservationRequest{
+			Tenant: "bench", Pool: "gpu", Gpus: 1, Binding: o.binding, DurationSeconds: int64(reservationLength / time.Second)}
+		if per > 1 {
+			r, err := b.api.Reservations.CreateReservations(ctx, connect.NewRequest(&apiv1.CreateReservationsRequest{Template: tmpl, Count: int32(per)}))
+			if err != nil {
+				return 0, 0, err
+			}
+			return len(r.Msg.GetReservations()), 0, nil
+		}
+		r, err := b.api.Reservations.Create(ctx, connect.NewRequest(tmpl))
+		switch {
+		case err != nil:
+			return 0, 0, err
+		case r.Msg.GetReservation().GetPlacement().GetNodeId() != "":
+			return 1, 0, nil
+		default:
+			// Nothing fit now, or it lost the race for its atoms
+			// MaxReplans times: it waits in the queue.
+			return 0, 1, nil
+		}
 	}
 	// One create before the clock starts: the first in a process loads what
 	// the engine caches (the pool's index, the compiled policies), which
 	// later ones only refresh.
 	t0 := time.Now()
-	if _, err := create(); err != nil {
+	if _, _, err := create(); err != nil {
 		return fmt.Errorf("first create: %w", err)
 	}
 	res.FirstCreateMS = float64(time.Since(t0).Microseconds()) / 1000
-	limit--
+	limit -= per
 
 	var samples []txn
 	b.txns.start(&samples)
@@ -235,17 +257,14 @@ func (b *bench) inline(ctx context.Context, o options, limit int, res *result) e
 	deadline := began.Add(o.duration)
 	for c := range o.clients {
 		wg.Go(func() {
-			for ctx.Err() == nil && !full.Load() && time.Now().Before(deadline) && asked.Add(1) <= int64(limit) {
+			for ctx.Err() == nil && !full.Load() && time.Now().Before(deadline) && asked.Add(int64(per)) <= int64(limit) {
 				t0 := time.Now()
-				r, err := create()
+				p, w, err := create()
 				lat[c] = append(lat[c], time.Since(t0))
 				switch {
-				case err == nil && r.Msg.GetReservation().GetPlacement().GetNodeId() != "":
-					placed.Add(1)
 				case err == nil:
-					// Nothing fit now, or it lost the race for its atoms
-					// MaxReplans times: it waits in the queue.
-					pending.Add(1)
+					placed.Add(int64(p))
+					pending.Add(int64(w))
 				case client.Code(err) == "NO_CAPACITY":
 					full.Store(true)
 				default:

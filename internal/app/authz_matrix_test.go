@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -1028,6 +1029,9 @@ func TestAuthzMatrix(t *testing.T) {
 		require.Contains(t, matrixCalls, m.Action, "mutation %s has no call in the authz matrix", m.Action)
 	}
 	sort.Strings(actions)
+	// Several procedures may share an action (Create and CreateReservations
+	// are both reservations.create): the matrix has a row per action.
+	actions = slices.Compact(actions)
 	require.Len(t, matrixExpect, len(actions), "the matrix names a mutation the catalog does not have")
 
 	// Cells share one control plane, so they run one after another: the

@@ -1363,6 +1363,22 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.ReservationServiceCreateReservationsProcedure: {
+			func() error {
+				_, err := evil.Reservations.CreateReservations(ctx, connect.NewRequest(&apiv1.CreateReservationsRequest{Template: evilBooking, Count: 2}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.CreateReservations(ctx, connect.NewRequest(&apiv1.CreateReservationsRequest{Count: 2,
+					Template: &apiv1.CreateReservationRequest{Tenant: acme.GetId(), Project: web.GetId(), Pool: poolID, Gpus: 1}}))
+				return err
+			},
+			func() error {
+				_, err := evil.Reservations.CreateReservations(ctx, connect.NewRequest(&apiv1.CreateReservationsRequest{Count: 2, MinCount: 1,
+					Template: &apiv1.CreateReservationRequest{Tenant: "other", Project: "web", Pool: "h100", Gpus: 1}}))
+				return err
+			},
+		},
 		apiv1connect.ReservationServicePreviewProcedure: {
 			func() error {
 				_, err := evil.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{Request: evilBooking}))

@@ -169,12 +169,13 @@ func (v *spanValue) Type() string { return "duration" }
 // under use "reserve".
 func (a *app) reservationCreateCommand(use string) *cobra.Command {
 	var (
-		f              reservationFlags
-		wait           time.Duration
-		confirmationID string
+		f               reservationFlags
+		wait            time.Duration
+		confirmationID  string
+		count, minCount int32
 	)
 	cmd := &cobra.Command{
-		Use:   use + " --pool POOL --gpus N [--for 4h | --start T --end T]",
+		Use:   use + " --pool POOL --gpus N [--for 4h | --start T --end T] [--count N [--min M]]",
 		Short: "Reserve GPUs of one node of a pool",
 		Long: `Reserve GPUs (whole, MIG instances with --mig, or shared --slots) and host
 resources on one node of a pool, for --for from now or over a --start/--end
@@ -186,7 +187,12 @@ the answer shows it active. An explicit --wait D also waits for a pending
 or future one, until it is active (or failed, canceled, ...) or D passes,
 and fails unless it became active. A refusal for lack of
 capacity prints, on stderr, why each class of nodes did not fit; one for
-quota prints the quotas it would exceed.`,
+quota prints the quotas it would exceed.
+
+--count N books an array: N reservations alike, in one request (one
+authorization decision, one transaction), all placed now or none; with
+--min M, at least M placed now or none. An array never waits pending and
+is answered at once (--wait does not apply); it prints one row each.`,
 		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request(time.Now())
@@ -204,6 +210,12 @@ quota prints the quotas it would exceed.`,
 			// One key for every retry: a create the server committed but
 			// whose answer was lost is answered again, not booked twice.
 			m := newCreate(confirmationID)
+			if count != 1 || cmd.Flags().Changed("min") {
+				if cmd.Flags().Changed("wait") {
+					return invalidArg("wait", "does not apply to an array (--count): it is placed now or refused")
+				}
+				return a.reserveArray(cmd, c, m, &apiv1.CreateReservationsRequest{Template: req, Count: count, MinCount: minCount})
+			}
 			var resp *connect.Response[apiv1.CreateReservationResponse]
 			err = a.retry(cmd.Context(), func() (err error) {
 				resp, err = c.Reservations.Create(cmd.Context(), request(req, m))
@@ -238,8 +250,28 @@ quota prints the quotas it would exceed.`,
 	}
 	f.add(cmd)
 	cmd.Flags().DurationVar(&wait, "wait", 10*time.Second, "wait up to this long for the reservation to become active (by default only while the node binds it)")
+	cmd.Flags().Int32Var(&count, "count", 1, "book an array of this many reservations alike, all placed now or none (at most 1000)")
+	cmd.Flags().Int32Var(&minCount, "min", 0, "with --count: book at least this many placed now, or none (0: all of them)")
 	addConfirmationFlag(cmd, &confirmationID)
 	return cmd
+}
+
+// reserveArray books an array (ReservationService.CreateReservations) and
+// prints one row per reservation booked, and on stderr why fewer than
+// asked were.
+func (a *app) reserveArray(cmd *cobra.Command, c *client.Client, m mutation, req *apiv1.CreateReservationsRequest) error {
+	var resp *connect.Response[apiv1.CreateReservationsResponse]
+	err := a.retry(cmd.Context(), func() (err error) {
+		resp, err = c.Reservations.CreateReservations(cmd.Context(), request(req, m))
+		return err
+	})
+	if err != nil {
+		return reportRefusal(cmd.ErrOrStderr(), err)
+	}
+	if s := resp.Msg.GetShortfall(); s != "" {
+		fmt.Fprintln(cmd.ErrOrStderr(), "partial array:", s)
+	}
+	return a.printReservations(cmd, resp.Msg, resp.Msg.GetReservations()...)
 }
 
 // settledReservation reports whether a reservation stopped moving towards

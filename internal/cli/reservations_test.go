@@ -32,6 +32,7 @@ type reservationsFake struct {
 
 	mu       sync.Mutex
 	creates  []*apiv1.CreateReservationRequest
+	arrays   []*apiv1.CreateReservationsRequest
 	previews []*apiv1.PreviewReservationRequest
 	lists    []*apiv1.ListReservationsRequest
 	extends  []*apiv1.ExtendReservationRequest
@@ -148,6 +149,31 @@ func (s fakeReservations) Create(_ context.Context, req *connect.Request[apiv1.C
 	s.rf.add(r)
 	s.rf.moving[r.GetId()] = true
 	return connect.NewResponse(&apiv1.CreateReservationResponse{Reservation: r}), nil
+}
+
+// CreateReservations books min_count (else count) placed reservations,
+// saying why the rest were not when it books fewer.
+func (s fakeReservations) CreateReservations(_ context.Context, req *connect.Request[apiv1.CreateReservationsRequest]) (*connect.Response[apiv1.CreateReservationsResponse], error) {
+	s.rf.mu.Lock()
+	defer s.rf.mu.Unlock()
+	m := req.Msg
+	s.rf.arrays = append(s.rf.arrays, m)
+	if s.rf.createErr != nil {
+		return nil, s.rf.createErr
+	}
+	n, out := m.GetCount(), &apiv1.CreateReservationsResponse{}
+	if m.GetMinCount() > 0 && m.GetMinCount() < n {
+		n = m.GetMinCount()
+		out.Shortfall = fmt.Sprintf("%d of %d booked: no room now", n, m.GetCount())
+	}
+	for range n {
+		r := &apiv1.Reservation{Id: fmt.Sprintf("rsv_%d", len(s.rf.order)+1), TenantId: "ten_1", Pool: m.GetTemplate().GetPool(), State: "placed",
+			Spec:      &apiv1.ReservationSpec{Gpus: m.GetTemplate().GetGpus(), Binding: "node"},
+			Placement: placedOnGPU1(), StartTime: rsvStart, EndTime: rsvEnd, CreateTime: created, UpdateTime: created}
+		s.rf.add(r)
+		out.Reservations = append(out.Reservations, r)
+	}
+	return connect.NewResponse(out), nil
 }
 
 func (s fakeReservations) Preview(_ context.Context, req *connect.Request[apiv1.PreviewReservationRequest]) (*connect.Response[apiv1.PreviewReservationResponse], error) {
@@ -358,6 +384,43 @@ func TestReserveFlagsToRequest(t *testing.T) {
 			require.NotEmpty(t, calls[0].header.Get("Idempotency-Key"), "create carries an Idempotency-Key")
 		})
 	}
+}
+
+func TestReserveArray(t *testing.T) {
+	t.Parallel()
+	b, rf := setupReservations(t)
+	out := b.ok(t, "reserve", "--pool", "h100", "--gpus", "2", "--for", "1h", "--count", "4")
+	var got *apiv1.CreateReservationsRequest
+	rf.locked(func() {
+		got = rf.arrays[len(rf.arrays)-1]
+		require.Empty(t, rf.creates, "an array is one CreateReservations")
+	})
+	requireProto(t, &apiv1.CreateReservationsRequest{Count: 4,
+		Template: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 2, DurationSeconds: 3600}}, got)
+	calls := b.f.callsTo("ReservationService/CreateReservations")
+	require.Len(t, calls, 1)
+	require.NotEmpty(t, calls[0].header.Get("Idempotency-Key"), "an array carries an Idempotency-Key")
+	require.Equal(t, 5, strings.Count(out, "\n"), "a header and one row each: %s", out)
+	for _, id := range []string{"rsv_4", "rsv_5", "rsv_6", "rsv_7"} {
+		require.Contains(t, out, id)
+	}
+
+	// --min: a partial answer prints the rows booked and why not the rest.
+	r := b.run(t, "", "reserve", "--pool", "h100", "--gpus", "1", "--count", "3", "--min", "2")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, r.stderr, "partial array: 2 of 3 booked")
+	require.Equal(t, 3, strings.Count(r.stdout, "\n"), r.stdout)
+
+	// An array is answered at once: --wait does not apply.
+	stderr := b.fail(t, "reserve", "--pool", "h100", "--gpus", "1", "--count", "3", "--wait", "1m")
+	require.Contains(t, stderr, "invalid --wait: does not apply to an array")
+
+	// A refusal prints like a create's.
+	rf.locked(func() {
+		rf.createErr = apiError(connect.CodeResourceExhausted, "NO_CAPACITY", "no capacity in pool h100: 1 of the array's 4 fit now", "")
+	})
+	stderr = b.fail(t, "reserve", "--pool", "h100", "--gpus", "8", "--count", "4")
+	require.Contains(t, stderr, "NO_CAPACITY")
 }
 
 func TestReserveRelativeTimes(t *testing.T) {

@@ -72,6 +72,8 @@ var catalog = []Method{
 	{apiv1connect.PoolServiceArchiveProcedure, "pools.archive", KindMutation, false},
 	{apiv1connect.PoolServiceOfferProcedure, "pools.offer", KindMutation, false},
 	{apiv1connect.ReservationServiceCreateProcedure, "reservations.create", KindMutation, true},
+	// An array is decided as one create, its count in the decision's context.
+	{apiv1connect.ReservationServiceCreateReservationsProcedure, "reservations.create", KindMutation, true},
 	{apiv1connect.ReservationServicePreviewProcedure, "reservations.preview", KindRead, false},
 	{apiv1connect.ReservationServiceGetProcedure, "reservations.get", KindRead, false},
 	{apiv1connect.ReservationServiceListProcedure, "reservations.list", KindRead, false},

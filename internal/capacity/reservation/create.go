@@ -310,12 +310,16 @@ func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reser
 	return r
 }
 
-func draftResource(t *target, sp *spec) iam.Resource {
+// draftResource is the reservation a create asks for, as the decision sees
+// it: gpus is one reservation's, totalGpus all count of them (an array's
+// count × gpus; a create's count is 1), so a policy can bound either.
+func draftResource(t *target, sp *spec, count int) iam.Resource {
 	if !t.tenantFound {
 		return iam.Resource{Type: "Reservation", ID: iam.DraftID}
 	}
+	gpus := int(sp.msg.GetGpus() + sp.msg.GetSlots())
 	return iam.Resource{Type: "Reservation", ID: iam.DraftID, TenantID: t.tenant.ID, ProjectID: t.project.ID, Attrs: map[string]any{
-		"pool": t.pool.ID, "gpus": int(sp.msg.GetGpus() + sp.msg.GetSlots()), "binding": sp.binding,
+		"pool": t.pool.ID, "gpus": gpus, "totalGpus": count * gpus, "binding": sp.binding,
 		"lifetimeSeconds": int64(sp.end.Sub(sp.start) / time.Second),
 	}}
 }
@@ -343,7 +347,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
 			var err error
 			t, err = s.resolve(ctx, q, &sp)
-			return draftResource(&t, &sp), err
+			return draftResource(&t, &sp, 1), err
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
 			if !t.poolFound {
@@ -367,7 +371,7 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 				return nil, err
 			}
 			r := t.newReservation(&sp, tx.Now(), tx.Caller().Principal.ID)
-			evs, err := s.engine.create(ctx, b, &r, &t, tx.Now())
+			evs, err := s.engine.create(ctx, b, &r, &t, tx.Now(), true)
 			if err != nil {
 				return nil, err
 			}
@@ -384,8 +388,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 
 // create places r inline or queues it, checks quota, and stages it in the
 // placer's batch. Everything that can refuse it comes before anything is
-// staged or written.
-func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t *target, now time.Time) ([]envelope.Event, error) {
+// staged or written. queue: what does not fit now may wait pending (a
+// create); otherwise (an array's member) it is refused with a *notNow.
+func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t *target, now time.Time, queue bool) ([]envelope.Event, error) {
 	placed, ex, err := e.placers.Place(ctx, b, r, now)
 	if err != nil {
 		var re *placement.RequestError
@@ -415,6 +420,9 @@ func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t 
 				return nil, placer.NeverFits(t.pool.Name, nodes, r, res.Explanation)
 			}
 			return nil, noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
+		}
+		if !queue {
+			return nil, &notNow{ex: ex}
 		}
 		maxPending := int(t.policy.GetMaxPending())
 		if maxPending == 0 {
@@ -498,7 +506,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, draftResource(&t, &sp)); err != nil {
+	if err := s.env.AuthorizeRead(ctx, draftResource(&t, &sp, 1)); err != nil {
 		return nil, err
 	}
 	if t.poolFound && t.pool.State == pool.StateActive {

@@ -903,6 +903,124 @@ func (x *CreateReservationResponse) GetReservation() *Reservation {
 	return nil
 }
 
+type CreateReservationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What each reservation of the array asks for, as Create takes it.
+	Template *CreateReservationRequest `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"`
+	// How many reservations, 1 to 1000.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// The fewest the caller accepts, 0 to count; 0 means all count or none.
+	MinCount      int32 `protobuf:"varint,3,opt,name=min_count,json=minCount,proto3" json:"min_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateReservationsRequest) Reset() {
+	*x = CreateReservationsRequest{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateReservationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateReservationsRequest) ProtoMessage() {}
+
+func (x *CreateReservationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateReservationsRequest.ProtoReflect.Descriptor instead.
+func (*CreateReservationsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CreateReservationsRequest) GetTemplate() *CreateReservationRequest {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+func (x *CreateReservationsRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *CreateReservationsRequest) GetMinCount() int32 {
+	if x != nil {
+		return x.MinCount
+	}
+	return 0
+}
+
+type CreateReservationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reservations booked, all placed: count of them, or at least
+	// min_count when the request allowed a partial answer.
+	Reservations []*Reservation `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// Why fewer than count were booked; empty when all were.
+	Shortfall     string `protobuf:"bytes,2,opt,name=shortfall,proto3" json:"shortfall,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateReservationsResponse) Reset() {
+	*x = CreateReservationsResponse{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateReservationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateReservationsResponse) ProtoMessage() {}
+
+func (x *CreateReservationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateReservationsResponse.ProtoReflect.Descriptor instead.
+func (*CreateReservationsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CreateReservationsResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+func (x *CreateReservationsResponse) GetShortfall() string {
+	if x != nil {
+		return x.Shortfall
+	}
+	return ""
+}
+
 type PreviewReservationRequest struct {
 	state         protoimpl.MessageState    `protogen:"open.v1"`
 	Request       *CreateReservationRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
@@ -912,7 +1030,7 @@ type PreviewReservationRequest struct {
 
 func (x *PreviewReservationRequest) Reset() {
 	*x = PreviewReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1042,7 @@ func (x *PreviewReservationRequest) String() string {
 func (*PreviewReservationRequest) ProtoMessage() {}
 
 func (x *PreviewReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1055,7 @@ func (x *PreviewReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreviewReservationRequest.ProtoReflect.Descriptor instead.
 func (*PreviewReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PreviewReservationRequest) GetRequest() *CreateReservationRequest {
@@ -962,7 +1080,7 @@ type PreviewReservationResponse struct {
 
 func (x *PreviewReservationResponse) Reset() {
 	*x = PreviewReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1092,7 @@ func (x *PreviewReservationResponse) String() string {
 func (*PreviewReservationResponse) ProtoMessage() {}
 
 func (x *PreviewReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1105,7 @@ func (x *PreviewReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreviewReservationResponse.ProtoReflect.Descriptor instead.
 func (*PreviewReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PreviewReservationResponse) GetFeasible() bool {
@@ -1044,7 +1162,7 @@ type QuotaEffect struct {
 
 func (x *QuotaEffect) Reset() {
 	*x = QuotaEffect{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1174,7 @@ func (x *QuotaEffect) String() string {
 func (*QuotaEffect) ProtoMessage() {}
 
 func (x *QuotaEffect) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1187,7 @@ func (x *QuotaEffect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaEffect.ProtoReflect.Descriptor instead.
 func (*QuotaEffect) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *QuotaEffect) GetUses() []*QuotaUse {
@@ -1105,7 +1223,7 @@ type QuotaUse struct {
 
 func (x *QuotaUse) Reset() {
 	*x = QuotaUse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1235,7 @@ func (x *QuotaUse) String() string {
 func (*QuotaUse) ProtoMessage() {}
 
 func (x *QuotaUse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1248,7 @@ func (x *QuotaUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaUse.ProtoReflect.Descriptor instead.
 func (*QuotaUse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *QuotaUse) GetQuotaId() string {
@@ -1206,7 +1324,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1336,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1349,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetReservationRequest) GetTenant() string {
@@ -1257,7 +1375,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1387,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1400,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetReservationResponse) GetReservation() *Reservation {
@@ -1312,7 +1430,7 @@ type ListReservationsRequest struct {
 
 func (x *ListReservationsRequest) Reset() {
 	*x = ListReservationsRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1442,7 @@ func (x *ListReservationsRequest) String() string {
 func (*ListReservationsRequest) ProtoMessage() {}
 
 func (x *ListReservationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1455,7 @@ func (x *ListReservationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReservationsRequest.ProtoReflect.Descriptor instead.
 func (*ListReservationsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListReservationsRequest) GetTenant() string {
@@ -1399,7 +1517,7 @@ type ListReservationsResponse struct {
 
 func (x *ListReservationsResponse) Reset() {
 	*x = ListReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1529,7 @@ func (x *ListReservationsResponse) String() string {
 func (*ListReservationsResponse) ProtoMessage() {}
 
 func (x *ListReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1542,7 @@ func (x *ListReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReservationsResponse.ProtoReflect.Descriptor instead.
 func (*ListReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListReservationsResponse) GetReservations() []*Reservation {
@@ -1454,7 +1572,7 @@ type WatchReservationsRequest struct {
 
 func (x *WatchReservationsRequest) Reset() {
 	*x = WatchReservationsRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1584,7 @@ func (x *WatchReservationsRequest) String() string {
 func (*WatchReservationsRequest) ProtoMessage() {}
 
 func (x *WatchReservationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1597,7 @@ func (x *WatchReservationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReservationsRequest.ProtoReflect.Descriptor instead.
 func (*WatchReservationsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchReservationsRequest) GetTenant() string {
@@ -1515,7 +1633,7 @@ type WatchReservationsResponse struct {
 
 func (x *WatchReservationsResponse) Reset() {
 	*x = WatchReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1645,7 @@ func (x *WatchReservationsResponse) String() string {
 func (*WatchReservationsResponse) ProtoMessage() {}
 
 func (x *WatchReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1658,7 @@ func (x *WatchReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReservationsResponse.ProtoReflect.Descriptor instead.
 func (*WatchReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchReservationsResponse) GetType() string {
@@ -1577,7 +1695,7 @@ type ExtendReservationRequest struct {
 
 func (x *ExtendReservationRequest) Reset() {
 	*x = ExtendReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1707,7 @@ func (x *ExtendReservationRequest) String() string {
 func (*ExtendReservationRequest) ProtoMessage() {}
 
 func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1720,7 @@ func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExtendReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExtendReservationRequest) GetTenant() string {
@@ -1642,7 +1760,7 @@ type ExtendReservationResponse struct {
 
 func (x *ExtendReservationResponse) Reset() {
 	*x = ExtendReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1772,7 @@ func (x *ExtendReservationResponse) String() string {
 func (*ExtendReservationResponse) ProtoMessage() {}
 
 func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1785,7 @@ func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExtendReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExtendReservationResponse) GetReservation() *Reservation {
@@ -1687,7 +1805,7 @@ type ReleaseReservationRequest struct {
 
 func (x *ReleaseReservationRequest) Reset() {
 	*x = ReleaseReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1817,7 @@ func (x *ReleaseReservationRequest) String() string {
 func (*ReleaseReservationRequest) ProtoMessage() {}
 
 func (x *ReleaseReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1830,7 @@ func (x *ReleaseReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseReservationRequest) GetTenant() string {
@@ -1738,7 +1856,7 @@ type ReleaseReservationResponse struct {
 
 func (x *ReleaseReservationResponse) Reset() {
 	*x = ReleaseReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +1868,7 @@ func (x *ReleaseReservationResponse) String() string {
 func (*ReleaseReservationResponse) ProtoMessage() {}
 
 func (x *ReleaseReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +1881,7 @@ func (x *ReleaseReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseReservationResponse) GetReservation() *Reservation {
@@ -1783,7 +1901,7 @@ type CancelReservationRequest struct {
 
 func (x *CancelReservationRequest) Reset() {
 	*x = CancelReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1795,7 +1913,7 @@ func (x *CancelReservationRequest) String() string {
 func (*CancelReservationRequest) ProtoMessage() {}
 
 func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1808,7 +1926,7 @@ func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationRequest.ProtoReflect.Descriptor instead.
 func (*CancelReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelReservationRequest) GetTenant() string {
@@ -1834,7 +1952,7 @@ type CancelReservationResponse struct {
 
 func (x *CancelReservationResponse) Reset() {
 	*x = CancelReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1964,7 @@ func (x *CancelReservationResponse) String() string {
 func (*CancelReservationResponse) ProtoMessage() {}
 
 func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +1977,7 @@ func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationResponse.ProtoReflect.Descriptor instead.
 func (*CancelReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelReservationResponse) GetReservation() *Reservation {
@@ -1885,7 +2003,7 @@ type ExecReservationRequest struct {
 
 func (x *ExecReservationRequest) Reset() {
 	*x = ExecReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2015,7 @@ func (x *ExecReservationRequest) String() string {
 func (*ExecReservationRequest) ProtoMessage() {}
 
 func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2028,7 @@ func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExecReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExecReservationRequest) GetTenant() string {
@@ -1955,7 +2073,7 @@ type ExecReservationResponse struct {
 
 func (x *ExecReservationResponse) Reset() {
 	*x = ExecReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2085,7 @@ func (x *ExecReservationResponse) String() string {
 func (*ExecReservationResponse) ProtoMessage() {}
 
 func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2098,7 @@ func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExecReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecReservationResponse) GetEvent() isExecReservationResponse_Event {
@@ -2050,7 +2168,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2180,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2193,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecStarted) GetCommandId() string {
@@ -2104,7 +2222,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2234,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2247,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecOutput) GetStream() string {
@@ -2173,7 +2291,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2185,7 +2303,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2198,7 +2316,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecExit) GetState() string {
@@ -2358,7 +2476,14 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\abinding\x18\x0e \x01(\tR\abinding\x12#\n" +
 	"\rsingle_tenant\x18\x0f \x01(\bR\fsingleTenant\"`\n" +
 	"\x19CreateReservationResponse\x12C\n" +
-	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"e\n" +
+	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"\x9a\x01\n" +
+	"\x19CreateReservationsRequest\x12J\n" +
+	"\btemplate\x18\x01 \x01(\v2..bettercompute.api.v1.CreateReservationRequestR\btemplate\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1b\n" +
+	"\tmin_count\x18\x03 \x01(\x05R\bminCount\"\x81\x01\n" +
+	"\x1aCreateReservationsResponse\x12E\n" +
+	"\freservations\x18\x01 \x03(\v2!.bettercompute.api.v1.ReservationR\freservations\x12\x1c\n" +
+	"\tshortfall\x18\x02 \x01(\tR\tshortfall\"e\n" +
 	"\x19PreviewReservationRequest\x12H\n" +
 	"\arequest\x18\x01 \x01(\v2..bettercompute.api.v1.CreateReservationRequestR\arequest\"\xe7\x02\n" +
 	"\x1aPreviewReservationResponse\x12\x1a\n" +
@@ -2454,9 +2579,10 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\vcgroup_note\x18\a \x01(\tR\n" +
 	"cgroupNote\x12\x18\n" +
 	"\amessage\x18\b \x01(\tR\amessage\x12!\n" +
-	"\ffailure_code\x18\t \x01(\tR\vfailureCode2\xdc\a\n" +
+	"\ffailure_code\x18\t \x01(\tR\vfailureCode2\xd5\b\n" +
 	"\x12ReservationService\x12i\n" +
-	"\x06Create\x12..bettercompute.api.v1.CreateReservationRequest\x1a/.bettercompute.api.v1.CreateReservationResponse\x12q\n" +
+	"\x06Create\x12..bettercompute.api.v1.CreateReservationRequest\x1a/.bettercompute.api.v1.CreateReservationResponse\x12w\n" +
+	"\x12CreateReservations\x12/.bettercompute.api.v1.CreateReservationsRequest\x1a0.bettercompute.api.v1.CreateReservationsResponse\x12q\n" +
 	"\aPreview\x12/.bettercompute.api.v1.PreviewReservationRequest\x1a0.bettercompute.api.v1.PreviewReservationResponse\"\x03\x90\x02\x01\x12e\n" +
 	"\x03Get\x12+.bettercompute.api.v1.GetReservationRequest\x1a,.bettercompute.api.v1.GetReservationResponse\"\x03\x90\x02\x01\x12j\n" +
 	"\x04List\x12-.bettercompute.api.v1.ListReservationsRequest\x1a..bettercompute.api.v1.ListReservationsResponse\"\x03\x90\x02\x01\x12j\n" +
@@ -2478,7 +2604,7 @@ func file_bettercompute_api_v1_reservations_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_reservations_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*Reservation)(nil),                // 0: bettercompute.api.v1.Reservation
 	(*ReservationSpec)(nil),            // 1: bettercompute.api.v1.ReservationSpec
@@ -2489,84 +2615,90 @@ var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*ExplanationLine)(nil),            // 6: bettercompute.api.v1.ExplanationLine
 	(*CreateReservationRequest)(nil),   // 7: bettercompute.api.v1.CreateReservationRequest
 	(*CreateReservationResponse)(nil),  // 8: bettercompute.api.v1.CreateReservationResponse
-	(*PreviewReservationRequest)(nil),  // 9: bettercompute.api.v1.PreviewReservationRequest
-	(*PreviewReservationResponse)(nil), // 10: bettercompute.api.v1.PreviewReservationResponse
-	(*QuotaEffect)(nil),                // 11: bettercompute.api.v1.QuotaEffect
-	(*QuotaUse)(nil),                   // 12: bettercompute.api.v1.QuotaUse
-	(*GetReservationRequest)(nil),      // 13: bettercompute.api.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),     // 14: bettercompute.api.v1.GetReservationResponse
-	(*ListReservationsRequest)(nil),    // 15: bettercompute.api.v1.ListReservationsRequest
-	(*ListReservationsResponse)(nil),   // 16: bettercompute.api.v1.ListReservationsResponse
-	(*WatchReservationsRequest)(nil),   // 17: bettercompute.api.v1.WatchReservationsRequest
-	(*WatchReservationsResponse)(nil),  // 18: bettercompute.api.v1.WatchReservationsResponse
-	(*ExtendReservationRequest)(nil),   // 19: bettercompute.api.v1.ExtendReservationRequest
-	(*ExtendReservationResponse)(nil),  // 20: bettercompute.api.v1.ExtendReservationResponse
-	(*ReleaseReservationRequest)(nil),  // 21: bettercompute.api.v1.ReleaseReservationRequest
-	(*ReleaseReservationResponse)(nil), // 22: bettercompute.api.v1.ReleaseReservationResponse
-	(*CancelReservationRequest)(nil),   // 23: bettercompute.api.v1.CancelReservationRequest
-	(*CancelReservationResponse)(nil),  // 24: bettercompute.api.v1.CancelReservationResponse
-	(*ExecReservationRequest)(nil),     // 25: bettercompute.api.v1.ExecReservationRequest
-	(*ExecReservationResponse)(nil),    // 26: bettercompute.api.v1.ExecReservationResponse
-	(*ExecStarted)(nil),                // 27: bettercompute.api.v1.ExecStarted
-	(*ExecOutput)(nil),                 // 28: bettercompute.api.v1.ExecOutput
-	(*ExecExit)(nil),                   // 29: bettercompute.api.v1.ExecExit
-	(*timestamppb.Timestamp)(nil),      // 30: google.protobuf.Timestamp
+	(*CreateReservationsRequest)(nil),  // 9: bettercompute.api.v1.CreateReservationsRequest
+	(*CreateReservationsResponse)(nil), // 10: bettercompute.api.v1.CreateReservationsResponse
+	(*PreviewReservationRequest)(nil),  // 11: bettercompute.api.v1.PreviewReservationRequest
+	(*PreviewReservationResponse)(nil), // 12: bettercompute.api.v1.PreviewReservationResponse
+	(*QuotaEffect)(nil),                // 13: bettercompute.api.v1.QuotaEffect
+	(*QuotaUse)(nil),                   // 14: bettercompute.api.v1.QuotaUse
+	(*GetReservationRequest)(nil),      // 15: bettercompute.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),     // 16: bettercompute.api.v1.GetReservationResponse
+	(*ListReservationsRequest)(nil),    // 17: bettercompute.api.v1.ListReservationsRequest
+	(*ListReservationsResponse)(nil),   // 18: bettercompute.api.v1.ListReservationsResponse
+	(*WatchReservationsRequest)(nil),   // 19: bettercompute.api.v1.WatchReservationsRequest
+	(*WatchReservationsResponse)(nil),  // 20: bettercompute.api.v1.WatchReservationsResponse
+	(*ExtendReservationRequest)(nil),   // 21: bettercompute.api.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil),  // 22: bettercompute.api.v1.ExtendReservationResponse
+	(*ReleaseReservationRequest)(nil),  // 23: bettercompute.api.v1.ReleaseReservationRequest
+	(*ReleaseReservationResponse)(nil), // 24: bettercompute.api.v1.ReleaseReservationResponse
+	(*CancelReservationRequest)(nil),   // 25: bettercompute.api.v1.CancelReservationRequest
+	(*CancelReservationResponse)(nil),  // 26: bettercompute.api.v1.CancelReservationResponse
+	(*ExecReservationRequest)(nil),     // 27: bettercompute.api.v1.ExecReservationRequest
+	(*ExecReservationResponse)(nil),    // 28: bettercompute.api.v1.ExecReservationResponse
+	(*ExecStarted)(nil),                // 29: bettercompute.api.v1.ExecStarted
+	(*ExecOutput)(nil),                 // 30: bettercompute.api.v1.ExecOutput
+	(*ExecExit)(nil),                   // 31: bettercompute.api.v1.ExecExit
+	(*timestamppb.Timestamp)(nil),      // 32: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_reservations_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.api.v1.Reservation.spec:type_name -> bettercompute.api.v1.ReservationSpec
-	30, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
-	30, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
+	32, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
+	32, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
 	2,  // 3: bettercompute.api.v1.Reservation.placement:type_name -> bettercompute.api.v1.Placement
 	4,  // 4: bettercompute.api.v1.Reservation.conditions:type_name -> bettercompute.api.v1.ReservationCondition
 	5,  // 5: bettercompute.api.v1.Reservation.explanation:type_name -> bettercompute.api.v1.Explanation
-	30, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
-	30, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
+	32, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
+	32, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
 	3,  // 8: bettercompute.api.v1.Placement.score:type_name -> bettercompute.api.v1.PlacementScore
-	30, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
+	32, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
 	6,  // 10: bettercompute.api.v1.Explanation.lines:type_name -> bettercompute.api.v1.ExplanationLine
-	30, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
-	30, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	32, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
+	32, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 13: bettercompute.api.v1.CreateReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	7,  // 14: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
-	2,  // 15: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
-	5,  // 16: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
-	11, // 17: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
-	30, // 18: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
-	30, // 19: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
-	12, // 20: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
-	0,  // 21: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 22: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
-	0,  // 23: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	30, // 24: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 25: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 26: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 27: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	27, // 28: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
-	28, // 29: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
-	29, // 30: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
-	7,  // 31: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
-	9,  // 32: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
-	13, // 33: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
-	15, // 34: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
-	17, // 35: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
-	19, // 36: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
-	21, // 37: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
-	23, // 38: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
-	25, // 39: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
-	8,  // 40: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
-	10, // 41: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
-	14, // 42: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
-	16, // 43: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
-	18, // 44: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
-	20, // 45: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
-	22, // 46: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
-	24, // 47: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
-	26, // 48: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
-	40, // [40:49] is the sub-list for method output_type
-	31, // [31:40] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	7,  // 14: bettercompute.api.v1.CreateReservationsRequest.template:type_name -> bettercompute.api.v1.CreateReservationRequest
+	0,  // 15: bettercompute.api.v1.CreateReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	7,  // 16: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
+	2,  // 17: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
+	5,  // 18: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
+	13, // 19: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
+	32, // 20: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
+	32, // 21: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
+	14, // 22: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
+	0,  // 23: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 24: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	0,  // 25: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	32, // 26: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 27: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 28: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 29: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	29, // 30: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
+	30, // 31: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
+	31, // 32: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
+	7,  // 33: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
+	9,  // 34: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
+	11, // 35: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
+	15, // 36: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
+	17, // 37: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
+	19, // 38: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
+	21, // 39: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
+	23, // 40: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
+	25, // 41: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
+	27, // 42: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
+	8,  // 43: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
+	10, // 44: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
+	12, // 45: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
+	16, // 46: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
+	18, // 47: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
+	20, // 48: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
+	22, // 49: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
+	24, // 50: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
+	26, // 51: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
+	28, // 52: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
+	43, // [43:53] is the sub-list for method output_type
+	33, // [33:43] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_reservations_proto_init() }
@@ -2574,7 +2706,7 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 	if File_bettercompute_api_v1_reservations_proto != nil {
 		return
 	}
-	file_bettercompute_api_v1_reservations_proto_msgTypes[26].OneofWrappers = []any{
+	file_bettercompute_api_v1_reservations_proto_msgTypes[28].OneofWrappers = []any{
 		(*ExecReservationResponse_Started)(nil),
 		(*ExecReservationResponse_Output)(nil),
 		(*ExecReservationResponse_Exit)(nil),
@@ -2585,7 +2717,7 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_reservations_proto_rawDesc), len(file_bettercompute_api_v1_reservations_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,9 @@ const (
 	// ReservationServiceCreateProcedure is the fully-qualified name of the ReservationService's Create
 	// RPC.
 	ReservationServiceCreateProcedure = "/bettercompute.api.v1.ReservationService/Create"
+	// ReservationServiceCreateReservationsProcedure is the fully-qualified name of the
+	// ReservationService's CreateReservations RPC.
+	ReservationServiceCreateReservationsProcedure = "/bettercompute.api.v1.ReservationService/CreateReservations"
 	// ReservationServicePreviewProcedure is the fully-qualified name of the ReservationService's
 	// Preview RPC.
 	ReservationServicePreviewProcedure = "/bettercompute.api.v1.ReservationService/Preview"
@@ -62,6 +65,11 @@ const (
 // ReservationServiceClient is a client for the bettercompute.api.v1.ReservationService service.
 type ReservationServiceClient interface {
 	Create(context.Context, *connect.Request[v1.CreateReservationRequest]) (*connect.Response[v1.CreateReservationResponse], error)
+	// CreateReservations books an array: count identical reservations in one
+	// request, one decision and one transaction. An array is placed now or
+	// refused, never queued: all count of them, or (min_count > 0) at least
+	// min_count, or none.
+	CreateReservations(context.Context, *connect.Request[v1.CreateReservationsRequest]) (*connect.Response[v1.CreateReservationsResponse], error)
 	// Preview books nothing: it answers the placement Create would make now,
 	// the explanation and the quota effect.
 	Preview(context.Context, *connect.Request[v1.PreviewReservationRequest]) (*connect.Response[v1.PreviewReservationResponse], error)
@@ -95,6 +103,12 @@ func NewReservationServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			httpClient,
 			baseURL+ReservationServiceCreateProcedure,
 			connect.WithSchema(reservationServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		createReservations: connect.NewClient[v1.CreateReservationsRequest, v1.CreateReservationsResponse](
+			httpClient,
+			baseURL+ReservationServiceCreateReservationsProcedure,
+			connect.WithSchema(reservationServiceMethods.ByName("CreateReservations")),
 			connect.WithClientOptions(opts...),
 		),
 		preview: connect.NewClient[v1.PreviewReservationRequest, v1.PreviewReservationResponse](
@@ -153,20 +167,26 @@ func NewReservationServiceClient(httpClient connect.HTTPClient, baseURL string, 
 
 // reservationServiceClient implements ReservationServiceClient.
 type reservationServiceClient struct {
-	create  *connect.Client[v1.CreateReservationRequest, v1.CreateReservationResponse]
-	preview *connect.Client[v1.PreviewReservationRequest, v1.PreviewReservationResponse]
-	get     *connect.Client[v1.GetReservationRequest, v1.GetReservationResponse]
-	list    *connect.Client[v1.ListReservationsRequest, v1.ListReservationsResponse]
-	watch   *connect.Client[v1.WatchReservationsRequest, v1.WatchReservationsResponse]
-	extend  *connect.Client[v1.ExtendReservationRequest, v1.ExtendReservationResponse]
-	release *connect.Client[v1.ReleaseReservationRequest, v1.ReleaseReservationResponse]
-	cancel  *connect.Client[v1.CancelReservationRequest, v1.CancelReservationResponse]
-	exec    *connect.Client[v1.ExecReservationRequest, v1.ExecReservationResponse]
+	create             *connect.Client[v1.CreateReservationRequest, v1.CreateReservationResponse]
+	createReservations *connect.Client[v1.CreateReservationsRequest, v1.CreateReservationsResponse]
+	preview            *connect.Client[v1.PreviewReservationRequest, v1.PreviewReservationResponse]
+	get                *connect.Client[v1.GetReservationRequest, v1.GetReservationResponse]
+	list               *connect.Client[v1.ListReservationsRequest, v1.ListReservationsResponse]
+	watch              *connect.Client[v1.WatchReservationsRequest, v1.WatchReservationsResponse]
+	extend             *connect.Client[v1.ExtendReservationRequest, v1.ExtendReservationResponse]
+	release            *connect.Client[v1.ReleaseReservationRequest, v1.ReleaseReservationResponse]
+	cancel             *connect.Client[v1.CancelReservationRequest, v1.CancelReservationResponse]
+	exec               *connect.Client[v1.ExecReservationRequest, v1.ExecReservationResponse]
 }
 
 // Create calls bettercompute.api.v1.ReservationService.Create.
 func (c *reservationServiceClient) Create(ctx context.Context, req *connect.Request[v1.CreateReservationRequest]) (*connect.Response[v1.CreateReservationResponse], error) {
 	return c.create.CallUnary(ctx, req)
+}
+
+// CreateReservations calls bettercompute.api.v1.ReservationService.CreateReservations.
+func (c *reservationServiceClient) CreateReservations(ctx context.Context, req *connect.Request[v1.CreateReservationsRequest]) (*connect.Response[v1.CreateReservationsResponse], error) {
+	return c.createReservations.CallUnary(ctx, req)
 }
 
 // Preview calls bettercompute.api.v1.ReservationService.Preview.
@@ -213,6 +233,11 @@ func (c *reservationServiceClient) Exec(ctx context.Context, req *connect.Reques
 // service.
 type ReservationServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateReservationRequest]) (*connect.Response[v1.CreateReservationResponse], error)
+	// CreateReservations books an array: count identical reservations in one
+	// request, one decision and one transaction. An array is placed now or
+	// refused, never queued: all count of them, or (min_count > 0) at least
+	// min_count, or none.
+	CreateReservations(context.Context, *connect.Request[v1.CreateReservationsRequest]) (*connect.Response[v1.CreateReservationsResponse], error)
 	// Preview books nothing: it answers the placement Create would make now,
 	// the explanation and the quota effect.
 	Preview(context.Context, *connect.Request[v1.PreviewReservationRequest]) (*connect.Response[v1.PreviewReservationResponse], error)
@@ -242,6 +267,12 @@ func NewReservationServiceHandler(svc ReservationServiceHandler, opts ...connect
 		ReservationServiceCreateProcedure,
 		svc.Create,
 		connect.WithSchema(reservationServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	reservationServiceCreateReservationsHandler := connect.NewUnaryHandler(
+		ReservationServiceCreateReservationsProcedure,
+		svc.CreateReservations,
+		connect.WithSchema(reservationServiceMethods.ByName("CreateReservations")),
 		connect.WithHandlerOptions(opts...),
 	)
 	reservationServicePreviewHandler := connect.NewUnaryHandler(
@@ -299,6 +330,8 @@ func NewReservationServiceHandler(svc ReservationServiceHandler, opts ...connect
 		switch r.URL.Path {
 		case ReservationServiceCreateProcedure:
 			reservationServiceCreateHandler.ServeHTTP(w, r)
+		case ReservationServiceCreateReservationsProcedure:
+			reservationServiceCreateReservationsHandler.ServeHTTP(w, r)
 		case ReservationServicePreviewProcedure:
 			reservationServicePreviewHandler.ServeHTTP(w, r)
 		case ReservationServiceGetProcedure:
@@ -326,6 +359,10 @@ type UnimplementedReservationServiceHandler struct{}
 
 func (UnimplementedReservationServiceHandler) Create(context.Context, *connect.Request[v1.CreateReservationRequest]) (*connect.Response[v1.CreateReservationResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.ReservationService.Create is not implemented"))
+}
+
+func (UnimplementedReservationServiceHandler) CreateReservations(context.Context, *connect.Request[v1.CreateReservationsRequest]) (*connect.Response[v1.CreateReservationsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.ReservationService.CreateReservations is not implemented"))
 }
 
 func (UnimplementedReservationServiceHandler) Preview(context.Context, *connect.Request[v1.PreviewReservationRequest]) (*connect.Response[v1.PreviewReservationResponse], error) {
