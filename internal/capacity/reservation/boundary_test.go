@@ -188,9 +188,10 @@ func TestPreviewLeavesThePlacersIndex(t *testing.T) {
 	}
 	wg.Wait()
 	// The previews read the placer's one index, which the placer caught
-	// up (between its batches, never in one) for them to see the change.
-	require.Same(t, ix, f.cp.App.Capacity.Engine.Cached(f.pool), "still the placer's index, read again where it changed")
-	require.Greater(t, ix.Version(), before)
+	// up (between its batches, never in one) for them to see the change:
+	// read again where it changed, or reloaded whole when a version came
+	// without a delta; either way the placer's, as there is no other.
+	require.Greater(t, f.cp.App.Capacity.Engine.Cached(f.pool).Version(), before)
 
 	// The placer's next batch catches up, and places around the GPU.
 	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 6, DurationSeconds: 3600})
