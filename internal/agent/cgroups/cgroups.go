@@ -417,7 +417,7 @@ func (m Manager) Remove(allocationID string) error {
 		// A cgroup directory is removed with rmdir; its interface files go
 		// with it. It fails while processes remain.
 		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := unix.Rmdir(dirs[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+			if err := rmdirCgroup(dirs[i]); err != nil && !errors.Is(err, unix.ENOENT) {
 				return fmt.Errorf("remove cgroup %s: %w", dirs[i], err)
 			}
 		}
@@ -427,6 +427,24 @@ func (m Manager) Remove(allocationID string) error {
 		return fmt.Errorf("remove cgroup %s: %w", dir, err)
 	}
 	return nil
+}
+
+// rmdirCgroup removes one cgroup directory. A task killed a moment ago can
+// have left cgroup.procs while the kernel still counts it in the cgroup
+// until it has finished exiting, and rmdir answers EBUSY meanwhile: that
+// is retried, backing off, for up to two seconds (a loaded host was seen
+// to need it), and any other answer is final.
+func rmdirCgroup(dir string) error {
+	wait := time.Millisecond
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		err := unix.Rmdir(dir)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(wait)
+		wait = min(wait*2, 100*time.Millisecond)
+	}
 }
 
 // enable enables one controller for dir's children, unless it already is.
