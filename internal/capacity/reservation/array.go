@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,6 +63,20 @@ func validateArray(vs *envelope.Violations, msg *apiv1.CreateReservationsRequest
 	case count >= 1 && minCount > count:
 		vs.Add("min_count", "at most count (%d), got %d", count, minCount)
 	}
+	if g := msg.GetGang(); g != nil {
+		if count > placer.MaxGangNodes {
+			vs.Add("count", "a gang spans at most %d nodes, got %d", placer.MaxGangNodes, count)
+		}
+		if minCount != 0 {
+			vs.Add("min_count", "a gang is all placed or none: leave it 0, got %d", minCount)
+		}
+		if topo := g.GetTopology(); topo != "" && !slices.Contains(placer.Topologies, topo) {
+			vs.Add("gang.topology", "one of %s, or empty for any nodes; got %q", strings.Join(placer.Topologies, ", "), topo)
+		}
+		if tm := msg.GetTemplate(); tm != nil && (tm.GetGpus() < 1 || tm.GetMigProfile() != "" || tm.GetSlots() != 0) {
+			vs.Add("template.gpus", "a gang's members take whole GPUs: set gpus (per node), not mig_profile or slots")
+		}
+	}
 	if msg.GetTemplate() == nil {
 		vs.Add("template", "is required")
 		return spec{msg: &apiv1.CreateReservationRequest{}, now: now}
@@ -89,6 +104,7 @@ func (s *Service) CreateReservations(ctx context.Context, req *connect.Request[a
 	var sp spec
 	var t target
 	count, minCount := int(req.Msg.GetCount()), int(req.Msg.GetMinCount())
+	gang := req.Msg.GetGang()
 	now := s.env.Clock().Now()
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationsResponse]{
 		Validate: func() error {
@@ -101,7 +117,13 @@ func (s *Service) CreateReservations(ctx context.Context, req *connect.Request[a
 			t, err = s.resolve(ctx, q, &sp)
 			return draftResource(&t, &sp, count), err
 		},
-		Context: func() map[string]any { return map[string]any{"count": int64(count)} },
+		Context: func() map[string]any {
+			c := map[string]any{"count": int64(count)}
+			if gang != nil {
+				c["gang"] = true
+			}
+			return c
+		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
 			if !t.poolFound {
 				return s.env.CommitAlone(ctx, write)
@@ -122,7 +144,15 @@ func (s *Service) CreateReservations(ctx context.Context, req *connect.Request[a
 			if err := t.check(&sp); err != nil {
 				return nil, prefixed(err, "template.")
 			}
-			rs, evs, shortfall, err := s.engine.createArray(ctx, b, &t, &sp, count, minCount, tx.Now(), tx.Caller().Principal.ID)
+			var rs []Reservation
+			var evs []envelope.Event
+			var shortfall, domain string
+			var err error
+			if gang != nil {
+				rs, evs, domain, err = s.engine.createGang(ctx, b, &t, &sp, count, gang.GetTopology(), tx.Now(), tx.Caller().Principal.ID)
+			} else {
+				rs, evs, shortfall, err = s.engine.createArray(ctx, b, &t, &sp, count, minCount, tx.Now(), tx.Caller().Principal.ID)
+			}
 			if err != nil {
 				return nil, prefixed(err, "template.")
 			}
@@ -137,7 +167,12 @@ func (s *Service) CreateReservations(ctx context.Context, req *connect.Request[a
 			// One audit row for the one request: its resource is the first
 			// reservation, its detail names them all.
 			tx.SetResource(ids[0], "")
-			tx.SetAuditDetail(fmt.Sprintf("array of %d (asked %d): %s", len(ids), count, strings.Join(ids, " ")))
+			if gang != nil {
+				out.GangDomain = domain
+				tx.SetAuditDetail(fmt.Sprintf("gang of %d nodes in %s: %s", len(ids), gangWhere(gang.GetTopology(), domain), strings.Join(ids, " ")))
+			} else {
+				tx.SetAuditDetail(fmt.Sprintf("array of %d (asked %d): %s", len(ids), count, strings.Join(ids, " ")))
+			}
 			for _, ev := range evs {
 				tx.Emit(ev)
 			}
@@ -193,4 +228,56 @@ func (e *Engine) createArray(ctx context.Context, b *placer.Batch, t *target, sp
 		return nil, nil, "", err
 	}
 	return rs, evs, "", nil
+}
+
+// gangWhere names a gang's domain for people: "rack r12", or "the pool".
+func gangWhere(topology, domain string) string {
+	if topology == "" {
+		return "the pool"
+	}
+	return topology + " " + domain
+}
+
+// createGang places count members on count different nodes of one domain
+// of topology, all or none, and never queues: a gang that does not fit
+// now is refused with why (the largest domain's room). A member that
+// could never fit the pool is the caller's mistake, as for Create.
+func (e *Engine) createGang(ctx context.Context, b *placer.Batch, t *target, sp *spec, count int, topology string, now time.Time, createdBy string) ([]Reservation, []envelope.Event, string, error) {
+	rs := make([]Reservation, count)
+	ptrs := make([]*Reservation, count)
+	for i := range rs {
+		rs[i] = t.newReservation(sp, now, createdBy)
+		ptrs[i] = &rs[i]
+	}
+	domain, why, ex, err := e.placers.PlaceGang(ctx, b, ptrs, topology, now)
+	if err != nil {
+		var re *placement.RequestError
+		if errors.As(err, &re) {
+			return nil, nil, "", envelope.Invalid(envelope.Violation{Field: re.Field, Reason: re.Reason})
+		}
+		return nil, nil, "", err
+	}
+	if why != "" {
+		if err := e.neverFits(t, &rs[0]); err != nil {
+			return nil, nil, "", err
+		}
+		return nil, nil, "", noCapacity(t.pool.Name, ex, why+"; a gang is placed now or refused, never queued")
+	}
+	var evs []envelope.Event
+	for i := range rs {
+		r := &rs[i]
+		if err := b.CheckQuota(ctx, charge(r)); err != nil {
+			return nil, nil, "", err
+		}
+		evs = append(evs, event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots, "gang": rs[0].ID, "gang_domain": domain}))
+		more, err := e.held(ctx, b, r, now)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		evs = append(evs, more...)
+		if err := stageInsert(ctx, b, r); err != nil {
+			return nil, nil, "", err
+		}
+	}
+	return rs, evs, domain, nil
 }

@@ -402,24 +402,8 @@ func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t 
 	if !placed {
 		// Could it ever fit? Against the pool with nothing booked: if not,
 		// waiting is pointless and the caller hears why now.
-		static := t.ix.Static()
-		res, err := placement.Place(static.Snap, placer.Request(r), placement.Options{Limit: 1})
-		if err != nil {
+		if err := e.neverFits(t, r); err != nil {
 			return nil, err
-		}
-		if len(res.Plans) == 0 {
-			// Never, or only once nodes come back (healthy, schedulable,
-			// GPUs out of quarantine)? The first is the caller's mistake
-			// (400), the second worth a retry (429).
-			nodes := placer.Pristine(static.Nodes)
-			again, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), placer.Request(r), placement.Options{Limit: 1})
-			if err != nil {
-				return nil, err
-			}
-			if len(again.Plans) == 0 {
-				return nil, placer.NeverFits(t.pool.Name, nodes, r, res.Explanation)
-			}
-			return nil, noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
 		}
 		if !queue {
 			return nil, &notNow{ex: ex}
@@ -455,6 +439,28 @@ func (e *Engine) create(ctx context.Context, b *placer.Batch, r *Reservation, t 
 		return nil, err
 	}
 	return evs, nil
+}
+
+// neverFits answers, for r that found no room now, whether it could fit
+// the pool at all: nil when it could with nothing booked; the caller's
+// mistake (400) when it never could; worth a retry (429) when it could
+// only once nodes come back (healthy, schedulable, GPUs out of
+// quarantine).
+func (e *Engine) neverFits(t *target, r *Reservation) error {
+	static := t.ix.Static()
+	res, err := placement.Place(static.Snap, placer.Request(r), placement.Options{Limit: 1})
+	if err != nil || len(res.Plans) > 0 {
+		return err
+	}
+	nodes := placer.Pristine(static.Nodes)
+	again, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), placer.Request(r), placement.Options{Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(again.Plans) == 0 {
+		return placer.NeverFits(t.pool.Name, nodes, r, res.Explanation)
+	}
+	return noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
 }
 
 func noCapacity(poolName string, ex placement.Explanation, why string) error {
@@ -496,8 +502,12 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}
 	var vs envelope.Violations
 	sp := validateCreate(&vs, msg, s.env.Clock().Now())
+	gangNodes, topology := int(req.Msg.GetGangNodes()), req.Msg.GetGangTopology()
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, prefixed(err, "request."))
+	}
+	if err := validateGangPreview(gangNodes, topology, msg); err != nil {
+		return nil, s.env.Fail(ctx, err)
 	}
 	var t target
 	if err := s.env.Resolve(ctx, "reservation", func(ctx context.Context, q store.Querier) (err error) {
@@ -506,7 +516,7 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	if err := s.env.AuthorizeRead(ctx, draftResource(&t, &sp, 1)); err != nil {
+	if err := s.env.AuthorizeRead(ctx, draftResource(&t, &sp, max(gangNodes, 1))); err != nil {
 		return nil, err
 	}
 	if t.poolFound && t.pool.State == pool.StateActive {
@@ -521,6 +531,13 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		return nil, s.env.Fail(ctx, prefixed(err, "request."))
 	}
 	r := t.newReservation(&sp, s.env.Clock().Now(), "")
+	if gangNodes > 0 {
+		out, err := s.previewGang(ctx, &t, &r, gangNodes, topology)
+		if err != nil {
+			return nil, s.env.Fail(ctx, err)
+		}
+		return connect.NewResponse(out), nil
+	}
 	snap := t.ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, placer.CandidateLimit, s.engine.placers.Rng())
 	res, err := placement.Place(snap.Snap, placer.Request(&r), placement.Options{Limit: 1})
 	if err == nil && len(res.Plans) == 0 {
@@ -552,6 +569,67 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		return nil, s.env.Fail(ctx, err)
 	}
 	return connect.NewResponse(out), nil
+}
+
+// validateGangPreview checks a preview's gang fields as CreateReservations
+// checks a gang.
+func validateGangPreview(nodes int, topology string, msg *apiv1.CreateReservationRequest) error {
+	var vs envelope.Violations
+	switch {
+	case nodes < 0:
+		vs.Add("gang_nodes", "must not be negative, got %d", nodes)
+	case nodes > placer.MaxGangNodes:
+		vs.Add("gang_nodes", "a gang spans at most %d nodes, got %d", placer.MaxGangNodes, nodes)
+	}
+	if topology != "" && nodes == 0 {
+		vs.Add("gang_topology", "set only with gang_nodes")
+	}
+	if topology != "" && !slices.Contains(placer.Topologies, topology) {
+		vs.Add("gang_topology", "one of %s, or empty for any nodes; got %q", strings.Join(placer.Topologies, ", "), topology)
+	}
+	if nodes > 0 && (msg.GetGpus() < 1 || msg.GetMigProfile() != "" || msg.GetSlots() != 0) {
+		vs.Add("request.gpus", "a gang's members take whole GPUs: set gpus (per node), not mig_profile or slots")
+	}
+	return vs.Err()
+}
+
+// previewGang answers where a gang of nodes members like r would go now,
+// or why it would not fit, and what all of it would do to quotas.
+func (s *Service) previewGang(ctx context.Context, t *target, r *Reservation, nodes int, topology string) (*apiv1.PreviewReservationResponse, error) {
+	g, err := placer.PlanGang(t.ix, r, nodes, topology)
+	if err != nil {
+		var re *placement.RequestError
+		if errors.As(err, &re) {
+			return nil, envelope.Invalid(envelope.Violation{Field: "request." + re.Field, Reason: re.Reason})
+		}
+		return nil, err
+	}
+	out := &apiv1.PreviewReservationResponse{Explanation: placer.ExplanationProto(g.Explanation),
+		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt), GangDomain: g.Domain}
+	if g.Plans == nil {
+		out.Explanation.Summary = strings.TrimSuffix(g.Why+"; "+out.Explanation.GetSummary(), "; ")
+	}
+	for i := range g.Plans {
+		p := g.Plans[i]
+		rec := *r
+		if err := (&placer.Placers{}).RecordPlan(&rec, &p, g.Nodes[p.NodeID]); err != nil {
+			return nil, err
+		}
+		out.GangPlacements = append(out.GangPlacements, Proto(rec, t.pool.Name).GetPlacement())
+	}
+	if len(out.GangPlacements) > 0 {
+		out.Feasible = true
+		out.Placement = out.GangPlacements[0]
+	}
+	c := charge(r)
+	c.GPUs *= nodes
+	if err := s.env.Resolve(ctx, "quota", func(ctx context.Context, q store.Querier) (err error) {
+		out.Quota, err = quota.Effect(ctx, q, c)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // prefixed renames an INVALID_ARGUMENT's fields under a parent field.

@@ -59,6 +59,12 @@ func setupWith(t *testing.T, nodes int, template bctest.FakeDaemonConfig, opts .
 // the replica gateway returns (nil: the control plane's own).
 func setupOn(t *testing.T, nodes int, template bctest.FakeDaemonConfig, gateway func(cp *bctest.ControlPlane) *bctest.ControlPlane, opts ...bctest.ControlPlaneOption) *fixture {
 	t.Helper()
+	return setupLabelled(t, nodes, template, gateway, nil, opts...)
+}
+
+// setupLabelled is setupOn whose node i joins with labels(i) (nil: none).
+func setupLabelled(t *testing.T, nodes int, template bctest.FakeDaemonConfig, gateway func(cp *bctest.ControlPlane) *bctest.ControlPlane, labels func(i int) map[string]string, opts ...bctest.ControlPlaneOption) *fixture {
+	t.Helper()
 	// The simulated clock jumps hours ahead in some tests: nodes that beat
 	// in real time must not be declared lost for it.
 	cp := bctest.NewControlPlane(t, append([]bctest.ControlPlaneOption{func(c *app.Config) { c.UnreachableAfter, c.LostAfter = 1000*time.Hour, 2000*time.Hour }}, opts...)...)
@@ -88,7 +94,11 @@ func setupOn(t *testing.T, nodes int, template bctest.FakeDaemonConfig, gateway 
 	f.sim, err = bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
 		Template: template, Root: t.TempDir(), N: nodes,
 		Token: func(ctx context.Context, i int) (string, error) {
-			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default"}))
+			var l map[string]string
+			if labels != nil {
+				l = labels(i)
+			}
+			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default", Labels: l}))
 			return tok.Msg.GetToken(), err
 		},
 	})

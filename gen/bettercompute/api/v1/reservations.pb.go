@@ -910,7 +910,11 @@ type CreateReservationsRequest struct {
 	// How many reservations, 1 to 1000.
 	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	// The fewest the caller accepts, 0 to count; 0 means all count or none.
-	MinCount      int32 `protobuf:"varint,3,opt,name=min_count,json=minCount,proto3" json:"min_count,omitempty"`
+	MinCount int32 `protobuf:"varint,3,opt,name=min_count,json=minCount,proto3" json:"min_count,omitempty"`
+	// Set, the array is a gang: count reservations on count different
+	// nodes, all within one domain of the gang's topology, all placed or
+	// none (min_count must be 0).
+	Gang          *Gang `protobuf:"bytes,4,opt,name=gang,proto3" json:"gang,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -966,20 +970,78 @@ func (x *CreateReservationsRequest) GetMinCount() int32 {
 	return 0
 }
 
+func (x *CreateReservationsRequest) GetGang() *Gang {
+	if x != nil {
+		return x.Gang
+	}
+	return nil
+}
+
+// Gang asks for a multi-node job's reservations to land close together.
+type Gang struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The network domain every member's node must share, read from the
+	// node label topology.<topology>: "rack", "spine", "ib" (InfiniBand
+	// fabric) or "nvlink" (NVLink-switch domain). Empty: any nodes of the
+	// pool, still one member per node.
+	Topology      string `protobuf:"bytes,1,opt,name=topology,proto3" json:"topology,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Gang) Reset() {
+	*x = Gang{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Gang) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Gang) ProtoMessage() {}
+
+func (x *Gang) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Gang.ProtoReflect.Descriptor instead.
+func (*Gang) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Gang) GetTopology() string {
+	if x != nil {
+		return x.Topology
+	}
+	return ""
+}
+
 type CreateReservationsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The reservations booked, all placed: count of them, or at least
 	// min_count when the request allowed a partial answer.
 	Reservations []*Reservation `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	// Why fewer than count were booked; empty when all were.
-	Shortfall     string `protobuf:"bytes,2,opt,name=shortfall,proto3" json:"shortfall,omitempty"`
+	Shortfall string `protobuf:"bytes,2,opt,name=shortfall,proto3" json:"shortfall,omitempty"`
+	// A gang's domain: the value of its topology label all its nodes share.
+	GangDomain    string `protobuf:"bytes,3,opt,name=gang_domain,json=gangDomain,proto3" json:"gang_domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateReservationsResponse) Reset() {
 	*x = CreateReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1053,7 @@ func (x *CreateReservationsResponse) String() string {
 func (*CreateReservationsResponse) ProtoMessage() {}
 
 func (x *CreateReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1066,7 @@ func (x *CreateReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateReservationsResponse.ProtoReflect.Descriptor instead.
 func (*CreateReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateReservationsResponse) GetReservations() []*Reservation {
@@ -1021,16 +1083,28 @@ func (x *CreateReservationsResponse) GetShortfall() string {
 	return ""
 }
 
+func (x *CreateReservationsResponse) GetGangDomain() string {
+	if x != nil {
+		return x.GangDomain
+	}
+	return ""
+}
+
 type PreviewReservationRequest struct {
-	state         protoimpl.MessageState    `protogen:"open.v1"`
-	Request       *CreateReservationRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	state   protoimpl.MessageState    `protogen:"open.v1"`
+	Request *CreateReservationRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// Set, preview a gang of this many nodes (each holding request's GPUs)
+	// instead of one reservation; the explanation says why one does not fit.
+	GangNodes int32 `protobuf:"varint,2,opt,name=gang_nodes,json=gangNodes,proto3" json:"gang_nodes,omitempty"`
+	// The gang's topology, as Gang.topology.
+	GangTopology  string `protobuf:"bytes,3,opt,name=gang_topology,json=gangTopology,proto3" json:"gang_topology,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PreviewReservationRequest) Reset() {
 	*x = PreviewReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1116,7 @@ func (x *PreviewReservationRequest) String() string {
 func (*PreviewReservationRequest) ProtoMessage() {}
 
 func (x *PreviewReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1129,7 @@ func (x *PreviewReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreviewReservationRequest.ProtoReflect.Descriptor instead.
 func (*PreviewReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PreviewReservationRequest) GetRequest() *CreateReservationRequest {
@@ -1065,22 +1139,41 @@ func (x *PreviewReservationRequest) GetRequest() *CreateReservationRequest {
 	return nil
 }
 
+func (x *PreviewReservationRequest) GetGangNodes() int32 {
+	if x != nil {
+		return x.GangNodes
+	}
+	return 0
+}
+
+func (x *PreviewReservationRequest) GetGangTopology() string {
+	if x != nil {
+		return x.GangTopology
+	}
+	return ""
+}
+
 type PreviewReservationResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Whether Create would place it now.
-	Feasible      bool                   `protobuf:"varint,1,opt,name=feasible,proto3" json:"feasible,omitempty"`
-	Placement     *Placement             `protobuf:"bytes,2,opt,name=placement,proto3" json:"placement,omitempty"`
-	Explanation   *Explanation           `protobuf:"bytes,3,opt,name=explanation,proto3" json:"explanation,omitempty"`
-	Quota         *QuotaEffect           `protobuf:"bytes,4,opt,name=quota,proto3" json:"quota,omitempty"`
-	StartTime     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	Feasible    bool                   `protobuf:"varint,1,opt,name=feasible,proto3" json:"feasible,omitempty"`
+	Placement   *Placement             `protobuf:"bytes,2,opt,name=placement,proto3" json:"placement,omitempty"`
+	Explanation *Explanation           `protobuf:"bytes,3,opt,name=explanation,proto3" json:"explanation,omitempty"`
+	Quota       *QuotaEffect           `protobuf:"bytes,4,opt,name=quota,proto3" json:"quota,omitempty"`
+	StartTime   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// A gang's placements, one per node, when gang_nodes was set; placement
+	// is then the first of them.
+	GangPlacements []*Placement `protobuf:"bytes,7,rep,name=gang_placements,json=gangPlacements,proto3" json:"gang_placements,omitempty"`
+	// The gang's domain (the value of its topology label) when it fits.
+	GangDomain    string `protobuf:"bytes,8,opt,name=gang_domain,json=gangDomain,proto3" json:"gang_domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PreviewReservationResponse) Reset() {
 	*x = PreviewReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1185,7 @@ func (x *PreviewReservationResponse) String() string {
 func (*PreviewReservationResponse) ProtoMessage() {}
 
 func (x *PreviewReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1198,7 @@ func (x *PreviewReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreviewReservationResponse.ProtoReflect.Descriptor instead.
 func (*PreviewReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PreviewReservationResponse) GetFeasible() bool {
@@ -1150,6 +1243,20 @@ func (x *PreviewReservationResponse) GetEndTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *PreviewReservationResponse) GetGangPlacements() []*Placement {
+	if x != nil {
+		return x.GangPlacements
+	}
+	return nil
+}
+
+func (x *PreviewReservationResponse) GetGangDomain() string {
+	if x != nil {
+		return x.GangDomain
+	}
+	return ""
+}
+
 // QuotaEffect is what a request would do to every quota that covers it.
 type QuotaEffect struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1162,7 +1269,7 @@ type QuotaEffect struct {
 
 func (x *QuotaEffect) Reset() {
 	*x = QuotaEffect{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1281,7 @@ func (x *QuotaEffect) String() string {
 func (*QuotaEffect) ProtoMessage() {}
 
 func (x *QuotaEffect) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1294,7 @@ func (x *QuotaEffect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaEffect.ProtoReflect.Descriptor instead.
 func (*QuotaEffect) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *QuotaEffect) GetUses() []*QuotaUse {
@@ -1223,7 +1330,7 @@ type QuotaUse struct {
 
 func (x *QuotaUse) Reset() {
 	*x = QuotaUse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1342,7 @@ func (x *QuotaUse) String() string {
 func (*QuotaUse) ProtoMessage() {}
 
 func (x *QuotaUse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1355,7 @@ func (x *QuotaUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaUse.ProtoReflect.Descriptor instead.
 func (*QuotaUse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *QuotaUse) GetQuotaId() string {
@@ -1324,7 +1431,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1443,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1456,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetReservationRequest) GetTenant() string {
@@ -1375,7 +1482,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1494,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1507,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetReservationResponse) GetReservation() *Reservation {
@@ -1430,7 +1537,7 @@ type ListReservationsRequest struct {
 
 func (x *ListReservationsRequest) Reset() {
 	*x = ListReservationsRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1549,7 @@ func (x *ListReservationsRequest) String() string {
 func (*ListReservationsRequest) ProtoMessage() {}
 
 func (x *ListReservationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1562,7 @@ func (x *ListReservationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReservationsRequest.ProtoReflect.Descriptor instead.
 func (*ListReservationsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListReservationsRequest) GetTenant() string {
@@ -1517,7 +1624,7 @@ type ListReservationsResponse struct {
 
 func (x *ListReservationsResponse) Reset() {
 	*x = ListReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1636,7 @@ func (x *ListReservationsResponse) String() string {
 func (*ListReservationsResponse) ProtoMessage() {}
 
 func (x *ListReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1649,7 @@ func (x *ListReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReservationsResponse.ProtoReflect.Descriptor instead.
 func (*ListReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListReservationsResponse) GetReservations() []*Reservation {
@@ -1572,7 +1679,7 @@ type WatchReservationsRequest struct {
 
 func (x *WatchReservationsRequest) Reset() {
 	*x = WatchReservationsRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1691,7 @@ func (x *WatchReservationsRequest) String() string {
 func (*WatchReservationsRequest) ProtoMessage() {}
 
 func (x *WatchReservationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1704,7 @@ func (x *WatchReservationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReservationsRequest.ProtoReflect.Descriptor instead.
 func (*WatchReservationsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchReservationsRequest) GetTenant() string {
@@ -1633,7 +1740,7 @@ type WatchReservationsResponse struct {
 
 func (x *WatchReservationsResponse) Reset() {
 	*x = WatchReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1752,7 @@ func (x *WatchReservationsResponse) String() string {
 func (*WatchReservationsResponse) ProtoMessage() {}
 
 func (x *WatchReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1765,7 @@ func (x *WatchReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReservationsResponse.ProtoReflect.Descriptor instead.
 func (*WatchReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchReservationsResponse) GetType() string {
@@ -1695,7 +1802,7 @@ type ExtendReservationRequest struct {
 
 func (x *ExtendReservationRequest) Reset() {
 	*x = ExtendReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1814,7 @@ func (x *ExtendReservationRequest) String() string {
 func (*ExtendReservationRequest) ProtoMessage() {}
 
 func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1827,7 @@ func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExtendReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExtendReservationRequest) GetTenant() string {
@@ -1760,7 +1867,7 @@ type ExtendReservationResponse struct {
 
 func (x *ExtendReservationResponse) Reset() {
 	*x = ExtendReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1879,7 @@ func (x *ExtendReservationResponse) String() string {
 func (*ExtendReservationResponse) ProtoMessage() {}
 
 func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1892,7 @@ func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExtendReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExtendReservationResponse) GetReservation() *Reservation {
@@ -1805,7 +1912,7 @@ type ReleaseReservationRequest struct {
 
 func (x *ReleaseReservationRequest) Reset() {
 	*x = ReleaseReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1924,7 @@ func (x *ReleaseReservationRequest) String() string {
 func (*ReleaseReservationRequest) ProtoMessage() {}
 
 func (x *ReleaseReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1937,7 @@ func (x *ReleaseReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseReservationRequest) GetTenant() string {
@@ -1856,7 +1963,7 @@ type ReleaseReservationResponse struct {
 
 func (x *ReleaseReservationResponse) Reset() {
 	*x = ReleaseReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +1975,7 @@ func (x *ReleaseReservationResponse) String() string {
 func (*ReleaseReservationResponse) ProtoMessage() {}
 
 func (x *ReleaseReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +1988,7 @@ func (x *ReleaseReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReleaseReservationResponse) GetReservation() *Reservation {
@@ -1901,7 +2008,7 @@ type CancelReservationRequest struct {
 
 func (x *CancelReservationRequest) Reset() {
 	*x = CancelReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2020,7 @@ func (x *CancelReservationRequest) String() string {
 func (*CancelReservationRequest) ProtoMessage() {}
 
 func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2033,7 @@ func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationRequest.ProtoReflect.Descriptor instead.
 func (*CancelReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelReservationRequest) GetTenant() string {
@@ -1952,7 +2059,7 @@ type CancelReservationResponse struct {
 
 func (x *CancelReservationResponse) Reset() {
 	*x = CancelReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2071,7 @@ func (x *CancelReservationResponse) String() string {
 func (*CancelReservationResponse) ProtoMessage() {}
 
 func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2084,7 @@ func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationResponse.ProtoReflect.Descriptor instead.
 func (*CancelReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CancelReservationResponse) GetReservation() *Reservation {
@@ -2003,7 +2110,7 @@ type ExecReservationRequest struct {
 
 func (x *ExecReservationRequest) Reset() {
 	*x = ExecReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2122,7 @@ func (x *ExecReservationRequest) String() string {
 func (*ExecReservationRequest) ProtoMessage() {}
 
 func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2135,7 @@ func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExecReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecReservationRequest) GetTenant() string {
@@ -2073,7 +2180,7 @@ type ExecReservationResponse struct {
 
 func (x *ExecReservationResponse) Reset() {
 	*x = ExecReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2192,7 @@ func (x *ExecReservationResponse) String() string {
 func (*ExecReservationResponse) ProtoMessage() {}
 
 func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2205,7 @@ func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExecReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecReservationResponse) GetEvent() isExecReservationResponse_Event {
@@ -2168,7 +2275,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2180,7 +2287,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2193,7 +2300,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecStarted) GetCommandId() string {
@@ -2222,7 +2329,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2341,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2354,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecOutput) GetStream() string {
@@ -2291,7 +2398,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2410,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2423,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecExit) GetState() string {
@@ -2476,16 +2583,24 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\abinding\x18\x0e \x01(\tR\abinding\x12#\n" +
 	"\rsingle_tenant\x18\x0f \x01(\bR\fsingleTenant\"`\n" +
 	"\x19CreateReservationResponse\x12C\n" +
-	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"\x9a\x01\n" +
+	"\vreservation\x18\x01 \x01(\v2!.bettercompute.api.v1.ReservationR\vreservation\"\xca\x01\n" +
 	"\x19CreateReservationsRequest\x12J\n" +
 	"\btemplate\x18\x01 \x01(\v2..bettercompute.api.v1.CreateReservationRequestR\btemplate\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x1b\n" +
-	"\tmin_count\x18\x03 \x01(\x05R\bminCount\"\x81\x01\n" +
+	"\tmin_count\x18\x03 \x01(\x05R\bminCount\x12.\n" +
+	"\x04gang\x18\x04 \x01(\v2\x1a.bettercompute.api.v1.GangR\x04gang\"\"\n" +
+	"\x04Gang\x12\x1a\n" +
+	"\btopology\x18\x01 \x01(\tR\btopology\"\xa2\x01\n" +
 	"\x1aCreateReservationsResponse\x12E\n" +
 	"\freservations\x18\x01 \x03(\v2!.bettercompute.api.v1.ReservationR\freservations\x12\x1c\n" +
-	"\tshortfall\x18\x02 \x01(\tR\tshortfall\"e\n" +
+	"\tshortfall\x18\x02 \x01(\tR\tshortfall\x12\x1f\n" +
+	"\vgang_domain\x18\x03 \x01(\tR\n" +
+	"gangDomain\"\xa9\x01\n" +
 	"\x19PreviewReservationRequest\x12H\n" +
-	"\arequest\x18\x01 \x01(\v2..bettercompute.api.v1.CreateReservationRequestR\arequest\"\xe7\x02\n" +
+	"\arequest\x18\x01 \x01(\v2..bettercompute.api.v1.CreateReservationRequestR\arequest\x12\x1d\n" +
+	"\n" +
+	"gang_nodes\x18\x02 \x01(\x05R\tgangNodes\x12#\n" +
+	"\rgang_topology\x18\x03 \x01(\tR\fgangTopology\"\xd2\x03\n" +
 	"\x1aPreviewReservationResponse\x12\x1a\n" +
 	"\bfeasible\x18\x01 \x01(\bR\bfeasible\x12=\n" +
 	"\tplacement\x18\x02 \x01(\v2\x1f.bettercompute.api.v1.PlacementR\tplacement\x12C\n" +
@@ -2493,7 +2608,10 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\x05quota\x18\x04 \x01(\v2!.bettercompute.api.v1.QuotaEffectR\x05quota\x129\n" +
 	"\n" +
 	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
-	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"]\n" +
+	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12H\n" +
+	"\x0fgang_placements\x18\a \x03(\v2\x1f.bettercompute.api.v1.PlacementR\x0egangPlacements\x12\x1f\n" +
+	"\vgang_domain\x18\b \x01(\tR\n" +
+	"gangDomain\"]\n" +
 	"\vQuotaEffect\x122\n" +
 	"\x04uses\x18\x01 \x03(\v2\x1e.bettercompute.api.v1.QuotaUseR\x04uses\x12\x1a\n" +
 	"\bexceeded\x18\x02 \x01(\bR\bexceeded\"\xb8\x02\n" +
@@ -2604,7 +2722,7 @@ func file_bettercompute_api_v1_reservations_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_reservations_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*Reservation)(nil),                // 0: bettercompute.api.v1.Reservation
 	(*ReservationSpec)(nil),            // 1: bettercompute.api.v1.ReservationSpec
@@ -2616,89 +2734,92 @@ var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*CreateReservationRequest)(nil),   // 7: bettercompute.api.v1.CreateReservationRequest
 	(*CreateReservationResponse)(nil),  // 8: bettercompute.api.v1.CreateReservationResponse
 	(*CreateReservationsRequest)(nil),  // 9: bettercompute.api.v1.CreateReservationsRequest
-	(*CreateReservationsResponse)(nil), // 10: bettercompute.api.v1.CreateReservationsResponse
-	(*PreviewReservationRequest)(nil),  // 11: bettercompute.api.v1.PreviewReservationRequest
-	(*PreviewReservationResponse)(nil), // 12: bettercompute.api.v1.PreviewReservationResponse
-	(*QuotaEffect)(nil),                // 13: bettercompute.api.v1.QuotaEffect
-	(*QuotaUse)(nil),                   // 14: bettercompute.api.v1.QuotaUse
-	(*GetReservationRequest)(nil),      // 15: bettercompute.api.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),     // 16: bettercompute.api.v1.GetReservationResponse
-	(*ListReservationsRequest)(nil),    // 17: bettercompute.api.v1.ListReservationsRequest
-	(*ListReservationsResponse)(nil),   // 18: bettercompute.api.v1.ListReservationsResponse
-	(*WatchReservationsRequest)(nil),   // 19: bettercompute.api.v1.WatchReservationsRequest
-	(*WatchReservationsResponse)(nil),  // 20: bettercompute.api.v1.WatchReservationsResponse
-	(*ExtendReservationRequest)(nil),   // 21: bettercompute.api.v1.ExtendReservationRequest
-	(*ExtendReservationResponse)(nil),  // 22: bettercompute.api.v1.ExtendReservationResponse
-	(*ReleaseReservationRequest)(nil),  // 23: bettercompute.api.v1.ReleaseReservationRequest
-	(*ReleaseReservationResponse)(nil), // 24: bettercompute.api.v1.ReleaseReservationResponse
-	(*CancelReservationRequest)(nil),   // 25: bettercompute.api.v1.CancelReservationRequest
-	(*CancelReservationResponse)(nil),  // 26: bettercompute.api.v1.CancelReservationResponse
-	(*ExecReservationRequest)(nil),     // 27: bettercompute.api.v1.ExecReservationRequest
-	(*ExecReservationResponse)(nil),    // 28: bettercompute.api.v1.ExecReservationResponse
-	(*ExecStarted)(nil),                // 29: bettercompute.api.v1.ExecStarted
-	(*ExecOutput)(nil),                 // 30: bettercompute.api.v1.ExecOutput
-	(*ExecExit)(nil),                   // 31: bettercompute.api.v1.ExecExit
-	(*timestamppb.Timestamp)(nil),      // 32: google.protobuf.Timestamp
+	(*Gang)(nil),                       // 10: bettercompute.api.v1.Gang
+	(*CreateReservationsResponse)(nil), // 11: bettercompute.api.v1.CreateReservationsResponse
+	(*PreviewReservationRequest)(nil),  // 12: bettercompute.api.v1.PreviewReservationRequest
+	(*PreviewReservationResponse)(nil), // 13: bettercompute.api.v1.PreviewReservationResponse
+	(*QuotaEffect)(nil),                // 14: bettercompute.api.v1.QuotaEffect
+	(*QuotaUse)(nil),                   // 15: bettercompute.api.v1.QuotaUse
+	(*GetReservationRequest)(nil),      // 16: bettercompute.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),     // 17: bettercompute.api.v1.GetReservationResponse
+	(*ListReservationsRequest)(nil),    // 18: bettercompute.api.v1.ListReservationsRequest
+	(*ListReservationsResponse)(nil),   // 19: bettercompute.api.v1.ListReservationsResponse
+	(*WatchReservationsRequest)(nil),   // 20: bettercompute.api.v1.WatchReservationsRequest
+	(*WatchReservationsResponse)(nil),  // 21: bettercompute.api.v1.WatchReservationsResponse
+	(*ExtendReservationRequest)(nil),   // 22: bettercompute.api.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil),  // 23: bettercompute.api.v1.ExtendReservationResponse
+	(*ReleaseReservationRequest)(nil),  // 24: bettercompute.api.v1.ReleaseReservationRequest
+	(*ReleaseReservationResponse)(nil), // 25: bettercompute.api.v1.ReleaseReservationResponse
+	(*CancelReservationRequest)(nil),   // 26: bettercompute.api.v1.CancelReservationRequest
+	(*CancelReservationResponse)(nil),  // 27: bettercompute.api.v1.CancelReservationResponse
+	(*ExecReservationRequest)(nil),     // 28: bettercompute.api.v1.ExecReservationRequest
+	(*ExecReservationResponse)(nil),    // 29: bettercompute.api.v1.ExecReservationResponse
+	(*ExecStarted)(nil),                // 30: bettercompute.api.v1.ExecStarted
+	(*ExecOutput)(nil),                 // 31: bettercompute.api.v1.ExecOutput
+	(*ExecExit)(nil),                   // 32: bettercompute.api.v1.ExecExit
+	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_reservations_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.api.v1.Reservation.spec:type_name -> bettercompute.api.v1.ReservationSpec
-	32, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
-	32, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
+	33, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
+	33, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
 	2,  // 3: bettercompute.api.v1.Reservation.placement:type_name -> bettercompute.api.v1.Placement
 	4,  // 4: bettercompute.api.v1.Reservation.conditions:type_name -> bettercompute.api.v1.ReservationCondition
 	5,  // 5: bettercompute.api.v1.Reservation.explanation:type_name -> bettercompute.api.v1.Explanation
-	32, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
-	32, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
+	33, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
+	33, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
 	3,  // 8: bettercompute.api.v1.Placement.score:type_name -> bettercompute.api.v1.PlacementScore
-	32, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
+	33, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
 	6,  // 10: bettercompute.api.v1.Explanation.lines:type_name -> bettercompute.api.v1.ExplanationLine
-	32, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
-	32, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	33, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
+	33, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 13: bettercompute.api.v1.CreateReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
 	7,  // 14: bettercompute.api.v1.CreateReservationsRequest.template:type_name -> bettercompute.api.v1.CreateReservationRequest
-	0,  // 15: bettercompute.api.v1.CreateReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
-	7,  // 16: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
-	2,  // 17: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
-	5,  // 18: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
-	13, // 19: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
-	32, // 20: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
-	32, // 21: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
-	14, // 22: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
-	0,  // 23: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 24: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
-	0,  // 25: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	32, // 26: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 27: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 28: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 29: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	29, // 30: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
-	30, // 31: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
-	31, // 32: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
-	7,  // 33: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
-	9,  // 34: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
-	11, // 35: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
-	15, // 36: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
-	17, // 37: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
-	19, // 38: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
-	21, // 39: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
-	23, // 40: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
-	25, // 41: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
-	27, // 42: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
-	8,  // 43: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
-	10, // 44: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
-	12, // 45: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
-	16, // 46: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
-	18, // 47: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
-	20, // 48: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
-	22, // 49: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
-	24, // 50: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
-	26, // 51: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
-	28, // 52: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
-	43, // [43:53] is the sub-list for method output_type
-	33, // [33:43] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	10, // 15: bettercompute.api.v1.CreateReservationsRequest.gang:type_name -> bettercompute.api.v1.Gang
+	0,  // 16: bettercompute.api.v1.CreateReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	7,  // 17: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
+	2,  // 18: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
+	5,  // 19: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
+	14, // 20: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
+	33, // 21: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
+	33, // 22: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
+	2,  // 23: bettercompute.api.v1.PreviewReservationResponse.gang_placements:type_name -> bettercompute.api.v1.Placement
+	15, // 24: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
+	0,  // 25: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 26: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	0,  // 27: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	33, // 28: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 29: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 30: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 31: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	30, // 32: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
+	31, // 33: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
+	32, // 34: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
+	7,  // 35: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
+	9,  // 36: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
+	12, // 37: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
+	16, // 38: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
+	18, // 39: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
+	20, // 40: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
+	22, // 41: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
+	24, // 42: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
+	26, // 43: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
+	28, // 44: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
+	8,  // 45: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
+	11, // 46: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
+	13, // 47: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
+	17, // 48: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
+	19, // 49: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
+	21, // 50: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
+	23, // 51: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
+	25, // 52: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
+	27, // 53: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
+	29, // 54: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_reservations_proto_init() }
@@ -2706,7 +2827,7 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 	if File_bettercompute_api_v1_reservations_proto != nil {
 		return
 	}
-	file_bettercompute_api_v1_reservations_proto_msgTypes[28].OneofWrappers = []any{
+	file_bettercompute_api_v1_reservations_proto_msgTypes[29].OneofWrappers = []any{
 		(*ExecReservationResponse_Started)(nil),
 		(*ExecReservationResponse_Output)(nil),
 		(*ExecReservationResponse_Exit)(nil),
@@ -2717,7 +2838,7 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_reservations_proto_rawDesc), len(file_bettercompute_api_v1_reservations_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
