@@ -45,6 +45,10 @@ type reservationFlags struct {
 	singleTenant          bool
 	duration              time.Duration
 	start, end            string
+	// A gang: nodes members of gpusPerNode GPUs, one per node, in one
+	// domain of topology.
+	nodes, gpusPerNode int32
+	topology           string
 }
 
 func (f *reservationFlags) add(cmd *cobra.Command) {
@@ -64,6 +68,9 @@ func (f *reservationFlags) add(cmd *cobra.Command) {
 	fl.Int32Var(&f.hugepages, "hugepages-1gi", 0, "1 GiB huge pages (default: the pool's per-GPU share)")
 	fl.StringVar(&f.binding, "binding", "", "node (default: the agent applies limits), kubernetes or none (a booking only)")
 	fl.BoolVar(&f.singleTenant, "single-tenant", false, "only a node no other tenant holds anything on")
+	fl.Int32Var(&f.nodes, "nodes", 0, "a gang: this many nodes, one reservation each, all placed now or none")
+	fl.Int32Var(&f.gpusPerNode, "gpus-per-node", 0, "with --nodes: whole GPUs on each node (the same as --gpus)")
+	fl.StringVar(&f.topology, "topology", "", "with --nodes: keep the gang in one rack, spine, ib or nvlink domain (node label topology.<name>)")
 }
 
 // request builds the create request, tenant left empty; now anchors
@@ -83,9 +90,20 @@ func (f *reservationFlags) request(now time.Time) (*apiv1.CreateReservationReque
 	if err != nil {
 		return nil, err
 	}
+	gpus := f.gpus
+	switch {
+	case f.nodes == 0 && f.gpusPerNode != 0:
+		return nil, invalidArg("gpus-per-node", "applies to a gang: give --nodes too")
+	case f.nodes == 0 && f.topology != "":
+		return nil, invalidArg("topology", "applies to a gang: give --nodes too")
+	case f.gpusPerNode != 0 && f.gpus != 0 && f.gpus != f.gpusPerNode:
+		return nil, invalidArg("gpus-per-node", "give --gpus or --gpus-per-node, not both")
+	case f.gpusPerNode != 0:
+		gpus = f.gpusPerNode
+	}
 	return &apiv1.CreateReservationRequest{
 		Project: f.project, Pool: f.pool,
-		Gpus: f.gpus, Model: f.model, MigProfile: f.mig, Slots: f.slots,
+		Gpus: gpus, Model: f.model, MigProfile: f.mig, Slots: f.slots,
 		Vcpu: f.vcpu, MemoryGib: f.memoryGiB, Hugepages_1Gi: f.hugepages,
 		StartTime: start, EndTime: end, DurationSeconds: int64(f.duration / time.Second),
 		Binding: f.binding, SingleTenant: f.singleTenant,
@@ -175,7 +193,7 @@ func (a *app) reservationCreateCommand(use string) *cobra.Command {
 		count, minCount int32
 	)
 	cmd := &cobra.Command{
-		Use:   use + " --pool POOL --gpus N [--for 4h | --start T --end T] [--count N [--min M]]",
+		Use:   use + " --pool POOL --gpus N [--for 4h | --start T --end T] [--count N [--min M] | --nodes N --gpus-per-node G [--topology rack]]",
 		Short: "Reserve GPUs of one node of a pool",
 		Long: `Reserve GPUs (whole, MIG instances with --mig, or shared --slots) and host
 resources on one node of a pool, for --for from now or over a --start/--end
@@ -192,7 +210,15 @@ quota prints the quotas it would exceed.
 --count N books an array: N reservations alike, in one request (one
 authorization decision, one transaction), all placed now or none; with
 --min M, at least M placed now or none. An array never waits pending and
-is answered at once (--wait does not apply); it prints one row each.`,
+is answered at once (--wait does not apply); it prints one row each.
+
+--nodes N --gpus-per-node G books a gang for a multi-node job: N
+reservations of G whole GPUs, each on its own node, all placed now or
+none. --topology rack (or spine, ib, nvlink) keeps every node in one
+domain of that network, read from the node label topology.rack (and so
+on); the fullest domain that holds the gang is taken. A gang that does
+not fit is refused with why, e.g. "16 nodes asked, the largest rack (r3)
+has 11 that can hold a member now".`,
 		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := f.request(time.Now())
@@ -210,6 +236,15 @@ is answered at once (--wait does not apply); it prints one row each.`,
 			// One key for every retry: a create the server committed but
 			// whose answer was lost is answered again, not booked twice.
 			m := newCreate(confirmationID)
+			if f.nodes != 0 {
+				switch {
+				case cmd.Flags().Changed("count") || cmd.Flags().Changed("min"):
+					return invalidArg("count", "a gang (--nodes) is its own count: one reservation per node, all or none")
+				case cmd.Flags().Changed("wait"):
+					return invalidArg("wait", "does not apply to a gang (--nodes): it is placed now or refused")
+				}
+				return a.reserveArray(cmd, c, m, &apiv1.CreateReservationsRequest{Template: req, Count: f.nodes, Gang: &apiv1.Gang{Topology: f.topology}})
+			}
 			if count != 1 || cmd.Flags().Changed("min") {
 				if cmd.Flags().Changed("wait") {
 					return invalidArg("wait", "does not apply to an array (--count): it is placed now or refused")
@@ -270,6 +305,9 @@ func (a *app) reserveArray(cmd *cobra.Command, c *client.Client, m mutation, req
 	}
 	if s := resp.Msg.GetShortfall(); s != "" {
 		fmt.Fprintln(cmd.ErrOrStderr(), "partial array:", s)
+	}
+	if d := resp.Msg.GetGangDomain(); d != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "gang of %d in %s %s\n", len(resp.Msg.GetReservations()), req.GetGang().GetTopology(), d)
 	}
 	return a.printReservations(cmd, resp.Msg, resp.Msg.GetReservations()...)
 }
@@ -421,7 +459,7 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 
 	var pf reservationFlags
 	preview := &cobra.Command{
-		Use:   "preview --pool POOL --gpus N [--for 4h | --start T --end T]",
+		Use:   "preview --pool POOL --gpus N [--for 4h | --start T --end T] [--nodes N --gpus-per-node G [--topology rack]]",
 		Short: "Show where a reservation would go now, why nodes do not fit, and its quota effect; books nothing",
 		Args:  positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -434,7 +472,8 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 				return err
 			}
 			req.Tenant = t
-			resp, err := c.Reservations.Preview(cmd.Context(), connect.NewRequest(&apiv1.PreviewReservationRequest{Request: req}))
+			resp, err := c.Reservations.Preview(cmd.Context(), connect.NewRequest(&apiv1.PreviewReservationRequest{Request: req,
+				GangNodes: pf.nodes, GangTopology: pf.topology}))
 			if err != nil {
 				return reportRefusal(cmd.ErrOrStderr(), err)
 			}
@@ -735,7 +774,16 @@ func topologyIndex(i int32, none string) string {
 // previewTable is `reservations preview`: the placement Create would make,
 // why nodes were rejected, and the quota effect.
 func previewTable(w io.Writer, p *apiv1.PreviewReservationResponse) {
-	if pl := p.GetPlacement(); p.GetFeasible() && pl != nil {
+	if gang := p.GetGangPlacements(); len(gang) > 0 {
+		where := "the pool"
+		if d := p.GetGangDomain(); d != "" {
+			where = "domain " + d
+		}
+		fmt.Fprintf(w, "would place the gang of %d in %s:\n", len(gang), where)
+		for _, pl := range gang {
+			fmt.Fprintf(w, "  %s: atoms %s\n", dash(placementNode(pl)), dash(strings.Join(pl.GetAtoms(), ", ")))
+		}
+	} else if pl := p.GetPlacement(); p.GetFeasible() && pl != nil {
 		fmt.Fprintf(w, "would place on %s: atoms %s\n", dash(placementNode(pl)), dash(strings.Join(pl.GetAtoms(), ", ")))
 		fmt.Fprintf(w, "  numa %s, nvlink island %s, cpuset %s", topologyIndex(pl.GetNuma(), "spans several"),
 			topologyIndex(pl.GetIsland(), "none or several"), dash(pl.GetCpuset()))

@@ -551,6 +551,35 @@ func TestReserveNoCapacity(t *testing.T) {
 	require.Equal(t, "Error: INVALID_ARGUMENT: invalid --gpus: must be at least 1\n", r.stderr)
 }
 
+// TestReserveGang: --nodes, --gpus-per-node and --topology make one
+// CreateReservations with a gang; preview sends the same fields and
+// prints the gang's placements.
+func TestReserveGang(t *testing.T) {
+	t.Parallel()
+	b, rf := setupReservations(t)
+	b.ok(t, "reserve", "--pool", "h100", "--nodes", "4", "--gpus-per-node", "8", "--topology", "rack", "--for", "1h")
+	var got *apiv1.CreateReservationsRequest
+	rf.locked(func() {
+		got = rf.arrays[len(rf.arrays)-1]
+		require.Empty(t, rf.creates, "a gang is one CreateReservations")
+	})
+	requireProto(t, &apiv1.CreateReservationsRequest{Count: 4, Gang: &apiv1.Gang{Topology: "rack"},
+		Template: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 8, DurationSeconds: 3600}}, got)
+
+	b.run(t, "", "reservations", "preview", "--pool", "h100", "--nodes", "16", "--gpus-per-node", "8", "--topology", "spine")
+	rf.locked(func() {
+		p := rf.previews[len(rf.previews)-1]
+		require.Equal(t, int32(16), p.GetGangNodes())
+		require.Equal(t, "spine", p.GetGangTopology())
+		require.Equal(t, int32(8), p.GetRequest().GetGpus())
+	})
+	var out strings.Builder
+	previewTable(&out, &apiv1.PreviewReservationResponse{Feasible: true, GangDomain: "r2", GangPlacements: []*apiv1.Placement{
+		{NodeName: "n1", Atoms: []string{"g1"}}, {NodeName: "n2", Atoms: []string{"g2"}}}})
+	require.Contains(t, out.String(), "would place the gang of 2 in domain r2:")
+	require.Contains(t, out.String(), "  n2: atoms g2")
+}
+
 func TestReserveBadFlags(t *testing.T) {
 	t.Parallel()
 	b, rf := setupReservations(t)
@@ -571,6 +600,11 @@ func TestReserveBadFlags(t *testing.T) {
 		{[]string{"reserve", "--pool", "h100", "--gpus", "1", "--wait", "-1s"}, "invalid --wait: must not be negative"},
 		{[]string{"reservations", "preview", "--pool", "h100", "--for", "1h", "--start", "+1h"}, "invalid --for: give either"},
 		{[]string{"reserve", "extra"}, `unexpected argument "extra"`},
+		{[]string{"reserve", "--pool", "h100", "--gpus-per-node", "8"}, "invalid --gpus-per-node: applies to a gang: give --nodes too"},
+		{[]string{"reserve", "--pool", "h100", "--gpus", "8", "--topology", "rack"}, "invalid --topology: applies to a gang"},
+		{[]string{"reserve", "--pool", "h100", "--nodes", "2", "--gpus", "4", "--gpus-per-node", "8"}, "invalid --gpus-per-node: give --gpus or --gpus-per-node, not both"},
+		{[]string{"reserve", "--pool", "h100", "--nodes", "2", "--gpus-per-node", "8", "--count", "3"}, "invalid --count: a gang (--nodes) is its own count"},
+		{[]string{"reserve", "--pool", "h100", "--nodes", "2", "--gpus-per-node", "8", "--wait", "1m"}, "invalid --wait: does not apply to a gang"},
 	}
 	for _, tt := range tests {
 		r := b.run(t, "", tt.args...)
