@@ -269,7 +269,7 @@ func (e *Engine) createGang(ctx context.Context, b *placer.Batch, t *target, sp 
 		if err := b.CheckQuota(ctx, charge(r)); err != nil {
 			return nil, nil, "", err
 		}
-		evs = append(evs, event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots, "gang": rs[0].ID, "gang_domain": domain}))
+		evs = append(evs, event("reservation.created", r, map[string]any{"gpus": r.GPUs, "slots": r.Slots, "gang": rs[0].ID, "gang_size": count, "gang_domain": domain}))
 		more, err := e.held(ctx, b, r, now)
 		if err != nil {
 			return nil, nil, "", err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -142,8 +143,8 @@ type torture struct {
 type tPool struct{ name, id string }
 
 type tNode struct {
-	id, name, zone string
-	gpus           []string
+	id, name, zone, rack string
+	gpus                 []string
 }
 
 // syncBuffer collects the control plane's error log for failure reports.
@@ -228,7 +229,8 @@ func (e *torture) addNode(t *testing.T, i int) tNode {
 	for g := range gpusPerNode {
 		n.gpus = append(n.gpus, fmt.Sprintf("GPU-%08x-%04x-4000-8000-%012x", i, g, i*gpusPerNode+g))
 	}
-	labels := fmt.Sprintf(`{"zone":%q,"rack":"r%d"}`, n.zone, i/4)
+	n.rack = fmt.Sprintf("r%d", i/4)
+	labels := fmt.Sprintf(`{"zone":%q,"topology.rack":%q}`, n.zone, n.rack)
 	require.NoError(t, e.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO nodes (id, name, tenant_id, project_id, labels, hardware_key, state, liveness,
 				capabilities, create_time, update_time)
@@ -476,7 +478,7 @@ func (e *torture) step(c int, rng *rand.Rand) {
 		{30, e.opCreate}, {4, e.opPreview}, {8, e.opExtend}, {10, e.opRelease}, {6, e.opCancel},
 		{1, e.opNodeLost}, {2, e.opNodeRecover}, {2, e.opDrain}, {2, e.opUndrain},
 		{2, e.opQuarantine}, {2, e.opUnquarantine}, {3, e.opQuota}, {2, e.opPool},
-		{6, e.opTick}, {4, e.opPlacePending},
+		{6, e.opTick}, {4, e.opPlacePending}, {3, e.opArray}, {3, e.opGang},
 	}
 	total := 0
 	for _, o := range ops {
@@ -529,6 +531,85 @@ func (e *torture) opCreate(c int, rng *rand.Rand) {
 	e.ids = append(e.ids, r.GetId())
 	e.createdAt[r.GetId()] = r.GetStartTime().AsTime()
 	e.mu.Unlock()
+}
+
+// opArray books an array: all count members placed now, or at least
+// min_count when set, or none; never pending.
+func (e *torture) opArray(c int, rng *rand.Rand) {
+	req := e.randomRequest(rng)
+	count := int32(2 + rng.IntN(4))
+	var minCount int32
+	if rng.IntN(2) == 0 {
+		minCount = 1 + rng.Int32N(count)
+	}
+	res, err := e.admin.Reservations.CreateReservations(context.Background(), connect.NewRequest(&apiv1.CreateReservationsRequest{
+		Template: req, Count: count, MinCount: minCount}))
+	detail := fmt.Sprintf("%s/%s %d×%d GPUs min %d", req.GetPool(), req.GetProject(), count, req.GetGpus(), minCount)
+	if !e.apiOutcome(c, "array", detail, err) {
+		return
+	}
+	rs := res.Msg.GetReservations()
+	if need := cmp.Or(minCount, count); len(rs) < int(need) || len(rs) > int(count) {
+		e.fail("array %s answered %d reservations", detail, len(rs))
+	}
+	e.record(c, "array", rs)
+}
+
+// opGang books a gang in pool main: one member per node, all in one rack
+// (or anywhere in the pool), all placed now or none.
+func (e *torture) opGang(c int, rng *rand.Rand) {
+	req := e.randomRequest(rng)
+	// Small members, so that some gangs fit a busy fleet.
+	req.Pool, req.Vcpu, req.Gpus = "main", 0, int32(1+rng.IntN(4))
+	nodes := int32(2 + rng.IntN(2))
+	topology := "rack"
+	if rng.IntN(4) == 0 {
+		topology = ""
+	}
+	res, err := e.admin.Reservations.CreateReservations(context.Background(), connect.NewRequest(&apiv1.CreateReservationsRequest{
+		Template: req, Count: nodes, Gang: &apiv1.Gang{Topology: topology}}))
+	detail := fmt.Sprintf("%d nodes × %d GPUs %q", nodes, req.GetGpus(), topology)
+	if !e.apiOutcome(c, "gang", detail, err) {
+		return
+	}
+	rs := res.Msg.GetReservations()
+	if len(rs) != int(nodes) {
+		e.fail("gang %s answered %d reservations", detail, len(rs))
+	}
+	seen, racks := map[string]bool{}, map[string]bool{}
+	for _, r := range rs {
+		node := r.GetPlacement().GetNodeId()
+		if seen[node] {
+			e.fail("gang %s put two members on node %s", detail, node)
+		}
+		seen[node] = true
+		for _, n := range e.nodes {
+			if n.id == node {
+				racks[n.rack] = true
+			}
+		}
+	}
+	if topology == "rack" && (len(racks) != 1 || !racks[res.Msg.GetGangDomain()]) {
+		e.fail("gang %s in domain %q spans racks %v", detail, res.Msg.GetGangDomain(), racks)
+	}
+	e.record(c, "gang", rs)
+}
+
+// record notes reservations an array or gang answered: placed now, never
+// pending.
+func (e *torture) record(c int, op string, rs []*apiv1.Reservation) {
+	for _, r := range rs {
+		if r.GetState() == reservation.StatePending {
+			e.fail("%s member %s is pending: an array is placed now or refused", op, r.GetId())
+		}
+		e.note(c, op, "="+r.GetState(), r.GetId())
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, r := range rs {
+		e.ids = append(e.ids, r.GetId())
+		e.createdAt[r.GetId()] = r.GetStartTime().AsTime()
+	}
 }
 
 func (e *torture) opPreview(c int, rng *rand.Rand) {
@@ -827,6 +908,54 @@ func (e *torture) snapshotRead(ctx context.Context, fn func(q store.Querier) err
 	return e.db.Read(ctx, func(ctx context.Context, tx store.Tx) error { return fn(tx) })
 }
 
+// readGangs checks, in the checker's snapshot, that every gang committed
+// whole: as many reservation.created events carry its id as its size, and
+// each member's row exists.
+func readGangs(ctx context.Context, q store.Querier, rs []reservation.Reservation) ([]string, error) {
+	exists := make(map[string]bool, len(rs))
+	for i := range rs {
+		exists[rs[i].ID] = true
+	}
+	rows, err := q.Query(ctx, `SELECT resource_id, data FROM events WHERE type = 'reservation.created'`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	members, size := map[string][]string{}, map[string]int{}
+	for rows.Next() {
+		var id, data string
+		if err := rows.Scan(&id, &data); err != nil {
+			return nil, err
+		}
+		var d struct {
+			Gang string `json:"gang"`
+			Size int    `json:"gang_size"`
+		}
+		if err := json.Unmarshal([]byte(data), &d); err != nil {
+			return nil, err
+		}
+		if d.Gang != "" {
+			members[d.Gang] = append(members[d.Gang], id)
+			size[d.Gang] = d.Size
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var v []string
+	for g, ids := range members {
+		if len(ids) != size[g] {
+			v = append(v, fmt.Sprintf("gang %s: %d of its %d members written", g, len(ids), size[g]))
+		}
+		for _, id := range ids {
+			if !exists[id] {
+				v = append(v, fmt.Sprintf("gang %s: member %s has no reservation row", g, id))
+			}
+		}
+	}
+	return v, nil
+}
+
 // world is what the checker reads in one snapshot.
 type world struct {
 	rs       []reservation.Reservation
@@ -837,6 +966,10 @@ type world struct {
 	nodes    map[string]tNodeRow
 	quotas   []quota.Quota
 	rollups  []string
+	// gangs are violations of "a gang is all placed or none": a gang
+	// whose members' reservation.created events, or reservation rows, do
+	// not number its size.
+	gangs []string
 }
 
 type tBooking struct {
@@ -857,6 +990,9 @@ func (e *torture) read() (*world, error) {
 	err := e.snapshotRead(ctx, func(q store.Querier) error {
 		var err error
 		if w.rs, err = reservation.List(ctx, q, &reservation.ListParams{Limit: 1 << 30}); err != nil {
+			return err
+		}
+		if w.gangs, err = readGangs(ctx, q, w.rs); err != nil {
 			return err
 		}
 		rows, err := q.Query(ctx, `SELECT id, reservation_id, atom, starts_at, ends_at FROM bookings`)
@@ -1002,6 +1138,7 @@ func (e *torture) check() []string {
 		v = append(v, "rollup: "+m)
 	}
 	v = append(v, e.checkBookingLifetimes(w)...)
+	v = append(v, w.gangs...)
 	v = append(v, e.checkHolders(w)...)
 	for id, end := range e.extendedTo {
 		if r := w.byID[id]; r != nil && live(r.State) && r.EndsAt.Before(end) && !e.overwritten(r, end) {
