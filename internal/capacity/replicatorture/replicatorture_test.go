@@ -348,7 +348,9 @@ func setup(t *testing.T, seed uint64) *env {
 				errs[i] = err
 				return
 			}
-			tok, err := e.client(n.replica).JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default", TtlSeconds: 600}))
+			// Two racks, for gangs.
+			tok, err := e.client(n.replica).JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default", TtlSeconds: 600,
+				Labels: map[string]string{"topology.rack": fmt.Sprintf("r%d", i%2)}}))
 			if err == nil {
 				err = d.Join(ctx, tok.Msg.GetToken())
 			}
@@ -531,6 +533,10 @@ func (e *env) step(c int, rng *rand.Rand) {
 	api := e.client(c % 2)
 	ctx := context.Background()
 	switch k := rng.IntN(100); {
+	case k < 5:
+		e.createMany(c, rng, false)
+	case k < 10:
+		e.createMany(c, rng, true)
 	case k < 45:
 		e.create(c, rng)
 	case k < 60:
@@ -613,6 +619,52 @@ func (e *env) create(c int, rng *rand.Rand) {
 		}
 		e.acked[key] = id
 		e.ids = append(e.ids, id)
+		return
+	}
+}
+
+// createMany books an array (or a gang, one member per node in one rack)
+// with an idempotency key, retried as create retries: whatever answers,
+// the key books its members once, all of a gang or none.
+func (e *env) createMany(c int, rng *rand.Rand, gang bool) {
+	req := randomRequest(rng)
+	msg := &apiv1.CreateReservationsRequest{Template: req, Count: int32(2 + rng.IntN(3))}
+	op := "array"
+	if gang {
+		op, req.Pool, req.MemoryGib, req.Hugepages_1Gi = "gang", "h100", 0, 0
+		msg.Count, msg.Gang = 2, &apiv1.Gang{Topology: "rack"}
+	} else if rng.IntN(2) == 0 {
+		msg.MinCount = 1
+	}
+	key := client.NewIdempotencyKey()
+	detail := fmt.Sprintf("%s/%s %d×%d GPUs key=%s", req.GetPool(), req.GetProject(), msg.GetCount(), req.GetGpus(), key)
+	for attempt := range 3 {
+		i := (c + attempt) % 2
+		r := connect.NewRequest(msg)
+		r.Header().Set(client.HeaderIdempotencyKey, key)
+		res, err := e.client(i).Reservations.CreateReservations(context.Background(), r)
+		if !e.answer(fmt.Sprintf("c%d@%d", c, i), op, detail, i, err) {
+			if code := client.Code(err); code == "UNAVAILABLE" || code == "CANCELED" {
+				continue
+			}
+			return
+		}
+		var ids []string
+		nodes := map[string]bool{}
+		for _, m := range res.Msg.GetReservations() {
+			ids = append(ids, m.GetId())
+			nodes[m.GetPlacement().GetNodeId()] = true
+		}
+		if gang && (len(ids) != 2 || len(nodes) != 2) {
+			e.fail("gang %s answered %d members on %d nodes", detail, len(ids), len(nodes))
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if old, ok := e.acked[key]; ok && old != strings.Join(ids, ",") {
+			e.failures = append(e.failures, fmt.Sprintf("key %s acknowledged as %s and as %s", key, old, strings.Join(ids, ",")))
+		}
+		e.acked[key] = strings.Join(ids, ",")
+		e.ids = append(e.ids, ids...)
 		return
 	}
 }
@@ -789,27 +841,43 @@ func (e *env) check() []string {
 	// Exactly once: every reservation is named by one idempotency record
 	// (every create carries a key), and an acknowledged key's names the
 	// reservation its caller was told of.
-	rows, err := tx.Query(ctx, `SELECT key, response FROM idempotency_keys WHERE procedure LIKE '%ReservationService/Create'`)
+	rows, err := tx.Query(ctx, `SELECT key, procedure, response FROM idempotency_keys
+		WHERE procedure LIKE '%ReservationService/Create' OR procedure LIKE '%ReservationService/CreateReservations'`)
 	if err != nil {
 		return append(v, "read idempotency records: "+err.Error())
 	}
 	byKey := map[string]string{}
 	namedBy := map[string][]string{}
 	for rows.Next() {
-		var key string
+		var key, procedure string
 		var body []byte
-		if err := rows.Scan(&key, &body); err != nil {
+		if err := rows.Scan(&key, &procedure, &body); err != nil {
 			rows.Close()
 			return append(v, "read idempotency records: "+err.Error())
 		}
-		var res apiv1.CreateReservationResponse
-		if err := proto.Unmarshal(body, &res); err != nil {
-			v = append(v, fmt.Sprintf("idempotency record %s: %v", key, err))
-			continue
+		// An array's or gang's record names all its members, in order.
+		var ids []string
+		if strings.HasSuffix(procedure, "/CreateReservations") {
+			var res apiv1.CreateReservationsResponse
+			if err := proto.Unmarshal(body, &res); err != nil {
+				v = append(v, fmt.Sprintf("idempotency record %s: %v", key, err))
+				continue
+			}
+			for _, r := range res.GetReservations() {
+				ids = append(ids, r.GetId())
+			}
+		} else {
+			var res apiv1.CreateReservationResponse
+			if err := proto.Unmarshal(body, &res); err != nil {
+				v = append(v, fmt.Sprintf("idempotency record %s: %v", key, err))
+				continue
+			}
+			ids = []string{res.GetReservation().GetId()}
 		}
-		id := res.GetReservation().GetId()
-		byKey[key] = id
-		namedBy[id] = append(namedBy[id], key)
+		byKey[key] = strings.Join(ids, ",")
+		for _, id := range ids {
+			namedBy[id] = append(namedBy[id], key)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -868,9 +936,15 @@ func (e *env) check() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for key, id := range e.acked {
+		gone := ""
+		for _, member := range strings.Split(id, ",") {
+			if !exists[member] {
+				gone = member
+			}
+		}
 		switch got, ok := byKey[key]; {
-		case !exists[id]:
-			v = append(v, fmt.Sprintf("acknowledged create %s (key %s) is gone", id, key))
+		case gone != "":
+			v = append(v, fmt.Sprintf("acknowledged create %s (key %s) is gone", gone, key))
 		case !ok:
 			v = append(v, fmt.Sprintf("acknowledged create %s (key %s) has no idempotency record", id, key))
 		case got != id:
