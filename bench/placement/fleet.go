@@ -103,7 +103,7 @@ func writeNodes(ctx context.Context, tx store.Tx, s fleetSpec, first, last int) 
 	for i := first; i < last; i++ {
 		id := envelope.NewID(fleet.NodeIDPrefix, now)
 		name := fmt.Sprintf("bench-%06d", i)
-		labels, err := json.Marshal(map[string]string{"rack": fmt.Sprintf("r%03d", i/32), "zone": fmt.Sprintf("z%d", i%4)})
+		labels, err := json.Marshal(map[string]string{"topology.rack": fmt.Sprintf("r%03d", i/32), "zone": fmt.Sprintf("z%d", i%4)})
 		if err != nil {
 			return err
 		}

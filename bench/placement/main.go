@@ -52,6 +52,8 @@ type options struct {
 	cpuProfile  string
 	history     int
 	count       int
+	gang        int
+	gangGPUs    int
 }
 
 // result is what the benchmark reports.
@@ -84,8 +86,12 @@ type result struct {
 	// Inline path: concurrent clients creating 1-GPU reservations, one a
 	// call (Count 1, Create) or arrays of Count (CreateReservations): the
 	// placement fields count reservations, the create latency calls.
-	Clients        int     `json:"clients"`
-	Count          int     `json:"count"`
+	Clients int `json:"clients"`
+	Count   int `json:"count"`
+	// Gang is the nodes per gang with -gang (Count is the same), each
+	// member GangGPUs GPUs, all in one rack; 0 without.
+	Gang           int     `json:"gang"`
+	GangGPUs       int     `json:"gang_gpus"`
 	Binding        string  `json:"binding"`
 	PlacementsPerS float64 `json:"placements_per_s"`
 	InlinePlaced   int64   `json:"inline_placed"`
@@ -179,6 +185,8 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the inline phase to this file")
 	fs.IntVar(&o.history, "history", 0, "ended bookings to preload on the fleet's GPU atoms before measuring")
 	fs.IntVar(&o.count, "count", 1, "reservations per inline call: above 1, each client books arrays of this many (CreateReservations, all or nothing)")
+	fs.IntVar(&o.gang, "gang", 0, "nodes per gang: each client books gangs of this many nodes in one rack (topology.rack, 32 nodes a rack), one reservation a node, instead of -count")
+	fs.IntVar(&o.gangGPUs, "gang-gpus", 0, "GPUs of each gang member (default: -gpus-per-node, whole nodes)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -235,6 +243,15 @@ func (o *options) validate() error {
 	}
 	if o.count < 1 || o.count > 1000 {
 		errs = append(errs, fmt.Errorf("-count must be 1..1000, got %d", o.count))
+	}
+	if o.gang < 0 || o.gang > 32 {
+		errs = append(errs, fmt.Errorf("-gang must be 0..32 (a rack's nodes), got %d", o.gang))
+	}
+	if o.gang > 0 && o.count != 1 {
+		errs = append(errs, errors.New("-gang and -count are either or: a gang's count is its nodes"))
+	}
+	if o.gangGPUs < 0 || o.gangGPUs > o.gpusPerNode {
+		errs = append(errs, fmt.Errorf("-gang-gpus must be 0..-gpus-per-node, got %d", o.gangGPUs))
 	}
 	if o.pending < 0 {
 		errs = append(errs, fmt.Errorf("-pending must not be negative, got %d", o.pending))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -97,10 +98,13 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 func run(ctx context.Context, o options, logf func(string, ...any)) (res result, err error) {
 	start := time.Now()
 	res = result{Nodes: o.nodes, Store: o.store, GPUsPerNode: o.gpusPerNode, CPUsPerNode: o.cpusPerNode, GPUs: o.nodes * o.gpusPerNode,
-		Clients: o.clients, Count: max(o.count, 1), Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
+		Clients: o.clients, Count: max(o.count, o.gang, 1), Gang: o.gang, Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
 		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339)}
 	if o.reconcile {
 		res.AtomsFrom = "reconciler"
+	}
+	if o.gang > 0 {
+		res.GangGPUs = cmp.Or(o.gangGPUs, o.gpusPerNode)
 	}
 	heap := startHeapSampler()
 	defer heap.stop()
@@ -148,7 +152,12 @@ func run(ctx context.Context, o options, logf func(string, ...any)) (res result,
 	// Half the GPUs at most wait for the queued placer; the inline clients
 	// may take the rest.
 	res.Pending = min(o.pending, res.GPUs/2)
-	if err := b.inline(ctx, o, res.GPUs-res.Pending, &res); err != nil {
+	limit := res.GPUs - res.Pending
+	if res.GangGPUs > 0 {
+		// A gang's members take GangGPUs each.
+		limit /= res.GangGPUs
+	}
+	if err := b.inline(ctx, o, limit, &res); err != nil {
 		return res, err
 	}
 	logf("inline: %.0f placements/s (%d placed, %d pending, %d failed); %d transactions, batch p50 %d, hold p99 %.2f ms",
@@ -197,15 +206,21 @@ func setup(ctx context.Context, api *client.Client, o options) (tenant, project,
 // inline runs o.clients clients creating 1-GPU reservations through the API
 // for o.duration, until limit were asked for, or until the pool is full.
 func (b *bench) inline(ctx context.Context, o options, limit int, res *result) error {
-	per := max(o.count, 1)
+	per := max(o.count, o.gang, 1)
 	// create books one reservation (Create), or with -count N an array of
-	// N (CreateReservations, all or nothing); it returns how many were
-	// placed and how many wait.
+	// N (CreateReservations, all or nothing), or with -gang N a gang of N
+	// nodes in one rack; it returns how many were placed and how many
+	// wait.
 	create := func() (placed, waiting int, err error) {
 		tmpl := &apiv1.CreateReservationRequest{
 			Tenant: "bench", Pool: "gpu", Gpus: 1, Binding: o.binding, DurationSeconds: int64(reservationLength / time.Second)}
 		if per > 1 {
-			r, err := b.api.Reservations.CreateReservations(ctx, connect.NewRequest(&apiv1.CreateReservationsRequest{Template: tmpl, Count: int32(per)}))
+			msg := &apiv1.CreateReservationsRequest{Template: tmpl, Count: int32(per)}
+			if o.gang > 0 {
+				tmpl.Gpus = int32(cmp.Or(o.gangGPUs, o.gpusPerNode))
+				msg.Gang = &apiv1.Gang{Topology: "rack"}
+			}
+			r, err := b.api.Reservations.CreateReservations(ctx, connect.NewRequest(msg))
 			if err != nil {
 				return 0, 0, err
 			}

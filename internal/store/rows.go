@@ -10,6 +10,13 @@ import (
 // SQLite's 32,766 and PostgreSQL's 65,535.
 const maxParams = 30000
 
+// maxParamsSQLite is the most one statement carries on SQLite: the driver
+// looks each parameter's name up in a list as long as the statement's
+// parameters, so binding costs the square of their number — 2,000 rows of
+// five values in one statement took 347 ms, in 250 statements of eight
+// rows 4.7 ms (BenchmarkInsertRowsChunk).
+const maxParamsSQLite = 64
+
 // InsertRows writes rows with as few multi-row INSERT statements as the
 // parameter limit allows: head is "INSERT INTO t (a, b, c)", tail what
 // follows the VALUES list (an ON CONFLICT clause, or ""). Every row has the
@@ -19,7 +26,11 @@ func InsertRows(ctx context.Context, tx Tx, head, tail string, rows [][]any) err
 	if len(rows) == 0 {
 		return nil
 	}
-	per := max(1, maxParams/max(1, len(rows[0])))
+	limit := maxParams
+	if tx.Dialect() == SQLite {
+		limit = maxParamsSQLite
+	}
+	per := max(1, limit/max(1, len(rows[0])))
 	for len(rows) > 0 {
 		n := min(per, len(rows))
 		q, args := valuesSQL(head, tail, rows[:n])
