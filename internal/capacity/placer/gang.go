@@ -1,6 +1,7 @@
 package placer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,14 +41,48 @@ type GangPlan struct {
 // the domains that hold the gang it takes the one with the fewest nodes
 // free for a member (ties by name): best fit keeps the roomier domains for
 // bigger gangs. It books nothing.
+//
+// It first tries the domains the candidate buckets say have room (nodes
+// with enough GPUs free as of their last change), fewest such nodes first,
+// each with a snapshot of that domain's nodes only; the first that holds
+// the gang is taken. Only when none does — the buckets count free GPUs
+// now, so a later window can fit where they say no — does it scan the
+// whole pool, which also explains a gang that does not fit.
 func PlanGang(ix *Index, r *capmodel.Reservation, n int, topology string) (GangPlan, error) {
 	req := Request(r)
-	// Only nodes with room for one member can take part.
-	snap := ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, math.MaxInt, nil)
 	key := ""
 	if topology != "" {
 		key = TopologyLabel(topology)
 	}
+	byDomain := ix.domains(key, r.GPUs+r.Slots)
+	names := make([]string, 0, len(byDomain))
+	for d, ns := range byDomain {
+		if len(ns) >= n {
+			names = append(names, d)
+		}
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		return cmp.Or(cmp.Compare(len(byDomain[a]), len(byDomain[b])), strings.Compare(a, b))
+	})
+	for _, d := range names {
+		snap := ix.snapshotNodes(byDomain[d], r.StartsAt, r.EndsAt)
+		res, err := placement.Place(snap.Snap, req, placement.Options{Limit: n})
+		if err != nil {
+			return GangPlan{}, err
+		}
+		if len(res.Plans) == n {
+			return GangPlan{Plans: res.Plans, Nodes: snap.Nodes, Domain: d, Explanation: res.Explanation}, nil
+		}
+	}
+	return planGangScan(ix, r, req, n, topology, key)
+}
+
+// planGangScan is PlanGang over every node of the pool with room for a
+// member in r's window: exact, best fit by the nodes each domain has free
+// for a member, and the source of the explanation when nothing fits.
+func planGangScan(ix *Index, r *capmodel.Reservation, req placement.Request, n int, topology, key string) (GangPlan, error) {
+	// Only nodes with room for one member can take part.
+	snap := ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
 	domains := map[string][]placement.Node{}
 	unlabelled := 0
 	for _, node := range snap.Nodes {
@@ -89,8 +124,7 @@ func PlanGang(ix *Index, r *capmodel.Reservation, n int, topology string) (GangP
 	}
 	// No domain holds it: the whole pool's account of its nodes, and the
 	// sentence the caller reads.
-	all := ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
-	res, err := placement.Place(all.Snap, req, placement.Options{Limit: 1})
+	res, err := placement.Place(snap.Snap, req, placement.Options{Limit: 1})
 	if err != nil {
 		return GangPlan{}, err
 	}
@@ -99,11 +133,11 @@ func PlanGang(ix *Index, r *capmodel.Reservation, n int, topology string) (GangP
 	case key == "":
 		best.Why = fmt.Sprintf("%d nodes asked, %d can hold a member now", n, largest)
 	case len(names) == 0:
-		best.Why = fmt.Sprintf("%d nodes asked, and no node with room for a member carries the label %s", n, key)
+		best.Why = fmt.Sprintf("%d nodes asked, and no node of the pool carries the label %s", n, key)
 	default:
 		best.Why = fmt.Sprintf("%d nodes asked, the largest %s (%s) has %d that can hold a member now", n, topology, largestName, largest)
 		if unlabelled > 0 {
-			best.Why += fmt.Sprintf("; %d nodes with room carry no %s label", unlabelled, key)
+			best.Why += fmt.Sprintf("; %d nodes of the pool carry no %s label", unlabelled, key)
 		}
 	}
 	return best, nil

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -355,6 +356,12 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand)
 			}
 		}
 	}
+	return snapshotOf(picked, start, end)
+}
+
+// snapshotOf is the snapshot of picked nodes over [start, end); the caller
+// holds ix.mu.
+func snapshotOf(picked []*ixNode, start, end time.Time) *Snapshot {
 	s := &Snapshot{Nodes: make(map[string]*placement.Node, len(picked))}
 	list := make([]placement.Node, len(picked))
 	a := newArena(picked)
@@ -366,6 +373,39 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand)
 		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s
+}
+
+// domains groups the nodes with at least need GPU units free (as of their
+// last change) by their value of the label key ("" puts them all in one
+// domain, ""); nodes without the label are left out. Each domain's nodes
+// are in id order. It reads the candidate buckets only, no node's detail.
+func (ix *Index) domains(key string, need int) map[string][]*ixNode {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := map[string][]*ixNode{}
+	for k := max(need, 0); k < len(ix.buckets); k++ {
+		for _, n := range ix.buckets[k] {
+			d, ok := "", true
+			if key != "" {
+				d, ok = n.base.Labels[key]
+			}
+			if ok && (key == "" || d != "") {
+				out[d] = append(out[d], n)
+			}
+		}
+	}
+	for _, ns := range out {
+		slices.SortFunc(ns, func(a, b *ixNode) int { return strings.Compare(a.base.ID, b.base.ID) })
+	}
+	return out
+}
+
+// snapshotNodes is the snapshot of some of the index's nodes over
+// [start, end).
+func (ix *Index) snapshotNodes(picked []*ixNode, start, end time.Time) *Snapshot {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return snapshotOf(picked, start, end)
 }
 
 // mark records a plan's bookings for r before they are inserted: the marks
