@@ -132,7 +132,7 @@ INSERT INTO mt_a (id, v) VALUES (1, 'seed');`,
 	assert.Equal(t, 1, s.count(t, `SELECT count(*) FROM mt_a`))
 	assert.Equal(t, 0, s.count(t, `SELECT count(*) FROM mt_b`))
 	assert.Equal(t, 2, s.count(t, `SELECT count(*) FROM schema_migrations WHERE module = $1`, "mtest"))
-	assert.Equal(t, 1, s.count(t, `SELECT count(*) FROM schema_migrations WHERE module = $1`, store.CoreModule))
+	assert.Equal(t, 2, s.count(t, `SELECT count(*) FROM schema_migrations WHERE module = $1`, store.CoreModule))
 
 	var name string
 	var applied time.Time

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
@@ -16,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
@@ -39,22 +39,27 @@ type Authenticator struct {
 	clock    clock.Clock
 	oidc     OIDCConfig
 	verifier *oidc.IDTokenVerifier
-	ttl      time.Duration
-
-	mu    sync.Mutex
-	cache map[string]cachedCaller
 }
 
+// KeyCacheName names the cache of API keys in dirversion's statistics.
+const KeyCacheName = "authn.api_keys"
+
+// keys caches active API keys by the hash of their secret, at the request's
+// directory version: creating or revoking a key moves the version on
+// (KeyInsert, KeyRevoke), so the next request on every replica reads its key
+// again. Unknown and revoked keys are not kept; an expiry is checked on
+// every hit.
+var keys = dirversion.NewCache[string, cachedCaller](KeyCacheName, 10000)
+
 type cachedCaller struct {
-	caller  envelope.Caller
-	keyExp  *time.Time
-	expires time.Time
+	caller envelope.Caller
+	keyExp *time.Time
 }
 
 // New returns an Authenticator. When cfg.Issuer is set it fetches the
 // provider's discovery document, so ctx bounds that.
 func New(ctx context.Context, db *store.DB, clk clock.Clock, cfg OIDCConfig) (*Authenticator, error) {
-	a := &Authenticator{db: db, clock: cmp.Or[clock.Clock](clk, db.Clock()), oidc: cfg, ttl: 30 * time.Second, cache: map[string]cachedCaller{}}
+	a := &Authenticator{db: db, clock: cmp.Or[clock.Clock](clk, db.Clock()), oidc: cfg}
 	a.oidc.TenantClaim = cmp.Or(cfg.TenantClaim, "bc_tenant")
 	a.oidc.RoleClaim = cmp.Or(cfg.RoleClaim, "bc_role")
 	if cfg.Issuer != "" {
@@ -99,10 +104,7 @@ func (a *Authenticator) apiKey(ctx context.Context, secret string) (envelope.Cal
 	}
 	hash := HashSecret(secret)
 	now := a.clock.Now()
-	a.mu.Lock()
-	c, hit := a.cache[hash]
-	a.mu.Unlock()
-	if hit && now.Before(c.expires) && (c.keyExp == nil || now.Before(*c.keyExp)) {
+	if c, hit := keys.Get(ctx, hash); hit && (c.keyExp == nil || now.Before(*c.keyExp)) {
 		return c.caller, nil
 	}
 	var k ApiKey
@@ -128,25 +130,8 @@ func (a *Authenticator) apiKey(ctx context.Context, secret string) (envelope.Cal
 		AuthenticatedBy: "api-key",
 		CredentialID:    k.ID,
 	}
-	a.mu.Lock()
-	if len(a.cache) > 10000 {
-		a.cache = map[string]cachedCaller{}
-	}
-	a.cache[hash] = cachedCaller{caller: caller, keyExp: k.ExpireTime, expires: now.Add(a.ttl)}
-	a.mu.Unlock()
+	keys.Put(ctx, hash, cachedCaller{caller: caller, keyExp: k.ExpireTime})
 	return caller, nil
-}
-
-// Forget drops a key from the authentication cache, so a revocation takes
-// effect at once on this replica (others within the 30 s cache TTL).
-func (a *Authenticator) Forget(keyID string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for h, c := range a.cache {
-		if c.caller.CredentialID == keyID {
-			delete(a.cache, h)
-		}
-	}
 }
 
 func (a *Authenticator) oidcToken(ctx context.Context, raw string) (envelope.Caller, error) {

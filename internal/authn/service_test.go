@@ -11,7 +11,9 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 )
 
 // TestApiKeyTTLEdges: a ttl whose nanoseconds overflow int64 once wrapped
@@ -51,4 +53,44 @@ func TestApiKeyTTLEdges(t *testing.T) {
 	// The key works: it is not born expired.
 	_, err = cp.Client(res.Msg.GetSecret()).Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
 	require.NoError(t, err)
+}
+
+// TestRevokedKeyRefusedByEveryReplica: a key that authenticated on two
+// replicas (and so sits in both caches) is refused by the very next request
+// on either once one of them revokes it — the revocation moves the
+// directory version on in its own transaction; no TTL, no message. A new
+// key works at once on the other replica too, and the cache is used: a
+// second request with a key reads nothing for it.
+func TestRevokedKeyRefusedByEveryReplica(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	other := cp.NewReplica(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	key, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "member"}))
+	require.NoError(t, err)
+	whoami := func(c *bctest.ControlPlane) error {
+		_, err := c.Client(key.Msg.GetSecret()).Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
+		return err
+	}
+	stats := func(c *bctest.ControlPlane) dirversion.Stats {
+		return c.App.Envelope.Directory().Stats(authn.KeyCacheName)
+	}
+	for _, c := range []*bctest.ControlPlane{cp, other} {
+		require.NoError(t, whoami(c), "a new key works on every replica at once")
+		before := stats(c)
+		require.NoError(t, whoami(c))
+		require.Equal(t, before.Hits+1, stats(c).Hits, "the second request is answered from the cache")
+		require.Equal(t, before.Misses, stats(c).Misses)
+	}
+
+	_, err = admin.ApiKeys.Revoke(ctx, connect.NewRequest(&apiv1.RevokeApiKeyRequest{Tenant: "acme", Id: key.Msg.GetApiKey().GetId()}))
+	require.NoError(t, err)
+	for _, c := range []*bctest.ControlPlane{other, cp} {
+		err := whoami(c)
+		require.Equal(t, "UNAUTHENTICATED", client.Code(err), "%v", err)
+		require.Contains(t, err.Error(), "revoked")
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 )
 
 //go:embed migrations
@@ -72,8 +73,12 @@ func scanKey(row interface{ Scan(...any) error }) (ApiKey, error) {
 	return k, err
 }
 
-// KeyInsert stores a key.
+// KeyInsert stores a key. Like every write to api_keys it moves the
+// directory version on first, in tx (dirversion.Bump).
 func KeyInsert(ctx context.Context, tx store.Tx, k ApiKey) error {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return err
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO api_keys (`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
 		k.ID, k.TenantID, k.Name, k.Role, k.Kind, k.Prefix, k.SecretHash, k.CreatedBy, k.CreateTime, k.ExpireTime, k.RevokeTime)
 	return err
@@ -117,6 +122,10 @@ func KeyList(ctx context.Context, q store.Querier, tenantID string, includeRevok
 
 // KeyRevoke revokes a key; it reports whether the key was active.
 func KeyRevoke(ctx context.Context, tx store.Tx, tenantID, id string) (bool, error) {
+	// Every replica's next request reads the key again.
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return false, err
+	}
 	n, err := tx.Exec(ctx, `UPDATE api_keys SET revoke_time = compute_now() WHERE tenant_id = $1 AND id = $2 AND revoke_time IS NULL`, tenantID, id)
 	return n == 1, err
 }

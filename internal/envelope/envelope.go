@@ -18,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 )
 
 // AuditEntry is one audit row, written in the mutation's transaction.
@@ -114,6 +115,7 @@ type Envelope struct {
 	readCache *decisionCache
 	refusals  *refusalLimiter
 	limiter   *principalLimiter
+	directory *dirversion.Directory
 }
 
 // New returns an Envelope; it validates the config.
@@ -137,11 +139,17 @@ func New(cfg Config) (*Envelope, error) {
 		readCache: newDecisionCache(cfg.ReadCacheTTL, 10000),
 		refusals:  newRefusalLimiter(cfg.RefusalAuditLimit, cfg.RefusalAuditWindow),
 		limiter:   newPrincipalLimiter(cfg.Limits),
+		directory: dirversion.New(cfg.DB),
 	}, nil
 }
 
 // DB returns the store the envelope writes to.
 func (e *Envelope) DB() *store.DB { return e.cfg.DB }
+
+// Directory returns the cache of API keys, tenants, projects and pools
+// that unary requests read at the directory version the interceptor read
+// for them (see store/dirversion).
+func (e *Envelope) Directory() *dirversion.Directory { return e.directory }
 
 // Logger returns the envelope's logger.
 func (e *Envelope) Logger() *slog.Logger { return e.cfg.Logger }

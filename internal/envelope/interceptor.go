@@ -31,7 +31,11 @@ func NewInterceptor(env *Envelope, authn Authenticator, metrics *PromMetrics) *I
 	return &Interceptor{env: env, authn: authn, metrics: metrics}
 }
 
-func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header) (context.Context, error) {
+// begin starts a call. A unary call reads the directory version here, once,
+// for every cached lookup of the request (authentication first: see
+// store/dirversion); a stream outlives any version it would read, so its
+// lookups read the database.
+func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header, unary bool) (context.Context, error) {
 	info := RequestInfo{Procedure: procedure, RequestID: h.Get(HeaderRequestID)}
 	if !requestIDRE.MatchString(info.RequestID) {
 		info.RequestID = NewID("req", i.env.cfg.Clock.Now())
@@ -57,6 +61,12 @@ func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header
 	if key := h.Get(HeaderIdempotencyKey); key != "" {
 		if err := checkIdempotencyKey(key, m); err != nil {
 			return ctx, err
+		}
+	}
+	if unary {
+		var err error
+		if ctx, err = i.env.directory.Begin(ctx); err != nil {
+			return ctx, FromStore(err, "directory version")
 		}
 	}
 	caller, err := i.authn.Authenticate(ctx, h)
@@ -102,7 +112,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		start := time.Now()
 		ctx = i.startSpan(ctx, req.Spec().Procedure, req.Header())
-		ctx, err := i.begin(ctx, req.Spec().Procedure, req.Header())
+		ctx, err := i.begin(ctx, req.Spec().Procedure, req.Header(), true)
 		if err == nil {
 			err = strictFields(req.Any())
 		}
@@ -132,7 +142,7 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		start := time.Now()
 		ctx = i.startSpan(ctx, conn.Spec().Procedure, conn.RequestHeader())
-		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.RequestHeader())
+		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.RequestHeader(), false)
 		var done func()
 		if err == nil {
 			caller, _ := CallerFrom(ctx)

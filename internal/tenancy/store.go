@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 )
 
 //go:embed migrations
@@ -37,8 +38,13 @@ type Project struct {
 	CreateTime  time.Time
 }
 
-// TenantInsert creates a tenant.
+// TenantInsert creates a tenant. Like every write to tenants and projects
+// it moves the directory version on first, in tx (dirversion.Bump), so no
+// replica's cache answers from before it.
 func TenantInsert(ctx context.Context, tx store.Tx, t Tenant) error {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return err
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO tenants (id, name, display_name, create_time) VALUES ($1, $2, $3, $4)`,
 		t.ID, t.Name, t.DisplayName, t.CreateTime)
 	return err
@@ -76,8 +82,11 @@ func TenantList(ctx context.Context, q store.Querier, after, only string, limit 
 	return out, rows.Err()
 }
 
-// ProjectInsert creates a project.
+// ProjectInsert creates a project (moving the directory version on).
 func ProjectInsert(ctx context.Context, tx store.Tx, p Project) error {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return err
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO projects (id, tenant_id, name, display_name, create_time) VALUES ($1, $2, $3, $4, $5)`,
 		p.ID, p.TenantID, p.Name, p.DisplayName, p.CreateTime)
 	return err
@@ -123,7 +132,12 @@ func ProjectList(ctx context.Context, q store.Querier, tenantID, namePrefix, aft
 }
 
 // ProjectDelete deletes a project of a tenant; it reports whether one was.
+// It moves the directory version on, so the next request on every replica
+// no longer finds the project.
 func ProjectDelete(ctx context.Context, tx store.Tx, tenantID, id string) (bool, error) {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return false, err
+	}
 	n, err := tx.Exec(ctx, `DELETE FROM projects WHERE tenant_id = $1 AND id = $2`, tenantID, id)
 	return n == 1, err
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 )
 
 //go:embed migrations
@@ -93,8 +94,13 @@ func Visible(ctx context.Context, q store.Querier, tenantID, ownerID, ref string
 }
 
 // SetOffer replaces an active pool's offer: its scope and, for tenants, the
-// consumer tenant ids. It reports whether the pool was active.
+// consumer tenant ids. It reports whether the pool was active. It moves the
+// directory version on, so an offer withdrawn is seen by the next request on
+// every replica.
 func SetOffer(ctx context.Context, tx store.Tx, id, scope string, tenantIDs []string) (bool, error) {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return false, err
+	}
 	n, err := tx.Exec(ctx, `UPDATE pools SET offer = $1, update_time = compute_now() WHERE id = $2 AND state = 'active'`, scope, id)
 	if err != nil || n != 1 {
 		return false, err
@@ -128,8 +134,13 @@ func collectPools(rows store.Rows) ([]Pool, error) {
 	return out, rows.Err()
 }
 
-// Insert creates a pool's row.
+// Insert creates a pool's row. Like every write to pools and pool_offers it
+// moves the directory version on first, in tx (dirversion.Bump), so no
+// replica's cache answers from before it.
 func Insert(ctx context.Context, tx store.Tx, p *Pool) error {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return err
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO pools (id, tenant_id, name, selector, policy, state, created_by, create_time, update_time)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 		p.ID, p.TenantID, p.Name, cmp.Or(p.Selector, "[]"), cmp.Or(p.Policy, "{}"), cmp.Or(p.State, StateActive),
@@ -183,6 +194,9 @@ func List(ctx context.Context, q store.Querier, p *ListParams) ([]Pool, error) {
 // Update replaces an active pool's selector and policy; it reports whether
 // it did (an archived pool is left alone).
 func Update(ctx context.Context, tx store.Tx, tenantID, id, selector, policy string) (bool, error) {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return false, err
+	}
 	n, err := tx.Exec(ctx, `UPDATE pools SET selector = $1, policy = $2, update_time = compute_now()
 		WHERE id = $3 AND tenant_id = $4 AND state = 'active'`, selector, policy, id, tenantID)
 	return n == 1, err
@@ -190,6 +204,9 @@ func Update(ctx context.Context, tx store.Tx, tenantID, id, selector, policy str
 
 // Archive archives an active pool; it reports whether it did.
 func Archive(ctx context.Context, tx store.Tx, tenantID, id string) (bool, error) {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return false, err
+	}
 	n, err := tx.Exec(ctx, `UPDATE pools SET state = 'archived', archive_time = compute_now(), update_time = compute_now()
 		WHERE id = $1 AND tenant_id = $2 AND state = 'active'`, id, tenantID)
 	return n == 1, err

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/dirversion"
 	"github.com/better-compute/better-compute/internal/tenancy"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -149,14 +150,19 @@ type target struct {
 	ambiguous *pool.Ambiguous
 }
 
+// resolve reads what a create or preview names: the tenant, project and
+// pool from the directory cache at the request's directory version (see
+// store/dirversion), so a create re-reads none of them — nor re-decodes the
+// pool's policy — until one changes. A create's Apply still reads the pool
+// again under the placer's lock.
 func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (target, error) {
 	var t target
 	var err error
 	msg := sp.msg
-	if t.tenant, t.tenantFound, err = tenancy.LookupTenant(ctx, q, msg.GetTenant()); err != nil || !t.tenantFound {
+	if t.tenant, t.tenantFound, err = tenancy.CachedTenant(ctx, q, msg.GetTenant()); err != nil || !t.tenantFound {
 		return t, err
 	}
-	switch p, perr := defaultProject(ctx, q, t.tenant.ID, msg.GetProject()); {
+	switch p, perr := cachedProject(ctx, q, t.tenant.ID, msg.GetProject()); {
 	case perr == nil:
 		t.project, t.projectFound = p, true
 	case errors.Is(perr, store.ErrNotFound):
@@ -167,13 +173,13 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 		return t, perr
 	}
 	// The tenant's own pool, or one offered to it.
-	p, found, amb, err := pool.ResolveVisible(ctx, q, t.tenant.ID, msg.GetPool())
+	p, found, amb, err := pool.ResolveVisibleCached(ctx, q, t.tenant.ID, msg.GetPool())
 	switch {
 	case err != nil:
 		return t, err
 	case found:
-		t.pool, t.poolFound = p, true
-		t.policy = poolPolicy(p)
+		t.pool, t.poolFound = p.Pool, true
+		t.policy = p.Policy
 	}
 	t.ambiguous = amb
 	t.modelKnown = msg.GetModel() == ""
@@ -190,6 +196,31 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 		t.modelKnown = n > 0
 	}
 	return t, nil
+}
+
+// DefaultProjectCacheName names the cache of the project a create that
+// names none resolves to, in dirversion's statistics.
+const DefaultProjectCacheName = "reservation.default_project"
+
+// defaultProjects caches defaultProject's answer for a request that names
+// no project, by tenant id, at the request's directory version: a project
+// created or deleted (which may change the answer) moves the version on.
+var defaultProjects = dirversion.NewCache[string, tenancy.Project](DefaultProjectCacheName, 10000)
+
+// cachedProject is defaultProject answered from the directory cache when it
+// can be; errors (no such project, no default) are read afresh every time.
+func cachedProject(ctx context.Context, q store.Querier, tenantID, ref string) (tenancy.Project, error) {
+	if ref != "" {
+		return tenancy.CachedProject(ctx, q, tenantID, ref)
+	}
+	if p, ok := defaultProjects.Get(ctx, tenantID); ok {
+		return p, nil
+	}
+	p, err := defaultProject(ctx, q, tenantID, "")
+	if err == nil {
+		defaultProjects.Put(ctx, tenantID, p)
+	}
+	return p, err
 }
 
 // defaultProject resolves a project reference, or picks the tenant's project
@@ -474,15 +505,15 @@ func noCapacity(poolName string, ex placement.Explanation, why string) error {
 // poolNamed returns the id of the pool a create names, for ownerURL.
 func poolNamed(ctx context.Context, msg *apiv1.CreateReservationRequest) func(q store.Querier) (string, error) {
 	return func(q store.Querier) (string, error) {
-		t, found, err := tenancy.LookupTenant(ctx, q, msg.GetTenant())
+		t, found, err := tenancy.CachedTenant(ctx, q, msg.GetTenant())
 		if err != nil || !found {
 			return "", err
 		}
-		p, found, _, err := pool.ResolveVisible(ctx, q, t.ID, msg.GetPool())
+		p, found, _, err := pool.ResolveVisibleCached(ctx, q, t.ID, msg.GetPool())
 		if err != nil || !found {
 			return "", err
 		}
-		return p.ID, nil
+		return p.Pool.ID, nil
 	}
 }
 

@@ -278,8 +278,9 @@ func (e *Engine) WakePools(ctx context.Context, tx store.Tx, poolIDs []string) e
 	return nil
 }
 
-// poolPolicy reads a pool's decoded policy.
-func poolPolicy(p pool.Pool) *apiv1.PoolPolicy { return pool.Proto(p).GetPolicy() }
+// poolPolicy reads a pool's decoded policy, decoded once per distinct
+// policy text (pool.Policy). It is shared: never modify it.
+func poolPolicy(p pool.Pool) *apiv1.PoolPolicy { return pool.Policy(p) }
 
 func explanationJSON(ex *apiv1.Explanation) string {
 	b, err := protojson.Marshal(ex)
