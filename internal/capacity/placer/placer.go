@@ -749,6 +749,14 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (
 		// The transaction's hold, BEGIN to COMMIT: the write began just
 		// before this callback (a retried write starts again).
 		began = time.Now()
+		if b != nil {
+			// A retry (the last attempt lost a serialization race): its
+			// index marks and its items' answers go with it.
+			b.undoAll()
+			for _, w := range ws {
+				w.err, w.failed = nil, false
+			}
+		}
 		if err := p.checkOwner(ctx, tx); err != nil {
 			return err
 		}
@@ -801,6 +809,12 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (
 				continue
 			}
 			b.Rewind(m)
+			if errors.Is(err, store.ErrSerialization) {
+				// A deadlock victim or a serialization failure is not the
+				// caller's conflict: the whole transaction is tried again
+				// (DB.Write retries it), as any other writer's would be.
+				return err
+			}
 			if perItem || w.direct || refusedBeforeWriting(err) {
 				w.err, w.failed = err, true
 				continue
