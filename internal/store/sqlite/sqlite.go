@@ -120,7 +120,7 @@ func Open(ctx context.Context, cfg Config) (drv *Driver, err error) {
 	w.Add("_pragma", "wal_autocheckpoint(0)")
 	// The page cache stays at SQLite's 2 MiB: a 64 MiB one halved array
 	// throughput (607 and 1,259 placements/s with it, 1,297 and 2,064 without), as
-	// each new transaction after a checkpoint dropped the whole cache.
+	// the profile put the loss in resetting the cache as a transaction began.
 	// Statement and savepoint journals in memory: every multi-row INSERT
 	// keeps one, and in a file each page it saves was a pwrite (14% of a
 	// gang batch's CPU in the profile).
