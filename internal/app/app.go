@@ -149,6 +149,11 @@ type Config struct {
 	// CapacityTick is how often reservations are started, expired and
 	// re-bound, and the queue looked at; default 5s.
 	CapacityTick time.Duration
+	// PlacerLinger is the longest a pool's placer waits for more work when
+	// its queue holds fewer than placer.LingerBatch mutations, so that a
+	// commit carries more of them; it waits no longer than its recent
+	// commits took. Default placer.DefaultLinger; negative turns it off.
+	PlacerLinger time.Duration
 	// LivenessInterval is how often the liveness and command sweeps run;
 	// default 5s.
 	LivenessInterval time.Duration
@@ -803,6 +808,7 @@ func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit,
 // the job runtime and the gateway's hooks.
 func (a *App) buildCapacity() *reservation.Runner {
 	e := reservation.NewEngine(a.DB, a.cfg.Clock, a.Tracing)
+	e.SetLinger(a.cfg.PlacerLinger)
 	e.Commands = commandSender{notifier: a.Gateway}
 	e.Enqueue = func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
 		return a.Jobs.InsertTx(ctx, tx, args, opts)

@@ -58,6 +58,13 @@ type Placers struct {
 	PendingEvery time.Duration
 	PendingPass  func(poolID string)
 
+	// Linger is the longest a placer waits for more work when it has
+	// fewer than LingerBatch mutations to commit: more mutations a commit
+	// is less commit each (a commit is most of a small batch's hold). It
+	// waits at most as long as its recent commits held the writer, so a
+	// wait never costs more than the commit it shares. 0 never waits.
+	Linger time.Duration
+
 	plMu    sync.Mutex
 	placers map[string]*placer
 	// claimMu orders claims on the replica's lock session (one

@@ -64,6 +64,9 @@ type placer struct {
 	e      *Placers
 	poolID string
 	in     chan *work
+	// hold is a moving average of the batches' hold, BEGIN to COMMIT, in
+	// nanoseconds: the most a short batch lingers.
+	hold atomic.Int64
 	// ixMu guards loading ix; the index's own lock guards its contents.
 	ixMu sync.Mutex
 	ix   *Index
@@ -562,6 +565,7 @@ func (p *placer) loop() {
 			return
 		}
 		var ws, refreshes []*work
+		var linger *time.Timer
 		for w != nil && len(ws) < MaxBatch {
 			if w.refresh {
 				refreshes = append(refreshes, w)
@@ -570,9 +574,28 @@ func (p *placer) loop() {
 			}
 			select {
 			case w = <-p.in:
+				continue
 			default:
 				w = nil
 			}
+			// The queue is empty: a short batch waits a little for more,
+			// once, on one timer.
+			wait := p.lingerFor(len(ws))
+			if wait <= 0 || (linger != nil && linger.C == nil) {
+				break
+			}
+			if linger == nil {
+				linger = time.NewTimer(wait)
+			}
+			select {
+			case w = <-p.in:
+			case <-linger.C:
+				linger.C = nil
+			case <-p.quit:
+			}
+		}
+		if linger != nil {
+			linger.Stop()
 		}
 		if len(ws) > 0 {
 			p.commit(ws)
@@ -588,6 +611,26 @@ func (p *placer) loop() {
 			return
 		}
 	}
+}
+
+// LingerBatch is the batch size at which a placer stops waiting for more.
+const LingerBatch = 8
+
+// DefaultLinger is Placers.Linger unless the configuration says otherwise.
+const DefaultLinger = 250 * time.Microsecond
+
+// lingerFor is how long a placer holding n mutations waits for more: not
+// at all with LingerBatch or more, or no mutation (refreshes only), else
+// Linger, or the recent commits' hold when that is shorter.
+func (p *placer) lingerFor(n int) time.Duration {
+	wait := p.e.Linger
+	if wait <= 0 || n == 0 || n >= LingerBatch {
+		return 0
+	}
+	if hold := time.Duration(p.hold.Load()); hold > 0 && hold < wait {
+		wait = hold
+	}
+	return wait
 }
 
 // drain answers what is still queued for a retired placer.
@@ -829,8 +872,14 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (
 		}
 		return nil
 	})
-	if p.e.BatchObserved != nil && !began.IsZero() {
-		p.e.BatchObserved(len(ws), time.Since(began))
+	if !began.IsZero() {
+		held := time.Since(began)
+		// A moving average of the hold, which bounds the linger.
+		old := p.hold.Load()
+		p.hold.Store(old - old/8 + int64(held)/8)
+		if p.e.BatchObserved != nil {
+			p.e.BatchObserved(len(ws), held)
+		}
 	}
 	if b != nil && err != nil {
 		b.undoAll()

@@ -63,6 +63,19 @@ func (e *Engine) ObserveSubmits(fn func(wait time.Duration, err error)) {
 	e.placers.SubmitObserved = fn
 }
 
+// SetLinger sets how long a placer may wait for more work when its queue
+// is short (see placer.Placers.Linger): 0 takes placer.DefaultLinger,
+// negative turns it off. Set it before the engine runs.
+func (e *Engine) SetLinger(d time.Duration) {
+	switch {
+	case d == 0:
+		d = placer.DefaultLinger
+	case d < 0:
+		d = 0
+	}
+	e.placers.Linger = d
+}
+
 // RunQueuesWhereOwned makes each placer of this replica run its pool's queue
 // (rn.TickPool and rn.PlacePending every tick): with several replicas on one
 // database a pool's queue is its owner's to run. Call it before the runner
