@@ -54,6 +54,7 @@ type options struct {
 	count       int
 	gang        int
 	gangGPUs    int
+	linger      time.Duration
 }
 
 // result is what the benchmark reports.
@@ -90,8 +91,10 @@ type result struct {
 	Count   int `json:"count"`
 	// Gang is the nodes per gang with -gang (Count is the same), each
 	// member GangGPUs GPUs, all in one rack; 0 without.
-	Gang           int     `json:"gang"`
-	GangGPUs       int     `json:"gang_gpus"`
+	Gang     int `json:"gang"`
+	GangGPUs int `json:"gang_gpus"`
+	// LingerUS is -linger in microseconds (0: the default, negative: none).
+	LingerUS       int64   `json:"linger_us"`
 	Binding        string  `json:"binding"`
 	PlacementsPerS float64 `json:"placements_per_s"`
 	InlinePlaced   int64   `json:"inline_placed"`
@@ -186,6 +189,7 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&o.history, "history", 0, "ended bookings to preload on the fleet's GPU atoms before measuring")
 	fs.IntVar(&o.count, "count", 1, "reservations per inline call: above 1, each client books arrays of this many (CreateReservations, all or nothing)")
 	fs.IntVar(&o.gang, "gang", 0, "nodes per gang: each client books gangs of this many nodes in one rack (topology.rack, 32 nodes a rack), one reservation a node, instead of -count")
+	fs.DurationVar(&o.linger, "linger", 0, "the placer's linger for more work (app.Config.PlacerLinger): 0 its default, negative none")
 	fs.IntVar(&o.gangGPUs, "gang-gpus", 0, "GPUs of each gang member (default: -gpus-per-node, whole nodes)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -58,7 +58,7 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 			err = errors.Join(err, closeStore())
 		}
 	}()
-	a, err := app.NewWithDB(ctx, app.Config{Roles: []string{app.RoleAPI}, StateDir: dir, Logger: slog.New(slog.DiscardHandler)}, db)
+	a, err := app.NewWithDB(ctx, app.Config{Roles: []string{app.RoleAPI}, StateDir: dir, Logger: slog.New(slog.DiscardHandler), PlacerLinger: o.linger}, db)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -98,7 +98,7 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 func run(ctx context.Context, o options, logf func(string, ...any)) (res result, err error) {
 	start := time.Now()
 	res = result{Nodes: o.nodes, Store: o.store, GPUsPerNode: o.gpusPerNode, CPUsPerNode: o.cpusPerNode, GPUs: o.nodes * o.gpusPerNode,
-		Clients: o.clients, Count: max(o.count, o.gang, 1), Gang: o.gang, Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
+		Clients: o.clients, Count: max(o.count, o.gang, 1), Gang: o.gang, LingerUS: o.linger.Microseconds(), Binding: o.binding, AtomsFrom: "direct", GoMaxProcs: runtime.GOMAXPROCS(0),
 		Machine: fmt.Sprintf("%d cores", runtime.NumCPU()), StartedAt: start.UTC().Format(time.RFC3339)}
 	if o.reconcile {
 		res.AtomsFrom = "reconciler"
