@@ -162,6 +162,8 @@ func (e *Placers) PlaceGang(ctx context.Context, b *Batch, rs []*capmodel.Reserv
 		if g.Plans == nil {
 			return "", g.Why, g.Explanation, nil
 		}
+		// Kept for the answer should the replans run out.
+		ex = g.Explanation
 		m := b.Mark()
 		failed := ""
 		bookAll := func() error {
@@ -211,5 +213,5 @@ func (e *Placers) PlaceGang(ctx context.Context, b *Batch, rs []*capmodel.Reserv
 			}
 		}
 	}
-	return "", fmt.Sprintf("%d nodes asked; the nodes planned for it kept changing under it", len(rs)), ex, nil
+	return "", fmt.Sprintf("%d nodes asked; the nodes planned for it kept changing under it (%d plans in a row were refused by the database)", len(rs), MaxReplans), ex, nil
 }

@@ -566,6 +566,7 @@ func (p *placer) loop() {
 		}
 		var ws, refreshes []*work
 		var linger *time.Timer
+		lingered := false
 		for w != nil && len(ws) < MaxBatch {
 			if w.refresh {
 				refreshes = append(refreshes, w)
@@ -581,7 +582,7 @@ func (p *placer) loop() {
 			// The queue is empty: a short batch waits a little for more,
 			// once, on one timer.
 			wait := p.lingerFor(len(ws))
-			if wait <= 0 || (linger != nil && linger.C == nil) {
+			if wait <= 0 || lingered {
 				break
 			}
 			if linger == nil {
@@ -590,7 +591,7 @@ func (p *placer) loop() {
 			select {
 			case w = <-p.in:
 			case <-linger.C:
-				linger.C = nil
+				lingered = true
 			case <-p.quit:
 			}
 		}

@@ -145,6 +145,17 @@ func TestGangRefusesBadInput(t *testing.T) {
 	_, err = f.gang(f.evil, "other", 2, 8, "rack")
 	require.Error(t, err, "the other tenant sees no pool h100 of its own")
 	require.Equal(t, before.written, f.arrayWritten(t).written, "nothing booked")
+
+	// Nor can it preview one there: a gang preview names racks and nodes,
+	// which are acme's to see.
+	for _, tenant := range []string{"acme", "other"} {
+		res, err := f.evil.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{GangNodes: 2, GangTopology: "rack",
+			Request: &apiv1.CreateReservationRequest{Tenant: tenant, Pool: "h100", Gpus: 8, DurationSeconds: 3600, Binding: reservation.BindingNone}}))
+		require.Error(t, err, "tenant %s: %v", tenant, res)
+		require.Contains(t, []connect.Code{connect.CodeNotFound, connect.CodePermissionDenied}, connect.CodeOf(err), "tenant %s: %v", tenant, err)
+		require.NotContains(t, err.Error(), "r1")
+		require.NotContains(t, err.Error(), "r2")
+	}
 }
 
 // fields lists the fields an INVALID_ARGUMENT names.
