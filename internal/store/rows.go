@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"math/bits"
 	"strconv"
 	"strings"
 )
@@ -10,12 +11,14 @@ import (
 // SQLite's 32,766 and PostgreSQL's 65,535.
 const maxParams = 30000
 
-// maxParamsSQLite is the most one statement carries on SQLite: the driver
-// looks each parameter's name up in a list as long as the statement's
-// parameters, so binding costs the square of their number — 2,000 rows of
-// five values in one statement took 347 ms, in 250 statements of eight
-// rows 4.7 ms (BenchmarkInsertRowsChunk).
-const maxParamsSQLite = 64
+// maxParamsSQLite is the most one statement carries on SQLite. Its
+// parameters are anonymous ("?"): SQLite looks a named one ("$7") up in a
+// list as long as the statement's parameters each time it is bound, which
+// made binding cost the square of their number — 2,000 rows of five values
+// in one statement took 347 ms with "$n" parameters. With "?" binding is
+// linear, and fewer, larger statements parse and step less often
+// (BenchmarkInsertRows).
+const maxParamsSQLite = 1000
 
 // InsertRows writes rows with as few multi-row INSERT statements as the
 // parameter limit allows: head is "INSERT INTO t (a, b, c)", tail what
@@ -26,14 +29,23 @@ func InsertRows(ctx context.Context, tx Tx, head, tail string, rows [][]any) err
 	if len(rows) == 0 {
 		return nil
 	}
-	limit := maxParams
+	limit, anonymous := maxParams, false
 	if tx.Dialect() == SQLite {
-		limit = maxParamsSQLite
+		// "?" only where the tail names no parameter of its own: SQLite
+		// numbers a "?" after the highest number used before it.
+		limit, anonymous = maxParamsSQLite, !strings.Contains(tail, "$")
 	}
 	per := max(1, limit/max(1, len(rows[0])))
 	for len(rows) > 0 {
-		n := min(per, len(rows))
-		q, args := valuesSQL(head, tail, rows[:n])
+		// Full statements, then the rest in powers of two: a table's
+		// inserts come in a handful of shapes, each parsed once and then
+		// run prepared (see the SQLite store's statement cache), whatever
+		// the batch's size.
+		n := per
+		if len(rows) < per {
+			n = 1 << (bits.Len(uint(len(rows))) - 1)
+		}
+		q, args := valuesSQL(head, tail, rows[:n], anonymous)
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return err
 		}
@@ -45,7 +57,9 @@ func InsertRows(ctx context.Context, tx Tx, head, tail string, rows [][]any) err
 // Raw is SQL written into an InsertRows statement in place of a parameter.
 type Raw string
 
-func valuesSQL(head, tail string, rows [][]any) (string, []any) {
+// valuesSQL is the statement and its arguments: parameters are "$n", or
+// "?" when anonymous (SQLite only; PostgreSQL knows no "?").
+func valuesSQL(head, tail string, rows [][]any, anonymous bool) (string, []any) {
 	var b strings.Builder
 	args := make([]any, 0, len(rows)*len(rows[0]))
 	b.Grow(len(head) + len(tail) + len(rows)*len(rows[0])*6)
@@ -65,6 +79,10 @@ func valuesSQL(head, tail string, rows [][]any) (string, []any) {
 				continue
 			}
 			args = append(args, v)
+			if anonymous {
+				b.WriteByte('?')
+				continue
+			}
 			b.WriteByte('$')
 			b.WriteString(strconv.Itoa(len(args)))
 		}

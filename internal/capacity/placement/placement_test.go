@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -391,4 +392,46 @@ func TestConcurrentPlace(t *testing.T) {
 	for range 8 {
 		require.Equal(t, want, <-results)
 	}
+}
+
+// TestReplaceAnswersAsANewSnapshot: placing after Replace gives what a
+// snapshot built from the changed nodes gives, and leaves the original
+// snapshot's answers as they were.
+func TestReplaceAnswersAsANewSnapshot(t *testing.T) {
+	nodes := []Node{node8("a"), node8("b"), node8("c")}
+	// b is the fullest: binpack takes it first.
+	for i := range 5 {
+		nodes[1].GPUs[i].Booked = true
+	}
+	orig := NewSnapshot(slices.Clone(nodes))
+	req := Request{GPUs: 3}
+	before, err := Place(orig, req, Options{Limit: 5})
+	require.NoError(t, err)
+	require.Equal(t, "b", before.Plans[0].NodeID)
+
+	// b fills up: the next request of three goes elsewhere.
+	b := nodes[1]
+	b.GPUs = slices.Clone(b.GPUs)
+	for i := range b.GPUs {
+		b.GPUs[i].Booked = true
+	}
+	replaced, err := orig.Replace(&b)
+	require.NoError(t, err)
+	changed := slices.Clone(nodes)
+	changed[1] = b
+	want, err := Place(NewSnapshot(changed), req, Options{Limit: 5})
+	require.NoError(t, err)
+	got, err := Place(replaced, req, Options{Limit: 5})
+	require.NoError(t, err)
+	require.Equal(t, want.Plans, got.Plans)
+	require.NotEqual(t, "b", got.Plans[0].NodeID)
+	require.Equal(t, NewSnapshot(changed).Classes(), replaced.Classes())
+
+	again, err := Place(orig, req, Options{Limit: 5})
+	require.NoError(t, err)
+	require.Equal(t, before.Plans, again.Plans, "the original snapshot is unchanged")
+
+	other := node8("z")
+	_, err = orig.Replace(&other)
+	require.Error(t, err, "a node not in the snapshot")
 }

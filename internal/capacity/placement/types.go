@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 )
 
@@ -203,6 +204,52 @@ func NewSnapshot(nodes []Node) *Snapshot {
 		s.detail[i].Store(&digests[i])
 	}
 	return s
+}
+
+// Replace returns a snapshot like s but with n as the detail of the node
+// of n's ID, sharing every other node's summary and digest with s (which
+// stays as it was): a placer that booked one node of a snapshot places the
+// next request against it without indexing the others again. The node must
+// be in s, of the same class; n must not change afterwards.
+func (s *Snapshot) Replace(n *Node) (*Snapshot, error) {
+	i, ok := s.index[n.ID]
+	if !ok {
+		return nil, fmt.Errorf("placement: node %s is not in the snapshot", n.ID)
+	}
+	sum := Summarize(n)
+	old := s.nodes[i]
+	if sum.Class != old.Class {
+		return nil, fmt.Errorf("placement: node %s changed class", n.ID)
+	}
+	out := &Snapshot{
+		nodes:   slices.Clone(s.nodes),
+		classes: slices.Clone(s.classes),
+		byClass: s.byClass,
+		index:   s.index,
+		detail:  make([]atomic.Pointer[digest], len(s.detail)),
+	}
+	out.nodes[i] = sum
+	for k := range out.classes {
+		if c := &out.classes[k]; c.Key == sum.Class {
+			c.FreeGPUs += sum.FreeGPUs - old.FreeGPUs
+			c.FreeSlots += sum.FreeSlots - old.FreeSlots
+		}
+	}
+	for k := range s.detail {
+		if d := s.detail[k].Load(); d != nil && k != i {
+			out.detail[k].Store(d)
+		}
+	}
+	d := newDigest(n, newArena([]Node{*n}))
+	out.detail[i].Store(&d)
+	load := s.load
+	out.load = func(id string) Node {
+		if id == n.ID {
+			return *n
+		}
+		return load(id)
+	}
+	return out, nil
 }
 
 // NewLazySnapshot indexes summaries and loads a node's detail with load the

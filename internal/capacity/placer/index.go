@@ -3,6 +3,7 @@ package placer
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -70,6 +71,9 @@ type Index struct {
 	buckets [][]*ixNode
 	// shareVCPU and shareMemGiB are the smallest host's per-GPU share.
 	shareVCPU, shareMemGiB int
+	// gen counts changes to what a snapshot reads: a snapshot taken at
+	// gen g is the index's view while gen is still g (see sharedSnap).
+	gen uint64
 }
 
 // CandidateLimit is how many nodes a placement looks at before the full
@@ -356,13 +360,15 @@ func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand)
 			}
 		}
 	}
-	return snapshotOf(picked, start, end)
+	s := snapshotOf(picked, start, end)
+	s.gen = ix.gen
+	return s
 }
 
 // snapshotOf is the snapshot of picked nodes over [start, end); the caller
 // holds ix.mu.
 func snapshotOf(picked []*ixNode, start, end time.Time) *Snapshot {
-	s := &Snapshot{Nodes: make(map[string]*placement.Node, len(picked))}
+	s := &Snapshot{Nodes: make(map[string]*placement.Node, len(picked)), picked: picked, start: start, end: end}
 	list := make([]placement.Node, len(picked))
 	a := newArena(picked)
 	for i, n := range picked {
@@ -373,6 +379,32 @@ func snapshotOf(picked []*ixNode, start, end time.Time) *Snapshot {
 		s.Nodes[list[i].ID] = &list[i]
 	}
 	return s
+}
+
+// refreshed is s with the node nodeID read from the index again, and the
+// index's generation, or nil when the index changed in some other way
+// since s was taken (or after): the next member of an array places against
+// it instead of a fresh copy of every candidate. Only this node changed
+// since s, by the caller's own mark, when gen is s's plus one.
+func (ix *Index) refreshed(s *Snapshot, nodeID string) *Snapshot {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if s.picked == nil || ix.gen != s.gen+1 {
+		return nil
+	}
+	i := slices.IndexFunc(s.picked, func(n *ixNode) bool { return n.base.ID == nodeID })
+	if i < 0 {
+		return nil
+	}
+	n := s.picked[i]
+	d := n.detail(s.start, s.end, newArena([]*ixNode{n}))
+	snap, err := s.Snap.Replace(&d)
+	if err != nil {
+		return nil
+	}
+	out := &Snapshot{Snap: snap, Nodes: maps.Clone(s.Nodes), picked: s.picked, start: s.start, end: s.end, gen: ix.gen}
+	out.Nodes[nodeID] = &d
+	return out
 }
 
 // domains groups the nodes with at least need GPU units free (as of their
@@ -413,6 +445,7 @@ func (ix *Index) snapshotNodes(picked []*ixNode, start, end time.Time) *Snapshot
 func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen++
 	n := ix.byID[plan.NodeID]
 	if n == nil {
 		return
@@ -434,6 +467,7 @@ func (ix *Index) mark(r *capmodel.Reservation, plan *placement.Plan, now time.Ti
 func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen++
 	n := ix.byID[nodeID]
 	if n == nil {
 		return
@@ -473,6 +507,7 @@ func (ix *Index) Released(nodeID, rsv string, at, now time.Time) {
 func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen++
 	n := ix.byID[nodeID]
 	if n == nil {
 		return
@@ -496,6 +531,7 @@ func (ix *Index) Extended(nodeID, rsv string, end, now time.Time) {
 func (ix *Index) Shortened(nodeID, rsv string, end, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen++
 	n := ix.byID[nodeID]
 	if n == nil {
 		return
@@ -527,6 +563,7 @@ func (ix *Index) Version() int64 {
 func (ix *Index) setVersion(v int64) {
 	ix.mu.Lock()
 	ix.version = v
+	ix.gen++
 	ix.mu.Unlock()
 }
 
@@ -535,6 +572,7 @@ func (ix *Index) setVersion(v int64) {
 func (ix *Index) markUnschedulable(nodeID string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen++
 	if n := ix.byID[nodeID]; n != nil {
 		n.base.Schedulable = false
 	}
@@ -555,6 +593,7 @@ func (ix *Index) sync(ctx context.Context, q store.Querier, nodeIDs []string, no
 			return err
 		}
 		ix.mu.Lock()
+		ix.gen++
 		if n := ix.byID[id]; n != nil {
 			n.booked, n.cpus, n.holds = booked, cpus, holds
 			ix.refile(n, now)
@@ -614,6 +653,7 @@ func (ix *Index) Share() (vcpu, memGiB int) {
 func (ix *Index) applyNodes(s *Snapshot, changed []string, now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.gen++
 	for _, id := range changed {
 		old := ix.byID[id]
 		fresh, ok := s.Nodes[id]

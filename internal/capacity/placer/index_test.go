@@ -55,3 +55,45 @@ func TestSnapshotDetailFromArena(t *testing.T) {
 	require.Zero(t, after.Nodes["n00001"].HostBooked.VCPU)
 	require.False(t, after.Nodes["n00001"].GPUs[5].Booked)
 }
+
+// TestSharedSnapshotFollowsOnlyItsOwnMark: after a member books a node,
+// the shared snapshot is the old one with that node read again (its GPU
+// booked, the other candidates as they were, the old snapshot unchanged);
+// any other change to the index (a release elsewhere, a second mark) makes
+// it unusable, so the next member takes a fresh snapshot.
+func TestSharedSnapshotFollowsOnlyItsOwnMark(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ix := benchIndex(3, now)
+	start, end := now.Add(2*time.Hour), now.Add(3*time.Hour)
+	snap := ix.Snapshot(start, end, 1, CandidateLimit, nil)
+	require.Len(t, snap.picked, 3)
+
+	r := &capmodel.Reservation{ID: "r1", TenantID: "globex", StartsAt: start, EndsAt: end, GPUs: 1}
+	ix.mark(r, &placement.Plan{NodeID: "n00001", Atoms: []string{"n00001-gpu5"}, CPUs: []int{60}}, now)
+	var shared sharedSnap
+	shared.keep(ix, snap, "n00001", r, 1)
+	next := shared.take(r, 1)
+	require.NotNil(t, next, "only the member's own mark happened since")
+	require.True(t, next.Nodes["n00001"].GPUs[5].Booked)
+	require.NotContains(t, next.Nodes["n00001"].NUMA[1].FreeCPUs, 60)
+	require.False(t, snap.Nodes["n00001"].GPUs[5].Booked, "the old snapshot is not written")
+	require.Equal(t, snap.Nodes["n00000"].GPUs, next.Nodes["n00000"].GPUs)
+	require.Nil(t, shared.take(&capmodel.Reservation{StartsAt: start, EndsAt: end.Add(time.Minute)}, 1), "another span")
+	require.Nil(t, shared.take(r, 2), "another size")
+
+	// Booked against the shared one, then kept again: still one step.
+	r2 := &capmodel.Reservation{ID: "r2", TenantID: "globex", StartsAt: start, EndsAt: end, GPUs: 1}
+	ix.mark(r2, &placement.Plan{NodeID: "n00001", Atoms: []string{"n00001-gpu6"}}, now)
+	shared.keep(ix, next, "n00001", r2, 1)
+	require.NotNil(t, shared.take(r2, 1))
+
+	// Something else changed the index (another reservation released):
+	// the shared snapshot is dropped.
+	r3 := &capmodel.Reservation{ID: "r3", TenantID: "globex", StartsAt: start, EndsAt: end, GPUs: 1}
+	cur := shared.take(r2, 1)
+	ix.Released("n00000", "rsv-any", now, now)
+	ix.mark(r3, &placement.Plan{NodeID: "n00002", Atoms: []string{"n00002-gpu7"}}, now)
+	shared.keep(ix, cur, "n00002", r3, 1)
+	require.Nil(t, shared.take(r3, 1))
+}

@@ -127,10 +127,19 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 	need := r.GPUs + r.Slots
 	var ex placement.Explanation
 	for attempt := 0; attempt < MaxReplans; attempt++ {
-		snap := ix.Snapshot(r.StartsAt, r.EndsAt, need, CandidateLimit, e.Rng())
-		res, err := placement.Place(snap.Snap, req, placement.Options{Limit: 4})
-		if err != nil {
-			return false, ex, err
+		var res placement.Result
+		var err error
+		snap := b.shared.take(r, need)
+		if snap != nil {
+			if res, err = placement.Place(snap.Snap, req, placement.Options{Limit: 4}); err != nil {
+				return false, ex, err
+			}
+		}
+		if len(res.Plans) == 0 {
+			snap = ix.Snapshot(r.StartsAt, r.EndsAt, need, CandidateLimit, e.Rng())
+			if res, err = placement.Place(snap.Snap, req, placement.Options{Limit: 4}); err != nil {
+				return false, ex, err
+			}
 		}
 		if len(res.Plans) == 0 {
 			snap = ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
@@ -183,6 +192,7 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 			case err != nil:
 				return false, ex, err
 			}
+			b.shared.keep(ix, snap, plan.NodeID, r, need)
 			return true, ex, nil
 		}
 		if len(contested) == 0 {
@@ -194,6 +204,38 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 		}
 	}
 	return false, ex, nil
+}
+
+// sharedSnap is the candidate snapshot the members of an array (and any
+// item of the batch asking for the same span and size) place against in
+// turn: after a member books a node only that node is read again, where a
+// fresh snapshot copied every candidate for every member (14% of an
+// array's CPU in the profile). It is used only while the index has not
+// changed otherwise since (Index.refreshed), and a member it has no room
+// for takes a fresh snapshot as before.
+type sharedSnap struct {
+	snap *Snapshot
+	need int
+}
+
+// take returns the shared snapshot if it serves r, else nil.
+func (s *sharedSnap) take(r *capmodel.Reservation, need int) *Snapshot {
+	if s.snap == nil || s.need != need || !s.snap.start.Equal(r.StartsAt) || !s.snap.end.Equal(r.EndsAt) {
+		return nil
+	}
+	return s.snap
+}
+
+// keep makes snap, with nodeID (just booked for r) read again, the shared
+// snapshot; full snapshots (the fallback scan) are not kept.
+func (s *sharedSnap) keep(ix *Index, snap *Snapshot, nodeID string, r *capmodel.Reservation, need int) {
+	s.snap = nil
+	if snap.picked == nil || len(snap.picked) > CandidateLimit {
+		return
+	}
+	if fresh := ix.refreshed(snap, nodeID); fresh != nil {
+		s.snap, s.need = fresh, need
+	}
 }
 
 // Rng is a fresh random source for a snapshot's sample of candidates.

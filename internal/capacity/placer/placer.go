@@ -132,6 +132,7 @@ type Batch struct {
 	gone       []string
 	undo       []func()
 	afterwards []func()
+	shared     sharedSnap
 }
 
 // stagedRow is one row for an INSERT whose head (table and columns) the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
@@ -24,6 +25,11 @@ type Snapshot struct {
 	// share is the smallest host's per-GPU share (vcpu, memoryGiB), the
 	// default when the pool sets none.
 	shareVCPU, shareMemGiB int
+	// A snapshot of an index's candidates: the nodes, their details over
+	// [start, end), and the index's generation (see Index.refreshed).
+	picked     []*ixNode
+	start, end time.Time
+	gen        uint64
 }
 
 // loadSnapshot reads a pool's nodes and atoms with nothing booked: the
