@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,6 +109,9 @@ type Batch struct {
 	pending   int // pending reservations of the pool, counted once a batch
 	pendingOK bool
 	nodes     map[string]error // node checks made this batch
+	// unchecked are nodes a staged batch booked whose check waits for
+	// the flush (verify): one statement for all of them.
+	unchecked []string
 	quotas    map[quotaKey][]quota.Quota
 	// lockedTenants are the tenants whose quota rows the batch holds
 	// (FOR UPDATE): those of the items that named theirs, and those a
@@ -165,14 +169,14 @@ type Mark struct {
 	env                           envelope.BatchMark
 	rows, bookings, undo, charges int
 	atoms, cpus, hosts, locked    int
-	pending                       int
+	pending, unchecked            int
 	rollups                       map[rollupDelta]int
 }
 
 // Mark notes where the batch stands before an item.
 func (b *Batch) Mark() Mark {
 	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus),
-		hosts: len(b.hosts), locked: len(b.itemLocked)}
+		hosts: len(b.hosts), locked: len(b.itemLocked), unchecked: len(b.unchecked)}
 	if b.env != nil {
 		m.env = b.env.Mark()
 	}
@@ -194,6 +198,12 @@ func (b *Batch) Rewind(m Mark) {
 	b.rows, b.bookings, b.charges, b.pending = b.rows[:m.rows], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
 	b.atoms, b.cpus, b.hosts = b.atoms[:m.atoms], b.cpus[:m.cpus], b.hosts[:m.hosts]
 	b.itemLocked = b.itemLocked[:m.locked]
+	// A node the item left unchecked is checked again by the next that
+	// books it.
+	for _, id := range b.unchecked[m.unchecked:] {
+		delete(b.nodes, id)
+	}
+	b.unchecked = b.unchecked[:m.unchecked]
 	if b.env != nil {
 		b.env.Rewind(m.env)
 	}
@@ -249,6 +259,11 @@ func (b *Batch) StageRollup(ctx context.Context, poolID, model, kind string, n i
 // verifies each plan it books, so the database's refusal reaches the
 // replan loop. The checks are the same either way.
 func (b *Batch) verify(ctx context.Context) error {
+	if len(b.unchecked) > 0 {
+		if err := b.checkNodes(ctx); err != nil {
+			return err
+		}
+	}
 	if len(b.hosts) > 0 {
 		if ok, err := b.hostsUsable(ctx); err != nil || !ok {
 			return errors.Join(err, errHostFull, errStaleIndex)
@@ -391,6 +406,16 @@ func (b *Batch) checkNode(ctx context.Context, nodeID string) error {
 	if err, ok := b.nodes[nodeID]; ok {
 		return err
 	}
+	if !b.immediate {
+		// Staged: checked (and on PostgreSQL share-locked) with the
+		// batch's other nodes at the flush, in one statement — one round
+		// trip a batch instead of one a node (an array of a hundred
+		// reservations books a dozen nodes). A node gone by then fails
+		// the batch, and its items run again one by one, checked here.
+		b.nodes[nodeID] = nil
+		b.unchecked = append(b.unchecked, nodeID)
+		return nil
+	}
 	state, liveness, err := fleet.NodeStateForShare(ctx, b.tx, nodeID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -402,6 +427,36 @@ func (b *Batch) checkNode(ctx context.Context, nodeID string) error {
 		b.nodes[nodeID] = err
 	}
 	return err
+}
+
+// checkNodes checks the nodes staged bookings wait on, in one statement.
+// A node no longer taking bookings leaves the index's placements, and the
+// batch fails with errNodeGone (its items run again, one by one).
+func (b *Batch) checkNodes(ctx context.Context) error {
+	ids := slices.Clone(b.unchecked)
+	slices.Sort(ids)
+	states, err := fleet.NodeStatesForShare(ctx, b.tx, ids)
+	if err != nil {
+		return err
+	}
+	b.unchecked = b.unchecked[:0]
+	var gone []string
+	for _, id := range ids {
+		if st, ok := states[id]; !ok || st.State != "active" || st.Liveness != "ready" {
+			gone = append(gone, id)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	for _, id := range gone {
+		b.nodes[id] = errNodeGone
+		if b.ix != nil {
+			b.ix.markUnschedulable(id)
+		}
+	}
+	b.gone = append(b.gone, gone...)
+	return fmt.Errorf("%w: %s", errNodeGone, strings.Join(gone, ", "))
 }
 
 // LockPool re-reads the pool under a row lock, once a batch: a pool archived
