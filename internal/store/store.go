@@ -243,6 +243,24 @@ func (t *tx) Exec(ctx context.Context, query string, args ...any) (int64, error)
 	return n, nil
 }
 
+// copier is a driver transaction that writes rows with COPY (PostgreSQL).
+type copier interface {
+	CopyRows(ctx context.Context, table string, cols []string, rows [][]any) (int64, error)
+}
+
+// copyRows writes rows with COPY where the driver can: ok is false when it
+// cannot, and nothing was written.
+func (t *tx) copyRows(ctx context.Context, table string, cols []string, rows [][]any) (ok bool, err error) {
+	c, can := t.dtx.(copier)
+	if !can {
+		return false, nil
+	}
+	if _, err := c.CopyRows(ctx, table, cols, rows); err != nil {
+		return true, t.db.d.Classify(err)
+	}
+	return true, nil
+}
+
 func (t *tx) Query(ctx context.Context, query string, args ...any) (Rows, error) {
 	r, err := t.dtx.Query(ctx, query, args...)
 	if err != nil {

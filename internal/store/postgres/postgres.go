@@ -263,6 +263,12 @@ func (t *tx) Exec(ctx context.Context, query string, args ...any) (int64, error)
 	return tag.RowsAffected(), nil
 }
 
+// CopyRows writes rows into table's cols with COPY: no statement to parse
+// or plan, however many rows (store.InsertRows uses it for large batches).
+func (t *tx) CopyRows(ctx context.Context, table string, cols []string, rows [][]any) (int64, error) {
+	return t.tx.CopyFrom(ctx, pgx.Identifier{table}, cols, pgx.CopyFromRows(rows))
+}
+
 func (t *tx) Query(ctx context.Context, query string, args ...any) (store.Rows, error) {
 	r, err := t.tx.Query(ctx, query, args...)
 	if err != nil {
