@@ -54,7 +54,7 @@ func PlanGang(ix *Index, r *capmodel.Reservation, n int, topology string) (GangP
 	if topology != "" {
 		key = TopologyLabel(topology)
 	}
-	byDomain := ix.domains(key, r.GPUs+r.Slots)
+	byDomain := ix.domains(key, ShapeOf(r.MIGProfile, r.Slots), r.GPUs+r.Slots)
 	names := make([]string, 0, len(byDomain))
 	for d, ns := range byDomain {
 		if len(ns) >= n {
@@ -82,7 +82,7 @@ func PlanGang(ix *Index, r *capmodel.Reservation, n int, topology string) (GangP
 // for a member, and the source of the explanation when nothing fits.
 func planGangScan(ix *Index, r *capmodel.Reservation, req placement.Request, n int, topology, key string) (GangPlan, error) {
 	// Only nodes with room for one member can take part.
-	snap := ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+	snap := ix.Snapshot(r.StartsAt, r.EndsAt, "", 0, 0, nil)
 	domains := map[string][]placement.Node{}
 	unlabelled := 0
 	for _, node := range snap.Nodes {

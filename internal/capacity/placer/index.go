@@ -54,11 +54,11 @@ type ixNode struct {
 	// placer's hottest path.
 	cpus  map[int][]span
 	holds []hold
-	// free is how many GPU units (whole GPUs, MIG instances or slots) were
-	// free at the last change: the key the candidate buckets order by.
-	free   int
-	bucket int
-	bpos   int
+	// free is how many units of each shape (see ShapeOf) the node had
+	// free at its last change: its bucket on that shape's shelf. at is
+	// its position in that bucket.
+	free map[string]int
+	at   map[string]int
 }
 
 // Index is a pool's placement index (see above).
@@ -66,9 +66,14 @@ type Index struct {
 	mu      sync.RWMutex
 	poolID  string
 	version int64
-	nodes   []*ixNode
-	byID    map[string]*ixNode
-	buckets [][]*ixNode
+	nodes []*ixNode
+	byID  map[string]*ixNode
+	// shelves are the candidate buckets of each request shape: for a
+	// shape, the nodes that have units of it by how many were free at
+	// their last change. Every node is on the whole-GPU shelf (""), so a
+	// request for no GPU finds them all; a MIG profile's or the slots'
+	// shelf holds only the nodes partitioned so.
+	shelves map[string][][]*ixNode
 	// shareVCPU and shareMemGiB are the smallest host's per-GPU share.
 	shareVCPU, shareMemGiB int
 	// gen counts changes to what a snapshot reads: a snapshot taken at
@@ -191,23 +196,44 @@ func overlaps(spans []span, start, end time.Time) bool {
 	return false
 }
 
-// freeAt counts the GPU units free at t.
-func (n *ixNode) freeAt(t time.Time) int {
+// ShapeOf names the units a request books, the shelf its candidates come
+// from: whole GPUs (""), shared slots ("slot"), or MIG instances of one
+// profile ("mig/" and the profile).
+func ShapeOf(migProfile string, slots int) string {
+	switch {
+	case migProfile != "":
+		return "mig/" + migProfile
+	case slots > 0:
+		return "slot"
+	}
+	return ""
+}
+
+// freeAt counts the units of each shape free at t. Every node counts
+// whole GPUs, none free included.
+func (n *ixNode) freeAt(t time.Time) map[string]int {
 	end := t.Add(time.Microsecond)
-	free := 0
+	free := map[string]int{"": 0}
 	for i, g := range n.base.GPUs {
-		if g.Quarantined || g.PartitionPending {
-			continue
-		}
+		usable := !g.Quarantined && !g.PartitionPending
 		switch g.Mode {
 		case placement.ModeWhole:
-			if !overlaps(n.booked[g.UUID], t, end) {
-				free++
+			if usable && !overlaps(n.booked[g.UUID], t, end) {
+				free[""]++
 			}
-		case placement.ModeMIG, placement.ModeShared:
+		case placement.ModeMIG:
+			for j, a := range n.parts[i] {
+				k := "mig/" + g.MIG[j].Profile
+				free[k] += 0
+				if usable && !overlaps(n.booked[a], t, end) {
+					free[k]++
+				}
+			}
+		case placement.ModeShared:
+			free["slot"] += 0
 			for _, a := range n.parts[i] {
-				if !overlaps(n.booked[a], t, end) {
-					free++
+				if usable && !overlaps(n.booked[a], t, end) {
+					free["slot"]++
 				}
 			}
 		}
@@ -312,24 +338,37 @@ func (n *ixNode) detail(start, end time.Time, a *arena) placement.Node {
 	return d
 }
 
-// place files a node in the bucket of its free count.
+// place files a node on each of its shapes' shelves, in the bucket of its
+// free count there.
 func (ix *Index) place(n *ixNode) {
-	for len(ix.buckets) <= n.free {
-		ix.buckets = append(ix.buckets, nil)
+	if ix.shelves == nil {
+		ix.shelves = map[string][][]*ixNode{}
 	}
-	n.bucket, n.bpos = n.free, len(ix.buckets[n.free])
-	ix.buckets[n.free] = append(ix.buckets[n.free], n)
+	if n.at == nil {
+		n.at = make(map[string]int, len(n.free))
+	}
+	for shape, free := range n.free {
+		shelf := ix.shelves[shape]
+		for len(shelf) <= free {
+			shelf = append(shelf, nil)
+		}
+		n.at[shape] = len(shelf[free])
+		shelf[free] = append(shelf[free], n)
+		ix.shelves[shape] = shelf
+	}
 }
 
 func (ix *Index) unplace(n *ixNode) {
-	b := ix.buckets[n.bucket]
-	last := b[len(b)-1]
-	b[n.bpos], last.bpos = last, n.bpos
-	ix.buckets[n.bucket] = b[:len(b)-1]
+	for shape, free := range n.free {
+		b := ix.shelves[shape][free]
+		last, pos := b[len(b)-1], n.at[shape]
+		b[pos], last.at[shape] = last, pos
+		ix.shelves[shape][free] = b[:len(b)-1]
+	}
 }
 
 func (ix *Index) refile(n *ixNode, now time.Time) {
-	if f := n.freeAt(now); f != n.free {
+	if f := n.freeAt(now); !maps.Equal(f, n.free) {
 		ix.unplace(n)
 		n.free = f
 		ix.place(n)
@@ -337,17 +376,19 @@ func (ix *Index) refile(n *ixNode, now time.Time) {
 }
 
 // Snapshot builds a placement snapshot over [start, end): of at most limit
-// candidate nodes (the fullest that may take need units, a random few among
-// equals), or of every node when limit is 0.
-func (ix *Index) Snapshot(start, end time.Time, need, limit int, rng *rand.Rand) *Snapshot {
+// candidate nodes (of those with units of shape, the fullest that may take
+// need of them, a random few among equals), or of every node when limit is
+// 0.
+func (ix *Index) Snapshot(start, end time.Time, shape string, need, limit int, rng *rand.Rand) *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	var picked []*ixNode
 	if limit == 0 {
 		picked = ix.nodes
 	} else {
-		for k := max(need, 0); k < len(ix.buckets) && len(picked) < limit; k++ {
-			b := ix.buckets[k]
+		shelf := ix.shelves[shape]
+		for k := max(need, 0); k < len(shelf) && len(picked) < limit; k++ {
+			b := shelf[k]
 			if len(b) <= limit-len(picked) {
 				picked = append(picked, b...)
 				continue
@@ -411,12 +452,13 @@ func (ix *Index) refreshed(s *Snapshot, nodeID string) *Snapshot {
 // last change) by their value of the label key ("" puts them all in one
 // domain, ""); nodes without the label are left out. Each domain's nodes
 // are in id order. It reads the candidate buckets only, no node's detail.
-func (ix *Index) domains(key string, need int) map[string][]*ixNode {
+func (ix *Index) domains(key, shape string, need int) map[string][]*ixNode {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	out := map[string][]*ixNode{}
-	for k := max(need, 0); k < len(ix.buckets); k++ {
-		for _, n := range ix.buckets[k] {
+	shelf := ix.shelves[shape]
+	for k := max(need, 0); k < len(shelf); k++ {
+		for _, n := range shelf[k] {
 			d, ok := "", true
 			if key != "" {
 				d, ok = n.base.Labels[key]

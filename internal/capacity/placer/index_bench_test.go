@@ -58,7 +58,7 @@ func BenchmarkIndexPlace(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	b.ReportAllocs()
 	for b.Loop() {
-		snap := ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs, CandidateLimit, rng)
+		snap := ix.Snapshot(r.StartsAt, r.EndsAt, "", r.GPUs, CandidateLimit, rng)
 		res, err := placement.Place(snap.Snap, req, placement.Options{Limit: 4})
 		if err != nil || len(res.Plans) == 0 {
 			b.Fatalf("no plan: %v %s", err, res.Explanation)

@@ -129,20 +129,21 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 	for attempt := 0; attempt < MaxReplans; attempt++ {
 		var res placement.Result
 		var err error
-		snap := b.shared.take(r, need)
+		shape := ShapeOf(r.MIGProfile, r.Slots)
+		snap := b.shared.take(r, shape, need)
 		if snap != nil {
 			if res, err = placement.Place(snap.Snap, req, placement.Options{Limit: 4}); err != nil {
 				return false, ex, err
 			}
 		}
 		if len(res.Plans) == 0 {
-			snap = ix.Snapshot(r.StartsAt, r.EndsAt, need, CandidateLimit, e.Rng())
+			snap = ix.Snapshot(r.StartsAt, r.EndsAt, ShapeOf(r.MIGProfile, r.Slots), need, CandidateLimit, e.Rng())
 			if res, err = placement.Place(snap.Snap, req, placement.Options{Limit: 4}); err != nil {
 				return false, ex, err
 			}
 		}
 		if len(res.Plans) == 0 {
-			snap = ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+			snap = ix.Snapshot(r.StartsAt, r.EndsAt, "", 0, 0, nil)
 			if res, err = placement.Place(snap.Snap, req, placement.Options{Limit: 4}); err != nil {
 				return false, ex, err
 			}
@@ -192,7 +193,7 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 			case err != nil:
 				return false, ex, err
 			}
-			b.shared.keep(ix, snap, plan.NodeID, r, need)
+			b.shared.keep(ix, snap, plan.NodeID, shape, need)
 			return true, ex, nil
 		}
 		if len(contested) == 0 {
@@ -214,27 +215,29 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 // changed otherwise since (Index.refreshed), and a member it has no room
 // for takes a fresh snapshot as before.
 type sharedSnap struct {
-	snap *Snapshot
-	need int
+	snap  *Snapshot
+	shape string
+	need  int
 }
 
-// take returns the shared snapshot if it serves r, else nil.
-func (s *sharedSnap) take(r *capmodel.Reservation, need int) *Snapshot {
-	if s.snap == nil || s.need != need || !s.snap.start.Equal(r.StartsAt) || !s.snap.end.Equal(r.EndsAt) {
+// take returns the shared snapshot if it serves r (need units of shape),
+// else nil.
+func (s *sharedSnap) take(r *capmodel.Reservation, shape string, need int) *Snapshot {
+	if s.snap == nil || s.shape != shape || s.need != need || !s.snap.start.Equal(r.StartsAt) || !s.snap.end.Equal(r.EndsAt) {
 		return nil
 	}
 	return s.snap
 }
 
-// keep makes snap, with nodeID (just booked for r) read again, the shared
-// snapshot; full snapshots (the fallback scan) are not kept.
-func (s *sharedSnap) keep(ix *Index, snap *Snapshot, nodeID string, r *capmodel.Reservation, need int) {
+// keep makes snap, with nodeID (just booked from it) read again, the
+// shared snapshot; full snapshots (the fallback scan) are not kept.
+func (s *sharedSnap) keep(ix *Index, snap *Snapshot, nodeID, shape string, need int) {
 	s.snap = nil
 	if snap.picked == nil || len(snap.picked) > CandidateLimit {
 		return
 	}
 	if fresh := ix.refreshed(snap, nodeID); fresh != nil {
-		s.snap, s.need = fresh, need
+		s.snap, s.shape, s.need = fresh, shape, need
 	}
 }
 

@@ -569,10 +569,10 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		}
 		return connect.NewResponse(out), nil
 	}
-	snap := t.ix.Snapshot(r.StartsAt, r.EndsAt, r.GPUs+r.Slots, placer.CandidateLimit, s.engine.placers.Rng())
+	snap := t.ix.Snapshot(r.StartsAt, r.EndsAt, placer.ShapeOf(r.MIGProfile, r.Slots), r.GPUs+r.Slots, placer.CandidateLimit, s.engine.placers.Rng())
 	res, err := placement.Place(snap.Snap, placer.Request(&r), placement.Options{Limit: 1})
 	if err == nil && len(res.Plans) == 0 {
-		snap = t.ix.Snapshot(r.StartsAt, r.EndsAt, 0, 0, nil)
+		snap = t.ix.Snapshot(r.StartsAt, r.EndsAt, "", 0, 0, nil)
 		res, err = placement.Place(snap.Snap, placer.Request(&r), placement.Options{Limit: 1})
 	}
 	if err != nil {
