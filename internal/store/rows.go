@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/bits"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -69,19 +70,45 @@ const copyMinRows = 64
 var insertHead = regexp.MustCompile(`^INSERT INTO ([a-z_][a-z0-9_]*) \(([a-z0-9_, ]+)\)$`)
 
 // copyInsert writes rows with COPY when head is a plain INSERT and no value
-// is Raw; ok is false, with nothing written, when it cannot.
+// is Raw but compute_now(), which it reads once and writes as a value; ok
+// is false, with nothing written, when it cannot.
 func copyInsert(ctx context.Context, q Tx, head string, rows [][]any) (ok bool, err error) {
 	t, isTx := q.(*tx)
 	m := insertHead.FindStringSubmatch(head)
 	if !isTx || m == nil {
 		return false, nil
 	}
+	hasNow := false
 	for _, row := range rows {
 		for _, v := range row {
-			if _, raw := v.(Raw); raw {
-				return false, nil
+			if raw, isRaw := v.(Raw); isRaw {
+				if raw != "compute_now()" {
+					return false, nil
+				}
+				hasNow = true
 			}
 		}
+	}
+	if hasNow {
+		now, err := t.computeNow(ctx)
+		if err != nil {
+			return true, err
+		}
+		// The caller's rows stay as they were: copies with the value.
+		out := make([][]any, len(rows))
+		for i, row := range rows {
+			cloned := false
+			for j, v := range row {
+				if _, isRaw := v.(Raw); isRaw {
+					if !cloned {
+						row, cloned = slices.Clone(row), true
+					}
+					row[j] = now
+				}
+			}
+			out[i] = row
+		}
+		rows = out
 	}
 	cols := strings.Split(m[2], ",")
 	for i := range cols {

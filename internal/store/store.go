@@ -227,6 +227,20 @@ type tx struct {
 	dtx         DriverTx
 	db          *DB
 	afterCommit []func()
+	// now is compute_now() as this transaction read it, for rows written
+	// by COPY (which takes values, not SQL); zero until first asked.
+	now time.Time
+}
+
+// computeNow is compute_now() of the transaction, read once: on PostgreSQL
+// it is constant within a transaction (the pinned clock, or now()).
+func (t *tx) computeNow(ctx context.Context) (time.Time, error) {
+	if t.now.IsZero() {
+		if err := t.QueryRow(ctx, `SELECT compute_now()`).Scan(&t.now); err != nil {
+			return time.Time{}, err
+		}
+	}
+	return t.now, nil
 }
 
 func (t *tx) Dialect() Dialect { return t.db.d.Dialect() }
