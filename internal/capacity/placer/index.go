@@ -66,8 +66,8 @@ type Index struct {
 	mu      sync.RWMutex
 	poolID  string
 	version int64
-	nodes []*ixNode
-	byID  map[string]*ixNode
+	nodes   []*ixNode
+	byID    map[string]*ixNode
 	// shelves are the candidate buckets of each request shape: for a
 	// shape, the nodes that have units of it by how many were free at
 	// their last change. Every node is on the whole-GPU shelf (""), so a
