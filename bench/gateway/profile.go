@@ -36,7 +36,21 @@ func startProfiles(o options) (func(), error) {
 			logf("gateway CPU profile: %v", err)
 		}
 	})
-	f, err := os.Create(filepath.Join(o.profileDir, "harness-cpu.pprof"))
+	stop, err := startCPUProfile(filepath.Join(o.profileDir, "harness-cpu.pprof"))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		stop()
+		wg.Wait()
+		logf("profiles in %s", o.profileDir)
+	}, nil
+}
+
+// startCPUProfile profiles the harness into file until the returned func
+// is called.
+func startCPUProfile(file string) (func(), error) {
+	f, err := os.Create(file)
 	if err != nil {
 		return nil, err
 	}
@@ -44,12 +58,7 @@ func startProfiles(o options) (func(), error) {
 		_ = f.Close()
 		return nil, err
 	}
-	return func() {
-		pprof.StopCPUProfile()
-		_ = f.Close()
-		wg.Wait()
-		logf("profiles in %s", o.profileDir)
-	}, nil
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 func fetch(path, file string, timeout time.Duration) error {

@@ -34,7 +34,10 @@ type child struct {
 	done chan error
 }
 
-func startChild(o options, secret string) (*child, error) {
+// startChild starts the control plane and waits until it is ready.
+// cpuProfile, when not empty, is a file the child writes a CPU profile of
+// its whole life into.
+func startChild(o options, secret, cpuProfile string) (*child, error) {
 	_ = os.Remove(filepath.Join(o.stateDir, readyFileName))
 	self, err := os.Executable()
 	if err != nil {
@@ -45,6 +48,9 @@ func startChild(o options, secret string) (*child, error) {
 		childState+"="+o.stateDir, childSecret+"="+secret, childBeat+"="+o.heartbeat.String())
 	if o.profileDir != "" {
 		cmd.Env = append(cmd.Env, childPprof+"="+pprofAddr)
+	}
+	if cpuProfile != "" {
+		cmd.Env = append(cmd.Env, childCPUProfile+"="+cpuProfile)
 	}
 	if o.gogc != "" {
 		cmd.Env = append(cmd.Env, "GOGC="+o.gogc)
@@ -169,7 +175,7 @@ func run(ctx context.Context, o options) (result, error) {
 	if err != nil {
 		return res, err
 	}
-	cp, err := startChild(o, secret)
+	cp, err := startChild(o, secret, "")
 	if err != nil {
 		return res, err
 	}
@@ -339,10 +345,19 @@ func run(ctx context.Context, o options) (result, error) {
 		if !waitUntil(ctx, time.Minute, func() bool { return connected() == 0 }) {
 			return res, fmt.Errorf("%d sessions still up after the gateway stopped", connected())
 		}
+		var cpuProfile string
+		var stopHarnessProfile func()
+		if o.profileDir != "" {
+			cpuProfile = filepath.Join(o.profileDir, "gateway-reconnect-cpu.pprof")
+			if stopHarnessProfile, err = startCPUProfile(filepath.Join(o.profileDir, "harness-reconnect-cpu.pprof")); err != nil {
+				return res, err
+			}
+		}
 		restart := time.Now()
-		if cp, err = startChild(o, secret); err != nil {
+		if cp, err = startChild(o, secret, cpuProfile); err != nil {
 			return res, err
 		}
+		res.ReconnectReadyS = time.Since(restart).Seconds()
 		back := func() bool {
 			n := 0
 			for _, a := range agents {
@@ -351,13 +366,23 @@ func run(ctx context.Context, o options) (result, error) {
 				}
 			}
 			res.Reconnected = n
+			if res.ReconnectHalfS == 0 && 2*n >= o.sessions {
+				res.ReconnectHalfS = time.Since(restart).Seconds()
+			}
+			if res.Reconnect90S == 0 && 10*n >= 9*o.sessions {
+				res.Reconnect90S = time.Since(restart).Seconds()
+			}
 			return n == o.sessions
 		}
 		if !waitUntil(ctx, 5*time.Minute, back) {
 			return res, fmt.Errorf("only %d of %d sessions back after the restart", res.Reconnected, o.sessions)
 		}
 		res.ReconnectS = time.Since(restart).Seconds()
-		logf("all %d sessions back %.1fs after the restart", o.sessions, res.ReconnectS)
+		if stopHarnessProfile != nil {
+			stopHarnessProfile()
+		}
+		logf("all %d sessions back %.1fs after the restart (control plane ready %.1fs, half %.1fs, 90%% %.1fs)",
+			o.sessions, res.ReconnectS, res.ReconnectReadyS, res.ReconnectHalfS, res.Reconnect90S)
 	}
 	res.DurationS = time.Since(start).Seconds()
 	return res, nil
