@@ -36,8 +36,10 @@ const (
 	// of its whole life into (the restarted child of -profile: its start
 	// and the reconnect storm).
 	childCPUProfile = "BC_BENCH_CPUPROFILE"
-	adminKeyFile    = "admin.key"
-	readyFileName   = "ready"
+	// childHandshake, when set, is the gateway's handshake timeout.
+	childHandshake = "BC_BENCH_HANDSHAKE_TIMEOUT"
+	adminKeyFile   = "admin.key"
+	readyFileName  = "ready"
 )
 
 func runChild() error {
@@ -67,13 +69,20 @@ func runChild() error {
 	if err != nil {
 		return err
 	}
+	var handshake time.Duration
+	if v := os.Getenv(childHandshake); v != "" {
+		if handshake, err = time.ParseDuration(v); err != nil {
+			return err
+		}
+	}
 	a, err := app.New(ctx, app.Config{
-		Roles:             []string{app.RoleAPI, app.RoleWorker, app.RoleGateway},
-		Listen:            os.Getenv(childAPI),
-		GatewayListen:     os.Getenv(childGateway),
-		StateDir:          state,
-		Secret:            os.Getenv(childSecret),
-		HeartbeatInterval: beat,
+		Roles:                   []string{app.RoleAPI, app.RoleWorker, app.RoleGateway},
+		Listen:                  os.Getenv(childAPI),
+		GatewayListen:           os.Getenv(childGateway),
+		StateDir:                state,
+		Secret:                  os.Getenv(childSecret),
+		HeartbeatInterval:       beat,
+		GatewayHandshakeTimeout: handshake,
 		// Liveness follows the beat (the defaults' ratios: 3 and 30 beats),
 		// so a slow -heartbeat is accepted and no session is judged lost
 		// while it is held.

@@ -37,6 +37,7 @@ type options struct {
 	cpuSeconds  int
 	gogc        string
 	ramp        int
+	handshake   time.Duration
 }
 
 // result is what the benchmark reports.
@@ -57,17 +58,23 @@ type result struct {
 	ReconnectReadyS float64 `json:"reconnect_ready_s"`
 	ReconnectHalfS  float64 `json:"reconnect_half_s"`
 	Reconnect90S    float64 `json:"reconnect_90_s"`
-	Reconnected     int     `json:"reconnected"`
-	GatewayRSSMiB   float64 `json:"gateway_rss_mib"`
-	HarnessRSSMiB   float64 `json:"harness_rss_mib"`
-	HeartbeatS      float64 `json:"heartbeat_s"`
-	GOGC            string  `json:"gogc,omitempty"`
-	Ramp            int     `json:"ramp,omitempty"`
-	Store           string  `json:"store"`
-	GoMaxProcs      int     `json:"gomaxprocs"`
-	Machine         string  `json:"machine"`
-	StartedAt       string  `json:"started_at"`
-	DurationS       float64 `json:"duration_s"`
+	// Session attempts that failed before their HelloAck, in the first
+	// connect and in the reconnect, and the commonest reasons.
+	ConnectFailed     int64    `json:"connect_failed"`
+	ReconnectFailed   int64    `json:"reconnect_failed"`
+	ConnectFailures   []string `json:"connect_failures,omitempty"`
+	ReconnectFailures []string `json:"reconnect_failures,omitempty"`
+	Reconnected       int      `json:"reconnected"`
+	GatewayRSSMiB     float64  `json:"gateway_rss_mib"`
+	HarnessRSSMiB     float64  `json:"harness_rss_mib"`
+	HeartbeatS        float64  `json:"heartbeat_s"`
+	GOGC              string   `json:"gogc,omitempty"`
+	Ramp              int      `json:"ramp,omitempty"`
+	Store             string   `json:"store"`
+	GoMaxProcs        int      `json:"gomaxprocs"`
+	Machine           string   `json:"machine"`
+	StartedAt         string   `json:"started_at"`
+	DurationS         float64  `json:"duration_s"`
 }
 
 func main() {
@@ -90,6 +97,7 @@ func main() {
 	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch and the reconnect into this directory")
 	flag.IntVar(&o.ramp, "ramp", 0, "sessions being opened at once in the first connect (0: all at once); a busy machine may need it to connect 10,000")
 	flag.StringVar(&o.gogc, "gogc", "", "GOGC of the control plane (default: Go's, 100)")
+	flag.DurationVar(&o.handshake, "handshake-timeout", 0, "the gateway's handshake timeout (default: the gateway's)")
 	flag.IntVar(&o.cpuSeconds, "cpu-seconds", 10, "length of the control plane's CPU profile taken from the start of dispatch, with -profile")
 	flag.Parse()
 

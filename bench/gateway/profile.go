@@ -81,3 +81,28 @@ func fetch(path, file string, timeout time.Duration) error {
 	}
 	return out.Close()
 }
+
+// snapshotGoroutines writes the control plane's goroutines every 4 s
+// (gateway-reconnect-goroutines-NNs.txt, seconds since start) until the
+// returned func is called: where sessions wait during the reconnect, which
+// a CPU profile cannot show.
+func snapshotGoroutines(dir string, start time.Time) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(4 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				name := fmt.Sprintf("gateway-reconnect-goroutines-%02.0fs.txt", time.Since(start).Seconds())
+				if err := fetch("/debug/pprof/goroutine?debug=1", filepath.Join(dir, name), 10*time.Second); err != nil {
+					logf("goroutines: %v", err)
+				}
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

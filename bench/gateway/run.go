@@ -52,6 +52,9 @@ func startChild(o options, secret, cpuProfile string) (*child, error) {
 	if cpuProfile != "" {
 		cmd.Env = append(cmd.Env, childCPUProfile+"="+cpuProfile)
 	}
+	if o.handshake > 0 {
+		cmd.Env = append(cmd.Env, childHandshake+"="+o.handshake.String())
+	}
 	if o.gogc != "" {
 		cmd.Env = append(cmd.Env, "GOGC="+o.gogc)
 	}
@@ -245,7 +248,15 @@ func run(ctx context.Context, o options) (result, error) {
 		return res, fmt.Errorf("only %d of %d sessions connected", connected(), o.sessions)
 	}
 	res.ConnectS = time.Since(connStart).Seconds()
-	logf("%d sessions up in %.1fs; holding %s", o.sessions, res.ConnectS, o.hold)
+	failedSum := func() int64 {
+		var n int64
+		for _, a := range agents {
+			n += a.failed.Load()
+		}
+		return n
+	}
+	res.ConnectFailed, res.ConnectFailures = failedSum(), takeFailures(5)
+	logf("%d sessions up in %.1fs (%d attempts failed: %v); holding %s", o.sessions, res.ConnectS, res.ConnectFailed, res.ConnectFailures, o.hold)
 
 	// Hold: every session must stay up.
 	var droppedBefore int64
@@ -353,11 +364,17 @@ func run(ctx context.Context, o options) (result, error) {
 				return res, err
 			}
 		}
+		failedBefore := failedSum()
+		_ = takeFailures(0)
 		restart := time.Now()
 		if cp, err = startChild(o, secret, cpuProfile); err != nil {
 			return res, err
 		}
 		res.ReconnectReadyS = time.Since(restart).Seconds()
+		stopSnapshots := func() {}
+		if o.profileDir != "" {
+			stopSnapshots = snapshotGoroutines(o.profileDir, restart)
+		}
 		back := func() bool {
 			n := 0
 			for _, a := range agents {
@@ -378,11 +395,13 @@ func run(ctx context.Context, o options) (result, error) {
 			return res, fmt.Errorf("only %d of %d sessions back after the restart", res.Reconnected, o.sessions)
 		}
 		res.ReconnectS = time.Since(restart).Seconds()
+		res.ReconnectFailed, res.ReconnectFailures = failedSum()-failedBefore, takeFailures(5)
+		stopSnapshots()
 		if stopHarnessProfile != nil {
 			stopHarnessProfile()
 		}
-		logf("all %d sessions back %.1fs after the restart (control plane ready %.1fs, half %.1fs, 90%% %.1fs)",
-			o.sessions, res.ReconnectS, res.ReconnectReadyS, res.ReconnectHalfS, res.Reconnect90S)
+		logf("all %d sessions back %.1fs after the restart (control plane ready %.1fs, half %.1fs, 90%% %.1fs); %d attempts failed: %v",
+			o.sessions, res.ReconnectS, res.ReconnectReadyS, res.ReconnectHalfS, res.Reconnect90S, res.ReconnectFailed, res.ReconnectFailures)
 	}
 	res.DurationS = time.Since(start).Seconds()
 	return res, nil
