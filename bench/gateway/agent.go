@@ -102,7 +102,8 @@ func (a *lightAgent) join(ctx context.Context, token string, i int) error {
 		return fmt.Errorf("join not admitted: %s %s", res.GetStatus(), res.GetReason())
 	}
 	a.nodeID = res.GetNodeId()
-	a.cert = tls.Certificate{Certificate: res.GetCertificateChain(), PrivateKey: a.key}
+	// The leaf alone, as bcd presents it: the gateway trusts the node CA.
+	a.cert = tls.Certificate{Certificate: res.GetCertificateChain()[:1], PrivateKey: a.key}
 	a.roots = x509.NewCertPool()
 	if !a.roots.AppendCertsFromPEM(res.GetTrustBundlePem()) {
 		return errors.New("join: empty trust bundle")
