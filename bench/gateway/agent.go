@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +39,7 @@ type lightAgent struct {
 	connected atomic.Bool
 	sessions  atomic.Int64 // sessions established, over the agent's life
 	dropped   atomic.Int64 // sessions that ended while not shutting down
+	failed    atomic.Int64 // attempts that ended before the HelloAck
 	lastSeq   atomic.Uint64
 
 	// received carries the arrival time of each command the harness awaits.
@@ -99,7 +102,8 @@ func (a *lightAgent) join(ctx context.Context, token string, i int) error {
 		return fmt.Errorf("join not admitted: %s %s", res.GetStatus(), res.GetReason())
 	}
 	a.nodeID = res.GetNodeId()
-	a.cert = tls.Certificate{Certificate: res.GetCertificateChain(), PrivateKey: a.key}
+	// The leaf alone, as bcd presents it: the gateway trusts the node CA.
+	a.cert = tls.Certificate{Certificate: res.GetCertificateChain()[:1], PrivateKey: a.key}
 	a.roots = x509.NewCertPool()
 	if !a.roots.AppendCertsFromPEM(res.GetTrustBundlePem()) {
 		return errors.New("join: empty trust bundle")
@@ -167,6 +171,7 @@ func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCre
 	defer cancel()
 	stream, err := agentv1.NewAgentServiceClient(conn).Session(ctx)
 	if err != nil {
+		a.fail(err)
 		return false
 	}
 	var sendMu sync.Mutex
@@ -178,10 +183,12 @@ func (a *lightAgent) session(ctx context.Context, creds credentials.TransportCre
 	if err := send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Hello{Hello: &agentv1.Hello{
 		AgentVersion: "bench", Mode: agentv1.AgentMode_AGENT_MODE_NODE, LastAppliedSeq: a.lastSeq.Load(),
 	}}}); err != nil {
+		a.fail(err)
 		return false
 	}
 	first, err := stream.Recv()
 	if err != nil || first.GetHelloAck() == nil {
+		a.fail(err)
 		return false
 	}
 	if up != nil {
@@ -238,4 +245,46 @@ func (a *lightAgent) await() {
 	default:
 	}
 	a.awaiting.Store(true)
+}
+
+// failures counts failed session attempts by their error, digits and
+// addresses left out, so the harness can say why attempts failed.
+var failures struct {
+	sync.Mutex
+	by map[string]int
+}
+
+var digits = regexp.MustCompile(`[0-9]+`)
+
+func (a *lightAgent) fail(err error) {
+	a.failed.Add(1)
+	msg := "no hello ack"
+	if err != nil {
+		msg = digits.ReplaceAllString(err.Error(), "N")
+	}
+	failures.Lock()
+	defer failures.Unlock()
+	if failures.by == nil {
+		failures.by = map[string]int{}
+	}
+	failures.by[msg]++
+}
+
+// takeFailures returns the failures counted since the last call, most
+// frequent first, at most n, and forgets them.
+func takeFailures(n int) []string {
+	failures.Lock()
+	by := failures.by
+	failures.by = nil
+	failures.Unlock()
+	msgs := make([]string, 0, len(by))
+	for m := range by {
+		msgs = append(msgs, m)
+	}
+	slices.SortFunc(msgs, func(a, b string) int { return by[b] - by[a] })
+	out := make([]string, 0, n)
+	for _, m := range msgs[:min(n, len(msgs))] {
+		out = append(out, fmt.Sprintf("%d× %s", by[m], m))
+	}
+	return out
 }

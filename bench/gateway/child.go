@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	rpprof "runtime/pprof"
 	"syscall"
 	"time"
 
@@ -30,15 +31,32 @@ const (
 	childBeat    = "BC_BENCH_HEARTBEAT"
 	// childPprof, when set, is the loopback address the child serves
 	// net/http/pprof on, for -profile.
-	childPprof    = "BC_BENCH_PPROF"
-	adminKeyFile  = "admin.key"
-	readyFileName = "ready"
+	childPprof = "BC_BENCH_PPROF"
+	// childCPUProfile, when set, is a file the child writes a CPU profile
+	// of its whole life into (the restarted child of -profile: its start
+	// and the reconnect storm).
+	childCPUProfile = "BC_BENCH_CPUPROFILE"
+	// childHandshake, when set, is the gateway's handshake timeout.
+	childHandshake = "BC_BENCH_HANDSHAKE_TIMEOUT"
+	adminKeyFile   = "admin.key"
+	readyFileName  = "ready"
 )
 
 func runChild() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	state := os.Getenv(childState)
+	if path := os.Getenv(childCPUProfile); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := rpprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		// Deferred first, so it runs last, after the control plane closed.
+		defer func() { rpprof.StopCPUProfile(); _ = f.Close() }()
+	}
 	if addr := os.Getenv(childPprof); addr != "" {
 		// Sample every 4 KiB, not every 512 KiB: per-session structures are
 		// a few KiB each and the default rate would hide most of them.
@@ -51,13 +69,20 @@ func runChild() error {
 	if err != nil {
 		return err
 	}
+	var handshake time.Duration
+	if v := os.Getenv(childHandshake); v != "" {
+		if handshake, err = time.ParseDuration(v); err != nil {
+			return err
+		}
+	}
 	a, err := app.New(ctx, app.Config{
-		Roles:             []string{app.RoleAPI, app.RoleWorker, app.RoleGateway},
-		Listen:            os.Getenv(childAPI),
-		GatewayListen:     os.Getenv(childGateway),
-		StateDir:          state,
-		Secret:            os.Getenv(childSecret),
-		HeartbeatInterval: beat,
+		Roles:                   []string{app.RoleAPI, app.RoleWorker, app.RoleGateway},
+		Listen:                  os.Getenv(childAPI),
+		GatewayListen:           os.Getenv(childGateway),
+		StateDir:                state,
+		Secret:                  os.Getenv(childSecret),
+		HeartbeatInterval:       beat,
+		GatewayHandshakeTimeout: handshake,
 		// Liveness follows the beat (the defaults' ratios: 3 and 30 beats),
 		// so a slow -heartbeat is accepted and no session is judged lost
 		// while it is held.

@@ -37,6 +37,7 @@ type options struct {
 	cpuSeconds  int
 	gogc        string
 	ramp        int
+	handshake   time.Duration
 }
 
 // result is what the benchmark reports.
@@ -52,17 +53,28 @@ type result struct {
 	DispatchP99ms float64 `json:"dispatch_p99_ms"`
 	DispatchMaxms float64 `json:"dispatch_max_ms"`
 	ReconnectS    float64 `json:"reconnect_s"`
-	Reconnected   int     `json:"reconnected"`
-	GatewayRSSMiB float64 `json:"gateway_rss_mib"`
-	HarnessRSSMiB float64 `json:"harness_rss_mib"`
-	HeartbeatS    float64 `json:"heartbeat_s"`
-	GOGC          string  `json:"gogc,omitempty"`
-	Ramp          int     `json:"ramp,omitempty"`
-	Store         string  `json:"store"`
-	GoMaxProcs    int     `json:"gomaxprocs"`
-	Machine       string  `json:"machine"`
-	StartedAt     string  `json:"started_at"`
-	DurationS     float64 `json:"duration_s"`
+	// The reconnect's shape: the restarted control plane ready, then half
+	// and nine tenths of the sessions back (seconds from the restart).
+	ReconnectReadyS float64 `json:"reconnect_ready_s"`
+	ReconnectHalfS  float64 `json:"reconnect_half_s"`
+	Reconnect90S    float64 `json:"reconnect_90_s"`
+	// Session attempts that failed before their HelloAck, in the first
+	// connect and in the reconnect, and the commonest reasons.
+	ConnectFailed     int64    `json:"connect_failed"`
+	ReconnectFailed   int64    `json:"reconnect_failed"`
+	ConnectFailures   []string `json:"connect_failures,omitempty"`
+	ReconnectFailures []string `json:"reconnect_failures,omitempty"`
+	Reconnected       int      `json:"reconnected"`
+	GatewayRSSMiB     float64  `json:"gateway_rss_mib"`
+	HarnessRSSMiB     float64  `json:"harness_rss_mib"`
+	HeartbeatS        float64  `json:"heartbeat_s"`
+	GOGC              string   `json:"gogc,omitempty"`
+	Ramp              int      `json:"ramp,omitempty"`
+	Store             string   `json:"store"`
+	GoMaxProcs        int      `json:"gomaxprocs"`
+	Machine           string   `json:"machine"`
+	StartedAt         string   `json:"started_at"`
+	DurationS         float64  `json:"duration_s"`
 }
 
 func main() {
@@ -82,9 +94,10 @@ func main() {
 	flag.BoolVar(&o.reconnect, "reconnect", true, "measure the reconnect storm after a gateway restart")
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.StringVar(&o.stateDir, "state-dir", "", "state directory of the control plane (default a temp dir)")
-	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch into this directory")
+	flag.StringVar(&o.profileDir, "profile", "", "write the control plane's heap profile (sessions held), goroutines, and CPU profiles of both processes during dispatch and the reconnect into this directory")
 	flag.IntVar(&o.ramp, "ramp", 0, "sessions being opened at once in the first connect (0: all at once); a busy machine may need it to connect 10,000")
 	flag.StringVar(&o.gogc, "gogc", "", "GOGC of the control plane (default: Go's, 100)")
+	flag.DurationVar(&o.handshake, "handshake-timeout", 0, "the gateway's handshake timeout (default: the gateway's)")
 	flag.IntVar(&o.cpuSeconds, "cpu-seconds", 10, "length of the control plane's CPU profile taken from the start of dispatch, with -profile")
 	flag.Parse()
 

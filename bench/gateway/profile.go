@@ -36,7 +36,21 @@ func startProfiles(o options) (func(), error) {
 			logf("gateway CPU profile: %v", err)
 		}
 	})
-	f, err := os.Create(filepath.Join(o.profileDir, "harness-cpu.pprof"))
+	stop, err := startCPUProfile(filepath.Join(o.profileDir, "harness-cpu.pprof"))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		stop()
+		wg.Wait()
+		logf("profiles in %s", o.profileDir)
+	}, nil
+}
+
+// startCPUProfile profiles the harness into file until the returned func
+// is called.
+func startCPUProfile(file string) (func(), error) {
+	f, err := os.Create(file)
 	if err != nil {
 		return nil, err
 	}
@@ -44,12 +58,7 @@ func startProfiles(o options) (func(), error) {
 		_ = f.Close()
 		return nil, err
 	}
-	return func() {
-		pprof.StopCPUProfile()
-		_ = f.Close()
-		wg.Wait()
-		logf("profiles in %s", o.profileDir)
-	}, nil
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 func fetch(path, file string, timeout time.Duration) error {
@@ -71,4 +80,29 @@ func fetch(path, file string, timeout time.Duration) error {
 		return fmt.Errorf("fetch %s: %w", path, err)
 	}
 	return out.Close()
+}
+
+// snapshotGoroutines writes the control plane's goroutines every 4 s
+// (gateway-reconnect-goroutines-NNs.txt, seconds since start) until the
+// returned func is called: where sessions wait during the reconnect, which
+// a CPU profile cannot show.
+func snapshotGoroutines(dir string, start time.Time) func() {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(4 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				name := fmt.Sprintf("gateway-reconnect-goroutines-%02.0fs.txt", time.Since(start).Seconds())
+				if err := fetch("/debug/pprof/goroutine?debug=1", filepath.Join(dir, name), 10*time.Second); err != nil {
+					logf("goroutines: %v", err)
+				}
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }

@@ -34,7 +34,10 @@ type child struct {
 	done chan error
 }
 
-func startChild(o options, secret string) (*child, error) {
+// startChild starts the control plane and waits until it is ready.
+// cpuProfile, when not empty, is a file the child writes a CPU profile of
+// its whole life into.
+func startChild(o options, secret, cpuProfile string) (*child, error) {
 	_ = os.Remove(filepath.Join(o.stateDir, readyFileName))
 	self, err := os.Executable()
 	if err != nil {
@@ -45,6 +48,12 @@ func startChild(o options, secret string) (*child, error) {
 		childState+"="+o.stateDir, childSecret+"="+secret, childBeat+"="+o.heartbeat.String())
 	if o.profileDir != "" {
 		cmd.Env = append(cmd.Env, childPprof+"="+pprofAddr)
+	}
+	if cpuProfile != "" {
+		cmd.Env = append(cmd.Env, childCPUProfile+"="+cpuProfile)
+	}
+	if o.handshake > 0 {
+		cmd.Env = append(cmd.Env, childHandshake+"="+o.handshake.String())
 	}
 	if o.gogc != "" {
 		cmd.Env = append(cmd.Env, "GOGC="+o.gogc)
@@ -169,7 +178,7 @@ func run(ctx context.Context, o options) (result, error) {
 	if err != nil {
 		return res, err
 	}
-	cp, err := startChild(o, secret)
+	cp, err := startChild(o, secret, "")
 	if err != nil {
 		return res, err
 	}
@@ -239,7 +248,15 @@ func run(ctx context.Context, o options) (result, error) {
 		return res, fmt.Errorf("only %d of %d sessions connected", connected(), o.sessions)
 	}
 	res.ConnectS = time.Since(connStart).Seconds()
-	logf("%d sessions up in %.1fs; holding %s", o.sessions, res.ConnectS, o.hold)
+	failedSum := func() int64 {
+		var n int64
+		for _, a := range agents {
+			n += a.failed.Load()
+		}
+		return n
+	}
+	res.ConnectFailed, res.ConnectFailures = failedSum(), takeFailures(5)
+	logf("%d sessions up in %.1fs (%d attempts failed: %v); holding %s", o.sessions, res.ConnectS, res.ConnectFailed, res.ConnectFailures, o.hold)
 
 	// Hold: every session must stay up.
 	var droppedBefore int64
@@ -339,9 +356,24 @@ func run(ctx context.Context, o options) (result, error) {
 		if !waitUntil(ctx, time.Minute, func() bool { return connected() == 0 }) {
 			return res, fmt.Errorf("%d sessions still up after the gateway stopped", connected())
 		}
+		var cpuProfile string
+		var stopHarnessProfile func()
+		if o.profileDir != "" {
+			cpuProfile = filepath.Join(o.profileDir, "gateway-reconnect-cpu.pprof")
+			if stopHarnessProfile, err = startCPUProfile(filepath.Join(o.profileDir, "harness-reconnect-cpu.pprof")); err != nil {
+				return res, err
+			}
+		}
+		failedBefore := failedSum()
+		_ = takeFailures(0)
 		restart := time.Now()
-		if cp, err = startChild(o, secret); err != nil {
+		if cp, err = startChild(o, secret, cpuProfile); err != nil {
 			return res, err
+		}
+		res.ReconnectReadyS = time.Since(restart).Seconds()
+		stopSnapshots := func() {}
+		if o.profileDir != "" {
+			stopSnapshots = snapshotGoroutines(o.profileDir, restart)
 		}
 		back := func() bool {
 			n := 0
@@ -351,13 +383,25 @@ func run(ctx context.Context, o options) (result, error) {
 				}
 			}
 			res.Reconnected = n
+			if res.ReconnectHalfS == 0 && 2*n >= o.sessions {
+				res.ReconnectHalfS = time.Since(restart).Seconds()
+			}
+			if res.Reconnect90S == 0 && 10*n >= 9*o.sessions {
+				res.Reconnect90S = time.Since(restart).Seconds()
+			}
 			return n == o.sessions
 		}
 		if !waitUntil(ctx, 5*time.Minute, back) {
 			return res, fmt.Errorf("only %d of %d sessions back after the restart", res.Reconnected, o.sessions)
 		}
 		res.ReconnectS = time.Since(restart).Seconds()
-		logf("all %d sessions back %.1fs after the restart", o.sessions, res.ReconnectS)
+		res.ReconnectFailed, res.ReconnectFailures = failedSum()-failedBefore, takeFailures(5)
+		stopSnapshots()
+		if stopHarnessProfile != nil {
+			stopHarnessProfile()
+		}
+		logf("all %d sessions back %.1fs after the restart (control plane ready %.1fs, half %.1fs, 90%% %.1fs); %d attempts failed: %v",
+			o.sessions, res.ReconnectS, res.ReconnectReadyS, res.ReconnectHalfS, res.Reconnect90S, res.ReconnectFailed, res.ReconnectFailures)
 	}
 	res.DurationS = time.Since(start).Seconds()
 	return res, nil

@@ -339,6 +339,11 @@ func (a *Agent) loadIdentity() error {
 		return fmt.Errorf("parse node certificate: %w", err)
 	}
 	cert.Leaf = leaf
+	// bcd presents its leaf alone: every gateway trusts the node CA itself
+	// (its client pool holds it), so sending the CA too only made each
+	// connection parse and keep a second certificate there, about 3 KiB a
+	// session (docs/benchmarks.md).
+	cert.Certificate = cert.Certificate[:1]
 	a.mu.Lock()
 	a.cert, a.leaf, a.roots = cert, leaf, roots
 	a.mu.Unlock()

@@ -181,7 +181,7 @@ type Config struct {
 	// clock (default 30s).
 	WatchRecheck time.Duration
 	// GatewayHandshakeTimeout bounds a gateway connection's TLS handshake
-	// (default 10s); GatewayIdleConnTimeout closes one without a stream for
+	// (default 60s); GatewayIdleConnTimeout closes one without a stream for
 	// that long (default 2m).
 	GatewayHandshakeTimeout time.Duration
 	GatewayIdleConnTimeout  time.Duration

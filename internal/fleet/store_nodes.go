@@ -375,10 +375,11 @@ type NodeHelloParams struct {
 
 // NodeRecordHello records a Hello: the agent's facts, this replica as
 // session owner, joining → active, liveness ready and a heartbeat now. It
-// returns the node as it was before.
+// returns the node as it was before; a retired node is returned as it is,
+// and nothing is written.
 func NodeRecordHello(ctx context.Context, tx store.Tx, p *NodeHelloParams) (NodeStatus, error) {
 	before, err := NodeStatusGet(ctx, tx, p.NodeID)
-	if err != nil {
+	if err != nil || before.State == "retired" {
 		return before, err
 	}
 	caps := p.Capabilities

@@ -28,6 +28,10 @@ type Authority interface {
 	// VerifyNode checks a presented leaf (chain, trust domain, role,
 	// revocation) and says whom it names.
 	VerifyNode(leaf *x509.Certificate) (NodeIdentity, error)
+	// VerifyPeer is VerifyNode for the leaf of a connection crypto/tls
+	// verified with GatewayTLSConfig, which may skip what the handshake
+	// already checked.
+	VerifyPeer(cs tls.ConnectionState) (NodeIdentity, error)
 	// UseNonce records a renew nonce in tx until expire; a nonce seen
 	// before fails with an error matching ErrReplay.
 	UseNonce(ctx context.Context, tx store.Tx, nonce []byte, expire time.Time) error

@@ -97,21 +97,16 @@ func (b *helloBatch) commit(ctx context.Context, batch []*helloReq) {
 		return
 	}
 	err := b.g.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		for _, r := range live {
-			r.result, r.err = b.g.applyHello(ctx, tx, r.p)
-			if r.err != nil && !isRefusal(r.err) {
-				return r.err
-			}
-		}
-		return nil
+		return b.g.applyHellos(ctx, tx, live)
 	})
 	if err != nil && len(live) > 1 {
 		for _, r := range live {
-			r.err = b.g.cfg.DB.Write(r.ctx, func(ctx context.Context, tx store.Tx) error {
-				var err error
-				r.result, err = b.g.applyHello(ctx, tx, r.p)
-				return err
+			err := b.g.cfg.DB.Write(r.ctx, func(ctx context.Context, tx store.Tx) error {
+				return b.g.applyHellos(ctx, tx, []*helloReq{r})
 			})
+			if err != nil {
+				r.err = err
+			}
 		}
 	} else if err != nil {
 		live[0].err = err
@@ -138,42 +133,65 @@ func capabilitiesChanged(stored string, now []string) bool {
 // batch it rode in.
 var errRetired = errors.New("node is retired")
 
-func isRefusal(err error) bool { return errors.Is(err, errRetired) }
-
-// applyHello records one opening in tx: the node's agent facts, this
-// replica as session owner, liveness ready; events for a node coming back
-// or adopted; and a notification that ends an older session elsewhere.
-func (g *Gateway) applyHello(ctx context.Context, tx store.Tx, p fleet.NodeHelloParams) (fleet.NodeStatus, error) {
-	before, err := fleet.NodeStatusGet(ctx, tx, p.NodeID)
-	if err != nil {
-		return before, err
-	}
-	if before.State == "retired" {
-		return before, errRetired
-	}
-	if before, err = fleet.NodeRecordHello(ctx, tx, &p); err != nil {
-		return before, err
-	}
-	if h := g.cfg.Hooks; h != nil && capabilitiesChanged(before.Capabilities, p.Capabilities) {
-		if err := h.NodeCapabilitiesChanged(ctx, tx, p.NodeID); err != nil {
-			return before, err
+// applyHellos records openings in tx: each node's agent facts, this
+// replica as session owner, liveness ready; for the batch at once, the
+// hooks of nodes that came back or were adopted and their events; and a
+// notification per node that ends an older session elsewhere. A refused
+// opening (a retired node) sets its request's err and writes nothing; any
+// other error fails the whole transaction.
+//
+// The hooks and events are written once per batch rather than once per
+// opening: after a restart that outlasted UnreachableAfter every node
+// comes back from unreachable, and one statement each made the batch that
+// many statements longer, all under the single SQLite writer.
+func (g *Gateway) applyHellos(ctx context.Context, tx store.Tx, reqs []*helloReq) error {
+	var (
+		changed []fleet.NodeRef
+		active  []fleet.NodeRef
+		// ready groups the nodes back by the liveness they had, which
+		// their node.ready event names.
+		ready = map[string][]fleet.NodeRef{}
+		was   []string
+	)
+	for _, r := range reqs {
+		before, err := fleet.NodeRecordHello(ctx, tx, &r.p)
+		r.result, r.err = before, err
+		if err != nil {
+			return err
+		}
+		if before.State == "retired" {
+			r.err = errRetired
+			continue
+		}
+		if h := g.cfg.Hooks; h != nil && capabilitiesChanged(before.Capabilities, r.p.Capabilities) {
+			if err := h.NodeCapabilitiesChanged(ctx, tx, r.p.NodeID); err != nil {
+				return err
+			}
+		}
+		ref := fleet.NodeRef{ID: r.p.NodeID, TenantID: before.TenantID}
+		if before.Liveness != "ready" || before.State == "joining" {
+			changed = append(changed, ref)
+		}
+		if before.Liveness != "ready" {
+			if _, ok := ready[before.Liveness]; !ok {
+				was = append(was, before.Liveness)
+			}
+			ready[before.Liveness] = append(ready[before.Liveness], ref)
+		}
+		if before.State == "joining" {
+			active = append(active, ref)
+		}
+		if err := fleet.CommandNotify(ctx, tx, r.p.NodeID); err != nil {
+			return err
 		}
 	}
-	ref := []fleet.NodeRef{{ID: p.NodeID, TenantID: before.TenantID}}
-	if before.Liveness != "ready" || before.State == "joining" {
-		if err := g.stateChanged(ctx, tx, ref); err != nil {
-			return before, err
+	if err := g.stateChanged(ctx, tx, changed); err != nil {
+		return err
+	}
+	for _, w := range was {
+		if err := g.nodeEvents(ctx, tx, "node.ready", ready[w], map[string]any{"was": w}); err != nil {
+			return err
 		}
 	}
-	if before.Liveness != "ready" {
-		if err := g.nodeEvents(ctx, tx, "node.ready", ref, map[string]any{"was": before.Liveness}); err != nil {
-			return before, err
-		}
-	}
-	if before.State == "joining" {
-		if err := g.nodeEvents(ctx, tx, "node.active", ref, nil); err != nil {
-			return before, err
-		}
-	}
-	return before, fleet.CommandNotify(ctx, tx, p.NodeID)
+	return g.nodeEvents(ctx, tx, "node.active", active, nil)
 }

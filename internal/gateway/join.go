@@ -443,7 +443,7 @@ func (g *Gateway) peerIdentity(ctx context.Context) (NodeIdentity, *x509.Certifi
 		return NodeIdentity{}, nil, status.Error(codes.Unauthenticated, "the node certificate was not verified")
 	}
 	leaf := info.State.PeerCertificates[0]
-	ident, err := g.cfg.Authority.VerifyNode(leaf)
+	ident, err := g.cfg.Authority.VerifyPeer(info.State)
 	if err != nil {
 		return NodeIdentity{}, nil, status.Errorf(codes.Unauthenticated, "node certificate refused: %v", err)
 	}

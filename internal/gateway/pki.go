@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/pki"
@@ -35,6 +36,17 @@ func (p pkiAuthority) VerifyNode(leaf *x509.Certificate) (NodeIdentity, error) {
 	id, err := p.a.VerifyNode(leaf)
 	if err != nil {
 		return NodeIdentity{}, err
+	}
+	return NodeIdentity{NodeID: id.NodeID, Role: string(id.Role), Serial: id.Serial, NotAfter: id.NotAfter}, nil
+}
+
+func (p pkiAuthority) VerifyPeer(cs tls.ConnectionState) (NodeIdentity, error) {
+	id, ok, err := p.a.PeerNode(cs)
+	if err != nil {
+		return NodeIdentity{}, err
+	}
+	if !ok {
+		return NodeIdentity{}, fmt.Errorf("%w: no verified certificate", pki.ErrPeerRefused)
 	}
 	return NodeIdentity{NodeID: id.NodeID, Role: string(id.Role), Serial: id.Serial, NotAfter: id.NotAfter}, nil
 }

@@ -597,6 +597,7 @@ func TestGatewayHandshake(t *testing.T) {
 		ok     bool
 	}{
 		{"node certificate", clientCfg(f.nodeCert(t, "n1", pki.RoleNode, time.Hour)), nil, true},
+		{"node certificate, leaf alone", clientCfg(leafAlone(f.nodeCert(t, "n1", pki.RoleNode, time.Hour))), nil, true},
 		{"no certificate (join)", clientCfg(), nil, true},
 		{"other CA", clientCfg(other.nodeCert(t, "n1", pki.RoleNode, time.Hour)), nil, false},
 		{"revoked", clientCfg(revoked), nil, false},
@@ -619,6 +620,12 @@ func TestGatewayHandshake(t *testing.T) {
 			}
 		})
 	}
+}
+
+// leafAlone is c presenting its leaf without the CA, as bcd does.
+func leafAlone(c tls.Certificate) tls.Certificate {
+	c.Certificate = c.Certificate[:1]
+	return c
 }
 
 func TestGatewayHandshakeExpired(t *testing.T) {
