@@ -215,30 +215,34 @@ func (e *Placers) Place(ctx context.Context, b *Batch, r *capmodel.Reservation, 
 // changed otherwise since (Index.refreshed), and a member it has no room
 // for takes a fresh snapshot as before.
 type sharedSnap struct {
-	snap  *Snapshot
-	shape string
-	need  int
+	ix     *Index
+	snap   *Snapshot
+	nodeID string // booked from snap, to be read again
+	shape  string
+	need   int
 }
 
 // take returns the shared snapshot if it serves r (need units of shape),
-// else nil.
+// else nil. The booked node is read again only now, when it is wanted: a
+// batch of single creates (each its own span) never wants it.
 func (s *sharedSnap) take(r *capmodel.Reservation, shape string, need int) *Snapshot {
 	if s.snap == nil || s.shape != shape || s.need != need || !s.snap.start.Equal(r.StartsAt) || !s.snap.end.Equal(r.EndsAt) {
 		return nil
 	}
+	if s.nodeID != "" {
+		s.snap, s.nodeID = s.ix.refreshed(s.snap, s.nodeID), ""
+	}
 	return s.snap
 }
 
-// keep makes snap, with nodeID (just booked from it) read again, the
+// keep makes snap, with nodeID (just booked from it) to be read again, the
 // shared snapshot; full snapshots (the fallback scan) are not kept.
 func (s *sharedSnap) keep(ix *Index, snap *Snapshot, nodeID, shape string, need int) {
-	s.snap = nil
+	*s = sharedSnap{}
 	if snap.picked == nil || len(snap.picked) > CandidateLimit {
 		return
 	}
-	if fresh := ix.refreshed(snap, nodeID); fresh != nil {
-		s.snap, s.shape, s.need = fresh, shape, need
-	}
+	*s = sharedSnap{ix: ix, snap: snap, nodeID: nodeID, shape: shape, need: need}
 }
 
 // Rng is a fresh random source for a snapshot's sample of candidates.
