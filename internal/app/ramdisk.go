@@ -49,6 +49,12 @@ func (d *discovery) DiscoveryJoined(ctx context.Context, tx store.Tx, c gateway.
 // idempotency key is the step's, prefixed.
 const stepKeyPrefix = "step:"
 
+// fenceCode marks the canceled command a Lookup leaves under a key that was
+// never dispatched. A later Lookup of the same key (two sweeps may ask about
+// one orphaned claim at once) must answer "never dispatched" again, not
+// "failed": the step is claimed anew, not failed.
+const fenceCode = "NEVER_DISPATCHED"
+
 // ramdiskCommands runs ramdisk steps as fleet commands on the machine's
 // ramdisk node (metal.RamdiskAgent).
 type ramdiskCommands struct {
@@ -139,7 +145,7 @@ func (r *ramdiskCommands) Lookup(ctx context.Context, _ metal.Target, nodeID str
 				return err
 			}
 			if _, err := fleet.CommandUpdate(ctx, tx, &fleet.CommandUpdateParams{ID: c.ID, FromState: c.State, State: fleet.CommandCanceled,
-				Message: "fenced: the step's dispatch was never recorded"}); err != nil {
+				Message: "fenced: the step's dispatch was never recorded", FailureCode: fenceCode}); err != nil {
 				return err
 			}
 			out = provision.Outcome{Status: provision.OutcomeNotDispatched}
@@ -147,6 +153,10 @@ func (r *ramdiskCommands) Lookup(ctx context.Context, _ metal.Target, nodeID str
 		}
 		if err != nil {
 			return err
+		}
+		if c.State == fleet.CommandCanceled && c.FailureCode == fenceCode {
+			out = provision.Outcome{Status: provision.OutcomeNotDispatched}
+			return nil
 		}
 		out = commandOutcome(c)
 		return nil

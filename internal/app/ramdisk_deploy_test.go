@@ -21,7 +21,10 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/metal"
+	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -259,4 +262,30 @@ func dumpSteps(t *testing.T, cp *bctest.ControlPlane) {
 			return nil
 		})
 	})
+}
+
+// TestRamdiskLookupOfAFencedKeyStaysNotDispatched: two sweeps may ask
+// about one orphaned claim at once. The first fences its key; the second
+// must hear "never dispatched" too, not "failed", or the step fails with
+// the fence as its reason instead of being claimed anew (CI saw a deploy
+// fail at write-image with "fenced: the step's dispatch was never
+// recorded"). A late dispatch of the fenced key is refused.
+func TestRamdiskLookupOfAFencedKeyStaysNotDispatched(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	acme, err := cp.Admin().Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	now := cp.Clock.Now()
+	node := &fleet.NodeInsertParams{ID: envelope.NewID(fleet.NodeIDPrefix, now), Name: "rd-1", TenantID: acme.Msg.GetTenant().GetId(),
+		HardwareKey: "hw-rd-1", State: fleet.NodeActive, Liveness: fleet.LivenessReady, Mode: "ramdisk", CreateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.NodeInsert(ctx, tx, node) }))
+	run := provision.StepRun{WorkflowID: "wf_x", Kind: metal.KindImageWrite, Name: "write-image", Attempt: 1, IdempotencyKey: "wf_x:2:1"}
+	for i := range 2 {
+		out, err := cp.App.Metal.Ramdisk.Lookup(ctx, metal.Target{}, node.ID, run)
+		require.NoError(t, err)
+		require.Equal(t, provision.OutcomeNotDispatched, out.Status, "lookup %d of a key never dispatched", i+1)
+	}
+	_, err = cp.App.Metal.Ramdisk.Dispatch(ctx, metal.Target{}, node.ID, run)
+	require.ErrorIs(t, err, provision.ErrNotDispatched, "a late dispatch of a fenced key")
 }
