@@ -183,6 +183,7 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		Capabilities:    a.capabilities(),
 		LastAppliedSeq:  a.cmds.LastAppliedSeq,
 		InventoryDigest: digest,
+		TrustVersion:    a.trustVersionLocked(),
 	}
 	a.mu.Unlock()
 	sent := a.cfg.Clock.Now()

@@ -267,6 +267,9 @@ type App struct {
 	Handler  http.Handler
 	// PKI is the certificate authority; nil when no Secret was given.
 	PKI *pki.Authority
+	// cmdSigner signs every command this replica inserts; nil without a
+	// PKI.
+	cmdSigner fleet.CommandSigner
 	// Replica is this replica's identity among its peers (nil without a
 	// PKI): the transport it forwards with and its replica listener's TLS.
 	Replica   *replica.Identity
@@ -437,6 +440,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Metal.AddWorkers(workers)
 	a.Metal.Sites.SetNotifier(a.Gateway)
+	a.Metal.Sites.SetSigner(a.cmdSigner)
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	periodic = append(periodic, a.addSandboxJobs(workers, jm)...)
@@ -539,6 +543,11 @@ func (a *App) buildGateway(ctx context.Context) error {
 		return err
 	}
 	a.Gateway = gw
+	if a.PKI != nil {
+		// Named as the gateway names this replica: the worker
+		// certificate says which replica signed a command.
+		a.cmdSigner = a.PKI.NewCommandSigner(gw.ReplicaID())
+	}
 	a.peers = &replicaPeers{db: a.DB, gw: gw}
 	return nil
 }
@@ -573,7 +582,7 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway, rt: rt}
+	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway, signer: a.cmdSigner, rt: rt}
 	a.fleetHooks.metal = rt
 	a.discovery.rt = rt
 	return rt, nil
@@ -712,12 +721,15 @@ func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string
 }
 
 // commandSender is the fleet's command path as capacity's port.
-type commandSender struct{ notifier fleet.CommandNotifier }
+type commandSender struct {
+	notifier fleet.CommandNotifier
+	signer   fleet.CommandSigner
+}
 
 func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Command) (string, error) {
 	return fleet.SendSystemCommand(ctx, tx, c.notifier, fleet.SystemCommand{
 		TenantID: cmd.TenantID, NodeID: cmd.NodeID, Kind: cmd.Kind, Params: cmd.Params, IdempotencyKey: cmd.IdempotencyKey,
-		CreatedBy: cmd.CreatedBy, TTL: cmd.TTL, Time: cmd.Time,
+		CreatedBy: cmd.CreatedBy, TTL: cmd.TTL, Time: cmd.Time, Signer: c.signer,
 	})
 }
 
@@ -809,7 +821,7 @@ func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit,
 func (a *App) buildCapacity() *reservation.Runner {
 	e := reservation.NewEngine(a.DB, a.cfg.Clock, a.Tracing)
 	e.SetLinger(a.cfg.PlacerLinger)
-	e.Commands = commandSender{notifier: a.Gateway}
+	e.Commands = commandSender{notifier: a.Gateway, signer: a.cmdSigner}
 	e.Enqueue = func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
 		return a.Jobs.InsertTx(ctx, tx, args, opts)
 	}

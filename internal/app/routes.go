@@ -132,6 +132,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	// a.PKI is nil when no secret is configured: join token creation and
 	// node deletion then answer INTERNAL. a.Gateway always wakes sessions.
 	fd := fleetDeps(a.PKI, a.Gateway)
+	fd.Signer = a.cmdSigner
 	fd.States = &a.fleetHooks
 	fd.Sites = a.Metal.Sites
 	mux.Handle(apiv1connect.NewNodeServiceHandler(fleet.NewNodeService(a.Envelope, fd), opts))

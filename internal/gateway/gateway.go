@@ -264,6 +264,9 @@ type Gateway struct {
 	cfg   Config
 	log   *slog.Logger
 	hub   *hub
+	// signerChains caches command signers' chains by serial (they never
+	// change once issued).
+	signerChains sync.Map
 	beats *batcher
 	// hellos group-commits session openings.
 	hellos *helloBatch

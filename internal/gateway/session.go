@@ -429,6 +429,9 @@ func (s *session) deliver(cmds []fleet.Command) error {
 	var sealed []bool
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
+		// The params as stored are what the signature covers; delivery
+		// may open sealed values or add a site's credentials below.
+		signed := c.Params
 		// The certificate's role decides what the agent may run: a
 		// ramdisk never gets a node's command, nor a node a wipe.
 		if err := fleet.CheckKindForMode(s.ident.Role, c.Kind); err != nil {
@@ -473,6 +476,12 @@ func (s *session) deliver(cmds []fleet.Command) error {
 			c.Params = p
 		}
 		m, err := commandMessage(c)
+		if err == nil {
+			err = s.g.attachSignature(s.ctx, m, c, signed)
+			if err != nil && !errors.Is(err, fleet.ErrCommandUnencodable) {
+				return err // the store failed: the session retries
+			}
+		}
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
 			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailUnencodable)
@@ -850,4 +859,33 @@ func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
 		}
 		return nil
 	})
+}
+
+// attachSignature adds a signed command's signature and its signer's chain
+// to m. A row without a signature goes out without one: a node that pinned
+// command-signing roots refuses it, which is the point. A signer whose
+// chain is gone is an error only for this command.
+func (g *Gateway) attachSignature(ctx context.Context, m *agentv1.Command, c fleet.Command, signedParams string) error {
+	ct, ok := g.cfg.Authority.(CommandTrust)
+	if !ok || len(c.Signature) == 0 {
+		return nil
+	}
+	var chain [][]byte
+	if v, ok := g.signerChains.Load(c.Signer); ok {
+		chain = v.([][]byte)
+	} else {
+		if err := g.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			chain, err = ct.CommandSignerChain(ctx, tx, c.Signer)
+			return err
+		}); err != nil {
+			return err
+		}
+		if chain == nil {
+			return fmt.Errorf("%w: its signer %s is unknown", fleet.ErrCommandUnencodable, c.Signer)
+		}
+		g.signerChains.Store(c.Signer, chain)
+	}
+	m.Signature = &agentv1.CommandSignature{TrustVersion: c.TrustVersion, Chain: chain, Signature: c.Signature,
+		SignedParams: []byte(signedParams)}
+	return nil
 }
