@@ -104,7 +104,7 @@ func update(u *agentv1.CommandUpdate) *agentv1.AgentMessage {
 // other commands for the same instance.
 func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	a.mu.Lock()
-	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil {
+	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil && (rec.Seq == c.GetSeq() || a.cmdTrust == nil) {
 		a.mu.Unlock()
 		a.resend(rec)
 		return

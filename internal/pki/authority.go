@@ -363,6 +363,17 @@ type Summary struct {
 	Pin         string
 	CreateTime  time.Time
 	CAs         []CAInfo // root first
+	// CommandRoots are the command-signing generations, oldest first.
+	CommandRoots []CommandRootInfo
+}
+
+// CommandRootInfo describes one command-signing generation.
+type CommandRootInfo struct {
+	Version  int64
+	Subject  string
+	NotAfter time.Time
+	Offline  bool // the root's key is not in the database
+	Retired  bool
 }
 
 // Inspect reads the authority's public parts without the sealing secret.
@@ -380,7 +391,18 @@ func Inspect(ctx context.Context, db *store.DB) (Summary, error) {
 			return err
 		}
 		sum.TrustDomain, sum.Pin, sum.CreateTime = set.TrustDomain, set.Pin, set.CreateTime
-		rows, err = caList(ctx, tx)
+		if rows, err = caList(ctx, tx); err != nil {
+			return err
+		}
+		gens, err := commandCAList(ctx, tx)
+		for _, g := range gens {
+			c, perr := x509.ParseCertificate(g.RootDER)
+			if perr != nil {
+				return fmt.Errorf("pki: command-signing root %d: %w", g.Version, perr)
+			}
+			sum.CommandRoots = append(sum.CommandRoots, CommandRootInfo{Version: g.Version, Subject: c.Subject.String(),
+				NotAfter: c.NotAfter, Offline: g.RootKeySealed == nil, Retired: g.RetireTime != nil})
+		}
 		return err
 	})
 	if err != nil {
