@@ -306,3 +306,34 @@ func CommandListen(ctx context.Context, conn *pgx.Conn) error {
 func CommandByKey(ctx context.Context, q store.Querier, nodeID, key string) (Command, error) {
 	return scanCommand(q.QueryRow(ctx, `SELECT `+commandColumns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`, nodeID, key))
 }
+
+// NodeReport is a row of node_reports: what a node signed (nodesig).
+type NodeReport struct {
+	ID         string
+	NodeID     string
+	Kind       string // command.succeeded, allocation.bound, …
+	Subject    string // the command or allocation id
+	CertDER    []byte
+	Signed     []byte
+	Signature  []byte
+	CreateTime time.Time
+}
+
+// NodeReportInsert keeps a signed report.
+func NodeReportInsert(ctx context.Context, tx store.Tx, r NodeReport) error {
+	_, err := tx.Exec(ctx, `INSERT INTO node_reports (id, node_id, kind, subject, cert_der, signed, signature, create_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, r.ID, r.NodeID, r.Kind, r.Subject, r.CertDER, r.Signed, r.Signature, r.CreateTime)
+	return err
+}
+
+// NodeReportsFor lists the signed reports about a command or allocation,
+// oldest first.
+func NodeReportsFor(ctx context.Context, q store.Querier, subject string) ([]NodeReport, error) {
+	rows, err := q.Query(ctx, `SELECT id, node_id, kind, subject, cert_der, signed, signature, create_time FROM node_reports
+		WHERE subject = $1 ORDER BY create_time, id`, subject)
+	return collect(rows, err, func(row scanner) (NodeReport, error) {
+		var r NodeReport
+		err := row.Scan(&r.ID, &r.NodeID, &r.Kind, &r.Subject, &r.CertDER, &r.Signed, &r.Signature, &r.CreateTime)
+		return r, err
+	})
+}

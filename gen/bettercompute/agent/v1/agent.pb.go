@@ -2828,7 +2828,11 @@ type CommandUpdate struct {
 	FailureCode string `protobuf:"bytes,7,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
 	// W3C trace context of the agent's span that applied the command (a
 	// child of Command.traceparent); empty when the command carried none.
-	Traceparent   string `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// A final update's signature by the node's certificate key over
+	// internal/nodesig's bytes; required from a node that pinned
+	// command-signing roots (Hello.trust_version > 0).
+	NodeSignature []byte `protobuf:"bytes,9,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2917,6 +2921,13 @@ func (x *CommandUpdate) GetTraceparent() string {
 		return x.Traceparent
 	}
 	return ""
+}
+
+func (x *CommandUpdate) GetNodeSignature() []byte {
+	if x != nil {
+		return x.NodeSignature
+	}
+	return nil
 }
 
 // DeviceAssignment is what allocation.bind applies (sent in Command.params
@@ -3022,7 +3033,10 @@ type AllocationBound struct {
 	Cgroup string `protobuf:"bytes,3,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	// What the node enforces for this allocation: one entry per resource
 	// ("devices", "cpu", "memory", "cpuset"), each applied or not and why.
-	Enforced      []*Enforcement `protobuf:"bytes,4,rep,name=enforced,proto3" json:"enforced,omitempty"`
+	Enforced []*Enforcement `protobuf:"bytes,4,rep,name=enforced,proto3" json:"enforced,omitempty"`
+	// The node's signature (see CommandUpdate.node_signature): a reservation
+	// goes active only on its node's own signed report.
+	NodeSignature []byte `protobuf:"bytes,5,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3081,6 +3095,13 @@ func (x *AllocationBound) GetCgroup() string {
 func (x *AllocationBound) GetEnforced() []*Enforcement {
 	if x != nil {
 		return x.Enforced
+	}
+	return nil
+}
+
+func (x *AllocationBound) GetNodeSignature() []byte {
+	if x != nil {
+		return x.NodeSignature
 	}
 	return nil
 }
@@ -3154,8 +3175,10 @@ type AllocationReleased struct {
 	// Processes still in the allocation's cgroup that the node killed
 	// before it removed the cgroup.
 	KilledProcesses uint32 `protobuf:"varint,3,opt,name=killed_processes,json=killedProcesses,proto3" json:"killed_processes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The node's signature (see CommandUpdate.node_signature).
+	NodeSignature []byte `protobuf:"bytes,4,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocationReleased) Reset() {
@@ -3207,6 +3230,13 @@ func (x *AllocationReleased) GetKilledProcesses() uint32 {
 		return x.KilledProcesses
 	}
 	return 0
+}
+
+func (x *AllocationReleased) GetNodeSignature() []byte {
+	if x != nil {
+		return x.NodeSignature
+	}
+	return nil
 }
 
 // ProcessExec is what process.exec runs (sent in Command.params as its JSON
@@ -3567,7 +3597,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\rCancelCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xa8\x02\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xcf\x02\n" +
 	"\rCommandUpdate\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
@@ -3577,7 +3607,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12/\n" +
 	"\x06result\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06result\x12!\n" +
 	"\ffailure_code\x18\a \x01(\tR\vfailureCode\x12 \n" +
-	"\vtraceparent\x18\b \x01(\tR\vtraceparent\"\x86\x02\n" +
+	"\vtraceparent\x18\b \x01(\tR\vtraceparent\x12%\n" +
+	"\x0enode_signature\x18\t \x01(\fR\rnodeSignature\"\x86\x02\n" +
 	"\x10DeviceAssignment\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1b\n" +
 	"\tgpu_uuids\x18\x02 \x03(\tR\bgpuUuids\x12 \n" +
@@ -3588,22 +3619,24 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vcpuset_cpus\x18\x06 \x01(\tR\n" +
 	"cpusetCpus\x12\x1f\n" +
 	"\vcpuset_mems\x18\a \x01(\tR\n" +
-	"cpusetMems\"\xae\x01\n" +
+	"cpusetMems\"\xd5\x01\n" +
 	"\x0fAllocationBound\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tR\tcommandId\x12\x16\n" +
 	"\x06cgroup\x18\x03 \x01(\tR\x06cgroup\x12?\n" +
-	"\benforced\x18\x04 \x03(\v2#.bettercompute.agent.v1.EnforcementR\benforced\"\x81\x01\n" +
+	"\benforced\x18\x04 \x03(\v2#.bettercompute.agent.v1.EnforcementR\benforced\x12%\n" +
+	"\x0enode_signature\x18\x05 \x01(\fR\rnodeSignature\"\x81\x01\n" +
 	"\vEnforcement\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12>\n" +
 	"\x05state\x18\x02 \x01(\x0e2(.bettercompute.agent.v1.EnforcementStateR\x05state\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"\x83\x01\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xaa\x01\n" +
 	"\x12AllocationReleased\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tR\tcommandId\x12)\n" +
-	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses\"\x85\x01\n" +
+	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses\x12%\n" +
+	"\x0enode_signature\x18\x04 \x01(\fR\rnodeSignature\"\x85\x01\n" +
 	"\vProcessExec\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x1b\n" +
