@@ -38,12 +38,15 @@ type ListParams struct {
 }
 
 // Service serves the AuditService API.
-type Service struct{ env *envelope.Envelope }
+type Service struct {
+	env *envelope.Envelope
+	log *Log
+}
 
 var _ apiv1connect.AuditServiceHandler = (*Service)(nil)
 
-// NewService returns the audit handlers.
-func NewService(env *envelope.Envelope) *Service { return &Service{env: env} }
+// NewService returns the audit handlers; log serves checkpoints and proofs.
+func NewService(env *envelope.Envelope, log *Log) *Service { return &Service{env: env, log: log} }
 
 // List lists a tenant's audit log, or the whole log for platform principals
 // when no tenant is named.
@@ -107,11 +110,16 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListAudit
 			out.NextPageToken = envelope.EncodePageToken(es[i-1].ID, filter)
 			break
 		}
-		out.Entries = append(out.Entries, &apiv1.AuditEntry{
-			Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
-			Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
-			RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail,
-		})
+		out.Entries = append(out.Entries, EntryProto(e))
 	}
 	return connect.NewResponse(out), nil
+}
+
+// EntryProto is an audit row as the API shows it.
+func EntryProto(e envelope.AuditEntry) *apiv1.AuditEntry {
+	return &apiv1.AuditEntry{
+		Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
+		Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
+		RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail,
+	}
 }

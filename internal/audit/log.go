@@ -267,6 +267,9 @@ var ErrNoCheckpoint = errors.New("audit: no such checkpoint")
 // covers it yet.
 var ErrNotCheckpointed = errors.New("audit: entry is not in a checkpoint yet")
 
+// ErrPastCheckpoint: a consistency proof from a size past the checkpoint.
+var ErrPastCheckpoint = errors.New("audit: size is past the checkpoint")
+
 // ErrNoEntry: no audit row has this id.
 var ErrNoEntry = errors.New("audit: no such entry")
 
@@ -376,7 +379,7 @@ func (l *Log) ProveConsistency(ctx context.Context, q store.Querier, from, to ui
 		return ConsistencyProof{}, err
 	}
 	if from > cp.Size {
-		return ConsistencyProof{}, fmt.Errorf("%w: size %d is past the checkpoint's %d", ErrNoCheckpoint, from, cp.Size)
+		return ConsistencyProof{}, fmt.Errorf("%w: %d is past the checkpoint's size %d (a checkpoint of another log, or this log lost entries)", ErrPastCheckpoint, from, cp.Size)
 	}
 	nodes, err := proof.Consistency(from, cp.Size)
 	if err != nil {
