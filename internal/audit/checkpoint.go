@@ -46,8 +46,11 @@ func ParseCheckpointBody(text string) (origin string, size uint64, root []byte, 
 	if err != nil || strconv.FormatUint(size, 10) != sizeText {
 		return "", 0, nil, fmt.Errorf("audit: checkpoint: size %q is not a decimal number", sizeText)
 	}
-	root, err = base64.StdEncoding.DecodeString(strings.TrimSuffix(lines[2], "\n"))
-	if err != nil || len(root) != hashSize {
+	rootText := strings.TrimSuffix(lines[2], "\n")
+	root, err = base64.StdEncoding.DecodeString(rootText)
+	// The decoder skips CR and LF and tolerates stray trailing bits; a
+	// checkpoint has one spelling.
+	if err != nil || len(root) != hashSize || base64.StdEncoding.EncodeToString(root) != rootText {
 		return "", 0, nil, errors.New("audit: checkpoint: root hash is not base64 of 32 bytes")
 	}
 	return origin, size, root, nil
