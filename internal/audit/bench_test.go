@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/transparency-dev/merkle/proof"
 	"github.com/transparency-dev/merkle/rfc6962"
+	"golang.org/x/mod/sumdb/note"
 
+	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -90,6 +93,24 @@ func BenchmarkProofSizes(b *testing.B) {
 			}
 			b.ReportMetric(float64(incl*32), "max_inclusion_bytes")
 			b.ReportMetric(float64(cons*32), "max_consistency_bytes")
+			// The bundle a verifier gets for the longest proof: an entry
+			// like BenchmarkCheckpoint10k's, a signed checkpoint of this
+			// size.
+			skey, _, err := audit.NewLogKey("test.example/audit")
+			require.NoError(b, err)
+			signer, err := note.NewSigner(skey)
+			require.NoError(b, err)
+			cp, err := audit.SignCheckpoint(signer, size, make([]byte, 32))
+			require.NoError(b, err)
+			f := &fixture{clk: bctest.NewSimClock(time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)), n: 10_000/2 + 1}
+			hashes := make([][]byte, incl)
+			for i := range hashes {
+				hashes[i] = make([]byte, 32)
+			}
+			raw, err := json.Marshal(audit.Bundle{Kind: audit.BundleInclusion, Checkpoint: string(cp.Note), LeafIndex: size / 2,
+				Leaf: audit.EncodeLeaf(f.entry("tnt_1")), Proof: hashes})
+			require.NoError(b, err)
+			b.ReportMetric(float64(len(raw)), "inclusion_bundle_bytes")
 		})
 	}
 }
