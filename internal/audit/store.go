@@ -103,12 +103,6 @@ func pendingDelete(ctx context.Context, tx store.Tx, ids []string) error {
 	return nil
 }
 
-func pendingCount(ctx context.Context, q store.Querier) (int64, error) {
-	var n int64
-	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM audit_pending`).Scan(&n)
-	return n, err
-}
-
 // treeState is the one audit_tree row.
 type treeState struct {
 	Size        int64
@@ -120,12 +114,6 @@ type treeState struct {
 func treeLock(ctx context.Context, tx store.Tx) (treeState, error) {
 	var s treeState
 	err := tx.QueryRow(ctx, `SELECT size, range_hashes FROM audit_tree WHERE id = 1`+store.ForUpdate(tx)).Scan(&s.Size, &s.RangeHashes)
-	return s, err
-}
-
-func treeGet(ctx context.Context, q store.Querier) (treeState, error) {
-	var s treeState
-	err := q.QueryRow(ctx, `SELECT size, range_hashes FROM audit_tree WHERE id = 1`).Scan(&s.Size, &s.RangeHashes)
 	return s, err
 }
 
