@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -231,7 +232,52 @@ func TestProveRefusals(t *testing.T) {
 	require.ErrorIs(t, err, audit.ErrNoCheckpoint)
 }
 
-// tampered builds a checkpointed log of 8 entries and returns it with them.
+// unguard drops the append-only triggers, as an attacker with the
+// database's owner rights can: the tamper tests play that attacker.
+func unguard(t testing.TB, db *store.DB) {
+	t.Helper()
+	q := `DROP FUNCTION audit_append_only() CASCADE`
+	if db.Dialect() == store.SQLite {
+		var drops []string
+		for _, table := range []string{"audit_log", "audit_leaves", "audit_nodes", "audit_checkpoints"} {
+			drops = append(drops, "DROP TRIGGER "+table+"_no_update", "DROP TRIGGER "+table+"_no_delete")
+		}
+		q = strings.Join(drops, "; ")
+	}
+	require.NoError(t, db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, q)
+		return err
+	}))
+}
+
+// TestAppendOnlyGuards: the database itself refuses to update or delete
+// the log's rows and the tree's.
+func TestAppendOnlyGuards(t *testing.T) {
+	t.Parallel()
+	f := setup(t, audit.LogConfig{})
+	e := f.entry("t")
+	f.insert(t, e)
+	_, err := f.log.Sequence(t.Context())
+	require.NoError(t, err)
+	for _, q := range []string{
+		`UPDATE audit_log SET decision = 'deny'`, `DELETE FROM audit_log`,
+		`UPDATE audit_leaves SET seq = 7`, `DELETE FROM audit_leaves`,
+		`UPDATE audit_checkpoints SET note = ''`, `DELETE FROM audit_checkpoints`,
+	} {
+		err := f.db.Write(t.Context(), func(ctx context.Context, tx store.Tx) error {
+			_, err := tx.Exec(ctx, q)
+			return err
+		})
+		require.ErrorIs(t, err, store.ErrConstraint, q)
+		require.ErrorContains(t, err, "append-only", q)
+	}
+	rep, err := f.log.Check(t.Context(), f.verifier)
+	require.NoError(t, err)
+	require.Empty(t, rep.Problems)
+}
+
+// tampered builds a checkpointed log of 8 entries and returns it with them,
+// its append-only guards dropped.
 func tampered(t *testing.T) (*fixture, []envelope.AuditEntry) {
 	t.Helper()
 	f := setup(t, audit.LogConfig{CheckpointEvery: 4})
@@ -247,6 +293,7 @@ func tampered(t *testing.T) (*fixture, []envelope.AuditEntry) {
 	rep, err := f.log.Check(t.Context(), f.verifier)
 	require.NoError(t, err)
 	require.Empty(t, rep.Problems, "clean before the tampering")
+	unguard(t, f.db)
 	return f, es
 }
 

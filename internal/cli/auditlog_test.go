@@ -110,9 +110,16 @@ func TestAuditProveAndVerify(t *testing.T) {
 	require.Contains(t, ok("audit", "verify", "--full"), "clean")
 	require.Contains(t, fails(env, "audit", "verify"), "exactly one of --from, --proof and --full")
 
-	// A database attacker edits a row: the full check and the entry's
-	// own proof both catch it.
+	// A database attacker (owner rights: it drops the append-only guard)
+	// edits a row: the full check and the entry's own proof both catch it.
 	require.NoError(t, cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		drop := `DROP FUNCTION audit_append_only() CASCADE`
+		if tx.Dialect() == store.SQLite {
+			drop = `DROP TRIGGER audit_log_no_update`
+		}
+		if _, err := tx.Exec(ctx, drop); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `UPDATE audit_log SET principal_id = 'someone-else' WHERE id = $1`, entry)
 		return err
 	}))
