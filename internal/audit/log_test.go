@@ -188,16 +188,17 @@ func TestCheckpointEveryNOrT(t *testing.T) {
 	res := sequence()
 	require.Len(t, res.Checkpoints, 1, "a minute old with entries since")
 	require.EqualValues(t, 3, res.Checkpoints[0].Size)
-	f.clk.Advance(time.Hour)
-	require.Empty(t, sequence().Checkpoints, "nothing new: no checkpoint however old")
-	f.clk.Set(f.clk.Now().Add(-time.Hour)) // the last is fresh again
-	f.clk.Advance(2 * time.Hour)
-	require.Len(t, sequence().Checkpoints, 0)
-	for range 5 {
+	// N: with the clock still, the fifth entry since the last makes one.
+	for range 4 {
 		f.insert(t, f.entry("t"))
 	}
-	f.clk.Set(f.clk.Now()) // no time passes
-	require.Len(t, sequence().Checkpoints, 1, "5 entries")
+	require.Empty(t, sequence().Checkpoints, "4 entries, 0 s since the last")
+	f.insert(t, f.entry("t"))
+	res = sequence()
+	require.Len(t, res.Checkpoints, 1, "5 entries")
+	require.EqualValues(t, 8, res.Checkpoints[0].Size)
+	f.clk.Advance(time.Hour)
+	require.Empty(t, sequence().Checkpoints, "nothing new: no checkpoint however old")
 }
 
 // TestProveRefusals: a missing entry, a queued one, and one past the
