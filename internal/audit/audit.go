@@ -2,7 +2,15 @@
 // what, which resource, the decision, request and trace ids), written in the
 // mutation's own transaction, and the AuditService that reads it.
 //
-// It must never update or delete an audit row.
+// The log is also an RFC 6962 Merkle tree (log.go): a sequencer gives each
+// committed row its leaf index, checkpoints are signed notes, and proofs of
+// inclusion and consistency verify offline with the log's public key
+// (verify.go, which needs nothing but the bytes and the key). docs/audit.md
+// specifies the leaf encoding for third parties.
+//
+// It must never update or delete an audit row, a leaf, a node or a
+// checkpoint (the database refuses it too), and never give a row a second
+// leaf index.
 package audit
 
 import (
