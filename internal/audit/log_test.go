@@ -2,6 +2,7 @@ package audit_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -24,6 +25,7 @@ type fixture struct {
 	clk      *bctest.SimClock
 	log      *audit.Log
 	verifier string
+	sealer   *pki.Sealer
 	n        int
 }
 
@@ -43,7 +45,7 @@ func setup(t testing.TB, cfg audit.LogConfig) *fixture {
 	cfg.DB, cfg.Signer, cfg.Verifier = db, signer, verifier
 	l, err := audit.NewLog(cfg)
 	require.NoError(t, err)
-	return &fixture{db: db, clk: clk, log: l, verifier: verifier}
+	return &fixture{db: db, clk: clk, log: l, verifier: verifier, sealer: sealer}
 }
 
 // entry returns a new audit row; ids sort by n.
@@ -441,4 +443,73 @@ func TestConcurrentSequencers(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, rep.Problems)
 	require.EqualValues(t, 40, rep.Entries)
+}
+
+// mth is RFC 6962's Merkle Tree Hash written out from the RFC, with no
+// library: what a third party in another language computes.
+func mth(leaves [][]byte) []byte {
+	switch len(leaves) {
+	case 0:
+		h := sha256.Sum256(nil)
+		return h[:]
+	case 1:
+		h := sha256.Sum256(append([]byte{0}, leaves[0]...))
+		return h[:]
+	}
+	k := 1
+	for k*2 < len(leaves) {
+		k *= 2
+	}
+	h := sha256.Sum256(append(append([]byte{1}, mth(leaves[:k])...), mth(leaves[k:])...))
+	return h[:]
+}
+
+// TestRootIsRFC6962: the signed root is the RFC's Merkle Tree Hash of the
+// rows' canonical encodings, computed here from the rows with nothing but
+// SHA-256.
+func TestRootIsRFC6962(t *testing.T) {
+	t.Parallel()
+	f := setup(t, audit.LogConfig{})
+	var leaves [][]byte
+	for range 13 {
+		f.insert(t, f.entry("tnt_a"))
+	}
+	res, err := f.log.Sequence(t.Context())
+	require.NoError(t, err)
+	require.Len(t, res.Checkpoints, 1)
+	// One batch: leaves are in id order. Read the rows back as stored.
+	var rows []envelope.AuditEntry
+	require.NoError(t, f.db.Read(t.Context(), func(ctx context.Context, tx store.Tx) (err error) {
+		rows, err = audit.List(ctx, tx, audit.ListParams{AllTenants: true, Limit: 100})
+		return err
+	}))
+	require.Len(t, rows, 13)
+	for i := len(rows) - 1; i >= 0; i-- { // List is newest first
+		leaves = append(leaves, audit.EncodeLeaf(rows[i]))
+	}
+	require.Equal(t, mth(leaves), res.Checkpoints[0].Root)
+}
+
+// TestSignerKeptAcrossStarts: the key is generated once and opened on every
+// later start; another secret cannot open it.
+func TestSignerKeptAcrossStarts(t *testing.T) {
+	t.Parallel()
+	f := setup(t, audit.LogConfig{})
+	ctx := t.Context()
+	signer, verifier, created, err := audit.LoadOrInitSigner(ctx, f.db, f.sealer, "renamed.example/audit")
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Equal(t, f.verifier, verifier, "the stored key, with its own name")
+	require.Equal(t, "test.example/audit", signer.Name())
+	secret, err := pki.GenerateSecret()
+	require.NoError(t, err)
+	other, err := pki.NewSealer(secret)
+	require.NoError(t, err)
+	_, _, _, err = audit.LoadOrInitSigner(ctx, f.db, other, "test.example/audit")
+	require.ErrorIs(t, err, pki.ErrSealed, "a secret that did not seal it")
+	var count int
+	require.NoError(t, f.db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM audit_signer`).Scan(&count)
+	}))
+	require.Equal(t, 1, count, "the failed start made no second key")
 }
