@@ -201,6 +201,13 @@ type Config struct {
 	// SSEHeartbeat is how often an idle event stream gets a comment line
 	// (default 15s).
 	SSEHeartbeat time.Duration
+	// AuditCheckpointEvery and AuditCheckpointInterval: the audit log's
+	// tree gets a signed checkpoint once this many entries were added, or
+	// when the last is this old and entries were added (defaults 1,000
+	// and 1m). AuditSequenceInterval is how often the sequencer job runs
+	// (default 5s).
+	AuditCheckpointEvery                           int
+	AuditCheckpointInterval, AuditSequenceInterval time.Duration
 	// Tracing exports OpenTelemetry traces over OTLP when it names an
 	// endpoint (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT); off
 	// otherwise.
@@ -249,6 +256,9 @@ func (c *Config) defaults() error {
 	c.SSEHeartbeat = cmp.Or(c.SSEHeartbeat, 15*time.Second)
 	if c.EventRetention < time.Hour {
 		return fmt.Errorf("event retention must be at least 1h, got %s", c.EventRetention)
+	}
+	if c.AuditCheckpointEvery < 0 || c.AuditCheckpointInterval < 0 || c.AuditSequenceInterval < 0 {
+		return errors.New("audit checkpoint every, checkpoint interval and sequence interval must not be negative")
 	}
 	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	c.Logger = cmp.Or(c.Logger, slog.Default())
@@ -310,7 +320,10 @@ type App struct {
 	// Tracing is the tracer provider: OTLP when configured, no-op when
 	// not.
 	Tracing *tracing.Provider
-	sealer  *pki.Sealer
+	// AuditLog is the audit log's Merkle tree: sequencer, checkpoints,
+	// proofs.
+	AuditLog *audit.Log
+	sealer   *pki.Sealer
 }
 
 // Modules lists every module's migrations in dependency order.
@@ -390,6 +403,10 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		return nil, err
 	}
 
+	if err := a.buildAuditLog(ctx); err != nil {
+		return nil, err
+	}
+
 	cedar, err := iam.NewCedar(policy.Source{DB: db})
 	if err != nil {
 		return nil, fmt.Errorf("cedar: %w", err)
@@ -444,6 +461,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	periodic = append(periodic, a.addSandboxJobs(workers, jm)...)
+	periodic = append(periodic, a.addAuditJobs(workers, jm)...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 		Tracing: a.Tracing.IfEnabled(),
