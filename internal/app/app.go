@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -160,6 +161,9 @@ type Config struct {
 	// GatewayReplicaID names this replica as a session owner; default
 	// hostname-<random>.
 	GatewayReplicaID string
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client recorded in audit rows (serve --trusted-proxies).
+	TrustedProxies []netip.Prefix
 	// MaxConnections caps the API listener's open connections; more are
 	// closed at accept. Default 1024.
 	MaxConnections int
@@ -474,7 +478,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
 		RefusalAuditLimit: cfg.RefusalAuditLimit, RefusalAuditWindow: cfg.RefusalAuditWindow, Limits: cfg.Limits,
-		WatchRecheck: cfg.WatchRecheck, Tracing: a.Tracing,
+		WatchRecheck: cfg.WatchRecheck, Tracing: a.Tracing, TrustedProxies: cfg.TrustedProxies,
 		TenantName: func(ctx context.Context, id string) (name string, err error) {
 			err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 				t, err := tenancy.TenantGet(ctx, tx, id)

@@ -128,6 +128,6 @@ func EntryProto(e envelope.AuditEntry) *apiv1.AuditEntry {
 	return &apiv1.AuditEntry{
 		Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
 		Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
-		RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail,
+		RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail, ClientAddr: e.ClientAddr,
 	}
 }

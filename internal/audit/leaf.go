@@ -18,7 +18,7 @@ import (
 const LeafVersion byte = 1
 
 // leafFields is the number of fields of a version 1 leaf.
-const leafFields = 13
+const leafFields = 14
 
 // maxLeafBytes bounds a leaf a verifier decodes: far above any audit row,
 // low enough that a hostile bundle cannot make it allocate much.
@@ -29,10 +29,10 @@ const maxLeafBytes = 1 << 20
 const leafTimeLayout = "2006-01-02T15:04:05.000000Z"
 
 // EncodeLeaf returns the canonical bytes of an audit row, as docs/audit.md
-// specifies them: the version byte 0x01, then the row's 13 columns in a
+// specifies them: the version byte 0x01, then the row's 14 columns in a
 // fixed order (id, time, tenant_id, principal_id, principal_kind, action,
 // resource_type, resource_id, decision, request_id, trace_id, result,
-// detail), each as a 4-byte big-endian length and its UTF-8 bytes; time is
+// detail, client_addr), each as a 4-byte big-endian length and its UTF-8 bytes; time is
 // written as UTC "2006-01-02T15:04:05.000000Z". A third party recomputes it
 // from the row alone.
 func EncodeLeaf(e envelope.AuditEntry) []byte {
@@ -52,7 +52,7 @@ func EncodeLeaf(e envelope.AuditEntry) []byte {
 
 func leafValues(e envelope.AuditEntry) [leafFields]string {
 	return [leafFields]string{e.ID, e.Time.UTC().Format(leafTimeLayout), e.TenantID, e.PrincipalID, e.PrincipalKind,
-		e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result, e.Detail}
+		e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result, e.Detail, e.ClientAddr}
 }
 
 // ErrLeaf: bytes that are not a canonical leaf.
@@ -94,7 +94,7 @@ func DecodeLeaf(b []byte) (envelope.AuditEntry, error) {
 	}
 	return envelope.AuditEntry{ID: fs[0], Time: t, TenantID: fs[2], PrincipalID: fs[3], PrincipalKind: fs[4],
 		Action: fs[5], ResourceType: fs[6], ResourceID: fs[7], Decision: fs[8], RequestID: fs[9], TraceID: fs[10],
-		Result: fs[11], Detail: fs[12]}, nil
+		Result: fs[11], Detail: fs[12], ClientAddr: fs[13]}, nil
 }
 
 // HashLeaf is the RFC 6962 leaf hash of leaf bytes: SHA-256(0x00 || leaf).

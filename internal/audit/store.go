@@ -17,19 +17,19 @@ func Insert(ctx context.Context, tx store.Tx, entries ...envelope.AuditEntry) er
 	rows := make([][]any, len(entries))
 	pending := make([][]any, len(entries))
 	for i, e := range entries {
-		rows[i] = []any{e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result, e.Detail}
+		rows[i] = []any{e.ID, e.Time, e.TenantID, e.PrincipalID, e.PrincipalKind, e.Action, e.ResourceType, e.ResourceID, e.Decision, e.RequestID, e.TraceID, e.Result, e.Detail, e.ClientAddr}
 		pending[i] = []any{e.ID}
 	}
-	if err := store.InsertRows(ctx, tx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result, detail)`, "", rows); err != nil {
+	if err := store.InsertRows(ctx, tx, `INSERT INTO audit_log (id, time, tenant_id, principal_id, principal_kind, action, resource_type, resource_id, decision, request_id, trace_id, result, detail, client_addr)`, "", rows); err != nil {
 		return err
 	}
 	return store.InsertRows(ctx, tx, `INSERT INTO audit_pending (audit_id)`, "", pending)
 }
 
-const entryColumns = `l.id, l.time, l.tenant_id, l.principal_id, l.principal_kind, l.action, l.resource_type, l.resource_id, l.decision, l.request_id, l.trace_id, l.result, l.detail`
+const entryColumns = `l.id, l.time, l.tenant_id, l.principal_id, l.principal_kind, l.action, l.resource_type, l.resource_id, l.decision, l.request_id, l.trace_id, l.result, l.detail, l.client_addr`
 
 func scanEntry(r store.Row, e *envelope.AuditEntry, extra ...any) error {
-	return r.Scan(append([]any{&e.ID, &e.Time, &e.TenantID, &e.PrincipalID, &e.PrincipalKind, &e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result, &e.Detail}, extra...)...)
+	return r.Scan(append([]any{&e.ID, &e.Time, &e.TenantID, &e.PrincipalID, &e.PrincipalKind, &e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result, &e.Detail, &e.ClientAddr}, extra...)...)
 }
 
 // List returns audit rows newest first.
@@ -316,7 +316,7 @@ func checkScan(ctx context.Context, q store.Querier, fn func(checkRow) error) er
 	rows, err := q.Query(ctx, `SELECT s.seq, s.audit_id, s.leaf_hash, l.id IS NOT NULL,
 		COALESCE(l.id, ''), COALESCE(l.time, $1), COALESCE(l.tenant_id, ''), COALESCE(l.principal_id, ''), COALESCE(l.principal_kind, ''),
 		COALESCE(l.action, ''), COALESCE(l.resource_type, ''), COALESCE(l.resource_id, ''), COALESCE(l.decision, ''),
-		COALESCE(l.request_id, ''), COALESCE(l.trace_id, ''), COALESCE(l.result, ''), COALESCE(l.detail, '')
+		COALESCE(l.request_id, ''), COALESCE(l.trace_id, ''), COALESCE(l.result, ''), COALESCE(l.detail, ''), COALESCE(l.client_addr, '')
 		FROM audit_leaves s LEFT JOIN audit_log l ON l.id = s.audit_id ORDER BY s.seq`, time.Unix(0, 0).UTC())
 	if err != nil {
 		return err
@@ -326,7 +326,7 @@ func checkScan(ctx context.Context, q store.Querier, fn func(checkRow) error) er
 		var r checkRow
 		e := &r.Entry
 		if err := rows.Scan(&r.Seq, &r.AuditID, &r.LeafHash, &r.RowFound, &e.ID, &e.Time, &e.TenantID, &e.PrincipalID, &e.PrincipalKind,
-			&e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result, &e.Detail); err != nil {
+			&e.Action, &e.ResourceType, &e.ResourceID, &e.Decision, &e.RequestID, &e.TraceID, &e.Result, &e.Detail, &e.ClientAddr); err != nil {
 			return err
 		}
 		if err := fn(r); err != nil {

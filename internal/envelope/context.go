@@ -30,8 +30,10 @@ type Authenticator interface {
 type RequestInfo struct {
 	RequestID string
 	TraceID   string
-	Procedure string
-	Method    Method
+	// ClientAddr is the caller's address as the audit log records it.
+	ClientAddr string
+	Procedure  string
+	Method     Method
 }
 
 type callerKey struct{}

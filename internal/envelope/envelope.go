@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"connectrpc.com/connect"
@@ -38,6 +39,9 @@ type AuditEntry struct {
 	// Detail says what the mutation did beyond its resource (the command
 	// line of reservations.exec); empty for most.
 	Detail string
+	// ClientAddr is the caller's address (ClientAddr: X-Forwarded-For only
+	// through --trusted-proxies); empty for the control plane's own rows.
+	ClientAddr string
 }
 
 // Decisions as recorded in the audit log.
@@ -107,6 +111,10 @@ type Config struct {
 	// TenantName names a tenant by id for refusal messages (the tenancy
 	// module owns the table); nil leaves ids in them.
 	TenantName func(ctx context.Context, id string) (string, error)
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client recorded in audit rows; a request from anyone else is
+	// recorded with its peer address.
+	TrustedProxies []netip.Prefix
 }
 
 // Envelope runs the API pipeline.
@@ -317,6 +325,7 @@ func mutate[Req, Res any](ctx context.Context, e *Envelope, req *connect.Request
 		ResourceID:    resource.ID,
 		RequestID:     info.RequestID,
 		TraceID:       info.TraceID,
+		ClientAddr:    info.ClientAddr,
 	}
 	spanTenant(ctx, audit.TenantID)
 

@@ -69,7 +69,7 @@ func (i *Interceptor) HTTPStream(procedure string, fn func(ctx context.Context, 
 		w := &writeTracker{ResponseWriter: rw}
 		ctx := r.Context()
 		start := i.env.cfg.Clock.Now()
-		ctx, err := i.begin(ctx, procedure, r.Header, false)
+		ctx, err := i.begin(ctx, procedure, r.RemoteAddr, r.Header, false)
 		var done func()
 		if err == nil {
 			caller, _ := CallerFrom(ctx)

@@ -35,8 +35,8 @@ func NewInterceptor(env *Envelope, authn Authenticator, metrics *PromMetrics) *I
 // for every cached lookup of the request (authentication first: see
 // store/dirversion); a stream outlives any version it would read, so its
 // lookups read the database.
-func (i *Interceptor) begin(ctx context.Context, procedure string, h http.Header, unary bool) (context.Context, error) {
-	info := RequestInfo{Procedure: procedure, RequestID: h.Get(HeaderRequestID)}
+func (i *Interceptor) begin(ctx context.Context, procedure, peer string, h http.Header, unary bool) (context.Context, error) {
+	info := RequestInfo{Procedure: procedure, RequestID: h.Get(HeaderRequestID), ClientAddr: ClientAddr(peer, h, i.env.cfg.TrustedProxies)}
 	if !requestIDRE.MatchString(info.RequestID) {
 		info.RequestID = NewID("req", i.env.cfg.Clock.Now())
 	}
@@ -115,7 +115,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		start := time.Now()
 		ctx = i.startSpan(ctx, req.Spec().Procedure, req.Header())
-		ctx, err := i.begin(ctx, req.Spec().Procedure, req.Header(), true)
+		ctx, err := i.begin(ctx, req.Spec().Procedure, req.Peer().Addr, req.Header(), true)
 		if err == nil {
 			err = strictFields(req.Any())
 		}
@@ -145,7 +145,7 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		start := time.Now()
 		ctx = i.startSpan(ctx, conn.Spec().Procedure, conn.RequestHeader())
-		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.RequestHeader(), false)
+		ctx, err := i.begin(ctx, conn.Spec().Procedure, conn.Peer().Addr, conn.RequestHeader(), false)
 		var done func()
 		if err == nil {
 			caller, _ := CallerFrom(ctx)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,6 +58,9 @@ type Options struct {
 	// RequestBurst and MaxStreams bound each principal.
 	MaxConnections, RequestBurst, MaxStreams int
 	RequestRate                              float64
+	// TrustedProxies is --trusted-proxies: CIDRs or addresses whose
+	// X-Forwarded-For names the client in audit rows.
+	TrustedProxies string
 	// OTLPEndpoint turns tracing on (else the standard OTEL_EXPORTER_OTLP_*
 	// variables may); OTLPInsecure sends to a host:port without TLS.
 	OTLPEndpoint string
@@ -88,10 +92,21 @@ func (o *Options) CheckLiveness() error {
 		return invalid("heartbeat-interval", "must be positive")
 	case o.UnreachableAfter < 2*o.HeartbeatInterval:
 		return invalid("unreachable-after", fmt.Sprintf("must be at least twice --heartbeat-interval (%v), not %v", o.HeartbeatInterval, o.UnreachableAfter))
+	case o.TrustedProxies != "" && o.trustedProxies() == nil:
+		_, err := envelope.ParseTrustedProxies(o.TrustedProxies)
+		return invalid("trusted-proxies", fmt.Sprintf("must be a comma-separated list of CIDRs or addresses: %v", err))
 	case o.LostAfter <= o.UnreachableAfter:
 		return invalid("lost-after", fmt.Sprintf("must be longer than --unreachable-after (%v), not %v; to try node loss quickly pass e.g. --heartbeat-interval 2s --unreachable-after 5s --lost-after 15s", o.UnreachableAfter, o.LostAfter))
 	}
 	return nil
+}
+
+func (o *Options) trustedProxies() []netip.Prefix {
+	p, err := envelope.ParseTrustedProxies(o.TrustedProxies)
+	if err != nil {
+		return nil
+	}
+	return p
 }
 
 // Bind opens the API listener and, when gateway is set, the agent
@@ -175,6 +190,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 		Limits:              envelope.Limits{RequestRate: o.RequestRate, RequestBurst: o.RequestBurst, MaxStreams: o.MaxStreams},
 		WebhookAllowPrivate: o.WebhookAllowPrivate, EventRetention: o.EventRetention, SSEHeartbeat: o.SSEHeartbeat,
 		AuditCheckpointEvery: o.AuditCheckpointEvery, AuditCheckpointInterval: o.AuditCheckpointInterval,
+		TrustedProxies: o.trustedProxies(),
 		Tracing: tracing.Config{Endpoint: o.OTLPEndpoint, Insecure: o.OTLPInsecure, ServiceName: "better-compute"},
 	}
 }

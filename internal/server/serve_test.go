@@ -37,6 +37,7 @@ func TestServeRefusesSettingsFirst(t *testing.T) {
 		{"db-lock-timeout", func(o *Options) { o.DBLockTimeout = -time.Second }},
 		{"heartbeat-interval", func(o *Options) { o.HeartbeatInterval = 0 }},
 		{"unreachable-after", func(o *Options) { o.UnreachableAfter = 15 * time.Second }},
+		{"trusted-proxies", func(o *Options) { o.TrustedProxies = "10.0.0.0/8, proxy.example" }},
 		{"roles", func(o *Options) { o.Roles = append(o.Roles, bcapp.RoleGateway); o.Secret = " " }},
 	} {
 		t.Run(c.flag, func(t *testing.T) {

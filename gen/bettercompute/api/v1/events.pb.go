@@ -43,7 +43,11 @@ type AuditEntry struct {
 	Result string `protobuf:"bytes,12,opt,name=result,proto3" json:"result,omitempty"`
 	// What the mutation did beyond its resource, e.g. the command line of
 	// reservations.exec (quoted, at most 1 KiB).
-	Detail        string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The caller's address: the peer's, or through a proxy named by serve
+	// --trusted-proxies the client it names in X-Forwarded-For. Empty for
+	// rows the control plane writes on its own account.
+	ClientAddr    string `protobuf:"bytes,14,opt,name=client_addr,json=clientAddr,proto3" json:"client_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -165,6 +169,13 @@ func (x *AuditEntry) GetResult() string {
 func (x *AuditEntry) GetDetail() string {
 	if x != nil {
 		return x.Detail
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetClientAddr() string {
+	if x != nil {
+		return x.ClientAddr
 	}
 	return ""
 }
@@ -1160,7 +1171,7 @@ var File_bettercompute_api_v1_events_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	"\n" +
-	"!bettercompute/api/v1/events.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x03\n" +
+	"!bettercompute/api/v1/events.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n" +
 	"\n" +
 	"AuditEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
@@ -1178,7 +1189,9 @@ const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\btrace_id\x18\v \x01(\tR\atraceId\x12\x16\n" +
 	"\x06result\x18\f \x01(\tR\x06result\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"n\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\x12\x1f\n" +
+	"\vclient_addr\x18\x0e \x01(\tR\n" +
+	"clientAddr\"n\n" +
 	"\x0fAuditCheckpoint\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
