@@ -191,7 +191,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 		WebhookAllowPrivate: o.WebhookAllowPrivate, EventRetention: o.EventRetention, SSEHeartbeat: o.SSEHeartbeat,
 		AuditCheckpointEvery: o.AuditCheckpointEvery, AuditCheckpointInterval: o.AuditCheckpointInterval,
 		TrustedProxies: o.trustedProxies(),
-		Tracing: tracing.Config{Endpoint: o.OTLPEndpoint, Insecure: o.OTLPInsecure, ServiceName: "better-compute"},
+		Tracing:        tracing.Config{Endpoint: o.OTLPEndpoint, Insecure: o.OTLPInsecure, ServiceName: "better-compute"},
 	}
 }
 
