@@ -73,24 +73,6 @@ type commandCARow struct {
 	RetireTime    *time.Time
 }
 
-func commandCAList(ctx context.Context, q store.Querier) ([]commandCARow, error) {
-	rows, err := q.Query(ctx, `SELECT version, root_der, root_key_sealed, ca_der, ca_key_sealed, seal, create_time, retire_time
-		FROM pki_command_cas ORDER BY version`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []commandCARow
-	for rows.Next() {
-		var r commandCARow
-		if err := rows.Scan(&r.Version, &r.RootDER, &r.RootKeySealed, &r.CADER, &r.CAKeySealed, &r.Seal, &r.CreateTime, &r.RetireTime); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
 // newCommandGeneration creates generation version: a root (10 years) and
 // the CA it certifies (2 years). With offlineDir the root's key is written
 // there (command-root-<version>.key, 0600) and kept out of the database.
@@ -156,16 +138,6 @@ func writeOfflineKey(dir, name string, cert *x509.Certificate, key *ecdsa.Privat
 		return fmt.Errorf("pki: offline %s: %w", name, err)
 	}
 	return nil
-}
-
-func commandCAInsert(ctx context.Context, tx store.Tx, r commandCARow) error {
-	var rootKey any // a nil []byte must bind as NULL on both drivers
-	if r.RootKeySealed != nil {
-		rootKey = r.RootKeySealed
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO pki_command_cas (version, root_der, root_key_sealed, ca_der, ca_key_sealed, seal, create_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`, r.Version, r.RootDER, rootKey, r.CADER, r.CAKeySealed, r.Seal, r.CreateTime)
-	return err
 }
 
 // openCommandGen checks a stored generation against its seal and opens its
@@ -279,11 +251,7 @@ func (a *Authority) CommandSignerChain(ctx context.Context, q store.Querier, ser
 	if ok {
 		return chain, nil
 	}
-	var (
-		version int64
-		der     []byte
-	)
-	err := q.QueryRow(ctx, `SELECT version, cert_der FROM pki_command_signers WHERE serial = $1`, serial).Scan(&version, &der)
+	version, der, err := commandSignerGet(ctx, q, serial)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, nil
 	}
@@ -339,19 +307,16 @@ func (s *CommandSigner) SignCommand(ctx context.Context, tx store.Tx, f cmdsig.F
 	}
 	serial := serialString(s.cert.SerialNumber)
 	if !s.confirmed {
-		var one int
-		err := tx.QueryRow(ctx, `SELECT 1 FROM pki_command_signers WHERE serial = $1`, serial).Scan(&one)
+		found, err := commandSignerExists(ctx, tx, serial)
 		switch {
-		case err == nil:
+		case err != nil:
+			return cmdsig.Signature{}, err
+		case found:
 			s.confirmed = true
-		case errors.Is(err, store.ErrNotFound):
-			if _, err := tx.Exec(ctx, `INSERT INTO pki_command_signers (serial, version, cert_der, replica, not_after, issue_time)
-				VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (serial) DO NOTHING`,
-				serial, s.version, s.cert.Raw, s.replica, s.cert.NotAfter, now); err != nil {
+		default:
+			if err := commandSignerInsert(ctx, tx, serial, s.version, s.cert.Raw, s.replica, s.cert.NotAfter, now); err != nil {
 				return cmdsig.Signature{}, err
 			}
-		default:
-			return cmdsig.Signature{}, err
 		}
 	}
 	f.TrustDomain, f.TrustVersion = s.a.trustDomain, s.version
@@ -416,12 +381,7 @@ func resealCommandGens(ctx context.Context, tx store.Tx, from, to *Sealer, want 
 		if err != nil {
 			return n, err
 		}
-		var rootArg any // NULL stays NULL on both drivers
-		if root != nil {
-			rootArg = root
-		}
-		if _, err := tx.Exec(ctx, `UPDATE pki_command_cas SET root_key_sealed = $2, ca_key_sealed = $3, seal = $4 WHERE version = $1`,
-			r.Version, rootArg, ca, seal); err != nil {
+		if err := commandCAKeysUpdate(ctx, tx, r.Version, root, ca, seal); err != nil {
 			return n, err
 		}
 	}
