@@ -92,10 +92,15 @@ func (g *Gateway) JoinChallenge(ctx context.Context, req *agentv1.JoinChallengeR
 			return denied("join token expired")
 		case tok.CSRSHA256 != "" && tok.CSRSHA256 != ch.CSRSHA256:
 			return denied("token already used")
-		case tok.Attestor != "" && tok.Attestor != req.GetAttestor():
-			return denied("join token %s requires %s attestation; this node offered %s", tok.ID, tok.Attestor, req.GetAttestor())
 		}
-		resp.RequiredAttestor = tok.Attestor
+		required, why, err := g.requiredAttestor(ctx, tx, tok)
+		if err != nil {
+			return err
+		}
+		if required != "" && required != req.GetAttestor() {
+			return denied("%s requires %s attestation; this node offered %s", why, required, req.GetAttestor())
+		}
+		resp.RequiredAttestor = required
 		if req.GetAttestor() != attestor.TPM {
 			return nil
 		}
@@ -130,10 +135,14 @@ func (g *Gateway) JoinChallenge(ctx context.Context, req *agentv1.JoinChallengeR
 // evidence, when given, must answer a challenge for this token and CSR and
 // verify against the token tenant's trust anchors, never another tenant's.
 func (g *Gateway) verifyAttestation(ctx context.Context, tx store.Tx, req *agentv1.JoinRequest, tok fleet.JoinToken, csrSHA string) (attested, error) {
+	required, why, err := g.requiredAttestor(ctx, tx, tok)
+	if err != nil {
+		return attested{}, err
+	}
 	att := req.GetAttestation()
 	if att == nil {
-		if tok.Attestor != "" {
-			return attested{}, denied("join token %s requires %s attestation; this join brought none (run bcd with --attest %s)", tok.ID, tok.Attestor, tok.Attestor)
+		if required != "" {
+			return attested{}, denied("%s requires %s attestation; this join brought none (run bcd with --attest %s)", why, required, required)
 		}
 		return attested{kind: attestor.JoinToken}, nil
 	}
@@ -149,8 +158,8 @@ func (g *Gateway) verifyAttestation(ctx context.Context, tx store.Tx, req *agent
 		return attested{}, invalid("attestation: evidence (tpm, x509 or cloud) is required with a challenge")
 	case kind != ch.Attestor:
 		return attested{}, denied("attestation: the challenge was for %s evidence, the join brought %s", ch.Attestor, kind)
-	case tok.Attestor != "" && kind != tok.Attestor:
-		return attested{}, denied("join token %s requires %s attestation; this join brought %s", tok.ID, tok.Attestor, kind)
+	case required != "" && kind != required:
+		return attested{}, denied("%s requires %s attestation; this join brought %s", why, required, kind)
 	}
 	csrSum, _ := hex.DecodeString(csrSHA)
 	digest := attestor.BindingDigest(kind, ch.Nonce, csrSum)
@@ -218,6 +227,27 @@ func (g *Gateway) verifyAttestation(ctx context.Context, tx store.Tx, req *agent
 		}
 		return attested{kind: kind, id: res.Subject, anchorID: ids[res.Trust]}, nil
 	}
+}
+
+// requiredAttestor is the attestor a join with tok must bring and who
+// requires it: the token's own, else the pool's the token names. A token
+// and a pool that require different attestors admit nothing, and say so.
+func (g *Gateway) requiredAttestor(ctx context.Context, q store.Querier, tok fleet.JoinToken) (kind, why string, err error) {
+	var poolKind string
+	if tok.Pool != "" && g.cfg.PoolAttestor != nil {
+		if poolKind, err = g.cfg.PoolAttestor(ctx, q, tok.TenantID, tok.Pool); err != nil {
+			return "", "", err
+		}
+	}
+	switch {
+	case tok.Attestor != "" && poolKind != "" && tok.Attestor != poolKind:
+		return "", "", denied("join token %s requires %s attestation but its pool %s requires %s; mint a token for %s", tok.ID, tok.Attestor, tok.Pool, poolKind, poolKind)
+	case tok.Attestor != "":
+		return tok.Attestor, "join token " + tok.ID, nil
+	case poolKind != "":
+		return poolKind, "pool " + tok.Pool, nil
+	}
+	return "", "", nil
 }
 
 func (g *Gateway) anchors(ctx context.Context, tx store.Tx, tenantID, kind string) ([]fleet.TrustAnchor, error) {

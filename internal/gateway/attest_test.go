@@ -390,3 +390,49 @@ func TestTrustAnchorRefusals(t *testing.T) {
 	_, err = a.x509Join(token, [][]byte{chain}, key)
 	requireDenied(t, err, codes.PermissionDenied, "registered no x509 CA")
 }
+
+// TestPoolRequiresAttestor: a pool that requires an attestor refuses a join
+// with a plain token naming it, admits one with the evidence, and a token
+// requiring another attestor than its pool's admits nothing.
+func TestPoolRequiresAttestor(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	md := bctest.NewMetadataService(t, bctest.InstanceIdentity{InstanceID: "i-pool", AccountID: "111122223333", Region: "eu-west-1"})
+	f.anchor(t, &apiv1.CreateTrustAnchorRequest{Tenant: "acme", Name: "aws", Attestor: attestor.Cloud, CertificatesPem: string(md.CertificatePEM), CloudAccount: "111122223333"})
+	ca := newMachineCA(t, "corp")
+	f.anchor(t, &apiv1.CreateTrustAnchorRequest{Tenant: "acme", Name: "corp", Attestor: attestor.X509, CertificatesPem: ca.pem})
+	_, err := f.cp.Admin().Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "a100",
+		Policy: &apiv1.PoolPolicy{RequiredAttestor: attestor.Cloud}}))
+	require.NoError(t, err)
+	_, err = f.cp.Admin().Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "bad",
+		Policy: &apiv1.PoolPolicy{RequiredAttestor: "sgx"}}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.ErrorContains(t, err, "policy.required_attestor")
+
+	_, token := f.token(t, nil) // a plain token for pool a100
+	a := newAgent(t, f, "p1")
+	_, err = a.tryJoin(token)
+	requireDenied(t, err, codes.PermissionDenied, "pool a100 requires cloud attestation; this join brought none")
+	res, err := a.cloudJoin(token, md.URL)
+	require.NoError(t, err)
+	f.admitted(t, res, attestor.Cloud, f.anchorID(t, "aws"))
+
+	x509Token := f.attestedToken(t, "acme", attestor.X509) // also for pool a100
+	chain, key := ca.machine(t, "p2")
+	_, err = newAgent(t, f, "p2").x509Join(x509Token, [][]byte{chain}, key)
+	requireDenied(t, err, codes.PermissionDenied, "but its pool a100 requires cloud")
+}
+
+func (f fixture) anchorID(t *testing.T, name string) string {
+	t.Helper()
+	res, err := f.cp.Admin().TrustAnchors.List(context.Background(), connect.NewRequest(&apiv1.ListTrustAnchorsRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	for _, a := range res.Msg.GetTrustAnchors() {
+		if a.GetName() == name {
+			return a.GetId()
+		}
+	}
+	t.Fatalf("no trust anchor %s", name)
+	return ""
+}
