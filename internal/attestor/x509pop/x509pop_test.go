@@ -21,7 +21,7 @@ type ca struct {
 	key  *ecdsa.PrivateKey
 }
 
-func newCA(t *testing.T, name string) ca {
+func newCA(t testing.TB, name string) ca {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -34,7 +34,7 @@ func newCA(t *testing.T, name string) ca {
 	return ca{c, key}
 }
 
-func (c ca) machine(t *testing.T) ([]byte, *ecdsa.PrivateKey) {
+func (c ca) machine(t testing.TB) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
