@@ -37,7 +37,7 @@ type machineCA struct {
 	pem  string
 }
 
-func newMachineCA(t *testing.T, name string) machineCA {
+func newMachineCA(t testing.TB, name string) machineCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func newMachineCA(t *testing.T, name string) machineCA {
 
 // machine issues a machine certificate (client auth) and returns it with
 // its key.
-func (ca machineCA) machine(t *testing.T, host string) ([]byte, crypto.Signer) {
+func (ca machineCA) machine(t testing.TB, host string) ([]byte, crypto.Signer) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
@@ -73,14 +73,14 @@ func (f fixture) tenant(t *testing.T, name string) {
 	require.NoError(t, err)
 }
 
-func (f fixture) anchor(t *testing.T, req *apiv1.CreateTrustAnchorRequest) *apiv1.TrustAnchor {
+func (f fixture) anchor(t testing.TB, req *apiv1.CreateTrustAnchorRequest) *apiv1.TrustAnchor {
 	t.Helper()
 	res, err := f.cp.Admin().TrustAnchors.Create(context.Background(), connect.NewRequest(req))
 	require.NoError(t, err)
 	return res.Msg.GetTrustAnchor()
 }
 
-func (f fixture) attestedToken(t *testing.T, tenant, kind string) string {
+func (f fixture) attestedToken(t testing.TB, tenant, kind string) string {
 	t.Helper()
 	res, err := f.cp.Admin().JoinTokens.Create(context.Background(), connect.NewRequest(&apiv1.CreateJoinTokenRequest{
 		Tenant: tenant, Project: "gpu", Pool: "a100", Attestor: kind,
@@ -138,7 +138,7 @@ func requireDenied(t *testing.T, err error, code codes.Code, contains string) {
 
 // admitted checks the join's certificate and the node record say which
 // attestor admitted it.
-func (f fixture) admitted(t *testing.T, res *agentv1.JoinResponse, kind, anchorID string) *apiv1.Node {
+func (f fixture) admitted(t testing.TB, res *agentv1.JoinResponse, kind, anchorID string) *apiv1.Node {
 	t.Helper()
 	require.Equal(t, agentv1.JoinStatus_JOIN_STATUS_ADMITTED, res.GetStatus())
 	leaf, err := x509.ParseCertificate(res.GetCertificateChain()[0])
