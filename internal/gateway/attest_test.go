@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -27,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/internal/attestor/cloudiid"
 	"github.com/better-compute/better-compute/internal/attestor/tpm"
 	"github.com/better-compute/better-compute/internal/attestor/x509pop"
+	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/pki"
 )
 
@@ -180,6 +183,20 @@ func TestAttestedJoinX509(t *testing.T) {
 	require.NoError(t, err)
 	n := f.admitted(t, res, attestor.X509, anc.GetId())
 	require.Contains(t, n.GetAttestedId(), "x509:sha256:")
+
+	// A renewal keeps what admitted the node in the new certificate.
+	a.cert = &tls.Certificate{Certificate: res.GetCertificateChain(), PrivateKey: a.key}
+	oldKey := a.key
+	a.newKey()
+	nonce := randBytes(32)
+	now := f.cp.Clock.Now()
+	rsig, err := ecdsa.SignASN1(rand.Reader, oldKey, gateway.RenewDigest(nonce, now, a.csr))
+	require.NoError(t, err)
+	renewed, err := a.dial(nil).Renew(context.Background(), &agentv1.RenewRequest{CsrDer: a.csr, Nonce: nonce, Time: timestamppb.New(now), Signature: rsig})
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(renewed.GetCertificateChain()[0])
+	require.NoError(t, err)
+	require.Equal(t, attestor.X509, pki.AttestorOf(leaf))
 
 	// A challenge answers one CSR: replayed with another key's CSR it fails.
 	b := newAgent(t, f, "x2")
