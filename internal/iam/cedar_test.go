@@ -87,8 +87,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Policy", ID: "pol1", TenantID: tenant}
 	case "confirmations.approve":
 		return Resource{Type: "Confirmation", ID: "c1", TenantID: tenant}
-	case "audit.list":
+	case "audit.list", "audit.prove":
 		return Resource{Type: "AuditLog", ID: "audit", TenantID: tenant}
+	case "audit.check":
+		return Resource{Type: "Platform"}
 	case "events.watch":
 		return Resource{Type: "EventStream", ID: "events", TenantID: tenant}
 	case "nodes.get", "nodes.drain", "nodes.undrain", "nodes.delete", "inventory.get":
@@ -175,7 +177,7 @@ func TestCedarMatrix(t *testing.T) {
 	c := newCedar(t, nil)
 
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
-		"confirmations.list", "audit.list", "events.watch",
+		"confirmations.list", "audit.list", "audit.prove", "events.watch",
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
@@ -211,7 +213,7 @@ func TestCedarMatrix(t *testing.T) {
 	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
-		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" {
+		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" && a != "audit.check" {
 			want[RoleAdmin][a] = allow
 		}
 	}
@@ -516,7 +518,7 @@ func TestDefaultPoliciesTypeCheck(t *testing.T) {
 func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
-		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.list",
+		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.check", "audit.list", "audit.prove",
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
