@@ -48,6 +48,7 @@ type Client struct {
 	Nodes         apiv1connect.NodeServiceClient
 	Commands      apiv1connect.CommandServiceClient
 	JoinTokens    apiv1connect.JoinTokenServiceClient
+	TrustAnchors  apiv1connect.TrustAnchorServiceClient
 	JoinRequests  apiv1connect.JoinRequestServiceClient
 	Inventory     apiv1connect.InventoryServiceClient
 	Pools         apiv1connect.PoolServiceClient
@@ -127,6 +128,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Nodes:            apiv1connect.NewNodeServiceClient(h, baseURL, copts...),
 		Commands:         apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
 		JoinTokens:       apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
+		TrustAnchors:     apiv1connect.NewTrustAnchorServiceClient(h, baseURL, copts...),
 		Pools:            apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
 		Reservations:     apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
 		Quotas:           apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),

@@ -38,6 +38,7 @@ type options struct {
 	imageKeys     string
 	spoolDir      string
 	execIDs       string
+	attest        agent.AttestConfig
 	site          siteOptions
 	inst          instanceOptions
 }
@@ -68,6 +69,11 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.mode, "mode", "node", "agent mode: node, site or ramdisk")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.tokenStdin, "token-stdin", false, "read the join token from stdin instead of BCD_JOIN_TOKEN")
+	fs.StringVar(&o.attest.Attestor, "attest", "", "evidence the join brings besides its token: tpm, x509 or cloud (docs/attestation.md)")
+	fs.StringVar(&o.attest.TPM, "attest-tpm", "/dev/tpmrm0", "TPM 2.0 for --attest tpm: a device, or tcp://HOST:PORT (swtpm)")
+	fs.StringVar(&o.attest.X509Cert, "attest-x509-cert", "", "machine certificate chain (PEM) for --attest x509")
+	fs.StringVar(&o.attest.X509Key, "attest-x509-key", "", "its private key (PEM) for --attest x509")
+	fs.StringVar(&o.attest.MetadataURL, "attest-cloud-metadata-url", agent.DefaultMetadataURL, "instance metadata service for --attest cloud")
 	fs.StringVar(&o.tokenEnvFile, "token-env-file", "", "file holding BCD_JOIN_TOKEN, removed after a successful join")
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "override the gateway's heartbeat interval (testing)")
 	fs.DurationVar(&o.helloTimeout, "hello-timeout", 30*time.Second, "give up on a session whose HelloAck has not come this long after opening it, and dial again")
@@ -112,7 +118,13 @@ type fileConfig struct {
 	Mode          string `toml:"mode" yaml:"mode"`
 	LogLevel      string `toml:"log_level" yaml:"log_level"`
 	TokenEnvFile  string `toml:"token_env_file" yaml:"token_env_file"`
-	OTLPEndpoint  string `toml:"otlp_endpoint" yaml:"otlp_endpoint"`
+	// Attestation (docs/attestation.md).
+	Attest                 string `toml:"attest" yaml:"attest"`
+	AttestTPM              string `toml:"attest_tpm" yaml:"attest_tpm"`
+	AttestX509Cert         string `toml:"attest_x509_cert" yaml:"attest_x509_cert"`
+	AttestX509Key          string `toml:"attest_x509_key" yaml:"attest_x509_key"`
+	AttestCloudMetadataURL string `toml:"attest_cloud_metadata_url" yaml:"attest_cloud_metadata_url"`
+	OTLPEndpoint           string `toml:"otlp_endpoint" yaml:"otlp_endpoint"`
 
 	SiteInterface     string `toml:"site_interface" yaml:"site_interface"`
 	SiteDHCP          string `toml:"site_dhcp" yaml:"site_dhcp"`
@@ -189,6 +201,11 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("mode", &o.mode, fc.Mode)
 	pick("log-level", &o.logLevel, fc.LogLevel)
 	pick("token-env-file", &o.tokenEnvFile, fc.TokenEnvFile)
+	pick("attest", &o.attest.Attestor, fc.Attest)
+	pick("attest-tpm", &o.attest.TPM, fc.AttestTPM)
+	pick("attest-x509-cert", &o.attest.X509Cert, fc.AttestX509Cert)
+	pick("attest-x509-key", &o.attest.X509Key, fc.AttestX509Key)
+	pick("attest-cloud-metadata-url", &o.attest.MetadataURL, fc.AttestCloudMetadataURL)
 	pick("otlp-endpoint", &o.otlpEndpoint, fc.OTLPEndpoint)
 	pick("site-interface", &o.site.iface, fc.SiteInterface)
 	pick("site-dhcp", &o.site.dhcpMode, fc.SiteDHCP)
@@ -221,6 +238,9 @@ func (o *options) validate() error {
 	}
 	if o.stateDir == "" {
 		return errors.New("--state-dir is required")
+	}
+	if err := o.attest.Validate(); err != nil {
+		return fmt.Errorf("--attest: %w", err)
 	}
 	if o.helloTimeout <= 0 {
 		return fmt.Errorf("--hello-timeout %v: must be positive", o.helloTimeout)

@@ -207,6 +207,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
 		Tracing: tp, Commands: handler, Instances: instances, ExecIDFirst: execFirst, ExecIDCount: execCount,
+		Attest: o.attest,
 	})
 	if err != nil {
 		if backend != nil {

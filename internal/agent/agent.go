@@ -102,6 +102,8 @@ type Config struct {
 	// DefaultExecIDFirst, DefaultExecIDCount). No account of the host may
 	// use them.
 	ExecIDFirst, ExecIDCount uint32
+	// Attest is the evidence the join brings besides its token.
+	Attest AttestConfig
 	// ExecHide are host paths, besides StateDir, that no allocation's
 	// process may reach (they are covered by an empty tmpfs in its mount
 	// namespace).
@@ -238,6 +240,9 @@ type Agent struct {
 // New opens the state directory and loads an existing identity, if any.
 func New(cfg Config) (*Agent, error) {
 	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Attest.Validate(); err != nil {
 		return nil, err
 	}
 	a := &Agent{

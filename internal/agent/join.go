@@ -124,6 +124,15 @@ func (a *Agent) joinAt(ctx context.Context, gw gatewayAddr, pin []byte, key *ecd
 	defer func() { _ = conn.Close() }()
 	client := agentv1.NewAgentServiceClient(conn)
 	for {
+		if a.cfg.Attest.Attestor != "" {
+			// A fresh challenge each round: a pending approval may outlast
+			// the last one.
+			att, err := a.attest(ctx, client, req)
+			if err != nil {
+				return fmt.Errorf("join at %s: attestation: %w", gw.addr, err)
+			}
+			req.Attestation = att
+		}
 		resp, err := client.Join(ctx, req)
 		if err != nil {
 			return fmt.Errorf("join at %s: %w", gw.addr, err)

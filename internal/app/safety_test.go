@@ -744,6 +744,11 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	jt, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "web"}))
 	require.NoError(t, err)
 	jtID := jt.Msg.GetJoinToken().GetId()
+	// A trust anchor of acme's: a pinned EK, so no certificate is needed.
+	anc, err := admin.TrustAnchors.Create(ctx, connect.NewRequest(&apiv1.CreateTrustAnchorRequest{Tenant: "acme", Name: "ek",
+		Attestor: "tpm", EkPublicSha256: strings.Repeat("ab", 32)}))
+	require.NoError(t, err)
+	ancID := anc.Msg.GetTrustAnchor().GetId()
 	jrq := &fleet.JoinRequest{ID: envelope.NewID(fleet.JoinRequestIDPrefix, now), TenantID: acme.GetId(), TokenID: jtID,
 		CSRSHA256: "csr", HardwareKey: "hw-2", Identity: "placeholder", Reason: "test", CreateTime: now}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.JoinRequestInsert(ctx, tx, jrq) }))
@@ -1570,6 +1575,29 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.JoinTokens.Revoke(ctx, connect.NewRequest(&apiv1.RevokeJoinTokenRequest{Id: jtID}))
+				return err
+			},
+		},
+		apiv1connect.TrustAnchorServiceCreateProcedure: {
+			func() error {
+				_, err := evil.TrustAnchors.Create(ctx, connect.NewRequest(&apiv1.CreateTrustAnchorRequest{Tenant: "acme", Name: "evil",
+					Attestor: "tpm", EkPublicSha256: strings.Repeat("cd", 32)}))
+				return err
+			},
+		},
+		apiv1connect.TrustAnchorServiceListProcedure: {
+			func() error {
+				_, err := evil.TrustAnchors.List(ctx, connect.NewRequest(&apiv1.ListTrustAnchorsRequest{Tenant: "acme"}))
+				return err
+			},
+		},
+		apiv1connect.TrustAnchorServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.TrustAnchors.Delete(ctx, connect.NewRequest(&apiv1.DeleteTrustAnchorRequest{Tenant: "acme", TrustAnchor: ancID}))
+				return err
+			},
+			func() error {
+				_, err := evil.TrustAnchors.Delete(ctx, connect.NewRequest(&apiv1.DeleteTrustAnchorRequest{Tenant: "other", TrustAnchor: ancID}))
 				return err
 			},
 		},

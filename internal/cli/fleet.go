@@ -23,7 +23,7 @@ import (
 // fleetCommands are the verbs of the fleet: nodes, their commands, join
 // tokens and requests, and inventory.
 func (a *app) fleetCommands() []*cobra.Command {
-	return []*cobra.Command{a.nodesCommand(), a.commandsCommand(), a.joinTokensCommand(), a.joinRequestsCommand(), a.inventoryCommand()}
+	return []*cobra.Command{a.nodesCommand(), a.commandsCommand(), a.joinTokensCommand(), a.joinRequestsCommand(), a.inventoryCommand(), a.trustAnchorsCommand()}
 }
 
 // fleetTenant resolves the optional --tenant of a fleet verb: the flag, the
@@ -108,6 +108,12 @@ gpu.count, gpu.memory).`,
 					}
 				}
 				fmt.Fprintf(w, "derived labels: %s\n", dash(labelString(derived)))
+				// What admitted the node, as its certificate records it.
+				fmt.Fprintf(w, "attestor: %s", dash(n.GetAttestor()))
+				if n.GetAttestedId() != "" {
+					fmt.Fprintf(w, " (%s, trust anchor %s)", n.GetAttestedId(), dash(n.GetTrustAnchorId()))
+				}
+				fmt.Fprintln(w)
 				conditionTable(w, n.GetConditions())
 			})
 		},
@@ -487,9 +493,9 @@ func (a *app) joinTokensCommand() *cobra.Command {
 	var tenant string
 
 	var (
-		project, pool, role, site, confirmationID string
-		labels                                    []string
-		ttl                                       time.Duration
+		project, pool, role, site, confirmationID, attestor string
+		labels                                              []string
+		ttl                                                 time.Duration
 	)
 	create := &cobra.Command{
 		Use:   "create --tenant T --project P",
@@ -517,6 +523,7 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 			err = a.retry(cmd.Context(), func() (err error) {
 				resp, err = c.JoinTokens.Create(cmd.Context(), request(&apiv1.CreateJoinTokenRequest{
 					Tenant: t, Project: project, Pool: pool, Labels: lm, TtlSeconds: int64(ttl / time.Second), Role: role, Site: site,
+					Attestor: attestor,
 				}, m))
 				return err
 			})
@@ -536,6 +543,7 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 1h (default 1h, at most 168h)")
 	create.Flags().StringVar(&role, "role", "", "role of the joining agent: node (default), site or ramdisk; a bcd in another mode is refused")
 	create.Flags().StringVar(&site, "site", "", "site a site token (--role site) binds its agent to (name or id)")
+	create.Flags().StringVar(&attestor, "attestor", "", "require attestation besides the token: tpm, x509 or cloud (the tenant needs a trust anchor of that kind)")
 	addConfirmationFlag(create, &confirmationID)
 
 	var limit int
@@ -590,9 +598,9 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 }
 
 func joinTokenTable(w io.Writer, items ...*apiv1.JoinToken) {
-	row(w, "ID", "STATE", "ROLE", "TENANT", "PROJECT", "POOL", "LABELS", "EXPIRES", "NODE", "SITE")
+	row(w, "ID", "STATE", "ROLE", "ATTESTOR", "TENANT", "PROJECT", "POOL", "LABELS", "EXPIRES", "NODE", "SITE")
 	for _, t := range items {
-		row(w, t.GetId(), t.GetState(), dash(t.GetRole()), t.GetTenantId(), t.GetProjectId(), dash(t.GetPool()), dash(labelString(t.GetLabels())),
+		row(w, t.GetId(), t.GetState(), dash(t.GetRole()), dash(t.GetAttestor()), t.GetTenantId(), t.GetProjectId(), dash(t.GetPool()), dash(labelString(t.GetLabels())),
 			ts(t.GetExpireTime()), dash(t.GetNodeId()), dash(t.GetSiteId()))
 	}
 }

@@ -27,6 +27,7 @@ type poolFlags struct {
 	maxPending                   int32
 	minDuration, maxDurationSecs int64
 	startHorizon                 time.Duration
+	attestor                     string
 }
 
 func (f *poolFlags) add(cmd *cobra.Command) {
@@ -44,6 +45,7 @@ func (f *poolFlags) add(cmd *cobra.Command) {
 	fl.Int64Var(&f.minDuration, "min-duration-seconds", 0, "shortest booking (0: unbounded)")
 	fl.Int64Var(&f.maxDurationSecs, "max-duration-seconds", 0, "longest booking, at most 30 days (0: unbounded)")
 	fl.Var((*spanValue)(&f.startHorizon), "start-horizon", "how far ahead a reservation may start, e.g. 30d (default 90d, at most 366d)")
+	fl.StringVar(&f.attestor, "require-attestor", "", "machines joining with a token for this pool must attest: tpm, x509 or cloud (docs/attestation.md)")
 }
 
 func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {
@@ -60,6 +62,7 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 		GpuSharing:  f.sharing, SlotsPerGpu: f.slots, SingleTenant: f.singleTenant, MaxPending: f.maxPending,
 		MinDurationSeconds: f.minDuration, MaxDurationSeconds: f.maxDurationSecs,
 		StartHorizonSeconds: int64(f.startHorizon / time.Second),
+		RequiredAttestor:    f.attestor,
 	}
 	if f.vcpuPerGPU != 0 || f.memoryGiBPerGPU != 0 || f.hugepagesPerGPU != 0 {
 		p.PerGpu = &apiv1.PerGpuShare{Vcpu: f.vcpuPerGPU, MemoryGib: f.memoryGiBPerGPU, Hugepages_1Gi: f.hugepagesPerGPU}
@@ -70,7 +73,7 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 // policyChanged says whether any policy flag was given.
 func policyChanged(cmd *cobra.Command) bool {
 	for _, name := range []string{"sharing", "slots", "vcpu-per-gpu", "memory-gib-per-gpu", "hugepages-1gi-per-gpu",
-		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon"} {
+		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon", "require-attestor"} {
 		if cmd.Flags().Changed(name) {
 			return true
 		}

@@ -19,6 +19,8 @@ var MultiLineFields = map[protoreflect.FullName]bool{
 	"bettercompute.api.v1.PutPolicyRequest.text": true,
 	// A PEM block is lines of base64.
 	"bettercompute.api.v1.AddSignerKeyRequest.public_key": true,
+	// A trust anchor's certificates are PEM too.
+	"bettercompute.api.v1.CreateTrustAnchorRequest.certificates_pem": true,
 	// cloud-init user data is a YAML document or a script.
 	"bettercompute.api.v1.CreateInstanceRequest.user_data": true,
 }

@@ -11,6 +11,7 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/attestor"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
@@ -59,6 +60,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			vs.OptionalName("pool", msg.GetPool())
 			validateLabels(&vs, "labels", msg.GetLabels())
 			validateOneOf(&vs, "role", msg.GetRole(), JoinTokenRoles...)
+			validateOneOf(&vs, "attestor", msg.GetAttestor(), attestor.Kinds...)
 			if msg.GetSite() != "" {
 				if msg.GetRole() != RoleSite {
 					vs.Add("site", "only a site token (role site) is bound to a site")
@@ -104,6 +106,18 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			case msg.GetSite() != "" && !siteFound:
 				return nil, envelope.NotFound("site", msg.GetSite())
 			}
+			if msg.GetAttestor() != "" {
+				// A token no anchor can satisfy would only fail at join,
+				// on the machine; say so to the operator now.
+				anchors, err := TrustAnchorList(ctx, tx, &TrustAnchorListParams{TenantID: tenant.ID, Attestor: msg.GetAttestor(), Limit: 1})
+				if err != nil {
+					return nil, err
+				}
+				if len(anchors) == 0 {
+					return nil, envelope.Errorf(envelope.CodeFailedPrecondition,
+						"attestor: tenant %s has no %s trust anchor; register one first (better-compute trust-anchors create)", tenant.Name, msg.GetAttestor())
+				}
+			}
 			labels, err := labelsJSON(msg.GetLabels())
 			if err != nil {
 				return nil, err
@@ -116,7 +130,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			jt := JoinToken{
 				ID: envelope.NewID(JoinTokenIDPrefix, now), TenantID: tenant.ID, ProjectID: project.ID, Pool: msg.GetPool(),
 				Labels: labels, CreatedBy: tx.Caller().Principal.ID, CreateTime: now, ExpireTime: now.Add(ttl),
-				Role: cmp.Or(msg.GetRole(), RoleNode), SiteID: siteID,
+				Role: cmp.Or(msg.GetRole(), RoleNode), SiteID: siteID, Attestor: msg.GetAttestor(),
 			}
 			if err := JoinTokenInsert(ctx, tx, &jt); err != nil {
 				return nil, err
@@ -130,7 +144,7 @@ func (s *JoinTokenService) Create(ctx context.Context, req *connect.Request[apiv
 			}
 			tx.SetResource(jt.ID, "")
 			tx.Emit(envelope.Event{Type: "jointoken.created", TenantID: jt.TenantID, ResourceType: "JoinToken", ResourceID: jt.ID,
-				Data: map[string]any{"project_id": jt.ProjectID, "pool": jt.Pool, "role": jt.Role, "site_id": jt.SiteID, "expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}})
+				Data: map[string]any{"project_id": jt.ProjectID, "pool": jt.Pool, "role": jt.Role, "site_id": jt.SiteID, "attestor": jt.Attestor, "expire_time": jt.ExpireTime.UTC().Format(time.RFC3339)}})
 			return &apiv1.CreateJoinTokenResponse{JoinToken: JoinTokenProto(jt, now), Token: token}, nil
 		},
 		// The replay copy sits in the database: it must not hold the token.

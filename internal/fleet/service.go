@@ -309,6 +309,7 @@ func NodeProto(n Node, conds []NodeCondition) *apiv1.Node {
 		Capabilities: stringsOf(n.Capabilities), GpuCount: int32(n.GPUCount), GpuModel: n.GPUModel,
 		LastHeartbeat: timestamp(n.LastHeartbeat), CreateTime: timestamppb.New(n.CreateTime),
 		DerivedLabels: gpumodel.Labels(n.FirstGPU, n.GPUCount, n.FirstGPUMemMiB),
+		Attestor:      n.Attestor, AttestedId: n.AttestedID, TrustAnchorId: n.TrustAnchorID,
 	}
 	for _, c := range conds {
 		out.Conditions = append(out.Conditions, ConditionProto(c))
@@ -374,7 +375,7 @@ func JoinTokenProto(t JoinToken, now time.Time) *apiv1.JoinToken {
 		Id: t.ID, TenantId: t.TenantID, ProjectId: t.ProjectID, Pool: t.Pool, Labels: labelsMap(t.Labels),
 		CreatedBy: t.CreatedBy, State: t.State(now), CreateTime: timestamppb.New(t.CreateTime),
 		ExpireTime: timestamppb.New(t.ExpireTime), RevokeTime: timestamp(t.RevokeTime), UsedTime: timestamp(t.UsedTime),
-		NodeId: t.NodeID, Role: cmp.Or(t.Role, RoleNode), SiteId: t.SiteID,
+		NodeId: t.NodeID, Role: cmp.Or(t.Role, RoleNode), SiteId: t.SiteID, Attestor: t.Attestor,
 	}
 }
 

@@ -30,6 +30,9 @@ type JoinToken struct {
 	// SiteID binds a site token (role site) to its site: the agent that
 	// joins with it acts for that site only.
 	SiteID string
+	// Attestor is the attestor a join with the token must bring evidence
+	// from (tpm, x509, cloud); "" when the token alone admits.
+	Attestor string
 }
 
 // Agent roles a join token can bind; the certificate carries the same
@@ -66,20 +69,20 @@ func (t JoinToken) State(now time.Time) string {
 }
 
 const joinTokenColumns = `id, tenant_id, project_id, pool, labels, created_by, create_time, expire_time, revoke_time,
-	used_time, csr_sha256, node_id, role, site_id`
+	used_time, csr_sha256, node_id, role, site_id, attestor`
 
 func scanJoinToken(row scanner) (JoinToken, error) {
 	var t JoinToken
 	err := row.Scan(&t.ID, &t.TenantID, &t.ProjectID, &t.Pool, &t.Labels, &t.CreatedBy, &t.CreateTime, &t.ExpireTime,
-		&t.RevokeTime, &t.UsedTime, &t.CSRSHA256, &t.NodeID, &t.Role, &t.SiteID)
+		&t.RevokeTime, &t.UsedTime, &t.CSRSHA256, &t.NodeID, &t.Role, &t.SiteID, &t.Attestor)
 	return t, err
 }
 
 // JoinTokenInsert creates a join token's row.
 func JoinTokenInsert(ctx context.Context, tx store.Tx, t *JoinToken) error {
-	_, err := tx.Exec(ctx, `INSERT INTO join_tokens (id, tenant_id, project_id, pool, labels, created_by, create_time, expire_time, role, site_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		t.ID, t.TenantID, t.ProjectID, t.Pool, cmp.Or(t.Labels, "{}"), t.CreatedBy, t.CreateTime, t.ExpireTime, cmp.Or(t.Role, RoleNode), t.SiteID)
+	_, err := tx.Exec(ctx, `INSERT INTO join_tokens (id, tenant_id, project_id, pool, labels, created_by, create_time, expire_time, role, site_id, attestor)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		t.ID, t.TenantID, t.ProjectID, t.Pool, cmp.Or(t.Labels, "{}"), t.CreatedBy, t.CreateTime, t.ExpireTime, cmp.Or(t.Role, RoleNode), t.SiteID, t.Attestor)
 	return err
 }
 

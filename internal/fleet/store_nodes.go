@@ -57,6 +57,12 @@ type Node struct {
 	CertNotAfter    *time.Time
 	CreateTime      time.Time
 	UpdateTime      time.Time
+	// Attestor is what admitted the node (attestor.JoinToken, TPM, X509,
+	// Cloud); AttestedID what it proved; TrustAnchorID the anchor that
+	// vouched.
+	Attestor      string
+	AttestedID    string
+	TrustAnchorID string
 
 	// GPUCount and GPUModel summarize the gpus table; GPUModel is "mixed"
 	// when the models differ. Read-only.
@@ -75,6 +81,7 @@ type Node struct {
 const nodeColumns = `n.id, n.name, n.tenant_id, n.project_id, n.pool, n.labels, n.hardware_key, n.state, n.liveness,
 	n.mode, n.agent_version, n.capabilities, n.trust_version, n.last_heartbeat, n.session_owner, n.next_seq,
 	n.last_applied_seq, n.inventory_digest, n.cert_serial, n.cert_not_after, n.create_time, n.update_time,
+	n.attestor, n.attested_id, n.trust_anchor_id,
 	(SELECT COUNT(*) FROM gpus g WHERE g.node_id = n.id),
 	COALESCE((SELECT MIN(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
 	COALESCE((SELECT MAX(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
@@ -90,7 +97,7 @@ func scanNode(row scanner) (Node, error) {
 	err := row.Scan(&n.ID, &n.Name, &n.TenantID, &n.ProjectID, &n.Pool, &n.Labels, &n.HardwareKey, &n.State, &n.Liveness,
 		&n.Mode, &n.AgentVersion, &n.Capabilities, &n.TrustVersion, &n.LastHeartbeat, &n.SessionOwner, &n.NextSeq,
 		&n.LastAppliedSeq, &n.InventoryDigest, &n.CertSerial, &n.CertNotAfter, &n.CreateTime, &n.UpdateTime,
-		&n.GPUCount, &minModel, &maxM, &n.MemberPool, &n.FirstGPU, &n.FirstGPUMemMiB)
+		&n.Attestor, &n.AttestedID, &n.TrustAnchorID, &n.GPUCount, &minModel, &maxM, &n.MemberPool, &n.FirstGPU, &n.FirstGPUMemMiB)
 	n.GPUModel = minModel
 	if minModel != maxM {
 		n.GPUModel = "mixed"
@@ -119,15 +126,21 @@ type NodeInsertParams struct {
 	CreateTime    time.Time
 	// SiteID is the site a site agent joined for (its token's); "" else.
 	SiteID string
+	// Attestor, AttestedID and TrustAnchorID record what admitted the
+	// node; "" Attestor means the join token alone.
+	Attestor      string
+	AttestedID    string
+	TrustAnchorID string
 }
 
 // NodeInsert creates a node.
 func NodeInsert(ctx context.Context, tx store.Tx, p *NodeInsertParams) error {
 	_, err := tx.Exec(ctx, `INSERT INTO nodes (id, name, tenant_id, project_id, pool, labels, hardware_key, state, liveness,
-		mode, agent_version, capabilities, last_heartbeat, create_time, update_time, site_id)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15)`,
+		mode, agent_version, capabilities, last_heartbeat, create_time, update_time, site_id, attestor, attested_id, trust_anchor_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15, $16, $17, $18)`,
 		p.ID, p.Name, p.TenantID, p.ProjectID, p.Pool, cmp.Or(p.Labels, "{}"), p.HardwareKey, p.State, p.Liveness,
-		cmp.Or(p.Mode, "node"), p.AgentVersion, cmp.Or(p.Capabilities, "[]"), p.LastHeartbeat, p.CreateTime, p.SiteID)
+		cmp.Or(p.Mode, "node"), p.AgentVersion, cmp.Or(p.Capabilities, "[]"), p.LastHeartbeat, p.CreateTime, p.SiteID,
+		cmp.Or(p.Attestor, "join_token"), p.AttestedID, p.TrustAnchorID)
 	return err
 }
 

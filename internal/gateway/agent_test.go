@@ -34,7 +34,7 @@ type fixture struct {
 	cp *bctest.ControlPlane
 }
 
-func setup(t *testing.T, opts ...bctest.ControlPlaneOption) fixture {
+func setup(t testing.TB, opts ...bctest.ControlPlaneOption) fixture {
 	t.Helper()
 	cp := bctest.NewControlPlane(t, opts...)
 	ctx := context.Background()
@@ -47,7 +47,7 @@ func setup(t *testing.T, opts ...bctest.ControlPlaneOption) fixture {
 }
 
 // token mints a join token through the API.
-func (f fixture) token(t *testing.T, labels map[string]string) (id, token string) {
+func (f fixture) token(t testing.TB, labels map[string]string) (id, token string) {
 	t.Helper()
 	res, err := f.cp.Admin().JoinTokens.Create(context.Background(), connect.NewRequest(&apiv1.CreateJoinTokenRequest{
 		Tenant: "acme", Project: "gpu", Pool: "a100", Labels: labels,
@@ -59,7 +59,7 @@ func (f fixture) token(t *testing.T, labels map[string]string) (id, token string
 // agent is a minimal node agent: its key, its CSR, and after a join its
 // certificate.
 type agent struct {
-	t        *testing.T
+	t        testing.TB
 	f        fixture
 	key      *ecdsa.PrivateKey
 	csr      []byte
@@ -70,7 +70,7 @@ type agent struct {
 	addr string
 }
 
-func newAgent(t *testing.T, f fixture, host string) *agent {
+func newAgent(t testing.TB, f fixture, host string) *agent {
 	t.Helper()
 	a := &agent{t: t, f: f}
 	a.newKey()
@@ -144,7 +144,7 @@ func (a *agent) join(token string) *agentv1.JoinResponse {
 
 // stream is an open session.
 type stream struct {
-	t      *testing.T
+	t      testing.TB
 	s      grpc.BidiStreamingClient[agentv1.AgentMessage, agentv1.GatewayMessage]
 	cancel context.CancelFunc
 	recv   chan *agentv1.GatewayMessage

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"github.com/better-compute/better-compute/internal/pki"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
@@ -23,8 +24,13 @@ type Authority interface {
 	// certificate verified when given, trust domain, role and revocation
 	// checked during the handshake.
 	GatewayTLSConfig(cert tls.Certificate) *tls.Config
-	// IssueNode signs a node certificate for csrDER.
-	IssueNode(ctx context.Context, csrDER []byte, nodeID, role string, ttl time.Duration) (chain [][]byte, notAfter time.Time, err error)
+	// IssueNode signs a node certificate for csrDER; a non-empty attestor
+	// is recorded in it (what admitted the node).
+	IssueNode(ctx context.Context, csrDER []byte, nodeID, role, attestor string, ttl time.Duration) (chain [][]byte, notAfter time.Time, err error)
+	// SealJoinChallenge and OpenJoinChallenge carry an attested join's
+	// state through the node, sealed.
+	SealJoinChallenge(c pki.JoinChallenge) ([]byte, error)
+	OpenJoinChallenge(b []byte) (pki.JoinChallenge, error)
 	// VerifyNode checks a presented leaf (chain, trust domain, role,
 	// revocation) and says whom it names.
 	VerifyNode(leaf *x509.Certificate) (NodeIdentity, error)

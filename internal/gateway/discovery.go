@@ -140,7 +140,7 @@ func (g *Gateway) joinDiscovery(ctx context.Context, req *agentv1.JoinRequest) (
 	if err != nil {
 		return nil, g.refused(log, "join refused", err)
 	}
-	chain, notAfter, err := g.issue(ctx, csr.Raw, nodeID, RoleRamdisk)
+	chain, notAfter, err := g.issue(ctx, csr.Raw, nodeID, RoleRamdisk, "")
 	if err != nil {
 		return nil, g.refused(log, "join: issue certificate", err)
 	}

@@ -85,6 +85,10 @@ type SiteHooks interface {
 // Config configures a Gateway. Zero values take the defaults noted.
 type Config struct {
 	DB *store.DB
+	// PoolAttestor, when set, says which attestor the tenant's pool named
+	// by a join token requires ("" for none), read in the join's
+	// transaction; capacity owns pools.
+	PoolAttestor func(ctx context.Context, q store.Querier, tenantID, pool string) (string, error)
 	// Sites, when set, act for site agents' sessions.
 	Sites SiteHooks
 	// Hooks, when set, act on what nodes report in the gateway's own

@@ -26,6 +26,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -48,6 +49,7 @@ func denied(format string, args ...any) error {
 type joinOutcome struct {
 	nodeID    string
 	role      string
+	attested  attested
 	created   bool
 	pending   bool
 	requestID string
@@ -106,11 +108,11 @@ func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 			Reason: out.reason, RetryAfterSeconds: int32(g.cfg.JoinRetryAfter / time.Second),
 		}, nil
 	}
-	chain, notAfter, err := g.issue(ctx, csr.Raw, out.nodeID, out.role)
+	chain, notAfter, err := g.issue(ctx, csr.Raw, out.nodeID, out.role, out.attested.kind)
 	if err != nil {
 		return nil, g.refused(log, "join: issue certificate", err)
 	}
-	log.Info("node admitted", "node", out.nodeID, "new", out.created)
+	log.Info("node admitted", "node", out.nodeID, "new", out.created, "attestor", out.attested.kind, "attested_id", out.attested.id)
 	return &agentv1.JoinResponse{
 		Status: agentv1.JoinStatus_JOIN_STATUS_ADMITTED, NodeId: out.nodeID, CertificateChain: chain,
 		TrustBundlePem: g.cfg.Authority.TrustBundlePEM(), TrustDomain: g.cfg.Authority.TrustDomain(),
@@ -161,6 +163,13 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 	case tok.CSRSHA256 != "" && tok.CSRSHA256 != csrSHA:
 		return denied("token already used")
 	}
+	// Evidence is checked on every join with it, a retry's too, inside this
+	// transaction: the anchors read are the ones committed with the node.
+	att, err := g.verifyAttestation(ctx, tx, req, tok, csrSHA)
+	if err != nil {
+		return err
+	}
+	out.attested = att
 	// The token decides the role, never the agent: a site or ramdisk
 	// certificate opens paths a node's does not. A join asking for another
 	// role is refused rather than quietly given the token's, so a
@@ -241,6 +250,7 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		ID: nodeID, Name: name, TenantID: tok.TenantID, ProjectID: tok.ProjectID, Pool: tok.Pool, Labels: tok.Labels,
 		HardwareKey: hwKey, State: fleet.NodeJoining, Liveness: fleet.LivenessReady, Mode: mode,
 		AgentVersion: req.GetAgentVersion(), LastHeartbeat: &now, CreateTime: now, SiteID: tok.SiteID,
+		Attestor: att.kind, AttestedID: att.id, TrustAnchorID: att.anchorID,
 	})
 	if errors.Is(err, store.ErrUnique) {
 		// A concurrent join of the same machine won the race.
@@ -265,7 +275,10 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 		return err
 	}
 	out.nodeID, out.created = nodeID, true
-	data := map[string]any{"name": name, "pool": tok.Pool, "mode": mode, "token_id": tok.ID}
+	data := map[string]any{"name": name, "pool": tok.Pool, "mode": mode, "token_id": tok.ID, "attestor": att.kind}
+	if att.id != "" {
+		data["attested_id"], data["trust_anchor_id"] = att.id, att.anchorID
+	}
 	if hasRequest {
 		data["join_request_id"] = jr.ID
 	}
@@ -321,8 +334,8 @@ func uniqueNodeName(ctx context.Context, tx store.Tx, base string) (string, erro
 
 // issue signs a node certificate and records its serial on the node. The
 // PKI writes its own transaction, so this runs after the join's.
-func (g *Gateway) issue(ctx context.Context, csrDER []byte, nodeID, role string) ([][]byte, time.Time, error) {
-	chain, notAfter, err := g.cfg.Authority.IssueNode(ctx, csrDER, nodeID, role, g.cfg.CertTTL)
+func (g *Gateway) issue(ctx context.Context, csrDER []byte, nodeID, role, attestor string) ([][]byte, time.Time, error) {
+	chain, notAfter, err := g.cfg.Authority.IssueNode(ctx, csrDER, nodeID, role, attestor, g.cfg.CertTTL)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("issue node certificate: %w", err)
 	}
@@ -402,7 +415,8 @@ func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv
 	if err != nil {
 		return nil, g.refused(log, "renew refused", err)
 	}
-	chain, notAfter, err := g.issue(ctx, req.GetCsrDer(), ident.NodeID, ident.Role)
+	// A renewed certificate keeps what admitted the node.
+	chain, notAfter, err := g.issue(ctx, req.GetCsrDer(), ident.NodeID, ident.Role, pki.AttestorOf(leaf))
 	if err != nil {
 		return nil, g.refused(log, "renew: issue certificate", err)
 	}

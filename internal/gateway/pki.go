@@ -29,8 +29,16 @@ func (p pkiAuthority) GatewayTLSConfig(cert tls.Certificate) *tls.Config {
 	return p.a.GatewayTLSConfig(cert)
 }
 
-func (p pkiAuthority) IssueNode(ctx context.Context, csrDER []byte, nodeID, role string, ttl time.Duration) ([][]byte, time.Time, error) {
-	return p.a.IssueNode(ctx, csrDER, nodeID, pki.Role(role), ttl)
+func (p pkiAuthority) IssueNode(ctx context.Context, csrDER []byte, nodeID, role, attestor string, ttl time.Duration) ([][]byte, time.Time, error) {
+	return p.a.IssueNodeAttested(ctx, csrDER, nodeID, pki.Role(role), attestor, ttl)
+}
+
+func (p pkiAuthority) SealJoinChallenge(c pki.JoinChallenge) ([]byte, error) {
+	return p.a.SealJoinChallenge(c)
+}
+
+func (p pkiAuthority) OpenJoinChallenge(b []byte) (pki.JoinChallenge, error) {
+	return p.a.OpenJoinChallenge(b)
 }
 
 func (p pkiAuthority) VerifyNode(leaf *x509.Certificate) (NodeIdentity, error) {

@@ -105,6 +105,8 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Pool", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "h100"}}
 	case "pools.update", "pools.get", "pools.archive", "pools.offer":
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
+	case "trustAnchors.create", "trustAnchors.delete":
+		return Resource{Type: "TrustAnchor", ID: "tra1", TenantID: tenant, Attrs: map[string]any{"attestor": "tpm"}}
 	case "joinRequests.approve", "joinRequests.reject":
 		return Resource{Type: "JoinRequest", ID: "jr1", TenantID: tenant}
 	case "reservations.create", "reservations.preview", "reservations.get", "reservations.extend",
@@ -542,7 +544,8 @@ func TestActions(t *testing.T) {
 		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",
-		"tenants.create", "tenants.get", "tenants.list", "usage.export", "usage.list",
+		"tenants.create", "tenants.get", "tenants.list", "trustAnchors.create", "trustAnchors.delete", "trustAnchors.list",
+		"usage.export", "usage.list",
 		"volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",
 		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"webhooks.redeliver", "webhooks.rotateSecret", "webhooks.test", "webhooks.update",

@@ -82,7 +82,10 @@ type Authority struct {
 	pin         string
 	cas         map[caKind]*ca
 	joinKey     []byte
-	nodePool    *x509.CertPool
+	// challengeKey seals join challenges (a key of its own, so a
+	// challenge never opens as a token nor a token as a challenge).
+	challengeKey []byte
+	nodePool     *x509.CertPool
 
 	mu      sync.RWMutex
 	revoked map[string]struct{}
@@ -313,11 +316,15 @@ func newAuthority(db *store.DB, clk clock.Clock, s *Sealer, td, pin string, cas 
 	if err != nil {
 		return nil, err
 	}
+	ck, err := s.deriveKey(challengeKeyInfo)
+	if err != nil {
+		return nil, err
+	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cas[caNode].cert)
 	pool.AddCert(cas[caRoot].cert)
 	a := &Authority{
-		db: db, clk: clk, trustDomain: td, pin: pin, cas: cas, joinKey: jk, nodePool: pool,
+		db: db, clk: clk, trustDomain: td, pin: pin, cas: cas, joinKey: jk, challengeKey: ck, nodePool: pool,
 		revoked: make(map[string]struct{}, len(revoked)), signerChains: map[string][][]byte{},
 	}
 	for _, s := range revoked {

@@ -43,6 +43,22 @@ func (r Role) Valid() bool {
 
 const rolePrefix = "bc-role:"
 
+// attestorPrefix marks the Subject OU that records what admitted a node
+// (bc-attestor:tpm, x509, cloud or join_token). An OU, as the role is,
+// rather than a second URI SAN: an X.509-SVID carries exactly one URI SAN.
+const attestorPrefix = "bc-attestor:"
+
+// AttestorOf returns what admitted the node a certificate names, from its
+// Subject OU; "" for a certificate issued before attestors were recorded.
+func AttestorOf(c *x509.Certificate) string {
+	for _, ou := range c.Subject.OrganizationalUnit {
+		if k, ok := strings.CutPrefix(ou, attestorPrefix); ok {
+			return k
+		}
+	}
+	return ""
+}
+
 // Certificate lifetimes.
 const (
 	// MaxNodeTTL bounds every node certificate.
@@ -132,11 +148,21 @@ func (a *Authority) SPIFFEID(nodeID string) *url.URL {
 // ramdisk; a ttl <= 0 means the maximum). The serial is recorded for
 // revocation. chain is the leaf and the node CA, DER.
 func (a *Authority) IssueNode(ctx context.Context, csrDER []byte, nodeID string, role Role, ttl time.Duration) (chain [][]byte, notAfter time.Time, err error) {
+	return a.IssueNodeAttested(ctx, csrDER, nodeID, role, "", ttl)
+}
+
+// IssueNodeAttested is IssueNode for a node an attestor admitted: a
+// non-empty attestor is recorded in the Subject OU bc-attestor:<attestor>
+// next to the role's.
+func (a *Authority) IssueNodeAttested(ctx context.Context, csrDER []byte, nodeID string, role Role, attestor string, ttl time.Duration) (chain [][]byte, notAfter time.Time, err error) {
 	if !ValidNodeID(nodeID) {
 		return nil, time.Time{}, fmt.Errorf("pki: invalid node id %q", nodeID)
 	}
 	if !role.Valid() {
 		return nil, time.Time{}, fmt.Errorf("pki: invalid role %q", role)
+	}
+	if attestor != "" && !ValidNodeID(attestor) {
+		return nil, time.Time{}, fmt.Errorf("pki: invalid attestor %q", attestor)
 	}
 	csr, err := ParseCSR(csrDER)
 	if err != nil {
@@ -155,8 +181,12 @@ func (a *Authority) IssueNode(ctx context.Context, csrDER []byte, nodeID string,
 	if !notAfter.After(now) {
 		return nil, time.Time{}, errors.New("pki: the node CA has expired")
 	}
+	ous := []string{rolePrefix + string(role)}
+	if attestor != "" {
+		ous = append(ous, attestorPrefix+attestor)
+	}
 	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: nodeID, OrganizationalUnit: []string{rolePrefix + string(role)}},
+		Subject:     pkix.Name{CommonName: nodeID, OrganizationalUnit: ous},
 		URIs:        []*url.URL{a.SPIFFEID(nodeID)},
 		NotBefore:   now.Add(-backdate),
 		NotAfter:    notAfter,

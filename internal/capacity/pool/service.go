@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
@@ -122,6 +123,11 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	default:
 		vs.Add("policy.on_node_lost", "must be release or replace, got %q", truncate(p.GetOnNodeLost()))
 	}
+	switch p.GetRequiredAttestor() {
+	case "", "tpm", "x509", "cloud":
+	default:
+		vs.Add("policy.required_attestor", "must be tpm, x509 or cloud, got %q", truncate(p.GetRequiredAttestor()))
+	}
 	if h := p.GetStartHorizonSeconds(); h < 0 || h > MaxStartHorizonSeconds {
 		vs.Add("policy.start_horizon_seconds", "must be between 0 (the default, 90 days) and %d (366 days), got %d", MaxStartHorizonSeconds, h)
 	}
@@ -135,6 +141,24 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	case maxD == 0 && minD > MaxDurationSeconds:
 		vs.Add("policy.min_duration_seconds", "must be at most %d (30 days), got %d", MaxDurationSeconds, minD)
 	}
+}
+
+// RequiredAttestor returns the attestor the tenant's pool named ref
+// requires of joining machines: "" when it requires none or there is no
+// such pool (a token may name a pool before it exists).
+func RequiredAttestor(ctx context.Context, q store.Querier, tenantID, ref string) (string, error) {
+	p, err := Get(ctx, q, tenantID, ref)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	pol := &apiv1.PoolPolicy{}
+	if err := protojson.Unmarshal([]byte(p.Policy), pol); err != nil {
+		return "", fmt.Errorf("pool %s: policy: %w", p.ID, err)
+	}
+	return pol.GetRequiredAttestor(), nil
 }
 
 // normalPolicy fills the defaults of a valid policy.

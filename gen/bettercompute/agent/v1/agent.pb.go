@@ -560,10 +560,14 @@ type JoinRequest struct {
 	// The join token as issued (bcjt_<pin>.<jwe>).
 	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	// PKCS#10 certificate request, DER, signed by the node's new key.
-	CsrDer        []byte            `protobuf:"bytes,2,opt,name=csr_der,json=csrDer,proto3" json:"csr_der,omitempty"`
-	Identity      *HardwareIdentity `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"`
-	AgentVersion  string            `protobuf:"bytes,4,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
-	Mode          AgentMode         `protobuf:"varint,5,opt,name=mode,proto3,enum=bettercompute.agent.v1.AgentMode" json:"mode,omitempty"`
+	CsrDer       []byte            `protobuf:"bytes,2,opt,name=csr_der,json=csrDer,proto3" json:"csr_der,omitempty"`
+	Identity     *HardwareIdentity `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"`
+	AgentVersion string            `protobuf:"bytes,4,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	Mode         AgentMode         `protobuf:"varint,5,opt,name=mode,proto3,enum=bettercompute.agent.v1.AgentMode" json:"mode,omitempty"`
+	// Evidence for an attested join, answering a JoinChallenge for this
+	// same token and CSR. A join token that requires an attestor refuses a
+	// join without it.
+	Attestation   *Attestation `protobuf:"bytes,6,opt,name=attestation,proto3" json:"attestation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -633,6 +637,556 @@ func (x *JoinRequest) GetMode() AgentMode {
 	return AgentMode_AGENT_MODE_UNSPECIFIED
 }
 
+func (x *JoinRequest) GetAttestation() *Attestation {
+	if x != nil {
+		return x.Attestation
+	}
+	return nil
+}
+
+type JoinChallengeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The join token and CSR the Join will carry.
+	Token  string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	CsrDer []byte `protobuf:"bytes,2,opt,name=csr_der,json=csrDer,proto3" json:"csr_der,omitempty"`
+	// The attestor the node will use: tpm, x509 or cloud.
+	Attestor string `protobuf:"bytes,3,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	// For tpm: the EK and the AK the credential is made for.
+	Tpm           *TPMIdentity `protobuf:"bytes,4,opt,name=tpm,proto3" json:"tpm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinChallengeRequest) Reset() {
+	*x = JoinChallengeRequest{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinChallengeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinChallengeRequest) ProtoMessage() {}
+
+func (x *JoinChallengeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinChallengeRequest.ProtoReflect.Descriptor instead.
+func (*JoinChallengeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *JoinChallengeRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *JoinChallengeRequest) GetCsrDer() []byte {
+	if x != nil {
+		return x.CsrDer
+	}
+	return nil
+}
+
+func (x *JoinChallengeRequest) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *JoinChallengeRequest) GetTpm() *TPMIdentity {
+	if x != nil {
+		return x.Tpm
+	}
+	return nil
+}
+
+// TPMIdentity is a TPM's endorsement key and a fresh attestation key, as
+// go-attestation's AttestationParameters carries it.
+type TPMIdentity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The EK certificate from the TPM's NV memory, DER; empty when the TPM
+	// has none (the operator then pins the EK public key).
+	EkCertificateDer []byte `protobuf:"bytes,1,opt,name=ek_certificate_der,json=ekCertificateDer,proto3" json:"ek_certificate_der,omitempty"`
+	// The EK public key, PKIX DER.
+	EkPublicDer []byte `protobuf:"bytes,2,opt,name=ek_public_der,json=ekPublicDer,proto3" json:"ek_public_der,omitempty"`
+	// The AK: TPMT_PUBLIC, and its creation data, attestation and signature.
+	AkPublic            []byte `protobuf:"bytes,3,opt,name=ak_public,json=akPublic,proto3" json:"ak_public,omitempty"`
+	AkCreateData        []byte `protobuf:"bytes,4,opt,name=ak_create_data,json=akCreateData,proto3" json:"ak_create_data,omitempty"`
+	AkCreateAttestation []byte `protobuf:"bytes,5,opt,name=ak_create_attestation,json=akCreateAttestation,proto3" json:"ak_create_attestation,omitempty"`
+	AkCreateSignature   []byte `protobuf:"bytes,6,opt,name=ak_create_signature,json=akCreateSignature,proto3" json:"ak_create_signature,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *TPMIdentity) Reset() {
+	*x = TPMIdentity{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMIdentity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMIdentity) ProtoMessage() {}
+
+func (x *TPMIdentity) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMIdentity.ProtoReflect.Descriptor instead.
+func (*TPMIdentity) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TPMIdentity) GetEkCertificateDer() []byte {
+	if x != nil {
+		return x.EkCertificateDer
+	}
+	return nil
+}
+
+func (x *TPMIdentity) GetEkPublicDer() []byte {
+	if x != nil {
+		return x.EkPublicDer
+	}
+	return nil
+}
+
+func (x *TPMIdentity) GetAkPublic() []byte {
+	if x != nil {
+		return x.AkPublic
+	}
+	return nil
+}
+
+func (x *TPMIdentity) GetAkCreateData() []byte {
+	if x != nil {
+		return x.AkCreateData
+	}
+	return nil
+}
+
+func (x *TPMIdentity) GetAkCreateAttestation() []byte {
+	if x != nil {
+		return x.AkCreateAttestation
+	}
+	return nil
+}
+
+func (x *TPMIdentity) GetAkCreateSignature() []byte {
+	if x != nil {
+		return x.AkCreateSignature
+	}
+	return nil
+}
+
+type JoinChallengeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The attestor the join token (or its pool) requires; empty when none.
+	RequiredAttestor string `protobuf:"bytes,1,opt,name=required_attestor,json=requiredAttestor,proto3" json:"required_attestor,omitempty"`
+	// 32 random bytes. The evidence covers SHA-256("bc-join-attestation-v1"
+	// 0x00 || attestor || 0x00 || nonce || SHA-256(csr_der)).
+	Nonce []byte `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// Opaque and sealed by the control plane: return it in Attestation.
+	Challenge []byte `protobuf:"bytes,3,opt,name=challenge,proto3" json:"challenge,omitempty"`
+	// For tpm: TPM2_MakeCredential's output for the EK and the AK's name.
+	TpmCredential []byte                 `protobuf:"bytes,4,opt,name=tpm_credential,json=tpmCredential,proto3" json:"tpm_credential,omitempty"`
+	TpmSecret     []byte                 `protobuf:"bytes,5,opt,name=tpm_secret,json=tpmSecret,proto3" json:"tpm_secret,omitempty"`
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinChallengeResponse) Reset() {
+	*x = JoinChallengeResponse{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinChallengeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinChallengeResponse) ProtoMessage() {}
+
+func (x *JoinChallengeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinChallengeResponse.ProtoReflect.Descriptor instead.
+func (*JoinChallengeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *JoinChallengeResponse) GetRequiredAttestor() string {
+	if x != nil {
+		return x.RequiredAttestor
+	}
+	return ""
+}
+
+func (x *JoinChallengeResponse) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *JoinChallengeResponse) GetChallenge() []byte {
+	if x != nil {
+		return x.Challenge
+	}
+	return nil
+}
+
+func (x *JoinChallengeResponse) GetTpmCredential() []byte {
+	if x != nil {
+		return x.TpmCredential
+	}
+	return nil
+}
+
+func (x *JoinChallengeResponse) GetTpmSecret() []byte {
+	if x != nil {
+		return x.TpmSecret
+	}
+	return nil
+}
+
+func (x *JoinChallengeResponse) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+// Attestation is a join's evidence.
+type Attestation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// JoinChallengeResponse.challenge, as received.
+	Challenge []byte `protobuf:"bytes,1,opt,name=challenge,proto3" json:"challenge,omitempty"`
+	// Types that are valid to be assigned to Evidence:
+	//
+	//	*Attestation_Tpm
+	//	*Attestation_X509
+	//	*Attestation_Cloud
+	Evidence      isAttestation_Evidence `protobuf_oneof:"evidence"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Attestation) Reset() {
+	*x = Attestation{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Attestation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Attestation) ProtoMessage() {}
+
+func (x *Attestation) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Attestation.ProtoReflect.Descriptor instead.
+func (*Attestation) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Attestation) GetChallenge() []byte {
+	if x != nil {
+		return x.Challenge
+	}
+	return nil
+}
+
+func (x *Attestation) GetEvidence() isAttestation_Evidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+func (x *Attestation) GetTpm() *TPMEvidence {
+	if x != nil {
+		if x, ok := x.Evidence.(*Attestation_Tpm); ok {
+			return x.Tpm
+		}
+	}
+	return nil
+}
+
+func (x *Attestation) GetX509() *X509Evidence {
+	if x != nil {
+		if x, ok := x.Evidence.(*Attestation_X509); ok {
+			return x.X509
+		}
+	}
+	return nil
+}
+
+func (x *Attestation) GetCloud() *CloudEvidence {
+	if x != nil {
+		if x, ok := x.Evidence.(*Attestation_Cloud); ok {
+			return x.Cloud
+		}
+	}
+	return nil
+}
+
+type isAttestation_Evidence interface {
+	isAttestation_Evidence()
+}
+
+type Attestation_Tpm struct {
+	Tpm *TPMEvidence `protobuf:"bytes,2,opt,name=tpm,proto3,oneof"`
+}
+
+type Attestation_X509 struct {
+	X509 *X509Evidence `protobuf:"bytes,3,opt,name=x509,proto3,oneof"`
+}
+
+type Attestation_Cloud struct {
+	Cloud *CloudEvidence `protobuf:"bytes,4,opt,name=cloud,proto3,oneof"`
+}
+
+func (*Attestation_Tpm) isAttestation_Evidence() {}
+
+func (*Attestation_X509) isAttestation_Evidence() {}
+
+func (*Attestation_Cloud) isAttestation_Evidence() {}
+
+// TPMEvidence answers a TPM challenge.
+type TPMEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The secret TPM2_ActivateCredential recovered.
+	ActivatedSecret []byte `protobuf:"bytes,1,opt,name=activated_secret,json=activatedSecret,proto3" json:"activated_secret,omitempty"`
+	// TPMS_ATTEST of a quote by the AK whose qualifying data is the binding
+	// digest, and its signature (TPMT_SIGNATURE).
+	Quote          []byte `protobuf:"bytes,2,opt,name=quote,proto3" json:"quote,omitempty"`
+	QuoteSignature []byte `protobuf:"bytes,3,opt,name=quote_signature,json=quoteSignature,proto3" json:"quote_signature,omitempty"`
+	// The SHA-256 PCR bank, index to digest.
+	Pcrs          map[int32][]byte `protobuf:"bytes,4,rep,name=pcrs,proto3" json:"pcrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TPMEvidence) Reset() {
+	*x = TPMEvidence{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TPMEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TPMEvidence) ProtoMessage() {}
+
+func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TPMEvidence.ProtoReflect.Descriptor instead.
+func (*TPMEvidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TPMEvidence) GetActivatedSecret() []byte {
+	if x != nil {
+		return x.ActivatedSecret
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetQuote() []byte {
+	if x != nil {
+		return x.Quote
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetQuoteSignature() []byte {
+	if x != nil {
+		return x.QuoteSignature
+	}
+	return nil
+}
+
+func (x *TPMEvidence) GetPcrs() map[int32][]byte {
+	if x != nil {
+		return x.Pcrs
+	}
+	return nil
+}
+
+// X509Evidence proves possession of a machine certificate's key.
+type X509Evidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leaf first, then intermediates; DER.
+	CertificateChain [][]byte `protobuf:"bytes,1,rep,name=certificate_chain,json=certificateChain,proto3" json:"certificate_chain,omitempty"`
+	// The leaf key's signature over the binding digest (ECDSA ASN.1,
+	// Ed25519, or RSA PKCS #1 v1.5 over SHA-256).
+	Signature     []byte `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *X509Evidence) Reset() {
+	*x = X509Evidence{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *X509Evidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*X509Evidence) ProtoMessage() {}
+
+func (x *X509Evidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use X509Evidence.ProtoReflect.Descriptor instead.
+func (*X509Evidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *X509Evidence) GetCertificateChain() [][]byte {
+	if x != nil {
+		return x.CertificateChain
+	}
+	return nil
+}
+
+func (x *X509Evidence) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// CloudEvidence is the metadata service's instance-identity document,
+// fetched with the binding digest (base64url) as its nonce.
+type CloudEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The document's bytes exactly as served.
+	Document []byte `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
+	// The provider's signature over them, base64 as served.
+	Signature     []byte `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloudEvidence) Reset() {
+	*x = CloudEvidence{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloudEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloudEvidence) ProtoMessage() {}
+
+func (x *CloudEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloudEvidence.ProtoReflect.Descriptor instead.
+func (*CloudEvidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *CloudEvidence) GetDocument() []byte {
+	if x != nil {
+		return x.Document
+	}
+	return nil
+}
+
+func (x *CloudEvidence) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
 type JoinResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Status JoinStatus             `protobuf:"varint,1,opt,name=status,proto3,enum=bettercompute.agent.v1.JoinStatus" json:"status,omitempty"`
@@ -658,7 +1212,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +1224,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +1237,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *JoinResponse) GetStatus() JoinStatus {
@@ -771,7 +1325,7 @@ type CommandTrust struct {
 
 func (x *CommandTrust) Reset() {
 	*x = CommandTrust{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +1337,7 @@ func (x *CommandTrust) String() string {
 func (*CommandTrust) ProtoMessage() {}
 
 func (x *CommandTrust) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +1350,7 @@ func (x *CommandTrust) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandTrust.ProtoReflect.Descriptor instead.
 func (*CommandTrust) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CommandTrust) GetRootsPem() []byte {
@@ -838,7 +1392,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +1404,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1417,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -909,7 +1463,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1475,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1488,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RenewResponse) GetCertificateChain() [][]byte {
@@ -986,7 +1540,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1552,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1565,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -1176,7 +1730,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1742,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1755,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GatewayMessage) GetMsg() isGatewayMessage_Msg {
@@ -1297,7 +1851,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1863,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1876,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -1381,7 +1935,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1947,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1960,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1428,7 +1982,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1994,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +2007,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1490,7 +2044,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +2056,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +2069,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -1555,7 +2109,7 @@ type GpuTelemetry struct {
 
 func (x *GpuTelemetry) Reset() {
 	*x = GpuTelemetry{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +2121,7 @@ func (x *GpuTelemetry) String() string {
 func (*GpuTelemetry) ProtoMessage() {}
 
 func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +2134,7 @@ func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuTelemetry.ProtoReflect.Descriptor instead.
 func (*GpuTelemetry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GpuTelemetry) GetUuid() string {
@@ -1665,7 +2219,7 @@ type Pressure struct {
 
 func (x *Pressure) Reset() {
 	*x = Pressure{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +2231,7 @@ func (x *Pressure) String() string {
 func (*Pressure) ProtoMessage() {}
 
 func (x *Pressure) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +2244,7 @@ func (x *Pressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pressure.ProtoReflect.Descriptor instead.
 func (*Pressure) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Pressure) GetCpu() float64 {
@@ -1728,7 +2282,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +2294,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +2307,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusReport) GetPressure() *Pressure {
@@ -1799,7 +2353,7 @@ type HealthEvent struct {
 
 func (x *HealthEvent) Reset() {
 	*x = HealthEvent{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +2365,7 @@ func (x *HealthEvent) String() string {
 func (*HealthEvent) ProtoMessage() {}
 
 func (x *HealthEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +2378,7 @@ func (x *HealthEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthEvent.ProtoReflect.Descriptor instead.
 func (*HealthEvent) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HealthEvent) GetKind() string {
@@ -1882,7 +2436,7 @@ type InventorySection struct {
 
 func (x *InventorySection) Reset() {
 	*x = InventorySection{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2448,7 @@ func (x *InventorySection) String() string {
 func (*InventorySection) ProtoMessage() {}
 
 func (x *InventorySection) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2461,7 @@ func (x *InventorySection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventorySection.ProtoReflect.Descriptor instead.
 func (*InventorySection) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *InventorySection) GetName() string {
@@ -1953,7 +2507,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2519,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2532,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 type SystemInventory struct {
@@ -1994,7 +2548,7 @@ type SystemInventory struct {
 
 func (x *SystemInventory) Reset() {
 	*x = SystemInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2560,7 @@ func (x *SystemInventory) String() string {
 func (*SystemInventory) ProtoMessage() {}
 
 func (x *SystemInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2573,7 @@ func (x *SystemInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemInventory.ProtoReflect.Descriptor instead.
 func (*SystemInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SystemInventory) GetIdentity() *HardwareIdentity {
@@ -2069,7 +2623,7 @@ type GpuInventory struct {
 
 func (x *GpuInventory) Reset() {
 	*x = GpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2635,7 @@ func (x *GpuInventory) String() string {
 func (*GpuInventory) ProtoMessage() {}
 
 func (x *GpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2648,7 @@ func (x *GpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuInventory.ProtoReflect.Descriptor instead.
 func (*GpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GpuInventory) GetGpus() []*Gpu {
@@ -2147,7 +2701,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2713,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2726,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Gpu) GetIndex() int32 {
@@ -2251,7 +2805,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2817,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2830,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -2318,7 +2872,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2884,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2897,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -2380,7 +2934,7 @@ type CpuInventory struct {
 
 func (x *CpuInventory) Reset() {
 	*x = CpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2946,7 @@ func (x *CpuInventory) String() string {
 func (*CpuInventory) ProtoMessage() {}
 
 func (x *CpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2959,7 @@ func (x *CpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CpuInventory.ProtoReflect.Descriptor instead.
 func (*CpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CpuInventory) GetModel() string {
@@ -2457,7 +3011,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +3023,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +3036,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -2531,7 +3085,7 @@ type MemoryInventory struct {
 
 func (x *MemoryInventory) Reset() {
 	*x = MemoryInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +3097,7 @@ func (x *MemoryInventory) String() string {
 func (*MemoryInventory) ProtoMessage() {}
 
 func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +3110,7 @@ func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryInventory.ProtoReflect.Descriptor instead.
 func (*MemoryInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MemoryInventory) GetTotalMib() uint64 {
@@ -2605,7 +3159,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2617,7 +3171,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2630,7 +3184,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Command) GetId() string {
@@ -2707,7 +3261,7 @@ type CommandSignature struct {
 
 func (x *CommandSignature) Reset() {
 	*x = CommandSignature{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +3273,7 @@ func (x *CommandSignature) String() string {
 func (*CommandSignature) ProtoMessage() {}
 
 func (x *CommandSignature) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +3286,7 @@ func (x *CommandSignature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandSignature.ProtoReflect.Descriptor instead.
 func (*CommandSignature) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CommandSignature) GetTrustVersion() int64 {
@@ -2773,7 +3327,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2785,7 +3339,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2798,7 +3352,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -2839,7 +3393,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2851,7 +3405,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2864,7 +3418,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -2948,7 +3502,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3514,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3527,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -3043,7 +3597,7 @@ type AllocationBound struct {
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3609,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3622,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -3119,7 +3673,7 @@ type Enforcement struct {
 
 func (x *Enforcement) Reset() {
 	*x = Enforcement{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3131,7 +3685,7 @@ func (x *Enforcement) String() string {
 func (*Enforcement) ProtoMessage() {}
 
 func (x *Enforcement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3144,7 +3698,7 @@ func (x *Enforcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
 func (*Enforcement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Enforcement) GetResource() string {
@@ -3183,7 +3737,7 @@ type AllocationReleased struct {
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3195,7 +3749,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3208,7 +3762,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -3257,7 +3811,7 @@ type ProcessExec struct {
 
 func (x *ProcessExec) Reset() {
 	*x = ProcessExec{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3269,7 +3823,7 @@ func (x *ProcessExec) String() string {
 func (*ProcessExec) ProtoMessage() {}
 
 func (x *ProcessExec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3282,7 +3836,7 @@ func (x *ProcessExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
 func (*ProcessExec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ProcessExec) GetAllocationId() string {
@@ -3330,7 +3884,7 @@ type ProcessOutput struct {
 
 func (x *ProcessOutput) Reset() {
 	*x = ProcessOutput{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3342,7 +3896,7 @@ func (x *ProcessOutput) String() string {
 func (*ProcessOutput) ProtoMessage() {}
 
 func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3355,7 +3909,7 @@ func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
 func (*ProcessOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ProcessOutput) GetCommandId() string {
@@ -3416,13 +3970,56 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x10dmi_product_name\x18\x04 \x01(\tR\x0edmiProductName\x12\x1a\n" +
 	"\bhostname\x18\x05 \x01(\tR\bhostname\x12\x1b\n" +
 	"\tgpu_uuids\x18\x06 \x03(\tR\bgpuUuids\x12\x12\n" +
-	"\x04macs\x18\a \x03(\tR\x04macs\"\xde\x01\n" +
+	"\x04macs\x18\a \x03(\tR\x04macs\"\xa5\x02\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
 	"\acsr_der\x18\x02 \x01(\fR\x06csrDer\x12D\n" +
 	"\bidentity\x18\x03 \x01(\v2(.bettercompute.agent.v1.HardwareIdentityR\bidentity\x12#\n" +
 	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x125\n" +
-	"\x04mode\x18\x05 \x01(\x0e2!.bettercompute.agent.v1.AgentModeR\x04mode\"\xd1\x03\n" +
+	"\x04mode\x18\x05 \x01(\x0e2!.bettercompute.agent.v1.AgentModeR\x04mode\x12E\n" +
+	"\vattestation\x18\x06 \x01(\v2#.bettercompute.agent.v1.AttestationR\vattestation\"\x98\x01\n" +
+	"\x14JoinChallengeRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
+	"\acsr_der\x18\x02 \x01(\fR\x06csrDer\x12\x1a\n" +
+	"\battestor\x18\x03 \x01(\tR\battestor\x125\n" +
+	"\x03tpm\x18\x04 \x01(\v2#.bettercompute.agent.v1.TPMIdentityR\x03tpm\"\x86\x02\n" +
+	"\vTPMIdentity\x12,\n" +
+	"\x12ek_certificate_der\x18\x01 \x01(\fR\x10ekCertificateDer\x12\"\n" +
+	"\rek_public_der\x18\x02 \x01(\fR\vekPublicDer\x12\x1b\n" +
+	"\tak_public\x18\x03 \x01(\fR\bakPublic\x12$\n" +
+	"\x0eak_create_data\x18\x04 \x01(\fR\fakCreateData\x122\n" +
+	"\x15ak_create_attestation\x18\x05 \x01(\fR\x13akCreateAttestation\x12.\n" +
+	"\x13ak_create_signature\x18\x06 \x01(\fR\x11akCreateSignature\"\xfb\x01\n" +
+	"\x15JoinChallengeResponse\x12+\n" +
+	"\x11required_attestor\x18\x01 \x01(\tR\x10requiredAttestor\x12\x14\n" +
+	"\x05nonce\x18\x02 \x01(\fR\x05nonce\x12\x1c\n" +
+	"\tchallenge\x18\x03 \x01(\fR\tchallenge\x12%\n" +
+	"\x0etpm_credential\x18\x04 \x01(\fR\rtpmCredential\x12\x1d\n" +
+	"\n" +
+	"tpm_secret\x18\x05 \x01(\fR\ttpmSecret\x12;\n" +
+	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\"\xeb\x01\n" +
+	"\vAttestation\x12\x1c\n" +
+	"\tchallenge\x18\x01 \x01(\fR\tchallenge\x127\n" +
+	"\x03tpm\x18\x02 \x01(\v2#.bettercompute.agent.v1.TPMEvidenceH\x00R\x03tpm\x12:\n" +
+	"\x04x509\x18\x03 \x01(\v2$.bettercompute.agent.v1.X509EvidenceH\x00R\x04x509\x12=\n" +
+	"\x05cloud\x18\x04 \x01(\v2%.bettercompute.agent.v1.CloudEvidenceH\x00R\x05cloudB\n" +
+	"\n" +
+	"\bevidence\"\xf3\x01\n" +
+	"\vTPMEvidence\x12)\n" +
+	"\x10activated_secret\x18\x01 \x01(\fR\x0factivatedSecret\x12\x14\n" +
+	"\x05quote\x18\x02 \x01(\fR\x05quote\x12'\n" +
+	"\x0fquote_signature\x18\x03 \x01(\fR\x0equoteSignature\x12A\n" +
+	"\x04pcrs\x18\x04 \x03(\v2-.bettercompute.agent.v1.TPMEvidence.PcrsEntryR\x04pcrs\x1a7\n" +
+	"\tPcrsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"Y\n" +
+	"\fX509Evidence\x12+\n" +
+	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12\x1c\n" +
+	"\tsignature\x18\x02 \x01(\fR\tsignature\"I\n" +
+	"\rCloudEvidence\x12\x1a\n" +
+	"\bdocument\x18\x01 \x01(\fR\bdocument\x12\x1c\n" +
+	"\tsignature\x18\x02 \x01(\fR\tsignature\"\xd1\x03\n" +
 	"\fJoinResponse\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".bettercompute.agent.v1.JoinStatusR\x06status\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12+\n" +
@@ -3672,9 +4269,10 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x19ENFORCEMENT_STATE_APPLIED\x10\x01\x12!\n" +
 	"\x1dENFORCEMENT_STATE_NOT_APPLIED\x10\x02\x12\x1f\n" +
 	"\x1bENFORCEMENT_STATE_SIMULATED\x10\x03\x12#\n" +
-	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\xdc\x03\n" +
+	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\xca\x04\n" +
 	"\fAgentService\x12Q\n" +
-	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12T\n" +
+	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12l\n" +
+	"\rJoinChallenge\x12,.bettercompute.agent.v1.JoinChallengeRequest\x1a-.bettercompute.agent.v1.JoinChallengeResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12[\n" +
 	"\aSession\x12$.bettercompute.agent.v1.AgentMessage\x1a&.bettercompute.agent.v1.GatewayMessage(\x010\x01\x12[\n" +
 	"\x06Tunnel\x12%.bettercompute.agent.v1.TunnelRequest\x1a&.bettercompute.agent.v1.TunnelResponse(\x010\x01\x12i\n" +
@@ -3693,7 +4291,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
@@ -3705,99 +4303,116 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*TunnelResponse)(nil),        // 7: bettercompute.agent.v1.TunnelResponse
 	(*HardwareIdentity)(nil),      // 8: bettercompute.agent.v1.HardwareIdentity
 	(*JoinRequest)(nil),           // 9: bettercompute.agent.v1.JoinRequest
-	(*JoinResponse)(nil),          // 10: bettercompute.agent.v1.JoinResponse
-	(*CommandTrust)(nil),          // 11: bettercompute.agent.v1.CommandTrust
-	(*RenewRequest)(nil),          // 12: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),         // 13: bettercompute.agent.v1.RenewResponse
-	(*AgentMessage)(nil),          // 14: bettercompute.agent.v1.AgentMessage
-	(*GatewayMessage)(nil),        // 15: bettercompute.agent.v1.GatewayMessage
-	(*Hello)(nil),                 // 16: bettercompute.agent.v1.Hello
-	(*Goodbye)(nil),               // 17: bettercompute.agent.v1.Goodbye
-	(*HelloAck)(nil),              // 18: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 19: bettercompute.agent.v1.Heartbeat
-	(*GpuTelemetry)(nil),          // 20: bettercompute.agent.v1.GpuTelemetry
-	(*Pressure)(nil),              // 21: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 22: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 23: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 24: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 25: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 26: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 27: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 28: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 29: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 30: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 31: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 32: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 33: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 34: bettercompute.agent.v1.Command
-	(*CommandSignature)(nil),      // 35: bettercompute.agent.v1.CommandSignature
-	(*CancelCommand)(nil),         // 36: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 37: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 38: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 39: bettercompute.agent.v1.AllocationBound
-	(*Enforcement)(nil),           // 40: bettercompute.agent.v1.Enforcement
-	(*AllocationReleased)(nil),    // 41: bettercompute.agent.v1.AllocationReleased
-	(*ProcessExec)(nil),           // 42: bettercompute.agent.v1.ProcessExec
-	(*ProcessOutput)(nil),         // 43: bettercompute.agent.v1.ProcessOutput
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 45: google.protobuf.Struct
+	(*JoinChallengeRequest)(nil),  // 10: bettercompute.agent.v1.JoinChallengeRequest
+	(*TPMIdentity)(nil),           // 11: bettercompute.agent.v1.TPMIdentity
+	(*JoinChallengeResponse)(nil), // 12: bettercompute.agent.v1.JoinChallengeResponse
+	(*Attestation)(nil),           // 13: bettercompute.agent.v1.Attestation
+	(*TPMEvidence)(nil),           // 14: bettercompute.agent.v1.TPMEvidence
+	(*X509Evidence)(nil),          // 15: bettercompute.agent.v1.X509Evidence
+	(*CloudEvidence)(nil),         // 16: bettercompute.agent.v1.CloudEvidence
+	(*JoinResponse)(nil),          // 17: bettercompute.agent.v1.JoinResponse
+	(*CommandTrust)(nil),          // 18: bettercompute.agent.v1.CommandTrust
+	(*RenewRequest)(nil),          // 19: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),         // 20: bettercompute.agent.v1.RenewResponse
+	(*AgentMessage)(nil),          // 21: bettercompute.agent.v1.AgentMessage
+	(*GatewayMessage)(nil),        // 22: bettercompute.agent.v1.GatewayMessage
+	(*Hello)(nil),                 // 23: bettercompute.agent.v1.Hello
+	(*Goodbye)(nil),               // 24: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 25: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 26: bettercompute.agent.v1.Heartbeat
+	(*GpuTelemetry)(nil),          // 27: bettercompute.agent.v1.GpuTelemetry
+	(*Pressure)(nil),              // 28: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 29: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 30: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 31: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 32: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 33: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 34: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 35: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 36: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 37: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 38: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 39: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 40: bettercompute.agent.v1.MemoryInventory
+	(*Command)(nil),               // 41: bettercompute.agent.v1.Command
+	(*CommandSignature)(nil),      // 42: bettercompute.agent.v1.CommandSignature
+	(*CancelCommand)(nil),         // 43: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 44: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 45: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 46: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 47: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 48: bettercompute.agent.v1.AllocationReleased
+	(*ProcessExec)(nil),           // 49: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 50: bettercompute.agent.v1.ProcessOutput
+	nil,                           // 51: bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 53: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	8,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
-	1,  // 2: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	44, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	11, // 4: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	44, // 5: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	44, // 6: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	11, // 7: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	16, // 8: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	19, // 9: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	22, // 10: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	24, // 11: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	37, // 12: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	39, // 13: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	41, // 14: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	17, // 15: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	43, // 16: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
-	18, // 17: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	34, // 18: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	36, // 19: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	25, // 20: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 21: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	44, // 22: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	44, // 23: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	20, // 24: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
-	21, // 25: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	23, // 26: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	44, // 27: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	8,  // 28: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	28, // 29: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	30, // 30: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	29, // 31: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	32, // 32: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	45, // 33: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	44, // 34: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	35, // 35: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
-	2,  // 36: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	45, // 37: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	40, // 38: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 39: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	9,  // 40: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	12, // 41: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	14, // 42: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	6,  // 43: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
-	4,  // 44: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
-	10, // 45: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	13, // 46: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	15, // 47: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	7,  // 48: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
-	5,  // 49: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
-	45, // [45:50] is the sub-list for method output_type
-	40, // [40:45] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	13, // 2: bettercompute.agent.v1.JoinRequest.attestation:type_name -> bettercompute.agent.v1.Attestation
+	11, // 3: bettercompute.agent.v1.JoinChallengeRequest.tpm:type_name -> bettercompute.agent.v1.TPMIdentity
+	52, // 4: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
+	14, // 5: bettercompute.agent.v1.Attestation.tpm:type_name -> bettercompute.agent.v1.TPMEvidence
+	15, // 6: bettercompute.agent.v1.Attestation.x509:type_name -> bettercompute.agent.v1.X509Evidence
+	16, // 7: bettercompute.agent.v1.Attestation.cloud:type_name -> bettercompute.agent.v1.CloudEvidence
+	51, // 8: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	1,  // 9: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
+	52, // 10: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	18, // 11: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	52, // 12: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	52, // 13: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	18, // 14: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	23, // 15: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	26, // 16: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	29, // 17: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	31, // 18: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	44, // 19: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	46, // 20: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	48, // 21: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	24, // 22: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	50, // 23: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	25, // 24: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	41, // 25: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	43, // 26: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	32, // 27: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	0,  // 28: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
+	52, // 29: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	52, // 30: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	27, // 31: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
+	28, // 32: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	30, // 33: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	52, // 34: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	8,  // 35: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	35, // 36: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	37, // 37: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	36, // 38: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	39, // 39: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	53, // 40: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	52, // 41: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	42, // 42: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
+	2,  // 43: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	53, // 44: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	47, // 45: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 46: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	9,  // 47: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	10, // 48: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
+	19, // 49: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	21, // 50: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	6,  // 51: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	4,  // 52: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
+	17, // 53: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	12, // 54: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
+	20, // 55: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	22, // 56: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	7,  // 57: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	5,  // 58: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
+	53, // [53:59] is the sub-list for method output_type
+	47, // [47:53] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -3805,7 +4420,12 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+		(*Attestation_Tpm)(nil),
+		(*Attestation_X509)(nil),
+		(*Attestation_Cloud)(nil),
+	}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Status)(nil),
@@ -3816,21 +4436,21 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*AgentMessage_Goodbye)(nil),
 		(*AgentMessage_ProcessOutput)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[18].OneofWrappers = []any{
 		(*GatewayMessage_HelloAck)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[16].OneofWrappers = []any{}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[24].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[23].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   40,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	AgentService_Join_FullMethodName           = "/bettercompute.agent.v1.AgentService/Join"
+	AgentService_JoinChallenge_FullMethodName  = "/bettercompute.agent.v1.AgentService/JoinChallenge"
 	AgentService_Renew_FullMethodName          = "/bettercompute.agent.v1.AgentService/Renew"
 	AgentService_Session_FullMethodName        = "/bettercompute.agent.v1.AgentService/Session"
 	AgentService_Tunnel_FullMethodName         = "/bettercompute.agent.v1.AgentService/Tunnel"
@@ -40,6 +41,13 @@ type AgentServiceClient interface {
 	// never leaves the node. A retry with the same token and the same CSR
 	// returns the same answer; another CSR with a used token is refused.
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
+	// JoinChallenge starts an attested join (docs/attestation.md): for the
+	// token and CSR of the coming Join, and for a TPM its EK and a new AK, it
+	// answers a nonce, the attestor the token requires, a sealed challenge to
+	// return in Join's attestation and, for a TPM, a credential only that TPM
+	// can activate. It writes nothing; a join whose token requires no
+	// attestor may skip it.
+	JoinChallenge(ctx context.Context, in *JoinChallengeRequest, opts ...grpc.CallOption) (*JoinChallengeResponse, error)
 	// Renew issues a fresh certificate for a new key, before the current one
 	// expires; it proves possession of both keys and cannot be replayed.
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
@@ -70,6 +78,16 @@ func (c *agentServiceClient) Join(ctx context.Context, in *JoinRequest, opts ...
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(JoinResponse)
 	err := c.cc.Invoke(ctx, AgentService_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) JoinChallenge(ctx context.Context, in *JoinChallengeRequest, opts ...grpc.CallOption) (*JoinChallengeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinChallengeResponse)
+	err := c.cc.Invoke(ctx, AgentService_JoinChallenge_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +163,13 @@ type AgentServiceServer interface {
 	// never leaves the node. A retry with the same token and the same CSR
 	// returns the same answer; another CSR with a used token is refused.
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
+	// JoinChallenge starts an attested join (docs/attestation.md): for the
+	// token and CSR of the coming Join, and for a TPM its EK and a new AK, it
+	// answers a nonce, the attestor the token requires, a sealed challenge to
+	// return in Join's attestation and, for a TPM, a credential only that TPM
+	// can activate. It writes nothing; a join whose token requires no
+	// attestor may skip it.
+	JoinChallenge(context.Context, *JoinChallengeRequest) (*JoinChallengeResponse, error)
 	// Renew issues a fresh certificate for a new key, before the current one
 	// expires; it proves possession of both keys and cannot be replayed.
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
@@ -173,6 +198,9 @@ type UnimplementedAgentServiceServer struct{}
 
 func (UnimplementedAgentServiceServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedAgentServiceServer) JoinChallenge(context.Context, *JoinChallengeRequest) (*JoinChallengeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinChallenge not implemented")
 }
 func (UnimplementedAgentServiceServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
@@ -221,6 +249,24 @@ func _AgentService_Join_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AgentServiceServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_JoinChallenge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinChallengeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).JoinChallenge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_JoinChallenge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).JoinChallenge(ctx, req.(*JoinChallengeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -278,6 +324,10 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Join",
 			Handler:    _AgentService_Join_Handler,
+		},
+		{
+			MethodName: "JoinChallenge",
+			Handler:    _AgentService_JoinChallenge_Handler,
 		},
 		{
 			MethodName: "Renew",

@@ -309,8 +309,12 @@ type PoolPolicy struct {
 	// default (90 days), at most 366 days. A later start_time is refused
 	// with INVALID_ARGUMENT on start_time.
 	StartHorizonSeconds int64 `protobuf:"varint,10,opt,name=start_horizon_seconds,json=startHorizonSeconds,proto3" json:"start_horizon_seconds,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The attestor a machine joining with a token that names this pool must
+	// bring evidence from: tpm, x509 or cloud (docs/attestation.md); empty
+	// when the token decides alone.
+	RequiredAttestor string `protobuf:"bytes,11,opt,name=required_attestor,json=requiredAttestor,proto3" json:"required_attestor,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PoolPolicy) Reset() {
@@ -411,6 +415,13 @@ func (x *PoolPolicy) GetStartHorizonSeconds() int64 {
 		return x.StartHorizonSeconds
 	}
 	return 0
+}
+
+func (x *PoolPolicy) GetRequiredAttestor() string {
+	if x != nil {
+		return x.RequiredAttestor
+	}
+	return ""
 }
 
 // PerGpuShare is the host share that comes with each GPU.
@@ -1260,7 +1271,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\xd3\x03\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\x80\x04\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1276,7 +1287,8 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\fon_node_lost\x18\t \x01(\tR\n" +
 	"onNodeLost\x122\n" +
 	"\x15start_horizon_seconds\x18\n" +
-	" \x01(\x03R\x13startHorizonSeconds\"e\n" +
+	" \x01(\x03R\x13startHorizonSeconds\x12+\n" +
+	"\x11required_attestor\x18\v \x01(\tR\x10requiredAttestor\"e\n" +
 	"\vPerGpuShare\x12\x12\n" +
 	"\x04vcpu\x18\x01 \x01(\x05R\x04vcpu\x12\x1d\n" +
 	"\n" +

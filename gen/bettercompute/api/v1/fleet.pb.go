@@ -56,6 +56,15 @@ type Node struct {
 	// requests match as well: gpu.model (the product name, "H100"),
 	// gpu.count and gpu.memory ("80GB"). A key in labels wins over these.
 	DerivedLabels map[string]string `protobuf:"bytes,17,rep,name=derived_labels,json=derivedLabels,proto3" json:"derived_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// What admitted the node: join_token (the token alone), tpm, x509 or
+	// cloud. Its certificate says the same (Subject OU bc-attestor:<kind>).
+	Attestor string `protobuf:"bytes,18,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	// What the attestor proved the machine is: tpm:ek-sha256:<hex>,
+	// x509:sha256:<leaf fingerprint>, cloud:<account>/<region>/<instance>;
+	// empty for join_token.
+	AttestedId string `protobuf:"bytes,19,opt,name=attested_id,json=attestedId,proto3" json:"attested_id,omitempty"`
+	// The trust anchor that vouched for the evidence.
+	TrustAnchorId string `protobuf:"bytes,20,opt,name=trust_anchor_id,json=trustAnchorId,proto3" json:"trust_anchor_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +216,27 @@ func (x *Node) GetDerivedLabels() map[string]string {
 		return x.DerivedLabels
 	}
 	return nil
+}
+
+func (x *Node) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *Node) GetAttestedId() string {
+	if x != nil {
+		return x.AttestedId
+	}
+	return ""
+}
+
+func (x *Node) GetTrustAnchorId() string {
+	if x != nil {
+		return x.TrustAnchorId
+	}
+	return ""
 }
 
 // NodeCondition is one health fact the agent reports (e.g. GpuHealthy).
@@ -1466,7 +1496,10 @@ type JoinToken struct {
 	Role string `protobuf:"bytes,13,opt,name=role,proto3" json:"role,omitempty"`
 	// The site a site token is bound to: the site agent that joins with it
 	// acts for this site only. Empty for every other token.
-	SiteId        string `protobuf:"bytes,14,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	SiteId string `protobuf:"bytes,14,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// The attestor a join with this token must bring evidence from: tpm,
+	// x509 or cloud; empty when the token alone admits.
+	Attestor      string `protobuf:"bytes,15,opt,name=attestor,proto3" json:"attestor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1599,6 +1632,13 @@ func (x *JoinToken) GetSiteId() string {
 	return ""
 }
 
+func (x *JoinToken) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
 type CreateJoinTokenRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -1615,7 +1655,10 @@ type CreateJoinTokenRequest struct {
 	Role string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
 	// Site name or id a site token (role site) binds its agent to; only a
 	// site token takes one.
-	Site          string `protobuf:"bytes,7,opt,name=site,proto3" json:"site,omitempty"`
+	Site string `protobuf:"bytes,7,opt,name=site,proto3" json:"site,omitempty"`
+	// Require attestation: tpm, x509 or cloud (docs/attestation.md). The
+	// tenant must have a trust anchor of that kind. Empty: the token alone.
+	Attestor      string `protobuf:"bytes,8,opt,name=attestor,proto3" json:"attestor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1695,6 +1738,13 @@ func (x *CreateJoinTokenRequest) GetRole() string {
 func (x *CreateJoinTokenRequest) GetSite() string {
 	if x != nil {
 		return x.Site
+	}
+	return ""
+}
+
+func (x *CreateJoinTokenRequest) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
 	}
 	return ""
 }
@@ -1970,6 +2020,484 @@ func (x *RevokeJoinTokenResponse) GetJoinToken() *JoinToken {
 	return nil
 }
 
+// A TrustAnchor is what a tenant trusts to vouch for its machines at join
+// (docs/attestation.md): for tpm, EK CA certificates or one pinned EK
+// public key; for x509, the CA of its machine certificates; for cloud, the
+// provider's instance-identity certificate and the account (and region)
+// admitted. A tenant's anchors admit into its own projects only.
+type TrustAnchor struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Unique in the tenant; [a-z0-9-]{1,63}.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// tpm, x509 or cloud.
+	Attestor string `protobuf:"bytes,4,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	// PEM certificates (roots and intermediates).
+	CertificatesPem string `protobuf:"bytes,5,opt,name=certificates_pem,json=certificatesPem,proto3" json:"certificates_pem,omitempty"`
+	// tpm only: SHA-256 of a pinned EK public key (PKIX DER), hex.
+	EkPublicSha256 string `protobuf:"bytes,6,opt,name=ek_public_sha256,json=ekPublicSha256,proto3" json:"ek_public_sha256,omitempty"`
+	// cloud only: the account admitted, and the one region when set.
+	CloudAccount  string                 `protobuf:"bytes,7,opt,name=cloud_account,json=cloudAccount,proto3" json:"cloud_account,omitempty"`
+	CloudRegion   string                 `protobuf:"bytes,8,opt,name=cloud_region,json=cloudRegion,proto3" json:"cloud_region,omitempty"`
+	CreatedBy     string                 `protobuf:"bytes,9,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustAnchor) Reset() {
+	*x = TrustAnchor{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustAnchor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustAnchor) ProtoMessage() {}
+
+func (x *TrustAnchor) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustAnchor.ProtoReflect.Descriptor instead.
+func (*TrustAnchor) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TrustAnchor) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetCertificatesPem() string {
+	if x != nil {
+		return x.CertificatesPem
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetEkPublicSha256() string {
+	if x != nil {
+		return x.EkPublicSha256
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetCloudAccount() string {
+	if x != nil {
+		return x.CloudAccount
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetCloudRegion() string {
+	if x != nil {
+		return x.CloudRegion
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *TrustAnchor) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+type CreateTrustAnchorRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// tpm, x509 or cloud.
+	Attestor string `protobuf:"bytes,3,opt,name=attestor,proto3" json:"attestor,omitempty"`
+	// PEM certificates: an x509 CA, TPM EK CAs (roots and intermediates), a
+	// cloud provider's certificate. Required except for a pinned EK.
+	CertificatesPem string `protobuf:"bytes,4,opt,name=certificates_pem,json=certificatesPem,proto3" json:"certificates_pem,omitempty"`
+	// tpm only, instead of certificates: SHA-256 (hex) of the EK public key
+	// of a TPM that has no EK certificate.
+	EkPublicSha256 string `protobuf:"bytes,5,opt,name=ek_public_sha256,json=ekPublicSha256,proto3" json:"ek_public_sha256,omitempty"`
+	// cloud only: the account id the documents must name (required), and
+	// the region (optional).
+	CloudAccount  string `protobuf:"bytes,6,opt,name=cloud_account,json=cloudAccount,proto3" json:"cloud_account,omitempty"`
+	CloudRegion   string `protobuf:"bytes,7,opt,name=cloud_region,json=cloudRegion,proto3" json:"cloud_region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTrustAnchorRequest) Reset() {
+	*x = CreateTrustAnchorRequest{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTrustAnchorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTrustAnchorRequest) ProtoMessage() {}
+
+func (x *CreateTrustAnchorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTrustAnchorRequest.ProtoReflect.Descriptor instead.
+func (*CreateTrustAnchorRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CreateTrustAnchorRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateTrustAnchorRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateTrustAnchorRequest) GetAttestor() string {
+	if x != nil {
+		return x.Attestor
+	}
+	return ""
+}
+
+func (x *CreateTrustAnchorRequest) GetCertificatesPem() string {
+	if x != nil {
+		return x.CertificatesPem
+	}
+	return ""
+}
+
+func (x *CreateTrustAnchorRequest) GetEkPublicSha256() string {
+	if x != nil {
+		return x.EkPublicSha256
+	}
+	return ""
+}
+
+func (x *CreateTrustAnchorRequest) GetCloudAccount() string {
+	if x != nil {
+		return x.CloudAccount
+	}
+	return ""
+}
+
+func (x *CreateTrustAnchorRequest) GetCloudRegion() string {
+	if x != nil {
+		return x.CloudRegion
+	}
+	return ""
+}
+
+type CreateTrustAnchorResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TrustAnchor   *TrustAnchor           `protobuf:"bytes,1,opt,name=trust_anchor,json=trustAnchor,proto3" json:"trust_anchor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTrustAnchorResponse) Reset() {
+	*x = CreateTrustAnchorResponse{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTrustAnchorResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTrustAnchorResponse) ProtoMessage() {}
+
+func (x *CreateTrustAnchorResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTrustAnchorResponse.ProtoReflect.Descriptor instead.
+func (*CreateTrustAnchorResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *CreateTrustAnchorResponse) GetTrustAnchor() *TrustAnchor {
+	if x != nil {
+		return x.TrustAnchor
+	}
+	return nil
+}
+
+type ListTrustAnchorsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTrustAnchorsRequest) Reset() {
+	*x = ListTrustAnchorsRequest{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTrustAnchorsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTrustAnchorsRequest) ProtoMessage() {}
+
+func (x *ListTrustAnchorsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTrustAnchorsRequest.ProtoReflect.Descriptor instead.
+func (*ListTrustAnchorsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListTrustAnchorsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListTrustAnchorsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListTrustAnchorsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListTrustAnchorsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TrustAnchors  []*TrustAnchor         `protobuf:"bytes,1,rep,name=trust_anchors,json=trustAnchors,proto3" json:"trust_anchors,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTrustAnchorsResponse) Reset() {
+	*x = ListTrustAnchorsResponse{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTrustAnchorsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTrustAnchorsResponse) ProtoMessage() {}
+
+func (x *ListTrustAnchorsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTrustAnchorsResponse.ProtoReflect.Descriptor instead.
+func (*ListTrustAnchorsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListTrustAnchorsResponse) GetTrustAnchors() []*TrustAnchor {
+	if x != nil {
+		return x.TrustAnchors
+	}
+	return nil
+}
+
+func (x *ListTrustAnchorsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type DeleteTrustAnchorRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Name or id.
+	TrustAnchor   string `protobuf:"bytes,2,opt,name=trust_anchor,json=trustAnchor,proto3" json:"trust_anchor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTrustAnchorRequest) Reset() {
+	*x = DeleteTrustAnchorRequest{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTrustAnchorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTrustAnchorRequest) ProtoMessage() {}
+
+func (x *DeleteTrustAnchorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTrustAnchorRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTrustAnchorRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteTrustAnchorRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DeleteTrustAnchorRequest) GetTrustAnchor() string {
+	if x != nil {
+		return x.TrustAnchor
+	}
+	return ""
+}
+
+type DeleteTrustAnchorResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TrustAnchor   *TrustAnchor           `protobuf:"bytes,1,opt,name=trust_anchor,json=trustAnchor,proto3" json:"trust_anchor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTrustAnchorResponse) Reset() {
+	*x = DeleteTrustAnchorResponse{}
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTrustAnchorResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTrustAnchorResponse) ProtoMessage() {}
+
+func (x *DeleteTrustAnchorResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTrustAnchorResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTrustAnchorResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *DeleteTrustAnchorResponse) GetTrustAnchor() *TrustAnchor {
+	if x != nil {
+		return x.TrustAnchor
+	}
+	return nil
+}
+
 // A JoinRequest is a join the gateway deferred (unknown hardware, a
 // placeholder DMI identity): an administrator approves it, admitting exactly
 // one join, or rejects it.
@@ -1995,7 +2523,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2535,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2548,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *JoinRequest) GetId() string {
@@ -2114,7 +2642,7 @@ type ListJoinRequestsRequest struct {
 
 func (x *ListJoinRequestsRequest) Reset() {
 	*x = ListJoinRequestsRequest{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2654,7 @@ func (x *ListJoinRequestsRequest) String() string {
 func (*ListJoinRequestsRequest) ProtoMessage() {}
 
 func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2667,7 @@ func (x *ListJoinRequestsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinRequestsRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinRequestsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListJoinRequestsRequest) GetTenant() string {
@@ -2180,7 +2708,7 @@ type ListJoinRequestsResponse struct {
 
 func (x *ListJoinRequestsResponse) Reset() {
 	*x = ListJoinRequestsResponse{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2192,7 +2720,7 @@ func (x *ListJoinRequestsResponse) String() string {
 func (*ListJoinRequestsResponse) ProtoMessage() {}
 
 func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2205,7 +2733,7 @@ func (x *ListJoinRequestsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinRequestsResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinRequestsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListJoinRequestsResponse) GetJoinRequests() []*JoinRequest {
@@ -2232,7 +2760,7 @@ type ApproveJoinRequestRequest struct {
 
 func (x *ApproveJoinRequestRequest) Reset() {
 	*x = ApproveJoinRequestRequest{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2772,7 @@ func (x *ApproveJoinRequestRequest) String() string {
 func (*ApproveJoinRequestRequest) ProtoMessage() {}
 
 func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2785,7 @@ func (x *ApproveJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*ApproveJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ApproveJoinRequestRequest) GetTenant() string {
@@ -2283,7 +2811,7 @@ type ApproveJoinRequestResponse struct {
 
 func (x *ApproveJoinRequestResponse) Reset() {
 	*x = ApproveJoinRequestResponse{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2295,7 +2823,7 @@ func (x *ApproveJoinRequestResponse) String() string {
 func (*ApproveJoinRequestResponse) ProtoMessage() {}
 
 func (x *ApproveJoinRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2308,7 +2836,7 @@ func (x *ApproveJoinRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApproveJoinRequestResponse.ProtoReflect.Descriptor instead.
 func (*ApproveJoinRequestResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ApproveJoinRequestResponse) GetJoinRequest() *JoinRequest {
@@ -2328,7 +2856,7 @@ type RejectJoinRequestRequest struct {
 
 func (x *RejectJoinRequestRequest) Reset() {
 	*x = RejectJoinRequestRequest{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2868,7 @@ func (x *RejectJoinRequestRequest) String() string {
 func (*RejectJoinRequestRequest) ProtoMessage() {}
 
 func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2881,7 @@ func (x *RejectJoinRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectJoinRequestRequest.ProtoReflect.Descriptor instead.
 func (*RejectJoinRequestRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RejectJoinRequestRequest) GetTenant() string {
@@ -2379,7 +2907,7 @@ type RejectJoinRequestResponse struct {
 
 func (x *RejectJoinRequestResponse) Reset() {
 	*x = RejectJoinRequestResponse{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2391,7 +2919,7 @@ func (x *RejectJoinRequestResponse) String() string {
 func (*RejectJoinRequestResponse) ProtoMessage() {}
 
 func (x *RejectJoinRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2404,7 +2932,7 @@ func (x *RejectJoinRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectJoinRequestResponse.ProtoReflect.Descriptor instead.
 func (*RejectJoinRequestResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RejectJoinRequestResponse) GetJoinRequest() *JoinRequest {
@@ -2432,7 +2960,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2972,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2985,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Gpu) GetUuid() string {
@@ -2529,7 +3057,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +3069,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +3082,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MigInstance) GetUuid() string {
@@ -2597,7 +3125,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +3137,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +3150,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -2661,7 +3189,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +3201,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +3214,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -2741,7 +3269,7 @@ type NodeResources struct {
 
 func (x *NodeResources) Reset() {
 	*x = NodeResources{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +3281,7 @@ func (x *NodeResources) String() string {
 func (*NodeResources) ProtoMessage() {}
 
 func (x *NodeResources) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +3294,7 @@ func (x *NodeResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeResources.ProtoReflect.Descriptor instead.
 func (*NodeResources) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *NodeResources) GetCpuModel() string {
@@ -2836,7 +3364,7 @@ type GetInventoryRequest struct {
 
 func (x *GetInventoryRequest) Reset() {
 	*x = GetInventoryRequest{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2848,7 +3376,7 @@ func (x *GetInventoryRequest) String() string {
 func (*GetInventoryRequest) ProtoMessage() {}
 
 func (x *GetInventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2861,7 +3389,7 @@ func (x *GetInventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInventoryRequest.ProtoReflect.Descriptor instead.
 func (*GetInventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetInventoryRequest) GetTenant() string {
@@ -2895,7 +3423,7 @@ type GetInventoryResponse struct {
 
 func (x *GetInventoryResponse) Reset() {
 	*x = GetInventoryResponse{}
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +3435,7 @@ func (x *GetInventoryResponse) String() string {
 func (*GetInventoryResponse) ProtoMessage() {}
 
 func (x *GetInventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_fleet_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +3448,7 @@ func (x *GetInventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInventoryResponse.ProtoReflect.Descriptor instead.
 func (*GetInventoryResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_api_v1_fleet_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetInventoryResponse) GetNodeId() string {
@@ -2976,7 +3504,7 @@ var File_bettercompute_api_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	" bettercompute/api/v1/fleet.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x06\n" +
+	" bettercompute/api/v1/fleet.proto\x12\x14bettercompute.api.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\a\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
@@ -2999,7 +3527,11 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"conditions\x12;\n" +
 	"\vcreate_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12T\n" +
-	"\x0ederived_labels\x18\x11 \x03(\v2-.bettercompute.api.v1.Node.DerivedLabelsEntryR\rderivedLabels\x1a9\n" +
+	"\x0ederived_labels\x18\x11 \x03(\v2-.bettercompute.api.v1.Node.DerivedLabelsEntryR\rderivedLabels\x12\x1a\n" +
+	"\battestor\x18\x12 \x01(\tR\battestor\x12\x1f\n" +
+	"\vattested_id\x18\x13 \x01(\tR\n" +
+	"attestedId\x12&\n" +
+	"\x0ftrust_anchor_id\x18\x14 \x01(\tR\rtrustAnchorId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a@\n" +
@@ -3093,7 +3625,7 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"P\n" +
 	"\x15CancelCommandResponse\x127\n" +
-	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xd6\x04\n" +
+	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xf2\x04\n" +
 	"\tJoinToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3114,10 +3646,11 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\tused_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\busedTime\x12\x17\n" +
 	"\anode_id\x18\f \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04role\x18\r \x01(\tR\x04role\x12\x17\n" +
-	"\asite_id\x18\x0e \x01(\tR\x06siteId\x1a9\n" +
+	"\asite_id\x18\x0e \x01(\tR\x06siteId\x12\x1a\n" +
+	"\battestor\x18\x0f \x01(\tR\battestor\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x02\n" +
 	"\x16CreateJoinTokenRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\x12\x12\n" +
@@ -3126,7 +3659,8 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\vttl_seconds\x18\x05 \x01(\x03R\n" +
 	"ttlSeconds\x12\x12\n" +
 	"\x04role\x18\x06 \x01(\tR\x04role\x12\x12\n" +
-	"\x04site\x18\a \x01(\tR\x04site\x1a9\n" +
+	"\x04site\x18\a \x01(\tR\x04site\x12\x1a\n" +
+	"\battestor\x18\b \x01(\tR\battestor\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
@@ -3149,7 +3683,44 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\x02id\x18\x02 \x01(\tR\x02id\"Y\n" +
 	"\x17RevokeJoinTokenResponse\x12>\n" +
 	"\n" +
-	"join_token\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.JoinTokenR\tjoinToken\"\xf4\x02\n" +
+	"join_token\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.JoinTokenR\tjoinToken\"\xe3\x02\n" +
+	"\vTrustAnchor\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1a\n" +
+	"\battestor\x18\x04 \x01(\tR\battestor\x12)\n" +
+	"\x10certificates_pem\x18\x05 \x01(\tR\x0fcertificatesPem\x12(\n" +
+	"\x10ek_public_sha256\x18\x06 \x01(\tR\x0eekPublicSha256\x12#\n" +
+	"\rcloud_account\x18\a \x01(\tR\fcloudAccount\x12!\n" +
+	"\fcloud_region\x18\b \x01(\tR\vcloudRegion\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\t \x01(\tR\tcreatedBy\x12;\n" +
+	"\vcreate_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\"\xff\x01\n" +
+	"\x18CreateTrustAnchorRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
+	"\battestor\x18\x03 \x01(\tR\battestor\x12)\n" +
+	"\x10certificates_pem\x18\x04 \x01(\tR\x0fcertificatesPem\x12(\n" +
+	"\x10ek_public_sha256\x18\x05 \x01(\tR\x0eekPublicSha256\x12#\n" +
+	"\rcloud_account\x18\x06 \x01(\tR\fcloudAccount\x12!\n" +
+	"\fcloud_region\x18\a \x01(\tR\vcloudRegion\"a\n" +
+	"\x19CreateTrustAnchorResponse\x12D\n" +
+	"\ftrust_anchor\x18\x01 \x01(\v2!.bettercompute.api.v1.TrustAnchorR\vtrustAnchor\"m\n" +
+	"\x17ListTrustAnchorsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x8a\x01\n" +
+	"\x18ListTrustAnchorsResponse\x12F\n" +
+	"\rtrust_anchors\x18\x01 \x03(\v2!.bettercompute.api.v1.TrustAnchorR\ftrustAnchors\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"U\n" +
+	"\x18DeleteTrustAnchorRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12!\n" +
+	"\ftrust_anchor\x18\x02 \x01(\tR\vtrustAnchor\"a\n" +
+	"\x19DeleteTrustAnchorResponse\x12D\n" +
+	"\ftrust_anchor\x18\x01 \x01(\v2!.bettercompute.api.v1.TrustAnchorR\vtrustAnchor\"\xf4\x02\n" +
 	"\vJoinRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x19\n" +
@@ -3252,7 +3823,11 @@ const file_bettercompute_api_v1_fleet_proto_rawDesc = "" +
 	"\x10JoinTokenService\x12e\n" +
 	"\x06Create\x12,.bettercompute.api.v1.CreateJoinTokenRequest\x1a-.bettercompute.api.v1.CreateJoinTokenResponse\x12f\n" +
 	"\x04List\x12+.bettercompute.api.v1.ListJoinTokensRequest\x1a,.bettercompute.api.v1.ListJoinTokensResponse\"\x03\x90\x02\x01\x12e\n" +
-	"\x06Revoke\x12,.bettercompute.api.v1.RevokeJoinTokenRequest\x1a-.bettercompute.api.v1.RevokeJoinTokenResponse2\xd9\x02\n" +
+	"\x06Revoke\x12,.bettercompute.api.v1.RevokeJoinTokenRequest\x1a-.bettercompute.api.v1.RevokeJoinTokenResponse2\xd6\x02\n" +
+	"\x12TrustAnchorService\x12i\n" +
+	"\x06Create\x12..bettercompute.api.v1.CreateTrustAnchorRequest\x1a/.bettercompute.api.v1.CreateTrustAnchorResponse\x12j\n" +
+	"\x04List\x12-.bettercompute.api.v1.ListTrustAnchorsRequest\x1a..bettercompute.api.v1.ListTrustAnchorsResponse\"\x03\x90\x02\x01\x12i\n" +
+	"\x06Delete\x12..bettercompute.api.v1.DeleteTrustAnchorRequest\x1a/.bettercompute.api.v1.DeleteTrustAnchorResponse2\xd9\x02\n" +
 	"\x12JoinRequestService\x12j\n" +
 	"\x04List\x12-.bettercompute.api.v1.ListJoinRequestsRequest\x1a..bettercompute.api.v1.ListJoinRequestsResponse\"\x03\x90\x02\x01\x12l\n" +
 	"\aApprove\x12/.bettercompute.api.v1.ApproveJoinRequestRequest\x1a0.bettercompute.api.v1.ApproveJoinRequestResponse\x12i\n" +
@@ -3272,7 +3847,7 @@ func file_bettercompute_api_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_fleet_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_bettercompute_api_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_bettercompute_api_v1_fleet_proto_goTypes = []any{
 	(*Node)(nil),                       // 0: bettercompute.api.v1.Node
 	(*NodeCondition)(nil),              // 1: bettercompute.api.v1.NodeCondition
@@ -3302,107 +3877,124 @@ var file_bettercompute_api_v1_fleet_proto_goTypes = []any{
 	(*ListJoinTokensResponse)(nil),     // 25: bettercompute.api.v1.ListJoinTokensResponse
 	(*RevokeJoinTokenRequest)(nil),     // 26: bettercompute.api.v1.RevokeJoinTokenRequest
 	(*RevokeJoinTokenResponse)(nil),    // 27: bettercompute.api.v1.RevokeJoinTokenResponse
-	(*JoinRequest)(nil),                // 28: bettercompute.api.v1.JoinRequest
-	(*ListJoinRequestsRequest)(nil),    // 29: bettercompute.api.v1.ListJoinRequestsRequest
-	(*ListJoinRequestsResponse)(nil),   // 30: bettercompute.api.v1.ListJoinRequestsResponse
-	(*ApproveJoinRequestRequest)(nil),  // 31: bettercompute.api.v1.ApproveJoinRequestRequest
-	(*ApproveJoinRequestResponse)(nil), // 32: bettercompute.api.v1.ApproveJoinRequestResponse
-	(*RejectJoinRequestRequest)(nil),   // 33: bettercompute.api.v1.RejectJoinRequestRequest
-	(*RejectJoinRequestResponse)(nil),  // 34: bettercompute.api.v1.RejectJoinRequestResponse
-	(*Gpu)(nil),                        // 35: bettercompute.api.v1.Gpu
-	(*MigInstance)(nil),                // 36: bettercompute.api.v1.MigInstance
-	(*NvLink)(nil),                     // 37: bettercompute.api.v1.NvLink
-	(*NumaNode)(nil),                   // 38: bettercompute.api.v1.NumaNode
-	(*NodeResources)(nil),              // 39: bettercompute.api.v1.NodeResources
-	(*GetInventoryRequest)(nil),        // 40: bettercompute.api.v1.GetInventoryRequest
-	(*GetInventoryResponse)(nil),       // 41: bettercompute.api.v1.GetInventoryResponse
-	nil,                                // 42: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                // 43: bettercompute.api.v1.Node.DerivedLabelsEntry
-	nil,                                // 44: bettercompute.api.v1.JoinToken.LabelsEntry
-	nil,                                // 45: bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),      // 46: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),            // 47: google.protobuf.Struct
+	(*TrustAnchor)(nil),                // 28: bettercompute.api.v1.TrustAnchor
+	(*CreateTrustAnchorRequest)(nil),   // 29: bettercompute.api.v1.CreateTrustAnchorRequest
+	(*CreateTrustAnchorResponse)(nil),  // 30: bettercompute.api.v1.CreateTrustAnchorResponse
+	(*ListTrustAnchorsRequest)(nil),    // 31: bettercompute.api.v1.ListTrustAnchorsRequest
+	(*ListTrustAnchorsResponse)(nil),   // 32: bettercompute.api.v1.ListTrustAnchorsResponse
+	(*DeleteTrustAnchorRequest)(nil),   // 33: bettercompute.api.v1.DeleteTrustAnchorRequest
+	(*DeleteTrustAnchorResponse)(nil),  // 34: bettercompute.api.v1.DeleteTrustAnchorResponse
+	(*JoinRequest)(nil),                // 35: bettercompute.api.v1.JoinRequest
+	(*ListJoinRequestsRequest)(nil),    // 36: bettercompute.api.v1.ListJoinRequestsRequest
+	(*ListJoinRequestsResponse)(nil),   // 37: bettercompute.api.v1.ListJoinRequestsResponse
+	(*ApproveJoinRequestRequest)(nil),  // 38: bettercompute.api.v1.ApproveJoinRequestRequest
+	(*ApproveJoinRequestResponse)(nil), // 39: bettercompute.api.v1.ApproveJoinRequestResponse
+	(*RejectJoinRequestRequest)(nil),   // 40: bettercompute.api.v1.RejectJoinRequestRequest
+	(*RejectJoinRequestResponse)(nil),  // 41: bettercompute.api.v1.RejectJoinRequestResponse
+	(*Gpu)(nil),                        // 42: bettercompute.api.v1.Gpu
+	(*MigInstance)(nil),                // 43: bettercompute.api.v1.MigInstance
+	(*NvLink)(nil),                     // 44: bettercompute.api.v1.NvLink
+	(*NumaNode)(nil),                   // 45: bettercompute.api.v1.NumaNode
+	(*NodeResources)(nil),              // 46: bettercompute.api.v1.NodeResources
+	(*GetInventoryRequest)(nil),        // 47: bettercompute.api.v1.GetInventoryRequest
+	(*GetInventoryResponse)(nil),       // 48: bettercompute.api.v1.GetInventoryResponse
+	nil,                                // 49: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                // 50: bettercompute.api.v1.Node.DerivedLabelsEntry
+	nil,                                // 51: bettercompute.api.v1.JoinToken.LabelsEntry
+	nil,                                // 52: bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),      // 53: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),            // 54: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_fleet_proto_depIdxs = []int32{
-	42, // 0: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	46, // 1: bettercompute.api.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
+	49, // 0: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	53, // 1: bettercompute.api.v1.Node.last_heartbeat:type_name -> google.protobuf.Timestamp
 	1,  // 2: bettercompute.api.v1.Node.conditions:type_name -> bettercompute.api.v1.NodeCondition
-	46, // 3: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	43, // 4: bettercompute.api.v1.Node.derived_labels:type_name -> bettercompute.api.v1.Node.DerivedLabelsEntry
-	46, // 5: bettercompute.api.v1.NodeCondition.update_time:type_name -> google.protobuf.Timestamp
+	53, // 3: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	50, // 4: bettercompute.api.v1.Node.derived_labels:type_name -> bettercompute.api.v1.Node.DerivedLabelsEntry
+	53, // 5: bettercompute.api.v1.NodeCondition.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 6: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
 	0,  // 7: bettercompute.api.v1.GetNodeResponse.node:type_name -> bettercompute.api.v1.Node
 	0,  // 8: bettercompute.api.v1.DrainNodeResponse.node:type_name -> bettercompute.api.v1.Node
 	12, // 9: bettercompute.api.v1.DrainNodeResponse.command:type_name -> bettercompute.api.v1.Command
 	0,  // 10: bettercompute.api.v1.UndrainNodeResponse.node:type_name -> bettercompute.api.v1.Node
-	47, // 11: bettercompute.api.v1.Command.params:type_name -> google.protobuf.Struct
-	47, // 12: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	46, // 13: bettercompute.api.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	46, // 14: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	46, // 15: bettercompute.api.v1.Command.update_time:type_name -> google.protobuf.Timestamp
-	47, // 16: bettercompute.api.v1.RunCommandRequest.params:type_name -> google.protobuf.Struct
+	54, // 11: bettercompute.api.v1.Command.params:type_name -> google.protobuf.Struct
+	54, // 12: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	53, // 13: bettercompute.api.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	53, // 14: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	53, // 15: bettercompute.api.v1.Command.update_time:type_name -> google.protobuf.Timestamp
+	54, // 16: bettercompute.api.v1.RunCommandRequest.params:type_name -> google.protobuf.Struct
 	12, // 17: bettercompute.api.v1.RunCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	12, // 18: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	12, // 19: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	12, // 20: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	44, // 21: bettercompute.api.v1.JoinToken.labels:type_name -> bettercompute.api.v1.JoinToken.LabelsEntry
-	46, // 22: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	46, // 23: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	46, // 24: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	46, // 25: bettercompute.api.v1.JoinToken.used_time:type_name -> google.protobuf.Timestamp
-	45, // 26: bettercompute.api.v1.CreateJoinTokenRequest.labels:type_name -> bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
+	51, // 21: bettercompute.api.v1.JoinToken.labels:type_name -> bettercompute.api.v1.JoinToken.LabelsEntry
+	53, // 22: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	53, // 23: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	53, // 24: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	53, // 25: bettercompute.api.v1.JoinToken.used_time:type_name -> google.protobuf.Timestamp
+	52, // 26: bettercompute.api.v1.CreateJoinTokenRequest.labels:type_name -> bettercompute.api.v1.CreateJoinTokenRequest.LabelsEntry
 	21, // 27: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	21, // 28: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
 	21, // 29: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	46, // 30: bettercompute.api.v1.JoinRequest.create_time:type_name -> google.protobuf.Timestamp
-	46, // 31: bettercompute.api.v1.JoinRequest.decide_time:type_name -> google.protobuf.Timestamp
-	28, // 32: bettercompute.api.v1.ListJoinRequestsResponse.join_requests:type_name -> bettercompute.api.v1.JoinRequest
-	28, // 33: bettercompute.api.v1.ApproveJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
-	28, // 34: bettercompute.api.v1.RejectJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
-	36, // 35: bettercompute.api.v1.Gpu.mig_instances:type_name -> bettercompute.api.v1.MigInstance
-	46, // 36: bettercompute.api.v1.NodeResources.update_time:type_name -> google.protobuf.Timestamp
-	35, // 37: bettercompute.api.v1.GetInventoryResponse.gpus:type_name -> bettercompute.api.v1.Gpu
-	37, // 38: bettercompute.api.v1.GetInventoryResponse.nvlinks:type_name -> bettercompute.api.v1.NvLink
-	38, // 39: bettercompute.api.v1.GetInventoryResponse.numa_nodes:type_name -> bettercompute.api.v1.NumaNode
-	39, // 40: bettercompute.api.v1.GetInventoryResponse.resources:type_name -> bettercompute.api.v1.NodeResources
-	1,  // 41: bettercompute.api.v1.GetInventoryResponse.conditions:type_name -> bettercompute.api.v1.NodeCondition
-	2,  // 42: bettercompute.api.v1.NodeService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	4,  // 43: bettercompute.api.v1.NodeService.Get:input_type -> bettercompute.api.v1.GetNodeRequest
-	6,  // 44: bettercompute.api.v1.NodeService.Drain:input_type -> bettercompute.api.v1.DrainNodeRequest
-	8,  // 45: bettercompute.api.v1.NodeService.Undrain:input_type -> bettercompute.api.v1.UndrainNodeRequest
-	10, // 46: bettercompute.api.v1.NodeService.Delete:input_type -> bettercompute.api.v1.DeleteNodeRequest
-	13, // 47: bettercompute.api.v1.CommandService.Run:input_type -> bettercompute.api.v1.RunCommandRequest
-	15, // 48: bettercompute.api.v1.CommandService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	17, // 49: bettercompute.api.v1.CommandService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	19, // 50: bettercompute.api.v1.CommandService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	22, // 51: bettercompute.api.v1.JoinTokenService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	24, // 52: bettercompute.api.v1.JoinTokenService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	26, // 53: bettercompute.api.v1.JoinTokenService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	29, // 54: bettercompute.api.v1.JoinRequestService.List:input_type -> bettercompute.api.v1.ListJoinRequestsRequest
-	31, // 55: bettercompute.api.v1.JoinRequestService.Approve:input_type -> bettercompute.api.v1.ApproveJoinRequestRequest
-	33, // 56: bettercompute.api.v1.JoinRequestService.Reject:input_type -> bettercompute.api.v1.RejectJoinRequestRequest
-	40, // 57: bettercompute.api.v1.InventoryService.Get:input_type -> bettercompute.api.v1.GetInventoryRequest
-	3,  // 58: bettercompute.api.v1.NodeService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	5,  // 59: bettercompute.api.v1.NodeService.Get:output_type -> bettercompute.api.v1.GetNodeResponse
-	7,  // 60: bettercompute.api.v1.NodeService.Drain:output_type -> bettercompute.api.v1.DrainNodeResponse
-	9,  // 61: bettercompute.api.v1.NodeService.Undrain:output_type -> bettercompute.api.v1.UndrainNodeResponse
-	11, // 62: bettercompute.api.v1.NodeService.Delete:output_type -> bettercompute.api.v1.DeleteNodeResponse
-	14, // 63: bettercompute.api.v1.CommandService.Run:output_type -> bettercompute.api.v1.RunCommandResponse
-	16, // 64: bettercompute.api.v1.CommandService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	18, // 65: bettercompute.api.v1.CommandService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	20, // 66: bettercompute.api.v1.CommandService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	23, // 67: bettercompute.api.v1.JoinTokenService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	25, // 68: bettercompute.api.v1.JoinTokenService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	27, // 69: bettercompute.api.v1.JoinTokenService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	30, // 70: bettercompute.api.v1.JoinRequestService.List:output_type -> bettercompute.api.v1.ListJoinRequestsResponse
-	32, // 71: bettercompute.api.v1.JoinRequestService.Approve:output_type -> bettercompute.api.v1.ApproveJoinRequestResponse
-	34, // 72: bettercompute.api.v1.JoinRequestService.Reject:output_type -> bettercompute.api.v1.RejectJoinRequestResponse
-	41, // 73: bettercompute.api.v1.InventoryService.Get:output_type -> bettercompute.api.v1.GetInventoryResponse
-	58, // [58:74] is the sub-list for method output_type
-	42, // [42:58] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	53, // 30: bettercompute.api.v1.TrustAnchor.create_time:type_name -> google.protobuf.Timestamp
+	28, // 31: bettercompute.api.v1.CreateTrustAnchorResponse.trust_anchor:type_name -> bettercompute.api.v1.TrustAnchor
+	28, // 32: bettercompute.api.v1.ListTrustAnchorsResponse.trust_anchors:type_name -> bettercompute.api.v1.TrustAnchor
+	28, // 33: bettercompute.api.v1.DeleteTrustAnchorResponse.trust_anchor:type_name -> bettercompute.api.v1.TrustAnchor
+	53, // 34: bettercompute.api.v1.JoinRequest.create_time:type_name -> google.protobuf.Timestamp
+	53, // 35: bettercompute.api.v1.JoinRequest.decide_time:type_name -> google.protobuf.Timestamp
+	35, // 36: bettercompute.api.v1.ListJoinRequestsResponse.join_requests:type_name -> bettercompute.api.v1.JoinRequest
+	35, // 37: bettercompute.api.v1.ApproveJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
+	35, // 38: bettercompute.api.v1.RejectJoinRequestResponse.join_request:type_name -> bettercompute.api.v1.JoinRequest
+	43, // 39: bettercompute.api.v1.Gpu.mig_instances:type_name -> bettercompute.api.v1.MigInstance
+	53, // 40: bettercompute.api.v1.NodeResources.update_time:type_name -> google.protobuf.Timestamp
+	42, // 41: bettercompute.api.v1.GetInventoryResponse.gpus:type_name -> bettercompute.api.v1.Gpu
+	44, // 42: bettercompute.api.v1.GetInventoryResponse.nvlinks:type_name -> bettercompute.api.v1.NvLink
+	45, // 43: bettercompute.api.v1.GetInventoryResponse.numa_nodes:type_name -> bettercompute.api.v1.NumaNode
+	46, // 44: bettercompute.api.v1.GetInventoryResponse.resources:type_name -> bettercompute.api.v1.NodeResources
+	1,  // 45: bettercompute.api.v1.GetInventoryResponse.conditions:type_name -> bettercompute.api.v1.NodeCondition
+	2,  // 46: bettercompute.api.v1.NodeService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	4,  // 47: bettercompute.api.v1.NodeService.Get:input_type -> bettercompute.api.v1.GetNodeRequest
+	6,  // 48: bettercompute.api.v1.NodeService.Drain:input_type -> bettercompute.api.v1.DrainNodeRequest
+	8,  // 49: bettercompute.api.v1.NodeService.Undrain:input_type -> bettercompute.api.v1.UndrainNodeRequest
+	10, // 50: bettercompute.api.v1.NodeService.Delete:input_type -> bettercompute.api.v1.DeleteNodeRequest
+	13, // 51: bettercompute.api.v1.CommandService.Run:input_type -> bettercompute.api.v1.RunCommandRequest
+	15, // 52: bettercompute.api.v1.CommandService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	17, // 53: bettercompute.api.v1.CommandService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	19, // 54: bettercompute.api.v1.CommandService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	22, // 55: bettercompute.api.v1.JoinTokenService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	24, // 56: bettercompute.api.v1.JoinTokenService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	26, // 57: bettercompute.api.v1.JoinTokenService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	29, // 58: bettercompute.api.v1.TrustAnchorService.Create:input_type -> bettercompute.api.v1.CreateTrustAnchorRequest
+	31, // 59: bettercompute.api.v1.TrustAnchorService.List:input_type -> bettercompute.api.v1.ListTrustAnchorsRequest
+	33, // 60: bettercompute.api.v1.TrustAnchorService.Delete:input_type -> bettercompute.api.v1.DeleteTrustAnchorRequest
+	36, // 61: bettercompute.api.v1.JoinRequestService.List:input_type -> bettercompute.api.v1.ListJoinRequestsRequest
+	38, // 62: bettercompute.api.v1.JoinRequestService.Approve:input_type -> bettercompute.api.v1.ApproveJoinRequestRequest
+	40, // 63: bettercompute.api.v1.JoinRequestService.Reject:input_type -> bettercompute.api.v1.RejectJoinRequestRequest
+	47, // 64: bettercompute.api.v1.InventoryService.Get:input_type -> bettercompute.api.v1.GetInventoryRequest
+	3,  // 65: bettercompute.api.v1.NodeService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	5,  // 66: bettercompute.api.v1.NodeService.Get:output_type -> bettercompute.api.v1.GetNodeResponse
+	7,  // 67: bettercompute.api.v1.NodeService.Drain:output_type -> bettercompute.api.v1.DrainNodeResponse
+	9,  // 68: bettercompute.api.v1.NodeService.Undrain:output_type -> bettercompute.api.v1.UndrainNodeResponse
+	11, // 69: bettercompute.api.v1.NodeService.Delete:output_type -> bettercompute.api.v1.DeleteNodeResponse
+	14, // 70: bettercompute.api.v1.CommandService.Run:output_type -> bettercompute.api.v1.RunCommandResponse
+	16, // 71: bettercompute.api.v1.CommandService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	18, // 72: bettercompute.api.v1.CommandService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	20, // 73: bettercompute.api.v1.CommandService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	23, // 74: bettercompute.api.v1.JoinTokenService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	25, // 75: bettercompute.api.v1.JoinTokenService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	27, // 76: bettercompute.api.v1.JoinTokenService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	30, // 77: bettercompute.api.v1.TrustAnchorService.Create:output_type -> bettercompute.api.v1.CreateTrustAnchorResponse
+	32, // 78: bettercompute.api.v1.TrustAnchorService.List:output_type -> bettercompute.api.v1.ListTrustAnchorsResponse
+	34, // 79: bettercompute.api.v1.TrustAnchorService.Delete:output_type -> bettercompute.api.v1.DeleteTrustAnchorResponse
+	37, // 80: bettercompute.api.v1.JoinRequestService.List:output_type -> bettercompute.api.v1.ListJoinRequestsResponse
+	39, // 81: bettercompute.api.v1.JoinRequestService.Approve:output_type -> bettercompute.api.v1.ApproveJoinRequestResponse
+	41, // 82: bettercompute.api.v1.JoinRequestService.Reject:output_type -> bettercompute.api.v1.RejectJoinRequestResponse
+	48, // 83: bettercompute.api.v1.InventoryService.Get:output_type -> bettercompute.api.v1.GetInventoryResponse
+	65, // [65:84] is the sub-list for method output_type
+	46, // [46:65] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_fleet_proto_init() }
@@ -3416,9 +4008,9 @@ func file_bettercompute_api_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_fleet_proto_rawDesc), len(file_bettercompute_api_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   53,
 			NumExtensions: 0,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_bettercompute_api_v1_fleet_proto_goTypes,
 		DependencyIndexes: file_bettercompute_api_v1_fleet_proto_depIdxs,

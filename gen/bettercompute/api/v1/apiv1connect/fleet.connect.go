@@ -27,6 +27,8 @@ const (
 	CommandServiceName = "bettercompute.api.v1.CommandService"
 	// JoinTokenServiceName is the fully-qualified name of the JoinTokenService service.
 	JoinTokenServiceName = "bettercompute.api.v1.JoinTokenService"
+	// TrustAnchorServiceName is the fully-qualified name of the TrustAnchorService service.
+	TrustAnchorServiceName = "bettercompute.api.v1.TrustAnchorService"
 	// JoinRequestServiceName is the fully-qualified name of the JoinRequestService service.
 	JoinRequestServiceName = "bettercompute.api.v1.JoinRequestService"
 	// InventoryServiceName is the fully-qualified name of the InventoryService service.
@@ -65,6 +67,14 @@ const (
 	JoinTokenServiceListProcedure = "/bettercompute.api.v1.JoinTokenService/List"
 	// JoinTokenServiceRevokeProcedure is the fully-qualified name of the JoinTokenService's Revoke RPC.
 	JoinTokenServiceRevokeProcedure = "/bettercompute.api.v1.JoinTokenService/Revoke"
+	// TrustAnchorServiceCreateProcedure is the fully-qualified name of the TrustAnchorService's Create
+	// RPC.
+	TrustAnchorServiceCreateProcedure = "/bettercompute.api.v1.TrustAnchorService/Create"
+	// TrustAnchorServiceListProcedure is the fully-qualified name of the TrustAnchorService's List RPC.
+	TrustAnchorServiceListProcedure = "/bettercompute.api.v1.TrustAnchorService/List"
+	// TrustAnchorServiceDeleteProcedure is the fully-qualified name of the TrustAnchorService's Delete
+	// RPC.
+	TrustAnchorServiceDeleteProcedure = "/bettercompute.api.v1.TrustAnchorService/Delete"
 	// JoinRequestServiceListProcedure is the fully-qualified name of the JoinRequestService's List RPC.
 	JoinRequestServiceListProcedure = "/bettercompute.api.v1.JoinRequestService/List"
 	// JoinRequestServiceApproveProcedure is the fully-qualified name of the JoinRequestService's
@@ -544,6 +554,131 @@ func (UnimplementedJoinTokenServiceHandler) List(context.Context, *connect.Reque
 
 func (UnimplementedJoinTokenServiceHandler) Revoke(context.Context, *connect.Request[v1.RevokeJoinTokenRequest]) (*connect.Response[v1.RevokeJoinTokenResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.JoinTokenService.Revoke is not implemented"))
+}
+
+// TrustAnchorServiceClient is a client for the bettercompute.api.v1.TrustAnchorService service.
+type TrustAnchorServiceClient interface {
+	Create(context.Context, *connect.Request[v1.CreateTrustAnchorRequest]) (*connect.Response[v1.CreateTrustAnchorResponse], error)
+	List(context.Context, *connect.Request[v1.ListTrustAnchorsRequest]) (*connect.Response[v1.ListTrustAnchorsResponse], error)
+	Delete(context.Context, *connect.Request[v1.DeleteTrustAnchorRequest]) (*connect.Response[v1.DeleteTrustAnchorResponse], error)
+}
+
+// NewTrustAnchorServiceClient constructs a client for the bettercompute.api.v1.TrustAnchorService
+// service. By default, it uses the Connect protocol with the binary Protobuf Codec, asks for
+// gzipped responses, and sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply
+// the connect.WithGRPC() or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewTrustAnchorServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) TrustAnchorServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	trustAnchorServiceMethods := v1.File_bettercompute_api_v1_fleet_proto.Services().ByName("TrustAnchorService").Methods()
+	return &trustAnchorServiceClient{
+		create: connect.NewClient[v1.CreateTrustAnchorRequest, v1.CreateTrustAnchorResponse](
+			httpClient,
+			baseURL+TrustAnchorServiceCreateProcedure,
+			connect.WithSchema(trustAnchorServiceMethods.ByName("Create")),
+			connect.WithClientOptions(opts...),
+		),
+		list: connect.NewClient[v1.ListTrustAnchorsRequest, v1.ListTrustAnchorsResponse](
+			httpClient,
+			baseURL+TrustAnchorServiceListProcedure,
+			connect.WithSchema(trustAnchorServiceMethods.ByName("List")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[v1.DeleteTrustAnchorRequest, v1.DeleteTrustAnchorResponse](
+			httpClient,
+			baseURL+TrustAnchorServiceDeleteProcedure,
+			connect.WithSchema(trustAnchorServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// trustAnchorServiceClient implements TrustAnchorServiceClient.
+type trustAnchorServiceClient struct {
+	create *connect.Client[v1.CreateTrustAnchorRequest, v1.CreateTrustAnchorResponse]
+	list   *connect.Client[v1.ListTrustAnchorsRequest, v1.ListTrustAnchorsResponse]
+	delete *connect.Client[v1.DeleteTrustAnchorRequest, v1.DeleteTrustAnchorResponse]
+}
+
+// Create calls bettercompute.api.v1.TrustAnchorService.Create.
+func (c *trustAnchorServiceClient) Create(ctx context.Context, req *connect.Request[v1.CreateTrustAnchorRequest]) (*connect.Response[v1.CreateTrustAnchorResponse], error) {
+	return c.create.CallUnary(ctx, req)
+}
+
+// List calls bettercompute.api.v1.TrustAnchorService.List.
+func (c *trustAnchorServiceClient) List(ctx context.Context, req *connect.Request[v1.ListTrustAnchorsRequest]) (*connect.Response[v1.ListTrustAnchorsResponse], error) {
+	return c.list.CallUnary(ctx, req)
+}
+
+// Delete calls bettercompute.api.v1.TrustAnchorService.Delete.
+func (c *trustAnchorServiceClient) Delete(ctx context.Context, req *connect.Request[v1.DeleteTrustAnchorRequest]) (*connect.Response[v1.DeleteTrustAnchorResponse], error) {
+	return c.delete.CallUnary(ctx, req)
+}
+
+// TrustAnchorServiceHandler is an implementation of the bettercompute.api.v1.TrustAnchorService
+// service.
+type TrustAnchorServiceHandler interface {
+	Create(context.Context, *connect.Request[v1.CreateTrustAnchorRequest]) (*connect.Response[v1.CreateTrustAnchorResponse], error)
+	List(context.Context, *connect.Request[v1.ListTrustAnchorsRequest]) (*connect.Response[v1.ListTrustAnchorsResponse], error)
+	Delete(context.Context, *connect.Request[v1.DeleteTrustAnchorRequest]) (*connect.Response[v1.DeleteTrustAnchorResponse], error)
+}
+
+// NewTrustAnchorServiceHandler builds an HTTP handler from the service implementation. It returns
+// the path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewTrustAnchorServiceHandler(svc TrustAnchorServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	trustAnchorServiceMethods := v1.File_bettercompute_api_v1_fleet_proto.Services().ByName("TrustAnchorService").Methods()
+	trustAnchorServiceCreateHandler := connect.NewUnaryHandler(
+		TrustAnchorServiceCreateProcedure,
+		svc.Create,
+		connect.WithSchema(trustAnchorServiceMethods.ByName("Create")),
+		connect.WithHandlerOptions(opts...),
+	)
+	trustAnchorServiceListHandler := connect.NewUnaryHandler(
+		TrustAnchorServiceListProcedure,
+		svc.List,
+		connect.WithSchema(trustAnchorServiceMethods.ByName("List")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	trustAnchorServiceDeleteHandler := connect.NewUnaryHandler(
+		TrustAnchorServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(trustAnchorServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/bettercompute.api.v1.TrustAnchorService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case TrustAnchorServiceCreateProcedure:
+			trustAnchorServiceCreateHandler.ServeHTTP(w, r)
+		case TrustAnchorServiceListProcedure:
+			trustAnchorServiceListHandler.ServeHTTP(w, r)
+		case TrustAnchorServiceDeleteProcedure:
+			trustAnchorServiceDeleteHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedTrustAnchorServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedTrustAnchorServiceHandler struct{}
+
+func (UnimplementedTrustAnchorServiceHandler) Create(context.Context, *connect.Request[v1.CreateTrustAnchorRequest]) (*connect.Response[v1.CreateTrustAnchorResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TrustAnchorService.Create is not implemented"))
+}
+
+func (UnimplementedTrustAnchorServiceHandler) List(context.Context, *connect.Request[v1.ListTrustAnchorsRequest]) (*connect.Response[v1.ListTrustAnchorsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TrustAnchorService.List is not implemented"))
+}
+
+func (UnimplementedTrustAnchorServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteTrustAnchorRequest]) (*connect.Response[v1.DeleteTrustAnchorResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TrustAnchorService.Delete is not implemented"))
 }
 
 // JoinRequestServiceClient is a client for the bettercompute.api.v1.JoinRequestService service.
