@@ -342,9 +342,11 @@ type ApproverSet struct {
 	Keys      []*ApproverKey         `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
 	// SHA-256 of the set's canonical bytes, hex: what the previous set's
 	// quorum signed to admit this one.
-	Digest        string                 `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
-	CreatedBy     string                 `protobuf:"bytes,6,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	Digest     string                 `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	CreatedBy  string                 `protobuf:"bytes,6,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The trust domain the set's canonical bytes bind.
+	TrustDomain   string `protobuf:"bytes,8,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -426,6 +428,13 @@ func (x *ApproverSet) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
+}
+
+func (x *ApproverSet) GetTrustDomain() string {
+	if x != nil {
+		return x.TrustDomain
+	}
+	return ""
 }
 
 type ApproverKey struct {
@@ -1483,7 +1492,7 @@ const file_bettercompute_api_v1_batches_proto_rawDesc = "" +
 	"\vapproved_by\x18\x02 \x01(\tR\n" +
 	"approvedBy\x12;\n" +
 	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\x89\x02\n" +
+	"createTime\"\xac\x02\n" +
 	"\vApproverSet\x12\x1b\n" +
 	"\ttenant_id\x18\x01 \x01(\tR\btenantId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12\x1c\n" +
@@ -1493,7 +1502,8 @@ const file_bettercompute_api_v1_batches_proto_rawDesc = "" +
 	"\n" +
 	"created_by\x18\x06 \x01(\tR\tcreatedBy\x12;\n" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"C\n" +
+	"createTime\x12!\n" +
+	"\ftrust_domain\x18\b \x01(\tR\vtrustDomain\"C\n" +
 	"\vApproverKey\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x01 \x01(\tR\tpublicKey\x12\x15\n" +
