@@ -137,14 +137,6 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateC
 			if tenant.ID == "" {
 				return nil, envelope.NotFound("tenant", msg.GetTenant())
 			}
-			set, err := ApproverSetCurrent(ctx, tx, tenant.ID)
-			if errors.Is(err, store.ErrNotFound) {
-				return nil, envelope.Errorf(envelope.CodeFailedPrecondition,
-					"tenant %s has no approver set: a tenant admin sets one first (better-compute batches approvers set)", tenant.Name)
-			}
-			if err != nil {
-				return nil, err
-			}
 			now := tx.Now()
 			id := envelope.NewID(BatchIDPrefix, now)
 			rows := make([]Leaf, len(leaves))
@@ -164,6 +156,16 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateC
 				rows[i] = Leaf{BatchID: id, Index: i, Kind: l.kind, Subject: l.subject, NodeID: n.ID, Params: string(l.params),
 					ParamsSHA256: hex.EncodeToString(l.digest[:])}
 				sigLeaves[i] = approval.Leaf{Kind: l.kind, Subject: l.subject, ParamsDigest: l.digest}
+			}
+			// After the leaves: a stranger's node id answers NOT_FOUND
+			// whatever the tenant's approvers.
+			set, err := ApproverSetCurrent(ctx, tx, tenant.ID)
+			if errors.Is(err, store.ErrNotFound) {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition,
+					"tenant %s has no approver set: a tenant admin sets one first (better-compute batches approvers set)", tenant.Name)
+			}
+			if err != nil {
+				return nil, err
 			}
 			root, err := approval.Root(sigLeaves)
 			if err != nil {
