@@ -520,9 +520,11 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		return err
 	},
 	"machines.abort": func(t *testing.T, f *matrixFixture, c *client.Client) error {
-		// A machine with a workflow running: the platform admin's power-off.
+		// A machine with a workflow running: the platform admin's power-on
+		// (off needs a quorum once acme has approvers, as the batch rows
+		// give it).
 		m := f.matrixMachine(t, metal.StateReady)
-		_, err := f.admin.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "off"}))
+		_, err := f.admin.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "on"}))
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Machines.Abort(context.Background(), connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "acme", Machine: m}))

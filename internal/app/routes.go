@@ -144,8 +144,11 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	if a.PKI != nil {
 		trustDomain = a.PKI.TrustDomain()
 	}
-	mux.Handle(apiv1connect.NewCommandBatchServiceHandler(quorum.NewService(a.Envelope, quorum.Deps{TrustDomain: trustDomain, Notifier: a.Gateway}),
-		opts, connect.WithReadMaxBytes(quorum.MaxRequestBytes)))
+	qd := quorum.Deps{TrustDomain: trustDomain, Notifier: a.Gateway}
+	if a.Metal != nil {
+		qd.Machines = a.Metal
+	}
+	mux.Handle(apiv1connect.NewCommandBatchServiceHandler(quorum.NewService(a.Envelope, qd), opts, connect.WithReadMaxBytes(quorum.MaxRequestBytes)))
 	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))

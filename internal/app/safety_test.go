@@ -748,7 +748,7 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		Root: strings.Repeat("0", 64), Epoch: 1, Threshold: 1, TrustDomain: "example.org", PayloadBytes: 2, CreatedBy: "test",
 		CreateTime: now, ExpireTime: now.Add(time.Hour), UpdateTime: now}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		return quorum.BatchInsert(ctx, tx, &batch, []quorum.Leaf{{Index: 0, Kind: fleet.KindDiskWipe, Subject: node.ID, NodeID: node.ID,
+		return quorum.BatchInsert(ctx, tx, &batch, []quorum.Leaf{{Index: 0, Kind: fleet.KindDiskWipe, Subject: node.ID, TargetID: node.ID,
 			Params: "{}", ParamsSHA256: strings.Repeat("0", 64)}})
 	}))
 	evilKey := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"

@@ -50,10 +50,11 @@ func (a *app) batchesCommand() *cobra.Command {
 		ttl               time.Duration
 	)
 	create := &cobra.Command{
-		Use:   "create (--leaf KIND,NODE[,PARAMS] ... | --file FILE)",
+		Use:   "create (--leaf KIND,SUBJECT[,PARAMS] ... | --file FILE)",
 		Short: "Propose a batch of destructive commands",
-		Long: `Propose a batch: each --leaf is a destructive kind, its subject (a node id)
-and optionally its params as a JSON object (everything after the second
+		Long: `Propose a batch: each --leaf is a destructive kind, its subject (a node id,
+or site/<site id>/machine/<machine id> for power.off and power.cycle) and
+optionally its params as a JSON object (everything after the second
 comma). --file reads {"description", "leaves": [{"kind", "subject",
 "params"}]} instead ("-" for standard input). The batch runs only once a
 quorum of the tenant's approvers signed it (batches approve).`,
@@ -92,7 +93,7 @@ quorum of the tenant's approvers signed it (batches approve).`,
 				for _, f := range leafFlags {
 					parts := strings.SplitN(f, ",", 3)
 					if len(parts) < 2 {
-						return invalidArg("leaf", fmt.Sprintf("%q is not KIND,NODE[,PARAMS]", f))
+						return invalidArg("leaf", fmt.Sprintf("%q is not KIND,SUBJECT[,PARAMS]", f))
 					}
 					leaf := &apiv1.CommandBatchLeafSpec{Kind: parts[0], Subject: parts[1]}
 					if len(parts) == 3 {
@@ -127,7 +128,7 @@ quorum of the tenant's approvers signed it (batches approve).`,
 		},
 	}
 	addTenantFlag(create, &tenant)
-	create.Flags().StringArrayVar(&leafFlags, "leaf", nil, "a command: KIND,NODE[,PARAMS JSON] (repeatable)")
+	create.Flags().StringArrayVar(&leafFlags, "leaf", nil, "a command: KIND,SUBJECT[,PARAMS JSON] (repeatable)")
 	create.Flags().StringVar(&file, "file", "", "a batch file (JSON; - for standard input)")
 	create.Flags().StringVar(&description, "description", "", "what the batch is for")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "how long the batch waits for its approvals (default 24h, at most 168h)")

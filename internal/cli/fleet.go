@@ -313,7 +313,7 @@ unless it succeeded.
 
 --batch ID runs an approved command batch instead (docs/quorum.md): each of
 its leaves becomes one command, once, however often it is run. Destructive
-kinds (disk.wipe, image.write) run only that way.`,
+kinds (disk.wipe, image.write, power.off, power.cycle) run only that way.`,
 		Args: func(cmd *cobra.Command, got []string) error {
 			if batch != "" {
 				return positional()(cmd, got)

@@ -368,8 +368,8 @@ type ProposeBatchInput struct {
 
 // BatchLeafInput is one proposed command.
 type BatchLeafInput struct {
-	Kind    string         `json:"kind" jsonschema:"a destructive command kind: disk.wipe or image.write"`
-	Subject string         `json:"subject" jsonschema:"the node id the command is for (a commissioning ramdisk)"`
+	Kind    string         `json:"kind" jsonschema:"a destructive command kind: disk.wipe or image.write (a node), power.off or power.cycle (a machine)"`
+	Subject string         `json:"subject" jsonschema:"the node id (a commissioning ramdisk), or site/<site id>/machine/<machine id> for a power kind"`
 	Params  map[string]any `json:"params,omitempty" jsonschema:"the command's params"`
 }
 
@@ -386,7 +386,7 @@ var batchFields = map[string]string{"ttl_seconds": "ttl"}
 // signature with a key an agent never holds (docs/quorum.md).
 func registerBatchTools(s *Server, srv *sdk.Server) {
 	addTool(s, srv, &sdk.Tool{Name: "propose_command_batch",
-		Description: "Propose a batch of destructive commands (disk.wipe, image.write) on the tenant's nodes. " +
+		Description: "Propose a batch of destructive commands (disk.wipe, image.write on nodes; power.off, power.cycle on machines) of the tenant. " +
 			"It runs only after a quorum of the tenant's human approvers signed it; this tool cannot approve or run it."},
 		func(in ProposeBatchInput) string { return in.Tenant }, batchFields,
 		func(ctx context.Context, c call, in ProposeBatchInput) (*BatchOutput, error) {

@@ -31,7 +31,7 @@ func batchProto(b Batch, leaves []Leaf, approvals []Approval, now time.Time) *ap
 		_ = json.Unmarshal([]byte(l.Params), &m)
 		st, _ := structpb.NewStruct(m)
 		out.Leaves = append(out.Leaves, &apiv1.CommandBatchLeaf{Index: int32(l.Index), Kind: l.Kind, Subject: l.Subject,
-			Params: st, ParamsSha256: l.ParamsSHA256, CommandId: l.CommandID})
+			Params: st, ParamsSha256: l.ParamsSHA256, CommandId: l.CommandID, WorkflowId: l.WorkflowID})
 	}
 	for _, a := range approvals {
 		out.Approvals = append(out.Approvals, &apiv1.BatchApproval{KeyId: a.KeyID, ApprovedBy: a.ApprovedBy, CreateTime: timestamppb.New(a.CreateTime)})

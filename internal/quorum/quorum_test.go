@@ -539,3 +539,107 @@ func TestBatchCreateIdempotent(t *testing.T) {
 	require.Equal(t, a.Msg.GetBatch().GetId(), b.Msg.GetBatch().GetId())
 	require.Equal(t, 2, f.batchCount(t), "one batch row and one leaf row")
 }
+
+// enroll adds a site and a machine of tenant (as its admin key) and
+// returns their ids.
+func (f *fixture) enroll(t *testing.T, c *client.Client, tenant, site, machine, mac, bmc string) (string, string) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := c.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: tenant, Name: site, Networks: []string{"127.0.0.0/8"}}))
+	if err != nil {
+		// The site exists already: look it up.
+		got, gerr := c.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: tenant, Site: site}))
+		require.NoError(t, gerr, "create: %v", err)
+		s = connect.NewResponse(&apiv1.CreateSiteResponse{Site: got.Msg.GetSite()})
+	}
+	m, err := c.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: tenant, Site: site, Name: machine,
+		BmcDriver: "ipmi", BmcAddress: bmc, BmcUsername: "admin", BmcPassword: "secret", Mac: mac}))
+	require.NoError(t, err)
+	return s.Msg.GetSite().GetId(), m.Msg.GetMachine().GetId()
+}
+
+// TestBatchPowersMachines: a power.off leaf names a machine by its site;
+// another tenant's machine (or one under another site) is refused as a
+// missing one; the approved batch starts the machine's power workflow
+// once; and with approvers set, machines power off is refused directly.
+func TestBatchPowersMachines(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	admin, member := f.client("admin"), f.client("member")
+	site, m1 := f.enroll(t, admin, "acme", "dc1", "m1", "02:00:00:00:00:01", "127.0.0.2")
+	_, m2 := f.enroll(t, admin, "acme", "dc1", "m2", "02:00:00:00:00:02", "127.0.0.3")
+	otherSite, otherMachine := f.enroll(t, f.client("evil"), "other", "dc9", "x1", "02:00:00:00:00:09", "127.0.0.9")
+	f.putSet(t, 2, f.approvers...)
+
+	_, err := admin.Machines.Power(ctx, connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m1, Action: "off"}))
+	requireCode(t, err, "QUORUM_REQUIRED")
+	require.Contains(t, err.Error(), "batches create --leaf power.off,site/"+site+"/machine/"+m1)
+	// Power on destroys nothing: still one decision.
+	_, err = admin.Machines.Power(ctx, connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m2, Action: "on"}))
+	require.NoError(t, err)
+
+	mk := func(subject string, p map[string]any) error {
+		_, err := member.CommandBatches.Create(ctx, connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "acme",
+			Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: "power.off", Subject: subject, Params: params(t, p)}}}))
+		return err
+	}
+	missing := envelope.NewID("mch", f.cp.Clock.Now())
+	errOther := mk("site/"+otherSite+"/machine/"+otherMachine, nil)
+	errMissing := mk("site/"+otherSite+"/machine/"+missing, nil)
+	requireCode(t, errOther, "NOT_FOUND")
+	requireCode(t, errMissing, "NOT_FOUND")
+	require.Equal(t, strings.ReplaceAll(errMissing.Error(), missing, "ID"), strings.ReplaceAll(errOther.Error(), otherMachine, "ID"))
+	requireCode(t, mk("site/"+otherSite+"/machine/"+m1, nil), "NOT_FOUND", "acme's machine under another site")
+	requireCode(t, mk(m1, nil), "INVALID_ARGUMENT", "a bare machine id")
+	requireCode(t, mk("site/"+site+"/machine/"+m1, map[string]any{"boot": "disk"}), "INVALID_ARGUMENT", "params on a power leaf")
+	require.Zero(t, f.batchCount(t))
+
+	res, err := member.CommandBatches.Create(ctx, connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "acme",
+		Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: "power.off", Subject: "site/" + site + "/machine/" + m1},
+			{Kind: fleet.KindDiskWipe, Subject: f.node.ID}}}))
+	require.NoError(t, err)
+	b := res.Msg.GetBatch()
+	for _, s := range f.approvers[:2] {
+		_, err := member.CommandBatches.Approve(ctx, connect.NewRequest(approve(t, b, s)))
+		require.NoError(t, err)
+	}
+	ran, err := member.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: b.GetId()}))
+	require.NoError(t, err)
+	leaves := ran.Msg.GetBatch().GetLeaves()
+	require.NotEmpty(t, leaves[0].GetWorkflowId())
+	require.Empty(t, leaves[0].GetCommandId())
+	require.NotEmpty(t, leaves[1].GetCommandId())
+	// The workflow goes on without us (no site agent is connected here),
+	// so what is checked is that it exists for m1, not how far it got.
+	wf, err := admin.Machines.GetWorkflow(ctx, connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: "acme", Workflow: leaves[0].GetWorkflowId()}))
+	require.NoError(t, err)
+	require.Equal(t, m1, wf.Msg.GetWorkflow().GetMachineId())
+	require.Equal(t, "power-off", wf.Msg.GetWorkflow().GetOperation())
+	again, err := member.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: b.GetId()}))
+	require.NoError(t, err)
+	require.Equal(t, leaves[0].GetWorkflowId(), again.Msg.GetBatch().GetLeaves()[0].GetWorkflowId())
+
+	// A batch whose machine is busy by the time it runs runs nothing of it.
+	_, m3 := f.enroll(t, admin, "acme", "dc1", "m3", "02:00:00:00:00:03", "127.0.0.4")
+	res, err = member.CommandBatches.Create(ctx, connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "acme",
+		Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: fleet.KindDiskWipe, Subject: f.node2.ID},
+			{Kind: "power.cycle", Subject: "site/" + site + "/machine/" + m3}}}))
+	require.NoError(t, err)
+	busy := res.Msg.GetBatch()
+	// Busy as an operation in flight leaves it (set here so that no engine
+	// run can end it first).
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE machines SET workflow_id = 'wf_elsewhere', operation = 'inspect' WHERE id = $1`, m3)
+		return err
+	}))
+	for _, s := range f.approvers[1:] {
+		_, err := member.CommandBatches.Approve(ctx, connect.NewRequest(approve(t, busy, s)))
+		require.NoError(t, err)
+	}
+	before := f.commandCount(t, f.acme.GetId())
+	_, err = member.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: busy.GetId()}))
+	requireCode(t, err, "FAILED_PRECONDITION")
+	require.Contains(t, err.Error(), "leaves[1]")
+	require.Equal(t, before, f.commandCount(t, f.acme.GetId()), "the first leaf's command rolled back with the refusal")
+}

@@ -46,6 +46,40 @@ type Deps struct {
 	TrustDomain string
 	// Notifier wakes a node's session when a leaf becomes its command.
 	Notifier fleet.CommandNotifier
+	// Machines resolves and runs power leaves (the bare-metal runtime);
+	// without it a batch cannot name a machine.
+	Machines Machines
+}
+
+// Machines is what power leaves need from the bare-metal module: whether a
+// machine is the tenant's and at its site, and starting its power action
+// in the batch's transaction. *metal.Runtime implements it.
+type Machines interface {
+	ResolveMachine(ctx context.Context, q store.Querier, tenantID, siteID, machineID string) (bool, error)
+	PowerTx(ctx context.Context, tx *envelope.Tx, tenantID, machineID, action string) (workflowID string, err error)
+}
+
+// Id prefixes of a machine subject's parts (the metal module's).
+const (
+	siteIDPrefix    = "site"
+	machineIDPrefix = "mch"
+)
+
+// machineSubject splits "site/<site id>/machine/<machine id>".
+func machineSubject(s string) (siteID, machineID string, ok bool) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 4 || parts[0] != "site" || parts[2] != "machine" ||
+		!envelope.IsID(parts[1], siteIDPrefix) || !envelope.IsID(parts[3], machineIDPrefix) {
+		return "", "", false
+	}
+	return parts[1], parts[3], true
+}
+
+// powerAction is a power leaf's action: power.off is "off".
+func powerAction(kind string) string { return strings.TrimPrefix(kind, "power.") }
+
+func errNotWired(what string) error {
+	return &envelope.Error{Code: envelope.CodeInternal, Message: "internal error", Err: errors.New("quorum: no " + what + " wired")}
 }
 
 // Service serves the CommandBatchService API.
@@ -106,10 +140,20 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateC
 					break
 				}
 				field := fmt.Sprintf("leaves[%d]", i)
-				if _, ok := fleet.Destructive(l.GetKind()); !ok {
+				d, ok := fleet.Destructive(l.GetKind())
+				switch {
+				case !ok:
 					vs.Add(field+".kind", "must be a destructive kind (%s), got %q", strings.Join(destructiveNames(), ", "), trunc(l.GetKind()))
+				case d.Subject == fleet.SubjectMachine:
+					if _, _, ok := machineSubject(l.GetSubject()); !ok {
+						vs.Add(field+".subject", "a %s leaf names a machine as site/<site id>/machine/<machine id>, got %q", d.Kind, trunc(l.GetSubject()))
+					}
+					if len(l.GetParams().GetFields()) > 0 {
+						vs.Add(field+".params", "a %s leaf takes no params", d.Kind)
+					}
+				default:
+					vs.ID(field+".subject", l.GetSubject(), fleet.NodeIDPrefix)
 				}
-				vs.ID(field+".subject", l.GetSubject(), fleet.NodeIDPrefix)
 				digest, canon, err := approval.ParamsDigest(l.GetParams().AsMap())
 				switch {
 				case err != nil:
@@ -142,18 +186,11 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateC
 			rows := make([]Leaf, len(leaves))
 			sigLeaves := make([]approval.Leaf, len(leaves))
 			for i, l := range leaves {
-				// Another tenant's node answers exactly as a missing one.
-				n, err := fleet.NodeGet(ctx, tx, tenant.ID, l.subject)
-				if errors.Is(err, store.ErrNotFound) {
-					return nil, envelope.NotFound("node", l.subject)
-				}
+				target, err := s.resolve(ctx, tx, tenant.ID, i, l.kind, l.subject)
 				if err != nil {
 					return nil, err
 				}
-				if err := runnable(n, l.kind); err != nil {
-					return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "leaves[%d]: %v", i, err)
-				}
-				rows[i] = Leaf{BatchID: id, Index: i, Kind: l.kind, Subject: l.subject, NodeID: n.ID, Params: string(l.params),
+				rows[i] = Leaf{BatchID: id, Index: i, Kind: l.kind, Subject: l.subject, TargetID: target, Params: string(l.params),
 					ParamsSHA256: hex.EncodeToString(l.digest[:])}
 				sigLeaves[i] = approval.Leaf{Kind: l.kind, Subject: l.subject, ParamsDigest: l.digest}
 			}
@@ -184,6 +221,37 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateC
 			return &apiv1.CreateCommandBatchResponse{Batch: batchProto(b, rows, nil, now)}, nil
 		},
 	})
+}
+
+// resolve finds a leaf's subject among the tenant's nodes or machines and
+// returns its id. Another tenant's node or machine answers exactly as a
+// missing one.
+func (s *Service) resolve(ctx context.Context, q store.Querier, tenantID string, i int, kind, subject string) (string, error) {
+	if d, _ := fleet.Destructive(kind); d.Subject == fleet.SubjectMachine {
+		if s.deps.Machines == nil {
+			return "", errNotWired("machine runtime")
+		}
+		siteID, machineID, _ := machineSubject(subject)
+		found, err := s.deps.Machines.ResolveMachine(ctx, q, tenantID, siteID, machineID)
+		if err != nil {
+			return "", err
+		}
+		if !found {
+			return "", envelope.NotFound("machine", subject)
+		}
+		return machineID, nil
+	}
+	n, err := fleet.NodeGet(ctx, q, tenantID, subject)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", envelope.NotFound("node", subject)
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := runnable(n, kind); err != nil {
+		return "", envelope.Errorf(envelope.CodeFailedPrecondition, "leaves[%d]: %v", i, err)
+	}
+	return n.ID, nil
 }
 
 // runnable refuses a leaf its node cannot take: a retired node, or a kind
@@ -581,10 +649,30 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[apiv1.RunCommand
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "batch %s does not verify: %v", b.ID, err)
 			}
 			for i, l := range leaves {
-				if l.CommandID != "" {
+				if l.CommandID != "" || l.WorkflowID != "" {
 					continue
 				}
-				n, err := fleet.NodeGet(ctx, tx, b.TenantID, l.NodeID)
+				if d, _ := fleet.Destructive(l.Kind); d.Subject == fleet.SubjectMachine {
+					if s.deps.Machines == nil {
+						return nil, errNotWired("machine runtime")
+					}
+					// The power workflow sends the site agent its BMC call,
+					// a command row of the fleet's, at most once.
+					wf, err := s.deps.Machines.PowerTx(ctx, tx, b.TenantID, l.TargetID, powerAction(l.Kind))
+					var apiErr *envelope.Error
+					if errors.As(err, &apiErr) && apiErr.Code != envelope.CodeInternal {
+						return nil, envelope.Errorf(apiErr.Code, "leaves[%d]: %s", i, apiErr.Message)
+					}
+					if err != nil {
+						return nil, err
+					}
+					if err := LeafRanSet(ctx, tx, b.ID, l.Index, "", wf); err != nil {
+						return nil, err
+					}
+					leaves[i].WorkflowID = wf
+					continue
+				}
+				n, err := fleet.NodeGet(ctx, tx, b.TenantID, l.TargetID)
 				if errors.Is(err, store.ErrNotFound) {
 					return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "leaves[%d]: node %s is gone", i, l.Subject)
 				}
@@ -607,7 +695,7 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[apiv1.RunCommand
 				if err != nil {
 					return nil, err
 				}
-				if err := LeafCommandSet(ctx, tx, b.ID, l.Index, id); err != nil {
+				if err := LeafRanSet(ctx, tx, b.ID, l.Index, id, ""); err != nil {
 					return nil, err
 				}
 				leaves[i].CommandID = id

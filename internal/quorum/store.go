@@ -83,14 +83,17 @@ func (b Batch) StateAt(now time.Time) string {
 
 // Leaf is a row of command_batch_leaves.
 type Leaf struct {
-	BatchID      string
-	Index        int
-	Kind         string
-	Subject      string
-	NodeID       string
+	BatchID string
+	Index   int
+	Kind    string
+	Subject string
+	// TargetID is the node, or for a power leaf the machine, the subject
+	// resolved to.
+	TargetID     string
 	Params       string // canonical JSON
 	ParamsSHA256 string
 	CommandID    string
+	WorkflowID   string
 }
 
 // Approval is a row of command_batch_approvals.
@@ -174,8 +177,8 @@ func BatchInsert(ctx context.Context, tx store.Tx, b *Batch, leaves []Leaf) erro
 		return err
 	}
 	for _, l := range leaves {
-		if _, err := tx.Exec(ctx, `INSERT INTO command_batch_leaves (batch_id, idx, kind, subject, node_id, params, params_sha256)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, b.ID, l.Index, l.Kind, l.Subject, l.NodeID, l.Params, l.ParamsSHA256); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO command_batch_leaves (batch_id, idx, kind, subject, target_id, params, params_sha256)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`, b.ID, l.Index, l.Kind, l.Subject, l.TargetID, l.Params, l.ParamsSHA256); err != nil {
 			return err
 		}
 	}
@@ -241,7 +244,7 @@ func BatchStateSet(ctx context.Context, tx store.Tx, id, state string, now time.
 
 // LeavesOf reads a batch's leaves in order.
 func LeavesOf(ctx context.Context, q store.Querier, batchID string) ([]Leaf, error) {
-	rows, err := q.Query(ctx, `SELECT batch_id, idx, kind, subject, node_id, params, params_sha256, command_id
+	rows, err := q.Query(ctx, `SELECT batch_id, idx, kind, subject, target_id, params, params_sha256, command_id, workflow_id
 		FROM command_batch_leaves WHERE batch_id = $1 ORDER BY idx`, batchID)
 	if err != nil {
 		return nil, err
@@ -250,7 +253,7 @@ func LeavesOf(ctx context.Context, q store.Querier, batchID string) ([]Leaf, err
 	var out []Leaf
 	for rows.Next() {
 		var l Leaf
-		if err := rows.Scan(&l.BatchID, &l.Index, &l.Kind, &l.Subject, &l.NodeID, &l.Params, &l.ParamsSHA256, &l.CommandID); err != nil {
+		if err := rows.Scan(&l.BatchID, &l.Index, &l.Kind, &l.Subject, &l.TargetID, &l.Params, &l.ParamsSHA256, &l.CommandID, &l.WorkflowID); err != nil {
 			return nil, err
 		}
 		out = append(out, l)
@@ -258,9 +261,11 @@ func LeavesOf(ctx context.Context, q store.Querier, batchID string) ([]Leaf, err
 	return out, rows.Err()
 }
 
-// LeafCommandSet records the command a leaf became.
-func LeafCommandSet(ctx context.Context, tx store.Tx, batchID string, idx int, commandID string) error {
-	_, err := tx.Exec(ctx, `UPDATE command_batch_leaves SET command_id = $3 WHERE batch_id = $1 AND idx = $2`, batchID, idx, commandID)
+// LeafRanSet records the command (node leaf) or workflow (power leaf) a
+// leaf became.
+func LeafRanSet(ctx context.Context, tx store.Tx, batchID string, idx int, commandID, workflowID string) error {
+	_, err := tx.Exec(ctx, `UPDATE command_batch_leaves SET command_id = $3, workflow_id = $4 WHERE batch_id = $1 AND idx = $2`,
+		batchID, idx, commandID, workflowID)
 	return err
 }
 

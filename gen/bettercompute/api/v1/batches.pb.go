@@ -187,14 +187,17 @@ type CommandBatchLeaf struct {
 	Index int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
 	// A destructive kind (see docs/quorum.md).
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	// A node id, or for BMC kinds "site/<site id>/machine/<machine id>".
+	// A node id, or for the power kinds "site/<site id>/machine/<machine id>".
 	Subject string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
 	// The command's params; their canonical JSON is what params_sha256 hashes.
 	Params *structpb.Struct `protobuf:"bytes,4,opt,name=params,proto3" json:"params,omitempty"`
 	// SHA-256 of the params' canonical JSON, hex.
 	ParamsSha256 string `protobuf:"bytes,5,opt,name=params_sha256,json=paramsSha256,proto3" json:"params_sha256,omitempty"`
-	// The command the leaf became when the batch ran; empty before.
-	CommandId     string `protobuf:"bytes,6,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// The command a node leaf became when the batch ran; empty before.
+	CommandId string `protobuf:"bytes,6,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	// The power workflow a machine leaf became when the batch ran (its BMC
+	// call is a site agent command of that workflow); empty before.
+	WorkflowId    string `protobuf:"bytes,7,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -267,6 +270,13 @@ func (x *CommandBatchLeaf) GetParamsSha256() string {
 func (x *CommandBatchLeaf) GetCommandId() string {
 	if x != nil {
 		return x.CommandId
+	}
+	return ""
+}
+
+func (x *CommandBatchLeaf) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
 	}
 	return ""
 }
@@ -1478,7 +1488,7 @@ const file_bettercompute_api_v1_batches_proto_rawDesc = "" +
 	"\vexpire_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12;\n" +
 	"\vupdate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xcb\x01\n" +
+	"updateTime\"\xec\x01\n" +
 	"\x10CommandBatchLeaf\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
@@ -1486,7 +1496,9 @@ const file_bettercompute_api_v1_batches_proto_rawDesc = "" +
 	"\x06params\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06params\x12#\n" +
 	"\rparams_sha256\x18\x05 \x01(\tR\fparamsSha256\x12\x1d\n" +
 	"\n" +
-	"command_id\x18\x06 \x01(\tR\tcommandId\"\x84\x01\n" +
+	"command_id\x18\x06 \x01(\tR\tcommandId\x12\x1f\n" +
+	"\vworkflow_id\x18\a \x01(\tR\n" +
+	"workflowId\"\x84\x01\n" +
 	"\rBatchApproval\x12\x15\n" +
 	"\x06key_id\x18\x01 \x01(\tR\x05keyId\x12\x1f\n" +
 	"\vapproved_by\x18\x02 \x01(\tR\n" +

@@ -37,10 +37,12 @@ CREATE TABLE command_batch_leaves (
     idx           INTEGER NOT NULL,
     kind          TEXT NOT NULL,
     subject       TEXT NOT NULL,
-    node_id       TEXT NOT NULL,
+    -- The node, or the machine of a power leaf, the subject resolved to.
+    target_id     TEXT NOT NULL,
     params        TEXT NOT NULL,
     params_sha256 TEXT NOT NULL,
     command_id    TEXT NOT NULL DEFAULT '',
+    workflow_id   TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (batch_id, idx)
 );
 
