@@ -32,6 +32,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 	"github.com/better-compute/better-compute/internal/agent/sysfs"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/cmdsig"
 )
 
 // Config configures an Agent. Zero values take the defaults noted.
@@ -213,20 +214,23 @@ type Agent struct {
 	running atomic.Bool
 	gws     *gateways
 
-	mu        sync.Mutex
-	node      nodeState
-	cert      *tls.Certificate
-	leaf      *x509.Certificate
-	roots     *x509.CertPool
-	cmds      commandState
-	failKinds map[string]string
-	sess      *session
-	events    []*agentv1.HealthEvent
-	canceled  map[string]bool // command ids canceled before they ran
-	running1  *runningCommand
-	execs     map[string]*runningCommand // process.exec commands running
-	execWG    sync.WaitGroup
-	instOrder keyedOrder
+	mu    sync.Mutex
+	node  nodeState
+	cert  *tls.Certificate
+	leaf  *x509.Certificate
+	roots *x509.CertPool
+	cmds  commandState
+	// cmdTrust is the pinned command-signing bundle; nil until one is.
+	cmdTrust    *commandTrust
+	cmdVerifier cmdsig.Verifier
+	failKinds   map[string]string
+	sess        *session
+	events      []*agentv1.HealthEvent
+	canceled    map[string]bool // command ids canceled before they ran
+	running1    *runningCommand
+	execs       map[string]*runningCommand // process.exec commands running
+	execWG      sync.WaitGroup
+	instOrder   keyedOrder
 
 	queue chan *agentv1.Command
 }
@@ -347,6 +351,9 @@ func (a *Agent) loadIdentity() error {
 	a.mu.Lock()
 	a.cert, a.leaf, a.roots = cert, leaf, roots
 	a.mu.Unlock()
+	if err := a.loadCommandTrust(); err != nil {
+		return err
+	}
 	a.metrics.certExpiry.Set(float64(leaf.NotAfter.Unix()))
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
+	"github.com/better-compute/better-compute/internal/cmdsig"
 )
 
 // Command kinds bcd applies.
@@ -103,7 +104,7 @@ func update(u *agentv1.CommandUpdate) *agentv1.AgentMessage {
 // other commands for the same instance.
 func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	a.mu.Lock()
-	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil {
+	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil && (rec.Seq == c.GetSeq() || a.cmdTrust == nil) {
 		a.mu.Unlock()
 		a.resend(rec)
 		return
@@ -111,6 +112,23 @@ func (a *Agent) handle(ctx context.Context, c *agentv1.Command) {
 	if a.execs[c.GetId()] != nil {
 		// Redelivered while it runs: its final update comes when it ends.
 		a.mu.Unlock()
+		return
+	}
+	a.mu.Unlock()
+	// Nothing is applied, or recorded as applied, before the signature
+	// verifies: a row the control plane did not sign is refused with why,
+	// and its sequence number stays unused.
+	if err := a.verifyCommand(c); err != nil {
+		a.log.Warn("refused a command whose signature does not verify", "seq", c.GetSeq(), "id", c.GetId(), "kind", c.GetKind(), "err", err)
+		a.metrics.commandsRefused.WithLabelValues(cmdsig.Code(err)).Inc()
+		a.sendOrLog(update(&agentv1.CommandUpdate{CommandId: c.GetId(), Seq: c.GetSeq(), State: agentv1.CommandState_COMMAND_STATE_FAILED,
+			FailureCode: cmdsig.Code(err), Message: err.Error()}))
+		return
+	}
+	a.mu.Lock()
+	if rec := a.cmds.find(c.GetSeq(), c.GetId()); rec != nil {
+		a.mu.Unlock()
+		a.resend(rec)
 		return
 	}
 	if c.GetSeq() <= a.cmds.LastAppliedSeq {

@@ -133,6 +133,9 @@ func (a *Agent) joinAt(ctx context.Context, gw gatewayAddr, pin []byte, key *ecd
 			if err := a.saveIdentity(key, resp.GetNodeId(), resp.GetTrustDomain(), resp.GetCertificateChain(), resp.GetTrustBundlePem()); err != nil {
 				return err
 			}
+			if err := a.pinCommandTrust(resp.GetCommandTrust(), true); err != nil {
+				return err
+			}
 			_ = a.dir.remove(csrFile)
 			a.log.Info("joined", "node_id", resp.GetNodeId(), "not_after", resp.GetNotAfter().AsTime())
 			return nil
@@ -305,6 +308,10 @@ func (a *Agent) Renew(ctx context.Context) error {
 		return fmt.Errorf("renew at %s: %w", gw.addr, err)
 	}
 	if err := a.saveIdentity(key, "", "", resp.GetCertificateChain(), resp.GetTrustBundlePem()); err != nil {
+		a.metrics.renewals.WithLabelValues("error").Inc()
+		return err
+	}
+	if err := a.pinCommandTrust(resp.GetCommandTrust(), false); err != nil {
 		a.metrics.renewals.WithLabelValues("error").Inc()
 		return err
 	}

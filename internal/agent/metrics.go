@@ -22,6 +22,8 @@ type metrics struct {
 	// telemetryErrors counts failed reads of the GPUs' live state
 	// (telemetry.go).
 	telemetryErrors prometheus.Counter
+	// commandsRefused counts commands whose signature did not verify.
+	commandsRefused *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -52,7 +54,10 @@ func newMetrics() *metrics {
 	m.telemetryErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "bcd_gpu_telemetry_errors_total", Help: "Reads of the GPUs' live state that failed or timed out.",
 	})
-	m.reg.MustRegister(m.telemetryErrors)
+	m.commandsRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "bcd_commands_refused_total", Help: "Commands refused before applying because their signature did not verify, by failure code.",
+	}, []string{"code"})
+	m.reg.MustRegister(m.telemetryErrors, m.commandsRefused)
 	m.reg.MustRegister(m.connected, m.reconnects, m.commands, m.heartbeatRTT, m.heartbeats, m.certExpiry, m.renewals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -2,17 +2,22 @@ package agent
 
 import (
 	"context"
+	"crypto"
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc"
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/nodesig"
 )
 
 // backoff is jittered exponential backoff: each wait is drawn from
@@ -51,6 +56,10 @@ type session struct {
 	// leaving is set once the Goodbye went out: nothing more is sent, and
 	// the stream's end is the gateway's answer, not a failure.
 	leaving bool
+	// sign signs a report with the key of the certificate this session
+	// presented (nodesig); nil on a node that pinned no command-signing
+	// roots.
+	sign func(proto.Message) error
 }
 
 // errLeaving refuses a send after the Goodbye.
@@ -65,6 +74,22 @@ func (s *session) send(m *agentv1.AgentMessage) error {
 	defer s.mu.Unlock()
 	if s.leaving {
 		return errLeaving
+	}
+	if s.sign != nil {
+		var inner proto.Message
+		switch x := m.GetMsg().(type) {
+		case *agentv1.AgentMessage_CommandUpdate:
+			inner = x.CommandUpdate
+		case *agentv1.AgentMessage_AllocationBound:
+			inner = x.AllocationBound
+		case *agentv1.AgentMessage_AllocationReleased:
+			inner = x.AllocationReleased
+		}
+		if inner != nil && nodesig.Signed(inner) {
+			if err := s.sign(inner); err != nil {
+				return fmt.Errorf("sign %s: %w", inner.ProtoReflect().Descriptor().Name(), err)
+			}
+		}
 	}
 	return s.stream.Send(m)
 }
@@ -151,7 +176,20 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 			err = fmt.Errorf("gateway %s: %w", gw.addr, err)
 		}
 	}()
-	conn, err := a.dial(gw, a.mtlsConfig(gw.serverName))
+	// The report signatures use the key of the certificate this
+	// connection presented, which the gateway verifies them with, even
+	// if a renewal replaces the node's key meanwhile.
+	tlsCfg := a.mtlsConfig(gw.serverName)
+	var presented atomic.Pointer[tls.Certificate]
+	getCert := tlsCfg.GetClientCertificate
+	tlsCfg.GetClientCertificate = func(i *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		c, err := getCert(i)
+		if err == nil {
+			presented.Store(c)
+		}
+		return c, err
+	}
+	conn, err := a.dial(gw, tlsCfg)
 	if err != nil {
 		return false, err
 	}
@@ -177,12 +215,29 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	}
 	s := &session{stream: stream, cancel: cancel, conn: conn, gateway: gw}
 	a.mu.Lock()
+	if a.cmdTrust != nil {
+		node := a.node
+		s.sign = func(m proto.Message) error {
+			c := presented.Load()
+			if c == nil {
+				return errors.New("no certificate presented yet")
+			}
+			key, ok := c.PrivateKey.(crypto.Signer)
+			if !ok {
+				return fmt.Errorf("the node key is %T", c.PrivateKey)
+			}
+			return nodesig.Sign(key, node.TrustDomain, node.NodeID, m)
+		}
+	}
+	a.mu.Unlock()
+	a.mu.Lock()
 	hello := &agentv1.Hello{
 		AgentVersion:    a.cfg.Version,
 		Mode:            a.cfg.Mode,
 		Capabilities:    a.capabilities(),
 		LastAppliedSeq:  a.cmds.LastAppliedSeq,
 		InventoryDigest: digest,
+		TrustVersion:    a.trustVersionLocked(),
 	}
 	a.mu.Unlock()
 	sent := a.cfg.Clock.Now()

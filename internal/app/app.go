@@ -202,6 +202,13 @@ type Config struct {
 	// SSEHeartbeat is how often an idle event stream gets a comment line
 	// (default 15s).
 	SSEHeartbeat time.Duration
+	// AuditCheckpointEvery and AuditCheckpointInterval: the audit log's
+	// tree gets a signed checkpoint once this many entries were added, or
+	// when the last is this old and entries were added (defaults 1,000
+	// and 1m). AuditSequenceInterval is how often the sequencer job runs
+	// (default 5s).
+	AuditCheckpointEvery                           int
+	AuditCheckpointInterval, AuditSequenceInterval time.Duration
 	// Tracing exports OpenTelemetry traces over OTLP when it names an
 	// endpoint (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT); off
 	// otherwise.
@@ -251,6 +258,9 @@ func (c *Config) defaults() error {
 	if c.EventRetention < time.Hour {
 		return fmt.Errorf("event retention must be at least 1h, got %s", c.EventRetention)
 	}
+	if c.AuditCheckpointEvery < 0 || c.AuditCheckpointInterval < 0 || c.AuditSequenceInterval < 0 {
+		return errors.New("audit checkpoint every, checkpoint interval and sequence interval must not be negative")
+	}
 	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return nil
@@ -268,6 +278,9 @@ type App struct {
 	Handler  http.Handler
 	// PKI is the certificate authority; nil when no Secret was given.
 	PKI *pki.Authority
+	// cmdSigner signs every command this replica inserts; nil without a
+	// PKI.
+	cmdSigner fleet.CommandSigner
 	// Replica is this replica's identity among its peers (nil without a
 	// PKI): the transport it forwards with and its replica listener's TLS.
 	Replica   *replica.Identity
@@ -308,7 +321,10 @@ type App struct {
 	// Tracing is the tracer provider: OTLP when configured, no-op when
 	// not.
 	Tracing *tracing.Provider
-	sealer  *pki.Sealer
+	// AuditLog is the audit log's Merkle tree: sequencer, checkpoints,
+	// proofs.
+	AuditLog *audit.Log
+	sealer   *pki.Sealer
 }
 
 // Modules lists every module's migrations in dependency order.
@@ -389,6 +405,10 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		return nil, err
 	}
 
+	if err := a.buildAuditLog(ctx); err != nil {
+		return nil, err
+	}
+
 	cedar, err := iam.NewCedar(policy.Source{DB: db})
 	if err != nil {
 		return nil, fmt.Errorf("cedar: %w", err)
@@ -439,9 +459,11 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Metal.AddWorkers(workers)
 	a.Metal.Sites.SetNotifier(a.Gateway)
+	a.Metal.Sites.SetSigner(a.cmdSigner)
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	periodic = append(periodic, a.addSandboxJobs(workers, jm)...)
+	periodic = append(periodic, a.addAuditJobs(workers, jm)...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
 		Worker: slices.Contains(cfg.Roles, RoleWorker), PollInterval: cfg.JobPoll, Logger: cfg.Logger, Clock: cfg.Clock,
 		Tracing: a.Tracing.IfEnabled(),
@@ -541,6 +563,11 @@ func (a *App) buildGateway(ctx context.Context) error {
 		return err
 	}
 	a.Gateway = gw
+	if a.PKI != nil {
+		// Named as the gateway names this replica: the worker
+		// certificate says which replica signed a command.
+		a.cmdSigner = a.PKI.NewCommandSigner(gw.ReplicaID())
+	}
 	a.peers = &replicaPeers{db: a.DB, gw: gw}
 	return nil
 }
@@ -575,7 +602,7 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway, rt: rt}
+	rt.Ramdisk = &ramdiskCommands{db: a.DB, notify: a.Gateway, signer: a.cmdSigner, rt: rt}
 	a.fleetHooks.metal = rt
 	a.discovery.rt = rt
 	return rt, nil
@@ -714,12 +741,15 @@ func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string
 }
 
 // commandSender is the fleet's command path as capacity's port.
-type commandSender struct{ notifier fleet.CommandNotifier }
+type commandSender struct {
+	notifier fleet.CommandNotifier
+	signer   fleet.CommandSigner
+}
 
 func (c commandSender) Send(ctx context.Context, tx store.Tx, cmd reservation.Command) (string, error) {
 	return fleet.SendSystemCommand(ctx, tx, c.notifier, fleet.SystemCommand{
 		TenantID: cmd.TenantID, NodeID: cmd.NodeID, Kind: cmd.Kind, Params: cmd.Params, IdempotencyKey: cmd.IdempotencyKey,
-		CreatedBy: cmd.CreatedBy, TTL: cmd.TTL, Time: cmd.Time,
+		CreatedBy: cmd.CreatedBy, TTL: cmd.TTL, Time: cmd.Time, Signer: c.signer,
 	})
 }
 
@@ -811,7 +841,7 @@ func (p execPath) Ended(ctx context.Context, commandID string) (*execrelay.Exit,
 func (a *App) buildCapacity() *reservation.Runner {
 	e := reservation.NewEngine(a.DB, a.cfg.Clock, a.Tracing)
 	e.SetLinger(a.cfg.PlacerLinger)
-	e.Commands = commandSender{notifier: a.Gateway}
+	e.Commands = commandSender{notifier: a.Gateway, signer: a.cmdSigner}
 	e.Enqueue = func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error {
 		return a.Jobs.InsertTx(ctx, tx, args, opts)
 	}

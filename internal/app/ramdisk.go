@@ -60,6 +60,7 @@ const fenceCode = "NEVER_DISPATCHED"
 type ramdiskCommands struct {
 	db     *store.DB
 	notify fleet.CommandNotifier
+	signer fleet.CommandSigner
 	rt     *metal.Runtime
 }
 
@@ -102,6 +103,7 @@ func (r *ramdiskCommands) Dispatch(ctx context.Context, t metal.Target, nodeID s
 		c, inserted, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{
 			ID: envelope.NewID(fleet.CommandIDPrefix, now), TenantID: n.TenantID, NodeID: n.ID, Kind: run.Kind, Params: params,
 			IdempotencyKey: stepKeyPrefix + run.IdempotencyKey, CreatedBy: "system:metal", Deadline: deadline, CreateTime: now,
+			Signer: r.signer,
 		})
 		if err != nil {
 			return err
@@ -139,7 +141,7 @@ func (r *ramdiskCommands) Lookup(ctx context.Context, _ metal.Target, nodeID str
 			}
 			c, _, err = fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{
 				ID: envelope.NewID(fleet.CommandIDPrefix, now), TenantID: n.TenantID, NodeID: nodeID, Kind: run.Kind,
-				IdempotencyKey: key, CreatedBy: "system:metal", Deadline: now, CreateTime: now,
+				IdempotencyKey: key, CreatedBy: "system:metal", Deadline: now, CreateTime: now, Signer: r.signer,
 			})
 			if err != nil {
 				return err

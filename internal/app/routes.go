@@ -116,7 +116,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(authn.NewIdentityService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewPolicyServiceHandler(policy.NewService(a.Envelope, validator), opts))
 	mux.Handle(apiv1connect.NewConfirmationServiceHandler(confirmation.NewService(a.Envelope), opts))
-	mux.Handle(apiv1connect.NewAuditServiceHandler(audit.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewAuditServiceHandler(audit.NewService(a.Envelope, a.AuditLog), opts))
 	eventService := events.NewService(a.Envelope, a.hub, a.cfg.EventPoll)
 	mux.Handle(apiv1connect.NewEventServiceHandler(eventService, opts))
 	// Server-Sent Events: the watch's procedure row authorizes it
@@ -133,6 +133,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	// a.PKI is nil when no secret is configured: join token creation and
 	// node deletion then answer INTERNAL. a.Gateway always wakes sessions.
 	fd := fleetDeps(a.PKI, a.Gateway)
+	fd.Signer = a.cmdSigner
 	fd.States = &a.fleetHooks
 	fd.Sites = a.Metal.Sites
 	mux.Handle(apiv1connect.NewNodeServiceHandler(fleet.NewNodeService(a.Envelope, fd), opts))

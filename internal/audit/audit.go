@@ -2,7 +2,15 @@
 // what, which resource, the decision, request and trace ids), written in the
 // mutation's own transaction, and the AuditService that reads it.
 //
-// It must never update or delete an audit row.
+// The log is also an RFC 6962 Merkle tree (log.go): a sequencer gives each
+// committed row its leaf index, checkpoints are signed notes, and proofs of
+// inclusion and consistency verify offline with the log's public key
+// (verify.go, which needs nothing but the bytes and the key). docs/audit.md
+// specifies the leaf encoding for third parties.
+//
+// It must never update or delete an audit row, a leaf, a node or a
+// checkpoint (the database refuses it too), and never give a row a second
+// leaf index.
 package audit
 
 import (
@@ -38,12 +46,15 @@ type ListParams struct {
 }
 
 // Service serves the AuditService API.
-type Service struct{ env *envelope.Envelope }
+type Service struct {
+	env *envelope.Envelope
+	log *Log
+}
 
 var _ apiv1connect.AuditServiceHandler = (*Service)(nil)
 
-// NewService returns the audit handlers.
-func NewService(env *envelope.Envelope) *Service { return &Service{env: env} }
+// NewService returns the audit handlers; log serves checkpoints and proofs.
+func NewService(env *envelope.Envelope, log *Log) *Service { return &Service{env: env, log: log} }
 
 // List lists a tenant's audit log, or the whole log for platform principals
 // when no tenant is named.
@@ -107,11 +118,16 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListAudit
 			out.NextPageToken = envelope.EncodePageToken(es[i-1].ID, filter)
 			break
 		}
-		out.Entries = append(out.Entries, &apiv1.AuditEntry{
-			Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
-			Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
-			RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail,
-		})
+		out.Entries = append(out.Entries, EntryProto(e))
 	}
 	return connect.NewResponse(out), nil
+}
+
+// EntryProto is an audit row as the API shows it.
+func EntryProto(e envelope.AuditEntry) *apiv1.AuditEntry {
+	return &apiv1.AuditEntry{
+		Id: e.ID, Time: timestamppb.New(e.Time), TenantId: e.TenantID, PrincipalId: e.PrincipalID, PrincipalKind: e.PrincipalKind,
+		Action: e.Action, ResourceType: e.ResourceType, ResourceId: e.ResourceID, Decision: e.Decision,
+		RequestId: e.RequestID, TraceId: e.TraceID, Result: e.Result, Detail: e.Detail,
+	}
 }

@@ -162,7 +162,7 @@ func (f *fake) serve(t *testing.T) *httptest.Server {
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(identitySvc{f}, opt))
 	mux.Handle(apiv1connect.NewPolicyServiceHandler(policySvc{f}, opt))
 	mux.Handle(apiv1connect.NewConfirmationServiceHandler(confirmationSvc{f}, opt))
-	mux.Handle(apiv1connect.NewAuditServiceHandler(auditSvc{f}, opt))
+	mux.Handle(apiv1connect.NewAuditServiceHandler(auditSvc{f: f}, opt))
 	mux.Handle(apiv1connect.NewEventServiceHandler(eventSvc{f}, opt))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
@@ -365,7 +365,12 @@ func (s confirmationSvc) Approve(_ context.Context, req *connect.Request[apiv1.A
 	return nil, apiError(connect.CodeNotFound, "NOT_FOUND", "confirmation not found", "")
 }
 
-type auditSvc struct{ f *fake }
+// auditSvc fakes List; the tree's methods are tested against a real
+// control plane (audit_test.go).
+type auditSvc struct {
+	apiv1connect.UnimplementedAuditServiceHandler
+	f *fake
+}
 
 func (s auditSvc) List(_ context.Context, req *connect.Request[apiv1.ListAuditRequest]) (*connect.Response[apiv1.ListAuditResponse], error) {
 	s.f.mu.Lock()

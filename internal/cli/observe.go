@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) auditCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "audit", Short: "Read the audit log"}
+	cmd := &cobra.Command{Use: "audit", Short: "Read the audit log and verify it: signed checkpoints, inclusion and consistency proofs"}
 	var tenant, action string
 	var limit int
 	list := &cobra.Command{
@@ -52,6 +52,7 @@ func (a *app) auditCommand() *cobra.Command {
 	list.Flags().StringVar(&action, "action", "", "only entries of this action, e.g. projects.create")
 	addLimitFlag(list, &limit)
 	cmd.AddCommand(list)
+	cmd.AddCommand(a.auditTreeCommands()...)
 	return cmd
 }
 

@@ -97,9 +97,11 @@ func newPKIInitCommand() *cobra.Command {
 		Use:   "init",
 		Short: "Create the root, node, serving and internal CAs",
 		Long: `init creates a 10-year root and 2-year node, serving and internal CAs, and
-stores them with their keys sealed. It refuses when the database already has
-a CA. With --offline-root the root key is written to --root-out/root.key
-(mode 0600) next to root.crt and never stored: keep it offline.`,
+stores them with their keys sealed, and the command-signing root (its own
+key) with the CA that certifies the replicas' worker keys. It refuses when
+the database already has a CA. With --offline-root the root key is written
+to --root-out/root.key (mode 0600) next to root.crt, and the command-signing
+root's to command-root-1.key, and neither is stored: keep them offline.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if opts.OfflineRoot && opts.RootOut == "" {
@@ -126,6 +128,7 @@ a CA. With --offline-root the root key is written to --root-out/root.key
 			fmt.Fprintf(out, "trust domain: %s\n", a.TrustDomain())
 			if opts.OfflineRoot {
 				fmt.Fprintf(out, "root key: %s (mode 0600; not stored: keep it offline)\n", filepath.Join(opts.RootOut, "root.key"))
+				fmt.Fprintf(out, "command-signing root key: %s (mode 0600; not stored: keep it offline)\n", filepath.Join(opts.RootOut, "command-root-1.key"))
 			}
 			fmt.Fprintf(out, "pin: %s\n", a.Pin())
 			return nil
@@ -167,6 +170,16 @@ It needs no secret.`,
 					note = " (key offline)"
 				}
 				fmt.Fprintf(out, "%-12s %s, expires %s%s\n", ca.Kind+" CA:", ca.Subject, ca.NotAfter.UTC().Format(time.RFC3339), note)
+			}
+			for _, r := range sum.CommandRoots {
+				note := ""
+				if r.Offline {
+					note += " (key offline)"
+				}
+				if r.Retired {
+					note += " (retired)"
+				}
+				fmt.Fprintf(out, "command-signing root v%d: %s, expires %s%s\n", r.Version, r.Subject, r.NotAfter.UTC().Format(time.RFC3339), note)
 			}
 			fmt.Fprintf(out, "pin: %s\n", sum.Pin)
 			return nil

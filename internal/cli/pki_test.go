@@ -66,6 +66,7 @@ func TestPKICommands(t *testing.T) {
 	for _, kind := range []string{"root", "node", "serving", "internal"} {
 		require.Regexp(t, `(?m)^`+kind+` CA: +CN=better-compute `+kind+` CA,.*, expires \d{4}-`, r.stdout)
 	}
+	require.Regexp(t, `(?m)^command-signing root v1: CN=better-compute command-signing root v1,.*, expires \d{4}-`, r.stdout)
 	require.NotContains(t, r.stdout, "offline")
 	require.Contains(t, r.stdout, "pin: "+pin+"\n")
 
@@ -141,6 +142,10 @@ func TestPKIOfflineRoot(t *testing.T) {
 	r = runPKI(t, "pki", "show", "--state-dir", state)
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `(?m)^root CA: .*\(key offline\)$`, r.stdout)
+	require.Regexp(t, `(?m)^command-signing root v1: .*\(key offline\)$`, r.stdout)
+	fi, err = os.Stat(filepath.Join(rootOut, "command-root-1.key"))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
 	// The gateway is issued by the serving CA: no root key needed.
 	r = runPKI(t, "pki", "issue-gateway", "--state-dir", state, "--host", "gw.test", "--out", t.TempDir())

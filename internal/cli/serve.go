@@ -50,6 +50,8 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.BoolVar(&f.WebhookAllowPrivate, "webhook-allow-private", false, "let webhook endpoints resolve to loopback, private, shared and benchmarking addresses (the API's own listener, unspecified, link-local, cloud metadata, multicast and reserved addresses stay refused)")
 	fl.DurationVar(&f.EventRetention, "event-retention", 7*24*time.Hour, "keep outbox events this long once every webhook has received them (SSE and watch clients resume within it)")
 	fl.DurationVar(&f.SSEHeartbeat, "sse-heartbeat", 15*time.Second, "how often an idle /v1/events/stream gets a heartbeat comment line")
+	fl.IntVar(&f.AuditCheckpointEvery, "audit-checkpoint-every", 1000, "sign a checkpoint of the audit log's Merkle tree once this many entries were added since the last")
+	fl.DurationVar(&f.AuditCheckpointInterval, "audit-checkpoint-interval", time.Minute, "sign a checkpoint of the audit log when the last is this old and entries were added since")
 	fl.DurationVar(&f.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "how often agents are told to send heartbeats")
 	fl.DurationVar(&f.UnreachableAfter, "unreachable-after", 30*time.Second, "a node without a heartbeat this long is unreachable (at least twice --heartbeat-interval)")
 	fl.StringVar(&f.OTLPEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces to this OTLP/gRPC collector (host:port, or an http:// or https:// URL); empty: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set")

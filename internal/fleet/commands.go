@@ -154,7 +154,7 @@ func insertCommand(ctx context.Context, tx *envelope.Tx, deps Deps, n *Node, kin
 	cmd, inserted, err := CommandInsert(ctx, tx, &CommandInsertParams{
 		ID: envelope.NewID(CommandIDPrefix, now), TenantID: n.TenantID, NodeID: n.ID, Kind: kind, Params: params,
 		IdempotencyKey: idemKey, Traceparent: traceparent, CreatedBy: tx.Caller().Principal.ID,
-		Deadline: now.Add(time.Duration(deadline) * time.Second), CreateTime: now,
+		Deadline: now.Add(time.Duration(deadline) * time.Second), CreateTime: now, Signer: deps.Signer,
 	})
 	endSend(span, cmd, inserted)
 	if err != nil {
@@ -460,6 +460,8 @@ type SystemCommand struct {
 	TTL                    time.Duration
 	// Time is the control plane clock's now.
 	Time time.Time
+	// Signer signs it (see CommandInsertParams.Signer).
+	Signer CommandSigner
 }
 
 // SendSystemCommand persists a command in the caller's transaction with the
@@ -487,6 +489,7 @@ func SendSystemCommand(ctx context.Context, tx store.Tx, notifier CommandNotifie
 	cmd, inserted, err := CommandInsert(ctx, tx, &CommandInsertParams{
 		ID: envelope.NewID(CommandIDPrefix, at), TenantID: c.TenantID, NodeID: c.NodeID, Kind: c.Kind, Params: params,
 		IdempotencyKey: c.IdempotencyKey, Traceparent: traceparent, CreatedBy: c.CreatedBy, Deadline: at.Add(c.TTL), CreateTime: at,
+		Signer: c.Signer,
 	})
 	endSend(span, cmd, inserted)
 	if err != nil {

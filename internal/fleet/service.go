@@ -73,6 +73,9 @@ type Deps struct {
 	Sealer TokenSealer
 	// Notifier may be nil: commands then wait for the node's next poll.
 	Notifier CommandNotifier
+	// Signer signs every command this API inserts (nil: unsigned, which
+	// a node that pinned command-signing roots refuses).
+	Signer CommandSigner
 	// States, when set, is told in the transaction of nodes that started
 	// or stopped taking work (drain, undrain), so capacity's placers read
 	// them again.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/better-compute/better-compute/internal/cmdsig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -49,15 +50,33 @@ type Command struct {
 	Deadline       time.Time
 	CreateTime     time.Time
 	UpdateTime     time.Time
+	// Signer, TrustVersion and Signature are the command's signature
+	// (internal/cmdsig); empty on a row no signer signed.
+	Signer       string
+	TrustVersion int64
+	Signature    []byte
+}
+
+// SigningFields are what a command's signature covers.
+func (c *Command) SigningFields() cmdsig.Fields {
+	return cmdsig.Fields{TrustVersion: c.TrustVersion, ID: c.ID, NodeID: c.NodeID, Seq: uint64(max(c.Seq, 0)), Kind: c.Kind,
+		ParamsDigest: cmdsig.Digest([]byte(c.Params)), IdempotencyKey: c.IdempotencyKey, Deadline: c.Deadline}
+}
+
+// CommandSigner signs a command in the transaction that inserts it
+// (pki.CommandSigner).
+type CommandSigner interface {
+	SignCommand(ctx context.Context, tx store.Tx, f cmdsig.Fields) (cmdsig.Signature, error)
 }
 
 const commandColumns = `id, tenant_id, node_id, seq, kind, params, idempotency_key, state, progress, message, result,
-	failure_code, traceparent, created_by, deadline, create_time, update_time`
+	failure_code, traceparent, created_by, deadline, create_time, update_time, signer, trust_version, signature`
 
 func scanCommand(row scanner) (Command, error) {
 	var c Command
 	err := row.Scan(&c.ID, &c.TenantID, &c.NodeID, &c.Seq, &c.Kind, &c.Params, &c.IdempotencyKey, &c.State, &c.Progress,
-		&c.Message, &c.Result, &c.FailureCode, &c.Traceparent, &c.CreatedBy, &c.Deadline, &c.CreateTime, &c.UpdateTime)
+		&c.Message, &c.Result, &c.FailureCode, &c.Traceparent, &c.CreatedBy, &c.Deadline, &c.CreateTime, &c.UpdateTime,
+		&c.Signer, &c.TrustVersion, &c.Signature)
 	return c, err
 }
 
@@ -74,6 +93,9 @@ type CommandInsertParams struct {
 	CreatedBy      string
 	Deadline       time.Time
 	CreateTime     time.Time
+	// Signer signs the row; nil leaves it unsigned, and any bcd that pinned
+	// command-signing roots refuses it.
+	Signer CommandSigner
 }
 
 // CommandInsert allocates the node's next sequence number and inserts a
@@ -91,14 +113,22 @@ func CommandInsert(ctx context.Context, tx store.Tx, p *CommandInsertParams) (c 
 		ID: p.ID, TenantID: p.TenantID, NodeID: p.NodeID, Seq: seq, Kind: p.Kind, Params: cmp.Or(p.Params, "{}"),
 		IdempotencyKey: cmp.Or(p.IdempotencyKey, p.ID), State: CommandPending, Result: "{}", Traceparent: p.Traceparent,
 		CreatedBy: p.CreatedBy, Deadline: p.Deadline, CreateTime: p.CreateTime, UpdateTime: p.CreateTime,
+		Signature: []byte{},
+	}
+	if p.Signer != nil {
+		sig, err := p.Signer.SignCommand(ctx, tx, c.SigningFields())
+		if err != nil {
+			return Command{}, false, fmt.Errorf("fleet: sign command: %w", err)
+		}
+		c.Signer, c.TrustVersion, c.Signature = sig.Signer, sig.TrustVersion, sig.Sig
 	}
 	var id string
 	err = tx.QueryRow(ctx, `INSERT INTO commands (id, tenant_id, node_id, seq, kind, params, idempotency_key, state,
-		traceparent, created_by, deadline, create_time, update_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)
+		traceparent, created_by, deadline, create_time, update_time, signer, trust_version, signature)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14, $15)
 		ON CONFLICT (node_id, idempotency_key) DO NOTHING RETURNING id`,
 		c.ID, c.TenantID, c.NodeID, c.Seq, c.Kind, c.Params, c.IdempotencyKey, c.State, c.Traceparent, c.CreatedBy,
-		c.Deadline, c.CreateTime).Scan(&id)
+		c.Deadline, c.CreateTime, c.Signer, c.TrustVersion, c.Signature).Scan(&id)
 	if err == nil {
 		return c, true, nil
 	}
@@ -275,4 +305,35 @@ func CommandListen(ctx context.Context, conn *pgx.Conn) error {
 // (store.ErrNotFound when absent).
 func CommandByKey(ctx context.Context, q store.Querier, nodeID, key string) (Command, error) {
 	return scanCommand(q.QueryRow(ctx, `SELECT `+commandColumns+` FROM commands WHERE node_id = $1 AND idempotency_key = $2`, nodeID, key))
+}
+
+// NodeReport is a row of node_reports: what a node signed (nodesig).
+type NodeReport struct {
+	ID         string
+	NodeID     string
+	Kind       string // command.succeeded, allocation.bound, …
+	Subject    string // the command or allocation id
+	CertDER    []byte
+	Signed     []byte
+	Signature  []byte
+	CreateTime time.Time
+}
+
+// NodeReportInsert keeps a signed report.
+func NodeReportInsert(ctx context.Context, tx store.Tx, r NodeReport) error {
+	_, err := tx.Exec(ctx, `INSERT INTO node_reports (id, node_id, kind, subject, cert_der, signed, signature, create_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, r.ID, r.NodeID, r.Kind, r.Subject, r.CertDER, r.Signed, r.Signature, r.CreateTime)
+	return err
+}
+
+// NodeReportsFor lists the signed reports about a command or allocation,
+// oldest first.
+func NodeReportsFor(ctx context.Context, q store.Querier, subject string) ([]NodeReport, error) {
+	rows, err := q.Query(ctx, `SELECT id, node_id, kind, subject, cert_der, signed, signature, create_time FROM node_reports
+		WHERE subject = $1 ORDER BY create_time, id`, subject)
+	return collect(rows, err, func(row scanner) (NodeReport, error) {
+		var r NodeReport
+		err := row.Scan(&r.ID, &r.NodeID, &r.Kind, &r.Subject, &r.CertDER, &r.Signed, &r.Signature, &r.CreateTime)
+		return r, err
+	})
 }

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -24,6 +25,7 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/nodesig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -147,6 +149,9 @@ type stream struct {
 	cancel context.CancelFunc
 	recv   chan *agentv1.GatewayMessage
 	errc   chan error
+	// sign signs final updates and allocation reports as bcd does once it
+	// pinned command-signing roots (these sessions say trust_version 1).
+	sign func(proto.Message) error
 }
 
 func (a *agent) open(cert *tls.Certificate) *stream {
@@ -155,6 +160,13 @@ func (a *agent) open(cert *tls.Certificate) *stream {
 	s, err := a.dial(cert).Session(ctx)
 	require.NoError(a.t, err)
 	st := &stream{t: a.t, s: s, cancel: cancel, recv: make(chan *agentv1.GatewayMessage, 64), errc: make(chan error, 1)}
+	if cert == nil {
+		cert = a.cert
+	}
+	if cert != nil {
+		key, td, node := cert.PrivateKey.(crypto.Signer), a.f.cp.PKI.TrustDomain(), a.nodeID
+		st.sign = func(m proto.Message) error { return nodesig.Sign(key, td, node, m) }
+	}
 	go func() {
 		for {
 			m, err := s.Recv()
@@ -185,6 +197,24 @@ func (a *agent) session(lastApplied uint64, digest string) *stream {
 }
 
 func (st *stream) send(m *agentv1.AgentMessage) {
+	st.t.Helper()
+	var inner proto.Message
+	switch x := m.GetMsg().(type) {
+	case *agentv1.AgentMessage_CommandUpdate:
+		inner = x.CommandUpdate
+	case *agentv1.AgentMessage_AllocationBound:
+		inner = x.AllocationBound
+	case *agentv1.AgentMessage_AllocationReleased:
+		inner = x.AllocationReleased
+	}
+	if inner != nil && st.sign != nil && nodesig.Signed(inner) {
+		require.NoError(st.t, st.sign(inner))
+	}
+	st.sendUnsigned(m)
+}
+
+// sendUnsigned sends m as it is.
+func (st *stream) sendUnsigned(m *agentv1.AgentMessage) {
 	st.t.Helper()
 	require.NoError(st.t, st.s.Send(m))
 }

@@ -148,7 +148,7 @@ func (g *Gateway) joinDiscovery(ctx context.Context, req *agentv1.JoinRequest) (
 	return &agentv1.JoinResponse{
 		Status: agentv1.JoinStatus_JOIN_STATUS_ADMITTED, NodeId: nodeID, CertificateChain: chain,
 		TrustBundlePem: g.cfg.Authority.TrustBundlePEM(), TrustDomain: g.cfg.Authority.TrustDomain(),
-		NotAfter: timestamppb.New(notAfter),
+		NotAfter: timestamppb.New(notAfter), CommandTrust: g.commandTrust(),
 	}, nil
 }
 

@@ -261,10 +261,13 @@ func DefaultHosts(listenHost string) []string {
 type Gateway struct {
 	agentv1.UnimplementedAgentServiceServer
 
-	cfg   Config
-	log   *slog.Logger
-	hub   *hub
-	beats *batcher
+	cfg Config
+	log *slog.Logger
+	hub *hub
+	// signerChains caches command signers' chains by serial (they never
+	// change once issued).
+	signerChains sync.Map
+	beats        *batcher
 	// hellos group-commits session openings.
 	hellos *helloBatch
 	// metrics count what happens below the sessions (refused handshakes);

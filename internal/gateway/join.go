@@ -114,7 +114,7 @@ func (g *Gateway) Join(ctx context.Context, req *agentv1.JoinRequest) (*agentv1.
 	return &agentv1.JoinResponse{
 		Status: agentv1.JoinStatus_JOIN_STATUS_ADMITTED, NodeId: out.nodeID, CertificateChain: chain,
 		TrustBundlePem: g.cfg.Authority.TrustBundlePEM(), TrustDomain: g.cfg.Authority.TrustDomain(),
-		NotAfter: timestamppb.New(notAfter),
+		NotAfter: timestamppb.New(notAfter), CommandTrust: g.commandTrust(),
 	}, nil
 }
 
@@ -409,6 +409,7 @@ func (g *Gateway) Renew(ctx context.Context, req *agentv1.RenewRequest) (*agentv
 	log.Info("node certificate renewed", "not_after", notAfter)
 	return &agentv1.RenewResponse{
 		CertificateChain: chain, TrustBundlePem: g.cfg.Authority.TrustBundlePEM(), NotAfter: timestamppb.New(notAfter),
+		CommandTrust: g.commandTrust(),
 	}, nil
 }
 

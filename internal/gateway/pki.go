@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -80,3 +81,28 @@ func (p pkiAuthority) ParseCSR(der []byte) (*x509.CertificateRequest, error) {
 // Refresh reloads the revocation set, so a certificate revoked through
 // another replica is refused here too.
 func (p pkiAuthority) Refresh(ctx context.Context) error { return p.a.Refresh(ctx) }
+
+// CommandTrust is the part of an authority that signs commands: the bundle
+// nodes pin and the worker chains the gateway sends with commands. An
+// Authority without it sends commands unsigned.
+type CommandTrust interface {
+	CommandTrust() *agentv1.CommandTrust
+	CommandSignerChain(ctx context.Context, q store.Querier, serial string) ([][]byte, error)
+}
+
+func (p pkiAuthority) CommandTrust() *agentv1.CommandTrust {
+	roots, v, minV := p.a.CommandBundle()
+	return &agentv1.CommandTrust{RootsPem: roots, Version: v, MinVersion: minV}
+}
+
+func (p pkiAuthority) CommandSignerChain(ctx context.Context, q store.Querier, serial string) ([][]byte, error) {
+	return p.a.CommandSignerChain(ctx, q, serial)
+}
+
+// commandTrust is the gateway's CommandTrust, or nil.
+func (g *Gateway) commandTrust() *agentv1.CommandTrust {
+	if ct, ok := g.cfg.Authority.(CommandTrust); ok {
+		return ct.CommandTrust()
+	}
+	return nil
+}

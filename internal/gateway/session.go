@@ -14,12 +14,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/nodesig"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -57,6 +59,13 @@ type session struct {
 	cursor    uint64
 	inflight  map[string]uint64
 	snapshots map[string]*pendingSnapshot
+	// signs: the node pinned command-signing roots (Hello.trust_version >
+	// 0), so its final updates and allocation reports must carry its
+	// signature (internal/nodesig).
+	signs bool
+	// signed is what the node signed of the message being handled (nil
+	// when it is not a signed report).
+	signed []byte
 }
 
 func (s *session) poke() {
@@ -311,6 +320,7 @@ func (s *session) hello(h *agentv1.Hello) error {
 		return denied("hello: mode %s, but the node's certificate is for role %s", mode, s.ident.Role)
 	}
 	s.cursor = h.GetLastAppliedSeq()
+	s.signs = h.GetTrustVersion() > 0
 	before, err := g.hellos.submit(s.ctx, fleet.NodeHelloParams{
 		NodeID: s.nodeID, Owner: g.cfg.ReplicaID, AgentVersion: h.GetAgentVersion(), Mode: s.ident.Role,
 		Capabilities: h.GetCapabilities(), TrustVersion: h.GetTrustVersion(), LastAppliedSeq: h.GetLastAppliedSeq(),
@@ -429,6 +439,9 @@ func (s *session) deliver(cmds []fleet.Command) error {
 	var sealed []bool
 	for _, c := range cmds {
 		pending = pending || c.State == "pending"
+		// The params as stored are what the signature covers; delivery
+		// may open sealed values or add a site's credentials below.
+		signed := c.Params
 		// The certificate's role decides what the agent may run: a
 		// ramdisk never gets a node's command, nor a node a wipe.
 		if err := fleet.CheckKindForMode(s.ident.Role, c.Kind); err != nil {
@@ -473,6 +486,12 @@ func (s *session) deliver(cmds []fleet.Command) error {
 			c.Params = p
 		}
 		m, err := commandMessage(c)
+		if err == nil {
+			err = s.g.attachSignature(s.ctx, m, c, signed)
+			if err != nil && !errors.Is(err, fleet.ErrCommandUnencodable) {
+				return err // the store failed: the session retries
+			}
+		}
 		if err != nil {
 			s.log.Error("command cannot be encoded; failed", "command", c.ID, "err", err)
 			unencodable, reasons, codes = append(unencodable, c), append(reasons, err), append(codes, fleet.CommandFailUnencodable)
@@ -567,6 +586,12 @@ func commandMessage(c fleet.Command) (*agentv1.Command, error) {
 
 // handle acts on one message after Hello.
 func (s *session) handle(m *agentv1.AgentMessage) error {
+	// A report's signature covers what the node sent, before validation
+	// defuses its text in place.
+	s.signed = nil
+	if err := s.verifyReport(m); err != nil {
+		return err
+	}
 	if err := ValidateAgentMessage(m); err != nil {
 		return err
 	}
@@ -592,11 +617,11 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		for _, e := range b.GetEnforced() {
 			enforced = append(enforced, map[string]any{"resource": e.GetResource(), "state": EnforcementState(e.GetState()), "detail": e.GetDetail()})
 		}
-		return s.allocation("allocation.bound", b.GetAllocationId(), b.GetCommandId(), map[string]any{"cgroup": b.GetCgroup(), "enforced": enforced},
+		return s.allocation("allocation.bound", b.GetAllocationId(), b.GetCommandId(), b, map[string]any{"cgroup": b.GetCgroup(), "enforced": enforced},
 			func(ctx context.Context, tx store.Tx, h Hooks) error { return h.AllocationBound(ctx, tx, s.nodeID, b) })
 	case *agentv1.AgentMessage_AllocationReleased:
 		r := msg.AllocationReleased
-		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), map[string]any{"killed_processes": r.GetKilledProcesses()},
+		return s.allocation("allocation.released", r.GetAllocationId(), r.GetCommandId(), r, map[string]any{"killed_processes": r.GetKilledProcesses()},
 			func(ctx context.Context, tx store.Tx, h Hooks) error {
 				return h.AllocationReleased(ctx, tx, s.nodeID, r)
 			})
@@ -700,6 +725,9 @@ func (s *session) commandUpdate(u *agentv1.CommandUpdate) error {
 			return nil
 		}
 		terminal, kind = true, c.Kind
+		if err := s.recordReport(ctx, tx, "command."+next, c.ID, u); err != nil {
+			return err
+		}
 		if g.cfg.CommandDone != nil {
 			if err := g.cfg.CommandDone(ctx, tx, c, next, u.GetMessage(), u.GetResult().AsMap()); err != nil {
 				return err
@@ -745,7 +773,7 @@ const KindProcessExec = "process.exec"
 
 // allocation records allocation.bound or allocation.released, only for an
 // allocation a command of this node carries.
-func (s *session) allocation(typ, allocationID, commandID string, data map[string]any, hook func(context.Context, store.Tx, Hooks) error) error {
+func (s *session) allocation(typ, allocationID, commandID string, report proto.Message, data map[string]any, hook func(context.Context, store.Tx, Hooks) error) error {
 	g := s.g
 	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		cmds, err := fleet.CommandListForAllocation(ctx, tx, s.nodeID, commandID, allocationID)
@@ -768,6 +796,9 @@ func (s *session) allocation(typ, allocationID, commandID string, data map[strin
 			data = map[string]any{}
 		}
 		data["node_id"], data["command_id"] = s.nodeID, found.ID
+		if err := s.recordReport(ctx, tx, typ, allocationID, report); err != nil {
+			return err
+		}
 		if h := g.cfg.Hooks; h != nil {
 			if err := hook(ctx, tx, h); err != nil {
 				return err
@@ -850,4 +881,86 @@ func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
 		}
 		return nil
 	})
+}
+
+// attachSignature adds a signed command's signature and its signer's chain
+// to m. A row without a signature goes out without one: a node that pinned
+// command-signing roots refuses it, which is the point. A signer whose
+// chain is gone is an error only for this command.
+func (g *Gateway) attachSignature(ctx context.Context, m *agentv1.Command, c fleet.Command, signedParams string) error {
+	ct, ok := g.cfg.Authority.(CommandTrust)
+	if !ok || len(c.Signature) == 0 {
+		return nil
+	}
+	var chain [][]byte
+	if v, ok := g.signerChains.Load(c.Signer); ok {
+		chain = v.([][]byte)
+	} else {
+		if err := g.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			chain, err = ct.CommandSignerChain(ctx, tx, c.Signer)
+			return err
+		}); err != nil {
+			return err
+		}
+		if chain == nil {
+			return fmt.Errorf("%w: its signer %s is unknown", fleet.ErrCommandUnencodable, c.Signer)
+		}
+		g.signerChains.Store(c.Signer, chain)
+	}
+	m.Signature = &agentv1.CommandSignature{TrustVersion: c.TrustVersion, Chain: chain, Signature: c.Signature,
+		SignedParams: []byte(signedParams)}
+	return nil
+}
+
+// verifyReport checks the node's signature on a report it must sign (a
+// final command update, an allocation report): with the key of the
+// certificate this session was opened with. It keeps the signed bytes for
+// recordReport. A node that pinned no command-signing roots signs nothing.
+func (s *session) verifyReport(am *agentv1.AgentMessage) error {
+	if !s.signs {
+		return nil
+	}
+	var m proto.Message
+	switch x := am.GetMsg().(type) {
+	case *agentv1.AgentMessage_CommandUpdate:
+		m = x.CommandUpdate
+	case *agentv1.AgentMessage_AllocationBound:
+		m = x.AllocationBound
+	case *agentv1.AgentMessage_AllocationReleased:
+		m = x.AllocationReleased
+	}
+	if m == nil || !nodesig.Signed(m) {
+		return nil
+	}
+	signed, err := nodesig.Verify(s.leaf.PublicKey, s.g.cfg.Authority.TrustDomain(), s.nodeID, m)
+	if err != nil {
+		s.log.Warn("report refused: its node signature does not verify", "type", m.ProtoReflect().Descriptor().Name(), "err", err)
+		return denied("%s: %v", m.ProtoReflect().Descriptor().Name(), err)
+	}
+	s.signed = signed
+	return nil
+}
+
+// recordReport keeps the signed report verifyReport passed (node_reports),
+// in the transaction that acts on it: the record of what the node said it
+// did, checkable with the node CA alone.
+func (s *session) recordReport(ctx context.Context, tx store.Tx, kind, subject string, m proto.Message) error {
+	if !s.signs || s.signed == nil {
+		return nil
+	}
+	now := s.g.cfg.Clock.Now()
+	return fleet.NodeReportInsert(ctx, tx, fleet.NodeReport{ID: envelope.NewID("nrp", now), NodeID: s.nodeID, Kind: kind, Subject: subject,
+		CertDER: s.leaf.Raw, Signed: s.signed, Signature: nodesigSignature(m), CreateTime: now})
+}
+
+func nodesigSignature(m proto.Message) []byte {
+	switch x := m.(type) {
+	case *agentv1.CommandUpdate:
+		return x.GetNodeSignature()
+	case *agentv1.AllocationBound:
+		return x.GetNodeSignature()
+	case *agentv1.AllocationReleased:
+		return x.GetNodeSignature()
+	}
+	return nil
 }

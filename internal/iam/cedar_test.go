@@ -87,8 +87,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Policy", ID: "pol1", TenantID: tenant}
 	case "confirmations.approve":
 		return Resource{Type: "Confirmation", ID: "c1", TenantID: tenant}
-	case "audit.list":
+	case "audit.list", "audit.prove":
 		return Resource{Type: "AuditLog", ID: "audit", TenantID: tenant}
+	case "audit.check":
+		return Resource{Type: "Platform"}
 	case "events.watch":
 		return Resource{Type: "EventStream", ID: "events", TenantID: tenant}
 	case "nodes.get", "nodes.drain", "nodes.undrain", "nodes.delete", "inventory.get":
@@ -177,7 +179,7 @@ func TestCedarMatrix(t *testing.T) {
 	c := newCedar(t, nil)
 
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
-		"confirmations.list", "audit.list", "events.watch",
+		"confirmations.list", "audit.list", "audit.prove", "events.watch",
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "commandBatches.get", "commandBatches.list", "approverSets.get",
 		"joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
@@ -219,7 +221,7 @@ func TestCedarMatrix(t *testing.T) {
 	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
-		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" {
+		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" && a != "audit.check" {
 			want[RoleAdmin][a] = allow
 		}
 	}
@@ -524,7 +526,7 @@ func TestDefaultPoliciesTypeCheck(t *testing.T) {
 func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
-		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "approverSets.get", "approverSets.put", "audit.list",
+		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "approverSets.get", "approverSets.put", "audit.check", "audit.list", "audit.prove",
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commandBatches.approve", "commandBatches.cancel", "commandBatches.create", "commandBatches.get", "commandBatches.list", "commandBatches.run",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",

@@ -43,7 +43,12 @@ type SiteCommands struct {
 	r        *Runtime
 	ttl      time.Duration
 	notifier fleet.CommandNotifier
+	signer   fleet.CommandSigner
 }
+
+// SetSigner hands the replica's command signer: every site command is
+// signed as it is inserted.
+func (s *SiteCommands) SetSigner(sg fleet.CommandSigner) { s.signer = sg }
 
 // SetNotifier hands the gateway that wakes a site agent's session once a
 // command for it commits (nil: the session's next recheck finds it).
@@ -186,7 +191,7 @@ func (s *SiteCommands) insert(ctx context.Context, tx store.Tx, l BootLease, kin
 	}
 	c, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{ID: envelope.NewID(fleet.CommandIDPrefix, now),
 		TenantID: n.TenantID, NodeID: n.ID, Kind: kind, Params: string(b), IdempotencyKey: key, CreatedBy: "system:metal",
-		Deadline: deadline, CreateTime: now})
+		Deadline: deadline, CreateTime: now, Signer: s.signer})
 	if err != nil {
 		return fleet.Command{}, err
 	}
@@ -363,7 +368,7 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 		}
 		if _, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{ID: d.CommandID, TenantID: n.TenantID, NodeID: n.ID,
 			Kind: CommandBMCPower, Params: string(b), IdempotencyKey: run.IdempotencyKey, CreatedBy: "system:metal",
-			Deadline: deadline, CreateTime: now}); err != nil {
+			Deadline: deadline, CreateTime: now, Signer: s.signer}); err != nil {
 			return err
 		}
 		s.notify(tx, n.ID)

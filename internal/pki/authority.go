@@ -86,6 +86,10 @@ type Authority struct {
 
 	mu      sync.RWMutex
 	revoked map[string]struct{}
+	// cmdGens are the command-signing generations, oldest first;
+	// signerChains caches worker chains by serial.
+	cmdGens      []*commandGen
+	signerChains map[string][][]byte
 }
 
 // Init creates the root (10 years) and the node, serving and internal
@@ -184,7 +188,18 @@ func Init(ctx context.Context, db *store.DB, s *Sealer, opts InitOptions) (*Auth
 		}
 		return nil, fmt.Errorf("pki: init: %w", err)
 	}
-	return newAuthority(db, db.Clock(), s, td, pin, cas, nil)
+	a, err := newAuthority(db, db.Clock(), s, td, pin, cas, nil)
+	if err != nil {
+		return nil, err
+	}
+	offline := ""
+	if opts.OfflineRoot {
+		offline = opts.RootOut
+	}
+	if a.cmdGens, err = loadCommandGens(ctx, db, s, td, offline); err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
 // Load reads the authority from the database and opens its keys. It returns
@@ -252,7 +267,14 @@ func Load(ctx context.Context, db *store.DB, s *Sealer, clk clock.Clock) (*Autho
 			return nil, fmt.Errorf("pki: load: the %s CA is not signed by the root: %w", k, err)
 		}
 	}
-	return newAuthority(db, clk, s, set.TrustDomain, set.Pin, cas, revoked)
+	a, err := newAuthority(db, clk, s, set.TrustDomain, set.Pin, cas, revoked)
+	if err != nil {
+		return nil, err
+	}
+	if a.cmdGens, err = loadCommandGens(ctx, db, s, set.TrustDomain, ""); err != nil {
+		return nil, err
+	}
+	return a, nil
 }
 
 // LoadOrInit loads the authority, creating it first on a database without
@@ -296,7 +318,7 @@ func newAuthority(db *store.DB, clk clock.Clock, s *Sealer, td, pin string, cas 
 	pool.AddCert(cas[caRoot].cert)
 	a := &Authority{
 		db: db, clk: clk, trustDomain: td, pin: pin, cas: cas, joinKey: jk, nodePool: pool,
-		revoked: make(map[string]struct{}, len(revoked)),
+		revoked: make(map[string]struct{}, len(revoked)), signerChains: map[string][][]byte{},
 	}
 	for _, s := range revoked {
 		a.revoked[s] = struct{}{}
@@ -341,6 +363,17 @@ type Summary struct {
 	Pin         string
 	CreateTime  time.Time
 	CAs         []CAInfo // root first
+	// CommandRoots are the command-signing generations, oldest first.
+	CommandRoots []CommandRootInfo
+}
+
+// CommandRootInfo describes one command-signing generation.
+type CommandRootInfo struct {
+	Version  int64
+	Subject  string
+	NotAfter time.Time
+	Offline  bool // the root's key is not in the database
+	Retired  bool
 }
 
 // Inspect reads the authority's public parts without the sealing secret.
@@ -358,7 +391,18 @@ func Inspect(ctx context.Context, db *store.DB) (Summary, error) {
 			return err
 		}
 		sum.TrustDomain, sum.Pin, sum.CreateTime = set.TrustDomain, set.Pin, set.CreateTime
-		rows, err = caList(ctx, tx)
+		if rows, err = caList(ctx, tx); err != nil {
+			return err
+		}
+		gens, err := commandCAList(ctx, tx)
+		for _, g := range gens {
+			c, perr := x509.ParseCertificate(g.RootDER)
+			if perr != nil {
+				return fmt.Errorf("pki: command-signing root %d: %w", g.Version, perr)
+			}
+			sum.CommandRoots = append(sum.CommandRoots, CommandRootInfo{Version: g.Version, Subject: c.Subject.String(),
+				NotAfter: c.NotAfter, Offline: g.RootKeySealed == nil, Retired: g.RetireTime != nil})
+		}
 		return err
 	})
 	if err != nil {
@@ -418,7 +462,9 @@ func reseal(ctx context.Context, db *store.DB, from, to *Sealer, want func(seale
 			}
 			n++
 		}
-		return nil
+		m, err := resealCommandGens(ctx, tx, from, to, want)
+		n += m
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("pki: reseal: %w", err)

@@ -412,10 +412,13 @@ func TestOfflineRoot(t *testing.T) {
 	require.True(t, b.RootOffline())
 	_ = fixture{db: f.db, clk: f.clk, sealer: f.sealer, a: b}.nodeCert(t, "n1", pki.RoleNode, 0)
 
-	// Rotation reseals only the three intermediates.
+	// Rotation reseals only the three intermediates, and of the offline
+	// command-signing root's generation its CA key and seal.
 	n, err := pki.Reseal(t.Context(), f.db, f.sealer, newSealer(t))
 	require.NoError(t, err)
-	require.Equal(t, 3, n)
+	require.Equal(t, 3+2, n)
+	_, err = os.Stat(filepath.Join(out, "command-root-1.key"))
+	require.NoError(t, err, "the offline command-signing root's key is written beside the root's")
 
 	// Init never replaces root files, even for a new database.
 	_, err = pki.Init(t.Context(), newDB(t, nil), f.sealer, pki.InitOptions{OfflineRoot: true, RootOut: out})
@@ -835,7 +838,7 @@ func TestReseal(t *testing.T) {
 	next := newSealer(t)
 	n, err := pki.Reseal(ctx, f.db, f.sealer, next)
 	require.NoError(t, err)
-	require.Equal(t, 4, n)
+	require.Equal(t, 4+3, n, "four CA keys; the command-signing root's key, its CA's key and its seal")
 
 	_, err = pki.Load(ctx, f.db, f.sealer, f.clk)
 	require.ErrorIs(t, err, pki.ErrSealed)

@@ -27,8 +27,12 @@ import (
 // Options are the settings serve and dev share, one field per flag of
 // theirs: the CLI fills them from flags and the environment.
 type Options struct {
-	WebhookAllowPrivate                                bool
-	EventRetention, SSEHeartbeat                       time.Duration
+	WebhookAllowPrivate          bool
+	EventRetention, SSEHeartbeat time.Duration
+	// AuditCheckpointEvery and AuditCheckpointInterval: a signed
+	// checkpoint of the audit log every N entries or T.
+	AuditCheckpointEvery                               int
+	AuditCheckpointInterval                            time.Duration
 	Listen, StateDir, DatabaseURL, LogFormat, LogLevel string
 	Roles                                              []string
 	PDP, AuthZENURL, AuthZENToken                      string
@@ -170,6 +174,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 		DBStatementTimeout: offIfZero(o.DBStatementTimeout), DBLockTimeout: offIfZero(o.DBLockTimeout),
 		Limits:              envelope.Limits{RequestRate: o.RequestRate, RequestBurst: o.RequestBurst, MaxStreams: o.MaxStreams},
 		WebhookAllowPrivate: o.WebhookAllowPrivate, EventRetention: o.EventRetention, SSEHeartbeat: o.SSEHeartbeat,
+		AuditCheckpointEvery: o.AuditCheckpointEvery, AuditCheckpointInterval: o.AuditCheckpointInterval,
 		Tracing: tracing.Config{Endpoint: o.OTLPEndpoint, Insecure: o.OTLPInsecure, ServiceName: "better-compute"},
 	}
 }

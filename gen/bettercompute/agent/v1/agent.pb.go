@@ -649,8 +649,11 @@ type JoinResponse struct {
 	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
 	// How long to wait before retrying a pending join.
 	RetryAfterSeconds int32 `protobuf:"varint,9,opt,name=retry_after_seconds,json=retryAfterSeconds,proto3" json:"retry_after_seconds,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The command-signing roots the node pins: from then on it applies only
+	// commands signed by a worker key that chains to one of them.
+	CommandTrust  *CommandTrust `protobuf:"bytes,10,opt,name=command_trust,json=commandTrust,proto3" json:"command_trust,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinResponse) Reset() {
@@ -746,6 +749,77 @@ func (x *JoinResponse) GetRetryAfterSeconds() int32 {
 	return 0
 }
 
+func (x *JoinResponse) GetCommandTrust() *CommandTrust {
+	if x != nil {
+		return x.CommandTrust
+	}
+	return nil
+}
+
+// CommandTrust is the command-signing bundle (docs/security.md).
+type CommandTrust struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The command-signing roots, PEM.
+	RootsPem []byte `protobuf:"bytes,1,opt,name=roots_pem,json=rootsPem,proto3" json:"roots_pem,omitempty"`
+	// The newest generation: what Hello.trust_version reports once pinned.
+	Version int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Commands signed under an older generation are refused.
+	MinVersion    int64 `protobuf:"varint,3,opt,name=min_version,json=minVersion,proto3" json:"min_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandTrust) Reset() {
+	*x = CommandTrust{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandTrust) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandTrust) ProtoMessage() {}
+
+func (x *CommandTrust) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandTrust.ProtoReflect.Descriptor instead.
+func (*CommandTrust) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CommandTrust) GetRootsPem() []byte {
+	if x != nil {
+		return x.RootsPem
+	}
+	return nil
+}
+
+func (x *CommandTrust) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *CommandTrust) GetMinVersion() int64 {
+	if x != nil {
+		return x.MinVersion
+	}
+	return 0
+}
+
 type RenewRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// CSR for the new key, DER. Its subject is ignored: identity comes from
@@ -764,7 +838,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +850,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +863,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -825,13 +899,17 @@ type RenewResponse struct {
 	CertificateChain [][]byte               `protobuf:"bytes,1,rep,name=certificate_chain,json=certificateChain,proto3" json:"certificate_chain,omitempty"`
 	TrustBundlePem   []byte                 `protobuf:"bytes,2,opt,name=trust_bundle_pem,json=trustBundlePem,proto3" json:"trust_bundle_pem,omitempty"`
 	NotAfter         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The command-signing bundle as it stands: a node that joined before
+	// command signing pins it here; a node that pinned one takes a newer
+	// version (roots added or retired by pki rotate).
+	CommandTrust  *CommandTrust `protobuf:"bytes,4,opt,name=command_trust,json=commandTrust,proto3" json:"command_trust,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +921,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +934,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RenewResponse) GetCertificateChain() [][]byte {
@@ -876,6 +954,13 @@ func (x *RenewResponse) GetTrustBundlePem() []byte {
 func (x *RenewResponse) GetNotAfter() *timestamppb.Timestamp {
 	if x != nil {
 		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *RenewResponse) GetCommandTrust() *CommandTrust {
+	if x != nil {
+		return x.CommandTrust
 	}
 	return nil
 }
@@ -901,7 +986,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +998,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +1011,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -1091,7 +1176,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1188,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1201,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GatewayMessage) GetMsg() isGatewayMessage_Msg {
@@ -1212,7 +1297,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1309,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1322,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -1296,7 +1381,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1393,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1406,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1343,7 +1428,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1440,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1453,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -1405,7 +1490,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1502,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1515,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -1470,7 +1555,7 @@ type GpuTelemetry struct {
 
 func (x *GpuTelemetry) Reset() {
 	*x = GpuTelemetry{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1567,7 @@ func (x *GpuTelemetry) String() string {
 func (*GpuTelemetry) ProtoMessage() {}
 
 func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1580,7 @@ func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuTelemetry.ProtoReflect.Descriptor instead.
 func (*GpuTelemetry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GpuTelemetry) GetUuid() string {
@@ -1580,7 +1665,7 @@ type Pressure struct {
 
 func (x *Pressure) Reset() {
 	*x = Pressure{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1677,7 @@ func (x *Pressure) String() string {
 func (*Pressure) ProtoMessage() {}
 
 func (x *Pressure) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1690,7 @@ func (x *Pressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pressure.ProtoReflect.Descriptor instead.
 func (*Pressure) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Pressure) GetCpu() float64 {
@@ -1643,7 +1728,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1740,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1753,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusReport) GetPressure() *Pressure {
@@ -1714,7 +1799,7 @@ type HealthEvent struct {
 
 func (x *HealthEvent) Reset() {
 	*x = HealthEvent{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1811,7 @@ func (x *HealthEvent) String() string {
 func (*HealthEvent) ProtoMessage() {}
 
 func (x *HealthEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1824,7 @@ func (x *HealthEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthEvent.ProtoReflect.Descriptor instead.
 func (*HealthEvent) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HealthEvent) GetKind() string {
@@ -1797,7 +1882,7 @@ type InventorySection struct {
 
 func (x *InventorySection) Reset() {
 	*x = InventorySection{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1894,7 @@ func (x *InventorySection) String() string {
 func (*InventorySection) ProtoMessage() {}
 
 func (x *InventorySection) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1907,7 @@ func (x *InventorySection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventorySection.ProtoReflect.Descriptor instead.
 func (*InventorySection) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InventorySection) GetName() string {
@@ -1868,7 +1953,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +1965,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +1978,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type SystemInventory struct {
@@ -1909,7 +1994,7 @@ type SystemInventory struct {
 
 func (x *SystemInventory) Reset() {
 	*x = SystemInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2006,7 @@ func (x *SystemInventory) String() string {
 func (*SystemInventory) ProtoMessage() {}
 
 func (x *SystemInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2019,7 @@ func (x *SystemInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemInventory.ProtoReflect.Descriptor instead.
 func (*SystemInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SystemInventory) GetIdentity() *HardwareIdentity {
@@ -1984,7 +2069,7 @@ type GpuInventory struct {
 
 func (x *GpuInventory) Reset() {
 	*x = GpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2081,7 @@ func (x *GpuInventory) String() string {
 func (*GpuInventory) ProtoMessage() {}
 
 func (x *GpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2094,7 @@ func (x *GpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuInventory.ProtoReflect.Descriptor instead.
 func (*GpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GpuInventory) GetGpus() []*Gpu {
@@ -2062,7 +2147,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2159,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2172,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Gpu) GetIndex() int32 {
@@ -2166,7 +2251,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2263,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2276,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -2233,7 +2318,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2330,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2343,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -2295,7 +2380,7 @@ type CpuInventory struct {
 
 func (x *CpuInventory) Reset() {
 	*x = CpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2392,7 @@ func (x *CpuInventory) String() string {
 func (*CpuInventory) ProtoMessage() {}
 
 func (x *CpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2405,7 @@ func (x *CpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CpuInventory.ProtoReflect.Descriptor instead.
 func (*CpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CpuInventory) GetModel() string {
@@ -2372,7 +2457,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2469,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2482,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -2446,7 +2531,7 @@ type MemoryInventory struct {
 
 func (x *MemoryInventory) Reset() {
 	*x = MemoryInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2543,7 @@ func (x *MemoryInventory) String() string {
 func (*MemoryInventory) ProtoMessage() {}
 
 func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2556,7 @@ func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryInventory.ProtoReflect.Descriptor instead.
 func (*MemoryInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MemoryInventory) GetTotalMib() uint64 {
@@ -2509,14 +2594,18 @@ type Command struct {
 	IdempotencyKey string                 `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	Deadline       *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// W3C trace context of the request that created it.
-	Traceparent   string `protobuf:"bytes,7,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,7,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// The control plane's signature over the command (internal/cmdsig);
+	// absent on a command no replica signed, which a node that pinned
+	// command-signing roots refuses.
+	Signature     *CommandSignature `protobuf:"bytes,8,opt,name=signature,proto3" json:"signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2617,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2630,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Command) GetId() string {
@@ -2593,6 +2682,87 @@ func (x *Command) GetTraceparent() string {
 	return ""
 }
 
+func (x *Command) GetSignature() *CommandSignature {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+type CommandSignature struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The generation of the command-signing root it chains to.
+	TrustVersion int64 `protobuf:"varint,1,opt,name=trust_version,json=trustVersion,proto3" json:"trust_version,omitempty"`
+	// The worker certificate, then the command-signing CA; DER.
+	Chain [][]byte `protobuf:"bytes,2,rep,name=chain,proto3" json:"chain,omitempty"`
+	// ECDSA P-256 over SHA-256 of the canonical bytes (cmdsig.Bytes).
+	Signature []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	// The params exactly as stored and signed (JSON text). params may differ
+	// where the gateway opened a sealed value or added a site's BMC
+	// credentials for delivery.
+	SignedParams  []byte `protobuf:"bytes,4,opt,name=signed_params,json=signedParams,proto3" json:"signed_params,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandSignature) Reset() {
+	*x = CommandSignature{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandSignature) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandSignature) ProtoMessage() {}
+
+func (x *CommandSignature) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandSignature.ProtoReflect.Descriptor instead.
+func (*CommandSignature) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *CommandSignature) GetTrustVersion() int64 {
+	if x != nil {
+		return x.TrustVersion
+	}
+	return 0
+}
+
+func (x *CommandSignature) GetChain() [][]byte {
+	if x != nil {
+		return x.Chain
+	}
+	return nil
+}
+
+func (x *CommandSignature) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+func (x *CommandSignature) GetSignedParams() []byte {
+	if x != nil {
+		return x.SignedParams
+	}
+	return nil
+}
+
 type CancelCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CommandId     string                 `protobuf:"bytes,1,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
@@ -2603,7 +2773,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2785,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2798,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -2658,14 +2828,18 @@ type CommandUpdate struct {
 	FailureCode string `protobuf:"bytes,7,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
 	// W3C trace context of the agent's span that applied the command (a
 	// child of Command.traceparent); empty when the command carried none.
-	Traceparent   string `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,8,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// A final update's signature by the node's certificate key over
+	// internal/nodesig's bytes; required from a node that pinned
+	// command-signing roots (Hello.trust_version > 0).
+	NodeSignature []byte `protobuf:"bytes,9,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2677,7 +2851,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2690,7 +2864,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -2749,6 +2923,13 @@ func (x *CommandUpdate) GetTraceparent() string {
 	return ""
 }
 
+func (x *CommandUpdate) GetNodeSignature() []byte {
+	if x != nil {
+		return x.NodeSignature
+	}
+	return nil
+}
+
 // DeviceAssignment is what allocation.bind applies (sent in Command.params
 // as its JSON form).
 type DeviceAssignment struct {
@@ -2767,7 +2948,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +2960,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +2973,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -2852,14 +3033,17 @@ type AllocationBound struct {
 	Cgroup string `protobuf:"bytes,3,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	// What the node enforces for this allocation: one entry per resource
 	// ("devices", "cpu", "memory", "cpuset"), each applied or not and why.
-	Enforced      []*Enforcement `protobuf:"bytes,4,rep,name=enforced,proto3" json:"enforced,omitempty"`
+	Enforced []*Enforcement `protobuf:"bytes,4,rep,name=enforced,proto3" json:"enforced,omitempty"`
+	// The node's signature (see CommandUpdate.node_signature): a reservation
+	// goes active only on its node's own signed report.
+	NodeSignature []byte `protobuf:"bytes,5,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2871,7 +3055,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2884,7 +3068,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -2915,6 +3099,13 @@ func (x *AllocationBound) GetEnforced() []*Enforcement {
 	return nil
 }
 
+func (x *AllocationBound) GetNodeSignature() []byte {
+	if x != nil {
+		return x.NodeSignature
+	}
+	return nil
+}
+
 type Enforcement struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "devices", "cpu", "memory" or "cpuset".
@@ -2928,7 +3119,7 @@ type Enforcement struct {
 
 func (x *Enforcement) Reset() {
 	*x = Enforcement{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3131,7 @@ func (x *Enforcement) String() string {
 func (*Enforcement) ProtoMessage() {}
 
 func (x *Enforcement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3144,7 @@ func (x *Enforcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
 func (*Enforcement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Enforcement) GetResource() string {
@@ -2984,13 +3175,15 @@ type AllocationReleased struct {
 	// Processes still in the allocation's cgroup that the node killed
 	// before it removed the cgroup.
 	KilledProcesses uint32 `protobuf:"varint,3,opt,name=killed_processes,json=killedProcesses,proto3" json:"killed_processes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The node's signature (see CommandUpdate.node_signature).
+	NodeSignature []byte `protobuf:"bytes,4,opt,name=node_signature,json=nodeSignature,proto3" json:"node_signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3195,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3208,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -3039,6 +3232,13 @@ func (x *AllocationReleased) GetKilledProcesses() uint32 {
 	return 0
 }
 
+func (x *AllocationReleased) GetNodeSignature() []byte {
+	if x != nil {
+		return x.NodeSignature
+	}
+	return nil
+}
+
 // ProcessExec is what process.exec runs (sent in Command.params as its JSON
 // form): a process in an allocation's cgroup. The command's deadline bounds
 // how long it may run; a cancel kills its process group.
@@ -3057,7 +3257,7 @@ type ProcessExec struct {
 
 func (x *ProcessExec) Reset() {
 	*x = ProcessExec{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3269,7 @@ func (x *ProcessExec) String() string {
 func (*ProcessExec) ProtoMessage() {}
 
 func (x *ProcessExec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3282,7 @@ func (x *ProcessExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
 func (*ProcessExec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ProcessExec) GetAllocationId() string {
@@ -3130,7 +3330,7 @@ type ProcessOutput struct {
 
 func (x *ProcessOutput) Reset() {
 	*x = ProcessOutput{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3342,7 @@ func (x *ProcessOutput) String() string {
 func (*ProcessOutput) ProtoMessage() {}
 
 func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3355,7 @@ func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
 func (*ProcessOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ProcessOutput) GetCommandId() string {
@@ -3222,7 +3422,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\acsr_der\x18\x02 \x01(\fR\x06csrDer\x12D\n" +
 	"\bidentity\x18\x03 \x01(\v2(.bettercompute.agent.v1.HardwareIdentityR\bidentity\x12#\n" +
 	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x125\n" +
-	"\x04mode\x18\x05 \x01(\x0e2!.bettercompute.agent.v1.AgentModeR\x04mode\"\x86\x03\n" +
+	"\x04mode\x18\x05 \x01(\x0e2!.bettercompute.agent.v1.AgentModeR\x04mode\"\xd1\x03\n" +
 	"\fJoinResponse\x12:\n" +
 	"\x06status\x18\x01 \x01(\x0e2\".bettercompute.agent.v1.JoinStatusR\x06status\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12+\n" +
@@ -3232,16 +3432,24 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\tnot_after\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12&\n" +
 	"\x0fjoin_request_id\x18\a \x01(\tR\rjoinRequestId\x12\x16\n" +
 	"\x06reason\x18\b \x01(\tR\x06reason\x12.\n" +
-	"\x13retry_after_seconds\x18\t \x01(\x05R\x11retryAfterSeconds\"\x8b\x01\n" +
+	"\x13retry_after_seconds\x18\t \x01(\x05R\x11retryAfterSeconds\x12I\n" +
+	"\rcommand_trust\x18\n" +
+	" \x01(\v2$.bettercompute.agent.v1.CommandTrustR\fcommandTrust\"f\n" +
+	"\fCommandTrust\x12\x1b\n" +
+	"\troots_pem\x18\x01 \x01(\fR\brootsPem\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
+	"\vmin_version\x18\x03 \x01(\x03R\n" +
+	"minVersion\"\x8b\x01\n" +
 	"\fRenewRequest\x12\x17\n" +
 	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\fR\x05nonce\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1c\n" +
-	"\tsignature\x18\x04 \x01(\fR\tsignature\"\x9f\x01\n" +
+	"\tsignature\x18\x04 \x01(\fR\tsignature\"\xea\x01\n" +
 	"\rRenewResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12(\n" +
 	"\x10trust_bundle_pem\x18\x02 \x01(\fR\x0etrustBundlePem\x127\n" +
-	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"\xab\x05\n" +
+	"\tnot_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12I\n" +
+	"\rcommand_trust\x18\x04 \x01(\v2$.bettercompute.agent.v1.CommandTrustR\fcommandTrust\"\xab\x05\n" +
 	"\fAgentMessage\x125\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1d.bettercompute.agent.v1.HelloH\x00R\x05hello\x12A\n" +
 	"\theartbeat\x18\x02 \x01(\v2!.bettercompute.agent.v1.HeartbeatH\x00R\theartbeat\x12>\n" +
@@ -3371,7 +3579,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fMemoryInventory\x12\x1b\n" +
 	"\ttotal_mib\x18\x01 \x01(\x04R\btotalMib\x12.\n" +
 	"\x13hugepages_2mi_total\x18\x02 \x01(\x04R\x11hugepages2miTotal\x12.\n" +
-	"\x13hugepages_1gi_total\x18\x03 \x01(\x04R\x11hugepages1giTotal\"\xf3\x01\n" +
+	"\x13hugepages_1gi_total\x18\x03 \x01(\x04R\x11hugepages1giTotal\"\xbb\x02\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
@@ -3379,11 +3587,17 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x06params\x18\x04 \x01(\v2\x17.google.protobuf.StructR\x06params\x12'\n" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x126\n" +
 	"\bdeadline\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12 \n" +
-	"\vtraceparent\x18\a \x01(\tR\vtraceparent\"@\n" +
+	"\vtraceparent\x18\a \x01(\tR\vtraceparent\x12F\n" +
+	"\tsignature\x18\b \x01(\v2(.bettercompute.agent.v1.CommandSignatureR\tsignature\"\x90\x01\n" +
+	"\x10CommandSignature\x12#\n" +
+	"\rtrust_version\x18\x01 \x01(\x03R\ftrustVersion\x12\x14\n" +
+	"\x05chain\x18\x02 \x03(\fR\x05chain\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\x12#\n" +
+	"\rsigned_params\x18\x04 \x01(\fR\fsignedParams\"@\n" +
 	"\rCancelCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xa8\x02\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xcf\x02\n" +
 	"\rCommandUpdate\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x10\n" +
@@ -3393,7 +3607,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12/\n" +
 	"\x06result\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06result\x12!\n" +
 	"\ffailure_code\x18\a \x01(\tR\vfailureCode\x12 \n" +
-	"\vtraceparent\x18\b \x01(\tR\vtraceparent\"\x86\x02\n" +
+	"\vtraceparent\x18\b \x01(\tR\vtraceparent\x12%\n" +
+	"\x0enode_signature\x18\t \x01(\fR\rnodeSignature\"\x86\x02\n" +
 	"\x10DeviceAssignment\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1b\n" +
 	"\tgpu_uuids\x18\x02 \x03(\tR\bgpuUuids\x12 \n" +
@@ -3404,22 +3619,24 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vcpuset_cpus\x18\x06 \x01(\tR\n" +
 	"cpusetCpus\x12\x1f\n" +
 	"\vcpuset_mems\x18\a \x01(\tR\n" +
-	"cpusetMems\"\xae\x01\n" +
+	"cpusetMems\"\xd5\x01\n" +
 	"\x0fAllocationBound\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tR\tcommandId\x12\x16\n" +
 	"\x06cgroup\x18\x03 \x01(\tR\x06cgroup\x12?\n" +
-	"\benforced\x18\x04 \x03(\v2#.bettercompute.agent.v1.EnforcementR\benforced\"\x81\x01\n" +
+	"\benforced\x18\x04 \x03(\v2#.bettercompute.agent.v1.EnforcementR\benforced\x12%\n" +
+	"\x0enode_signature\x18\x05 \x01(\fR\rnodeSignature\"\x81\x01\n" +
 	"\vEnforcement\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12>\n" +
 	"\x05state\x18\x02 \x01(\x0e2(.bettercompute.agent.v1.EnforcementStateR\x05state\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"\x83\x01\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xaa\x01\n" +
 	"\x12AllocationReleased\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x02 \x01(\tR\tcommandId\x12)\n" +
-	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses\"\x85\x01\n" +
+	"\x10killed_processes\x18\x03 \x01(\rR\x0fkilledProcesses\x12%\n" +
+	"\x0enode_signature\x18\x04 \x01(\fR\rnodeSignature\"\x85\x01\n" +
 	"\vProcessExec\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x1b\n" +
@@ -3476,7 +3693,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
@@ -3489,93 +3706,98 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*HardwareIdentity)(nil),      // 8: bettercompute.agent.v1.HardwareIdentity
 	(*JoinRequest)(nil),           // 9: bettercompute.agent.v1.JoinRequest
 	(*JoinResponse)(nil),          // 10: bettercompute.agent.v1.JoinResponse
-	(*RenewRequest)(nil),          // 11: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),         // 12: bettercompute.agent.v1.RenewResponse
-	(*AgentMessage)(nil),          // 13: bettercompute.agent.v1.AgentMessage
-	(*GatewayMessage)(nil),        // 14: bettercompute.agent.v1.GatewayMessage
-	(*Hello)(nil),                 // 15: bettercompute.agent.v1.Hello
-	(*Goodbye)(nil),               // 16: bettercompute.agent.v1.Goodbye
-	(*HelloAck)(nil),              // 17: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 18: bettercompute.agent.v1.Heartbeat
-	(*GpuTelemetry)(nil),          // 19: bettercompute.agent.v1.GpuTelemetry
-	(*Pressure)(nil),              // 20: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 21: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 22: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 23: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 24: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 25: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 26: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 27: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 28: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 29: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 30: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 31: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 32: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 33: bettercompute.agent.v1.Command
-	(*CancelCommand)(nil),         // 34: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 35: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 36: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 37: bettercompute.agent.v1.AllocationBound
-	(*Enforcement)(nil),           // 38: bettercompute.agent.v1.Enforcement
-	(*AllocationReleased)(nil),    // 39: bettercompute.agent.v1.AllocationReleased
-	(*ProcessExec)(nil),           // 40: bettercompute.agent.v1.ProcessExec
-	(*ProcessOutput)(nil),         // 41: bettercompute.agent.v1.ProcessOutput
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 43: google.protobuf.Struct
+	(*CommandTrust)(nil),          // 11: bettercompute.agent.v1.CommandTrust
+	(*RenewRequest)(nil),          // 12: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),         // 13: bettercompute.agent.v1.RenewResponse
+	(*AgentMessage)(nil),          // 14: bettercompute.agent.v1.AgentMessage
+	(*GatewayMessage)(nil),        // 15: bettercompute.agent.v1.GatewayMessage
+	(*Hello)(nil),                 // 16: bettercompute.agent.v1.Hello
+	(*Goodbye)(nil),               // 17: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 18: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 19: bettercompute.agent.v1.Heartbeat
+	(*GpuTelemetry)(nil),          // 20: bettercompute.agent.v1.GpuTelemetry
+	(*Pressure)(nil),              // 21: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 22: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 23: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 24: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 25: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 26: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 27: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 28: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 29: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 30: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 31: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 32: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 33: bettercompute.agent.v1.MemoryInventory
+	(*Command)(nil),               // 34: bettercompute.agent.v1.Command
+	(*CommandSignature)(nil),      // 35: bettercompute.agent.v1.CommandSignature
+	(*CancelCommand)(nil),         // 36: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 37: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 38: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 39: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 40: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 41: bettercompute.agent.v1.AllocationReleased
+	(*ProcessExec)(nil),           // 42: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 43: bettercompute.agent.v1.ProcessOutput
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 45: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	8,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	1,  // 2: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	42, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	42, // 4: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	42, // 5: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	15, // 6: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	18, // 7: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	21, // 8: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	23, // 9: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	35, // 10: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	37, // 11: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	39, // 12: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	16, // 13: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	41, // 14: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
-	17, // 15: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	33, // 16: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	34, // 17: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	24, // 18: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 19: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	42, // 20: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	42, // 21: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	19, // 22: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
-	20, // 23: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	22, // 24: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	42, // 25: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	8,  // 26: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	27, // 27: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	29, // 28: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	28, // 29: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	31, // 30: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	43, // 31: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	42, // 32: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 33: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	43, // 34: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	38, // 35: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 36: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	9,  // 37: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	11, // 38: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	13, // 39: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	6,  // 40: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
-	4,  // 41: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
-	10, // 42: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	12, // 43: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	14, // 44: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	7,  // 45: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
-	5,  // 46: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
-	42, // [42:47] is the sub-list for method output_type
-	37, // [37:42] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	44, // 3: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	11, // 4: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	44, // 5: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	44, // 6: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	11, // 7: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	16, // 8: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	19, // 9: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	22, // 10: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	24, // 11: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	37, // 12: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	39, // 13: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	41, // 14: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	17, // 15: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	43, // 16: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	18, // 17: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	34, // 18: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	36, // 19: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	25, // 20: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	0,  // 21: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
+	44, // 22: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	44, // 23: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	20, // 24: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
+	21, // 25: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	23, // 26: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	44, // 27: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	8,  // 28: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	28, // 29: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	30, // 30: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	29, // 31: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	32, // 32: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	45, // 33: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	44, // 34: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	35, // 35: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
+	2,  // 36: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	45, // 37: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	40, // 38: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 39: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	9,  // 40: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	12, // 41: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	14, // 42: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	6,  // 43: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	4,  // 44: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
+	10, // 45: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	13, // 46: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	15, // 47: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	7,  // 48: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	5,  // 49: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
+	45, // [45:50] is the sub-list for method output_type
+	40, // [40:45] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -3583,7 +3805,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Status)(nil),
@@ -3594,21 +3816,21 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*AgentMessage_Goodbye)(nil),
 		(*AgentMessage_ProcessOutput)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*GatewayMessage_HelloAck)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[23].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[16].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

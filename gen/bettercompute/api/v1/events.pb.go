@@ -169,6 +169,668 @@ func (x *AuditEntry) GetDetail() string {
 	return ""
 }
 
+// An AuditCheckpoint is a signed statement of the audit log's tree.
+type AuditCheckpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The log's name: the note's first line and the key's name.
+	Origin string `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	Size   uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// The RFC 6962 root hash (SHA-256) of the first size entries.
+	RootHash []byte `protobuf:"bytes,3,opt,name=root_hash,json=rootHash,proto3" json:"root_hash,omitempty"`
+	// The signed note (body and signature lines): what a verifier checks
+	// and keeps.
+	Note          string `protobuf:"bytes,4,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditCheckpoint) Reset() {
+	*x = AuditCheckpoint{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditCheckpoint) ProtoMessage() {}
+
+func (x *AuditCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditCheckpoint.ProtoReflect.Descriptor instead.
+func (*AuditCheckpoint) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AuditCheckpoint) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *AuditCheckpoint) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *AuditCheckpoint) GetRootHash() []byte {
+	if x != nil {
+		return x.RootHash
+	}
+	return nil
+}
+
+func (x *AuditCheckpoint) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+type GetAuditCheckpointRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The checkpoint of this tree size; 0 asks for the latest.
+	Size          uint64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAuditCheckpointRequest) Reset() {
+	*x = GetAuditCheckpointRequest{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAuditCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAuditCheckpointRequest) ProtoMessage() {}
+
+func (x *GetAuditCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAuditCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*GetAuditCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GetAuditCheckpointRequest) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type GetAuditCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Checkpoint    *AuditCheckpoint       `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAuditCheckpointResponse) Reset() {
+	*x = GetAuditCheckpointResponse{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAuditCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAuditCheckpointResponse) ProtoMessage() {}
+
+func (x *GetAuditCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAuditCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*GetAuditCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetAuditCheckpointResponse) GetCheckpoint() *AuditCheckpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type GetAuditLogKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAuditLogKeyRequest) Reset() {
+	*x = GetAuditLogKeyRequest{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAuditLogKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAuditLogKeyRequest) ProtoMessage() {}
+
+func (x *GetAuditLogKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAuditLogKeyRequest.ProtoReflect.Descriptor instead.
+func (*GetAuditLogKeyRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{4}
+}
+
+type GetAuditLogKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The log's name.
+	Origin string `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	// The note verifier key, "<origin>+<key hash>+<base64 key>".
+	VerifierKey   string `protobuf:"bytes,2,opt,name=verifier_key,json=verifierKey,proto3" json:"verifier_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAuditLogKeyResponse) Reset() {
+	*x = GetAuditLogKeyResponse{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAuditLogKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAuditLogKeyResponse) ProtoMessage() {}
+
+func (x *GetAuditLogKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAuditLogKeyResponse.ProtoReflect.Descriptor instead.
+func (*GetAuditLogKeyResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetAuditLogKeyResponse) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *GetAuditLogKeyResponse) GetVerifierKey() string {
+	if x != nil {
+		return x.VerifierKey
+	}
+	return ""
+}
+
+type ProveAuditInclusionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The audit entry's id (aud_...).
+	EntryId string `protobuf:"bytes,1,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
+	// Prove against the checkpoint of this size; 0: the latest.
+	CheckpointSize uint64 `protobuf:"varint,2,opt,name=checkpoint_size,json=checkpointSize,proto3" json:"checkpoint_size,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ProveAuditInclusionRequest) Reset() {
+	*x = ProveAuditInclusionRequest{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProveAuditInclusionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProveAuditInclusionRequest) ProtoMessage() {}
+
+func (x *ProveAuditInclusionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProveAuditInclusionRequest.ProtoReflect.Descriptor instead.
+func (*ProveAuditInclusionRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ProveAuditInclusionRequest) GetEntryId() string {
+	if x != nil {
+		return x.EntryId
+	}
+	return ""
+}
+
+func (x *ProveAuditInclusionRequest) GetCheckpointSize() uint64 {
+	if x != nil {
+		return x.CheckpointSize
+	}
+	return 0
+}
+
+type ProveAuditInclusionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The entry as its leaf encodes it.
+	Entry *AuditEntry `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	// The entry's canonical leaf bytes (docs/audit.md).
+	Leaf      []byte `protobuf:"bytes,2,opt,name=leaf,proto3" json:"leaf,omitempty"`
+	LeafIndex uint64 `protobuf:"varint,3,opt,name=leaf_index,json=leafIndex,proto3" json:"leaf_index,omitempty"`
+	// The RFC 6962 inclusion proof, hashes in order.
+	Proof         [][]byte         `protobuf:"bytes,4,rep,name=proof,proto3" json:"proof,omitempty"`
+	Checkpoint    *AuditCheckpoint `protobuf:"bytes,5,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProveAuditInclusionResponse) Reset() {
+	*x = ProveAuditInclusionResponse{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProveAuditInclusionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProveAuditInclusionResponse) ProtoMessage() {}
+
+func (x *ProveAuditInclusionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProveAuditInclusionResponse.ProtoReflect.Descriptor instead.
+func (*ProveAuditInclusionResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ProveAuditInclusionResponse) GetEntry() *AuditEntry {
+	if x != nil {
+		return x.Entry
+	}
+	return nil
+}
+
+func (x *ProveAuditInclusionResponse) GetLeaf() []byte {
+	if x != nil {
+		return x.Leaf
+	}
+	return nil
+}
+
+func (x *ProveAuditInclusionResponse) GetLeafIndex() uint64 {
+	if x != nil {
+		return x.LeafIndex
+	}
+	return 0
+}
+
+func (x *ProveAuditInclusionResponse) GetProof() [][]byte {
+	if x != nil {
+		return x.Proof
+	}
+	return nil
+}
+
+func (x *ProveAuditInclusionResponse) GetCheckpoint() *AuditCheckpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type ProveAuditConsistencyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The older tree size (a checkpoint the caller kept).
+	FromSize uint64 `protobuf:"varint,1,opt,name=from_size,json=fromSize,proto3" json:"from_size,omitempty"`
+	// The newer checkpoint's size; 0: the latest.
+	ToSize        uint64 `protobuf:"varint,2,opt,name=to_size,json=toSize,proto3" json:"to_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProveAuditConsistencyRequest) Reset() {
+	*x = ProveAuditConsistencyRequest{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProveAuditConsistencyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProveAuditConsistencyRequest) ProtoMessage() {}
+
+func (x *ProveAuditConsistencyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProveAuditConsistencyRequest.ProtoReflect.Descriptor instead.
+func (*ProveAuditConsistencyRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ProveAuditConsistencyRequest) GetFromSize() uint64 {
+	if x != nil {
+		return x.FromSize
+	}
+	return 0
+}
+
+func (x *ProveAuditConsistencyRequest) GetToSize() uint64 {
+	if x != nil {
+		return x.ToSize
+	}
+	return 0
+}
+
+type ProveAuditConsistencyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The RFC 6962 consistency proof, hashes in order.
+	Proof         [][]byte         `protobuf:"bytes,1,rep,name=proof,proto3" json:"proof,omitempty"`
+	Checkpoint    *AuditCheckpoint `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProveAuditConsistencyResponse) Reset() {
+	*x = ProveAuditConsistencyResponse{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProveAuditConsistencyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProveAuditConsistencyResponse) ProtoMessage() {}
+
+func (x *ProveAuditConsistencyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProveAuditConsistencyResponse.ProtoReflect.Descriptor instead.
+func (*ProveAuditConsistencyResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ProveAuditConsistencyResponse) GetProof() [][]byte {
+	if x != nil {
+		return x.Proof
+	}
+	return nil
+}
+
+func (x *ProveAuditConsistencyResponse) GetCheckpoint() *AuditCheckpoint {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+type CheckAuditLogRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAuditLogRequest) Reset() {
+	*x = CheckAuditLogRequest{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAuditLogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAuditLogRequest) ProtoMessage() {}
+
+func (x *CheckAuditLogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAuditLogRequest.ProtoReflect.Descriptor instead.
+func (*CheckAuditLogRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{10}
+}
+
+type CheckAuditLogResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leaves recomputed from their rows.
+	Entries uint64 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	// Signed checkpoints whose roots were recomputed.
+	Checkpoints uint64 `protobuf:"varint,2,opt,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// The newest checkpoint checked.
+	Latest *AuditCheckpoint `protobuf:"bytes,3,opt,name=latest,proto3" json:"latest,omitempty"`
+	// Empty when the log checks clean; at most 100.
+	Problems      []*AuditLogProblem `protobuf:"bytes,4,rep,name=problems,proto3" json:"problems,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAuditLogResponse) Reset() {
+	*x = CheckAuditLogResponse{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAuditLogResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAuditLogResponse) ProtoMessage() {}
+
+func (x *CheckAuditLogResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAuditLogResponse.ProtoReflect.Descriptor instead.
+func (*CheckAuditLogResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CheckAuditLogResponse) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *CheckAuditLogResponse) GetCheckpoints() uint64 {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return 0
+}
+
+func (x *CheckAuditLogResponse) GetLatest() *AuditCheckpoint {
+	if x != nil {
+		return x.Latest
+	}
+	return nil
+}
+
+func (x *CheckAuditLogResponse) GetProblems() []*AuditLogProblem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+type AuditLogProblem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The leaf concerned; -1 when none.
+	LeafIndex int64 `protobuf:"varint,1,opt,name=leaf_index,json=leafIndex,proto3" json:"leaf_index,omitempty"`
+	// The entry concerned; empty when none.
+	EntryId       string `protobuf:"bytes,2,opt,name=entry_id,json=entryId,proto3" json:"entry_id,omitempty"`
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditLogProblem) Reset() {
+	*x = AuditLogProblem{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditLogProblem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditLogProblem) ProtoMessage() {}
+
+func (x *AuditLogProblem) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditLogProblem.ProtoReflect.Descriptor instead.
+func (*AuditLogProblem) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AuditLogProblem) GetLeafIndex() int64 {
+	if x != nil {
+		return x.LeafIndex
+	}
+	return 0
+}
+
+func (x *AuditLogProblem) GetEntryId() string {
+	if x != nil {
+		return x.EntryId
+	}
+	return ""
+}
+
+func (x *AuditLogProblem) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type ListAuditRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tenant name or id; empty lists the platform-wide log (platform admins).
@@ -183,7 +845,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[1]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -195,7 +857,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[1]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -208,7 +870,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListAuditRequest) GetTenant() string {
@@ -249,7 +911,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[2]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -261,7 +923,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[2]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -274,7 +936,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -310,7 +972,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[3]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +984,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[3]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +997,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Event) GetId() string {
@@ -401,7 +1063,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +1075,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +1088,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WatchEventsRequest) GetTenant() string {
@@ -459,7 +1121,7 @@ type WatchEventsResponse struct {
 
 func (x *WatchEventsResponse) Reset() {
 	*x = WatchEventsResponse{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +1133,7 @@ func (x *WatchEventsResponse) String() string {
 func (*WatchEventsResponse) ProtoMessage() {}
 
 func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +1146,7 @@ func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchEventsResponse) GetEvent() *Event {
@@ -516,7 +1178,53 @@ const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	" \x01(\tR\trequestId\x12\x19\n" +
 	"\btrace_id\x18\v \x01(\tR\atraceId\x12\x16\n" +
 	"\x06result\x18\f \x01(\tR\x06result\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"~\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\"n\n" +
+	"\x0fAuditCheckpoint\x12\x16\n" +
+	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
+	"\troot_hash\x18\x03 \x01(\fR\brootHash\x12\x12\n" +
+	"\x04note\x18\x04 \x01(\tR\x04note\"/\n" +
+	"\x19GetAuditCheckpointRequest\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\"c\n" +
+	"\x1aGetAuditCheckpointResponse\x12E\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2%.bettercompute.api.v1.AuditCheckpointR\n" +
+	"checkpoint\"\x17\n" +
+	"\x15GetAuditLogKeyRequest\"S\n" +
+	"\x16GetAuditLogKeyResponse\x12\x16\n" +
+	"\x06origin\x18\x01 \x01(\tR\x06origin\x12!\n" +
+	"\fverifier_key\x18\x02 \x01(\tR\vverifierKey\"`\n" +
+	"\x1aProveAuditInclusionRequest\x12\x19\n" +
+	"\bentry_id\x18\x01 \x01(\tR\aentryId\x12'\n" +
+	"\x0fcheckpoint_size\x18\x02 \x01(\x04R\x0echeckpointSize\"\xe5\x01\n" +
+	"\x1bProveAuditInclusionResponse\x126\n" +
+	"\x05entry\x18\x01 \x01(\v2 .bettercompute.api.v1.AuditEntryR\x05entry\x12\x12\n" +
+	"\x04leaf\x18\x02 \x01(\fR\x04leaf\x12\x1d\n" +
+	"\n" +
+	"leaf_index\x18\x03 \x01(\x04R\tleafIndex\x12\x14\n" +
+	"\x05proof\x18\x04 \x03(\fR\x05proof\x12E\n" +
+	"\n" +
+	"checkpoint\x18\x05 \x01(\v2%.bettercompute.api.v1.AuditCheckpointR\n" +
+	"checkpoint\"T\n" +
+	"\x1cProveAuditConsistencyRequest\x12\x1b\n" +
+	"\tfrom_size\x18\x01 \x01(\x04R\bfromSize\x12\x17\n" +
+	"\ato_size\x18\x02 \x01(\x04R\x06toSize\"|\n" +
+	"\x1dProveAuditConsistencyResponse\x12\x14\n" +
+	"\x05proof\x18\x01 \x03(\fR\x05proof\x12E\n" +
+	"\n" +
+	"checkpoint\x18\x02 \x01(\v2%.bettercompute.api.v1.AuditCheckpointR\n" +
+	"checkpoint\"\x16\n" +
+	"\x14CheckAuditLogRequest\"\xd5\x01\n" +
+	"\x15CheckAuditLogResponse\x12\x18\n" +
+	"\aentries\x18\x01 \x01(\x04R\aentries\x12 \n" +
+	"\vcheckpoints\x18\x02 \x01(\x04R\vcheckpoints\x12=\n" +
+	"\x06latest\x18\x03 \x01(\v2%.bettercompute.api.v1.AuditCheckpointR\x06latest\x12A\n" +
+	"\bproblems\x18\x04 \x03(\v2%.bettercompute.api.v1.AuditLogProblemR\bproblems\"c\n" +
+	"\x0fAuditLogProblem\x12\x1d\n" +
+	"\n" +
+	"leaf_index\x18\x01 \x01(\x03R\tleafIndex\x12\x19\n" +
+	"\bentry_id\x18\x02 \x01(\tR\aentryId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"~\n" +
 	"\x10ListAuditRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -540,9 +1248,14 @@ const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	"\x05after\x18\x02 \x01(\tR\x05after\x12#\n" +
 	"\rtype_prefixes\x18\x03 \x03(\tR\ftypePrefixes\"H\n" +
 	"\x13WatchEventsResponse\x121\n" +
-	"\x05event\x18\x01 \x01(\v2\x1b.bettercompute.api.v1.EventR\x05event2l\n" +
+	"\x05event\x18\x01 \x01(\v2\x1b.bettercompute.api.v1.EventR\x05event2\xbb\x05\n" +
 	"\fAuditService\x12\\\n" +
-	"\x04List\x12&.bettercompute.api.v1.ListAuditRequest\x1a'.bettercompute.api.v1.ListAuditResponse\"\x03\x90\x02\x012s\n" +
+	"\x04List\x12&.bettercompute.api.v1.ListAuditRequest\x1a'.bettercompute.api.v1.ListAuditResponse\"\x03\x90\x02\x01\x12w\n" +
+	"\rGetCheckpoint\x12/.bettercompute.api.v1.GetAuditCheckpointRequest\x1a0.bettercompute.api.v1.GetAuditCheckpointResponse\"\x03\x90\x02\x01\x12k\n" +
+	"\tGetLogKey\x12+.bettercompute.api.v1.GetAuditLogKeyRequest\x1a,.bettercompute.api.v1.GetAuditLogKeyResponse\"\x03\x90\x02\x01\x12z\n" +
+	"\x0eProveInclusion\x120.bettercompute.api.v1.ProveAuditInclusionRequest\x1a1.bettercompute.api.v1.ProveAuditInclusionResponse\"\x03\x90\x02\x01\x12\x80\x01\n" +
+	"\x10ProveConsistency\x122.bettercompute.api.v1.ProveAuditConsistencyRequest\x1a3.bettercompute.api.v1.ProveAuditConsistencyResponse\"\x03\x90\x02\x01\x12h\n" +
+	"\bCheckLog\x12*.bettercompute.api.v1.CheckAuditLogRequest\x1a+.bettercompute.api.v1.CheckAuditLogResponse\"\x03\x90\x02\x012s\n" +
 	"\fEventService\x12c\n" +
 	"\x05Watch\x12(.bettercompute.api.v1.WatchEventsRequest\x1a).bettercompute.api.v1.WatchEventsResponse\"\x03\x90\x02\x010\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
@@ -558,32 +1271,60 @@ func file_bettercompute_api_v1_events_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_events_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_bettercompute_api_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_bettercompute_api_v1_events_proto_goTypes = []any{
-	(*AuditEntry)(nil),            // 0: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),      // 1: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 2: bettercompute.api.v1.ListAuditResponse
-	(*Event)(nil),                 // 3: bettercompute.api.v1.Event
-	(*WatchEventsRequest)(nil),    // 4: bettercompute.api.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),   // 5: bettercompute.api.v1.WatchEventsResponse
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 7: google.protobuf.Struct
+	(*AuditEntry)(nil),                    // 0: bettercompute.api.v1.AuditEntry
+	(*AuditCheckpoint)(nil),               // 1: bettercompute.api.v1.AuditCheckpoint
+	(*GetAuditCheckpointRequest)(nil),     // 2: bettercompute.api.v1.GetAuditCheckpointRequest
+	(*GetAuditCheckpointResponse)(nil),    // 3: bettercompute.api.v1.GetAuditCheckpointResponse
+	(*GetAuditLogKeyRequest)(nil),         // 4: bettercompute.api.v1.GetAuditLogKeyRequest
+	(*GetAuditLogKeyResponse)(nil),        // 5: bettercompute.api.v1.GetAuditLogKeyResponse
+	(*ProveAuditInclusionRequest)(nil),    // 6: bettercompute.api.v1.ProveAuditInclusionRequest
+	(*ProveAuditInclusionResponse)(nil),   // 7: bettercompute.api.v1.ProveAuditInclusionResponse
+	(*ProveAuditConsistencyRequest)(nil),  // 8: bettercompute.api.v1.ProveAuditConsistencyRequest
+	(*ProveAuditConsistencyResponse)(nil), // 9: bettercompute.api.v1.ProveAuditConsistencyResponse
+	(*CheckAuditLogRequest)(nil),          // 10: bettercompute.api.v1.CheckAuditLogRequest
+	(*CheckAuditLogResponse)(nil),         // 11: bettercompute.api.v1.CheckAuditLogResponse
+	(*AuditLogProblem)(nil),               // 12: bettercompute.api.v1.AuditLogProblem
+	(*ListAuditRequest)(nil),              // 13: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),             // 14: bettercompute.api.v1.ListAuditResponse
+	(*Event)(nil),                         // 15: bettercompute.api.v1.Event
+	(*WatchEventsRequest)(nil),            // 16: bettercompute.api.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),           // 17: bettercompute.api.v1.WatchEventsResponse
+	(*timestamppb.Timestamp)(nil),         // 18: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 19: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_events_proto_depIdxs = []int32{
-	6, // 0: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	0, // 1: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	6, // 2: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	7, // 3: bettercompute.api.v1.Event.data:type_name -> google.protobuf.Struct
-	3, // 4: bettercompute.api.v1.WatchEventsResponse.event:type_name -> bettercompute.api.v1.Event
-	1, // 5: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	4, // 6: bettercompute.api.v1.EventService.Watch:input_type -> bettercompute.api.v1.WatchEventsRequest
-	2, // 7: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	5, // 8: bettercompute.api.v1.EventService.Watch:output_type -> bettercompute.api.v1.WatchEventsResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	18, // 0: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	1,  // 1: bettercompute.api.v1.GetAuditCheckpointResponse.checkpoint:type_name -> bettercompute.api.v1.AuditCheckpoint
+	0,  // 2: bettercompute.api.v1.ProveAuditInclusionResponse.entry:type_name -> bettercompute.api.v1.AuditEntry
+	1,  // 3: bettercompute.api.v1.ProveAuditInclusionResponse.checkpoint:type_name -> bettercompute.api.v1.AuditCheckpoint
+	1,  // 4: bettercompute.api.v1.ProveAuditConsistencyResponse.checkpoint:type_name -> bettercompute.api.v1.AuditCheckpoint
+	1,  // 5: bettercompute.api.v1.CheckAuditLogResponse.latest:type_name -> bettercompute.api.v1.AuditCheckpoint
+	12, // 6: bettercompute.api.v1.CheckAuditLogResponse.problems:type_name -> bettercompute.api.v1.AuditLogProblem
+	0,  // 7: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	18, // 8: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	19, // 9: bettercompute.api.v1.Event.data:type_name -> google.protobuf.Struct
+	15, // 10: bettercompute.api.v1.WatchEventsResponse.event:type_name -> bettercompute.api.v1.Event
+	13, // 11: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	2,  // 12: bettercompute.api.v1.AuditService.GetCheckpoint:input_type -> bettercompute.api.v1.GetAuditCheckpointRequest
+	4,  // 13: bettercompute.api.v1.AuditService.GetLogKey:input_type -> bettercompute.api.v1.GetAuditLogKeyRequest
+	6,  // 14: bettercompute.api.v1.AuditService.ProveInclusion:input_type -> bettercompute.api.v1.ProveAuditInclusionRequest
+	8,  // 15: bettercompute.api.v1.AuditService.ProveConsistency:input_type -> bettercompute.api.v1.ProveAuditConsistencyRequest
+	10, // 16: bettercompute.api.v1.AuditService.CheckLog:input_type -> bettercompute.api.v1.CheckAuditLogRequest
+	16, // 17: bettercompute.api.v1.EventService.Watch:input_type -> bettercompute.api.v1.WatchEventsRequest
+	14, // 18: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	3,  // 19: bettercompute.api.v1.AuditService.GetCheckpoint:output_type -> bettercompute.api.v1.GetAuditCheckpointResponse
+	5,  // 20: bettercompute.api.v1.AuditService.GetLogKey:output_type -> bettercompute.api.v1.GetAuditLogKeyResponse
+	7,  // 21: bettercompute.api.v1.AuditService.ProveInclusion:output_type -> bettercompute.api.v1.ProveAuditInclusionResponse
+	9,  // 22: bettercompute.api.v1.AuditService.ProveConsistency:output_type -> bettercompute.api.v1.ProveAuditConsistencyResponse
+	11, // 23: bettercompute.api.v1.AuditService.CheckLog:output_type -> bettercompute.api.v1.CheckAuditLogResponse
+	17, // 24: bettercompute.api.v1.EventService.Watch:output_type -> bettercompute.api.v1.WatchEventsResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_events_proto_init() }
@@ -597,7 +1338,7 @@ func file_bettercompute_api_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_events_proto_rawDesc), len(file_bettercompute_api_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

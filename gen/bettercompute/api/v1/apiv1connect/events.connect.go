@@ -37,6 +37,19 @@ const (
 const (
 	// AuditServiceListProcedure is the fully-qualified name of the AuditService's List RPC.
 	AuditServiceListProcedure = "/bettercompute.api.v1.AuditService/List"
+	// AuditServiceGetCheckpointProcedure is the fully-qualified name of the AuditService's
+	// GetCheckpoint RPC.
+	AuditServiceGetCheckpointProcedure = "/bettercompute.api.v1.AuditService/GetCheckpoint"
+	// AuditServiceGetLogKeyProcedure is the fully-qualified name of the AuditService's GetLogKey RPC.
+	AuditServiceGetLogKeyProcedure = "/bettercompute.api.v1.AuditService/GetLogKey"
+	// AuditServiceProveInclusionProcedure is the fully-qualified name of the AuditService's
+	// ProveInclusion RPC.
+	AuditServiceProveInclusionProcedure = "/bettercompute.api.v1.AuditService/ProveInclusion"
+	// AuditServiceProveConsistencyProcedure is the fully-qualified name of the AuditService's
+	// ProveConsistency RPC.
+	AuditServiceProveConsistencyProcedure = "/bettercompute.api.v1.AuditService/ProveConsistency"
+	// AuditServiceCheckLogProcedure is the fully-qualified name of the AuditService's CheckLog RPC.
+	AuditServiceCheckLogProcedure = "/bettercompute.api.v1.AuditService/CheckLog"
 	// EventServiceWatchProcedure is the fully-qualified name of the EventService's Watch RPC.
 	EventServiceWatchProcedure = "/bettercompute.api.v1.EventService/Watch"
 )
@@ -44,6 +57,21 @@ const (
 // AuditServiceClient is a client for the bettercompute.api.v1.AuditService service.
 type AuditServiceClient interface {
 	List(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error)
+	// GetCheckpoint returns the latest signed checkpoint of the audit log's
+	// Merkle tree (RFC 6962), or the one of a given size.
+	GetCheckpoint(context.Context, *connect.Request[v1.GetAuditCheckpointRequest]) (*connect.Response[v1.GetAuditCheckpointResponse], error)
+	// GetLogKey returns the public key checkpoints are signed with: all a
+	// third party needs to verify proofs offline.
+	GetLogKey(context.Context, *connect.Request[v1.GetAuditLogKeyRequest]) (*connect.Response[v1.GetAuditLogKeyResponse], error)
+	// ProveInclusion proves an entry is in the tree of a checkpoint. A
+	// tenant's principals may prove only their tenant's entries.
+	ProveInclusion(context.Context, *connect.Request[v1.ProveAuditInclusionRequest]) (*connect.Response[v1.ProveAuditInclusionResponse], error)
+	// ProveConsistency proves the tree of an older size is a prefix of a
+	// checkpoint's tree: nothing it held was changed, removed or reordered.
+	ProveConsistency(context.Context, *connect.Request[v1.ProveAuditConsistencyRequest]) (*connect.Response[v1.ProveAuditConsistencyResponse], error)
+	// CheckLog recomputes every leaf from its row and the root at every
+	// checkpoint (platform administrators).
+	CheckLog(context.Context, *connect.Request[v1.CheckAuditLogRequest]) (*connect.Response[v1.CheckAuditLogResponse], error)
 }
 
 // NewAuditServiceClient constructs a client for the bettercompute.api.v1.AuditService service. By
@@ -64,12 +92,52 @@ func NewAuditServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		getCheckpoint: connect.NewClient[v1.GetAuditCheckpointRequest, v1.GetAuditCheckpointResponse](
+			httpClient,
+			baseURL+AuditServiceGetCheckpointProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("GetCheckpoint")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getLogKey: connect.NewClient[v1.GetAuditLogKeyRequest, v1.GetAuditLogKeyResponse](
+			httpClient,
+			baseURL+AuditServiceGetLogKeyProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("GetLogKey")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		proveInclusion: connect.NewClient[v1.ProveAuditInclusionRequest, v1.ProveAuditInclusionResponse](
+			httpClient,
+			baseURL+AuditServiceProveInclusionProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("ProveInclusion")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		proveConsistency: connect.NewClient[v1.ProveAuditConsistencyRequest, v1.ProveAuditConsistencyResponse](
+			httpClient,
+			baseURL+AuditServiceProveConsistencyProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("ProveConsistency")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		checkLog: connect.NewClient[v1.CheckAuditLogRequest, v1.CheckAuditLogResponse](
+			httpClient,
+			baseURL+AuditServiceCheckLogProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("CheckLog")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // auditServiceClient implements AuditServiceClient.
 type auditServiceClient struct {
-	list *connect.Client[v1.ListAuditRequest, v1.ListAuditResponse]
+	list             *connect.Client[v1.ListAuditRequest, v1.ListAuditResponse]
+	getCheckpoint    *connect.Client[v1.GetAuditCheckpointRequest, v1.GetAuditCheckpointResponse]
+	getLogKey        *connect.Client[v1.GetAuditLogKeyRequest, v1.GetAuditLogKeyResponse]
+	proveInclusion   *connect.Client[v1.ProveAuditInclusionRequest, v1.ProveAuditInclusionResponse]
+	proveConsistency *connect.Client[v1.ProveAuditConsistencyRequest, v1.ProveAuditConsistencyResponse]
+	checkLog         *connect.Client[v1.CheckAuditLogRequest, v1.CheckAuditLogResponse]
 }
 
 // List calls bettercompute.api.v1.AuditService.List.
@@ -77,9 +145,49 @@ func (c *auditServiceClient) List(ctx context.Context, req *connect.Request[v1.L
 	return c.list.CallUnary(ctx, req)
 }
 
+// GetCheckpoint calls bettercompute.api.v1.AuditService.GetCheckpoint.
+func (c *auditServiceClient) GetCheckpoint(ctx context.Context, req *connect.Request[v1.GetAuditCheckpointRequest]) (*connect.Response[v1.GetAuditCheckpointResponse], error) {
+	return c.getCheckpoint.CallUnary(ctx, req)
+}
+
+// GetLogKey calls bettercompute.api.v1.AuditService.GetLogKey.
+func (c *auditServiceClient) GetLogKey(ctx context.Context, req *connect.Request[v1.GetAuditLogKeyRequest]) (*connect.Response[v1.GetAuditLogKeyResponse], error) {
+	return c.getLogKey.CallUnary(ctx, req)
+}
+
+// ProveInclusion calls bettercompute.api.v1.AuditService.ProveInclusion.
+func (c *auditServiceClient) ProveInclusion(ctx context.Context, req *connect.Request[v1.ProveAuditInclusionRequest]) (*connect.Response[v1.ProveAuditInclusionResponse], error) {
+	return c.proveInclusion.CallUnary(ctx, req)
+}
+
+// ProveConsistency calls bettercompute.api.v1.AuditService.ProveConsistency.
+func (c *auditServiceClient) ProveConsistency(ctx context.Context, req *connect.Request[v1.ProveAuditConsistencyRequest]) (*connect.Response[v1.ProveAuditConsistencyResponse], error) {
+	return c.proveConsistency.CallUnary(ctx, req)
+}
+
+// CheckLog calls bettercompute.api.v1.AuditService.CheckLog.
+func (c *auditServiceClient) CheckLog(ctx context.Context, req *connect.Request[v1.CheckAuditLogRequest]) (*connect.Response[v1.CheckAuditLogResponse], error) {
+	return c.checkLog.CallUnary(ctx, req)
+}
+
 // AuditServiceHandler is an implementation of the bettercompute.api.v1.AuditService service.
 type AuditServiceHandler interface {
 	List(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error)
+	// GetCheckpoint returns the latest signed checkpoint of the audit log's
+	// Merkle tree (RFC 6962), or the one of a given size.
+	GetCheckpoint(context.Context, *connect.Request[v1.GetAuditCheckpointRequest]) (*connect.Response[v1.GetAuditCheckpointResponse], error)
+	// GetLogKey returns the public key checkpoints are signed with: all a
+	// third party needs to verify proofs offline.
+	GetLogKey(context.Context, *connect.Request[v1.GetAuditLogKeyRequest]) (*connect.Response[v1.GetAuditLogKeyResponse], error)
+	// ProveInclusion proves an entry is in the tree of a checkpoint. A
+	// tenant's principals may prove only their tenant's entries.
+	ProveInclusion(context.Context, *connect.Request[v1.ProveAuditInclusionRequest]) (*connect.Response[v1.ProveAuditInclusionResponse], error)
+	// ProveConsistency proves the tree of an older size is a prefix of a
+	// checkpoint's tree: nothing it held was changed, removed or reordered.
+	ProveConsistency(context.Context, *connect.Request[v1.ProveAuditConsistencyRequest]) (*connect.Response[v1.ProveAuditConsistencyResponse], error)
+	// CheckLog recomputes every leaf from its row and the root at every
+	// checkpoint (platform administrators).
+	CheckLog(context.Context, *connect.Request[v1.CheckAuditLogRequest]) (*connect.Response[v1.CheckAuditLogResponse], error)
 }
 
 // NewAuditServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -96,10 +204,55 @@ func NewAuditServiceHandler(svc AuditServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	auditServiceGetCheckpointHandler := connect.NewUnaryHandler(
+		AuditServiceGetCheckpointProcedure,
+		svc.GetCheckpoint,
+		connect.WithSchema(auditServiceMethods.ByName("GetCheckpoint")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	auditServiceGetLogKeyHandler := connect.NewUnaryHandler(
+		AuditServiceGetLogKeyProcedure,
+		svc.GetLogKey,
+		connect.WithSchema(auditServiceMethods.ByName("GetLogKey")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	auditServiceProveInclusionHandler := connect.NewUnaryHandler(
+		AuditServiceProveInclusionProcedure,
+		svc.ProveInclusion,
+		connect.WithSchema(auditServiceMethods.ByName("ProveInclusion")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	auditServiceProveConsistencyHandler := connect.NewUnaryHandler(
+		AuditServiceProveConsistencyProcedure,
+		svc.ProveConsistency,
+		connect.WithSchema(auditServiceMethods.ByName("ProveConsistency")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	auditServiceCheckLogHandler := connect.NewUnaryHandler(
+		AuditServiceCheckLogProcedure,
+		svc.CheckLog,
+		connect.WithSchema(auditServiceMethods.ByName("CheckLog")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.AuditService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AuditServiceListProcedure:
 			auditServiceListHandler.ServeHTTP(w, r)
+		case AuditServiceGetCheckpointProcedure:
+			auditServiceGetCheckpointHandler.ServeHTTP(w, r)
+		case AuditServiceGetLogKeyProcedure:
+			auditServiceGetLogKeyHandler.ServeHTTP(w, r)
+		case AuditServiceProveInclusionProcedure:
+			auditServiceProveInclusionHandler.ServeHTTP(w, r)
+		case AuditServiceProveConsistencyProcedure:
+			auditServiceProveConsistencyHandler.ServeHTTP(w, r)
+		case AuditServiceCheckLogProcedure:
+			auditServiceCheckLogHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -111,6 +264,26 @@ type UnimplementedAuditServiceHandler struct{}
 
 func (UnimplementedAuditServiceHandler) List(context.Context, *connect.Request[v1.ListAuditRequest]) (*connect.Response[v1.ListAuditResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.AuditService.List is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) GetCheckpoint(context.Context, *connect.Request[v1.GetAuditCheckpointRequest]) (*connect.Response[v1.GetAuditCheckpointResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.AuditService.GetCheckpoint is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) GetLogKey(context.Context, *connect.Request[v1.GetAuditLogKeyRequest]) (*connect.Response[v1.GetAuditLogKeyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.AuditService.GetLogKey is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) ProveInclusion(context.Context, *connect.Request[v1.ProveAuditInclusionRequest]) (*connect.Response[v1.ProveAuditInclusionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.AuditService.ProveInclusion is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) ProveConsistency(context.Context, *connect.Request[v1.ProveAuditConsistencyRequest]) (*connect.Response[v1.ProveAuditConsistencyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.AuditService.ProveConsistency is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) CheckLog(context.Context, *connect.Request[v1.CheckAuditLogRequest]) (*connect.Response[v1.CheckAuditLogResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.AuditService.CheckLog is not implemented"))
 }
 
 // EventServiceClient is a client for the bettercompute.api.v1.EventService service.
