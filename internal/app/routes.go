@@ -145,7 +145,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	if a.PKI != nil {
 		trustDomain = a.PKI.TrustDomain()
 	}
-	qd := quorum.Deps{TrustDomain: trustDomain, Notifier: a.Gateway}
+	qd := quorum.Deps{TrustDomain: trustDomain, Notifier: a.Gateway, Signer: a.cmdSigner}
 	if a.Metal != nil {
 		qd.Machines = a.Metal
 	}

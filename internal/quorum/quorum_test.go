@@ -239,6 +239,18 @@ func TestBatchRunsOnlyWithQuorum(t *testing.T) {
 		require.Equal(t, b.GetLeaves()[i].GetSubject(), c.Msg.GetCommand().GetNodeId())
 		require.Equal(t, b.GetLeaves()[i].GetParams().AsMap(), c.Msg.GetCommand().GetParams().AsMap())
 	}
+	// Each is an ordinary command row: signed like every other.
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		for _, id := range ids {
+			c, err := fleet.CommandGet(ctx, tx, "", id)
+			if err != nil {
+				return err
+			}
+			require.NotEmpty(t, c.Signature, "command %s is signed", id)
+			require.NotEmpty(t, c.Signer, "command %s names its signer", id)
+		}
+		return nil
+	}))
 	// Exactly once: a second run answers the same commands and adds none.
 	again, err := member.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: b.GetId()}))
 	require.NoError(t, err)

@@ -46,6 +46,9 @@ type Deps struct {
 	TrustDomain string
 	// Notifier wakes a node's session when a leaf becomes its command.
 	Notifier fleet.CommandNotifier
+	// Signer signs each command a leaf becomes, as every command row is
+	// signed (nil only where the app runs without a PKI).
+	Signer fleet.CommandSigner
 	// Machines resolves and runs power leaves (the bare-metal runtime);
 	// without it a batch cannot name a machine.
 	Machines Machines
@@ -690,7 +693,7 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[apiv1.RunCommand
 					TenantID: b.TenantID, NodeID: n.ID, Kind: l.Kind, Params: params,
 					// One command per leaf, whoever runs the batch and however often.
 					IdempotencyKey: fmt.Sprintf("batch:%s:%d", b.ID, l.Index),
-					CreatedBy:      tx.Caller().Principal.ID, Time: now,
+					CreatedBy:      tx.Caller().Principal.ID, Time: now, Signer: s.deps.Signer,
 				})
 				if err != nil {
 					return nil, err
