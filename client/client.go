@@ -37,35 +37,36 @@ const (
 // Client holds one generated client per API service, all sharing the same
 // HTTP client, protocol and credentials.
 type Client struct {
-	Tenants       apiv1connect.TenantServiceClient
-	Projects      apiv1connect.ProjectServiceClient
-	ApiKeys       apiv1connect.ApiKeyServiceClient
-	Identity      apiv1connect.IdentityServiceClient
-	Policies      apiv1connect.PolicyServiceClient
-	Confirmations apiv1connect.ConfirmationServiceClient
-	Audit         apiv1connect.AuditServiceClient
-	Events        apiv1connect.EventServiceClient
-	Nodes         apiv1connect.NodeServiceClient
-	Commands      apiv1connect.CommandServiceClient
-	JoinTokens    apiv1connect.JoinTokenServiceClient
-	TrustAnchors  apiv1connect.TrustAnchorServiceClient
-	JoinRequests  apiv1connect.JoinRequestServiceClient
-	Inventory     apiv1connect.InventoryServiceClient
-	Pools         apiv1connect.PoolServiceClient
-	Reservations  apiv1connect.ReservationServiceClient
-	Quotas        apiv1connect.QuotaServiceClient
-	Capacity      apiv1connect.CapacityServiceClient
-	Usage         apiv1connect.UsageServiceClient
-	Images        apiv1connect.ImageServiceClient
-	SignerKeys    apiv1connect.SignerKeyServiceClient
-	Webhooks      apiv1connect.WebhookServiceClient
-	Sites         apiv1connect.SiteServiceClient
-	Machines      apiv1connect.MachineServiceClient
-	Flavors       apiv1connect.FlavorServiceClient
-	IPPools       apiv1connect.IPPoolServiceClient
-	Instances     apiv1connect.InstanceServiceClient
-	Volumes       apiv1connect.VolumeServiceClient
-	Secrets       apiv1connect.SecretServiceClient
+	Tenants        apiv1connect.TenantServiceClient
+	Projects       apiv1connect.ProjectServiceClient
+	ApiKeys        apiv1connect.ApiKeyServiceClient
+	Identity       apiv1connect.IdentityServiceClient
+	Policies       apiv1connect.PolicyServiceClient
+	Confirmations  apiv1connect.ConfirmationServiceClient
+	Audit          apiv1connect.AuditServiceClient
+	Events         apiv1connect.EventServiceClient
+	Nodes          apiv1connect.NodeServiceClient
+	Commands       apiv1connect.CommandServiceClient
+	CommandBatches apiv1connect.CommandBatchServiceClient
+	JoinTokens     apiv1connect.JoinTokenServiceClient
+	TrustAnchors   apiv1connect.TrustAnchorServiceClient
+	JoinRequests   apiv1connect.JoinRequestServiceClient
+	Inventory      apiv1connect.InventoryServiceClient
+	Pools          apiv1connect.PoolServiceClient
+	Reservations   apiv1connect.ReservationServiceClient
+	Quotas         apiv1connect.QuotaServiceClient
+	Capacity       apiv1connect.CapacityServiceClient
+	Usage          apiv1connect.UsageServiceClient
+	Images         apiv1connect.ImageServiceClient
+	SignerKeys     apiv1connect.SignerKeyServiceClient
+	Webhooks       apiv1connect.WebhookServiceClient
+	Sites          apiv1connect.SiteServiceClient
+	Machines       apiv1connect.MachineServiceClient
+	Flavors        apiv1connect.FlavorServiceClient
+	IPPools        apiv1connect.IPPoolServiceClient
+	Instances      apiv1connect.InstanceServiceClient
+	Volumes        apiv1connect.VolumeServiceClient
+	Secrets        apiv1connect.SecretServiceClient
 	// SandboxTemplates and Sandboxes run short-lived guests from templates.
 	SandboxTemplates apiv1connect.SandboxTemplateServiceClient
 	Sandboxes        apiv1connect.SandboxServiceClient
@@ -127,6 +128,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Events:           apiv1connect.NewEventServiceClient(h, baseURL, copts...),
 		Nodes:            apiv1connect.NewNodeServiceClient(h, baseURL, copts...),
 		Commands:         apiv1connect.NewCommandServiceClient(h, baseURL, copts...),
+		CommandBatches:   apiv1connect.NewCommandBatchServiceClient(h, baseURL, copts...),
 		JoinTokens:       apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
 		TrustAnchors:     apiv1connect.NewTrustAnchorServiceClient(h, baseURL, copts...),
 		Pools:            apiv1connect.NewPoolServiceClient(h, baseURL, copts...),

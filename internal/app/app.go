@@ -46,6 +46,7 @@ import (
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/provision"
+	"github.com/better-compute/better-compute/internal/quorum"
 	"github.com/better-compute/better-compute/internal/replica"
 	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/secrets"
@@ -347,6 +348,7 @@ func Modules() []store.Migrations {
 		vps.Migrations(), secrets.Migrations(),
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
+		quorum.Migrations(),
 	}
 }
 

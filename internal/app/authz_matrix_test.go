@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/metal"
+	"github.com/better-compute/better-compute/internal/quorum/approval"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -57,6 +58,14 @@ var matrixExpect = map[string]map[string]string{
 	"nodes.delete":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"commands.run":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"commands.cancel": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Command batches: whoever runs commands proposes, approves (the
+	// approver key is what counts), cancels and runs them; an agent only
+	// proposes. The approver set is a credential: admins.
+	"commandBatches.create":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"commandBatches.approve": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commandBatches.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commandBatches.run":     {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"approverSets.put":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Join tokens and join approvals admit machines: credentials.
 	"joinTokens.create":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"joinTokens.revoke":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -161,6 +170,8 @@ type matrixFixture struct {
 	// volumeHost is a running instance whose host takes the matrix's
 	// volumes, made before the reservations fill the node.
 	volumeHost string
+	// approver is the one key of acme's approver set, once made.
+	approver ssh.Signer
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -178,6 +189,65 @@ func (f *matrixFixture) matrixNode(t *testing.T, state string) fleet.Node {
 	})
 	require.NoError(t, err)
 	return fleet.Node{ID: p.ID, Name: p.Name}
+}
+
+// matrixApprovers gives acme a one-key approver set (f.approver) if it has
+// none, and returns the current one.
+func (f *matrixFixture) matrixApprovers(t *testing.T) *apiv1.ApproverSet {
+	t.Helper()
+	ctx := context.Background()
+	if f.approver == nil {
+		_, k, err := ed25519.GenerateKey(rand.Reader)
+		require.NoError(t, err)
+		f.approver, err = ssh.NewSignerFromKey(k)
+		require.NoError(t, err)
+		res, err := f.admin.CommandBatches.PutApproverSet(ctx, connect.NewRequest(&apiv1.PutApproverSetRequest{Tenant: "acme",
+			Threshold: 1, PublicKeys: []string{approval.AuthorizedKey(f.approver.PublicKey())}}))
+		require.NoError(t, err)
+		return res.Msg.GetApproverSet()
+	}
+	res, err := f.admin.CommandBatches.GetApproverSet(ctx, connect.NewRequest(&apiv1.GetApproverSetRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	return res.Msg.GetApproverSet()
+}
+
+// matrixRamdisk inserts a commissioning ramdisk node of acme (a disk.wipe
+// runs nowhere else) and returns its id.
+func (f *matrixFixture) matrixRamdisk(t *testing.T) string {
+	t.Helper()
+	now := f.cp.Clock.Now()
+	p := &fleet.NodeInsertParams{ID: envelope.NewID(fleet.NodeIDPrefix, now), Name: f.name("ramdisk"), TenantID: f.acme,
+		ProjectID: f.web, HardwareKey: f.name("hw"), State: fleet.NodeActive, Liveness: fleet.LivenessReady, Mode: fleet.RoleRamdisk, CreateTime: now}
+	require.NoError(t, f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error { return fleet.NodeInsert(ctx, tx, p) }))
+	return p.ID
+}
+
+// matrixBatch proposes a one-leaf batch of acme, approved by f.approver
+// when approved is set.
+func (f *matrixFixture) matrixBatch(t *testing.T, approved bool) *apiv1.CommandBatch {
+	t.Helper()
+	ctx := context.Background()
+	f.matrixApprovers(t)
+	res, err := f.admin.CommandBatches.Create(ctx, connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "acme",
+		Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: fleet.KindDiskWipe, Subject: f.matrixRamdisk(t)}}}))
+	require.NoError(t, err)
+	b := res.Msg.GetBatch()
+	if approved {
+		_, err := f.admin.CommandBatches.Approve(ctx, connect.NewRequest(f.matrixApproval(t, b)))
+		require.NoError(t, err)
+	}
+	return b
+}
+
+// matrixApproval is f.approver's approval of b.
+func (f *matrixFixture) matrixApproval(t *testing.T, b *apiv1.CommandBatch) *apiv1.ApproveCommandBatchRequest {
+	t.Helper()
+	root, err := approval.ParseRoot(b.GetRoot())
+	require.NoError(t, err)
+	sig, err := approval.Sign(f.approver, approval.BatchMessage(b.GetTrustDomain(), b.GetId(), root, b.GetApproverEpoch()))
+	require.NoError(t, err)
+	return &apiv1.ApproveCommandBatchRequest{Tenant: "acme", Id: b.GetId(), Root: b.GetRoot(),
+		Approval: &apiv1.KeySignature{Key: approval.AuthorizedKey(f.approver.PublicKey()), Signature: sig}}
 }
 
 // matrixJoinRequest inserts a pending join request of acme, as a deferred
@@ -287,6 +357,44 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Commands.Cancel(context.Background(), connect.NewRequest(&apiv1.CancelCommandRequest{Tenant: "acme", Id: cmd.Msg.GetCommand().GetId()}))
+		return err
+	},
+	"commandBatches.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		f.matrixApprovers(t)
+		n := f.matrixRamdisk(t)
+		f.cp.Authz.Reset()
+		_, err := c.CommandBatches.Create(context.Background(), connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "acme",
+			Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: fleet.KindDiskWipe, Subject: n}}}))
+		return err
+	},
+	"commandBatches.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		b := f.matrixBatch(t, false)
+		f.cp.Authz.Reset()
+		_, err := c.CommandBatches.Approve(context.Background(), connect.NewRequest(f.matrixApproval(t, b)))
+		return err
+	},
+	"commandBatches.cancel": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		b := f.matrixBatch(t, false)
+		f.cp.Authz.Reset()
+		_, err := c.CommandBatches.Cancel(context.Background(), connect.NewRequest(&apiv1.CancelCommandBatchRequest{Tenant: "acme", Id: b.GetId()}))
+		return err
+	},
+	"commandBatches.run": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		b := f.matrixBatch(t, true)
+		f.cp.Authz.Reset()
+		_, err := c.CommandBatches.Run(context.Background(), connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: b.GetId()}))
+		return err
+	},
+	"approverSets.put": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		// The same one key again, signed by the set it replaces.
+		cur := f.matrixApprovers(t)
+		key := f.approver.PublicKey()
+		sig, err := approval.Sign(f.approver, approval.SetMessage(cur.GetTrustDomain(), f.acme, cur.GetEpoch()+1, 1, []ssh.PublicKey{key}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.CommandBatches.PutApproverSet(context.Background(), connect.NewRequest(&apiv1.PutApproverSetRequest{Tenant: "acme",
+			Threshold: 1, PublicKeys: []string{approval.AuthorizedKey(key)}, PreviousEpoch: cur.GetEpoch(),
+			Approvals: []*apiv1.KeySignature{{Key: approval.AuthorizedKey(key), Signature: sig}}}))
 		return err
 	},
 	"joinTokens.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
@@ -412,9 +520,11 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		return err
 	},
 	"machines.abort": func(t *testing.T, f *matrixFixture, c *client.Client) error {
-		// A machine with a workflow running: the platform admin's power-off.
+		// A machine with a workflow running: the platform admin's power-on
+		// (off needs a quorum once acme has approvers, as the batch rows
+		// give it).
 		m := f.matrixMachine(t, metal.StateReady)
-		_, err := f.admin.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "off"}))
+		_, err := f.admin.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "on"}))
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Machines.Abort(context.Background(), connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "acme", Machine: m}))

@@ -28,6 +28,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
+	"github.com/better-compute/better-compute/internal/quorum"
 	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vps"
@@ -753,6 +754,17 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		CSRSHA256: "csr", HardwareKey: "hw-2", Identity: "placeholder", Reason: "test", CreateTime: now}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.JoinRequestInsert(ctx, tx, jrq) }))
 
+	// A pending command batch of acme, written as Create would.
+	batch := quorum.Batch{ID: envelope.NewID(quorum.BatchIDPrefix, now), TenantID: acme.GetId(), State: quorum.StatePending,
+		Root: strings.Repeat("0", 64), Epoch: 1, Threshold: 1, TrustDomain: "example.org", PayloadBytes: 2, CreatedBy: "test",
+		CreateTime: now, ExpireTime: now.Add(time.Hour), UpdateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return quorum.BatchInsert(ctx, tx, &batch, []quorum.Leaf{{Index: 0, Kind: fleet.KindDiskWipe, Subject: node.ID, TargetID: node.ID,
+			Params: "{}", ParamsSHA256: strings.Repeat("0", 64)}})
+	}))
+	evilKey := "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+	evilApproval := &apiv1.KeySignature{Key: evilKey, Signature: []byte("sig")}
+
 	pl, err := admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100",
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
 	require.NoError(t, err)
@@ -1122,6 +1134,79 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Commands.Cancel(ctx, connect.NewRequest(&apiv1.CancelCommandRequest{Id: cmdID}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceCreateProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.Create(ctx, connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "acme",
+					Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: fleet.KindDiskWipe, Subject: node.ID}}}))
+				return err
+			},
+			func() error {
+				_, err := evil.CommandBatches.Create(ctx, connect.NewRequest(&apiv1.CreateCommandBatchRequest{Tenant: "other",
+					Leaves: []*apiv1.CommandBatchLeafSpec{{Kind: fleet.KindDiskWipe, Subject: node.ID}}}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceGetProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.Get(ctx, connect.NewRequest(&apiv1.GetCommandBatchRequest{Tenant: "acme", Id: batch.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.CommandBatches.Get(ctx, connect.NewRequest(&apiv1.GetCommandBatchRequest{Tenant: "other", Id: batch.ID}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceListProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.List(ctx, connect.NewRequest(&apiv1.ListCommandBatchesRequest{Tenant: "acme"}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceApproveProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.Approve(ctx, connect.NewRequest(&apiv1.ApproveCommandBatchRequest{Tenant: "acme", Id: batch.ID,
+					Root: batch.Root, Approval: evilApproval}))
+				return err
+			},
+			func() error {
+				_, err := evil.CommandBatches.Approve(ctx, connect.NewRequest(&apiv1.ApproveCommandBatchRequest{Tenant: "other", Id: batch.ID,
+					Root: batch.Root, Approval: evilApproval}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceCancelProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.Cancel(ctx, connect.NewRequest(&apiv1.CancelCommandBatchRequest{Tenant: "acme", Id: batch.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.CommandBatches.Cancel(ctx, connect.NewRequest(&apiv1.CancelCommandBatchRequest{Tenant: "other", Id: batch.ID}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceRunProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: batch.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "other", Id: batch.ID}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServicePutApproverSetProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.PutApproverSet(ctx, connect.NewRequest(&apiv1.PutApproverSetRequest{Tenant: "acme",
+					Threshold: 1, PublicKeys: []string{evilKey}}))
+				return err
+			},
+		},
+		apiv1connect.CommandBatchServiceGetApproverSetProcedure: {
+			func() error {
+				_, err := evil.CommandBatches.GetApproverSet(ctx, connect.NewRequest(&apiv1.GetApproverSetRequest{Tenant: "acme"}))
 				return err
 			},
 		},

@@ -23,7 +23,7 @@ import (
 // fleetCommands are the verbs of the fleet: nodes, their commands, join
 // tokens and requests, and inventory.
 func (a *app) fleetCommands() []*cobra.Command {
-	return []*cobra.Command{a.nodesCommand(), a.commandsCommand(), a.joinTokensCommand(), a.joinRequestsCommand(), a.inventoryCommand(), a.trustAnchorsCommand()}
+	return []*cobra.Command{a.nodesCommand(), a.commandsCommand(), a.batchesCommand(), a.joinTokensCommand(), a.joinRequestsCommand(), a.inventoryCommand(), a.trustAnchorsCommand()}
 }
 
 // fleetTenant resolves the optional --tenant of a fleet verb: the flag, the
@@ -304,20 +304,43 @@ func (a *app) commandsCommand() *cobra.Command {
 	var tenant string
 
 	var (
-		node, confirmationID string
-		params               []string
-		deadline             time.Duration
-		wait                 bool
+		node, confirmationID, batch string
+		params                      []string
+		deadline                    time.Duration
+		wait                        bool
 	)
 	run := &cobra.Command{
-		Use:   "run KIND --node NODE",
-		Short: "Run a command on a node (inventory.refresh, node.drain)",
+		Use:   "run KIND --node NODE | run --batch ID",
+		Short: "Run a command on a node (inventory.refresh, node.drain), or an approved batch's commands",
 		Long: `Queue a command for a node's agent. --param k=v sets a parameter; a value
 that parses as JSON (a number, true, ["a","b"]) is sent as such, anything
 else as a string. --wait polls the command until it finishes and fails
-unless it succeeded.`,
-		Args: positional("KIND"),
+unless it succeeded.
+
+--batch ID runs an approved command batch instead (docs/quorum.md): each of
+its leaves becomes one command, once, however often it is run. Destructive
+kinds (disk.wipe, image.write, power.off, power.cycle) run only that way.`,
+		Args: func(cmd *cobra.Command, got []string) error {
+			if batch != "" {
+				return positional()(cmd, got)
+			}
+			return positional("KIND")(cmd, got)
+		},
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			if batch != "" {
+				if node != "" || len(params) > 0 {
+					return invalidArg("batch", "a batch names its own nodes and params: drop --node and --param")
+				}
+				c, t, err := a.clientFleetTenant(cmd, tenant)
+				if err != nil {
+					return err
+				}
+				resp, err := c.CommandBatches.Run(cmd.Context(), connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: t, Id: batch}))
+				if err != nil {
+					return err
+				}
+				return a.printBatch(cmd, resp.Msg, resp.Msg.GetBatch())
+			}
 			if node == "" {
 				return invalidArg("node", "required: pass --node")
 			}
@@ -364,6 +387,7 @@ unless it succeeded.`,
 	run.Flags().StringArrayVar(&params, "param", nil, "parameter k=v (repeatable)")
 	run.Flags().DurationVar(&deadline, "deadline", 0, "how long the command may take (default 5m, at most 24h)")
 	run.Flags().BoolVar(&wait, "wait", false, "wait until the command finishes")
+	run.Flags().StringVar(&batch, "batch", "", "run an approved command batch's commands instead")
 	addConfirmationFlag(run, &confirmationID)
 
 	get := &cobra.Command{

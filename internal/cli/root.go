@@ -79,7 +79,7 @@ func (a *app) command() *cobra.Command {
   Run it:         serve, dev, pki, daemon
   Tenancy:        tenants, projects, api-keys, iam, confirmations, whoami
   Observe:        audit, events, webhooks
-  Fleet:          nodes, commands, inventory, join-tokens, join-requests, trust-anchors
+  Fleet:          nodes, commands, batches, inventory, join-tokens, join-requests, trust-anchors
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows

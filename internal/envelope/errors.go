@@ -62,6 +62,9 @@ const (
 	// CodeExecNotIsolated: the process would run on a node that does not
 	// confine it (no exec.isolated) in a pool shared beyond its owner.
 	CodeExecNotIsolated Code = "EXEC_NOT_ISOLATED"
+	// CodeQuorumRequired: the command kind is destructive and runs only in
+	// a command batch a quorum of the tenant's approvers signed.
+	CodeQuorumRequired Code = "QUORUM_REQUIRED"
 )
 
 var connectCodes = map[Code]connect.Code{
@@ -78,6 +81,7 @@ var connectCodes = map[Code]connect.Code{
 	CodeInternal:               connect.CodeInternal,
 	CodeAuthorizationFailed:    connect.CodeUnavailable,
 	CodeConfirmationNotUsable:  connect.CodeFailedPrecondition,
+	CodeQuorumRequired:         connect.CodeFailedPrecondition,
 	CodeResourceExhaustedLimit: connect.CodeResourceExhausted,
 	CodeQuotaExceeded:          connect.CodeResourceExhausted,
 	CodeNoCapacity:             connect.CodeResourceExhausted,

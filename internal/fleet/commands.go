@@ -72,9 +72,13 @@ func (s *CommandService) Run(ctx context.Context, req *connect.Request[apiv1.Run
 			var vs envelope.Violations
 			validateTenant(&vs, msg.GetTenant())
 			validateNode(&vs, "node", msg.GetNode())
+			_, destructive := Destructive(msg.GetKind())
 			switch {
 			case msg.GetKind() == "":
 				vs.Add("kind", "is required: %s", strings.Join(APICommandKinds, " or "))
+			case destructive:
+				// Refused after the decision, with its own code: the kind is
+				// right, only the way to run it is not.
 			case !slices.Contains(APICommandKinds, msg.GetKind()):
 				vs.Add("kind", "must be %s, got %q", strings.Join(APICommandKinds, " or "), truncate(msg.GetKind()))
 			}
@@ -100,6 +104,11 @@ func (s *CommandService) Run(ctx context.Context, req *connect.Request[apiv1.Run
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.RunCommandResponse, error) {
 			if err := r.notFound(); err != nil {
 				return nil, err
+			}
+			if _, ok := Destructive(msg.GetKind()); ok {
+				return nil, envelope.Errorf(envelope.CodeQuorumRequired,
+					"command kind %s is destructive: it runs only in a command batch approved by a quorum of the tenant's approvers "+
+						"(better-compute batches create, then commands run --batch ID)", msg.GetKind())
 			}
 			n, err := NodeGet(ctx, tx, "", r.node.ID)
 			if err != nil {

@@ -99,6 +99,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Command", ID: "c1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"kind": "inventory.refresh"}}
 	case "commands.list":
 		return Resource{Type: "Node", ID: "n1", TenantID: tenant, ProjectID: "p1"}
+	case "commandBatches.create", "commandBatches.get", "commandBatches.approve", "commandBatches.cancel", "commandBatches.run":
+		return Resource{Type: "CommandBatch", ID: "cbt1", TenantID: tenant, Attrs: map[string]any{"state": "pending"}}
+	case "approverSets.put", "approverSets.get":
+		return Resource{Type: "ApproverSet", ID: tenant, TenantID: tenant}
 	case "joinTokens.create", "joinTokens.revoke":
 		return Resource{Type: "JoinToken", ID: "jt1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"pool": "a100"}}
 	case "pools.create":
@@ -178,7 +182,8 @@ func TestCedarMatrix(t *testing.T) {
 
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
 		"confirmations.list", "audit.list", "audit.prove", "events.watch",
-		"nodes.list", "nodes.get", "commands.get", "commands.list", "joinRequests.list", "inventory.get",
+		"nodes.list", "nodes.get", "commands.get", "commands.list", "commandBatches.get", "commandBatches.list", "approverSets.get",
+		"joinRequests.list", "inventory.get",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
@@ -199,7 +204,12 @@ func TestCedarMatrix(t *testing.T) {
 		RoleAdmin:         {},
 		RoleMember:        {"projects.create": allow, "projects.delete": allow, "commands.run": allow, "commands.cancel": allow},
 		RoleViewer:        {},
-		RoleAgent:         {"projects.create": allow, "projects.delete": confirm, "commands.run": allow},
+		RoleAgent:         {"projects.create": allow, "projects.delete": confirm, "commands.run": allow, "commandBatches.create": allow},
+	}
+	// Members propose, approve (the key is what counts), cancel and run
+	// batches; an agent only proposes.
+	for _, a := range []string{"commandBatches.create", "commandBatches.approve", "commandBatches.cancel", "commandBatches.run"} {
+		want[RoleMember][a] = allow
 	}
 	for _, a := range books {
 		want[RoleMember][a] = allow
@@ -518,8 +528,9 @@ func TestDefaultPoliciesTypeCheck(t *testing.T) {
 func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
-		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "audit.check", "audit.list", "audit.prove",
+		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "approverSets.get", "approverSets.put", "audit.check", "audit.list", "audit.prove",
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
+		"commandBatches.approve", "commandBatches.cancel", "commandBatches.create", "commandBatches.get", "commandBatches.list", "commandBatches.run",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
 		"flavors.create", "flavors.delete", "flavors.get", "flavors.list",

@@ -163,7 +163,7 @@ func (f *fixture) reservation(t *testing.T, id string) *apiv1.Reservation {
 }
 
 var wantTools = []string{"capacity_summary", "extend_reservation", "list_nodes", "list_pools", "list_reservations",
-	"preview_reservation", "release_reservation", "reserve_gpus", "usage"}
+	"preview_reservation", "propose_command_batch", "release_reservation", "reserve_gpus", "usage"}
 
 // TestMCPAgentOverHTTP drives every tool and resource over streamable HTTP
 // as acme's agent key, through a confirmation a human approves.

@@ -2,12 +2,14 @@ package mcp
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/client"
@@ -352,6 +354,62 @@ func (s *Server) addTools(srv *sdk.Server) {
 				return nil, err
 			}
 			return &UsageOutput{Windows: mapAll(res.Msg.GetWindows(), usageOf), NextPageToken: res.Msg.GetNextPageToken()}, nil
+		})
+	registerBatchTools(s, srv)
+}
+
+// ProposeBatchInput is a proposed batch of destructive commands.
+type ProposeBatchInput struct {
+	Tenant      string           `json:"tenant,omitempty" jsonschema:"tenant name or id (default: the key's tenant)"`
+	Description string           `json:"description,omitempty" jsonschema:"what the batch is for, for the approvers"`
+	Leaves      []BatchLeafInput `json:"leaves" jsonschema:"the commands, in order"`
+	TTL         string           `json:"ttl,omitempty" jsonschema:"how long the batch waits for approvals, e.g. 4h or 2d (default 1d, at most 7d)"`
+}
+
+// BatchLeafInput is one proposed command.
+type BatchLeafInput struct {
+	Kind    string         `json:"kind" jsonschema:"a destructive command kind: disk.wipe or image.write (a node), power.off or power.cycle (a machine)"`
+	Subject string         `json:"subject" jsonschema:"the node id (a commissioning ramdisk), or site/<site id>/machine/<machine id> for a power kind"`
+	Params  map[string]any `json:"params,omitempty" jsonschema:"the command's params"`
+}
+
+// BatchOutput is a proposed batch.
+type BatchOutput struct {
+	Batch *CommandBatch `json:"batch,omitempty"`
+	Outcome
+}
+
+var batchFields = map[string]string{"ttl_seconds": "ttl"}
+
+// registerBatchTools adds propose_command_batch. There is deliberately no
+// tool to approve or run a batch: approval is a human approver's
+// signature with a key an agent never holds (docs/quorum.md).
+func registerBatchTools(s *Server, srv *sdk.Server) {
+	addTool(s, srv, &sdk.Tool{Name: "propose_command_batch",
+		Description: "Propose a batch of destructive commands (disk.wipe, image.write on nodes; power.off, power.cycle on machines) of the tenant. " +
+			"It runs only after a quorum of the tenant's human approvers signed it; this tool cannot approve or run it."},
+		func(in ProposeBatchInput) string { return in.Tenant }, batchFields,
+		func(ctx context.Context, c call, in ProposeBatchInput) (*BatchOutput, error) {
+			req := &apiv1.CreateCommandBatchRequest{Tenant: c.tenant, Description: in.Description}
+			if in.TTL != "" {
+				d, err := parseSpan("ttl", in.TTL)
+				if err != nil {
+					return nil, err
+				}
+				req.TtlSeconds = int64(d / time.Second)
+			}
+			for i, l := range in.Leaves {
+				st, err := structpb.NewStruct(l.Params)
+				if err != nil {
+					return nil, invalid(fmt.Sprintf("leaves[%d].params", i), "must be a JSON object: %v", err)
+				}
+				req.Leaves = append(req.Leaves, &apiv1.CommandBatchLeafSpec{Kind: l.Kind, Subject: l.Subject, Params: st})
+			}
+			res, err := c.api.CommandBatches.Create(ctx, connect.NewRequest(req))
+			if err != nil {
+				return nil, err
+			}
+			return &BatchOutput{Batch: batchOf(res.Msg.GetBatch())}, nil
 		})
 }
 

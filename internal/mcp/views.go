@@ -192,3 +192,33 @@ func usageOf(w *apiv1.UsageWindow) UsageWindow {
 	return UsageWindow{ProjectID: w.GetProjectId(), ReservationID: w.GetReservationId(), Metric: w.GetMetric(),
 		WindowStart: timeOf(w.GetWindowStart()), Quantity: w.GetQuantity(), Partial: w.GetPartial()}
 }
+
+// CommandBatch is a proposed batch as an agent sees it.
+type CommandBatch struct {
+	ID            string      `json:"id"`
+	State         string      `json:"state" jsonschema:"pending, approved, ran, canceled or expired"`
+	Root          string      `json:"root" jsonschema:"the Merkle root approvers sign, hex"`
+	Threshold     int32       `json:"threshold" jsonschema:"how many approver signatures it needs"`
+	ApproverEpoch int64       `json:"approver_epoch"`
+	ExpireTime    string      `json:"expire_time"`
+	Leaves        []BatchLeaf `json:"leaves"`
+}
+
+// BatchLeaf is one command of a batch.
+type BatchLeaf struct {
+	Kind         string `json:"kind"`
+	Subject      string `json:"subject"`
+	ParamsSHA256 string `json:"params_sha256"`
+}
+
+func batchOf(b *apiv1.CommandBatch) *CommandBatch {
+	if b == nil {
+		return nil
+	}
+	out := &CommandBatch{ID: b.GetId(), State: b.GetState(), Root: b.GetRoot(), Threshold: b.GetThreshold(),
+		ApproverEpoch: b.GetApproverEpoch(), ExpireTime: timeOf(b.GetExpireTime()), Leaves: []BatchLeaf{}}
+	for _, l := range b.GetLeaves() {
+		out.Leaves = append(out.Leaves, BatchLeaf{Kind: l.GetKind(), Subject: l.GetSubject(), ParamsSHA256: l.GetParamsSha256()})
+	}
+	return out
+}

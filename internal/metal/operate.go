@@ -14,8 +14,10 @@ import (
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/provision"
+	"github.com/better-compute/better-compute/internal/quorum"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
@@ -47,8 +49,35 @@ func (s *MachineService) Power(ctx context.Context, req *connect.Request[apiv1.P
 			if _, ok := PowerOps[action]; !ok {
 				vs.Add("action", "must be one of %v, got %q (status is a read: GetPowerStatus)", powerActions(), truncate(action))
 			}
-		}, nil,
+		}, quorumGate(action),
 		func(m *apiv1.Machine) *apiv1.PowerMachineResponse { return &apiv1.PowerMachineResponse{Machine: m} })
+}
+
+// powerKinds are the step kinds of the power actions, the names
+// fleet.DestructiveKinds knows them by.
+var powerKinds = map[string]string{"on": KindPowerOn, "off": KindPowerOff, "cycle": KindPowerCycle}
+
+// quorumGate refuses a destructive power action (off, cycle) on a machine
+// of a tenant that has approvers: it runs only in an approved command
+// batch (internal/quorum), which calls Runtime.PowerTx itself.
+func quorumGate(action string) prepareFunc {
+	return func(ctx context.Context, tx *envelope.Tx, m *Machine) (map[string]any, error) {
+		kind := powerKinds[action]
+		if _, destructive := fleet.Destructive(kind); !destructive || m.TenantID == "" {
+			return map[string]any{}, nil
+		}
+		set, err := quorum.ApproverSetCurrent(ctx, tx, m.TenantID)
+		if errors.Is(err, store.ErrNotFound) {
+			return map[string]any{}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return nil, envelope.Errorf(envelope.CodeQuorumRequired,
+			"power %s is destructive and this tenant requires %d of its %d approvers for it: propose it as a command batch "+
+				"(better-compute batches create --leaf %s,site/%s/machine/%s), then commands run --batch ID",
+			action, set.Threshold, len(set.Keys), kind, m.SiteID, m.ID)
+	}
 }
 
 // GetPowerStatus asks the site agent of the machine's site to read its

@@ -1,0 +1,43 @@
+package fleet
+
+import "slices"
+
+// DestructiveKind is a command kind that destroys what a machine holds:
+// the API runs it only in a command batch a quorum of the tenant's
+// approvers signed (internal/quorum), never through CommandService.Run.
+type DestructiveKind struct {
+	Kind string
+	// Subject is what a leaf of the kind names: SubjectNode or
+	// SubjectMachine.
+	Subject string
+	// What says what the kind destroys, for docs/quorum.md.
+	What string
+}
+
+// Leaf subjects: a node id of the batch's tenant, or a machine of its
+// bare metal qualified by its site ("site/<site id>/machine/<machine id>"),
+// whose BMC the site's agent drives.
+const (
+	SubjectNode    = "node"
+	SubjectMachine = "machine"
+)
+
+// DestructiveKinds is the one list of destructive command kinds: the quorum
+// check and docs/quorum.md both read it (a test keeps the docs in step).
+var DestructiveKinds = []DestructiveKind{
+	{Kind: KindDiskWipe, Subject: SubjectNode, What: "erases every disk of a machine in its commissioning ramdisk"},
+	{Kind: KindImageWrite, Subject: SubjectNode, What: "writes an OS image over a machine's disk (reimage)"},
+	// The bare-metal power actions, as the site agent's step kinds name
+	// them: what runs on the machine stops.
+	{Kind: "power.off", Subject: SubjectMachine, What: "turns a machine off through its BMC"},
+	{Kind: "power.cycle", Subject: SubjectMachine, What: "power-cycles a machine through its BMC"},
+}
+
+// Destructive returns the kind's entry in DestructiveKinds.
+func Destructive(kind string) (DestructiveKind, bool) {
+	i := slices.IndexFunc(DestructiveKinds, func(d DestructiveKind) bool { return d.Kind == kind })
+	if i < 0 {
+		return DestructiveKind{}, false
+	}
+	return DestructiveKinds[i], true
+}
