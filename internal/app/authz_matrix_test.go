@@ -69,6 +69,8 @@ var matrixExpect = map[string]map[string]string{
 	// Join tokens and join approvals admit machines: credentials.
 	"joinTokens.create":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"joinTokens.revoke":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"trustAnchors.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"trustAnchors.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"joinRequests.approve": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"joinRequests.reject":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Pools: admins write, everyone else only reads.
@@ -406,6 +408,19 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.JoinTokens.Revoke(context.Background(), connect.NewRequest(&apiv1.RevokeJoinTokenRequest{Tenant: "acme", Id: jt.Msg.GetJoinToken().GetId()}))
+		return err
+	},
+	"trustAnchors.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.TrustAnchors.Create(context.Background(), connect.NewRequest(&apiv1.CreateTrustAnchorRequest{Tenant: "acme",
+			Name: f.name("anchor"), Attestor: "tpm", EkPublicSha256: strings.Repeat("ab", 32)}))
+		return err
+	},
+	"trustAnchors.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		ta, err := f.admin.TrustAnchors.Create(context.Background(), connect.NewRequest(&apiv1.CreateTrustAnchorRequest{Tenant: "acme",
+			Name: f.name("anchor"), Attestor: "tpm", EkPublicSha256: strings.Repeat("cd", 32)}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.TrustAnchors.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteTrustAnchorRequest{Tenant: "acme", TrustAnchor: ta.Msg.GetTrustAnchor().GetId()}))
 		return err
 	},
 	"joinRequests.approve": func(t *testing.T, f *matrixFixture, c *client.Client) error {
