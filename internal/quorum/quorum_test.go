@@ -289,6 +289,33 @@ func TestBatchRowsAreVerifiedAtRun(t *testing.T) {
 	require.Zero(t, f.commandCount(t, f.acme.GetId()))
 }
 
+// TestDuplicatedApprovalRowCountsOnce: one approval stored twice, under the
+// key's fingerprint and under its text (a database-only attacker's copy),
+// is one approval: a 2-of-2 batch with one signature runs nothing.
+func TestDuplicatedApprovalRowCountsOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	member := f.client("member")
+	f.putSet(t, 2, f.approvers[0], f.approvers[1])
+	b := f.wipeBatch(t, member)
+	_, err := member.CommandBatches.Approve(ctx, connect.NewRequest(approve(t, b, f.approvers[0])))
+	require.NoError(t, err)
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO command_batch_approvals (batch_id, key_id, signature, approved_by, create_time)
+			SELECT batch_id, $1, signature, approved_by, create_time FROM command_batch_approvals WHERE batch_id = $2`,
+			pub(f.approvers[0]), b.GetId())
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE command_batches SET state = 'approved' WHERE id = $1`, b.GetId())
+		return err
+	}))
+	_, err = member.CommandBatches.Run(ctx, connect.NewRequest(&apiv1.RunCommandBatchRequest{Tenant: "acme", Id: b.GetId()}))
+	requireCode(t, err, "FAILED_PRECONDITION")
+	require.Zero(t, f.commandCount(t, f.acme.GetId()))
+}
+
 // auditResults lists acme's audit rows of an action as decision/result.
 func (f *fixture) auditResults(t *testing.T, action string) []string {
 	t.Helper()

@@ -742,14 +742,18 @@ func verifyStored(set ApproverSet, b Batch, leaves []Leaf, approvals []Approval)
 		return errors.New("its leaves do not hash to its root")
 	}
 	msg := approval.BatchMessage(b.TrustDomain, b.ID, root, b.Epoch)
-	valid := 0
+	// Counted by the key itself, not the row's reference: one key stored
+	// twice (by fingerprint and by its text) is one approval.
+	valid, seen := 0, map[string]bool{}
 	for _, a := range approvals {
 		key, err := setKey(set, a.KeyID)
 		if err != nil {
 			continue
 		}
+		id := approval.KeyID(key)
 		sig, err := base64.StdEncoding.DecodeString(a.Signature)
-		if err == nil && approval.Verify(key, msg, sig) == nil {
+		if err == nil && !seen[id] && approval.Verify(key, msg, sig) == nil {
+			seen[id] = true
 			valid++
 		}
 	}
