@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/placer"
 )
@@ -133,6 +134,8 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	}
 	if slices.Contains(a.cfg.Roles, RoleGateway) {
 		tasks = append(tasks, a.Gateway.Run)
+	} else if a.PKI != nil {
+		tasks = append(tasks, a.refreshPKI)
 	}
 	tasks = append(tasks, a.Jobs.Run, a.RunWebhooks)
 	return RunTasks(ctx, tasks...)
@@ -194,4 +197,25 @@ func publicOnly(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// pkiRefreshInterval is how often a replica without the gateway role
+// reloads the PKI (the gateway reloads it itself): a rotation step or a
+// revocation made elsewhere reaches its command signer within it.
+const pkiRefreshInterval = 30 * time.Second
+
+// refreshPKI reloads the PKI every pkiRefreshInterval until ctx is done.
+func (a *App) refreshPKI(ctx context.Context) error {
+	t := time.NewTicker(pkiRefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := a.PKI.Refresh(ctx); err != nil && ctx.Err() == nil {
+				a.cfg.Logger.Warn("refresh the PKI", "err", err)
+			}
+		}
+	}
 }

@@ -84,7 +84,7 @@ serve, it works on the database directly (--state-dir or --database-url),
 not through the API. CA keys are sealed with the secret in
 ` + pki.SecretEnv + ` (else <state-dir>/` + pki.SecretFile + `, as dev creates it).`,
 	}
-	cmd.AddCommand(newPKIInitCommand(), newPKIShowCommand(), newPKIIssueGatewayCommand())
+	cmd.AddCommand(newPKIInitCommand(), newPKIShowCommand(), newPKIIssueGatewayCommand(), newPKIRotateCommand(), newPKIStatusCommand())
 	return cmd
 }
 
@@ -168,6 +168,9 @@ It needs no secret.`,
 				note := ""
 				if ca.Offline {
 					note = " (key offline)"
+				}
+				if ca.Generation != sum.ServingGeneration {
+					note += fmt.Sprintf(" (generation %d, published by pki rotate)", ca.Generation)
 				}
 				fmt.Fprintf(out, "%-12s %s, expires %s%s\n", ca.Kind+" CA:", ca.Subject, ca.NotAfter.UTC().Format(time.RFC3339), note)
 			}

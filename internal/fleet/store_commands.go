@@ -337,3 +337,14 @@ func NodeReportsFor(ctx context.Context, q store.Querier, subject string) ([]Nod
 		return r, err
 	})
 }
+
+// CommandOpenSignedUpTo counts the open commands signed under a
+// command-signing generation at or below version: a rotation retires the
+// old generation only when none is left (pki.AdvanceRotation).
+func CommandOpenSignedUpTo(ctx context.Context, q store.Querier, version int64) (int, error) {
+	args := []any{version}
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM commands
+		WHERE trust_version > 0 AND trust_version <= $1 AND state IN (`+placeholders(&args, OpenCommandStates)+`)`, args...).Scan(&n)
+	return n, err
+}

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto"
@@ -78,17 +79,23 @@ type ca struct {
 type Authority struct {
 	db          *store.DB
 	clk         clock.Clock
+	sealer      *Sealer
 	trustDomain string
-	pin         string
-	cas         map[caKind]*ca
 	joinKey     []byte
 	// challengeKey seals join challenges (a key of its own, so a
 	// challenge never opens as a token nor a token as a challenge).
 	challengeKey []byte
-	nodePool     *x509.CertPool
 
-	mu      sync.RWMutex
-	revoked map[string]struct{}
+	mu sync.RWMutex
+	// fleet are the live CA generations, oldest first: fleet[0] serves
+	// (the gateway's and replicas' certificates, the pin), the newest
+	// issues node certificates; more than one while a rotation runs.
+	fleet    []*fleetGen
+	pin      string
+	nodePool *x509.CertPool
+	// tlsEpoch changes with fleet, so cached TLS material is rebuilt.
+	tlsEpoch uint64
+	revoked  map[string]struct{}
 	// cmdGens are the command-signing generations, oldest first;
 	// signerChains caches worker chains by serial.
 	cmdGens      []*commandGen
@@ -121,28 +128,11 @@ func Init(ctx context.Context, db *store.DB, s *Sealer, opts InitOptions) (*Auth
 	}
 
 	now := db.Clock().Now()
-	rootKey, err := newKey()
+	cas, err := makeCASet(td, now, "better-compute")
 	if err != nil {
 		return nil, err
 	}
-	rootTmpl := caTemplate("better-compute root CA", td, now, now.Add(rootLifetime), 1)
-	root, err := sign(rootTmpl, rootTmpl, rootKey.Public(), rootKey)
-	if err != nil {
-		return nil, fmt.Errorf("pki: create root: %w", err)
-	}
-	cas := map[caKind]*ca{caRoot: {cert: root, key: rootKey}}
-	for _, k := range intermediateKinds {
-		key, err := newKey()
-		if err != nil {
-			return nil, err
-		}
-		notAfter := minTime(now.Add(intermediateLifetime), root.NotAfter)
-		c, err := sign(caTemplate("better-compute "+string(k)+" CA", td, now, notAfter, 0), root, key.Public(), rootKey)
-		if err != nil {
-			return nil, fmt.Errorf("pki: create %s CA: %w", k, err)
-		}
-		cas[k] = &ca{cert: c, key: key}
-	}
+	root, rootKey := cas[caRoot].cert, cas[caRoot].key.(*ecdsa.PrivateKey)
 
 	rows := make([]caRow, 0, len(cas))
 	for _, k := range append([]caKind{caRoot}, intermediateKinds...) {
@@ -191,7 +181,7 @@ func Init(ctx context.Context, db *store.DB, s *Sealer, opts InitOptions) (*Auth
 		}
 		return nil, fmt.Errorf("pki: init: %w", err)
 	}
-	a, err := newAuthority(db, db.Clock(), s, td, pin, cas, nil)
+	a, err := newAuthority(db, db.Clock(), s, td, []*fleetGen{{gen: 1, cas: cas}}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -212,19 +202,12 @@ func Load(ctx context.Context, db *store.DB, s *Sealer, clk clock.Clock) (*Autho
 		clk = db.Clock()
 	}
 	var (
-		set     settingsRow
-		rows    []caRow
+		st      fleetState
 		revoked []string
 	)
 	err := db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		var err error
-		if set, err = settingsGet(ctx, tx); err != nil {
-			if errors.Is(err, store.ErrNotFound) {
-				return ErrNotInitialized
-			}
-			return err
-		}
-		if rows, err = caList(ctx, tx); err != nil {
+		if st, err = loadFleet(ctx, tx, s); err != nil {
 			return err
 		}
 		revoked, err = certRevokedList(ctx, tx)
@@ -236,45 +219,11 @@ func Load(ctx context.Context, db *store.DB, s *Sealer, clk clock.Clock) (*Autho
 		}
 		return nil, fmt.Errorf("pki: load: %w", err)
 	}
-	cas := map[caKind]*ca{}
-	for _, r := range rows {
-		cert, err := x509.ParseCertificate(r.CertDER)
-		if err != nil {
-			return nil, fmt.Errorf("pki: load %s CA: %w", r.Kind, err)
-		}
-		c := &ca{cert: cert}
-		if r.KeySealed != nil {
-			der, err := s.Open(keyRef(r.Kind), r.KeySealed)
-			if err != nil {
-				return nil, fmt.Errorf("pki: load %s CA key (is %s the secret this authority was created with?): %w", r.Kind, SecretEnv, err)
-			}
-			if c.key, err = parseKeyFor(der, cert); err != nil {
-				return nil, fmt.Errorf("pki: load %s CA key: %w", r.Kind, err)
-			}
-		}
-		cas[r.Kind] = c
-	}
-	root := cas[caRoot]
-	if root == nil {
-		return nil, errors.New("pki: load: the root CA is missing")
-	}
-	if got := spkiPin(root.cert); got != set.Pin {
-		return nil, fmt.Errorf("pki: load: the root CA does not match the stored pin %s", set.Pin)
-	}
-	for _, k := range intermediateKinds {
-		c := cas[k]
-		if c == nil || c.key == nil {
-			return nil, fmt.Errorf("pki: load: the %s CA or its key is missing", k)
-		}
-		if err := c.cert.CheckSignatureFrom(root.cert); err != nil {
-			return nil, fmt.Errorf("pki: load: the %s CA is not signed by the root: %w", k, err)
-		}
-	}
-	a, err := newAuthority(db, clk, s, set.TrustDomain, set.Pin, cas, revoked)
+	a, err := newAuthority(db, clk, s, st.trustDomain, st.gens, revoked)
 	if err != nil {
 		return nil, err
 	}
-	if a.cmdGens, err = loadCommandGens(ctx, db, s, set.TrustDomain, ""); err != nil {
+	if a.cmdGens, err = loadCommandGens(ctx, db, s, st.trustDomain, ""); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -311,7 +260,7 @@ func LoadOrInit(ctx context.Context, db *store.DB, s *Sealer, clk clock.Clock, o
 	return a, true, nil
 }
 
-func newAuthority(db *store.DB, clk clock.Clock, s *Sealer, td, pin string, cas map[caKind]*ca, revoked []string) (*Authority, error) {
+func newAuthority(db *store.DB, clk clock.Clock, s *Sealer, td string, gens []*fleetGen, revoked []string) (*Authority, error) {
 	jk, err := s.deriveKey(joinKeyInfo)
 	if err != nil {
 		return nil, err
@@ -320,13 +269,11 @@ func newAuthority(db *store.DB, clk clock.Clock, s *Sealer, td, pin string, cas 
 	if err != nil {
 		return nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cas[caNode].cert)
-	pool.AddCert(cas[caRoot].cert)
 	a := &Authority{
-		db: db, clk: clk, trustDomain: td, pin: pin, cas: cas, joinKey: jk, challengeKey: ck, nodePool: pool,
+		db: db, clk: clk, sealer: s, trustDomain: td, joinKey: jk, challengeKey: ck,
 		revoked: make(map[string]struct{}, len(revoked)), signerChains: map[string][][]byte{},
 	}
+	a.setFleet(gens)
 	for _, s := range revoked {
 		a.revoked[s] = struct{}{}
 	}
@@ -339,26 +286,44 @@ func (a *Authority) TrustDomain() string { return a.trustDomain }
 // Pin returns the lowercase hex SHA-256 of the root certificate's
 // SubjectPublicKeyInfo: what a join token carries and an agent checks on
 // its first dial.
-func (a *Authority) Pin() string { return a.pin }
+func (a *Authority) Pin() string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.pin
+}
 
-// TrustBundlePEM returns the root certificate in PEM: what agents trust for
-// the gateway.
+// TrustBundlePEM returns the live roots in PEM, the serving one first: what
+// agents trust for the gateway. During a rotation it holds the old root and
+// the new, so a node that renewed trusts the gateway before and after it
+// switches.
 func (a *Authority) TrustBundlePEM() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.cas[caRoot].cert.Raw})
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var buf bytes.Buffer
+	for _, g := range a.fleet {
+		_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: g.cas[caRoot].cert.Raw})
+	}
+	return buf.Bytes()
 }
 
 // NodeCAPool returns what the gateway trusts for client certificates: the
-// node CA and the root.
-func (a *Authority) NodeCAPool() *x509.CertPool { return a.nodePool.Clone() }
+// node CA and the root of every live generation.
+func (a *Authority) NodeCAPool() *x509.CertPool {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.nodePool.Clone()
+}
 
-// RootOffline reports whether the root key is kept outside the database.
-func (a *Authority) RootOffline() bool { return a.cas[caRoot].key == nil }
+// RootOffline reports whether the serving root's key is kept outside the
+// database.
+func (a *Authority) RootOffline() bool { return a.serving().cas[caRoot].key == nil }
 
 // CAInfo describes one CA for operators.
 type CAInfo struct {
-	Kind     string // root, node, serving or internal
-	Subject  string
-	NotAfter time.Time
+	Kind       string // root, node, serving or internal
+	Generation int64
+	Subject    string
+	NotAfter   time.Time
 	// Offline: the key is not in the database (an offline root).
 	Offline bool
 }
@@ -369,7 +334,10 @@ type Summary struct {
 	TrustDomain string
 	Pin         string
 	CreateTime  time.Time
-	CAs         []CAInfo // root first
+	// ServingGeneration is the fleet generation that serves; CAs lists it
+	// and any newer one a rotation published, each root first.
+	ServingGeneration int64
+	CAs               []CAInfo
 	// CommandRoots are the command-signing generations, oldest first.
 	CommandRoots []CommandRootInfo
 }
@@ -388,6 +356,7 @@ func Inspect(ctx context.Context, db *store.DB) (Summary, error) {
 	var (
 		sum  Summary
 		rows []caRow
+		gens []genRow
 	)
 	err := db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		set, err := settingsGet(ctx, tx)
@@ -397,8 +366,11 @@ func Inspect(ctx context.Context, db *store.DB) (Summary, error) {
 		if err != nil {
 			return err
 		}
-		sum.TrustDomain, sum.Pin, sum.CreateTime = set.TrustDomain, set.Pin, set.CreateTime
+		sum.TrustDomain, sum.Pin, sum.CreateTime, sum.ServingGeneration = set.TrustDomain, set.Pin, set.CreateTime, set.ServingGeneration
 		if rows, err = caList(ctx, tx); err != nil {
+			return err
+		}
+		if gens, err = genList(ctx, tx, set.ServingGeneration); err != nil {
 			return err
 		}
 		gens, err := commandCAList(ctx, tx)
@@ -416,13 +388,27 @@ func Inspect(ctx context.Context, db *store.DB) (Summary, error) {
 		return Summary{}, err
 	}
 	order := map[caKind]int{caRoot: 0, caNode: 1, caServing: 2, caInternal: 3}
-	sum.CAs = make([]CAInfo, len(rows))
-	for _, r := range rows {
-		cert, err := x509.ParseCertificate(r.CertDER)
-		if err != nil {
-			return Summary{}, fmt.Errorf("pki: %s CA: %w", r.Kind, err)
+	if sum.ServingGeneration <= 1 {
+		sum.CAs = make([]CAInfo, len(rows))
+		for _, r := range rows {
+			cert, err := x509.ParseCertificate(r.CertDER)
+			if err != nil {
+				return Summary{}, fmt.Errorf("pki: %s CA: %w", r.Kind, err)
+			}
+			sum.CAs[order[r.Kind]] = CAInfo{Kind: string(r.Kind), Generation: 1, Subject: cert.Subject.String(), NotAfter: cert.NotAfter, Offline: r.KeySealed == nil}
 		}
-		sum.CAs[order[r.Kind]] = CAInfo{Kind: string(r.Kind), Subject: cert.Subject.String(), NotAfter: cert.NotAfter, Offline: r.KeySealed == nil}
+	}
+	for _, g := range gens {
+		for _, k := range append([]caKind{caRoot}, intermediateKinds...) {
+			der, key := map[caKind][2][]byte{caRoot: {g.RootDER, g.RootKey}, caNode: {g.NodeDER, g.NodeKey},
+				caServing: {g.ServingDER, g.ServingKey}, caInternal: {g.InternalDER, g.InternalKey}}[k][0], g.RootKey
+			cert, err := x509.ParseCertificate(der)
+			if err != nil {
+				return Summary{}, fmt.Errorf("pki: generation %d %s CA: %w", g.Gen, k, err)
+			}
+			sum.CAs = append(sum.CAs, CAInfo{Kind: string(k), Generation: g.Gen, Subject: cert.Subject.String(), NotAfter: cert.NotAfter,
+				Offline: k == caRoot && key == nil})
+		}
 	}
 	return sum, nil
 }
@@ -470,6 +456,11 @@ func reseal(ctx context.Context, db *store.DB, from, to *Sealer, want func(seale
 			n++
 		}
 		m, err := resealCommandGens(ctx, tx, from, to, want)
+		n += m
+		if err != nil {
+			return err
+		}
+		m, err = resealGenerations(ctx, tx, from, to, want)
 		n += m
 		return err
 	})

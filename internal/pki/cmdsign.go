@@ -40,6 +40,9 @@ type commandGen struct {
 	ca      *x509.Certificate
 	caKey   *ecdsa.PrivateKey
 	retired bool
+	// active: replicas sign with it (a published generation is pinned
+	// by nodes first; see rotate.go).
+	active bool
 }
 
 func commandRootRef(version int64) string {
@@ -71,6 +74,7 @@ type commandCARow struct {
 	Seal          []byte
 	CreateTime    time.Time
 	RetireTime    *time.Time
+	ActivateTime  *time.Time
 }
 
 // newCommandGeneration creates generation version: a root (10 years) and
@@ -174,7 +178,7 @@ func openCommandGen(s *Sealer, r commandCARow) (*commandGen, error) {
 	if !ok {
 		return nil, fmt.Errorf("pki: command-signing CA key %d is %T", r.Version, k)
 	}
-	return &commandGen{version: r.Version, root: root, ca: ca, caKey: key, retired: r.RetireTime != nil}, nil
+	return &commandGen{version: r.Version, root: root, ca: ca, caKey: key, retired: r.RetireTime != nil, active: r.ActivateTime != nil}, nil
 }
 
 // loadCommandGens reads and checks the command-signing generations,
@@ -193,6 +197,7 @@ func loadCommandGens(ctx context.Context, db *store.DB, s *Sealer, td, offlineDi
 		if err != nil {
 			return nil, err
 		}
+		row.ActivateTime = &row.CreateTime
 		err = db.Write(ctx, func(ctx context.Context, tx store.Tx) error { return commandCAInsert(ctx, tx, row) })
 		if err != nil && !errors.Is(err, store.ErrUnique) { // another replica made it first: read theirs
 			return nil, fmt.Errorf("pki: create the command-signing root: %w", err)
@@ -234,7 +239,7 @@ func (a *Authority) currentCommandGen() *commandGen {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	for i := len(a.cmdGens) - 1; i >= 0; i-- {
-		if !a.cmdGens[i].retired {
+		if !a.cmdGens[i].retired && a.cmdGens[i].active {
 			return a.cmdGens[i]
 		}
 	}

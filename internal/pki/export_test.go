@@ -12,12 +12,14 @@ import (
 // SignForTest signs tmpl with one of the authority's CAs ("node",
 // "serving", ...), so tests can forge leaves a real CA signed.
 func (a *Authority) SignForTest(kind string, tmpl *x509.Certificate, pub crypto.PublicKey) (*x509.Certificate, error) {
-	c := a.cas[caKind(kind)]
+	c := a.issuing().cas[caKind(kind)]
 	return sign(tmpl, c.cert, pub, c.key)
 }
 
 // CAForTest returns one of the authority's CA certificates.
-func (a *Authority) CAForTest(kind string) *x509.Certificate { return a.cas[caKind(kind)].cert }
+func (a *Authority) CAForTest(kind string) *x509.Certificate {
+	return a.issuing().cas[caKind(kind)].cert
+}
 
 // SealLegacyForTest seals the way releases before the derived key did:
 // raw key id, nonce, ciphertext under the raw secret.
@@ -65,3 +67,20 @@ func SetCAKeySealedForTest(ctx context.Context, db *store.DB, kind string, seale
 
 // KeyRefForTest is the ref a CA's key is sealed under.
 func KeyRefForTest(kind string) string { return keyRef(caKind(kind)) }
+
+// CopyGenerationForTest overwrites generation gen in to with from's row.
+func CopyGenerationForTest(ctx context.Context, from, to *store.DB, gen int64) error {
+	var g genRow
+	if err := from.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		g, err = genGet(ctx, tx, gen)
+		return err
+	}); err != nil {
+		return err
+	}
+	return to.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM pki_generations WHERE generation = $1`, gen); err != nil {
+			return err
+		}
+		return genInsert(ctx, tx, g)
+	})
+}

@@ -175,7 +175,8 @@ func (a *Authority) IssueNodeAttested(ctx context.Context, csrDER []byte, nodeID
 	if ttl <= 0 || ttl > limit {
 		ttl = limit
 	}
-	nodeCA := a.cas[caNode]
+	g := a.issuing()
+	nodeCA := g.cas[caNode]
 	now := a.clk.Now()
 	notAfter = minTime(now.Add(ttl), nodeCA.cert.NotAfter).UTC().Truncate(time.Second)
 	if !notAfter.After(now) {
@@ -198,7 +199,7 @@ func (a *Authority) IssueNodeAttested(ctx context.Context, csrDER []byte, nodeID
 		return nil, time.Time{}, fmt.Errorf("pki: issue node certificate: %w", err)
 	}
 	err = a.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		return certInsert(ctx, tx, certRow{Serial: serialString(leaf.SerialNumber), NodeID: nodeID, Role: role, NotAfter: leaf.NotAfter, IssueTime: now})
+		return certInsert(ctx, tx, certRow{Serial: serialString(leaf.SerialNumber), NodeID: nodeID, Role: role, NotAfter: leaf.NotAfter, IssueTime: now, Generation: g.gen})
 	})
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("pki: record node certificate: %w", err)
@@ -230,7 +231,8 @@ func (a *Authority) IssueServing(hosts []string) (tls.Certificate, error) {
 		}
 		tmpl.DNSNames = append(tmpl.DNSNames, strings.ToLower(h))
 	}
-	servingCA, root := a.cas[caServing], a.cas[caRoot]
+	g := a.serving()
+	servingCA, root := g.cas[caServing], g.cas[caRoot]
 	now := a.clk.Now()
 	tmpl.NotBefore = now.Add(-backdate)
 	tmpl.NotAfter = minTime(now.Add(ServingTTL), servingCA.cert.NotAfter)

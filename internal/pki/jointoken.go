@@ -53,12 +53,13 @@ func (a *Authority) SealJoinToken(c JoinClaims) (string, error) {
 		return "", errors.New("pki: a join token needs an expiry")
 	}
 	c.ExpiresAt = c.ExpiresAt.UTC()
+	pin := a.Pin()
 	payload, err := json.Marshal(c)
 	if err != nil {
 		return "", err
 	}
 	enc, err := jose.NewEncrypter(jose.A256GCM, jose.Recipient{Algorithm: jose.DIRECT, Key: a.joinKey},
-		(&jose.EncrypterOptions{}).WithType("bc-join").WithHeader(pinHeader, a.pin))
+		(&jose.EncrypterOptions{}).WithType("bc-join").WithHeader(pinHeader, pin))
 	if err != nil {
 		return "", err
 	}
@@ -70,7 +71,7 @@ func (a *Authority) SealJoinToken(c JoinClaims) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return joinTokenPrefix + a.pin + "." + compact, nil
+	return joinTokenPrefix + pin + "." + compact, nil
 }
 
 // OpenJoinToken opens a token SealJoinToken made. It refuses a token of
@@ -85,7 +86,7 @@ func (a *Authority) OpenJoinToken(token string) (JoinClaims, error) {
 	if err != nil {
 		return JoinClaims{}, err
 	}
-	if pin != a.pin {
+	if pin != a.Pin() {
 		return JoinClaims{}, fmt.Errorf("%w: pin %s is not this authority's", ErrTokenForeign, pin)
 	}
 	obj, err := jose.ParseEncryptedCompact(compact, []jose.KeyAlgorithm{jose.DIRECT}, []jose.ContentEncryption{jose.A256GCM})
@@ -97,7 +98,7 @@ func (a *Authority) OpenJoinToken(token string) (JoinClaims, error) {
 		// A token sealed under another secret lands here too.
 		return JoinClaims{}, fmt.Errorf("%w: does not decrypt", ErrTokenMalformed)
 	}
-	if got, _ := obj.Header.ExtraHeaders[pinHeader].(string); got != a.pin {
+	if got, _ := obj.Header.ExtraHeaders[pinHeader].(string); got != pin {
 		return JoinClaims{}, fmt.Errorf("%w: sealed for pin %q", ErrTokenForeign, got)
 	}
 	var c JoinClaims

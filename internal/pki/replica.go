@@ -34,7 +34,7 @@ func (a *Authority) IssueReplica(replicaID string) (tls.Certificate, error) {
 	if replicaID == "" || strings.ContainsAny(replicaID, "/?#% ") {
 		return tls.Certificate{}, fmt.Errorf("pki: invalid replica id %q", replicaID)
 	}
-	internal := a.cas[caInternal]
+	internal := a.serving().cas[caInternal]
 	if internal == nil || internal.key == nil {
 		return tls.Certificate{}, errors.New("pki: the internal CA or its key is missing")
 	}
@@ -59,11 +59,14 @@ func (a *Authority) IssueReplica(replicaID string) (tls.Certificate, error) {
 }
 
 // InternalCAPool is the trust anchor of replica certificates: the internal
-// CA alone, so a node, site or gateway certificate (other intermediates of
-// the same root) never verifies as a replica.
+// CAs alone (one per live generation), so a node, site or gateway
+// certificate (other intermediates of the same roots) never verifies as a
+// replica.
 func (a *Authority) InternalCAPool() *x509.CertPool {
 	p := x509.NewCertPool()
-	p.AddCert(a.cas[caInternal].cert)
+	for _, c := range a.liveCAs(caInternal) {
+		p.AddCert(c)
+	}
 	return p
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 func commandCAList(ctx context.Context, q store.Querier) ([]commandCARow, error) {
-	rows, err := q.Query(ctx, `SELECT version, root_der, root_key_sealed, ca_der, ca_key_sealed, seal, create_time, retire_time
+	rows, err := q.Query(ctx, `SELECT version, root_der, root_key_sealed, ca_der, ca_key_sealed, seal, create_time, retire_time, activate_time
 		FROM pki_command_cas ORDER BY version`)
 	if err != nil {
 		return nil, err
@@ -20,7 +20,7 @@ func commandCAList(ctx context.Context, q store.Querier) ([]commandCARow, error)
 	var out []commandCARow
 	for rows.Next() {
 		var r commandCARow
-		if err := rows.Scan(&r.Version, &r.RootDER, &r.RootKeySealed, &r.CADER, &r.CAKeySealed, &r.Seal, &r.CreateTime, &r.RetireTime); err != nil {
+		if err := rows.Scan(&r.Version, &r.RootDER, &r.RootKeySealed, &r.CADER, &r.CAKeySealed, &r.Seal, &r.CreateTime, &r.RetireTime, &r.ActivateTime); err != nil {
 			return nil, err
 		}
 		out = append(out, r)
@@ -33,9 +33,48 @@ func commandCAInsert(ctx context.Context, tx store.Tx, r commandCARow) error {
 	if r.RootKeySealed != nil {
 		rootKey = r.RootKeySealed
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO pki_command_cas (version, root_der, root_key_sealed, ca_der, ca_key_sealed, seal, create_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`, r.Version, r.RootDER, rootKey, r.CADER, r.CAKeySealed, r.Seal, r.CreateTime)
+	var activate any
+	if r.ActivateTime != nil {
+		activate = *r.ActivateTime
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO pki_command_cas (version, root_der, root_key_sealed, ca_der, ca_key_sealed, seal, create_time, activate_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, r.Version, r.RootDER, rootKey, r.CADER, r.CAKeySealed, r.Seal, r.CreateTime, activate)
 	return err
+}
+
+// commandCAActivate activates every published generation up to version.
+func commandCAActivate(ctx context.Context, tx store.Tx, version int64, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE pki_command_cas SET activate_time = $2 WHERE version <= $1 AND activate_time IS NULL`, version, now)
+	return err
+}
+
+// commandCARetire retires every generation up to version.
+func commandCARetire(ctx context.Context, tx store.Tx, version int64, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE pki_command_cas SET retire_time = $2 WHERE version <= $1 AND retire_time IS NULL`, version, now)
+	return err
+}
+
+// commandSignersOlder lists live worker certificates of generations older
+// than active whose replica holds none of active or later: a replica that
+// has not seen the activation yet and may still sign with the old key.
+func commandSignersOlder(ctx context.Context, q store.Querier, active int64) ([]OldSigner, error) {
+	rows, err := q.Query(ctx, `SELECT s.serial, s.replica, s.version, s.not_after FROM pki_command_signers s
+		WHERE s.version < $1 AND s.not_after > compute_now()
+		AND NOT EXISTS (SELECT 1 FROM pki_command_signers n WHERE n.replica = s.replica AND n.version >= $1)
+		ORDER BY s.replica, s.serial`, active)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []OldSigner
+	for rows.Next() {
+		var o OldSigner
+		if err := rows.Scan(&o.Serial, &o.Replica, &o.Version, &o.NotAfter); err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, rows.Err()
 }
 
 func commandCAKeysUpdate(ctx context.Context, tx store.Tx, version int64, rootKey, caKey, seal []byte) error {

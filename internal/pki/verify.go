@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/store"
@@ -57,7 +58,13 @@ func (a *Authority) verifyNode(leaf *x509.Certificate, signedByNodeCA bool) (Nod
 	// The pool holds the root too, so a chain through another intermediate
 	// of this root would pass crypto/tls; only the node CA issues nodes.
 	if !signedByNodeCA {
-		if err := leaf.CheckSignatureFrom(a.cas[caNode].cert); err != nil {
+		signed := false
+		for _, c := range a.liveCAs(caNode) {
+			if signed = leaf.CheckSignatureFrom(c) == nil; signed {
+				break
+			}
+		}
+		if !signed {
 			return refuse("not issued by the node CA")
 		}
 	}
@@ -111,8 +118,11 @@ func (a *Authority) PeerNode(cs tls.ConnectionState) (id NodeIdentity, ok bool, 
 		return NodeIdentity{}, false, nil
 	}
 	signed := false
+	nodeCAs := a.liveCAs(caNode)
 	for _, chain := range cs.VerifiedChains {
-		signed = signed || (len(chain) > 1 && chain[1].Equal(a.cas[caNode].cert))
+		for _, c := range nodeCAs {
+			signed = signed || (len(chain) > 1 && chain[1].Equal(c))
+		}
 	}
 	id, err = a.verifyNode(cs.VerifiedChains[0][0], signed)
 	return id, err == nil, err
@@ -127,17 +137,92 @@ func (a *Authority) PeerNode(cs tls.ConnectionState) (id NodeIdentity, ok bool, 
 // crypto/tls skips VerifyPeerCertificate on resumed sessions, which would let
 // a session ticket from before a revocation bypass it.
 func (a *Authority) GatewayTLSConfig(cert tls.Certificate) *tls.Config {
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    a.NodeCAPool(),
-		Time:         a.clk.Now,
+	base := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		Time:       a.clk.Now,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			_, _, err := a.PeerNode(cs)
 			return err
 		},
 	}
+	// A rotation changes the client pool and, once the new generation
+	// serves, the serving certificate: each handshake takes the
+	// configuration of the generations as they stand, rebuilt only when
+	// they change. Open sessions are not touched.
+	var (
+		mu     sync.Mutex
+		cur    = cert
+		cached *tls.Config
+		epoch  uint64
+		// ours: issued here (IssueServing), so replaced on a switch; one
+		// installed by hand (pki issue-gateway) is the operator's to replace.
+		ours = a.issuedServing(cert)
+	)
+	cfg := base.Clone()
+	cfg.Certificates = []tls.Certificate{cert}
+	cfg.ClientCAs = a.NodeCAPool()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		a.mu.RLock()
+		e := a.tlsEpoch
+		a.mu.RUnlock()
+		mu.Lock()
+		defer mu.Unlock()
+		if cached != nil && e == epoch {
+			return cached, nil
+		}
+		if ours {
+			if next, ok := a.reissueServing(cur); ok {
+				cur = next
+			}
+		}
+		c := base.Clone()
+		c.Certificates = []tls.Certificate{cur}
+		c.ClientCAs = a.NodeCAPool()
+		cached, epoch = c, e
+		return c, nil
+	}
+	return cfg
+}
+
+func leafOf(c tls.Certificate) *x509.Certificate {
+	if c.Leaf != nil || len(c.Certificate) == 0 {
+		return c.Leaf
+	}
+	leaf, _ := x509.ParseCertificate(c.Certificate[0])
+	return leaf
+}
+
+// issuedServing reports whether a live generation's serving CA issued c.
+func (a *Authority) issuedServing(c tls.Certificate) bool {
+	leaf := leafOf(c)
+	if leaf == nil {
+		return false
+	}
+	for _, ca := range a.liveCAs(caServing) {
+		if leaf.CheckSignatureFrom(ca) == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// reissueServing replaces a serving certificate of a generation that no
+// longer serves with one of the serving generation, for the same hosts.
+func (a *Authority) reissueServing(c tls.Certificate) (tls.Certificate, bool) {
+	leaf := leafOf(c)
+	if leaf == nil || leaf.CheckSignatureFrom(a.serving().cas[caServing].cert) == nil {
+		return c, false
+	}
+	hosts := append([]string(nil), leaf.DNSNames...)
+	for _, ip := range leaf.IPAddresses {
+		hosts = append(hosts, ip.String())
+	}
+	next, err := a.IssueServing(hosts)
+	if err != nil {
+		return c, false
+	}
+	return next, true
 }
 
 // Revoke revokes one certificate by serial (lowercase hex). Revoking a
@@ -195,27 +280,6 @@ func (a *Authority) IsRevoked(serial string) bool {
 	defer a.mu.RUnlock()
 	_, ok := a.revoked[strings.ToLower(serial)]
 	return ok
-}
-
-// Refresh reloads the revocation set from the database.
-func (a *Authority) Refresh(ctx context.Context) error {
-	var serials []string
-	err := a.db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		var err error
-		serials, err = certRevokedList(ctx, tx)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("pki: refresh revocations: %w", err)
-	}
-	set := make(map[string]struct{}, len(serials))
-	for _, s := range serials {
-		set[s] = struct{}{}
-	}
-	a.mu.Lock()
-	a.revoked = set
-	a.mu.Unlock()
-	return nil
 }
 
 // Bounds of a renew nonce.

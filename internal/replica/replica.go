@@ -51,6 +51,18 @@ type Identity struct {
 
 	mu   sync.Mutex
 	cert *tls.Certificate
+	gen  int64 // the authority's serving generation when cert was issued
+}
+
+// generational is an Authority that rotates its roots (pki.Authority): a
+// certificate of a generation that no longer serves is replaced at once.
+type generational interface{ ServingGeneration() int64 }
+
+func (id *Identity) servingGeneration() int64 {
+	if g, ok := id.cfg.Authority.(generational); ok {
+		return g.ServingGeneration()
+	}
+	return 0
 }
 
 // New issues the replica's first certificate.
@@ -82,7 +94,8 @@ func (id *Identity) certificate() (*tls.Certificate, error) {
 	id.mu.Lock()
 	defer id.mu.Unlock()
 	now := id.cfg.Now()
-	if c := id.cert; c != nil {
+	gen := id.servingGeneration()
+	if c := id.cert; c != nil && id.gen == gen {
 		life := c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)
 		if now.Before(c.Leaf.NotBefore.Add(life * 2 / 3)) {
 			return c, nil
@@ -95,7 +108,7 @@ func (id *Identity) certificate() (*tls.Certificate, error) {
 		}
 		return nil, fmt.Errorf("replica: certificate: %w", err)
 	}
-	id.cert = &c
+	id.cert, id.gen = &c, gen
 	return id.cert, nil
 }
 
