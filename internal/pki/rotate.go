@@ -639,3 +639,9 @@ func resealGenerations(ctx context.Context, tx store.Tx, from, to *Sealer, want 
 	}
 	return n, nil
 }
+
+// IssuingGeneration is the generation new node certificates come from.
+func (a *Authority) IssuingGeneration() int64 { return a.issuing().gen }
+
+// NodeCA is the CA that issues node certificates now.
+func (a *Authority) NodeCA() *x509.Certificate { return a.issuing().cas[caNode].cert }
