@@ -33,6 +33,12 @@ func (f *pkiFlags) loadAuthority(ctx context.Context) (*store.DB, *pki.Authority
 	if err != nil {
 		return nil, nil, err
 	}
+	// A rotation reads the fleet's nodes and commands: serve migrates
+	// them too, but pki may run first.
+	if err := db.Migrate(ctx, fleet.Migrations()); err != nil {
+		_ = db.Close()
+		return nil, nil, connect.NewError(connect.CodeUnavailable, err)
+	}
 	a, err := pki.Load(ctx, db, s, nil)
 	if err != nil {
 		_ = db.Close()
@@ -121,7 +127,7 @@ func waitingFor(st pki.RotationStatus) string {
 	case st.OpenOldCommands > 0 || len(st.OldSigners) > 0:
 		return fmt.Sprintf("the old command-signing root retires once %d open command(s) signed under it end and %d replica worker key(s) of it are replaced (replicas switch within 30 s); run pki rotate again later", st.OpenOldCommands, len(st.OldSigners))
 	}
-	return "the rotation has a step left; run pki rotate again"
+	return "the new roots serve; the old command-signing root retires at the next pki rotate, once every replica has reloaded the PKI (within 30 s)"
 }
 
 func printRotation(w io.Writer, st pki.RotationStatus) {
@@ -162,27 +168,18 @@ whether it still holds a rotation back. It needs the sealing secret.`,
 			}
 			var (
 				certs []pki.NodeCert
-				nodes = map[string]fleet.Node{}
+				nodes = map[string]fleet.NodeTrust{}
 			)
 			err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 				var err error
 				if certs, err = pki.NodeCertsLive(ctx, tx); err != nil {
 					return err
 				}
-				p := &fleet.NodeListParams{Limit: 1000}
-				for {
-					page, err := fleet.NodeList(ctx, tx, p)
-					if err != nil {
-						return err
-					}
-					for _, n := range page {
-						nodes[n.ID] = n
-					}
-					if len(page) < p.Limit {
-						return nil
-					}
-					p.After = page[len(page)-1].ID
+				list, err := fleet.NodeTrustList(ctx, tx)
+				for _, n := range list {
+					nodes[n.ID] = n
 				}
+				return err
 			})
 			if err != nil {
 				return connect.NewError(connect.CodeUnavailable, err)

@@ -562,3 +562,26 @@ func NodeSessionReplica(ctx context.Context, q store.Querier, nodeID string) (ow
 		WHERE n.id = $1`, nodeID).Scan(&owner, &url)
 	return owner, url, err
 }
+
+// NodeTrust is where a node stands for pki status: the command-signing
+// version it reported at its last session start, and its liveness.
+type NodeTrust struct {
+	ID           string
+	Name         string
+	TrustVersion int64
+	Liveness     string
+}
+
+// NodeTrustList lists every node's NodeTrust.
+func NodeTrustList(ctx context.Context, q store.Querier) ([]NodeTrust, error) {
+	var out []NodeTrust
+	err := queryEach(ctx, q, `SELECT id, name, trust_version, liveness FROM nodes ORDER BY id`, nil, func(r store.Rows) error {
+		var n NodeTrust
+		if err := r.Scan(&n.ID, &n.Name, &n.TrustVersion, &n.Liveness); err != nil {
+			return err
+		}
+		out = append(out, n)
+		return nil
+	})
+	return out, err
+}
