@@ -65,7 +65,9 @@ func TestRootRotationKeepsSessions(t *testing.T) {
 	sessionsKept("before")
 
 	a := cp.App.PKI
-	open := func(ctx context.Context, tx store.Tx, v int64) (int, error) { return fleet.CommandOpenSignedUpTo(ctx, tx, v) }
+	open := func(ctx context.Context, tx store.Tx, v int64) (int, error) {
+		return fleet.CommandOpenSignedUpTo(ctx, tx, v)
+	}
 	runOn := func(d *bctest.FakeDaemon) fleet.Command {
 		t.Helper()
 		run, err := admin.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: d.NodeID(), Kind: "inventory.refresh"}))
