@@ -58,6 +58,12 @@ type Placers struct {
 	PendingEvery time.Duration
 	PendingPass  func(poolID string)
 
+	// ItemByItem runs every batch the way the fallback after a failed
+	// batch does, each item under its own savepoint writing as it goes: a
+	// test knob, so that path is exercised on purpose and not only when a
+	// busy machine happens to fail a batch.
+	ItemByItem bool
+
 	// Linger is the longest a placer waits for more work when it has
 	// fewer than LingerBatch mutations to commit: more mutations a commit
 	// is less commit each (a commit is most of a small batch's hold). It

@@ -221,6 +221,18 @@ func (b *Batch) undoAll() {
 	b.undo = nil
 }
 
+// Atomic runs fn so that when it fails nothing of it stays written: under
+// a savepoint where the batch writes as it goes (the per-item fallback, a
+// direct item), as it is otherwise (the caller's Rewind drops what it
+// staged). A part of an item that may fail alone (an array's member) runs
+// in one.
+func (b *Batch) Atomic(ctx context.Context, name string, fn func() error) error {
+	if b == nil || !b.immediate {
+		return fn()
+	}
+	return Savepoint(ctx, b.tx, name, fn)
+}
+
 // Stage queues one row for INSERT head ("INSERT INTO t (cols)"): written at
 // once outside a batch, with the batch's other rows of that head otherwise.
 func (b *Batch) Stage(ctx context.Context, head string, row []any) error {
@@ -524,7 +536,12 @@ func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
 			return err
 		}
 	}
-	b.charges = append(b.charges, c)
+	if !b.immediate {
+		// Staged: counted with the usage until the flush writes it. Written
+		// as it goes, the charge's row is in the database before the next
+		// check, and counting it here too would count it twice.
+		b.charges = append(b.charges, c)
+	}
 	return nil
 }
 
@@ -808,7 +825,7 @@ func (p *placer) commit(ws []*work) {
 	// not abort the others' transaction.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err = p.run(ctx, ix, live, false)
+	err = p.run(ctx, ix, live, p.e.ItemByItem)
 	if errors.Is(err, ErrNotOwner) {
 		// Another replica took the pool: stop, and let callers retry there.
 		p.retire()

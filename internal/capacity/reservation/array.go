@@ -196,7 +196,13 @@ func (e *Engine) createArray(ctx context.Context, b *placer.Batch, t *target, sp
 	for len(rs) < count {
 		r := t.newReservation(sp, now, createdBy)
 		m := b.Mark()
-		more, err := e.create(ctx, b, &r, t, now, false)
+		var more []envelope.Event
+		// A member refused after it booked (its quota charge) must leave
+		// no booking behind when the array goes on without it.
+		err := b.Atomic(ctx, "member", func() (err error) {
+			more, err = e.create(ctx, b, &r, t, now, false)
+			return err
+		})
 		if err == nil {
 			rs = append(rs, r)
 			evs = append(evs, more...)

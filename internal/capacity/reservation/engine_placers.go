@@ -30,6 +30,11 @@ func NewEngine(db *store.DB, clk clock.Clock, tp trace.TracerProvider) *Engine {
 // Stop stops every placer of this replica (placer.Placers.Stop).
 func (e *Engine) Stop() { e.placers.Stop() }
 
+// SetItemByItem makes every placer batch run item by item, as the fallback
+// after a failed batch does (placer.Placers.ItemByItem); tests only. Set it
+// before the first reservation.
+func (e *Engine) SetItemByItem(on bool) { e.placers.ItemByItem = on }
+
 // ReplicaID is this replica's id in the pools' owner rows.
 func (e *Engine) ReplicaID() string { return e.placers.ReplicaID() }
 
