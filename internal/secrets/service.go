@@ -260,8 +260,13 @@ func Proto(s Secret) *apiv1.Secret {
 		UpdateTime: timestamppb.New(s.UpdateTime), NodeReadable: s.NodeReadable}
 }
 
-// ErrNotFound: Open found no secret of that tenant under the ref.
-var ErrNotFound = errors.New("secrets: not found")
+// Errors of Open and OpenForNode.
+var (
+	// ErrNotFound: no secret of that tenant (that it may read) under the ref.
+	ErrNotFound = errors.New("secrets: not found")
+	// ErrBadRef: the ref is not secret://<name> with a valid name.
+	ErrBadRef = errors.New("secrets: not a secret://<name> reference")
+)
 
 // ParseRef reads secret://<name>; ok is false for anything else.
 func ParseRef(ref string) (name string, ok bool) {
@@ -290,7 +295,7 @@ type Value struct {
 func Open(ctx context.Context, q store.Querier, sealer Sealer, tenantID, ref string) (Value, error) {
 	name, ok := ParseRef(ref)
 	if !ok {
-		return Value{}, fmt.Errorf("secrets: %q is not a secret://<name> reference", ref)
+		return Value{}, fmt.Errorf("%w: %q", ErrBadRef, ref)
 	}
 	if tenantID == "" {
 		return Value{}, fmt.Errorf("secrets: %w: %s (only a tenant's own secrets are opened for workloads)", ErrNotFound, ref)
@@ -321,7 +326,7 @@ func Open(ctx context.Context, q store.Querier, sealer Sealer, tenantID, ref str
 func OpenForNode(ctx context.Context, q store.Querier, sealer Sealer, tenantID, ref string) (Value, error) {
 	name, ok := ParseRef(ref)
 	if !ok {
-		return Value{}, fmt.Errorf("secrets: %q is not a secret://<name> reference", ref)
+		return Value{}, fmt.Errorf("%w: %q", ErrBadRef, ref)
 	}
 	if tenantID == "" {
 		return Value{}, fmt.Errorf("%w: %s", ErrNotFound, ref)
