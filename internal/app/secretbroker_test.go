@@ -88,11 +88,9 @@ func (f *brokerFixture) count(t *testing.T, query string, args ...any) int {
 // node's state directory, so a test can sign with another key or send one
 // request twice.
 type rawNode struct {
-	client      agentv1.AgentServiceClient
-	key         *ecdsa.PrivateKey
-	nodeID, td  string
-	recipient   []byte
-	recipientSK func() []byte
+	client     agentv1.AgentServiceClient
+	key        *ecdsa.PrivateKey
+	nodeID, td string
 }
 
 func newRawNode(t *testing.T, f *brokerFixture, d *bctest.FakeDaemon) *rawNode {
