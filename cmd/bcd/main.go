@@ -4,6 +4,9 @@
 // The join token is read from the environment (BCD_JOIN_TOKEN) or stdin
 // (--token-stdin), never from the command line, where every user of the
 // host could read it.
+//
+// `bcd secret get secret://NAME` fetches a secret of the node's tenant
+// through the gateway and prints it (docs/secrets.md).
 package main
 
 import (
@@ -42,7 +45,13 @@ var version = "dev"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stderr); err != nil {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "secret" {
+		err = runSecret(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stderr)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bcd:", err)
 		os.Exit(1)
 	}

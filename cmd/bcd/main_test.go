@@ -195,3 +195,16 @@ func TestExecIDs(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+func TestSecretGetUsage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var out bytes.Buffer
+	require.ErrorContains(t, runSecret(ctx, nil, &out, &out), "usage: bcd secret get")
+	require.ErrorContains(t, runSecret(ctx, []string{"put", "secret://x"}, &out, &out), "usage: bcd secret get")
+	require.ErrorContains(t, runSecret(ctx, []string{"get"}, &out, &out), "takes one secret://NAME")
+	// Joined nowhere: no identity to fetch as, and nothing printed.
+	err := runSecret(ctx, []string{"get", "--server", "127.0.0.1:1", "--state-dir", t.TempDir(), "secret://x"}, &out, &out)
+	require.ErrorContains(t, err, "no node identity")
+	require.Empty(t, out.String())
+}

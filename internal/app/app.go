@@ -547,7 +547,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 	a.tunnels = tunnel.New()
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, PoolAttestor: pool.RequiredAttestor, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, SiteImages: siteImages{a}, Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, PoolAttestor: pool.RequiredAttestor, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, SiteImages: siteImages{a}, OpenNodeSecret: openNodeSecret(a.sealer), Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,

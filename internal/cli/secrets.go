@@ -25,6 +25,7 @@ func (a *app) secretsCommand() *cobra.Command {
 	var (
 		tenant, confirmationID, fromFile, description string
 		limit                                         int
+		nodeReadable                                  bool
 	)
 	put := &cobra.Command{
 		Use:   "put NAME [--from-file PATH]",
@@ -52,10 +53,15 @@ func (a *app) secretsCommand() *cobra.Command {
 				return err
 			}
 			m := newCreate(confirmationID)
+			msg := &apiv1.PutSecretRequest{Tenant: t, Name: argv[0], Value: value, Description: description}
+			// Unnamed, the grant stays as it is: a new version does not
+			// take the secret away from the tenant's nodes.
+			if cmd.Flags().Changed("node-readable") {
+				msg.NodeReadable = &nodeReadable
+			}
 			var resp *connect.Response[apiv1.PutSecretResponse]
 			err = a.retry(cmd.Context(), func() (err error) {
-				resp, err = c.Secrets.Put(cmd.Context(), request(&apiv1.PutSecretRequest{Tenant: t, Name: argv[0], Value: value,
-					Description: description}, m))
+				resp, err = c.Secrets.Put(cmd.Context(), request(msg, m))
 				return err
 			})
 			if err != nil {
@@ -67,6 +73,8 @@ func (a *app) secretsCommand() *cobra.Command {
 	put.Flags().StringVar(&tenant, "tenant", "", imagesTenantHelp)
 	put.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file (default: standard input)")
 	put.Flags().StringVar(&description, "description", "", "what the secret is for")
+	put.Flags().BoolVar(&nodeReadable, "node-readable", false,
+		"let the tenant's nodes fetch it (bcd secret get); --node-readable=false withdraws it; unset keeps what it was")
 	addConfirmationFlag(put, &confirmationID)
 
 	get := &cobra.Command{
@@ -138,9 +146,13 @@ func (a *app) secretsCommand() *cobra.Command {
 
 func (a *app) printSecrets(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Secret) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
-		row(w, "ID", "NAME", "VERSION", "SIZE", "REF", "UPDATED")
+		row(w, "ID", "NAME", "VERSION", "SIZE", "REF", "NODES", "UPDATED")
 		for _, s := range items {
-			row(w, s.GetId(), s.GetName(), strconv.FormatInt(s.GetVersion(), 10), fmt.Sprintf("%d B", s.GetSizeBytes()), s.GetRef(),
+			nodes := "no"
+			if s.GetNodeReadable() {
+				nodes = "yes"
+			}
+			row(w, s.GetId(), s.GetName(), strconv.FormatInt(s.GetVersion(), 10), fmt.Sprintf("%d B", s.GetSizeBytes()), s.GetRef(), nodes,
 				s.GetUpdateTime().AsTime().Format("2006-01-02 15:04:05Z07:00"))
 		}
 	})

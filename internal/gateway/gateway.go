@@ -103,6 +103,11 @@ type Config struct {
 	// SiteImages, when set, serves deploying machines' images to site
 	// agents (FetchSiteImage).
 	SiteImages SiteImages
+	// OpenNodeSecret, when set, serves FetchSecret: in the fetch's
+	// transaction it opens the secret ref names for a node of tenantID,
+	// or answers an error matching ErrSecretNotFound for anything that
+	// node may not read (secrets.OpenForNode).
+	OpenNodeSecret func(ctx context.Context, q store.Querier, tenantID, ref string) (NodeSecret, error)
 	// Authority is the PKI. It may be nil in a process that does not
 	// serve (an api or worker replica): the gateway then only wakes
 	// sessions (NotifyCommand) and runs the sweeps; Run fails.

@@ -233,3 +233,66 @@ func TestSecretBadInput(t *testing.T) {
 	refused(t, err, "INVALID_ARGUMENT", "secret", "")
 	require.Equal(t, before, rows())
 }
+
+func (f *fixture) openForNode(t *testing.T, tenantID, ref string) (secrets.Value, error) {
+	t.Helper()
+	var v secrets.Value
+	err := f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) (err error) {
+		v, err = secrets.OpenForNode(ctx, tx, f.sealer, tenantID, ref)
+		return err
+	})
+	return v, err
+}
+
+// TestSecretNodeReadable: node_readable is off for a new secret, set and
+// kept across puts that do not name it, and OpenForNode opens only the
+// tenant's own secret marked so; a platform secret refuses the mark.
+func TestSecretNodeReadable(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	yes, no := true, false
+	put := func(name, value string, nodeReadable *bool) *apiv1.Secret {
+		t.Helper()
+		res, err := f.acme.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Name: name, Value: []byte(value), NodeReadable: nodeReadable}))
+		require.NoError(t, err)
+		return res.Msg.GetSecret()
+	}
+	require.False(t, put("plain", "p", nil).GetNodeReadable(), "off unless asked")
+	_, err := f.openForNode(t, f.acmeID, "secret://plain")
+	require.ErrorIs(t, err, secrets.ErrNotFound, "a secret not marked is not found for nodes")
+	_, err = f.openForNode(t, f.acmeID, "secret://missing")
+	require.ErrorIs(t, err, secrets.ErrNotFound)
+
+	require.True(t, put("db", "v1", &yes).GetNodeReadable())
+	require.True(t, put("db", "v2", nil).GetNodeReadable(), "a put that does not name the grant keeps it")
+	v, err := f.openForNode(t, f.acmeID, "secret://db")
+	require.NoError(t, err)
+	require.Equal(t, "v2", string(v.Bytes))
+	require.EqualValues(t, 2, v.Version)
+	require.NotEmpty(t, v.ID)
+
+	got, err := f.member.Secrets.Get(ctx, connect.NewRequest(&apiv1.GetSecretRequest{Secret: "db"}))
+	require.NoError(t, err)
+	require.True(t, got.Msg.GetSecret().GetNodeReadable())
+
+	// Another tenant's node asks by the same name: nothing (its own scope).
+	var globexID string
+	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT id FROM tenants WHERE name = 'globex'`).Scan(&globexID)
+	}))
+	_, err = f.openForNode(t, globexID, "secret://db")
+	require.ErrorIs(t, err, secrets.ErrNotFound)
+	_, err = f.openForNode(t, "", "secret://db")
+	require.ErrorIs(t, err, secrets.ErrNotFound)
+
+	require.False(t, put("db", "v3", &no).GetNodeReadable(), "withdrawn")
+	_, err = f.openForNode(t, f.acmeID, "secret://db")
+	require.ErrorIs(t, err, secrets.ErrNotFound)
+
+	// A platform secret is never delivered to nodes.
+	before := f.count(t, `SELECT COUNT(*) FROM secrets`)
+	_, err = f.admin.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Name: "fleet", Value: []byte("x"), NodeReadable: &yes}))
+	refused(t, err, "INVALID_ARGUMENT", "node_readable", "never delivered to nodes")
+	require.Equal(t, before, f.count(t, `SELECT COUNT(*) FROM secrets`))
+}

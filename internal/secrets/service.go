@@ -118,6 +118,12 @@ func (s *Service) Put(ctx context.Context, req *connect.Request[apiv1.PutSecretR
 			if err := t.sc.NotFound(); err != nil {
 				return nil, err
 			}
+			if msg.GetNodeReadable() && t.sc.Platform {
+				// Nodes belong to tenants: a platform secret has no node to go to.
+				var vs envelope.Violations
+				vs.Add("node_readable", "a platform secret is never delivered to nodes")
+				return nil, vs.Err()
+			}
 			if s.sealer == nil {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "secrets need the deployment secret (BC_SECRET) to seal values")
 			}
@@ -135,6 +141,9 @@ func (s *Service) Put(ctx context.Context, req *connect.Request[apiv1.PutSecretR
 			row.SizeBytes = int64(len(msg.GetValue()))
 			row.Description = msg.GetDescription()
 			row.UpdateTime = now
+			if msg.NodeReadable != nil {
+				row.NodeReadable = msg.GetNodeReadable()
+			}
 			if row.Value, err = s.sealer.Seal(sealRef(row.ID), msg.GetValue()); err != nil {
 				return nil, fmt.Errorf("seal secret: %w", err)
 			}
@@ -153,7 +162,7 @@ func (s *Service) Put(ctx context.Context, req *connect.Request[apiv1.PutSecretR
 			tx.SetResource(row.ID, "")
 			// Events and audit rows carry the name and version, never the value.
 			tx.Emit(envelope.Event{Type: "secret.put", TenantID: row.TenantID, ResourceType: "Secret", ResourceID: row.ID,
-				Data: map[string]any{"name": row.Name, "version": row.Version, "ref": RefScheme + row.Name}})
+				Data: map[string]any{"name": row.Name, "version": row.Version, "ref": RefScheme + row.Name, "node_readable": row.NodeReadable}})
 			return &apiv1.PutSecretResponse{Secret: Proto(row)}, nil
 		},
 	})
@@ -248,11 +257,16 @@ func (s *Service) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteS
 func Proto(s Secret) *apiv1.Secret {
 	return &apiv1.Secret{Id: s.ID, TenantId: s.TenantID, Name: s.Name, Version: s.Version, SizeBytes: s.SizeBytes,
 		Ref: RefScheme + s.Name, Description: s.Description, CreateTime: timestamppb.New(s.CreateTime),
-		UpdateTime: timestamppb.New(s.UpdateTime)}
+		UpdateTime: timestamppb.New(s.UpdateTime), NodeReadable: s.NodeReadable}
 }
 
-// ErrNotFound: Open found no secret of that tenant under the ref.
-var ErrNotFound = errors.New("secrets: not found")
+// Errors of Open and OpenForNode.
+var (
+	// ErrNotFound: no secret of that tenant (that it may read) under the ref.
+	ErrNotFound = errors.New("secrets: not found")
+	// ErrBadRef: the ref is not secret://<name> with a valid name.
+	ErrBadRef = errors.New("secrets: not a secret://<name> reference")
+)
 
 // ParseRef reads secret://<name>; ok is false for anything else.
 func ParseRef(ref string) (name string, ok bool) {
@@ -268,6 +282,7 @@ func nameOK(name string) bool {
 
 // Value is an opened secret.
 type Value struct {
+	ID      string
 	Name    string
 	Version int64
 	Bytes   []byte
@@ -280,7 +295,7 @@ type Value struct {
 func Open(ctx context.Context, q store.Querier, sealer Sealer, tenantID, ref string) (Value, error) {
 	name, ok := ParseRef(ref)
 	if !ok {
-		return Value{}, fmt.Errorf("secrets: %q is not a secret://<name> reference", ref)
+		return Value{}, fmt.Errorf("%w: %q", ErrBadRef, ref)
 	}
 	if tenantID == "" {
 		return Value{}, fmt.Errorf("secrets: %w: %s (only a tenant's own secrets are opened for workloads)", ErrNotFound, ref)
@@ -299,5 +314,36 @@ func Open(ctx context.Context, q store.Querier, sealer Sealer, tenantID, ref str
 	if err != nil {
 		return Value{}, fmt.Errorf("secrets: open %s: %w", ref, err)
 	}
-	return Value{Name: row.Name, Version: row.Version, Bytes: b}, nil
+	return Value{ID: row.ID, Name: row.Name, Version: row.Version, Bytes: b}, nil
+}
+
+// OpenForNode opens a secret for a node of tenantID that asked for it by
+// ref (AgentService.FetchSecret): only the tenant's own secret, and only
+// one the tenant marked node-readable. No such name, a secret not marked,
+// and a platform node's ask are all ErrNotFound, so a node cannot tell
+// what exists that it may not read. The gateway has already checked that
+// the node is the one asking.
+func OpenForNode(ctx context.Context, q store.Querier, sealer Sealer, tenantID, ref string) (Value, error) {
+	name, ok := ParseRef(ref)
+	if !ok {
+		return Value{}, fmt.Errorf("%w: %q", ErrBadRef, ref)
+	}
+	if tenantID == "" {
+		return Value{}, fmt.Errorf("%w: %s", ErrNotFound, ref)
+	}
+	row, err := Get(ctx, q, tenantID, name, "")
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !row.NodeReadable) {
+		return Value{}, fmt.Errorf("%w: %s", ErrNotFound, ref)
+	}
+	if err != nil {
+		return Value{}, err
+	}
+	if sealer == nil {
+		return Value{}, errors.New("secrets: no sealer to open values with")
+	}
+	b, err := sealer.Open(sealRef(row.ID), row.Value)
+	if err != nil {
+		return Value{}, fmt.Errorf("secrets: open %s: %w", ref, err)
+	}
+	return Value{ID: row.ID, Name: row.Name, Version: row.Version, Bytes: b}, nil
 }

@@ -35,15 +35,17 @@ type Secret struct {
 	Description string
 	CreateTime  time.Time
 	UpdateTime  time.Time
+	// NodeReadable lets the tenant's nodes fetch it (AgentService.FetchSecret).
+	NodeReadable bool
 }
 
-const columns = `id, tenant_id, name, version, value, size_bytes, description, create_time, update_time`
+const columns = `id, tenant_id, name, version, value, size_bytes, description, create_time, update_time, node_readable`
 
 type scanner interface{ Scan(...any) error }
 
 func scan(row scanner) (Secret, error) {
 	var s Secret
-	err := row.Scan(&s.ID, &s.TenantID, &s.Name, &s.Version, &s.Value, &s.SizeBytes, &s.Description, &s.CreateTime, &s.UpdateTime)
+	err := row.Scan(&s.ID, &s.TenantID, &s.Name, &s.Version, &s.Value, &s.SizeBytes, &s.Description, &s.CreateTime, &s.UpdateTime, &s.NodeReadable)
 	return s, err
 }
 
@@ -62,15 +64,15 @@ func Get(ctx context.Context, q store.Querier, tenantID, ref, lock string) (Secr
 
 // Insert creates a secret's row.
 func Insert(ctx context.Context, tx store.Tx, s *Secret) error {
-	_, err := tx.Exec(ctx, `INSERT INTO secrets (`+columns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		s.ID, s.TenantID, s.Name, s.Version, s.Value, s.SizeBytes, s.Description, s.CreateTime, s.UpdateTime)
+	_, err := tx.Exec(ctx, `INSERT INTO secrets (`+columns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		s.ID, s.TenantID, s.Name, s.Version, s.Value, s.SizeBytes, s.Description, s.CreateTime, s.UpdateTime, s.NodeReadable)
 	return err
 }
 
-// Update replaces a secret's value, version and description.
+// Update replaces a secret's value, version, description and node grant.
 func Update(ctx context.Context, tx store.Tx, s *Secret) error {
-	_, err := tx.Exec(ctx, `UPDATE secrets SET version = $2, value = $3, size_bytes = $4, description = $5, update_time = $6 WHERE id = $1`,
-		s.ID, s.Version, s.Value, s.SizeBytes, s.Description, s.UpdateTime)
+	_, err := tx.Exec(ctx, `UPDATE secrets SET version = $2, value = $3, size_bytes = $4, description = $5, update_time = $6, node_readable = $7 WHERE id = $1`,
+		s.ID, s.Version, s.Value, s.SizeBytes, s.Description, s.UpdateTime, s.NodeReadable)
 	return err
 }
 

@@ -251,6 +251,158 @@ func (EnforcementState) EnumDescriptor() ([]byte, []int) {
 	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
+// FetchSecretRequest asks for one secret. The signature covers
+// internal/nodesecret's canonical bytes: a context string, the trust
+// domain, the node id, the ref, the nonce, the time (RFC 3339 nano, UTC)
+// and the recipient key, each length-prefixed.
+type FetchSecretRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// secret://<name>
+	Ref string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// 16-64 fresh random bytes, never reused.
+	Nonce []byte                 `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// The X25519 public key (32 bytes) the answer is sealed to; its private
+	// half lives only in the requesting process, for this one request.
+	RecipientPublicKey []byte `protobuf:"bytes,4,opt,name=recipient_public_key,json=recipientPublicKey,proto3" json:"recipient_public_key,omitempty"`
+	// ECDSA (ASN.1) by the CURRENT certificate's key over SHA-256 of the
+	// canonical bytes.
+	Signature     []byte `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSecretRequest) Reset() {
+	*x = FetchSecretRequest{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSecretRequest) ProtoMessage() {}
+
+func (x *FetchSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSecretRequest.ProtoReflect.Descriptor instead.
+func (*FetchSecretRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *FetchSecretRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *FetchSecretRequest) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *FetchSecretRequest) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *FetchSecretRequest) GetRecipientPublicKey() []byte {
+	if x != nil {
+		return x.RecipientPublicKey
+	}
+	return nil
+}
+
+func (x *FetchSecretRequest) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// FetchSecretResponse is the value sealed with HPKE (RFC 9180, base mode:
+// DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM) to the request's
+// recipient key, its associated data binding the trust domain, node id,
+// ref, version and the request's nonce.
+type FetchSecretResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The secret's version the value is of.
+	Version int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The HPKE encapsulated key (the server's ephemeral X25519 public key).
+	EncapsulatedKey []byte `protobuf:"bytes,2,opt,name=encapsulated_key,json=encapsulatedKey,proto3" json:"encapsulated_key,omitempty"`
+	Ciphertext      []byte `protobuf:"bytes,3,opt,name=ciphertext,proto3" json:"ciphertext,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *FetchSecretResponse) Reset() {
+	*x = FetchSecretResponse{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSecretResponse) ProtoMessage() {}
+
+func (x *FetchSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSecretResponse.ProtoReflect.Descriptor instead.
+func (*FetchSecretResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FetchSecretResponse) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *FetchSecretResponse) GetEncapsulatedKey() []byte {
+	if x != nil {
+		return x.EncapsulatedKey
+	}
+	return nil
+}
+
+func (x *FetchSecretResponse) GetCiphertext() []byte {
+	if x != nil {
+		return x.Ciphertext
+	}
+	return nil
+}
+
 // FetchSiteImageRequest names the blob (64 lower-case hex digits) and
 // carries the capability the machine list gave for it.
 type FetchSiteImageRequest struct {
@@ -263,7 +415,7 @@ type FetchSiteImageRequest struct {
 
 func (x *FetchSiteImageRequest) Reset() {
 	*x = FetchSiteImageRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -275,7 +427,7 @@ func (x *FetchSiteImageRequest) String() string {
 func (*FetchSiteImageRequest) ProtoMessage() {}
 
 func (x *FetchSiteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -288,7 +440,7 @@ func (x *FetchSiteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSiteImageRequest.ProtoReflect.Descriptor instead.
 func (*FetchSiteImageRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *FetchSiteImageRequest) GetSha256() string {
@@ -316,7 +468,7 @@ type SiteImageChunk struct {
 
 func (x *SiteImageChunk) Reset() {
 	*x = SiteImageChunk{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +480,7 @@ func (x *SiteImageChunk) String() string {
 func (*SiteImageChunk) ProtoMessage() {}
 
 func (x *SiteImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +493,7 @@ func (x *SiteImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SiteImageChunk.ProtoReflect.Descriptor instead.
 func (*SiteImageChunk) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SiteImageChunk) GetData() []byte {
@@ -365,7 +517,7 @@ type TunnelRequest struct {
 
 func (x *TunnelRequest) Reset() {
 	*x = TunnelRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +529,7 @@ func (x *TunnelRequest) String() string {
 func (*TunnelRequest) ProtoMessage() {}
 
 func (x *TunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +542,7 @@ func (x *TunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRequest.ProtoReflect.Descriptor instead.
 func (*TunnelRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TunnelRequest) GetTunnelId() string {
@@ -424,7 +576,7 @@ type TunnelResponse struct {
 
 func (x *TunnelResponse) Reset() {
 	*x = TunnelResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +588,7 @@ func (x *TunnelResponse) String() string {
 func (*TunnelResponse) ProtoMessage() {}
 
 func (x *TunnelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +601,7 @@ func (x *TunnelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelResponse.ProtoReflect.Descriptor instead.
 func (*TunnelResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TunnelResponse) GetData() []byte {
@@ -478,7 +630,7 @@ type HardwareIdentity struct {
 
 func (x *HardwareIdentity) Reset() {
 	*x = HardwareIdentity{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +642,7 @@ func (x *HardwareIdentity) String() string {
 func (*HardwareIdentity) ProtoMessage() {}
 
 func (x *HardwareIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +655,7 @@ func (x *HardwareIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HardwareIdentity.ProtoReflect.Descriptor instead.
 func (*HardwareIdentity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HardwareIdentity) GetDmiProductUuid() string {
@@ -574,7 +726,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +738,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +751,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -659,7 +811,7 @@ type JoinChallengeRequest struct {
 
 func (x *JoinChallengeRequest) Reset() {
 	*x = JoinChallengeRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +823,7 @@ func (x *JoinChallengeRequest) String() string {
 func (*JoinChallengeRequest) ProtoMessage() {}
 
 func (x *JoinChallengeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +836,7 @@ func (x *JoinChallengeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinChallengeRequest.ProtoReflect.Descriptor instead.
 func (*JoinChallengeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JoinChallengeRequest) GetToken() string {
@@ -735,7 +887,7 @@ type TPMIdentity struct {
 
 func (x *TPMIdentity) Reset() {
 	*x = TPMIdentity{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +899,7 @@ func (x *TPMIdentity) String() string {
 func (*TPMIdentity) ProtoMessage() {}
 
 func (x *TPMIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +912,7 @@ func (x *TPMIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TPMIdentity.ProtoReflect.Descriptor instead.
 func (*TPMIdentity) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TPMIdentity) GetEkCertificateDer() []byte {
@@ -824,7 +976,7 @@ type JoinChallengeResponse struct {
 
 func (x *JoinChallengeResponse) Reset() {
 	*x = JoinChallengeResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +988,7 @@ func (x *JoinChallengeResponse) String() string {
 func (*JoinChallengeResponse) ProtoMessage() {}
 
 func (x *JoinChallengeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1001,7 @@ func (x *JoinChallengeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinChallengeResponse.ProtoReflect.Descriptor instead.
 func (*JoinChallengeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JoinChallengeResponse) GetRequiredAttestor() string {
@@ -911,7 +1063,7 @@ type Attestation struct {
 
 func (x *Attestation) Reset() {
 	*x = Attestation{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1075,7 @@ func (x *Attestation) String() string {
 func (*Attestation) ProtoMessage() {}
 
 func (x *Attestation) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1088,7 @@ func (x *Attestation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attestation.ProtoReflect.Descriptor instead.
 func (*Attestation) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Attestation) GetChallenge() []byte {
@@ -1019,7 +1171,7 @@ type TPMEvidence struct {
 
 func (x *TPMEvidence) Reset() {
 	*x = TPMEvidence{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1183,7 @@ func (x *TPMEvidence) String() string {
 func (*TPMEvidence) ProtoMessage() {}
 
 func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1196,7 @@ func (x *TPMEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TPMEvidence.ProtoReflect.Descriptor instead.
 func (*TPMEvidence) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TPMEvidence) GetActivatedSecret() []byte {
@@ -1089,7 +1241,7 @@ type X509Evidence struct {
 
 func (x *X509Evidence) Reset() {
 	*x = X509Evidence{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1253,7 @@ func (x *X509Evidence) String() string {
 func (*X509Evidence) ProtoMessage() {}
 
 func (x *X509Evidence) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1266,7 @@ func (x *X509Evidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use X509Evidence.ProtoReflect.Descriptor instead.
 func (*X509Evidence) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *X509Evidence) GetCertificateChain() [][]byte {
@@ -1145,7 +1297,7 @@ type CloudEvidence struct {
 
 func (x *CloudEvidence) Reset() {
 	*x = CloudEvidence{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1309,7 @@ func (x *CloudEvidence) String() string {
 func (*CloudEvidence) ProtoMessage() {}
 
 func (x *CloudEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1322,7 @@ func (x *CloudEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloudEvidence.ProtoReflect.Descriptor instead.
 func (*CloudEvidence) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CloudEvidence) GetDocument() []byte {
@@ -1212,7 +1364,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1376,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1389,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *JoinResponse) GetStatus() JoinStatus {
@@ -1325,7 +1477,7 @@ type CommandTrust struct {
 
 func (x *CommandTrust) Reset() {
 	*x = CommandTrust{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1489,7 @@ func (x *CommandTrust) String() string {
 func (*CommandTrust) ProtoMessage() {}
 
 func (x *CommandTrust) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1502,7 @@ func (x *CommandTrust) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandTrust.ProtoReflect.Descriptor instead.
 func (*CommandTrust) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CommandTrust) GetRootsPem() []byte {
@@ -1392,7 +1544,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1556,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1569,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -1463,7 +1615,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1627,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1640,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RenewResponse) GetCertificateChain() [][]byte {
@@ -1540,7 +1692,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1704,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1717,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AgentMessage) GetMsg() isAgentMessage_Msg {
@@ -1730,7 +1882,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1894,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1907,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GatewayMessage) GetMsg() isGatewayMessage_Msg {
@@ -1851,7 +2003,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +2015,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +2028,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Hello) GetAgentVersion() string {
@@ -1935,7 +2087,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2099,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2112,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -1982,7 +2134,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2146,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2159,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -2044,7 +2196,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2208,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2221,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -2109,7 +2261,7 @@ type GpuTelemetry struct {
 
 func (x *GpuTelemetry) Reset() {
 	*x = GpuTelemetry{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2273,7 @@ func (x *GpuTelemetry) String() string {
 func (*GpuTelemetry) ProtoMessage() {}
 
 func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2286,7 @@ func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuTelemetry.ProtoReflect.Descriptor instead.
 func (*GpuTelemetry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GpuTelemetry) GetUuid() string {
@@ -2219,7 +2371,7 @@ type Pressure struct {
 
 func (x *Pressure) Reset() {
 	*x = Pressure{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2383,7 @@ func (x *Pressure) String() string {
 func (*Pressure) ProtoMessage() {}
 
 func (x *Pressure) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2396,7 @@ func (x *Pressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pressure.ProtoReflect.Descriptor instead.
 func (*Pressure) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Pressure) GetCpu() float64 {
@@ -2282,7 +2434,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2446,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2459,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatusReport) GetPressure() *Pressure {
@@ -2353,7 +2505,7 @@ type HealthEvent struct {
 
 func (x *HealthEvent) Reset() {
 	*x = HealthEvent{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2517,7 @@ func (x *HealthEvent) String() string {
 func (*HealthEvent) ProtoMessage() {}
 
 func (x *HealthEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2530,7 @@ func (x *HealthEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthEvent.ProtoReflect.Descriptor instead.
 func (*HealthEvent) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HealthEvent) GetKind() string {
@@ -2436,7 +2588,7 @@ type InventorySection struct {
 
 func (x *InventorySection) Reset() {
 	*x = InventorySection{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2600,7 @@ func (x *InventorySection) String() string {
 func (*InventorySection) ProtoMessage() {}
 
 func (x *InventorySection) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2613,7 @@ func (x *InventorySection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventorySection.ProtoReflect.Descriptor instead.
 func (*InventorySection) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InventorySection) GetName() string {
@@ -2507,7 +2659,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2671,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2684,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 type SystemInventory struct {
@@ -2548,7 +2700,7 @@ type SystemInventory struct {
 
 func (x *SystemInventory) Reset() {
 	*x = SystemInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2712,7 @@ func (x *SystemInventory) String() string {
 func (*SystemInventory) ProtoMessage() {}
 
 func (x *SystemInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2725,7 @@ func (x *SystemInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemInventory.ProtoReflect.Descriptor instead.
 func (*SystemInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SystemInventory) GetIdentity() *HardwareIdentity {
@@ -2623,7 +2775,7 @@ type GpuInventory struct {
 
 func (x *GpuInventory) Reset() {
 	*x = GpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2787,7 @@ func (x *GpuInventory) String() string {
 func (*GpuInventory) ProtoMessage() {}
 
 func (x *GpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2800,7 @@ func (x *GpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuInventory.ProtoReflect.Descriptor instead.
 func (*GpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GpuInventory) GetGpus() []*Gpu {
@@ -2701,7 +2853,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2865,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2878,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Gpu) GetIndex() int32 {
@@ -2805,7 +2957,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +2969,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +2982,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -2872,7 +3024,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2884,7 +3036,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2897,7 +3049,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -2934,7 +3086,7 @@ type CpuInventory struct {
 
 func (x *CpuInventory) Reset() {
 	*x = CpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3098,7 @@ func (x *CpuInventory) String() string {
 func (*CpuInventory) ProtoMessage() {}
 
 func (x *CpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3111,7 @@ func (x *CpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CpuInventory.ProtoReflect.Descriptor instead.
 func (*CpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CpuInventory) GetModel() string {
@@ -3011,7 +3163,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3023,7 +3175,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3036,7 +3188,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -3085,7 +3237,7 @@ type MemoryInventory struct {
 
 func (x *MemoryInventory) Reset() {
 	*x = MemoryInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3097,7 +3249,7 @@ func (x *MemoryInventory) String() string {
 func (*MemoryInventory) ProtoMessage() {}
 
 func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3110,7 +3262,7 @@ func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryInventory.ProtoReflect.Descriptor instead.
 func (*MemoryInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MemoryInventory) GetTotalMib() uint64 {
@@ -3159,7 +3311,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3171,7 +3323,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3184,7 +3336,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Command) GetId() string {
@@ -3261,7 +3413,7 @@ type CommandSignature struct {
 
 func (x *CommandSignature) Reset() {
 	*x = CommandSignature{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3273,7 +3425,7 @@ func (x *CommandSignature) String() string {
 func (*CommandSignature) ProtoMessage() {}
 
 func (x *CommandSignature) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3286,7 +3438,7 @@ func (x *CommandSignature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandSignature.ProtoReflect.Descriptor instead.
 func (*CommandSignature) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CommandSignature) GetTrustVersion() int64 {
@@ -3327,7 +3479,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3491,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3504,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -3393,7 +3545,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3557,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3570,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -3502,7 +3654,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3514,7 +3666,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3527,7 +3679,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -3597,7 +3749,7 @@ type AllocationBound struct {
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3609,7 +3761,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3622,7 +3774,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -3673,7 +3825,7 @@ type Enforcement struct {
 
 func (x *Enforcement) Reset() {
 	*x = Enforcement{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3685,7 +3837,7 @@ func (x *Enforcement) String() string {
 func (*Enforcement) ProtoMessage() {}
 
 func (x *Enforcement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3698,7 +3850,7 @@ func (x *Enforcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
 func (*Enforcement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Enforcement) GetResource() string {
@@ -3737,7 +3889,7 @@ type AllocationReleased struct {
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3901,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3914,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -3811,7 +3963,7 @@ type ProcessExec struct {
 
 func (x *ProcessExec) Reset() {
 	*x = ProcessExec{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3823,7 +3975,7 @@ func (x *ProcessExec) String() string {
 func (*ProcessExec) ProtoMessage() {}
 
 func (x *ProcessExec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3836,7 +3988,7 @@ func (x *ProcessExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
 func (*ProcessExec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ProcessExec) GetAllocationId() string {
@@ -3884,7 +4036,7 @@ type ProcessOutput struct {
 
 func (x *ProcessOutput) Reset() {
 	*x = ProcessOutput{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4048,7 @@ func (x *ProcessOutput) String() string {
 func (*ProcessOutput) ProtoMessage() {}
 
 func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4061,7 @@ func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
 func (*ProcessOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ProcessOutput) GetCommandId() string {
@@ -3951,7 +4103,19 @@ var File_bettercompute_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"E\n" +
+	"\"bettercompute/agent/v1/agent.proto\x12\x16bettercompute.agent.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n" +
+	"\x12FetchSecretRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x14\n" +
+	"\x05nonce\x18\x02 \x01(\fR\x05nonce\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x120\n" +
+	"\x14recipient_public_key\x18\x04 \x01(\fR\x12recipientPublicKey\x12\x1c\n" +
+	"\tsignature\x18\x05 \x01(\fR\tsignature\"z\n" +
+	"\x13FetchSecretResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12)\n" +
+	"\x10encapsulated_key\x18\x02 \x01(\fR\x0fencapsulatedKey\x12\x1e\n" +
+	"\n" +
+	"ciphertext\x18\x03 \x01(\fR\n" +
+	"ciphertext\"E\n" +
 	"\x15FetchSiteImageRequest\x12\x16\n" +
 	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\"$\n" +
@@ -4269,14 +4433,15 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x19ENFORCEMENT_STATE_APPLIED\x10\x01\x12!\n" +
 	"\x1dENFORCEMENT_STATE_NOT_APPLIED\x10\x02\x12\x1f\n" +
 	"\x1bENFORCEMENT_STATE_SIMULATED\x10\x03\x12#\n" +
-	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\xca\x04\n" +
+	"\x1fENFORCEMENT_STATE_NOT_REQUESTED\x10\x042\xb2\x05\n" +
 	"\fAgentService\x12Q\n" +
 	"\x04Join\x12#.bettercompute.agent.v1.JoinRequest\x1a$.bettercompute.agent.v1.JoinResponse\x12l\n" +
 	"\rJoinChallenge\x12,.bettercompute.agent.v1.JoinChallengeRequest\x1a-.bettercompute.agent.v1.JoinChallengeResponse\x12T\n" +
 	"\x05Renew\x12$.bettercompute.agent.v1.RenewRequest\x1a%.bettercompute.agent.v1.RenewResponse\x12[\n" +
 	"\aSession\x12$.bettercompute.agent.v1.AgentMessage\x1a&.bettercompute.agent.v1.GatewayMessage(\x010\x01\x12[\n" +
 	"\x06Tunnel\x12%.bettercompute.agent.v1.TunnelRequest\x1a&.bettercompute.agent.v1.TunnelResponse(\x010\x01\x12i\n" +
-	"\x0eFetchSiteImage\x12-.bettercompute.agent.v1.FetchSiteImageRequest\x1a&.bettercompute.agent.v1.SiteImageChunk0\x01BMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
+	"\x0eFetchSiteImage\x12-.bettercompute.agent.v1.FetchSiteImageRequest\x1a&.bettercompute.agent.v1.SiteImageChunk0\x01\x12f\n" +
+	"\vFetchSecret\x12*.bettercompute.agent.v1.FetchSecretRequest\x1a+.bettercompute.agent.v1.FetchSecretResponseBMZKgithub.com/better-compute/better-compute/gen/bettercompute/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_bettercompute_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -4291,128 +4456,133 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
 	(CommandState)(0),             // 2: bettercompute.agent.v1.CommandState
 	(EnforcementState)(0),         // 3: bettercompute.agent.v1.EnforcementState
-	(*FetchSiteImageRequest)(nil), // 4: bettercompute.agent.v1.FetchSiteImageRequest
-	(*SiteImageChunk)(nil),        // 5: bettercompute.agent.v1.SiteImageChunk
-	(*TunnelRequest)(nil),         // 6: bettercompute.agent.v1.TunnelRequest
-	(*TunnelResponse)(nil),        // 7: bettercompute.agent.v1.TunnelResponse
-	(*HardwareIdentity)(nil),      // 8: bettercompute.agent.v1.HardwareIdentity
-	(*JoinRequest)(nil),           // 9: bettercompute.agent.v1.JoinRequest
-	(*JoinChallengeRequest)(nil),  // 10: bettercompute.agent.v1.JoinChallengeRequest
-	(*TPMIdentity)(nil),           // 11: bettercompute.agent.v1.TPMIdentity
-	(*JoinChallengeResponse)(nil), // 12: bettercompute.agent.v1.JoinChallengeResponse
-	(*Attestation)(nil),           // 13: bettercompute.agent.v1.Attestation
-	(*TPMEvidence)(nil),           // 14: bettercompute.agent.v1.TPMEvidence
-	(*X509Evidence)(nil),          // 15: bettercompute.agent.v1.X509Evidence
-	(*CloudEvidence)(nil),         // 16: bettercompute.agent.v1.CloudEvidence
-	(*JoinResponse)(nil),          // 17: bettercompute.agent.v1.JoinResponse
-	(*CommandTrust)(nil),          // 18: bettercompute.agent.v1.CommandTrust
-	(*RenewRequest)(nil),          // 19: bettercompute.agent.v1.RenewRequest
-	(*RenewResponse)(nil),         // 20: bettercompute.agent.v1.RenewResponse
-	(*AgentMessage)(nil),          // 21: bettercompute.agent.v1.AgentMessage
-	(*GatewayMessage)(nil),        // 22: bettercompute.agent.v1.GatewayMessage
-	(*Hello)(nil),                 // 23: bettercompute.agent.v1.Hello
-	(*Goodbye)(nil),               // 24: bettercompute.agent.v1.Goodbye
-	(*HelloAck)(nil),              // 25: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 26: bettercompute.agent.v1.Heartbeat
-	(*GpuTelemetry)(nil),          // 27: bettercompute.agent.v1.GpuTelemetry
-	(*Pressure)(nil),              // 28: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 29: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 30: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 31: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 32: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 33: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 34: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 35: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 36: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 37: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 38: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 39: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 40: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 41: bettercompute.agent.v1.Command
-	(*CommandSignature)(nil),      // 42: bettercompute.agent.v1.CommandSignature
-	(*CancelCommand)(nil),         // 43: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 44: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 45: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 46: bettercompute.agent.v1.AllocationBound
-	(*Enforcement)(nil),           // 47: bettercompute.agent.v1.Enforcement
-	(*AllocationReleased)(nil),    // 48: bettercompute.agent.v1.AllocationReleased
-	(*ProcessExec)(nil),           // 49: bettercompute.agent.v1.ProcessExec
-	(*ProcessOutput)(nil),         // 50: bettercompute.agent.v1.ProcessOutput
-	nil,                           // 51: bettercompute.agent.v1.TPMEvidence.PcrsEntry
-	(*timestamppb.Timestamp)(nil), // 52: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 53: google.protobuf.Struct
+	(*FetchSecretRequest)(nil),    // 4: bettercompute.agent.v1.FetchSecretRequest
+	(*FetchSecretResponse)(nil),   // 5: bettercompute.agent.v1.FetchSecretResponse
+	(*FetchSiteImageRequest)(nil), // 6: bettercompute.agent.v1.FetchSiteImageRequest
+	(*SiteImageChunk)(nil),        // 7: bettercompute.agent.v1.SiteImageChunk
+	(*TunnelRequest)(nil),         // 8: bettercompute.agent.v1.TunnelRequest
+	(*TunnelResponse)(nil),        // 9: bettercompute.agent.v1.TunnelResponse
+	(*HardwareIdentity)(nil),      // 10: bettercompute.agent.v1.HardwareIdentity
+	(*JoinRequest)(nil),           // 11: bettercompute.agent.v1.JoinRequest
+	(*JoinChallengeRequest)(nil),  // 12: bettercompute.agent.v1.JoinChallengeRequest
+	(*TPMIdentity)(nil),           // 13: bettercompute.agent.v1.TPMIdentity
+	(*JoinChallengeResponse)(nil), // 14: bettercompute.agent.v1.JoinChallengeResponse
+	(*Attestation)(nil),           // 15: bettercompute.agent.v1.Attestation
+	(*TPMEvidence)(nil),           // 16: bettercompute.agent.v1.TPMEvidence
+	(*X509Evidence)(nil),          // 17: bettercompute.agent.v1.X509Evidence
+	(*CloudEvidence)(nil),         // 18: bettercompute.agent.v1.CloudEvidence
+	(*JoinResponse)(nil),          // 19: bettercompute.agent.v1.JoinResponse
+	(*CommandTrust)(nil),          // 20: bettercompute.agent.v1.CommandTrust
+	(*RenewRequest)(nil),          // 21: bettercompute.agent.v1.RenewRequest
+	(*RenewResponse)(nil),         // 22: bettercompute.agent.v1.RenewResponse
+	(*AgentMessage)(nil),          // 23: bettercompute.agent.v1.AgentMessage
+	(*GatewayMessage)(nil),        // 24: bettercompute.agent.v1.GatewayMessage
+	(*Hello)(nil),                 // 25: bettercompute.agent.v1.Hello
+	(*Goodbye)(nil),               // 26: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 27: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 28: bettercompute.agent.v1.Heartbeat
+	(*GpuTelemetry)(nil),          // 29: bettercompute.agent.v1.GpuTelemetry
+	(*Pressure)(nil),              // 30: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 31: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 32: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 33: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 34: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 35: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 36: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 37: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 38: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 39: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 40: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 41: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 42: bettercompute.agent.v1.MemoryInventory
+	(*Command)(nil),               // 43: bettercompute.agent.v1.Command
+	(*CommandSignature)(nil),      // 44: bettercompute.agent.v1.CommandSignature
+	(*CancelCommand)(nil),         // 45: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 46: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 47: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 48: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 49: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 50: bettercompute.agent.v1.AllocationReleased
+	(*ProcessExec)(nil),           // 51: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 52: bettercompute.agent.v1.ProcessOutput
+	nil,                           // 53: bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 55: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	8,  // 0: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	0,  // 1: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
-	13, // 2: bettercompute.agent.v1.JoinRequest.attestation:type_name -> bettercompute.agent.v1.Attestation
-	11, // 3: bettercompute.agent.v1.JoinChallengeRequest.tpm:type_name -> bettercompute.agent.v1.TPMIdentity
-	52, // 4: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
-	14, // 5: bettercompute.agent.v1.Attestation.tpm:type_name -> bettercompute.agent.v1.TPMEvidence
-	15, // 6: bettercompute.agent.v1.Attestation.x509:type_name -> bettercompute.agent.v1.X509Evidence
-	16, // 7: bettercompute.agent.v1.Attestation.cloud:type_name -> bettercompute.agent.v1.CloudEvidence
-	51, // 8: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
-	1,  // 9: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	52, // 10: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	18, // 11: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	52, // 12: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	52, // 13: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	18, // 14: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	23, // 15: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	26, // 16: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	29, // 17: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	31, // 18: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	44, // 19: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	46, // 20: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	48, // 21: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	24, // 22: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	50, // 23: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
-	25, // 24: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	41, // 25: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	43, // 26: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	32, // 27: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 28: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	52, // 29: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	52, // 30: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	27, // 31: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
-	28, // 32: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	30, // 33: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	52, // 34: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	8,  // 35: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	35, // 36: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	37, // 37: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	36, // 38: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	39, // 39: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	53, // 40: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	52, // 41: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	42, // 42: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
-	2,  // 43: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	53, // 44: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	47, // 45: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 46: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	9,  // 47: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	10, // 48: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
-	19, // 49: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	21, // 50: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	6,  // 51: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
-	4,  // 52: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
-	17, // 53: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	12, // 54: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
-	20, // 55: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	22, // 56: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	7,  // 57: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
-	5,  // 58: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
-	53, // [53:59] is the sub-list for method output_type
-	47, // [47:53] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	54, // 0: bettercompute.agent.v1.FetchSecretRequest.time:type_name -> google.protobuf.Timestamp
+	10, // 1: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	0,  // 2: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
+	15, // 3: bettercompute.agent.v1.JoinRequest.attestation:type_name -> bettercompute.agent.v1.Attestation
+	13, // 4: bettercompute.agent.v1.JoinChallengeRequest.tpm:type_name -> bettercompute.agent.v1.TPMIdentity
+	54, // 5: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
+	16, // 6: bettercompute.agent.v1.Attestation.tpm:type_name -> bettercompute.agent.v1.TPMEvidence
+	17, // 7: bettercompute.agent.v1.Attestation.x509:type_name -> bettercompute.agent.v1.X509Evidence
+	18, // 8: bettercompute.agent.v1.Attestation.cloud:type_name -> bettercompute.agent.v1.CloudEvidence
+	53, // 9: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	1,  // 10: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
+	54, // 11: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	20, // 12: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	54, // 13: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	54, // 14: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	20, // 15: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	25, // 16: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	28, // 17: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	31, // 18: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	33, // 19: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	46, // 20: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	48, // 21: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	50, // 22: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	26, // 23: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	52, // 24: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	27, // 25: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	43, // 26: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	45, // 27: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	34, // 28: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	0,  // 29: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
+	54, // 30: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	54, // 31: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	29, // 32: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
+	30, // 33: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	32, // 34: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	54, // 35: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	10, // 36: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	37, // 37: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	39, // 38: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	38, // 39: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	41, // 40: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	55, // 41: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	54, // 42: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	44, // 43: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
+	2,  // 44: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	55, // 45: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	49, // 46: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 47: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	11, // 48: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	12, // 49: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
+	21, // 50: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	23, // 51: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	8,  // 52: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	6,  // 53: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
+	4,  // 54: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
+	19, // 55: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	14, // 56: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
+	22, // 57: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	24, // 58: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	9,  // 59: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	7,  // 60: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
+	5,  // 61: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
+	55, // [55:62] is the sub-list for method output_type
+	48, // [48:55] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -4420,12 +4590,12 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 	if File_bettercompute_agent_v1_agent_proto != nil {
 		return
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*Attestation_Tpm)(nil),
 		(*Attestation_X509)(nil),
 		(*Attestation_Cloud)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Status)(nil),
@@ -4436,21 +4606,21 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*AgentMessage_Goodbye)(nil),
 		(*AgentMessage_ProcessOutput)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[18].OneofWrappers = []any{
+	file_bettercompute_agent_v1_agent_proto_msgTypes[20].OneofWrappers = []any{
 		(*GatewayMessage_HelloAck)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[23].OneofWrappers = []any{}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[31].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

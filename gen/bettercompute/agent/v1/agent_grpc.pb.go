@@ -25,6 +25,7 @@ const (
 	AgentService_Session_FullMethodName        = "/bettercompute.agent.v1.AgentService/Session"
 	AgentService_Tunnel_FullMethodName         = "/bettercompute.agent.v1.AgentService/Tunnel"
 	AgentService_FetchSiteImage_FullMethodName = "/bettercompute.agent.v1.AgentService/FetchSiteImage"
+	AgentService_FetchSecret_FullMethodName    = "/bettercompute.agent.v1.AgentService/FetchSecret"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -64,6 +65,12 @@ type AgentServiceClient interface {
 	// comes in the site's machine list, opens for that digest and that node
 	// only, and serves one complete transfer: a second use is refused.
 	FetchSiteImage(ctx context.Context, in *FetchSiteImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SiteImageChunk], error)
+	// FetchSecret answers a secret of the node's tenant that the tenant
+	// marked node-readable (docs/secrets.md), sealed to a key the request
+	// names. The request is signed by the key of the presented certificate
+	// and used once. An unknown secret, one not marked node-readable and
+	// another tenant's are one and the same NOT_FOUND.
+	FetchSecret(ctx context.Context, in *FetchSecretRequest, opts ...grpc.CallOption) (*FetchSecretResponse, error)
 }
 
 type agentServiceClient struct {
@@ -149,6 +156,16 @@ func (c *agentServiceClient) FetchSiteImage(ctx context.Context, in *FetchSiteIm
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_FetchSiteImageClient = grpc.ServerStreamingClient[SiteImageChunk]
 
+func (c *agentServiceClient) FetchSecret(ctx context.Context, in *FetchSecretRequest, opts ...grpc.CallOption) (*FetchSecretResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchSecretResponse)
+	err := c.cc.Invoke(ctx, AgentService_FetchSecret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -186,6 +203,12 @@ type AgentServiceServer interface {
 	// comes in the site's machine list, opens for that digest and that node
 	// only, and serves one complete transfer: a second use is refused.
 	FetchSiteImage(*FetchSiteImageRequest, grpc.ServerStreamingServer[SiteImageChunk]) error
+	// FetchSecret answers a secret of the node's tenant that the tenant
+	// marked node-readable (docs/secrets.md), sealed to a key the request
+	// names. The request is signed by the key of the presented certificate
+	// and used once. An unknown secret, one not marked node-readable and
+	// another tenant's are one and the same NOT_FOUND.
+	FetchSecret(context.Context, *FetchSecretRequest) (*FetchSecretResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -213,6 +236,9 @@ func (UnimplementedAgentServiceServer) Tunnel(grpc.BidiStreamingServer[TunnelReq
 }
 func (UnimplementedAgentServiceServer) FetchSiteImage(*FetchSiteImageRequest, grpc.ServerStreamingServer[SiteImageChunk]) error {
 	return status.Error(codes.Unimplemented, "method FetchSiteImage not implemented")
+}
+func (UnimplementedAgentServiceServer) FetchSecret(context.Context, *FetchSecretRequest) (*FetchSecretResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FetchSecret not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -314,6 +340,24 @@ func _AgentService_FetchSiteImage_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_FetchSiteImageServer = grpc.ServerStreamingServer[SiteImageChunk]
 
+func _AgentService_FetchSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchSecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).FetchSecret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_FetchSecret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).FetchSecret(ctx, req.(*FetchSecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -332,6 +376,10 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Renew",
 			Handler:    _AgentService_Renew_Handler,
+		},
+		{
+			MethodName: "FetchSecret",
+			Handler:    _AgentService_FetchSecret_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

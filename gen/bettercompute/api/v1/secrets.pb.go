@@ -36,10 +36,13 @@ type Secret struct {
 	Version   int64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
 	SizeBytes int64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// How templates and user data name it: secret://<name>.
-	Ref           string                 `protobuf:"bytes,6,opt,name=ref,proto3" json:"ref,omitempty"`
-	Description   string                 `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	Ref         string                 `protobuf:"bytes,6,opt,name=ref,proto3" json:"ref,omitempty"`
+	Description string                 `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Whether nodes of the tenant may fetch it with bcd (AgentService
+	// FetchSecret); never for a platform secret.
+	NodeReadable  bool `protobuf:"varint,10,opt,name=node_readable,json=nodeReadable,proto3" json:"node_readable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -137,13 +140,24 @@ func (x *Secret) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Secret) GetNodeReadable() bool {
+	if x != nil {
+		return x.NodeReadable
+	}
+	return false
+}
+
 type PutSecretRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// At most 64 KiB.
-	Value         []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
-	Description   string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	Value       []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Description string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	// Lets the tenant's nodes fetch the secret (bcd secret get). Unset keeps
+	// what the secret had (false for a new one); a platform secret refuses
+	// true.
+	NodeReadable  *bool `protobuf:"varint,5,opt,name=node_readable,json=nodeReadable,proto3,oneof" json:"node_readable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,6 +218,13 @@ func (x *PutSecretRequest) GetDescription() string {
 		return x.Description
 	}
 	return ""
+}
+
+func (x *PutSecretRequest) GetNodeReadable() bool {
+	if x != nil && x.NodeReadable != nil {
+		return *x.NodeReadable
+	}
+	return false
 }
 
 type PutSecretResponse struct {
@@ -551,7 +572,7 @@ var File_bettercompute_api_v1_secrets_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_secrets_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/api/v1/secrets.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x02\n" +
+	"\"bettercompute/api/v1/secrets.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x02\n" +
 	"\x06Secret\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -564,12 +585,16 @@ const file_bettercompute_api_v1_secrets_proto_rawDesc = "" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"v\n" +
+	"updateTime\x12#\n" +
+	"\rnode_readable\x18\n" +
+	" \x01(\bR\fnodeReadable\"\xb2\x01\n" +
 	"\x10PutSecretRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12 \n" +
-	"\vdescription\x18\x04 \x01(\tR\vdescription\"I\n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\x12(\n" +
+	"\rnode_readable\x18\x05 \x01(\bH\x00R\fnodeReadable\x88\x01\x01B\x10\n" +
+	"\x0e_node_readable\"I\n" +
 	"\x11PutSecretResponse\x124\n" +
 	"\x06secret\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.SecretR\x06secret\"B\n" +
 	"\x10GetSecretRequest\x12\x16\n" +
@@ -646,6 +671,7 @@ func file_bettercompute_api_v1_secrets_proto_init() {
 	if File_bettercompute_api_v1_secrets_proto != nil {
 		return
 	}
+	file_bettercompute_api_v1_secrets_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
