@@ -62,6 +62,16 @@ func TestRootRotationKeepsSessions(t *testing.T) {
 			require.Zero(t, metricValue(t, d, "bcd_session_reconnects_total", nil), "%s: %s never reconnected", what, d.NodeID())
 		}
 	}
+	// A node is ready once the gateway took its Hello; the agent counts
+	// itself connected when the answer arrives.
+	eventually(t, "every agent connected", func() bool {
+		for _, d := range sim.Daemons {
+			if !d.Connected() {
+				return false
+			}
+		}
+		return true
+	})
 	sessionsKept("before")
 
 	a := cp.App.PKI
