@@ -308,10 +308,10 @@ type Runtime struct {
 	// to (SetNodeRoots).
 	nodeRoots func() *x509.CertPool
 	db        *store.DB
-	rec        envelope.Recorder
-	sealer     Sealer
-	clock      clock.Clock
-	log        *slog.Logger
+	rec       envelope.Recorder
+	sealer    Sealer
+	clock     clock.Clock
+	log       *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.

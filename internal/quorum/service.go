@@ -79,7 +79,6 @@ func machineSubject(s string) (siteID, machineID string, ok bool) {
 	return parts[1], parts[3], true
 }
 
-
 func errNotWired(what string) error {
 	return &envelope.Error{Code: envelope.CodeInternal, Message: "internal error", Err: errors.New("quorum: no " + what + " wired")}
 }
