@@ -129,3 +129,36 @@ func TestSiteAgentRotationFails(t *testing.T) {
 	_, err = f.admin.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: "m1", Action: "on"}))
 	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
 }
+
+// TestRotationNeedsTheAgentsSignature: a success that does not come as the
+// site agent's signed final update — here a result handed to the engine
+// directly, as a replica or a database writer could — is not taken: the
+// old password stays current and the machine goes into maintenance.
+func TestRotationNeedsTheAgentsSignature(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	sim := f.ipmiMachine(t, "m1", "52:54:00:00:05:01", "Enrolled-pw-0003")
+	sa := startSiteAgent(t, f.cp, t.TempDir(), f.siteToken(t, "dc1"))
+	bctest.WaitFor(t, "the machine list to reach the site agent", func() bool { return len(sa.site.Machines()) == 1 })
+	// The agent goes away while its lease is still live: the command is
+	// queued for it and never applied.
+	sa.stop()
+
+	res, err := f.admin.Machines.RotateBMCPassword(context.Background(), connect.NewRequest(&apiv1.RotateBMCPasswordRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	started := res.Msg.GetMachine()
+	var key string
+	bctest.WaitFor(t, "the rotation to be dispatched", func() bool {
+		key = step(f.workflow(t, "m1"), "rotate-bmc").IdempotencyKey
+		return step(f.workflow(t, "m1"), "rotate-bmc").Dispatched
+	})
+	require.NoError(t, f.cp.App.Metal.Complete(context.Background(), key, provision.Result{Output: map[string]any{
+		"login_verified": true, "pending_ref": started.GetBmcPendingCredentialRef()}}))
+	bctest.WaitFor(t, "the rotation to end", func() bool { return f.getMachine(t, "m1").GetWorkflowId() == "" })
+
+	m := f.getMachine(t, "m1")
+	require.Equal(t, started.GetBmcCredentialRef(), m.GetBmcCredentialRef(), "the old password stays current")
+	require.Empty(t, m.GetBmcPendingCredentialRef())
+	require.Contains(t, m.GetMaintenanceReason(), "no node-signed success report")
+	require.NoError(t, sim.Login("admin", "Enrolled-pw-0003"), "the BMC was never touched")
+}
