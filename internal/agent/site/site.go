@@ -689,7 +689,7 @@ func (a *Agent) rotateBMC(ctx context.Context, p rotateParams) (map[string]any, 
 			return nil, fmt.Errorf("the BMC accepted the new password but it does not log in (%v); the old one still logs in, "+
 				"but setting it back failed (%v)", lerr, rerr)
 		}
-		return nil, fmt.Errorf("the BMC accepted the new password but it does not log in (%v); the old one still logs in and was set back", lerr)
+		return nil, fmt.Errorf("the BMC accepted the new password but it does not log in (%w); the old one still logs in and was set back", lerr)
 	}
 	a.log.Info("bmc password rotated", "machine", p.MachineID, "credential_ref", p.PendingRef)
 	return map[string]any{"login_verified": true, "pending_ref": p.PendingRef, "machine_id": p.MachineID}, nil
