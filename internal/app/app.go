@@ -9,6 +9,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -464,6 +465,15 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Metal.AddWorkers(workers)
 	a.Metal.Sites.SetNotifier(a.Gateway)
 	a.Metal.Sites.SetSigner(a.cmdSigner)
+	// A BMC rotation's new password becomes current only on a report
+	// signed by a site agent's node key that chains to the node CA (the
+	// PKI is loaded after the metal runtime is built).
+	a.Metal.SetNodeRoots(func() *x509.CertPool {
+		if a.PKI == nil {
+			return nil
+		}
+		return a.PKI.NodeCAPool()
+	})
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
 	periodic = append(periodic, a.addSandboxJobs(workers, jm)...)

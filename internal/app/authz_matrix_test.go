@@ -125,6 +125,9 @@ var matrixExpect = map[string]map[string]string{
 	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// A rotation is a bmc.rotate leaf once acme has approvers: an admin
+	// passes authorization and is sent to a command batch.
+	"machines.rotateBMC": {"platform-admin": "QUORUM_REQUIRED", "admin": "QUORUM_REQUIRED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Instances: admins manage flavors and IP pools.
 	"flavors.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"flavors.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -532,6 +535,11 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	"machines.power": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		m := f.matrixMachine(t, metal.StateReady)
 		_, err := c.Machines.Power(context.Background(), connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "on"}))
+		return err
+	},
+	"machines.rotateBMC": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixMachine(t, metal.StateReady)
+		_, err := c.Machines.RotateBMCPassword(context.Background(), connect.NewRequest(&apiv1.RotateBMCPasswordRequest{Tenant: "acme", Machine: m}))
 		return err
 	},
 	"machines.abort": func(t *testing.T, f *matrixFixture, c *client.Client) error {

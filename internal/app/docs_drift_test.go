@@ -130,6 +130,10 @@ func TestDocsIAMRoleTable(t *testing.T) {
 			mark := got[i]
 			var says string
 			switch {
+			case strings.HasPrefix(mark, "✓ quorum"):
+				// Authorized, then sent to a command batch: the matrix's
+				// tenant has approvers.
+				says = "QUORUM_REQUIRED"
 			case strings.HasPrefix(mark, "✓ if"):
 				continue // conditional on the principal's kind: TestAuthzMatrix covers it
 			case strings.HasPrefix(mark, "✓"):

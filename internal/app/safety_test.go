@@ -2272,6 +2272,16 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.MachineServiceRotateBMCPasswordProcedure: {
+			func() error {
+				_, err := evil.Machines.RotateBMCPassword(ctx, connect.NewRequest(&apiv1.RotateBMCPasswordRequest{Tenant: "acme", Machine: "m1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.RotateBMCPassword(ctx, connect.NewRequest(&apiv1.RotateBMCPasswordRequest{Tenant: "other", Machine: machineID}))
+				return err
+			},
+		},
 		apiv1connect.MachineServiceGetPowerStatusProcedure: {
 			func() error {
 				_, err := evil.Machines.GetPowerStatus(ctx, connect.NewRequest(&apiv1.GetMachinePowerStatusRequest{Tenant: "acme", Machine: "m1"}))

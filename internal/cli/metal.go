@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 )
 
@@ -439,7 +440,53 @@ power action leaves the machine in the state it was in.`,
 	addTenantFlag(abort, &tenant)
 	addConfirmationFlag(abort, &confirmationID)
 
-	cmd.AddCommand(enroll, list, get, inspect, commission, deploy, release, retire, rescue, power, abort)
+	var wait bool
+	rotate := &cobra.Command{
+		Use:   "rotate-bmc MACHINE [--wait]",
+		Short: "Replace a machine's BMC password with a generated one, current only once the site agent signed that it logs in",
+		Long: `rotate-bmc has the control plane generate a new BMC password and seal it as the
+machine's pending credential; the site agent sets it on the BMC and logs in with
+it, and only its signed success makes it current. The password is never shown.
+On any failure the old password stays current and the machine goes into
+maintenance with the reason (machines get shows it); a later successful
+rotate-bmc ends maintenance. With --wait it waits for the rotation to end and
+fails when it did not succeed.`,
+		Args: positional("MACHINE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			// Not retried: a second call while the first one's rotation
+			// runs is refused as busy, and after it would be a new one.
+			resp, err := c.Machines.RotateBMCPassword(cmd.Context(), request(&apiv1.RotateBMCPasswordRequest{Tenant: t, Machine: argv[0]},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			machine := resp.Msg.GetMachine()
+			if !wait {
+				return a.printMachine(cmd, resp.Msg, machine)
+			}
+			pending := machine.GetBmcPendingCredentialRef()
+			if machine, err = a.waitMachineIdle(cmd.Context(), c, t, machine); err != nil {
+				return err
+			}
+			if err := a.printMachine(cmd, &apiv1.GetMachineResponse{Machine: machine}, machine); err != nil {
+				return err
+			}
+			if machine.GetBmcCredentialRef() != pending {
+				return connect.NewError(connect.CodeAborted, fmt.Errorf("BMC password rotation of %s failed; the old password stays current and the machine is in maintenance: %s",
+					argv[0], machine.GetMaintenanceReason()))
+			}
+			return nil
+		},
+	}
+	addTenantFlag(rotate, &tenant)
+	addConfirmationFlag(rotate, &confirmationID)
+	rotate.Flags().BoolVar(&wait, "wait", false, "wait until the rotation ends; fail unless it succeeded")
+
+	cmd.AddCommand(enroll, list, get, inspect, commission, deploy, release, retire, rescue, power, abort, rotate)
 	return cmd
 }
 
@@ -551,9 +598,34 @@ func machineTable(w io.Writer, items ...*apiv1.Machine) {
 	}
 }
 
+// waitMachineIdle polls a machine until its workflow ended.
+func (a *app) waitMachineIdle(ctx context.Context, c *client.Client, tenant string, m *apiv1.Machine) (*apiv1.Machine, error) {
+	// Five backoffs: one second by default, a few milliseconds in tests.
+	poll := 5 * a.retryBackoff
+	for m.GetWorkflowId() != "" {
+		select {
+		case <-ctx.Done():
+			return nil, connect.NewError(connect.CodeCanceled, fmt.Errorf("stopped waiting for machine %s's workflow %s", m.GetName(), m.GetWorkflowId()))
+		case <-time.After(poll):
+		}
+		resp, err := c.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: tenant, Machine: m.GetId()}))
+		if err != nil {
+			return nil, err
+		}
+		m = resp.Msg.GetMachine()
+	}
+	return m, nil
+}
+
 func (a *app) printMachine(cmd *cobra.Command, msg proto.Message, m *apiv1.Machine) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
 		machineTable(w, m)
+		if ref := m.GetBmcPendingCredentialRef(); ref != "" {
+			fmt.Fprintf(w, "\nBMC password rotation: %s pending (current %s)\n", ref, m.GetBmcCredentialRef())
+		}
+		if reason := m.GetMaintenanceReason(); reason != "" {
+			fmt.Fprintf(w, "\nin maintenance since %s: %s\n", ts(m.GetMaintenanceTime()), reason)
+		}
 		if m.GetState() == "failed" {
 			fmt.Fprintf(w, "\nfailed: %s, step %s: %s\n", m.GetFailedOperation(), m.GetFailedStep(), m.GetFailureReason())
 			if logs := m.GetFailureLogs(); logs != "" {

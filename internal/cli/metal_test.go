@@ -159,3 +159,78 @@ func TestMachineOperateCommands(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "INVALID_ARGUMENT")
 }
+
+// TestMachineRotateBMCCommand drives rotate-bmc: a BMC whose driver sets
+// no passwords is refused with the reason; a rotation shows its pending
+// credential, and one that does not succeed (the site's agent does not
+// know the BMC here) fails --wait,
+// leaves the old credential current and the machine in maintenance, which
+// refuses other operations and says so.
+func TestMachineRotateBMCCommand(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	dir := t.TempDir()
+	env := map[string]string{envConfig: filepath.Join(dir, "config.yaml"), envServer: cp.URL, envToken: cp.AdminKey, "HOME": dir}
+	cli := func(argv ...string) (int, string, string) {
+		a := newApp("test", func(k string) (string, bool) { v, ok := env[k]; return v, ok && v != "" })
+		a.retryBackoff = time.Millisecond
+		var out, errb bytes.Buffer
+		code := run(t.Context(), a, argv, strings.NewReader(""), &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	ok := func(argv ...string) string {
+		t.Helper()
+		code, out, errs := cli(argv...)
+		require.Equal(t, 0, code, "%v: %s", argv, errs)
+		return out
+	}
+	type machine struct {
+		Machine struct {
+			WorkflowId, BmcCredentialRef, BmcPendingCredentialRef, MaintenanceReason string
+		}
+	}
+	get := func() machine {
+		var m machine
+		require.NoError(t, json.Unmarshal([]byte(ok("machines", "get", "m2", "--tenant", "acme", "-o", "json")), &m))
+		return m
+	}
+	ok("tenants", "create", "acme")
+	var site struct{ Site struct{ Id string } }
+	require.NoError(t, json.Unmarshal([]byte(ok("sites", "create", "dc1", "--tenant", "acme", "--networks", "127.0.0.0/8", "-o", "json")), &site))
+	sim := bctest.NewSimSite(t, cp.App.Metal, site.Site.Id)
+	sm := sim.AddMachine(t, "m1")
+	pwFile := filepath.Join(dir, "bmc-password")
+	require.NoError(t, os.WriteFile(pwFile, []byte(sm.Password), 0o600))
+	ok("machines", "enroll", "m1", "--tenant", "acme", "--site", "dc1", "--bmc-driver", "redfish",
+		"--bmc-address", sm.BMCAddress, "--bmc-username", sm.Username, "--bmc-password-file", pwFile, "--mac", sm.MAC)
+	code, _, errs := cli("machines", "rotate-bmc", "m1", "--tenant", "acme")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "FAILED_PRECONDITION")
+	require.Contains(t, errs, "does not set passwords")
+
+	// An IPMI machine no site agent of this test reaches: its rotation
+	// waits to be dispatched until it is aborted.
+	ok("machines", "enroll", "m2", "--tenant", "acme", "--site", "dc1", "--bmc-driver", "ipmi",
+		"--bmc-address", "127.0.0.1:6230", "--bmc-username", "admin", "--bmc-password-file", pwFile, "--mac", "52:54:00:00:09:02")
+	old := get().Machine.BmcCredentialRef
+	out := ok("machines", "rotate-bmc", "m2", "--tenant", "acme", "-o", "json")
+	var started machine
+	require.NoError(t, json.Unmarshal([]byte(out), &started))
+	require.NotEmpty(t, started.Machine.BmcPendingCredentialRef)
+	require.NotEqual(t, old, started.Machine.BmcPendingCredentialRef)
+	// The site's agent does not know m2's BMC: the step is refused and
+	// the rotation fails.
+	bctest.WaitFor(t, "the rotation to end", func() bool { return get().Machine.WorkflowId == "" })
+	require.Contains(t, ok("machines", "get", "m2", "--tenant", "acme"), "in maintenance since")
+	code, out, errs = cli("machines", "rotate-bmc", "m2", "--tenant", "acme", "--wait")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, errs, "the old password stays current and the machine is in maintenance")
+
+	m := get()
+	require.Equal(t, old, m.Machine.BmcCredentialRef)
+	require.Empty(t, m.Machine.BmcPendingCredentialRef)
+	require.Contains(t, m.Machine.MaintenanceReason, "BMC password rotation failed")
+	code, _, errs = cli("machines", "power", "m2", "on", "--tenant", "acme")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "is in maintenance")
+}

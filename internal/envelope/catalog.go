@@ -133,6 +133,7 @@ var catalog = []Method{
 	{apiv1connect.MachineServiceRetireProcedure, "machines.retire", KindMutation, false},
 	{apiv1connect.MachineServiceRescueProcedure, "machines.rescue", KindMutation, false},
 	{apiv1connect.MachineServicePowerProcedure, "machines.power", KindMutation, false},
+	{apiv1connect.MachineServiceRotateBMCPasswordProcedure, "machines.rotateBMC", KindMutation, false},
 	{apiv1connect.MachineServiceGetPowerStatusProcedure, "machines.powerStatus", KindRead, false},
 	{apiv1connect.MachineServiceAbortProcedure, "machines.abort", KindMutation, false},
 	{apiv1connect.MachineServiceListWorkflowsProcedure, "machines.listWorkflows", KindRead, false},

@@ -530,7 +530,7 @@ const CommandFailWrongRole = "WRONG_ROLE"
 // SiteCommandKinds are the site agent's own kinds (bcd --mode site): BMC
 // calls and the site's machine list. Only a site agent gets them — a BMC
 // password never goes to a node or a ramdisk.
-var SiteCommandKinds = []string{"bmc.power", "site.machines"}
+var SiteCommandKinds = []string{"bmc.power", "bmc.rotate", "site.machines"}
 
 // CheckKindForMode refuses a command kind the agent's mode must not run: a
 // node kind for a ramdisk, a ramdisk-only kind for a node, a site kind for

@@ -31,6 +31,9 @@ var DestructiveKinds = []DestructiveKind{
 	// them: what runs on the machine stops.
 	{Kind: "power.off", Subject: SubjectMachine, What: "turns a machine off through its BMC"},
 	{Kind: "power.cycle", Subject: SubjectMachine, What: "power-cycles a machine through its BMC"},
+	// A rotation that fails holds the machine in maintenance, and one that
+	// goes wrong on the BMC can lock the site agent out of it.
+	{Kind: "bmc.rotate", Subject: SubjectMachine, What: "replaces a machine's BMC password (a failure holds the machine in maintenance)"},
 }
 
 // Destructive returns the kind's entry in DestructiveKinds.

@@ -153,7 +153,7 @@ func resourceFor(action, tenant string) Resource {
 	case "machines.enroll":
 		return Resource{Type: "Machine", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "m1"}}
 	case "machines.get", "machines.inspect", "machines.commission", "machines.deploy", "machines.release",
-		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow":
+		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow", "machines.rotateBMC":
 		return Resource{Type: "Machine", ID: "mch1", TenantID: tenant, Attrs: map[string]any{"name": "m1", "site": "site1", "state": "ready"}}
 	case "instances.create":
 		return Resource{Type: "Instance", ID: DraftID, TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "vm1", "flavor": "small"}}
@@ -542,7 +542,7 @@ func TestActions(t *testing.T) {
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
 		"machines.abort", "machines.commission", "machines.deploy", "machines.enroll", "machines.get", "machines.getWorkflow",
 		"machines.inspect", "machines.list", "machines.listWorkflows", "machines.power", "machines.powerStatus",
-		"machines.release", "machines.rescue", "machines.retire",
+		"machines.release", "machines.rescue", "machines.retire", "machines.rotateBMC",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
 		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.offer", "pools.update",

@@ -47,6 +47,9 @@ func (r *Runtime) PowerTx(ctx context.Context, tx *envelope.Tx, tenantID, machin
 	if err := idle(m, op); err != nil {
 		return "", err
 	}
+	if err := inMaintenance(m, op); err != nil {
+		return "", err
+	}
 	if t := transitions[op]; !slices.Contains(t.from, m.State) {
 		return "", envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is %s: %s starts from %s", m.Name, m.State, op, stateList(t.from))
 	}

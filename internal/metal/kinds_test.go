@@ -12,5 +12,5 @@ import (
 // TestSiteKindsAreFleets: the gateway refuses the site agent's kinds to any
 // other mode by fleet's list, so metal's kinds must be on it.
 func TestSiteKindsAreFleets(t *testing.T) {
-	require.ElementsMatch(t, []string{metal.CommandBMCPower, metal.CommandSiteMachines}, fleet.SiteCommandKinds)
+	require.ElementsMatch(t, []string{metal.CommandBMCPower, metal.CommandBMCRotate, metal.CommandSiteMachines}, fleet.SiteCommandKinds)
 }

@@ -3,6 +3,7 @@ package metal
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -112,6 +113,7 @@ var transitions = map[string]transition{
 	OpPowerOn:    {from: powerFrom},
 	OpPowerOff:   {from: powerFrom},
 	OpPowerCycle: {from: powerFrom},
+	OpRotateBMC:  {from: rotateFrom},
 }
 
 // retireFrom are the states a machine may be retired from: nothing runs
@@ -160,6 +162,10 @@ func Profiles() []provision.Profile {
 		{Name: OpPowerOff, Steps: []provision.Step{powerOff}},
 		{Name: OpPowerCycle, Steps: []provision.Step{{Name: "power-cycle", Kind: KindPowerCycle, Destructive: true, Timeout: 5 * time.Minute,
 			Retries: 2, Backoff: 10 * time.Second}}},
+		// A rotation is tried once: a second attempt with the same pending
+		// password after an unknown outcome could not tell which password
+		// the BMC holds.
+		{Name: OpRotateBMC, Steps: []provision.Step{{Name: "rotate-bmc", Kind: KindBMCRotate, Destructive: true, Timeout: 5 * time.Minute}}},
 	}
 }
 
@@ -298,11 +304,14 @@ type Runtime struct {
 	pin        func() string
 	ended      func(ctx context.Context, tx store.Tx, nodeIDs []string) error
 	nodeTokens func(ctx context.Context, tx store.Tx, req NodeTokenRequest) (string, error)
-	db         *store.DB
-	rec        envelope.Recorder
-	sealer     Sealer
-	clock      clock.Clock
-	log        *slog.Logger
+	// nodeRoots is the node CA pool a rotation's signed report must chain
+	// to (SetNodeRoots).
+	nodeRoots func() *x509.CertPool
+	db        *store.DB
+	rec       envelope.Recorder
+	sealer    Sealer
+	clock     clock.Clock
+	log       *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
@@ -319,7 +328,7 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	ec.Profiles = Profiles()
 	run := stepRunner{r}
 	ec.Runners = map[string]provision.StepRunner{}
-	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure} {
+	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure, KindBMCRotate} {
 		ec.Runners[k] = run
 	}
 	ec.OnEnd = r.onEnd
@@ -606,6 +615,11 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 		}
 	}
 	m.WorkflowID, m.Operation, m.UpdateTime = "", "", now
+	if op == OpRotateBMC {
+		// Like a power action, a rotation leaves the lifecycle state as
+		// it is; its outcome is the credential's and maintenance's.
+		return r.rotationEnded(ctx, tx, &m, w, full.Steps)
+	}
 	if powerOp(op) {
 		// A power action changes nothing of the lifecycle: the machine
 		// keeps its state, and a failure is the workflow's and the

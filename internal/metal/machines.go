@@ -310,6 +310,9 @@ func start[Req, Res any](ctx context.Context, s *MachineService, req *connect.Re
 			if err := idle(m, op); err != nil {
 				return nil, err
 			}
+			if err := inMaintenance(m, op); err != nil {
+				return nil, err
+			}
 			t := transitions[op]
 			if !slices.Contains(t.from, m.State) {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is %s: %s starts from %s", m.Name, m.State, op, stateList(t.from))
@@ -331,8 +334,11 @@ func start[Req, Res any](ctx context.Context, s *MachineService, req *connect.Re
 			}
 			from, typ := m.State, "machine."+string(t.running)
 			if t.running == "" {
-				// A power action: the machine keeps its state.
+				// A power action or a rotation: the machine keeps its state.
 				typ = "machine.power_requested"
+				if op == OpRotateBMC {
+					typ = "machine.bmc_rotation_requested"
+				}
 			} else {
 				m.State = t.running
 			}
@@ -549,8 +555,8 @@ func MachineProto(m Machine) *apiv1.Machine {
 		BmcAddress: m.BMCAddress, BmcUsername: m.BMCUsername, BmcCredentialRef: m.BMCCredentialRef, Mac: m.MAC,
 		HardwareProfile: m.HardwareProfile, State: string(m.State), WorkflowId: m.WorkflowID, Operation: m.Operation,
 		ImageId: m.ImageID, ImageName: m.ImageName, FailedOperation: m.FailedOperation, FailedStep: m.FailedStep,
-		FailureReason: m.FailureReason, FailureLogs: m.FailureLogs,
-		CreateTime: timestamppb.New(m.CreateTime), UpdateTime: timestamppb.New(m.UpdateTime)}
+		FailureReason: m.FailureReason, FailureLogs: m.FailureLogs, BmcPendingCredentialRef: m.BMCPendingRef,
+		MaintenanceReason: m.MaintenanceReason, CreateTime: timestamppb.New(m.CreateTime), UpdateTime: timestamppb.New(m.UpdateTime)}
 	if len(m.Inventory) > 0 {
 		p.Inventory, _ = structpb.NewStruct(jsonSafe(m.Inventory))
 	}
@@ -559,6 +565,9 @@ func MachineProto(m Machine) *apiv1.Machine {
 	}
 	if m.RescueExpireTime != nil {
 		p.RescueExpireTime = timestamppb.New(*m.RescueExpireTime)
+	}
+	if m.MaintenanceTime != nil {
+		p.MaintenanceTime = timestamppb.New(*m.MaintenanceTime)
 	}
 	return p
 }

@@ -62,22 +62,30 @@ var powerKinds = map[string]string{"on": KindPowerOn, "off": KindPowerOff, "cycl
 // batch (internal/quorum), which calls Runtime.PowerTx itself.
 func quorumGate(action string) prepareFunc {
 	return func(ctx context.Context, tx *envelope.Tx, m *Machine) (map[string]any, error) {
-		kind := powerKinds[action]
-		if _, destructive := fleet.Destructive(kind); !destructive || m.TenantID == "" {
-			return map[string]any{}, nil
-		}
-		set, err := quorum.ApproverSetCurrent(ctx, tx, m.TenantID)
-		if errors.Is(err, store.ErrNotFound) {
-			return map[string]any{}, nil
-		}
-		if err != nil {
+		if err := quorumGateKind(ctx, tx, m, powerKinds[action], "power "+action); err != nil {
 			return nil, err
 		}
-		return nil, envelope.Errorf(envelope.CodeQuorumRequired,
-			"power %s is destructive and this tenant requires %d of its %d approvers for it: propose it as a command batch "+
-				"(better-compute batches create --leaf %s,site/%s/machine/%s), then commands run --batch ID",
-			action, set.Threshold, len(set.Keys), kind, m.SiteID, m.ID)
+		return map[string]any{}, nil
 	}
+}
+
+// quorumGateKind refuses a destructive kind on a machine of a tenant that
+// has approvers: it runs only as a leaf of an approved command batch.
+func quorumGateKind(ctx context.Context, tx *envelope.Tx, m *Machine, kind, what string) error {
+	if _, destructive := fleet.Destructive(kind); !destructive || m.TenantID == "" {
+		return nil
+	}
+	set, err := quorum.ApproverSetCurrent(ctx, tx, m.TenantID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return envelope.Errorf(envelope.CodeQuorumRequired,
+		"%s is destructive and this tenant requires %d of its %d approvers for it: propose it as a command batch "+
+			"(better-compute batches create --leaf %s,site/%s/machine/%s), then commands run --batch ID",
+		what, set.Threshold, len(set.Keys), kind, m.SiteID, m.ID)
 }
 
 // GetPowerStatus asks the site agent of the machine's site to read its

@@ -177,6 +177,12 @@ func (s *SiteCommands) pushMachines(ctx context.Context, tx store.Tx, l BootLeas
 
 // insert queues a command for the lease holder and wakes its session.
 func (s *SiteCommands) insert(ctx context.Context, tx store.Tx, l BootLease, kind, key string, params map[string]any, deadline time.Time) (fleet.Command, error) {
+	return s.insertKeyed(ctx, tx, l, envelope.NewID(fleet.CommandIDPrefix, s.r.clock.Now()), kind, key, params, deadline)
+}
+
+// insertKeyed is insert with the command's id chosen by the caller (the
+// one its site dispatch recorded).
+func (s *SiteCommands) insertKeyed(ctx context.Context, tx store.Tx, l BootLease, id, kind, key string, params map[string]any, deadline time.Time) (fleet.Command, error) {
 	n, err := fleet.NodeStatusGet(ctx, tx, l.HolderNodeID)
 	if err != nil {
 		return fleet.Command{}, fmt.Errorf("the boot lease holder %s: %w", l.HolderNodeID, err)
@@ -189,7 +195,7 @@ func (s *SiteCommands) insert(ctx context.Context, tx store.Tx, l BootLease, kin
 	if deadline.IsZero() {
 		deadline = now.Add(5 * time.Minute)
 	}
-	c, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{ID: envelope.NewID(fleet.CommandIDPrefix, now),
+	c, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{ID: id,
 		TenantID: n.TenantID, NodeID: n.ID, Kind: kind, Params: string(b), IdempotencyKey: key, CreatedBy: "system:metal",
 		Deadline: deadline, CreateTime: now, Signer: s.signer})
 	if err != nil {
@@ -281,6 +287,9 @@ func (s *SiteCommands) PowerStatus(ctx context.Context, t Target) (bmc.PowerStat
 // lease holder, once per idempotency key. Other kinds are the machine's
 // ramdisk's, never the site agent's: they are refused as not dispatched.
 func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.StepRun) (provision.Dispatched, error) {
+	if run.Kind == KindBMCRotate {
+		return s.dispatchRotate(ctx, t, run)
+	}
 	action, ok := powerAction(run.Kind)
 	if !ok {
 		return provision.Dispatched{}, fmt.Errorf("%w: the site agent of site %s carries BMC steps only, not %s", provision.ErrNotDispatched, t.SiteID, run.Kind)
@@ -446,7 +455,7 @@ const failInterrupted = "INTERRUPTED"
 // agent still holds the lease under the command's epoch — otherwise
 // fleet.ErrCommandFenced, and the command is not sent with a credential.
 func (s *SiteCommands) SiteCommandParams(ctx context.Context, nodeID string, c fleet.Command) (string, error) {
-	if c.Kind != CommandBMCPower {
+	if c.Kind != CommandBMCPower && c.Kind != CommandBMCRotate {
 		return c.Params, nil
 	}
 	var p map[string]any
@@ -473,6 +482,13 @@ func (s *SiteCommands) SiteCommandParams(ctx context.Context, nodeID string, c f
 	if l.HolderNodeID != nodeID || int64(epoch) != l.Epoch || !l.Live(s.r.clock.Now()) {
 		return "", fmt.Errorf("%w: sent under epoch %d; the boot lease of site %s is epoch %d, held by %s", fleet.ErrCommandFenced,
 			int64(epoch), l.SiteID, l.Epoch, l.HolderNodeID)
+	}
+	if c.Kind == CommandBMCRotate {
+		if err := s.rotateParams(m, p); err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(p)
+		return string(b), err
 	}
 	bmcp, _ := p["bmc"].(map[string]any)
 	if bmcp == nil || s.r.sealer == nil {
@@ -508,7 +524,7 @@ func (s *SiteCommands) SiteCommandParams(ctx context.Context, nodeID string, c f
 // provision engine, in the gateway's transaction. A result whose outcome
 // is unknown (interrupted) is left for the engine's Lookup.
 func (s *SiteCommands) SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.Command) error {
-	if c.Kind != CommandBMCPower {
+	if c.Kind != CommandBMCPower && c.Kind != CommandBMCRotate {
 		return nil
 	}
 	d, err := SiteDispatchByCommand(ctx, tx, c.ID)

@@ -75,8 +75,18 @@ type Machine struct {
 	Inventory        map[string]any
 	EraseRecord      map[string]any
 	RescueExpireTime *time.Time
-	CreateTime       time.Time
-	UpdateTime       time.Time
+	// BMCPendingRef names the password a rotation is setting (sealed in
+	// BMCPendingCredential under "machine-bmc/<BMCPendingRef>"); "" when
+	// no rotation is out. It becomes BMCCredentialRef only on the site
+	// agent's signed success.
+	BMCPendingRef        string
+	BMCPendingCredential []byte
+	// MaintenanceReason, when set, holds the machine out of every workflow
+	// but a BMC rotation: a rotation failed and the BMC needs a look.
+	MaintenanceReason string
+	MaintenanceTime   *time.Time
+	CreateTime        time.Time
+	UpdateTime        time.Time
 }
 
 const siteColumns = `id, tenant_id, name, networks, dhcp_mode, description, create_time, update_time`
@@ -160,7 +170,7 @@ func SiteDelete(ctx context.Context, tx store.Tx, id string) (bool, error) {
 const machineColumns = `id, tenant_id, site_id, name, bmc_driver, bmc_address, bmc_host, bmc_username, bmc_credential_ref,
 	bmc_credential, mac, hardware_profile, state, workflow_id, operation, commissioned, image_id, image_name,
 	failed_operation, failed_step, failure_reason, failure_logs, inventory, erase_record, rescue_expire_time,
-	create_time, update_time`
+	create_time, update_time, bmc_pending_ref, bmc_pending_credential, maintenance_reason, maintenance_time`
 
 func scanMachine(row interface{ Scan(...any) error }) (Machine, error) {
 	var (
@@ -172,7 +182,8 @@ func scanMachine(row interface{ Scan(...any) error }) (Machine, error) {
 	if err := row.Scan(&m.ID, &m.TenantID, &m.SiteID, &m.Name, &m.BMCDriver, &m.BMCAddress, &m.BMCHost, &m.BMCUsername,
 		&m.BMCCredentialRef, &m.BMCCredential, &m.MAC, &m.HardwareProfile, &m.State, &m.WorkflowID, &m.Operation,
 		&commissioned, &m.ImageID, &m.ImageName, &m.FailedOperation, &m.FailedStep, &m.FailureReason, &m.FailureLogs,
-		&inv, &erase, &rescueExpires, &m.CreateTime, &m.UpdateTime); err != nil {
+		&inv, &erase, &rescueExpires, &m.CreateTime, &m.UpdateTime, &m.BMCPendingRef, &m.BMCPendingCredential,
+		&m.MaintenanceReason, &m.MaintenanceTime); err != nil {
 		return m, err
 	}
 	m.Commissioned = commissioned != 0
@@ -193,23 +204,50 @@ func boolInt(b bool) int {
 // MachineInsert creates a machine's row.
 func MachineInsert(ctx context.Context, tx store.Tx, m *Machine) error {
 	_, err := tx.Exec(ctx, `INSERT INTO machines (`+machineColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-		$11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)`,
+		$11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)`,
 		m.ID, m.TenantID, m.SiteID, m.Name, m.BMCDriver, m.BMCAddress, m.BMCHost, m.BMCUsername, m.BMCCredentialRef,
 		m.BMCCredential, m.MAC, m.HardwareProfile, string(m.State), m.WorkflowID, m.Operation, boolInt(m.Commissioned),
 		m.ImageID, m.ImageName, m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs, jsonText(m.Inventory),
-		jsonText(m.EraseRecord), m.RescueExpireTime, m.CreateTime, m.UpdateTime)
+		jsonText(m.EraseRecord), m.RescueExpireTime, m.CreateTime, m.UpdateTime, m.BMCPendingRef, m.BMCPendingCredential,
+		m.MaintenanceReason, m.MaintenanceTime)
 	return err
 }
 
 // MachineUpdate writes a machine's lifecycle fields (state, workflow,
-// image, failure, inventory, erase record, rescue).
+// image, failure, inventory, erase record, rescue, maintenance).
 func MachineUpdate(ctx context.Context, tx store.Tx, m *Machine) error {
 	_, err := tx.Exec(ctx, `UPDATE machines SET state = $2, workflow_id = $3, operation = $4, commissioned = $5, image_id = $6,
 		image_name = $7, failed_operation = $8, failed_step = $9, failure_reason = $10, failure_logs = $11, inventory = $12,
-		erase_record = $13, rescue_expire_time = $14, update_time = $15 WHERE id = $1`,
+		erase_record = $13, rescue_expire_time = $14, update_time = $15, maintenance_reason = $16, maintenance_time = $17 WHERE id = $1`,
 		m.ID, string(m.State), m.WorkflowID, m.Operation, boolInt(m.Commissioned), m.ImageID, m.ImageName, m.FailedOperation,
 		m.FailedStep, m.FailureReason, m.FailureLogs, jsonText(m.Inventory), jsonText(m.EraseRecord), m.RescueExpireTime,
-		m.UpdateTime)
+		m.UpdateTime, m.MaintenanceReason, m.MaintenanceTime)
+	return err
+}
+
+// MachineBMCPendingSet seals a rotation's new password into the machine's
+// pending slot; the current credential is untouched.
+func MachineBMCPendingSet(ctx context.Context, tx store.Tx, id, ref string, sealed []byte, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE machines SET bmc_pending_ref = $2, bmc_pending_credential = $3, update_time = $4 WHERE id = $1`,
+		id, ref, sealed, now)
+	return err
+}
+
+// MachineBMCPromote makes the pending credential named ref current and
+// empties the slot; false when the slot holds another ref (or none), so a
+// stale success cannot promote a newer rotation's password.
+func MachineBMCPromote(ctx context.Context, tx store.Tx, id, ref string, now time.Time) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE machines SET bmc_credential_ref = bmc_pending_ref, bmc_credential = bmc_pending_credential,
+		bmc_pending_ref = '', bmc_pending_credential = NULL, update_time = $3
+		WHERE id = $1 AND bmc_pending_ref = $2 AND bmc_pending_ref <> '' AND bmc_pending_credential IS NOT NULL`, id, ref, now)
+	return n == 1, err
+}
+
+// MachineBMCPendingClear empties the pending slot: the current credential
+// stays.
+func MachineBMCPendingClear(ctx context.Context, tx store.Tx, id string, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE machines SET bmc_pending_ref = '', bmc_pending_credential = NULL, update_time = $2 WHERE id = $1`,
+		id, now)
 	return err
 }
 

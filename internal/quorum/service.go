@@ -54,12 +54,13 @@ type Deps struct {
 	Machines Machines
 }
 
-// Machines is what power leaves need from the bare-metal module: whether a
-// machine is the tenant's and at its site, and starting its power action
-// in the batch's transaction. *metal.Runtime implements it.
+// Machines is what machine leaves need from the bare-metal module: whether
+// a machine is the tenant's and at its site, and starting the leaf's kind
+// (a power action, a BMC password rotation) as the machine's workflow in
+// the batch's transaction. *metal.Runtime implements it.
 type Machines interface {
 	ResolveMachine(ctx context.Context, q store.Querier, tenantID, siteID, machineID string) (bool, error)
-	PowerTx(ctx context.Context, tx *envelope.Tx, tenantID, machineID, action string) (workflowID string, err error)
+	MachineLeafTx(ctx context.Context, tx *envelope.Tx, tenantID, machineID, kind string) (workflowID string, err error)
 }
 
 // Id prefixes of a machine subject's parts (the metal module's).
@@ -77,9 +78,6 @@ func machineSubject(s string) (siteID, machineID string, ok bool) {
 	}
 	return parts[1], parts[3], true
 }
-
-// powerAction is a power leaf's action: power.off is "off".
-func powerAction(kind string) string { return strings.TrimPrefix(kind, "power.") }
 
 func errNotWired(what string) error {
 	return &envelope.Error{Code: envelope.CodeInternal, Message: "internal error", Err: errors.New("quorum: no " + what + " wired")}
@@ -659,9 +657,9 @@ func (s *Service) Run(ctx context.Context, req *connect.Request[apiv1.RunCommand
 					if s.deps.Machines == nil {
 						return nil, errNotWired("machine runtime")
 					}
-					// The power workflow sends the site agent its BMC call,
-					// a command row of the fleet's, at most once.
-					wf, err := s.deps.Machines.PowerTx(ctx, tx, b.TenantID, l.TargetID, powerAction(l.Kind))
+					// The machine's workflow sends the site agent its BMC
+					// call, a command row of the fleet's, at most once.
+					wf, err := s.deps.Machines.MachineLeafTx(ctx, tx, b.TenantID, l.TargetID, l.Kind)
 					var apiErr *envelope.Error
 					if errors.As(err, &apiErr) && apiErr.Code != envelope.CodeInternal {
 						return nil, envelope.Errorf(apiErr.Code, "leaves[%d]: %s", i, apiErr.Message)

@@ -1,6 +1,6 @@
 // Package site is bcd's site mode: the agent on a site's provisioning
-// network. It applies the control plane's bmc.power commands with the BMC
-// drivers and serves PXE (DHCP, TFTP, HTTP from internal/site/pxe) with a
+// network. It applies the control plane's bmc.power and bmc.rotate (BMC
+// password rotation) commands with the BMC drivers and serves PXE (DHCP, TFTP, HTTP from internal/site/pxe) with a
 // per-machine iPXE decision taken from the machine list the control plane
 // sends (site.machines).
 //
@@ -36,6 +36,7 @@ import (
 // metal.CommandSiteMachines).
 const (
 	KindBMCPower     = "bmc.power"
+	KindBMCRotate    = "bmc.rotate"
 	KindSiteMachines = "site.machines"
 )
 
@@ -228,6 +229,8 @@ func (a *Agent) Apply(ctx context.Context, c *agentv1.Command) (*structpb.Struct
 		return a.machines(c)
 	case KindBMCPower:
 		return a.power(ctx, c)
+	case KindBMCRotate:
+		return a.rotate(ctx, c)
 	}
 	return nil, agent.CommandError(agent.FailUnknownKind, fmt.Errorf("unknown command kind %q", c.GetKind()))
 }
@@ -554,4 +557,140 @@ func decode(ps *structpb.Struct, v any) error {
 		return agent.CommandError(agent.FailInvalidParams, err)
 	}
 	return nil
+}
+
+// rotateParams are a bmc.rotate's params as delivered: the gateway opened
+// the current password and the pending one by their references.
+type rotateParams struct {
+	Epoch      int64  `json:"epoch"`
+	MachineID  string `json:"machine_id"`
+	MAC        string `json:"mac"`
+	PendingRef string `json:"pending_ref"`
+	BMC        struct {
+		Driver        string `json:"driver"`
+		Address       string `json:"address"`
+		Username      string `json:"username"`
+		CredentialRef string `json:"credential_ref"`
+		Password      string `json:"password"`
+		NewPassword   string `json:"new_password"`
+	} `json:"bmc"`
+}
+
+// rotate sets an enrolled machine's new BMC password, once per key, and
+// proves it by logging in with it; the success it returns is what bcd
+// signs with its node key, and the control plane makes the new password
+// current only on that. When the BMC took the password but it does not
+// log in, the old one is set back if it still logs in.
+func (a *Agent) rotate(ctx context.Context, c *agentv1.Command) (*structpb.Struct, error) {
+	var p rotateParams
+	if err := decode(c.GetParams(), &p); err != nil {
+		return nil, err
+	}
+	if p.PendingRef == "" {
+		return nil, agent.CommandError(agent.FailInvalidParams, errors.New("pending_ref is required"))
+	}
+	key := c.GetIdempotencyKey()
+	if key == "" {
+		key = c.GetId()
+	}
+	pp := powerParams{MachineID: p.MachineID, MAC: p.MAC}
+	pp.BMC.Driver, pp.BMC.Address = p.BMC.Driver, p.BMC.Address
+	a.mu.Lock()
+	if err := a.checkEpochLocked(p.Epoch); err != nil {
+		a.mu.Unlock()
+		return nil, err
+	}
+	if _, ok := a.enrolledLocked(pp); !ok {
+		a.mu.Unlock()
+		a.log.Warn("bmc.rotate refused: not an enrolled machine of this site", "machine", p.MachineID, "bmc", p.BMC.Address)
+		return nil, agent.CommandError(FailNotEnrolled, fmt.Errorf("machine %s (BMC %s) is not an enrolled machine of this site", p.MachineID, p.BMC.Address))
+	}
+	if rec := a.keyLocked(key); rec != nil {
+		a.mu.Unlock()
+		switch {
+		case !rec.Done:
+			return nil, agent.CommandError(FailKeyInterrupts, fmt.Errorf("key %s was out to the BMC when bcd stopped; which password the BMC holds is unknown", key))
+		case rec.Error != "":
+			return nil, agent.CommandError(FailBMC, errors.New(rec.Error))
+		}
+		return structpb.NewStruct(rec.Result)
+	}
+	if p.BMC.Password == "" || p.BMC.NewPassword == "" {
+		a.mu.Unlock()
+		return nil, agent.CommandError(FailNoCredential, errors.New("the command carries no current and new BMC credential (it was fenced at delivery)"))
+	}
+	a.st.Keys = append(a.st.Keys, keyRecord{Key: key})
+	if len(a.st.Keys) > maxKeys {
+		a.st.Keys = append([]keyRecord(nil), a.st.Keys[len(a.st.Keys)-maxKeys:]...)
+	}
+	if err := a.saveLocked(); err != nil {
+		a.st.Keys = a.st.Keys[:len(a.st.Keys)-1]
+		a.mu.Unlock()
+		return nil, agent.CommandError(agent.FailPersist, err)
+	}
+	a.mu.Unlock()
+
+	res, err := a.rotateBMC(ctx, p)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rec := a.keyLocked(key); rec != nil {
+		rec.Done, rec.Result = true, res
+		if err != nil {
+			rec.Error = err.Error()
+		}
+		if serr := a.saveLocked(); serr != nil {
+			a.log.Error("persist the site's idempotency record", "err", serr)
+		}
+	}
+	if err != nil {
+		return nil, agent.CommandError(FailBMC, err)
+	}
+	return structpb.NewStruct(res)
+}
+
+// rotateBMC is the BMC side of a rotation: set the new password with the
+// old one, then log in with the new one.
+func (a *Agent) rotateBMC(ctx context.Context, p rotateParams) (map[string]any, error) {
+	login := func(pw string) error {
+		d, err := bmc.New(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, pw), a.cfg.BMC)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = d.Close(context.WithoutCancel(ctx)) }()
+		_, err = d.PowerStatus(ctx)
+		return err
+	}
+	set := func(with, to string) error {
+		d, err := bmc.New(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, with), a.cfg.BMC)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = d.Close(context.WithoutCancel(ctx)) }()
+		s, ok := d.(bmc.PasswordSetter)
+		if !ok {
+			return fmt.Errorf("the %s driver does not set passwords", p.BMC.Driver)
+		}
+		return s.SetPassword(ctx, to)
+	}
+	if err := set(p.BMC.Password, p.BMC.NewPassword); err != nil {
+		return nil, fmt.Errorf("setting the new password failed; the old one stays: %w", err)
+	}
+	if lerr := login(p.BMC.NewPassword); lerr != nil {
+		// The BMC said it took the password, yet it does not log in.
+		if oerr := login(p.BMC.Password); oerr != nil {
+			a.log.Error("bmc.rotate: the BMC took the new password but neither it nor the old one logs in", "machine", p.MachineID, "bmc", p.BMC.Address)
+			return nil, fmt.Errorf("the BMC accepted the new password but it does not log in (%v), and the old one no longer does either (%v): "+
+				"the BMC may hold the new password or a mangled one; reset the BMC user's password at the BMC", lerr, oerr)
+		}
+		if rerr := set(p.BMC.Password, p.BMC.Password); rerr != nil {
+			return nil, fmt.Errorf("the BMC accepted the new password but it does not log in (%v); the old one still logs in, "+
+				"but setting it back failed (%v)", lerr, rerr)
+		}
+		return nil, fmt.Errorf("the BMC accepted the new password but it does not log in (%w); the old one still logs in and was set back", lerr)
+	}
+	a.log.Info("bmc password rotated", "machine", p.MachineID, "credential_ref", p.PendingRef)
+	return map[string]any{"login_verified": true, "pending_ref": p.PendingRef, "machine_id": p.MachineID}, nil
 }

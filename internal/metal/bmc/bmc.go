@@ -52,6 +52,20 @@ type Driver interface {
 	Close(ctx context.Context) error
 }
 
+// PasswordSetter is a driver that can change the password of the account
+// it logs in with (a BMC password rotation). The driver keeps using the
+// credentials it was built with: a caller checks the new password by
+// building a driver with it.
+type PasswordSetter interface {
+	// SetPassword makes password the account's password on the BMC.
+	SetPassword(ctx context.Context, password string) error
+}
+
+// MaxIPMIPassword is the longest password every IPMI 2.0 BMC takes in
+// full: the 20-byte form is optional, and a BMC that stores 16 bytes
+// (OpenIPMI's ipmi_sim does) accepts a 20-byte one and then refuses it.
+const MaxIPMIPassword = 16
+
 // PowerState is a machine's power as its BMC reports it.
 type PowerState string
 

@@ -124,6 +124,57 @@ func (d *ipmiDriver) EjectVirtualMedia(context.Context) error {
 		"IPMI has no standard virtual media; use PXE or a Redfish BMC")
 }
 
+// SetPassword sets the password of the user the driver logs in as (IPMI
+// 2.0 §22.30, Set User Password), found by name among the BMC's user ids.
+// Passwords are at most MaxIPMIPassword bytes, printable ASCII: longer
+// ones are stored in a form not every BMC authenticates with.
+func (d *ipmiDriver) SetPassword(ctx context.Context, password string) error {
+	// The new password is scrubbed from errors as the current one is.
+	scrub := NewCredentials(d.creds.username, password)
+	if len(password) == 0 || len(password) > MaxIPMIPassword {
+		return newError("ipmi", d.ep.String(), "set password", ErrInvalidArgument, scrub,
+			fmt.Sprintf("a new IPMI password must be 1 to %d bytes", MaxIPMIPassword))
+	}
+	for _, c := range password {
+		if c < 0x21 || c > 0x7e {
+			return newError("ipmi", d.ep.String(), "set password", ErrInvalidArgument, scrub, "a new IPMI password must be printable ASCII")
+		}
+	}
+	err := d.session(ctx, "set password", func(ctx context.Context, c *client.Client) error {
+		id, err := d.userID(ctx, c)
+		if err != nil {
+			return err
+		}
+		_, err = c.SetUserPassword(ctx, id, password, false)
+		return err
+	})
+	var e *Error
+	if errors.As(err, &e) {
+		e.Detail = scrub.scrub(e.Detail)
+	}
+	return err
+}
+
+// userID finds the id of the driver's user: Get User Name over the ids
+// Get User Access says the BMC has (1-based; id 1 is the anonymous user).
+func (d *ipmiDriver) userID(ctx context.Context, c *client.Client) (uint8, error) {
+	// Channel 0x0e is "this channel": the LAN channel of the session.
+	acc, err := c.GetUserAccess(ctx, 0x0e, 1)
+	if err != nil {
+		return 0, err
+	}
+	for id := uint8(1); id <= acc.MaxUsersIDCount && id < 64; id++ {
+		res, err := c.GetUsername(ctx, id)
+		if err != nil {
+			continue // an id without a name set
+		}
+		if strings.TrimRight(res.Username, "\x00 ") == d.creds.username {
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("user %q is not among the BMC's %d user ids", d.creds.username, acc.MaxUsersIDCount)
+}
+
 // Close has nothing to release: every call closes its own session.
 func (d *ipmiDriver) Close(context.Context) error { return nil }
 

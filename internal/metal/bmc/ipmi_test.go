@@ -263,3 +263,32 @@ func TestIPMIDriverTypedErrors(t *testing.T) {
 func newDebugLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// TestIPMIDriverSetPassword rotates the password of the driver's user on
+// ipmi_sim: afterwards the new password opens a session and the old one is
+// refused as bad credentials. A password longer than every BMC takes in
+// full is refused before anything is sent.
+func TestIPMIDriverSetPassword(t *testing.T) {
+	t.Parallel()
+	const first, next = "Old-pass-16bytes", "N3w-pass-0f16byt"
+	sim := bctest.StartIPMISim(t, "admin", first)
+	ctx := context.Background()
+	old, err := bmc.New("ipmi", sim.Address, bmc.NewCredentials("admin", first), bmc.Options{})
+	require.NoError(t, err)
+
+	setter, ok := old.(bmc.PasswordSetter)
+	require.True(t, ok, "the IPMI driver sets passwords")
+	tooLong := strings.Repeat("x", bmc.MaxIPMIPassword+1)
+	err = setter.SetPassword(ctx, tooLong)
+	require.ErrorIs(t, err, bmc.ErrInvalidArgument)
+	require.NotContains(t, err.Error(), tooLong)
+	require.NoError(t, sim.Login("admin", first), "a refused password changed nothing")
+
+	require.NoError(t, setter.SetPassword(ctx, next))
+	_, err = old.PowerStatus(ctx)
+	require.ErrorIs(t, err, bmc.ErrAuth, "the old password no longer opens a session")
+	fresh, err := bmc.New("ipmi", sim.Address, bmc.NewCredentials("admin", next), bmc.Options{})
+	require.NoError(t, err)
+	_, err = fresh.PowerStatus(ctx)
+	require.NoError(t, err, "the new password opens a session")
+}

@@ -717,8 +717,16 @@ type Machine struct {
 	RescueExpireTime *timestamppb.Timestamp `protobuf:"bytes,22,opt,name=rescue_expire_time,json=rescueExpireTime,proto3" json:"rescue_expire_time,omitempty"`
 	CreateTime       *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	UpdateTime       *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set while a BMC password rotation is out: the reference of the new
+	// password (sealed; it becomes bmc_credential_ref only once the site
+	// agent signed that it logs in with it).
+	BmcPendingCredentialRef string `protobuf:"bytes,25,opt,name=bmc_pending_credential_ref,json=bmcPendingCredentialRef,proto3" json:"bmc_pending_credential_ref,omitempty"`
+	// Set when a BMC password rotation failed: the machine runs no workflow
+	// but another rotation until one succeeds. Says what the BMC may hold.
+	MaintenanceReason string                 `protobuf:"bytes,26,opt,name=maintenance_reason,json=maintenanceReason,proto3" json:"maintenance_reason,omitempty"`
+	MaintenanceTime   *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=maintenance_time,json=maintenanceTime,proto3" json:"maintenance_time,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
@@ -915,6 +923,27 @@ func (x *Machine) GetCreateTime() *timestamppb.Timestamp {
 func (x *Machine) GetUpdateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *Machine) GetBmcPendingCredentialRef() string {
+	if x != nil {
+		return x.BmcPendingCredentialRef
+	}
+	return ""
+}
+
+func (x *Machine) GetMaintenanceReason() string {
+	if x != nil {
+		return x.MaintenanceReason
+	}
+	return ""
+}
+
+func (x *Machine) GetMaintenanceTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.MaintenanceTime
 	}
 	return nil
 }
@@ -2020,6 +2049,104 @@ func (x *PowerMachineResponse) GetMachine() *Machine {
 	return nil
 }
 
+type RotateBMCPasswordRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Machine       string                 `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateBMCPasswordRequest) Reset() {
+	*x = RotateBMCPasswordRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateBMCPasswordRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateBMCPasswordRequest) ProtoMessage() {}
+
+func (x *RotateBMCPasswordRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateBMCPasswordRequest.ProtoReflect.Descriptor instead.
+func (*RotateBMCPasswordRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *RotateBMCPasswordRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RotateBMCPasswordRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+type RotateBMCPasswordResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The machine with the rotation workflow in workflow_id and the new
+	// password's reference in bmc_pending_credential_ref.
+	Machine       *Machine `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateBMCPasswordResponse) Reset() {
+	*x = RotateBMCPasswordResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateBMCPasswordResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateBMCPasswordResponse) ProtoMessage() {}
+
+func (x *RotateBMCPasswordResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateBMCPasswordResponse.ProtoReflect.Descriptor instead.
+func (*RotateBMCPasswordResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RotateBMCPasswordResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
 type GetMachinePowerStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -2030,7 +2157,7 @@ type GetMachinePowerStatusRequest struct {
 
 func (x *GetMachinePowerStatusRequest) Reset() {
 	*x = GetMachinePowerStatusRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2169,7 @@ func (x *GetMachinePowerStatusRequest) String() string {
 func (*GetMachinePowerStatusRequest) ProtoMessage() {}
 
 func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2182,7 @@ func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachinePowerStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetMachinePowerStatusRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetMachinePowerStatusRequest) GetTenant() string {
@@ -2082,7 +2209,7 @@ type GetMachinePowerStatusResponse struct {
 
 func (x *GetMachinePowerStatusResponse) Reset() {
 	*x = GetMachinePowerStatusResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2221,7 @@ func (x *GetMachinePowerStatusResponse) String() string {
 func (*GetMachinePowerStatusResponse) ProtoMessage() {}
 
 func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2234,7 @@ func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachinePowerStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetMachinePowerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetMachinePowerStatusResponse) GetPower() string {
@@ -2127,7 +2254,7 @@ type AbortMachineRequest struct {
 
 func (x *AbortMachineRequest) Reset() {
 	*x = AbortMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2266,7 @@ func (x *AbortMachineRequest) String() string {
 func (*AbortMachineRequest) ProtoMessage() {}
 
 func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2279,7 @@ func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineRequest.ProtoReflect.Descriptor instead.
 func (*AbortMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AbortMachineRequest) GetTenant() string {
@@ -2181,7 +2308,7 @@ type AbortMachineResponse struct {
 
 func (x *AbortMachineResponse) Reset() {
 	*x = AbortMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2320,7 @@ func (x *AbortMachineResponse) String() string {
 func (*AbortMachineResponse) ProtoMessage() {}
 
 func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2333,7 @@ func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineResponse.ProtoReflect.Descriptor instead.
 func (*AbortMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AbortMachineResponse) GetMachine() *Machine {
@@ -2251,7 +2378,7 @@ type MachineWorkflow struct {
 
 func (x *MachineWorkflow) Reset() {
 	*x = MachineWorkflow{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2390,7 @@ func (x *MachineWorkflow) String() string {
 func (*MachineWorkflow) ProtoMessage() {}
 
 func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2403,7 @@ func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflow.ProtoReflect.Descriptor instead.
 func (*MachineWorkflow) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MachineWorkflow) GetId() string {
@@ -2396,7 +2523,7 @@ type MachineWorkflowStep struct {
 
 func (x *MachineWorkflowStep) Reset() {
 	*x = MachineWorkflowStep{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2535,7 @@ func (x *MachineWorkflowStep) String() string {
 func (*MachineWorkflowStep) ProtoMessage() {}
 
 func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2548,7 @@ func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflowStep.ProtoReflect.Descriptor instead.
 func (*MachineWorkflowStep) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MachineWorkflowStep) GetIndex() int32 {
@@ -2523,7 +2650,7 @@ type ListMachineWorkflowsRequest struct {
 
 func (x *ListMachineWorkflowsRequest) Reset() {
 	*x = ListMachineWorkflowsRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2662,7 @@ func (x *ListMachineWorkflowsRequest) String() string {
 func (*ListMachineWorkflowsRequest) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2675,7 @@ func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsRequest.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListMachineWorkflowsRequest) GetTenant() string {
@@ -2596,7 +2723,7 @@ type ListMachineWorkflowsResponse struct {
 
 func (x *ListMachineWorkflowsResponse) Reset() {
 	*x = ListMachineWorkflowsResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2735,7 @@ func (x *ListMachineWorkflowsResponse) String() string {
 func (*ListMachineWorkflowsResponse) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2748,7 @@ func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsResponse.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListMachineWorkflowsResponse) GetWorkflows() []*MachineWorkflow {
@@ -2649,7 +2776,7 @@ type GetMachineWorkflowRequest struct {
 
 func (x *GetMachineWorkflowRequest) Reset() {
 	*x = GetMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2788,7 @@ func (x *GetMachineWorkflowRequest) String() string {
 func (*GetMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2801,7 @@ func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetMachineWorkflowRequest) GetTenant() string {
@@ -2700,7 +2827,7 @@ type GetMachineWorkflowResponse struct {
 
 func (x *GetMachineWorkflowResponse) Reset() {
 	*x = GetMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2839,7 @@ func (x *GetMachineWorkflowResponse) String() string {
 func (*GetMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2852,7 @@ func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
@@ -2787,7 +2914,7 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x11DeleteSiteRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\"\x14\n" +
-	"\x12DeleteSiteResponse\"\x8d\a\n" +
+	"\x12DeleteSiteResponse\"\xc0\b\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -2820,7 +2947,10 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\vcreate_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\x99\x02\n" +
+	"updateTime\x12;\n" +
+	"\x1abmc_pending_credential_ref\x18\x19 \x01(\tR\x17bmcPendingCredentialRef\x12-\n" +
+	"\x12maintenance_reason\x18\x1a \x01(\tR\x11maintenanceReason\x12E\n" +
+	"\x10maintenance_time\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\x0fmaintenanceTime\"\x99\x02\n" +
 	"\x14EnrollMachineRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12\x12\n" +
@@ -2889,6 +3019,11 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\amachine\x18\x02 \x01(\tR\amachine\x12\x16\n" +
 	"\x06action\x18\x03 \x01(\tR\x06action\"O\n" +
 	"\x14PowerMachineResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"L\n" +
+	"\x18RotateBMCPasswordRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\amachine\x18\x02 \x01(\tR\amachine\"T\n" +
+	"\x19RotateBMCPasswordResponse\x127\n" +
 	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"P\n" +
 	"\x1cGetMachinePowerStatusRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
@@ -2956,7 +3091,7 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x03Get\x12$.bettercompute.api.v1.GetSiteRequest\x1a%.bettercompute.api.v1.GetSiteResponse\"\x03\x90\x02\x01\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\x03\x90\x02\x01\x12[\n" +
 	"\x06Update\x12'.bettercompute.api.v1.UpdateSiteRequest\x1a(.bettercompute.api.v1.UpdateSiteResponse\x12[\n" +
-	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xce\v\n" +
+	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xc4\f\n" +
 	"\x0eMachineService\x12a\n" +
 	"\x06Enroll\x12*.bettercompute.api.v1.EnrollMachineRequest\x1a+.bettercompute.api.v1.EnrollMachineResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetMachineRequest\x1a(.bettercompute.api.v1.GetMachineResponse\"\x03\x90\x02\x01\x12b\n" +
@@ -2968,7 +3103,8 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\aRelease\x12+.bettercompute.api.v1.ReleaseMachineRequest\x1a,.bettercompute.api.v1.ReleaseMachineResponse\x12a\n" +
 	"\x06Retire\x12*.bettercompute.api.v1.RetireMachineRequest\x1a+.bettercompute.api.v1.RetireMachineResponse\x12a\n" +
 	"\x06Rescue\x12*.bettercompute.api.v1.RescueMachineRequest\x1a+.bettercompute.api.v1.RescueMachineResponse\x12^\n" +
-	"\x05Power\x12).bettercompute.api.v1.PowerMachineRequest\x1a*.bettercompute.api.v1.PowerMachineResponse\x12~\n" +
+	"\x05Power\x12).bettercompute.api.v1.PowerMachineRequest\x1a*.bettercompute.api.v1.PowerMachineResponse\x12t\n" +
+	"\x11RotateBMCPassword\x12..bettercompute.api.v1.RotateBMCPasswordRequest\x1a/.bettercompute.api.v1.RotateBMCPasswordResponse\x12~\n" +
 	"\x0eGetPowerStatus\x122.bettercompute.api.v1.GetMachinePowerStatusRequest\x1a3.bettercompute.api.v1.GetMachinePowerStatusResponse\"\x03\x90\x02\x01\x12^\n" +
 	"\x05Abort\x12).bettercompute.api.v1.AbortMachineRequest\x1a*.bettercompute.api.v1.AbortMachineResponse\x12{\n" +
 	"\rListWorkflows\x121.bettercompute.api.v1.ListMachineWorkflowsRequest\x1a2.bettercompute.api.v1.ListMachineWorkflowsResponse\"\x03\x90\x02\x01\x12u\n" +
@@ -2986,7 +3122,7 @@ func file_bettercompute_api_v1_metal_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_metal_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*Site)(nil),                          // 0: bettercompute.api.v1.Site
 	(*CreateSiteRequest)(nil),             // 1: bettercompute.api.v1.CreateSiteRequest
@@ -3020,94 +3156,100 @@ var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*RescueMachineResponse)(nil),         // 29: bettercompute.api.v1.RescueMachineResponse
 	(*PowerMachineRequest)(nil),           // 30: bettercompute.api.v1.PowerMachineRequest
 	(*PowerMachineResponse)(nil),          // 31: bettercompute.api.v1.PowerMachineResponse
-	(*GetMachinePowerStatusRequest)(nil),  // 32: bettercompute.api.v1.GetMachinePowerStatusRequest
-	(*GetMachinePowerStatusResponse)(nil), // 33: bettercompute.api.v1.GetMachinePowerStatusResponse
-	(*AbortMachineRequest)(nil),           // 34: bettercompute.api.v1.AbortMachineRequest
-	(*AbortMachineResponse)(nil),          // 35: bettercompute.api.v1.AbortMachineResponse
-	(*MachineWorkflow)(nil),               // 36: bettercompute.api.v1.MachineWorkflow
-	(*MachineWorkflowStep)(nil),           // 37: bettercompute.api.v1.MachineWorkflowStep
-	(*ListMachineWorkflowsRequest)(nil),   // 38: bettercompute.api.v1.ListMachineWorkflowsRequest
-	(*ListMachineWorkflowsResponse)(nil),  // 39: bettercompute.api.v1.ListMachineWorkflowsResponse
-	(*GetMachineWorkflowRequest)(nil),     // 40: bettercompute.api.v1.GetMachineWorkflowRequest
-	(*GetMachineWorkflowResponse)(nil),    // 41: bettercompute.api.v1.GetMachineWorkflowResponse
-	(*timestamppb.Timestamp)(nil),         // 42: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),               // 43: google.protobuf.Struct
+	(*RotateBMCPasswordRequest)(nil),      // 32: bettercompute.api.v1.RotateBMCPasswordRequest
+	(*RotateBMCPasswordResponse)(nil),     // 33: bettercompute.api.v1.RotateBMCPasswordResponse
+	(*GetMachinePowerStatusRequest)(nil),  // 34: bettercompute.api.v1.GetMachinePowerStatusRequest
+	(*GetMachinePowerStatusResponse)(nil), // 35: bettercompute.api.v1.GetMachinePowerStatusResponse
+	(*AbortMachineRequest)(nil),           // 36: bettercompute.api.v1.AbortMachineRequest
+	(*AbortMachineResponse)(nil),          // 37: bettercompute.api.v1.AbortMachineResponse
+	(*MachineWorkflow)(nil),               // 38: bettercompute.api.v1.MachineWorkflow
+	(*MachineWorkflowStep)(nil),           // 39: bettercompute.api.v1.MachineWorkflowStep
+	(*ListMachineWorkflowsRequest)(nil),   // 40: bettercompute.api.v1.ListMachineWorkflowsRequest
+	(*ListMachineWorkflowsResponse)(nil),  // 41: bettercompute.api.v1.ListMachineWorkflowsResponse
+	(*GetMachineWorkflowRequest)(nil),     // 42: bettercompute.api.v1.GetMachineWorkflowRequest
+	(*GetMachineWorkflowResponse)(nil),    // 43: bettercompute.api.v1.GetMachineWorkflowResponse
+	(*timestamppb.Timestamp)(nil),         // 44: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 45: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
-	42, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	42, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
+	44, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	44, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: bettercompute.api.v1.CreateSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 3: bettercompute.api.v1.GetSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 4: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
 	0,  // 5: bettercompute.api.v1.UpdateSiteResponse.site:type_name -> bettercompute.api.v1.Site
-	43, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
-	43, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
-	42, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
-	42, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	42, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
-	11, // 11: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 12: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 13: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
-	11, // 14: bettercompute.api.v1.InspectMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 15: bettercompute.api.v1.CommissionMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 16: bettercompute.api.v1.DeployMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 17: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 18: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 19: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 20: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 21: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	36, // 22: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	42, // 23: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
-	42, // 24: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
-	42, // 25: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
-	37, // 26: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
-	42, // 27: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
-	42, // 28: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
-	36, // 29: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
-	36, // 30: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	1,  // 31: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	3,  // 32: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
-	5,  // 33: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,  // 34: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
-	9,  // 35: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
-	12, // 36: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
-	14, // 37: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
-	16, // 38: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
-	18, // 39: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
-	20, // 40: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
-	22, // 41: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
-	24, // 42: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
-	26, // 43: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
-	28, // 44: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
-	30, // 45: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
-	32, // 46: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
-	34, // 47: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
-	38, // 48: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
-	40, // 49: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
-	2,  // 50: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
-	4,  // 51: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
-	6,  // 52: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	8,  // 53: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
-	10, // 54: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
-	13, // 55: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
-	15, // 56: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
-	17, // 57: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
-	19, // 58: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
-	21, // 59: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
-	23, // 60: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
-	25, // 61: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
-	27, // 62: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
-	29, // 63: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
-	31, // 64: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
-	33, // 65: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
-	35, // 66: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
-	39, // 67: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
-	41, // 68: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
-	50, // [50:69] is the sub-list for method output_type
-	31, // [31:50] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	45, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
+	45, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
+	44, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
+	44, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	44, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
+	44, // 11: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
+	11, // 12: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 13: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 14: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
+	11, // 15: bettercompute.api.v1.InspectMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 16: bettercompute.api.v1.CommissionMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 17: bettercompute.api.v1.DeployMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 18: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 19: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 20: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 21: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 22: bettercompute.api.v1.RotateBMCPasswordResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 23: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	38, // 24: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	44, // 25: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
+	44, // 26: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
+	44, // 27: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
+	39, // 28: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
+	44, // 29: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
+	44, // 30: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
+	38, // 31: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
+	38, // 32: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	1,  // 33: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	3,  // 34: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
+	5,  // 35: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,  // 36: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
+	9,  // 37: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
+	12, // 38: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
+	14, // 39: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
+	16, // 40: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
+	18, // 41: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
+	20, // 42: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
+	22, // 43: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
+	24, // 44: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
+	26, // 45: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
+	28, // 46: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
+	30, // 47: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
+	32, // 48: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
+	34, // 49: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
+	36, // 50: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
+	40, // 51: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
+	42, // 52: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
+	2,  // 53: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
+	4,  // 54: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
+	6,  // 55: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	8,  // 56: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
+	10, // 57: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
+	13, // 58: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
+	15, // 59: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
+	17, // 60: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
+	19, // 61: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
+	21, // 62: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
+	23, // 63: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
+	25, // 64: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
+	27, // 65: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
+	29, // 66: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
+	31, // 67: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
+	33, // 68: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
+	35, // 69: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
+	37, // 70: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
+	41, // 71: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
+	43, // 72: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
+	53, // [53:73] is the sub-list for method output_type
+	33, // [33:53] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_metal_proto_init() }
@@ -3122,7 +3264,7 @@ func file_bettercompute_api_v1_metal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_metal_proto_rawDesc), len(file_bettercompute_api_v1_metal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -66,6 +66,9 @@ const (
 	MachineServiceRescueProcedure = "/bettercompute.api.v1.MachineService/Rescue"
 	// MachineServicePowerProcedure is the fully-qualified name of the MachineService's Power RPC.
 	MachineServicePowerProcedure = "/bettercompute.api.v1.MachineService/Power"
+	// MachineServiceRotateBMCPasswordProcedure is the fully-qualified name of the MachineService's
+	// RotateBMCPassword RPC.
+	MachineServiceRotateBMCPasswordProcedure = "/bettercompute.api.v1.MachineService/RotateBMCPassword"
 	// MachineServiceGetPowerStatusProcedure is the fully-qualified name of the MachineService's
 	// GetPowerStatus RPC.
 	MachineServiceGetPowerStatusProcedure = "/bettercompute.api.v1.MachineService/GetPowerStatus"
@@ -284,6 +287,11 @@ type MachineServiceClient interface {
 	// Power turns an idle machine on or off or cycles it: a one-step
 	// workflow, its BMC call made at most once; the machine keeps its state.
 	Power(context.Context, *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error)
+	// RotateBMCPassword sets a new, generated BMC password through the site
+	// agent: a one-step workflow; the new password becomes current only on
+	// the agent's signed report that it logs in with it. A failure keeps the
+	// old one and puts the machine in maintenance.
+	RotateBMCPassword(context.Context, *connect.Request[v1.RotateBMCPasswordRequest]) (*connect.Response[v1.RotateBMCPasswordResponse], error)
 	// GetPowerStatus asks the site agent to read the machine's power from
 	// its BMC.
 	GetPowerStatus(context.Context, *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error)
@@ -370,6 +378,12 @@ func NewMachineServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(machineServiceMethods.ByName("Power")),
 			connect.WithClientOptions(opts...),
 		),
+		rotateBMCPassword: connect.NewClient[v1.RotateBMCPasswordRequest, v1.RotateBMCPasswordResponse](
+			httpClient,
+			baseURL+MachineServiceRotateBMCPasswordProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("RotateBMCPassword")),
+			connect.WithClientOptions(opts...),
+		),
 		getPowerStatus: connect.NewClient[v1.GetMachinePowerStatusRequest, v1.GetMachinePowerStatusResponse](
 			httpClient,
 			baseURL+MachineServiceGetPowerStatusProcedure,
@@ -402,20 +416,21 @@ func NewMachineServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 
 // machineServiceClient implements MachineServiceClient.
 type machineServiceClient struct {
-	enroll         *connect.Client[v1.EnrollMachineRequest, v1.EnrollMachineResponse]
-	get            *connect.Client[v1.GetMachineRequest, v1.GetMachineResponse]
-	list           *connect.Client[v1.ListMachinesRequest, v1.ListMachinesResponse]
-	inspect        *connect.Client[v1.InspectMachineRequest, v1.InspectMachineResponse]
-	commission     *connect.Client[v1.CommissionMachineRequest, v1.CommissionMachineResponse]
-	deploy         *connect.Client[v1.DeployMachineRequest, v1.DeployMachineResponse]
-	release        *connect.Client[v1.ReleaseMachineRequest, v1.ReleaseMachineResponse]
-	retire         *connect.Client[v1.RetireMachineRequest, v1.RetireMachineResponse]
-	rescue         *connect.Client[v1.RescueMachineRequest, v1.RescueMachineResponse]
-	power          *connect.Client[v1.PowerMachineRequest, v1.PowerMachineResponse]
-	getPowerStatus *connect.Client[v1.GetMachinePowerStatusRequest, v1.GetMachinePowerStatusResponse]
-	abort          *connect.Client[v1.AbortMachineRequest, v1.AbortMachineResponse]
-	listWorkflows  *connect.Client[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse]
-	getWorkflow    *connect.Client[v1.GetMachineWorkflowRequest, v1.GetMachineWorkflowResponse]
+	enroll            *connect.Client[v1.EnrollMachineRequest, v1.EnrollMachineResponse]
+	get               *connect.Client[v1.GetMachineRequest, v1.GetMachineResponse]
+	list              *connect.Client[v1.ListMachinesRequest, v1.ListMachinesResponse]
+	inspect           *connect.Client[v1.InspectMachineRequest, v1.InspectMachineResponse]
+	commission        *connect.Client[v1.CommissionMachineRequest, v1.CommissionMachineResponse]
+	deploy            *connect.Client[v1.DeployMachineRequest, v1.DeployMachineResponse]
+	release           *connect.Client[v1.ReleaseMachineRequest, v1.ReleaseMachineResponse]
+	retire            *connect.Client[v1.RetireMachineRequest, v1.RetireMachineResponse]
+	rescue            *connect.Client[v1.RescueMachineRequest, v1.RescueMachineResponse]
+	power             *connect.Client[v1.PowerMachineRequest, v1.PowerMachineResponse]
+	rotateBMCPassword *connect.Client[v1.RotateBMCPasswordRequest, v1.RotateBMCPasswordResponse]
+	getPowerStatus    *connect.Client[v1.GetMachinePowerStatusRequest, v1.GetMachinePowerStatusResponse]
+	abort             *connect.Client[v1.AbortMachineRequest, v1.AbortMachineResponse]
+	listWorkflows     *connect.Client[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse]
+	getWorkflow       *connect.Client[v1.GetMachineWorkflowRequest, v1.GetMachineWorkflowResponse]
 }
 
 // Enroll calls bettercompute.api.v1.MachineService.Enroll.
@@ -468,6 +483,11 @@ func (c *machineServiceClient) Power(ctx context.Context, req *connect.Request[v
 	return c.power.CallUnary(ctx, req)
 }
 
+// RotateBMCPassword calls bettercompute.api.v1.MachineService.RotateBMCPassword.
+func (c *machineServiceClient) RotateBMCPassword(ctx context.Context, req *connect.Request[v1.RotateBMCPasswordRequest]) (*connect.Response[v1.RotateBMCPasswordResponse], error) {
+	return c.rotateBMCPassword.CallUnary(ctx, req)
+}
+
 // GetPowerStatus calls bettercompute.api.v1.MachineService.GetPowerStatus.
 func (c *machineServiceClient) GetPowerStatus(ctx context.Context, req *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error) {
 	return c.getPowerStatus.CallUnary(ctx, req)
@@ -509,6 +529,11 @@ type MachineServiceHandler interface {
 	// Power turns an idle machine on or off or cycles it: a one-step
 	// workflow, its BMC call made at most once; the machine keeps its state.
 	Power(context.Context, *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error)
+	// RotateBMCPassword sets a new, generated BMC password through the site
+	// agent: a one-step workflow; the new password becomes current only on
+	// the agent's signed report that it logs in with it. A failure keeps the
+	// old one and puts the machine in maintenance.
+	RotateBMCPassword(context.Context, *connect.Request[v1.RotateBMCPasswordRequest]) (*connect.Response[v1.RotateBMCPasswordResponse], error)
 	// GetPowerStatus asks the site agent to read the machine's power from
 	// its BMC.
 	GetPowerStatus(context.Context, *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error)
@@ -591,6 +616,12 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 		connect.WithSchema(machineServiceMethods.ByName("Power")),
 		connect.WithHandlerOptions(opts...),
 	)
+	machineServiceRotateBMCPasswordHandler := connect.NewUnaryHandler(
+		MachineServiceRotateBMCPasswordProcedure,
+		svc.RotateBMCPassword,
+		connect.WithSchema(machineServiceMethods.ByName("RotateBMCPassword")),
+		connect.WithHandlerOptions(opts...),
+	)
 	machineServiceGetPowerStatusHandler := connect.NewUnaryHandler(
 		MachineServiceGetPowerStatusProcedure,
 		svc.GetPowerStatus,
@@ -640,6 +671,8 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 			machineServiceRescueHandler.ServeHTTP(w, r)
 		case MachineServicePowerProcedure:
 			machineServicePowerHandler.ServeHTTP(w, r)
+		case MachineServiceRotateBMCPasswordProcedure:
+			machineServiceRotateBMCPasswordHandler.ServeHTTP(w, r)
 		case MachineServiceGetPowerStatusProcedure:
 			machineServiceGetPowerStatusHandler.ServeHTTP(w, r)
 		case MachineServiceAbortProcedure:
@@ -695,6 +728,10 @@ func (UnimplementedMachineServiceHandler) Rescue(context.Context, *connect.Reque
 
 func (UnimplementedMachineServiceHandler) Power(context.Context, *connect.Request[v1.PowerMachineRequest]) (*connect.Response[v1.PowerMachineResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.Power is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) RotateBMCPassword(context.Context, *connect.Request[v1.RotateBMCPasswordRequest]) (*connect.Response[v1.RotateBMCPasswordResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.RotateBMCPassword is not implemented"))
 }
 
 func (UnimplementedMachineServiceHandler) GetPowerStatus(context.Context, *connect.Request[v1.GetMachinePowerStatusRequest]) (*connect.Response[v1.GetMachinePowerStatusResponse], error) {
