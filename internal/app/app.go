@@ -754,6 +754,11 @@ func (l *lateHooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string
 	return l.instances.NodesLost(ctx, tx, nodeIDs)
 }
 
+// CommandSigner is what signs the commands this replica inserts (nil without
+// a PKI): whoever inserts a command outside the modules (tests, tools)
+// signs it with this, or bcd refuses it.
+func (a *App) CommandSigner() fleet.CommandSigner { return a.cmdSigner }
+
 // commandSender is the fleet's command path as capacity's port.
 type commandSender struct {
 	notifier fleet.CommandNotifier

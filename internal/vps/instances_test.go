@@ -466,7 +466,7 @@ func TestInstanceReconcile(t *testing.T) {
 		}
 		cmdID, err = fleet.SendSystemCommand(ctx, tx, h.cp.App.Gateway, fleet.SystemCommand{TenantID: tenant,
 			NodeID: h.sim.Daemons[0].NodeID(), Kind: vmcmd.KindInstanceList, Params: map[string]any{}, IdempotencyKey: "ops-list",
-			CreatedBy: "ops", TTL: time.Hour, Time: h.cp.Clock.Now()})
+			CreatedBy: "ops", TTL: time.Hour, Time: h.cp.Clock.Now(), Signer: h.cp.App.CommandSigner()})
 		return err
 	}))
 	bctest.WaitFor(t, "the operator's list answered", func() bool {

@@ -179,7 +179,7 @@ func TestTunnelWrongNode(t *testing.T) {
 	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) (err error) {
 		cmdID, err = fleet.SendSystemCommand(ctx, tx, h.cp.App.Gateway, fleet.SystemCommand{TenantID: in.GetTenantId(), NodeID: in.GetNodeId(),
 			Kind: vmcmd.KindInstanceTunnel, Params: map[string]any{"instance_id": vps.HostID(in.GetId()), "tunnel_id": id},
-			IdempotencyKey: "t/" + id, CreatedBy: "test", TTL: time.Minute, Time: h.cp.Clock.Now()})
+			IdempotencyKey: "t/" + id, CreatedBy: "test", TTL: time.Minute, Time: h.cp.Clock.Now(), Signer: h.cp.App.CommandSigner()})
 		return err
 	}))
 	var c fleet.Command

@@ -143,7 +143,7 @@ func (g *agentRig) send(t *testing.T, nodeID, kind string, params any) (state, c
 		now := g.cp.Clock.Now()
 		id, err = fleet.SendSystemCommand(ctx, tx, g.cp.App.Gateway, fleet.SystemCommand{TenantID: g.tenantID, NodeID: nodeID,
 			Kind: kind, Params: p, IdempotencyKey: fmt.Sprintf("%s-%d", kind, g.sent.Add(1)), CreatedBy: "guest-test",
-			TTL: time.Hour, Time: now})
+			TTL: time.Hour, Time: now, Signer: g.cp.App.CommandSigner()})
 		return err
 	}))
 	var raw string
