@@ -161,3 +161,21 @@ func TestForgedGenerationRefused(t *testing.T) {
 	require.ErrorContains(t, err, "generation 2")
 	require.Error(t, f.a.Refresh(ctx), "a replica refuses it on refresh too")
 }
+
+// TestResealAfterRotation: a rotated-in generation's keys and seal move to
+// a new sealing secret with the rest, and the authority loads under it.
+func TestResealAfterRotation(t *testing.T) {
+	t.Parallel()
+	f := setup(t, pki.InitOptions{})
+	ctx := t.Context()
+	_, err := f.a.BeginRotation(ctx, "")
+	require.NoError(t, err)
+	next := newSealer(t)
+	n, err := pki.Reseal(ctx, f.db, f.sealer, next)
+	require.NoError(t, err)
+	require.Equal(t, 4+3+3+5, n, "generation 1's four CA keys, command root v1's three values, v2's three, generation 2's four keys and its seal")
+	b, err := pki.Load(ctx, f.db, next, f.clk)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), b.IssuingGeneration())
+	require.Equal(t, f.a.Pin(), b.Pin())
+}
