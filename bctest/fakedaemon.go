@@ -62,6 +62,10 @@ type FakeDaemonConfig struct {
 	// and no guest's command may reach (dev's state directory, with its
 	// admin key and database).
 	Hide []string
+	// Kubelet makes the node advertise binding.kubernetes, as a bcd whose
+	// kubelet plugins are registered does, so that reservations the
+	// kubelet binds place on it.
+	Kubelet bool
 }
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
@@ -140,7 +144,7 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
-		ExecHide: cfg.Hide,
+		ExecHide: cfg.Hide, KubeletPluginsRegistered: func() bool { return cfg.Kubelet },
 	})
 	if err != nil {
 		return nil, err

@@ -115,6 +115,11 @@ type Config struct {
 	// names the capabilities it enforces; nil fails them
 	// INSTANCE_NO_HYPERVISOR and advertises none.
 	Instances InstanceRunner
+	// KubeletPluginsRegistered reports whether bcd's kubelet device plugin
+	// or DRA driver is registered with the node's kubelet: only then does
+	// bcd advertise binding.kubernetes, the capability reservations the
+	// kubelet binds place on. Asked at each Hello; nil means never.
+	KubeletPluginsRegistered func() bool
 	// Tracing records a span per command applied, a child of the span
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).

@@ -410,13 +410,21 @@ func (a *Agent) receive(ctx context.Context, s *session) error {
 	}
 }
 
+// CapKubernetes: the kubelet can be handed this node's booked GPUs (bcd's
+// device plugin or DRA driver is registered with it).
+const CapKubernetes = "binding.kubernetes"
+
 // capabilities are what the agent supports: the isolation ones only as
 // far as the start-up probe found them enforced, the instance ones as far
-// as the hypervisor enforces them.
+// as the hypervisor enforces them, binding.kubernetes only while the
+// kubelet plugins are registered.
 func (a *Agent) capabilities() []string {
 	caps := append([]string{"inventory.sections", "commands.cancel"}, a.iso.capabilities()...)
 	if a.cfg.Instances != nil {
 		caps = append(caps, a.cfg.Instances.Capabilities()...)
+	}
+	if a.cfg.KubeletPluginsRegistered != nil && a.cfg.KubeletPluginsRegistered() {
+		caps = append(caps, CapKubernetes)
 	}
 	return caps
 }

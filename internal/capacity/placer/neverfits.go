@@ -139,7 +139,40 @@ func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.E
 // machine code NO_CAPACITY and the explanation kept for clients that read
 // them.
 func NeverFits(poolName string, nodes []placement.Node, r *capmodel.Reservation, ex placement.Explanation) error {
+	if why := BindingUnsupported(poolName, nodes, r); why != "" {
+		// The binding the caller chose is what no node offers: name the
+		// field, so a client can point at it.
+		msg := fmt.Sprintf("pool %s can never hold this request: %s", poolName, why)
+		if s := ex.String(); s != "" {
+			msg += " (" + s + ")"
+		}
+		return &envelope.Error{Code: envelope.CodeNoCapacity, Status: connect.CodeFailedPrecondition, Message: msg,
+			Violations: []envelope.Violation{{Field: "binding", Reason: why}}, Explanation: ExplanationProto(ex)}
+	}
 	msg := fmt.Sprintf("pool %s can never hold this request: %s", poolName, neverReason(nodes, r, ex))
 	return &envelope.Error{Code: envelope.CodeNoCapacity, Status: connect.CodeFailedPrecondition, Message: msg,
 		Explanation: ExplanationProto(ex)}
+}
+
+// bindingNeeds says, per binding, what a node's bcd must do for it: the
+// capability and, for an operator, why a node may lack it.
+var bindingNeeds = map[string]struct{ capability, without string }{
+	capmodel.BindingNode:       {CapDevices, "bcd cannot confine an allocation to its GPUs on any node"},
+	capmodel.BindingKubernetes: {CapKubernetes, "bcd's Kubernetes device plugin or DRA driver is not registered on any node"},
+}
+
+// BindingUnsupported says why no node of the pool can bind r as its
+// binding asks (no node advertises the capability it needs), or "" when
+// some node can or the binding needs none.
+func BindingUnsupported(poolName string, nodes []placement.Node, r *capmodel.Reservation) string {
+	need, ok := bindingNeeds[r.Binding]
+	if !ok || len(nodes) == 0 {
+		return ""
+	}
+	for i := range nodes {
+		if slices.Contains(nodes[i].Capabilities, need.capability) {
+			return ""
+		}
+	}
+	return fmt.Sprintf("no node of pool %s advertises %s (%s)", poolName, need.capability, need.without)
 }

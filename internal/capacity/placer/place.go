@@ -97,11 +97,17 @@ var errHostFull = errors.New("host resources taken concurrently")
 // allocation to its GPUs (a cgroup v2 device program).
 const CapDevices = "devices.limits"
 
+// CapKubernetes is the agent capability of a node whose bcd hands booked
+// GPUs to the kubelet (its device plugin or DRA driver is registered).
+const CapKubernetes = "binding.kubernetes"
+
 // Request is the placement request of a reservation. A reservation that
 // bcd binds on the node (binding "node") needs its GPUs isolated there, so
-// it places only on nodes that advertise devices.limits; an instance's
-// only on nodes that run instances (vmcmd.CapInstances), plus what it
-// Requires.
+// it places only on nodes that advertise devices.limits; one the kubelet
+// binds (binding "kubernetes") only where bcd can hand its GPUs to the
+// kubelet (binding.kubernetes), else it would go active with nothing
+// bound; an instance's only on nodes that run instances
+// (vmcmd.CapInstances), plus what it Requires.
 func Request(r *capmodel.Reservation) placement.Request {
 	req := placement.Request{
 		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
@@ -111,6 +117,8 @@ func Request(r *capmodel.Reservation) placement.Request {
 	switch r.Binding {
 	case capmodel.BindingNode:
 		req.Capabilities = []string{CapDevices}
+	case capmodel.BindingKubernetes:
+		req.Capabilities = []string{CapKubernetes}
 	case capmodel.BindingInstance:
 		// A guest goes only where bcd runs a hypervisor.
 		req.Capabilities = []string{vmcmd.CapInstances}

@@ -584,6 +584,12 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 	}
 	out := &apiv1.PreviewReservationResponse{Explanation: placer.ExplanationProto(res.Explanation),
 		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt)}
+	if len(res.Plans) == 0 {
+		// Say first what no waiting cures: a binding no node supports.
+		if why := placer.BindingUnsupported(t.pool.Name, placer.Pristine(t.ix.Static().Nodes), &r); why != "" {
+			out.Explanation.Summary = strings.TrimSuffix(why+"; "+out.Explanation.GetSummary(), "; ")
+		}
+	}
 	if len(res.Plans) > 0 {
 		p := res.Plans[0]
 		rec := r
@@ -638,7 +644,11 @@ func (s *Service) previewGang(ctx context.Context, t *target, r *Reservation, no
 	out := &apiv1.PreviewReservationResponse{Explanation: placer.ExplanationProto(g.Explanation),
 		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt), GangDomain: g.Domain}
 	if g.Plans == nil {
-		out.Explanation.Summary = strings.TrimSuffix(g.Why+"; "+out.Explanation.GetSummary(), "; ")
+		why := g.Why
+		if b := placer.BindingUnsupported(t.pool.Name, placer.Pristine(t.ix.Static().Nodes), r); b != "" {
+			why = strings.TrimSuffix(b+"; "+why, "; ")
+		}
+		out.Explanation.Summary = strings.TrimSuffix(why+"; "+out.Explanation.GetSummary(), "; ")
 	}
 	for i := range g.Plans {
 		p := g.Plans[i]
