@@ -108,7 +108,7 @@ func writeNodes(ctx context.Context, tx store.Tx, s fleetSpec, first, last int) 
 			return err
 		}
 		nodes = append(nodes, []any{id, name, s.tenantID, s.projectID, string(labels), "hw-" + name, "active", fleet.LivenessReady,
-			"0.1.0", `["nvml","cgroups"]`, now, now, now})
+			"0.1.0", `["nvml","cgroups","binding.kubernetes"]`, now, now, now})
 		for g := range s.gpusPerNode {
 			uuid := gpuUUID(i, g)
 			gpus = append(gpus, []any{uuid, id, g, gpuName, gpuMemoryMiB, fmt.Sprintf("0000:%02x:00.0", 0x18+g), gpuNUMA(g, s.gpusPerNode), "disabled", now})

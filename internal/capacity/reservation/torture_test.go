@@ -234,7 +234,7 @@ func (e *torture) addNode(t *testing.T, i int) tNode {
 	require.NoError(t, e.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO nodes (id, name, tenant_id, project_id, labels, hardware_key, state, liveness,
 				capabilities, create_time, update_time)
-			VALUES ($1, $2, $3, $4, $5, $6, 'active', 'ready', '["devices.limits"]', compute_now(), compute_now())`,
+			VALUES ($1, $2, $3, $4, $5, $6, 'active', 'ready', '["devices.limits","binding.kubernetes"]', compute_now(), compute_now())`,
 			n.id, n.name, e.tenantID, e.projectIDs["default"], labels, "hw-"+n.id); err != nil {
 			return err
 		}
