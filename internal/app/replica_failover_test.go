@@ -77,6 +77,7 @@ func TestNodeFollowsLiveReplica(t *testing.T) {
 		o, l := owner()
 		return o == cp.App.Gateway.ReplicaID() && l == "ready"
 	})
-	require.Equal(t, cp.GatewayAddr, d.Gateway())
+	// The owner row comes before bcd reads the HelloAck.
+	eventually(t, "bcd's session on the survivor", func() bool { return d.Gateway() == cp.GatewayAddr })
 	active(cp, "a new reservation active on the survivor")
 }
