@@ -155,7 +155,9 @@ func genFleet(t *rapid.T, s strictness, mixed bool) []Node {
 			if islandSize > 0 && j < gpus/islandSize*islandSize {
 				g.Island = j / islandSize * islandSize
 			}
-			for k := range rapid.IntRange(0, 9).Draw(t, "mig") {
+			// At most 8, so each instance's N (k) is its own: a ninth
+			// wrapped to N 0 and, of the same profile, made one atom twice.
+			for k := range rapid.IntRange(0, 8).Draw(t, "mig") {
 				g.MIG = append(g.MIG, MIGInstance{Profile: rapid.SampledFrom(propProfiles).Draw(t, "profile"), N: k % 8,
 					Booked: rapid.Bool().Draw(t, "migBooked")})
 			}
