@@ -3648,8 +3648,14 @@ type DeviceAssignment struct {
 	MemoryMaxBytes uint64 `protobuf:"varint,5,opt,name=memory_max_bytes,json=memoryMaxBytes,proto3" json:"memory_max_bytes,omitempty"`
 	CpusetCpus     string `protobuf:"bytes,6,opt,name=cpuset_cpus,json=cpusetCpus,proto3" json:"cpuset_cpus,omitempty"`
 	CpusetMems     string `protobuf:"bytes,7,opt,name=cpuset_mems,json=cpusetMems,proto3" json:"cpuset_mems,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Who hands the devices over: "" or "node" (bcd applies the cgroup
+	// limits itself), "kubernetes" (bcd offers the GPUs to the node's
+	// kubelet through its device plugin and DRA driver; pods bind them).
+	// For kubernetes, AllocationReleased follows allocation.release only
+	// once no pod holds the devices any more.
+	Binding       string `protobuf:"bytes,8,opt,name=binding,proto3" json:"binding,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeviceAssignment) Reset() {
@@ -3727,6 +3733,13 @@ func (x *DeviceAssignment) GetCpusetCpus() string {
 func (x *DeviceAssignment) GetCpusetMems() string {
 	if x != nil {
 		return x.CpusetMems
+	}
+	return ""
+}
+
+func (x *DeviceAssignment) GetBinding() string {
+	if x != nil {
+		return x.Binding
 	}
 	return ""
 }
@@ -4369,7 +4382,7 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x06result\x18\x06 \x01(\v2\x17.google.protobuf.StructR\x06result\x12!\n" +
 	"\ffailure_code\x18\a \x01(\tR\vfailureCode\x12 \n" +
 	"\vtraceparent\x18\b \x01(\tR\vtraceparent\x12%\n" +
-	"\x0enode_signature\x18\t \x01(\fR\rnodeSignature\"\x86\x02\n" +
+	"\x0enode_signature\x18\t \x01(\fR\rnodeSignature\"\xa0\x02\n" +
 	"\x10DeviceAssignment\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1b\n" +
 	"\tgpu_uuids\x18\x02 \x03(\tR\bgpuUuids\x12 \n" +
@@ -4380,7 +4393,8 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\vcpuset_cpus\x18\x06 \x01(\tR\n" +
 	"cpusetCpus\x12\x1f\n" +
 	"\vcpuset_mems\x18\a \x01(\tR\n" +
-	"cpusetMems\"\xd5\x01\n" +
+	"cpusetMems\x12\x18\n" +
+	"\abinding\x18\b \x01(\tR\abinding\"\xd5\x01\n" +
 	"\x0fAllocationBound\x12#\n" +
 	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x1d\n" +
 	"\n" +
