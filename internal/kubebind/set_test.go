@@ -30,11 +30,12 @@ func TestWithdrawWaitsForHolders(t *testing.T) {
 	require.False(t, closed(done), "a pod still holds GPU-1")
 	require.Empty(t, s.Devices())
 	require.Error(t, s.Offer("res_b", []Device{{UUID: "GPU-1", Healthy: true}}), "GPU-1 is under a running pod")
-	require.NoError(t, s.Offer("res_b", []Device{{UUID: "GPU-2", Healthy: true}}), "GPU-2 was let go with the release")
+	require.Error(t, s.Offer("res_b", []Device{{UUID: "GPU-2", Healthy: true}}), "the release is not complete: its booking stands")
 
 	s.SetHolders("pod/", map[string][]string{})
 	require.True(t, closed(done), "the last holder let go")
 	require.False(t, s.Held("res_a"))
+	require.NoError(t, s.Offer("res_b", []Device{{UUID: "GPU-1", Healthy: true}}), "released: free to offer again")
 	require.True(t, closed(s.Withdraw("res_none")), "nothing offered: released at once")
 }
 
