@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -100,7 +99,7 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	db := OpenDB(t, scfg)
 	cfg := app.Config{
 		Clock:         cp.Clock,
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:        failureLog(t),
 		EventPoll:     50 * time.Millisecond,
 		JobPoll:       50 * time.Millisecond,
 		Secret:        cp.Secret,
@@ -226,3 +225,39 @@ func (cp *ControlPlane) Client(token string) *client.Client {
 
 // Admin returns a client with the platform admin key.
 func (cp *ControlPlane) Admin() *client.Client { return cp.Client(cp.AdminKey) }
+
+// failureLog keeps the control plane's warnings and errors and prints the
+// last of them if the test fails: an error a client sees only as
+// "internal error; retry later" is logged with its cause here.
+func failureLog(t testing.TB) *slog.Logger {
+	buf := &tailBuffer{max: 16 << 10}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("control plane warnings and errors (the last %d KiB):\n%s", buf.max>>10, buf.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// tailBuffer keeps the last max bytes written to it, for many writers.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (w *tailBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if over := len(w.b) - w.max; over > 0 {
+		w.b = append(w.b[:0], w.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tailBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
+}

@@ -290,7 +290,7 @@ func (r *Runtime) NodeReported(ctx context.Context, tx store.Tx, nodeID string) 
 	if m.State != StateDeploying && m.State != StateRescuing && m.Operation != OpRescueEndDisk {
 		return nil
 	}
-	_, err = r.Engine.SignalTx(ctx, tx, m.ID, provision.KindAwaitRejoin, provision.Result{Output: map[string]any{"node_id": nodeID}})
+	_, err = r.Engine.SignalProvingTx(ctx, tx, m.ID, provision.KindAwaitRejoin, KindPowerCycle, provision.Result{Output: map[string]any{"node_id": nodeID}})
 	var apiErr *envelope.Error
 	if errors.As(err, &apiErr) && apiErr.Code == envelope.CodeFailedPrecondition {
 		r.log.Info("deployed node reported while its machine awaits nothing", "machine", m.ID, "node", nodeID)

@@ -199,7 +199,7 @@ func (r *Runtime) ramdiskJoinedTx(ctx context.Context, tx store.Tx, machineID, w
 			return err
 		}
 	}
-	_, err = r.Engine.SignalTx(ctx, tx, machineID, provision.KindAwaitRejoin, provision.Result{})
+	_, err = r.Engine.SignalProvingTx(ctx, tx, machineID, provision.KindAwaitRejoin, KindPowerCycle, provision.Result{})
 	return err
 }
 

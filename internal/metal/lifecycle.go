@@ -440,7 +440,7 @@ func (r *Runtime) Joined(ctx context.Context, siteID, machineID string) error {
 		if err != nil {
 			return err
 		}
-		_, err = r.Engine.SignalTx(ctx, tx, machineID, provision.KindAwaitRejoin, provision.Result{})
+		_, err = r.Engine.SignalProvingTx(ctx, tx, machineID, provision.KindAwaitRejoin, KindPowerCycle, provision.Result{})
 		return err
 	})
 }

@@ -389,6 +389,17 @@ func (e *Engine) Signal(ctx context.Context, targetID, kind string, res Result) 
 
 // SignalTx is Signal in the caller's transaction.
 func (e *Engine) SignalTx(ctx context.Context, tx store.Tx, targetID, kind string, res Result) (Workflow, error) {
+	return e.SignalProvingTx(ctx, tx, targetID, kind, "", res)
+}
+
+// SignalProvingTx is SignalTx for a signal that is also proof of the step
+// before the await step, when that step is of kind proves: a machine's
+// ramdisk can join (its token was made for that very boot) before the
+// site's report that it power-cycled the machine reaches the control
+// plane. Then the running step succeeds first, its own result arriving
+// later as a late one, and the await step takes the signal. A step of
+// another kind in flight (a wipe) is never ended by a signal.
+func (e *Engine) SignalProvingTx(ctx context.Context, tx store.Tx, targetID, kind, proves string, res Result) (Workflow, error) {
 	if !IsAwait(kind) {
 		return Workflow{}, envelope.Invalid(envelope.Violation{Field: "kind", Reason: fmt.Sprintf("must be an %s kind, got %q", AwaitPrefix, truncate(kind))})
 	}
@@ -401,6 +412,12 @@ func (e *Engine) SignalTx(ctx context.Context, tx store.Tx, targetID, kind strin
 	}
 	return e.change(ctx, tx, cur.ID, func(f *flow) error {
 		s := f.inFlight()
+		if s != nil && proves != "" && s.Kind == proves && s.State == StepRunning && !f.w.CancelRequested {
+			if next := f.nextPending(); next != nil && next.Kind == kind && next.Index == s.Index+1 {
+				f.finishAttempt(s, Result{Output: map[string]any{"proven_by": kind}})
+				s = nil
+			}
+		}
 		if s == nil && !f.w.CancelRequested {
 			if next := f.nextPending(); next != nil && next.Kind == kind {
 				f.claim(next)

@@ -303,6 +303,43 @@ func TestSignalBeforeAwaitIsTaken(t *testing.T) {
 	require.Equal(t, provision.WorkflowSucceeded, w.State)
 }
 
+// TestSignalProvingTheStepInFlight: a signal that proves the running step
+// before its await step (a ramdisk that joined before the site's report of
+// the boot) ends that step and is taken by the await step; a step of
+// another kind is never ended by it, and the site's report, when it comes,
+// is a late one that changes nothing.
+func TestSignalProvingTheStepInFlight(t *testing.T) {
+	t.Parallel()
+	profiles := []provision.Profile{{Name: "boot", Steps: []provision.Step{
+		{Name: "boot", Kind: "disk.wipe", Destructive: true},
+		{Name: "rejoin", Kind: provision.KindAwaitRejoin},
+	}}}
+	f := setup(t, profiles, nil)
+	w := f.start(t, "mch_1", "boot")
+	w = f.reconcile(t, w.ID)
+	signal := func(proves string) (provision.Workflow, error) {
+		var out provision.Workflow
+		err := f.db.Write(f.ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			out, err = f.eng.SignalProvingTx(ctx, tx, "mch_1", provision.KindAwaitRejoin, proves, provision.Result{Output: map[string]any{"node": "n1"}})
+			return err
+		})
+		return out, err
+	}
+	_, err := signal("image.write")
+	requireCode(t, err, envelope.CodeFailedPrecondition)
+	require.Equal(t, []string{"boot=running", "rejoin=pending"}, stepStates(f.get(t, w.ID)))
+
+	w, err = signal("disk.wipe")
+	require.NoError(t, err)
+	require.Equal(t, provision.WorkflowSucceeded, w.State)
+	require.Equal(t, []string{"boot=succeeded", "rejoin=succeeded"}, stepStates(w))
+	require.Equal(t, map[string]any{"proven_by": provision.KindAwaitRejoin}, w.Steps[0].Output)
+	require.Equal(t, map[string]any{"node": "n1"}, w.Steps[1].Output)
+
+	f.complete(t, "")
+	require.Equal(t, []string{"boot=succeeded", "rejoin=succeeded"}, stepStates(f.get(t, w.ID)), "the late report changes nothing")
+}
+
 func TestPauseAndResume(t *testing.T) {
 	t.Parallel()
 	f := setup(t, deployProfiles(), nil)
