@@ -732,6 +732,11 @@ func reservationDetail(w io.Writer, r *apiv1.Reservation) {
 	row(w, "BINDING:", binding)
 	row(w, "START:", ts(r.GetStartTime()))
 	row(w, "END:", ts(r.GetEndTime()))
+	if rt := r.GetReleaseTime(); rt != nil {
+		// A kubernetes binding: booked and billed from its release until
+		// the node's pods let go.
+		row(w, "RELEASING SINCE:", ts(rt)+", ends as "+dash(r.GetEndsAs()))
+	}
 	row(w, "CREATED:", ts(r.GetCreateTime())+" by "+dash(r.GetCreatedBy()))
 	if p := r.GetPlacement(); p != nil {
 		node := dash(p.GetNodeName())
