@@ -437,7 +437,7 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 	list.Flags().StringVar(&project, "project", "", "only reservations of this project")
 	list.Flags().StringVar(&pool, "pool", "", "only reservations in this pool (name, owner/name or id)")
 	list.Flags().BoolVar(&onOwned, "on-my-pools", false, "every tenant's reservations on the pools the tenant owns")
-	list.Flags().StringVar(&state, "state", "", "only these states, comma-separated: pending, placed, binding, active, released, expired, failed, canceled")
+	list.Flags().StringVar(&state, "state", "", "only these states, comma-separated: pending, placed, binding, active, releasing, released, expired, failed, canceled")
 
 	get := &cobra.Command{
 		Use:   "get ID",

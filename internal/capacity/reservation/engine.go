@@ -189,15 +189,18 @@ func anySlice(ss []string) []any {
 // canceled) at now: its bookings end, the rollup gives the atoms back, a
 // bound allocation is removed from the node, and the pool's queue is woken.
 //
-// A kubernetes binding the node may have handed to its kubelet (binding or
-// active) is not ended here but held: see hold. A releasing one is left as
-// it is (releasing twice is not an error); finishHeld ends it.
+// A kubernetes binding the node confirmed (active: its kubelet may have
+// handed the GPUs to pods) is not ended here but held: see hold. One still
+// binding ends as a node one does (the node never confirmed it; holding it
+// would keep the GPUs of a node that does not answer for good). A
+// releasing one is left as it is (releasing twice is not an error);
+// finishHeld ends it.
 func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, reason string, now time.Time) ([]envelope.Event, error) {
 	from := r.State
 	if !capmodel.Live(from) || from == StateReleasing {
 		return nil, nil
 	}
-	if (from == StateBinding || from == StateActive) && r.Binding == BindingKubernetes && r.NodeID != "" && reason != "NodeLost" {
+	if from == StateActive && r.Binding == BindingKubernetes && r.NodeID != "" && reason != "NodeLost" {
 		return e.hold(ctx, tx, r, state, reason, now)
 	}
 	// The end as stored: the bookings, the window and the index must agree
@@ -209,7 +212,7 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 		}
 		r.SetCondition(Condition{Type: CondDevicesHeld, Status: "false", Reason: reason, Message: "the bookings ended", UpdateTime: now})
 	}
-	if (from == StateBinding || from == StateActive) && r.Binding == BindingNode && r.NodeID != "" && reason != "NodeLost" {
+	if (from == StateBinding || from == StateActive) && nodeBound(r) && r.NodeID != "" && reason != "NodeLost" {
 		if _, err := e.Commands.Send(ctx, tx, Command{
 			TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationRelease, Params: map[string]any{"allocation_id": r.ID},
 			IdempotencyKey: r.ID + "/release", CreatedBy: "system:capacity", TTL: e.bindTimeout(), Time: now,

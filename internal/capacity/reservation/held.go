@@ -37,8 +37,7 @@ const (
 	ReasonDevicesNeeded = "DevicesNeeded"
 )
 
-// hold starts the release of a kubernetes binding (from binding or active)
-// that ends as state: allocation.release goes to the node, and the
+// hold starts the release of an active kubernetes binding that ends as state: allocation.release goes to the node, and the
 // reservation is releasing with its bookings kept as they are.
 func (e *Engine) hold(ctx context.Context, tx store.Tx, r *Reservation, state, reason string, now time.Time) ([]envelope.Event, error) {
 	from := r.State
