@@ -437,7 +437,7 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 	list.Flags().StringVar(&project, "project", "", "only reservations of this project")
 	list.Flags().StringVar(&pool, "pool", "", "only reservations in this pool (name, owner/name or id)")
 	list.Flags().BoolVar(&onOwned, "on-my-pools", false, "every tenant's reservations on the pools the tenant owns")
-	list.Flags().StringVar(&state, "state", "", "only these states, comma-separated: pending, placed, binding, active, released, expired, failed, canceled")
+	list.Flags().StringVar(&state, "state", "", "only these states, comma-separated: pending, placed, binding, active, releasing, released, expired, failed, canceled")
 
 	get := &cobra.Command{
 		Use:   "get ID",
@@ -732,6 +732,11 @@ func reservationDetail(w io.Writer, r *apiv1.Reservation) {
 	row(w, "BINDING:", binding)
 	row(w, "START:", ts(r.GetStartTime()))
 	row(w, "END:", ts(r.GetEndTime()))
+	if rt := r.GetReleaseTime(); rt != nil {
+		// A kubernetes binding: booked and billed from its release until
+		// the node's pods let go.
+		row(w, "RELEASING SINCE:", ts(rt)+", ends as "+dash(r.GetEndsAs()))
+	}
 	row(w, "CREATED:", ts(r.GetCreateTime())+" by "+dash(r.GetCreatedBy()))
 	if p := r.GetPlacement(); p != nil {
 		node := dash(p.GetNodeName())

@@ -159,7 +159,7 @@ type ListReservationsInput struct {
 	Tenant  string `json:"tenant,omitempty" jsonschema:"tenant name or id (default: the key's tenant)"`
 	Project string `json:"project,omitempty" jsonschema:"only this project's"`
 	Pool    string `json:"pool,omitempty" jsonschema:"only this pool's"`
-	State   string `json:"state,omitempty" jsonschema:"only in this state: pending, placed, binding, active, released, expired, failed or canceled"`
+	State   string `json:"state,omitempty" jsonschema:"only in this state: pending, placed, binding, active, releasing, released, expired, failed or canceled"`
 	Paging
 }
 

@@ -52,7 +52,7 @@ type Reservation struct {
 	ProjectID   string       `json:"project_id"`
 	Pool        string       `json:"pool"`
 	PoolID      string       `json:"pool_id"`
-	State       string       `json:"state" jsonschema:"pending, placed, binding, active, released, expired, failed or canceled"`
+	State       string       `json:"state" jsonschema:"pending, placed, binding, active, releasing, released, expired, failed or canceled; releasing: a kubernetes binding whose GPUs stay booked and billed until the node's pods let go"`
 	GPUs        int32        `json:"gpus,omitempty"`
 	Model       string       `json:"model,omitempty"`
 	MIGProfile  string       `json:"mig_profile,omitempty"`
@@ -61,7 +61,8 @@ type Reservation struct {
 	MemoryGiB   int32        `json:"memory_gib,omitempty"`
 	Binding     string       `json:"binding,omitempty"`
 	Start       string       `json:"start"`
-	End         string       `json:"end"`
+	End         string       `json:"end" jsonschema:"the booking's end; a releasing reservation's moves in 5-minute steps while pods still hold its GPUs"`
+	ReleaseTime string       `json:"release_time,omitempty" jsonschema:"when a kubernetes binding began releasing"`
 	Placement   *Placement   `json:"placement,omitempty"`
 	Explanation *Explanation `json:"explanation,omitempty" jsonschema:"why a pending reservation is not placed yet"`
 	CreatedBy   string       `json:"created_by"`
@@ -72,7 +73,7 @@ func reservationValue(r *apiv1.Reservation) Reservation {
 	return Reservation{ID: r.GetId(), Tenant: r.GetTenant(), ProjectID: r.GetProjectId(), Pool: r.GetPool(), PoolID: r.GetPoolId(),
 		State: r.GetState(), GPUs: sp.GetGpus(), Model: sp.GetModel(), MIGProfile: sp.GetMigProfile(), Slots: sp.GetSlots(),
 		VCPU: sp.GetVcpu(), MemoryGiB: sp.GetMemoryGib(), Binding: sp.GetBinding(),
-		Start: timeOf(r.GetStartTime()), End: timeOf(r.GetEndTime()), Placement: placementOf(r.GetPlacement()),
+		Start: timeOf(r.GetStartTime()), End: timeOf(r.GetEndTime()), ReleaseTime: timeOf(r.GetReleaseTime()), Placement: placementOf(r.GetPlacement()),
 		Explanation: explanationOf(r.GetExplanation()), CreatedBy: r.GetCreatedBy()}
 }
 

@@ -164,8 +164,8 @@ func heldAtoms(ctx context.Context, q store.Querier, nodeID string) (map[string]
 	if tx, ok := q.(store.Tx); ok {
 		lock = store.ForUpdate(tx)
 	}
-	rows, err := q.Query(ctx, `SELECT placement FROM reservations WHERE node_id = $1 AND state IN ($2, $3, $4) ORDER BY id`+lock,
-		nodeID, capmodel.StatePlaced, capmodel.StateBinding, capmodel.StateActive)
+	rows, err := q.Query(ctx, `SELECT placement FROM reservations WHERE node_id = $1 AND state IN ($2, $3, $4, $5) ORDER BY id`+lock,
+		nodeID, capmodel.StatePlaced, capmodel.StateBinding, capmodel.StateActive, capmodel.StateReleasing)
 	if err != nil {
 		return nil, err
 	}

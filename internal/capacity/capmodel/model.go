@@ -74,14 +74,20 @@ const (
 
 // Reservation states.
 const (
-	StatePending  = "pending"
-	StatePlaced   = "placed"
-	StateBinding  = "binding"
-	StateActive   = "active"
-	StateReleased = "released"
-	StateExpired  = "expired"
-	StateFailed   = "failed"
-	StateCanceled = "canceled"
+	StatePending = "pending"
+	StatePlaced  = "placed"
+	StateBinding = "binding"
+	StateActive  = "active"
+	// StateReleasing: a kubernetes-bound reservation that was released (or
+	// ended) while the node's pods may still hold its GPUs. It keeps its
+	// bookings, and is billed, until the node reports AllocationReleased,
+	// the node is lost, or the booking's end finds the devices needed;
+	// then it reaches its EndsAs state.
+	StateReleasing = "releasing"
+	StateReleased  = "released"
+	StateExpired   = "expired"
+	StateFailed    = "failed"
+	StateCanceled  = "canceled"
 )
 
 // Bindings.
@@ -106,11 +112,16 @@ const (
 	// CondNodeReleased is false from the release command until the node
 	// confirms it killed what was left and removed the cgroup.
 	CondNodeReleased = "NodeReleased"
+	// CondHeldPastEnd is true when pods still held a releasing
+	// reservation's devices at its booking's end and the booking could not
+	// be extended (another booking starts on them): the booking ended, and
+	// the node may still run those pods.
+	CondHeldPastEnd = "HeldPastEnd"
 )
 
 // Holding reports whether a reservation in state holds its bookings.
 func Holding(state string) bool {
-	return state == StatePlaced || state == StateBinding || state == StateActive
+	return state == StatePlaced || state == StateBinding || state == StateActive || state == StateReleasing
 }
 
 // Live reports whether a reservation in state may still change.
@@ -166,6 +177,11 @@ type Reservation struct {
 	// Flavor is the instance flavor a binding-instance reservation was
 	// booked for (usage meters instance.<flavor>.hours).
 	Flavor string
+	// EndsAs is the state a releasing reservation reaches once its
+	// bookings end (released, expired, canceled or failed); ReleaseTime
+	// is when it began releasing. Both are kept after it ends.
+	EndsAs      string
+	ReleaseTime *time.Time
 	// Requires are agent capabilities the host must advertise beyond what
 	// the binding implies (an instance's network policy). Not stored: only
 	// instances set it, and they place inline, never from the queue.

@@ -41,7 +41,7 @@ func poolBookings(ctx context.Context, q store.Querier, poolID string, now time.
 func poolHolds(ctx context.Context, q store.Querier, poolID string, now time.Time, fn func(node string, h hold)) error {
 	rows, err := q.Query(ctx, `SELECT r.id, r.node_id, r.tenant_id, r.starts_at, r.ends_at, r.memory_gib, r.hugepages_1gi, r.gpus + r.slots
 		FROM reservations r JOIN node_pools np ON np.node_id = r.node_id
-		WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active') AND r.ends_at > $2`, poolID, now)
+		WHERE np.pool_id = $1 AND r.state IN ('placed', 'binding', 'active', 'releasing') AND r.ends_at > $2`, poolID, now)
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func nodeBookings(ctx context.Context, q store.Querier, nodeID string, now time.
 func nodeHolds(ctx context.Context, q store.Querier, nodeID string, now time.Time) ([]hold, error) {
 	var holds []hold
 	rows, err := q.Query(ctx, `SELECT id, tenant_id, starts_at, ends_at, memory_gib, hugepages_1gi, gpus + slots FROM reservations
-			WHERE node_id = $1 AND state IN ('placed', 'binding', 'active') AND ends_at > $2`, nodeID, now)
+			WHERE node_id = $1 AND state IN ('placed', 'binding', 'active', 'releasing') AND ends_at > $2`, nodeID, now)
 	if err != nil {
 		return nil, err
 	}

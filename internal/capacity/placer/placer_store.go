@@ -96,7 +96,7 @@ func hostHolds(ctx context.Context, tx store.Tx, nodes []string, from, to time.T
 		ph[i] = fmt.Sprintf("$%d", i+3)
 	}
 	rows, err := tx.Query(ctx, `SELECT id, node_id, tenant_id, starts_at, ends_at, memory_gib, hugepages_1gi, gpus + slots FROM reservations
-		WHERE node_id IN (`+strings.Join(ph, ", ")+`) AND state IN ('placed', 'binding', 'active') AND starts_at < $2 AND ends_at > $1`, args...)
+		WHERE node_id IN (`+strings.Join(ph, ", ")+`) AND state IN ('placed', 'binding', 'active', 'releasing') AND starts_at < $2 AND ends_at > $1`, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -145,11 +145,11 @@ func covering(ctx context.Context, q store.Querier, c Charge) ([]Quota, error) {
 // Reservation states, as the reservation module writes them.
 var (
 	// liveStates hold their GPUs over their window.
-	liveStates = []string{"pending", "placed", "binding", "active"}
+	liveStates = []string{"pending", "placed", "binding", "active", "releasing"}
 	// chargedStates count toward GPU-hours: a release cuts the window short,
 	// so only the hours held stay charged; failed and canceled reservations
 	// are never charged.
-	chargedStates = []string{"pending", "placed", "binding", "active", "released", "expired"}
+	chargedStates = []string{"pending", "placed", "binding", "active", "releasing", "released", "expired"}
 	chargedIn     = "'" + strings.Join(chargedStates, "', '") + "'"
 )
 

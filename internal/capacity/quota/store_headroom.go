@@ -31,7 +31,7 @@ func GPUHeadrooms(ctx context.Context, q store.Querier, limit int) ([]GPUHeadroo
 			AND (qt.project_id = '' OR r.project_id = qt.project_id)
 			AND (qt.pool_id = '' OR r.pool_id = qt.pool_id)
 			AND (qt.model = '' OR upper(coalesce(nullif(r.gpu_model, ''), r.model)) = qt.model)
-			AND r.state IN ('pending', 'placed', 'binding', 'active')
+			AND r.state IN ('pending', 'placed', 'binding', 'active', 'releasing')
 			AND r.starts_at <= compute_now() AND r.ends_at > compute_now()
 		WHERE qt.gpus >= 0
 		GROUP BY qt.id, qt.gpus ORDER BY qt.id LIMIT $1`, limit)

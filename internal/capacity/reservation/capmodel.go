@@ -12,14 +12,15 @@ type (
 
 // Reservation states.
 const (
-	StatePending  = capmodel.StatePending
-	StatePlaced   = capmodel.StatePlaced
-	StateBinding  = capmodel.StateBinding
-	StateActive   = capmodel.StateActive
-	StateReleased = capmodel.StateReleased
-	StateExpired  = capmodel.StateExpired
-	StateFailed   = capmodel.StateFailed
-	StateCanceled = capmodel.StateCanceled
+	StatePending   = capmodel.StatePending
+	StatePlaced    = capmodel.StatePlaced
+	StateBinding   = capmodel.StateBinding
+	StateActive    = capmodel.StateActive
+	StateReleasing = capmodel.StateReleasing
+	StateReleased  = capmodel.StateReleased
+	StateExpired   = capmodel.StateExpired
+	StateFailed    = capmodel.StateFailed
+	StateCanceled  = capmodel.StateCanceled
 )
 
 // Bindings.
@@ -37,6 +38,7 @@ const (
 	CondNodeLost     = capmodel.CondNodeLost
 	CondIsolated     = capmodel.CondIsolated
 	CondNodeReleased = capmodel.CondNodeReleased
+	CondHeldPastEnd  = capmodel.CondHeldPastEnd
 )
 
 // Atom kinds.

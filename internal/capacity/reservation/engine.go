@@ -104,17 +104,24 @@ func (e *Engine) held(ctx context.Context, b *placer.Batch, r *Reservation, now 
 	return append(evs, more...), err
 }
 
-// startIfDue starts a placed reservation whose window has begun: a node
-// binding sends allocation.bind, the others are active at once (kubernetes:
-// the kubelet binds from the booking).
+// startIfDue starts a placed reservation whose window has begun: a node or
+// kubernetes binding sends allocation.bind (bcd applies the limits, or
+// offers the GPUs to its kubelet) and goes active on the node's
+// AllocationBound; the others are active at once.
 func (e *Engine) startIfDue(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
 	if r.State != StatePlaced || r.StartsAt.After(now) {
 		return nil, nil
 	}
-	if r.Binding != BindingNode {
+	if !nodeBound(r) {
 		return e.activate(r, now), nil
 	}
 	return e.sendBind(ctx, tx, r, now)
+}
+
+// nodeBound reports whether bcd on the reservation's node binds it (and
+// must be told to release it).
+func nodeBound(r *Reservation) bool {
+	return r.Binding == BindingNode || r.Binding == BindingKubernetes
 }
 
 func (e *Engine) activate(r *Reservation, now time.Time) []envelope.Event {
@@ -142,6 +149,12 @@ func (e *Engine) sendBind(ctx context.Context, tx store.Tx, r *Reservation, now 
 	}
 	if mems := r.CPUSetMems(); mems != "" {
 		params["cpuset_mems"] = mems
+	}
+	if r.Binding == BindingKubernetes {
+		// bcd offers the GPUs to its kubelet plugins instead of applying
+		// cgroup limits (DeviceAssignment.binding); a node binding sends
+		// none, as before, so an older bcd sees the params it knows.
+		params["binding"] = BindingKubernetes
 	}
 	id, err := e.Commands.Send(ctx, tx, Command{
 		TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationBind, Params: params,
@@ -175,33 +188,31 @@ func anySlice(ss []string) []any {
 // end ends a live reservation in state (released, expired, failed or
 // canceled) at now: its bookings end, the rollup gives the atoms back, a
 // bound allocation is removed from the node, and the pool's queue is woken.
+//
+// A kubernetes binding the node confirmed (active: its kubelet may have
+// handed the GPUs to pods) is not ended here but held: see hold. One still
+// binding ends as a node one does (the node never confirmed it; holding it
+// would keep the GPUs of a node that does not answer for good). A
+// releasing one is left as it is (releasing twice is not an error);
+// finishHeld ends it.
 func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, reason string, now time.Time) ([]envelope.Event, error) {
 	from := r.State
-	if !capmodel.Live(from) {
+	if !capmodel.Live(from) || from == StateReleasing {
 		return nil, nil
+	}
+	if from == StateActive && r.Binding == BindingKubernetes && r.NodeID != "" && reason != "NodeLost" {
+		return e.hold(ctx, tx, r, state, reason, now)
 	}
 	// The end as stored: the bookings, the window and the index must agree
 	// on it to the microsecond.
 	at := now.UTC().Truncate(booking.Resolution)
 	if capmodel.Holding(from) {
-		var err error
-		if at.After(r.StartsAt) {
-			_, err = booking.Release(ctx, tx, []string{r.ID}, at)
-		} else {
-			// Not started: the atoms go back whole. Shrunk to its first
-			// microsecond, a booking would still refuse them to every
-			// window across that instant.
-			err = bookingsDelete(ctx, tx, r.ID)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := rollupBooked(ctx, tx, r, -1); err != nil {
+		if err := e.endBookings(ctx, tx, r, at); err != nil {
 			return nil, err
 		}
 		r.SetCondition(Condition{Type: CondDevicesHeld, Status: "false", Reason: reason, Message: "the bookings ended", UpdateTime: now})
 	}
-	if (from == StateBinding || from == StateActive) && r.Binding == BindingNode && r.NodeID != "" && reason != "NodeLost" {
+	if (from == StateBinding || from == StateActive) && nodeBound(r) && r.NodeID != "" && reason != "NodeLost" {
 		if _, err := e.Commands.Send(ctx, tx, Command{
 			TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationRelease, Params: map[string]any{"allocation_id": r.ID},
 			IdempotencyKey: r.ID + "/release", CreatedBy: "system:capacity", TTL: e.bindTimeout(), Time: now,
@@ -237,17 +248,41 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 	}
 	evs := []envelope.Event{event("reservation."+state, r, map[string]any{"reason": reason})}
 	if capmodel.Holding(from) {
-		nodeID, id, pool := r.NodeID, r.ID, r.PoolID
-		tx.AfterCommit(func() {
-			if ix := e.placers.Cached(pool); ix != nil {
-				ix.Released(nodeID, id, at, e.placers.Clock.Now())
-			}
-		})
-		if err := e.wake(ctx, tx, r.PoolID); err != nil {
+		if err := e.bookingsEnded(ctx, tx, r, at); err != nil {
 			return nil, err
 		}
 	}
 	return evs, nil
+}
+
+// endBookings ends a holding reservation's bookings at at and gives its
+// atoms back to the rollup.
+func (e *Engine) endBookings(ctx context.Context, tx store.Tx, r *Reservation, at time.Time) error {
+	var err error
+	if at.After(r.StartsAt) {
+		_, err = booking.Release(ctx, tx, []string{r.ID}, at)
+	} else {
+		// Not started: the atoms go back whole. Shrunk to its first
+		// microsecond, a booking would still refuse them to every
+		// window across that instant.
+		err = bookingsDelete(ctx, tx, r.ID)
+	}
+	if err != nil {
+		return err
+	}
+	return rollupBooked(ctx, tx, r, -1)
+}
+
+// bookingsEnded tells the pool's index once tx commits (freeing early would
+// invite a placement the database then refuses) and wakes the pool's queue.
+func (e *Engine) bookingsEnded(ctx context.Context, tx store.Tx, r *Reservation, at time.Time) error {
+	nodeID, id, pool := r.NodeID, r.ID, r.PoolID
+	tx.AfterCommit(func() {
+		if ix := e.placers.Cached(pool); ix != nil {
+			ix.Released(nodeID, id, at, e.placers.Clock.Now())
+		}
+	})
+	return e.wake(ctx, tx, r.PoolID)
 }
 
 func errMoved(ok bool) error {

@@ -54,7 +54,11 @@ func (h Hooks) AllocationBound(ctx context.Context, tx store.Tx, nodeID string, 
 	}
 	now := h.rn.Engine.placers.Clock.Now()
 	evs := h.rn.Engine.activate(&r, now)
-	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Bound", Message: "limits applied at " + b.GetCgroup(), UpdateTime: now})
+	held := "limits applied at " + b.GetCgroup()
+	if r.Binding == BindingKubernetes {
+		held = "offered to the node's kubelet"
+	}
+	r.SetCondition(Condition{Type: CondDevicesHeld, Status: "true", Reason: "Bound", Message: held, UpdateTime: now})
 	r.SetCondition(Condition{Type: CondBindTimeout, Status: "false", Reason: "Bound", Message: "the node confirmed the bind", UpdateTime: now})
 	r.SetCondition(isolated(b.GetEnforced(), now))
 	if err := saveMoved(ctx, tx, &r, StateBinding, now); err != nil {
@@ -96,7 +100,10 @@ func isolated(enforced []*agentv1.Enforcement, now time.Time) Condition {
 }
 
 // AllocationReleased records the node's confirmation of a release: it
-// killed what was left in the reservation's cgroup and removed it.
+// killed what was left in the reservation's cgroup and removed it, or (a
+// kubernetes binding) no pod holds its GPUs any more. A releasing
+// reservation's bookings end then. Only the reservation's own node is
+// heard: another node's report (signed by that node) changes nothing.
 func (h Hooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID string, rel *agentv1.AllocationReleased) error {
 	if !envelope.IsID(rel.GetAllocationId(), IDPrefix) {
 		return nil
@@ -109,8 +116,19 @@ func (h Hooks) AllocationReleased(ctx context.Context, tx store.Tx, nodeID strin
 		return err
 	}
 	now := h.rn.Engine.placers.Clock.Now()
-	if !r.SetCondition(Condition{Type: CondNodeReleased, Status: "true", Reason: "Released",
-		Message: fmt.Sprintf("the node killed %d leftover processes and removed the cgroup", rel.GetKilledProcesses()), UpdateTime: now}) {
+	msg := fmt.Sprintf("the node killed %d leftover processes and removed the cgroup", rel.GetKilledProcesses())
+	if r.Binding == BindingKubernetes {
+		msg = "the node reported that no pod holds the reservation's GPUs"
+	}
+	changed := r.SetCondition(Condition{Type: CondNodeReleased, Status: "true", Reason: "Released", Message: msg, UpdateTime: now})
+	if r.State == StateReleasing {
+		evs, err := h.rn.Engine.finishHeld(ctx, tx, &r, ReasonPodsLetGo, "the node's pods let go of the GPUs: the bookings ended", now, now)
+		if err != nil {
+			return err
+		}
+		return h.rn.record(ctx, tx, evs)
+	}
+	if !changed {
 		return nil
 	}
 	return saveMoved(ctx, tx, &r, r.State, now)
@@ -156,7 +174,7 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 		return err
 	}
 	for _, id := range nodeIDs {
-		rs, err := onNode(ctx, tx, id, StatePlaced, StateBinding, StateActive)
+		rs, err := onNode(ctx, tx, id, StatePlaced, StateBinding, StateActive, StateReleasing)
 		if err != nil {
 			return err
 		}
@@ -164,6 +182,16 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 			r := &rs[i]
 			r.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
 				Message: "node " + r.Placement.NodeName + " stopped answering", UpdateTime: now})
+			if r.State == StateReleasing {
+				// Released already: it ends, whatever the pool's policy;
+				// the lost node's pods hold nothing the fleet can book.
+				more, err := e.finishHeld(ctx, tx, r, "NodeLost", "the node was lost: the bookings ended", now, now)
+				if err != nil {
+					return err
+				}
+				evs = append(evs, more...)
+				continue
+			}
 			policy := pool.OnNodeLostRelease
 			if p, err := pool.Get(ctx, tx, "", r.PoolID); err == nil {
 				policy = poolPolicy(p).GetOnNodeLost()

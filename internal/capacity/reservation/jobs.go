@@ -354,8 +354,18 @@ func (rn *Runner) TickPool(ctx context.Context, poolID string) error {
 			from := r.State
 			var more []envelope.Event
 			switch {
+			case r.State == StateReleasing:
+				// Its end came while the node's pods may hold its devices.
+				more, err = e.heldAtEnd(ctx, b, r, now)
 			case !r.EndsAt.After(now):
 				more, err = e.end(ctx, tx, r, StateExpired, "Expired", now)
+				if err == nil && r.State == StateReleasing {
+					// A kubernetes binding's end: the pods have had no
+					// allocation.release yet, so they hold the devices.
+					var held []envelope.Event
+					held, err = e.heldAtEnd(ctx, b, r, now)
+					more = append(more, held...)
+				}
 			case r.State == StatePlaced:
 				if more, err = e.startIfDue(ctx, tx, r, now); err == nil {
 					err = saveMoved(ctx, tx, r, from, now)

@@ -66,7 +66,9 @@ func TestKubernetesBindingPlacesOnlyOnKubeletNodes(t *testing.T) {
 	for range 2 {
 		r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 4, DurationSeconds: 3600, Binding: "kubernetes"})
 		require.Equal(t, kube, r.GetPlacement().GetNodeId(), "explanation: %v", r.GetExplanation())
-		require.Equal(t, "active", r.GetState())
+		// bcd binds it (it offers the GPUs to its kubelet), as a node one.
+		require.Equal(t, "binding", r.GetState())
+		f.waitState(t, r.GetId(), "active")
 	}
 	waits := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, DurationSeconds: 3600, Binding: "kubernetes"})
 	require.Equal(t, "pending", waits.GetState(), "the node without binding.kubernetes has 8 free GPUs and must not take it")

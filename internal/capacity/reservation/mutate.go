@@ -196,7 +196,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			return map[string]any{"lifetimeSeconds": int64(decidedEnd.Sub(r.StartsAt) / time.Second)}
 		},
 		apply: func(ctx context.Context, tx *envelope.Tx, r *Reservation, poolName string) (*apiv1.ExtendReservationResponse, error) {
-			if !capmodel.Live(r.State) {
+			if !capmodel.Live(r.State) || r.State == StateReleasing {
 				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "reservation %s is %s; only a live reservation can be extended", r.ID, r.State)
 			}
 			if !r.EndsAt.Equal(decidedFrom) {
@@ -258,7 +258,9 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 }
 
 // Release ends a reservation now. A reservation that already ended is
-// returned as it is: releasing twice is not an error.
+// returned as it is: releasing twice is not an error. A kubernetes binding
+// the node holds becomes releasing: its bookings end when the node reports
+// that its pods let go (held.go).
 func (s *Service) Release(ctx context.Context, req *connect.Request[apiv1.ReleaseReservationRequest]) (*connect.Response[apiv1.ReleaseReservationResponse], error) {
 	msg := req.Msg
 	return mutateRef(ctx, s, req, refMutation[apiv1.ReleaseReservationResponse]{

@@ -77,6 +77,10 @@ func Proto(r Reservation, poolName string) *apiv1.Reservation {
 			SingleTenant: r.SingleTenant},
 		StartTime: timestamppb.New(r.StartsAt), EndTime: timestamppb.New(r.EndsAt), Explanation: decodeExplanation(r.Explanation),
 		CreatedBy: r.CreatedBy, CreateTime: timestamppb.New(r.CreateTime), UpdateTime: timestamppb.New(r.UpdateTime),
+		EndsAs: r.EndsAs,
+	}
+	if r.ReleaseTime != nil {
+		out.ReleaseTime = timestamppb.New(*r.ReleaseTime)
 	}
 	if r.NodeID != "" {
 		p := r.Placement
@@ -119,7 +123,7 @@ func (s *Service) Get(ctx context.Context, req *connect.Request[apiv1.GetReserva
 	return connect.NewResponse(&apiv1.GetReservationResponse{Reservation: out}), nil
 }
 
-var allStates = []string{StatePending, StatePlaced, StateBinding, StateActive, StateReleased, StateExpired, StateFailed, StateCanceled}
+var allStates = []string{StatePending, StatePlaced, StateBinding, StateActive, StateReleasing, StateReleased, StateExpired, StateFailed, StateCanceled}
 
 // List lists reservations: a tenant's, or every tenant's for platform admins.
 func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListReservationsRequest]) (*connect.Response[apiv1.ListReservationsResponse], error) {

@@ -29,7 +29,7 @@ const IDPrefix = "rsv"
 
 const columns = `id, tenant_id, project_id, pool_id, state, gpus, model, mig_profile, slots, vcpu, memory_gib,
 	hugepages_1gi, binding, single_tenant, starts_at, ends_at, node_id, gpu_model, placement, conditions,
-	explanation, command_id, bind_attempts, bind_deadline, active_since, active_until, created_by, create_time, update_time, flavor`
+	explanation, command_id, bind_attempts, bind_deadline, active_since, active_until, created_by, create_time, update_time, flavor, ends_as, release_time`
 
 func scan(row interface{ Scan(...any) error }) (Reservation, error) {
 	var r Reservation
@@ -37,7 +37,7 @@ func scan(row interface{ Scan(...any) error }) (Reservation, error) {
 	err := row.Scan(&r.ID, &r.TenantID, &r.ProjectID, &r.PoolID, &r.State, &r.GPUs, &r.Model, &r.MIGProfile, &r.Slots,
 		&r.VCPU, &r.MemoryGiB, &r.Hugepages1Gi, &r.Binding, &r.SingleTenant, &r.StartsAt, &r.EndsAt, &r.NodeID,
 		&r.GPUModel, &placement, &conds, &r.Explanation, &r.CommandID, &r.BindAttempts, &r.BindDeadline,
-		&r.ActiveSince, &r.ActiveUntil, &r.CreatedBy, &r.CreateTime, &r.UpdateTime, &r.Flavor)
+		&r.ActiveSince, &r.ActiveUntil, &r.CreatedBy, &r.CreateTime, &r.UpdateTime, &r.Flavor, &r.EndsAs, &r.ReleaseTime)
 	if err != nil {
 		return r, err
 	}
@@ -87,7 +87,7 @@ func stageInsert(ctx context.Context, b *placer.Batch, r *Reservation) error {
 	return b.Stage(ctx, insertHead, []any{r.ID, r.TenantID, r.ProjectID, r.PoolID, r.State, r.GPUs, r.Model, r.MIGProfile, r.Slots, r.VCPU, r.MemoryGiB,
 		r.Hugepages1Gi, r.Binding, r.SingleTenant, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement),
 		jsonText(r.Conditions), r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil,
-		r.CreatedBy, r.CreateTime, r.UpdateTime, r.Flavor})
+		r.CreatedBy, r.CreateTime, r.UpdateTime, r.Flavor, r.EndsAs, r.ReleaseTime})
 }
 
 // save writes back every mutable column of r, guarded by the state it was
@@ -95,10 +95,11 @@ func stageInsert(ctx context.Context, b *placer.Batch, r *Reservation) error {
 func save(ctx context.Context, tx store.Tx, r *Reservation, fromState string) (bool, error) {
 	n, err := tx.Exec(ctx, `UPDATE reservations SET state = $2, starts_at = $3, ends_at = $4, node_id = $5, gpu_model = $6,
 		placement = $7, conditions = $8, explanation = $9, command_id = $10, bind_attempts = $11, bind_deadline = $12,
-		active_since = $13, active_until = $14, update_time = $15
+		active_since = $13, active_until = $14, update_time = $15, ends_as = $17, release_time = $18
 		WHERE id = $1 AND state = $16`,
 		r.ID, r.State, r.StartsAt, r.EndsAt, r.NodeID, r.GPUModel, jsonText(r.Placement), jsonText(r.Conditions),
-		r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil, r.UpdateTime, fromState)
+		r.Explanation, r.CommandID, r.BindAttempts, r.BindDeadline, r.ActiveSince, r.ActiveUntil, r.UpdateTime, fromState,
+		r.EndsAs, r.ReleaseTime)
 	return n == 1, err
 }
 
@@ -186,12 +187,13 @@ func rollupBooked(ctx context.Context, tx store.Tx, r *Reservation, sign int) er
 }
 
 // duePool lists the reservations of a pool the tick acts on: placed ones whose start came,
-// live ones whose end came and binds past their deadline. FOR UPDATE on
+// live ones whose end came (a releasing one's end is where its hold is
+// extended or ends) and binds past their deadline. FOR UPDATE on
 // PostgreSQL: an Extend, a second tick or the placer waits, and what it then
 // reads is what the tick wrote.
 func duePool(ctx context.Context, tx store.Tx, poolID string, now time.Time) ([]Reservation, error) {
 	return scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
-			WHERE pool_id = $2 AND ((state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
+			WHERE pool_id = $2 AND ((state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'releasing', 'pending') AND ends_at <= $1)
 				OR (state = 'binding' AND bind_deadline < $1))
 			ORDER BY id LIMIT 500`+store.ForUpdate(tx), now, poolID))
 }
@@ -199,7 +201,7 @@ func duePool(ctx context.Context, tx store.Tx, poolID string, now time.Time) ([]
 // duePools lists the pools that have reservations the tick acts on.
 func duePools(ctx context.Context, q store.Querier, now time.Time) ([]string, error) {
 	return store.Strings(q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations
-		WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'pending') AND ends_at <= $1)
+		WHERE (state = 'placed' AND starts_at <= $1) OR (state IN ('placed', 'binding', 'active', 'releasing', 'pending') AND ends_at <= $1)
 			OR (state = 'binding' AND bind_deadline < $1)
 		ORDER BY pool_id`, now))
 }

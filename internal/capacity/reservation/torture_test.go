@@ -1086,7 +1086,8 @@ func (e *torture) read() (*world, error) {
 }
 
 func holding(state string) bool {
-	return state == reservation.StatePlaced || state == reservation.StateBinding || state == reservation.StateActive
+	return state == reservation.StatePlaced || state == reservation.StateBinding || state == reservation.StateActive ||
+		state == reservation.StateReleasing
 }
 
 func live(state string) bool { return state == reservation.StatePending || holding(state) }

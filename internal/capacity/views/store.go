@@ -21,7 +21,7 @@ const (
 
 // liveStates are the reservation states that hold their bookings; the
 // rollups count an atom as booked while one of them holds it.
-const liveStates = `('placed', 'binding', 'active')`
+const liveStates = `('placed', 'binding', 'active', 'releasing')`
 
 // rolledKinds is the SQL list of the kinds with rollups.
 const rolledKinds = `('gpu', 'mig', 'slot')`

@@ -31,11 +31,17 @@ type Reservation struct {
 	ProjectId string                 `protobuf:"bytes,3,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	PoolId    string                 `protobuf:"bytes,4,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
 	Pool      string                 `protobuf:"bytes,5,opt,name=pool,proto3" json:"pool,omitempty"`
-	// pending, placed, binding, active, released, expired, failed, canceled.
+	// pending, placed, binding, active, releasing, released, expired, failed,
+	// canceled. releasing: a kubernetes binding that was released (or ended)
+	// while the node's pods may still hold its GPUs; they stay booked, and
+	// billed, until the node reports that the pods let go (the DevicesHeld
+	// condition says why).
 	State     string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
 	Spec      *ReservationSpec       `protobuf:"bytes,7,opt,name=spec,proto3" json:"spec,omitempty"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	EndTime   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// The booking's end. A releasing reservation's moves in steps of 5
+	// minutes while the node's pods still hold its GPUs past it.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
 	// Where it was placed; empty while pending.
 	Placement  *Placement              `protobuf:"bytes,10,opt,name=placement,proto3" json:"placement,omitempty"`
 	Conditions []*ReservationCondition `protobuf:"bytes,11,rep,name=conditions,proto3" json:"conditions,omitempty"`
@@ -46,7 +52,13 @@ type Reservation struct {
 	UpdateTime  *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// The consumer tenant's name: an owner listing its pools sees whose
 	// reservation each is.
-	Tenant        string `protobuf:"bytes,16,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,16,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// When a kubernetes binding began releasing (a release, a cancel, its
+	// end): billed from then on only while the node's pods hold its GPUs.
+	ReleaseTime *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=release_time,json=releaseTime,proto3" json:"release_time,omitempty"`
+	// The state a releasing reservation reaches once its bookings end
+	// (released, expired, canceled, failed); kept after it does.
+	EndsAs        string `protobuf:"bytes,18,opt,name=ends_as,json=endsAs,proto3" json:"ends_as,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +205,20 @@ func (x *Reservation) GetTenant() string {
 	return ""
 }
 
+func (x *Reservation) GetReleaseTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReleaseTime
+	}
+	return nil
+}
+
+func (x *Reservation) GetEndsAs() string {
+	if x != nil {
+		return x.EndsAs
+	}
+	return ""
+}
+
 // ReservationSpec is what was asked for, defaults filled in.
 type ReservationSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -207,8 +233,9 @@ type ReservationSpec struct {
 	Vcpu          int32 `protobuf:"varint,5,opt,name=vcpu,proto3" json:"vcpu,omitempty"`
 	MemoryGib     int32 `protobuf:"varint,6,opt,name=memory_gib,json=memoryGib,proto3" json:"memory_gib,omitempty"`
 	Hugepages_1Gi int32 `protobuf:"varint,7,opt,name=hugepages_1gi,json=hugepages1gi,proto3" json:"hugepages_1gi,omitempty"`
-	// node (the agent applies cgroup limits), kubernetes (the kubelet binds;
-	// active once placed), none (a booking only).
+	// node (the agent applies cgroup limits), kubernetes (the agent offers
+	// the GPUs to its kubelet; active once the node reports the bind), none
+	// (a booking only).
 	Binding string `protobuf:"bytes,8,opt,name=binding,proto3" json:"binding,omitempty"`
 	// Ask for a node no other tenant holds anything on.
 	SingleTenant  bool `protobuf:"varint,9,opt,name=single_tenant,json=singleTenant,proto3" json:"single_tenant,omitempty"`
@@ -2493,7 +2520,7 @@ var File_bettercompute_api_v1_reservations_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\n" +
-	"'bettercompute/api/v1/reservations.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x05\n" +
+	"'bettercompute/api/v1/reservations.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x06\n" +
 	"\vReservation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -2518,7 +2545,9 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12\x16\n" +
-	"\x06tenant\x18\x10 \x01(\tR\x06tenant\"\x89\x02\n" +
+	"\x06tenant\x18\x10 \x01(\tR\x06tenant\x12=\n" +
+	"\frelease_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\vreleaseTime\x12\x17\n" +
+	"\aends_as\x18\x12 \x01(\tR\x06endsAs\"\x89\x02\n" +
 	"\x0fReservationSpec\x12\x12\n" +
 	"\x04gpus\x18\x01 \x01(\x05R\x04gpus\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1f\n" +
@@ -2768,58 +2797,59 @@ var file_bettercompute_api_v1_reservations_proto_depIdxs = []int32{
 	5,  // 5: bettercompute.api.v1.Reservation.explanation:type_name -> bettercompute.api.v1.Explanation
 	33, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
 	33, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
-	3,  // 8: bettercompute.api.v1.Placement.score:type_name -> bettercompute.api.v1.PlacementScore
-	33, // 9: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 10: bettercompute.api.v1.Explanation.lines:type_name -> bettercompute.api.v1.ExplanationLine
-	33, // 11: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
-	33, // 12: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 13: bettercompute.api.v1.CreateReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	7,  // 14: bettercompute.api.v1.CreateReservationsRequest.template:type_name -> bettercompute.api.v1.CreateReservationRequest
-	10, // 15: bettercompute.api.v1.CreateReservationsRequest.gang:type_name -> bettercompute.api.v1.Gang
-	0,  // 16: bettercompute.api.v1.CreateReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
-	7,  // 17: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
-	2,  // 18: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
-	5,  // 19: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
-	14, // 20: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
-	33, // 21: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
-	33, // 22: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
-	2,  // 23: bettercompute.api.v1.PreviewReservationResponse.gang_placements:type_name -> bettercompute.api.v1.Placement
-	15, // 24: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
-	0,  // 25: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 26: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
-	0,  // 27: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	33, // 28: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 29: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 30: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 31: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	30, // 32: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
-	31, // 33: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
-	32, // 34: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
-	7,  // 35: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
-	9,  // 36: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
-	12, // 37: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
-	16, // 38: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
-	18, // 39: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
-	20, // 40: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
-	22, // 41: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
-	24, // 42: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
-	26, // 43: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
-	28, // 44: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
-	8,  // 45: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
-	11, // 46: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
-	13, // 47: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
-	17, // 48: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
-	19, // 49: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
-	21, // 50: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
-	23, // 51: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
-	25, // 52: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
-	27, // 53: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
-	29, // 54: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	33, // 8: bettercompute.api.v1.Reservation.release_time:type_name -> google.protobuf.Timestamp
+	3,  // 9: bettercompute.api.v1.Placement.score:type_name -> bettercompute.api.v1.PlacementScore
+	33, // 10: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
+	6,  // 11: bettercompute.api.v1.Explanation.lines:type_name -> bettercompute.api.v1.ExplanationLine
+	33, // 12: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
+	33, // 13: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 14: bettercompute.api.v1.CreateReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	7,  // 15: bettercompute.api.v1.CreateReservationsRequest.template:type_name -> bettercompute.api.v1.CreateReservationRequest
+	10, // 16: bettercompute.api.v1.CreateReservationsRequest.gang:type_name -> bettercompute.api.v1.Gang
+	0,  // 17: bettercompute.api.v1.CreateReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	7,  // 18: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
+	2,  // 19: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
+	5,  // 20: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
+	14, // 21: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
+	33, // 22: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
+	33, // 23: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
+	2,  // 24: bettercompute.api.v1.PreviewReservationResponse.gang_placements:type_name -> bettercompute.api.v1.Placement
+	15, // 25: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
+	0,  // 26: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 27: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	0,  // 28: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	33, // 29: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 30: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 31: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 32: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	30, // 33: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
+	31, // 34: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
+	32, // 35: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
+	7,  // 36: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
+	9,  // 37: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
+	12, // 38: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
+	16, // 39: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
+	18, // 40: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
+	20, // 41: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
+	22, // 42: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
+	24, // 43: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
+	26, // 44: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
+	28, // 45: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
+	8,  // 46: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
+	11, // 47: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
+	13, // 48: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
+	17, // 49: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
+	19, // 50: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
+	21, // 51: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
+	23, // 52: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
+	25, // 53: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
+	27, // 54: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
+	29, // 55: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
+	46, // [46:56] is the sub-list for method output_type
+	36, // [36:46] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_reservations_proto_init() }
