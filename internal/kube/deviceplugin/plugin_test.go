@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/bctest/kubelet"
 	"github.com/better-compute/better-compute/internal/kube/deviceplugin"
+	"github.com/better-compute/better-compute/internal/kube/podresources"
 	"github.com/better-compute/better-compute/internal/kubebind"
 )
 
@@ -191,4 +192,41 @@ func TestPreferredAllocationKeepsToOneReservationAndIsland(t *testing.T) {
 	require.Equal(t, "A1", got[0])
 	require.Len(t, got, 2)
 	require.True(t, slices.Contains([]string{"A2", "A3", "A4"}, got[1]), "the reservation of the device it must include: %v", got)
+}
+
+// TestReleaseWaitsForThePodTheKubeletStarted follows one GPU from
+// Allocate to the pod's end: the hold Allocate makes turns into the pod's
+// once PodResources lists it, and a withdrawal completes only when the
+// pod is gone.
+func TestReleaseWaitsForThePodTheKubeletStarted(t *testing.T) {
+	t.Parallel()
+	r := start(t)
+	poller, err := podresources.New(podresources.Config{Set: r.set, Socket: r.k.PodResourcesSocket()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = poller.Close() })
+	require.NoError(t, r.set.Offer("res-a", []kubebind.Device{gpu("GPU-1", "i0")}))
+	_, err = r.k.Wait(r.ctx, func(s kubelet.State) bool { return len(s.Healthy()) == 1 })
+	require.NoError(t, err)
+
+	_, err = r.k.Allocate(r.ctx, "GPU-1")
+	require.NoError(t, err)
+	// Released before the pod is listed: the Allocate hold keeps it.
+	done := r.set.Withdraw("res-a")
+	require.NoError(t, poller.Sync(r.ctx))
+	select {
+	case <-done:
+		t.Fatal("released between Allocate and the pod's listing")
+	default:
+	}
+	r.k.AddPod("train", []string{"GPU-1"})
+	require.NoError(t, poller.Sync(r.ctx))
+	require.Equal(t, map[string][]string{"pod/default/train": {"GPU-1"}}, r.set.Holders(), "the pod holds it now, not Allocate")
+	select {
+	case <-done:
+		t.Fatal("released while the pod runs")
+	default:
+	}
+	r.k.RemovePod("train")
+	require.NoError(t, poller.Sync(r.ctx))
+	<-done
 }
