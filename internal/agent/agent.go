@@ -254,9 +254,10 @@ type Agent struct {
 	runCtx context.Context
 
 	// kubeMu guards kube, what is offered to the kubelet (Config.Kube).
-	kubeMu sync.Mutex
-	kube   kubeState
-	kubeWG sync.WaitGroup
+	kubeMu     sync.Mutex
+	kube       kubeState
+	kubeWG     sync.WaitGroup
+	kubeSendMu sync.Mutex
 
 	queue chan *agentv1.Command
 }

@@ -166,6 +166,10 @@ func (a *Agent) awaitWithdrawal(ctx context.Context, id string, done <-chan stru
 // sendKubeReleased sends a completed withdrawal's AllocationReleased
 // (signed by the session like every allocation report) and forgets it.
 func (a *Agent) sendKubeReleased(s *session, id string) error {
+	// One sender at a time: the watcher and a new session's flush must
+	// not both send it.
+	a.kubeSendMu.Lock()
+	defer a.kubeSendMu.Unlock()
 	a.kubeMu.Lock()
 	w := a.kube.Withdrawing[id]
 	a.kubeMu.Unlock()
