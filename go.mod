@@ -46,6 +46,7 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.13-0.20261016172727-e9ee2a76ab8e
+	k8s.io/kubelet v0.37.2
 	modernc.org/sqlite v1.62.0
 	pgregory.net/rapid v1.3.0
 )

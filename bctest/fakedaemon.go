@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/devfilter"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/kubebind"
 )
 
 // FakeDaemonConfig describes one simulated node.
@@ -66,6 +67,16 @@ type FakeDaemonConfig struct {
 	// kubelet plugins are registered does, so that reservations the
 	// kubelet binds place on it.
 	Kubelet bool
+	// Kube is the node's offer to its kubelet, as bcd --kubernetes has
+	// one: allocation.bind with binding kubernetes offers the GPUs there,
+	// and the node advertises binding.kubernetes while a plugin is
+	// registered in it (package deviceplugin with bctest/kubelet, or
+	// Set.SetRegistered). A restart keeps the same Set unless RestartWith
+	// gives a new one, as a new bcd process has.
+	Kube *kubebind.Set
+	// KubeHolders is closed once Kube's pod holders are the kubelet's
+	// (podresources.Poller.Synced); nil: known from the start.
+	KubeHolders <-chan struct{}
 }
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
@@ -144,12 +155,21 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
-		ExecHide: cfg.Hide, KubeletPluginsRegistered: func() bool { return cfg.Kubelet },
+		ExecHide: cfg.Hide, Kube: cfg.Kube, KubeHolders: cfg.KubeHolders, KubeletPluginsRegistered: kubeletRegistered(cfg),
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &FakeDaemon{Agent: a, cfg: cfg}, nil
+}
+
+// kubeletRegistered: Kubelet says registered; else, with Kube, the
+// agent asks Kube; else never.
+func kubeletRegistered(cfg FakeDaemonConfig) func() bool {
+	if cfg.Kubelet {
+		return func() bool { return true }
+	}
+	return nil
 }
 
 // Start runs the agent's session loop in the background until Stop.

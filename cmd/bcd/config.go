@@ -41,6 +41,7 @@ type options struct {
 	attest        agent.AttestConfig
 	site          siteOptions
 	inst          instanceOptions
+	kube          kubeOptions
 }
 
 // instanceOptions configure a node that runs instances (QEMU guests).
@@ -102,6 +103,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.inst.bridgeAddress, "instance-bridge-address", "", "with --instances-dir: address/prefix given to a bridge bcd creates (the guests' gateway)")
 	fs.StringVar(&o.inst.netns, "instance-netns", "", "with --instances-dir: named network namespace holding the bridge and taps (default the host's)")
 	fs.StringVar(&o.inst.accel, "instance-accel", "", "with --instances-dir: kvm or tcg; empty probes KVM by booting and falls back to TCG")
+	o.kube.register(fs)
 	fs.StringVar(&o.site.controlPlaneURL, "site-control-plane-url", "", "site mode: ignored (deploying machines' images now come over the gateway connection); kept so old configurations still start")
 }
 
@@ -147,6 +149,8 @@ type fileConfig struct {
 	InstanceBridgeAddress string `toml:"instance_bridge_address" yaml:"instance_bridge_address"`
 	InstanceNetNS         string `toml:"instance_netns" yaml:"instance_netns"`
 	InstanceAccel         string `toml:"instance_accel" yaml:"instance_accel"`
+
+	kubeFileConfig `yaml:",inline"`
 }
 
 var errConfigMode = errors.New("config file must not be readable or writable by group or others (chmod 600)")
@@ -227,6 +231,7 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("instance-netns", &o.inst.netns, fc.InstanceNetNS)
 	pick("instance-accel", &o.inst.accel, fc.InstanceAccel)
 	pick("site-control-plane-url", &o.site.controlPlaneURL, fc.SiteControlPlane)
+	o.kube.merge(fc.kubeFileConfig, set)
 }
 
 func (o *options) validate() error {
@@ -244,6 +249,9 @@ func (o *options) validate() error {
 	}
 	if o.helloTimeout <= 0 {
 		return fmt.Errorf("--hello-timeout %v: must be positive", o.helloTimeout)
+	}
+	if err := o.kube.validate(o.mode); err != nil {
+		return err
 	}
 	if o.inst.dir != "" {
 		if !filepath.IsAbs(o.inst.dir) {

@@ -211,7 +211,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		instances = hv
 	}
+	kube, err := o.kube.start(ctx, log)
+	if err != nil {
+		if backend != nil {
+			_ = backend.Close()
+		}
+		return fmt.Errorf("--kubernetes: %w", err)
+	}
+	defer func() { _ = kube.Stop() }()
 	a, err := agent.New(agent.Config{
+		Kube: kube.Set, KubeHolders: kube.Holders,
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,

@@ -33,6 +33,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/sysfs"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/cmdsig"
+	"github.com/better-compute/better-compute/internal/kubebind"
 )
 
 // Config configures an Agent. Zero values take the defaults noted.
@@ -120,6 +121,17 @@ type Config struct {
 	// bcd advertise binding.kubernetes, the capability reservations the
 	// kubelet binds place on. Asked at each Hello; nil means never.
 	KubeletPluginsRegistered func() bool
+	// Kube is the node's offer to its kubelet: allocation.bind with
+	// binding kubernetes offers the GPUs there instead of making a
+	// cgroup, and allocation.release withdraws them. nil: bcd offers
+	// nothing to a kubelet and refuses binding kubernetes. When set,
+	// KubeletPluginsRegistered defaults to Kube.Registered.
+	Kube *kubebind.Set
+	// KubeHolders is closed once Kube's pod holders are the kubelet's
+	// (package podresources' Synced): a bcd that restarted while pods
+	// still held a released allocation's GPUs completes that release only
+	// after. nil: they are known from the start.
+	KubeHolders <-chan struct{}
 	// Tracing records a span per command applied, a child of the span
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).
@@ -238,6 +250,14 @@ type Agent struct {
 	execs       map[string]*runningCommand // process.exec commands running
 	execWG      sync.WaitGroup
 	instOrder   keyedOrder
+	// runCtx is Run's context, for work that outlives a command.
+	runCtx context.Context
+
+	// kubeMu guards kube, what is offered to the kubelet (Config.Kube).
+	kubeMu     sync.Mutex
+	kube       kubeState
+	kubeWG     sync.WaitGroup
+	kubeSendMu sync.Mutex
 
 	queue chan *agentv1.Command
 }
@@ -264,6 +284,9 @@ func New(cfg Config) (*Agent, error) {
 		queue:     make(chan *agentv1.Command, 256),
 	}
 	a.ids = &execIDs{dir: a.dir, first: cfg.ExecIDFirst, count: cfg.ExecIDCount}
+	if cfg.Kube != nil && a.cfg.KubeletPluginsRegistered == nil {
+		a.cfg.KubeletPluginsRegistered = cfg.Kube.Registered
+	}
 	entries, _ := ParseServers(cfg.Server) // checked by setDefaults
 	a.gws = &gateways{entries: entries, lookup: cfg.LookupHost}
 	a.metrics.reg.MustRegister(gpuCollector{a: a})
@@ -320,6 +343,11 @@ func New(cfg Config) (*Agent, error) {
 		}
 		a.cmds.Execs = nil
 		if err := a.dir.writeJSON(commandsFile, &a.cmds); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Kube != nil {
+		if err := a.loadKube(); err != nil {
 			return nil, err
 		}
 	}
@@ -429,6 +457,7 @@ func (a *Agent) DropSession() bool {
 // session is up. The node reports "degraded" while events are held.
 func (a *Agent) ReportHealthEvent(ev *agentv1.HealthEvent) {
 	a.xids.add(ev)
+	a.quarantineKube(ev)
 	a.mu.Lock()
 	a.events = append(a.events, ev)
 	if len(a.events) > 32 {
@@ -443,6 +472,7 @@ func (a *Agent) ReportHealthEvent(ev *agentv1.HealthEvent) {
 
 // ClearHealthEvents forgets recorded health events: the node is "ok" again.
 func (a *Agent) ClearHealthEvents() {
+	a.clearKubeHealth()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.events = nil

@@ -363,6 +363,18 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		if err := ctx.Err(); err != nil {
 			return outcome{}, err
 		}
+		if da.GetBinding() == BindingKubernetes {
+			res, enforced, err := a.bindKube(ctx, da)
+			if err != nil {
+				return outcome{}, err
+			}
+			return outcome{result: res, extra: []*agentv1.AgentMessage{{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{
+				AllocationId: da.GetAllocationId(), CommandId: c.GetId(), Enforced: enforced,
+			}}}}}, nil
+		}
+		if b := da.GetBinding(); b != "" && b != "node" {
+			return outcome{}, fail(FailInvalidParams, fmt.Errorf("binding: %q is neither node nor kubernetes", b))
+		}
 		path, enforced, err := a.bind(ctx, da)
 		if err != nil {
 			return outcome{}, err
@@ -377,6 +389,9 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
 		if id == "" {
 			id = c.GetParams().GetFields()["allocationId"].GetStringValue()
+		}
+		if out, ok, err := a.releaseKube(c, id); ok {
+			return out, err
 		}
 		// Release means gone: whatever still runs in the cgroup is killed
 		// before the cgroup is removed and the release reported.

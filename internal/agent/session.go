@@ -131,7 +131,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.running.Store(false)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	a.mu.Lock()
+	a.runCtx = ctx
+	a.mu.Unlock()
 	var wg sync.WaitGroup
+	// Withdrawals wait on pods; they end with ctx.
+	defer a.kubeWG.Wait()
+	wg.Go(func() { a.kubeLoop(ctx) })
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.commandLoop(ctx) })
 	defer wg.Wait()
@@ -289,6 +295,9 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	a.log.Info("session established", "node_id", a.NodeID(), "gateway", gw.addr, "heartbeat", interval)
 
 	if err := a.flushUnreported(s); err != nil {
+		return true, err
+	}
+	if err := a.flushKube(s); err != nil {
 		return true, err
 	}
 	if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}}); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/gpuhealth"
 	"github.com/better-compute/better-compute/internal/nodesig"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -848,17 +849,12 @@ func namesAllocation(v any, allocationID string) bool {
 // out of placement: "GpuQuarantined/<uuid>". The node stays schedulable.
 const ConditionGPUQuarantinedPrefix = "GpuQuarantined/"
 
-// fatalXIDs are the XID errors after which a GPU must not take new work
-// until an operator looks at it (NVIDIA XID catalogue: double-bit ECC,
-// row-remap failure, NVLink error, fallen off the bus, uncontained ECC).
-var fatalXIDs = map[int64]bool{48: true, 63: true, 64: true, 74: true, 79: true, 92: true, 94: true, 95: true}
-
 // quarantine records a GpuQuarantined condition for each GPU a fatal XID
 // names and tells the hooks, so placement stops using that GPU alone.
 func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
 	var conds []fleet.NodeCondition
 	for _, e := range evs {
-		if e.GetKind() != "gpu.xid" || e.GetDevice() == "" || !fatalXIDs[e.GetCode()] {
+		if !gpuhealth.Quarantines(e.GetKind(), e.GetDevice(), e.GetCode()) {
 			continue
 		}
 		conds = append(conds, fleet.NodeCondition{
