@@ -65,7 +65,8 @@ type FakeDaemonConfig struct {
 	Hide []string
 	// Kubelet makes the node advertise binding.kubernetes, as a bcd whose
 	// kubelet plugins are registered does, so that reservations the
-	// kubelet binds place on it.
+	// kubelet binds place on it; without Kube it gets a Set of its own,
+	// registered, that no pod ever holds.
 	Kubelet bool
 	// Kube is the node's offer to its kubelet, as bcd --kubernetes has
 	// one: allocation.bind with binding kubernetes offers the GPUs there,
@@ -149,6 +150,10 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	cgroupRoot, plain := filepath.Join(cfg.StateDir, "cgroup"), true
 	if cfg.CgroupRoot != "" {
 		cgroupRoot, plain = cfg.CgroupRoot, false
+	}
+	if cfg.Kubelet && cfg.Kube == nil {
+		cfg.Kube = kubebind.New()
+		cfg.Kube.SetRegistered("bctest", true)
 	}
 	a, err := agent.New(agent.Config{
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
