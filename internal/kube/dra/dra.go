@@ -96,6 +96,9 @@ type Driver struct {
 	done   chan struct{}
 	stop   sync.Once
 
+	// op serializes preparing, unpreparing and adopting claims: each
+	// reads the holders and then changes them.
+	op sync.Mutex
 	// prepared remembers what each claim was given, so a repeated
 	// prepare (the kubelet retries) answers the same even after the
 	// device was quarantined or its reservation released meanwhile.
@@ -166,12 +169,17 @@ func (d *Driver) watchRegistration(ctx context.Context, req any, info *grpc.Unar
 	return resp, err
 }
 
-// publish republishes the ResourceSlice at every change of the offer.
+// publish republishes the ResourceSlice at every change of the offer,
+// and adopts the claims prepared before a restart once their GPUs are
+// offered again.
 func (d *Driver) publish(ctx context.Context) {
 	defer close(d.done)
+	// However the driver ends, the kubelet cannot reach it any more.
+	defer d.cfg.Set.SetRegistered(registeredAs, false)
 	for {
 		// Taken before reading the offer, so no change is missed.
 		changed := d.cfg.Set.Changed()
+		d.adopt()
 		if err := d.helper.PublishResources(ctx, d.resources()); err != nil && ctx.Err() == nil {
 			d.log.Error("publish ResourceSlice", "error", err)
 		}

@@ -344,3 +344,53 @@ func TestHealthReports(t *testing.T) {
 	for got := health(); !maps.Equal(got, want); got = health() {
 	}
 }
+
+// A bcd restarted under a running pod holds the claim's GPUs again once
+// they are offered: the kubelet does not prepare it a second time, and
+// the release must still wait for the unprepare.
+func TestRestartAdoptsPreparedClaims(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	require.NoError(t, f.set.Offer("res-1", []kubebind.Device{gpu("GPU-aaaa", 0)}))
+	devs := f.waitSlice(t, "one GPU", func(d map[string]resourceapi.Device) bool { return len(d) == 1 })
+	c := f.claim(t, "train", devs["GPU-aaaa"].Name)
+	resp, err := f.plugin.Prepare(f.ctx, c)
+	require.NoError(t, err)
+	require.Empty(t, resp[string(c.UID)].Error)
+	f.driver.Stop()
+	require.NoError(t, f.kubelet.Gone(f.ctx, dra.DriverName))
+
+	// The new bcd starts with an empty offer; the agent binds again.
+	f.set = kubebind.New()
+	f.driver, err = dra.Start(f.ctx, dra.Config{
+		Set: f.set, NodeName: node, Client: f.client,
+		PluginDir: filepath.Join(filepath.Dir(f.cdiDir), "plugin"), RegistrarDir: filepath.Join(filepath.Dir(f.cdiDir), "registry"), CDIDir: f.cdiDir,
+	})
+	require.NoError(t, err)
+	t.Cleanup(f.driver.Stop)
+	f.plugin, err = f.kubelet.Plugin(f.ctx, dra.DriverName)
+	require.NoError(t, err)
+	// With a second GPU, so the slice the old driver left changes.
+	require.NoError(t, f.set.Offer("res-1", []kubebind.Device{gpu("GPU-aaaa", 0), gpu("GPU-bbbb", 1)}))
+	// The driver adopts before it publishes the offer it adopted from.
+	f.waitSlice(t, "the new offer", func(d map[string]resourceapi.Device) bool {
+		_, ok := d["GPU-bbbb"]
+		return ok
+	})
+	require.Equal(t, []string{"GPU-aaaa"}, f.set.Holders()["claim/"+string(c.UID)])
+
+	released := f.set.Withdraw("res-1")
+	select {
+	case <-released:
+		t.Fatal("the release completed under the running pod")
+	default:
+	}
+	un, err := f.plugin.Unprepare(f.ctx, c)
+	require.NoError(t, err)
+	require.Empty(t, un[string(c.UID)].Error)
+	select {
+	case <-released:
+	case <-f.ctx.Done():
+		t.Fatal("gave up waiting for the release to complete after unprepare")
+	}
+}

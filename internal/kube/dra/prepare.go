@@ -30,6 +30,8 @@ const (
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin. Each claim
 // is prepared or refused on its own; the helper serializes the calls.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		res, err := d.prepare(c)
@@ -118,6 +120,8 @@ func ptrTrue(b *bool) bool { return b != nil && *b }
 // goes and the claim lets go of its GPUs. A claim not prepared (or
 // unprepared already) is no error: the kubelet retries.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	d.op.Lock()
+	defer d.op.Unlock()
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		err := os.Remove(d.specPath(c.UID))
@@ -215,4 +219,60 @@ func (d *Driver) writeSpec(claim types.UID, uuids []string) error {
 		return fmt.Errorf("write CDI spec %s: %w", path, err)
 	}
 	return nil
+}
+
+// adopt holds again, for each claim whose CDI spec is on disk but which
+// holds nothing, the GPUs its spec names. The kubelet does not prepare a
+// running pod's claims again after bcd restarts, so without this a
+// release would complete under a running pod. A claim whose GPUs are not
+// offered (yet) or are unhealthy is tried again at the next change.
+func (d *Driver) adopt() {
+	d.op.Lock()
+	defer d.op.Unlock()
+	specs, err := filepath.Glob(filepath.Join(d.cfg.CDIDir, cdiVendor+"-"+cdiClass+"_*.json"))
+	if err != nil {
+		d.log.Error("list CDI specs", "error", err)
+		return
+	}
+	holders := d.cfg.Set.Holders()
+	for _, path := range specs {
+		uid := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), cdiVendor+"-"+cdiClass+"_"), ".json")
+		holder := holderPrefix + uid
+		if _, ok := holders[holder]; ok {
+			continue
+		}
+		uuids, err := specUUIDs(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // unprepared meanwhile
+		}
+		if err != nil {
+			d.log.Error("read CDI spec of a prepared claim", "path", path, "error", err)
+			continue
+		}
+		if err := d.cfg.Set.Hold(holder, uuids); err != nil {
+			d.log.Warn("claim prepared before a restart not held yet", "claim uid", uid, "error", err)
+			continue
+		}
+		d.log.Info("claim prepared before a restart held again", "claim uid", uid, "devices", uuids)
+	}
+}
+
+// specUUIDs reads the GPU UUIDs from a spec the driver wrote.
+func specUUIDs(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var spec cdiSpec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", path, err)
+	}
+	for _, dev := range spec.Devices {
+		for _, env := range dev.ContainerEdits.Env {
+			if v, ok := strings.CutPrefix(env, "NVIDIA_VISIBLE_DEVICES="); ok && v != "" {
+				return strings.Split(v, ","), nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("%s names no NVIDIA_VISIBLE_DEVICES", path)
 }
