@@ -253,14 +253,16 @@ func TestPrepare(t *testing.T) {
 func TestPrepareRefused(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	require.NoError(t, f.set.Offer("res-1", []kubebind.Device{gpu("GPU-aaaa", 0), gpu("GPU-bbbb", 1), gpu("GPU-cccc", 2)}))
-	devs := f.waitSlice(t, "three GPUs", func(d map[string]resourceapi.Device) bool { return len(d) == 3 })
+	require.NoError(t, f.set.Offer("res-1", []kubebind.Device{gpu("GPU-aaaa", 0), gpu("GPU-bbbb", 1), gpu("GPU-cccc", 2), gpu("GPU-dddd", 3)}))
+	devs := f.waitSlice(t, "four GPUs", func(d map[string]resourceapi.Device) bool { return len(d) == 4 })
 	first := f.claim(t, "first", devs["GPU-cccc"].Name)
 	resp, err := f.plugin.Prepare(f.ctx, first)
 	require.NoError(t, err)
 	require.Empty(t, resp[string(first.UID)].Error)
 
 	f.set.SetHealth("GPU-bbbb", false)
+	// A pod given GPU-dddd by the device plugin, as PodResources lists it.
+	f.set.SetHolders("pod/", map[string][]string{"uid-p": {"GPU-dddd"}})
 	ok := f.claim(t, "ok", devs["GPU-aaaa"].Name)
 	tests := []struct {
 		claim *resourceapi.ResourceClaim
@@ -268,7 +270,8 @@ func TestPrepareRefused(t *testing.T) {
 	}{
 		{f.claim(t, "not-offered", "gpu-zzzz"), "device gpu-zzzz is not offered by bcd on node " + node},
 		{f.claim(t, "unhealthy", devs["GPU-bbbb"].Name), "device GPU-bbbb is unhealthy"},
-		{f.claim(t, "taken", devs["GPU-cccc"].Name), "device gpu-cccc is prepared for claim/uid-first already"},
+		{f.claim(t, "taken", devs["GPU-cccc"].Name), "device gpu-cccc is held by claim/uid-first already"},
+		{f.claim(t, "device-plugin", devs["GPU-dddd"].Name), "device gpu-dddd is held by pod/uid-p already"},
 	}
 	claims := []*resourceapi.ResourceClaim{ok}
 	for _, tt := range tests {

@@ -78,12 +78,14 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (kubeletplugin.Prepar
 		if !ok {
 			return kubeletplugin.PrepareResult{}, fmt.Errorf("device %s is not offered by bcd on node %s (its reservation was released or never bound here)", r.Device, d.cfg.NodeName)
 		}
-		// The last line of defence against two claims on one GPU; an
-		// admin-access claim (monitoring) may share it.
+		// The last line of defence against two workloads on one GPU:
+		// another claim, or a pod given it by bcd's device plugin (the
+		// scheduler counts the two apart). An admin-access claim
+		// (monitoring) may share it.
 		if !ptrTrue(r.AdminAccess) {
 			for h, us := range holders {
-				if h != holder && strings.HasPrefix(h, holderPrefix) && slices.Contains(us, uuid) {
-					return kubeletplugin.PrepareResult{}, fmt.Errorf("device %s is prepared for %s already", r.Device, h)
+				if h != holder && slices.Contains(us, uuid) {
+					return kubeletplugin.PrepareResult{}, fmt.Errorf("device %s is held by %s already", r.Device, h)
 				}
 			}
 		}
