@@ -122,7 +122,9 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 		cfg: cfg, log: cfg.Logger.With("component", "dra"), cancel: cancel, done: make(chan struct{}),
 		prepared: map[types.UID]kubeletplugin.PrepareResult{},
 	}
-	// The helper and the slice controller log through klog's logr.
+	// The helper and the slice controller log through klog's logr; its
+	// gRPC call logs (V(6)) fall below slog's Info, so they show only at
+	// debug levels.
 	ctx = klog.NewContext(ctx, logr.FromSlogHandler(d.log.Handler()))
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(DriverName),
@@ -130,7 +132,6 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 		kubeletplugin.KubeClient(cfg.Client),
 		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDir),
 		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
-		// Calls are logged at V(6), below slog's Info: debug only.
 		kubeletplugin.GRPCInterceptor(d.watchRegistration),
 	)
 	if err != nil {
