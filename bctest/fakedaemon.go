@@ -240,3 +240,7 @@ func (d *FakeDaemon) StateDir() string { return d.cfg.StateDir }
 
 // Hypervisor is the node's fake hypervisor (its instances and volumes).
 func (d *FakeDaemon) Hypervisor() *FakeHypervisor { return d.cfg.Hypervisor }
+
+// Kube returns the node's offer to its kubelet (nil without Kube or
+// Kubelet): a test plays the pods that hold its GPUs on it.
+func (d *FakeDaemon) Kube() *kubebind.Set { return d.cfg.Kube }
