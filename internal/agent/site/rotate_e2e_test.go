@@ -149,8 +149,10 @@ func TestRotationNeedsTheAgentsSignature(t *testing.T) {
 	started := res.Msg.GetMachine()
 	var key string
 	bctest.WaitFor(t, "the rotation to be dispatched", func() bool {
-		key = step(f.workflow(t, "m1"), "rotate-bmc").IdempotencyKey
-		return step(f.workflow(t, "m1"), "rotate-bmc").Dispatched
+		// One read: the key and the dispatch of the same step row.
+		s := step(f.workflow(t, "m1"), "rotate-bmc")
+		key = s.IdempotencyKey
+		return s.Dispatched
 	})
 	require.NoError(t, f.cp.App.Metal.Complete(context.Background(), key, provision.Result{Output: map[string]any{
 		"login_verified": true, "pending_ref": started.GetBmcPendingCredentialRef()}}))
