@@ -215,6 +215,7 @@ func (k *Kubelet) Wait(ctx context.Context, ok func(State) bool) (State, error) 
 		}
 		select {
 		case <-ctx.Done():
+			//nolint:errorlint // the stream's error is part of a state report (often nil), not the cause
 			return s, fmt.Errorf("kubelet: %w; last state: %d registrations, %d lists, devices %v, stream %v",
 				ctx.Err(), len(s.Registrations), s.Lists, s.Devices, s.StreamErr)
 		case <-ch:

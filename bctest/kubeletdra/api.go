@@ -29,10 +29,9 @@ func NewClientset(objects ...runtime.Object) *fake.Clientset {
 			return false, nil, nil
 		}
 		var obj runtime.Object
+		// Creates and updates (an UpdateAction is a CreateAction too).
 		switch a := action.(type) {
 		case k8stesting.CreateAction:
-			obj = a.GetObject()
-		case k8stesting.UpdateAction:
 			obj = a.GetObject()
 		default:
 			return false, nil, nil
@@ -40,7 +39,7 @@ func NewClientset(objects ...runtime.Object) *fake.Clientset {
 		obj = obj.DeepCopyObject()
 		m, err := meta.Accessor(obj)
 		if err != nil {
-			return false, nil, nil
+			return false, nil, nil //nolint:nilerr // no metadata: not an object this stamps; the tracker answers
 		}
 		if m.GetName() == "" && m.GetGenerateName() != "" {
 			m.SetName(fmt.Sprintf("%s%05d", m.GetGenerateName(), names.Add(1)))

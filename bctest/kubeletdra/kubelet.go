@@ -70,7 +70,7 @@ func Start(ctx context.Context, dir string) (*Kubelet, error) {
 		return nil, fmt.Errorf("kubeletdra: watch: %w", err)
 	}
 	if err := w.Add(dir); err != nil {
-		w.Close()
+		_ = w.Close()
 		return nil, fmt.Errorf("kubeletdra: watch %s: %w", dir, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -96,12 +96,12 @@ func Start(ctx context.Context, dir string) (*Kubelet, error) {
 // Close stops watching and drops every connection.
 func (k *Kubelet) Close() {
 	k.cancel()
-	k.watcher.Close()
+	_ = k.watcher.Close()
 	k.wg.Wait()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, p := range k.plugins {
-		p.conn.Close()
+		_ = p.conn.Close()
 	}
 	k.plugins = map[string]*Plugin{}
 }
@@ -161,7 +161,7 @@ func (k *Kubelet) register(ctx context.Context, socket string) error {
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", socket, err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	reg := registerapi.NewRegistrationClient(conn)
 	// The socket file exists from bind(); WaitForReady rides out the
 	// moment before listen(), as the kubelet's retries do.
@@ -183,7 +183,7 @@ func (k *Kubelet) register(ctx context.Context, socket string) error {
 		p.health = drahealthv1.NewDRAResourceHealthClient(p.conn)
 		k.mu.Lock()
 		if old, ok := k.plugins[p.Name]; ok {
-			old.conn.Close()
+			_ = old.conn.Close()
 		}
 		k.plugins[p.Name] = p
 		k.mu.Unlock()
@@ -224,7 +224,7 @@ func (k *Kubelet) gone(socket string) {
 	defer k.mu.Unlock()
 	for name, p := range k.plugins {
 		if p.Socket == socket {
-			p.conn.Close()
+			_ = p.conn.Close()
 			delete(k.plugins, name)
 			k.notifyLocked()
 		}
