@@ -120,6 +120,15 @@ type Config struct {
 	// bcd advertise binding.kubernetes, the capability reservations the
 	// kubelet binds place on. Asked at each Hello; nil means never.
 	KubeletPluginsRegistered func() bool
+	// NodeLabels, when set, reads the labels the node's platform gives it
+	// (its Kubernetes Node's), sent as the inventory's "labels" section;
+	// pools select nodes by them. NodeLabelsChanged, when set, is closed
+	// at their next change, and bcd then sends its inventory again.
+	NodeLabels        func(ctx context.Context) (map[string]string, error)
+	NodeLabelsChanged func() <-chan struct{}
+	// NodeLabelsSource says where NodeLabels come from, e.g.
+	// "kubernetes/node/NAME".
+	NodeLabelsSource string
 	// Tracing records a span per command applied, a child of the span
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).

@@ -134,6 +134,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.commandLoop(ctx) })
+	wg.Go(func() { a.labelsLoop(ctx) })
 	defer wg.Wait()
 	// Running processes are killed when ctx ends; their final updates are
 	// kept for the next session.
