@@ -603,3 +603,15 @@ func NodeTrustList(ctx context.Context, q store.Querier) ([]NodeTrust, error) {
 	})
 	return out, err
 }
+
+// NodeIDByAttestedID is the node of the tenant, not retired, that an
+// anchor's attestor proved to be attestedID; "" when none.
+func NodeIDByAttestedID(ctx context.Context, q store.Querier, tenantID, anchorID, attestedID string) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND trust_anchor_id = $2 AND attested_id = $3 AND state <> 'retired' ORDER BY id LIMIT 1`,
+		tenantID, anchorID, attestedID).Scan(&id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return id, err
+}
