@@ -44,6 +44,20 @@ $(BIN)/golangci-lint: tools/go.mod tools/go.sum
 bench: ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# bcd's container image. IMAGE_CGO=1 (the default) builds bcd with cgo so
+# the nvml backend works, and packs glibc from this host beside it;
+# IMAGE_CGO=0 builds a static bcd without NVML (fake hardware only).
+IMAGE     ?= better-compute/bcd:latest
+IMAGE_CGO ?= 1
+
+.PHONY: image
+image: ## build bcd's container image into bin/bcd-image.tar (OCI archive; podman load, docker load or ctr import it)
+	mkdir -p $(BIN)/image
+	CGO_ENABLED=$(IMAGE_CGO) $(GO) build -trimpath -ldflags "-s -w -X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
+		-o $(BIN)/image/bcd ./cmd/bcd
+	$(GO) run ./hack/mkimage -o $(BIN)/bcd-image.tar -name $(IMAGE) -entrypoint /usr/local/bin/bcd \
+		$(if $(filter 1,$(IMAGE_CGO)),-libs) -add $(BIN)/image/bcd:/usr/local/bin/bcd
+
 .PHONY: sample-image
 sample-image: ## build the sample deployable disk image into bin/sample-image (deploy/images/build-sample.sh)
 	deploy/images/build-sample.sh $(BIN)/sample-image

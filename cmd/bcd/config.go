@@ -39,6 +39,7 @@ type options struct {
 	spoolDir      string
 	execIDs       string
 	attest        agent.AttestConfig
+	kubeNode      kubeNodeOptions
 	site          siteOptions
 	inst          instanceOptions
 	kube          kubeOptions
@@ -70,11 +71,13 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.mode, "mode", "node", "agent mode: node, site or ramdisk")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.tokenStdin, "token-stdin", false, "read the join token from stdin instead of BCD_JOIN_TOKEN")
-	fs.StringVar(&o.attest.Attestor, "attest", "", "evidence the join brings besides its token: tpm, x509 or cloud (docs/attestation.md)")
+	fs.StringVar(&o.attest.Attestor, "attest", "", "evidence the join brings besides its token: tpm, x509, cloud or kubelet (docs/attestation.md)")
 	fs.StringVar(&o.attest.TPM, "attest-tpm", "/dev/tpmrm0", "TPM 2.0 for --attest tpm: a device, or tcp://HOST:PORT (swtpm)")
 	fs.StringVar(&o.attest.X509Cert, "attest-x509-cert", "", "machine certificate chain (PEM) for --attest x509")
 	fs.StringVar(&o.attest.X509Key, "attest-x509-key", "", "its private key (PEM) for --attest x509")
 	fs.StringVar(&o.attest.MetadataURL, "attest-cloud-metadata-url", agent.DefaultMetadataURL, "instance metadata service for --attest cloud")
+	fs.StringVar(&o.attest.KubeletCert, "attest-kubelet-cert", agent.DefaultKubeletCert, "the kubelet's client certificate and key (one PEM file) for --attest kubelet")
+	o.kubeNode.register(fs)
 	fs.StringVar(&o.tokenEnvFile, "token-env-file", "", "file holding BCD_JOIN_TOKEN, removed after a successful join")
 	fs.DurationVar(&o.heartbeat, "heartbeat-interval", 0, "override the gateway's heartbeat interval (testing)")
 	fs.DurationVar(&o.helloTimeout, "hello-timeout", 30*time.Second, "give up on a session whose HelloAck has not come this long after opening it, and dial again")
@@ -246,6 +249,9 @@ func (o *options) validate() error {
 	}
 	if err := o.attest.Validate(); err != nil {
 		return fmt.Errorf("--attest: %w", err)
+	}
+	if err := o.kubeNode.validate(); err != nil {
+		return err
 	}
 	if o.helloTimeout <= 0 {
 		return fmt.Errorf("--hello-timeout %v: must be positive", o.helloTimeout)

@@ -140,6 +140,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err != nil {
 		return fmt.Errorf("--exec-ids: %w", err)
 	}
+	// A Node adopted in kubernetes mode: its labels, its join token.
+	kubeNode, getenv, err := o.kubeNode.start(ctx, getenv, log)
+	if err != nil {
+		return err
+	}
 	backend, err := openHardware(o.hardware, o.fakeSeed, o.stateDir)
 	if err != nil {
 		return err
@@ -225,7 +230,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
 		Tracing: tp, Commands: handler, Instances: instances, ExecIDFirst: execFirst, ExecIDCount: execCount,
-		Attest: o.attest,
+		Attest: o.attest, NodeLabels: kubeNode.labels(), NodeLabelsChanged: kubeNode.changed(), NodeLabelsSource: kubeNode.labelsSource(),
 	})
 	if err != nil {
 		if backend != nil {

@@ -132,6 +132,15 @@ type Config struct {
 	// still held a released allocation's GPUs completes that release only
 	// after. nil: they are known from the start.
 	KubeHolders <-chan struct{}
+	// NodeLabels, when set, reads the labels the node's platform gives it
+	// (its Kubernetes Node's), sent as the inventory's "labels" section;
+	// pools select nodes by them. NodeLabelsChanged, when set, is closed
+	// at their next change, and bcd then sends its inventory again.
+	NodeLabels        func(ctx context.Context) (map[string]string, error)
+	NodeLabelsChanged func() <-chan struct{}
+	// NodeLabelsSource says where NodeLabels come from, e.g.
+	// "kubernetes/node/NAME".
+	NodeLabelsSource string
 	// Tracing records a span per command applied, a child of the span
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).

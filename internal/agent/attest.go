@@ -12,6 +12,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/attestor"
 	"github.com/better-compute/better-compute/internal/attestor/cloudiid"
+	"github.com/better-compute/better-compute/internal/attestor/kubelet"
 	"github.com/better-compute/better-compute/internal/attestor/tpm"
 	"github.com/better-compute/better-compute/internal/attestor/x509pop"
 )
@@ -19,7 +20,8 @@ import (
 // AttestConfig says what evidence bcd brings to its join besides the token
 // (docs/attestation.md). The zero value brings none.
 type AttestConfig struct {
-	// Attestor is tpm, x509 or cloud; "" for the join token alone.
+	// Attestor is tpm, x509, cloud or kubelet; "" for the join token
+	// alone.
 	Attestor string
 	// TPM is the TPM for tpm: a device (/dev/tpmrm0) or tcp://host:port.
 	TPM string
@@ -29,10 +31,16 @@ type AttestConfig struct {
 	// MetadataURL is the cloud metadata service's base URL for cloud
 	// (default DefaultMetadataURL).
 	MetadataURL string
+	// KubeletCert is the kubelet's client certificate and key (one PEM
+	// file) for kubelet (default DefaultKubeletCert).
+	KubeletCert string
 	// HTTPClient fetches the instance document (default: one with a 10 s
 	// timeout).
 	HTTPClient *http.Client
 }
+
+// DefaultKubeletCert is where the kubelet keeps its client certificate.
+const DefaultKubeletCert = kubelet.DefaultCert
 
 // DefaultMetadataURL is the link-local metadata address clouds serve.
 const DefaultMetadataURL = "http://169.254.169.254"
@@ -50,9 +58,9 @@ func (c AttestConfig) Validate() error {
 		if c.X509Cert == "" || c.X509Key == "" {
 			return errors.New("attestor x509 needs --attest-x509-cert and --attest-x509-key")
 		}
-	case attestor.Cloud:
+	case attestor.Cloud, attestor.Kubelet:
 	default:
-		return fmt.Errorf("unknown attestor %q: tpm, x509 or cloud", c.Attestor)
+		return fmt.Errorf("unknown attestor %q: tpm, x509, cloud or kubelet", c.Attestor)
 	}
 	return nil
 }
@@ -106,6 +114,16 @@ func (a *Agent) attest(ctx context.Context, client agentv1.AgentServiceClient, r
 			return nil, err
 		}
 		out.Evidence = &agentv1.Attestation_X509{X509: &agentv1.X509Evidence{CertificateChain: chain, Signature: sig}}
+	case attestor.Kubelet:
+		chain, key, err := kubelet.Load(cmp.Or(c.KubeletCert, DefaultKubeletCert))
+		if err != nil {
+			return nil, err
+		}
+		sig, err := x509pop.Sign(key, digest)
+		if err != nil {
+			return nil, err
+		}
+		out.Evidence = &agentv1.Attestation_Kubelet{Kubelet: &agentv1.X509Evidence{CertificateChain: chain, Signature: sig}}
 	case attestor.Cloud:
 		hc := cmp.Or(c.HTTPClient, &http.Client{Timeout: 10 * time.Second})
 		doc, sig, err := cloudiid.Fetch(ctx, hc, cmp.Or(c.MetadataURL, DefaultMetadataURL), cloudiid.Nonce(digest))

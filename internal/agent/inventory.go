@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -21,6 +22,7 @@ const (
 	SectionGPUs   = "gpus"   // GpuInventory
 	SectionCPUs   = "cpus"   // CpuInventory
 	SectionMemory = "memory" // MemoryInventory
+	SectionLabels = "labels" // NodeLabels, only where Config.NodeLabels is set
 )
 
 // SnapshotDigest is hex SHA-256 over the sorted "name:sha256\n" lines of a
@@ -93,6 +95,16 @@ func (a *Agent) inventory(ctx context.Context) ([]*agentv1.InventorySection, str
 		{SectionCPUs, cpus},
 		{SectionMemory, mem},
 	}
+	if a.cfg.NodeLabels != nil {
+		labels, err := a.cfg.NodeLabels(ctx)
+		if err != nil {
+			return nil, "", fmt.Errorf("node labels: %w", err)
+		}
+		msgs = append(msgs, struct {
+			name string
+			m    proto.Message
+		}{SectionLabels, &agentv1.NodeLabels{Labels: labels, Source: a.cfg.NodeLabelsSource}})
+	}
 	sums := map[string]string{}
 	sections := make([]*agentv1.InventorySection, 0, len(msgs))
 	for _, m := range msgs {
@@ -129,4 +141,44 @@ func (a *Agent) sendInventory(s *session, sections []*agentv1.InventorySection, 
 
 func (a *Agent) saveCommandsLocked() error {
 	return a.dir.writeJSON(commandsFile, &a.cmds)
+}
+
+// labelsLoop sends the inventory again each time the node's labels change,
+// so a pool that selects by them takes or lets go of the node without
+// waiting for the next session. A change while no session is up is sent
+// once one is: each session starts with a fresh inventory, and sending an
+// unchanged one again is a no-op at the gateway.
+func (a *Agent) labelsLoop(ctx context.Context) {
+	if a.cfg.NodeLabelsChanged == nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.cfg.NodeLabelsChanged():
+		}
+		for {
+			if s := a.currentSession(); s != nil {
+				sections, digest, err := a.inventory(ctx)
+				if err == nil {
+					err = a.sendInventory(s, sections, digest)
+				}
+				if err == nil || ctx.Err() != nil {
+					break
+				}
+				a.log.Warn("send inventory after a label change", "err", err)
+			}
+			// No session (or it failed): the next one sends the labels
+			// in its first inventory; try again in case this one is
+			// still being set up.
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
 }

@@ -140,6 +140,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.kubeLoop(ctx) })
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.commandLoop(ctx) })
+	wg.Go(func() { a.labelsLoop(ctx) })
 	defer wg.Wait()
 	// Running processes are killed when ctx ends; their final updates are
 	// kept for the next session.

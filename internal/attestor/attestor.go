@@ -1,7 +1,8 @@
 // Package attestor names the ways a machine proves what it is when it
 // joins, besides the join token every join carries: a TPM 2.0 (tpm), a
 // machine certificate from an operator's CA (x509) and a cloud provider's
-// signed instance-identity document (cloud). Each has a subpackage with the
+// signed instance-identity document (cloud) and a Kubernetes kubelet's
+// client certificate from a registered cluster CA (kubelet). Each has a subpackage with the
 // node's side (gathering evidence) and the control plane's (verifying it);
 // this package holds what they share: the kinds and the digest that binds
 // evidence to one join.
@@ -24,10 +25,11 @@ const (
 	TPM       = "tpm"
 	X509      = "x509"
 	Cloud     = "cloud"
+	Kubelet   = "kubelet"
 )
 
 // Kinds are the attestors a join token or a trust anchor can name.
-var Kinds = []string{TPM, X509, Cloud}
+var Kinds = []string{TPM, X509, Cloud, Kubelet}
 
 // Valid reports whether kind is one of Kinds.
 func Valid(kind string) bool { return slices.Contains(Kinds, kind) }

@@ -567,7 +567,7 @@ labels). The token is printed once and never again: hand it to bcd now.`,
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 1h (default 1h, at most 168h)")
 	create.Flags().StringVar(&role, "role", "", "role of the joining agent: node (default), site or ramdisk; a bcd in another mode is refused")
 	create.Flags().StringVar(&site, "site", "", "site a site token (--role site) binds its agent to (name or id)")
-	create.Flags().StringVar(&attestor, "attestor", "", "require attestation besides the token: tpm, x509 or cloud (the tenant needs a trust anchor of that kind)")
+	create.Flags().StringVar(&attestor, "attestor", "", "require attestation besides the token: tpm, x509, cloud or kubelet (the tenant needs a trust anchor of that kind)")
 	addConfirmationFlag(create, &confirmationID)
 
 	var limit int

@@ -45,7 +45,7 @@ func (f *poolFlags) add(cmd *cobra.Command) {
 	fl.Int64Var(&f.minDuration, "min-duration-seconds", 0, "shortest booking (0: unbounded)")
 	fl.Int64Var(&f.maxDurationSecs, "max-duration-seconds", 0, "longest booking, at most 30 days (0: unbounded)")
 	fl.Var((*spanValue)(&f.startHorizon), "start-horizon", "how far ahead a reservation may start, e.g. 30d (default 90d, at most 366d)")
-	fl.StringVar(&f.attestor, "require-attestor", "", "machines joining with a token for this pool must attest: tpm, x509 or cloud (docs/attestation.md)")
+	fl.StringVar(&f.attestor, "require-attestor", "", "machines joining with a token for this pool must attest: tpm, x509, cloud or kubelet (docs/attestation.md)")
 }
 
 func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {

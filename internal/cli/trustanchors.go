@@ -17,7 +17,7 @@ func (a *app) trustAnchorsCommand() *cobra.Command {
 
 	var attestor, certFile, ekSHA, account, region string
 	create := &cobra.Command{
-		Use:   "create NAME --tenant T --attestor tpm|x509|cloud",
+		Use:   "create NAME --tenant T --attestor tpm|x509|cloud|kubelet",
 		Short: "Register a trust anchor",
 		Long: `Register a trust anchor for join tokens that require an attestor
 (docs/attestation.md): for tpm, the TPM vendors' EK CA certificates
@@ -55,7 +55,7 @@ the account (--cloud-account, and --cloud-region to admit one region).`,
 		},
 	}
 	addTenantFlag(create, &tenant)
-	create.Flags().StringVar(&attestor, "attestor", "", "tpm, x509 or cloud")
+	create.Flags().StringVar(&attestor, "attestor", "", "tpm, x509, cloud or kubelet")
 	create.Flags().StringVar(&certFile, "certificates", "", "PEM file of the CA (or provider) certificates")
 	create.Flags().StringVar(&ekSHA, "ek-public-sha256", "", "tpm: pin one TPM's EK public key (SHA-256 hex of its PKIX DER) instead of EK CAs")
 	create.Flags().StringVar(&account, "cloud-account", "", "cloud: the account id instance documents must name")

@@ -311,6 +311,17 @@ func NodeProto(n Node, conds []NodeCondition) *apiv1.Node {
 		DerivedLabels: gpumodel.Labels(n.FirstGPU, n.GPUCount, n.FirstGPUMemMiB),
 		Attestor:      n.Attestor, AttestedId: n.AttestedID, TrustAnchorId: n.TrustAnchorID,
 	}
+	// The labels the node reports (its Kubernetes Node's) are derived
+	// from its inventory too; pool selectors see them, under the labels
+	// an operator or join token set.
+	for k, v := range labelsMap(n.ReportedLabels) {
+		if _, set := out.Labels[k]; !set {
+			if out.DerivedLabels == nil {
+				out.DerivedLabels = map[string]string{}
+			}
+			out.DerivedLabels[k] = v
+		}
+	}
 	for _, c := range conds {
 		out.Conditions = append(out.Conditions, ConditionProto(c))
 	}

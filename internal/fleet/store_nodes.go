@@ -76,6 +76,9 @@ type Node struct {
 	// index), from which derived labels come. Read-only.
 	FirstGPU       string
 	FirstGPUMemMiB int
+	// ReportedLabels is the JSON object of the labels the node reported
+	// (its inventory's labels section). Read-only.
+	ReportedLabels string
 }
 
 const nodeColumns = `n.id, n.name, n.tenant_id, n.project_id, n.pool, n.labels, n.hardware_key, n.state, n.liveness,
@@ -87,7 +90,8 @@ const nodeColumns = `n.id, n.name, n.tenant_id, n.project_id, n.pool, n.labels, 
 	COALESCE((SELECT MAX(g.model) FROM gpus g WHERE g.node_id = n.id), ''),
 	(SELECT COALESCE(p.name, '') FROM node_pools np LEFT JOIN pools p ON p.id = np.pool_id WHERE np.node_id = n.id),
 	COALESCE((SELECT g.model FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), ''),
-	COALESCE((SELECT g.memory_mib FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), 0)`
+	COALESCE((SELECT g.memory_mib FROM gpus g WHERE g.node_id = n.id ORDER BY g.idx, g.uuid LIMIT 1), 0),
+	n.reported_labels`
 
 func scanNode(row scanner) (Node, error) {
 	var (
@@ -97,7 +101,8 @@ func scanNode(row scanner) (Node, error) {
 	err := row.Scan(&n.ID, &n.Name, &n.TenantID, &n.ProjectID, &n.Pool, &n.Labels, &n.HardwareKey, &n.State, &n.Liveness,
 		&n.Mode, &n.AgentVersion, &n.Capabilities, &n.TrustVersion, &n.LastHeartbeat, &n.SessionOwner, &n.NextSeq,
 		&n.LastAppliedSeq, &n.InventoryDigest, &n.CertSerial, &n.CertNotAfter, &n.CreateTime, &n.UpdateTime,
-		&n.Attestor, &n.AttestedID, &n.TrustAnchorID, &n.GPUCount, &minModel, &maxM, &n.MemberPool, &n.FirstGPU, &n.FirstGPUMemMiB)
+		&n.Attestor, &n.AttestedID, &n.TrustAnchorID, &n.GPUCount, &minModel, &maxM, &n.MemberPool, &n.FirstGPU, &n.FirstGPUMemMiB,
+		&n.ReportedLabels)
 	n.GPUModel = minModel
 	if minModel != maxM {
 		n.GPUModel = "mixed"
@@ -180,15 +185,28 @@ type NodeStatus struct {
 	SessionOwner    string
 	// Capabilities is the JSON array the agent last advertised.
 	Capabilities string
+	// ReportedLabels is the JSON object of the labels the node reported
+	// (its inventory's labels section); Labels, the join token's, win.
+	ReportedLabels string
 }
 
-const nodeStatusColumns = `id, tenant_id, name, mode, state, liveness, pool, labels, hardware_key, inventory_digest, session_owner, capabilities`
+const nodeStatusColumns = `id, tenant_id, name, mode, state, liveness, pool, labels, hardware_key, inventory_digest, session_owner, capabilities, reported_labels`
 
 func scanNodeStatus(row scanner) (NodeStatus, error) {
 	var n NodeStatus
 	err := row.Scan(&n.ID, &n.TenantID, &n.Name, &n.Mode, &n.State, &n.Liveness, &n.Pool, &n.Labels, &n.HardwareKey, &n.InventoryDigest,
-		&n.SessionOwner, &n.Capabilities)
+		&n.SessionOwner, &n.Capabilities, &n.ReportedLabels)
 	return n, err
+}
+
+// NodeReportedLabelsSet records the labels a node reported (a JSON
+// object; "{}" when its inventory has no labels section).
+func NodeReportedLabelsSet(ctx context.Context, tx store.Tx, id, labelsJSON string) error {
+	n, err := tx.Exec(ctx, `UPDATE nodes SET reported_labels = $2 WHERE id = $1`, id, labelsJSON)
+	if err == nil && n == 0 {
+		err = store.ErrNotFound
+	}
+	return err
 }
 
 // NodeStatusGet reads a node's status by id (store.ErrNotFound when absent).
@@ -584,4 +602,16 @@ func NodeTrustList(ctx context.Context, q store.Querier) ([]NodeTrust, error) {
 		return nil
 	})
 	return out, err
+}
+
+// NodeIDByAttestedID is the node of the tenant, not retired, that an
+// anchor's attestor proved to be attestedID; "" when none.
+func NodeIDByAttestedID(ctx context.Context, q store.Querier, tenantID, anchorID, attestedID string) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `SELECT id FROM nodes WHERE tenant_id = $1 AND trust_anchor_id = $2 AND attested_id = $3 AND state <> 'retired' ORDER BY id LIMIT 1`,
+		tenantID, anchorID, attestedID).Scan(&id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return id, err
 }

@@ -85,6 +85,12 @@ func ParseCertificatesPEM(b string) ([]*x509.Certificate, error) {
 	return out, nil
 }
 
+// issuedBy names what an anchor's CA certificates issue, for refusals.
+var issuedBy = map[string]string{
+	attestor.X509:    "machine certificates",
+	attestor.Kubelet: "kubelets' client certificates (the cluster CA, /etc/kubernetes/pki/ca.crt on kubeadm)",
+}
+
 func validateTrustAnchor(msg *apiv1.CreateTrustAnchorRequest) error {
 	var vs envelope.Violations
 	vs.Ref("tenant", msg.GetTenant(), "tnt")
@@ -100,10 +106,10 @@ func validateTrustAnchor(msg *apiv1.CreateTrustAnchorRequest) error {
 		if err != nil {
 			vs.Add("certificates_pem", "%v", err)
 		}
-		if msg.GetAttestor() == attestor.X509 {
+		if msg.GetAttestor() == attestor.X509 || msg.GetAttestor() == attestor.Kubelet {
 			for _, c := range certs {
 				if !c.IsCA {
-					vs.Add("certificates_pem", "%q is not a CA certificate: register the CA that issues the machine certificates", truncate(c.Subject.String()))
+					vs.Add("certificates_pem", "%q is not a CA certificate: register the CA that issues the %s", truncate(c.Subject.String()), issuedBy[msg.GetAttestor()])
 					break
 				}
 			}
@@ -121,7 +127,7 @@ func validateTrustAnchor(msg *apiv1.CreateTrustAnchorRequest) error {
 				vs.Add("ek_public_sha256", "must be 64 lowercase hex digits (SHA-256 of the EK public key, PKIX DER)")
 			}
 		}
-	case attestor.X509, attestor.Cloud:
+	case attestor.X509, attestor.Cloud, attestor.Kubelet:
 		if pemText == "" {
 			vs.Add("certificates_pem", "required for a %s trust anchor", msg.GetAttestor())
 		}

@@ -18,6 +18,7 @@ import (
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/attestor"
 	"github.com/better-compute/better-compute/internal/attestor/cloudiid"
+	"github.com/better-compute/better-compute/internal/attestor/kubelet"
 	"github.com/better-compute/better-compute/internal/attestor/tpm"
 	"github.com/better-compute/better-compute/internal/attestor/x509pop"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -34,9 +35,11 @@ const maxAnchors = 100
 
 // attested is what admitted a join: the attestor, what it proved and the
 // trust anchor that vouched; kind attestor.JoinToken and no id when the
-// token alone did.
+// token alone did. nodeName is the Kubernetes Node a kubelet proof named:
+// the node is recorded under that name.
 type attested struct {
 	kind, id, anchorID string
+	nodeName           string
 }
 
 // JoinChallenge answers an attested join's first half (agentv1's
@@ -155,7 +158,7 @@ func (g *Gateway) verifyAttestation(ctx context.Context, tx store.Tx, req *agent
 	case ch.TokenID != tok.ID || ch.CSRSHA256 != csrSHA:
 		return attested{}, denied("attestation.challenge: issued for another join token or CSR")
 	case kind == "":
-		return attested{}, invalid("attestation: evidence (tpm, x509 or cloud) is required with a challenge")
+		return attested{}, invalid("attestation: evidence (tpm, x509, cloud or kubelet) is required with a challenge")
 	case kind != ch.Attestor:
 		return attested{}, denied("attestation: the challenge was for %s evidence, the join brought %s", ch.Attestor, kind)
 	case required != "" && kind != required:
@@ -183,27 +186,25 @@ func (g *Gateway) verifyAttestation(ctx context.Context, tx store.Tx, req *agent
 		}
 		return attested{kind: kind, id: ch.EKSubject, anchorID: ch.AnchorID}, nil
 	case attestor.X509:
-		anchors, err := g.anchors(ctx, tx, tok.TenantID, attestor.X509)
+		roots, owner, err := g.anchorCAs(ctx, tx, tok.TenantID, attestor.X509)
 		if err != nil {
 			return attested{}, err
-		}
-		var roots []*x509.Certificate
-		owner := map[*x509.Certificate]string{}
-		for _, a := range anchors {
-			certs, err := fleet.ParseCertificatesPEM(a.CertificatesPEM)
-			if err != nil {
-				continue // validated when registered; a bad row vouches for nothing
-			}
-			for _, c := range certs {
-				roots = append(roots, c)
-				owner[c] = a.ID
-			}
 		}
 		res, err := x509pop.Verify(att.GetX509().GetCertificateChain(), att.GetX509().GetSignature(), digest, roots, now)
 		if err != nil {
 			return attested{}, evidenceRefused(err)
 		}
 		return attested{kind: kind, id: res.Subject, anchorID: owner[res.Root]}, nil
+	case attestor.Kubelet:
+		roots, owner, err := g.anchorCAs(ctx, tx, tok.TenantID, attestor.Kubelet)
+		if err != nil {
+			return attested{}, err
+		}
+		res, err := kubelet.Verify(att.GetKubelet().GetCertificateChain(), att.GetKubelet().GetSignature(), digest, roots, now)
+		if err != nil {
+			return attested{}, evidenceRefused(err)
+		}
+		return attested{kind: kind, id: res.Subject, anchorID: owner[res.Root], nodeName: res.NodeName}, nil
 	default: // cloud
 		anchors, err := g.anchors(ctx, tx, tok.TenantID, attestor.Cloud)
 		if err != nil {
@@ -254,6 +255,28 @@ func (g *Gateway) anchors(ctx context.Context, tx store.Tx, tenantID, kind strin
 	return fleet.TrustAnchorList(ctx, tx, &fleet.TrustAnchorListParams{TenantID: tenantID, Attestor: kind, Limit: maxAnchors})
 }
 
+// anchorCAs are the CA certificates of the tenant's anchors of kind, and
+// the anchor each came from.
+func (g *Gateway) anchorCAs(ctx context.Context, tx store.Tx, tenantID, kind string) ([]*x509.Certificate, map[*x509.Certificate]string, error) {
+	anchors, err := g.anchors(ctx, tx, tenantID, kind)
+	if err != nil {
+		return nil, nil, err
+	}
+	var roots []*x509.Certificate
+	owner := map[*x509.Certificate]string{}
+	for _, a := range anchors {
+		certs, err := fleet.ParseCertificatesPEM(a.CertificatesPEM)
+		if err != nil {
+			continue // validated when registered; a bad row vouches for nothing
+		}
+		for _, c := range certs {
+			roots = append(roots, c)
+			owner[c] = a.ID
+		}
+	}
+	return roots, owner, nil
+}
+
 func ekTrusts(anchors []fleet.TrustAnchor) []tpm.EKTrust {
 	out := make([]tpm.EKTrust, len(anchors))
 	for i, a := range anchors {
@@ -280,6 +303,8 @@ func evidenceKind(a *agentv1.Attestation) string {
 		return attestor.X509
 	case a.GetCloud() != nil:
 		return attestor.Cloud
+	case a.GetKubelet() != nil:
+		return attestor.Kubelet
 	}
 	return ""
 }

@@ -177,7 +177,7 @@ func TestAttestedJoinX509(t *testing.T) {
 	chain, key = corp.machine(t, "x1")
 	_, otherKey := corp.machine(t, "x1-other")
 	_, err = a.x509Join(token, [][]byte{chain}, otherKey)
-	requireDenied(t, err, codes.PermissionDenied, "does not verify with the machine certificate's key")
+	requireDenied(t, err, codes.PermissionDenied, "does not verify with the certificate's key")
 
 	res, err := a.x509Join(token, [][]byte{chain}, key)
 	require.NoError(t, err)

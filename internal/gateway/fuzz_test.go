@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -140,6 +141,9 @@ func FuzzInventorySection(f *testing.F) {
 	f.Add("memory", mem, hex.EncodeToString(sum[:]), s.GetSnapshotDigest(), int32(4))
 	f.Add("system", []byte{0xff}, s.GetSha256(), s.GetSnapshotDigest(), int32(2))
 	f.Add("bios", []byte{}, "", "", int32(0))
+	labels, _ := proto.Marshal(&agentv1.NodeLabels{Labels: map[string]string{"bcd.dev/pool": "h100", "nvidia.com/gpu.present": ""}})
+	lsum := sha256.Sum256(labels)
+	f.Add("labels", labels, hex.EncodeToString(lsum[:]), s.GetSnapshotDigest(), int32(5))
 	f.Fuzz(func(t *testing.T, name string, data []byte, sha, digest string, count int32) {
 		sec, err := gateway.DecodeSection(&agentv1.InventorySection{Name: name, Data: data, Sha256: sha, SnapshotDigest: digest, SectionCount: count})
 		if err != nil {
@@ -164,4 +168,40 @@ func TestValidateCommandUpdateTraceparent(t *testing.T) {
 	err := gateway.ValidateAgentMessage(msg(strings.Repeat("0", 257)))
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
 	require.ErrorContains(t, err, "command_update.traceparent")
+}
+
+// TestLabelsSection: a node's reported labels must be Kubernetes labels;
+// anything else is refused with the offending key.
+func TestLabelsSection(t *testing.T) {
+	t.Parallel()
+	section := func(m *agentv1.NodeLabels) *agentv1.InventorySection {
+		data, err := proto.Marshal(m)
+		require.NoError(t, err)
+		sum := sha256.Sum256(data)
+		return &agentv1.InventorySection{Name: "labels", Data: data, Sha256: hex.EncodeToString(sum[:]),
+			SnapshotDigest: strings.Repeat("a", 64), SectionCount: 5}
+	}
+	sec, err := gateway.DecodeSection(section(&agentv1.NodeLabels{Labels: map[string]string{
+		"bcd.dev/pool": "h100", "feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/gpu.deploy.dcgm": ""}}))
+	require.NoError(t, err)
+	require.Equal(t, "h100", sec.Message.(*agentv1.NodeLabels).GetLabels()["bcd.dev/pool"])
+	many := map[string]string{}
+	for i := range 257 {
+		many[fmt.Sprintf("bcd.dev/l%d", i)] = "x"
+	}
+	for name, tc := range map[string]struct {
+		labels map[string]string
+		want   string
+	}{
+		"a key with a space":   {map[string]string{"bcd.dev/my pool": "x"}, "is not a label key"},
+		"an upper-case prefix": {map[string]string{"BCD.dev/pool": "x"}, "is not a label key"},
+		"a value with a slash": {map[string]string{"bcd.dev/pool": "a/b"}, "is not a label value"},
+		"a value of 64 bytes":  {map[string]string{"bcd.dev/pool": strings.Repeat("a", 64)}, "is not a label value"},
+		"a terminal escape":    {map[string]string{"bcd.dev/pool": "\x1b[31m"}, "is not a label value"},
+		"more than 256 labels": {many, "more than 256 labels"},
+	} {
+		_, err := gateway.DecodeSection(section(&agentv1.NodeLabels{Labels: tc.labels}))
+		require.Equal(t, codes.InvalidArgument, status.Code(err), name)
+		require.ErrorContains(t, err, tc.want, name)
+	}
 }

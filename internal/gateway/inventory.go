@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -80,6 +81,8 @@ func DecodeSection(s *agentv1.InventorySection) (*Section, error) {
 		msg = &agentv1.CpuInventory{}
 	case "memory":
 		msg = &agentv1.MemoryInventory{}
+	case "labels":
+		msg = &agentv1.NodeLabels{}
 	}
 	if err := proto.Unmarshal(s.GetData(), msg); err != nil {
 		return nil, invalid("inventory section %q: does not decode: %v", s.GetName(), err)
@@ -151,6 +154,8 @@ func validateSectionContent(msg proto.Message) error {
 		if len(m.GetDriverVersion()) > maxShort || len(m.GetCudaVersion()) > maxShort {
 			return invalid("inventory gpus: driver or CUDA version too long")
 		}
+	case *agentv1.NodeLabels:
+		return validateNodeLabels(m)
 	case *agentv1.CpuInventory:
 		if len(m.GetModel()) > maxShort {
 			return invalid("inventory cpus.model: longer than %d bytes", maxShort)
@@ -170,6 +175,52 @@ func validateSectionContent(msg proto.Message) error {
 		}
 	}
 	return nil
+}
+
+// Reported labels follow Kubernetes' label syntax, the labels bcd reports
+// being a Node's: a key is an optional DNS-subdomain prefix and a name, a
+// value at most 63 bytes and possibly empty.
+const (
+	maxReportedLabels = 256
+	maxLabelKeyBytes  = 253 + 1 + 63
+	maxLabelValue     = 63
+)
+
+var (
+	labelKeyRE   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+	labelValueRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
+)
+
+func validateNodeLabels(m *agentv1.NodeLabels) error {
+	if len(m.GetLabels()) > maxReportedLabels {
+		return invalid("inventory labels: more than %d labels", maxReportedLabels)
+	}
+	if len(m.GetSource()) > maxShort {
+		return invalid("inventory labels.source: longer than %d bytes", maxShort)
+	}
+	for k, v := range m.GetLabels() {
+		if len(k) > maxLabelKeyBytes || !labelKeyRE.MatchString(k) {
+			return invalid("inventory labels: key %q is not a label key", truncate(k))
+		}
+		if len(v) > maxLabelValue || !labelValueRE.MatchString(v) {
+			return invalid("inventory labels[%s]: value %q is not a label value (at most %d bytes, alphanumeric with - _ . inside)", truncate(k), truncate(v), maxLabelValue)
+		}
+	}
+	return nil
+}
+
+// reportedLabelsJSON is the JSON object of a snapshot's labels section,
+// "{}" when it has none (the node stopped reporting labels).
+func reportedLabelsJSON(sections map[string]*Section) string {
+	sec := sections["labels"]
+	if sec == nil {
+		return "{}"
+	}
+	b, err := json.Marshal(sec.Message.(*agentv1.NodeLabels).GetLabels())
+	if err != nil || string(b) == "null" {
+		return "{}"
+	}
+	return string(b)
 }
 
 // SnapshotDigest is the digest of a whole snapshot: hex SHA-256 over the
@@ -393,6 +444,10 @@ func (s *session) commitSnapshot(digest string, sections map[string]*Section) er
 			return err
 		}
 		if err := fleet.InventoryReplace(ctx, tx, &p, string(b)); err != nil {
+			return err
+		}
+		// Before NodeChanged: the pools' reconcile reads them.
+		if err := fleet.NodeReportedLabelsSet(ctx, tx, s.nodeID, reportedLabelsJSON(sections)); err != nil {
 			return err
 		}
 		for _, c := range gpuConditions(node.Labels, node.InventoryDigest != "", before, p.GPUs) {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/attestor"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/pki"
@@ -237,9 +238,22 @@ func (g *Gateway) joinTx(ctx context.Context, tx store.Tx, req *agentv1.JoinRequ
 	if holder != "" {
 		return g.duplicateIdentity(ctx, tx, holder, tok.TenantID)
 	}
+	// A kubelet's proof binds the node to its Kubernetes Node: one node a
+	// Node, however many machines hold a copy of its key, and named after it.
+	hostname := req.GetIdentity().GetHostname()
+	if att.kind == attestor.Kubelet {
+		other, err := fleet.NodeIDByAttestedID(ctx, tx, tok.TenantID, att.anchorID, att.id)
+		if err != nil {
+			return err
+		}
+		if other != "" {
+			return denied("the kubelet of Node %s already joined as node %s; retire that node before another machine joins as this Node", att.nodeName, other)
+		}
+		hostname = att.nodeName
+	}
 	now := g.cfg.Clock.Now()
 	nodeID := envelope.NewID(fleet.NodeIDPrefix, now)
-	name, err := uniqueNodeName(ctx, tx, NodeName(req.GetIdentity().GetHostname()))
+	name, err := uniqueNodeName(ctx, tx, NodeName(hostname))
 	if err != nil {
 		return err
 	}

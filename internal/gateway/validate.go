@@ -21,7 +21,7 @@ var (
 )
 
 // Sections are the inventory section names the gateway knows.
-var Sections = []string{"system", "gpus", "cpus", "memory"}
+var Sections = []string{"system", "gpus", "cpus", "memory", "labels"}
 
 // Field limits on agent messages.
 const (
@@ -185,7 +185,7 @@ func validateStatus(s *agentv1.StatusReport) error {
 func validateSectionShape(s *agentv1.InventorySection) error {
 	switch {
 	case !slices.Contains(Sections, s.GetName()):
-		return invalid("inventory.name: unknown section %q (known: system, gpus, cpus, memory)", truncate(s.GetName()))
+		return invalid("inventory.name: unknown section %q (known: system, gpus, cpus, memory, labels)", truncate(s.GetName()))
 	case len(s.GetData()) > MaxSectionBytes:
 		return status.Errorf(codes.ResourceExhausted, "inventory section %q is %d bytes; the limit is %d", s.GetName(), len(s.GetData()), MaxSectionBytes)
 	case !hexDigestRE.MatchString(s.GetSha256()):

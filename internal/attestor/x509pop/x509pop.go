@@ -55,24 +55,30 @@ type Result struct {
 // for client authentication (or any usage the CA allows) and that sig is
 // the leaf key's signature over digest.
 func Verify(chain [][]byte, sig, digest []byte, roots []*x509.Certificate, now time.Time) (Result, error) {
+	return VerifyAs("x509", chain, sig, digest, roots, now)
+}
+
+// VerifyAs is Verify for an attestor that proves possession the same way
+// (kubelet): its refusals name kind.
+func VerifyAs(kind string, chain [][]byte, sig, digest []byte, roots []*x509.Certificate, now time.Time) (Result, error) {
 	switch {
 	case len(chain) == 0:
-		return Result{}, fmt.Errorf("%w: x509: no certificate", attestor.ErrEvidence)
+		return Result{}, fmt.Errorf("%w: %s: no certificate", attestor.ErrEvidence, kind)
 	case len(chain) > MaxChain:
-		return Result{}, fmt.Errorf("%w: x509: more than %d certificates", attestor.ErrEvidence, MaxChain)
+		return Result{}, fmt.Errorf("%w: %s: more than %d certificates", attestor.ErrEvidence, kind, MaxChain)
 	case len(sig) == 0 || len(sig) > MaxSigBytes:
-		return Result{}, fmt.Errorf("%w: x509: signature must be 1-%d bytes", attestor.ErrEvidence, MaxSigBytes)
+		return Result{}, fmt.Errorf("%w: %s: signature must be 1-%d bytes", attestor.ErrEvidence, kind, MaxSigBytes)
 	case len(roots) == 0:
-		return Result{}, fmt.Errorf("%w: x509: the tenant registered no x509 CA", attestor.ErrEvidence)
+		return Result{}, fmt.Errorf("%w: %s: the tenant registered no %s CA", attestor.ErrEvidence, kind, kind)
 	}
 	certs := make([]*x509.Certificate, len(chain))
 	for i, der := range chain {
 		if len(der) > MaxCertBytes {
-			return Result{}, fmt.Errorf("%w: x509: certificate %d is larger than %d bytes", attestor.ErrEvidence, i, MaxCertBytes)
+			return Result{}, fmt.Errorf("%w: %s: certificate %d is larger than %d bytes", attestor.ErrEvidence, kind, i, MaxCertBytes)
 		}
 		c, err := x509.ParseCertificate(der)
 		if err != nil {
-			return Result{}, fmt.Errorf("%w: x509: certificate %d: %w", attestor.ErrEvidence, i, err)
+			return Result{}, fmt.Errorf("%w: %s: certificate %d: %w", attestor.ErrEvidence, kind, i, err)
 		}
 		certs[i] = c
 	}
@@ -88,10 +94,10 @@ func Verify(chain [][]byte, sig, digest []byte, roots []*x509.Certificate, now t
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("%w: x509: the machine certificate does not chain to a registered CA: %w", attestor.ErrEvidence, err)
+		return Result{}, fmt.Errorf("%w: %s: the certificate does not chain to a registered CA: %w", attestor.ErrEvidence, kind, err)
 	}
 	if !verifySig(certs[0].PublicKey, digest, sig) {
-		return Result{}, fmt.Errorf("%w: x509: the signature over the join challenge does not verify with the machine certificate's key", attestor.ErrEvidence)
+		return Result{}, fmt.Errorf("%w: %s: the signature over the join challenge does not verify with the certificate's key", attestor.ErrEvidence, kind)
 	}
 	sum := sha256.Sum256(certs[0].Raw)
 	c := chains[0]

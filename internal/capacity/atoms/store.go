@@ -87,8 +87,18 @@ func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, e
 		return nodeFacts{}, err
 	}
 	n := nodeFacts{ID: row.ID, TenantID: row.TenantID, PoolName: row.Pool, State: row.State}
-	if err := json.Unmarshal([]byte(row.Labels), &n.Labels); err != nil {
+	if err := json.Unmarshal([]byte(row.Labels), &n.Labels); err != nil || n.Labels == nil {
 		n.Labels = map[string]string{}
+	}
+	// The labels the node reports (its Kubernetes Node's) count too, under
+	// its join token's: a node cannot relabel itself out of what its
+	// operator set.
+	var reported map[string]string
+	_ = json.Unmarshal([]byte(row.ReportedLabels), &reported)
+	for k, v := range reported {
+		if _, set := n.Labels[k]; !set {
+			n.Labels[k] = v
+		}
 	}
 	return n, nil
 }

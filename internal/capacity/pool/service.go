@@ -124,9 +124,9 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 		vs.Add("policy.on_node_lost", "must be release or replace, got %q", truncate(p.GetOnNodeLost()))
 	}
 	switch p.GetRequiredAttestor() {
-	case "", "tpm", "x509", "cloud":
+	case "", "tpm", "x509", "cloud", "kubelet":
 	default:
-		vs.Add("policy.required_attestor", "must be tpm, x509 or cloud, got %q", truncate(p.GetRequiredAttestor()))
+		vs.Add("policy.required_attestor", "must be tpm, x509, cloud or kubelet, got %q", truncate(p.GetRequiredAttestor()))
 	}
 	if h := p.GetStartHorizonSeconds(); h < 0 || h > MaxStartHorizonSeconds {
 		vs.Add("policy.start_horizon_seconds", "must be between 0 (the default, 90 days) and %d (366 days), got %d", MaxStartHorizonSeconds, h)

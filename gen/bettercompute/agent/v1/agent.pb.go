@@ -801,7 +801,7 @@ type JoinChallengeRequest struct {
 	// The join token and CSR the Join will carry.
 	Token  string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	CsrDer []byte `protobuf:"bytes,2,opt,name=csr_der,json=csrDer,proto3" json:"csr_der,omitempty"`
-	// The attestor the node will use: tpm, x509 or cloud.
+	// The attestor the node will use: tpm, x509, cloud or kubelet.
 	Attestor string `protobuf:"bytes,3,opt,name=attestor,proto3" json:"attestor,omitempty"`
 	// For tpm: the EK and the AK the credential is made for.
 	Tpm           *TPMIdentity `protobuf:"bytes,4,opt,name=tpm,proto3" json:"tpm,omitempty"`
@@ -1056,6 +1056,7 @@ type Attestation struct {
 	//	*Attestation_Tpm
 	//	*Attestation_X509
 	//	*Attestation_Cloud
+	//	*Attestation_Kubelet
 	Evidence      isAttestation_Evidence `protobuf_oneof:"evidence"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1132,6 +1133,15 @@ func (x *Attestation) GetCloud() *CloudEvidence {
 	return nil
 }
 
+func (x *Attestation) GetKubelet() *X509Evidence {
+	if x != nil {
+		if x, ok := x.Evidence.(*Attestation_Kubelet); ok {
+			return x.Kubelet
+		}
+	}
+	return nil
+}
+
 type isAttestation_Evidence interface {
 	isAttestation_Evidence()
 }
@@ -1148,11 +1158,20 @@ type Attestation_Cloud struct {
 	Cloud *CloudEvidence `protobuf:"bytes,4,opt,name=cloud,proto3,oneof"`
 }
 
+type Attestation_Kubelet struct {
+	// The kubelet's client certificate (CN=system:node:NAME,
+	// O=system:nodes) and its key's signature: the node is the kubelet of
+	// Kubernetes Node NAME of a cluster whose CA the tenant registered.
+	Kubelet *X509Evidence `protobuf:"bytes,5,opt,name=kubelet,proto3,oneof"`
+}
+
 func (*Attestation_Tpm) isAttestation_Evidence() {}
 
 func (*Attestation_X509) isAttestation_Evidence() {}
 
 func (*Attestation_Cloud) isAttestation_Evidence() {}
+
+func (*Attestation_Kubelet) isAttestation_Evidence() {}
 
 // TPMEvidence answers a TPM challenge.
 type TPMEvidence struct {
@@ -2570,8 +2589,9 @@ func (x *HealthEvent) GetTime() *timestamppb.Timestamp {
 
 // InventorySection carries one section of the node's inventory as the
 // serialized message named by its name ("system" → SystemInventory, "gpus"
-// → GpuInventory, "cpus" → CpuInventory, "memory" → MemoryInventory). The
-// gateway verifies sha256 over the received bytes.
+// → GpuInventory, "cpus" → CpuInventory, "memory" → MemoryInventory,
+// "labels" → NodeLabels). The gateway verifies sha256 over the received
+// bytes.
 type InventorySection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3286,6 +3306,64 @@ func (x *MemoryInventory) GetHugepages_1GiTotal() uint64 {
 	return 0
 }
 
+// NodeLabels is the optional "labels" section: labels the node's platform
+// gives it, e.g. its Kubernetes Node's (the ones under the prefixes bcd
+// was told to report). Pool selectors see them beside the labels of the
+// join token, which win on a shared key: a node cannot relabel itself out
+// of what its operator said.
+type NodeLabels struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Labels map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Where they come from, e.g. "kubernetes/node/gpu-node-1".
+	Source        string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeLabels) Reset() {
+	*x = NodeLabels{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeLabels) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeLabels) ProtoMessage() {}
+
+func (x *NodeLabels) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeLabels.ProtoReflect.Descriptor instead.
+func (*NodeLabels) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *NodeLabels) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *NodeLabels) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 // Command is a persisted command delivered to the node. Delivery is at
 // least once; the agent applies it at most once by its idempotency key and
 // sequence number.
@@ -3311,7 +3389,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3323,7 +3401,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3336,7 +3414,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Command) GetId() string {
@@ -3413,7 +3491,7 @@ type CommandSignature struct {
 
 func (x *CommandSignature) Reset() {
 	*x = CommandSignature{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3425,7 +3503,7 @@ func (x *CommandSignature) String() string {
 func (*CommandSignature) ProtoMessage() {}
 
 func (x *CommandSignature) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3438,7 +3516,7 @@ func (x *CommandSignature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandSignature.ProtoReflect.Descriptor instead.
 func (*CommandSignature) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CommandSignature) GetTrustVersion() int64 {
@@ -3479,7 +3557,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3569,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3582,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -3545,7 +3623,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3635,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +3648,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -3660,7 +3738,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +3750,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +3763,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -3762,7 +3840,7 @@ type AllocationBound struct {
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3774,7 +3852,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3787,7 +3865,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -3838,7 +3916,7 @@ type Enforcement struct {
 
 func (x *Enforcement) Reset() {
 	*x = Enforcement{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3850,7 +3928,7 @@ func (x *Enforcement) String() string {
 func (*Enforcement) ProtoMessage() {}
 
 func (x *Enforcement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3863,7 +3941,7 @@ func (x *Enforcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
 func (*Enforcement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Enforcement) GetResource() string {
@@ -3902,7 +3980,7 @@ type AllocationReleased struct {
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3914,7 +3992,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3927,7 +4005,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -3976,7 +4054,7 @@ type ProcessExec struct {
 
 func (x *ProcessExec) Reset() {
 	*x = ProcessExec{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3988,7 +4066,7 @@ func (x *ProcessExec) String() string {
 func (*ProcessExec) ProtoMessage() {}
 
 func (x *ProcessExec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4001,7 +4079,7 @@ func (x *ProcessExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
 func (*ProcessExec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ProcessExec) GetAllocationId() string {
@@ -4049,7 +4127,7 @@ type ProcessOutput struct {
 
 func (x *ProcessOutput) Reset() {
 	*x = ProcessOutput{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4061,7 +4139,7 @@ func (x *ProcessOutput) String() string {
 func (*ProcessOutput) ProtoMessage() {}
 
 func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4074,7 +4152,7 @@ func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
 func (*ProcessOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ProcessOutput) GetCommandId() string {
@@ -4175,12 +4253,13 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"tpm_secret\x18\x05 \x01(\fR\ttpmSecret\x12;\n" +
 	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"\xeb\x01\n" +
+	"expireTime\"\xad\x02\n" +
 	"\vAttestation\x12\x1c\n" +
 	"\tchallenge\x18\x01 \x01(\fR\tchallenge\x127\n" +
 	"\x03tpm\x18\x02 \x01(\v2#.bettercompute.agent.v1.TPMEvidenceH\x00R\x03tpm\x12:\n" +
 	"\x04x509\x18\x03 \x01(\v2$.bettercompute.agent.v1.X509EvidenceH\x00R\x04x509\x12=\n" +
-	"\x05cloud\x18\x04 \x01(\v2%.bettercompute.agent.v1.CloudEvidenceH\x00R\x05cloudB\n" +
+	"\x05cloud\x18\x04 \x01(\v2%.bettercompute.agent.v1.CloudEvidenceH\x00R\x05cloud\x12@\n" +
+	"\akubelet\x18\x05 \x01(\v2$.bettercompute.agent.v1.X509EvidenceH\x00R\akubeletB\n" +
 	"\n" +
 	"\bevidence\"\xf3\x01\n" +
 	"\vTPMEvidence\x12)\n" +
@@ -4353,7 +4432,14 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fMemoryInventory\x12\x1b\n" +
 	"\ttotal_mib\x18\x01 \x01(\x04R\btotalMib\x12.\n" +
 	"\x13hugepages_2mi_total\x18\x02 \x01(\x04R\x11hugepages2miTotal\x12.\n" +
-	"\x13hugepages_1gi_total\x18\x03 \x01(\x04R\x11hugepages1giTotal\"\xbb\x02\n" +
+	"\x13hugepages_1gi_total\x18\x03 \x01(\x04R\x11hugepages1giTotal\"\xa7\x01\n" +
+	"\n" +
+	"NodeLabels\x12F\n" +
+	"\x06labels\x18\x01 \x03(\v2..bettercompute.agent.v1.NodeLabels.LabelsEntryR\x06labels\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbb\x02\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
@@ -4470,7 +4556,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
@@ -4515,88 +4601,92 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*CpuInventory)(nil),          // 40: bettercompute.agent.v1.CpuInventory
 	(*NumaNode)(nil),              // 41: bettercompute.agent.v1.NumaNode
 	(*MemoryInventory)(nil),       // 42: bettercompute.agent.v1.MemoryInventory
-	(*Command)(nil),               // 43: bettercompute.agent.v1.Command
-	(*CommandSignature)(nil),      // 44: bettercompute.agent.v1.CommandSignature
-	(*CancelCommand)(nil),         // 45: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 46: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 47: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 48: bettercompute.agent.v1.AllocationBound
-	(*Enforcement)(nil),           // 49: bettercompute.agent.v1.Enforcement
-	(*AllocationReleased)(nil),    // 50: bettercompute.agent.v1.AllocationReleased
-	(*ProcessExec)(nil),           // 51: bettercompute.agent.v1.ProcessExec
-	(*ProcessOutput)(nil),         // 52: bettercompute.agent.v1.ProcessOutput
-	nil,                           // 53: bettercompute.agent.v1.TPMEvidence.PcrsEntry
-	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 55: google.protobuf.Struct
+	(*NodeLabels)(nil),            // 43: bettercompute.agent.v1.NodeLabels
+	(*Command)(nil),               // 44: bettercompute.agent.v1.Command
+	(*CommandSignature)(nil),      // 45: bettercompute.agent.v1.CommandSignature
+	(*CancelCommand)(nil),         // 46: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 47: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 48: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 49: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 50: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 51: bettercompute.agent.v1.AllocationReleased
+	(*ProcessExec)(nil),           // 52: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 53: bettercompute.agent.v1.ProcessOutput
+	nil,                           // 54: bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	nil,                           // 55: bettercompute.agent.v1.NodeLabels.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 56: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 57: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	54, // 0: bettercompute.agent.v1.FetchSecretRequest.time:type_name -> google.protobuf.Timestamp
+	56, // 0: bettercompute.agent.v1.FetchSecretRequest.time:type_name -> google.protobuf.Timestamp
 	10, // 1: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 2: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	15, // 3: bettercompute.agent.v1.JoinRequest.attestation:type_name -> bettercompute.agent.v1.Attestation
 	13, // 4: bettercompute.agent.v1.JoinChallengeRequest.tpm:type_name -> bettercompute.agent.v1.TPMIdentity
-	54, // 5: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
+	56, // 5: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
 	16, // 6: bettercompute.agent.v1.Attestation.tpm:type_name -> bettercompute.agent.v1.TPMEvidence
 	17, // 7: bettercompute.agent.v1.Attestation.x509:type_name -> bettercompute.agent.v1.X509Evidence
 	18, // 8: bettercompute.agent.v1.Attestation.cloud:type_name -> bettercompute.agent.v1.CloudEvidence
-	53, // 9: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
-	1,  // 10: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	54, // 11: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
-	20, // 12: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	54, // 13: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	54, // 14: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
-	20, // 15: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	25, // 16: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	28, // 17: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	31, // 18: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	33, // 19: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	46, // 20: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	48, // 21: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	50, // 22: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	26, // 23: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	52, // 24: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
-	27, // 25: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	43, // 26: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	45, // 27: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	34, // 28: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
-	0,  // 29: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	54, // 30: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	54, // 31: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	29, // 32: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
-	30, // 33: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	32, // 34: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	54, // 35: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	10, // 36: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	37, // 37: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	39, // 38: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	38, // 39: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	41, // 40: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	55, // 41: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	54, // 42: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	44, // 43: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
-	2,  // 44: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	55, // 45: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	49, // 46: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 47: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	11, // 48: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	12, // 49: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
-	21, // 50: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	23, // 51: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	8,  // 52: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
-	6,  // 53: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
-	4,  // 54: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
-	19, // 55: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	14, // 56: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
-	22, // 57: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	24, // 58: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	9,  // 59: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
-	7,  // 60: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
-	5,  // 61: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
-	55, // [55:62] is the sub-list for method output_type
-	48, // [48:55] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	17, // 9: bettercompute.agent.v1.Attestation.kubelet:type_name -> bettercompute.agent.v1.X509Evidence
+	54, // 10: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	1,  // 11: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
+	56, // 12: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	20, // 13: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	56, // 14: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	56, // 15: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	20, // 16: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
+	25, // 17: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
+	28, // 18: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	31, // 19: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	33, // 20: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	47, // 21: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	49, // 22: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	51, // 23: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	26, // 24: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	53, // 25: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	27, // 26: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	44, // 27: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	46, // 28: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	34, // 29: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	0,  // 30: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
+	56, // 31: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	56, // 32: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	29, // 33: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
+	30, // 34: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	32, // 35: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	56, // 36: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	10, // 37: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	37, // 38: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	39, // 39: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	38, // 40: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	41, // 41: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	55, // 42: bettercompute.agent.v1.NodeLabels.labels:type_name -> bettercompute.agent.v1.NodeLabels.LabelsEntry
+	57, // 43: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	56, // 44: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	45, // 45: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
+	2,  // 46: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	57, // 47: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	50, // 48: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 49: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	11, // 50: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	12, // 51: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
+	21, // 52: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	23, // 53: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	8,  // 54: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	6,  // 55: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
+	4,  // 56: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
+	19, // 57: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	14, // 58: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
+	22, // 59: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	24, // 60: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	9,  // 61: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	7,  // 62: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
+	5,  // 63: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
+	57, // [57:64] is the sub-list for method output_type
+	50, // [50:57] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -4608,6 +4698,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*Attestation_Tpm)(nil),
 		(*Attestation_X509)(nil),
 		(*Attestation_Cloud)(nil),
+		(*Attestation_Kubelet)(nil),
 	}
 	file_bettercompute_agent_v1_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
@@ -4634,7 +4725,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   50,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
