@@ -67,6 +67,9 @@ func (k *kubeNodeOptions) prefixes() []string {
 type kubeNode struct {
 	w      *node.Watcher
 	source string
+	// name and client are the Node's, for the DRA driver's slices.
+	name   string
+	client kubernetes.Interface
 }
 
 // start adopts the Node --kube-node-name names: it watches it until ctx
@@ -89,7 +92,7 @@ func (k *kubeNodeOptions) start(ctx context.Context, getenv func(string) string,
 		return nil, nil, err
 	}
 	go func() { _ = w.Run(ctx) }()
-	return &kubeNode{w: w, source: "kubernetes/node/" + k.name}, k.tokenEnv(getenv, log), nil
+	return &kubeNode{w: w, source: "kubernetes/node/" + k.name, name: k.name, client: client}, k.tokenEnv(getenv, log), nil
 }
 
 // tokenEnv reads BCD_JOIN_TOKEN from DIR/NODE_NAME when the environment

@@ -216,7 +216,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		instances = hv
 	}
-	kube, err := o.kube.start(ctx, log)
+	kube, err := o.kube.start(ctx, kubeNode, log)
 	if err != nil {
 		if backend != nil {
 			_ = backend.Close()

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -128,6 +127,7 @@ func TestBcdManifests(t *testing.T) {
 		// broader than it needs (no /, /dev, whole cgroup tree, whole
 		// kubelet directory).
 		writable := map[string]bool{
+			"/var/run/cdi":                      true,
 			"/var/lib/bcd":                      true,
 			"/sys/fs/cgroup/bettercompute":      true,
 			"/var/lib/kubelet/device-plugins":   true,
@@ -201,7 +201,7 @@ func TestBcdManifests(t *testing.T) {
 		for _, a := range c.Args {
 			name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
 			require.True(t, strings.HasPrefix(a, "--"), "arg %q is not a flag", a)
-			if fs.Lookup(name) == nil && !slices.Contains(kubeletPluginFlags, name) {
+			if fs.Lookup(name) == nil {
 				t.Errorf("the DaemonSet passes --%s, which bcd does not have", name)
 			}
 		}
@@ -252,8 +252,3 @@ func TestBcdManifests(t *testing.T) {
 		require.ElementsMatch(t, want, k.Resources)
 	})
 }
-
-// kubeletPluginFlags are the DaemonSet's flags that cmd/bcd/kube.go
-// registers (the device plugin's change); while that change is not in this
-// tree they are the only flags allowed to be missing.
-var kubeletPluginFlags = []string{"kubernetes", "kubelet-dir"}
