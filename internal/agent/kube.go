@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -301,8 +302,15 @@ func (a *Agent) kubeDevices(ctx context.Context, uuids []string) ([]kubebind.Dev
 				return nil, nil, fail(FailInventory, fmt.Errorf("the hardware backend knows no /dev/nvidiaN minor for %s", u))
 			}
 			d.Paths = []string{devfilter.GPU(g.GetMinorNumber()).Name}
+			// Only the control nodes the host has: a container runtime
+			// refuses a device whose host path is missing (an H200 host
+			// without /dev/nvidia-modeset showed it). A simulated node has
+			// no device nodes at all and offers what a real host would.
+			onHost := deviceNodeExists(d.Paths[0])
 			for _, r := range ctl {
-				d.Paths = append(d.Paths, r.Name)
+				if !onHost || deviceNodeExists(r.Name) {
+					d.Paths = append(d.Paths, r.Name)
+				}
 			}
 			dev = &d
 			break
@@ -313,6 +321,12 @@ func (a *Agent) kubeDevices(ctx context.Context, uuids []string) ([]kubebind.Dev
 		devs = append(devs, *dev)
 	}
 	return devs, parents, nil
+}
+
+// deviceNodeExists reports whether path is a character device here.
+func deviceNodeExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // nvlinkIslands names each GPU's NVLink island (GPUs joined by NVLink,
