@@ -47,6 +47,8 @@ const (
 	// in the kubelet's pod resources (package podresources lets go of
 	// them once it does, or the grace runs out).
 	HolderPrefix = "allocating/"
+	// ClaimHolderPrefix names the DRA driver's holders (claim/<uid>).
+	ClaimHolderPrefix = "claim/"
 	// DefaultSocket is the plugin's socket in the device-plugins
 	// directory.
 	DefaultSocket = "bcd-gpu.sock"
@@ -384,6 +386,17 @@ func (p *Plugin) Allocate(_ context.Context, req *v1beta1.AllocateRequest) (*v1b
 		}
 		return nil, err
 	}
+	// A GPU a DRA claim prepared is that claim's pod's: the kubelet
+	// counts device-plugin and DRA devices apart, so bcd refuses here as
+	// its DRA driver refuses a GPU a pod holds.
+	claimed := map[string]string{}
+	for h, us := range p.cfg.Set.Holders() {
+		if strings.HasPrefix(h, ClaimHolderPrefix) {
+			for _, u := range us {
+				claimed[u] = h
+			}
+		}
+	}
 	for i, cr := range req.GetContainerRequests() {
 		ids := cr.GetDevicesIds()
 		if len(ids) == 0 {
@@ -398,6 +411,9 @@ func (p *Plugin) Allocate(_ context.Context, req *v1beta1.AllocateRequest) (*v1b
 			}
 			if !d.Healthy {
 				return fail(status.Errorf(codes.FailedPrecondition, "container request %d: device %s is unhealthy (quarantined by bcd's health monitoring)", i, id))
+			}
+			if h, ok := claimed[id]; ok {
+				return fail(status.Errorf(codes.FailedPrecondition, "container request %d: device %s is held by DRA %s", i, id, h))
 			}
 			if alloc != "" && d.AllocationID != alloc {
 				return fail(status.Errorf(codes.InvalidArgument, "container request %d: devices %s and %s belong to reservations %s and %s: one container takes the GPUs of one reservation",

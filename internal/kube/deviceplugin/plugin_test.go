@@ -161,6 +161,13 @@ func TestAllocateRefusesWhatIsNotOfferedAndMixedReservations(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
 	require.ErrorContains(t, err, "reservations res-a and res-b")
 
+	// Prepared for a DRA claim: that claim's pod's, refused here.
+	require.NoError(t, r.set.Hold("claim/c1", []string{"GPU-3"}))
+	_, err = r.k.Allocate(r.ctx, "GPU-3")
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "held by DRA claim/c1")
+	r.set.Let("claim/c1")
+
 	// Withdrawn: gone from the list, refused.
 	require.NotNil(t, r.set.Withdraw("res-b"))
 	_, err = r.k.Wait(r.ctx, func(s kubelet.State) bool { return len(s.Devices) == 1 })
