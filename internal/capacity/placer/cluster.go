@@ -122,8 +122,14 @@ func (e *Placers) claim(ctx context.Context, poolID string) (*placer, string, er
 	e.claimMu.Lock()
 	defer e.claimMu.Unlock()
 	e.plMu.Lock()
-	p := e.placers[poolID]
+	p, stopped := e.placers[poolID], e.stopped
 	e.plMu.Unlock()
+	if stopped {
+		// Stopped while this call waited its turn: a lock session opened
+		// now would outlive Stop and hold its connection for good (a
+		// test's database then never closed).
+		return nil, "", &envelope.Error{Code: envelope.CodeUnavailable, Message: "the control plane is shutting down; retry", RetryAfter: time.Second}
+	}
 	if p != nil {
 		// Claimed while this call waited its turn.
 		return p, "", nil
