@@ -160,7 +160,17 @@ func (f *fixture) create(t *testing.T, c *client.Client, req *apiv1.CreateReserv
 	if req.Pool == "" {
 		req.Pool = "h100"
 	}
-	res, err := c.Reservations.Create(context.Background(), connect.NewRequest(req))
+	// With two replicas, a create can meet the pool's placer being
+	// claimed by the other (UNAVAILABLE, retry after a moment, nothing
+	// written): it is asked again, as a client does.
+	var (
+		res *connect.Response[apiv1.CreateReservationResponse]
+		err error
+	)
+	f.eventually(t, "the pool's placer settles", func() bool {
+		res, err = c.Reservations.Create(context.Background(), connect.NewRequest(req))
+		return connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "is moving to another replica")
+	})
 	require.NoError(t, err)
 	return res.Msg.GetReservation()
 }
