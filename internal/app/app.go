@@ -40,6 +40,7 @@ import (
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gateway"
+	"github.com/better-compute/better-compute/internal/health"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/jobs"
@@ -350,6 +351,8 @@ func Modules() []store.Migrations {
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
 		quorum.Migrations(),
+		// Health reads nodes and pools and starts workflows.
+		health.Migrations(),
 	}
 }
 

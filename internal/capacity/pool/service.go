@@ -15,6 +15,7 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/gpuhealth"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -131,6 +132,16 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	if h := p.GetStartHorizonSeconds(); h < 0 || h > MaxStartHorizonSeconds {
 		vs.Add("policy.start_horizon_seconds", "must be between 0 (the default, 90 days) and %d (366 days), got %d", MaxStartHorizonSeconds, h)
 	}
+	switch p.GetMig() {
+	case "", MIGManual:
+	case MIGAuto:
+		if p.GetGpuSharing() != GPUSharingMIG {
+			vs.Add("policy.mig", "auto needs gpu_sharing mig, got gpu_sharing %q", truncate(p.GetGpuSharing()))
+		}
+	default:
+		vs.Add("policy.mig", "must be auto or manual, got %q", truncate(p.GetMig()))
+	}
+	validateHealthPolicy(vs, p.GetHealth())
 	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
 	nonNeg("policy.min_duration_seconds", minD)
 	switch {
@@ -140,6 +151,50 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 		vs.Add("policy.min_duration_seconds", "must be at most max_duration_seconds (%d), got %d", maxD, minD)
 	case maxD == 0 && minD > MaxDurationSeconds:
 		vs.Add("policy.min_duration_seconds", "must be at most %d (30 days), got %d", MaxDurationSeconds, minD)
+	}
+}
+
+// MIG layout modes (policy.mig).
+const (
+	MIGManual = "manual"
+	MIGAuto   = "auto"
+)
+
+// Health policy bounds.
+const (
+	// MaxXIDActions bounds policy.health.xid_actions.
+	MaxXIDActions = 256
+	// MaxBreakerWindowSeconds is a day: a longer window counts a fleet's
+	// ordinary failures as one event.
+	MaxBreakerWindowSeconds = 86400
+)
+
+// validateHealthPolicy checks policy.health.
+func validateHealthPolicy(vs *envelope.Violations, h *apiv1.HealthPolicy) {
+	if h == nil {
+		return
+	}
+	if len(h.GetXidActions()) > MaxXIDActions {
+		vs.Add("policy.health.xid_actions", "at most %d codes, got %d", MaxXIDActions, len(h.GetXidActions()))
+	}
+	for _, code := range gpuhealth.SortedXIDs(h.GetXidActions()) {
+		a := h.GetXidActions()[code]
+		if code < 1 || code > 1<<16 {
+			vs.Add(fmt.Sprintf("policy.health.xid_actions[%d]", code), "an XID is between 1 and 65536")
+			continue
+		}
+		if !gpuhealth.ValidAction(a) {
+			vs.Add(fmt.Sprintf("policy.health.xid_actions[%d]", code), "must be record, quarantine, rma, reset or reboot, got %q", truncate(a))
+		}
+	}
+	if b := h.GetDisruptionBudgetPercent(); b < 0 || b > 100 {
+		vs.Add("policy.health.disruption_budget_percent", "must be between 0 (the default, 5) and 100, got %d", b)
+	}
+	if b := h.GetBreakerPercent(); b < 0 || b > 100 {
+		vs.Add("policy.health.breaker_percent", "must be between 0 (the default, 10) and 100, got %d", b)
+	}
+	if w := h.GetBreakerWindowSeconds(); w < 0 || w > MaxBreakerWindowSeconds {
+		vs.Add("policy.health.breaker_window_seconds", "must be between 0 (the default, 600) and %d, got %d", MaxBreakerWindowSeconds, w)
 	}
 }
 

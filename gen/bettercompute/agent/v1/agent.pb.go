@@ -2445,10 +2445,18 @@ type StatusReport struct {
 	// ok, degraded or failed.
 	Health string `protobuf:"bytes,2,opt,name=health,proto3" json:"health,omitempty"`
 	// Health findings, e.g. an XID error on a GPU.
-	Events        []*HealthEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
-	TrustVersion  int64          `protobuf:"varint,4,opt,name=trust_version,json=trustVersion,proto3" json:"trust_version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Events       []*HealthEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	TrustVersion int64          `protobuf:"varint,4,opt,name=trust_version,json=trustVersion,proto3" json:"trust_version,omitempty"`
+	// The node's standing inventory findings (row remap, uncorrectable ECC,
+	// retired pages, NVLink, PCIe link, throttling, a GPU fallen off the
+	// bus; kinds in internal/gpuhealth), read from the driver on each poll.
+	Findings []*HealthEvent `protobuf:"bytes,5,rep,name=findings,proto3" json:"findings,omitempty"`
+	// findings is the whole set as of this report: a standing finding the
+	// control plane holds that is absent here has cleared. False when the
+	// report carries no poll (events only).
+	FindingsComplete bool `protobuf:"varint,6,opt,name=findings_complete,json=findingsComplete,proto3" json:"findings_complete,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StatusReport) Reset() {
@@ -2509,15 +2517,37 @@ func (x *StatusReport) GetTrustVersion() int64 {
 	return 0
 }
 
+func (x *StatusReport) GetFindings() []*HealthEvent {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
+func (x *StatusReport) GetFindingsComplete() bool {
+	if x != nil {
+		return x.FindingsComplete
+	}
+	return false
+}
+
 type HealthEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// e.g. "gpu.xid".
 	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	// The device it concerns, e.g. a GPU UUID.
-	Device        string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
-	Code          int64                  `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Time          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	Device  string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	Code    int64                  `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	// critical, error, warning or info; empty lets the control plane's
+	// policy decide from the kind and code.
+	Severity string `protobuf:"bytes,6,opt,name=severity,proto3" json:"severity,omitempty"`
+	// The GPU's index on the node; unset when the event names no GPU.
+	GpuIndex *int32 `protobuf:"varint,7,opt,name=gpu_index,json=gpuIndex,proto3,oneof" json:"gpu_index,omitempty"`
+	// The process the driver blamed (XIDs), 0 when none.
+	Pid           int64  `protobuf:"varint,8,opt,name=pid,proto3" json:"pid,omitempty"`
+	ProcessName   string `protobuf:"bytes,9,opt,name=process_name,json=processName,proto3" json:"process_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2585,6 +2615,34 @@ func (x *HealthEvent) GetTime() *timestamppb.Timestamp {
 		return x.Time
 	}
 	return nil
+}
+
+func (x *HealthEvent) GetSeverity() string {
+	if x != nil {
+		return x.Severity
+	}
+	return ""
+}
+
+func (x *HealthEvent) GetGpuIndex() int32 {
+	if x != nil && x.GpuIndex != nil {
+		return *x.GpuIndex
+	}
+	return 0
+}
+
+func (x *HealthEvent) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *HealthEvent) GetProcessName() string {
+	if x != nil {
+		return x.ProcessName
+	}
+	return ""
 }
 
 // InventorySection carries one section of the node's inventory as the
@@ -4362,18 +4420,26 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\bPressure\x12\x10\n" +
 	"\x03cpu\x18\x01 \x01(\x01R\x03cpu\x12\x16\n" +
 	"\x06memory\x18\x02 \x01(\x01R\x06memory\x12\x0e\n" +
-	"\x02io\x18\x03 \x01(\x01R\x02io\"\xc6\x01\n" +
+	"\x02io\x18\x03 \x01(\x01R\x02io\"\xb4\x02\n" +
 	"\fStatusReport\x12<\n" +
 	"\bpressure\x18\x01 \x01(\v2 .bettercompute.agent.v1.PressureR\bpressure\x12\x16\n" +
 	"\x06health\x18\x02 \x01(\tR\x06health\x12;\n" +
 	"\x06events\x18\x03 \x03(\v2#.bettercompute.agent.v1.HealthEventR\x06events\x12#\n" +
-	"\rtrust_version\x18\x04 \x01(\x03R\ftrustVersion\"\x97\x01\n" +
+	"\rtrust_version\x18\x04 \x01(\x03R\ftrustVersion\x12?\n" +
+	"\bfindings\x18\x05 \x03(\v2#.bettercompute.agent.v1.HealthEventR\bfindings\x12+\n" +
+	"\x11findings_complete\x18\x06 \x01(\bR\x10findingsComplete\"\x98\x02\n" +
 	"\vHealthEvent\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\x03R\x04code\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12.\n" +
-	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"\xa0\x01\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1a\n" +
+	"\bseverity\x18\x06 \x01(\tR\bseverity\x12 \n" +
+	"\tgpu_index\x18\a \x01(\x05H\x00R\bgpuIndex\x88\x01\x01\x12\x10\n" +
+	"\x03pid\x18\b \x01(\x03R\x03pid\x12!\n" +
+	"\fprocess_name\x18\t \x01(\tR\vprocessNameB\f\n" +
+	"\n" +
+	"_gpu_index\"\xa0\x01\n" +
 	"\x10InventorySection\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x16\n" +
@@ -4654,39 +4720,40 @@ var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
 	29, // 33: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
 	30, // 34: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
 	32, // 35: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	56, // 36: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	10, // 37: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	37, // 38: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	39, // 39: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	38, // 40: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	41, // 41: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	55, // 42: bettercompute.agent.v1.NodeLabels.labels:type_name -> bettercompute.agent.v1.NodeLabels.LabelsEntry
-	57, // 43: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	56, // 44: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	45, // 45: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
-	2,  // 46: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	57, // 47: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	50, // 48: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 49: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	11, // 50: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	12, // 51: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
-	21, // 52: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	23, // 53: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	8,  // 54: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
-	6,  // 55: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
-	4,  // 56: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
-	19, // 57: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	14, // 58: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
-	22, // 59: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	24, // 60: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	9,  // 61: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
-	7,  // 62: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
-	5,  // 63: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
-	57, // [57:64] is the sub-list for method output_type
-	50, // [50:57] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	32, // 36: bettercompute.agent.v1.StatusReport.findings:type_name -> bettercompute.agent.v1.HealthEvent
+	56, // 37: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	10, // 38: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	37, // 39: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	39, // 40: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	38, // 41: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	41, // 42: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	55, // 43: bettercompute.agent.v1.NodeLabels.labels:type_name -> bettercompute.agent.v1.NodeLabels.LabelsEntry
+	57, // 44: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	56, // 45: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	45, // 46: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
+	2,  // 47: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	57, // 48: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	50, // 49: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 50: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	11, // 51: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	12, // 52: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
+	21, // 53: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	23, // 54: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	8,  // 55: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	6,  // 56: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
+	4,  // 57: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
+	19, // 58: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	14, // 59: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
+	22, // 60: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	24, // 61: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	9,  // 62: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	7,  // 63: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
+	5,  // 64: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
+	58, // [58:65] is the sub-list for method output_type
+	51, // [51:58] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -4718,6 +4785,7 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
 	file_bettercompute_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[28].OneofWrappers = []any{}
 	file_bettercompute_agent_v1_agent_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

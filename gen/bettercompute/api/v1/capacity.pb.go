@@ -313,8 +313,15 @@ type PoolPolicy struct {
 	// bring evidence from: tpm, x509 or cloud (docs/attestation.md); empty
 	// when the token decides alone.
 	RequiredAttestor string `protobuf:"bytes,11,opt,name=required_attestor,json=requiredAttestor,proto3" json:"required_attestor,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// What GPU health findings do in this pool and how much remediation may
+	// run at once (docs/health.md); unset takes the defaults.
+	Health *HealthPolicy `protobuf:"bytes,12,opt,name=health,proto3" json:"health,omitempty"`
+	// MIG layouts: manual (the default: what the node reports) or auto (the
+	// repartitioner proposes layouts for idle GPUs from the queued and
+	// refused requests per profile). Only for gpu_sharing mig.
+	Mig           string `protobuf:"bytes,13,opt,name=mig,proto3" json:"mig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PoolPolicy) Reset() {
@@ -424,6 +431,110 @@ func (x *PoolPolicy) GetRequiredAttestor() string {
 	return ""
 }
 
+func (x *PoolPolicy) GetHealth() *HealthPolicy {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+func (x *PoolPolicy) GetMig() string {
+	if x != nil {
+		return x.Mig
+	}
+	return ""
+}
+
+// HealthPolicy is a pool's answer to GPU health findings.
+type HealthPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action per XID code: quarantine (the GPU leaves placement), reset
+	// (drain the node, reset the GPU), rma (quarantine, marked for return),
+	// reboot (drain the node, reboot it), record. Codes not listed take the
+	// defaults: 48 quarantine, 63 reset, 64 rma, 79 and 95 reboot, others
+	// record.
+	XidActions map[int64]string `protobuf:"bytes,1,rep,name=xid_actions,json=xidActions,proto3" json:"xid_actions,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The most nodes of the pool under remediation at once, as a percentage
+	// of its nodes (rounded down, at least one): 0 takes the default, 5.
+	DisruptionBudgetPercent int32 `protobuf:"varint,2,opt,name=disruption_budget_percent,json=disruptionBudgetPercent,proto3" json:"disruption_budget_percent,omitempty"`
+	// The circuit breaker: remediation stops in the pool when more than
+	// this percentage of its nodes turned unhealthy within
+	// breaker_window_seconds. 0 takes the defaults, 10 % and 600 s.
+	BreakerPercent       int32 `protobuf:"varint,3,opt,name=breaker_percent,json=breakerPercent,proto3" json:"breaker_percent,omitempty"`
+	BreakerWindowSeconds int64 `protobuf:"varint,4,opt,name=breaker_window_seconds,json=breakerWindowSeconds,proto3" json:"breaker_window_seconds,omitempty"`
+	// Reservations on a GPU that goes bad are re-placed before its node
+	// drains (those whose pool allows it: on_node_lost replace); true turns
+	// that off.
+	KeepReservations bool `protobuf:"varint,5,opt,name=keep_reservations,json=keepReservations,proto3" json:"keep_reservations,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *HealthPolicy) Reset() {
+	*x = HealthPolicy{}
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthPolicy) ProtoMessage() {}
+
+func (x *HealthPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthPolicy.ProtoReflect.Descriptor instead.
+func (*HealthPolicy) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HealthPolicy) GetXidActions() map[int64]string {
+	if x != nil {
+		return x.XidActions
+	}
+	return nil
+}
+
+func (x *HealthPolicy) GetDisruptionBudgetPercent() int32 {
+	if x != nil {
+		return x.DisruptionBudgetPercent
+	}
+	return 0
+}
+
+func (x *HealthPolicy) GetBreakerPercent() int32 {
+	if x != nil {
+		return x.BreakerPercent
+	}
+	return 0
+}
+
+func (x *HealthPolicy) GetBreakerWindowSeconds() int64 {
+	if x != nil {
+		return x.BreakerWindowSeconds
+	}
+	return 0
+}
+
+func (x *HealthPolicy) GetKeepReservations() bool {
+	if x != nil {
+		return x.KeepReservations
+	}
+	return false
+}
+
 // PerGpuShare is the host share that comes with each GPU.
 type PerGpuShare struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -436,7 +547,7 @@ type PerGpuShare struct {
 
 func (x *PerGpuShare) Reset() {
 	*x = PerGpuShare{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +559,7 @@ func (x *PerGpuShare) String() string {
 func (*PerGpuShare) ProtoMessage() {}
 
 func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +572,7 @@ func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PerGpuShare.ProtoReflect.Descriptor instead.
 func (*PerGpuShare) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PerGpuShare) GetVcpu() int32 {
@@ -496,7 +607,7 @@ type HostReserve struct {
 
 func (x *HostReserve) Reset() {
 	*x = HostReserve{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +619,7 @@ func (x *HostReserve) String() string {
 func (*HostReserve) ProtoMessage() {}
 
 func (x *HostReserve) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +632,7 @@ func (x *HostReserve) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostReserve.ProtoReflect.Descriptor instead.
 func (*HostReserve) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HostReserve) GetVcpu() int32 {
@@ -554,7 +665,7 @@ type OfferPoolRequest struct {
 
 func (x *OfferPoolRequest) Reset() {
 	*x = OfferPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +677,7 @@ func (x *OfferPoolRequest) String() string {
 func (*OfferPoolRequest) ProtoMessage() {}
 
 func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +690,7 @@ func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfferPoolRequest.ProtoReflect.Descriptor instead.
 func (*OfferPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *OfferPoolRequest) GetTenant() string {
@@ -619,7 +730,7 @@ type OfferPoolResponse struct {
 
 func (x *OfferPoolResponse) Reset() {
 	*x = OfferPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +742,7 @@ func (x *OfferPoolResponse) String() string {
 func (*OfferPoolResponse) ProtoMessage() {}
 
 func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +755,7 @@ func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfferPoolResponse.ProtoReflect.Descriptor instead.
 func (*OfferPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OfferPoolResponse) GetPool() *Pool {
@@ -666,7 +777,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +789,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +802,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreatePoolRequest) GetTenant() string {
@@ -731,7 +842,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +854,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +867,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -777,7 +888,7 @@ type PoolSelector struct {
 
 func (x *PoolSelector) Reset() {
 	*x = PoolSelector{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +900,7 @@ func (x *PoolSelector) String() string {
 func (*PoolSelector) ProtoMessage() {}
 
 func (x *PoolSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +913,7 @@ func (x *PoolSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSelector.ProtoReflect.Descriptor instead.
 func (*PoolSelector) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PoolSelector) GetRequirements() []*SelectorRequirement {
@@ -827,7 +938,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +950,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +963,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdatePoolRequest) GetTenant() string {
@@ -892,7 +1003,7 @@ type UpdatePoolResponse struct {
 
 func (x *UpdatePoolResponse) Reset() {
 	*x = UpdatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1015,7 @@ func (x *UpdatePoolResponse) String() string {
 func (*UpdatePoolResponse) ProtoMessage() {}
 
 func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1028,7 @@ func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdatePoolResponse) GetPool() *Pool {
@@ -938,7 +1049,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1061,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1074,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetPoolRequest) GetTenant() string {
@@ -989,7 +1100,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1112,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1125,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -1038,7 +1149,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1161,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1174,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListPoolsRequest) GetTenant() string {
@@ -1104,7 +1215,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1227,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1240,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1157,7 +1268,7 @@ type ArchivePoolRequest struct {
 
 func (x *ArchivePoolRequest) Reset() {
 	*x = ArchivePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1280,7 @@ func (x *ArchivePoolRequest) String() string {
 func (*ArchivePoolRequest) ProtoMessage() {}
 
 func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1293,7 @@ func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolRequest.ProtoReflect.Descriptor instead.
 func (*ArchivePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ArchivePoolRequest) GetTenant() string {
@@ -1208,7 +1319,7 @@ type ArchivePoolResponse struct {
 
 func (x *ArchivePoolResponse) Reset() {
 	*x = ArchivePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1331,7 @@ func (x *ArchivePoolResponse) String() string {
 func (*ArchivePoolResponse) ProtoMessage() {}
 
 func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1344,7 @@ func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolResponse.ProtoReflect.Descriptor instead.
 func (*ArchivePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ArchivePoolResponse) GetPool() *Pool {
@@ -1271,7 +1382,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\x80\x04\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\xce\x04\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1288,7 +1399,19 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"onNodeLost\x122\n" +
 	"\x15start_horizon_seconds\x18\n" +
 	" \x01(\x03R\x13startHorizonSeconds\x12+\n" +
-	"\x11required_attestor\x18\v \x01(\tR\x10requiredAttestor\"e\n" +
+	"\x11required_attestor\x18\v \x01(\tR\x10requiredAttestor\x12:\n" +
+	"\x06health\x18\f \x01(\v2\".bettercompute.api.v1.HealthPolicyR\x06health\x12\x10\n" +
+	"\x03mig\x18\r \x01(\tR\x03mig\"\xea\x02\n" +
+	"\fHealthPolicy\x12S\n" +
+	"\vxid_actions\x18\x01 \x03(\v22.bettercompute.api.v1.HealthPolicy.XidActionsEntryR\n" +
+	"xidActions\x12:\n" +
+	"\x19disruption_budget_percent\x18\x02 \x01(\x05R\x17disruptionBudgetPercent\x12'\n" +
+	"\x0fbreaker_percent\x18\x03 \x01(\x05R\x0ebreakerPercent\x124\n" +
+	"\x16breaker_window_seconds\x18\x04 \x01(\x03R\x14breakerWindowSeconds\x12+\n" +
+	"\x11keep_reservations\x18\x05 \x01(\bR\x10keepReservations\x1a=\n" +
+	"\x0fXidActionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x03R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"e\n" +
 	"\vPerGpuShare\x12\x12\n" +
 	"\x04vcpu\x18\x01 \x01(\x05R\x04vcpu\x12\x1d\n" +
 	"\n" +
@@ -1360,66 +1483,70 @@ func file_bettercompute_api_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_capacity_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_bettercompute_api_v1_capacity_proto_goTypes = []any{
 	(*Pool)(nil),                  // 0: bettercompute.api.v1.Pool
 	(*PoolOffer)(nil),             // 1: bettercompute.api.v1.PoolOffer
 	(*SelectorRequirement)(nil),   // 2: bettercompute.api.v1.SelectorRequirement
 	(*PoolPolicy)(nil),            // 3: bettercompute.api.v1.PoolPolicy
-	(*PerGpuShare)(nil),           // 4: bettercompute.api.v1.PerGpuShare
-	(*HostReserve)(nil),           // 5: bettercompute.api.v1.HostReserve
-	(*OfferPoolRequest)(nil),      // 6: bettercompute.api.v1.OfferPoolRequest
-	(*OfferPoolResponse)(nil),     // 7: bettercompute.api.v1.OfferPoolResponse
-	(*CreatePoolRequest)(nil),     // 8: bettercompute.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),    // 9: bettercompute.api.v1.CreatePoolResponse
-	(*PoolSelector)(nil),          // 10: bettercompute.api.v1.PoolSelector
-	(*UpdatePoolRequest)(nil),     // 11: bettercompute.api.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),    // 12: bettercompute.api.v1.UpdatePoolResponse
-	(*GetPoolRequest)(nil),        // 13: bettercompute.api.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),       // 14: bettercompute.api.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),      // 15: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),     // 16: bettercompute.api.v1.ListPoolsResponse
-	(*ArchivePoolRequest)(nil),    // 17: bettercompute.api.v1.ArchivePoolRequest
-	(*ArchivePoolResponse)(nil),   // 18: bettercompute.api.v1.ArchivePoolResponse
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*HealthPolicy)(nil),          // 4: bettercompute.api.v1.HealthPolicy
+	(*PerGpuShare)(nil),           // 5: bettercompute.api.v1.PerGpuShare
+	(*HostReserve)(nil),           // 6: bettercompute.api.v1.HostReserve
+	(*OfferPoolRequest)(nil),      // 7: bettercompute.api.v1.OfferPoolRequest
+	(*OfferPoolResponse)(nil),     // 8: bettercompute.api.v1.OfferPoolResponse
+	(*CreatePoolRequest)(nil),     // 9: bettercompute.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),    // 10: bettercompute.api.v1.CreatePoolResponse
+	(*PoolSelector)(nil),          // 11: bettercompute.api.v1.PoolSelector
+	(*UpdatePoolRequest)(nil),     // 12: bettercompute.api.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),    // 13: bettercompute.api.v1.UpdatePoolResponse
+	(*GetPoolRequest)(nil),        // 14: bettercompute.api.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),       // 15: bettercompute.api.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),      // 16: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),     // 17: bettercompute.api.v1.ListPoolsResponse
+	(*ArchivePoolRequest)(nil),    // 18: bettercompute.api.v1.ArchivePoolRequest
+	(*ArchivePoolResponse)(nil),   // 19: bettercompute.api.v1.ArchivePoolResponse
+	nil,                           // 20: bettercompute.api.v1.HealthPolicy.XidActionsEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_capacity_proto_depIdxs = []int32{
 	2,  // 0: bettercompute.api.v1.Pool.selector:type_name -> bettercompute.api.v1.SelectorRequirement
 	3,  // 1: bettercompute.api.v1.Pool.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	19, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	19, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	19, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
+	21, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	21, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	21, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
 	1,  // 5: bettercompute.api.v1.Pool.offer:type_name -> bettercompute.api.v1.PoolOffer
-	4,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
-	5,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
-	0,  // 8: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	2,  // 9: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
-	3,  // 10: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 11: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	2,  // 12: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
-	10, // 13: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
-	3,  // 14: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 15: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 16: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 17: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	0,  // 18: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	8,  // 19: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	11, // 20: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
-	13, // 21: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
-	15, // 22: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	17, // 23: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
-	6,  // 24: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
-	9,  // 25: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
-	12, // 26: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
-	14, // 27: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
-	16, // 28: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	18, // 29: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
-	7,  // 30: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
-	25, // [25:31] is the sub-list for method output_type
-	19, // [19:25] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	5,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
+	6,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
+	4,  // 8: bettercompute.api.v1.PoolPolicy.health:type_name -> bettercompute.api.v1.HealthPolicy
+	20, // 9: bettercompute.api.v1.HealthPolicy.xid_actions:type_name -> bettercompute.api.v1.HealthPolicy.XidActionsEntry
+	0,  // 10: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 11: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
+	3,  // 12: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 13: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 14: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
+	11, // 15: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
+	3,  // 16: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 17: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 18: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 19: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	0,  // 20: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	9,  // 21: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	12, // 22: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
+	14, // 23: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
+	16, // 24: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	18, // 25: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
+	7,  // 26: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
+	10, // 27: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
+	13, // 28: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
+	15, // 29: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
+	17, // 30: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	19, // 31: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
+	8,  // 32: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
+	27, // [27:33] is the sub-list for method output_type
+	21, // [21:27] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_capacity_proto_init() }
@@ -1433,7 +1560,7 @@ func file_bettercompute_api_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_capacity_proto_rawDesc), len(file_bettercompute_api_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
