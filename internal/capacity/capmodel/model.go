@@ -117,6 +117,10 @@ const (
 	// be extended (another booking starts on them): the booking ended, and
 	// the node may still run those pods.
 	CondHeldPastEnd = "HeldPastEnd"
+	// CondGPUUnhealthy is true when a GPU the reservation holds was taken
+	// out of service for health (an XID, a finding, an operator's
+	// quarantine): the reservation keeps it until it ends or is moved.
+	CondGPUUnhealthy = "GpuUnhealthy"
 )
 
 // Holding reports whether a reservation in state holds its bookings.

@@ -39,6 +39,7 @@ const (
 	CondIsolated     = capmodel.CondIsolated
 	CondNodeReleased = capmodel.CondNodeReleased
 	CondHeldPastEnd  = capmodel.CondHeldPastEnd
+	CondGPUUnhealthy = capmodel.CondGPUUnhealthy
 )
 
 // Atom kinds.

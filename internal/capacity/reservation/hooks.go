@@ -11,6 +11,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -248,4 +249,82 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 		return nil, err
 	}
 	return []envelope.Event{event("reservation.requeued", r, map[string]any{"reason": "NodeLost"})}, e.wake(ctx, tx, r.PoolID)
+}
+
+// GPUUnhealthy tells the reservations holding a GPU that it went bad (an
+// XID, a finding, an operator's quarantine): each gets the GpuUnhealthy
+// condition and a reservation.gpu_unhealthy event. Where move is set, the
+// pool replaces what it loses (on_node_lost replace) and the reservation's
+// binding can move (node binding: not an instance, whose guest lives on the
+// host, nor Kubernetes, whose pods do), the node is told to release it and
+// it goes back in the queue to be placed elsewhere, in this transaction. It
+// returns how many reservations held the GPU and how many moved.
+func (h Hooks) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, reason string, move bool) (held, moved int, err error) {
+	e := h.rn.Engine
+	now := e.placers.Clock.Now()
+	rows, err := tx.Query(ctx, `SELECT DISTINCT b.reservation_id FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid = $2 AND b.ends_at > $3 ORDER BY b.reservation_id`, nodeID, gpuUUID, now)
+	if err != nil {
+		return 0, 0, err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, 0, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, 0, err
+	}
+	var evs []envelope.Event
+	for _, id := range ids {
+		r, err := getForUpdate(ctx, tx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return held, moved, err
+		}
+		if !capmodel.Holding(r.State) || r.NodeID != nodeID {
+			continue
+		}
+		held++
+		r.SetCondition(Condition{Type: CondGPUUnhealthy, Status: "true", Reason: "GpuUnhealthy",
+			Message: "GPU " + gpuUUID + " was taken out of service: " + reason, UpdateTime: now})
+		evs = append(evs, event("reservation.gpu_unhealthy", &r, map[string]any{"gpu": gpuUUID, "reason": reason}))
+		policy := pool.OnNodeLostRelease
+		if p, err := pool.Get(ctx, tx, "", r.PoolID); err == nil {
+			policy = poolPolicy(p).GetOnNodeLost()
+		}
+		if move && policy == pool.OnNodeLostReplace && r.Binding == BindingNode && r.State != StateReleasing {
+			if r.State == StateBinding || r.State == StateActive {
+				if _, err := e.Commands.Send(ctx, tx, Command{
+					TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationRelease, Params: map[string]any{"allocation_id": r.ID},
+					IdempotencyKey: r.ID + "/release/" + r.Placement.NodeName, CreatedBy: "system:health", TTL: e.bindTimeout(), Time: now,
+				}); err != nil {
+					return held, moved, fmt.Errorf("send allocation.release: %w", err)
+				}
+				if e.Exec != nil {
+					if err := e.Exec.EndAllocation(ctx, tx, r.NodeID, r.ID); err != nil {
+						return held, moved, fmt.Errorf("end the reservation's processes: %w", err)
+					}
+				}
+			}
+			more, err := e.requeue(ctx, tx, &r, now)
+			if err != nil {
+				return held, moved, err
+			}
+			evs = append(evs, more...)
+			moved++
+			continue
+		}
+		if err := saveMoved(ctx, tx, &r, r.State, now); err != nil {
+			return held, moved, err
+		}
+	}
+	return held, moved, h.rn.record(ctx, tx, evs)
 }

@@ -49,6 +49,9 @@ CREATE TABLE health_remediations (
     finding_id  TEXT NOT NULL DEFAULT '',
     workflow_id TEXT NOT NULL DEFAULT '',
     error       TEXT NOT NULL DEFAULT '',
+    -- The reconciler drained the node (and undrains it when the remedy
+    -- worked); false when an operator had drained it already.
+    drained     BOOLEAN NOT NULL DEFAULT 0,
     create_time TIMESTAMP NOT NULL,
     start_time  TIMESTAMP,
     end_time    TIMESTAMP,

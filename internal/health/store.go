@@ -1,0 +1,343 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// ID prefixes (envelope.NewID).
+const (
+	FindingIDPrefix     = "hfd"
+	RemediationIDPrefix = "hrm"
+)
+
+// Finding states.
+const (
+	FindingOpen     = "open"
+	FindingResolved = "resolved"
+)
+
+// Remediation states.
+const (
+	RemPending   = "pending"
+	RemDraining  = "draining"
+	RemRunning   = "running"
+	RemSucceeded = "succeeded"
+	RemFailed    = "failed"
+	RemEscalated = "escalated"
+	RemCanceled  = "canceled"
+)
+
+// activeRemStates are the states that hold a node's one active remediation.
+var activeRemStates = []string{RemPending, RemDraining, RemRunning}
+
+// GPU states in health_gpus.
+const (
+	GPUQuarantined = "quarantined"
+	GPURMA         = "rma"
+)
+
+// Breaker states.
+const (
+	BreakerClosed = "closed"
+	BreakerOpen   = "open"
+)
+
+// Finding is a row of health_findings.
+type Finding struct {
+	ID, NodeID, TenantID, PoolID string
+	GPUUUID                      string
+	GPUIndex                     int
+	Kind                         string
+	Code                         int64
+	Severity, Message            string
+	PID                          int64
+	ProcessName                  string
+	Action, State                string
+	Standing                     bool
+	Count                        int64
+	OccurTime, CreateTime        time.Time
+	UpdateTime                   time.Time
+	ResolveTime                  *time.Time
+	ResolvedBy, RemediationID    string
+}
+
+const findingColumns = `id, node_id, tenant_id, pool_id, gpu_uuid, gpu_index, kind, code, severity, message, pid, process_name,
+	action, state, standing, count, occur_time, create_time, update_time, resolve_time, resolved_by, remediation_id`
+
+func scanFinding(r scanner) (Finding, error) {
+	var f Finding
+	err := r.Scan(&f.ID, &f.NodeID, &f.TenantID, &f.PoolID, &f.GPUUUID, &f.GPUIndex, &f.Kind, &f.Code, &f.Severity, &f.Message,
+		&f.PID, &f.ProcessName, &f.Action, &f.State, &f.Standing, &f.Count, &f.OccurTime, &f.CreateTime, &f.UpdateTime,
+		&f.ResolveTime, &f.ResolvedBy, &f.RemediationID)
+	return f, err
+}
+
+// FindingInsert writes a new finding.
+func FindingInsert(ctx context.Context, tx store.Tx, f *Finding) error {
+	_, err := tx.Exec(ctx, `INSERT INTO health_findings (`+findingColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)`,
+		f.ID, f.NodeID, f.TenantID, f.PoolID, f.GPUUUID, f.GPUIndex, f.Kind, f.Code, f.Severity, f.Message, f.PID, f.ProcessName,
+		f.Action, f.State, f.Standing, f.Count, f.OccurTime, f.CreateTime, f.UpdateTime, f.ResolveTime, f.ResolvedBy, f.RemediationID)
+	return err
+}
+
+// FindingsQuery selects findings; zero fields do not filter.
+type FindingsQuery struct {
+	TenantID, NodeID, PoolID, GPUUUID, State string
+	// Standing: only standing findings.
+	Standing bool
+	// After is the last id of the previous page.
+	After string
+	Limit int
+}
+
+// FindingList lists findings in id order.
+func FindingList(ctx context.Context, q store.Querier, p FindingsQuery) ([]Finding, error) {
+	var where []string
+	var args []any
+	add := func(col, v string) {
+		if v != "" {
+			args = append(args, v)
+			where = append(where, col+" = $"+strconv.Itoa(len(args)))
+		}
+	}
+	add("tenant_id", p.TenantID)
+	add("node_id", p.NodeID)
+	add("pool_id", p.PoolID)
+	add("gpu_uuid", p.GPUUUID)
+	add("state", p.State)
+	if p.After != "" {
+		args = append(args, p.After)
+		where = append(where, "id > $"+strconv.Itoa(len(args)))
+	}
+	if p.Standing {
+		where = append(where, "standing")
+	}
+	query := `SELECT ` + findingColumns + ` FROM health_findings`
+	if len(where) > 0 {
+		query += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	query += ` ORDER BY id`
+	if p.Limit > 0 {
+		query += ` LIMIT ` + strconv.Itoa(p.Limit)
+	}
+	rows, err := q.Query(ctx, query, args...)
+	return collect(rows, err, scanFinding)
+}
+
+// FindingCount bumps an open standing finding seen again.
+func FindingCount(ctx context.Context, tx store.Tx, id string, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE health_findings SET count = count + 1, update_time = $2 WHERE id = $1`, id, now)
+	return err
+}
+
+// FindingsResolve resolves open findings by id; it returns how many.
+func FindingsResolve(ctx context.Context, tx store.Tx, ids []string, by string, now time.Time) (int, error) {
+	n := 0
+	for _, id := range ids {
+		c, err := tx.Exec(ctx, `UPDATE health_findings SET state = 'resolved', resolve_time = $2, update_time = $2, resolved_by = $3
+			WHERE id = $1 AND state = 'open'`, id, now, by)
+		if err != nil {
+			return n, err
+		}
+		n += int(c)
+	}
+	return n, nil
+}
+
+// FindingSetRemediation links a finding to the remediation it started.
+func FindingSetRemediation(ctx context.Context, tx store.Tx, id, remID string) error {
+	_, err := tx.Exec(ctx, `UPDATE health_findings SET remediation_id = $2 WHERE id = $1`, id, remID)
+	return err
+}
+
+// Remediation is a row of health_remediations.
+type Remediation struct {
+	ID, NodeID, TenantID, PoolID, GPUUUID string
+	Action, State, Reason, FindingID      string
+	WorkflowID, Error                     string
+	// Drained: the reconciler drained the node.
+	Drained            bool
+	CreateTime         time.Time
+	StartTime, EndTime *time.Time
+	UpdateTime         time.Time
+}
+
+const remColumns = `id, node_id, tenant_id, pool_id, gpu_uuid, action, state, reason, finding_id, workflow_id, error, drained,
+	create_time, start_time, end_time, update_time`
+
+func scanRemediation(r scanner) (Remediation, error) {
+	var m Remediation
+	err := r.Scan(&m.ID, &m.NodeID, &m.TenantID, &m.PoolID, &m.GPUUUID, &m.Action, &m.State, &m.Reason, &m.FindingID,
+		&m.WorkflowID, &m.Error, &m.Drained, &m.CreateTime, &m.StartTime, &m.EndTime, &m.UpdateTime)
+	return m, err
+}
+
+// RemediationInsert writes a new remediation.
+func RemediationInsert(ctx context.Context, tx store.Tx, m *Remediation) error {
+	_, err := tx.Exec(ctx, `INSERT INTO health_remediations (`+remColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
+		m.ID, m.NodeID, m.TenantID, m.PoolID, m.GPUUUID, m.Action, m.State, m.Reason, m.FindingID, m.WorkflowID, m.Error, m.Drained,
+		m.CreateTime, m.StartTime, m.EndTime, m.UpdateTime)
+	return err
+}
+
+// RemediationUpdate writes a remediation's state, moving it only from
+// from; it reports whether it did.
+func RemediationUpdate(ctx context.Context, tx store.Tx, m *Remediation, from string) (bool, error) {
+	n, err := tx.Exec(ctx, `UPDATE health_remediations SET state = $3, workflow_id = $4, error = $5, start_time = $6, end_time = $7,
+		update_time = $8, action = $9, reason = $10, drained = $11, gpu_uuid = $12 WHERE id = $1 AND state = $2`,
+		m.ID, from, m.State, m.WorkflowID, m.Error, m.StartTime, m.EndTime, m.UpdateTime, m.Action, m.Reason, m.Drained, m.GPUUUID)
+	return n == 1, err
+}
+
+// RemediationsQuery selects remediations; zero fields do not filter.
+type RemediationsQuery struct {
+	TenantID, NodeID, PoolID, WorkflowID string
+	States                               []string
+	After                                string
+	Limit                                int
+}
+
+// RemediationList lists remediations in id order.
+func RemediationList(ctx context.Context, q store.Querier, p RemediationsQuery) ([]Remediation, error) {
+	var where []string
+	var args []any
+	add := func(col, v string) {
+		if v != "" {
+			args = append(args, v)
+			where = append(where, col+" = $"+strconv.Itoa(len(args)))
+		}
+	}
+	add("tenant_id", p.TenantID)
+	add("node_id", p.NodeID)
+	add("pool_id", p.PoolID)
+	add("workflow_id", p.WorkflowID)
+	if p.After != "" {
+		args = append(args, p.After)
+		where = append(where, "id > $"+strconv.Itoa(len(args)))
+	}
+	if len(p.States) > 0 {
+		ph := make([]string, len(p.States))
+		for i, s := range p.States {
+			args = append(args, s)
+			ph[i] = "$" + strconv.Itoa(len(args))
+		}
+		where = append(where, "state IN ("+strings.Join(ph, ", ")+")")
+	}
+	query := `SELECT ` + remColumns + ` FROM health_remediations`
+	if len(where) > 0 {
+		query += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	query += ` ORDER BY id`
+	if p.Limit > 0 {
+		query += ` LIMIT ` + strconv.Itoa(p.Limit)
+	}
+	rows, err := q.Query(ctx, query, args...)
+	return collect(rows, err, scanRemediation)
+}
+
+// ActiveRemediation returns a node's active remediation, if any.
+func ActiveRemediation(ctx context.Context, q store.Querier, nodeID string) (Remediation, bool, error) {
+	rs, err := RemediationList(ctx, q, RemediationsQuery{NodeID: nodeID, States: activeRemStates, Limit: 1})
+	if err != nil || len(rs) == 0 {
+		return Remediation{}, false, err
+	}
+	return rs[0], true, nil
+}
+
+// GPU is a row of health_gpus: a GPU out of placement for health.
+type GPU struct {
+	UUID, NodeID, TenantID, State, Reason, FindingID, CreatedBy string
+	CreateTime                                                  time.Time
+}
+
+// GPUGet reads a GPU's quarantine row; store.ErrNotFound when it is in
+// service.
+func GPUGet(ctx context.Context, q store.Querier, uuid string) (GPU, error) {
+	var g GPU
+	err := q.QueryRow(ctx, `SELECT gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time
+		FROM health_gpus WHERE gpu_uuid = $1`, uuid).Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
+	return g, err
+}
+
+// GPUsOfNodes reads the quarantine rows of nodes' GPUs, by UUID.
+func GPUsOfNodes(ctx context.Context, q store.Querier, nodeIDs []string) (map[string]GPU, error) {
+	out := map[string]GPU{}
+	if len(nodeIDs) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(nodeIDs))
+	ph := make([]string, len(nodeIDs))
+	for i, id := range nodeIDs {
+		args[i] = id
+		ph[i] = "$" + strconv.Itoa(i+1)
+	}
+	rows, err := q.Query(ctx, `SELECT gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time
+		FROM health_gpus WHERE node_id IN (`+strings.Join(ph, ", ")+`)`, args...)
+	gs, err := collect(rows, err, func(r scanner) (GPU, error) {
+		var g GPU
+		err := r.Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
+		return g, err
+	})
+	for _, g := range gs {
+		out[g.UUID] = g
+	}
+	return out, err
+}
+
+// Breaker is a row of health_breakers.
+type Breaker struct {
+	PoolID, TenantID, State, Reason string
+	TripTime, ResetTime             *time.Time
+	ResetBy                         string
+	Trips                           int64
+	UpdateTime                      time.Time
+}
+
+// BreakerGet reads a pool's breaker; a pool that never tripped has a
+// closed one.
+func BreakerGet(ctx context.Context, q store.Querier, poolID string) (Breaker, error) {
+	b := Breaker{PoolID: poolID, State: BreakerClosed}
+	err := q.QueryRow(ctx, `SELECT tenant_id, state, reason, trip_time, reset_time, reset_by, trips, update_time
+		FROM health_breakers WHERE pool_id = $1`, poolID).Scan(&b.TenantID, &b.State, &b.Reason, &b.TripTime, &b.ResetTime, &b.ResetBy, &b.Trips, &b.UpdateTime)
+	if errors.Is(err, store.ErrNotFound) {
+		return b, nil
+	}
+	return b, err
+}
+
+// BreakerPut writes a pool's breaker.
+func BreakerPut(ctx context.Context, tx store.Tx, b *Breaker) error {
+	_, err := tx.Exec(ctx, `INSERT INTO health_breakers (pool_id, tenant_id, state, reason, trip_time, reset_time, reset_by, trips, update_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (pool_id) DO UPDATE SET state = excluded.state, reason = excluded.reason, trip_time = excluded.trip_time,
+			reset_time = excluded.reset_time, reset_by = excluded.reset_by, trips = excluded.trips, update_time = excluded.update_time`,
+		b.PoolID, b.TenantID, b.State, b.Reason, b.TripTime, b.ResetTime, b.ResetBy, b.Trips, b.UpdateTime)
+	return err
+}
+
+type scanner interface{ Scan(...any) error }
+
+// collect reads every row of a query with scan.
+func collect[T any](rows store.Rows, err error, scan func(scanner) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
