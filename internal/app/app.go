@@ -153,6 +153,8 @@ type Config struct {
 	// CapacityTick is how often reservations are started, expired and
 	// re-bound, and the queue looked at; default 5s.
 	CapacityTick time.Duration
+	// HealthInterval is the health reconciler's period; 0 takes 15 s.
+	HealthInterval time.Duration
 	// PlacerLinger is the longest a pool's placer waits for more work when
 	// its queue holds fewer than placer.LingerBatch mutations, so that a
 	// commit carries more of them; it waits no longer than its recent
@@ -324,6 +326,9 @@ type App struct {
 	// Metal is the machine lifecycle: the provision engine with the
 	// machine profiles and the site agents its steps go to.
 	Metal *metal.Runtime
+	// Health records GPU health findings, quarantines GPUs and runs
+	// remediations on the machine lifecycle's provision engine.
+	Health *health.Module
 	// Tracing is the tracer provider: OTLP when configured, no-op when
 	// not.
 	Tracing *tracing.Provider
@@ -409,6 +414,13 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		return nil, err
 	}
 
+	// Before the gateway: its status reports go to the health module.
+	hm, err := health.New(health.Config{DB: db, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger, Interval: cfg.HealthInterval})
+	if err != nil {
+		return nil, err
+	}
+	a.Health = hm
+	a.Registry.MustRegister(a.Health.Collectors()...)
 	if err := a.buildGateway(ctx); err != nil {
 		return nil, err
 	}
@@ -452,6 +464,8 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.WebhookGuard.AddSelf(cfg.Listen)
 	periodic = append(periodic, a.addWebhookJobs(workers, jm)...)
 	a.Capacity = a.buildCapacity()
+	a.Health.SetCapacity(healthCapacity{hooks: &a.fleetHooks, rn: a.Capacity})
+	a.Health.SetFleet(fleet.Deps{Notifier: a.Gateway, Signer: a.cmdSigner, States: &a.fleetHooks})
 	if err := a.buildReplica(); err != nil {
 		return nil, err
 	}
@@ -479,6 +493,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	})
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
+	a.Health.SetEngine(a.Metal.Engine)
+	a.Health.AddWorkers(workers)
+	periodic = append(periodic, a.Health.PeriodicJobs()...)
 	periodic = append(periodic, a.addSandboxJobs(workers, jm)...)
 	periodic = append(periodic, a.addAuditJobs(workers, jm)...)
 	if a.Jobs, err = jobs.New(db, workers, periodic, jobs.Config{
@@ -489,6 +506,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 
 	a.Metal.SetEnqueue(a.Jobs.InsertTx)
+	a.Health.SetEnqueue(a.Jobs.InsertTx)
 
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
@@ -560,7 +578,7 @@ func (a *App) buildGateway(ctx context.Context) error {
 	a.tunnels = tunnel.New()
 	a.discovery = &discovery{}
 	gw, err := gateway.New(gateway.Config{
-		DB: a.DB, PoolAttestor: pool.RequiredAttestor, Hooks: &a.fleetHooks, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, SiteImages: siteImages{a}, OpenNodeSecret: openNodeSecret(a.sealer), Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		DB: a.DB, PoolAttestor: pool.RequiredAttestor, Hooks: &a.fleetHooks, Health: a.Health, Sites: &a.siteHooks, Exec: a.execHub, Tunnels: a.tunnels, SiteImages: siteImages{a}, OpenNodeSecret: openNodeSecret(a.sealer), Authority: authority, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
 		Listen: cfg.GatewayListen, Hosts: cfg.GatewayHosts, ReplicaID: cfg.GatewayReplicaID,
 		HeartbeatInterval: cfg.HeartbeatInterval, UnreachableAfter: cfg.UnreachableAfter, LostAfter: cfg.LostAfter,
 		LivenessInterval: cfg.LivenessInterval, ShutdownTimeout: cfg.ShutdownTimeout,
@@ -615,6 +633,12 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 	if a.PKI != nil {
 		cfg.NodeTokens = deployNodeTokens(joinTokenSealer{a.PKI}, a.recorder, a.DB.Clock())
 	}
+	// The health module's remediations run on the same engine, against
+	// nodes, as signed commands to their agents.
+	cfg.ExtraProfiles = health.Profiles()
+	runner := &health.NodeCommands{DB: a.DB, Signer: a.cmdSigner, Notifier: a.Gateway}
+	cfg.ExtraRunners = map[string]provision.StepRunner{health.KindGPUReset: runner, health.KindNodeReboot: runner}
+	cfg.OtherEnded = a.Health.WorkflowEnded
 	rt, err := metal.NewRuntime(cfg)
 	if err != nil {
 		return nil, err
@@ -929,3 +953,19 @@ func (r reservationEvents) Last(ctx context.Context, q store.Querier) (int64, er
 }
 
 func (r reservationEvents) Wait() <-chan struct{} { return r.hub.Wait() }
+
+// healthCapacity is what the health module tells capacity: the node's
+// atoms change (through the fleet hooks, as a report's do) and the
+// reservations on a bad GPU.
+type healthCapacity struct {
+	hooks *lateHooks
+	rn    *reservation.Runner
+}
+
+func (h healthCapacity) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
+	return h.hooks.NodeChanged(ctx, tx, nodeID)
+}
+
+func (h healthCapacity) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, reason string, move bool) (int, int, error) {
+	return h.rn.Hooks().GPUUnhealthy(ctx, tx, nodeID, gpuUUID, reason, move)
+}

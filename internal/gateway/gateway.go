@@ -65,6 +65,14 @@ type Hooks interface {
 	NodesStateChanged(ctx context.Context, tx store.Tx, nodeIDs []string) error
 }
 
+// Health records what nodes' status reports find (the health module), in
+// the transaction that records the report.
+type Health interface {
+	// Report: events are new findings (XIDs), findings the node's standing
+	// ones, the whole set when complete.
+	Report(ctx context.Context, tx store.Tx, nodeID string, events, findings []*agentv1.HealthEvent, complete bool) error
+}
+
 // SiteHooks act for site agents (bcd --mode site, certificate role site):
 // the machine lifecycle's boot lease and BMC commands. Like Hooks, they
 // make no authorization call.
@@ -94,6 +102,8 @@ type Config struct {
 	// Hooks, when set, act on what nodes report in the gateway's own
 	// transactions (capacity keeps atoms and reservations in step).
 	Hooks Hooks
+	// Health, when set, records the findings of status reports.
+	Health Health
 	// Exec, when set, receives the output and end of process.exec commands
 	// whose sessions this replica holds, for the API calls waiting on them.
 	Exec *execrelay.Hub

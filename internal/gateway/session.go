@@ -21,7 +21,6 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
-	"github.com/better-compute/better-compute/internal/gpuhealth"
 	"github.com/better-compute/better-compute/internal/nodesig"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -607,7 +606,7 @@ func (s *session) handle(m *agentv1.AgentMessage) error {
 		// A status report is a sign of life too.
 		s.g.beats.add(s.nodeID)
 		s.log.Debug("status", "health", msg.Status.GetHealth(), "events", len(msg.Status.GetEvents()))
-		return s.quarantine(msg.Status.GetEvents())
+		return s.health(msg.Status)
 	case *agentv1.AgentMessage_Inventory:
 		return s.inventory(msg.Inventory)
 	case *agentv1.AgentMessage_CommandUpdate:
@@ -845,37 +844,15 @@ func namesAllocation(v any, allocationID string) bool {
 	return false
 }
 
-// ConditionGPUQuarantinedPrefix starts the condition type that takes one GPU
-// out of placement: "GpuQuarantined/<uuid>". The node stays schedulable.
-const ConditionGPUQuarantinedPrefix = "GpuQuarantined/"
-
-// quarantine records a GpuQuarantined condition for each GPU a fatal XID
-// names and tells the hooks, so placement stops using that GPU alone.
-func (s *session) quarantine(evs []*agentv1.HealthEvent) error {
-	var conds []fleet.NodeCondition
-	for _, e := range evs {
-		if !gpuhealth.Quarantines(e.GetKind(), e.GetDevice(), e.GetCode()) {
-			continue
-		}
-		conds = append(conds, fleet.NodeCondition{
-			NodeID: s.nodeID, Type: ConditionGPUQuarantinedPrefix + e.GetDevice(), Status: "true", Reason: fmt.Sprintf("XID%d", e.GetCode()),
-			Message: e.GetMessage(),
-		})
-	}
-	if len(conds) == 0 {
+// health hands a status report's findings to the health module, in one
+// transaction: its findings, quarantines and remediations commit together.
+func (s *session) health(st *agentv1.StatusReport) error {
+	h := s.g.cfg.Health
+	if h == nil || (len(st.GetEvents()) == 0 && len(st.GetFindings()) == 0 && !st.GetFindingsComplete()) {
 		return nil
 	}
-	g := s.g
-	return g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
-		for _, c := range conds {
-			if err := fleet.NodeConditionSet(ctx, tx, &c); err != nil {
-				return err
-			}
-		}
-		if h := g.cfg.Hooks; h != nil {
-			return h.NodeChanged(ctx, tx, s.nodeID)
-		}
-		return nil
+	return s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
+		return h.Report(ctx, tx, s.nodeID, st.GetEvents(), st.GetFindings(), st.GetFindingsComplete())
 	})
 }
 

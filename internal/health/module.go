@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/riverqueue/river"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -47,10 +48,12 @@ type Config struct {
 	Capacity Capacity
 	// Fleet drains and undrains nodes (its Signer and Notifier are used).
 	Fleet fleet.Deps
-	// Wake, when set, is called after a transaction that created or moved
-	// a remediation commits, so the reconciler runs without waiting for
-	// its period.
-	Wake func()
+	// Enqueue inserts a River job in the caller's transaction
+	// (jobs.Runtime.InsertTx): a change that gives the reconciler work
+	// wakes it without waiting for its period. It may be set after New.
+	Enqueue func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error
+	// Interval is the reconciler's period; default 15 s.
+	Interval time.Duration
 }
 
 // Module is the health module: findings, quarantine, remediation.
@@ -83,13 +86,18 @@ func (m *Module) SetFleet(d fleet.Deps) { m.cfg.Fleet = d }
 // profiles).
 func (m *Module) SetEngine(e *provision.Engine) { m.engine = e }
 
-// SetWake sets the reconciler's wake-up.
-func (m *Module) SetWake(fn func()) { m.cfg.Wake = fn }
+// SetEnqueue hands the module the job inserter (built after it).
+func (m *Module) SetEnqueue(fn func(ctx context.Context, tx store.Tx, args river.JobArgs, opts *river.InsertOpts) error) {
+	m.cfg.Enqueue = fn
+}
 
-func (m *Module) wake(tx store.Tx) {
-	if m.cfg.Wake != nil {
-		tx.AfterCommit(m.cfg.Wake)
+// wake queues a reconcile in tx. Not a unique job: transactions waking it
+// would contend on the unique index; a repeated reconcile is harmless.
+func (m *Module) wake(ctx context.Context, tx store.Tx) error {
+	if m.cfg.Enqueue == nil {
+		return nil
 	}
+	return m.cfg.Enqueue(ctx, tx, ReconcileArgs{}, &river.InsertOpts{MaxAttempts: 3})
 }
 
 func (m *Module) events(ctx context.Context, tx store.Tx, evs ...envelope.Event) error {
@@ -270,6 +278,9 @@ func (m *Module) act(ctx context.Context, tx store.Tx, ni nodeInfo, f *Finding, 
 		return nil
 	}
 	reason := gpuhealth.Describe(f.Kind, f.Code)
+	if f.Message != "" {
+		reason += ": " + f.Message
+	}
 	if f.GPUUUID != "" {
 		state := GPUQuarantined
 		if f.Action == gpuhealth.ActionRMA {
@@ -337,7 +348,9 @@ func (m *Module) queueRemediation(ctx context.Context, tx store.Tx, ni nodeInfo,
 	if err := FindingSetRemediation(ctx, tx, f.ID, r.ID); err != nil {
 		return err
 	}
-	m.wake(tx)
+	if err := m.wake(ctx, tx); err != nil {
+		return err
+	}
 	return m.events(ctx, tx, remEvent("health.remediation_queued", &r, ni.node.Name, now))
 }
 

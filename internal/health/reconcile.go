@@ -236,7 +236,9 @@ func (m *Module) ResetBreaker(ctx context.Context, tx store.Tx, poolID, tenantID
 	if err := BreakerPut(ctx, tx, &b); err != nil {
 		return b, err
 	}
-	m.wake(tx)
+	if err := m.wake(ctx, tx); err != nil {
+		return b, err
+	}
 	return b, m.events(ctx, tx, envelope.Event{Type: "health.breaker_reset", TenantID: tenantID, ResourceType: "Pool", ResourceID: poolID, Time: now,
 		Data: map[string]any{"by": by, "reason": reason, "was_open": wasOpen}})
 }
@@ -422,7 +424,9 @@ func (m *Module) endRemediation(ctx context.Context, tx store.Tx, r *Remediation
 	if err != nil || !ok {
 		return false, err
 	}
-	m.wake(tx)
+	if err := m.wake(ctx, tx); err != nil {
+		return false, err
+	}
 	action := r.Action
 	tx.AfterCommit(func() { m.metrics.remediationEnded(action, to) })
 	name := ""

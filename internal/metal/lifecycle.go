@@ -286,6 +286,13 @@ type Config struct {
 	// MachineLabel, created_by "system:metal". Nil: a deploy through a
 	// joined ramdisk cannot configure the OS to join.
 	NodeTokens func(ctx context.Context, tx store.Tx, req NodeTokenRequest) (string, error)
+	// ExtraProfiles and ExtraRunners are other modules' workflows on the
+	// same engine (the health module's remediations, whose target is a
+	// node); OtherEnded is told, in the ending transaction, of each
+	// workflow whose target is not a machine.
+	ExtraProfiles []provision.Profile
+	ExtraRunners  map[string]provision.StepRunner
+	OtherEnded    func(ctx context.Context, tx store.Tx, w provision.Workflow) error
 }
 
 // Runtime is the machine lifecycle: the provision engine with the machine
@@ -306,12 +313,13 @@ type Runtime struct {
 	nodeTokens func(ctx context.Context, tx store.Tx, req NodeTokenRequest) (string, error)
 	// nodeRoots is the node CA pool a rotation's signed report must chain
 	// to (SetNodeRoots).
-	nodeRoots func() *x509.CertPool
-	db        *store.DB
-	rec       envelope.Recorder
-	sealer    Sealer
-	clock     clock.Clock
-	log       *slog.Logger
+	nodeRoots  func() *x509.CertPool
+	otherEnded func(ctx context.Context, tx store.Tx, w provision.Workflow) error
+	db         *store.DB
+	rec        envelope.Recorder
+	sealer     Sealer
+	clock      clock.Clock
+	log        *slog.Logger
 }
 
 // NewRuntime builds the lifecycle.
@@ -325,9 +333,13 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	r.Agents.remote = r.Sites
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
-	ec.Profiles = Profiles()
+	ec.Profiles = append(Profiles(), cfg.ExtraProfiles...)
 	run := stepRunner{r}
 	ec.Runners = map[string]provision.StepRunner{}
+	for k, v := range cfg.ExtraRunners {
+		ec.Runners[k] = v
+	}
+	r.otherEnded = cfg.OtherEnded
 	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure, KindBMCRotate} {
 		ec.Runners[k] = run
 	}
@@ -554,6 +566,9 @@ func (s stepRunner) Lookup(ctx context.Context, run provision.StepRun) (provisio
 func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) error {
 	m, err := MachineByID(ctx, tx, w.TargetID, store.ForUpdate(tx))
 	if errors.Is(err, store.ErrNotFound) {
+		if r.otherEnded != nil {
+			return r.otherEnded(ctx, tx, w)
+		}
 		return nil
 	}
 	if err != nil {

@@ -1,0 +1,41 @@
+package health
+
+import (
+	"context"
+	"time"
+
+	"github.com/riverqueue/river"
+)
+
+// ReconcileArgs runs Reconcile: queued by every change that gives the
+// reconciler work, and periodically as the level-triggered safety net.
+type ReconcileArgs struct{}
+
+// Kind is the job kind.
+func (ReconcileArgs) Kind() string { return "health.reconcile" }
+
+type reconcileWorker struct {
+	river.WorkerDefaults[ReconcileArgs]
+	m *Module
+}
+
+func (w *reconcileWorker) Work(ctx context.Context, _ *river.Job[ReconcileArgs]) error {
+	_, err := w.m.Reconcile(ctx)
+	return err
+}
+
+// AddWorkers registers the reconciler's job.
+func (m *Module) AddWorkers(workers *river.Workers) {
+	river.AddWorker(workers, &reconcileWorker{m: m})
+}
+
+// PeriodicJobs is the reconciler's period, on the leader.
+func (m *Module) PeriodicJobs() []*river.PeriodicJob {
+	every := m.cfg.Interval
+	if every <= 0 {
+		every = 15 * time.Second
+	}
+	opts := &river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: every}}
+	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(every),
+		func() (river.JobArgs, *river.InsertOpts) { return ReconcileArgs{}, opts }, &river.PeriodicJobOpts{RunOnStart: true})}
+}
