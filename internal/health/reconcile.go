@@ -62,8 +62,24 @@ type PoolStatus struct {
 	Breaker                Breaker
 }
 
-// PoolStatusOf reads a pool's health.
+// PoolStatusOf reads a pool's health, with its GPUs counted.
 func PoolStatusOf(ctx context.Context, q store.Querier, poolID string, now time.Time) (PoolStatus, error) {
+	st, err := poolStatus(ctx, q, poolID, now)
+	if err != nil {
+		return st, err
+	}
+	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM gpus g JOIN node_pools np ON np.node_id = g.node_id WHERE np.pool_id = $1`,
+		poolID).Scan(&st.GPUsTotal); err != nil {
+		return st, err
+	}
+	err = q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus h JOIN node_pools np ON np.node_id = h.node_id WHERE np.pool_id = $1`,
+		poolID).Scan(&st.GPUsOut)
+	return st, err
+}
+
+// poolStatus reads what the reconciler needs of a pool: its nodes, its
+// unhealthy ones within the breaker's window, its budget and breaker.
+func poolStatus(ctx context.Context, q store.Querier, poolID string, now time.Time) (PoolStatus, error) {
 	st := PoolStatus{PoolID: poolID}
 	var policy string
 	if err := q.QueryRow(ctx, `SELECT tenant_id, name, policy FROM pools WHERE id = $1`, poolID).Scan(&st.TenantID, &st.Name, &policy); err != nil {
@@ -84,11 +100,6 @@ func PoolStatusOf(ctx context.Context, q store.Querier, poolID string, now time.
 	if err := q.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN state IN ('draining', 'running') THEN 1 ELSE 0 END), 0),
 			COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0)
 		FROM health_remediations WHERE pool_id = $1 AND state IN ('pending', 'draining', 'running')`, poolID).Scan(&st.BudgetUsed, &st.Pending); err != nil {
-		return st, err
-	}
-	if err := q.QueryRow(ctx, `SELECT COUNT(*), COALESCE(SUM(CASE WHEN h.gpu_uuid IS NULL THEN 0 ELSE 1 END), 0)
-		FROM gpus g JOIN node_pools np ON np.node_id = g.node_id LEFT JOIN health_gpus h ON h.gpu_uuid = g.uuid
-		WHERE np.pool_id = $1`, poolID).Scan(&st.GPUsTotal, &st.GPUsOut); err != nil {
 		return st, err
 	}
 	st.Budget = Budget(st.Nodes, hp)
@@ -147,7 +158,7 @@ func (m *Module) reconcilePool(ctx context.Context, poolID string) (int, error) 
 		st := PoolStatus{PoolID: poolID, Policy: &apiv1.PoolPolicy{}, Breaker: Breaker{PoolID: poolID, State: BreakerClosed}, Budget: 1}
 		if poolID != "" {
 			var err error
-			st, err = PoolStatusOf(ctx, tx, poolID, now)
+			st, err = poolStatus(ctx, tx, poolID, now)
 			if errors.Is(err, store.ErrNotFound) {
 				st = PoolStatus{PoolID: poolID, Policy: &apiv1.PoolPolicy{}, Breaker: Breaker{PoolID: poolID, State: BreakerClosed}, Budget: 1}
 			} else if err != nil {
@@ -257,6 +268,23 @@ func (m *Module) startDrain(ctx context.Context, tx store.Tx, r *Remediation, no
 	drained, err := fleet.SystemDrain(ctx, tx, m.cfg.Fleet, m.cfg.Recorder, n.ID, "health: "+r.Reason, "system:health", now)
 	if err != nil {
 		return false, err
+	}
+	if r.Action == gpuhealth.ActionReboot && m.cfg.Capacity != nil {
+		// A reboot takes the whole node: what can move goes elsewhere now
+		// rather than hold the drain until it ends.
+		_, move, err := m.poolPolicyOf(ctx, tx, r.NodeID)
+		if err != nil {
+			return false, err
+		}
+		gpus, err := NodeGPUs(ctx, tx, r.NodeID)
+		if err != nil {
+			return false, err
+		}
+		for _, g := range gpus {
+			if _, _, err := m.cfg.Capacity.GPUUnhealthy(ctx, tx, r.NodeID, g.UUID, "the node drains for a reboot ("+r.Reason+")", move); err != nil {
+				return false, err
+			}
+		}
 	}
 	r.State, r.Drained, r.StartTime, r.UpdateTime = RemDraining, drained, &now, now
 	ok, err := RemediationUpdate(ctx, tx, r, from)
@@ -434,4 +462,14 @@ func (m *Module) endRemediation(ctx context.Context, tx store.Tx, r *Remediation
 		name = n.Name
 	}
 	return true, m.events(ctx, tx, remEvent("health.remediation_"+to, r, name, now))
+}
+
+// poolPolicyOf reads the node's pool and whether its policy lets
+// reservations move off bad GPUs.
+func (m *Module) poolPolicyOf(ctx context.Context, q store.Querier, nodeID string) (string, bool, error) {
+	poolID, pol, err := poolOfNode(ctx, q, nodeID)
+	if err != nil {
+		return "", false, err
+	}
+	return poolID, !pol.GetHealth().GetKeepReservations(), nil
 }
