@@ -636,10 +636,14 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 	// The health module's remediations run on the same engine, against
 	// nodes, as signed commands to their agents.
 	cfg.ExtraProfiles = health.Profiles()
-	runner := &health.NodeCommands{DB: a.DB, Signer: a.cmdSigner, Notifier: a.Gateway}
+	runner := &health.NodeCommands{DB: a.DB, Signer: a.cmdSigner, Notifier: a.Gateway, MachineOf: metal.MachineOfNode}
 	cfg.ExtraRunners = map[string]provision.StepRunner{health.KindGPUReset: runner, health.KindNodeReboot: runner}
 	cfg.OtherEnded = a.Health.WorkflowEnded
 	rt, err := metal.NewRuntime(cfg)
+	if err == nil {
+		// An unresponsive machine's node is rebooted by its BMC.
+		runner.BMC = rt.BMCRunner()
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -339,3 +339,21 @@ func deployedNodes(ctx context.Context, q store.Querier, machineID string) ([]st
 	}
 	return out, nil
 }
+
+// MachineOfNode names the machine a node was deployed on (its join token's
+// MachineLabel), "" for a node that is no machine's.
+func MachineOfNode(ctx context.Context, q store.Querier, nodeID string) (string, error) {
+	var labels string
+	err := q.QueryRow(ctx, `SELECT labels FROM nodes WHERE id = $1`, nodeID).Scan(&labels)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var l map[string]string
+	if json.Unmarshal([]byte(cmp.Or(labels, "{}")), &l) != nil {
+		return "", nil
+	}
+	return l[MachineLabel], nil
+}
