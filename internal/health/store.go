@@ -90,6 +90,8 @@ func FindingInsert(ctx context.Context, tx store.Tx, f *Finding) error {
 // FindingsQuery selects findings; zero fields do not filter.
 type FindingsQuery struct {
 	TenantID, NodeID, PoolID, GPUUUID, State string
+	// Severities keeps findings of these severities only.
+	Severities []string
 	// Standing: only standing findings.
 	Standing bool
 	// After is the last id of the previous page.
@@ -118,6 +120,9 @@ func FindingList(ctx context.Context, q store.Querier, p FindingsQuery) ([]Findi
 	}
 	if p.Standing {
 		where = append(where, "standing")
+	}
+	if len(p.Severities) > 0 {
+		where = append(where, "severity IN ("+placeholders(&args, p.Severities)+")")
 	}
 	query := `SELECT ` + findingColumns + ` FROM health_findings`
 	if len(where) > 0 {
@@ -224,12 +229,7 @@ func RemediationList(ctx context.Context, q store.Querier, p RemediationsQuery) 
 		where = append(where, "id > $"+strconv.Itoa(len(args)))
 	}
 	if len(p.States) > 0 {
-		ph := make([]string, len(p.States))
-		for i, s := range p.States {
-			args = append(args, s)
-			ph[i] = "$" + strconv.Itoa(len(args))
-		}
-		where = append(where, "state IN ("+strings.Join(ph, ", ")+")")
+		where = append(where, "state IN ("+placeholders(&args, p.States)+")")
 	}
 	query := `SELECT ` + remColumns + ` FROM health_remediations`
 	if len(where) > 0 {
@@ -321,6 +321,73 @@ func BreakerPut(ctx context.Context, tx store.Tx, b *Breaker) error {
 			reset_time = excluded.reset_time, reset_by = excluded.reset_by, trips = excluded.trips, update_time = excluded.update_time`,
 		b.PoolID, b.TenantID, b.State, b.Reason, b.TripTime, b.ResetTime, b.ResetBy, b.Trips, b.UpdateTime)
 	return err
+}
+
+// placeholders appends vs to args and returns their placeholders, comma
+// separated.
+func placeholders(args *[]any, vs []string) string {
+	ph := make([]string, len(vs))
+	for i, v := range vs {
+		*args = append(*args, v)
+		ph[i] = "$" + strconv.Itoa(len(*args))
+	}
+	return strings.Join(ph, ", ")
+}
+
+// GPUReservations counts, by GPU UUID, the reservations holding a node's
+// GPUs at now: bookings in effect on the GPUs' atoms.
+func GPUReservations(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT a.gpu_uuid, COUNT(DISTINCT b.reservation_id) FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid <> '' AND b.starts_at <= $2 AND b.ends_at > $2 GROUP BY a.gpu_uuid`, nodeID, now)
+	type count struct {
+		uuid string
+		n    int
+	}
+	cs, err := collect(rows, err, func(r scanner) (count, error) {
+		var c count
+		err := r.Scan(&c.uuid, &c.n)
+		return c, err
+	})
+	out := make(map[string]int, len(cs))
+	for _, c := range cs {
+		out[c.uuid] = c.n
+	}
+	return out, err
+}
+
+// ScopeQuery names the nodes a health summary covers; zero fields do not
+// filter.
+type ScopeQuery struct {
+	TenantID, NodeID, PoolID string
+}
+
+// ScopeCounts reads what a scope's health takes out: the GPUs out of
+// placement and the nodes with an open finding of severity error or worse.
+func ScopeCounts(ctx context.Context, q store.Querier, p ScopeQuery) (gpusOut, nodesUnhealthy int, err error) {
+	var where []string
+	var args []any
+	add := func(col, v string) {
+		if v != "" {
+			args = append(args, v)
+			where = append(where, col+" = $"+strconv.Itoa(len(args)))
+		}
+	}
+	add("h.tenant_id", p.TenantID)
+	add("h.node_id", p.NodeID)
+	if p.PoolID != "" {
+		args = append(args, p.PoolID)
+		where = append(where, "h.node_id IN (SELECT node_id FROM node_pools WHERE pool_id = $"+strconv.Itoa(len(args))+")")
+	}
+	cond := ""
+	if len(where) > 0 {
+		cond = " AND " + strings.Join(where, " AND ")
+	}
+	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus h WHERE 1 = 1`+cond, args...).Scan(&gpusOut); err != nil {
+		return 0, 0, err
+	}
+	err = q.QueryRow(ctx, `SELECT COUNT(DISTINCT h.node_id) FROM health_findings h WHERE h.state = 'open'
+		AND h.severity IN ('critical', 'error')`+cond, args...).Scan(&nodesUnhealthy)
+	return gpusOut, nodesUnhealthy, err
 }
 
 type scanner interface{ Scan(...any) error }
