@@ -3,10 +3,12 @@ package health
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -407,4 +409,106 @@ func collect[T any](rows store.Rows, err error, scan func(scanner) (T, error)) (
 		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// PoolMetrics is one pool's health at scrape time (PoolID "" gathers the
+// nodes of no pool).
+type PoolMetrics struct {
+	PoolID, Name string
+	// GPUsOut by health_gpus state, Findings (open) by severity,
+	// Remediations (active) by state.
+	GPUsOut      map[string]int
+	Findings     map[string]int
+	Remediations map[string]int
+	BreakerOpen  bool
+	// Budget and BudgetUsed: the most nodes under remediation at once,
+	// and how many are (draining or running).
+	Budget, BudgetUsed int
+}
+
+// PoolsMetrics reads every live pool's health for the metrics collector
+// in a handful of grouped queries, whatever the number of pools.
+func PoolsMetrics(ctx context.Context, q store.Querier) ([]PoolMetrics, error) {
+	byID := map[string]*PoolMetrics{}
+	var order []string
+	get := func(id string) *PoolMetrics {
+		if m, ok := byID[id]; ok {
+			return m
+		}
+		m := &PoolMetrics{PoolID: id, GPUsOut: map[string]int{GPUQuarantined: 0, GPURMA: 0}, Findings: map[string]int{},
+			Remediations: map[string]int{RemPending: 0, RemDraining: 0, RemRunning: 0}}
+		byID[id] = m
+		order = append(order, id)
+		return m
+	}
+	type poolRow struct {
+		id, name, policy string
+		nodes            int
+	}
+	rows, err := q.Query(ctx, `SELECT p.id, p.name, p.policy, COUNT(np.node_id) FROM pools p LEFT JOIN node_pools np ON np.pool_id = p.id
+		WHERE p.state <> 'archived' GROUP BY p.id, p.name, p.policy ORDER BY p.id`)
+	pools, err := collect(rows, err, func(r scanner) (poolRow, error) {
+		var p poolRow
+		err := r.Scan(&p.id, &p.name, &p.policy, &p.nodes)
+		return p, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pools {
+		pol := &apiv1.PoolPolicy{}
+		if err := unmarshalPolicy(p.policy, pol); err != nil {
+			return nil, fmt.Errorf("pool %s: policy: %w", p.id, err)
+		}
+		m := get(p.id)
+		m.Name, m.Budget = p.name, Budget(p.nodes, pol.GetHealth())
+	}
+	type count struct {
+		pool, key string
+		n         int
+	}
+	scanCount := func(r scanner) (count, error) {
+		var c count
+		err := r.Scan(&c.pool, &c.key, &c.n)
+		return c, err
+	}
+	groups := []struct {
+		query string
+		add   func(m *PoolMetrics, key string, n int)
+	}{
+		{`SELECT COALESCE(np.pool_id, ''), h.state, COUNT(*) FROM health_gpus h LEFT JOIN node_pools np ON np.node_id = h.node_id
+			GROUP BY COALESCE(np.pool_id, ''), h.state`, func(m *PoolMetrics, k string, n int) { m.GPUsOut[k] += n }},
+		{`SELECT pool_id, severity, COUNT(*) FROM health_findings WHERE state = 'open' GROUP BY pool_id, severity`,
+			func(m *PoolMetrics, k string, n int) { m.Findings[k] += n }},
+		{`SELECT pool_id, state, COUNT(*) FROM health_remediations WHERE state IN ('pending', 'draining', 'running') GROUP BY pool_id, state`,
+			func(m *PoolMetrics, k string, n int) {
+				m.Remediations[k] += n
+				if k != RemPending {
+					m.BudgetUsed += n
+				}
+			}},
+		{`SELECT pool_id, state, 1 FROM health_breakers WHERE state = 'open'`, func(m *PoolMetrics, _ string, _ int) { m.BreakerOpen = true }},
+	}
+	for _, g := range groups {
+		rows, err := q.Query(ctx, g.query)
+		cs, err := collect(rows, err, scanCount)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cs {
+			if _, live := byID[c.pool]; !live && c.pool != "" {
+				continue // an archived or deleted pool's leftovers
+			}
+			g.add(get(c.pool), c.key, c.n)
+		}
+	}
+	out := make([]PoolMetrics, 0, len(order))
+	for _, id := range order {
+		m := byID[id]
+		if id == "" {
+			m.Budget = 1 // the reconciler's budget for nodes of no pool
+		}
+		out = append(out, *m)
+	}
+	return out, nil
 }
