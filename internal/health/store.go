@@ -3,10 +3,12 @@ package health
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -90,6 +92,8 @@ func FindingInsert(ctx context.Context, tx store.Tx, f *Finding) error {
 // FindingsQuery selects findings; zero fields do not filter.
 type FindingsQuery struct {
 	TenantID, NodeID, PoolID, GPUUUID, State string
+	// Severities keeps findings of these severities only.
+	Severities []string
 	// Standing: only standing findings.
 	Standing bool
 	// After is the last id of the previous page.
@@ -118,6 +122,9 @@ func FindingList(ctx context.Context, q store.Querier, p FindingsQuery) ([]Findi
 	}
 	if p.Standing {
 		where = append(where, "standing")
+	}
+	if len(p.Severities) > 0 {
+		where = append(where, "severity IN ("+placeholders(&args, p.Severities)+")")
 	}
 	query := `SELECT ` + findingColumns + ` FROM health_findings`
 	if len(where) > 0 {
@@ -224,12 +231,7 @@ func RemediationList(ctx context.Context, q store.Querier, p RemediationsQuery) 
 		where = append(where, "id > $"+strconv.Itoa(len(args)))
 	}
 	if len(p.States) > 0 {
-		ph := make([]string, len(p.States))
-		for i, s := range p.States {
-			args = append(args, s)
-			ph[i] = "$" + strconv.Itoa(len(args))
-		}
-		where = append(where, "state IN ("+strings.Join(ph, ", ")+")")
+		where = append(where, "state IN ("+placeholders(&args, p.States)+")")
 	}
 	query := `SELECT ` + remColumns + ` FROM health_remediations`
 	if len(where) > 0 {
@@ -323,6 +325,73 @@ func BreakerPut(ctx context.Context, tx store.Tx, b *Breaker) error {
 	return err
 }
 
+// placeholders appends vs to args and returns their placeholders, comma
+// separated.
+func placeholders(args *[]any, vs []string) string {
+	ph := make([]string, len(vs))
+	for i, v := range vs {
+		*args = append(*args, v)
+		ph[i] = "$" + strconv.Itoa(len(*args))
+	}
+	return strings.Join(ph, ", ")
+}
+
+// GPUReservations counts, by GPU UUID, the reservations holding a node's
+// GPUs at now: bookings in effect on the GPUs' atoms.
+func GPUReservations(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT a.gpu_uuid, COUNT(DISTINCT b.reservation_id) FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid <> '' AND b.starts_at <= $2 AND b.ends_at > $2 GROUP BY a.gpu_uuid`, nodeID, now)
+	type count struct {
+		uuid string
+		n    int
+	}
+	cs, err := collect(rows, err, func(r scanner) (count, error) {
+		var c count
+		err := r.Scan(&c.uuid, &c.n)
+		return c, err
+	})
+	out := make(map[string]int, len(cs))
+	for _, c := range cs {
+		out[c.uuid] = c.n
+	}
+	return out, err
+}
+
+// ScopeQuery names the nodes a health summary covers; zero fields do not
+// filter.
+type ScopeQuery struct {
+	TenantID, NodeID, PoolID string
+}
+
+// ScopeCounts reads what a scope's health takes out: the GPUs out of
+// placement and the nodes with an open finding of severity error or worse.
+func ScopeCounts(ctx context.Context, q store.Querier, p ScopeQuery) (gpusOut, nodesUnhealthy int, err error) {
+	var where []string
+	var args []any
+	add := func(col, v string) {
+		if v != "" {
+			args = append(args, v)
+			where = append(where, col+" = $"+strconv.Itoa(len(args)))
+		}
+	}
+	add("h.tenant_id", p.TenantID)
+	add("h.node_id", p.NodeID)
+	if p.PoolID != "" {
+		args = append(args, p.PoolID)
+		where = append(where, "h.node_id IN (SELECT node_id FROM node_pools WHERE pool_id = $"+strconv.Itoa(len(args))+")")
+	}
+	cond := ""
+	if len(where) > 0 {
+		cond = " AND " + strings.Join(where, " AND ")
+	}
+	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus h WHERE 1 = 1`+cond, args...).Scan(&gpusOut); err != nil {
+		return 0, 0, err
+	}
+	err = q.QueryRow(ctx, `SELECT COUNT(DISTINCT h.node_id) FROM health_findings h WHERE h.state = 'open'
+		AND h.severity IN ('critical', 'error')`+cond, args...).Scan(&nodesUnhealthy)
+	return gpusOut, nodesUnhealthy, err
+}
+
 type scanner interface{ Scan(...any) error }
 
 // collect reads every row of a query with scan.
@@ -340,4 +409,106 @@ func collect[T any](rows store.Rows, err error, scan func(scanner) (T, error)) (
 		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// PoolMetrics is one pool's health at scrape time (PoolID "" gathers the
+// nodes of no pool).
+type PoolMetrics struct {
+	PoolID, Name string
+	// GPUsOut by health_gpus state, Findings (open) by severity,
+	// Remediations (active) by state.
+	GPUsOut      map[string]int
+	Findings     map[string]int
+	Remediations map[string]int
+	BreakerOpen  bool
+	// Budget and BudgetUsed: the most nodes under remediation at once,
+	// and how many are (draining or running).
+	Budget, BudgetUsed int
+}
+
+// PoolsMetrics reads every live pool's health for the metrics collector
+// in a handful of grouped queries, whatever the number of pools.
+func PoolsMetrics(ctx context.Context, q store.Querier) ([]PoolMetrics, error) {
+	byID := map[string]*PoolMetrics{}
+	var order []string
+	get := func(id string) *PoolMetrics {
+		if m, ok := byID[id]; ok {
+			return m
+		}
+		m := &PoolMetrics{PoolID: id, GPUsOut: map[string]int{GPUQuarantined: 0, GPURMA: 0}, Findings: map[string]int{},
+			Remediations: map[string]int{RemPending: 0, RemDraining: 0, RemRunning: 0}}
+		byID[id] = m
+		order = append(order, id)
+		return m
+	}
+	type poolRow struct {
+		id, name, policy string
+		nodes            int
+	}
+	rows, err := q.Query(ctx, `SELECT p.id, p.name, p.policy, COUNT(np.node_id) FROM pools p LEFT JOIN node_pools np ON np.pool_id = p.id
+		WHERE p.state <> 'archived' GROUP BY p.id, p.name, p.policy ORDER BY p.id`)
+	pools, err := collect(rows, err, func(r scanner) (poolRow, error) {
+		var p poolRow
+		err := r.Scan(&p.id, &p.name, &p.policy, &p.nodes)
+		return p, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pools {
+		pol := &apiv1.PoolPolicy{}
+		if err := unmarshalPolicy(p.policy, pol); err != nil {
+			return nil, fmt.Errorf("pool %s: policy: %w", p.id, err)
+		}
+		m := get(p.id)
+		m.Name, m.Budget = p.name, Budget(p.nodes, pol.GetHealth())
+	}
+	type count struct {
+		pool, key string
+		n         int
+	}
+	scanCount := func(r scanner) (count, error) {
+		var c count
+		err := r.Scan(&c.pool, &c.key, &c.n)
+		return c, err
+	}
+	groups := []struct {
+		query string
+		add   func(m *PoolMetrics, key string, n int)
+	}{
+		{`SELECT COALESCE(np.pool_id, ''), h.state, COUNT(*) FROM health_gpus h LEFT JOIN node_pools np ON np.node_id = h.node_id
+			GROUP BY COALESCE(np.pool_id, ''), h.state`, func(m *PoolMetrics, k string, n int) { m.GPUsOut[k] += n }},
+		{`SELECT pool_id, severity, COUNT(*) FROM health_findings WHERE state = 'open' GROUP BY pool_id, severity`,
+			func(m *PoolMetrics, k string, n int) { m.Findings[k] += n }},
+		{`SELECT pool_id, state, COUNT(*) FROM health_remediations WHERE state IN ('pending', 'draining', 'running') GROUP BY pool_id, state`,
+			func(m *PoolMetrics, k string, n int) {
+				m.Remediations[k] += n
+				if k != RemPending {
+					m.BudgetUsed += n
+				}
+			}},
+		{`SELECT pool_id, state, 1 FROM health_breakers WHERE state = 'open'`, func(m *PoolMetrics, _ string, _ int) { m.BreakerOpen = true }},
+	}
+	for _, g := range groups {
+		rows, err := q.Query(ctx, g.query)
+		cs, err := collect(rows, err, scanCount)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cs {
+			if _, live := byID[c.pool]; !live && c.pool != "" {
+				continue // an archived or deleted pool's leftovers
+			}
+			g.add(get(c.pool), c.key, c.n)
+		}
+	}
+	out := make([]PoolMetrics, 0, len(order))
+	for _, id := range order {
+		m := byID[id]
+		if id == "" {
+			m.Budget = 1 // the reconciler's budget for nodes of no pool
+		}
+		out = append(out, *m)
+	}
+	return out, nil
 }
