@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/migplan"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
@@ -489,6 +490,12 @@ func (e *Engine) neverFits(t *target, r *Reservation) error {
 		return err
 	}
 	if len(again.Plans) == 0 {
+		if migCouldHold(t, nodes, r) {
+			// A pool whose MIG layouts follow demand queues it: the
+			// repartitioner reads the queue and gives an idle GPU a
+			// layout with this profile.
+			return nil
+		}
 		return placer.NeverFits(t.pool.Name, nodes, r, res.Explanation)
 	}
 	return noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
@@ -685,4 +692,25 @@ func prefixed(err error, prefix string) error {
 		out.Violations[i] = envelope.Violation{Field: prefix + v.Field, Reason: v.Reason}
 	}
 	return &out
+}
+
+// migCouldHold reports whether r asks for a MIG profile that a GPU of the
+// pool could offer after a repartition, in a pool with mig: auto.
+func migCouldHold(t *target, nodes []placement.Node, r *Reservation) bool {
+	if r.MIGProfile == "" || t.policy.GetMig() != pool.MIGAuto {
+		return false
+	}
+	for i := range nodes {
+		for _, g := range nodes[i].GPUs {
+			if r.Model != "" && !placement.ModelMatches(r.Model, g.Model) {
+				continue
+			}
+			for _, l := range migplan.Layouts(g.Model) {
+				if slices.Contains(l, r.MIGProfile) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

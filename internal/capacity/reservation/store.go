@@ -226,3 +226,31 @@ func countModelAtoms(ctx context.Context, q store.Querier, model string) store.R
 func pendingPools(ctx context.Context, q store.Querier) ([]string, error) {
 	return store.Strings(q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`))
 }
+
+// MIGDemand is what a pool's queue asks of one MIG profile: the instances
+// its pending reservations want.
+type MIGDemand struct {
+	Model, Profile string
+	Count          int
+}
+
+// PendingMIGDemand sums the pending reservations of a pool per model and
+// MIG profile, for the MIG repartitioner.
+func PendingMIGDemand(ctx context.Context, q store.Querier, poolID string) ([]MIGDemand, error) {
+	rows, err := q.Query(ctx, `SELECT model, mig_profile, SUM(gpus) FROM reservations
+		WHERE pool_id = $1 AND state = 'pending' AND mig_profile <> ''
+		GROUP BY model, mig_profile ORDER BY model, mig_profile`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []MIGDemand
+	for rows.Next() {
+		var d MIGDemand
+		if err := rows.Scan(&d.Model, &d.Profile, &d.Count); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
