@@ -1,6 +1,8 @@
 // Package migauto runs MIG that follows demand: a periodic job
 // (capacity.mig_repartition) that, for every active pool whose policy says
-// mig: auto, reads the pool's queue per MIG profile and its GPUs' layouts,
+// mig: auto, reads the pool's demand per MIG profile (its queue, and the
+// creates refused for want of capacity that no round has answered yet,
+// within Window) and its GPUs' layouts,
 // asks migplan for new layouts of idle GPUs, and for each proposal freezes
 // the GPU (GpuPartitionPending, in the transaction that re-checks that no
 // booking holds it) and sends the node a signed gpu.mig.configure command

@@ -27,6 +27,7 @@ const CreatedBy = "system:mig-repartitioner"
 const (
 	DefaultInterval      = time.Minute
 	DefaultFreezeTimeout = 15 * time.Minute
+	DefaultWindow        = 15 * time.Minute
 )
 
 // Repartitioner is one round of MIG that follows demand over every pool
@@ -45,7 +46,10 @@ type Repartitioner struct {
 	// FreezeTimeout is how long a GPU may stay frozen for a layout that
 	// does not show; zero means DefaultFreezeTimeout.
 	FreezeTimeout time.Duration
-	Log           *slog.Logger
+	// Window is how far back a refused create no round has answered yet
+	// counts as demand; zero means DefaultWindow.
+	Window time.Duration
+	Log    *slog.Logger
 }
 
 // Result is what a round did.
@@ -77,6 +81,12 @@ func (r *Repartitioner) Round(ctx context.Context) (Result, error) {
 	}); err != nil {
 		return res, fmt.Errorf("migauto: list pools: %w", err)
 	}
+	// Refusals older than any window are history.
+	if err := r.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return reservation.MIGRefusalPrune(ctx, tx, r.DB.Clock().Now().Add(-time.Hour-cmp.Or(r.Window, DefaultWindow)))
+	}); err != nil {
+		return res, fmt.Errorf("migauto: prune refusals: %w", err)
+	}
 	var errs []error
 	for _, p := range pools {
 		res.Pools++
@@ -93,12 +103,19 @@ func (r *Repartitioner) pool(ctx context.Context, p pool.Pool, res *Result) erro
 	now := r.DB.Clock().Now()
 	var gpus []atoms.MIGGPU
 	var demand []reservation.MIGDemand
+	var refused []reservation.MIGRefusal
 	if err := r.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		var err error
 		if gpus, err = atoms.PoolMIGGPUs(ctx, tx, p.ID, now); err != nil {
 			return err
 		}
-		demand, err = reservation.PendingMIGDemand(ctx, tx, p.ID)
+		if demand, err = reservation.PendingMIGDemand(ctx, tx, p.ID); err != nil {
+			return err
+		}
+		refused, err = reservation.MIGRefusalList(ctx, tx, p.ID, now.Add(-cmp.Or(r.Window, DefaultWindow)))
+		for _, f := range refused {
+			demand = append(demand, reservation.MIGDemand{Model: f.Model, Profile: f.Profile, Count: f.Count})
+		}
 		return err
 	}); err != nil {
 		return err
@@ -155,7 +172,15 @@ func (r *Repartitioner) pool(ctx context.Context, p pool.Pool, res *Result) erro
 		res.Moved++
 		r.log().Info("MIG repartition", "pool", p.ID, "node", g.NodeID, "gpu", g.UUID, "from", migplan.Key(m.From), "to", migplan.Key(m.To))
 	}
-	return nil
+	if len(refused) == 0 {
+		return nil
+	}
+	// A refusal is a one-shot signal: this round answered it (with moves,
+	// or found it met), so the next one does not answer it again once the
+	// refused request came back and booked what was made for it.
+	return r.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return reservation.MIGRefusalConsume(ctx, tx, p.ID, refused)
+	})
 }
 
 // freeOf is the free instances of a GPU: all of them when nothing books

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -12,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/migauto"
 	"github.com/better-compute/better-compute/internal/capacity/migplan"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
@@ -36,6 +38,11 @@ func setup(t *testing.T) *bundle {
 // tenant creates a tenant with one H100 node whose GPUs are all split into
 // 7×1g, and a pool of it with gpu_sharing mig and mig auto.
 func (b *bundle) tenant(t *testing.T, name string) node {
+	t.Helper()
+	return b.tenantWith(t, name, &apiv1.PoolPolicy{GpuSharing: "mig", Mig: "auto"})
+}
+
+func (b *bundle) tenantWith(t *testing.T, name string, policy *apiv1.PoolPolicy) node {
 	t.Helper()
 	ctx := context.Background()
 	admin := b.cp.Admin()
@@ -75,7 +82,7 @@ func (b *bundle) tenant(t *testing.T, name string) node {
 	})
 	_, err = admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: name, Name: "mig",
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}},
-		Policy:   &apiv1.PoolPolicy{GpuSharing: "mig", Mig: "auto"}}))
+		Policy:   policy}))
 	require.NoError(t, err)
 	return n
 }
@@ -189,9 +196,76 @@ func TestQueued7gGetsAGPU(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Moved)
 
+	// The booked GPU cannot be frozen: the check runs in the freezing
+	// transaction.
+	err = b.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return b.cp.App.Capacity.Engine.Reconciler.FreezeGPU(ctx, tx, acme.d.NodeID(), sevens[0], []string{"3g.40gb", "3g.40gb"}, b.cp.Clock.Now())
+	})
+	require.ErrorIs(t, err, atoms.ErrGPUBusy)
+	require.Empty(t, b.pending(t, acme))
+
+	// A freeze whose layout never shows is thawed after FreezeTimeout.
+	var idle string
+	for uuid := range b.layouts(t, acme) {
+		if uuid != sevens[0] {
+			idle = uuid
+			break
+		}
+	}
+	require.NoError(t, b.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return b.cp.App.Capacity.Engine.Reconciler.FreezeGPU(ctx, tx, acme.d.NodeID(), idle, []string{"3g.40gb", "3g.40gb"}, b.cp.Clock.Now())
+	}))
+	require.Equal(t, []string{idle}, b.pending(t, acme))
+	res, err = b.cp.App.MIG.Round(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Thawed, "not before the timeout")
+	b.cp.Clock.Advance(migauto.DefaultFreezeTimeout + time.Minute)
+	res, err = b.cp.App.MIG.Round(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Thawed)
+	require.Empty(t, b.pending(t, acme))
+
 	// globex's pool was never touched by acme's demand.
 	for uuid, l := range b.layouts(t, globex) {
 		require.Equal(t, migplan.Key(split1g), migplan.Key(l), "globex GPU %s", uuid)
 	}
 	require.Empty(t, b.pending(t, globex))
+}
+
+// TestRefused7gCountsAsDemand: in a pool where nothing waits (max_pending
+// -1), a refused 7g create is counted, the next round repartitions a GPU
+// for it, and the create asked again fits.
+func TestRefused7gCountsAsDemand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	acme := b.tenantWith(t, "acme", &apiv1.PoolPolicy{GpuSharing: "mig", Mig: "auto", MaxPending: -1})
+	ctx := context.Background()
+	create := func(profile string) (*apiv1.Reservation, error) {
+		res, err := b.cp.Admin().Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "acme", Pool: "mig", Gpus: 1, MigProfile: profile, DurationSeconds: 3600}))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg.GetReservation(), nil
+	}
+	bctest.WaitFor(t, "the pool indexed: a 1g fits", func() bool {
+		_, err := create("1g.10gb")
+		return err == nil
+	})
+	_, err := create("7g.80gb")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "queue is full")
+
+	res, err := b.cp.App.MIG.Round(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Moved, "the refusal is demand")
+	bctest.WaitFor(t, "the 7g layout landed", func() bool { return len(b.pending(t, acme)) == 0 })
+	r, err := create("7g.80gb")
+	require.NoError(t, err)
+	require.NotEqual(t, "pending", r.GetState())
+
+	// The refusal is still in the window, but now met: nothing moves.
+	res, err = b.cp.App.MIG.Round(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Moved)
 }

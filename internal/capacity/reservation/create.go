@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -369,6 +370,15 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 	}
 	var sp spec
 	var t target
+	// refused is the reservation a pool with mig: auto refused for want of
+	// capacity: counted, once the refusal is final, as demand for the MIG
+	// repartitioner (the refused create's own transaction writes nothing).
+	var refused *Reservation
+	defer func() {
+		if refused != nil {
+			s.countRefusal(ctx, refused)
+		}
+	}()
 	now := s.env.Clock().Now()
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
 		Validate: func() error {
@@ -404,7 +414,12 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 			}
 			r := t.newReservation(&sp, tx.Now(), tx.Caller().Principal.ID)
 			evs, err := s.engine.create(ctx, b, &r, &t, tx.Now(), true)
+			refused = nil
 			if err != nil {
+				if apiErr := (*envelope.Error)(nil); errors.As(err, &apiErr) && apiErr.Code == envelope.CodeNoCapacity &&
+					r.MIGProfile != "" && t.policy.GetMig() == pool.MIGAuto {
+					refused = &r
+				}
 				return nil, err
 			}
 			tx.SetResource(r.ID, "")
@@ -713,4 +728,18 @@ func migCouldHold(t *target, nodes []placement.Node, r *Reservation) bool {
 		}
 	}
 	return false
+}
+
+// countRefusal records a MIG create refused for want of capacity. It is
+// best effort: a count lost to a failed write only slows the repartitioner
+// down, it never books or refuses anything; so a failure is logged, not
+// returned to the caller, whose answer is the refusal.
+func (s *Service) countRefusal(ctx context.Context, r *Reservation) {
+	at := s.env.Clock().Now()
+	err := s.env.DB().Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return MIGRefusalAdd(ctx, tx, r.PoolID, r.Model, r.MIGProfile, at)
+	})
+	if err != nil {
+		slog.WarnContext(ctx, "count a MIG refusal", "pool", r.PoolID, "profile", r.MIGProfile, "err", err)
+	}
 }
