@@ -385,6 +385,8 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		}}}}}, nil
 	case KindProcessExec:
 		return a.exec(ctx, c)
+	case KindGPUMIGConfigure:
+		return a.configureMIG(ctx, c)
 	case KindAllocationRelease:
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
 		if id == "" {

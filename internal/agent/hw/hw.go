@@ -8,6 +8,7 @@ package hw
 
 import (
 	"context"
+	"errors"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 )
@@ -32,3 +33,23 @@ type IdentitySource interface {
 type TelemetrySource interface {
 	Telemetry(ctx context.Context) ([]*agentv1.GpuTelemetry, error)
 }
+
+// MIGConfigurer is implemented by backends that can repartition a GPU:
+// ConfigureMIG enables MIG mode on the GPU if it is off, destroys its GPU
+// and compute instances and creates one GPU instance (with one compute
+// instance filling it) per profile, in order ("3g.40gb", "2g.20gb", ...).
+// It refuses with ErrGPUBusy while any process runs on the GPU or one of
+// its instances, and leaves the layout as it was when it refuses a profile.
+type MIGConfigurer interface {
+	ConfigureMIG(ctx context.Context, uuid string, profiles []string) error
+}
+
+var (
+	// ErrGPUBusy is a MIG change refused because the GPU is in use.
+	ErrGPUBusy = errors.New("the GPU is in use")
+	// ErrNoGPU is a MIG change for a GPU the node does not have.
+	ErrNoGPU = errors.New("no such GPU on this node")
+	// ErrMIGLayout is a MIG change the GPU cannot hold (an unknown
+	// profile, or profiles that do not fit together).
+	ErrMIGLayout = errors.New("the GPU cannot hold this MIG layout")
+)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -101,22 +100,6 @@ func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, e
 		}
 	}
 	return n, nil
-}
-
-// quarantinedGPUs is the set of a node's GPUs (by UUID) whose
-// GpuQuarantined condition holds.
-func quarantinedGPUs(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
-	conds, err := fleet.NodeConditionList(ctx, q, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	for _, c := range conds[nodeID] {
-		if u, ok := strings.CutPrefix(c.Type, conditionGPUQuarantined); ok && c.Status == "true" {
-			out[u] = true
-		}
-	}
-	return out, nil
 }
 
 func readMIG(ctx context.Context, q store.Querier, nodeID string) (map[string][]migFacts, error) {
@@ -273,4 +256,22 @@ func saveHost(ctx context.Context, tx store.Tx, nodeID string, vcpu, memGiB, hp2
 			hugepages_1gi = excluded.hugepages_1gi, reserved_cpus = excluded.reserved_cpus, update_time = excluded.update_time`,
 		nodeID, vcpu, memGiB, hp2, hp1, reservedCPUs)
 	return err
+}
+
+// poolNodes lists the nodes a pool holds, by id.
+func poolNodes(ctx context.Context, q store.Querier, poolID string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT node_id FROM node_pools WHERE pool_id = $1 ORDER BY node_id`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
 }

@@ -8,7 +8,9 @@
 // go-nvml needs cgo, so this backend is built only with cgo; a cgo-free bcd
 // (CGO_ENABLED=0) refuses --hardware nvml with ErrUnavailable (nocgo.go).
 //
-// It must never change device state (MIG mode, clocks, persistence).
+// It must never change device state (clocks, persistence, MIG mode) except
+// through ConfigureMIG (mig.go), which the control plane asks for with
+// gpu.mig.configure and which refuses a GPU in use.
 package nvml
 
 import (
