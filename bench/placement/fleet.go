@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/bench/fleetload"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -37,7 +37,7 @@ func insertPending(ctx context.Context, db *store.DB, p pendingSpec) error {
 			1, p.vcpu, p.memoryGiB, p.binding, start, start.Add(p.duration), string(placement), "[]", "{}", p.createdBy, p.now, p.now})
 	}
 	return db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		return bctest.BulkInsert(ctx, tx, "reservations", []string{"id", "tenant_id", "project_id", "pool_id", "state", "gpus", "vcpu",
+		return fleetload.BulkInsert(ctx, tx, "reservations", []string{"id", "tenant_id", "project_id", "pool_id", "state", "gpus", "vcpu",
 			"memory_gib", "binding", "starts_at", "ends_at", "placement", "conditions", "explanation", "created_by",
 			"create_time", "update_time"}, rows)
 	})

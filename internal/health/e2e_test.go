@@ -8,9 +8,9 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
-	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/store"
 )

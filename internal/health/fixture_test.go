@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/bench/fleetload"
 	"github.com/better-compute/better-compute/client"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
@@ -46,7 +47,7 @@ func newFleet(t *testing.T, nodes int, policy *apiv1.PoolPolicy) *fleetFixture {
 		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}, Policy: policy}))
 	require.NoError(t, err)
 	f.poolID = pl.Msg.GetPool().GetId()
-	require.NoError(t, bctest.LoadSyntheticFleet(ctx, f.db, bctest.SyntheticFleet{Nodes: nodes, GPUsPerNode: 8, CPUsPerNode: 64,
+	require.NoError(t, fleetload.LoadSyntheticFleet(ctx, f.db, fleetload.SyntheticFleet{Nodes: nodes, GPUsPerNode: 8, CPUsPerNode: 64,
 		TenantID: prj.Msg.GetProject().GetTenantId(), ProjectID: prj.Msg.GetProject().GetId(), PoolID: f.poolID, Now: cp.Clock.Now(), NamePrefix: "sim"}))
 	require.NoError(t, f.db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT g.node_id, g.uuid FROM gpus g JOIN node_pools np ON np.node_id = g.node_id

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/bench/fleetload"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/app"
@@ -51,7 +52,7 @@ var xidMix = []struct {
 // GPU taken out of service, and it prints GPU-hours lost, time to
 // remediate and capacity out at peak (docs/benchmarks.md).
 //
-// The fleet is rows (bctest.LoadSyntheticFleet), not agents: the agents'
+// The fleet is rows (fleetload.LoadSyntheticFleet), not agents: the agents'
 // part — acknowledging a drain, running a reset or a reboot — is played
 // here through the same calls the gateway makes when they report.
 func TestFleetSimHealth(t *testing.T) {
@@ -83,7 +84,7 @@ func runFleetSim(t *testing.T, s simFleet) {
 		Policy:   &apiv1.PoolPolicy{OnNodeLost: "replace"}}))
 	require.NoError(t, err)
 	poolID := pl.Msg.GetPool().GetId()
-	require.NoError(t, bctest.LoadSyntheticFleet(ctx, db, bctest.SyntheticFleet{Nodes: s.nodes, GPUsPerNode: s.gpus, CPUsPerNode: 64,
+	require.NoError(t, fleetload.LoadSyntheticFleet(ctx, db, fleetload.SyntheticFleet{Nodes: s.nodes, GPUsPerNode: s.gpus, CPUsPerNode: 64,
 		TenantID: prj.Msg.GetProject().GetTenantId(), ProjectID: prj.Msg.GetProject().GetId(), PoolID: poolID, Now: clk.Now(), NamePrefix: "sim"}))
 	var nodeIDs []string
 	require.NoError(t, db.Read(ctx, func(ctx context.Context, tx store.Tx) error {

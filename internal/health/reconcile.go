@@ -7,6 +7,8 @@ import (
 	"time"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gpuhealth"
@@ -68,12 +70,10 @@ func PoolStatusOf(ctx context.Context, q store.Querier, poolID string, now time.
 	if err != nil {
 		return st, err
 	}
-	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM gpus g JOIN node_pools np ON np.node_id = g.node_id WHERE np.pool_id = $1`,
-		poolID).Scan(&st.GPUsTotal); err != nil {
+	if st.GPUsTotal, err = atoms.GPUCountOfPool(ctx, q, poolID); err != nil {
 		return st, err
 	}
-	err = q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus h JOIN node_pools np ON np.node_id = h.node_id WHERE np.pool_id = $1`,
-		poolID).Scan(&st.GPUsOut)
+	st.GPUsOut, err = GPUsOutOfPool(ctx, q, poolID)
 	return st, err
 }
 
@@ -81,30 +81,26 @@ func PoolStatusOf(ctx context.Context, q store.Querier, poolID string, now time.
 // unhealthy ones within the breaker's window, its budget and breaker.
 func poolStatus(ctx context.Context, q store.Querier, poolID string, now time.Time) (PoolStatus, error) {
 	st := PoolStatus{PoolID: poolID}
-	var policy string
-	if err := q.QueryRow(ctx, `SELECT tenant_id, name, policy FROM pools WHERE id = $1`, poolID).Scan(&st.TenantID, &st.Name, &policy); err != nil {
+	p, err := pool.Get(ctx, q, "", poolID)
+	if err != nil {
 		return st, err
 	}
-	st.Policy = &apiv1.PoolPolicy{}
-	if err := unmarshalPolicy(policy, st.Policy); err != nil {
+	st.TenantID, st.Name, st.Policy = p.TenantID, p.Name, &apiv1.PoolPolicy{}
+	if err := unmarshalPolicy(p.Policy, st.Policy); err != nil {
 		return st, fmt.Errorf("pool %s: policy: %w", poolID, err)
 	}
 	hp := st.Policy.GetHealth()
-	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM node_pools WHERE pool_id = $1`, poolID).Scan(&st.Nodes); err != nil {
+	if st.Nodes, err = pool.NodeCount(ctx, q, poolID); err != nil {
 		return st, err
 	}
-	if err := q.QueryRow(ctx, `SELECT COUNT(DISTINCT node_id) FROM health_findings WHERE pool_id = $1 AND severity IN ('critical', 'error') AND create_time >= $2`,
-		poolID, now.Add(-BreakerWindow(hp))).Scan(&st.Unhealthy); err != nil {
+	if st.Unhealthy, err = UnhealthyNodes(ctx, q, poolID, now.Add(-BreakerWindow(hp))); err != nil {
 		return st, err
 	}
-	if err := q.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN state IN ('draining', 'running') THEN 1 ELSE 0 END), 0),
-			COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0)
-		FROM health_remediations WHERE pool_id = $1 AND state IN ('pending', 'draining', 'running')`, poolID).Scan(&st.BudgetUsed, &st.Pending); err != nil {
+	if st.BudgetUsed, st.Pending, err = RemediationLoad(ctx, q, poolID); err != nil {
 		return st, err
 	}
 	st.Budget = Budget(st.Nodes, hp)
-	b, err := BreakerGet(ctx, q, poolID)
-	st.Breaker = b
+	st.Breaker, err = BreakerGet(ctx, q, poolID)
 	return st, err
 }
 
@@ -116,23 +112,9 @@ func poolStatus(ctx context.Context, q store.Querier, poolID string, now time.Ti
 func (m *Module) Reconcile(ctx context.Context) (int, error) {
 	now := m.clock.Now()
 	var pools []string
-	if err := m.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT DISTINCT pool_id FROM health_remediations WHERE state IN ('pending', 'draining', 'running')
-			UNION SELECT DISTINCT pool_id FROM health_findings WHERE create_time >= $1 AND severity IN ('critical', 'error')`,
-			now.Add(-24*time.Hour))
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		pools = pools[:0]
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				return err
-			}
-			pools = append(pools, id)
-		}
-		return rows.Err()
+	if err := m.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		pools, err = PoolsWithWork(ctx, tx, now.Add(-24*time.Hour))
+		return err
 	}); err != nil {
 		return 0, err
 	}
@@ -302,12 +284,12 @@ func Drained(ctx context.Context, q store.Querier, nodeID, gpuUUID string, now t
 	if err != nil {
 		return false, err
 	}
-	if n.State != fleet.NodeDrained && !(n.State == fleet.NodeDraining && n.Liveness != fleet.LivenessReady) {
+	// Drained, or draining with no agent left to acknowledge it.
+	stopped := n.State == fleet.NodeDrained || (n.State == fleet.NodeDraining && n.Liveness != fleet.LivenessReady)
+	if !stopped {
 		return false, nil
 	}
-	var held int
-	err = q.QueryRow(ctx, `SELECT COUNT(*) FROM bookings b JOIN atoms a ON a.id = b.atom
-		WHERE a.node_id = $1 AND ($2 = '' OR a.gpu_uuid = $2) AND b.starts_at <= $3 AND b.ends_at > $3`, nodeID, gpuUUID, now).Scan(&held)
+	held, err := atoms.BookedNow(ctx, q, nodeID, gpuUUID, now)
 	return held == 0, err
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -256,17 +258,79 @@ func ActiveRemediation(ctx context.Context, q store.Querier, nodeID string) (Rem
 
 // GPU is a row of health_gpus: a GPU out of placement for health.
 type GPU struct {
-	UUID, NodeID, TenantID, State, Reason, FindingID, CreatedBy string
-	CreateTime                                                  time.Time
+	UUID, NodeID, TenantID, PoolID, State, Reason, FindingID, CreatedBy string
+	CreateTime                                                          time.Time
 }
 
 // GPUGet reads a GPU's quarantine row; store.ErrNotFound when it is in
 // service.
 func GPUGet(ctx context.Context, q store.Querier, uuid string) (GPU, error) {
 	var g GPU
-	err := q.QueryRow(ctx, `SELECT gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time
-		FROM health_gpus WHERE gpu_uuid = $1`, uuid).Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
+	err := q.QueryRow(ctx, `SELECT gpu_uuid, node_id, tenant_id, pool_id, state, reason, finding_id, created_by, create_time
+		FROM health_gpus WHERE gpu_uuid = $1`, uuid).Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.PoolID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
 	return g, err
+}
+
+// GPUPut takes a GPU out (or changes why): the row, RMA or quarantined.
+func GPUPut(ctx context.Context, tx store.Tx, g *GPU) error {
+	_, err := tx.Exec(ctx, `INSERT INTO health_gpus (gpu_uuid, node_id, tenant_id, pool_id, state, reason, finding_id, created_by, create_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (gpu_uuid) DO UPDATE SET node_id = excluded.node_id, tenant_id = excluded.tenant_id, pool_id = excluded.pool_id,
+			state = excluded.state, reason = excluded.reason, finding_id = excluded.finding_id, created_by = excluded.created_by`,
+		g.UUID, g.NodeID, g.TenantID, g.PoolID, g.State, g.Reason, g.FindingID, g.CreatedBy, g.CreateTime)
+	return err
+}
+
+// GPUDelete puts a GPU back in service.
+func GPUDelete(ctx context.Context, tx store.Tx, uuid string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM health_gpus WHERE gpu_uuid = $1`, uuid)
+	return err
+}
+
+// GPUsOutOfPool counts a pool's GPUs out of placement.
+func GPUsOutOfPool(ctx context.Context, q store.Querier, poolID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus WHERE pool_id = $1`, poolID).Scan(&n)
+	return n, err
+}
+
+// RemediationsSucceededSince counts a node's remediations that succeeded
+// after since, on gpu or on the whole node.
+func RemediationsSucceededSince(ctx context.Context, q store.Querier, nodeID, gpu string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_remediations WHERE node_id = $1 AND state = 'succeeded' AND end_time > $2
+		AND (gpu_uuid = $3 OR gpu_uuid = '')`, nodeID, since, gpu).Scan(&n)
+	return n, err
+}
+
+// UnhealthyNodes counts a pool's nodes with a finding of severity error
+// or worse since since.
+func UnhealthyNodes(ctx context.Context, q store.Querier, poolID string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(DISTINCT node_id) FROM health_findings WHERE pool_id = $1 AND severity IN ('critical', 'error') AND create_time >= $2`,
+		poolID, since).Scan(&n)
+	return n, err
+}
+
+// RemediationLoad counts a pool's remediations in flight (draining or
+// running: they use the budget) and waiting.
+func RemediationLoad(ctx context.Context, q store.Querier, poolID string) (inFlight, pending int, err error) {
+	err = q.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN state IN ('draining', 'running') THEN 1 ELSE 0 END), 0),
+			COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0)
+		FROM health_remediations WHERE pool_id = $1 AND state IN ('pending', 'draining', 'running')`, poolID).Scan(&inFlight, &pending)
+	return inFlight, pending, err
+}
+
+// PoolsWithWork lists the pools with a remediation in flight or waiting,
+// or a serious finding since since (their breakers are checked).
+func PoolsWithWork(ctx context.Context, q store.Querier, since time.Time) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT pool_id FROM health_remediations WHERE state IN ('pending', 'draining', 'running')
+		UNION SELECT DISTINCT pool_id FROM health_findings WHERE create_time >= $1 AND severity IN ('critical', 'error')`, since)
+	return collect(rows, err, func(r scanner) (string, error) {
+		var id string
+		err := r.Scan(&id)
+		return id, err
+	})
 }
 
 // GPUsOfNodes reads the quarantine rows of nodes' GPUs, by UUID.
@@ -281,11 +345,11 @@ func GPUsOfNodes(ctx context.Context, q store.Querier, nodeIDs []string) (map[st
 		args[i] = id
 		ph[i] = "$" + strconv.Itoa(i+1)
 	}
-	rows, err := q.Query(ctx, `SELECT gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time
+	rows, err := q.Query(ctx, `SELECT gpu_uuid, node_id, tenant_id, pool_id, state, reason, finding_id, created_by, create_time
 		FROM health_gpus WHERE node_id IN (`+strings.Join(ph, ", ")+`)`, args...)
 	gs, err := collect(rows, err, func(r scanner) (GPU, error) {
 		var g GPU
-		err := r.Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
+		err := r.Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.PoolID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
 		return g, err
 	})
 	for _, g := range gs {
@@ -337,24 +401,9 @@ func placeholders(args *[]any, vs []string) string {
 }
 
 // GPUReservations counts, by GPU UUID, the reservations holding a node's
-// GPUs at now: bookings in effect on the GPUs' atoms.
+// GPUs at now (capacity's bookings).
 func GPUReservations(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string]int, error) {
-	rows, err := q.Query(ctx, `SELECT a.gpu_uuid, COUNT(DISTINCT b.reservation_id) FROM bookings b JOIN atoms a ON a.id = b.atom
-		WHERE a.node_id = $1 AND a.gpu_uuid <> '' AND b.starts_at <= $2 AND b.ends_at > $2 GROUP BY a.gpu_uuid`, nodeID, now)
-	type count struct {
-		uuid string
-		n    int
-	}
-	cs, err := collect(rows, err, func(r scanner) (count, error) {
-		var c count
-		err := r.Scan(&c.uuid, &c.n)
-		return c, err
-	})
-	out := make(map[string]int, len(cs))
-	for _, c := range cs {
-		out[c.uuid] = c.n
-	}
-	return out, err
+	return atoms.ReservationsPerGPU(ctx, q, nodeID, now)
 }
 
 // ScopeQuery names the nodes a health summary covers; zero fields do not
@@ -376,10 +425,7 @@ func ScopeCounts(ctx context.Context, q store.Querier, p ScopeQuery) (gpusOut, n
 	}
 	add("h.tenant_id", p.TenantID)
 	add("h.node_id", p.NodeID)
-	if p.PoolID != "" {
-		args = append(args, p.PoolID)
-		where = append(where, "h.node_id IN (SELECT node_id FROM node_pools WHERE pool_id = $"+strconv.Itoa(len(args))+")")
-	}
+	add("h.pool_id", p.PoolID)
 	cond := ""
 	if len(where) > 0 {
 		cond = " AND " + strings.Join(where, " AND ")
@@ -441,27 +487,17 @@ func PoolsMetrics(ctx context.Context, q store.Querier) ([]PoolMetrics, error) {
 		order = append(order, id)
 		return m
 	}
-	type poolRow struct {
-		id, name, policy string
-		nodes            int
-	}
-	rows, err := q.Query(ctx, `SELECT p.id, p.name, p.policy, COUNT(np.node_id) FROM pools p LEFT JOIN node_pools np ON np.pool_id = p.id
-		WHERE p.state <> 'archived' GROUP BY p.id, p.name, p.policy ORDER BY p.id`)
-	pools, err := collect(rows, err, func(r scanner) (poolRow, error) {
-		var p poolRow
-		err := r.Scan(&p.id, &p.name, &p.policy, &p.nodes)
-		return p, err
-	})
+	pools, err := pool.LiveNodeCounts(ctx, q)
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range pools {
 		pol := &apiv1.PoolPolicy{}
-		if err := unmarshalPolicy(p.policy, pol); err != nil {
-			return nil, fmt.Errorf("pool %s: policy: %w", p.id, err)
+		if err := unmarshalPolicy(p.Policy, pol); err != nil {
+			return nil, fmt.Errorf("pool %s: policy: %w", p.ID, err)
 		}
-		m := get(p.id)
-		m.Name, m.Budget = p.name, Budget(p.nodes, pol.GetHealth())
+		m := get(p.ID)
+		m.Name, m.Budget = p.Name, Budget(p.Nodes, pol.GetHealth())
 	}
 	type count struct {
 		pool, key string
@@ -476,8 +512,7 @@ func PoolsMetrics(ctx context.Context, q store.Querier) ([]PoolMetrics, error) {
 		query string
 		add   func(m *PoolMetrics, key string, n int)
 	}{
-		{`SELECT COALESCE(np.pool_id, ''), h.state, COUNT(*) FROM health_gpus h LEFT JOIN node_pools np ON np.node_id = h.node_id
-			GROUP BY COALESCE(np.pool_id, ''), h.state`, func(m *PoolMetrics, k string, n int) { m.GPUsOut[k] += n }},
+		{`SELECT pool_id, state, COUNT(*) FROM health_gpus GROUP BY pool_id, state`, func(m *PoolMetrics, k string, n int) { m.GPUsOut[k] += n }},
 		{`SELECT pool_id, severity, COUNT(*) FROM health_findings WHERE state = 'open' GROUP BY pool_id, severity`,
 			func(m *PoolMetrics, k string, n int) { m.Findings[k] += n }},
 		{`SELECT pool_id, state, COUNT(*) FROM health_remediations WHERE state IN ('pending', 'draining', 'running') GROUP BY pool_id, state`,

@@ -343,17 +343,16 @@ func deployedNodes(ctx context.Context, q store.Querier, machineID string) ([]st
 // MachineOfNode names the machine a node was deployed on (its join token's
 // MachineLabel), "" for a node that is no machine's.
 func MachineOfNode(ctx context.Context, q store.Querier, nodeID string) (string, error) {
-	var labels string
-	err := q.QueryRow(ctx, `SELECT labels FROM nodes WHERE id = $1`, nodeID).Scan(&labels)
+	n, err := fleet.NodeGet(ctx, q, "", nodeID)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", nil
 	}
 	if err != nil {
 		return "", err
 	}
+	// Labels are written as a JSON object by the fleet; one that does not
+	// decode names no machine.
 	var l map[string]string
-	if json.Unmarshal([]byte(cmp.Or(labels, "{}")), &l) != nil {
-		return "", nil
-	}
+	_ = json.Unmarshal([]byte(cmp.Or(n.Labels, "{}")), &l)
 	return l[MachineLabel], nil
 }

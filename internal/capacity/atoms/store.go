@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -272,6 +273,45 @@ func poolNodes(ctx context.Context, q store.Querier, poolID string) ([]string, e
 			return nil, err
 		}
 		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// GPUCountOfPool counts the GPUs of a pool's nodes (by UUID: a GPU split
+// into MIG instances counts once).
+func GPUCountOfPool(ctx context.Context, q store.Querier, poolID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(DISTINCT a.gpu_uuid) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
+		WHERE np.pool_id = $1 AND a.gpu_uuid <> ''`, poolID).Scan(&n)
+	return n, err
+}
+
+// BookedNow counts the bookings in effect at now on a node's atoms (on one
+// GPU's when gpuUUID is set).
+func BookedNow(ctx context.Context, q store.Querier, nodeID, gpuUUID string, now time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND ($2 = '' OR a.gpu_uuid = $2) AND b.starts_at <= $3 AND b.ends_at > $3`, nodeID, gpuUUID, now).Scan(&n)
+	return n, err
+}
+
+// ReservationsPerGPU counts, by GPU UUID, the reservations holding a
+// node's GPUs at now.
+func ReservationsPerGPU(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT a.gpu_uuid, COUNT(DISTINCT b.reservation_id) FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid <> '' AND b.starts_at <= $2 AND b.ends_at > $2 GROUP BY a.gpu_uuid`, nodeID, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var u string
+		var n int
+		if err := rows.Scan(&u, &n); err != nil {
+			return nil, err
+		}
+		out[u] = n
 	}
 	return out, rows.Err()
 }

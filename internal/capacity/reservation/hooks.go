@@ -262,22 +262,8 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 func (h Hooks) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, reason string, move bool) (held, moved int, err error) {
 	e := h.rn.Engine
 	now := e.placers.Clock.Now()
-	rows, err := tx.Query(ctx, `SELECT DISTINCT b.reservation_id FROM bookings b JOIN atoms a ON a.id = b.atom
-		WHERE a.node_id = $1 AND a.gpu_uuid = $2 AND b.ends_at > $3 ORDER BY b.reservation_id`, nodeID, gpuUUID, now)
+	ids, err := holdingGPU(ctx, tx, nodeID, gpuUUID, now)
 	if err != nil {
-		return 0, 0, err
-	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return 0, 0, err
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return 0, 0, err
 	}
 	var evs []envelope.Event

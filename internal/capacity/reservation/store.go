@@ -310,3 +310,23 @@ func MIGRefusalPrune(ctx context.Context, tx store.Tx, before time.Time) error {
 	_, err := tx.Exec(ctx, `DELETE FROM mig_refusals WHERE bucket < $1`, before.UTC().Truncate(time.Minute))
 	return err
 }
+
+// holdingGPU lists the reservations with a booking on a node's GPU that
+// has not ended by now.
+func holdingGPU(ctx context.Context, q store.Querier, nodeID, gpuUUID string, now time.Time) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT b.reservation_id FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid = $2 AND b.ends_at > $3 ORDER BY b.reservation_id`, nodeID, gpuUUID, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}

@@ -1,4 +1,7 @@
-package bctest
+// Package fleetload writes a synthetic fleet straight to the database: the
+// rows a fleet of thousands of HGX boards leaves after joining, for
+// benchmarks and simulations that need the fleet's size, not its agents.
+package fleetload
 
 import (
 	"context"
@@ -16,10 +19,6 @@ import (
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/store"
 )
-
-// A synthetic fleet is node rows written straight to the database, as a
-// fleet of thousands of HGX boards would leave them after joining: for
-// benchmarks and simulations that need the fleet's size, not its agents.
 
 // The synthetic machine: an HGX H100 board. GPUs form NVLink islands of
 // islandSize, the first half of the GPUs (and of the CPUs) sit on NUMA node
