@@ -74,6 +74,9 @@ type Backend struct {
 	identity *agentv1.HardwareIdentity
 	// list is the GPUs Telemetry makes readings for (telemetry.go).
 	list gpuList
+	// faults is the injected bad state and health reads it (health.go).
+	faults *faults
+	health healthPath
 }
 
 var (
