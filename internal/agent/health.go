@@ -18,6 +18,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/hw"
+	"github.com/better-compute/better-compute/internal/gpuhealth"
 )
 
 // GPU health: bcd polls its backend's standing findings every
@@ -128,13 +129,29 @@ func (a *Agent) sendStatus() {
 	a.sendOrLog(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}})
 }
 
-// statusFindingsLocked adds the last poll's findings to r.
+// MaxReportedFindings is how many findings one status report carries, the
+// gateway's bound on the list.
+const MaxReportedFindings = 64
+
+// statusFindingsLocked adds the last poll's findings to r. More than a
+// report carries (a broken NVSwitch takes every link of every GPU down)
+// go most severe first, and the report says the set is not complete, so
+// that the control plane clears none of those left out.
 func (a *Agent) statusFindingsLocked(r *agentv1.StatusReport) {
 	if !a.findings.polled {
 		return
 	}
+	list := a.findings.list
 	r.FindingsComplete = true
-	for _, f := range a.findings.list {
+	if len(list) > MaxReportedFindings {
+		list = slices.Clone(list)
+		slices.SortStableFunc(list, func(x, y *agentv1.HealthEvent) int {
+			return gpuhealth.SeverityRank(y.GetSeverity()) - gpuhealth.SeverityRank(x.GetSeverity())
+		})
+		list = list[:MaxReportedFindings]
+		r.FindingsComplete = false
+	}
+	for _, f := range list {
 		r.Findings = append(r.Findings, proto.CloneOf(f))
 	}
 	if len(r.Findings) > 0 {
