@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/bctest"
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
@@ -171,4 +173,48 @@ func TestNodeReboot(t *testing.T) {
 	})
 	require.Equal(t, []string{gpuhealth.KindRowRemapFailed}, kinds(r.GetFindings()))
 	require.EqualValues(t, 1, reboots.Load())
+}
+
+// The test kit's fake daemon injects findings and XIDs into its machine,
+// and node.reboot power-cycles it: the node comes back with a new session
+// whose findings are what the reboot left (a failed remap).
+func TestFakeDaemonHealthAndReboot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d, err := bctest.NewFakeDaemon(bctest.FakeDaemonConfig{Gateway: b.gw.addr, StateDir: b.stateDir})
+	require.NoError(t, err)
+	require.NoError(t, d.Join(ctx, b.gw.token))
+	d.Start()
+	t.Cleanup(func() { _ = d.Stop() })
+	b.gw.hello(t)
+
+	d.InjectFinding(gpuhealth.KindRowRemapFailed, 0, 0)
+	d.InjectFinding(gpuhealth.KindNVLinkDegraded, 1, 2)
+	require.NoError(t, d.PollHealth(ctx))
+	r := b.awaitStatus(t, "status with the findings", func(r *agentv1.StatusReport) bool { return len(r.GetFindings()) == 2 })
+	require.Equal(t, []string{gpuhealth.KindRowRemapFailed, gpuhealth.KindNVLinkDegraded}, kinds(r.GetFindings()))
+	d.InjectXID(3, 48, 0)
+	b.awaitStatus(t, "status with the XID", func(r *agentv1.StatusReport) bool {
+		return len(r.GetEvents()) == 1 && r.GetEvents()[0].GetCode() == 48
+	})
+	d.ClearFinding(gpuhealth.KindNVLinkDegraded, 1)
+	require.NoError(t, d.PollHealth(ctx))
+	b.awaitStatus(t, "status without the cleared one", func(r *agentv1.StatusReport) bool { return len(r.GetFindings()) == 1 })
+
+	// Every status from here to the reboot carries the ECC finding: one
+	// without it comes from after.
+	d.InjectFinding(gpuhealth.KindECCUncorrectable, 4, 1)
+	require.NoError(t, d.PollHealth(ctx))
+	b.awaitStatus(t, "status with the ECC", func(r *agentv1.StatusReport) bool { return len(r.GetFindings()) == 2 })
+	b.gw.command(&agentv1.Command{Id: "reboot-1", Seq: 1, Kind: agent.KindNodeReboot})
+	u, _ := b.gw.finalUpdate(t, 1)
+	require.Equal(t, agentv1.CommandState_COMMAND_STATE_SUCCEEDED, u.GetState(), u.GetMessage())
+	b.gw.hello(t)
+	b.awaitStatus(t, "status after the reboot", func(r *agentv1.StatusReport) bool {
+		return r.GetFindingsComplete() && slices.Equal(kinds(r.GetFindings()), []string{gpuhealth.KindRowRemapFailed})
+	})
+	got, err := d.Hardware().Findings(ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1, "the machine itself: only the failed remap is left")
 }
