@@ -303,8 +303,9 @@ func (a *Agent) holdGPUs(allocationID string, gpus []string) error {
 
 // reboot applies node.reboot: it succeeds at once and reboots once its
 // final update is reported (or after rebootWait: it is in the command log,
-// and the session after the reboot carries it). A reboot that would fail
-// the command after bcd is gone would otherwise read as INTERRUPTED.
+// and the session after the reboot carries it) and the gateway took the
+// session's goodbye. A reboot that would fail the command after bcd is
+// gone would otherwise read as INTERRUPTED.
 func (a *Agent) reboot(c *agentv1.Command) (outcome, error) {
 	a.mu.Lock()
 	ctx := a.runCtx
@@ -323,6 +324,18 @@ func (a *Agent) reboot(c *agentv1.Command) (outcome, error) {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// Reported means handed to the stream, not received: a goodbye
+		// the gateway answers by closing the session is what says the
+		// update before it arrived (as a stopping bcd does).
+		if s := a.currentSession(); s != nil && s.goodbye("reboot") == nil {
+			end := time.Now().Add(a.cfg.GoodbyeTimeout)
+			for a.currentSession() == s && time.Now().Before(end) && ctx.Err() == nil {
+				time.Sleep(20 * time.Millisecond)
+			}
 		}
 		if ctx.Err() != nil {
 			return
