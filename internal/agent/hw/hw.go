@@ -53,3 +53,23 @@ var (
 	// profile, or profiles that do not fit together).
 	ErrMIGLayout = errors.New("the GPU cannot hold this MIG layout")
 )
+
+// HealthSource is implemented by backends that read their GPUs' health
+// findings (kinds in internal/gpuhealth).
+//
+// Findings is the whole standing set as of now (row remaps, uncorrectable
+// ECC, retired pages, NVLink, PCIe width, throttling, lost GPUs); a reading
+// a device does not support yields no finding, never an error. WatchXIDs
+// calls report with each XID the driver raises until ctx ends; it returns
+// early only when the backend cannot watch at all.
+type HealthSource interface {
+	Findings(ctx context.Context) ([]*agentv1.HealthEvent, error)
+	WatchXIDs(ctx context.Context, report func(*agentv1.HealthEvent)) error
+}
+
+// GPUResetter is implemented by backends that can reset one GPU (what
+// clears pending row remaps and volatile ECC counts). The caller makes sure
+// nothing uses the GPU.
+type GPUResetter interface {
+	ResetGPU(ctx context.Context, uuid string) error
+}

@@ -76,6 +76,9 @@ type Backend struct {
 	list gpuList
 	// mig is the MIG layouts ConfigureMIG set (mig.go).
 	mig migOverlay
+	// faults is the injected bad state and health reads it (health.go).
+	faults *faults
+	health healthPath
 }
 
 var (
