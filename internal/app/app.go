@@ -727,6 +727,11 @@ func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fle
 		if err := metalDone(ctx, tx, c, state, message, result); err != nil {
 			return err
 		}
+		if a.Health != nil {
+			if err := a.Health.CommandDone(ctx, tx, c.NodeID, c.Kind, state); err != nil {
+				return err
+			}
+		}
 		if a.Instances == nil {
 			return nil
 		}

@@ -24,7 +24,7 @@ func TestRemediationThroughAgents(t *testing.T) {
 	ctx := context.Background()
 	cp := bctest.NewControlPlane(t, func(c *app.Config) {
 		c.UnreachableAfter, c.LostAfter = 1000*time.Hour, 2000*time.Hour
-		c.HealthInterval = 200 * time.Millisecond
+		c.HealthInterval = time.Second
 	})
 	admin := cp.Admin()
 	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
@@ -68,6 +68,19 @@ func TestRemediationThroughAgents(t *testing.T) {
 			d.ReportHealthEvent(&agentv1.HealthEvent{Kind: "gpu.xid", Device: gpu, Code: tc.code, Message: "injected"})
 			bctest.WaitFor(t, "the GPU taken out", func() bool {
 				return count(`SELECT COUNT(*) FROM atoms WHERE gpu_uuid = $1 AND quarantined`, gpu) == 1
+			})
+			t.Cleanup(func() {
+				if t.Failed() {
+					rs, _ := listRemediations(ctx, cp.App.DB)
+					for _, r := range rs {
+						t.Logf("remediation %+v", r)
+					}
+					var st, liveness string
+					_ = cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+						return tx.QueryRow(ctx, `SELECT state, liveness FROM nodes WHERE id = $1`, nodeID).Scan(&st, &liveness)
+					})
+					t.Logf("node %s %s", st, liveness)
+				}
 			})
 			bctest.WaitFor(t, "the remediation's command to the agent to succeed", func() bool {
 				return count(`SELECT COUNT(*) FROM commands WHERE node_id = $1 AND kind = $2 AND state = 'succeeded'`, nodeID, tc.kind) == 1
