@@ -76,7 +76,11 @@ func htSlots(md protoreflect.MessageDescriptor, prefix string, seen map[protoref
 					mp.Set(protoreflect.ValueOfString(v).MapKey(), val)
 				}})
 			}
-			keyed := path + `["k"]`
+			keyed, key := path+`["k"]`, protoreflect.ValueOfString("k").MapKey()
+			if fd.MapKey().Kind() == protoreflect.Int64Kind {
+				// An XID-keyed map (policy.health.xid_actions).
+				keyed, key = path+"[79]", protoreflect.ValueOfInt64(79).MapKey()
+			}
 			for _, s := range htValueSlots(fd.MapValue(), keyed, multi, seen) {
 				out = append(out, htSlot{path: s.path, multiLine: s.multiLine, set: func(m protoreflect.Message, v string) {
 					mp := m.Mutable(fd).Map()
@@ -86,7 +90,7 @@ func htSlots(md protoreflect.MessageDescriptor, prefix string, seen map[protoref
 					} else {
 						val = protoreflect.ValueOfString(v)
 					}
-					mp.Set(protoreflect.ValueOfString("k").MapKey(), val)
+					mp.Set(key, val)
 				}})
 			}
 		case fd.IsList():
