@@ -105,7 +105,8 @@ func leaseProfiles() []provision.Profile {
 	}
 }
 
-// firmwareKeys are the inventory's firmware fields a baseline holds.
+// firmwareOf is an inventory's firmware section (BIOS and board), the
+// part a baseline holds; nil when it reports none.
 func firmwareOf(inv map[string]any) map[string]any {
 	fw, _ := inv["firmware"].(map[string]any)
 	if len(fw) == 0 {
@@ -158,7 +159,7 @@ func (r *Runtime) OfferTx(ctx context.Context, tx *envelope.Tx, m *Machine, less
 			Violations: []envelope.Violation{{Field: "machine",
 				Reason: fmt.Sprintf("its BMC driver %s does not set passwords (rotation speaks %v)", m.BMCDriver, rotatingDrivers)}}}
 	}
-	if firmwareOf(m.FirmwareBaseline) == nil {
+	if len(m.FirmwareBaseline) == 0 {
 		return Lease{}, &envelope.Error{Code: envelope.CodeFailedPrecondition,
 			Message:    fmt.Sprintf("machine %s has no firmware baseline: commission it (with a ramdisk that signs its inventory) first", m.Name),
 			Violations: []envelope.Violation{{Field: "machine", Reason: "no signed firmware baseline from a commissioning"}}}
@@ -340,7 +341,7 @@ func (r *Runtime) leaseEnded(ctx context.Context, tx store.Tx, m *Machine, w pro
 	}
 	if w.Profile == OpLeaseDeploy {
 		if w.State == provision.WorkflowSucceeded {
-			m.State, l.State = StateLeased, LeaseActive
+			m.State, l.State = StateDeployed, LeaseActive
 			m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs = "", "", "", ""
 		} else {
 			// What the lessee's image left on the disk is the teardown's to
@@ -506,7 +507,7 @@ func (r *Runtime) teardownEvidence(ctx context.Context, tx store.Tx, m *Machine,
 				break
 			}
 			fw := firmwareOf(v.Record.Output)
-			switch drift := firmwareDrift(firmwareOf(m.FirmwareBaseline), fw); {
+			switch drift := firmwareDrift(m.FirmwareBaseline, fw); {
 			case fw == nil:
 				e.Detail = "the inventory reports no firmware"
 			case drift != "":

@@ -42,7 +42,7 @@ const (
 // States lists every state (a list filter is checked against it).
 func States() []State {
 	return []State{StateEnrolled, StateInspecting, StateCommissioning, StateReady, StateDeploying, StateDeployed,
-		StateReleasing, StateRescuing, StateRescue, StateRetired, StateFailed, StateLeased}
+		StateReleasing, StateRescuing, StateRescue, StateRetired, StateFailed}
 }
 
 // Operations: the profiles a machine transition runs.

@@ -66,10 +66,13 @@ func LeaseInsert(ctx context.Context, tx store.Tx, l *Lease) error {
 	return err
 }
 
-// LeaseUpdate writes a lease's state, reason, release and end.
+// LeaseUpdate writes a lease's state, image and key (set on acceptance),
+// reason, release and end.
 func LeaseUpdate(ctx context.Context, tx store.Tx, l *Lease) error {
 	_, err := tx.Exec(ctx, `UPDATE machine_leases SET state = $2, reason = $3, released_by = $4, update_time = $5,
-		release_time = $6, end_time = $7 WHERE id = $1`, l.ID, l.State, l.Reason, l.ReleasedBy, l.UpdateTime, l.ReleaseTime, l.EndTime)
+		release_time = $6, end_time = $7, image_id = $8, image_name = $9, image_sha256 = $10, ssh_key_fingerprint = $11
+		WHERE id = $1`, l.ID, l.State, l.Reason, l.ReleasedBy, l.UpdateTime, l.ReleaseTime, l.EndTime, l.ImageID, l.ImageName,
+		l.ImageSHA256, l.SSHKeyFingerprint)
 	return err
 }
 

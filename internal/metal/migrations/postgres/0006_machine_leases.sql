@@ -47,3 +47,16 @@ CREATE TABLE machine_lease_evidence (
   create_time TIMESTAMPTZ NOT NULL,
   PRIMARY KEY (lease_id, step)
 );
+
+-- A lease's teardown fences its machine: boot "fenced" makes the site's
+-- iPXE decision treat it as unknown (no DHCP boot answer) until the
+-- teardown boots the ramdisk. The check constraint gains it (the table is
+-- rebuilt: SQLite cannot alter a check).
+CREATE TABLE site_machine_boots_v2 (
+    machine_id  TEXT PRIMARY KEY,
+    boot        TEXT NOT NULL CHECK (boot IN ('ramdisk', 'rescue', 'disk', 'fenced')),
+    update_time TIMESTAMPTZ NOT NULL
+);
+INSERT INTO site_machine_boots_v2 (machine_id, boot, update_time) SELECT machine_id, boot, update_time FROM site_machine_boots;
+DROP TABLE site_machine_boots;
+ALTER TABLE site_machine_boots_v2 RENAME TO site_machine_boots;
