@@ -42,7 +42,9 @@ func TestMachineLeaseCommands(t *testing.T) {
 		require.Equal(t, 0, code, "%v: %s", argv, errs)
 		return out
 	}
-	type machine struct{ Machine struct{ WorkflowId, State, LeaseId string } }
+	type machine struct {
+		Machine struct{ WorkflowId, State, LeaseId string }
+	}
 	get := func() machine {
 		var m machine
 		require.NoError(t, json.Unmarshal([]byte(ok("machines", "get", "m1", "--tenant", "acme", "-o", "json")), &m))
