@@ -308,21 +308,22 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 	if !ok {
 		return provision.Dispatched{}, fmt.Errorf("%w: the site agent of site %s carries BMC steps only, not %s", provision.ErrNotDispatched, t.SiteID, run.Kind)
 	}
-	boot := ""
-	if action == "cycle" {
+	boot, _ := run.Params["boot"].(string)
+	switch action {
+	case "cycle":
 		// A cycle without a boot (machines power cycle) keeps the
 		// machine's boot as it is.
-		boot, _ = run.Params["boot"].(string)
 		if boot != "" && boot != BootRamdisk && boot != BootRescue && boot != BootDisk {
 			return provision.Dispatched{}, fmt.Errorf("%w: step %s: boot must be ramdisk, rescue or disk, got %q", provision.ErrNotDispatched, run.Name, boot)
 		}
-	} else if action == "off" {
+	case "off":
 		// A lease's fence: off, and the site boots the machine into
 		// nothing until the teardown boots its ramdisk.
-		boot, _ = run.Params["boot"].(string)
 		if boot != "" && boot != BootFenced {
 			return provision.Dispatched{}, fmt.Errorf("%w: step %s: an off step's boot can only be fenced, got %q", provision.ErrNotDispatched, run.Name, boot)
 		}
+	default:
+		boot = ""
 	}
 	var out provision.Dispatched
 	err := s.r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
