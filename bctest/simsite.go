@@ -327,7 +327,7 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 	handle := "sim-" + run.IdempotencyKey
 	signer := s.signer
 	if signer != nil && siteStep(run.Kind) {
-		id, err := signer.command(s.ctx, run)
+		id, err := signer.command(s.ctx, t, run)
 		if err != nil {
 			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
 		}

@@ -129,9 +129,10 @@ func siteStep(kind string) bool {
 	return false
 }
 
-// command records a BMC step as the command a site agent would be sent,
-// and returns its id (the step's handle).
-func (g *siteSigner) command(ctx context.Context, run provision.StepRun) (string, error) {
+// command records a BMC step as the command a site agent would be sent
+// (and the key's site dispatch, as metal.SiteCommands records it), and
+// returns its id (the step's handle).
+func (g *siteSigner) command(ctx context.Context, t metal.Target, run provision.StepRun) (string, error) {
 	now := time.Now()
 	id := envelope.NewID(fleet.CommandIDPrefix, now)
 	kind := metal.CommandBMCPower
@@ -139,8 +140,12 @@ func (g *siteSigner) command(ctx context.Context, run provision.StepRun) (string
 		kind = metal.CommandBMCRotate
 	}
 	err := g.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{ID: id, TenantID: g.tenantID, NodeID: g.nodeID, Kind: kind,
-			IdempotencyKey: run.IdempotencyKey, CreatedBy: "system:metal", Deadline: now.Add(5 * time.Minute), CreateTime: now})
+		if _, _, err := fleet.CommandInsert(ctx, tx, &fleet.CommandInsertParams{ID: id, TenantID: g.tenantID, NodeID: g.nodeID, Kind: kind,
+			IdempotencyKey: run.IdempotencyKey, CreatedBy: "system:metal", Deadline: now.Add(5 * time.Minute), CreateTime: now}); err != nil {
+			return err
+		}
+		_, _, err := metal.SiteDispatchInsert(ctx, tx, &metal.SiteDispatch{IdempotencyKey: run.IdempotencyKey, SiteID: t.SiteID,
+			MachineID: t.MachineID, NodeID: g.nodeID, CommandID: id, CreateTime: now})
 		return err
 	})
 	return id, err

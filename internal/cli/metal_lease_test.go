@@ -106,7 +106,8 @@ func TestMachineLeaseCommands(t *testing.T) {
 	require.Contains(t, ok("machines", "get", "m1", "--tenant", "acme"), "under dedicated-root lease "+lease.Lease.Id)
 
 	require.Contains(t, ok("machines", "lease-release", lease.Lease.Id, "--tenant", "beta"), "releasing")
-	require.Equal(t, "ready", idle().Machine.State)
+	require.Equal(t, "ready", idle().Machine.State, "%s\n%s", ok("machines", "get", "m1", "--tenant", "acme"),
+		ok("machines", "lease-get", lease.Lease.Id, "--tenant", "beta"))
 	out = ok("machines", "lease-get", lease.Lease.Id, "--tenant", "beta")
 	require.Contains(t, out, "returned")
 	require.Contains(t, out, "teardown evidence:")

@@ -517,7 +517,11 @@ func (r *Runtime) teardownEvidence(ctx context.Context, tx store.Tx, m *Machine,
 			}
 		case name == stepRotate:
 			pending, _ := w.Input["pending_ref"].(string)
-			rep, err := r.verifiedRotation(ctx, tx, s.Handle, pending)
+			cmd, err := stepCommand(ctx, tx, s)
+			if err != nil {
+				return nil, false, err
+			}
+			rep, err := r.verifiedRotation(ctx, tx, cmd, pending)
 			if err != nil {
 				e.Detail = "the BMC rotation was not accepted: " + err.Error()
 				break
@@ -534,7 +538,11 @@ func (r *Runtime) teardownEvidence(ctx context.Context, tx store.Tx, m *Machine,
 			e.Verified, e.Digest, e.Signer = true, rep.digest, rep.signer
 			e.Detail = "the BMC takes a new password; the lessee's is gone"
 		default:
-			rep, err := r.verifiedSiteReport(ctx, tx, s.Handle)
+			cmd, err := stepCommand(ctx, tx, s)
+			if err != nil {
+				return nil, false, err
+			}
+			rep, err := r.verifiedSiteReport(ctx, tx, cmd)
 			if err != nil {
 				e.Detail = "no verified site agent report: " + err.Error()
 				break
@@ -549,6 +557,21 @@ func (r *Runtime) teardownEvidence(ctx context.Context, tx store.Tx, m *Machine,
 		out = append(out, e)
 	}
 	return out, promoted, nil
+}
+
+// stepCommand is the command a BMC step became: the site dispatch of its
+// idempotency key, else the step's handle. The dispatch row is the one to
+// trust: a fast site agent's result can end the step before the engine
+// recorded the handle.
+func stepCommand(ctx context.Context, q store.Querier, s provision.WorkflowStep) (string, error) {
+	d, err := SiteDispatchGet(ctx, q, s.IdempotencyKey)
+	switch {
+	case err == nil && d.CommandID != "":
+		return d.CommandID, nil
+	case err == nil || errors.Is(err, store.ErrNotFound):
+		return s.Handle, nil
+	}
+	return "", err
 }
 
 // siteReport is a verified node-signed report.

@@ -301,7 +301,11 @@ func (r *Runtime) rotationEnded(ctx context.Context, tx store.Tx, m *Machine, w 
 	case step == nil || pending == "":
 		reason = "BMC password rotation ended without its step or pending credential"
 	default:
-		if err := r.verifyRotation(ctx, tx, step.Handle, pending); err != nil {
+		cmd, err := stepCommand(ctx, tx, *step)
+		if err != nil {
+			return err
+		}
+		if err := r.verifyRotation(ctx, tx, cmd, pending); err != nil {
 			reason = fmt.Sprintf("the site agent's success was not accepted: %v; the BMC may now hold the new password, which was discarded", err)
 			break
 		}
