@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/erase"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/steprecord"
@@ -486,8 +487,14 @@ func (r *Runtime) teardownEvidence(ctx context.Context, tx store.Tx, m *Machine,
 				e.Detail = "the wipe result was refused: " + err.Error()
 				break
 			}
-			sig, _ := rec["signature"].(string)
-			sum := sha256.Sum256([]byte(sig))
+			// The digest of the bytes the ramdisk signed: the record's
+			// canonical encoding.
+			signed, err := erase.FromOutput(s.Output)
+			if err != nil {
+				e.Detail = "the wipe result was refused: " + err.Error()
+				break
+			}
+			sum := sha256.Sum256(signed.Record.Canonical())
 			e.Verified, e.Digest, e.Signer = true, hex.EncodeToString(sum[:]), "ramdisk key "+keyFP
 			e.Detail = "attested erase of every drive, read back as zeros"
 			m.EraseRecord = rec
