@@ -3,6 +3,7 @@ package metal
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -243,8 +244,14 @@ func (s *MachineService) GetLease(ctx context.Context, req *connect.Request[apiv
 		if r, err = lookupLease(ctx, q, msg.GetTenant(), msg.GetLease()); err != nil || !r.found {
 			return err
 		}
-		ev, err = EvidenceList(ctx, q, r.obj.ID)
-		return err
+		if ev, err = EvidenceList(ctx, q, r.obj.ID); err != nil {
+			return err
+		}
+		// In the teardown's order.
+		slices.SortStableFunc(ev, func(a, b Evidence) int {
+			return slices.Index(TeardownSteps, a.Step) - slices.Index(TeardownSteps, b.Step)
+		})
+		return nil
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
