@@ -78,6 +78,9 @@ type FakeDaemonConfig struct {
 	// KubeHolders is closed once Kube's pod holders are the kubelet's
 	// (podresources.Poller.Synced); nil: known from the start.
 	KubeHolders <-chan struct{}
+	// HealthInterval is how often the node reads its GPUs' health
+	// findings (default the agent's); PollHealth reads them at once.
+	HealthInterval time.Duration
 }
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
@@ -111,6 +114,7 @@ func RealCgroupRoot(dir string) (string, error) {
 // DropSession, ReportHealthEvent.
 type FakeDaemon struct {
 	*agent.Agent
+	hw     *fake.Backend
 	cfg    FakeDaemonConfig
 	cancel context.CancelFunc
 	done   chan error
@@ -155,17 +159,26 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 		cfg.Kube = kubebind.New()
 		cfg.Kube.SetRegistered("bctest", true)
 	}
-	a, err := agent.New(agent.Config{
+	// node.reboot power-cycles the fake machine: its findings but a
+	// failed remap clear, and the session drops and comes back.
+	var a *agent.Agent
+	reboot := func(context.Context) error {
+		hw.Reboot()
+		a.DropSession()
+		return nil
+	}
+	a, err = agent.New(agent.Config{
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
 		ExecHide: cfg.Hide, Kube: cfg.Kube, KubeHolders: cfg.KubeHolders, KubeletPluginsRegistered: kubeletRegistered(cfg),
+		HealthInterval: cfg.HealthInterval, Reboot: reboot,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &FakeDaemon{Agent: a, cfg: cfg}, nil
+	return &FakeDaemon{Agent: a, hw: hw, cfg: cfg}, nil
 }
 
 // kubeletRegistered: Kubelet says registered; else, with Kube, the
@@ -244,3 +257,24 @@ func (d *FakeDaemon) Hypervisor() *FakeHypervisor { return d.cfg.Hypervisor }
 // Kube returns the node's offer to its kubelet (nil without Kube or
 // Kubelet): a test plays the pods that hold its GPUs on it.
 func (d *FakeDaemon) Kube() *kubebind.Set { return d.cfg.Kube }
+
+// InjectFinding makes GPU gpuIndex of the node show a standing health
+// finding of kind (gpuhealth.Kinds but gpu.xid) with code; the node
+// reports it at its next poll (PollHealth polls now). See
+// fake.Backend.InjectFinding for what code means per kind.
+func (d *FakeDaemon) InjectFinding(kind string, gpuIndex int, code int64) {
+	d.hw.InjectFinding(kind, gpuIndex, code)
+}
+
+// ClearFinding takes the finding of kind off GPU gpuIndex; the node's next
+// poll reports the set without it.
+func (d *FakeDaemon) ClearFinding(kind string, gpuIndex int) { d.hw.ClearFinding(kind, gpuIndex) }
+
+// InjectXID raises XID code on GPU gpuIndex with process pid (0: none)
+// running on it; the node reports it as a health event at once.
+func (d *FakeDaemon) InjectXID(gpuIndex int, code int64, pid int64) {
+	d.hw.InjectXID(gpuIndex, code, pid)
+}
+
+// Hardware is the node's fake GPU machine.
+func (d *FakeDaemon) Hardware() *fake.Backend { return d.hw }

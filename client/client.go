@@ -52,6 +52,7 @@ type Client struct {
 	TrustAnchors   apiv1connect.TrustAnchorServiceClient
 	JoinRequests   apiv1connect.JoinRequestServiceClient
 	Inventory      apiv1connect.InventoryServiceClient
+	Health         apiv1connect.HealthServiceClient
 	Pools          apiv1connect.PoolServiceClient
 	Reservations   apiv1connect.ReservationServiceClient
 	Quotas         apiv1connect.QuotaServiceClient
@@ -131,6 +132,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		CommandBatches:   apiv1connect.NewCommandBatchServiceClient(h, baseURL, copts...),
 		JoinTokens:       apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
 		TrustAnchors:     apiv1connect.NewTrustAnchorServiceClient(h, baseURL, copts...),
+		Health:           apiv1connect.NewHealthServiceClient(h, baseURL, copts...),
 		Pools:            apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
 		Reservations:     apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
 		Quotas:           apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),

@@ -25,6 +25,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/better-compute/better-compute/bench/fleetload"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/app"
@@ -73,8 +74,8 @@ func prepare(ctx context.Context, o options, dir string, res *result) (b *bench,
 		return nil, nil, err
 	}
 	loadStart := time.Now()
-	if err := loadFleet(ctx, a.DB, fleetSpec{nodes: o.nodes, gpusPerNode: o.gpusPerNode, cpusPerNode: o.cpusPerNode,
-		tenantID: b.tenant, projectID: b.project, poolID: b.pool, direct: !o.reconcile, now: time.Now()}); err != nil {
+	if err := fleetload.LoadSyntheticFleet(ctx, a.DB, fleetload.SyntheticFleet{Nodes: o.nodes, GPUsPerNode: o.gpusPerNode, CPUsPerNode: o.cpusPerNode,
+		TenantID: b.tenant, ProjectID: b.project, PoolID: b.pool, Direct: !o.reconcile, Now: time.Now()}); err != nil {
 		return nil, nil, fmt.Errorf("load fleet: %w", err)
 	}
 	fleetLoad := time.Since(loadStart)
@@ -321,7 +322,7 @@ func (b *bench) queued(ctx context.Context, o options, res *result) error {
 		return nil
 	}
 	if err := insertPending(ctx, b.app.DB, pendingSpec{n: res.Pending, tenantID: b.tenant, projectID: b.project, poolID: b.pool,
-		binding: o.binding, vcpu: o.cpusPerNode / o.gpusPerNode, memoryGiB: numaNodes * numaMemMiB / 1024 / o.gpusPerNode,
+		binding: o.binding, vcpu: o.cpusPerNode / o.gpusPerNode, memoryGiB: fleetload.SyntheticMemoryGiB / o.gpusPerNode,
 		createdBy: "bench", now: time.Now(), duration: reservationLength}); err != nil {
 		return fmt.Errorf("insert pending: %w", err)
 	}

@@ -145,6 +145,13 @@ type Config struct {
 	// that sent it; nil records none (the command's traceparent still
 	// goes back with its update).
 	Tracing trace.TracerProvider
+	// HealthInterval is how often bcd reads its GPUs' standing health
+	// findings, when Hardware is a hw.HealthSource (default 60 s); it
+	// also reads them at each new session.
+	HealthInterval time.Duration
+	// Reboot reboots the machine for node.reboot (default systemctl
+	// reboot).
+	Reboot func(ctx context.Context) error
 }
 
 // MinKeepaliveTime is the shortest KeepaliveTime: the gateway answers
@@ -191,9 +198,15 @@ func (c *Config) setDefaults() error {
 	c.KeepaliveTime = cmp.Or(c.KeepaliveTime, 30*time.Second)
 	c.KeepaliveTimeout = cmp.Or(c.KeepaliveTimeout, 10*time.Second)
 	c.GoodbyeTimeout = cmp.Or(c.GoodbyeTimeout, 5*time.Second)
+	c.HealthInterval = cmp.Or(c.HealthInterval, 60*time.Second)
+	if c.Reboot == nil {
+		c.Reboot = systemctlReboot
+	}
 	switch {
 	case c.HelloTimeout < 0 || c.KeepaliveTimeout < 0 || c.GoodbyeTimeout < 0:
 		return errors.New("agent: HelloTimeout, KeepaliveTimeout and GoodbyeTimeout must not be negative")
+	case c.HealthInterval < 0:
+		return errors.New("agent: HealthInterval must not be negative")
 	case c.KeepaliveTime < MinKeepaliveTime:
 		return fmt.Errorf("agent: keepalive %v is below the gateway's minimum of %v", c.KeepaliveTime, MinKeepaliveTime)
 	}
@@ -261,6 +274,10 @@ type Agent struct {
 	instOrder   keyedOrder
 	// runCtx is Run's context, for work that outlives a command.
 	runCtx context.Context
+	// findings is the last health poll's (health.go); healthMu keeps
+	// polls one at a time.
+	findings findingState
+	healthMu sync.Mutex
 
 	// kubeMu guards kube, what is offered to the kubelet (Config.Kube).
 	kubeMu     sync.Mutex

@@ -24,6 +24,8 @@ const (
 	KindAllocationBind    = "allocation.bind"
 	KindAllocationRelease = "allocation.release"
 	KindProcessExec       = "process.exec"
+	KindGPUReset          = "gpu.reset"
+	KindNodeReboot        = "node.reboot"
 )
 
 // Failure codes in CommandUpdate.failure_code.
@@ -385,6 +387,12 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		}}}}}, nil
 	case KindProcessExec:
 		return a.exec(ctx, c)
+	case KindGPUMIGConfigure:
+		return a.configureMIG(ctx, c)
+	case KindGPUReset:
+		return a.resetGPU(ctx, c)
+	case KindNodeReboot:
+		return a.reboot(c)
 	case KindAllocationRelease:
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
 		if id == "" {

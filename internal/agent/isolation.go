@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
@@ -154,8 +155,10 @@ func (a *Agent) deviceRules(ctx context.Context, gpuUUIDs []string) (deviceSet, 
 		}
 		if g.MinorNumber == nil {
 			ds.missing = append(ds.missing, u)
+			ds.gpus = append(ds.gpus, g.GetUuid())
 			continue
 		}
+		ds.gpus = append(ds.gpus, g.GetUuid())
 		if !seen[g.GetMinorNumber()] {
 			seen[g.GetMinorNumber()] = true
 			r := devfilter.GPU(g.GetMinorNumber())
@@ -181,6 +184,8 @@ type deviceSet struct {
 	rules   []devfilter.Rule
 	names   []string
 	missing []string
+	// gpus are the GPUs the allocation holds (a MIG instance's parent).
+	gpus []string
 }
 
 // enforceDevices confines the allocation's cgroup to its devices and says
@@ -241,6 +246,10 @@ func (a *Agent) bind(ctx context.Context, da *agentv1.DeviceAssignment) (string,
 	dev, err := a.enforceDevices(dir, ds)
 	if err != nil {
 		return "", nil, err
+	}
+	// gpu.reset refuses a GPU an allocation holds.
+	if err := a.holdGPUs(da.GetAllocationId(), slices.Compact(slices.Sorted(slices.Values(ds.gpus)))); err != nil {
+		return "", nil, fail(FailPersist, err)
 	}
 	enforced := []*agentv1.Enforcement{dev}
 	for _, r := range results {

@@ -141,6 +141,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.commandLoop(ctx) })
 	wg.Go(func() { a.labelsLoop(ctx) })
+	wg.Go(func() { a.healthLoop(ctx) })
+	wg.Go(func() { a.xidLoop(ctx) })
 	defer wg.Wait()
 	// Running processes are killed when ctx ends; their final updates are
 	// kept for the next session.
@@ -301,6 +303,10 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	if err := a.flushKube(s); err != nil {
 		return true, err
 	}
+	// Each session opens with the whole set of findings as of now.
+	if _, err := a.pollFindings(ctx); err != nil {
+		a.log.Warn("gpu health not read", "err", err)
+	}
 	if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: a.status()}}); err != nil {
 		return true, fmt.Errorf("send status: %w", err)
 	}
@@ -450,6 +456,7 @@ func (a *Agent) status() *agentv1.StatusReport {
 		r.Health = "degraded"
 		r.Events = append(r.Events, a.events...)
 	}
+	a.statusFindingsLocked(r)
 	return r
 }
 

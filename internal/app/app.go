@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/migauto"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
@@ -310,6 +311,9 @@ type App struct {
 	// Capacity is the reservation runner: the queued placer, the tick and
 	// the fleet hooks.
 	Capacity *reservation.Runner
+	// MIG repartitions the MIG layouts of pools with mig: auto
+	// (capacity.mig_repartition).
+	MIG *migauto.Repartitioner
 	// Instances runs virtual machines through capacity and the fleet's
 	// command path, and converges them from bcd's answers.
 	Instances *vps.InstanceService
@@ -472,6 +476,10 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.registerMetrics()
 	a.Capacity.AddWorkers(workers)
 	periodic = append(periodic, a.Capacity.PeriodicJobs()...)
+	a.MIG = &migauto.Repartitioner{DB: db, Reconciler: &a.Capacity.Engine.Reconciler,
+		Commands: commandSender{notifier: a.Gateway, signer: a.cmdSigner}, Log: cfg.Logger}
+	a.MIG.AddWorkers(workers)
+	periodic = append(periodic, a.MIG.PeriodicJobs(0)...)
 	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
 	river.AddWorker(workers, &reconcileInstancesWorker{app: a, metrics: jm})
 	periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(vps.ReconcileInterval),
@@ -636,10 +644,14 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 	// The health module's remediations run on the same engine, against
 	// nodes, as signed commands to their agents.
 	cfg.ExtraProfiles = health.Profiles()
-	runner := &health.NodeCommands{DB: a.DB, Signer: a.cmdSigner, Notifier: a.Gateway}
+	runner := &health.NodeCommands{DB: a.DB, Signer: a.cmdSigner, Notifier: a.Gateway, MachineOf: metal.MachineOfNode}
 	cfg.ExtraRunners = map[string]provision.StepRunner{health.KindGPUReset: runner, health.KindNodeReboot: runner}
 	cfg.OtherEnded = a.Health.WorkflowEnded
 	rt, err := metal.NewRuntime(cfg)
+	if err == nil {
+		// An unresponsive machine's node is rebooted by its BMC.
+		runner.BMC = rt.BMCRunner()
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,12 @@ var matrixExpect = map[string]map[string]string{
 	"nodes.delete":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"commands.run":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"commands.cancel": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+
+	// GPU health: quarantine, lift and breaker reset are the operator's,
+	// and a tenant's operator is its admin.
+	"gpus.quarantine":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"gpus.lift":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.resetBreaker": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Command batches: whoever runs commands proposes, approves (the
 	// approver key is what counts), cancels and runs them; an agent only
 	// proposes. The approver set is a credential: admins.
@@ -197,6 +203,20 @@ func (f *matrixFixture) matrixNode(t *testing.T, state string) fleet.Node {
 	})
 	require.NoError(t, err)
 	return fleet.Node{ID: p.ID, Name: p.Name}
+}
+
+// matrixGPU inserts an active node of acme with one GPU (not in any pool:
+// its model matches no selector) and returns the GPU's UUID.
+func (f *matrixFixture) matrixGPU(t *testing.T) string {
+	t.Helper()
+	n := f.matrixNode(t, fleet.NodeActive)
+	uuid := "GPU-" + f.name("matrix")
+	require.NoError(t, f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO gpus (uuid, node_id, idx, model, memory_mib, pci_bus_id, numa_node, mig_mode, update_time)
+			VALUES ($1, $2, 0, 'T4', 16384, '0000:01:00.0', 0, 'disabled', $3)`, uuid, n.ID, f.cp.Clock.Now())
+		return err
+	}))
+	return uuid
 }
 
 // matrixApprovers gives acme a one-key approver set (f.approver) if it has
@@ -352,6 +372,23 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	"nodes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		n := f.matrixNode(t, fleet.NodeRetired)
 		_, err := c.Nodes.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteNodeRequest{Tenant: "acme", Node: n.ID}))
+		return err
+	},
+	"gpus.quarantine": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		gpu := f.matrixGPU(t)
+		_, err := c.Health.QuarantineGpu(context.Background(), connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "acme", Gpu: gpu, Reason: "matrix"}))
+		return err
+	},
+	"gpus.lift": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		gpu := f.matrixGPU(t)
+		_, err := f.admin.Health.QuarantineGpu(context.Background(), connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "acme", Gpu: gpu, Reason: "matrix"}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Health.LiftGpu(context.Background(), connect.NewRequest(&apiv1.LiftGpuRequest{Tenant: "acme", Gpu: gpu, Reason: "matrix"}))
+		return err
+	},
+	"pools.resetBreaker": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Health.ResetBreaker(context.Background(), connect.NewRequest(&apiv1.ResetBreakerRequest{Tenant: "acme", Pool: f.gpuPool, Reason: "matrix"}))
 		return err
 	},
 	"commands.run": func(t *testing.T, f *matrixFixture, c *client.Client) error {

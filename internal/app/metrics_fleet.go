@@ -13,6 +13,8 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/views"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/gpuhealth"
+	"github.com/better-compute/better-compute/internal/health"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -74,9 +76,25 @@ var (
 	descWebhookLag = prometheus.NewDesc("bc_webhook_delivery_lag_seconds",
 		"Age of the oldest pending webhook delivery; 0 when none is pending.", nil, nil)
 
+	descHealthGPUsOut = prometheus.NewDesc("bc_health_gpus_out",
+		"GPUs out of placement for health, by pool and state (quarantined, rma); pool \"\" holds the nodes of no pool.",
+		[]string{"pool", "pool_id", "state"}, nil)
+	descHealthFindings = prometheus.NewDesc("bc_health_findings_open",
+		"Open health findings by pool and severity (critical, error, warning, info).", []string{"pool", "pool_id", "severity"}, nil)
+	descHealthRemediations = prometheus.NewDesc("bc_health_remediations",
+		"Active remediations by pool and state (pending, draining, running).", []string{"pool", "pool_id", "state"}, nil)
+	descHealthBreakerOpen = prometheus.NewDesc("bc_health_breaker_open",
+		"1 while the pool's health circuit breaker is open (remediation stopped until an operator resets it), else 0.",
+		[]string{"pool", "pool_id"}, nil)
+	descHealthBudget = prometheus.NewDesc("bc_health_budget",
+		"The most nodes of the pool under remediation at once (its disruption budget).", []string{"pool", "pool_id"}, nil)
+	descHealthBudgetUsed = prometheus.NewDesc("bc_health_budget_used",
+		"Nodes of the pool under remediation now (draining or running).", []string{"pool", "pool_id"}, nil)
+
 	dbDescs = []*prometheus.Desc{descNodes, descSessions, descHeartbeatLag, descNodeBeat, descNodeLiveness, descNodesTruncated,
 		descCommandsOpen, descGPUs, descGPUsInstalled, descPending, descQuotaLimits, descQuotaExhausted, descQuotaHeadroom,
-		descWebhookEndpoints, descWebhookFailing, descWebhookDeliveries, descWebhookLag}
+		descWebhookEndpoints, descWebhookFailing, descWebhookDeliveries, descWebhookLag,
+		descHealthGPUsOut, descHealthFindings, descHealthRemediations, descHealthBreakerOpen, descHealthBudget, descHealthBudgetUsed}
 )
 
 // dbCollector exports gauges computed from the database at scrape time:
@@ -165,6 +183,9 @@ func (c *dbCollector) collect(ctx context.Context) ([]prometheus.Metric, error) 
 			return err
 		}
 		if err := collectCapacity(ctx, tx, gauge); err != nil {
+			return err
+		}
+		if err := collectHealth(ctx, tx, gauge); err != nil {
 			return err
 		}
 		return collectWebhooks(ctx, tx, now, gauge)
@@ -264,6 +285,29 @@ func collectCapacity(ctx context.Context, tx store.Tx, gauge gaugeFunc) error {
 	gauge(descQuotaExhausted, float64(exhausted))
 	if len(hs) > 0 {
 		gauge(descQuotaHeadroom, minRatio)
+	}
+	return nil
+}
+
+func collectHealth(ctx context.Context, tx store.Tx, gauge gaugeFunc) error {
+	pools, err := health.PoolsMetrics(ctx, tx)
+	if err != nil {
+		return err
+	}
+	for _, p := range pools {
+		name := cmp.Or(p.Name, p.PoolID)
+		for state, n := range p.GPUsOut {
+			gauge(descHealthGPUsOut, float64(n), name, p.PoolID, state)
+		}
+		for _, sev := range []string{gpuhealth.SeverityCritical, gpuhealth.SeverityError, gpuhealth.SeverityWarning, gpuhealth.SeverityInfo} {
+			gauge(descHealthFindings, float64(p.Findings[sev]), name, p.PoolID, sev)
+		}
+		for state, n := range p.Remediations {
+			gauge(descHealthRemediations, float64(n), name, p.PoolID, state)
+		}
+		gauge(descHealthBreakerOpen, map[bool]float64{true: 1}[p.BreakerOpen], name, p.PoolID)
+		gauge(descHealthBudget, float64(p.Budget), name, p.PoolID)
+		gauge(descHealthBudgetUsed, float64(p.BudgetUsed), name, p.PoolID)
 	}
 	return nil
 }

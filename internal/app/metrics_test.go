@@ -26,6 +26,9 @@ import (
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/doctest"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/health"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -451,4 +454,68 @@ func lintMetrics(t *testing.T, cp *bctest.ControlPlane) []string {
 		}
 	}
 	return problems
+}
+
+// TestMetricsHealth: the health gauges count a pool's open findings,
+// active remediations, its breaker and budget, and the GPUs out of
+// placement (on a node of no pool: pool "").
+func TestMetricsHealth(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	tn, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	p, err := admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"B300"}}}}))
+	require.NoError(t, err)
+	tenantID, poolID := tn.Msg.GetTenant().GetId(), p.Msg.GetPool().GetId()
+	now := cp.Clock.Now()
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		n := &fleet.NodeInsertParams{ID: envelope.NewID(fleet.NodeIDPrefix, now), Name: "gpu-1", TenantID: tenantID, HardwareKey: "hw-1",
+			State: fleet.NodeActive, Liveness: fleet.LivenessReady, CreateTime: now}
+		if err := fleet.NodeInsert(ctx, tx, n); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO health_gpus (gpu_uuid, node_id, tenant_id, state, reason, create_time)
+			VALUES ('GPU-metrics', $1, $2, 'quarantined', 'XID 48', $3)`, n.ID, tenantID, now); err != nil {
+			return err
+		}
+		f := &health.Finding{ID: envelope.NewID(health.FindingIDPrefix, now), NodeID: n.ID, TenantID: tenantID, PoolID: poolID,
+			GPUUUID: "GPU-metrics", Kind: "gpu.xid", Code: 48, Severity: "error", Action: "quarantine", State: health.FindingOpen, Count: 1,
+			OccurTime: now, CreateTime: now, UpdateTime: now}
+		if err := health.FindingInsert(ctx, tx, f); err != nil {
+			return err
+		}
+		r := &health.Remediation{ID: envelope.NewID(health.RemediationIDPrefix, now), NodeID: n.ID, TenantID: tenantID, PoolID: poolID,
+			Action: "reboot", State: health.RemRunning, FindingID: f.ID, CreateTime: now, UpdateTime: now}
+		if err := health.RemediationInsert(ctx, tx, r); err != nil {
+			return err
+		}
+		return health.BreakerPut(ctx, tx, &health.Breaker{PoolID: poolID, TenantID: tenantID, State: health.BreakerOpen, TripTime: &now, UpdateTime: now})
+	}))
+	pool := map[string]string{"pool_id": poolID}
+	with := func(k, v string) map[string]string { return map[string]string{"pool_id": poolID, k: v} }
+	eventually(t, "the health gauges", func() bool {
+		open, _ := value(t, cp, "bc_health_breaker_open", pool)
+		return open == 1
+	})
+	for _, c := range []struct {
+		name  string
+		match map[string]string
+		want  float64
+	}{
+		{"bc_health_findings_open", with("severity", "error"), 1},
+		{"bc_health_findings_open", with("severity", "critical"), 0},
+		{"bc_health_remediations", with("state", "running"), 1},
+		{"bc_health_remediations", with("state", "pending"), 0},
+		{"bc_health_budget", pool, 1},
+		{"bc_health_budget_used", pool, 1},
+		{"bc_health_gpus_out", map[string]string{"pool_id": "", "state": "quarantined"}, 1},
+		{"bc_health_gpus_out", with("state", "rma"), 0},
+	} {
+		got, ok := value(t, cp, c.name, c.match)
+		require.True(t, ok, "%s%v is exported", c.name, c.match)
+		require.Equal(t, c.want, got, "%s%v", c.name, c.match)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -44,7 +45,8 @@ var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "a
 	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
 	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
 	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes", "secrets",
-	"sandbox_templates", "sandboxes", "sandbox_warm", "sandbox_snapshots"}
+	"sandbox_templates", "sandboxes", "sandbox_warm", "sandbox_snapshots",
+	"health_findings", "health_gpus", "health_remediations", "health_breakers"}
 
 // sfCounts returns the row count of every table in sfTables.
 func sfCounts(t *testing.T, cp *bctest.ControlPlane) map[string]int {
@@ -742,7 +744,21 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	now := cp.Clock.Now()
 	node := &fleet.NodeInsertParams{ID: envelope.NewID(fleet.NodeIDPrefix, now), Name: "gpu-1", TenantID: acme.GetId(),
 		ProjectID: web.GetId(), HardwareKey: "hw-1", State: fleet.NodeActive, Liveness: fleet.LivenessReady, CreateTime: now}
-	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return fleet.NodeInsert(ctx, tx, node) }))
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		if err := fleet.NodeInsert(ctx, tx, node); err != nil {
+			return err
+		}
+		// Two GPUs: the first quarantined (for lift), the second in service.
+		for i := range 2 {
+			if _, err := tx.Exec(ctx, `INSERT INTO gpus (uuid, node_id, idx, model, memory_mib, pci_bus_id, numa_node, mig_mode, update_time)
+				VALUES ($1, $2, $3, 'T4', 16384, '0000:01:00.0', 0, 'disabled', $4)`, fmt.Sprintf("GPU-acme-%d", i), node.ID, i, now); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	_, err = admin.Health.QuarantineGpu(ctx, connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "acme", Gpu: "GPU-acme-0", Reason: "safety"}))
+	require.NoError(t, err)
 	cmd, err := admin.Commands.Run(ctx, connect.NewRequest(&apiv1.RunCommandRequest{Tenant: "acme", Node: "gpu-1", Kind: "inventory.refresh"}))
 	require.NoError(t, err)
 	cmdID := cmd.Msg.GetCommand().GetId()
@@ -1068,6 +1084,80 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Nodes.Undrain(ctx, connect.NewRequest(&apiv1.UndrainNodeRequest{Node: node.ID}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceGetNodeHealthProcedure: {
+			func() error {
+				_, err := evil.Health.GetNodeHealth(ctx, connect.NewRequest(&apiv1.GetNodeHealthRequest{Tenant: "acme", Node: "gpu-1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.GetNodeHealth(ctx, connect.NewRequest(&apiv1.GetNodeHealthRequest{Tenant: "other", Node: node.ID}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceListFindingsProcedure: {
+			func() error {
+				_, err := evil.Health.ListFindings(ctx, connect.NewRequest(&apiv1.ListFindingsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.ListFindings(ctx, connect.NewRequest(&apiv1.ListFindingsRequest{Tenant: "other", Node: node.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.ListFindings(ctx, connect.NewRequest(&apiv1.ListFindingsRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceListRemediationsProcedure: {
+			func() error {
+				_, err := evil.Health.ListRemediations(ctx, connect.NewRequest(&apiv1.ListRemediationsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.ListRemediations(ctx, connect.NewRequest(&apiv1.ListRemediationsRequest{Tenant: "other", Node: node.ID}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceGetPoolHealthProcedure: {
+			func() error {
+				_, err := evil.Health.GetPoolHealth(ctx, connect.NewRequest(&apiv1.GetPoolHealthRequest{Tenant: "acme", Pool: "h100"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.GetPoolHealth(ctx, connect.NewRequest(&apiv1.GetPoolHealthRequest{Tenant: "other", Pool: poolID}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceQuarantineGpuProcedure: {
+			func() error {
+				_, err := evil.Health.QuarantineGpu(ctx, connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "acme", Gpu: "GPU-acme-1", Reason: "r"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.QuarantineGpu(ctx, connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "other", Gpu: "GPU-acme-1", Reason: "r"}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceLiftGpuProcedure: {
+			func() error {
+				_, err := evil.Health.LiftGpu(ctx, connect.NewRequest(&apiv1.LiftGpuRequest{Tenant: "acme", Gpu: "GPU-acme-0", Reason: "r"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.LiftGpu(ctx, connect.NewRequest(&apiv1.LiftGpuRequest{Tenant: "other", Gpu: "GPU-acme-0", Reason: "r"}))
+				return err
+			},
+		},
+		apiv1connect.HealthServiceResetBreakerProcedure: {
+			func() error {
+				_, err := evil.Health.ResetBreaker(ctx, connect.NewRequest(&apiv1.ResetBreakerRequest{Tenant: "acme", Pool: "h100", Reason: "r"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Health.ResetBreaker(ctx, connect.NewRequest(&apiv1.ResetBreakerRequest{Tenant: "other", Pool: poolID, Reason: "r"}))
 				return err
 			},
 		},

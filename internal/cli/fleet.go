@@ -23,7 +23,7 @@ import (
 // fleetCommands are the verbs of the fleet: nodes, their commands, join
 // tokens and requests, and inventory.
 func (a *app) fleetCommands() []*cobra.Command {
-	return []*cobra.Command{a.nodesCommand(), a.commandsCommand(), a.batchesCommand(), a.joinTokensCommand(), a.joinRequestsCommand(), a.inventoryCommand(), a.trustAnchorsCommand()}
+	return []*cobra.Command{a.nodesCommand(), a.commandsCommand(), a.batchesCommand(), a.joinTokensCommand(), a.joinRequestsCommand(), a.inventoryCommand(), a.trustAnchorsCommand(), a.gpusCommand(), a.remediationsCommand()}
 }
 
 // fleetTenant resolves the optional --tenant of a fleet verb: the flag, the
@@ -185,7 +185,7 @@ gpu.count, gpu.memory).`,
 	addTenantFlag(del, &tenant)
 	addConfirmationFlag(del, &confirmationID)
 
-	cmd.AddCommand(list, get, drain, undrain, del)
+	cmd.AddCommand(list, get, drain, undrain, del, a.nodesHealthCommand())
 	return cmd
 }
 

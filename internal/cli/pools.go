@@ -264,6 +264,7 @@ kept.`,
 	addConfirmationFlag(offer, &confirmationID)
 
 	cmd.AddCommand(create, list, get, update, archive, offer)
+	cmd.AddCommand(a.poolsHealthCommands()...)
 	return cmd
 }
 

@@ -80,6 +80,7 @@ func (a *app) command() *cobra.Command {
   Tenancy:        tenants, projects, api-keys, iam, confirmations, whoami
   Observe:        audit, events, webhooks
   Fleet:          nodes, commands, batches, inventory, join-tokens, join-requests, trust-anchors
+  Health:         gpus, remediations (and nodes health, pools health)
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows

@@ -27,6 +27,11 @@ const (
 var DestructiveKinds = []DestructiveKind{
 	{Kind: KindDiskWipe, Subject: SubjectNode, What: "erases every disk of a machine in its commissioning ramdisk"},
 	{Kind: KindImageWrite, Subject: SubjectNode, What: "writes an OS image over a machine's disk (reimage)"},
+	// The health module's remediations: what runs on the node (or the
+	// GPU) stops. The module sends them itself, under the pool's health
+	// policy, once the node has drained.
+	{Kind: "node.reboot", Subject: SubjectNode, What: "reboots a node (everything running on it stops)"},
+	{Kind: "gpu.reset", Subject: SubjectNode, What: "resets one GPU of a node (what runs on it is killed)"},
 	// The bare-metal power actions, as the site agent's step kinds name
 	// them: what runs on the machine stops.
 	{Kind: "power.off", Subject: SubjectMachine, What: "turns a machine off through its BMC"},

@@ -373,10 +373,14 @@ func TestCommands(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		_, err := run(viewer, "", &apiv1.RunCommandRequest{Node: f.node.Name, Kind: fleet.KindInventoryRefresh})
 		requireCode(t, err, "PERMISSION_DENIED")
-		for _, kind := range []string{"", "allocation.bind", "rm -rf /", "node.reboot"} {
+		for _, kind := range []string{"", "allocation.bind", "rm -rf /", "node.shutdown"} {
 			_, err = run(member, "", &apiv1.RunCommandRequest{Node: f.node.Name, Kind: kind})
 			requireViolation(t, err, "kind")
 		}
+		// A reboot stops what runs on the node: a quorum batch's, or the
+		// health module's under the pool's policy, never one decision.
+		_, err = run(member, "", &apiv1.RunCommandRequest{Node: f.node.Name, Kind: "node.reboot"})
+		requireCode(t, err, "QUORUM_REQUIRED")
 		for _, d := range []int32{-1, 86401} {
 			_, err = run(member, "", &apiv1.RunCommandRequest{Node: f.node.Name, Kind: fleet.KindInventoryRefresh, DeadlineSeconds: d})
 			requireViolation(t, err, "deadline_seconds")

@@ -284,3 +284,18 @@ func InventorySectionPut(ctx context.Context, tx store.Tx, nodeID, name, sha256 
 		nodeID, name, sha256, data)
 	return err
 }
+
+// GPUNode is a GPU as the fleet knows it by UUID: its node, index and
+// model.
+type GPUNode struct {
+	UUID, NodeID string
+	Index        int
+	Model        string
+}
+
+// GPUByUUID reads a GPU by UUID; store.ErrNotFound when no node reports it.
+func GPUByUUID(ctx context.Context, q store.Querier, uuid string) (GPUNode, error) {
+	g := GPUNode{UUID: uuid}
+	err := q.QueryRow(ctx, `SELECT node_id, idx, model FROM gpus WHERE uuid = $1`, uuid).Scan(&g.NodeID, &g.Index, &g.Model)
+	return g, err
+}

@@ -13,7 +13,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
+	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/gateway"
+	"github.com/better-compute/better-compute/internal/gpuhealth"
 )
 
 // FuzzAgentFrame decodes a session frame as the gateway does and runs the
@@ -25,6 +27,9 @@ func FuzzAgentFrame(f *testing.F) {
 		{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}},
 		{Msg: &agentv1.AgentMessage_CommandUpdate{CommandUpdate: &agentv1.CommandUpdate{CommandId: "cmd_01", Seq: 1, State: agentv1.CommandState_COMMAND_STATE_FAILED, FailureCode: "CGROUP_WRITE_FAILED"}}},
 		{Msg: &agentv1.AgentMessage_Status{Status: &agentv1.StatusReport{Health: "degraded", Pressure: &agentv1.Pressure{Cpu: 12.5}}}},
+		{Msg: &agentv1.AgentMessage_Status{Status: &agentv1.StatusReport{Health: "degraded", FindingsComplete: true,
+			Events:   []*agentv1.HealthEvent{{Kind: "gpu.xid", Device: "GPU-1", Code: 79, GpuIndex: proto.Int32(3), Pid: 4242, ProcessName: "python3\x1b[2J"}},
+			Findings: []*agentv1.HealthEvent{{Kind: "gpu.nvlink_down", Device: "GPU-1", Code: 2, Severity: "error", GpuIndex: proto.Int32(3), Message: "NVLink 2 went down"}}}}},
 		{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{AllocationId: "alc_1", CommandId: "cmd_1", Cgroup: "/bc/alc_1"}}},
 		{Msg: &agentv1.AgentMessage_AllocationBound{AllocationBound: &agentv1.AllocationBound{AllocationId: "alc_1", CommandId: "cmd_1", Cgroup: "/bc/alc_1",
 			Enforced: []*agentv1.Enforcement{{Resource: "devices", State: agentv1.EnforcementState_ENFORCEMENT_STATE_APPLIED, Detail: "only /dev/nvidia0"}}}}},
@@ -58,6 +63,20 @@ func FuzzAgentFrame(f *testing.F) {
 			o := msg.ProcessOutput
 			if o.GetSeq() == 0 || len(o.GetData()) > gateway.MaxProcessOutputBytes || (o.GetStream() != "stdout" && o.GetStream() != "stderr") {
 				t.Fatalf("bad process output passed: %v", o)
+			}
+		case *agentv1.AgentMessage_Status:
+			st := msg.Status
+			if len(st.GetFindings()) > 64 || len(st.GetEvents()) > 64 {
+				t.Fatalf("too many findings or events passed: %d, %d", len(st.GetFindings()), len(st.GetEvents()))
+			}
+			for _, e := range append(st.GetEvents(), st.GetFindings()...) {
+				if e.GetPid() < 0 || e.GetGpuIndex() < 0 || e.GetGpuIndex() > 1023 || len(e.GetProcessName()) > 64 ||
+					gpuhealth.SeverityRank(e.GetSeverity()) == 0 && e.GetSeverity() != "" {
+					t.Fatalf("bad health event passed: %v", e)
+				}
+				if envelope.TextProblem(e.GetProcessName(), false) != "" || envelope.TextProblem(e.GetMessage(), false) != "" {
+					t.Fatalf("health event text not defused: %q %q", e.GetProcessName(), e.GetMessage())
+				}
 			}
 		case *agentv1.AgentMessage_Inventory:
 			if s, err := gateway.DecodeSection(msg.Inventory); err == nil && len(s.Data) > gateway.MaxSectionBytes {
@@ -204,4 +223,58 @@ func TestLabelsSection(t *testing.T) {
 		require.Equal(t, codes.InvalidArgument, status.Code(err), name)
 		require.ErrorContains(t, err, tc.want, name)
 	}
+}
+
+// TestValidateHealthEvents: a status report's events and findings are
+// bounded (count, severity, GPU index, pid, process name); a hostile
+// process name is defused, not refused, so the XID it came with is kept.
+func TestValidateHealthEvents(t *testing.T) {
+	t.Parallel()
+	ok := func() *agentv1.HealthEvent {
+		return &agentv1.HealthEvent{Kind: "gpu.xid", Device: "GPU-1", Code: 79, Severity: "critical", GpuIndex: proto.Int32(7), Pid: 4242, ProcessName: "python3"}
+	}
+	msg := func(events, findings []*agentv1.HealthEvent) *agentv1.AgentMessage {
+		return &agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Status{Status: &agentv1.StatusReport{Health: "degraded", Events: events, Findings: findings, FindingsComplete: true}}}
+	}
+	require.NoError(t, gateway.ValidateAgentMessage(msg([]*agentv1.HealthEvent{ok()}, []*agentv1.HealthEvent{ok()})))
+	many := make([]*agentv1.HealthEvent, 65)
+	for i := range many {
+		many[i] = ok()
+	}
+	tests := []struct {
+		name   string
+		mutate func(e *agentv1.HealthEvent)
+		want   string
+	}{
+		{"severity", func(e *agentv1.HealthEvent) { e.Severity = "fatal" }, ".severity: must be"},
+		{"negative gpu", func(e *agentv1.HealthEvent) { e.GpuIndex = proto.Int32(-1) }, ".gpu_index: must be 0-1023"},
+		{"gpu past the bound", func(e *agentv1.HealthEvent) { e.GpuIndex = proto.Int32(1024) }, ".gpu_index: must be 0-1023"},
+		{"negative pid", func(e *agentv1.HealthEvent) { e.Pid = -1 }, ".pid: must be a process id"},
+		{"huge pid", func(e *agentv1.HealthEvent) { e.Pid = 1 << 40 }, ".pid: must be a process id"},
+		{"long process name", func(e *agentv1.HealthEvent) { e.ProcessName = strings.Repeat("p", 65) }, ".process_name: longer than 64"},
+		{"kind", func(e *agentv1.HealthEvent) { e.Kind = "gpu xid" }, ".kind: only letters"},
+	}
+	for _, tt := range tests {
+		for _, field := range []string{"status.events", "status.findings"} {
+			e := ok()
+			tt.mutate(e)
+			m := msg([]*agentv1.HealthEvent{e}, nil)
+			if field == "status.findings" {
+				m = msg(nil, []*agentv1.HealthEvent{e})
+			}
+			err := gateway.ValidateAgentMessage(m)
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%s %s", tt.name, field)
+			require.ErrorContains(t, err, field+tt.want, tt.name)
+		}
+	}
+	err := gateway.ValidateAgentMessage(msg(nil, many))
+	require.ErrorContains(t, err, "status.findings: more than 64")
+
+	hostile := ok()
+	hostile.ProcessName = "\x1b[2J\x1b[32mok\u202e"
+	m := msg([]*agentv1.HealthEvent{hostile}, nil)
+	require.NoError(t, gateway.ValidateAgentMessage(m))
+	got := m.GetStatus().GetEvents()[0].GetProcessName()
+	require.Empty(t, envelope.TextProblem(got, false), "%q", got)
+	require.Contains(t, got, "ok")
 }

@@ -12,6 +12,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/gpuhealth"
 )
 
 var (
@@ -170,12 +171,44 @@ func validateStatus(s *agentv1.StatusReport) error {
 		return invalid("status.events: more than %d", maxListItems)
 	}
 	for _, e := range s.GetEvents() {
-		if err := validShort("status.events.kind", e.GetKind(), true); err != nil {
+		if err := validateHealthEvent("status.events", e); err != nil {
 			return err
 		}
-		if len(e.GetDevice()) > maxShort || len(e.GetMessage()) > maxMessage {
-			return invalid("status.events: device or message too long")
+	}
+	if len(s.GetFindings()) > maxListItems {
+		return invalid("status.findings: more than %d", maxListItems)
+	}
+	for _, e := range s.GetFindings() {
+		if err := validateHealthEvent("status.findings", e); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// maxProcessName bounds a health event's process name (the kernel's comm
+// is 16 bytes). Its GPU index has telemetry's bound, maxGPUIndex.
+const maxProcessName = 64
+
+// validateHealthEvent checks one health event or finding. Its message and
+// process name are the node's (a tenant names its own processes): they
+// are defused with the rest of the message's text, not refused, so that a
+// hostile process name cannot keep its GPU's XID from being recorded.
+func validateHealthEvent(field string, e *agentv1.HealthEvent) error {
+	if err := validShort(field+".kind", e.GetKind(), true); err != nil {
+		return err
+	}
+	switch {
+	case len(e.GetDevice()) > maxShort || len(e.GetMessage()) > maxMessage:
+		return invalid("%s: device or message too long", field)
+	case !slices.Contains([]string{"", gpuhealth.SeverityCritical, gpuhealth.SeverityError, gpuhealth.SeverityWarning, gpuhealth.SeverityInfo}, e.GetSeverity()):
+		return invalid("%s.severity: must be critical, error, warning, info or empty", field)
+	case e.GpuIndex != nil && (e.GetGpuIndex() < 0 || e.GetGpuIndex() > maxGPUIndex):
+		return invalid("%s.gpu_index: must be 0-%d", field, maxGPUIndex)
+	case e.GetPid() < 0 || e.GetPid() > math.MaxInt32:
+		return invalid("%s.pid: must be a process id (0 for none)", field)
+	case len(e.GetProcessName()) > maxProcessName:
+		return invalid("%s.process_name: longer than %d bytes", field, maxProcessName)
 	}
 	return nil
 }

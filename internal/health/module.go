@@ -13,6 +13,7 @@ import (
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -128,19 +129,15 @@ func (m *Module) nodeInfo(ctx context.Context, q store.Querier, nodeID string) (
 // poolOfNode reads the pool capacity's membership puts the node in and its
 // policy; "" and an empty policy for none.
 func poolOfNode(ctx context.Context, q store.Querier, nodeID string) (string, *apiv1.PoolPolicy, error) {
-	var poolID, policy string
-	err := q.QueryRow(ctx, `SELECT p.id, p.policy FROM node_pools np JOIN pools p ON p.id = np.pool_id WHERE np.node_id = $1`, nodeID).Scan(&poolID, &policy)
-	if errors.Is(err, store.ErrNotFound) {
-		return "", &apiv1.PoolPolicy{}, nil
-	}
-	if err != nil {
-		return "", nil, err
+	p, found, err := pool.OfNode(ctx, q, nodeID)
+	if err != nil || !found {
+		return "", &apiv1.PoolPolicy{}, err
 	}
 	pol := &apiv1.PoolPolicy{}
-	if err := unmarshalPolicy(policy, pol); err != nil {
-		return "", nil, fmt.Errorf("pool %s: policy: %w", poolID, err)
+	if err := unmarshalPolicy(p.Policy, pol); err != nil {
+		return "", nil, fmt.Errorf("pool %s: policy: %w", p.ID, err)
 	}
-	return poolID, pol, nil
+	return p.ID, pol, nil
 }
 
 func unmarshalPolicy(s string, p *apiv1.PoolPolicy) error {
@@ -311,9 +308,7 @@ func (m *Module) repeatedAfterRemedy(ctx context.Context, tx store.Tx, f *Findin
 	if f.GPUUUID == "" {
 		return false
 	}
-	var n int
-	err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM health_remediations WHERE node_id = $1 AND state = 'succeeded' AND end_time > $2
-		AND (gpu_uuid = $3 OR gpu_uuid = '')`, f.NodeID, now.Add(-repeatAfterRemedy), f.GPUUUID).Scan(&n)
+	n, err := RemediationsSucceededSince(ctx, tx, f.NodeID, f.GPUUUID, now.Add(-repeatAfterRemedy))
 	return err == nil && n > 0
 }
 
@@ -382,11 +377,12 @@ func (m *Module) quarantine(ctx context.Context, tx store.Tx, p quarantineParams
 		// Already out, as much or more: nothing moves.
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO health_gpus (gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-		ON CONFLICT (gpu_uuid) DO UPDATE SET node_id = excluded.node_id, tenant_id = excluded.tenant_id, state = excluded.state,
-			reason = excluded.reason, finding_id = excluded.finding_id, created_by = excluded.created_by`,
-		p.uuid, p.node.ID, p.node.TenantID, p.state, p.reason, p.findingID, p.by, now); err != nil {
+	poolID, _, err := poolOfNode(ctx, tx, p.node.ID)
+	if err != nil {
+		return err
+	}
+	if err := GPUPut(ctx, tx, &GPU{UUID: p.uuid, NodeID: p.node.ID, TenantID: p.node.TenantID, PoolID: poolID, State: p.state,
+		Reason: p.reason, FindingID: p.findingID, CreatedBy: p.by, CreateTime: now}); err != nil {
 		return err
 	}
 	if err := fleet.NodeConditionSet(ctx, tx, &fleet.NodeCondition{NodeID: p.node.ID, Type: ConditionGPUQuarantinedPrefix + p.uuid,
@@ -426,7 +422,7 @@ func conditionReason(state, reason string) string {
 // false, and its open findings are resolved. It returns how many findings
 // it resolved; a GPU in service is left as it is.
 func (m *Module) lift(ctx context.Context, tx store.Tx, node fleet.Node, uuid, by, reason string, now time.Time) (int, error) {
-	if _, err := tx.Exec(ctx, `DELETE FROM health_gpus WHERE gpu_uuid = $1`, uuid); err != nil {
+	if err := GPUDelete(ctx, tx, uuid); err != nil {
 		return 0, err
 	}
 	if err := fleet.NodeConditionSet(ctx, tx, &fleet.NodeCondition{NodeID: node.ID, Type: ConditionGPUQuarantinedPrefix + uuid,

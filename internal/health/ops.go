@@ -20,19 +20,18 @@ type GPURef struct {
 
 // GPUByUUID reads a GPU; store.ErrNotFound when no node reports it.
 func GPUByUUID(ctx context.Context, q store.Querier, uuid string) (GPURef, error) {
-	g := GPURef{UUID: uuid}
-	err := q.QueryRow(ctx, `SELECT node_id, idx, model FROM gpus WHERE uuid = $1`, uuid).Scan(&g.NodeID, &g.Index, &g.Model)
-	return g, err
+	g, err := fleet.GPUByUUID(ctx, q, uuid)
+	return GPURef{UUID: g.UUID, NodeID: g.NodeID, Index: g.Index, Model: g.Model}, err
 }
 
 // NodeGPUs lists a node's GPUs by index.
 func NodeGPUs(ctx context.Context, q store.Querier, nodeID string) ([]GPURef, error) {
-	rows, err := q.Query(ctx, `SELECT uuid, node_id, idx, model FROM gpus WHERE node_id = $1 ORDER BY idx, uuid`, nodeID)
-	return collect(rows, err, func(r scanner) (GPURef, error) {
-		var g GPURef
-		err := r.Scan(&g.UUID, &g.NodeID, &g.Index, &g.Model)
-		return g, err
-	})
+	gs, err := fleet.GPUList(ctx, q, nodeID)
+	out := make([]GPURef, len(gs))
+	for i, g := range gs {
+		out[i] = GPURef{UUID: g.UUID, NodeID: nodeID, Index: g.Index, Model: g.Model}
+	}
+	return out, err
 }
 
 // QuarantineGPU is an operator's quarantine of one GPU of node, in the

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gpuhealth"
@@ -62,38 +64,43 @@ type PoolStatus struct {
 	Breaker                Breaker
 }
 
-// PoolStatusOf reads a pool's health.
+// PoolStatusOf reads a pool's health, with its GPUs counted.
 func PoolStatusOf(ctx context.Context, q store.Querier, poolID string, now time.Time) (PoolStatus, error) {
-	st := PoolStatus{PoolID: poolID}
-	var policy string
-	if err := q.QueryRow(ctx, `SELECT tenant_id, name, policy FROM pools WHERE id = $1`, poolID).Scan(&st.TenantID, &st.Name, &policy); err != nil {
+	st, err := poolStatus(ctx, q, poolID, now)
+	if err != nil {
 		return st, err
 	}
-	st.Policy = &apiv1.PoolPolicy{}
-	if err := unmarshalPolicy(policy, st.Policy); err != nil {
+	if st.GPUsTotal, err = atoms.GPUCountOfPool(ctx, q, poolID); err != nil {
+		return st, err
+	}
+	st.GPUsOut, err = GPUsOutOfPool(ctx, q, poolID)
+	return st, err
+}
+
+// poolStatus reads what the reconciler needs of a pool: its nodes, its
+// unhealthy ones within the breaker's window, its budget and breaker.
+func poolStatus(ctx context.Context, q store.Querier, poolID string, now time.Time) (PoolStatus, error) {
+	st := PoolStatus{PoolID: poolID}
+	p, err := pool.Get(ctx, q, "", poolID)
+	if err != nil {
+		return st, err
+	}
+	st.TenantID, st.Name, st.Policy = p.TenantID, p.Name, &apiv1.PoolPolicy{}
+	if err := unmarshalPolicy(p.Policy, st.Policy); err != nil {
 		return st, fmt.Errorf("pool %s: policy: %w", poolID, err)
 	}
 	hp := st.Policy.GetHealth()
-	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM node_pools WHERE pool_id = $1`, poolID).Scan(&st.Nodes); err != nil {
+	if st.Nodes, err = pool.NodeCount(ctx, q, poolID); err != nil {
 		return st, err
 	}
-	if err := q.QueryRow(ctx, `SELECT COUNT(DISTINCT node_id) FROM health_findings WHERE pool_id = $1 AND severity IN ('critical', 'error') AND create_time >= $2`,
-		poolID, now.Add(-BreakerWindow(hp))).Scan(&st.Unhealthy); err != nil {
+	if st.Unhealthy, err = UnhealthyNodes(ctx, q, poolID, now.Add(-BreakerWindow(hp))); err != nil {
 		return st, err
 	}
-	if err := q.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN state IN ('draining', 'running') THEN 1 ELSE 0 END), 0),
-			COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0)
-		FROM health_remediations WHERE pool_id = $1 AND state IN ('pending', 'draining', 'running')`, poolID).Scan(&st.BudgetUsed, &st.Pending); err != nil {
-		return st, err
-	}
-	if err := q.QueryRow(ctx, `SELECT COUNT(*), COALESCE(SUM(CASE WHEN h.gpu_uuid IS NULL THEN 0 ELSE 1 END), 0)
-		FROM gpus g JOIN node_pools np ON np.node_id = g.node_id LEFT JOIN health_gpus h ON h.gpu_uuid = g.uuid
-		WHERE np.pool_id = $1`, poolID).Scan(&st.GPUsTotal, &st.GPUsOut); err != nil {
+	if st.BudgetUsed, st.Pending, err = RemediationLoad(ctx, q, poolID); err != nil {
 		return st, err
 	}
 	st.Budget = Budget(st.Nodes, hp)
-	b, err := BreakerGet(ctx, q, poolID)
-	st.Breaker = b
+	st.Breaker, err = BreakerGet(ctx, q, poolID)
 	return st, err
 }
 
@@ -105,23 +112,9 @@ func PoolStatusOf(ctx context.Context, q store.Querier, poolID string, now time.
 func (m *Module) Reconcile(ctx context.Context) (int, error) {
 	now := m.clock.Now()
 	var pools []string
-	if err := m.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT DISTINCT pool_id FROM health_remediations WHERE state IN ('pending', 'draining', 'running')
-			UNION SELECT DISTINCT pool_id FROM health_findings WHERE create_time >= $1 AND severity IN ('critical', 'error')`,
-			now.Add(-24*time.Hour))
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		pools = pools[:0]
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				return err
-			}
-			pools = append(pools, id)
-		}
-		return rows.Err()
+	if err := m.cfg.DB.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+		pools, err = PoolsWithWork(ctx, tx, now.Add(-24*time.Hour))
+		return err
 	}); err != nil {
 		return 0, err
 	}
@@ -147,7 +140,7 @@ func (m *Module) reconcilePool(ctx context.Context, poolID string) (int, error) 
 		st := PoolStatus{PoolID: poolID, Policy: &apiv1.PoolPolicy{}, Breaker: Breaker{PoolID: poolID, State: BreakerClosed}, Budget: 1}
 		if poolID != "" {
 			var err error
-			st, err = PoolStatusOf(ctx, tx, poolID, now)
+			st, err = poolStatus(ctx, tx, poolID, now)
 			if errors.Is(err, store.ErrNotFound) {
 				st = PoolStatus{PoolID: poolID, Policy: &apiv1.PoolPolicy{}, Breaker: Breaker{PoolID: poolID, State: BreakerClosed}, Budget: 1}
 			} else if err != nil {
@@ -258,6 +251,23 @@ func (m *Module) startDrain(ctx context.Context, tx store.Tx, r *Remediation, no
 	if err != nil {
 		return false, err
 	}
+	if r.Action == gpuhealth.ActionReboot && m.cfg.Capacity != nil {
+		// A reboot takes the whole node: what can move goes elsewhere now
+		// rather than hold the drain until it ends.
+		_, move, err := m.poolPolicyOf(ctx, tx, r.NodeID)
+		if err != nil {
+			return false, err
+		}
+		gpus, err := NodeGPUs(ctx, tx, r.NodeID)
+		if err != nil {
+			return false, err
+		}
+		for _, g := range gpus {
+			if _, _, err := m.cfg.Capacity.GPUUnhealthy(ctx, tx, r.NodeID, g.UUID, "the node drains for a reboot ("+r.Reason+")", move); err != nil {
+				return false, err
+			}
+		}
+	}
 	r.State, r.Drained, r.StartTime, r.UpdateTime = RemDraining, drained, &now, now
 	ok, err := RemediationUpdate(ctx, tx, r, from)
 	if err != nil || !ok {
@@ -274,12 +284,12 @@ func Drained(ctx context.Context, q store.Querier, nodeID, gpuUUID string, now t
 	if err != nil {
 		return false, err
 	}
-	if n.State != fleet.NodeDrained && !(n.State == fleet.NodeDraining && n.Liveness != fleet.LivenessReady) {
+	// Drained, or draining with no agent left to acknowledge it.
+	stopped := n.State == fleet.NodeDrained || (n.State == fleet.NodeDraining && n.Liveness != fleet.LivenessReady)
+	if !stopped {
 		return false, nil
 	}
-	var held int
-	err = q.QueryRow(ctx, `SELECT COUNT(*) FROM bookings b JOIN atoms a ON a.id = b.atom
-		WHERE a.node_id = $1 AND ($2 = '' OR a.gpu_uuid = $2) AND b.starts_at <= $3 AND b.ends_at > $3`, nodeID, gpuUUID, now).Scan(&held)
+	held, err := atoms.BookedNow(ctx, q, nodeID, gpuUUID, now)
 	return held == 0, err
 }
 
@@ -434,4 +444,14 @@ func (m *Module) endRemediation(ctx context.Context, tx store.Tx, r *Remediation
 		name = n.Name
 	}
 	return true, m.events(ctx, tx, remEvent("health.remediation_"+to, r, name, now))
+}
+
+// poolPolicyOf reads the node's pool and whether its policy lets
+// reservations move off bad GPUs.
+func (m *Module) poolPolicyOf(ctx context.Context, q store.Querier, nodeID string) (string, bool, error) {
+	poolID, pol, err := poolOfNode(ctx, q, nodeID)
+	if err != nil {
+		return "", false, err
+	}
+	return poolID, !pol.GetHealth().GetKeepReservations(), nil
 }

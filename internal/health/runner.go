@@ -26,16 +26,70 @@ const fenceCode = "NEVER_DISPATCHED"
 // NodeCommands runs remediation steps (gpu.reset, node.reboot) as signed
 // fleet commands on the workflow's target node; the step completes when
 // the node reports the command ended.
+//
+// A reboot of a node whose agent is not answering goes to its machine's
+// BMC instead, when the node is a deployed machine's (MachineOf) and a BMC
+// runner is wired: a power cycle that boots the disk, keyed on the same
+// step.
 type NodeCommands struct {
 	DB       *store.DB
 	Signer   fleet.CommandSigner
 	Notifier fleet.CommandNotifier
+	// BMC runs power.cycle steps against a machine (the machine
+	// lifecycle's runner); MachineOf names the machine a node was deployed
+	// on ("" for none). Both nil: reboots go to the node only.
+	BMC       provision.StepRunner
+	MachineOf func(ctx context.Context, q store.Querier, nodeID string) (string, error)
+}
+
+// KindPowerCycle is the machine lifecycle's BMC power cycle step kind.
+const KindPowerCycle = "power.cycle"
+
+// viaBMC returns the run to hand the BMC runner instead of the node: a
+// reboot of a node that is not ready (any readiness for a lookup: the node
+// may be back by then), deployed on a machine, with no command under the
+// step's key.
+func (r *NodeCommands) viaBMC(ctx context.Context, run provision.StepRun, lookup bool) (provision.StepRun, bool, error) {
+	if run.Kind != KindNodeReboot || r.BMC == nil || r.MachineOf == nil {
+		return run, false, nil
+	}
+	var machineID string
+	ready := true
+	err := r.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		if _, err := fleet.CommandByKey(ctx, tx, run.TargetID, StepKeyPrefix+run.IdempotencyKey); err == nil {
+			return nil // already with the node: it stays there
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		n, err := fleet.NodeGet(ctx, tx, "", run.TargetID)
+		if err != nil {
+			return err
+		}
+		ready = n.Liveness == fleet.LivenessReady
+		if ready && !lookup {
+			return nil
+		}
+		machineID, err = r.MachineOf(ctx, tx, run.TargetID)
+		return err
+	})
+	if err != nil || machineID == "" {
+		return run, false, err
+	}
+	bmc := run
+	bmc.TargetID, bmc.Kind, bmc.Params = machineID, KindPowerCycle, map[string]any{"boot": "disk"}
+	return bmc, true, nil
 }
 
 var _ provision.StepRunner = (*NodeCommands)(nil)
 
-// Dispatch queues the step's command on the node, once per key.
+// Dispatch queues the step's command on the node, once per key (or hands
+// a reboot of an unresponsive machine's node to its BMC).
 func (r *NodeCommands) Dispatch(ctx context.Context, run provision.StepRun) (provision.Dispatched, error) {
+	if bmc, ok, err := r.viaBMC(ctx, run, false); err != nil {
+		return provision.Dispatched{}, err
+	} else if ok {
+		return r.BMC.Dispatch(ctx, bmc)
+	}
 	var cmd fleet.Command
 	err := r.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		n, err := fleet.NodeGet(ctx, tx, "", run.TargetID)
@@ -87,6 +141,11 @@ func (r *NodeCommands) Dispatch(ctx context.Context, run provision.StepRun) (pro
 // Lookup answers from the command row; a key never dispatched is fenced
 // with a canceled command under it.
 func (r *NodeCommands) Lookup(ctx context.Context, run provision.StepRun) (provision.Outcome, error) {
+	if bmc, ok, err := r.viaBMC(ctx, run, true); err != nil {
+		return provision.Outcome{}, err
+	} else if ok {
+		return r.BMC.Lookup(ctx, bmc)
+	}
 	var out provision.Outcome
 	err := r.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		key := StepKeyPrefix + run.IdempotencyKey

@@ -3,10 +3,14 @@ package health
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/atoms"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -90,6 +94,8 @@ func FindingInsert(ctx context.Context, tx store.Tx, f *Finding) error {
 // FindingsQuery selects findings; zero fields do not filter.
 type FindingsQuery struct {
 	TenantID, NodeID, PoolID, GPUUUID, State string
+	// Severities keeps findings of these severities only.
+	Severities []string
 	// Standing: only standing findings.
 	Standing bool
 	// After is the last id of the previous page.
@@ -118,6 +124,9 @@ func FindingList(ctx context.Context, q store.Querier, p FindingsQuery) ([]Findi
 	}
 	if p.Standing {
 		where = append(where, "standing")
+	}
+	if len(p.Severities) > 0 {
+		where = append(where, "severity IN ("+placeholders(&args, p.Severities)+")")
 	}
 	query := `SELECT ` + findingColumns + ` FROM health_findings`
 	if len(where) > 0 {
@@ -224,12 +233,7 @@ func RemediationList(ctx context.Context, q store.Querier, p RemediationsQuery) 
 		where = append(where, "id > $"+strconv.Itoa(len(args)))
 	}
 	if len(p.States) > 0 {
-		ph := make([]string, len(p.States))
-		for i, s := range p.States {
-			args = append(args, s)
-			ph[i] = "$" + strconv.Itoa(len(args))
-		}
-		where = append(where, "state IN ("+strings.Join(ph, ", ")+")")
+		where = append(where, "state IN ("+placeholders(&args, p.States)+")")
 	}
 	query := `SELECT ` + remColumns + ` FROM health_remediations`
 	if len(where) > 0 {
@@ -254,17 +258,79 @@ func ActiveRemediation(ctx context.Context, q store.Querier, nodeID string) (Rem
 
 // GPU is a row of health_gpus: a GPU out of placement for health.
 type GPU struct {
-	UUID, NodeID, TenantID, State, Reason, FindingID, CreatedBy string
-	CreateTime                                                  time.Time
+	UUID, NodeID, TenantID, PoolID, State, Reason, FindingID, CreatedBy string
+	CreateTime                                                          time.Time
 }
 
 // GPUGet reads a GPU's quarantine row; store.ErrNotFound when it is in
 // service.
 func GPUGet(ctx context.Context, q store.Querier, uuid string) (GPU, error) {
 	var g GPU
-	err := q.QueryRow(ctx, `SELECT gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time
-		FROM health_gpus WHERE gpu_uuid = $1`, uuid).Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
+	err := q.QueryRow(ctx, `SELECT gpu_uuid, node_id, tenant_id, pool_id, state, reason, finding_id, created_by, create_time
+		FROM health_gpus WHERE gpu_uuid = $1`, uuid).Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.PoolID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
 	return g, err
+}
+
+// GPUPut takes a GPU out (or changes why): the row, RMA or quarantined.
+func GPUPut(ctx context.Context, tx store.Tx, g *GPU) error {
+	_, err := tx.Exec(ctx, `INSERT INTO health_gpus (gpu_uuid, node_id, tenant_id, pool_id, state, reason, finding_id, created_by, create_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+		ON CONFLICT (gpu_uuid) DO UPDATE SET node_id = excluded.node_id, tenant_id = excluded.tenant_id, pool_id = excluded.pool_id,
+			state = excluded.state, reason = excluded.reason, finding_id = excluded.finding_id, created_by = excluded.created_by`,
+		g.UUID, g.NodeID, g.TenantID, g.PoolID, g.State, g.Reason, g.FindingID, g.CreatedBy, g.CreateTime)
+	return err
+}
+
+// GPUDelete puts a GPU back in service.
+func GPUDelete(ctx context.Context, tx store.Tx, uuid string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM health_gpus WHERE gpu_uuid = $1`, uuid)
+	return err
+}
+
+// GPUsOutOfPool counts a pool's GPUs out of placement.
+func GPUsOutOfPool(ctx context.Context, q store.Querier, poolID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus WHERE pool_id = $1`, poolID).Scan(&n)
+	return n, err
+}
+
+// RemediationsSucceededSince counts a node's remediations that succeeded
+// after since, on gpu or on the whole node.
+func RemediationsSucceededSince(ctx context.Context, q store.Querier, nodeID, gpu string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_remediations WHERE node_id = $1 AND state = 'succeeded' AND end_time > $2
+		AND (gpu_uuid = $3 OR gpu_uuid = '')`, nodeID, since, gpu).Scan(&n)
+	return n, err
+}
+
+// UnhealthyNodes counts a pool's nodes with a finding of severity error
+// or worse since since.
+func UnhealthyNodes(ctx context.Context, q store.Querier, poolID string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(DISTINCT node_id) FROM health_findings WHERE pool_id = $1 AND severity IN ('critical', 'error') AND create_time >= $2`,
+		poolID, since).Scan(&n)
+	return n, err
+}
+
+// RemediationLoad counts a pool's remediations in flight (draining or
+// running: they use the budget) and waiting.
+func RemediationLoad(ctx context.Context, q store.Querier, poolID string) (inFlight, pending int, err error) {
+	err = q.QueryRow(ctx, `SELECT COALESCE(SUM(CASE WHEN state IN ('draining', 'running') THEN 1 ELSE 0 END), 0),
+			COALESCE(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END), 0)
+		FROM health_remediations WHERE pool_id = $1 AND state IN ('pending', 'draining', 'running')`, poolID).Scan(&inFlight, &pending)
+	return inFlight, pending, err
+}
+
+// PoolsWithWork lists the pools with a remediation in flight or waiting,
+// or a serious finding since since (their breakers are checked).
+func PoolsWithWork(ctx context.Context, q store.Querier, since time.Time) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT pool_id FROM health_remediations WHERE state IN ('pending', 'draining', 'running')
+		UNION SELECT DISTINCT pool_id FROM health_findings WHERE create_time >= $1 AND severity IN ('critical', 'error')`, since)
+	return collect(rows, err, func(r scanner) (string, error) {
+		var id string
+		err := r.Scan(&id)
+		return id, err
+	})
 }
 
 // GPUsOfNodes reads the quarantine rows of nodes' GPUs, by UUID.
@@ -279,11 +345,11 @@ func GPUsOfNodes(ctx context.Context, q store.Querier, nodeIDs []string) (map[st
 		args[i] = id
 		ph[i] = "$" + strconv.Itoa(i+1)
 	}
-	rows, err := q.Query(ctx, `SELECT gpu_uuid, node_id, tenant_id, state, reason, finding_id, created_by, create_time
+	rows, err := q.Query(ctx, `SELECT gpu_uuid, node_id, tenant_id, pool_id, state, reason, finding_id, created_by, create_time
 		FROM health_gpus WHERE node_id IN (`+strings.Join(ph, ", ")+`)`, args...)
 	gs, err := collect(rows, err, func(r scanner) (GPU, error) {
 		var g GPU
-		err := r.Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
+		err := r.Scan(&g.UUID, &g.NodeID, &g.TenantID, &g.PoolID, &g.State, &g.Reason, &g.FindingID, &g.CreatedBy, &g.CreateTime)
 		return g, err
 	})
 	for _, g := range gs {
@@ -323,6 +389,55 @@ func BreakerPut(ctx context.Context, tx store.Tx, b *Breaker) error {
 	return err
 }
 
+// placeholders appends vs to args and returns their placeholders, comma
+// separated.
+func placeholders(args *[]any, vs []string) string {
+	ph := make([]string, len(vs))
+	for i, v := range vs {
+		*args = append(*args, v)
+		ph[i] = "$" + strconv.Itoa(len(*args))
+	}
+	return strings.Join(ph, ", ")
+}
+
+// GPUReservations counts, by GPU UUID, the reservations holding a node's
+// GPUs at now (capacity's bookings).
+func GPUReservations(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string]int, error) {
+	return atoms.ReservationsPerGPU(ctx, q, nodeID, now)
+}
+
+// ScopeQuery names the nodes a health summary covers; zero fields do not
+// filter.
+type ScopeQuery struct {
+	TenantID, NodeID, PoolID string
+}
+
+// ScopeCounts reads what a scope's health takes out: the GPUs out of
+// placement and the nodes with an open finding of severity error or worse.
+func ScopeCounts(ctx context.Context, q store.Querier, p ScopeQuery) (gpusOut, nodesUnhealthy int, err error) {
+	var where []string
+	var args []any
+	add := func(col, v string) {
+		if v != "" {
+			args = append(args, v)
+			where = append(where, col+" = $"+strconv.Itoa(len(args)))
+		}
+	}
+	add("h.tenant_id", p.TenantID)
+	add("h.node_id", p.NodeID)
+	add("h.pool_id", p.PoolID)
+	cond := ""
+	if len(where) > 0 {
+		cond = " AND " + strings.Join(where, " AND ")
+	}
+	if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_gpus h WHERE 1 = 1`+cond, args...).Scan(&gpusOut); err != nil {
+		return 0, 0, err
+	}
+	err = q.QueryRow(ctx, `SELECT COUNT(DISTINCT h.node_id) FROM health_findings h WHERE h.state = 'open'
+		AND h.severity IN ('critical', 'error')`+cond, args...).Scan(&nodesUnhealthy)
+	return gpusOut, nodesUnhealthy, err
+}
+
 type scanner interface{ Scan(...any) error }
 
 // collect reads every row of a query with scan.
@@ -340,4 +455,95 @@ func collect[T any](rows store.Rows, err error, scan func(scanner) (T, error)) (
 		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// PoolMetrics is one pool's health at scrape time (PoolID "" gathers the
+// nodes of no pool).
+type PoolMetrics struct {
+	PoolID, Name string
+	// GPUsOut by health_gpus state, Findings (open) by severity,
+	// Remediations (active) by state.
+	GPUsOut      map[string]int
+	Findings     map[string]int
+	Remediations map[string]int
+	BreakerOpen  bool
+	// Budget and BudgetUsed: the most nodes under remediation at once,
+	// and how many are (draining or running).
+	Budget, BudgetUsed int
+}
+
+// PoolsMetrics reads every live pool's health for the metrics collector
+// in a handful of grouped queries, whatever the number of pools.
+func PoolsMetrics(ctx context.Context, q store.Querier) ([]PoolMetrics, error) {
+	byID := map[string]*PoolMetrics{}
+	var order []string
+	get := func(id string) *PoolMetrics {
+		if m, ok := byID[id]; ok {
+			return m
+		}
+		m := &PoolMetrics{PoolID: id, GPUsOut: map[string]int{GPUQuarantined: 0, GPURMA: 0}, Findings: map[string]int{},
+			Remediations: map[string]int{RemPending: 0, RemDraining: 0, RemRunning: 0}}
+		byID[id] = m
+		order = append(order, id)
+		return m
+	}
+	pools, err := pool.LiveNodeCounts(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pools {
+		pol := &apiv1.PoolPolicy{}
+		if err := unmarshalPolicy(p.Policy, pol); err != nil {
+			return nil, fmt.Errorf("pool %s: policy: %w", p.ID, err)
+		}
+		m := get(p.ID)
+		m.Name, m.Budget = p.Name, Budget(p.Nodes, pol.GetHealth())
+	}
+	type count struct {
+		pool, key string
+		n         int
+	}
+	scanCount := func(r scanner) (count, error) {
+		var c count
+		err := r.Scan(&c.pool, &c.key, &c.n)
+		return c, err
+	}
+	groups := []struct {
+		query string
+		add   func(m *PoolMetrics, key string, n int)
+	}{
+		{`SELECT pool_id, state, COUNT(*) FROM health_gpus GROUP BY pool_id, state`, func(m *PoolMetrics, k string, n int) { m.GPUsOut[k] += n }},
+		{`SELECT pool_id, severity, COUNT(*) FROM health_findings WHERE state = 'open' GROUP BY pool_id, severity`,
+			func(m *PoolMetrics, k string, n int) { m.Findings[k] += n }},
+		{`SELECT pool_id, state, COUNT(*) FROM health_remediations WHERE state IN ('pending', 'draining', 'running') GROUP BY pool_id, state`,
+			func(m *PoolMetrics, k string, n int) {
+				m.Remediations[k] += n
+				if k != RemPending {
+					m.BudgetUsed += n
+				}
+			}},
+		{`SELECT pool_id, state, 1 FROM health_breakers WHERE state = 'open'`, func(m *PoolMetrics, _ string, _ int) { m.BreakerOpen = true }},
+	}
+	for _, g := range groups {
+		rows, err := q.Query(ctx, g.query)
+		cs, err := collect(rows, err, scanCount)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range cs {
+			if _, live := byID[c.pool]; !live && c.pool != "" {
+				continue // an archived or deleted pool's leftovers
+			}
+			g.add(get(c.pool), c.key, c.n)
+		}
+	}
+	out := make([]PoolMetrics, 0, len(order))
+	for _, id := range order {
+		m := byID[id]
+		if id == "" {
+			m.Budget = 1 // the reconciler's budget for nodes of no pool
+		}
+		out = append(out, *m)
+	}
+	return out, nil
 }

@@ -93,7 +93,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Platform"}
 	case "events.watch":
 		return Resource{Type: "EventStream", ID: "events", TenantID: tenant}
-	case "nodes.get", "nodes.drain", "nodes.undrain", "nodes.delete", "inventory.get":
+	case "nodes.get", "nodes.drain", "nodes.undrain", "nodes.delete", "inventory.get", "health.get", "gpus.quarantine", "gpus.lift":
 		return Resource{Type: "Node", ID: "n1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "gpu-1", "pool": "a100", "state": "active"}}
 	case "commands.run", "commands.get", "commands.cancel":
 		return Resource{Type: "Command", ID: "c1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"kind": "inventory.refresh"}}
@@ -107,7 +107,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "JoinToken", ID: "jt1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"pool": "a100"}}
 	case "pools.create":
 		return Resource{Type: "Pool", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "h100"}}
-	case "pools.update", "pools.get", "pools.archive", "pools.offer":
+	case "pools.update", "pools.get", "pools.archive", "pools.offer", "pools.health", "pools.resetBreaker":
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
 	case "trustAnchors.create", "trustAnchors.delete":
 		return Resource{Type: "TrustAnchor", ID: "tra1", TenantID: tenant, Attrs: map[string]any{"attestor": "tpm"}}
@@ -186,7 +186,7 @@ func TestCedarMatrix(t *testing.T) {
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
 		"confirmations.list", "audit.list", "audit.prove", "events.watch",
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "commandBatches.get", "commandBatches.list", "approverSets.get",
-		"joinRequests.list", "inventory.get",
+		"joinRequests.list", "inventory.get", "health.get", "health.listFindings", "health.listRemediations", "pools.health",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
@@ -537,6 +537,7 @@ func TestActions(t *testing.T) {
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
 		"flavors.create", "flavors.delete", "flavors.get", "flavors.list",
+		"gpus.lift", "gpus.quarantine", "health.get", "health.listFindings", "health.listRemediations",
 		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
 		"instances.create", "instances.delete", "instances.get", "instances.list", "instances.reboot", "instances.ssh", "instances.start",
 		"instances.stop", "instances.watch",
@@ -549,7 +550,7 @@ func TestActions(t *testing.T) {
 		"machines.rotateBMC",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
-		"pools.archive", "pools.create", "pools.get", "pools.list", "pools.offer", "pools.update",
+		"pools.archive", "pools.create", "pools.get", "pools.health", "pools.list", "pools.offer", "pools.resetBreaker", "pools.update",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",

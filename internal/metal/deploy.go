@@ -351,3 +351,20 @@ func deployedNodes(ctx context.Context, q store.Querier, machineID string) ([]st
 	}
 	return out, nil
 }
+
+// MachineOfNode names the machine a node was deployed on (its join token's
+// MachineLabel), "" for a node that is no machine's.
+func MachineOfNode(ctx context.Context, q store.Querier, nodeID string) (string, error) {
+	n, err := fleet.NodeGet(ctx, q, "", nodeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	// Labels are written as a JSON object by the fleet; one that does not
+	// decode names no machine.
+	var l map[string]string
+	_ = json.Unmarshal([]byte(cmp.Or(n.Labels, "{}")), &l)
+	return l[MachineLabel], nil
+}

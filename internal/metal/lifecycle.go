@@ -741,3 +741,9 @@ func (r *Runtime) unpinImage(ctx context.Context, tx store.Tx, m *Machine) error
 	m.ImageID, m.ImageName = "", ""
 	return nil
 }
+
+// BMCRunner is the runner of the lifecycle's BMC steps (power.cycle,
+// power.off, power.on) for another module's workflow whose step names a
+// machine as its target (the health module's reboot of an unresponsive
+// node); the step completes through the site agent's report, by its key.
+func (r *Runtime) BMCRunner() provision.StepRunner { return stepRunner{r} }

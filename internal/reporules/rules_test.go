@@ -199,6 +199,9 @@ func TestDependencyDirection(t *testing.T) {
 					require.True(t, strings.HasPrefix(from, "bctest") || from == "internal/devrig", "%s imports the test kit %s", from, to)
 				case strings.HasPrefix(to, "internal/store") && strings.HasPrefix(from, "internal/store"):
 					// A dialect and the store core belong together.
+				case strings.HasPrefix(from, "bench/") && to == "bench/fleetload":
+					// The benchmarks' shared synthetic fleet loader (the
+					// health simulation's tests use it too).
 				case layer(to) == layer(from) && layer(from) == 2:
 					// Modules may use each other's exported lookups (tenancy),
 					// but never a program or the wiring.

@@ -342,11 +342,15 @@ func (rc *Reconciler) reconcile(ctx context.Context, tx store.Tx, nodeID string,
 	if member != nil {
 		policy = member.api.GetPolicy()
 	}
-	quarantined, err := quarantinedGPUs(ctx, tx, nodeID)
+	flags, err := gpuConditions(ctx, tx, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	want, err := desiredAtoms(ctx, tx, nodeID, gpus, policy, quarantined)
+	frozen, err := landedPartitions(ctx, tx, nodeID, gpus, flags)
+	if err != nil {
+		return nil, err
+	}
+	want, err := desiredAtoms(ctx, tx, nodeID, gpus, policy, flags.quarantined, frozen)
 	if err != nil {
 		return nil, err
 	}
@@ -497,7 +501,7 @@ type migFacts struct {
 // desiredAtoms derives a node's atoms from its inventory and its pool's
 // sharing mode: whole GPUs, the MIG instances the GPU model's layout allows,
 // or shared slots; and one atom per CPU the host does not keep.
-func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts, policy *apiv1.PoolPolicy, quarantined map[string]bool) (map[string]Row, error) {
+func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gpuFacts, policy *apiv1.PoolPolicy, quarantined, frozen map[string]bool) (map[string]Row, error) {
 	isl, err := islands(ctx, q, nodeID, gpus)
 	if err != nil {
 		return nil, err
@@ -511,7 +515,7 @@ func desiredAtoms(ctx context.Context, q store.Querier, nodeID string, gpus []gp
 	for _, g := range gpus {
 		base := Row{NodeID: nodeID, GPUUUID: g.UUID, Model: gpumodel.Canonical(g.Model, g.MemMiB), GPUIndex: g.Index,
 			NUMA: g.NUMA, Island: isl[g.UUID], MemMiB: g.MemMiB, Quarantined: quarantined[g.UUID],
-			PartitionPending: g.MigMode == "pending"}
+			PartitionPending: g.MigMode == "pending" || frozen[g.UUID]}
 		switch sharing {
 		case pool.GPUSharingMIG:
 			layout := placement.MIGProfiles(base.Model)

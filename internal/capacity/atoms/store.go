@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -101,22 +101,6 @@ func readNode(ctx context.Context, q store.Querier, nodeID string) (nodeFacts, e
 		}
 	}
 	return n, nil
-}
-
-// quarantinedGPUs is the set of a node's GPUs (by UUID) whose
-// GpuQuarantined condition holds.
-func quarantinedGPUs(ctx context.Context, q store.Querier, nodeID string) (map[string]bool, error) {
-	conds, err := fleet.NodeConditionList(ctx, q, nodeID)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	for _, c := range conds[nodeID] {
-		if u, ok := strings.CutPrefix(c.Type, conditionGPUQuarantined); ok && c.Status == "true" {
-			out[u] = true
-		}
-	}
-	return out, nil
 }
 
 func readMIG(ctx context.Context, q store.Querier, nodeID string) (map[string][]migFacts, error) {
@@ -273,4 +257,61 @@ func saveHost(ctx context.Context, tx store.Tx, nodeID string, vcpu, memGiB, hp2
 			hugepages_1gi = excluded.hugepages_1gi, reserved_cpus = excluded.reserved_cpus, update_time = excluded.update_time`,
 		nodeID, vcpu, memGiB, hp2, hp1, reservedCPUs)
 	return err
+}
+
+// poolNodes lists the nodes a pool holds, by id.
+func poolNodes(ctx context.Context, q store.Querier, poolID string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT node_id FROM node_pools WHERE pool_id = $1 ORDER BY node_id`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// GPUCountOfPool counts the GPUs of a pool's nodes (by UUID: a GPU split
+// into MIG instances counts once).
+func GPUCountOfPool(ctx context.Context, q store.Querier, poolID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(DISTINCT a.gpu_uuid) FROM atoms a JOIN node_pools np ON np.node_id = a.node_id
+		WHERE np.pool_id = $1 AND a.gpu_uuid <> ''`, poolID).Scan(&n)
+	return n, err
+}
+
+// BookedNow counts the bookings in effect at now on a node's atoms (on one
+// GPU's when gpuUUID is set).
+func BookedNow(ctx context.Context, q store.Querier, nodeID, gpuUUID string, now time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND ($2 = '' OR a.gpu_uuid = $2) AND b.starts_at <= $3 AND b.ends_at > $3`, nodeID, gpuUUID, now).Scan(&n)
+	return n, err
+}
+
+// ReservationsPerGPU counts, by GPU UUID, the reservations holding a
+// node's GPUs at now.
+func ReservationsPerGPU(ctx context.Context, q store.Querier, nodeID string, now time.Time) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT a.gpu_uuid, COUNT(DISTINCT b.reservation_id) FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid <> '' AND b.starts_at <= $2 AND b.ends_at > $2 GROUP BY a.gpu_uuid`, nodeID, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var u string
+		var n int
+		if err := rows.Scan(&u, &n); err != nil {
+			return nil, err
+		}
+		out[u] = n
+	}
+	return out, rows.Err()
 }

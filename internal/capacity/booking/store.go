@@ -369,3 +369,21 @@ func scanCPU(rows store.Rows, err error) ([]cpuRow, error) {
 	}
 	return out, rows.Err()
 }
+
+// BookedAfter reports whether any of the device atoms has a booking that
+// ends after at (running now or starting later): an atom that must not
+// change under its holder.
+func BookedAfter(ctx context.Context, q store.Querier, atoms []string, at time.Time) (bool, error) {
+	at = norm(at)
+	for chunk := range slices.Chunk(atoms, maxInList) {
+		args := append([]any{at}, anys(chunk)...)
+		var n int
+		if err := q.QueryRow(ctx, `SELECT COUNT(*) FROM bookings WHERE atom IN (`+placeholders(2, len(chunk))+`) AND ends_at > $1`, args...).Scan(&n); err != nil {
+			return false, err
+		}
+		if n > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"embed"
+	"errors"
 	"strings"
 	"time"
 
@@ -222,4 +223,47 @@ func ListVisible(ctx context.Context, q store.Querier, tenantID string, limit in
 		return nil, err
 	}
 	return collectPools(rows)
+}
+
+// OfNode reads the pool capacity's membership puts the node in; found is
+// false for a node of no pool.
+func OfNode(ctx context.Context, q store.Querier, nodeID string) (p Pool, found bool, err error) {
+	p, err = scanPool(q.QueryRow(ctx, `SELECT `+poolColumns+` FROM pools WHERE id = (SELECT pool_id FROM node_pools WHERE node_id = $1)`, nodeID))
+	if errors.Is(err, store.ErrNotFound) {
+		return Pool{}, false, nil
+	}
+	return p, err == nil, err
+}
+
+// NodeCount counts the nodes in a pool.
+func NodeCount(ctx context.Context, q store.Querier, poolID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM node_pools WHERE pool_id = $1`, poolID).Scan(&n)
+	return n, err
+}
+
+// PoolNodes is a live pool with its node count.
+type PoolNodes struct {
+	ID, Name, Policy string
+	Nodes            int
+}
+
+// LiveNodeCounts lists every pool that is not archived with its node
+// count, by id.
+func LiveNodeCounts(ctx context.Context, q store.Querier) ([]PoolNodes, error) {
+	rows, err := q.Query(ctx, `SELECT p.id, p.name, p.policy, COUNT(np.node_id) FROM pools p LEFT JOIN node_pools np ON np.pool_id = p.id
+		WHERE p.state <> 'archived' GROUP BY p.id, p.name, p.policy ORDER BY p.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []PoolNodes
+	for rows.Next() {
+		var p PoolNodes
+		if err := rows.Scan(&p.ID, &p.Name, &p.Policy, &p.Nodes); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
 }

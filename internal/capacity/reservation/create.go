@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/migplan"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/placer"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
@@ -368,6 +370,15 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 	}
 	var sp spec
 	var t target
+	// refused is the reservation a pool with mig: auto refused for want of
+	// capacity: counted, once the refusal is final, as demand for the MIG
+	// repartitioner (the refused create's own transaction writes nothing).
+	var refused *Reservation
+	defer func() {
+		if refused != nil {
+			s.countRefusal(ctx, refused)
+		}
+	}()
 	now := s.env.Clock().Now()
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReservationResponse]{
 		Validate: func() error {
@@ -403,7 +414,12 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 			}
 			r := t.newReservation(&sp, tx.Now(), tx.Caller().Principal.ID)
 			evs, err := s.engine.create(ctx, b, &r, &t, tx.Now(), true)
+			refused = nil
 			if err != nil {
+				if apiErr := (*envelope.Error)(nil); errors.As(err, &apiErr) && apiErr.Code == envelope.CodeNoCapacity &&
+					r.MIGProfile != "" && t.policy.GetMig() == pool.MIGAuto {
+					refused = &r
+				}
 				return nil, err
 			}
 			tx.SetResource(r.ID, "")
@@ -489,6 +505,12 @@ func (e *Engine) neverFits(t *target, r *Reservation) error {
 		return err
 	}
 	if len(again.Plans) == 0 {
+		if migCouldHold(t, nodes, r) {
+			// A pool whose MIG layouts follow demand queues it: the
+			// repartitioner reads the queue and gives an idle GPU a
+			// layout with this profile.
+			return nil
+		}
 		return placer.NeverFits(t.pool.Name, nodes, r, res.Explanation)
 	}
 	return noCapacity(t.pool.Name, res.Explanation, "no node that could hold it is healthy and schedulable now")
@@ -685,4 +707,39 @@ func prefixed(err error, prefix string) error {
 		out.Violations[i] = envelope.Violation{Field: prefix + v.Field, Reason: v.Reason}
 	}
 	return &out
+}
+
+// migCouldHold reports whether r asks for a MIG profile that a GPU of the
+// pool could offer after a repartition, in a pool with mig: auto.
+func migCouldHold(t *target, nodes []placement.Node, r *Reservation) bool {
+	if r.MIGProfile == "" || t.policy.GetMig() != pool.MIGAuto {
+		return false
+	}
+	for i := range nodes {
+		for _, g := range nodes[i].GPUs {
+			if r.Model != "" && !placement.ModelMatches(r.Model, g.Model) {
+				continue
+			}
+			for _, l := range migplan.Layouts(g.Model) {
+				if slices.Contains(l, r.MIGProfile) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// countRefusal records a MIG create refused for want of capacity. It is
+// best effort: a count lost to a failed write only slows the repartitioner
+// down, it never books or refuses anything; so a failure is logged, not
+// returned to the caller, whose answer is the refusal.
+func (s *Service) countRefusal(ctx context.Context, r *Reservation) {
+	at := s.env.Clock().Now()
+	err := s.env.DB().Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		return MIGRefusalAdd(ctx, tx, r.PoolID, r.Model, r.MIGProfile, at)
+	})
+	if err != nil {
+		slog.WarnContext(ctx, "count a MIG refusal", "pool", r.PoolID, "profile", r.MIGProfile, "err", err)
+	}
 }

@@ -255,29 +255,15 @@ func (e *Engine) requeue(ctx context.Context, tx store.Tx, r *Reservation, now t
 // XID, a finding, an operator's quarantine): each gets the GpuUnhealthy
 // condition and a reservation.gpu_unhealthy event. Where move is set, the
 // pool replaces what it loses (on_node_lost replace) and the reservation's
-// binding can move (node binding: not an instance, whose guest lives on the
+// binding can move (node or none: not an instance, whose guest lives on the
 // host, nor Kubernetes, whose pods do), the node is told to release it and
 // it goes back in the queue to be placed elsewhere, in this transaction. It
 // returns how many reservations held the GPU and how many moved.
 func (h Hooks) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, reason string, move bool) (held, moved int, err error) {
 	e := h.rn.Engine
 	now := e.placers.Clock.Now()
-	rows, err := tx.Query(ctx, `SELECT DISTINCT b.reservation_id FROM bookings b JOIN atoms a ON a.id = b.atom
-		WHERE a.node_id = $1 AND a.gpu_uuid = $2 AND b.ends_at > $3 ORDER BY b.reservation_id`, nodeID, gpuUUID, now)
+	ids, err := holdingGPU(ctx, tx, nodeID, gpuUUID, now)
 	if err != nil {
-		return 0, 0, err
-	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return 0, 0, err
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return 0, 0, err
 	}
 	var evs []envelope.Event
@@ -300,8 +286,8 @@ func (h Hooks) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, r
 		if p, err := pool.Get(ctx, tx, "", r.PoolID); err == nil {
 			policy = poolPolicy(p).GetOnNodeLost()
 		}
-		if move && policy == pool.OnNodeLostReplace && r.Binding == BindingNode && r.State != StateReleasing {
-			if r.State == StateBinding || r.State == StateActive {
+		if move && policy == pool.OnNodeLostReplace && (r.Binding == BindingNode || r.Binding == BindingNone) && r.State != StateReleasing {
+			if r.Binding == BindingNode && (r.State == StateBinding || r.State == StateActive) {
 				if _, err := e.Commands.Send(ctx, tx, Command{
 					TenantID: r.TenantID, NodeID: r.NodeID, Kind: KindAllocationRelease, Params: map[string]any{"allocation_id": r.ID},
 					IdempotencyKey: r.ID + "/release/" + r.Placement.NodeName, CreatedBy: "system:health", TTL: e.bindTimeout(), Time: now,

@@ -226,3 +226,107 @@ func countModelAtoms(ctx context.Context, q store.Querier, model string) store.R
 func pendingPools(ctx context.Context, q store.Querier) ([]string, error) {
 	return store.Strings(q.Query(ctx, `SELECT DISTINCT pool_id FROM reservations WHERE state = 'pending' ORDER BY pool_id`))
 }
+
+// MIGDemand is what a pool's queue asks of one MIG profile: the instances
+// its pending reservations want.
+type MIGDemand struct {
+	Model, Profile string
+	Count          int
+}
+
+// PendingMIGDemand sums the pending reservations of a pool per model and
+// MIG profile, for the MIG repartitioner.
+func PendingMIGDemand(ctx context.Context, q store.Querier, poolID string) ([]MIGDemand, error) {
+	rows, err := q.Query(ctx, `SELECT model, mig_profile, SUM(gpus) FROM reservations
+		WHERE pool_id = $1 AND state = 'pending' AND mig_profile <> ''
+		GROUP BY model, mig_profile ORDER BY model, mig_profile`, poolID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []MIGDemand
+	for rows.Next() {
+		var d MIGDemand
+		if err := rows.Scan(&d.Model, &d.Profile, &d.Count); err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// MIGRefusalAdd counts one create refused for want of capacity against
+// the minute of at.
+func MIGRefusalAdd(ctx context.Context, tx store.Tx, poolID, model, profile string, at time.Time) error {
+	_, err := tx.Exec(ctx, `INSERT INTO mig_refusals (pool_id, model, profile, bucket, count) VALUES ($1, $2, $3, $4, 1)
+		ON CONFLICT (pool_id, bucket, model, profile) DO UPDATE SET count = mig_refusals.count + 1`,
+		poolID, model, profile, at.UTC().Truncate(time.Minute))
+	return err
+}
+
+// MIGRefusal is the count of one minute's refused creates of a pool for
+// one model and MIG profile.
+type MIGRefusal struct {
+	Model, Profile string
+	Bucket         time.Time
+	Count          int
+}
+
+// MIGRefusalList lists a pool's refusal counts of the minutes from since
+// on.
+func MIGRefusalList(ctx context.Context, q store.Querier, poolID string, since time.Time) ([]MIGRefusal, error) {
+	rows, err := q.Query(ctx, `SELECT model, profile, bucket, count FROM mig_refusals WHERE pool_id = $1 AND bucket >= $2
+		ORDER BY bucket, model, profile`, poolID, since.UTC().Truncate(time.Minute))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []MIGRefusal
+	for rows.Next() {
+		var r MIGRefusal
+		if err := rows.Scan(&r.Model, &r.Profile, &r.Bucket, &r.Count); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// MIGRefusalConsume takes counts a repartitioner round acted on off a
+// pool's refusals (those counted since stay) and deletes what is used up.
+func MIGRefusalConsume(ctx context.Context, tx store.Tx, poolID string, used []MIGRefusal) error {
+	for _, r := range used {
+		if _, err := tx.Exec(ctx, `UPDATE mig_refusals SET count = count - $5 WHERE pool_id = $1 AND bucket = $2 AND model = $3 AND profile = $4`,
+			poolID, r.Bucket.UTC(), r.Model, r.Profile, r.Count); err != nil {
+			return err
+		}
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM mig_refusals WHERE pool_id = $1 AND count <= 0`, poolID)
+	return err
+}
+
+// MIGRefusalPrune deletes the refusal counts of minutes before before.
+func MIGRefusalPrune(ctx context.Context, tx store.Tx, before time.Time) error {
+	_, err := tx.Exec(ctx, `DELETE FROM mig_refusals WHERE bucket < $1`, before.UTC().Truncate(time.Minute))
+	return err
+}
+
+// holdingGPU lists the reservations with a booking on a node's GPU that
+// has not ended by now.
+func holdingGPU(ctx context.Context, q store.Querier, nodeID, gpuUUID string, now time.Time) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT b.reservation_id FROM bookings b JOIN atoms a ON a.id = b.atom
+		WHERE a.node_id = $1 AND a.gpu_uuid = $2 AND b.ends_at > $3 ORDER BY b.reservation_id`, nodeID, gpuUUID, now)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}

@@ -74,11 +74,17 @@ type Backend struct {
 	identity *agentv1.HardwareIdentity
 	// list is the GPUs Telemetry makes readings for (telemetry.go).
 	list gpuList
+	// mig is the MIG layouts ConfigureMIG set (mig.go).
+	mig migOverlay
+	// faults is the injected bad state and health reads it (health.go).
+	faults *faults
+	health healthPath
 }
 
 var (
 	_ hw.Backend        = (*Backend)(nil)
 	_ hw.IdentitySource = (*Backend)(nil)
+	_ hw.MIGConfigurer  = (*Backend)(nil)
 )
 
 // New builds the fake machine for opts: from go-nvml's mock through the NVML

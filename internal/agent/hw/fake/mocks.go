@@ -43,15 +43,6 @@ func fromMock(opts Options) (*Backend, error) {
 		}
 		d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return m.numa[i], nvml.SUCCESS }
 		links := m.peers[i]
-		d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-			if link >= nvml.NVLINK_MAX_LINKS {
-				return 0, nvml.ERROR_INVALID_ARGUMENT
-			}
-			if link < len(links) {
-				return nvml.FEATURE_ENABLED, nvml.SUCCESS
-			}
-			return nvml.FEATURE_DISABLED, nvml.SUCCESS
-		}
 		d.GetNvLinkRemotePciInfoFunc = func(link int) (nvml.PciInfo, nvml.Return) {
 			if link >= len(links) {
 				return nvml.PciInfo{}, nvml.ERROR_NOT_SUPPORTED
@@ -61,9 +52,13 @@ func fromMock(opts Options) (*Backend, error) {
 			return p, nvml.SUCCESS
 		}
 	}
+	f := newFaults(len(devs))
+	events := &mockEvents{devs: devs, faults: f}
+	wireHealth(srv, devs, m.peers, f, events)
 	b, err := nvmlbackend.FromInterface(srv)
 	if err != nil {
 		return nil, fmt.Errorf("open the %s mock: %w", opts.Model, err)
 	}
-	return &Backend{Backend: b, identity: m.identity(opts)}, nil
+	baseline(b)
+	return &Backend{Backend: b, identity: m.identity(opts), faults: f, health: mockHealth{Backend: b, events: events}}, nil
 }

@@ -64,7 +64,12 @@ func fromSnapshot(opts Options) (*Backend, error) {
 			inv.Nvlinks = append(inv.Nvlinks, &agentv1.NvLink{GpuUuid: m.uuids[i], PeerUuid: m.uuids[p], Link: int32(l)})
 		}
 	}
-	return &Backend{Backend: &snapshotBackend{inv: inv}, identity: m.identity(opts)}, nil
+	f := newFaults(len(inv.Gpus))
+	h := &snapshotHealth{faults: f, uuids: m.uuids}
+	for i := range inv.Gpus {
+		h.links = append(h.links, len(m.peers[i]))
+	}
+	return &Backend{Backend: &snapshotBackend{inv: inv}, identity: m.identity(opts), faults: f, health: h}, nil
 }
 
 // snapshotBackend answers every Inventory with a copy of one inventory.

@@ -35,3 +35,8 @@ func (*Backend) Inventory(context.Context) (*agentv1.GpuInventory, error) {
 
 // Close has nothing to close.
 func (*Backend) Close() error { return nil }
+
+// ConfigureMIG is never reached: New returns no Backend.
+func (*Backend) ConfigureMIG(context.Context, string, []string) error {
+	return fmt.Errorf("%w: %w", ErrUnavailable, ErrNoCgo)
+}

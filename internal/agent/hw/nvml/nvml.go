@@ -8,7 +8,9 @@
 // go-nvml needs cgo, so this backend is built only with cgo; a cgo-free bcd
 // (CGO_ENABLED=0) refuses --hardware nvml with ErrUnavailable (nocgo.go).
 //
-// It must never change device state (MIG mode, clocks, persistence).
+// It must never change device state (clocks, persistence, MIG mode) except
+// through ConfigureMIG (mig.go), which the control plane asks for with
+// gpu.mig.configure and which refuses a GPU in use.
 package nvml
 
 import (
@@ -32,6 +34,13 @@ var ErrUnavailable = errors.New("nvml unavailable")
 type Backend struct {
 	mu  sync.Mutex
 	lib nvml.Interface
+	// findings is what the health poll remembers between polls.
+	findings FindingState
+	// closed is set and closing closed when Close begins; watchers are
+	// the XID watches Close waits for before it shuts NVML down.
+	closed   bool
+	closing  chan struct{}
+	watchers sync.WaitGroup
 }
 
 var _ hw.Backend = (*Backend)(nil)
@@ -53,11 +62,18 @@ func FromInterface(lib nvml.Interface) (b *Backend, err error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w: init: %s (is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?)", ErrUnavailable, nvml.ErrorString(ret))
 	}
-	return &Backend{lib: lib}, nil
+	return &Backend{lib: lib, closing: make(chan struct{})}, nil
 }
 
 // Close shuts NVML down.
 func (b *Backend) Close() error {
+	b.mu.Lock()
+	if !b.closed {
+		b.closed = true
+		close(b.closing)
+	}
+	b.mu.Unlock()
+	b.watchers.Wait()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.lib == nil {

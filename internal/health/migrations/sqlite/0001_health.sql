@@ -69,6 +69,8 @@ CREATE TABLE health_gpus (
     gpu_uuid    TEXT PRIMARY KEY,
     node_id     TEXT NOT NULL,
     tenant_id   TEXT NOT NULL,
+    -- The node's pool when the GPU went out ('' for none).
+    pool_id     TEXT NOT NULL DEFAULT '',
     state       TEXT NOT NULL CHECK (state IN ('quarantined', 'rma')),
     reason      TEXT NOT NULL DEFAULT '',
     finding_id  TEXT NOT NULL DEFAULT '',
@@ -76,6 +78,7 @@ CREATE TABLE health_gpus (
     create_time TIMESTAMP NOT NULL
 );
 CREATE INDEX health_gpus_node ON health_gpus (node_id);
+CREATE INDEX health_gpus_pool ON health_gpus (pool_id);
 
 -- Circuit breakers, one row per pool that ever tripped. A tripped breaker
 -- stays open until an operator resets it.
