@@ -54,6 +54,10 @@ type SimSite struct {
 	// delay is how long each step takes (0: at once).
 	delay time.Duration
 	forge bool // sign wipe records with a key the control plane never saw
+	// signer, when set, signs BMC steps' results as a site node
+	// (SignSiteReports).
+	signer    *siteSigner
+	ipmiPorts int
 }
 
 // SimMachine is a simulated machine: a Redfish BMC on loopback and a disk.
@@ -66,18 +70,25 @@ type SimMachine struct {
 	Password   string
 	// Power is the machine behind the BMC: it records every boot.
 	Power *redfish.MemoryPower
+	// BMCDriver is "" (redfish) or "ipmi" (AddIPMIMachine).
+	BMCDriver   string
+	inMemoryBMC bool
+	firmware    map[string]any
 
 	mu     sync.Mutex
 	image  string // sha256 of the image on its disk
 	wipes  int
 	booted []string      // boot modes the site's iPXE script chose
 	key    crypto.Signer // the running ramdisk's key
+	// rotated counts the BMC password rotations the site applied.
+	rotated int
 }
 
 type simKey struct {
 	state   provision.OutcomeStatus
 	result  provision.Result
 	applied int
+	handle  string
 }
 
 // NewSimSite connects a simulated site agent for siteID to the control
@@ -311,9 +322,18 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 		return provision.Dispatched{}, fmt.Errorf("%w: key %s is fenced", provision.ErrNotDispatched, run.IdempotencyKey)
 	case k != nil:
 		// A repeated delivery of a key: applied once.
-		return provision.Dispatched{Handle: "sim-" + run.IdempotencyKey}, nil
+		return provision.Dispatched{Handle: k.handle}, nil
 	}
-	k = &simKey{state: provision.OutcomeRunning, applied: 1}
+	handle := "sim-" + run.IdempotencyKey
+	signer := s.signer
+	if signer != nil && siteStep(run.Kind) {
+		id, err := signer.command(s.ctx, t, run)
+		if err != nil {
+			return provision.Dispatched{}, fmt.Errorf("%w: %w", provision.ErrNotDispatched, err)
+		}
+		handle = id
+	}
+	k = &simKey{state: provision.OutcomeRunning, applied: 1, handle: handle}
 	s.keys[run.IdempotencyKey] = k
 	fail := s.failNext[run.Kind]
 	delete(s.failNext, run.Kind)
@@ -338,6 +358,11 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 			}
 		}
 		res := s.apply(s.ctx, m, t, run, fail)
+		if signer != nil && siteStep(run.Kind) && res.Error == "" {
+			if err := signer.report(s.ctx, handle, res.Output); err != nil {
+				res = provision.Result{Error: "sign the report: " + err.Error()}
+			}
+		}
 		s.mu.Lock()
 		k.result, k.state = res, provision.OutcomeSucceeded
 		if res.Error != "" {
@@ -356,7 +381,7 @@ func (s *SimSite) Dispatch(_ context.Context, t metal.Target, run provision.Step
 			}
 		}
 	}()
-	return provision.Dispatched{Handle: "sim-" + run.IdempotencyKey}, nil
+	return provision.Dispatched{Handle: handle}, nil
 }
 
 // Lookup answers what became of a key; a key never seen is fenced.
@@ -368,7 +393,7 @@ func (s *SimSite) Lookup(_ context.Context, _ metal.Target, run provision.StepRu
 		s.keys[run.IdempotencyKey] = &simKey{state: provision.OutcomeNotDispatched}
 		return provision.Outcome{Status: provision.OutcomeNotDispatched}, nil
 	}
-	return provision.Outcome{Status: k.state, Handle: "sim-" + run.IdempotencyKey, Result: k.result}, nil
+	return provision.Outcome{Status: k.state, Handle: k.handle, Result: k.result}, nil
 }
 
 // PowerStatus reads a machine's power from its BMC with the real driver;
@@ -395,7 +420,11 @@ func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run 
 	}
 	switch run.Kind {
 	case metal.KindPowerCycle, metal.KindPowerOff, metal.KindPowerOn:
-		if err := power(ctx, t, run.Kind); err != nil {
+		if m.inMemoryBMC {
+			if err := memoryPower(ctx, m.Power, run.Kind); err != nil {
+				return provision.Result{Error: err.Error(), Logs: err.Error()}
+			}
+		} else if err := power(ctx, t, run.Kind); err != nil {
 			return provision.Result{Error: err.Error(), Logs: err.Error()}
 		}
 		if boot, _ := run.Params["boot"].(string); run.Kind == metal.KindPowerCycle && boot != "" {
@@ -405,12 +434,25 @@ func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run 
 		}
 		return provision.Result{Output: map[string]any{"power": strings.TrimPrefix(run.Kind, "power.")}}
 	case metal.KindInventory:
-		return provision.Result{Output: map[string]any{
+		m.mu.Lock()
+		key := m.key
+		m.mu.Unlock()
+		return signStep(key, t, run, map[string]any{
 			"cpus": 64, "memory_bytes": int64(512) << 30,
-			"disks": []any{map[string]any{"device": "/dev/nvme0n1", "size_bytes": int64(3840) << 30, "model": "SIM NVMe"}},
-			"nics":  []any{map[string]any{"name": "eno1", "mac": m.MAC}},
-			"gpus":  []any{map[string]any{"model": "H100", "count": 8}},
-		}}
+			"disks":    []any{map[string]any{"device": "/dev/nvme0n1", "size_bytes": int64(3840) << 30, "model": "SIM NVMe"}},
+			"nics":     []any{map[string]any{"name": "eno1", "mac": m.MAC}},
+			"gpus":     []any{map[string]any{"model": "H100", "count": 8}},
+			"firmware": m.firmwareReport(),
+		})
+	case metal.KindBMCRotate:
+		if !m.inMemoryBMC {
+			return provision.Result{Error: "the simulated site rotates only an IPMI machine's password (AddIPMIMachine)"}
+		}
+		pending, _ := run.Input["pending_ref"].(string)
+		m.mu.Lock()
+		m.rotated++
+		m.mu.Unlock()
+		return provision.Result{Output: map[string]any{"login_verified": true, "pending_ref": pending}}
 	case metal.KindDiskWipe:
 		m.mu.Lock()
 		m.image, m.wipes = "", m.wipes+1
@@ -430,10 +472,13 @@ func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run 
 		}
 		return provision.Result{Output: signed.Output()}
 	case metal.KindBurnIn:
+		m.mu.Lock()
+		key := m.key
+		m.mu.Unlock()
 		if on, _ := run.Input["burn_in"].(bool); !on {
-			return provision.Result{Output: map[string]any{"skipped": true}}
+			return signStep(key, t, run, map[string]any{"skipped": true})
 		}
-		return provision.Result{Output: map[string]any{"passed": true}}
+		return signStep(key, t, run, map[string]any{"passed": true, "gpus": 8})
 	case metal.KindImageWrite:
 		img, _ := run.Input["image"].(map[string]any)
 		sha, _ := img["sha256"].(string)
@@ -465,6 +510,28 @@ func (m *SimMachine) bootRamdisk() []byte {
 	m.key = k
 	m.mu.Unlock()
 	return der
+}
+
+// memoryPower plays a power step on a machine whose BMC is simulated in
+// memory.
+func memoryPower(ctx context.Context, p *redfish.MemoryPower, kind string) error {
+	switch kind {
+	case metal.KindPowerCycle:
+		return p.Restart(ctx, "", true)
+	case metal.KindPowerOff:
+		return p.Off(ctx, true)
+	case metal.KindPowerOn:
+		return p.On(ctx, "")
+	}
+	return errors.New("not a power step: " + kind)
+}
+
+// Rotations counts the BMC password rotations the site applied to the
+// machine.
+func (m *SimMachine) Rotations() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rotated
 }
 
 // power drives the machine's BMC with the real driver.

@@ -123,6 +123,14 @@ if [ -n "\$boot" ] && mount -t vfat -o ro "\$boot" /boot && [ -f /boot/bcd.env ]
 	# never echo it (the token is a secret).
 	. /boot/bcd.env
 fi
+if [ -n "\$BCD_ROOT_AUTHORIZED_KEY" ]; then
+	# A dedicated-root lease: root answers to the lessee's key, and the
+	# slot holds no server or token, so this system never joins the
+	# platform.
+	mkdir -p /root/.ssh && chmod 700 /root/.ssh
+	echo "\$BCD_ROOT_AUTHORIZED_KEY" >/root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys
+	echo "sample image: dedicated-root lease: root's authorized key installed (\${BCD_ROOT_AUTHORIZED_KEY##* })"
+fi
 ip link set lo up
 for dev in /sys/class/net/*; do
 	n=\${dev##*/}

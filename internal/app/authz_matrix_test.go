@@ -133,7 +133,10 @@ var matrixExpect = map[string]map[string]string{
 	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// A rotation is a bmc.rotate leaf once acme has approvers: an admin
 	// passes authorization and is sent to a command batch.
-	"machines.rotateBMC": {"platform-admin": "QUORUM_REQUIRED", "admin": "QUORUM_REQUIRED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.lease":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.acceptLease":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.releaseLease": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.rotateBMC":    {"platform-admin": "QUORUM_REQUIRED", "admin": "QUORUM_REQUIRED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Instances: admins manage flavors and IP pools.
 	"flavors.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"flavors.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -579,6 +582,23 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err := c.Machines.RotateBMCPassword(context.Background(), connect.NewRequest(&apiv1.RotateBMCPasswordRequest{Tenant: "acme", Machine: m}))
 		return err
 	},
+	"machines.lease": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		m := f.matrixLeasable(t)
+		_, err := c.Machines.Lease(context.Background(), connect.NewRequest(&apiv1.LeaseMachineRequest{Tenant: "acme", Machine: m, Lessee: "acme"}))
+		return err
+	},
+	"machines.acceptLease": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		img := f.matrixImage(t, true)
+		l := f.matrixOffer(t)
+		_, err := c.Machines.AcceptLease(context.Background(), connect.NewRequest(&apiv1.AcceptMachineLeaseRequest{Tenant: "acme", Lease: l,
+			Image: img.GetId(), SshKey: sfSSHKey}))
+		return err
+	},
+	"machines.releaseLease": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		l := f.matrixOffer(t)
+		_, err := c.Machines.ReleaseLease(context.Background(), connect.NewRequest(&apiv1.ReleaseMachineLeaseRequest{Tenant: "acme", Lease: l}))
+		return err
+	},
 	"machines.abort": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		// A machine with a workflow running: the platform admin's power-on
 		// (off needs a quorum once acme has approvers, as the batch rows
@@ -932,6 +952,29 @@ func (f *matrixFixture) matrixMachine(t *testing.T, state metal.State) string {
 	}))
 	f.cp.Authz.Reset()
 	return id
+}
+
+// matrixLeasable is a ready machine with a firmware baseline, as a
+// commissioning by a signing ramdisk leaves it.
+func (f *matrixFixture) matrixLeasable(t *testing.T) string {
+	t.Helper()
+	id := f.matrixMachine(t, metal.StateReady)
+	require.NoError(t, f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE machines SET firmware_baseline = $2 WHERE id = $1`, id, `{"bios_version":"1.0"}`)
+		return err
+	}))
+	return id
+}
+
+// matrixOffer is a lease of a fresh machine offered to acme itself, made
+// by the platform admin.
+func (f *matrixFixture) matrixOffer(t *testing.T) string {
+	t.Helper()
+	res, err := f.admin.Machines.Lease(context.Background(), connect.NewRequest(&apiv1.LeaseMachineRequest{Tenant: "acme",
+		Machine: f.matrixLeasable(t), Lessee: "acme"}))
+	require.NoError(t, err)
+	f.cp.Authz.Reset()
+	return res.Msg.GetLease().GetId()
 }
 
 // matrixPool creates a pool in acme as the platform admin and returns its id.

@@ -37,23 +37,24 @@ import (
 // BC_RIG_LOOPS=5.
 var rigLoops = flag.Int("loops", 0, "TestRigLifecycle: lifecycle loops per machine (default BC_RIG_LOOPS or 1)")
 
-// TestRigLifecycle is the bare-metal rig end to end on emulated machines
-// that really boot. A network namespace holds a bridge, the VMs' taps and
-// a real `bcd --mode site` (built here) that joined with a site token and
-// serves DHCP, TFTP and HTTP on the bridge; the control plane runs in this
-// process on a veth into the bridge. Machine m1 is a QEMU VM (TCG, iPXE
-// ROM, PXE first, a 64 MiB virtio disk) behind OpenIPMI's ipmi_sim;
-// machine m2 the same behind the bctest Redfish emulator. Both,
-// concurrently: enroll → inspect (PXE → ramdisk, inventory) → commission (PXE → ramdisk, inventory, attested
-// wipe) → ready → deploy the signed sample image (the ramdisk fetches it
-// from the site's cache and writes it; configure writes the node join
-// token into its config slot) → PXE says sanboot, the sample OS boots and
-// its bcd joins as a node and reports its inventory → deployed → release
-// (attested wipe) → ready. Each phase's wall time is logged.
-//
-// It needs BC_RIG=1, root, iproute2, qemu-system-x86, ipxe + ipxe-qemu,
-// openipmi, `make ramdisk` and `make sample-image`.
-func TestRigLifecycle(t *testing.T) {
+// rigEnv is the rig without its machines: the provisioning network in a
+// namespace, the control plane on a veth into it (tenant acme, project
+// infra, site dc1), a real bcd site agent holding dc1's boot lease, and
+// the sample image's bytes.
+type rigEnv struct {
+	rig      *metalRig
+	cp       *bctest.ControlPlane
+	admin    *client.Client
+	ns, pfx  string
+	disk     []byte
+	site     *rigLog
+	siteTok  string
+	qemuArgs func(n int, mac string) []string
+}
+
+// startRig builds the rig (see TestRigLifecycle); it skips without
+// BC_RIG=1.
+func startRig(t *testing.T) *rigEnv {
 	if os.Getenv("BC_RIG") != "1" {
 		t.Skip("the bare-metal rig needs BC_RIG=1 (root, qemu, ipmi_sim, ipxe; make ramdisk sample-image)")
 	}
@@ -74,11 +75,6 @@ func TestRigLifecycle(t *testing.T) {
 		_, err := os.Stat(f)
 		require.NoError(t, err, "run make ramdisk sample-image (and install ipxe) first")
 	}
-	loops := *rigLoops
-	if loops == 0 {
-		loops, _ = strconv.Atoi(cmpOr(os.Getenv("BC_RIG_LOOPS"), "1"))
-	}
-	loops = max(loops, 1)
 	accel := cmpOr(os.Getenv("BC_RIG_ACCEL"), "tcg")
 
 	work, err := os.MkdirTemp("", "bcrig")
@@ -160,11 +156,9 @@ func TestRigLifecycle(t *testing.T) {
 	_, err = admin.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: "acme", Name: "dc1", Networks: []string{pfx + "0/24"}}))
 	require.NoError(t, err)
 
-	// The signed sample image.
+	// The sample image.
 	disk, err := os.ReadFile(filepath.Join(sampleDir, "sample.raw"))
 	require.NoError(t, err)
-	img := pushSigned(t, admin, "acme", "sample", disk)
-	rig.phase("", fmt.Sprintf("push and sign the sample image (%d MiB, sha256:%s…)", len(disk)>>20, img.GetSha256()[:12]))
 
 	// The site agent, in the namespace.
 	tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "infra", Role: "site", Site: "dc1"}))
@@ -216,6 +210,37 @@ func TestRigLifecycle(t *testing.T) {
 			"-smbios", fmt.Sprintf("type=1,manufacturer=BetterCompute,product=rig,serial=RIG-%d-%d,uuid=6b1c0e2a-0000-4000-8000-%012d", os.Getpid(), n, n),
 			"-smbios", fmt.Sprintf("type=2,serial=RIGBOARD-%d-%d", os.Getpid(), n)}
 	}
+	return &rigEnv{rig: rig, cp: cp, admin: admin, ns: ns, pfx: pfx, disk: disk, site: site, siteTok: tok.Msg.GetToken(), qemuArgs: qemuArgs}
+}
+
+// TestRigLifecycle is the bare-metal rig end to end on emulated machines
+// that really boot. A network namespace holds a bridge, the VMs' taps and
+// a real `bcd --mode site` (built here) that joined with a site token and
+// serves DHCP, TFTP and HTTP on the bridge; the control plane runs in this
+// process on a veth into the bridge. Machine m1 is a QEMU VM (TCG, iPXE
+// ROM, PXE first, a 64 MiB virtio disk) behind OpenIPMI's ipmi_sim;
+// machine m2 the same behind the bctest Redfish emulator. Both,
+// concurrently: enroll → inspect (PXE → ramdisk, inventory) → commission (PXE → ramdisk, inventory, attested
+// wipe) → ready → deploy the signed sample image (the ramdisk fetches it
+// from the site's cache and writes it; configure writes the node join
+// token into its config slot) → PXE says sanboot, the sample OS boots and
+// its bcd joins as a node and reports its inventory → deployed → release
+// (attested wipe) → ready. Each phase's wall time is logged.
+//
+// It needs BC_RIG=1, root, iproute2, qemu-system-x86, ipxe + ipxe-qemu,
+// openipmi, `make ramdisk` and `make sample-image`.
+func TestRigLifecycle(t *testing.T) {
+	env := startRig(t)
+	rig, cp, admin, ns, pfx, qemuArgs, site := env.rig, env.cp, env.admin, env.ns, env.pfx, env.qemuArgs, env.site
+	ctx := context.Background()
+	loops := *rigLoops
+	if loops == 0 {
+		loops, _ = strconv.Atoi(cmpOr(os.Getenv("BC_RIG_LOOPS"), "1"))
+	}
+	loops = max(loops, 1)
+	img := pushSigned(t, admin, "acme", "sample", env.disk)
+	rig.phase("", fmt.Sprintf("push and sign the sample image (%d MiB, sha256:%s…)", len(env.disk)>>20, img.GetSha256()[:12]))
+
 	const pw = "rig-secret"
 	mac1, mac2 := "52:54:00:bc:01:01", "52:54:00:bc:01:02"
 	ipmiAddr := rig.startIPMI(ns, pfx+"2", qemuArgs(1, mac1), pw)
@@ -238,7 +263,7 @@ func TestRigLifecycle(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.NotContains(t, site.String(), tok.Msg.GetToken(), "the site token never reaches the site agent's log")
+	require.NotContains(t, site.String(), env.siteTok, "the site token never reaches the site agent's log")
 	t.Logf("rig: %d loop(s) of both machines in %.0f s", loops, time.Since(rig.start).Seconds())
 }
 
@@ -548,4 +573,110 @@ func cmpOr(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// TestRigDedicatedLease runs a dedicated-root lease's whole life on the
+// rig: m1 (a QEMU VM behind ipmi_sim) is commissioned (the real ramdisk
+// signs its inventory, whose DMI firmware becomes the baseline), offered to
+// tenant beta, which accepts with its own signed copy of the sample image
+// and root's key; the sample OS boots with root's key installed and no
+// platform server or token (it never joins). beta's release runs the
+// teardown through the real site agent and ramdisk — fence, ramdisk,
+// firmware, attested erase, burn-in, power off, a BMC password rotation on
+// ipmi_sim — and the machine is ready again with every step's signed
+// evidence verified. Same gate as TestRigLifecycle.
+func TestRigDedicatedLease(t *testing.T) {
+	env := startRig(t)
+	rig, admin := env.rig, env.admin
+	ctx := context.Background()
+	const pw = "rig-secret"
+	mac := "52:54:00:bc:02:01"
+	addr := rig.startIPMI(env.ns, env.pfx+"2", env.qemuArgs(1, mac), pw)
+	_, err := admin.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "acme", Site: "dc1", Name: "m1",
+		BmcDriver: "ipmi", BmcAddress: addr, BmcUsername: "admin", BmcPassword: pw, Mac: mac}))
+	require.NoError(t, err)
+	get := func() *apiv1.Machine {
+		res, err := admin.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: "acme", Machine: "m1"}))
+		require.NoError(t, err)
+		return res.Msg.GetMachine()
+	}
+	wait := func(op, want string) *apiv1.Machine {
+		t.Helper()
+		start, deadline := time.Now(), time.Now().Add(rigPhaseLimit)
+		m := get()
+		for m.GetWorkflowId() != "" {
+			if time.Now().After(deadline) {
+				rig.consoles()
+				t.Fatalf("m1 %s: still %s after %v; consoles under %s", op, m.GetState(), rigPhaseLimit, rig.work)
+			}
+			time.Sleep(250 * time.Millisecond)
+			m = get()
+		}
+		if m.GetState() != want {
+			rig.consoles()
+			t.Fatalf("m1 %s ended %s, want %s: step %s: %s\n%s", op, m.GetState(), want, m.GetFailedStep(), m.GetFailureReason(), m.GetFailureLogs())
+		}
+		rig.phase("m1", fmt.Sprintf("%-14s %6.1f s → %s", op, time.Since(start).Seconds(), want))
+		return m
+	}
+
+	_, err = admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	before := wait("commission", "ready")
+	require.True(t, attested(t, "m1", before))
+
+	_, err = admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "beta"}))
+	require.NoError(t, err)
+	k, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "beta", Role: "admin"}))
+	require.NoError(t, err)
+	beta := env.cp.Client(k.Msg.GetSecret())
+	pushSigned(t, beta, "beta", "beta-os", env.disk)
+
+	offer, err := admin.Machines.Lease(ctx, connect.NewRequest(&apiv1.LeaseMachineRequest{Tenant: "acme", Machine: "m1", Lessee: "beta"}))
+	require.NoError(t, err, "the commissioning's signed firmware is the baseline a lease needs")
+	id := offer.Msg.GetLease().GetId()
+	const rootKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl root@beta"
+	_, err = beta.Machines.AcceptLease(ctx, connect.NewRequest(&apiv1.AcceptMachineLeaseRequest{Tenant: "beta", Lease: id,
+		Image: "beta-os", SshKey: rootKey}))
+	require.NoError(t, err)
+	m := wait("lease-deploy", "deployed")
+	require.Equal(t, id, m.GetLeaseId())
+	// The lessee's OS boots with root's key and nothing to join with.
+	console := filepath.Join(rig.work, "console1.log")
+	bctest.WaitFor(t, "the lessee's OS to boot", func() bool {
+		b, _ := os.ReadFile(console)
+		return strings.Contains(string(b), "dedicated-root lease: root's authorized key installed (root@beta)") &&
+			strings.Contains(string(b), "sample image: no BCD_SERVER")
+	})
+	disk, err := os.ReadFile(filepath.Join(rig.work, "disk1.img"))
+	require.NoError(t, err)
+	require.Contains(t, string(disk), "BCD_ROOT_AUTHORIZED_KEY='"+rootKey+"'")
+	require.NotContains(t, string(disk), "BCD_JOIN_TOKEN='", "no platform join token on the lessee's disk")
+	nodes, err := admin.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	for _, n := range nodes.Msg.GetNodes() {
+		if n.GetLabels()[metal.MachineLabel] == m.GetId() && n.GetMode() == "node" {
+			require.Equal(t, "retired", n.GetState(), "no live platform node for the leased machine")
+		}
+	}
+	rig.phase("m1", "the lessee's OS booted with root's key and no join token")
+
+	_, err = beta.Machines.ReleaseLease(ctx, connect.NewRequest(&apiv1.ReleaseMachineLeaseRequest{Tenant: "beta", Lease: id}))
+	require.NoError(t, err)
+	m = wait("lease-teardown", "ready")
+	require.Empty(t, m.GetLeaseId())
+	require.True(t, attested(t, "m1", m))
+	require.NotEqual(t, before.GetBmcCredentialRef(), m.GetBmcCredentialRef(), "the BMC password was rotated")
+	_, err = env.cp.App.Metal.PowerStatus(ctx, m.GetId())
+	require.NoError(t, err, "the BMC takes the new current password")
+	res, err := beta.Machines.GetLease(ctx, connect.NewRequest(&apiv1.GetMachineLeaseRequest{Tenant: "beta", Lease: id}))
+	require.NoError(t, err)
+	l := res.Msg.GetLease()
+	require.Equal(t, metal.LeaseReturned, l.GetState())
+	require.Len(t, l.GetEvidence(), len(metal.TeardownSteps))
+	for _, e := range l.GetEvidence() {
+		require.True(t, e.GetVerified(), "%s: %s", e.GetStep(), e.GetDetail())
+		rig.phase("m1", fmt.Sprintf("evidence %-16s %-18s %s sha256:%s…", e.GetStep(), e.GetKind(), e.GetSigner(), e.GetDigest()[:12]))
+	}
+	t.Logf("rig: the dedicated-root lease's life in %.0f s", time.Since(rig.start).Seconds())
 }

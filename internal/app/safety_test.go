@@ -705,6 +705,10 @@ func TestSafetyIdempotency(t *testing.T) {
 
 // --- cross-tenant sweep over the whole catalog ----------------------------
 
+// sfLeaseID is a well-formed lease id no tenant has: a stranger's lease
+// calls must fail on the tenant, not on input.
+const sfLeaseID = "mls_00000000000000000000000000"
+
 func TestSafetyCrossTenantCatalog(t *testing.T) {
 	t.Parallel()
 	// One stranger tries every procedure and each refusal must be on record:
@@ -2409,6 +2413,48 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Machines.GetWorkflow(ctx, connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: "other", Workflow: sfWorkflowID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceLeaseProcedure: {
+			func() error {
+				_, err := evil.Machines.Lease(ctx, connect.NewRequest(&apiv1.LeaseMachineRequest{Tenant: "acme", Machine: "m1", Lessee: "other"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.Lease(ctx, connect.NewRequest(&apiv1.LeaseMachineRequest{Tenant: "other", Machine: machineID, Lessee: "other"}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceAcceptLeaseProcedure: {
+			func() error {
+				_, err := evil.Machines.AcceptLease(ctx, connect.NewRequest(&apiv1.AcceptMachineLeaseRequest{Tenant: "acme", Lease: sfLeaseID,
+					Image: "img", SshKey: sfSSHKey}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.AcceptLease(ctx, connect.NewRequest(&apiv1.AcceptMachineLeaseRequest{Tenant: "other", Lease: sfLeaseID,
+					Image: "img", SshKey: sfSSHKey}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceReleaseLeaseProcedure: {
+			func() error {
+				_, err := evil.Machines.ReleaseLease(ctx, connect.NewRequest(&apiv1.ReleaseMachineLeaseRequest{Tenant: "acme", Lease: sfLeaseID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.ReleaseLease(ctx, connect.NewRequest(&apiv1.ReleaseMachineLeaseRequest{Tenant: "other", Lease: sfLeaseID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceGetLeaseProcedure: {
+			func() error {
+				_, err := evil.Machines.GetLease(ctx, connect.NewRequest(&apiv1.GetMachineLeaseRequest{Tenant: "acme", Lease: sfLeaseID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.GetLease(ctx, connect.NewRequest(&apiv1.GetMachineLeaseRequest{Tenant: "other", Lease: sfLeaseID}))
 				return err
 			},
 		},

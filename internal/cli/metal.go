@@ -487,6 +487,7 @@ fails when it did not succeed.`,
 	rotate.Flags().BoolVar(&wait, "wait", false, "wait until the rotation ends; fail unless it succeeded")
 
 	cmd.AddCommand(enroll, list, get, inspect, commission, deploy, release, retire, rescue, power, abort, rotate)
+	cmd.AddCommand(a.leaseCommands()...)
 	return cmd
 }
 
@@ -620,6 +621,9 @@ func (a *app) waitMachineIdle(ctx context.Context, c *client.Client, tenant stri
 func (a *app) printMachine(cmd *cobra.Command, msg proto.Message, m *apiv1.Machine) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
 		machineTable(w, m)
+		if id := m.GetLeaseId(); id != "" {
+			fmt.Fprintf(w, "\nunder dedicated-root lease %s (machines lease-get %s)\n", id, id)
+		}
 		if ref := m.GetBmcPendingCredentialRef(); ref != "" {
 			fmt.Fprintf(w, "\nBMC password rotation: %s pending (current %s)\n", ref, m.GetBmcCredentialRef())
 		}

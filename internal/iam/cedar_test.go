@@ -153,8 +153,11 @@ func resourceFor(action, tenant string) Resource {
 	case "machines.enroll":
 		return Resource{Type: "Machine", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "m1"}}
 	case "machines.get", "machines.inspect", "machines.commission", "machines.deploy", "machines.release",
-		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow", "machines.rotateBMC":
+		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow", "machines.rotateBMC",
+		"machines.lease":
 		return Resource{Type: "Machine", ID: "mch1", TenantID: tenant, Attrs: map[string]any{"name": "m1", "site": "site1", "state": "ready"}}
+	case "machines.acceptLease", "machines.releaseLease", "machines.getLease":
+		return Resource{Type: "MachineLease", ID: "mls1", TenantID: tenant, Attrs: map[string]any{"machine": "mch1", "state": "active"}}
 	case "instances.create":
 		return Resource{Type: "Instance", ID: DraftID, TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "vm1", "flavor": "small"}}
 	case "instances.get", "instances.start", "instances.stop", "instances.reboot", "instances.delete", "instances.ssh":
@@ -189,7 +192,7 @@ func TestCedarMatrix(t *testing.T) {
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
-		"machines.getWorkflow",
+		"machines.getWorkflow", "machines.getLease",
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
@@ -541,9 +544,10 @@ func TestActions(t *testing.T) {
 		"inventory.get", "ipPools.create", "ipPools.delete", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
-		"machines.abort", "machines.commission", "machines.deploy", "machines.enroll", "machines.get", "machines.getWorkflow",
-		"machines.inspect", "machines.list", "machines.listWorkflows", "machines.power", "machines.powerStatus",
-		"machines.release", "machines.rescue", "machines.retire", "machines.rotateBMC",
+		"machines.abort", "machines.acceptLease", "machines.commission", "machines.deploy", "machines.enroll", "machines.get",
+		"machines.getLease", "machines.getWorkflow", "machines.inspect", "machines.lease", "machines.list", "machines.listWorkflows",
+		"machines.power", "machines.powerStatus", "machines.release", "machines.releaseLease", "machines.rescue", "machines.retire",
+		"machines.rotateBMC",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
 		"pools.archive", "pools.create", "pools.get", "pools.health", "pools.list", "pools.offer", "pools.resetBreaker", "pools.update",

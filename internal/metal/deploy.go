@@ -199,7 +199,13 @@ func (r *Runtime) RamdiskStepParams(ctx context.Context, tx store.Tx, run provis
 		// The signed record names them, so it cannot be replayed onto
 		// another machine or a later wipe.
 		params["machine_id"], params["workflow_id"] = run.TargetID, run.WorkflowID
+	case KindInventory:
+		// The ramdisk signs its inventory for this machine and workflow
+		// (steprecord): a commissioning's firmware becomes the baseline a
+		// lease's teardown is held to.
+		params["machine_id"], params["workflow_id"] = run.TargetID, run.WorkflowID
 	case KindBurnIn:
+		params["machine_id"], params["workflow_id"] = run.TargetID, run.WorkflowID
 		on, _ := run.Input["burn_in"].(bool)
 		params["enabled"] = on
 		if s, ok := run.Input["burn_in_seconds"].(float64); ok && s > 0 {
@@ -230,6 +236,12 @@ func (r *Runtime) RamdiskStepParams(ctx context.Context, tx store.Tx, run provis
 			break
 		}
 		params["size_bytes"], params["machine_id"] = img["size_bytes"], m.ID
+		if key, _ := run.Input["ssh_authorized_key"].(string); run.Input["lease_id"] != nil {
+			// A lease's OS answers to the lessee: root's key, and no
+			// platform join token, so it never becomes a platform node.
+			params["root_authorized_key"] = key
+			break
+		}
 		_, pub, err := ramdiskOf(ctx, tx, m.ID, run.WorkflowID)
 		if err != nil {
 			return nil, err

@@ -138,7 +138,7 @@ var powerOff = provision.Step{Name: "power-off", Kind: KindPowerOff, Destructive
 func Profiles() []provision.Profile {
 	inventory := provision.Step{Name: "inventory", Kind: KindInventory, Timeout: 10 * time.Minute, Retries: 1}
 	wipe := provision.Step{Name: "wipe", Kind: KindDiskWipe, Destructive: true, Timeout: 6 * time.Hour}
-	return []provision.Profile{
+	return append(leaseProfiles(), []provision.Profile{
 		{Name: OpInspect, Steps: append(ramdiskBoot(BootRamdisk), inventory, powerOff)},
 		{Name: OpCommission, Steps: append(ramdiskBoot(BootRamdisk), inventory, wipe,
 			provision.Step{Name: "burn-in", Kind: KindBurnIn, Timeout: 4 * time.Hour}, powerOff)},
@@ -166,7 +166,7 @@ func Profiles() []provision.Profile {
 		// password after an unknown outcome could not tell which password
 		// the BMC holds.
 		{Name: OpRotateBMC, Steps: []provision.Step{{Name: "rotate-bmc", Kind: KindBMCRotate, Destructive: true, Timeout: 5 * time.Minute}}},
-	}
+	}...)
 }
 
 // Target is the machine a step acts on, as its site agent needs it: the
@@ -593,7 +593,7 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 	if err != nil {
 		return err
 	}
-	if w.State == provision.WorkflowSucceeded && (op == OpRelease || op == OpCommission) {
+	if w.State == provision.WorkflowSucceeded && (op == OpRelease || op == OpCommission || op == OpLeaseTeardown) {
 		// The wipe took the deployed OS: the nodes it joined as go too.
 		osNodes, err := deployedNodes(ctx, tx, m.ID)
 		if err != nil {
@@ -630,6 +630,9 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 		}
 	}
 	m.WorkflowID, m.Operation, m.UpdateTime = "", "", now
+	if leaseOp(op) && m.LeaseID != "" {
+		return r.leaseEnded(ctx, tx, &m, w, full.Steps, ramdiskKey, failedLogs)
+	}
 	if op == OpRotateBMC {
 		// Like a power action, a rotation leaves the lifecycle state as
 		// it is; its outcome is the credential's and maintenance's.
@@ -667,6 +670,9 @@ func (r *Runtime) onEnd(ctx context.Context, tx store.Tx, w provision.Workflow) 
 			}
 		case OpCommission:
 			m.State, m.Commissioned = StateReady, true
+			// The firmware a lease's teardown must find again: only what
+			// the ramdisk signed counts.
+			m.FirmwareBaseline = signedFirmware(full.Steps, ramdiskKey, m.ID, w.ID)
 			// The wipe took whatever a failed deploy left on the disk.
 			if err := r.unpinImage(ctx, tx, &m); err != nil {
 				return err

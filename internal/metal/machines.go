@@ -361,8 +361,15 @@ func lockMachine(ctx context.Context, tx *envelope.Tx, r machineRef) (Machine, e
 	return m, err
 }
 
-// idle refuses a machine that runs a workflow: one at a time.
+// idle refuses a machine that runs a workflow: one at a time. A machine
+// under a lease runs nothing but the lease's own workflows: its disk and
+// its BMC are the lessee's until the teardown gave them back.
 func idle(m Machine, op string) error {
+	if m.LeaseID != "" && !leaseOp(op) && m.WorkflowID == "" {
+		return &envelope.Error{Code: envelope.CodeFailedPrecondition,
+			Message:    fmt.Sprintf("machine %s is under lease %s: only its release (machines lease-release) runs on it before %s", m.Name, m.LeaseID, op),
+			Violations: []envelope.Violation{{Field: "machine", Reason: "under lease " + m.LeaseID}}}
+	}
 	if m.WorkflowID == "" {
 		return nil
 	}
@@ -409,44 +416,51 @@ func (s *MachineService) Deploy(ctx context.Context, req *connect.Request[apiv1.
 	return start(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetMachine(), OpDeploy,
 		func(vs *envelope.Violations) { vs.Ref("image", image, images.IDPrefix) },
 		func(ctx context.Context, tx *envelope.Tx, m *Machine) (map[string]any, error) {
-			d, err := images.Verify(ctx, tx, m.TenantID, image)
-			if err != nil {
-				var apiErr *envelope.Error
-				if errors.As(err, &apiErr) && apiErr.Code == envelope.CodeImageUntrusted {
-					apiErr.Violations = append(apiErr.Violations, envelope.Violation{Field: "image", Reason: apiErr.Message})
-				}
-				return nil, err
-			}
-			if d.Image.Kind != "raw" && d.Image.Kind != "qcow2" {
-				return nil, envelope.Invalid(envelope.Violation{Field: "image",
-					Reason: fmt.Sprintf("image %q is a %s: a machine deploys a raw or qcow2 disk image", d.Image.Name, d.Image.Kind)})
-			}
-			if m.ImageID != "" {
-				if _, err := images.RefDelete(ctx, tx, m.ImageID, "machine", m.ID); err != nil {
-					return nil, err
-				}
-			}
-			if err := images.RefInsert(ctx, tx, &images.Ref{ImageID: d.Image.ID, Kind: "machine", RefID: m.ID, TenantID: m.TenantID,
-				CreateTime: tx.Now()}); err != nil {
-				return nil, err
-			}
-			m.ImageID, m.ImageName = d.Image.ID, d.Image.Name
-			// What the ramdisk checks before it writes a byte
-			// (imagesig.CopyVerified): the digest, the size, the
-			// signatures that earned the trust and the keys that made them.
-			sigs := make([]any, 0, len(d.Descriptor.Signatures))
-			for _, sg := range d.Descriptor.Signatures {
-				sigs = append(sigs, map[string]any{"key_fingerprint": sg.KeyFingerprint, "signature": base64.StdEncoding.EncodeToString(sg.Signature)})
-			}
-			desc := map[string]any{"name": d.Descriptor.Name, "kind": d.Descriptor.Kind, "sha256": d.Descriptor.SHA256,
-				"size_bytes": d.Descriptor.Size, "signatures": sigs}
-			keys := make([]string, 0, len(d.Trusted))
-			for _, k := range d.Trusted {
-				keys = append(keys, k.PEM())
-			}
-			return map[string]any{"image_id": d.Image.ID, "image": desc, "trusted_keys": keys}, nil
+			return deployImage(ctx, tx, m, m.TenantID, image)
 		},
 		func(m *apiv1.Machine) *apiv1.DeployMachineResponse { return &apiv1.DeployMachineResponse{Machine: m} })
+}
+
+// deployImage checks the image a deploy writes, signed by a key on
+// imageTenant's or the platform's allowlist (images.Verify), pins it to m
+// (image_refs) and returns the workflow input the ramdisk needs.
+func deployImage(ctx context.Context, tx *envelope.Tx, m *Machine, imageTenant, image string) (map[string]any, error) {
+	d, err := images.Verify(ctx, tx, imageTenant, image)
+	if err != nil {
+		var apiErr *envelope.Error
+		if errors.As(err, &apiErr) && apiErr.Code == envelope.CodeImageUntrusted {
+			apiErr.Violations = append(apiErr.Violations, envelope.Violation{Field: "image", Reason: apiErr.Message})
+		}
+		return nil, err
+	}
+	if d.Image.Kind != "raw" && d.Image.Kind != "qcow2" {
+		return nil, envelope.Invalid(envelope.Violation{Field: "image",
+			Reason: fmt.Sprintf("image %q is a %s: a machine deploys a raw or qcow2 disk image", d.Image.Name, d.Image.Kind)})
+	}
+	if m.ImageID != "" {
+		if _, err := images.RefDelete(ctx, tx, m.ImageID, "machine", m.ID); err != nil {
+			return nil, err
+		}
+	}
+	if err := images.RefInsert(ctx, tx, &images.Ref{ImageID: d.Image.ID, Kind: "machine", RefID: m.ID, TenantID: imageTenant,
+		CreateTime: tx.Now()}); err != nil {
+		return nil, err
+	}
+	m.ImageID, m.ImageName = d.Image.ID, d.Image.Name
+	// What the ramdisk checks before it writes a byte
+	// (imagesig.CopyVerified): the digest, the size, the signatures that
+	// earned the trust and the keys that made them.
+	sigs := make([]any, 0, len(d.Descriptor.Signatures))
+	for _, sg := range d.Descriptor.Signatures {
+		sigs = append(sigs, map[string]any{"key_fingerprint": sg.KeyFingerprint, "signature": base64.StdEncoding.EncodeToString(sg.Signature)})
+	}
+	desc := map[string]any{"name": d.Descriptor.Name, "kind": d.Descriptor.Kind, "sha256": d.Descriptor.SHA256,
+		"size_bytes": d.Descriptor.Size, "signatures": sigs}
+	keys := make([]string, 0, len(d.Trusted))
+	for _, k := range d.Trusted {
+		keys = append(keys, k.PEM())
+	}
+	return map[string]any{"image_id": d.Image.ID, "image": desc, "trusted_keys": keys}, nil
 }
 
 func toMap(v any) (map[string]any, error) {
@@ -556,7 +570,7 @@ func MachineProto(m Machine) *apiv1.Machine {
 		HardwareProfile: m.HardwareProfile, State: string(m.State), WorkflowId: m.WorkflowID, Operation: m.Operation,
 		ImageId: m.ImageID, ImageName: m.ImageName, FailedOperation: m.FailedOperation, FailedStep: m.FailedStep,
 		FailureReason: m.FailureReason, FailureLogs: m.FailureLogs, BmcPendingCredentialRef: m.BMCPendingRef,
-		MaintenanceReason: m.MaintenanceReason, CreateTime: timestamppb.New(m.CreateTime), UpdateTime: timestamppb.New(m.UpdateTime)}
+		MaintenanceReason: m.MaintenanceReason, LeaseId: m.LeaseID, CreateTime: timestamppb.New(m.CreateTime), UpdateTime: timestamppb.New(m.UpdateTime)}
 	if len(m.Inventory) > 0 {
 		p.Inventory, _ = structpb.NewStruct(jsonSafe(m.Inventory))
 	}

@@ -174,7 +174,7 @@ func (r *Runtime) MachineLeafTx(ctx context.Context, tx *envelope.Tx, tenantID, 
 // inMaintenance refuses every operation but a rotation on a machine a
 // failed rotation left in maintenance.
 func inMaintenance(m Machine, op string) error {
-	if m.MaintenanceReason == "" || op == OpRotateBMC {
+	if m.MaintenanceReason == "" || op == OpRotateBMC || op == OpLeaseTeardown && m.LeaseID != "" {
 		return nil
 	}
 	return envelope.Errorf(envelope.CodeFailedPrecondition,
@@ -301,7 +301,11 @@ func (r *Runtime) rotationEnded(ctx context.Context, tx store.Tx, m *Machine, w 
 	case step == nil || pending == "":
 		reason = "BMC password rotation ended without its step or pending credential"
 	default:
-		if err := r.verifyRotation(ctx, tx, step.Handle, pending); err != nil {
+		cmd, err := stepCommand(ctx, tx, *step)
+		if err != nil {
+			return err
+		}
+		if err := r.verifyRotation(ctx, tx, cmd, pending); err != nil {
 			reason = fmt.Sprintf("the site agent's success was not accepted: %v; the BMC may now hold the new password, which was discarded", err)
 			break
 		}
@@ -392,48 +396,61 @@ func (r *Runtime) verifyRotation(ctx context.Context, tx store.Tx, commandID, pe
 
 // checkRotationReport verifies one kept report (see verifyRotation).
 func checkRotationReport(rep fleet.NodeReport, roots *x509.CertPool, nodeID, commandID, pending string) error {
-	if rep.NodeID != nodeID {
-		return fmt.Errorf("the report is node %s's, not %s's", rep.NodeID, nodeID)
-	}
-	cert, err := x509.ParseCertificate(rep.CertDER)
-	if err != nil {
-		return fmt.Errorf("the report's certificate: %w", err)
-	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-		CurrentTime: rep.CreateTime}); err != nil {
-		return fmt.Errorf("the report's certificate does not chain to the node CA: %w", err)
-	}
-	if !slices.ContainsFunc(cert.URIs, func(u *url.URL) bool {
-		return strings.HasSuffix(u.String(), "/node/"+nodeID)
-	}) {
-		return fmt.Errorf("the report's certificate does not name node %s", nodeID)
-	}
-	pub, ok := cert.PublicKey.(*ecdsa.PublicKey)
-	if !ok {
-		return fmt.Errorf("the report's key is %T", cert.PublicKey)
-	}
-	sum := sha256.Sum256(rep.Signed)
-	if !ecdsa.VerifyASN1(pub, sum[:], rep.Signature) {
-		return errors.New("the report's signature does not verify")
-	}
-	u, signer, err := signedUpdate(rep.Signed)
+	u, err := checkReport(rep, roots, nodeID, commandID)
 	if err != nil {
 		return err
 	}
 	res := u.GetResult().AsMap()
 	switch {
-	case signer != nodeID:
-		return fmt.Errorf("the report was signed as node %s", signer)
-	case u.GetCommandId() != commandID:
-		return fmt.Errorf("the report is about command %s", u.GetCommandId())
-	case u.GetState() != agentv1.CommandState_COMMAND_STATE_SUCCEEDED:
-		return fmt.Errorf("the report says %s", u.GetState())
 	case res["login_verified"] != true:
 		return errors.New("the report does not say the new password logs in")
 	case res["pending_ref"] != pending:
 		return fmt.Errorf("the report is about credential %v, not %s", res["pending_ref"], pending)
 	}
 	return nil
+}
+
+// checkReport verifies a kept report of a node's final command update: the
+// certificate chains to the node CA and names nodeID, the signature
+// verifies, and the signed update says command commandID succeeded.
+func checkReport(rep fleet.NodeReport, roots *x509.CertPool, nodeID, commandID string) (*agentv1.CommandUpdate, error) {
+	if rep.NodeID != nodeID {
+		return nil, fmt.Errorf("the report is node %s's, not %s's", rep.NodeID, nodeID)
+	}
+	cert, err := x509.ParseCertificate(rep.CertDER)
+	if err != nil {
+		return nil, fmt.Errorf("the report's certificate: %w", err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+		CurrentTime: rep.CreateTime}); err != nil {
+		return nil, fmt.Errorf("the report's certificate does not chain to the node CA: %w", err)
+	}
+	if !slices.ContainsFunc(cert.URIs, func(u *url.URL) bool {
+		return strings.HasSuffix(u.String(), "/node/"+nodeID)
+	}) {
+		return nil, fmt.Errorf("the report's certificate does not name node %s", nodeID)
+	}
+	pub, ok := cert.PublicKey.(*ecdsa.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("the report's key is %T", cert.PublicKey)
+	}
+	sum := sha256.Sum256(rep.Signed)
+	if !ecdsa.VerifyASN1(pub, sum[:], rep.Signature) {
+		return nil, errors.New("the report's signature does not verify")
+	}
+	u, signer, err := signedUpdate(rep.Signed)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case signer != nodeID:
+		return nil, fmt.Errorf("the report was signed as node %s", signer)
+	case u.GetCommandId() != commandID:
+		return nil, fmt.Errorf("the report is about command %s", u.GetCommandId())
+	case u.GetState() != agentv1.CommandState_COMMAND_STATE_SUCCEEDED:
+		return nil, fmt.Errorf("the report says %s", u.GetState())
+	}
+	return u, nil
 }
 
 // signedUpdate decodes the bytes a node signed for a CommandUpdate

@@ -175,6 +175,20 @@ func (s *SiteCommands) pushMachines(ctx context.Context, tx store.Tx, l BootLeas
 	return err
 }
 
+// pushIfLeased sends the site's machine list to the holder of its boot
+// lease, when one holds it now (a fence reaches the site's iPXE decision
+// at once; without a holder the next holder gets the list on taking it).
+func (s *SiteCommands) pushIfLeased(ctx context.Context, tx store.Tx, siteID string) error {
+	l, err := BootLeaseGet(ctx, tx, siteID, store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) || err == nil && !l.Live(s.r.clock.Now()) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return s.pushMachines(ctx, tx, l)
+}
+
 // insert queues a command for the lease holder and wakes its session.
 func (s *SiteCommands) insert(ctx context.Context, tx store.Tx, l BootLease, kind, key string, params map[string]any, deadline time.Time) (fleet.Command, error) {
 	return s.insertKeyed(ctx, tx, l, envelope.NewID(fleet.CommandIDPrefix, s.r.clock.Now()), kind, key, params, deadline)
@@ -294,14 +308,22 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 	if !ok {
 		return provision.Dispatched{}, fmt.Errorf("%w: the site agent of site %s carries BMC steps only, not %s", provision.ErrNotDispatched, t.SiteID, run.Kind)
 	}
-	boot := ""
-	if action == "cycle" {
+	boot, _ := run.Params["boot"].(string)
+	switch action {
+	case "cycle":
 		// A cycle without a boot (machines power cycle) keeps the
 		// machine's boot as it is.
-		boot, _ = run.Params["boot"].(string)
 		if boot != "" && boot != BootRamdisk && boot != BootRescue && boot != BootDisk {
 			return provision.Dispatched{}, fmt.Errorf("%w: step %s: boot must be ramdisk, rescue or disk, got %q", provision.ErrNotDispatched, run.Name, boot)
 		}
+	case "off":
+		// A lease's fence: off, and the site boots the machine into
+		// nothing until the teardown boots its ramdisk.
+		if boot != "" && boot != BootFenced {
+			return provision.Dispatched{}, fmt.Errorf("%w: step %s: an off step's boot can only be fenced, got %q", provision.ErrNotDispatched, run.Name, boot)
+		}
+	default:
+		boot = ""
 	}
 	var out provision.Dispatched
 	err := s.r.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {

@@ -85,8 +85,14 @@ type Machine struct {
 	// but a BMC rotation: a rotation failed and the BMC needs a look.
 	MaintenanceReason string
 	MaintenanceTime   *time.Time
-	CreateTime        time.Time
-	UpdateTime        time.Time
+	// LeaseID is the dedicated-root lease the machine is under ("" for
+	// none): while set, only the lease's own workflows run on it.
+	LeaseID string
+	// FirmwareBaseline is the firmware (BIOS, board) the last commissioning
+	// saw; a lease's teardown must find the same.
+	FirmwareBaseline map[string]any
+	CreateTime       time.Time
+	UpdateTime       time.Time
 }
 
 const siteColumns = `id, tenant_id, name, networks, dhcp_mode, description, create_time, update_time`
@@ -170,20 +176,26 @@ func SiteDelete(ctx context.Context, tx store.Tx, id string) (bool, error) {
 const machineColumns = `id, tenant_id, site_id, name, bmc_driver, bmc_address, bmc_host, bmc_username, bmc_credential_ref,
 	bmc_credential, mac, hardware_profile, state, workflow_id, operation, commissioned, image_id, image_name,
 	failed_operation, failed_step, failure_reason, failure_logs, inventory, erase_record, rescue_expire_time,
-	create_time, update_time, bmc_pending_ref, bmc_pending_credential, maintenance_reason, maintenance_time`
+	create_time, update_time, bmc_pending_ref, bmc_pending_credential, maintenance_reason, maintenance_time, lease_id,
+	firmware_baseline`
 
 func scanMachine(row interface{ Scan(...any) error }) (Machine, error) {
 	var (
 		m             Machine
 		commissioned  int
 		inv, erase    string
+		baseline      string
 		rescueExpires *time.Time
 	)
 	if err := row.Scan(&m.ID, &m.TenantID, &m.SiteID, &m.Name, &m.BMCDriver, &m.BMCAddress, &m.BMCHost, &m.BMCUsername,
 		&m.BMCCredentialRef, &m.BMCCredential, &m.MAC, &m.HardwareProfile, &m.State, &m.WorkflowID, &m.Operation,
 		&commissioned, &m.ImageID, &m.ImageName, &m.FailedOperation, &m.FailedStep, &m.FailureReason, &m.FailureLogs,
 		&inv, &erase, &rescueExpires, &m.CreateTime, &m.UpdateTime, &m.BMCPendingRef, &m.BMCPendingCredential,
-		&m.MaintenanceReason, &m.MaintenanceTime); err != nil {
+		&m.MaintenanceReason, &m.MaintenanceTime, &m.LeaseID, &baseline); err != nil {
+		return m, err
+	}
+	var err error
+	if m.FirmwareBaseline, err = decodeBaseline(baseline); err != nil {
 		return m, err
 	}
 	m.Commissioned = commissioned != 0
@@ -204,24 +216,26 @@ func boolInt(b bool) int {
 // MachineInsert creates a machine's row.
 func MachineInsert(ctx context.Context, tx store.Tx, m *Machine) error {
 	_, err := tx.Exec(ctx, `INSERT INTO machines (`+machineColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-		$11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)`,
+		$11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)`,
 		m.ID, m.TenantID, m.SiteID, m.Name, m.BMCDriver, m.BMCAddress, m.BMCHost, m.BMCUsername, m.BMCCredentialRef,
 		m.BMCCredential, m.MAC, m.HardwareProfile, string(m.State), m.WorkflowID, m.Operation, boolInt(m.Commissioned),
 		m.ImageID, m.ImageName, m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs, jsonText(m.Inventory),
 		jsonText(m.EraseRecord), m.RescueExpireTime, m.CreateTime, m.UpdateTime, m.BMCPendingRef, m.BMCPendingCredential,
-		m.MaintenanceReason, m.MaintenanceTime)
+		m.MaintenanceReason, m.MaintenanceTime, m.LeaseID, jsonText(m.FirmwareBaseline))
 	return err
 }
 
 // MachineUpdate writes a machine's lifecycle fields (state, workflow,
-// image, failure, inventory, erase record, rescue, maintenance).
+// image, failure, inventory, erase record, rescue, maintenance, lease,
+// firmware baseline).
 func MachineUpdate(ctx context.Context, tx store.Tx, m *Machine) error {
 	_, err := tx.Exec(ctx, `UPDATE machines SET state = $2, workflow_id = $3, operation = $4, commissioned = $5, image_id = $6,
 		image_name = $7, failed_operation = $8, failed_step = $9, failure_reason = $10, failure_logs = $11, inventory = $12,
-		erase_record = $13, rescue_expire_time = $14, update_time = $15, maintenance_reason = $16, maintenance_time = $17 WHERE id = $1`,
+		erase_record = $13, rescue_expire_time = $14, update_time = $15, maintenance_reason = $16, maintenance_time = $17,
+		lease_id = $18, firmware_baseline = $19 WHERE id = $1`,
 		m.ID, string(m.State), m.WorkflowID, m.Operation, boolInt(m.Commissioned), m.ImageID, m.ImageName, m.FailedOperation,
 		m.FailedStep, m.FailureReason, m.FailureLogs, jsonText(m.Inventory), jsonText(m.EraseRecord), m.RescueExpireTime,
-		m.UpdateTime, m.MaintenanceReason, m.MaintenanceTime)
+		m.UpdateTime, m.MaintenanceReason, m.MaintenanceTime, m.LeaseID, jsonText(m.FirmwareBaseline))
 	return err
 }
 

@@ -31,8 +31,13 @@ const (
 // Params: device, size_bytes (the image's size: only that much is
 // searched), join_token_sealed (sealed to this ramdisk's key, sealbox info
 // "join/<machine_id>") or join_token, server (default Config.Server),
-// machine_id.
+// machine_id. A dedicated-root lease's deploy sends root_authorized_key
+// instead of a token: the slot gets root's key and no server or token, so
+// the lessee's OS never joins the platform.
 func (r *Ramdisk) configureCommand(params map[string]any, id Identity) (map[string]any, error) {
+	if key := paramString(params, "root_authorized_key"); key != "" {
+		return r.configureLease(params, key)
+	}
 	device, token := paramString(params, "device"), paramString(params, "join_token")
 	if sealed := paramString(params, "join_token_sealed"); sealed != "" {
 		key, ok := id.Key.(*ecdsa.PrivateKey)
@@ -64,30 +69,66 @@ func (r *Ramdisk) configureCommand(params map[string]any, id Identity) (map[stri
 	if machine != "" && !shellSafe(machine) {
 		return nil, fmt.Errorf("%w: machine_id: letters, digits and _ only", ErrInvalidParams)
 	}
-	dst, err := r.open(device)
-	if err != nil {
-		return nil, err
-	}
-	defer dst.f.Close()
-	off, err := findSlot(io.NewSectionReader(dst.f, 0, min(int64(size), dst.size)))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", device, err)
-	}
 	body := fmt.Sprintf("BCD_SERVER='%s'\nBCD_JOIN_TOKEN='%s'\n", server, token)
 	if machine != "" {
 		body += fmt.Sprintf("BCD_MACHINE='%s'\n", machine)
 	}
-	slot, err := renderSlot(body)
+	off, err := r.writeSlot(device, int64(size), body)
 	if err != nil {
 		return nil, err
 	}
+	return map[string]any{"device": device, "slot_offset": off, "server": server}, nil
+}
+
+// configureLease writes a lease's settings into the slot: root's key
+// (BCD_ROOT_AUTHORIZED_KEY) and the machine, nothing to join with.
+func (r *Ramdisk) configureLease(params map[string]any, key string) (map[string]any, error) {
+	device, machine := paramString(params, "device"), paramString(params, "machine_id")
+	size, _ := params["size_bytes"].(float64)
+	switch {
+	case device == "":
+		return nil, fmt.Errorf("%w: device is required", ErrInvalidParams)
+	case strings.ContainsAny(key, "'\\\n\r") || len(strings.Fields(key)) < 2:
+		return nil, fmt.Errorf("%w: root_authorized_key: one OpenSSH public key line without quotes or backslashes", ErrInvalidParams)
+	case machine != "" && !shellSafe(machine):
+		return nil, fmt.Errorf("%w: machine_id: letters, digits and _ only", ErrInvalidParams)
+	case size <= 0:
+		return nil, fmt.Errorf("%w: size_bytes: must be positive", ErrInvalidParams)
+	}
+	body := fmt.Sprintf("BCD_ROOT_AUTHORIZED_KEY='%s'\n", key)
+	if machine != "" {
+		body += fmt.Sprintf("BCD_MACHINE='%s'\n", machine)
+	}
+	off, err := r.writeSlot(device, int64(size), body)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"device": device, "slot_offset": off, "root_authorized_key": true}, nil
+}
+
+// writeSlot finds the image's config slot within its first size bytes on
+// device and rewrites it with body.
+func (r *Ramdisk) writeSlot(device string, size int64, body string) (int64, error) {
+	dst, err := r.open(device)
+	if err != nil {
+		return 0, err
+	}
+	defer dst.f.Close()
+	off, err := findSlot(io.NewSectionReader(dst.f, 0, min(size, dst.size)))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", device, err)
+	}
+	slot, err := renderSlot(body)
+	if err != nil {
+		return 0, err
+	}
 	if _, err := dst.f.WriteAt(slot, off); err != nil {
-		return nil, fmt.Errorf("write the config slot on %s: %w", device, err)
+		return 0, fmt.Errorf("write the config slot on %s: %w", device, err)
 	}
 	if err := dst.f.Sync(); err != nil {
-		return nil, fmt.Errorf("sync %s: %w", device, err)
+		return 0, fmt.Errorf("sync %s: %w", device, err)
 	}
-	return map[string]any{"device": device, "slot_offset": off, "server": server}, nil
+	return off, nil
 }
 
 // findSlot returns the offset of the one config slot in r.

@@ -112,3 +112,34 @@ func TestBurnIn(t *testing.T) {
 		"devices": []any{filepath.Join(t.TempDir(), "missing")}}, id)
 	require.Error(t, err)
 }
+
+// TestConfigureALease: a dedicated-root lease's configure writes root's
+// key and the machine, and no server or token: the lessee's OS has nothing
+// to join the platform with. A key that could break out of its quotes is
+// refused with the disk untouched.
+func TestConfigureALease(t *testing.T) {
+	t.Parallel()
+	path, size := imageWithSlot(t, 16*512)
+	id, _ := identity(t)
+	rd := ramdisk.New(ramdisk.Config{AllowFileDisks: true, Server: "10.9.0.1:7443"})
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl root@lessee"
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+	_, err = rd.Apply(context.Background(), ramdisk.KindConfigure, map[string]any{"device": path, "size_bytes": float64(size),
+		"machine_id": "mch_1", "root_authorized_key": "ssh-ed25519 AAAA' ; reboot ; '"}, id)
+	require.ErrorIs(t, err, ramdisk.ErrInvalidParams)
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+
+	out, err := rd.Apply(context.Background(), ramdisk.KindConfigure, map[string]any{"device": path, "size_bytes": float64(size),
+		"machine_id": "mch_1", "root_authorized_key": key}, id)
+	require.NoError(t, err)
+	require.EqualValues(t, 16*512, out["slot_offset"])
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	slot := string(b[16*512 : 16*512+ramdisk.SlotSize])
+	require.Contains(t, slot, "BCD_ROOT_AUTHORIZED_KEY='"+key+"'\nBCD_MACHINE='mch_1'\n")
+	require.NotContains(t, slot, "BCD_SERVER")
+	require.NotContains(t, slot, "BCD_JOIN_TOKEN")
+}

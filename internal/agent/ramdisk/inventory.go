@@ -45,7 +45,15 @@ type Inventory struct {
 	Disks       []Disk `json:"disks"`
 	NICs        []NIC  `json:"nics"`
 	GPUs        []GPU  `json:"gpus"`
+	// Firmware is the BIOS and board as DMI reports them
+	// (/sys/class/dmi/id): what a lease's teardown compares with the
+	// commissioning's baseline.
+	Firmware map[string]string `json:"firmware,omitempty"`
 }
+
+// dmiFields are the DMI attributes the firmware section reports.
+var dmiFields = []string{"bios_vendor", "bios_version", "bios_date", "board_vendor", "board_name", "board_version",
+	"sys_vendor", "product_name"}
 
 // Output is the inventory as a command result.
 func (inv Inventory) Output() map[string]any {
@@ -63,8 +71,16 @@ func (inv Inventory) Output() map[string]any {
 		gpus = append(gpus, map[string]any{"pci_address": g.PCIAddress, "vendor": g.Vendor, "vendor_id": g.VendorID,
 			"device_id": g.DeviceID, "class": g.Class})
 	}
-	return map[string]any{"cpus": inv.CPUs, "cpu_model": inv.CPUModel, "memory_bytes": inv.MemoryBytes,
+	out := map[string]any{"cpus": inv.CPUs, "cpu_model": inv.CPUModel, "memory_bytes": inv.MemoryBytes,
 		"disks": disks, "nics": nics, "gpus": gpus}
+	if len(inv.Firmware) > 0 {
+		fw := make(map[string]any, len(inv.Firmware))
+		for k, v := range inv.Firmware {
+			fw[k] = v
+		}
+		out["firmware"] = fw
+	}
+	return out
 }
 
 // gpuVendors names the PCI vendors of the GPUs a fleet runs.
@@ -92,6 +108,14 @@ func (r *Ramdisk) Inventory() (Inventory, error) {
 	}
 	if inv.Disks, err = r.disks(); err != nil {
 		return inv, err
+	}
+	for _, f := range dmiFields {
+		if v := readTrim(filepath.Join(root, "sys/class/dmi/id", f)); v != "" {
+			if inv.Firmware == nil {
+				inv.Firmware = map[string]string{}
+			}
+			inv.Firmware[f] = v
+		}
 	}
 	nets, _ := os.ReadDir(filepath.Join(root, "sys/class/net"))
 	for _, n := range nets {

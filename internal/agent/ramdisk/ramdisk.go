@@ -23,6 +23,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/imagesig"
+	"github.com/better-compute/better-compute/internal/steprecord"
 )
 
 // Command kinds the ramdisk carries out.
@@ -113,7 +114,7 @@ func (r *Ramdisk) Apply(ctx context.Context, kind string, params map[string]any,
 		if err != nil {
 			return nil, err
 		}
-		return inv.Output(), nil
+		return r.attest(kind, params, id, inv.Output())
 	case KindDiskWipe:
 		return r.wipeCommand(ctx, params, id)
 	case KindImageWrite:
@@ -121,11 +122,28 @@ func (r *Ramdisk) Apply(ctx context.Context, kind string, params map[string]any,
 	case KindConfigure:
 		return r.configureCommand(params, id)
 	case KindBurnIn:
-		return r.burnInCommand(ctx, params)
+		out, err := r.burnInCommand(ctx, params)
+		if err != nil {
+			return nil, err
+		}
+		return r.attest(kind, params, id, out)
 	case KindLogsCollect:
 		return r.collectLogs(), nil
 	}
 	return nil, fmt.Errorf("%w: %q is not a ramdisk command kind", ErrInvalidParams, kind)
+}
+
+// attest signs a step's output with the ramdisk's key when the command
+// names the machine and workflow it runs for (steprecord): the control
+// plane takes a firmware baseline, and a lease's teardown its firmware and
+// diagnostics, only from signed results.
+func (r *Ramdisk) attest(kind string, params map[string]any, id Identity, out map[string]any) (map[string]any, error) {
+	machineID, workflowID := paramString(params, "machine_id"), paramString(params, "workflow_id")
+	if machineID == "" || workflowID == "" || id.Key == nil {
+		return out, nil
+	}
+	return steprecord.Sign(id.Key, steprecord.Record{MachineID: machineID, WorkflowID: workflowID, NodeID: id.NodeID, Kind: kind,
+		Time: r.cfg.Clock.Now(), Output: out})
 }
 
 func paramString(params map[string]any, name string) string {

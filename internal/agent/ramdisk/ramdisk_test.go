@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/ramdisk"
 	"github.com/better-compute/better-compute/internal/erase"
 	"github.com/better-compute/better-compute/internal/imagesig"
+	"github.com/better-compute/better-compute/internal/steprecord"
 )
 
 // dirtyDisk is a file-backed disk full of non-zero bytes.
@@ -207,6 +208,9 @@ func TestInventoryFromSysfs(t *testing.T) {
 	write("sys/bus/pci/devices/0000:03:00.0/vendor", "0x1a03") // the BMC's ASPEED VGA
 	write("sys/bus/pci/devices/0000:00:1f.0/class", "0x060100")
 	write("sys/bus/pci/devices/0000:00:1f.0/vendor", "0x8086")
+	write("sys/class/dmi/id/bios_vendor", "SeaBIOS")
+	write("sys/class/dmi/id/bios_version", "1.16.2-debian")
+	write("sys/class/dmi/id/product_name", "Standard PC (i440FX + PIIX, 1996)")
 	inv, err := ramdisk.New(ramdisk.Config{SysfsRoot: root}).Inventory()
 	require.NoError(t, err)
 	require.Equal(t, 4, inv.CPUs)
@@ -215,6 +219,21 @@ func TestInventoryFromSysfs(t *testing.T) {
 	require.Equal(t, []ramdisk.Disk{{Device: "/dev/nvme0n1", SizeBytes: 7501476528 * 512, Model: "SAMSUNG MZQL23T8", Transport: "nvme"}}, inv.Disks)
 	require.Equal(t, []ramdisk.NIC{{Name: "eno1", MAC: "52:54:00:12:34:56"}}, inv.NICs)
 	require.Equal(t, []ramdisk.GPU{{PCIAddress: "0000:17:00.0", Vendor: "nvidia", VendorID: "0x10de", DeviceID: "0x2330", Class: "0x030200"}}, inv.GPUs)
+	require.Equal(t, map[string]string{"bios_vendor": "SeaBIOS", "bios_version": "1.16.2-debian",
+		"product_name": "Standard PC (i440FX + PIIX, 1996)"}, inv.Firmware)
+
+	// Asked for a machine and workflow, the inventory comes signed with
+	// the ramdisk's key, firmware and all.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.MarshalPKIXPublicKey(key.Public())
+	require.NoError(t, err)
+	out, err := ramdisk.New(ramdisk.Config{SysfsRoot: root}).Apply(context.Background(), ramdisk.KindInventoryRefresh,
+		map[string]any{"machine_id": "mch_1", "workflow_id": "wf_1"}, ramdisk.Identity{NodeID: "n1", Key: key})
+	require.NoError(t, err)
+	v, err := steprecord.Verify(der, out, "mch_1", "wf_1", ramdisk.KindInventoryRefresh)
+	require.NoError(t, err)
+	require.Equal(t, "1.16.2-debian", v.Record.Output["firmware"].(map[string]any)["bios_version"])
 }
 
 func TestParseCmdline(t *testing.T) {

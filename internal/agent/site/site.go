@@ -50,11 +50,14 @@ const (
 )
 
 // Boots a machine's iPXE script gives (metal.BootRamdisk, BootRescue,
-// BootDisk).
+// BootDisk), and metal.BootFenced: a leased machine being torn down is
+// cut off the provisioning network (no DHCP boot answer) until its
+// teardown boots the ramdisk.
 const (
 	BootRamdisk = "ramdisk"
 	BootRescue  = "rescue"
 	BootDisk    = "disk"
+	BootFenced  = "fenced"
 )
 
 // stateFile holds the epoch, the machine list and the idempotency record in
@@ -460,8 +463,8 @@ func (a *Agent) callBMC(ctx context.Context, p powerParams) (map[string]any, err
 	return map[string]any{"power": p.Action, "boot": p.Boot}, nil
 }
 
-// Decide is the per-machine iPXE decision: a machine not in the list is
-// unknown; otherwise its boot says ramdisk, rescue (the ramdisk with the
+// Decide is the per-machine iPXE decision: a machine not in the list, or
+// fenced, is unknown; otherwise its boot says ramdisk, rescue (the ramdisk with the
 // rescue argument) or its local disk.
 func (a *Agent) Decide(_ context.Context, req pxe.Request) (pxe.Boot, error) {
 	a.mu.Lock()
@@ -472,6 +475,8 @@ func (a *Agent) Decide(_ context.Context, req pxe.Request) (pxe.Boot, error) {
 		return pxe.Unknown{}, nil
 	}
 	switch m.Boot {
+	case BootFenced:
+		return pxe.Unknown{}, nil
 	case BootRamdisk, BootRescue:
 		r := a.cfg.Ramdisk
 		if r.Kernel == "" || r.Initrd == "" {

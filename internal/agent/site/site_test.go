@@ -126,3 +126,29 @@ func mustMAC(t *testing.T, s string) net.HardwareAddr {
 	require.NoError(t, err)
 	return hw
 }
+
+// TestSiteAgentFencedMachine: a machine the list says is fenced (a lease
+// being torn down) is unknown to the site's PXE decision — no boot answer —
+// until a power cycle asks for the ramdisk.
+func TestSiteAgentFencedMachine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := &countingPower{}
+	bmcSrv := httptest.NewServer(redfish.New(redfish.Config{Username: "admin", Password: "pw", Power: p}))
+	t.Cleanup(bmcSrv.Close)
+	a, err := site.New(site.Config{StateDir: t.TempDir(), Logger: quiet(), Ramdisk: pxe.Ramdisk{Kernel: "k", Initrd: "i"}})
+	require.NoError(t, err)
+	list := machines(2, bmcSrv.URL)
+	list["machines"].([]any)[0].(map[string]any)["boot"] = site.BootFenced
+	_, err = a.Apply(ctx, command(t, "c1", site.KindSiteMachines, "", list))
+	require.NoError(t, err)
+	boot, err := a.Decide(ctx, pxe.Request{MAC: mustMAC(t, "52:54:00:00:00:01")})
+	require.NoError(t, err)
+	require.IsType(t, pxe.Unknown{}, boot, "a fenced machine gets no boot")
+
+	_, err = a.Apply(ctx, command(t, "c2", site.KindBMCPower, "wf:1:1", power(2, "mch_1", bmcSrv.URL, "pw")))
+	require.NoError(t, err)
+	boot, err = a.Decide(ctx, pxe.Request{MAC: mustMAC(t, "52:54:00:00:00:01")})
+	require.NoError(t, err)
+	require.IsType(t, pxe.Ramdisk{}, boot, "the teardown's cycle into the ramdisk lifts the fence")
+}

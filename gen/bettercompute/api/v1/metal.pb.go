@@ -725,8 +725,11 @@ type Machine struct {
 	// but another rotation until one succeeds. Says what the BMC may hold.
 	MaintenanceReason string                 `protobuf:"bytes,26,opt,name=maintenance_reason,json=maintenanceReason,proto3" json:"maintenance_reason,omitempty"`
 	MaintenanceTime   *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=maintenance_time,json=maintenanceTime,proto3" json:"maintenance_time,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The dedicated-root lease the machine is under (binding machine); empty
+	// when none. While set only the lease's release runs on the machine.
+	LeaseId       string `protobuf:"bytes,28,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
@@ -948,6 +951,711 @@ func (x *Machine) GetMaintenanceTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Machine) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+// A MachineLease is a dedicated-root lease of a whole machine.
+type MachineLease struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	MachineId      string                 `protobuf:"bytes,2,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	OwnerTenantId  string                 `protobuf:"bytes,3,opt,name=owner_tenant_id,json=ownerTenantId,proto3" json:"owner_tenant_id,omitempty"`
+	LesseeTenantId string                 `protobuf:"bytes,4,opt,name=lessee_tenant_id,json=lesseeTenantId,proto3" json:"lessee_tenant_id,omitempty"`
+	// Always "machine": the whole machine is bound to the lessee.
+	Binding string `protobuf:"bytes,5,opt,name=binding,proto3" json:"binding,omitempty"`
+	// offered, deploying, active, failed, releasing, quarantined or
+	// returned.
+	State       string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	ImageId     string `protobuf:"bytes,7,opt,name=image_id,json=imageId,proto3" json:"image_id,omitempty"`
+	ImageName   string `protobuf:"bytes,8,opt,name=image_name,json=imageName,proto3" json:"image_name,omitempty"`
+	ImageSha256 string `protobuf:"bytes,9,opt,name=image_sha256,json=imageSha256,proto3" json:"image_sha256,omitempty"`
+	// SHA256:<hex> of root's authorized key (the key is not returned).
+	SshKeyFingerprint string `protobuf:"bytes,10,opt,name=ssh_key_fingerprint,json=sshKeyFingerprint,proto3" json:"ssh_key_fingerprint,omitempty"`
+	// Why the lease failed or is quarantined.
+	Reason      string                 `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	CreatedBy   string                 `protobuf:"bytes,12,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	ReleasedBy  string                 `protobuf:"bytes,13,opt,name=released_by,json=releasedBy,proto3" json:"released_by,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	ReleaseTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=release_time,json=releaseTime,proto3" json:"release_time,omitempty"`
+	EndTime     *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// The teardown's evidence, one per step.
+	Evidence      []*MachineLeaseEvidence `protobuf:"bytes,17,rep,name=evidence,proto3" json:"evidence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineLease) Reset() {
+	*x = MachineLease{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineLease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineLease) ProtoMessage() {}
+
+func (x *MachineLease) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineLease.ProtoReflect.Descriptor instead.
+func (*MachineLease) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *MachineLease) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MachineLease) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *MachineLease) GetOwnerTenantId() string {
+	if x != nil {
+		return x.OwnerTenantId
+	}
+	return ""
+}
+
+func (x *MachineLease) GetLesseeTenantId() string {
+	if x != nil {
+		return x.LesseeTenantId
+	}
+	return ""
+}
+
+func (x *MachineLease) GetBinding() string {
+	if x != nil {
+		return x.Binding
+	}
+	return ""
+}
+
+func (x *MachineLease) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *MachineLease) GetImageId() string {
+	if x != nil {
+		return x.ImageId
+	}
+	return ""
+}
+
+func (x *MachineLease) GetImageName() string {
+	if x != nil {
+		return x.ImageName
+	}
+	return ""
+}
+
+func (x *MachineLease) GetImageSha256() string {
+	if x != nil {
+		return x.ImageSha256
+	}
+	return ""
+}
+
+func (x *MachineLease) GetSshKeyFingerprint() string {
+	if x != nil {
+		return x.SshKeyFingerprint
+	}
+	return ""
+}
+
+func (x *MachineLease) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *MachineLease) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *MachineLease) GetReleasedBy() string {
+	if x != nil {
+		return x.ReleasedBy
+	}
+	return ""
+}
+
+func (x *MachineLease) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *MachineLease) GetReleaseTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReleaseTime
+	}
+	return nil
+}
+
+func (x *MachineLease) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *MachineLease) GetEvidence() []*MachineLeaseEvidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+// MachineLeaseEvidence is one teardown step's evidence.
+type MachineLeaseEvidence struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Step       string                 `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	Kind       string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	WorkflowId string                 `protobuf:"bytes,3,opt,name=workflow_id,json=workflowId,proto3" json:"workflow_id,omitempty"`
+	// True when the signature and what it says verified.
+	Verified bool `protobuf:"varint,4,opt,name=verified,proto3" json:"verified,omitempty"`
+	// sha256 (hex) of the signed bytes.
+	Digest string `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	// Who signed: node/<id> (a site agent) or the ramdisk's key.
+	Signer        string                 `protobuf:"bytes,6,opt,name=signer,proto3" json:"signer,omitempty"`
+	Detail        string                 `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	Time          *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineLeaseEvidence) Reset() {
+	*x = MachineLeaseEvidence{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineLeaseEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineLeaseEvidence) ProtoMessage() {}
+
+func (x *MachineLeaseEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineLeaseEvidence.ProtoReflect.Descriptor instead.
+func (*MachineLeaseEvidence) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *MachineLeaseEvidence) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *MachineLeaseEvidence) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *MachineLeaseEvidence) GetWorkflowId() string {
+	if x != nil {
+		return x.WorkflowId
+	}
+	return ""
+}
+
+func (x *MachineLeaseEvidence) GetVerified() bool {
+	if x != nil {
+		return x.Verified
+	}
+	return false
+}
+
+func (x *MachineLeaseEvidence) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *MachineLeaseEvidence) GetSigner() string {
+	if x != nil {
+		return x.Signer
+	}
+	return ""
+}
+
+func (x *MachineLeaseEvidence) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *MachineLeaseEvidence) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+type LeaseMachineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The machine's owner.
+	Tenant  string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Machine string `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
+	// The tenant the machine is lent to (name or id).
+	Lessee        string `protobuf:"bytes,3,opt,name=lessee,proto3" json:"lessee,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseMachineRequest) Reset() {
+	*x = LeaseMachineRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseMachineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseMachineRequest) ProtoMessage() {}
+
+func (x *LeaseMachineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseMachineRequest.ProtoReflect.Descriptor instead.
+func (*LeaseMachineRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LeaseMachineRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *LeaseMachineRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *LeaseMachineRequest) GetLessee() string {
+	if x != nil {
+		return x.Lessee
+	}
+	return ""
+}
+
+type LeaseMachineResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *MachineLease          `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseMachineResponse) Reset() {
+	*x = LeaseMachineResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseMachineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseMachineResponse) ProtoMessage() {}
+
+func (x *LeaseMachineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseMachineResponse.ProtoReflect.Descriptor instead.
+func (*LeaseMachineResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LeaseMachineResponse) GetLease() *MachineLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+type AcceptMachineLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lessee.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Lease  string `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	// The lessee's signed raw or qcow2 image (name or id, in its tenant).
+	Image string `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	// Root's authorized key on the deployed OS (one OpenSSH line).
+	SshKey        string `protobuf:"bytes,4,opt,name=ssh_key,json=sshKey,proto3" json:"ssh_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcceptMachineLeaseRequest) Reset() {
+	*x = AcceptMachineLeaseRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcceptMachineLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcceptMachineLeaseRequest) ProtoMessage() {}
+
+func (x *AcceptMachineLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcceptMachineLeaseRequest.ProtoReflect.Descriptor instead.
+func (*AcceptMachineLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *AcceptMachineLeaseRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AcceptMachineLeaseRequest) GetLease() string {
+	if x != nil {
+		return x.Lease
+	}
+	return ""
+}
+
+func (x *AcceptMachineLeaseRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *AcceptMachineLeaseRequest) GetSshKey() string {
+	if x != nil {
+		return x.SshKey
+	}
+	return ""
+}
+
+type AcceptMachineLeaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *MachineLease          `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcceptMachineLeaseResponse) Reset() {
+	*x = AcceptMachineLeaseResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcceptMachineLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcceptMachineLeaseResponse) ProtoMessage() {}
+
+func (x *AcceptMachineLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcceptMachineLeaseResponse.ProtoReflect.Descriptor instead.
+func (*AcceptMachineLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AcceptMachineLeaseResponse) GetLease() *MachineLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+type ReleaseMachineLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lessee's or the owner's tenant.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Lease         string `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseMachineLeaseRequest) Reset() {
+	*x = ReleaseMachineLeaseRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseMachineLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseMachineLeaseRequest) ProtoMessage() {}
+
+func (x *ReleaseMachineLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseMachineLeaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseMachineLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReleaseMachineLeaseRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ReleaseMachineLeaseRequest) GetLease() string {
+	if x != nil {
+		return x.Lease
+	}
+	return ""
+}
+
+type ReleaseMachineLeaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *MachineLease          `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseMachineLeaseResponse) Reset() {
+	*x = ReleaseMachineLeaseResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseMachineLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseMachineLeaseResponse) ProtoMessage() {}
+
+func (x *ReleaseMachineLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseMachineLeaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseMachineLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReleaseMachineLeaseResponse) GetLease() *MachineLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+type GetMachineLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lessee's or the owner's tenant.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Lease         string `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMachineLeaseRequest) Reset() {
+	*x = GetMachineLeaseRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMachineLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMachineLeaseRequest) ProtoMessage() {}
+
+func (x *GetMachineLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMachineLeaseRequest.ProtoReflect.Descriptor instead.
+func (*GetMachineLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetMachineLeaseRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetMachineLeaseRequest) GetLease() string {
+	if x != nil {
+		return x.Lease
+	}
+	return ""
+}
+
+type GetMachineLeaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *MachineLease          `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMachineLeaseResponse) Reset() {
+	*x = GetMachineLeaseResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMachineLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMachineLeaseResponse) ProtoMessage() {}
+
+func (x *GetMachineLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMachineLeaseResponse.ProtoReflect.Descriptor instead.
+func (*GetMachineLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetMachineLeaseResponse) GetLease() *MachineLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
 type EnrollMachineRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -968,7 +1676,7 @@ type EnrollMachineRequest struct {
 
 func (x *EnrollMachineRequest) Reset() {
 	*x = EnrollMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1688,7 @@ func (x *EnrollMachineRequest) String() string {
 func (*EnrollMachineRequest) ProtoMessage() {}
 
 func (x *EnrollMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1701,7 @@ func (x *EnrollMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollMachineRequest.ProtoReflect.Descriptor instead.
 func (*EnrollMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EnrollMachineRequest) GetTenant() string {
@@ -1068,7 +1776,7 @@ type EnrollMachineResponse struct {
 
 func (x *EnrollMachineResponse) Reset() {
 	*x = EnrollMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1788,7 @@ func (x *EnrollMachineResponse) String() string {
 func (*EnrollMachineResponse) ProtoMessage() {}
 
 func (x *EnrollMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1801,7 @@ func (x *EnrollMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollMachineResponse.ProtoReflect.Descriptor instead.
 func (*EnrollMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EnrollMachineResponse) GetMachine() *Machine {
@@ -1114,7 +1822,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1834,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1847,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetMachineRequest) GetTenant() string {
@@ -1165,7 +1873,7 @@ type GetMachineResponse struct {
 
 func (x *GetMachineResponse) Reset() {
 	*x = GetMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1885,7 @@ func (x *GetMachineResponse) String() string {
 func (*GetMachineResponse) ProtoMessage() {}
 
 func (x *GetMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1898,7 @@ func (x *GetMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetMachineResponse) GetMachine() *Machine {
@@ -1215,7 +1923,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1935,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1948,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListMachinesRequest) GetTenant() string {
@@ -1288,7 +1996,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +2008,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +2021,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1340,7 +2048,7 @@ type InspectMachineRequest struct {
 
 func (x *InspectMachineRequest) Reset() {
 	*x = InspectMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +2060,7 @@ func (x *InspectMachineRequest) String() string {
 func (*InspectMachineRequest) ProtoMessage() {}
 
 func (x *InspectMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +2073,7 @@ func (x *InspectMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectMachineRequest.ProtoReflect.Descriptor instead.
 func (*InspectMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *InspectMachineRequest) GetTenant() string {
@@ -1391,7 +2099,7 @@ type InspectMachineResponse struct {
 
 func (x *InspectMachineResponse) Reset() {
 	*x = InspectMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +2111,7 @@ func (x *InspectMachineResponse) String() string {
 func (*InspectMachineResponse) ProtoMessage() {}
 
 func (x *InspectMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +2124,7 @@ func (x *InspectMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectMachineResponse.ProtoReflect.Descriptor instead.
 func (*InspectMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *InspectMachineResponse) GetMachine() *Machine {
@@ -1438,7 +2146,7 @@ type CommissionMachineRequest struct {
 
 func (x *CommissionMachineRequest) Reset() {
 	*x = CommissionMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +2158,7 @@ func (x *CommissionMachineRequest) String() string {
 func (*CommissionMachineRequest) ProtoMessage() {}
 
 func (x *CommissionMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +2171,7 @@ func (x *CommissionMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommissionMachineRequest.ProtoReflect.Descriptor instead.
 func (*CommissionMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommissionMachineRequest) GetTenant() string {
@@ -1496,7 +2204,7 @@ type CommissionMachineResponse struct {
 
 func (x *CommissionMachineResponse) Reset() {
 	*x = CommissionMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +2216,7 @@ func (x *CommissionMachineResponse) String() string {
 func (*CommissionMachineResponse) ProtoMessage() {}
 
 func (x *CommissionMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +2229,7 @@ func (x *CommissionMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommissionMachineResponse.ProtoReflect.Descriptor instead.
 func (*CommissionMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CommissionMachineResponse) GetMachine() *Machine {
@@ -1544,7 +2252,7 @@ type DeployMachineRequest struct {
 
 func (x *DeployMachineRequest) Reset() {
 	*x = DeployMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +2264,7 @@ func (x *DeployMachineRequest) String() string {
 func (*DeployMachineRequest) ProtoMessage() {}
 
 func (x *DeployMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +2277,7 @@ func (x *DeployMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployMachineRequest.ProtoReflect.Descriptor instead.
 func (*DeployMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeployMachineRequest) GetTenant() string {
@@ -1602,7 +2310,7 @@ type DeployMachineResponse struct {
 
 func (x *DeployMachineResponse) Reset() {
 	*x = DeployMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +2322,7 @@ func (x *DeployMachineResponse) String() string {
 func (*DeployMachineResponse) ProtoMessage() {}
 
 func (x *DeployMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +2335,7 @@ func (x *DeployMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployMachineResponse.ProtoReflect.Descriptor instead.
 func (*DeployMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeployMachineResponse) GetMachine() *Machine {
@@ -1647,7 +2355,7 @@ type ReleaseMachineRequest struct {
 
 func (x *ReleaseMachineRequest) Reset() {
 	*x = ReleaseMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +2367,7 @@ func (x *ReleaseMachineRequest) String() string {
 func (*ReleaseMachineRequest) ProtoMessage() {}
 
 func (x *ReleaseMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +2380,7 @@ func (x *ReleaseMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseMachineRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReleaseMachineRequest) GetTenant() string {
@@ -1698,7 +2406,7 @@ type ReleaseMachineResponse struct {
 
 func (x *ReleaseMachineResponse) Reset() {
 	*x = ReleaseMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +2418,7 @@ func (x *ReleaseMachineResponse) String() string {
 func (*ReleaseMachineResponse) ProtoMessage() {}
 
 func (x *ReleaseMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +2431,7 @@ func (x *ReleaseMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseMachineResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReleaseMachineResponse) GetMachine() *Machine {
@@ -1743,7 +2451,7 @@ type RetireMachineRequest struct {
 
 func (x *RetireMachineRequest) Reset() {
 	*x = RetireMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +2463,7 @@ func (x *RetireMachineRequest) String() string {
 func (*RetireMachineRequest) ProtoMessage() {}
 
 func (x *RetireMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +2476,7 @@ func (x *RetireMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireMachineRequest.ProtoReflect.Descriptor instead.
 func (*RetireMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RetireMachineRequest) GetTenant() string {
@@ -1794,7 +2502,7 @@ type RetireMachineResponse struct {
 
 func (x *RetireMachineResponse) Reset() {
 	*x = RetireMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +2514,7 @@ func (x *RetireMachineResponse) String() string {
 func (*RetireMachineResponse) ProtoMessage() {}
 
 func (x *RetireMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +2527,7 @@ func (x *RetireMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireMachineResponse.ProtoReflect.Descriptor instead.
 func (*RetireMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RetireMachineResponse) GetMachine() *Machine {
@@ -1843,7 +2551,7 @@ type RescueMachineRequest struct {
 
 func (x *RescueMachineRequest) Reset() {
 	*x = RescueMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2563,7 @@ func (x *RescueMachineRequest) String() string {
 func (*RescueMachineRequest) ProtoMessage() {}
 
 func (x *RescueMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2576,7 @@ func (x *RescueMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RescueMachineRequest.ProtoReflect.Descriptor instead.
 func (*RescueMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RescueMachineRequest) GetTenant() string {
@@ -1908,7 +2616,7 @@ type RescueMachineResponse struct {
 
 func (x *RescueMachineResponse) Reset() {
 	*x = RescueMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2628,7 @@ func (x *RescueMachineResponse) String() string {
 func (*RescueMachineResponse) ProtoMessage() {}
 
 func (x *RescueMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2641,7 @@ func (x *RescueMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RescueMachineResponse.ProtoReflect.Descriptor instead.
 func (*RescueMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RescueMachineResponse) GetMachine() *Machine {
@@ -1955,7 +2663,7 @@ type PowerMachineRequest struct {
 
 func (x *PowerMachineRequest) Reset() {
 	*x = PowerMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2675,7 @@ func (x *PowerMachineRequest) String() string {
 func (*PowerMachineRequest) ProtoMessage() {}
 
 func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2688,7 @@ func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerMachineRequest.ProtoReflect.Descriptor instead.
 func (*PowerMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PowerMachineRequest) GetTenant() string {
@@ -2014,7 +2722,7 @@ type PowerMachineResponse struct {
 
 func (x *PowerMachineResponse) Reset() {
 	*x = PowerMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2734,7 @@ func (x *PowerMachineResponse) String() string {
 func (*PowerMachineResponse) ProtoMessage() {}
 
 func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2747,7 @@ func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerMachineResponse.ProtoReflect.Descriptor instead.
 func (*PowerMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PowerMachineResponse) GetMachine() *Machine {
@@ -2059,7 +2767,7 @@ type RotateBMCPasswordRequest struct {
 
 func (x *RotateBMCPasswordRequest) Reset() {
 	*x = RotateBMCPasswordRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2779,7 @@ func (x *RotateBMCPasswordRequest) String() string {
 func (*RotateBMCPasswordRequest) ProtoMessage() {}
 
 func (x *RotateBMCPasswordRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2792,7 @@ func (x *RotateBMCPasswordRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateBMCPasswordRequest.ProtoReflect.Descriptor instead.
 func (*RotateBMCPasswordRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RotateBMCPasswordRequest) GetTenant() string {
@@ -2112,7 +2820,7 @@ type RotateBMCPasswordResponse struct {
 
 func (x *RotateBMCPasswordResponse) Reset() {
 	*x = RotateBMCPasswordResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2832,7 @@ func (x *RotateBMCPasswordResponse) String() string {
 func (*RotateBMCPasswordResponse) ProtoMessage() {}
 
 func (x *RotateBMCPasswordResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2845,7 @@ func (x *RotateBMCPasswordResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateBMCPasswordResponse.ProtoReflect.Descriptor instead.
 func (*RotateBMCPasswordResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RotateBMCPasswordResponse) GetMachine() *Machine {
@@ -2157,7 +2865,7 @@ type GetMachinePowerStatusRequest struct {
 
 func (x *GetMachinePowerStatusRequest) Reset() {
 	*x = GetMachinePowerStatusRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2877,7 @@ func (x *GetMachinePowerStatusRequest) String() string {
 func (*GetMachinePowerStatusRequest) ProtoMessage() {}
 
 func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2890,7 @@ func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachinePowerStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetMachinePowerStatusRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetMachinePowerStatusRequest) GetTenant() string {
@@ -2209,7 +2917,7 @@ type GetMachinePowerStatusResponse struct {
 
 func (x *GetMachinePowerStatusResponse) Reset() {
 	*x = GetMachinePowerStatusResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2929,7 @@ func (x *GetMachinePowerStatusResponse) String() string {
 func (*GetMachinePowerStatusResponse) ProtoMessage() {}
 
 func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2942,7 @@ func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachinePowerStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetMachinePowerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetMachinePowerStatusResponse) GetPower() string {
@@ -2254,7 +2962,7 @@ type AbortMachineRequest struct {
 
 func (x *AbortMachineRequest) Reset() {
 	*x = AbortMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2974,7 @@ func (x *AbortMachineRequest) String() string {
 func (*AbortMachineRequest) ProtoMessage() {}
 
 func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2987,7 @@ func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineRequest.ProtoReflect.Descriptor instead.
 func (*AbortMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AbortMachineRequest) GetTenant() string {
@@ -2308,7 +3016,7 @@ type AbortMachineResponse struct {
 
 func (x *AbortMachineResponse) Reset() {
 	*x = AbortMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +3028,7 @@ func (x *AbortMachineResponse) String() string {
 func (*AbortMachineResponse) ProtoMessage() {}
 
 func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +3041,7 @@ func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineResponse.ProtoReflect.Descriptor instead.
 func (*AbortMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AbortMachineResponse) GetMachine() *Machine {
@@ -2378,7 +3086,7 @@ type MachineWorkflow struct {
 
 func (x *MachineWorkflow) Reset() {
 	*x = MachineWorkflow{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +3098,7 @@ func (x *MachineWorkflow) String() string {
 func (*MachineWorkflow) ProtoMessage() {}
 
 func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +3111,7 @@ func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflow.ProtoReflect.Descriptor instead.
 func (*MachineWorkflow) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MachineWorkflow) GetId() string {
@@ -2523,7 +3231,7 @@ type MachineWorkflowStep struct {
 
 func (x *MachineWorkflowStep) Reset() {
 	*x = MachineWorkflowStep{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +3243,7 @@ func (x *MachineWorkflowStep) String() string {
 func (*MachineWorkflowStep) ProtoMessage() {}
 
 func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +3256,7 @@ func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflowStep.ProtoReflect.Descriptor instead.
 func (*MachineWorkflowStep) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MachineWorkflowStep) GetIndex() int32 {
@@ -2650,7 +3358,7 @@ type ListMachineWorkflowsRequest struct {
 
 func (x *ListMachineWorkflowsRequest) Reset() {
 	*x = ListMachineWorkflowsRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +3370,7 @@ func (x *ListMachineWorkflowsRequest) String() string {
 func (*ListMachineWorkflowsRequest) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +3383,7 @@ func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsRequest.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListMachineWorkflowsRequest) GetTenant() string {
@@ -2723,7 +3431,7 @@ type ListMachineWorkflowsResponse struct {
 
 func (x *ListMachineWorkflowsResponse) Reset() {
 	*x = ListMachineWorkflowsResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +3443,7 @@ func (x *ListMachineWorkflowsResponse) String() string {
 func (*ListMachineWorkflowsResponse) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +3456,7 @@ func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsResponse.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListMachineWorkflowsResponse) GetWorkflows() []*MachineWorkflow {
@@ -2776,7 +3484,7 @@ type GetMachineWorkflowRequest struct {
 
 func (x *GetMachineWorkflowRequest) Reset() {
 	*x = GetMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +3496,7 @@ func (x *GetMachineWorkflowRequest) String() string {
 func (*GetMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +3509,7 @@ func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GetMachineWorkflowRequest) GetTenant() string {
@@ -2827,7 +3535,7 @@ type GetMachineWorkflowResponse struct {
 
 func (x *GetMachineWorkflowResponse) Reset() {
 	*x = GetMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2839,7 +3547,7 @@ func (x *GetMachineWorkflowResponse) String() string {
 func (*GetMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2852,7 +3560,7 @@ func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
@@ -2914,7 +3622,7 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x11DeleteSiteRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\"\x14\n" +
-	"\x12DeleteSiteResponse\"\xc0\b\n" +
+	"\x12DeleteSiteResponse\"\xdb\b\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -2950,7 +3658,65 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"updateTime\x12;\n" +
 	"\x1abmc_pending_credential_ref\x18\x19 \x01(\tR\x17bmcPendingCredentialRef\x12-\n" +
 	"\x12maintenance_reason\x18\x1a \x01(\tR\x11maintenanceReason\x12E\n" +
-	"\x10maintenance_time\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\x0fmaintenanceTime\"\x99\x02\n" +
+	"\x10maintenance_time\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\x0fmaintenanceTime\x12\x19\n" +
+	"\blease_id\x18\x1c \x01(\tR\aleaseId\"\x9f\x05\n" +
+	"\fMachineLease\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x02 \x01(\tR\tmachineId\x12&\n" +
+	"\x0fowner_tenant_id\x18\x03 \x01(\tR\rownerTenantId\x12(\n" +
+	"\x10lessee_tenant_id\x18\x04 \x01(\tR\x0elesseeTenantId\x12\x18\n" +
+	"\abinding\x18\x05 \x01(\tR\abinding\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x19\n" +
+	"\bimage_id\x18\a \x01(\tR\aimageId\x12\x1d\n" +
+	"\n" +
+	"image_name\x18\b \x01(\tR\timageName\x12!\n" +
+	"\fimage_sha256\x18\t \x01(\tR\vimageSha256\x12.\n" +
+	"\x13ssh_key_fingerprint\x18\n" +
+	" \x01(\tR\x11sshKeyFingerprint\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\f \x01(\tR\tcreatedBy\x12\x1f\n" +
+	"\vreleased_by\x18\r \x01(\tR\n" +
+	"releasedBy\x12;\n" +
+	"\vcreate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12=\n" +
+	"\frelease_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\vreleaseTime\x125\n" +
+	"\bend_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12F\n" +
+	"\bevidence\x18\x11 \x03(\v2*.bettercompute.api.v1.MachineLeaseEvidenceR\bevidence\"\xf3\x01\n" +
+	"\x14MachineLeaseEvidence\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\tR\x04step\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1f\n" +
+	"\vworkflow_id\x18\x03 \x01(\tR\n" +
+	"workflowId\x12\x1a\n" +
+	"\bverified\x18\x04 \x01(\bR\bverified\x12\x16\n" +
+	"\x06digest\x18\x05 \x01(\tR\x06digest\x12\x16\n" +
+	"\x06signer\x18\x06 \x01(\tR\x06signer\x12\x16\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x12.\n" +
+	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"_\n" +
+	"\x13LeaseMachineRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\amachine\x18\x02 \x01(\tR\amachine\x12\x16\n" +
+	"\x06lessee\x18\x03 \x01(\tR\x06lessee\"P\n" +
+	"\x14LeaseMachineResponse\x128\n" +
+	"\x05lease\x18\x01 \x01(\v2\".bettercompute.api.v1.MachineLeaseR\x05lease\"x\n" +
+	"\x19AcceptMachineLeaseRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05lease\x18\x02 \x01(\tR\x05lease\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\tR\x05image\x12\x17\n" +
+	"\assh_key\x18\x04 \x01(\tR\x06sshKey\"V\n" +
+	"\x1aAcceptMachineLeaseResponse\x128\n" +
+	"\x05lease\x18\x01 \x01(\v2\".bettercompute.api.v1.MachineLeaseR\x05lease\"J\n" +
+	"\x1aReleaseMachineLeaseRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05lease\x18\x02 \x01(\tR\x05lease\"W\n" +
+	"\x1bReleaseMachineLeaseResponse\x128\n" +
+	"\x05lease\x18\x01 \x01(\v2\".bettercompute.api.v1.MachineLeaseR\x05lease\"F\n" +
+	"\x16GetMachineLeaseRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05lease\x18\x02 \x01(\tR\x05lease\"S\n" +
+	"\x17GetMachineLeaseResponse\x128\n" +
+	"\x05lease\x18\x01 \x01(\v2\".bettercompute.api.v1.MachineLeaseR\x05lease\"\x99\x02\n" +
 	"\x14EnrollMachineRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12\x12\n" +
@@ -3091,7 +3857,7 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x03Get\x12$.bettercompute.api.v1.GetSiteRequest\x1a%.bettercompute.api.v1.GetSiteResponse\"\x03\x90\x02\x01\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\x03\x90\x02\x01\x12[\n" +
 	"\x06Update\x12'.bettercompute.api.v1.UpdateSiteRequest\x1a(.bettercompute.api.v1.UpdateSiteResponse\x12[\n" +
-	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xc4\f\n" +
+	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xf9\x0f\n" +
 	"\x0eMachineService\x12a\n" +
 	"\x06Enroll\x12*.bettercompute.api.v1.EnrollMachineRequest\x1a+.bettercompute.api.v1.EnrollMachineResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetMachineRequest\x1a(.bettercompute.api.v1.GetMachineResponse\"\x03\x90\x02\x01\x12b\n" +
@@ -3108,7 +3874,11 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x0eGetPowerStatus\x122.bettercompute.api.v1.GetMachinePowerStatusRequest\x1a3.bettercompute.api.v1.GetMachinePowerStatusResponse\"\x03\x90\x02\x01\x12^\n" +
 	"\x05Abort\x12).bettercompute.api.v1.AbortMachineRequest\x1a*.bettercompute.api.v1.AbortMachineResponse\x12{\n" +
 	"\rListWorkflows\x121.bettercompute.api.v1.ListMachineWorkflowsRequest\x1a2.bettercompute.api.v1.ListMachineWorkflowsResponse\"\x03\x90\x02\x01\x12u\n" +
-	"\vGetWorkflow\x12/.bettercompute.api.v1.GetMachineWorkflowRequest\x1a0.bettercompute.api.v1.GetMachineWorkflowResponse\"\x03\x90\x02\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\vGetWorkflow\x12/.bettercompute.api.v1.GetMachineWorkflowRequest\x1a0.bettercompute.api.v1.GetMachineWorkflowResponse\"\x03\x90\x02\x01\x12^\n" +
+	"\x05Lease\x12).bettercompute.api.v1.LeaseMachineRequest\x1a*.bettercompute.api.v1.LeaseMachineResponse\x12p\n" +
+	"\vAcceptLease\x12/.bettercompute.api.v1.AcceptMachineLeaseRequest\x1a0.bettercompute.api.v1.AcceptMachineLeaseResponse\x12s\n" +
+	"\fReleaseLease\x120.bettercompute.api.v1.ReleaseMachineLeaseRequest\x1a1.bettercompute.api.v1.ReleaseMachineLeaseResponse\x12l\n" +
+	"\bGetLease\x12,.bettercompute.api.v1.GetMachineLeaseRequest\x1a-.bettercompute.api.v1.GetMachineLeaseResponse\"\x03\x90\x02\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_metal_proto_rawDescOnce sync.Once
@@ -3122,7 +3892,7 @@ func file_bettercompute_api_v1_metal_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_metal_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*Site)(nil),                          // 0: bettercompute.api.v1.Site
 	(*CreateSiteRequest)(nil),             // 1: bettercompute.api.v1.CreateSiteRequest
@@ -3136,120 +3906,147 @@ var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*DeleteSiteRequest)(nil),             // 9: bettercompute.api.v1.DeleteSiteRequest
 	(*DeleteSiteResponse)(nil),            // 10: bettercompute.api.v1.DeleteSiteResponse
 	(*Machine)(nil),                       // 11: bettercompute.api.v1.Machine
-	(*EnrollMachineRequest)(nil),          // 12: bettercompute.api.v1.EnrollMachineRequest
-	(*EnrollMachineResponse)(nil),         // 13: bettercompute.api.v1.EnrollMachineResponse
-	(*GetMachineRequest)(nil),             // 14: bettercompute.api.v1.GetMachineRequest
-	(*GetMachineResponse)(nil),            // 15: bettercompute.api.v1.GetMachineResponse
-	(*ListMachinesRequest)(nil),           // 16: bettercompute.api.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),          // 17: bettercompute.api.v1.ListMachinesResponse
-	(*InspectMachineRequest)(nil),         // 18: bettercompute.api.v1.InspectMachineRequest
-	(*InspectMachineResponse)(nil),        // 19: bettercompute.api.v1.InspectMachineResponse
-	(*CommissionMachineRequest)(nil),      // 20: bettercompute.api.v1.CommissionMachineRequest
-	(*CommissionMachineResponse)(nil),     // 21: bettercompute.api.v1.CommissionMachineResponse
-	(*DeployMachineRequest)(nil),          // 22: bettercompute.api.v1.DeployMachineRequest
-	(*DeployMachineResponse)(nil),         // 23: bettercompute.api.v1.DeployMachineResponse
-	(*ReleaseMachineRequest)(nil),         // 24: bettercompute.api.v1.ReleaseMachineRequest
-	(*ReleaseMachineResponse)(nil),        // 25: bettercompute.api.v1.ReleaseMachineResponse
-	(*RetireMachineRequest)(nil),          // 26: bettercompute.api.v1.RetireMachineRequest
-	(*RetireMachineResponse)(nil),         // 27: bettercompute.api.v1.RetireMachineResponse
-	(*RescueMachineRequest)(nil),          // 28: bettercompute.api.v1.RescueMachineRequest
-	(*RescueMachineResponse)(nil),         // 29: bettercompute.api.v1.RescueMachineResponse
-	(*PowerMachineRequest)(nil),           // 30: bettercompute.api.v1.PowerMachineRequest
-	(*PowerMachineResponse)(nil),          // 31: bettercompute.api.v1.PowerMachineResponse
-	(*RotateBMCPasswordRequest)(nil),      // 32: bettercompute.api.v1.RotateBMCPasswordRequest
-	(*RotateBMCPasswordResponse)(nil),     // 33: bettercompute.api.v1.RotateBMCPasswordResponse
-	(*GetMachinePowerStatusRequest)(nil),  // 34: bettercompute.api.v1.GetMachinePowerStatusRequest
-	(*GetMachinePowerStatusResponse)(nil), // 35: bettercompute.api.v1.GetMachinePowerStatusResponse
-	(*AbortMachineRequest)(nil),           // 36: bettercompute.api.v1.AbortMachineRequest
-	(*AbortMachineResponse)(nil),          // 37: bettercompute.api.v1.AbortMachineResponse
-	(*MachineWorkflow)(nil),               // 38: bettercompute.api.v1.MachineWorkflow
-	(*MachineWorkflowStep)(nil),           // 39: bettercompute.api.v1.MachineWorkflowStep
-	(*ListMachineWorkflowsRequest)(nil),   // 40: bettercompute.api.v1.ListMachineWorkflowsRequest
-	(*ListMachineWorkflowsResponse)(nil),  // 41: bettercompute.api.v1.ListMachineWorkflowsResponse
-	(*GetMachineWorkflowRequest)(nil),     // 42: bettercompute.api.v1.GetMachineWorkflowRequest
-	(*GetMachineWorkflowResponse)(nil),    // 43: bettercompute.api.v1.GetMachineWorkflowResponse
-	(*timestamppb.Timestamp)(nil),         // 44: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),               // 45: google.protobuf.Struct
+	(*MachineLease)(nil),                  // 12: bettercompute.api.v1.MachineLease
+	(*MachineLeaseEvidence)(nil),          // 13: bettercompute.api.v1.MachineLeaseEvidence
+	(*LeaseMachineRequest)(nil),           // 14: bettercompute.api.v1.LeaseMachineRequest
+	(*LeaseMachineResponse)(nil),          // 15: bettercompute.api.v1.LeaseMachineResponse
+	(*AcceptMachineLeaseRequest)(nil),     // 16: bettercompute.api.v1.AcceptMachineLeaseRequest
+	(*AcceptMachineLeaseResponse)(nil),    // 17: bettercompute.api.v1.AcceptMachineLeaseResponse
+	(*ReleaseMachineLeaseRequest)(nil),    // 18: bettercompute.api.v1.ReleaseMachineLeaseRequest
+	(*ReleaseMachineLeaseResponse)(nil),   // 19: bettercompute.api.v1.ReleaseMachineLeaseResponse
+	(*GetMachineLeaseRequest)(nil),        // 20: bettercompute.api.v1.GetMachineLeaseRequest
+	(*GetMachineLeaseResponse)(nil),       // 21: bettercompute.api.v1.GetMachineLeaseResponse
+	(*EnrollMachineRequest)(nil),          // 22: bettercompute.api.v1.EnrollMachineRequest
+	(*EnrollMachineResponse)(nil),         // 23: bettercompute.api.v1.EnrollMachineResponse
+	(*GetMachineRequest)(nil),             // 24: bettercompute.api.v1.GetMachineRequest
+	(*GetMachineResponse)(nil),            // 25: bettercompute.api.v1.GetMachineResponse
+	(*ListMachinesRequest)(nil),           // 26: bettercompute.api.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),          // 27: bettercompute.api.v1.ListMachinesResponse
+	(*InspectMachineRequest)(nil),         // 28: bettercompute.api.v1.InspectMachineRequest
+	(*InspectMachineResponse)(nil),        // 29: bettercompute.api.v1.InspectMachineResponse
+	(*CommissionMachineRequest)(nil),      // 30: bettercompute.api.v1.CommissionMachineRequest
+	(*CommissionMachineResponse)(nil),     // 31: bettercompute.api.v1.CommissionMachineResponse
+	(*DeployMachineRequest)(nil),          // 32: bettercompute.api.v1.DeployMachineRequest
+	(*DeployMachineResponse)(nil),         // 33: bettercompute.api.v1.DeployMachineResponse
+	(*ReleaseMachineRequest)(nil),         // 34: bettercompute.api.v1.ReleaseMachineRequest
+	(*ReleaseMachineResponse)(nil),        // 35: bettercompute.api.v1.ReleaseMachineResponse
+	(*RetireMachineRequest)(nil),          // 36: bettercompute.api.v1.RetireMachineRequest
+	(*RetireMachineResponse)(nil),         // 37: bettercompute.api.v1.RetireMachineResponse
+	(*RescueMachineRequest)(nil),          // 38: bettercompute.api.v1.RescueMachineRequest
+	(*RescueMachineResponse)(nil),         // 39: bettercompute.api.v1.RescueMachineResponse
+	(*PowerMachineRequest)(nil),           // 40: bettercompute.api.v1.PowerMachineRequest
+	(*PowerMachineResponse)(nil),          // 41: bettercompute.api.v1.PowerMachineResponse
+	(*RotateBMCPasswordRequest)(nil),      // 42: bettercompute.api.v1.RotateBMCPasswordRequest
+	(*RotateBMCPasswordResponse)(nil),     // 43: bettercompute.api.v1.RotateBMCPasswordResponse
+	(*GetMachinePowerStatusRequest)(nil),  // 44: bettercompute.api.v1.GetMachinePowerStatusRequest
+	(*GetMachinePowerStatusResponse)(nil), // 45: bettercompute.api.v1.GetMachinePowerStatusResponse
+	(*AbortMachineRequest)(nil),           // 46: bettercompute.api.v1.AbortMachineRequest
+	(*AbortMachineResponse)(nil),          // 47: bettercompute.api.v1.AbortMachineResponse
+	(*MachineWorkflow)(nil),               // 48: bettercompute.api.v1.MachineWorkflow
+	(*MachineWorkflowStep)(nil),           // 49: bettercompute.api.v1.MachineWorkflowStep
+	(*ListMachineWorkflowsRequest)(nil),   // 50: bettercompute.api.v1.ListMachineWorkflowsRequest
+	(*ListMachineWorkflowsResponse)(nil),  // 51: bettercompute.api.v1.ListMachineWorkflowsResponse
+	(*GetMachineWorkflowRequest)(nil),     // 52: bettercompute.api.v1.GetMachineWorkflowRequest
+	(*GetMachineWorkflowResponse)(nil),    // 53: bettercompute.api.v1.GetMachineWorkflowResponse
+	(*timestamppb.Timestamp)(nil),         // 54: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 55: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
-	44, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	44, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
+	54, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	54, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: bettercompute.api.v1.CreateSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 3: bettercompute.api.v1.GetSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 4: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
 	0,  // 5: bettercompute.api.v1.UpdateSiteResponse.site:type_name -> bettercompute.api.v1.Site
-	45, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
-	45, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
-	44, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
-	44, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	44, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
-	44, // 11: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
-	11, // 12: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 13: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 14: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
-	11, // 15: bettercompute.api.v1.InspectMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 16: bettercompute.api.v1.CommissionMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 17: bettercompute.api.v1.DeployMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 18: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 19: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 20: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 21: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 22: bettercompute.api.v1.RotateBMCPasswordResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 23: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	38, // 24: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	44, // 25: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
-	44, // 26: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
-	44, // 27: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
-	39, // 28: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
-	44, // 29: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
-	44, // 30: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
-	38, // 31: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
-	38, // 32: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	1,  // 33: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	3,  // 34: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
-	5,  // 35: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,  // 36: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
-	9,  // 37: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
-	12, // 38: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
-	14, // 39: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
-	16, // 40: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
-	18, // 41: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
-	20, // 42: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
-	22, // 43: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
-	24, // 44: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
-	26, // 45: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
-	28, // 46: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
-	30, // 47: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
-	32, // 48: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
-	34, // 49: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
-	36, // 50: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
-	40, // 51: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
-	42, // 52: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
-	2,  // 53: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
-	4,  // 54: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
-	6,  // 55: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	8,  // 56: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
-	10, // 57: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
-	13, // 58: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
-	15, // 59: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
-	17, // 60: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
-	19, // 61: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
-	21, // 62: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
-	23, // 63: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
-	25, // 64: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
-	27, // 65: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
-	29, // 66: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
-	31, // 67: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
-	33, // 68: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
-	35, // 69: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
-	37, // 70: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
-	41, // 71: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
-	43, // 72: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
-	53, // [53:73] is the sub-list for method output_type
-	33, // [33:53] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	55, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
+	55, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
+	54, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
+	54, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	54, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
+	54, // 11: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
+	54, // 12: bettercompute.api.v1.MachineLease.create_time:type_name -> google.protobuf.Timestamp
+	54, // 13: bettercompute.api.v1.MachineLease.release_time:type_name -> google.protobuf.Timestamp
+	54, // 14: bettercompute.api.v1.MachineLease.end_time:type_name -> google.protobuf.Timestamp
+	13, // 15: bettercompute.api.v1.MachineLease.evidence:type_name -> bettercompute.api.v1.MachineLeaseEvidence
+	54, // 16: bettercompute.api.v1.MachineLeaseEvidence.time:type_name -> google.protobuf.Timestamp
+	12, // 17: bettercompute.api.v1.LeaseMachineResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	12, // 18: bettercompute.api.v1.AcceptMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	12, // 19: bettercompute.api.v1.ReleaseMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	12, // 20: bettercompute.api.v1.GetMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	11, // 21: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 22: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 23: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
+	11, // 24: bettercompute.api.v1.InspectMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 25: bettercompute.api.v1.CommissionMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 26: bettercompute.api.v1.DeployMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 27: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 28: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 29: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 30: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 31: bettercompute.api.v1.RotateBMCPasswordResponse.machine:type_name -> bettercompute.api.v1.Machine
+	11, // 32: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	48, // 33: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	54, // 34: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
+	54, // 35: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
+	54, // 36: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
+	49, // 37: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
+	54, // 38: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
+	54, // 39: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
+	48, // 40: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
+	48, // 41: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	1,  // 42: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	3,  // 43: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
+	5,  // 44: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,  // 45: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
+	9,  // 46: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
+	22, // 47: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
+	24, // 48: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
+	26, // 49: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
+	28, // 50: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
+	30, // 51: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
+	32, // 52: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
+	34, // 53: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
+	36, // 54: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
+	38, // 55: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
+	40, // 56: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
+	42, // 57: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
+	44, // 58: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
+	46, // 59: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
+	50, // 60: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
+	52, // 61: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
+	14, // 62: bettercompute.api.v1.MachineService.Lease:input_type -> bettercompute.api.v1.LeaseMachineRequest
+	16, // 63: bettercompute.api.v1.MachineService.AcceptLease:input_type -> bettercompute.api.v1.AcceptMachineLeaseRequest
+	18, // 64: bettercompute.api.v1.MachineService.ReleaseLease:input_type -> bettercompute.api.v1.ReleaseMachineLeaseRequest
+	20, // 65: bettercompute.api.v1.MachineService.GetLease:input_type -> bettercompute.api.v1.GetMachineLeaseRequest
+	2,  // 66: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
+	4,  // 67: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
+	6,  // 68: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	8,  // 69: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
+	10, // 70: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
+	23, // 71: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
+	25, // 72: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
+	27, // 73: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
+	29, // 74: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
+	31, // 75: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
+	33, // 76: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
+	35, // 77: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
+	37, // 78: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
+	39, // 79: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
+	41, // 80: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
+	43, // 81: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
+	45, // 82: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
+	47, // 83: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
+	51, // 84: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
+	53, // 85: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
+	15, // 86: bettercompute.api.v1.MachineService.Lease:output_type -> bettercompute.api.v1.LeaseMachineResponse
+	17, // 87: bettercompute.api.v1.MachineService.AcceptLease:output_type -> bettercompute.api.v1.AcceptMachineLeaseResponse
+	19, // 88: bettercompute.api.v1.MachineService.ReleaseLease:output_type -> bettercompute.api.v1.ReleaseMachineLeaseResponse
+	21, // 89: bettercompute.api.v1.MachineService.GetLease:output_type -> bettercompute.api.v1.GetMachineLeaseResponse
+	66, // [66:90] is the sub-list for method output_type
+	42, // [42:66] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_metal_proto_init() }
@@ -3264,7 +4061,7 @@ func file_bettercompute_api_v1_metal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_metal_proto_rawDesc), len(file_bettercompute_api_v1_metal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

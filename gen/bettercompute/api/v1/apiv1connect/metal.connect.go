@@ -80,6 +80,16 @@ const (
 	// MachineServiceGetWorkflowProcedure is the fully-qualified name of the MachineService's
 	// GetWorkflow RPC.
 	MachineServiceGetWorkflowProcedure = "/bettercompute.api.v1.MachineService/GetWorkflow"
+	// MachineServiceLeaseProcedure is the fully-qualified name of the MachineService's Lease RPC.
+	MachineServiceLeaseProcedure = "/bettercompute.api.v1.MachineService/Lease"
+	// MachineServiceAcceptLeaseProcedure is the fully-qualified name of the MachineService's
+	// AcceptLease RPC.
+	MachineServiceAcceptLeaseProcedure = "/bettercompute.api.v1.MachineService/AcceptLease"
+	// MachineServiceReleaseLeaseProcedure is the fully-qualified name of the MachineService's
+	// ReleaseLease RPC.
+	MachineServiceReleaseLeaseProcedure = "/bettercompute.api.v1.MachineService/ReleaseLease"
+	// MachineServiceGetLeaseProcedure is the fully-qualified name of the MachineService's GetLease RPC.
+	MachineServiceGetLeaseProcedure = "/bettercompute.api.v1.MachineService/GetLease"
 )
 
 // SiteServiceClient is a client for the bettercompute.api.v1.SiteService service.
@@ -303,6 +313,20 @@ type MachineServiceClient interface {
 	ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error)
 	// GetWorkflow shows a workflow with its steps.
 	GetWorkflow(context.Context, *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error)
+	// Lease offers a ready machine whole to a lessee tenant (binding
+	// machine); nothing runs until the lessee accepts.
+	Lease(context.Context, *connect.Request[v1.LeaseMachineRequest]) (*connect.Response[v1.LeaseMachineResponse], error)
+	// AcceptLease is the lessee's: the machine is deployed with the lessee's
+	// signed image, root by the lessee's SSH key, and no platform join token
+	// on it. The owner never names (or sees) the lessee's image or key.
+	AcceptLease(context.Context, *connect.Request[v1.AcceptMachineLeaseRequest]) (*connect.Response[v1.AcceptMachineLeaseResponse], error)
+	// ReleaseLease starts the lease's teardown: fence, attested erase, GPU
+	// diagnostics, firmware baseline check, BMC password rotation. The
+	// machine is ready again only when every step's signed evidence verified.
+	ReleaseLease(context.Context, *connect.Request[v1.ReleaseMachineLeaseRequest]) (*connect.Response[v1.ReleaseMachineLeaseResponse], error)
+	// GetLease shows a lease with its teardown evidence, to its lessee and to
+	// the machine's owner.
+	GetLease(context.Context, *connect.Request[v1.GetMachineLeaseRequest]) (*connect.Response[v1.GetMachineLeaseResponse], error)
 }
 
 // NewMachineServiceClient constructs a client for the bettercompute.api.v1.MachineService service.
@@ -411,6 +435,31 @@ func NewMachineServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		lease: connect.NewClient[v1.LeaseMachineRequest, v1.LeaseMachineResponse](
+			httpClient,
+			baseURL+MachineServiceLeaseProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("Lease")),
+			connect.WithClientOptions(opts...),
+		),
+		acceptLease: connect.NewClient[v1.AcceptMachineLeaseRequest, v1.AcceptMachineLeaseResponse](
+			httpClient,
+			baseURL+MachineServiceAcceptLeaseProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("AcceptLease")),
+			connect.WithClientOptions(opts...),
+		),
+		releaseLease: connect.NewClient[v1.ReleaseMachineLeaseRequest, v1.ReleaseMachineLeaseResponse](
+			httpClient,
+			baseURL+MachineServiceReleaseLeaseProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("ReleaseLease")),
+			connect.WithClientOptions(opts...),
+		),
+		getLease: connect.NewClient[v1.GetMachineLeaseRequest, v1.GetMachineLeaseResponse](
+			httpClient,
+			baseURL+MachineServiceGetLeaseProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("GetLease")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -431,6 +480,10 @@ type machineServiceClient struct {
 	abort             *connect.Client[v1.AbortMachineRequest, v1.AbortMachineResponse]
 	listWorkflows     *connect.Client[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse]
 	getWorkflow       *connect.Client[v1.GetMachineWorkflowRequest, v1.GetMachineWorkflowResponse]
+	lease             *connect.Client[v1.LeaseMachineRequest, v1.LeaseMachineResponse]
+	acceptLease       *connect.Client[v1.AcceptMachineLeaseRequest, v1.AcceptMachineLeaseResponse]
+	releaseLease      *connect.Client[v1.ReleaseMachineLeaseRequest, v1.ReleaseMachineLeaseResponse]
+	getLease          *connect.Client[v1.GetMachineLeaseRequest, v1.GetMachineLeaseResponse]
 }
 
 // Enroll calls bettercompute.api.v1.MachineService.Enroll.
@@ -508,6 +561,26 @@ func (c *machineServiceClient) GetWorkflow(ctx context.Context, req *connect.Req
 	return c.getWorkflow.CallUnary(ctx, req)
 }
 
+// Lease calls bettercompute.api.v1.MachineService.Lease.
+func (c *machineServiceClient) Lease(ctx context.Context, req *connect.Request[v1.LeaseMachineRequest]) (*connect.Response[v1.LeaseMachineResponse], error) {
+	return c.lease.CallUnary(ctx, req)
+}
+
+// AcceptLease calls bettercompute.api.v1.MachineService.AcceptLease.
+func (c *machineServiceClient) AcceptLease(ctx context.Context, req *connect.Request[v1.AcceptMachineLeaseRequest]) (*connect.Response[v1.AcceptMachineLeaseResponse], error) {
+	return c.acceptLease.CallUnary(ctx, req)
+}
+
+// ReleaseLease calls bettercompute.api.v1.MachineService.ReleaseLease.
+func (c *machineServiceClient) ReleaseLease(ctx context.Context, req *connect.Request[v1.ReleaseMachineLeaseRequest]) (*connect.Response[v1.ReleaseMachineLeaseResponse], error) {
+	return c.releaseLease.CallUnary(ctx, req)
+}
+
+// GetLease calls bettercompute.api.v1.MachineService.GetLease.
+func (c *machineServiceClient) GetLease(ctx context.Context, req *connect.Request[v1.GetMachineLeaseRequest]) (*connect.Response[v1.GetMachineLeaseResponse], error) {
+	return c.getLease.CallUnary(ctx, req)
+}
+
 // MachineServiceHandler is an implementation of the bettercompute.api.v1.MachineService service.
 type MachineServiceHandler interface {
 	Enroll(context.Context, *connect.Request[v1.EnrollMachineRequest]) (*connect.Response[v1.EnrollMachineResponse], error)
@@ -545,6 +618,20 @@ type MachineServiceHandler interface {
 	ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error)
 	// GetWorkflow shows a workflow with its steps.
 	GetWorkflow(context.Context, *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error)
+	// Lease offers a ready machine whole to a lessee tenant (binding
+	// machine); nothing runs until the lessee accepts.
+	Lease(context.Context, *connect.Request[v1.LeaseMachineRequest]) (*connect.Response[v1.LeaseMachineResponse], error)
+	// AcceptLease is the lessee's: the machine is deployed with the lessee's
+	// signed image, root by the lessee's SSH key, and no platform join token
+	// on it. The owner never names (or sees) the lessee's image or key.
+	AcceptLease(context.Context, *connect.Request[v1.AcceptMachineLeaseRequest]) (*connect.Response[v1.AcceptMachineLeaseResponse], error)
+	// ReleaseLease starts the lease's teardown: fence, attested erase, GPU
+	// diagnostics, firmware baseline check, BMC password rotation. The
+	// machine is ready again only when every step's signed evidence verified.
+	ReleaseLease(context.Context, *connect.Request[v1.ReleaseMachineLeaseRequest]) (*connect.Response[v1.ReleaseMachineLeaseResponse], error)
+	// GetLease shows a lease with its teardown evidence, to its lessee and to
+	// the machine's owner.
+	GetLease(context.Context, *connect.Request[v1.GetMachineLeaseRequest]) (*connect.Response[v1.GetMachineLeaseResponse], error)
 }
 
 // NewMachineServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -649,6 +736,31 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	machineServiceLeaseHandler := connect.NewUnaryHandler(
+		MachineServiceLeaseProcedure,
+		svc.Lease,
+		connect.WithSchema(machineServiceMethods.ByName("Lease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceAcceptLeaseHandler := connect.NewUnaryHandler(
+		MachineServiceAcceptLeaseProcedure,
+		svc.AcceptLease,
+		connect.WithSchema(machineServiceMethods.ByName("AcceptLease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceReleaseLeaseHandler := connect.NewUnaryHandler(
+		MachineServiceReleaseLeaseProcedure,
+		svc.ReleaseLease,
+		connect.WithSchema(machineServiceMethods.ByName("ReleaseLease")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceGetLeaseHandler := connect.NewUnaryHandler(
+		MachineServiceGetLeaseProcedure,
+		svc.GetLease,
+		connect.WithSchema(machineServiceMethods.ByName("GetLease")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.MachineService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case MachineServiceEnrollProcedure:
@@ -681,6 +793,14 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 			machineServiceListWorkflowsHandler.ServeHTTP(w, r)
 		case MachineServiceGetWorkflowProcedure:
 			machineServiceGetWorkflowHandler.ServeHTTP(w, r)
+		case MachineServiceLeaseProcedure:
+			machineServiceLeaseHandler.ServeHTTP(w, r)
+		case MachineServiceAcceptLeaseProcedure:
+			machineServiceAcceptLeaseHandler.ServeHTTP(w, r)
+		case MachineServiceReleaseLeaseProcedure:
+			machineServiceReleaseLeaseHandler.ServeHTTP(w, r)
+		case MachineServiceGetLeaseProcedure:
+			machineServiceGetLeaseHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -748,4 +868,20 @@ func (UnimplementedMachineServiceHandler) ListWorkflows(context.Context, *connec
 
 func (UnimplementedMachineServiceHandler) GetWorkflow(context.Context, *connect.Request[v1.GetMachineWorkflowRequest]) (*connect.Response[v1.GetMachineWorkflowResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.GetWorkflow is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) Lease(context.Context, *connect.Request[v1.LeaseMachineRequest]) (*connect.Response[v1.LeaseMachineResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.Lease is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) AcceptLease(context.Context, *connect.Request[v1.AcceptMachineLeaseRequest]) (*connect.Response[v1.AcceptMachineLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.AcceptLease is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) ReleaseLease(context.Context, *connect.Request[v1.ReleaseMachineLeaseRequest]) (*connect.Response[v1.ReleaseMachineLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.ReleaseLease is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) GetLease(context.Context, *connect.Request[v1.GetMachineLeaseRequest]) (*connect.Response[v1.GetMachineLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.GetLease is not implemented"))
 }
