@@ -213,12 +213,27 @@ func (rn *Runner) PlacePending(ctx context.Context, poolID string) (int, error) 
 		placed = 0
 		now := b.Now()
 		tx := b.Tx()
+		// A releasing reservation whose end came first gets its step (or
+		// ends) in this batch, before anything is placed: its pods may
+		// still hold the devices, and a wake that ran before the tick must
+		// not book them under the pods.
+		var evs []envelope.Event
+		held, err := releasingDue(ctx, tx, poolID, now)
+		if err != nil {
+			return err
+		}
+		for i := range held {
+			more, err := e.heldAtEnd(ctx, b, &held[i], now)
+			if err != nil {
+				return err
+			}
+			evs = append(evs, more...)
+		}
 		rs, err := pendingForUpdate(ctx, tx, poolID, rn.batch())
 		if err != nil {
 			return err
 		}
 		sortByCreate(rs)
-		var evs []envelope.Event
 		for i := range rs {
 			r := &rs[i]
 			if !r.EndsAt.After(now) {

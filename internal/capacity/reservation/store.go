@@ -330,3 +330,10 @@ func holdingGPU(ctx context.Context, q store.Querier, nodeID, gpuUUID string, no
 	}
 	return ids, rows.Err()
 }
+
+// releasingDue lists a pool's releasing reservations whose booking's end
+// came, locked (PostgreSQL) as duePool locks them.
+func releasingDue(ctx context.Context, tx store.Tx, poolID string, now time.Time) ([]Reservation, error) {
+	return scanAll(tx.Query(ctx, `SELECT `+columns+` FROM reservations
+			WHERE pool_id = $2 AND state = 'releasing' AND ends_at <= $1 ORDER BY id LIMIT 500`+store.ForUpdate(tx), now, poolID))
+}
