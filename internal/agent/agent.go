@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
@@ -482,6 +483,11 @@ func (a *Agent) DropSession() bool {
 // GPU's UUID and the XID code) and sends a StatusReport at once when a
 // session is up. The node reports "degraded" while events are held.
 func (a *Agent) ReportHealthEvent(ev *agentv1.HealthEvent) {
+	if ev.GetTime() == nil {
+		// Stamped once: the control plane tells a repeat (bcd sends the
+		// events it holds again on every new session) by its time.
+		ev.Time = timestamppb.New(a.cfg.Clock.Now())
+	}
 	a.xids.add(ev)
 	a.quarantineKube(ev)
 	a.mu.Lock()

@@ -71,6 +71,9 @@ type Health interface {
 	// Report: events are new findings (XIDs), findings the node's standing
 	// ones, the whole set when complete.
 	Report(ctx context.Context, tx store.Tx, nodeID string, events, findings []*agentv1.HealthEvent, complete bool) error
+	// HasOpenStanding: the node has standing findings a complete report
+	// could clear.
+	HasOpenStanding(ctx context.Context, q store.Querier, nodeID string) (bool, error)
 }
 
 // SiteHooks act for site agents (bcd --mode site, certificate role site):

@@ -851,6 +851,18 @@ func (s *session) health(st *agentv1.StatusReport) error {
 	if h == nil || (len(st.GetEvents()) == 0 && len(st.GetFindings()) == 0 && !st.GetFindingsComplete()) {
 		return nil
 	}
+	if len(st.GetEvents()) == 0 && len(st.GetFindings()) == 0 {
+		// A healthy node's report (every session opens with one): a write
+		// only when it clears something, so a reconnect storm of healthy
+		// nodes takes no writer.
+		var open bool
+		if err := s.g.cfg.DB.Read(s.ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			open, err = h.HasOpenStanding(ctx, tx, s.nodeID)
+			return err
+		}); err != nil || !open {
+			return err
+		}
+	}
 	return s.g.cfg.DB.Write(s.ctx, func(ctx context.Context, tx store.Tx) error {
 		return h.Report(ctx, tx, s.nodeID, st.GetEvents(), st.GetFindings(), st.GetFindingsComplete())
 	})

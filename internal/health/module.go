@@ -163,6 +163,15 @@ func (m *Module) Report(ctx context.Context, tx store.Tx, nodeID string, events,
 	now := m.clock.Now()
 	var created []Finding
 	for _, e := range events {
+		if e.GetTime() != nil && e.GetTime().IsValid() {
+			seen, err := EventSeen(ctx, tx, nodeID, e.GetDevice(), e.GetKind(), e.GetCode(), e.GetTime().AsTime().UTC().Truncate(time.Microsecond))
+			if err != nil {
+				return err
+			}
+			if seen {
+				continue // sent again on a new session
+			}
+		}
 		f, err := m.newFinding(ctx, tx, ni, e, false, now)
 		if err != nil {
 			return err
@@ -242,7 +251,8 @@ func (m *Module) newFinding(ctx context.Context, tx store.Tx, ni nodeInfo, e *ag
 	}
 	occur := now
 	if e.GetTime() != nil && e.GetTime().IsValid() {
-		occur = e.GetTime().AsTime()
+		// Microseconds, as both stores keep them: a repeat compares equal.
+		occur = e.GetTime().AsTime().Truncate(time.Microsecond)
 	}
 	idx := -1
 	if e.GpuIndex != nil {

@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentv1 "github.com/better-compute/better-compute/gen/bettercompute/agent/v1"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
@@ -241,4 +242,17 @@ func TestHealthPolicyValidation(t *testing.T) {
 		require.Contains(t, err.Error(), tc.field)
 		require.Equal(t, 0, f.count(t, `SELECT COUNT(*) FROM pools WHERE name = 'bad'`), "nothing written")
 	}
+}
+
+func TestEventSentAgainOnANewSession(t *testing.T) {
+	f := newFleet(t, 1, nil)
+	n := f.nodeIDs[0]
+	ev := &agentv1.HealthEvent{Kind: "gpu.xid", Device: f.gpusOf[n][0], Code: 63, Message: "held", Time: timestamppb.New(time.Now())}
+	f.report(t, n, []*agentv1.HealthEvent{ev}, nil, false)
+	f.report(t, n, []*agentv1.HealthEvent{ev}, nil, true) // the next session's opening report
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM health_findings WHERE node_id = $1`, n), "one XID, one finding")
+	require.Len(t, f.remediations(t, health.RemPending), 1)
+	ev2 := &agentv1.HealthEvent{Kind: "gpu.xid", Device: f.gpusOf[n][0], Code: 63, Message: "again", Time: timestamppb.New(time.Now().Add(time.Second))}
+	f.report(t, n, []*agentv1.HealthEvent{ev2}, nil, false)
+	require.Equal(t, 2, f.count(t, `SELECT COUNT(*) FROM health_findings WHERE node_id = $1`, n), "a second XID is a second finding")
 }

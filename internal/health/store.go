@@ -547,3 +547,20 @@ func PoolsMetrics(ctx context.Context, q store.Querier) ([]PoolMetrics, error) {
 	}
 	return out, nil
 }
+
+// HasOpenStanding reports whether a node has open standing findings.
+func (m *Module) HasOpenStanding(ctx context.Context, q store.Querier, nodeID string) (bool, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_findings WHERE node_id = $1 AND state = 'open' AND standing`, nodeID).Scan(&n)
+	return n > 0, err
+}
+
+// EventSeen reports whether a node already reported this event: the same
+// GPU, kind and code at the same time on the node's clock (bcd sends the
+// events it holds again on every new session).
+func EventSeen(ctx context.Context, q store.Querier, nodeID, gpu, kind string, code int64, occur time.Time) (bool, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_findings WHERE node_id = $1 AND gpu_uuid = $2 AND kind = $3 AND code = $4
+		AND occur_time = $5 AND NOT standing`, nodeID, gpu, kind, code, occur).Scan(&n)
+	return n > 0, err
+}
