@@ -488,6 +488,12 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		return nil, err
 	}
 	a.Metal.AddWorkers(workers)
+	// binding machine: capacity offers the machine behind a node under a
+	// lease, and the lease binds (or fails) the reservation.
+	a.Capacity.Engine.Machines = a.Metal
+	ch := a.Capacity.Hooks()
+	a.Metal.LeaseHooks = metal.LeaseHooks{Deploying: ch.MachineLeaseDeploying, Active: ch.MachineLeaseActive,
+		Failed: ch.MachineLeaseFailed, Live: ch.ReservationLive}
 	a.Metal.Sites.SetNotifier(a.Gateway)
 	a.Metal.Sites.SetSigner(a.cmdSigner)
 	// A BMC rotation's new password becomes current only on a report
@@ -637,7 +643,15 @@ func (a *App) buildMetal() (*metal.Runtime, error) {
 		// Ramdisks dial the gateway pinned to this PKI's trust anchor.
 		cfg.DiscoveryPin = a.PKI.Pin
 	}
-	cfg.RamdiskEnded = retireRamdiskNodes(a.recorder, a.DB.Clock())
+	retire := retireRamdiskNodes(a.recorder, a.DB.Clock())
+	cfg.RamdiskEnded = func(ctx context.Context, tx store.Tx, nodeIDs []string) error {
+		if err := retire(ctx, tx, nodeIDs); err != nil {
+			return err
+		}
+		// A retired node takes no more work: its pool's placer reads it
+		// again (a leased machine's platform node is one).
+		return a.Capacity.Hooks().NodesStateChanged(ctx, tx, nodeIDs)
+	}
 	if a.PKI != nil {
 		cfg.NodeTokens = deployNodeTokens(joinTokenSealer{a.PKI}, a.recorder, a.DB.Clock())
 	}

@@ -66,7 +66,7 @@ func (f *reservationFlags) add(cmd *cobra.Command) {
 	fl.Int32Var(&f.vcpu, "vcpu", 0, "vCPUs (default: the pool's per-GPU share)")
 	fl.Int32Var(&f.memoryGiB, "memory-gib", 0, "memory in GiB (default: the pool's per-GPU share)")
 	fl.Int32Var(&f.hugepages, "hugepages-1gi", 0, "1 GiB huge pages (default: the pool's per-GPU share)")
-	fl.StringVar(&f.binding, "binding", "", "node (default: the agent applies limits), kubernetes or none (a booking only)")
+	fl.StringVar(&f.binding, "binding", "", "node (default: the agent applies limits), kubernetes, none (a booking only) or machine (the whole machine, leased: machines lease-accept)")
 	fl.BoolVar(&f.singleTenant, "single-tenant", false, "only a node no other tenant holds anything on")
 	fl.Int32Var(&f.nodes, "nodes", 0, "a gang: this many nodes, one reservation each, all placed now or none")
 	fl.Int32Var(&f.gpusPerNode, "gpus-per-node", 0, "with --nodes: whole GPUs on each node (the same as --gpus)")

@@ -111,7 +111,7 @@ type ReserveInput struct {
 	VCPU       int32  `json:"vcpu,omitempty" jsonschema:"vCPUs (default: the pool's per-GPU share)"`
 	MemoryGiB  int32  `json:"memory_gib,omitempty" jsonschema:"memory in GiB (default: the pool's per-GPU share)"`
 	Duration   string `json:"duration,omitempty" jsonschema:"how long from now, e.g. 30m, 4h, 1d (default 1h)"`
-	Binding    string `json:"binding,omitempty" jsonschema:"node (default), kubernetes or none (a booking only)"`
+	Binding    string `json:"binding,omitempty" jsonschema:"node (default), kubernetes, none (a booking only) or machine (a whole machine under a lease)"`
 	// ConfirmationID replays a call held for a human (reserve_gpus only).
 	ConfirmationID string `json:"confirmation_id,omitempty" jsonschema:"an approved confirmation, when retrying a call that answered CONFIRMATION_REQUIRED"`
 }

@@ -142,44 +142,96 @@ func firmwareDrift(baseline, got map[string]any) string {
 // is never granted on a machine that could not be given back. Nothing runs
 // on the machine until the lessee accepts.
 func (r *Runtime) OfferTx(ctx context.Context, tx *envelope.Tx, m *Machine, lesseeTenantID, by string) (Lease, error) {
-	if err := idle(*m, OpLeaseDeploy); err != nil {
+	l := Lease{LesseeTenantID: lesseeTenantID, CreatedBy: by}
+	ev, err := r.offer(ctx, tx, m, &l, StateReady, tx.Now())
+	if err != nil {
 		return Lease{}, err
+	}
+	tx.Emit(ev)
+	return l, nil
+}
+
+// offer puts m, in state from, under the new lease l.
+func (r *Runtime) offer(ctx context.Context, tx store.Tx, m *Machine, l *Lease, from State, now time.Time) (envelope.Event, error) {
+	if err := idle(*m, OpLeaseDeploy); err != nil {
+		return envelope.Event{}, err
 	}
 	if err := inMaintenance(*m, OpLeaseDeploy); err != nil {
-		return Lease{}, err
+		return envelope.Event{}, err
 	}
 	if m.LeaseID != "" {
-		return Lease{}, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is already under lease %s", m.Name, m.LeaseID)
+		return envelope.Event{}, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is already under lease %s", m.Name, m.LeaseID)
 	}
-	if m.State != StateReady {
-		return Lease{}, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is %s: a lease starts from ready", m.Name, m.State)
+	if m.State != from {
+		return envelope.Event{}, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is %s: a lease starts from %s", m.Name, m.State, from)
 	}
 	if !slices.Contains(rotatingDrivers, m.BMCDriver) {
-		return Lease{}, &envelope.Error{Code: envelope.CodeFailedPrecondition,
+		return envelope.Event{}, &envelope.Error{Code: envelope.CodeFailedPrecondition,
 			Message: fmt.Sprintf("machine %s cannot be leased: its teardown rotates the BMC password, which its %s BMC does not set", m.Name, m.BMCDriver),
 			Violations: []envelope.Violation{{Field: "machine",
 				Reason: fmt.Sprintf("its BMC driver %s does not set passwords (rotation speaks %v)", m.BMCDriver, rotatingDrivers)}}}
 	}
 	if len(m.FirmwareBaseline) == 0 {
-		return Lease{}, &envelope.Error{Code: envelope.CodeFailedPrecondition,
+		return envelope.Event{}, &envelope.Error{Code: envelope.CodeFailedPrecondition,
 			Message:    fmt.Sprintf("machine %s has no firmware baseline: commission it (with a ramdisk that signs its inventory) first", m.Name),
 			Violations: []envelope.Violation{{Field: "machine", Reason: "no signed firmware baseline from a commissioning"}}}
 	}
-	now := tx.Now()
-	l := Lease{ID: envelope.NewID(LeaseIDPrefix, now), MachineID: m.ID, OwnerTenantID: m.TenantID, LesseeTenantID: lesseeTenantID,
-		State: LeaseOffered, CreatedBy: by, CreateTime: now, UpdateTime: now}
-	if err := LeaseInsert(ctx, tx, &l); err != nil {
+	l.ID, l.MachineID, l.OwnerTenantID, l.State, l.CreateTime, l.UpdateTime = envelope.NewID(LeaseIDPrefix, now), m.ID, m.TenantID, LeaseOffered, now, now
+	if err := LeaseInsert(ctx, tx, l); err != nil {
 		if errors.Is(err, store.ErrUnique) {
-			return Lease{}, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is already under a lease", m.Name)
+			return envelope.Event{}, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is already under a lease", m.Name)
 		}
-		return Lease{}, err
+		return envelope.Event{}, err
 	}
 	m.LeaseID, m.UpdateTime = l.ID, now
 	if err := MachineUpdate(ctx, tx, m); err != nil {
-		return Lease{}, err
+		return envelope.Event{}, err
 	}
-	tx.Emit(leaseEvent("machine_lease.offered", l, map[string]any{}))
-	return l, nil
+	data := map[string]any{}
+	if l.ReservationID != "" {
+		data["reservation_id"] = l.ReservationID
+	}
+	return leaseEvent("machine_lease.offered", *l, data), nil
+}
+
+// OfferForReservation leases the machine behind nodeID to a tenant's
+// binding machine reservation: the machine must be deployed (the node is
+// its platform OS) and leasable as for an owner's offer. The lessee
+// accepts it (AcceptLease) with its image and root key.
+func (r *Runtime) OfferForReservation(ctx context.Context, tx store.Tx, reservationID, tenantID, nodeID string, now time.Time) (string, error) {
+	// The machine a deploy's own join token admitted the node for, not
+	// what a label says: anyone may label a node.
+	machineID, err := machineOfNode(ctx, tx, nodeID)
+	if err != nil {
+		return "", err
+	}
+	if machineID == "" {
+		return "", envelope.Errorf(envelope.CodeFailedPrecondition, "node %s did not join from a machine's deploy: there is no machine to lease", nodeID)
+	}
+	m, err := MachineByID(ctx, tx, machineID, store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) {
+		return "", envelope.Errorf(envelope.CodeFailedPrecondition, "node %s's machine %s is gone", nodeID, machineID)
+	}
+	if err != nil {
+		return "", err
+	}
+	l := Lease{LesseeTenantID: tenantID, CreatedBy: "system:capacity", ReservationID: reservationID, NodeID: nodeID}
+	ev, err := r.offer(ctx, tx, &m, &l, StateDeployed, now)
+	if err != nil {
+		return "", err
+	}
+	return l.ID, r.record(ctx, tx, now, ev)
+}
+
+// record writes events outside a request's envelope.
+func (r *Runtime) record(ctx context.Context, tx store.Tx, now time.Time, evs ...envelope.Event) error {
+	if r.rec == nil {
+		return nil
+	}
+	for i := range evs {
+		evs[i].Time = now
+	}
+	return r.rec.InsertEvents(ctx, tx, evs)
 }
 
 // AcceptTx is the lessee's acceptance of an offered lease: it verifies the
@@ -198,8 +250,12 @@ func (r *Runtime) AcceptTx(ctx context.Context, tx *envelope.Tx, l *Lease, image
 	if err := idle(m, OpLeaseDeploy); err != nil {
 		return err
 	}
-	if m.LeaseID != l.ID || m.State != StateReady {
-		return envelope.Errorf(envelope.CodeFailedPrecondition, "lease %s's machine is %s, not ready under the lease", l.ID, m.State)
+	from := StateReady
+	if l.ReservationID != "" {
+		from = StateDeployed // a reservation leases the machine behind a node
+	}
+	if m.LeaseID != l.ID || m.State != from {
+		return envelope.Errorf(envelope.CodeFailedPrecondition, "lease %s's machine is %s, not %s under the lease", l.ID, m.State, from)
 	}
 	input, err := deployImage(ctx, tx, &m, l.LesseeTenantID, image)
 	if err != nil {
@@ -211,6 +267,11 @@ func (r *Runtime) AcceptTx(ctx context.Context, tx *envelope.Tx, l *Lease, image
 	// certificates no longer renew or open sessions).
 	if err := r.retireDeployed(ctx, tx, m.ID); err != nil {
 		return err
+	}
+	if l.NodeID != "" && r.ended != nil {
+		if err := r.ended(ctx, tx, []string{l.NodeID}); err != nil {
+			return err
+		}
 	}
 	input["lease_id"], input["ssh_authorized_key"] = l.ID, sshKey
 	w, err := r.Engine.StartTx(ctx, tx.Tx, provision.StartParams{TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID,
@@ -232,7 +293,10 @@ func (r *Runtime) AcceptTx(ctx context.Context, tx *envelope.Tx, l *Lease, image
 	}
 	tx.Emit(leaseEvent("machine_lease.deploying", *l, map[string]any{"workflow_id": w.ID}))
 	tx.Emit(envelope.Event{Type: "machine." + string(StateDeploying), TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
-		Data: map[string]any{"state": string(m.State), "from": string(StateReady), "operation": OpLeaseDeploy, "workflow_id": w.ID, "lease_id": l.ID}})
+		Data: map[string]any{"state": string(m.State), "from": string(from), "operation": OpLeaseDeploy, "workflow_id": w.ID, "lease_id": l.ID}})
+	if l.ReservationID != "" && r.LeaseHooks.Deploying != nil {
+		return r.LeaseHooks.Deploying(ctx, tx.Tx, l.ReservationID, l.ID)
+	}
 	return nil
 }
 
@@ -262,68 +326,115 @@ func (r *Runtime) retireDeployed(ctx context.Context, tx store.Tx, machineID str
 
 // ReleaseLeaseTx starts a lease's teardown: the machine is fenced off the
 // provisioning network at once (its site boot record), a new BMC password
-// is sealed as pending, and the teardown workflow runs.
+// is sealed as pending, and the teardown workflow runs. A reservation's
+// lease is released by releasing the reservation (which ends the lessee's
+// use and its metering with it), once the reservation has ended.
 func (r *Runtime) ReleaseLeaseTx(ctx context.Context, tx *envelope.Tx, l *Lease, by string) error {
+	if l.ReservationID != "" && r.LeaseHooks.Live != nil {
+		live, err := r.LeaseHooks.Live(ctx, tx.Tx, l.ReservationID)
+		if err != nil {
+			return err
+		}
+		if live {
+			return &envelope.Error{Code: envelope.CodeFailedPrecondition,
+				Message:    fmt.Sprintf("lease %s binds reservation %s: release the reservation (reservations release %s)", l.ID, l.ReservationID, l.ReservationID),
+				Violations: []envelope.Violation{{Field: "lease", Reason: "bound to a live reservation"}}}
+		}
+	}
+	evs, err := r.releaseLease(ctx, tx.Tx, l, by, tx.Now())
+	for _, e := range evs {
+		tx.Emit(e)
+	}
+	return err
+}
+
+// ReleaseForReservation tears down the lease of a binding machine
+// reservation that ended (withdraws it when never accepted). A lease still
+// deploying is torn down when its deploy ends; one already releasing,
+// quarantined or returned is left as it is.
+func (r *Runtime) ReleaseForReservation(ctx context.Context, tx store.Tx, reservationID, reason string, now time.Time) error {
+	l, err := LeaseOfReservation(ctx, tx, reservationID, store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	by := "system:capacity (reservation " + reservationID + " " + reason + ")"
+	switch l.State {
+	case LeaseDeploying:
+		// Released when the deploy ends (leaseEnded).
+		l.ReleasedBy, l.UpdateTime = by, now
+		return LeaseUpdate(ctx, tx, &l)
+	case LeaseReleasing, LeaseQuarantined, LeaseReturned:
+		return nil
+	}
+	evs, err := r.releaseLease(ctx, tx, &l, by, now)
+	if err != nil {
+		return err
+	}
+	return r.record(ctx, tx, now, evs...)
+}
+
+// releaseLease starts l's teardown (or withdraws an offer nobody accepted).
+func (r *Runtime) releaseLease(ctx context.Context, tx store.Tx, l *Lease, by string, now time.Time) ([]envelope.Event, error) {
 	if !slices.Contains(leaseReleasableFrom, l.State) {
-		return envelope.Errorf(envelope.CodeFailedPrecondition, "lease %s is %s: a release starts from %s", l.ID, l.State,
+		return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "lease %s is %s: a release starts from %s", l.ID, l.State,
 			strings.Join(leaseReleasableFrom, ", "))
 	}
 	m, err := MachineByID(ctx, tx, l.MachineID, store.ForUpdate(tx))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := idle(m, OpLeaseTeardown); err != nil {
-		return err
+		return nil, err
 	}
 	if m.LeaseID != l.ID {
-		return envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is not under lease %s", m.Name, l.ID)
+		return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is not under lease %s", m.Name, l.ID)
 	}
-	now := tx.Now()
 	if l.State == LeaseOffered {
 		// Never accepted: nothing of the lessee's reached the machine.
 		m.LeaseID, m.UpdateTime = "", now
 		if err := MachineUpdate(ctx, tx, &m); err != nil {
-			return err
+			return nil, err
 		}
 		l.State, l.ReleasedBy, l.ReleaseTime, l.EndTime, l.UpdateTime = LeaseReturned, by, &now, &now, now
 		l.Reason = "withdrawn before it was accepted"
 		if err := LeaseUpdate(ctx, tx, l); err != nil {
-			return err
+			return nil, err
 		}
-		tx.Emit(leaseEvent("machine_lease.returned", *l, map[string]any{"reason": l.Reason}))
-		return nil
+		return []envelope.Event{leaseEvent("machine_lease.returned", *l, map[string]any{"reason": l.Reason})}, nil
 	}
 	input, err := r.preparePending(ctx, tx, &m)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Cut the provisioning network first: from now on the site boots the
 	// machine into nothing but the teardown's own ramdisk.
 	if err := MachineBootSet(ctx, tx, m.ID, BootFenced, now); err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.Sites.pushIfLeased(ctx, tx, m.SiteID); err != nil {
-		return err
+		return nil, err
 	}
 	input["lease_id"], input["burn_in"] = l.ID, true
-	w, err := r.Engine.StartTx(ctx, tx.Tx, provision.StartParams{TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID,
+	w, err := r.Engine.StartTx(ctx, tx, provision.StartParams{TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID,
 		Profile: OpLeaseTeardown, Input: input, CreatedBy: by})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	from := m.State
 	m.State, m.WorkflowID, m.Operation, m.UpdateTime = StateReleasing, w.ID, OpLeaseTeardown, now
 	if err := MachineUpdate(ctx, tx, &m); err != nil {
-		return err
+		return nil, err
 	}
 	l.State, l.ReleasedBy, l.ReleaseTime, l.UpdateTime, l.Reason = LeaseReleasing, by, &now, now, ""
 	if err := LeaseUpdate(ctx, tx, l); err != nil {
-		return err
+		return nil, err
 	}
-	tx.Emit(leaseEvent("machine_lease.releasing", *l, map[string]any{"workflow_id": w.ID}))
-	tx.Emit(envelope.Event{Type: "machine." + string(StateReleasing), TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
-		Data: map[string]any{"state": string(m.State), "from": string(from), "operation": OpLeaseTeardown, "workflow_id": w.ID, "lease_id": l.ID}})
-	return nil
+	return []envelope.Event{leaseEvent("machine_lease.releasing", *l, map[string]any{"workflow_id": w.ID}),
+		{Type: "machine." + string(StateReleasing), TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
+			Data: map[string]any{"state": string(m.State), "from": string(from), "operation": OpLeaseTeardown, "workflow_id": w.ID, "lease_id": l.ID}}}, nil
 }
 
 // leaseEvent is an event about a lease, for its lessee.
@@ -351,7 +462,10 @@ func (r *Runtime) leaseEnded(ctx context.Context, tx store.Tx, m *Machine, w pro
 			m.FailedOperation, m.FailedStep, m.FailureReason, m.FailureLogs = w.Profile, w.FailedStep, cmp.Or(w.Reason, string(w.State)), failedLogs
 			l.Reason = "the deploy failed at " + w.FailedStep + ": " + m.FailureReason
 		}
-		return r.saveLease(ctx, tx, m, &l, now)
+		if err := r.saveLease(ctx, tx, m, &l, now); err != nil {
+			return err
+		}
+		return r.deployEnded(ctx, tx, &l, now)
 	}
 
 	ev, promoted, err := r.teardownEvidence(ctx, tx, m, l.ID, w, steps, ramdiskKey)
@@ -402,6 +516,29 @@ func (r *Runtime) leaseEnded(ctx context.Context, tx store.Tx, m *Machine, w pro
 	m.MaintenanceReason, m.MaintenanceTime = reason, &now
 	l.State, l.Reason = LeaseQuarantined, reason
 	return r.saveLease(ctx, tx, m, &l, now)
+}
+
+// deployEnded tells a reservation how its lease's deploy ended, and tears
+// the lease down at once when the reservation ended while it deployed.
+func (r *Runtime) deployEnded(ctx context.Context, tx store.Tx, l *Lease, now time.Time) error {
+	if l.ReservationID == "" {
+		return nil
+	}
+	if l.ReleasedBy != "" {
+		evs, err := r.releaseLease(ctx, tx, l, l.ReleasedBy, now)
+		if err != nil {
+			return err
+		}
+		return r.record(ctx, tx, now, evs...)
+	}
+	h := r.LeaseHooks
+	if l.State == LeaseActive && h.Active != nil {
+		return h.Active(ctx, tx, l.ReservationID, l.ID)
+	}
+	if l.State == LeaseFailed && h.Failed != nil {
+		return h.Failed(ctx, tx, l.ReservationID, l.ID, l.Reason)
+	}
+	return nil
 }
 
 func firstStep(missing []string) string {

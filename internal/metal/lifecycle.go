@@ -315,11 +315,24 @@ type Runtime struct {
 	// to (SetNodeRoots).
 	nodeRoots  func() *x509.CertPool
 	otherEnded func(ctx context.Context, tx store.Tx, w provision.Workflow) error
+	// LeaseHooks tell the capacity module how a binding machine
+	// reservation's lease goes (set by the app before it serves).
+	LeaseHooks LeaseHooks
 	db         *store.DB
 	rec        envelope.Recorder
 	sealer     Sealer
 	clock      clock.Clock
 	log        *slog.Logger
+}
+
+// LeaseHooks are the capacity module's side of a reservation's lease, each
+// in the lease's transaction. Live reports whether the reservation still
+// holds the machine (its lease is then released only through it).
+type LeaseHooks struct {
+	Deploying func(ctx context.Context, tx store.Tx, reservationID, leaseID string) error
+	Active    func(ctx context.Context, tx store.Tx, reservationID, leaseID string) error
+	Failed    func(ctx context.Context, tx store.Tx, reservationID, leaseID, reason string) error
+	Live      func(ctx context.Context, tx store.Tx, reservationID string) (bool, error)
 }
 
 // NewRuntime builds the lifecycle.

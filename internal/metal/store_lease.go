@@ -30,6 +30,11 @@ type Lease struct {
 	UpdateTime        time.Time
 	ReleaseTime       *time.Time
 	EndTime           *time.Time
+	// ReservationID is the capacity reservation the lease binds (a
+	// tenant's binding machine reservation), "" for an owner's offer;
+	// NodeID the platform node the machine ran as.
+	ReservationID string
+	NodeID        string
 }
 
 // Evidence is one teardown step's verified (or refused) evidence.
@@ -48,12 +53,13 @@ type Evidence struct {
 }
 
 const leaseColumns = `id, machine_id, owner_tenant_id, lessee_tenant_id, state, image_id, image_name, image_sha256,
-	ssh_key_fingerprint, reason, created_by, released_by, create_time, update_time, release_time, end_time`
+	ssh_key_fingerprint, reason, created_by, released_by, create_time, update_time, release_time, end_time, reservation_id, node_id`
 
 func scanLease(row interface{ Scan(...any) error }) (Lease, error) {
 	var l Lease
 	err := row.Scan(&l.ID, &l.MachineID, &l.OwnerTenantID, &l.LesseeTenantID, &l.State, &l.ImageID, &l.ImageName, &l.ImageSHA256,
-		&l.SSHKeyFingerprint, &l.Reason, &l.CreatedBy, &l.ReleasedBy, &l.CreateTime, &l.UpdateTime, &l.ReleaseTime, &l.EndTime)
+		&l.SSHKeyFingerprint, &l.Reason, &l.CreatedBy, &l.ReleasedBy, &l.CreateTime, &l.UpdateTime, &l.ReleaseTime, &l.EndTime,
+		&l.ReservationID, &l.NodeID)
 	return l, err
 }
 
@@ -61,8 +67,9 @@ func scanLease(row interface{ Scan(...any) error }) (Lease, error) {
 // under another open lease.
 func LeaseInsert(ctx context.Context, tx store.Tx, l *Lease) error {
 	_, err := tx.Exec(ctx, `INSERT INTO machine_leases (`+leaseColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-		$11, $12, $13, $14, $15, $16)`, l.ID, l.MachineID, l.OwnerTenantID, l.LesseeTenantID, l.State, l.ImageID, l.ImageName,
-		l.ImageSHA256, l.SSHKeyFingerprint, l.Reason, l.CreatedBy, l.ReleasedBy, l.CreateTime, l.UpdateTime, l.ReleaseTime, l.EndTime)
+		$11, $12, $13, $14, $15, $16, $17, $18)`, l.ID, l.MachineID, l.OwnerTenantID, l.LesseeTenantID, l.State, l.ImageID, l.ImageName,
+		l.ImageSHA256, l.SSHKeyFingerprint, l.Reason, l.CreatedBy, l.ReleasedBy, l.CreateTime, l.UpdateTime, l.ReleaseTime, l.EndTime,
+		l.ReservationID, l.NodeID)
 	return err
 }
 
@@ -79,6 +86,13 @@ func LeaseUpdate(ctx context.Context, tx store.Tx, l *Lease) error {
 // LeaseByID reads a lease by id alone (the lifecycle's callbacks).
 func LeaseByID(ctx context.Context, q store.Querier, id, lock string) (Lease, error) {
 	return scanLease(q.QueryRow(ctx, `SELECT `+leaseColumns+` FROM machine_leases WHERE id = $1`+lock, id))
+}
+
+// LeaseOfReservation reads the lease that has not ended of a reservation
+// (store.ErrNotFound when there is none).
+func LeaseOfReservation(ctx context.Context, q store.Querier, reservationID, lock string) (Lease, error) {
+	return scanLease(q.QueryRow(ctx, `SELECT `+leaseColumns+` FROM machine_leases
+		WHERE reservation_id = $1 AND state <> 'returned' ORDER BY create_time DESC LIMIT 1`+lock, reservationID))
 }
 
 // LeaseGetVisible reads a lease the tenant holds or owns the machine of:

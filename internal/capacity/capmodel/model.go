@@ -99,7 +99,16 @@ const (
 	// the instance's transaction; it may hold no GPU (vCPUs and memory
 	// only) and is active as soon as it is placed.
 	BindingInstance = "instance"
+	// BindingMachine: a dedicated-root lease of the whole machine behind
+	// a node. It books every GPU of a node no one else holds, and the
+	// metal module's lease binds it: the machine is deployed with the
+	// lessee's image (the node's bcd goes with the platform OS it ran).
+	BindingMachine = "machine"
 )
+
+// MachineLabel is the label a node deployed on a machine carries (the
+// metal module's metal.MachineLabel): binding machine places only there.
+const MachineLabel = "bettercompute.io/machine"
 
 // Condition types.
 const (
@@ -121,6 +130,10 @@ const (
 	// out of service for health (an XID, a finding, an operator's
 	// quarantine): the reservation keeps it until it ends or is moved.
 	CondGPUUnhealthy = "GpuUnhealthy"
+	// CondMachineLease follows a binding machine reservation's lease:
+	// offered (waiting for the lessee's image and key), deploying, active,
+	// failed, releasing.
+	CondMachineLease = "MachineLease"
 )
 
 // Holding reports whether a reservation in state holds its bookings.
@@ -190,6 +203,16 @@ type Reservation struct {
 	// the binding implies (an instance's network policy). Not stored: only
 	// instances set it, and they place inline, never from the queue.
 	Requires []string
+}
+
+// Condition returns the reservation's condition of type typ.
+func (r *Reservation) Condition(typ string) (Condition, bool) {
+	for _, c := range r.Conditions {
+		if c.Type == typ {
+			return c, true
+		}
+	}
+	return Condition{}, false
 }
 
 // SetCondition sets or replaces a condition; it reports whether anything

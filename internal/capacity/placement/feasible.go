@@ -16,6 +16,8 @@ const (
 	ReasonNVLink          = "not enough NVLink-connected GPUs"
 	ReasonSingleTenant    = "offered to a single other tenant"
 	ReasonOtherTenants    = "other tenants hold atoms on it"
+	ReasonNotWhole        = "not wholly free (a machine lease takes the whole node)"
+	ReasonGPUCount        = "its GPU count is not the request's (a machine lease takes every GPU)"
 	ReasonMIGUnsupported  = "no GPU in MIG mode with the requested profile"
 	ReasonFreeMIG         = "not enough free MIG instances"
 	ReasonVCPU            = "not enough free vcpu"
@@ -106,6 +108,29 @@ func checkTenancy(req *Request, n *Node) string {
 			if c > 0 && t != req.Tenant {
 				return ReasonOtherTenants
 			}
+		}
+	}
+	if req.WholeNode {
+		return wholeReason(req, len(n.GPUs), func(yield func(int) bool) {
+			for _, c := range n.TenantAtoms {
+				if !yield(c) {
+					return
+				}
+			}
+		})
+	}
+	return ""
+}
+
+// wholeReason says why a node cannot be leased whole: someone holds atoms
+// on it, or it has another number of GPUs than the request takes.
+func wholeReason(req *Request, gpus int, held func(yield func(int) bool)) string {
+	if gpus != req.GPUs {
+		return ReasonGPUCount
+	}
+	for c := range held {
+		if c > 0 {
+			return ReasonNotWhole
 		}
 	}
 	return ""
@@ -200,6 +225,17 @@ func (sc *scratch) check(req *Request, d *digest) string {
 			if t.atoms > 0 && t.tenant != req.Tenant {
 				return ReasonOtherTenants
 			}
+		}
+	}
+	if req.WholeNode {
+		if why := wholeReason(req, d.gpus, func(yield func(int) bool) {
+			for _, t := range d.tenants {
+				if !yield(t.atoms) {
+					return
+				}
+			}
+		}); why != "" {
+			return why
 		}
 	}
 	for i := range req.Selector {

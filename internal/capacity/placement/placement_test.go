@@ -61,6 +61,8 @@ func TestFilterReasons(t *testing.T) {
 		{"other taint", func(n *Node) { n.Taints = []Taint{{"maintenance", ""}} }, Request{GPUs: 1}, "tainted maintenance"},
 		{"single-tenant offer", func(n *Node) { n.SingleTenant = "acme" }, Request{GPUs: 1, Tenant: "globex"}, ReasonSingleTenant},
 		{"other tenants", func(n *Node) { n.TenantAtoms = map[string]int{"acme": 1} }, Request{GPUs: 1, Tenant: "globex", SingleTenant: true}, ReasonOtherTenants},
+		{"whole node held", func(n *Node) { n.TenantAtoms = map[string]int{"acme": 1} }, Request{GPUs: 8, Tenant: "acme", WholeNode: true}, ReasonNotWhole},
+		{"whole node count", nil, Request{GPUs: 4, WholeNode: true}, ReasonGPUCount},
 		{"label In", nil, Request{GPUs: 1, Selector: []LabelRequirement{{"zone", OpIn, []string{"b"}}}}, "label selector not met: zone In [b]"},
 		{"label NotIn wildcard", nil, Request{GPUs: 1, Selector: []LabelRequirement{{"zone", OpNotIn, []string{"*"}}}}, "label selector not met: zone NotIn [*]"},
 		{"label Exists", nil, Request{GPUs: 1, Selector: []LabelRequirement{{"rack", OpExists, nil}}}, "label selector not met: rack Exists"},

@@ -180,6 +180,7 @@ func genAsk(t *rapid.T, s strictness) Request {
 		Hugepages2Mi:  rapid.SampledFrom([]int{0, 0, 0, 0, 512}).Draw(t, "reqHP2"),
 		Hugepages1Gi:  rapid.SampledFrom([]int{0, 0, 0, 1, 2}).Draw(t, "reqHP1"),
 		SingleTenant:  rare(t, s, "reqSingle"),
+		WholeNode:     rare(t, s, "reqWhole"),
 		RequireNVLink: rapid.IntRange(0, 2).Draw(t, "reqNVLink") == 2,
 		Tolerations:   rapid.SliceOfN(rapid.SampledFrom([]string{"maint", "gpu=flaky", "gpu", "dedicated=acme"}), 0, 2).Draw(t, "tolerations"),
 		Capabilities:  rapid.SampledFrom([][]string{nil, nil, nil, nil, {"devices.limits"}, {"mps"}}).Draw(t, "reqCaps"),
@@ -328,6 +329,16 @@ func oracleFeasible(req *Request, n *Node) string {
 		for tenant, c := range n.TenantAtoms {
 			if tenant != req.Tenant && c > 0 {
 				return "shared"
+			}
+		}
+	}
+	if req.WholeNode {
+		if len(n.GPUs) != req.GPUs {
+			return "whole count"
+		}
+		for _, c := range n.TenantAtoms {
+			if c > 0 {
+				return "whole held"
 			}
 		}
 	}

@@ -366,6 +366,9 @@ type Request struct {
 	Tenant       string
 	// SingleTenant asks for a node no other tenant holds atoms on.
 	SingleTenant bool
+	// WholeNode asks for every GPU of a node no one holds any atom on
+	// (a machine lease): GPUs must be the node's GPU count.
+	WholeNode bool
 	// RequireNVLink rejects nodes that cannot fit a multi-GPU request in
 	// one NVLink island instead of spreading it across islands.
 	RequireNVLink bool

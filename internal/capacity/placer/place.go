@@ -122,6 +122,11 @@ func Request(r *capmodel.Reservation) placement.Request {
 	case capmodel.BindingInstance:
 		// A guest goes only where bcd runs a hypervisor.
 		req.Capabilities = []string{vmcmd.CapInstances}
+	case capmodel.BindingMachine:
+		// A whole machine, alone: a node a machine's deploy joined as,
+		// every GPU of it, no one else's atoms.
+		req.SingleTenant, req.WholeNode = true, true
+		req.Selector = append(req.Selector, placement.LabelRequirement{Key: capmodel.MachineLabel, Op: placement.OpExists})
 	}
 	req.Capabilities = append(req.Capabilities, r.Requires...)
 	return req

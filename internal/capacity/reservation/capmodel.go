@@ -29,6 +29,7 @@ const (
 	BindingKubernetes = capmodel.BindingKubernetes
 	BindingNone       = capmodel.BindingNone
 	BindingInstance   = capmodel.BindingInstance
+	BindingMachine    = capmodel.BindingMachine
 )
 
 // Condition types.
@@ -40,6 +41,7 @@ const (
 	CondNodeReleased = capmodel.CondNodeReleased
 	CondHeldPastEnd  = capmodel.CondHeldPastEnd
 	CondGPUUnhealthy = capmodel.CondGPUUnhealthy
+	CondMachineLease = capmodel.CondMachineLease
 )
 
 // Atom kinds.

@@ -85,8 +85,16 @@ func validateCreate(vs *envelope.Violations, msg *apiv1.CreateReservationRequest
 	case "":
 		sp.binding = BindingNode
 	case BindingNode, BindingKubernetes, BindingNone:
+	case BindingMachine:
+		// A whole machine: its GPUs, nothing shared or partitioned.
+		switch {
+		case slots > 0:
+			vs.Add("slots", "binding machine leases whole GPUs: give gpus, the machine's GPU count")
+		case msg.GetMigProfile() != "":
+			vs.Add("mig_profile", "binding machine leases the whole machine: MIG layouts are the lessee's")
+		}
 	default:
-		vs.Add("binding", "must be node, kubernetes or none, got %q", truncate(sp.binding))
+		vs.Add("binding", "must be node, kubernetes, none or machine, got %q", truncate(sp.binding))
 	}
 	// The window: a start and an end, or a duration from the start (now
 	// when no start is given).
@@ -313,7 +321,7 @@ func (t *target) newReservation(sp *spec, now time.Time, createdBy string) Reser
 		GPUs: int(msg.GetGpus()), Model: strings.ToUpper(msg.GetModel()), MIGProfile: msg.GetMigProfile(), Slots: int(msg.GetSlots()),
 		VCPU: int(msg.GetVcpu()), MemoryGiB: int(msg.GetMemoryGib()), Hugepages1Gi: int(msg.GetHugepages_1Gi()),
 		// A single-tenant pool asks it of every reservation.
-		Binding: sp.binding, SingleTenant: msg.GetSingleTenant() || t.policy.GetSingleTenant(), StartsAt: sp.start, EndsAt: sp.end,
+		Binding: sp.binding, SingleTenant: msg.GetSingleTenant() || t.policy.GetSingleTenant() || sp.binding == BindingMachine, StartsAt: sp.start, EndsAt: sp.end,
 		Placement: PlacementRecord{NUMA: -1, Island: -1}, Explanation: "{}", CreatedBy: createdBy, CreateTime: now, UpdateTime: now,
 	}
 	// Host resources default to the pool's per-GPU share, or else the

@@ -60,7 +60,23 @@ type Engine struct {
 	Reconciler   atoms.Reconciler
 	// Exec is reservations.exec's path to the nodes; nil refuses it.
 	Exec ExecPath
+	// Machines binds binding machine reservations (the metal module's
+	// leases); nil fails them when they start.
+	Machines MachineLeases
 }
+
+// MachineLeases is the metal module's side of binding machine: a lease of
+// the machine behind a node, offered to the reservation's tenant when the
+// reservation starts, and its teardown when the reservation ends. Both run
+// in the caller's transaction; a refusal is an *envelope.Error.
+type MachineLeases interface {
+	OfferForReservation(ctx context.Context, tx store.Tx, reservationID, tenantID, nodeID string, now time.Time) (leaseID string, err error)
+	ReleaseForReservation(ctx context.Context, tx store.Tx, reservationID, reason string, now time.Time) error
+}
+
+// MachineAcceptWindow is how long a machine lease waits for its lessee's
+// image and key before the reservation fails and the offer is withdrawn.
+const MachineAcceptWindow = time.Hour
 
 func (e *Engine) bindTimeout() time.Duration {
 	if e.BindTimeout <= 0 {
@@ -112,10 +128,57 @@ func (e *Engine) startIfDue(ctx context.Context, tx store.Tx, r *Reservation, no
 	if r.State != StatePlaced || r.StartsAt.After(now) {
 		return nil, nil
 	}
+	if r.Binding == BindingMachine {
+		return e.offerMachine(ctx, tx, r, now)
+	}
 	if !nodeBound(r) {
 		return e.activate(r, now), nil
 	}
 	return e.sendBind(ctx, tx, r, now)
+}
+
+// offerMachine starts a binding machine reservation: the machine behind
+// its node is offered to its tenant under a lease, which binds it once the
+// lessee's deploy succeeded (MachineLeaseActive). A machine that cannot be
+// leased is said in the MachineLease condition and fails the reservation at
+// the next tick: this may run before the reservation's row is written (a
+// placement's batch), where it cannot end yet.
+func (e *Engine) offerMachine(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	var leaseID string
+	err := error(&envelope.Error{Code: envelope.CodeFailedPrecondition, Message: "this control plane has no bare-metal module to lease machines"})
+	if e.Machines != nil {
+		leaseID, err = e.Machines.OfferForReservation(ctx, tx, r.ID, r.TenantID, r.NodeID, now)
+	}
+	if apiErr, ok := errors.AsType[*envelope.Error](err); ok {
+		return notLeasable(r, apiErr.Message, now), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.State = StateBinding
+	deadline := now.Add(MachineAcceptWindow)
+	r.BindDeadline = &deadline
+	r.SetCondition(Condition{Type: CondMachineLease, Status: "false", Reason: "Offered",
+		Message: fmt.Sprintf("lease %s waits for your image and root key: machines lease-accept %s --image IMAGE --ssh-key KEY (by %s)",
+			leaseID, leaseID, deadline.Format(time.RFC3339)), UpdateTime: now})
+	return []envelope.Event{event("reservation.binding", r, map[string]any{"lease_id": leaseID})}, nil
+}
+
+// notLeasable holds a binding machine reservation whose machine cannot be
+// leased until the next tick fails it, saying why.
+func notLeasable(r *Reservation, why string, now time.Time) []envelope.Event {
+	r.State, r.BindDeadline = StateBinding, &now
+	r.SetCondition(Condition{Type: CondMachineLease, Status: "false", Reason: "NotLeasable", Message: truncateCond(why), UpdateTime: now})
+	return []envelope.Event{event("reservation.binding", r, map[string]any{"refused": why})}
+}
+
+// truncateCond bounds a condition message built from another module's
+// error.
+func truncateCond(s string) string {
+	if len(s) > maxIsolatedMessage {
+		return s[:maxIsolatedMessage]
+	}
+	return s
 }
 
 // nodeBound reports whether bcd on the reservation's node binds it (and
@@ -226,6 +289,15 @@ func (e *Engine) end(ctx context.Context, tx store.Tx, r *Reservation, state, re
 				return nil, fmt.Errorf("end the reservation's processes: %w", err)
 			}
 		}
+	}
+	if (from == StateBinding || from == StateActive) && r.Binding == BindingMachine && e.Machines != nil && reason != "LeaseFailed" {
+		// The machine goes back only through the lease's teardown (or, for
+		// an offer never accepted, at once).
+		if err := e.Machines.ReleaseForReservation(ctx, tx, r.ID, reason, now); err != nil {
+			return nil, fmt.Errorf("release the machine lease: %w", err)
+		}
+		r.SetCondition(Condition{Type: CondMachineLease, Status: "false", Reason: "Released",
+			Message: "the lease's teardown runs (fence, erase, diagnostics, firmware, BMC rotation)", UpdateTime: now})
 	}
 	if from == StateActive {
 		t := now

@@ -181,6 +181,12 @@ func (h Hooks) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) err
 		}
 		for i := range rs {
 			r := &rs[i]
+			if r.Binding == BindingMachine && r.State != StatePlaced {
+				// The lease took the machine from its node on purpose: the
+				// lessee's OS runs no bcd. The lease, not the node, says
+				// how it goes.
+				continue
+			}
 			r.SetCondition(Condition{Type: CondNodeLost, Status: "true", Reason: "NodeLost",
 				Message: "node " + r.Placement.NodeName + " stopped answering", UpdateTime: now})
 			if r.State == StateReleasing {
@@ -313,4 +319,76 @@ func (h Hooks) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, r
 		}
 	}
 	return held, moved, h.rn.record(ctx, tx, evs)
+}
+
+// MachineLeaseDeploying notes that the lessee accepted a binding machine
+// reservation's lease: the accept window's deadline goes (a deploy ends on
+// its own, in MachineLeaseActive or MachineLeaseFailed).
+func (h Hooks) MachineLeaseDeploying(ctx context.Context, tx store.Tx, reservationID, leaseID string) error {
+	r, ok, err := h.machineBinding(ctx, tx, reservationID)
+	if err != nil || !ok || r.State != StateBinding {
+		return err
+	}
+	now := h.rn.Engine.placers.Clock.Now()
+	r.BindDeadline = nil
+	r.SetCondition(Condition{Type: CondMachineLease, Status: "false", Reason: "Deploying",
+		Message: "lease " + leaseID + " deploys your image", UpdateTime: now})
+	if err := saveMoved(ctx, tx, &r, StateBinding, now); err != nil {
+		return err
+	}
+	return h.rn.record(ctx, tx, []envelope.Event{event("reservation.binding", &r, map[string]any{"lease_id": leaseID, "lease_state": "deploying"})})
+}
+
+// MachineLeaseActive binds a binding machine reservation: its lease's
+// deploy succeeded, and the machine runs the lessee's image.
+func (h Hooks) MachineLeaseActive(ctx context.Context, tx store.Tx, reservationID, leaseID string) error {
+	r, ok, err := h.machineBinding(ctx, tx, reservationID)
+	if err != nil || !ok || r.State != StateBinding {
+		return err
+	}
+	now := h.rn.Engine.placers.Clock.Now()
+	evs := h.rn.Engine.activate(&r, now)
+	r.SetCondition(Condition{Type: CondMachineLease, Status: "true", Reason: "Active",
+		Message: "lease " + leaseID + " is active: the machine runs your image, root is yours", UpdateTime: now})
+	if err := saveMoved(ctx, tx, &r, StateBinding, now); err != nil {
+		return err
+	}
+	return h.rn.record(ctx, tx, evs)
+}
+
+// MachineLeaseFailed fails a binding machine reservation whose lease's
+// deploy failed. The lease stays, failed, for its release to tear down
+// what the lessee's image left.
+func (h Hooks) MachineLeaseFailed(ctx context.Context, tx store.Tx, reservationID, leaseID, reason string) error {
+	r, ok, err := h.machineBinding(ctx, tx, reservationID)
+	if err != nil || !ok || !capmodel.Live(r.State) {
+		return err
+	}
+	now := h.rn.Engine.placers.Clock.Now()
+	r.SetCondition(Condition{Type: CondMachineLease, Status: "false", Reason: "Failed",
+		Message: truncateCond("lease " + leaseID + ": " + reason + " (machines lease-release " + leaseID + " tears it down)"), UpdateTime: now})
+	evs, err := h.rn.Engine.end(ctx, tx, &r, StateFailed, "LeaseFailed", now)
+	if err != nil {
+		return err
+	}
+	return h.rn.record(ctx, tx, evs)
+}
+
+// machineBinding reads a binding machine reservation under its lock.
+func (h Hooks) machineBinding(ctx context.Context, tx store.Tx, id string) (Reservation, bool, error) {
+	r, err := getForUpdate(ctx, tx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return r, false, nil
+	}
+	return r, err == nil && r.Binding == BindingMachine, err
+}
+
+// ReservationLive reports whether a reservation is still live (pending to
+// releasing); a missing one is not.
+func (h Hooks) ReservationLive(ctx context.Context, tx store.Tx, id string) (bool, error) {
+	r, err := Get(ctx, tx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil && capmodel.Live(r.State), err
 }

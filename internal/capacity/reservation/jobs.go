@@ -409,6 +409,14 @@ func saveMoved(ctx context.Context, tx store.Tx, r *Reservation, from string, no
 // bindTimedOut re-sends a bind past its deadline, or fails the reservation
 // after BindAttempts.
 func (e *Engine) bindTimedOut(ctx context.Context, tx store.Tx, r *Reservation, now time.Time) ([]envelope.Event, error) {
+	if r.Binding == BindingMachine {
+		if c, ok := r.Condition(CondMachineLease); ok && c.Reason == "NotLeasable" {
+			return e.end(ctx, tx, r, StateFailed, "MachineNotLeasable", now)
+		}
+		r.SetCondition(Condition{Type: CondBindTimeout, Status: "true", Reason: "LeaseNotAccepted",
+			Message: "the lessee did not accept the machine lease in time", UpdateTime: now})
+		return e.end(ctx, tx, r, StateFailed, "LeaseNotAccepted", now)
+	}
 	r.SetCondition(Condition{Type: CondBindTimeout, Status: "true", Reason: "NoAllocationBound",
 		Message: "the node did not confirm allocation.bind in time", UpdateTime: now})
 	if r.BindAttempts >= e.bindAttempts() {
