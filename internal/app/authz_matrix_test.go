@@ -36,133 +36,133 @@ import (
 )
 
 // principals of the matrix, all of tenant acme except the platform admin.
-var matrixPrincipals = []string{"platform-admin", "admin", "member", "viewer", "agent"}
+var matrixPrincipals = []string{"platform-admin", "admin", "member", "operator", "viewer", "agent"}
 
 // matrixExpect is the authorization matrix: for every mutation in the
 // catalog, the outcome each principal gets. Adding a mutation to the catalog
 // without a row here fails TestAuthzMatrix.
 var matrixExpect = map[string]map[string]string{
-	"tenants.create":  {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"projects.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"projects.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
-	"apiKeys.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"apiKeys.revoke":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"policies.put":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"tenants.create":  {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"projects.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"projects.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"apiKeys.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"apiKeys.revoke":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"policies.put":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// A service key may hold the admin role but is no human: the decision
 	// allows, the approval itself is refused.
-	"confirmations.approve": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"confirmations.approve": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// The node lifecycle stays with admins; members and agents run
 	// commands, only members (people) cancel them.
-	"nodes.drain":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"nodes.undrain":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"nodes.delete":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"commands.run":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"commands.cancel": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"nodes.drain":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"nodes.undrain":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"nodes.delete":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commands.run":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"commands.cancel": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 
 	// GPU health: quarantine, lift and breaker reset are the operator's,
 	// and a tenant's operator is its admin.
-	"gpus.quarantine":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"gpus.lift":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"pools.resetBreaker": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"gpus.quarantine":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"gpus.lift":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.resetBreaker": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Command batches: whoever runs commands proposes, approves (the
 	// approver key is what counts), cancels and runs them; an agent only
 	// proposes. The approver set is a credential: admins.
-	"commandBatches.create":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"commandBatches.approve": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"commandBatches.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"commandBatches.run":     {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"approverSets.put":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commandBatches.create":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"commandBatches.approve": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commandBatches.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"commandBatches.run":     {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"approverSets.put":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Join tokens and join approvals admit machines: credentials.
-	"joinTokens.create":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"joinTokens.revoke":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"trustAnchors.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"trustAnchors.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"joinRequests.approve": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"joinRequests.reject":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinTokens.create":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinTokens.revoke":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"trustAnchors.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"trustAnchors.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinRequests.approve": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"joinRequests.reject":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Pools: admins write, everyone else only reads.
-	"pools.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"pools.update":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"pools.archive": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"pools.offer":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.update":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.archive": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"pools.offer":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Rebuilding the capacity rollups spans every tenant: the platform's.
-	"capacity.rebuild": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"capacity.rebuild": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Quotas: tenant admins set their projects' quotas (the call uses a
 	// project scope); a tenant-wide quota is the platform's alone.
-	"quotas.set": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"quotas.set": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Reservations: whoever works in the tenant books capacity; viewers
 	// look. (An agent's extension past a day needs a human:
 	// TestAuthzAgentExtendNeedsConfirmation.)
-	"reservations.create":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"reservations.extend":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"reservations.release": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"reservations.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.create":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.extend":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.release": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.cancel":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	// Running a process in a reservation is using what was booked: whoever
 	// books may; viewers only look.
-	"reservations.exec": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"reservations.exec": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	// Images: admins push, sign and delete; making one public reaches
 	// every tenant, so it is the platform's alone.
-	"images.push":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"images.sign":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"images.promote": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"images.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.push":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.sign":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.promote": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"images.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Signer keys decide what a tenant deploys: credentials.
-	"signerKeys.add":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"signerKeys.remove": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"signerKeys.add":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"signerKeys.remove": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Webhooks: admins manage endpoints; a secret (create, rotation) is a
 	// credential.
-	"webhooks.create":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"webhooks.update":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"webhooks.delete":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"webhooks.test":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"webhooks.rotateSecret": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"webhooks.redeliver":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.create":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.update":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.delete":       {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.test":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.rotateSecret": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"webhooks.redeliver":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Bare metal: admins manage sites and machines; a machine's BMC
 	// password and rescue key are credentials, and deploy, release and
 	// retire destroy what is on its disk.
-	"sites.create":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sites.update":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sites.delete":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.enroll":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.inspect":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.commission": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.deploy":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.release":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.retire":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.create":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.update":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.delete":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.enroll":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.inspect":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.commission": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.deploy":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.release":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.retire":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// A rotation is a bmc.rotate leaf once acme has approvers: an admin
 	// passes authorization and is sent to a command batch.
-	"machines.lease":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.acceptLease":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.releaseLease": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.rotateBMC":    {"platform-admin": "QUORUM_REQUIRED", "admin": "QUORUM_REQUIRED", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.lease":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.acceptLease":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.releaseLease": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.rotateBMC":    {"platform-admin": "QUORUM_REQUIRED", "admin": "QUORUM_REQUIRED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Instances: admins manage flavors and IP pools.
-	"flavors.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"flavors.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"ipPools.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sandboxTemplates.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sandboxTemplates.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sandboxes.create":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.extend":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.exec":          {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.restore":       {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
-	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"ipPools.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxTemplates.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxTemplates.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxes.create":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.extend":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.exec":          {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.restore":       {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Guests: whoever works in the tenant runs them; a delete destroys a
 	// disk, so an agent's waits for a human.
-	"instances.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"instances.start":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"instances.stop":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"instances.reboot": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"instances.ssh":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"instances.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
-	"volumes.create":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"volumes.detach":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"volumes.delete":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"instances.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.start":  {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.stop":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.reboot": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.ssh":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"instances.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"volumes.create":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"volumes.detach":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"volumes.delete":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 }
 
 type matrixFixture struct {
@@ -1224,7 +1224,7 @@ func TestAuthzMatrix(t *testing.T) {
 	web, err := f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))
 	require.NoError(t, err)
 	f.acme, f.web = acme.Msg.GetTenant().GetId(), web.Msg.GetProject().GetId()
-	for _, role := range []string{"admin", "member", "viewer", "agent"} {
+	for _, role := range []string{"admin", "member", "operator", "viewer", "agent"} {
 		k, err := f.admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: role}))
 		require.NoError(t, err)
 		f.keys[role] = k.Msg.GetSecret()

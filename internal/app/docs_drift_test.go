@@ -103,7 +103,7 @@ func TestDocsAPIListsEveryErrorCode(t *testing.T) {
 // each mutation is what the table says).
 func TestDocsIAMRoleTable(t *testing.T) {
 	t.Parallel()
-	rows := doctest.Table(t, doctest.Read(t, "docs/iam.md"), "| action | platform-admin | admin | member | viewer | agent |")
+	rows := doctest.Table(t, doctest.Read(t, "docs/iam.md"), "| action | platform-admin | admin | member | operator | viewer | agent |")
 	marks := map[string][]string{}
 	for _, cells := range rows {
 		if len(cells) != 1+len(matrixPrincipals) {

@@ -155,9 +155,9 @@ func (a *Authenticator) oidcToken(ctx context.Context, raw string) (envelope.Cal
 	tenantName, _ := claims[a.oidc.TenantClaim].(string)
 	role, _ := claims[a.oidc.RoleClaim].(string)
 	switch iam.Role(role) {
-	case iam.RoleAdmin, iam.RoleMember, iam.RoleViewer:
+	case iam.RoleAdmin, iam.RoleOperator, iam.RoleMember, iam.RoleViewer:
 	default:
-		return envelope.Caller{}, unauthenticated(fmt.Sprintf("the OIDC token's %s claim must be admin, member or viewer", a.oidc.RoleClaim))
+		return envelope.Caller{}, unauthenticated(fmt.Sprintf("the OIDC token's %s claim must be admin, operator, member or viewer", a.oidc.RoleClaim))
 	}
 	if tenantName == "" {
 		return envelope.Caller{}, unauthenticated(fmt.Sprintf("the OIDC token has no %s claim", a.oidc.TenantClaim))

@@ -65,11 +65,11 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			if msg.GetTenant() != "" {
 				vs.Ref("tenant", msg.GetTenant(), "tnt")
 				switch iam.Role(role) {
-				case iam.RoleAdmin, iam.RoleMember, iam.RoleViewer, iam.RoleAgent:
+				case iam.RoleAdmin, iam.RoleOperator, iam.RoleMember, iam.RoleViewer, iam.RoleAgent:
 				case "":
-					vs.Add("role", "is required: admin, member, viewer or agent")
+					vs.Add("role", "is required: admin, operator, member, viewer or agent")
 				default:
-					vs.Add("role", "must be admin, member, viewer or agent, got %q", role)
+					vs.Add("role", "must be admin, operator, member, viewer or agent, got %q", role)
 				}
 			} else if iam.Role(role) != iam.RolePlatformAdmin {
 				vs.Add("role", "a platform key (no tenant) must have role platform-admin, got %q", role)

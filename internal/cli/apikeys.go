@@ -21,7 +21,7 @@ func (a *app) apiKeysCommand() *cobra.Command {
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create an API key and print its secret once",
-		Long: `Create an API key in a tenant (--role admin, member, viewer or agent), or,
+		Long: `Create an API key in a tenant (--role admin, operator, member, viewer or agent), or,
 with no tenant, a platform key (role platform-admin). The secret is printed
 once and never again: store it now.`,
 		Args: positional(),
@@ -39,7 +39,7 @@ once and never again: store it now.`,
 			case r == "" && t == "":
 				r = "platform-admin"
 			case r == "":
-				return invalidArg("role", "required for a tenant key: admin, member, viewer or agent")
+				return invalidArg("role", "required for a tenant key: admin, operator, member, viewer or agent")
 			}
 			if ttl < 0 {
 				return invalidArg("ttl", "must not be negative")
@@ -64,7 +64,7 @@ once and never again: store it now.`,
 		},
 	}
 	addTenantFlag(create, &tenant)
-	create.Flags().StringVar(&role, "role", "", "admin, member, viewer or agent (platform-admin without a tenant)")
+	create.Flags().StringVar(&role, "role", "", "admin, operator, member, viewer or agent (platform-admin without a tenant)")
 	create.Flags().StringVar(&name, "name", "", "key name (default: the role)")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 24h (default: no expiry)")
 	addConfirmationFlag(create, &confirmationID)

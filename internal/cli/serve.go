@@ -77,7 +77,7 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.OIDC.Issuer, "oidc-issuer", envOr("BETTER_COMPUTE_OIDC_ISSUER", ""), "OIDC issuer URL for user bearer tokens (env BETTER_COMPUTE_OIDC_ISSUER)")
 	fl.StringVar(&f.OIDC.ClientID, "oidc-client-id", envOr("BETTER_COMPUTE_OIDC_CLIENT_ID", ""), "audience OIDC tokens must carry (env BETTER_COMPUTE_OIDC_CLIENT_ID)")
 	fl.StringVar(&f.OIDC.TenantClaim, "oidc-tenant-claim", "bc_tenant", "claim naming the user's tenant")
-	fl.StringVar(&f.OIDC.RoleClaim, "oidc-role-claim", "bc_role", "claim naming the user's role: admin, member or viewer")
+	fl.StringVar(&f.OIDC.RoleClaim, "oidc-role-claim", "bc_role", "claim naming the user's role: admin, operator, member or viewer")
 	fl.StringSliceVar(&f.OIDC.PlatformAdmins, "oidc-platform-admin", nil, "OIDC subject that is a platform administrator (repeatable)")
 }
 

@@ -38,6 +38,10 @@ const (
 	RolePlatformAdmin Role = "platform-admin"
 	RoleAdmin         Role = "admin"
 	RoleMember        Role = "member"
+	// RoleOperator is a member who also runs the fleet's day: drains and
+	// undrains nodes, quarantines and lifts GPUs, resets a pool's health
+	// breaker. No credentials, no deletes a member cannot do.
+	RoleOperator Role = "operator"
 	RoleViewer        Role = "viewer"
 	RoleAgent         Role = "agent"
 )

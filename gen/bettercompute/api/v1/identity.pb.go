@@ -31,7 +31,7 @@ type ApiKey struct {
 	// Empty for a platform-level key.
 	TenantId string `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	Name     string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	// admin, member, viewer, agent (platform-admin for platform keys).
+	// admin, operator, member, viewer, agent (platform-admin for platform keys).
 	Role string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
 	// service, agent or user.
 	Kind string `protobuf:"bytes,5,opt,name=kind,proto3" json:"kind,omitempty"`
@@ -143,7 +143,7 @@ type CreateApiKeyRequest struct {
 	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// [a-z0-9-]{1,63}; defaults to the role.
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// admin, member, viewer or agent in a tenant; platform-admin without one.
+	// admin, operator, member, viewer or agent in a tenant; platform-admin without one.
 	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
 	// Optional lifetime in seconds; 0 means no expiry.
 	TtlSeconds    int64 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
