@@ -176,7 +176,6 @@ func TestRebuildKeepsTheVMIDAndSeed(t *testing.T) {
 	id, err := strconv.Atoi(s.ID)
 	require.NoError(t, err)
 	require.NoError(t, f.p.Power(f.ctx, "ins_r1", providers.PowerOff))
-	f.emu.VMConfig(id) // the VM is there before
 	require.NoError(t, f.p.Rebuild(f.ctx, "ins_r1", strconv.Itoa(proxmoxemu.TemplateID)))
 	got, err := f.p.Get(f.ctx, "ins_r1")
 	require.NoError(t, err)
