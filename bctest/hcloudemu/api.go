@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -230,7 +231,8 @@ func byName[T any](r *http.Request, items []T, name func(T) string) []T {
 }
 
 func (s *Server) listServerTypes(w http.ResponseWriter, r *http.Request) {
-	items := byName(r, catalogServerTypes, func(st serverType) string { return st.name })
+	items := byName(r, slices.Clone(catalogServerTypes), func(st serverType) string { return st.name })
+	sortByID(items, func(st serverType) int64 { return st.id })
 	page, m, ok := pageOf(w, r, items, s.PageSize())
 	if !ok {
 		return
@@ -283,7 +285,8 @@ func (s *Server) getLocation(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listDatacenters(w http.ResponseWriter, r *http.Request) {
-	items := byName(r, catalogLocations, func(l location) string { return l.datacenter })
+	items := byName(r, slices.Clone(catalogLocations), func(l location) string { return l.datacenter })
+	sortByID(items, func(l location) int64 { return l.datacenterID })
 	page, m, ok := pageOf(w, r, items, s.PageSize())
 	if !ok {
 		return
@@ -323,11 +326,13 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
 		if types := q["type"]; len(types) > 0 && !contains(types, "system") {
 			continue
 		}
+		// System images carry no labels: a selector matches them as such.
 		if !sel.matches(map[string]string{}) {
 			continue
 		}
 		items = append(items, img)
 	}
+	sortByID(items, func(img image) int64 { return img.id })
 	page, m, ok := pageOf(w, r, items, s.PageSize())
 	if !ok {
 		return

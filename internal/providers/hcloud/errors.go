@@ -1,7 +1,6 @@
 package hcloud
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"regexp"
@@ -43,6 +42,7 @@ func (p *Provider) wrap(op string, err error, secrets ...string) error {
 		Message:  providers.Redact(op+": "+err.Error(), redact...),
 	}
 	var apiErr hc.Error
+	var actionErr hc.ActionError
 	switch {
 	case errors.As(err, &apiErr):
 		e.Code = string(apiErr.Code)
@@ -66,27 +66,16 @@ func (p *Provider) wrap(op string, err error, secrets ...string) error {
 		if e.Kind == providers.KindRateLimited {
 			e.RetryAfter = minRetryAfter
 		}
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		e.Kind = providers.KindUnavailable
-	case !isAPIError(err):
-		// The request or its answer was lost on the way: the service may
-		// or may not have acted, and a retry (idempotent) finds out.
+	case errors.As(err, &actionErr):
+		// The service ran the action and it failed: no retry mends that.
+		e.Code = actionErr.Code
+	default:
+		// The request or its answer was lost on the way (or the context
+		// ended): the service may or may not have acted, and a retry
+		// (idempotent) finds out.
 		e.Kind = providers.KindUnavailable
 	}
 	return e
-}
-
-// isAPIError reports whether the API answered (with an error), as opposed
-// to the request or its answer being lost.
-func isAPIError(err error) bool {
-	var apiErr hc.Error
-	return errors.As(err, &apiErr) || errors.Is(err, hc.ErrStatusCode) || isActionError(err)
-}
-
-// isActionError: an action the API ran failed (its error is the API's).
-func isActionError(err error) bool {
-	var ae hc.ActionError
-	return errors.As(err, &ae)
 }
 
 func kindOfCode(code hc.ErrorCode) providers.ErrorKind {

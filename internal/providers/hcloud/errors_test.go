@@ -49,6 +49,7 @@ func TestWrapWithoutAnAPIBody(t *testing.T) {
 		{fmt.Errorf("hcloud: %w %d", hc.ErrStatusCode, http.StatusTooManyRequests), providers.KindRateLimited},
 		{fmt.Errorf("post: %w", io.ErrUnexpectedEOF), providers.KindUnavailable},
 		{context.DeadlineExceeded, providers.KindUnavailable},
+		{hc.ActionError{Code: "action_failed", Message: "rebuild failed"}, providers.KindInternal},
 	} {
 		err := p.wrap("op", c.err)
 		require.Equal(t, c.want, providers.KindOf(err), c.err.Error())

@@ -197,15 +197,17 @@ func (p *Provider) Create(ctx context.Context, req providers.CreateRequest) (pro
 	p.log.Debug("creating server", "instance", req.InstanceID, "name", req.Name, "server_type", req.ServerType, "location", cmp.Or(req.Location, p.location), "image", req.Image)
 	res, _, err := p.client.Server.Create(ctx, opts)
 	if err != nil {
-		// A create whose answer was lost, or that raced another for the
-		// name, may have made the server: look once more by label.
-		if (ctx.Err() == nil && !isAPIError(err)) || hc.IsError(err, hc.ErrorCodeUniquenessError) {
+		werr := p.wrap("create server for instance "+req.InstanceID, err, redact...)
+		// A create whose answer was lost (or failed upstream), or that
+		// raced another for the name, may have made the server: look once
+		// more by label.
+		if ctx.Err() == nil && (providers.KindOf(werr) == providers.KindUnavailable || hc.IsError(err, hc.ErrorCodeUniquenessError)) {
 			if s, ferr := p.find(ctx, req.InstanceID); ferr == nil && s != nil {
 				p.log.Info("create failed, but the instance's server exists", "instance", req.InstanceID, "server", s.ID)
 				return p.server(s), nil
 			}
 		}
-		return providers.Server{}, p.wrap("create server for instance "+req.InstanceID, err, redact...)
+		return providers.Server{}, werr
 	}
 	p.log.Info("created server", "instance", req.InstanceID, "server", res.Server.ID)
 	return p.server(res.Server), nil
