@@ -16,6 +16,7 @@ require (
 	github.com/go-logr/logr v1.4.4
 	github.com/google/go-attestation v0.6.4
 	github.com/google/nftables v0.3.0
+	github.com/hetznercloud/hcloud-go/v2 v2.36.0
 	github.com/insomniacslk/dhcp v0.0.0-20260901064844-234b97448fae
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/luthermonson/go-proxmox v0.10.0
