@@ -68,6 +68,8 @@ type Client struct {
 	Instances      apiv1connect.InstanceServiceClient
 	Volumes        apiv1connect.VolumeServiceClient
 	Secrets        apiv1connect.SecretServiceClient
+	// ProviderAccounts are the tenant's accounts at server providers.
+	ProviderAccounts apiv1connect.ProviderAccountServiceClient
 	// SandboxTemplates and Sandboxes run short-lived guests from templates.
 	SandboxTemplates apiv1connect.SandboxTemplateServiceClient
 	Sandboxes        apiv1connect.SandboxServiceClient
@@ -150,6 +152,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Instances:        apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
 		Volumes:          apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
 		Secrets:          apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
+		ProviderAccounts: apiv1connect.NewProviderAccountServiceClient(h, baseURL, copts...),
 		SandboxTemplates: apiv1connect.NewSandboxTemplateServiceClient(h, baseURL, copts...),
 		Sandboxes:        apiv1connect.NewSandboxServiceClient(h, baseURL, copts...),
 	}

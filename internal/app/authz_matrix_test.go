@@ -151,6 +151,8 @@ var matrixExpect = map[string]map[string]string{
 	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"providerAccounts.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"providerAccounts.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"ipPools.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Guests: whoever works in the tenant runs them; a delete destroys a
 	// disk, so an agent's waits for a human.
@@ -190,6 +192,18 @@ type matrixFixture struct {
 
 func (f *matrixFixture) name(prefix string) string {
 	return fmt.Sprintf("%s-%d", prefix, f.counter.Add(1))
+}
+
+// providerSecret puts a secret in acme (as its admin) and returns its
+// reference, for a provider account's token.
+func (f *matrixFixture) providerSecret(t *testing.T) string {
+	t.Helper()
+	name := f.name("hctoken")
+	_, err := f.admin.Secrets.Put(context.Background(), connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: name,
+		Value: []byte("hcloud-token")}))
+	require.NoError(t, err)
+	f.cp.Authz.Reset()
+	return "secret://" + name
 }
 
 // matrixNode inserts a node of acme/web in the given state, as a join would.
@@ -688,6 +702,21 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	"secrets.put": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Secrets.Put(context.Background(), connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: f.name("sec"),
 			Value: []byte("s3cret")}))
+		return err
+	},
+	"providerAccounts.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		ref := f.providerSecret(t)
+		_, err := c.ProviderAccounts.Create(context.Background(), connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme",
+			Name: f.name("pac"), Type: "hetzner-cloud", SecretRefs: map[string]string{"token": ref}}))
+		return err
+	},
+	"providerAccounts.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		ref, name := f.providerSecret(t), f.name("pac")
+		_, err := f.admin.ProviderAccounts.Create(context.Background(), connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme",
+			Name: name, Type: "hetzner-cloud", SecretRefs: map[string]string{"token": ref}}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.ProviderAccounts.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteProviderAccountRequest{Tenant: "acme", Account: name}))
 		return err
 	},
 	"secrets.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {

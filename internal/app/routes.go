@@ -30,6 +30,11 @@ import (
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/provideraccounts"
+	// The built-in provider types register themselves: the accounts
+	// service checks accounts against their manifests.
+	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
+	_ "github.com/better-compute/better-compute/internal/providers/proxmox"
 	"github.com/better-compute/better-compute/internal/quorum"
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/tenancy"
@@ -182,6 +187,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		secretSealer = a.sealer
 	}
 	mux.Handle(apiv1connect.NewSecretServiceHandler(secrets.NewService(a.Envelope, secretSealer), opts))
+	mux.Handle(apiv1connect.NewProviderAccountServiceHandler(provideraccounts.NewService(a.Envelope), opts))
 	// SSH tunnels: the ticket is the credential (see vps.TunnelHandler).
 	mux.Handle("GET "+tunnel.Path, a.Instances.TunnelHandler(a.cfg.Logger))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

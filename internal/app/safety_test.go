@@ -870,6 +870,10 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	sec, err := admin.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "db", Value: []byte("acme-db-password")}))
 	require.NoError(t, err)
 	secretID := sec.Msg.GetSecret().GetId()
+	pac, err := admin.ProviderAccounts.Create(ctx, connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme", Name: "hc",
+		Type: "hetzner-cloud", SecretRefs: map[string]string{"token": "secret://db"}}))
+	require.NoError(t, err)
+	pacID := pac.Msg.GetAccount().GetId()
 	// A sandbox template of acme's and a sandbox on vm1, written as Create
 	// would.
 	tpl := sandbox.Template{ID: envelope.NewID(sandbox.TemplateIDPrefix, now), TenantID: acme.GetId(), Name: "t1", Image: "debian-12",
@@ -2189,6 +2193,41 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.ProviderAccountServiceCreateProcedure: {func() error {
+			_, err := evil.ProviderAccounts.Create(ctx, connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme", Name: "evil",
+				Type: "hetzner-cloud", SecretRefs: map[string]string{"token": "secret://db"}}))
+			return err
+		}},
+		apiv1connect.ProviderAccountServiceGetProcedure: {
+			func() error {
+				_, err := evil.ProviderAccounts.Get(ctx, connect.NewRequest(&apiv1.GetProviderAccountRequest{Tenant: "acme", Account: "hc"}))
+				return err
+			},
+			func() error {
+				_, err := evil.ProviderAccounts.Get(ctx, connect.NewRequest(&apiv1.GetProviderAccountRequest{Tenant: "other", Account: pacID}))
+				return err
+			},
+		},
+		apiv1connect.ProviderAccountServiceListProcedure: {func() error {
+			_, err := evil.ProviderAccounts.List(ctx, connect.NewRequest(&apiv1.ListProviderAccountsRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.ProviderAccountServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.ProviderAccounts.Delete(ctx, connect.NewRequest(&apiv1.DeleteProviderAccountRequest{Tenant: "acme", Account: "hc"}))
+				return err
+			},
+			func() error {
+				_, err := evil.ProviderAccounts.Delete(ctx, connect.NewRequest(&apiv1.DeleteProviderAccountRequest{Tenant: "other", Account: pacID}))
+				return err
+			},
+		},
+		// The provider types are the same catalog for everyone: nothing of
+		// any tenant's.
+		apiv1connect.ProviderAccountServiceListTypesProcedure: {func() error {
+			_, err := evil.ProviderAccounts.ListTypes(ctx, connect.NewRequest(&apiv1.ListProviderTypesRequest{}))
+			return err
+		}},
 		apiv1connect.IPPoolServiceCreateProcedure: {func() error {
 			_, err := evil.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "evil", Cidr: "10.8.0.0/24"}))
 			return err
@@ -2461,7 +2500,7 @@ permit (principal, action, resource);`}))
 	}
 
 	open := map[string]bool{apiv1connect.AuditServiceGetCheckpointProcedure: true, apiv1connect.AuditServiceGetLogKeyProcedure: true,
-		apiv1connect.AuditServiceProveConsistencyProcedure: true}
+		apiv1connect.AuditServiceProveConsistencyProcedure: true, apiv1connect.ProviderAccountServiceListTypesProcedure: true}
 	for _, m := range envelope.Catalog() {
 		t.Run(m.Procedure, func(t *testing.T) {
 			calls, ok := cases[m.Procedure]

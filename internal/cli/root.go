@@ -84,7 +84,7 @@ func (a *app) command() *cobra.Command {
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, machines, workflows
-  Instances:      instances, volumes, flavors, ip-pools, secrets
+  Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
   Agents:         mcp
   This CLI:       config, version
@@ -128,7 +128,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.poolsCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.machinesCommand(), a.workflowsCommand())
-	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand())
+	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
 	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())

@@ -138,6 +138,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Secret", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "token"}}
 	case "secrets.get", "secrets.delete":
 		return Resource{Type: "Secret", ID: "sec1", TenantID: tenant, Attrs: map[string]any{"name": "token"}}
+	case "providerAccounts.create":
+		return Resource{Type: "ProviderAccount", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "hc", "type": "hetzner-cloud"}}
+	case "providerAccounts.get", "providerAccounts.delete":
+		return Resource{Type: "ProviderAccount", ID: "pac1", TenantID: tenant, Attrs: map[string]any{"name": "hc", "type": "hetzner-cloud"}}
 	case "flavors.create":
 		return Resource{Type: "Flavor", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "small", "vcpus": int64(2), "gpus": int64(0)}}
 	case "flavors.get", "flavors.delete":
@@ -195,6 +199,7 @@ func TestCedarMatrix(t *testing.T) {
 		"machines.getWorkflow", "machines.getLease",
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
+		"providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
 		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach",
@@ -552,6 +557,7 @@ func TestActions(t *testing.T) {
 		"policies.get", "policies.list", "policies.put",
 		"pools.archive", "pools.create", "pools.get", "pools.health", "pools.list", "pools.offer", "pools.resetBreaker", "pools.update",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
+		"providerAccounts.create", "providerAccounts.delete", "providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
 		"quotas.get", "quotas.list", "quotas.set",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",

@@ -42,8 +42,8 @@ const (
 	// undrains nodes, quarantines and lifts GPUs, resets a pool's health
 	// breaker. No credentials, no deletes a member cannot do.
 	RoleOperator Role = "operator"
-	RoleViewer        Role = "viewer"
-	RoleAgent         Role = "agent"
+	RoleViewer   Role = "viewer"
+	RoleAgent    Role = "agent"
 )
 
 // Principal is the authenticated caller.
