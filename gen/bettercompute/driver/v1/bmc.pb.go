@@ -210,8 +210,6 @@ const (
 	ErrorKind_ERROR_KIND_INVALID_ARGUMENT ErrorKind = 5
 	// The BMC answered and refused or failed the request.
 	ErrorKind_ERROR_KIND_REFUSED ErrorKind = 6
-	// The call's deadline passed or it was canceled.
-	ErrorKind_ERROR_KIND_DEADLINE ErrorKind = 7
 )
 
 // Enum value maps for ErrorKind.
@@ -224,7 +222,6 @@ var (
 		4: "ERROR_KIND_INVALID_ADDRESS",
 		5: "ERROR_KIND_INVALID_ARGUMENT",
 		6: "ERROR_KIND_REFUSED",
-		7: "ERROR_KIND_DEADLINE",
 	}
 	ErrorKind_value = map[string]int32{
 		"ERROR_KIND_UNSPECIFIED":      0,
@@ -234,7 +231,6 @@ var (
 		"ERROR_KIND_INVALID_ADDRESS":  4,
 		"ERROR_KIND_INVALID_ARGUMENT": 5,
 		"ERROR_KIND_REFUSED":          6,
-		"ERROR_KIND_DEADLINE":         7,
 	}
 )
 
@@ -263,6 +259,56 @@ func (x ErrorKind) Number() protoreflect.EnumNumber {
 // Deprecated: Use ErrorKind.Descriptor instead.
 func (ErrorKind) EnumDescriptor() ([]byte, []int) {
 	return file_bettercompute_driver_v1_bmc_proto_rawDescGZIP(), []int{3}
+}
+
+// ContextEnd says that a call's context ended it, and how.
+type ContextEnd int32
+
+const (
+	ContextEnd_CONTEXT_END_UNSPECIFIED       ContextEnd = 0
+	ContextEnd_CONTEXT_END_DEADLINE_EXCEEDED ContextEnd = 1
+	ContextEnd_CONTEXT_END_CANCELED          ContextEnd = 2
+)
+
+// Enum value maps for ContextEnd.
+var (
+	ContextEnd_name = map[int32]string{
+		0: "CONTEXT_END_UNSPECIFIED",
+		1: "CONTEXT_END_DEADLINE_EXCEEDED",
+		2: "CONTEXT_END_CANCELED",
+	}
+	ContextEnd_value = map[string]int32{
+		"CONTEXT_END_UNSPECIFIED":       0,
+		"CONTEXT_END_DEADLINE_EXCEEDED": 1,
+		"CONTEXT_END_CANCELED":          2,
+	}
+)
+
+func (x ContextEnd) Enum() *ContextEnd {
+	p := new(ContextEnd)
+	*p = x
+	return p
+}
+
+func (x ContextEnd) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ContextEnd) Descriptor() protoreflect.EnumDescriptor {
+	return file_bettercompute_driver_v1_bmc_proto_enumTypes[4].Descriptor()
+}
+
+func (ContextEnd) Type() protoreflect.EnumType {
+	return &file_bettercompute_driver_v1_bmc_proto_enumTypes[4]
+}
+
+func (x ContextEnd) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ContextEnd.Descriptor instead.
+func (ContextEnd) EnumDescriptor() ([]byte, []int) {
+	return file_bettercompute_driver_v1_bmc_proto_rawDescGZIP(), []int{4}
 }
 
 type InfoRequest struct {
@@ -1357,9 +1403,12 @@ type Failure struct {
 	Driver  string                 `protobuf:"bytes,1,opt,name=driver,proto3" json:"driver,omitempty"`
 	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	// op is the operation that failed ("power on", "set boot override", …).
-	Op            string    `protobuf:"bytes,3,opt,name=op,proto3" json:"op,omitempty"`
-	Kind          ErrorKind `protobuf:"varint,4,opt,name=kind,proto3,enum=bettercompute.driver.v1.ErrorKind" json:"kind,omitempty"`
-	Detail        string    `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	Op     string    `protobuf:"bytes,3,opt,name=op,proto3" json:"op,omitempty"`
+	Kind   ErrorKind `protobuf:"varint,4,opt,name=kind,proto3,enum=bettercompute.driver.v1.ErrorKind" json:"kind,omitempty"`
+	Detail string    `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	// context_end is set when the call's context ended it (the kind is then
+	// usually ERROR_KIND_UNREACHABLE).
+	ContextEnd    ContextEnd `protobuf:"varint,6,opt,name=context_end,json=contextEnd,proto3,enum=bettercompute.driver.v1.ContextEnd" json:"context_end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1429,6 +1478,13 @@ func (x *Failure) GetDetail() string {
 	return ""
 }
 
+func (x *Failure) GetContextEnd() ContextEnd {
+	if x != nil {
+		return x.ContextEnd
+	}
+	return ContextEnd_CONTEXT_END_UNSPECIFIED
+}
+
 var File_bettercompute_driver_v1_bmc_proto protoreflect.FileDescriptor
 
 const file_bettercompute_driver_v1_bmc_proto_rawDesc = "" +
@@ -1487,13 +1543,15 @@ const file_bettercompute_driver_v1_bmc_proto_rawDesc = "" +
 	"\x13SetPasswordResponse\"(\n" +
 	"\fCloseRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\"\x0f\n" +
-	"\rCloseResponse\"\x9b\x01\n" +
+	"\rCloseResponse\"\xe1\x01\n" +
 	"\aFailure\x12\x16\n" +
 	"\x06driver\x18\x01 \x01(\tR\x06driver\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x0e\n" +
 	"\x02op\x18\x03 \x01(\tR\x02op\x126\n" +
 	"\x04kind\x18\x04 \x01(\x0e2\".bettercompute.driver.v1.ErrorKindR\x04kind\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail*\x81\x01\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\x12D\n" +
+	"\vcontext_end\x18\x06 \x01(\x0e2#.bettercompute.driver.v1.ContextEndR\n" +
+	"contextEnd*\x81\x01\n" +
 	"\n" +
 	"Capability\x12\x1a\n" +
 	"\x16CAPABILITY_UNSPECIFIED\x10\x00\x12\x1b\n" +
@@ -1513,7 +1571,7 @@ const file_bettercompute_driver_v1_bmc_proto_rawDesc = "" +
 	"\x10BOOT_TARGET_DISK\x10\x02\x12\x12\n" +
 	"\x0eBOOT_TARGET_CD\x10\x03\x12\x14\n" +
 	"\x10BOOT_TARGET_BIOS\x10\x04\x12\x14\n" +
-	"\x10BOOT_TARGET_NONE\x10\x05*\xe6\x01\n" +
+	"\x10BOOT_TARGET_NONE\x10\x05*\xcd\x01\n" +
 	"\tErrorKind\x12\x1a\n" +
 	"\x16ERROR_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fERROR_KIND_AUTH\x10\x01\x12\x1a\n" +
@@ -1521,8 +1579,12 @@ const file_bettercompute_driver_v1_bmc_proto_rawDesc = "" +
 	"\x16ERROR_KIND_UNSUPPORTED\x10\x03\x12\x1e\n" +
 	"\x1aERROR_KIND_INVALID_ADDRESS\x10\x04\x12\x1f\n" +
 	"\x1bERROR_KIND_INVALID_ARGUMENT\x10\x05\x12\x16\n" +
-	"\x12ERROR_KIND_REFUSED\x10\x06\x12\x17\n" +
-	"\x13ERROR_KIND_DEADLINE\x10\a2\xda\t\n" +
+	"\x12ERROR_KIND_REFUSED\x10\x06*f\n" +
+	"\n" +
+	"ContextEnd\x12\x1b\n" +
+	"\x17CONTEXT_END_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dCONTEXT_END_DEADLINE_EXCEEDED\x10\x01\x12\x18\n" +
+	"\x14CONTEXT_END_CANCELED\x10\x022\xda\t\n" +
 	"\n" +
 	"BMCService\x12S\n" +
 	"\x04Info\x12$.bettercompute.driver.v1.InfoRequest\x1a%.bettercompute.driver.v1.InfoResponse\x12S\n" +
@@ -1551,73 +1613,75 @@ func file_bettercompute_driver_v1_bmc_proto_rawDescGZIP() []byte {
 	return file_bettercompute_driver_v1_bmc_proto_rawDescData
 }
 
-var file_bettercompute_driver_v1_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_bettercompute_driver_v1_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_bettercompute_driver_v1_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_bettercompute_driver_v1_bmc_proto_goTypes = []any{
 	(Capability)(0),                    // 0: bettercompute.driver.v1.Capability
 	(PowerState)(0),                    // 1: bettercompute.driver.v1.PowerState
 	(BootTarget)(0),                    // 2: bettercompute.driver.v1.BootTarget
 	(ErrorKind)(0),                     // 3: bettercompute.driver.v1.ErrorKind
-	(*InfoRequest)(nil),                // 4: bettercompute.driver.v1.InfoRequest
-	(*InfoResponse)(nil),               // 5: bettercompute.driver.v1.InfoResponse
-	(*OpenRequest)(nil),                // 6: bettercompute.driver.v1.OpenRequest
-	(*OpenResponse)(nil),               // 7: bettercompute.driver.v1.OpenResponse
-	(*PowerOnRequest)(nil),             // 8: bettercompute.driver.v1.PowerOnRequest
-	(*PowerOnResponse)(nil),            // 9: bettercompute.driver.v1.PowerOnResponse
-	(*PowerOffRequest)(nil),            // 10: bettercompute.driver.v1.PowerOffRequest
-	(*PowerOffResponse)(nil),           // 11: bettercompute.driver.v1.PowerOffResponse
-	(*ShutdownRequest)(nil),            // 12: bettercompute.driver.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),           // 13: bettercompute.driver.v1.ShutdownResponse
-	(*PowerCycleRequest)(nil),          // 14: bettercompute.driver.v1.PowerCycleRequest
-	(*PowerCycleResponse)(nil),         // 15: bettercompute.driver.v1.PowerCycleResponse
-	(*PowerStatusRequest)(nil),         // 16: bettercompute.driver.v1.PowerStatusRequest
-	(*PowerStatusResponse)(nil),        // 17: bettercompute.driver.v1.PowerStatusResponse
-	(*SetBootOverrideRequest)(nil),     // 18: bettercompute.driver.v1.SetBootOverrideRequest
-	(*SetBootOverrideResponse)(nil),    // 19: bettercompute.driver.v1.SetBootOverrideResponse
-	(*InsertVirtualMediaRequest)(nil),  // 20: bettercompute.driver.v1.InsertVirtualMediaRequest
-	(*InsertVirtualMediaResponse)(nil), // 21: bettercompute.driver.v1.InsertVirtualMediaResponse
-	(*EjectVirtualMediaRequest)(nil),   // 22: bettercompute.driver.v1.EjectVirtualMediaRequest
-	(*EjectVirtualMediaResponse)(nil),  // 23: bettercompute.driver.v1.EjectVirtualMediaResponse
-	(*SetPasswordRequest)(nil),         // 24: bettercompute.driver.v1.SetPasswordRequest
-	(*SetPasswordResponse)(nil),        // 25: bettercompute.driver.v1.SetPasswordResponse
-	(*CloseRequest)(nil),               // 26: bettercompute.driver.v1.CloseRequest
-	(*CloseResponse)(nil),              // 27: bettercompute.driver.v1.CloseResponse
-	(*Failure)(nil),                    // 28: bettercompute.driver.v1.Failure
+	(ContextEnd)(0),                    // 4: bettercompute.driver.v1.ContextEnd
+	(*InfoRequest)(nil),                // 5: bettercompute.driver.v1.InfoRequest
+	(*InfoResponse)(nil),               // 6: bettercompute.driver.v1.InfoResponse
+	(*OpenRequest)(nil),                // 7: bettercompute.driver.v1.OpenRequest
+	(*OpenResponse)(nil),               // 8: bettercompute.driver.v1.OpenResponse
+	(*PowerOnRequest)(nil),             // 9: bettercompute.driver.v1.PowerOnRequest
+	(*PowerOnResponse)(nil),            // 10: bettercompute.driver.v1.PowerOnResponse
+	(*PowerOffRequest)(nil),            // 11: bettercompute.driver.v1.PowerOffRequest
+	(*PowerOffResponse)(nil),           // 12: bettercompute.driver.v1.PowerOffResponse
+	(*ShutdownRequest)(nil),            // 13: bettercompute.driver.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),           // 14: bettercompute.driver.v1.ShutdownResponse
+	(*PowerCycleRequest)(nil),          // 15: bettercompute.driver.v1.PowerCycleRequest
+	(*PowerCycleResponse)(nil),         // 16: bettercompute.driver.v1.PowerCycleResponse
+	(*PowerStatusRequest)(nil),         // 17: bettercompute.driver.v1.PowerStatusRequest
+	(*PowerStatusResponse)(nil),        // 18: bettercompute.driver.v1.PowerStatusResponse
+	(*SetBootOverrideRequest)(nil),     // 19: bettercompute.driver.v1.SetBootOverrideRequest
+	(*SetBootOverrideResponse)(nil),    // 20: bettercompute.driver.v1.SetBootOverrideResponse
+	(*InsertVirtualMediaRequest)(nil),  // 21: bettercompute.driver.v1.InsertVirtualMediaRequest
+	(*InsertVirtualMediaResponse)(nil), // 22: bettercompute.driver.v1.InsertVirtualMediaResponse
+	(*EjectVirtualMediaRequest)(nil),   // 23: bettercompute.driver.v1.EjectVirtualMediaRequest
+	(*EjectVirtualMediaResponse)(nil),  // 24: bettercompute.driver.v1.EjectVirtualMediaResponse
+	(*SetPasswordRequest)(nil),         // 25: bettercompute.driver.v1.SetPasswordRequest
+	(*SetPasswordResponse)(nil),        // 26: bettercompute.driver.v1.SetPasswordResponse
+	(*CloseRequest)(nil),               // 27: bettercompute.driver.v1.CloseRequest
+	(*CloseResponse)(nil),              // 28: bettercompute.driver.v1.CloseResponse
+	(*Failure)(nil),                    // 29: bettercompute.driver.v1.Failure
 }
 var file_bettercompute_driver_v1_bmc_proto_depIdxs = []int32{
 	0,  // 0: bettercompute.driver.v1.InfoResponse.capabilities:type_name -> bettercompute.driver.v1.Capability
 	1,  // 1: bettercompute.driver.v1.PowerStatusResponse.state:type_name -> bettercompute.driver.v1.PowerState
 	2,  // 2: bettercompute.driver.v1.SetBootOverrideRequest.target:type_name -> bettercompute.driver.v1.BootTarget
 	3,  // 3: bettercompute.driver.v1.Failure.kind:type_name -> bettercompute.driver.v1.ErrorKind
-	4,  // 4: bettercompute.driver.v1.BMCService.Info:input_type -> bettercompute.driver.v1.InfoRequest
-	6,  // 5: bettercompute.driver.v1.BMCService.Open:input_type -> bettercompute.driver.v1.OpenRequest
-	8,  // 6: bettercompute.driver.v1.BMCService.PowerOn:input_type -> bettercompute.driver.v1.PowerOnRequest
-	10, // 7: bettercompute.driver.v1.BMCService.PowerOff:input_type -> bettercompute.driver.v1.PowerOffRequest
-	12, // 8: bettercompute.driver.v1.BMCService.Shutdown:input_type -> bettercompute.driver.v1.ShutdownRequest
-	14, // 9: bettercompute.driver.v1.BMCService.PowerCycle:input_type -> bettercompute.driver.v1.PowerCycleRequest
-	16, // 10: bettercompute.driver.v1.BMCService.PowerStatus:input_type -> bettercompute.driver.v1.PowerStatusRequest
-	18, // 11: bettercompute.driver.v1.BMCService.SetBootOverride:input_type -> bettercompute.driver.v1.SetBootOverrideRequest
-	20, // 12: bettercompute.driver.v1.BMCService.InsertVirtualMedia:input_type -> bettercompute.driver.v1.InsertVirtualMediaRequest
-	22, // 13: bettercompute.driver.v1.BMCService.EjectVirtualMedia:input_type -> bettercompute.driver.v1.EjectVirtualMediaRequest
-	24, // 14: bettercompute.driver.v1.BMCService.SetPassword:input_type -> bettercompute.driver.v1.SetPasswordRequest
-	26, // 15: bettercompute.driver.v1.BMCService.Close:input_type -> bettercompute.driver.v1.CloseRequest
-	5,  // 16: bettercompute.driver.v1.BMCService.Info:output_type -> bettercompute.driver.v1.InfoResponse
-	7,  // 17: bettercompute.driver.v1.BMCService.Open:output_type -> bettercompute.driver.v1.OpenResponse
-	9,  // 18: bettercompute.driver.v1.BMCService.PowerOn:output_type -> bettercompute.driver.v1.PowerOnResponse
-	11, // 19: bettercompute.driver.v1.BMCService.PowerOff:output_type -> bettercompute.driver.v1.PowerOffResponse
-	13, // 20: bettercompute.driver.v1.BMCService.Shutdown:output_type -> bettercompute.driver.v1.ShutdownResponse
-	15, // 21: bettercompute.driver.v1.BMCService.PowerCycle:output_type -> bettercompute.driver.v1.PowerCycleResponse
-	17, // 22: bettercompute.driver.v1.BMCService.PowerStatus:output_type -> bettercompute.driver.v1.PowerStatusResponse
-	19, // 23: bettercompute.driver.v1.BMCService.SetBootOverride:output_type -> bettercompute.driver.v1.SetBootOverrideResponse
-	21, // 24: bettercompute.driver.v1.BMCService.InsertVirtualMedia:output_type -> bettercompute.driver.v1.InsertVirtualMediaResponse
-	23, // 25: bettercompute.driver.v1.BMCService.EjectVirtualMedia:output_type -> bettercompute.driver.v1.EjectVirtualMediaResponse
-	25, // 26: bettercompute.driver.v1.BMCService.SetPassword:output_type -> bettercompute.driver.v1.SetPasswordResponse
-	27, // 27: bettercompute.driver.v1.BMCService.Close:output_type -> bettercompute.driver.v1.CloseResponse
-	16, // [16:28] is the sub-list for method output_type
-	4,  // [4:16] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	4,  // 4: bettercompute.driver.v1.Failure.context_end:type_name -> bettercompute.driver.v1.ContextEnd
+	5,  // 5: bettercompute.driver.v1.BMCService.Info:input_type -> bettercompute.driver.v1.InfoRequest
+	7,  // 6: bettercompute.driver.v1.BMCService.Open:input_type -> bettercompute.driver.v1.OpenRequest
+	9,  // 7: bettercompute.driver.v1.BMCService.PowerOn:input_type -> bettercompute.driver.v1.PowerOnRequest
+	11, // 8: bettercompute.driver.v1.BMCService.PowerOff:input_type -> bettercompute.driver.v1.PowerOffRequest
+	13, // 9: bettercompute.driver.v1.BMCService.Shutdown:input_type -> bettercompute.driver.v1.ShutdownRequest
+	15, // 10: bettercompute.driver.v1.BMCService.PowerCycle:input_type -> bettercompute.driver.v1.PowerCycleRequest
+	17, // 11: bettercompute.driver.v1.BMCService.PowerStatus:input_type -> bettercompute.driver.v1.PowerStatusRequest
+	19, // 12: bettercompute.driver.v1.BMCService.SetBootOverride:input_type -> bettercompute.driver.v1.SetBootOverrideRequest
+	21, // 13: bettercompute.driver.v1.BMCService.InsertVirtualMedia:input_type -> bettercompute.driver.v1.InsertVirtualMediaRequest
+	23, // 14: bettercompute.driver.v1.BMCService.EjectVirtualMedia:input_type -> bettercompute.driver.v1.EjectVirtualMediaRequest
+	25, // 15: bettercompute.driver.v1.BMCService.SetPassword:input_type -> bettercompute.driver.v1.SetPasswordRequest
+	27, // 16: bettercompute.driver.v1.BMCService.Close:input_type -> bettercompute.driver.v1.CloseRequest
+	6,  // 17: bettercompute.driver.v1.BMCService.Info:output_type -> bettercompute.driver.v1.InfoResponse
+	8,  // 18: bettercompute.driver.v1.BMCService.Open:output_type -> bettercompute.driver.v1.OpenResponse
+	10, // 19: bettercompute.driver.v1.BMCService.PowerOn:output_type -> bettercompute.driver.v1.PowerOnResponse
+	12, // 20: bettercompute.driver.v1.BMCService.PowerOff:output_type -> bettercompute.driver.v1.PowerOffResponse
+	14, // 21: bettercompute.driver.v1.BMCService.Shutdown:output_type -> bettercompute.driver.v1.ShutdownResponse
+	16, // 22: bettercompute.driver.v1.BMCService.PowerCycle:output_type -> bettercompute.driver.v1.PowerCycleResponse
+	18, // 23: bettercompute.driver.v1.BMCService.PowerStatus:output_type -> bettercompute.driver.v1.PowerStatusResponse
+	20, // 24: bettercompute.driver.v1.BMCService.SetBootOverride:output_type -> bettercompute.driver.v1.SetBootOverrideResponse
+	22, // 25: bettercompute.driver.v1.BMCService.InsertVirtualMedia:output_type -> bettercompute.driver.v1.InsertVirtualMediaResponse
+	24, // 26: bettercompute.driver.v1.BMCService.EjectVirtualMedia:output_type -> bettercompute.driver.v1.EjectVirtualMediaResponse
+	26, // 27: bettercompute.driver.v1.BMCService.SetPassword:output_type -> bettercompute.driver.v1.SetPasswordResponse
+	28, // 28: bettercompute.driver.v1.BMCService.Close:output_type -> bettercompute.driver.v1.CloseResponse
+	17, // [17:29] is the sub-list for method output_type
+	5,  // [5:17] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_driver_v1_bmc_proto_init() }
@@ -1630,7 +1694,7 @@ func file_bettercompute_driver_v1_bmc_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_driver_v1_bmc_proto_rawDesc), len(file_bettercompute_driver_v1_bmc_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
