@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -62,6 +63,14 @@ type leakyBMC struct{ *memoryBMC }
 
 func (b leakyBMC) PowerOn(context.Context) error {
 	return fmt.Errorf("the BMC said: bad password %s: %w", b.target.Password, driver.ErrRefused)
+}
+
+// PowerCycle waits for a BMC that never answers, until the call's
+// context ends.
+func (b leakyBMC) PowerCycle(ctx context.Context) error {
+	<-ctx.Done()
+	return &driver.Error{Driver: "memory", Address: b.target.Address, Op: "power cycle", Kind: driver.ErrUnreachable,
+		Detail: "no answer", Err: ctx.Err()}
 }
 
 func (b leakyBMC) Shutdown(context.Context) error {
@@ -244,6 +253,25 @@ func TestDriverOutputReachesHostLoggerScrubbed(t *testing.T) {
 	require.NotContains(t, rec.String(), secret)
 }
 
+// TestDeadlineCrossesTheProcess: the host's deadline ends the driver's
+// call, and the host sees a BMC that did not answer in time.
+func TestDeadlineCrossesTheProcess(t *testing.T) {
+	t.Parallel()
+	c, err := launch(t, "leaky", nil)
+	require.NoError(t, err)
+	b, err := c.Open(t.Context(), driver.Target{Address: "10.0.0.10:623", Username: exampleUser, Password: examplePassword})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	err = b.PowerCycle(ctx)
+	require.ErrorIs(t, err, driver.ErrUnreachable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, c.Ping(), "the driver lives on")
+	st, err := b.PowerStatus(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, driver.PowerOff, st)
+}
+
 func TestTargetRedactsItsPassword(t *testing.T) {
 	t.Parallel()
 	target := driver.Target{Address: "10.0.0.5:623", Username: "admin", Password: examplePassword}
@@ -257,5 +285,20 @@ func TestTargetRedactsItsPassword(t *testing.T) {
 	} {
 		require.NotContains(t, s, examplePassword)
 		require.Contains(t, s, "admin")
+	}
+}
+
+// TestSDKImportsNothingInternal: third parties build drivers with this
+// package alone, and Go refuses their import of anything under internal/.
+func TestSDKImportsNothingInternal(t *testing.T) {
+	t.Parallel()
+	goBin, err := exec.LookPath("go")
+	require.NoError(t, err, "the go tool runs this test")
+	out, err := exec.CommandContext(t.Context(), goBin, "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
+	require.NoError(t, err)
+	deps := strings.Fields(string(out))
+	require.Contains(t, deps, "github.com/hashicorp/go-plugin")
+	for _, dep := range deps {
+		require.NotContains(t, dep, "better-compute/internal", "pkg/driver depends on %s", dep)
 	}
 }

@@ -107,8 +107,8 @@ func (r *Registry) Register(ctx context.Context, name, path string) (DriverInfo,
 	return di, nil
 }
 
-// RegisterDir registers every executable regular file in dir (not its
-// subdirectories) under its file name, as a site's drivers directory
+// RegisterDir registers every executable regular file in dir (or symlink
+// to one; not its subdirectories) under its file name, as a site's drivers directory
 // holds them. It stops at the first driver that fails: a site's driver
 // set is all or nothing.
 func (r *Registry) RegisterDir(ctx context.Context, dir string) ([]DriverInfo, error) {
@@ -118,7 +118,9 @@ func (r *Registry) RegisterDir(ctx context.Context, dir string) ([]DriverInfo, e
 	}
 	var out []DriverInfo
 	for _, e := range entries {
-		info, err := e.Info()
+		// Stat, not the entry's Lstat: a symlinked driver is a driver,
+		// checked by what it points to.
+		info, err := os.Stat(filepath.Join(dir, e.Name()))
 		if err != nil {
 			return out, fmt.Errorf("drivers directory: %w", err)
 		}
