@@ -22,6 +22,7 @@ generate: tools ## regenerate gen/ from proto/ (offline, pinned tools)
 	rm -rf gen
 	$(BIN)/buf generate --template buf.gen.yaml
 	$(BIN)/buf generate --template buf.gen.agent.yaml
+	$(BIN)/buf generate --template buf.gen.driver.yaml
 
 .PHONY: build
 build: ## build the programs under cmd/ into bin/

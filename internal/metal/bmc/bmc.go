@@ -2,7 +2,10 @@
 // off, cycle and status, a boot override and virtual media where the BMC
 // offers them. Two drivers sit behind one interface: "ipmi" (IPMI 2.0 over
 // LAN, RMCP+ cipher suite 3, github.com/bougou/go-ipmi) and "redfish"
-// (DMTF Redfish over HTTP(S), github.com/stmcginnis/gofish).
+// (DMTF Redfish over HTTP(S), github.com/stmcginnis/gofish). A third
+// kind runs out of process: a driver binary built with pkg/driver, named
+// "plugin:<path>" or registered in a Registry, which lists the built-ins
+// and the external drivers with their versions.
 //
 // Only the site agent uses it, and only for enrolled machines of its site:
 // the control plane never talks to a BMC. The package must never print,
@@ -17,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -139,18 +143,23 @@ func Drivers() []string { return []string{"ipmi", "redfish"} }
 
 // New returns the driver called name for the BMC at address. It refuses an
 // address that is not a plain host[:port] (ipmi) or an http(s) URL or
-// host[:port] (redfish) before it sends anything.
+// host[:port] (redfish) before it sends anything. A name
+// "plugin:<path>" starts the out-of-process driver at path (pkg/driver)
+// and opens the BMC through it; the process ends when the Driver is
+// closed. A Registry also builds external drivers by their own names.
 func New(name, address string, creds Credentials, opts Options) (Driver, error) {
 	opts = opts.withDefaults()
 	var (
 		d   Driver
 		err error
 	)
-	switch name {
-	case "ipmi":
+	switch path, external := strings.CutPrefix(name, PluginPrefix); {
+	case name == "ipmi":
 		d, err = newIPMI(address, creds, opts)
-	case "redfish":
+	case name == "redfish":
 		d, err = newRedfish(address, creds, opts)
+	case external && path != "":
+		d, err = newPlugin(name, path, address, creds, opts)
 	default:
 		err = &Error{Driver: name, Address: printable(address), Op: "new", Kind: ErrUnsupported,
 			Detail: fmt.Sprintf("unknown driver %q (want one of %v)", name, Drivers())}

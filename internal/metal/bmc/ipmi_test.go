@@ -160,9 +160,14 @@ func running(pid int, name string) bool {
 
 func TestIPMIDriverPowersQEMU(t *testing.T) {
 	t.Parallel()
+	forEachIPMIBackend(t, testIPMIDriverPowersQEMU)
+}
+
+func testIPMIDriverPowersQEMU(t *testing.T, be ipmiBackend) {
 	rig := startIPMIRig(t)
-	var logs bytes.Buffer
-	d, err := bmc.New("ipmi", rig.address, bmc.NewCredentials("admin", password), bmc.Options{Logger: newDebugLogger(&logs)})
+	// A driver process writes its log lines while the test runs.
+	logs := &syncBuffer{}
+	d, err := be.new(t, rig.address, bmc.NewCredentials("admin", password), bmc.Options{Logger: newDebugLogger(logs)})
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -231,9 +236,13 @@ func TestIPMIDriverPowersQEMU(t *testing.T) {
 
 func TestIPMIDriverTypedErrors(t *testing.T) {
 	t.Parallel()
+	forEachIPMIBackend(t, testIPMIDriverTypedErrors)
+}
+
+func testIPMIDriverTypedErrors(t *testing.T, be ipmiBackend) {
 	rig := startIPMIRig(t)
 	ctx := context.Background()
-	good, err := bmc.New("ipmi", rig.address, bmc.NewCredentials("admin", password), bmc.Options{})
+	good, err := be.new(t, rig.address, bmc.NewCredentials("admin", password), bmc.Options{})
 	require.NoError(t, err)
 	bctest.WaitFor(t, "ipmi_sim to answer", func() bool {
 		_, err := good.PowerStatus(ctx)
@@ -244,7 +253,7 @@ func TestIPMIDriverTypedErrors(t *testing.T) {
 		bmc.NewCredentials("admin", "wrong-"+password[:10]),
 		bmc.NewCredentials("nobody", password),
 	} {
-		d, err := bmc.New("ipmi", rig.address, creds, bmc.Options{})
+		d, err := be.new(t, rig.address, creds, bmc.Options{})
 		require.NoError(t, err)
 		err = d.PowerOn(ctx)
 		require.ErrorIs(t, err, bmc.ErrAuth, "%v", creds)
@@ -253,7 +262,7 @@ func TestIPMIDriverTypedErrors(t *testing.T) {
 	}
 	require.Zero(t, rig.qemuPID(), "a refused power on started nothing")
 
-	d, err := bmc.New("ipmi", fmt.Sprintf("127.0.0.1:%d", freePort(t, "udp")), bmc.NewCredentials("admin", password), bmc.Options{})
+	d, err := be.new(t, fmt.Sprintf("127.0.0.1:%d", freePort(t, "udp")), bmc.NewCredentials("admin", password), bmc.Options{})
 	require.NoError(t, err)
 	_, err = d.PowerStatus(ctx)
 	require.ErrorIs(t, err, bmc.ErrUnreachable)
@@ -270,10 +279,14 @@ func newDebugLogger(w io.Writer) *slog.Logger {
 // full is refused before anything is sent.
 func TestIPMIDriverSetPassword(t *testing.T) {
 	t.Parallel()
+	forEachIPMIBackend(t, testIPMIDriverSetPassword)
+}
+
+func testIPMIDriverSetPassword(t *testing.T, be ipmiBackend) {
 	const first, next = "Old-pass-16bytes", "N3w-pass-0f16byt"
 	sim := bctest.StartIPMISim(t, "admin", first)
 	ctx := context.Background()
-	old, err := bmc.New("ipmi", sim.Address, bmc.NewCredentials("admin", first), bmc.Options{})
+	old, err := be.new(t, sim.Address, bmc.NewCredentials("admin", first), bmc.Options{})
 	require.NoError(t, err)
 
 	setter, ok := old.(bmc.PasswordSetter)
@@ -287,7 +300,7 @@ func TestIPMIDriverSetPassword(t *testing.T) {
 	require.NoError(t, setter.SetPassword(ctx, next))
 	_, err = old.PowerStatus(ctx)
 	require.ErrorIs(t, err, bmc.ErrAuth, "the old password no longer opens a session")
-	fresh, err := bmc.New("ipmi", sim.Address, bmc.NewCredentials("admin", next), bmc.Options{})
+	fresh, err := be.new(t, sim.Address, bmc.NewCredentials("admin", next), bmc.Options{})
 	require.NoError(t, err)
 	_, err = fresh.PowerStatus(ctx)
 	require.NoError(t, err, "the new password opens a session")
