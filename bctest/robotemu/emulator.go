@@ -105,6 +105,7 @@ type server struct {
 	// while the installed system (or nothing) runs.
 	bootedRescue string
 	files        map[string]string
+	executable   map[string]bool
 	image        string
 	hostname     string
 	postInstall  string
@@ -364,7 +365,7 @@ func (e *Emulator) serverLocked(number int) *server {
 // installed.
 func (s *server) bootLocked() {
 	s.on = true
-	s.files = map[string]string{}
+	s.files, s.executable = map[string]string{}, map[string]bool{}
 	s.bootedRescue = ""
 	if s.rescue != nil {
 		s.bootedRescue = s.rescue.password
@@ -375,7 +376,7 @@ func (s *server) bootLocked() {
 func (s *server) powerOffLocked() {
 	s.on = false
 	s.bootedRescue = ""
-	s.files = nil
+	s.files, s.executable = nil, nil
 }
 
 func randomString(n int) string {

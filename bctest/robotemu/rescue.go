@@ -18,14 +18,15 @@ import (
 // install a server, and nothing else (exit 127, as a shell would):
 //
 //	lsblk -dnpo NAME,TYPE,RM          the block devices
-//	[umask 077 && ][mkdir -p DIR && ]cat > FILE
-//	                                  FILE holds stdin
+//	[umask 077 && ][mkdir -p DIR && ]cat > FILE[ && chmod 7NN FILE]
+//	                                  FILE holds stdin (executable with
+//	                                  the chmod)
 //	installimage -a -c CONF [-x SCRIPT]
 //	                                  install CONF's IMAGE on its DRIVEs,
 //	                                  then run SCRIPT in the new system
 //	rm -rf PATH                       forget PATH and what lies below it
 var (
-	writeRE   = regexp.MustCompile(`^(?:umask 0?77 && )?(?:mkdir -p \S+ && )?cat > (/\S+)$`)
+	writeRE   = regexp.MustCompile(`^(?:umask 0?77 && )?(?:mkdir -p \S+ && )?cat > (/\S+)( && chmod [0-7]?[1357][0-7]{2} (/\S+))?$`)
 	imagePath = regexp.MustCompile(`^/root/\.oldroot/nfs/images/([A-Za-z0-9._-]+)\.tar\.(?:gz|zst|xz)$`)
 )
 
@@ -139,6 +140,13 @@ func (e *Emulator) runLocked(s *server, command, stdin string) (string, int) {
 	}
 	if m := writeRE.FindStringSubmatch(command); m != nil {
 		s.files[m[1]] = stdin
+		delete(s.executable, m[1])
+		if m[2] != "" {
+			if m[3] != m[1] {
+				return "chmod: cannot access '" + m[3] + "': No such file or directory\n", 1
+			}
+			s.executable[m[1]] = true
+		}
 		return "", 0
 	}
 	fields := strings.Fields(command)
@@ -154,6 +162,7 @@ func (e *Emulator) runLocked(s *server, command, stdin string) (string, int) {
 		for f := range s.files {
 			if f == fields[2] || strings.HasPrefix(f, strings.TrimSuffix(fields[2], "/")+"/") {
 				delete(s.files, f)
+				delete(s.executable, f)
 			}
 		}
 		return "", 0
@@ -235,6 +244,9 @@ func (e *Emulator) installLocked(s *server, args []string) (string, int) {
 	if script != "" {
 		if post, ok = s.files[script]; !ok {
 			return "installimage: post-install script " + script + " not found\n", 1
+		}
+		if !s.executable[script] {
+			return "installimage: post-install script " + script + " isn't executable\n", 1
 		}
 	}
 	s.image, s.hostname, s.postInstall = image, hostname, post

@@ -1,6 +1,10 @@
 package robot
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,4 +74,34 @@ func TestHourly(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "0.2521", hourly("184.0000"))
 	require.Equal(t, "", hourly("n/a"))
+}
+
+// The post-install script, run by a real shell, writes the user data into
+// the seed byte for byte and removes itself.
+func TestPostInstallScriptSeedsUserData(t *testing.T) {
+	t.Parallel()
+	sh, err := exec.LookPath("sh")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	require.NoError(t, os.MkdirAll(bin, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "cloud-init"), []byte("#!/bin/sh\n"), 0o755))
+	userData := "#cloud-config\nruncmd:\n- echo 'BC_USER_DATA' \"$HOME\" `x`\n"
+	script := postInstallScript(install{instanceID: "ins_a", hostname: "n1", userData: userData})
+	seed := filepath.Join(dir, "seed")
+	script = strings.ReplaceAll(script, "seed=/var/lib/cloud/seed/nocloud", "seed="+seed)
+	path := filepath.Join(dir, "post-install")
+	require.NoError(t, os.WriteFile(path, []byte(script), 0o700))
+	cmd := exec.Command(sh, path)
+	cmd.Env = []string{"PATH=" + bin + ":/usr/bin:/bin"}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	got, err := os.ReadFile(filepath.Join(seed, "user-data"))
+	require.NoError(t, err)
+	require.Equal(t, userData, string(got))
+	meta, err := os.ReadFile(filepath.Join(seed, "meta-data"))
+	require.NoError(t, err)
+	require.Equal(t, "instance-id: ins_a\nlocal-hostname: n1\n", string(meta))
+	_, err = os.Stat(path)
+	require.True(t, os.IsNotExist(err), "the script removes itself")
 }

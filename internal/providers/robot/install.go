@@ -252,7 +252,8 @@ func (p *Provider) runInstall(ctx context.Context, c *ssh.Client, in install, se
 	cmd := "installimage -a -c " + conf
 	if in.userData != "" {
 		script := workDir + "/post-install.sh"
-		if _, err := p.exec(ctx, c, in.server.Number, write+script, postInstallScript(in), secrets); err != nil {
+		// installimage runs only an executable script.
+		if _, err := p.exec(ctx, c, in.server.Number, write+script+" && chmod 700 "+script, postInstallScript(in), secrets); err != nil {
 			return err
 		}
 		cmd += " -x " + script
@@ -289,7 +290,8 @@ func (p *Provider) exec(ctx context.Context, c *ssh.Client, number int, cmd, std
 func (p *Provider) sshFailure(ctx context.Context, number int, cmd string, err error, out string, secrets []string) error {
 	name, _, _ := strings.Cut(cmd, " ")
 	if _, rest, ok := strings.Cut(cmd, "&& cat > "); ok {
-		name = "writing " + rest
+		name, _, _ = strings.Cut(rest, " ")
+		name = "writing " + name
 	}
 	var exit *ssh.ExitError
 	if errors.As(err, &exit) {
@@ -343,10 +345,11 @@ func installConfig(in install, drives []string) string {
 	return b.String()
 }
 
-// postInstallScript runs in the installed system (installimage -x runs it
-// chrooted there) and seeds cloud-init's NoCloud source with the user
-// data, which the script holds in a quoted here-document whose delimiter
-// the user data does not contain.
+// postInstallScript runs in the installed system (installimage -x copies
+// it to /post-install there and runs it chrooted) and seeds cloud-init's
+// NoCloud source with the user data, which the script holds in a quoted
+// here-document whose delimiter the user data does not contain. It removes
+// its copy however it ends, so the token stays only in the seed.
 func postInstallScript(in install) string {
 	delim := "BC_USER_DATA"
 	for strings.Contains(in.userData, delim) {
@@ -358,6 +361,7 @@ func postInstallScript(in install) string {
 	return "#!/bin/sh\n" +
 		"# Better Compute: seed cloud-init (NoCloud) with the instance's user data.\n" +
 		"set -eu\n" +
+		"trap 'rm -f -- \"$0\"' EXIT\n" +
 		"if ! command -v cloud-init >/dev/null 2>&1; then\n" +
 		"  echo 'the image has no cloud-init: the node cannot join' >&2\n" +
 		"  exit 1\n" +

@@ -117,6 +117,7 @@ func TestJoinTokenOnlyOverStdinAndReleaseFreesTheServer(t *testing.T) {
 	require.Equal(t, "Ubuntu-2404-noble-amd64-base", st.Image)
 	require.Equal(t, "gpu-node-1", st.Hostname)
 	require.Contains(t, st.PostInstall, token, "installimage's post-install script seeds the user data")
+	require.Contains(t, st.PostInstall, `rm -f -- "$0"`, "and removes its copy in the new system")
 	require.False(t, st.InRescue, "the server boots the installed system at the end")
 	require.Equal(t, []string{"hw", "hw"}, st.Resets, "one reset into the rescue system, one out of it")
 
