@@ -47,7 +47,9 @@ func (p *Provider) call(ctx context.Context, method, path string, form url.Value
 	if err != nil {
 		// The request or its answer was lost on the way: Robot may or may
 		// not have acted, and a retry (idempotent) finds out.
-		return p.wrap(method+" "+path, providers.KindUnavailable, err.Error(), secrets...)
+		e := p.wrap(method+" "+path, providers.KindUnavailable, err.Error(), secrets...)
+		e.RetryAfter = minRetryAfter
+		return e
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
