@@ -35,6 +35,7 @@ import (
 	// service checks accounts against their manifests.
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
 	_ "github.com/better-compute/better-compute/internal/providers/proxmox"
+	_ "github.com/better-compute/better-compute/internal/providers/robot"
 	"github.com/better-compute/better-compute/internal/quorum"
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/tenancy"
