@@ -7,6 +7,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/doctest"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/providers"
 )
 
 // procedureParts splits "/bettercompute.api.v1.TenantService/Create" into
@@ -148,6 +149,36 @@ func TestDocsIAMRoleTable(t *testing.T) {
 			}
 			if says != want[role] {
 				t.Errorf("docs/iam.md: %s for %s says %s (%q); the matrix gets %s", action, role, says, mark, want[role])
+			}
+		}
+	}
+}
+
+// TestDocsProvidersListEveryType holds docs/providers.md to the provider
+// registry: every type the app links has its section, and the section
+// names every field of its manifest.
+func TestDocsProvidersListEveryType(t *testing.T) {
+	t.Parallel()
+	doc := doctest.Read(t, "docs/providers.md")
+	types := providers.Types()
+	if len(types) == 0 {
+		t.Fatal("the app links no provider type")
+	}
+	for _, typ := range types {
+		head := "(`" + typ + "`)\n"
+		i := strings.Index(doc, head)
+		if i < 0 {
+			t.Errorf("docs/providers.md: no section for provider type %s (a heading ending in %q)", typ, strings.TrimSpace(head))
+			continue
+		}
+		section := doc[i:]
+		if j := strings.Index(section[len(head):], "\n## "); j >= 0 {
+			section = section[:len(head)+j]
+		}
+		f, _ := providers.Lookup(typ)
+		for _, fd := range f.Manifest.Fields {
+			if !strings.Contains(section, "`"+fd.Name+"`") {
+				t.Errorf("docs/providers.md: the %s section does not name its manifest field %s", typ, fd.Name)
 			}
 		}
 	}
