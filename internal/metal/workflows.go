@@ -1,6 +1,7 @@
 package metal
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -206,16 +207,25 @@ func (s *MachineService) reopenable(ctx context.Context, tx *envelope.Tx, m *Mac
 	if err != nil {
 		return err
 	}
-	rerun, booted := false, false
+	rerun, booted, boot := false, false, ""
 	for _, st := range full.Steps {
 		if st.Phase != provision.PhaseMain {
 			continue
 		}
 		rerun = rerun || st.Name == from
 		mode, _ := st.Params["boot"].(string)
+		ramdiskBoot := st.Kind == KindPowerCycle && (mode == BootRamdisk || mode == BootRescue)
 		switch {
+		case !rerun && ramdiskBoot:
+			boot = st.Name
+		case !rerun && st.State == provision.StepSucceeded && attested(w.Profile, st.Kind):
+			// The end of the operation checks this step's signed record
+			// with the key of the ramdisk that ran it, which is gone.
+			return envelope.Invalid(envelope.Violation{Field: "from_step", Reason: fmt.Sprintf(
+				"step %s's signed record is checked with the key of the ramdisk that ran it, which went down when the workflow failed: retry from %s",
+				st.Name, cmp.Or(boot, "the ramdisk boot"))})
 		case !rerun:
-		case st.Kind == KindPowerCycle && (mode == BootRamdisk || mode == BootRescue):
+		case ramdiskBoot:
 			booted = true
 		case !booted && slices.Contains(RamdiskKinds, st.Kind):
 			return envelope.Invalid(envelope.Violation{Field: "from_step", Reason: fmt.Sprintf(
@@ -224,6 +234,13 @@ func (s *MachineService) reopenable(ctx context.Context, tx *envelope.Tx, m *Mac
 		}
 	}
 	return nil
+}
+
+// attested reports whether an operation's end checks a step of kind with
+// the ramdisk's key: every wipe's erase record, and a commission's
+// inventory (the firmware baseline).
+func attested(op, kind string) bool {
+	return kind == KindDiskWipe || (op == OpCommission && kind == KindInventory)
 }
 
 // retryableOps are the operations whose failed workflow RetryWorkflow

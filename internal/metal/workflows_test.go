@@ -39,6 +39,21 @@ func (f *fixture) waitStep(t *testing.T, wf, name, want string) {
 	})
 }
 
+// failPowerOff fails a workflow's power-off for good: FailNext must have
+// been set for its first attempt; its two retries fail too.
+func (f *fixture) failPowerOff(t *testing.T, wf string) {
+	t.Helper()
+	for fails := 1; fails < 3; fails++ {
+		bctest.WaitFor(t, "power-off to fail", func() bool {
+			_, n := f.stepState(t, wf, "power-off")
+			return n == fails
+		})
+		f.sim.FailNext(metal.KindPowerOff, "bmc said no")
+		f.cp.Clock.Advance(time.Duration(fails) * 11 * time.Second) // past the backoff
+		require.NoError(t, f.cp.App.Metal.Engine.Reconcile(context.Background(), wf))
+	}
+}
+
 func (f *fixture) workflow(t *testing.T, wf string) *apiv1.MachineWorkflow {
 	t.Helper()
 	g, err := f.admin.Machines.GetWorkflow(context.Background(), connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: "acme", Workflow: wf}))
@@ -126,15 +141,7 @@ func TestWorkflowRetryFailedStep(t *testing.T) {
 	in, err := f.admin.Machines.Inspect(ctx, connect.NewRequest(&apiv1.InspectMachineRequest{Tenant: "acme", Machine: "m1"}))
 	require.NoError(t, err)
 	wf := in.Msg.GetMachine().GetWorkflowId()
-	for fails := 1; fails < 3; fails++ {
-		bctest.WaitFor(t, "power-off to fail", func() bool {
-			_, n := f.stepState(t, wf, "power-off")
-			return n == fails
-		})
-		f.sim.FailNext(metal.KindPowerOff, "bmc said no")
-		f.cp.Clock.Advance(time.Duration(fails) * 11 * time.Second) // past the backoff
-		require.NoError(t, f.cp.App.Metal.Engine.Reconcile(ctx, wf))
-	}
+	f.failPowerOff(t, wf)
 	m := f.waitIdle(t, "m1")
 	require.Equal(t, "failed", m.GetState())
 	require.Equal(t, "power-off", m.GetFailedStep())
@@ -227,7 +234,7 @@ func TestWorkflowRetryEarlierStep(t *testing.T) {
 	require.Equal(t, 1, sm.Wipes())
 
 	_, err = f.admin.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme", Workflow: wf, FromStep: "power-off"}))
-	refused(t, err, "INVALID_ARGUMENT", "from_step", "comes after the failed step burn-in")
+	refused(t, err, "INVALID_ARGUMENT", "from_step", "step inventory's signed record is checked with the key of the ramdisk")
 	r, err := f.admin.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme", Workflow: wf, FromStep: "boot-ramdisk"}))
 	require.NoError(t, err)
 	require.Equal(t, "commissioning", r.Msg.GetMachine().GetState())
@@ -300,4 +307,31 @@ func TestWorkflowRetryPausedAndAbort(t *testing.T) {
 	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM events WHERE resource_id = $1 AND type = 'machine.abort_requested'`, m.GetId()))
 	_, err = f.admin.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme", Workflow: wf2, FromStep: "boot-ramdisk"}))
 	refused(t, err, "FAILED_PRECONDITION", "", "was cancelled")
+}
+
+// TestWorkflowRetryAfterAttestedWipe: a failed commission whose wipe
+// succeeded is not retried past its ramdisk boot (the erase record's key
+// went with the ramdisk); from the boot, it ends ready with a new record.
+func TestWorkflowRetryAfterAttestedWipe(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	sm := f.sim.AddMachine(t, "m1")
+	f.enroll(t, sm)
+	f.sim.FailNext(metal.KindPowerOff, "bmc said no")
+	c, err := f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.NoError(t, err)
+	wf := c.Msg.GetMachine().GetWorkflowId()
+	f.failPowerOff(t, wf)
+	require.Equal(t, "failed", f.waitIdle(t, "m1").GetState())
+
+	_, err = f.admin.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme", Workflow: wf, FromStep: "power-off"}))
+	refused(t, err, "INVALID_ARGUMENT", "from_step", "step inventory's signed record is checked with the key of the ramdisk that ran it")
+	refused(t, err, "INVALID_ARGUMENT", "from_step", "retry from boot-ramdisk")
+	_, err = f.admin.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme", Workflow: wf, FromStep: "boot-ramdisk"}))
+	require.NoError(t, err)
+	m := f.waitIdle(t, "m1")
+	require.Equal(t, "ready", m.GetState(), "failure: %s %s", m.GetFailedStep(), m.GetFailureReason())
+	require.Equal(t, 2, sm.Wipes())
+	require.NotNil(t, m.GetEraseRecord())
 }
