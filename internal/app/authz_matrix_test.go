@@ -119,18 +119,22 @@ var matrixExpect = map[string]map[string]string{
 	// Bare metal: admins manage sites and machines; a machine's BMC
 	// password and rescue key are credentials, and deploy, release and
 	// retire destroy what is on its disk.
-	"sites.create":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sites.update":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sites.delete":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.enroll":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.inspect":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.commission": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.deploy":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.release":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.retire":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.rescue":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.power":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"machines.abort":      {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.create":            {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.update":            {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sites.delete":            {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.enroll":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.inspect":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.commission":     {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.deploy":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.release":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.retire":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.rescue":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.power":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.abort":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.pauseWorkflow":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.resumeWorkflow": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.retryWorkflow":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"machines.abortWorkflow":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// A rotation is a bmc.rotate leaf once acme has approvers: an admin
 	// passes authorization and is sent to a command batch.
 	"machines.lease":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -624,6 +628,27 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err = c.Machines.Abort(context.Background(), connect.NewRequest(&apiv1.AbortMachineRequest{Tenant: "acme", Machine: m}))
 		return err
 	},
+	"machines.pauseWorkflow": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		wf := f.matrixWorkflow(t, false)
+		_, err := c.Machines.PauseWorkflow(context.Background(), connect.NewRequest(&apiv1.PauseMachineWorkflowRequest{Tenant: "acme", Workflow: wf}))
+		return err
+	},
+	"machines.resumeWorkflow": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		wf := f.matrixWorkflow(t, true)
+		_, err := c.Machines.ResumeWorkflow(context.Background(), connect.NewRequest(&apiv1.ResumeMachineWorkflowRequest{Tenant: "acme", Workflow: wf}))
+		return err
+	},
+	"machines.retryWorkflow": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		wf := f.matrixWorkflow(t, true)
+		_, err := c.Machines.RetryWorkflow(context.Background(), connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme",
+			Workflow: wf, FromStep: "power-on"}))
+		return err
+	},
+	"machines.abortWorkflow": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		wf := f.matrixWorkflow(t, false)
+		_, err := c.Machines.AbortWorkflow(context.Background(), connect.NewRequest(&apiv1.AbortMachineWorkflowRequest{Tenant: "acme", Workflow: wf}))
+		return err
+	},
 	"flavors.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Flavors.Create(context.Background(), connect.NewRequest(&apiv1.CreateFlavorRequest{Tenant: "acme", Name: f.name("flv"),
 			Vcpus: 2, MemoryMib: 2048, DiskGib: 10}))
@@ -981,6 +1006,31 @@ func (f *matrixFixture) matrixMachine(t *testing.T, state metal.State) string {
 	}))
 	f.cp.Authz.Reset()
 	return id
+}
+
+// matrixWorkflow is the active workflow of a fresh ready machine: the
+// platform admin's power-on, paused by it when paused is set (with no step
+// in flight, so that a retry may restart it).
+func (f *matrixFixture) matrixWorkflow(t *testing.T, paused bool) string {
+	t.Helper()
+	ctx := context.Background()
+	m := f.matrixMachine(t, metal.StateReady)
+	p, err := f.admin.Machines.Power(ctx, connect.NewRequest(&apiv1.PowerMachineRequest{Tenant: "acme", Machine: m, Action: "on"}))
+	require.NoError(t, err)
+	wf := p.Msg.GetMachine().GetWorkflowId()
+	if paused {
+		_, err = f.admin.Machines.PauseWorkflow(ctx, connect.NewRequest(&apiv1.PauseMachineWorkflowRequest{Tenant: "acme", Workflow: wf}))
+		require.NoError(t, err)
+		bctest.WaitFor(t, "the paused workflow's step to leave flight", func() bool {
+			var n int
+			require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+				return tx.QueryRow(ctx, `SELECT COUNT(*) FROM provision_steps WHERE workflow_id = $1 AND state IN ('running', 'awaiting')`, wf).Scan(&n)
+			}))
+			return n == 0
+		})
+	}
+	f.cp.Authz.Reset()
+	return wf
 }
 
 // matrixLeasable is a ready machine with a firmware baseline, as a

@@ -2455,6 +2455,46 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.MachineServicePauseWorkflowProcedure: {
+			func() error {
+				_, err := evil.Machines.PauseWorkflow(ctx, connect.NewRequest(&apiv1.PauseMachineWorkflowRequest{Tenant: "acme", Workflow: sfWorkflowID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.PauseWorkflow(ctx, connect.NewRequest(&apiv1.PauseMachineWorkflowRequest{Tenant: "other", Workflow: sfWorkflowID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceResumeWorkflowProcedure: {
+			func() error {
+				_, err := evil.Machines.ResumeWorkflow(ctx, connect.NewRequest(&apiv1.ResumeMachineWorkflowRequest{Tenant: "acme", Workflow: sfWorkflowID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.ResumeWorkflow(ctx, connect.NewRequest(&apiv1.ResumeMachineWorkflowRequest{Tenant: "other", Workflow: sfWorkflowID}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceRetryWorkflowProcedure: {
+			func() error {
+				_, err := evil.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "acme", Workflow: sfWorkflowID, FromStep: "power-on"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.RetryWorkflow(ctx, connect.NewRequest(&apiv1.RetryMachineWorkflowRequest{Tenant: "other", Workflow: sfWorkflowID, FromStep: "power-on"}))
+				return err
+			},
+		},
+		apiv1connect.MachineServiceAbortWorkflowProcedure: {
+			func() error {
+				_, err := evil.Machines.AbortWorkflow(ctx, connect.NewRequest(&apiv1.AbortMachineWorkflowRequest{Tenant: "acme", Workflow: sfWorkflowID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Machines.AbortWorkflow(ctx, connect.NewRequest(&apiv1.AbortMachineWorkflowRequest{Tenant: "other", Workflow: sfWorkflowID}))
+				return err
+			},
+		},
 		apiv1connect.MachineServiceLeaseProcedure: {
 			func() error {
 				_, err := evil.Machines.Lease(ctx, connect.NewRequest(&apiv1.LeaseMachineRequest{Tenant: "acme", Machine: "m1", Lessee: "other"}))

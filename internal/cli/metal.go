@@ -492,7 +492,7 @@ fails when it did not succeed.`,
 }
 
 func (a *app) workflowsCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "workflows", Aliases: []string{"workflow"}, Short: "Show machine workflows: their steps, attempts, timings and errors"}
+	cmd := &cobra.Command{Use: "workflows", Aliases: []string{"workflow"}, Short: "Show machine workflows (steps, attempts, timings, errors); pause, resume, retry or abort one"}
 	var (
 		tenant, machine, state string
 		limit                  int
@@ -578,6 +578,7 @@ func (a *app) workflowsCommand() *cobra.Command {
 	}
 	addTenantFlag(get, &tenant)
 	cmd.AddCommand(list, get)
+	cmd.AddCommand(a.workflowControlCommands()...)
 	return cmd
 }
 

@@ -158,7 +158,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Machine", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "m1"}}
 	case "machines.get", "machines.inspect", "machines.commission", "machines.deploy", "machines.release",
 		"machines.retire", "machines.rescue", "machines.power", "machines.abort", "machines.powerStatus", "machines.getWorkflow", "machines.rotateBMC",
-		"machines.lease":
+		"machines.lease", "machines.pauseWorkflow", "machines.resumeWorkflow", "machines.retryWorkflow", "machines.abortWorkflow":
 		return Resource{Type: "Machine", ID: "mch1", TenantID: tenant, Attrs: map[string]any{"name": "m1", "site": "site1", "state": "ready"}}
 	case "machines.acceptLease", "machines.releaseLease", "machines.getLease":
 		return Resource{Type: "MachineLease", ID: "mls1", TenantID: tenant, Attrs: map[string]any{"machine": "mch1", "state": "active"}}
@@ -313,6 +313,7 @@ func TestCedarAgentConfirmation(t *testing.T) {
 		{"machines.deploy", confirm}, {"machines.release", confirm}, {"machines.commission", confirm},
 		{"machines.retire", confirm}, {"sites.delete", confirm}, {"machines.inspect", allow},
 		{"machines.power", confirm}, {"machines.abort", confirm},
+		{"machines.retryWorkflow", confirm}, {"machines.abortWorkflow", confirm}, {"machines.pauseWorkflow", allow},
 		{"flavors.delete", confirm}, {"ipPools.delete", confirm}, {"ipPools.create", allow},
 	} {
 		t.Run("admin agent "+tt.action, func(t *testing.T) {
@@ -549,9 +550,10 @@ func TestActions(t *testing.T) {
 		"inventory.get", "ipPools.create", "ipPools.delete", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"joinRequests.approve", "joinRequests.list", "joinRequests.reject",
 		"joinTokens.create", "joinTokens.list", "joinTokens.revoke",
-		"machines.abort", "machines.acceptLease", "machines.commission", "machines.deploy", "machines.enroll", "machines.get",
-		"machines.getLease", "machines.getWorkflow", "machines.inspect", "machines.lease", "machines.list", "machines.listWorkflows",
-		"machines.power", "machines.powerStatus", "machines.release", "machines.releaseLease", "machines.rescue", "machines.retire",
+		"machines.abort", "machines.abortWorkflow", "machines.acceptLease", "machines.commission", "machines.deploy", "machines.enroll",
+		"machines.get", "machines.getLease", "machines.getWorkflow", "machines.inspect", "machines.lease", "machines.list",
+		"machines.listWorkflows", "machines.pauseWorkflow", "machines.power", "machines.powerStatus", "machines.release",
+		"machines.releaseLease", "machines.rescue", "machines.resumeWorkflow", "machines.retire", "machines.retryWorkflow",
 		"machines.rotateBMC",
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",

@@ -155,15 +155,10 @@ func (s *MachineService) Abort(ctx context.Context, req *connect.Request[apiv1.A
 			if err != nil {
 				return nil, err
 			}
-			if m.WorkflowID == "" {
-				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "machine %s is %s: no workflow is active to abort", m.Name, m.State)
-			}
-			w, err := s.rt.Engine.CancelTx(ctx, tx.Tx, m.WorkflowID)
+			w, err := s.abortTx(ctx, tx, &m)
 			if err != nil {
 				return nil, err
 			}
-			tx.Emit(envelope.Event{Type: "machine.abort_requested", TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
-				Data: map[string]any{"state": string(m.State), "operation": m.Operation, "workflow_id": w.ID}})
 			return &apiv1.AbortMachineResponse{Machine: MachineProto(m), Workflow: WorkflowProto(w, false)}, nil
 		},
 	})

@@ -258,6 +258,11 @@ func (e *Engine) change(ctx context.Context, tx store.Tx, id string, fn func(f *
 	f.decide(false)
 	f.kick = f.w.State.Active()
 	if err := f.save(ctx, tx); err != nil {
+		if isActiveConflict(err) {
+			// A retry made a workflow active again while another start
+			// committed on its target; the index refused it.
+			return Workflow{}, busy(f.w.TargetID, nil)
+		}
 		return Workflow{}, err
 	}
 	return *f.w, nil
@@ -289,6 +294,7 @@ func (e *Engine) PauseTx(ctx context.Context, tx store.Tx, id string) (Workflow,
 			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s is being cancelled", id)
 		}
 		f.setWorkflow(WorkflowPaused)
+		f.w.PauseTime = &f.now
 		f.emit("workflow.paused", nil)
 		return nil
 	})
@@ -305,8 +311,92 @@ func (e *Engine) ResumeTx(ctx context.Context, tx store.Tx, id string) (Workflow
 		if f.w.State != WorkflowPaused {
 			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s is %s, not paused", id, f.w.State)
 		}
-		f.setWorkflow(WorkflowRunning)
+		f.unpause()
 		f.emit("workflow.resumed", nil)
+		return nil
+	})
+}
+
+// unpause lets a paused workflow run again. The step in flight gets back
+// the time the pause took from its deadline, so that an operator's pause
+// never times a step out.
+func (f *flow) unpause() {
+	if s := f.inFlight(); s != nil && s.Deadline != nil && f.w.PauseTime != nil {
+		d := s.Deadline.Add(f.now.Sub(*f.w.PauseTime))
+		s.Deadline = &d
+		f.touch(s)
+		f.wakes = append(f.wakes, d)
+	}
+	f.setWorkflow(WorkflowRunning)
+	f.w.PauseTime = nil
+}
+
+// Retry restarts a failed or paused workflow at a step of its profile:
+// that step and the ones after it run again with a fresh retry budget and
+// new idempotency keys; the steps before keep their results.
+func (e *Engine) Retry(ctx context.Context, id, fromStep string) (Workflow, error) {
+	return e.write(ctx, func(ctx context.Context, tx store.Tx) (Workflow, error) { return e.RetryTx(ctx, tx, id, fromStep) })
+}
+
+// RetryTx is Retry in the caller's transaction. A step the profile lacks
+// is INVALID_ARGUMENT (field from_step); a workflow that succeeded, was
+// cancelled, runs unpaused, has a step in flight, or (failed) whose target
+// has another active workflow is FAILED_PRECONDITION. Nothing is written
+// on an error.
+func (e *Engine) RetryTx(ctx context.Context, tx store.Tx, id, fromStep string) (Workflow, error) {
+	return e.change(ctx, tx, id, func(f *flow) error {
+		w := f.w
+		switch {
+		case w.State == WorkflowSucceeded:
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s succeeded: there is nothing to retry; start the operation anew", id)
+		case w.State == WorkflowCancelled:
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s was cancelled: start the operation anew", id)
+		case w.State != WorkflowFailed && w.State != WorkflowPaused:
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s is %s: pause it before retrying it from a step", id, w.State)
+		case w.CancelRequested:
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s is being cancelled", id)
+		}
+		from := f.mainStep(fromStep)
+		if from == nil {
+			return envelope.Invalid(envelope.Violation{Field: "from_step",
+				Reason: fmt.Sprintf("names no step of profile %s: %q (steps: %v)", w.Profile, truncate(fromStep), f.mainSteps())})
+		}
+		for _, s := range w.Steps {
+			if s.Phase == PhaseMain && s.Index < from.Index && s.State == StepPending {
+				// A retry never jumps over a step that has not run (a wipe).
+				return envelope.Invalid(envelope.Violation{Field: "from_step",
+					Reason: fmt.Sprintf("%s comes after step %s, which has not run: retry from it or an earlier step", from.Name, s.Name)})
+			}
+		}
+		if fs := f.mainStep(w.FailedStep); w.State == WorkflowFailed && fs != nil && from.Index > fs.Index {
+			return envelope.Invalid(envelope.Violation{Field: "from_step",
+				Reason: fmt.Sprintf("%s comes after the failed step %s: retry from it or an earlier step", from.Name, fs.Name)})
+		}
+		if s := f.inFlight(); s != nil {
+			// Its dispatch is out: re-running it under a new key while the
+			// old one may still apply would run it twice.
+			return envelope.Errorf(envelope.CodeFailedPrecondition, "workflow %s: step %s is %s; wait for it to end (the workflow stays paused)",
+				id, s.Name, s.State)
+		}
+		if w.State == WorkflowFailed {
+			if cur, err := workflowActive(ctx, tx, w.TargetID, store.ForUpdate(tx)); err == nil {
+				return busy(w.TargetID, &cur)
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+		}
+		for i := range w.Steps {
+			if s := &w.Steps[i]; s.Phase == PhaseMain && s.Index >= from.Index {
+				f.rerun(s)
+			}
+		}
+		if w.State == WorkflowPaused {
+			f.unpause()
+		}
+		f.setWorkflow(WorkflowRunning)
+		w.FailedStep, w.Reason, w.EndTime = "", "", nil
+		w.Restarts++
+		f.emit("workflow.retried", map[string]any{"from_step": from.Name, "restarts": w.Restarts})
 		return nil
 	})
 }
@@ -542,7 +632,7 @@ func (e *Engine) resolve(ctx context.Context, act action) error {
 	return e.apply(ctx, act, func(f *flow, s *WorkflowStep) {
 		switch act.reason {
 		case reasonDeadline:
-			if !s.Dispatched || f.now.Before(*s.Deadline) {
+			if !s.Dispatched || f.now.Before(*s.Deadline) || f.w.State == WorkflowPaused {
 				return
 			}
 		default:

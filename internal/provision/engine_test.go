@@ -461,3 +461,87 @@ func TestConcurrentStartsOnOneTarget(t *testing.T) {
 	}))
 	require.Len(t, ws, 1)
 }
+
+// TestPausedStepDeadline: a paused workflow's deadline fails nothing, and
+// a resume gives the step in flight back the time the pause took.
+func TestPausedStepDeadline(t *testing.T) {
+	t.Parallel()
+	f := setup(t, deployProfiles(), nil)
+	w := f.start(t, "mch_1", "deploy")
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.StepAwaiting, w.Steps[1].State)
+	_, err := f.eng.Pause(f.ctx, w.ID)
+	require.NoError(t, err)
+
+	f.clk.Advance(11 * time.Minute) // past rejoin's 10 minutes
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.StepAwaiting, w.Steps[1].State)
+	n, err := f.eng.Sweep(f.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "a paused workflow's deadline is not due")
+
+	_, err = f.eng.Resume(f.ctx, w.ID)
+	require.NoError(t, err)
+	f.clk.Advance(9 * time.Minute) // 20 minutes in, 9 of them running
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.StepAwaiting, w.Steps[1].State)
+	f.clk.Advance(2 * time.Minute)
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.WorkflowFailed, w.State)
+	require.Contains(t, w.Steps[1].Error, "timed out")
+}
+
+// TestRetryFromStep: a failed workflow restarts at its failed step under
+// new keys, the steps before not run again; bad retries are refused and
+// write nothing.
+func TestRetryFromStep(t *testing.T) {
+	t.Parallel()
+	f := setup(t, deployProfiles(), nil)
+	w := f.start(t, "mch_1", "deploy")
+	f.reconcile(t, w.ID)
+	_, err := f.eng.Signal(f.ctx, "mch_1", provision.KindAwaitRejoin, provision.Result{})
+	require.NoError(t, err)
+	f.reconcile(t, w.ID)
+	f.complete(t, "disk on fire")
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.WorkflowFailed, w.State)
+	require.Equal(t, "write", w.FailedStep)
+
+	_, err = f.eng.Retry(f.ctx, w.ID, "nope")
+	ee := requireCode(t, err, envelope.CodeInvalidArgument)
+	require.Equal(t, "from_step", ee.Violations[0].Field)
+	require.Contains(t, ee.Violations[0].Reason, `names no step of profile deploy: "nope" (steps: [power rejoin write inventory])`)
+	_, err = f.eng.Retry(f.ctx, w.ID, "inventory")
+	ee = requireCode(t, err, envelope.CodeInvalidArgument)
+	require.Contains(t, ee.Violations[0].Reason, "comes after the failed step write")
+	// Another workflow holds the target: the failed one cannot come back.
+	other := f.start(t, "mch_1", "deploy")
+	_, err = f.eng.Retry(f.ctx, w.ID, "write")
+	requireCode(t, err, envelope.CodeFailedPrecondition)
+	_, err = f.eng.Cancel(f.ctx, other.ID)
+	require.NoError(t, err)
+	require.Equal(t, provision.WorkflowFailed, f.get(t, w.ID).State)
+	require.Zero(t, f.get(t, w.ID).Restarts)
+
+	w, err = f.eng.Retry(f.ctx, w.ID, "write")
+	require.NoError(t, err)
+	require.Equal(t, provision.WorkflowRunning, w.State)
+	require.Empty(t, w.FailedStep)
+	require.Nil(t, w.EndTime)
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.StepRunning, w.Steps[2].State)
+	require.Equal(t, provision.IdempotencyKey(w.ID, 2, 2), w.Steps[2].IdempotencyKey)
+	require.Zero(t, w.Steps[2].Failures)
+	f.complete(t, "")
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.WorkflowSucceeded, w.State)
+	require.Equal(t, 1, w.Restarts)
+	require.Equal(t, 1, f.site.count(provision.IdempotencyKey(w.ID, 0, 1)))
+	require.Zero(t, f.site.count(provision.IdempotencyKey(w.ID, 0, 2)), "the power step did not run again")
+	require.Equal(t, 1, f.site.count(provision.IdempotencyKey(w.ID, 2, 1)))
+	require.Equal(t, 1, f.site.count(provision.IdempotencyKey(w.ID, 2, 2)))
+	require.Contains(t, f.eventTypes(t, w.ID), "workflow.retried")
+
+	_, err = f.eng.Retry(f.ctx, w.ID, "power")
+	requireCode(t, err, envelope.CodeFailedPrecondition)
+}

@@ -156,6 +156,27 @@ func (f *flow) inFlight() *WorkflowStep {
 	return nil
 }
 
+// mainStep is the profile's step of that name (not a cleanup's).
+func (f *flow) mainStep(name string) *WorkflowStep {
+	for i := range f.w.Steps {
+		if s := &f.w.Steps[i]; s.Phase == PhaseMain && s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// mainSteps names the profile's steps in order.
+func (f *flow) mainSteps() []string {
+	var out []string
+	for _, s := range f.w.Steps {
+		if s.Phase == PhaseMain {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
 func (f *flow) nextPending() *WorkflowStep {
 	for i := range f.w.Steps {
 		if f.w.Steps[i].State == StepPending {
@@ -205,15 +226,19 @@ func (f *flow) decide(mayClaim bool) action {
 			return action{}
 		}
 		if s := f.inFlight(); s != nil {
+			// A paused workflow's deadlines do not fail it: its step's
+			// result is still recorded when it comes, and Resume moves the
+			// deadline on by the time spent paused.
+			due := w.State != WorkflowPaused && !f.now.Before(*s.Deadline)
 			switch {
 			case s.State == StepAwaiting && w.CancelRequested:
 				f.endAttempt(s, attemptAbandoned, "cancelled")
 				f.stop(s, StepFailed, "cancelled while awaiting "+s.Kind)
 				continue
-			case s.State == StepAwaiting && !f.now.Before(*s.Deadline):
+			case s.State == StepAwaiting && due:
 				f.fail(s, fmt.Sprintf("timed out after %s waiting for %s", s.Timeout, s.Kind), attemptFailed, true)
 				continue
-			case s.State == StepRunning && s.Dispatched && !f.now.Before(*s.Deadline):
+			case s.State == StepRunning && s.Dispatched && due:
 				return f.lookup(s, reasonDeadline, nil)
 			case s.State == StepRunning && !s.Dispatched && !f.now.Before(*s.LeaseUntil):
 				return f.lookup(s, reasonOrphan, nil)
@@ -360,6 +385,17 @@ func (f *flow) fail(s *WorkflowStep, msg, attemptState string, retryable bool) {
 	f.onFailure(s)
 }
 
+// rerun puts an ended step back to run again, as a retry from a step
+// does: a fresh retry budget and no result. Its attempt count goes on, so
+// its next claim carries a key never used before and a site agent that
+// applied the old one applies the new one too.
+func (f *flow) rerun(s *WorkflowStep) {
+	s.State, s.Failures, s.Error, s.Output, s.Logs = StepPending, 0, "", nil, ""
+	s.Dispatched, s.Handle, s.LeaseUntil, s.Deadline, s.NotBefore = false, "", nil, nil, nil
+	s.StartTime, s.EndTime = nil, nil
+	f.touch(s)
+}
+
 // requeue puts a step back to be claimed again under a new key without
 // spending its retry budget: the runner fenced a key that never ran.
 func (f *flow) requeue(s *WorkflowStep) {
@@ -435,6 +471,7 @@ func (f *flow) skipBetween(from, to int) {
 func (f *flow) finish(state WorkflowState, failedStep, reason string) {
 	f.skipBetween(-1, int(^uint(0)>>1))
 	f.setWorkflow(state)
+	f.w.PauseTime = nil
 	if failedStep != "" {
 		f.w.FailedStep = failedStep
 	}

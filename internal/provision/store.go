@@ -15,7 +15,7 @@ import (
 const activeIndex = "provision_workflows_active"
 
 const workflowColumns = `id, tenant_id, target_id, profile, spec, input, state, cancel_requested, failed_step, reason,
-	created_by, create_time, update_time, end_time`
+	created_by, create_time, update_time, end_time, pause_time, restarts`
 
 func scanWorkflow(r store.Row) (Workflow, error) {
 	var (
@@ -24,12 +24,12 @@ func scanWorkflow(r store.Row) (Workflow, error) {
 		state       string
 	)
 	err := r.Scan(&w.ID, &w.TenantID, &w.TargetID, &w.Profile, &spec, &input, &state, &w.CancelRequested, &w.FailedStep, &w.Reason,
-		&w.CreatedBy, &w.CreateTime, &w.UpdateTime, &w.EndTime)
+		&w.CreatedBy, &w.CreateTime, &w.UpdateTime, &w.EndTime, &w.PauseTime, &w.Restarts)
 	if err != nil {
 		return Workflow{}, err
 	}
 	w.State = WorkflowState(state)
-	w.CreateTime, w.UpdateTime, w.EndTime = w.CreateTime.UTC(), w.UpdateTime.UTC(), utc(w.EndTime)
+	w.CreateTime, w.UpdateTime, w.EndTime, w.PauseTime = w.CreateTime.UTC(), w.UpdateTime.UTC(), utc(w.EndTime), utc(w.PauseTime)
 	if err := json.Unmarshal([]byte(spec), &w.spec); err != nil {
 		return Workflow{}, fmt.Errorf("workflow %s: spec: %w", w.ID, err)
 	}
@@ -51,17 +51,19 @@ func workflowInsert(ctx context.Context, tx store.Tx, w *Workflow) error {
 		return err
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO provision_workflows (`+workflowColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
 		w.ID, w.TenantID, w.TargetID, w.Profile, string(spec), input, string(w.State), w.CancelRequested, w.FailedStep, w.Reason,
-		w.CreatedBy, w.CreateTime, w.UpdateTime, w.EndTime)
+		w.CreatedBy, w.CreateTime, w.UpdateTime, w.EndTime, w.PauseTime, w.Restarts)
 	return err
 }
 
-// workflowUpdate writes a workflow's mutable columns.
+// workflowUpdate writes a workflow's mutable columns. A retry that makes
+// an ended workflow active on a target that has another active one fails
+// with store.ErrUnique on activeIndex.
 func workflowUpdate(ctx context.Context, tx store.Tx, w *Workflow) error {
 	_, err := tx.Exec(ctx, `UPDATE provision_workflows SET state = $2, cancel_requested = $3, failed_step = $4, reason = $5,
-		update_time = $6, end_time = $7 WHERE id = $1`,
-		w.ID, string(w.State), w.CancelRequested, w.FailedStep, w.Reason, w.UpdateTime, w.EndTime)
+		update_time = $6, end_time = $7, pause_time = $8, restarts = $9 WHERE id = $1`,
+		w.ID, string(w.State), w.CancelRequested, w.FailedStep, w.Reason, w.UpdateTime, w.EndTime, w.PauseTime, w.Restarts)
 	return err
 }
 
@@ -112,14 +114,14 @@ func List(ctx context.Context, q store.Querier, p ListParams) ([]Workflow, error
 }
 
 // workflowsDue lists active workflows that have something to do now: not
-// started, cancel requested, an in-flight step past its deadline or past
-// its claim lease, or no step in flight and none waiting out a backoff.
+// started, cancel requested, an in-flight step past its deadline (unless
+// paused) or past its claim lease, or no step in flight and none waiting out a backoff.
 func workflowsDue(ctx context.Context, q store.Querier, limit int) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT w.id FROM provision_workflows w
 		WHERE w.state IN ('pending', 'running', 'paused') AND (
 			w.state = 'pending' OR w.cancel_requested
 			OR EXISTS (SELECT 1 FROM provision_steps s WHERE s.workflow_id = w.id AND (
-				(s.state IN ('running', 'awaiting') AND s.deadline <= compute_now())
+				(w.state <> 'paused' AND s.state IN ('running', 'awaiting') AND s.deadline <= compute_now())
 				OR (s.state = 'running' AND NOT s.dispatched AND s.lease_until <= compute_now())))
 			OR (w.state = 'running'
 				AND NOT EXISTS (SELECT 1 FROM provision_steps s WHERE s.workflow_id = w.id AND s.state IN ('running', 'awaiting'))

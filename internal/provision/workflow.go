@@ -82,6 +82,10 @@ type Workflow struct {
 	CreateTime time.Time
 	UpdateTime time.Time
 	EndTime    *time.Time
+	// PauseTime is when a paused workflow was paused.
+	PauseTime *time.Time
+	// Restarts counts the retries from a step (Retry).
+	Restarts int
 	// Steps are the workflow's steps in order (Get fills them).
 	Steps []WorkflowStep
 

@@ -3058,6 +3058,437 @@ func (x *AbortMachineResponse) GetWorkflow() *MachineWorkflow {
 	return nil
 }
 
+type PauseMachineWorkflowRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The workflow's id (wf_...).
+	Workflow      string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseMachineWorkflowRequest) Reset() {
+	*x = PauseMachineWorkflowRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseMachineWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseMachineWorkflowRequest) ProtoMessage() {}
+
+func (x *PauseMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseMachineWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*PauseMachineWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *PauseMachineWorkflowRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *PauseMachineWorkflowRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+type PauseMachineWorkflowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Machine       *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	Workflow      *MachineWorkflow       `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseMachineWorkflowResponse) Reset() {
+	*x = PauseMachineWorkflowResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseMachineWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseMachineWorkflowResponse) ProtoMessage() {}
+
+func (x *PauseMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseMachineWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*PauseMachineWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *PauseMachineWorkflowResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+func (x *PauseMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+type ResumeMachineWorkflowRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The workflow's id (wf_...).
+	Workflow      string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeMachineWorkflowRequest) Reset() {
+	*x = ResumeMachineWorkflowRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeMachineWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeMachineWorkflowRequest) ProtoMessage() {}
+
+func (x *ResumeMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeMachineWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*ResumeMachineWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ResumeMachineWorkflowRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ResumeMachineWorkflowRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+type ResumeMachineWorkflowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Machine       *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	Workflow      *MachineWorkflow       `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeMachineWorkflowResponse) Reset() {
+	*x = ResumeMachineWorkflowResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeMachineWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeMachineWorkflowResponse) ProtoMessage() {}
+
+func (x *ResumeMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeMachineWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*ResumeMachineWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ResumeMachineWorkflowResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+func (x *ResumeMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+type RetryMachineWorkflowRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The workflow's id (wf_...).
+	Workflow string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// The step of the operation to restart at (its name, as GetWorkflow
+	// shows it).
+	FromStep      string `protobuf:"bytes,3,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryMachineWorkflowRequest) Reset() {
+	*x = RetryMachineWorkflowRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryMachineWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryMachineWorkflowRequest) ProtoMessage() {}
+
+func (x *RetryMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryMachineWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*RetryMachineWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *RetryMachineWorkflowRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RetryMachineWorkflowRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+func (x *RetryMachineWorkflowRequest) GetFromStep() string {
+	if x != nil {
+		return x.FromStep
+	}
+	return ""
+}
+
+type RetryMachineWorkflowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Machine       *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	Workflow      *MachineWorkflow       `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryMachineWorkflowResponse) Reset() {
+	*x = RetryMachineWorkflowResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryMachineWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryMachineWorkflowResponse) ProtoMessage() {}
+
+func (x *RetryMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryMachineWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*RetryMachineWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *RetryMachineWorkflowResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+func (x *RetryMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+type AbortMachineWorkflowRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The workflow's id (wf_...).
+	Workflow      string `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortMachineWorkflowRequest) Reset() {
+	*x = AbortMachineWorkflowRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortMachineWorkflowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortMachineWorkflowRequest) ProtoMessage() {}
+
+func (x *AbortMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortMachineWorkflowRequest.ProtoReflect.Descriptor instead.
+func (*AbortMachineWorkflowRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *AbortMachineWorkflowRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AbortMachineWorkflowRequest) GetWorkflow() string {
+	if x != nil {
+		return x.Workflow
+	}
+	return ""
+}
+
+type AbortMachineWorkflowResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Machine *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	// cancelled already, or cancel_requested while its step in flight ends.
+	Workflow      *MachineWorkflow `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortMachineWorkflowResponse) Reset() {
+	*x = AbortMachineWorkflowResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortMachineWorkflowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortMachineWorkflowResponse) ProtoMessage() {}
+
+func (x *AbortMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortMachineWorkflowResponse.ProtoReflect.Descriptor instead.
+func (*AbortMachineWorkflowResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *AbortMachineWorkflowResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+func (x *AbortMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
 // A MachineWorkflow is one run of an operation (a provisioning profile)
 // on a machine.
 type MachineWorkflow struct {
@@ -3086,7 +3517,7 @@ type MachineWorkflow struct {
 
 func (x *MachineWorkflow) Reset() {
 	*x = MachineWorkflow{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3098,7 +3529,7 @@ func (x *MachineWorkflow) String() string {
 func (*MachineWorkflow) ProtoMessage() {}
 
 func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3111,7 +3542,7 @@ func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflow.ProtoReflect.Descriptor instead.
 func (*MachineWorkflow) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *MachineWorkflow) GetId() string {
@@ -3231,7 +3662,7 @@ type MachineWorkflowStep struct {
 
 func (x *MachineWorkflowStep) Reset() {
 	*x = MachineWorkflowStep{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3243,7 +3674,7 @@ func (x *MachineWorkflowStep) String() string {
 func (*MachineWorkflowStep) ProtoMessage() {}
 
 func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3256,7 +3687,7 @@ func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflowStep.ProtoReflect.Descriptor instead.
 func (*MachineWorkflowStep) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *MachineWorkflowStep) GetIndex() int32 {
@@ -3358,7 +3789,7 @@ type ListMachineWorkflowsRequest struct {
 
 func (x *ListMachineWorkflowsRequest) Reset() {
 	*x = ListMachineWorkflowsRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3801,7 @@ func (x *ListMachineWorkflowsRequest) String() string {
 func (*ListMachineWorkflowsRequest) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3383,7 +3814,7 @@ func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsRequest.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListMachineWorkflowsRequest) GetTenant() string {
@@ -3431,7 +3862,7 @@ type ListMachineWorkflowsResponse struct {
 
 func (x *ListMachineWorkflowsResponse) Reset() {
 	*x = ListMachineWorkflowsResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3443,7 +3874,7 @@ func (x *ListMachineWorkflowsResponse) String() string {
 func (*ListMachineWorkflowsResponse) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3456,7 +3887,7 @@ func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsResponse.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{51}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListMachineWorkflowsResponse) GetWorkflows() []*MachineWorkflow {
@@ -3484,7 +3915,7 @@ type GetMachineWorkflowRequest struct {
 
 func (x *GetMachineWorkflowRequest) Reset() {
 	*x = GetMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3496,7 +3927,7 @@ func (x *GetMachineWorkflowRequest) String() string {
 func (*GetMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3509,7 +3940,7 @@ func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{52}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetMachineWorkflowRequest) GetTenant() string {
@@ -3535,7 +3966,7 @@ type GetMachineWorkflowResponse struct {
 
 func (x *GetMachineWorkflowResponse) Reset() {
 	*x = GetMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3547,7 +3978,7 @@ func (x *GetMachineWorkflowResponse) String() string {
 func (*GetMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3560,7 +3991,7 @@ func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{53}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GetMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
@@ -3801,6 +4232,31 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\amachine\x18\x02 \x01(\tR\amachine\"\x92\x01\n" +
 	"\x14AbortMachineResponse\x127\n" +
 	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\x12A\n" +
+	"\bworkflow\x18\x02 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow\"Q\n" +
+	"\x1bPauseMachineWorkflowRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\"\x9a\x01\n" +
+	"\x1cPauseMachineWorkflowResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\x12A\n" +
+	"\bworkflow\x18\x02 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow\"R\n" +
+	"\x1cResumeMachineWorkflowRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\"\x9b\x01\n" +
+	"\x1dResumeMachineWorkflowResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\x12A\n" +
+	"\bworkflow\x18\x02 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow\"n\n" +
+	"\x1bRetryMachineWorkflowRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12\x1b\n" +
+	"\tfrom_step\x18\x03 \x01(\tR\bfromStep\"\x9a\x01\n" +
+	"\x1cRetryMachineWorkflowResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\x12A\n" +
+	"\bworkflow\x18\x02 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow\"Q\n" +
+	"\x1bAbortMachineWorkflowRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bworkflow\x18\x02 \x01(\tR\bworkflow\"\x9a\x01\n" +
+	"\x1cAbortMachineWorkflowResponse\x127\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\x12A\n" +
 	"\bworkflow\x18\x02 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow\"\x86\x04\n" +
 	"\x0fMachineWorkflow\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
@@ -3857,7 +4313,7 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x03Get\x12$.bettercompute.api.v1.GetSiteRequest\x1a%.bettercompute.api.v1.GetSiteResponse\"\x03\x90\x02\x01\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\x03\x90\x02\x01\x12[\n" +
 	"\x06Update\x12'.bettercompute.api.v1.UpdateSiteRequest\x1a(.bettercompute.api.v1.UpdateSiteResponse\x12[\n" +
-	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xf9\x0f\n" +
+	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xdc\x13\n" +
 	"\x0eMachineService\x12a\n" +
 	"\x06Enroll\x12*.bettercompute.api.v1.EnrollMachineRequest\x1a+.bettercompute.api.v1.EnrollMachineResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetMachineRequest\x1a(.bettercompute.api.v1.GetMachineResponse\"\x03\x90\x02\x01\x12b\n" +
@@ -3872,7 +4328,11 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x05Power\x12).bettercompute.api.v1.PowerMachineRequest\x1a*.bettercompute.api.v1.PowerMachineResponse\x12t\n" +
 	"\x11RotateBMCPassword\x12..bettercompute.api.v1.RotateBMCPasswordRequest\x1a/.bettercompute.api.v1.RotateBMCPasswordResponse\x12~\n" +
 	"\x0eGetPowerStatus\x122.bettercompute.api.v1.GetMachinePowerStatusRequest\x1a3.bettercompute.api.v1.GetMachinePowerStatusResponse\"\x03\x90\x02\x01\x12^\n" +
-	"\x05Abort\x12).bettercompute.api.v1.AbortMachineRequest\x1a*.bettercompute.api.v1.AbortMachineResponse\x12{\n" +
+	"\x05Abort\x12).bettercompute.api.v1.AbortMachineRequest\x1a*.bettercompute.api.v1.AbortMachineResponse\x12v\n" +
+	"\rPauseWorkflow\x121.bettercompute.api.v1.PauseMachineWorkflowRequest\x1a2.bettercompute.api.v1.PauseMachineWorkflowResponse\x12y\n" +
+	"\x0eResumeWorkflow\x122.bettercompute.api.v1.ResumeMachineWorkflowRequest\x1a3.bettercompute.api.v1.ResumeMachineWorkflowResponse\x12v\n" +
+	"\rRetryWorkflow\x121.bettercompute.api.v1.RetryMachineWorkflowRequest\x1a2.bettercompute.api.v1.RetryMachineWorkflowResponse\x12v\n" +
+	"\rAbortWorkflow\x121.bettercompute.api.v1.AbortMachineWorkflowRequest\x1a2.bettercompute.api.v1.AbortMachineWorkflowResponse\x12{\n" +
 	"\rListWorkflows\x121.bettercompute.api.v1.ListMachineWorkflowsRequest\x1a2.bettercompute.api.v1.ListMachineWorkflowsResponse\"\x03\x90\x02\x01\x12u\n" +
 	"\vGetWorkflow\x12/.bettercompute.api.v1.GetMachineWorkflowRequest\x1a0.bettercompute.api.v1.GetMachineWorkflowResponse\"\x03\x90\x02\x01\x12^\n" +
 	"\x05Lease\x12).bettercompute.api.v1.LeaseMachineRequest\x1a*.bettercompute.api.v1.LeaseMachineResponse\x12p\n" +
@@ -3892,7 +4352,7 @@ func file_bettercompute_api_v1_metal_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_metal_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*Site)(nil),                          // 0: bettercompute.api.v1.Site
 	(*CreateSiteRequest)(nil),             // 1: bettercompute.api.v1.CreateSiteRequest
@@ -3942,33 +4402,41 @@ var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*GetMachinePowerStatusResponse)(nil), // 45: bettercompute.api.v1.GetMachinePowerStatusResponse
 	(*AbortMachineRequest)(nil),           // 46: bettercompute.api.v1.AbortMachineRequest
 	(*AbortMachineResponse)(nil),          // 47: bettercompute.api.v1.AbortMachineResponse
-	(*MachineWorkflow)(nil),               // 48: bettercompute.api.v1.MachineWorkflow
-	(*MachineWorkflowStep)(nil),           // 49: bettercompute.api.v1.MachineWorkflowStep
-	(*ListMachineWorkflowsRequest)(nil),   // 50: bettercompute.api.v1.ListMachineWorkflowsRequest
-	(*ListMachineWorkflowsResponse)(nil),  // 51: bettercompute.api.v1.ListMachineWorkflowsResponse
-	(*GetMachineWorkflowRequest)(nil),     // 52: bettercompute.api.v1.GetMachineWorkflowRequest
-	(*GetMachineWorkflowResponse)(nil),    // 53: bettercompute.api.v1.GetMachineWorkflowResponse
-	(*timestamppb.Timestamp)(nil),         // 54: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),               // 55: google.protobuf.Struct
+	(*PauseMachineWorkflowRequest)(nil),   // 48: bettercompute.api.v1.PauseMachineWorkflowRequest
+	(*PauseMachineWorkflowResponse)(nil),  // 49: bettercompute.api.v1.PauseMachineWorkflowResponse
+	(*ResumeMachineWorkflowRequest)(nil),  // 50: bettercompute.api.v1.ResumeMachineWorkflowRequest
+	(*ResumeMachineWorkflowResponse)(nil), // 51: bettercompute.api.v1.ResumeMachineWorkflowResponse
+	(*RetryMachineWorkflowRequest)(nil),   // 52: bettercompute.api.v1.RetryMachineWorkflowRequest
+	(*RetryMachineWorkflowResponse)(nil),  // 53: bettercompute.api.v1.RetryMachineWorkflowResponse
+	(*AbortMachineWorkflowRequest)(nil),   // 54: bettercompute.api.v1.AbortMachineWorkflowRequest
+	(*AbortMachineWorkflowResponse)(nil),  // 55: bettercompute.api.v1.AbortMachineWorkflowResponse
+	(*MachineWorkflow)(nil),               // 56: bettercompute.api.v1.MachineWorkflow
+	(*MachineWorkflowStep)(nil),           // 57: bettercompute.api.v1.MachineWorkflowStep
+	(*ListMachineWorkflowsRequest)(nil),   // 58: bettercompute.api.v1.ListMachineWorkflowsRequest
+	(*ListMachineWorkflowsResponse)(nil),  // 59: bettercompute.api.v1.ListMachineWorkflowsResponse
+	(*GetMachineWorkflowRequest)(nil),     // 60: bettercompute.api.v1.GetMachineWorkflowRequest
+	(*GetMachineWorkflowResponse)(nil),    // 61: bettercompute.api.v1.GetMachineWorkflowResponse
+	(*timestamppb.Timestamp)(nil),         // 62: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 63: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
-	54, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	54, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
+	62, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	62, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: bettercompute.api.v1.CreateSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 3: bettercompute.api.v1.GetSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 4: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
 	0,  // 5: bettercompute.api.v1.UpdateSiteResponse.site:type_name -> bettercompute.api.v1.Site
-	55, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
-	55, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
-	54, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
-	54, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	54, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
-	54, // 11: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
-	54, // 12: bettercompute.api.v1.MachineLease.create_time:type_name -> google.protobuf.Timestamp
-	54, // 13: bettercompute.api.v1.MachineLease.release_time:type_name -> google.protobuf.Timestamp
-	54, // 14: bettercompute.api.v1.MachineLease.end_time:type_name -> google.protobuf.Timestamp
+	63, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
+	63, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
+	62, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
+	62, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	62, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
+	62, // 11: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
+	62, // 12: bettercompute.api.v1.MachineLease.create_time:type_name -> google.protobuf.Timestamp
+	62, // 13: bettercompute.api.v1.MachineLease.release_time:type_name -> google.protobuf.Timestamp
+	62, // 14: bettercompute.api.v1.MachineLease.end_time:type_name -> google.protobuf.Timestamp
 	13, // 15: bettercompute.api.v1.MachineLease.evidence:type_name -> bettercompute.api.v1.MachineLeaseEvidence
-	54, // 16: bettercompute.api.v1.MachineLeaseEvidence.time:type_name -> google.protobuf.Timestamp
+	62, // 16: bettercompute.api.v1.MachineLeaseEvidence.time:type_name -> google.protobuf.Timestamp
 	12, // 17: bettercompute.api.v1.LeaseMachineResponse.lease:type_name -> bettercompute.api.v1.MachineLease
 	12, // 18: bettercompute.api.v1.AcceptMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
 	12, // 19: bettercompute.api.v1.ReleaseMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
@@ -3985,68 +4453,84 @@ var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
 	11, // 30: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
 	11, // 31: bettercompute.api.v1.RotateBMCPasswordResponse.machine:type_name -> bettercompute.api.v1.Machine
 	11, // 32: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	48, // 33: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	54, // 34: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
-	54, // 35: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
-	54, // 36: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
-	49, // 37: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
-	54, // 38: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
-	54, // 39: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
-	48, // 40: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
-	48, // 41: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	1,  // 42: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	3,  // 43: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
-	5,  // 44: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,  // 45: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
-	9,  // 46: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
-	22, // 47: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
-	24, // 48: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
-	26, // 49: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
-	28, // 50: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
-	30, // 51: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
-	32, // 52: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
-	34, // 53: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
-	36, // 54: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
-	38, // 55: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
-	40, // 56: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
-	42, // 57: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
-	44, // 58: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
-	46, // 59: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
-	50, // 60: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
-	52, // 61: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
-	14, // 62: bettercompute.api.v1.MachineService.Lease:input_type -> bettercompute.api.v1.LeaseMachineRequest
-	16, // 63: bettercompute.api.v1.MachineService.AcceptLease:input_type -> bettercompute.api.v1.AcceptMachineLeaseRequest
-	18, // 64: bettercompute.api.v1.MachineService.ReleaseLease:input_type -> bettercompute.api.v1.ReleaseMachineLeaseRequest
-	20, // 65: bettercompute.api.v1.MachineService.GetLease:input_type -> bettercompute.api.v1.GetMachineLeaseRequest
-	2,  // 66: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
-	4,  // 67: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
-	6,  // 68: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	8,  // 69: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
-	10, // 70: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
-	23, // 71: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
-	25, // 72: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
-	27, // 73: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
-	29, // 74: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
-	31, // 75: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
-	33, // 76: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
-	35, // 77: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
-	37, // 78: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
-	39, // 79: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
-	41, // 80: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
-	43, // 81: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
-	45, // 82: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
-	47, // 83: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
-	51, // 84: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
-	53, // 85: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
-	15, // 86: bettercompute.api.v1.MachineService.Lease:output_type -> bettercompute.api.v1.LeaseMachineResponse
-	17, // 87: bettercompute.api.v1.MachineService.AcceptLease:output_type -> bettercompute.api.v1.AcceptMachineLeaseResponse
-	19, // 88: bettercompute.api.v1.MachineService.ReleaseLease:output_type -> bettercompute.api.v1.ReleaseMachineLeaseResponse
-	21, // 89: bettercompute.api.v1.MachineService.GetLease:output_type -> bettercompute.api.v1.GetMachineLeaseResponse
-	66, // [66:90] is the sub-list for method output_type
-	42, // [42:66] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	56, // 33: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	11, // 34: bettercompute.api.v1.PauseMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	56, // 35: bettercompute.api.v1.PauseMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	11, // 36: bettercompute.api.v1.ResumeMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	56, // 37: bettercompute.api.v1.ResumeMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	11, // 38: bettercompute.api.v1.RetryMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	56, // 39: bettercompute.api.v1.RetryMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	11, // 40: bettercompute.api.v1.AbortMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	56, // 41: bettercompute.api.v1.AbortMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	62, // 42: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
+	62, // 43: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
+	62, // 44: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
+	57, // 45: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
+	62, // 46: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
+	62, // 47: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
+	56, // 48: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
+	56, // 49: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	1,  // 50: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	3,  // 51: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
+	5,  // 52: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,  // 53: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
+	9,  // 54: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
+	22, // 55: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
+	24, // 56: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
+	26, // 57: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
+	28, // 58: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
+	30, // 59: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
+	32, // 60: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
+	34, // 61: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
+	36, // 62: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
+	38, // 63: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
+	40, // 64: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
+	42, // 65: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
+	44, // 66: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
+	46, // 67: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
+	48, // 68: bettercompute.api.v1.MachineService.PauseWorkflow:input_type -> bettercompute.api.v1.PauseMachineWorkflowRequest
+	50, // 69: bettercompute.api.v1.MachineService.ResumeWorkflow:input_type -> bettercompute.api.v1.ResumeMachineWorkflowRequest
+	52, // 70: bettercompute.api.v1.MachineService.RetryWorkflow:input_type -> bettercompute.api.v1.RetryMachineWorkflowRequest
+	54, // 71: bettercompute.api.v1.MachineService.AbortWorkflow:input_type -> bettercompute.api.v1.AbortMachineWorkflowRequest
+	58, // 72: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
+	60, // 73: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
+	14, // 74: bettercompute.api.v1.MachineService.Lease:input_type -> bettercompute.api.v1.LeaseMachineRequest
+	16, // 75: bettercompute.api.v1.MachineService.AcceptLease:input_type -> bettercompute.api.v1.AcceptMachineLeaseRequest
+	18, // 76: bettercompute.api.v1.MachineService.ReleaseLease:input_type -> bettercompute.api.v1.ReleaseMachineLeaseRequest
+	20, // 77: bettercompute.api.v1.MachineService.GetLease:input_type -> bettercompute.api.v1.GetMachineLeaseRequest
+	2,  // 78: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
+	4,  // 79: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
+	6,  // 80: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	8,  // 81: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
+	10, // 82: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
+	23, // 83: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
+	25, // 84: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
+	27, // 85: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
+	29, // 86: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
+	31, // 87: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
+	33, // 88: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
+	35, // 89: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
+	37, // 90: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
+	39, // 91: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
+	41, // 92: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
+	43, // 93: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
+	45, // 94: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
+	47, // 95: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
+	49, // 96: bettercompute.api.v1.MachineService.PauseWorkflow:output_type -> bettercompute.api.v1.PauseMachineWorkflowResponse
+	51, // 97: bettercompute.api.v1.MachineService.ResumeWorkflow:output_type -> bettercompute.api.v1.ResumeMachineWorkflowResponse
+	53, // 98: bettercompute.api.v1.MachineService.RetryWorkflow:output_type -> bettercompute.api.v1.RetryMachineWorkflowResponse
+	55, // 99: bettercompute.api.v1.MachineService.AbortWorkflow:output_type -> bettercompute.api.v1.AbortMachineWorkflowResponse
+	59, // 100: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
+	61, // 101: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
+	15, // 102: bettercompute.api.v1.MachineService.Lease:output_type -> bettercompute.api.v1.LeaseMachineResponse
+	17, // 103: bettercompute.api.v1.MachineService.AcceptLease:output_type -> bettercompute.api.v1.AcceptMachineLeaseResponse
+	19, // 104: bettercompute.api.v1.MachineService.ReleaseLease:output_type -> bettercompute.api.v1.ReleaseMachineLeaseResponse
+	21, // 105: bettercompute.api.v1.MachineService.GetLease:output_type -> bettercompute.api.v1.GetMachineLeaseResponse
+	78, // [78:106] is the sub-list for method output_type
+	50, // [50:78] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_metal_proto_init() }
@@ -4061,7 +4545,7 @@ func file_bettercompute_api_v1_metal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_metal_proto_rawDesc), len(file_bettercompute_api_v1_metal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -74,6 +74,18 @@ const (
 	MachineServiceGetPowerStatusProcedure = "/bettercompute.api.v1.MachineService/GetPowerStatus"
 	// MachineServiceAbortProcedure is the fully-qualified name of the MachineService's Abort RPC.
 	MachineServiceAbortProcedure = "/bettercompute.api.v1.MachineService/Abort"
+	// MachineServicePauseWorkflowProcedure is the fully-qualified name of the MachineService's
+	// PauseWorkflow RPC.
+	MachineServicePauseWorkflowProcedure = "/bettercompute.api.v1.MachineService/PauseWorkflow"
+	// MachineServiceResumeWorkflowProcedure is the fully-qualified name of the MachineService's
+	// ResumeWorkflow RPC.
+	MachineServiceResumeWorkflowProcedure = "/bettercompute.api.v1.MachineService/ResumeWorkflow"
+	// MachineServiceRetryWorkflowProcedure is the fully-qualified name of the MachineService's
+	// RetryWorkflow RPC.
+	MachineServiceRetryWorkflowProcedure = "/bettercompute.api.v1.MachineService/RetryWorkflow"
+	// MachineServiceAbortWorkflowProcedure is the fully-qualified name of the MachineService's
+	// AbortWorkflow RPC.
+	MachineServiceAbortWorkflowProcedure = "/bettercompute.api.v1.MachineService/AbortWorkflow"
 	// MachineServiceListWorkflowsProcedure is the fully-qualified name of the MachineService's
 	// ListWorkflows RPC.
 	MachineServiceListWorkflowsProcedure = "/bettercompute.api.v1.MachineService/ListWorkflows"
@@ -309,6 +321,20 @@ type MachineServiceClient interface {
 	// in flight, else when the step in flight ends. The machine ends failed
 	// (a power action's machine keeps its state).
 	Abort(context.Context, *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error)
+	// PauseWorkflow stops a workflow from starting its next step: the step
+	// in flight still ends and its result is recorded, and no deadline fails
+	// the workflow while it is paused. The machine stays in its -ing state.
+	PauseWorkflow(context.Context, *connect.Request[v1.PauseMachineWorkflowRequest]) (*connect.Response[v1.PauseMachineWorkflowResponse], error)
+	// ResumeWorkflow lets a paused workflow go on with its next step.
+	ResumeWorkflow(context.Context, *connect.Request[v1.ResumeMachineWorkflowRequest]) (*connect.Response[v1.ResumeMachineWorkflowResponse], error)
+	// RetryWorkflow restarts a failed or paused workflow at a step of its
+	// operation: that step and the ones after it run again (new attempts,
+	// new idempotency keys), the steps before keep their results. A failed
+	// machine goes back to the operation's -ing state.
+	RetryWorkflow(context.Context, *connect.Request[v1.RetryMachineWorkflowRequest]) (*connect.Response[v1.RetryMachineWorkflowResponse], error)
+	// AbortWorkflow is Abort addressed by the workflow: it cancels it only
+	// while it is the machine's active workflow.
+	AbortWorkflow(context.Context, *connect.Request[v1.AbortMachineWorkflowRequest]) (*connect.Response[v1.AbortMachineWorkflowResponse], error)
 	// ListWorkflows lists the tenant's machine workflows, newest last.
 	ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error)
 	// GetWorkflow shows a workflow with its steps.
@@ -421,6 +447,30 @@ func NewMachineServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(machineServiceMethods.ByName("Abort")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseWorkflow: connect.NewClient[v1.PauseMachineWorkflowRequest, v1.PauseMachineWorkflowResponse](
+			httpClient,
+			baseURL+MachineServicePauseWorkflowProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("PauseWorkflow")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeWorkflow: connect.NewClient[v1.ResumeMachineWorkflowRequest, v1.ResumeMachineWorkflowResponse](
+			httpClient,
+			baseURL+MachineServiceResumeWorkflowProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("ResumeWorkflow")),
+			connect.WithClientOptions(opts...),
+		),
+		retryWorkflow: connect.NewClient[v1.RetryMachineWorkflowRequest, v1.RetryMachineWorkflowResponse](
+			httpClient,
+			baseURL+MachineServiceRetryWorkflowProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("RetryWorkflow")),
+			connect.WithClientOptions(opts...),
+		),
+		abortWorkflow: connect.NewClient[v1.AbortMachineWorkflowRequest, v1.AbortMachineWorkflowResponse](
+			httpClient,
+			baseURL+MachineServiceAbortWorkflowProcedure,
+			connect.WithSchema(machineServiceMethods.ByName("AbortWorkflow")),
+			connect.WithClientOptions(opts...),
+		),
 		listWorkflows: connect.NewClient[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse](
 			httpClient,
 			baseURL+MachineServiceListWorkflowsProcedure,
@@ -478,6 +528,10 @@ type machineServiceClient struct {
 	rotateBMCPassword *connect.Client[v1.RotateBMCPasswordRequest, v1.RotateBMCPasswordResponse]
 	getPowerStatus    *connect.Client[v1.GetMachinePowerStatusRequest, v1.GetMachinePowerStatusResponse]
 	abort             *connect.Client[v1.AbortMachineRequest, v1.AbortMachineResponse]
+	pauseWorkflow     *connect.Client[v1.PauseMachineWorkflowRequest, v1.PauseMachineWorkflowResponse]
+	resumeWorkflow    *connect.Client[v1.ResumeMachineWorkflowRequest, v1.ResumeMachineWorkflowResponse]
+	retryWorkflow     *connect.Client[v1.RetryMachineWorkflowRequest, v1.RetryMachineWorkflowResponse]
+	abortWorkflow     *connect.Client[v1.AbortMachineWorkflowRequest, v1.AbortMachineWorkflowResponse]
 	listWorkflows     *connect.Client[v1.ListMachineWorkflowsRequest, v1.ListMachineWorkflowsResponse]
 	getWorkflow       *connect.Client[v1.GetMachineWorkflowRequest, v1.GetMachineWorkflowResponse]
 	lease             *connect.Client[v1.LeaseMachineRequest, v1.LeaseMachineResponse]
@@ -551,6 +605,26 @@ func (c *machineServiceClient) Abort(ctx context.Context, req *connect.Request[v
 	return c.abort.CallUnary(ctx, req)
 }
 
+// PauseWorkflow calls bettercompute.api.v1.MachineService.PauseWorkflow.
+func (c *machineServiceClient) PauseWorkflow(ctx context.Context, req *connect.Request[v1.PauseMachineWorkflowRequest]) (*connect.Response[v1.PauseMachineWorkflowResponse], error) {
+	return c.pauseWorkflow.CallUnary(ctx, req)
+}
+
+// ResumeWorkflow calls bettercompute.api.v1.MachineService.ResumeWorkflow.
+func (c *machineServiceClient) ResumeWorkflow(ctx context.Context, req *connect.Request[v1.ResumeMachineWorkflowRequest]) (*connect.Response[v1.ResumeMachineWorkflowResponse], error) {
+	return c.resumeWorkflow.CallUnary(ctx, req)
+}
+
+// RetryWorkflow calls bettercompute.api.v1.MachineService.RetryWorkflow.
+func (c *machineServiceClient) RetryWorkflow(ctx context.Context, req *connect.Request[v1.RetryMachineWorkflowRequest]) (*connect.Response[v1.RetryMachineWorkflowResponse], error) {
+	return c.retryWorkflow.CallUnary(ctx, req)
+}
+
+// AbortWorkflow calls bettercompute.api.v1.MachineService.AbortWorkflow.
+func (c *machineServiceClient) AbortWorkflow(ctx context.Context, req *connect.Request[v1.AbortMachineWorkflowRequest]) (*connect.Response[v1.AbortMachineWorkflowResponse], error) {
+	return c.abortWorkflow.CallUnary(ctx, req)
+}
+
 // ListWorkflows calls bettercompute.api.v1.MachineService.ListWorkflows.
 func (c *machineServiceClient) ListWorkflows(ctx context.Context, req *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error) {
 	return c.listWorkflows.CallUnary(ctx, req)
@@ -614,6 +688,20 @@ type MachineServiceHandler interface {
 	// in flight, else when the step in flight ends. The machine ends failed
 	// (a power action's machine keeps its state).
 	Abort(context.Context, *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error)
+	// PauseWorkflow stops a workflow from starting its next step: the step
+	// in flight still ends and its result is recorded, and no deadline fails
+	// the workflow while it is paused. The machine stays in its -ing state.
+	PauseWorkflow(context.Context, *connect.Request[v1.PauseMachineWorkflowRequest]) (*connect.Response[v1.PauseMachineWorkflowResponse], error)
+	// ResumeWorkflow lets a paused workflow go on with its next step.
+	ResumeWorkflow(context.Context, *connect.Request[v1.ResumeMachineWorkflowRequest]) (*connect.Response[v1.ResumeMachineWorkflowResponse], error)
+	// RetryWorkflow restarts a failed or paused workflow at a step of its
+	// operation: that step and the ones after it run again (new attempts,
+	// new idempotency keys), the steps before keep their results. A failed
+	// machine goes back to the operation's -ing state.
+	RetryWorkflow(context.Context, *connect.Request[v1.RetryMachineWorkflowRequest]) (*connect.Response[v1.RetryMachineWorkflowResponse], error)
+	// AbortWorkflow is Abort addressed by the workflow: it cancels it only
+	// while it is the machine's active workflow.
+	AbortWorkflow(context.Context, *connect.Request[v1.AbortMachineWorkflowRequest]) (*connect.Response[v1.AbortMachineWorkflowResponse], error)
 	// ListWorkflows lists the tenant's machine workflows, newest last.
 	ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error)
 	// GetWorkflow shows a workflow with its steps.
@@ -722,6 +810,30 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 		connect.WithSchema(machineServiceMethods.ByName("Abort")),
 		connect.WithHandlerOptions(opts...),
 	)
+	machineServicePauseWorkflowHandler := connect.NewUnaryHandler(
+		MachineServicePauseWorkflowProcedure,
+		svc.PauseWorkflow,
+		connect.WithSchema(machineServiceMethods.ByName("PauseWorkflow")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceResumeWorkflowHandler := connect.NewUnaryHandler(
+		MachineServiceResumeWorkflowProcedure,
+		svc.ResumeWorkflow,
+		connect.WithSchema(machineServiceMethods.ByName("ResumeWorkflow")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceRetryWorkflowHandler := connect.NewUnaryHandler(
+		MachineServiceRetryWorkflowProcedure,
+		svc.RetryWorkflow,
+		connect.WithSchema(machineServiceMethods.ByName("RetryWorkflow")),
+		connect.WithHandlerOptions(opts...),
+	)
+	machineServiceAbortWorkflowHandler := connect.NewUnaryHandler(
+		MachineServiceAbortWorkflowProcedure,
+		svc.AbortWorkflow,
+		connect.WithSchema(machineServiceMethods.ByName("AbortWorkflow")),
+		connect.WithHandlerOptions(opts...),
+	)
 	machineServiceListWorkflowsHandler := connect.NewUnaryHandler(
 		MachineServiceListWorkflowsProcedure,
 		svc.ListWorkflows,
@@ -789,6 +901,14 @@ func NewMachineServiceHandler(svc MachineServiceHandler, opts ...connect.Handler
 			machineServiceGetPowerStatusHandler.ServeHTTP(w, r)
 		case MachineServiceAbortProcedure:
 			machineServiceAbortHandler.ServeHTTP(w, r)
+		case MachineServicePauseWorkflowProcedure:
+			machineServicePauseWorkflowHandler.ServeHTTP(w, r)
+		case MachineServiceResumeWorkflowProcedure:
+			machineServiceResumeWorkflowHandler.ServeHTTP(w, r)
+		case MachineServiceRetryWorkflowProcedure:
+			machineServiceRetryWorkflowHandler.ServeHTTP(w, r)
+		case MachineServiceAbortWorkflowProcedure:
+			machineServiceAbortWorkflowHandler.ServeHTTP(w, r)
 		case MachineServiceListWorkflowsProcedure:
 			machineServiceListWorkflowsHandler.ServeHTTP(w, r)
 		case MachineServiceGetWorkflowProcedure:
@@ -860,6 +980,22 @@ func (UnimplementedMachineServiceHandler) GetPowerStatus(context.Context, *conne
 
 func (UnimplementedMachineServiceHandler) Abort(context.Context, *connect.Request[v1.AbortMachineRequest]) (*connect.Response[v1.AbortMachineResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.Abort is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) PauseWorkflow(context.Context, *connect.Request[v1.PauseMachineWorkflowRequest]) (*connect.Response[v1.PauseMachineWorkflowResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.PauseWorkflow is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) ResumeWorkflow(context.Context, *connect.Request[v1.ResumeMachineWorkflowRequest]) (*connect.Response[v1.ResumeMachineWorkflowResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.ResumeWorkflow is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) RetryWorkflow(context.Context, *connect.Request[v1.RetryMachineWorkflowRequest]) (*connect.Response[v1.RetryMachineWorkflowResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.RetryWorkflow is not implemented"))
+}
+
+func (UnimplementedMachineServiceHandler) AbortWorkflow(context.Context, *connect.Request[v1.AbortMachineWorkflowRequest]) (*connect.Response[v1.AbortMachineWorkflowResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.MachineService.AbortWorkflow is not implemented"))
 }
 
 func (UnimplementedMachineServiceHandler) ListWorkflows(context.Context, *connect.Request[v1.ListMachineWorkflowsRequest]) (*connect.Response[v1.ListMachineWorkflowsResponse], error) {
