@@ -15,20 +15,30 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/provision"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
-// stepState reads one step of a workflow by name: its state and failures.
+// stepState reads one step of a workflow by name: its state and failures,
+// in one query (a step moving between two reads must not look like two).
 func (f *fixture) stepState(t *testing.T, wf, name string) (state string, failures int) {
 	t.Helper()
 	var rows int
-	for _, st := range []string{"pending", "running", "awaiting", "succeeded", "failed", "skipped"} {
-		if n := f.count(t, `SELECT COUNT(*) FROM provision_steps WHERE workflow_id = $1 AND name = $2 AND phase = 'main' AND state = $3`,
-			wf, name, st); n > 0 {
-			state, rows = st, rows+n
+	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		rs, err := tx.Query(ctx, `SELECT state, failures FROM provision_steps WHERE workflow_id = $1 AND name = $2 AND phase = 'main'`, wf, name)
+		if err != nil {
+			return err
 		}
-	}
+		defer rs.Close()
+		for rs.Next() {
+			rows++
+			if err := rs.Scan(&state, &failures); err != nil {
+				return err
+			}
+		}
+		return rs.Err()
+	}))
 	require.Equal(t, 1, rows, "step %s of %s", name, wf)
-	return state, f.count(t, `SELECT COALESCE(MAX(failures), 0) FROM provision_steps WHERE workflow_id = $1 AND name = $2 AND phase = 'main'`, wf, name)
+	return state, failures
 }
 
 func (f *fixture) waitStep(t *testing.T, wf, name, want string) {
