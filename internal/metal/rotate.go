@@ -1,6 +1,7 @@
 package metal
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -204,6 +205,9 @@ func (s *SiteCommands) dispatchRotate(ctx context.Context, t Target, run provisi
 		}
 		if m.SiteID != t.SiteID || m.State == StateRetired {
 			return fmt.Errorf("%w: machine %s is not an enrolled machine of site %s", provision.ErrNotDispatched, t.MachineID, t.SiteID)
+		}
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
 		}
 		if pending == "" || m.BMCPendingRef != pending {
 			return fmt.Errorf("%w: machine %s holds no pending BMC credential %q", provision.ErrNotDispatched, m.ID, pending)

@@ -263,6 +263,9 @@ func (s *SiteCommands) PowerStatus(ctx context.Context, t Target) (bmc.PowerStat
 		if err != nil {
 			return err
 		}
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or[error](err, envelope.Errorf(envelope.CodeFailedPrecondition, "%s", why))
+		}
 		cmd, err = s.insert(ctx, tx, l, CommandBMCPower, "", map[string]any{"epoch": l.Epoch, "machine_id": m.ID, "mac": m.MAC,
 			"action": "status", "bmc": map[string]any{"driver": m.BMCDriver, "address": m.BMCAddress, "username": m.BMCUsername,
 				"credential_ref": m.BMCCredentialRef, "credential_sealed": base64.StdEncoding.EncodeToString(m.BMCCredential)}},
@@ -345,6 +348,9 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 		}
 		if m.SiteID != t.SiteID || m.State == StateRetired {
 			return fmt.Errorf("%w: machine %s is not an enrolled machine of site %s", provision.ErrNotDispatched, t.MachineID, t.SiteID)
+		}
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
 		}
 		d := SiteDispatch{IdempotencyKey: run.IdempotencyKey, SiteID: t.SiteID, MachineID: m.ID, NodeID: l.HolderNodeID,
 			CommandID: envelope.NewID(fleet.CommandIDPrefix, now), Epoch: l.Epoch, CreateTime: now}
