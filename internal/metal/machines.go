@@ -183,6 +183,14 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 				}
 				return nil, err
 			}
+			if s.rt.Sites != nil {
+				// The site's lease holder learns the machine at once: a
+				// machine enrolled after its driver was reported is
+				// driven without waiting for the next list.
+				if err := s.rt.Sites.pushIfLeased(ctx, tx, site.ID); err != nil {
+					return nil, err
+				}
+			}
 			tx.SetResource(m.ID, m.TenantID)
 			tx.Emit(envelope.Event{Type: "machine.enrolled", TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,
 				Data: map[string]any{"name": m.Name, "site_id": m.SiteID, "bmc_driver": m.BMCDriver, "bmc_address": m.BMCAddress, "mac": m.MAC}})
