@@ -19,11 +19,14 @@ CREATE INDEX site_agent_drivers_site ON site_agent_drivers (site_id, node_id, na
 
 -- A machine may name an external driver: bmc_driver is no longer limited
 -- to ipmi and redfish. SQLite cannot change a CHECK in place: the table is
--- rebuilt with the same columns and indexes. Foreign keys into machines
--- (discovery tokens, leases) are checked at commit, when the rebuilt table
--- holds every row again.
+-- rebuilt with the same columns and indexes. Rows referencing machines
+-- (discovery tokens, leases) stay: foreign keys are checked at commit, and
+-- the rows are inserted back into a table named machines (a renamed table
+-- would not count as their parent again), so each reference is satisfied.
 PRAGMA defer_foreign_keys = ON;
-CREATE TABLE machines_new (
+CREATE TABLE machines_old AS SELECT * FROM machines;
+DROP TABLE machines;
+CREATE TABLE machines (
     id                 TEXT PRIMARY KEY,
     tenant_id          TEXT NOT NULL,
     site_id            TEXT NOT NULL REFERENCES sites (id),
@@ -60,9 +63,8 @@ CREATE TABLE machines_new (
     firmware_baseline      TEXT NOT NULL DEFAULT '{}',
     UNIQUE (tenant_id, name)
 );
-INSERT INTO machines_new SELECT * FROM machines;
-DROP TABLE machines;
-ALTER TABLE machines_new RENAME TO machines;
+INSERT INTO machines SELECT * FROM machines_old;
+DROP TABLE machines_old;
 CREATE INDEX machines_tenant ON machines (tenant_id, id);
 CREATE INDEX machines_site ON machines (site_id, id);
 CREATE UNIQUE INDEX machines_mac ON machines (mac) WHERE state <> 'retired';
