@@ -206,9 +206,6 @@ func (s *SiteCommands) dispatchRotate(ctx context.Context, t Target, run provisi
 		if m.SiteID != t.SiteID || m.State == StateRetired {
 			return fmt.Errorf("%w: machine %s is not an enrolled machine of site %s", provision.ErrNotDispatched, t.MachineID, t.SiteID)
 		}
-		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
-			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
-		}
 		if pending == "" || m.BMCPendingRef != pending {
 			return fmt.Errorf("%w: machine %s holds no pending BMC credential %q", provision.ErrNotDispatched, m.ID, pending)
 		}
@@ -224,6 +221,11 @@ func (s *SiteCommands) dispatchRotate(ctx context.Context, t Target, run provisi
 			}
 			out.Handle = stored.CommandID
 			return nil
+		}
+		// Checked for a new key only (a repeat was sent, whatever the
+		// agent reports now); returning rolls the dispatch row back.
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
 		}
 		deadline := run.Deadline
 		if deadline.IsZero() {

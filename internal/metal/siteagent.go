@@ -349,9 +349,6 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 		if m.SiteID != t.SiteID || m.State == StateRetired {
 			return fmt.Errorf("%w: machine %s is not an enrolled machine of site %s", provision.ErrNotDispatched, t.MachineID, t.SiteID)
 		}
-		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
-			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
-		}
 		d := SiteDispatch{IdempotencyKey: run.IdempotencyKey, SiteID: t.SiteID, MachineID: m.ID, NodeID: l.HolderNodeID,
 			CommandID: envelope.NewID(fleet.CommandIDPrefix, now), Epoch: l.Epoch, CreateTime: now}
 		stored, inserted, err := SiteDispatchInsert(ctx, tx, &d)
@@ -364,6 +361,11 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 			}
 			out.Handle = stored.CommandID // a repeat: sent once
 			return nil
+		}
+		// Checked for a new key only (a repeat was sent, whatever the
+		// agent reports now); returning rolls the dispatch row back.
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
 		}
 		if boot != "" {
 			// The boot goes to the site's iPXE decision before the power
