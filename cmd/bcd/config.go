@@ -56,6 +56,7 @@ type siteOptions struct {
 	bootDir, filesDir, cacheDir, httpListen              string
 	kernel, initrd, cmdline                              string
 	controlPlaneURL                                      string
+	driversDir                                           string
 }
 
 func (o *options) register(fs *flag.FlagSet) {
@@ -100,6 +101,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.site.kernel, "site-ramdisk-kernel", "", "site mode: the commissioning ramdisk's kernel (a file in --site-files-dir, sha256:…, or a URL)")
 	fs.StringVar(&o.site.initrd, "site-ramdisk-initrd", "", "site mode: the commissioning ramdisk's initrd (as --site-ramdisk-kernel)")
 	fs.StringVar(&o.site.cmdline, "site-ramdisk-cmdline", "", "site mode: the ramdisk's kernel command line")
+	fs.StringVar(&o.site.driversDir, "site-drivers-dir", "", "site mode: directory of external BMC driver binaries (pkg/driver), each registered under its file name beside the built-in ipmi and redfish; empty: built-ins only")
 	fs.StringVar(&o.inst.dir, "instances-dir", "", "run instances (QEMU guests): their disks, seeds, volumes and snapshots live here; empty: this node runs none")
 	fs.StringVar(&o.inst.images, "guest-images", "", "with --instances-dir: the guest image directory (DIR/NAME as make guest-image writes it); required")
 	fs.StringVar(&o.inst.bridge, "instance-bridge", "bcbr0", "with --instances-dir: the bridge guests' taps join (created when missing)")
@@ -145,6 +147,7 @@ type fileConfig struct {
 	SiteRamdiskInitrd string `toml:"site_ramdisk_initrd" yaml:"site_ramdisk_initrd"`
 	SiteControlPlane  string `toml:"site_control_plane_url" yaml:"site_control_plane_url"`
 	SiteRamdiskCmd    string `toml:"site_ramdisk_cmdline" yaml:"site_ramdisk_cmdline"`
+	SiteDriversDir    string `toml:"site_drivers_dir" yaml:"site_drivers_dir"`
 
 	InstancesDir          string `toml:"instances_dir" yaml:"instances_dir"`
 	GuestImages           string `toml:"guest_images" yaml:"guest_images"`
@@ -227,6 +230,7 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("site-ramdisk-kernel", &o.site.kernel, fc.SiteRamdiskKernel)
 	pick("site-ramdisk-initrd", &o.site.initrd, fc.SiteRamdiskInitrd)
 	pick("site-ramdisk-cmdline", &o.site.cmdline, fc.SiteRamdiskCmd)
+	pick("site-drivers-dir", &o.site.driversDir, fc.SiteDriversDir)
 	pick("instances-dir", &o.inst.dir, fc.InstancesDir)
 	pick("guest-images", &o.inst.images, fc.GuestImages)
 	pick("instance-bridge", &o.inst.bridge, fc.InstanceBridge)

@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/site"
 	"github.com/better-compute/better-compute/internal/site/pxe"
 	"github.com/better-compute/better-compute/internal/tracing"
+	"github.com/better-compute/better-compute/pkg/driver"
 )
 
 var version = "dev"
@@ -178,18 +179,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	// (DHCP, TFTP, HTTP) deciding each machine's boot from the control
 	// plane's machine list.
 	var (
-		handler agent.CommandHandler
-		pxeCfg  *pxe.Config
+		handler    agent.CommandHandler
+		pxeCfg     *pxe.Config
+		bmcDrivers []*agentv1.BMCDriver
 	)
 	if mode == agentv1.AgentMode_AGENT_MODE_SITE {
-		sa, pc, err := o.siteServices(log)
+		sa, pc, err := o.siteServices(ctx, log)
 		if err != nil {
 			if backend != nil {
 				_ = backend.Close()
 			}
 			return err
 		}
+		// Each external driver is a child process while a BMC call
+		// runs; a panic or an early return must not leave one behind.
+		defer driver.CleanupClients()
 		handler, pxeCfg = sa, &pc
+		bmcDrivers = sa.BMCDrivers()
 	}
 	// A node that runs instances: the hypervisor re-adopts the guests a
 	// previous bcd left running before the agent says hello.
@@ -229,7 +235,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		Server: o.server, StateDir: o.stateDir, Hardware: backend, SysfsRoot: o.sysfsRoot,
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
-		Tracing: tp, Commands: handler, Instances: instances, ExecIDFirst: execFirst, ExecIDCount: execCount,
+		Tracing: tp, Commands: handler, BMCDrivers: bmcDrivers, Instances: instances, ExecIDFirst: execFirst, ExecIDCount: execCount,
 		Attest: o.attest, NodeLabels: kubeNode.labels(), NodeLabelsChanged: kubeNode.changed(), NodeLabelsSource: kubeNode.labelsSource(),
 	})
 	if err != nil {

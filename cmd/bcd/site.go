@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,7 +15,7 @@ import (
 
 // siteServices builds --mode site's command handler and the PXE
 // configuration its flags describe; a bad flag is named.
-func (o *options) siteServices(log *slog.Logger) (*site.Agent, pxe.Config, error) {
+func (o *options) siteServices(ctx context.Context, log *slog.Logger) (*site.Agent, pxe.Config, error) {
 	s := o.site
 	cfg := pxe.Config{Interface: s.iface, BootDir: s.bootDir, FilesDir: s.filesDir, HTTPAddr: s.httpListen, Logger: log,
 		CacheDir: s.cacheDir}
@@ -55,7 +56,14 @@ func (o *options) siteServices(log *slog.Logger) (*site.Agent, pxe.Config, error
 	if s.controlPlaneURL != "" {
 		log.Warn("--site-control-plane-url is ignored: images come over the gateway connection, bound to this agent's certificate")
 	}
-	a, err := site.New(site.Config{StateDir: o.stateDir, Logger: log,
+	drivers, err := site.LoadDrivers(ctx, s.driversDir, log)
+	if err != nil {
+		return nil, pxe.Config{}, fmt.Errorf("--site-drivers-dir %q: %w", s.driversDir, err)
+	}
+	for _, d := range drivers.List() {
+		log.Info("BMC driver", "name", d.Name, "reports", d.Reports, "version", d.Version, "built_in", d.BuiltIn, "path", d.Path)
+	}
+	a, err := site.New(site.Config{StateDir: o.stateDir, Logger: log, Drivers: drivers,
 		Ramdisk:   pxe.Ramdisk{Kernel: s.kernel, Initrd: s.initrd, Cmdline: s.cmdline},
 		ImagesURL: "http://" + net.JoinHostPort(cfg.ServerIP.String(), port) + "/files/sha256"})
 	if err != nil {

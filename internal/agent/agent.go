@@ -113,6 +113,9 @@ type Config struct {
 	// Commands applies the command kinds bcd does not know itself (site
 	// mode's bmc.power and site.machines); nil leaves them UNKNOWN_KIND.
 	Commands CommandHandler
+	// BMCDrivers are the BMC drivers a site agent (mode site) reports in
+	// its Hello: what machines of its site may name.
+	BMCDrivers []*agentv1.BMCDriver
 	// Instances runs the instance and volume commands (vmcmd.Kinds) and
 	// names the capabilities it enforces; nil fails them
 	// INSTANCE_NO_HYPERVISOR and advertises none.

@@ -248,6 +248,9 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		InventoryDigest: digest,
 		TrustVersion:    a.trustVersionLocked(),
 	}
+	if a.cfg.Mode == agentv1.AgentMode_AGENT_MODE_SITE {
+		hello.BmcDrivers = a.cfg.BMCDrivers
+	}
 	a.mu.Unlock()
 	sent := a.cfg.Clock.Now()
 	if err := s.send(&agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Hello{Hello: hello}}); err != nil {

@@ -725,6 +725,18 @@ func (l *lateSites) SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.C
 	return l.s.SiteCommandEnded(ctx, tx, c)
 }
 
+func (l *lateSites) SiteDrivers(ctx context.Context, nodeID string, ds []*agentv1.BMCDriver) error {
+	if l.s == nil {
+		return errors.New("the machine lifecycle is not built yet")
+	}
+	out := make([]metal.SiteDriver, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, metal.SiteDriver{Name: d.GetName(), Reports: d.GetReports(), Version: d.GetVersion(), BuiltIn: d.GetBuiltIn(),
+			Path: d.GetPath(), Capabilities: d.GetCapabilities()})
+	}
+	return l.s.SiteDrivers(ctx, nodeID, out)
+}
+
 // lateHooks hands the gateway capacity's hooks, which are built after it,
 // and the instance service's, which follow capacity's. A deployed
 // machine's node reporting its inventory also ends its deploy

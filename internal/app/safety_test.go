@@ -1948,6 +1948,20 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.SiteServiceListDriversProcedure: {
+			func() error {
+				_, err := evil.Sites.ListDrivers(ctx, connect.NewRequest(&apiv1.ListSiteDriversRequest{Tenant: "acme", Site: "dc1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sites.ListDrivers(ctx, connect.NewRequest(&apiv1.ListSiteDriversRequest{Tenant: "acme", Site: siteID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sites.ListDrivers(ctx, connect.NewRequest(&apiv1.ListSiteDriversRequest{Tenant: "other", Site: siteID}))
+				return err
+			},
+		},
 		apiv1connect.SiteServiceDeleteProcedure: {
 			func() error {
 				_, err := evil.Sites.Delete(ctx, connect.NewRequest(&apiv1.DeleteSiteRequest{Tenant: "acme", Site: "dc1"}))

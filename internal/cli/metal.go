@@ -195,7 +195,7 @@ A machine runs one workflow at a time.`}
 		site, name, driver, address, username, passwordFile, mac, profile string
 	)
 	enroll := &cobra.Command{
-		Use:   "enroll NAME --site S --bmc-driver ipmi|redfish --bmc-address A --bmc-username U --bmc-password-file F --mac M",
+		Use:   "enroll NAME --site S --bmc-driver ipmi|redfish|EXTERNAL --bmc-address A --bmc-username U --bmc-password-file F --mac M",
 		Short: "Enroll a machine; its BMC password is sealed at once and never shown",
 		Args:  positional("NAME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -223,7 +223,7 @@ A machine runs one workflow at a time.`}
 	}
 	addTenantFlag(enroll, &tenant)
 	enroll.Flags().StringVar(&site, "site", "", "the site (name or id)")
-	enroll.Flags().StringVar(&driver, "bmc-driver", "", "ipmi or redfish")
+	enroll.Flags().StringVar(&driver, "bmc-driver", "", "ipmi, redfish, or an external driver the site's agents report (drivers list)")
 	enroll.Flags().StringVar(&address, "bmc-address", "", "the BMC: an IP (ipmi, port 623) or a Redfish URL (https://10.0.0.5)")
 	enroll.Flags().StringVar(&username, "bmc-username", "", "the BMC user")
 	enroll.Flags().StringVar(&passwordFile, "bmc-password-file", "", "read the BMC password from this file (- for stdin)")

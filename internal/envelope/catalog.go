@@ -130,6 +130,7 @@ var catalog = []Method{
 	{apiv1connect.SiteServiceListProcedure, "sites.list", KindRead, false},
 	{apiv1connect.SiteServiceUpdateProcedure, "sites.update", KindMutation, false},
 	{apiv1connect.SiteServiceDeleteProcedure, "sites.delete", KindMutation, false},
+	{apiv1connect.SiteServiceListDriversProcedure, "sites.listDrivers", KindRead, false},
 	{apiv1connect.MachineServiceEnrollProcedure, "machines.enroll", KindMutation, true},
 	{apiv1connect.MachineServiceGetProcedure, "machines.get", KindRead, false},
 	{apiv1connect.MachineServiceListProcedure, "machines.list", KindRead, false},

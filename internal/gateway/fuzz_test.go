@@ -24,6 +24,9 @@ import (
 func FuzzAgentFrame(f *testing.F) {
 	for _, m := range []*agentv1.AgentMessage{
 		{Msg: &agentv1.AgentMessage_Hello{Hello: &agentv1.Hello{AgentVersion: "0.1.0", Mode: agentv1.AgentMode_AGENT_MODE_NODE, Capabilities: []string{"cgroups.v2"}, LastAppliedSeq: 3}}},
+		{Msg: &agentv1.AgentMessage_Hello{Hello: &agentv1.Hello{AgentVersion: "0.1.0", Mode: agentv1.AgentMode_AGENT_MODE_SITE,
+			BmcDrivers: []*agentv1.BMCDriver{{Name: "ipmi", Reports: "ipmi", Version: "devel", BuiltIn: true, Capabilities: []string{"set_password"}},
+				{Name: "acme-bmc", Reports: "acme", Version: "v1.2.0", Path: "/usr/lib/better-compute/drivers/acme-bmc"}}}}},
 		{Msg: &agentv1.AgentMessage_Heartbeat{Heartbeat: &agentv1.Heartbeat{}}},
 		{Msg: &agentv1.AgentMessage_CommandUpdate{CommandUpdate: &agentv1.CommandUpdate{CommandId: "cmd_01", Seq: 1, State: agentv1.CommandState_COMMAND_STATE_FAILED, FailureCode: "CGROUP_WRITE_FAILED"}}},
 		{Msg: &agentv1.AgentMessage_Status{Status: &agentv1.StatusReport{Health: "degraded", Pressure: &agentv1.Pressure{Cpu: 12.5}}}},
@@ -277,4 +280,46 @@ func TestValidateHealthEvents(t *testing.T) {
 	got := m.GetStatus().GetEvents()[0].GetProcessName()
 	require.Empty(t, envelope.TextProblem(got, false), "%q", got)
 	require.Contains(t, got, "ok")
+}
+
+// TestValidateHelloBMCDrivers: a site agent's drivers are bounded and take
+// the shape a machine's bmc_driver can hold; a path is never a name.
+func TestValidateHelloBMCDrivers(t *testing.T) {
+	t.Parallel()
+	ok := func() *agentv1.BMCDriver {
+		return &agentv1.BMCDriver{Name: "acme-bmc", Reports: "acme", Version: "v1.2.0+dirty", Path: "/usr/lib/better-compute/drivers/acme-bmc",
+			Capabilities: []string{"set_password", "boot_override"}}
+	}
+	msg := func(ds ...*agentv1.BMCDriver) *agentv1.AgentMessage {
+		return &agentv1.AgentMessage{Msg: &agentv1.AgentMessage_Hello{Hello: &agentv1.Hello{AgentVersion: "0.1.0",
+			Mode: agentv1.AgentMode_AGENT_MODE_SITE, BmcDrivers: ds}}}
+	}
+	require.NoError(t, gateway.ValidateAgentMessage(msg(ok())))
+	many := make([]*agentv1.BMCDriver, 65)
+	for i := range many {
+		many[i] = ok()
+	}
+	err := gateway.ValidateAgentMessage(msg(many...))
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+	require.Contains(t, err.Error(), "hello.bmc_drivers: more than 64")
+	tests := []struct {
+		name   string
+		mutate func(d *agentv1.BMCDriver)
+		want   string
+	}{
+		{"no name", func(d *agentv1.BMCDriver) { d.Name = "" }, "hello.bmc_drivers.name: required"},
+		{"a plugin path", func(d *agentv1.BMCDriver) { d.Name = "plugin:/bin/sh" }, "hello.bmc_drivers.name: a registry name, not a path"},
+		{"a space", func(d *agentv1.BMCDriver) { d.Name = "acme bmc" }, "hello.bmc_drivers.name: only letters"},
+		{"version text", func(d *agentv1.BMCDriver) { d.Version = "1.0 beta" }, "hello.bmc_drivers.version: only letters"},
+		{"control in path", func(d *agentv1.BMCDriver) { d.Path = "/x\x1b[2J" }, "hello.bmc_drivers.path"},
+		{"long path", func(d *agentv1.BMCDriver) { d.Path = "/" + strings.Repeat("d", 4096) }, "hello.bmc_drivers.path"},
+		{"capability", func(d *agentv1.BMCDriver) { d.Capabilities = []string{""} }, "hello.bmc_drivers.capabilities: required"},
+	}
+	for _, tt := range tests {
+		d := ok()
+		tt.mutate(d)
+		err := gateway.ValidateAgentMessage(msg(d))
+		require.Equal(t, codes.InvalidArgument, status.Code(err), tt.name)
+		require.Contains(t, err.Error(), tt.want, tt.name)
+	}
 }

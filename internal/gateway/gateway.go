@@ -91,6 +91,10 @@ type SiteHooks interface {
 	// SiteCommandEnded: a site agent's command reached a final state (c
 	// holds it), in the transaction that records it.
 	SiteCommandEnded(ctx context.Context, tx store.Tx, c fleet.Command) error
+	// SiteDrivers: a site agent's session opened with these BMC drivers
+	// (its Hello's bmc_drivers; none from an agent that predates the
+	// report). They replace what the agent reported before.
+	SiteDrivers(ctx context.Context, nodeID string, drivers []*agentv1.BMCDriver) error
 }
 
 // Config configures a Gateway. Zero values take the defaults noted.

@@ -169,6 +169,7 @@ func (g *Gateway) open(stream grpc.BidiStreamingServer[agentv1.AgentMessage, age
 		}
 	}
 	s.siteAlive()
+	s.siteDrivers(hello.GetBmcDrivers())
 	if err := s.sync(); err != nil {
 		return s, s.fail(err)
 	}
@@ -184,6 +185,19 @@ func (s *session) siteAlive() {
 	}
 	if err := s.g.cfg.Sites.SiteAlive(s.ctx, s.nodeID); err != nil {
 		s.log.Warn("site agent's boot lease not renewed", "err", err)
+	}
+}
+
+// siteDrivers records the BMC drivers a site agent's Hello reported. A
+// failure is logged, not fatal: the drivers are reported again with the
+// next session, and a step for a machine whose driver is not recorded is
+// refused with the reason, not sent.
+func (s *session) siteDrivers(ds []*agentv1.BMCDriver) {
+	if s.ident.Role != RoleSite || s.g.cfg.Sites == nil {
+		return
+	}
+	if err := s.g.cfg.Sites.SiteDrivers(s.ctx, s.nodeID, ds); err != nil {
+		s.log.Warn("site agent's BMC drivers not recorded", "err", err)
 	}
 }
 

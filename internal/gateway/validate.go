@@ -155,6 +155,43 @@ func validateHello(h *agentv1.Hello) error {
 	if d := h.GetInventoryDigest(); d != "" && !hexDigestRE.MatchString(d) {
 		return invalid("hello.inventory_digest: must be 64 lower-case hex digits")
 	}
+	if len(h.GetBmcDrivers()) > maxListItems {
+		return invalid("hello.bmc_drivers: more than %d", maxListItems)
+	}
+	for _, d := range h.GetBmcDrivers() {
+		if err := validateBMCDriver(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateBMCDriver checks one driver of a site agent's Hello. Its name is
+// what machines' bmc_driver holds, so it takes the same shape; its path
+// is text the API shows, bounded and defused like other node text.
+func validateBMCDriver(d *agentv1.BMCDriver) error {
+	if err := validShort("hello.bmc_drivers.name", d.GetName(), true); err != nil {
+		return err
+	}
+	if strings.HasPrefix(d.GetName(), "plugin:") || strings.Contains(d.GetName(), "/") {
+		return invalid("hello.bmc_drivers.name: a registry name, not a path")
+	}
+	for field, v := range map[string]string{"reports": d.GetReports(), "version": d.GetVersion()} {
+		if err := validShort("hello.bmc_drivers."+field, v, false); err != nil {
+			return err
+		}
+	}
+	if len(d.GetPath()) > maxMessage || strings.ContainsFunc(d.GetPath(), func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return invalid("hello.bmc_drivers.path: longer than %d bytes or holds a control character", maxMessage)
+	}
+	if len(d.GetCapabilities()) > maxListItems {
+		return invalid("hello.bmc_drivers.capabilities: more than %d", maxListItems)
+	}
+	for _, c := range d.GetCapabilities() {
+		if err := validShort("hello.bmc_drivers.capabilities", c, true); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -152,7 +152,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "IPPool", ID: "ipp1", TenantID: tenant, Attrs: map[string]any{"name": "lan", "cidr": "10.0.0.0/24"}}
 	case "sites.create":
 		return Resource{Type: "Site", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "dc1"}}
-	case "sites.get", "sites.update", "sites.delete":
+	case "sites.get", "sites.update", "sites.delete", "sites.listDrivers":
 		return Resource{Type: "Site", ID: "site1", TenantID: tenant, Attrs: map[string]any{"name": "dc1"}}
 	case "machines.enroll":
 		return Resource{Type: "Machine", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "m1"}}
@@ -195,7 +195,7 @@ func TestCedarMatrix(t *testing.T) {
 		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
-		"sites.get", "sites.list", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
+		"sites.get", "sites.list", "sites.listDrivers", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
 		"machines.getWorkflow", "machines.getLease",
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
@@ -567,7 +567,7 @@ func TestActions(t *testing.T) {
 		"sandboxes.create", "sandboxes.delete", "sandboxes.exec", "sandboxes.extend", "sandboxes.get", "sandboxes.list", "sandboxes.restore", "sandboxes.snapshot",
 		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
-		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.update",
+		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.listDrivers", "sites.update",
 		"tenants.create", "tenants.get", "tenants.list", "trustAnchors.create", "trustAnchors.delete", "trustAnchors.list",
 		"usage.export", "usage.list",
 		"volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",

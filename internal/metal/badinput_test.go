@@ -80,10 +80,19 @@ func TestMachineBadInput(t *testing.T) {
 	})
 	t.Run("bad fields", func(t *testing.T) {
 		_, err := f.admin.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "acme", Site: "dc1", Name: "x",
-			BmcDriver: "telnet", Mac: "01:00:5e:00:00:01"}))
+			BmcDriver: "plugin:/bin/sh", Mac: "01:00:5e:00:00:01"}))
 		refused(t, err, "INVALID_ARGUMENT", "bmc_driver", "must be one of")
 		refused(t, err, "INVALID_ARGUMENT", "mac", "multicast")
 		refused(t, err, "INVALID_ARGUMENT", "bmc_password", "required")
+	})
+	t.Run("a driver the site's agents do not report", func(t *testing.T) {
+		// A name an external driver could have, but no agent of dc1
+		// reported it: the machine could never be driven.
+		before := f.rows(t)
+		_, err := f.admin.Machines.Enroll(ctx, connect.NewRequest(&apiv1.EnrollMachineRequest{Tenant: "acme", Site: "dc1", Name: "m-ext",
+			BmcDriver: "acme-bmc", BmcAddress: "127.0.0.9:623", BmcUsername: "admin", BmcPassword: "pw", Mac: "02:00:00:00:01:09"}))
+		refused(t, err, "INVALID_ARGUMENT", "bmc_driver", `site dc1 has no driver "acme-bmc": its agents report ipmi, redfish`)
+		require.Equal(t, before, f.rows(t))
 	})
 
 	// m1 is commissioned, so it is ready for a deploy.

@@ -87,9 +87,10 @@ func parseMAC(vs *envelope.Violations, field, s string) string {
 func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.EnrollMachineRequest]) (*connect.Response[apiv1.EnrollMachineResponse], error) {
 	msg := req.Msg
 	var (
-		r   siteRef
-		ep  bmc.Endpoint
-		mac string
+		r    siteRef
+		ep   bmc.Endpoint
+		addr string
+		mac  string
 	)
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.EnrollMachineResponse]{
 		AuditRefusals: true,
@@ -98,13 +99,16 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 			tenancy.ValidateScope(&vs, msg.GetTenant())
 			vs.Ref("site", msg.GetSite(), SiteIDPrefix)
 			vs.Name("name", msg.GetName())
-			if !slices.Contains(bmc.Drivers(), msg.GetBmcDriver()) {
-				vs.Add("bmc_driver", "must be one of %v, got %q", bmc.Drivers(), truncate(msg.GetBmcDriver()))
-			} else if msg.GetBmcAddress() == "" {
+			// The address's syntax is the driver's: checked only for a
+			// driver name that can be one.
+			validDriver := validBMCDriverName(&vs, "bmc_driver", msg.GetBmcDriver())
+			switch {
+			case !validDriver:
+			case msg.GetBmcAddress() == "":
 				vs.Add("bmc_address", "is required")
-			} else {
+			default:
 				var err error
-				if ep, err = bmc.ParseAddress(msg.GetBmcDriver(), msg.GetBmcAddress()); err != nil {
+				if ep, addr, err = parseBMCEndpoint(msg.GetBmcDriver(), msg.GetBmcAddress()); err != nil {
 					vs.Add("bmc_address", "%s", strings.TrimPrefix(err.Error(), "bmc: "))
 				} else if _, err := netip.ParseAddr(ep.Host); err != nil {
 					vs.Add("bmc_address", "must name the BMC by IP address, got host %q: a name cannot be checked against the site's networks", truncate(ep.Host))
@@ -150,6 +154,9 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 				return nil, envelope.Invalid(envelope.Violation{Field: "bmc_address",
 					Reason: fmt.Sprintf("%s is outside site %s's provisioning networks %v", ep.Host, site.Name, site.Networks)})
 			}
+			if err := checkSiteDriver(ctx, tx, site, msg.GetBmcDriver()); err != nil {
+				return nil, err
+			}
 			if inUse, err := MachineMACInUse(ctx, tx, mac); err != nil {
 				return nil, err
 			} else if inUse {
@@ -161,7 +168,7 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 			}
 			now := tx.Now()
 			m := Machine{ID: envelope.NewID(MachineIDPrefix, now), TenantID: site.TenantID, SiteID: site.ID, Name: msg.GetName(),
-				BMCDriver: msg.GetBmcDriver(), BMCAddress: ep.String(), BMCHost: ep.Host, BMCUsername: msg.GetBmcUsername(),
+				BMCDriver: msg.GetBmcDriver(), BMCAddress: addr, BMCHost: ep.Host, BMCUsername: msg.GetBmcUsername(),
 				BMCCredentialRef: envelope.NewID(CredentialIDPrefix, now), MAC: mac, HardwareProfile: msg.GetHardwareProfile(),
 				State: StateEnrolled, CreateTime: now, UpdateTime: now}
 			if m.BMCCredential, err = s.rt.sealer.Seal(sealRef(m.BMCCredentialRef), []byte(msg.GetBmcPassword())); err != nil {
@@ -175,6 +182,14 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 						"a machine named %q, one booting from MAC %s or one behind BMC %s is already enrolled", m.Name, mac, m.BMCAddress)
 				}
 				return nil, err
+			}
+			if s.rt.Sites != nil {
+				// The site's lease holder learns the machine at once: a
+				// machine enrolled after its driver was reported is
+				// driven without waiting for the next list.
+				if err := s.rt.Sites.pushIfLeased(ctx, tx, site.ID); err != nil {
+					return nil, err
+				}
 			}
 			tx.SetResource(m.ID, m.TenantID)
 			tx.Emit(envelope.Event{Type: "machine.enrolled", TenantID: m.TenantID, ResourceType: "Machine", ResourceID: m.ID,

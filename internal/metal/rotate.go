@@ -1,6 +1,7 @@
 package metal
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -220,6 +221,11 @@ func (s *SiteCommands) dispatchRotate(ctx context.Context, t Target, run provisi
 			}
 			out.Handle = stored.CommandID
 			return nil
+		}
+		// Checked for a new key only (a repeat was sent, whatever the
+		// agent reports now); returning rolls the dispatch row back.
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
 		}
 		deadline := run.Deadline
 		if deadline.IsZero() {

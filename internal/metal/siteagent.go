@@ -263,6 +263,9 @@ func (s *SiteCommands) PowerStatus(ctx context.Context, t Target) (bmc.PowerStat
 		if err != nil {
 			return err
 		}
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or[error](err, envelope.Errorf(envelope.CodeFailedPrecondition, "%s", why))
+		}
 		cmd, err = s.insert(ctx, tx, l, CommandBMCPower, "", map[string]any{"epoch": l.Epoch, "machine_id": m.ID, "mac": m.MAC,
 			"action": "status", "bmc": map[string]any{"driver": m.BMCDriver, "address": m.BMCAddress, "username": m.BMCUsername,
 				"credential_ref": m.BMCCredentialRef, "credential_sealed": base64.StdEncoding.EncodeToString(m.BMCCredential)}},
@@ -358,6 +361,11 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 			}
 			out.Handle = stored.CommandID // a repeat: sent once
 			return nil
+		}
+		// Checked for a new key only (a repeat was sent, whatever the
+		// agent reports now); returning rolls the dispatch row back.
+		if why, err := holderLacksDriver(ctx, tx, l, m); err != nil || why != "" {
+			return cmp.Or(err, fmt.Errorf("%w: %s", provision.ErrNotDispatched, why))
 		}
 		if boot != "" {
 			// The boot goes to the site's iPXE decision before the power

@@ -47,6 +47,9 @@ const (
 	FailNoCredential  = "NO_CREDENTIAL"
 	FailBMC           = "BMC_FAILED"
 	FailKeyInterrupts = "INTERRUPTED"
+	// FailNoDriver: the machine names a BMC driver this agent does not
+	// have (not a built-in, not in its drivers directory).
+	FailNoDriver = "NO_DRIVER"
 )
 
 // Boots a machine's iPXE script gives (metal.BootRamdisk, BootRescue,
@@ -77,8 +80,12 @@ type Config struct {
 	Ramdisk   pxe.Ramdisk
 	RescueArg string // default "bc.rescue=1"
 	// BMC tunes the BMC drivers.
-	BMC    bmc.Options
-	Logger *slog.Logger
+	BMC bmc.Options
+	// Drivers builds every BMC driver the agent runs: the built-ins and
+	// the external drivers of its drivers directory (LoadDrivers). Nil:
+	// the built-ins only.
+	Drivers *bmc.Registry
+	Logger  *slog.Logger
 	// ImagesURL is the site's own image cache as a ramdisk reaches it
 	// ("http://SITE/files/sha256"): it goes on the ramdisk's command line
 	// (bc.images=) as image.write's source.
@@ -161,6 +168,9 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger}
 	if a.log == nil {
 		a.log = slog.Default()
+	}
+	if a.cfg.Drivers == nil {
+		a.cfg.Drivers = bmc.NewRegistry(a.log)
 	}
 	b, err := os.ReadFile(filepath.Join(cfg.StateDir, stateFile))
 	switch {
@@ -333,6 +343,10 @@ func (a *Agent) power(ctx context.Context, c *agentv1.Command) (*structpb.Struct
 		a.log.Warn("bmc.power refused: not an enrolled machine of this site", "machine", p.MachineID, "bmc", p.BMC.Address)
 		return nil, agent.CommandError(FailNotEnrolled, fmt.Errorf("machine %s (BMC %s) is not an enrolled machine of this site", p.MachineID, p.BMC.Address))
 	}
+	if err := a.checkDriver(p.BMC.Driver); err != nil {
+		a.mu.Unlock()
+		return nil, err
+	}
 	if p.Action == "status" {
 		// A read: nothing to apply at most once, so no key is recorded.
 		a.mu.Unlock()
@@ -437,7 +451,7 @@ func (a *Agent) setBootLocked(id, boot string) {
 }
 
 func (a *Agent) callBMC(ctx context.Context, p powerParams) (map[string]any, error) {
-	d, err := bmc.New(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, p.BMC.Password), a.cfg.BMC)
+	d, err := a.newDriver(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, p.BMC.Password))
 	if err != nil {
 		return nil, err
 	}
@@ -610,6 +624,10 @@ func (a *Agent) rotate(ctx context.Context, c *agentv1.Command) (*structpb.Struc
 		a.log.Warn("bmc.rotate refused: not an enrolled machine of this site", "machine", p.MachineID, "bmc", p.BMC.Address)
 		return nil, agent.CommandError(FailNotEnrolled, fmt.Errorf("machine %s (BMC %s) is not an enrolled machine of this site", p.MachineID, p.BMC.Address))
 	}
+	if err := a.checkDriver(p.BMC.Driver); err != nil {
+		a.mu.Unlock()
+		return nil, err
+	}
 	if rec := a.keyLocked(key); rec != nil {
 		a.mu.Unlock()
 		switch {
@@ -660,7 +678,7 @@ func (a *Agent) rotate(ctx context.Context, c *agentv1.Command) (*structpb.Struc
 // old one, then log in with the new one.
 func (a *Agent) rotateBMC(ctx context.Context, p rotateParams) (map[string]any, error) {
 	login := func(pw string) error {
-		d, err := bmc.New(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, pw), a.cfg.BMC)
+		d, err := a.newDriver(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, pw))
 		if err != nil {
 			return err
 		}
@@ -669,7 +687,7 @@ func (a *Agent) rotateBMC(ctx context.Context, p rotateParams) (map[string]any, 
 		return err
 	}
 	set := func(with, to string) error {
-		d, err := bmc.New(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, with), a.cfg.BMC)
+		d, err := a.newDriver(p.BMC.Driver, p.BMC.Address, bmc.NewCredentials(p.BMC.Username, with))
 		if err != nil {
 			return err
 		}

@@ -113,6 +113,13 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func startSiteAgent(t *testing.T, cp *bctest.ControlPlane, dir, token string) *siteAgent {
 	t.Helper()
+	return startSiteAgentDrivers(t, cp, dir, token, nil)
+}
+
+// startSiteAgentDrivers is startSiteAgent with a driver registry, as bcd
+// builds it from --site-drivers-dir (nil: the built-ins).
+func startSiteAgentDrivers(t *testing.T, cp *bctest.ControlPlane, dir, token string, drivers *bmc.Registry) *siteAgent {
+	t.Helper()
 	host := filepath.Join(dir, "host")
 	require.NoError(t, bctest.WriteSimHost(host))
 	// A site agent's host has no GPUs: its DMI identity tells it apart.
@@ -123,11 +130,11 @@ func startSiteAgent(t *testing.T, cp *bctest.ControlPlane, dir, token string) *s
 		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(host, name)), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(host, name), []byte(v+"\n"), 0o644))
 	}
-	sa, err := site.New(site.Config{StateDir: dir, Logger: quiet(),
+	sa, err := site.New(site.Config{StateDir: dir, Logger: quiet(), Drivers: drivers, BMC: bmc.Options{Timeout: 5 * time.Second},
 		Ramdisk: pxe.Ramdisk{Kernel: "ramdisk/vmlinuz", Initrd: "ramdisk/initrd.img", Cmdline: "console=ttyS0"}})
 	require.NoError(t, err)
 	ag, err := agent.New(agent.Config{Server: cp.GatewayAddr, StateDir: dir, SysfsRoot: host, CgroupRoot: filepath.Join(dir, "cgroup"),
-		PlainCgroupDir: true, Mode: agentv1.AgentMode_AGENT_MODE_SITE, Commands: sa, Version: "test", Logger: quiet(),
+		PlainCgroupDir: true, Mode: agentv1.AgentMode_AGENT_MODE_SITE, Commands: sa, BMCDrivers: sa.BMCDrivers(), Version: "test", Logger: quiet(),
 		HeartbeatInterval: 50 * time.Millisecond, ReconnectMin: 20 * time.Millisecond, ReconnectMax: 500 * time.Millisecond})
 	require.NoError(t, err)
 	// As bcd wires it: images come over the agent's own mTLS session.

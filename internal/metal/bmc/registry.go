@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/debug"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
 	"github.com/better-compute/better-compute/pkg/driver"
@@ -53,6 +53,20 @@ func builtinInfo(name string) (DriverInfo, bool) {
 	return DriverInfo{Name: name, Reports: name, Version: builtinVersion(), BuiltIn: true, Capabilities: c}, true
 }
 
+// driverNameRE is the shape of a driver's registry name: what a machine's
+// bmc_driver holds and the agent reports to the control plane, so a file
+// name with a path separator, a colon (PluginPrefix), a space or other
+// text the API would have to escape cannot become one.
+var driverNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,62}$`)
+
+// ValidDriverName refuses a name that cannot be a driver's registry name.
+func ValidDriverName(name string) error {
+	if !driverNameRE.MatchString(name) {
+		return fmt.Errorf("%q is not a usable driver name (1-63 letters, digits and ._+-, starting with a letter or digit)", name)
+	}
+	return nil
+}
+
 // Registry lists a site's BMC drivers, the built-ins and the external
 // ones registered from their binaries, and builds a Driver by name. The
 // zero value is not usable; use NewRegistry.
@@ -83,8 +97,8 @@ func (r *Registry) Register(ctx context.Context, name, path string) (DriverInfo,
 		return DriverInfo{}, fmt.Errorf("driver %s: %w", path, err)
 	}
 	switch {
-	case name == "" || strings.HasPrefix(name, PluginPrefix) || strings.ContainsAny(name, "/ \t\n"):
-		return DriverInfo{}, fmt.Errorf("driver %s: %q is not a usable driver name", abs, name)
+	case ValidDriverName(name) != nil:
+		return DriverInfo{}, fmt.Errorf("driver %s: %w", abs, ValidDriverName(name))
 	case slices.Contains(Drivers(), name):
 		return DriverInfo{}, fmt.Errorf("driver %s: %q is a built-in driver's name", abs, name)
 	}

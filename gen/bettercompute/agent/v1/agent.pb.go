@@ -2016,8 +2016,13 @@ type Hello struct {
 	// Digest of the agent's current inventory snapshot; the gateway asks for
 	// sections when it differs from what it holds.
 	InventoryDigest string `protobuf:"bytes,6,opt,name=inventory_digest,json=inventoryDigest,proto3" json:"inventory_digest,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The BMC drivers a site agent (mode site) can drive machines with: the
+	// built-ins and the external drivers of its drivers directory, read
+	// when bcd started. Empty from other modes, and from a site agent that
+	// predates the report (it has the built-ins).
+	BmcDrivers    []*BMCDriver `protobuf:"bytes,7,rep,name=bmc_drivers,json=bmcDrivers,proto3" json:"bmc_drivers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -2092,6 +2097,102 @@ func (x *Hello) GetInventoryDigest() string {
 	return ""
 }
 
+func (x *Hello) GetBmcDrivers() []*BMCDriver {
+	if x != nil {
+		return x.BmcDrivers
+	}
+	return nil
+}
+
+// BMCDriver is a BMC driver a site agent has.
+type BMCDriver struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name a machine's bmc_driver gives: a built-in's, or an external
+	// driver's file name in the drivers directory.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The name the driver gives itself.
+	Reports string `protobuf:"bytes,2,opt,name=reports,proto3" json:"reports,omitempty"`
+	Version string `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	BuiltIn bool   `protobuf:"varint,4,opt,name=built_in,json=builtIn,proto3" json:"built_in,omitempty"`
+	// An external driver's binary; empty for a built-in.
+	Path          string   `protobuf:"bytes,5,opt,name=path,proto3" json:"path,omitempty"`
+	Capabilities  []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BMCDriver) Reset() {
+	*x = BMCDriver{}
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BMCDriver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BMCDriver) ProtoMessage() {}
+
+func (x *BMCDriver) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BMCDriver.ProtoReflect.Descriptor instead.
+func (*BMCDriver) Descriptor() ([]byte, []int) {
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *BMCDriver) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BMCDriver) GetReports() string {
+	if x != nil {
+		return x.Reports
+	}
+	return ""
+}
+
+func (x *BMCDriver) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *BMCDriver) GetBuiltIn() bool {
+	if x != nil {
+		return x.BuiltIn
+	}
+	return false
+}
+
+func (x *BMCDriver) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *BMCDriver) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
 // Goodbye is the agent's last message before it closes its side of the
 // session on purpose (bcd stopping): the gateway marks the node unreachable
 // at once instead of waiting for the heartbeat timeout, and ends the stream
@@ -2106,7 +2207,7 @@ type Goodbye struct {
 
 func (x *Goodbye) Reset() {
 	*x = Goodbye{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2219,7 @@ func (x *Goodbye) String() string {
 func (*Goodbye) ProtoMessage() {}
 
 func (x *Goodbye) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2232,7 @@ func (x *Goodbye) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Goodbye.ProtoReflect.Descriptor instead.
 func (*Goodbye) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Goodbye) GetReason() string {
@@ -2153,7 +2254,7 @@ type HelloAck struct {
 
 func (x *HelloAck) Reset() {
 	*x = HelloAck{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2266,7 @@ func (x *HelloAck) String() string {
 func (*HelloAck) ProtoMessage() {}
 
 func (x *HelloAck) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2279,7 @@ func (x *HelloAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloAck.ProtoReflect.Descriptor instead.
 func (*HelloAck) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HelloAck) GetNodeId() string {
@@ -2215,7 +2316,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2328,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2341,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Heartbeat) GetTime() *timestamppb.Timestamp {
@@ -2280,7 +2381,7 @@ type GpuTelemetry struct {
 
 func (x *GpuTelemetry) Reset() {
 	*x = GpuTelemetry{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2393,7 @@ func (x *GpuTelemetry) String() string {
 func (*GpuTelemetry) ProtoMessage() {}
 
 func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2406,7 @@ func (x *GpuTelemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuTelemetry.ProtoReflect.Descriptor instead.
 func (*GpuTelemetry) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GpuTelemetry) GetUuid() string {
@@ -2390,7 +2491,7 @@ type Pressure struct {
 
 func (x *Pressure) Reset() {
 	*x = Pressure{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2503,7 @@ func (x *Pressure) String() string {
 func (*Pressure) ProtoMessage() {}
 
 func (x *Pressure) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2516,7 @@ func (x *Pressure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pressure.ProtoReflect.Descriptor instead.
 func (*Pressure) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Pressure) GetCpu() float64 {
@@ -2461,7 +2562,7 @@ type StatusReport struct {
 
 func (x *StatusReport) Reset() {
 	*x = StatusReport{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2574,7 @@ func (x *StatusReport) String() string {
 func (*StatusReport) ProtoMessage() {}
 
 func (x *StatusReport) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2587,7 @@ func (x *StatusReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReport.ProtoReflect.Descriptor instead.
 func (*StatusReport) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatusReport) GetPressure() *Pressure {
@@ -2554,7 +2655,7 @@ type HealthEvent struct {
 
 func (x *HealthEvent) Reset() {
 	*x = HealthEvent{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +2667,7 @@ func (x *HealthEvent) String() string {
 func (*HealthEvent) ProtoMessage() {}
 
 func (x *HealthEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +2680,7 @@ func (x *HealthEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthEvent.ProtoReflect.Descriptor instead.
 func (*HealthEvent) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HealthEvent) GetKind() string {
@@ -2666,7 +2767,7 @@ type InventorySection struct {
 
 func (x *InventorySection) Reset() {
 	*x = InventorySection{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +2779,7 @@ func (x *InventorySection) String() string {
 func (*InventorySection) ProtoMessage() {}
 
 func (x *InventorySection) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +2792,7 @@ func (x *InventorySection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventorySection.ProtoReflect.Descriptor instead.
 func (*InventorySection) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *InventorySection) GetName() string {
@@ -2737,7 +2838,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2850,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2863,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type SystemInventory struct {
@@ -2778,7 +2879,7 @@ type SystemInventory struct {
 
 func (x *SystemInventory) Reset() {
 	*x = SystemInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2891,7 @@ func (x *SystemInventory) String() string {
 func (*SystemInventory) ProtoMessage() {}
 
 func (x *SystemInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2904,7 @@ func (x *SystemInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SystemInventory.ProtoReflect.Descriptor instead.
 func (*SystemInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SystemInventory) GetIdentity() *HardwareIdentity {
@@ -2853,7 +2954,7 @@ type GpuInventory struct {
 
 func (x *GpuInventory) Reset() {
 	*x = GpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +2966,7 @@ func (x *GpuInventory) String() string {
 func (*GpuInventory) ProtoMessage() {}
 
 func (x *GpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +2979,7 @@ func (x *GpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GpuInventory.ProtoReflect.Descriptor instead.
 func (*GpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GpuInventory) GetGpus() []*Gpu {
@@ -2931,7 +3032,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +3044,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +3057,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Gpu) GetIndex() int32 {
@@ -3035,7 +3136,7 @@ type MigInstance struct {
 
 func (x *MigInstance) Reset() {
 	*x = MigInstance{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3148,7 @@ func (x *MigInstance) String() string {
 func (*MigInstance) ProtoMessage() {}
 
 func (x *MigInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3161,7 @@ func (x *MigInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigInstance.ProtoReflect.Descriptor instead.
 func (*MigInstance) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MigInstance) GetProfile() string {
@@ -3102,7 +3203,7 @@ type NvLink struct {
 
 func (x *NvLink) Reset() {
 	*x = NvLink{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3114,7 +3215,7 @@ func (x *NvLink) String() string {
 func (*NvLink) ProtoMessage() {}
 
 func (x *NvLink) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3127,7 +3228,7 @@ func (x *NvLink) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NvLink.ProtoReflect.Descriptor instead.
 func (*NvLink) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NvLink) GetGpuUuid() string {
@@ -3164,7 +3265,7 @@ type CpuInventory struct {
 
 func (x *CpuInventory) Reset() {
 	*x = CpuInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3176,7 +3277,7 @@ func (x *CpuInventory) String() string {
 func (*CpuInventory) ProtoMessage() {}
 
 func (x *CpuInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3189,7 +3290,7 @@ func (x *CpuInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CpuInventory.ProtoReflect.Descriptor instead.
 func (*CpuInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CpuInventory) GetModel() string {
@@ -3241,7 +3342,7 @@ type NumaNode struct {
 
 func (x *NumaNode) Reset() {
 	*x = NumaNode{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3253,7 +3354,7 @@ func (x *NumaNode) String() string {
 func (*NumaNode) ProtoMessage() {}
 
 func (x *NumaNode) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3266,7 +3367,7 @@ func (x *NumaNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NumaNode.ProtoReflect.Descriptor instead.
 func (*NumaNode) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NumaNode) GetId() int32 {
@@ -3315,7 +3416,7 @@ type MemoryInventory struct {
 
 func (x *MemoryInventory) Reset() {
 	*x = MemoryInventory{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3428,7 @@ func (x *MemoryInventory) String() string {
 func (*MemoryInventory) ProtoMessage() {}
 
 func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3441,7 @@ func (x *MemoryInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryInventory.ProtoReflect.Descriptor instead.
 func (*MemoryInventory) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MemoryInventory) GetTotalMib() uint64 {
@@ -3380,7 +3481,7 @@ type NodeLabels struct {
 
 func (x *NodeLabels) Reset() {
 	*x = NodeLabels{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3392,7 +3493,7 @@ func (x *NodeLabels) String() string {
 func (*NodeLabels) ProtoMessage() {}
 
 func (x *NodeLabels) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3405,7 +3506,7 @@ func (x *NodeLabels) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeLabels.ProtoReflect.Descriptor instead.
 func (*NodeLabels) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NodeLabels) GetLabels() map[string]string {
@@ -3447,7 +3548,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3560,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3573,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Command) GetId() string {
@@ -3549,7 +3650,7 @@ type CommandSignature struct {
 
 func (x *CommandSignature) Reset() {
 	*x = CommandSignature{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3561,7 +3662,7 @@ func (x *CommandSignature) String() string {
 func (*CommandSignature) ProtoMessage() {}
 
 func (x *CommandSignature) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3574,7 +3675,7 @@ func (x *CommandSignature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandSignature.ProtoReflect.Descriptor instead.
 func (*CommandSignature) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CommandSignature) GetTrustVersion() int64 {
@@ -3615,7 +3716,7 @@ type CancelCommand struct {
 
 func (x *CancelCommand) Reset() {
 	*x = CancelCommand{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3627,7 +3728,7 @@ func (x *CancelCommand) String() string {
 func (*CancelCommand) ProtoMessage() {}
 
 func (x *CancelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3640,7 +3741,7 @@ func (x *CancelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommand.ProtoReflect.Descriptor instead.
 func (*CancelCommand) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CancelCommand) GetCommandId() string {
@@ -3681,7 +3782,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3693,7 +3794,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3706,7 +3807,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -3796,7 +3897,7 @@ type DeviceAssignment struct {
 
 func (x *DeviceAssignment) Reset() {
 	*x = DeviceAssignment{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3808,7 +3909,7 @@ func (x *DeviceAssignment) String() string {
 func (*DeviceAssignment) ProtoMessage() {}
 
 func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3821,7 +3922,7 @@ func (x *DeviceAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceAssignment.ProtoReflect.Descriptor instead.
 func (*DeviceAssignment) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeviceAssignment) GetAllocationId() string {
@@ -3898,7 +3999,7 @@ type AllocationBound struct {
 
 func (x *AllocationBound) Reset() {
 	*x = AllocationBound{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3910,7 +4011,7 @@ func (x *AllocationBound) String() string {
 func (*AllocationBound) ProtoMessage() {}
 
 func (x *AllocationBound) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3923,7 +4024,7 @@ func (x *AllocationBound) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationBound.ProtoReflect.Descriptor instead.
 func (*AllocationBound) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AllocationBound) GetAllocationId() string {
@@ -3974,7 +4075,7 @@ type Enforcement struct {
 
 func (x *Enforcement) Reset() {
 	*x = Enforcement{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3986,7 +4087,7 @@ func (x *Enforcement) String() string {
 func (*Enforcement) ProtoMessage() {}
 
 func (x *Enforcement) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3999,7 +4100,7 @@ func (x *Enforcement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Enforcement.ProtoReflect.Descriptor instead.
 func (*Enforcement) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Enforcement) GetResource() string {
@@ -4038,7 +4139,7 @@ type AllocationReleased struct {
 
 func (x *AllocationReleased) Reset() {
 	*x = AllocationReleased{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4050,7 +4151,7 @@ func (x *AllocationReleased) String() string {
 func (*AllocationReleased) ProtoMessage() {}
 
 func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4063,7 +4164,7 @@ func (x *AllocationReleased) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocationReleased.ProtoReflect.Descriptor instead.
 func (*AllocationReleased) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AllocationReleased) GetAllocationId() string {
@@ -4112,7 +4213,7 @@ type ProcessExec struct {
 
 func (x *ProcessExec) Reset() {
 	*x = ProcessExec{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4225,7 @@ func (x *ProcessExec) String() string {
 func (*ProcessExec) ProtoMessage() {}
 
 func (x *ProcessExec) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4238,7 @@ func (x *ProcessExec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessExec.ProtoReflect.Descriptor instead.
 func (*ProcessExec) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ProcessExec) GetAllocationId() string {
@@ -4185,7 +4286,7 @@ type ProcessOutput struct {
 
 func (x *ProcessOutput) Reset() {
 	*x = ProcessOutput{}
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4197,7 +4298,7 @@ func (x *ProcessOutput) String() string {
 func (*ProcessOutput) ProtoMessage() {}
 
 func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_bettercompute_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4210,7 +4311,7 @@ func (x *ProcessOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessOutput.ProtoReflect.Descriptor instead.
 func (*ProcessOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ProcessOutput) GetCommandId() string {
@@ -4377,14 +4478,23 @@ const file_bettercompute_agent_v1_agent_proto_rawDesc = "" +
 	"\acommand\x18\x02 \x01(\v2\x1f.bettercompute.agent.v1.CommandH\x00R\acommand\x12?\n" +
 	"\x06cancel\x18\x03 \x01(\v2%.bettercompute.agent.v1.CancelCommandH\x00R\x06cancel\x12W\n" +
 	"\x11inventory_request\x18\x04 \x01(\v2(.bettercompute.agent.v1.InventoryRequestH\x00R\x10inventoryRequestB\x05\n" +
-	"\x03msg\"\x81\x02\n" +
+	"\x03msg\"\xc5\x02\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x125\n" +
 	"\x04mode\x18\x02 \x01(\x0e2!.bettercompute.agent.v1.AgentModeR\x04mode\x12\"\n" +
 	"\fcapabilities\x18\x03 \x03(\tR\fcapabilities\x12#\n" +
 	"\rtrust_version\x18\x04 \x01(\x03R\ftrustVersion\x12(\n" +
 	"\x10last_applied_seq\x18\x05 \x01(\x04R\x0elastAppliedSeq\x12)\n" +
-	"\x10inventory_digest\x18\x06 \x01(\tR\x0finventoryDigest\"!\n" +
+	"\x10inventory_digest\x18\x06 \x01(\tR\x0finventoryDigest\x12B\n" +
+	"\vbmc_drivers\x18\a \x03(\v2!.bettercompute.agent.v1.BMCDriverR\n" +
+	"bmcDrivers\"\xa6\x01\n" +
+	"\tBMCDriver\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\areports\x18\x02 \x01(\tR\areports\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x12\x19\n" +
+	"\bbuilt_in\x18\x04 \x01(\bR\abuiltIn\x12\x12\n" +
+	"\x04path\x18\x05 \x01(\tR\x04path\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"!\n" +
 	"\aGoodbye\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x8d\x01\n" +
 	"\bHelloAck\x12\x17\n" +
@@ -4622,7 +4732,7 @@ func file_bettercompute_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_bettercompute_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_bettercompute_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(AgentMode)(0),                // 0: bettercompute.agent.v1.AgentMode
 	(JoinStatus)(0),               // 1: bettercompute.agent.v1.JoinStatus
@@ -4650,110 +4760,112 @@ var file_bettercompute_agent_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 23: bettercompute.agent.v1.AgentMessage
 	(*GatewayMessage)(nil),        // 24: bettercompute.agent.v1.GatewayMessage
 	(*Hello)(nil),                 // 25: bettercompute.agent.v1.Hello
-	(*Goodbye)(nil),               // 26: bettercompute.agent.v1.Goodbye
-	(*HelloAck)(nil),              // 27: bettercompute.agent.v1.HelloAck
-	(*Heartbeat)(nil),             // 28: bettercompute.agent.v1.Heartbeat
-	(*GpuTelemetry)(nil),          // 29: bettercompute.agent.v1.GpuTelemetry
-	(*Pressure)(nil),              // 30: bettercompute.agent.v1.Pressure
-	(*StatusReport)(nil),          // 31: bettercompute.agent.v1.StatusReport
-	(*HealthEvent)(nil),           // 32: bettercompute.agent.v1.HealthEvent
-	(*InventorySection)(nil),      // 33: bettercompute.agent.v1.InventorySection
-	(*InventoryRequest)(nil),      // 34: bettercompute.agent.v1.InventoryRequest
-	(*SystemInventory)(nil),       // 35: bettercompute.agent.v1.SystemInventory
-	(*GpuInventory)(nil),          // 36: bettercompute.agent.v1.GpuInventory
-	(*Gpu)(nil),                   // 37: bettercompute.agent.v1.Gpu
-	(*MigInstance)(nil),           // 38: bettercompute.agent.v1.MigInstance
-	(*NvLink)(nil),                // 39: bettercompute.agent.v1.NvLink
-	(*CpuInventory)(nil),          // 40: bettercompute.agent.v1.CpuInventory
-	(*NumaNode)(nil),              // 41: bettercompute.agent.v1.NumaNode
-	(*MemoryInventory)(nil),       // 42: bettercompute.agent.v1.MemoryInventory
-	(*NodeLabels)(nil),            // 43: bettercompute.agent.v1.NodeLabels
-	(*Command)(nil),               // 44: bettercompute.agent.v1.Command
-	(*CommandSignature)(nil),      // 45: bettercompute.agent.v1.CommandSignature
-	(*CancelCommand)(nil),         // 46: bettercompute.agent.v1.CancelCommand
-	(*CommandUpdate)(nil),         // 47: bettercompute.agent.v1.CommandUpdate
-	(*DeviceAssignment)(nil),      // 48: bettercompute.agent.v1.DeviceAssignment
-	(*AllocationBound)(nil),       // 49: bettercompute.agent.v1.AllocationBound
-	(*Enforcement)(nil),           // 50: bettercompute.agent.v1.Enforcement
-	(*AllocationReleased)(nil),    // 51: bettercompute.agent.v1.AllocationReleased
-	(*ProcessExec)(nil),           // 52: bettercompute.agent.v1.ProcessExec
-	(*ProcessOutput)(nil),         // 53: bettercompute.agent.v1.ProcessOutput
-	nil,                           // 54: bettercompute.agent.v1.TPMEvidence.PcrsEntry
-	nil,                           // 55: bettercompute.agent.v1.NodeLabels.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 56: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),       // 57: google.protobuf.Struct
+	(*BMCDriver)(nil),             // 26: bettercompute.agent.v1.BMCDriver
+	(*Goodbye)(nil),               // 27: bettercompute.agent.v1.Goodbye
+	(*HelloAck)(nil),              // 28: bettercompute.agent.v1.HelloAck
+	(*Heartbeat)(nil),             // 29: bettercompute.agent.v1.Heartbeat
+	(*GpuTelemetry)(nil),          // 30: bettercompute.agent.v1.GpuTelemetry
+	(*Pressure)(nil),              // 31: bettercompute.agent.v1.Pressure
+	(*StatusReport)(nil),          // 32: bettercompute.agent.v1.StatusReport
+	(*HealthEvent)(nil),           // 33: bettercompute.agent.v1.HealthEvent
+	(*InventorySection)(nil),      // 34: bettercompute.agent.v1.InventorySection
+	(*InventoryRequest)(nil),      // 35: bettercompute.agent.v1.InventoryRequest
+	(*SystemInventory)(nil),       // 36: bettercompute.agent.v1.SystemInventory
+	(*GpuInventory)(nil),          // 37: bettercompute.agent.v1.GpuInventory
+	(*Gpu)(nil),                   // 38: bettercompute.agent.v1.Gpu
+	(*MigInstance)(nil),           // 39: bettercompute.agent.v1.MigInstance
+	(*NvLink)(nil),                // 40: bettercompute.agent.v1.NvLink
+	(*CpuInventory)(nil),          // 41: bettercompute.agent.v1.CpuInventory
+	(*NumaNode)(nil),              // 42: bettercompute.agent.v1.NumaNode
+	(*MemoryInventory)(nil),       // 43: bettercompute.agent.v1.MemoryInventory
+	(*NodeLabels)(nil),            // 44: bettercompute.agent.v1.NodeLabels
+	(*Command)(nil),               // 45: bettercompute.agent.v1.Command
+	(*CommandSignature)(nil),      // 46: bettercompute.agent.v1.CommandSignature
+	(*CancelCommand)(nil),         // 47: bettercompute.agent.v1.CancelCommand
+	(*CommandUpdate)(nil),         // 48: bettercompute.agent.v1.CommandUpdate
+	(*DeviceAssignment)(nil),      // 49: bettercompute.agent.v1.DeviceAssignment
+	(*AllocationBound)(nil),       // 50: bettercompute.agent.v1.AllocationBound
+	(*Enforcement)(nil),           // 51: bettercompute.agent.v1.Enforcement
+	(*AllocationReleased)(nil),    // 52: bettercompute.agent.v1.AllocationReleased
+	(*ProcessExec)(nil),           // 53: bettercompute.agent.v1.ProcessExec
+	(*ProcessOutput)(nil),         // 54: bettercompute.agent.v1.ProcessOutput
+	nil,                           // 55: bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	nil,                           // 56: bettercompute.agent.v1.NodeLabels.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 58: google.protobuf.Struct
 }
 var file_bettercompute_agent_v1_agent_proto_depIdxs = []int32{
-	56, // 0: bettercompute.agent.v1.FetchSecretRequest.time:type_name -> google.protobuf.Timestamp
+	57, // 0: bettercompute.agent.v1.FetchSecretRequest.time:type_name -> google.protobuf.Timestamp
 	10, // 1: bettercompute.agent.v1.JoinRequest.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
 	0,  // 2: bettercompute.agent.v1.JoinRequest.mode:type_name -> bettercompute.agent.v1.AgentMode
 	15, // 3: bettercompute.agent.v1.JoinRequest.attestation:type_name -> bettercompute.agent.v1.Attestation
 	13, // 4: bettercompute.agent.v1.JoinChallengeRequest.tpm:type_name -> bettercompute.agent.v1.TPMIdentity
-	56, // 5: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
+	57, // 5: bettercompute.agent.v1.JoinChallengeResponse.expire_time:type_name -> google.protobuf.Timestamp
 	16, // 6: bettercompute.agent.v1.Attestation.tpm:type_name -> bettercompute.agent.v1.TPMEvidence
 	17, // 7: bettercompute.agent.v1.Attestation.x509:type_name -> bettercompute.agent.v1.X509Evidence
 	18, // 8: bettercompute.agent.v1.Attestation.cloud:type_name -> bettercompute.agent.v1.CloudEvidence
 	17, // 9: bettercompute.agent.v1.Attestation.kubelet:type_name -> bettercompute.agent.v1.X509Evidence
-	54, // 10: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
+	55, // 10: bettercompute.agent.v1.TPMEvidence.pcrs:type_name -> bettercompute.agent.v1.TPMEvidence.PcrsEntry
 	1,  // 11: bettercompute.agent.v1.JoinResponse.status:type_name -> bettercompute.agent.v1.JoinStatus
-	56, // 12: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	57, // 12: bettercompute.agent.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	20, // 13: bettercompute.agent.v1.JoinResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
-	56, // 14: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
-	56, // 15: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
+	57, // 14: bettercompute.agent.v1.RenewRequest.time:type_name -> google.protobuf.Timestamp
+	57, // 15: bettercompute.agent.v1.RenewResponse.not_after:type_name -> google.protobuf.Timestamp
 	20, // 16: bettercompute.agent.v1.RenewResponse.command_trust:type_name -> bettercompute.agent.v1.CommandTrust
 	25, // 17: bettercompute.agent.v1.AgentMessage.hello:type_name -> bettercompute.agent.v1.Hello
-	28, // 18: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
-	31, // 19: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
-	33, // 20: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
-	47, // 21: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
-	49, // 22: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
-	51, // 23: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
-	26, // 24: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
-	53, // 25: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
-	27, // 26: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
-	44, // 27: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
-	46, // 28: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
-	34, // 29: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
+	29, // 18: bettercompute.agent.v1.AgentMessage.heartbeat:type_name -> bettercompute.agent.v1.Heartbeat
+	32, // 19: bettercompute.agent.v1.AgentMessage.status:type_name -> bettercompute.agent.v1.StatusReport
+	34, // 20: bettercompute.agent.v1.AgentMessage.inventory:type_name -> bettercompute.agent.v1.InventorySection
+	48, // 21: bettercompute.agent.v1.AgentMessage.command_update:type_name -> bettercompute.agent.v1.CommandUpdate
+	50, // 22: bettercompute.agent.v1.AgentMessage.allocation_bound:type_name -> bettercompute.agent.v1.AllocationBound
+	52, // 23: bettercompute.agent.v1.AgentMessage.allocation_released:type_name -> bettercompute.agent.v1.AllocationReleased
+	27, // 24: bettercompute.agent.v1.AgentMessage.goodbye:type_name -> bettercompute.agent.v1.Goodbye
+	54, // 25: bettercompute.agent.v1.AgentMessage.process_output:type_name -> bettercompute.agent.v1.ProcessOutput
+	28, // 26: bettercompute.agent.v1.GatewayMessage.hello_ack:type_name -> bettercompute.agent.v1.HelloAck
+	45, // 27: bettercompute.agent.v1.GatewayMessage.command:type_name -> bettercompute.agent.v1.Command
+	47, // 28: bettercompute.agent.v1.GatewayMessage.cancel:type_name -> bettercompute.agent.v1.CancelCommand
+	35, // 29: bettercompute.agent.v1.GatewayMessage.inventory_request:type_name -> bettercompute.agent.v1.InventoryRequest
 	0,  // 30: bettercompute.agent.v1.Hello.mode:type_name -> bettercompute.agent.v1.AgentMode
-	56, // 31: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
-	56, // 32: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
-	29, // 33: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
-	30, // 34: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
-	32, // 35: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
-	32, // 36: bettercompute.agent.v1.StatusReport.findings:type_name -> bettercompute.agent.v1.HealthEvent
-	56, // 37: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
-	10, // 38: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
-	37, // 39: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
-	39, // 40: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
-	38, // 41: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
-	41, // 42: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
-	55, // 43: bettercompute.agent.v1.NodeLabels.labels:type_name -> bettercompute.agent.v1.NodeLabels.LabelsEntry
-	57, // 44: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
-	56, // 45: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	45, // 46: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
-	2,  // 47: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
-	57, // 48: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
-	50, // 49: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
-	3,  // 50: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
-	11, // 51: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
-	12, // 52: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
-	21, // 53: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
-	23, // 54: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
-	8,  // 55: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
-	6,  // 56: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
-	4,  // 57: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
-	19, // 58: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
-	14, // 59: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
-	22, // 60: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
-	24, // 61: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
-	9,  // 62: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
-	7,  // 63: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
-	5,  // 64: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
-	58, // [58:65] is the sub-list for method output_type
-	51, // [51:58] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	26, // 31: bettercompute.agent.v1.Hello.bmc_drivers:type_name -> bettercompute.agent.v1.BMCDriver
+	57, // 32: bettercompute.agent.v1.HelloAck.server_time:type_name -> google.protobuf.Timestamp
+	57, // 33: bettercompute.agent.v1.Heartbeat.time:type_name -> google.protobuf.Timestamp
+	30, // 34: bettercompute.agent.v1.Heartbeat.gpus:type_name -> bettercompute.agent.v1.GpuTelemetry
+	31, // 35: bettercompute.agent.v1.StatusReport.pressure:type_name -> bettercompute.agent.v1.Pressure
+	33, // 36: bettercompute.agent.v1.StatusReport.events:type_name -> bettercompute.agent.v1.HealthEvent
+	33, // 37: bettercompute.agent.v1.StatusReport.findings:type_name -> bettercompute.agent.v1.HealthEvent
+	57, // 38: bettercompute.agent.v1.HealthEvent.time:type_name -> google.protobuf.Timestamp
+	10, // 39: bettercompute.agent.v1.SystemInventory.identity:type_name -> bettercompute.agent.v1.HardwareIdentity
+	38, // 40: bettercompute.agent.v1.GpuInventory.gpus:type_name -> bettercompute.agent.v1.Gpu
+	40, // 41: bettercompute.agent.v1.GpuInventory.nvlinks:type_name -> bettercompute.agent.v1.NvLink
+	39, // 42: bettercompute.agent.v1.Gpu.mig_instances:type_name -> bettercompute.agent.v1.MigInstance
+	42, // 43: bettercompute.agent.v1.CpuInventory.numa_nodes:type_name -> bettercompute.agent.v1.NumaNode
+	56, // 44: bettercompute.agent.v1.NodeLabels.labels:type_name -> bettercompute.agent.v1.NodeLabels.LabelsEntry
+	58, // 45: bettercompute.agent.v1.Command.params:type_name -> google.protobuf.Struct
+	57, // 46: bettercompute.agent.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	46, // 47: bettercompute.agent.v1.Command.signature:type_name -> bettercompute.agent.v1.CommandSignature
+	2,  // 48: bettercompute.agent.v1.CommandUpdate.state:type_name -> bettercompute.agent.v1.CommandState
+	58, // 49: bettercompute.agent.v1.CommandUpdate.result:type_name -> google.protobuf.Struct
+	51, // 50: bettercompute.agent.v1.AllocationBound.enforced:type_name -> bettercompute.agent.v1.Enforcement
+	3,  // 51: bettercompute.agent.v1.Enforcement.state:type_name -> bettercompute.agent.v1.EnforcementState
+	11, // 52: bettercompute.agent.v1.AgentService.Join:input_type -> bettercompute.agent.v1.JoinRequest
+	12, // 53: bettercompute.agent.v1.AgentService.JoinChallenge:input_type -> bettercompute.agent.v1.JoinChallengeRequest
+	21, // 54: bettercompute.agent.v1.AgentService.Renew:input_type -> bettercompute.agent.v1.RenewRequest
+	23, // 55: bettercompute.agent.v1.AgentService.Session:input_type -> bettercompute.agent.v1.AgentMessage
+	8,  // 56: bettercompute.agent.v1.AgentService.Tunnel:input_type -> bettercompute.agent.v1.TunnelRequest
+	6,  // 57: bettercompute.agent.v1.AgentService.FetchSiteImage:input_type -> bettercompute.agent.v1.FetchSiteImageRequest
+	4,  // 58: bettercompute.agent.v1.AgentService.FetchSecret:input_type -> bettercompute.agent.v1.FetchSecretRequest
+	19, // 59: bettercompute.agent.v1.AgentService.Join:output_type -> bettercompute.agent.v1.JoinResponse
+	14, // 60: bettercompute.agent.v1.AgentService.JoinChallenge:output_type -> bettercompute.agent.v1.JoinChallengeResponse
+	22, // 61: bettercompute.agent.v1.AgentService.Renew:output_type -> bettercompute.agent.v1.RenewResponse
+	24, // 62: bettercompute.agent.v1.AgentService.Session:output_type -> bettercompute.agent.v1.GatewayMessage
+	9,  // 63: bettercompute.agent.v1.AgentService.Tunnel:output_type -> bettercompute.agent.v1.TunnelResponse
+	7,  // 64: bettercompute.agent.v1.AgentService.FetchSiteImage:output_type -> bettercompute.agent.v1.SiteImageChunk
+	5,  // 65: bettercompute.agent.v1.AgentService.FetchSecret:output_type -> bettercompute.agent.v1.FetchSecretResponse
+	59, // [59:66] is the sub-list for method output_type
+	52, // [52:59] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_agent_v1_agent_proto_init() }
@@ -4784,16 +4896,16 @@ func file_bettercompute_agent_v1_agent_proto_init() {
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_InventoryRequest)(nil),
 	}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[28].OneofWrappers = []any{}
-	file_bettercompute_agent_v1_agent_proto_msgTypes[33].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[26].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[29].OneofWrappers = []any{}
+	file_bettercompute_agent_v1_agent_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_agent_v1_agent_proto_rawDesc), len(file_bettercompute_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

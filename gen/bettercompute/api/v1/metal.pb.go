@@ -676,6 +676,223 @@ func (*DeleteSiteResponse) Descriptor() ([]byte, []int) {
 	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{10}
 }
 
+type ListSiteDriversRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Name or id.
+	Site          string `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSiteDriversRequest) Reset() {
+	*x = ListSiteDriversRequest{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSiteDriversRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSiteDriversRequest) ProtoMessage() {}
+
+func (x *ListSiteDriversRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSiteDriversRequest.ProtoReflect.Descriptor instead.
+func (*ListSiteDriversRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListSiteDriversRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListSiteDriversRequest) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
+}
+
+type ListSiteDriversResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By agent (node id), then built-ins first, then external drivers by
+	// name.
+	Drivers       []*SiteDriver `protobuf:"bytes,1,rep,name=drivers,proto3" json:"drivers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSiteDriversResponse) Reset() {
+	*x = ListSiteDriversResponse{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSiteDriversResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSiteDriversResponse) ProtoMessage() {}
+
+func (x *ListSiteDriversResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSiteDriversResponse.ProtoReflect.Descriptor instead.
+func (*ListSiteDriversResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListSiteDriversResponse) GetDrivers() []*SiteDriver {
+	if x != nil {
+		return x.Drivers
+	}
+	return nil
+}
+
+// A SiteDriver is a BMC driver one site agent has.
+type SiteDriver struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// The site agent (bcd --mode site) that reported it.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The name a machine's bmc_driver gives: a built-in's (ipmi, redfish)
+	// or an external driver's file name in the agent's drivers directory.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// The name the driver gives itself (an external build of ipmi reports
+	// ipmi under its own name).
+	Reports string `protobuf:"bytes,4,opt,name=reports,proto3" json:"reports,omitempty"`
+	Version string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	// builtin or external.
+	Kind string `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The external driver's binary on the agent's host; empty for a
+	// built-in.
+	Path         string   `protobuf:"bytes,7,opt,name=path,proto3" json:"path,omitempty"`
+	Capabilities []string `protobuf:"bytes,8,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// When the agent reported it (its session's Hello).
+	ReportTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=report_time,json=reportTime,proto3" json:"report_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SiteDriver) Reset() {
+	*x = SiteDriver{}
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SiteDriver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SiteDriver) ProtoMessage() {}
+
+func (x *SiteDriver) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SiteDriver.ProtoReflect.Descriptor instead.
+func (*SiteDriver) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SiteDriver) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetReports() string {
+	if x != nil {
+		return x.Reports
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SiteDriver) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *SiteDriver) GetReportTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportTime
+	}
+	return nil
+}
+
 // A Machine is a bare-metal server enrolled at a site, driven through its
 // BMC and PXE boots.
 type Machine struct {
@@ -684,7 +901,8 @@ type Machine struct {
 	TenantId string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	SiteId   string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
 	Name     string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
-	// ipmi or redfish.
+	// ipmi, redfish, or an external driver the site's agents report
+	// (SiteService.ListDrivers).
 	BmcDriver  string `protobuf:"bytes,5,opt,name=bmc_driver,json=bmcDriver,proto3" json:"bmc_driver,omitempty"`
 	BmcAddress string `protobuf:"bytes,6,opt,name=bmc_address,json=bmcAddress,proto3" json:"bmc_address,omitempty"`
 	// The BMC user name; the password is sealed at rest and never returned.
@@ -734,7 +952,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +964,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +977,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Machine) GetId() string {
@@ -990,7 +1208,7 @@ type MachineLease struct {
 
 func (x *MachineLease) Reset() {
 	*x = MachineLease{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1220,7 @@ func (x *MachineLease) String() string {
 func (*MachineLease) ProtoMessage() {}
 
 func (x *MachineLease) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1233,7 @@ func (x *MachineLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineLease.ProtoReflect.Descriptor instead.
 func (*MachineLease) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MachineLease) GetId() string {
@@ -1157,7 +1375,7 @@ type MachineLeaseEvidence struct {
 
 func (x *MachineLeaseEvidence) Reset() {
 	*x = MachineLeaseEvidence{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1387,7 @@ func (x *MachineLeaseEvidence) String() string {
 func (*MachineLeaseEvidence) ProtoMessage() {}
 
 func (x *MachineLeaseEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1400,7 @@ func (x *MachineLeaseEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineLeaseEvidence.ProtoReflect.Descriptor instead.
 func (*MachineLeaseEvidence) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MachineLeaseEvidence) GetStep() string {
@@ -1254,7 +1472,7 @@ type LeaseMachineRequest struct {
 
 func (x *LeaseMachineRequest) Reset() {
 	*x = LeaseMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1484,7 @@ func (x *LeaseMachineRequest) String() string {
 func (*LeaseMachineRequest) ProtoMessage() {}
 
 func (x *LeaseMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1497,7 @@ func (x *LeaseMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseMachineRequest.ProtoReflect.Descriptor instead.
 func (*LeaseMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaseMachineRequest) GetTenant() string {
@@ -1312,7 +1530,7 @@ type LeaseMachineResponse struct {
 
 func (x *LeaseMachineResponse) Reset() {
 	*x = LeaseMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1542,7 @@ func (x *LeaseMachineResponse) String() string {
 func (*LeaseMachineResponse) ProtoMessage() {}
 
 func (x *LeaseMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1555,7 @@ func (x *LeaseMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseMachineResponse.ProtoReflect.Descriptor instead.
 func (*LeaseMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LeaseMachineResponse) GetLease() *MachineLease {
@@ -1362,7 +1580,7 @@ type AcceptMachineLeaseRequest struct {
 
 func (x *AcceptMachineLeaseRequest) Reset() {
 	*x = AcceptMachineLeaseRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1592,7 @@ func (x *AcceptMachineLeaseRequest) String() string {
 func (*AcceptMachineLeaseRequest) ProtoMessage() {}
 
 func (x *AcceptMachineLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1605,7 @@ func (x *AcceptMachineLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptMachineLeaseRequest.ProtoReflect.Descriptor instead.
 func (*AcceptMachineLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AcceptMachineLeaseRequest) GetTenant() string {
@@ -1427,7 +1645,7 @@ type AcceptMachineLeaseResponse struct {
 
 func (x *AcceptMachineLeaseResponse) Reset() {
 	*x = AcceptMachineLeaseResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1657,7 @@ func (x *AcceptMachineLeaseResponse) String() string {
 func (*AcceptMachineLeaseResponse) ProtoMessage() {}
 
 func (x *AcceptMachineLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1670,7 @@ func (x *AcceptMachineLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcceptMachineLeaseResponse.ProtoReflect.Descriptor instead.
 func (*AcceptMachineLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AcceptMachineLeaseResponse) GetLease() *MachineLease {
@@ -1473,7 +1691,7 @@ type ReleaseMachineLeaseRequest struct {
 
 func (x *ReleaseMachineLeaseRequest) Reset() {
 	*x = ReleaseMachineLeaseRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1703,7 @@ func (x *ReleaseMachineLeaseRequest) String() string {
 func (*ReleaseMachineLeaseRequest) ProtoMessage() {}
 
 func (x *ReleaseMachineLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1716,7 @@ func (x *ReleaseMachineLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseMachineLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseMachineLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseMachineLeaseRequest) GetTenant() string {
@@ -1524,7 +1742,7 @@ type ReleaseMachineLeaseResponse struct {
 
 func (x *ReleaseMachineLeaseResponse) Reset() {
 	*x = ReleaseMachineLeaseResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1754,7 @@ func (x *ReleaseMachineLeaseResponse) String() string {
 func (*ReleaseMachineLeaseResponse) ProtoMessage() {}
 
 func (x *ReleaseMachineLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1767,7 @@ func (x *ReleaseMachineLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseMachineLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseMachineLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseMachineLeaseResponse) GetLease() *MachineLease {
@@ -1570,7 +1788,7 @@ type GetMachineLeaseRequest struct {
 
 func (x *GetMachineLeaseRequest) Reset() {
 	*x = GetMachineLeaseRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +1800,7 @@ func (x *GetMachineLeaseRequest) String() string {
 func (*GetMachineLeaseRequest) ProtoMessage() {}
 
 func (x *GetMachineLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +1813,7 @@ func (x *GetMachineLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetMachineLeaseRequest) GetTenant() string {
@@ -1621,7 +1839,7 @@ type GetMachineLeaseResponse struct {
 
 func (x *GetMachineLeaseResponse) Reset() {
 	*x = GetMachineLeaseResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1851,7 @@ func (x *GetMachineLeaseResponse) String() string {
 func (*GetMachineLeaseResponse) ProtoMessage() {}
 
 func (x *GetMachineLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1864,7 @@ func (x *GetMachineLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetMachineLeaseResponse) GetLease() *MachineLease {
@@ -1676,7 +1894,7 @@ type EnrollMachineRequest struct {
 
 func (x *EnrollMachineRequest) Reset() {
 	*x = EnrollMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1906,7 @@ func (x *EnrollMachineRequest) String() string {
 func (*EnrollMachineRequest) ProtoMessage() {}
 
 func (x *EnrollMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1919,7 @@ func (x *EnrollMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollMachineRequest.ProtoReflect.Descriptor instead.
 func (*EnrollMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *EnrollMachineRequest) GetTenant() string {
@@ -1776,7 +1994,7 @@ type EnrollMachineResponse struct {
 
 func (x *EnrollMachineResponse) Reset() {
 	*x = EnrollMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +2006,7 @@ func (x *EnrollMachineResponse) String() string {
 func (*EnrollMachineResponse) ProtoMessage() {}
 
 func (x *EnrollMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +2019,7 @@ func (x *EnrollMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollMachineResponse.ProtoReflect.Descriptor instead.
 func (*EnrollMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EnrollMachineResponse) GetMachine() *Machine {
@@ -1822,7 +2040,7 @@ type GetMachineRequest struct {
 
 func (x *GetMachineRequest) Reset() {
 	*x = GetMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +2052,7 @@ func (x *GetMachineRequest) String() string {
 func (*GetMachineRequest) ProtoMessage() {}
 
 func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2065,7 @@ func (x *GetMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetMachineRequest) GetTenant() string {
@@ -1873,7 +2091,7 @@ type GetMachineResponse struct {
 
 func (x *GetMachineResponse) Reset() {
 	*x = GetMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +2103,7 @@ func (x *GetMachineResponse) String() string {
 func (*GetMachineResponse) ProtoMessage() {}
 
 func (x *GetMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +2116,7 @@ func (x *GetMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetMachineResponse) GetMachine() *Machine {
@@ -1923,7 +2141,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2153,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2166,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListMachinesRequest) GetTenant() string {
@@ -1996,7 +2214,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2226,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2239,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -2048,7 +2266,7 @@ type InspectMachineRequest struct {
 
 func (x *InspectMachineRequest) Reset() {
 	*x = InspectMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2278,7 @@ func (x *InspectMachineRequest) String() string {
 func (*InspectMachineRequest) ProtoMessage() {}
 
 func (x *InspectMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2291,7 @@ func (x *InspectMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectMachineRequest.ProtoReflect.Descriptor instead.
 func (*InspectMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *InspectMachineRequest) GetTenant() string {
@@ -2099,7 +2317,7 @@ type InspectMachineResponse struct {
 
 func (x *InspectMachineResponse) Reset() {
 	*x = InspectMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2329,7 @@ func (x *InspectMachineResponse) String() string {
 func (*InspectMachineResponse) ProtoMessage() {}
 
 func (x *InspectMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2342,7 @@ func (x *InspectMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectMachineResponse.ProtoReflect.Descriptor instead.
 func (*InspectMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *InspectMachineResponse) GetMachine() *Machine {
@@ -2146,7 +2364,7 @@ type CommissionMachineRequest struct {
 
 func (x *CommissionMachineRequest) Reset() {
 	*x = CommissionMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2158,7 +2376,7 @@ func (x *CommissionMachineRequest) String() string {
 func (*CommissionMachineRequest) ProtoMessage() {}
 
 func (x *CommissionMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2171,7 +2389,7 @@ func (x *CommissionMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommissionMachineRequest.ProtoReflect.Descriptor instead.
 func (*CommissionMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CommissionMachineRequest) GetTenant() string {
@@ -2204,7 +2422,7 @@ type CommissionMachineResponse struct {
 
 func (x *CommissionMachineResponse) Reset() {
 	*x = CommissionMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2434,7 @@ func (x *CommissionMachineResponse) String() string {
 func (*CommissionMachineResponse) ProtoMessage() {}
 
 func (x *CommissionMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2447,7 @@ func (x *CommissionMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommissionMachineResponse.ProtoReflect.Descriptor instead.
 func (*CommissionMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CommissionMachineResponse) GetMachine() *Machine {
@@ -2252,7 +2470,7 @@ type DeployMachineRequest struct {
 
 func (x *DeployMachineRequest) Reset() {
 	*x = DeployMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2482,7 @@ func (x *DeployMachineRequest) String() string {
 func (*DeployMachineRequest) ProtoMessage() {}
 
 func (x *DeployMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +2495,7 @@ func (x *DeployMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployMachineRequest.ProtoReflect.Descriptor instead.
 func (*DeployMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeployMachineRequest) GetTenant() string {
@@ -2310,7 +2528,7 @@ type DeployMachineResponse struct {
 
 func (x *DeployMachineResponse) Reset() {
 	*x = DeployMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2540,7 @@ func (x *DeployMachineResponse) String() string {
 func (*DeployMachineResponse) ProtoMessage() {}
 
 func (x *DeployMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[33]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2553,7 @@ func (x *DeployMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployMachineResponse.ProtoReflect.Descriptor instead.
 func (*DeployMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{33}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeployMachineResponse) GetMachine() *Machine {
@@ -2355,7 +2573,7 @@ type ReleaseMachineRequest struct {
 
 func (x *ReleaseMachineRequest) Reset() {
 	*x = ReleaseMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2367,7 +2585,7 @@ func (x *ReleaseMachineRequest) String() string {
 func (*ReleaseMachineRequest) ProtoMessage() {}
 
 func (x *ReleaseMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[34]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2380,7 +2598,7 @@ func (x *ReleaseMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseMachineRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{34}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReleaseMachineRequest) GetTenant() string {
@@ -2406,7 +2624,7 @@ type ReleaseMachineResponse struct {
 
 func (x *ReleaseMachineResponse) Reset() {
 	*x = ReleaseMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2636,7 @@ func (x *ReleaseMachineResponse) String() string {
 func (*ReleaseMachineResponse) ProtoMessage() {}
 
 func (x *ReleaseMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[35]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2649,7 @@ func (x *ReleaseMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseMachineResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{35}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReleaseMachineResponse) GetMachine() *Machine {
@@ -2451,7 +2669,7 @@ type RetireMachineRequest struct {
 
 func (x *RetireMachineRequest) Reset() {
 	*x = RetireMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2681,7 @@ func (x *RetireMachineRequest) String() string {
 func (*RetireMachineRequest) ProtoMessage() {}
 
 func (x *RetireMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[36]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2694,7 @@ func (x *RetireMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireMachineRequest.ProtoReflect.Descriptor instead.
 func (*RetireMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{36}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RetireMachineRequest) GetTenant() string {
@@ -2502,7 +2720,7 @@ type RetireMachineResponse struct {
 
 func (x *RetireMachineResponse) Reset() {
 	*x = RetireMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2514,7 +2732,7 @@ func (x *RetireMachineResponse) String() string {
 func (*RetireMachineResponse) ProtoMessage() {}
 
 func (x *RetireMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[37]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2527,7 +2745,7 @@ func (x *RetireMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetireMachineResponse.ProtoReflect.Descriptor instead.
 func (*RetireMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{37}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RetireMachineResponse) GetMachine() *Machine {
@@ -2551,7 +2769,7 @@ type RescueMachineRequest struct {
 
 func (x *RescueMachineRequest) Reset() {
 	*x = RescueMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2781,7 @@ func (x *RescueMachineRequest) String() string {
 func (*RescueMachineRequest) ProtoMessage() {}
 
 func (x *RescueMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[38]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2794,7 @@ func (x *RescueMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RescueMachineRequest.ProtoReflect.Descriptor instead.
 func (*RescueMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{38}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RescueMachineRequest) GetTenant() string {
@@ -2616,7 +2834,7 @@ type RescueMachineResponse struct {
 
 func (x *RescueMachineResponse) Reset() {
 	*x = RescueMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2846,7 @@ func (x *RescueMachineResponse) String() string {
 func (*RescueMachineResponse) ProtoMessage() {}
 
 func (x *RescueMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[39]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2859,7 @@ func (x *RescueMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RescueMachineResponse.ProtoReflect.Descriptor instead.
 func (*RescueMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{39}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RescueMachineResponse) GetMachine() *Machine {
@@ -2663,7 +2881,7 @@ type PowerMachineRequest struct {
 
 func (x *PowerMachineRequest) Reset() {
 	*x = PowerMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +2893,7 @@ func (x *PowerMachineRequest) String() string {
 func (*PowerMachineRequest) ProtoMessage() {}
 
 func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[40]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +2906,7 @@ func (x *PowerMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerMachineRequest.ProtoReflect.Descriptor instead.
 func (*PowerMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{40}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PowerMachineRequest) GetTenant() string {
@@ -2722,7 +2940,7 @@ type PowerMachineResponse struct {
 
 func (x *PowerMachineResponse) Reset() {
 	*x = PowerMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +2952,7 @@ func (x *PowerMachineResponse) String() string {
 func (*PowerMachineResponse) ProtoMessage() {}
 
 func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[41]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +2965,7 @@ func (x *PowerMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerMachineResponse.ProtoReflect.Descriptor instead.
 func (*PowerMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{41}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PowerMachineResponse) GetMachine() *Machine {
@@ -2767,7 +2985,7 @@ type RotateBMCPasswordRequest struct {
 
 func (x *RotateBMCPasswordRequest) Reset() {
 	*x = RotateBMCPasswordRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +2997,7 @@ func (x *RotateBMCPasswordRequest) String() string {
 func (*RotateBMCPasswordRequest) ProtoMessage() {}
 
 func (x *RotateBMCPasswordRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[42]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +3010,7 @@ func (x *RotateBMCPasswordRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateBMCPasswordRequest.ProtoReflect.Descriptor instead.
 func (*RotateBMCPasswordRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{42}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RotateBMCPasswordRequest) GetTenant() string {
@@ -2820,7 +3038,7 @@ type RotateBMCPasswordResponse struct {
 
 func (x *RotateBMCPasswordResponse) Reset() {
 	*x = RotateBMCPasswordResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +3050,7 @@ func (x *RotateBMCPasswordResponse) String() string {
 func (*RotateBMCPasswordResponse) ProtoMessage() {}
 
 func (x *RotateBMCPasswordResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[43]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +3063,7 @@ func (x *RotateBMCPasswordResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateBMCPasswordResponse.ProtoReflect.Descriptor instead.
 func (*RotateBMCPasswordResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{43}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RotateBMCPasswordResponse) GetMachine() *Machine {
@@ -2865,7 +3083,7 @@ type GetMachinePowerStatusRequest struct {
 
 func (x *GetMachinePowerStatusRequest) Reset() {
 	*x = GetMachinePowerStatusRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[44]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +3095,7 @@ func (x *GetMachinePowerStatusRequest) String() string {
 func (*GetMachinePowerStatusRequest) ProtoMessage() {}
 
 func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[44]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +3108,7 @@ func (x *GetMachinePowerStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachinePowerStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetMachinePowerStatusRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{44}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetMachinePowerStatusRequest) GetTenant() string {
@@ -2917,7 +3135,7 @@ type GetMachinePowerStatusResponse struct {
 
 func (x *GetMachinePowerStatusResponse) Reset() {
 	*x = GetMachinePowerStatusResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[45]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3147,7 @@ func (x *GetMachinePowerStatusResponse) String() string {
 func (*GetMachinePowerStatusResponse) ProtoMessage() {}
 
 func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[45]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3160,7 @@ func (x *GetMachinePowerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachinePowerStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetMachinePowerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{45}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetMachinePowerStatusResponse) GetPower() string {
@@ -2962,7 +3180,7 @@ type AbortMachineRequest struct {
 
 func (x *AbortMachineRequest) Reset() {
 	*x = AbortMachineRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[46]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3192,7 @@ func (x *AbortMachineRequest) String() string {
 func (*AbortMachineRequest) ProtoMessage() {}
 
 func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[46]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3205,7 @@ func (x *AbortMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineRequest.ProtoReflect.Descriptor instead.
 func (*AbortMachineRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{46}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AbortMachineRequest) GetTenant() string {
@@ -3016,7 +3234,7 @@ type AbortMachineResponse struct {
 
 func (x *AbortMachineResponse) Reset() {
 	*x = AbortMachineResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[47]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3246,7 @@ func (x *AbortMachineResponse) String() string {
 func (*AbortMachineResponse) ProtoMessage() {}
 
 func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[47]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3259,7 @@ func (x *AbortMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineResponse.ProtoReflect.Descriptor instead.
 func (*AbortMachineResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{47}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AbortMachineResponse) GetMachine() *Machine {
@@ -3069,7 +3287,7 @@ type PauseMachineWorkflowRequest struct {
 
 func (x *PauseMachineWorkflowRequest) Reset() {
 	*x = PauseMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3299,7 @@ func (x *PauseMachineWorkflowRequest) String() string {
 func (*PauseMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *PauseMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[48]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3312,7 @@ func (x *PauseMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*PauseMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{48}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PauseMachineWorkflowRequest) GetTenant() string {
@@ -3121,7 +3339,7 @@ type PauseMachineWorkflowResponse struct {
 
 func (x *PauseMachineWorkflowResponse) Reset() {
 	*x = PauseMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3351,7 @@ func (x *PauseMachineWorkflowResponse) String() string {
 func (*PauseMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *PauseMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[49]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3364,7 @@ func (x *PauseMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*PauseMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{49}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PauseMachineWorkflowResponse) GetMachine() *Machine {
@@ -3174,7 +3392,7 @@ type ResumeMachineWorkflowRequest struct {
 
 func (x *ResumeMachineWorkflowRequest) Reset() {
 	*x = ResumeMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3186,7 +3404,7 @@ func (x *ResumeMachineWorkflowRequest) String() string {
 func (*ResumeMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *ResumeMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3199,7 +3417,7 @@ func (x *ResumeMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*ResumeMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ResumeMachineWorkflowRequest) GetTenant() string {
@@ -3226,7 +3444,7 @@ type ResumeMachineWorkflowResponse struct {
 
 func (x *ResumeMachineWorkflowResponse) Reset() {
 	*x = ResumeMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3238,7 +3456,7 @@ func (x *ResumeMachineWorkflowResponse) String() string {
 func (*ResumeMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *ResumeMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[51]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3251,7 +3469,7 @@ func (x *ResumeMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*ResumeMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{51}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResumeMachineWorkflowResponse) GetMachine() *Machine {
@@ -3282,7 +3500,7 @@ type RetryMachineWorkflowRequest struct {
 
 func (x *RetryMachineWorkflowRequest) Reset() {
 	*x = RetryMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3294,7 +3512,7 @@ func (x *RetryMachineWorkflowRequest) String() string {
 func (*RetryMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *RetryMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[52]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3307,7 +3525,7 @@ func (x *RetryMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*RetryMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{52}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RetryMachineWorkflowRequest) GetTenant() string {
@@ -3341,7 +3559,7 @@ type RetryMachineWorkflowResponse struct {
 
 func (x *RetryMachineWorkflowResponse) Reset() {
 	*x = RetryMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3353,7 +3571,7 @@ func (x *RetryMachineWorkflowResponse) String() string {
 func (*RetryMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *RetryMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[53]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3366,7 +3584,7 @@ func (x *RetryMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*RetryMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{53}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RetryMachineWorkflowResponse) GetMachine() *Machine {
@@ -3394,7 +3612,7 @@ type AbortMachineWorkflowRequest struct {
 
 func (x *AbortMachineWorkflowRequest) Reset() {
 	*x = AbortMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[54]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3406,7 +3624,7 @@ func (x *AbortMachineWorkflowRequest) String() string {
 func (*AbortMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *AbortMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[54]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3419,7 +3637,7 @@ func (x *AbortMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*AbortMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{54}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AbortMachineWorkflowRequest) GetTenant() string {
@@ -3447,7 +3665,7 @@ type AbortMachineWorkflowResponse struct {
 
 func (x *AbortMachineWorkflowResponse) Reset() {
 	*x = AbortMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[55]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3677,7 @@ func (x *AbortMachineWorkflowResponse) String() string {
 func (*AbortMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *AbortMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[55]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3690,7 @@ func (x *AbortMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*AbortMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{55}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AbortMachineWorkflowResponse) GetMachine() *Machine {
@@ -3517,7 +3735,7 @@ type MachineWorkflow struct {
 
 func (x *MachineWorkflow) Reset() {
 	*x = MachineWorkflow{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[56]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3529,7 +3747,7 @@ func (x *MachineWorkflow) String() string {
 func (*MachineWorkflow) ProtoMessage() {}
 
 func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[56]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3542,7 +3760,7 @@ func (x *MachineWorkflow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflow.ProtoReflect.Descriptor instead.
 func (*MachineWorkflow) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{56}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MachineWorkflow) GetId() string {
@@ -3662,7 +3880,7 @@ type MachineWorkflowStep struct {
 
 func (x *MachineWorkflowStep) Reset() {
 	*x = MachineWorkflowStep{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[57]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3892,7 @@ func (x *MachineWorkflowStep) String() string {
 func (*MachineWorkflowStep) ProtoMessage() {}
 
 func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[57]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3905,7 @@ func (x *MachineWorkflowStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineWorkflowStep.ProtoReflect.Descriptor instead.
 func (*MachineWorkflowStep) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{57}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *MachineWorkflowStep) GetIndex() int32 {
@@ -3789,7 +4007,7 @@ type ListMachineWorkflowsRequest struct {
 
 func (x *ListMachineWorkflowsRequest) Reset() {
 	*x = ListMachineWorkflowsRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[58]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +4019,7 @@ func (x *ListMachineWorkflowsRequest) String() string {
 func (*ListMachineWorkflowsRequest) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[58]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +4032,7 @@ func (x *ListMachineWorkflowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsRequest.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{58}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListMachineWorkflowsRequest) GetTenant() string {
@@ -3862,7 +4080,7 @@ type ListMachineWorkflowsResponse struct {
 
 func (x *ListMachineWorkflowsResponse) Reset() {
 	*x = ListMachineWorkflowsResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[59]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3874,7 +4092,7 @@ func (x *ListMachineWorkflowsResponse) String() string {
 func (*ListMachineWorkflowsResponse) ProtoMessage() {}
 
 func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[59]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3887,7 +4105,7 @@ func (x *ListMachineWorkflowsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachineWorkflowsResponse.ProtoReflect.Descriptor instead.
 func (*ListMachineWorkflowsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{59}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListMachineWorkflowsResponse) GetWorkflows() []*MachineWorkflow {
@@ -3915,7 +4133,7 @@ type GetMachineWorkflowRequest struct {
 
 func (x *GetMachineWorkflowRequest) Reset() {
 	*x = GetMachineWorkflowRequest{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[60]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3927,7 +4145,7 @@ func (x *GetMachineWorkflowRequest) String() string {
 func (*GetMachineWorkflowRequest) ProtoMessage() {}
 
 func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[60]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3940,7 +4158,7 @@ func (x *GetMachineWorkflowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowRequest.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{60}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetMachineWorkflowRequest) GetTenant() string {
@@ -3966,7 +4184,7 @@ type GetMachineWorkflowResponse struct {
 
 func (x *GetMachineWorkflowResponse) Reset() {
 	*x = GetMachineWorkflowResponse{}
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[61]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3978,7 +4196,7 @@ func (x *GetMachineWorkflowResponse) String() string {
 func (*GetMachineWorkflowResponse) ProtoMessage() {}
 
 func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[61]
+	mi := &file_bettercompute_api_v1_metal_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3991,7 +4209,7 @@ func (x *GetMachineWorkflowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMachineWorkflowResponse.ProtoReflect.Descriptor instead.
 func (*GetMachineWorkflowResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{61}
+	return file_bettercompute_api_v1_metal_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetMachineWorkflowResponse) GetWorkflow() *MachineWorkflow {
@@ -4053,7 +4271,24 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x11DeleteSiteRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\"\x14\n" +
-	"\x12DeleteSiteResponse\"\xdb\b\n" +
+	"\x12DeleteSiteResponse\"D\n" +
+	"\x16ListSiteDriversRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04site\x18\x02 \x01(\tR\x04site\"U\n" +
+	"\x17ListSiteDriversResponse\x12:\n" +
+	"\adrivers\x18\x01 \x03(\v2 .bettercompute.api.v1.SiteDriverR\adrivers\"\x8f\x02\n" +
+	"\n" +
+	"SiteDriver\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
+	"\areports\x18\x04 \x01(\tR\areports\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12\x12\n" +
+	"\x04kind\x18\x06 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04path\x18\a \x01(\tR\x04path\x12\"\n" +
+	"\fcapabilities\x18\b \x03(\tR\fcapabilities\x12;\n" +
+	"\vreport_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reportTime\"\xdb\b\n" +
 	"\aMachine\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x17\n" +
@@ -4307,13 +4542,14 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\"_\n" +
 	"\x1aGetMachineWorkflowResponse\x12A\n" +
-	"\bworkflow\x18\x01 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow2\xdb\x03\n" +
+	"\bworkflow\x18\x01 \x01(\v2%.bettercompute.api.v1.MachineWorkflowR\bworkflow2\xcc\x04\n" +
 	"\vSiteService\x12[\n" +
 	"\x06Create\x12'.bettercompute.api.v1.CreateSiteRequest\x1a(.bettercompute.api.v1.CreateSiteResponse\x12W\n" +
 	"\x03Get\x12$.bettercompute.api.v1.GetSiteRequest\x1a%.bettercompute.api.v1.GetSiteResponse\"\x03\x90\x02\x01\x12\\\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\x03\x90\x02\x01\x12[\n" +
 	"\x06Update\x12'.bettercompute.api.v1.UpdateSiteRequest\x1a(.bettercompute.api.v1.UpdateSiteResponse\x12[\n" +
-	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse2\xdc\x13\n" +
+	"\x06Delete\x12'.bettercompute.api.v1.DeleteSiteRequest\x1a(.bettercompute.api.v1.DeleteSiteResponse\x12o\n" +
+	"\vListDrivers\x12,.bettercompute.api.v1.ListSiteDriversRequest\x1a-.bettercompute.api.v1.ListSiteDriversResponse\"\x03\x90\x02\x012\xdc\x13\n" +
 	"\x0eMachineService\x12a\n" +
 	"\x06Enroll\x12*.bettercompute.api.v1.EnrollMachineRequest\x1a+.bettercompute.api.v1.EnrollMachineResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetMachineRequest\x1a(.bettercompute.api.v1.GetMachineResponse\"\x03\x90\x02\x01\x12b\n" +
@@ -4352,7 +4588,7 @@ func file_bettercompute_api_v1_metal_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_metal_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_bettercompute_api_v1_metal_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*Site)(nil),                          // 0: bettercompute.api.v1.Site
 	(*CreateSiteRequest)(nil),             // 1: bettercompute.api.v1.CreateSiteRequest
@@ -4365,172 +4601,179 @@ var file_bettercompute_api_v1_metal_proto_goTypes = []any{
 	(*UpdateSiteResponse)(nil),            // 8: bettercompute.api.v1.UpdateSiteResponse
 	(*DeleteSiteRequest)(nil),             // 9: bettercompute.api.v1.DeleteSiteRequest
 	(*DeleteSiteResponse)(nil),            // 10: bettercompute.api.v1.DeleteSiteResponse
-	(*Machine)(nil),                       // 11: bettercompute.api.v1.Machine
-	(*MachineLease)(nil),                  // 12: bettercompute.api.v1.MachineLease
-	(*MachineLeaseEvidence)(nil),          // 13: bettercompute.api.v1.MachineLeaseEvidence
-	(*LeaseMachineRequest)(nil),           // 14: bettercompute.api.v1.LeaseMachineRequest
-	(*LeaseMachineResponse)(nil),          // 15: bettercompute.api.v1.LeaseMachineResponse
-	(*AcceptMachineLeaseRequest)(nil),     // 16: bettercompute.api.v1.AcceptMachineLeaseRequest
-	(*AcceptMachineLeaseResponse)(nil),    // 17: bettercompute.api.v1.AcceptMachineLeaseResponse
-	(*ReleaseMachineLeaseRequest)(nil),    // 18: bettercompute.api.v1.ReleaseMachineLeaseRequest
-	(*ReleaseMachineLeaseResponse)(nil),   // 19: bettercompute.api.v1.ReleaseMachineLeaseResponse
-	(*GetMachineLeaseRequest)(nil),        // 20: bettercompute.api.v1.GetMachineLeaseRequest
-	(*GetMachineLeaseResponse)(nil),       // 21: bettercompute.api.v1.GetMachineLeaseResponse
-	(*EnrollMachineRequest)(nil),          // 22: bettercompute.api.v1.EnrollMachineRequest
-	(*EnrollMachineResponse)(nil),         // 23: bettercompute.api.v1.EnrollMachineResponse
-	(*GetMachineRequest)(nil),             // 24: bettercompute.api.v1.GetMachineRequest
-	(*GetMachineResponse)(nil),            // 25: bettercompute.api.v1.GetMachineResponse
-	(*ListMachinesRequest)(nil),           // 26: bettercompute.api.v1.ListMachinesRequest
-	(*ListMachinesResponse)(nil),          // 27: bettercompute.api.v1.ListMachinesResponse
-	(*InspectMachineRequest)(nil),         // 28: bettercompute.api.v1.InspectMachineRequest
-	(*InspectMachineResponse)(nil),        // 29: bettercompute.api.v1.InspectMachineResponse
-	(*CommissionMachineRequest)(nil),      // 30: bettercompute.api.v1.CommissionMachineRequest
-	(*CommissionMachineResponse)(nil),     // 31: bettercompute.api.v1.CommissionMachineResponse
-	(*DeployMachineRequest)(nil),          // 32: bettercompute.api.v1.DeployMachineRequest
-	(*DeployMachineResponse)(nil),         // 33: bettercompute.api.v1.DeployMachineResponse
-	(*ReleaseMachineRequest)(nil),         // 34: bettercompute.api.v1.ReleaseMachineRequest
-	(*ReleaseMachineResponse)(nil),        // 35: bettercompute.api.v1.ReleaseMachineResponse
-	(*RetireMachineRequest)(nil),          // 36: bettercompute.api.v1.RetireMachineRequest
-	(*RetireMachineResponse)(nil),         // 37: bettercompute.api.v1.RetireMachineResponse
-	(*RescueMachineRequest)(nil),          // 38: bettercompute.api.v1.RescueMachineRequest
-	(*RescueMachineResponse)(nil),         // 39: bettercompute.api.v1.RescueMachineResponse
-	(*PowerMachineRequest)(nil),           // 40: bettercompute.api.v1.PowerMachineRequest
-	(*PowerMachineResponse)(nil),          // 41: bettercompute.api.v1.PowerMachineResponse
-	(*RotateBMCPasswordRequest)(nil),      // 42: bettercompute.api.v1.RotateBMCPasswordRequest
-	(*RotateBMCPasswordResponse)(nil),     // 43: bettercompute.api.v1.RotateBMCPasswordResponse
-	(*GetMachinePowerStatusRequest)(nil),  // 44: bettercompute.api.v1.GetMachinePowerStatusRequest
-	(*GetMachinePowerStatusResponse)(nil), // 45: bettercompute.api.v1.GetMachinePowerStatusResponse
-	(*AbortMachineRequest)(nil),           // 46: bettercompute.api.v1.AbortMachineRequest
-	(*AbortMachineResponse)(nil),          // 47: bettercompute.api.v1.AbortMachineResponse
-	(*PauseMachineWorkflowRequest)(nil),   // 48: bettercompute.api.v1.PauseMachineWorkflowRequest
-	(*PauseMachineWorkflowResponse)(nil),  // 49: bettercompute.api.v1.PauseMachineWorkflowResponse
-	(*ResumeMachineWorkflowRequest)(nil),  // 50: bettercompute.api.v1.ResumeMachineWorkflowRequest
-	(*ResumeMachineWorkflowResponse)(nil), // 51: bettercompute.api.v1.ResumeMachineWorkflowResponse
-	(*RetryMachineWorkflowRequest)(nil),   // 52: bettercompute.api.v1.RetryMachineWorkflowRequest
-	(*RetryMachineWorkflowResponse)(nil),  // 53: bettercompute.api.v1.RetryMachineWorkflowResponse
-	(*AbortMachineWorkflowRequest)(nil),   // 54: bettercompute.api.v1.AbortMachineWorkflowRequest
-	(*AbortMachineWorkflowResponse)(nil),  // 55: bettercompute.api.v1.AbortMachineWorkflowResponse
-	(*MachineWorkflow)(nil),               // 56: bettercompute.api.v1.MachineWorkflow
-	(*MachineWorkflowStep)(nil),           // 57: bettercompute.api.v1.MachineWorkflowStep
-	(*ListMachineWorkflowsRequest)(nil),   // 58: bettercompute.api.v1.ListMachineWorkflowsRequest
-	(*ListMachineWorkflowsResponse)(nil),  // 59: bettercompute.api.v1.ListMachineWorkflowsResponse
-	(*GetMachineWorkflowRequest)(nil),     // 60: bettercompute.api.v1.GetMachineWorkflowRequest
-	(*GetMachineWorkflowResponse)(nil),    // 61: bettercompute.api.v1.GetMachineWorkflowResponse
-	(*timestamppb.Timestamp)(nil),         // 62: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),               // 63: google.protobuf.Struct
+	(*ListSiteDriversRequest)(nil),        // 11: bettercompute.api.v1.ListSiteDriversRequest
+	(*ListSiteDriversResponse)(nil),       // 12: bettercompute.api.v1.ListSiteDriversResponse
+	(*SiteDriver)(nil),                    // 13: bettercompute.api.v1.SiteDriver
+	(*Machine)(nil),                       // 14: bettercompute.api.v1.Machine
+	(*MachineLease)(nil),                  // 15: bettercompute.api.v1.MachineLease
+	(*MachineLeaseEvidence)(nil),          // 16: bettercompute.api.v1.MachineLeaseEvidence
+	(*LeaseMachineRequest)(nil),           // 17: bettercompute.api.v1.LeaseMachineRequest
+	(*LeaseMachineResponse)(nil),          // 18: bettercompute.api.v1.LeaseMachineResponse
+	(*AcceptMachineLeaseRequest)(nil),     // 19: bettercompute.api.v1.AcceptMachineLeaseRequest
+	(*AcceptMachineLeaseResponse)(nil),    // 20: bettercompute.api.v1.AcceptMachineLeaseResponse
+	(*ReleaseMachineLeaseRequest)(nil),    // 21: bettercompute.api.v1.ReleaseMachineLeaseRequest
+	(*ReleaseMachineLeaseResponse)(nil),   // 22: bettercompute.api.v1.ReleaseMachineLeaseResponse
+	(*GetMachineLeaseRequest)(nil),        // 23: bettercompute.api.v1.GetMachineLeaseRequest
+	(*GetMachineLeaseResponse)(nil),       // 24: bettercompute.api.v1.GetMachineLeaseResponse
+	(*EnrollMachineRequest)(nil),          // 25: bettercompute.api.v1.EnrollMachineRequest
+	(*EnrollMachineResponse)(nil),         // 26: bettercompute.api.v1.EnrollMachineResponse
+	(*GetMachineRequest)(nil),             // 27: bettercompute.api.v1.GetMachineRequest
+	(*GetMachineResponse)(nil),            // 28: bettercompute.api.v1.GetMachineResponse
+	(*ListMachinesRequest)(nil),           // 29: bettercompute.api.v1.ListMachinesRequest
+	(*ListMachinesResponse)(nil),          // 30: bettercompute.api.v1.ListMachinesResponse
+	(*InspectMachineRequest)(nil),         // 31: bettercompute.api.v1.InspectMachineRequest
+	(*InspectMachineResponse)(nil),        // 32: bettercompute.api.v1.InspectMachineResponse
+	(*CommissionMachineRequest)(nil),      // 33: bettercompute.api.v1.CommissionMachineRequest
+	(*CommissionMachineResponse)(nil),     // 34: bettercompute.api.v1.CommissionMachineResponse
+	(*DeployMachineRequest)(nil),          // 35: bettercompute.api.v1.DeployMachineRequest
+	(*DeployMachineResponse)(nil),         // 36: bettercompute.api.v1.DeployMachineResponse
+	(*ReleaseMachineRequest)(nil),         // 37: bettercompute.api.v1.ReleaseMachineRequest
+	(*ReleaseMachineResponse)(nil),        // 38: bettercompute.api.v1.ReleaseMachineResponse
+	(*RetireMachineRequest)(nil),          // 39: bettercompute.api.v1.RetireMachineRequest
+	(*RetireMachineResponse)(nil),         // 40: bettercompute.api.v1.RetireMachineResponse
+	(*RescueMachineRequest)(nil),          // 41: bettercompute.api.v1.RescueMachineRequest
+	(*RescueMachineResponse)(nil),         // 42: bettercompute.api.v1.RescueMachineResponse
+	(*PowerMachineRequest)(nil),           // 43: bettercompute.api.v1.PowerMachineRequest
+	(*PowerMachineResponse)(nil),          // 44: bettercompute.api.v1.PowerMachineResponse
+	(*RotateBMCPasswordRequest)(nil),      // 45: bettercompute.api.v1.RotateBMCPasswordRequest
+	(*RotateBMCPasswordResponse)(nil),     // 46: bettercompute.api.v1.RotateBMCPasswordResponse
+	(*GetMachinePowerStatusRequest)(nil),  // 47: bettercompute.api.v1.GetMachinePowerStatusRequest
+	(*GetMachinePowerStatusResponse)(nil), // 48: bettercompute.api.v1.GetMachinePowerStatusResponse
+	(*AbortMachineRequest)(nil),           // 49: bettercompute.api.v1.AbortMachineRequest
+	(*AbortMachineResponse)(nil),          // 50: bettercompute.api.v1.AbortMachineResponse
+	(*PauseMachineWorkflowRequest)(nil),   // 51: bettercompute.api.v1.PauseMachineWorkflowRequest
+	(*PauseMachineWorkflowResponse)(nil),  // 52: bettercompute.api.v1.PauseMachineWorkflowResponse
+	(*ResumeMachineWorkflowRequest)(nil),  // 53: bettercompute.api.v1.ResumeMachineWorkflowRequest
+	(*ResumeMachineWorkflowResponse)(nil), // 54: bettercompute.api.v1.ResumeMachineWorkflowResponse
+	(*RetryMachineWorkflowRequest)(nil),   // 55: bettercompute.api.v1.RetryMachineWorkflowRequest
+	(*RetryMachineWorkflowResponse)(nil),  // 56: bettercompute.api.v1.RetryMachineWorkflowResponse
+	(*AbortMachineWorkflowRequest)(nil),   // 57: bettercompute.api.v1.AbortMachineWorkflowRequest
+	(*AbortMachineWorkflowResponse)(nil),  // 58: bettercompute.api.v1.AbortMachineWorkflowResponse
+	(*MachineWorkflow)(nil),               // 59: bettercompute.api.v1.MachineWorkflow
+	(*MachineWorkflowStep)(nil),           // 60: bettercompute.api.v1.MachineWorkflowStep
+	(*ListMachineWorkflowsRequest)(nil),   // 61: bettercompute.api.v1.ListMachineWorkflowsRequest
+	(*ListMachineWorkflowsResponse)(nil),  // 62: bettercompute.api.v1.ListMachineWorkflowsResponse
+	(*GetMachineWorkflowRequest)(nil),     // 63: bettercompute.api.v1.GetMachineWorkflowRequest
+	(*GetMachineWorkflowResponse)(nil),    // 64: bettercompute.api.v1.GetMachineWorkflowResponse
+	(*timestamppb.Timestamp)(nil),         // 65: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 66: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_metal_proto_depIdxs = []int32{
-	62, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	62, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
+	65, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	65, // 1: bettercompute.api.v1.Site.update_time:type_name -> google.protobuf.Timestamp
 	0,  // 2: bettercompute.api.v1.CreateSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 3: bettercompute.api.v1.GetSiteResponse.site:type_name -> bettercompute.api.v1.Site
 	0,  // 4: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
 	0,  // 5: bettercompute.api.v1.UpdateSiteResponse.site:type_name -> bettercompute.api.v1.Site
-	63, // 6: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
-	63, // 7: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
-	62, // 8: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
-	62, // 9: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
-	62, // 10: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
-	62, // 11: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
-	62, // 12: bettercompute.api.v1.MachineLease.create_time:type_name -> google.protobuf.Timestamp
-	62, // 13: bettercompute.api.v1.MachineLease.release_time:type_name -> google.protobuf.Timestamp
-	62, // 14: bettercompute.api.v1.MachineLease.end_time:type_name -> google.protobuf.Timestamp
-	13, // 15: bettercompute.api.v1.MachineLease.evidence:type_name -> bettercompute.api.v1.MachineLeaseEvidence
-	62, // 16: bettercompute.api.v1.MachineLeaseEvidence.time:type_name -> google.protobuf.Timestamp
-	12, // 17: bettercompute.api.v1.LeaseMachineResponse.lease:type_name -> bettercompute.api.v1.MachineLease
-	12, // 18: bettercompute.api.v1.AcceptMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
-	12, // 19: bettercompute.api.v1.ReleaseMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
-	12, // 20: bettercompute.api.v1.GetMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
-	11, // 21: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 22: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 23: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
-	11, // 24: bettercompute.api.v1.InspectMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 25: bettercompute.api.v1.CommissionMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 26: bettercompute.api.v1.DeployMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 27: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 28: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 29: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 30: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 31: bettercompute.api.v1.RotateBMCPasswordResponse.machine:type_name -> bettercompute.api.v1.Machine
-	11, // 32: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
-	56, // 33: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	11, // 34: bettercompute.api.v1.PauseMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
-	56, // 35: bettercompute.api.v1.PauseMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	11, // 36: bettercompute.api.v1.ResumeMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
-	56, // 37: bettercompute.api.v1.ResumeMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	11, // 38: bettercompute.api.v1.RetryMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
-	56, // 39: bettercompute.api.v1.RetryMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	11, // 40: bettercompute.api.v1.AbortMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
-	56, // 41: bettercompute.api.v1.AbortMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	62, // 42: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
-	62, // 43: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
-	62, // 44: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
-	57, // 45: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
-	62, // 46: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
-	62, // 47: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
-	56, // 48: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
-	56, // 49: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
-	1,  // 50: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	3,  // 51: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
-	5,  // 52: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,  // 53: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
-	9,  // 54: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
-	22, // 55: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
-	24, // 56: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
-	26, // 57: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
-	28, // 58: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
-	30, // 59: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
-	32, // 60: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
-	34, // 61: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
-	36, // 62: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
-	38, // 63: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
-	40, // 64: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
-	42, // 65: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
-	44, // 66: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
-	46, // 67: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
-	48, // 68: bettercompute.api.v1.MachineService.PauseWorkflow:input_type -> bettercompute.api.v1.PauseMachineWorkflowRequest
-	50, // 69: bettercompute.api.v1.MachineService.ResumeWorkflow:input_type -> bettercompute.api.v1.ResumeMachineWorkflowRequest
-	52, // 70: bettercompute.api.v1.MachineService.RetryWorkflow:input_type -> bettercompute.api.v1.RetryMachineWorkflowRequest
-	54, // 71: bettercompute.api.v1.MachineService.AbortWorkflow:input_type -> bettercompute.api.v1.AbortMachineWorkflowRequest
-	58, // 72: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
-	60, // 73: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
-	14, // 74: bettercompute.api.v1.MachineService.Lease:input_type -> bettercompute.api.v1.LeaseMachineRequest
-	16, // 75: bettercompute.api.v1.MachineService.AcceptLease:input_type -> bettercompute.api.v1.AcceptMachineLeaseRequest
-	18, // 76: bettercompute.api.v1.MachineService.ReleaseLease:input_type -> bettercompute.api.v1.ReleaseMachineLeaseRequest
-	20, // 77: bettercompute.api.v1.MachineService.GetLease:input_type -> bettercompute.api.v1.GetMachineLeaseRequest
-	2,  // 78: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
-	4,  // 79: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
-	6,  // 80: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	8,  // 81: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
-	10, // 82: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
-	23, // 83: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
-	25, // 84: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
-	27, // 85: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
-	29, // 86: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
-	31, // 87: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
-	33, // 88: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
-	35, // 89: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
-	37, // 90: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
-	39, // 91: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
-	41, // 92: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
-	43, // 93: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
-	45, // 94: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
-	47, // 95: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
-	49, // 96: bettercompute.api.v1.MachineService.PauseWorkflow:output_type -> bettercompute.api.v1.PauseMachineWorkflowResponse
-	51, // 97: bettercompute.api.v1.MachineService.ResumeWorkflow:output_type -> bettercompute.api.v1.ResumeMachineWorkflowResponse
-	53, // 98: bettercompute.api.v1.MachineService.RetryWorkflow:output_type -> bettercompute.api.v1.RetryMachineWorkflowResponse
-	55, // 99: bettercompute.api.v1.MachineService.AbortWorkflow:output_type -> bettercompute.api.v1.AbortMachineWorkflowResponse
-	59, // 100: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
-	61, // 101: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
-	15, // 102: bettercompute.api.v1.MachineService.Lease:output_type -> bettercompute.api.v1.LeaseMachineResponse
-	17, // 103: bettercompute.api.v1.MachineService.AcceptLease:output_type -> bettercompute.api.v1.AcceptMachineLeaseResponse
-	19, // 104: bettercompute.api.v1.MachineService.ReleaseLease:output_type -> bettercompute.api.v1.ReleaseMachineLeaseResponse
-	21, // 105: bettercompute.api.v1.MachineService.GetLease:output_type -> bettercompute.api.v1.GetMachineLeaseResponse
-	78, // [78:106] is the sub-list for method output_type
-	50, // [50:78] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	13, // 6: bettercompute.api.v1.ListSiteDriversResponse.drivers:type_name -> bettercompute.api.v1.SiteDriver
+	65, // 7: bettercompute.api.v1.SiteDriver.report_time:type_name -> google.protobuf.Timestamp
+	66, // 8: bettercompute.api.v1.Machine.inventory:type_name -> google.protobuf.Struct
+	66, // 9: bettercompute.api.v1.Machine.erase_record:type_name -> google.protobuf.Struct
+	65, // 10: bettercompute.api.v1.Machine.rescue_expire_time:type_name -> google.protobuf.Timestamp
+	65, // 11: bettercompute.api.v1.Machine.create_time:type_name -> google.protobuf.Timestamp
+	65, // 12: bettercompute.api.v1.Machine.update_time:type_name -> google.protobuf.Timestamp
+	65, // 13: bettercompute.api.v1.Machine.maintenance_time:type_name -> google.protobuf.Timestamp
+	65, // 14: bettercompute.api.v1.MachineLease.create_time:type_name -> google.protobuf.Timestamp
+	65, // 15: bettercompute.api.v1.MachineLease.release_time:type_name -> google.protobuf.Timestamp
+	65, // 16: bettercompute.api.v1.MachineLease.end_time:type_name -> google.protobuf.Timestamp
+	16, // 17: bettercompute.api.v1.MachineLease.evidence:type_name -> bettercompute.api.v1.MachineLeaseEvidence
+	65, // 18: bettercompute.api.v1.MachineLeaseEvidence.time:type_name -> google.protobuf.Timestamp
+	15, // 19: bettercompute.api.v1.LeaseMachineResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	15, // 20: bettercompute.api.v1.AcceptMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	15, // 21: bettercompute.api.v1.ReleaseMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	15, // 22: bettercompute.api.v1.GetMachineLeaseResponse.lease:type_name -> bettercompute.api.v1.MachineLease
+	14, // 23: bettercompute.api.v1.EnrollMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 24: bettercompute.api.v1.GetMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 25: bettercompute.api.v1.ListMachinesResponse.machines:type_name -> bettercompute.api.v1.Machine
+	14, // 26: bettercompute.api.v1.InspectMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 27: bettercompute.api.v1.CommissionMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 28: bettercompute.api.v1.DeployMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 29: bettercompute.api.v1.ReleaseMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 30: bettercompute.api.v1.RetireMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 31: bettercompute.api.v1.RescueMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 32: bettercompute.api.v1.PowerMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 33: bettercompute.api.v1.RotateBMCPasswordResponse.machine:type_name -> bettercompute.api.v1.Machine
+	14, // 34: bettercompute.api.v1.AbortMachineResponse.machine:type_name -> bettercompute.api.v1.Machine
+	59, // 35: bettercompute.api.v1.AbortMachineResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	14, // 36: bettercompute.api.v1.PauseMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	59, // 37: bettercompute.api.v1.PauseMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	14, // 38: bettercompute.api.v1.ResumeMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	59, // 39: bettercompute.api.v1.ResumeMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	14, // 40: bettercompute.api.v1.RetryMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	59, // 41: bettercompute.api.v1.RetryMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	14, // 42: bettercompute.api.v1.AbortMachineWorkflowResponse.machine:type_name -> bettercompute.api.v1.Machine
+	59, // 43: bettercompute.api.v1.AbortMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	65, // 44: bettercompute.api.v1.MachineWorkflow.create_time:type_name -> google.protobuf.Timestamp
+	65, // 45: bettercompute.api.v1.MachineWorkflow.update_time:type_name -> google.protobuf.Timestamp
+	65, // 46: bettercompute.api.v1.MachineWorkflow.end_time:type_name -> google.protobuf.Timestamp
+	60, // 47: bettercompute.api.v1.MachineWorkflow.steps:type_name -> bettercompute.api.v1.MachineWorkflowStep
+	65, // 48: bettercompute.api.v1.MachineWorkflowStep.start_time:type_name -> google.protobuf.Timestamp
+	65, // 49: bettercompute.api.v1.MachineWorkflowStep.end_time:type_name -> google.protobuf.Timestamp
+	59, // 50: bettercompute.api.v1.ListMachineWorkflowsResponse.workflows:type_name -> bettercompute.api.v1.MachineWorkflow
+	59, // 51: bettercompute.api.v1.GetMachineWorkflowResponse.workflow:type_name -> bettercompute.api.v1.MachineWorkflow
+	1,  // 52: bettercompute.api.v1.SiteService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	3,  // 53: bettercompute.api.v1.SiteService.Get:input_type -> bettercompute.api.v1.GetSiteRequest
+	5,  // 54: bettercompute.api.v1.SiteService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,  // 55: bettercompute.api.v1.SiteService.Update:input_type -> bettercompute.api.v1.UpdateSiteRequest
+	9,  // 56: bettercompute.api.v1.SiteService.Delete:input_type -> bettercompute.api.v1.DeleteSiteRequest
+	11, // 57: bettercompute.api.v1.SiteService.ListDrivers:input_type -> bettercompute.api.v1.ListSiteDriversRequest
+	25, // 58: bettercompute.api.v1.MachineService.Enroll:input_type -> bettercompute.api.v1.EnrollMachineRequest
+	27, // 59: bettercompute.api.v1.MachineService.Get:input_type -> bettercompute.api.v1.GetMachineRequest
+	29, // 60: bettercompute.api.v1.MachineService.List:input_type -> bettercompute.api.v1.ListMachinesRequest
+	31, // 61: bettercompute.api.v1.MachineService.Inspect:input_type -> bettercompute.api.v1.InspectMachineRequest
+	33, // 62: bettercompute.api.v1.MachineService.Commission:input_type -> bettercompute.api.v1.CommissionMachineRequest
+	35, // 63: bettercompute.api.v1.MachineService.Deploy:input_type -> bettercompute.api.v1.DeployMachineRequest
+	37, // 64: bettercompute.api.v1.MachineService.Release:input_type -> bettercompute.api.v1.ReleaseMachineRequest
+	39, // 65: bettercompute.api.v1.MachineService.Retire:input_type -> bettercompute.api.v1.RetireMachineRequest
+	41, // 66: bettercompute.api.v1.MachineService.Rescue:input_type -> bettercompute.api.v1.RescueMachineRequest
+	43, // 67: bettercompute.api.v1.MachineService.Power:input_type -> bettercompute.api.v1.PowerMachineRequest
+	45, // 68: bettercompute.api.v1.MachineService.RotateBMCPassword:input_type -> bettercompute.api.v1.RotateBMCPasswordRequest
+	47, // 69: bettercompute.api.v1.MachineService.GetPowerStatus:input_type -> bettercompute.api.v1.GetMachinePowerStatusRequest
+	49, // 70: bettercompute.api.v1.MachineService.Abort:input_type -> bettercompute.api.v1.AbortMachineRequest
+	51, // 71: bettercompute.api.v1.MachineService.PauseWorkflow:input_type -> bettercompute.api.v1.PauseMachineWorkflowRequest
+	53, // 72: bettercompute.api.v1.MachineService.ResumeWorkflow:input_type -> bettercompute.api.v1.ResumeMachineWorkflowRequest
+	55, // 73: bettercompute.api.v1.MachineService.RetryWorkflow:input_type -> bettercompute.api.v1.RetryMachineWorkflowRequest
+	57, // 74: bettercompute.api.v1.MachineService.AbortWorkflow:input_type -> bettercompute.api.v1.AbortMachineWorkflowRequest
+	61, // 75: bettercompute.api.v1.MachineService.ListWorkflows:input_type -> bettercompute.api.v1.ListMachineWorkflowsRequest
+	63, // 76: bettercompute.api.v1.MachineService.GetWorkflow:input_type -> bettercompute.api.v1.GetMachineWorkflowRequest
+	17, // 77: bettercompute.api.v1.MachineService.Lease:input_type -> bettercompute.api.v1.LeaseMachineRequest
+	19, // 78: bettercompute.api.v1.MachineService.AcceptLease:input_type -> bettercompute.api.v1.AcceptMachineLeaseRequest
+	21, // 79: bettercompute.api.v1.MachineService.ReleaseLease:input_type -> bettercompute.api.v1.ReleaseMachineLeaseRequest
+	23, // 80: bettercompute.api.v1.MachineService.GetLease:input_type -> bettercompute.api.v1.GetMachineLeaseRequest
+	2,  // 81: bettercompute.api.v1.SiteService.Create:output_type -> bettercompute.api.v1.CreateSiteResponse
+	4,  // 82: bettercompute.api.v1.SiteService.Get:output_type -> bettercompute.api.v1.GetSiteResponse
+	6,  // 83: bettercompute.api.v1.SiteService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	8,  // 84: bettercompute.api.v1.SiteService.Update:output_type -> bettercompute.api.v1.UpdateSiteResponse
+	10, // 85: bettercompute.api.v1.SiteService.Delete:output_type -> bettercompute.api.v1.DeleteSiteResponse
+	12, // 86: bettercompute.api.v1.SiteService.ListDrivers:output_type -> bettercompute.api.v1.ListSiteDriversResponse
+	26, // 87: bettercompute.api.v1.MachineService.Enroll:output_type -> bettercompute.api.v1.EnrollMachineResponse
+	28, // 88: bettercompute.api.v1.MachineService.Get:output_type -> bettercompute.api.v1.GetMachineResponse
+	30, // 89: bettercompute.api.v1.MachineService.List:output_type -> bettercompute.api.v1.ListMachinesResponse
+	32, // 90: bettercompute.api.v1.MachineService.Inspect:output_type -> bettercompute.api.v1.InspectMachineResponse
+	34, // 91: bettercompute.api.v1.MachineService.Commission:output_type -> bettercompute.api.v1.CommissionMachineResponse
+	36, // 92: bettercompute.api.v1.MachineService.Deploy:output_type -> bettercompute.api.v1.DeployMachineResponse
+	38, // 93: bettercompute.api.v1.MachineService.Release:output_type -> bettercompute.api.v1.ReleaseMachineResponse
+	40, // 94: bettercompute.api.v1.MachineService.Retire:output_type -> bettercompute.api.v1.RetireMachineResponse
+	42, // 95: bettercompute.api.v1.MachineService.Rescue:output_type -> bettercompute.api.v1.RescueMachineResponse
+	44, // 96: bettercompute.api.v1.MachineService.Power:output_type -> bettercompute.api.v1.PowerMachineResponse
+	46, // 97: bettercompute.api.v1.MachineService.RotateBMCPassword:output_type -> bettercompute.api.v1.RotateBMCPasswordResponse
+	48, // 98: bettercompute.api.v1.MachineService.GetPowerStatus:output_type -> bettercompute.api.v1.GetMachinePowerStatusResponse
+	50, // 99: bettercompute.api.v1.MachineService.Abort:output_type -> bettercompute.api.v1.AbortMachineResponse
+	52, // 100: bettercompute.api.v1.MachineService.PauseWorkflow:output_type -> bettercompute.api.v1.PauseMachineWorkflowResponse
+	54, // 101: bettercompute.api.v1.MachineService.ResumeWorkflow:output_type -> bettercompute.api.v1.ResumeMachineWorkflowResponse
+	56, // 102: bettercompute.api.v1.MachineService.RetryWorkflow:output_type -> bettercompute.api.v1.RetryMachineWorkflowResponse
+	58, // 103: bettercompute.api.v1.MachineService.AbortWorkflow:output_type -> bettercompute.api.v1.AbortMachineWorkflowResponse
+	62, // 104: bettercompute.api.v1.MachineService.ListWorkflows:output_type -> bettercompute.api.v1.ListMachineWorkflowsResponse
+	64, // 105: bettercompute.api.v1.MachineService.GetWorkflow:output_type -> bettercompute.api.v1.GetMachineWorkflowResponse
+	18, // 106: bettercompute.api.v1.MachineService.Lease:output_type -> bettercompute.api.v1.LeaseMachineResponse
+	20, // 107: bettercompute.api.v1.MachineService.AcceptLease:output_type -> bettercompute.api.v1.AcceptMachineLeaseResponse
+	22, // 108: bettercompute.api.v1.MachineService.ReleaseLease:output_type -> bettercompute.api.v1.ReleaseMachineLeaseResponse
+	24, // 109: bettercompute.api.v1.MachineService.GetLease:output_type -> bettercompute.api.v1.GetMachineLeaseResponse
+	81, // [81:110] is the sub-list for method output_type
+	52, // [52:81] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_metal_proto_init() }
@@ -4545,7 +4788,7 @@ func file_bettercompute_api_v1_metal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_metal_proto_rawDesc), len(file_bettercompute_api_v1_metal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   62,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

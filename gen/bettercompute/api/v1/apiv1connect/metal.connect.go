@@ -45,6 +45,8 @@ const (
 	SiteServiceUpdateProcedure = "/bettercompute.api.v1.SiteService/Update"
 	// SiteServiceDeleteProcedure is the fully-qualified name of the SiteService's Delete RPC.
 	SiteServiceDeleteProcedure = "/bettercompute.api.v1.SiteService/Delete"
+	// SiteServiceListDriversProcedure is the fully-qualified name of the SiteService's ListDrivers RPC.
+	SiteServiceListDriversProcedure = "/bettercompute.api.v1.SiteService/ListDrivers"
 	// MachineServiceEnrollProcedure is the fully-qualified name of the MachineService's Enroll RPC.
 	MachineServiceEnrollProcedure = "/bettercompute.api.v1.MachineService/Enroll"
 	// MachineServiceGetProcedure is the fully-qualified name of the MachineService's Get RPC.
@@ -114,6 +116,10 @@ type SiteServiceClient interface {
 	Update(context.Context, *connect.Request[v1.UpdateSiteRequest]) (*connect.Response[v1.UpdateSiteResponse], error)
 	// Delete removes a site without machines (retired ones aside).
 	Delete(context.Context, *connect.Request[v1.DeleteSiteRequest]) (*connect.Response[v1.DeleteSiteResponse], error)
+	// ListDrivers lists the BMC drivers the site's agents reported when
+	// their sessions opened: per agent, the built-ins and the external
+	// drivers of its drivers directory, with versions.
+	ListDrivers(context.Context, *connect.Request[v1.ListSiteDriversRequest]) (*connect.Response[v1.ListSiteDriversResponse], error)
 }
 
 // NewSiteServiceClient constructs a client for the bettercompute.api.v1.SiteService service. By
@@ -159,16 +165,24 @@ func NewSiteServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(siteServiceMethods.ByName("Delete")),
 			connect.WithClientOptions(opts...),
 		),
+		listDrivers: connect.NewClient[v1.ListSiteDriversRequest, v1.ListSiteDriversResponse](
+			httpClient,
+			baseURL+SiteServiceListDriversProcedure,
+			connect.WithSchema(siteServiceMethods.ByName("ListDrivers")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // siteServiceClient implements SiteServiceClient.
 type siteServiceClient struct {
-	create *connect.Client[v1.CreateSiteRequest, v1.CreateSiteResponse]
-	get    *connect.Client[v1.GetSiteRequest, v1.GetSiteResponse]
-	list   *connect.Client[v1.ListSitesRequest, v1.ListSitesResponse]
-	update *connect.Client[v1.UpdateSiteRequest, v1.UpdateSiteResponse]
-	delete *connect.Client[v1.DeleteSiteRequest, v1.DeleteSiteResponse]
+	create      *connect.Client[v1.CreateSiteRequest, v1.CreateSiteResponse]
+	get         *connect.Client[v1.GetSiteRequest, v1.GetSiteResponse]
+	list        *connect.Client[v1.ListSitesRequest, v1.ListSitesResponse]
+	update      *connect.Client[v1.UpdateSiteRequest, v1.UpdateSiteResponse]
+	delete      *connect.Client[v1.DeleteSiteRequest, v1.DeleteSiteResponse]
+	listDrivers *connect.Client[v1.ListSiteDriversRequest, v1.ListSiteDriversResponse]
 }
 
 // Create calls bettercompute.api.v1.SiteService.Create.
@@ -196,6 +210,11 @@ func (c *siteServiceClient) Delete(ctx context.Context, req *connect.Request[v1.
 	return c.delete.CallUnary(ctx, req)
 }
 
+// ListDrivers calls bettercompute.api.v1.SiteService.ListDrivers.
+func (c *siteServiceClient) ListDrivers(ctx context.Context, req *connect.Request[v1.ListSiteDriversRequest]) (*connect.Response[v1.ListSiteDriversResponse], error) {
+	return c.listDrivers.CallUnary(ctx, req)
+}
+
 // SiteServiceHandler is an implementation of the bettercompute.api.v1.SiteService service.
 type SiteServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateSiteRequest]) (*connect.Response[v1.CreateSiteResponse], error)
@@ -206,6 +225,10 @@ type SiteServiceHandler interface {
 	Update(context.Context, *connect.Request[v1.UpdateSiteRequest]) (*connect.Response[v1.UpdateSiteResponse], error)
 	// Delete removes a site without machines (retired ones aside).
 	Delete(context.Context, *connect.Request[v1.DeleteSiteRequest]) (*connect.Response[v1.DeleteSiteResponse], error)
+	// ListDrivers lists the BMC drivers the site's agents reported when
+	// their sessions opened: per agent, the built-ins and the external
+	// drivers of its drivers directory, with versions.
+	ListDrivers(context.Context, *connect.Request[v1.ListSiteDriversRequest]) (*connect.Response[v1.ListSiteDriversResponse], error)
 }
 
 // NewSiteServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -247,6 +270,13 @@ func NewSiteServiceHandler(svc SiteServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(siteServiceMethods.ByName("Delete")),
 		connect.WithHandlerOptions(opts...),
 	)
+	siteServiceListDriversHandler := connect.NewUnaryHandler(
+		SiteServiceListDriversProcedure,
+		svc.ListDrivers,
+		connect.WithSchema(siteServiceMethods.ByName("ListDrivers")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.SiteService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SiteServiceCreateProcedure:
@@ -259,6 +289,8 @@ func NewSiteServiceHandler(svc SiteServiceHandler, opts ...connect.HandlerOption
 			siteServiceUpdateHandler.ServeHTTP(w, r)
 		case SiteServiceDeleteProcedure:
 			siteServiceDeleteHandler.ServeHTTP(w, r)
+		case SiteServiceListDriversProcedure:
+			siteServiceListDriversHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -286,6 +318,10 @@ func (UnimplementedSiteServiceHandler) Update(context.Context, *connect.Request[
 
 func (UnimplementedSiteServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteSiteRequest]) (*connect.Response[v1.DeleteSiteResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SiteService.Delete is not implemented"))
+}
+
+func (UnimplementedSiteServiceHandler) ListDrivers(context.Context, *connect.Request[v1.ListSiteDriversRequest]) (*connect.Response[v1.ListSiteDriversResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SiteService.ListDrivers is not implemented"))
 }
 
 // MachineServiceClient is a client for the bettercompute.api.v1.MachineService service.
