@@ -49,6 +49,7 @@ import (
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
+	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/quorum"
 	"github.com/better-compute/better-compute/internal/replica"
@@ -130,6 +131,10 @@ type Config struct {
 	// mutations of pools this one places (PostgreSQL, with a PKI, api
 	// role). Empty: none; peers cannot forward here.
 	ReplicaListen string
+	// ProviderGateway is the gateway's HOST:PORT as a provider pool's
+	// servers reach it (their bcd joins there); default the gateway's
+	// first certificate name and its listening port.
+	ProviderGateway string
 	// GatewayHosts are the names in the gateway's serving certificate;
 	// default the listen host (unless a wildcard) and "localhost".
 	GatewayHosts []string
@@ -315,6 +320,9 @@ type App struct {
 	// MIG repartitions the MIG layouts of pools with mig: auto
 	// (capacity.mig_repartition).
 	MIG *migauto.Repartitioner
+	// ProviderPools runs the instances of provider pools: servers rented
+	// through a provider account.
+	ProviderPools *providerpools.Module
 	// Instances runs virtual machines through capacity and the fleet's
 	// command path, and converges them from bcd's answers.
 	Instances *vps.InstanceService
@@ -357,7 +365,7 @@ func Modules() []store.Migrations {
 		images.Migrations(),
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
-		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(),
+		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(), providerpools.Migrations(),
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
 		quorum.Migrations(),
@@ -508,6 +516,9 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	})
 	a.siteHooks.s = a.Metal.Sites
 	periodic = append(periodic, a.Metal.PeriodicJobs()...)
+	a.ProviderPools = a.buildProviderPools()
+	a.ProviderPools.AddWorkers(workers)
+	periodic = append(periodic, a.ProviderPools.PeriodicJobs()...)
 	a.Health.SetEngine(a.Metal.Engine)
 	a.Health.AddWorkers(workers)
 	periodic = append(periodic, a.Health.PeriodicJobs()...)
@@ -522,6 +533,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 
 	a.Metal.SetEnqueue(a.Jobs.InsertTx)
 	a.Health.SetEnqueue(a.Jobs.InsertTx)
+	a.ProviderPools.SetEnqueue(a.Jobs.InsertTx)
 
 	if a.Envelope, err = envelope.New(envelope.Config{
 		DB: db, Authz: authz, Recorder: a.recorder, Jobs: a.Jobs, Clock: cfg.Clock, Logger: cfg.Logger, Metrics: metrics,
@@ -545,6 +557,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.Instances = vps.NewInstanceService(vps.InstanceConfig{Env: a.Envelope, Engine: a.Capacity.Engine,
 		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels, Peers: a.peers})
 	a.fleetHooks.instances = a.Instances
+	a.Instances.SetProviders(a.ProviderPools)
 	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
 		sandboxSealer = a.sealer
@@ -1012,4 +1025,42 @@ func (h healthCapacity) NodeChanged(ctx context.Context, tx store.Tx, nodeID str
 
 func (h healthCapacity) GPUUnhealthy(ctx context.Context, tx store.Tx, nodeID, gpuUUID, reason string, move bool) (int, int, error) {
 	return h.rn.Hooks().GPUUnhealthy(ctx, tx, nodeID, gpuUUID, reason, move)
+}
+
+// buildProviderPools wires the provider pools' instances: accounts'
+// credentials open with the secrets' sealer, join tokens seal with the
+// PKI, and servers join at ProviderGateway.
+func (a *App) buildProviderPools() *providerpools.Module {
+	cfg := providerpools.Config{DB: a.DB, Recorder: a.recorder, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
+		Gateway: a.providerGateway}
+	if a.sealer != nil {
+		cfg.Secrets = a.sealer
+	}
+	if a.PKI != nil {
+		cfg.Tokens = joinTokenSealer{a.PKI}
+		// The trust domain names this deployment: two sharing an account
+		// keep their servers apart (providers.ManagedLabel).
+		cfg.ControlPlaneID = a.PKI.TrustDomain()
+	}
+	return providerpools.New(cfg)
+}
+
+// providerGateway is where a provider's server joins: ProviderGateway, or
+// the gateway's first certificate name with the port it listens on.
+func (a *App) providerGateway() string {
+	if a.cfg.ProviderGateway != "" {
+		return a.cfg.ProviderGateway
+	}
+	addr := a.cfg.GatewayListen
+	if a.Gateway != nil && a.Gateway.Addr() != nil {
+		addr = a.Gateway.Addr().String()
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if len(a.cfg.GatewayHosts) > 0 {
+		host = a.cfg.GatewayHosts[0]
+	}
+	return net.JoinHostPort(host, port)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/usage"
 	"github.com/better-compute/better-compute/internal/capacity/views"
 	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -119,7 +120,7 @@ type rollupUsageWorker struct {
 
 func (w *rollupUsageWorker) Work(ctx context.Context, job *river.Job[rollupUsageArgs]) error {
 	return w.metrics.done(job.Kind, w.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, err := usage.Rollup(ctx, tx, w.db.Clock().Now())
+		_, err := usage.Rollup(ctx, tx, w.db.Clock().Now(), providerpools.Intervals)
 		return err
 	}))
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
+	"github.com/better-compute/better-compute/internal/providerpools"
 	// The built-in provider types register themselves: the accounts
 	// service checks accounts against their manifests.
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
@@ -172,7 +173,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		rsv.Exec, connect.WithSchema(execMethod), opts, connect.WithReadMaxBytes(MaxExecRequestBytes)))
 	mux.Handle(apiv1connect.NewQuotaServiceHandler(quota.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewCapacityServiceHandler(views.NewService(a.Envelope), opts))
-	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope, providerpools.Intervals), opts))
 	mux.Handle(apiv1connect.NewImageServiceHandler(images.NewService(a.Envelope, a.Blobs, a.cfg.MaxImageBytes, a.cfg.Logger), opts))
 	mux.Handle(apiv1connect.NewSignerKeyServiceHandler(images.NewSignerService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewSiteServiceHandler(metal.NewSiteService(a.Envelope), opts))

@@ -72,6 +72,12 @@ func Get(ctx context.Context, q store.Querier, tenantID, ref, lock string) (Acco
 	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM provider_accounts WHERE tenant_id = $1 AND `+col+` = $2`+lock, tenantID, ref))
 }
 
+// ByID reads an account by id, whichever tenant's it is: for the control
+// plane's own jobs (a provider pool's converge), never for a request.
+func ByID(ctx context.Context, q store.Querier, id string) (Account, error) {
+	return scan(q.QueryRow(ctx, `SELECT `+columns+` FROM provider_accounts WHERE id = $1`, id))
+}
+
 // Insert creates an account's row; store.ErrUnique when the name is taken.
 func Insert(ctx context.Context, tx store.Tx, a *Account) error {
 	_, err := tx.Exec(ctx, `INSERT INTO provider_accounts (`+columns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,

@@ -73,6 +73,8 @@ type InstanceService struct {
 	tunnels *tunnel.Hub
 	// peers bridges tunnels through the replica holding a node's session.
 	peers TunnelPeers
+	// providers runs the instances of provider pools (SetProviders).
+	providers ProviderInstances
 }
 
 var (
@@ -148,7 +150,7 @@ func InstanceProto(in Instance, volumes []string) *apiv1.Instance {
 		Address: in.Address, Gateway: in.Gateway, Dns: in.DNS, Mac: in.MAC, NetworkPolicy: in.NetworkPolicy, SshKeys: in.SSHKeys,
 		PoolId: in.PoolID, ReservationId: in.ReservationID, NodeId: in.NodeID, NodeName: in.NodeName, Accel: in.Accel,
 		SshAddress: in.SSHAddress, Cpuset: in.CPUSet, Message: in.Message, VolumeIds: volumes,
-		CreateTime: timestamppb.New(in.CreateTime), UpdateTime: timestamppb.New(in.UpdateTime)}
+		CreateTime: timestamppb.New(in.CreateTime), UpdateTime: timestamppb.New(in.UpdateTime), ProviderServerId: in.ProviderServerID}
 	for _, c := range in.Conditions {
 		out.Conditions = append(out.Conditions, &apiv1.InstanceCondition{Type: c.Type, Status: c.Status, Reason: c.Reason,
 			Message: c.Message, UpdateTime: timestamppb.New(c.UpdateTime)})
@@ -180,6 +182,9 @@ type createTarget struct {
 	projErr error
 	// paused boots the guest paused (a sandbox's warm pool).
 	paused bool
+	// provider is the pool's provider policy: a provider pool's instance
+	// is a server rented through it (createOnProvider).
+	provider *apiv1.ProviderPolicy
 }
 
 func validPolicy(p string) bool {
@@ -199,7 +204,11 @@ func validateVolumeSpec(vs *envelope.Violations, field, name string, sizeGiB int
 func validateCreateInstance(vs *envelope.Violations, msg *apiv1.CreateInstanceRequest) {
 	vs.Ref("tenant", msg.GetTenant(), "tnt")
 	vs.Name("name", msg.GetName())
-	vs.Ref("flavor", msg.GetFlavor(), FlavorIDPrefix)
+	// A provider pool's instances take its server type: the flavor is
+	// required of the others once the pool is known (checkCreate).
+	if msg.GetFlavor() != "" {
+		vs.Ref("flavor", msg.GetFlavor(), FlavorIDPrefix)
+	}
 	if msg.GetIpPool() != "" {
 		vs.Ref("ip_pool", msg.GetIpPool(), IPPoolIDPrefix)
 	}
@@ -274,8 +283,10 @@ func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1
 			return "", err
 		}
 		p, found, err := reservation.ResolveInstancePool(ctx, q, sc.ID(), msg.GetPool())
-		if err != nil || !found {
-			return "", nil //nolint:nilerr // the create itself answers a pool it cannot resolve
+		if err != nil || !found || pool.Provider(p) != nil {
+			// The create itself answers a pool it cannot resolve; a
+			// provider pool has no placer to own it.
+			return "", nil //nolint:nilerr
 		}
 		return p.ID, nil
 	}); err != nil || url != "" {
@@ -300,17 +311,27 @@ func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1
 			if t.scope, err = tenancy.LookupScope(ctx, q, msg.GetTenant()); err != nil || !t.scope.Found {
 				return iam.Resource{Type: "Instance", ID: iam.DraftID}, err
 			}
-			if t.flavor, err = lookupFlavor(ctx, q, msg.GetTenant(), msg.GetFlavor(), true); err != nil {
-				return iam.Resource{}, err
+			t.pool, t.poolOK, t.poolErr = reservation.ResolveInstancePool(ctx, q, t.scope.ID(), msg.GetPool())
+			if t.poolOK {
+				t.provider = pool.Provider(t.pool)
 			}
-			if msg.GetIpPool() == "" {
+			if msg.GetFlavor() != "" {
+				if t.flavor, err = lookupFlavor(ctx, q, msg.GetTenant(), msg.GetFlavor(), true); err != nil {
+					return iam.Resource{}, err
+				}
+			}
+			switch {
+			case t.provider != nil:
+				// The provider's server has the provider's addresses.
+			case msg.GetIpPool() == "":
 				if t.ipPool, err = defaultIPPool(ctx, q, t.scope); err != nil {
 					return iam.Resource{}, err
 				}
-			} else if t.ipPool, err = lookupRef(ctx, q, msg.GetTenant(), msg.GetIpPool(), "ip pool", "IPPool", true, IPPoolGet, IPPoolResource); err != nil {
-				return iam.Resource{}, err
+			default:
+				if t.ipPool, err = lookupRef(ctx, q, msg.GetTenant(), msg.GetIpPool(), "ip pool", "IPPool", true, IPPoolGet, IPPoolResource); err != nil {
+					return iam.Resource{}, err
+				}
 			}
-			t.pool, t.poolOK, t.poolErr = reservation.ResolveInstancePool(ctx, q, t.scope.ID(), msg.GetPool())
 			if msg.GetProject() != "" {
 				t.project, t.projErr = tenancy.ProjectGet(ctx, q, t.scope.ID(), msg.GetProject())
 				t.projOK = t.projErr == nil
@@ -325,7 +346,7 @@ func (s *InstanceService) Create(ctx context.Context, req *connect.Request[apiv1
 			return iam.Resource{Type: "Instance", ID: iam.DraftID, TenantID: t.scope.ID(), ProjectID: t.project.ID, Attrs: attrs}, t.projErr
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
-			if !t.poolOK || !t.flavor.found || !t.ipPool.found {
+			if !t.poolOK || !t.flavor.found || !t.ipPool.found || t.provider != nil {
 				// Nothing to place: Apply answers alone.
 				return s.env.CommitAlone(ctx, write)
 			}
@@ -391,7 +412,16 @@ func policyOf(p string) string {
 // applyCreate checks what the draft found, then books, leases and sends,
 // in that order: every refusal comes before the first write.
 func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg *apiv1.CreateInstanceRequest, t *createTarget) (*apiv1.CreateInstanceResponse, error) {
-	in, ids, err := s.boot(ctx, bootTx{Tx: tx.Tx, emit: tx.Emit, now: tx.Now(), by: tx.Caller().Principal.ID}, msg, t)
+	btx := bootTx{Tx: tx.Tx, emit: tx.Emit, now: tx.Now(), by: tx.Caller().Principal.ID}
+	if t.provider != nil && t.poolErr == nil {
+		in, err := s.createOnProvider(ctx, btx, msg, t, t.provider)
+		if err != nil {
+			return nil, err
+		}
+		tx.SetResource(in.ID, "")
+		return &apiv1.CreateInstanceResponse{Instance: InstanceProto(in, nil)}, nil
+	}
+	in, ids, err := s.boot(ctx, btx, msg, t)
 	if err != nil {
 		return nil, err
 	}
@@ -417,8 +447,10 @@ func (s *InstanceService) checkCreate(msg *apiv1.CreateInstanceRequest, t *creat
 	if t.scope.Platform {
 		return "", envelope.Invalid(envelope.Violation{Field: "tenant", Reason: "instances belong to a tenant: name one"})
 	}
-	if err := t.flavor.notFound(); err != nil {
-		return "", err
+	if msg.GetFlavor() != "" {
+		if err := t.flavor.notFound(); err != nil {
+			return "", err
+		}
 	}
 	if msg.GetIpPool() == "" && !t.ipPool.found {
 		return "", envelope.Invalid(envelope.Violation{Field: "ip_pool", Reason: "the tenant sees no IP pool, or several (its own or the platform's): name one"})
@@ -437,6 +469,9 @@ func (s *InstanceService) checkCreate(msg *apiv1.CreateInstanceRequest, t *creat
 			return "", envelope.NotFound("pool", msg.GetPool())
 		}
 		return "", envelope.Invalid(envelope.Violation{Field: "pool", Reason: "the tenant sees no pool, or several: name one"})
+	}
+	if msg.GetFlavor() == "" {
+		return "", envelope.Invalid(envelope.Violation{Field: "flavor", Reason: "is required"})
 	}
 	image := msg.GetImage()
 	if image == "" && len(s.images) == 1 {
@@ -731,6 +766,17 @@ func (s *InstanceService) powerAction(kind, event string, states ...string) func
 		if err := stateRequired(in, strings.TrimPrefix(kind, "instance."), states...); err != nil {
 			return err
 		}
+		if ok, err := s.onProvider(ctx, tx.Tx, in); err != nil || ok {
+			if err != nil {
+				return err
+			}
+			action := map[string]string{vmcmd.KindInstanceStart: "on", vmcmd.KindInstanceStop: "off", vmcmd.KindInstanceReboot: "reboot"}[kind]
+			if err := s.providers.PowerTx(ctx, tx.Tx, in, action); err != nil {
+				return err
+			}
+			tx.Emit(instanceEvent(event, in, nil))
+			return nil
+		}
 		now := tx.Now()
 		key := fmt.Sprintf("%s/%s/%d", in.ID, strings.TrimPrefix(kind, "instance."), now.UnixNano())
 		if _, err := s.send(ctx, tx.Tx, in, kind, vmcmd.InstanceRef{InstanceID: HostID(in.ID)}, key, now); err != nil {
@@ -776,6 +822,9 @@ func (s *InstanceService) Reboot(ctx context.Context, req *connect.Request[apiv1
 func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteInstanceRequest]) (*connect.Response[apiv1.DeleteInstanceResponse], error) {
 	if url, err := s.ownerURL(ctx, func(ctx context.Context, q store.Querier) (string, error) {
 		r, err := lookupInstance(ctx, q, req.Msg.GetTenant(), req.Msg.GetInstance())
+		if r.Obj.ReservationID == "" {
+			return "", err // nothing booked (a provider pool's, a failed create): no placer to fence
+		}
 		return r.Obj.PoolID, err
 	}); err != nil || url != "" {
 		if err != nil {
@@ -793,6 +842,21 @@ func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1
 			case StateLost:
 				// Its host is gone, and the guest with it: nothing to ask.
 				return s.finishDelete(ctx, tx.Tx, tx.Emit, in, in.State, "Deleted", now)
+			}
+			if ok, err := s.onProvider(ctx, tx.Tx, in); err != nil || ok {
+				if err != nil || in.State == StateDeleting {
+					return err
+				}
+				from := in.State
+				in.State, in.UpdateTime = StateDeleting, now
+				if ok, err := InstanceSave(ctx, tx.Tx, in, from); err != nil || !ok {
+					return errors.Join(err, errMoved(ok))
+				}
+				if err := s.providers.DeleteTx(ctx, tx.Tx, in); err != nil {
+					return err
+				}
+				tx.Emit(instanceEvent("instance.deleting", in, nil))
+				return nil
 			}
 			// A failed create may have left part of a guest on its host:
 			// the delete goes there too (deleting a missing guest succeeds).
@@ -841,7 +905,7 @@ func mutate[Req any](ctx context.Context, s *InstanceService, req *connect.Reque
 			return r.Resource(), err
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
-			if !viaPlacer || !r.Found || r.Obj.PoolID == "" {
+			if !viaPlacer || !r.Found || r.Obj.PoolID == "" || r.Obj.ReservationID == "" {
 				return s.env.CommitAlone(ctx, write)
 			}
 			return s.engine.SubmitInstance(ctx, r.Obj.PoolID, r.Obj.TenantID, write)

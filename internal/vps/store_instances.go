@@ -74,7 +74,10 @@ type Instance struct {
 	// SSHPrincipal is the one certificate principal the guest was seeded
 	// to accept (SSHPrincipal(ID)); "" for a guest seeded without the CA
 	// or before guests had their own.
-	SSHPrincipal           string
+	SSHPrincipal string
+	// ProviderServerID is the provider's id of the server of an instance
+	// of a provider pool (package providerpools), once it exists.
+	ProviderServerID       string
 	Conditions             []Condition
 	Message                string
 	CreatedBy              string
@@ -105,7 +108,8 @@ func (in *Instance) Live() bool {
 
 const instanceColumns = `id, tenant_id, project_id, name, state, flavor_id, flavor_name, vcpus, memory_mib, disk_gib, image, image_sha256,
 	ip_pool_id, ip_pool_name, address, prefix_len, gateway, dns, mac, network_policy, ssh_keys, user_data_sealed, pool_id, reservation_id,
-	node_id, node_name, cpuset, accel, ssh_address, conditions, message, created_by, create_time, update_time, ssh_principal`
+	node_id, node_name, cpuset, accel, ssh_address, conditions, message, created_by, create_time, update_time, ssh_principal,
+	provider_server_id`
 
 func scanInstance(row scanner) (Instance, error) {
 	var (
@@ -116,7 +120,7 @@ func scanInstance(row scanner) (Instance, error) {
 		&in.MemoryMiB, &in.DiskGiB, &in.Image, &in.ImageSHA256, &in.IPPoolID, &in.IPPoolName, &in.Address, &in.PrefixLen,
 		&in.Gateway, &dns, &in.MAC, &in.NetworkPolicy, &keys, &in.UserDataSealed, &in.PoolID, &in.ReservationID, &in.NodeID,
 		&in.NodeName, &in.CPUSet, &in.Accel, &in.SSHAddress, &conds, &in.Message, &in.CreatedBy, &in.CreateTime,
-		&in.UpdateTime, &in.SSHPrincipal); err != nil {
+		&in.UpdateTime, &in.SSHPrincipal, &in.ProviderServerID); err != nil {
 		return in, err
 	}
 	for _, f := range []struct {
@@ -148,12 +152,12 @@ func nonNil[T any](s []T) []T {
 // InstanceInsert writes a new instance's row.
 func InstanceInsert(ctx context.Context, tx store.Tx, in *Instance) error {
 	_, err := tx.Exec(ctx, `INSERT INTO instances (`+instanceColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35)`,
+		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36)`,
 		in.ID, in.TenantID, in.ProjectID, in.Name, in.State, in.FlavorID, in.FlavorName, in.VCPUs, in.MemoryMiB, in.DiskGiB,
 		in.Image, in.ImageSHA256, in.IPPoolID, in.IPPoolName, in.Address, in.PrefixLen, in.Gateway, jsonText(nonNil(in.DNS)),
 		in.MAC, in.NetworkPolicy, jsonText(nonNil(in.SSHKeys)), nonNil(in.UserDataSealed), in.PoolID, in.ReservationID, in.NodeID, in.NodeName,
 		in.CPUSet, in.Accel, in.SSHAddress, jsonText(nonNil(in.Conditions)), in.Message, in.CreatedBy, in.CreateTime, in.UpdateTime,
-		in.SSHPrincipal)
+		in.SSHPrincipal, in.ProviderServerID)
 	return err
 }
 
@@ -161,9 +165,10 @@ func InstanceInsert(ctx context.Context, tx store.Tx, in *Instance) error {
 // state it was read in; it reports false when another writer moved it.
 func InstanceSave(ctx context.Context, tx store.Tx, in *Instance, from string) (bool, error) {
 	n, err := tx.Exec(ctx, `UPDATE instances SET state = $2, reservation_id = $3, node_id = $4, node_name = $5, cpuset = $6,
-		accel = $7, ssh_address = $8, conditions = $9, message = $10, update_time = $11 WHERE id = $1 AND state = $12`,
+		accel = $7, ssh_address = $8, conditions = $9, message = $10, update_time = $11, address = $13, provider_server_id = $14
+		WHERE id = $1 AND state = $12`,
 		in.ID, in.State, in.ReservationID, in.NodeID, in.NodeName, in.CPUSet, in.Accel, in.SSHAddress,
-		jsonText(nonNil(in.Conditions)), in.Message, in.UpdateTime, from)
+		jsonText(nonNil(in.Conditions)), in.Message, in.UpdateTime, from, in.Address, in.ProviderServerID)
 	return n == 1, err
 }
 

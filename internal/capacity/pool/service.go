@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -17,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/gpuhealth"
 	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
@@ -142,6 +144,7 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 		vs.Add("policy.mig", "must be auto or manual, got %q", truncate(p.GetMig()))
 	}
 	validateHealthPolicy(vs, p.GetHealth())
+	validateProviderPolicy(vs, p.GetProvider())
 	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
 	nonNeg("policy.min_duration_seconds", minD)
 	switch {
@@ -152,6 +155,58 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	case maxD == 0 && minD > MaxDurationSeconds:
 		vs.Add("policy.min_duration_seconds", "must be at most %d (30 days), got %d", MaxDurationSeconds, minD)
 	}
+}
+
+// validateProviderPolicy checks policy.provider's shape; the account is
+// looked up in the pool's tenant when the pool is written (checkProvider).
+func validateProviderPolicy(vs *envelope.Violations, p *apiv1.ProviderPolicy) {
+	if p == nil {
+		return
+	}
+	if p.GetAccount() == "" {
+		vs.Add("policy.provider.account", "is required: a provider account of the pool's tenant (better-compute provider-accounts list)")
+	} else {
+		vs.Name("policy.provider.account", p.GetAccount())
+	}
+	for _, f := range []struct{ name, v string }{{"server_type", p.GetServerType()}, {"image", p.GetImage()}, {"location", p.GetLocation()}} {
+		switch {
+		case f.v == "" && f.name != "location":
+			vs.Add("policy.provider."+f.name, "is required")
+		case len(f.v) > 128:
+			vs.Add("policy.provider."+f.name, "at most 128 bytes, got %d", len(f.v))
+		case strings.ContainsAny(f.v, " \t\r\n\"'"):
+			vs.Add("policy.provider."+f.name, "must not contain spaces or quotes, got %q", truncate(f.v))
+		}
+	}
+}
+
+// checkProvider resolves a provider policy's account in the pool's tenant:
+// a pool cannot name another tenant's account, and a missing one is
+// refused now rather than at the first instance.
+func checkProvider(ctx context.Context, q store.Querier, tenantID string, p *apiv1.PoolPolicy) error {
+	pp := p.GetProvider()
+	if pp == nil {
+		return nil
+	}
+	a, err := provideraccounts.Get(ctx, q, tenantID, pp.GetAccount(), "")
+	if errors.Is(err, store.ErrNotFound) {
+		return envelope.Invalid(envelope.Violation{Field: "policy.provider.account",
+			Reason: fmt.Sprintf("the pool's tenant has no provider account %q", truncate(pp.GetAccount()))})
+	}
+	if err != nil {
+		return err
+	}
+	pp.Account = a.ID
+	return nil
+}
+
+// Provider returns a pool's provider policy: nil for a pool of nodes.
+func Provider(p Pool) *apiv1.ProviderPolicy {
+	pol := &apiv1.PoolPolicy{}
+	if protojson.Unmarshal([]byte(p.Policy), pol) != nil {
+		return nil
+	}
+	return pol.GetProvider()
 }
 
 // MIG layout modes (policy.mig).
@@ -357,6 +412,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateP
 			if err != nil {
 				return nil, err
 			}
+			if err := checkProvider(ctx, tx, tenant.ID, msg.GetPolicy()); err != nil {
+				return nil, err
+			}
 			pol, err := policyJSON(msg.GetPolicy())
 			if err != nil {
 				return nil, err
@@ -421,6 +479,9 @@ func (s *Service) Update(ctx context.Context, req *connect.Request[apiv1.UpdateP
 				}
 			}
 			if msg.GetPolicy() != nil {
+				if err := checkProvider(ctx, tx, cur.TenantID, msg.GetPolicy()); err != nil {
+					return nil, err
+				}
 				if pol, err = policyJSON(msg.GetPolicy()); err != nil {
 					return nil, err
 				}

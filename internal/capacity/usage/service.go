@@ -23,11 +23,15 @@ const MaxExportWindows = 100_000
 
 // Service serves the UsageService API.
 type Service struct {
-	env *envelope.Envelope
+	env     *envelope.Envelope
+	sources []IntervalSource
 }
 
-// NewService returns the usage handlers.
-func NewService(env *envelope.Envelope) *Service { return &Service{env: env} }
+// NewService returns the usage handlers; sources are the other modules'
+// intervals the open hour adds (as the rollup's job passes them).
+func NewService(env *envelope.Envelope, sources ...IntervalSource) *Service {
+	return &Service{env: env, sources: sources}
+}
 
 var _ apiv1connect.UsageServiceHandler = (*Service)(nil)
 
@@ -180,7 +184,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 	if h := now.Truncate(Window); out.NextPageToken == "" && !h.Before(f.start) && (f.end.IsZero() || h.Before(f.end)) {
 		var open []UsageWindow
 		if err := s.env.Resolve(ctx, "usage", func(ctx context.Context, q store.Querier) (err error) {
-			open, err = OpenHour(ctx, q, tenantID, projectID, f.metric, now)
+			open, err = OpenHour(ctx, q, tenantID, projectID, f.metric, now, s.sources...)
 			return err
 		}); err != nil {
 			return nil, s.env.Fail(ctx, err)

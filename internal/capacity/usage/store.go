@@ -73,21 +73,21 @@ func InstanceMetric(flavor string) string {
 
 // metrics are the quantities of one reservation: its GPUs of a model,
 // vCPUs, memory and, for an instance's, one instance of its flavor.
-func (r *activeInterval) metrics() []struct {
-	metric string
-	n      int64
-} {
-	out := []struct {
-		metric string
-		n      int64
-	}{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}}
+func (r *activeInterval) metrics() []metricQuantity {
+	if r.own != nil {
+		return r.own
+	}
+	out := []metricQuantity{{GPUMetric(r.model), r.gpus}, {MetricVCPUHours, r.vcpu}, {MetricMemoryGiBHours, r.memoryGiB}}
 	if r.binding == "instance" {
-		out = append(out, struct {
-			metric string
-			n      int64
-		}{InstanceMetric(r.flavor), 1})
+		out = append(out, metricQuantity{InstanceMetric(r.flavor), 1})
 	}
 	return out
+}
+
+// metricQuantity is one metric of an interval and its quantity per hour.
+type metricQuantity struct {
+	metric string
+	n      int64
 }
 
 // ValidMetric reports whether s is a metric name this package writes, in
@@ -113,6 +113,8 @@ type activeInterval struct {
 	model, binding, flavor  string
 	since                   time.Time
 	until                   *time.Time
+	// own are the metrics of an IntervalSource's interval.
+	own []metricQuantity
 }
 
 // Rollup writes the usage windows closed by upTo: every hour window
@@ -127,8 +129,9 @@ type activeInterval struct {
 // the work it reads only reservations still active, or whose active
 // interval ended after the last closed hour less Grace, and writes windows
 // from that point on (the first run, with no cursor, writes everything).
+// sources add intervals other modules meter (a provider pool's servers).
 // It runs in the caller's transaction.
-func Rollup(ctx context.Context, tx store.Tx, upTo time.Time) (int, error) {
+func Rollup(ctx context.Context, tx store.Tx, upTo time.Time, sources ...IntervalSource) (int, error) {
 	closeAt := upTo.UTC().Truncate(Window)
 	var from time.Time // zero: no run yet, start at each reservation's beginning
 	var cursor time.Time
@@ -139,7 +142,7 @@ func Rollup(ctx context.Context, tx store.Tx, upTo time.Time) (int, error) {
 		return 0, fmt.Errorf("usage rollup: read cursor: %w", err)
 	}
 
-	intervals, err := activeIntervals(ctx, tx, from, closeAt)
+	intervals, err := activeIntervals(ctx, tx, from, closeAt, sources)
 	if err != nil {
 		return 0, err
 	}
@@ -185,9 +188,9 @@ func Rollup(ctx context.Context, tx store.Tx, upTo time.Time) (int, error) {
 // hour closes: the quantity so far. Nothing is written. Empty tenantID,
 // projectID and metric do not filter; metric matches case-insensitively.
 // Windows come ordered by reservation and metric.
-func OpenHour(ctx context.Context, q store.Querier, tenantID, projectID, metric string, now time.Time) ([]UsageWindow, error) {
+func OpenHour(ctx context.Context, q store.Querier, tenantID, projectID, metric string, now time.Time, sources ...IntervalSource) ([]UsageWindow, error) {
 	h := now.UTC().Truncate(Window)
-	intervals, err := activeIntervals(ctx, q, h, now)
+	intervals, err := activeIntervals(ctx, q, h, now, sources)
 	if err != nil {
 		return nil, err
 	}
@@ -219,9 +222,39 @@ func OpenHour(ctx context.Context, q store.Querier, tenantID, projectID, metric 
 	return out, nil
 }
 
+// Interval is a metered interval of something other than a reservation
+// (a provider pool's server): Quantity of Metric per hour from Since to
+// Until (nil: still running). ID keys its windows as a reservation's id
+// does.
+type Interval struct {
+	ID, TenantID, ProjectID, Metric string
+	Quantity                        int64
+	Since                           time.Time
+	Until                           *time.Time
+}
+
+// IntervalSource lists the intervals of one kind overlapping [from,
+// closeAt), reading its own module's tables.
+type IntervalSource func(ctx context.Context, q store.Querier, from, closeAt time.Time) ([]Interval, error)
+
+func sourceIntervals(ctx context.Context, q store.Querier, from, closeAt time.Time, srcs []IntervalSource) ([]activeInterval, error) {
+	var out []activeInterval
+	for _, src := range srcs {
+		ivs, err := src(ctx, q, from, closeAt)
+		if err != nil {
+			return nil, fmt.Errorf("usage rollup: %w", err)
+		}
+		for _, iv := range ivs {
+			out = append(out, activeInterval{id: iv.ID, tenantID: iv.TenantID, projectID: iv.ProjectID, since: iv.Since,
+				until: iv.Until, own: []metricQuantity{{metric: iv.Metric, n: iv.Quantity}}})
+		}
+	}
+	return out, nil
+}
+
 // activeIntervals reads the reservations whose active interval began before
 // closeAt and had not ended by from.
-func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.Time) ([]activeInterval, error) {
+func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.Time, srcs []IntervalSource) ([]activeInterval, error) {
 	rows, err := tx.Query(ctx, `SELECT id, tenant_id, project_id, gpus, vcpu, memory_gib,
 			CASE WHEN gpu_model <> '' THEN gpu_model ELSE model END, active_since, active_until, binding, flavor
 		FROM reservations
@@ -239,7 +272,11 @@ func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.T
 		}
 		out = append(out, r)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	more, err := sourceIntervals(ctx, tx, from, closeAt, srcs)
+	return append(out, more...), err
 }
 
 // upsertWindow writes one window, leaving an unchanged one alone; it returns

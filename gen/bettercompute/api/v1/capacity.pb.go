@@ -319,7 +319,11 @@ type PoolPolicy struct {
 	// MIG layouts: manual (the default: what the node reports) or auto (the
 	// repartitioner proposes layouts for idle GPUs from the queued and
 	// refused requests per profile). Only for gpu_sharing mig.
-	Mig           string `protobuf:"bytes,13,opt,name=mig,proto3" json:"mig,omitempty"`
+	Mig string `protobuf:"bytes,13,opt,name=mig,proto3" json:"mig,omitempty"`
+	// Makes this a provider pool: each instance created in it is a server
+	// rented through a provider account (docs/providers.md), not a guest on
+	// one of the pool's nodes.
+	Provider      *ProviderPolicy `protobuf:"bytes,14,opt,name=provider,proto3" json:"provider,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -445,6 +449,88 @@ func (x *PoolPolicy) GetMig() string {
 	return ""
 }
 
+func (x *PoolPolicy) GetProvider() *ProviderPolicy {
+	if x != nil {
+		return x.Provider
+	}
+	return nil
+}
+
+// ProviderPolicy is where a provider pool's servers come from.
+type ProviderPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A provider account of the pool's tenant (name or id).
+	Account string `protobuf:"bytes,1,opt,name=account,proto3" json:"account,omitempty"`
+	// The provider's server type (cx22, a Robot product, a Proxmox template's
+	// size).
+	ServerType string `protobuf:"bytes,2,opt,name=server_type,json=serverType,proto3" json:"server_type,omitempty"`
+	// What the servers boot: a provider image, a Proxmox template, an
+	// installimage image. An instance's image overrides it.
+	Image string `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	// Where the servers run; empty takes the account's default.
+	Location      string `protobuf:"bytes,4,opt,name=location,proto3" json:"location,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProviderPolicy) Reset() {
+	*x = ProviderPolicy{}
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProviderPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProviderPolicy) ProtoMessage() {}
+
+func (x *ProviderPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProviderPolicy.ProtoReflect.Descriptor instead.
+func (*ProviderPolicy) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ProviderPolicy) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *ProviderPolicy) GetServerType() string {
+	if x != nil {
+		return x.ServerType
+	}
+	return ""
+}
+
+func (x *ProviderPolicy) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ProviderPolicy) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
 // HealthPolicy is a pool's answer to GPU health findings.
 type HealthPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -472,7 +558,7 @@ type HealthPolicy struct {
 
 func (x *HealthPolicy) Reset() {
 	*x = HealthPolicy{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +570,7 @@ func (x *HealthPolicy) String() string {
 func (*HealthPolicy) ProtoMessage() {}
 
 func (x *HealthPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +583,7 @@ func (x *HealthPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthPolicy.ProtoReflect.Descriptor instead.
 func (*HealthPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HealthPolicy) GetXidActions() map[int64]string {
@@ -547,7 +633,7 @@ type PerGpuShare struct {
 
 func (x *PerGpuShare) Reset() {
 	*x = PerGpuShare{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +645,7 @@ func (x *PerGpuShare) String() string {
 func (*PerGpuShare) ProtoMessage() {}
 
 func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +658,7 @@ func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PerGpuShare.ProtoReflect.Descriptor instead.
 func (*PerGpuShare) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PerGpuShare) GetVcpu() int32 {
@@ -607,7 +693,7 @@ type HostReserve struct {
 
 func (x *HostReserve) Reset() {
 	*x = HostReserve{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +705,7 @@ func (x *HostReserve) String() string {
 func (*HostReserve) ProtoMessage() {}
 
 func (x *HostReserve) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +718,7 @@ func (x *HostReserve) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostReserve.ProtoReflect.Descriptor instead.
 func (*HostReserve) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HostReserve) GetVcpu() int32 {
@@ -665,7 +751,7 @@ type OfferPoolRequest struct {
 
 func (x *OfferPoolRequest) Reset() {
 	*x = OfferPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +763,7 @@ func (x *OfferPoolRequest) String() string {
 func (*OfferPoolRequest) ProtoMessage() {}
 
 func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +776,7 @@ func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfferPoolRequest.ProtoReflect.Descriptor instead.
 func (*OfferPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OfferPoolRequest) GetTenant() string {
@@ -730,7 +816,7 @@ type OfferPoolResponse struct {
 
 func (x *OfferPoolResponse) Reset() {
 	*x = OfferPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +828,7 @@ func (x *OfferPoolResponse) String() string {
 func (*OfferPoolResponse) ProtoMessage() {}
 
 func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +841,7 @@ func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfferPoolResponse.ProtoReflect.Descriptor instead.
 func (*OfferPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OfferPoolResponse) GetPool() *Pool {
@@ -777,7 +863,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +875,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +888,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreatePoolRequest) GetTenant() string {
@@ -842,7 +928,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +940,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +953,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -888,7 +974,7 @@ type PoolSelector struct {
 
 func (x *PoolSelector) Reset() {
 	*x = PoolSelector{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +986,7 @@ func (x *PoolSelector) String() string {
 func (*PoolSelector) ProtoMessage() {}
 
 func (x *PoolSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +999,7 @@ func (x *PoolSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSelector.ProtoReflect.Descriptor instead.
 func (*PoolSelector) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PoolSelector) GetRequirements() []*SelectorRequirement {
@@ -938,7 +1024,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1036,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1049,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdatePoolRequest) GetTenant() string {
@@ -1003,7 +1089,7 @@ type UpdatePoolResponse struct {
 
 func (x *UpdatePoolResponse) Reset() {
 	*x = UpdatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1101,7 @@ func (x *UpdatePoolResponse) String() string {
 func (*UpdatePoolResponse) ProtoMessage() {}
 
 func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1114,7 @@ func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UpdatePoolResponse) GetPool() *Pool {
@@ -1049,7 +1135,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1147,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1160,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetPoolRequest) GetTenant() string {
@@ -1100,7 +1186,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1198,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1211,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -1149,7 +1235,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1247,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1260,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListPoolsRequest) GetTenant() string {
@@ -1215,7 +1301,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1313,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1326,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1268,7 +1354,7 @@ type ArchivePoolRequest struct {
 
 func (x *ArchivePoolRequest) Reset() {
 	*x = ArchivePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1366,7 @@ func (x *ArchivePoolRequest) String() string {
 func (*ArchivePoolRequest) ProtoMessage() {}
 
 func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1379,7 @@ func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolRequest.ProtoReflect.Descriptor instead.
 func (*ArchivePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ArchivePoolRequest) GetTenant() string {
@@ -1319,7 +1405,7 @@ type ArchivePoolResponse struct {
 
 func (x *ArchivePoolResponse) Reset() {
 	*x = ArchivePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1417,7 @@ func (x *ArchivePoolResponse) String() string {
 func (*ArchivePoolResponse) ProtoMessage() {}
 
 func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1430,7 @@ func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolResponse.ProtoReflect.Descriptor instead.
 func (*ArchivePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ArchivePoolResponse) GetPool() *Pool {
@@ -1382,7 +1468,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\xce\x04\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\x90\x05\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1401,7 +1487,14 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	" \x01(\x03R\x13startHorizonSeconds\x12+\n" +
 	"\x11required_attestor\x18\v \x01(\tR\x10requiredAttestor\x12:\n" +
 	"\x06health\x18\f \x01(\v2\".bettercompute.api.v1.HealthPolicyR\x06health\x12\x10\n" +
-	"\x03mig\x18\r \x01(\tR\x03mig\"\xea\x02\n" +
+	"\x03mig\x18\r \x01(\tR\x03mig\x12@\n" +
+	"\bprovider\x18\x0e \x01(\v2$.bettercompute.api.v1.ProviderPolicyR\bprovider\"}\n" +
+	"\x0eProviderPolicy\x12\x18\n" +
+	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x1f\n" +
+	"\vserver_type\x18\x02 \x01(\tR\n" +
+	"serverType\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\tR\x05image\x12\x1a\n" +
+	"\blocation\x18\x04 \x01(\tR\blocation\"\xea\x02\n" +
 	"\fHealthPolicy\x12S\n" +
 	"\vxid_actions\x18\x01 \x03(\v22.bettercompute.api.v1.HealthPolicy.XidActionsEntryR\n" +
 	"xidActions\x12:\n" +
@@ -1483,70 +1576,72 @@ func file_bettercompute_api_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_capacity_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_bettercompute_api_v1_capacity_proto_goTypes = []any{
 	(*Pool)(nil),                  // 0: bettercompute.api.v1.Pool
 	(*PoolOffer)(nil),             // 1: bettercompute.api.v1.PoolOffer
 	(*SelectorRequirement)(nil),   // 2: bettercompute.api.v1.SelectorRequirement
 	(*PoolPolicy)(nil),            // 3: bettercompute.api.v1.PoolPolicy
-	(*HealthPolicy)(nil),          // 4: bettercompute.api.v1.HealthPolicy
-	(*PerGpuShare)(nil),           // 5: bettercompute.api.v1.PerGpuShare
-	(*HostReserve)(nil),           // 6: bettercompute.api.v1.HostReserve
-	(*OfferPoolRequest)(nil),      // 7: bettercompute.api.v1.OfferPoolRequest
-	(*OfferPoolResponse)(nil),     // 8: bettercompute.api.v1.OfferPoolResponse
-	(*CreatePoolRequest)(nil),     // 9: bettercompute.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),    // 10: bettercompute.api.v1.CreatePoolResponse
-	(*PoolSelector)(nil),          // 11: bettercompute.api.v1.PoolSelector
-	(*UpdatePoolRequest)(nil),     // 12: bettercompute.api.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),    // 13: bettercompute.api.v1.UpdatePoolResponse
-	(*GetPoolRequest)(nil),        // 14: bettercompute.api.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),       // 15: bettercompute.api.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),      // 16: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),     // 17: bettercompute.api.v1.ListPoolsResponse
-	(*ArchivePoolRequest)(nil),    // 18: bettercompute.api.v1.ArchivePoolRequest
-	(*ArchivePoolResponse)(nil),   // 19: bettercompute.api.v1.ArchivePoolResponse
-	nil,                           // 20: bettercompute.api.v1.HealthPolicy.XidActionsEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*ProviderPolicy)(nil),        // 4: bettercompute.api.v1.ProviderPolicy
+	(*HealthPolicy)(nil),          // 5: bettercompute.api.v1.HealthPolicy
+	(*PerGpuShare)(nil),           // 6: bettercompute.api.v1.PerGpuShare
+	(*HostReserve)(nil),           // 7: bettercompute.api.v1.HostReserve
+	(*OfferPoolRequest)(nil),      // 8: bettercompute.api.v1.OfferPoolRequest
+	(*OfferPoolResponse)(nil),     // 9: bettercompute.api.v1.OfferPoolResponse
+	(*CreatePoolRequest)(nil),     // 10: bettercompute.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),    // 11: bettercompute.api.v1.CreatePoolResponse
+	(*PoolSelector)(nil),          // 12: bettercompute.api.v1.PoolSelector
+	(*UpdatePoolRequest)(nil),     // 13: bettercompute.api.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),    // 14: bettercompute.api.v1.UpdatePoolResponse
+	(*GetPoolRequest)(nil),        // 15: bettercompute.api.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),       // 16: bettercompute.api.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),      // 17: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),     // 18: bettercompute.api.v1.ListPoolsResponse
+	(*ArchivePoolRequest)(nil),    // 19: bettercompute.api.v1.ArchivePoolRequest
+	(*ArchivePoolResponse)(nil),   // 20: bettercompute.api.v1.ArchivePoolResponse
+	nil,                           // 21: bettercompute.api.v1.HealthPolicy.XidActionsEntry
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_capacity_proto_depIdxs = []int32{
 	2,  // 0: bettercompute.api.v1.Pool.selector:type_name -> bettercompute.api.v1.SelectorRequirement
 	3,  // 1: bettercompute.api.v1.Pool.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	21, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	21, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	21, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
+	22, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	22, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	22, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
 	1,  // 5: bettercompute.api.v1.Pool.offer:type_name -> bettercompute.api.v1.PoolOffer
-	5,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
-	6,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
-	4,  // 8: bettercompute.api.v1.PoolPolicy.health:type_name -> bettercompute.api.v1.HealthPolicy
-	20, // 9: bettercompute.api.v1.HealthPolicy.xid_actions:type_name -> bettercompute.api.v1.HealthPolicy.XidActionsEntry
-	0,  // 10: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	2,  // 11: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
-	3,  // 12: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 13: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	2,  // 14: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
-	11, // 15: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
-	3,  // 16: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 17: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 18: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 19: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	0,  // 20: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	9,  // 21: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	12, // 22: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
-	14, // 23: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
-	16, // 24: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	18, // 25: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
-	7,  // 26: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
-	10, // 27: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
-	13, // 28: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
-	15, // 29: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
-	17, // 30: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	19, // 31: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
-	8,  // 32: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
-	27, // [27:33] is the sub-list for method output_type
-	21, // [21:27] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	6,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
+	7,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
+	5,  // 8: bettercompute.api.v1.PoolPolicy.health:type_name -> bettercompute.api.v1.HealthPolicy
+	4,  // 9: bettercompute.api.v1.PoolPolicy.provider:type_name -> bettercompute.api.v1.ProviderPolicy
+	21, // 10: bettercompute.api.v1.HealthPolicy.xid_actions:type_name -> bettercompute.api.v1.HealthPolicy.XidActionsEntry
+	0,  // 11: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 12: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
+	3,  // 13: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 14: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 15: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
+	12, // 16: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
+	3,  // 17: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 18: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 19: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 20: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	0,  // 21: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	10, // 22: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	13, // 23: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
+	15, // 24: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
+	17, // 25: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	19, // 26: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
+	8,  // 27: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
+	11, // 28: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
+	14, // 29: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
+	16, // 30: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
+	18, // 31: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	20, // 32: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
+	9,  // 33: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
+	28, // [28:34] is the sub-list for method output_type
+	22, // [22:28] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_capacity_proto_init() }
@@ -1560,7 +1655,7 @@ func file_bettercompute_api_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_capacity_proto_rawDesc), len(file_bettercompute_api_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

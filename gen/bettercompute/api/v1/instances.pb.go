@@ -1446,12 +1446,15 @@ type Instance struct {
 	Cpuset     string               `protobuf:"bytes,23,opt,name=cpuset,proto3" json:"cpuset,omitempty"`
 	Conditions []*InstanceCondition `protobuf:"bytes,24,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// Why the instance failed, when it did.
-	Message       string                 `protobuf:"bytes,25,opt,name=message,proto3" json:"message,omitempty"`
-	VolumeIds     []string               `protobuf:"bytes,26,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Message    string                 `protobuf:"bytes,25,opt,name=message,proto3" json:"message,omitempty"`
+	VolumeIds  []string               `protobuf:"bytes,26,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// On a provider pool: the provider's id of the instance's server, once
+	// it exists.
+	ProviderServerId string `protobuf:"bytes,29,opt,name=provider_server_id,json=providerServerId,proto3" json:"provider_server_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -1678,6 +1681,13 @@ func (x *Instance) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *Instance) GetProviderServerId() string {
+	if x != nil {
+		return x.ProviderServerId
+	}
+	return ""
 }
 
 // An InstanceCondition is one observation: PlacementDegraded (the host could
@@ -3682,7 +3692,7 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x13DeleteIPPoolRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x17\n" +
 	"\aip_pool\x18\x02 \x01(\tR\x06ipPool\"\x16\n" +
-	"\x14DeleteIPPoolResponse\"\xdd\x06\n" +
+	"\x14DeleteIPPoolResponse\"\x8b\a\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3720,7 +3730,8 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\vcreate_time\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xae\x01\n" +
+	"updateTime\x12,\n" +
+	"\x12provider_server_id\x18\x1d \x01(\tR\x10providerServerId\"\xae\x01\n" +
 	"\x11InstanceCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
