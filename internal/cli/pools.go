@@ -28,6 +28,9 @@ type poolFlags struct {
 	minDuration, maxDurationSecs int64
 	startHorizon                 time.Duration
 	attestor                     string
+	// A provider pool's: servers rented through a provider account.
+	providerAccount, serverType string
+	providerImage, location     string
 }
 
 func (f *poolFlags) add(cmd *cobra.Command) {
@@ -46,6 +49,10 @@ func (f *poolFlags) add(cmd *cobra.Command) {
 	fl.Int64Var(&f.maxDurationSecs, "max-duration-seconds", 0, "longest booking, at most 30 days (0: unbounded)")
 	fl.Var((*spanValue)(&f.startHorizon), "start-horizon", "how far ahead a reservation may start, e.g. 30d (default 90d, at most 366d)")
 	fl.StringVar(&f.attestor, "require-attestor", "", "machines joining with a token for this pool must attest: tpm, x509, cloud or kubelet (docs/attestation.md)")
+	fl.StringVar(&f.providerAccount, "provider-account", "", "make a provider pool: each instance is a server rented through this provider account (docs/providers.md)")
+	fl.StringVar(&f.serverType, "server-type", "", "provider pool: the provider's server type, e.g. cx22")
+	fl.StringVar(&f.providerImage, "provider-image", "", "provider pool: the image servers boot (an instance's --image overrides it)")
+	fl.StringVar(&f.location, "location", "", "provider pool: where servers run (default the account's)")
 }
 
 func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {
@@ -67,13 +74,17 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 	if f.vcpuPerGPU != 0 || f.memoryGiBPerGPU != 0 || f.hugepagesPerGPU != 0 {
 		p.PerGpu = &apiv1.PerGpuShare{Vcpu: f.vcpuPerGPU, MemoryGib: f.memoryGiBPerGPU, Hugepages_1Gi: f.hugepagesPerGPU}
 	}
+	if f.providerAccount != "" || f.serverType != "" || f.providerImage != "" || f.location != "" {
+		p.Provider = &apiv1.ProviderPolicy{Account: f.providerAccount, ServerType: f.serverType, Image: f.providerImage, Location: f.location}
+	}
 	return p
 }
 
 // policyChanged says whether any policy flag was given.
 func policyChanged(cmd *cobra.Command) bool {
 	for _, name := range []string{"sharing", "slots", "vcpu-per-gpu", "memory-gib-per-gpu", "hugepages-1gi-per-gpu",
-		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon", "require-attestor"} {
+		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon", "require-attestor",
+		"provider-account", "server-type", "provider-image", "location"} {
 		if cmd.Flags().Changed(name) {
 			return true
 		}

@@ -101,8 +101,8 @@ its host reports an SSH address, until that address answers on TCP.`,
 	}
 	fl := create.Flags()
 	fl.StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
-	fl.StringVar(&flavor, "flavor", "", "the flavor (the tenant's or the platform's)")
-	fl.StringVar(&image, "image", "", "the guest image (default: the only one the control plane knows)")
+	fl.StringVar(&flavor, "flavor", "", "the flavor (the tenant's or the platform's); none on a provider pool, whose server type decides")
+	fl.StringVar(&image, "image", "", "the guest image (default: the only one the control plane knows; a provider pool's image)")
 	fl.StringVar(&ipPool, "ip-pool", "", "the IP pool the address comes from (default: the only one the tenant sees)")
 	fl.StringVar(&capPool, "pool", "", "the capacity pool to place on (default: the only one the tenant sees)")
 	fl.StringVar(&project, "project", "", "the project (default: the tenant's default project)")
