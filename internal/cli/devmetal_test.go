@@ -18,9 +18,9 @@ import (
 // devTourMetal are the README tour's bare-metal lines, as they are run
 // below against dev --sim-machines.
 var devTourMetal = []string{
-	"bin/better-compute machines commission sim-m1",
-	"bin/better-compute machines deploy sim-m1 --image sample",
-	"bin/better-compute machines release sim-m1",
+	"bin/better-compute machines commission sim-m1 --wait 2m",
+	"bin/better-compute machines deploy sim-m1 --image sample --wait 2m",
+	"bin/better-compute machines release sim-m1 --wait 2m",
 	"bin/better-compute workflows list --machine sim-m1",
 }
 
@@ -101,7 +101,9 @@ func TestDevSimMachines(t *testing.T) {
 	require.Contains(t, list, "sim-m2")
 	want := []string{"ready", "deployed", "ready"}
 	for i, line := range devTourMetal[:3] {
-		cli(strings.Fields(line)[1:]...)
+		// --wait returns once the workflow ended, with the machine there.
+		out := cli(strings.Fields(line)[1:]...)
+		require.Contains(t, out, want[i])
 		settled(want[i])
 	}
 	tour := cli(strings.Fields(devTourMetal[3])[1:]...)

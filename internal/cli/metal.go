@@ -279,6 +279,7 @@ A machine runs one workflow at a time.`}
 	addLimitFlag(list, &limit)
 
 	// transition builds one lifecycle verb.
+	var waitFor time.Duration
 	transition := func(use, short string, call func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error),
 		flags func(*cobra.Command)) *cobra.Command {
 		sub := &cobra.Command{
@@ -294,11 +295,15 @@ A machine runs one workflow at a time.`}
 				if err != nil {
 					return err
 				}
+				if waitFor > 0 && m.GetWorkflowId() != "" {
+					return a.waitTransition(cmd, c, t, m, waitFor)
+				}
 				return a.printMachine(cmd, msg, m)
 			},
 		}
 		addTenantFlag(sub, &tenant)
 		addConfirmationFlag(sub, &confirmationID)
+		sub.Flags().DurationVar(&waitFor, "wait", 0, "wait up to this long for the workflow to end, printing each step as it goes (e.g. --wait 5m)")
 		if flags != nil {
 			flags(sub)
 		}
@@ -598,6 +603,57 @@ func machineTable(w io.Writer, items ...*apiv1.Machine) {
 		row(w, m.GetId(), m.GetName(), m.GetSiteId(), m.GetState(), m.GetBmcDriver()+" "+m.GetBmcAddress(), m.GetMac(),
 			dash(m.GetImageName()), dash(m.GetWorkflowId()))
 	}
+}
+
+// waitTransition waits for a lifecycle verb's workflow to end, printing
+// the machine's steps to stderr as they start, and fails (ABORTED) when
+// the machine ends failed.
+func (a *app) waitTransition(cmd *cobra.Command, c *client.Client, tenant string, m *apiv1.Machine, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), d)
+	defer cancel()
+	wf, op := m.GetWorkflowId(), m.GetOperation()
+	errw := cmd.ErrOrStderr()
+	fmt.Fprintf(errw, "%s %s: workflow %s\n", op, m.GetName(), wf)
+	seen := map[string]bool{}
+	progress := func() {
+		resp, err := c.Machines.GetWorkflow(ctx, connect.NewRequest(&apiv1.GetMachineWorkflowRequest{Tenant: tenant, Workflow: wf}))
+		if err != nil {
+			return // progress is best effort; the wait itself reports errors
+		}
+		for _, st := range resp.Msg.GetWorkflow().GetSteps() {
+			key := st.GetName() + "/" + st.GetState()
+			if st.GetState() == "pending" || seen[key] {
+				continue
+			}
+			seen[key] = true
+			fmt.Fprintf(errw, "  %-14s %s\n", st.GetName(), st.GetState())
+		}
+	}
+	poll := 5 * a.retryBackoff
+	for m.GetWorkflowId() != "" {
+		progress()
+		select {
+		case <-ctx.Done():
+			if cmd.Context().Err() != nil {
+				return connect.NewError(connect.CodeCanceled, fmt.Errorf("stopped waiting for %s of machine %s (workflow %s)", op, m.GetName(), wf))
+			}
+			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("%s of machine %s still running after %s: workflows get %s", op, m.GetName(), d, wf))
+		case <-time.After(poll):
+		}
+		resp, err := c.Machines.Get(ctx, connect.NewRequest(&apiv1.GetMachineRequest{Tenant: tenant, Machine: m.GetId()}))
+		if err != nil {
+			return err
+		}
+		m = resp.Msg.GetMachine()
+	}
+	progress()
+	if err := a.printMachine(cmd, &apiv1.GetMachineResponse{Machine: m}, m); err != nil {
+		return err
+	}
+	if m.GetState() == "failed" {
+		return connect.NewError(connect.CodeAborted, fmt.Errorf("%s of machine %s failed at step %s: %s", op, m.GetName(), m.GetFailedStep(), m.GetFailureReason()))
+	}
+	return nil
 }
 
 // waitMachineIdle polls a machine until its workflow ended.
