@@ -504,9 +504,10 @@ func parseParams(kvs []string) (*structpb.Struct, error) {
 
 func (a *app) printCommands(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Command) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		nodes := a.nodeNames(cmd.Context(), items)
 		row(w, "ID", "NODE", "SEQ", "KIND", "STATE", "PROGRESS", "MESSAGE", "CREATED", "DEADLINE")
 		for _, c := range items {
-			row(w, c.GetId(), c.GetNodeId(), strconv.FormatInt(c.GetSeq(), 10), c.GetKind(), c.GetState(),
+			row(w, c.GetId(), cmpOr(nodes[c.GetNodeId()], c.GetNodeId()), strconv.FormatInt(c.GetSeq(), 10), c.GetKind(), c.GetState(),
 				fmt.Sprintf("%d%%", c.GetProgress()), dash(cmpOr(c.GetMessage(), c.GetFailureCode())), ts(c.GetCreateTime()), ts(c.GetDeadline()))
 		}
 	})
@@ -774,4 +775,26 @@ func (a *app) inventoryCommand() *cobra.Command {
 	addTenantFlag(get, &tenant)
 	cmd.AddCommand(get)
 	return cmd
+}
+
+// nodeNames looks up the names of the commands' nodes, best effort (a
+// node the caller may not read prints as its id): tables show the names
+// operators typed.
+func (a *app) nodeNames(ctx context.Context, items []*apiv1.Command) map[string]string {
+	out := map[string]string{}
+	c, err := a.client()
+	if err != nil {
+		return out
+	}
+	for _, cmd := range items {
+		id := cmd.GetNodeId()
+		if _, done := out[id]; done || id == "" {
+			continue
+		}
+		out[id] = ""
+		if n, err := c.Nodes.Get(ctx, connect.NewRequest(&apiv1.GetNodeRequest{Tenant: cmd.GetTenantId(), Node: id})); err == nil {
+			out[id] = n.Msg.GetNode().GetName()
+		}
+	}
+	return out
 }

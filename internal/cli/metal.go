@@ -270,7 +270,9 @@ A machine runs one workflow at a time.`}
 			if err != nil {
 				return err
 			}
-			return a.printer(cmd.OutOrStdout()).print(&apiv1.ListMachinesResponse{Machines: all}, func(w io.Writer) { machineTable(w, all...) })
+			return a.printer(cmd.OutOrStdout()).print(&apiv1.ListMachinesResponse{Machines: all}, func(w io.Writer) {
+				machineTable(w, a.siteNames(cmd.Context(), all), all...)
+			})
 		},
 	}
 	addTenantFlag(list, &tenant)
@@ -432,7 +434,7 @@ power action leaves the machine in the state it was in.`,
 				return err
 			}
 			return a.printer(cmd.OutOrStdout()).print(r.Msg, func(w io.Writer) {
-				machineTable(w, r.Msg.GetMachine())
+				machineTable(w, a.siteNames(cmd.Context(), []*apiv1.Machine{r.Msg.GetMachine()}), r.Msg.GetMachine())
 				wf := r.Msg.GetWorkflow()
 				if wf.GetState() == "cancelled" {
 					fmt.Fprintf(w, "\nworkflow %s cancelled\n", wf.GetId())
@@ -597,10 +599,11 @@ type machineCaller interface {
 	Rescue(context.Context, *connect.Request[apiv1.RescueMachineRequest]) (*connect.Response[apiv1.RescueMachineResponse], error)
 }
 
-func machineTable(w io.Writer, items ...*apiv1.Machine) {
+// machineTable prints machines; sites maps site ids to names (siteNames).
+func machineTable(w io.Writer, sites map[string]string, items ...*apiv1.Machine) {
 	row(w, "ID", "NAME", "SITE", "STATE", "BMC", "MAC", "IMAGE", "WORKFLOW")
 	for _, m := range items {
-		row(w, m.GetId(), m.GetName(), m.GetSiteId(), m.GetState(), m.GetBmcDriver()+" "+m.GetBmcAddress(), m.GetMac(),
+		row(w, m.GetId(), m.GetName(), cmpOr(sites[m.GetSiteId()], m.GetSiteId()), m.GetState(), m.GetBmcDriver()+" "+m.GetBmcAddress(), m.GetMac(),
 			dash(m.GetImageName()), dash(m.GetWorkflowId()))
 	}
 }
@@ -677,7 +680,7 @@ func (a *app) waitMachineIdle(ctx context.Context, c *client.Client, tenant stri
 
 func (a *app) printMachine(cmd *cobra.Command, msg proto.Message, m *apiv1.Machine) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
-		machineTable(w, m)
+		machineTable(w, a.siteNames(cmd.Context(), []*apiv1.Machine{m}), m)
 		if id := m.GetLeaseId(); id != "" {
 			fmt.Fprintf(w, "\nunder dedicated-root lease %s (machines lease-get %s)\n", id, id)
 		}
@@ -765,4 +768,25 @@ list and revoke it with join-tokens.`,
 	addConfirmationFlag(create, &confirmationID)
 	cmd.AddCommand(create)
 	return cmd
+}
+
+// siteNames looks up the names of the machines' sites, best effort (a
+// site the caller may not read prints as its id).
+func (a *app) siteNames(ctx context.Context, items []*apiv1.Machine) map[string]string {
+	out := map[string]string{}
+	c, err := a.client()
+	if err != nil {
+		return out
+	}
+	for _, m := range items {
+		id := m.GetSiteId()
+		if _, done := out[id]; done || id == "" {
+			continue
+		}
+		out[id] = ""
+		if s, err := c.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: m.GetTenantId(), Site: id})); err == nil {
+			out[id] = s.Msg.GetSite().GetName()
+		}
+	}
+	return out
 }

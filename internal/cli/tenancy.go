@@ -200,9 +200,22 @@ func (a *app) projectsCommand() *cobra.Command {
 
 func (a *app) printProjects(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Project) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		tenants := map[string]string{}
+		if c, err := a.client(); err == nil {
+			for _, p := range items {
+				id := p.GetTenantId()
+				if _, done := tenants[id]; done {
+					continue
+				}
+				tenants[id] = ""
+				if t, err := c.Tenants.Get(cmd.Context(), connect.NewRequest(&apiv1.GetTenantRequest{Tenant: id})); err == nil {
+					tenants[id] = t.Msg.GetTenant().GetName()
+				}
+			}
+		}
 		row(w, "NAME", "ID", "TENANT", "DISPLAY NAME", "CREATED")
 		for _, p := range items {
-			row(w, p.GetName(), p.GetId(), p.GetTenantId(), dash(p.GetDisplayName()), ts(p.GetCreateTime()))
+			row(w, p.GetName(), p.GetId(), cmpOr(tenants[p.GetTenantId()], p.GetTenantId()), dash(p.GetDisplayName()), ts(p.GetCreateTime()))
 		}
 	})
 }

@@ -24,7 +24,7 @@ func (a *app) workflowControlCommands() []*cobra.Command {
 	}
 	show := func(cmd *cobra.Command, msg answer, what string) error {
 		return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
-			machineTable(w, msg.GetMachine())
+			machineTable(w, a.siteNames(cmd.Context(), []*apiv1.Machine{msg.GetMachine()}), msg.GetMachine())
 			wf := msg.GetWorkflow()
 			fmt.Fprintf(w, "\nworkflow %s (%s): %s, %s\n", wf.GetId(), wf.GetOperation(), what, wf.GetState())
 		})
