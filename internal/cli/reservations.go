@@ -257,7 +257,7 @@ has 11 that can hold a member now".`,
 				return err
 			})
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			r := resp.Msg.GetReservation()
 			var waitErr error
@@ -301,7 +301,7 @@ func (a *app) reserveArray(cmd *cobra.Command, c *client.Client, m mutation, req
 		return err
 	})
 	if err != nil {
-		return reportRefusal(cmd.ErrOrStderr(), err)
+		return a.reportRefusal(cmd.ErrOrStderr(), err)
 	}
 	if s := resp.Msg.GetShortfall(); s != "" {
 		fmt.Fprintln(cmd.ErrOrStderr(), "partial array:", s)
@@ -372,8 +372,14 @@ func noCapacityError(msg string) error {
 // reportRefusal writes the detail of a NO_CAPACITY (why nodes did not fit)
 // or QUOTA_EXCEEDED (the quotas involved) refusal to w, as tables, and
 // returns err for Main to print.
-func reportRefusal(w io.Writer, err error) error {
+func (a *app) reportRefusal(w io.Writer, err error) error {
 	d := client.Detail(err)
+	if d != nil && a.flagOutput != "table" {
+		// -o json|yaml: the refusal's detail as the format asked, for
+		// scripts; Main still prints the one-line error.
+		_ = a.printer(w).print(d, nil)
+		return err
+	}
 	switch {
 	case d.GetCode() == codeNoCapacity && d.GetExplanation() != nil:
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -475,7 +481,7 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 			resp, err := c.Reservations.Preview(cmd.Context(), connect.NewRequest(&apiv1.PreviewReservationRequest{Request: req,
 				GangNodes: pf.nodes, GangTopology: pf.topology}))
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			if err := a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) { previewTable(w, resp.Msg) }); err != nil {
 				return err
@@ -525,7 +531,7 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 			// No retry: a repeated --for would extend twice.
 			resp, err := c.Reservations.Extend(cmd.Context(), request(req, mutation{confirmationID: confirmationID}))
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			return a.printReservations(cmd, resp.Msg, resp.Msg.GetReservation())
 		},

@@ -536,10 +536,22 @@ func TestReserveNoCapacity(t *testing.T) {
 	r = b.run(t, "", "reservations", "create", "--pool", "h100", "--gpus", "2", "--for", "4h", "-o", "json")
 	require.Equal(t, 1, r.code)
 	require.Empty(t, r.stdout)
+	// -o json: the refusal's detail as JSON, then the one-line error.
+	detail, _, ok := strings.Cut(r.stderr, "\nError: ")
+	require.True(t, ok, r.stderr)
+	var d struct {
+		Code  string
+		Quota struct{ Uses []struct{ Scope string } }
+	}
+	require.NoError(t, json.Unmarshal([]byte(detail), &d), r.stderr)
+	require.Equal(t, "QUOTA_EXCEEDED", d.Code)
+	require.Len(t, d.Quota.Uses, 2)
+	require.Equal(t, "project/prj_1/model=H100", d.Quota.Uses[1].Scope)
+	require.Contains(t, r.stderr, "Error: QUOTA_EXCEEDED: quota exceeded: tenant gpu-hours")
+	r = b.run(t, "", "reservations", "create", "--pool", "h100", "--gpus", "2", "--for", "4h")
 	require.Regexp(t, `(?m)^SCOPE\s+GPUS\s+GPU-HOURS\s+EXCEEDED$`, r.stderr)
 	require.Regexp(t, `(?m)^tenant\s+8\+2/16\s+995\.5\+8/1000\s+yes$`, r.stderr)
 	require.Regexp(t, `(?m)^project/prj_1/model=H100\s+2\+2/unlimited\s+10\+8/unlimited\s+no$`, r.stderr)
-	require.Contains(t, r.stderr, "Error: QUOTA_EXCEEDED: quota exceeded: tenant gpu-hours")
 
 	// Any other refusal prints just the error.
 	rf.locked(func() {

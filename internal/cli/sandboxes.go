@@ -66,7 +66,7 @@ func (a *app) sandboxTemplatesCommand() *cobra.Command {
 				return err
 			})
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			return a.printSandboxTemplates(cmd, resp.Msg, resp.Msg.GetTemplate())
 		},
@@ -200,7 +200,7 @@ func (a *app) sandboxesCommand() *cobra.Command {
 				return err
 			})
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			sb := resp.Msg.GetSandbox()
 			var waitErr error
@@ -275,7 +275,7 @@ func (a *app) sandboxesCommand() *cobra.Command {
 			resp, err := c.Sandboxes.Extend(cmd.Context(), request(&apiv1.ExtendSandboxRequest{Tenant: t, Sandbox: argv[0], Ttl: durationpb.New(extendTTL)},
 				mutation{confirmationID: confirmationID}))
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			return a.printSandboxes(cmd, resp.Msg, resp.Msg.GetSandbox())
 		},
@@ -316,7 +316,7 @@ func (a *app) sandboxesCommand() *cobra.Command {
 			resp, err := c.Sandboxes.Snapshot(cmd.Context(), request(&apiv1.SnapshotSandboxRequest{Tenant: t, Sandbox: argv[0]},
 				mutation{confirmationID: confirmationID}))
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			s := resp.Msg.GetSnapshot()
 			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
@@ -378,7 +378,7 @@ refused (FAILED_PRECONDITION).`,
 			resp, err := c.Sandboxes.Restore(cmd.Context(), request(&apiv1.RestoreSandboxRequest{Tenant: t, Sandbox: argv[0], Snapshot: snapshotID},
 				mutation{confirmationID: confirmationID}))
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			sb := resp.Msg.GetSandbox()
 			var waitErr error

@@ -70,7 +70,7 @@ func (a *app) runGuestCommand(cmd *cobra.Command, argv []string, ticket func(ctx
 	server := a.setting("server", envServer, c.Server)
 	t, err := ticket(ctx, key.AuthorizedKey)
 	if err != nil {
-		return reportRefusal(cmd.ErrOrStderr(), err)
+		return a.reportRefusal(cmd.ErrOrStderr(), err)
 	}
 	jsonOut := a.flagOutput == "json"
 	var outBuf, errBuf bytes.Buffer

@@ -86,7 +86,7 @@ its host reports an SSH address, until that address answers on TCP.`,
 				return err
 			})
 			if err != nil {
-				return reportRefusal(cmd.ErrOrStderr(), err)
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
 			in := resp.Msg.GetInstance()
 			var waitErr error

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 // Charge is what a reservation asks of its quotas.
@@ -69,9 +71,38 @@ func CheckCovered(ctx context.Context, q store.Querier, c Charge, qs []Quota, st
 		return nil, err
 	}
 	if eff.GetExceeded() {
-		return eff, &envelope.Error{Code: envelope.CodeQuotaExceeded, Message: exceededMessage(eff), Quota: eff}
+		return eff, &envelope.Error{Code: envelope.CodeQuotaExceeded, Message: exceededMessage(eff, scopeNames(ctx, q, qs)), Quota: eff}
 	}
 	return eff, nil
+}
+
+// scopeNames says each quota's scope in the names the operator typed
+// ("tenant, pool h100", "project web, model H100") for refusal messages;
+// QuotaUse.scope keeps the ids. A name it cannot read stays an id.
+func scopeNames(ctx context.Context, q store.Querier, qs []Quota) map[string]string {
+	out := make(map[string]string, len(qs))
+	for _, qt := range qs {
+		s := ScopeTenant
+		if qt.ProjectID != "" {
+			name := qt.ProjectID
+			if p, err := tenancy.ProjectGet(ctx, q, qt.TenantID, qt.ProjectID); err == nil {
+				name = p.Name
+			}
+			s = "project " + name
+		}
+		if qt.Model != "" {
+			s += ", model " + qt.Model
+		}
+		if qt.PoolID != "" {
+			name := qt.PoolID
+			if p, err := pool.Get(ctx, q, "", qt.PoolID); err == nil {
+				name = p.Name
+			}
+			s += ", pool " + name
+		}
+		out[qt.ID] = "the quota on " + s
+	}
+	return out
 }
 
 // covers reports whether a quota's scope holds a charge.
@@ -143,19 +174,20 @@ func useOf(q Quota, u Usage) *apiv1.QuotaUse {
 }
 
 // exceededMessage names every exceeded quota with its use and limit.
-func exceededMessage(eff *apiv1.QuotaEffect) string {
+func exceededMessage(eff *apiv1.QuotaEffect, names map[string]string) string {
 	var parts []string
 	for _, u := range eff.GetUses() {
 		if !u.GetExceeded() {
 			continue
 		}
+		scope := cmp.Or(names[u.GetQuotaId()], u.GetScope())
 		if l := u.GetGpusLimit(); l != Unlimited && u.GetGpusUsed()+u.GetGpusRequested() > l {
 			parts = append(parts, fmt.Sprintf("%s allows %d GPUs at once: %d in use over the requested window, %d requested",
-				u.GetScope(), l, u.GetGpusUsed(), u.GetGpusRequested()))
+				scope, l, u.GetGpusUsed(), u.GetGpusRequested()))
 		}
 		if l := u.GetGpuHoursLimit(); l != Unlimited && u.GetGpuHoursUsed()+u.GetGpuHoursRequested() > l+hoursSlack {
 			parts = append(parts, fmt.Sprintf("%s allows %s GPU-hours: %s booked, %s requested",
-				u.GetScope(), hours(l), hours(u.GetGpuHoursUsed()), hours(u.GetGpuHoursRequested())))
+				scope, hours(l), hours(u.GetGpuHoursUsed()), hours(u.GetGpuHoursRequested())))
 		}
 	}
 	return "quota exceeded: " + strings.Join(parts, "; ")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -131,7 +132,10 @@ func requireExceeded(t *testing.T, eff *apiv1.QuotaEffect, err error, scope stri
 	require.Equal(t, envelope.CodeQuotaExceeded, apiErr.Code)
 	require.Same(t, eff, apiErr.Quota)
 	require.True(t, eff.GetExceeded())
-	require.Contains(t, apiErr.Message, scope)
+	// The message says the scope in words (names where the store has
+	// them; these fixtures' ids have none).
+	words := strings.NewReplacer("project/", "project ", "/model=", ", model ", "/pool=", ", pool ").Replace(scope)
+	require.Contains(t, apiErr.Message, "the quota on "+words)
 	found := false
 	for _, u := range eff.GetUses() {
 		if u.GetScope() == scope {
