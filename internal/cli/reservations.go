@@ -60,7 +60,7 @@ func (f *reservationFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.model, "model", "", "GPU model, e.g. H100 (default: any)")
 	fl.StringVar(&f.mig, "mig", "", "MIG profile, e.g. 1g.10gb")
 	fl.Int32Var(&f.slots, "slots", 0, "shared slots (timeslice and mps pools), instead of --gpus")
-	fl.Var((*spanValue)(&f.duration), "for", "how long, starting now, e.g. 4h or 1d (instead of --start/--end)")
+	fl.Var((*spanValue)(&f.duration), "for", "how long, starting now, e.g. 4h or 1d; at least 1m (default 1h, the server's; instead of --start/--end)")
 	fl.StringVar(&f.start, "start", "", "window start: RFC 3339 or relative to now, e.g. +2h or +1d")
 	fl.StringVar(&f.end, "end", "", "window end: RFC 3339 or relative to now, e.g. +6h")
 	fl.Int32Var(&f.vcpu, "vcpu", 0, "vCPUs (default: the pool's per-GPU share)")
@@ -81,6 +81,11 @@ func (f *reservationFlags) request(now time.Time) (*apiv1.CreateReservationReque
 	}
 	if f.duration < 0 {
 		return nil, invalidArg("for", "must not be negative")
+	}
+	// A reservation shorter than a minute ends before its node has bound
+	// it; 0 (unset) takes the server's default, an hour.
+	if f.duration > 0 && f.duration < minReservation {
+		return nil, invalidArg("for", fmt.Sprintf("must be at least %s (leave it out for an hour), got %s", minReservation, f.duration))
 	}
 	start, err := parseWhen("start", f.start, now)
 	if err != nil {
@@ -170,7 +175,17 @@ func parseSpan(s string) (time.Duration, error) {
 // spanValue is a duration flag that also takes days ("1d", "1d12h").
 type spanValue time.Duration
 
-func (v *spanValue) String() string { return time.Duration(*v).String() }
+// String is "" for zero, so that help shows no "(default 0s)" for a
+// flag whose zero means the server's default.
+func (v *spanValue) String() string {
+	if *v == 0 {
+		return ""
+	}
+	return time.Duration(*v).String()
+}
+
+// minReservation is the shortest --for the CLI sends.
+const minReservation = time.Minute
 
 func (v *spanValue) Set(s string) error {
 	d, err := parseSpan(s)
