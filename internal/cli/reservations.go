@@ -503,7 +503,10 @@ reservation on the pools the tenant owns (the TENANT column names whose).`,
 			}
 			if !resp.Msg.GetFeasible() {
 				// A script can test the answer: nothing fits is a failure,
-				// with the machine code a create would answer.
+				// with the machine code and words a create would answer.
+				if sum := resp.Msg.GetExplanation().GetSummary(); strings.Contains(sum, "can never hold") {
+					return noCapacityError(sum)
+				}
 				return noCapacityError(fmt.Sprintf("no node of pool %s fits the request now", req.GetPool()))
 			}
 			return nil

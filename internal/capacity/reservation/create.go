@@ -618,6 +618,16 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		// Say first what no waiting cures: a binding no node supports.
 		if why := placer.BindingUnsupported(t.pool.Name, placer.Pristine(t.ix.Static().Nodes), &r); why != "" {
 			out.Explanation.Summary = strings.TrimSuffix(why+"; "+out.Explanation.GetSummary(), "; ")
+		} else if err := s.engine.neverFits(&t, &r); err != nil {
+			// The answer Create gives: a request no node could ever hold
+			// says so, rather than "nothing fits now".
+			var ee *envelope.Error
+			if !errors.As(err, &ee) {
+				return nil, s.env.Fail(ctx, err)
+			}
+			if strings.Contains(ee.Message, "can never hold") {
+				out.Explanation.Summary = ee.Message
+			}
 		}
 	}
 	if len(res.Plans) > 0 {

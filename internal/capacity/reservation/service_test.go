@@ -460,6 +460,11 @@ func TestPreview(t *testing.T) {
 	require.Nil(t, no.Msg.GetPlacement())
 	require.NotEmpty(t, no.Msg.GetExplanation().GetLines())
 	require.Contains(t, no.Msg.GetExplanation().GetLines()[0].GetReason(), placement.ReasonFreeGPUs)
+	// The answer Create gives, not "nothing fits now".
+	require.Contains(t, no.Msg.GetExplanation().GetSummary(), "pool h100 can never hold this request")
+	_, err = f.member.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 9}))
+	require.Error(t, err)
+	require.Contains(t, no.Msg.GetExplanation().GetSummary(), client.Detail(err).GetMessage())
 
 	yes, err := f.member.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{
 		Request: &apiv1.CreateReservationRequest{Tenant: "acme", Pool: "h100", Gpus: 4, DurationSeconds: 7200}}))
