@@ -710,8 +710,14 @@ func reservationRows(w io.Writer, mixed bool, items ...*apiv1.Reservation) {
 		if n := len(r.GetPlacement().GetAtoms()); n > 0 {
 			atoms = strconv.Itoa(n)
 		}
+		end := ts(r.GetEndTime())
+		if r.GetSpec().GetBinding() == "instance" {
+			// An instance's booking lasts as long as the instance: its
+			// end is a far horizon, not a date anyone chose.
+			end = "while its instance lives"
+		}
 		cells := []string{r.GetId(), r.GetState(), dash(cmpOr(r.GetPool(), r.GetPoolId())), dash(placementNode(r.GetPlacement())),
-			reservationAsk(r), atoms, ts(r.GetStartTime()), ts(r.GetEndTime())}
+			reservationAsk(r), atoms, ts(r.GetStartTime()), end}
 		if mixed {
 			cells = slices.Insert(cells, 2, dash(cmpOr(r.GetTenant(), r.GetTenantId())))
 		}
@@ -723,6 +729,15 @@ func reservationRows(w io.Writer, mixed bool, items ...*apiv1.Reservation) {
 // "4 slots".
 func reservationAsk(r *apiv1.Reservation) string {
 	s := r.GetSpec()
+	if s.GetBinding() == "instance" {
+		// The host share of an instance (a sandbox's warm guest among
+		// them), booked by the instance service, not a GPU request.
+		ask := fmt.Sprintf("instance: %d vCPU, %d GiB", s.GetVcpu(), s.GetMemoryGib()+s.GetHugepages_1Gi())
+		if s.GetGpus() > 0 {
+			ask += fmt.Sprintf(", %d GPUs", s.GetGpus())
+		}
+		return ask
+	}
 	if s.GetSlots() > 0 {
 		return fmt.Sprintf("%d slots", s.GetSlots())
 	}

@@ -338,7 +338,17 @@ func sshAnswers(ctx context.Context, addr string) bool {
 
 func (a *app) printInstances(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Instance) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
-		row(w, "ID", "NAME", "STATE", "FLAVOR", "ADDRESS", "NODE", "SSH", "CONDITIONS")
+		managed := false
+		for _, in := range items {
+			managed = managed || in.GetManagedBy() != ""
+		}
+		head := []string{"ID", "NAME", "STATE", "FLAVOR", "ADDRESS", "NODE", "SSH", "CONDITIONS"}
+		if managed {
+			// Instances nobody created by hand (sandboxes, warm pools)
+			// say who drives them.
+			head = append(head, "MANAGED BY")
+		}
+		row(w, head...)
 		for _, in := range items {
 			var conds []string
 			for _, c := range in.GetConditions() {
@@ -350,8 +360,12 @@ func (a *app) printInstances(cmd *cobra.Command, msg proto.Message, items ...*ap
 			if in.GetMessage() != "" {
 				state += " (" + in.GetMessage() + ")"
 			}
-			row(w, in.GetId(), in.GetName(), state, in.GetFlavor(), in.GetAddress(), cmpOr(in.GetNodeName(), in.GetNodeId()),
-				in.GetSshAddress(), strings.Join(conds, ","))
+			cells := []string{in.GetId(), in.GetName(), state, in.GetFlavor(), in.GetAddress(), cmpOr(in.GetNodeName(), in.GetNodeId()),
+				in.GetSshAddress(), strings.Join(conds, ",")}
+			if managed {
+				cells = append(cells, dash(in.GetManagedBy()))
+			}
+			row(w, cells...)
 		}
 	})
 }

@@ -346,10 +346,22 @@ func TestWarmClaim(t *testing.T) {
 		return err
 	}))
 
+	// A warm guest says, in the instance listing, what drives it.
+	got, err := f.acme.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: warm[0]}))
+	require.NoError(t, err)
+	require.Contains(t, got.Msg.GetInstance().GetManagedBy(), "warm pool of sandbox template "+tpl.GetId())
+
 	c, err := f.acme.Sandboxes.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "acme", Template: "t1"}))
 	require.NoError(t, err)
 	sb := c.Msg.GetSandbox()
 	require.Equal(t, sandbox.OriginWarm, sb.GetOrigin())
+	list, err := f.acme.Instances.List(ctx, connect.NewRequest(&apiv1.ListInstancesRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	for _, in := range list.Msg.GetInstances() {
+		if in.GetId() == sb.GetInstanceId() {
+			require.Contains(t, in.GetManagedBy(), "sandbox "+sb.GetId())
+		}
+	}
 	require.Equal(t, warm[0], sb.GetInstanceId(), "the oldest warm instance is claimed")
 	require.Equal(t, "starting", sb.GetState(), "paused until it answers instance.resume")
 	sb = f.waitSandbox(t, sb.GetId(), "running")

@@ -723,7 +723,29 @@ func (s *InstanceService) Get(ctx context.Context, req *connect.Request[apiv1.Ge
 	if err := r.NotFound(msg.GetInstance()); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
-	return connect.NewResponse(&apiv1.GetInstanceResponse{Instance: InstanceProto(r.Obj, volumeIDs(vols))}), nil
+	out := InstanceProto(r.Obj, volumeIDs(vols))
+	if err := s.managedBy(ctx, []*apiv1.Instance{out}); err != nil {
+		return nil, s.env.Fail(ctx, err)
+	}
+	return connect.NewResponse(&apiv1.GetInstanceResponse{Instance: out}), nil
+}
+
+// managedBy says, on each instance another module drives, which: a
+// listing then explains the instances nobody created by hand.
+func (s *InstanceService) managedBy(ctx context.Context, ins []*apiv1.Instance) error {
+	if s.owner == nil || len(ins) == 0 {
+		return nil
+	}
+	return s.env.DB().Read(ctx, func(ctx context.Context, tx store.Tx) error {
+		for _, in := range ins {
+			by, err := s.owner(ctx, tx, in.GetId())
+			if err != nil {
+				return err
+			}
+			in.ManagedBy = by
+		}
+		return nil
+	})
 }
 
 func volumeIDs(vs []Volume) []string {
@@ -746,6 +768,9 @@ func (s *InstanceService) List(ctx context.Context, req *connect.Request[apiv1.L
 	out := &apiv1.ListInstancesResponse{NextPageToken: next}
 	for _, in := range ins {
 		out.Instances = append(out.Instances, InstanceProto(in, nil))
+	}
+	if err := s.managedBy(ctx, out.Instances); err != nil {
+		return nil, s.env.Fail(ctx, err)
 	}
 	return connect.NewResponse(out), nil
 }

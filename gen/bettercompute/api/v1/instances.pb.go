@@ -1453,8 +1453,11 @@ type Instance struct {
 	// On a provider pool: the provider's id of the instance's server, once
 	// it exists.
 	ProviderServerId string `protobuf:"bytes,29,opt,name=provider_server_id,json=providerServerId,proto3" json:"provider_server_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set when another module drives the instance, which its own API then
+	// changes: a sandbox, or a sandbox template's warm pool.
+	ManagedBy     string `protobuf:"bytes,30,opt,name=managed_by,json=managedBy,proto3" json:"managed_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Instance) Reset() {
@@ -1686,6 +1689,13 @@ func (x *Instance) GetUpdateTime() *timestamppb.Timestamp {
 func (x *Instance) GetProviderServerId() string {
 	if x != nil {
 		return x.ProviderServerId
+	}
+	return ""
+}
+
+func (x *Instance) GetManagedBy() string {
+	if x != nil {
+		return x.ManagedBy
 	}
 	return ""
 }
@@ -3692,7 +3702,7 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x13DeleteIPPoolRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x17\n" +
 	"\aip_pool\x18\x02 \x01(\tR\x06ipPool\"\x16\n" +
-	"\x14DeleteIPPoolResponse\"\x8b\a\n" +
+	"\x14DeleteIPPoolResponse\"\xaa\a\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3731,7 +3741,9 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x12,\n" +
-	"\x12provider_server_id\x18\x1d \x01(\tR\x10providerServerId\"\xae\x01\n" +
+	"\x12provider_server_id\x18\x1d \x01(\tR\x10providerServerId\x12\x1d\n" +
+	"\n" +
+	"managed_by\x18\x1e \x01(\tR\tmanagedBy\"\xae\x01\n" +
 	"\x11InstanceCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
