@@ -194,6 +194,16 @@ func (s *FlavorService) Delete(ctx context.Context, req *connect.Request[apiv1.D
 			if err != nil {
 				return nil, err
 			}
+			// An instance of the flavor keeps it: its row names the flavor,
+			// and a platform flavor is every tenant's.
+			n, err := InstancesWithFlavor(ctx, tx, f.ID)
+			if err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition,
+					"flavor %s is used by %d instance(s): delete them first", f.Name, n)
+			}
 			if err := FlavorDelete(ctx, tx, f.ID); err != nil {
 				return nil, err
 			}

@@ -113,6 +113,16 @@ func TestInstanceLifecycle(t *testing.T) {
 		AND memory_gib = 2 AND state = 'active' AND flavor = 'small'`, in.GetReservationId()), "an active GPU-less booking")
 	require.Equal(t, 1, h.count(t, `SELECT COUNT(*) FROM audit_log WHERE action = 'instances.create'`), "one audit row")
 
+	// The platform's flavor and IP pool show in the tenant's listings, and
+	// the flavor cannot go while an instance uses it.
+	ipp, err := h.acme.IPPools.List(ctx, connect.NewRequest(&apiv1.ListIPPoolsRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Len(t, ipp.Msg.GetIpPools(), 1)
+	require.Equal(t, "dev", ipp.Msg.GetIpPools()[0].GetName())
+	_, err = h.admin.Flavors.Delete(ctx, connect.NewRequest(&apiv1.DeleteFlavorRequest{Flavor: "small"}))
+	require.Equal(t, "FAILED_PRECONDITION", client.Code(err), "err: %v", err)
+	require.Contains(t, err.Error(), "used by 1 instance")
+
 	in = waitState(t, h.acme, "vm1", vps.StateRunning)
 	require.Equal(t, "tcg", in.GetAccel())
 	require.NotEmpty(t, in.GetSshAddress())

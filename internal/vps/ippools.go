@@ -264,11 +264,12 @@ func (s *IPPoolService) ListLeases(ctx context.Context, req *connect.Request[api
 	return connect.NewResponse(out), nil
 }
 
-// List lists the scope's pools.
+// List lists the scope's pools and the platform's, which a tenant's
+// instances lease from too (as flavors list the platform's).
 func (s *IPPoolService) List(ctx context.Context, req *connect.Request[apiv1.ListIPPoolsRequest]) (*connect.Response[apiv1.ListIPPoolsResponse], error) {
 	pools, next, err := tenancy.ListPage(ctx, s.env, req.Msg, "ip pools",
 		func(ctx context.Context, q store.Querier, sc scope, after string, limit int) ([]IPPool, error) {
-			return IPPoolList(ctx, q, sc.ID(), after, limit)
+			return IPPoolListOwners(ctx, q, sc.ID(), "", after, limit)
 		}, func(p IPPool) string { return p.ID })
 	if err != nil {
 		return nil, err

@@ -192,7 +192,13 @@ func IPPoolLock(ctx context.Context, tx store.Tx, id string) (IPPool, error) {
 
 // IPPoolList lists an owner's pools by id after the cursor.
 func IPPoolList(ctx context.Context, q store.Querier, tenantID, after string, limit int) ([]IPPool, error) {
-	rows, err := q.Query(ctx, ipPoolSelect+` WHERE tenant_id = $1 AND id > $2 ORDER BY id LIMIT $3`, tenantID, after, limit)
+	return IPPoolListOwners(ctx, q, tenantID, tenantID, after, limit)
+}
+
+// IPPoolListOwners lists the pools of two owners by id: a tenant's and the
+// platform's ("") that it leases from as well.
+func IPPoolListOwners(ctx context.Context, q store.Querier, owner1, owner2, after string, limit int) ([]IPPool, error) {
+	rows, err := q.Query(ctx, ipPoolSelect+` WHERE tenant_id IN ($1, $2) AND id > $3 ORDER BY id LIMIT $4`, owner1, owner2, after, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -331,3 +331,12 @@ func instanceUserDataReseal(ctx context.Context, tx store.Tx, id string, old, re
 	n, err := tx.Exec(ctx, `UPDATE instances SET user_data_sealed = $3 WHERE id = $1 AND user_data_sealed = $2`, id, old, resealed)
 	return n > 0, err
 }
+
+// InstancesWithFlavor counts the instances still holding (or about to
+// hold) a guest of a flavor: a flavor in use is not deleted.
+func InstancesWithFlavor(ctx context.Context, q store.Querier, flavorID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM instances WHERE flavor_id = $1
+		AND state IN ('pending', 'placing', 'booting', 'running', 'stopped', 'deleting')`, flavorID).Scan(&n)
+	return n, err
+}
