@@ -107,26 +107,49 @@ func (e *Envelope) tenantName(ctx context.Context, id string) string {
 	return id
 }
 
-// words spells an entity type for people: "ApiKey" → "api key".
+// words spells an entity type for people: "ApiKey" → "api key",
+// "IPPool" → "IP pool" (a run of capitals is an acronym, kept whole).
 func words(typ string) string {
 	if typ == "" {
 		return "resource"
 	}
-	var b strings.Builder
-	for i, r := range typ {
-		if unicode.IsUpper(r) {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			r = unicode.ToLower(r)
+	rs := []rune(typ)
+	var parts []string
+	start := 0
+	for i := 1; i <= len(rs); i++ {
+		// A word ends before a capital that follows a lower-case letter,
+		// or before the last capital of an acronym followed by lower case.
+		if i == len(rs) || (unicode.IsUpper(rs[i]) && (unicode.IsLower(rs[i-1]) ||
+			(i+1 < len(rs) && unicode.IsLower(rs[i+1]) && unicode.IsUpper(rs[i-1])))) {
+			parts = append(parts, string(rs[start:i]))
+			start = i
 		}
-		b.WriteRune(r)
 	}
-	return b.String()
+	for i, p := range parts {
+		if len([]rune(p)) > 1 && strings.ToUpper(p) == p {
+			continue // an acronym: IP, BMC, MIG
+		}
+		parts[i] = strings.ToLower(p)
+	}
+	return strings.Join(parts, " ")
 }
 
+// article is the indefinite article of noun, by its sound: "an agent",
+// "an IP pool", "a user", "a BMC".
 func article(noun string) string {
-	if noun != "" && strings.ContainsRune("aeiou", rune(noun[0])) {
+	first, _, _ := strings.Cut(noun, " ")
+	switch {
+	case first == "":
+		return "a"
+	case len(first) > 1 && strings.ToUpper(first) == first:
+		// An acronym is spelled out: "an IP", "an MIG", "a BMC".
+		if strings.ContainsRune("AEFHILMNORSX", rune(first[0])) {
+			return "an"
+		}
+		return "a"
+	case len(first) > 2 && first[0] == 'u' && !strings.ContainsRune("aeiou", rune(first[1])) && strings.ContainsRune("aeiou", rune(first[2])):
+		return "a" // "a user", "a usage window"; but "an update"
+	case strings.ContainsRune("aeiou", rune(first[0])):
 		return "an"
 	}
 	return "a"
