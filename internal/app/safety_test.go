@@ -799,7 +799,7 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 	// A webhook of acme (its filter matches nothing, so nothing is sent)
 	// with a dead delivery.
 	wh, err := admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme",
-		Url: "http://127.0.0.1:9/acme", Types: []string{"nothing.matches"}}))
+		Url: "http://127.0.0.1:9/acme", Types: []string{"webhook.never_emitted"}}))
 	require.NoError(t, err)
 	whID := wh.Msg.GetWebhook().GetId()
 	dead := &webhooks.Delivery{ID: envelope.NewID(webhooks.DeliveryIDPrefix, now), WebhookID: whID, TenantID: acme.GetId(),

@@ -195,8 +195,12 @@ func (g *Guard) refusal(a netip.Addr, port uint16) string {
 	switch c, what := classify(a); {
 	case c == public:
 		return ""
-	case c == never, c == private && !g.AllowPrivate, c == loopback && !g.AllowPrivate && !g.AllowLoopback:
+	case c == never:
 		return what + " (" + a.String() + ")"
+	case c == private && !g.AllowPrivate, c == loopback && !g.AllowPrivate && !g.AllowLoopback:
+		// Only these does the operator's flag admit: the hint goes here,
+		// not on a malformed URL or a metadata address.
+		return what + " (" + a.String() + "); the operator can allow private endpoints with --webhook-allow-private"
 	}
 	return ""
 }

@@ -17,7 +17,7 @@ func TestResealAndSealedAtRest(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	wh, secret := f.create(t, "http://127.0.0.1:9/x", "nothing.matches")
+	wh, secret := f.create(t, "http://127.0.0.1:9/x", "webhook.never_emitted")
 	var sealed []byte
 	require.NoError(t, f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
 		return tx.QueryRow(ctx, `SELECT secret FROM webhooks WHERE id = $1`, wh.GetId()).Scan(&sealed)

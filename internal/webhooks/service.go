@@ -5,7 +5,9 @@ import (
 	"errors"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -38,8 +40,31 @@ const (
 	MaxOverlap     = 7 * 24 * time.Hour
 )
 
-// typeRE is an event type glob: dotted names, * for any run of characters.
-var typeRE = regexp.MustCompile(`^[a-z0-9_*][a-z0-9_.*-]{0,127}$`)
+// typeRE is an event type glob: dotted names, * for any run of characters
+// (commandBatch.* has the one capital of the event types).
+var typeRE = regexp.MustCompile(`^[a-zA-Z0-9_*][a-zA-Z0-9_.*-]{0,127}$`)
+
+// EventFamilies are the first words of the event types the control plane
+// emits (reservation.created is of family reservation). A subscription's
+// type or glob must start with one, or with a wildcard: a typo such as
+// reservaton.* would otherwise match nothing, silently. TestEventFamilies
+// keeps the list with the code that emits events.
+var EventFamilies = []string{
+	"allocation", "apikey", "approverSet", "budget", "capacity", "command", "commandBatch", "confirmation", "flavor", "gpu", "health",
+	"image", "instance", "ip_pool", "join_request", "jointoken", "machine", "machine_lease", "node", "platform", "policy",
+	"pool", "profile", "project", "provider", "provider_account", "quota", "reservation", "sandbox", "sandbox_template",
+	"secret", "signerkey", "site", "tenant", "trust_anchor", "usage", "volume", "webhook", "workflow", "workload",
+}
+
+// unknownFamily returns the family of glob g when it is no known one ("" when
+// g starts with a wildcard or a known family).
+func unknownFamily(g string) string {
+	fam, _, _ := strings.Cut(g, ".")
+	if strings.ContainsAny(fam, "*?[") || slices.Contains(EventFamilies, fam) {
+		return ""
+	}
+	return fam
+}
 
 // Matches reports whether an event type matches any of the globs (none:
 // every type). A glob is path.Match's: reservation.* matches
@@ -108,7 +133,7 @@ func (s *Service) checkURL(ctx context.Context, vs *envelope.Violations, raw str
 		vs.Add("url", "must be at most %d bytes", MaxURLLen)
 	default:
 		if why := s.guard.CheckURL(ctx, raw); why != "" {
-			vs.Add("url", "%s (the operator can allow private endpoints with --webhook-allow-private)", why)
+			vs.Add("url", "%s", why)
 		}
 	}
 }
@@ -120,7 +145,9 @@ func checkTypes(vs *envelope.Violations, types []string) {
 	}
 	for i, t := range types {
 		if _, err := path.Match(t, ""); err != nil || !typeRE.MatchString(t) {
-			vs.Add("types["+strconv.Itoa(i)+"]", "must be an event type or glob like reservation.* (lower-case letters, digits, . _ - *), got %q", t)
+			vs.Add("types["+strconv.Itoa(i)+"]", "must be an event type or glob like reservation.* (letters, digits, . _ - *), got %q", t)
+		} else if fam := unknownFamily(t); fam != "" {
+			vs.Add("types["+strconv.Itoa(i)+"]", "no event type starts with %q: the families are %s", fam, strings.Join(EventFamilies, ", "))
 		}
 	}
 }

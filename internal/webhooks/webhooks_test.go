@@ -518,6 +518,17 @@ func TestSSRFRefusals(t *testing.T) {
 		Types: []string{"Reservation Created"}}))
 	require.Equal(t, "INVALID_ARGUMENT", code(err))
 	require.Equal(t, "types[0]", client.Detail(err).GetViolations()[0].GetField())
+	// A typo matches nothing, silently: it is refused with the families.
+	_, err = f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: "http://93.184.216.34/x",
+		Types: []string{"reservation.*", "reservaton.*"}}))
+	require.Equal(t, "INVALID_ARGUMENT", code(err))
+	v := client.Detail(err).GetViolations()[0]
+	require.Equal(t, "types[1]", v.GetField())
+	require.Contains(t, v.GetReason(), `no event type starts with "reservaton": the families are`)
+	require.Contains(t, v.GetReason(), "reservation")
+	// The flag's hint comes only with the addresses it admits.
+	_, err = f.admin.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: "ftp://x"}))
+	require.NotContains(t, err.Error(), "--webhook-allow-private")
 }
 
 func TestMatches(t *testing.T) {
@@ -544,7 +555,7 @@ func TestCrossTenantWebhooks(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	wh, _ := f.create(t, "http://127.0.0.1:9/x", "nothing.matches")
+	wh, _ := f.create(t, "http://127.0.0.1:9/x", "webhook.never_emitted")
 	evil := f.cp.Client(f.key(t, "other", "admin"))
 	_, err := evil.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "acme"}))
 	require.Equal(t, "PERMISSION_DENIED", code(err))
