@@ -285,8 +285,18 @@ func (s *Service) read(ctx context.Context, tenant, id string) (Webhook, error) 
 // List lists a tenant's endpoints.
 func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListWebhooksRequest]) (*connect.Response[apiv1.ListWebhooksResponse], error) {
 	msg := req.Msg
+	// No tenant: the caller's own, as every tenant-scoped listing does.
+	tenantRef := msg.GetTenant()
+	if tenantRef == "" {
+		c, _ := envelope.CallerFrom(ctx)
+		tenantRef = c.Principal.TenantID
+	}
 	var vs envelope.Violations
-	vs.Ref("tenant", msg.GetTenant(), "tnt")
+	if tenantRef == "" {
+		vs.Add("tenant", "is required: webhooks belong to a tenant, name one")
+	} else {
+		vs.Ref("tenant", tenantRef, "tnt")
+	}
 	vs.PageSize("page_size", msg.GetPageSize())
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -300,7 +310,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListWebho
 		tfound bool
 	)
 	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-		t, tfound, err = tenancy.LookupTenant(ctx, q, msg.GetTenant())
+		t, tfound, err = tenancy.LookupTenant(ctx, q, tenantRef)
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -309,7 +319,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListWebho
 		return nil, err
 	}
 	if !tfound {
-		return nil, s.env.Fail(ctx, envelope.NotFound("tenant", msg.GetTenant()))
+		return nil, s.env.Fail(ctx, envelope.NotFound("tenant", tenantRef))
 	}
 	limit := envelope.PageSize(msg.GetPageSize())
 	var ws []Webhook

@@ -582,6 +582,12 @@ func TestCrossTenantWebhooks(t *testing.T) {
 	mine, err := evil.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "other"}))
 	require.NoError(t, err)
 	require.Empty(t, mine.Msg.GetWebhooks())
+	// No tenant named: the caller's own, never acme's.
+	mine, err = evil.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{}))
+	require.NoError(t, err)
+	require.Empty(t, mine.Msg.GetWebhooks())
+	_, err = f.admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{}))
+	require.Equal(t, "INVALID_ARGUMENT", code(err), "the platform has no webhooks of its own")
 }
 
 // TestOutboxRetention: events past the retention that every webhook has
