@@ -47,7 +47,7 @@ func (s *MachineService) Power(ctx context.Context, req *connect.Request[apiv1.P
 	return start(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetMachine(), PowerOps[action],
 		func(vs *envelope.Violations) {
 			if _, ok := PowerOps[action]; !ok {
-				vs.Add("action", "must be one of %v, got %q (status is a read: GetPowerStatus)", powerActions(), truncate(action))
+				vs.Add("action", "must be one of %v, got %q (status is a read: machines power MACHINE status, MachineService.GetPowerStatus)", powerActions(), truncate(action))
 			}
 		}, quorumGate(action),
 		func(m *apiv1.Machine) *apiv1.PowerMachineResponse { return &apiv1.PowerMachineResponse{Machine: m} })
