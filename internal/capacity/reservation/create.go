@@ -262,10 +262,11 @@ func (t *target) check(sp *spec) error {
 	if !t.tenantFound {
 		return envelope.NotFound("tenant", msg.GetTenant())
 	}
-	if !t.projectFound {
-		if msg.GetProject() == "" {
-			return envelope.Invalid(envelope.Violation{Field: "project", Reason: t.projectReason})
-		}
+	// The pool and the request's own fields are checked before a
+	// defaulted project: the error a caller sees first is about what it
+	// asked for (an unknown pool, a model the pool lacks), not about a
+	// project it did not name.
+	if !t.projectFound && msg.GetProject() != "" {
 		return envelope.NotFound("project", msg.GetProject())
 	}
 	if t.ambiguous != nil {
@@ -309,6 +310,9 @@ func (t *target) check(sp *spec) error {
 		vs.Add("slots", "pool %s shares GPUs as %s; slots need timeslice or mps", t.pool.Name, sharing)
 	case msg.GetGpus() > 0 && msg.GetMigProfile() == "" && (sharing == pool.GPUSharingMIG || sharing == pool.GPUSharingTimeslice || sharing == pool.GPUSharingMPS):
 		vs.Add("gpus", "pool %s shares GPUs as %s: ask for mig_profile or slots", t.pool.Name, sharing)
+	}
+	if !t.projectFound {
+		vs.Add("project", "%s", t.projectReason)
 	}
 	return vs.Err()
 }
