@@ -98,4 +98,3 @@ func goLeaseProfiles() []provision.Profile {
 			provision.Step{Name: stepRotate, Kind: KindBMCRotate, Destructive: true, Timeout: 5 * time.Minute})},
 	}
 }
-
