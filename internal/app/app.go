@@ -48,6 +48,7 @@ import (
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/quorum"
@@ -357,7 +358,7 @@ func Modules() []store.Migrations {
 		images.Migrations(),
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
-		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(),
+		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(), profiles.Migrations(),
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
 		quorum.Migrations(),

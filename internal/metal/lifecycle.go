@@ -316,8 +316,12 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 		ec.Runners[k] = v
 	}
 	r.otherEnded = cfg.OtherEnded
-	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure, KindBMCRotate} {
+	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure, KindBMCRotate,
+		KindDriverInvoke} {
 		ec.Runners[k] = run
+	}
+	if ec.Facts == nil {
+		ec.Facts = machineFacts
 	}
 	ec.OnEnd = r.onEnd
 	var err error
