@@ -450,6 +450,13 @@ func (s *MachineService) Deploy(ctx context.Context, req *connect.Request[apiv1.
 			vs.OptionalName("profile", profile)
 		},
 		func(ctx context.Context, tx *envelope.Tx, m *Machine) (map[string]any, error) {
+			if profile != "" {
+				// The profile first: a stranger's profile name is not
+				// found, whatever the image.
+				if _, err := deployProfile(ctx, tx, m.TenantID, profile, OpDeploy); err != nil {
+					return nil, err
+				}
+			}
 			input, err := deployImage(ctx, tx, m, m.TenantID, image)
 			if err == nil && profile != "" {
 				input[inputProfile] = profile

@@ -58,21 +58,31 @@ func tenantProfile(ctx context.Context, q store.Querier, m Machine, op string, i
 	if name == "" {
 		return provision.Profile{}, nil
 	}
-	p, err := profiles.Get(ctx, q, m.TenantID, name, "")
-	if errors.Is(err, store.ErrNotFound) {
-		return provision.Profile{}, envelope.NotFound("profile", name)
-	}
+	p, err := deployProfile(ctx, q, m.TenantID, name, op)
 	if err != nil {
 		return provision.Profile{}, err
-	}
-	if p.Kind != profiles.KindDeploy {
-		return provision.Profile{}, envelope.Invalid(envelope.Violation{Field: "profile",
-			Reason: fmt.Sprintf("%s is a %s: %s runs a %s", p.Name, p.Kind, op, profiles.KindDeploy)})
 	}
 	input["profile_version"] = p.Version
 	prof := p.Expansion
 	prof.Name = op
 	return prof, nil
+}
+
+// deployProfile reads a tenant's deploy profile by name: NOT_FOUND for a
+// name the tenant has not (another tenant's is never found).
+func deployProfile(ctx context.Context, q store.Querier, tenantID, name, op string) (profiles.Stored, error) {
+	p, err := profiles.Get(ctx, q, tenantID, name, "")
+	if errors.Is(err, store.ErrNotFound) {
+		return p, envelope.NotFound("profile", name)
+	}
+	if err != nil {
+		return p, err
+	}
+	if p.Kind != profiles.KindDeploy {
+		return p, envelope.Invalid(envelope.Violation{Field: "profile",
+			Reason: fmt.Sprintf("%s is a %s: %s runs a %s", p.Name, p.Kind, op, profiles.KindDeploy)})
+	}
+	return p, nil
 }
 
 // checkHardwareProfile refuses a machine whose hardware profile names a
