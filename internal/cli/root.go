@@ -128,7 +128,8 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.poolsCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.driversCommand(), a.machinesCommand(), a.workflowsCommand())
-	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand())
+	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand(),
+		a.profilesCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
 	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())
