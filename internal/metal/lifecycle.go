@@ -309,6 +309,10 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	r.Agents.remote = r.Sites
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
+	// The built-in profiles are documents: a bad one stops the start.
+	if _, err := profiles.Builtins(); err != nil {
+		return nil, fmt.Errorf("metal: %w", err)
+	}
 	ec.Profiles = append(Profiles(), cfg.ExtraProfiles...)
 	run := stepRunner{r}
 	ec.Runners = map[string]provision.StepRunner{}

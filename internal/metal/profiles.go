@@ -42,7 +42,11 @@ func driverAction(run provision.StepRun) (string, error) {
 // ProfileCatalog is what profile documents are checked against: the step
 // kinds the machine engine runs and the driver operations.
 func (r *Runtime) ProfileCatalog() profiles.Catalog {
-	return profiles.Catalog{Kinds: r.Engine.Kinds(), DriverOps: slices.Sorted(maps.Keys(DriverOps))}
+	var names []string
+	for _, p := range r.Engine.Profiles() {
+		names = append(names, p.Name)
+	}
+	return profiles.Catalog{Kinds: r.Engine.Kinds(), DriverOps: slices.Sorted(maps.Keys(DriverOps)), Profiles: names}
 }
 
 // inputProfile is the workflow input that names the tenant's deploy

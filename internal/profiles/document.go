@@ -76,6 +76,9 @@ type Document struct {
 type Catalog struct {
 	Kinds     []string
 	DriverOps []string
+	// Profiles are the engine's profiles a step's "run <profile>" rule
+	// may name.
+	Profiles []string
 }
 
 var driverRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
@@ -299,6 +302,11 @@ func (d *Document) check(vs *envelope.Violations, cat Catalog) {
 		}
 	}
 	checkKinds(func(i int) string { return d.origins[i] }, d.Profile.Steps)
+	for i, s := range d.Profile.Steps {
+		if r, err := provision.ParseOnFailure(s.OnFailure); err == nil && r.Action == provision.OnFailureRun && !slices.Contains(cat.Profiles, r.Target) {
+			vs.Add(d.origins[i]+".on_failure", "run names no profile the engine has (%s), got %q", strings.Join(cat.Profiles, ", "), trunc(r.Target))
+		}
+	}
 	checkKinds(func(i int) string { return fmt.Sprintf("spec.cleanup[%d]", i) }, d.Profile.Cleanup)
 }
 

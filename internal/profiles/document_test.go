@@ -15,6 +15,7 @@ import (
 var testCatalog = profiles.Catalog{
 	Kinds:     []string{"await.rejoin", "disk.wipe", "driver.invoke", "image.write", "inventory.refresh", "power.cycle", "power.off"},
 	DriverOps: []string{"power.cycle", "power.off", "power.on"},
+	Profiles:  []string{"release"},
 }
 
 const goodDoc = `apiVersion: bettercompute.io/v1
@@ -74,6 +75,10 @@ func TestParseExpands(t *testing.T) {
 	require.Len(t, d.Profile.Cleanup, 1)
 	require.NoError(t, d.Profile.Validate())
 
+	// A cleanup profile the engine has may be run.
+	_, err = profiles.Parse([]byte(strings.Replace(goodDoc, "on_failure: continue", "on_failure: run release", 1)), "", testCatalog)
+	require.NoError(t, err)
+
 	// The same document as JSON.
 	j := `{"apiVersion":"bettercompute.io/v1","kind":"DeployProfile","metadata":{"name":"j"},
 		"spec":{"steps":[{"name":"a","kind":"power.cycle","retries":1,"timeout":"1m"}]}}`
@@ -112,6 +117,7 @@ func TestParseRefusesBadDocuments(t *testing.T) {
 		{"when root", edit("when: input.burn_in == true", "when: os.getenv == 1"), "", "spec.steps[3].when", "must start with"},
 		{"acceptance", edit(`acceptance: ["len(output.disks) >= 1"]`, `acceptance: ["output.disks >="]`), "", "spec.steps[2].acceptance[0]", "ends early"},
 		{"on_failure", edit("on_failure: continue", "on_failure: explode"), "", "spec.steps[3].on_failure", "goto <step>"},
+		{"run unknown", edit("on_failure: continue", "on_failure: run scrub"), "", "spec.steps[3].on_failure", "run names no profile"},
 		{"goto back", edit("on_failure: continue", "on_failure: goto joined"), "", "spec.steps[3].on_failure", "later step"},
 		{"fallback kind", edit("driver.invoke: {operation: power.cycle}", "kind: nope.nope"), "", "spec.steps[0].fallback.kind", "registered step kind"},
 		{"fallback of fallback", edit("driver.invoke: {operation: power.cycle}", "kind: power.cycle\n        fallback: {name: x, kind: power.cycle}"), "", "spec.steps[0].fallback.fallback", "not a field here"},
