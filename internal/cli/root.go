@@ -83,7 +83,7 @@ func (a *app) command() *cobra.Command {
   Health:         gpus, remediations (and nodes health, pools health)
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
-  Bare metal:     sites, site-tokens, drivers, machines, workflows
+  Bare metal:     sites, site-tokens, drivers, machines, workflows, profiles
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
   Agents:         mcp
