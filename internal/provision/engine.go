@@ -565,7 +565,9 @@ func (e *Engine) SignalProvingTx(ctx context.Context, tx store.Tx, targetID, kin
 			}
 		}
 		if s == nil && !f.w.CancelRequested {
-			if next := f.nextPending(); next != nil && next.Kind == kind {
+			// An await step that is to be skipped (its when is false, or
+			// it is a fallback whose step did not fail) takes no signal.
+			if next := f.nextPending(); next != nil && next.Kind == kind && f.skipReason(next) == "" {
 				f.claim(next)
 				s = next
 			}

@@ -150,3 +150,20 @@ func TestWhenFallbackAcceptanceCleanup(t *testing.T) {
 	require.Equal(t, []string{"inv=succeeded", "power=failed", "never=skipped", "off=succeeded"}, stepStates(w))
 	require.Equal(t, provision.PhaseCleanup, w.Steps[3].Phase)
 }
+
+// TestSkippedAwaitTakesNoSignal: an await step whose when is false is
+// skipped, not claimed by an early signal.
+func TestSkippedAwaitTakesNoSignal(t *testing.T) {
+	t.Parallel()
+	f := setup(t, []provision.Profile{{Name: "p", Steps: []provision.Step{
+		{Name: "wait", Kind: provision.KindAwaitRejoin, When: "input.wait == true"},
+		{Name: "power", Kind: "power.cycle"},
+	}}}, nil)
+	w, err := f.eng.Start(f.ctx, provision.StartParams{TenantID: "tnt_test", TargetID: "m1", Profile: "p", Input: map[string]any{"wait": false}})
+	require.NoError(t, err)
+	_, err = f.eng.Signal(f.ctx, "m1", provision.KindAwaitRejoin, provision.Result{})
+	requireCode(t, err, envelope.CodeFailedPrecondition)
+	w = f.reconcile(t, w.ID)
+	require.Equal(t, provision.WorkflowSucceeded, w.State)
+	require.Equal(t, []string{"wait=skipped", "power=succeeded"}, stepStates(w))
+}
