@@ -151,14 +151,17 @@ func parse(vs *envelope.Violations, text []byte, format string) Document {
 		return d
 	}
 	if d.Kind == KindHardware {
-		known(vs, "spec", spec, "driver", "steps", "cleanup")
+		// A hardware profile says what its machines need; what runs on
+		// them is a deploy profile's (no workflow runs a hardware
+		// profile's steps, so it takes none).
+		known(vs, "spec", spec, "driver")
 		d.Driver = str(vs, "spec.driver", spec["driver"])
 		if d.Driver != "" && !driverRE.MatchString(d.Driver) {
 			vs.Add("spec.driver", "must be a driver name like redfish or ipmi, got %q", trunc(d.Driver))
 		}
-	} else {
-		known(vs, "spec", spec, "steps", "cleanup")
+		return d
 	}
+	known(vs, "spec", spec, "steps", "cleanup")
 	d.Profile.Name = d.Name
 	steps := list(vs, "spec.steps", spec["steps"])
 	if len(steps) == 0 && d.Kind == KindDeploy {
@@ -260,10 +263,7 @@ func step(vs *envelope.Violations, f string, raw any, fallback bool) (provision.
 // check validates the expansion (the engine's own rules) and the catalog,
 // naming the document's fields.
 func (d *Document) check(vs *envelope.Violations, cat Catalog) {
-	if d.Kind == KindHardware && len(d.Profile.Steps) == 0 {
-		if len(d.Profile.Cleanup) > 0 {
-			vs.Add("spec.cleanup", "a hardware profile without steps has nothing to clean up")
-		}
+	if d.Kind == KindHardware {
 		return
 	}
 	if err := d.Profile.Validate(); err != nil {

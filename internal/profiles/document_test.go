@@ -125,6 +125,7 @@ func TestParseRefusesBadDocuments(t *testing.T) {
 		{"cleanup rule", edit("    - name: power-off\n      kind: power.off", "    - name: power-off\n      on_failure: goto off\n      kind: power.off"), "", "spec.cleanup[0].on_failure", "fail"},
 		{"cleanup kind", edit("    - name: power-off\n      kind: power.off", "    - name: power-off\n      kind: x.y"), "", "spec.cleanup[0].kind", "registered step kind"},
 		{"hardware driver", "apiVersion: bettercompute.io/v1\nkind: HardwareProfile\nmetadata: {name: h}\nspec: {driver: 'Red Fish'}\n", "", "spec.driver", "driver name"},
+		{"hardware steps", "apiVersion: bettercompute.io/v1\nkind: HardwareProfile\nmetadata: {name: h}\nspec:\n  steps: [{name: a, kind: power.cycle}]\n", "", "spec.steps", "not a field here"},
 		{"deploy driver", edit("  cleanup:", "  driver: redfish\n  cleanup:"), "", "spec.driver", "not a field here"},
 	}
 	for _, tt := range tests {
