@@ -14,6 +14,7 @@ package profiles
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -339,7 +340,8 @@ func (d *Document) field(f string) string {
 }
 
 func violations(err error) []envelope.Violation {
-	if ee, ok := err.(*envelope.Error); ok {
+	var ee *envelope.Error
+	if errors.As(err, &ee) {
 		return ee.Violations
 	}
 	return []envelope.Violation{{Field: "spec", Reason: err.Error()}}

@@ -113,7 +113,7 @@ func lex(src string) ([]token, error) {
 			}
 			s, err := strconv.Unquote(src[i : j+1])
 			if err != nil {
-				return nil, fmt.Errorf("bad string at offset %d: %v", i, err)
+				return nil, fmt.Errorf("bad string at offset %d: %w", i, err)
 			}
 			out = append(out, token{s, 's', i})
 			i = j + 1
