@@ -98,3 +98,16 @@ func goLeaseProfiles() []provision.Profile {
 			provision.Step{Name: stepRotate, Kind: KindBMCRotate, Destructive: true, Timeout: 5 * time.Minute})},
 	}
 }
+
+// TestDriverActionRefusesUnknownOperations: a driver.invoke step whose
+// operation drivers do not carry out is refused as not dispatched, naming
+// it; the known ones map to the site agent's bmc.power actions.
+func TestDriverActionRefusesUnknownOperations(t *testing.T) {
+	t.Parallel()
+	a, err := driverAction(provision.StepRun{Name: "off", Params: map[string]any{"operation": "power.shutdown"}})
+	require.NoError(t, err)
+	require.Equal(t, "shutdown", a)
+	_, err = driverAction(provision.StepRun{Name: "flash", Params: map[string]any{"operation": "firmware.flash"}})
+	require.ErrorIs(t, err, provision.ErrNotDispatched)
+	require.ErrorContains(t, err, `step flash: driver.invoke operation "firmware.flash" is not one drivers carry out`)
+}

@@ -85,6 +85,17 @@ func TestTenantProfiles(t *testing.T) {
 	require.EqualValues(t, 1, created.Msg.GetProfile().GetVersion())
 	profID := created.Msg.GetProfile().GetId()
 
+	// A commission checks the hardware profile again: it may have
+	// changed since the enrolment.
+	_, err = f.admin.Profiles.Update(ctx, connect.NewRequest(&apiv1.UpdateProfileRequest{Tenant: "acme", Profile: "sim-8xh100",
+		Document: hardwareDoc("sim-8xh100", "ipmi")}))
+	require.NoError(t, err)
+	_, err = f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
+	require.Equal(t, "INVALID_ARGUMENT", client.Code(err))
+	require.Equal(t, "hardware_profile", client.Detail(err).GetViolations()[0].GetField())
+	_, err = f.admin.Profiles.Update(ctx, connect.NewRequest(&apiv1.UpdateProfileRequest{Tenant: "acme", Profile: "sim-8xh100",
+		Document: hardwareDoc("sim-8xh100", "redfish")}))
+	require.NoError(t, err)
 	_, err = f.admin.Machines.Commission(ctx, connect.NewRequest(&apiv1.CommissionMachineRequest{Tenant: "acme", Machine: "m1"}))
 	require.NoError(t, err)
 	require.Equal(t, "ready", f.waitIdle(t, "m1").GetState())
