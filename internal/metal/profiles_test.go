@@ -2,6 +2,7 @@ package metal_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -125,6 +126,24 @@ func TestTenantProfiles(t *testing.T) {
 	require.Equal(t, "when input.burn_in == true is false", errs["burn-in"])
 	require.Equal(t, "fallback for boot-ramdisk, which did not fail", errs["boot-ramdisk-fallback"])
 	require.Equal(t, 1, f.sim.MaxApplied(), "no step was applied twice")
+
+	// The list pages through the built-ins, then acme's own.
+	var names []string
+	token := ""
+	for {
+		page, err := f.admin.Profiles.List(ctx, connect.NewRequest(&apiv1.ListProfilesRequest{Tenant: "acme", PageSize: 4, PageToken: token}))
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(page.Msg.GetProfiles()), 4)
+		for _, p := range page.Msg.GetProfiles() {
+			names = append(names, p.GetName())
+		}
+		if token = page.Msg.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	require.Equal(t, []string{"sim-8xh100", "needs-ipmi", "gpu-deploy"}, names[len(names)-3:], "acme's own, in creation order, after the built-ins")
+	require.Contains(t, names, "deploy")
+	require.Len(t, names, len(slices.Compact(slices.Sorted(slices.Values(names)))), "no profile twice")
 
 	// A hardware profile a machine names is not deleted; a built-in never.
 	_, err = f.admin.Profiles.Delete(ctx, connect.NewRequest(&apiv1.DeleteProfileRequest{Tenant: "acme", Profile: "sim-8xh100"}))
