@@ -358,10 +358,12 @@ func Modules() []store.Migrations {
 		images.Migrations(),
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
-		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(), profiles.Migrations(),
+		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(),
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
 		quorum.Migrations(),
+		// Profile documents: a deploy reads them, nothing else joins them.
+		profiles.Migrations(),
 		// Health reads nodes and pools and starts workflows.
 		health.Migrations(),
 	}
