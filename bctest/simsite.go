@@ -418,6 +418,17 @@ func (s *SimSite) apply(ctx context.Context, m *SimMachine, t metal.Target, run 
 	if fail != "" {
 		return provision.Result{Error: fail, Logs: fmt.Sprintf("%s: %s\nstep %s gave up", run.Kind, fail, run.Name)}
 	}
+	if run.Kind == metal.KindDriverInvoke {
+		// The driver operations the simulated BMC has are its power
+		// actions; the site agent refuses any other before it gets here.
+		op, _ := run.Params["operation"].(string)
+		kind, ok := map[string]string{"power.on": metal.KindPowerOn, "power.off": metal.KindPowerOff, "power.cycle": metal.KindPowerCycle}[op]
+		if !ok {
+			err := fmt.Sprintf("driver.invoke: the simulated BMC has no operation %q", op)
+			return provision.Result{Error: err, Logs: err}
+		}
+		run.Kind = kind
+	}
 	switch run.Kind {
 	case metal.KindPowerCycle, metal.KindPowerOff, metal.KindPowerOn:
 		if m.inMemoryBMC {

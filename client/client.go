@@ -70,6 +70,8 @@ type Client struct {
 	Secrets        apiv1connect.SecretServiceClient
 	// ProviderAccounts are the tenant's accounts at server providers.
 	ProviderAccounts apiv1connect.ProviderAccountServiceClient
+	// Profiles are deploy and hardware profile documents.
+	Profiles apiv1connect.ProfileServiceClient
 	// SandboxTemplates and Sandboxes run short-lived guests from templates.
 	SandboxTemplates apiv1connect.SandboxTemplateServiceClient
 	Sandboxes        apiv1connect.SandboxServiceClient
@@ -153,6 +155,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Volumes:          apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
 		Secrets:          apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
 		ProviderAccounts: apiv1connect.NewProviderAccountServiceClient(h, baseURL, copts...),
+		Profiles:         apiv1connect.NewProfileServiceClient(h, baseURL, copts...),
 		SandboxTemplates: apiv1connect.NewSandboxTemplateServiceClient(h, baseURL, copts...),
 		Sandboxes:        apiv1connect.NewSandboxServiceClient(h, baseURL, copts...),
 	}

@@ -48,6 +48,7 @@ import (
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/provision"
@@ -369,6 +370,8 @@ func Modules() []store.Migrations {
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
 		quorum.Migrations(),
+		// Profile documents: a deploy reads them, nothing else joins them.
+		profiles.Migrations(),
 		// Health reads nodes and pools and starts workflows.
 		health.Migrations(),
 	}

@@ -156,6 +156,9 @@ var matrixExpect = map[string]map[string]string{
 	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"providerAccounts.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"profiles.create":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"profiles.update":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"profiles.delete":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"providerAccounts.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"ipPools.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Guests: whoever works in the tenant runs them; a delete destroys a
@@ -742,6 +745,30 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.ProviderAccounts.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteProviderAccountRequest{Tenant: "acme", Account: name}))
+		return err
+	},
+	"profiles.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Profiles.Create(context.Background(), connect.NewRequest(&apiv1.CreateProfileRequest{Tenant: "acme",
+			Document: sfProfileDoc(f.name("prf"))}))
+		return err
+	},
+	"profiles.update": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.name("prf")
+		_, err := f.admin.Profiles.Create(context.Background(), connect.NewRequest(&apiv1.CreateProfileRequest{Tenant: "acme",
+			Document: sfProfileDoc(name)}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Profiles.Update(context.Background(), connect.NewRequest(&apiv1.UpdateProfileRequest{Tenant: "acme", Profile: name,
+			Document: sfProfileDoc(name)}))
+		return err
+	},
+	"profiles.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.name("prf")
+		_, err := f.admin.Profiles.Create(context.Background(), connect.NewRequest(&apiv1.CreateProfileRequest{Tenant: "acme",
+			Document: sfProfileDoc(name)}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Profiles.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteProfileRequest{Tenant: "acme", Profile: name}))
 		return err
 	},
 	"secrets.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {

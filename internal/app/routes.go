@@ -30,6 +30,7 @@ import (
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/pki"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/providerpools"
 	// The built-in provider types register themselves: the accounts
@@ -190,6 +191,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	}
 	mux.Handle(apiv1connect.NewSecretServiceHandler(secrets.NewService(a.Envelope, secretSealer), opts))
 	mux.Handle(apiv1connect.NewProviderAccountServiceHandler(provideraccounts.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewProfileServiceHandler(profiles.NewService(a.Envelope, profiles.ServiceConfig{
+		Catalog: a.Metal.ProfileCatalog, NamedBy: metal.MachineNamingHardwareProfile}), opts))
 	// SSH tunnels: the ticket is the credential (see vps.TunnelHandler).
 	mux.Handle("GET "+tunnel.Path, a.Instances.TunnelHandler(a.cfg.Logger))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

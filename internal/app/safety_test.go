@@ -874,6 +874,9 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		Type: "hetzner-cloud", SecretRefs: map[string]string{"token": "secret://db"}}))
 	require.NoError(t, err)
 	pacID := pac.Msg.GetAccount().GetId()
+	prof, err := admin.Profiles.Create(ctx, connect.NewRequest(&apiv1.CreateProfileRequest{Tenant: "acme", Document: sfProfileDoc("acme-deploy")}))
+	require.NoError(t, err)
+	profID := prof.Msg.GetProfile().GetId()
 	// A sandbox template of acme's and a sandbox on vm1, written as Create
 	// would.
 	tpl := sandbox.Template{ID: envelope.NewID(sandbox.TemplateIDPrefix, now), TenantID: acme.GetId(), Name: "t1", Image: "debian-12",
@@ -2242,6 +2245,54 @@ permit (principal, action, resource);`}))
 			_, err := evil.ProviderAccounts.ListTypes(ctx, connect.NewRequest(&apiv1.ListProviderTypesRequest{}))
 			return err
 		}},
+		apiv1connect.ProfileServiceCreateProcedure: {func() error {
+			_, err := evil.Profiles.Create(ctx, connect.NewRequest(&apiv1.CreateProfileRequest{Tenant: "acme", Document: sfProfileDoc("evil")}))
+			return err
+		}},
+		apiv1connect.ProfileServiceGetProcedure: {
+			func() error {
+				_, err := evil.Profiles.Get(ctx, connect.NewRequest(&apiv1.GetProfileRequest{Tenant: "acme", Profile: "acme-deploy"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Profiles.Get(ctx, connect.NewRequest(&apiv1.GetProfileRequest{Tenant: "other", Profile: profID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Profiles.Get(ctx, connect.NewRequest(&apiv1.GetProfileRequest{Tenant: "other", Profile: "acme-deploy"}))
+				return err
+			},
+		},
+		apiv1connect.ProfileServiceListProcedure: {func() error {
+			_, err := evil.Profiles.List(ctx, connect.NewRequest(&apiv1.ListProfilesRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.ProfileServiceUpdateProcedure: {
+			func() error {
+				_, err := evil.Profiles.Update(ctx, connect.NewRequest(&apiv1.UpdateProfileRequest{Tenant: "acme", Profile: "acme-deploy",
+					Document: sfProfileDoc("acme-deploy")}))
+				return err
+			},
+			func() error {
+				_, err := evil.Profiles.Update(ctx, connect.NewRequest(&apiv1.UpdateProfileRequest{Tenant: "other", Profile: profID,
+					Document: sfProfileDoc("acme-deploy")}))
+				return err
+			},
+		},
+		apiv1connect.ProfileServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Profiles.Delete(ctx, connect.NewRequest(&apiv1.DeleteProfileRequest{Tenant: "acme", Profile: "acme-deploy"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Profiles.Delete(ctx, connect.NewRequest(&apiv1.DeleteProfileRequest{Tenant: "other", Profile: profID}))
+				return err
+			},
+		},
+		apiv1connect.ProfileServiceValidateProcedure: {func() error {
+			_, err := evil.Profiles.Validate(ctx, connect.NewRequest(&apiv1.ValidateProfileRequest{Tenant: "acme", Document: sfProfileDoc("x")}))
+			return err
+		}},
 		apiv1connect.IPPoolServiceCreateProcedure: {func() error {
 			_, err := evil.IPPools.Create(ctx, connect.NewRequest(&apiv1.CreateIPPoolRequest{Tenant: "acme", Name: "evil", Cidr: "10.8.0.0/24"}))
 			return err
@@ -2659,3 +2710,9 @@ const sfSSHKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabg
 
 // evilSSHKey is the cross-tenant cases' SSH public key.
 const evilSSHKey = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGqL6xRVEXhP4Se+YuNJyr0Z5mDN3j0pHHs2cEXbQu5h evil@bc"
+
+// sfProfileDoc is a small valid deploy profile document.
+func sfProfileDoc(name string) string {
+	return "apiVersion: bettercompute.io/v1\nkind: DeployProfile\nmetadata: {name: " + name + "}\n" +
+		"spec:\n  steps:\n    - {name: cycle, kind: power.cycle, destructive: true}\n"
+}

@@ -328,16 +328,18 @@ A machine runs one workflow at a time.`}
 			}
 			return r.Msg.GetMachine(), r.Msg, nil
 		}, func(c *cobra.Command) { c.Flags().BoolVar(&burnIn, "burn-in", false, "run the burn-in step") })
-	var image string
-	deploy := transition("deploy MACHINE --image NAME", "Write a signed image to a ready machine and boot it",
+	var image, deployProfile string
+	deploy := transition("deploy MACHINE --image NAME [--profile NAME]", "Write a signed image to a ready machine and boot it",
 		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {
-			r, err := c.Deploy(cmd.Context(), request(&apiv1.DeployMachineRequest{Tenant: t, Machine: machine, Image: image}, m))
+			r, err := c.Deploy(cmd.Context(), request(&apiv1.DeployMachineRequest{Tenant: t, Machine: machine, Image: image,
+				Profile: deployProfile}, m))
 			if err != nil {
 				return nil, nil, err
 			}
 			return r.Msg.GetMachine(), r.Msg, nil
 		}, func(c *cobra.Command) {
 			c.Flags().StringVar(&image, "image", "", "the image (name or id), signed by a key on the tenant's or the platform's allowlist")
+			c.Flags().StringVar(&deployProfile, "profile", "", "a deploy profile of the tenant to run instead of the built-in deploy (profiles list)")
 		})
 	release := transition("release MACHINE", "Wipe a machine; it ends ready",
 		func(cmd *cobra.Command, c machineCaller, t, machine string, m mutation) (*apiv1.Machine, proto.Message, error) {

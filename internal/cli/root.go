@@ -83,7 +83,7 @@ func (a *app) command() *cobra.Command {
   Health:         gpus, remediations (and nodes health, pools health)
   Capacity:       pools, reserve, reservations, quotas, capacity, usage
   Images:         images, signer-keys
-  Bare metal:     sites, site-tokens, drivers, machines, workflows
+  Bare metal:     sites, site-tokens, drivers, machines, workflows, profiles
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
   Agents:         mcp
@@ -128,7 +128,8 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.poolsCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.driversCommand(), a.machinesCommand(), a.workflowsCommand())
-	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand())
+	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand(),
+		a.profilesCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
 	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand())

@@ -23,6 +23,10 @@ var MultiLineFields = map[protoreflect.FullName]bool{
 	"bettercompute.api.v1.CreateTrustAnchorRequest.certificates_pem": true,
 	// cloud-init user data is a YAML document or a script.
 	"bettercompute.api.v1.CreateInstanceRequest.user_data": true,
+	// A profile is a YAML or JSON document.
+	"bettercompute.api.v1.CreateProfileRequest.document":   true,
+	"bettercompute.api.v1.UpdateProfileRequest.document":   true,
+	"bettercompute.api.v1.ValidateProfileRequest.document": true,
 }
 
 // UnsafeRune reports why r must not appear in text that reaches an

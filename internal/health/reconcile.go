@@ -12,6 +12,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/gpuhealth"
+	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -302,13 +303,9 @@ const (
 )
 
 // Profiles are the remediation workflows, run on the provisioning engine
-// with the node as their target.
-func Profiles() []provision.Profile {
-	return []provision.Profile{
-		{Name: ProfileGPUReset, Steps: []provision.Step{{Name: "reset-gpu", Kind: KindGPUReset, Destructive: true, Timeout: 10 * time.Minute}}},
-		{Name: ProfileReboot, Steps: []provision.Step{{Name: "reboot", Kind: KindNodeReboot, Destructive: true, Timeout: 30 * time.Minute}}},
-	}
-}
+// with the node as their target; they ship as documents
+// (internal/profiles/builtin).
+func Profiles() []provision.Profile { return profiles.MustProfiles(ProfileGPUReset, ProfileReboot) }
 
 // startWorkflow starts a draining remediation's workflow once its node has
 // drained.

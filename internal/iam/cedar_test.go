@@ -142,6 +142,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "ProviderAccount", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "hc", "type": "hetzner-cloud"}}
 	case "providerAccounts.get", "providerAccounts.delete":
 		return Resource{Type: "ProviderAccount", ID: "pac1", TenantID: tenant, Attrs: map[string]any{"name": "hc", "type": "hetzner-cloud"}}
+	case "profiles.create":
+		return Resource{Type: "Profile", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "gpu-deploy", "kind": "DeployProfile"}}
+	case "profiles.get", "profiles.update", "profiles.delete":
+		return Resource{Type: "Profile", ID: "prf1", TenantID: tenant, Attrs: map[string]any{"name": "gpu-deploy", "kind": "DeployProfile"}}
 	case "flavors.create":
 		return Resource{Type: "Flavor", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "small", "vcpus": int64(2), "gpus": int64(0)}}
 	case "flavors.get", "flavors.delete":
@@ -200,6 +204,7 @@ func TestCedarMatrix(t *testing.T) {
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
 		"providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
+		"profiles.get", "profiles.list", "profiles.validate",
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
 		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach",
@@ -558,6 +563,7 @@ func TestActions(t *testing.T) {
 		"nodes.delete", "nodes.drain", "nodes.get", "nodes.list", "nodes.undrain",
 		"policies.get", "policies.list", "policies.put",
 		"pools.archive", "pools.create", "pools.get", "pools.health", "pools.list", "pools.offer", "pools.resetBreaker", "pools.update",
+		"profiles.create", "profiles.delete", "profiles.get", "profiles.list", "profiles.update", "profiles.validate",
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"providerAccounts.create", "providerAccounts.delete", "providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
 		"quotas.get", "quotas.list", "quotas.set",

@@ -80,32 +80,6 @@ const (
 // verified evidence before the machine is ready again.
 var TeardownSteps = []string{stepFence, stepBootRamdisk, stepJoined, stepFirmware, stepErase, stepDiagnostics, stepPowerOff, stepRotate}
 
-// leaseProfiles are the lease's workflows: the deploy writes the lessee's
-// image and boots it without waiting for a join (its OS answers to the
-// lessee, not to the platform); the teardown fences, erases, diagnoses,
-// checks the firmware, powers off and rotates the BMC password.
-func leaseProfiles() []provision.Profile {
-	bmcStep := func(name, kind string, params map[string]any) provision.Step {
-		return provision.Step{Name: name, Kind: kind, Destructive: true, Params: params, Timeout: 5 * time.Minute,
-			Retries: 2, Backoff: 10 * time.Second}
-	}
-	return []provision.Profile{
-		{Name: OpLeaseDeploy, Steps: append(ramdiskBoot(BootRamdisk),
-			provision.Step{Name: "write-image", Kind: KindImageWrite, Destructive: true, Timeout: 2 * time.Hour},
-			provision.Step{Name: "configure", Kind: KindConfigure, Timeout: 10 * time.Minute, Retries: 2},
-			bmcStep("boot-disk", KindPowerCycle, map[string]any{"boot": BootDisk}))},
-		{Name: OpLeaseTeardown, Steps: append(append([]provision.Step{
-			bmcStep(stepFence, KindPowerOff, map[string]any{"boot": BootFenced})},
-			ramdiskBoot(BootRamdisk)...),
-			provision.Step{Name: stepFirmware, Kind: KindInventory, Timeout: 10 * time.Minute, Retries: 1},
-			provision.Step{Name: stepErase, Kind: KindDiskWipe, Destructive: true, Timeout: 6 * time.Hour},
-			provision.Step{Name: stepDiagnostics, Kind: KindBurnIn, Timeout: 4 * time.Hour},
-			bmcStep(stepPowerOff, KindPowerOff, nil),
-			// Tried once, like a rotation of its own (see Profiles).
-			provision.Step{Name: stepRotate, Kind: KindBMCRotate, Destructive: true, Timeout: 5 * time.Minute})},
-	}
-}
-
 // firmwareOf is an inventory's firmware section (BIOS and board), the
 // part a baseline holds; nil when it reports none.
 func firmwareOf(inv map[string]any) map[string]any {

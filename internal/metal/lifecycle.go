@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/metal/bmc"
+	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/store"
 )
@@ -120,53 +121,15 @@ var transitions = map[string]transition{
 // and nothing of a tenant is on its disk.
 var retireFrom = []State{StateEnrolled, StateReady, StateFailed}
 
-func ramdiskBoot(mode string) []provision.Step {
-	return []provision.Step{
-		{Name: "boot-" + mode, Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": mode},
-			Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
-		{Name: mode + "-joined", Kind: provision.KindAwaitRejoin, Timeout: 20 * time.Minute},
-	}
-}
-
-var powerOff = provision.Step{Name: "power-off", Kind: KindPowerOff, Destructive: true, Timeout: 5 * time.Minute,
-	Retries: 2, Backoff: 10 * time.Second}
-
-// Profiles are the seed's machine profiles: inspect (inventory),
-// commission (inventory + wipe + optional burn-in), deploy (write the
-// image, configure, reboot into it), release (wipe) and rescue (the
-// ramdisk with an SSH key).
+// Profiles are the machine profiles, shipped as documents
+// (internal/profiles/builtin): inspect (inventory), commission (inventory +
+// wipe + burn-in), deploy (write the image, configure, reboot into it),
+// release (wipe), rescue (the ramdisk with an SSH key), its ends, the
+// operator's power actions, the BMC rotation and a lease's deploy and
+// teardown.
 func Profiles() []provision.Profile {
-	inventory := provision.Step{Name: "inventory", Kind: KindInventory, Timeout: 10 * time.Minute, Retries: 1}
-	wipe := provision.Step{Name: "wipe", Kind: KindDiskWipe, Destructive: true, Timeout: 6 * time.Hour}
-	return append(leaseProfiles(), []provision.Profile{
-		{Name: OpInspect, Steps: append(ramdiskBoot(BootRamdisk), inventory, powerOff)},
-		{Name: OpCommission, Steps: append(ramdiskBoot(BootRamdisk), inventory, wipe,
-			provision.Step{Name: "burn-in", Kind: KindBurnIn, Timeout: 4 * time.Hour}, powerOff)},
-		{Name: OpDeploy, Steps: append(ramdiskBoot(BootRamdisk),
-			provision.Step{Name: "write-image", Kind: KindImageWrite, Destructive: true, Timeout: 2 * time.Hour},
-			provision.Step{Name: "configure", Kind: KindConfigure, Timeout: 10 * time.Minute, Retries: 2},
-			provision.Step{Name: "boot-disk", Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": BootDisk},
-				Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
-			provision.Step{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute})},
-		{Name: OpRelease, Steps: append(ramdiskBoot(BootRamdisk), wipe, powerOff)},
-		{Name: OpRescue, Steps: ramdiskBoot(BootRescue)},
-		{Name: OpRescueEndDisk, Steps: []provision.Step{
-			{Name: "boot-disk", Kind: KindPowerCycle, Destructive: true, Params: map[string]any{"boot": BootDisk},
-				Timeout: 5 * time.Minute, Retries: 2, Backoff: 10 * time.Second},
-			{Name: "os-joined", Kind: provision.KindAwaitRejoin, Timeout: 30 * time.Minute}}},
-		{Name: OpRescueEndOff, Steps: []provision.Step{powerOff}},
-		// An operator's power actions: the BMC call alone, no boot mode
-		// asked of the site's iPXE script.
-		{Name: OpPowerOn, Steps: []provision.Step{{Name: "power-on", Kind: KindPowerOn, Destructive: true, Timeout: 5 * time.Minute,
-			Retries: 2, Backoff: 10 * time.Second}}},
-		{Name: OpPowerOff, Steps: []provision.Step{powerOff}},
-		{Name: OpPowerCycle, Steps: []provision.Step{{Name: "power-cycle", Kind: KindPowerCycle, Destructive: true, Timeout: 5 * time.Minute,
-			Retries: 2, Backoff: 10 * time.Second}}},
-		// A rotation is tried once: a second attempt with the same pending
-		// password after an unknown outcome could not tell which password
-		// the BMC holds.
-		{Name: OpRotateBMC, Steps: []provision.Step{{Name: "rotate-bmc", Kind: KindBMCRotate, Destructive: true, Timeout: 5 * time.Minute}}},
-	}...)
+	return profiles.MustProfiles(OpLeaseDeploy, OpLeaseTeardown, OpInspect, OpCommission, OpDeploy, OpRelease, OpRescue,
+		OpRescueEndDisk, OpRescueEndOff, OpPowerOn, OpPowerOff, OpPowerCycle, OpRotateBMC)
 }
 
 // Target is the machine a step acts on, as its site agent needs it: the
@@ -346,6 +309,10 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 	r.Agents.remote = r.Sites
 	ec := cfg.Engine
 	ec.DB, ec.Recorder, ec.Clock, ec.Logger = cfg.DB, cfg.Recorder, r.clock, r.log
+	// The built-in profiles are documents: a bad one stops the start.
+	if _, err := profiles.Builtins(); err != nil {
+		return nil, fmt.Errorf("metal: %w", err)
+	}
 	ec.Profiles = append(Profiles(), cfg.ExtraProfiles...)
 	run := stepRunner{r}
 	ec.Runners = map[string]provision.StepRunner{}
@@ -353,8 +320,12 @@ func NewRuntime(cfg Config) (*Runtime, error) {
 		ec.Runners[k] = v
 	}
 	r.otherEnded = cfg.OtherEnded
-	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure, KindBMCRotate} {
+	for _, k := range []string{KindPowerCycle, KindPowerOff, KindPowerOn, KindInventory, KindDiskWipe, KindBurnIn, KindImageWrite, KindConfigure, KindBMCRotate,
+		KindDriverInvoke} {
 		ec.Runners[k] = run
+	}
+	if ec.Facts == nil {
+		ec.Facts = machineFacts
 	}
 	ec.OnEnd = r.onEnd
 	var err error

@@ -157,6 +157,9 @@ func (s *MachineService) Enroll(ctx context.Context, req *connect.Request[apiv1.
 			if err := checkSiteDriver(ctx, tx, site, msg.GetBmcDriver()); err != nil {
 				return nil, err
 			}
+			if err := checkHardwareProfile(ctx, tx, site, site.TenantID, msg.GetHardwareProfile(), msg.GetBmcDriver()); err != nil {
+				return nil, err
+			}
 			if inUse, err := MachineMACInUse(ctx, tx, mac); err != nil {
 				return nil, err
 			} else if inUse {
@@ -338,10 +341,14 @@ func start[Req, Res any](ctx context.Context, s *MachineService, req *connect.Re
 					return nil, err
 				}
 			}
+			custom, err := tenantProfile(ctx, tx, m, op, input)
+			if err != nil {
+				return nil, err
+			}
 			w, err := s.rt.Engine.StartTx(ctx, tx.Tx, provision.StartParams{
 				// The engine needs a tenant; the platform's machines run
 				// under its name.
-				TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID, Profile: op, Input: input,
+				TenantID: cmp.Or(m.TenantID, "platform"), TargetID: m.ID, Profile: op, Custom: custom, Input: input,
 				CreatedBy: tx.Caller().Principal.ID,
 			})
 			if err != nil {
@@ -414,7 +421,16 @@ func (s *MachineService) Inspect(ctx context.Context, req *connect.Request[apiv1
 func (s *MachineService) Commission(ctx context.Context, req *connect.Request[apiv1.CommissionMachineRequest]) (*connect.Response[apiv1.CommissionMachineResponse], error) {
 	burnIn := req.Msg.GetBurnIn()
 	return start(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetMachine(), OpCommission, nil,
-		func(context.Context, *envelope.Tx, *Machine) (map[string]any, error) {
+		func(ctx context.Context, tx *envelope.Tx, m *Machine) (map[string]any, error) {
+			site, err := SiteGet(ctx, tx, m.TenantID, m.SiteID, "")
+			if err != nil {
+				return nil, err
+			}
+			// The site may have lost the driver the machine's hardware
+			// profile needs since it was enrolled.
+			if err := checkHardwareProfile(ctx, tx, site, m.TenantID, m.HardwareProfile, m.BMCDriver); err != nil {
+				return nil, err
+			}
 			return map[string]any{"burn_in": burnIn}, nil
 		},
 		func(m *apiv1.Machine) *apiv1.CommissionMachineResponse {
@@ -427,11 +443,25 @@ func (s *MachineService) Commission(ctx context.Context, req *connect.Request[ap
 // signer allowlist (images.Verify); the image is pinned (image_refs) until
 // the machine is released.
 func (s *MachineService) Deploy(ctx context.Context, req *connect.Request[apiv1.DeployMachineRequest]) (*connect.Response[apiv1.DeployMachineResponse], error) {
-	image := req.Msg.GetImage()
+	image, profile := req.Msg.GetImage(), req.Msg.GetProfile()
 	return start(ctx, s, req, req.Msg.GetTenant(), req.Msg.GetMachine(), OpDeploy,
-		func(vs *envelope.Violations) { vs.Ref("image", image, images.IDPrefix) },
+		func(vs *envelope.Violations) {
+			vs.Ref("image", image, images.IDPrefix)
+			vs.OptionalName("profile", profile)
+		},
 		func(ctx context.Context, tx *envelope.Tx, m *Machine) (map[string]any, error) {
-			return deployImage(ctx, tx, m, m.TenantID, image)
+			if profile != "" {
+				// The profile first: a stranger's profile name is not
+				// found, whatever the image.
+				if _, err := deployProfile(ctx, tx, m.TenantID, profile, OpDeploy); err != nil {
+					return nil, err
+				}
+			}
+			input, err := deployImage(ctx, tx, m, m.TenantID, image)
+			if err == nil && profile != "" {
+				input[inputProfile] = profile
+			}
+			return input, err
 		},
 		func(m *apiv1.Machine) *apiv1.DeployMachineResponse { return &apiv1.DeployMachineResponse{Machine: m} })
 }

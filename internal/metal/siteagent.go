@@ -308,6 +308,13 @@ func (s *SiteCommands) Dispatch(ctx context.Context, t Target, run provision.Ste
 		return s.dispatchRotate(ctx, t, run)
 	}
 	action, ok := powerAction(run.Kind)
+	if run.Kind == KindDriverInvoke {
+		var err error
+		if action, err = driverAction(run); err != nil {
+			return provision.Dispatched{}, err
+		}
+		ok = true
+	}
 	if !ok {
 		return provision.Dispatched{}, fmt.Errorf("%w: the site agent of site %s carries BMC steps only, not %s", provision.ErrNotDispatched, t.SiteID, run.Kind)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"strings"
 	"time"
 
@@ -401,4 +402,16 @@ func machineCredentials(ctx context.Context, q store.Querier) ([]sealedCredentia
 func machineCredentialReseal(ctx context.Context, tx store.Tx, id string, old, resealed []byte) (bool, error) {
 	n, err := tx.Exec(ctx, `UPDATE machines SET bmc_credential = $3 WHERE id = $1 AND bmc_credential = $2`, id, old, resealed)
 	return n > 0, err
+}
+
+// MachineNamingHardwareProfile names a machine of the tenant, not retired,
+// whose hardware profile is name ("" none).
+func MachineNamingHardwareProfile(ctx context.Context, q store.Querier, tenantID, name string) (string, error) {
+	var m string
+	err := q.QueryRow(ctx, `SELECT name FROM machines WHERE tenant_id = $1 AND hardware_profile = $2 AND state <> 'retired'
+		ORDER BY name LIMIT 1`, tenantID, name).Scan(&m)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return m, err
 }

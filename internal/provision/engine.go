@@ -51,6 +51,10 @@ type Config struct {
 	// (succeeded, failed, cancelled), so the caller's own state (the
 	// machine's) changes atomically with it.
 	OnEnd func(ctx context.Context, tx store.Tx, w Workflow) error
+	// Facts returns what a step's when and acceptance conditions see of a
+	// target as "machine" (its driver, hardware profile, ...); nil, or a
+	// target it does not know (nil map), leaves machine empty.
+	Facts func(ctx context.Context, q store.Querier, targetID string) (map[string]any, error)
 }
 
 // Engine runs workflows.
@@ -79,14 +83,47 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, profiles: map[string]Profile{}}
 	for _, p := range cfg.Profiles {
-		for i, s := range p.Steps {
-			if !IsAwait(s.Kind) && cfg.Runners[s.Kind] == nil {
-				return nil, fmt.Errorf("provision: profile %s steps[%d] (%s): no runner for kind %q", p.Name, i, s.Name, s.Kind)
-			}
+		if err := e.CheckKinds(p); err != nil {
+			return nil, fmt.Errorf("provision: profile %s: %w", p.Name, err)
 		}
 		e.profiles[p.Name] = p
 	}
 	return e, nil
+}
+
+// CheckKinds reports, as INVALID_ARGUMENT naming the field, every step of
+// p whose kind has no runner on this engine.
+func (e *Engine) CheckKinds(p Profile) error {
+	var vs envelope.Violations
+	check := func(list string, steps []Step) {
+		for i, s := range steps {
+			if s.Kind != "" && !IsAwait(s.Kind) && e.cfg.Runners[s.Kind] == nil {
+				vs.Add(fmt.Sprintf("%s[%d].kind", list, i), "step %s: no runner for kind %q (kinds: %v)", s.Name, truncate(s.Kind), e.Kinds())
+			}
+		}
+	}
+	check("steps", p.Steps)
+	check("cleanup", p.Cleanup)
+	return vs.Err()
+}
+
+// Kinds lists the step kinds this engine runs, await kinds included.
+func (e *Engine) Kinds() []string {
+	out := []string{KindAwaitRejoin}
+	for k := range e.cfg.Runners {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Profiles lists the engine's profiles by name.
+func (e *Engine) Profiles() []Profile {
+	out := make([]Profile, 0, len(e.profiles))
+	for _, n := range e.profileNames() {
+		out = append(out, e.profiles[n])
+	}
+	return out
 }
 
 // SetEnqueue sets the job inserter when the job runtime is built after the
@@ -115,6 +152,11 @@ type StartParams struct {
 	// one active workflow.
 	TargetID string
 	Profile  string
+	// Custom, when its Name is set, is the profile to run instead of one
+	// of the engine's (a tenant's deploy profile, already validated and
+	// checked by CheckKinds); its cleanup profiles ("run <profile>") must
+	// be the engine's.
+	Custom Profile
 	// Input goes to every step's runner (the image to deploy, ...).
 	Input     map[string]any
 	CreatedBy string
@@ -146,6 +188,15 @@ func (e *Engine) StartTx(ctx context.Context, tx store.Tx, p StartParams) (Workf
 	vs.MaxLen("target_id", p.TargetID, 200)
 	vs.MaxLen("created_by", p.CreatedBy, 200)
 	prof, ok := e.profiles[p.Profile]
+	if p.Custom.Name != "" {
+		prof, ok = p.Custom, true
+		if err := prof.Validate(); err != nil {
+			return Workflow{}, err
+		}
+		if err := e.CheckKinds(prof); err != nil {
+			return Workflow{}, err
+		}
+	}
 	if !ok {
 		vs.Add("profile", "names no profile: %q (known: %v)", truncate(p.Profile), e.profileNames())
 	}
@@ -172,7 +223,12 @@ func (e *Engine) StartTx(ctx context.Context, tx store.Tx, p StartParams) (Workf
 			if w.spec.Cleanups == nil {
 				w.spec.Cleanups = map[string]Profile{}
 			}
-			w.spec.Cleanups[r.Target] = e.profiles[r.Target]
+			c, ok := e.profiles[r.Target]
+			if !ok {
+				return Workflow{}, envelope.Invalid(envelope.Violation{Field: "profile",
+					Reason: fmt.Sprintf("step %s runs cleanup profile %q, which this engine does not have", s.Name, truncate(r.Target))})
+			}
+			w.spec.Cleanups[r.Target] = c
 		}
 	}
 	if err := workflowInsert(ctx, tx, &w); err != nil {
@@ -183,7 +239,7 @@ func (e *Engine) StartTx(ctx context.Context, tx store.Tx, p StartParams) (Workf
 		}
 		return Workflow{}, err
 	}
-	f := &flow{e: e, w: &w, now: now, kick: true}
+	f := &flow{e: e, w: &w, now: now, kick: true, ctx: ctx, q: tx}
 	f.appendSteps(PhaseMain, prof)
 	f.emit("workflow.created", map[string]any{"steps": len(prof.Steps)})
 	if err := f.save(ctx, tx); err != nil {
@@ -509,7 +565,9 @@ func (e *Engine) SignalProvingTx(ctx context.Context, tx store.Tx, targetID, kin
 			}
 		}
 		if s == nil && !f.w.CancelRequested {
-			if next := f.nextPending(); next != nil && next.Kind == kind {
+			// An await step that is to be skipped (its when is false, or
+			// it is a fallback whose step did not fail) takes no signal.
+			if next := f.nextPending(); next != nil && next.Kind == kind && f.skipReason(next) == "" {
 				f.claim(next)
 				s = next
 			}

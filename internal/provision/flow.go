@@ -24,6 +24,13 @@ type flow struct {
 	wakes    []time.Time
 	kick     bool
 	ended    bool
+	// ctx and q read the target's facts, once, when a condition needs them.
+	ctx   context.Context
+	q     store.Querier
+	facts map[string]any
+	// factsErr is why the facts could not be read.
+	factsErr error
+	factsSet bool
 }
 
 // Lookup reasons: why the engine asks a runner about a key.
@@ -59,7 +66,7 @@ func (e *Engine) load(ctx context.Context, tx store.Tx, id string) (*flow, error
 	if w.Steps, err = stepsOf(ctx, tx, id); err != nil {
 		return nil, err
 	}
-	return &flow{e: e, w: &w, now: e.clock.Now()}, nil
+	return &flow{e: e, w: &w, now: e.clock.Now(), ctx: ctx, q: tx}, nil
 }
 
 // save writes what changed: new steps, steps leaving flight before steps
@@ -270,6 +277,11 @@ func (f *flow) decide(mayClaim bool) action {
 		if next.NotBefore != nil && f.now.Before(*next.NotBefore) {
 			return action{}
 		}
+		if why := f.skipReason(next); why != "" {
+			f.stop(next, StepSkipped, why)
+			f.stepEvent("skipped", next, map[string]any{"reason": why})
+			continue
+		}
 		if !mayClaim && !IsAwait(next.Kind) {
 			// Claiming an await step dispatches nothing, so any
 			// transaction may; any other claim is the advance job's,
@@ -352,9 +364,13 @@ func (f *flow) stop(s *WorkflowStep, state StepState, msg string) {
 	f.touch(s)
 }
 
-// finishAttempt applies a step's result.
+// finishAttempt applies a step's result. A success whose output fails an
+// acceptance check is a failure (retried like any other).
 func (f *flow) finishAttempt(s *WorkflowStep, res Result) {
 	s.Output, s.Logs = res.Output, res.Logs
+	if res.Error == "" {
+		res.Error = f.rejected(s)
+	}
 	if res.Error == "" {
 		f.endAttempt(s, attemptSucceeded, "")
 		f.stop(s, StepSucceeded, "")
@@ -419,6 +435,12 @@ func (f *flow) failUnknown(s *WorkflowStep, msg string) {
 }
 
 func (f *flow) onFailure(s *WorkflowStep) {
+	if fb := f.fallbackOf(s); fb != nil {
+		// The fallback runs instead of the rule; its own failure applies
+		// the rule it inherited.
+		f.stepEvent("fallback", s, map[string]any{"fallback": fb.Name})
+		return
+	}
 	r, err := ParseOnFailure(s.OnFailure)
 	if err != nil {
 		r = OnFailureRule{Action: OnFailureFail}
@@ -453,8 +475,87 @@ func (f *flow) onFailure(s *WorkflowStep) {
 			f.finish(WorkflowFailed, f.w.FailedStep, reason)
 			return
 		}
+		if c := f.w.spec.Profile.Cleanup; len(c) > 0 && s.Phase == PhaseMain {
+			f.skipBetween(s.Index, int(^uint(0)>>1))
+			f.w.FailedStep, f.w.Reason = s.Name, reason
+			f.wDirty = true
+			f.appendSteps(PhaseCleanup, Profile{Name: f.w.Profile, Steps: c})
+			f.emit("workflow.cleanup_started", map[string]any{"cleanup": "cleanup", "failed_step": s.Name})
+			return
+		}
 		f.finish(WorkflowFailed, s.Name, reason)
 	}
+}
+
+// fallbackOf is the pending fallback step of s, if it has one.
+func (f *flow) fallbackOf(s *WorkflowStep) *WorkflowStep {
+	for i := range f.w.Steps {
+		t := &f.w.Steps[i]
+		if t.Phase == s.Phase && t.Index == s.Index+1 && t.FallbackFor == s.Name && t.State == StepPending {
+			return t
+		}
+	}
+	return nil
+}
+
+// skipReason says why a step whose turn came does not run: a fallback
+// whose step did not fail, or a when that is false.
+func (f *flow) skipReason(s *WorkflowStep) string {
+	if s.FallbackFor != "" {
+		for _, t := range f.w.Steps {
+			if t.Phase == s.Phase && t.Index == s.Index-1 && t.Name == s.FallbackFor && t.State != StepFailed {
+				return fmt.Sprintf("fallback for %s, which did not fail", s.FallbackFor)
+			}
+		}
+	}
+	if s.When == "" {
+		return ""
+	}
+	c, err := ParseCond(s.When, RootInput, RootMachine)
+	if err != nil {
+		// Validated at start; a row that no longer parses runs nothing.
+		return fmt.Sprintf("when %q does not parse: %v", s.When, err)
+	}
+	if !c.Eval(f.env(nil)) {
+		return fmt.Sprintf("when %s is false", s.When)
+	}
+	return ""
+}
+
+// rejected is the first acceptance check the step's output fails, as an
+// error message; "" when all hold.
+func (f *flow) rejected(s *WorkflowStep) string {
+	if len(s.Acceptance) == 0 {
+		return ""
+	}
+	env := f.env(s.Output)
+	for _, a := range s.Acceptance {
+		c, err := ParseCond(a, RootOutput, RootInput, RootMachine)
+		if err != nil {
+			return fmt.Sprintf("acceptance %q does not parse: %v", a, err)
+		}
+		if !c.Eval(env) {
+			if f.factsErr != nil {
+				return fmt.Sprintf("acceptance %s is false (machine facts unreadable: %v)", a, f.factsErr)
+			}
+			return fmt.Sprintf("acceptance %s is false", a)
+		}
+	}
+	return ""
+}
+
+// env is what conditions see: the workflow's input, the target's facts
+// and, for acceptance, the step's output.
+func (f *flow) env(output map[string]any) map[string]any {
+	if !f.factsSet && f.e.cfg.Facts != nil && f.q != nil {
+		f.facts, f.factsErr = f.e.cfg.Facts(f.ctx, f.q, f.w.TargetID)
+		f.factsSet = true
+	}
+	env := map[string]any{RootInput: f.w.Input, RootMachine: f.facts}
+	if output != nil {
+		env[RootOutput] = output
+	}
+	return env
 }
 
 // skipBetween skips the pending steps strictly between two indexes.
@@ -499,7 +600,8 @@ func (f *flow) appendSteps(phase string, p Profile) {
 		f.w.Steps = append(f.w.Steps, WorkflowStep{
 			ID: envelope.NewID("wfs", f.now), WorkflowID: f.w.ID, Index: next + i, Phase: phase, Name: ps.Name, Kind: ps.Kind,
 			Destructive: ps.Destructive, Params: ps.Params, Timeout: ps.Timeout, Retries: ps.Retries, Backoff: ps.Backoff,
-			OnFailure: ps.OnFailure, State: StepPending, UpdateTime: f.now,
+			OnFailure: ps.OnFailure, When: ps.When, Acceptance: ps.Acceptance, FallbackFor: ps.FallbackFor,
+			State: StepPending, UpdateTime: f.now,
 		})
 		f.newSteps = append(f.newSteps, len(f.w.Steps)-1)
 	}

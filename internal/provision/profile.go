@@ -14,6 +14,10 @@ import (
 type Profile struct {
 	Name  string `json:"name"`
 	Steps []Step `json:"steps"`
+	// Cleanup runs when the workflow fails in its own steps (a step whose
+	// rule is "fail"): the machine is left safe. It is not run after an
+	// unknown outcome (a cleanup could be destructive too) nor on cancel.
+	Cleanup []Step `json:"cleanup,omitempty"`
 }
 
 // Step is one step of a profile.
@@ -41,6 +45,16 @@ type Step struct {
 	// profile) or "run <profile>" (a cleanup profile; the workflow still
 	// ends failed).
 	OnFailure string `json:"on_failure,omitempty"`
+	// When is a condition (ParseCond over input and machine) evaluated when
+	// the step's turn comes: false skips the step, with the reason.
+	When string `json:"when,omitempty"`
+	// Acceptance are conditions over the step's output (and input and
+	// machine): a step that succeeded fails when one is false.
+	Acceptance []string `json:"acceptance,omitempty"`
+	// FallbackFor names the step just before this one: this step runs only
+	// when that one failed after its retries, instead of that failure's
+	// rule; it is skipped when that one did not fail.
+	FallbackFor string `json:"fallback_for,omitempty"`
 }
 
 // AwaitPrefix starts the kinds of steps that wait for an outside signal
@@ -57,6 +71,7 @@ const (
 	MaxTimeout    = 24 * time.Hour
 	MaxBackoff    = time.Hour
 	maxParamsSize = 16 << 10
+	maxAcceptance = 16
 )
 
 // On-failure actions.
@@ -145,7 +160,17 @@ func (p Profile) validate(vs *envelope.Violations) {
 		} else if len(b) > maxParamsSize {
 			vs.Add(f+".params", "must be at most %d bytes as JSON, got %d", maxParamsSize, len(b))
 		}
+		validateConds(vs, f, s)
+		if s.FallbackFor != "" {
+			switch {
+			case i == 0 || p.Steps[i-1].Name != s.FallbackFor:
+				vs.Add(f+".fallback_for", "must name the step just before it, got %q", truncate(s.FallbackFor))
+			case p.Steps[i-1].FallbackFor != "":
+				vs.Add(f+".fallback_for", "%q is itself a fallback: a fallback has no fallback", s.FallbackFor)
+			}
+		}
 	}
+	p.validateCleanup(vs)
 	for i, s := range p.Steps {
 		f := fmt.Sprintf("steps[%d].on_failure", i)
 		r, err := ParseOnFailure(s.OnFailure)
@@ -168,6 +193,70 @@ func (p Profile) validate(vs *envelope.Violations) {
 				vs.Add(f, "run names the profile itself")
 			}
 		}
+	}
+}
+
+// validateConds parses a step's when and acceptance conditions.
+func validateConds(vs *envelope.Violations, f string, s Step) {
+	if s.When != "" {
+		if _, err := ParseCond(s.When, RootInput, RootMachine); err != nil {
+			vs.Add(f+".when", "%v", err)
+		}
+	}
+	if len(s.Acceptance) > maxAcceptance {
+		vs.Add(f+".acceptance", "must list at most %d checks, got %d", maxAcceptance, len(s.Acceptance))
+	}
+	for j, a := range s.Acceptance {
+		if _, err := ParseCond(a, RootOutput, RootInput, RootMachine); err != nil {
+			vs.Add(fmt.Sprintf("%s.acceptance[%d]", f, j), "%v", err)
+		}
+	}
+}
+
+// validateCleanup checks the cleanup steps: like steps, but a cleanup ends
+// the workflow, so its rules are only fail or continue, and it has no
+// fallbacks.
+func (p Profile) validateCleanup(vs *envelope.Violations) {
+	if len(p.Steps)+len(p.Cleanup) > MaxSteps {
+		vs.Add("cleanup", "steps and cleanup must list at most %d steps together, got %d", MaxSteps, len(p.Steps)+len(p.Cleanup))
+	}
+	seen := map[string]int{}
+	for i, s := range p.Cleanup {
+		f := fmt.Sprintf("cleanup[%d]", i)
+		vs.Name(f+".name", s.Name)
+		if j, dup := seen[s.Name]; dup && s.Name != "" {
+			vs.Add(f+".name", "%q is already the name of cleanup[%d]", s.Name, j)
+		}
+		seen[s.Name] = i
+		switch {
+		case s.Kind == "":
+			vs.Add(f+".kind", "is required (e.g. power.off)")
+		case len(s.Kind) > 63 || !kindRE.MatchString(s.Kind):
+			vs.Add(f+".kind", "must be dotted lower-case words like power.off, got %q", truncate(s.Kind))
+		case IsAwait(s.Kind) && s.Destructive:
+			vs.Add(f+".destructive", "an %s step dispatches nothing, so it cannot be destructive", s.Kind)
+		}
+		if s.Timeout < 0 || s.Timeout > MaxTimeout {
+			vs.Add(f+".timeout", "must be between 0 (the default) and %s, got %s", MaxTimeout, s.Timeout)
+		}
+		if s.Retries < 0 || s.Retries > MaxRetries {
+			vs.Add(f+".retries", "must be between 0 and %d, got %d", MaxRetries, s.Retries)
+		}
+		if s.Backoff < 0 || s.Backoff > MaxBackoff {
+			vs.Add(f+".backoff", "must be between 0 (one second) and %s, got %s", MaxBackoff, s.Backoff)
+		}
+		if b, err := json.Marshal(s.Params); err != nil {
+			vs.Add(f+".params", "must encode as JSON: %v", err)
+		} else if len(b) > maxParamsSize {
+			vs.Add(f+".params", "must be at most %d bytes as JSON, got %d", maxParamsSize, len(b))
+		}
+		if r, err := ParseOnFailure(s.OnFailure); err != nil || (r.Action != OnFailureFail && r.Action != OnFailureContinue) {
+			vs.Add(f+".on_failure", `a cleanup step's rule must be "fail" or "continue", got %q`, truncate(s.OnFailure))
+		}
+		if s.FallbackFor != "" {
+			vs.Add(f+".fallback_for", "a cleanup step has no fallback")
+		}
+		validateConds(vs, f, s)
 	}
 }
 

@@ -143,7 +143,7 @@ func workflowsDue(ctx context.Context, q store.Querier, limit int) ([]string, er
 }
 
 const stepColumns = `id, workflow_id, idx, phase, name, kind, destructive, params, timeout_ms, retries, backoff_ms, on_failure,
-	state, attempt, failures, idempotency_key, dispatched, handle, lease_until, deadline, not_before, output, logs, error,
+	rules, state, attempt, failures, idempotency_key, dispatched, handle, lease_until, deadline, not_before, output, logs, error,
 	start_time, end_time, update_time`
 
 // stepsOf reads a workflow's steps in order.
@@ -158,11 +158,12 @@ func stepsOf(ctx context.Context, q store.Querier, workflowID string) ([]Workflo
 		var (
 			s                 WorkflowStep
 			params, output    string
+			rules             string
 			state             string
 			timeoutMS, backMS int64
 		)
 		if err := rows.Scan(&s.ID, &s.WorkflowID, &s.Index, &s.Phase, &s.Name, &s.Kind, &s.Destructive, &params, &timeoutMS,
-			&s.Retries, &backMS, &s.OnFailure, &state, &s.Attempt, &s.Failures, &s.IdempotencyKey, &s.Dispatched, &s.Handle,
+			&s.Retries, &backMS, &s.OnFailure, &rules, &state, &s.Attempt, &s.Failures, &s.IdempotencyKey, &s.Dispatched, &s.Handle,
 			&s.LeaseUntil, &s.Deadline, &s.NotBefore, &output, &s.Logs, &s.Error, &s.StartTime, &s.EndTime, &s.UpdateTime); err != nil {
 			return nil, err
 		}
@@ -177,6 +178,11 @@ func stepsOf(ctx context.Context, q store.Querier, workflowID string) ([]Workflo
 		if err := json.Unmarshal([]byte(output), &s.Output); err != nil {
 			return nil, fmt.Errorf("step %s: output: %w", s.ID, err)
 		}
+		var r stepRules
+		if err := json.Unmarshal([]byte(rules), &r); err != nil {
+			return nil, fmt.Errorf("step %s: rules: %w", s.ID, err)
+		}
+		s.When, s.Acceptance, s.FallbackFor = r.When, r.Acceptance, r.FallbackFor
 		out = append(out, s)
 	}
 	return out, rows.Err()
@@ -190,11 +196,22 @@ func stepsInsert(ctx context.Context, tx store.Tx, steps []WorkflowStep) error {
 		if err != nil {
 			return err
 		}
+		rules, err := json.Marshal(stepRules{When: s.When, Acceptance: s.Acceptance, FallbackFor: s.FallbackFor})
+		if err != nil {
+			return err
+		}
 		rows = append(rows, []any{s.ID, s.WorkflowID, s.Index, s.Phase, s.Name, s.Kind, s.Destructive, params,
-			s.Timeout.Milliseconds(), s.Retries, s.Backoff.Milliseconds(), s.OnFailure, string(s.State), s.UpdateTime})
+			s.Timeout.Milliseconds(), s.Retries, s.Backoff.Milliseconds(), s.OnFailure, string(rules), string(s.State), s.UpdateTime})
 	}
 	return store.InsertRows(ctx, tx, `INSERT INTO provision_steps (id, workflow_id, idx, phase, name, kind, destructive, params,
-		timeout_ms, retries, backoff_ms, on_failure, state, update_time)`, "", rows)
+		timeout_ms, retries, backoff_ms, on_failure, rules, state, update_time)`, "", rows)
+}
+
+// stepRules is a step's rules column: its conditions and fallback.
+type stepRules struct {
+	When        string   `json:"when,omitempty"`
+	Acceptance  []string `json:"acceptance,omitempty"`
+	FallbackFor string   `json:"fallback_for,omitempty"`
 }
 
 // stepUpdate writes a step's mutable columns.

@@ -113,6 +113,11 @@ type WorkflowStep struct {
 	Retries     int
 	Backoff     time.Duration
 	OnFailure   string
+	// When, Acceptance and FallbackFor are the step's conditions and
+	// fallback (Step); a skipped step's Error says why it was skipped.
+	When        string
+	Acceptance  []string
+	FallbackFor string
 	State       StepState
 	// Attempt counts claims; each has its own idempotency key.
 	Attempt int

@@ -325,8 +325,8 @@ func (a *Agent) power(ctx context.Context, c *agentv1.Command) (*structpb.Struct
 	if err := decode(c.GetParams(), &p); err != nil {
 		return nil, err
 	}
-	if p.Action != "cycle" && p.Action != "off" && p.Action != "on" && p.Action != "status" {
-		return nil, agent.CommandError(agent.FailInvalidParams, fmt.Errorf("action must be cycle, off, on or status, got %q", p.Action))
+	if p.Action != "cycle" && p.Action != "off" && p.Action != "on" && p.Action != "shutdown" && p.Action != "status" {
+		return nil, agent.CommandError(agent.FailInvalidParams, fmt.Errorf("action must be cycle, off, on, shutdown or status, got %q", p.Action))
 	}
 	key := c.GetIdempotencyKey()
 	if key == "" {
@@ -463,6 +463,8 @@ func (a *Agent) callBMC(ctx context.Context, p powerParams) (map[string]any, err
 		err = d.PowerOff(ctx)
 	case "on":
 		err = d.PowerOn(ctx)
+	case "shutdown":
+		err = d.Shutdown(ctx)
 	case "status":
 		st, err := d.PowerStatus(ctx)
 		if err != nil {

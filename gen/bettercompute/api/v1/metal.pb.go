@@ -2463,7 +2463,10 @@ type DeployMachineRequest struct {
 	Machine string                 `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
 	// Image name or id: signed by a key on the tenant's or the platform's
 	// signer allowlist.
-	Image         string `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	Image string `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	// A deploy profile of the tenant (ProfileService) to run instead of the
+	// built-in deploy; empty runs the built-in one.
+	Profile       string `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2515,6 +2518,13 @@ func (x *DeployMachineRequest) GetMachine() string {
 func (x *DeployMachineRequest) GetImage() string {
 	if x != nil {
 		return x.Image
+	}
+	return ""
+}
+
+func (x *DeployMachineRequest) GetProfile() string {
+	if x != nil {
+		return x.Profile
 	}
 	return ""
 }
@@ -4422,11 +4432,12 @@ const file_bettercompute_api_v1_metal_proto_rawDesc = "" +
 	"\amachine\x18\x02 \x01(\tR\amachine\x12\x17\n" +
 	"\aburn_in\x18\x03 \x01(\bR\x06burnIn\"T\n" +
 	"\x19CommissionMachineResponse\x127\n" +
-	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"^\n" +
+	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"x\n" +
 	"\x14DeployMachineRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\amachine\x18\x02 \x01(\tR\amachine\x12\x14\n" +
-	"\x05image\x18\x03 \x01(\tR\x05image\"P\n" +
+	"\x05image\x18\x03 \x01(\tR\x05image\x12\x18\n" +
+	"\aprofile\x18\x04 \x01(\tR\aprofile\"P\n" +
 	"\x15DeployMachineResponse\x127\n" +
 	"\amachine\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.MachineR\amachine\"I\n" +
 	"\x15ReleaseMachineRequest\x12\x16\n" +
