@@ -45,7 +45,7 @@ func goProfiles() []provision.Profile {
 	return append(goLeaseProfiles(), []provision.Profile{
 		{Name: OpInspect, Steps: append(goRamdiskBoot(BootRamdisk), inventory, goPowerOff)},
 		{Name: OpCommission, Steps: append(goRamdiskBoot(BootRamdisk), inventory, wipe,
-			provision.Step{Name: "burn-in", Kind: KindBurnIn, Timeout: 4 * time.Hour}, goPowerOff)},
+			provision.Step{Name: "burn-in", Kind: KindBurnIn, When: "input.burn_in == true", Timeout: 4 * time.Hour}, goPowerOff)},
 		{Name: OpDeploy, Steps: append(goRamdiskBoot(BootRamdisk),
 			provision.Step{Name: "write-image", Kind: KindImageWrite, Destructive: true, Timeout: 2 * time.Hour},
 			provision.Step{Name: "configure", Kind: KindConfigure, Timeout: 10 * time.Minute, Retries: 2},
