@@ -68,7 +68,10 @@ func pkiError(err error) error {
 	case errors.Is(err, pki.ErrInvalidTrustDomain):
 		return invalidArg("trust-domain", err.Error())
 	case errors.Is(err, pki.ErrNotInitialized):
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New("the PKI is not initialized: run `better-compute pki init`"))
+		// Most often pki looked at another database than serve's (a
+		// default --state-dir, no --database-url): say so before init.
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("this database has no PKI: give pki the --database-url "+
+			"(or --state-dir) serve runs with; a new deployment creates one with `better-compute pki init`"))
 	case errors.Is(err, pki.ErrAlreadyInitialized), errors.Is(err, pki.ErrSealed), errors.Is(err, os.ErrExist):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	}
