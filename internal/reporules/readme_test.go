@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -99,5 +100,79 @@ func TestREADMEListsEveryDoc(t *testing.T) {
 	for _, m := range regexp.MustCompile(`\((docs/[a-z0-9_-]+\.md)\)`).FindAllStringSubmatch(list, -1) {
 		_, err := os.Stat(filepath.Join(root, m[1]))
 		require.NoError(t, err, "README.md links %s, which does not exist", m[1])
+	}
+}
+
+// docSection returns a doc's text under heading, up to the next heading
+// of the same or a higher level.
+func docSection(t *testing.T, doc, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), doc))
+	require.NoError(t, err)
+	s := string(b)
+	i := strings.Index(s, "\n"+heading+"\n")
+	require.GreaterOrEqual(t, i, 0, "%s has no %q", doc, heading)
+	s = s[i+len(heading)+2:]
+	if j := strings.Index(s, "\n## "); j >= 0 {
+		s = s[:j]
+	}
+	return s
+}
+
+// TestArchitectureListsEveryJob: every River job kind the code registers
+// has a row in docs/architecture.md's Background work table.
+func TestArchitectureListsEveryJob(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	table := docSection(t, "docs/architecture.md", "## Background work")
+	kindRE := regexp.MustCompile(`Kind\(\) string\s*\{\s*return "([a-z_]+\.[a-z_.]+)"`)
+	var missing []string
+	require.NoError(t, filepath.WalkDir(filepath.Join(root, "internal"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range kindRE.FindAllStringSubmatch(string(b), -1) {
+			if !strings.Contains(table, "`"+m[1]+"`") {
+				missing = append(missing, m[1])
+			}
+		}
+		return nil
+	}))
+	require.Empty(t, missing, "docs/architecture.md's Background work table lacks these job kinds")
+}
+
+// TestArchitectureNamesEveryModule: the parts table of docs/architecture.md
+// names every module under internal/ (as internal/x, or inside
+// internal/{a,b}), and the not-built list names no module as missing that
+// exists.
+func TestArchitectureNamesEveryModule(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	parts := docSection(t, "docs/architecture.md", "## The parts")
+	names := layoutNames(strings.NewReplacer("`", " ", "|", " ", ",", " ").Replace(parts))
+	// internal/{a,b} is written with commas inside the braces, which the
+	// replacer above split: read those forms from the raw text too.
+	for k := range layoutNames(strings.NewReplacer("`", " ", "|", " ").Replace(parts)) {
+		names[k] = true
+	}
+	entries, err := os.ReadDir(filepath.Join(root, "internal"))
+	require.NoError(t, err)
+	var missing []string
+	for _, e := range entries {
+		if e.IsDir() && !names["internal/"+e.Name()] && !strings.Contains(parts, "internal/"+e.Name()) {
+			missing = append(missing, "internal/"+e.Name())
+		}
+	}
+	// Repository tooling, not parts of the running system.
+	missing = slices.DeleteFunc(missing, func(s string) bool { return s == "internal/reporules" || s == "internal/doctest" })
+	require.Empty(t, missing, "docs/architecture.md's parts table does not name these modules")
+	notBuilt := docSection(t, "docs/architecture.md", "## What is not built yet")
+	for _, m := range regexp.MustCompile("`((?:internal|deploy|cmd|pkg)/[a-z0-9_/]+)`").FindAllStringSubmatch(notBuilt, -1) {
+		_, err := os.Stat(filepath.Join(root, m[1]))
+		require.Error(t, err, "the not-built list names %s, which exists", m[1])
 	}
 }
