@@ -186,6 +186,11 @@ func (s *Service) follow(ctx context.Context, p followParams) error {
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
+	// No tenant named: a tenant's key follows its own tenant's events (as
+	// every tenant-scoped listing defaults); the platform's follows all.
+	if c, _ := envelope.CallerFrom(ctx); p.Tenant == "" && c.Principal.TenantID != "" {
+		p.Tenant = c.Principal.TenantID
+	}
 	res := tenancy.PlatformResource()
 	var tenantID string
 	if p.Tenant != "" {
