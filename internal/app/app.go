@@ -489,7 +489,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		Commands: commandSender{notifier: a.Gateway, signer: a.cmdSigner}, Log: cfg.Logger}
 	a.MIG.AddWorkers(workers)
 	periodic = append(periodic, a.MIG.PeriodicJobs(0)...)
-	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
+	periodic = append(periodic, addCapacityViewJobs(workers, db, a.recorder, jm)...)
 	river.AddWorker(workers, &reconcileInstancesWorker{app: a, metrics: jm})
 	periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(vps.ReconcileInterval),
 		func() (river.JobArgs, *river.InsertOpts) { return reconcileInstancesArgs{}, nil }, nil))
