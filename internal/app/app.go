@@ -208,6 +208,11 @@ type Config struct {
 	// addresses are refused either way.
 	WebhookAllowPrivate  bool
 	WebhookAllowLoopback bool
+	// WorkloadIssuer is the public URL of the control plane as workloads'
+	// verifiers reach it: the iss of workload tokens, whose JWKS and OIDC
+	// discovery document are served under it at /.well-known/. Empty (or no
+	// Secret) turns workload identity off.
+	WorkloadIssuer string
 	// WebhookResolver resolves webhook hosts, when endpoints are checked
 	// and when deliveries dial (default the system's resolver).
 	WebhookResolver *net.Resolver

@@ -131,7 +131,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
 	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
-	root.AddCommand(a.capacityCommand(), a.usageCommand())
+	root.AddCommand(a.capacityCommand(), a.usageCommand(), a.workloadTokenCommand())
 	root.AddCommand(a.quotasCommand())
 	root.AddCommand(a.webhooksCommand())
 	root.AddCommand(a.reservationCommands()...)
