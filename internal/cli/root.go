@@ -86,6 +86,7 @@ func (a *app) command() *cobra.Command {
   Bare metal:     sites, site-tokens, drivers, machines, workflows
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
+  Identity:       workload-token
   Agents:         mcp
   This CLI:       config, version
 

@@ -339,6 +339,7 @@ func (s *Service) Discovery(w http.ResponseWriter, r *http.Request) {
 		"issuer":                                s.issuer,
 		"jwks_uri":                              s.issuer + JWKSPath,
 		"response_types_supported":              []string{"id_token"},
+		"scopes_supported":                      []string{"openid"},
 		"subject_types_supported":               []string{"public"},
 		"id_token_signing_alg_values_supported": []string{"ES256"},
 		"claims_supported": []string{"iss", "sub", "aud", "exp", "iat", "nbf", "jti",
