@@ -56,6 +56,9 @@ type ControlPlane struct {
 // ControlPlaneOption adjusts the app config before it is built.
 type ControlPlaneOption func(*app.Config)
 
+// WorkloadIssuer is the iss of a test control plane's workload tokens.
+const WorkloadIssuer = "https://control-plane.bctest.example"
+
 // NewControlPlane starts a control plane with the api, worker and gateway
 // roles (the gateway on 127.0.0.1:0 with a fresh PKI) and a bootstrapped
 // platform admin key.
@@ -108,6 +111,8 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 		ImagesDir:     cp.imagesDir,
 		// Test receivers listen on loopback, as in dev.
 		WebhookAllowLoopback: true,
+		// Workload identity on; verifiers fetch its documents from cp.URL.
+		WorkloadIssuer: WorkloadIssuer,
 		WrapAuthorizer: func(inner iam.Authorizer) iam.Authorizer {
 			cp.Authz = iam.NewCounting(inner)
 			return cp.Authz

@@ -58,16 +58,18 @@ type Client struct {
 	Quotas         apiv1connect.QuotaServiceClient
 	Capacity       apiv1connect.CapacityServiceClient
 	Usage          apiv1connect.UsageServiceClient
-	Images         apiv1connect.ImageServiceClient
-	SignerKeys     apiv1connect.SignerKeyServiceClient
-	Webhooks       apiv1connect.WebhookServiceClient
-	Sites          apiv1connect.SiteServiceClient
-	Machines       apiv1connect.MachineServiceClient
-	Flavors        apiv1connect.FlavorServiceClient
-	IPPools        apiv1connect.IPPoolServiceClient
-	Instances      apiv1connect.InstanceServiceClient
-	Volumes        apiv1connect.VolumeServiceClient
-	Secrets        apiv1connect.SecretServiceClient
+	// WorkloadIdentity issues workload tokens (docs/workload-identity.md).
+	WorkloadIdentity apiv1connect.WorkloadIdentityServiceClient
+	Images           apiv1connect.ImageServiceClient
+	SignerKeys       apiv1connect.SignerKeyServiceClient
+	Webhooks         apiv1connect.WebhookServiceClient
+	Sites            apiv1connect.SiteServiceClient
+	Machines         apiv1connect.MachineServiceClient
+	Flavors          apiv1connect.FlavorServiceClient
+	IPPools          apiv1connect.IPPoolServiceClient
+	Instances        apiv1connect.InstanceServiceClient
+	Volumes          apiv1connect.VolumeServiceClient
+	Secrets          apiv1connect.SecretServiceClient
 	// ProviderAccounts are the tenant's accounts at server providers.
 	ProviderAccounts apiv1connect.ProviderAccountServiceClient
 	// Profiles are deploy and hardware profile documents.
@@ -142,6 +144,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Quotas:           apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),
 		Capacity:         apiv1connect.NewCapacityServiceClient(h, baseURL, copts...),
 		Usage:            apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
+		WorkloadIdentity: apiv1connect.NewWorkloadIdentityServiceClient(h, baseURL, copts...),
 		Images:           apiv1connect.NewImageServiceClient(h, baseURL, copts...),
 		SignerKeys:       apiv1connect.NewSignerKeyServiceClient(h, baseURL, copts...),
 		JoinRequests:     apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),

@@ -209,6 +209,11 @@ type Config struct {
 	// addresses are refused either way.
 	WebhookAllowPrivate  bool
 	WebhookAllowLoopback bool
+	// WorkloadIssuer is the public URL of the control plane as workloads'
+	// verifiers reach it: the iss of workload tokens, whose JWKS and OIDC
+	// discovery document are served under it at /.well-known/. Empty (or no
+	// Secret) turns workload identity off.
+	WorkloadIssuer string
 	// WebhookResolver resolves webhook hosts, when endpoints are checked
 	// and when deliveries dial (default the system's resolver).
 	WebhookResolver *net.Resolver
@@ -492,7 +497,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		Commands: commandSender{notifier: a.Gateway, signer: a.cmdSigner}, Log: cfg.Logger}
 	a.MIG.AddWorkers(workers)
 	periodic = append(periodic, a.MIG.PeriodicJobs(0)...)
-	periodic = append(periodic, addCapacityViewJobs(workers, db, jm)...)
+	periodic = append(periodic, addCapacityViewJobs(workers, db, a.recorder, jm)...)
 	river.AddWorker(workers, &reconcileInstancesWorker{app: a, metrics: jm})
 	periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(vps.ReconcileInterval),
 		func() (river.JobArgs, *river.InsertOpts) { return reconcileInstancesArgs{}, nil }, nil))

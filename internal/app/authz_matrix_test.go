@@ -152,6 +152,7 @@ var matrixExpect = map[string]map[string]string{
 	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.exec":          {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.restore":       {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"workloadTokens.issue":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -695,6 +696,13 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		id := mxSandbox(t, f)
 		f.cp.Authz.Reset()
 		_, err := c.Sandboxes.Snapshot(context.Background(), connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: id}))
+		return err
+	},
+	"workloadTokens.issue": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixActive(t)
+		f.cp.Authz.Reset()
+		_, err := c.WorkloadIdentity.IssueToken(context.Background(), connect.NewRequest(&apiv1.IssueWorkloadTokenRequest{Tenant: "acme",
+			WorkloadKind: "reservation", Workload: id, Audience: "https://store.example"}))
 		return err
 	},
 	"sandboxes.exec": func(t *testing.T, f *matrixFixture, c *client.Client) error {

@@ -115,12 +115,13 @@ func (rollupUsageArgs) Kind() string { return "usage.rollup" }
 type rollupUsageWorker struct {
 	river.WorkerDefaults[rollupUsageArgs]
 	db      *store.DB
+	rec     envelope.Recorder
 	metrics *jobMetrics
 }
 
 func (w *rollupUsageWorker) Work(ctx context.Context, job *river.Job[rollupUsageArgs]) error {
 	return w.metrics.done(job.Kind, w.db.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, err := usage.Rollup(ctx, tx, w.db.Clock().Now(), providerpools.Intervals)
+		_, err := usage.Rollup(ctx, tx, w.db.Clock().Now(), w.rec, providerpools.Intervals)
 		return err
 	}))
 }
@@ -132,9 +133,9 @@ func (w *rollupUsageWorker) Timeout(*river.Job[rollupUsageArgs]) time.Duration {
 // addCapacityViewJobs registers the capacity view workers and returns their
 // periodic jobs: compaction every minute, the usage rollup every hour (and
 // at start, so a restart catches up on the hours it missed).
-func addCapacityViewJobs(workers *river.Workers, db *store.DB, jm *jobMetrics) []*river.PeriodicJob {
+func addCapacityViewJobs(workers *river.Workers, db *store.DB, rec envelope.Recorder, jm *jobMetrics) []*river.PeriodicJob {
 	river.AddWorker(workers, &compactCapacityWorker{db: db, metrics: jm})
-	river.AddWorker(workers, &rollupUsageWorker{db: db, metrics: jm})
+	river.AddWorker(workers, &rollupUsageWorker{db: db, rec: rec, metrics: jm})
 	// Unique by period: a tick never piles up behind a slow run.
 	unique := func(period time.Duration) *river.InsertOpts {
 		return &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true, ByPeriod: period}}

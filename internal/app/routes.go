@@ -44,6 +44,7 @@ import (
 	"github.com/better-compute/better-compute/internal/tunnel"
 	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
+	"github.com/better-compute/better-compute/internal/workloadid"
 )
 
 // MaxRequestBytes caps every request body; larger ones are refused before
@@ -193,6 +194,15 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewProviderAccountServiceHandler(provideraccounts.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewProfileServiceHandler(profiles.NewService(a.Envelope, profiles.ServiceConfig{
 		Catalog: a.Metal.ProfileCatalog, NamedBy: metal.MachineNamingHardwareProfile}), opts))
+	var workloadKeys *pki.WorkloadKeys
+	if a.sealer != nil {
+		workloadKeys = pki.NewWorkloadKeys(a.DB, a.sealer)
+	}
+	wid := workloadid.NewService(a.Envelope, workloadKeys, a.cfg.WorkloadIssuer)
+	mux.Handle(apiv1connect.NewWorkloadIdentityServiceHandler(wid, opts))
+	// What a workload's verifier fetches: no credentials.
+	mux.HandleFunc("GET "+workloadid.JWKSPath, wid.JWKS)
+	mux.HandleFunc("GET "+workloadid.DiscoveryPath, wid.Discovery)
 	// SSH tunnels: the ticket is the credential (see vps.TunnelHandler).
 	mux.Handle("GET "+tunnel.Path, a.Instances.TunnelHandler(a.cfg.Logger))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -2150,6 +2150,18 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.WorkloadIdentityServiceIssueTokenProcedure: {
+			func() error {
+				_, err := evil.WorkloadIdentity.IssueToken(ctx, connect.NewRequest(&apiv1.IssueWorkloadTokenRequest{Tenant: "acme",
+					WorkloadKind: "sandbox", Workload: sbx.ID, Audience: "https://store.example"}))
+				return err
+			},
+			func() error {
+				_, err := evil.WorkloadIdentity.IssueToken(ctx, connect.NewRequest(&apiv1.IssueWorkloadTokenRequest{Tenant: "other",
+					WorkloadKind: "reservation", Workload: rsvID, Audience: "https://store.example"}))
+				return err
+			},
+		},
 		apiv1connect.SandboxServiceExecProcedure: {
 			func() error {
 				_, err := evil.Sandboxes.Exec(ctx, connect.NewRequest(&apiv1.ExecSandboxRequest{Tenant: "acme", Sandbox: sbx.ID, PublicKey: evilSSHKey}))

@@ -165,8 +165,13 @@ func (s fakeUsage) Export(_ context.Context, req *connect.Request[apiv1.ExportUs
 		return connect.NewResponse(&apiv1.ExportUsageResponse{ContentType: "application/x-ndjson",
 			Data: []byte(`{"specversion":"1.0","id":"rsv_1/vcpu.hours/2025-01-02T03:00:00Z"}` + "\n")}), nil
 	}
+	if req.Msg.GetFormat() == "jsonl" {
+		return connect.NewResponse(&apiv1.ExportUsageResponse{ContentType: "application/x-ndjson",
+			Data: []byte(`{"idempotency_key":"rsv_1/vcpu.hours/2025-01-02T03:00:00Z","revision":1,"quantity":1.5}` + "\n")}), nil
+	}
 	return connect.NewResponse(&apiv1.ExportUsageResponse{ContentType: "text/csv; charset=utf-8",
-		Data: []byte("tenant_id,project_id,reservation_id,metric,window_start,quantity\nten_1,prj_1,rsv_1,vcpu.hours,2025-01-02T03:00:00Z,1.5\n")}), nil
+		Data: []byte("tenant_id,project_id,reservation_id,metric,window_start,quantity,idempotency_key,revision,pool_id\n" +
+			"ten_1,prj_1,rsv_1,vcpu.hours,2025-01-02T03:00:00Z,1.5,rsv_1/vcpu.hours/2025-01-02T03:00:00Z,1,pool_1\n")}), nil
 }
 
 func (b *bundle) fail(t *testing.T, argv ...string) string {
@@ -265,7 +270,7 @@ func TestUsageCommands(t *testing.T) {
 
 	// Export: the document as is, to stdout or a file.
 	out := b.ok(t, "usage", "export")
-	require.True(t, strings.HasPrefix(out, "tenant_id,project_id,reservation_id,metric,window_start,quantity\n"), out)
+	require.True(t, strings.HasPrefix(out, "tenant_id,project_id,reservation_id,metric,window_start,quantity,idempotency_key,revision,pool_id\n"), out)
 	require.Equal(t, "csv", cf.exports[0].GetFormat())
 	file := filepath.Join(t.TempDir(), "usage.jsonl")
 	r := b.run(t, "", "usage", "export", "--format", "cloudevents", "-f", file, "--end", "2025-02-01T00:00:00Z")
@@ -282,6 +287,14 @@ func TestUsageCommands(t *testing.T) {
 	}
 	require.Equal(t, time.Date(2025, 2, 1, 0, 0, 0, 0, time.UTC), cf.exports[1].GetEndTime().AsTime())
 
-	require.Contains(t, b.fail(t, "usage", "export", "--format", "xml"), "format: must be csv or cloudevents")
-	require.Len(t, cf.exports, 2, "a bad format is refused before anything is sent")
+	// jsonl for a billing period named by --from and --to.
+	out = b.ok(t, "usage", "export", "--format", "jsonl", "--from", "2025-01-01T00:00:00Z", "--to", "2025-02-01T00:00:00Z")
+	require.Contains(t, out, `"idempotency_key":"rsv_1/vcpu.hours/2025-01-02T03:00:00Z"`)
+	require.Equal(t, "jsonl", cf.exports[2].GetFormat())
+	require.Equal(t, time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC), cf.exports[2].GetStartTime().AsTime())
+	require.Equal(t, time.Date(2025, 2, 1, 0, 0, 0, 0, time.UTC), cf.exports[2].GetEndTime().AsTime())
+
+	require.Contains(t, b.fail(t, "usage", "export", "--format", "xml"), "format: must be csv, jsonl or cloudevents")
+	require.Contains(t, b.fail(t, "usage", "export", "--from", "-1h", "--start", "-2h"), "none of the others can be")
+	require.Len(t, cf.exports, 3, "a bad format is refused before anything is sent")
 }

@@ -87,7 +87,41 @@ serve, it works on the database directly (--state-dir or --database-url),
 not through the API. CA keys are sealed with the secret in
 ` + pki.SecretEnv + ` (else <state-dir>/` + pki.SecretFile + `, as dev creates it).`,
 	}
-	cmd.AddCommand(newPKIInitCommand(), newPKIShowCommand(), newPKIIssueGatewayCommand(), newPKIRotateCommand(), newPKIStatusCommand())
+	cmd.AddCommand(newPKIInitCommand(), newPKIShowCommand(), newPKIIssueGatewayCommand(), newPKIRotateCommand(), newPKIStatusCommand(),
+		newPKIRotateWorkloadKeyCommand())
+	return cmd
+}
+
+func newPKIRotateWorkloadKeyCommand() *cobra.Command {
+	var f pkiFlags
+	cmd := &cobra.Command{
+		Use:   "rotate-workload-key",
+		Short: "Make a new key for workload tokens; the JWKS keeps the previous one",
+		Long: `rotate-workload-key makes a new ES256 key that signs workload tokens from now
+on, and prints its kid. The JWKS keeps the newest two keys, so tokens signed
+with the previous key verify until they expire (at most an hour): do not
+rotate twice within an hour. See docs/workload-identity.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			s, err := f.sealer()
+			if err != nil {
+				return err
+			}
+			db, err := f.open(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = db.Close() }()
+			kid, err := pki.NewWorkloadKeys(db, s).Rotate(ctx)
+			if err != nil {
+				return pkiError(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "workload key: %s\n", kid)
+			return nil
+		},
+	}
+	f.register(cmd)
 	return cmd
 }
 

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/internal/pki"
+	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/store/storeopen"
 )
 
 // runPKI runs the CLI with no server; pki commands reach the database
@@ -150,4 +152,32 @@ func TestPKIOfflineRoot(t *testing.T) {
 	// The gateway is issued by the serving CA: no root key needed.
 	r = runPKI(t, "pki", "issue-gateway", "--state-dir", state, "--host", "gw.test", "--out", t.TempDir())
 	require.Equal(t, 0, r.code, r.stderr)
+}
+
+// TestPKIRotateWorkloadKey: each rotation prints a new kid, and the newest
+// two are what the JWKS publishes.
+func TestPKIRotateWorkloadKey(t *testing.T) {
+	t.Parallel()
+	if os.Getenv(pki.SecretEnv) != "" {
+		t.Fatalf("unset %s to run this test: it reads the secret from the state directory", pki.SecretEnv)
+	}
+	state := pkiStateDir(t)
+	var kids []string
+	for range 3 {
+		r := runPKI(t, "pki", "rotate-workload-key", "--state-dir", state)
+		require.Equal(t, 0, r.code, r.stderr)
+		m := regexp.MustCompile(`^workload key: ([A-Za-z0-9_-]{43})\n$`).FindStringSubmatch(r.stdout)
+		require.NotNil(t, m, r.stdout)
+		kids = append(kids, m[1])
+	}
+	require.Len(t, map[string]bool{kids[0]: true, kids[1]: true, kids[2]: true}, 3)
+	db, err := storeopen.Open(t.Context(), store.Config{StateDir: state})
+	require.NoError(t, err)
+	defer func() { _ = db.Close() }()
+	s, err := pki.LoadSealer(nil, state)
+	require.NoError(t, err)
+	set, err := pki.NewWorkloadKeys(db, s).JWKS(t.Context())
+	require.NoError(t, err)
+	require.Len(t, set.Keys, 2)
+	require.Equal(t, []string{kids[2], kids[1]}, []string{set.Keys[0].KeyID, set.Keys[1].KeyID})
 }

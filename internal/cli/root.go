@@ -86,6 +86,7 @@ func (a *app) command() *cobra.Command {
   Bare metal:     sites, site-tokens, drivers, machines, workflows, profiles
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
+  Identity:       workload-token
   Agents:         mcp
   This CLI:       config, version
 
@@ -132,7 +133,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 		a.profilesCommand())
 	root.AddCommand(a.instancesCommand(), a.volumesCommand())
 	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
-	root.AddCommand(a.capacityCommand(), a.usageCommand())
+	root.AddCommand(a.capacityCommand(), a.usageCommand(), a.workloadTokenCommand())
 	root.AddCommand(a.quotasCommand())
 	root.AddCommand(a.webhooksCommand())
 	root.AddCommand(a.reservationCommands()...)

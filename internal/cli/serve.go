@@ -78,6 +78,7 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.OIDC.ClientID, "oidc-client-id", envOr("BETTER_COMPUTE_OIDC_CLIENT_ID", ""), "audience OIDC tokens must carry (env BETTER_COMPUTE_OIDC_CLIENT_ID)")
 	fl.StringVar(&f.OIDC.TenantClaim, "oidc-tenant-claim", "bc_tenant", "claim naming the user's tenant")
 	fl.StringVar(&f.OIDC.RoleClaim, "oidc-role-claim", "bc_role", "claim naming the user's role: admin, operator, member or viewer")
+	fl.StringVar(&f.WorkloadIssuer, "workload-issuer", envOr("BETTER_COMPUTE_WORKLOAD_ISSUER", ""), "public https:// URL of the control plane: the iss of workload tokens, with the JWKS at <URL>/.well-known/jwks.json (env BETTER_COMPUTE_WORKLOAD_ISSUER; empty: workload identity off)")
 	fl.StringSliceVar(&f.OIDC.PlatformAdmins, "oidc-platform-admin", nil, "OIDC subject that is a platform administrator (repeatable)")
 }
 

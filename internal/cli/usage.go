@@ -26,6 +26,11 @@ func (f *usageFilter) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.project, "project", "", "one project (name or id)")
 	cmd.Flags().StringVar(&f.start, "start", "", "first window: RFC 3339 or relative to now (-24h)")
 	cmd.Flags().StringVar(&f.end, "end", "", "windows starting before this: RFC 3339 or relative to now")
+	// --from and --to name a billing period as capacity by-consumer does.
+	cmd.Flags().StringVar(&f.start, "from", "", "the same as --start")
+	cmd.Flags().StringVar(&f.end, "to", "", "the same as --end")
+	cmd.MarkFlagsMutuallyExclusive("start", "from")
+	cmd.MarkFlagsMutuallyExclusive("end", "to")
 }
 
 func (f *usageFilter) times(now time.Time) (start, end *timestamppb.Timestamp, err error) {
@@ -125,20 +130,20 @@ token without one reads every tenant.`,
 		file   string
 	)
 	export := &cobra.Command{
-		Use:   "export --format csv|cloudevents [-f FILE]",
-		Short: "Export usage windows as CSV or CloudEvents (JSON lines)",
-		Long: `Export writes every matching window in one document, to FILE or to
-standard output: CSV with the header
-tenant_id,project_id,reservation_id,metric,window_start,quantity, or
-CloudEvents 1.0 structured events, one JSON object a line, of type
-com.bettercompute.usage.window. The document is written as is whatever
---output says.`,
+		Use:   "export --format csv|jsonl|cloudevents [--from T] [--to T] [-f FILE]",
+		Short: "Export usage windows as CSV, JSON lines or CloudEvents",
+		Long: `Export writes every closed window starting in [--from, --to) in one
+document, to FILE or to standard output: CSV with the header
+tenant_id,project_id,reservation_id,metric,window_start,quantity,idempotency_key,revision,pool_id,
+JSON lines with the same fields (jsonl), or CloudEvents 1.0 structured
+events, one JSON object a line, of type com.bettercompute.usage.window.
+The document is written as is whatever --output says.`,
 		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch format {
-			case "csv", "cloudevents":
+			case "csv", "jsonl", "cloudevents":
 			default:
-				return invalidArg("format", fmt.Sprintf("must be csv or cloudevents, got %q", format))
+				return invalidArg("format", fmt.Sprintf("must be csv, jsonl or cloudevents, got %q", format))
 			}
 			start, end, err := ef.times(time.Now())
 			if err != nil {
@@ -168,7 +173,7 @@ com.bettercompute.usage.window. The document is written as is whatever
 	}
 	addTenantFlag(export, &tenant)
 	ef.add(export)
-	export.Flags().StringVar(&format, "format", "csv", "csv or cloudevents")
+	export.Flags().StringVar(&format, "format", "csv", "csv, jsonl or cloudevents")
 	export.Flags().StringVarP(&file, "file", "f", "", "write to this file (default standard output)")
 
 	cmd.AddCommand(list, export)

@@ -115,6 +115,9 @@ var catalog = []Method{
 	{apiv1connect.CapacityServiceRebuildProcedure, "capacity.rebuild", KindMutation, false},
 	{apiv1connect.UsageServiceListProcedure, "usage.list", KindRead, false},
 	{apiv1connect.UsageServiceExportProcedure, "usage.export", KindRead, false},
+	// A token is a credential: issued as a mutation, so it is decided on
+	// the workload and audited.
+	{apiv1connect.WorkloadIdentityServiceIssueTokenProcedure, "workloadTokens.issue", KindMutation, false},
 	{apiv1connect.ImageServicePushProcedure, "images.push", KindMutation, true},
 	{apiv1connect.ImageServiceGetProcedure, "images.get", KindRead, false},
 	{apiv1connect.ImageServiceListProcedure, "images.list", KindRead, false},

@@ -180,7 +180,8 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "SandboxTemplate", ID: "sbt1", TenantID: tenant, Attrs: map[string]any{"name": "t1", "warmMax": int64(2)}}
 	case "sandboxes.create":
 		return Resource{Type: "Sandbox", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
-	case "sandboxes.get", "sandboxes.extend", "sandboxes.delete", "sandboxes.snapshot", "sandboxes.exec", "sandboxes.restore":
+	case "sandboxes.get", "sandboxes.extend", "sandboxes.delete", "sandboxes.snapshot", "sandboxes.exec", "sandboxes.restore",
+		"workloadTokens.issue":
 		return Resource{Type: "Sandbox", ID: "sbx1", TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
@@ -208,7 +209,8 @@ func TestCedarMatrix(t *testing.T) {
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
 		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach",
-		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot", "instances.ssh", "sandboxes.exec", "sandboxes.restore"}
+		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot", "instances.ssh", "sandboxes.exec", "sandboxes.restore",
+		"workloadTokens.issue"}
 	// want[role][action] in the principal's own tenant; absent means deny.
 	// In another tenant every role but platform-admin is denied. Join tokens
 	// are credentials: only admins mint, list or revoke them.
@@ -579,6 +581,7 @@ func TestActions(t *testing.T) {
 		"volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",
 		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"webhooks.redeliver", "webhooks.rotateSecret", "webhooks.test", "webhooks.update",
+		"workloadTokens.issue",
 	}
 	require.Equal(t, want, Actions())
 	// A copy: callers cannot corrupt the shared list.

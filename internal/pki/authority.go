@@ -462,6 +462,11 @@ func reseal(ctx context.Context, db *store.DB, from, to *Sealer, want func(seale
 		}
 		m, err = resealGenerations(ctx, tx, from, to, want)
 		n += m
+		if err != nil {
+			return err
+		}
+		m, err = resealWorkloadKeys(ctx, tx, from, to, want)
+		n += m
 		return err
 	})
 	if err != nil {

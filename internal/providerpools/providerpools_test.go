@@ -223,7 +223,7 @@ func TestProviderPool(t *testing.T) {
 	// Metered from the join: two closed hours of instance.cx22.hours.
 	f.cp.Clock.Advance(2 * time.Hour)
 	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, err := usage.Rollup(ctx, tx, f.cp.Clock.Now(), providerpools.Intervals)
+		_, err := usage.Rollup(ctx, tx, f.cp.Clock.Now(), nil, providerpools.Intervals)
 		return err
 	}))
 	var hours float64

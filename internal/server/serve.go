@@ -39,6 +39,7 @@ type Options struct {
 	PDP, AuthZENURL, AuthZENToken                      string
 	AuthZENTimeout, ShutdownTimeout                    time.Duration
 	OIDC                                               authn.OIDCConfig
+	WorkloadIssuer                                     string
 	BootstrapKeyFile                                   string
 	DownloadsDir                                       string
 	ImagesDir                                          string
@@ -181,7 +182,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 	return bcapp.Config{
 		Roles: o.Roles, Listen: o.Listen, StateDir: o.StateDir, DatabaseURL: o.DatabaseURL,
 		PDP: o.PDP, AuthZENURL: o.AuthZENURL, AuthZENTimeout: o.AuthZENTimeout, AuthZENToken: o.AuthZENToken,
-		OIDC: o.OIDC, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir,
+		OIDC: o.OIDC, WorkloadIssuer: o.WorkloadIssuer, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir,
 		ImagesDir: o.ImagesDir, MaxImageBytes: o.MaxImageBytes,
 		GatewayListen: o.GatewayListen, ReplicaListen: o.ReplicaListen, GatewayHosts: o.GatewayHosts, TrustDomain: o.TrustDomain, Secret: o.Secret,
 		HeartbeatInterval: o.HeartbeatInterval, UnreachableAfter: o.UnreachableAfter, LostAfter: o.LostAfter,

@@ -361,7 +361,7 @@ func TestInstanceWatchUsageVolumes(t *testing.T) {
 	// A rollup two hours on meters the closed hour per flavor (the clock
 	// stays: the host must not turn unreachable).
 	require.NoError(t, h.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, err := usage.Rollup(ctx, tx, h.cp.Clock.Now().Add(2*time.Hour))
+		_, err := usage.Rollup(ctx, tx, h.cp.Clock.Now().Add(2*time.Hour), nil)
 		return err
 	}))
 	require.Positive(t, h.count(t, `SELECT COUNT(*) FROM usage_windows WHERE metric = 'instance.small.hours' AND reservation_id = $1 AND quantity > 0`,

@@ -78,7 +78,7 @@ func (f *fixture) activeInterval(t *testing.T, id string) (since, until *time.Ti
 func (f *fixture) gpuHours(t *testing.T, id string, from, to time.Time) float64 {
 	t.Helper()
 	require.NoError(t, f.cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
-		_, err := usage.Rollup(ctx, tx, f.cp.Clock.Now())
+		_, err := usage.Rollup(ctx, tx, f.cp.Clock.Now(), nil)
 		return err
 	}))
 	res, err := f.member.Usage.List(context.Background(), connect.NewRequest(&apiv1.ListUsageRequest{Tenant: "acme",

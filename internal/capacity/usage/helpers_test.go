@@ -64,6 +64,7 @@ type rsv struct {
 	id, tenant, project string
 	gpus, vcpu, mem     int
 	gpuModel, model     string
+	pool                string // default pool_x
 	since               time.Time
 	until               *time.Time
 }
@@ -74,11 +75,14 @@ func insertReservation(t testing.TB, db *store.DB, r rsv) {
 	if r.until != nil {
 		state = "released"
 	}
+	if r.pool == "" {
+		r.pool = "pool_x"
+	}
 	require.NoError(t, db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO reservations (id, tenant_id, project_id, pool_id, state, gpus, model, gpu_model,
 				vcpu, memory_gib, binding, starts_at, ends_at, active_since, active_until, created_by, create_time, update_time)
-			VALUES ($1, $2, $3, 'pool_x', $4, $5, $6, $7, $8, $9, 'none', $10, $11, $10, $12, 'test', $10, $10)`,
-			r.id, r.tenant, r.project, state, r.gpus, r.model, r.gpuModel, r.vcpu, r.mem, r.since, r.since.Add(30*24*time.Hour), r.until)
+			VALUES ($1, $2, $3, $13, $4, $5, $6, $7, $8, $9, 'none', $10, $11, $10, $12, 'test', $10, $10)`,
+			r.id, r.tenant, r.project, state, r.gpus, r.model, r.gpuModel, r.vcpu, r.mem, r.since, r.since.Add(30*24*time.Hour), r.until, r.pool)
 		return err
 	}))
 }
@@ -95,7 +99,7 @@ func rollup(t testing.TB, db *store.DB, upTo time.Time) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.Write(context.Background(), func(ctx context.Context, tx store.Tx) (err error) {
-		n, err = usage.Rollup(ctx, tx, upTo)
+		n, err = usage.Rollup(ctx, tx, upTo, nil)
 		return err
 	}))
 	return n

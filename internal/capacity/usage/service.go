@@ -202,7 +202,7 @@ func (s *Service) List(ctx context.Context, req *connect.Request[apiv1.ListUsage
 }
 
 // Export returns every window matching the filters in one document: CSV
-// (the default) or CloudEvents as JSON lines.
+// (the default), JSON lines of windows, or CloudEvents as JSON lines.
 func (s *Service) Export(ctx context.Context, req *connect.Request[apiv1.ExportUsageRequest]) (*connect.Response[apiv1.ExportUsageResponse], error) {
 	msg := req.Msg
 	var vs envelope.Violations
@@ -211,9 +211,9 @@ func (s *Service) Export(ctx context.Context, req *connect.Request[apiv1.ExportU
 	switch format {
 	case "", FormatCSV:
 		format = FormatCSV
-	case FormatCloudEvents:
+	case FormatCloudEvents, FormatJSONL:
 	default:
-		vs.Add("format", "must be csv or cloudevents, got %q", truncate(format))
+		vs.Add("format", "must be csv, jsonl or cloudevents, got %q", truncate(format))
 	}
 	if err := vs.Err(); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -241,10 +241,14 @@ func (s *Service) Export(ctx context.Context, req *connect.Request[apiv1.ExportU
 		buf bytes.Buffer
 		out = &apiv1.ExportUsageResponse{}
 	)
-	if format == FormatCloudEvents {
+	switch format {
+	case FormatCloudEvents:
 		out.ContentType = ContentTypeCloudEvents
 		err = WriteCloudEvents(&buf, windows)
-	} else {
+	case FormatJSONL:
+		out.ContentType = ContentTypeJSONL
+		err = WriteJSONL(&buf, windows)
+	default:
 		out.ContentType = ContentTypeCSV
 		err = WriteCSV(&buf, windows)
 	}

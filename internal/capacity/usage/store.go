@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
 )
 
@@ -104,6 +105,34 @@ type UsageWindow struct {
 	WindowStart   time.Time
 	Quantity      float64
 	UpdateTime    time.Time
+	// PoolID is the pool of the window's reservation, read by List ("" for
+	// a window of something other than a reservation).
+	PoolID string
+	// Revision is 1 when the window is first written and grows by one each
+	// time a later rollup changes it.
+	Revision int64
+}
+
+// IdempotencyKey names the window across revisions:
+// <reservation>/<metric>/<window start, RFC 3339>. A billing system keys
+// its line on it and keeps the highest Revision.
+func (w UsageWindow) IdempotencyKey() string {
+	return w.ReservationID + "/" + w.Metric + "/" + w.WindowStart.UTC().Format(time.RFC3339)
+}
+
+// EventWindowClosed is the outbox event of a window the rollup wrote or
+// changed; webhooks deliver it signed and at least once.
+const EventWindowClosed = "usage.window_closed"
+
+// windowEvent is the usage.window_closed event of a window written at now.
+func windowEvent(w UsageWindow, now time.Time) envelope.Event {
+	d := windowData(w)
+	return envelope.Event{Type: EventWindowClosed, TenantID: w.TenantID, ResourceType: "UsageWindow", ResourceID: d.IdempotencyKey,
+		Time: now, Data: map[string]any{
+			"idempotency_key": d.IdempotencyKey, "revision": d.Revision,
+			"tenant_id": d.TenantID, "project_id": d.ProjectID, "reservation_id": d.ReservationID, "metric": d.Metric,
+			"window_start": d.WindowStart, "window_end": d.WindowEnd, "quantity": d.Quantity,
+		}}
 }
 
 // activeInterval is what the rollup reads of a reservation.
@@ -130,8 +159,10 @@ type activeInterval struct {
 // interval ended after the last closed hour less Grace, and writes windows
 // from that point on (the first run, with no cursor, writes everything).
 // sources add intervals other modules meter (a provider pool's servers).
-// It runs in the caller's transaction.
-func Rollup(ctx context.Context, tx store.Tx, upTo time.Time, sources ...IntervalSource) (int, error) {
+// It runs in the caller's transaction, and writes there, through rec, a
+// usage.window_closed event for each window inserted or changed (rec nil:
+// none, for callers that only read windows back).
+func Rollup(ctx context.Context, tx store.Tx, upTo time.Time, rec envelope.Recorder, sources ...IntervalSource) (int, error) {
 	closeAt := upTo.UTC().Truncate(Window)
 	var from time.Time // zero: no run yet, start at each reservation's beginning
 	var cursor time.Time
@@ -146,7 +177,7 @@ func Rollup(ctx context.Context, tx store.Tx, upTo time.Time, sources ...Interva
 	if err != nil {
 		return 0, err
 	}
-	written := 0
+	var changed []envelope.Event
 	for _, r := range intervals {
 		until := closeAt
 		if r.until != nil && r.until.Before(until) {
@@ -166,21 +197,29 @@ func Rollup(ctx context.Context, tx store.Tx, upTo time.Time, sources ...Interva
 				if m.n <= 0 {
 					continue
 				}
-				n, err := upsertWindow(ctx, tx, &UsageWindow{TenantID: r.tenantID, ProjectID: r.projectID, ReservationID: r.id,
-					Metric: m.metric, WindowStart: h, Quantity: float64(m.n) * hours})
+				w := UsageWindow{TenantID: r.tenantID, ProjectID: r.projectID, ReservationID: r.id,
+					Metric: m.metric, WindowStart: h, Quantity: float64(m.n) * hours}
+				ok, err := upsertWindow(ctx, tx, &w)
 				if err != nil {
-					return written, err
+					return len(changed), err
 				}
-				written += int(n)
+				if ok {
+					changed = append(changed, windowEvent(w, upTo))
+				}
 			}
 		}
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO usage_cursor (id, closed_until) VALUES (1, $1)
 		ON CONFLICT (id) DO UPDATE SET closed_until = excluded.closed_until
 		WHERE usage_cursor.closed_until < excluded.closed_until`, closeAt); err != nil {
-		return written, fmt.Errorf("usage rollup: move cursor: %w", err)
+		return len(changed), fmt.Errorf("usage rollup: move cursor: %w", err)
 	}
-	return written, nil
+	if rec != nil && len(changed) > 0 {
+		if err := rec.InsertEvents(ctx, tx, changed); err != nil {
+			return len(changed), fmt.Errorf("usage rollup: record events: %w", err)
+		}
+	}
+	return len(changed), nil
 }
 
 // OpenHour computes the windows of the hour still open at now, [h, now)
@@ -279,22 +318,29 @@ func activeIntervals(ctx context.Context, tx store.Querier, from, closeAt time.T
 	return append(out, more...), err
 }
 
-// upsertWindow writes one window, leaving an unchanged one alone; it returns
-// 1 when it inserted or changed the row.
-func upsertWindow(ctx context.Context, tx store.Tx, w *UsageWindow) (int64, error) {
-	n, err := tx.Exec(ctx, `INSERT INTO usage_windows (tenant_id, project_id, reservation_id, metric, window_start, quantity, update_time)
-		VALUES ($1, $2, $3, $4, $5, $6, compute_now())
+// upsertWindow writes one window, leaving an unchanged one alone; it
+// reports whether it inserted or changed the row, and sets w.Revision and
+// w.UpdateTime to the row's when it did.
+func upsertWindow(ctx context.Context, tx store.Tx, w *UsageWindow) (bool, error) {
+	err := tx.QueryRow(ctx, `INSERT INTO usage_windows (tenant_id, project_id, reservation_id, metric, window_start, quantity, update_time, revision)
+		VALUES ($1, $2, $3, $4, $5, $6, compute_now(), 1)
 		ON CONFLICT (reservation_id, metric, window_start) DO UPDATE
 		SET tenant_id = excluded.tenant_id, project_id = excluded.project_id,
-			quantity = excluded.quantity, update_time = excluded.update_time
+			quantity = excluded.quantity, update_time = excluded.update_time, revision = usage_windows.revision + 1
 		WHERE usage_windows.quantity <> excluded.quantity
 			OR usage_windows.tenant_id <> excluded.tenant_id
-			OR usage_windows.project_id <> excluded.project_id`,
-		w.TenantID, w.ProjectID, w.ReservationID, w.Metric, w.WindowStart, w.Quantity)
-	if err != nil {
-		return 0, fmt.Errorf("usage rollup: write %s %s %s: %w", w.ReservationID, w.Metric, w.WindowStart.Format(time.RFC3339), err)
+			OR usage_windows.project_id <> excluded.project_id
+		RETURNING revision, update_time`,
+		w.TenantID, w.ProjectID, w.ReservationID, w.Metric, w.WindowStart, w.Quantity).Scan(&w.Revision, &w.UpdateTime)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		// Unchanged: the conflict's WHERE kept the row as it was.
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("usage rollup: write %s %s %s: %w", w.ReservationID, w.Metric, w.WindowStart.Format(time.RFC3339), err)
 	}
-	return n, nil
+	w.UpdateTime = w.UpdateTime.UTC()
+	return true, nil
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -363,12 +409,14 @@ func List(ctx context.Context, q store.Querier, p *ListParams) ([]UsageWindow, e
 	if p.After != nil {
 		after = *p.After
 	}
-	rows, err := q.Query(ctx, `SELECT tenant_id, project_id, reservation_id, metric, window_start, quantity, update_time
-		FROM usage_windows
-		WHERE ($1 = '' OR tenant_id = $1) AND ($2 = '' OR project_id = $2) AND ($3 = '' OR lower(metric) = lower($3))
-		  AND window_start >= $4 AND window_start < $5
-		  AND (window_start > $6 OR (window_start = $6 AND (reservation_id > $7 OR (reservation_id = $7 AND metric > $8))))
-		ORDER BY window_start, reservation_id, metric
+	// The pool is the reservation's: what capacity by-consumer groups by.
+	rows, err := q.Query(ctx, `SELECT w.tenant_id, w.project_id, w.reservation_id, w.metric, w.window_start, w.quantity, w.update_time,
+			w.revision, COALESCE(r.pool_id, '')
+		FROM usage_windows w LEFT JOIN reservations r ON r.id = w.reservation_id
+		WHERE ($1 = '' OR w.tenant_id = $1) AND ($2 = '' OR w.project_id = $2) AND ($3 = '' OR lower(w.metric) = lower($3))
+		  AND w.window_start >= $4 AND w.window_start < $5
+		  AND (w.window_start > $6 OR (w.window_start = $6 AND (w.reservation_id > $7 OR (w.reservation_id = $7 AND w.metric > $8))))
+		ORDER BY w.window_start, w.reservation_id, w.metric
 		LIMIT $9`,
 		p.TenantID, p.ProjectID, p.Metric, p.Start.UTC(), end.UTC(), after.WindowStart.UTC(), after.ReservationID, after.Metric, p.Limit)
 	if err != nil {
@@ -378,7 +426,7 @@ func List(ctx context.Context, q store.Querier, p *ListParams) ([]UsageWindow, e
 	var out []UsageWindow
 	for rows.Next() {
 		var w UsageWindow
-		if err := rows.Scan(&w.TenantID, &w.ProjectID, &w.ReservationID, &w.Metric, &w.WindowStart, &w.Quantity, &w.UpdateTime); err != nil {
+		if err := rows.Scan(&w.TenantID, &w.ProjectID, &w.ReservationID, &w.Metric, &w.WindowStart, &w.Quantity, &w.UpdateTime, &w.Revision, &w.PoolID); err != nil {
 			return nil, fmt.Errorf("list usage: %w", err)
 		}
 		w.WindowStart, w.UpdateTime = w.WindowStart.UTC(), w.UpdateTime.UTC()

@@ -2,6 +2,7 @@ package usage_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/internal/capacity/usage"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // quantities returns "metric@hour-offset=quantity" for each window.
@@ -142,7 +145,8 @@ func TestExportsParse(t *testing.T) {
 	require.NoError(t, usage.WriteCSV(&buf, ws))
 	records, err := csv.NewReader(&buf).ReadAll()
 	require.NoError(t, err)
-	require.Equal(t, []string{"tenant_id", "project_id", "reservation_id", "metric", "window_start", "quantity"}, records[0])
+	require.Equal(t, []string{"tenant_id", "project_id", "reservation_id", "metric", "window_start", "quantity",
+		"idempotency_key", "revision", "pool_id"}, records[0])
 	require.Len(t, records, 7)
 	for i, rec := range records[1:] {
 		start, err := time.Parse(time.RFC3339, rec[4])
@@ -152,6 +156,20 @@ func TestExportsParse(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, ws[i].Quantity, q)
 		require.Equal(t, []string{"tnt_a", "prj_a", "rsv_1", ws[i].Metric}, rec[:4])
+		require.Equal(t, []string{"rsv_1/" + ws[i].Metric + "/" + rec[4], "1", "pool_x"}, rec[6:])
+	}
+
+	buf.Reset()
+	require.NoError(t, usage.WriteJSONL(&buf, ws))
+	jl := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	require.Len(t, jl, 6)
+	for i, line := range jl {
+		var d usage.CloudEventData
+		require.NoError(t, json.Unmarshal([]byte(line), &d), line)
+		start := ws[i].WindowStart.Format(time.RFC3339)
+		require.Equal(t, usage.CloudEventData{IdempotencyKey: "rsv_1/" + ws[i].Metric + "/" + start, Revision: 1,
+			TenantID: "tnt_a", ProjectID: "prj_a", ReservationID: "rsv_1", Metric: ws[i].Metric, WindowStart: start,
+			WindowEnd: ws[i].WindowStart.Add(time.Hour).Format(time.RFC3339), Quantity: ws[i].Quantity, PoolID: "pool_x"}, d)
 	}
 
 	buf.Reset()
@@ -187,4 +205,56 @@ func TestMetricNames(t *testing.T) {
 	for _, bad := range []string{"gpu.hours", "gpu.a.b.hours", "cpu.hours", "vcpu.hours ", "gpu..hours"} {
 		require.False(t, usage.ValidMetric(bad), bad)
 	}
+}
+
+// events records the events a rollup writes.
+type events struct{ got []envelope.Event }
+
+func (e *events) InsertAudits(context.Context, store.Tx, []envelope.AuditEntry) error { return nil }
+func (e *events) InsertEvents(_ context.Context, _ store.Tx, evs []envelope.Event) error {
+	e.got = append(e.got, evs...)
+	return nil
+}
+
+// TestRollupEventsAndRevisions: each window the rollup inserts or changes
+// is a usage.window_closed event keyed by reservation/metric/window start;
+// a rerun writes none, and a late change to an interval bumps the
+// revision of the windows it changes and only those.
+func TestRollupEventsAndRevisions(t *testing.T) {
+	t.Parallel()
+	db := newDB(t)
+	insertReservation(t, db, rsv{id: "rsv_1", tenant: "tnt_a", project: "prj_a", vcpu: 2, since: at(0)})
+	run := func(upTo time.Time) []envelope.Event {
+		rec := &events{}
+		require.NoError(t, db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+			_, err := usage.Rollup(ctx, tx, upTo, rec)
+			return err
+		}))
+		return rec.got
+	}
+	evs := run(at(2))
+	require.Len(t, evs, 2, "hours 0 and 1 of vcpu.hours")
+	for i, ev := range evs {
+		start := at(float64(i)).Format(time.RFC3339)
+		require.Equal(t, usage.EventWindowClosed, ev.Type)
+		require.Equal(t, "tnt_a", ev.TenantID)
+		require.Equal(t, "rsv_1/vcpu.hours/"+start, ev.ResourceID)
+		require.Equal(t, "rsv_1/vcpu.hours/"+start, ev.Data["idempotency_key"])
+		require.EqualValues(t, 1, ev.Data["revision"])
+		require.EqualValues(t, 2.0, ev.Data["quantity"])
+		require.Equal(t, at(float64(i+1)).Format(time.RFC3339), ev.Data["window_end"])
+	}
+	require.Empty(t, run(at(2)), "an unchanged rerun emits nothing")
+
+	// The reservation's end is recorded late, inside hour 1: that window
+	// changes (revision 2), hour 0 does not.
+	setUntil(t, db, "rsv_1", at(1.5))
+	evs = run(at(3))
+	require.Len(t, evs, 1)
+	require.Equal(t, "rsv_1/vcpu.hours/"+at(1).Format(time.RFC3339), evs[0].Data["idempotency_key"])
+	require.EqualValues(t, 2, evs[0].Data["revision"])
+	require.EqualValues(t, 1.0, evs[0].Data["quantity"])
+	ws := list(t, db, usage.ListParams{})
+	require.Len(t, ws, 2)
+	require.Equal(t, []int64{1, 2}, []int64{ws[0].Revision, ws[1].Revision})
 }

@@ -841,7 +841,7 @@ type ExportUsageRequest struct {
 	Project   string                 `protobuf:"bytes,2,opt,name=project,proto3" json:"project,omitempty"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	EndTime   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
-	// csv or cloudevents (JSON lines).
+	// csv, jsonl (one window a line) or cloudevents (JSON lines).
 	Format        string `protobuf:"bytes,5,opt,name=format,proto3" json:"format,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
