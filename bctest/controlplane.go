@@ -143,6 +143,7 @@ func (cp *ControlPlane) start(t testing.TB, opts []ControlPlaneOption, bootstrap
 	srv.Start()
 	cp.URL = srv.URL
 	a.SetAPIURL(srv.URL)
+	a.SetSelfURL(srv.URL)
 	// Peers forward to the replica listener (PostgreSQL only), over mutual
 	// TLS with the internal CA's certificates, as in serve.
 	replicaAddr, err := a.ListenReplica()

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -326,6 +327,8 @@ type App struct {
 	// MIG repartitions the MIG layouts of pools with mig: auto
 	// (capacity.mig_repartition).
 	MIG *migauto.Repartitioner
+	// selfURL is the API listener's URL (SetSelfURL).
+	selfURL atomic.Value
 	// ProviderPools runs the instances of provider pools: servers rented
 	// through a provider account.
 	ProviderPools *providerpools.Module
@@ -987,6 +990,10 @@ func (a *App) buildReplica() error {
 
 // SetAPIURL sets the URL other replicas reach this replica's API by: they
 // forward the mutations of pools whose placer runs here to it.
+// SetSelfURL records the API listener's own URL: MCP's exec_sandbox opens
+// its SSH tunnel there (in process, over loopback).
+func (a *App) SetSelfURL(url string) { a.selfURL.Store(url) }
+
 func (a *App) SetAPIURL(url string) {
 	a.WebhookGuard.AddSelfURL(url)
 	if a.Capacity != nil {

@@ -222,7 +222,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle("GET /downloads/", downloads.Handler(a.cfg.DownloadsDir))
 	// MCP for AI agents: its tools call the handlers above in process, so
 	// each passes the envelope as the agent's key.
-	agents, err := mcp.Handler(mcp.HTTPConfig{API: mux, Authn: a.Authn, MaxRequestBytes: MaxRequestBytes})
+	agents, err := mcp.Handler(mcp.HTTPConfig{API: mux, Authn: a.Authn, MaxRequestBytes: MaxRequestBytes,
+		APIURL: func() string { u, _ := a.selfURL.Load().(string); return u }})
 	if err != nil {
 		return nil, err
 	}

@@ -61,7 +61,13 @@ agent acts with that key's full rights. See docs/mcp.md.`,
 					tenant = c.Tenant
 				}
 			}
-			srv, err := mcp.New(mcp.Config{Version: a.version, Tenant: tenant,
+			c, err := a.context()
+			if err != nil {
+				return err
+			}
+			server := a.setting("server", envServer, c.Server)
+			srv, err := mcp.New(mcp.Config{Version: a.version, Tenant: tenant, TLS: a.tlsConfig(),
+				APIURL:  func() string { return server },
 				Connect: func(context.Context, http.Header) (*client.Client, error) { return api, nil }})
 			if err != nil {
 				return err

@@ -34,6 +34,9 @@ type HTTPConfig struct {
 	MaxRequestBytes int64
 	// SessionTimeout closes sessions idle this long (default 30 minutes).
 	SessionTimeout time.Duration
+	// APIURL is the API listener's own URL, where exec_sandbox's SSH
+	// tunnel dials ("" refuses exec_sandbox).
+	APIURL func() string
 }
 
 // Handler serves MCP over streamable HTTP. Only an API key of kind agent
@@ -46,7 +49,7 @@ func Handler(cfg HTTPConfig) (http.Handler, error) {
 		return nil, errors.New("mcp: HTTPConfig.API and Authn are required")
 	}
 	inproc := &http.Client{Transport: handlerTransport{cfg.API}}
-	srv, err := New(Config{Version: cfg.Version, Connect: func(_ context.Context, h http.Header) (*client.Client, error) {
+	srv, err := New(Config{Version: cfg.Version, APIURL: cfg.APIURL, Connect: func(_ context.Context, h http.Header) (*client.Client, error) {
 		token, ok := bearer(h)
 		if !ok {
 			// The middleware let nobody in without one.

@@ -143,6 +143,22 @@ func TestMCPInspector(t *testing.T) {
 	id := made["structuredContent"].(map[string]any)["reservation"].(map[string]any)["id"].(string)
 	require.Equal(t, f.acmeAgentID, f.reservation(t, id).GetCreatedBy())
 
+	// An instance that runs, and a command in a sandbox, driven by the
+	// inspector.
+	f.workloads(t)
+	vm := runInspector(t, bin, nil, url, "--transport", "http", "--header", auth, "--method", "tools/call",
+		"--tool-name", "create_instance", "--tool-arg", "name=vm1", "flavor=small", "pool=gpus", "ip_pool=dev", "image=debian-12")
+	require.NotEqual(t, true, vm["isError"], "%v", vm)
+	require.Equal(t, "running", vm["structuredContent"].(map[string]any)["instance"].(map[string]any)["state"])
+	box := runInspector(t, bin, nil, url, "--transport", "http", "--header", auth, "--method", "tools/call",
+		"--tool-name", "create_sandbox", "--tool-arg", "template=box")
+	require.NotEqual(t, true, box["isError"], "%v", box)
+	sbID := box["structuredContent"].(map[string]any)["sandbox"].(map[string]any)["id"].(string)
+	ran := runInspector(t, bin, nil, url, "--transport", "http", "--header", auth, "--method", "tools/call",
+		"--tool-name", "exec_sandbox", "--tool-arg", "sandbox="+sbID, "command=echo from-the-inspector")
+	require.NotEqual(t, true, ran["isError"], "%v", ran)
+	require.Equal(t, "from-the-inspector\n", ran["structuredContent"].(map[string]any)["stdout"])
+
 	// stdio: the real binary, configured only by its environment.
 	exe := buildCLI(t)
 	env := []string{"BETTER_COMPUTE_SERVER=" + f.cp.URL, "BETTER_COMPUTE_TOKEN=" + f.acmeAgent,

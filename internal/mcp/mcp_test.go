@@ -162,7 +162,8 @@ func (f *fixture) reservation(t *testing.T, id string) *apiv1.Reservation {
 	return res.Msg.GetReservation()
 }
 
-var wantTools = []string{"capacity_summary", "extend_reservation", "list_nodes", "list_pools", "list_reservations",
+var wantTools = []string{"capacity_summary", "create_instance", "create_sandbox", "delete_instance", "delete_sandbox",
+	"exec_sandbox", "extend_reservation", "extend_sandbox", "list_nodes", "list_pools", "list_reservations",
 	"preview_reservation", "propose_command_batch", "release_reservation", "reserve_gpus", "usage"}
 
 // TestMCPAgentOverHTTP drives every tool and resource over streamable HTTP

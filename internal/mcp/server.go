@@ -3,6 +3,7 @@ package mcp
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/http"
 
@@ -27,6 +28,10 @@ type Config struct {
 	// Tenant is the tenant a call without one works in (the CLI context's
 	// tenant); empty asks the API whose key this is.
 	Tenant string
+	// APIURL is the API's address as exec_sandbox's SSH tunnel dials it,
+	// and TLS its client configuration; nil: exec_sandbox is refused.
+	APIURL func() string
+	TLS    *tls.Config
 }
 
 // Server is the tool and resource set, bound to how it reaches the API.
@@ -43,6 +48,7 @@ func New(cfg Config) (*sdk.Server, error) {
 	srv := sdk.NewServer(&sdk.Implementation{Name: "better-compute", Title: "Better Compute", Version: cmp.Or(cfg.Version, "dev")},
 		&sdk.ServerOptions{Instructions: instructions})
 	s.addTools(srv)
+	s.addWorkloadTools(srv)
 	s.addResources(srv)
 	return srv, nil
 }

@@ -239,6 +239,8 @@ func Serve(ctx context.Context, o Options, logw io.Writer) error {
 	if ln != nil {
 		// Webhooks never call this replica's own API.
 		a.WebhookGuard.AddSelfURL("http://" + ln.Addr().String())
+		// MCP's exec_sandbox tunnels through this listener.
+		a.SetSelfURL("http://" + ln.Addr().String())
 	}
 	switch {
 	case replicaAddr == nil:
