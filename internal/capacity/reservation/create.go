@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/migplan"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/placer"
@@ -620,6 +621,8 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 			out.Explanation.Summary = strings.TrimSuffix(why+"; "+out.Explanation.GetSummary(), "; ")
 		}
 	}
+	// Priced on the model it would be placed on, as Create prices it.
+	priced := r
 	if len(res.Plans) > 0 {
 		p := res.Plans[0]
 		rec := r
@@ -628,9 +631,13 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		}
 		out.Feasible = true
 		out.Placement = Proto(rec, t.pool.Name).GetPlacement()
+		priced = rec
 	}
 	if err := s.env.Resolve(ctx, "quota", func(ctx context.Context, q store.Querier) (err error) {
-		out.Quota, err = quota.Effect(ctx, q, charge(&r))
+		if out.Quota, err = quota.Effect(ctx, q, charge(&r)); err != nil {
+			return err
+		}
+		out.Budget, err = budget.Effect(ctx, q, charge(&priced))
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
@@ -694,8 +701,12 @@ func (s *Service) previewGang(ctx context.Context, t *target, r *Reservation, no
 	}
 	c := charge(r)
 	c.GPUs *= nodes
+	c.VCPU, c.MemoryGiB = c.VCPU*nodes, c.MemoryGiB*nodes
 	if err := s.env.Resolve(ctx, "quota", func(ctx context.Context, q store.Querier) (err error) {
-		out.Quota, err = quota.Effect(ctx, q, c)
+		if out.Quota, err = quota.Effect(ctx, q, c); err != nil {
+			return err
+		}
+		out.Budget, err = budget.Effect(ctx, q, c)
 		return err
 	}); err != nil {
 		return nil, err
