@@ -308,3 +308,60 @@ func TestReserveUntilSpendLimit(t *testing.T) {
 	require.Empty(t, rcv.bad, "every request is signed")
 	rcv.mu.Unlock()
 }
+
+// TestRacingCreatesShareTheBudget: creates racing through the placer (in
+// one batch or several) never commit past a hard budget: of 8 creates of
+// 20.00 under a budget of 100.00, exactly 5 are booked.
+func TestRacingCreatesShareTheBudget(t *testing.T) {
+	t.Parallel()
+	f := setupService(t, func(c *app.Config) { c.UnreachableAfter, c.LostAfter = 1000*time.Hour, 2000*time.Hour })
+	ctx := context.Background()
+	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
+		Template: bctest.FakeDaemonConfig{Gateway: f.cp.GatewayAddr}, Root: t.TempDir(), N: 1,
+		Token: func(ctx context.Context, i int) (string, error) {
+			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default"}))
+			return tok.Msg.GetToken(), err
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(sim.Stop)
+	_, err = f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}},
+		Policy:   &apiv1.PoolPolicy{Prices: &apiv1.PoolPrices{GpuHour: map[string]string{"*": "1"}}}}))
+	require.NoError(t, err)
+	bctest.WaitFor(t, "the node's 8 GPUs in the pool", func() bool {
+		return f.count(t, `atoms a JOIN node_pools np ON np.node_id = a.node_id WHERE a.kind = 'gpu'`) == 8
+	})
+	_, err = f.admin.Budgets.Set(ctx, connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month", Amount: "100"}))
+	require.NoError(t, err)
+
+	now := f.cp.Clock.Now().UTC()
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, 1, 0)
+	const n = 8
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			// Each in a window of its own: capacity never decides.
+			_, errs[i] = f.keys["member"].Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "acme",
+				Project: "default", Pool: "h100", Gpus: 4, Binding: "none", DurationSeconds: 5 * 3600,
+				StartTime: timestamppb.New(month.Add(time.Duration(i) * 5 * time.Hour))}))
+		}()
+	}
+	close(start)
+	wg.Wait()
+	won := 0
+	for i, err := range errs {
+		if err == nil {
+			won++
+			continue
+		}
+		require.Equal(t, "SPEND_LIMIT_REACHED", client.Code(err), "create %d: %v", i, err)
+	}
+	require.Equal(t, 5, won)
+	require.Equal(t, 5, f.count(t, "reservations"))
+}
