@@ -212,3 +212,38 @@ func Spent(ctx context.Context, q store.Querier, tenantID string, at time.Time) 
 	_, _, c, err := Committed(ctx, q, b, at)
 	return c >= b.Amount, err
 }
+
+// Precheck refuses, before a booking is placed and outside any write
+// transaction, a charge that would pass its tenant's hard budget even at
+// the cheapest model it could be placed on: the request fails fast,
+// without a turn in the placer. It locks nothing and records nothing; the
+// check at commit (Check, in the placer's batch) is the one that counts.
+func Precheck(ctx context.Context, q store.Querier, c quota.Charge) error {
+	b, err := Get(ctx, q, c.TenantID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && b.Enforcement != Hard) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var pb PriceBook
+	p, err := pb.Of(ctx, q, c.PoolID)
+	if err != nil {
+		return err
+	}
+	rate := p.Lowest(Item{Model: quota.NormalModel(c.Model), GPUs: c.GPUs, VCPU: c.VCPU, MemoryGiB: c.MemoryGiB, Flavor: c.Flavor})
+	if rate <= 0 {
+		return nil
+	}
+	cost := Cost{TenantID: c.TenantID, Rate: rate, Start: c.Start, End: c.End, ExcludeReservationID: c.ExcludeReservationID}
+	us, err := uses(ctx, q, b, cost, nil, &pb)
+	if err != nil {
+		return err
+	}
+	for _, u := range us {
+		if u.exceeded(b) {
+			return &envelope.Error{Code: envelope.CodeSpendLimitReached, Message: limitMessage(b, cost, u)}
+		}
+	}
+	return nil
+}

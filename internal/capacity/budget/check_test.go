@@ -28,6 +28,7 @@ const (
 	tenant = "tnt_acme"
 	h100   = "pool_h100"
 	free   = "pool_free"
+	star   = "pool_star"
 )
 
 // fixture is a database with every module's tables, a pool whose H100
@@ -44,6 +45,7 @@ func setup(t *testing.T) *fixture {
 		for id, policy := range map[string]string{
 			h100: `{"prices": {"gpu_hour": {"H100": "1"}, "vcpu_hour": "0.01"}}`,
 			free: `{}`,
+			star: `{"prices": {"gpu_hour": {"*": "2", "A100": "1"}}}`,
 		} {
 			if err := pool.Insert(ctx, tx, &pool.Pool{ID: id, TenantID: "tnt_owner", Name: id, Policy: policy, CreatedBy: "test",
 				CreateTime: t0, UpdateTime: t0}); err != nil {
@@ -272,4 +274,36 @@ func TestConcurrentLastBudget(t *testing.T) {
 		require.Equal(t, envelope.CodeSpendLimitReached, apiErr.Code, "goroutine %d: %v", i, err)
 	}
 	require.Equal(t, 1, won)
+}
+
+// TestPrecheck: the check before placement refuses only what passes a hard
+// budget at the cheapest model the request could land on.
+func TestPrecheck(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	pre := func(c quota.Charge) error {
+		return f.db.Read(context.Background(), func(ctx context.Context, tx store.Tx) error { return budget.Precheck(ctx, tx, c) })
+	}
+	require.NoError(t, pre(charge(h100, 8, hours(0), hours(100))), "no budget")
+	b := f.set(t, budget.PeriodMonth, budget.Hard, 100_000_000)
+	f.reserve(t, "r1", h100, "active", 8, hours(0), hours(10)) // 80.00
+
+	requireLimit(t, pre(charge(h100, 1, hours(0), hours(21))), "costs 21.00 more")
+	require.NoError(t, pre(charge(h100, 1, hours(0), hours(20))))
+	anyModel := charge(h100, 1, hours(0), hours(21))
+	anyModel.Model = ""
+	require.NoError(t, pre(anyModel), "a model the pool does not price is free: placement decides")
+	anyModel.PoolID = star
+	requireLimit(t, pre(anyModel), "costs 21.00 more", "1.00 an hour")
+	anyModel.End = hours(11)
+	require.NoError(t, pre(anyModel), "11.00 at the cheapest model fits; the commit check prices the one placed on")
+
+	b.Enforcement = budget.Soft
+	require.NoError(t, f.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error { return budget.Upsert(ctx, tx, &b) }))
+	require.NoError(t, pre(charge(h100, 8, hours(0), hours(100))), "a soft budget refuses nothing")
+	var n int
+	require.NoError(t, f.db.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM budget_thresholds`).Scan(&n)
+	}))
+	require.Zero(t, n, "a precheck records nothing")
 }

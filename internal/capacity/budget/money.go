@@ -83,6 +83,27 @@ func (p Prices) gpuPrice(model string) Micros {
 	return top
 }
 
+// Lowest is the rate of an item at the cheapest model it could be placed
+// on: a bound below what the booking will cost, for a check made before
+// placement that must never refuse what the booking would not.
+func (p Prices) Lowest(it Item) Micros {
+	if _, ok := p.Instance[it.Flavor]; (ok && it.Flavor != "") || it.Model != "" || it.GPUs <= 0 {
+		return p.Rate(it)
+	}
+	low := Micros(0)
+	if _, ok := p.GPU["*"]; ok {
+		// Every model has a price: the cheapest of them. (Without "*", a
+		// model the pool lists no price for is free.)
+		low = p.GPU["*"]
+		for _, m := range p.GPU {
+			low = min(low, m)
+		}
+	}
+	gpus := Micros(it.GPUs)
+	it.GPUs = 0
+	return p.Rate(it) + gpus*low
+}
+
 // Rate is what an item costs per hour: the flavor's instance-hour price
 // when the pool lists one, else its GPUs, vCPUs and memory.
 func (p Prices) Rate(it Item) Micros {

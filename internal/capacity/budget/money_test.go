@@ -72,6 +72,11 @@ func TestRate(t *testing.T) {
 		require.Equal(t, tc.want, p.Rate(tc.it), tc.name)
 	}
 	require.Zero(t, Prices{}.Rate(Item{Model: "H100", GPUs: 8, VCPU: 8}), "a pool without prices is free")
+	require.Equal(t, Micros(4*750_000+20_000), p.Lowest(Item{GPUs: 4, VCPU: 2}), "the cheapest model: * at 0.75")
+	require.Equal(t, Micros(5_000_000), p.Lowest(Item{Model: "H100", GPUs: 2}), "a known model is its price")
+	require.Equal(t, Micros(20_000_000), p.Lowest(Item{GPUs: 8, Flavor: "gpu-large"}))
+	noStar := ParsePrices(&apiv1.PoolPrices{GpuHour: map[string]string{"H100": "2.5"}})
+	require.Zero(t, noStar.Lowest(Item{GPUs: 4}), "an unlisted model is free")
 
 	h := func(n float64) time.Time { return time.Unix(0, 0).Add(time.Duration(n * float64(time.Hour))) }
 	require.Equal(t, Micros(7_500_000), costOver(2_500_000, h(0), h(3), h(0), h(10)))

@@ -405,6 +405,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 				// Nothing to place: Apply answers NOT_FOUND alone.
 				return s.env.CommitAlone(ctx, write)
 			}
+			if err := s.precheckBudget(ctx, &t, &sp, now); err != nil {
+				return err
+			}
 			return s.engine.placers.SubmitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateReservationResponse, error) {
@@ -643,6 +646,20 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		return nil, s.env.Fail(ctx, err)
 	}
 	return connect.NewResponse(out), nil
+}
+
+// precheckBudget refuses, before the create takes a turn in the placer, a
+// request that would pass its tenant's hard budget whatever it is placed
+// on (budget.Precheck); the placer's batch checks it again at commit.
+func (s *Service) precheckBudget(ctx context.Context, t *target, sp *spec, now time.Time) error {
+	if t.check(sp) != nil {
+		// Apply answers what is wrong with the request.
+		return nil
+	}
+	r := t.newReservation(sp, now, "")
+	return s.env.Resolve(ctx, "budget", func(ctx context.Context, q store.Querier) error {
+		return budget.Precheck(ctx, q, charge(&r))
+	})
 }
 
 // validateGangPreview checks a preview's gang fields as CreateReservations
