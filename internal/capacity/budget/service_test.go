@@ -268,7 +268,7 @@ func TestReserveUntilSpendLimit(t *testing.T) {
 		return &apiv1.CreateReservationRequest{Tenant: "acme", Project: "default", Pool: "h100", Gpus: 4, Binding: "none",
 			StartTime: timestamppb.New(month.Add(time.Duration(i/2) * 5 * time.Hour)), DurationSeconds: 5 * 3600}
 	}
-	booked := 0
+	booked, first := 0, ""
 	for ; booked < 10; booked++ {
 		if booked == 4 {
 			// Preview says what the next one costs and what it leaves.
@@ -283,7 +283,10 @@ func TestReserveUntilSpendLimit(t *testing.T) {
 			require.Equal(t, "0.00", be.GetLeft())
 			require.False(t, be.GetExceeded())
 		}
-		_, err := member.Reservations.Create(ctx, connect.NewRequest(req(booked)))
+		res, err := member.Reservations.Create(ctx, connect.NewRequest(req(booked)))
+		if first == "" && err == nil {
+			first = res.Msg.GetReservation().GetId()
+		}
 		if err != nil {
 			require.Equal(t, "SPEND_LIMIT_REACHED", client.Code(err), "%v", err)
 			require.Contains(t, err.Error(), "allows 100.00 per month")
@@ -293,6 +296,11 @@ func TestReserveUntilSpendLimit(t *testing.T) {
 		}
 	}
 	require.Equal(t, 5, booked, "five bookings of 20.00 reach 100.00; the sixth is refused")
+	// An extension is a booking too: an hour more of 4 GPUs passes it.
+	_, err = member.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: first,
+		ExtendSeconds: 3600}))
+	require.Equal(t, "SPEND_LIMIT_REACHED", client.Code(err), "%v", err)
+	require.Contains(t, err.Error(), "costs 24.00 more", "its whole new window, its old one not counted twice")
 	pv, err := member.Reservations.Preview(ctx, connect.NewRequest(&apiv1.PreviewReservationRequest{Request: req(5)}))
 	require.NoError(t, err)
 	require.True(t, pv.Msg.GetBudget().GetExceeded())
