@@ -538,8 +538,8 @@ func (b *Batch) LockTenant(ctx context.Context, tenantID string) error {
 
 // CheckQuota checks a charge against the quotas that cover it, counting the
 // charges this batch staged before it, then, priced, against its tenant's
-// budget (checkBudget): every booking path checks both in one call. The covering quotas are read (and
-// locked, on PostgreSQL) once a batch per key.
+// budget (checkBudget): every booking path checks both in one call. The
+// covering quotas are read (and locked, on PostgreSQL) once a batch per key.
 func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
 	k := quotaKey{c.TenantID, c.ProjectID, c.PoolID, c.Model}
 	qs, ok := b.quotas[k]
