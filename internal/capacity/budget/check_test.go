@@ -307,3 +307,21 @@ func TestPrecheck(t *testing.T) {
 	}))
 	require.Zero(t, n, "a precheck records nothing")
 }
+
+// TestRearm: setting a budget again forgets the thresholds its periods
+// reached, so they go out again, of the new amount.
+func TestRearm(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	b := f.set(t, budget.PeriodMonth, budget.Soft, 100_000_000)
+	evs, err := f.check(t, charge(h100, 6, hours(0), hours(10)))
+	require.NoError(t, err)
+	require.Equal(t, []int{50}, percents(evs))
+	evs, err = f.check(t, charge(h100, 6, hours(0), hours(10)))
+	require.NoError(t, err)
+	require.Empty(t, evs)
+	require.NoError(t, f.db.Write(context.Background(), func(ctx context.Context, tx store.Tx) error { return budget.Rearm(ctx, tx, b.ID) }))
+	evs, err = f.check(t, charge(h100, 6, hours(0), hours(10)))
+	require.NoError(t, err)
+	require.Equal(t, []int{50}, percents(evs))
+}

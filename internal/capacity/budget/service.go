@@ -132,6 +132,9 @@ func (s *Service) Set(ctx context.Context, req *connect.Request[apiv1.SetBudgetR
 			if err := Upsert(ctx, tx, &b); err != nil {
 				return nil, err
 			}
+			if err := Rearm(ctx, tx, b.ID); err != nil {
+				return nil, err
+			}
 			pb, err := s.proto(ctx, tx, b)
 			if err != nil {
 				return nil, err

@@ -232,6 +232,13 @@ func (pb *PriceBook) Of(ctx context.Context, q store.Querier, poolID string) (Pr
 	return p, nil
 }
 
+// Rearm forgets the thresholds a budget's periods reached: its percents
+// are of the new amount now, and each goes out again when reached.
+func Rearm(ctx context.Context, tx store.Tx, budgetID string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM budget_thresholds WHERE budget_id = $1`, budgetID)
+	return err
+}
+
 // reach records that a budget's period reached percent; false when it had
 // already.
 func reach(ctx context.Context, tx store.Tx, budgetID string, periodStart time.Time, percent int, now time.Time) (bool, error) {
