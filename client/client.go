@@ -56,6 +56,7 @@ type Client struct {
 	Pools          apiv1connect.PoolServiceClient
 	Reservations   apiv1connect.ReservationServiceClient
 	Quotas         apiv1connect.QuotaServiceClient
+	Budgets        apiv1connect.BudgetServiceClient
 	Capacity       apiv1connect.CapacityServiceClient
 	Usage          apiv1connect.UsageServiceClient
 	// WorkloadIdentity issues workload tokens (docs/workload-identity.md).
@@ -142,6 +143,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Pools:            apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
 		Reservations:     apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
 		Quotas:           apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),
+		Budgets:          apiv1connect.NewBudgetServiceClient(h, baseURL, copts...),
 		Capacity:         apiv1connect.NewCapacityServiceClient(h, baseURL, copts...),
 		Usage:            apiv1connect.NewUsageServiceClient(h, baseURL, copts...),
 		WorkloadIdentity: apiv1connect.NewWorkloadIdentityServiceClient(h, baseURL, copts...),

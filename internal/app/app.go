@@ -31,6 +31,7 @@ import (
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/migauto"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
@@ -368,6 +369,8 @@ func Modules() []store.Migrations {
 		fleet.Migrations(), pool.Migrations(), booking.Migrations(), reservation.Migrations(),
 		// Quotas read the reservations table; keep them after its module.
 		quota.Migrations(),
+		// Budgets price the reservations table at check time; after it too.
+		budget.Migrations(),
 		// Usage reads reservations at run time only; keep it last of the
 		// capacity modules all the same.
 		usage.Migrations(),

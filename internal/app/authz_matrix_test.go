@@ -89,6 +89,10 @@ var matrixExpect = map[string]map[string]string{
 	// Quotas: tenant admins set their projects' quotas (the call uses a
 	// project scope); a tenant-wide quota is the platform's alone.
 	"quotas.set": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// Budgets: a tenant's admins and the platform set and delete them;
+	// everyone else reads.
+	"budgets.set":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"budgets.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Reservations: whoever works in the tenant books capacity; viewers
 	// look. (An agent's extension past a day needs a human:
 	// TestAuthzAgentExtendNeedsConfirmation.)
@@ -854,6 +858,20 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		// A fresh model per cell gives each call a scope of its own.
 		_, err := c.Quotas.Set(context.Background(), connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web",
 			Model: f.name("m"), Gpus: &gpus}))
+		return err
+	},
+	"budgets.set": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		// Soft: the later reservation cells are never refused by it.
+		_, err := c.Budgets.Set(context.Background(), connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month",
+			Amount: "1000000", Enforcement: "soft"}))
+		return err
+	},
+	"budgets.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := f.admin.Budgets.Set(context.Background(), connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month",
+			Amount: "1000000", Enforcement: "soft"}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Budgets.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteBudgetRequest{Tenant: "acme"}))
 		return err
 	},
 	"reservations.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {

@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/audit"
 	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
@@ -174,6 +175,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.ReservationServiceExecProcedure, connect.NewServerStreamHandler(apiv1connect.ReservationServiceExecProcedure,
 		rsv.Exec, connect.WithSchema(execMethod), opts, connect.WithReadMaxBytes(MaxExecRequestBytes)))
 	mux.Handle(apiv1connect.NewQuotaServiceHandler(quota.NewService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewBudgetServiceHandler(budget.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewCapacityServiceHandler(views.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope, providerpools.Intervals), opts))
 	mux.Handle(apiv1connect.NewImageServiceHandler(images.NewService(a.Envelope, a.Blobs, a.cfg.MaxImageBytes, a.cfg.Logger), opts))

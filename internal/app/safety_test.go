@@ -24,6 +24,7 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/app"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -42,7 +43,7 @@ import (
 
 // sfTables are the tables a mutation may write.
 var sfTables = []string{"tenants", "projects", "api_keys", "tenant_policies", "audit_log", "events", "confirmations", "idempotency_keys",
-	"nodes", "commands", "join_tokens", "join_requests", "quotas", "reservations", "bookings",
+	"nodes", "commands", "join_tokens", "join_requests", "quotas", "budgets", "budget_thresholds", "reservations", "bookings",
 	"images", "image_signatures", "signer_keys", "image_refs", "webhooks",
 	"sites", "machines", "provision_workflows", "provision_steps", "flavors", "ip_pools", "ip_leases", "instances", "volumes", "secrets",
 	"sandbox_templates", "sandboxes", "sandbox_warm", "sandbox_snapshots",
@@ -795,6 +796,10 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		GPUs: 4, GPUHours: quota.Unlimited, CreatedBy: "test", CreateTime: now, UpdateTime: now}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return quota.Upsert(ctx, tx, &quo) }))
 	evilGPUs := int32(1000)
+	// A budget of acme, written as Set would.
+	bud := budget.Budget{ID: envelope.NewID(budget.IDPrefix, now), TenantID: acme.GetId(), Period: budget.PeriodMonth,
+		Amount: 100_000_000, Enforcement: budget.Hard, Thresholds: budget.DefaultThresholds, CreatedBy: "test", CreateTime: now, UpdateTime: now}
+	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error { return budget.Upsert(ctx, tx, &bud) }))
 
 	// A webhook of acme (its filter matches nothing, so nothing is sent)
 	// with a dead delivery.
@@ -1518,6 +1523,46 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{}))
+				return err
+			},
+		},
+		apiv1connect.BudgetServiceSetProcedure: {
+			func() error {
+				_, err := evil.Budgets.Set(ctx, connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month", Amount: "999999"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Budgets.Set(ctx, connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: acme.GetId(), Period: "day", Amount: "1", Enforcement: "soft"}))
+				return err
+			},
+		},
+		apiv1connect.BudgetServiceGetProcedure: {
+			func() error {
+				_, err := evil.Budgets.Get(ctx, connect.NewRequest(&apiv1.GetBudgetRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Budgets.Get(ctx, connect.NewRequest(&apiv1.GetBudgetRequest{Tenant: acme.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.BudgetServiceListProcedure: {
+			func() error {
+				_, err := evil.Budgets.List(ctx, connect.NewRequest(&apiv1.ListBudgetsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Budgets.List(ctx, connect.NewRequest(&apiv1.ListBudgetsRequest{}))
+				return err
+			},
+		},
+		apiv1connect.BudgetServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Budgets.Delete(ctx, connect.NewRequest(&apiv1.DeleteBudgetRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Budgets.Delete(ctx, connect.NewRequest(&apiv1.DeleteBudgetRequest{Tenant: acme.GetId()}))
 				return err
 			},
 		},

@@ -31,6 +31,9 @@ type poolFlags struct {
 	// A provider pool's: servers rented through a provider account.
 	providerAccount, serverType string
 	providerImage, location     string
+	// Prices per hour, decimals in the platform's currency (docs/billing.md).
+	priceGPU, priceInstance   map[string]string
+	priceVCPU, priceMemoryGiB string
 }
 
 func (f *poolFlags) add(cmd *cobra.Command) {
@@ -53,6 +56,10 @@ func (f *poolFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.serverType, "server-type", "", "provider pool: the provider's server type, e.g. cx22")
 	fl.StringVar(&f.providerImage, "provider-image", "", "provider pool: the image servers boot (an instance's --image overrides it)")
 	fl.StringVar(&f.location, "location", "", "provider pool: where servers run (default the account's)")
+	fl.StringToStringVar(&f.priceGPU, "price-gpu-hour", nil, "price of a GPU-hour per model, e.g. H100=2.50,*=1 (docs/billing.md)")
+	fl.StringVar(&f.priceVCPU, "price-vcpu-hour", "", "price of a vCPU-hour")
+	fl.StringVar(&f.priceMemoryGiB, "price-memory-gib-hour", "", "price of a GiB-hour of memory")
+	fl.StringToStringVar(&f.priceInstance, "price-instance-hour", nil, "price of an instance-hour per flavor, e.g. gpu-large=20")
 }
 
 func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {
@@ -77,6 +84,9 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 	if f.providerAccount != "" || f.serverType != "" || f.providerImage != "" || f.location != "" {
 		p.Provider = &apiv1.ProviderPolicy{Account: f.providerAccount, ServerType: f.serverType, Image: f.providerImage, Location: f.location}
 	}
+	if len(f.priceGPU) > 0 || len(f.priceInstance) > 0 || f.priceVCPU != "" || f.priceMemoryGiB != "" {
+		p.Prices = &apiv1.PoolPrices{GpuHour: f.priceGPU, VcpuHour: f.priceVCPU, MemoryGibHour: f.priceMemoryGiB, InstanceHour: f.priceInstance}
+	}
 	return p
 }
 
@@ -84,7 +94,8 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 func policyChanged(cmd *cobra.Command) bool {
 	for _, name := range []string{"sharing", "slots", "vcpu-per-gpu", "memory-gib-per-gpu", "hugepages-1gi-per-gpu",
 		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon", "require-attestor",
-		"provider-account", "server-type", "provider-image", "location"} {
+		"provider-account", "server-type", "provider-image", "location",
+		"price-gpu-hour", "price-vcpu-hour", "price-memory-gib-hour", "price-instance-hour"} {
 		if cmd.Flags().Changed(name) {
 			return true
 		}

@@ -851,6 +851,28 @@ func previewTable(w io.Writer, p *apiv1.PreviewReservationResponse) {
 		fmt.Fprintln(w)
 		quotaTable(w, q)
 	}
+	if b := p.GetBudget(); b != nil {
+		fmt.Fprintln(w)
+		budgetEffectLines(w, b)
+	}
+}
+
+// budgetEffectLines prints what a request costs and what it leaves of the
+// tenant's budget.
+func budgetEffectLines(w io.Writer, b *apiv1.BudgetEffect) {
+	fmt.Fprintf(w, "cost: %s (%s an hour)\n", b.GetCost(), b.GetCostPerHour())
+	if !b.GetHasBudget() {
+		return
+	}
+	verdict := ""
+	if b.GetExceeded() {
+		verdict = " — passes it"
+		if b.GetEnforcement() == "hard" {
+			verdict += ": Create would be refused with SPEND_LIMIT_REACHED"
+		}
+	}
+	fmt.Fprintf(w, "budget (%s) from %s: %s, %s committed, %s requested, %s left%s\n", b.GetEnforcement(), ts(b.GetPeriodStart()),
+		b.GetAmount(), b.GetCommitted(), b.GetRequested(), b.GetLeft(), verdict)
 }
 
 // explanationTable prints why nodes were rejected, one line per node class,

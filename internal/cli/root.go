@@ -81,7 +81,7 @@ func (a *app) command() *cobra.Command {
   Observe:        audit, events, webhooks
   Fleet:          nodes, commands, batches, inventory, join-tokens, join-requests, trust-anchors
   Health:         gpus, remediations (and nodes health, pools health)
-  Capacity:       pools, reserve, reservations, quotas, capacity, usage
+  Capacity:       pools, reserve, reservations, quotas, budgets, capacity, usage
   Images:         images, signer-keys
   Bare metal:     sites, site-tokens, drivers, machines, workflows, profiles
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
@@ -135,6 +135,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.sandboxTemplatesCommand(), a.sandboxesCommand())
 	root.AddCommand(a.capacityCommand(), a.usageCommand(), a.workloadTokenCommand())
 	root.AddCommand(a.quotasCommand())
+	root.AddCommand(a.budgetsCommand())
 	root.AddCommand(a.webhooksCommand())
 	root.AddCommand(a.reservationCommands()...)
 	root.AddCommand(a.mcpCommand())

@@ -38,6 +38,9 @@ const (
 	// CodeQuotaExceeded: a quota of the tenant or project would be exceeded;
 	// the detail carries the quota effect.
 	CodeQuotaExceeded Code = "QUOTA_EXCEEDED"
+	// CodeSpendLimitReached: the tenant's hard budget for the period would be
+	// passed; the message names the amounts.
+	CodeSpendLimitReached Code = "SPEND_LIMIT_REACHED"
 	// CodeNoCapacity: no node can hold the request; the detail carries the
 	// explanation by node class.
 	CodeNoCapacity Code = "NO_CAPACITY"
@@ -84,6 +87,7 @@ var connectCodes = map[Code]connect.Code{
 	CodeQuorumRequired:         connect.CodeFailedPrecondition,
 	CodeResourceExhaustedLimit: connect.CodeResourceExhausted,
 	CodeQuotaExceeded:          connect.CodeResourceExhausted,
+	CodeSpendLimitReached:      connect.CodeResourceExhausted,
 	CodeNoCapacity:             connect.CodeResourceExhausted,
 	CodeRateLimited:            connect.CodeResourceExhausted,
 	CodeTooManyStreams:         connect.CodeResourceExhausted,

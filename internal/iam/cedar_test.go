@@ -119,6 +119,8 @@ func resourceFor(action, tenant string) Resource {
 			Attrs: map[string]any{"pool": "gpu", "gpus": 4, "lifetimeSeconds": 3600}}
 	case "quotas.set", "quotas.get":
 		return Resource{Type: "Quota", ID: "quo1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"scope": "project"}}
+	case "budgets.set", "budgets.get", "budgets.delete":
+		return Resource{Type: "Budget", ID: "bud1", TenantID: tenant}
 	case "capacity.timeline":
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
 	case "capacity.rebuild":
@@ -197,7 +199,7 @@ func TestCedarMatrix(t *testing.T) {
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "commandBatches.get", "commandBatches.list", "approverSets.get",
 		"joinRequests.list", "inventory.get", "health.get", "health.listFindings", "health.listRemediations", "pools.health",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
-		"reservations.watch", "quotas.get", "quotas.list", "capacity.summary", "capacity.byPool",
+		"reservations.watch", "quotas.get", "quotas.list", "budgets.get", "budgets.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"sites.get", "sites.list", "sites.listDrivers", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
@@ -545,6 +547,7 @@ func TestActions(t *testing.T) {
 	t.Parallel()
 	want := []string{
 		"apiKeys.create", "apiKeys.list", "apiKeys.revoke", "approverSets.get", "approverSets.put", "audit.check", "audit.list", "audit.prove",
+		"budgets.delete", "budgets.get", "budgets.list", "budgets.set",
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commandBatches.approve", "commandBatches.cancel", "commandBatches.create", "commandBatches.get", "commandBatches.list", "commandBatches.run",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",

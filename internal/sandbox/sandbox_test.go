@@ -498,3 +498,39 @@ func TestSnapshotAndSafety(t *testing.T) {
 	require.False(t, strings.Contains(fmt.Sprint(l.Msg), secretValue))
 	noSecretAnywhere(t, f)
 }
+
+// TestWarmPoolStopsOnSpentBudget: a warm pool refills only while the
+// tenant's hard budget has room: a refill the budget refuses, or a budget
+// already spent, stops it without failing the reconciler; it resumes when
+// the budget goes.
+func TestWarmPoolStopsOnSpentBudget(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	// 2 vCPUs at 1.00 a vCPU-hour: a warm guest commits at most 1488.00 of
+	// a month (31 days); a second would pass a budget of 2000.
+	_, err := f.admin.Pools.Update(ctx, connect.NewRequest(&apiv1.UpdatePoolRequest{Tenant: "acme", Pool: "gpu",
+		Policy: &apiv1.PoolPolicy{Prices: &apiv1.PoolPrices{VcpuHour: "1"}}}))
+	require.NoError(t, err)
+	_, err = f.acme.Budgets.Set(ctx, connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month", Amount: "2000"}))
+	require.NoError(t, err)
+	res, err := f.acme.SandboxTemplates.Create(ctx, connect.NewRequest(templateReq("t1", 2, 2)))
+	require.NoError(t, err)
+	tpl := res.Msg.GetTemplate()
+
+	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx), "a refused refill is no failure")
+	f.warmReady(t, tpl.GetId(), 1)
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM sandbox_warm`))
+
+	// Spent: the reconciler does not even try.
+	_, err = f.acme.Budgets.Set(ctx, connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month", Amount: "1"}))
+	require.NoError(t, err)
+	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx))
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM sandbox_warm`))
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM instances`))
+
+	_, err = f.acme.Budgets.Delete(ctx, connect.NewRequest(&apiv1.DeleteBudgetRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.NoError(t, f.cp.App.Sandboxes.ReconcileWarm(ctx))
+	f.warmReady(t, tpl.GetId(), 2)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/vps"
@@ -164,8 +165,29 @@ func (s *Service) reconcileTemplate(ctx context.Context, t Template) error {
 	if err != nil {
 		return err
 	}
+	if want > 0 {
+		// A spent hard budget stops the refill: each warm guest would
+		// commit more of it, and its bookings would be refused anyway.
+		var spent bool
+		if err := s.db.Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
+			spent, err = budget.Spent(ctx, tx, t.TenantID, s.env.Clock().Now())
+			return err
+		}); err != nil {
+			return err
+		}
+		if spent {
+			return nil
+		}
+	}
 	for range max(want, 0) {
-		if err := s.bootWarm(ctx, t); err != nil {
+		err := s.bootWarm(ctx, t)
+		var apiErr *envelope.Error
+		if errors.As(err, &apiErr) && apiErr.Code == envelope.CodeSpendLimitReached {
+			// The budget has room for none more: the refill waits for
+			// the next period (or a larger budget), not for a retry.
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/better-compute/internal/capacity/atoms"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/capmodel"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
@@ -119,6 +120,15 @@ type Batch struct {
 	lockedTenants map[string]bool
 	itemLocked    []string
 	charges       []quota.Charge // charges staged this batch, for later items' quota checks
+	// budgets are the locked tenants' budgets, read with their lock (nil:
+	// the tenant has none); costs the priced charges staged this batch, for
+	// later items' budget checks; prices the pools' prices read so far.
+	budgets map[string]*budget.Budget
+	costs   []budget.Cost
+	prices  budget.PriceBook
+	// emit takes the events of a batch without an envelope (Immediate
+	// inside a mutation: the mutation's own transaction writes them).
+	emit func(envelope.Event)
 	// rows staged by the caller's store code (a new reservation),
 	// written by INSERT head, in order.
 	rows     []stagedRow
@@ -152,7 +162,7 @@ type quotaKey struct{ tenant, project, pool, model string }
 
 func newBatch(tx store.Tx, ix *Index, now time.Time) *Batch {
 	return &Batch{tx: tx, ix: ix, now: now, nodes: map[string]error{}, quotas: map[quotaKey][]quota.Quota{},
-		rollups: map[rollupDelta]int{}, lockedTenants: map[string]bool{}}
+		rollups: map[rollupDelta]int{}, lockedTenants: map[string]bool{}, budgets: map[string]*budget.Budget{}}
 }
 
 // Immediate is a batch for one change outside a placer (a reservation with
@@ -168,6 +178,7 @@ func Immediate(tx store.Tx, now time.Time) *Batch {
 type Mark struct {
 	env                           envelope.BatchMark
 	rows, bookings, undo, charges int
+	costs                         int
 	atoms, cpus, hosts, locked    int
 	pending, unchecked            int
 	rollups                       map[rollupDelta]int
@@ -175,7 +186,7 @@ type Mark struct {
 
 // Mark notes where the batch stands before an item.
 func (b *Batch) Mark() Mark {
-	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus),
+	m := Mark{rows: len(b.rows), bookings: len(b.bookings), undo: len(b.undo), charges: len(b.charges), costs: len(b.costs), pending: b.pending, atoms: len(b.atoms), cpus: len(b.cpus),
 		hosts: len(b.hosts), locked: len(b.itemLocked), unchecked: len(b.unchecked)}
 	if b.env != nil {
 		m.env = b.env.Mark()
@@ -197,7 +208,13 @@ func (b *Batch) Rewind(m Mark) {
 	b.undo = b.undo[:m.undo]
 	b.rows, b.bookings, b.charges, b.pending = b.rows[:m.rows], b.bookings[:m.bookings], b.charges[:m.charges], m.pending
 	b.atoms, b.cpus, b.hosts = b.atoms[:m.atoms], b.cpus[:m.cpus], b.hosts[:m.hosts]
+	// The item's locks go with its savepoint, and the budgets read
+	// under them with the locks.
+	for _, t := range b.itemLocked[m.locked:] {
+		delete(b.budgets, t)
+	}
 	b.itemLocked = b.itemLocked[:m.locked]
+	b.costs = b.costs[:m.costs]
 	// A node the item left unchecked is checked again by the next that
 	// books it.
 	for _, id := range b.unchecked[m.unchecked:] {
@@ -316,6 +333,7 @@ func (b *Batch) flush(ctx context.Context) error {
 	clear(b.rollups)
 	// Written now, the staged charges are what usage queries count.
 	b.charges = b.charges[:0]
+	b.costs = b.costs[:0]
 	if b.env != nil {
 		return b.env.Flush(ctx)
 	}
@@ -510,14 +528,18 @@ func (b *Batch) LockTenant(ctx context.Context, tenantID string) error {
 	if err := quota.LockTenants(ctx, b.tx, []string{tenantID}); err != nil {
 		return err
 	}
+	if err := b.lockBudgets(ctx, []string{tenantID}); err != nil {
+		return err
+	}
 	// Rewound with the item: its savepoint's rollback lets go of the lock.
 	b.itemLocked = append(b.itemLocked, tenantID)
 	return nil
 }
 
 // CheckQuota checks a charge against the quotas that cover it, counting the
-// charges this batch staged before it. The covering quotas are read (and
-// locked, on PostgreSQL) once a batch per key.
+// charges this batch staged before it, then, priced, against its tenant's
+// budget (checkBudget): every booking path checks both in one call. The
+// covering quotas are read (and locked, on PostgreSQL) once a batch per key.
 func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
 	k := quotaKey{c.TenantID, c.ProjectID, c.PoolID, c.Model}
 	qs, ok := b.quotas[k]
@@ -535,6 +557,9 @@ func (b *Batch) CheckQuota(ctx context.Context, c quota.Charge) error {
 		if _, err := quota.CheckCovered(ctx, b.tx, c, qs, b.charges); err != nil {
 			return err
 		}
+	}
+	if err := b.checkBudget(ctx, c); err != nil {
+		return err
 	}
 	if !b.immediate {
 		// Staged: counted with the usage until the flush writes it. Written
@@ -892,6 +917,9 @@ func (p *placer) run(ctx context.Context, ix *Index, ws []*work, perItem bool) (
 		if err := quota.LockTenants(ctx, tx, tenants); err != nil {
 			return err
 		}
+		if err := b.lockBudgets(ctx, tenants); err != nil {
+			return err
+		}
 		for _, t := range tenants {
 			b.lockedTenants[t] = true
 		}
@@ -1018,6 +1046,12 @@ func (b *Batch) Emit(evs ...envelope.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	if b.env == nil && b.emit != nil {
+		for _, ev := range evs {
+			b.emit(ev)
+		}
+		return nil
+	}
 	if b.env == nil {
 		return errors.New("placer: a batch without an envelope cannot stage events (set Placers.Env)")
 	}
@@ -1028,6 +1062,55 @@ func (b *Batch) Emit(evs ...envelope.Event) error {
 	}
 	b.env.Emit(evs...)
 	return nil
+}
+
+// EmitTo makes a batch without an envelope (Immediate) hand its events to
+// emit: the mutation that runs it writes them in its transaction.
+func (b *Batch) EmitTo(emit func(envelope.Event)) { b.emit = emit }
+
+// lockBudgets locks and reads the tenants' budgets (after their quota
+// rows: the one global order) for the rest of the batch or the item.
+func (b *Batch) lockBudgets(ctx context.Context, tenants []string) error {
+	bs, err := budget.LockTenants(ctx, b.tx, tenants)
+	if err != nil {
+		return err
+	}
+	for _, t := range tenants {
+		if bud, ok := bs[t]; ok {
+			b.budgets[t] = &bud
+		} else {
+			b.budgets[t] = nil
+		}
+	}
+	return nil
+}
+
+// checkBudget prices a charge and checks it against its tenant's budget,
+// read under the lock the batch holds, counting the costs this batch
+// staged before it: two bookings racing for a budget's last amount take
+// turns on the budget row, and the second sees the first. The thresholds
+// the booking makes the period reach go out as events with the batch.
+func (b *Batch) checkBudget(ctx context.Context, c quota.Charge) error {
+	if err := b.LockTenant(ctx, c.TenantID); err != nil {
+		return err
+	}
+	bud := b.budgets[c.TenantID]
+	if bud == nil {
+		return nil
+	}
+	cost, err := budget.CostOf(ctx, b.tx, &b.prices, c)
+	if err != nil {
+		return err
+	}
+	evs, err := budget.Check(ctx, b.tx, *bud, cost, b.costs, &b.prices, b.now)
+	if err != nil {
+		return err
+	}
+	if !b.immediate {
+		// Staged like the charge: counted until the flush writes the row.
+		b.costs = append(b.costs, cost)
+	}
+	return b.Emit(evs...)
 }
 
 // Tx is the batch's transaction.

@@ -145,6 +145,7 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	}
 	validateHealthPolicy(vs, p.GetHealth())
 	validateProviderPolicy(vs, p.GetProvider())
+	validatePrices(p.GetPrices(), func(field, reason string) { vs.Add(field, "%s", reason) })
 	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
 	nonNeg("policy.min_duration_seconds", minD)
 	switch {

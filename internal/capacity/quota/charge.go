@@ -20,7 +20,11 @@ import (
 type Charge struct {
 	TenantID, ProjectID, PoolID, Model string // Model: the GPU model placed on (or requested)
 	GPUs                               int
-	Start, End                         time.Time
+	// VCPU, MemoryGiB and Flavor are not charged to quotas: the budget
+	// check prices them (internal/capacity/budget).
+	VCPU, MemoryGiB int
+	Flavor          string
+	Start, End      time.Time
 	// ExcludeReservationID leaves one reservation out of the usage (an
 	// extension re-charges its own reservation).
 	ExcludeReservationID string

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 	"github.com/better-compute/better-compute/internal/capacity/booking"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/migplan"
 	"github.com/better-compute/better-compute/internal/capacity/placement"
 	"github.com/better-compute/better-compute/internal/capacity/placer"
@@ -408,6 +409,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateR
 				// Nothing to place: Apply answers NOT_FOUND alone.
 				return s.env.CommitAlone(ctx, write)
 			}
+			if err := s.precheckBudget(ctx, &t, &sp, now); err != nil {
+				return err
+			}
 			return s.engine.placers.SubmitMutation(ctx, t.pool.ID, t.tenant.ID, false, write)
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateReservationResponse, error) {
@@ -634,6 +638,8 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 			}
 		}
 	}
+	// Priced on the model it would be placed on, as Create prices it.
+	priced := r
 	if len(res.Plans) > 0 {
 		p := res.Plans[0]
 		rec := r
@@ -642,14 +648,32 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 		}
 		out.Feasible = true
 		out.Placement = Proto(rec, t.pool.Name).GetPlacement()
+		priced = rec
 	}
 	if err := s.env.Resolve(ctx, "quota", func(ctx context.Context, q store.Querier) (err error) {
-		out.Quota, err = quota.Effect(ctx, q, charge(&r))
+		if out.Quota, err = quota.Effect(ctx, q, charge(&r)); err != nil {
+			return err
+		}
+		out.Budget, err = budget.Effect(ctx, q, charge(&priced))
 		return err
 	}); err != nil {
 		return nil, s.env.Fail(ctx, err)
 	}
 	return connect.NewResponse(out), nil
+}
+
+// precheckBudget refuses, before the create takes a turn in the placer, a
+// request that would pass its tenant's hard budget whatever it is placed
+// on (budget.Precheck); the placer's batch checks it again at commit.
+func (s *Service) precheckBudget(ctx context.Context, t *target, sp *spec, now time.Time) error {
+	if t.check(sp) != nil {
+		// Apply answers what is wrong with the request.
+		return nil
+	}
+	r := t.newReservation(sp, now, "")
+	return s.env.Resolve(ctx, "budget", func(ctx context.Context, q store.Querier) error {
+		return budget.Precheck(ctx, q, charge(&r))
+	})
 }
 
 // validateGangPreview checks a preview's gang fields as CreateReservations
@@ -708,8 +732,12 @@ func (s *Service) previewGang(ctx context.Context, t *target, r *Reservation, no
 	}
 	c := charge(r)
 	c.GPUs *= nodes
+	c.VCPU, c.MemoryGiB = c.VCPU*nodes, c.MemoryGiB*nodes
 	if err := s.env.Resolve(ctx, "quota", func(ctx context.Context, q store.Querier) (err error) {
-		out.Quota, err = quota.Effect(ctx, q, c)
+		if out.Quota, err = quota.Effect(ctx, q, c); err != nil {
+			return err
+		}
+		out.Budget, err = budget.Effect(ctx, q, c)
 		return err
 	}); err != nil {
 		return nil, err

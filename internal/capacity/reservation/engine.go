@@ -397,14 +397,15 @@ func explanationJSON(ex *apiv1.Explanation) string {
 	return string(b)
 }
 
-// charge is what r asks of its quotas.
+// charge is what r asks of its quotas and, priced, of its tenant's budget.
 func charge(r *Reservation) quota.Charge {
 	model := r.GPUModel
 	if model == "" {
 		model = r.Model
 	}
 	return quota.Charge{TenantID: r.TenantID, ProjectID: r.ProjectID, PoolID: r.PoolID, Model: strings.ToUpper(model),
-		GPUs: r.GPUs + r.Slots, Start: r.StartsAt, End: r.EndsAt, ExcludeReservationID: r.ID}
+		GPUs: r.GPUs + r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB, Flavor: r.Flavor,
+		Start: r.StartsAt, End: r.EndsAt, ExcludeReservationID: r.ID}
 }
 
 // decodeExplanation reads a stored explanation.

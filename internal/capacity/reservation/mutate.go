@@ -224,6 +224,7 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 			b := placer.BatchOf(ctx)
 			if b == nil {
 				b = placer.Immediate(tx.Tx, tx.Now())
+				b.EmitTo(tx.Emit)
 			}
 			// The batch's check, as for a create: it counts what the
 			// batch's earlier items charged and holds the tenant's quota

@@ -323,7 +323,10 @@ type PoolPolicy struct {
 	// Makes this a provider pool: each instance created in it is a server
 	// rented through a provider account (docs/providers.md), not a guest on
 	// one of the pool's nodes.
-	Provider      *ProviderPolicy `protobuf:"bytes,14,opt,name=provider,proto3" json:"provider,omitempty"`
+	Provider *ProviderPolicy `protobuf:"bytes,14,opt,name=provider,proto3" json:"provider,omitempty"`
+	// What the pool's owner charges for an hour of what a reservation holds
+	// (docs/billing.md); unset means the pool is free.
+	Prices        *PoolPrices `protobuf:"bytes,15,opt,name=prices,proto3" json:"prices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -456,6 +459,90 @@ func (x *PoolPolicy) GetProvider() *ProviderPolicy {
 	return nil
 }
 
+func (x *PoolPolicy) GetPrices() *PoolPrices {
+	if x != nil {
+		return x.Prices
+	}
+	return nil
+}
+
+// PoolPrices are prices per hour as decimal strings in the platform's one
+// currency, with at most 6 decimals ("2.5", "0.0125"). A reservation costs
+// the sum of its GPUs, vCPUs and GiB of memory at these prices, or, for an
+// instance of a flavor listed in instance_hour, that price alone.
+type PoolPrices struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Per GPU model (H100, A100-80GB): the price of one GPU-hour (a shared
+	// slot costs as much as a GPU). The key "*" prices every model not
+	// listed; a booking whose model is not known yet is priced at the
+	// highest listed price.
+	GpuHour       map[string]string `protobuf:"bytes,1,rep,name=gpu_hour,json=gpuHour,proto3" json:"gpu_hour,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	VcpuHour      string            `protobuf:"bytes,2,opt,name=vcpu_hour,json=vcpuHour,proto3" json:"vcpu_hour,omitempty"`
+	MemoryGibHour string            `protobuf:"bytes,3,opt,name=memory_gib_hour,json=memoryGibHour,proto3" json:"memory_gib_hour,omitempty"`
+	// Per instance flavor name: the price of one instance-hour.
+	InstanceHour  map[string]string `protobuf:"bytes,4,rep,name=instance_hour,json=instanceHour,proto3" json:"instance_hour,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolPrices) Reset() {
+	*x = PoolPrices{}
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolPrices) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolPrices) ProtoMessage() {}
+
+func (x *PoolPrices) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolPrices.ProtoReflect.Descriptor instead.
+func (*PoolPrices) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PoolPrices) GetGpuHour() map[string]string {
+	if x != nil {
+		return x.GpuHour
+	}
+	return nil
+}
+
+func (x *PoolPrices) GetVcpuHour() string {
+	if x != nil {
+		return x.VcpuHour
+	}
+	return ""
+}
+
+func (x *PoolPrices) GetMemoryGibHour() string {
+	if x != nil {
+		return x.MemoryGibHour
+	}
+	return ""
+}
+
+func (x *PoolPrices) GetInstanceHour() map[string]string {
+	if x != nil {
+		return x.InstanceHour
+	}
+	return nil
+}
+
 // ProviderPolicy is where a provider pool's servers come from.
 type ProviderPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -475,7 +562,7 @@ type ProviderPolicy struct {
 
 func (x *ProviderPolicy) Reset() {
 	*x = ProviderPolicy{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +574,7 @@ func (x *ProviderPolicy) String() string {
 func (*ProviderPolicy) ProtoMessage() {}
 
 func (x *ProviderPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +587,7 @@ func (x *ProviderPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderPolicy.ProtoReflect.Descriptor instead.
 func (*ProviderPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProviderPolicy) GetAccount() string {
@@ -558,7 +645,7 @@ type HealthPolicy struct {
 
 func (x *HealthPolicy) Reset() {
 	*x = HealthPolicy{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +657,7 @@ func (x *HealthPolicy) String() string {
 func (*HealthPolicy) ProtoMessage() {}
 
 func (x *HealthPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +670,7 @@ func (x *HealthPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthPolicy.ProtoReflect.Descriptor instead.
 func (*HealthPolicy) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HealthPolicy) GetXidActions() map[int64]string {
@@ -633,7 +720,7 @@ type PerGpuShare struct {
 
 func (x *PerGpuShare) Reset() {
 	*x = PerGpuShare{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +732,7 @@ func (x *PerGpuShare) String() string {
 func (*PerGpuShare) ProtoMessage() {}
 
 func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +745,7 @@ func (x *PerGpuShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PerGpuShare.ProtoReflect.Descriptor instead.
 func (*PerGpuShare) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PerGpuShare) GetVcpu() int32 {
@@ -693,7 +780,7 @@ type HostReserve struct {
 
 func (x *HostReserve) Reset() {
 	*x = HostReserve{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +792,7 @@ func (x *HostReserve) String() string {
 func (*HostReserve) ProtoMessage() {}
 
 func (x *HostReserve) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +805,7 @@ func (x *HostReserve) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostReserve.ProtoReflect.Descriptor instead.
 func (*HostReserve) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HostReserve) GetVcpu() int32 {
@@ -751,7 +838,7 @@ type OfferPoolRequest struct {
 
 func (x *OfferPoolRequest) Reset() {
 	*x = OfferPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +850,7 @@ func (x *OfferPoolRequest) String() string {
 func (*OfferPoolRequest) ProtoMessage() {}
 
 func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +863,7 @@ func (x *OfferPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfferPoolRequest.ProtoReflect.Descriptor instead.
 func (*OfferPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OfferPoolRequest) GetTenant() string {
@@ -816,7 +903,7 @@ type OfferPoolResponse struct {
 
 func (x *OfferPoolResponse) Reset() {
 	*x = OfferPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +915,7 @@ func (x *OfferPoolResponse) String() string {
 func (*OfferPoolResponse) ProtoMessage() {}
 
 func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +928,7 @@ func (x *OfferPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OfferPoolResponse.ProtoReflect.Descriptor instead.
 func (*OfferPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OfferPoolResponse) GetPool() *Pool {
@@ -863,7 +950,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +962,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +975,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreatePoolRequest) GetTenant() string {
@@ -928,7 +1015,7 @@ type CreatePoolResponse struct {
 
 func (x *CreatePoolResponse) Reset() {
 	*x = CreatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1027,7 @@ func (x *CreatePoolResponse) String() string {
 func (*CreatePoolResponse) ProtoMessage() {}
 
 func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1040,7 @@ func (x *CreatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolResponse.ProtoReflect.Descriptor instead.
 func (*CreatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreatePoolResponse) GetPool() *Pool {
@@ -974,7 +1061,7 @@ type PoolSelector struct {
 
 func (x *PoolSelector) Reset() {
 	*x = PoolSelector{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1073,7 @@ func (x *PoolSelector) String() string {
 func (*PoolSelector) ProtoMessage() {}
 
 func (x *PoolSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1086,7 @@ func (x *PoolSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSelector.ProtoReflect.Descriptor instead.
 func (*PoolSelector) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PoolSelector) GetRequirements() []*SelectorRequirement {
@@ -1024,7 +1111,7 @@ type UpdatePoolRequest struct {
 
 func (x *UpdatePoolRequest) Reset() {
 	*x = UpdatePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1123,7 @@ func (x *UpdatePoolRequest) String() string {
 func (*UpdatePoolRequest) ProtoMessage() {}
 
 func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1136,7 @@ func (x *UpdatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UpdatePoolRequest) GetTenant() string {
@@ -1089,7 +1176,7 @@ type UpdatePoolResponse struct {
 
 func (x *UpdatePoolResponse) Reset() {
 	*x = UpdatePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1188,7 @@ func (x *UpdatePoolResponse) String() string {
 func (*UpdatePoolResponse) ProtoMessage() {}
 
 func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1201,7 @@ func (x *UpdatePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePoolResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpdatePoolResponse) GetPool() *Pool {
@@ -1135,7 +1222,7 @@ type GetPoolRequest struct {
 
 func (x *GetPoolRequest) Reset() {
 	*x = GetPoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1234,7 @@ func (x *GetPoolRequest) String() string {
 func (*GetPoolRequest) ProtoMessage() {}
 
 func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1247,7 @@ func (x *GetPoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolRequest.ProtoReflect.Descriptor instead.
 func (*GetPoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetPoolRequest) GetTenant() string {
@@ -1186,7 +1273,7 @@ type GetPoolResponse struct {
 
 func (x *GetPoolResponse) Reset() {
 	*x = GetPoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1285,7 @@ func (x *GetPoolResponse) String() string {
 func (*GetPoolResponse) ProtoMessage() {}
 
 func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1298,7 @@ func (x *GetPoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPoolResponse.ProtoReflect.Descriptor instead.
 func (*GetPoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetPoolResponse) GetPool() *Pool {
@@ -1235,7 +1322,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1334,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1347,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPoolsRequest) GetTenant() string {
@@ -1301,7 +1388,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1400,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1413,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1354,7 +1441,7 @@ type ArchivePoolRequest struct {
 
 func (x *ArchivePoolRequest) Reset() {
 	*x = ArchivePoolRequest{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1453,7 @@ func (x *ArchivePoolRequest) String() string {
 func (*ArchivePoolRequest) ProtoMessage() {}
 
 func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1466,7 @@ func (x *ArchivePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolRequest.ProtoReflect.Descriptor instead.
 func (*ArchivePoolRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ArchivePoolRequest) GetTenant() string {
@@ -1405,7 +1492,7 @@ type ArchivePoolResponse struct {
 
 func (x *ArchivePoolResponse) Reset() {
 	*x = ArchivePoolResponse{}
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1504,7 @@ func (x *ArchivePoolResponse) String() string {
 func (*ArchivePoolResponse) ProtoMessage() {}
 
 func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_capacity_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1517,7 @@ func (x *ArchivePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchivePoolResponse.ProtoReflect.Descriptor instead.
 func (*ArchivePoolResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_capacity_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ArchivePoolResponse) GetPool() *Pool {
@@ -1468,7 +1555,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\x90\x05\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\xca\x05\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1488,7 +1575,20 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x11required_attestor\x18\v \x01(\tR\x10requiredAttestor\x12:\n" +
 	"\x06health\x18\f \x01(\v2\".bettercompute.api.v1.HealthPolicyR\x06health\x12\x10\n" +
 	"\x03mig\x18\r \x01(\tR\x03mig\x12@\n" +
-	"\bprovider\x18\x0e \x01(\v2$.bettercompute.api.v1.ProviderPolicyR\bprovider\"}\n" +
+	"\bprovider\x18\x0e \x01(\v2$.bettercompute.api.v1.ProviderPolicyR\bprovider\x128\n" +
+	"\x06prices\x18\x0f \x01(\v2 .bettercompute.api.v1.PoolPricesR\x06prices\"\xf1\x02\n" +
+	"\n" +
+	"PoolPrices\x12H\n" +
+	"\bgpu_hour\x18\x01 \x03(\v2-.bettercompute.api.v1.PoolPrices.GpuHourEntryR\agpuHour\x12\x1b\n" +
+	"\tvcpu_hour\x18\x02 \x01(\tR\bvcpuHour\x12&\n" +
+	"\x0fmemory_gib_hour\x18\x03 \x01(\tR\rmemoryGibHour\x12W\n" +
+	"\rinstance_hour\x18\x04 \x03(\v22.bettercompute.api.v1.PoolPrices.InstanceHourEntryR\finstanceHour\x1a:\n" +
+	"\fGpuHourEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
+	"\x11InstanceHourEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
 	"\x0eProviderPolicy\x12\x18\n" +
 	"\aaccount\x18\x01 \x01(\tR\aaccount\x12\x1f\n" +
 	"\vserver_type\x18\x02 \x01(\tR\n" +
@@ -1576,72 +1676,78 @@ func file_bettercompute_api_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_capacity_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_bettercompute_api_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_bettercompute_api_v1_capacity_proto_goTypes = []any{
 	(*Pool)(nil),                  // 0: bettercompute.api.v1.Pool
 	(*PoolOffer)(nil),             // 1: bettercompute.api.v1.PoolOffer
 	(*SelectorRequirement)(nil),   // 2: bettercompute.api.v1.SelectorRequirement
 	(*PoolPolicy)(nil),            // 3: bettercompute.api.v1.PoolPolicy
-	(*ProviderPolicy)(nil),        // 4: bettercompute.api.v1.ProviderPolicy
-	(*HealthPolicy)(nil),          // 5: bettercompute.api.v1.HealthPolicy
-	(*PerGpuShare)(nil),           // 6: bettercompute.api.v1.PerGpuShare
-	(*HostReserve)(nil),           // 7: bettercompute.api.v1.HostReserve
-	(*OfferPoolRequest)(nil),      // 8: bettercompute.api.v1.OfferPoolRequest
-	(*OfferPoolResponse)(nil),     // 9: bettercompute.api.v1.OfferPoolResponse
-	(*CreatePoolRequest)(nil),     // 10: bettercompute.api.v1.CreatePoolRequest
-	(*CreatePoolResponse)(nil),    // 11: bettercompute.api.v1.CreatePoolResponse
-	(*PoolSelector)(nil),          // 12: bettercompute.api.v1.PoolSelector
-	(*UpdatePoolRequest)(nil),     // 13: bettercompute.api.v1.UpdatePoolRequest
-	(*UpdatePoolResponse)(nil),    // 14: bettercompute.api.v1.UpdatePoolResponse
-	(*GetPoolRequest)(nil),        // 15: bettercompute.api.v1.GetPoolRequest
-	(*GetPoolResponse)(nil),       // 16: bettercompute.api.v1.GetPoolResponse
-	(*ListPoolsRequest)(nil),      // 17: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),     // 18: bettercompute.api.v1.ListPoolsResponse
-	(*ArchivePoolRequest)(nil),    // 19: bettercompute.api.v1.ArchivePoolRequest
-	(*ArchivePoolResponse)(nil),   // 20: bettercompute.api.v1.ArchivePoolResponse
-	nil,                           // 21: bettercompute.api.v1.HealthPolicy.XidActionsEntry
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*PoolPrices)(nil),            // 4: bettercompute.api.v1.PoolPrices
+	(*ProviderPolicy)(nil),        // 5: bettercompute.api.v1.ProviderPolicy
+	(*HealthPolicy)(nil),          // 6: bettercompute.api.v1.HealthPolicy
+	(*PerGpuShare)(nil),           // 7: bettercompute.api.v1.PerGpuShare
+	(*HostReserve)(nil),           // 8: bettercompute.api.v1.HostReserve
+	(*OfferPoolRequest)(nil),      // 9: bettercompute.api.v1.OfferPoolRequest
+	(*OfferPoolResponse)(nil),     // 10: bettercompute.api.v1.OfferPoolResponse
+	(*CreatePoolRequest)(nil),     // 11: bettercompute.api.v1.CreatePoolRequest
+	(*CreatePoolResponse)(nil),    // 12: bettercompute.api.v1.CreatePoolResponse
+	(*PoolSelector)(nil),          // 13: bettercompute.api.v1.PoolSelector
+	(*UpdatePoolRequest)(nil),     // 14: bettercompute.api.v1.UpdatePoolRequest
+	(*UpdatePoolResponse)(nil),    // 15: bettercompute.api.v1.UpdatePoolResponse
+	(*GetPoolRequest)(nil),        // 16: bettercompute.api.v1.GetPoolRequest
+	(*GetPoolResponse)(nil),       // 17: bettercompute.api.v1.GetPoolResponse
+	(*ListPoolsRequest)(nil),      // 18: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),     // 19: bettercompute.api.v1.ListPoolsResponse
+	(*ArchivePoolRequest)(nil),    // 20: bettercompute.api.v1.ArchivePoolRequest
+	(*ArchivePoolResponse)(nil),   // 21: bettercompute.api.v1.ArchivePoolResponse
+	nil,                           // 22: bettercompute.api.v1.PoolPrices.GpuHourEntry
+	nil,                           // 23: bettercompute.api.v1.PoolPrices.InstanceHourEntry
+	nil,                           // 24: bettercompute.api.v1.HealthPolicy.XidActionsEntry
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_capacity_proto_depIdxs = []int32{
 	2,  // 0: bettercompute.api.v1.Pool.selector:type_name -> bettercompute.api.v1.SelectorRequirement
 	3,  // 1: bettercompute.api.v1.Pool.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	22, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	22, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
-	22, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
+	25, // 2: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	25, // 3: bettercompute.api.v1.Pool.update_time:type_name -> google.protobuf.Timestamp
+	25, // 4: bettercompute.api.v1.Pool.archive_time:type_name -> google.protobuf.Timestamp
 	1,  // 5: bettercompute.api.v1.Pool.offer:type_name -> bettercompute.api.v1.PoolOffer
-	6,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
-	7,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
-	5,  // 8: bettercompute.api.v1.PoolPolicy.health:type_name -> bettercompute.api.v1.HealthPolicy
-	4,  // 9: bettercompute.api.v1.PoolPolicy.provider:type_name -> bettercompute.api.v1.ProviderPolicy
-	21, // 10: bettercompute.api.v1.HealthPolicy.xid_actions:type_name -> bettercompute.api.v1.HealthPolicy.XidActionsEntry
-	0,  // 11: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	2,  // 12: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
-	3,  // 13: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 14: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	2,  // 15: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
-	12, // 16: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
-	3,  // 17: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
-	0,  // 18: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 19: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	0,  // 20: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	0,  // 21: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
-	10, // 22: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	13, // 23: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
-	15, // 24: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
-	17, // 25: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	19, // 26: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
-	8,  // 27: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
-	11, // 28: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
-	14, // 29: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
-	16, // 30: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
-	18, // 31: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	20, // 32: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
-	9,  // 33: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
-	28, // [28:34] is the sub-list for method output_type
-	22, // [22:28] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	7,  // 6: bettercompute.api.v1.PoolPolicy.per_gpu:type_name -> bettercompute.api.v1.PerGpuShare
+	8,  // 7: bettercompute.api.v1.PoolPolicy.host_reserve:type_name -> bettercompute.api.v1.HostReserve
+	6,  // 8: bettercompute.api.v1.PoolPolicy.health:type_name -> bettercompute.api.v1.HealthPolicy
+	5,  // 9: bettercompute.api.v1.PoolPolicy.provider:type_name -> bettercompute.api.v1.ProviderPolicy
+	4,  // 10: bettercompute.api.v1.PoolPolicy.prices:type_name -> bettercompute.api.v1.PoolPrices
+	22, // 11: bettercompute.api.v1.PoolPrices.gpu_hour:type_name -> bettercompute.api.v1.PoolPrices.GpuHourEntry
+	23, // 12: bettercompute.api.v1.PoolPrices.instance_hour:type_name -> bettercompute.api.v1.PoolPrices.InstanceHourEntry
+	24, // 13: bettercompute.api.v1.HealthPolicy.xid_actions:type_name -> bettercompute.api.v1.HealthPolicy.XidActionsEntry
+	0,  // 14: bettercompute.api.v1.OfferPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 15: bettercompute.api.v1.CreatePoolRequest.selector:type_name -> bettercompute.api.v1.SelectorRequirement
+	3,  // 16: bettercompute.api.v1.CreatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 17: bettercompute.api.v1.CreatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	2,  // 18: bettercompute.api.v1.PoolSelector.requirements:type_name -> bettercompute.api.v1.SelectorRequirement
+	13, // 19: bettercompute.api.v1.UpdatePoolRequest.selector:type_name -> bettercompute.api.v1.PoolSelector
+	3,  // 20: bettercompute.api.v1.UpdatePoolRequest.policy:type_name -> bettercompute.api.v1.PoolPolicy
+	0,  // 21: bettercompute.api.v1.UpdatePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 22: bettercompute.api.v1.GetPoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	0,  // 23: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	0,  // 24: bettercompute.api.v1.ArchivePoolResponse.pool:type_name -> bettercompute.api.v1.Pool
+	11, // 25: bettercompute.api.v1.PoolService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	14, // 26: bettercompute.api.v1.PoolService.Update:input_type -> bettercompute.api.v1.UpdatePoolRequest
+	16, // 27: bettercompute.api.v1.PoolService.Get:input_type -> bettercompute.api.v1.GetPoolRequest
+	18, // 28: bettercompute.api.v1.PoolService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	20, // 29: bettercompute.api.v1.PoolService.Archive:input_type -> bettercompute.api.v1.ArchivePoolRequest
+	9,  // 30: bettercompute.api.v1.PoolService.Offer:input_type -> bettercompute.api.v1.OfferPoolRequest
+	12, // 31: bettercompute.api.v1.PoolService.Create:output_type -> bettercompute.api.v1.CreatePoolResponse
+	15, // 32: bettercompute.api.v1.PoolService.Update:output_type -> bettercompute.api.v1.UpdatePoolResponse
+	17, // 33: bettercompute.api.v1.PoolService.Get:output_type -> bettercompute.api.v1.GetPoolResponse
+	19, // 34: bettercompute.api.v1.PoolService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	21, // 35: bettercompute.api.v1.PoolService.Archive:output_type -> bettercompute.api.v1.ArchivePoolResponse
+	10, // 36: bettercompute.api.v1.PoolService.Offer:output_type -> bettercompute.api.v1.OfferPoolResponse
+	31, // [31:37] is the sub-list for method output_type
+	25, // [25:31] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_capacity_proto_init() }
@@ -1655,7 +1761,7 @@ func file_bettercompute_api_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_capacity_proto_rawDesc), len(file_bettercompute_api_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1193,7 +1193,10 @@ type PreviewReservationResponse struct {
 	// is then the first of them.
 	GangPlacements []*Placement `protobuf:"bytes,7,rep,name=gang_placements,json=gangPlacements,proto3" json:"gang_placements,omitempty"`
 	// The gang's domain (the value of its topology label) when it fits.
-	GangDomain    string `protobuf:"bytes,8,opt,name=gang_domain,json=gangDomain,proto3" json:"gang_domain,omitempty"`
+	GangDomain string `protobuf:"bytes,8,opt,name=gang_domain,json=gangDomain,proto3" json:"gang_domain,omitempty"`
+	// What the request costs at the pool's prices, and what it does to the
+	// tenant's budget.
+	Budget        *BudgetEffect `protobuf:"bytes,9,opt,name=budget,proto3" json:"budget,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1284,6 +1287,141 @@ func (x *PreviewReservationResponse) GetGangDomain() string {
 	return ""
 }
 
+func (x *PreviewReservationResponse) GetBudget() *BudgetEffect {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+// BudgetEffect is a request's cost and what it leaves of the tenant's
+// budget. Amounts are decimal strings in the platform's currency.
+type BudgetEffect struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request's cost over its whole window, and per hour.
+	Cost        string `protobuf:"bytes,1,opt,name=cost,proto3" json:"cost,omitempty"`
+	CostPerHour string `protobuf:"bytes,2,opt,name=cost_per_hour,json=costPerHour,proto3" json:"cost_per_hour,omitempty"`
+	// Set when the tenant has a budget; the fields below are then filled.
+	HasBudget bool `protobuf:"varint,3,opt,name=has_budget,json=hasBudget,proto3" json:"has_budget,omitempty"`
+	// hard or soft.
+	Enforcement string `protobuf:"bytes,4,opt,name=enforcement,proto3" json:"enforcement,omitempty"`
+	// The period the figures are for: the one the request passes the budget
+	// in, else the one it leaves the least of.
+	PeriodStart *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=period_start,json=periodStart,proto3" json:"period_start,omitempty"`
+	Amount      string                 `protobuf:"bytes,6,opt,name=amount,proto3" json:"amount,omitempty"`
+	// Committed by the tenant's other bookings in that period.
+	Committed string `protobuf:"bytes,7,opt,name=committed,proto3" json:"committed,omitempty"`
+	// The request's cost within that period.
+	Requested string `protobuf:"bytes,8,opt,name=requested,proto3" json:"requested,omitempty"`
+	// amount - committed - requested; negative when the request passes it.
+	Left string `protobuf:"bytes,9,opt,name=left,proto3" json:"left,omitempty"`
+	// Set when the request would pass the budget (a hard budget refuses it
+	// with SPEND_LIMIT_REACHED).
+	Exceeded      bool `protobuf:"varint,10,opt,name=exceeded,proto3" json:"exceeded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetEffect) Reset() {
+	*x = BudgetEffect{}
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetEffect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetEffect) ProtoMessage() {}
+
+func (x *BudgetEffect) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetEffect.ProtoReflect.Descriptor instead.
+func (*BudgetEffect) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *BudgetEffect) GetCost() string {
+	if x != nil {
+		return x.Cost
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetCostPerHour() string {
+	if x != nil {
+		return x.CostPerHour
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetHasBudget() bool {
+	if x != nil {
+		return x.HasBudget
+	}
+	return false
+}
+
+func (x *BudgetEffect) GetEnforcement() string {
+	if x != nil {
+		return x.Enforcement
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetPeriodStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PeriodStart
+	}
+	return nil
+}
+
+func (x *BudgetEffect) GetAmount() string {
+	if x != nil {
+		return x.Amount
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetCommitted() string {
+	if x != nil {
+		return x.Committed
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetRequested() string {
+	if x != nil {
+		return x.Requested
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetLeft() string {
+	if x != nil {
+		return x.Left
+	}
+	return ""
+}
+
+func (x *BudgetEffect) GetExceeded() bool {
+	if x != nil {
+		return x.Exceeded
+	}
+	return false
+}
+
 // QuotaEffect is what a request would do to every quota that covers it.
 type QuotaEffect struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1296,7 +1434,7 @@ type QuotaEffect struct {
 
 func (x *QuotaEffect) Reset() {
 	*x = QuotaEffect{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1446,7 @@ func (x *QuotaEffect) String() string {
 func (*QuotaEffect) ProtoMessage() {}
 
 func (x *QuotaEffect) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1459,7 @@ func (x *QuotaEffect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaEffect.ProtoReflect.Descriptor instead.
 func (*QuotaEffect) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *QuotaEffect) GetUses() []*QuotaUse {
@@ -1357,7 +1495,7 @@ type QuotaUse struct {
 
 func (x *QuotaUse) Reset() {
 	*x = QuotaUse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1507,7 @@ func (x *QuotaUse) String() string {
 func (*QuotaUse) ProtoMessage() {}
 
 func (x *QuotaUse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1520,7 @@ func (x *QuotaUse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaUse.ProtoReflect.Descriptor instead.
 func (*QuotaUse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *QuotaUse) GetQuotaId() string {
@@ -1458,7 +1596,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1608,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1621,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetReservationRequest) GetTenant() string {
@@ -1509,7 +1647,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1659,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1672,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetReservationResponse) GetReservation() *Reservation {
@@ -1564,7 +1702,7 @@ type ListReservationsRequest struct {
 
 func (x *ListReservationsRequest) Reset() {
 	*x = ListReservationsRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1714,7 @@ func (x *ListReservationsRequest) String() string {
 func (*ListReservationsRequest) ProtoMessage() {}
 
 func (x *ListReservationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[18]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1727,7 @@ func (x *ListReservationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReservationsRequest.ProtoReflect.Descriptor instead.
 func (*ListReservationsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{18}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListReservationsRequest) GetTenant() string {
@@ -1651,7 +1789,7 @@ type ListReservationsResponse struct {
 
 func (x *ListReservationsResponse) Reset() {
 	*x = ListReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +1801,7 @@ func (x *ListReservationsResponse) String() string {
 func (*ListReservationsResponse) ProtoMessage() {}
 
 func (x *ListReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[19]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +1814,7 @@ func (x *ListReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReservationsResponse.ProtoReflect.Descriptor instead.
 func (*ListReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{19}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListReservationsResponse) GetReservations() []*Reservation {
@@ -1706,7 +1844,7 @@ type WatchReservationsRequest struct {
 
 func (x *WatchReservationsRequest) Reset() {
 	*x = WatchReservationsRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1856,7 @@ func (x *WatchReservationsRequest) String() string {
 func (*WatchReservationsRequest) ProtoMessage() {}
 
 func (x *WatchReservationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[20]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1869,7 @@ func (x *WatchReservationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReservationsRequest.ProtoReflect.Descriptor instead.
 func (*WatchReservationsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{20}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchReservationsRequest) GetTenant() string {
@@ -1767,7 +1905,7 @@ type WatchReservationsResponse struct {
 
 func (x *WatchReservationsResponse) Reset() {
 	*x = WatchReservationsResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1917,7 @@ func (x *WatchReservationsResponse) String() string {
 func (*WatchReservationsResponse) ProtoMessage() {}
 
 func (x *WatchReservationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[21]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +1930,7 @@ func (x *WatchReservationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchReservationsResponse.ProtoReflect.Descriptor instead.
 func (*WatchReservationsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{21}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchReservationsResponse) GetType() string {
@@ -1829,7 +1967,7 @@ type ExtendReservationRequest struct {
 
 func (x *ExtendReservationRequest) Reset() {
 	*x = ExtendReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1979,7 @@ func (x *ExtendReservationRequest) String() string {
 func (*ExtendReservationRequest) ProtoMessage() {}
 
 func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[22]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1992,7 @@ func (x *ExtendReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExtendReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{22}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExtendReservationRequest) GetTenant() string {
@@ -1894,7 +2032,7 @@ type ExtendReservationResponse struct {
 
 func (x *ExtendReservationResponse) Reset() {
 	*x = ExtendReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2044,7 @@ func (x *ExtendReservationResponse) String() string {
 func (*ExtendReservationResponse) ProtoMessage() {}
 
 func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[23]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2057,7 @@ func (x *ExtendReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExtendReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{23}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExtendReservationResponse) GetReservation() *Reservation {
@@ -1939,7 +2077,7 @@ type ReleaseReservationRequest struct {
 
 func (x *ReleaseReservationRequest) Reset() {
 	*x = ReleaseReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2089,7 @@ func (x *ReleaseReservationRequest) String() string {
 func (*ReleaseReservationRequest) ProtoMessage() {}
 
 func (x *ReleaseReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2102,7 @@ func (x *ReleaseReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReleaseReservationRequest) GetTenant() string {
@@ -1990,7 +2128,7 @@ type ReleaseReservationResponse struct {
 
 func (x *ReleaseReservationResponse) Reset() {
 	*x = ReleaseReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2140,7 @@ func (x *ReleaseReservationResponse) String() string {
 func (*ReleaseReservationResponse) ProtoMessage() {}
 
 func (x *ReleaseReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2153,7 @@ func (x *ReleaseReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReleaseReservationResponse) GetReservation() *Reservation {
@@ -2035,7 +2173,7 @@ type CancelReservationRequest struct {
 
 func (x *CancelReservationRequest) Reset() {
 	*x = CancelReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2185,7 @@ func (x *CancelReservationRequest) String() string {
 func (*CancelReservationRequest) ProtoMessage() {}
 
 func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2198,7 @@ func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationRequest.ProtoReflect.Descriptor instead.
 func (*CancelReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CancelReservationRequest) GetTenant() string {
@@ -2086,7 +2224,7 @@ type CancelReservationResponse struct {
 
 func (x *CancelReservationResponse) Reset() {
 	*x = CancelReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2236,7 @@ func (x *CancelReservationResponse) String() string {
 func (*CancelReservationResponse) ProtoMessage() {}
 
 func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[27]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2249,7 @@ func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationResponse.ProtoReflect.Descriptor instead.
 func (*CancelReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{27}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CancelReservationResponse) GetReservation() *Reservation {
@@ -2137,7 +2275,7 @@ type ExecReservationRequest struct {
 
 func (x *ExecReservationRequest) Reset() {
 	*x = ExecReservationRequest{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2287,7 @@ func (x *ExecReservationRequest) String() string {
 func (*ExecReservationRequest) ProtoMessage() {}
 
 func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[28]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2300,7 @@ func (x *ExecReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecReservationRequest.ProtoReflect.Descriptor instead.
 func (*ExecReservationRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{28}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecReservationRequest) GetTenant() string {
@@ -2207,7 +2345,7 @@ type ExecReservationResponse struct {
 
 func (x *ExecReservationResponse) Reset() {
 	*x = ExecReservationResponse{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2357,7 @@ func (x *ExecReservationResponse) String() string {
 func (*ExecReservationResponse) ProtoMessage() {}
 
 func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[29]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2370,7 @@ func (x *ExecReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecReservationResponse.ProtoReflect.Descriptor instead.
 func (*ExecReservationResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{29}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecReservationResponse) GetEvent() isExecReservationResponse_Event {
@@ -2302,7 +2440,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2452,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[30]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2465,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{30}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecStarted) GetCommandId() string {
@@ -2356,7 +2494,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2506,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[31]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2519,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{31}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecOutput) GetStream() string {
@@ -2425,7 +2563,7 @@ type ExecExit struct {
 
 func (x *ExecExit) Reset() {
 	*x = ExecExit{}
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2575,7 @@ func (x *ExecExit) String() string {
 func (*ExecExit) ProtoMessage() {}
 
 func (x *ExecExit) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[32]
+	mi := &file_bettercompute_api_v1_reservations_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2588,7 @@ func (x *ExecExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExit.ProtoReflect.Descriptor instead.
 func (*ExecExit) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{32}
+	return file_bettercompute_api_v1_reservations_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExecExit) GetState() string {
@@ -2629,7 +2767,7 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\arequest\x18\x01 \x01(\v2..bettercompute.api.v1.CreateReservationRequestR\arequest\x12\x1d\n" +
 	"\n" +
 	"gang_nodes\x18\x02 \x01(\x05R\tgangNodes\x12#\n" +
-	"\rgang_topology\x18\x03 \x01(\tR\fgangTopology\"\xd2\x03\n" +
+	"\rgang_topology\x18\x03 \x01(\tR\fgangTopology\"\x8e\x04\n" +
 	"\x1aPreviewReservationResponse\x12\x1a\n" +
 	"\bfeasible\x18\x01 \x01(\bR\bfeasible\x12=\n" +
 	"\tplacement\x18\x02 \x01(\v2\x1f.bettercompute.api.v1.PlacementR\tplacement\x12C\n" +
@@ -2640,7 +2778,21 @@ const file_bettercompute_api_v1_reservations_proto_rawDesc = "" +
 	"\bend_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12H\n" +
 	"\x0fgang_placements\x18\a \x03(\v2\x1f.bettercompute.api.v1.PlacementR\x0egangPlacements\x12\x1f\n" +
 	"\vgang_domain\x18\b \x01(\tR\n" +
-	"gangDomain\"]\n" +
+	"gangDomain\x12:\n" +
+	"\x06budget\x18\t \x01(\v2\".bettercompute.api.v1.BudgetEffectR\x06budget\"\xca\x02\n" +
+	"\fBudgetEffect\x12\x12\n" +
+	"\x04cost\x18\x01 \x01(\tR\x04cost\x12\"\n" +
+	"\rcost_per_hour\x18\x02 \x01(\tR\vcostPerHour\x12\x1d\n" +
+	"\n" +
+	"has_budget\x18\x03 \x01(\bR\thasBudget\x12 \n" +
+	"\venforcement\x18\x04 \x01(\tR\venforcement\x12=\n" +
+	"\fperiod_start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vperiodStart\x12\x16\n" +
+	"\x06amount\x18\x06 \x01(\tR\x06amount\x12\x1c\n" +
+	"\tcommitted\x18\a \x01(\tR\tcommitted\x12\x1c\n" +
+	"\trequested\x18\b \x01(\tR\trequested\x12\x12\n" +
+	"\x04left\x18\t \x01(\tR\x04left\x12\x1a\n" +
+	"\bexceeded\x18\n" +
+	" \x01(\bR\bexceeded\"]\n" +
 	"\vQuotaEffect\x122\n" +
 	"\x04uses\x18\x01 \x03(\v2\x1e.bettercompute.api.v1.QuotaUseR\x04uses\x12\x1a\n" +
 	"\bexceeded\x18\x02 \x01(\bR\bexceeded\"\xb8\x02\n" +
@@ -2751,7 +2903,7 @@ func file_bettercompute_api_v1_reservations_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_reservations_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_bettercompute_api_v1_reservations_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*Reservation)(nil),                // 0: bettercompute.api.v1.Reservation
 	(*ReservationSpec)(nil),            // 1: bettercompute.api.v1.ReservationSpec
@@ -2767,42 +2919,43 @@ var file_bettercompute_api_v1_reservations_proto_goTypes = []any{
 	(*CreateReservationsResponse)(nil), // 11: bettercompute.api.v1.CreateReservationsResponse
 	(*PreviewReservationRequest)(nil),  // 12: bettercompute.api.v1.PreviewReservationRequest
 	(*PreviewReservationResponse)(nil), // 13: bettercompute.api.v1.PreviewReservationResponse
-	(*QuotaEffect)(nil),                // 14: bettercompute.api.v1.QuotaEffect
-	(*QuotaUse)(nil),                   // 15: bettercompute.api.v1.QuotaUse
-	(*GetReservationRequest)(nil),      // 16: bettercompute.api.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),     // 17: bettercompute.api.v1.GetReservationResponse
-	(*ListReservationsRequest)(nil),    // 18: bettercompute.api.v1.ListReservationsRequest
-	(*ListReservationsResponse)(nil),   // 19: bettercompute.api.v1.ListReservationsResponse
-	(*WatchReservationsRequest)(nil),   // 20: bettercompute.api.v1.WatchReservationsRequest
-	(*WatchReservationsResponse)(nil),  // 21: bettercompute.api.v1.WatchReservationsResponse
-	(*ExtendReservationRequest)(nil),   // 22: bettercompute.api.v1.ExtendReservationRequest
-	(*ExtendReservationResponse)(nil),  // 23: bettercompute.api.v1.ExtendReservationResponse
-	(*ReleaseReservationRequest)(nil),  // 24: bettercompute.api.v1.ReleaseReservationRequest
-	(*ReleaseReservationResponse)(nil), // 25: bettercompute.api.v1.ReleaseReservationResponse
-	(*CancelReservationRequest)(nil),   // 26: bettercompute.api.v1.CancelReservationRequest
-	(*CancelReservationResponse)(nil),  // 27: bettercompute.api.v1.CancelReservationResponse
-	(*ExecReservationRequest)(nil),     // 28: bettercompute.api.v1.ExecReservationRequest
-	(*ExecReservationResponse)(nil),    // 29: bettercompute.api.v1.ExecReservationResponse
-	(*ExecStarted)(nil),                // 30: bettercompute.api.v1.ExecStarted
-	(*ExecOutput)(nil),                 // 31: bettercompute.api.v1.ExecOutput
-	(*ExecExit)(nil),                   // 32: bettercompute.api.v1.ExecExit
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
+	(*BudgetEffect)(nil),               // 14: bettercompute.api.v1.BudgetEffect
+	(*QuotaEffect)(nil),                // 15: bettercompute.api.v1.QuotaEffect
+	(*QuotaUse)(nil),                   // 16: bettercompute.api.v1.QuotaUse
+	(*GetReservationRequest)(nil),      // 17: bettercompute.api.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),     // 18: bettercompute.api.v1.GetReservationResponse
+	(*ListReservationsRequest)(nil),    // 19: bettercompute.api.v1.ListReservationsRequest
+	(*ListReservationsResponse)(nil),   // 20: bettercompute.api.v1.ListReservationsResponse
+	(*WatchReservationsRequest)(nil),   // 21: bettercompute.api.v1.WatchReservationsRequest
+	(*WatchReservationsResponse)(nil),  // 22: bettercompute.api.v1.WatchReservationsResponse
+	(*ExtendReservationRequest)(nil),   // 23: bettercompute.api.v1.ExtendReservationRequest
+	(*ExtendReservationResponse)(nil),  // 24: bettercompute.api.v1.ExtendReservationResponse
+	(*ReleaseReservationRequest)(nil),  // 25: bettercompute.api.v1.ReleaseReservationRequest
+	(*ReleaseReservationResponse)(nil), // 26: bettercompute.api.v1.ReleaseReservationResponse
+	(*CancelReservationRequest)(nil),   // 27: bettercompute.api.v1.CancelReservationRequest
+	(*CancelReservationResponse)(nil),  // 28: bettercompute.api.v1.CancelReservationResponse
+	(*ExecReservationRequest)(nil),     // 29: bettercompute.api.v1.ExecReservationRequest
+	(*ExecReservationResponse)(nil),    // 30: bettercompute.api.v1.ExecReservationResponse
+	(*ExecStarted)(nil),                // 31: bettercompute.api.v1.ExecStarted
+	(*ExecOutput)(nil),                 // 32: bettercompute.api.v1.ExecOutput
+	(*ExecExit)(nil),                   // 33: bettercompute.api.v1.ExecExit
+	(*timestamppb.Timestamp)(nil),      // 34: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_reservations_proto_depIdxs = []int32{
 	1,  // 0: bettercompute.api.v1.Reservation.spec:type_name -> bettercompute.api.v1.ReservationSpec
-	33, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
-	33, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
+	34, // 1: bettercompute.api.v1.Reservation.start_time:type_name -> google.protobuf.Timestamp
+	34, // 2: bettercompute.api.v1.Reservation.end_time:type_name -> google.protobuf.Timestamp
 	2,  // 3: bettercompute.api.v1.Reservation.placement:type_name -> bettercompute.api.v1.Placement
 	4,  // 4: bettercompute.api.v1.Reservation.conditions:type_name -> bettercompute.api.v1.ReservationCondition
 	5,  // 5: bettercompute.api.v1.Reservation.explanation:type_name -> bettercompute.api.v1.Explanation
-	33, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
-	33, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
-	33, // 8: bettercompute.api.v1.Reservation.release_time:type_name -> google.protobuf.Timestamp
+	34, // 6: bettercompute.api.v1.Reservation.create_time:type_name -> google.protobuf.Timestamp
+	34, // 7: bettercompute.api.v1.Reservation.update_time:type_name -> google.protobuf.Timestamp
+	34, // 8: bettercompute.api.v1.Reservation.release_time:type_name -> google.protobuf.Timestamp
 	3,  // 9: bettercompute.api.v1.Placement.score:type_name -> bettercompute.api.v1.PlacementScore
-	33, // 10: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
+	34, // 10: bettercompute.api.v1.ReservationCondition.update_time:type_name -> google.protobuf.Timestamp
 	6,  // 11: bettercompute.api.v1.Explanation.lines:type_name -> bettercompute.api.v1.ExplanationLine
-	33, // 12: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
-	33, // 13: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	34, // 12: bettercompute.api.v1.CreateReservationRequest.start_time:type_name -> google.protobuf.Timestamp
+	34, // 13: bettercompute.api.v1.CreateReservationRequest.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 14: bettercompute.api.v1.CreateReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
 	7,  // 15: bettercompute.api.v1.CreateReservationsRequest.template:type_name -> bettercompute.api.v1.CreateReservationRequest
 	10, // 16: bettercompute.api.v1.CreateReservationsRequest.gang:type_name -> bettercompute.api.v1.Gang
@@ -2810,46 +2963,48 @@ var file_bettercompute_api_v1_reservations_proto_depIdxs = []int32{
 	7,  // 18: bettercompute.api.v1.PreviewReservationRequest.request:type_name -> bettercompute.api.v1.CreateReservationRequest
 	2,  // 19: bettercompute.api.v1.PreviewReservationResponse.placement:type_name -> bettercompute.api.v1.Placement
 	5,  // 20: bettercompute.api.v1.PreviewReservationResponse.explanation:type_name -> bettercompute.api.v1.Explanation
-	14, // 21: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
-	33, // 22: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
-	33, // 23: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
+	15, // 21: bettercompute.api.v1.PreviewReservationResponse.quota:type_name -> bettercompute.api.v1.QuotaEffect
+	34, // 22: bettercompute.api.v1.PreviewReservationResponse.start_time:type_name -> google.protobuf.Timestamp
+	34, // 23: bettercompute.api.v1.PreviewReservationResponse.end_time:type_name -> google.protobuf.Timestamp
 	2,  // 24: bettercompute.api.v1.PreviewReservationResponse.gang_placements:type_name -> bettercompute.api.v1.Placement
-	15, // 25: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
-	0,  // 26: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 27: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
-	0,  // 28: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	33, // 29: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 30: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 31: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	0,  // 32: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
-	30, // 33: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
-	31, // 34: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
-	32, // 35: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
-	7,  // 36: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
-	9,  // 37: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
-	12, // 38: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
-	16, // 39: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
-	18, // 40: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
-	20, // 41: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
-	22, // 42: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
-	24, // 43: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
-	26, // 44: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
-	28, // 45: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
-	8,  // 46: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
-	11, // 47: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
-	13, // 48: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
-	17, // 49: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
-	19, // 50: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
-	21, // 51: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
-	23, // 52: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
-	25, // 53: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
-	27, // 54: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
-	29, // 55: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
-	46, // [46:56] is the sub-list for method output_type
-	36, // [36:46] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	14, // 25: bettercompute.api.v1.PreviewReservationResponse.budget:type_name -> bettercompute.api.v1.BudgetEffect
+	34, // 26: bettercompute.api.v1.BudgetEffect.period_start:type_name -> google.protobuf.Timestamp
+	16, // 27: bettercompute.api.v1.QuotaEffect.uses:type_name -> bettercompute.api.v1.QuotaUse
+	0,  // 28: bettercompute.api.v1.GetReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 29: bettercompute.api.v1.ListReservationsResponse.reservations:type_name -> bettercompute.api.v1.Reservation
+	0,  // 30: bettercompute.api.v1.WatchReservationsResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	34, // 31: bettercompute.api.v1.ExtendReservationRequest.end_time:type_name -> google.protobuf.Timestamp
+	0,  // 32: bettercompute.api.v1.ExtendReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 33: bettercompute.api.v1.ReleaseReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	0,  // 34: bettercompute.api.v1.CancelReservationResponse.reservation:type_name -> bettercompute.api.v1.Reservation
+	31, // 35: bettercompute.api.v1.ExecReservationResponse.started:type_name -> bettercompute.api.v1.ExecStarted
+	32, // 36: bettercompute.api.v1.ExecReservationResponse.output:type_name -> bettercompute.api.v1.ExecOutput
+	33, // 37: bettercompute.api.v1.ExecReservationResponse.exit:type_name -> bettercompute.api.v1.ExecExit
+	7,  // 38: bettercompute.api.v1.ReservationService.Create:input_type -> bettercompute.api.v1.CreateReservationRequest
+	9,  // 39: bettercompute.api.v1.ReservationService.CreateReservations:input_type -> bettercompute.api.v1.CreateReservationsRequest
+	12, // 40: bettercompute.api.v1.ReservationService.Preview:input_type -> bettercompute.api.v1.PreviewReservationRequest
+	17, // 41: bettercompute.api.v1.ReservationService.Get:input_type -> bettercompute.api.v1.GetReservationRequest
+	19, // 42: bettercompute.api.v1.ReservationService.List:input_type -> bettercompute.api.v1.ListReservationsRequest
+	21, // 43: bettercompute.api.v1.ReservationService.Watch:input_type -> bettercompute.api.v1.WatchReservationsRequest
+	23, // 44: bettercompute.api.v1.ReservationService.Extend:input_type -> bettercompute.api.v1.ExtendReservationRequest
+	25, // 45: bettercompute.api.v1.ReservationService.Release:input_type -> bettercompute.api.v1.ReleaseReservationRequest
+	27, // 46: bettercompute.api.v1.ReservationService.Cancel:input_type -> bettercompute.api.v1.CancelReservationRequest
+	29, // 47: bettercompute.api.v1.ReservationService.Exec:input_type -> bettercompute.api.v1.ExecReservationRequest
+	8,  // 48: bettercompute.api.v1.ReservationService.Create:output_type -> bettercompute.api.v1.CreateReservationResponse
+	11, // 49: bettercompute.api.v1.ReservationService.CreateReservations:output_type -> bettercompute.api.v1.CreateReservationsResponse
+	13, // 50: bettercompute.api.v1.ReservationService.Preview:output_type -> bettercompute.api.v1.PreviewReservationResponse
+	18, // 51: bettercompute.api.v1.ReservationService.Get:output_type -> bettercompute.api.v1.GetReservationResponse
+	20, // 52: bettercompute.api.v1.ReservationService.List:output_type -> bettercompute.api.v1.ListReservationsResponse
+	22, // 53: bettercompute.api.v1.ReservationService.Watch:output_type -> bettercompute.api.v1.WatchReservationsResponse
+	24, // 54: bettercompute.api.v1.ReservationService.Extend:output_type -> bettercompute.api.v1.ExtendReservationResponse
+	26, // 55: bettercompute.api.v1.ReservationService.Release:output_type -> bettercompute.api.v1.ReleaseReservationResponse
+	28, // 56: bettercompute.api.v1.ReservationService.Cancel:output_type -> bettercompute.api.v1.CancelReservationResponse
+	30, // 57: bettercompute.api.v1.ReservationService.Exec:output_type -> bettercompute.api.v1.ExecReservationResponse
+	48, // [48:58] is the sub-list for method output_type
+	38, // [38:48] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_reservations_proto_init() }
@@ -2857,7 +3012,7 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 	if File_bettercompute_api_v1_reservations_proto != nil {
 		return
 	}
-	file_bettercompute_api_v1_reservations_proto_msgTypes[29].OneofWrappers = []any{
+	file_bettercompute_api_v1_reservations_proto_msgTypes[30].OneofWrappers = []any{
 		(*ExecReservationResponse_Started)(nil),
 		(*ExecReservationResponse_Output)(nil),
 		(*ExecReservationResponse_Exit)(nil),
@@ -2868,7 +3023,7 @@ func file_bettercompute_api_v1_reservations_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_reservations_proto_rawDesc), len(file_bettercompute_api_v1_reservations_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
