@@ -127,6 +127,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	)
 	root.AddCommand(a.fleetCommands()...)
 	root.AddCommand(a.poolsCommand())
+	root.AddCommand(a.doctorCommand(), a.supportBundleCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.driversCommand(), a.machinesCommand(), a.workflowsCommand())
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand(),

@@ -291,3 +291,20 @@ func noncePrune(ctx context.Context, tx store.Tx) error {
 	_, err := tx.Exec(ctx, `DELETE FROM pki_nonces WHERE expire_time <= compute_now()`)
 	return err
 }
+
+// CAExpiry is one CA's kind and the end of its certificate.
+type CAExpiry struct {
+	Kind     string
+	NotAfter time.Time
+}
+
+// CAExpiries lists the CAs' ends (doctor warns before they come); none
+// before pki init.
+func CAExpiries(ctx context.Context, q store.Querier) ([]CAExpiry, error) {
+	cas, err := caList(ctx, q)
+	out := make([]CAExpiry, 0, len(cas))
+	for _, c := range cas {
+		out = append(out, CAExpiry{Kind: string(c.Kind), NotAfter: c.NotAfter})
+	}
+	return out, err
+}

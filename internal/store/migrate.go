@@ -117,6 +117,40 @@ func (db *DB) migrateLocked(ctx context.Context, all []Migrations, files [][]mig
 	return nil
 }
 
+// Pending lists, without applying anything, the migrations of sets (and the
+// store's own) the database lacks, as "module/NNNN_name", and fails with
+// ErrSchemaTooNew when the database is ahead of this binary.
+func (db *DB) Pending(ctx context.Context, sets ...Migrations) ([]string, error) {
+	all := append([]Migrations{coreMigrations()}, sets...)
+	var out []string
+	for _, set := range all {
+		files, err := readMigrations(set, db.Dialect())
+		if err != nil {
+			return nil, err
+		}
+		applied, err := db.appliedVersions(ctx, set.Module)
+		if err != nil {
+			return nil, err
+		}
+		known := 0
+		if n := len(files); n > 0 {
+			known = files[n-1].version
+		}
+		for v := range applied {
+			if v > known {
+				return nil, fmt.Errorf("%w: module %q is at version %d in the database but this binary knows up to version %d",
+					ErrSchemaTooNew, set.Module, v, known)
+			}
+		}
+		for _, f := range files {
+			if !applied[f.version] {
+				out = append(out, fmt.Sprintf("%s/%04d_%s", set.Module, f.version, f.name))
+			}
+		}
+	}
+	return out, nil
+}
+
 func (db *DB) appliedVersions(ctx context.Context, module string) (map[int]bool, error) {
 	versions := map[int]bool{}
 	err := db.Read(ctx, func(ctx context.Context, tx Tx) error {
