@@ -65,8 +65,8 @@ const (
 	// CodeQuorumRequired: the command kind is destructive and runs only in
 	// a command batch a quorum of the tenant's approvers signed.
 	CodeQuorumRequired Code = "QUORUM_REQUIRED"
-	// CodeTenantSuspended: the caller's tenant is suspended (or being
-	// deleted); it may read, but every mutation is refused.
+	// CodeTenantSuspended: the caller's tenant is suspended; it may read,
+	// but every mutation is refused.
 	CodeTenantSuspended Code = "TENANT_SUSPENDED"
 )
 

@@ -31,7 +31,7 @@ type Cleaner struct {
 }
 
 // Active reports whether a tenant's principals may mutate: false for a
-// suspended tenant, one being deleted and one that no longer exists. It
+// suspended tenant and one that no longer exists. It
 // answers from the directory cache at the request's version (TenantSetState
 // moves it on), so the interceptor asks it on every mutation at no cost.
 func Active(ctx context.Context, q store.Querier, tenantID string) (bool, error) {
@@ -70,8 +70,7 @@ func tenantDraft(ref string) func(ctx context.Context, q store.Querier) (iam.Res
 }
 
 // stateChange moves a tenant between active and suspended. Asking for the
-// state it is in is no error (a repeated suspend answers the same); a
-// tenant being deleted stays so.
+// state it is in is no error (a repeated suspend answers the same).
 func stateChange[Res any](ref, to, event string, res func(Tenant) *Res) envelope.Mutation[Res] {
 	return envelope.Mutation[Res]{
 		Validate: func() error {
@@ -84,9 +83,6 @@ func stateChange[Res any](ref, to, event string, res func(Tenant) *Res) envelope
 			t, err := ResolveTenant(ctx, tx, ref)
 			if err != nil {
 				return nil, err
-			}
-			if t.State == TenantDeleting {
-				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "tenant %q is being deleted", t.Name)
 			}
 			if t.State != to {
 				if _, err := TenantSetState(ctx, tx, t.ID, to); err != nil {
@@ -156,8 +152,8 @@ func (s *TenantService) Delete(ctx context.Context, req *connect.Request[apiv1.D
 				return nil, err
 			}
 			tx.SetAuditDetail(fmt.Sprintf("deleted tenant %s (%s) and %d rows", t.Name, t.ID, len(rows)-1))
-			// A platform event: the tenant's own event rows are gone with it.
-			tx.Emit(envelope.Event{Type: "tenant.deleted", TenantID: PlatformTenantID, ResourceType: "Tenant", ResourceID: t.ID, Data: map[string]any{"name": t.Name}})
+			// No event: an event is a row of its tenant, and the tenant's
+			// rows are gone; the audit row (kept) records the delete.
 			return out, nil
 		},
 	})

@@ -27,7 +27,7 @@ type Tenant struct {
 	ID          string
 	Name        string
 	DisplayName string
-	// State is TenantActive, TenantSuspended or TenantDeleting.
+	// State is TenantActive or TenantSuspended.
 	State      string
 	CreateTime time.Time
 }
@@ -36,7 +36,6 @@ type Tenant struct {
 const (
 	TenantActive    = "active"
 	TenantSuspended = "suspended"
-	TenantDeleting  = "deleting"
 )
 
 // Project groups a tenant's resources.

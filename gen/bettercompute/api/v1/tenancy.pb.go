@@ -30,7 +30,7 @@ type Tenant struct {
 	DisplayName string                 `protobuf:"bytes,3,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
 	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// "active", "suspended" (reads only: every mutation of its principals is
-	// refused with TENANT_SUSPENDED) or "deleting".
+	// refused with TENANT_SUSPENDED).
 	State         string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -1,0 +1,238 @@
+package app_test
+
+import (
+	"context"
+	"testing"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/envelope"
+	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+func TestTenantSuspend(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	sfTenant(t, admin, "acme")
+	sfTenant(t, admin, "other")
+	acmeSecret, _ := sfKey(t, admin, "acme", "admin", 0)
+	otherSecret, _ := sfKey(t, admin, "other", "admin", 0)
+	acme, other := cp.Client(acmeSecret), cp.Client(otherSecret)
+	sfProject(t, acme, "acme", "web")
+
+	// Neither the tenant itself nor another tenant suspends a tenant.
+	for name, c := range map[string]*client.Client{"acme": acme, "other": other} {
+		_, err := c.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+		sfRequireCode(t, err, "PERMISSION_DENIED", name)
+	}
+
+	res, err := admin.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Equal(t, "suspended", res.Msg.GetTenant().GetState())
+
+	// Its keys read, but every mutation is refused, naming the suspension;
+	// resuming itself is a mutation too.
+	got, err := acme.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Equal(t, "suspended", got.Msg.GetTenant().GetState())
+	_, err = acme.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "acme", Project: "web"}))
+	require.NoError(t, err)
+	before := sfCounts(t, cp)
+	_, err = acme.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "api"}))
+	sfRequireCode(t, err, "TENANT_SUSPENDED")
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err))
+	require.Contains(t, err.Error(), "suspended")
+	_, err = acme.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "tok", Value: []byte("x")}))
+	sfRequireCode(t, err, "TENANT_SUSPENDED")
+	_, err = acme.Tenants.Resume(ctx, connect.NewRequest(&apiv1.ResumeTenantRequest{Tenant: "acme"}))
+	sfRequireCode(t, err, "TENANT_SUSPENDED")
+	sfRequireDelta(t, before, sfCounts(t, cp), nil, "a refused mutation writes nothing")
+
+	// Another tenant is unaffected, and the platform still acts in acme.
+	sfProject(t, other, "other", "web")
+	sfProject(t, admin, "acme", "ops")
+
+	// A repeated suspend answers the same; resume lets the keys write again.
+	_, err = admin.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	res2, err := admin.Tenants.Resume(ctx, connect.NewRequest(&apiv1.ResumeTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Equal(t, "active", res2.Msg.GetTenant().GetState())
+	sfProject(t, acme, "acme", "api")
+
+	_, err = admin.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "nope"}))
+	sfRequireCode(t, err, "NOT_FOUND")
+}
+
+// tenantTables lists every table with a tenant_id column, so a table added
+// later is covered without touching the test.
+func tenantTables(t *testing.T, cp *bctest.ControlPlane) []string {
+	t.Helper()
+	var out []string
+	err := cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		q := `SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) p
+			WHERE m.type = 'table' AND p.name = 'tenant_id' ORDER BY m.name`
+		if tx.Dialect() == store.Postgres {
+			q = `SELECT table_name FROM information_schema.columns
+				WHERE column_name = 'tenant_id' AND table_schema = current_schema() ORDER BY table_name`
+		}
+		var err error
+		out, err = store.Strings(tx.Query(ctx, q))
+		return err
+	})
+	require.NoError(t, err)
+	require.Contains(t, out, "api_keys")
+	return out
+}
+
+// tenantRowCounts counts a tenant's rows in every table that has a
+// tenant_id column (and the tenant row itself).
+func tenantRowCounts(t *testing.T, cp *bctest.ControlPlane, tenantID string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	tables := tenantTables(t, cp)
+	err := cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		for _, tbl := range tables {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM `+tbl+` WHERE tenant_id = $1`, tenantID).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				out[tbl] = n
+			}
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM tenants WHERE id = $1`, tenantID).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			out["tenants"] = n
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// secondHuman adds a platform administrator who is a person (as OIDC would
+// sign one in): a confirmation is approved by someone other than its
+// requester.
+func secondHuman(t *testing.T, cp *bctest.ControlPlane) *client.Client {
+	t.Helper()
+	secret, hash, err := authn.NewSecret()
+	require.NoError(t, err)
+	err = cp.App.DB.Write(context.Background(), func(ctx context.Context, tx store.Tx) error {
+		now := cp.Clock.Now()
+		return authn.KeyInsert(ctx, tx, authn.ApiKey{ID: envelope.NewID("key", now), Name: "second", Role: string(iam.RolePlatformAdmin),
+			Kind: string(iam.KindUser), Prefix: secret[:8], SecretHash: hash, CreatedBy: "test", CreateTime: now})
+	})
+	require.NoError(t, err)
+	return cp.Client(secret)
+}
+
+func TestTenantDeleteLeavesNoRow(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	acmeT := sfTenant(t, admin, "acme")
+	otherT := sfTenant(t, admin, "other")
+	acmeSecret, _ := sfKey(t, admin, "acme", "admin", 0)
+	sfKey(t, admin, "acme", "member", 0)
+	otherSecret, _ := sfKey(t, admin, "other", "admin", 0)
+	acme, other := cp.Client(acmeSecret), cp.Client(otherSecret)
+	sfProject(t, acme, "acme", "web")
+	sfProject(t, other, "other", "web")
+	_, err := acme.Webhooks.Create(ctx, connect.NewRequest(&apiv1.CreateWebhookRequest{Tenant: "acme", Url: "http://127.0.0.1:9/hook",
+		// Deliveries fan out from events in the background: a type nothing
+		// here emits keeps the row counts still between dry run and delete.
+		Types: []string{"instance.deleted"}}))
+	require.NoError(t, err)
+	_, err = acme.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "tok", Value: []byte("x")}))
+	require.NoError(t, err)
+	gpus := int32(4)
+	_, err = acme.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web", Model: "h100", Gpus: &gpus}))
+	require.NoError(t, err)
+	otherBefore := tenantRowCounts(t, cp, otherT.GetId())
+
+	del := func(c *client.Client, dry bool, cfm string) (*apiv1.DeleteTenantResponse, error) {
+		req := connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme", DryRun: dry})
+		if cfm != "" {
+			req = sfWithHeader(req.Msg, client.HeaderConfirmationID, cfm)
+		}
+		res, err := c.Tenants.Delete(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+
+	// Only the platform deletes a tenant, and only a suspended one.
+	_, err = del(acme, true, "")
+	sfRequireCode(t, err, "PERMISSION_DENIED")
+	_, err = del(other, true, "")
+	sfRequireCode(t, err, "PERMISSION_DENIED")
+	_, err = del(admin, true, "")
+	sfRequireCode(t, err, "FAILED_PRECONDITION")
+	_, err = admin.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+
+	// The dry run changes nothing and lists every row that will go.
+	plan, err := del(admin, true, "")
+	require.NoError(t, err)
+	require.True(t, plan.GetDryRun())
+	planned := map[string]int{}
+	for _, r := range plan.GetRows() {
+		planned[r.GetTable()]++
+	}
+	after := tenantRowCounts(t, cp, acmeT.GetId())
+	audits := after["audit_log"]
+	delete(after, "audit_log")
+	require.Equal(t, after, planned, "the dry run lists exactly the tenant's rows (but its audit log)")
+	for _, tbl := range []string{"api_keys", "webhooks", "secrets", "quotas", "projects", "tenants"} {
+		require.NotZero(t, planned[tbl], "fixture has %s", tbl)
+	}
+	require.Equal(t, "tenants", plan.GetRows()[len(plan.GetRows())-1].GetTable(), "the tenant row goes last")
+	require.Greater(t, after["events"], 0)
+
+	// Without dry run a human approves the exact request first.
+	_, err = del(admin, false, "")
+	sfRequireCode(t, err, "CONFIRMATION_REQUIRED")
+	cfm := client.Detail(err).GetConfirmationId()
+	_, err = secondHuman(t, cp).Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfm}))
+	require.NoError(t, err)
+	gone, err := del(admin, false, cfm)
+	require.NoError(t, err)
+	require.False(t, gone.GetDryRun())
+	went := map[string]int{}
+	for _, r := range gone.GetRows() {
+		went[r.GetTable()]++
+	}
+	// What went is what the dry run listed, and what the confirmation
+	// itself added: its row and its two events (required, approved).
+	planned["confirmations"]++
+	planned["events"] += 2
+	require.Equal(t, planned, went)
+
+	// Nothing of acme is left but its audit rows (the delete's own among
+	// them); the other tenant is untouched.
+	left := tenantRowCounts(t, cp, acmeT.GetId())
+	require.Greater(t, left["audit_log"], audits)
+	delete(left, "audit_log")
+	require.Empty(t, left)
+	require.Equal(t, otherBefore, tenantRowCounts(t, cp, otherT.GetId()))
+	_, err = acme.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "acme"}))
+	sfRequireCode(t, err, "UNAUTHENTICATED", "acme's keys went with it")
+	_, err = admin.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "acme"}))
+	sfRequireCode(t, err, "NOT_FOUND")
+	_, err = other.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "other", Project: "web"}))
+	require.NoError(t, err)
+}
