@@ -156,7 +156,7 @@ func (f *fake) serve(t *testing.T) *httptest.Server {
 	t.Helper()
 	opt := connect.WithInterceptors(recorder{f})
 	mux := http.NewServeMux()
-	mux.Handle(apiv1connect.NewTenantServiceHandler(tenantSvc{f}, opt))
+	mux.Handle(apiv1connect.NewTenantServiceHandler(tenantSvc{f: f}, opt))
 	mux.Handle(apiv1connect.NewProjectServiceHandler(projectSvc{f}, opt))
 	mux.Handle(apiv1connect.NewApiKeyServiceHandler(keySvc{f}, opt))
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(identitySvc{f}, opt))
@@ -169,7 +169,10 @@ func (f *fake) serve(t *testing.T) *httptest.Server {
 	return srv
 }
 
-type tenantSvc struct{ f *fake }
+type tenantSvc struct {
+	apiv1connect.UnimplementedTenantServiceHandler
+	f *fake
+}
 
 func (s tenantSvc) Create(_ context.Context, req *connect.Request[apiv1.CreateTenantRequest]) (*connect.Response[apiv1.CreateTenantResponse], error) {
 	if err := s.f.unavailable(); err != nil {
