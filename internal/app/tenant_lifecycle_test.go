@@ -81,8 +81,11 @@ func tenantTables(t *testing.T, cp *bctest.ControlPlane) []string {
 		q := `SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) p
 			WHERE m.type = 'table' AND p.name = 'tenant_id' ORDER BY m.name`
 		if tx.Dialect() == store.Postgres {
-			q = `SELECT table_name FROM information_schema.columns
-				WHERE column_name = 'tenant_id' AND table_schema = current_schema() ORDER BY table_name`
+			// Base tables only: a view (events_visible) shows rows of one.
+			q = `SELECT c.table_name FROM information_schema.columns c
+				JOIN information_schema.tables t ON t.table_schema = c.table_schema AND t.table_name = c.table_name
+				WHERE c.column_name = 'tenant_id' AND c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
+				ORDER BY c.table_name`
 		}
 		var err error
 		out, err = store.Strings(tx.Query(ctx, q))
