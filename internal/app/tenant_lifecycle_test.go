@@ -239,3 +239,90 @@ func TestTenantDeleteLeavesNoRow(t *testing.T) {
 	_, err = other.Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "other", Project: "web"}))
 	require.NoError(t, err)
 }
+
+// TestTenantDeleteCascade deletes a tenant that owns a joined node and its
+// pool, a running instance with a volume, a reservation, a provider account
+// and its secret: the delete waits for the live work to end, then leaves no
+// row of the tenant but its audit log, and went exactly as its dry run said.
+func TestTenantDeleteCascade(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	f := &matrixFixture{cp: cp, admin: admin, keys: map[string]string{}}
+	acmeT := sfTenant(t, admin, "acme")
+	otherT := sfTenant(t, admin, "other")
+	sfProject(t, admin, "acme", "web")
+	sfProject(t, admin, "other", "web")
+	f.acme = acmeT.GetId()
+	f.gpuPool = mxGPUPool(t, cp, admin, "acme", "web")
+	f.matrixInstanceCatalog(t)
+	vm, err := admin.Instances.Create(ctx, connect.NewRequest(&apiv1.CreateInstanceRequest{Tenant: "acme", Name: "vm",
+		Flavor: "mx-tiny", Image: "debian-12", IpPool: "mx-lan", Project: "web", Pool: f.gpuPool}))
+	require.NoError(t, err)
+	vmID := vm.Msg.GetInstance().GetId()
+	instanceIs := func(want string) func() bool {
+		return func() bool {
+			g, err := admin.Instances.Get(ctx, connect.NewRequest(&apiv1.GetInstanceRequest{Tenant: "acme", Instance: vmID}))
+			require.NoError(t, err)
+			return g.Msg.GetInstance().GetState() == want
+		}
+	}
+	eventually(t, "instance running", instanceIs("running"))
+	_, err = admin.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: "data", SizeGib: 1, Instance: vmID}))
+	require.NoError(t, err)
+	resID := f.matrixReservation(t)
+	_, err = admin.ProviderAccounts.Create(ctx, connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme",
+		Name: "hc", Type: "hetzner-cloud", SecretRefs: map[string]string{"token": f.providerSecret(t)}}))
+	require.NoError(t, err)
+	otherBefore := tenantRowCounts(t, cp, otherT.GetId())
+
+	_, err = admin.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	del := connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme"})
+	_, err = admin.Tenants.Delete(ctx, del)
+	sfRequireCode(t, err, "CONFIRMATION_REQUIRED")
+	cfm := client.Detail(err).GetConfirmationId()
+	_, err = secondHuman(t, cp).Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfm}))
+	require.NoError(t, err)
+
+	// Live work stands in the way, named; nothing is deleted, and the
+	// confirmation stays usable.
+	before := tenantRowCounts(t, cp, acmeT.GetId())
+	_, err = admin.Tenants.Delete(ctx, sfWithHeader(del.Msg, client.HeaderConfirmationID, cfm))
+	sfRequireCode(t, err, "FAILED_PRECONDITION")
+	require.Contains(t, err.Error(), resID)
+	require.Equal(t, before, tenantRowCounts(t, cp, acmeT.GetId()))
+
+	// The platform ends it (a suspended tenant's own keys could not).
+	_, err = admin.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: vmID}))
+	require.NoError(t, err)
+	eventually(t, "instance deleted", instanceIs("deleted"))
+	_, err = admin.Reservations.Cancel(ctx, connect.NewRequest(&apiv1.CancelReservationRequest{Tenant: "acme", Reservation: resID}))
+	require.NoError(t, err)
+
+	plan, err := admin.Tenants.Delete(ctx, connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme", DryRun: true}))
+	require.NoError(t, err)
+	planned := map[string]int{}
+	for _, r := range plan.Msg.GetRows() {
+		planned[r.GetTable()]++
+	}
+	for _, tbl := range []string{"reservations", "instances", "volumes", "nodes", "pools", "join_tokens", "secrets", "provider_accounts", "flavors", "ip_pools"} {
+		require.NotZero(t, planned[tbl], "the fixture has %s", tbl)
+	}
+	gone, err := admin.Tenants.Delete(ctx, sfWithHeader(del.Msg, client.HeaderConfirmationID, cfm))
+	require.NoError(t, err)
+	went := map[string]int{}
+	for _, r := range gone.Msg.GetRows() {
+		went[r.GetTable()]++
+	}
+	// Events keep arriving from the node in the background (the sim still
+	// reports); every other table went exactly as planned.
+	delete(planned, "events")
+	delete(went, "events")
+	require.Equal(t, planned, went)
+	left := tenantRowCounts(t, cp, acmeT.GetId())
+	delete(left, "audit_log")
+	require.Empty(t, left, "nothing of acme is left but its audit log")
+	require.Equal(t, otherBefore, tenantRowCounts(t, cp, otherT.GetId()))
+}
