@@ -59,9 +59,9 @@ func newFake() *fake {
 		pageSize: 2,
 		me:       &apiv1.WhoAmIResponse{PrincipalId: "usr_root", Kind: "user", Name: "root", Role: "platform-admin", AuthenticatedBy: "api-key"},
 		tenants: []*apiv1.Tenant{
-			{Id: "ten_1", Name: "acme", DisplayName: "Acme Corp", CreateTime: created},
-			{Id: "ten_2", Name: "globex", CreateTime: created},
-			{Id: "ten_3", Name: "initech", CreateTime: created},
+			{Id: "ten_1", Name: "acme", DisplayName: "Acme Corp", State: "active", CreateTime: created},
+			{Id: "ten_2", Name: "globex", State: "suspended", CreateTime: created},
+			{Id: "ten_3", Name: "initech", State: "active", CreateTime: created},
 		},
 		events: []*apiv1.Event{
 			{Id: "1", Type: "tenant.created", TenantId: "ten_1", ResourceType: "Tenant", ResourceId: "ten_1", Time: created},

@@ -29,3 +29,11 @@ func TenantRowsDelete(ctx context.Context, tx store.Tx, tenantID string) error {
 	}
 	return nil
 }
+
+// TenantImagesInUse lists the tenant's images another tenant's guests still
+// refer to (a public image in use elsewhere): a tenant delete waits until
+// they no longer do, rather than pull an image from under another tenant.
+func TenantImagesInUse(ctx context.Context, q store.Querier, tenantID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT DISTINCT i.id FROM images i JOIN image_refs r ON r.image_id = i.id
+		WHERE i.tenant_id = $1 AND r.tenant_id <> $1 ORDER BY i.id`, tenantID))
+}
