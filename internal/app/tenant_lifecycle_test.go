@@ -325,4 +325,19 @@ func TestTenantDeleteCascade(t *testing.T) {
 	delete(left, "audit_log")
 	require.Empty(t, left, "nothing of acme is left but its audit log")
 	require.Equal(t, otherBefore, tenantRowCounts(t, cp, otherT.GetId()))
+
+	// What hangs off its nodes and pools without a tenant_id went too.
+	for _, r := range plan.Msg.GetRows() {
+		switch r.GetTable() {
+		case "nodes":
+			for _, tbl := range []string{"atoms", "host_resources", "gpus"} {
+				require.Zero(t, countRows(t, cp, `SELECT COUNT(*) FROM `+tbl+` WHERE node_id = '`+r.GetId()+`'`), "%s of node %s", tbl, r.GetId())
+			}
+		case "pools":
+			for _, tbl := range []string{"pool_versions", "capacity_deltas", "placer_owners"} {
+				require.Zero(t, countRows(t, cp, `SELECT COUNT(*) FROM `+tbl+` WHERE pool_id = '`+r.GetId()+`'`), "%s of pool %s", tbl, r.GetId())
+			}
+		}
+	}
+	require.NotZero(t, planned["atoms"], "the node's GPUs were booked as atoms")
 }
