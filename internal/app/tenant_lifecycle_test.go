@@ -2,6 +2,9 @@ package app_test
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -10,10 +13,13 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/tenancy"
 )
 
 func TestTenantSuspend(t *testing.T) {
@@ -340,4 +346,72 @@ func TestTenantDeleteCascade(t *testing.T) {
 		}
 	}
 	require.NotZero(t, planned["atoms"], "the node's GPUs were booked as atoms")
+}
+
+// TestTenantDeleteInterrupted: a delete that dies midway (here a cleaner
+// that removed its rows, then failed, as a crash before the commit would)
+// leaves the tenant whole, and the same confirmed request run again
+// finishes the job.
+func TestTenantDeleteInterrupted(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	acmeT := sfTenant(t, admin, "acme")
+	sfKey(t, admin, "acme", "admin", 0)
+	_, err := admin.Secrets.Put(ctx, connect.NewRequest(&apiv1.PutSecretRequest{Tenant: "acme", Name: "tok", Value: []byte("x")}))
+	require.NoError(t, err)
+	_, err = admin.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+
+	// A second TenantService on the same envelope whose cascade dies right
+	// after the secrets went.
+	cleaners := app.TenantCleaners()
+	for i, c := range cleaners {
+		if c.Name == "secrets" {
+			del := c.Delete
+			cleaners[i].Delete = func(ctx context.Context, tx store.Tx, tenantID string) error {
+				if err := del(ctx, tx, tenantID); err != nil {
+					return err
+				}
+				return errors.New("killed midway")
+			}
+		}
+	}
+	svc := tenancy.NewTenantService(cp.App.Envelope)
+	svc.SetCleaners(cleaners)
+	mux := http.NewServeMux()
+	mux.Handle(apiv1connect.NewTenantServiceHandler(svc, connect.WithInterceptors(envelope.NewInterceptor(cp.App.Envelope, cp.App.Authn, nil))))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	dying := apiv1connect.NewTenantServiceClient(srv.Client(), srv.URL)
+	auth := func(req *connect.Request[apiv1.DeleteTenantRequest], cfm string) *connect.Request[apiv1.DeleteTenantRequest] {
+		req.Header().Set("Authorization", "Bearer "+cp.AdminKey)
+		if cfm != "" {
+			req.Header().Set(client.HeaderConfirmationID, cfm)
+		}
+		return req
+	}
+
+	_, err = dying.Delete(ctx, auth(connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme"}), ""))
+	sfRequireCode(t, err, "CONFIRMATION_REQUIRED")
+	cfm := client.Detail(err).GetConfirmationId()
+	_, err = secondHuman(t, cp).Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfm}))
+	require.NoError(t, err)
+
+	before := tenantRowCounts(t, cp, acmeT.GetId())
+	_, err = dying.Delete(ctx, auth(connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme"}), cfm))
+	sfRequireCode(t, err, "INTERNAL")
+	after := tenantRowCounts(t, cp, acmeT.GetId())
+	delete(before, "audit_log")
+	delete(after, "audit_log")
+	require.Equal(t, before, after, "nothing went: the secrets' delete rolled back with the rest")
+	require.NotZero(t, after["secrets"])
+
+	// The real service finishes it with the same confirmation.
+	_, err = admin.Tenants.Delete(ctx, sfWithHeader(&apiv1.DeleteTenantRequest{Tenant: "acme"}, client.HeaderConfirmationID, cfm))
+	require.NoError(t, err)
+	left := tenantRowCounts(t, cp, acmeT.GetId())
+	delete(left, "audit_log")
+	require.Empty(t, left)
 }
