@@ -247,8 +247,8 @@ func TestTenantDeleteLeavesNoRow(t *testing.T) {
 }
 
 // TestTenantDeleteCascade deletes a tenant that owns a joined node and its
-// pool, a running instance with a volume, a reservation, a provider account
-// and its secret: the delete waits for the live work to end, then leaves no
+// pool, a running instance with a volume, a running sandbox, a reservation,
+// a provider account and its secret: the delete waits for the live work to end, then leaves no
 // row of the tenant but its audit log, and went exactly as its dry run said.
 func TestTenantDeleteCascade(t *testing.T) {
 	t.Parallel()
@@ -278,6 +278,17 @@ func TestTenantDeleteCascade(t *testing.T) {
 	_, err = admin.Volumes.Create(ctx, connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: "data", SizeGib: 1, Instance: vmID}))
 	require.NoError(t, err)
 	resID := f.matrixReservation(t)
+	sbx, err := admin.Sandboxes.Create(ctx, connect.NewRequest(&apiv1.CreateSandboxRequest{Tenant: "acme", Template: mxSandboxTemplate(t, f)}))
+	require.NoError(t, err)
+	sbxID := sbx.Msg.GetSandbox().GetId()
+	sandboxIs := func(want string) func() bool {
+		return func() bool {
+			g, err := admin.Sandboxes.Get(ctx, connect.NewRequest(&apiv1.GetSandboxRequest{Tenant: "acme", Sandbox: sbxID}))
+			require.NoError(t, err)
+			return g.Msg.GetSandbox().GetState() == want
+		}
+	}
+	eventually(t, "sandbox running", sandboxIs("running"))
 	_, err = admin.ProviderAccounts.Create(ctx, connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme",
 		Name: "hc", Type: "hetzner-cloud", SecretRefs: map[string]string{"token": f.providerSecret(t)}}))
 	require.NoError(t, err)
@@ -299,21 +310,34 @@ func TestTenantDeleteCascade(t *testing.T) {
 	sfRequireCode(t, err, "FAILED_PRECONDITION")
 	require.Contains(t, err.Error(), resID)
 	require.Equal(t, before, tenantRowCounts(t, cp, acmeT.GetId()))
+	dry, err := admin.Tenants.Delete(ctx, connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme", DryRun: true}))
+	require.NoError(t, err)
+	require.Contains(t, dry.Msg.GetBlocking(), "reservations "+resID, "a dry run names the live work too")
 
 	// The platform ends it (a suspended tenant's own keys could not).
 	_, err = admin.Instances.Delete(ctx, connect.NewRequest(&apiv1.DeleteInstanceRequest{Tenant: "acme", Instance: vmID}))
 	require.NoError(t, err)
 	eventually(t, "instance deleted", instanceIs("deleted"))
+	_, err = admin.Sandboxes.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "acme", Sandbox: sbxID}))
+	require.NoError(t, err)
+	eventually(t, "sandbox deleted", sandboxIs("deleted"))
 	_, err = admin.Reservations.Cancel(ctx, connect.NewRequest(&apiv1.CancelReservationRequest{Tenant: "acme", Reservation: resID}))
 	require.NoError(t, err)
 
-	plan, err := admin.Tenants.Delete(ctx, connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme", DryRun: true}))
-	require.NoError(t, err)
+	// The dry run names what the delete still waits for: the released
+	// bookings of the instance and the sandbox end on their hosts' word.
+	var plan *connect.Response[apiv1.DeleteTenantResponse]
+	eventually(t, "no live work", func() bool {
+		plan, err = admin.Tenants.Delete(ctx, connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme", DryRun: true}))
+		require.NoError(t, err)
+		return len(plan.Msg.GetBlocking()) == 0
+	})
 	planned := map[string]int{}
 	for _, r := range plan.Msg.GetRows() {
 		planned[r.GetTable()]++
 	}
-	for _, tbl := range []string{"reservations", "instances", "volumes", "nodes", "pools", "join_tokens", "secrets", "provider_accounts", "flavors", "ip_pools"} {
+	for _, tbl := range []string{"reservations", "instances", "volumes", "sandboxes", "sandbox_templates", "nodes", "pools", "join_tokens",
+		"secrets", "provider_accounts", "flavors", "ip_pools"} {
 		require.NotZero(t, planned[tbl], "the fixture has %s", tbl)
 	}
 	gone, err := admin.Tenants.Delete(ctx, sfWithHeader(del.Msg, client.HeaderConfirmationID, cfm))

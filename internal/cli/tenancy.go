@@ -133,6 +133,10 @@ func (a *app) tenantsCommand() *cobra.Command {
 				for _, r := range resp.Msg.GetRows() {
 					row(w, r.GetTable(), r.GetId())
 				}
+				// Live work the delete waits for, after the rows.
+				for _, b := range resp.Msg.GetBlocking() {
+					row(w, "blocked-by", b)
+				}
 			})
 		},
 	}

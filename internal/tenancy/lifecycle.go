@@ -128,9 +128,6 @@ func (s *TenantService) Delete(ctx context.Context, req *connect.Request[apiv1.D
 			for _, r := range rows {
 				out.Rows = append(out.Rows, &apiv1.TenantRow{Table: r.Table, Id: r.ID})
 			}
-			if msg.GetDryRun() {
-				return out, nil
-			}
 			for _, c := range s.cleaners {
 				if c.Busy == nil {
 					continue
@@ -139,9 +136,15 @@ func (s *TenantService) Delete(ctx context.Context, req *connect.Request[apiv1.D
 				if err != nil {
 					return nil, fmt.Errorf("tenancy: %s busy: %w", c.Name, err)
 				}
-				if len(busy) > 0 {
-					return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "tenant %q still has live work: %s (end it first)", t.Name, joinBounded(busy, 10))
+				for _, b := range busy {
+					out.Blocking = append(out.Blocking, c.Name+" "+b)
 				}
+			}
+			if msg.GetDryRun() {
+				return out, nil
+			}
+			if len(out.Blocking) > 0 {
+				return nil, envelope.Errorf(envelope.CodeFailedPrecondition, "tenant %q still has live work: %s (end it first)", t.Name, joinBounded(out.Blocking, 10))
 			}
 			for _, c := range s.cleaners {
 				if err := c.Delete(ctx, tx, t.ID); err != nil {

@@ -390,8 +390,13 @@ type DeleteTenantResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// What went (or, with dry_run, what would go), in the order the cascade
 	// deletes it; the tenant row itself comes last.
-	Rows          []*TenantRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
-	DryRun        bool         `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	Rows   []*TenantRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	DryRun bool         `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Live work the delete waits for (a reservation still holding capacity,
+	// a machine lease not returned, a running provisioning workflow, an image
+	// another tenant uses); a dry run lists it, a delete is refused while any
+	// is left.
+	Blocking      []string `protobuf:"bytes,3,rep,name=blocking,proto3" json:"blocking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +443,13 @@ func (x *DeleteTenantResponse) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *DeleteTenantResponse) GetBlocking() []string {
+	if x != nil {
+		return x.Blocking
+	}
+	return nil
 }
 
 type CreateTenantRequest struct {
@@ -1244,10 +1256,11 @@ const file_bettercompute_api_v1_tenancy_proto_rawDesc = "" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"1\n" +
 	"\tTenantRow\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\"d\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\x80\x01\n" +
 	"\x14DeleteTenantResponse\x123\n" +
 	"\x04rows\x18\x01 \x03(\v2\x1f.bettercompute.api.v1.TenantRowR\x04rows\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"L\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x1a\n" +
+	"\bblocking\x18\x03 \x03(\tR\bblocking\"L\n" +
 	"\x13CreateTenantRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fdisplay_name\x18\x02 \x01(\tR\vdisplayName\"L\n" +
