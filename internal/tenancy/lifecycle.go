@@ -31,9 +31,10 @@ type Cleaner struct {
 }
 
 // Active reports whether a tenant's principals may mutate: false for a
-// suspended tenant and one that no longer exists. It
-// answers from the directory cache at the request's version (TenantSetState
-// moves it on), so the interceptor asks it on every mutation at no cost.
+// suspended tenant and one that no longer exists. It answers from the
+// directory cache at the request's version when it can (TenantSetState
+// moves the version on, so a suspension holds on every replica's next
+// request).
 func Active(ctx context.Context, q store.Querier, tenantID string) (bool, error) {
 	t, found, err := CachedTenant(ctx, q, tenantID)
 	if err != nil || !found {
