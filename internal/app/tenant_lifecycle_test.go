@@ -18,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/internal/authn"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/iam"
+	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/tenancy"
 )
@@ -170,6 +171,9 @@ func TestTenantDeleteLeavesNoRow(t *testing.T) {
 	gpus := int32(4)
 	_, err = acme.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web", Model: "h100", Gpus: &gpus}))
 	require.NoError(t, err)
+	// Bare metal: a site and an enrolled machine.
+	f := &matrixFixture{cp: cp, admin: admin, keys: map[string]string{}}
+	f.matrixMachine(t, metal.StateReady)
 	otherBefore := tenantRowCounts(t, cp, otherT.GetId())
 
 	del := func(c *client.Client, dry bool, cfm string) (*apiv1.DeleteTenantResponse, error) {
@@ -206,7 +210,7 @@ func TestTenantDeleteLeavesNoRow(t *testing.T) {
 	audits := after["audit_log"]
 	delete(after, "audit_log")
 	require.Equal(t, after, planned, "the dry run lists exactly the tenant's rows (but its audit log)")
-	for _, tbl := range []string{"api_keys", "webhooks", "secrets", "quotas", "projects", "tenants"} {
+	for _, tbl := range []string{"api_keys", "webhooks", "secrets", "quotas", "sites", "machines", "projects", "tenants"} {
 		require.NotZero(t, planned[tbl], "fixture has %s", tbl)
 	}
 	require.Equal(t, "tenants", plan.GetRows()[len(plan.GetRows())-1].GetTable(), "the tenant row goes last")
