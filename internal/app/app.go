@@ -561,6 +561,16 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 			})
 			return name, err
 		},
+		TenantActive: func(ctx context.Context, id string) (active bool, err error) {
+			if active, known := tenancy.ActiveCached(ctx, id); known {
+				return active, nil
+			}
+			err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+				active, err = tenancy.Active(ctx, tx, id)
+				return err
+			})
+			return active, err
+		},
 	}); err != nil {
 		return nil, err
 	}

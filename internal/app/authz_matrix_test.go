@@ -42,7 +42,13 @@ var matrixPrincipals = []string{"platform-admin", "admin", "member", "operator",
 // catalog, the outcome each principal gets. Adding a mutation to the catalog
 // without a row here fails TestAuthzMatrix.
 var matrixExpect = map[string]map[string]string{
-	"tenants.create":  {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"tenants.create": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// A tenant's lifecycle is the platform's; a delete waits for a human
+	// even then. The cells act on a fresh tenant, not acme, whose keys the
+	// rest of the matrix needs.
+	"tenants.suspend": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"tenants.resume":  {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"tenants.delete":  {"platform-admin": "CONFIRMATION_REQUIRED", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"projects.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"projects.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"apiKeys.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -323,6 +329,21 @@ func (f *matrixFixture) matrixJoinRequest(t *testing.T) string {
 	return jr.ID
 }
 
+// matrixTenant creates a tenant of its own for a lifecycle cell,
+// suspended when asked.
+func (f *matrixFixture) matrixTenant(t *testing.T, suspended bool) string {
+	t.Helper()
+	name := f.name("t")
+	_, err := f.admin.Tenants.Create(context.Background(), connect.NewRequest(&apiv1.CreateTenantRequest{Name: name}))
+	require.NoError(t, err)
+	if suspended {
+		_, err = f.admin.Tenants.Suspend(context.Background(), connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: name}))
+		require.NoError(t, err)
+	}
+	f.cp.Authz.Reset()
+	return name
+}
+
 // matrixWebhook creates a webhook of acme (disabled, so nothing is sent).
 func (f *matrixFixture) matrixWebhook(t *testing.T) string {
 	t.Helper()
@@ -353,6 +374,21 @@ func (f *matrixFixture) matrixDeadDelivery(t *testing.T) (webhookID, deliveryID 
 var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Client) error{
 	"tenants.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Tenants.Create(context.Background(), connect.NewRequest(&apiv1.CreateTenantRequest{Name: f.name("t")}))
+		return err
+	},
+	"tenants.suspend": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.matrixTenant(t, false)
+		_, err := c.Tenants.Suspend(context.Background(), connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: name}))
+		return err
+	},
+	"tenants.resume": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.matrixTenant(t, true)
+		_, err := c.Tenants.Resume(context.Background(), connect.NewRequest(&apiv1.ResumeTenantRequest{Tenant: name}))
+		return err
+	},
+	"tenants.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.matrixTenant(t, true)
+		_, err := c.Tenants.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: name}))
 		return err
 	},
 	"projects.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {

@@ -919,6 +919,30 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 			_, err := evil.Tenants.List(ctx, connect.NewRequest(&apiv1.ListTenantsRequest{}))
 			return err
 		}},
+		apiv1connect.TenantServiceSuspendProcedure: {
+			func() error {
+				_, err := evil.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Tenants.Suspend(ctx, connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: acme.GetId()}))
+				return err
+			},
+		},
+		apiv1connect.TenantServiceResumeProcedure: {func() error {
+			_, err := evil.Tenants.Resume(ctx, connect.NewRequest(&apiv1.ResumeTenantRequest{Tenant: acme.GetId()}))
+			return err
+		}},
+		apiv1connect.TenantServiceDeleteProcedure: {
+			func() error {
+				_, err := evil.Tenants.Delete(ctx, connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: "acme", DryRun: true}))
+				return err
+			},
+			func() error {
+				_, err := evil.Tenants.Delete(ctx, connect.NewRequest(&apiv1.DeleteTenantRequest{Tenant: acme.GetId()}))
+				return err
+			},
+		},
 		apiv1connect.ProjectServiceCreateProcedure: {func() error {
 			_, err := evil.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: acme.GetId(), Name: "evil"}))
 			return err

@@ -103,9 +103,9 @@ func TestTenantsOutputFormats(t *testing.T) {
 	table := b.ok(t, "tenants", "list")
 	lines := strings.Split(strings.TrimSpace(table), "\n")
 	require.Len(t, lines, 4, "header and all three tenants across two pages")
-	require.Equal(t, []string{"NAME", "ID", "DISPLAY", "NAME", "CREATED"}, strings.Fields(lines[0]))
-	require.Equal(t, []string{"acme", "ten_1", "Acme", "Corp", "2025-01-02T03:04:05Z"}, strings.Fields(lines[1]))
-	require.Equal(t, []string{"globex", "ten_2", "-", "2025-01-02T03:04:05Z"}, strings.Fields(lines[2]))
+	require.Equal(t, []string{"NAME", "ID", "DISPLAY", "NAME", "STATE", "CREATED"}, strings.Fields(lines[0]))
+	require.Equal(t, []string{"acme", "ten_1", "Acme", "Corp", "active", "2025-01-02T03:04:05Z"}, strings.Fields(lines[1]))
+	require.Equal(t, []string{"globex", "ten_2", "-", "suspended", "2025-01-02T03:04:05Z"}, strings.Fields(lines[2]))
 	require.Len(t, b.f.callsTo("TenantService/List"), 2, "follows next_page_token")
 
 	var js struct {

@@ -59,9 +59,9 @@ func newFake() *fake {
 		pageSize: 2,
 		me:       &apiv1.WhoAmIResponse{PrincipalId: "usr_root", Kind: "user", Name: "root", Role: "platform-admin", AuthenticatedBy: "api-key"},
 		tenants: []*apiv1.Tenant{
-			{Id: "ten_1", Name: "acme", DisplayName: "Acme Corp", CreateTime: created},
-			{Id: "ten_2", Name: "globex", CreateTime: created},
-			{Id: "ten_3", Name: "initech", CreateTime: created},
+			{Id: "ten_1", Name: "acme", DisplayName: "Acme Corp", State: "active", CreateTime: created},
+			{Id: "ten_2", Name: "globex", State: "suspended", CreateTime: created},
+			{Id: "ten_3", Name: "initech", State: "active", CreateTime: created},
 		},
 		events: []*apiv1.Event{
 			{Id: "1", Type: "tenant.created", TenantId: "ten_1", ResourceType: "Tenant", ResourceId: "ten_1", Time: created},
@@ -156,7 +156,7 @@ func (f *fake) serve(t *testing.T) *httptest.Server {
 	t.Helper()
 	opt := connect.WithInterceptors(recorder{f})
 	mux := http.NewServeMux()
-	mux.Handle(apiv1connect.NewTenantServiceHandler(tenantSvc{f}, opt))
+	mux.Handle(apiv1connect.NewTenantServiceHandler(tenantSvc{f: f}, opt))
 	mux.Handle(apiv1connect.NewProjectServiceHandler(projectSvc{f}, opt))
 	mux.Handle(apiv1connect.NewApiKeyServiceHandler(keySvc{f}, opt))
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(identitySvc{f}, opt))
@@ -169,7 +169,10 @@ func (f *fake) serve(t *testing.T) *httptest.Server {
 	return srv
 }
 
-type tenantSvc struct{ f *fake }
+type tenantSvc struct {
+	apiv1connect.UnimplementedTenantServiceHandler
+	f *fake
+}
 
 func (s tenantSvc) Create(_ context.Context, req *connect.Request[apiv1.CreateTenantRequest]) (*connect.Response[apiv1.CreateTenantResponse], error) {
 	if err := s.f.unavailable(); err != nil {

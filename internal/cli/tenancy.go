@@ -81,7 +81,68 @@ func (a *app) tenantsCommand() *cobra.Command {
 			return a.printTenants(cmd, resp.Msg, resp.Msg.GetTenant())
 		},
 	}
-	cmd.AddCommand(create, list, get)
+	suspend := &cobra.Command{
+		Use:   "suspend NAME",
+		Short: "Suspend a tenant: its keys still read, every mutation is refused; running work keeps running (platform administrators)",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Tenants.Suspend(cmd.Context(), connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printTenants(cmd, resp.Msg, resp.Msg.GetTenant())
+		},
+	}
+	resume := &cobra.Command{
+		Use:   "resume NAME",
+		Short: "Lift a tenant's suspension (platform administrators)",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Tenants.Resume(cmd.Context(), connect.NewRequest(&apiv1.ResumeTenantRequest{Tenant: argv[0]}))
+			if err != nil {
+				return err
+			}
+			return a.printTenants(cmd, resp.Msg, resp.Msg.GetTenant())
+		},
+	}
+	var dryRun bool
+	var deleteConfirmation string
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a suspended tenant and every row it owns but its audit log (--dry-run lists them; otherwise a human confirms)",
+		Args:  positional("NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Tenants.Delete(cmd.Context(), request(&apiv1.DeleteTenantRequest{Tenant: argv[0], DryRun: dryRun}, mutation{confirmationID: deleteConfirmation}))
+			if err != nil {
+				return err
+			}
+			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
+				row(w, "TABLE", "ID")
+				for _, r := range resp.Msg.GetRows() {
+					row(w, r.GetTable(), r.GetId())
+				}
+				// Live work the delete waits for, after the rows.
+				for _, b := range resp.Msg.GetBlocking() {
+					row(w, "blocked-by", b)
+				}
+			})
+		},
+	}
+	del.Flags().BoolVar(&dryRun, "dry-run", false, "list what would be deleted and change nothing")
+	addConfirmationFlag(del, &deleteConfirmation)
+	cmd.AddCommand(create, list, get, suspend, resume, del)
 	return cmd
 }
 
@@ -89,9 +150,9 @@ func (a *app) tenantsCommand() *cobra.Command {
 // a table.
 func (a *app) printTenants(cmd *cobra.Command, msg proto.Message, items ...*apiv1.Tenant) error {
 	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
-		row(w, "NAME", "ID", "DISPLAY NAME", "CREATED")
+		row(w, "NAME", "ID", "DISPLAY NAME", "STATE", "CREATED")
 		for _, t := range items {
-			row(w, t.GetName(), t.GetId(), dash(t.GetDisplayName()), ts(t.GetCreateTime()))
+			row(w, t.GetName(), t.GetId(), dash(t.GetDisplayName()), dash(t.GetState()), ts(t.GetCreateTime()))
 		}
 	})
 }

@@ -111,6 +111,11 @@ type Config struct {
 	// TenantName names a tenant by id for refusal messages (the tenancy
 	// module owns the table); nil leaves ids in them.
 	TenantName func(ctx context.Context, id string) (string, error)
+	// TenantActive reports whether a tenant's principals may mutate (the
+	// tenancy module owns the state: tenancy.Active); nil lets every tenant.
+	// The interceptor asks it on every mutation, the one place they all
+	// pass, so no service can forget a suspension.
+	TenantActive func(ctx context.Context, tenantID string) (bool, error)
 	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
 	// the client recorded in audit rows; a request from anyone else is
 	// recorded with its peer address.

@@ -68,6 +68,9 @@ const (
 	// CodeQuorumRequired: the command kind is destructive and runs only in
 	// a command batch a quorum of the tenant's approvers signed.
 	CodeQuorumRequired Code = "QUORUM_REQUIRED"
+	// CodeTenantSuspended: the caller's tenant is suspended; it may read,
+	// but every mutation is refused.
+	CodeTenantSuspended Code = "TENANT_SUSPENDED"
 )
 
 var connectCodes = map[Code]connect.Code{
@@ -85,6 +88,7 @@ var connectCodes = map[Code]connect.Code{
 	CodeAuthorizationFailed:    connect.CodeUnavailable,
 	CodeConfirmationNotUsable:  connect.CodeFailedPrecondition,
 	CodeQuorumRequired:         connect.CodeFailedPrecondition,
+	CodeTenantSuspended:        connect.CodeFailedPrecondition,
 	CodeResourceExhaustedLimit: connect.CodeResourceExhausted,
 	CodeQuotaExceeded:          connect.CodeResourceExhausted,
 	CodeSpendLimitReached:      connect.CodeResourceExhausted,

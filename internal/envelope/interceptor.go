@@ -77,6 +77,17 @@ func (i *Interceptor) begin(ctx context.Context, procedure, peer string, h http.
 		return ctx, err
 	}
 	ctx = WithCaller(ctx, caller)
+	if m.Kind == KindMutation && caller.Principal.TenantID != "" && i.env.cfg.TenantActive != nil {
+		// A suspended tenant's principals still read; they change nothing.
+		// Its running work is the hosts' and keeps running.
+		active, err := i.env.cfg.TenantActive(ctx, caller.Principal.TenantID)
+		if err != nil {
+			return ctx, FromStore(err, "tenant")
+		}
+		if !active {
+			return ctx, Errorf(CodeTenantSuspended, "tenant %s is suspended: its keys may read, but every mutation is refused until a platform administrator resumes it", caller.Principal.TenantID)
+		}
+	}
 	// After authentication, so the bucket is the principal's and a stranger
 	// cannot spend another's.
 	return ctx, i.env.limiter.allow(caller.Principal.ID, i.env.cfg.Clock.Now())

@@ -71,7 +71,7 @@ func resourceFor(action, tenant string) Resource {
 	switch action {
 	case "tenants.create":
 		return Resource{Type: "Tenant"}
-	case "tenants.get":
+	case "tenants.get", "tenants.suspend", "tenants.resume", "tenants.delete":
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
 	case "tenants.list":
 		return Resource{Type: "Platform"}
@@ -240,10 +240,13 @@ func TestCedarMatrix(t *testing.T) {
 	}
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
-		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" && a != "audit.check" {
+		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" && a != "audit.check" &&
+			a != "tenants.suspend" && a != "tenants.resume" && a != "tenants.delete" {
 			want[RoleAdmin][a] = allow
 		}
 	}
+	// Deleting a tenant waits for a human even for the platform.
+	want[RolePlatformAdmin]["tenants.delete"] = confirm
 	for _, a := range reads {
 		want[RoleMember][a] = allow
 		want[RoleViewer][a] = allow
@@ -579,7 +582,7 @@ func TestActions(t *testing.T) {
 		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.listDrivers", "sites.update",
-		"tenants.create", "tenants.get", "tenants.list", "trustAnchors.create", "trustAnchors.delete", "trustAnchors.list",
+		"tenants.create", "tenants.delete", "tenants.get", "tenants.list", "tenants.resume", "tenants.suspend", "trustAnchors.create", "trustAnchors.delete", "trustAnchors.list",
 		"usage.export", "usage.list",
 		"volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",
 		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",

@@ -16,7 +16,8 @@ import (
 
 // TenantService serves the TenantService API.
 type TenantService struct {
-	env *envelope.Envelope
+	env      *envelope.Envelope
+	cleaners []Cleaner
 }
 
 // ProjectService serves the ProjectService API.
@@ -84,7 +85,7 @@ func (s *TenantService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			return iam.Resource{Type: "Tenant", ID: "draft", Attrs: map[string]any{"name": msg.GetName()}}, nil
 		},
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.CreateTenantResponse, error) {
-			t := Tenant{ID: envelope.NewID("tnt", tx.Now()), Name: msg.GetName(), DisplayName: msg.GetDisplayName(), CreateTime: tx.Now()}
+			t := Tenant{ID: envelope.NewID("tnt", tx.Now()), Name: msg.GetName(), DisplayName: msg.GetDisplayName(), State: TenantActive, CreateTime: tx.Now()}
 			if t.DisplayName == "" {
 				t.DisplayName = t.Name
 			}
@@ -163,7 +164,7 @@ func (s *TenantService) List(ctx context.Context, req *connect.Request[apiv1.Lis
 
 // TenantProto converts a tenant for the API.
 func TenantProto(t Tenant) *apiv1.Tenant {
-	return &apiv1.Tenant{Id: t.ID, Name: t.Name, DisplayName: t.DisplayName, CreateTime: timestamppb.New(t.CreateTime)}
+	return &apiv1.Tenant{Id: t.ID, Name: t.Name, DisplayName: t.DisplayName, State: t.State, CreateTime: timestamppb.New(t.CreateTime)}
 }
 
 // ProjectProto converts a project for the API.

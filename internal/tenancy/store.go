@@ -1,6 +1,7 @@
 package tenancy
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"strings"
@@ -26,8 +27,16 @@ type Tenant struct {
 	ID          string
 	Name        string
 	DisplayName string
-	CreateTime  time.Time
+	// State is TenantActive or TenantSuspended.
+	State      string
+	CreateTime time.Time
 }
+
+// Tenant states (docs/tenants.md).
+const (
+	TenantActive    = "active"
+	TenantSuspended = "suspended"
+)
 
 // Project groups a tenant's resources.
 type Project struct {
@@ -45,8 +54,8 @@ func TenantInsert(ctx context.Context, tx store.Tx, t Tenant) error {
 	if err := dirversion.Bump(ctx, tx); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO tenants (id, name, display_name, create_time) VALUES ($1, $2, $3, $4)`,
-		t.ID, t.Name, t.DisplayName, t.CreateTime)
+	_, err := tx.Exec(ctx, `INSERT INTO tenants (id, name, display_name, state, create_time) VALUES ($1, $2, $3, $4, $5)`,
+		t.ID, t.Name, t.DisplayName, cmp.Or(t.State, TenantActive), t.CreateTime)
 	return err
 }
 
@@ -57,15 +66,15 @@ func TenantGet(ctx context.Context, q store.Querier, ref string) (Tenant, error)
 		col = "id"
 	}
 	var t Tenant
-	err := q.QueryRow(ctx, `SELECT id, name, display_name, create_time FROM tenants WHERE `+col+` = $1`, ref).
-		Scan(&t.ID, &t.Name, &t.DisplayName, &t.CreateTime)
+	err := q.QueryRow(ctx, `SELECT id, name, display_name, state, create_time FROM tenants WHERE `+col+` = $1`, ref).
+		Scan(&t.ID, &t.Name, &t.DisplayName, &t.State, &t.CreateTime)
 	return t, err
 }
 
 // TenantList lists tenants by id after the cursor. When only is set, just
 // that tenant is listed (a tenant principal sees itself).
 func TenantList(ctx context.Context, q store.Querier, after, only string, limit int) ([]Tenant, error) {
-	rows, err := q.Query(ctx, `SELECT id, name, display_name, create_time FROM tenants
+	rows, err := q.Query(ctx, `SELECT id, name, display_name, state, create_time FROM tenants
 		WHERE id > $1 AND ($2 = '' OR id = $2) ORDER BY id LIMIT $3`, after, only, limit)
 	if err != nil {
 		return nil, err
@@ -74,12 +83,41 @@ func TenantList(ctx context.Context, q store.Querier, after, only string, limit 
 	var out []Tenant
 	for rows.Next() {
 		var t Tenant
-		if err := rows.Scan(&t.ID, &t.Name, &t.DisplayName, &t.CreateTime); err != nil {
+		if err := rows.Scan(&t.ID, &t.Name, &t.DisplayName, &t.State, &t.CreateTime); err != nil {
 			return nil, err
 		}
 		out = append(out, t)
 	}
 	return out, rows.Err()
+}
+
+// TenantSetState moves a tenant to state (moving the directory version on,
+// so every replica's next request sees it); it reports whether the tenant
+// exists.
+func TenantSetState(ctx context.Context, tx store.Tx, id, state string) (bool, error) {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return false, err
+	}
+	n, err := tx.Exec(ctx, `UPDATE tenants SET state = $2 WHERE id = $1`, id, state)
+	return n == 1, err
+}
+
+// TenantDelete deletes the tenant row itself, the cascade's last step (and
+// its projects, which only the tenancy module owns).
+func TenantDelete(ctx context.Context, tx store.Tx, id string) error {
+	if err := dirversion.Bump(ctx, tx); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM projects WHERE tenant_id = $1`, id); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM tenants WHERE id = $1`, id)
+	return err
+}
+
+// ProjectIDs lists a tenant's project ids, for the delete's dry run.
+func ProjectIDs(ctx context.Context, q store.Querier, tenantID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT id FROM projects WHERE tenant_id = $1 ORDER BY id`, tenantID))
 }
 
 // ProjectInsert creates a project (moving the directory version on).

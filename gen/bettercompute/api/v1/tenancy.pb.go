@@ -24,11 +24,14 @@ const (
 
 // A Tenant is an organization: the boundary of ownership, policy and quota.
 type Tenant struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	DisplayName   string                 `protobuf:"bytes,3,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name        string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	DisplayName string                 `protobuf:"bytes,3,opt,name=display_name,json=displayName,proto3" json:"display_name,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// "active", "suspended" (reads only: every mutation of its principals is
+	// refused with TENANT_SUSPENDED).
+	State         string `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -91,6 +94,364 @@ func (x *Tenant) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Tenant) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type SuspendTenantRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tenant name or id.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendTenantRequest) Reset() {
+	*x = SuspendTenantRequest{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendTenantRequest) ProtoMessage() {}
+
+func (x *SuspendTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendTenantRequest.ProtoReflect.Descriptor instead.
+func (*SuspendTenantRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SuspendTenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type SuspendTenantResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        *Tenant                `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SuspendTenantResponse) Reset() {
+	*x = SuspendTenantResponse{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SuspendTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SuspendTenantResponse) ProtoMessage() {}
+
+func (x *SuspendTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SuspendTenantResponse.ProtoReflect.Descriptor instead.
+func (*SuspendTenantResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SuspendTenantResponse) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+type ResumeTenantRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tenant name or id.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTenantRequest) Reset() {
+	*x = ResumeTenantRequest{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTenantRequest) ProtoMessage() {}
+
+func (x *ResumeTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTenantRequest.ProtoReflect.Descriptor instead.
+func (*ResumeTenantRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ResumeTenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type ResumeTenantResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        *Tenant                `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeTenantResponse) Reset() {
+	*x = ResumeTenantResponse{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeTenantResponse) ProtoMessage() {}
+
+func (x *ResumeTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeTenantResponse.ProtoReflect.Descriptor instead.
+func (*ResumeTenantResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ResumeTenantResponse) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+type DeleteTenantRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tenant name or id.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// List what would go and change nothing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTenantRequest) Reset() {
+	*x = DeleteTenantRequest{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTenantRequest) ProtoMessage() {}
+
+func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTenantRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTenantRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteTenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DeleteTenantRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// TenantRow is one row a tenant delete removes: its table and key.
+type TenantRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Table         string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantRow) Reset() {
+	*x = TenantRow{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantRow) ProtoMessage() {}
+
+func (x *TenantRow) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantRow.ProtoReflect.Descriptor instead.
+func (*TenantRow) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TenantRow) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *TenantRow) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteTenantResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What went (or, with dry_run, what would go), in the order the cascade
+	// deletes it; the tenant row itself comes last.
+	Rows   []*TenantRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	DryRun bool         `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Live work the delete waits for (a reservation still holding capacity,
+	// a machine lease not returned, a running provisioning workflow, an image
+	// another tenant uses); a dry run lists it, a delete is refused while any
+	// is left.
+	Blocking      []string `protobuf:"bytes,3,rep,name=blocking,proto3" json:"blocking,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTenantResponse) Reset() {
+	*x = DeleteTenantResponse{}
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTenantResponse) ProtoMessage() {}
+
+func (x *DeleteTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTenantResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTenantResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteTenantResponse) GetRows() []*TenantRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *DeleteTenantResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *DeleteTenantResponse) GetBlocking() []string {
+	if x != nil {
+		return x.Blocking
+	}
+	return nil
+}
+
 type CreateTenantRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// [a-z0-9-]{1,63}, unique on the platform.
@@ -102,7 +463,7 @@ type CreateTenantRequest struct {
 
 func (x *CreateTenantRequest) Reset() {
 	*x = CreateTenantRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[1]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -114,7 +475,7 @@ func (x *CreateTenantRequest) String() string {
 func (*CreateTenantRequest) ProtoMessage() {}
 
 func (x *CreateTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[1]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -127,7 +488,7 @@ func (x *CreateTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTenantRequest.ProtoReflect.Descriptor instead.
 func (*CreateTenantRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{1}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateTenantRequest) GetName() string {
@@ -153,7 +514,7 @@ type CreateTenantResponse struct {
 
 func (x *CreateTenantResponse) Reset() {
 	*x = CreateTenantResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[2]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -165,7 +526,7 @@ func (x *CreateTenantResponse) String() string {
 func (*CreateTenantResponse) ProtoMessage() {}
 
 func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[2]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -178,7 +539,7 @@ func (x *CreateTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTenantResponse.ProtoReflect.Descriptor instead.
 func (*CreateTenantResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{2}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateTenantResponse) GetTenant() *Tenant {
@@ -198,7 +559,7 @@ type GetTenantRequest struct {
 
 func (x *GetTenantRequest) Reset() {
 	*x = GetTenantRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[3]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +571,7 @@ func (x *GetTenantRequest) String() string {
 func (*GetTenantRequest) ProtoMessage() {}
 
 func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[3]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +584,7 @@ func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{3}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetTenantRequest) GetTenant() string {
@@ -242,7 +603,7 @@ type GetTenantResponse struct {
 
 func (x *GetTenantResponse) Reset() {
 	*x = GetTenantResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +615,7 @@ func (x *GetTenantResponse) String() string {
 func (*GetTenantResponse) ProtoMessage() {}
 
 func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[4]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +628,7 @@ func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{4}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetTenantResponse) GetTenant() *Tenant {
@@ -287,7 +648,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -299,7 +660,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[5]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -312,7 +673,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{5}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListTenantsRequest) GetPageSize() int32 {
@@ -339,7 +700,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +712,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[6]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +725,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{6}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*Tenant {
@@ -395,7 +756,7 @@ type Project struct {
 
 func (x *Project) Reset() {
 	*x = Project{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +768,7 @@ func (x *Project) String() string {
 func (*Project) ProtoMessage() {}
 
 func (x *Project) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[7]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +781,7 @@ func (x *Project) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Project.ProtoReflect.Descriptor instead.
 func (*Project) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{7}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Project) GetId() string {
@@ -471,7 +832,7 @@ type CreateProjectRequest struct {
 
 func (x *CreateProjectRequest) Reset() {
 	*x = CreateProjectRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +844,7 @@ func (x *CreateProjectRequest) String() string {
 func (*CreateProjectRequest) ProtoMessage() {}
 
 func (x *CreateProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[8]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +857,7 @@ func (x *CreateProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProjectRequest.ProtoReflect.Descriptor instead.
 func (*CreateProjectRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{8}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateProjectRequest) GetTenant() string {
@@ -529,7 +890,7 @@ type CreateProjectResponse struct {
 
 func (x *CreateProjectResponse) Reset() {
 	*x = CreateProjectResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +902,7 @@ func (x *CreateProjectResponse) String() string {
 func (*CreateProjectResponse) ProtoMessage() {}
 
 func (x *CreateProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[9]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +915,7 @@ func (x *CreateProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProjectResponse.ProtoReflect.Descriptor instead.
 func (*CreateProjectResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{9}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateProjectResponse) GetProject() *Project {
@@ -575,7 +936,7 @@ type GetProjectRequest struct {
 
 func (x *GetProjectRequest) Reset() {
 	*x = GetProjectRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +948,7 @@ func (x *GetProjectRequest) String() string {
 func (*GetProjectRequest) ProtoMessage() {}
 
 func (x *GetProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[10]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +961,7 @@ func (x *GetProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProjectRequest.ProtoReflect.Descriptor instead.
 func (*GetProjectRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{10}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetProjectRequest) GetTenant() string {
@@ -626,7 +987,7 @@ type GetProjectResponse struct {
 
 func (x *GetProjectResponse) Reset() {
 	*x = GetProjectResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +999,7 @@ func (x *GetProjectResponse) String() string {
 func (*GetProjectResponse) ProtoMessage() {}
 
 func (x *GetProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[11]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +1012,7 @@ func (x *GetProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProjectResponse.ProtoReflect.Descriptor instead.
 func (*GetProjectResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{11}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetProjectResponse) GetProject() *Project {
@@ -674,7 +1035,7 @@ type ListProjectsRequest struct {
 
 func (x *ListProjectsRequest) Reset() {
 	*x = ListProjectsRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +1047,7 @@ func (x *ListProjectsRequest) String() string {
 func (*ListProjectsRequest) ProtoMessage() {}
 
 func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[12]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +1060,7 @@ func (x *ListProjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsRequest.ProtoReflect.Descriptor instead.
 func (*ListProjectsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{12}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProjectsRequest) GetTenant() string {
@@ -740,7 +1101,7 @@ type ListProjectsResponse struct {
 
 func (x *ListProjectsResponse) Reset() {
 	*x = ListProjectsResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -752,7 +1113,7 @@ func (x *ListProjectsResponse) String() string {
 func (*ListProjectsResponse) ProtoMessage() {}
 
 func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[13]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -765,7 +1126,7 @@ func (x *ListProjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProjectsResponse.ProtoReflect.Descriptor instead.
 func (*ListProjectsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{13}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProjectsResponse) GetProjects() []*Project {
@@ -792,7 +1153,7 @@ type DeleteProjectRequest struct {
 
 func (x *DeleteProjectRequest) Reset() {
 	*x = DeleteProjectRequest{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +1165,7 @@ func (x *DeleteProjectRequest) String() string {
 func (*DeleteProjectRequest) ProtoMessage() {}
 
 func (x *DeleteProjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[14]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +1178,7 @@ func (x *DeleteProjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProjectRequest.ProtoReflect.Descriptor instead.
 func (*DeleteProjectRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{14}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteProjectRequest) GetTenant() string {
@@ -842,7 +1203,7 @@ type DeleteProjectResponse struct {
 
 func (x *DeleteProjectResponse) Reset() {
 	*x = DeleteProjectResponse{}
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1215,7 @@ func (x *DeleteProjectResponse) String() string {
 func (*DeleteProjectResponse) ProtoMessage() {}
 
 func (x *DeleteProjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[15]
+	mi := &file_bettercompute_api_v1_tenancy_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,20 +1228,39 @@ func (x *DeleteProjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteProjectResponse.ProtoReflect.Descriptor instead.
 func (*DeleteProjectResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{15}
+	return file_bettercompute_api_v1_tenancy_proto_rawDescGZIP(), []int{22}
 }
 
 var File_bettercompute_api_v1_tenancy_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_tenancy_proto_rawDesc = "" +
 	"\n" +
-	"\"bettercompute/api/v1/tenancy.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x01\n" +
+	"\"bettercompute/api/v1/tenancy.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x01\n" +
 	"\x06Tenant\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
 	"\fdisplay_name\x18\x03 \x01(\tR\vdisplayName\x12;\n" +
 	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"L\n" +
+	"createTime\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\".\n" +
+	"\x14SuspendTenantRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"M\n" +
+	"\x15SuspendTenantResponse\x124\n" +
+	"\x06tenant\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.TenantR\x06tenant\"-\n" +
+	"\x13ResumeTenantRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"L\n" +
+	"\x14ResumeTenantResponse\x124\n" +
+	"\x06tenant\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.TenantR\x06tenant\"F\n" +
+	"\x13DeleteTenantRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"1\n" +
+	"\tTenantRow\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\"\x80\x01\n" +
+	"\x14DeleteTenantResponse\x123\n" +
+	"\x04rows\x18\x01 \x03(\v2\x1f.bettercompute.api.v1.TenantRowR\x04rows\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x1a\n" +
+	"\bblocking\x18\x03 \x03(\tR\bblocking\"L\n" +
 	"\x13CreateTenantRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fdisplay_name\x18\x02 \x01(\tR\vdisplayName\"L\n" +
@@ -928,11 +1308,14 @@ const file_bettercompute_api_v1_tenancy_proto_rawDesc = "" +
 	"\x14DeleteProjectRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\aproject\x18\x02 \x01(\tR\aproject\"\x17\n" +
-	"\x15DeleteProjectResponse2\xaf\x02\n" +
+	"\x15DeleteProjectResponse2\xd5\x04\n" +
 	"\rTenantService\x12_\n" +
 	"\x06Create\x12).bettercompute.api.v1.CreateTenantRequest\x1a*.bettercompute.api.v1.CreateTenantResponse\x12[\n" +
 	"\x03Get\x12&.bettercompute.api.v1.GetTenantRequest\x1a'.bettercompute.api.v1.GetTenantResponse\"\x03\x90\x02\x01\x12`\n" +
-	"\x04List\x12(.bettercompute.api.v1.ListTenantsRequest\x1a).bettercompute.api.v1.ListTenantsResponse\"\x03\x90\x02\x012\x99\x03\n" +
+	"\x04List\x12(.bettercompute.api.v1.ListTenantsRequest\x1a).bettercompute.api.v1.ListTenantsResponse\"\x03\x90\x02\x01\x12b\n" +
+	"\aSuspend\x12*.bettercompute.api.v1.SuspendTenantRequest\x1a+.bettercompute.api.v1.SuspendTenantResponse\x12_\n" +
+	"\x06Resume\x12).bettercompute.api.v1.ResumeTenantRequest\x1a*.bettercompute.api.v1.ResumeTenantResponse\x12_\n" +
+	"\x06Delete\x12).bettercompute.api.v1.DeleteTenantRequest\x1a*.bettercompute.api.v1.DeleteTenantResponse2\x99\x03\n" +
 	"\x0eProjectService\x12a\n" +
 	"\x06Create\x12*.bettercompute.api.v1.CreateProjectRequest\x1a+.bettercompute.api.v1.CreateProjectResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetProjectRequest\x1a(.bettercompute.api.v1.GetProjectResponse\"\x03\x90\x02\x01\x12b\n" +
@@ -951,54 +1334,70 @@ func file_bettercompute_api_v1_tenancy_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_tenancy_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_tenancy_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_bettercompute_api_v1_tenancy_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_bettercompute_api_v1_tenancy_proto_goTypes = []any{
 	(*Tenant)(nil),                // 0: bettercompute.api.v1.Tenant
-	(*CreateTenantRequest)(nil),   // 1: bettercompute.api.v1.CreateTenantRequest
-	(*CreateTenantResponse)(nil),  // 2: bettercompute.api.v1.CreateTenantResponse
-	(*GetTenantRequest)(nil),      // 3: bettercompute.api.v1.GetTenantRequest
-	(*GetTenantResponse)(nil),     // 4: bettercompute.api.v1.GetTenantResponse
-	(*ListTenantsRequest)(nil),    // 5: bettercompute.api.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),   // 6: bettercompute.api.v1.ListTenantsResponse
-	(*Project)(nil),               // 7: bettercompute.api.v1.Project
-	(*CreateProjectRequest)(nil),  // 8: bettercompute.api.v1.CreateProjectRequest
-	(*CreateProjectResponse)(nil), // 9: bettercompute.api.v1.CreateProjectResponse
-	(*GetProjectRequest)(nil),     // 10: bettercompute.api.v1.GetProjectRequest
-	(*GetProjectResponse)(nil),    // 11: bettercompute.api.v1.GetProjectResponse
-	(*ListProjectsRequest)(nil),   // 12: bettercompute.api.v1.ListProjectsRequest
-	(*ListProjectsResponse)(nil),  // 13: bettercompute.api.v1.ListProjectsResponse
-	(*DeleteProjectRequest)(nil),  // 14: bettercompute.api.v1.DeleteProjectRequest
-	(*DeleteProjectResponse)(nil), // 15: bettercompute.api.v1.DeleteProjectResponse
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*SuspendTenantRequest)(nil),  // 1: bettercompute.api.v1.SuspendTenantRequest
+	(*SuspendTenantResponse)(nil), // 2: bettercompute.api.v1.SuspendTenantResponse
+	(*ResumeTenantRequest)(nil),   // 3: bettercompute.api.v1.ResumeTenantRequest
+	(*ResumeTenantResponse)(nil),  // 4: bettercompute.api.v1.ResumeTenantResponse
+	(*DeleteTenantRequest)(nil),   // 5: bettercompute.api.v1.DeleteTenantRequest
+	(*TenantRow)(nil),             // 6: bettercompute.api.v1.TenantRow
+	(*DeleteTenantResponse)(nil),  // 7: bettercompute.api.v1.DeleteTenantResponse
+	(*CreateTenantRequest)(nil),   // 8: bettercompute.api.v1.CreateTenantRequest
+	(*CreateTenantResponse)(nil),  // 9: bettercompute.api.v1.CreateTenantResponse
+	(*GetTenantRequest)(nil),      // 10: bettercompute.api.v1.GetTenantRequest
+	(*GetTenantResponse)(nil),     // 11: bettercompute.api.v1.GetTenantResponse
+	(*ListTenantsRequest)(nil),    // 12: bettercompute.api.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),   // 13: bettercompute.api.v1.ListTenantsResponse
+	(*Project)(nil),               // 14: bettercompute.api.v1.Project
+	(*CreateProjectRequest)(nil),  // 15: bettercompute.api.v1.CreateProjectRequest
+	(*CreateProjectResponse)(nil), // 16: bettercompute.api.v1.CreateProjectResponse
+	(*GetProjectRequest)(nil),     // 17: bettercompute.api.v1.GetProjectRequest
+	(*GetProjectResponse)(nil),    // 18: bettercompute.api.v1.GetProjectResponse
+	(*ListProjectsRequest)(nil),   // 19: bettercompute.api.v1.ListProjectsRequest
+	(*ListProjectsResponse)(nil),  // 20: bettercompute.api.v1.ListProjectsResponse
+	(*DeleteProjectRequest)(nil),  // 21: bettercompute.api.v1.DeleteProjectRequest
+	(*DeleteProjectResponse)(nil), // 22: bettercompute.api.v1.DeleteProjectResponse
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_tenancy_proto_depIdxs = []int32{
-	16, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 1: bettercompute.api.v1.CreateTenantResponse.tenant:type_name -> bettercompute.api.v1.Tenant
-	0,  // 2: bettercompute.api.v1.GetTenantResponse.tenant:type_name -> bettercompute.api.v1.Tenant
-	0,  // 3: bettercompute.api.v1.ListTenantsResponse.tenants:type_name -> bettercompute.api.v1.Tenant
-	16, // 4: bettercompute.api.v1.Project.create_time:type_name -> google.protobuf.Timestamp
-	7,  // 5: bettercompute.api.v1.CreateProjectResponse.project:type_name -> bettercompute.api.v1.Project
-	7,  // 6: bettercompute.api.v1.GetProjectResponse.project:type_name -> bettercompute.api.v1.Project
-	7,  // 7: bettercompute.api.v1.ListProjectsResponse.projects:type_name -> bettercompute.api.v1.Project
-	1,  // 8: bettercompute.api.v1.TenantService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
-	3,  // 9: bettercompute.api.v1.TenantService.Get:input_type -> bettercompute.api.v1.GetTenantRequest
-	5,  // 10: bettercompute.api.v1.TenantService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
-	8,  // 11: bettercompute.api.v1.ProjectService.Create:input_type -> bettercompute.api.v1.CreateProjectRequest
-	10, // 12: bettercompute.api.v1.ProjectService.Get:input_type -> bettercompute.api.v1.GetProjectRequest
-	12, // 13: bettercompute.api.v1.ProjectService.List:input_type -> bettercompute.api.v1.ListProjectsRequest
-	14, // 14: bettercompute.api.v1.ProjectService.Delete:input_type -> bettercompute.api.v1.DeleteProjectRequest
-	2,  // 15: bettercompute.api.v1.TenantService.Create:output_type -> bettercompute.api.v1.CreateTenantResponse
-	4,  // 16: bettercompute.api.v1.TenantService.Get:output_type -> bettercompute.api.v1.GetTenantResponse
-	6,  // 17: bettercompute.api.v1.TenantService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
-	9,  // 18: bettercompute.api.v1.ProjectService.Create:output_type -> bettercompute.api.v1.CreateProjectResponse
-	11, // 19: bettercompute.api.v1.ProjectService.Get:output_type -> bettercompute.api.v1.GetProjectResponse
-	13, // 20: bettercompute.api.v1.ProjectService.List:output_type -> bettercompute.api.v1.ListProjectsResponse
-	15, // 21: bettercompute.api.v1.ProjectService.Delete:output_type -> bettercompute.api.v1.DeleteProjectResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	23, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 1: bettercompute.api.v1.SuspendTenantResponse.tenant:type_name -> bettercompute.api.v1.Tenant
+	0,  // 2: bettercompute.api.v1.ResumeTenantResponse.tenant:type_name -> bettercompute.api.v1.Tenant
+	6,  // 3: bettercompute.api.v1.DeleteTenantResponse.rows:type_name -> bettercompute.api.v1.TenantRow
+	0,  // 4: bettercompute.api.v1.CreateTenantResponse.tenant:type_name -> bettercompute.api.v1.Tenant
+	0,  // 5: bettercompute.api.v1.GetTenantResponse.tenant:type_name -> bettercompute.api.v1.Tenant
+	0,  // 6: bettercompute.api.v1.ListTenantsResponse.tenants:type_name -> bettercompute.api.v1.Tenant
+	23, // 7: bettercompute.api.v1.Project.create_time:type_name -> google.protobuf.Timestamp
+	14, // 8: bettercompute.api.v1.CreateProjectResponse.project:type_name -> bettercompute.api.v1.Project
+	14, // 9: bettercompute.api.v1.GetProjectResponse.project:type_name -> bettercompute.api.v1.Project
+	14, // 10: bettercompute.api.v1.ListProjectsResponse.projects:type_name -> bettercompute.api.v1.Project
+	8,  // 11: bettercompute.api.v1.TenantService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
+	10, // 12: bettercompute.api.v1.TenantService.Get:input_type -> bettercompute.api.v1.GetTenantRequest
+	12, // 13: bettercompute.api.v1.TenantService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
+	1,  // 14: bettercompute.api.v1.TenantService.Suspend:input_type -> bettercompute.api.v1.SuspendTenantRequest
+	3,  // 15: bettercompute.api.v1.TenantService.Resume:input_type -> bettercompute.api.v1.ResumeTenantRequest
+	5,  // 16: bettercompute.api.v1.TenantService.Delete:input_type -> bettercompute.api.v1.DeleteTenantRequest
+	15, // 17: bettercompute.api.v1.ProjectService.Create:input_type -> bettercompute.api.v1.CreateProjectRequest
+	17, // 18: bettercompute.api.v1.ProjectService.Get:input_type -> bettercompute.api.v1.GetProjectRequest
+	19, // 19: bettercompute.api.v1.ProjectService.List:input_type -> bettercompute.api.v1.ListProjectsRequest
+	21, // 20: bettercompute.api.v1.ProjectService.Delete:input_type -> bettercompute.api.v1.DeleteProjectRequest
+	9,  // 21: bettercompute.api.v1.TenantService.Create:output_type -> bettercompute.api.v1.CreateTenantResponse
+	11, // 22: bettercompute.api.v1.TenantService.Get:output_type -> bettercompute.api.v1.GetTenantResponse
+	13, // 23: bettercompute.api.v1.TenantService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
+	2,  // 24: bettercompute.api.v1.TenantService.Suspend:output_type -> bettercompute.api.v1.SuspendTenantResponse
+	4,  // 25: bettercompute.api.v1.TenantService.Resume:output_type -> bettercompute.api.v1.ResumeTenantResponse
+	7,  // 26: bettercompute.api.v1.TenantService.Delete:output_type -> bettercompute.api.v1.DeleteTenantResponse
+	16, // 27: bettercompute.api.v1.ProjectService.Create:output_type -> bettercompute.api.v1.CreateProjectResponse
+	18, // 28: bettercompute.api.v1.ProjectService.Get:output_type -> bettercompute.api.v1.GetProjectResponse
+	20, // 29: bettercompute.api.v1.ProjectService.List:output_type -> bettercompute.api.v1.ListProjectsResponse
+	22, // 30: bettercompute.api.v1.ProjectService.Delete:output_type -> bettercompute.api.v1.DeleteProjectResponse
+	21, // [21:31] is the sub-list for method output_type
+	11, // [11:21] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_tenancy_proto_init() }
@@ -1012,7 +1411,7 @@ func file_bettercompute_api_v1_tenancy_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_tenancy_proto_rawDesc), len(file_bettercompute_api_v1_tenancy_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

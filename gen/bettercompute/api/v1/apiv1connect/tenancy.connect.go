@@ -41,6 +41,12 @@ const (
 	TenantServiceGetProcedure = "/bettercompute.api.v1.TenantService/Get"
 	// TenantServiceListProcedure is the fully-qualified name of the TenantService's List RPC.
 	TenantServiceListProcedure = "/bettercompute.api.v1.TenantService/List"
+	// TenantServiceSuspendProcedure is the fully-qualified name of the TenantService's Suspend RPC.
+	TenantServiceSuspendProcedure = "/bettercompute.api.v1.TenantService/Suspend"
+	// TenantServiceResumeProcedure is the fully-qualified name of the TenantService's Resume RPC.
+	TenantServiceResumeProcedure = "/bettercompute.api.v1.TenantService/Resume"
+	// TenantServiceDeleteProcedure is the fully-qualified name of the TenantService's Delete RPC.
+	TenantServiceDeleteProcedure = "/bettercompute.api.v1.TenantService/Delete"
 	// ProjectServiceCreateProcedure is the fully-qualified name of the ProjectService's Create RPC.
 	ProjectServiceCreateProcedure = "/bettercompute.api.v1.ProjectService/Create"
 	// ProjectServiceGetProcedure is the fully-qualified name of the ProjectService's Get RPC.
@@ -56,6 +62,15 @@ type TenantServiceClient interface {
 	Create(context.Context, *connect.Request[v1.CreateTenantRequest]) (*connect.Response[v1.CreateTenantResponse], error)
 	Get(context.Context, *connect.Request[v1.GetTenantRequest]) (*connect.Response[v1.GetTenantResponse], error)
 	List(context.Context, *connect.Request[v1.ListTenantsRequest]) (*connect.Response[v1.ListTenantsResponse], error)
+	// Suspend refuses every mutation of the tenant's principals; its running
+	// work keeps running. Platform administrators only.
+	Suspend(context.Context, *connect.Request[v1.SuspendTenantRequest]) (*connect.Response[v1.SuspendTenantResponse], error)
+	// Resume lifts a suspension.
+	Resume(context.Context, *connect.Request[v1.ResumeTenantRequest]) (*connect.Response[v1.ResumeTenantResponse], error)
+	// Delete removes a suspended tenant and every row it owns but its audit
+	// log. With dry_run it only lists what would go; without, it needs a
+	// confirmation.
+	Delete(context.Context, *connect.Request[v1.DeleteTenantRequest]) (*connect.Response[v1.DeleteTenantResponse], error)
 }
 
 // NewTenantServiceClient constructs a client for the bettercompute.api.v1.TenantService service. By
@@ -89,14 +104,35 @@ func NewTenantServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		suspend: connect.NewClient[v1.SuspendTenantRequest, v1.SuspendTenantResponse](
+			httpClient,
+			baseURL+TenantServiceSuspendProcedure,
+			connect.WithSchema(tenantServiceMethods.ByName("Suspend")),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v1.ResumeTenantRequest, v1.ResumeTenantResponse](
+			httpClient,
+			baseURL+TenantServiceResumeProcedure,
+			connect.WithSchema(tenantServiceMethods.ByName("Resume")),
+			connect.WithClientOptions(opts...),
+		),
+		delete: connect.NewClient[v1.DeleteTenantRequest, v1.DeleteTenantResponse](
+			httpClient,
+			baseURL+TenantServiceDeleteProcedure,
+			connect.WithSchema(tenantServiceMethods.ByName("Delete")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // tenantServiceClient implements TenantServiceClient.
 type tenantServiceClient struct {
-	create *connect.Client[v1.CreateTenantRequest, v1.CreateTenantResponse]
-	get    *connect.Client[v1.GetTenantRequest, v1.GetTenantResponse]
-	list   *connect.Client[v1.ListTenantsRequest, v1.ListTenantsResponse]
+	create  *connect.Client[v1.CreateTenantRequest, v1.CreateTenantResponse]
+	get     *connect.Client[v1.GetTenantRequest, v1.GetTenantResponse]
+	list    *connect.Client[v1.ListTenantsRequest, v1.ListTenantsResponse]
+	suspend *connect.Client[v1.SuspendTenantRequest, v1.SuspendTenantResponse]
+	resume  *connect.Client[v1.ResumeTenantRequest, v1.ResumeTenantResponse]
+	delete  *connect.Client[v1.DeleteTenantRequest, v1.DeleteTenantResponse]
 }
 
 // Create calls bettercompute.api.v1.TenantService.Create.
@@ -114,11 +150,35 @@ func (c *tenantServiceClient) List(ctx context.Context, req *connect.Request[v1.
 	return c.list.CallUnary(ctx, req)
 }
 
+// Suspend calls bettercompute.api.v1.TenantService.Suspend.
+func (c *tenantServiceClient) Suspend(ctx context.Context, req *connect.Request[v1.SuspendTenantRequest]) (*connect.Response[v1.SuspendTenantResponse], error) {
+	return c.suspend.CallUnary(ctx, req)
+}
+
+// Resume calls bettercompute.api.v1.TenantService.Resume.
+func (c *tenantServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeTenantRequest]) (*connect.Response[v1.ResumeTenantResponse], error) {
+	return c.resume.CallUnary(ctx, req)
+}
+
+// Delete calls bettercompute.api.v1.TenantService.Delete.
+func (c *tenantServiceClient) Delete(ctx context.Context, req *connect.Request[v1.DeleteTenantRequest]) (*connect.Response[v1.DeleteTenantResponse], error) {
+	return c.delete.CallUnary(ctx, req)
+}
+
 // TenantServiceHandler is an implementation of the bettercompute.api.v1.TenantService service.
 type TenantServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateTenantRequest]) (*connect.Response[v1.CreateTenantResponse], error)
 	Get(context.Context, *connect.Request[v1.GetTenantRequest]) (*connect.Response[v1.GetTenantResponse], error)
 	List(context.Context, *connect.Request[v1.ListTenantsRequest]) (*connect.Response[v1.ListTenantsResponse], error)
+	// Suspend refuses every mutation of the tenant's principals; its running
+	// work keeps running. Platform administrators only.
+	Suspend(context.Context, *connect.Request[v1.SuspendTenantRequest]) (*connect.Response[v1.SuspendTenantResponse], error)
+	// Resume lifts a suspension.
+	Resume(context.Context, *connect.Request[v1.ResumeTenantRequest]) (*connect.Response[v1.ResumeTenantResponse], error)
+	// Delete removes a suspended tenant and every row it owns but its audit
+	// log. With dry_run it only lists what would go; without, it needs a
+	// confirmation.
+	Delete(context.Context, *connect.Request[v1.DeleteTenantRequest]) (*connect.Response[v1.DeleteTenantResponse], error)
 }
 
 // NewTenantServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -148,6 +208,24 @@ func NewTenantServiceHandler(svc TenantServiceHandler, opts ...connect.HandlerOp
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	tenantServiceSuspendHandler := connect.NewUnaryHandler(
+		TenantServiceSuspendProcedure,
+		svc.Suspend,
+		connect.WithSchema(tenantServiceMethods.ByName("Suspend")),
+		connect.WithHandlerOptions(opts...),
+	)
+	tenantServiceResumeHandler := connect.NewUnaryHandler(
+		TenantServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(tenantServiceMethods.ByName("Resume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	tenantServiceDeleteHandler := connect.NewUnaryHandler(
+		TenantServiceDeleteProcedure,
+		svc.Delete,
+		connect.WithSchema(tenantServiceMethods.ByName("Delete")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.TenantService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case TenantServiceCreateProcedure:
@@ -156,6 +234,12 @@ func NewTenantServiceHandler(svc TenantServiceHandler, opts ...connect.HandlerOp
 			tenantServiceGetHandler.ServeHTTP(w, r)
 		case TenantServiceListProcedure:
 			tenantServiceListHandler.ServeHTTP(w, r)
+		case TenantServiceSuspendProcedure:
+			tenantServiceSuspendHandler.ServeHTTP(w, r)
+		case TenantServiceResumeProcedure:
+			tenantServiceResumeHandler.ServeHTTP(w, r)
+		case TenantServiceDeleteProcedure:
+			tenantServiceDeleteHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -175,6 +259,18 @@ func (UnimplementedTenantServiceHandler) Get(context.Context, *connect.Request[v
 
 func (UnimplementedTenantServiceHandler) List(context.Context, *connect.Request[v1.ListTenantsRequest]) (*connect.Response[v1.ListTenantsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TenantService.List is not implemented"))
+}
+
+func (UnimplementedTenantServiceHandler) Suspend(context.Context, *connect.Request[v1.SuspendTenantRequest]) (*connect.Response[v1.SuspendTenantResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TenantService.Suspend is not implemented"))
+}
+
+func (UnimplementedTenantServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeTenantRequest]) (*connect.Response[v1.ResumeTenantResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TenantService.Resume is not implemented"))
+}
+
+func (UnimplementedTenantServiceHandler) Delete(context.Context, *connect.Request[v1.DeleteTenantRequest]) (*connect.Response[v1.DeleteTenantResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.TenantService.Delete is not implemented"))
 }
 
 // ProjectServiceClient is a client for the bettercompute.api.v1.ProjectService service.

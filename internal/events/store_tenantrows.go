@@ -1,0 +1,23 @@
+package events
+
+import (
+	"context"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// TenantRows lists the tenant's rows of this module (events), in the
+// order TenantRowsDelete removes them: a tenant delete's dry run.
+func TenantRows(ctx context.Context, q store.Querier, tenantID string) ([]store.TenantRow, error) {
+	return store.TenantRows(q.Query(ctx, `SELECT t, k FROM (
+		SELECT 0 AS o, 'events' AS t, CAST(seq AS TEXT) AS k FROM events WHERE tenant_id = $1) AS r ORDER BY o, k`, tenantID))
+}
+
+// TenantRowsDelete deletes every row TenantRows lists, dependents first;
+// the tenant delete runs it inside its one transaction.
+func TenantRowsDelete(ctx context.Context, tx store.Tx, tenantID string) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM events WHERE tenant_id = $1`, tenantID); err != nil {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,27 @@
+package webhooks
+
+import (
+	"context"
+
+	"github.com/better-compute/better-compute/internal/store"
+)
+
+// TenantRows lists the tenant's rows of this module (webhook_deliveries, webhooks), in the
+// order TenantRowsDelete removes them: a tenant delete's dry run.
+func TenantRows(ctx context.Context, q store.Querier, tenantID string) ([]store.TenantRow, error) {
+	return store.TenantRows(q.Query(ctx, `SELECT t, k FROM (
+		SELECT 0 AS o, 'webhook_deliveries' AS t, CAST(seq AS TEXT) AS k FROM webhook_deliveries WHERE tenant_id = $1 UNION ALL
+		SELECT 1, 'webhooks', id FROM webhooks WHERE tenant_id = $1) AS r ORDER BY o, k`, tenantID))
+}
+
+// TenantRowsDelete deletes every row TenantRows lists, dependents first;
+// the tenant delete runs it inside its one transaction.
+func TenantRowsDelete(ctx context.Context, tx store.Tx, tenantID string) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM webhook_deliveries WHERE tenant_id = $1`, tenantID); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM webhooks WHERE tenant_id = $1`, tenantID); err != nil {
+		return err
+	}
+	return nil
+}
