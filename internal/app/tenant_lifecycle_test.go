@@ -171,6 +171,12 @@ func TestTenantDeleteLeavesNoRow(t *testing.T) {
 	gpus := int32(4)
 	_, err = acme.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "acme", Project: "web", Model: "h100", Gpus: &gpus}))
 	require.NoError(t, err)
+	// A budget and a profile document of its own go too.
+	_, err = acme.Budgets.Set(ctx, connect.NewRequest(&apiv1.SetBudgetRequest{Tenant: "acme", Period: "month", Amount: "100"}))
+	require.NoError(t, err)
+	_, err = acme.Profiles.Create(ctx, connect.NewRequest(&apiv1.CreateProfileRequest{Tenant: "acme", Document: "apiVersion: bettercompute.io/v1\n" +
+		"kind: DeployProfile\nmetadata: {name: mine}\nspec:\n  steps:\n    - {name: off, kind: power.off, destructive: true}\n"}))
+	require.NoError(t, err)
 	// Bare metal: a site and an enrolled machine.
 	f := &matrixFixture{cp: cp, admin: admin, keys: map[string]string{}}
 	f.matrixMachine(t, metal.StateReady)

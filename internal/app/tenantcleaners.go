@@ -2,6 +2,7 @@ package app
 
 import (
 	"github.com/better-compute/better-compute/internal/authn"
+	"github.com/better-compute/better-compute/internal/capacity/budget"
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/quota"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
@@ -13,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/policy"
+	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/provision"
@@ -43,6 +45,7 @@ func tenantCleaners() []tenancy.Cleaner {
 		{Name: "provider accounts", Rows: provideraccounts.TenantRows, Delete: provideraccounts.TenantRowsDelete},
 		{Name: "provisioning", Rows: provision.TenantRows, Delete: provision.TenantRowsDelete, Busy: provision.TenantLiveWorkflows},
 		{Name: "metal", Rows: metal.TenantRows, Delete: metal.TenantRowsDelete, Busy: metal.TenantLiveLeases},
+		{Name: "profiles", Rows: profiles.TenantRows, Delete: profiles.TenantRowsDelete},
 		{Name: "quorum", Rows: quorum.TenantRows, Delete: quorum.TenantRowsDelete},
 		{Name: "fleet", Rows: fleet.TenantRows, Delete: fleet.TenantRowsDelete},
 		{Name: "health", Rows: health.TenantRows, Delete: health.TenantRowsDelete},
@@ -50,6 +53,7 @@ func tenantCleaners() []tenancy.Cleaner {
 		{Name: "policies", Rows: policy.TenantRows, Delete: policy.TenantRowsDelete},
 		{Name: "usage", Rows: usage.TenantRows, Delete: usage.TenantRowsDelete},
 		{Name: "quotas", Rows: quota.TenantRows, Delete: quota.TenantRowsDelete},
+		{Name: "budgets", Rows: budget.TenantRows, Delete: budget.TenantRowsDelete},
 		{Name: "pools", Rows: pool.TenantRows, Delete: pool.TenantRowsDelete},
 		{Name: "confirmations", Rows: envelope.TenantRows, Delete: envelope.TenantRowsDelete},
 		{Name: "events", Rows: events.TenantRows, Delete: events.TenantRowsDelete},

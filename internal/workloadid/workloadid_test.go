@@ -157,6 +157,14 @@ func TestSandboxTokenVerifiesAgainstJWKS(t *testing.T) {
 		found = found || (e.GetAction() == "workloadTokens.issue" && e.GetResourceId() == f.sandboxID)
 	}
 	require.True(t, found, "an audit row for the issue")
+
+	// A suspended tenant's workloads get no new token; the one issued
+	// before still verifies until its exp (it is short-lived by design).
+	_, err = f.cp.Admin().Tenants.Suspend(context.Background(), connect.NewRequest(&apiv1.SuspendTenantRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	_, err = f.issue(f.member, "acme", "sandbox", f.sandboxID, 0)
+	require.Error(t, err)
+	require.Equal(t, "TENANT_SUSPENDED", client.Code(err), "err: %v", err)
 }
 
 // TestReservationTokenAndRotation: a reservation's token names its project
