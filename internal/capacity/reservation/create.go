@@ -666,9 +666,9 @@ func (s *Service) Preview(ctx context.Context, req *connect.Request[apiv1.Previe
 // request that would pass its tenant's hard budget whatever it is placed
 // on (budget.Precheck); the placer's batch checks it again at commit.
 func (s *Service) precheckBudget(ctx context.Context, t *target, sp *spec, now time.Time) error {
-	if t.check(sp) != nil {
+	if err := t.check(sp); err != nil {
 		// Apply answers what is wrong with the request.
-		return nil
+		return nil //nolint:nilerr // the refusal is Apply's to give, after the decision
 	}
 	r := t.newReservation(sp, now, "")
 	return s.env.Resolve(ctx, "budget", func(ctx context.Context, q store.Querier) error {
