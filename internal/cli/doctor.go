@@ -130,10 +130,10 @@ func (f *doctorFlags) databaseChecks(ctx context.Context, db *store.DB) []Findin
 		nodes []fleet.Node
 	)
 	err = db.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-		if err := tx.QueryRow(ctx, `SELECT compute_now()`).Scan(&dbNow); err != nil {
+		var err error
+		if dbNow, err = store.DatabaseNow(ctx, tx); err != nil {
 			return err
 		}
-		var err error
 		if cas, err = pki.CAExpiries(ctx, tx); err != nil {
 			return err
 		}

@@ -76,7 +76,7 @@ func (a *app) command() *cobra.Command {
 		Short: "Operate a better-compute platform",
 		Long: `better-compute runs a Better Compute control plane and operates it.
 
-  Run it:         serve, dev, pki, daemon
+  Run it:         serve, dev, pki, daemon, doctor, support-bundle
   Tenancy:        tenants, projects, api-keys, iam, confirmations, whoami
   Observe:        audit, events, webhooks
   Fleet:          nodes, commands, batches, inventory, join-tokens, join-requests, trust-anchors

@@ -313,3 +313,11 @@ func classifyNil(classify func(error) error, err error) error {
 	}
 	return classify(err)
 }
+
+// DatabaseNow reads compute_now(): the database's idea of the time (the
+// store's clock under a simulated one), for a check of clock skew.
+func DatabaseNow(ctx context.Context, q Querier) (time.Time, error) {
+	var t time.Time
+	err := q.QueryRow(ctx, `SELECT compute_now()`).Scan(&t)
+	return t, err
+}
