@@ -294,7 +294,7 @@ func printVerified(w io.Writer, v audit.Verified, vkey string, fromServer bool) 
 	case audit.BundleInclusion:
 		e := v.Entry
 		row(w, "ENTRY", e.ID)
-		row(w, "TIME", e.Time.UTC().Format("2006-01-02T15:04:05.000000Z"))
+		row(w, "TIME", stamp(e.Time))
 		row(w, "ACTION", e.Action)
 		row(w, "RESOURCE", e.ResourceType+"/"+e.ResourceID)
 		row(w, "PRINCIPAL", dash(e.PrincipalID))

@@ -158,13 +158,13 @@ func (f *doctorFlags) databaseChecks(ctx context.Context, db *store.DB) []Findin
 		left := c.NotAfter.Sub(now)
 		switch {
 		case left <= 0:
-			add("certificates", findingFail, fmt.Sprintf("the %s CA ended %s", c.Kind, c.NotAfter.UTC().Format(time.RFC3339)),
+			add("certificates", findingFail, fmt.Sprintf("the %s CA ended %s", c.Kind, stamp(c.NotAfter)),
 				"better-compute pki rotate (docs/security.md)")
 		case left < f.certWarn:
-			add("certificates", findingWarn, fmt.Sprintf("the %s CA ends in %s (%s)", c.Kind, left.Round(time.Hour), c.NotAfter.UTC().Format(time.RFC3339)),
+			add("certificates", findingWarn, fmt.Sprintf("the %s CA ends in %s (%s)", c.Kind, left.Round(time.Hour), stamp(c.NotAfter)),
 				"better-compute pki rotate before then (docs/security.md)")
 		default:
-			add("certificates", findingOK, fmt.Sprintf("the %s CA ends %s", c.Kind, c.NotAfter.UTC().Format("2006-01-02")), "")
+			add("certificates", findingOK, fmt.Sprintf("the %s CA ends %s", c.Kind, stamp(c.NotAfter)), "")
 		}
 	}
 	var lost, unreachable, mute []string

@@ -15,7 +15,7 @@ import (
 
 func (a *app) iamCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "iam", Short: "Identity and access management"}
-	cmd.AddCommand(a.policiesCommand())
+	cmd.AddCommand(a.policiesCommand(), a.iamSetupCommand())
 	return cmd
 }
 

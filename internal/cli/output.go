@@ -203,12 +203,20 @@ func row(w io.Writer, cols ...string) {
 	fmt.Fprintln(w, strings.Join(cells, "\t"))
 }
 
+// timeFormat is the one way the CLI writes a point in time, in tables and
+// messages alike: RFC 3339 in UTC, to the second, so columns line up and
+// what one command prints another (--from, --start) accepts.
+const timeFormat = time.RFC3339
+
+// stamp formats t in timeFormat.
+func stamp(t time.Time) string { return t.UTC().Format(timeFormat) }
+
 // ts formats a timestamp for tables; "-" when unset.
 func ts(t *timestamppb.Timestamp) string {
 	if t == nil {
 		return "-"
 	}
-	return t.AsTime().UTC().Format(time.RFC3339)
+	return stamp(t.AsTime())
 }
 
 // dash shows an empty column as "-" so columns stay aligned and readable.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -209,7 +208,7 @@ It needs no secret.`,
 				if ca.Generation != sum.ServingGeneration {
 					note += fmt.Sprintf(" (generation %d, published by pki rotate)", ca.Generation)
 				}
-				fmt.Fprintf(out, "%-12s %s, expires %s%s\n", ca.Kind+" CA:", ca.Subject, ca.NotAfter.UTC().Format(time.RFC3339), note)
+				fmt.Fprintf(out, "%-12s %s, expires %s%s\n", ca.Kind+" CA:", ca.Subject, stamp(ca.NotAfter), note)
 			}
 			for _, r := range sum.CommandRoots {
 				note := ""
@@ -219,7 +218,7 @@ It needs no secret.`,
 				if r.Retired {
 					note += " (retired)"
 				}
-				fmt.Fprintf(out, "command-signing root v%d: %s, expires %s%s\n", r.Version, r.Subject, r.NotAfter.UTC().Format(time.RFC3339), note)
+				fmt.Fprintf(out, "command-signing root v%d: %s, expires %s%s\n", r.Version, r.Subject, stamp(r.NotAfter), note)
 			}
 			fmt.Fprintf(out, "pin: %s\n", sum.Pin)
 			return nil
@@ -291,7 +290,7 @@ replacing earlier ones.`,
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "certificate: %s (expires %s)\n", crtPath, cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+			fmt.Fprintf(w, "certificate: %s (expires %s)\n", crtPath, stamp(cert.Leaf.NotAfter))
 			fmt.Fprintf(w, "key: %s (mode 0600)\n", keyPath)
 			fmt.Fprintf(w, "pin: %s\n", a.Pin())
 			return nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -202,13 +201,13 @@ whether it still holds a rotation back. It needs the sealing secret.`,
 					stands = "renews onto generation " + fmt.Sprint(st.Newest)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", c.NodeID, name, c.Role, c.Generation,
-					c.NotAfter.UTC().Format(time.RFC3339), trust, live, stands)
+					stamp(c.NotAfter), trust, live, stands)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
 			for _, o := range st.OldSigners {
-				fmt.Fprintf(out, "worker key %s of replica %s (command root v%d) is live until %s\n", o.Serial, o.Replica, o.Version, o.NotAfter.UTC().Format(time.RFC3339))
+				fmt.Fprintf(out, "worker key %s of replica %s (command root v%d) is live until %s\n", o.Serial, o.Replica, o.Version, stamp(o.NotAfter))
 			}
 			return nil
 		},

@@ -17,8 +17,6 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 )
 
-const timeLayout = "2006-01-02 15:04:05Z07:00"
-
 func (a *app) sandboxTemplatesCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "sandbox-templates", Aliases: []string{"sandbox-template"},
 		Short: "Manage sandbox templates (image, flavor, pool, TTL bounds, warm pool, env from the tenant's secrets)"}
@@ -321,7 +319,7 @@ func (a *app) sandboxesCommand() *cobra.Command {
 			s := resp.Msg.GetSnapshot()
 			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
 				row(w, "ID", "SANDBOX", "NODE", "STATE", "CREATED")
-				row(w, s.GetId(), s.GetSandboxId(), s.GetNodeId(), s.GetState(), s.GetCreateTime().AsTime().Format(timeLayout))
+				row(w, s.GetId(), s.GetSandboxId(), s.GetNodeId(), s.GetState(), ts(s.GetCreateTime()))
 			})
 		},
 	}
@@ -432,7 +430,7 @@ func (a *app) printSandboxes(cmd *cobra.Command, msg proto.Message, items ...*ap
 		row(w, "ID", "TEMPLATE", "STATE", "ORIGIN", "ADDRESS", "INSTANCE", "EXPIRES")
 		for _, s := range items {
 			row(w, s.GetId(), s.GetTemplate(), s.GetState(), s.GetOrigin(), cmpOr(s.GetAddress(), "-"), s.GetInstanceId(),
-				s.GetExpireTime().AsTime().Format(timeLayout))
+				ts(s.GetExpireTime()))
 		}
 	})
 }

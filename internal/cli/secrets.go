@@ -153,7 +153,7 @@ func (a *app) printSecrets(cmd *cobra.Command, msg proto.Message, items ...*apiv
 				nodes = "yes"
 			}
 			row(w, s.GetId(), s.GetName(), strconv.FormatInt(s.GetVersion(), 10), fmt.Sprintf("%d B", s.GetSizeBytes()), s.GetRef(), nodes,
-				s.GetUpdateTime().AsTime().Format("2006-01-02 15:04:05Z07:00"))
+				ts(s.GetUpdateTime()))
 		}
 	})
 }
