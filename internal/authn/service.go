@@ -74,6 +74,9 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			} else if iam.Role(role) != iam.RolePlatformAdmin {
 				vs.Add("role", "a platform key (no tenant) must have role platform-admin, got %q", role)
 			}
+			if msg.GetPerson() && iam.Role(role) == iam.RoleAgent {
+				vs.Add("person", "an agent's key acts for someone and cannot be a person's")
+			}
 			vs.OptionalName("name", msg.GetName())
 			// Compare in seconds: multiplying first overflows and wraps a huge
 			// ttl into an already-expired key.
@@ -94,6 +97,16 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			if msg.GetTenant() != "" && !found {
 				return nil, envelope.NotFound("tenant", msg.GetTenant())
 			}
+			if msg.GetPerson() {
+				// A person's key can approve others' confirmations, so only a
+				// person who is a platform admin vouches for a new one: not a
+				// service key, nor a tenant admin of any kind.
+				c := tx.Caller()
+				if !c.Human() || c.Principal.Role != iam.RolePlatformAdmin {
+					return nil, envelope.Errorf(envelope.CodePermissionDenied,
+						"a person's key (person: true) is made by a person with the platform-admin role; %s is not", c.Principal.ID)
+				}
+			}
 			secret, hash, err := NewSecret()
 			if err != nil {
 				return nil, err
@@ -106,8 +119,11 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			if k.Name == "" {
 				k.Name = role
 			}
-			if iam.Role(role) == iam.RoleAgent {
+			switch {
+			case iam.Role(role) == iam.RoleAgent:
 				k.Kind = string(iam.KindAgent)
+			case msg.GetPerson():
+				k.Kind = string(iam.KindUser)
 			}
 			if ttl := msg.GetTtlSeconds(); ttl > 0 {
 				exp := tx.Now().Add(time.Duration(ttl) * time.Second)
@@ -117,7 +133,7 @@ func (s *ApiKeyService) Create(ctx context.Context, req *connect.Request[apiv1.C
 				return nil, err
 			}
 			tx.SetResource(k.ID, "")
-			tx.Emit(envelope.Event{Type: "apikey.created", ResourceType: "ApiKey", ResourceID: k.ID, Data: map[string]any{"name": k.Name, "role": k.Role}})
+			tx.Emit(envelope.Event{Type: "apikey.created", ResourceType: "ApiKey", ResourceID: k.ID, Data: map[string]any{"name": k.Name, "role": k.Role, "kind": k.Kind}})
 			return &apiv1.CreateApiKeyResponse{ApiKey: KeyProto(k), Secret: secret}, nil
 		},
 		// The secret is shown once: a replay names the key it created but

@@ -94,3 +94,68 @@ func TestRevokedKeyRefusedByEveryReplica(t *testing.T) {
 		require.Contains(t, err.Error(), "revoked")
 	}
 }
+
+// TestPersonKeys: only a person who is a platform admin makes a person's
+// key (a platform service key and any tenant's admin are refused, an
+// agent's key cannot be one, and nothing is written), and a person's key
+// is a human: it approves a confirmation another principal requested.
+func TestPersonKeys(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin() // the bootstrap key: a person, platform admin
+	_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
+	require.NoError(t, err)
+	mk := func(c *client.Client, req *apiv1.CreateApiKeyRequest) (*apiv1.CreateApiKeyResponse, error) {
+		res, err := c.ApiKeys.Create(ctx, connect.NewRequest(req))
+		if err != nil {
+			return nil, err
+		}
+		return res.Msg, nil
+	}
+	svc, err := mk(admin, &apiv1.CreateApiKeyRequest{Name: "robot"})
+	require.NoError(t, err)
+	require.Equal(t, "service", svc.GetApiKey().GetKind())
+	acmeAdmin, err := mk(admin, &apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin"})
+	require.NoError(t, err)
+
+	before := 0
+	count := func() int {
+		var n int
+		require.NoError(t, cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n)
+		}))
+		return n
+	}
+	before = count()
+	_, err = mk(cp.Client(svc.GetSecret()), &apiv1.CreateApiKeyRequest{Name: "alice", Person: true})
+	require.Equal(t, "PERMISSION_DENIED", client.Code(err), "a service key vouches for no person: %v", err)
+	_, err = mk(cp.Client(acmeAdmin.GetSecret()), &apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin", Person: true})
+	require.Equal(t, "PERMISSION_DENIED", client.Code(err), "a tenant admin makes no person's key: %v", err)
+	_, err = mk(admin, &apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "agent", Person: true})
+	require.Equal(t, "INVALID_ARGUMENT", client.Code(err))
+	require.Equal(t, "person", client.Detail(err).GetViolations()[0].GetField())
+	require.Equal(t, before, count(), "refused creates write nothing")
+
+	alice, err := mk(admin, &apiv1.CreateApiKeyRequest{Name: "alice", Person: true})
+	require.NoError(t, err)
+	require.Equal(t, "user", alice.GetApiKey().GetKind())
+	bob, err := mk(admin, &apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin", Name: "bob", Person: true})
+	require.NoError(t, err)
+	require.Equal(t, "user", bob.GetApiKey().GetKind())
+
+	// An agent's delete waits for a human; the service key cannot approve
+	// it, the person's key can.
+	agent, err := mk(admin, &apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "agent"})
+	require.NoError(t, err)
+	_, err = cp.Client(agent.GetSecret()).Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))
+	require.NoError(t, err)
+	_, err = cp.Client(agent.GetSecret()).Projects.Delete(ctx, connect.NewRequest(&apiv1.DeleteProjectRequest{Tenant: "acme", Project: "web"}))
+	require.Equal(t, "CONFIRMATION_REQUIRED", client.Code(err), "%v", err)
+	cfm := client.Detail(err).GetConfirmationId()
+	require.NotEmpty(t, cfm)
+	_, err = cp.Client(svc.GetSecret()).Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfm}))
+	require.Equal(t, "PERMISSION_DENIED", client.Code(err))
+	_, err = cp.Client(bob.GetSecret()).Confirmations.Approve(ctx, connect.NewRequest(&apiv1.ApproveConfirmationRequest{Tenant: "acme", Id: cfm}))
+	require.NoError(t, err)
+}

@@ -18,11 +18,13 @@ func (a *app) apiKeysCommand() *cobra.Command {
 
 	var tenant, role, name, confirmationID string
 	var ttl time.Duration
+	var person bool
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create an API key and print its secret once",
 		Long: `Create an API key in a tenant (--role admin, operator, member, viewer or agent), or,
-with no tenant, a platform key (role platform-admin). The secret is printed
+with no tenant (or --role platform-admin, whatever the context's tenant), a
+platform key (role platform-admin). The secret is printed
 once and never again: store it now.`,
 		Args: positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -30,8 +32,14 @@ once and never again: store it now.`,
 			if err != nil {
 				return err
 			}
-			t, err := a.tenant(cmd.Context(), tenant, false)
-			if err != nil {
+			// A platform key has no tenant: --role platform-admin asks for
+			// one even where the context defaults a tenant (dev's sim).
+			var t string
+			if role == "platform-admin" {
+				if tenant != "" {
+					return invalidArg("tenant", "a platform-admin key belongs to no tenant: drop --tenant")
+				}
+			} else if t, err = a.tenant(cmd.Context(), tenant, false); err != nil {
 				return err
 			}
 			r := role
@@ -48,7 +56,7 @@ once and never again: store it now.`,
 			var resp *connect.Response[apiv1.CreateApiKeyResponse]
 			err = a.retry(cmd.Context(), func() (err error) {
 				resp, err = c.ApiKeys.Create(cmd.Context(), request(&apiv1.CreateApiKeyRequest{
-					Tenant: t, Name: name, Role: r, TtlSeconds: int64(ttl / time.Second),
+					Tenant: t, Name: name, Role: r, TtlSeconds: int64(ttl / time.Second), Person: person,
 				}, m))
 				return err
 			})
@@ -64,9 +72,10 @@ once and never again: store it now.`,
 		},
 	}
 	addTenantFlag(create, &tenant)
-	create.Flags().StringVar(&role, "role", "", "admin, operator, member, viewer or agent (platform-admin without a tenant)")
+	create.Flags().StringVar(&role, "role", "", "admin, operator, member, viewer or agent; platform-admin for a platform key")
 	create.Flags().StringVar(&name, "name", "", "key name (default: the role)")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 24h (default: no expiry)")
+	create.Flags().BoolVar(&person, "person", false, "a person's key, which may approve others' confirmations (made by a person who is a platform admin)")
 	addConfirmationFlag(create, &confirmationID)
 
 	var limit int

@@ -176,6 +176,10 @@ func (s *Service) resolve(ctx context.Context, q store.Querier, sp *spec) (targe
 	switch p, perr := cachedProject(ctx, q, t.tenant.ID, msg.GetProject()); {
 	case perr == nil:
 		t.project, t.projectFound = p, true
+	case errors.Is(perr, store.ErrNotFound) && msg.GetProject() == "":
+		// Nothing named and nothing to default to: say what to do, not
+		// "not found" about a project the caller never named.
+		t.projectReason = fmt.Sprintf("required: tenant %s has no project yet; create one (projects create --tenant %s default)", t.tenant.Name, t.tenant.Name)
 	case errors.Is(perr, store.ErrNotFound):
 		t.projectReason = "not found"
 	case errors.Is(perr, errNoDefaultProject):

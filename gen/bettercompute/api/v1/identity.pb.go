@@ -146,7 +146,12 @@ type CreateApiKeyRequest struct {
 	// admin, operator, member, viewer or agent in a tenant; platform-admin without one.
 	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
 	// Optional lifetime in seconds; 0 means no expiry.
-	TtlSeconds    int64 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	TtlSeconds int64 `protobuf:"varint,4,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// A person's key (kind user) rather than automation's (service): it may
+	// approve confirmations another principal requested. Only a person with
+	// the platform-admin role makes one; a deployment without OIDC names its
+	// people this way. Not for role agent.
+	Person        bool `protobuf:"varint,5,opt,name=person,proto3" json:"person,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +212,13 @@ func (x *CreateApiKeyRequest) GetTtlSeconds() int64 {
 		return x.TtlSeconds
 	}
 	return 0
+}
+
+func (x *CreateApiKeyRequest) GetPerson() bool {
+	if x != nil {
+		return x.Person
+	}
+	return false
 }
 
 type CreateApiKeyResponse struct {
@@ -625,13 +637,14 @@ const file_bettercompute_api_v1_identity_proto_rawDesc = "" +
 	"\vexpire_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12;\n" +
 	"\vrevoke_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"revokeTime\"v\n" +
+	"revokeTime\"\x8e\x01\n" +
 	"\x13CreateApiKeyRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
 	"\x04role\x18\x03 \x01(\tR\x04role\x12\x1f\n" +
 	"\vttl_seconds\x18\x04 \x01(\x03R\n" +
-	"ttlSeconds\"e\n" +
+	"ttlSeconds\x12\x16\n" +
+	"\x06person\x18\x05 \x01(\bR\x06person\"e\n" +
 	"\x14CreateApiKeyResponse\x125\n" +
 	"\aapi_key\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.ApiKeyR\x06apiKey\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x91\x01\n" +
