@@ -119,9 +119,11 @@ func (s *InstanceService) Recreate(ctx context.Context, instanceID string) error
 		return s.rec.InsertEvents(ctx, b.Tx, evs)
 	})
 	var apiErr *envelope.Error
-	if errors.As(err, &apiErr) {
+	if errors.As(err, &apiErr) && apiErr.Code != envelope.CodeUnavailable {
 		// No room, an exhausted quota or IP pool: the refusal is the
-		// reason it waits; the sweep tries again.
+		// reason it waits; the sweep tries again. Unavailable (another
+		// replica owns the pool's placer) is not a reason: the job's retry
+		// or the sweep lands on the owner.
 		return s.recreateWaits(ctx, instanceID, apiErr)
 	}
 	return err
