@@ -507,6 +507,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	river.AddWorker(workers, &reconcileInstancesWorker{app: a, metrics: jm})
 	periodic = append(periodic, river.NewPeriodicJob(river.PeriodicInterval(vps.ReconcileInterval),
 		func() (river.JobArgs, *river.InsertOpts) { return reconcileInstancesArgs{}, nil }, nil))
+	periodic = append(periodic, a.addRecreateJobs(workers, jm)...)
 	if a.Metal, err = a.buildMetal(); err != nil {
 		return nil, err
 	}
@@ -582,6 +583,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 		Events: reservationEvents{hub: a.hub}, Recorder: a.recorder, GuestImages: cfg.GuestImages, Sealer: instanceSealer, Tunnels: a.tunnels, Peers: a.peers})
 	a.fleetHooks.instances = a.Instances
 	a.Instances.SetProviders(a.ProviderPools)
+	a.Instances.SetRecreateQueue(a.queueRecreate)
 	var sandboxSealer secrets.Sealer // a nil *pki.Sealer must stay a nil interface
 	if a.sealer != nil {
 		sandboxSealer = a.sealer

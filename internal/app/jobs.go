@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/store"
+	"github.com/better-compute/better-compute/internal/vps"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
 
@@ -223,6 +224,60 @@ func (w *reconcileInstancesWorker) Work(ctx context.Context, job *river.Job[reco
 	}
 	_, err := w.app.Instances.SendLists(ctx)
 	return w.metrics.done(job.Kind, err)
+}
+
+// recreateInstanceArgs recreates one instance whose host was lost and whose
+// policy asks for it (vps.InstanceService.Recreate): queued by the
+// transaction that declared the host lost. recreateWaitingArgs is the
+// periodic sweep that retries the instances still waiting for a host.
+type recreateInstanceArgs struct {
+	InstanceID string `json:"instance_id"`
+}
+
+func (recreateInstanceArgs) Kind() string { return "instances.recreate" }
+
+type recreateWaitingArgs struct{}
+
+func (recreateWaitingArgs) Kind() string { return "instances.recreate_waiting" }
+
+type recreateInstanceWorker struct {
+	river.WorkerDefaults[recreateInstanceArgs]
+	app     *App
+	metrics *jobMetrics
+}
+
+func (w *recreateInstanceWorker) Work(ctx context.Context, job *river.Job[recreateInstanceArgs]) error {
+	if w.app.Instances == nil {
+		return nil
+	}
+	return w.metrics.done(job.Kind, w.app.Instances.Recreate(ctx, job.Args.InstanceID))
+}
+
+type recreateWaitingWorker struct {
+	river.WorkerDefaults[recreateWaitingArgs]
+	app     *App
+	metrics *jobMetrics
+}
+
+func (w *recreateWaitingWorker) Work(ctx context.Context, job *river.Job[recreateWaitingArgs]) error {
+	if w.app.Instances == nil {
+		return nil
+	}
+	_, err := w.app.Instances.RecreateWaiting(ctx)
+	return w.metrics.done(job.Kind, err)
+}
+
+func (a *App) addRecreateJobs(workers *river.Workers, jm *jobMetrics) []*river.PeriodicJob {
+	river.AddWorker(workers, &recreateInstanceWorker{app: a, metrics: jm})
+	river.AddWorker(workers, &recreateWaitingWorker{app: a, metrics: jm})
+	return []*river.PeriodicJob{river.NewPeriodicJob(river.PeriodicInterval(vps.RecreateSweepInterval),
+		func() (river.JobArgs, *river.InsertOpts) { return recreateWaitingArgs{}, nil }, nil)}
+}
+
+// queueRecreate inserts an instance's recreate job in the transaction
+// that lost its host.
+func (a *App) queueRecreate(ctx context.Context, tx store.Tx, instanceID string) error {
+	return a.Jobs.InsertTx(ctx, tx, recreateInstanceArgs{InstanceID: instanceID}, &river.InsertOpts{MaxAttempts: 5})
 }
 
 // Sandbox sweeps: TTL expiry and the warm pool reconciler. Both are

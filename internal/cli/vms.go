@@ -27,28 +27,33 @@ func (a *app) instancesCommand() *cobra.Command {
 	var (
 		tenant, confirmationID                          string
 		flavor, image, ipPool, capPool, policy, project string
+		onHostLost                                      string
 		sshKeys, sshKeyFiles, volumes                   []string
 		userDataFile                                    string
 		wait                                            time.Duration
 		limit                                           int
 	)
 	create := &cobra.Command{
-		Use:   "create NAME --flavor F [--image I] [--ip-pool P] [--pool P] [--ssh-key KEY] [--volume NAME:GIB[:qcow2|raw]] [--wait D]",
+		Use:   "create NAME --flavor F [--image I] [--ip-pool P] [--pool P] [--ssh-key KEY] [--volume NAME:GIB[:qcow2|raw]] [--on-host-lost keep|recreate] [--wait D]",
 		Short: "Create an instance: placed on a host of a pool, leased an address, booted by bcd",
 		Long: `Create an instance. It is placed at once on a host of the capacity pool
 (--pool, default the only pool the tenant sees) or refused; its address
 comes from the IP pool (--ip-pool, default the tenant's only pool, else the
 platform's only one); --image defaults to the only guest image the control
 plane knows. --volume creates a host volume with it and attaches it (repeat
-for more). With --wait D the command waits until the guest runs and, when
-its host reports an SSH address, until that address answers on TCP.`,
+for more). --on-host-lost recreate places the instance again on another
+host, booted from its image with the same id, name, address and SSH keys,
+when its host is declared lost (its volumes stay behind, marked failed);
+the default, keep, leaves it lost. With --wait D the command waits until
+the guest runs and, when its host reports an SSH address, until that
+address answers on TCP.`,
 		Args: positional("NAME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if wait < 0 {
 				return invalidArg("wait", "must not be negative")
 			}
 			req := &apiv1.CreateInstanceRequest{Name: argv[0], Flavor: flavor, Image: image, IpPool: ipPool, Pool: capPool,
-				NetworkPolicy: policy, SshKeys: sshKeys, Project: project}
+				NetworkPolicy: policy, SshKeys: sshKeys, Project: project, OnHostLost: onHostLost}
 			for _, f := range sshKeyFiles {
 				b, err := os.ReadFile(f)
 				if err != nil {
@@ -107,6 +112,7 @@ its host reports an SSH address, until that address answers on TCP.`,
 	fl.StringVar(&capPool, "pool", "", "the capacity pool to place on (default: the only one the tenant sees)")
 	fl.StringVar(&project, "project", "", "the project (default: the tenant's default project)")
 	fl.StringVar(&policy, "network-policy", "", "egress (default), private or none")
+	fl.StringVar(&onHostLost, "on-host-lost", "", "keep (default: the instance stays lost with its host) or recreate (placed again elsewhere from its image)")
 	fl.StringArrayVar(&sshKeys, "ssh-key", nil, "an OpenSSH public key for the guest's user (repeatable)")
 	fl.StringArrayVar(&sshKeyFiles, "ssh-key-file", nil, "a file of OpenSSH public keys (repeatable)")
 	fl.StringVar(&userDataFile, "user-data-file", "", "cloud-init user data")

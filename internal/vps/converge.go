@@ -285,7 +285,9 @@ func (s *InstanceService) volumeDone(ctx context.Context, tx store.Tx, emit func
 
 // NodesLost marks the instances of lost hosts lost (capacity's hook, run
 // first in the same transaction, released their bookings); an instance
-// being deleted is deleted, as its guest went with the host.
+// being deleted is deleted, as its guest went with the host. An instance
+// whose policy asks for it (on_host_lost recreate) waits to be placed
+// again instead, and its recreate job is queued in this transaction.
 func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []string) error {
 	now := s.env.Clock().Now()
 	var evs []envelope.Event
@@ -322,11 +324,16 @@ func (s *InstanceService) NodesLost(ctx context.Context, tx store.Tx, nodeIDs []
 				emit(ev)
 			}
 			in.State, in.SSHAddress, in.UpdateTime = StateLost, "", now
+			if in.OnHostLost == OnHostLostRecreate {
+				if err := s.markRecreateLocked(ctx, tx, in, now); err != nil {
+					return err
+				}
+			}
 			ok, err := InstanceSave(ctx, tx, in, from)
 			if err != nil || !ok {
 				return errors.Join(err, errMoved(ok))
 			}
-			emit(instanceEvent("instance.lost", in, nil))
+			emit(instanceEvent("instance.lost", in, map[string]any{"on_host_lost": onHostLostOf(in.OnHostLost)}))
 			gone[len(gone)-1].State = in.State
 		}
 	}

@@ -75,6 +75,9 @@ type InstanceService struct {
 	peers TunnelPeers
 	// providers runs the instances of provider pools (SetProviders).
 	providers ProviderInstances
+	// recreateQueue queues a lost instance's recreate in the transaction
+	// that lost its host (SetRecreateQueue).
+	recreateQueue func(ctx context.Context, tx store.Tx, instanceID string) error
 }
 
 var (
@@ -149,7 +152,7 @@ func InstanceProto(in Instance, volumes []string) *apiv1.Instance {
 		Flavor: in.FlavorName, FlavorId: in.FlavorID, Image: in.Image, IpPool: in.IPPoolName, IpPoolId: in.IPPoolID,
 		Address: in.Address, Gateway: in.Gateway, Dns: in.DNS, Mac: in.MAC, NetworkPolicy: in.NetworkPolicy, SshKeys: in.SSHKeys,
 		PoolId: in.PoolID, ReservationId: in.ReservationID, NodeId: in.NodeID, NodeName: in.NodeName, Accel: in.Accel,
-		SshAddress: in.SSHAddress, Cpuset: in.CPUSet, Message: in.Message, VolumeIds: volumes,
+		SshAddress: in.SSHAddress, Cpuset: in.CPUSet, Message: in.Message, VolumeIds: volumes, OnHostLost: onHostLostOf(in.OnHostLost),
 		CreateTime: timestamppb.New(in.CreateTime), UpdateTime: timestamppb.New(in.UpdateTime), ProviderServerId: in.ProviderServerID}
 	for _, c := range in.Conditions {
 		out.Conditions = append(out.Conditions, &apiv1.InstanceCondition{Type: c.Type, Status: c.Status, Reason: c.Reason,
@@ -246,6 +249,7 @@ func validateCreateInstance(vs *envelope.Violations, msg *apiv1.CreateInstanceRe
 	if n := len(msg.GetVolumes()); n > MaxVolumesAtCreate {
 		vs.Add("volumes", "at most %d volumes, got %d", MaxVolumesAtCreate, n)
 	}
+	validateOnHostLost(vs, msg.GetOnHostLost())
 	seen := map[string]bool{}
 	for i, v := range msg.GetVolumes() {
 		field := fmt.Sprintf("volumes[%d]", i)
@@ -414,6 +418,10 @@ func policyOf(p string) string {
 func (s *InstanceService) applyCreate(ctx context.Context, tx *envelope.Tx, msg *apiv1.CreateInstanceRequest, t *createTarget) (*apiv1.CreateInstanceResponse, error) {
 	btx := bootTx{Tx: tx.Tx, emit: tx.Emit, now: tx.Now(), by: tx.Caller().Principal.ID}
 	if t.provider != nil && t.poolErr == nil {
+		if msg.GetOnHostLost() == OnHostLostRecreate {
+			return nil, envelope.Invalid(envelope.Violation{Field: "on_host_lost",
+				Reason: "a provider pool's instance is a server at the provider, on no fleet host: recreate does not apply"})
+		}
 		in, err := s.createOnProvider(ctx, btx, msg, t, t.provider)
 		if err != nil {
 			return nil, err
@@ -549,7 +557,7 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 		IPPoolID: ipp.ID, IPPoolName: ipp.Name, Address: lease.Address, PrefixLen: prefix.Bits(), Gateway: ipp.Gateway, DNS: ipp.DNS,
 		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserDataSealed: userData,
 		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.by,
-		CreateTime: now, UpdateTime: now}
+		OnHostLost: onHostLostOf(msg.GetOnHostLost()), CreateTime: now, UpdateTime: now}
 	if f.Pinned {
 		in.CPUSet = r.Placement.CPUSet
 	}
@@ -864,8 +872,9 @@ func (s *InstanceService) Delete(ctx context.Context, req *connect.Request[apiv1
 			switch in.State {
 			case StateDeleted:
 				return nil // deleting twice changes nothing
-			case StateLost:
-				// Its host is gone, and the guest with it: nothing to ask.
+			case StateLost, StatePlacing:
+				// Its host is gone, and the guest with it (or it waits
+				// for a new one): nothing to ask.
 				return s.finishDelete(ctx, tx.Tx, tx.Emit, in, in.State, "Deleted", now)
 			}
 			if ok, err := s.onProvider(ctx, tx.Tx, in); err != nil || ok {

@@ -118,7 +118,7 @@ func (s *InstanceService) DeleteIn(ctx context.Context, tx store.Tx, emit func(e
 	switch in.State {
 	case StateDeleted, StateDeleting:
 		return nil
-	case StateLost, StateFailed:
+	case StateLost, StateFailed, StatePlacing:
 		return s.finishDelete(ctx, tx, emit, in, in.State, "Deleted", now)
 	}
 	from := in.State

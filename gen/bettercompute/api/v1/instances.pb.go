@@ -1455,7 +1455,10 @@ type Instance struct {
 	ProviderServerId string `protobuf:"bytes,29,opt,name=provider_server_id,json=providerServerId,proto3" json:"provider_server_id,omitempty"`
 	// Set when another module drives the instance, which its own API then
 	// changes: a sandbox, or a sandbox template's warm pool.
-	ManagedBy     string `protobuf:"bytes,30,opt,name=managed_by,json=managedBy,proto3" json:"managed_by,omitempty"`
+	ManagedBy string `protobuf:"bytes,30,opt,name=managed_by,json=managedBy,proto3" json:"managed_by,omitempty"`
+	// keep or recreate: what happens when its host is lost
+	// (CreateInstanceRequest.on_host_lost).
+	OnHostLost    string `protobuf:"bytes,31,opt,name=on_host_lost,json=onHostLost,proto3" json:"on_host_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1696,6 +1699,13 @@ func (x *Instance) GetProviderServerId() string {
 func (x *Instance) GetManagedBy() string {
 	if x != nil {
 		return x.ManagedBy
+	}
+	return ""
+}
+
+func (x *Instance) GetOnHostLost() string {
+	if x != nil {
+		return x.OnHostLost
 	}
 	return ""
 }
@@ -2066,7 +2076,12 @@ type CreateInstanceRequest struct {
 	// cloud-init user data (at most 64 KiB).
 	UserData string `protobuf:"bytes,10,opt,name=user_data,json=userData,proto3" json:"user_data,omitempty"`
 	// Empty: the tenant's default project.
-	Project       string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
+	Project string `protobuf:"bytes,11,opt,name=project,proto3" json:"project,omitempty"`
+	// What happens when the instance's host is declared lost: keep (the
+	// default: the instance stays lost) or recreate (it is placed again, on
+	// another host, from its image, keeping its id, name, address and SSH
+	// keys; its volumes stay behind).
+	OnHostLost    string `protobuf:"bytes,12,opt,name=on_host_lost,json=onHostLost,proto3" json:"on_host_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2174,6 +2189,13 @@ func (x *CreateInstanceRequest) GetUserData() string {
 func (x *CreateInstanceRequest) GetProject() string {
 	if x != nil {
 		return x.Project
+	}
+	return ""
+}
+
+func (x *CreateInstanceRequest) GetOnHostLost() string {
+	if x != nil {
+		return x.OnHostLost
 	}
 	return ""
 }
@@ -3702,7 +3724,7 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x13DeleteIPPoolRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x17\n" +
 	"\aip_pool\x18\x02 \x01(\tR\x06ipPool\"\x16\n" +
-	"\x14DeleteIPPoolResponse\"\xaa\a\n" +
+	"\x14DeleteIPPoolResponse\"\xcc\a\n" +
 	"\bInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -3743,7 +3765,9 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"updateTime\x12,\n" +
 	"\x12provider_server_id\x18\x1d \x01(\tR\x10providerServerId\x12\x1d\n" +
 	"\n" +
-	"managed_by\x18\x1e \x01(\tR\tmanagedBy\"\xae\x01\n" +
+	"managed_by\x18\x1e \x01(\tR\tmanagedBy\x12 \n" +
+	"\fon_host_lost\x18\x1f \x01(\tR\n" +
+	"onHostLost\"\xae\x01\n" +
 	"\x11InstanceCondition\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
@@ -3769,7 +3793,7 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x12InstanceVolumeSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bsize_gib\x18\x02 \x01(\x05R\asizeGib\x12\x16\n" +
-	"\x06format\x18\x03 \x01(\tR\x06format\"\xdb\x02\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\"\xfd\x02\n" +
 	"\x15CreateInstanceRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -3782,7 +3806,9 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\bssh_keys\x18\t \x03(\tR\asshKeys\x12\x1b\n" +
 	"\tuser_data\x18\n" +
 	" \x01(\tR\buserData\x12\x18\n" +
-	"\aproject\x18\v \x01(\tR\aproject\"T\n" +
+	"\aproject\x18\v \x01(\tR\aproject\x12 \n" +
+	"\fon_host_lost\x18\f \x01(\tR\n" +
+	"onHostLost\"T\n" +
 	"\x16CreateInstanceResponse\x12:\n" +
 	"\binstance\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.InstanceR\binstance\"H\n" +
 	"\x12GetInstanceRequest\x12\x16\n" +
