@@ -42,7 +42,7 @@ type FakeHypervisor struct {
 	degraded []string
 	// holdVolumes are volumes running guests do not release (HoldVolume).
 	holdVolumes map[string]bool
-	closed   bool
+	closed      bool
 	// root holds each guest's files (<root>/<instance>/fs) and the
 	// snapshots of them (<root>/snapshots/<instance>/<snapshot>/fs).
 	root string

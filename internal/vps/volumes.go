@@ -293,8 +293,10 @@ func (vs *VolumeService) Attach(ctx context.Context, req *connect.Request[apiv1.
 // attachable refuses what cannot take the attach, naming the field.
 func (s *InstanceService) attachable(ctx context.Context, tx *envelope.Tx, v *Volume, in *Instance) error {
 	switch {
+	case v.State == VolumeDetaching:
+		return refuse("volume", "volume %s is detaching from instance %s: attach it once it is available", v.Name, v.InstanceID)
 	case v.InstanceID != "":
-		return refuse("volume", "volume %s is %s to instance %s: detach it first", v.Name, v.State, v.InstanceID)
+		return refuse("volume", "volume %s is attached to instance %s: detach it first", v.Name, v.InstanceID)
 	case v.State != VolumeAvailable:
 		return refuse("volume", "volume %s is %s: only an available volume attaches", v.Name, v.State)
 	case in.State != StateRunning && in.State != StateStopped:
