@@ -40,7 +40,9 @@ type FakeHypervisor struct {
 	volumes map[string]vmcmd.VolumeParams
 	// degraded is what the host reports it cannot apply (e.g. huge_pages).
 	degraded []string
-	closed   bool
+	// holdVolumes are volumes running guests do not release (HoldVolume).
+	holdVolumes map[string]bool
+	closed      bool
 	// root holds each guest's files (<root>/<instance>/fs) and the
 	// snapshots of them (<root>/snapshots/<instance>/<snapshot>/fs).
 	root string
@@ -411,6 +413,12 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		}
 		delete(h.volumes, p.VolumeID)
 		return result(map[string]any{"volume_id": p.VolumeID})
+	case vmcmd.KindVolumeAttach, vmcmd.KindVolumeDetach:
+		var p vmcmd.AttachParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		return h.attach(c.GetKind(), p)
 	case vmcmd.KindInstanceList:
 		var out vmcmd.ListResult
 		for id, g := range h.guests {
@@ -493,6 +501,84 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		g.state = vmcmd.StatePaused
 	}
 	return result(h.status(ref.InstanceID, g))
+}
+
+// attach plugs a volume into a guest (or takes it out) as bcd's
+// hypervisor does: idempotent both ways, busy when another guest holds
+// the volume, not found for a volume or guest the host lacks. The guest's
+// create params carry its volumes, so a delete of an attached volume is
+// busy here too. Held volumes make a running guest keep them (FailBusy on
+// detach), as a guest with the disk mounted does.
+func (h *FakeHypervisor) attach(kind string, p vmcmd.AttachParams) (*structpb.Struct, error) {
+	if !vmcmd.ValidID(p.InstanceID) || !vmcmd.ValidID(p.VolumeID) {
+		return nil, invalid("instance_id %q or volume_id %q is not a host id", p.InstanceID, p.VolumeID)
+	}
+	g, ok := h.guests[p.InstanceID]
+	if !ok {
+		return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", p.InstanceID))
+	}
+	i := slices.IndexFunc(g.params.Volumes, func(v vmcmd.VolumeRef) bool { return v.VolumeID == p.VolumeID })
+	if kind == vmcmd.KindVolumeDetach {
+		if i >= 0 {
+			if h.holdVolumes[p.VolumeID] && g.state == vmcmd.StateRunning {
+				return nil, agent.CommandError(vmcmd.FailBusy, fmt.Errorf("the guest did not release volume %s", p.VolumeID))
+			}
+			g.params.Volumes = slices.Delete(slices.Clone(g.params.Volumes), i, i+1)
+		}
+		return result(h.status(p.InstanceID, g))
+	}
+	if i >= 0 {
+		return result(h.status(p.InstanceID, g))
+	}
+	vol, ok := h.volumes[p.VolumeID]
+	if !ok {
+		return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("volume %s is not on this host", p.VolumeID))
+	}
+	if p.Format != vol.Format {
+		return nil, invalid("format: volume %s is %s, not %q", p.VolumeID, vol.Format, p.Format)
+	}
+	for id, other := range h.guests {
+		if slices.ContainsFunc(other.params.Volumes, func(v vmcmd.VolumeRef) bool { return v.VolumeID == p.VolumeID }) {
+			return nil, agent.CommandError(vmcmd.FailBusy, fmt.Errorf("volume %s is attached to instance %s", p.VolumeID, id))
+		}
+	}
+	g.params.Volumes = append(slices.Clone(g.params.Volumes), vmcmd.VolumeRef(vol))
+	return result(h.status(p.InstanceID, g))
+}
+
+// HoldVolume makes running guests keep a volume: its detach fails busy,
+// as when the guest has it mounted and does not release the device.
+func (h *FakeHypervisor) HoldVolume(id string, hold bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.holdVolumes == nil {
+		h.holdVolumes = map[string]bool{}
+	}
+	h.holdVolumes[id] = hold
+}
+
+// DropVolume removes a volume's file from the host behind the control
+// plane's back (an operator's rm): its attach then fails not found.
+func (h *FakeHypervisor) DropVolume(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.volumes, id)
+}
+
+// GuestVolumes lists the volume ids a guest holds now (nil without the
+// guest).
+func (h *FakeHypervisor) GuestVolumes(id string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g, ok := h.guests[id]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	for _, v := range g.params.Volumes {
+		out = append(out, v.VolumeID)
+	}
+	return out
 }
 
 func (h *FakeHypervisor) create(p *vmcmd.CreateParams) (*structpb.Struct, error) {

@@ -181,6 +181,7 @@ var matrixExpect = map[string]map[string]string{
 	"instances.ssh":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"instances.delete": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"volumes.create":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"volumes.attach":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"volumes.detach":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
 	"volumes.delete":   {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 }
@@ -873,6 +874,11 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	},
 	"volumes.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Volumes.Create(context.Background(), connect.NewRequest(&apiv1.CreateVolumeRequest{Tenant: "acme", Name: f.name("vol"), SizeGib: 1,
+			Instance: f.volumeHost}))
+		return err
+	},
+	"volumes.attach": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.Volumes.Attach(context.Background(), connect.NewRequest(&apiv1.AttachVolumeRequest{Tenant: "acme", Volume: f.matrixVolume(t),
 			Instance: f.volumeHost}))
 		return err
 	},

@@ -2508,6 +2508,16 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.VolumeServiceAttachProcedure: {
+			func() error {
+				_, err := evil.Volumes.Attach(ctx, connect.NewRequest(&apiv1.AttachVolumeRequest{Tenant: "acme", Volume: "data", Instance: "vm1"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Volumes.Attach(ctx, connect.NewRequest(&apiv1.AttachVolumeRequest{Tenant: "other", Volume: vol.ID, Instance: inst.ID}))
+				return err
+			},
+		},
 		apiv1connect.VolumeServiceDetachProcedure: {
 			func() error {
 				_, err := evil.Volumes.Detach(ctx, connect.NewRequest(&apiv1.DetachVolumeRequest{Tenant: "acme", Volume: "data"}))

@@ -325,6 +325,37 @@ func (a *app) waitInstance(ctx context.Context, c *client.Client, tenant string,
 	}
 }
 
+// waitVolume polls v until it settles (attached or available) or d
+// passes: settling elsewhere than target is the failure, with the
+// volume's message (an attach bcd refused leaves it available).
+func (a *app) waitVolume(ctx context.Context, c *client.Client, tenant string, v *apiv1.Volume, target string, d time.Duration) (*apiv1.Volume, error) {
+	poll := 5 * a.retryBackoff
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		switch v.GetState() {
+		case target:
+			return v, nil
+		case "attached", "available", "failed", "deleted":
+			return v, connect.NewError(connect.CodeAborted, fmt.Errorf("volume %s is %s: %s", v.GetName(), v.GetState(),
+				cmpOr(v.GetMessage(), "no reason given")))
+		}
+		select {
+		case <-ctx.Done():
+			return v, connect.NewError(connect.CodeCanceled, fmt.Errorf("stopped waiting for volume %s (%s)", v.GetName(), v.GetState()))
+		case <-deadline.C:
+			return v, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("volume %s still %s after %s (waiting for %s)", v.GetName(),
+				v.GetState(), d, target))
+		case <-time.After(poll):
+		}
+		resp, err := c.Volumes.Get(ctx, connect.NewRequest(&apiv1.GetVolumeRequest{Tenant: tenant, Volume: v.GetId()}))
+		if err != nil {
+			return v, err
+		}
+		v = resp.Msg.GetVolume()
+	}
+}
+
 // sshAnswers reports whether something at addr greets like an SSH server.
 func sshAnswers(ctx context.Context, addr string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -382,6 +413,7 @@ func (a *app) volumesCommand() *cobra.Command {
 		tenant, format, instance, confirmationID string
 		sizeGiB                                  int32
 		limit                                    int
+		wait                                     time.Duration
 	)
 	create := &cobra.Command{
 		Use:   "create NAME --size-gib N --instance INSTANCE [--format qcow2|raw]",
@@ -454,11 +486,49 @@ func (a *app) volumesCommand() *cobra.Command {
 	list.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	addLimitFlag(list, &limit)
 
-	detach := &cobra.Command{
-		Use:   "detach VOLUME",
-		Short: "Detach a volume from an instance that no longer holds a guest (failed or lost)",
+	attach := &cobra.Command{
+		Use:   "attach VOLUME --instance INSTANCE [--wait D]",
+		Short: "Attach an available volume to a running or stopped instance on its host (hot-plugged into a running guest)",
 		Args:  positional("VOLUME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			if wait < 0 {
+				return invalidArg("wait", "must not be negative")
+			}
+			if instance == "" {
+				return invalidArg("instance", "name the instance to attach to")
+			}
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Volumes.Attach(cmd.Context(), request(&apiv1.AttachVolumeRequest{Tenant: t, Volume: argv[0], Instance: instance},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return err
+			}
+			v, waitErr := resp.Msg.GetVolume(), error(nil)
+			if wait > 0 {
+				v, waitErr = a.waitVolume(cmd.Context(), c, t, v, "attached", wait)
+			}
+			if err := a.printVolumes(cmd, &apiv1.AttachVolumeResponse{Volume: v}, v); err != nil {
+				return err
+			}
+			return waitErr
+		},
+	}
+	attach.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	attach.Flags().StringVar(&instance, "instance", "", "the instance to attach to (on the volume's host)")
+	attach.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the volume to be attached")
+	addConfirmationFlag(attach, &confirmationID)
+
+	detach := &cobra.Command{
+		Use:   "detach VOLUME [--wait D]",
+		Short: "Detach a volume from its instance (a running guest must release the device first)",
+		Args:  positional("VOLUME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if wait < 0 {
+				return invalidArg("wait", "must not be negative")
+			}
 			c, t, err := a.clientTenant(cmd, tenant)
 			if err != nil {
 				return err
@@ -467,10 +537,18 @@ func (a *app) volumesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.printVolumes(cmd, resp.Msg, resp.Msg.GetVolume())
+			v, waitErr := resp.Msg.GetVolume(), error(nil)
+			if wait > 0 {
+				v, waitErr = a.waitVolume(cmd.Context(), c, t, v, "available", wait)
+			}
+			if err := a.printVolumes(cmd, &apiv1.DetachVolumeResponse{Volume: v}, v); err != nil {
+				return err
+			}
+			return waitErr
 		},
 	}
 	detach.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	detach.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the volume to be available")
 	addConfirmationFlag(detach, &confirmationID)
 
 	del := &cobra.Command{
@@ -492,7 +570,7 @@ func (a *app) volumesCommand() *cobra.Command {
 	del.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	addConfirmationFlag(del, &confirmationID)
 
-	cmd.AddCommand(create, list, get, detach, del)
+	cmd.AddCommand(create, list, get, attach, detach, del)
 	return cmd
 }
 

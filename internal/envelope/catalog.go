@@ -185,6 +185,7 @@ var catalog = []Method{
 	{apiv1connect.VolumeServiceCreateProcedure, "volumes.create", KindMutation, true},
 	{apiv1connect.VolumeServiceGetProcedure, "volumes.get", KindRead, false},
 	{apiv1connect.VolumeServiceListProcedure, "volumes.list", KindRead, false},
+	{apiv1connect.VolumeServiceAttachProcedure, "volumes.attach", KindMutation, false},
 	{apiv1connect.VolumeServiceDetachProcedure, "volumes.detach", KindMutation, false},
 	{apiv1connect.VolumeServiceDeleteProcedure, "volumes.delete", KindMutation, false},
 	{apiv1connect.SandboxTemplateServiceCreateProcedure, "sandboxTemplates.create", KindMutation, true},

@@ -174,7 +174,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Instance", ID: "ins1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "vm1", "state": "running"}}
 	case "volumes.create":
 		return Resource{Type: "Volume", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "data", "sizeGiB": int64(10)}}
-	case "volumes.get", "volumes.detach", "volumes.delete":
+	case "volumes.get", "volumes.attach", "volumes.detach", "volumes.delete":
 		return Resource{Type: "Volume", ID: "vol1", TenantID: tenant, Attrs: map[string]any{"name": "data", "sizeGiB": int64(10)}}
 	case "sandboxTemplates.create":
 		return Resource{Type: "SandboxTemplate", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "t1", "warmMax": int64(2)}}
@@ -210,7 +210,7 @@ func TestCedarMatrix(t *testing.T) {
 		"profiles.get", "profiles.list", "profiles.validate",
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
-		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.detach",
+		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.attach", "volumes.detach",
 		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot", "instances.ssh", "sandboxes.exec", "sandboxes.restore",
 		"workloadTokens.issue"}
 	// want[role][action] in the principal's own tenant; absent means deny.
@@ -584,7 +584,7 @@ func TestActions(t *testing.T) {
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.listDrivers", "sites.update",
 		"tenants.create", "tenants.delete", "tenants.get", "tenants.list", "tenants.resume", "tenants.suspend", "trustAnchors.create", "trustAnchors.delete", "trustAnchors.list",
 		"usage.export", "usage.list",
-		"volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",
+		"volumes.attach", "volumes.create", "volumes.delete", "volumes.detach", "volumes.get", "volumes.list",
 		"webhooks.create", "webhooks.delete", "webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"webhooks.redeliver", "webhooks.rotateSecret", "webhooks.test", "webhooks.update",
 		"workloadTokens.issue",

@@ -51,6 +51,16 @@ const (
 	// existing instance cannot be deleted (FailBusy).
 	KindVolumeCreate = "volume.create"
 	KindVolumeDelete = "volume.delete"
+	// KindVolumeAttach hot-plugs a host volume into an instance
+	// (AttachParams): a running guest gets a new virtio disk at once, a
+	// stopped one at its next start. Attaching an attached volume
+	// succeeds. Result: Status.
+	KindVolumeAttach = "volume.attach"
+	// KindVolumeDetach takes a volume off an instance (AttachParams); a
+	// running guest must release the device before the command's
+	// deadline (FailBusy otherwise). Detaching a detached volume
+	// succeeds. Result: Status.
+	KindVolumeDetach = "volume.detach"
 	// KindInstanceTunnel asks bcd to dial the guest's sshd and carry the
 	// connection on a new AgentService.Tunnel stream named
 	// TunnelParams.TunnelID. It succeeds once the stream is open (the
@@ -63,7 +73,7 @@ const (
 // capability checks.
 var Kinds = []string{KindInstanceCreate, KindInstanceStart, KindInstanceStop, KindInstanceReboot, KindInstancePause,
 	KindInstanceResume, KindInstanceDelete, KindInstanceSnapshot, KindInstanceRestore, KindInstanceList,
-	KindInstancePeers, KindVolumeCreate, KindVolumeDelete, KindInstanceTunnel}
+	KindInstancePeers, KindVolumeCreate, KindVolumeDelete, KindVolumeAttach, KindVolumeDetach, KindInstanceTunnel}
 
 // Capabilities bcd advertises only where it enforces them (DESIGN §7).
 const (
@@ -71,7 +81,8 @@ const (
 	CapInstances = "instance.run"
 	// CapPlacement: pinned CPUs, NUMA binding and hugepages are applied.
 	CapPlacement = "instance.placement"
-	// CapVolumes: host volumes can be created and attached.
+	// CapVolumes: host volumes can be created and attached, also to a
+	// running guest (volume.attach, volume.detach).
 	CapVolumes = "instance.volumes"
 	// CapNetworkPolicy: egress/private/none are enforced with nftables.
 	CapNetworkPolicy = "instance.network-policy"
@@ -223,6 +234,15 @@ type VolumeParams struct {
 	VolumeID string `json:"volume_id"`
 	Format   string `json:"format"`
 	SizeMiB  int    `json:"size_mib"`
+}
+
+// AttachParams is volume.attach and volume.detach: one host volume and the
+// instance it goes into (or comes out of). Format says which file the
+// volume is (qcow2 or raw); detach needs only the ids.
+type AttachParams struct {
+	InstanceID string `json:"instance_id"`
+	VolumeID   string `json:"volume_id"`
+	Format     string `json:"format,omitempty"`
 }
 
 // Instance states bcd reports.

@@ -54,7 +54,9 @@ func (s *InstanceService) endDeleted(ctx context.Context, tx store.Tx, emit func
 	for i := range vols {
 		v := &vols[i]
 		v.InstanceID, v.UpdateTime = "", now
-		if v.State == VolumeAttached {
+		// An attach or detach in flight ends with the guest: its answer
+		// finds the volume detached and changes nothing.
+		if v.State == VolumeAttached || v.State == VolumeAttaching || v.State == VolumeDetaching {
 			v.State = VolumeAvailable
 		}
 		if err := VolumeSave(ctx, tx, v); err != nil {
@@ -121,6 +123,8 @@ func (s *InstanceService) CommandDone(ctx context.Context, tx store.Tx, c fleet.
 		}
 	case vmcmd.KindVolumeCreate, vmcmd.KindVolumeDelete:
 		err = s.volumeDone(ctx, tx, emit, c, state, code, message, now)
+	case vmcmd.KindVolumeAttach, vmcmd.KindVolumeDetach:
+		err = s.attachDone(ctx, tx, emit, c, state, code, message, now)
 	default:
 		err = s.instanceDone(ctx, tx, emit, c, state, code, message, result, now)
 	}
@@ -280,6 +284,53 @@ func (s *InstanceService) volumeDone(ctx context.Context, tx store.Tx, emit func
 	}
 	emit(envelope.Event{Type: "volume." + v.State, TenantID: v.TenantID, ResourceType: "Volume", ResourceID: v.ID, Time: now,
 		Data: map[string]any{"name": v.Name, "state": v.State}})
+	return nil
+}
+
+// attachDone converges a volume from bcd's answer to volume.attach or
+// volume.detach: attaching becomes attached (a failure leaves it
+// available, with the host's message), detaching becomes available (a
+// failure leaves it attached, with the message; an instance the host no
+// longer has holds no volume). An answer that finds the volume moved on
+// (its instance deleted meanwhile) changes nothing.
+func (s *InstanceService) attachDone(ctx context.Context, tx store.Tx, emit func(envelope.Event), c fleet.Command, state, code, message string, now time.Time) error {
+	var p vmcmd.AttachParams
+	if json.Unmarshal([]byte(c.Params), &p) != nil || p.VolumeID == "" || p.InstanceID == "" {
+		return nil //nolint:nilerr // params that name no volume are no volume's to converge
+	}
+	v, err := VolumeByID(ctx, tx, apiID(p.VolumeID), store.ForUpdate(tx))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || v.NodeID != c.NodeID || v.InstanceID != apiID(p.InstanceID) {
+		return err
+	}
+	ok := state == fleet.CommandSucceeded
+	failure := strings.TrimSpace(strings.Join([]string{code, message}, ": "))
+	typ := ""
+	switch {
+	case c.Kind == vmcmd.KindVolumeAttach && v.State == VolumeAttaching:
+		v.State, v.Message, typ = VolumeAttached, "", "volume.attached"
+		if !ok {
+			v.State, v.InstanceID, v.Message, typ = VolumeAvailable, "", "attach failed: "+failure, "volume.attach_failed"
+		}
+	case c.Kind == vmcmd.KindVolumeDetach && v.State == VolumeDetaching:
+		v.State, v.InstanceID, v.Message, typ = VolumeAvailable, "", "", "volume.detached"
+		if !ok && code != vmcmd.FailNotFound {
+			v.State, v.InstanceID, v.Message, typ = VolumeAttached, apiID(p.InstanceID), "detach failed: "+failure, "volume.detach_failed"
+		}
+	default:
+		return nil
+	}
+	v.UpdateTime = now
+	if err := VolumeSave(ctx, tx, &v); err != nil {
+		return err
+	}
+	data := map[string]any{"name": v.Name, "state": v.State, "instance_id": apiID(p.InstanceID)}
+	if !ok {
+		data["failure_code"] = code
+	}
+	emit(envelope.Event{Type: typ, TenantID: v.TenantID, ResourceType: "Volume", ResourceID: v.ID, Time: now, Data: data})
 	return nil
 }
 

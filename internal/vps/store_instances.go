@@ -33,7 +33,9 @@ const (
 const (
 	VolumeCreating  = "creating"
 	VolumeAvailable = "available"
+	VolumeAttaching = "attaching" // volume.attach sent, bcd has not confirmed
 	VolumeAttached  = "attached"
+	VolumeDetaching = "detaching" // volume.detach sent, the guest has not released it
 	VolumeDeleting  = "deleting"
 	VolumeDeleted   = "deleted"
 	VolumeFailed    = "failed"

@@ -206,31 +206,152 @@ func volumeMutation[Req any](ctx context.Context, vs *VolumeService, req *connec
 	return &cur, err
 }
 
-// Detach takes a volume off an instance that no longer holds a guest
-// (failed or lost). bcd attaches volumes when it creates a guest and has
-// no hot detach, so a live instance's volumes go with its delete.
+// refuse is a FAILED_PRECONDITION naming the request field it is about.
+func refuse(field, format string, a ...any) error {
+	msg := fmt.Sprintf(format, a...)
+	return &envelope.Error{Code: envelope.CodeFailedPrecondition, Message: msg, Violations: []envelope.Violation{{Field: field, Reason: msg}}}
+}
+
+// attachParams is the volume.attach (and volume.detach) command of v.
+func attachParams(v *Volume, instanceID string) vmcmd.AttachParams {
+	return vmcmd.AttachParams{InstanceID: HostID(instanceID), VolumeID: HostID(v.ID), Format: v.Format}
+}
+
+// Attach hot-plugs an available volume into a running or stopped
+// instance of the same tenant on the volume's host. The volume is
+// attaching until bcd answers volume.attach (CommandDone), then attached;
+// a failure leaves it available with the host's message. Attaching it
+// again to the same instance changes nothing.
+func (vs *VolumeService) Attach(ctx context.Context, req *connect.Request[apiv1.AttachVolumeRequest]) (*connect.Response[apiv1.AttachVolumeResponse], error) {
+	msg := req.Msg
+	s := vs.s
+	var (
+		r   volumeRef
+		ir  instanceRef
+		cur Volume
+	)
+	_, err := envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.Volume]{
+		Validate: func() error {
+			var v envelope.Violations
+			v.Ref("tenant", msg.GetTenant(), "tnt")
+			v.Ref("volume", msg.GetVolume(), VolumeIDPrefix)
+			v.Ref("instance", msg.GetInstance(), InstanceIDPrefix)
+			return v.Err()
+		},
+		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			var err error
+			if r, err = lookupVolume(ctx, q, msg.GetTenant(), msg.GetVolume()); err != nil {
+				return r.Resource(), err
+			}
+			// The instance is looked up in the volume's tenant: another
+			// tenant's is not found, as any id of theirs.
+			ir, err = lookupInstance(ctx, q, msg.GetTenant(), msg.GetInstance())
+			return r.Resource(), err
+		},
+		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.Volume, error) {
+			if err := r.NotFound(msg.GetVolume()); err != nil {
+				return nil, err
+			}
+			if err := ir.NotFound(msg.GetInstance()); err != nil {
+				return nil, err
+			}
+			var err error
+			// Instance first, then volume: the order instance delete
+			// (which detaches its volumes) takes them in.
+			in, err := InstanceByID(ctx, tx.Tx, ir.Obj.ID, store.ForUpdate(tx.Tx))
+			if err != nil {
+				return nil, envelope.FromStore(err, "instance")
+			}
+			if cur, err = VolumeByID(ctx, tx.Tx, r.Obj.ID, store.ForUpdate(tx.Tx)); err != nil {
+				return nil, envelope.FromStore(err, "volume")
+			}
+			if cur.InstanceID == in.ID && (cur.State == VolumeAttaching || cur.State == VolumeAttached) {
+				return VolumeProto(cur), nil // attached (or on its way) already
+			}
+			if err := s.attachable(ctx, tx, &cur, &in); err != nil {
+				return nil, err
+			}
+			now := tx.Now()
+			cur.State, cur.InstanceID, cur.Message, cur.UpdateTime = VolumeAttaching, in.ID, "", now
+			if err := VolumeSave(ctx, tx.Tx, &cur); err != nil {
+				return nil, err
+			}
+			if _, err := s.send(ctx, tx.Tx, &in, vmcmd.KindVolumeAttach, attachParams(&cur, in.ID),
+				fmt.Sprintf("%s/attach/%d", cur.ID, now.UnixNano()), now); err != nil {
+				return nil, err
+			}
+			tx.Emit(volumeEvent("volume.attaching", &cur))
+			return VolumeProto(cur), nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&apiv1.AttachVolumeResponse{Volume: VolumeProto(cur)}), nil
+}
+
+// attachable refuses what cannot take the attach, naming the field.
+func (s *InstanceService) attachable(ctx context.Context, tx *envelope.Tx, v *Volume, in *Instance) error {
+	switch {
+	case v.State == VolumeDetaching:
+		return refuse("volume", "volume %s is detaching from instance %s: attach it once it is available", v.Name, v.InstanceID)
+	case v.InstanceID != "":
+		return refuse("volume", "volume %s is attached to instance %s: detach it first", v.Name, v.InstanceID)
+	case v.State != VolumeAvailable:
+		return refuse("volume", "volume %s is %s: only an available volume attaches", v.Name, v.State)
+	case in.State != StateRunning && in.State != StateStopped:
+		return refuse("instance", "instance %s is %s: a volume attaches to a running or stopped instance", in.Name, in.State)
+	case in.NodeID != v.NodeID:
+		return refuse("instance", "volume %s is on host %s and instance %s on host %s (%s): a volume attaches only on its own host",
+			v.Name, v.NodeID, in.Name, in.NodeID, in.NodeName)
+	}
+	return s.checkOwner(ctx, tx.Tx, in)
+}
+
+// Detach takes a volume off its instance. A running or stopped instance
+// gets volume.detach (the volume is detaching until bcd confirms the guest
+// released it, then available); one that no longer holds a guest (failed,
+// lost, deleted) lets it go at once. Detaching a detached volume changes
+// nothing.
 func (vs *VolumeService) Detach(ctx context.Context, req *connect.Request[apiv1.DetachVolumeRequest]) (*connect.Response[apiv1.DetachVolumeResponse], error) {
+	s := vs.s
 	v, err := volumeMutation(ctx, vs, req, req.Msg.GetTenant(), req.Msg.GetVolume(), func(ctx context.Context, tx *envelope.Tx, v *Volume) error {
-		if v.InstanceID == "" {
-			return nil // detached already
+		if v.InstanceID == "" || v.State == VolumeDetaching {
+			return nil // detached already, or on its way
 		}
 		in, err := InstanceByID(ctx, tx.Tx, v.InstanceID, store.ForUpdate(tx.Tx))
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		if err == nil && (in.State != StateFailed && in.State != StateLost && in.State != StateDeleted) {
-			return envelope.Errorf(envelope.CodeFailedPrecondition,
-				"volume %s is attached to instance %s, which is %s: delete the instance first (volumes attach when the guest is created)",
+		now := tx.Now()
+		switch {
+		case err != nil || in.State == StateFailed || in.State == StateLost || in.State == StateDeleted:
+			// No guest holds it: it is free now.
+			v.State, v.InstanceID = VolumeAvailable, ""
+		case v.State == VolumeAttaching:
+			return refuse("volume", "volume %s is still attaching to instance %s: detach it once attached", v.Name, in.Name)
+		case in.State != StateRunning && in.State != StateStopped:
+			return refuse("volume", "volume %s is attached to instance %s, which is %s: a volume detaches from a running or stopped instance (or goes with its delete)",
 				v.Name, in.Name, in.State)
+		default:
+			if err := s.checkOwner(ctx, tx.Tx, &in); err != nil {
+				return err
+			}
+			v.State = VolumeDetaching
+			if _, err := s.send(ctx, tx.Tx, &in, vmcmd.KindVolumeDetach, attachParams(v, in.ID),
+				fmt.Sprintf("%s/detach/%d", v.ID, now.UnixNano()), now); err != nil {
+				return err
+			}
 		}
-		v.InstanceID, v.UpdateTime = "", tx.Now()
-		if v.State == VolumeAttached {
-			v.State = VolumeAvailable
-		}
+		v.Message, v.UpdateTime = "", now
 		if err := VolumeSave(ctx, tx.Tx, v); err != nil {
 			return err
 		}
-		tx.Emit(volumeEvent("volume.detached", v))
+		if v.State == VolumeDetaching {
+			tx.Emit(volumeEvent("volume.detaching", v))
+		} else {
+			tx.Emit(volumeEvent("volume.detached", v))
+		}
 		return nil
 	})
 	if err != nil {

@@ -297,12 +297,34 @@ func TestGuestAgentRunsInstances(t *testing.T) {
 	require.Contains(t, g.run(t, "cat /etc/resolv.conf"), "nameserver "+agNet+"53")
 	require.Contains(t, g.run(t, "lsblk -dn -o NAME,SERIAL"), "data")
 
+	// A volume hot-attached through volume.attach is a disk in the
+	// running guest; volume.detach takes it out once the guest released
+	// it. Both converge when repeated; an attached volume is not deleted.
+	hot := vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "hot", Format: "raw"}
+	g.must(t, nodeID, vmcmd.KindVolumeCreate, vmcmd.VolumeParams{VolumeID: "hot", Format: "raw", SizeMiB: 16})
+	start = time.Now()
+	require.Equal(t, "running", g.must(t, nodeID, vmcmd.KindVolumeAttach, hot)["state"])
+	bctest.WaitFor(t, "the guest to see the hot-attached volume", func() bool {
+		return strings.Contains(g.run(t, "lsblk -dn -o NAME,SERIAL"), "hot")
+	})
+	t.Logf("figure: volume.attach until the guest lists the disk (TCG, through the fleet): %s", time.Since(start).Round(10*time.Millisecond))
+	g.must(t, nodeID, vmcmd.KindVolumeAttach, hot)
+	state, code, msg, _ := g.send(t, nodeID, vmcmd.KindVolumeDelete, vmcmd.VolumeParams{VolumeID: "hot"})
+	require.Equal(t, "failed", state)
+	require.Equal(t, vmcmd.FailBusy, code, msg)
+	start = time.Now()
+	g.must(t, nodeID, vmcmd.KindVolumeDetach, vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "hot"})
+	t.Logf("figure: volume.detach until the guest released the disk (TCG): %s", time.Since(start).Round(10*time.Millisecond))
+	require.NotContains(t, g.run(t, "lsblk -dn -o NAME,SERIAL"), "hot")
+	g.must(t, nodeID, vmcmd.KindVolumeDetach, vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "hot"})
+	g.must(t, nodeID, vmcmd.KindVolumeDelete, vmcmd.VolumeParams{VolumeID: "hot"})
+
 	// A redelivered create (another command, same spec) is the same
 	// instance; another spec for its id is refused.
 	require.Equal(t, st, g.must(t, nodeID, vmcmd.KindInstanceCreate, create))
 	other := create
 	other.MemoryMiB = 1024
-	state, code, msg, _ := g.send(t, nodeID, vmcmd.KindInstanceCreate, other)
+	state, code, msg, _ = g.send(t, nodeID, vmcmd.KindInstanceCreate, other)
 	require.Equal(t, "failed", state)
 	require.Equal(t, vmcmd.FailExists, code, msg)
 

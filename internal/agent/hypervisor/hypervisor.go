@@ -48,6 +48,8 @@ type Runtime interface {
 	Adopt(ctx context.Context) ([]runtime.Info, error)
 	CreateVolume(ctx context.Context, path, format string, sizeMiB int) error
 	DeleteVolume(ctx context.Context, path string) error
+	AttachVolume(ctx context.Context, id string, v runtime.Volume) error
+	DetachVolume(ctx context.Context, id, volumeID string) error
 	Capabilities(ctx context.Context) runtime.Capabilities
 }
 
@@ -84,7 +86,11 @@ type Config struct {
 	// so that claiming it later costs a resume, not a boot (0: 10 minutes;
 	// negative: pause at once, as a host without guest networking must).
 	WarmReady time.Duration
-	Logger    *slog.Logger
+	// DetachWait bounds how long volume.detach waits for a running guest
+	// to release the device (0: 1 minute); a guest that does not is
+	// FailBusy and keeps the volume.
+	DetachWait time.Duration
+	Logger     *slog.Logger
 }
 
 var ifNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,14}$`)
@@ -333,6 +339,15 @@ func (h *Hypervisor) Apply(ctx context.Context, kind string, params []byte) (any
 			return h.volumeCreate(ctx, p)
 		}
 		return h.volumeDelete(ctx, p)
+	case vmcmd.KindVolumeAttach, vmcmd.KindVolumeDetach:
+		var p vmcmd.AttachParams
+		if err := vmcmd.Decode(params, &p); err != nil {
+			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
+		}
+		if kind == vmcmd.KindVolumeAttach {
+			return h.volumeAttach(ctx, p)
+		}
+		return h.volumeDetach(ctx, p)
 	}
 	return nil, failf(vmcmd.FailUnsupported, "hypervisor: unknown command kind %q", kind)
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -32,6 +33,8 @@ type fakeRuntime struct {
 	calls     []string
 	startErr  error
 	hugePages bool
+	// holdDetach: running guests never release a detached volume.
+	holdDetach bool
 }
 
 func newFakeRuntime() *fakeRuntime { return &fakeRuntime{instances: map[string]*runtime.Info{}} }
@@ -186,6 +189,49 @@ func (f *fakeRuntime) CreateVolume(_ context.Context, path, format string, sizeM
 func (f *fakeRuntime) DeleteVolume(_ context.Context, path string) error {
 	f.record("delete-volume")
 	return os.Remove(path)
+}
+
+// AttachVolume adds the volume to the spec, as the real runtime does
+// after hot-plugging it into a running guest.
+func (f *fakeRuntime) AttachVolume(_ context.Context, id string, v runtime.Volume) error {
+	f.record("attach-volume")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	in, ok := f.instances[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
+	}
+	next := in.Spec
+	next.Volumes = append(slices.Clone(in.Spec.Volumes), v)
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	in.Spec = next
+	return nil
+}
+
+// DetachVolume removes the volume from the spec; with holdDetach set a
+// running guest never releases the device, so the wait ends with ctx.
+func (f *fakeRuntime) DetachVolume(ctx context.Context, id, volumeID string) error {
+	f.record("detach-volume")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	in, ok := f.instances[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
+	}
+	i := slices.IndexFunc(in.Spec.Volumes, func(v runtime.Volume) bool { return v.ID == volumeID })
+	if i < 0 {
+		return &runtime.SpecError{Field: "volume_id", Reason: "not attached"}
+	}
+	if f.holdDetach && in.State == runtime.StateRunning {
+		f.mu.Unlock()
+		<-ctx.Done()
+		f.mu.Lock()
+		return fmt.Errorf("guest did not release the device: %w", ctx.Err())
+	}
+	in.Spec.Volumes = slices.Delete(slices.Clone(in.Spec.Volumes), i, i+1)
+	return nil
 }
 
 func (f *fakeRuntime) Capabilities(context.Context) runtime.Capabilities {
@@ -723,4 +769,74 @@ func TestPeersReappliesThePolicy(t *testing.T) {
 	r.must(t, vmcmd.KindInstancePeers, vmcmd.PeersParams{InstanceID: "web-3", Peers: []string{"10.77.0.5"}})
 	after, _ := r.pol.get(etap)
 	require.Equal(t, before, after)
+}
+
+// TestVolumeAttachAndDetach: volume.attach plugs a host volume into a
+// running or stopped guest and volume.detach takes it out; both are
+// idempotent, and a volume another instance holds, one not on the host,
+// an unknown instance and a guest that keeps the device are refused with
+// their codes.
+func TestVolumeAttachAndDetach(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, false)
+	r.must(t, vmcmd.KindInstanceCreate, createParams("web-1"))
+	q := createParams("web-2")
+	q.Network.MAC, q.Network.Address = "52:54:00:77:00:06", "10.77.0.6/24"
+	r.must(t, vmcmd.KindInstanceCreate, q)
+	r.must(t, vmcmd.KindVolumeCreate, vmcmd.VolumeParams{VolumeID: "data", Format: "qcow2", SizeMiB: 64})
+	att := vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "data", Format: "qcow2"}
+	vols := func(id string) []string {
+		info, err := r.rt.Get(context.Background(), id)
+		require.NoError(t, err)
+		var out []string
+		for _, v := range info.Spec.Volumes {
+			out = append(out, v.ID)
+		}
+		return out
+	}
+
+	require.Equal(t, "running", r.must(t, vmcmd.KindVolumeAttach, att)["state"])
+	require.Equal(t, []string{"data"}, vols("web-1"))
+	r.must(t, vmcmd.KindVolumeAttach, att)
+	require.Equal(t, 1, r.rt.count("attach-volume"), "attaching an attached volume changes nothing")
+
+	_, err := r.apply(t, vmcmd.KindVolumeAttach, vmcmd.AttachParams{InstanceID: "web-2", VolumeID: "data", Format: "qcow2"})
+	requireCode(t, err, vmcmd.FailBusy, `attached to instance "web-1"`)
+	_, err = r.apply(t, vmcmd.KindVolumeDelete, vmcmd.VolumeParams{VolumeID: "data"})
+	requireCode(t, err, vmcmd.FailBusy, "attached")
+	_, err = r.apply(t, vmcmd.KindVolumeAttach, vmcmd.AttachParams{InstanceID: "web-2", VolumeID: "nope", Format: "raw"})
+	requireCode(t, err, vmcmd.FailNotFound, "not on this host")
+	_, err = r.apply(t, vmcmd.KindVolumeAttach, vmcmd.AttachParams{InstanceID: "gone", VolumeID: "data", Format: "qcow2"})
+	requireCode(t, err, vmcmd.FailNotFound, "gone")
+	_, err = r.apply(t, vmcmd.KindVolumeAttach, vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "data"})
+	requireCode(t, err, vmcmd.FailInvalid, "format")
+	_, err = r.apply(t, vmcmd.KindVolumeDetach, vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "Bad/Id"})
+	requireCode(t, err, vmcmd.FailInvalid, "volume_id")
+
+	det := vmcmd.AttachParams{InstanceID: "web-1", VolumeID: "data"}
+	r.must(t, vmcmd.KindVolumeDetach, det)
+	require.Empty(t, vols("web-1"))
+	r.must(t, vmcmd.KindVolumeDetach, det)
+	require.Equal(t, 1, r.rt.count("detach-volume"), "detaching a detached volume changes nothing")
+
+	// A stopped guest gets it in its spec, for its next start.
+	require.Equal(t, "stopped", r.must(t, vmcmd.KindInstanceStop, vmcmd.InstanceRef{InstanceID: "web-2"})["state"])
+	att.InstanceID = "web-2"
+	require.Equal(t, "stopped", r.must(t, vmcmd.KindVolumeAttach, att)["state"])
+	require.Equal(t, []string{"data"}, vols("web-2"))
+	require.Equal(t, "running", r.must(t, vmcmd.KindInstanceStart, vmcmd.InstanceRef{InstanceID: "web-2"})["state"])
+
+	// A running guest that keeps the device: busy, and still attached.
+	r.rt.mu.Lock()
+	r.rt.holdDetach = true
+	r.rt.mu.Unlock()
+	hv, err := hypervisor.New(hypervisor.Config{StateDir: r.state, Images: r.images, SysfsRoot: r.sysfs, Runtime: r.rt,
+		DetachWait: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	require.NoError(t, hv.Start(context.Background()))
+	b, err := json.Marshal(vmcmd.AttachParams{InstanceID: "web-2", VolumeID: "data"})
+	require.NoError(t, err)
+	_, err = hv.Apply(context.Background(), vmcmd.KindVolumeDetach, b)
+	requireCode(t, err, vmcmd.FailBusy, "did not release")
+	require.Equal(t, []string{"data"}, vols("web-2"))
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/better-compute/better-compute/internal/agent/runtime"
 	"github.com/better-compute/better-compute/internal/vmcmd"
@@ -563,4 +564,92 @@ func (h *Hypervisor) volumeDelete(ctx context.Context, p vmcmd.VolumeParams) (an
 		}
 	}
 	return vmcmd.VolumeParams{VolumeID: p.VolumeID}, nil
+}
+
+func validAttach(p vmcmd.AttachParams, formatted bool) error {
+	if !vmcmd.ValidID(p.InstanceID) {
+		return invalid("instance_id", "%q is not an instance id (1-63 of a-z, 0-9 and '-')", p.InstanceID)
+	}
+	if !vmcmd.ValidID(p.VolumeID) {
+		return invalid("volume_id", "%q is not a volume id (1-63 of a-z, 0-9 and '-')", p.VolumeID)
+	}
+	if formatted || p.Format != "" {
+		if p.Format != "qcow2" && p.Format != "raw" {
+			return invalid("format", "must be qcow2 or raw, got %q", p.Format)
+		}
+	}
+	return nil
+}
+
+// volumeAttach hot-plugs a volume into a running (or paused) guest, or
+// adds it to a stopped one's spec for its next start. An attached volume
+// succeeds as it is; one attached to another instance is busy.
+func (h *Hypervisor) volumeAttach(ctx context.Context, p vmcmd.AttachParams) (any, error) {
+	if err := validAttach(p, true); err != nil {
+		return nil, err
+	}
+	// Instance first, then volume: the order create takes them in.
+	unlock := h.lock(p.InstanceID)
+	defer unlock()
+	defer h.lock("volume/" + p.VolumeID)()
+	info, err := h.rt.Get(ctx, p.InstanceID)
+	if err != nil {
+		return nil, runtimeErr("volume.attach", err)
+	}
+	path := h.volumePath(p.VolumeID, p.Format)
+	if i := slices.IndexFunc(info.Spec.Volumes, func(v runtime.Volume) bool { return v.ID == p.VolumeID }); i >= 0 {
+		if info.Spec.Volumes[i].Path != path {
+			return nil, failf(vmcmd.FailExists, "volume %q is attached to instance %q as %s", p.VolumeID, p.InstanceID, info.Spec.Volumes[i].Format)
+		}
+		return h.status(ctx, p.InstanceID)
+	}
+	if !exists(path) {
+		return nil, failf(vmcmd.FailNotFound, "volume %q (%s) is not on this host", p.VolumeID, p.Format)
+	}
+	for _, in := range h.rt.List(ctx) {
+		if slices.ContainsFunc(in.Spec.Volumes, func(v runtime.Volume) bool { return v.Path == path }) {
+			return nil, failf(vmcmd.FailBusy, "volume %q is attached to instance %q", p.VolumeID, in.ID)
+		}
+	}
+	if err := h.rt.AttachVolume(ctx, p.InstanceID, runtime.Volume{ID: p.VolumeID, Path: path, Format: p.Format}); err != nil {
+		return nil, runtimeErr("volume.attach", err)
+	}
+	h.log.Info("hypervisor: volume attached", "instance", p.InstanceID, "volume", p.VolumeID, "running", info.State == runtime.StateRunning)
+	return h.status(ctx, p.InstanceID)
+}
+
+// volumeDetach takes a volume off an instance: a running guest must
+// release the device within DetachWait (else busy, and the volume stays
+// attached); a stopped one just loses it from its spec. A volume the
+// instance does not hold succeeds.
+func (h *Hypervisor) volumeDetach(ctx context.Context, p vmcmd.AttachParams) (any, error) {
+	if err := validAttach(p, false); err != nil {
+		return nil, err
+	}
+	unlock := h.lock(p.InstanceID)
+	defer unlock()
+	defer h.lock("volume/" + p.VolumeID)()
+	info, err := h.rt.Get(ctx, p.InstanceID)
+	if err != nil {
+		return nil, runtimeErr("volume.detach", err)
+	}
+	if !slices.ContainsFunc(info.Spec.Volumes, func(v runtime.Volume) bool { return v.ID == p.VolumeID }) {
+		return h.status(ctx, p.InstanceID)
+	}
+	wait := h.cfg.DetachWait
+	if wait <= 0 {
+		wait = time.Minute
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if err := h.rt.DetachVolume(wctx, p.InstanceID, p.VolumeID); err != nil {
+		// Our own bound ran out, not the command's: the guest holds on to
+		// the disk (mounted, or no hot-unplug support).
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, failf(vmcmd.FailBusy, "volume.detach: the guest did not release volume %q within %s (unmount it first): %v", p.VolumeID, wait, err)
+		}
+		return nil, runtimeErr("volume.detach", err)
+	}
+	h.log.Info("hypervisor: volume detached", "instance", p.InstanceID, "volume", p.VolumeID)
+	return h.status(ctx, p.InstanceID)
 }

@@ -2969,7 +2969,8 @@ type Volume struct {
 	Name     string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	SizeGib  int32                  `protobuf:"varint,4,opt,name=size_gib,json=sizeGib,proto3" json:"size_gib,omitempty"`
 	Format   string                 `protobuf:"bytes,5,opt,name=format,proto3" json:"format,omitempty"`
-	// creating, available, attached, deleting, deleted or failed.
+	// creating, available, attaching, attached, detaching, deleting,
+	// deleted or failed.
 	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
 	InstanceId    string                 `protobuf:"bytes,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	NodeId        string                 `protobuf:"bytes,8,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -3417,6 +3418,111 @@ func (x *ListVolumesResponse) GetNextPageToken() string {
 	return ""
 }
 
+type AttachVolumeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Volume string                 `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
+	// The instance to attach to (name or id), on the volume's host.
+	Instance      string `protobuf:"bytes,3,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachVolumeRequest) Reset() {
+	*x = AttachVolumeRequest{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachVolumeRequest) ProtoMessage() {}
+
+func (x *AttachVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachVolumeRequest.ProtoReflect.Descriptor instead.
+func (*AttachVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *AttachVolumeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AttachVolumeRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *AttachVolumeRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+type AttachVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        *Volume                `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachVolumeResponse) Reset() {
+	*x = AttachVolumeResponse{}
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachVolumeResponse) ProtoMessage() {}
+
+func (x *AttachVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachVolumeResponse.ProtoReflect.Descriptor instead.
+func (*AttachVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *AttachVolumeResponse) GetVolume() *Volume {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
 type DetachVolumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
@@ -3427,7 +3533,7 @@ type DetachVolumeRequest struct {
 
 func (x *DetachVolumeRequest) Reset() {
 	*x = DetachVolumeRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3545,7 @@ func (x *DetachVolumeRequest) String() string {
 func (*DetachVolumeRequest) ProtoMessage() {}
 
 func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[50]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3558,7 @@ func (x *DetachVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DetachVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{50}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DetachVolumeRequest) GetTenant() string {
@@ -3478,7 +3584,7 @@ type DetachVolumeResponse struct {
 
 func (x *DetachVolumeResponse) Reset() {
 	*x = DetachVolumeResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[51]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3596,7 @@ func (x *DetachVolumeResponse) String() string {
 func (*DetachVolumeResponse) ProtoMessage() {}
 
 func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[51]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3609,7 @@ func (x *DetachVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DetachVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{51}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DetachVolumeResponse) GetVolume() *Volume {
@@ -3523,7 +3629,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[52]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +3641,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[52]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +3654,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{52}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeleteVolumeRequest) GetTenant() string {
@@ -3574,7 +3680,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[53]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3586,7 +3692,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[53]
+	mi := &file_bettercompute_api_v1_instances_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3599,7 +3705,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{53}
+	return file_bettercompute_api_v1_instances_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DeleteVolumeResponse) GetVolume() *Volume {
@@ -3888,7 +3994,13 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"u\n" +
 	"\x13ListVolumesResponse\x126\n" +
 	"\avolumes\x18\x01 \x03(\v2\x1c.bettercompute.api.v1.VolumeR\avolumes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"E\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"a\n" +
+	"\x13AttachVolumeRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06volume\x18\x02 \x01(\tR\x06volume\x12\x1a\n" +
+	"\binstance\x18\x03 \x01(\tR\binstance\"L\n" +
+	"\x14AttachVolumeResponse\x124\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.VolumeR\x06volume\"E\n" +
 	"\x13DetachVolumeRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06volume\x18\x02 \x01(\tR\x06volume\"L\n" +
@@ -3920,11 +4032,12 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x06Reboot\x12+.bettercompute.api.v1.RebootInstanceRequest\x1a,.bettercompute.api.v1.RebootInstanceResponse\x12c\n" +
 	"\x06Delete\x12+.bettercompute.api.v1.DeleteInstanceRequest\x1a,.bettercompute.api.v1.DeleteInstanceResponse\x12d\n" +
 	"\x05Watch\x12+.bettercompute.api.v1.WatchInstancesRequest\x1a,.bettercompute.api.v1.WatchInstancesResponse0\x01\x12Z\n" +
-	"\x03Ssh\x12(.bettercompute.api.v1.SshInstanceRequest\x1a).bettercompute.api.v1.SshInstanceResponse2\xf1\x03\n" +
+	"\x03Ssh\x12(.bettercompute.api.v1.SshInstanceRequest\x1a).bettercompute.api.v1.SshInstanceResponse2\xd2\x04\n" +
 	"\rVolumeService\x12_\n" +
 	"\x06Create\x12).bettercompute.api.v1.CreateVolumeRequest\x1a*.bettercompute.api.v1.CreateVolumeResponse\x12[\n" +
 	"\x03Get\x12&.bettercompute.api.v1.GetVolumeRequest\x1a'.bettercompute.api.v1.GetVolumeResponse\"\x03\x90\x02\x01\x12`\n" +
 	"\x04List\x12(.bettercompute.api.v1.ListVolumesRequest\x1a).bettercompute.api.v1.ListVolumesResponse\"\x03\x90\x02\x01\x12_\n" +
+	"\x06Attach\x12).bettercompute.api.v1.AttachVolumeRequest\x1a*.bettercompute.api.v1.AttachVolumeResponse\x12_\n" +
 	"\x06Detach\x12).bettercompute.api.v1.DetachVolumeRequest\x1a*.bettercompute.api.v1.DetachVolumeResponse\x12_\n" +
 	"\x06Delete\x12).bettercompute.api.v1.DeleteVolumeRequest\x1a*.bettercompute.api.v1.DeleteVolumeResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
@@ -3940,7 +4053,7 @@ func file_bettercompute_api_v1_instances_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_instances_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_instances_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_bettercompute_api_v1_instances_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_bettercompute_api_v1_instances_proto_goTypes = []any{
 	(*Flavor)(nil),                 // 0: bettercompute.api.v1.Flavor
 	(*CreateFlavorRequest)(nil),    // 1: bettercompute.api.v1.CreateFlavorRequest
@@ -3992,29 +4105,31 @@ var file_bettercompute_api_v1_instances_proto_goTypes = []any{
 	(*GetVolumeResponse)(nil),      // 47: bettercompute.api.v1.GetVolumeResponse
 	(*ListVolumesRequest)(nil),     // 48: bettercompute.api.v1.ListVolumesRequest
 	(*ListVolumesResponse)(nil),    // 49: bettercompute.api.v1.ListVolumesResponse
-	(*DetachVolumeRequest)(nil),    // 50: bettercompute.api.v1.DetachVolumeRequest
-	(*DetachVolumeResponse)(nil),   // 51: bettercompute.api.v1.DetachVolumeResponse
-	(*DeleteVolumeRequest)(nil),    // 52: bettercompute.api.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 53: bettercompute.api.v1.DeleteVolumeResponse
-	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
+	(*AttachVolumeRequest)(nil),    // 50: bettercompute.api.v1.AttachVolumeRequest
+	(*AttachVolumeResponse)(nil),   // 51: bettercompute.api.v1.AttachVolumeResponse
+	(*DetachVolumeRequest)(nil),    // 52: bettercompute.api.v1.DetachVolumeRequest
+	(*DetachVolumeResponse)(nil),   // 53: bettercompute.api.v1.DetachVolumeResponse
+	(*DeleteVolumeRequest)(nil),    // 54: bettercompute.api.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 55: bettercompute.api.v1.DeleteVolumeResponse
+	(*timestamppb.Timestamp)(nil),  // 56: google.protobuf.Timestamp
 }
 var file_bettercompute_api_v1_instances_proto_depIdxs = []int32{
-	54, // 0: bettercompute.api.v1.Flavor.create_time:type_name -> google.protobuf.Timestamp
+	56, // 0: bettercompute.api.v1.Flavor.create_time:type_name -> google.protobuf.Timestamp
 	0,  // 1: bettercompute.api.v1.CreateFlavorResponse.flavor:type_name -> bettercompute.api.v1.Flavor
 	0,  // 2: bettercompute.api.v1.GetFlavorResponse.flavor:type_name -> bettercompute.api.v1.Flavor
 	0,  // 3: bettercompute.api.v1.ListFlavorsResponse.flavors:type_name -> bettercompute.api.v1.Flavor
-	54, // 4: bettercompute.api.v1.IPPool.create_time:type_name -> google.protobuf.Timestamp
-	54, // 5: bettercompute.api.v1.IPLease.create_time:type_name -> google.protobuf.Timestamp
+	56, // 4: bettercompute.api.v1.IPPool.create_time:type_name -> google.protobuf.Timestamp
+	56, // 5: bettercompute.api.v1.IPLease.create_time:type_name -> google.protobuf.Timestamp
 	9,  // 6: bettercompute.api.v1.CreateIPPoolResponse.ip_pool:type_name -> bettercompute.api.v1.IPPool
 	9,  // 7: bettercompute.api.v1.GetIPPoolResponse.ip_pool:type_name -> bettercompute.api.v1.IPPool
 	9,  // 8: bettercompute.api.v1.ListIPPoolsResponse.ip_pools:type_name -> bettercompute.api.v1.IPPool
 	10, // 9: bettercompute.api.v1.ListIPLeasesResponse.leases:type_name -> bettercompute.api.v1.IPLease
 	22, // 10: bettercompute.api.v1.Instance.conditions:type_name -> bettercompute.api.v1.InstanceCondition
-	54, // 11: bettercompute.api.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
-	54, // 12: bettercompute.api.v1.Instance.update_time:type_name -> google.protobuf.Timestamp
-	54, // 13: bettercompute.api.v1.InstanceCondition.update_time:type_name -> google.protobuf.Timestamp
-	54, // 14: bettercompute.api.v1.SshTicket.ticket_expire_time:type_name -> google.protobuf.Timestamp
-	54, // 15: bettercompute.api.v1.SshTicket.valid_before:type_name -> google.protobuf.Timestamp
+	56, // 11: bettercompute.api.v1.Instance.create_time:type_name -> google.protobuf.Timestamp
+	56, // 12: bettercompute.api.v1.Instance.update_time:type_name -> google.protobuf.Timestamp
+	56, // 13: bettercompute.api.v1.InstanceCondition.update_time:type_name -> google.protobuf.Timestamp
+	56, // 14: bettercompute.api.v1.SshTicket.ticket_expire_time:type_name -> google.protobuf.Timestamp
+	56, // 15: bettercompute.api.v1.SshTicket.valid_before:type_name -> google.protobuf.Timestamp
 	24, // 16: bettercompute.api.v1.SshInstanceResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
 	26, // 17: bettercompute.api.v1.CreateInstanceRequest.volumes:type_name -> bettercompute.api.v1.InstanceVolumeSpec
 	21, // 18: bettercompute.api.v1.CreateInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
@@ -4025,64 +4140,67 @@ var file_bettercompute_api_v1_instances_proto_depIdxs = []int32{
 	21, // 23: bettercompute.api.v1.RebootInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
 	21, // 24: bettercompute.api.v1.DeleteInstanceResponse.instance:type_name -> bettercompute.api.v1.Instance
 	21, // 25: bettercompute.api.v1.WatchInstancesResponse.instance:type_name -> bettercompute.api.v1.Instance
-	54, // 26: bettercompute.api.v1.Volume.create_time:type_name -> google.protobuf.Timestamp
-	54, // 27: bettercompute.api.v1.Volume.update_time:type_name -> google.protobuf.Timestamp
+	56, // 26: bettercompute.api.v1.Volume.create_time:type_name -> google.protobuf.Timestamp
+	56, // 27: bettercompute.api.v1.Volume.update_time:type_name -> google.protobuf.Timestamp
 	43, // 28: bettercompute.api.v1.CreateVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
 	43, // 29: bettercompute.api.v1.GetVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
 	43, // 30: bettercompute.api.v1.ListVolumesResponse.volumes:type_name -> bettercompute.api.v1.Volume
-	43, // 31: bettercompute.api.v1.DetachVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
-	43, // 32: bettercompute.api.v1.DeleteVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
-	1,  // 33: bettercompute.api.v1.FlavorService.Create:input_type -> bettercompute.api.v1.CreateFlavorRequest
-	3,  // 34: bettercompute.api.v1.FlavorService.Get:input_type -> bettercompute.api.v1.GetFlavorRequest
-	5,  // 35: bettercompute.api.v1.FlavorService.List:input_type -> bettercompute.api.v1.ListFlavorsRequest
-	7,  // 36: bettercompute.api.v1.FlavorService.Delete:input_type -> bettercompute.api.v1.DeleteFlavorRequest
-	11, // 37: bettercompute.api.v1.IPPoolService.Create:input_type -> bettercompute.api.v1.CreateIPPoolRequest
-	13, // 38: bettercompute.api.v1.IPPoolService.Get:input_type -> bettercompute.api.v1.GetIPPoolRequest
-	15, // 39: bettercompute.api.v1.IPPoolService.List:input_type -> bettercompute.api.v1.ListIPPoolsRequest
-	17, // 40: bettercompute.api.v1.IPPoolService.ListLeases:input_type -> bettercompute.api.v1.ListIPLeasesRequest
-	19, // 41: bettercompute.api.v1.IPPoolService.Delete:input_type -> bettercompute.api.v1.DeleteIPPoolRequest
-	27, // 42: bettercompute.api.v1.InstanceService.Create:input_type -> bettercompute.api.v1.CreateInstanceRequest
-	29, // 43: bettercompute.api.v1.InstanceService.Get:input_type -> bettercompute.api.v1.GetInstanceRequest
-	31, // 44: bettercompute.api.v1.InstanceService.List:input_type -> bettercompute.api.v1.ListInstancesRequest
-	33, // 45: bettercompute.api.v1.InstanceService.Start:input_type -> bettercompute.api.v1.StartInstanceRequest
-	35, // 46: bettercompute.api.v1.InstanceService.Stop:input_type -> bettercompute.api.v1.StopInstanceRequest
-	37, // 47: bettercompute.api.v1.InstanceService.Reboot:input_type -> bettercompute.api.v1.RebootInstanceRequest
-	39, // 48: bettercompute.api.v1.InstanceService.Delete:input_type -> bettercompute.api.v1.DeleteInstanceRequest
-	41, // 49: bettercompute.api.v1.InstanceService.Watch:input_type -> bettercompute.api.v1.WatchInstancesRequest
-	23, // 50: bettercompute.api.v1.InstanceService.Ssh:input_type -> bettercompute.api.v1.SshInstanceRequest
-	44, // 51: bettercompute.api.v1.VolumeService.Create:input_type -> bettercompute.api.v1.CreateVolumeRequest
-	46, // 52: bettercompute.api.v1.VolumeService.Get:input_type -> bettercompute.api.v1.GetVolumeRequest
-	48, // 53: bettercompute.api.v1.VolumeService.List:input_type -> bettercompute.api.v1.ListVolumesRequest
-	50, // 54: bettercompute.api.v1.VolumeService.Detach:input_type -> bettercompute.api.v1.DetachVolumeRequest
-	52, // 55: bettercompute.api.v1.VolumeService.Delete:input_type -> bettercompute.api.v1.DeleteVolumeRequest
-	2,  // 56: bettercompute.api.v1.FlavorService.Create:output_type -> bettercompute.api.v1.CreateFlavorResponse
-	4,  // 57: bettercompute.api.v1.FlavorService.Get:output_type -> bettercompute.api.v1.GetFlavorResponse
-	6,  // 58: bettercompute.api.v1.FlavorService.List:output_type -> bettercompute.api.v1.ListFlavorsResponse
-	8,  // 59: bettercompute.api.v1.FlavorService.Delete:output_type -> bettercompute.api.v1.DeleteFlavorResponse
-	12, // 60: bettercompute.api.v1.IPPoolService.Create:output_type -> bettercompute.api.v1.CreateIPPoolResponse
-	14, // 61: bettercompute.api.v1.IPPoolService.Get:output_type -> bettercompute.api.v1.GetIPPoolResponse
-	16, // 62: bettercompute.api.v1.IPPoolService.List:output_type -> bettercompute.api.v1.ListIPPoolsResponse
-	18, // 63: bettercompute.api.v1.IPPoolService.ListLeases:output_type -> bettercompute.api.v1.ListIPLeasesResponse
-	20, // 64: bettercompute.api.v1.IPPoolService.Delete:output_type -> bettercompute.api.v1.DeleteIPPoolResponse
-	28, // 65: bettercompute.api.v1.InstanceService.Create:output_type -> bettercompute.api.v1.CreateInstanceResponse
-	30, // 66: bettercompute.api.v1.InstanceService.Get:output_type -> bettercompute.api.v1.GetInstanceResponse
-	32, // 67: bettercompute.api.v1.InstanceService.List:output_type -> bettercompute.api.v1.ListInstancesResponse
-	34, // 68: bettercompute.api.v1.InstanceService.Start:output_type -> bettercompute.api.v1.StartInstanceResponse
-	36, // 69: bettercompute.api.v1.InstanceService.Stop:output_type -> bettercompute.api.v1.StopInstanceResponse
-	38, // 70: bettercompute.api.v1.InstanceService.Reboot:output_type -> bettercompute.api.v1.RebootInstanceResponse
-	40, // 71: bettercompute.api.v1.InstanceService.Delete:output_type -> bettercompute.api.v1.DeleteInstanceResponse
-	42, // 72: bettercompute.api.v1.InstanceService.Watch:output_type -> bettercompute.api.v1.WatchInstancesResponse
-	25, // 73: bettercompute.api.v1.InstanceService.Ssh:output_type -> bettercompute.api.v1.SshInstanceResponse
-	45, // 74: bettercompute.api.v1.VolumeService.Create:output_type -> bettercompute.api.v1.CreateVolumeResponse
-	47, // 75: bettercompute.api.v1.VolumeService.Get:output_type -> bettercompute.api.v1.GetVolumeResponse
-	49, // 76: bettercompute.api.v1.VolumeService.List:output_type -> bettercompute.api.v1.ListVolumesResponse
-	51, // 77: bettercompute.api.v1.VolumeService.Detach:output_type -> bettercompute.api.v1.DetachVolumeResponse
-	53, // 78: bettercompute.api.v1.VolumeService.Delete:output_type -> bettercompute.api.v1.DeleteVolumeResponse
-	56, // [56:79] is the sub-list for method output_type
-	33, // [33:56] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	43, // 31: bettercompute.api.v1.AttachVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	43, // 32: bettercompute.api.v1.DetachVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	43, // 33: bettercompute.api.v1.DeleteVolumeResponse.volume:type_name -> bettercompute.api.v1.Volume
+	1,  // 34: bettercompute.api.v1.FlavorService.Create:input_type -> bettercompute.api.v1.CreateFlavorRequest
+	3,  // 35: bettercompute.api.v1.FlavorService.Get:input_type -> bettercompute.api.v1.GetFlavorRequest
+	5,  // 36: bettercompute.api.v1.FlavorService.List:input_type -> bettercompute.api.v1.ListFlavorsRequest
+	7,  // 37: bettercompute.api.v1.FlavorService.Delete:input_type -> bettercompute.api.v1.DeleteFlavorRequest
+	11, // 38: bettercompute.api.v1.IPPoolService.Create:input_type -> bettercompute.api.v1.CreateIPPoolRequest
+	13, // 39: bettercompute.api.v1.IPPoolService.Get:input_type -> bettercompute.api.v1.GetIPPoolRequest
+	15, // 40: bettercompute.api.v1.IPPoolService.List:input_type -> bettercompute.api.v1.ListIPPoolsRequest
+	17, // 41: bettercompute.api.v1.IPPoolService.ListLeases:input_type -> bettercompute.api.v1.ListIPLeasesRequest
+	19, // 42: bettercompute.api.v1.IPPoolService.Delete:input_type -> bettercompute.api.v1.DeleteIPPoolRequest
+	27, // 43: bettercompute.api.v1.InstanceService.Create:input_type -> bettercompute.api.v1.CreateInstanceRequest
+	29, // 44: bettercompute.api.v1.InstanceService.Get:input_type -> bettercompute.api.v1.GetInstanceRequest
+	31, // 45: bettercompute.api.v1.InstanceService.List:input_type -> bettercompute.api.v1.ListInstancesRequest
+	33, // 46: bettercompute.api.v1.InstanceService.Start:input_type -> bettercompute.api.v1.StartInstanceRequest
+	35, // 47: bettercompute.api.v1.InstanceService.Stop:input_type -> bettercompute.api.v1.StopInstanceRequest
+	37, // 48: bettercompute.api.v1.InstanceService.Reboot:input_type -> bettercompute.api.v1.RebootInstanceRequest
+	39, // 49: bettercompute.api.v1.InstanceService.Delete:input_type -> bettercompute.api.v1.DeleteInstanceRequest
+	41, // 50: bettercompute.api.v1.InstanceService.Watch:input_type -> bettercompute.api.v1.WatchInstancesRequest
+	23, // 51: bettercompute.api.v1.InstanceService.Ssh:input_type -> bettercompute.api.v1.SshInstanceRequest
+	44, // 52: bettercompute.api.v1.VolumeService.Create:input_type -> bettercompute.api.v1.CreateVolumeRequest
+	46, // 53: bettercompute.api.v1.VolumeService.Get:input_type -> bettercompute.api.v1.GetVolumeRequest
+	48, // 54: bettercompute.api.v1.VolumeService.List:input_type -> bettercompute.api.v1.ListVolumesRequest
+	50, // 55: bettercompute.api.v1.VolumeService.Attach:input_type -> bettercompute.api.v1.AttachVolumeRequest
+	52, // 56: bettercompute.api.v1.VolumeService.Detach:input_type -> bettercompute.api.v1.DetachVolumeRequest
+	54, // 57: bettercompute.api.v1.VolumeService.Delete:input_type -> bettercompute.api.v1.DeleteVolumeRequest
+	2,  // 58: bettercompute.api.v1.FlavorService.Create:output_type -> bettercompute.api.v1.CreateFlavorResponse
+	4,  // 59: bettercompute.api.v1.FlavorService.Get:output_type -> bettercompute.api.v1.GetFlavorResponse
+	6,  // 60: bettercompute.api.v1.FlavorService.List:output_type -> bettercompute.api.v1.ListFlavorsResponse
+	8,  // 61: bettercompute.api.v1.FlavorService.Delete:output_type -> bettercompute.api.v1.DeleteFlavorResponse
+	12, // 62: bettercompute.api.v1.IPPoolService.Create:output_type -> bettercompute.api.v1.CreateIPPoolResponse
+	14, // 63: bettercompute.api.v1.IPPoolService.Get:output_type -> bettercompute.api.v1.GetIPPoolResponse
+	16, // 64: bettercompute.api.v1.IPPoolService.List:output_type -> bettercompute.api.v1.ListIPPoolsResponse
+	18, // 65: bettercompute.api.v1.IPPoolService.ListLeases:output_type -> bettercompute.api.v1.ListIPLeasesResponse
+	20, // 66: bettercompute.api.v1.IPPoolService.Delete:output_type -> bettercompute.api.v1.DeleteIPPoolResponse
+	28, // 67: bettercompute.api.v1.InstanceService.Create:output_type -> bettercompute.api.v1.CreateInstanceResponse
+	30, // 68: bettercompute.api.v1.InstanceService.Get:output_type -> bettercompute.api.v1.GetInstanceResponse
+	32, // 69: bettercompute.api.v1.InstanceService.List:output_type -> bettercompute.api.v1.ListInstancesResponse
+	34, // 70: bettercompute.api.v1.InstanceService.Start:output_type -> bettercompute.api.v1.StartInstanceResponse
+	36, // 71: bettercompute.api.v1.InstanceService.Stop:output_type -> bettercompute.api.v1.StopInstanceResponse
+	38, // 72: bettercompute.api.v1.InstanceService.Reboot:output_type -> bettercompute.api.v1.RebootInstanceResponse
+	40, // 73: bettercompute.api.v1.InstanceService.Delete:output_type -> bettercompute.api.v1.DeleteInstanceResponse
+	42, // 74: bettercompute.api.v1.InstanceService.Watch:output_type -> bettercompute.api.v1.WatchInstancesResponse
+	25, // 75: bettercompute.api.v1.InstanceService.Ssh:output_type -> bettercompute.api.v1.SshInstanceResponse
+	45, // 76: bettercompute.api.v1.VolumeService.Create:output_type -> bettercompute.api.v1.CreateVolumeResponse
+	47, // 77: bettercompute.api.v1.VolumeService.Get:output_type -> bettercompute.api.v1.GetVolumeResponse
+	49, // 78: bettercompute.api.v1.VolumeService.List:output_type -> bettercompute.api.v1.ListVolumesResponse
+	51, // 79: bettercompute.api.v1.VolumeService.Attach:output_type -> bettercompute.api.v1.AttachVolumeResponse
+	53, // 80: bettercompute.api.v1.VolumeService.Detach:output_type -> bettercompute.api.v1.DetachVolumeResponse
+	55, // 81: bettercompute.api.v1.VolumeService.Delete:output_type -> bettercompute.api.v1.DeleteVolumeResponse
+	58, // [58:82] is the sub-list for method output_type
+	34, // [34:58] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_instances_proto_init() }
@@ -4096,7 +4214,7 @@ func file_bettercompute_api_v1_instances_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_instances_proto_rawDesc), len(file_bettercompute_api_v1_instances_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -82,6 +82,8 @@ const (
 	VolumeServiceGetProcedure = "/bettercompute.api.v1.VolumeService/Get"
 	// VolumeServiceListProcedure is the fully-qualified name of the VolumeService's List RPC.
 	VolumeServiceListProcedure = "/bettercompute.api.v1.VolumeService/List"
+	// VolumeServiceAttachProcedure is the fully-qualified name of the VolumeService's Attach RPC.
+	VolumeServiceAttachProcedure = "/bettercompute.api.v1.VolumeService/Attach"
 	// VolumeServiceDetachProcedure is the fully-qualified name of the VolumeService's Detach RPC.
 	VolumeServiceDetachProcedure = "/bettercompute.api.v1.VolumeService/Detach"
 	// VolumeServiceDeleteProcedure is the fully-qualified name of the VolumeService's Delete RPC.
@@ -734,8 +736,13 @@ type VolumeServiceClient interface {
 	Create(context.Context, *connect.Request[v1.CreateVolumeRequest]) (*connect.Response[v1.CreateVolumeResponse], error)
 	Get(context.Context, *connect.Request[v1.GetVolumeRequest]) (*connect.Response[v1.GetVolumeResponse], error)
 	List(context.Context, *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error)
-	// Detach takes a volume off its instance (the instance must be stopped
-	// or deleted); the volume stays on its host.
+	// Attach hot-plugs an available volume into an instance of the same
+	// tenant on the volume's host (running or stopped): the volume is
+	// attaching until bcd confirms, then attached.
+	Attach(context.Context, *connect.Request[v1.AttachVolumeRequest]) (*connect.Response[v1.AttachVolumeResponse], error)
+	// Detach takes a volume off its instance: a running guest must release
+	// the device first (the volume is detaching until bcd confirms); the
+	// volume stays on its host.
 	Detach(context.Context, *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error)
 	// Delete removes a detached volume from its host.
 	Delete(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
@@ -772,6 +779,12 @@ func NewVolumeServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		attach: connect.NewClient[v1.AttachVolumeRequest, v1.AttachVolumeResponse](
+			httpClient,
+			baseURL+VolumeServiceAttachProcedure,
+			connect.WithSchema(volumeServiceMethods.ByName("Attach")),
+			connect.WithClientOptions(opts...),
+		),
 		detach: connect.NewClient[v1.DetachVolumeRequest, v1.DetachVolumeResponse](
 			httpClient,
 			baseURL+VolumeServiceDetachProcedure,
@@ -792,6 +805,7 @@ type volumeServiceClient struct {
 	create *connect.Client[v1.CreateVolumeRequest, v1.CreateVolumeResponse]
 	get    *connect.Client[v1.GetVolumeRequest, v1.GetVolumeResponse]
 	list   *connect.Client[v1.ListVolumesRequest, v1.ListVolumesResponse]
+	attach *connect.Client[v1.AttachVolumeRequest, v1.AttachVolumeResponse]
 	detach *connect.Client[v1.DetachVolumeRequest, v1.DetachVolumeResponse]
 	delete *connect.Client[v1.DeleteVolumeRequest, v1.DeleteVolumeResponse]
 }
@@ -809,6 +823,11 @@ func (c *volumeServiceClient) Get(ctx context.Context, req *connect.Request[v1.G
 // List calls bettercompute.api.v1.VolumeService.List.
 func (c *volumeServiceClient) List(ctx context.Context, req *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error) {
 	return c.list.CallUnary(ctx, req)
+}
+
+// Attach calls bettercompute.api.v1.VolumeService.Attach.
+func (c *volumeServiceClient) Attach(ctx context.Context, req *connect.Request[v1.AttachVolumeRequest]) (*connect.Response[v1.AttachVolumeResponse], error) {
+	return c.attach.CallUnary(ctx, req)
 }
 
 // Detach calls bettercompute.api.v1.VolumeService.Detach.
@@ -829,8 +848,13 @@ type VolumeServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateVolumeRequest]) (*connect.Response[v1.CreateVolumeResponse], error)
 	Get(context.Context, *connect.Request[v1.GetVolumeRequest]) (*connect.Response[v1.GetVolumeResponse], error)
 	List(context.Context, *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error)
-	// Detach takes a volume off its instance (the instance must be stopped
-	// or deleted); the volume stays on its host.
+	// Attach hot-plugs an available volume into an instance of the same
+	// tenant on the volume's host (running or stopped): the volume is
+	// attaching until bcd confirms, then attached.
+	Attach(context.Context, *connect.Request[v1.AttachVolumeRequest]) (*connect.Response[v1.AttachVolumeResponse], error)
+	// Detach takes a volume off its instance: a running guest must release
+	// the device first (the volume is detaching until bcd confirms); the
+	// volume stays on its host.
 	Detach(context.Context, *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error)
 	// Delete removes a detached volume from its host.
 	Delete(context.Context, *connect.Request[v1.DeleteVolumeRequest]) (*connect.Response[v1.DeleteVolumeResponse], error)
@@ -863,6 +887,12 @@ func NewVolumeServiceHandler(svc VolumeServiceHandler, opts ...connect.HandlerOp
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	volumeServiceAttachHandler := connect.NewUnaryHandler(
+		VolumeServiceAttachProcedure,
+		svc.Attach,
+		connect.WithSchema(volumeServiceMethods.ByName("Attach")),
+		connect.WithHandlerOptions(opts...),
+	)
 	volumeServiceDetachHandler := connect.NewUnaryHandler(
 		VolumeServiceDetachProcedure,
 		svc.Detach,
@@ -883,6 +913,8 @@ func NewVolumeServiceHandler(svc VolumeServiceHandler, opts ...connect.HandlerOp
 			volumeServiceGetHandler.ServeHTTP(w, r)
 		case VolumeServiceListProcedure:
 			volumeServiceListHandler.ServeHTTP(w, r)
+		case VolumeServiceAttachProcedure:
+			volumeServiceAttachHandler.ServeHTTP(w, r)
 		case VolumeServiceDetachProcedure:
 			volumeServiceDetachHandler.ServeHTTP(w, r)
 		case VolumeServiceDeleteProcedure:
@@ -906,6 +938,10 @@ func (UnimplementedVolumeServiceHandler) Get(context.Context, *connect.Request[v
 
 func (UnimplementedVolumeServiceHandler) List(context.Context, *connect.Request[v1.ListVolumesRequest]) (*connect.Response[v1.ListVolumesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.List is not implemented"))
+}
+
+func (UnimplementedVolumeServiceHandler) Attach(context.Context, *connect.Request[v1.AttachVolumeRequest]) (*connect.Response[v1.AttachVolumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.VolumeService.Attach is not implemented"))
 }
 
 func (UnimplementedVolumeServiceHandler) Detach(context.Context, *connect.Request[v1.DetachVolumeRequest]) (*connect.Response[v1.DetachVolumeResponse], error) {
