@@ -71,7 +71,7 @@ type guestSession struct {
 // a refusal costs no ticket. implied: a command with no CMD that means a
 // login shell when stdin is a terminal (instances ssh).
 func (a *app) newGuestSession(cmd *cobra.Command, f shellFlags, argv []string, implied bool) (*guestSession, error) {
-	if len(argv) == 0 && !(f.interactive && f.tty) {
+	if len(argv) == 0 && (!f.interactive || !f.tty) {
 		if _, ok := stdinTerminal(cmd); !implied || !ok {
 			return nil, usagef("no command and stdin is not a terminal: give the command after -- (e.g. -- uname -a), or run from a terminal for a login shell")
 		}

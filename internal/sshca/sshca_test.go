@@ -217,7 +217,7 @@ func TestSignRefusals(t *testing.T) {
 	require.LessOrEqual(t, time.Until(time.Unix(int64(cert.ValidBefore), 0)), sshca.MaxUserTTL)
 	require.Equal(t, []string{"alice"}, cert.ValidPrincipals)
 	// Interactive shells need a pty, which OpenSSH grants only on this.
-	require.Contains(t, cert.Permissions.Extensions, "permit-pty")
+	require.Contains(t, cert.Extensions, "permit-pty")
 }
 
 func TestLoadRoundTrip(t *testing.T) {
