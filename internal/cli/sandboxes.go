@@ -326,25 +326,36 @@ func (a *app) sandboxesCommand() *cobra.Command {
 	snap.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	addConfirmationFlag(snap, &confirmationID)
 
+	var execFlags shellFlags
 	execCmd := &cobra.Command{
-		Use:   "exec SANDBOX -- CMD [ARGS...]",
-		Short: "Run a command in a running sandbox over SSH, through the API (no agent in the guest)",
+		Use:   "exec SANDBOX [-it] [-- CMD [ARGS...]]",
+		Short: "Run a command or open a shell in a running sandbox over SSH, through the API (no agent in the guest)",
 		Long: `Run CMD in the sandbox as its guest account (bc) and stream its stdout and
-stderr here; the CLI exits with the command's exit code.
+stderr here; the CLI exits with the command's exit code. With -it and no
+CMD it opens the account's login shell.
+
+  -i  forwards stdin to the guest.
+  -t  runs on a pseudo-terminal in the guest, of this terminal's $TERM and
+      size (resizing this window resizes it); the local terminal goes raw
+      (Ctrl-C, Ctrl-D reach the guest) and is restored when the session
+      ends. Stdin must be a terminal. A terminal merges stderr into stdout.
 
 The API signs an ephemeral key for at most 15 minutes and never past the
 sandbox's expire time, and issues a single-use ticket; the CLI tunnels
 through the API and the sandbox's host and pins the guest by its CA-signed
-host certificate. With -o json it prints {exitCode, hostCertificate:
-valid|expired|none, stdout, stderr}. An expired or deleted sandbox is
-refused (FAILED_PRECONDITION).`,
-		Args: guestExecArgs("SANDBOX", "uname -a"),
+host certificate. With -o json (not with -t) it prints {exitCode,
+hostCertificate: valid|expired|none, stdout, stderr}. An expired or
+deleted sandbox is refused (FAILED_PRECONDITION).`,
+		Example: `  better-compute sandboxes exec sbx_1 -it            # a login shell
+  better-compute sandboxes exec sbx_1 -- python3 -c 'print(1)'
+  better-compute sandboxes exec sbx_1 -i -- sh -c 'cat > job.py' < job.py`,
+		Args: guestExecArgs("SANDBOX", "uname -a", &execFlags, false),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			c, t, err := a.clientTenant(cmd, tenant)
 			if err != nil {
 				return err
 			}
-			return a.runGuestCommand(cmd, argv[1:], func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error) {
+			return a.runGuestCommand(cmd, argv[1:], execFlags, false, func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error) {
 				r, err := c.Sandboxes.Exec(ctx, request(&apiv1.ExecSandboxRequest{Tenant: t, Sandbox: argv[0], PublicKey: publicKey},
 					mutation{confirmationID: confirmationID}))
 				if err != nil {
@@ -354,6 +365,7 @@ refused (FAILED_PRECONDITION).`,
 			})
 		},
 	}
+	execFlags.add(execCmd)
 	execCmd.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	addConfirmationFlag(execCmd, &confirmationID)
 

@@ -17,14 +17,17 @@ import (
 	"github.com/better-compute/better-compute/internal/sshexec"
 )
 
-// guestExecArgs checks `NAME -- CMD [ARGS...]`.
-func guestExecArgs(noun, example string) cobra.PositionalArgs {
+// guestExecArgs checks `NAME [-- CMD [ARGS...]]`: with no command, -it
+// (or, where implied, a terminal on stdin) makes it a login shell.
+func guestExecArgs(noun, example string, f *shellFlags, implied bool) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, argv []string) error {
 		switch dash := cmd.ArgsLenAtDash(); {
 		case len(argv) == 0:
 			return usagef("invalid %s: required", noun)
+		case dash < 0 && len(argv) == 1 && (implied || f.interactive && f.tty):
+			return nil
 		case dash < 0:
-			return usagef("give the command after --, e.g. %s %s -- %s (there is no interactive shell)", cmd.Name(), argv[0], example)
+			return usagef("give the command after --, e.g. %s %s -- %s, or -it for a login shell", cmd.Name(), argv[0], example)
 		case dash != 1:
 			return usagef("exactly one %s goes before --", noun)
 		case len(argv) == 1:
@@ -55,10 +58,16 @@ func (a *app) tlsConfig() *tls.Config {
 }
 
 // runGuestCommand gets a ticket with a fresh key (ticket is the API call),
-// then runs argv through the tunnel: output streams here (or is gathered
-// for -o json), and the CLI exits with the remote exit code.
-func (a *app) runGuestCommand(cmd *cobra.Command, argv []string, ticket func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error)) error {
+// then runs argv (none: the login shell) through the tunnel: output
+// streams here (or is gathered for -o json), stdin goes with -i, a pty
+// with -t, and the CLI exits with the remote exit code.
+func (a *app) runGuestCommand(cmd *cobra.Command, argv []string, f shellFlags, implied bool,
+	ticket func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error)) error {
 	ctx := cmd.Context()
+	sess, err := a.newGuestSession(cmd, f, argv, implied)
+	if err != nil {
+		return err
+	}
 	key, err := sshexec.NewKey()
 	if err != nil {
 		return err
@@ -78,8 +87,19 @@ func (a *app) runGuestCommand(cmd *cobra.Command, argv []string, ticket func(ctx
 	if jsonOut {
 		stdout, stderr = &outBuf, &errBuf
 	}
+	var command string
+	if len(argv) > 0 {
+		command = shellJoin(argv)
+	}
+	stop, err := sess.start(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop() // a panic too
 	res, runErr := sshexec.Run(ctx, sshexec.Params{APIURL: server, TLS: a.tlsConfig(), Ticket: t, Key: key,
-		Command: shellJoin(argv), Stdout: stdout, Stderr: stderr})
+		Command: command, Stdin: sess.stdin, Pty: sess.pty, Stdout: stdout, Stderr: stderr})
+	// The terminal is back to normal before anything below prints.
+	stop()
 	status := sshca.HostCertNone
 	code := 0
 	if res != nil {

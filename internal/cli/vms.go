@@ -230,27 +230,42 @@ address answers on TCP.`,
 			}
 			return r.Msg.GetInstance(), nil
 		})
-	var sshTenant, sshConfirmationID string
+	var (
+		sshTenant, sshConfirmationID string
+		sshFlags                     shellFlags
+	)
 	sshCmd := &cobra.Command{
-		Use:   "ssh INSTANCE -- CMD [ARGS...]",
-		Short: "Run a command in a running instance over SSH, through the API (no agent in the guest)",
+		Use:   "ssh INSTANCE [-it] [-- CMD [ARGS...]]",
+		Short: "Open a shell or run a command in a running instance over SSH, through the API (no agent in the guest)",
 		Long: `Run CMD in the instance as its guest account (bc) and stream its stdout and
-stderr here; the CLI exits with the command's exit code.
+stderr here; the CLI exits with the command's exit code. With no CMD it
+opens the account's login shell on a terminal (as -it does) when stdin is
+a terminal, and refuses otherwise.
+
+  -i  forwards stdin to the guest.
+  -t  runs on a pseudo-terminal in the guest, of this terminal's $TERM and
+      size (resizing this window resizes it); the local terminal goes raw
+      (Ctrl-C, Ctrl-D reach the guest) and is restored when the session
+      ends. Stdin must be a terminal. A terminal merges stderr into stdout.
 
 The CLI makes an ephemeral Ed25519 key, has the API sign it (a certificate
 valid at most 15 minutes) and issue a single-use ticket, then opens a tunnel
 through the API and the instance's host (never a direct connection) and
 pins the guest by its host certificate from the deployment's SSH CA. A guest
 without a valid certificate is refused before anything runs. With -o json
-it prints {exitCode, hostCertificate: valid|expired|none, stdout, stderr}.
-There is no interactive shell: give the command after --.`,
-		Args: guestExecArgs("INSTANCE", "uname -a"),
+(not with -t) it prints {exitCode, hostCertificate: valid|expired|none,
+stdout, stderr}.`,
+		Example: `  better-compute instances ssh vm1                 # a login shell
+  better-compute instances ssh vm1 -- uname -a
+  better-compute instances ssh vm1 -it -- top
+  tar c dir | better-compute instances ssh vm1 -i -- tar x`,
+		Args: guestExecArgs("INSTANCE", "uname -a", &sshFlags, true),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			c, t, err := a.clientTenant(cmd, sshTenant)
 			if err != nil {
 				return err
 			}
-			return a.runGuestCommand(cmd, argv[1:], func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error) {
+			return a.runGuestCommand(cmd, argv[1:], sshFlags, true, func(ctx context.Context, publicKey string) (*apiv1.SshTicket, error) {
 				r, err := c.Instances.Ssh(ctx, request(&apiv1.SshInstanceRequest{Tenant: t, Instance: argv[0], PublicKey: publicKey},
 					mutation{confirmationID: sshConfirmationID}))
 				if err != nil {
@@ -260,6 +275,7 @@ There is no interactive shell: give the command after --.`,
 			})
 		},
 	}
+	sshFlags.add(sshCmd)
 	sshCmd.Flags().StringVar(&sshTenant, "tenant", "", "tenant (default: the context's)")
 	addConfirmationFlag(sshCmd, &sshConfirmationID)
 	cmd.AddCommand(create, list, get, start, stop, reboot, del, sshCmd)

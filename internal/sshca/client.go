@@ -46,8 +46,14 @@ type ExecParams struct {
 	// Auth is the signer carrying the user certificate (UserCert.Signer).
 	Auth ssh.Signer
 	// HostCA is the CA the guest's host certificate must be signed by.
-	HostCA  ssh.PublicKey
+	HostCA ssh.PublicKey
+	// Command runs in the guest; empty starts the account's login shell
+	// (which wants Pty and Stdin to be of use).
 	Command string
+	// Stdin, when set, is forwarded to the command; nil sends it EOF.
+	Stdin io.Reader
+	// Pty, when set, asks the guest for a terminal first.
+	Pty *Pty
 	// Dial opens the connection (net.Dialer's when nil): a caller reaching
 	// a guest in a network namespace brings its own.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -58,6 +64,21 @@ type ExecParams struct {
 	// (ExecResult then holds none of it).
 	Stdout, Stderr io.Writer
 }
+
+// Pty is the terminal a session asks for: sshd then runs the command (or
+// the shell) on a pseudo-terminal of that type and size.
+type Pty struct {
+	// Term is the terminal type ($TERM); empty is xterm.
+	Term string
+	// Width and Height are in characters.
+	Width, Height int
+	// Resize carries the local terminal's new sizes while the session
+	// runs, each forwarded as a window-change request; nil: none.
+	Resize <-chan WindowSize
+}
+
+// WindowSize is a terminal's size in characters.
+type WindowSize struct{ Width, Height int }
 
 // ExecResult is the command's outcome.
 type ExecResult struct {
@@ -163,7 +184,30 @@ func Exec(ctx context.Context, p ExecParams) (*ExecResult, error) {
 	if p.Stderr != nil {
 		sess.Stderr = p.Stderr
 	}
-	err = sess.Run(p.Command)
+	sess.Stdin = p.Stdin
+	if p.Pty != nil {
+		term := p.Pty.Term
+		if term == "" {
+			term = "xterm"
+		}
+		// Echo is the guest's: the local terminal is raw.
+		modes := ssh.TerminalModes{ssh.ECHO: 1, ssh.TTY_OP_ISPEED: 38400, ssh.TTY_OP_OSPEED: 38400}
+		if err := sess.RequestPty(term, p.Pty.Height, p.Pty.Width, modes); err != nil {
+			return res, fmt.Errorf("sshca: the guest refused a terminal: %w", err)
+		}
+		if p.Pty.Resize != nil {
+			done := make(chan struct{})
+			defer close(done)
+			go forwardResize(sess, p.Pty.Resize, done)
+		}
+	}
+	if p.Command == "" {
+		if err = sess.Shell(); err == nil {
+			err = sess.Wait()
+		}
+	} else {
+		err = sess.Run(p.Command)
+	}
 	res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
 	var exitErr *ssh.ExitError
 	switch {
@@ -177,6 +221,22 @@ func Exec(ctx context.Context, p ExecParams) (*ExecResult, error) {
 		return res, fmt.Errorf("sshca: run: %w", err)
 	}
 	return res, nil
+}
+
+// forwardResize sends each new size as a window-change until done.
+func forwardResize(sess *ssh.Session, sizes <-chan WindowSize, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case ws, ok := <-sizes:
+			if !ok {
+				return
+			}
+			// A guest that drops it keeps the old size; nothing to undo.
+			_ = sess.WindowChange(ws.Height, ws.Width)
+		}
+	}
 }
 
 func status(r *ExecResult, mu *sync.Mutex) HostCertStatus {

@@ -216,6 +216,8 @@ func TestSignRefusals(t *testing.T) {
 	require.NoError(t, err)
 	require.LessOrEqual(t, time.Until(time.Unix(int64(cert.ValidBefore), 0)), sshca.MaxUserTTL)
 	require.Equal(t, []string{"alice"}, cert.ValidPrincipals)
+	// Interactive shells need a pty, which OpenSSH grants only on this.
+	require.Contains(t, cert.Extensions, "permit-pty")
 }
 
 func TestLoadRoundTrip(t *testing.T) {

@@ -48,10 +48,14 @@ type Params struct {
 	// APIURL is the API's base URL (the CLI's --api).
 	APIURL string
 	// TLS is the client configuration for an https API (nil: defaults).
-	TLS     *tls.Config
-	Ticket  *apiv1.SshTicket
-	Key     *Key
+	TLS    *tls.Config
+	Ticket *apiv1.SshTicket
+	Key    *Key
+	// Command runs in the guest; empty starts the login shell.
 	Command string
+	// Stdin is forwarded when set; Pty asks for a terminal.
+	Stdin io.Reader
+	Pty   *sshca.Pty
 	// Stdout and Stderr stream the output when set.
 	Stdout, Stderr io.Writer
 }
@@ -83,7 +87,7 @@ func Run(ctx context.Context, p Params) (*sshca.ExecResult, error) {
 	}
 	return sshca.Exec(ctx, sshca.ExecParams{
 		Addr: net.JoinHostPort(t.GetHostName(), "22"), HostName: t.GetHostName(), User: t.GetAccount(), Auth: auth, HostCA: ca,
-		Command: p.Command, Stdout: p.Stdout, Stderr: p.Stderr,
+		Command: p.Command, Stdin: p.Stdin, Pty: p.Pty, Stdout: p.Stdout, Stderr: p.Stderr,
 		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return tunnel.Dial(ctx, p.APIURL, t.GetTicket(), p.TLS)
 		},

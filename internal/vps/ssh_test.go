@@ -269,6 +269,10 @@ func TestInstanceSshCertificateOpensOnlyItsGuest(t *testing.T) {
 	cert := pub.(*ssh.Certificate)
 	require.Equal(t, []string{a.GetId()}, cert.ValidPrincipals, "signed for the ticket's instance only")
 	require.Empty(t, cert.CriticalOptions)
+	// A terminal is allowed (OpenSSH grants a pty only to a certificate
+	// that says so); the validity bound stays.
+	require.Contains(t, cert.Extensions, "permit-pty")
+	require.LessOrEqual(t, time.Until(time.Unix(int64(cert.ValidBefore), 0)), sshca.MaxUserTTL)
 
 	res, err := bctest.GuestPresent(ctx, tk, key, vps.HostID(b.GetId()), dial(b), "touch intruded")
 	require.ErrorContains(t, err, "unable to authenticate")
