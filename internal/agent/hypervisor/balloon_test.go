@@ -3,6 +3,9 @@ package hypervisor_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/internal/agent/hypervisor"
+	"github.com/better-compute/better-compute/internal/vmcmd"
 )
 
 // fakeBalloons is a guest's balloon that reaches its target at once, as
@@ -210,4 +214,72 @@ func TestBalloonConfigAndMeminfo(t *testing.T) {
 	require.NoError(t, os.WriteFile(p, []byte("MemTotal:       16318480 kB\n"), 0o600))
 	_, _, err = hypervisor.ProcMemInfo(p)()
 	require.ErrorContains(t, err, "MemAvailable")
+}
+
+// balloonRuntime is the fake runtime with balloons: a guest's balloon
+// starts at its memory.
+type balloonRuntime struct {
+	*fakeRuntime
+	b *fakeBalloons
+}
+
+func (r *balloonRuntime) Balloon(ctx context.Context, id string) (int, error) {
+	info, err := r.Get(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	r.b.mu.Lock()
+	if _, ok := r.b.actual[id]; !ok {
+		r.b.actual[id] = info.Spec.MemoryMiB
+	}
+	r.b.mu.Unlock()
+	return r.b.Balloon(ctx, id)
+}
+
+func (r *balloonRuntime) SetBalloon(ctx context.Context, id string, mib int) error {
+	if _, err := r.Balloon(ctx, id); err != nil {
+		return err
+	}
+	return r.b.SetBalloon(ctx, id, mib)
+}
+
+// TestHypervisorBalloonsCreatedFloors: instance.create's balloon floor
+// reaches the host's controller, which shrinks that guest under pressure
+// and leaves a guest created without one alone; a floor the create cannot
+// have is refused with its field; the hypervisor hands bcd the metric.
+func TestHypervisorBalloonsCreatedFloors(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, false)
+	mem := &host{total: 8192 << 20, avail: 4096 << 20}
+	br := &balloonRuntime{fakeRuntime: r.rt, b: &fakeBalloons{actual: map[string]int{}, sets: map[string][]int{}}}
+	hv, err := hypervisor.New(hypervisor.Config{StateDir: r.state, Images: r.images, SysfsRoot: r.sysfs, Runtime: br,
+		BridgeAddress: "10.77.0.1/24", MemInfo: mem.read, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	hv.SetDial(func(context.Context, string) (net.Conn, error) { return bannerConn(), nil })
+	require.NoError(t, hv.Start(context.Background()))
+	r.hv = hv
+
+	bad := createParams("web-9")
+	bad.BalloonFloorMiB = 1024
+	_, err = r.apply(t, vmcmd.KindInstanceCreate, bad)
+	requireCode(t, err, vmcmd.FailInvalid, "balloon_floor_mib")
+	require.Zero(t, r.rt.count("create"), "nothing made")
+
+	p := createParams("web-1")
+	p.MemoryMiB, p.BalloonFloorMiB = 2048, 1024
+	r.must(t, vmcmd.KindInstanceCreate, p)
+	plain := createParams("web-2")
+	plain.MemoryMiB = 2048
+	plain.Network.MAC, plain.Network.Address = "52:54:00:77:00:06", "10.77.0.6/24"
+	r.must(t, vmcmd.KindInstanceCreate, plain)
+
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(hv.Collector()))
+	mem.set(100)
+	require.NoError(t, hv.Balloons().Tick(context.Background()))
+	require.Equal(t, 1024, br.b.actual["web-1"], "shrunk to its floor")
+	require.Empty(t, br.b.sets["web-2"], "a guest without a floor is not ballooned")
+	mem.set(1000) // between the marks: the tick only measures
+	require.NoError(t, hv.Balloons().Tick(context.Background()))
+	require.Equal(t, map[string]float64{"web-1": 1024 << 20}, reclaimed(t, reg))
 }
