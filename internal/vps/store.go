@@ -100,7 +100,7 @@ const flavorColumns = `id, tenant_id, name, vcpus, memory_mib, disk_gib, gpus, g
 
 func scanFlavor(row scanner) (Flavor, error) {
 	var (
-		f                  Flavor
+		f                           Flavor
 		numa, pinned, huge, balloon int
 	)
 	err := row.Scan(&f.ID, &f.TenantID, &f.Name, &f.VCPUs, &f.MemoryMiB, &f.DiskGiB, &f.GPUs, &f.GPUModel, &numa, &pinned, &huge,
