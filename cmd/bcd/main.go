@@ -221,6 +221,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return fmt.Errorf("--instances-dir: %w", err)
 		}
 		instances = hv
+		// Guests of memory-overcommitting pools give memory back under
+		// host pressure (docs/instances.md).
+		if b := hv.Balloons(); b != nil {
+			go func() { _ = b.Run(ctx) }()
+		}
 	}
 	kube, err := o.kube.start(ctx, kubeNode, log)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -314,6 +315,13 @@ func New(cfg Config) (*Agent, error) {
 		queue:     make(chan *agentv1.Command, 256),
 	}
 	a.ids = &execIDs{dir: a.dir, first: cfg.ExecIDFirst, count: cfg.ExecIDCount}
+	// The hypervisor's own metrics (the balloon controller's) are served
+	// with the agent's.
+	if c, ok := cfg.Instances.(interface{ Collector() prometheus.Collector }); ok && c.Collector() != nil {
+		if err := a.metrics.reg.Register(c.Collector()); err != nil {
+			return nil, fmt.Errorf("agent: instance metrics: %w", err)
+		}
+	}
 	if cfg.Kube != nil && a.cfg.KubeletPluginsRegistered == nil {
 		a.cfg.KubeletPluginsRegistered = cfg.Kube.Registered
 	}

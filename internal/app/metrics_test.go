@@ -25,6 +25,7 @@ import (
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/agent"
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
+	"github.com/better-compute/better-compute/internal/agent/hypervisor"
 	"github.com/better-compute/better-compute/internal/doctest"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
@@ -82,9 +83,24 @@ func exposed(t *testing.T) map[string][]string {
 	for name, labels := range described(t, collector) {
 		out[name] = labels
 	}
+	// A bcd that runs instances serves its hypervisor's balloon metric
+	// with its own (agent.New registers the runner's Collector).
+	bc, err := hypervisor.NewBalloonController(hypervisor.BalloonConfig{
+		MemInfo: func() (uint64, uint64, error) { return 0, 0, nil }, Balloons: noBalloons{},
+		Guests: func(context.Context) []hypervisor.BalloonGuest { return nil }})
+	require.NoError(t, err)
+	for name, labels := range described(t, bc.Collector()) {
+		out[name] = labels
+	}
 	require.NotEmpty(t, out)
 	return out
 }
+
+// noBalloons is a host without guests, for describing the metric.
+type noBalloons struct{}
+
+func (noBalloons) SetBalloon(context.Context, string, int) error { return nil }
+func (noBalloons) Balloon(context.Context, string) (int, error)  { return 0, nil }
 
 // TestMetricsDocumented holds docs/metrics.md to the registries: every
 // exposed bc_ and bcd_ metric has a row with its labels, a counter is

@@ -22,12 +22,12 @@ func (a *app) flavorsCommand() *cobra.Command {
 	var (
 		tenant, confirmationID, gpuModel, description string
 		vcpus, diskGiB, gpus                          int32
-		memoryMiB                                     int64
-		numaAffine, pinned, hugepages                 bool
+		memoryMiB, minMemoryMiB                       int64
+		numaAffine, pinned, hugepages, balloon        bool
 		limit                                         int
 	)
 	create := &cobra.Command{
-		Use:   "create NAME --vcpus N --memory-mib M --disk-gib D [--gpus G [--gpu-model M]] [--numa-affine] [--pinned] [--hugepages]",
+		Use:   "create NAME --vcpus N --memory-mib M --disk-gib D [--gpus G [--gpu-model M]] [--numa-affine] [--pinned] [--hugepages] [--balloon [--min-memory-mib F]]",
 		Short: "Add a flavor; without --tenant a platform admin adds a platform flavor",
 		Args:  positional("NAME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -40,7 +40,7 @@ func (a *app) flavorsCommand() *cobra.Command {
 			err = a.retry(cmd.Context(), func() (err error) {
 				resp, err = c.Flavors.Create(cmd.Context(), request(&apiv1.CreateFlavorRequest{Tenant: t, Name: argv[0], Vcpus: vcpus,
 					MemoryMib: memoryMiB, DiskGib: diskGiB, Gpus: gpus, GpuModel: gpuModel, NumaAffine: numaAffine, Pinned: pinned,
-					Hugepages: hugepages, Description: description}, m))
+					Hugepages: hugepages, Description: description, Balloon: balloon, MinMemoryMib: minMemoryMiB}, m))
 				return err
 			})
 			if err != nil {
@@ -59,6 +59,8 @@ func (a *app) flavorsCommand() *cobra.Command {
 	fl.BoolVar(&numaAffine, "numa-affine", false, "CPUs, memory and GPUs on one NUMA node")
 	fl.BoolVar(&pinned, "pinned", false, "dedicated host CPUs, isolated ones first")
 	fl.BoolVar(&hugepages, "hugepages", false, "back guest memory with the host's hugepages")
+	fl.BoolVar(&balloon, "balloon", false, "let the host balloon guest memory back (pools with --memory-overcommit book less; not with --hugepages or --gpus)")
+	fl.Int64Var(&minMemoryMiB, "min-memory-mib", 0, "with --balloon: the least memory the balloon leaves a guest (default what the instance books)")
 	fl.StringVar(&description, "description", "", "what the flavor is for")
 	addConfirmationFlag(create, &confirmationID)
 
@@ -144,7 +146,7 @@ func (a *app) printFlavors(cmd *cobra.Command, msg proto.Message, items ...*apiv
 			for _, fl := range []struct {
 				name string
 				on   bool
-			}{{"numa-affine", f.GetNumaAffine()}, {"pinned", f.GetPinned()}, {"hugepages", f.GetHugepages()}} {
+			}{{"numa-affine", f.GetNumaAffine()}, {"pinned", f.GetPinned()}, {"hugepages", f.GetHugepages()}, {"balloon", f.GetBalloon()}} {
 				if fl.on {
 					place = append(place, fl.name)
 				}

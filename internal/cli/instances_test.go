@@ -47,6 +47,18 @@ func TestInstanceCatalogCommands(t *testing.T) {
 	code, _, errs := cli("flavors", "create", "bad", "--tenant", "acme", "--vcpus", "0", "--memory-mib", "512", "--disk-gib", "1")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "vcpus")
+	// Ballooning flavors and the pools that overcommit memory for them.
+	require.Contains(t, ok("flavors", "create", "elastic", "--tenant", "acme", "--vcpus", "2", "--memory-mib", "8192", "--disk-gib", "10",
+		"--balloon", "--min-memory-mib", "2048"), "balloon")
+	code, _, errs = cli("flavors", "create", "bad", "--tenant", "acme", "--vcpus", "2", "--memory-mib", "8192", "--disk-gib", "10",
+		"--balloon", "--hugepages")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "hugepage-backed memory cannot be ballooned")
+	require.Contains(t, ok("pools", "create", "elastic", "--tenant", "acme", "--selector", "gpu.model=H100", "--memory-overcommit", "1.5"),
+		"memory x1.5")
+	code, _, errs = cli("pools", "create", "bad", "--tenant", "acme", "--selector", "gpu.model=H100", "--memory-overcommit", "3")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "policy.memory_overcommit")
 
 	out = ok("ip-pools", "create", "lan", "--tenant", "acme", "--cidr", "10.20.0.0/24", "--dns", "10.20.0.53", "--network", "dc1/br0")
 	require.Contains(t, out, "10.20.0.1")

@@ -34,6 +34,8 @@ type poolFlags struct {
 	// Prices per hour, decimals in the platform's currency (docs/billing.md).
 	priceGPU, priceInstance   map[string]string
 	priceVCPU, priceMemoryGiB string
+	// memoryOvercommit is policy.memory_overcommit ("1.5").
+	memoryOvercommit string
 }
 
 func (f *poolFlags) add(cmd *cobra.Command) {
@@ -60,6 +62,7 @@ func (f *poolFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&f.priceVCPU, "price-vcpu-hour", "", "price of a vCPU-hour")
 	fl.StringVar(&f.priceMemoryGiB, "price-memory-gib-hour", "", "price of a GiB-hour of memory")
 	fl.StringToStringVar(&f.priceInstance, "price-instance-hour", nil, "price of an instance-hour per flavor, e.g. gpu-large=20")
+	fl.StringVar(&f.memoryOvercommit, "memory-overcommit", "", "overcommit nodes' memory for ballooning flavors by this ratio, 1 to 2, e.g. 1.5 (docs/instances.md)")
 }
 
 func (f *poolFlags) parseSelector() ([]*apiv1.SelectorRequirement, error) {
@@ -77,6 +80,7 @@ func (f *poolFlags) policy() *apiv1.PoolPolicy {
 		MinDurationSeconds: f.minDuration, MaxDurationSeconds: f.maxDurationSecs,
 		StartHorizonSeconds: int64(f.startHorizon / time.Second),
 		RequiredAttestor:    f.attestor,
+		MemoryOvercommit:    f.memoryOvercommit,
 	}
 	if f.vcpuPerGPU != 0 || f.memoryGiBPerGPU != 0 || f.hugepagesPerGPU != 0 {
 		p.PerGpu = &apiv1.PerGpuShare{Vcpu: f.vcpuPerGPU, MemoryGib: f.memoryGiBPerGPU, Hugepages_1Gi: f.hugepagesPerGPU}
@@ -95,7 +99,7 @@ func policyChanged(cmd *cobra.Command) bool {
 	for _, name := range []string{"sharing", "slots", "vcpu-per-gpu", "memory-gib-per-gpu", "hugepages-1gi-per-gpu",
 		"reserve-vcpu", "reserve-memory-gib", "single-tenant", "max-pending", "min-duration-seconds", "max-duration-seconds", "start-horizon", "require-attestor",
 		"provider-account", "server-type", "provider-image", "location",
-		"price-gpu-hour", "price-vcpu-hour", "price-memory-gib-hour", "price-instance-hour"} {
+		"price-gpu-hour", "price-vcpu-hour", "price-memory-gib-hour", "price-instance-hour", "memory-overcommit"} {
 		if cmd.Flags().Changed(name) {
 			return true
 		}
@@ -310,6 +314,9 @@ func (a *app) printPools(cmd *cobra.Command, msg proto.Message, items ...*apiv1.
 			sharing := p.GetPolicy().GetGpuSharing()
 			if n := p.GetPolicy().GetSlotsPerGpu(); n > 0 {
 				sharing = fmt.Sprintf("%s/%d", sharing, n)
+			}
+			if m := p.GetPolicy().GetMemoryOvercommit(); m != "" {
+				sharing += ", memory x" + m
 			}
 			row(w, p.GetId(), p.GetName(), p.GetState(), dash(p.GetOwner()), offerString(p), dash(selectorString(p.GetSelector())), sharing, ts(p.GetCreateTime()))
 		}

@@ -194,6 +194,11 @@ type CreateParams struct {
 	Seed       Seed        `json:"seed"`
 	// Paused leaves the guest paused once booted (a warm sandbox).
 	Paused bool `json:"paused,omitempty"`
+	// BalloonFloorMiB lets the host's balloon controller take the guest's
+	// memory back down to this many MiB under memory pressure (a flavor
+	// with balloon in a pool that overcommits memory); 0: the guest's
+	// memory is never ballooned. At most MemoryMiB.
+	BalloonFloorMiB int `json:"balloon_floor_mib,omitempty"`
 }
 
 // PeersParams is instance.peers: the whole peer list, replacing the

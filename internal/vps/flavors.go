@@ -73,6 +73,24 @@ func validateFlavor(vs *envelope.Violations, msg *apiv1.CreateFlavorRequest) {
 		vs.Add("gpu_model", "is set on a flavor without GPUs: set gpus too")
 	}
 	vs.MaxLen("description", msg.GetDescription(), maxDescriptionLen)
+	if msg.GetBalloon() {
+		// A balloon returns guest pages to the host; hugepages and a
+		// passthrough GPU's DMA (VFIO) pin them, so nothing would return.
+		switch {
+		case msg.GetHugepages():
+			vs.Add("balloon", "hugepage-backed memory cannot be ballooned: unset hugepages or balloon")
+		case msg.GetGpus() > 0:
+			vs.Add("balloon", "a flavor with GPUs cannot balloon: GPU passthrough pins the guest's memory")
+		}
+	}
+	if n := msg.GetMinMemoryMib(); n != 0 {
+		switch {
+		case !msg.GetBalloon():
+			vs.Add("min_memory_mib", "is set on a flavor without balloon: set balloon too")
+		case n < 128 || n > msg.GetMemoryMib():
+			vs.Add("min_memory_mib", "must be between 128 MiB and memory_mib (%d), got %d", msg.GetMemoryMib(), n)
+		}
+	}
 }
 
 // Create adds a flavor to the scope (the platform's flavors every tenant
@@ -107,7 +125,7 @@ func (s *FlavorService) Create(ctx context.Context, req *connect.Request[apiv1.C
 			f := Flavor{ID: envelope.NewID(FlavorIDPrefix, now), TenantID: sc.ID(), Name: msg.GetName(), VCPUs: msg.GetVcpus(),
 				MemoryMiB: msg.GetMemoryMib(), DiskGiB: msg.GetDiskGib(), GPUs: msg.GetGpus(), GPUModel: msg.GetGpuModel(),
 				NUMAAffine: msg.GetNumaAffine(), Pinned: msg.GetPinned(), Hugepages: msg.GetHugepages(),
-				Description: msg.GetDescription(), CreateTime: now}
+				Description: msg.GetDescription(), CreateTime: now, Balloon: msg.GetBalloon(), MinMemoryMiB: msg.GetMinMemoryMib()}
 			if err := FlavorInsert(ctx, tx, &f); err != nil {
 				if errors.Is(err, store.ErrUnique) {
 					return nil, envelope.Errorf(envelope.CodeAlreadyExists, "a flavor named %q already exists in %s", f.Name, sc.Name())
@@ -218,5 +236,5 @@ func (s *FlavorService) Delete(ctx context.Context, req *connect.Request[apiv1.D
 func FlavorProto(f Flavor) *apiv1.Flavor {
 	return &apiv1.Flavor{Id: f.ID, TenantId: f.TenantID, Name: f.Name, Vcpus: f.VCPUs, MemoryMib: f.MemoryMiB, DiskGib: f.DiskGiB,
 		Gpus: f.GPUs, GpuModel: f.GPUModel, NumaAffine: f.NUMAAffine, Pinned: f.Pinned, Hugepages: f.Hugepages,
-		Description: f.Description, CreateTime: timestamppb.New(f.CreateTime)}
+		Description: f.Description, CreateTime: timestamppb.New(f.CreateTime), Balloon: f.Balloon, MinMemoryMib: f.MinMemoryMiB}
 }

@@ -1,6 +1,7 @@
 package vps
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -526,8 +527,12 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 		return Instance{}, nil, err
 	}
 	// Capacity: vCPUs and memory in whole GiB (hugepage flavors in 1 GiB
-	// hugepages instead), GPUs of the flavor's model.
-	memGiB := int((f.MemoryMiB + 1023) / 1024)
+	// hugepages instead), GPUs of the flavor's model. A ballooning flavor
+	// in a pool that overcommits memory books its memory divided by the
+	// ratio: the host's balloon controller takes the difference back from
+	// the guests when the host runs short.
+	bookMiB, floorMiB := balloonBooking(f, pool.MemoryOvercommit(t.pool))
+	memGiB := int((bookMiB + 1023) / 1024)
 	ib := reservation.InstanceBooking{TenantID: t.scope.ID(), ProjectID: t.project.ID, PoolID: t.pool.ID, VCPU: int(f.VCPUs),
 		GPUs: int(f.GPUs), Model: f.GPUModel, CreatedBy: tx.by, Flavor: f.Name, Field: "flavor"}
 	// private and none place only where bcd enforces them.
@@ -557,7 +562,7 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 		IPPoolID: ipp.ID, IPPoolName: ipp.Name, Address: lease.Address, PrefixLen: prefix.Bits(), Gateway: ipp.Gateway, DNS: ipp.DNS,
 		MAC: mac, NetworkPolicy: policyOf(msg.GetNetworkPolicy()), SSHKeys: msg.GetSshKeys(), UserDataSealed: userData,
 		PoolID: r.PoolID, ReservationID: r.ID, NodeID: r.NodeID, NodeName: r.Placement.NodeName, CreatedBy: tx.by,
-		OnHostLost: onHostLostOf(msg.GetOnHostLost()), CreateTime: now, UpdateTime: now}
+		OnHostLost: onHostLostOf(msg.GetOnHostLost()), CreateTime: now, UpdateTime: now, BalloonFloorMiB: floorMiB}
 	if f.Pinned {
 		in.CPUSet = r.Placement.CPUSet
 	}
@@ -637,13 +642,32 @@ func formatOf(f string) string {
 	return f
 }
 
+// balloonBooking is the memory an instance of f books in a pool that
+// overcommits memory by pct percent, and its balloon floor (0: no
+// balloon). Only ballooning flavors are overcommitted: the host could take
+// nothing back from the others. The floor is the flavor's min_memory_mib,
+// else the booked memory: what the host guarantees the guest.
+func balloonBooking(f Flavor, pct int) (bookMiB, floorMiB int64) {
+	if !f.Balloon {
+		return f.MemoryMiB, 0
+	}
+	bookMiB = (f.MemoryMiB*100 + int64(pct) - 1) / int64(pct)
+	floorMiB = cmp.Or(f.MinMemoryMiB, bookMiB)
+	if floorMiB >= f.MemoryMiB {
+		// Nothing to take back (a pool that does not overcommit).
+		floorMiB = 0
+	}
+	return bookMiB, floorMiB
+}
+
 // createParams is instance.create's params: what capacity booked, what
 // IPAM leased, and the guest's seed.
 func createParams(in *Instance, r *reservation.Reservation, vols []VolumeRefRow) vmcmd.CreateParams {
 	p := vmcmd.CreateParams{InstanceID: HostID(in.ID), VCPUs: int(in.VCPUs), MemoryMiB: int(in.MemoryMiB), DiskMiB: int(in.DiskGiB) * 1024,
-		Image:   vmcmd.Image{Name: in.Image, Sha256: in.ImageSHA256},
-		Network: vmcmd.Network{MAC: in.MAC, Address: fmt.Sprintf("%s/%d", in.Address, in.PrefixLen), Gateway: in.Gateway, DNS: in.DNS, Policy: in.NetworkPolicy},
-		Seed:    vmcmd.Seed{Hostname: in.Name, User: GuestUser, AuthorizedKeys: in.SSHKeys},
+		Image:           vmcmd.Image{Name: in.Image, Sha256: in.ImageSHA256},
+		Network:         vmcmd.Network{MAC: in.MAC, Address: fmt.Sprintf("%s/%d", in.Address, in.PrefixLen), Gateway: in.Gateway, DNS: in.DNS, Policy: in.NetworkPolicy},
+		Seed:            vmcmd.Seed{Hostname: in.Name, User: GuestUser, AuthorizedKeys: in.SSHKeys},
+		BalloonFloorMiB: int(in.BalloonFloorMiB),
 	}
 	for _, v := range vols {
 		p.Volumes = append(p.Volumes, vmcmd.VolumeRef{VolumeID: HostID(v.ID), Format: v.Format, SizeMiB: int(v.SizeGiB) * 1024})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/store"
@@ -72,7 +73,10 @@ func (b *Boot) Placeable() bool { return b.t.poolOK && b.t.flavor.found && b.t.i
 
 func (b *Boot) booking() reservation.InstanceBooking {
 	f := b.t.flavor.obj
-	memGiB := int((f.MemoryMiB + 1023) / 1024)
+	// As boot books it: a ballooning flavor of an overcommitting pool
+	// books less than its memory.
+	bookMiB, _ := balloonBooking(f, pool.MemoryOvercommit(b.t.pool))
+	memGiB := int((bookMiB + 1023) / 1024)
 	ib := reservation.InstanceBooking{TenantID: b.t.scope.ID(), PoolID: b.t.pool.ID, VCPU: int(f.VCPUs), GPUs: int(f.GPUs),
 		Model: f.GPUModel, Flavor: f.Name, Field: "flavor"}
 	if f.Hugepages {

@@ -40,6 +40,10 @@ type Flavor struct {
 	Hugepages   bool
 	Description string
 	CreateTime  time.Time
+	// Balloon lets the guest's memory be ballooned; MinMemoryMiB is the
+	// floor (0: what the instance books).
+	Balloon      bool
+	MinMemoryMiB int64
 }
 
 // IPPool is a row of ip_pools. RangeFirst and RangeLast are the range's
@@ -92,24 +96,24 @@ func refColumn(ref, prefix string) string {
 }
 
 const flavorColumns = `id, tenant_id, name, vcpus, memory_mib, disk_gib, gpus, gpu_model, numa_affine, pinned, hugepages,
-	description, create_time`
+	description, create_time, balloon, min_memory_mib`
 
 func scanFlavor(row scanner) (Flavor, error) {
 	var (
-		f                  Flavor
-		numa, pinned, huge int
+		f                           Flavor
+		numa, pinned, huge, balloon int
 	)
 	err := row.Scan(&f.ID, &f.TenantID, &f.Name, &f.VCPUs, &f.MemoryMiB, &f.DiskGiB, &f.GPUs, &f.GPUModel, &numa, &pinned, &huge,
-		&f.Description, &f.CreateTime)
-	f.NUMAAffine, f.Pinned, f.Hugepages = numa != 0, pinned != 0, huge != 0
+		&f.Description, &f.CreateTime, &balloon, &f.MinMemoryMiB)
+	f.NUMAAffine, f.Pinned, f.Hugepages, f.Balloon = numa != 0, pinned != 0, huge != 0, balloon != 0
 	return f, err
 }
 
 // FlavorInsert creates a flavor's row.
 func FlavorInsert(ctx context.Context, tx store.Tx, f *Flavor) error {
-	_, err := tx.Exec(ctx, `INSERT INTO flavors (`+flavorColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+	_, err := tx.Exec(ctx, `INSERT INTO flavors (`+flavorColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
 		f.ID, f.TenantID, f.Name, f.VCPUs, f.MemoryMiB, f.DiskGiB, f.GPUs, f.GPUModel, boolInt(f.NUMAAffine), boolInt(f.Pinned),
-		boolInt(f.Hugepages), f.Description, f.CreateTime)
+		boolInt(f.Hugepages), f.Description, f.CreateTime, boolInt(f.Balloon), f.MinMemoryMiB)
 	return err
 }
 

@@ -81,7 +81,10 @@ type Instance struct {
 	// of a provider pool (package providerpools), once it exists.
 	ProviderServerID string
 	// OnHostLost is keep or recreate (OnHostLostRecreate).
-	OnHostLost             string
+	OnHostLost string
+	// BalloonFloorMiB is the least memory the host's balloon controller
+	// leaves the guest (0: its memory is not ballooned).
+	BalloonFloorMiB        int64
 	Conditions             []Condition
 	Message                string
 	CreatedBy              string
@@ -113,7 +116,7 @@ func (in *Instance) Live() bool {
 const instanceColumns = `id, tenant_id, project_id, name, state, flavor_id, flavor_name, vcpus, memory_mib, disk_gib, image, image_sha256,
 	ip_pool_id, ip_pool_name, address, prefix_len, gateway, dns, mac, network_policy, ssh_keys, user_data_sealed, pool_id, reservation_id,
 	node_id, node_name, cpuset, accel, ssh_address, conditions, message, created_by, create_time, update_time, ssh_principal,
-	provider_server_id, on_host_lost`
+	provider_server_id, on_host_lost, balloon_floor_mib`
 
 func scanInstance(row scanner) (Instance, error) {
 	var (
@@ -124,7 +127,7 @@ func scanInstance(row scanner) (Instance, error) {
 		&in.MemoryMiB, &in.DiskGiB, &in.Image, &in.ImageSHA256, &in.IPPoolID, &in.IPPoolName, &in.Address, &in.PrefixLen,
 		&in.Gateway, &dns, &in.MAC, &in.NetworkPolicy, &keys, &in.UserDataSealed, &in.PoolID, &in.ReservationID, &in.NodeID,
 		&in.NodeName, &in.CPUSet, &in.Accel, &in.SSHAddress, &conds, &in.Message, &in.CreatedBy, &in.CreateTime,
-		&in.UpdateTime, &in.SSHPrincipal, &in.ProviderServerID, &in.OnHostLost); err != nil {
+		&in.UpdateTime, &in.SSHPrincipal, &in.ProviderServerID, &in.OnHostLost, &in.BalloonFloorMiB); err != nil {
 		return in, err
 	}
 	for _, f := range []struct {
@@ -156,12 +159,12 @@ func nonNil[T any](s []T) []T {
 // InstanceInsert writes a new instance's row.
 func InstanceInsert(ctx context.Context, tx store.Tx, in *Instance) error {
 	_, err := tx.Exec(ctx, `INSERT INTO instances (`+instanceColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12,
-		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37)`,
+		$13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $37, $38)`,
 		in.ID, in.TenantID, in.ProjectID, in.Name, in.State, in.FlavorID, in.FlavorName, in.VCPUs, in.MemoryMiB, in.DiskGiB,
 		in.Image, in.ImageSHA256, in.IPPoolID, in.IPPoolName, in.Address, in.PrefixLen, in.Gateway, jsonText(nonNil(in.DNS)),
 		in.MAC, in.NetworkPolicy, jsonText(nonNil(in.SSHKeys)), nonNil(in.UserDataSealed), in.PoolID, in.ReservationID, in.NodeID, in.NodeName,
 		in.CPUSet, in.Accel, in.SSHAddress, jsonText(nonNil(in.Conditions)), in.Message, in.CreatedBy, in.CreateTime, in.UpdateTime,
-		in.SSHPrincipal, in.ProviderServerID, onHostLostOf(in.OnHostLost))
+		in.SSHPrincipal, in.ProviderServerID, onHostLostOf(in.OnHostLost), in.BalloonFloorMiB)
 	return err
 }
 

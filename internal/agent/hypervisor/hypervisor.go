@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/better-compute/better-compute/internal/agent/runtime"
 	"github.com/better-compute/better-compute/internal/vmcmd"
 )
@@ -91,6 +93,13 @@ type Config struct {
 	// FailBusy and keeps the volume.
 	DetachWait time.Duration
 	Logger     *slog.Logger
+	// MemInfo reads the host's free memory for the balloon controller
+	// (nil: /proc/meminfo). BalloonLowPercent, BalloonHighPercent and
+	// BalloonInterval are its water marks and period (BalloonConfig).
+	MemInfo            MemInfo
+	BalloonLowPercent  int
+	BalloonHighPercent int
+	BalloonInterval    time.Duration
 }
 
 var ifNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,14}$`)
@@ -129,6 +138,9 @@ type Hypervisor struct {
 	// dial reaches a guest's sshd address (tests only; nil: TCP, inside
 	// NetNS when set).
 	dial func(ctx context.Context, addr string) (net.Conn, error)
+	// balloons is nil where the runtime cannot move balloons (a test's
+	// fake runtime).
+	balloons *BalloonController
 }
 
 // Directories under StateDir.
@@ -180,8 +192,48 @@ func New(cfg Config) (*Hypervisor, error) {
 		}
 		rt = r
 	}
-	return &Hypervisor{cfg: cfg, rt: rt, log: cfg.Logger, imgs: &images{dir: cfg.Images, verified: map[string]fileStamp{}},
-		locks: map[string]*sync.Mutex{}}, nil
+	h := &Hypervisor{cfg: cfg, rt: rt, log: cfg.Logger, imgs: &images{dir: cfg.Images, verified: map[string]fileStamp{}},
+		locks: map[string]*sync.Mutex{}}
+	if b, ok := rt.(Balloons); ok {
+		mi := cfg.MemInfo
+		if mi == nil {
+			mi = ProcMemInfo("/proc/meminfo")
+		}
+		c, err := NewBalloonController(BalloonConfig{MemInfo: mi,
+			Balloons: b, Guests: h.balloonGuests, LowPercent: cfg.BalloonLowPercent, HighPercent: cfg.BalloonHighPercent,
+			Interval: cfg.BalloonInterval, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("hypervisor: %w", err)
+		}
+		h.balloons = c
+	}
+	return h, nil
+}
+
+// balloonGuests are the running guests with the floors their creates
+// asked for (meta).
+func (h *Hypervisor) balloonGuests(ctx context.Context) []BalloonGuest {
+	var out []BalloonGuest
+	for _, in := range h.rt.List(ctx) {
+		if in.State != runtime.StateRunning {
+			continue
+		}
+		out = append(out, BalloonGuest{ID: in.ID, MemoryMiB: in.Spec.MemoryMiB, FloorMiB: h.readMeta(in.ID).BalloonFloorMiB})
+	}
+	return out
+}
+
+// Balloons is the host's balloon controller (nil where the runtime moves
+// no balloons); bcd runs it and registers its Collector.
+func (h *Hypervisor) Balloons() *BalloonController { return h.balloons }
+
+// Collector is the hypervisor's metrics (the balloon controller's), for
+// bcd's registry; nil when there are none.
+func (h *Hypervisor) Collector() prometheus.Collector {
+	if h.balloons == nil {
+		return nil
+	}
+	return h.balloons.Collector()
 }
 
 // Start checks the host's tools, probes the accelerator and hugepages
@@ -380,6 +432,8 @@ type meta struct {
 	Policy   string   `json:"policy"`
 	Address  string   `json:"address"`
 	Tap      string   `json:"tap"`
+	// BalloonFloorMiB is the create's balloon floor (0: no balloon).
+	BalloonFloorMiB int `json:"balloon_floor_mib,omitempty"`
 }
 
 func (h *Hypervisor) metaPath(id string) string {

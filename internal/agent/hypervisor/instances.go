@@ -30,6 +30,12 @@ func validate(p *vmcmd.CreateParams) error {
 	if p.MemoryMiB < runtime.MinMemoryMiB || p.MemoryMiB > runtime.MaxMemoryMiB {
 		return invalid("memory_mib", "must be %d..%d, got %d", runtime.MinMemoryMiB, runtime.MaxMemoryMiB, p.MemoryMiB)
 	}
+	if f := p.BalloonFloorMiB; f != 0 && (f < runtime.MinMemoryMiB || f > p.MemoryMiB) {
+		return invalid("balloon_floor_mib", "must be 0 (no balloon) or %d..memory_mib (%d), got %d", runtime.MinMemoryMiB, p.MemoryMiB, f)
+	}
+	if p.BalloonFloorMiB != 0 && p.Placement.HugePages {
+		return invalid("balloon_floor_mib", "hugepage-backed memory cannot balloon")
+	}
 	if p.DiskMiB < 0 {
 		return invalid("disk_mib", "must not be negative, got %d", p.DiskMiB)
 	}
@@ -248,7 +254,8 @@ func (h *Hypervisor) create(ctx context.Context, p *vmcmd.CreateParams) (_ any, 
 		return nil, runtimeErr("instance.create", err)
 	}
 	undo = append(undo, func() { _ = h.rt.Delete(bg, want.ID) })
-	m := meta{Degraded: degraded, Policy: policyOf(p.Network), Address: p.Network.Address, Tap: runtime.TapName(&want)}
+	m := meta{Degraded: degraded, Policy: policyOf(p.Network), Address: p.Network.Address, Tap: runtime.TapName(&want),
+		BalloonFloorMiB: p.BalloonFloorMiB}
 	if err := h.writeMeta(want.ID, m); err != nil {
 		return nil, failf(vmcmd.FailRuntime, "instance.create: %v", err)
 	}

@@ -9,12 +9,15 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/internal/agent/hypervisor"
 	"github.com/better-compute/better-compute/internal/agent/runtime"
 	"github.com/better-compute/better-compute/internal/netns"
 	"github.com/better-compute/better-compute/internal/sshca"
@@ -196,6 +199,7 @@ func TestGuestLifecycle(t *testing.T) {
 	})
 	var se *runtime.SpecError
 	require.ErrorAs(t, rt.SetBalloon(ctx, g.spec.ID, 4096), &se)
+	balloonController(ctx, t, rt, g.spec.ID, g.spec.MemoryMiB)
 
 	// Pause and resume: the vCPUs stop, the guest answers again after.
 	require.NoError(t, rt.Pause(ctx, g.spec.ID))
@@ -251,4 +255,49 @@ func TestGuestLifecycle(t *testing.T) {
 	entries, err := os.ReadDir(g.state)
 	require.NoError(t, err)
 	require.Empty(t, entries)
+}
+
+// balloonController drives the hypervisor's balloon controller over this
+// real guest with a simulated host: short of memory, the controller
+// inflates the guest's balloon over QMP down to its floor (query-balloon's
+// actual drops) and bcd.instance.memory.balloon.reclaimed reports the
+// bytes; with memory plentiful again it deflates it back.
+func balloonController(ctx context.Context, t *testing.T, rt *runtime.Runtime, id string, memMiB int) {
+	t.Helper()
+	const floor = 384
+	require.NoError(t, rt.SetBalloon(ctx, id, memMiB))
+	bctest.WaitFor(t, "the balloon back at the guest's memory", func() bool {
+		mib, err := rt.Balloon(ctx, id)
+		return err == nil && mib == memMiB
+	})
+	var availMiB atomic.Int64
+	availMiB.Store(1024) // of 64 GiB: under the 10% mark
+	c, err := hypervisor.NewBalloonController(hypervisor.BalloonConfig{
+		MemInfo:  func() (uint64, uint64, error) { return 64 << 30, uint64(availMiB.Load()) << 20, nil },
+		Balloons: rt,
+		Guests: func(context.Context) []hypervisor.BalloonGuest {
+			return []hypervisor.BalloonGuest{{ID: id, MemoryMiB: memMiB, FloorMiB: floor}}
+		},
+	})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c.Collector()))
+	require.NoError(t, c.Tick(ctx))
+	bctest.WaitFor(t, "the controller to shrink the guest to its floor", func() bool {
+		mib, err := rt.Balloon(ctx, id)
+		return err == nil && mib == floor
+	})
+	availMiB.Store(8 << 10) // between the marks: the tick measures only
+	require.NoError(t, c.Tick(ctx))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	require.Len(t, mfs, 1)
+	require.Equal(t, hypervisor.BalloonMetric, mfs[0].GetName())
+	require.Equal(t, float64(int64(memMiB-floor)<<20), mfs[0].GetMetric()[0].GetGauge().GetValue())
+	availMiB.Store(32 << 10)
+	require.NoError(t, c.Tick(ctx))
+	bctest.WaitFor(t, "the controller to give the guest its memory back", func() bool {
+		mib, err := rt.Balloon(ctx, id)
+		return err == nil && mib == memMiB
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -145,6 +146,13 @@ func validatePolicy(vs *envelope.Violations, p *apiv1.PoolPolicy) {
 	}
 	validateHealthPolicy(vs, p.GetHealth())
 	validateProviderPolicy(vs, p.GetProvider())
+	if v := p.GetMemoryOvercommit(); v != "" {
+		if _, err := ParseMemoryOvercommit(v); err != nil {
+			vs.Add("policy.memory_overcommit", "%v", err)
+		} else if p.GetProvider() != nil {
+			vs.Add("policy.memory_overcommit", "a provider pool's servers are not guests of its nodes: leave it empty")
+		}
+	}
 	validatePrices(p.GetPrices(), func(field, reason string) { vs.Add(field, "%s", reason) })
 	minD, maxD := p.GetMinDurationSeconds(), p.GetMaxDurationSeconds()
 	nonNeg("policy.min_duration_seconds", minD)
@@ -199,6 +207,45 @@ func checkProvider(ctx context.Context, q store.Querier, tenantID string, p *api
 	}
 	pp.Account = a.ID
 	return nil
+}
+
+// Memory overcommit bounds (policy.memory_overcommit) in percent: past 2
+// a host's guests would need half their memory ballooned away to fit.
+const (
+	MinMemoryOvercommitPct = 100
+	MaxMemoryOvercommitPct = 200
+)
+
+// ParseMemoryOvercommit reads policy.memory_overcommit ("1.25") as a
+// percent (125); empty is 100 (no overcommit).
+func ParseMemoryOvercommit(v string) (int, error) {
+	if v == "" {
+		return MinMemoryOvercommitPct, nil
+	}
+	whole, frac, _ := strings.Cut(v, ".")
+	if whole == "" || len(frac) > 2 || strings.Trim(whole+frac, "0123456789") != "" || len(whole) > 3 {
+		return 0, fmt.Errorf("must be a decimal ratio with at most 2 decimals (\"1.5\"), got %q", truncate(v))
+	}
+	w, _ := strconv.Atoi(whole)
+	f, _ := strconv.Atoi((frac + "00")[:2])
+	pct := w*100 + f
+	if pct < MinMemoryOvercommitPct || pct > MaxMemoryOvercommitPct {
+		return 0, fmt.Errorf("must be between 1 (no overcommit) and 2, got %q", truncate(v))
+	}
+	return pct, nil
+}
+
+// MemoryOvercommit is a pool's memory overcommit in percent (100: none).
+func MemoryOvercommit(p Pool) int {
+	pol := &apiv1.PoolPolicy{}
+	if protojson.Unmarshal([]byte(p.Policy), pol) != nil {
+		return MinMemoryOvercommitPct
+	}
+	pct, err := ParseMemoryOvercommit(pol.GetMemoryOvercommit())
+	if err != nil {
+		return MinMemoryOvercommitPct
+	}
+	return pct
 }
 
 // Provider returns a pool's provider policy: nil for a pool of nodes.

@@ -326,9 +326,16 @@ type PoolPolicy struct {
 	Provider *ProviderPolicy `protobuf:"bytes,14,opt,name=provider,proto3" json:"provider,omitempty"`
 	// What the pool's owner charges for an hour of what a reservation holds
 	// (docs/billing.md); unset means the pool is free.
-	Prices        *PoolPrices `protobuf:"bytes,15,opt,name=prices,proto3" json:"prices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Prices *PoolPrices `protobuf:"bytes,15,opt,name=prices,proto3" json:"prices,omitempty"`
+	// How far the pool overcommits its nodes' memory for instances of
+	// ballooning flavors, as a decimal ratio from "1" (none, the default
+	// when empty) to "2" with at most 2 decimals ("1.5"): such an instance
+	// books its flavor's memory divided by the ratio, and the node's
+	// balloon controller takes memory back from its guests when the host
+	// runs short (docs/instances.md). Not for provider pools.
+	MemoryOvercommit string `protobuf:"bytes,16,opt,name=memory_overcommit,json=memoryOvercommit,proto3" json:"memory_overcommit,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PoolPolicy) Reset() {
@@ -464,6 +471,13 @@ func (x *PoolPolicy) GetPrices() *PoolPrices {
 		return x.Prices
 	}
 	return nil
+}
+
+func (x *PoolPolicy) GetMemoryOvercommit() string {
+	if x != nil {
+		return x.MemoryOvercommit
+	}
+	return ""
 }
 
 // PoolPrices are prices per hour as decimal strings in the platform's one
@@ -1555,7 +1569,7 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x13SelectorRequirement\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\tR\x06values\"\xca\x05\n" +
+	"\x06values\x18\x03 \x03(\tR\x06values\"\xf7\x05\n" +
 	"\n" +
 	"PoolPolicy\x12:\n" +
 	"\aper_gpu\x18\x01 \x01(\v2!.bettercompute.api.v1.PerGpuShareR\x06perGpu\x12D\n" +
@@ -1576,7 +1590,8 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"\x06health\x18\f \x01(\v2\".bettercompute.api.v1.HealthPolicyR\x06health\x12\x10\n" +
 	"\x03mig\x18\r \x01(\tR\x03mig\x12@\n" +
 	"\bprovider\x18\x0e \x01(\v2$.bettercompute.api.v1.ProviderPolicyR\bprovider\x128\n" +
-	"\x06prices\x18\x0f \x01(\v2 .bettercompute.api.v1.PoolPricesR\x06prices\"\xf1\x02\n" +
+	"\x06prices\x18\x0f \x01(\v2 .bettercompute.api.v1.PoolPricesR\x06prices\x12+\n" +
+	"\x11memory_overcommit\x18\x10 \x01(\tR\x10memoryOvercommit\"\xf1\x02\n" +
 	"\n" +
 	"PoolPrices\x12H\n" +
 	"\bgpu_hour\x18\x01 \x03(\v2-.bettercompute.api.v1.PoolPrices.GpuHourEntryR\agpuHour\x12\x1b\n" +

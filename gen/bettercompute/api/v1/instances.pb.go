@@ -42,9 +42,17 @@ type Flavor struct {
 	// Dedicated host CPUs (isolated ones first) instead of shared ones.
 	Pinned bool `protobuf:"varint,10,opt,name=pinned,proto3" json:"pinned,omitempty"`
 	// Guest memory backed by the host's hugepages.
-	Hugepages     bool                   `protobuf:"varint,11,opt,name=hugepages,proto3" json:"hugepages,omitempty"`
-	Description   string                 `protobuf:"bytes,12,opt,name=description,proto3" json:"description,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	Hugepages   bool                   `protobuf:"varint,11,opt,name=hugepages,proto3" json:"hugepages,omitempty"`
+	Description string                 `protobuf:"bytes,12,opt,name=description,proto3" json:"description,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The guest's memory may be ballooned: in a pool that overcommits
+	// memory its instances book less than memory_mib, and the host takes
+	// memory back under pressure. Not with hugepages or GPUs (their memory
+	// is pinned).
+	Balloon bool `protobuf:"varint,14,opt,name=balloon,proto3" json:"balloon,omitempty"`
+	// The least memory the balloon leaves the guest; 0: what the instance
+	// books (memory_mib divided by the pool's memory_overcommit).
+	MinMemoryMib  int64 `protobuf:"varint,15,opt,name=min_memory_mib,json=minMemoryMib,proto3" json:"min_memory_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,20 +178,37 @@ func (x *Flavor) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Flavor) GetBalloon() bool {
+	if x != nil {
+		return x.Balloon
+	}
+	return false
+}
+
+func (x *Flavor) GetMinMemoryMib() int64 {
+	if x != nil {
+		return x.MinMemoryMib
+	}
+	return 0
+}
+
 type CreateFlavorRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: the caller's own scope (the platform for a platform admin).
-	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Vcpus         int32  `protobuf:"varint,3,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
-	MemoryMib     int64  `protobuf:"varint,4,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	DiskGib       int32  `protobuf:"varint,5,opt,name=disk_gib,json=diskGib,proto3" json:"disk_gib,omitempty"`
-	Gpus          int32  `protobuf:"varint,6,opt,name=gpus,proto3" json:"gpus,omitempty"`
-	GpuModel      string `protobuf:"bytes,7,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
-	NumaAffine    bool   `protobuf:"varint,8,opt,name=numa_affine,json=numaAffine,proto3" json:"numa_affine,omitempty"`
-	Pinned        bool   `protobuf:"varint,9,opt,name=pinned,proto3" json:"pinned,omitempty"`
-	Hugepages     bool   `protobuf:"varint,10,opt,name=hugepages,proto3" json:"hugepages,omitempty"`
-	Description   string `protobuf:"bytes,11,opt,name=description,proto3" json:"description,omitempty"`
+	Tenant      string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Name        string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Vcpus       int32  `protobuf:"varint,3,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	MemoryMib   int64  `protobuf:"varint,4,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	DiskGib     int32  `protobuf:"varint,5,opt,name=disk_gib,json=diskGib,proto3" json:"disk_gib,omitempty"`
+	Gpus        int32  `protobuf:"varint,6,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	GpuModel    string `protobuf:"bytes,7,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
+	NumaAffine  bool   `protobuf:"varint,8,opt,name=numa_affine,json=numaAffine,proto3" json:"numa_affine,omitempty"`
+	Pinned      bool   `protobuf:"varint,9,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	Hugepages   bool   `protobuf:"varint,10,opt,name=hugepages,proto3" json:"hugepages,omitempty"`
+	Description string `protobuf:"bytes,11,opt,name=description,proto3" json:"description,omitempty"`
+	// See Flavor.balloon and Flavor.min_memory_mib.
+	Balloon       bool  `protobuf:"varint,12,opt,name=balloon,proto3" json:"balloon,omitempty"`
+	MinMemoryMib  int64 `protobuf:"varint,13,opt,name=min_memory_mib,json=minMemoryMib,proto3" json:"min_memory_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +318,20 @@ func (x *CreateFlavorRequest) GetDescription() string {
 		return x.Description
 	}
 	return ""
+}
+
+func (x *CreateFlavorRequest) GetBalloon() bool {
+	if x != nil {
+		return x.Balloon
+	}
+	return false
+}
+
+func (x *CreateFlavorRequest) GetMinMemoryMib() int64 {
+	if x != nil {
+		return x.MinMemoryMib
+	}
+	return 0
 }
 
 type CreateFlavorResponse struct {
@@ -654,10 +693,18 @@ type IPPool struct {
 	// The site or host network the pool serves (free text, e.g. "dc1/br0").
 	Network string `protobuf:"bytes,9,opt,name=network,proto3" json:"network,omitempty"`
 	// Addresses in the range, and how many are leased now.
-	Size          int64                  `protobuf:"varint,10,opt,name=size,proto3" json:"size,omitempty"`
-	Leased        int64                  `protobuf:"varint,11,opt,name=leased,proto3" json:"leased,omitempty"`
-	Description   string                 `protobuf:"bytes,12,opt,name=description,proto3" json:"description,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	Size        int64                  `protobuf:"varint,10,opt,name=size,proto3" json:"size,omitempty"`
+	Leased      int64                  `protobuf:"varint,11,opt,name=leased,proto3" json:"leased,omitempty"`
+	Description string                 `protobuf:"bytes,12,opt,name=description,proto3" json:"description,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The guest's memory may be ballooned: in a pool that overcommits
+	// memory its instances book less than memory_mib, and the host takes
+	// memory back under pressure. Not with hugepages or GPUs (their memory
+	// is pinned).
+	Balloon bool `protobuf:"varint,14,opt,name=balloon,proto3" json:"balloon,omitempty"`
+	// The least memory the balloon leaves the guest; 0: what the instance
+	// books (memory_mib divided by the pool's memory_overcommit).
+	MinMemoryMib  int64 `protobuf:"varint,15,opt,name=min_memory_mib,json=minMemoryMib,proto3" json:"min_memory_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -781,6 +828,20 @@ func (x *IPPool) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
+}
+
+func (x *IPPool) GetBalloon() bool {
+	if x != nil {
+		return x.Balloon
+	}
+	return false
+}
+
+func (x *IPPool) GetMinMemoryMib() int64 {
+	if x != nil {
+		return x.MinMemoryMib
+	}
+	return 0
 }
 
 // An IPLease is one address of a pool held by an instance.
@@ -3719,7 +3780,7 @@ var File_bettercompute_api_v1_instances_proto protoreflect.FileDescriptor
 
 const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\n" +
-	"$bettercompute/api/v1/instances.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x03\n" +
+	"$bettercompute/api/v1/instances.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x03\n" +
 	"\x06Flavor\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -3737,7 +3798,9 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\thugepages\x18\v \x01(\bR\thugepages\x12 \n" +
 	"\vdescription\x18\f \x01(\tR\vdescription\x12;\n" +
 	"\vcreate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\xbb\x02\n" +
+	"createTime\x12\x18\n" +
+	"\aballoon\x18\x0e \x01(\bR\aballoon\x12$\n" +
+	"\x0emin_memory_mib\x18\x0f \x01(\x03R\fminMemoryMib\"\xfb\x02\n" +
 	"\x13CreateFlavorRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
@@ -3752,7 +3815,9 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x06pinned\x18\t \x01(\bR\x06pinned\x12\x1c\n" +
 	"\thugepages\x18\n" +
 	" \x01(\bR\thugepages\x12 \n" +
-	"\vdescription\x18\v \x01(\tR\vdescription\"L\n" +
+	"\vdescription\x18\v \x01(\tR\vdescription\x12\x18\n" +
+	"\aballoon\x18\f \x01(\bR\aballoon\x12$\n" +
+	"\x0emin_memory_mib\x18\r \x01(\x03R\fminMemoryMib\"L\n" +
 	"\x14CreateFlavorResponse\x124\n" +
 	"\x06flavor\x18\x01 \x01(\v2\x1c.bettercompute.api.v1.FlavorR\x06flavor\"B\n" +
 	"\x10GetFlavorRequest\x12\x16\n" +
@@ -3771,7 +3836,7 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x13DeleteFlavorRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06flavor\x18\x02 \x01(\tR\x06flavor\"\x16\n" +
-	"\x14DeleteFlavorResponse\"\xec\x02\n" +
+	"\x14DeleteFlavorResponse\"\xac\x03\n" +
 	"\x06IPPool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x12\n" +
@@ -3788,7 +3853,9 @@ const file_bettercompute_api_v1_instances_proto_rawDesc = "" +
 	"\x06leased\x18\v \x01(\x03R\x06leased\x12 \n" +
 	"\vdescription\x18\f \x01(\tR\vdescription\x12;\n" +
 	"\vcreate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\xa3\x01\n" +
+	"createTime\x12\x18\n" +
+	"\aballoon\x18\x0e \x01(\bR\aballoon\x12$\n" +
+	"\x0emin_memory_mib\x18\x0f \x01(\x03R\fminMemoryMib\"\xa3\x01\n" +
 	"\aIPLease\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x16\n" +
