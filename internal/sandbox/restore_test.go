@@ -104,6 +104,14 @@ func TestRestore(t *testing.T) {
 	b, err = os.ReadFile(note)
 	require.NoError(t, err)
 	require.Equal(t, "written before the snapshot\n", string(b))
+
+	// The snapshots live in the instance's directory on the host, which
+	// the delete removes: their rows go with the sandbox, in its
+	// transaction, so none is offered after its files are gone.
+	require.Equal(t, 2, f.count(t, `SELECT COUNT(*) FROM sandbox_snapshots WHERE sandbox_id = $1`, sb.GetId()))
+	_, err = f.acme.Sandboxes.Delete(ctx, connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "acme", Sandbox: sb.GetId()}))
+	require.NoError(t, err)
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM sandbox_snapshots WHERE sandbox_id = $1`, sb.GetId()))
 }
 
 // TestRestoreRefusals: each refusal names its field, reason and code and

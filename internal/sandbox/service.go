@@ -451,6 +451,9 @@ func (s *Service) deleteIn(ctx context.Context, tx store.Tx, emit func(envelope.
 	if err := SandboxSave(ctx, tx, sb); err != nil {
 		return err
 	}
+	if err := SnapshotsDeleteOfSandbox(ctx, tx, sb.ID); err != nil {
+		return err
+	}
 	emit(sandboxEvent("sandbox.deleted", sb, nil))
 	return nil
 }
@@ -527,6 +530,11 @@ func (s *Service) Restore(ctx context.Context, req *connect.Request[apiv1.Restor
 		vs.ID("snapshot", msg.GetSnapshot(), SnapshotIDPrefix)
 	}, nil, func(ctx context.Context, tx *envelope.Tx, sb *Sandbox, in *vps.Instance) error {
 		now := tx.Now()
+		// A deleted sandbox's snapshots went with it: say the sandbox is
+		// deleted rather than that its snapshot is unknown.
+		if sb.State != SandboxActive {
+			return precondition("sandbox", "sandbox %s is deleted", sb.ID)
+		}
 		// The snapshot is looked up in the sandbox's tenant only: another
 		// tenant's is not found, whatever its id.
 		snap, err := SnapshotGet(ctx, tx.Tx, sb.TenantID, msg.GetSnapshot())
@@ -537,8 +545,6 @@ func (s *Service) Restore(ctx context.Context, req *connect.Request[apiv1.Restor
 			return fmt.Errorf("snapshot %s: %w", msg.GetSnapshot(), err)
 		}
 		switch st := stateOf(*sb, in); {
-		case sb.State != SandboxActive:
-			return precondition("sandbox", "sandbox %s is deleted", sb.ID)
 		case !sb.ExpireTime.After(now):
 			return precondition("sandbox", "sandbox %s expired at %s", sb.ID, sb.ExpireTime.UTC().Format(time.RFC3339))
 		case st != "running":

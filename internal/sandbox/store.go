@@ -304,6 +304,14 @@ func SnapshotGet(ctx context.Context, q store.Querier, tenantID, id string) (Sna
 	return s, err
 }
 
+// SnapshotsDeleteOfSandbox removes a sandbox's snapshot rows: they live in
+// its instance's directory on the host, which the instance's delete
+// removes, so a row left behind would offer a snapshot that is gone.
+func SnapshotsDeleteOfSandbox(ctx context.Context, tx store.Tx, sandboxID string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM sandbox_snapshots WHERE sandbox_id = $1`, sandboxID)
+	return err
+}
+
 // SnapshotFinish moves a saving snapshot taken on nodeID to ready or
 // failed; a snapshot already finished, or another node's, is left alone.
 func SnapshotFinish(ctx context.Context, tx store.Tx, id, nodeID, state string) error {
