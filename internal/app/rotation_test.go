@@ -71,12 +71,16 @@ func TestRootRotationKeepsSessions(t *testing.T) {
 	eventually(t, "every node ready with command trust v1 and its inventory", func() bool { return ready() == rotationNodes })
 
 	// Sessions are judged by the agents themselves: connected, and no
-	// session attempt after the first.
+	// session attempt after the baseline taken once all joined. The join
+	// storm itself may cost a node a reconnect on a loaded machine (100
+	// Hellos at once can meet a lock timeout, and the agent retries at
+	// once); what the rotation must not do is add one.
+	baseline := map[string]float64{}
 	sessionsKept := func(what string) {
 		t.Helper()
 		for _, d := range sim.Daemons {
 			require.True(t, d.Connected(), "%s: %s is connected", what, d.NodeID())
-			require.Zero(t, metricValue(t, d, "bcd_session_reconnects_total", nil), "%s: %s never reconnected", what, d.NodeID())
+			require.Equal(t, baseline[d.NodeID()], metricValue(t, d, "bcd_session_reconnects_total", nil), "%s: %s never reconnected", what, d.NodeID())
 		}
 	}
 	// A node is ready once the gateway took its Hello; the agent counts
@@ -89,6 +93,10 @@ func TestRootRotationKeepsSessions(t *testing.T) {
 		}
 		return true
 	})
+	for _, d := range sim.Daemons {
+		baseline[d.NodeID()] = metricValue(t, d, "bcd_session_reconnects_total", nil)
+	}
+	eventually(t, "every node ready again after any reconnect of the join", func() bool { return ready() == rotationNodes })
 	sessionsKept("before")
 
 	a := cp.App.PKI
