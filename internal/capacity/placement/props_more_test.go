@@ -209,6 +209,11 @@ func genAsk(t *rapid.T, s strictness) Request {
 		req.Slots = rapid.IntRange(1, 6).Draw(t, "reqSlots")
 		req.Model = rapid.SampledFrom(propAsks).Draw(t, "reqModel")
 	}
+	if req.MIGProfile != "" || req.Slots > 0 {
+		// A machine lease takes whole GPUs: the API refuses one of MIG
+		// instances or slots (reservation create), so none is drawn.
+		req.WholeNode = false
+	}
 	if req.Validate() != nil {
 		// A profile the named model has not: ask for any model.
 		req.Model = ""
