@@ -226,20 +226,7 @@ func InstancesOnNode(ctx context.Context, tx store.Tx, nodeID string) ([]Instanc
 // instancesAwaitingRecreate lists the ids of instances that lost their
 // host and wait to be recreated (awaitingRecreate).
 func instancesAwaitingRecreate(ctx context.Context, q store.Querier) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT id FROM instances WHERE state = 'placing' AND on_host_lost = 'recreate' AND node_id = '' ORDER BY id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return store.Strings(q.Query(ctx, `SELECT id FROM instances WHERE state = 'placing' AND on_host_lost = 'recreate' AND node_id = '' ORDER BY id`))
 }
 
 // Volume is a row of volumes.
