@@ -37,6 +37,11 @@ const (
 	// replaces the instance's state with one taken on this host.
 	KindInstanceSnapshot = "instance.snapshot"
 	KindInstanceRestore  = "instance.restore"
+	// KindSnapshotDelete removes one snapshot (SnapshotParams) from the
+	// host's snapshot store, whether or not its instance still exists (a
+	// kept snapshot outlives it: DeleteParams.KeepSnapshots). A missing
+	// snapshot succeeds. Result: SnapshotDeleted.
+	KindSnapshotDelete = "snapshot.delete"
 	// KindInstanceList reports every instance bcd runs (ListResult), so
 	// the control plane converges (lost instances, strays).
 	KindInstanceList = "instance.list"
@@ -72,7 +77,7 @@ const (
 // Kinds is every kind of this contract, for the gateway's allow list and
 // capability checks.
 var Kinds = []string{KindInstanceCreate, KindInstanceStart, KindInstanceStop, KindInstanceReboot, KindInstancePause,
-	KindInstanceResume, KindInstanceDelete, KindInstanceSnapshot, KindInstanceRestore, KindInstanceList,
+	KindInstanceResume, KindInstanceDelete, KindInstanceSnapshot, KindInstanceRestore, KindSnapshotDelete, KindInstanceList,
 	KindInstancePeers, KindVolumeCreate, KindVolumeDelete, KindVolumeAttach, KindVolumeDetach, KindInstanceTunnel}
 
 // Capabilities bcd advertises only where it enforces them (DESIGN §7).
@@ -112,6 +117,15 @@ const (
 // InstanceRef names one instance.
 type InstanceRef struct {
 	InstanceID string `json:"instance_id"`
+}
+
+// DeleteParams is instance.delete: an InstanceRef that may name snapshots
+// to keep. The instance's other snapshots go with it; the kept ones stay
+// in the host's snapshot store under the instance's id until
+// snapshot.delete, and can seed new instances (CreateParams.FromSnapshot).
+type DeleteParams struct {
+	InstanceID    string   `json:"instance_id"`
+	KeepSnapshots []string `json:"keep_snapshots,omitempty"`
 }
 
 // Image is the guest image an instance boots. bcd resolves it from its
@@ -199,6 +213,15 @@ type CreateParams struct {
 	// with balloon in a pool that overcommits memory); 0: the guest's
 	// memory is never ballooned. At most MemoryMiB.
 	BalloonFloorMiB int `json:"balloon_floor_mib,omitempty"`
+	// FromSnapshot seeds the new instance's disk with the disk of a
+	// snapshot in this host's store (of another instance, live or
+	// deleted): the guest boots cold from that disk state with its own
+	// fresh identity (its seed's instance id, hostname, address and host
+	// key; cloud-init re-runs its first-boot modules for a new instance
+	// id). The snapshot must be of the same image and its disk no larger
+	// than DiskMiB (FailInvalid otherwise); a missing one fails
+	// FailNotFound. The snapshot's memory and its volumes are not used.
+	FromSnapshot *SnapshotParams `json:"from_snapshot,omitempty"`
 }
 
 // PeersParams is instance.peers: the whole peer list, replacing the
@@ -211,6 +234,12 @@ type PeersParams struct {
 
 // SnapshotParams is instance.snapshot and instance.restore.
 type SnapshotParams struct {
+	InstanceID string `json:"instance_id"`
+	SnapshotID string `json:"snapshot_id"`
+}
+
+// SnapshotDeleted is snapshot.delete's result.
+type SnapshotDeleted struct {
 	InstanceID string `json:"instance_id"`
 	SnapshotID string `json:"snapshot_id"`
 }
