@@ -42,3 +42,16 @@ func (c *SimClock) Set(t time.Time) {
 	defer c.mu.Unlock()
 	c.now = t.UTC()
 }
+
+// CatchUp moves the clock forward to the wall clock if it is behind. A
+// control plane's clock stands still while a test's hosts keep real time,
+// so a command it sends late in a slow test carries a deadline (its clock
+// plus the command's TTL) the host may already see as past: a test calls
+// CatchUp before such a command rather than lengthening the TTL.
+func (c *SimClock) CatchUp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now().UTC(); now.After(c.now) {
+		c.now = now
+	}
+}

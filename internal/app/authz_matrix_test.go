@@ -152,26 +152,27 @@ var matrixExpect = map[string]map[string]string{
 	"machines.releaseLease": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"machines.rotateBMC":    {"platform-admin": "QUORUM_REQUIRED", "admin": "QUORUM_REQUIRED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Instances: admins manage flavors and IP pools.
-	"flavors.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"flavors.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"ipPools.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sandboxTemplates.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sandboxTemplates.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"sandboxes.create":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.extend":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.snapshot":      {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.exec":          {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.restore":       {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"workloadTokens.issue":    {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
-	"sandboxes.delete":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
-	"secrets.put":             {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"secrets.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"providerAccounts.create": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"profiles.create":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"profiles.update":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"profiles.delete":         {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"providerAccounts.delete": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
-	"ipPools.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.create":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"flavors.delete":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.create":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxTemplates.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxTemplates.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"sandboxes.create":         {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.extend":         {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.snapshot":       {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.exec":           {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.restore":        {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"workloadTokens.issue":     {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
+	"sandboxes.delete":         {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"sandboxes.deleteSnapshot": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
+	"secrets.put":              {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"secrets.delete":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"providerAccounts.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"profiles.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"profiles.update":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"profiles.delete":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"providerAccounts.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"ipPools.delete":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Guests: whoever works in the tenant runs them; a delete destroys a
 	// disk, so an agent's waits for a human.
 	"instances.create": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "OK"},
@@ -755,25 +756,21 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	},
 	"sandboxes.restore": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		id := mxSandbox(t, f)
-		ctx := context.Background()
-		s, err := f.admin.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: id}))
-		require.NoError(t, err)
-		snap := s.Msg.GetSnapshot().GetId()
-		eventually(t, "snapshot "+snap+" ready", func() bool {
-			n := 0
-			err := f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
-				return tx.QueryRow(ctx, `SELECT COUNT(*) FROM sandbox_snapshots WHERE id = $1 AND state = 'ready'`, snap).Scan(&n)
-			})
-			return err == nil && n == 1
-		})
+		snap := mxSnapshot(t, f, id)
 		f.cp.Authz.Reset()
-		_, err = c.Sandboxes.Restore(ctx, connect.NewRequest(&apiv1.RestoreSandboxRequest{Tenant: "acme", Sandbox: id, Snapshot: snap}))
+		_, err := c.Sandboxes.Restore(context.Background(), connect.NewRequest(&apiv1.RestoreSandboxRequest{Tenant: "acme", Sandbox: id, Snapshot: snap}))
 		return err
 	},
 	"sandboxes.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		id := mxSandbox(t, f)
 		f.cp.Authz.Reset()
 		_, err := c.Sandboxes.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteSandboxRequest{Tenant: "acme", Sandbox: id}))
+		return err
+	},
+	"sandboxes.deleteSnapshot": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		snap := mxSnapshot(t, f, mxSandbox(t, f))
+		f.cp.Authz.Reset()
+		_, err := c.Sandboxes.DeleteSnapshot(context.Background(), connect.NewRequest(&apiv1.DeleteSandboxSnapshotRequest{Tenant: "acme", Snapshot: snap}))
 		return err
 	},
 	"secrets.put": func(t *testing.T, f *matrixFixture, c *client.Client) error {
@@ -1487,4 +1484,22 @@ func TestAuthzAgentExtendNeedsConfirmation(t *testing.T) {
 	done, err := agent.Reservations.Extend(ctx, sfWithHeader(extend, client.HeaderConfirmationID, cfmID))
 	require.NoError(t, err)
 	require.Equal(t, end.Add(24*time.Hour), done.Msg.GetReservation().GetEndTime().AsTime())
+}
+
+// mxSnapshot takes a snapshot of the sandbox as acme's admin and waits
+// until it is ready.
+func mxSnapshot(t *testing.T, f *matrixFixture, sandboxID string) string {
+	t.Helper()
+	ctx := context.Background()
+	s, err := f.admin.Sandboxes.Snapshot(ctx, connect.NewRequest(&apiv1.SnapshotSandboxRequest{Tenant: "acme", Sandbox: sandboxID}))
+	require.NoError(t, err)
+	snap := s.Msg.GetSnapshot().GetId()
+	eventually(t, "snapshot "+snap+" ready", func() bool {
+		n := 0
+		err := f.cp.App.DB.Read(ctx, func(ctx context.Context, tx store.Tx) error {
+			return tx.QueryRow(ctx, `SELECT COUNT(*) FROM sandbox_snapshots WHERE id = $1 AND state = 'ready'`, snap).Scan(&n)
+		})
+		return err == nil && n == 1
+	})
+	return snap
 }

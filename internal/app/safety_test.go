@@ -892,7 +892,7 @@ func TestSafetyCrossTenantCatalog(t *testing.T) {
 		InstanceID: inst.ID, State: sandbox.SandboxActive, Origin: sandbox.OriginCold, CreatedBy: "test", ExpireTime: now.Add(time.Hour),
 		CreateTime: now, UpdateTime: now}
 	sbs := sandbox.Snapshot{ID: envelope.NewID(sandbox.SnapshotIDPrefix, now), TenantID: acme.GetId(), SandboxID: sbx.ID, TemplateID: tpl.ID,
-		NodeID: inst.NodeID, Shape: "s1", State: "ready", CreateTime: now}
+		NodeID: inst.NodeID, Shape: "s1", State: "ready", CreateTime: now, InstanceID: inst.ID, Image: "debian-12", DiskGiB: 10, Keep: true}
 	require.NoError(t, cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		return errors.Join(sandbox.TemplateInsert(ctx, tx, &tpl), sandbox.SandboxInsert(ctx, tx, &sbx), sandbox.SnapshotInsert(ctx, tx, &sbs))
 	}))
@@ -2255,6 +2255,26 @@ permit (principal, action, resource);`}))
 			},
 			func() error {
 				_, err := evil.Sandboxes.Restore(ctx, connect.NewRequest(&apiv1.RestoreSandboxRequest{Tenant: "other", Sandbox: sbx.ID, Snapshot: sbs.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceListSnapshotsProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&apiv1.ListSandboxSnapshotsRequest{Tenant: "acme"}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&apiv1.ListSandboxSnapshotsRequest{Tenant: "acme", Sandbox: sbx.ID}))
+				return err
+			},
+		},
+		apiv1connect.SandboxServiceDeleteSnapshotProcedure: {
+			func() error {
+				_, err := evil.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&apiv1.DeleteSandboxSnapshotRequest{Tenant: "acme", Snapshot: sbs.ID}))
+				return err
+			},
+			func() error {
+				_, err := evil.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&apiv1.DeleteSandboxSnapshotRequest{Tenant: "other", Snapshot: sbs.ID}))
 				return err
 			},
 		},

@@ -400,7 +400,7 @@ func TestTenantDeleteInterrupted(t *testing.T) {
 
 	// A second TenantService on the same envelope whose cascade dies right
 	// after the secrets went.
-	cleaners := app.TenantCleaners()
+	cleaners := app.TenantCleaners(cp.App.Sandboxes)
 	for i, c := range cleaners {
 		if c.Name == "secrets" {
 			del := c.Delete

@@ -33,11 +33,15 @@ import (
 // tenancy deletes the projects and the tenant row after all of them. A
 // module whose tables gain a tenant_id column adds itself here
 // (TestTenantDeleteLeavesNoRow scans every such table).
-func tenantCleaners() []tenancy.Cleaner {
+//
+// The sandbox module's delete is its service's: it also asks the nodes to
+// remove the files of the tenant's kept snapshots, which outlive their
+// sandboxes.
+func tenantCleaners(sandboxes *sandbox.Service) []tenancy.Cleaner {
 	return []tenancy.Cleaner{
 		{Name: "reservations", Rows: reservation.TenantRows, Delete: reservation.TenantRowsDelete, Busy: reservation.TenantLiveReservations},
 		{Name: "instances", Rows: vps.TenantRows, Delete: vps.TenantRowsDelete},
-		{Name: "sandboxes", Rows: sandbox.TenantRows, Delete: sandbox.TenantRowsDelete},
+		{Name: "sandboxes", Rows: sandbox.TenantRows, Delete: sandboxes.TenantRowsDelete},
 		{Name: "provider pools", Rows: providerpools.TenantRows, Delete: providerpools.TenantRowsDelete},
 		{Name: "api keys", Rows: authn.TenantRows, Delete: authn.TenantRowsDelete},
 		{Name: "webhooks", Rows: webhooks.TenantRows, Delete: webhooks.TenantRowsDelete},

@@ -172,12 +172,14 @@ func (a *app) sandboxesCommand() *cobra.Command {
 		Short: "Run short-lived guests from templates (claimed from a warm pool or booted; deleted at expiry)"}
 	var (
 		tenant, confirmationID, template string
+		fromSnapshot                     string
 		ttl, wait                        time.Duration
 		limit                            int
+		keep                             bool
 	)
 	create := &cobra.Command{
-		Use:   "create --template T [--ttl D] [--wait D]",
-		Short: "Create a sandbox: a warm instance of the template is claimed and resumed, or one is booted",
+		Use:   "create --template T [--from-snapshot SNAP] [--ttl D] [--wait D]",
+		Short: "Create a sandbox: a warm instance of the template is claimed and resumed, or one is booted (from a snapshot's disk with --from-snapshot)",
 		Args:  positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if wait < 0 {
@@ -187,7 +189,7 @@ func (a *app) sandboxesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := &apiv1.CreateSandboxRequest{Tenant: t, Template: template}
+			req := &apiv1.CreateSandboxRequest{Tenant: t, Template: template, FromSnapshot: fromSnapshot}
 			if ttl != 0 {
 				req.Ttl = durationpb.New(ttl)
 			}
@@ -213,6 +215,7 @@ func (a *app) sandboxesCommand() *cobra.Command {
 	}
 	create.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
 	create.Flags().StringVar(&template, "template", "", "the template (name or id)")
+	create.Flags().StringVar(&fromSnapshot, "from-snapshot", "", "boot from this ready snapshot's disk (a kept one, or one of a live sandbox), on its node, as a new guest")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (default: the template's; at most its max)")
 	create.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for the sandbox to run")
 	addConfirmationFlag(create, &confirmationID)
@@ -311,19 +314,16 @@ func (a *app) sandboxesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.Sandboxes.Snapshot(cmd.Context(), request(&apiv1.SnapshotSandboxRequest{Tenant: t, Sandbox: argv[0]},
+			resp, err := c.Sandboxes.Snapshot(cmd.Context(), request(&apiv1.SnapshotSandboxRequest{Tenant: t, Sandbox: argv[0], Keep: keep},
 				mutation{confirmationID: confirmationID}))
 			if err != nil {
 				return a.reportRefusal(cmd.ErrOrStderr(), err)
 			}
-			s := resp.Msg.GetSnapshot()
-			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) {
-				row(w, "ID", "SANDBOX", "NODE", "STATE", "CREATED")
-				row(w, s.GetId(), s.GetSandboxId(), s.GetNodeId(), s.GetState(), ts(s.GetCreateTime()))
-			})
+			return a.printSnapshots(cmd, resp.Msg, resp.Msg.GetSnapshot())
 		},
 	}
 	snap.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	snap.Flags().BoolVar(&keep, "keep", false, "keep the snapshot when the sandbox is deleted, to create sandboxes from (sandboxes create --from-snapshot)")
 	addConfirmationFlag(snap, &confirmationID)
 
 	var execFlags shellFlags
@@ -406,8 +406,81 @@ deleted sandbox is refused (FAILED_PRECONDITION).`,
 	restore.Flags().DurationVar(&restoreWait, "wait", 0, "wait up to this long for the sandbox to run again")
 	addConfirmationFlag(restore, &confirmationID)
 
-	cmd.AddCommand(create, list, get, extend, del, snap, restore, execCmd)
+	cmd.AddCommand(create, list, get, extend, del, snap, restore, execCmd, a.sandboxSnapshotsCommand())
 	return cmd
+}
+
+// sandboxSnapshotsCommand lists and deletes a tenant's sandbox snapshots
+// (of live and deleted sandboxes).
+func (a *app) sandboxSnapshotsCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "snapshots", Aliases: []string{"snapshot-list"},
+		Short: "List and delete sandbox snapshots (a kept one outlives its sandbox and seeds new ones)"}
+	var (
+		tenant, sandbox, confirmationID string
+		limit                           int
+	)
+	list := &cobra.Command{
+		Use:   "list [--sandbox SBX]",
+		Short: "List the tenant's snapshots, of one sandbox (live or deleted) with --sandbox",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			all, err := listAll(cmd.Context(), limit, func(ctx context.Context, token string, size int32) ([]*apiv1.SandboxSnapshot, string, error) {
+				resp, err := c.Sandboxes.ListSnapshots(ctx, connect.NewRequest(&apiv1.ListSandboxSnapshotsRequest{Tenant: t, Sandbox: sandbox,
+					PageToken: token, PageSize: size}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.GetSnapshots(), resp.Msg.GetNextPageToken(), nil
+			})
+			if err != nil {
+				return err
+			}
+			return a.printSnapshots(cmd, &apiv1.ListSandboxSnapshotsResponse{Snapshots: all}, all...)
+		},
+	}
+	list.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	list.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's snapshots (id)")
+	addLimitFlag(list, &limit)
+
+	del := &cobra.Command{
+		Use:   "delete SNAP",
+		Short: "Delete a snapshot and its files on its host",
+		Args:  positional("SNAP"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, t, err := a.clientTenant(cmd, tenant)
+			if err != nil {
+				return err
+			}
+			resp, err := c.Sandboxes.DeleteSnapshot(cmd.Context(), request(&apiv1.DeleteSandboxSnapshotRequest{Tenant: t, Snapshot: argv[0]},
+				mutation{confirmationID: confirmationID}))
+			if err != nil {
+				return a.reportRefusal(cmd.ErrOrStderr(), err)
+			}
+			return a.printer(cmd.OutOrStdout()).print(resp.Msg, func(w io.Writer) { fmt.Fprintf(w, "deleted %s\n", argv[0]) })
+		},
+	}
+	del.Flags().StringVar(&tenant, "tenant", "", "tenant (default: the context's)")
+	addConfirmationFlag(del, &confirmationID)
+
+	cmd.AddCommand(list, del)
+	return cmd
+}
+
+func (a *app) printSnapshots(cmd *cobra.Command, msg proto.Message, items ...*apiv1.SandboxSnapshot) error {
+	return a.printer(cmd.OutOrStdout()).print(msg, func(w io.Writer) {
+		row(w, "ID", "SANDBOX", "NODE", "STATE", "KEEP", "IMAGE", "DISK", "CREATED")
+		for _, s := range items {
+			disk := "-"
+			if s.GetDiskGib() > 0 {
+				disk = fmt.Sprintf("%d GiB", s.GetDiskGib())
+			}
+			row(w, s.GetId(), s.GetSandboxId(), s.GetNodeId(), s.GetState(), fmt.Sprint(s.GetKeep()), cmpOr(s.GetImage(), "-"), disk, ts(s.GetCreateTime()))
+		}
+	})
 }
 
 // waitSandbox polls sb until it runs, fails, or d passes.

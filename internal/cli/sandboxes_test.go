@@ -102,7 +102,26 @@ func TestSandboxCommands(t *testing.T) {
 	code, _, errs = cli("sandboxes", "restore", id, "--tenant", "sim", "--snapshot", "sbx_1")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "snapshot")
+	// A kept snapshot outlives its sandbox and seeds a new one.
+	keptID := regexp.MustCompile(`sbs_[0-9a-z]+`).FindString(ok("sandboxes", "snapshot", id, "--tenant", "sim", "--keep"))
+	require.NotEmpty(t, keptID)
+	bctest.WaitFor(t, "the kept snapshot ready", func() bool {
+		return strings.Contains(ok("sandboxes", "snapshots", "list", "--tenant", "sim", "--sandbox", id), keptID+" ")
+	})
 	require.Contains(t, ok("sandboxes", "delete", id, "--tenant", "sim"), "deleted")
+	bctest.WaitFor(t, "the kept snapshot ready", func() bool {
+		out := ok("sandboxes", "snapshots", "list", "--tenant", "sim")
+		return regexp.MustCompile(keptID + `\s+` + id + `\s+\S+\s+ready\s+true\s+`).MatchString(out)
+	})
+	out = ok("sandboxes", "create", "--tenant", "sim", "--template", devrig.SandboxTemplate, "--from-snapshot", keptID, "--wait", "1m")
+	require.Contains(t, out, "running")
+	from := strings.Fields(strings.Split(out, "\n")[1])[0]
+	code, _, errs = cli("sandboxes", "create", "--tenant", "sim", "--template", devrig.SandboxTemplate, "--from-snapshot", "sbx_1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "from-snapshot")
+	require.Contains(t, ok("sandboxes", "snapshots", "delete", keptID, "--tenant", "sim"), "deleted "+keptID)
+	require.NotContains(t, ok("sandboxes", "snapshots", "list", "--tenant", "sim"), keptID)
+	require.Contains(t, ok("sandboxes", "delete", from, "--tenant", "sim"), "deleted")
 
 	code, _, errs = cli("sandbox-templates", "create", "t2", "--tenant", "sim", "--flavor", devrig.Flavor, "--env", "K=secret://missing")
 	require.Equal(t, 1, code)

@@ -200,6 +200,8 @@ var catalog = []Method{
 	{apiv1connect.SandboxServiceSnapshotProcedure, "sandboxes.snapshot", KindMutation, false},
 	{apiv1connect.SandboxServiceExecProcedure, "sandboxes.exec", KindMutation, false},
 	{apiv1connect.SandboxServiceRestoreProcedure, "sandboxes.restore", KindMutation, false},
+	{apiv1connect.SandboxServiceListSnapshotsProcedure, "sandboxes.listSnapshots", KindRead, false},
+	{apiv1connect.SandboxServiceDeleteSnapshotProcedure, "sandboxes.deleteSnapshot", KindMutation, false},
 	{apiv1connect.SecretServicePutProcedure, "secrets.put", KindMutation, true},
 	{apiv1connect.SecretServiceGetProcedure, "secrets.get", KindRead, false},
 	{apiv1connect.SecretServiceListProcedure, "secrets.list", KindRead, false},

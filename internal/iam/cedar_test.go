@@ -183,7 +183,7 @@ func resourceFor(action, tenant string) Resource {
 	case "sandboxes.create":
 		return Resource{Type: "Sandbox", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
 	case "sandboxes.get", "sandboxes.extend", "sandboxes.delete", "sandboxes.snapshot", "sandboxes.exec", "sandboxes.restore",
-		"workloadTokens.issue":
+		"sandboxes.deleteSnapshot", "workloadTokens.issue":
 		return Resource{Type: "Sandbox", ID: "sbx1", TenantID: tenant, Attrs: map[string]any{"template": "t1", "lifetimeSeconds": int64(600)}}
 	default: // every other list is on its tenant
 		return Resource{Type: "Tenant", ID: tenant, TenantID: tenant}
@@ -208,7 +208,7 @@ func TestCedarMatrix(t *testing.T) {
 		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
 		"providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
 		"profiles.get", "profiles.list", "profiles.validate",
-		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list"}
+		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list", "sandboxes.listSnapshots"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
 		"instances.create", "instances.start", "instances.stop", "instances.reboot", "volumes.create", "volumes.attach", "volumes.detach",
 		"sandboxes.create", "sandboxes.extend", "sandboxes.snapshot", "instances.ssh", "sandboxes.exec", "sandboxes.restore",
@@ -234,7 +234,7 @@ func TestCedarMatrix(t *testing.T) {
 	}
 	// Members delete their guests and volumes; an agent's delete waits for
 	// a human.
-	for _, a := range []string{"instances.delete", "volumes.delete", "sandboxes.delete"} {
+	for _, a := range []string{"instances.delete", "volumes.delete", "sandboxes.delete", "sandboxes.deleteSnapshot"} {
 		want[RoleMember][a] = allow
 		want[RoleAgent][a] = confirm
 	}
@@ -578,7 +578,8 @@ func TestActions(t *testing.T) {
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
 		"sandboxTemplates.create", "sandboxTemplates.delete", "sandboxTemplates.get", "sandboxTemplates.list",
-		"sandboxes.create", "sandboxes.delete", "sandboxes.exec", "sandboxes.extend", "sandboxes.get", "sandboxes.list", "sandboxes.restore", "sandboxes.snapshot",
+		"sandboxes.create", "sandboxes.delete", "sandboxes.deleteSnapshot", "sandboxes.exec", "sandboxes.extend", "sandboxes.get", "sandboxes.list",
+		"sandboxes.listSnapshots", "sandboxes.restore", "sandboxes.snapshot",
 		"secrets.delete", "secrets.get", "secrets.list", "secrets.put",
 		"signerKeys.add", "signerKeys.list", "signerKeys.remove",
 		"sites.create", "sites.delete", "sites.get", "sites.list", "sites.listDrivers", "sites.update",

@@ -154,6 +154,9 @@ func TestMCPInspector(t *testing.T) {
 		"--tool-name", "create_sandbox", "--tool-arg", "template=box")
 	require.NotEqual(t, true, box["isError"], "%v", box)
 	sbID := box["structuredContent"].(map[string]any)["sandbox"].(map[string]any)["id"].(string)
+	// The exec's tunnel command is due within 30 s of the control plane's
+	// clock, which stood still while the steps above ran.
+	f.cp.Clock.CatchUp()
 	ran := runInspector(t, bin, nil, url, "--transport", "http", "--header", auth, "--method", "tools/call",
 		"--tool-name", "exec_sandbox", "--tool-arg", "sandbox="+sbID, "command=echo from-the-inspector")
 	require.NotEqual(t, true, ran["isError"], "%v", ran)

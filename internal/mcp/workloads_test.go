@@ -50,6 +50,7 @@ func TestMCPWorkloads(t *testing.T) {
 	require.Equal(t, "running", sb.Sandbox.State)
 
 	var out mcp.ExecOutput
+	f.cp.Clock.CatchUp() // the tunnel's deadline counts from the control plane's clock
 	res = call(t, cs, "exec_sandbox", map[string]any{"sandbox": sb.Sandbox.ID, "command": "echo hi; exit 3"}, &out)
 	require.False(t, res.IsError, "%v", res.Content)
 	require.Equal(t, 3, out.ExitCode)

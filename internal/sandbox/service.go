@@ -170,6 +170,9 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateS
 			if msg.GetTtl() != nil && (ttl <= 0 || ttl%time.Second != 0) {
 				vs.Add("ttl", "must be a positive whole number of seconds, got %s", ttl)
 			}
+			if msg.GetFromSnapshot() != "" {
+				vs.ID("from_snapshot", msg.GetFromSnapshot(), SnapshotIDPrefix)
+			}
 			return vs.Err()
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
@@ -206,7 +209,15 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateS
 			sb := Sandbox{ID: envelope.NewID(SandboxIDPrefix, now), TenantID: t.TenantID, TemplateID: t.ID, TemplateName: t.Name,
 				State: SandboxActive, CreatedBy: tx.Caller().Principal.ID, ExpireTime: now.Add(life), CreateTime: now, UpdateTime: now,
 				MaxTTL: t.MaxTTL}
-			in, err := s.claimOrBoot(ctx, tx, t, &sb, now)
+			var seed *Snapshot
+			if id := msg.GetFromSnapshot(); id != "" {
+				snap, err := seedFrom(ctx, tx.Tx, t, id)
+				if err != nil {
+					return nil, err
+				}
+				seed = &snap
+			}
+			in, err := s.claimOrBoot(ctx, tx, t, &sb, now, seed)
 			if err != nil {
 				return nil, err
 			}
@@ -215,18 +226,27 @@ func (s *Service) Create(ctx context.Context, req *connect.Request[apiv1.CreateS
 				return nil, err
 			}
 			tx.SetResource(sb.ID, "")
-			tx.Emit(sandboxEvent("sandbox.created", &sb, map[string]any{"origin": sb.Origin, "expire_time": sb.ExpireTime}))
+			data := map[string]any{"origin": sb.Origin, "expire_time": sb.ExpireTime}
+			if seed != nil {
+				data["from_snapshot"] = seed.ID
+			}
+			tx.Emit(sandboxEvent("sandbox.created", &sb, data))
 			return &apiv1.CreateSandboxResponse{Sandbox: Proto(sb, &in)}, nil
 		},
 	})
 }
 
 // claimOrBoot takes a warm instance of the template's current shape and
-// resumes it, or boots a new one. Every refusal comes before a write.
-func (s *Service) claimOrBoot(ctx context.Context, tx *envelope.Tx, t Template, sb *Sandbox, now time.Time) (vps.Instance, error) {
-	id, err := WarmClaim(ctx, tx.Tx, t.ID, t.Shape)
-	if err != nil {
-		return vps.Instance{}, err
+// resumes it, or boots a new one: from seed's disk, on seed's node, when
+// seed is set (a warm guest booted from the image cannot be one). Every
+// refusal comes before a write.
+func (s *Service) claimOrBoot(ctx context.Context, tx *envelope.Tx, t Template, sb *Sandbox, now time.Time, seed *Snapshot) (vps.Instance, error) {
+	var id string
+	if seed == nil {
+		var err error
+		if id, err = WarmClaim(ctx, tx.Tx, t.ID, t.Shape); err != nil {
+			return vps.Instance{}, err
+		}
 	}
 	if id != "" {
 		in, err := vps.InstanceByID(ctx, tx.Tx, id, store.ForUpdate(tx.Tx))
@@ -247,6 +267,12 @@ func (s *Service) claimOrBoot(ctx context.Context, tx *envelope.Tx, t Template, 
 	boot, err := s.bootFor(ctx, tx.Tx, t.TenantID, strings.ReplaceAll(sb.ID, "_", "-"), t, ud)
 	if err != nil {
 		return vps.Instance{}, err
+	}
+	if seed != nil {
+		if err := s.checkSeed(t, boot, *seed); err != nil {
+			return vps.Instance{}, err
+		}
+		boot.FromSnapshot(seed.NodeID, seed.InstanceID, seed.ID)
 	}
 	in, err := s.inst.BootIn(ctx, tx.Tx, tx.Emit, now, tx.Caller().Principal.ID, boot, false)
 	if err != nil {
@@ -437,12 +463,16 @@ func (s *Service) deleteIn(ctx context.Context, tx store.Tx, emit func(envelope.
 	if sb.State == SandboxDeleted {
 		return nil
 	}
+	kept, err := SnapshotsKept(ctx, tx, sb.ID)
+	if err != nil {
+		return err
+	}
 	if in != nil {
 		cur, err := vps.InstanceByID(ctx, tx, in.ID, store.ForUpdate(tx))
 		if err != nil {
 			return err
 		}
-		if err := s.inst.DeleteIn(ctx, tx, emit, &cur, now); err != nil {
+		if err := s.inst.DeleteKeeping(ctx, tx, emit, &cur, now, snapshotIDs(kept)); err != nil {
 			return err
 		}
 		*in = cur
@@ -454,7 +484,11 @@ func (s *Service) deleteIn(ctx context.Context, tx store.Tx, emit func(envelope.
 	if err := SnapshotsDeleteOfSandbox(ctx, tx, sb.ID); err != nil {
 		return err
 	}
-	emit(sandboxEvent("sandbox.deleted", sb, nil))
+	var data map[string]any
+	if len(kept) > 0 {
+		data = map[string]any{"kept_snapshots": snapshotIDs(kept)}
+	}
+	emit(sandboxEvent("sandbox.deleted", sb, data))
 	return nil
 }
 
@@ -495,7 +529,8 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.Snaps
 			}
 			now := tx.Now()
 			snap = Snapshot{ID: envelope.NewID(SnapshotIDPrefix, now), TenantID: sb.TenantID, SandboxID: sb.ID, TemplateID: sb.TemplateID,
-				NodeID: in.NodeID, Shape: shape, State: "saving", CreateTime: now}
+				NodeID: in.NodeID, Shape: shape, State: "saving", CreateTime: now, InstanceID: in.ID, Image: in.Image, DiskGiB: in.DiskGiB,
+				Keep: msg.GetKeep()}
 			if err := SnapshotInsert(ctx, tx.Tx, &snap); err != nil {
 				return err
 			}
@@ -503,7 +538,7 @@ func (s *Service) Snapshot(ctx context.Context, req *connect.Request[apiv1.Snaps
 				vmcmd.SnapshotParams{InstanceID: vps.HostID(in.ID), SnapshotID: strings.ReplaceAll(snap.ID, "_", "-")}, snap.ID, now); err != nil {
 				return err
 			}
-			tx.Emit(sandboxEvent("sandbox.snapshot_requested", sb, map[string]any{"snapshot_id": snap.ID, "node_id": snap.NodeID}))
+			tx.Emit(sandboxEvent("sandbox.snapshot_requested", sb, map[string]any{"snapshot_id": snap.ID, "node_id": snap.NodeID, "keep": snap.Keep}))
 			return nil
 		})
 	if err != nil {
@@ -537,7 +572,7 @@ func (s *Service) Restore(ctx context.Context, req *connect.Request[apiv1.Restor
 		}
 		// The snapshot is looked up in the sandbox's tenant only: another
 		// tenant's is not found, whatever its id.
-		snap, err := SnapshotGet(ctx, tx.Tx, sb.TenantID, msg.GetSnapshot())
+		snap, err := SnapshotGet(ctx, tx.Tx, sb.TenantID, msg.GetSnapshot(), "")
 		if errors.Is(err, store.ErrNotFound) {
 			return envelope.NotFound("snapshot", msg.GetSnapshot())
 		}
@@ -579,7 +614,7 @@ func (s *Service) Restore(ctx context.Context, req *connect.Request[apiv1.Restor
 // SnapshotProto converts a snapshot for the API.
 func SnapshotProto(s Snapshot) *apiv1.SandboxSnapshot {
 	return &apiv1.SandboxSnapshot{Id: s.ID, TenantId: s.TenantID, SandboxId: s.SandboxID, TemplateId: s.TemplateID, NodeId: s.NodeID,
-		Shape: s.Shape, State: s.State, CreateTime: timestamppb.New(s.CreateTime)}
+		Shape: s.Shape, State: s.State, CreateTime: timestamppb.New(s.CreateTime), Keep: s.Keep, Image: s.Image, DiskGib: s.DiskGiB}
 }
 
 // CommandDone converges from bcd's answers, in the gateway's transaction:

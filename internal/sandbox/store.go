@@ -68,6 +68,15 @@ type Sandbox struct {
 type Snapshot struct {
 	ID, TenantID, SandboxID, TemplateID, NodeID, Shape, State string
 	CreateTime                                                time.Time
+	// InstanceID is the instance it was taken of (its files sit under
+	// that instance's id on the node).
+	InstanceID string
+	// Image and DiskGiB are its disk's image and size ("" and 0 for a
+	// snapshot taken before they were recorded, which seeds nothing).
+	Image   string
+	DiskGiB int32
+	// Keep: it outlives its sandbox and seeds new sandboxes.
+	Keep bool
 }
 
 type scanner interface{ Scan(dest ...any) error }
@@ -283,32 +292,68 @@ func SandboxesExpired(ctx context.Context, q store.Querier, limit int) ([]Sandbo
 	return collect(rows, err, scanSandbox)
 }
 
-const snapshotColumns = `id, tenant_id, sandbox_id, template_id, node_id, shape, state, create_time`
+const snapshotColumns = `id, tenant_id, sandbox_id, template_id, node_id, shape, state, create_time, instance_id, image, disk_gib, keep`
 
 func scanSnapshot(row scanner) (Snapshot, error) {
-	var s Snapshot
-	err := row.Scan(&s.ID, &s.TenantID, &s.SandboxID, &s.TemplateID, &s.NodeID, &s.Shape, &s.State, &s.CreateTime)
+	var (
+		s    Snapshot
+		keep int
+	)
+	err := row.Scan(&s.ID, &s.TenantID, &s.SandboxID, &s.TemplateID, &s.NodeID, &s.Shape, &s.State, &s.CreateTime,
+		&s.InstanceID, &s.Image, &s.DiskGiB, &keep)
+	s.Keep = keep != 0
 	return s, err
 }
 
 // SnapshotInsert writes a new snapshot.
 func SnapshotInsert(ctx context.Context, tx store.Tx, s *Snapshot) error {
-	_, err := tx.Exec(ctx, `INSERT INTO sandbox_snapshots (`+snapshotColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		s.ID, s.TenantID, s.SandboxID, s.TemplateID, s.NodeID, s.Shape, s.State, s.CreateTime)
+	_, err := tx.Exec(ctx, `INSERT INTO sandbox_snapshots (`+snapshotColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		s.ID, s.TenantID, s.SandboxID, s.TemplateID, s.NodeID, s.Shape, s.State, s.CreateTime, s.InstanceID, s.Image, s.DiskGiB, boolInt(s.Keep))
 	return err
 }
 
 // SnapshotGet reads a tenant's snapshot: another tenant's is not found.
-func SnapshotGet(ctx context.Context, q store.Querier, tenantID, id string) (Snapshot, error) {
-	s, err := scanSnapshot(q.QueryRow(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE tenant_id = $1 AND id = $2`, tenantID, id))
+func SnapshotGet(ctx context.Context, q store.Querier, tenantID, id, lock string) (Snapshot, error) {
+	s, err := scanSnapshot(q.QueryRow(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE tenant_id = $1 AND id = $2`+lock, tenantID, id))
 	return s, err
 }
 
-// SnapshotsDeleteOfSandbox removes a sandbox's snapshot rows: they live in
-// its instance's directory on the host, which the instance's delete
-// removes, so a row left behind would offer a snapshot that is gone.
+// SnapshotList lists a tenant's snapshots by id (oldest first), of one
+// sandbox when sandboxID is set.
+func SnapshotList(ctx context.Context, q store.Querier, tenantID, sandboxID, after string, limit int) ([]Snapshot, error) {
+	rows, err := q.Query(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE tenant_id = $1 AND ($2 = '' OR sandbox_id = $2)
+		AND id > $3 ORDER BY id LIMIT $4`, tenantID, sandboxID, after, limit)
+	return collect(rows, err, scanSnapshot)
+}
+
+// SnapshotsOfTenant lists every snapshot of a tenant (a tenant delete
+// removes their files).
+func SnapshotsOfTenant(ctx context.Context, q store.Querier, tenantID string) ([]Snapshot, error) {
+	rows, err := q.Query(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE tenant_id = $1 ORDER BY id`, tenantID)
+	return collect(rows, err, scanSnapshot)
+}
+
+// SnapshotsKept lists the snapshots of a sandbox that its delete leaves:
+// kept and not failed (a saving one completes first, as its host runs the
+// instance's commands in order).
+func SnapshotsKept(ctx context.Context, q store.Querier, sandboxID string) ([]Snapshot, error) {
+	rows, err := q.Query(ctx, `SELECT `+snapshotColumns+` FROM sandbox_snapshots WHERE sandbox_id = $1 AND keep = 1
+		AND state IN ('saving', 'ready') ORDER BY id`, sandboxID)
+	return collect(rows, err, scanSnapshot)
+}
+
+// SnapshotsDeleteOfSandbox removes a sandbox's snapshot rows but those
+// kept (SnapshotsKept): the others live in its instance's directory on
+// the host, which the instance's delete removes, so a row left behind
+// would offer a snapshot that is gone.
 func SnapshotsDeleteOfSandbox(ctx context.Context, tx store.Tx, sandboxID string) error {
-	_, err := tx.Exec(ctx, `DELETE FROM sandbox_snapshots WHERE sandbox_id = $1`, sandboxID)
+	_, err := tx.Exec(ctx, `DELETE FROM sandbox_snapshots WHERE sandbox_id = $1 AND NOT (keep = 1 AND state IN ('saving', 'ready'))`, sandboxID)
+	return err
+}
+
+// SnapshotDelete removes one snapshot row.
+func SnapshotDelete(ctx context.Context, tx store.Tx, id string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM sandbox_snapshots WHERE id = $1`, id)
 	return err
 }
 

@@ -189,6 +189,16 @@ type createTarget struct {
 	// provider is the pool's provider policy: a provider pool's instance
 	// is a server rented through it (createOnProvider).
 	provider *apiv1.ProviderPolicy
+	// seed, when set, boots the guest from a snapshot's disk, on the node
+	// that holds the snapshot (a sandbox made from a snapshot).
+	seed *seedSnapshot
+}
+
+// seedSnapshot is the snapshot a guest's disk starts from: where it is
+// and its ids on that host.
+type seedSnapshot struct {
+	nodeID string
+	ref    vmcmd.SnapshotParams
 }
 
 func validPolicy(p string) bool {
@@ -544,6 +554,10 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 	} else {
 		ib.MemoryGiB = memGiB
 	}
+	if t.seed != nil {
+		// The snapshot's files are on one node only.
+		ib.NodeID = t.seed.nodeID
+	}
 	r, evs, err := s.engine.BookInstance(ctx, tx, ib, now)
 	if err != nil {
 		return Instance{}, nil, err
@@ -594,6 +608,10 @@ func (s *InstanceService) boot(ctx context.Context, tx bootTx, msg *apiv1.Create
 	cp := createParams(&in, r, vols)
 	cp.Seed.UserData = msg.GetUserData()
 	cp.Paused = t.paused
+	if t.seed != nil {
+		ref := t.seed.ref
+		cp.FromSnapshot = &ref
+	}
 	if err := s.seedSSH(ctx, tx, &cp, &in, now); err != nil {
 		return Instance{}, nil, err
 	}

@@ -61,6 +61,16 @@ func (b *Boot) ProjectID() string { return b.t.project.ID }
 // unknown flavor, IP pool, pool or image) and returns the image.
 func (b *Boot) Check(s *InstanceService) (string, error) { return s.checkCreate(b.msg, &b.t) }
 
+// FromSnapshot boots the guest from a snapshot's disk: booked on nodeID
+// only, where the snapshot is, and created there from the snapshot of
+// instanceID named snapshotID (control-plane ids).
+func (b *Boot) FromSnapshot(nodeID, instanceID, snapshotID string) {
+	b.t.seed = &seedSnapshot{nodeID: nodeID, ref: vmcmd.SnapshotParams{InstanceID: HostID(instanceID), SnapshotID: HostID(snapshotID)}}
+}
+
+// DiskGiB is the disk the boot's flavor gives the guest.
+func (b *Boot) DiskGiB() int32 { return b.t.flavor.obj.DiskGiB }
+
 // FlavorID, FlavorName, PoolID and IPPoolID are what the boot resolved.
 func (b *Boot) FlavorID() string   { return b.t.flavor.obj.ID }
 func (b *Boot) FlavorName() string { return b.t.flavor.obj.Name }
@@ -114,11 +124,24 @@ func (s *InstanceService) SendIn(ctx context.Context, tx store.Tx, in *Instance,
 	return s.send(ctx, tx, in, kind, params, key, now)
 }
 
+// SendTo sends a host command that is about no live instance (a kept
+// snapshot's delete) to nodeID in tx.
+func (s *InstanceService) SendTo(ctx context.Context, tx store.Tx, tenantID, nodeID, kind string, params any, key string, now time.Time) (string, error) {
+	return s.send(ctx, tx, &Instance{TenantID: tenantID, NodeID: nodeID}, kind, params, key, now)
+}
+
 // DeleteIn deletes an instance in tx as instances.delete does: a guest a
 // host holds is asked to go (its booking, address and row follow bcd's
 // answer), one no host holds is finished at once. Deleting twice changes
 // nothing.
 func (s *InstanceService) DeleteIn(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, now time.Time) error {
+	return s.DeleteKeeping(ctx, tx, emit, in, now, nil)
+}
+
+// DeleteKeeping is DeleteIn that asks the host to keep the instance's
+// snapshots named keepSnapshots (control-plane ids): a sandbox's kept
+// snapshots outlive it.
+func (s *InstanceService) DeleteKeeping(ctx context.Context, tx store.Tx, emit func(envelope.Event), in *Instance, now time.Time, keepSnapshots []string) error {
 	switch in.State {
 	case StateDeleted, StateDeleting:
 		return nil
@@ -131,7 +154,11 @@ func (s *InstanceService) DeleteIn(ctx context.Context, tx store.Tx, emit func(e
 		return errors.Join(err, errMoved(ok))
 	}
 	key := fmt.Sprintf("%s/delete/%d", in.ID, now.UnixNano())
-	if _, err := s.send(ctx, tx, in, vmcmd.KindInstanceDelete, vmcmd.InstanceRef{InstanceID: HostID(in.ID)}, key, now); err != nil {
+	p := vmcmd.DeleteParams{InstanceID: HostID(in.ID)}
+	for _, id := range keepSnapshots {
+		p.KeepSnapshots = append(p.KeepSnapshots, HostID(id))
+	}
+	if _, err := s.send(ctx, tx, in, vmcmd.KindInstanceDelete, p, key, now); err != nil {
 		return err
 	}
 	emit(instanceEvent("instance.deleting", in, nil))

@@ -859,8 +859,16 @@ type SandboxSnapshot struct {
 	NodeId     string                 `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	Shape      string                 `protobuf:"bytes,6,opt,name=shape,proto3" json:"shape,omitempty"`
 	// saving, ready or failed.
-	State         string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	State      string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// A kept snapshot outlives its sandbox and can seed new sandboxes of
+	// its tenant (CreateSandboxRequest.from_snapshot) until it is deleted
+	// (DeleteSnapshot) or its tenant is. Set when it is taken.
+	Keep bool `protobuf:"varint,9,opt,name=keep,proto3" json:"keep,omitempty"`
+	// The image its disk is of, and that disk's size: a sandbox made from
+	// it boots that image with a disk at least that large.
+	Image         string `protobuf:"bytes,10,opt,name=image,proto3" json:"image,omitempty"`
+	DiskGib       int32  `protobuf:"varint,11,opt,name=disk_gib,json=diskGib,proto3" json:"disk_gib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -949,6 +957,27 @@ func (x *SandboxSnapshot) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
+}
+
+func (x *SandboxSnapshot) GetKeep() bool {
+	if x != nil {
+		return x.Keep
+	}
+	return false
+}
+
+func (x *SandboxSnapshot) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *SandboxSnapshot) GetDiskGib() int32 {
+	if x != nil {
+		return x.DiskGib
+	}
+	return 0
 }
 
 type ExecSandboxRequest struct {
@@ -1062,7 +1091,14 @@ type CreateSandboxRequest struct {
 	// A template name or id.
 	Template string `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
 	// Lifetime; empty: the template's default_ttl.
-	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// A ready snapshot (id) to start from: the new sandbox boots cold, on
+	// the snapshot's node, from the snapshot's disk, with its own address,
+	// hostname and host keys (its memory is not restored). The snapshot is
+	// of a live sandbox of the tenant, or a kept one of any (even deleted)
+	// sandbox; the template must boot the snapshot's image with a disk at
+	// least as large.
+	FromSnapshot  string `protobuf:"bytes,4,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1116,6 +1152,13 @@ func (x *CreateSandboxRequest) GetTtl() *durationpb.Duration {
 		return x.Ttl
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetFromSnapshot() string {
+	if x != nil {
+		return x.FromSnapshot
+	}
+	return ""
 }
 
 type CreateSandboxResponse struct {
@@ -1572,9 +1615,12 @@ func (x *DeleteSandboxResponse) GetSandbox() *Sandbox {
 }
 
 type SnapshotSandboxRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	Sandbox       string                 `protobuf:"bytes,2,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Tenant  string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Sandbox string                 `protobuf:"bytes,2,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Keep the snapshot when the sandbox is deleted, to make new sandboxes
+	// from (SandboxSnapshot.keep).
+	Keep          bool `protobuf:"varint,3,opt,name=keep,proto3" json:"keep,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1623,6 +1669,230 @@ func (x *SnapshotSandboxRequest) GetSandbox() string {
 	return ""
 }
 
+func (x *SnapshotSandboxRequest) GetKeep() bool {
+	if x != nil {
+		return x.Keep
+	}
+	return false
+}
+
+type ListSandboxSnapshotsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// A sandbox id: only its snapshots. Empty: every snapshot.
+	Sandbox       string `protobuf:"bytes,2,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxSnapshotsRequest) Reset() {
+	*x = ListSandboxSnapshotsRequest{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSandboxSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSandboxSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListSandboxSnapshotsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListSandboxSnapshotsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *ListSandboxSnapshotsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSandboxSnapshotsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListSandboxSnapshotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*SandboxSnapshot     `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxSnapshotsResponse) Reset() {
+	*x = ListSandboxSnapshotsResponse{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSandboxSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSandboxSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListSandboxSnapshotsResponse) GetSnapshots() []*SandboxSnapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *ListSandboxSnapshotsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type DeleteSandboxSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Snapshot      string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSandboxSnapshotRequest) Reset() {
+	*x = DeleteSandboxSnapshotRequest{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSandboxSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSandboxSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSandboxSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSandboxSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSandboxSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DeleteSandboxSnapshotRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DeleteSandboxSnapshotRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+type DeleteSandboxSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *SandboxSnapshot       `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSandboxSnapshotResponse) Reset() {
+	*x = DeleteSandboxSnapshotResponse{}
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSandboxSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSandboxSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSandboxSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSandboxSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSandboxSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeleteSandboxSnapshotResponse) GetSnapshot() *SandboxSnapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
 type SnapshotSandboxResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshot      *SandboxSnapshot       `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
@@ -1632,7 +1902,7 @@ type SnapshotSandboxResponse struct {
 
 func (x *SnapshotSandboxResponse) Reset() {
 	*x = SnapshotSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1914,7 @@ func (x *SnapshotSandboxResponse) String() string {
 func (*SnapshotSandboxResponse) ProtoMessage() {}
 
 func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[24]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1927,7 @@ func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{24}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SnapshotSandboxResponse) GetSnapshot() *SandboxSnapshot {
@@ -1679,7 +1949,7 @@ type RestoreSandboxRequest struct {
 
 func (x *RestoreSandboxRequest) Reset() {
 	*x = RestoreSandboxRequest{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1961,7 @@ func (x *RestoreSandboxRequest) String() string {
 func (*RestoreSandboxRequest) ProtoMessage() {}
 
 func (x *RestoreSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[25]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1974,7 @@ func (x *RestoreSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSandboxRequest.ProtoReflect.Descriptor instead.
 func (*RestoreSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{25}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RestoreSandboxRequest) GetTenant() string {
@@ -1738,7 +2008,7 @@ type RestoreSandboxResponse struct {
 
 func (x *RestoreSandboxResponse) Reset() {
 	*x = RestoreSandboxResponse{}
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +2020,7 @@ func (x *RestoreSandboxResponse) String() string {
 func (*RestoreSandboxResponse) ProtoMessage() {}
 
 func (x *RestoreSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[26]
+	mi := &file_bettercompute_api_v1_sandboxes_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +2033,7 @@ func (x *RestoreSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreSandboxResponse.ProtoReflect.Descriptor instead.
 func (*RestoreSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{26}
+	return file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RestoreSandboxResponse) GetSandbox() *Sandbox {
@@ -1861,7 +2131,7 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTimeJ\x04\b\n" +
-	"\x10\v\"\x80\x02\n" +
+	"\x10\v\"\xc5\x02\n" +
 	"\x0fSandboxSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1d\n" +
@@ -1873,18 +2143,23 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x05shape\x18\x06 \x01(\tR\x05shape\x12\x14\n" +
 	"\x05state\x18\a \x01(\tR\x05state\x12;\n" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"e\n" +
+	"createTime\x12\x12\n" +
+	"\x04keep\x18\t \x01(\bR\x04keep\x12\x14\n" +
+	"\x05image\x18\n" +
+	" \x01(\tR\x05image\x12\x19\n" +
+	"\bdisk_gib\x18\v \x01(\x05R\adiskGib\"e\n" +
 	"\x12ExecSandboxRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\asandbox\x18\x02 \x01(\tR\asandbox\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x03 \x01(\tR\tpublicKey\"N\n" +
 	"\x13ExecSandboxResponse\x127\n" +
-	"\x06ticket\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.SshTicketR\x06ticket\"w\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.SshTicketR\x06ticket\"\x9c\x01\n" +
 	"\x14CreateSandboxRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\btemplate\x18\x02 \x01(\tR\btemplate\x12+\n" +
-	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"P\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12#\n" +
+	"\rfrom_snapshot\x18\x04 \x01(\tR\ffromSnapshot\"P\n" +
 	"\x15CreateSandboxResponse\x127\n" +
 	"\asandbox\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.SandboxR\asandbox\"E\n" +
 	"\x11GetSandboxRequest\x12\x16\n" +
@@ -1910,10 +2185,25 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
 	"\asandbox\x18\x02 \x01(\tR\asandbox\"P\n" +
 	"\x15DeleteSandboxResponse\x127\n" +
-	"\asandbox\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.SandboxR\asandbox\"J\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.SandboxR\asandbox\"^\n" +
 	"\x16SnapshotSandboxRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
-	"\asandbox\x18\x02 \x01(\tR\asandbox\"\\\n" +
+	"\asandbox\x18\x02 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04keep\x18\x03 \x01(\bR\x04keep\"\x8b\x01\n" +
+	"\x1bListSandboxSnapshotsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\asandbox\x18\x02 \x01(\tR\asandbox\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x8b\x01\n" +
+	"\x1cListSandboxSnapshotsResponse\x12C\n" +
+	"\tsnapshots\x18\x01 \x03(\v2%.bettercompute.api.v1.SandboxSnapshotR\tsnapshots\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"R\n" +
+	"\x1cDeleteSandboxSnapshotRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\"b\n" +
+	"\x1dDeleteSandboxSnapshotResponse\x12A\n" +
+	"\bsnapshot\x18\x01 \x01(\v2%.bettercompute.api.v1.SandboxSnapshotR\bsnapshot\"\\\n" +
 	"\x17SnapshotSandboxResponse\x12A\n" +
 	"\bsnapshot\x18\x01 \x01(\v2%.bettercompute.api.v1.SandboxSnapshotR\bsnapshot\"e\n" +
 	"\x15RestoreSandboxRequest\x12\x16\n" +
@@ -1926,7 +2216,7 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x06Create\x122.bettercompute.api.v1.CreateSandboxTemplateRequest\x1a3.bettercompute.api.v1.CreateSandboxTemplateResponse\x12m\n" +
 	"\x03Get\x12/.bettercompute.api.v1.GetSandboxTemplateRequest\x1a0.bettercompute.api.v1.GetSandboxTemplateResponse\"\x03\x90\x02\x01\x12r\n" +
 	"\x04List\x121.bettercompute.api.v1.ListSandboxTemplatesRequest\x1a2.bettercompute.api.v1.ListSandboxTemplatesResponse\"\x03\x90\x02\x01\x12q\n" +
-	"\x06Delete\x122.bettercompute.api.v1.DeleteSandboxTemplateRequest\x1a3.bettercompute.api.v1.DeleteSandboxTemplateResponse2\xaa\x06\n" +
+	"\x06Delete\x122.bettercompute.api.v1.DeleteSandboxTemplateRequest\x1a3.bettercompute.api.v1.DeleteSandboxTemplateResponse2\xa2\b\n" +
 	"\x0eSandboxService\x12a\n" +
 	"\x06Create\x12*.bettercompute.api.v1.CreateSandboxRequest\x1a+.bettercompute.api.v1.CreateSandboxResponse\x12]\n" +
 	"\x03Get\x12'.bettercompute.api.v1.GetSandboxRequest\x1a(.bettercompute.api.v1.GetSandboxResponse\"\x03\x90\x02\x01\x12d\n" +
@@ -1934,7 +2224,9 @@ const file_bettercompute_api_v1_sandboxes_proto_rawDesc = "" +
 	"\x06Extend\x12*.bettercompute.api.v1.ExtendSandboxRequest\x1a+.bettercompute.api.v1.ExtendSandboxResponse\x12a\n" +
 	"\x06Delete\x12*.bettercompute.api.v1.DeleteSandboxRequest\x1a+.bettercompute.api.v1.DeleteSandboxResponse\x12g\n" +
 	"\bSnapshot\x12,.bettercompute.api.v1.SnapshotSandboxRequest\x1a-.bettercompute.api.v1.SnapshotSandboxResponse\x12d\n" +
-	"\aRestore\x12+.bettercompute.api.v1.RestoreSandboxRequest\x1a,.bettercompute.api.v1.RestoreSandboxResponse\x12[\n" +
+	"\aRestore\x12+.bettercompute.api.v1.RestoreSandboxRequest\x1a,.bettercompute.api.v1.RestoreSandboxResponse\x12{\n" +
+	"\rListSnapshots\x121.bettercompute.api.v1.ListSandboxSnapshotsRequest\x1a2.bettercompute.api.v1.ListSandboxSnapshotsResponse\"\x03\x90\x02\x01\x12y\n" +
+	"\x0eDeleteSnapshot\x122.bettercompute.api.v1.DeleteSandboxSnapshotRequest\x1a3.bettercompute.api.v1.DeleteSandboxSnapshotResponse\x12[\n" +
 	"\x04Exec\x12(.bettercompute.api.v1.ExecSandboxRequest\x1a).bettercompute.api.v1.ExecSandboxResponseBIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
@@ -1949,7 +2241,7 @@ func file_bettercompute_api_v1_sandboxes_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_sandboxes_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_sandboxes_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_bettercompute_api_v1_sandboxes_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_bettercompute_api_v1_sandboxes_proto_goTypes = []any{
 	(*SandboxTemplate)(nil),               // 0: bettercompute.api.v1.SandboxTemplate
 	(*CreateSandboxTemplateRequest)(nil),  // 1: bettercompute.api.v1.CreateSandboxTemplateRequest
@@ -1975,69 +2267,79 @@ var file_bettercompute_api_v1_sandboxes_proto_goTypes = []any{
 	(*DeleteSandboxRequest)(nil),          // 21: bettercompute.api.v1.DeleteSandboxRequest
 	(*DeleteSandboxResponse)(nil),         // 22: bettercompute.api.v1.DeleteSandboxResponse
 	(*SnapshotSandboxRequest)(nil),        // 23: bettercompute.api.v1.SnapshotSandboxRequest
-	(*SnapshotSandboxResponse)(nil),       // 24: bettercompute.api.v1.SnapshotSandboxResponse
-	(*RestoreSandboxRequest)(nil),         // 25: bettercompute.api.v1.RestoreSandboxRequest
-	(*RestoreSandboxResponse)(nil),        // 26: bettercompute.api.v1.RestoreSandboxResponse
-	nil,                                   // 27: bettercompute.api.v1.SandboxTemplate.EnvEntry
-	nil,                                   // 28: bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
-	(*durationpb.Duration)(nil),           // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),         // 30: google.protobuf.Timestamp
-	(*SshTicket)(nil),                     // 31: bettercompute.api.v1.SshTicket
+	(*ListSandboxSnapshotsRequest)(nil),   // 24: bettercompute.api.v1.ListSandboxSnapshotsRequest
+	(*ListSandboxSnapshotsResponse)(nil),  // 25: bettercompute.api.v1.ListSandboxSnapshotsResponse
+	(*DeleteSandboxSnapshotRequest)(nil),  // 26: bettercompute.api.v1.DeleteSandboxSnapshotRequest
+	(*DeleteSandboxSnapshotResponse)(nil), // 27: bettercompute.api.v1.DeleteSandboxSnapshotResponse
+	(*SnapshotSandboxResponse)(nil),       // 28: bettercompute.api.v1.SnapshotSandboxResponse
+	(*RestoreSandboxRequest)(nil),         // 29: bettercompute.api.v1.RestoreSandboxRequest
+	(*RestoreSandboxResponse)(nil),        // 30: bettercompute.api.v1.RestoreSandboxResponse
+	nil,                                   // 31: bettercompute.api.v1.SandboxTemplate.EnvEntry
+	nil,                                   // 32: bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
+	(*durationpb.Duration)(nil),           // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),         // 34: google.protobuf.Timestamp
+	(*SshTicket)(nil),                     // 35: bettercompute.api.v1.SshTicket
 }
 var file_bettercompute_api_v1_sandboxes_proto_depIdxs = []int32{
-	29, // 0: bettercompute.api.v1.SandboxTemplate.default_ttl:type_name -> google.protobuf.Duration
-	29, // 1: bettercompute.api.v1.SandboxTemplate.max_ttl:type_name -> google.protobuf.Duration
-	27, // 2: bettercompute.api.v1.SandboxTemplate.env:type_name -> bettercompute.api.v1.SandboxTemplate.EnvEntry
-	30, // 3: bettercompute.api.v1.SandboxTemplate.create_time:type_name -> google.protobuf.Timestamp
-	29, // 4: bettercompute.api.v1.CreateSandboxTemplateRequest.default_ttl:type_name -> google.protobuf.Duration
-	29, // 5: bettercompute.api.v1.CreateSandboxTemplateRequest.max_ttl:type_name -> google.protobuf.Duration
-	28, // 6: bettercompute.api.v1.CreateSandboxTemplateRequest.env:type_name -> bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
+	33, // 0: bettercompute.api.v1.SandboxTemplate.default_ttl:type_name -> google.protobuf.Duration
+	33, // 1: bettercompute.api.v1.SandboxTemplate.max_ttl:type_name -> google.protobuf.Duration
+	31, // 2: bettercompute.api.v1.SandboxTemplate.env:type_name -> bettercompute.api.v1.SandboxTemplate.EnvEntry
+	34, // 3: bettercompute.api.v1.SandboxTemplate.create_time:type_name -> google.protobuf.Timestamp
+	33, // 4: bettercompute.api.v1.CreateSandboxTemplateRequest.default_ttl:type_name -> google.protobuf.Duration
+	33, // 5: bettercompute.api.v1.CreateSandboxTemplateRequest.max_ttl:type_name -> google.protobuf.Duration
+	32, // 6: bettercompute.api.v1.CreateSandboxTemplateRequest.env:type_name -> bettercompute.api.v1.CreateSandboxTemplateRequest.EnvEntry
 	0,  // 7: bettercompute.api.v1.CreateSandboxTemplateResponse.template:type_name -> bettercompute.api.v1.SandboxTemplate
 	0,  // 8: bettercompute.api.v1.GetSandboxTemplateResponse.template:type_name -> bettercompute.api.v1.SandboxTemplate
 	0,  // 9: bettercompute.api.v1.ListSandboxTemplatesResponse.templates:type_name -> bettercompute.api.v1.SandboxTemplate
-	30, // 10: bettercompute.api.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
-	30, // 11: bettercompute.api.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	30, // 12: bettercompute.api.v1.Sandbox.update_time:type_name -> google.protobuf.Timestamp
-	30, // 13: bettercompute.api.v1.SandboxSnapshot.create_time:type_name -> google.protobuf.Timestamp
-	31, // 14: bettercompute.api.v1.ExecSandboxResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
-	29, // 15: bettercompute.api.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	34, // 10: bettercompute.api.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
+	34, // 11: bettercompute.api.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	34, // 12: bettercompute.api.v1.Sandbox.update_time:type_name -> google.protobuf.Timestamp
+	34, // 13: bettercompute.api.v1.SandboxSnapshot.create_time:type_name -> google.protobuf.Timestamp
+	35, // 14: bettercompute.api.v1.ExecSandboxResponse.ticket:type_name -> bettercompute.api.v1.SshTicket
+	33, // 15: bettercompute.api.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	9,  // 16: bettercompute.api.v1.CreateSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	9,  // 17: bettercompute.api.v1.GetSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	9,  // 18: bettercompute.api.v1.ListSandboxesResponse.sandboxes:type_name -> bettercompute.api.v1.Sandbox
-	29, // 19: bettercompute.api.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	33, // 19: bettercompute.api.v1.ExtendSandboxRequest.ttl:type_name -> google.protobuf.Duration
 	9,  // 20: bettercompute.api.v1.ExtendSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
 	9,  // 21: bettercompute.api.v1.DeleteSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
-	10, // 22: bettercompute.api.v1.SnapshotSandboxResponse.snapshot:type_name -> bettercompute.api.v1.SandboxSnapshot
-	9,  // 23: bettercompute.api.v1.RestoreSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
-	1,  // 24: bettercompute.api.v1.SandboxTemplateService.Create:input_type -> bettercompute.api.v1.CreateSandboxTemplateRequest
-	3,  // 25: bettercompute.api.v1.SandboxTemplateService.Get:input_type -> bettercompute.api.v1.GetSandboxTemplateRequest
-	5,  // 26: bettercompute.api.v1.SandboxTemplateService.List:input_type -> bettercompute.api.v1.ListSandboxTemplatesRequest
-	7,  // 27: bettercompute.api.v1.SandboxTemplateService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxTemplateRequest
-	13, // 28: bettercompute.api.v1.SandboxService.Create:input_type -> bettercompute.api.v1.CreateSandboxRequest
-	15, // 29: bettercompute.api.v1.SandboxService.Get:input_type -> bettercompute.api.v1.GetSandboxRequest
-	17, // 30: bettercompute.api.v1.SandboxService.List:input_type -> bettercompute.api.v1.ListSandboxesRequest
-	19, // 31: bettercompute.api.v1.SandboxService.Extend:input_type -> bettercompute.api.v1.ExtendSandboxRequest
-	21, // 32: bettercompute.api.v1.SandboxService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxRequest
-	23, // 33: bettercompute.api.v1.SandboxService.Snapshot:input_type -> bettercompute.api.v1.SnapshotSandboxRequest
-	25, // 34: bettercompute.api.v1.SandboxService.Restore:input_type -> bettercompute.api.v1.RestoreSandboxRequest
-	11, // 35: bettercompute.api.v1.SandboxService.Exec:input_type -> bettercompute.api.v1.ExecSandboxRequest
-	2,  // 36: bettercompute.api.v1.SandboxTemplateService.Create:output_type -> bettercompute.api.v1.CreateSandboxTemplateResponse
-	4,  // 37: bettercompute.api.v1.SandboxTemplateService.Get:output_type -> bettercompute.api.v1.GetSandboxTemplateResponse
-	6,  // 38: bettercompute.api.v1.SandboxTemplateService.List:output_type -> bettercompute.api.v1.ListSandboxTemplatesResponse
-	8,  // 39: bettercompute.api.v1.SandboxTemplateService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxTemplateResponse
-	14, // 40: bettercompute.api.v1.SandboxService.Create:output_type -> bettercompute.api.v1.CreateSandboxResponse
-	16, // 41: bettercompute.api.v1.SandboxService.Get:output_type -> bettercompute.api.v1.GetSandboxResponse
-	18, // 42: bettercompute.api.v1.SandboxService.List:output_type -> bettercompute.api.v1.ListSandboxesResponse
-	20, // 43: bettercompute.api.v1.SandboxService.Extend:output_type -> bettercompute.api.v1.ExtendSandboxResponse
-	22, // 44: bettercompute.api.v1.SandboxService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxResponse
-	24, // 45: bettercompute.api.v1.SandboxService.Snapshot:output_type -> bettercompute.api.v1.SnapshotSandboxResponse
-	26, // 46: bettercompute.api.v1.SandboxService.Restore:output_type -> bettercompute.api.v1.RestoreSandboxResponse
-	12, // 47: bettercompute.api.v1.SandboxService.Exec:output_type -> bettercompute.api.v1.ExecSandboxResponse
-	36, // [36:48] is the sub-list for method output_type
-	24, // [24:36] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	10, // 22: bettercompute.api.v1.ListSandboxSnapshotsResponse.snapshots:type_name -> bettercompute.api.v1.SandboxSnapshot
+	10, // 23: bettercompute.api.v1.DeleteSandboxSnapshotResponse.snapshot:type_name -> bettercompute.api.v1.SandboxSnapshot
+	10, // 24: bettercompute.api.v1.SnapshotSandboxResponse.snapshot:type_name -> bettercompute.api.v1.SandboxSnapshot
+	9,  // 25: bettercompute.api.v1.RestoreSandboxResponse.sandbox:type_name -> bettercompute.api.v1.Sandbox
+	1,  // 26: bettercompute.api.v1.SandboxTemplateService.Create:input_type -> bettercompute.api.v1.CreateSandboxTemplateRequest
+	3,  // 27: bettercompute.api.v1.SandboxTemplateService.Get:input_type -> bettercompute.api.v1.GetSandboxTemplateRequest
+	5,  // 28: bettercompute.api.v1.SandboxTemplateService.List:input_type -> bettercompute.api.v1.ListSandboxTemplatesRequest
+	7,  // 29: bettercompute.api.v1.SandboxTemplateService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxTemplateRequest
+	13, // 30: bettercompute.api.v1.SandboxService.Create:input_type -> bettercompute.api.v1.CreateSandboxRequest
+	15, // 31: bettercompute.api.v1.SandboxService.Get:input_type -> bettercompute.api.v1.GetSandboxRequest
+	17, // 32: bettercompute.api.v1.SandboxService.List:input_type -> bettercompute.api.v1.ListSandboxesRequest
+	19, // 33: bettercompute.api.v1.SandboxService.Extend:input_type -> bettercompute.api.v1.ExtendSandboxRequest
+	21, // 34: bettercompute.api.v1.SandboxService.Delete:input_type -> bettercompute.api.v1.DeleteSandboxRequest
+	23, // 35: bettercompute.api.v1.SandboxService.Snapshot:input_type -> bettercompute.api.v1.SnapshotSandboxRequest
+	29, // 36: bettercompute.api.v1.SandboxService.Restore:input_type -> bettercompute.api.v1.RestoreSandboxRequest
+	24, // 37: bettercompute.api.v1.SandboxService.ListSnapshots:input_type -> bettercompute.api.v1.ListSandboxSnapshotsRequest
+	26, // 38: bettercompute.api.v1.SandboxService.DeleteSnapshot:input_type -> bettercompute.api.v1.DeleteSandboxSnapshotRequest
+	11, // 39: bettercompute.api.v1.SandboxService.Exec:input_type -> bettercompute.api.v1.ExecSandboxRequest
+	2,  // 40: bettercompute.api.v1.SandboxTemplateService.Create:output_type -> bettercompute.api.v1.CreateSandboxTemplateResponse
+	4,  // 41: bettercompute.api.v1.SandboxTemplateService.Get:output_type -> bettercompute.api.v1.GetSandboxTemplateResponse
+	6,  // 42: bettercompute.api.v1.SandboxTemplateService.List:output_type -> bettercompute.api.v1.ListSandboxTemplatesResponse
+	8,  // 43: bettercompute.api.v1.SandboxTemplateService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxTemplateResponse
+	14, // 44: bettercompute.api.v1.SandboxService.Create:output_type -> bettercompute.api.v1.CreateSandboxResponse
+	16, // 45: bettercompute.api.v1.SandboxService.Get:output_type -> bettercompute.api.v1.GetSandboxResponse
+	18, // 46: bettercompute.api.v1.SandboxService.List:output_type -> bettercompute.api.v1.ListSandboxesResponse
+	20, // 47: bettercompute.api.v1.SandboxService.Extend:output_type -> bettercompute.api.v1.ExtendSandboxResponse
+	22, // 48: bettercompute.api.v1.SandboxService.Delete:output_type -> bettercompute.api.v1.DeleteSandboxResponse
+	28, // 49: bettercompute.api.v1.SandboxService.Snapshot:output_type -> bettercompute.api.v1.SnapshotSandboxResponse
+	30, // 50: bettercompute.api.v1.SandboxService.Restore:output_type -> bettercompute.api.v1.RestoreSandboxResponse
+	25, // 51: bettercompute.api.v1.SandboxService.ListSnapshots:output_type -> bettercompute.api.v1.ListSandboxSnapshotsResponse
+	27, // 52: bettercompute.api.v1.SandboxService.DeleteSnapshot:output_type -> bettercompute.api.v1.DeleteSandboxSnapshotResponse
+	12, // 53: bettercompute.api.v1.SandboxService.Exec:output_type -> bettercompute.api.v1.ExecSandboxResponse
+	40, // [40:54] is the sub-list for method output_type
+	26, // [26:40] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_sandboxes_proto_init() }
@@ -2052,7 +2354,7 @@ func file_bettercompute_api_v1_sandboxes_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_sandboxes_proto_rawDesc), len(file_bettercompute_api_v1_sandboxes_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -61,6 +61,12 @@ const (
 	SandboxServiceSnapshotProcedure = "/bettercompute.api.v1.SandboxService/Snapshot"
 	// SandboxServiceRestoreProcedure is the fully-qualified name of the SandboxService's Restore RPC.
 	SandboxServiceRestoreProcedure = "/bettercompute.api.v1.SandboxService/Restore"
+	// SandboxServiceListSnapshotsProcedure is the fully-qualified name of the SandboxService's
+	// ListSnapshots RPC.
+	SandboxServiceListSnapshotsProcedure = "/bettercompute.api.v1.SandboxService/ListSnapshots"
+	// SandboxServiceDeleteSnapshotProcedure is the fully-qualified name of the SandboxService's
+	// DeleteSnapshot RPC.
+	SandboxServiceDeleteSnapshotProcedure = "/bettercompute.api.v1.SandboxService/DeleteSnapshot"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/bettercompute.api.v1.SandboxService/Exec"
 )
@@ -241,6 +247,12 @@ type SandboxServiceClient interface {
 	// hostname and host keys, so a snapshot comes back only as the instance
 	// it was taken of.
 	Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error)
+	// ListSnapshots lists the tenant's snapshots, newest first: of one
+	// sandbox (live or deleted) or all.
+	ListSnapshots(context.Context, *connect.Request[v1.ListSandboxSnapshotsRequest]) (*connect.Response[v1.ListSandboxSnapshotsResponse], error)
+	// DeleteSnapshot deletes a snapshot and its files on its host.
+	// Deleting a deleted snapshot is NOT_FOUND.
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSandboxSnapshotRequest]) (*connect.Response[v1.DeleteSandboxSnapshotResponse], error)
 	// Exec signs the caller's public key for the sandbox's guest account
 	// (valid at most 15 minutes and never past the sandbox's expire time)
 	// and issues a single-use tunnel ticket, as InstanceService.Ssh does.
@@ -302,6 +314,19 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
 			connect.WithClientOptions(opts...),
 		),
+		listSnapshots: connect.NewClient[v1.ListSandboxSnapshotsRequest, v1.ListSandboxSnapshotsResponse](
+			httpClient,
+			baseURL+SandboxServiceListSnapshotsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListSnapshots")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		deleteSnapshot: connect.NewClient[v1.DeleteSandboxSnapshotRequest, v1.DeleteSandboxSnapshotResponse](
+			httpClient,
+			baseURL+SandboxServiceDeleteSnapshotProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
 		exec: connect.NewClient[v1.ExecSandboxRequest, v1.ExecSandboxResponse](
 			httpClient,
 			baseURL+SandboxServiceExecProcedure,
@@ -313,14 +338,16 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create   *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
-	get      *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
-	list     *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
-	extend   *connect.Client[v1.ExtendSandboxRequest, v1.ExtendSandboxResponse]
-	delete   *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
-	snapshot *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
-	restore  *connect.Client[v1.RestoreSandboxRequest, v1.RestoreSandboxResponse]
-	exec     *connect.Client[v1.ExecSandboxRequest, v1.ExecSandboxResponse]
+	create         *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	get            *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
+	list           *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
+	extend         *connect.Client[v1.ExtendSandboxRequest, v1.ExtendSandboxResponse]
+	delete         *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
+	snapshot       *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	restore        *connect.Client[v1.RestoreSandboxRequest, v1.RestoreSandboxResponse]
+	listSnapshots  *connect.Client[v1.ListSandboxSnapshotsRequest, v1.ListSandboxSnapshotsResponse]
+	deleteSnapshot *connect.Client[v1.DeleteSandboxSnapshotRequest, v1.DeleteSandboxSnapshotResponse]
+	exec           *connect.Client[v1.ExecSandboxRequest, v1.ExecSandboxResponse]
 }
 
 // Create calls bettercompute.api.v1.SandboxService.Create.
@@ -358,6 +385,16 @@ func (c *sandboxServiceClient) Restore(ctx context.Context, req *connect.Request
 	return c.restore.CallUnary(ctx, req)
 }
 
+// ListSnapshots calls bettercompute.api.v1.SandboxService.ListSnapshots.
+func (c *sandboxServiceClient) ListSnapshots(ctx context.Context, req *connect.Request[v1.ListSandboxSnapshotsRequest]) (*connect.Response[v1.ListSandboxSnapshotsResponse], error) {
+	return c.listSnapshots.CallUnary(ctx, req)
+}
+
+// DeleteSnapshot calls bettercompute.api.v1.SandboxService.DeleteSnapshot.
+func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Request[v1.DeleteSandboxSnapshotRequest]) (*connect.Response[v1.DeleteSandboxSnapshotResponse], error) {
+	return c.deleteSnapshot.CallUnary(ctx, req)
+}
+
 // Exec calls bettercompute.api.v1.SandboxService.Exec.
 func (c *sandboxServiceClient) Exec(ctx context.Context, req *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error) {
 	return c.exec.CallUnary(ctx, req)
@@ -380,6 +417,12 @@ type SandboxServiceHandler interface {
 	// hostname and host keys, so a snapshot comes back only as the instance
 	// it was taken of.
 	Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error)
+	// ListSnapshots lists the tenant's snapshots, newest first: of one
+	// sandbox (live or deleted) or all.
+	ListSnapshots(context.Context, *connect.Request[v1.ListSandboxSnapshotsRequest]) (*connect.Response[v1.ListSandboxSnapshotsResponse], error)
+	// DeleteSnapshot deletes a snapshot and its files on its host.
+	// Deleting a deleted snapshot is NOT_FOUND.
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSandboxSnapshotRequest]) (*connect.Response[v1.DeleteSandboxSnapshotResponse], error)
 	// Exec signs the caller's public key for the sandbox's guest account
 	// (valid at most 15 minutes and never past the sandbox's expire time)
 	// and issues a single-use tunnel ticket, as InstanceService.Ssh does.
@@ -437,6 +480,19 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceListSnapshotsHandler := connect.NewUnaryHandler(
+		SandboxServiceListSnapshotsProcedure,
+		svc.ListSnapshots,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListSnapshots")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceDeleteSnapshotHandler := connect.NewUnaryHandler(
+		SandboxServiceDeleteSnapshotProcedure,
+		svc.DeleteSnapshot,
+		connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceExecHandler := connect.NewUnaryHandler(
 		SandboxServiceExecProcedure,
 		svc.Exec,
@@ -459,6 +515,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceSnapshotHandler.ServeHTTP(w, r)
 		case SandboxServiceRestoreProcedure:
 			sandboxServiceRestoreHandler.ServeHTTP(w, r)
+		case SandboxServiceListSnapshotsProcedure:
+			sandboxServiceListSnapshotsHandler.ServeHTTP(w, r)
+		case SandboxServiceDeleteSnapshotProcedure:
+			sandboxServiceDeleteSnapshotHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		default:
@@ -496,6 +556,14 @@ func (UnimplementedSandboxServiceHandler) Snapshot(context.Context, *connect.Req
 
 func (UnimplementedSandboxServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreSandboxRequest]) (*connect.Response[v1.RestoreSandboxResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.Restore is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListSnapshots(context.Context, *connect.Request[v1.ListSandboxSnapshotsRequest]) (*connect.Response[v1.ListSandboxSnapshotsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.ListSnapshots is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSandboxSnapshotRequest]) (*connect.Response[v1.DeleteSandboxSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.SandboxService.DeleteSnapshot is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecSandboxRequest]) (*connect.Response[v1.ExecSandboxResponse], error) {
