@@ -46,8 +46,10 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	// A pinned request rejects every other node before anything else: a
 	// class without the pinned node whole, from the index.
 	pin, pinned := -1, req.Node != ""
-	if i, ok := snap.index[req.Node]; ok && pinned {
-		pin = i
+	if pinned {
+		if i, ok := snap.index[req.Node]; ok {
+			pin = i
+		}
 	}
 	for ci, class := range snap.classes {
 		idx := snap.byClass[class.Key]
