@@ -203,6 +203,12 @@ type Reservation struct {
 	// the binding implies (an instance's network policy). Not stored: only
 	// instances set it, and they place inline, never from the queue.
 	Requires []string
+	// PinNodeID places the reservation on that node only (a sandbox from
+	// a snapshot boots where the snapshot's files are). Not stored: it
+	// steers the first placement only, which instances make inline; a
+	// reservation read back has none, and a recreated instance books
+	// anew without it.
+	PinNodeID string
 }
 
 // Condition returns the reservation's condition of type typ.

@@ -8,6 +8,7 @@ import (
 // Reasons a node is rejected. Some are completed with detail (the taint,
 // the label term, the capability), so an Explanation counts them apart.
 const (
+	ReasonPinned          = "not the node the request is pinned to"
 	ReasonUnschedulable   = "not schedulable"
 	ReasonUnhealthy       = "unhealthy"
 	ReasonModel           = "no GPUs of the requested model"
@@ -45,6 +46,7 @@ func (f CheckerFunc) Check(req *Request, n *Node) string { return f(req, n) }
 // first; a node is rejected by the first that fails.
 func DefaultCheckers() []Checker {
 	return []Checker{
+		CheckerFunc(checkPinned),
 		CheckerFunc(checkSchedulable),
 		CheckerFunc(checkHealthy),
 		CheckerFunc(checkTaints),
@@ -53,6 +55,13 @@ func DefaultCheckers() []Checker {
 		CheckerFunc(checkCapabilities),
 		CheckerFunc(checkHost),
 	}
+}
+
+func checkPinned(req *Request, n *Node) string {
+	if req.Node != "" && req.Node != n.ID {
+		return ReasonPinned
+	}
+	return ""
 }
 
 func checkSchedulable(_ *Request, n *Node) string {
@@ -199,7 +208,7 @@ func hostReason(req *Request, free HostResources) string {
 }
 
 // check runs the default chain, in DefaultCheckers' order and with its
-// reasons, without the calls through the interface and without building a
+// reasons (the pin is checkSummary's, which ran before), without the calls through the interface and without building a
 // reason string per rejected node: those that carry detail are built once
 // per call (labels, capabilities) or per taint, and kept in the scratch.
 func (sc *scratch) check(req *Request, d *digest) string {
@@ -275,10 +284,13 @@ func (sc *scratch) taintReason(t Taint) string {
 // checkSummary prunes a node from its summary alone, before its detail is
 // loaded. Its free counts are upper bounds, so it never rejects a node the
 // full chain would accept; it runs first, so a node that fails both is
-// counted under the summary's reason. The model is not checked here: a
-// class has one model, and Place rejects a class of the wrong model whole
-// before looking at its nodes.
+// counted under the summary's reason. The pin is checked first, as in the
+// chain. The model is not checked here: a class has one model, and Place
+// rejects a class of the wrong model whole before looking at its nodes.
 func checkSummary(req *Request, s *NodeSummary) string {
+	if req.Node != "" && req.Node != s.ID {
+		return ReasonPinned
+	}
 	if req.MIGProfile == "" && req.GPUs > s.FreeGPUs {
 		return ReasonFreeGPUs
 	}

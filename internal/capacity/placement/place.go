@@ -43,13 +43,32 @@ func Place(snap *Snapshot, req Request, opts Options) (Result, error) {
 	bound := req.MIGProfile == "" && req.Slots == 0 && req.GPUs > 0 && boundable(&w)
 	res := Result{Explanation: newExplanation()}
 	ex := &res.Explanation
+	// A pinned request rejects every other node before anything else: a
+	// class without the pinned node whole, from the index.
+	pin, pinned := -1, req.Node != ""
+	if pinned {
+		if i, ok := snap.index[req.Node]; ok {
+			pin = i
+		}
+	}
 	for ci, class := range snap.classes {
 		idx := snap.byClass[class.Key]
 		ex.Evaluated += len(idx)
+		if pinned && (pin < 0 || snap.nodes[pin].Class != class.Key) {
+			ex.reject(class.Key, ReasonPinned, len(idx))
+			continue
+		}
 		// A whole class of the wrong model is rejected from the index,
 		// without loading any node's detail.
 		if req.Model != "" && class.Key.Model != "" && !ModelMatches(req.Model, class.Key.Model) {
-			ex.reject(class.Key, ReasonModel, len(idx))
+			wrong := len(idx)
+			if pinned {
+				if wrong > 1 {
+					ex.reject(class.Key, ReasonPinned, wrong-1)
+				}
+				wrong = 1
+			}
+			ex.reject(class.Key, ReasonModel, wrong)
 			continue
 		}
 		for _, i := range idx {

@@ -437,3 +437,75 @@ func TestReplaceAnswersAsANewSnapshot(t *testing.T) {
 	_, err = orig.Replace(&other)
 	require.Error(t, err, "a node not in the snapshot")
 }
+
+// pinFleet is three nodes of one class, n2 the best fit for one GPU (the
+// fullest), plus one node of another class.
+func pinFleet() []Node {
+	nodes := []Node{node8("n1"), node8("n2"), node8("n3"), node8("n4")}
+	for i := range 6 {
+		nodes[1].GPUs[i].Booked = true
+	}
+	nodes[3].Pool = "other"
+	return nodes
+}
+
+func TestPinnedPlacement(t *testing.T) {
+	t.Parallel()
+	// Unpinned, the fullest node wins; pinned, only n3 is offered.
+	require.Equal(t, "n2", place(t, pinFleet(), Request{GPUs: 1}).Plans[0].NodeID)
+	for _, opts := range []Options{{Limit: 5}, {Limit: 5, Checkers: DefaultCheckers()}} {
+		res, err := Place(NewSnapshot(pinFleet()), Request{GPUs: 1, Node: "n3"}, opts)
+		require.NoError(t, err)
+		require.Len(t, res.Plans, 1)
+		require.Equal(t, "n3", res.Plans[0].NodeID)
+		require.Equal(t, "name-n3", res.Plans[0].NodeName)
+		require.Equal(t, 1, res.Explanation.Feasible)
+		require.Equal(t, 4, res.Explanation.Evaluated)
+		require.Equal(t, map[string]int{ReasonPinned: 3}, res.Explanation.ByReason)
+	}
+}
+
+func TestPinnedToAFullNode(t *testing.T) {
+	t.Parallel()
+	nodes := pinFleet()
+	res := place(t, nodes, Request{GPUs: 3, Node: "n2"})
+	require.Empty(t, res.Plans)
+	// The others are counted as not the pinned node, the pinned one
+	// under its own reason.
+	require.Equal(t, map[string]int{ReasonPinned: 3, ReasonFreeGPUs: 1}, res.Explanation.ByReason)
+	require.Equal(t, map[string]int{ReasonPinned: 2, ReasonFreeGPUs: 1}, res.Explanation.ByClass[nodes[1].Class()])
+	require.Equal(t, map[string]int{ReasonPinned: 1}, res.Explanation.ByClass[nodes[3].Class()])
+	require.Equal(t, "3 nodes: not the node the request is pinned to; 1 node: not enough free GPUs", res.Explanation.String())
+
+	// The pinned node's host is full: its detail says so.
+	nodes = pinFleet()
+	nodes[0].HostBooked.VCPU = 60
+	res = place(t, nodes, Request{GPUs: 1, VCPU: 1, Node: "n1"})
+	require.Empty(t, res.Plans)
+	require.Equal(t, map[string]int{ReasonPinned: 3, ReasonVCPU: 1}, res.Explanation.ByReason)
+
+	// Pinned to a node of the wrong model: only it is the model's
+	// rejection, the rest of its class is the pin's.
+	res = place(t, pinFleet(), Request{GPUs: 1, Model: "A100 80GB", Node: "n1"})
+	require.Empty(t, res.Plans)
+	require.Equal(t, map[string]int{ReasonPinned: 3, ReasonModel: 1}, res.Explanation.ByReason)
+}
+
+func TestPinnedToAMissingNode(t *testing.T) {
+	t.Parallel()
+	nodes := pinFleet()
+	res := place(t, nodes, Request{GPUs: 1, Node: "gone"})
+	require.Empty(t, res.Plans)
+	require.Equal(t, 0, res.Explanation.Feasible)
+	require.Equal(t, map[string]int{ReasonPinned: 4}, res.Explanation.ByReason)
+	require.Equal(t, map[string]int{ReasonPinned: 3}, res.Explanation.ByClass[nodes[0].Class()])
+}
+
+func TestCheckPinned(t *testing.T) {
+	t.Parallel()
+	n := node8("n1")
+	require.Equal(t, "", checkPinned(&Request{}, &n))
+	require.Equal(t, "", checkPinned(&Request{Node: "n1"}, &n))
+	require.Equal(t, ReasonPinned, checkPinned(&Request{Node: "n2"}, &n))
+	require.Equal(t, ReasonPinned, DefaultCheckers()[0].Check(&Request{Node: "n2"}, &n))
+}

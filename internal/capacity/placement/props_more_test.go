@@ -3,7 +3,9 @@ package placement
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +47,8 @@ import (
 //   - TestPropDeterministic: a shuffled node list, a lazy snapshot and a
 //     snapshot already used by other placements (concurrent ones included)
 //     give identical plans and explanation;
+//   - TestPropPinnedIsTheNodesOwn: a request pinned to a node gets what
+//     that node alone would give it, every other node rejected by the pin;
 //   - TestPropMixedModelNode, an example rather than a property: a node
 //     with GPUs of two models is refused its second model. It fails today.
 
@@ -662,5 +666,40 @@ func TestPropDeterministic(t *testing.T) {
 			t.Fatalf("place: %v", err)
 		}
 		same("lazy snapshot reused after other placements", got)
+	})
+}
+
+// TestPropPinnedIsTheNodesOwn: a request pinned to a node of the fleet
+// gets exactly what that node alone would give it (the same plan, or the
+// same reason), with every other node counted as not the pinned one; one
+// pinned to a node not in the fleet gets no plan and only that reason.
+func TestPropPinnedIsTheNodesOwn(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(t *rapid.T) {
+		s := genStrictness(t)
+		nodes, req := genFleet(t, s, rapid.Bool().Draw(t, "mixed")), genAsk(t, s)
+		if len(nodes) == 0 {
+			return
+		}
+		n := nodes[rapid.IntRange(0, len(nodes)-1).Draw(t, "pinned")]
+		alone := placeAll(t, NewSnapshot([]Node{n}), req)
+		req.Node = n.ID
+		got := placeAll(t, NewSnapshot(nodes), req)
+		if !reflect.DeepEqual(got.Plans, alone.Plans) {
+			t.Fatalf("pinned to %s: plans %+v, the node alone %+v", n.ID, got.Plans, alone.Plans)
+		}
+		want := maps.Clone(alone.Explanation.ByReason)
+		if len(nodes) > 1 {
+			want[ReasonPinned] = len(nodes) - 1
+		}
+		if !maps.Equal(got.Explanation.ByReason, want) || got.Explanation.Feasible != alone.Explanation.Feasible ||
+			got.Explanation.Evaluated != len(nodes) {
+			t.Fatalf("pinned to %s: explanation %+v, want %v beside the node alone's %+v", n.ID, got.Explanation, want, alone.Explanation)
+		}
+		req.Node = "not-in-the-fleet"
+		got = placeAll(t, NewSnapshot(nodes), req)
+		if len(got.Plans) != 0 || !maps.Equal(got.Explanation.ByReason, map[string]int{ReasonPinned: len(nodes)}) {
+			t.Fatalf("pinned to a missing node: %+v", got)
+		}
 	})
 }

@@ -35,6 +35,20 @@ func genOptions(t *rapid.T) Options {
 	return opts
 }
 
+// genPin draws a request's pin: mostly none, else one of the fleet's
+// nodes or a node that is not in it.
+func genPin(t *rapid.T, nodes []Node) string {
+	switch rapid.IntRange(0, 3).Draw(t, "pin") {
+	case 1:
+		if len(nodes) > 0 {
+			return nodes[rapid.IntRange(0, len(nodes)-1).Draw(t, "pinNode")].ID
+		}
+	case 2:
+		return "no-such-node"
+	}
+	return ""
+}
+
 func requireSameResult(t interface{ Fatalf(string, ...any) }, snap *Snapshot, req Request, opts Options) {
 	want, wantErr := refPlace(snap, req, opts)
 	got, gotErr := Place(snap, req, opts)
@@ -62,6 +76,7 @@ func TestPlaceMatchesReference(t *testing.T) {
 			g := rapidGen{t}
 			nodes, req = genNodes(g), genRequest(g)
 		}
+		req.Node = genPin(t, nodes)
 		opts := genOptions(t)
 		snap := NewSnapshot(nodes)
 		if rapid.Bool().Draw(t, "lazy") {

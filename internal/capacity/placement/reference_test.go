@@ -452,12 +452,8 @@ func refPlace(snap *Snapshot, req Request, opts Options) (Result, error) {
 	for _, class := range snap.classes {
 		idx := snap.byClass[class.Key]
 		ex.Evaluated += len(idx)
-		// A whole class of the wrong model is rejected from the index,
-		// without loading any node's detail.
-		if req.Model != "" && class.Key.Model != "" && !ModelMatches(req.Model, class.Key.Model) {
-			refReject(ex, class.Key, ReasonModel, len(idx))
-			continue
-		}
+		// Node by node: the pin, then the class's model, are the
+		// summary's first checks (Place rejects whole classes instead).
 	nodes:
 		for _, i := range idx {
 			if r := refCheckSummary(&req, &snap.nodes[i]); r != "" {
@@ -519,6 +515,7 @@ func refInsertTop(top []Plan, p Plan, limit int) []Plan {
 // first; a node is rejected by the first that fails.
 func refDefaultCheckers() []Checker {
 	return []Checker{
+		CheckerFunc(refCheckPinned),
 		CheckerFunc(refCheckSchedulable),
 		CheckerFunc(refCheckHealthy),
 		CheckerFunc(refCheckTaints),
@@ -527,6 +524,13 @@ func refDefaultCheckers() []Checker {
 		CheckerFunc(refCheckCapabilities),
 		CheckerFunc(refCheckHost),
 	}
+}
+
+func refCheckPinned(req *Request, n *Node) string {
+	if req.Node != "" && n.ID != req.Node {
+		return ReasonPinned
+	}
+	return ""
 }
 
 func refCheckSchedulable(_ *Request, n *Node) string {
@@ -612,6 +616,9 @@ func refCheckHost(req *Request, n *Node) string {
 // so it never rejects a node the full chain would accept; it runs first, so
 // a node that fails both is counted under the summary's reason.
 func refCheckSummary(req *Request, s *NodeSummary) string {
+	if req.Node != "" && s.ID != req.Node {
+		return ReasonPinned
+	}
 	if req.Model != "" && s.Class.Model != "" && !ModelMatches(req.Model, s.Class.Model) {
 		return ReasonModel
 	}

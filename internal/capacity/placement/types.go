@@ -376,6 +376,11 @@ type Request struct {
 	// Tolerations are taints ("key" or "key=value") the request accepts.
 	Tolerations  []string
 	Capabilities []string
+	// Node pins the request to the node of that ID ("" takes any): every
+	// other node is rejected with ReasonPinned before anything else is
+	// checked. A sandbox from a snapshot pins to where the snapshot's
+	// files are. An unknown ID matches no node.
+	Node string
 }
 
 // ScoreBreakdown is each scorer's score in [0, 1] and the weighted total.

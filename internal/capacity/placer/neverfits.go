@@ -68,6 +68,13 @@ func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.E
 	if len(nodes) == 0 {
 		return "the pool has no nodes"
 	}
+	return sizeReason(nodes, r, ex, "the pool", "the largest node", "no node of the pool can ever hold it")
+}
+
+// sizeReason is neverReason's body in the words of who is short (all,
+// largest, and the sentence when the limit is not a size): the pool and its
+// largest node, or the node a request is pinned to.
+func sizeReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.Explanation, all, largest, never string) string {
 	models := PoolModels(nodes)
 	matches := func(g placement.GPU) bool { return r.Model == "" || placement.ModelMatches(r.Model, g.Model) }
 	any := false
@@ -76,11 +83,12 @@ func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.E
 			any = any || matches(g)
 		}
 	}
-	if !any {
+	// A guest without GPUs is not short of them (it may be of vCPUs).
+	if !any && r.GPUs+r.Slots > 0 {
 		if r.Model == "" {
-			return "the pool has no GPUs"
+			return all + " has no GPUs"
 		}
-		return fmt.Sprintf("the pool has no %s GPUs (%s)", r.Model, ModelsPhrase(models))
+		return fmt.Sprintf("%s has no %s GPUs (%s)", all, r.Model, ModelsPhrase(models))
 	}
 	model := ""
 	if r.Model != "" {
@@ -116,22 +124,22 @@ func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.E
 	}
 	switch {
 	case r.MIGProfile != "" && r.GPUs > mig:
-		return fmt.Sprintf("the largest node has %d %s MIG instances of %sGPUs, asked %d", mig, r.MIGProfile, model, r.GPUs)
+		return fmt.Sprintf("%s has %d %s MIG instances of %sGPUs, asked %d", largest, mig, r.MIGProfile, model, r.GPUs)
 	case r.MIGProfile == "" && r.Slots == 0 && r.GPUs > whole:
-		return fmt.Sprintf("the largest node has %d %sGPUs, asked %d", whole, model, r.GPUs)
+		return fmt.Sprintf("%s has %d %sGPUs, asked %d", largest, whole, model, r.GPUs)
 	case r.Slots > slots:
-		return fmt.Sprintf("the largest node has %d shared slots of %sGPUs, asked %d", slots, model, r.Slots)
+		return fmt.Sprintf("%s has %d shared slots of %sGPUs, asked %d", largest, slots, model, r.Slots)
 	case r.VCPU > vcpu:
-		return fmt.Sprintf("the largest node offers %d vCPUs, asked %d", vcpu, r.VCPU)
+		return fmt.Sprintf("%s offers %d vCPUs, asked %d", largest, vcpu, r.VCPU)
 	case r.MemoryGiB > mem:
-		return fmt.Sprintf("the largest node offers %d GiB of memory, asked %d", mem, r.MemoryGiB)
+		return fmt.Sprintf("%s offers %d GiB of memory, asked %d", largest, mem, r.MemoryGiB)
 	case r.Hugepages1Gi > huge:
-		return fmt.Sprintf("the largest node offers %d 1Gi hugepages, asked %d", huge, r.Hugepages1Gi)
+		return fmt.Sprintf("%s offers %d 1Gi hugepages, asked %d", largest, huge, r.Hugepages1Gi)
 	}
 	if s := ex.String(); s != "" {
-		return "no node of the pool can ever hold it: " + s
+		return never + ": " + s
 	}
-	return "no node of the pool can ever hold it"
+	return never
 }
 
 // NeverFits is the refusal of a request no node of the pool could ever
@@ -139,6 +147,9 @@ func neverReason(nodes []placement.Node, r *capmodel.Reservation, ex placement.E
 // machine code NO_CAPACITY and the explanation kept for clients that read
 // them.
 func NeverFits(poolName string, nodes []placement.Node, r *capmodel.Reservation, ex placement.Explanation) error {
+	if r.PinNodeID != "" {
+		return pinnedNeverFits(poolName, nodes, r, ex)
+	}
 	if why := BindingUnsupported(poolName, nodes, r); why != "" {
 		// The binding the caller chose is what no node offers: name the
 		// field, so a client can point at it.
@@ -175,4 +186,43 @@ func BindingUnsupported(poolName string, nodes []placement.Node, r *capmodel.Res
 		}
 	}
 	return fmt.Sprintf("no node of pool %s advertises %s (%s)", poolName, need.capability, need.without)
+}
+
+// pinnedNeverFits is NeverFits for a request pinned to one node: only that
+// node matters, so the refusal names it and says what it lacks.
+func pinnedNeverFits(poolName string, nodes []placement.Node, r *capmodel.Reservation, ex placement.Explanation) error {
+	i := slices.IndexFunc(nodes, func(n placement.Node) bool { return n.ID == r.PinNodeID })
+	var why string
+	if i < 0 {
+		why = fmt.Sprintf("node %s (where the request is pinned) is not in the pool", r.PinNodeID)
+	} else {
+		node := fmt.Sprintf("node %s (where the request is pinned)", nodes[i].Name)
+		why = sizeReason(nodes[i:i+1], r, PinnedOwn(ex), node, node, node+" can never hold it")
+	}
+	msg := fmt.Sprintf("pool %s can never hold this request: %s", poolName, why)
+	return &envelope.Error{Code: envelope.CodeNoCapacity, Status: connect.CodeFailedPrecondition, Message: msg,
+		Explanation: ExplanationProto(ex)}
+}
+
+// PinnedOwn is the part of a pinned request's explanation that is about the
+// pinned node: without the other nodes' ReasonPinned.
+func PinnedOwn(ex placement.Explanation) placement.Explanation {
+	out := placement.Explanation{Evaluated: ex.Evaluated, Feasible: ex.Feasible,
+		ByReason: map[string]int{}, ByClass: map[placement.ClassKey]map[string]int{}}
+	for r, n := range ex.ByReason {
+		if r != placement.ReasonPinned {
+			out.ByReason[r] = n
+		}
+	}
+	for c, m := range ex.ByClass {
+		for r, n := range m {
+			if r != placement.ReasonPinned {
+				if out.ByClass[c] == nil {
+					out.ByClass[c] = map[string]int{}
+				}
+				out.ByClass[c][r] = n
+			}
+		}
+	}
+	return out
 }

@@ -107,12 +107,13 @@ const CapKubernetes = "binding.kubernetes"
 // binds (binding "kubernetes") only where bcd can hand its GPUs to the
 // kubelet (binding.kubernetes), else it would go active with nothing
 // bound; an instance's only on nodes that run instances
-// (vmcmd.CapInstances), plus what it Requires.
+// (vmcmd.CapInstances), plus what it Requires; on its PinNodeID only when
+// it has one.
 func Request(r *capmodel.Reservation) placement.Request {
 	req := placement.Request{
 		GPUs: r.GPUs, Model: r.Model, MIGProfile: r.MIGProfile, Slots: r.Slots, VCPU: r.VCPU, MemoryGiB: r.MemoryGiB,
 		Hugepages1Gi: r.Hugepages1Gi, Tenant: r.TenantID, SingleTenant: r.SingleTenant,
-		Tolerations: []string{"dedicated=" + r.TenantID},
+		Tolerations: []string{"dedicated=" + r.TenantID}, Node: r.PinNodeID,
 	}
 	switch r.Binding {
 	case capmodel.BindingNode:

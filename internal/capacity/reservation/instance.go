@@ -44,6 +44,9 @@ type InstanceBooking struct {
 	Field string
 	// Requires are host capabilities the guest needs (its network policy).
 	Requires []string
+	// NodeID books on this node only ("" on any node of the pool): a
+	// sandbox from a snapshot boots where the snapshot's files are.
+	NodeID string
 }
 
 // ResolveInstancePool finds the pool an instance places in: the one the
@@ -117,7 +120,7 @@ func (e *Engine) BookInstance(ctx context.Context, tx store.Tx, ib InstanceBooki
 		GPUs: ib.GPUs, Model: strings.ToUpper(ib.Model), VCPU: ib.VCPU, MemoryGiB: ib.MemoryGiB, Hugepages1Gi: ib.Hugepages1Gi,
 		Binding: BindingInstance, SingleTenant: poolPolicy(*p).GetSingleTenant(), StartsAt: start, EndsAt: start.Add(InstanceHorizon),
 		Placement: PlacementRecord{NUMA: -1, Island: -1}, Explanation: "{}", CreatedBy: ib.CreatedBy, CreateTime: now, UpdateTime: now, Flavor: ib.Flavor,
-		Requires: ib.Requires,
+		Requires: ib.Requires, PinNodeID: ib.NodeID,
 	}
 	placed, ex, err := e.placers.Place(ctx, b, &r, now)
 	if err != nil {
@@ -137,6 +140,13 @@ func (e *Engine) BookInstance(ctx context.Context, tx store.Tx, ib InstanceBooki
 		if len(again.Plans) == 0 {
 			return nil, nil, placer.NeverFits(p.Name, nodes, &r, ex)
 		}
+		if r.PinNodeID != "" {
+			name := r.PinNodeID
+			if n := static.Nodes[r.PinNodeID]; n != nil && n.Name != "" {
+				name = n.Name
+			}
+			return nil, nil, pinnedNoCapacity(p.Name, name, ex)
+		}
 		return nil, nil, noCapacity(p.Name, ex, "no host of the pool can hold the guest now (instances do not queue)")
 	}
 	if err := b.CheckQuota(ctx, charge(&r)); err != nil {
@@ -152,6 +162,17 @@ func (e *Engine) BookInstance(ctx context.Context, tx store.Tx, ib InstanceBooki
 		return nil, nil, err
 	}
 	return &r, evs, nil
+}
+
+// pinnedNoCapacity is noCapacity for a guest pinned to a node: it names
+// the node and, in the message, only its reason (every other node's is the
+// pin, which the explanation still counts for clients that read it).
+func pinnedNoCapacity(poolName, node string, ex placement.Explanation) error {
+	msg := fmt.Sprintf("no capacity in pool %s: node %s (where the request is pinned) cannot hold the guest now (instances do not queue)", poolName, node)
+	if s := placer.PinnedOwn(ex).String(); s != "" {
+		msg += " (" + s + ")"
+	}
+	return &envelope.Error{Code: envelope.CodeNoCapacity, Message: msg, Explanation: placer.ExplanationProto(ex)}
 }
 
 func cmpField(a, b string) string {

@@ -13,8 +13,8 @@ import (
 )
 
 // CheckInstanceFits refuses, in the pool's placer batch (SubmitInstance),
-// an instance no host of the pool could ever hold, whatever is booked now;
-// it books nothing. A sandbox template is checked with it once, so its
+// an instance no host of the pool (or, with a NodeID, that node) could ever
+// hold, whatever is booked now; it books nothing. A sandbox template is checked with it once, so its
 // sandboxes later fail only for capacity.
 func (e *Engine) CheckInstanceFits(ctx context.Context, ib InstanceBooking) error {
 	b := placer.BatchOf(ctx)
@@ -33,7 +33,7 @@ func (e *Engine) CheckInstanceFits(ctx context.Context, ib InstanceBooking) erro
 	}
 	r := Reservation{TenantID: ib.TenantID, PoolID: p.ID, GPUs: ib.GPUs, Model: strings.ToUpper(ib.Model), VCPU: ib.VCPU,
 		MemoryGiB: ib.MemoryGiB, Hugepages1Gi: ib.Hugepages1Gi, Binding: BindingInstance, SingleTenant: poolPolicy(*p).GetSingleTenant(),
-		Placement: PlacementRecord{NUMA: -1, Island: -1}, Flavor: ib.Flavor}
+		Placement: PlacementRecord{NUMA: -1, Island: -1}, Flavor: ib.Flavor, PinNodeID: ib.NodeID}
 	nodes := placer.Pristine(b.Index().Static().Nodes)
 	res, err := placement.Place(placement.NewSnapshot(slices.Clone(nodes)), placer.Request(&r), placement.Options{Limit: 1})
 	if err != nil {
