@@ -224,9 +224,13 @@ func (h *FakeHypervisor) fromSnapshotLocked(p *vmcmd.CreateParams) (string, erro
 	case !vmcmd.ValidID(fs.SnapshotID):
 		return "", invalid("from_snapshot.snapshot_id: %q is not a snapshot id (1-63 of a-z, 0-9 and '-')", fs.SnapshotID)
 	}
+	missing := agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("instance.create: from_snapshot: instance %q has no snapshot %q on this host", fs.InstanceID, fs.SnapshotID))
+	if h.root == "" {
+		return "", missing
+	}
 	dir := filepath.Join(h.root, "snapshots", fs.InstanceID, fs.SnapshotID)
-	if _, err := os.Stat(filepath.Join(dir, "fs")); h.root == "" || err != nil {
-		return "", agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("instance.create: from_snapshot: instance %q has no snapshot %q on this host", fs.InstanceID, fs.SnapshotID))
+	if _, err := os.Stat(filepath.Join(dir, "fs")); err != nil {
+		return "", missing
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "spec.json")); err == nil {
 		var snap fakeSnapshotSpec
