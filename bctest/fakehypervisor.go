@@ -192,7 +192,91 @@ func (h *FakeHypervisor) snapshotLocked(p vmcmd.SnapshotParams) error {
 	if err := os.CopyFS(filepath.Join(tmp, "fs"), os.DirFS(src)); err != nil {
 		return err
 	}
+	// What bcd's snapshot spec says of the disk: which image it is an
+	// overlay on, and its size (a create from the snapshot checks both).
+	if g, ok := h.guests[p.InstanceID]; ok {
+		b, err := json.Marshal(fakeSnapshotSpec{Image: g.params.Image.Name, DiskMiB: g.params.DiskMiB})
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(tmp, "spec.json"), b, 0o600); err != nil {
+			return err
+		}
+	}
 	return os.Rename(tmp, dst)
+}
+
+// fakeSnapshotSpec is the part of bcd's snapshot spec.json a create from
+// the snapshot checks.
+type fakeSnapshotSpec struct {
+	Image   string `json:"image"`
+	DiskMiB int    `json:"disk_mib"`
+}
+
+// fromSnapshotLocked checks a create's from_snapshot as bcd does (ids, the
+// snapshot on this host, the same image, a disk no larger than the new
+// one) and returns the snapshot's files to seed the guest with.
+func (h *FakeHypervisor) fromSnapshotLocked(p *vmcmd.CreateParams) (string, error) {
+	fs := p.FromSnapshot
+	switch {
+	case !vmcmd.ValidID(fs.InstanceID):
+		return "", invalid("from_snapshot.instance_id: %q is not an instance id (1-63 of a-z, 0-9 and '-')", fs.InstanceID)
+	case !vmcmd.ValidID(fs.SnapshotID):
+		return "", invalid("from_snapshot.snapshot_id: %q is not a snapshot id (1-63 of a-z, 0-9 and '-')", fs.SnapshotID)
+	}
+	missing := agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("instance.create: from_snapshot: instance %q has no snapshot %q on this host", fs.InstanceID, fs.SnapshotID))
+	if h.root == "" {
+		return "", missing
+	}
+	dir := filepath.Join(h.root, "snapshots", fs.InstanceID, fs.SnapshotID)
+	if _, err := os.Stat(filepath.Join(dir, "fs")); err != nil {
+		return "", missing
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "spec.json")); err == nil {
+		var snap fakeSnapshotSpec
+		if err := json.Unmarshal(b, &snap); err != nil {
+			return "", agent.CommandError(vmcmd.FailRuntime, fmt.Errorf("instance.create: from_snapshot: snapshot %q of %q: unreadable spec: %w", fs.SnapshotID, fs.InstanceID, err))
+		}
+		if snap.Image != p.Image.Name {
+			return "", invalid("from_snapshot: snapshot %q of %q is of the image %s, not %s (this instance's image)", fs.SnapshotID, fs.InstanceID, snap.Image, p.Image.Name)
+		}
+		if snap.DiskMiB > p.DiskMiB {
+			return "", invalid("from_snapshot: snapshot %q of %q has a %d MiB disk, larger than disk_mib (%d)", fs.SnapshotID, fs.InstanceID, snap.DiskMiB, p.DiskMiB)
+		}
+	}
+	return filepath.Join(dir, "fs"), nil
+}
+
+// deleteSnapshotsLocked removes an instance's snapshots but the kept ones,
+// and its snapshot directory once it holds none.
+func (h *FakeHypervisor) deleteSnapshotsLocked(id string, keep []string) error {
+	dir := filepath.Join(h.root, "snapshots", id)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !slices.Contains(keep, e.Name()) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return removeEmptyDir(dir)
+}
+
+func removeEmptyDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil || len(entries) > 0 {
+		return err
+	}
+	return os.Remove(dir)
 }
 
 var errNoSnapshot = errors.New("no such snapshot")
@@ -440,6 +524,24 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		}
 		g.peers = append([]string{}, p.Peers...)
 		return result(h.status(p.InstanceID, g))
+	case vmcmd.KindSnapshotDelete:
+		var p vmcmd.SnapshotParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		if !vmcmd.ValidID(p.InstanceID) || !vmcmd.ValidID(p.SnapshotID) {
+			return nil, invalid("instance_id %q or snapshot_id %q is not a host id", p.InstanceID, p.SnapshotID)
+		}
+		if h.root != "" {
+			dir := filepath.Join(h.root, "snapshots", p.InstanceID, p.SnapshotID)
+			if err := os.RemoveAll(dir); err != nil {
+				return nil, agent.CommandError(vmcmd.FailRuntime, err)
+			}
+			if err := removeEmptyDir(filepath.Dir(dir)); err != nil {
+				return nil, agent.CommandError(vmcmd.FailRuntime, err)
+			}
+		}
+		return result(vmcmd.SnapshotDeleted(p))
 	case vmcmd.KindInstanceSnapshot, vmcmd.KindInstanceRestore:
 		var p vmcmd.SnapshotParams
 		if err := vmcmd.Decode(raw, &p); err != nil {
@@ -465,26 +567,37 @@ func (h *FakeHypervisor) Apply(_ context.Context, c *agentv1.Command) (*structpb
 		}
 		return result(h.status(p.InstanceID, g))
 	}
+	if c.GetKind() == vmcmd.KindInstanceDelete {
+		var p vmcmd.DeleteParams
+		if err := vmcmd.Decode(raw, &p); err != nil {
+			return nil, invalid("%v", err)
+		}
+		for i, s := range p.KeepSnapshots {
+			if !vmcmd.ValidID(s) {
+				return nil, invalid("keep_snapshots[%d]: %q is not a snapshot id", i, s)
+			}
+		}
+		if g, ok := h.guests[p.InstanceID]; ok {
+			g.stopSSH()
+			delete(h.guests, p.InstanceID)
+		}
+		if h.root != "" {
+			// A guest's files and snapshots go with it, as bcd's do, but
+			// for the snapshots it keeps.
+			if err := os.RemoveAll(filepath.Join(h.root, p.InstanceID)); err != nil {
+				return nil, agent.CommandError(vmcmd.FailRuntime, err)
+			}
+			if err := h.deleteSnapshotsLocked(p.InstanceID, p.KeepSnapshots); err != nil {
+				return nil, agent.CommandError(vmcmd.FailRuntime, err)
+			}
+		}
+		return result(vmcmd.Status{InstanceID: p.InstanceID, State: vmcmd.StateDeleted})
+	}
 	var ref vmcmd.InstanceRef
 	if err := vmcmd.Decode(raw, &ref); err != nil {
 		return nil, invalid("%v", err)
 	}
 	g, ok := h.guests[ref.InstanceID]
-	if c.GetKind() == vmcmd.KindInstanceDelete {
-		if ok {
-			g.stopSSH()
-			delete(h.guests, ref.InstanceID)
-		}
-		if h.root != "" {
-			// A guest's files and snapshots go with it, as bcd's do.
-			for _, dir := range []string{filepath.Join(h.root, ref.InstanceID), filepath.Join(h.root, "snapshots", ref.InstanceID)} {
-				if err := os.RemoveAll(dir); err != nil {
-					return nil, agent.CommandError(vmcmd.FailRuntime, err)
-				}
-			}
-		}
-		return result(vmcmd.Status{InstanceID: ref.InstanceID, State: vmcmd.StateDeleted})
-	}
 	if !ok {
 		return nil, agent.CommandError(vmcmd.FailNotFound, fmt.Errorf("no instance %s", ref.InstanceID))
 	}
@@ -603,13 +716,34 @@ func (h *FakeHypervisor) create(p *vmcmd.CreateParams) (*structpb.Struct, error)
 		if !vmcmd.ValidID(v.VolumeID) {
 			return nil, invalid("volumes: %q is not a host id", v.VolumeID)
 		}
-		h.volumes[v.VolumeID] = vmcmd.VolumeParams(v)
+	}
+	// A snapshot's files seed the guest's, as a snapshot's disk seeds
+	// bcd's guest; checked before anything is made.
+	var from string
+	if p.FromSnapshot != nil {
+		var err error
+		if from, err = h.fromSnapshotLocked(p); err != nil {
+			return nil, err
+		}
 	}
 	root, err := h.rootDir()
 	if err != nil {
 		return nil, agent.CommandError(vmcmd.FailRuntime, err)
 	}
 	g := &fakeGuest{params: *p, state: vmcmd.StateRunning, dir: filepath.Join(root, p.InstanceID, "fs"), uncertified: h.uncertified}
+	if from != "" {
+		// A stale directory of an earlier guest with this id goes first.
+		if err := os.RemoveAll(g.dir); err != nil {
+			return nil, agent.CommandError(vmcmd.FailRuntime, err)
+		}
+		if err := os.CopyFS(g.dir, os.DirFS(from)); err != nil {
+			_ = os.RemoveAll(filepath.Join(root, p.InstanceID))
+			return nil, agent.CommandError(vmcmd.FailRuntime, err)
+		}
+	}
+	for _, v := range p.Volumes {
+		h.volumes[v.VolumeID] = vmcmd.VolumeParams(v)
+	}
 	g.jail = &guestJail{uid: nextGuestID(), dir: g.dir, tmp: filepath.Join(root, p.InstanceID, "tmp"),
 		hide: append([]string{root}, h.hide...)}
 	if p.Paused {

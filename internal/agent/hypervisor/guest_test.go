@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -501,4 +502,141 @@ func TestGuestExecThroughGateway(t *testing.T) {
 	require.Zero(t, result.ExitCode)
 	require.Equal(t, sshca.HostCertValid, result.HostCert)
 	require.Contains(t, stdout.String(), "Linux")
+}
+
+// TestGuestFromSnapshot: a real guest writes a file and is snapshotted;
+// instance.delete keeping the snapshot removes the guest but not the
+// snapshot; a new instance created from it, with another id, hostname,
+// address, host key and a larger disk, boots cold from the snapshot's disk:
+// it has the file, and its own hostname, address, certified host key and
+// disk size (cloud-init re-ran its first-boot modules for the new instance
+// id). snapshot.delete then empties the store.
+func TestGuestFromSnapshot(t *testing.T) {
+	img := guestImageDir(t)
+	dir := t.TempDir()
+	hvDir, imagesDir, ns := filepath.Join(dir, "hv"), filepath.Join(dir, "images"), fmt.Sprintf("bcfs%d", os.Getpid())
+	require.NoError(t, os.MkdirAll(imagesDir, 0o755))
+	require.NoError(t, os.Symlink(img, filepath.Join(imagesDir, "debian-12")))
+	out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput()
+	require.NoError(t, err, string(out))
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	require.NoError(t, exec.Command("ip", "-n", ns, "link", "set", "lo", "up").Run())
+	t.Cleanup(func() {
+		pids, _ := filepath.Glob(filepath.Join(hvDir, "instances", "*", "qemu.pid"))
+		if t.Failed() {
+			for _, p := range pids {
+				con, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "console.log"))
+				t.Logf("%s console (last 6 KiB):\n%s", filepath.Base(filepath.Dir(p)), con[max(0, len(con)-6<<10):])
+			}
+		}
+		// QEMU is daemonized: a failed test must not leave it running.
+		for _, p := range pids {
+			b, _ := os.ReadFile(p)
+			var pid int
+			if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err == nil && pid > 0 {
+				if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmd), "guest=") {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+	})
+	hv, err := hypervisor.New(hypervisor.Config{StateDir: hvDir, Images: imagesDir, Bridge: "bcfsbr0", BridgeAddress: agNet + "1/24",
+		NetNS: ns, Accel: "tcg", StopTimeout: 2 * time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, hv.Start(ctx))
+	apply := func(kind string, params any) map[string]any {
+		t.Helper()
+		b, err := json.Marshal(params)
+		require.NoError(t, err)
+		res, err := hv.Apply(ctx, kind, b)
+		require.NoError(t, err, kind)
+		b, err = json.Marshal(res)
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(b, &m))
+		return m
+	}
+	ca, err := sshca.New(nil)
+	require.NoError(t, err)
+	dial := netns.Dialer(ns)
+	// guest is one instance's create params (its own host key, certified
+	// for its address) and a way to run commands in it over SSH.
+	guest := func(id, host, mac, octet string) (vmcmd.CreateParams, func(cmd string) string) {
+		hk, err := sshca.NewHostKey()
+		require.NoError(t, err)
+		cert, err := ca.SignHost(hk.Signer.PublicKey(), []string{agNet + octet}, 24*time.Hour)
+		require.NoError(t, err)
+		principal := "ins_" + strings.ReplaceAll(id, "-", "")
+		p := vmcmd.CreateParams{
+			InstanceID: id, VCPUs: 1, MemoryMiB: 512, DiskMiB: 2048,
+			Image: vmcmd.Image{Name: "debian-12", Sha256: imageDigest(t, img)},
+			Network: vmcmd.Network{MAC: mac, Address: agNet + octet + "/24", Gateway: agNet + "1",
+				DNS: []string{agNet + "53"}, Policy: vmcmd.PolicyEgress},
+			Seed: vmcmd.Seed{Hostname: host, User: agUser, TrustedUserCAKeys: []string{ca.AuthorizedKey()},
+				AuthorizedPrincipals: []string{principal}, HostKey: string(hk.PrivatePEM), HostCertificate: sshca.MarshalCert(cert)},
+		}
+		run := func(cmd string) string {
+			t.Helper()
+			var res *sshca.ExecResult
+			// Retried while the guest boots or a loaded TCG guest stalls
+			// a session; every command here is idempotent.
+			bctest.WaitFor(t, host+": ssh "+cmd, func() bool {
+				u, err := ca.NewUser(principal, 5*time.Minute)
+				require.NoError(t, err)
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				defer cancel()
+				if res, err = sshca.Exec(cctx, sshca.ExecParams{Addr: agNet + octet + ":22", User: agUser, Auth: u.Signer,
+					HostCA: ca.PublicKey(), Command: cmd, Dial: dial}); err != nil {
+					t.Logf("%s: ssh %q: %v (trying again)", host, cmd, err)
+					return false
+				}
+				return true
+			})
+			require.Equal(t, 0, res.ExitCode, "%s: %s", cmd, res.Stderr)
+			require.Equal(t, sshca.HostCertValid, res.HostCert, "the guest shows its own certified host key")
+			return string(res.Stdout)
+		}
+		return p, run
+	}
+
+	a, runA := guest("web-a", "web-a", "52:54:00:bc:f5:05", "5")
+	start := time.Now()
+	require.Equal(t, "running", apply(vmcmd.KindInstanceCreate, a)["state"])
+	require.Equal(t, "web-a\n", runA("hostname"))
+	t.Logf("figure: A: instance.create → SSH ready (TCG): %s", time.Since(start).Round(100*time.Millisecond))
+	runA("echo written-in-a > ~/marker; sync")
+
+	snap := vmcmd.SnapshotParams{InstanceID: "web-a", SnapshotID: "keep-1"}
+	start = time.Now()
+	apply(vmcmd.KindInstanceSnapshot, snap)
+	t.Logf("figure: instance.snapshot of a 512 MiB guest (TCG): %s", time.Since(start).Round(10*time.Millisecond))
+	apply(vmcmd.KindInstanceSnapshot, vmcmd.SnapshotParams{InstanceID: "web-a", SnapshotID: "drop-1"})
+	require.Equal(t, "deleted", apply(vmcmd.KindInstanceDelete, vmcmd.DeleteParams{InstanceID: "web-a", KeepSnapshots: []string{"keep-1"}})["state"])
+	require.NoDirExists(t, filepath.Join(hvDir, "instances", "web-a"))
+	require.NoDirExists(t, filepath.Join(hvDir, "snapshots", "web-a", "drop-1"))
+	require.FileExists(t, filepath.Join(hvDir, "snapshots", "web-a", "keep-1", "disk.qcow2"))
+
+	b, runB := guest("web-b", "web-b", "52:54:00:bc:f5:06", "6")
+	b.DiskMiB = 3072
+	b.FromSnapshot = &snap
+	start = time.Now()
+	require.Equal(t, "running", apply(vmcmd.KindInstanceCreate, b)["state"])
+	require.Equal(t, "web-b\n", runB("hostname"), "the new instance's hostname, not the snapshot's")
+	t.Logf("figure: B: instance.create from a snapshot → SSH ready (TCG): %s", time.Since(start).Round(100*time.Millisecond))
+	require.Equal(t, "written-in-a\n", runB("cat ~/marker"), "the snapshot's disk")
+	addr := runB("ip -4 -o addr show dev eth0")
+	require.Contains(t, addr, "inet "+agNet+"6/24")
+	require.NotContains(t, addr, agNet+"5/")
+	require.Equal(t, strconv.Itoa(3072<<20)+"\n", runB("lsblk -bdn -o SIZE /dev/vda"), "the disk grown to disk_mib")
+
+	// The snapshot outlives its use; snapshot.delete empties the store.
+	require.Equal(t, map[string]any{"instance_id": "web-a", "snapshot_id": "keep-1"}, apply(vmcmd.KindSnapshotDelete, snap))
+	apply(vmcmd.KindSnapshotDelete, snap)
+	apply(vmcmd.KindInstanceDelete, vmcmd.DeleteParams{InstanceID: "web-b"})
+	for _, d := range []string{"instances", "meta", "snapshots"} {
+		entries, err := os.ReadDir(filepath.Join(hvDir, d))
+		require.NoError(t, err)
+		require.Empty(t, entries, d)
+	}
 }

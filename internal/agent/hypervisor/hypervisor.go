@@ -151,6 +151,13 @@ const (
 	dirMeta      = "meta"
 )
 
+// Files of a snapshot directory that the hypervisor reads (the runtime
+// writes them: internal/agent/runtime/snapshot.go).
+const (
+	fileSnapshotSpec = "spec.json"
+	fileSnapshotDisk = "disk.qcow2"
+)
+
 // New checks cfg and prepares the state directory; call Start before
 // Apply.
 func New(cfg Config) (*Hypervisor, error) {
@@ -343,7 +350,7 @@ func (h *Hypervisor) Apply(ctx context.Context, kind string, params []byte) (any
 		}
 		return h.create(ctx, &p)
 	case vmcmd.KindInstanceStart, vmcmd.KindInstanceStop, vmcmd.KindInstanceReboot, vmcmd.KindInstancePause,
-		vmcmd.KindInstanceResume, vmcmd.KindInstanceDelete:
+		vmcmd.KindInstanceResume:
 		var p vmcmd.InstanceRef
 		if err := vmcmd.Decode(params, &p); err != nil {
 			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
@@ -351,20 +358,37 @@ func (h *Hypervisor) Apply(ctx context.Context, kind string, params []byte) (any
 		if !vmcmd.ValidID(p.InstanceID) {
 			return nil, invalid("instance_id", "%q is not an instance id (1-63 of a-z, 0-9 and '-')", p.InstanceID)
 		}
-		if kind == vmcmd.KindInstanceDelete {
-			return h.delete(ctx, p.InstanceID)
-		}
 		return h.power(ctx, kind, p.InstanceID)
-	case vmcmd.KindInstanceSnapshot, vmcmd.KindInstanceRestore:
-		var p vmcmd.SnapshotParams
+	case vmcmd.KindInstanceDelete:
+		var p vmcmd.DeleteParams
 		if err := vmcmd.Decode(params, &p); err != nil {
 			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
 		}
 		if !vmcmd.ValidID(p.InstanceID) {
 			return nil, invalid("instance_id", "%q is not an instance id (1-63 of a-z, 0-9 and '-')", p.InstanceID)
 		}
-		if !vmcmd.ValidID(p.SnapshotID) {
-			return nil, invalid("snapshot_id", "%q is not a snapshot id (1-63 of a-z, 0-9 and '-')", p.SnapshotID)
+		for i, s := range p.KeepSnapshots {
+			if !vmcmd.ValidID(s) {
+				return nil, invalid(fmt.Sprintf("keep_snapshots[%d]", i), "%q is not a snapshot id (1-63 of a-z, 0-9 and '-')", s)
+			}
+		}
+		return h.delete(ctx, p)
+	case vmcmd.KindSnapshotDelete:
+		var p vmcmd.SnapshotParams
+		if err := vmcmd.Decode(params, &p); err != nil {
+			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
+		}
+		if err := validSnapshot(p); err != nil {
+			return nil, err
+		}
+		return h.snapshotDelete(p)
+	case vmcmd.KindInstanceSnapshot, vmcmd.KindInstanceRestore:
+		var p vmcmd.SnapshotParams
+		if err := vmcmd.Decode(params, &p); err != nil {
+			return nil, &Error{Code: vmcmd.FailInvalid, Err: err}
+		}
+		if err := validSnapshot(p); err != nil {
+			return nil, err
 		}
 		if kind == vmcmd.KindInstanceSnapshot {
 			return h.snapshot(ctx, p)

@@ -30,6 +30,9 @@ import (
 type fakeRuntime struct {
 	mu        sync.Mutex
 	instances map[string]*runtime.Info
+	// disks are the root disks' contents: a fresh overlay names its base,
+	// one made from a FromDisk holds that file's bytes.
+	disks     map[string]string
 	calls     []string
 	startErr  error
 	hugePages bool
@@ -37,7 +40,15 @@ type fakeRuntime struct {
 	holdDetach bool
 }
 
-func newFakeRuntime() *fakeRuntime { return &fakeRuntime{instances: map[string]*runtime.Info{}} }
+func newFakeRuntime() *fakeRuntime {
+	return &fakeRuntime{instances: map[string]*runtime.Info{}, disks: map[string]string{}}
+}
+
+func (f *fakeRuntime) disk(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.disks[id]
+}
 
 func (f *fakeRuntime) record(call string) {
 	f.mu.Lock()
@@ -67,11 +78,22 @@ func (f *fakeRuntime) Create(_ context.Context, spec runtime.Spec) error {
 	if _, ok := f.instances[spec.ID]; ok {
 		return runtime.ErrExists
 	}
-	// The stored spec is what the real runtime reads back: JSON.
+	disk := "overlay on " + spec.Image.Disk
+	if spec.FromDisk != "" {
+		b, err := os.ReadFile(spec.FromDisk)
+		if err != nil {
+			return err
+		}
+		disk = string(b)
+	}
+	// The stored spec is what the real runtime reads back: JSON, without
+	// the create-only FromDisk.
+	spec.FromDisk = ""
 	b, _ := json.Marshal(spec)
 	var stored runtime.Spec
 	_ = json.Unmarshal(b, &stored)
 	f.instances[spec.ID] = &runtime.Info{ID: spec.ID, State: runtime.StateCreated, Spec: stored}
+	f.disks[spec.ID] = disk
 	return nil
 }
 
@@ -128,6 +150,7 @@ func (f *fakeRuntime) Delete(_ context.Context, id string) error {
 		return fmt.Errorf("%w: %q", runtime.ErrNotFound, id)
 	}
 	delete(f.instances, id)
+	delete(f.disks, id)
 	return nil
 }
 
@@ -139,7 +162,18 @@ func (f *fakeRuntime) Snapshot(_ context.Context, id, dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "spec.json"), []byte(`{"id":"`+id+`"}`), 0o600)
+	// What the real runtime writes: the disk's copy and the spec.
+	f.mu.Lock()
+	spec, disk := f.instances[id].Spec, f.disks[id]
+	f.mu.Unlock()
+	if err := os.WriteFile(filepath.Join(dir, "disk.qcow2"), []byte(disk), 0o600); err != nil {
+		return err
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "spec.json"), b, 0o600)
 }
 
 func (f *fakeRuntime) Restore(_ context.Context, id, _ string) error {
@@ -839,4 +873,156 @@ func TestVolumeAttachAndDetach(t *testing.T) {
 	_, err = hv.Apply(context.Background(), vmcmd.KindVolumeDetach, b)
 	requireCode(t, err, vmcmd.FailBusy, "did not release")
 	require.Equal(t, []string{"data"}, vols("web-2"))
+}
+
+// TestCreateFromSnapshot: a create with from_snapshot seeds the new
+// instance's disk with a kept snapshot's disk (its owner deleted) and
+// boots it with its own spec; a redelivery converges even once the
+// snapshot is gone; a missing snapshot, one of another image or with a
+// larger disk, and bad ids are refused naming from_snapshot, before
+// anything is made.
+func TestCreateFromSnapshot(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, true)
+	ctx := context.Background()
+	r.must(t, vmcmd.KindInstanceCreate, createParams("web-1"))
+	r.rt.mu.Lock()
+	r.rt.disks["web-1"] = "web-1's files"
+	r.rt.mu.Unlock()
+	r.must(t, vmcmd.KindInstanceSnapshot, vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "s1"})
+	r.must(t, vmcmd.KindInstanceDelete, vmcmd.DeleteParams{InstanceID: "web-1", KeepSnapshots: []string{"s1"}})
+	require.FileExists(t, filepath.Join(r.state, "snapshots", "web-1", "s1", "disk.qcow2"))
+
+	p := createParams("web-2")
+	p.Network.MAC, p.Network.Address, p.Seed.Hostname = "52:54:00:77:00:06", "10.77.0.6/24", "web-2"
+	p.DiskMiB = 4096
+	p.FromSnapshot = &vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "s1"}
+	st := r.must(t, vmcmd.KindInstanceCreate, p)
+	require.Equal(t, "running", st["state"])
+	require.Equal(t, "10.77.0.6:22", st["ssh_address"])
+	require.Equal(t, "web-1's files", r.rt.disk("web-2"), "the disk is the snapshot's")
+	info, err := r.rt.Get(ctx, "web-2")
+	require.NoError(t, err)
+	require.Empty(t, info.Spec.FromDisk, "the stored spec does not name the source")
+	require.Equal(t, "web-2", info.Spec.Seed.Hostname)
+	require.Equal(t, "10.77.0.6/24", info.Spec.Seed.Address)
+	require.Equal(t, 4096, info.Spec.DiskMiB)
+	require.DirExists(t, filepath.Join(r.state, "snapshots", "web-1", "s1"), "the snapshot is not consumed")
+
+	// Redelivered: the same instance, also after the snapshot went.
+	require.Equal(t, st, r.must(t, vmcmd.KindInstanceCreate, p))
+	r.must(t, vmcmd.KindSnapshotDelete, vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "s1"})
+	require.Equal(t, st, r.must(t, vmcmd.KindInstanceCreate, p))
+	require.Equal(t, 2, r.rt.count("create"), "web-1 and web-2 only")
+
+	// Refusals leave nothing: no instance, metadata, volume or rule.
+	r.must(t, vmcmd.KindInstanceSnapshot, vmcmd.SnapshotParams{InstanceID: "web-2", SnapshotID: "s2"})
+	other := filepath.Join(r.images, "ubuntu-24")
+	require.NoError(t, os.CopyFS(other, os.DirFS(filepath.Join(r.images, "debian-12"))))
+	cases := []struct {
+		code, contains string
+		mutate         func(q *vmcmd.CreateParams)
+	}{
+		{vmcmd.FailNotFound, `instance "web-1" has no snapshot "s1" on this host`, func(q *vmcmd.CreateParams) {
+			q.FromSnapshot = &vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "s1"}
+		}},
+		{vmcmd.FailNotFound, `instance "nope" has no snapshot "s2"`, func(q *vmcmd.CreateParams) {
+			q.FromSnapshot = &vmcmd.SnapshotParams{InstanceID: "nope", SnapshotID: "s2"}
+		}},
+		{vmcmd.FailInvalid, "from_snapshot: snapshot \"s2\" of \"web-2\" is of the image disk", func(q *vmcmd.CreateParams) {
+			q.Image.Name = "ubuntu-24"
+		}},
+		{vmcmd.FailInvalid, "from_snapshot: snapshot \"s2\" of \"web-2\" has a 4096 MiB disk, larger than disk_mib (2048)", func(q *vmcmd.CreateParams) {
+			q.DiskMiB = 2048
+		}},
+		{vmcmd.FailInvalid, "from_snapshot.instance_id:", func(q *vmcmd.CreateParams) { q.FromSnapshot.InstanceID = "Web/2" }},
+		{vmcmd.FailInvalid, "from_snapshot.snapshot_id:", func(q *vmcmd.CreateParams) { q.FromSnapshot.SnapshotID = "" }},
+	}
+	for _, c := range cases {
+		q := createParams("web-3")
+		q.Network.MAC, q.Network.Address, q.Seed.Hostname = "52:54:00:77:00:07", "10.77.0.7/24", "web-3"
+		q.DiskMiB = 4096
+		q.Volumes = []vmcmd.VolumeRef{{VolumeID: "data-3", Format: "raw", SizeMiB: 8}}
+		q.FromSnapshot = &vmcmd.SnapshotParams{InstanceID: "web-2", SnapshotID: "s2"}
+		c.mutate(&q)
+		_, err := r.apply(t, vmcmd.KindInstanceCreate, q)
+		requireCode(t, err, c.code, c.contains)
+		_, err = r.rt.Get(ctx, "web-3")
+		require.ErrorIs(t, err, runtime.ErrNotFound, c.contains)
+		require.NoFileExists(t, filepath.Join(r.state, "meta", "web-3.json"))
+		require.NoFileExists(t, filepath.Join(r.state, "volumes", "data-3.raw"))
+		require.Len(t, r.pol.rules, 1, "only web-2's rule")
+	}
+	// A snapshot directory without its disk is the host's fault.
+	require.NoError(t, os.Remove(filepath.Join(r.state, "snapshots", "web-2", "s2", "disk.qcow2")))
+	q := createParams("web-3")
+	q.Network.MAC, q.Network.Address = "52:54:00:77:00:07", "10.77.0.7/24"
+	q.DiskMiB = 4096
+	q.FromSnapshot = &vmcmd.SnapshotParams{InstanceID: "web-2", SnapshotID: "s2"}
+	_, err = r.apply(t, vmcmd.KindInstanceCreate, q)
+	requireCode(t, err, vmcmd.FailRuntime, "incomplete: no disk.qcow2")
+	require.Equal(t, 2, r.rt.count("create"), "web-1 and web-2 only")
+
+	r.must(t, vmcmd.KindInstanceDelete, vmcmd.DeleteParams{InstanceID: "web-2"})
+	r.requireNothing(t)
+}
+
+// TestDeleteKeepsSnapshots: instance.delete with keep_snapshots leaves
+// those snapshots (and only those) in the store; snapshot.delete removes
+// one, with or without its instance, converges when repeated, and takes
+// the instance's snapshot directory when it empties.
+func TestDeleteKeepsSnapshots(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, true)
+	snaps := filepath.Join(r.state, "snapshots")
+	r.must(t, vmcmd.KindInstanceCreate, createParams("web-1"))
+	for _, s := range []string{"s1", "s2", "s3"} {
+		r.must(t, vmcmd.KindInstanceSnapshot, vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: s})
+	}
+	_, err := r.apply(t, vmcmd.KindInstanceDelete, vmcmd.DeleteParams{InstanceID: "web-1", KeepSnapshots: []string{"s1", "S3"}})
+	requireCode(t, err, vmcmd.FailInvalid, "keep_snapshots[1]:")
+	_, err = r.rt.Get(context.Background(), "web-1")
+	require.NoError(t, err, "a refused delete deletes nothing")
+
+	del := vmcmd.DeleteParams{InstanceID: "web-1", KeepSnapshots: []string{"s1", "s3", "never-taken"}}
+	for range 2 {
+		require.Equal(t, map[string]any{"instance_id": "web-1", "state": "deleted"}, r.must(t, vmcmd.KindInstanceDelete, del))
+	}
+	entries, err := os.ReadDir(filepath.Join(snaps, "web-1"))
+	require.NoError(t, err)
+	var kept []string
+	for _, e := range entries {
+		kept = append(kept, e.Name())
+	}
+	require.Equal(t, []string{"s1", "s3"}, kept)
+	_, err = r.rt.Get(context.Background(), "web-1")
+	require.ErrorIs(t, err, runtime.ErrNotFound)
+	require.NoFileExists(t, filepath.Join(r.state, "meta", "web-1.json"))
+	require.Empty(t, r.pol.rules)
+
+	_, err = r.apply(t, vmcmd.KindSnapshotDelete, vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "S1"})
+	requireCode(t, err, vmcmd.FailInvalid, "snapshot_id:")
+	_, err = r.hv.Apply(context.Background(), vmcmd.KindSnapshotDelete, []byte(`{"instance_id":"web-1","snapshot_id":"s1","all":true}`))
+	requireCode(t, err, vmcmd.FailInvalid, `unknown field "all"`)
+	require.DirExists(t, filepath.Join(snaps, "web-1", "s1"))
+	for range 2 {
+		require.Equal(t, map[string]any{"instance_id": "web-1", "snapshot_id": "s1"},
+			r.must(t, vmcmd.KindSnapshotDelete, vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "s1"}))
+	}
+	require.NoDirExists(t, filepath.Join(snaps, "web-1", "s1"))
+	require.DirExists(t, filepath.Join(snaps, "web-1", "s3"))
+	r.must(t, vmcmd.KindSnapshotDelete, vmcmd.SnapshotParams{InstanceID: "web-1", SnapshotID: "s3"})
+	require.NoDirExists(t, filepath.Join(snaps, "web-1"), "the emptied directory goes too")
+	r.must(t, vmcmd.KindSnapshotDelete, vmcmd.SnapshotParams{InstanceID: "never-was", SnapshotID: "s1"})
+
+	// A live instance's snapshot: only the snapshot goes.
+	r.must(t, vmcmd.KindInstanceCreate, createParams("web-2"))
+	r.must(t, vmcmd.KindInstanceSnapshot, vmcmd.SnapshotParams{InstanceID: "web-2", SnapshotID: "s1"})
+	r.must(t, vmcmd.KindSnapshotDelete, vmcmd.SnapshotParams{InstanceID: "web-2", SnapshotID: "s1"})
+	require.NoDirExists(t, filepath.Join(snaps, "web-2"))
+	_, err = r.apply(t, vmcmd.KindInstanceRestore, vmcmd.SnapshotParams{InstanceID: "web-2", SnapshotID: "s1"})
+	requireCode(t, err, vmcmd.FailNotFound, `no snapshot "s1"`)
+	require.Equal(t, "running", r.must(t, vmcmd.KindInstanceStart, vmcmd.InstanceRef{InstanceID: "web-2"})["state"])
+	r.must(t, vmcmd.KindInstanceDelete, vmcmd.DeleteParams{InstanceID: "web-2"})
+	r.requireNothing(t)
 }

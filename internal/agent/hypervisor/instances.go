@@ -103,6 +103,24 @@ func validate(p *vmcmd.CreateParams) error {
 	if len(p.Placement.GPUUUIDs) > 0 {
 		return failf(vmcmd.FailUnsupported, "placement.gpu_uuids: GPU passthrough (VFIO) is not supported by this host's hypervisor")
 	}
+	if fs := p.FromSnapshot; fs != nil {
+		if !vmcmd.ValidID(fs.InstanceID) {
+			return invalid("from_snapshot.instance_id", "%q is not an instance id (1-63 of a-z, 0-9 and '-')", fs.InstanceID)
+		}
+		if !vmcmd.ValidID(fs.SnapshotID) {
+			return invalid("from_snapshot.snapshot_id", "%q is not a snapshot id (1-63 of a-z, 0-9 and '-')", fs.SnapshotID)
+		}
+	}
+	return nil
+}
+
+func validSnapshot(p vmcmd.SnapshotParams) error {
+	if !vmcmd.ValidID(p.InstanceID) {
+		return invalid("instance_id", "%q is not an instance id (1-63 of a-z, 0-9 and '-')", p.InstanceID)
+	}
+	if !vmcmd.ValidID(p.SnapshotID) {
+		return invalid("snapshot_id", "%q is not a snapshot id (1-63 of a-z, 0-9 and '-')", p.SnapshotID)
+	}
 	return nil
 }
 
@@ -198,8 +216,17 @@ func (h *Hypervisor) create(ctx context.Context, p *vmcmd.CreateParams) (_ any, 
 	if err != nil {
 		return nil, err
 	}
-	unlock := h.lock(p.InstanceID)
-	defer unlock()
+	// The source snapshot's instance too, so a snapshot.delete cannot
+	// remove the snapshot while its disk is copied (sorted: two creates
+	// never wait on each other's ids in opposite orders).
+	ids := []string{p.InstanceID}
+	if fs := p.FromSnapshot; fs != nil && fs.InstanceID != p.InstanceID {
+		ids = append(ids, fs.InstanceID)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		defer h.lock(id)()
+	}
 	// The volumes too, so a volume.delete cannot remove one between its
 	// check and the instance's creation (sorted: always the same order;
 	// volume commands take one volume lock and no instance lock).
@@ -224,6 +251,15 @@ func (h *Hypervisor) create(ctx context.Context, p *vmcmd.CreateParams) (_ any, 
 		return h.converge(ctx, p, have, want)
 	} else if !errors.Is(err, runtime.ErrNotFound) {
 		return nil, runtimeErr("instance.create", err)
+	}
+
+	// The snapshot is checked before anything is made.
+	if fs := p.FromSnapshot; fs != nil {
+		disk, err := h.snapshotDisk(*fs, &want)
+		if err != nil {
+			return nil, err
+		}
+		want.FromDisk = disk
 	}
 
 	// From here a failure undoes what this create made. Undoing must run
@@ -251,6 +287,9 @@ func (h *Hypervisor) create(ctx context.Context, p *vmcmd.CreateParams) (_ any, 
 		}
 	}
 	if err := h.rt.Create(ctx, want); err != nil {
+		if se := (*runtime.SpecError)(nil); errors.As(err, &se) && se.Field == "from_disk" {
+			return nil, invalid("from_snapshot", "%s", se.Reason)
+		}
 		return nil, runtimeErr("instance.create", err)
 	}
 	undo = append(undo, func() { _ = h.rt.Delete(bg, want.ID) })
@@ -353,10 +392,43 @@ func (h *Hypervisor) peers(ctx context.Context, p vmcmd.PeersParams) (any, error
 	return h.status(ctx, p.InstanceID)
 }
 
+// snapshotDisk is the disk a create from fs copies: the snapshot must be
+// on this host, of the image want boots (its disk is an overlay on that
+// image's rootfs) and no larger than want's disk.
+func (h *Hypervisor) snapshotDisk(fs vmcmd.SnapshotParams, want *runtime.Spec) (string, error) {
+	dir := h.snapshotDir(fs)
+	b, err := os.ReadFile(filepath.Join(dir, fileSnapshotSpec))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", failf(vmcmd.FailNotFound, "instance.create: from_snapshot: instance %q has no snapshot %q on this host", fs.InstanceID, fs.SnapshotID)
+	}
+	if err != nil {
+		return "", failf(vmcmd.FailRuntime, "instance.create: from_snapshot: %v", err)
+	}
+	var snap runtime.Spec
+	if err := json.Unmarshal(b, &snap); err != nil {
+		return "", failf(vmcmd.FailRuntime, "instance.create: from_snapshot: snapshot %q of %q: unreadable spec: %v", fs.SnapshotID, fs.InstanceID, err)
+	}
+	if snap.Image.Disk != want.Image.Disk {
+		return "", invalid("from_snapshot", "snapshot %q of %q is of the image disk %s, not %s (this instance's image)",
+			fs.SnapshotID, fs.InstanceID, snap.Image.Disk, want.Image.Disk)
+	}
+	if snap.DiskMiB > want.DiskMiB {
+		return "", invalid("from_snapshot", "snapshot %q of %q has a %d MiB disk, larger than disk_mib (%d)",
+			fs.SnapshotID, fs.InstanceID, snap.DiskMiB, want.DiskMiB)
+	}
+	disk := filepath.Join(dir, fileSnapshotDisk)
+	if !exists(disk) {
+		return "", failf(vmcmd.FailRuntime, "instance.create: from_snapshot: snapshot %q of %q is incomplete: no %s", fs.SnapshotID, fs.InstanceID, fileSnapshotDisk)
+	}
+	return disk, nil
+}
+
 // delete converges on "gone": no QEMU, tap, overlay, seed, metadata,
 // snapshots or policy rules, whether or not the runtime knew the
-// instance.
-func (h *Hypervisor) delete(ctx context.Context, id string) (any, error) {
+// instance. The snapshots p keeps stay in the store (snapshot.delete
+// removes them).
+func (h *Hypervisor) delete(ctx context.Context, p vmcmd.DeleteParams) (any, error) {
+	id := p.InstanceID
 	unlock := h.lock(id)
 	defer unlock()
 	m := h.readMeta(id)
@@ -372,7 +444,7 @@ func (h *Hypervisor) delete(ctx context.Context, id string) (any, error) {
 			return nil, failf(vmcmd.FailRuntime, "instance.delete: network policy: %v", err)
 		}
 	}
-	if err := os.RemoveAll(filepath.Join(h.cfg.StateDir, dirSnapshots, id)); err != nil {
+	if err := h.removeSnapshots(id, p.KeepSnapshots); err != nil {
 		return nil, failf(vmcmd.FailRuntime, "instance.delete: snapshots: %v", err)
 	}
 	if err := os.Remove(h.metaPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -418,6 +490,61 @@ func (h *Hypervisor) power(ctx context.Context, kind, id string) (any, error) {
 	return h.status(ctx, id)
 }
 
+// removeSnapshots removes an instance's snapshots but the kept ones, and
+// its snapshot directory once it holds none.
+func (h *Hypervisor) removeSnapshots(id string, keep []string) error {
+	dir := filepath.Join(h.cfg.StateDir, dirSnapshots, id)
+	if len(keep) == 0 {
+		return os.RemoveAll(dir)
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !slices.Contains(keep, e.Name()) {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return removeIfEmpty(dir)
+}
+
+// removeIfEmpty removes dir when it has no entries (a missing one is
+// fine).
+func removeIfEmpty(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil || len(entries) > 0 {
+		return err
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// snapshotDelete removes one snapshot from the store, whether or not its
+// instance still exists; a missing one succeeds.
+func (h *Hypervisor) snapshotDelete(p vmcmd.SnapshotParams) (any, error) {
+	unlock := h.lock(p.InstanceID)
+	defer unlock()
+	if err := os.RemoveAll(h.snapshotDir(p)); err != nil {
+		return nil, failf(vmcmd.FailRuntime, "snapshot.delete: %v", err)
+	}
+	if err := removeIfEmpty(filepath.Dir(h.snapshotDir(p))); err != nil {
+		return nil, failf(vmcmd.FailRuntime, "snapshot.delete: %v", err)
+	}
+	h.log.Info("hypervisor: snapshot deleted", "instance", p.InstanceID, "snapshot", p.SnapshotID)
+	return vmcmd.SnapshotDeleted(p), nil
+}
+
 func (h *Hypervisor) snapshotDir(p vmcmd.SnapshotParams) string {
 	return filepath.Join(h.cfg.StateDir, dirSnapshots, p.InstanceID, p.SnapshotID)
 }
@@ -430,7 +557,7 @@ func (h *Hypervisor) snapshot(ctx context.Context, p vmcmd.SnapshotParams) (any,
 		return nil, runtimeErr("instance.snapshot", err)
 	}
 	dir := h.snapshotDir(p)
-	if exists(filepath.Join(dir, "spec.json")) {
+	if exists(filepath.Join(dir, fileSnapshotSpec)) {
 		return h.status(ctx, p.InstanceID)
 	}
 	// A snapshot that died half-way is taken again.
@@ -453,7 +580,7 @@ func (h *Hypervisor) restore(ctx context.Context, p vmcmd.SnapshotParams) (any, 
 		return nil, runtimeErr("instance.restore", err)
 	}
 	dir := h.snapshotDir(p)
-	if !exists(filepath.Join(dir, "spec.json")) {
+	if !exists(filepath.Join(dir, fileSnapshotSpec)) {
 		return nil, failf(vmcmd.FailNotFound, "instance.restore: instance %q has no snapshot %q on this host", p.InstanceID, p.SnapshotID)
 	}
 	if err := h.rt.Restore(ctx, p.InstanceID, dir); err != nil {

@@ -149,8 +149,8 @@ func (r *Runtime) get(id string) (*instance, error) {
 }
 
 // Create validates spec and prepares the instance: state directory, spec
-// file, the root disk as a qcow2 overlay on the base image, and the seed.
-// On error nothing is left behind.
+// file, the root disk as a qcow2 overlay on the base image (or a copy of
+// spec.FromDisk), and the seed. On error nothing is left behind.
 func (r *Runtime) Create(ctx context.Context, spec Spec) (err error) {
 	if err := spec.Validate(); err != nil {
 		return err
@@ -168,7 +168,11 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (err error) {
 		}
 		return fmt.Errorf("runtime: create: %w", err)
 	}
-	in := &instance{dir: dir, spec: spec}
+	// The stored spec has no FromDisk: the disk is the instance's own once
+	// made, and the source (a snapshot) may be deleted later.
+	stored := spec
+	stored.FromDisk = ""
+	in := &instance{dir: dir, spec: stored}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	r.instances[spec.ID] = in
@@ -194,7 +198,11 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (err error) {
 		}
 		size = want
 	}
-	if out, err := exec.CommandContext(ctx, r.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-F", base.Format,
+	if spec.FromDisk != "" {
+		if err := r.copyDisk(ctx, &spec, size, filepath.Join(dir, fileDisk)); err != nil {
+			return err
+		}
+	} else if out, err := exec.CommandContext(ctx, r.cfg.QEMUImg, "create", "-q", "-f", "qcow2", "-F", base.Format,
 		"-b", spec.Image.Disk, filepath.Join(dir, fileDisk), strconv.FormatInt(size, 10)).CombinedOutput(); err != nil {
 		return fmt.Errorf("runtime: create overlay: %w: %s", err, bytes.TrimSpace(out))
 	}
@@ -207,7 +215,40 @@ func (r *Runtime) Create(ctx context.Context, spec Spec) (err error) {
 			return err
 		}
 	}
-	return writeSpec(dir, &spec)
+	return writeSpec(dir, &stored)
+}
+
+// copyDisk makes the root disk a copy of spec.FromDisk, which must be a
+// qcow2 overlay on the spec's own base image (its guest data is only the
+// difference to that base), grown to size when it is smaller; a source
+// larger than an explicit DiskMiB is refused (a qcow2 is not shrunk under
+// a file system). DiskMiB 0 keeps the source's size.
+func (r *Runtime) copyDisk(ctx context.Context, spec *Spec, size int64, dst string) error {
+	from, err := r.imageInfo(ctx, spec.FromDisk)
+	if err != nil {
+		return err
+	}
+	if from.Format != "qcow2" {
+		return &SpecError{Field: "from_disk", Reason: fmt.Sprintf("%q is %s, not a qcow2 overlay", spec.FromDisk, from.Format)}
+	}
+	if backing := cmpOr(from.FullBackingFilename, from.BackingFilename); backing != spec.Image.Disk {
+		return &SpecError{Field: "from_disk", Reason: fmt.Sprintf("%q is an overlay on %q, not on the image's disk %q", spec.FromDisk, backing, spec.Image.Disk)}
+	}
+	if spec.DiskMiB == 0 {
+		size = max(size, from.VirtualSize)
+	}
+	if from.VirtualSize > size {
+		return &SpecError{Field: "disk_mib", Reason: fmt.Sprintf("%d MiB is smaller than the disk of from_disk (%d MiB)", spec.DiskMiB, from.VirtualSize>>20)}
+	}
+	if err := copyFile(ctx, spec.FromDisk, dst); err != nil {
+		return err
+	}
+	if from.VirtualSize < size {
+		if out, err := exec.CommandContext(ctx, r.cfg.QEMUImg, "resize", "-q", "-f", "qcow2", dst, strconv.FormatInt(size, 10)).CombinedOutput(); err != nil {
+			return fmt.Errorf("runtime: resize disk: %w: %s", err, bytes.TrimSpace(out))
+		}
+	}
+	return nil
 }
 
 func writeSpec(dir string, spec *Spec) error {
@@ -226,8 +267,10 @@ func writeSpec(dir string, spec *Spec) error {
 }
 
 type imageInfo struct {
-	Format      string `json:"format"`
-	VirtualSize int64  `json:"virtual-size"`
+	Format              string `json:"format"`
+	VirtualSize         int64  `json:"virtual-size"`
+	BackingFilename     string `json:"backing-filename"`
+	FullBackingFilename string `json:"full-backing-filename"`
 }
 
 func (r *Runtime) imageInfo(ctx context.Context, path string) (imageInfo, error) {

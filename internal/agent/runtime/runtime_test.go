@@ -314,3 +314,79 @@ func TestProbeSectorBootsOnTCG(t *testing.T) {
 		require.Contains(t, caps.AccelReason, "/dev/kvm")
 	}
 }
+
+// TestCreateFromDisk: a spec with FromDisk gets a copy of that overlay as
+// its root disk (its data, its backing file, grown to DiskMiB), and the
+// stored spec does not name the source; a source on another base, a raw
+// file, a missing one or one larger than DiskMiB is refused with the field
+// and leaves nothing.
+func TestCreateFromDisk(t *testing.T) {
+	t.Parallel()
+	need(t, "qemu-io", "mkfs.vfat", "mcopy")
+	f := setupFiles(t)
+	ctx := context.Background()
+	state := filepath.Join(t.TempDir(), "state")
+	rt, err := runtime.New(runtime.Config{StateDir: state, Accel: "tcg"})
+	require.NoError(t, err)
+	qemu := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		require.NoError(t, err, string(out))
+		return string(out)
+	}
+	// The source: an overlay on the base with data of its own (what a
+	// snapshot's disk.qcow2 is).
+	src := filepath.Join(f.dir, "snap-disk.qcow2")
+	qemu("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", f.base, src, "96M")
+	qemu("qemu-io", "-c", "write -P 0xab 1M 64k", src)
+
+	spec := validSpec(t, f)
+	spec.Network, spec.MAC, spec.Volumes = nil, "", nil
+	spec.FromDisk = src
+	require.NoError(t, rt.Create(ctx, spec))
+	disk := filepath.Join(state, "vm-1", "disk.qcow2")
+	info := qemu("qemu-img", "info", disk)
+	require.Contains(t, info, "virtual size: 128 MiB", "grown to DiskMiB")
+	require.Contains(t, info, "backing file: "+f.base)
+	require.Contains(t, qemu("qemu-io", "-c", "read -P 0xab 1M 64k", disk), "read 65536/65536")
+	got, err := rt.Get(ctx, "vm-1")
+	require.NoError(t, err)
+	require.Empty(t, got.Spec.FromDisk)
+	b, err := os.ReadFile(filepath.Join(state, "vm-1", "spec.json"))
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "from_disk")
+	require.FileExists(t, src, "the source is not consumed")
+
+	// DiskMiB 0 keeps the source's size.
+	zero := spec
+	zero.ID, zero.DiskMiB = "vm-0", 0
+	require.NoError(t, rt.Create(ctx, zero))
+	require.Contains(t, qemu("qemu-img", "info", filepath.Join(state, "vm-0", "disk.qcow2")), "virtual size: 96 MiB")
+
+	otherBase := filepath.Join(f.dir, "other.qcow2")
+	qemu("qemu-img", "create", "-q", "-f", "qcow2", otherBase, "64M")
+	foreign := filepath.Join(f.dir, "foreign.qcow2")
+	qemu("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", otherBase, foreign, "64M")
+	cases := []struct {
+		name   string
+		mutate func(s *runtime.Spec)
+		field  string
+		reason string
+	}{
+		{"another base", func(s *runtime.Spec) { s.FromDisk = foreign }, "from_disk", "not on the image's disk"},
+		{"raw", func(s *runtime.Spec) { s.FromDisk = f.vol }, "from_disk", "not a qcow2 overlay"},
+		{"missing", func(s *runtime.Spec) { s.FromDisk = filepath.Join(f.dir, "gone.qcow2") }, "from_disk", "no such file"},
+		{"relative", func(s *runtime.Spec) { s.FromDisk = "snap-disk.qcow2" }, "from_disk", "clean absolute path"},
+		{"smaller disk", func(s *runtime.Spec) { s.DiskMiB = 80 }, "disk_mib", "smaller than the disk of from_disk (96 MiB)"},
+	}
+	for _, tc := range cases {
+		s := spec
+		s.ID = "vm-2"
+		tc.mutate(&s)
+		var se *runtime.SpecError
+		require.ErrorAs(t, rt.Create(ctx, s), &se, tc.name)
+		require.Equal(t, tc.field, se.Field, tc.name)
+		require.Contains(t, se.Reason, tc.reason, tc.name)
+		require.NoDirExists(t, filepath.Join(state, "vm-2"), tc.name)
+	}
+}

@@ -31,8 +31,14 @@ type Spec struct {
 	Image     Image  `json:"image"`
 	// DiskMiB is the root disk's size: the overlay's virtual size (at least
 	// the base image's; the guest grows its file system to it).
-	DiskMiB int      `json:"disk_mib"`
-	Volumes []Volume `json:"volumes,omitempty"`
+	DiskMiB int `json:"disk_mib"`
+	// FromDisk, when set, is a qcow2 overlay on Image.Disk (a snapshot's
+	// disk) that Create copies as the root disk instead of a fresh
+	// overlay, grown to DiskMiB when that is larger. It is an input of
+	// Create only: the stored spec does not keep it (the instance's disk
+	// is its own from then on, and the source may go).
+	FromDisk string   `json:"from_disk,omitempty"`
+	Volumes  []Volume `json:"volumes,omitempty"`
 	// HostCPUs pins vCPU i to HostCPUs[i % len] (empty: not pinned).
 	HostCPUs []int `json:"host_cpus,omitempty"`
 	// HugePages backs guest memory with /dev/hugepages.
@@ -130,6 +136,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.DiskMiB < 0 {
 		return bad("disk_mib", "must not be negative")
+	}
+	if err := checkFile("from_disk", s.FromDisk, false); err != nil {
+		return err
 	}
 	if len(s.Volumes) > MaxVolumes {
 		return bad("volumes", "at most %d, got %d", MaxVolumes, len(s.Volumes))
