@@ -104,7 +104,7 @@ func TestSandboxFromKeptSnapshot(t *testing.T) {
 	note, err := os.ReadFile(filepath.Join(hv.GuestDir(vps.HostID(b.GetInstanceId())), "note.txt"))
 	require.NoError(t, err)
 	require.Equal(t, "written in a\n", string(note))
-	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM events WHERE type = 'sandbox.created' AND resource_id = $1 AND data LIKE '%`+kept+`%'`, b.GetId()))
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM events WHERE type = 'sandbox.created' AND resource_id = $1 AND CAST(data AS TEXT) LIKE '%`+kept+`%'`, b.GetId()))
 
 	// Deleting the snapshot removes its row and its files; again is NOT_FOUND.
 	d, err := f.acme.Sandboxes.DeleteSnapshot(ctx, connect.NewRequest(&apiv1.DeleteSandboxSnapshotRequest{Tenant: "acme", Snapshot: kept}))
