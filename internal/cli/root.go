@@ -83,6 +83,7 @@ func (a *app) command() *cobra.Command {
   Health:         gpus, remediations (and nodes health, pools health)
   Capacity:       pools, reserve, reservations, quotas, budgets, capacity, usage
   Images:         images, signer-keys
+  Releases:       release (sign and verify bcd releases, offline)
   Bare metal:     sites, site-tokens, drivers, machines, workflows, profiles
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
@@ -129,6 +130,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 	root.AddCommand(a.poolsCommand())
 	root.AddCommand(a.doctorCommand(), a.supportBundleCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
+	root.AddCommand(a.releaseCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.driversCommand(), a.machinesCommand(), a.workflowsCommand())
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand(),
 		a.profilesCommand())

@@ -2,6 +2,7 @@ package release
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"debug/buildinfo"
 	"encoding/json"
@@ -82,7 +83,13 @@ func SBOMFromBuildInfo(info *debug.BuildInfo, in SBOMInput) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	mainRef := "pkg:golang/" + purlPath(info.Path) + "@" + purlEscape(in.Version)
+	// The main module at the release's version, with the program's package
+	// inside it as the purl's subpath.
+	module := cmp.Or(info.Main.Path, info.Path)
+	mainRef := "pkg:golang/" + purlPath(module) + "@" + purlEscape(in.Version)
+	if sub, ok := strings.CutPrefix(info.Path, module+"/"); ok {
+		mainRef += "#" + purlPath(sub)
+	}
 	main := cdxComponent{
 		Type:    "application",
 		BOMRef:  mainRef,

@@ -58,6 +58,7 @@ func TestSBOMFromARealBinary(t *testing.T) {
 	require.Equal(t, "application", main.Type)
 	require.Equal(t, "bcd", main.Name)
 	require.Equal(t, "v1.4.0", main.Version)
+	require.Equal(t, "pkg:golang/github.com/better-compute/better-compute@v1.4.0#internal/release/testdata/sbomprobe", main.PURL)
 	require.Equal(t, []cdxHash{{Alg: "SHA-256", Content: sum}}, main.Hashes)
 	props := map[string]string{}
 	for _, p := range main.Properties {
