@@ -95,7 +95,10 @@ func ParsePrivateKeyPEM(text []byte) (Key, error) {
 		return Key{}, refuse("key", ErrWrongPurpose, "is a PEM %q block: want %q (release keygen makes one; the command-signing root and image signer keys must not sign releases)", block.Type, PrivateKeyPEMType)
 	}
 	// imagesig holds the algorithms; it reads the standard label.
-	s, err := imagesig.ParsePrivateKeyPEM(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: block.Bytes}))
+	std := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: block.Bytes})
+	s, err := imagesig.ParsePrivateKeyPEM(std)
+	clear(std)
+	clear(block.Bytes)
 	if err != nil {
 		return Key{}, refuse("key", ErrMalformed, "%v", err)
 	}

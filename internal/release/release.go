@@ -13,6 +13,7 @@ package release
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -204,6 +205,11 @@ func decodeStrict(data []byte, v any, whole, prefix string) error {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			return refuse(prefix+te.Field, ErrMalformed, "is a JSON %s: want %s", te.Value, te.Type)
+		}
+		var be base64.CorruptInputError
+		if errors.As(err, &be) {
+			// The envelope's one []byte field.
+			return refuse(prefix+"signature", ErrMalformed, "is not base64: %v", err)
 		}
 		var pe *time.ParseError
 		if errors.As(err, &pe) {

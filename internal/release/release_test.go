@@ -234,6 +234,10 @@ func TestVerifyRefusalsNameTheirField(t *testing.T) {
 	amd := f.manifest.Binaries[1]
 	unsorted, err := json.Marshal(f.manifest) // linux-arm64 first
 	require.NoError(t, err)
+	unsigned, err := encodeEnvelope(Envelope{PayloadType: PayloadType, Manifest: body, KeyID: f.key.Public.ID})
+	require.NoError(t, err)
+	noManifest, err := encodeEnvelope(Envelope{PayloadType: PayloadType, KeyID: f.key.Public.ID, Signature: []byte{1}})
+	require.NoError(t, err)
 
 	for _, c := range []struct {
 		name  string
@@ -245,7 +249,9 @@ func TestVerifyRefusalsNameTheirField(t *testing.T) {
 		{"two values", append(bytes.Clone(env), []byte("{}")...), ErrMalformed, "envelope"},
 		{"unknown envelope field", []byte(strings.Replace(string(env), `"key_id"`, `"extra": 1, "key_id"`, 1)), ErrMalformed, "extra"},
 		{"payload type", []byte(strings.Replace(string(env), PayloadType, "application/json", 1)), ErrInvalid, "payload_type"},
-		{"no signature", []byte(strings.Replace(string(env), `"signature"`, `"signature": null, "x"`, 1)), ErrMalformed, "x"},
+		{"signature not base64", []byte(strings.Replace(string(env), `"signature": "`, `"signature": "!`, 1)), ErrMalformed, "signature"},
+		{"no signature", unsigned, ErrBadSignature, "signature"},
+		{"no manifest", noManifest, ErrMalformed, "manifest"},
 		{"unknown manifest field", signRaw(t, f.key, strings.Replace(good, `"version"`, `"channel":"beta","version"`, 1)), ErrMalformed, "manifest.channel"},
 		{"unknown binary field", signRaw(t, f.key, strings.Replace(good, `"platform"`, `"arch":"x","platform"`, 1)), ErrMalformed, "manifest.binaries[0].arch"},
 		{"size as text", signRaw(t, f.key, strings.Replace(good, `"size":19`, `"size":"19"`, 1)), ErrMalformed, "manifest.binaries.size"},

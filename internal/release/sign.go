@@ -74,7 +74,7 @@ func Verify(envelope []byte, trusted []PublicKey) (Manifest, *PublicKey, error) 
 	if e.PayloadType != PayloadType {
 		return Manifest{}, nil, refuse("payload_type", ErrInvalid, "is %q: want %q", e.PayloadType, PayloadType)
 	}
-	if len(e.Manifest) == 0 {
+	if len(e.Manifest) == 0 || string(e.Manifest) == "null" {
 		return Manifest{}, nil, refuse("manifest", ErrMalformed, "is missing")
 	}
 	id, ok := bytes.CutPrefix([]byte(e.KeyID), []byte(KeyIDPrefix))
