@@ -13,6 +13,7 @@ package release
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -199,6 +200,9 @@ func decodeStrict(data []byte, v any, whole, prefix string) error {
 			path := strings.Trim(name, `"`)
 			if p := unknownField(data, reflect.TypeOf(v).Elem(), ""); p != "" {
 				path = p // with the array indexes the decoder's error leaves out
+			}
+			if path == "" || strings.HasSuffix(path, ".") {
+				return refuse(cmp.Or(strings.TrimSuffix(prefix+path, "."), whole), ErrMalformed, "has a field with an empty name")
 			}
 			return refuse(prefix+path, ErrMalformed, "is not a field of this format")
 		}

@@ -26,7 +26,7 @@ type fixture struct {
 	sbom       []byte
 }
 
-func setup(t *testing.T) fixture {
+func setup(t testing.TB) fixture {
 	t.Helper()
 	key, _, err := GenerateKey(AlgEd25519)
 	require.NoError(t, err)
@@ -295,4 +295,30 @@ func TestValidateRefusesBadFields(t *testing.T) {
 		_, err := Sign(m, f.key)
 		requireRefused(t, err, ErrInvalid, c.field)
 	}
+}
+
+// FuzzVerify: whatever bytes arrive as manifest.json, Verify returns a
+// manifest only for a valid, canonical one signed by the trusted key, and
+// otherwise an *Error naming a field; it never panics.
+func FuzzVerify(f *testing.F) {
+	fx := setup(f)
+	env, err := Sign(fx.manifest, fx.key)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(env)
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"manifest":null}`))
+	f.Add([]byte(strings.Replace(string(env), `"v1.4.0"`, `"v1.4.1"`, 1)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, key, err := Verify(data, fx.trusted)
+		if err != nil {
+			var re *Error
+			require.True(t, errors.As(err, &re), "%v", err)
+			require.NotEmpty(t, re.Field)
+			return
+		}
+		require.Equal(t, fx.key.Public.ID, key.ID)
+		require.NoError(t, m.Validate())
+	})
 }
