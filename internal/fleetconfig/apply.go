@@ -2,6 +2,7 @@ package fleetconfig
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"reflect"
@@ -51,7 +52,8 @@ func Apply(ctx context.Context, c *client.Client, p *Plan, out io.Writer) ([]Cha
 	for _, ch := range p.Changes {
 		if err := applyOne(ctx, c, ch); err != nil {
 			r := &Refusal{Change: ch, Applied: applied, Err: err}
-			if rf, ok := err.(*Refusal); ok {
+			var rf *Refusal
+			if errors.As(err, &rf) {
 				r.Code, r.Field, r.Reason = rf.Code, rf.Field, rf.Reason
 			} else {
 				r.Code = client.Code(err)
