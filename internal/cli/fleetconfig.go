@@ -104,10 +104,13 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 	}
 	addFlags(apply)
 
-	var out string
+	var (
+		out      string
+		platform bool
+	)
 	export := &cobra.Command{
-		Use:   "export [--tenant T] -o DIR|-",
-		Short: "Write a tenant's flavors, IP pools, pools and quotas (or, without a tenant, the platform's flavors and IP pools) as documents",
+		Use:   "export [--tenant T | --platform] -o DIR|-",
+		Short: "Write a tenant's flavors, IP pools, pools and quotas (or, with --platform, the platform's flavors and IP pools) as documents",
 		Args:  positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
@@ -117,9 +120,14 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			t, err := a.tenant(cmd.Context(), tenant, false)
-			if err != nil {
-				return err
+			if platform && tenant != "" {
+				return invalidArg("platform", "is the platform's scope: pass --tenant or --platform, not both")
+			}
+			t := ""
+			if !platform {
+				if t, err = a.tenant(cmd.Context(), tenant, false); err != nil {
+					return err
+				}
 			}
 			files, err := fleetconfig.Export(cmd.Context(), c, t)
 			if err != nil {
@@ -129,6 +137,7 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 		},
 	}
 	addTenantFlag(export, &tenant)
+	export.Flags().BoolVar(&platform, "platform", false, "export the platform's flavors and IP pools (a platform key), whatever the context's tenant")
 	// This -o shadows the global output format: an export is YAML files.
 	export.Flags().StringVarP(&out, "output", "o", "", "the directory to write (one file per kind), or - for standard output")
 

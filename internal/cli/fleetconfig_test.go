@@ -130,7 +130,7 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	// Export the tenant's and the platform's, and plan the export.
 	simDir, platDir := filepath.Join(r.dir, "export-sim"), filepath.Join(r.dir, "export-platform")
 	r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", simDir)
-	r.want(t, 0, "fleet", "export", "-o", platDir)
+	r.want(t, 0, "fleet", "export", "--platform", "-o", platDir)
 	for _, d := range []string{simDir, platDir} {
 		res = r.want(t, 0, "fleet", "plan", "-f", d)
 		require.Contains(t, res.stdout, "No changes", d)
@@ -139,6 +139,13 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(b), "name: a100")
 	require.Contains(t, string(b), "gpuSharing: timeslice")
+	require.NotContains(t, string(b), "hostReserve", "an empty host reserve is left out")
+	b, err = os.ReadFile(filepath.Join(platDir, "flavors.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), "name: gpu-h100-1")
+	require.NotContains(t, string(b), "tenant:")
+	res = r.want(t, 1, "fleet", "export", "--platform", "--tenant", "sim", "-o", "-")
+	require.Contains(t, res.stderr, "platform")
 	res = r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", "-")
 	require.Contains(t, res.stdout, "kind: Quota")
 	require.Contains(t, res.stdout, "kind: IPPool")

@@ -402,7 +402,9 @@ func policyFromProto(p *apiv1.PoolPolicy) *PoolPolicy {
 	if g := p.GetPerGpu(); g != nil {
 		out.PerGPU = &PerGPU{VCPU: g.GetVcpu(), MemoryGiB: g.GetMemoryGib(), Hugepages1Gi: g.GetHugepages_1Gi()}
 	}
-	if h := p.GetHostReserve(); h != nil {
+	// The API always returns a host reserve; an empty one is left out of
+	// an export, as a document would.
+	if h := p.GetHostReserve(); h.GetVcpu() != 0 || h.GetMemoryGib() != 0 {
 		out.HostReserve = &HostReserve{VCPU: h.GetVcpu(), MemoryGiB: h.GetMemoryGib()}
 	}
 	if h := p.GetHealth(); h != nil {
