@@ -162,6 +162,26 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
 	r.want(t, 0, "fleet", "plan", "-f", simDir)
 
+	// A pool changes in place: its policy by Update, its offer by Offer.
+	changed := copyExample(t, func(string) bool { return false })
+	pb, err := os.ReadFile(filepath.Join(changed, "pools.yaml"))
+	require.NoError(t, err)
+	pb = bytes.Replace(pb, []byte("maxPending: 50\n"), []byte("maxPending: 60\n"), 1)
+	pb = bytes.Replace(pb, []byte("selector: gpu.model=A100\n"), []byte("selector: gpu.model=A100\n  offerTo: [acme]\n"), 1)
+	require.NoError(t, os.WriteFile(filepath.Join(changed, "pools.yaml"), pb, 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", changed)
+	require.Contains(t, res.stdout, "~ change Pool sim/a100")
+	require.Contains(t, res.stdout, "    spec.policy.maxPending: 50 → 60\n")
+	require.Contains(t, res.stdout, `    spec.offerTo: (unset) → ["acme"]`+"\n")
+	require.Contains(t, res.stdout, "Plan: 0 to create, 1 to change, 0 to replace, 0 to delete.")
+	r.want(t, 0, "fleet", "apply", "-f", changed)
+	r.want(t, 0, "fleet", "plan", "-f", changed)
+	p, err := r.cp.Admin().Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "sim", Pool: "a100"}))
+	require.NoError(t, err)
+	require.Equal(t, int32(60), p.Msg.GetPool().GetPolicy().GetMaxPending())
+	require.Equal(t, []string{"acme"}, p.Msg.GetPool().GetOffer().GetTenants())
+	require.Equal(t, "timeslice", p.Msg.GetPool().GetPolicy().GetGpuSharing(), "the rest of the policy is kept")
+
 	// A flavor cannot change in place: the plan says replace, apply refuses.
 	bigger := copyExample(t, func(string) bool { return false })
 	fb, err := os.ReadFile(filepath.Join(bigger, "flavors.yaml"))
@@ -172,6 +192,9 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	require.Contains(t, res.stdout, "spec.vcpus: 2 → 4")
 	res = r.want(t, 1, "fleet", "apply", "-f", bigger)
 	require.Contains(t, res.stderr, "REPLACE_REQUIRED on spec.vcpus")
+	// The pool's change back to the example comes first (pools before
+	// flavors) and stays applied.
+	require.Contains(t, res.stderr, "applied before it: 1 of 2 changes\n  change Pool sim/a100\n")
 	f, err := r.cp.Admin().Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Flavor: "small"}))
 	require.NoError(t, err)
 	require.Equal(t, int32(2), f.Msg.GetFlavor().GetVcpus())
