@@ -78,3 +78,25 @@ func TestDiffAndNormalize(t *testing.T) {
 	d := diff(live, normalize(KindPool, &PoolSpec{Selector: "gpu.model=H100", OfferTo: []string{"a", "b"}, Policy: &PoolPolicy{Health: &Health{XIDActions: map[int64]string{48: "rma"}}}}))
 	require.Equal(t, []FieldDiff{{Path: "spec.policy.health.xidActions.48", Old: "", New: "rma"}}, d)
 }
+
+// TestPlanRefusesADefaultedDuplicate: a pool that names the default tenant
+// and one that leaves it out are the same pool, refused before any call
+// (the client here has no server: a call would fail otherwise).
+func TestPlanRefusesADefaultedDuplicate(t *testing.T) {
+	t.Parallel()
+	docs, errs := Parse("p.yaml", []byte(`apiVersion: bettercompute.io/v1
+kind: Pool
+metadata: {name: a, tenant: acme}
+spec: {}
+---
+apiVersion: bettercompute.io/v1
+kind: Pool
+metadata: {name: a}
+spec: {}
+`))
+	require.Empty(t, errs)
+	_, err := MakePlan(t.Context(), nil, docs, Options{DefaultTenant: "acme"})
+	var des DocErrors
+	require.ErrorAs(t, err, &des)
+	require.Equal(t, "p.yaml:2: metadata.name: the same Pool as p.yaml:1", des.Error())
+}

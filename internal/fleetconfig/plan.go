@@ -152,6 +152,15 @@ func quotaName(s *QuotaSpec) string {
 	return strings.Join(parts, ",")
 }
 
+// docKey is the live object a document declares, within its scope: a
+// quota by its scope, the others by name.
+func docKey(d Document) string {
+	if q, ok := d.Spec.(*QuotaSpec); ok {
+		return objKey(KindQuota, quotaName(normalize(KindQuota, q).(*QuotaSpec)))
+	}
+	return objKey(d.Kind, d.Metadata.Name)
+}
+
 // docTenant is a document's tenant after the default.
 func docTenant(d Document, def string) string {
 	if d.Metadata.Tenant != "" {
@@ -167,6 +176,7 @@ func docTenant(d Document, def string) string {
 // diffs it against them.
 func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Options) (*Plan, error) {
 	var errs DocErrors
+	seen := map[string]string{}
 	scopes := map[string]*scope{}
 	var order []string
 	for _, d := range docs {
@@ -175,6 +185,14 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 			errs = append(errs, DocError{File: d.File, Index: d.Index, Field: "metadata.tenant", Reason: "is required for a " + d.Kind + " (or pass --tenant)"})
 			continue
 		}
+		// Load refused duplicates as written; this catches one more: a
+		// document that names the default tenant and one that leaves it out.
+		key := t + "|" + docKey(d)
+		if prev, dup := seen[key]; dup {
+			errs = append(errs, DocError{File: d.File, Index: d.Index, Field: "metadata.name", Reason: "the same " + d.Kind + " as " + prev})
+			continue
+		}
+		seen[key] = d.Where()
 		if _, ok := scopes[t]; !ok {
 			scopes[t] = &scope{name: t}
 			order = append(order, t)
@@ -195,10 +213,7 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 		s := scopes[docTenant(*d, opt.DefaultTenant)]
 		want := normalize(d.Kind, d.Spec)
 		name := d.Metadata.Name
-		key := objKey(d.Kind, name)
-		if d.Kind == KindQuota {
-			key = objKey(KindQuota, quotaName(want.(*QuotaSpec)))
-		}
+		key := docKey(*d)
 		live, ok := s.live[key]
 		matched[s.name+"|"+key] = true
 		ch := Change{Kind: d.Kind, Tenant: s.name, Name: name, Where: d.Where(), doc: d, live: live}
