@@ -81,6 +81,7 @@ func (a *app) command() *cobra.Command {
   Observe:        audit, events, webhooks
   Fleet:          nodes, commands, batches, inventory, join-tokens, join-requests, trust-anchors
   Health:         gpus, remediations (and nodes health, pools health)
+  Fleet as code:  fleet (plan, apply, export)
   Capacity:       pools, reserve, reservations, quotas, budgets, capacity, usage
   Images:         images, signer-keys
   Releases:       release (sign and verify bcd releases, offline)
@@ -94,7 +95,8 @@ func (a *app) command() *cobra.Command {
 The server and token come from --server/--token, else the environment
 (` + envServer + `, ` + envToken + `), else the current context of the
 config file. A token given by flag or environment works in its own tenant.
-Every command exits 0 when it did what was asked and 1 otherwise.`,
+Every command exits 0 when it did what was asked and 1 otherwise; fleet plan
+exits 2 when applying would change something.`,
 		SilenceErrors: true, // Main prints errors with their machine code
 		SilenceUsage:  true, // a server refusal is not a usage mistake
 		PersistentPreRunE: func(*cobra.Command, []string) error {
@@ -127,7 +129,7 @@ Every command exits 0 when it did what was asked and 1 otherwise.`,
 		a.eventsCommand(),
 	)
 	root.AddCommand(a.fleetCommands()...)
-	root.AddCommand(a.poolsCommand())
+	root.AddCommand(a.poolsCommand(), a.fleetConfigCommand())
 	root.AddCommand(a.doctorCommand(), a.supportBundleCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
 	root.AddCommand(a.releaseCommand())

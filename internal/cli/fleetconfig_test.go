@@ -1,0 +1,323 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/capacity/pool"
+	"github.com/better-compute/better-compute/internal/devrig"
+)
+
+// fleetRig is a control plane with what `better-compute dev` makes (tenant
+// sim, its project nodes and pool h100 offered to all, the platform's
+// flavor small and IP pool dev) and a second tenant, acme, with an admin
+// key.
+type fleetRig struct {
+	cp   *bctest.ControlPlane
+	dir  string
+	acme string
+}
+
+func newFleetRig(t *testing.T) *fleetRig {
+	t.Helper()
+	cp := bctest.NewControlPlane(t)
+	ctx := context.Background()
+	admin := cp.Admin()
+	for _, name := range []string{"sim", "acme"} {
+		_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: name}))
+		require.NoError(t, err)
+	}
+	_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "sim", Name: "nodes"}))
+	require.NoError(t, err)
+	_, err = admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "sim", Name: devrig.Pool,
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: pool.OpIn, Values: []string{"H100"}}}}))
+	require.NoError(t, err)
+	_, err = admin.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "sim", Pool: devrig.Pool, To: []string{pool.OfferAll}}))
+	require.NoError(t, err)
+	require.NoError(t, devrig.EnsureInstanceCatalog(ctx, admin))
+	k, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin"}))
+	require.NoError(t, err)
+	return &fleetRig{cp: cp, dir: t.TempDir(), acme: k.Msg.GetSecret()}
+}
+
+func (r *fleetRig) run(t *testing.T, tok string, argv ...string) result {
+	t.Helper()
+	env := map[string]string{envConfig: filepath.Join(r.dir, "config.yaml"), envServer: r.cp.URL, envToken: tok, "HOME": r.dir}
+	a := newApp("test", func(k string) (string, bool) { v, ok := env[k]; return v, ok && v != "" })
+	a.retryBackoff = time.Millisecond
+	var out, errb bytes.Buffer
+	code := run(t.Context(), a, argv, strings.NewReader(""), &out, &errb)
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// want runs argv as the platform admin and requires exit code code.
+func (r *fleetRig) want(t *testing.T, code int, argv ...string) result {
+	t.Helper()
+	res := r.run(t, r.cp.AdminKey, argv...)
+	require.Equal(t, code, res.code, "%v\nstdout: %s\nstderr: %s", argv, res.stdout, res.stderr)
+	return res
+}
+
+const exampleFleet = "../../examples/fleet"
+
+// copyExample copies the example fleet into a new directory, dropping the
+// documents for which drop returns true.
+func copyExample(t *testing.T, drop func(doc string) bool) string {
+	t.Helper()
+	dir := t.TempDir()
+	ents, err := os.ReadDir(exampleFleet)
+	require.NoError(t, err)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(exampleFleet, e.Name()))
+		require.NoError(t, err)
+		var keep []string
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			if !drop(doc) {
+				keep = append(keep, doc)
+			}
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), []byte(strings.Join(keep, "\n---\n")), 0o600))
+	}
+	return dir
+}
+
+// TestFleetConfigRoundTrip applies the example fleet on dev's state, then
+// plans it again (no changes), exports and plans the export (no changes),
+// and plans after one quota changed by hand (exactly that field).
+func TestFleetConfigRoundTrip(t *testing.T) {
+	t.Parallel()
+	r := newFleetRig(t)
+	ctx := context.Background()
+
+	res := r.want(t, exitPlanChanges, "fleet", "plan", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "+ create Pool sim/a100")
+	require.Contains(t, res.stdout, "+ create Flavor gpu-h100-1 (platform)")
+	require.Contains(t, res.stdout, "+ create IPPool sim/lab")
+	require.Contains(t, res.stdout, "+ create Quota sim/project-nodes")
+	require.NotContains(t, res.stdout, "Pool sim/h100", "dev's pool h100 matches its document")
+	require.NotContains(t, res.stdout, "small", "dev's flavor matches its document")
+	require.Contains(t, res.stdout, "Plan: 5 to create, 0 to change, 0 to replace, 0 to delete.")
+	// The pool comes before the quota that names it.
+	require.Less(t, strings.Index(res.stdout, "Pool sim/a100"), strings.Index(res.stdout, "Quota sim/pool-h100"))
+
+	res = r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "Applied 5 changes.")
+	res = r.want(t, 0, "fleet", "plan", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "No changes")
+
+	// Each change was its own mutation with its own audit row.
+	audit, err := r.cp.Admin().Audit.List(ctx, connect.NewRequest(&apiv1.ListAuditRequest{Tenant: "sim"}))
+	require.NoError(t, err)
+	actions := map[string]bool{}
+	for _, e := range audit.Msg.GetEntries() {
+		actions[e.GetAction()] = true
+	}
+	for _, a := range []string{"pools.create", "ipPools.create", "quotas.set"} {
+		require.True(t, actions[a], "audit action %s in %v", a, actions)
+	}
+
+	// Export the tenant's and the platform's, and plan the export.
+	simDir, platDir := filepath.Join(r.dir, "export-sim"), filepath.Join(r.dir, "export-platform")
+	r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", simDir)
+	r.want(t, 0, "fleet", "export", "--platform", "-o", platDir)
+	for _, d := range []string{simDir, platDir} {
+		res = r.want(t, 0, "fleet", "plan", "-f", d)
+		require.Contains(t, res.stdout, "No changes", d)
+	}
+	b, err := os.ReadFile(filepath.Join(simDir, "pools.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), "name: a100")
+	require.Contains(t, string(b), "gpuSharing: timeslice")
+	require.NotContains(t, string(b), "hostReserve", "an empty host reserve is left out")
+	b, err = os.ReadFile(filepath.Join(platDir, "flavors.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), "name: gpu-h100-1")
+	require.NotContains(t, string(b), "tenant:")
+	res = r.want(t, 1, "fleet", "export", "--platform", "--tenant", "sim", "-o", "-")
+	require.Contains(t, res.stderr, "platform")
+	res = r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", "-")
+	require.Contains(t, res.stdout, "kind: Quota")
+	require.Contains(t, res.stdout, "kind: IPPool")
+
+	// One quota changed by hand: the plan names exactly that field.
+	six := int32(6)
+	_, err = r.cp.Admin().Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: "sim", Pool: "h100", Gpus: &six}))
+	require.NoError(t, err)
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "~ change Quota sim/pool-h100")
+	require.Contains(t, res.stdout, "    spec.gpus: 6 → 16\n")
+	require.Contains(t, res.stdout, "Plan: 0 to create, 1 to change, 0 to replace, 0 to delete.")
+	require.Equal(t, 3, strings.Count(res.stdout, "\n"), res.stdout)
+	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+	r.want(t, 0, "fleet", "plan", "-f", simDir)
+
+	// A pool changes in place: its policy by Update, its offer by Offer.
+	changed := copyExample(t, func(string) bool { return false })
+	pb, err := os.ReadFile(filepath.Join(changed, "pools.yaml"))
+	require.NoError(t, err)
+	pb = bytes.Replace(pb, []byte("maxPending: 50\n"), []byte("maxPending: 60\n"), 1)
+	pb = bytes.Replace(pb, []byte("selector: gpu.model=A100\n"), []byte("selector: gpu.model=A100\n  offerTo: [acme]\n"), 1)
+	require.NoError(t, os.WriteFile(filepath.Join(changed, "pools.yaml"), pb, 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", changed)
+	require.Contains(t, res.stdout, "~ change Pool sim/a100")
+	require.Contains(t, res.stdout, "    spec.policy.maxPending: 50 → 60\n")
+	require.Contains(t, res.stdout, `    spec.offerTo: (unset) → ["acme"]`+"\n")
+	require.Contains(t, res.stdout, "Plan: 0 to create, 1 to change, 0 to replace, 0 to delete.")
+	r.want(t, 0, "fleet", "apply", "-f", changed)
+	r.want(t, 0, "fleet", "plan", "-f", changed)
+	p, err := r.cp.Admin().Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "sim", Pool: "a100"}))
+	require.NoError(t, err)
+	require.Equal(t, int32(60), p.Msg.GetPool().GetPolicy().GetMaxPending())
+	require.Equal(t, []string{"acme"}, p.Msg.GetPool().GetOffer().GetTenants())
+	require.Equal(t, "timeslice", p.Msg.GetPool().GetPolicy().GetGpuSharing(), "the rest of the policy is kept")
+
+	// A flavor cannot change in place: the plan says replace, apply refuses.
+	bigger := copyExample(t, func(string) bool { return false })
+	fb, err := os.ReadFile(filepath.Join(bigger, "flavors.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bigger, "flavors.yaml"), bytes.Replace(fb, []byte("vcpus: 2\n"), []byte("vcpus: 4\n"), 1), 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", bigger)
+	require.Contains(t, res.stdout, "! replace Flavor small (platform)")
+	require.Contains(t, res.stdout, "spec.vcpus: 2 → 4")
+	res = r.want(t, 1, "fleet", "apply", "-f", bigger)
+	require.Contains(t, res.stderr, "REPLACE_REQUIRED on spec.vcpus")
+	// The pool's change back to the example comes first (pools before
+	// flavors) and stays applied.
+	require.Contains(t, res.stderr, "applied before it: 1 of 2 changes\n  change Pool sim/a100\n")
+	f, err := r.cp.Admin().Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Flavor: "small"}))
+	require.NoError(t, err)
+	require.Equal(t, int32(2), f.Msg.GetFlavor().GetVcpus())
+}
+
+// TestFleetConfigPrune removes dev's pool h100 (and its quota) from the
+// documents: plan --prune lists the pool's delete, apply refuses it while a
+// reservation in it is live, and archives it once none is.
+func TestFleetConfigPrune(t *testing.T) {
+	t.Parallel()
+	r := newFleetRig(t)
+	ctx := context.Background()
+	admin := r.cp.Admin()
+	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
+		Template: bctest.FakeDaemonConfig{Gateway: r.cp.GatewayAddr}, Root: t.TempDir(), N: 1,
+		Token: func(ctx context.Context, i int) (string, error) {
+			tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "sim", Project: "nodes"}))
+			return tok.Msg.GetToken(), err
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(sim.Stop)
+	bctest.WaitFor(t, "the node's GPUs in inventory", func() bool {
+		n, err := admin.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "sim"}))
+		require.NoError(t, err)
+		return len(n.Msg.GetNodes()) == 1 && n.Msg.GetNodes()[0].GetGpuCount() > 0
+	})
+	res, err := admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "sim", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
+	require.NoError(t, err)
+	resv := res.Msg.GetReservation().GetId()
+
+	noH100 := copyExample(t, func(doc string) bool {
+		return strings.Contains(doc, "name: h100\n") || strings.Contains(doc, "name: pool-h100\n")
+	})
+	out := r.want(t, 0, "fleet", "plan", "-f", noH100)
+	require.Contains(t, out.stdout, "No changes", "without --prune nothing is deleted")
+	out = r.want(t, exitPlanChanges, "fleet", "plan", "-f", noH100, "--prune")
+	require.Contains(t, out.stdout, "- delete Pool sim/h100")
+	require.Contains(t, out.stdout, "Plan: 0 to create, 0 to change, 0 to replace, 1 to delete.", "quotas are never pruned")
+
+	out = r.want(t, 1, "fleet", "apply", "-f", noH100, "--prune")
+	require.Contains(t, out.stderr, "delete Pool sim/h100 refused: FAILED_PRECONDITION")
+	require.Contains(t, out.stderr, resv)
+	require.Contains(t, out.stderr, "applied before it: 0 of 1 changes")
+	p, err := admin.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "sim", Pool: "h100"}))
+	require.NoError(t, err)
+	require.Equal(t, "active", p.Msg.GetPool().GetState())
+
+	_, err = admin.Reservations.Release(ctx, connect.NewRequest(&apiv1.ReleaseReservationRequest{Tenant: "sim", Reservation: resv}))
+	require.NoError(t, err)
+	bctest.WaitFor(t, "the reservation to end", func() bool {
+		g, err := admin.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "sim", Reservation: resv}))
+		require.NoError(t, err)
+		return !strings.Contains(liveReservationStatesForTest, g.Msg.GetReservation().GetState())
+	})
+	out = r.want(t, 0, "fleet", "apply", "-f", noH100, "--prune")
+	require.Contains(t, out.stdout, "applied: delete Pool sim/h100")
+	r.want(t, 0, "fleet", "plan", "-f", noH100, "--prune")
+}
+
+// liveReservationStatesForTest are the states fleetconfig counts as live.
+const liveReservationStatesForTest = "pending,placed,binding,active,releasing"
+
+// TestFleetConfigRefusals: bad documents are refused before any call, with
+// file and field named; another tenant's key can neither plan nor apply
+// sim's objects.
+func TestFleetConfigRefusals(t *testing.T) {
+	t.Parallel()
+	r := newFleetRig(t)
+	ctx := context.Background()
+
+	bad := t.TempDir()
+	ok := `apiVersion: bettercompute.io/v1
+kind: Flavor
+metadata: {name: never}
+spec: {vcpus: 1, memoryMiB: 512}
+`
+	require.NoError(t, os.WriteFile(filepath.Join(bad, "a.yaml"), []byte(ok+`---
+apiVersion: bettercompute.io/v1
+kind: Gadget
+metadata: {name: x}
+spec: {}
+---
+apiVersion: bettercompute.io/v1
+kind: Pool
+metadata: {name: p, tenant: sim}
+spec:
+  selector: gpu.model=H100
+  policy: {gpuSharingg: mig}
+`), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(bad, "b.yml"), []byte(`apiVersion: bettercompute.io/v1
+kind: Quota
+metadata: {tenant: sim}
+spec: {gpus: 1}
+`), 0o600))
+	for _, verb := range []string{"plan", "apply"} {
+		res := r.want(t, 1, "fleet", verb, "-f", bad)
+		require.Contains(t, res.stderr, filepath.Join(bad, "a.yaml")+`:2: kind: unknown kind "Gadget"`)
+		require.Contains(t, res.stderr, filepath.Join(bad, "a.yaml")+":3: spec.policy.gpuSharingg: unknown field (line 16)")
+		require.Contains(t, res.stderr, filepath.Join(bad, "b.yml")+":1: metadata.name: is required")
+		require.Empty(t, res.stdout)
+	}
+	_, err := r.cp.Admin().Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Flavor: "never"}))
+	require.Equal(t, "NOT_FOUND", client.Code(err), "nothing was applied")
+
+	// acme's admin cannot read sim's state, so cannot plan or apply it.
+	for _, verb := range []string{"plan", "apply"} {
+		res := r.run(t, r.acme, "fleet", verb, "-f", exampleFleet)
+		require.Equal(t, 1, res.code, "stdout: %s\nstderr: %s", res.stdout, res.stderr)
+		require.Regexp(t, `NOT_FOUND|PERMISSION_DENIED`, res.stderr)
+	}
+	res := r.run(t, r.acme, "fleet", "export", "--tenant", "sim", "-o", "-")
+	require.Equal(t, 1, res.code)
+	require.Regexp(t, `NOT_FOUND|PERMISSION_DENIED`, res.stderr)
+	// Nor write sim's objects when its documents hold nothing else.
+	simOnly := copyExample(t, func(doc string) bool { return !strings.Contains(doc, "tenant: sim") })
+	res = r.run(t, r.acme, "fleet", "apply", "-f", simOnly)
+	require.Equal(t, 1, res.code)
+	_, err = r.cp.Admin().Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "sim", Pool: "a100"}))
+	require.Equal(t, "NOT_FOUND", client.Code(err))
+	// acme's own export is its own (empty) state.
+	res = r.run(t, r.acme, "fleet", "export", "-o", "-")
+	require.Equal(t, 0, res.code, res.stderr)
+	require.NotContains(t, res.stdout, "sim")
+}

@@ -1,0 +1,164 @@
+package fleetconfig
+
+// APIVersion is the apiVersion every document carries.
+const APIVersion = "bettercompute.io/v1"
+
+// The kinds this version covers.
+const (
+	KindFlavor = "Flavor"
+	KindIPPool = "IPPool"
+	KindPool   = "Pool"
+	KindQuota  = "Quota"
+)
+
+// Kinds lists the kinds in dependency order: pools come before the quotas
+// that name them.
+var Kinds = []string{KindPool, KindFlavor, KindIPPool, KindQuota}
+
+// Metadata names a document's object. Tenant is a tenant name (or id);
+// empty means the platform's for flavors and IP pools, and the default
+// tenant (--tenant) for pools and quotas.
+type Metadata struct {
+	Name   string `yaml:"name" json:"name" required:"true" desc:"The object's name; for a quota, a label of the document only (its scope is its identity)."`
+	Tenant string `yaml:"tenant,omitempty" json:"tenant,omitempty" desc:"Tenant name or id. Left out: the platform's for a Flavor or IPPool; for a Pool or Quota, the tenant given with --tenant."`
+}
+
+// FlavorSpec is a flavor. The API has no update for flavors: any change
+// is a replace.
+type FlavorSpec struct {
+	VCPUs        int32  `yaml:"vcpus,omitempty" json:"vcpus,omitempty" required:"true" min:"1" desc:"Virtual CPUs."`
+	MemoryMiB    int64  `yaml:"memoryMiB,omitempty" json:"memoryMiB,omitempty" required:"true" min:"1" desc:"Memory in MiB."`
+	DiskGiB      int32  `yaml:"diskGiB,omitempty" json:"diskGiB,omitempty" min:"0" desc:"Root disk in GiB."`
+	GPUs         int32  `yaml:"gpus,omitempty" json:"gpus,omitempty" min:"0" desc:"GPUs passed through."`
+	GPUModel     string `yaml:"gpuModel,omitempty" json:"gpuModel,omitempty" desc:"The GPU model the GPUs must be (left out: any)."`
+	NUMAAffine   bool   `yaml:"numaAffine,omitempty" json:"numaAffine,omitempty" desc:"CPUs, memory and GPUs on one NUMA node."`
+	Pinned       bool   `yaml:"pinned,omitempty" json:"pinned,omitempty" desc:"Dedicated host CPUs, isolated ones first."`
+	Hugepages    bool   `yaml:"hugepages,omitempty" json:"hugepages,omitempty" desc:"Guest memory backed by the host's hugepages."`
+	Balloon      bool   `yaml:"balloon,omitempty" json:"balloon,omitempty" desc:"The host may balloon guest memory back (not with hugepages or GPUs)."`
+	MinMemoryMiB int64  `yaml:"minMemoryMiB,omitempty" json:"minMemoryMiB,omitempty" min:"0" desc:"With balloon: the least memory the balloon leaves the guest."`
+	Description  string `yaml:"description,omitempty" json:"description,omitempty" desc:"What the flavor is for."`
+}
+
+// IPPoolSpec is an IP pool. The API has no update for IP pools: any
+// change is a replace. An empty gateway or range takes the API's default
+// and is not compared.
+type IPPoolSpec struct {
+	CIDR        string   `yaml:"cidr,omitempty" json:"cidr,omitempty" required:"true" desc:"The IPv4 network, e.g. 10.20.0.0/24."`
+	Gateway     string   `yaml:"gateway,omitempty" json:"gateway,omitempty" desc:"The guests' gateway (left out: the network's first host)."`
+	DNS         []string `yaml:"dns,omitempty" json:"dns,omitempty" desc:"Nameservers guests get."`
+	RangeStart  string   `yaml:"rangeStart,omitempty" json:"rangeStart,omitempty" desc:"First address leased (left out: the first host after the gateway)."`
+	RangeEnd    string   `yaml:"rangeEnd,omitempty" json:"rangeEnd,omitempty" desc:"Last address leased (left out: the last host)."`
+	Network     string   `yaml:"network,omitempty" json:"network,omitempty" desc:"The site or host network the pool serves, e.g. dc1/br0."`
+	Description string   `yaml:"description,omitempty" json:"description,omitempty" desc:"What the pool is for."`
+}
+
+// QuotaSpec is the quota of one scope: the tenant or a project, optionally
+// one GPU model or one pool. The scope is the quota's identity; a limit
+// left out is unlimited. metadata.name only names the document.
+type QuotaSpec struct {
+	Project  string   `yaml:"project,omitempty" json:"project,omitempty" desc:"Project name: the quota of that project (left out: the tenant-wide quota)."`
+	Model    string   `yaml:"model,omitempty" json:"model,omitempty" desc:"Count only this GPU model, e.g. H100."`
+	Pool     string   `yaml:"pool,omitempty" json:"pool,omitempty" desc:"Count only this pool (its name)."`
+	GPUs     *int32   `yaml:"gpus,omitempty" json:"gpus,omitempty" min:"0" desc:"GPUs held at once (left out: unlimited)."`
+	GPUHours *float64 `yaml:"gpuHours,omitempty" json:"gpuHours,omitempty" min:"0" desc:"GPU-hours booked in all (left out: unlimited)."`
+}
+
+// PoolSpec is a pool: its selector (the shorthand of pools create
+// --selector), who it is offered to, and its policy.
+type PoolSpec struct {
+	Selector string `yaml:"selector,omitempty" json:"selector,omitempty" desc:"Node selector shorthand, e.g. 'gpu.model=H100,zone in (a,b),!spot' (left out: every node of the tenant)."`
+	// OfferTo is "all", or consumer tenant names; empty keeps the pool
+	// private.
+	OfferTo []string    `yaml:"offerTo,omitempty" json:"offerTo,omitempty" desc:"all, or consumer tenant names; left out: the pool is private."`
+	Policy  *PoolPolicy `yaml:"policy,omitempty" json:"policy,omitempty" desc:"How the pool's GPUs are shared and booked (docs/capacity.md); left out fields take the defaults."`
+}
+
+// PoolPolicy mirrors the API's PoolPolicy (docs/capacity.md).
+type PoolPolicy struct {
+	PerGPU              *PerGPU      `yaml:"perGpu,omitempty" json:"perGpu,omitempty" desc:"The host share that comes with each GPU."`
+	HostReserve         *HostReserve `yaml:"hostReserve,omitempty" json:"hostReserve,omitempty" desc:"What each node keeps for itself."`
+	GPUSharing          string       `yaml:"gpuSharing,omitempty" json:"gpuSharing,omitempty" enum:"exclusive,mig,timeslice,mps" desc:"How GPUs are shared (default exclusive)."`
+	SlotsPerGPU         int32        `yaml:"slotsPerGpu,omitempty" json:"slotsPerGpu,omitempty" min:"0" desc:"Slots per GPU, at most 48: required for timeslice and mps."`
+	SingleTenant        bool         `yaml:"singleTenant,omitempty" json:"singleTenant,omitempty" desc:"Nodes serve one tenant's workloads at a time."`
+	MaxPending          int32        `yaml:"maxPending,omitempty" json:"maxPending,omitempty" min:"-1" desc:"Reservations that may wait for capacity: left out 1000, -1 none."`
+	MinDurationSeconds  int64        `yaml:"minDurationSeconds,omitempty" json:"minDurationSeconds,omitempty" min:"0" desc:"Shortest booking in seconds (left out: unbounded)."`
+	MaxDurationSeconds  int64        `yaml:"maxDurationSeconds,omitempty" json:"maxDurationSeconds,omitempty" min:"0" desc:"Longest booking in seconds, at most 30 days (left out: unbounded)."`
+	OnNodeLost          string       `yaml:"onNodeLost,omitempty" json:"onNodeLost,omitempty" enum:"release,replace" desc:"What a lost node does to its reservations (default release)."`
+	StartHorizonSeconds int64        `yaml:"startHorizonSeconds,omitempty" json:"startHorizonSeconds,omitempty" min:"0" desc:"How far ahead a reservation may start, in seconds (default 90 days)."`
+	RequiredAttestor    string       `yaml:"requiredAttestor,omitempty" json:"requiredAttestor,omitempty" desc:"The attestor a machine joining for this pool must bring evidence from (docs/attestation.md)."`
+	Health              *Health      `yaml:"health,omitempty" json:"health,omitempty" desc:"What GPU health findings do in this pool (docs/health.md)."`
+	MIG                 string       `yaml:"mig,omitempty" json:"mig,omitempty" enum:"manual,auto" desc:"MIG layouts, for gpuSharing mig (default manual)."`
+	Provider            *Provider    `yaml:"provider,omitempty" json:"provider,omitempty" desc:"Makes this a provider pool (docs/providers.md)."`
+	Prices              *Prices      `yaml:"prices,omitempty" json:"prices,omitempty" desc:"What the owner charges per hour (docs/billing.md)."`
+	MemoryOvercommit    string       `yaml:"memoryOvercommit,omitempty" json:"memoryOvercommit,omitempty" desc:"Memory overcommit ratio for ballooning flavors, 1 to 2, e.g. \"1.5\"."`
+}
+
+// PerGPU is the host share that comes with each GPU.
+type PerGPU struct {
+	VCPU         int32 `yaml:"vcpu,omitempty" json:"vcpu,omitempty" min:"0" desc:"vCPUs."`
+	MemoryGiB    int32 `yaml:"memoryGiB,omitempty" json:"memoryGiB,omitempty" min:"0" desc:"Memory in GiB."`
+	Hugepages1Gi int32 `yaml:"hugepages1Gi,omitempty" json:"hugepages1Gi,omitempty" min:"0" desc:"1 GiB huge pages."`
+}
+
+// HostReserve is what each node keeps for itself.
+type HostReserve struct {
+	VCPU      int32 `yaml:"vcpu,omitempty" json:"vcpu,omitempty" min:"0" desc:"vCPUs."`
+	MemoryGiB int32 `yaml:"memoryGiB,omitempty" json:"memoryGiB,omitempty" min:"0" desc:"Memory in GiB."`
+}
+
+// Health is a pool's answer to GPU health findings.
+type Health struct {
+	XIDActions              map[int64]string `yaml:"xidActions,omitempty" json:"xidActions,omitempty" desc:"Action per XID code: quarantine, reset, rma, reboot, record."`
+	DisruptionBudgetPercent int32            `yaml:"disruptionBudgetPercent,omitempty" json:"disruptionBudgetPercent,omitempty" min:"0" desc:"Most nodes under remediation at once, in percent (default 5)."`
+	BreakerPercent          int32            `yaml:"breakerPercent,omitempty" json:"breakerPercent,omitempty" min:"0" desc:"Remediation stops past this percentage of nodes turned unhealthy (default 10)."`
+	BreakerWindowSeconds    int64            `yaml:"breakerWindowSeconds,omitempty" json:"breakerWindowSeconds,omitempty" min:"0" desc:"The breaker's window in seconds (default 600)."`
+	KeepReservations        bool             `yaml:"keepReservations,omitempty" json:"keepReservations,omitempty" desc:"Do not re-place reservations off a GPU that goes bad."`
+}
+
+// Provider makes a provider pool.
+type Provider struct {
+	Account    string `yaml:"account,omitempty" json:"account,omitempty" desc:"A provider account of the pool's tenant."`
+	ServerType string `yaml:"serverType,omitempty" json:"serverType,omitempty" desc:"The provider's server type, e.g. cx22."`
+	Image      string `yaml:"image,omitempty" json:"image,omitempty" desc:"What the servers boot."`
+	Location   string `yaml:"location,omitempty" json:"location,omitempty" desc:"Where the servers run (default the account's)."`
+}
+
+// Prices are a pool's prices per hour (docs/billing.md).
+type Prices struct {
+	GPUHour       map[string]string `yaml:"gpuHour,omitempty" json:"gpuHour,omitempty" desc:"Price of a GPU-hour per model; * prices every other model."`
+	VCPUHour      string            `yaml:"vcpuHour,omitempty" json:"vcpuHour,omitempty" desc:"Price of a vCPU-hour."`
+	MemoryGiBHour string            `yaml:"memoryGibHour,omitempty" json:"memoryGibHour,omitempty" desc:"Price of a GiB-hour of memory."`
+	InstanceHour  map[string]string `yaml:"instanceHour,omitempty" json:"instanceHour,omitempty" desc:"Price of an instance-hour per flavor name."`
+}
+
+// specTypes maps each kind to an empty value of its spec, for the strict
+// parser and the schema test.
+func newSpec(kind string) any {
+	switch kind {
+	case KindFlavor:
+		return &FlavorSpec{}
+	case KindIPPool:
+		return &IPPoolSpec{}
+	case KindQuota:
+		return &QuotaSpec{}
+	case KindPool:
+		return &PoolSpec{}
+	}
+	return nil
+}
+
+// Document is one parsed document.
+type Document struct {
+	// File and Index (1-based) say where it came from.
+	File     string
+	Index    int
+	Kind     string
+	Metadata Metadata
+	// Spec is a *FlavorSpec, *IPPoolSpec, *QuotaSpec or *PoolSpec.
+	Spec any
+}
+
+// Where names the document for messages: file:N.
+func (d Document) Where() string {
+	return d.File + ":" + itoa(d.Index)
+}
