@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/better-compute/better-compute/internal/agent"
+	"github.com/better-compute/better-compute/internal/release"
 )
 
 type options struct {
@@ -36,6 +37,7 @@ type options struct {
 	otlpEndpoint  string
 	otlpInsecure  bool
 	imageKeys     string
+	releaseKeys   stringList
 	spoolDir      string
 	execIDs       string
 	attest        agent.AttestConfig
@@ -86,6 +88,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "export OpenTelemetry traces to this OTLP/gRPC collector (host:port or URL); empty: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set")
 	fs.BoolVar(&o.otlpInsecure, "otlp-insecure", false, "send traces to a host:port --otlp-endpoint without TLS")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	fs.Var(&o.releaseKeys, "release-pubkey", "release public key (PEM, release keygen's release.pub) daemon.upgrade trusts; repeat for several; none: bcd refuses every upgrade")
 	fs.StringVar(&o.imageKeys, "trusted-image-keys", "", "ramdisk mode: PEM file of the public keys image.write accepts signatures of (besides the keys each command names)")
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "ramdisk mode: where a downloaded image waits until it verified (default the temp dir)")
 	fs.StringVar(&o.site.iface, "site-interface", "", "site mode: the provisioning network's interface DHCP binds to")
@@ -132,6 +135,8 @@ type fileConfig struct {
 	AttestX509Key          string `toml:"attest_x509_key" yaml:"attest_x509_key"`
 	AttestCloudMetadataURL string `toml:"attest_cloud_metadata_url" yaml:"attest_cloud_metadata_url"`
 	OTLPEndpoint           string `toml:"otlp_endpoint" yaml:"otlp_endpoint"`
+	// ReleasePubkeys are --release-pubkey's files.
+	ReleasePubkeys []string `toml:"release_pubkeys" yaml:"release_pubkeys"`
 
 	SiteInterface     string `toml:"site_interface" yaml:"site_interface"`
 	SiteDHCP          string `toml:"site_dhcp" yaml:"site_dhcp"`
@@ -217,6 +222,9 @@ func (o *options) merge(fc *fileConfig, set map[string]bool) {
 	pick("attest-x509-key", &o.attest.X509Key, fc.AttestX509Key)
 	pick("attest-cloud-metadata-url", &o.attest.MetadataURL, fc.AttestCloudMetadataURL)
 	pick("otlp-endpoint", &o.otlpEndpoint, fc.OTLPEndpoint)
+	if len(fc.ReleasePubkeys) > 0 && !set["release-pubkey"] {
+		o.releaseKeys = append(stringList(nil), fc.ReleasePubkeys...)
+	}
 	pick("site-interface", &o.site.iface, fc.SiteInterface)
 	pick("site-dhcp", &o.site.dhcpMode, fc.SiteDHCP)
 	pick("site-server-ip", &o.site.serverIP, fc.SiteServerIP)
@@ -301,4 +309,35 @@ func parseExecIDs(v string) (first, count uint32, err error) {
 		return 0, 0, fmt.Errorf("%d ids from %d run past the largest uid", c, f)
 	}
 	return uint32(f), uint32(c), nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty")
+	}
+	*l = append(*l, v)
+	return nil
+}
+
+// loadReleaseKeys reads --release-pubkey's files, one release public key
+// each.
+func loadReleaseKeys(files []string) ([]release.PublicKey, error) {
+	var keys []release.PublicKey
+	for _, f := range files {
+		text, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("--release-pubkey: %w", err)
+		}
+		k, err := release.ParsePublicKeyPEM(text)
+		if err != nil {
+			return nil, fmt.Errorf("--release-pubkey %s: %w", f, err)
+		}
+		keys = append(keys, k)
+	}
+	return keys, nil
 }

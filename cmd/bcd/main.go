@@ -5,6 +5,9 @@
 // (--token-stdin), never from the command line, where every user of the
 // host could read it.
 //
+// `bcd version` prints the version alone on stdout (what daemon.upgrade
+// runs to probe a downloaded binary).
+//
 // `bcd secret get secret://NAME` fetches a secret of the node's tenant
 // through the gateway and prints it (docs/secrets.md).
 package main
@@ -47,6 +50,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
+	if len(os.Args) == 2 && os.Args[1] == "version" {
+		// What daemon.upgrade's probe runs: the version alone, on stdout.
+		fmt.Println(version)
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "secret" {
 		err = runSecret(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	} else {
@@ -105,6 +113,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return err
 	}
 	log, err := newLogger(o.logLevel, stderr)
+	if err != nil {
+		return err
+	}
+	releaseKeys, err := loadReleaseKeys(o.releaseKeys)
 	if err != nil {
 		return err
 	}
@@ -241,7 +253,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		CgroupRoot: o.cgroupRoot, PlainCgroupDir: fakeHW, Logger: log, Version: version, Mode: mode, Ramdisk: rd,
 		HeartbeatInterval: o.heartbeat, HelloTimeout: o.helloTimeout, KeepaliveTime: o.keepalive,
 		Tracing: tp, Commands: handler, BMCDrivers: bmcDrivers, Instances: instances, ExecIDFirst: execFirst, ExecIDCount: execCount,
-		Attest: o.attest, NodeLabels: kubeNode.labels(), NodeLabelsChanged: kubeNode.changed(), NodeLabelsSource: kubeNode.labelsSource(),
+		Attest: o.attest, ReleaseKeys: releaseKeys, NodeLabels: kubeNode.labels(), NodeLabelsChanged: kubeNode.changed(), NodeLabelsSource: kubeNode.labelsSource(),
 	})
 	if err != nil {
 		if backend != nil {

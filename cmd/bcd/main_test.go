@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/internal/agent/cgroups"
+	"github.com/better-compute/better-compute/internal/release"
 )
 
 func noenv(string) string { return "" }
@@ -207,4 +209,45 @@ func TestSecretGetUsage(t *testing.T) {
 	err := runSecret(ctx, []string{"get", "--server", "127.0.0.1:1", "--state-dir", t.TempDir(), "secret://x"}, &out, &out)
 	require.ErrorContains(t, err, "no node identity")
 	require.Empty(t, out.String())
+}
+
+// --release-pubkey repeats and pairs with the config key release_pubkeys
+// (the flag wins); a file that is not a release public key stops bcd
+// before it starts, naming the file.
+func TestReleasePubkeys(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key, _, err := release.GenerateKey(release.AlgEd25519)
+	require.NoError(t, err)
+	pub := filepath.Join(dir, "release.pub")
+	require.NoError(t, os.WriteFile(pub, key.Public.PEM(), 0o644))
+
+	fs := flag.NewFlagSet("bcd", flag.ContinueOnError)
+	var o options
+	o.register(fs)
+	require.NoError(t, fs.Parse([]string{"--release-pubkey", pub, "--release-pubkey", pub}))
+	require.Equal(t, stringList{pub, pub}, o.releaseKeys)
+	keys, err := loadReleaseKeys(o.releaseKeys)
+	require.NoError(t, err)
+	require.Len(t, keys, 2)
+	require.Equal(t, key.Public.ID, keys[0].ID)
+
+	p := filepath.Join(dir, "config.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("server: gw:1\nrelease_pubkeys: [/etc/bcd/a.pub, /etc/bcd/b.pub]\n"), 0o600))
+	fc, err := loadConfigFile(p)
+	require.NoError(t, err)
+	var fromFile options
+	fromFile.merge(fc, map[string]bool{})
+	require.Equal(t, stringList{"/etc/bcd/a.pub", "/etc/bcd/b.pub"}, fromFile.releaseKeys)
+	o.merge(fc, map[string]bool{"release-pubkey": true})
+	require.Equal(t, stringList{pub, pub}, o.releaseKeys, "flags override the file")
+
+	notRelease := filepath.Join(dir, "image.pub")
+	require.NoError(t, os.WriteFile(notRelease, []byte("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"), 0o644))
+	_, err = loadReleaseKeys([]string{notRelease})
+	require.ErrorContains(t, err, "--release-pubkey "+notRelease)
+	require.ErrorIs(t, err, release.ErrWrongPurpose)
+	err = run(context.Background(), []string{"--server", "127.0.0.1:1", "--state-dir", dir, "--release-pubkey", filepath.Join(dir, "missing.pub")},
+		noenv, strings.NewReader(""), &bytes.Buffer{})
+	require.ErrorContains(t, err, "--release-pubkey")
 }

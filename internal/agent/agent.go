@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,7 @@ import (
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/cmdsig"
 	"github.com/better-compute/better-compute/internal/kubebind"
+	"github.com/better-compute/better-compute/internal/release"
 )
 
 // Config configures an Agent. Zero values take the defaults noted.
@@ -157,6 +159,20 @@ type Config struct {
 	// Reboot reboots the machine for node.reboot (default systemctl
 	// reboot).
 	Reboot func(ctx context.Context) error
+	// ReleaseKeys are the release public keys daemon.upgrade trusts;
+	// none refuses every upgrade (RELEASE_UNTRUSTED) and leaves the
+	// daemon.upgrade capability out of Hello.
+	ReleaseKeys []release.PublicKey
+	// Executable is the path daemon.upgrade replaces (default
+	// os.Executable, symlinks resolved).
+	Executable string
+	// Reexec replaces the process with the binary at path after an
+	// upgrade, a rollback or a revert (default syscall.Exec with the same
+	// arguments and environment). It returns only on failure.
+	Reexec func(path string) error
+	// UpgradeDownloadTimeout bounds daemon.upgrade's download (default
+	// 10 min; the command's deadline, when earlier, bounds it too).
+	UpgradeDownloadTimeout time.Duration
 }
 
 // MinKeepaliveTime is the shortest KeepaliveTime: the gateway answers
@@ -207,6 +223,19 @@ func (c *Config) setDefaults() error {
 	if c.Reboot == nil {
 		c.Reboot = systemctlReboot
 	}
+	if c.Executable == "" {
+		// Resolved now: once an upgrade renamed a new binary over it,
+		// the running one's path reads "… (deleted)".
+		if exe, err := os.Executable(); err == nil {
+			if real, err := filepath.EvalSymlinks(exe); err == nil {
+				c.Executable = real
+			}
+		}
+	}
+	if c.Reexec == nil {
+		c.Reexec = reexec
+	}
+	c.UpgradeDownloadTimeout = cmp.Or(c.UpgradeDownloadTimeout, 10*time.Minute)
 	switch {
 	case c.HelloTimeout < 0 || c.KeepaliveTimeout < 0 || c.GoodbyeTimeout < 0:
 		return errors.New("agent: HelloTimeout, KeepaliveTimeout and GoodbyeTimeout must not be negative")
@@ -291,6 +320,10 @@ type Agent struct {
 	kubeSendMu sync.Mutex
 
 	queue chan *agentv1.Command
+
+	// upgradeMu keeps upgrade.json and the executable's swaps one at a
+	// time (upgrade.go).
+	upgradeMu sync.Mutex
 }
 
 // New opens the state directory and loads an existing identity, if any.

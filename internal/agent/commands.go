@@ -393,6 +393,10 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		return a.resetGPU(ctx, c)
 	case KindNodeReboot:
 		return a.reboot(c)
+	case KindDaemonUpgrade:
+		return a.upgrade(ctx, c)
+	case KindDaemonRollback:
+		return a.rollback(c)
 	case KindAllocationRelease:
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()
 		if id == "" {

@@ -307,6 +307,21 @@ func (a *Agent) holdGPUs(allocationID string, gpus []string) error {
 // session's goodbye. A reboot that would fail the command after bcd is
 // gone would otherwise read as INTERRUPTED.
 func (a *Agent) reboot(c *agentv1.Command) (outcome, error) {
+	a.afterReport(c, "reboot", func(ctx context.Context) {
+		a.log.Warn("rebooting the node", "command", c.GetId())
+		if err := a.cfg.Reboot(ctx); err != nil {
+			a.log.Error("reboot failed", "err", err)
+		}
+	})
+	res, _ := structpb.NewStruct(map[string]any{"rebooting": true})
+	return outcome{result: res}, nil
+}
+
+// afterReport runs then, on a goroutine, once c's final update is reported
+// (or after rebootWait: it is in the command log, and the next session
+// carries it) and the gateway took the session's goodbye with reason. It
+// does not run if Run stops first.
+func (a *Agent) afterReport(c *agentv1.Command, reason string, then func(ctx context.Context)) {
 	a.mu.Lock()
 	ctx := a.runCtx
 	a.mu.Unlock()
@@ -331,7 +346,7 @@ func (a *Agent) reboot(c *agentv1.Command) (outcome, error) {
 		// Reported means handed to the stream, not received: a goodbye
 		// the gateway answers by closing the session is what says the
 		// update before it arrived (as a stopping bcd does).
-		if s := a.currentSession(); s != nil && s.goodbye("reboot") == nil {
+		if s := a.currentSession(); s != nil && s.goodbye(reason) == nil {
 			end := time.Now().Add(a.cfg.GoodbyeTimeout)
 			for a.currentSession() == s && time.Now().Before(end) && ctx.Err() == nil {
 				time.Sleep(20 * time.Millisecond)
@@ -340,13 +355,8 @@ func (a *Agent) reboot(c *agentv1.Command) (outcome, error) {
 		if ctx.Err() != nil {
 			return
 		}
-		a.log.Warn("rebooting the node", "command", c.GetId())
-		if err := a.cfg.Reboot(ctx); err != nil {
-			a.log.Error("reboot failed", "err", err)
-		}
+		then(ctx)
 	}()
-	res, _ := structpb.NewStruct(map[string]any{"rebooting": true})
-	return outcome{result: res}, nil
 }
 
 // systemctlReboot is the default Config.Reboot.

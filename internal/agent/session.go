@@ -143,6 +143,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.labelsLoop(ctx) })
 	wg.Go(func() { a.healthLoop(ctx) })
 	wg.Go(func() { a.xidLoop(ctx) })
+	wg.Go(func() { a.upgradeWatchdog(ctx) })
 	defer wg.Wait()
 	// Running processes are killed when ctx ends; their final updates are
 	// kept for the next session.
@@ -299,6 +300,8 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		a.metrics.connected.Set(0)
 	}()
 	a.log.Info("session established", "node_id", a.NodeID(), "gateway", gw.addr, "heartbeat", interval)
+	// Before any command arrives on it: a session keeps a new binary.
+	a.confirmUpgrade()
 
 	if err := a.flushUnreported(s); err != nil {
 		return true, err
@@ -444,6 +447,9 @@ func (a *Agent) capabilities() []string {
 	}
 	if a.cfg.KubeletPluginsRegistered != nil && a.cfg.KubeletPluginsRegistered() {
 		caps = append(caps, CapKubernetes)
+	}
+	if len(a.cfg.ReleaseKeys) > 0 {
+		caps = append(caps, CapDaemonUpgrade)
 	}
 	return caps
 }

@@ -93,7 +93,21 @@ func New(opts Options) (*Backend, error) {
 	if _, ok := productNames[opts.Model]; !ok {
 		return nil, fmt.Errorf("unknown fake model %q (want dgxh100, dgxa100 or dgxb200)", opts.Model)
 	}
-	return open(opts)
+	return openWithFault(opts, buildFault)
+}
+
+// openWithFault opens the machine and injects the findings fault names
+// (buildFault's form).
+func openWithFault(opts Options, fault string) (*Backend, error) {
+	b, err := open(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.injectBuildFault(fault); err != nil {
+		_ = b.Close()
+		return nil, err
+	}
+	return b, nil
 }
 
 // machine is what the options make of a model with n GPUs: each GPU's UUID,
