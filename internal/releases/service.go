@@ -58,7 +58,11 @@ func refusal(err error) error {
 	if !errors.As(err, &re) {
 		return err
 	}
-	v := envelope.Violation{Field: "manifest." + re.Field, Reason: re.Kind.Error() + ": " + re.Reason}
+	field := re.Field
+	if !strings.HasPrefix(field, "manifest") {
+		field = "manifest." + field // the request field, then the envelope's
+	}
+	v := envelope.Violation{Field: field, Reason: re.Kind.Error() + ": " + re.Reason}
 	if errors.Is(err, release.ErrUnknownKey) || errors.Is(err, release.ErrBadSignature) || errors.Is(err, release.ErrWrongPurpose) {
 		return &envelope.Error{Code: envelope.CodeReleaseUntrusted, Message: fmt.Sprintf("%s %s", v.Field, v.Reason), Violations: []envelope.Violation{v}}
 	}
