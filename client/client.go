@@ -63,6 +63,7 @@ type Client struct {
 	WorkloadIdentity apiv1connect.WorkloadIdentityServiceClient
 	Images           apiv1connect.ImageServiceClient
 	SignerKeys       apiv1connect.SignerKeyServiceClient
+	Releases         apiv1connect.ReleaseServiceClient
 	Webhooks         apiv1connect.WebhookServiceClient
 	Sites            apiv1connect.SiteServiceClient
 	Machines         apiv1connect.MachineServiceClient
@@ -149,6 +150,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		WorkloadIdentity: apiv1connect.NewWorkloadIdentityServiceClient(h, baseURL, copts...),
 		Images:           apiv1connect.NewImageServiceClient(h, baseURL, copts...),
 		SignerKeys:       apiv1connect.NewSignerKeyServiceClient(h, baseURL, copts...),
+		Releases:         apiv1connect.NewReleaseServiceClient(h, baseURL, copts...),
 		JoinRequests:     apiv1connect.NewJoinRequestServiceClient(h, baseURL, copts...),
 		Inventory:        apiv1connect.NewInventoryServiceClient(h, baseURL, copts...),
 		Webhooks:         apiv1connect.NewWebhookServiceClient(h, baseURL, copts...),

@@ -55,6 +55,8 @@ import (
 	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/provision"
 	"github.com/better-compute/better-compute/internal/quorum"
+	"github.com/better-compute/better-compute/internal/release"
+	"github.com/better-compute/better-compute/internal/releases"
 	"github.com/better-compute/better-compute/internal/replica"
 	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/secrets"
@@ -119,6 +121,10 @@ type Config struct {
 	// uploads/); default <state-dir>/images. Replicas that take pushes must
 	// share it.
 	ImagesDir string
+	// ReleasePubkeys are the files of the release public keys a published
+	// release must be signed by (--release-pubkey); none refuses every
+	// releases create.
+	ReleasePubkeys []string
 	// MaxImageBytes bounds one image push; default 64 GiB.
 	MaxImageBytes int64
 	Clock         clock.Clock
@@ -339,8 +345,10 @@ type App struct {
 	// Sandboxes runs sandboxes on instances: templates, warm pools, TTL
 	// expiry and snapshots.
 	Sandboxes *sandbox.Service
-	// Blobs is the image catalog's blob directory.
-	Blobs *images.Blobs
+	// Blobs is the image catalog's blob directory; published releases'
+	// files are kept there too.
+	Blobs       *images.Blobs
+	releaseKeys []release.PublicKey
 	// Webhooks is the outbox consumer that queues webhook deliveries; it
 	// runs with the worker role (RunWebhooks).
 	Webhooks *webhooks.Dispatcher
@@ -375,6 +383,7 @@ func Modules() []store.Migrations {
 		// capacity modules all the same.
 		usage.Migrations(),
 		images.Migrations(),
+		releases.Migrations(),
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
 		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(), providerpools.Migrations(),
@@ -590,6 +599,11 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	}
 	a.Sandboxes = sandbox.New(sandbox.Config{Env: a.Envelope, DB: a.DB, Instances: a.Instances, Sealer: sandboxSealer, Recorder: a.recorder})
 	if a.Blobs, err = images.OpenBlobs(cfg.ImagesDir); err != nil {
+		return nil, err
+	}
+	// Published releases keep their files in the same blob store.
+	a.Blobs.AddCounter(releases.FileCountBySHA256)
+	if a.releaseKeys, err = loadReleaseKeys(cfg.ReleasePubkeys); err != nil {
 		return nil, err
 	}
 	routes, err := a.routes(cedar, metrics)

@@ -8,6 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -26,11 +28,13 @@ import (
 	"github.com/better-compute/better-compute/bctest"
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/app"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/imagesig"
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/quorum/approval"
+	"github.com/better-compute/better-compute/internal/release"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -115,6 +119,9 @@ var matrixExpect = map[string]map[string]string{
 	"images.sign":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"images.promote": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"images.delete":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	// A bcd release runs on every tenant's nodes: the platform's alone.
+	"releases.create": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"releases.delete": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Signer keys decide what a tenant deploys: credentials.
 	"signerKeys.add":    {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"signerKeys.remove": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -208,6 +215,24 @@ type matrixFixture struct {
 	volumeHost string
 	// approver is the one key of acme's approver set, once made.
 	approver ssh.Signer
+	// releaseKey signs the matrix's releases; the control plane trusts it.
+	releaseKey release.Key
+}
+
+// matrixRelease signs a fresh release (one platform, tiny files) and
+// returns its envelope and files.
+func (f *matrixFixture) matrixRelease(t *testing.T) (string, []client.ReleaseFile) {
+	t.Helper()
+	bin := []byte(f.name("bcd"))
+	bom := []byte(`{"bomFormat":"CycloneDX"}`)
+	sum := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+	m := release.Manifest{Schema: release.Schema, Version: fmt.Sprintf("v1.0.%d", f.counter.Add(1)), MinControlPlaneVersion: "v0.1.0",
+		CreatedAt: f.cp.Clock.Now(), Binaries: []release.Binary{{Platform: "linux-amd64", Name: "bcd-linux-amd64",
+			SHA256: sum(bin), Size: int64(len(bin)), SBOM: release.File{Name: "bcd-linux-amd64.sbom.json", SHA256: sum(bom), Size: int64(len(bom))}}}}
+	env, err := release.Sign(m, f.releaseKey)
+	require.NoError(t, err)
+	return string(env), []client.ReleaseFile{{Name: "bcd-linux-amd64", Content: bytes.NewReader(bin)},
+		{Name: "bcd-linux-amd64.sbom.json", Content: bytes.NewReader(bom)}}
 }
 
 func (f *matrixFixture) name(prefix string) string {
@@ -962,6 +987,19 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		_, err := c.Images.Promote(context.Background(), connect.NewRequest(&apiv1.PromoteImageRequest{Tenant: "acme", Image: img.GetId()}))
 		return err
 	},
+	"releases.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		env, files := f.matrixRelease(t)
+		_, err := c.CreateRelease(context.Background(), env, files, "")
+		return err
+	},
+	"releases.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		env, files := f.matrixRelease(t)
+		res, err := f.admin.CreateRelease(context.Background(), env, files, "")
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.Releases.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteReleaseRequest{Version: res.GetRelease().GetVersion()}))
+		return err
+	},
 	"images.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		img := f.matrixImage(t, false)
 		_, err := c.Images.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteImageRequest{Tenant: "acme", Image: img.GetId()}))
@@ -1387,9 +1425,13 @@ func TestCatalogCoversAPI(t *testing.T) {
 // made for it.
 func TestAuthzMatrix(t *testing.T) {
 	t.Parallel()
-	cp := bctest.NewControlPlane(t)
+	releaseKey, _, err := release.GenerateKey(release.AlgEd25519)
+	require.NoError(t, err)
+	releasePub := filepath.Join(t.TempDir(), "release.pub")
+	require.NoError(t, os.WriteFile(releasePub, releaseKey.Public.PEM(), 0o644))
+	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.ReleasePubkeys = []string{releasePub} })
 	ctx := context.Background()
-	f := &matrixFixture{cp: cp, admin: cp.Admin(), keys: map[string]string{"platform-admin": cp.AdminKey}}
+	f := &matrixFixture{cp: cp, admin: cp.Admin(), keys: map[string]string{"platform-admin": cp.AdminKey}, releaseKey: releaseKey}
 	acme, err := f.admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
 	require.NoError(t, err)
 	web, err := f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))

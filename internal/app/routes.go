@@ -34,6 +34,7 @@ import (
 	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/providerpools"
+	"github.com/better-compute/better-compute/internal/releases"
 	// The built-in provider types register themselves: the accounts
 	// service checks accounts against their manifests.
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
@@ -182,6 +183,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewUsageServiceHandler(usage.NewService(a.Envelope, providerpools.Intervals), opts))
 	mux.Handle(apiv1connect.NewImageServiceHandler(images.NewService(a.Envelope, a.Blobs, a.cfg.MaxImageBytes, a.cfg.Logger), opts))
 	mux.Handle(apiv1connect.NewSignerKeyServiceHandler(images.NewSignerService(a.Envelope), opts))
+	mux.Handle(apiv1connect.NewReleaseServiceHandler(releases.NewService(a.Envelope, a.Blobs, a.releaseKeys, a.cfg.Logger), opts))
 	mux.Handle(apiv1connect.NewSiteServiceHandler(metal.NewSiteService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewMachineServiceHandler(metal.NewMachineService(a.Envelope, a.Metal), opts))
 	mux.Handle(apiv1connect.NewFlavorServiceHandler(vps.NewFlavorService(a.Envelope), opts))
@@ -223,7 +225,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}))
 	// bcd builds for the install script, which pins their sha256.
-	mux.Handle("GET /downloads/", downloads.Handler(a.cfg.DownloadsDir))
+	// Published releases first, then the directory for other versions.
+	mux.Handle("GET /downloads/", downloads.Handler(a.cfg.DownloadsDir, releases.Downloads{DB: a.DB, Blobs: a.Blobs}))
 	// MCP for AI agents: its tools call the handlers above in process, so
 	// each passes the envelope as the agent's key.
 	agents, err := mcp.Handler(mcp.HTTPConfig{API: mux, Authn: a.Authn, MaxRequestBytes: MaxRequestBytes,

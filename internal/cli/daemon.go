@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/internal/release"
 )
 
 func init() { register(newDaemonCommand) }
@@ -50,6 +52,9 @@ WantedBy=multi-user.target
 
 type installScriptFlags struct {
 	serverURL, gateway, version, shaAMD64, shaARM64 string
+	// fromRelease: take the binary's sha256 from the published release's
+	// manifest.json (releases create) instead of, or besides, the pins.
+	fromRelease bool
 }
 
 var (
@@ -69,7 +74,8 @@ func newDaemonCommand() *cobra.Command {
 		Short: "Print a POSIX sh installer for bcd",
 		Long: `Print a POSIX sh script that installs bcd on a node: it downloads the
 binary for the node's architecture from the server, refuses it unless its
-SHA-256 matches the pinned value, writes /etc/bcd/config.toml (0600), installs
+SHA-256 matches the pinned value (or, with --from-release, the sha256 the
+published release's manifest.json names for it), writes /etc/bcd/config.toml (0600), installs
 the hardened systemd unit and starts it. The join token is read from
 BCD_JOIN_TOKEN or stdin, never from arguments:
 
@@ -91,6 +97,7 @@ BCD_JOIN_TOKEN or stdin, never from arguments:
 	fl.StringVar(&f.version, "version", "", "bcd version to install")
 	fl.StringVar(&f.shaAMD64, "sha256-amd64", "", "pinned SHA-256 of linux-amd64")
 	fl.StringVar(&f.shaARM64, "sha256-arm64", "", "pinned SHA-256 of linux-arm64")
+	fl.BoolVar(&f.fromRelease, "from-release", false, "install the published release --version (releases create): check the binary against the sha256 its manifest.json names (pins, when given, must agree)")
 	cmd.AddCommand(script)
 	return cmd
 }
@@ -108,8 +115,15 @@ func installScript(f installScriptFlags) (string, error) {
 	if !versionRE.MatchString(f.version) {
 		return "", invalidArg("version", "must be a release version such as v1.2.3")
 	}
-	if f.shaAMD64 == "" && f.shaARM64 == "" {
-		return "", invalidArg("sha256-amd64", "pin at least one architecture's SHA-256")
+	if f.fromRelease && !release.ValidVersion(f.version) {
+		return "", invalidArg("version", "must be a published release's version such as v1.4.0 with --from-release")
+	}
+	if f.shaAMD64 == "" && f.shaARM64 == "" && !f.fromRelease {
+		return "", invalidArg("sha256-amd64", "pin at least one architecture's SHA-256, or pass --from-release")
+	}
+	fromRelease := ""
+	if f.fromRelease {
+		fromRelease = "1"
 	}
 	for name, v := range map[string]string{"sha256-amd64": f.shaAMD64, "sha256-arm64": f.shaARM64} {
 		if v != "" && !sha256RE.MatchString(v) {
@@ -122,6 +136,7 @@ func installScript(f installScriptFlags) (string, error) {
 		"@VERSION@", f.version,
 		"@SHA256_AMD64@", f.shaAMD64,
 		"@SHA256_ARM64@", f.shaARM64,
+		"@FROM_RELEASE@", fromRelease,
 		"@UNIT@", bcdUnit,
 	)
 	return r.Replace(installTemplate), nil
@@ -137,8 +152,25 @@ GATEWAY='@GATEWAY@'
 VERSION='@VERSION@'
 SHA256_AMD64='@SHA256_AMD64@'
 SHA256_ARM64='@SHA256_ARM64@'
+FROM_RELEASE='@FROM_RELEASE@'
 
 die() { echo "bcd install: $*" >&2; exit 1; }
+
+# release_sha256 MANIFEST ARCH prints the sha256 a published release's
+# manifest.json names for linux-ARCH. The control plane publishes only
+# manifests in canonical form (fields in a fixed order), so with the
+# whitespace gone the binary's entry reads platform, name, sha256.
+release_sha256() { tr -d ' \t\r\n' <"$1" | sed -n 's/.*"platform":"linux-'"$2"'","name":"[^"]*","sha256":"\([0-9a-f]\{64\}\)".*/\1/p'; }
+
+fetch() {
+	if command -v curl >/dev/null 2>&1; then
+		curl -fsSL -o "$2" "$1" || die "download $1 failed"
+	elif command -v wget >/dev/null 2>&1; then
+		wget -q -O "$2" "$1" || die "download $1 failed"
+	else
+		die "need curl or wget"
+	fi
+}
 
 [ "$#" -eq 0 ] || die "arguments are not accepted: pass the join token in BCD_JOIN_TOKEN or on stdin"
 [ "$(id -u)" -eq 0 ] || die "must run as root"
@@ -163,18 +195,24 @@ x86_64 | amd64) ARCH=amd64 WANT="$SHA256_AMD64" ;;
 aarch64 | arm64) ARCH=arm64 WANT="$SHA256_ARM64" ;;
 *) die "unsupported architecture $(uname -m)" ;;
 esac
-[ -n "$WANT" ] || die "no pinned SHA-256 for linux-$ARCH; refusing to install"
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT INT TERM
-URL="$SERVER_URL/downloads/bcd/$VERSION/linux-$ARCH"
-if command -v curl >/dev/null 2>&1; then
-	curl -fsSL -o "$TMP/bcd" "$URL" || die "download $URL failed"
-elif command -v wget >/dev/null 2>&1; then
-	wget -q -O "$TMP/bcd" "$URL" || die "download $URL failed"
-else
-	die "need curl or wget"
+if [ -n "$FROM_RELEASE" ]; then
+	# The sha256 comes from the release's signed manifest. This script
+	# cannot check the signature (that needs a verifier: better-compute
+	# release verify, or bcd), so it trusts the server for the manifest.
+	fetch "$SERVER_URL/downloads/bcd/$VERSION/manifest.json" "$TMP/manifest.json"
+	FROM_MANIFEST="$(release_sha256 "$TMP/manifest.json" "$ARCH")"
+	[ -n "$FROM_MANIFEST" ] || die "release $VERSION's manifest names no linux-$ARCH binary; refusing to install"
+	if [ -n "$WANT" ] && [ "$WANT" != "$FROM_MANIFEST" ]; then
+		die "the pinned SHA-256 for linux-$ARCH ($WANT) is not the one release $VERSION's manifest names ($FROM_MANIFEST); refusing to install"
+	fi
+	WANT="$FROM_MANIFEST"
 fi
+[ -n "$WANT" ] || die "no pinned SHA-256 for linux-$ARCH; refusing to install"
+URL="$SERVER_URL/downloads/bcd/$VERSION/linux-$ARCH"
+fetch "$URL" "$TMP/bcd"
 
 if command -v sha256sum >/dev/null 2>&1; then
 	GOT="$(sha256sum "$TMP/bcd" | cut -d ' ' -f 1)"

@@ -2,13 +2,18 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/better-compute/better-compute/internal/release"
 )
 
 func TestDaemonInstallScript(t *testing.T) {
@@ -67,4 +72,44 @@ func TestDaemonUnitMatchesDeploy(t *testing.T) {
 	b, err := os.ReadFile("../../deploy/systemd/bcd.service")
 	require.NoError(t, err)
 	require.Equal(t, string(b), bcdUnit)
+}
+
+// TestInstallScriptReadsTheReleaseManifest runs the script's own
+// release_sha256 with sh over a manifest as the control plane serves it
+// (release sign's envelope, and the same re-indented, which verifies too).
+func TestInstallScriptReadsTheReleaseManifest(t *testing.T) {
+	t.Parallel()
+	s, err := installScript(installScriptFlags{serverURL: "https://x", gateway: "gw:1", version: "v1.4.0", fromRelease: true})
+	require.NoError(t, err)
+	require.Contains(t, s, "FROM_RELEASE='1'")
+	fn := regexp.MustCompile(`(?m)^release_sha256\(\) .*$`).FindString(s)
+	require.NotEmpty(t, fn)
+
+	key, _, err := release.GenerateKey(release.AlgEd25519)
+	require.NoError(t, err)
+	sha := map[string]string{"linux-amd64": strings.Repeat("a1", 32)}
+	m := release.Manifest{Schema: release.Schema, Version: "v1.4.0", MinControlPlaneVersion: "v1.0.0", CreatedAt: time.Now(),
+		Binaries: []release.Binary{{Platform: "linux-amd64", Name: "bcd-linux-amd64", SHA256: sha["linux-amd64"], Size: 10,
+			SBOM: release.File{Name: "bcd-linux-amd64.sbom.json", SHA256: strings.Repeat("b2", 32), Size: 5}}}}
+	env, err := release.Sign(m, key)
+	require.NoError(t, err)
+	var compact bytes.Buffer
+	require.NoError(t, json.Compact(&compact, env))
+	_, _, err = release.Verify(compact.Bytes(), []release.PublicKey{key.Public})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	for name, text := range map[string][]byte{"indented": env, "compact": compact.Bytes()} {
+		p := filepath.Join(dir, name+".json")
+		require.NoError(t, os.WriteFile(p, text, 0o600))
+		for arch, want := range map[string]string{"amd64": sha["linux-amd64"], "arm64": ""} {
+			out, err := exec.Command("sh", "-c", fn+"\nrelease_sha256 \"$1\" \"$2\"", "sh", p, arch).Output()
+			require.NoError(t, err)
+			require.Equal(t, want, strings.TrimSpace(string(out)), "%s %s", name, arch)
+		}
+	}
+
+	_, err = installScript(installScriptFlags{serverURL: "https://x", gateway: "gw:1", version: "v1.4", fromRelease: true})
+	require.Error(t, err)
+	_, err = installScript(installScriptFlags{serverURL: "https://x", gateway: "gw:1", version: "v1.4.0"})
+	require.Error(t, err, "without --from-release a pin is required")
 }

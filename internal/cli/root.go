@@ -132,7 +132,7 @@ exits 2 when applying would change something.`,
 	root.AddCommand(a.poolsCommand(), a.fleetConfigCommand())
 	root.AddCommand(a.doctorCommand(), a.supportBundleCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
-	root.AddCommand(a.releaseCommand())
+	root.AddCommand(a.releaseCommand(), a.releasesCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.driversCommand(), a.machinesCommand(), a.workflowsCommand())
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand(),
 		a.profilesCommand())

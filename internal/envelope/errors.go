@@ -62,6 +62,9 @@ const (
 	// CodeImageInUse: something (a deployed machine) uses the image; the
 	// detail names it in the message.
 	CodeImageInUse Code = "IMAGE_IN_USE"
+	// CodeReleaseUntrusted: a release manifest is not signed by one of the
+	// control plane's release public keys, or its signature does not verify.
+	CodeReleaseUntrusted Code = "RELEASE_UNTRUSTED"
 	// CodeExecNotIsolated: the process would run on a node that does not
 	// confine it (no exec.isolated) in a pool shared beyond its owner.
 	CodeExecNotIsolated Code = "EXEC_NOT_ISOLATED"
@@ -99,6 +102,7 @@ var connectCodes = map[Code]connect.Code{
 	CodeUnknownSigner:          connect.CodeFailedPrecondition,
 	CodeImageUntrusted:         connect.CodeFailedPrecondition,
 	CodeImageInUse:             connect.CodeFailedPrecondition,
+	CodeReleaseUntrusted:       connect.CodeFailedPrecondition,
 	CodeExecNotIsolated:        connect.CodeFailedPrecondition,
 }
 

@@ -27,6 +27,8 @@ var MultiLineFields = map[protoreflect.FullName]bool{
 	"bettercompute.api.v1.CreateProfileRequest.document":   true,
 	"bettercompute.api.v1.UpdateProfileRequest.document":   true,
 	"bettercompute.api.v1.ValidateProfileRequest.document": true,
+	// A release manifest is the signed JSON envelope, indented.
+	"bettercompute.api.v1.CreateReleaseHeader.manifest": true,
 }
 
 // UnsafeRune reports why r must not appear in text that reaches an

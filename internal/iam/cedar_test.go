@@ -129,6 +129,8 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Image", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw"}}
 	case "images.get", "images.pull", "images.sign", "images.promote", "images.delete":
 		return Resource{Type: "Image", ID: "img1", TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw", "visibility": "private"}}
+	case "releases.create", "releases.get", "releases.delete":
+		return Resource{Type: "Release", ID: "v1.4.0", TenantID: tenant, Attrs: map[string]any{"version": "v1.4.0"}}
 	case "signerKeys.add", "signerKeys.remove":
 		return Resource{Type: "SignerKey", ID: "skey1", TenantID: tenant, Attrs: map[string]any{"name": "ci"}}
 	case "webhooks.create":
@@ -201,6 +203,7 @@ func TestCedarMatrix(t *testing.T) {
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
 		"reservations.watch", "quotas.get", "quotas.list", "budgets.get", "budgets.list", "capacity.summary", "capacity.byPool",
 		"capacity.byConsumer", "capacity.timeline", "usage.list", "usage.export", "images.get", "images.list", "images.pull", "signerKeys.list",
+		"releases.get", "releases.list",
 		"webhooks.get", "webhooks.list", "webhooks.listDeliveries",
 		"sites.get", "sites.list", "sites.listDrivers", "machines.get", "machines.list", "machines.powerStatus", "machines.listWorkflows",
 		"machines.getWorkflow", "machines.getLease",
@@ -241,6 +244,7 @@ func TestCedarMatrix(t *testing.T) {
 	for _, a := range Actions() {
 		want[RolePlatformAdmin][a] = allow
 		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" && a != "audit.check" &&
+			a != "releases.create" && a != "releases.delete" &&
 			a != "tenants.suspend" && a != "tenants.resume" && a != "tenants.delete" {
 			want[RoleAdmin][a] = allow
 		}
@@ -260,7 +264,8 @@ func TestCedarMatrix(t *testing.T) {
 				if tenant != p.TenantID && role != RolePlatformAdmin {
 					expect = deny
 				}
-				if (action == "capacity.rebuild" || action == "images.promote") && role != RolePlatformAdmin {
+				if (action == "capacity.rebuild" || action == "images.promote" || action == "releases.create" || action == "releases.delete") &&
+					role != RolePlatformAdmin {
 					expect = deny
 				}
 				t.Run(string(role)+"/"+action+"/"+tenant, func(t *testing.T) {
@@ -575,6 +580,7 @@ func TestActions(t *testing.T) {
 		"projects.create", "projects.delete", "projects.get", "projects.list",
 		"providerAccounts.create", "providerAccounts.delete", "providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
 		"quotas.get", "quotas.list", "quotas.set",
+		"releases.create", "releases.delete", "releases.get", "releases.list",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
 		"sandboxTemplates.create", "sandboxTemplates.delete", "sandboxTemplates.get", "sandboxTemplates.list",

@@ -1,6 +1,7 @@
 package images
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/better-compute/better-compute/internal/store"
 )
 
 // Blobs is the content-addressed blob directory: <dir>/sha256/<hex> holds
@@ -19,10 +22,16 @@ import (
 // Replicas that serve pushes must share the directory (one host, or a
 // shared file system): the digest lock below is per process.
 type Blobs struct {
-	dir   string
-	mu    sync.Mutex
-	locks map[string]*digestLock
+	dir      string
+	mu       sync.Mutex
+	locks    map[string]*digestLock
+	counters []Counter
 }
+
+// Counter counts one module's rows that name a blob. The image catalog's
+// is always there; another module that keeps blobs here (published
+// releases) adds its own, so no module removes a blob another still names.
+type Counter func(ctx context.Context, q store.Querier, sha string) (int, error)
 
 type digestLock struct {
 	mu   sync.Mutex
@@ -39,7 +48,32 @@ func OpenBlobs(dir string) (*Blobs, error) {
 			return nil, fmt.Errorf("images: blob directory: %w", err)
 		}
 	}
-	return &Blobs{dir: dir, locks: map[string]*digestLock{}}, nil
+	return &Blobs{dir: dir, locks: map[string]*digestLock{}, counters: []Counter{ImageCountBySHA256}}, nil
+}
+
+// AddCounter adds a module's Counter: Referenced consults it from now on.
+func (b *Blobs) AddCounter(c Counter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.counters = append(b.counters, c)
+}
+
+// Referenced reports whether any module's rows name the blob. The caller
+// holds the digest's Lock when it is about to Remove the blob.
+func (b *Blobs) Referenced(ctx context.Context, q store.Querier, sha string) (bool, error) {
+	b.mu.Lock()
+	counters := append([]Counter(nil), b.counters...)
+	b.mu.Unlock()
+	for _, c := range counters {
+		n, err := c(ctx, q, sha)
+		if err != nil {
+			return false, err
+		}
+		if n > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Path is where a blob lives.

@@ -290,15 +290,15 @@ func (s *Service) Push(ctx context.Context, stream *connect.ClientStream[apiv1.P
 	})
 }
 
-// collect removes a blob no image names any more. It takes the digest's
+// collect removes a blob no image (nor another module's row) names any more. It takes the digest's
 // lock unless the caller holds it (locked).
 func (s *Service) collect(ctx context.Context, sha string) {
-	var n int
+	var used bool
 	err := s.env.DB().Read(ctx, func(ctx context.Context, tx store.Tx) (err error) {
-		n, err = ImageCountBySHA256(ctx, tx, sha)
+		used, err = s.blobs.Referenced(ctx, tx, sha)
 		return err
 	})
-	if err == nil && n == 0 {
+	if err == nil && !used {
 		err = s.blobs.Remove(sha)
 	}
 	if err != nil {

@@ -44,7 +44,10 @@ type Options struct {
 	DownloadsDir                                       string
 	ImagesDir                                          string
 	MaxImageBytes                                      int64
-	GatewayListen, TrustDomain                         string
+	// ReleasePubkeys are files of release public keys published releases
+	// must be signed by.
+	ReleasePubkeys             []string
+	GatewayListen, TrustDomain string
 	// AdvertiseURL is where peers forward the mutations of pools whose
 	// placer runs here.
 	AdvertiseURL string
@@ -183,7 +186,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 		Roles: o.Roles, Listen: o.Listen, StateDir: o.StateDir, DatabaseURL: o.DatabaseURL,
 		PDP: o.PDP, AuthZENURL: o.AuthZENURL, AuthZENTimeout: o.AuthZENTimeout, AuthZENToken: o.AuthZENToken,
 		OIDC: o.OIDC, WorkloadIssuer: o.WorkloadIssuer, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir,
-		ImagesDir: o.ImagesDir, MaxImageBytes: o.MaxImageBytes,
+		ImagesDir: o.ImagesDir, MaxImageBytes: o.MaxImageBytes, ReleasePubkeys: o.ReleasePubkeys,
 		GatewayListen: o.GatewayListen, ReplicaListen: o.ReplicaListen, GatewayHosts: o.GatewayHosts, TrustDomain: o.TrustDomain, Secret: o.Secret,
 		HeartbeatInterval: o.HeartbeatInterval, UnreachableAfter: o.UnreachableAfter, LostAfter: o.LostAfter,
 		MaxConnections:     o.MaxConnections,
