@@ -26,6 +26,7 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/health"
+	"github.com/better-compute/better-compute/internal/rollout"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/mcp"
 	"github.com/better-compute/better-compute/internal/metal"
@@ -167,6 +168,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewHealthServiceHandler(health.NewService(a.Envelope, a.Health), opts))
+	mux.Handle(apiv1connect.NewRolloutServiceHandler(rollout.NewService(a.Envelope, a.Rollouts), opts))
 	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))
 	rsv := reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub})
 	mux.Handle(apiv1connect.NewReservationServiceHandler(rsv, opts))

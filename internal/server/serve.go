@@ -42,9 +42,11 @@ type Options struct {
 	WorkloadIssuer                                     string
 	BootstrapKeyFile                                   string
 	DownloadsDir                                       string
-	ImagesDir                                          string
-	MaxImageBytes                                      int64
-	GatewayListen, TrustDomain                         string
+	// PublicURL is the API's URL as nodes reach it (rollout downloads).
+	PublicURL                  string
+	ImagesDir                  string
+	MaxImageBytes              int64
+	GatewayListen, TrustDomain string
 	// AdvertiseURL is where peers forward the mutations of pools whose
 	// placer runs here.
 	AdvertiseURL string
@@ -182,7 +184,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 	return bcapp.Config{
 		Roles: o.Roles, Listen: o.Listen, StateDir: o.StateDir, DatabaseURL: o.DatabaseURL,
 		PDP: o.PDP, AuthZENURL: o.AuthZENURL, AuthZENTimeout: o.AuthZENTimeout, AuthZENToken: o.AuthZENToken,
-		OIDC: o.OIDC, WorkloadIssuer: o.WorkloadIssuer, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir,
+		OIDC: o.OIDC, WorkloadIssuer: o.WorkloadIssuer, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir, PublicURL: o.PublicURL,
 		ImagesDir: o.ImagesDir, MaxImageBytes: o.MaxImageBytes,
 		GatewayListen: o.GatewayListen, ReplicaListen: o.ReplicaListen, GatewayHosts: o.GatewayHosts, TrustDomain: o.TrustDomain, Secret: o.Secret,
 		HeartbeatInterval: o.HeartbeatInterval, UnreachableAfter: o.UnreachableAfter, LostAfter: o.LostAfter,
