@@ -26,7 +26,6 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
 	"github.com/better-compute/better-compute/internal/health"
-	"github.com/better-compute/better-compute/internal/rollout"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/mcp"
 	"github.com/better-compute/better-compute/internal/metal"
@@ -35,6 +34,7 @@ import (
 	"github.com/better-compute/better-compute/internal/profiles"
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/providerpools"
+	"github.com/better-compute/better-compute/internal/rollout"
 	// The built-in provider types register themselves: the accounts
 	// service checks accounts against their manifests.
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
