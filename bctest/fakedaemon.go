@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/internal/agent/hw/fake"
 	"github.com/better-compute/better-compute/internal/clock"
 	"github.com/better-compute/better-compute/internal/kubebind"
+	"github.com/better-compute/better-compute/internal/release"
 )
 
 // FakeDaemonConfig describes one simulated node.
@@ -81,7 +82,33 @@ type FakeDaemonConfig struct {
 	// HealthInterval is how often the node reads its GPUs' health
 	// findings (default the agent's); PollHealth reads them at once.
 	HealthInterval time.Duration
+	// Version is bcd's version the node reports in its Hello
+	// (agent_version); default "sim". daemon.upgrade and daemon.rollback
+	// change it as bcd's re-exec does.
+	Version string
+	// ReleaseKeys are the release public keys the node trusts (bcd
+	// --release-pubkey): daemon.upgrade verifies the manifest against
+	// them, and without any it refuses with RELEASE_UNTRUSTED.
+	ReleaseKeys []release.PublicKey
+	// BadVersions make an upgrade to a version go wrong after the node
+	// restarts on it (see BadVersion).
+	BadVersions map[string]BadVersion
+	// PreviousVersion is the version of the binary bcd kept at its last
+	// upgrade (upgrade.json): what daemon.rollback can go back to.
+	PreviousVersion string
 }
+
+// BadVersion is how an upgrade to a bad version goes wrong.
+type BadVersion int
+
+const (
+	// VersionFinding: the node comes back on the version and reports a
+	// health finding (an XID with no GPU named, recorded).
+	VersionFinding BadVersion = iota + 1
+	// VersionGone: the node never comes back (its bcd dies on start); it
+	// stays down until Restart.
+	VersionGone
+)
 
 // RealCgroupRoot returns a directory under the machine's cgroup2 mount
 // where simulated nodes can make real cgroups (dir names it), after
@@ -112,6 +139,10 @@ func RealCgroupRoot(dir string) (string, error) {
 // GPUs, speaking the real protocol to the gateway over loopback mTLS. The
 // embedded *agent.Agent exposes the scripting hooks: FailCommands,
 // DropSession, ReportHealthEvent.
+//
+// daemon.upgrade and daemon.rollback replace the embedded agent (a new
+// process of bcd on the same state dir): while one runs, call the
+// daemon's methods only after the node is seen back (or Stop).
 type FakeDaemon struct {
 	*agent.Agent
 	hw     *fake.Backend
@@ -119,6 +150,9 @@ type FakeDaemon struct {
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
+	// mu orders Stop against an upgrade's restart.
+	mu      sync.Mutex
+	stopped bool
 }
 
 // NewFakeDaemon builds a simulated node; Join it (first time) then Start.
@@ -139,12 +173,26 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 			return nil, fmt.Errorf("bctest: write sim host: %w", err)
 		}
 	}
-	hw, err := fake.New(fake.Options{Model: cfg.Profile, Seed: cfg.Seed})
-	if err != nil {
-		return nil, err
-	}
 	if cfg.Hypervisor == nil {
 		cfg.Hypervisor = NewFakeHypervisor()
+	}
+	if cfg.Kubelet && cfg.Kube == nil {
+		cfg.Kube = kubebind.New()
+		cfg.Kube.SetRegistered("bctest", true)
+	}
+	d := &FakeDaemon{cfg: cfg}
+	if err := d.build(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// build makes the node's hardware and agent from d.cfg: a start of bcd.
+func (d *FakeDaemon) build() error {
+	cfg := d.cfg
+	hw, err := fake.New(fake.Options{Model: cfg.Profile, Seed: cfg.Seed})
+	if err != nil {
+		return err
 	}
 	if cfg.Hypervisor.Root() == "" {
 		cfg.Hypervisor.SetRoot(filepath.Join(cfg.StateDir, "guests"))
@@ -154,10 +202,6 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	cgroupRoot, plain := filepath.Join(cfg.StateDir, "cgroup"), true
 	if cfg.CgroupRoot != "" {
 		cgroupRoot, plain = cfg.CgroupRoot, false
-	}
-	if cfg.Kubelet && cfg.Kube == nil {
-		cfg.Kube = kubebind.New()
-		cfg.Kube.SetRegistered("bctest", true)
 	}
 	// node.reboot power-cycles the fake machine: its findings but a
 	// failed remap clear, and the session drops and comes back.
@@ -170,15 +214,16 @@ func NewFakeDaemon(cfg FakeDaemonConfig) (*FakeDaemon, error) {
 	a, err = agent.New(agent.Config{
 		Server: cfg.Gateway, StateDir: cfg.StateDir, Hardware: hw, SysfsRoot: cfg.SysfsRoot,
 		CgroupRoot: cgroupRoot, PlainCgroupDir: plain, DeviceFilter: cfg.DeviceFilter, Clock: cfg.Clock, Logger: cfg.Logger,
-		HeartbeatInterval: cfg.HeartbeatInterval, Version: "sim",
+		HeartbeatInterval: cfg.HeartbeatInterval, Version: cmp.Or(cfg.Version, "sim"),
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
 		ExecHide: cfg.Hide, Kube: cfg.Kube, KubeHolders: cfg.KubeHolders, KubeletPluginsRegistered: kubeletRegistered(cfg),
-		HealthInterval: cfg.HealthInterval, Reboot: reboot,
+		HealthInterval: cfg.HealthInterval, Reboot: reboot, Commands: daemonCommands{d: d},
 	})
 	if err != nil {
-		return nil, err
+		return errors.Join(err, hw.Close())
 	}
-	return &FakeDaemon{Agent: a, hw: hw, cfg: cfg}, nil
+	d.Agent, d.hw = a, hw
+	return nil
 }
 
 // kubeletRegistered: Kubelet says registered; else, with Kube, the
@@ -192,9 +237,16 @@ func kubeletRegistered(cfg FakeDaemonConfig) func() bool {
 
 // Start runs the agent's session loop in the background until Stop.
 func (d *FakeDaemon) Start() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.startLocked()
+}
+
+func (d *FakeDaemon) startLocked() {
 	ctx, cancel := context.WithCancel(context.Background())
-	d.cancel, d.done = cancel, make(chan error, 1)
-	go func() { d.done <- d.Run(ctx) }()
+	done, a := make(chan error, 1), d.Agent
+	d.cancel, d.done = cancel, done
+	go func() { done <- a.Run(ctx) }()
 }
 
 // Stop ends the session loop and releases the agent, like stopping bcd
@@ -203,15 +255,30 @@ func (d *FakeDaemon) Start() {
 func (d *FakeDaemon) Stop() error {
 	var err error
 	d.once.Do(func() {
-		if d.cancel != nil {
-			d.cancel()
-			if rerr := <-d.done; rerr != nil && !errors.Is(rerr, context.Canceled) {
-				err = rerr
-			}
-		}
-		err = errors.Join(err, d.Close())
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		err = d.stopLocked()
+		d.stopped = true
 		d.cfg.Hypervisor.Close()
 	})
+	return err
+}
+
+// stopLocked ends the running agent, if any, and closes it.
+func (d *FakeDaemon) stopLocked() error {
+	if d.Agent == nil {
+		return nil
+	}
+	var err error
+	if d.cancel != nil {
+		d.cancel()
+		if rerr := <-d.done; rerr != nil && !errors.Is(rerr, context.Canceled) {
+			err = rerr
+		}
+		d.cancel = nil
+	}
+	err = errors.Join(err, d.Close())
+	d.Agent = nil
 	return err
 }
 

@@ -53,6 +53,7 @@ type Client struct {
 	JoinRequests   apiv1connect.JoinRequestServiceClient
 	Inventory      apiv1connect.InventoryServiceClient
 	Health         apiv1connect.HealthServiceClient
+	Rollouts       apiv1connect.RolloutServiceClient
 	Pools          apiv1connect.PoolServiceClient
 	Reservations   apiv1connect.ReservationServiceClient
 	Quotas         apiv1connect.QuotaServiceClient
@@ -141,6 +142,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		JoinTokens:       apiv1connect.NewJoinTokenServiceClient(h, baseURL, copts...),
 		TrustAnchors:     apiv1connect.NewTrustAnchorServiceClient(h, baseURL, copts...),
 		Health:           apiv1connect.NewHealthServiceClient(h, baseURL, copts...),
+		Rollouts:         apiv1connect.NewRolloutServiceClient(h, baseURL, copts...),
 		Pools:            apiv1connect.NewPoolServiceClient(h, baseURL, copts...),
 		Reservations:     apiv1connect.NewReservationServiceClient(h, baseURL, copts...),
 		Quotas:           apiv1connect.NewQuotaServiceClient(h, baseURL, copts...),

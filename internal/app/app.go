@@ -58,6 +58,7 @@ import (
 	"github.com/better-compute/better-compute/internal/release"
 	"github.com/better-compute/better-compute/internal/releases"
 	"github.com/better-compute/better-compute/internal/replica"
+	"github.com/better-compute/better-compute/internal/rollout"
 	"github.com/better-compute/better-compute/internal/sandbox"
 	"github.com/better-compute/better-compute/internal/secrets"
 	"github.com/better-compute/better-compute/internal/store"
@@ -171,6 +172,12 @@ type Config struct {
 	CapacityTick time.Duration
 	// HealthInterval is the health reconciler's period; 0 takes 15 s.
 	HealthInterval time.Duration
+	// RolloutInterval is the rollout controller's period; 0 takes 10 s.
+	RolloutInterval time.Duration
+	// PublicURL is the control plane's API URL as nodes reach it: rollouts
+	// tell bcd to download releases from PublicURL/downloads/bcd/...
+	// Default this replica's own API URL.
+	PublicURL string
 	// PlacerLinger is the longest a pool's placer waits for more work when
 	// its queue holds fewer than placer.LingerBatch mutations, so that a
 	// commit carries more of them; it waits no longer than its recent
@@ -360,6 +367,9 @@ type App struct {
 	// Health records GPU health findings, quarantines GPUs and runs
 	// remediations on the machine lifecycle's provision engine.
 	Health *health.Module
+	// Rollouts rolls bcd releases out to pools in waves; its release
+	// store is set with Rollouts.SetReleases.
+	Rollouts *rollout.Module
 	// Tracing is the tracer provider: OTLP when configured, no-op when
 	// not.
 	Tracing *tracing.Provider
@@ -394,6 +404,8 @@ func Modules() []store.Migrations {
 		profiles.Migrations(),
 		// Health reads nodes and pools and starts workflows.
 		health.Migrations(),
+		// Rollouts read nodes, pools and health findings.
+		rollout.Migrations(),
 	}
 }
 
@@ -543,6 +555,14 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 	a.ProviderPools = a.buildProviderPools()
 	a.ProviderPools.AddWorkers(workers)
 	periodic = append(periodic, a.ProviderPools.PeriodicJobs()...)
+	if a.Rollouts, err = rollout.New(rollout.Config{DB: db, Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger,
+		Fleet: fleet.Deps{Notifier: a.Gateway, Signer: a.cmdSigner}, Interval: cfg.RolloutInterval,
+		DownloadBase: a.downloadBase, Releases: publishedReleases{}}); err != nil {
+		return nil, err
+	}
+	a.Registry.MustRegister(a.Rollouts.Collectors()...)
+	a.Rollouts.AddWorkers(workers)
+	periodic = append(periodic, a.Rollouts.PeriodicJobs()...)
 	a.Health.SetEngine(a.Metal.Engine)
 	a.Health.AddWorkers(workers)
 	periodic = append(periodic, a.Health.PeriodicJobs()...)
@@ -557,6 +577,7 @@ func build(ctx context.Context, cfg Config, db *store.DB) (*App, error) {
 
 	a.Metal.SetEnqueue(a.Jobs.InsertTx)
 	a.Health.SetEnqueue(a.Jobs.InsertTx)
+	a.Rollouts.SetEnqueue(a.Jobs.InsertTx)
 	a.ProviderPools.SetEnqueue(a.Jobs.InsertTx)
 
 	if a.Envelope, err = envelope.New(envelope.Config{
@@ -800,6 +821,21 @@ type lateHooks struct {
 	metal     *metal.Runtime
 }
 
+// publishedReleases is the release store (internal/releases) as the
+// rollout module reads it: the two packages do not import each other.
+type publishedReleases struct{}
+
+func (publishedReleases) Get(ctx context.Context, q store.Querier, version string) (rollout.Release, error) {
+	r, err := releases.Get(ctx, q, version)
+	if errors.Is(err, releases.ErrNotFound) {
+		return rollout.Release{}, fmt.Errorf("%w: %w", rollout.ErrReleaseNotFound, err)
+	}
+	if err != nil {
+		return rollout.Release{}, err
+	}
+	return rollout.Release{Version: r.Version, Manifest: r.Manifest, Platforms: r.Platforms}, nil
+}
+
 // commandDone tells the instance service of each command that ends, after
 // metal's hook.
 func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error) func(ctx context.Context, tx store.Tx, c fleet.Command, state, message string, result map[string]any) error {
@@ -809,6 +845,11 @@ func (a *App) commandDone(metalDone func(ctx context.Context, tx store.Tx, c fle
 		}
 		if a.Health != nil {
 			if err := a.Health.CommandDone(ctx, tx, c.NodeID, c.Kind, state); err != nil {
+				return err
+			}
+		}
+		if a.Rollouts != nil {
+			if err := a.Rollouts.CommandDone(ctx, tx, c.Kind); err != nil {
 				return err
 			}
 		}
@@ -1022,6 +1063,19 @@ func (a *App) buildReplica() error {
 // SetSelfURL records the API listener's own URL: MCP's exec_sandbox opens
 // its SSH tunnel there (in process, over loopback).
 func (a *App) SetSelfURL(url string) { a.selfURL.Store(url) }
+
+// downloadBase is the URL nodes download bcd releases from: PublicURL
+// when configured, else the workload issuer (the control plane's public
+// URL), else this replica's API URL.
+func (a *App) downloadBase() string {
+	if u := cmp.Or(a.cfg.PublicURL, a.cfg.WorkloadIssuer); u != "" {
+		return u
+	}
+	if u, _ := a.selfURL.Load().(string); u != "" {
+		return u
+	}
+	return "http://" + a.cfg.Listen
+}
 
 func (a *App) SetAPIURL(url string) {
 	a.WebhookGuard.AddSelfURL(url)

@@ -35,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/internal/metal"
 	"github.com/better-compute/better-compute/internal/quorum/approval"
 	"github.com/better-compute/better-compute/internal/release"
+	"github.com/better-compute/better-compute/internal/rollout"
 	"github.com/better-compute/better-compute/internal/store"
 	"github.com/better-compute/better-compute/internal/webhooks"
 )
@@ -95,6 +96,11 @@ var matrixExpect = map[string]map[string]string{
 	"pools.archive": {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"pools.offer":   {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Rebuilding the capacity rollups spans every tenant: the platform's.
+	// bcd rollouts are the platform's: no tenant role reaches them.
+	"rollouts.create":  {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"rollouts.pause":   {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"rollouts.resume":  {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"rollouts.abort":   {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"capacity.rebuild": {"platform-admin": "OK", "admin": "PERMISSION_DENIED", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	// Quotas: tenant admins set their projects' quotas (the call uses a
 	// project scope); a tenant-wide quota is the platform's alone.
@@ -579,6 +585,27 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 	},
 	"pools.offer": func(t *testing.T, f *matrixFixture, c *client.Client) error {
 		_, err := c.Pools.Offer(context.Background(), connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "acme", Pool: f.matrixPool(t), To: []string{"all"}}))
+		return err
+	},
+	"rollouts.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		f.matrixFreeRolloutPool(t)
+		_, err := c.Rollouts.Create(context.Background(), connect.NewRequest(&apiv1.CreateRolloutRequest{Release: "v1.1.0", Pool: f.gpuPool,
+			Waves: []string{"100%"}}))
+		return err
+	},
+	"rollouts.pause": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixRollout(t, false)
+		_, err := c.Rollouts.Pause(context.Background(), connect.NewRequest(&apiv1.PauseRolloutRequest{Id: id}))
+		return err
+	},
+	"rollouts.resume": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixRollout(t, true)
+		_, err := c.Rollouts.Resume(context.Background(), connect.NewRequest(&apiv1.ResumeRolloutRequest{Id: id}))
+		return err
+	},
+	"rollouts.abort": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		id := f.matrixRollout(t, false)
+		_, err := c.Rollouts.Abort(context.Background(), connect.NewRequest(&apiv1.AbortRolloutRequest{Id: id}))
 		return err
 	},
 	"capacity.rebuild": func(t *testing.T, f *matrixFixture, c *client.Client) error {
@@ -1187,6 +1214,47 @@ func (f *matrixFixture) matrixOffer(t *testing.T) string {
 }
 
 // matrixPool creates a pool in acme as the platform admin and returns its id.
+// matrixReleases publishes every version (the control plane does not
+// read the manifest; bcd verifies it).
+type matrixReleases struct{}
+
+func (matrixReleases) Get(_ context.Context, _ store.Querier, version string) (rollout.Release, error) {
+	return rollout.Release{Version: version, Manifest: []byte("{}"), Platforms: []string{"linux-amd64"}}, nil
+}
+
+// matrixFreeRolloutPool aborts the active rollout of the matrix's GPU pool,
+// as the platform admin, so another may start.
+func (f *matrixFixture) matrixFreeRolloutPool(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := f.admin.Rollouts.List(ctx, connect.NewRequest(&apiv1.ListRolloutsRequest{Pool: f.gpuPool}))
+	require.NoError(t, err)
+	for _, r := range l.Msg.GetRollouts() {
+		if slices.Contains(rollout.ActiveStates, r.GetState()) {
+			_, err := f.admin.Rollouts.Abort(ctx, connect.NewRequest(&apiv1.AbortRolloutRequest{Id: r.GetId()}))
+			require.NoError(t, err)
+		}
+	}
+	f.cp.Authz.Reset()
+}
+
+// matrixRollout starts a rollout on the matrix's GPU pool (paused when
+// asked) as the platform admin and returns its id.
+func (f *matrixFixture) matrixRollout(t *testing.T, paused bool) string {
+	t.Helper()
+	ctx := context.Background()
+	f.matrixFreeRolloutPool(t)
+	r, err := f.admin.Rollouts.Create(ctx, connect.NewRequest(&apiv1.CreateRolloutRequest{Release: "v1.1.0", Pool: f.gpuPool, Waves: []string{"100%"}}))
+	require.NoError(t, err)
+	id := r.Msg.GetRollout().GetId()
+	if paused {
+		_, err = f.admin.Rollouts.Pause(ctx, connect.NewRequest(&apiv1.PauseRolloutRequest{Id: id}))
+		require.NoError(t, err)
+	}
+	f.cp.Authz.Reset()
+	return id
+}
+
 func (f *matrixFixture) matrixPool(t *testing.T) string {
 	t.Helper()
 	p, err := f.admin.Pools.Create(context.Background(), connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: f.name("pool")}))
@@ -1432,6 +1500,7 @@ func TestAuthzMatrix(t *testing.T) {
 	cp := bctest.NewControlPlane(t, func(c *app.Config) { c.ReleasePubkeys = []string{releasePub} })
 	ctx := context.Background()
 	f := &matrixFixture{cp: cp, admin: cp.Admin(), keys: map[string]string{"platform-admin": cp.AdminKey}, releaseKey: releaseKey}
+	cp.App.Rollouts.SetReleases(matrixReleases{})
 	acme, err := f.admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
 	require.NoError(t, err)
 	web, err := f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "web"}))

@@ -35,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/internal/provideraccounts"
 	"github.com/better-compute/better-compute/internal/providerpools"
 	"github.com/better-compute/better-compute/internal/releases"
+	"github.com/better-compute/better-compute/internal/rollout"
 	// The built-in provider types register themselves: the accounts
 	// service checks accounts against their manifests.
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
@@ -168,6 +169,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewHealthServiceHandler(health.NewService(a.Envelope, a.Health), opts))
+	mux.Handle(apiv1connect.NewRolloutServiceHandler(rollout.NewService(a.Envelope, a.Rollouts), opts))
 	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))
 	rsv := reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub})
 	mux.Handle(apiv1connect.NewReservationServiceHandler(rsv, opts))

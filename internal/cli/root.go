@@ -84,7 +84,7 @@ func (a *app) command() *cobra.Command {
   Fleet as code:  fleet (plan, apply, export)
   Capacity:       pools, reserve, reservations, quotas, budgets, capacity, usage
   Images:         images, signer-keys
-  Releases:       release (sign and verify bcd releases, offline)
+  Releases:       release (sign and verify bcd releases, offline), rollouts
   Bare metal:     sites, site-tokens, drivers, machines, workflows, profiles
   Instances:      instances, volumes, flavors, ip-pools, secrets, provider-accounts
   Sandboxes:      sandboxes, sandbox-templates
@@ -132,7 +132,7 @@ exits 2 when applying would change something.`,
 	root.AddCommand(a.poolsCommand(), a.fleetConfigCommand())
 	root.AddCommand(a.doctorCommand(), a.supportBundleCommand())
 	root.AddCommand(a.imagesCommand(), a.signerKeysCommand())
-	root.AddCommand(a.releaseCommand(), a.releasesCommand())
+	root.AddCommand(a.releaseCommand(), a.releasesCommand(), a.rolloutsCommand())
 	root.AddCommand(a.sitesCommand(), a.siteTokensCommand(), a.driversCommand(), a.machinesCommand(), a.workflowsCommand())
 	root.AddCommand(a.flavorsCommand(), a.ipPoolsCommand(), a.secretsCommand(), a.providerAccountsCommand(),
 		a.profilesCommand())

@@ -40,6 +40,7 @@ func (f *serverFlags) register(cmd *cobra.Command, full bool) {
 	fl.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long in-flight requests get to finish on SIGTERM")
 	fl.StringVar(&f.DownloadsDir, "downloads-dir", "", "bcd builds served at /downloads/bcd/{version}/linux-{arch} (default <state-dir>/downloads)")
+	fl.StringVar(&f.PublicURL, "public-url", envOr("BETTER_COMPUTE_PUBLIC_URL", ""), "http(s):// URL nodes reach the API listener by: rollouts send bcd <URL>/downloads/bcd/... (env BETTER_COMPUTE_PUBLIC_URL; default the --workload-issuer URL, else the listen address)")
 	fl.StringVar(&f.ImagesDir, "images-dir", "", "image catalog blobs (sha256/<hex>) and uploads in flight; replicas taking pushes must share it (default <state-dir>/images)")
 	fl.StringArrayVar(&f.ReleasePubkeys, "release-pubkey", nil, "release public key (release keygen's release.pub) a published release must be signed by (repeatable; none: releases create is refused)")
 	fl.Int64Var(&f.MaxImageBytes, "max-image-bytes", 64<<30, "largest image a push may upload, in bytes")

@@ -564,3 +564,12 @@ func EventSeen(ctx context.Context, q store.Querier, nodeID, gpu, kind string, c
 		AND occur_time = $5 AND NOT standing`, nodeID, gpu, kind, code, occur).Scan(&n)
 	return n > 0, err
 }
+
+// OpenFindingsSince counts a node's open findings created at or after
+// since: what a rollout watches on a node it upgraded.
+func OpenFindingsSince(ctx context.Context, q store.Querier, nodeID string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT COUNT(*) FROM health_findings WHERE node_id = $1 AND state = 'open' AND create_time >= $2`,
+		nodeID, since).Scan(&n)
+	return n, err
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -123,7 +124,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Budget", ID: "bud1", TenantID: tenant}
 	case "capacity.timeline":
 		return Resource{Type: "Pool", ID: "pool1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "state": "active"}}
-	case "capacity.rebuild":
+	case "capacity.rebuild", "rollouts.create", "rollouts.get", "rollouts.list", "rollouts.pause", "rollouts.resume", "rollouts.abort":
 		return Resource{Type: "Platform", ID: "platform"}
 	case "images.push":
 		return Resource{Type: "Image", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "debian", "kind": "raw"}}
@@ -245,7 +246,7 @@ func TestCedarMatrix(t *testing.T) {
 		want[RolePlatformAdmin][a] = allow
 		if a != "tenants.create" && a != "tenants.list" && a != "capacity.rebuild" && a != "images.promote" && a != "audit.check" &&
 			a != "releases.create" && a != "releases.delete" &&
-			a != "tenants.suspend" && a != "tenants.resume" && a != "tenants.delete" {
+			a != "tenants.suspend" && a != "tenants.resume" && a != "tenants.delete" && !strings.HasPrefix(a, "rollouts.") {
 			want[RoleAdmin][a] = allow
 		}
 	}
@@ -583,6 +584,7 @@ func TestActions(t *testing.T) {
 		"releases.create", "releases.delete", "releases.get", "releases.list",
 		"reservations.cancel", "reservations.create", "reservations.exec", "reservations.extend", "reservations.get",
 		"reservations.list", "reservations.preview", "reservations.release", "reservations.watch",
+		"rollouts.abort", "rollouts.create", "rollouts.get", "rollouts.list", "rollouts.pause", "rollouts.resume",
 		"sandboxTemplates.create", "sandboxTemplates.delete", "sandboxTemplates.get", "sandboxTemplates.list",
 		"sandboxes.create", "sandboxes.delete", "sandboxes.deleteSnapshot", "sandboxes.exec", "sandboxes.extend", "sandboxes.get", "sandboxes.list",
 		"sandboxes.listSnapshots", "sandboxes.restore", "sandboxes.snapshot",

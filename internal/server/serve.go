@@ -46,7 +46,9 @@ type Options struct {
 	MaxImageBytes                                      int64
 	// ReleasePubkeys are files of release public keys published releases
 	// must be signed by.
-	ReleasePubkeys             []string
+	ReleasePubkeys []string
+	// PublicURL is the API's URL as nodes reach it (rollout downloads).
+	PublicURL                  string
 	GatewayListen, TrustDomain string
 	// AdvertiseURL is where peers forward the mutations of pools whose
 	// placer runs here.
@@ -185,7 +187,7 @@ func (o *Options) AppConfig(logger *slog.Logger) bcapp.Config {
 	return bcapp.Config{
 		Roles: o.Roles, Listen: o.Listen, StateDir: o.StateDir, DatabaseURL: o.DatabaseURL,
 		PDP: o.PDP, AuthZENURL: o.AuthZENURL, AuthZENTimeout: o.AuthZENTimeout, AuthZENToken: o.AuthZENToken,
-		OIDC: o.OIDC, WorkloadIssuer: o.WorkloadIssuer, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir,
+		OIDC: o.OIDC, WorkloadIssuer: o.WorkloadIssuer, ShutdownTimeout: o.ShutdownTimeout, Logger: logger, DownloadsDir: o.DownloadsDir, PublicURL: o.PublicURL,
 		ImagesDir: o.ImagesDir, MaxImageBytes: o.MaxImageBytes, ReleasePubkeys: o.ReleasePubkeys,
 		GatewayListen: o.GatewayListen, ReplicaListen: o.ReplicaListen, GatewayHosts: o.GatewayHosts, TrustDomain: o.TrustDomain, Secret: o.Secret,
 		HeartbeatInterval: o.HeartbeatInterval, UnreachableAfter: o.UnreachableAfter, LostAfter: o.LostAfter,

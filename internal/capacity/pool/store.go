@@ -267,3 +267,19 @@ func LiveNodeCounts(ctx context.Context, q store.Querier) ([]PoolNodes, error) {
 	}
 	return out, rows.Err()
 }
+
+// NodeIDs lists the ids of the nodes in a pool, by id.
+func NodeIDs(ctx context.Context, q store.Querier, poolID string) ([]string, error) {
+	return store.Strings(q.Query(ctx, `SELECT node_id FROM node_pools WHERE pool_id = $1 ORDER BY node_id`, poolID))
+}
+
+// ByName lists the pools of every tenant named name that are not archived,
+// by id: a platform operator's reference by name is ambiguous when two
+// tenants use it.
+func ByName(ctx context.Context, q store.Querier, name string) ([]Pool, error) {
+	rows, err := q.Query(ctx, `SELECT `+poolColumns+` FROM pools WHERE name = $1 AND state <> 'archived' ORDER BY id`, name)
+	if err != nil {
+		return nil, err
+	}
+	return collectPools(rows)
+}
