@@ -448,7 +448,8 @@ func (a *Agent) capabilities() []string {
 	if a.cfg.KubeletPluginsRegistered != nil && a.cfg.KubeletPluginsRegistered() {
 		caps = append(caps, CapKubernetes)
 	}
-	if len(a.cfg.ReleaseKeys) > 0 {
+	// A ramdisk runs ramdisk commands only: it is booted, never upgraded.
+	if len(a.cfg.ReleaseKeys) > 0 && a.cfg.Mode != agentv1.AgentMode_AGENT_MODE_RAMDISK {
 		caps = append(caps, CapDaemonUpgrade)
 	}
 	return caps

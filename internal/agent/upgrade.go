@@ -294,12 +294,12 @@ var errPreviousGone = errors.New("the kept previous binary is gone or changed")
 func (a *Agent) swapBack(st *upgradeState, state, reason string) error {
 	f, err := os.Open(st.Previous)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errPreviousGone, err)
+		return fmt.Errorf("%w: %w", errPreviousGone, err)
 	}
 	sum, _, err := release.Digest(f)
 	_ = f.Close()
 	if err != nil {
-		return fmt.Errorf("%w: read %s: %v", errPreviousGone, st.Previous, err)
+		return fmt.Errorf("%w: read %s: %w", errPreviousGone, st.Previous, err)
 	}
 	if sum != st.PreviousSHA256 {
 		return fmt.Errorf("%w: %s has sha256 %s, upgrade.json recorded %s", errPreviousGone, st.Previous, sum, st.PreviousSHA256)
