@@ -158,11 +158,11 @@ of it holds. Platform administrators only.`,
 func releaseFileNames(text []byte) ([]string, error) {
 	var e release.Envelope
 	if err := json.Unmarshal(text, &e); err != nil {
-		return nil, fmt.Errorf("not a signed release manifest: %v", err)
+		return nil, fmt.Errorf("not a signed release manifest: %w", err)
 	}
 	var m release.Manifest
 	if err := json.NewDecoder(bytes.NewReader(e.Manifest)).Decode(&m); err != nil {
-		return nil, fmt.Errorf("not a signed release manifest: its manifest: %v", err)
+		return nil, fmt.Errorf("not a signed release manifest: its manifest: %w", err)
 	}
 	if len(m.Binaries) == 0 {
 		return nil, fmt.Errorf("not a signed release manifest: it names no binary")
