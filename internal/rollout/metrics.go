@@ -51,23 +51,10 @@ var nodeGaugeDesc = prometheus.NewDesc("bc_rollout_nodes", "Nodes of active (run
 func (g *nodeGauge) Describe(ch chan<- *prometheus.Desc) { ch <- nodeGaugeDesc }
 
 func (g *nodeGauge) Collect(ch chan<- prometheus.Metric) {
-	counts := map[string]int{}
-	err := g.m.cfg.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT n.state, COUNT(*) FROM rollout_nodes n JOIN rollouts r ON r.id = n.rollout_id
-			WHERE r.state IN ('running', 'paused', 'halted') GROUP BY n.state`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var s string
-			var c int
-			if err := rows.Scan(&s, &c); err != nil {
-				return err
-			}
-			counts[s] = c
-		}
-		return rows.Err()
+	var counts map[string]int
+	err := g.m.cfg.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) (err error) {
+		counts, err = ActiveNodeStateCounts(ctx, tx)
+		return err
 	})
 	if err != nil {
 		g.m.log.Warn("rollout metrics", "err", err)

@@ -131,8 +131,10 @@ func TestRolloutRealBcds(t *testing.T) {
 	tampered[len(tampered)/2] ^= 0xff
 	_, err = admin.CreateRelease(ctx, string(env), []client.ReleaseFile{{Name: filepath.Base(v2), Content: strings.NewReader(string(tampered))},
 		{Name: sboms[0].Name, Content: strings.NewReader(string(sboms[0].Data))}}, "")
-	require.Error(t, err)
-	require.Contains(t, err.Error(), "DIGEST_MISMATCH")
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	require.Contains(t, err.Error(), "the signed manifest pins")
+	_, err = admin.Releases.Get(ctx, connect.NewRequest(&apiv1.GetReleaseRequest{Version: "v0.9.4-rig"}))
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "nothing of a refused release is kept")
 
 	_, err = admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: "acme"}))
 	require.NoError(t, err)

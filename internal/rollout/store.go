@@ -217,6 +217,10 @@ func NodeUpdate(ctx context.Context, tx store.Tx, n *Node) error {
 // NodeStateCounts counts each rollout's nodes by state.
 func NodeStateCounts(ctx context.Context, q store.Querier, rolloutID string) (map[string]int, error) {
 	rows, err := q.Query(ctx, `SELECT state, COUNT(*) FROM rollout_nodes WHERE rollout_id = $1 GROUP BY state`, rolloutID)
+	return stateCounts(rows, err)
+}
+
+func stateCounts(rows store.Rows, err error) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -233,11 +237,11 @@ func NodeStateCounts(ctx context.Context, q store.Querier, rolloutID string) (ma
 	return out, rows.Err()
 }
 
-// RolloutsWithNode lists the active rollouts that hold nodeID, for a wake
-// when the node changes.
-func RolloutsWithNode(ctx context.Context, q store.Querier, nodeID string) ([]string, error) {
-	return store.Strings(q.Query(ctx, `SELECT r.id FROM rollouts r JOIN rollout_nodes n ON n.rollout_id = r.id
-		WHERE n.node_id = $1 AND r.state IN ('running', 'halted') ORDER BY r.id`, nodeID))
+// ActiveNodeStateCounts counts the nodes of active rollouts by state.
+func ActiveNodeStateCounts(ctx context.Context, q store.Querier) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT n.state, COUNT(*) FROM rollout_nodes n JOIN rollouts r ON r.id = n.rollout_id
+		WHERE r.state IN ('running', 'paused', 'halted') GROUP BY n.state`)
+	return stateCounts(rows, err)
 }
 
 func itoa(i int) string {
