@@ -167,7 +167,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewJoinRequestServiceHandler(fleet.NewJoinRequestService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewHealthServiceHandler(health.NewService(a.Envelope, a.Health), opts))
-	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))
+	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged, a.Capacity.Hooks().PoolLiveReservations), opts))
 	rsv := reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub})
 	mux.Handle(apiv1connect.NewReservationServiceHandler(rsv, opts))
 	// Exec alone takes a body up to MaxExecRequestBytes, so that a command

@@ -15,10 +15,6 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 )
 
-// liveReservationStates are the states that hold (or wait for) a pool's
-// capacity: a pool with such a reservation is not pruned.
-const liveReservationStates = "pending,placed,binding,active,releasing"
-
 // Refusal is why apply stopped: the change it was making and the API's
 // (or, for a replace, fleetconfig's own) refusal.
 type Refusal struct {
@@ -156,18 +152,10 @@ func applyDelete(ctx context.Context, c *client.Client, ch Change) error {
 		_, err := c.IPPools.Delete(ctx, mutation(&apiv1.DeleteIPPoolRequest{Tenant: ch.Tenant, IpPool: ch.live.id}, false))
 		return err
 	case KindPool:
-		// Archiving does not end a pool's reservations: a pool that still
-		// holds or queues some is not pruned.
-		rs, err := c.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{Tenant: ch.Tenant, Pool: ch.live.id,
-			State: liveReservationStates, OnOwnedPools: true, PageSize: 1}))
-		if err != nil {
-			return err
-		}
-		if n := len(rs.Msg.GetReservations()); n > 0 {
-			return &Refusal{Code: "FAILED_PRECONDITION", Field: "metadata.name",
-				Reason: fmt.Sprintf("pool %s has live reservations (%s is one); release them before pruning it", ch.Name, rs.Msg.GetReservations()[0].GetId())}
-		}
-		_, err = c.Pools.Archive(ctx, mutation(&apiv1.ArchivePoolRequest{Tenant: ch.Tenant, Pool: ch.live.id}, false))
+		// Archiving does not end a pool's reservations: with if_idle the
+		// server refuses a pool that still holds or queues some, checked in
+		// the archive's own transaction.
+		_, err := c.Pools.Archive(ctx, mutation(&apiv1.ArchivePoolRequest{Tenant: ch.Tenant, Pool: ch.live.id, IfIdle: true}, false))
 		return err
 	}
 	return fmt.Errorf("%s cannot be deleted", ch.Object())
