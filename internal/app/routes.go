@@ -36,6 +36,7 @@ import (
 	"github.com/better-compute/better-compute/internal/providerpools"
 	// The built-in provider types register themselves: the accounts
 	// service checks accounts against their manifests.
+	"github.com/better-compute/better-compute/internal/fleetmark"
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
 	_ "github.com/better-compute/better-compute/internal/providers/proxmox"
 	_ "github.com/better-compute/better-compute/internal/providers/robot"
@@ -195,6 +196,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		secretSealer = a.sealer
 	}
 	mux.Handle(apiv1connect.NewSecretServiceHandler(secrets.NewService(a.Envelope, secretSealer), opts))
+	mux.Handle(apiv1connect.NewFleetConfigServiceHandler(fleetmark.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewProviderAccountServiceHandler(provideraccounts.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewProfileServiceHandler(profiles.NewService(a.Envelope, profiles.ServiceConfig{
 		Catalog: a.Metal.ProfileCatalog, NamedBy: metal.MachineNamingHardwareProfile}), opts))

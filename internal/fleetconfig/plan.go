@@ -27,6 +27,9 @@ const (
 	// IP pools have no update): apply refuses it, naming the fields.
 	ActionReplace = "replace"
 	ActionDelete  = "delete"
+	// ActionMark records the managed mark of an object that already
+	// matches its document; it changes nothing of the object.
+	ActionMark = "mark"
 )
 
 // FieldDiff is one field's change, old → new; "" is unset.
@@ -61,6 +64,10 @@ func (c Change) Object() string {
 // Plan is what apply would do, in the order it would do it.
 type Plan struct {
 	Changes []Change
+	// Marks are objects that match their documents but whose managed mark
+	// is missing or records another spec: apply marks them after the
+	// changes. They are not changes.
+	Marks []Change
 }
 
 // HasChanges says whether applying the plan would change anything.
@@ -124,12 +131,16 @@ type liveObject struct {
 	// id is the object's id (for a quota, the only handle it has).
 	id   string
 	spec any
+	// mark is the object's managed mark, nil when it has none.
+	mark *apiv1.ManagedMark
 }
 
 // scope is one tenant (or the platform, name "") the documents cover.
 type scope struct {
 	name, id string
 	live     map[string]liveObject // by key
+	// marks are the scope's managed marks by key, objects live or not.
+	marks map[string]*apiv1.ManagedMark
 }
 
 func objKey(kind, name string) string { return kind + "/" + name }
@@ -223,15 +234,14 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 			plan.Changes = append(plan.Changes, ch)
 			continue
 		}
-		if ip, ok := want.(*IPPoolSpec); ok {
-			// An address left out takes the API's default: not compared.
-			l := live.spec.(*IPPoolSpec)
-			ip.Gateway = cmp.Or(ip.Gateway, l.Gateway)
-			ip.RangeStart = cmp.Or(ip.RangeStart, l.RangeStart)
-			ip.RangeEnd = cmp.Or(ip.RangeEnd, l.RangeEnd)
-		}
-		ch.Fields = diff(live.spec, want)
+		ch.Fields = diff(live.spec, withLiveDefaults(want, live.spec))
 		if len(ch.Fields) == 0 {
+			if live.mark == nil || live.mark.GetSpecJson() != specJSON(want) {
+				// In step with its document but not marked as applied from
+				// it: apply records the mark (plan lists no change).
+				ch.Action = ActionMark
+				plan.Marks = append(plan.Marks, ch)
+			}
 			continue
 		}
 		ch.Action = ActionChange
@@ -252,6 +262,7 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 		}
 	}
 	sortChanges(plan.Changes)
+	sortChanges(plan.Marks)
 	return plan, nil
 }
 
@@ -316,7 +327,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 		}
 	}
 	if platform {
-		return nil
+		return readMarks(ctx, c, s)
 	}
 	pools, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Pool, string, error) {
 		r, err := c.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: s.name, IncludeArchived: true, PageToken: tok}))
@@ -369,7 +380,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 		}
 		put(KindQuota, quotaName(qs), q.GetId(), qs)
 	}
-	return nil
+	return readMarks(ctx, c, s)
 }
 
 func listAll[T any](ctx context.Context, page func(ctx context.Context, token string) ([]T, string, error)) ([]T, error) {
@@ -522,6 +533,20 @@ func normalize(kind string, spec any) any {
 	}
 	_ = kind
 	return spec
+}
+
+// withLiveDefaults fills in what a spec leaves to the API from the live
+// object, so that it is not compared: an IP pool's gateway and range.
+func withLiveDefaults(want, live any) any {
+	if ip, ok := want.(*IPPoolSpec); ok {
+		l := live.(*IPPoolSpec)
+		c := *ip
+		c.Gateway = cmp.Or(c.Gateway, l.Gateway)
+		c.RangeStart = cmp.Or(c.RangeStart, l.RangeStart)
+		c.RangeEnd = cmp.Or(c.RangeEnd, l.RangeEnd)
+		return &c
+	}
+	return want
 }
 
 // diff compares two specs field by field (old nil: a create).
