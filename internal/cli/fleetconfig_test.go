@@ -147,6 +147,7 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	res = r.want(t, 1, "fleet", "export", "--platform", "--tenant", "sim", "-o", "-")
 	require.Contains(t, res.stderr, "platform")
 	res = r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", "-")
+	require.Contains(t, res.stdout, "kind: Project\nmetadata:\n    name: nodes\n")
 	require.Contains(t, res.stdout, "kind: Quota")
 	require.Contains(t, res.stdout, "kind: IPPool")
 
@@ -198,6 +199,29 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	f, err := r.cp.Admin().Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Flavor: "small"}))
 	require.NoError(t, err)
 	require.Equal(t, int32(2), f.Msg.GetFlavor().GetVcpus())
+
+	// A project is created before the quota that names it, never pruned; a display name changed is a replace.
+	withBatch := copyExample(t, func(string) bool { return false })
+	pj, err := os.ReadFile(filepath.Join(withBatch, "projects.yaml"))
+	require.NoError(t, err)
+	pj = append(pj, []byte("---\napiVersion: bettercompute.io/v1\nkind: Project\nmetadata:\n  name: batch\n  tenant: sim\nspec:\n  displayName: Batch jobs\n"+
+		"---\napiVersion: bettercompute.io/v1\nkind: Quota\nmetadata:\n  name: batch\n  tenant: sim\nspec:\n  project: batch\n  gpus: 2\n")...)
+	require.NoError(t, os.WriteFile(filepath.Join(withBatch, "projects.yaml"), pj, 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", withBatch)
+	require.Contains(t, res.stdout, "+ create Project sim/batch")
+	require.Contains(t, res.stdout, "    spec.displayName: Batch jobs\n")
+	require.Less(t, strings.Index(res.stdout, "Project sim/batch"), strings.Index(res.stdout, "Quota sim/batch"))
+	r.want(t, 0, "fleet", "apply", "-f", withBatch)
+	r.want(t, 0, "fleet", "plan", "-f", withBatch)
+	gp, err := r.cp.Admin().Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "sim", Project: "batch"}))
+	require.NoError(t, err)
+	require.Equal(t, "Batch jobs", gp.Msg.GetProject().GetDisplayName())
+	renamed := bytes.Replace(pj, []byte("displayName: Batch jobs"), []byte("displayName: Batch"), 1)
+	require.NoError(t, os.WriteFile(filepath.Join(withBatch, "projects.yaml"), renamed, 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", withBatch)
+	require.Contains(t, res.stdout, "! replace Project sim/batch")
+	res = r.want(t, 0, "fleet", "plan", "-f", exampleFleet, "--prune")
+	require.Contains(t, res.stdout, "No changes", "projects (and quotas) are never pruned")
 }
 
 // TestFleetConfigPrune removes dev's pool h100 (and its quota) from the
@@ -266,7 +290,7 @@ func TestFleetConfigDrift(t *testing.T) {
 	ctx := context.Background()
 	res := r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
 	require.Contains(t, res.stdout, "Applied 5 changes.")
-	require.Contains(t, res.stdout, "Marked 3 objects that already matched their documents as managed.", "dev's pool, flavor and IP pool are adopted")
+	require.Contains(t, res.stdout, "Marked 4 objects that already matched their documents as managed.", "dev's project, pool, flavor and IP pool are adopted")
 	res = r.want(t, 0, "fleet", "drift", "-f", exampleFleet)
 	require.Contains(t, res.stdout, "No drift")
 	r.want(t, 0, "fleet", "drift", "--tenant", "sim")
@@ -277,7 +301,8 @@ func TestFleetConfigDrift(t *testing.T) {
 	for _, m := range marks.Msg.GetMarks() {
 		names[m.GetKind()+"/"+m.GetName()] = m.GetDigest()
 	}
-	require.Len(t, names, 5, "%v", names)
+	require.Len(t, names, 6, "%v", names)
+	require.Contains(t, names, "Project/nodes")
 	require.Contains(t, names, "Quota/pool=h100")
 	require.Contains(t, names, "Pool/h100")
 	require.True(t, strings.HasPrefix(names["Pool/a100"], "sha256:"))

@@ -116,6 +116,9 @@ func applyOne(ctx context.Context, c *client.Client, ch Change) error {
 		return applyDelete(ctx, c, ch)
 	}
 	switch s := ch.doc.Spec.(type) {
+	case *ProjectSpec:
+		_, err := c.Projects.Create(ctx, mutation(&apiv1.CreateProjectRequest{Tenant: ch.Tenant, Name: ch.Name, DisplayName: s.DisplayName}, true))
+		return err
 	case *FlavorSpec:
 		_, err := c.Flavors.Create(ctx, mutation(&apiv1.CreateFlavorRequest{Tenant: ch.Tenant, Name: ch.Name, Vcpus: s.VCPUs, MemoryMib: s.MemoryMiB,
 			DiskGib: s.DiskGiB, Gpus: s.GPUs, GpuModel: s.GPUModel, NumaAffine: s.NUMAAffine, Pinned: s.Pinned, Hugepages: s.Hugepages,

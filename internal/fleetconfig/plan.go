@@ -120,8 +120,9 @@ type Options struct {
 	// none (the CLI's --tenant or its context's).
 	DefaultTenant string
 	// Prune lists objects of the covered kinds that are live in a scope
-	// the documents cover but absent from them, as deletes. Quotas are
-	// never pruned: the API has no quota delete.
+	// the documents cover but absent from them, as deletes. Quotas and
+	// projects are never pruned: the API has no quota delete, and its
+	// project delete does not check what the project holds.
 	Prune bool
 }
 
@@ -172,12 +173,18 @@ func docKey(d Document) string {
 	return objKey(d.Kind, d.Metadata.Name)
 }
 
+// tenantKind says whether a kind is always a tenant's (never the
+// platform's).
+func tenantKind(kind string) bool {
+	return kind == KindProject || kind == KindPool || kind == KindQuota
+}
+
 // docTenant is a document's tenant after the default.
 func docTenant(d Document, def string) string {
 	if d.Metadata.Tenant != "" {
 		return d.Metadata.Tenant
 	}
-	if d.Kind == KindPool || d.Kind == KindQuota {
+	if tenantKind(d.Kind) {
 		return def
 	}
 	return ""
@@ -192,7 +199,7 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 	var order []string
 	for _, d := range docs {
 		t := docTenant(d, opt.DefaultTenant)
-		if t == "" && (d.Kind == KindPool || d.Kind == KindQuota) {
+		if t == "" && tenantKind(d.Kind) {
 			errs = append(errs, DocError{File: d.File, Index: d.Index, Field: "metadata.tenant", Reason: "is required for a " + d.Kind + " (or pass --tenant)"})
 			continue
 		}
@@ -245,7 +252,7 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 			continue
 		}
 		ch.Action = ActionChange
-		if d.Kind == KindFlavor || d.Kind == KindIPPool {
+		if d.Kind == KindFlavor || d.Kind == KindIPPool || d.Kind == KindProject {
 			ch.Action = ActionReplace
 		}
 		plan.Changes = append(plan.Changes, ch)
@@ -254,7 +261,10 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 		for _, t := range order {
 			s := scopes[t]
 			for key, l := range s.live {
-				if l.kind == KindQuota || matched[s.name+"|"+key] {
+				// Quotas have no delete; a project's delete does not ask
+				// what the project still holds (nodes, reservations,
+				// quotas): neither is pruned.
+				if l.kind == KindQuota || l.kind == KindProject || matched[s.name+"|"+key] {
 					continue
 				}
 				plan.Changes = append(plan.Changes, Change{Action: ActionDelete, Kind: l.kind, Tenant: s.name, Name: l.name, live: l})
@@ -356,6 +366,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	projectNames := map[string]string{}
 	for _, p := range projects {
 		projectNames[p.GetId()] = p.GetName()
+		put(KindProject, p.GetName(), p.GetId(), &ProjectSpec{DisplayName: p.GetDisplayName()})
 	}
 	quotas, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Quota, string, error) {
 		r, err := c.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{Tenant: s.name, PageToken: tok}))
@@ -536,8 +547,14 @@ func normalize(kind string, spec any) any {
 }
 
 // withLiveDefaults fills in what a spec leaves to the API from the live
-// object, so that it is not compared: an IP pool's gateway and range.
+// object, so that it is not compared: an IP pool's gateway and range, a
+// project's display name.
 func withLiveDefaults(want, live any) any {
+	if p, ok := want.(*ProjectSpec); ok {
+		c := *p
+		c.DisplayName = cmp.Or(c.DisplayName, live.(*ProjectSpec).DisplayName)
+		return &c
+	}
 	if ip, ok := want.(*IPPoolSpec); ok {
 		l := live.(*IPPoolSpec)
 		c := *ip
