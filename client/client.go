@@ -73,6 +73,7 @@ type Client struct {
 	Instances        apiv1connect.InstanceServiceClient
 	Volumes          apiv1connect.VolumeServiceClient
 	Secrets          apiv1connect.SecretServiceClient
+	FleetConfig      apiv1connect.FleetConfigServiceClient
 	// ProviderAccounts are the tenant's accounts at server providers.
 	ProviderAccounts apiv1connect.ProviderAccountServiceClient
 	// Profiles are deploy and hardware profile documents.
@@ -163,6 +164,7 @@ func New(baseURL, token string, opts ...Option) *Client {
 		Instances:        apiv1connect.NewInstanceServiceClient(h, baseURL, copts...),
 		Volumes:          apiv1connect.NewVolumeServiceClient(h, baseURL, copts...),
 		Secrets:          apiv1connect.NewSecretServiceClient(h, baseURL, copts...),
+		FleetConfig:      apiv1connect.NewFleetConfigServiceClient(h, baseURL, copts...),
 		ProviderAccounts: apiv1connect.NewProviderAccountServiceClient(h, baseURL, copts...),
 		Profiles:         apiv1connect.NewProfileServiceClient(h, baseURL, copts...),
 		SandboxTemplates: apiv1connect.NewSandboxTemplateServiceClient(h, baseURL, copts...),

@@ -42,6 +42,7 @@ import (
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/execrelay"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/fleetmark"
 	"github.com/better-compute/better-compute/internal/gateway"
 	"github.com/better-compute/better-compute/internal/health"
 	"github.com/better-compute/better-compute/internal/iam"
@@ -397,6 +398,8 @@ func Modules() []store.Migrations {
 		// Machines run workflows on the provision engine.
 		provision.Migrations(), metal.Migrations(),
 		vps.Migrations(), secrets.Migrations(), provideraccounts.Migrations(), providerpools.Migrations(),
+		// Fleet marks name objects by kind and name only; no table joins them.
+		fleetmark.Migrations(),
 		// Sandboxes claim warm instances by joining the instances table.
 		sandbox.Migrations(),
 		quorum.Migrations(),

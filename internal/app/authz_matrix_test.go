@@ -180,6 +180,8 @@ var matrixExpect = map[string]map[string]string{
 	"sandboxes.deleteSnapshot": {"platform-admin": "OK", "admin": "OK", "member": "OK", "operator": "OK", "viewer": "PERMISSION_DENIED", "agent": "CONFIRMATION_REQUIRED"},
 	"secrets.put":              {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"secrets.delete":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"fleetMarks.set":           {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
+	"fleetMarks.delete":        {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"providerAccounts.create":  {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"profiles.create":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
 	"profiles.update":          {"platform-admin": "OK", "admin": "OK", "member": "PERMISSION_DENIED", "operator": "PERMISSION_DENIED", "viewer": "PERMISSION_DENIED", "agent": "PERMISSION_DENIED"},
@@ -876,6 +878,20 @@ var matrixCalls = map[string]func(t *testing.T, f *matrixFixture, c *client.Clie
 		require.NoError(t, err)
 		f.cp.Authz.Reset()
 		_, err = c.Secrets.Delete(context.Background(), connect.NewRequest(&apiv1.DeleteSecretRequest{Tenant: "acme", Secret: name}))
+		return err
+	},
+	"fleetMarks.set": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		_, err := c.FleetConfig.SetMark(context.Background(), connect.NewRequest(&apiv1.SetManagedMarkRequest{Tenant: "acme", Kind: "Pool",
+			Name: f.name("fmk"), SpecJson: `{"selector":"gpu.model=H100"}`}))
+		return err
+	},
+	"fleetMarks.delete": func(t *testing.T, f *matrixFixture, c *client.Client) error {
+		name := f.name("fmk")
+		_, err := f.admin.FleetConfig.SetMark(context.Background(), connect.NewRequest(&apiv1.SetManagedMarkRequest{Tenant: "acme", Kind: "Pool",
+			Name: name, SpecJson: `{}`}))
+		require.NoError(t, err)
+		f.cp.Authz.Reset()
+		_, err = c.FleetConfig.DeleteMark(context.Background(), connect.NewRequest(&apiv1.DeleteManagedMarkRequest{Tenant: "acme", Kind: "Pool", Name: name}))
 		return err
 	},
 	"ipPools.create": func(t *testing.T, f *matrixFixture, c *client.Client) error {

@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/better-compute/internal/rollout"
 	// The built-in provider types register themselves: the accounts
 	// service checks accounts against their manifests.
+	"github.com/better-compute/better-compute/internal/fleetmark"
 	_ "github.com/better-compute/better-compute/internal/providers/hcloud"
 	_ "github.com/better-compute/better-compute/internal/providers/proxmox"
 	_ "github.com/better-compute/better-compute/internal/providers/robot"
@@ -170,7 +171,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	mux.Handle(apiv1connect.NewInventoryServiceHandler(fleet.NewInventoryService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewHealthServiceHandler(health.NewService(a.Envelope, a.Health), opts))
 	mux.Handle(apiv1connect.NewRolloutServiceHandler(rollout.NewService(a.Envelope, a.Rollouts), opts))
-	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged), opts))
+	mux.Handle(apiv1connect.NewPoolServiceHandler(pool.NewService(a.Envelope, a.Capacity.Hooks().PoolChanged, a.Capacity.Hooks().PoolLiveReservations), opts))
 	rsv := reservation.NewService(a.Envelope, a.Capacity.Engine, reservationEvents{hub: a.hub})
 	mux.Handle(apiv1connect.NewReservationServiceHandler(rsv, opts))
 	// Exec alone takes a body up to MaxExecRequestBytes, so that a command
@@ -199,6 +200,7 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		secretSealer = a.sealer
 	}
 	mux.Handle(apiv1connect.NewSecretServiceHandler(secrets.NewService(a.Envelope, secretSealer), opts))
+	mux.Handle(apiv1connect.NewFleetConfigServiceHandler(fleetmark.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewProviderAccountServiceHandler(provideraccounts.NewService(a.Envelope), opts))
 	mux.Handle(apiv1connect.NewProfileServiceHandler(profiles.NewService(a.Envelope, profiles.ServiceConfig{
 		Catalog: a.Metal.ProfileCatalog, NamedBy: metal.MachineNamingHardwareProfile}), opts))

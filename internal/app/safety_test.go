@@ -2308,6 +2308,18 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		apiv1connect.FleetConfigServiceSetMarkProcedure: {func() error {
+			_, err := evil.FleetConfig.SetMark(ctx, connect.NewRequest(&apiv1.SetManagedMarkRequest{Tenant: "acme", Kind: "Pool", Name: "h100", SpecJson: "{}"}))
+			return err
+		}},
+		apiv1connect.FleetConfigServiceListMarksProcedure: {func() error {
+			_, err := evil.FleetConfig.ListMarks(ctx, connect.NewRequest(&apiv1.ListManagedMarksRequest{Tenant: "acme"}))
+			return err
+		}},
+		apiv1connect.FleetConfigServiceDeleteMarkProcedure: {func() error {
+			_, err := evil.FleetConfig.DeleteMark(ctx, connect.NewRequest(&apiv1.DeleteManagedMarkRequest{Tenant: "acme", Kind: "Pool", Name: "h100"}))
+			return err
+		}},
 		apiv1connect.ProviderAccountServiceCreateProcedure: {func() error {
 			_, err := evil.ProviderAccounts.Create(ctx, connect.NewRequest(&apiv1.CreateProviderAccountRequest{Tenant: "acme", Name: "evil",
 				Type: "hetzner-cloud", SecretRefs: map[string]string{"token": "secret://db"}}))

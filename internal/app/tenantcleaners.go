@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/fleet"
+	"github.com/better-compute/better-compute/internal/fleetmark"
 	"github.com/better-compute/better-compute/internal/health"
 	"github.com/better-compute/better-compute/internal/images"
 	"github.com/better-compute/better-compute/internal/metal"
@@ -46,6 +47,7 @@ func tenantCleaners(sandboxes *sandbox.Service) []tenancy.Cleaner {
 		{Name: "api keys", Rows: authn.TenantRows, Delete: authn.TenantRowsDelete},
 		{Name: "webhooks", Rows: webhooks.TenantRows, Delete: webhooks.TenantRowsDelete},
 		{Name: "secrets", Rows: secrets.TenantRows, Delete: secrets.TenantRowsDelete},
+		{Name: "fleet marks", Rows: fleetmark.TenantRows, Delete: fleetmark.TenantRowsDelete},
 		{Name: "provider accounts", Rows: provideraccounts.TenantRows, Delete: provideraccounts.TenantRowsDelete},
 		{Name: "provisioning", Rows: provision.TenantRows, Delete: provision.TenantRowsDelete, Busy: provision.TenantLiveWorkflows},
 		{Name: "metal", Rows: metal.TenantRows, Delete: metal.TenantRowsDelete, Busy: metal.TenantLiveLeases},

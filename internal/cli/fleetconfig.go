@@ -76,7 +76,7 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if !p.HasChanges() {
+			if !p.HasChanges() && len(p.Marks) == 0 {
 				p.Write(cmd.OutOrStdout())
 				return nil
 			}
@@ -99,6 +99,9 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "Applied %d changes.\n", len(applied))
+			if len(p.Marks) > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "Marked %d objects that already matched their documents as managed.\n", len(p.Marks))
+			}
 			return nil
 		},
 	}
@@ -141,7 +144,54 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 	// This -o shadows the global output format: an export is YAML files.
 	export.Flags().StringVarP(&out, "output", "o", "", "the directory to write (one file per kind), or - for standard output")
 
-	cmd.AddCommand(plan, apply, export)
+	var driftPlatform bool
+	drift := &cobra.Command{
+		Use:   "drift [-f DIR] [--tenant T] [--platform]",
+		Short: "List managed objects changed by hand since apply last applied them; exits 2 when there is drift, 0 when none, 1 on error",
+		Args:  positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			def, err := a.tenant(cmd.Context(), tenant, false)
+			if err != nil {
+				return err
+			}
+			var scopes []string
+			if from != "" {
+				docs, err := fleetconfig.Load(from)
+				if err != nil {
+					return docErrors(cmd, err)
+				}
+				scopes = fleetconfig.Scopes(docs, def)
+			} else {
+				if def != "" {
+					scopes = append(scopes, def)
+				}
+				if driftPlatform {
+					scopes = append(scopes, "")
+				}
+				if len(scopes) == 0 {
+					return invalidArg("tenant", "is required: pass --tenant, --platform or -f")
+				}
+			}
+			d, err := fleetconfig.DetectDrift(cmd.Context(), c, scopes)
+			if err != nil {
+				return err
+			}
+			fleetconfig.WriteDrift(cmd.OutOrStdout(), d)
+			if len(d) > 0 {
+				return &exitCodeError{code: exitPlanChanges}
+			}
+			return nil
+		},
+	}
+	drift.Flags().StringVarP(&from, "file", "f", "", "take the tenants (and the platform) to check from these documents")
+	drift.Flags().BoolVar(&driftPlatform, "platform", false, "also check the platform's managed flavors and IP pools (a platform key)")
+	addTenantFlag(drift, &tenant)
+
+	cmd.AddCommand(plan, apply, export, drift)
 	return cmd
 }
 

@@ -123,7 +123,7 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	for _, e := range audit.Msg.GetEntries() {
 		actions[e.GetAction()] = true
 	}
-	for _, a := range []string{"pools.create", "ipPools.create", "quotas.set"} {
+	for _, a := range []string{"pools.create", "ipPools.create", "quotas.set", "fleetMarks.set"} {
 		require.True(t, actions[a], "audit action %s in %v", a, actions)
 	}
 
@@ -147,6 +147,7 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	res = r.want(t, 1, "fleet", "export", "--platform", "--tenant", "sim", "-o", "-")
 	require.Contains(t, res.stderr, "platform")
 	res = r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", "-")
+	require.Contains(t, res.stdout, "kind: Project\nmetadata:\n    name: nodes\n")
 	require.Contains(t, res.stdout, "kind: Quota")
 	require.Contains(t, res.stdout, "kind: IPPool")
 
@@ -198,6 +199,29 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	f, err := r.cp.Admin().Flavors.Get(ctx, connect.NewRequest(&apiv1.GetFlavorRequest{Flavor: "small"}))
 	require.NoError(t, err)
 	require.Equal(t, int32(2), f.Msg.GetFlavor().GetVcpus())
+
+	// A project is created before the quota that names it, never pruned; a display name changed is a replace.
+	withBatch := copyExample(t, func(string) bool { return false })
+	pj, err := os.ReadFile(filepath.Join(withBatch, "projects.yaml"))
+	require.NoError(t, err)
+	pj = append(pj, []byte("---\napiVersion: bettercompute.io/v1\nkind: Project\nmetadata:\n  name: batch\n  tenant: sim\nspec:\n  displayName: Batch jobs\n"+
+		"---\napiVersion: bettercompute.io/v1\nkind: Quota\nmetadata:\n  name: batch\n  tenant: sim\nspec:\n  project: batch\n  gpus: 2\n")...)
+	require.NoError(t, os.WriteFile(filepath.Join(withBatch, "projects.yaml"), pj, 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", withBatch)
+	require.Contains(t, res.stdout, "+ create Project sim/batch")
+	require.Contains(t, res.stdout, "    spec.displayName: Batch jobs\n")
+	require.Less(t, strings.Index(res.stdout, "Project sim/batch"), strings.Index(res.stdout, "Quota sim/batch"))
+	r.want(t, 0, "fleet", "apply", "-f", withBatch)
+	r.want(t, 0, "fleet", "plan", "-f", withBatch)
+	gp, err := r.cp.Admin().Projects.Get(ctx, connect.NewRequest(&apiv1.GetProjectRequest{Tenant: "sim", Project: "batch"}))
+	require.NoError(t, err)
+	require.Equal(t, "Batch jobs", gp.Msg.GetProject().GetDisplayName())
+	renamed := bytes.Replace(pj, []byte("displayName: Batch jobs"), []byte("displayName: Batch"), 1)
+	require.NoError(t, os.WriteFile(filepath.Join(withBatch, "projects.yaml"), renamed, 0o600))
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", withBatch)
+	require.Contains(t, res.stdout, "! replace Project sim/batch")
+	res = r.want(t, 0, "fleet", "plan", "-f", exampleFleet, "--prune")
+	require.Contains(t, res.stdout, "No changes", "projects (and quotas) are never pruned")
 }
 
 // TestFleetConfigPrune removes dev's pool h100 (and its quota) from the
@@ -254,6 +278,69 @@ func TestFleetConfigPrune(t *testing.T) {
 	out = r.want(t, 0, "fleet", "apply", "-f", noH100, "--prune")
 	require.Contains(t, out.stdout, "applied: delete Pool sim/h100")
 	r.want(t, 0, "fleet", "plan", "-f", noH100, "--prune")
+}
+
+// TestFleetConfigDrift applies the example fleet, changes one quota by hand
+// with the CLI verb and deletes a flavor: fleet drift names exactly those,
+// with the field applied → live, exits 2, and nothing once apply put them
+// back. Another tenant's key reads no marks of sim.
+func TestFleetConfigDrift(t *testing.T) {
+	t.Parallel()
+	r := newFleetRig(t)
+	ctx := context.Background()
+	res := r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "Applied 5 changes.")
+	require.Contains(t, res.stdout, "Marked 4 objects that already matched their documents as managed.", "dev's project, pool, flavor and IP pool are adopted")
+	res = r.want(t, 0, "fleet", "drift", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "No drift")
+	r.want(t, 0, "fleet", "drift", "--tenant", "sim")
+
+	marks, err := r.cp.Admin().FleetConfig.ListMarks(ctx, connect.NewRequest(&apiv1.ListManagedMarksRequest{Tenant: "sim"}))
+	require.NoError(t, err)
+	names := map[string]string{}
+	for _, m := range marks.Msg.GetMarks() {
+		names[m.GetKind()+"/"+m.GetName()] = m.GetDigest()
+	}
+	require.Len(t, names, 6, "%v", names)
+	require.Contains(t, names, "Project/nodes")
+	require.Contains(t, names, "Quota/pool=h100")
+	require.Contains(t, names, "Pool/h100")
+	require.True(t, strings.HasPrefix(names["Pool/a100"], "sha256:"))
+
+	r.want(t, 0, "quotas", "set", "--tenant", "sim", "--pool", "h100", "--gpus", "6")
+	_, err = r.cp.Admin().Flavors.Delete(ctx, connect.NewRequest(&apiv1.DeleteFlavorRequest{Flavor: "gpu-h100-1"}))
+	require.NoError(t, err)
+	res = r.want(t, exitPlanChanges, "fleet", "drift", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "~ drift Quota sim/pool=h100")
+	require.Contains(t, res.stdout, "    spec.gpus: 16 → 6\n")
+	require.Contains(t, res.stdout, "- gone Flavor gpu-h100-1 (platform)")
+	require.Contains(t, res.stdout, "Drift: 1 changed by hand, 1 gone (applied → live).")
+	require.Equal(t, 4, strings.Count(res.stdout, "\n"), res.stdout)
+	res = r.want(t, exitPlanChanges, "fleet", "drift", "--tenant", "sim")
+	require.Contains(t, res.stdout, "~ drift Quota sim/pool=h100")
+	require.NotContains(t, res.stdout, "gpu-h100-1", "the platform's marks only with --platform or -f")
+
+	// Another tenant's key sees none of sim's marks and sets none.
+	acme := r.cp.Client(r.acme)
+	_, err = acme.FleetConfig.ListMarks(ctx, connect.NewRequest(&apiv1.ListManagedMarksRequest{Tenant: "sim"}))
+	require.Contains(t, []connect.Code{connect.CodeNotFound, connect.CodePermissionDenied}, connect.CodeOf(err), "%v", err)
+	_, err = acme.FleetConfig.SetMark(ctx, connect.NewRequest(&apiv1.SetManagedMarkRequest{Tenant: "sim", Kind: "Pool", Name: "h100", SpecJson: "{}"}))
+	require.Contains(t, []connect.Code{connect.CodeNotFound, connect.CodePermissionDenied}, connect.CodeOf(err), "%v", err)
+	_, err = acme.FleetConfig.DeleteMark(ctx, connect.NewRequest(&apiv1.DeleteManagedMarkRequest{Tenant: "sim", Kind: "Pool", Name: "h100"}))
+	require.Contains(t, []connect.Code{connect.CodeNotFound, connect.CodePermissionDenied}, connect.CodeOf(err), "%v", err)
+	own, err := acme.FleetConfig.ListMarks(ctx, connect.NewRequest(&apiv1.ListManagedMarksRequest{}))
+	require.NoError(t, err)
+	require.Empty(t, own.Msg.GetMarks())
+	// A bad mark is refused with its field.
+	_, err = r.cp.Admin().FleetConfig.SetMark(ctx, connect.NewRequest(&apiv1.SetManagedMarkRequest{Tenant: "sim", Kind: "pool", Name: "h100", SpecJson: "[1]"}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.Contains(t, err.Error(), "kind")
+	res = r.want(t, exitPlanChanges, "fleet", "drift", "--tenant", "sim")
+	require.Contains(t, res.stdout, "spec.gpus: 16 → 6", "a refused mark changed nothing")
+
+	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+	res = r.want(t, 0, "fleet", "drift", "-f", exampleFleet)
+	require.Contains(t, res.stdout, "No drift")
 }
 
 // liveReservationStatesForTest are the states fleetconfig counts as live.

@@ -232,6 +232,7 @@ replaces the whole policy with the flags given (unset ones take defaults).`,
 	addLimitFlag(list, &limit)
 	list.Flags().BoolVar(&archived, "include-archived", false, "include archived pools")
 
+	var ifIdle bool
 	archive := &cobra.Command{
 		Use:   "archive POOL",
 		Short: "Archive a pool (idempotent)",
@@ -241,7 +242,7 @@ replaces the whole policy with the flags given (unset ones take defaults).`,
 			if err != nil {
 				return err
 			}
-			resp, err := c.Pools.Archive(cmd.Context(), request(&apiv1.ArchivePoolRequest{Tenant: t, Pool: argv[0]}, mutation{confirmationID: confirmationID}))
+			resp, err := c.Pools.Archive(cmd.Context(), request(&apiv1.ArchivePoolRequest{Tenant: t, Pool: argv[0], IfIdle: ifIdle}, mutation{confirmationID: confirmationID}))
 			if err != nil {
 				return err
 			}
@@ -250,6 +251,7 @@ replaces the whole policy with the flags given (unset ones take defaults).`,
 	}
 	addTenantFlag(archive, &tenant)
 	addConfirmationFlag(archive, &confirmationID)
+	archive.Flags().BoolVar(&ifIdle, "if-idle", false, "refuse while the pool has live reservations (archiving does not end them)")
 
 	var (
 		offerTo     []string

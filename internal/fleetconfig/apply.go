@@ -15,10 +15,6 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/pool"
 )
 
-// liveReservationStates are the states that hold (or wait for) a pool's
-// capacity: a pool with such a reservation is not pruned.
-const liveReservationStates = "pending,placed,binding,active,releasing"
-
 // Refusal is why apply stopped: the change it was making and the API's
 // (or, for a replace, fleetconfig's own) refusal.
 type Refusal struct {
@@ -46,31 +42,59 @@ func (r *Refusal) Unwrap() error { return r.Err }
 
 // Apply makes the plan's changes in its order, each one API mutation (a
 // pool whose offer changes too takes a second: Offer), printing each as it
-// is made. It stops at the first refusal and returns it as a *Refusal.
+// is made. After each create or change it records the object's managed
+// mark (FleetConfigService/SetMark, a mutation of its own), after each
+// delete it forgets it, and last it marks the objects of p.Marks. It
+// stops at the first refusal and returns it as a *Refusal; a refused mark
+// names the mark, its change listed as applied.
 func Apply(ctx context.Context, c *client.Client, p *Plan, out io.Writer) ([]Change, error) {
 	var applied []Change
 	for _, ch := range p.Changes {
 		if err := applyOne(ctx, c, ch); err != nil {
-			r := &Refusal{Change: ch, Applied: applied, Err: err}
-			var rf *Refusal
-			if errors.As(err, &rf) {
-				r.Code, r.Field, r.Reason = rf.Code, rf.Field, rf.Reason
-			} else {
-				r.Code = client.Code(err)
-				r.Reason = err.Error()
-				if d := client.Detail(err); d != nil {
-					r.Reason = d.GetMessage()
-					if vs := d.GetViolations(); len(vs) > 0 {
-						r.Field, r.Reason = vs[0].GetField(), vs[0].GetReason()
-					}
-				}
-			}
-			return applied, r
+			return applied, refusal(ch, applied, err)
 		}
 		applied = append(applied, ch)
 		fmt.Fprintf(out, "applied: %s %s\n", ch.Action, ch.Object())
+		var err error
+		switch {
+		case ch.Action == ActionDelete && ch.live.mark != nil:
+			_, err = c.FleetConfig.DeleteMark(ctx, mutation(&apiv1.DeleteManagedMarkRequest{Tenant: ch.Tenant, Kind: ch.Kind, Name: ch.live.mark.GetName()}, false))
+		case ch.Action == ActionCreate || ch.Action == ActionChange:
+			err = setMark(ctx, c, ch)
+		}
+		if err != nil {
+			m := ch
+			m.Action = ActionMark
+			return applied, refusal(m, applied, err)
+		}
+	}
+	for _, ch := range p.Marks {
+		if err := setMark(ctx, c, ch); err != nil {
+			return applied, refusal(ch, applied, err)
+		}
+		fmt.Fprintf(out, "marked: %s\n", ch.Object())
 	}
 	return applied, nil
+}
+
+// refusal is the *Refusal for a failed call: the API's code, field and
+// reason, or fleetconfig's own.
+func refusal(ch Change, applied []Change, err error) *Refusal {
+	r := &Refusal{Change: ch, Applied: applied, Err: err}
+	var rf *Refusal
+	if errors.As(err, &rf) {
+		r.Code, r.Field, r.Reason = rf.Code, rf.Field, rf.Reason
+		return r
+	}
+	r.Code = client.Code(err)
+	r.Reason = err.Error()
+	if d := client.Detail(err); d != nil {
+		r.Reason = d.GetMessage()
+		if vs := d.GetViolations(); len(vs) > 0 {
+			r.Field, r.Reason = vs[0].GetField(), vs[0].GetReason()
+		}
+	}
+	return r
 }
 
 // mutation wraps a message as a request; creates carry an idempotency key
@@ -92,6 +116,9 @@ func applyOne(ctx context.Context, c *client.Client, ch Change) error {
 		return applyDelete(ctx, c, ch)
 	}
 	switch s := ch.doc.Spec.(type) {
+	case *ProjectSpec:
+		_, err := c.Projects.Create(ctx, mutation(&apiv1.CreateProjectRequest{Tenant: ch.Tenant, Name: ch.Name, DisplayName: s.DisplayName}, true))
+		return err
 	case *FlavorSpec:
 		_, err := c.Flavors.Create(ctx, mutation(&apiv1.CreateFlavorRequest{Tenant: ch.Tenant, Name: ch.Name, Vcpus: s.VCPUs, MemoryMib: s.MemoryMiB,
 			DiskGib: s.DiskGiB, Gpus: s.GPUs, GpuModel: s.GPUModel, NumaAffine: s.NUMAAffine, Pinned: s.Pinned, Hugepages: s.Hugepages,
@@ -156,18 +183,10 @@ func applyDelete(ctx context.Context, c *client.Client, ch Change) error {
 		_, err := c.IPPools.Delete(ctx, mutation(&apiv1.DeleteIPPoolRequest{Tenant: ch.Tenant, IpPool: ch.live.id}, false))
 		return err
 	case KindPool:
-		// Archiving does not end a pool's reservations: a pool that still
-		// holds or queues some is not pruned.
-		rs, err := c.Reservations.List(ctx, connect.NewRequest(&apiv1.ListReservationsRequest{Tenant: ch.Tenant, Pool: ch.live.id,
-			State: liveReservationStates, OnOwnedPools: true, PageSize: 1}))
-		if err != nil {
-			return err
-		}
-		if n := len(rs.Msg.GetReservations()); n > 0 {
-			return &Refusal{Code: "FAILED_PRECONDITION", Field: "metadata.name",
-				Reason: fmt.Sprintf("pool %s has live reservations (%s is one); release them before pruning it", ch.Name, rs.Msg.GetReservations()[0].GetId())}
-		}
-		_, err = c.Pools.Archive(ctx, mutation(&apiv1.ArchivePoolRequest{Tenant: ch.Tenant, Pool: ch.live.id}, false))
+		// Archiving does not end a pool's reservations: with if_idle the
+		// server refuses a pool that still holds or queues some, checked in
+		// the archive's own transaction.
+		_, err := c.Pools.Archive(ctx, mutation(&apiv1.ArchivePoolRequest{Tenant: ch.Tenant, Pool: ch.live.id, IfIdle: true}, false))
 		return err
 	}
 	return fmt.Errorf("%s cannot be deleted", ch.Object())

@@ -24,7 +24,7 @@ type exportDoc struct {
 }
 
 // exportFiles names the file each kind is written to.
-var exportFiles = map[string]string{KindPool: "pools.yaml", KindFlavor: "flavors.yaml", KindIPPool: "ip-pools.yaml", KindQuota: "quotas.yaml"}
+var exportFiles = map[string]string{KindProject: "projects.yaml", KindPool: "pools.yaml", KindFlavor: "flavors.yaml", KindIPPool: "ip-pools.yaml", KindQuota: "quotas.yaml"}
 
 // Export reads the objects of the covered kinds in one scope (a tenant, or
 // the platform's flavors and IP pools when tenant is empty) and returns

@@ -27,6 +27,9 @@ const (
 	// IP pools have no update): apply refuses it, naming the fields.
 	ActionReplace = "replace"
 	ActionDelete  = "delete"
+	// ActionMark records the managed mark of an object that already
+	// matches its document; it changes nothing of the object.
+	ActionMark = "mark"
 )
 
 // FieldDiff is one field's change, old → new; "" is unset.
@@ -61,6 +64,10 @@ func (c Change) Object() string {
 // Plan is what apply would do, in the order it would do it.
 type Plan struct {
 	Changes []Change
+	// Marks are objects that match their documents but whose managed mark
+	// is missing or records another spec: apply marks them after the
+	// changes. They are not changes.
+	Marks []Change
 }
 
 // HasChanges says whether applying the plan would change anything.
@@ -113,8 +120,9 @@ type Options struct {
 	// none (the CLI's --tenant or its context's).
 	DefaultTenant string
 	// Prune lists objects of the covered kinds that are live in a scope
-	// the documents cover but absent from them, as deletes. Quotas are
-	// never pruned: the API has no quota delete.
+	// the documents cover but absent from them, as deletes. Quotas and
+	// projects are never pruned: the API has no quota delete, and its
+	// project delete does not check what the project holds.
 	Prune bool
 }
 
@@ -124,12 +132,16 @@ type liveObject struct {
 	// id is the object's id (for a quota, the only handle it has).
 	id   string
 	spec any
+	// mark is the object's managed mark, nil when it has none.
+	mark *apiv1.ManagedMark
 }
 
 // scope is one tenant (or the platform, name "") the documents cover.
 type scope struct {
 	name, id string
 	live     map[string]liveObject // by key
+	// marks are the scope's managed marks by key, objects live or not.
+	marks map[string]*apiv1.ManagedMark
 }
 
 func objKey(kind, name string) string { return kind + "/" + name }
@@ -161,12 +173,18 @@ func docKey(d Document) string {
 	return objKey(d.Kind, d.Metadata.Name)
 }
 
+// tenantKind says whether a kind is always a tenant's (never the
+// platform's).
+func tenantKind(kind string) bool {
+	return kind == KindProject || kind == KindPool || kind == KindQuota
+}
+
 // docTenant is a document's tenant after the default.
 func docTenant(d Document, def string) string {
 	if d.Metadata.Tenant != "" {
 		return d.Metadata.Tenant
 	}
-	if d.Kind == KindPool || d.Kind == KindQuota {
+	if tenantKind(d.Kind) {
 		return def
 	}
 	return ""
@@ -181,7 +199,7 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 	var order []string
 	for _, d := range docs {
 		t := docTenant(d, opt.DefaultTenant)
-		if t == "" && (d.Kind == KindPool || d.Kind == KindQuota) {
+		if t == "" && tenantKind(d.Kind) {
 			errs = append(errs, DocError{File: d.File, Index: d.Index, Field: "metadata.tenant", Reason: "is required for a " + d.Kind + " (or pass --tenant)"})
 			continue
 		}
@@ -223,19 +241,18 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 			plan.Changes = append(plan.Changes, ch)
 			continue
 		}
-		if ip, ok := want.(*IPPoolSpec); ok {
-			// An address left out takes the API's default: not compared.
-			l := live.spec.(*IPPoolSpec)
-			ip.Gateway = cmp.Or(ip.Gateway, l.Gateway)
-			ip.RangeStart = cmp.Or(ip.RangeStart, l.RangeStart)
-			ip.RangeEnd = cmp.Or(ip.RangeEnd, l.RangeEnd)
-		}
-		ch.Fields = diff(live.spec, want)
+		ch.Fields = diff(live.spec, withLiveDefaults(want, live.spec))
 		if len(ch.Fields) == 0 {
+			if live.mark == nil || live.mark.GetSpecJson() != specJSON(want) {
+				// In step with its document but not marked as applied from
+				// it: apply records the mark (plan lists no change).
+				ch.Action = ActionMark
+				plan.Marks = append(plan.Marks, ch)
+			}
 			continue
 		}
 		ch.Action = ActionChange
-		if d.Kind == KindFlavor || d.Kind == KindIPPool {
+		if d.Kind == KindFlavor || d.Kind == KindIPPool || d.Kind == KindProject {
 			ch.Action = ActionReplace
 		}
 		plan.Changes = append(plan.Changes, ch)
@@ -244,7 +261,10 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 		for _, t := range order {
 			s := scopes[t]
 			for key, l := range s.live {
-				if l.kind == KindQuota || matched[s.name+"|"+key] {
+				// Quotas have no delete; a project's delete does not ask
+				// what the project still holds (nodes, reservations,
+				// quotas): neither is pruned.
+				if l.kind == KindQuota || l.kind == KindProject || matched[s.name+"|"+key] {
 					continue
 				}
 				plan.Changes = append(plan.Changes, Change{Action: ActionDelete, Kind: l.kind, Tenant: s.name, Name: l.name, live: l})
@@ -252,6 +272,7 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 		}
 	}
 	sortChanges(plan.Changes)
+	sortChanges(plan.Marks)
 	return plan, nil
 }
 
@@ -316,7 +337,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 		}
 	}
 	if platform {
-		return nil
+		return readMarks(ctx, c, s)
 	}
 	pools, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Pool, string, error) {
 		r, err := c.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: s.name, IncludeArchived: true, PageToken: tok}))
@@ -345,6 +366,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	projectNames := map[string]string{}
 	for _, p := range projects {
 		projectNames[p.GetId()] = p.GetName()
+		put(KindProject, p.GetName(), p.GetId(), &ProjectSpec{DisplayName: p.GetDisplayName()})
 	}
 	quotas, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Quota, string, error) {
 		r, err := c.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{Tenant: s.name, PageToken: tok}))
@@ -369,7 +391,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 		}
 		put(KindQuota, quotaName(qs), q.GetId(), qs)
 	}
-	return nil
+	return readMarks(ctx, c, s)
 }
 
 func listAll[T any](ctx context.Context, page func(ctx context.Context, token string) ([]T, string, error)) ([]T, error) {
@@ -522,6 +544,26 @@ func normalize(kind string, spec any) any {
 	}
 	_ = kind
 	return spec
+}
+
+// withLiveDefaults fills in what a spec leaves to the API from the live
+// object, so that it is not compared: an IP pool's gateway and range, a
+// project's display name.
+func withLiveDefaults(want, live any) any {
+	if p, ok := want.(*ProjectSpec); ok {
+		c := *p
+		c.DisplayName = cmp.Or(c.DisplayName, live.(*ProjectSpec).DisplayName)
+		return &c
+	}
+	if ip, ok := want.(*IPPoolSpec); ok {
+		l := live.(*IPPoolSpec)
+		c := *ip
+		c.Gateway = cmp.Or(c.Gateway, l.Gateway)
+		c.RangeStart = cmp.Or(c.RangeStart, l.RangeStart)
+		c.RangeEnd = cmp.Or(c.RangeEnd, l.RangeEnd)
+		return &c
+	}
+	return want
 }
 
 // diff compares two specs field by field (old nil: a create).

@@ -5,22 +5,29 @@ const APIVersion = "bettercompute.io/v1"
 
 // The kinds this version covers.
 const (
-	KindFlavor = "Flavor"
-	KindIPPool = "IPPool"
-	KindPool   = "Pool"
-	KindQuota  = "Quota"
+	KindProject = "Project"
+	KindFlavor  = "Flavor"
+	KindIPPool  = "IPPool"
+	KindPool    = "Pool"
+	KindQuota   = "Quota"
 )
 
-// Kinds lists the kinds in dependency order: pools come before the quotas
-// that name them.
-var Kinds = []string{KindPool, KindFlavor, KindIPPool, KindQuota}
+// Kinds lists the kinds in dependency order: projects and pools come
+// before the quotas that name them.
+var Kinds = []string{KindProject, KindPool, KindFlavor, KindIPPool, KindQuota}
 
 // Metadata names a document's object. Tenant is a tenant name (or id);
 // empty means the platform's for flavors and IP pools, and the default
 // tenant (--tenant) for pools and quotas.
 type Metadata struct {
 	Name   string `yaml:"name" json:"name" required:"true" desc:"The object's name; for a quota, a label of the document only (its scope is its identity)."`
-	Tenant string `yaml:"tenant,omitempty" json:"tenant,omitempty" desc:"Tenant name or id. Left out: the platform's for a Flavor or IPPool; for a Pool or Quota, the tenant given with --tenant."`
+	Tenant string `yaml:"tenant,omitempty" json:"tenant,omitempty" desc:"Tenant name or id. Left out: the platform's for a Flavor or IPPool; for a Project, Pool or Quota, the tenant given with --tenant."`
+}
+
+// ProjectSpec is a project of a tenant. The API has no project update:
+// a change is a replace.
+type ProjectSpec struct {
+	DisplayName string `yaml:"displayName,omitempty" json:"displayName,omitempty" desc:"The project's display name (left out: the API's default, not compared)."`
 }
 
 // FlavorSpec is a flavor. The API has no update for flavors: any change
@@ -135,6 +142,8 @@ type Prices struct {
 // parser and the schema test.
 func newSpec(kind string) any {
 	switch kind {
+	case KindProject:
+		return &ProjectSpec{}
 	case KindFlavor:
 		return &FlavorSpec{}
 	case KindIPPool:

@@ -143,6 +143,10 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "Secret", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "token"}}
 	case "secrets.get", "secrets.delete":
 		return Resource{Type: "Secret", ID: "sec1", TenantID: tenant, Attrs: map[string]any{"name": "token"}}
+	case "fleetMarks.set":
+		return Resource{Type: "ManagedMark", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "h100", "kind": "Pool"}}
+	case "fleetMarks.delete":
+		return Resource{Type: "ManagedMark", ID: "fmk1", TenantID: tenant, Attrs: map[string]any{"name": "h100", "kind": "Pool"}}
 	case "providerAccounts.create":
 		return Resource{Type: "ProviderAccount", ID: DraftID, TenantID: tenant, Attrs: map[string]any{"name": "hc", "type": "hetzner-cloud"}}
 	case "providerAccounts.get", "providerAccounts.delete":
@@ -210,7 +214,7 @@ func TestCedarMatrix(t *testing.T) {
 		"machines.getWorkflow", "machines.getLease",
 		"flavors.get", "flavors.list", "ipPools.get", "ipPools.list", "ipPools.listLeases",
 		"instances.get", "instances.list", "instances.watch", "volumes.get", "volumes.list", "secrets.get", "secrets.list",
-		"providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
+		"fleetMarks.list", "providerAccounts.get", "providerAccounts.list", "providerAccounts.listTypes",
 		"profiles.get", "profiles.list", "profiles.validate",
 		"sandboxTemplates.get", "sandboxTemplates.list", "sandboxes.get", "sandboxes.list", "sandboxes.listSnapshots"}
 	books := []string{"reservations.create", "reservations.extend", "reservations.release", "reservations.cancel", "reservations.exec",
@@ -562,6 +566,7 @@ func TestActions(t *testing.T) {
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
 		"confirmations.approve", "confirmations.list", "events.watch",
 		"flavors.create", "flavors.delete", "flavors.get", "flavors.list",
+		"fleetMarks.delete", "fleetMarks.list", "fleetMarks.set",
 		"gpus.lift", "gpus.quarantine", "health.get", "health.listFindings", "health.listRemediations",
 		"images.delete", "images.get", "images.list", "images.promote", "images.pull", "images.push", "images.sign",
 		"instances.create", "instances.delete", "instances.get", "instances.list", "instances.reboot", "instances.ssh", "instances.start",

@@ -28,7 +28,14 @@ import (
 type Service struct {
 	env     *envelope.Envelope
 	changed ChangeHook
+	live    LiveReservations
 }
+
+// LiveReservations counts a pool's live reservations (pending, placed,
+// binding, active or releasing) in the caller's transaction and names one
+// of them. Reservations are the reservation module's rows: it supplies the
+// count, so that this package does not read them.
+type LiveReservations func(ctx context.Context, tx store.Tx, poolID string) (n int, oneID string, err error)
 
 // ChangeHook runs in the transaction of every create, update and archive,
 // so that membership follows the pool's selector at once. poolID is the
@@ -36,9 +43,10 @@ type Service struct {
 // that would put nodes into conflict) rolls the change back.
 type ChangeHook func(ctx context.Context, tx store.Tx, tenantID, poolID string) error
 
-// NewService returns the pool handlers; changed may be nil.
-func NewService(env *envelope.Envelope, changed ChangeHook) *Service {
-	return &Service{env: env, changed: changed}
+// NewService returns the pool handlers; changed may be nil, and so may
+// live (an archive with if_idle is then refused: nothing can count).
+func NewService(env *envelope.Envelope, changed ChangeHook, live LiveReservations) *Service {
+	return &Service{env: env, changed: changed, live: live}
 }
 
 func (s *Service) notify(ctx context.Context, tx store.Tx, tenantID, poolID string) error {
@@ -574,6 +582,11 @@ func (s *Service) Archive(ctx context.Context, req *connect.Request[apiv1.Archiv
 			if err := r.notFound(); err != nil {
 				return nil, err
 			}
+			if msg.GetIfIdle() {
+				if err := s.refuseBusy(ctx, tx, r.pool.ID); err != nil {
+					return nil, err
+				}
+			}
 			ok, err := Archive(ctx, tx, r.pool.TenantID, r.pool.ID)
 			if err != nil {
 				return nil, err
@@ -592,6 +605,37 @@ func (s *Service) Archive(ctx context.Context, req *connect.Request[apiv1.Archiv
 			return &apiv1.ArchivePoolResponse{Pool: Proto(cur)}, nil
 		},
 	})
+}
+
+// refuseBusy refuses the archive of an active pool that has live
+// reservations. It first locks the pool's row: every reservation batch of
+// the pool locks it too and re-reads the pool's state under the lock
+// (placer.Batch.LockPool), so a batch that commits before the lock is
+// counted here and one that waits for it finds the pool archived.
+func (s *Service) refuseBusy(ctx context.Context, tx store.Tx, poolID string) error {
+	cur, err := GetForUpdate(ctx, tx, poolID)
+	if err != nil {
+		return envelope.FromStore(err, "pool")
+	}
+	if cur.State != StateActive {
+		return nil // archiving an archived pool changes nothing
+	}
+	if s.live == nil {
+		return envelope.Errorf(envelope.CodeFailedPrecondition, "this server cannot count pool %s's reservations: archive it without if_idle", cur.Name)
+	}
+	n, one, err := s.live(ctx, tx, poolID)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		noun := "reservations"
+		if n == 1 {
+			noun = "reservation"
+		}
+		return envelope.Errorf(envelope.CodeFailedPrecondition, "pool %s has %d live %s (%s is one); release them before archiving it",
+			cur.Name, n, noun, one)
+	}
+	return nil
 }
 
 // Get reads a pool: one the tenant owns, or one offered to it (read on the

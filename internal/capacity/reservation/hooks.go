@@ -34,6 +34,13 @@ func (h Hooks) PoolChanged(ctx context.Context, tx store.Tx, tenantID, poolID st
 	return h.rn.Engine.Reconciler.ReconcilePool(ctx, tx, tenantID, poolID)
 }
 
+// PoolLiveReservations counts the pool's live reservations in the caller's
+// transaction and names the first (pool.LiveReservations): an archive with
+// if_idle refuses a pool that has any.
+func (h Hooks) PoolLiveReservations(ctx context.Context, tx store.Tx, poolID string) (int, string, error) {
+	return countLive(ctx, tx, poolID)
+}
+
 // NodeChanged reconciles a node whose inventory or device health changed.
 func (h Hooks) NodeChanged(ctx context.Context, tx store.Tx, nodeID string) error {
 	return h.rn.Engine.Reconciler.ReconcileNode(ctx, tx, nodeID)

@@ -129,6 +129,18 @@ func pendingForUpdate(ctx context.Context, tx store.Tx, poolID string, limit int
 		ORDER BY id LIMIT $2`+store.ForUpdate(tx), poolID, limit))
 }
 
+// countLive counts a pool's live reservations (capmodel.Live) and names the
+// one with the lowest id.
+func countLive(ctx context.Context, tx store.Tx, poolID string) (n int, oneID string, err error) {
+	var first *string
+	err = tx.QueryRow(ctx, `SELECT COUNT(*), MIN(id) FROM reservations
+		WHERE pool_id = $1 AND state IN ('pending', 'placed', 'binding', 'active', 'releasing')`, poolID).Scan(&n, &first)
+	if first != nil {
+		oneID = *first
+	}
+	return n, oneID, err
+}
+
 // ListParams filter a listing.
 type ListParams struct {
 	TenantID, ProjectID, PoolID string

@@ -1448,7 +1448,14 @@ type ArchivePoolRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// Pool name or id.
-	Pool          string `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	Pool string `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
+	// If set, the archive is refused (FAILED_PRECONDITION, naming how many)
+	// while the pool has live reservations (pending, placed, binding, active
+	// or releasing): archiving does not end them. The check is made in the
+	// archive's own transaction, under the pool's row lock that every
+	// reservation batch of the pool takes, so a reservation cannot slip in
+	// between the check and the archive.
+	IfIdle        bool `protobuf:"varint,3,opt,name=if_idle,json=ifIdle,proto3" json:"if_idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1495,6 +1502,13 @@ func (x *ArchivePoolRequest) GetPool() string {
 		return x.Pool
 	}
 	return ""
+}
+
+func (x *ArchivePoolRequest) GetIfIdle() bool {
+	if x != nil {
+		return x.IfIdle
+	}
+	return false
 }
 
 type ArchivePoolResponse struct {
@@ -1665,10 +1679,11 @@ const file_bettercompute_api_v1_capacity_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"m\n" +
 	"\x11ListPoolsResponse\x120\n" +
 	"\x05pools\x18\x01 \x03(\v2\x1a.bettercompute.api.v1.PoolR\x05pools\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"@\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"Y\n" +
 	"\x12ArchivePoolRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
-	"\x04pool\x18\x02 \x01(\tR\x04pool\"E\n" +
+	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x17\n" +
+	"\aif_idle\x18\x03 \x01(\bR\x06ifIdle\"E\n" +
 	"\x13ArchivePoolResponse\x12.\n" +
 	"\x04pool\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PoolR\x04pool2\xb8\x04\n" +
 	"\vPoolService\x12[\n" +
