@@ -217,7 +217,7 @@ func (d *FakeDaemon) build() error {
 		HeartbeatInterval: cfg.HeartbeatInterval, Version: cmp.Or(cfg.Version, "sim"),
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Tracing: cfg.Tracing, Instances: cfg.Hypervisor.Runner(),
 		ExecHide: cfg.Hide, Kube: cfg.Kube, KubeHolders: cfg.KubeHolders, KubeletPluginsRegistered: kubeletRegistered(cfg),
-		HealthInterval: cfg.HealthInterval, Reboot: reboot, Commands: daemonCommands{d: d},
+		HealthInterval: cfg.HealthInterval, Reboot: reboot, DaemonCommands: daemonCommands{d: d},
 	})
 	if err != nil {
 		return errors.Join(err, hw.Close())

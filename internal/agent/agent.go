@@ -116,6 +116,10 @@ type Config struct {
 	// Commands applies the command kinds bcd does not know itself (site
 	// mode's bmc.power and site.machines); nil leaves them UNKNOWN_KIND.
 	Commands CommandHandler
+	// DaemonCommands, when set, applies daemon.upgrade and daemon.rollback
+	// instead of bcd replacing its own executable: a simulated node has
+	// no executable of its own to replace.
+	DaemonCommands CommandHandler
 	// BMCDrivers are the BMC drivers a site agent (mode site) reports in
 	// its Hello: what machines of its site may name.
 	BMCDrivers []*agentv1.BMCDriver

@@ -393,9 +393,14 @@ func (a *Agent) apply(ctx context.Context, c *agentv1.Command) (outcome, error) 
 		return a.resetGPU(ctx, c)
 	case KindNodeReboot:
 		return a.reboot(c)
-	case KindDaemonUpgrade:
-		return a.upgrade(ctx, c)
-	case KindDaemonRollback:
+	case KindDaemonUpgrade, KindDaemonRollback:
+		if a.cfg.DaemonCommands != nil {
+			res, err := a.cfg.DaemonCommands.Apply(ctx, c)
+			return outcome{result: res}, err
+		}
+		if c.GetKind() == KindDaemonUpgrade {
+			return a.upgrade(ctx, c)
+		}
 		return a.rollback(c)
 	case KindAllocationRelease:
 		id := c.GetParams().GetFields()["allocation_id"].GetStringValue()

@@ -449,7 +449,7 @@ func (a *Agent) capabilities() []string {
 		caps = append(caps, CapKubernetes)
 	}
 	// A ramdisk runs ramdisk commands only: it is booted, never upgraded.
-	if len(a.cfg.ReleaseKeys) > 0 && a.cfg.Mode != agentv1.AgentMode_AGENT_MODE_RAMDISK {
+	if (len(a.cfg.ReleaseKeys) > 0 || a.cfg.DaemonCommands != nil) && a.cfg.Mode != agentv1.AgentMode_AGENT_MODE_RAMDISK {
 		caps = append(caps, CapDaemonUpgrade)
 	}
 	return caps
