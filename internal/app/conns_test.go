@@ -8,7 +8,8 @@ import (
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
 )
 
-// TestStreamingProcedures: the watches, exec and the image push and pull,
+// TestStreamingProcedures: the watches, exec, the image push and pull and
+// the release upload,
 // read from the descriptors, are the procedures exempt from the body
 // deadline; an empty set would cut every watch (every running exec, every
 // push of a large image) after the deadline. A stream authenticates on its
@@ -22,5 +23,6 @@ func TestStreamingProcedures(t *testing.T) {
 		apiv1connect.ImageServicePushProcedure:        true,
 		apiv1connect.ImageServicePullProcedure:        true,
 		apiv1connect.InstanceServiceWatchProcedure:    true,
+		apiv1connect.ReleaseServiceCreateProcedure:    true,
 	}, streamingProcedures)
 }

@@ -2308,6 +2308,49 @@ permit (principal, action, resource);`}))
 				return err
 			},
 		},
+		// Releases and rollouts are the platform's: another tenant's key
+		// reads the published releases (every principal does) and is
+		// refused the rest whatever it names.
+		apiv1connect.ReleaseServiceCreateProcedure: {func() error {
+			_, err := evil.CreateRelease(ctx, `{"payload_type":"x"}`, nil, "")
+			return err
+		}},
+		apiv1connect.ReleaseServiceGetProcedure: {func() error {
+			_, err := evil.Releases.Get(ctx, connect.NewRequest(&apiv1.GetReleaseRequest{Version: "v9.9.9"}))
+			return err
+		}},
+		apiv1connect.ReleaseServiceListProcedure: {func() error {
+			_, err := evil.Releases.List(ctx, connect.NewRequest(&apiv1.ListReleasesRequest{}))
+			return err
+		}},
+		apiv1connect.ReleaseServiceDeleteProcedure: {func() error {
+			_, err := evil.Releases.Delete(ctx, connect.NewRequest(&apiv1.DeleteReleaseRequest{Version: "v9.9.9"}))
+			return err
+		}},
+		apiv1connect.RolloutServiceCreateProcedure: {func() error {
+			_, err := evil.Rollouts.Create(ctx, connect.NewRequest(&apiv1.CreateRolloutRequest{Release: "v9.9.9", Pool: "h100", Waves: []string{"100%"}}))
+			return err
+		}},
+		apiv1connect.RolloutServiceGetProcedure: {func() error {
+			_, err := evil.Rollouts.Get(ctx, connect.NewRequest(&apiv1.GetRolloutRequest{Id: "rol_00000000000000000000000000"}))
+			return err
+		}},
+		apiv1connect.RolloutServiceListProcedure: {func() error {
+			_, err := evil.Rollouts.List(ctx, connect.NewRequest(&apiv1.ListRolloutsRequest{}))
+			return err
+		}},
+		apiv1connect.RolloutServicePauseProcedure: {func() error {
+			_, err := evil.Rollouts.Pause(ctx, connect.NewRequest(&apiv1.PauseRolloutRequest{Id: "rol_00000000000000000000000000"}))
+			return err
+		}},
+		apiv1connect.RolloutServiceResumeProcedure: {func() error {
+			_, err := evil.Rollouts.Resume(ctx, connect.NewRequest(&apiv1.ResumeRolloutRequest{Id: "rol_00000000000000000000000000"}))
+			return err
+		}},
+		apiv1connect.RolloutServiceAbortProcedure: {func() error {
+			_, err := evil.Rollouts.Abort(ctx, connect.NewRequest(&apiv1.AbortRolloutRequest{Id: "rol_00000000000000000000000000"}))
+			return err
+		}},
 		apiv1connect.FleetConfigServiceSetMarkProcedure: {func() error {
 			_, err := evil.FleetConfig.SetMark(ctx, connect.NewRequest(&apiv1.SetManagedMarkRequest{Tenant: "acme", Kind: "Pool", Name: "h100", SpecJson: "{}"}))
 			return err
@@ -2725,7 +2768,8 @@ permit (principal, action, resource);`}))
 	}
 
 	open := map[string]bool{apiv1connect.AuditServiceGetCheckpointProcedure: true, apiv1connect.AuditServiceGetLogKeyProcedure: true,
-		apiv1connect.AuditServiceProveConsistencyProcedure: true, apiv1connect.ProviderAccountServiceListTypesProcedure: true}
+		apiv1connect.AuditServiceProveConsistencyProcedure: true, apiv1connect.ProviderAccountServiceListTypesProcedure: true,
+		apiv1connect.ReleaseServiceListProcedure: true}
 	for _, m := range envelope.Catalog() {
 		t.Run(m.Procedure, func(t *testing.T) {
 			calls, ok := cases[m.Procedure]

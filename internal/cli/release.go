@@ -267,7 +267,7 @@ anything does not hold.`,
 				return fmt.Errorf("%s is refused: %w", manifestFile, err)
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "release %s (min control plane %s, created %s) signed by %s\n", m.Version, m.MinControlPlaneVersion, m.CreatedAt.Format(time.RFC3339), by.ID)
+			fmt.Fprintf(w, "release %s (min control plane %s, created %s) signed by %s\n", m.Version, m.MinControlPlaneVersion, stamp(m.CreatedAt), by.ID)
 			for _, in := range inputs {
 				b, ok := m.Binary(in.Platform)
 				if !ok {

@@ -178,6 +178,8 @@ func (s *Service) Create(ctx context.Context, stream *connect.ClientStream[apiv1
 		keyID string
 		want  map[string]File
 		taken bool
+		// noKeys: this control plane trusts no release key.
+		noKeys bool
 	)
 	return envelope.Mutate(ctx, s.env, req, envelope.Mutation[apiv1.CreateReleaseResponse]{
 		AuditRefusals: true,
@@ -186,8 +188,10 @@ func (s *Service) Create(ctx context.Context, stream *connect.ClientStream[apiv1
 				return envelope.Invalid(envelope.Violation{Field: "manifest", Reason: "is required: the signed manifest.json `release sign` wrote"})
 			}
 			if len(s.keys) == 0 {
-				return envelope.Errorf(envelope.CodeFailedPrecondition,
-					"this control plane trusts no release key: start it with --release-pubkey FILE (docs/releases.md)")
+				// Refused after the decision (Submit): who may not publish
+				// learns nothing of this control plane's configuration.
+				noKeys = true
+				return nil
 			}
 			man, key, err := release.Verify([]byte(hdr.GetManifest()), s.keys)
 			if err != nil {
@@ -203,6 +207,9 @@ func (s *Service) Create(ctx context.Context, stream *connect.ClientStream[apiv1
 			return vs.Err()
 		},
 		Draft: func(ctx context.Context, q store.Querier) (iam.Resource, error) {
+			if noKeys {
+				return Resource("", ""), nil
+			}
 			// Read now so a published version is refused before its files
 			// are sent; the primary key still decides a race.
 			switch _, err := Get(ctx, q, m.Version); {
@@ -214,6 +221,10 @@ func (s *Service) Create(ctx context.Context, stream *connect.ClientStream[apiv1
 			return Resource(m.Version, ""), nil
 		},
 		Submit: func(ctx context.Context, write func(ctx context.Context, b *envelope.Batch) error) error {
+			if noKeys {
+				return envelope.Errorf(envelope.CodeFailedPrecondition,
+					"this control plane trusts no release key: start it with --release-pubkey FILE (docs/releases.md)")
+			}
 			if taken {
 				return alreadyPublished(m.Version)
 			}
