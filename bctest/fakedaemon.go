@@ -153,6 +153,9 @@ type FakeDaemon struct {
 	// mu orders Stop against an upgrade's restart.
 	mu      sync.Mutex
 	stopped bool
+	// closed: the embedded agent was stopped and closed (it stays, so its
+	// node id and state can still be read after Stop).
+	closed bool
 }
 
 // NewFakeDaemon builds a simulated node; Join it (first time) then Start.
@@ -222,7 +225,7 @@ func (d *FakeDaemon) build() error {
 	if err != nil {
 		return errors.Join(err, hw.Close())
 	}
-	d.Agent, d.hw = a, hw
+	d.Agent, d.hw, d.closed = a, hw, false
 	return nil
 }
 
@@ -266,7 +269,7 @@ func (d *FakeDaemon) Stop() error {
 
 // stopLocked ends the running agent, if any, and closes it.
 func (d *FakeDaemon) stopLocked() error {
-	if d.Agent == nil {
+	if d.Agent == nil || d.closed {
 		return nil
 	}
 	var err error
@@ -278,7 +281,7 @@ func (d *FakeDaemon) stopLocked() error {
 		d.cancel = nil
 	}
 	err = errors.Join(err, d.Close())
-	d.Agent = nil
+	d.closed = true
 	return err
 }
 

@@ -726,23 +726,35 @@ func (e *torture) opUndrain(c int, rng *rand.Rand) {
 	e.runnerOutcome(c, "undrain", n.name, err)
 }
 
-// opQuarantine does what the gateway does on a fatal XID.
+// opQuarantine does what the gateway does on a fatal XID. The model's
+// record changes inside the transaction, after its write: the writes of a
+// quarantine and an unquarantine of one node serialize in the database,
+// and recording before or after the commit could record them in the
+// other order (a quarantine recorded after a later unquarantine cleared
+// it, blaming a reservation that took the GPU while it was healthy).
 func (e *torture) opQuarantine(c int, rng *rand.Rand) {
 	n := e.nodes[rng.IntN(len(e.nodes))]
 	g := n.gpus[rng.IntN(len(n.gpus))]
+	mine := false
 	err := e.write(func(ctx context.Context, tx store.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO node_conditions (node_id, type, status, reason, message, update_time)
 			VALUES ($1, $2, 'true', 'Xid79', 'GPU has fallen off the bus', compute_now())
 			ON CONFLICT (node_id, type) DO UPDATE SET status = 'true', update_time = excluded.update_time`, n.id, "GpuQuarantined/"+g); err != nil {
 			return err
 		}
-		return e.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, n.id)
-	})
-	if err == nil {
+		if err := e.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, n.id); err != nil {
+			return err
+		}
 		e.mu.Lock()
 		if _, ok := e.quarantinedIn[g]; !ok {
-			e.quarantinedIn[g] = e.round
+			e.quarantinedIn[g], mine = e.round, true
 		}
+		e.mu.Unlock()
+		return nil
+	})
+	if err != nil && mine {
+		e.mu.Lock()
+		delete(e.quarantinedIn, g)
 		e.mu.Unlock()
 	}
 	e.runnerOutcome(c, "quarantine", g, err)
@@ -750,17 +762,20 @@ func (e *torture) opQuarantine(c int, rng *rand.Rand) {
 
 func (e *torture) opUnquarantine(c int, rng *rand.Rand) {
 	n := e.nodes[rng.IntN(len(e.nodes))]
-	e.mu.Lock()
-	for _, g := range n.gpus {
-		delete(e.quarantinedIn, g)
-	}
-	e.mu.Unlock()
 	err := e.write(func(ctx context.Context, tx store.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE node_conditions SET status = 'false', update_time = compute_now()
 			WHERE node_id = $1 AND type LIKE 'GpuQuarantined/%' AND status = 'true'`, n.id); err != nil {
 			return err
 		}
-		return e.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, n.id)
+		if err := e.cp.App.Capacity.Hooks().NodeChanged(ctx, tx, n.id); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		for _, g := range n.gpus {
+			delete(e.quarantinedIn, g)
+		}
+		e.mu.Unlock()
+		return nil
 	})
 	e.runnerOutcome(c, "unquarantine", n.name, err)
 }
