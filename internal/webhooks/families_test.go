@@ -41,6 +41,10 @@ func TestEventFamilies(t *testing.T) {
 		return nil
 	}))
 	require.Contains(t, found, "reservation", "the scan finds the reservation events")
+	// Events emitted through a module's helper whose type is not its first
+	// argument (rollout's m.event(ctx, tx, "rollout.halted", …)) escape the
+	// scan: they are listed here.
+	found["rollout"] = "../rollout/module.go"
 	for fam, where := range found {
 		require.True(t, slices.Contains(webhooks.EventFamilies, fam), "%s emits %s.* events: add %q to webhooks.EventFamilies", where, fam, fam)
 	}

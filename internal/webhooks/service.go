@@ -50,9 +50,9 @@ var typeRE = regexp.MustCompile(`^[a-zA-Z0-9_*][a-zA-Z0-9_.*-]{0,127}$`)
 // reservaton.* would otherwise match nothing, silently. TestEventFamilies
 // keeps the list with the code that emits events.
 var EventFamilies = []string{
-	"allocation", "apikey", "approverSet", "budget", "capacity", "command", "commandBatch", "confirmation", "flavor", "gpu", "health",
+	"allocation", "apikey", "approverSet", "budget", "capacity", "command", "commandBatch", "confirmation", "fleet", "flavor", "gpu", "health",
 	"image", "instance", "ip_pool", "join_request", "jointoken", "machine", "machine_lease", "node", "platform", "policy",
-	"pool", "profile", "project", "provider", "provider_account", "quota", "reservation", "sandbox", "sandbox_template",
+	"pool", "profile", "project", "provider", "provider_account", "quota", "release", "reservation", "rollout", "sandbox", "sandbox_template",
 	"secret", "signerkey", "site", "tenant", "trust_anchor", "usage", "volume", "webhook", "workflow", "workload",
 }
 
