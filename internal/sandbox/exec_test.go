@@ -105,9 +105,12 @@ func TestSandboxExec(t *testing.T) {
 	f.cp.Clock.Advance(6 * time.Minute)
 	_, _, err = f.exec(t, sb.GetId())
 	refused(t, err, "FAILED_PRECONDITION", "", "expired")
+	// The periodic sweep (River, on wall time) may run first and expire it
+	// itself: what matters is that the sandbox is deleted either way.
 	n, err := f.cp.App.Sandboxes.ExpireDue(ctx)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, n, 1)
+	require.LessOrEqual(t, n, 1)
+	require.Equal(t, "deleted", f.sandbox(t, sb.GetId()).GetState())
 	_, _, err = f.exec(t, sb.GetId())
 	refused(t, err, "FAILED_PRECONDITION", "", "deleted")
 	require.Equal(t, 2, f.count(t, `SELECT COUNT(*) FROM events WHERE type = 'sandbox.exec_granted'`))
