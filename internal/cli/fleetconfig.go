@@ -18,14 +18,15 @@ const exitPlanChanges = 2
 func (a *app) fleetConfigCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "fleet", Short: "Fleet configuration as code: plan, apply and export YAML documents (docs/fleet-as-code.md)"}
 	var (
-		tenant, from string
-		prune        bool
+		tenant string
+		from   []string
+		prune  bool
 	)
 	load := func(cmd *cobra.Command) (*fleetconfig.Plan, error) {
-		if from == "" {
+		if len(from) == 0 {
 			return nil, invalidArg("f", "is required: a directory or file of documents")
 		}
-		docs, err := fleetconfig.Load(from)
+		docs, err := fleetconfig.Load(from...)
 		if err != nil {
 			return nil, docErrors(cmd, err)
 		}
@@ -44,7 +45,7 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 		return p, nil
 	}
 	addFlags := func(c *cobra.Command) {
-		c.Flags().StringVarP(&from, "file", "f", "", "a directory of .yaml/.yml files, or one file")
+		c.Flags().StringArrayVarP(&from, "file", "f", nil, "a directory of .yaml/.yml files, or one file (repeatable)")
 		c.Flags().BoolVar(&prune, "prune", false, "also delete objects of the covered kinds that the documents leave out (in the tenants they name)")
 		addTenantFlag(c, &tenant)
 	}
@@ -113,7 +114,7 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 	)
 	export := &cobra.Command{
 		Use:   "export [--tenant T | --platform] -o DIR|-",
-		Short: "Write a tenant's flavors, IP pools, pools and quotas (or, with --platform, the platform's flavors and IP pools) as documents",
+		Short: "Write a tenant's objects (or, with --platform, the platform's tenants, flavors, IP pools and images) as documents",
 		Args:  positional(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
@@ -140,7 +141,7 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 		},
 	}
 	addTenantFlag(export, &tenant)
-	export.Flags().BoolVar(&platform, "platform", false, "export the platform's flavors and IP pools (a platform key), whatever the context's tenant")
+	export.Flags().BoolVar(&platform, "platform", false, "export the platform's tenants, flavors, IP pools and images (a platform key), whatever the context's tenant")
 	// This -o shadows the global output format: an export is YAML files.
 	export.Flags().StringVarP(&out, "output", "o", "", "the directory to write (one file per kind), or - for standard output")
 
@@ -159,8 +160,8 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 				return err
 			}
 			var scopes []string
-			if from != "" {
-				docs, err := fleetconfig.Load(from)
+			if len(from) > 0 {
+				docs, err := fleetconfig.Load(from...)
 				if err != nil {
 					return docErrors(cmd, err)
 				}
@@ -187,7 +188,7 @@ func (a *app) fleetConfigCommand() *cobra.Command {
 			return nil
 		},
 	}
-	drift.Flags().StringVarP(&from, "file", "f", "", "take the tenants (and the platform) to check from these documents")
+	drift.Flags().StringArrayVarP(&from, "file", "f", nil, "take the tenants (and the platform) to check from these documents (repeatable)")
 	drift.Flags().BoolVar(&driftPlatform, "platform", false, "also check the platform's managed flavors and IP pools (a platform key)")
 	addTenantFlag(drift, &tenant)
 

@@ -35,7 +35,8 @@ func newFleetRig(t *testing.T) *fleetRig {
 	ctx := context.Background()
 	admin := cp.Admin()
 	for _, name := range []string{"sim", "acme"} {
-		_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: name}))
+		display := map[string]string{"sim": "Simulated fleet"}[name] // as dev names it
+		_, err := admin.Tenants.Create(ctx, connect.NewRequest(&apiv1.CreateTenantRequest{Name: name, DisplayName: display}))
 		require.NoError(t, err)
 	}
 	_, err := admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "sim", Name: "nodes"}))
@@ -46,6 +47,22 @@ func newFleetRig(t *testing.T) *fleetRig {
 	_, err = admin.Pools.Offer(ctx, connect.NewRequest(&apiv1.OfferPoolRequest{Tenant: "sim", Pool: devrig.Pool, To: []string{pool.OfferAll}}))
 	require.NoError(t, err)
 	require.NoError(t, devrig.EnsureInstanceCatalog(ctx, admin))
+	// One simulated H100 node, as dev runs: a sandbox template is checked
+	// against its pool's hosts.
+	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
+		Template: bctest.FakeDaemonConfig{Gateway: cp.GatewayAddr}, Root: t.TempDir(), N: 1,
+		Token: func(ctx context.Context, i int) (string, error) {
+			tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "sim", Project: "nodes"}))
+			return tok.Msg.GetToken(), err
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(sim.Stop)
+	bctest.WaitFor(t, "the node's GPUs in inventory", func() bool {
+		n, err := admin.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "sim"}))
+		require.NoError(t, err)
+		return len(n.Msg.GetNodes()) == 1 && n.Msg.GetNodes()[0].GetGpuCount() > 0
+	})
 	k, err := admin.ApiKeys.Create(ctx, connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin"}))
 	require.NoError(t, err)
 	return &fleetRig{cp: cp, dir: t.TempDir(), acme: k.Msg.GetSecret()}
@@ -106,13 +123,24 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	require.Contains(t, res.stdout, "+ create IPPool sim/lab")
 	require.Contains(t, res.stdout, "+ create Quota sim/project-nodes")
 	require.NotContains(t, res.stdout, "Pool sim/h100", "dev's pool h100 matches its document")
-	require.NotContains(t, res.stdout, "small", "dev's flavor matches its document")
-	require.Contains(t, res.stdout, "Plan: 5 to create, 0 to change, 0 to replace, 0 to delete.")
+	require.NotContains(t, res.stdout, "Flavor small", "dev's flavor matches its document")
+	require.NotContains(t, res.stdout, "Tenant sim", "dev's tenant matches its document")
+	for _, c := range []string{"+ create Tenant research (platform)", "+ create Project research/default", "+ create Site sim/dc2",
+		"+ create SandboxTemplate sim/notebook", "+ create Webhook sim/ops-pager", "+ create IAMPolicy research/no-viewer-deletes"} {
+		require.Contains(t, res.stdout, c)
+	}
+	require.Contains(t, res.stdout, "Plan: 12 to create, 0 to change, 0 to replace, 0 to delete.")
+	// A tenant comes before what it owns; pools, flavors and IP pools
+	// before the templates that name them.
+	require.Less(t, strings.Index(res.stdout, "Tenant research"), strings.Index(res.stdout, "Project research/default"))
+	require.Less(t, strings.Index(res.stdout, "IPPool sim/lab"), strings.Index(res.stdout, "SandboxTemplate sim/notebook"))
 	// The pool comes before the quota that names it.
 	require.Less(t, strings.Index(res.stdout, "Pool sim/a100"), strings.Index(res.stdout, "Quota sim/pool-h100"))
 
 	res = r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
-	require.Contains(t, res.stdout, "Applied 5 changes.")
+	require.Contains(t, res.stdout, "Applied 12 changes.")
+	require.NotContains(t, res.stdout+res.stderr, "whsec_", "a webhook's secret is not printed")
+	require.Contains(t, res.stdout, "webhooks rotate-secret")
 	res = r.want(t, 0, "fleet", "plan", "-f", exampleFleet)
 	require.Contains(t, res.stdout, "No changes")
 
@@ -123,15 +151,17 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	for _, e := range audit.Msg.GetEntries() {
 		actions[e.GetAction()] = true
 	}
-	for _, a := range []string{"pools.create", "ipPools.create", "quotas.set", "fleetMarks.set"} {
+	for _, a := range []string{"pools.create", "ipPools.create", "quotas.set", "fleetMarks.set", "sites.create", "sandboxTemplates.create", "webhooks.create"} {
 		require.True(t, actions[a], "audit action %s in %v", a, actions)
 	}
 
 	// Export the tenant's and the platform's, and plan the export.
 	simDir, platDir := filepath.Join(r.dir, "export-sim"), filepath.Join(r.dir, "export-platform")
+	researchDir := filepath.Join(r.dir, "export-research")
 	r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", simDir)
 	r.want(t, 0, "fleet", "export", "--platform", "-o", platDir)
-	for _, d := range []string{simDir, platDir} {
+	r.want(t, 0, "fleet", "export", "--tenant", "research", "-o", researchDir)
+	for _, d := range []string{simDir, platDir, researchDir} {
 		res = r.want(t, 0, "fleet", "plan", "-f", d)
 		require.Contains(t, res.stdout, "No changes", d)
 	}
@@ -144,6 +174,16 @@ func TestFleetConfigRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(b), "name: gpu-h100-1")
 	require.NotContains(t, string(b), "tenant:")
+	b, err = os.ReadFile(filepath.Join(platDir, "tenants.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), "name: research\nspec:\n    displayName: Research lab\n")
+	b, err = os.ReadFile(filepath.Join(simDir, "webhooks.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), "name: 127-0-0-1-9099-better-compute")
+	require.NotContains(t, string(b), "secret")
+	b, err = os.ReadFile(filepath.Join(researchDir, "iam-policies.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), `forbid (principal, action == BC::Action::"projects.delete", resource)`)
 	res = r.want(t, 1, "fleet", "export", "--platform", "--tenant", "sim", "-o", "-")
 	require.Contains(t, res.stderr, "platform")
 	res = r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", "-")
@@ -233,37 +273,28 @@ func TestFleetConfigPrune(t *testing.T) {
 	ctx := context.Background()
 	admin := r.cp.Admin()
 	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
-	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
-		Template: bctest.FakeDaemonConfig{Gateway: r.cp.GatewayAddr}, Root: t.TempDir(), N: 1,
-		Token: func(ctx context.Context, i int) (string, error) {
-			tok, err := admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "sim", Project: "nodes"}))
-			return tok.Msg.GetToken(), err
-		},
-	})
-	require.NoError(t, err)
-	t.Cleanup(sim.Stop)
-	bctest.WaitFor(t, "the node's GPUs in inventory", func() bool {
-		n, err := admin.Nodes.List(ctx, connect.NewRequest(&apiv1.ListNodesRequest{Tenant: "sim"}))
-		require.NoError(t, err)
-		return len(n.Msg.GetNodes()) == 1 && n.Msg.GetNodes()[0].GetGpuCount() > 0
-	})
 	res, err := admin.Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{Tenant: "sim", Pool: "h100", Gpus: 1, DurationSeconds: 3600}))
 	require.NoError(t, err)
 	resv := res.Msg.GetReservation().GetId()
 
+	// The pool, its quota, and the sandbox template on it leave the
+	// documents.
 	noH100 := copyExample(t, func(doc string) bool {
-		return strings.Contains(doc, "name: h100\n") || strings.Contains(doc, "name: pool-h100\n")
+		return strings.Contains(doc, "name: h100\n") || strings.Contains(doc, "pool: h100\n")
 	})
 	out := r.want(t, 0, "fleet", "plan", "-f", noH100)
 	require.Contains(t, out.stdout, "No changes", "without --prune nothing is deleted")
 	out = r.want(t, exitPlanChanges, "fleet", "plan", "-f", noH100, "--prune")
 	require.Contains(t, out.stdout, "- delete Pool sim/h100")
-	require.Contains(t, out.stdout, "Plan: 0 to create, 0 to change, 0 to replace, 1 to delete.", "quotas are never pruned")
+	require.Contains(t, out.stdout, "- delete SandboxTemplate sim/notebook")
+	require.Contains(t, out.stdout, "Plan: 0 to create, 0 to change, 0 to replace, 2 to delete.", "quotas are never pruned")
+	require.Less(t, strings.Index(out.stdout, "SandboxTemplate sim/notebook"), strings.Index(out.stdout, "Pool sim/h100"),
+		"deletes go in reverse dependency order: the template before its pool")
 
 	out = r.want(t, 1, "fleet", "apply", "-f", noH100, "--prune")
 	require.Contains(t, out.stderr, "delete Pool sim/h100 refused: FAILED_PRECONDITION")
 	require.Contains(t, out.stderr, resv)
-	require.Contains(t, out.stderr, "applied before it: 0 of 1 changes")
+	require.Contains(t, out.stderr, "applied before it: 1 of 2 changes\n  delete SandboxTemplate sim/notebook\n")
 	p, err := admin.Pools.Get(ctx, connect.NewRequest(&apiv1.GetPoolRequest{Tenant: "sim", Pool: "h100"}))
 	require.NoError(t, err)
 	require.Equal(t, "active", p.Msg.GetPool().GetState())
@@ -289,8 +320,8 @@ func TestFleetConfigDrift(t *testing.T) {
 	r := newFleetRig(t)
 	ctx := context.Background()
 	res := r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
-	require.Contains(t, res.stdout, "Applied 5 changes.")
-	require.Contains(t, res.stdout, "Marked 4 objects that already matched their documents as managed.", "dev's project, pool, flavor and IP pool are adopted")
+	require.Contains(t, res.stdout, "Applied 12 changes.")
+	require.Contains(t, res.stdout, "Marked 5 objects that already matched their documents as managed.", "dev's tenant, project, pool, flavor and IP pool are adopted")
 	res = r.want(t, 0, "fleet", "drift", "-f", exampleFleet)
 	require.Contains(t, res.stdout, "No drift")
 	r.want(t, 0, "fleet", "drift", "--tenant", "sim")
@@ -301,7 +332,9 @@ func TestFleetConfigDrift(t *testing.T) {
 	for _, m := range marks.Msg.GetMarks() {
 		names[m.GetKind()+"/"+m.GetName()] = m.GetDigest()
 	}
-	require.Len(t, names, 6, "%v", names)
+	require.Len(t, names, 9, "%v", names)
+	require.Contains(t, names, "Webhook/http://127.0.0.1:9099/better-compute")
+	require.Contains(t, names, "SandboxTemplate/notebook")
 	require.Contains(t, names, "Project/nodes")
 	require.Contains(t, names, "Quota/pool=h100")
 	require.Contains(t, names, "Pool/h100")

@@ -50,7 +50,7 @@ func (r *Refusal) Unwrap() error { return r.Err }
 func Apply(ctx context.Context, c *client.Client, p *Plan, out io.Writer) ([]Change, error) {
 	var applied []Change
 	for _, ch := range p.Changes {
-		if err := applyOne(ctx, c, ch); err != nil {
+		if err := applyOne(ctx, c, ch, out); err != nil {
 			return applied, refusal(ch, applied, err)
 		}
 		applied = append(applied, ch)
@@ -107,13 +107,16 @@ func mutation[T any](msg *T, create bool) *connect.Request[T] {
 	return r
 }
 
-func applyOne(ctx context.Context, c *client.Client, ch Change) error {
+func applyOne(ctx context.Context, c *client.Client, ch Change, out io.Writer) error {
 	switch ch.Action {
 	case ActionReplace:
 		return &Refusal{Code: "REPLACE_REQUIRED", Field: fieldList(ch.Fields),
-			Reason: fmt.Sprintf("a %s cannot change in place; delete it and let apply create it, or keep the live value", ch.Kind)}
+			Reason: fmt.Sprintf("a %s cannot change %s in place; delete it and let apply create it, or keep the live value", ch.Kind, fieldList(ch.Fields))}
 	case ActionDelete:
 		return applyDelete(ctx, c, ch)
+	}
+	if done, err := applyMore(ctx, c, ch, func(format string, args ...any) { fmt.Fprintf(out, format, args...) }); done {
+		return err
 	}
 	switch s := ch.doc.Spec.(type) {
 	case *ProjectSpec:
@@ -175,6 +178,9 @@ func applyPool(ctx context.Context, c *client.Client, ch Change, s *PoolSpec) er
 }
 
 func applyDelete(ctx context.Context, c *client.Client, ch Change) error {
+	if done, err := deleteMore(ctx, c, ch); done {
+		return err
+	}
 	switch ch.Kind {
 	case KindFlavor:
 		_, err := c.Flavors.Delete(ctx, mutation(&apiv1.DeleteFlavorRequest{Tenant: ch.Tenant, Flavor: ch.live.id}, false))

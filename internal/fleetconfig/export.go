@@ -24,7 +24,9 @@ type exportDoc struct {
 }
 
 // exportFiles names the file each kind is written to.
-var exportFiles = map[string]string{KindProject: "projects.yaml", KindPool: "pools.yaml", KindFlavor: "flavors.yaml", KindIPPool: "ip-pools.yaml", KindQuota: "quotas.yaml"}
+var exportFiles = map[string]string{KindProject: "projects.yaml", KindPool: "pools.yaml", KindFlavor: "flavors.yaml", KindIPPool: "ip-pools.yaml",
+	KindQuota: "quotas.yaml", KindTenant: "tenants.yaml", KindSite: "sites.yaml", KindImage: "images.yaml",
+	KindSandboxTemplate: "sandbox-templates.yaml", KindWebhook: "webhooks.yaml", KindIAMPolicy: "iam-policies.yaml"}
 
 // Export reads the objects of the covered kinds in one scope (a tenant, or
 // the platform's flavors and IP pools when tenant is empty) and returns
@@ -41,11 +43,19 @@ func Export(ctx context.Context, c *client.Client, tenant string) (map[string][]
 	}
 	sort.Strings(keys)
 	files := map[string]*bytes.Buffer{}
+	docNames := map[string]int{}
 	for _, k := range keys {
 		l := s.live[k]
 		name := l.name
-		if l.kind == KindQuota {
+		switch l.kind {
+		case KindQuota:
 			name = quotaDocName(l.spec.(*QuotaSpec))
+		case KindWebhook:
+			// Named after its url; two urls that read alike get a number.
+			name = webhookDocName(l.name)
+			if docNames[name]++; docNames[name] > 1 {
+				name += "-" + itoa(docNames[name])
+			}
 		}
 		b, err := yaml.Marshal(exportDoc{APIVersion: APIVersion, Kind: l.kind, Metadata: Metadata{Name: name, Tenant: tenant}, Spec: l.spec})
 		if err != nil {

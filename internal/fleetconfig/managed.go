@@ -30,7 +30,10 @@ func markName(ch Change) string {
 	if ch.Kind == KindQuota && ch.doc != nil {
 		return quotaName(normalize(KindQuota, ch.doc.Spec).(*QuotaSpec))
 	}
-	if ch.Kind == KindQuota {
+	if ch.Kind == KindWebhook && ch.doc != nil {
+		return ch.doc.Spec.(*WebhookSpec).URL
+	}
+	if ch.Kind == KindQuota || ch.Kind == KindWebhook {
 		return ch.live.name
 	}
 	return ch.Name
@@ -42,7 +45,10 @@ func markName(ch Change) string {
 func readMarks(ctx context.Context, c *client.Client, s *scope) error {
 	marks, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.ManagedMark, string, error) {
 		r, err := c.FleetConfig.ListMarks(ctx, connect.NewRequest(&apiv1.ListManagedMarksRequest{Tenant: s.name, PageToken: tok}))
-		return r.Msg.GetMarks(), r.Msg.GetNextPageToken(), err
+		if err != nil {
+			return nil, "", err
+		}
+		return r.Msg.GetMarks(), r.Msg.GetNextPageToken(), nil
 	})
 	if err != nil {
 		return fmt.Errorf("list managed marks: %w", err)

@@ -50,28 +50,32 @@ func (es DocErrors) Error() string {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-// Load reads the documents of path: a file, or every .yaml and .yml file
-// of a directory (not its subdirectories), in name order. Every document
-// is parsed strictly and validated; nothing is returned unless all are
-// valid.
-func Load(path string) ([]Document, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	files := []string{path}
-	if st.IsDir() {
-		files = nil
+// Load reads the documents of each path: a file, or every .yaml and .yml
+// file of a directory (not its subdirectories), in name order. Every
+// document is parsed strictly and validated, and no object may be
+// declared twice across them; nothing is returned unless all are valid.
+func Load(paths ...string) ([]Document, error) {
+	var files []string
+	for _, path := range paths {
+		st, err := os.Stat(path)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, path)
+			continue
+		}
 		ents, err := os.ReadDir(path)
 		if err != nil {
 			return nil, err
 		}
+		n := len(files)
 		for _, e := range ents {
 			if ext := filepath.Ext(e.Name()); !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
 				files = append(files, filepath.Join(path, e.Name()))
 			}
 		}
-		if len(files) == 0 {
+		if len(files) == n {
 			return nil, fmt.Errorf("%s: no .yaml or .yml files", path)
 		}
 	}
@@ -294,6 +298,7 @@ func validate(d Document) DocErrors {
 			add("spec.gpuHours", "must not be negative (leave it out for unlimited)")
 		}
 	}
+	validateMore(d, add)
 	return errs
 }
 
@@ -326,11 +331,14 @@ func checkUnique(docs []Document) DocErrors {
 	return errs
 }
 
-// scopeKey is a quota's identity: its scope. Other kinds are named.
+// scopeKey is a quota's identity, its scope, and a webhook's, its url.
+// Other kinds are named.
 func scopeKey(d Document) string {
-	q, ok := d.Spec.(*QuotaSpec)
-	if !ok {
-		return ""
+	switch s := d.Spec.(type) {
+	case *QuotaSpec:
+		return "Quota/" + d.Metadata.Tenant + "/scope=" + s.Project + "/" + strings.ToUpper(s.Model) + "/" + s.Pool
+	case *WebhookSpec:
+		return "Webhook/" + d.Metadata.Tenant + "/url=" + s.URL
 	}
-	return "Quota/" + d.Metadata.Tenant + "/scope=" + q.Project + "/" + strings.ToUpper(q.Model) + "/" + q.Pool
+	return ""
 }

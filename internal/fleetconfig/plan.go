@@ -96,6 +96,9 @@ func (p *Plan) Write(w io.Writer) {
 				fmt.Fprintf(w, "    %s: %s → %s\n", f.Path, unsetOr(f.Old), unsetOr(f.New))
 			}
 		}
+		if c.Action == ActionCreate && c.Kind == KindImage {
+			fmt.Fprintf(w, "    push required: a document references an image; apply refuses until it is pushed (better-compute images push)\n")
+		}
 		if c.Action == ActionReplace {
 			fmt.Fprintf(w, "    replace required: the API cannot change %s of a %s in place; apply refuses it\n", fieldList(c.Fields), c.Kind)
 		}
@@ -167,8 +170,11 @@ func quotaName(s *QuotaSpec) string {
 // docKey is the live object a document declares, within its scope: a
 // quota by its scope, the others by name.
 func docKey(d Document) string {
-	if q, ok := d.Spec.(*QuotaSpec); ok {
-		return objKey(KindQuota, quotaName(normalize(KindQuota, q).(*QuotaSpec)))
+	switch s := d.Spec.(type) {
+	case *QuotaSpec:
+		return objKey(KindQuota, quotaName(normalize(KindQuota, s).(*QuotaSpec)))
+	case *WebhookSpec:
+		return objKey(KindWebhook, s.URL)
 	}
 	return objKey(d.Kind, d.Metadata.Name)
 }
@@ -176,11 +182,18 @@ func docKey(d Document) string {
 // tenantKind says whether a kind is always a tenant's (never the
 // platform's).
 func tenantKind(kind string) bool {
-	return kind == KindProject || kind == KindPool || kind == KindQuota
+	switch kind {
+	case KindProject, KindPool, KindQuota, KindSite, KindSandboxTemplate, KindWebhook, KindIAMPolicy:
+		return true
+	}
+	return false
 }
 
 // docTenant is a document's tenant after the default.
 func docTenant(d Document, def string) string {
+	if d.Kind == KindTenant {
+		return "" // tenants are the platform's
+	}
 	if d.Metadata.Tenant != "" {
 		return d.Metadata.Tenant
 	}
@@ -219,8 +232,20 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 	if len(errs) > 0 {
 		return nil, errs
 	}
+	declared := map[string]bool{}
+	for _, d := range docs {
+		if d.Kind == KindTenant {
+			declared[d.Metadata.Name] = true
+		}
+	}
 	for _, t := range order {
-		if err := readScope(ctx, c, scopes[t]); err != nil {
+		err := readScope(ctx, c, scopes[t])
+		if err != nil && t != "" && declared[t] && client.Code(err) == "NOT_FOUND" {
+			// A tenant the documents create: nothing of it is live yet.
+			scopes[t].live, scopes[t].marks = map[string]liveObject{}, map[string]*apiv1.ManagedMark{}
+			continue
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -251,20 +276,15 @@ func MakePlan(ctx context.Context, c *client.Client, docs []Document, opt Option
 			}
 			continue
 		}
-		ch.Action = ActionChange
-		if d.Kind == KindFlavor || d.Kind == KindIPPool || d.Kind == KindProject {
-			ch.Action = ActionReplace
-		}
+		ch.Action = changeAction(d.Kind, ch.Fields)
 		plan.Changes = append(plan.Changes, ch)
 	}
 	if opt.Prune {
 		for _, t := range order {
 			s := scopes[t]
 			for key, l := range s.live {
-				// Quotas have no delete; a project's delete does not ask
-				// what the project still holds (nodes, reservations,
-				// quotas): neither is pruned.
-				if l.kind == KindQuota || l.kind == KindProject || matched[s.name+"|"+key] {
+				// Some kinds are never pruned (neverPruned says why).
+				if _, never := neverPruned[l.kind]; never || matched[s.name+"|"+key] {
 					continue
 				}
 				plan.Changes = append(plan.Changes, Change{Action: ActionDelete, Kind: l.kind, Tenant: s.name, Name: l.name, live: l})
@@ -314,7 +334,10 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	flavors, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Flavor, string, error) {
 		r, err := c.Flavors.List(ctx, connect.NewRequest(&apiv1.ListFlavorsRequest{Tenant: s.name, PageToken: tok}))
-		return r.Msg.GetFlavors(), r.Msg.GetNextPageToken(), err
+		if err != nil {
+			return nil, "", err
+		}
+		return r.Msg.GetFlavors(), r.Msg.GetNextPageToken(), nil
 	})
 	if err != nil {
 		return fmt.Errorf("list flavors: %w", err)
@@ -326,39 +349,53 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	ipps, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.IPPool, string, error) {
 		r, err := c.IPPools.List(ctx, connect.NewRequest(&apiv1.ListIPPoolsRequest{Tenant: s.name, PageToken: tok}))
-		return r.Msg.GetIpPools(), r.Msg.GetNextPageToken(), err
+		if err != nil {
+			return nil, "", err
+		}
+		return r.Msg.GetIpPools(), r.Msg.GetNextPageToken(), nil
 	})
 	if err != nil {
 		return fmt.Errorf("list IP pools: %w", err)
 	}
+	ipPoolNames := map[string]string{}
 	for _, p := range ipps {
+		ipPoolNames[p.GetId()] = p.GetName()
 		if p.GetTenantId() == s.id {
 			put(KindIPPool, p.GetName(), p.GetId(), ipPoolSpec(p))
 		}
 	}
 	if platform {
+		if err := readMore(ctx, c, s, put, names{}); err != nil {
+			return err
+		}
 		return readMarks(ctx, c, s)
 	}
 	pools, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Pool, string, error) {
 		r, err := c.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: s.name, IncludeArchived: true, PageToken: tok}))
-		return r.Msg.GetPools(), r.Msg.GetNextPageToken(), err
+		if err != nil {
+			return nil, "", err
+		}
+		return r.Msg.GetPools(), r.Msg.GetNextPageToken(), nil
 	})
 	if err != nil {
 		return fmt.Errorf("list pools: %w", err)
 	}
 	poolNames := map[string]string{}
 	for _, p := range pools {
+		poolNames[p.GetId()] = p.GetName()
 		if p.GetTenantId() != s.id {
 			continue // offered by another tenant: theirs to declare
 		}
-		poolNames[p.GetId()] = p.GetName()
 		if p.GetState() == "active" {
 			put(KindPool, p.GetName(), p.GetId(), poolSpec(p))
 		}
 	}
 	projects, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Project, string, error) {
 		r, err := c.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: s.name, PageToken: tok}))
-		return r.Msg.GetProjects(), r.Msg.GetNextPageToken(), err
+		if err != nil {
+			return nil, "", err
+		}
+		return r.Msg.GetProjects(), r.Msg.GetNextPageToken(), nil
 	})
 	if err != nil {
 		return fmt.Errorf("list projects: %w", err)
@@ -370,7 +407,10 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	quotas, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Quota, string, error) {
 		r, err := c.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{Tenant: s.name, PageToken: tok}))
-		return r.Msg.GetQuotas(), r.Msg.GetNextPageToken(), err
+		if err != nil {
+			return nil, "", err
+		}
+		return r.Msg.GetQuotas(), r.Msg.GetNextPageToken(), nil
 	})
 	if err != nil {
 		return fmt.Errorf("list quotas: %w", err)
@@ -390,6 +430,9 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 			qs.GPUHours = &h
 		}
 		put(KindQuota, quotaName(qs), q.GetId(), qs)
+	}
+	if err := readMore(ctx, c, s, put, names{pools: poolNames, ipPools: ipPoolNames, projects: projectNames}); err != nil {
+		return err
 	}
 	return readMarks(ctx, c, s)
 }
@@ -509,6 +552,9 @@ func selectorString(reqs []*apiv1.SelectorRequirement) string {
 // equivalent spellings made one, so that a document and the live object
 // it describes compare equal.
 func normalize(kind string, spec any) any {
+	if n, ok := normalizeMore(spec); ok {
+		return n
+	}
 	switch s := spec.(type) {
 	case *FlavorSpec:
 		c := *s
@@ -550,6 +596,9 @@ func normalize(kind string, spec any) any {
 // object, so that it is not compared: an IP pool's gateway and range, a
 // project's display name.
 func withLiveDefaults(want, live any) any {
+	if w, ok := withLiveDefaultsMore(want, live); ok {
+		return w
+	}
 	if p, ok := want.(*ProjectSpec); ok {
 		c := *p
 		c.DisplayName = cmp.Or(c.DisplayName, live.(*ProjectSpec).DisplayName)

@@ -107,10 +107,10 @@ func TestExamplesValidate(t *testing.T) {
 		return schemas[doc["kind"].(string)].Validate(inst)
 	}
 
-	files, err := filepath.Glob("../../examples/fleet/*.yaml")
+	files, err := filepath.Glob("../../examples/fleet*/*.yaml")
 	require.NoError(t, err)
 	require.NotEmpty(t, files)
-	n := 0
+	seen := map[string]bool{}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
@@ -118,10 +118,12 @@ func TestExamplesValidate(t *testing.T) {
 		require.Empty(t, errs)
 		for _, raw := range yamlDocs(t, b) {
 			require.NoError(t, validate(raw), "%s: %v", f, raw["metadata"])
-			n++
+			seen[raw["kind"].(string)] = true
 		}
 	}
-	require.GreaterOrEqual(t, n, len(Kinds))
+	for _, kind := range Kinds {
+		require.True(t, seen[kind], "the examples show a %s document", kind)
+	}
 
 	bad := yamlDocs(t, []byte(`apiVersion: bettercompute.io/v1
 kind: Pool

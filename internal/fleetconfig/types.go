@@ -5,23 +5,31 @@ const APIVersion = "bettercompute.io/v1"
 
 // The kinds this version covers.
 const (
-	KindProject = "Project"
-	KindFlavor  = "Flavor"
-	KindIPPool  = "IPPool"
-	KindPool    = "Pool"
-	KindQuota   = "Quota"
+	KindTenant          = "Tenant"
+	KindProject         = "Project"
+	KindSite            = "Site"
+	KindFlavor          = "Flavor"
+	KindIPPool          = "IPPool"
+	KindPool            = "Pool"
+	KindImage           = "Image"
+	KindQuota           = "Quota"
+	KindSandboxTemplate = "SandboxTemplate"
+	KindWebhook         = "Webhook"
+	KindIAMPolicy       = "IAMPolicy"
 )
 
-// Kinds lists the kinds in dependency order: projects and pools come
-// before the quotas that name them.
-var Kinds = []string{KindProject, KindPool, KindFlavor, KindIPPool, KindQuota}
+// Kinds lists the kinds in dependency order: a tenant before what it
+// owns, projects and pools before the quotas that name them, flavors,
+// pools, IP pools and images before the sandbox templates that name them.
+var Kinds = []string{KindTenant, KindProject, KindSite, KindPool, KindFlavor, KindIPPool, KindImage, KindQuota,
+	KindSandboxTemplate, KindWebhook, KindIAMPolicy}
 
 // Metadata names a document's object. Tenant is a tenant name (or id);
 // empty means the platform's for flavors and IP pools, and the default
 // tenant (--tenant) for pools and quotas.
 type Metadata struct {
-	Name   string `yaml:"name" json:"name" required:"true" desc:"The object's name; for a quota, a label of the document only (its scope is its identity)."`
-	Tenant string `yaml:"tenant,omitempty" json:"tenant,omitempty" desc:"Tenant name or id. Left out: the platform's for a Flavor or IPPool; for a Project, Pool or Quota, the tenant given with --tenant."`
+	Name   string `yaml:"name" json:"name" required:"true" desc:"The object's name; for a quota or a webhook, a label of the document only (the quota's scope, the webhook's url is its identity)."`
+	Tenant string `yaml:"tenant,omitempty" json:"tenant,omitempty" desc:"Tenant name or id. Left out: the platform's for a Flavor, IPPool or Image; for the other kinds, the tenant given with --tenant. A Tenant document has none."`
 }
 
 // ProjectSpec is a project of a tenant. The API has no project update:
@@ -152,6 +160,18 @@ func newSpec(kind string) any {
 		return &QuotaSpec{}
 	case KindPool:
 		return &PoolSpec{}
+	case KindTenant:
+		return &TenantSpec{}
+	case KindSite:
+		return &SiteSpec{}
+	case KindImage:
+		return &ImageSpec{}
+	case KindSandboxTemplate:
+		return &SandboxTemplateSpec{}
+	case KindWebhook:
+		return &WebhookSpec{}
+	case KindIAMPolicy:
+		return &IAMPolicySpec{}
 	}
 	return nil
 }
@@ -170,4 +190,65 @@ type Document struct {
 // Where names the document for messages: file:N.
 func (d Document) Where() string {
 	return d.File + ":" + itoa(d.Index)
+}
+
+// TenantSpec is a tenant, the platform's to declare. The API has no
+// tenant update: a display name changed is a replace; suspended is
+// changed in place (Suspend, Resume). Tenants are never pruned: a tenant
+// delete removes everything it owns, so it stays a deliberate
+// `tenants delete`.
+type TenantSpec struct {
+	DisplayName string `yaml:"displayName,omitempty" json:"displayName,omitempty" desc:"The tenant's display name (left out: the API's default, not compared)."`
+	Suspended   bool   `yaml:"suspended,omitempty" json:"suspended,omitempty" desc:"Refuse every mutation of the tenant's principals; its running work keeps running."`
+}
+
+// SiteSpec is a bare-metal site (docs/bare-metal.md), changed in place.
+type SiteSpec struct {
+	Networks    []string `yaml:"networks,omitempty" json:"networks,omitempty" desc:"The provisioning networks the site's agent serves (CIDRs)."`
+	DHCPMode    string   `yaml:"dhcpMode,omitempty" json:"dhcpMode,omitempty" enum:"full,proxy" desc:"full (the site agent answers DHCP) or proxy (proxyDHCP beside an existing server); left out: the API's default, not compared."`
+	Description string   `yaml:"description,omitempty" json:"description,omitempty" desc:"What the site is."`
+}
+
+// ImageSpec references an image in the image store (docs/images.md): a
+// document pins what must be there, it does not carry the bytes. An image
+// that is not there is pushed with `images push`; apply refuses to create
+// one. Only making a private image public (Promote) is a change in place;
+// images are never pruned, since apply could not bring their bytes back.
+type ImageSpec struct {
+	Kind       string `yaml:"kind,omitempty" json:"kind,omitempty" required:"true" enum:"raw,qcow2,kernel,initrd,ramdisk" desc:"What the image is."`
+	SHA256     string `yaml:"sha256,omitempty" json:"sha256,omitempty" required:"true" desc:"Lower-case hex sha256 of the content: the image the fleet expects."`
+	Visibility string `yaml:"visibility,omitempty" json:"visibility,omitempty" enum:"private,public" desc:"private (its owner only, the default) or public (every tenant; platform-signed platform images)."`
+}
+
+// SandboxTemplateSpec is a sandbox template (docs/sandboxes.md). The API
+// has no template update: any change is a replace.
+type SandboxTemplateSpec struct {
+	Image         string            `yaml:"image,omitempty" json:"image,omitempty" desc:"A guest image the hosts hold (left out: the control plane's only one, not compared)."`
+	Flavor        string            `yaml:"flavor,omitempty" json:"flavor,omitempty" required:"true" desc:"The flavor's name."`
+	Pool          string            `yaml:"pool,omitempty" json:"pool,omitempty" desc:"A pool (its name) of the tenant's or offered to it (left out: the only one it sees, not compared)."`
+	IPPool        string            `yaml:"ipPool,omitempty" json:"ipPool,omitempty" desc:"The IP pool (its name) the guests lease from (left out: the only one the tenant sees, not compared)."`
+	Project       string            `yaml:"project,omitempty" json:"project,omitempty" desc:"The project (its name) sandboxes book capacity in (left out: the tenant's default project at each boot)."`
+	DefaultTTL    string            `yaml:"defaultTTL,omitempty" json:"defaultTTL,omitempty" desc:"A sandbox's lifetime when its create names none, e.g. 30m (default 1h)."`
+	MaxTTL        string            `yaml:"maxTTL,omitempty" json:"maxTTL,omitempty" desc:"The most a create or an extend may ask for, counted from create, e.g. 4h (default 24h)."`
+	WarmMin       int32             `yaml:"warmMin,omitempty" json:"warmMin,omitempty" min:"0" desc:"Booted guests kept waiting."`
+	WarmMax       int32             `yaml:"warmMax,omitempty" json:"warmMax,omitempty" min:"0" desc:"The most booted guests kept waiting."`
+	Env           map[string]string `yaml:"env,omitempty" json:"env,omitempty" desc:"Environment variable name → secret://NAME of the tenant's own secrets."`
+	NetworkPolicy string            `yaml:"networkPolicy,omitempty" json:"networkPolicy,omitempty" enum:"egress,private,none" desc:"egress, private or none (left out: the API's default, not compared)."`
+}
+
+// WebhookSpec is a webhook subscription (docs/webhooks.md). Its url is
+// its identity; metadata.name only labels the document. The signing
+// secret is never part of a document or an export: apply does not print
+// it either, and `webhooks rotate-secret` hands one out.
+type WebhookSpec struct {
+	URL         string   `yaml:"url,omitempty" json:"url,omitempty" required:"true" desc:"The https endpoint deliveries are posted to: the webhook's identity."`
+	Types       []string `yaml:"types,omitempty" json:"types,omitempty" desc:"Event types or families (pool, reservation.*); left out: every event."`
+	Description string   `yaml:"description,omitempty" json:"description,omitempty" desc:"What the webhook is for."`
+}
+
+// IAMPolicySpec is one of a tenant's Cedar policies (docs/iam.md), put
+// whole (PolicyService/Put). The API has no policy delete: policies are
+// never pruned.
+type IAMPolicySpec struct {
+	Text string `yaml:"text,omitempty" json:"text,omitempty" required:"true" desc:"The Cedar policy text, validated against the schema when applied."`
 }
