@@ -17,8 +17,10 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
@@ -87,6 +89,8 @@ type options struct {
 	httpClient *http.Client
 	grpc       bool
 	header     http.Header
+	// rateLimitWait is the most a unary call waits out RATE_LIMITED.
+	rateLimitWait time.Duration
 }
 
 // Option configures New.
@@ -110,6 +114,15 @@ func WithHeader(key, value string) Option {
 	return func(o *options) { o.header.Add(key, value) }
 }
 
+// WithRateLimitRetry makes a unary call refused RATE_LIMITED wait the
+// delay the refusal names (its google.rpc.RetryInfo; 1s without one) and
+// try again, until it has waited maxWait in all. Any call may be retried:
+// the API limits a principal before its handler runs, so a refused call
+// did nothing.
+func WithRateLimitRetry(maxWait time.Duration) Option {
+	return func(o *options) { o.rateLimitWait = maxWait }
+}
+
 // New returns a Client for the API at baseURL (e.g. https://bc.example.com)
 // that authenticates with token: an API key (bc_...) or an OIDC token. An
 // empty token sends no Authorization header, for unauthenticated calls.
@@ -123,6 +136,9 @@ func New(baseURL, token string, opts ...Option) *Client {
 		o.header.Set("Authorization", "Bearer "+token)
 	}
 	copts := []connect.ClientOption{connect.WithInterceptors(headerInterceptor(o.header))}
+	if o.rateLimitWait > 0 {
+		copts = append(copts, connect.WithInterceptors(rateLimitRetry(o.rateLimitWait)))
+	}
 	if o.grpc {
 		copts = append(copts, connect.WithGRPC())
 	}
@@ -266,4 +282,46 @@ func (c *Client) Watch(ctx context.Context, req *apiv1.WatchEventsRequest, fn fu
 		}
 	}
 	return stream.Err()
+}
+
+// rateLimitRetry retries unary calls refused RATE_LIMITED (WithRateLimitRetry).
+func rateLimitRetry(maxWait time.Duration) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			waited := time.Duration(0)
+			for {
+				res, err := next(ctx, req)
+				if err == nil || Code(err) != "RATE_LIMITED" {
+					return res, err
+				}
+				delay := retryDelay(err)
+				if waited+delay > maxWait {
+					return res, err
+				}
+				t := time.NewTimer(delay)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return res, err
+				case <-t.C:
+				}
+				waited += delay
+			}
+		}
+	}
+}
+
+// retryDelay is the delay a refusal's google.rpc.RetryInfo names, else 1s.
+func retryDelay(err error) time.Duration {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		for _, d := range ce.Details() {
+			if v, derr := d.Value(); derr == nil {
+				if ri, ok := v.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().AsDuration() > 0 {
+					return ri.GetRetryDelay().AsDuration()
+				}
+			}
+		}
+	}
+	return time.Second
 }

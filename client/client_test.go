@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
@@ -14,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/gen/bettercompute/api/v1/apiv1connect"
+	"github.com/better-compute/better-compute/internal/envelope"
 )
 
 // fakeServer speaks the real Connect protocol and records the headers each
@@ -28,12 +30,26 @@ type fakeServer struct {
 	events  []*apiv1.Event
 	// streamErr ends the watch stream after the events.
 	streamErr error
+	// limited is how many project reads are refused RATE_LIMITED first.
+	limited int
 }
 
 func (f *fakeServer) record(h http.Header) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.headers = append(f.headers, h.Clone())
+}
+
+func (f *fakeServer) setLimited(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.limited = n
+}
+
+func (f *fakeServer) calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.headers)
 }
 
 func (f *fakeServer) lastHeader() http.Header {
@@ -59,6 +75,17 @@ func (f *fakeServer) Delete(_ context.Context, req *connect.Request[apiv1.Delete
 	}
 	cerr.AddDetail(d)
 	return nil, cerr
+}
+
+func (f *fakeServer) Get(_ context.Context, req *connect.Request[apiv1.GetProjectRequest]) (*connect.Response[apiv1.GetProjectResponse], error) {
+	f.record(req.Header())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.limited > 0 {
+		f.limited--
+		return nil, envelope.ToConnect(&envelope.Error{Code: envelope.CodeRateLimited, Message: "slow down", RetryAfter: 10 * time.Millisecond})
+	}
+	return connect.NewResponse(&apiv1.GetProjectResponse{Project: &apiv1.Project{Name: req.Msg.GetProject()}}), nil
 }
 
 func (f *fakeServer) Watch(_ context.Context, req *connect.Request[apiv1.WatchEventsRequest], stream *connect.ServerStream[apiv1.WatchEventsResponse]) error {
@@ -226,4 +253,25 @@ func TestNewIdempotencyKeyIsFresh(t *testing.T) {
 	a, b := client.NewIdempotencyKey(), client.NewIdempotencyKey()
 	require.NotEmpty(t, a)
 	require.NotEqual(t, a, b)
+}
+
+// TestRateLimitRetry: with WithRateLimitRetry a call refused RATE_LIMITED
+// is sent again after the refusal's delay, until it passes or the wait
+// would pass the bound; without it the refusal comes back at once.
+func TestRateLimitRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false)
+	get := func(c *client.Client) error {
+		_, err := c.Projects.Get(t.Context(), connect.NewRequest(&apiv1.GetProjectRequest{Project: "p"}))
+		return err
+	}
+	b.fake.setLimited(1)
+	require.Equal(t, "RATE_LIMITED", client.Code(get(client.New(b.srv.URL, "bc_x"))), "no retry unless asked")
+	b.fake.setLimited(3)
+	require.NoError(t, get(client.New(b.srv.URL, "bc_x", client.WithRateLimitRetry(time.Second))))
+	require.Equal(t, 1+4, b.fake.calls())
+	b.fake.setLimited(100)
+	require.Equal(t, "RATE_LIMITED", client.Code(get(client.New(b.srv.URL, "bc_x", client.WithRateLimitRetry(25*time.Millisecond)))),
+		"two waits of 10ms fit the bound, a third does not")
+	require.Equal(t, 5+3, b.fake.calls())
 }

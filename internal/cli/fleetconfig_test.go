@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -440,4 +442,167 @@ spec: {gpus: 1}
 	res = r.run(t, r.acme, "fleet", "export", "-o", "-")
 	require.Equal(t, 0, res.code, res.stderr)
 	require.NotContains(t, res.stdout, "sim")
+}
+
+// writeDocs writes documents into a new directory as one file.
+func writeDocs(t *testing.T, docs string) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "docs.yaml"), []byte(docs), 0o600))
+	return dir
+}
+
+// TestFleetConfigMoreKinds: what changes in place and what is a replace for
+// tenants, sites, webhooks, sandbox templates, IAM policies and image
+// references; an image a document references but nobody pushed is refused
+// at apply, with nothing after it applied.
+func TestFleetConfigMoreKinds(t *testing.T) {
+	t.Parallel()
+	r := newFleetRig(t)
+	ctx := context.Background()
+	admin := r.cp.Admin()
+	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+
+	// In place: a tenant suspended, a site's networks, a webhook's types,
+	// a policy's text.
+	dir := copyExample(t, func(string) bool { return false })
+	edit := func(file, old, new string) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		require.NoError(t, err)
+		require.Contains(t, string(b), old)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, file), []byte(strings.Replace(string(b), old, new, 1)), 0o600))
+	}
+	edit("tenants.yaml", "displayName: Research lab\n", "displayName: Research lab\n  suspended: true\n")
+	edit("sites.yaml", "networks: [10.102.0.0/24]", "networks: [10.102.0.0/24, 10.103.0.0/24]")
+	edit("webhooks.yaml", "types: [pool, health, rollout]", "types: [pool, rollout]")
+	edit("iam-policies.yaml", `when { principal.role == "viewer" };`, `when { principal.role == "viewer" || principal.role == "operator" };`)
+	res := r.want(t, exitPlanChanges, "fleet", "plan", "-f", dir)
+	require.Contains(t, res.stdout, "~ change Tenant research (platform)")
+	require.Contains(t, res.stdout, "    spec.suspended: (unset) → true\n")
+	require.Contains(t, res.stdout, `    spec.networks: ["10.102.0.0/24"] → ["10.102.0.0/24","10.103.0.0/24"]`)
+	require.Contains(t, res.stdout, `~ change Webhook sim/ops-pager`)
+	require.Contains(t, res.stdout, `    spec.types: ["health","pool","rollout"] → ["pool","rollout"]`)
+	require.Contains(t, res.stdout, "~ change IAMPolicy research/no-viewer-deletes")
+	require.Contains(t, res.stdout, "Plan: 0 to create, 4 to change, 0 to replace, 0 to delete.")
+	// A suspension refuses the tenant's own principals, not the
+	// platform's: the policy is put whatever the order.
+	r.want(t, 0, "fleet", "apply", "-f", dir)
+	r.want(t, 0, "fleet", "plan", "-f", dir)
+	tn, err := admin.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "research"}))
+	require.NoError(t, err)
+	require.Equal(t, "suspended", tn.Msg.GetTenant().GetState())
+	hooks, err := admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "sim"}))
+	require.NoError(t, err)
+	require.Len(t, hooks.Msg.GetWebhooks(), 1, "changed in place, not created again")
+	require.ElementsMatch(t, []string{"pool", "rollout"}, hooks.Msg.GetWebhooks()[0].GetTypes())
+	// Back to the example: resumed.
+	r.want(t, 0, "fleet", "apply", "-f", exampleFleet)
+	tn, err = admin.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "research"}))
+	require.NoError(t, err)
+	require.Equal(t, "active", tn.Msg.GetTenant().GetState())
+
+	// Replaces: a tenant's display name, a template's TTL.
+	dir = copyExample(t, func(string) bool { return false })
+	edit("tenants.yaml", "displayName: Research lab", "displayName: Research")
+	edit("sandbox-templates.yaml", "maxTTL: 4h", "maxTTL: 8h")
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", dir)
+	require.Contains(t, res.stdout, "! replace Tenant research (platform)")
+	require.Contains(t, res.stdout, "    spec.displayName: Research lab → Research\n")
+	require.Contains(t, res.stdout, "! replace SandboxTemplate sim/notebook")
+	require.Contains(t, res.stdout, "    spec.maxTTL: 4h → 8h\n")
+	res = r.want(t, 1, "fleet", "apply", "-f", dir)
+	require.Contains(t, res.stderr, "REPLACE_REQUIRED on spec.displayName")
+	require.Contains(t, res.stderr, "applied before it: 0 of 2 changes")
+
+	// Image references: one pushed matches; one with another digest is a
+	// replace; one never pushed is refused at apply, and what precedes it
+	// stays applied while what follows it is not made.
+	disk := bytes.Repeat([]byte{7}, 4096)
+	sum := sha256.Sum256(disk)
+	digest := hex.EncodeToString(sum[:])
+	_, err = admin.PushImage(ctx, &apiv1.PushImageHeader{Tenant: "sim", Name: "base", Kind: "raw", Sha256: digest, SizeBytes: int64(len(disk))},
+		bytes.NewReader(disk), "")
+	require.NoError(t, err)
+	image := func(name, digest string) string {
+		return "apiVersion: bettercompute.io/v1\nkind: Image\nmetadata: {name: " + name + ", tenant: sim}\nspec: {kind: raw, sha256: " + digest + "}\n"
+	}
+	res = r.want(t, 0, "fleet", "plan", "-f", exampleFleet, "-f", writeDocs(t, image("base", digest)))
+	require.Contains(t, res.stdout, "No changes")
+	res = r.want(t, 0, "fleet", "export", "--tenant", "sim", "-o", "-")
+	require.Contains(t, res.stdout, "kind: Image\nmetadata:\n    name: base\n    tenant: sim\nspec:\n    kind: raw\n    sha256: "+digest+"\n    visibility: private\n")
+	other := strings.Repeat("ab", 32)
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", writeDocs(t, image("base", other)))
+	require.Contains(t, res.stdout, "! replace Image sim/base")
+	require.Contains(t, res.stdout, "    spec.sha256: "+digest+" → "+other+"\n")
+	site := "---\napiVersion: bettercompute.io/v1\nkind: Site\nmetadata: {name: dc9, tenant: sim}\nspec: {networks: [10.109.0.0/24]}\n" +
+		"---\napiVersion: bettercompute.io/v1\nkind: Webhook\nmetadata: {name: late, tenant: sim}\nspec: {url: 'http://127.0.0.1:9098/x'}\n"
+	missing := writeDocs(t, image("never-pushed", other)+site)
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", missing)
+	require.Contains(t, res.stdout, "+ create Image sim/never-pushed")
+	require.Contains(t, res.stdout, "push required")
+	res = r.want(t, 1, "fleet", "apply", "-f", missing)
+	require.Contains(t, res.stderr, "create Image sim/never-pushed refused: PUSH_REQUIRED on spec.sha256")
+	require.Contains(t, res.stderr, "applied before it: 1 of 3 changes\n  create Site sim/dc9\n")
+	_, err = admin.Sites.Get(ctx, connect.NewRequest(&apiv1.GetSiteRequest{Tenant: "sim", Site: "dc9"}))
+	require.NoError(t, err)
+	hooks, err = admin.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: "sim"}))
+	require.NoError(t, err)
+	require.Len(t, hooks.Msg.GetWebhooks(), 1, "nothing after the refusal was made")
+
+	// Prune leaves images, tenants and policies alone; it deletes a site.
+	res = r.want(t, exitPlanChanges, "fleet", "plan", "-f", exampleFleet, "--prune")
+	require.Contains(t, res.stdout, "- delete Site sim/dc9")
+	require.NotContains(t, res.stdout, "Image")
+	require.Contains(t, res.stdout, "Plan: 0 to create, 0 to change, 0 to replace, 1 to delete.")
+
+	// Bad documents of the new kinds are refused before any call.
+	bad := writeDocs(t, image("x", "NOTHEX")+`---
+apiVersion: bettercompute.io/v1
+kind: Tenant
+metadata: {name: t1, tenant: sim}
+spec: {}
+---
+apiVersion: bettercompute.io/v1
+kind: SandboxTemplate
+metadata: {name: s, tenant: sim}
+spec: {flavor: small, defaultTTL: soon}
+---
+apiVersion: bettercompute.io/v1
+kind: Webhook
+metadata: {name: w, tenant: sim}
+spec: {url: 'ftp://x'}
+---
+apiVersion: bettercompute.io/v1
+kind: Webhook
+metadata: {name: w2, tenant: sim}
+spec: {url: 'http://127.0.0.1:9099/better-compute'}
+---
+apiVersion: bettercompute.io/v1
+kind: Webhook
+metadata: {name: w3, tenant: sim}
+spec: {url: 'http://127.0.0.1:9099/better-compute'}
+---
+apiVersion: bettercompute.io/v1
+kind: IAMPolicy
+metadata: {name: p, tenant: sim}
+spec: {text: "  "}
+`)
+	res = r.want(t, 1, "fleet", "plan", "-f", bad)
+	for _, want := range []string{":1: spec.sha256: is required: 64 lower-case hex digits", ":2: metadata.tenant: a Tenant is the platform's",
+		":3: spec.defaultTTL: must be a positive duration", ":4: spec.url: must be an http(s) URL", ":6: metadata.name: the same Webhook as",
+		":7: spec.text: is required"} {
+		require.Contains(t, res.stderr, want)
+	}
+	require.Empty(t, res.stdout)
+
+	// Another tenant's key neither reads nor writes sim's new kinds.
+	res = r.run(t, r.acme, "fleet", "apply", "-f", writeDocs(t, strings.TrimPrefix(site, "---\n")))
+	require.Equal(t, 1, res.code)
+	require.Regexp(t, `NOT_FOUND|PERMISSION_DENIED`, res.stderr)
+	res = r.run(t, r.acme, "fleet", "apply", "-f", writeDocs(t, "apiVersion: bettercompute.io/v1\nkind: Tenant\nmetadata: {name: evil}\nspec: {}\n"))
+	require.Equal(t, 1, res.code)
+	require.Contains(t, res.stderr, "create Tenant evil (platform) refused: PERMISSION_DENIED")
+	_, err = admin.Tenants.Get(ctx, connect.NewRequest(&apiv1.GetTenantRequest{Tenant: "evil"}))
+	require.Equal(t, "NOT_FOUND", client.Code(err))
 }

@@ -468,7 +468,9 @@ func (a *app) client() (*client.Client, error) {
 	if a.httpClient != nil {
 		opts = append(opts, client.WithHTTPClient(a.httpClient))
 	}
-	opts = append(opts, client.WithHeader("User-Agent", "better-compute-cli/"+a.version))
+	// A command of many reads (fleet plan, a watch's catch-up) waits out
+	// the per-principal rate limit instead of failing halfway.
+	opts = append(opts, client.WithHeader("User-Agent", "better-compute-cli/"+a.version), client.WithRateLimitRetry(30*time.Second))
 	a.api = client.New(server, token, opts...)
 	return a.api, nil
 }
