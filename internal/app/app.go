@@ -829,7 +829,14 @@ type lateHooks struct {
 type publishedReleases struct{}
 
 func (publishedReleases) Get(ctx context.Context, q store.Querier, version string) (rollout.Release, error) {
-	r, err := releases.Get(ctx, q, version)
+	// Read in a transaction, the row is held FOR SHARE until it commits:
+	// a release delete (FOR UPDATE, then its in-use check) waits for the
+	// rollout it would strand, or the rollout finds the release gone.
+	var lock []string
+	if tx, ok := q.(store.Tx); ok {
+		lock = append(lock, store.ForShare(tx))
+	}
+	r, err := releases.Get(ctx, q, version, lock...)
 	if errors.Is(err, releases.ErrNotFound) {
 		return rollout.Release{}, fmt.Errorf("%w: %w", rollout.ErrReleaseNotFound, err)
 	}

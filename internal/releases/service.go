@@ -33,6 +33,18 @@ type Service struct {
 	blobs *images.Blobs
 	keys  []release.PublicKey
 	log   *slog.Logger
+	inUse InUse
+}
+
+// InUse answers, inside a delete's transaction, what still uses release
+// version (an active rollout's id), or "" when nothing does.
+type InUse func(ctx context.Context, q store.Querier, version string) (string, error)
+
+// SetInUse sets the check a delete makes (the rollouts, wired by the app:
+// the two packages do not import each other).
+func (s *Service) SetInUse(fn InUse) *Service {
+	s.inUse = fn
+	return s
 }
 
 // NewService returns the release handlers; keys are the release public
@@ -518,6 +530,24 @@ func (s *Service) Delete(ctx context.Context, req *connect.Request[apiv1.DeleteR
 		Apply: func(ctx context.Context, tx *envelope.Tx) (*apiv1.DeleteReleaseResponse, error) {
 			if !found {
 				return nil, envelope.NotFound("release", version)
+			}
+			// The row lock orders this delete against a rollout create,
+			// which reads the release FOR SHARE in its own transaction:
+			// whichever commits second sees the other.
+			if _, err := Get(ctx, tx, version, store.ForUpdate(tx)); errors.Is(err, ErrNotFound) {
+				return nil, envelope.NotFound("release", version)
+			} else if err != nil {
+				return nil, err
+			}
+			if s.inUse != nil {
+				id, err := s.inUse(ctx, tx, version)
+				if err != nil {
+					return nil, err
+				}
+				if id != "" {
+					return nil, envelope.Errorf(envelope.CodeFailedPrecondition,
+						"release %s is used by rollout %s, which is still active: abort it or let it end before deleting the release", version, id)
+				}
 			}
 			files, err := FileList(ctx, tx, version)
 			if err != nil {

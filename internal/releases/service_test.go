@@ -336,3 +336,52 @@ func TestNoReleaseKeyRefusesCreate(t *testing.T) {
 	require.Equal(t, "FAILED_PRECONDITION", client.Code(err), "err: %v", err)
 	require.Contains(t, err.Error(), "--release-pubkey")
 }
+
+// TestDeleteRefusedWhileRolledOut: a release an active rollout sends (even
+// paused) is not deleted, FAILED_PRECONDITION naming the rollout, and
+// stays served; once the rollout is aborted it may go.
+func TestDeleteRefusedWhileRolledOut(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	b := makeRelease(t, f.key, "v1.5.0")
+	_, err := create(f.admin, b, b.upload())
+	require.NoError(t, err)
+	_, err = f.admin.Projects.Create(ctx, connect.NewRequest(&apiv1.CreateProjectRequest{Tenant: "acme", Name: "default"}))
+	require.NoError(t, err)
+	sim, err := bctest.StartFleetSim(ctx, bctest.FleetSimConfig{
+		Template: bctest.FakeDaemonConfig{Gateway: f.cp.GatewayAddr}, Root: t.TempDir(), N: 1,
+		Token: func(ctx context.Context, _ int) (string, error) {
+			tok, err := f.admin.JoinTokens.Create(ctx, connect.NewRequest(&apiv1.CreateJoinTokenRequest{Tenant: "acme", Project: "default"}))
+			return tok.Msg.GetToken(), err
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(sim.Stop)
+	_, err = f.admin.Pools.Create(ctx, connect.NewRequest(&apiv1.CreatePoolRequest{Tenant: "acme", Name: "h100",
+		Selector: []*apiv1.SelectorRequirement{{Key: "gpu.model", Operator: "In", Values: []string{"H100"}}}}))
+	require.NoError(t, err)
+	var ro *apiv1.Rollout
+	bctest.WaitFor(t, "a rollout of the pool's node", func() bool {
+		r, err := f.admin.Rollouts.Create(ctx, connect.NewRequest(&apiv1.CreateRolloutRequest{Release: "v1.5.0", Pool: "h100", Waves: []string{"100%"}}))
+		if client.Code(err) == "INVALID_ARGUMENT" {
+			return false // the node is not in the pool yet
+		}
+		require.NoError(t, err)
+		ro = r.Msg.GetRollout()
+		return true
+	})
+	_, err = f.admin.Rollouts.Pause(ctx, connect.NewRequest(&apiv1.PauseRolloutRequest{Id: ro.GetId()}))
+	require.NoError(t, err)
+
+	_, err = f.admin.Releases.Delete(ctx, connect.NewRequest(&apiv1.DeleteReleaseRequest{Version: "v1.5.0"}))
+	require.Equal(t, "FAILED_PRECONDITION", client.Code(err), "err: %v", err)
+	require.ErrorContains(t, err, ro.GetId())
+	code, _ := f.download(t, "/downloads/bcd/v1.5.0/linux-amd64")
+	require.Equal(t, 200, code, "refused: the release is still served")
+
+	_, err = f.admin.Rollouts.Abort(ctx, connect.NewRequest(&apiv1.AbortRolloutRequest{Id: ro.GetId()}))
+	require.NoError(t, err)
+	_, err = f.admin.Releases.Delete(ctx, connect.NewRequest(&apiv1.DeleteReleaseRequest{Version: "v1.5.0"}))
+	require.NoError(t, err)
+}

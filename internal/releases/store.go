@@ -69,8 +69,8 @@ func scanRelease(row interface{ Scan(...any) error }) (Release, error) {
 
 // Get reads the published release of version; a version not published
 // answers an error that errors.Is ErrNotFound (and store.ErrNotFound).
-func Get(ctx context.Context, q store.Querier, version string) (Release, error) {
-	r, err := scanRelease(q.QueryRow(ctx, `SELECT `+releaseColumns+` FROM releases WHERE version = $1`, version))
+func Get(ctx context.Context, q store.Querier, version string, lock ...string) (Release, error) {
+	r, err := scanRelease(q.QueryRow(ctx, `SELECT `+releaseColumns+` FROM releases WHERE version = $1`+strings.Join(lock, ""), version))
 	if errors.Is(err, store.ErrNotFound) {
 		return Release{}, fmt.Errorf("release %s: %w", version, errors.Join(ErrNotFound, store.ErrNotFound))
 	}

@@ -162,6 +162,18 @@ func RolloutIDsInStates(ctx context.Context, q store.Querier, states ...string) 
 	return store.Strings(q.Query(ctx, `SELECT id FROM rollouts WHERE state IN (`+in+`) ORDER BY id`, args...))
 }
 
+// ActiveUsing returns an active rollout (running, paused or halted) of
+// release version, or "" when none is: a release such a rollout may still
+// send or fall back on is not deleted.
+func ActiveUsing(ctx context.Context, q store.Querier, version string) (string, error) {
+	ids, err := store.Strings(q.Query(ctx, `SELECT id FROM rollouts WHERE release = $1 AND state IN ($2, $3, $4) ORDER BY id LIMIT 1`,
+		version, StateRunning, StatePaused, StateHalted))
+	if err != nil || len(ids) == 0 {
+		return "", err
+	}
+	return ids[0], nil
+}
+
 // RolloutUpdate writes a rollout's moving parts.
 func RolloutUpdate(ctx context.Context, tx store.Tx, r *Rollout) error {
 	_, err := tx.Exec(ctx, `UPDATE rollouts SET state = $2, current_wave = $3, wave_start_time = $4, wave_not_before = $5,
