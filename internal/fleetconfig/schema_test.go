@@ -180,3 +180,31 @@ func jsonShape(v any) any {
 	}
 	return v
 }
+
+// TestDocsNameEveryKind keeps docs/fleet-as-code.md with the code: its
+// kinds table has a row per kind, and its never-pruned table a row per
+// kind prune leaves alone, and no other.
+func TestDocsNameEveryKind(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/fleet-as-code.md")
+	require.NoError(t, err)
+	doc := string(b)
+	for _, kind := range Kinds {
+		require.Contains(t, doc, "\n| `"+kind+"` | ", "the kinds table has a row for %s", kind)
+	}
+	_, pruneTable, ok := strings.Cut(doc, "| kind | why |")
+	require.True(t, ok, "the never-pruned table")
+	pruneTable, _, _ = strings.Cut(pruneTable, "\n\n")
+	var listed []string
+	for _, line := range strings.Split(pruneTable, "\n") {
+		if k, ok := strings.CutPrefix(line, "| `"); ok {
+			k, _, _ = strings.Cut(k, "`")
+			listed = append(listed, k)
+		}
+	}
+	var never []string
+	for k := range neverPruned {
+		never = append(never, k)
+	}
+	require.ElementsMatch(t, never, listed)
+}
