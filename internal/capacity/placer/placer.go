@@ -424,6 +424,31 @@ func (b *Batch) hostsUsable(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
+// ExtendHost notes the host share of a reservation extended to its new end
+// (r.EndsAt), checked as a booking's is: against the database's other
+// shares on its node, host row locked, at once in a batch that writes as
+// it goes and at the flush otherwise. An extension has no new devices to
+// collide on, so without it nothing would keep a longer window from
+// over-committing the host's memory, hugepages or single tenancy with a
+// reservation that starts later on the node. The refusal matches
+// IsHostFull.
+func (b *Batch) ExtendHost(ctx context.Context, r *capmodel.Reservation) error {
+	h := hostShare{node: r.NodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
+		mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: r.GPUs + r.Slots, single: r.SingleTenant}
+	if !h.checked() || r.NodeID == "" {
+		return nil
+	}
+	b.hosts = append(b.hosts, h)
+	if b.immediate {
+		return b.verify(ctx)
+	}
+	return nil
+}
+
+// IsHostFull says whether err is a host share refused for want of memory,
+// hugepages or single tenancy.
+func IsHostFull(err error) bool { return errors.Is(err, errHostFull) }
+
 // noteHost records a booking's host share, for verify.
 func (b *Batch) noteHost(r *capmodel.Reservation, nodeID string, atoms int) {
 	b.hosts = append(b.hosts, hostShare{node: nodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,

@@ -8,8 +8,10 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bctest"
+	"github.com/better-compute/better-compute/client"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/app"
@@ -223,6 +225,57 @@ func TestBatchChecksHostMemoryInTheDatabase(t *testing.T) {
 	require.Equal(t, "pending", r.GetState(), "the second half does not fit the host any more")
 	require.Equal(t, int(half), f.count(t, `SELECT COALESCE(SUM(memory_gib), 0) FROM reservations
 		WHERE node_id = $1 AND state IN ('placed', 'binding', 'active')`, node))
+}
+
+// An extension is held to its node's host memory like a booking: extended
+// into the window of a later reservation on the same node whose memory
+// would then not fit beside it, it is refused (CONFLICT) and nothing moves;
+// extended short of it, it passes. Before, an extension checked only its
+// devices, and the replica torture test caught a host over-committed.
+func TestExtendChecksHostMemory(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ctx := context.Background()
+	node := f.sim.Daemons[0].NodeID()
+	mem := f.count(t, `SELECT memory_gib FROM host_resources WHERE node_id = $1`, node)
+	require.Greater(t, mem, 8)
+	half := int32(mem / 2)
+	now := f.cp.Clock.Now()
+	first := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, MemoryGib: half, DurationSeconds: 3600})
+	require.NotEqual(t, "pending", first.GetState())
+	later := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, MemoryGib: int32(mem) - half + 1,
+		StartTime: timestamppb.New(now.Add(2 * time.Hour)), EndTime: timestamppb.New(now.Add(3 * time.Hour))})
+	require.NotEqual(t, "pending", later.GetState())
+	require.Equal(t, node, later.GetPlacement().GetNodeId())
+	// The packer put it on first's GPU, free by then; move its booking to
+	// another GPU of the node (as a busier node would have placed it), so
+	// that only the host's memory stands between first's extension and it.
+	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE bookings SET atom = (SELECT MIN(a.id) FROM atoms a WHERE a.node_id = $2
+				AND a.id NOT IN (SELECT atom FROM bookings WHERE reservation_id IN ($1, $3)))
+			WHERE reservation_id = $3`, first.GetId(), node, later.GetId())
+		if err != nil {
+			return err
+		}
+		// Its CPUs too: after first's.
+		_, err = tx.Exec(ctx, `UPDATE cpu_bookings SET cpu_lo = cpu_lo + (SELECT MAX(cpu_hi) FROM cpu_bookings WHERE reservation_id = $1),
+			cpu_hi = cpu_hi + (SELECT MAX(cpu_hi) FROM cpu_bookings WHERE reservation_id = $1) WHERE reservation_id = $2`, first.GetId(), later.GetId())
+		return err
+	}))
+	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM bookings a JOIN bookings b ON a.atom = b.atom
+		WHERE a.reservation_id = $1 AND b.reservation_id = $2`, first.GetId(), later.GetId()), "no GPU in common")
+
+	_, err := f.member.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: first.GetId(),
+		EndTime: timestamppb.New(first.GetEndTime().AsTime().Add(90 * time.Minute))}))
+	require.Equal(t, "CONFLICT", client.Code(err), "err: %v", err)
+	require.ErrorContains(t, err, "host memory")
+	got, err := f.member.Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: first.GetId()}))
+	require.NoError(t, err)
+	require.Equal(t, first.GetEndTime().AsTime(), got.Msg.GetReservation().GetEndTime().AsTime(), "refused: the end did not move")
+
+	_, err = f.member.Reservations.Extend(ctx, connect.NewRequest(&apiv1.ExtendReservationRequest{Tenant: "acme", Reservation: first.GetId(),
+		EndTime: timestamppb.New(first.GetEndTime().AsTime().Add(30 * time.Minute))}))
+	require.NoError(t, err, "short of the later reservation, the memory fits")
 }
 
 // The pending pass places many tenants' work without naming them up front:

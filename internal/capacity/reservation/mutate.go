@@ -233,6 +233,15 @@ func (s *Service) Extend(ctx context.Context, req *connect.Request[apiv1.ExtendR
 				return nil, err
 			}
 			if capmodel.Holding(from) {
+				if err := b.ExtendHost(ctx, r); err != nil {
+					if placer.IsHostFull(err) {
+						return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s cannot be extended to %s: its node's host memory, hugepages or single tenancy are booked by another reservation by then",
+							r.ID, end.Format(time.RFC3339))
+					}
+					return nil, err
+				}
+			}
+			if capmodel.Holding(from) {
 				if err := booking.Extend(ctx, tx.Tx, r.ID, end); err != nil {
 					if errors.Is(err, booking.ErrOverlap) {
 						return nil, envelope.Errorf(envelope.CodeConflict, "reservation %s cannot be extended to %s: another reservation books its devices by then", r.ID, end.Format(time.RFC3339))
