@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -25,18 +26,13 @@ func specJSON(spec any) string {
 }
 
 // markName is the name an object's mark is kept under: its key's name (a
-// quota's scope in words).
+// quota's scope in words, a webhook's url), as docKey and readScope make
+// it.
 func markName(ch Change) string {
-	if ch.Kind == KindQuota && ch.doc != nil {
-		return quotaName(normalize(KindQuota, ch.doc.Spec).(*QuotaSpec))
-	}
-	if ch.Kind == KindWebhook && ch.doc != nil {
-		return ch.doc.Spec.(*WebhookSpec).URL
-	}
-	if ch.Kind == KindQuota || ch.Kind == KindWebhook {
+	if ch.doc == nil {
 		return ch.live.name
 	}
-	return ch.Name
+	return strings.TrimPrefix(docKey(*ch.doc), ch.Kind+"/")
 }
 
 // readMarks reads the scope's managed marks and hangs each on its live
@@ -45,10 +41,7 @@ func markName(ch Change) string {
 func readMarks(ctx context.Context, c *client.Client, s *scope) error {
 	marks, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.ManagedMark, string, error) {
 		r, err := c.FleetConfig.ListMarks(ctx, connect.NewRequest(&apiv1.ListManagedMarksRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetMarks(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetMarks(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list managed marks: %w", err)

@@ -56,13 +56,8 @@ func changeAction(kind string, fields []FieldDiff) string {
 		return ActionChange
 	}
 	for _, f := range fields {
-		if !slices.Contains(inPlace, f.Path) {
-			return ActionReplace
-		}
-	}
-	// A public image cannot be made private again.
-	for _, f := range fields {
-		if kind == KindImage && f.Path == "spec.visibility" && f.New != visibilityPublic {
+		// A public image cannot be made private again.
+		if !slices.Contains(inPlace, f.Path) || kind == KindImage && f.Path == "spec.visibility" && f.New != visibilityPublic {
 			return ActionReplace
 		}
 	}
@@ -218,10 +213,7 @@ type names struct {
 func readMore(ctx context.Context, c *client.Client, s *scope, put func(kind, name, id string, spec any), ids names) error {
 	images, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Image, string, error) {
 		r, err := c.Images.List(ctx, connect.NewRequest(&apiv1.ListImagesRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetImages(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetImages(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list images: %w", err)
@@ -234,10 +226,7 @@ func readMore(ctx context.Context, c *client.Client, s *scope, put func(kind, na
 	if s.name == "" {
 		tenants, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Tenant, string, error) {
 			r, err := c.Tenants.List(ctx, connect.NewRequest(&apiv1.ListTenantsRequest{PageToken: tok}))
-			if err != nil {
-				return nil, "", err
-			}
-			return r.Msg.GetTenants(), r.Msg.GetNextPageToken(), nil
+			return msg(r).GetTenants(), msg(r).GetNextPageToken(), err
 		})
 		switch {
 		case client.Code(err) == "PERMISSION_DENIED":
@@ -253,10 +242,7 @@ func readMore(ctx context.Context, c *client.Client, s *scope, put func(kind, na
 	}
 	sites, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Site, string, error) {
 		r, err := c.Sites.List(ctx, connect.NewRequest(&apiv1.ListSitesRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetSites(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetSites(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list sites: %w", err)
@@ -268,10 +254,7 @@ func readMore(ctx context.Context, c *client.Client, s *scope, put func(kind, na
 	}
 	tpls, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.SandboxTemplate, string, error) {
 		r, err := c.SandboxTemplates.List(ctx, connect.NewRequest(&apiv1.ListSandboxTemplatesRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetTemplates(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetTemplates(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list sandbox templates: %w", err)
@@ -288,10 +271,7 @@ func readMore(ctx context.Context, c *client.Client, s *scope, put func(kind, na
 	}
 	hooks, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Webhook, string, error) {
 		r, err := c.Webhooks.List(ctx, connect.NewRequest(&apiv1.ListWebhooksRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetWebhooks(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetWebhooks(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list webhooks: %w", err)
@@ -303,10 +283,7 @@ func readMore(ctx context.Context, c *client.Client, s *scope, put func(kind, na
 	}
 	policies, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Policy, string, error) {
 		r, err := c.Policies.List(ctx, connect.NewRequest(&apiv1.ListPoliciesRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetPolicies(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetPolicies(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list IAM policies: %w", err)

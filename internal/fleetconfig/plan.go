@@ -334,10 +334,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	flavors, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Flavor, string, error) {
 		r, err := c.Flavors.List(ctx, connect.NewRequest(&apiv1.ListFlavorsRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetFlavors(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetFlavors(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list flavors: %w", err)
@@ -349,10 +346,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	ipps, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.IPPool, string, error) {
 		r, err := c.IPPools.List(ctx, connect.NewRequest(&apiv1.ListIPPoolsRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetIpPools(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetIpPools(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list IP pools: %w", err)
@@ -372,10 +366,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	pools, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Pool, string, error) {
 		r, err := c.Pools.List(ctx, connect.NewRequest(&apiv1.ListPoolsRequest{Tenant: s.name, IncludeArchived: true, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetPools(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetPools(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list pools: %w", err)
@@ -392,10 +383,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	projects, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Project, string, error) {
 		r, err := c.Projects.List(ctx, connect.NewRequest(&apiv1.ListProjectsRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetProjects(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetProjects(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list projects: %w", err)
@@ -407,10 +395,7 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 	}
 	quotas, err := listAll(ctx, func(ctx context.Context, tok string) ([]*apiv1.Quota, string, error) {
 		r, err := c.Quotas.List(ctx, connect.NewRequest(&apiv1.ListQuotasRequest{Tenant: s.name, PageToken: tok}))
-		if err != nil {
-			return nil, "", err
-		}
-		return r.Msg.GetQuotas(), r.Msg.GetNextPageToken(), nil
+		return msg(r).GetQuotas(), msg(r).GetNextPageToken(), err
 	})
 	if err != nil {
 		return fmt.Errorf("list quotas: %w", err)
@@ -435,6 +420,15 @@ func readScope(ctx context.Context, c *client.Client, s *scope) error {
 		return err
 	}
 	return readMarks(ctx, c, s)
+}
+
+// msg is a response's message, nil for the nil response of a failed call
+// (whose getters then read as empty).
+func msg[T any](r *connect.Response[T]) *T {
+	if r == nil {
+		return nil
+	}
+	return r.Msg
 }
 
 func listAll[T any](ctx context.Context, page func(ctx context.Context, token string) ([]T, string, error)) ([]T, error) {

@@ -433,8 +433,7 @@ func (b *Batch) hostsUsable(ctx context.Context) (bool, error) {
 // reservation that starts later on the node. The refusal matches
 // IsHostFull.
 func (b *Batch) ExtendHost(ctx context.Context, r *capmodel.Reservation) error {
-	h := hostShare{node: r.NodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
-		mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: r.GPUs + r.Slots, single: r.SingleTenant}
+	h := shareOf(r, r.NodeID, r.GPUs+r.Slots)
 	if !h.checked() || r.NodeID == "" {
 		return nil
 	}
@@ -451,8 +450,13 @@ func IsHostFull(err error) bool { return errors.Is(err, errHostFull) }
 
 // noteHost records a booking's host share, for verify.
 func (b *Batch) noteHost(r *capmodel.Reservation, nodeID string, atoms int) {
-	b.hosts = append(b.hosts, hostShare{node: nodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
-		mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: atoms, single: r.SingleTenant})
+	b.hosts = append(b.hosts, shareOf(r, nodeID, atoms))
+}
+
+// shareOf is r's claim on nodeID's host over its window.
+func shareOf(r *capmodel.Reservation, nodeID string, atoms int) hostShare {
+	return hostShare{node: nodeID, rsv: r.ID, tenant: r.TenantID, start: r.StartsAt, end: r.EndsAt,
+		mem: r.MemoryGiB, hp1: r.Hugepages1Gi, atoms: atoms, single: r.SingleTenant}
 }
 
 // checkNode verifies, once a batch, that a node may take bookings: active,
