@@ -5,8 +5,11 @@ go 1.26.8
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/a-h/templ v0.3.1118
 	github.com/bougou/go-ipmi v0.9.1
 	github.com/cedar-policy/cedar-go v1.9.1
+	github.com/chromedp/cdproto v0.160.1
+	github.com/chromedp/chromedp v0.23.1
 	github.com/cilium/ebpf v0.22.0
 	github.com/coreos/go-oidc/v3 v3.21.0
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242
@@ -69,15 +72,12 @@ require (
 
 require (
 	cel.dev/expr v0.25.3 // indirect
-	github.com/a-h/templ v0.3.1118 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/buger/goterm v1.0.4 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/chromedp/cdproto v0.160.1 // indirect
-	github.com/chromedp/chromedp v0.23.1 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/digitalocean/go-libvirt v0.0.0-20220804181439-8648fbde413e // indirect
 	github.com/djherbis/times v1.6.0 // indirect
