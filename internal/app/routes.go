@@ -250,8 +250,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	if err != nil {
 		return nil, err
 	}
+	mux.Handle(console.Path, web)
 	mux.Handle(console.PathHome, web)
-	mux.Handle("GET /console", http.RedirectHandler(console.PathHome, http.StatusMovedPermanently))
 	return mux, nil
 }
 

@@ -20,8 +20,10 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 )
 
-// Paths the console serves on the API listener.
+// Paths the console serves on the API listener: Path and everything under
+// PathHome.
 const (
+	Path             = "/console"
 	PathHome         = "/console/"
 	PathSignIn       = "/console/sign-in"
 	PathSignOut      = "/console/sign-out"
@@ -94,6 +96,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, mux: http.NewServeMux(), assets: http.StripPrefix(pathAssets, http.FileServerFS(sub))}
+	c.mux.HandleFunc("GET /console", c.home)
 	c.mux.HandleFunc("GET /console/{$}", c.home)
 	c.mux.HandleFunc("GET "+PathSignIn, c.signInForm)
 	c.mux.HandleFunc("POST "+PathSignIn, c.signIn)

@@ -195,9 +195,10 @@ func TestConsole(t *testing.T) {
 
 	t.Run("sign in, cookie flags, security headers, overview, sign out", func(t *testing.T) {
 		b := newBrowser(t, f.cp.URL, nil)
-		res, body := b.get("/console")
-		require.Equal(t, console.PathHome, res.Header.Get("Location"), body)
-		require.Equal(t, http.StatusMovedPermanently, res.StatusCode)
+		res, body := b.get(console.Path)
+		require.Equal(t, http.StatusSeeOther, res.StatusCode, body)
+		require.Equal(t, console.PathOverview, res.Header.Get("Location"))
+		requireSecurityHeaders(t, res)
 		res, _ = b.get(console.PathOverview)
 		require.Equal(t, http.StatusSeeOther, res.StatusCode, "not signed in: sent to sign in")
 		require.Equal(t, console.PathSignIn, res.Header.Get("Location"))
@@ -362,12 +363,33 @@ func TestConsoleRelease(t *testing.T) {
 	require.Contains(t, body, "<dd>released</dd>")
 	require.NotContains(t, body, "/release", "an ended reservation offers no release")
 
-	// Expiry: the session lasts 8 hours by default.
+	// Expiry: a session lasts 8 hours by default. An expired one is
+	// refused and deleted when used, and a sign-in sweeps the rest.
+	idle := newBrowser(t, f.cp.URL, nil)
+	idle.signIn(f.viewer)
+	require.Equal(t, 2, f.count(t, `SELECT COUNT(*) FROM console_sessions`))
 	f.cp.Clock.Advance(8*time.Hour + time.Second)
 	res, _ = b.get(console.PathOverview)
 	require.Equal(t, http.StatusSeeOther, res.StatusCode)
 	require.Equal(t, console.PathSignIn+"?ended=1", res.Header.Get("Location"))
-	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM console_sessions`))
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM console_sessions`), "the used one is gone")
+	b.signIn(f.member)
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM console_sessions`), "the idle one was swept at sign-in")
+	res, _ = idle.get(console.PathOverview)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode)
+
+	// A sign-in posted with a live session's cookie (a second tab's form)
+	// replaces that session.
+	u, err := url.Parse(f.cp.URL + console.PathHome)
+	require.NoError(t, err)
+	tab := newBrowser(t, f.cp.URL, nil)
+	_, body = tab.get(console.PathSignIn)
+	tab.c.Jar.SetCookies(u, b.c.Jar.Cookies(u))
+	res, body = tab.post(console.PathSignIn, url.Values{"csrf": {csrf(t, body)}, "api_key": {f.member}})
+	require.Equal(t, http.StatusSeeOther, res.StatusCode, body)
+	require.Equal(t, 1, f.count(t, `SELECT COUNT(*) FROM console_sessions`), "the earlier session was replaced")
+	res, _ = b.get(console.PathOverview)
+	require.Equal(t, http.StatusSeeOther, res.StatusCode, "the replaced session is gone")
 }
 
 // TestConsoleTLSCookie: over TLS the session cookie is Secure.

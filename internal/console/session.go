@@ -257,9 +257,20 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 	now := c.cfg.Clock.Now()
 	row := sessionRow{IDHash: idHash, APIKey: sealed, PrincipalID: who.Msg.GetPrincipalId(), CSRFToken: randomToken(),
 		CreateTime: now, ExpireTime: now.Add(c.cfg.SessionTTL)}
+	// A sign-in replaces the browser's earlier session, if any (no two
+	// live sessions for one cookie jar), and sweeps the expired ones.
+	var previous string
+	if ck, err := r.Cookie(SessionCookie); err == nil && ck.Value != "" {
+		previous = hashToken(ck.Value)
+	}
 	err = c.cfg.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
 		if _, err := sessionDeleteExpired(ctx, tx, now); err != nil {
 			return err
+		}
+		if previous != "" {
+			if err := sessionDelete(ctx, tx, previous); err != nil {
+				return err
+			}
 		}
 		return sessionInsert(ctx, tx, &row)
 	})
