@@ -272,6 +272,12 @@ func TestConsole(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, res.StatusCode, "posted from another site")
 		require.Equal(t, "active", f.state(t, "acme", f.acmeRsv), "nothing was released")
 
+		_, body = b.get(console.PathReservations)
+		res, body = b.post(release, url.Values{"csrf": {csrf(t, body)}, "pad": {strings.Repeat("x", console.MaxFormBytes)}})
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, "a form over 64 KiB")
+		require.Contains(t, body, "INVALID_ARGUMENT")
+		require.Equal(t, "active", f.state(t, "acme", f.acmeRsv))
+
 		fresh := newBrowser(t, f.cp.URL, nil)
 		res, _ = fresh.post(release, url.Values{"csrf": {token}})
 		require.Equal(t, http.StatusForbidden, res.StatusCode, "no session")
@@ -412,4 +418,34 @@ func TestConsoleTLSCookie(t *testing.T) {
 	res, body = b.get(console.PathReservations)
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	require.Contains(t, body, "better-compute reserve --pool POOL")
+}
+
+// TestConsoleWithoutSecret: a server without BETTER_COMPUTE_SECRET cannot
+// seal keys, and the sign-in page says so instead of signing anyone in.
+func TestConsoleWithoutSecret(t *testing.T) {
+	t.Parallel()
+	cp := bctest.NewControlPlane(t)
+	web, err := console.New(console.Config{API: cp.App.Handler, DB: cp.App.DB, Clock: cp.Clock})
+	require.NoError(t, err)
+	srv := httptest.NewServer(web)
+	t.Cleanup(srv.Close)
+	b := newBrowser(t, srv.URL, nil)
+	res, body := b.get(console.PathSignIn)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "set BETTER_COMPUTE_SECRET for serve")
+	require.NotContains(t, body, `name="api_key"`)
+	u, err := url.Parse(srv.URL + console.PathHome)
+	require.NoError(t, err)
+	var token string
+	for _, c := range b.c.Jar.Cookies(u) {
+		if c.Name == "bc_console_signin" {
+			token = c.Value
+		}
+	}
+	require.NotEmpty(t, token)
+	res, body = b.post(console.PathSignIn, url.Values{"csrf": {token}, "api_key": {cp.AdminKey}})
+	require.Equal(t, http.StatusConflict, res.StatusCode)
+	require.Contains(t, body, "<code>FAILED_PRECONDITION</code>")
+	ck := cookieNamed(res, console.SessionCookie)
+	require.True(t, ck == nil || ck.MaxAge < 0, "no session: %v", ck)
 }
