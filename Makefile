@@ -7,22 +7,24 @@ BIN   := $(CURDIR)/bin
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
-GENERATORS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go $(BIN)/protoc-gen-go-grpc
+GENERATORS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-connect-go $(BIN)/protoc-gen-go-grpc $(BIN)/templ
 
 $(GENERATORS) &: tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go \
-		connectrpc.com/connect/cmd/protoc-gen-connect-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+		connectrpc.com/connect/cmd/protoc-gen-connect-go google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/a-h/templ/cmd/templ
 
 .PHONY: tools
 tools: $(GENERATORS) ## build the pinned code generators into bin/
 
 .PHONY: generate
-generate: tools ## regenerate gen/ from proto/ (offline, pinned tools)
+generate: tools ## regenerate gen/ from proto/ and the console's *_templ.go from *.templ (offline, pinned tools)
 	$(BIN)/buf lint
 	rm -rf gen
 	$(BIN)/buf generate --template buf.gen.yaml
 	$(BIN)/buf generate --template buf.gen.agent.yaml
 	$(BIN)/buf generate --template buf.gen.driver.yaml
+	$(BIN)/templ generate -path internal/console
 
 .PHONY: build
 build: ## build the programs under cmd/ into bin/

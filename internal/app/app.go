@@ -38,6 +38,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/reservation"
 	"github.com/better-compute/better-compute/internal/capacity/usage"
 	"github.com/better-compute/better-compute/internal/clock"
+	"github.com/better-compute/better-compute/internal/console"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
 	"github.com/better-compute/better-compute/internal/execrelay"
@@ -409,6 +410,8 @@ func Modules() []store.Migrations {
 		health.Migrations(),
 		// Rollouts read nodes, pools and health findings.
 		rollout.Migrations(),
+		// Console sessions: read by the console alone.
+		console.Migrations(),
 	}
 }
 

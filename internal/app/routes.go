@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/internal/capacity/usage"
 	"github.com/better-compute/better-compute/internal/capacity/views"
 	"github.com/better-compute/better-compute/internal/confirmation"
+	"github.com/better-compute/better-compute/internal/console"
 	"github.com/better-compute/better-compute/internal/downloads"
 	"github.com/better-compute/better-compute/internal/envelope"
 	"github.com/better-compute/better-compute/internal/events"
@@ -239,6 +240,18 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 		return nil, err
 	}
 	mux.Handle(mcp.Path, agents)
+	// The web console: its pages call the handlers above in process with
+	// the signed-in person's own key.
+	var consoleSealer console.Sealer // a nil *pki.Sealer must stay a nil interface
+	if a.sealer != nil {
+		consoleSealer = a.sealer
+	}
+	web, err := console.New(console.Config{API: mux, DB: a.DB, Sealer: consoleSealer, Clock: a.cfg.Clock, Logger: a.cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(console.Path, web)
+	mux.Handle(console.PathHome, web)
 	return mux, nil
 }
 
