@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/internal/console"
 	"github.com/better-compute/better-compute/internal/devrig"
 	"github.com/better-compute/better-compute/internal/pki"
 )
@@ -84,6 +85,7 @@ the liveness timeouts: --heartbeat-interval 2s --unreachable-after 5s
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "API: %s\n", rig.API)
 			fmt.Fprintf(out, "gateway: %s\n", rig.Gateway)
+			fmt.Fprintf(out, "console: %s%s (sign in with an API key)\n", rig.API, console.Path)
 			if rig.ShowKey {
 				fmt.Fprintf(out, "admin key: %s\n", rig.AdminKey)
 				fmt.Fprintf(out, "  (shown once; also kept in %s, mode 0600)\n", rig.KeyFile)

@@ -100,6 +100,7 @@ func TestDevPortsInUseNameTheFlags(t *testing.T) {
 	key, err := os.ReadFile(filepath.Join(state, "admin.key"))
 	require.NoError(t, err)
 	require.Contains(t, stdout, "admin key: "+strings.TrimSpace(string(key)))
+	require.Regexp(t, `(?m)^console: http://127\.0\.0\.1:\d+/console `, stdout, "dev's start-up names the console's URL")
 
 	code, stdout, stderr = runDev(t, cfgPath, suggested...)
 	require.Equal(t, 0, code, stderr)
