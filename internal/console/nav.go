@@ -67,4 +67,14 @@ func navFor(v *viewer) []navItem {
 	return out
 }
 
+// NavPaths is every page the console's navigation names, in its order: the
+// pages the browser tests and the first-paint benchmark open.
+func NavPaths() []string {
+	out := make([]string, 0, len(navItems))
+	for _, it := range navItems {
+		out = append(out, it.Path)
+	}
+	return out
+}
+
 func (it navItem) URL() templ.SafeURL { return templ.SafeURL(it.Path) }

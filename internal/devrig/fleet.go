@@ -29,7 +29,9 @@ func StartFleet(ctx context.Context, api, adminKey, gateway, stateDir string, n 
 		return nil, err
 	}
 	root := filepath.Join(stateDir, "sim")
-	c := client.New(api, adminKey)
+	// A join token a node: a large --sim-nodes outruns the admin's request
+	// rate, so a refused call waits its turn instead of ending dev.
+	c := client.New(api, adminKey, client.WithRateLimitRetry(10*time.Minute))
 	if err := ensureSimTenant(ctx, c); err != nil {
 		return nil, err
 	}
