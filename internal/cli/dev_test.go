@@ -131,3 +131,32 @@ func TestDevLivenessFlags(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, "admin key: bc_")
 }
+
+// A simulated fleet larger than the admin's request burst still starts:
+// its join-token calls wait out RATE_LIMITED instead of ending dev.
+func TestDevSimFleetOutrunsRequestRate(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.yaml")
+	a := newApp("dev", func(k string) (string, bool) {
+		v := map[string]string{envConfig: cfgPath}[k]
+		return v, v != ""
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := newWaitWriter("sim: 4 simulated nodes")
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, a, []string{"dev", "--config", cfgPath, "--log-level", "error", "--state-dir", filepath.Join(dir, "state"),
+			"--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--sim-nodes", "4", "--sim-cgroups", "plain",
+			"--request-rate", "2", "--request-burst", "1"}, nil, out, &errb)
+	}()
+	select {
+	case code := <-done:
+		t.Fatalf("dev exited with %d before its simulated nodes started:\n%s\n%s", code, out.String(), errb.String())
+	case <-out.seen:
+	}
+	cancel()
+	<-done
+}
