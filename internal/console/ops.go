@@ -384,7 +384,7 @@ func migText(g *apiv1.Gpu) string {
 // poolRow is a pool as the list and its page show it.
 type poolRow struct {
 	ID, Name, Tenant, Owner, State, Selector, Offer, Created string
-	URL                                                     templ.SafeURL
+	URL                                                      templ.SafeURL
 }
 
 func poolRowOf(v *viewer, x *apiv1.Pool) poolRow {
