@@ -672,14 +672,14 @@ func nodePage(p page, v nodeView) templ.Component {
 				return templ_7745c5c3_Err
 			}
 			if !v.Inventoried {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 60, "<p class=\"empty\">The node has reported no GPUs yet. Its agent sends its inventory when it connects; see <code>better-compute nodes inventory ")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 60, "<p class=\"empty\">The node has reported no GPUs yet. Its agent sends its inventory when it connects; see <code>better-compute inventory get ")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
 				var templ_7745c5c3_Var41 string
 				templ_7745c5c3_Var41, templ_7745c5c3_Err = templ.JoinStringErrs(v.Node.Name)
 				if templ_7745c5c3_Err != nil {
-					return templ.Error{Err: templ_7745c5c3_Err, FileName: `ops.templ`, Line: 107, Col: 54}
+					return templ.Error{Err: templ_7745c5c3_Err, FileName: `ops.templ`, Line: 107, Col: 52}
 				}
 				_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var41))
 				if templ_7745c5c3_Err != nil {
@@ -1274,7 +1274,7 @@ func poolsPage(p page, tenant string, archived bool, rows []poolRow, next templ.
 				return templ_7745c5c3_Err
 			}
 			if len(rows) == 0 {
-				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 120, "<p class=\"empty\">No pools yet. Make one that selects nodes by label with <code>better-compute pools create NAME --tenant T --selector gpu.model=H100</code>, and offer it to other tenants with <code>better-compute pools offer NAME --tenant T --to TENANT</code>.</p>")
+				templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 120, "<p class=\"empty\">No pools yet. Make one that selects nodes by label with <code>better-compute pools create NAME --tenant T --selector SEL</code>, and offer it to other tenants with <code>better-compute pools offer NAME --tenant T --to TENANT</code>.</p>")
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

@@ -223,3 +223,34 @@ func TestConsoleOpsPools(t *testing.T) {
 		require.Contains(t, body, "<code>NOT_FOUND</code>")
 	})
 }
+
+var polylineRE = regexp.MustCompile(`<polyline points="([^"]+)"`)
+
+// TestConsoleOpsChart: the fleet overview draws the last 24 hours of free
+// and booked GPUs as an inline SVG with a text alternative, no script and
+// no style; a tenant's chart sums only its own pools.
+func TestConsoleOpsChart(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	for key, total := range map[string]string{f.cp.AdminKey: "16", f.member: "8", f.rivalMember: "8"} {
+		b := newBrowser(t, f.cp.URL, nil)
+		b.signIn(key)
+		res, body := b.get(console.PathOverview)
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.Contains(t, body, `role="img" aria-labelledby="chart-title chart-desc"`)
+		require.Contains(t, body, `<title id="chart-title">GPUs free and booked, last 24 hours</title>`)
+		require.Contains(t, body, "<caption>GPUs free and booked each hour, last 24 hours</caption>")
+		require.NotContains(t, body, "style=")
+		require.NotContains(t, body, "<script>")
+		lines := polylineRE.FindAllStringSubmatch(body, -1)
+		require.Len(t, lines, 2, "free and booked")
+		require.Len(t, strings.Fields(lines[0][1]), 25, "25 hourly points")
+		rows := regexp.MustCompile(`<tr><th scope="row">[^<]+</th><td class="num">(\d+)</td><td class="num">(\d+)</td><td class="num">(\d+)</td></tr>`).
+			FindAllStringSubmatch(body, -1)
+		require.Len(t, rows, 25)
+		now := rows[len(rows)-1]
+		require.Equal(t, total, now[3], "the last hour's total")
+		booked, _ := strconv.Atoi(now[2])
+		require.Positive(t, booked, "the reservation shows as booked now: %v", now)
+	}
+}
