@@ -1,7 +1,10 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"html"
 	"net/http"
 	"regexp"
@@ -11,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/console"
@@ -253,4 +257,81 @@ func TestConsoleOpsChart(t *testing.T) {
 		booked, _ := strconv.Atoi(now[2])
 		require.Positive(t, booked, "the reservation shows as booked now: %v", now)
 	}
+}
+
+// TestConsoleOpsLists: sites, images, the audit log and quotas, each as a
+// platform key sees every tenant's and as a tenant sees only its own.
+func TestConsoleOpsLists(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	admin := f.cp.Admin()
+	for i, tenant := range []string{"acme", "rival"} {
+		_, err := admin.Sites.Create(ctx, connect.NewRequest(&apiv1.CreateSiteRequest{Tenant: tenant, Name: tenant + "-dc",
+			Networks: []string{"10.4" + strconv.Itoa(i) + ".0.0/24"}, Description: tenant + "'s hall"}))
+		require.NoError(t, err)
+		img := []byte(tenant + " disk image")
+		sum := sha256.Sum256(img)
+		_, err = admin.PushImage(ctx, &apiv1.PushImageHeader{Tenant: tenant, Name: tenant + "-ubuntu", Kind: "raw",
+			Sha256: hex.EncodeToString(sum[:]), SizeBytes: int64(len(img))}, bytes.NewReader(img), "")
+		require.NoError(t, err)
+		_, err = admin.Quotas.Set(ctx, connect.NewRequest(&apiv1.SetQuotaRequest{Tenant: tenant, Gpus: proto.Int32(1)}))
+		require.NoError(t, err)
+	}
+
+	t.Run("a platform key sees every tenant's, filters by tenant and pages", func(t *testing.T) {
+		b := newBrowser(t, f.cp.URL, nil)
+		b.signIn(f.cp.AdminKey)
+		// Sites, images and the audit log without a tenant are the
+		// platform's own; quotas without one are every tenant's.
+		for path, want := range map[string][]string{
+			console.PathSites + "?tenant=rival":  {"rival-dc", "10.41.0.0/24"},
+			console.PathImages + "?tenant=rival": {"rival-ubuntu", "unsigned"},
+			console.PathQuotas:                   {"1 of 1", `<span class="quota-full">full</span>`, f.tenantID(t, "rival")},
+			console.PathAudit + "?tenant=rival":  {"reservations.create", "sites.create"},
+		} {
+			res, body := b.get(path)
+			require.Equal(t, http.StatusOK, res.StatusCode, "%s: %s", path, body)
+			for _, w := range want {
+				require.Contains(t, body, w, path)
+			}
+			require.Contains(t, body, `<label for="f-tenant">Tenant</label>`, path)
+			require.NotContains(t, body, "style=", path)
+			res, body = b.get(strings.TrimSuffix(path, "?tenant=rival") + "?tenant=acme")
+			require.Equal(t, http.StatusOK, res.StatusCode, "%s: %s", path, body)
+			require.NotContains(t, body, "rival", path)
+		}
+		res, body := b.get(console.PathAudit + "?tenant=acme&action=sites.create")
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.Equal(t, 1, strings.Count(body, `<tr id="audit-`), "one site created in acme")
+		res, body = b.get(console.PathAudit + "?tenant=acme&size=1")
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.Equal(t, 1, strings.Count(body, `<tr id="audit-`))
+		require.Contains(t, body, `rel="next">Next page</a>`)
+		res, body = b.get(console.PathQuotas + "?size=x")
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, body)
+		require.Contains(t, body, "size: must be a number")
+	})
+
+	t.Run("a tenant sees only its own, whatever the link names", func(t *testing.T) {
+		b := newBrowser(t, f.cp.URL, nil)
+		b.signIn(f.member)
+		for _, path := range []string{console.PathSites, console.PathImages, console.PathQuotas, console.PathAudit} {
+			res, body := b.get(path + "?tenant=rival")
+			if res.StatusCode == http.StatusForbidden {
+				// A member may not read the audit log: the API says so.
+				require.Equal(t, console.PathAudit, path, body)
+				require.Contains(t, body, "<code>PERMISSION_DENIED</code>")
+				continue
+			}
+			require.Equal(t, http.StatusOK, res.StatusCode, "%s: %s", path, body)
+			require.NotContains(t, body, "rival", path)
+			require.NotContains(t, body, `id="f-tenant"`, path)
+		}
+		r := newBrowser(t, f.cp.URL, nil)
+		r.signIn(f.rivalMember)
+		_, body := r.get(console.PathSites)
+		require.Contains(t, body, "rival-dc")
+		require.NotContains(t, body, "acme")
+	})
 }
