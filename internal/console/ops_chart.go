@@ -25,8 +25,8 @@ const (
 	maxChartPools = 50
 	// The drawing's size in SVG units and its margins for the axes.
 	chartW, chartH          = 720, 240
-	chartLeft, chartRight   = 48, 12
-	chartTop, chartBottom   = 12, 28
+	chartLeft, chartRight   = 48, 28
+	chartTop, chartBottom   = 32, 28
 	chartPlotW, chartPlotH  = chartW - chartLeft - chartRight, chartH - chartTop - chartBottom
 	chartFreeColour         = "#1a7f37"
 	chartBookedColour       = "#1f4e79"
@@ -37,7 +37,7 @@ const (
 	chartTextColour         = "#57606a"
 	chartStrokeWidth        = "2"
 	chartGridStrokeWidth    = "1"
-	chartLegendY            = chartTop + 4
+	chartLegendY            = 12
 	chartLegendFreeX        = chartLeft + 8
 	chartLegendBookedX      = chartLeft + 120
 	chartLegendSwatchLength = 18
