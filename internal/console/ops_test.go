@@ -226,6 +226,44 @@ func TestConsoleOpsPools(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, res.StatusCode, body)
 		require.Contains(t, body, "<code>NOT_FOUND</code>")
 	})
+
+	t.Run("pages follow the API's token", func(t *testing.T) {
+		b := newBrowser(t, f.cp.URL, nil)
+		b.signIn(f.cp.AdminKey)
+		_, body := b.get(console.PathPools + "?size=1")
+		require.Equal(t, 1, strings.Count(body, `<tr id="pool-`))
+		m := regexp.MustCompile(`<a href="([^"]+)" rel="next">Next page</a>`).FindStringSubmatch(body)
+		require.NotNil(t, m, body)
+		first := ids.acmePool
+		if !strings.Contains(body, first) {
+			first = ids.rivalPool
+		}
+		res, body := b.get(html.UnescapeString(m[1]))
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.Equal(t, 1, strings.Count(body, `<tr id="pool-`))
+		require.NotContains(t, body, first)
+	})
+
+	t.Run("a consumer's reservation on the owner's node: shown to the owner, linked for the platform only", func(t *testing.T) {
+		rsv, err := f.cp.Client(f.rivalMember).Reservations.Create(ctx, connect.NewRequest(&apiv1.CreateReservationRequest{
+			Tenant: "rival", Pool: ids.acmePool, Gpus: 1, DurationSeconds: 3600}))
+		require.NoError(t, err)
+		theirs := rsv.Msg.GetReservation().GetId()
+		require.Equal(t, ids.acmeNode, rsv.Msg.GetReservation().GetPlacement().GetNodeId())
+
+		b := newBrowser(t, f.cp.URL, nil)
+		b.signIn(f.member)
+		res, body := b.get(console.PathNodes + "/" + ids.acmeNode)
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.Contains(t, body, "<span>"+theirs+"</span>", "the owner sees who holds its GPU")
+		require.NotContains(t, body, "/console/reservations/"+theirs, "but cannot open another tenant's reservation")
+		require.Equal(t, 2, strings.Count(body, `<li class="gpu gpu-booked"`))
+
+		a := newBrowser(t, f.cp.URL, nil)
+		a.signIn(f.cp.AdminKey)
+		_, body = a.get(console.PathNodes + "/" + ids.acmeNode)
+		require.Contains(t, body, `href="/console/reservations/`+theirs+`?tenant=`+f.tenantID(t, "rival")+`"`)
+	})
 }
 
 var polylineRE = regexp.MustCompile(`<polyline points="([^"]+)"`)
