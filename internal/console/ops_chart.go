@@ -70,7 +70,10 @@ type fleetChart struct {
 
 // overviewChart reads the last 24 hours of every pool in rows and sums them.
 func (c *Console) overviewChart(r *http.Request, s *session, rows []*apiv1.CapacityRow) (fleetChart, error) {
-	end := c.cfg.Clock.Now().UTC()
+	// Whole seconds, so the API's points fall on the hours asked for at
+	// any precision the store keeps; the next second, so what was booked
+	// a moment ago is booked at the last point.
+	end := c.cfg.Clock.Now().UTC().Truncate(time.Second).Add(time.Second)
 	start := end.Add(-chartSpan)
 	var pools []string
 	seen := map[string]bool{}
@@ -94,7 +97,7 @@ func (c *Console) overviewChart(r *http.Request, s *session, rows []*apiv1.Capac
 			return fleetChart{}, err
 		}
 		for _, pt := range res.Msg.GetPoints() {
-			i := int(pt.GetTime().AsTime().Sub(start) / chartStep)
+			i := int((pt.GetTime().AsTime().Sub(start) + chartStep/2) / chartStep)
 			if i >= 0 && i < n {
 				booked[i] += pt.GetBooked()
 				total[i] += pt.GetTotal()
