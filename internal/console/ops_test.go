@@ -140,22 +140,26 @@ func TestConsoleOpsNodes(t *testing.T) {
 		require.Contains(t, body, `href="/console/reservations/`+f.acmeRsv+`?tenant=`+acmeID+`"`, "the holder is linked")
 	})
 
-	t.Run("a quarantined GPU says so", func(t *testing.T) {
+	t.Run("a quarantined GPU and one marked for RMA say so", func(t *testing.T) {
 		ctx := context.Background()
 		inv, err := f.cp.Admin().Inventory.Get(ctx, connect.NewRequest(&apiv1.GetInventoryRequest{Tenant: "acme", Node: ids.acmeNode}))
 		require.NoError(t, err)
 		rsv, err := f.cp.Admin().Reservations.Get(ctx, connect.NewRequest(&apiv1.GetReservationRequest{Tenant: "acme", Reservation: f.acmeRsv}))
 		require.NoError(t, err)
 		held := strings.Join(rsv.Msg.GetReservation().GetPlacement().GetAtoms(), " ")
-		var last *apiv1.Gpu
+		var free []*apiv1.Gpu
 		for _, g := range inv.Msg.GetGpus() {
 			if !strings.Contains(held, g.GetUuid()) {
-				last = g
+				free = append(free, g)
 			}
 		}
-		require.NotNil(t, last, "a GPU no reservation holds")
+		require.GreaterOrEqual(t, len(free), 2, "GPUs no reservation holds")
+		last, rma := free[len(free)-1], free[0]
 		_, err = f.cp.Admin().Health.QuarantineGpu(ctx, connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "acme",
 			Gpu: last.GetUuid(), Reason: "flaky in burn-in"}))
+		require.NoError(t, err)
+		_, err = f.cp.Admin().Health.QuarantineGpu(ctx, connect.NewRequest(&apiv1.QuarantineGpuRequest{Tenant: "acme",
+			Gpu: rma.GetUuid(), Reason: "row remap failed", Rma: true}))
 		require.NoError(t, err)
 		b := newBrowser(t, f.cp.URL, nil)
 		b.signIn(f.member)
@@ -163,6 +167,9 @@ func TestConsoleOpsNodes(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.StatusCode, body)
 		require.Contains(t, body, `<li class="gpu gpu-quarantined" id="gpu-`+strconv.Itoa(int(last.GetIndex()))+`">`)
 		require.Contains(t, body, "flaky in burn-in")
+		require.Contains(t, body, `<li class="gpu gpu-unhealthy" id="gpu-`+strconv.Itoa(int(rma.GetIndex()))+`">`, "marked for RMA")
+		require.Contains(t, body, `<span class="gpu-state">unhealthy</span>`)
+		require.Contains(t, body, "row remap failed")
 		require.Contains(t, body, `href="/console/reservations/`+f.acmeRsv+`"`, "a tenant's own link names no tenant")
 	})
 
