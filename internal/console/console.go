@@ -105,6 +105,16 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathReservations, c.page(c.reservations))
 	c.mux.HandleFunc("GET "+PathReservations+"/{id}", c.page(c.reservation))
 	c.mux.HandleFunc("POST "+PathReservations+"/{id}/release", c.action(c.release))
+	// The operator's pages (p-ops): nodes, pools and offers, sites, images,
+	// the audit log, quotas.
+	c.mux.HandleFunc("GET "+PathNodes, c.page(c.nodes))
+	c.mux.HandleFunc("GET "+PathNodes+"/{id}", c.page(c.node))
+	c.mux.HandleFunc("GET "+PathPools, c.page(c.pools))
+	c.mux.HandleFunc("GET "+PathPools+"/{id}", c.page(c.pool))
+	c.mux.HandleFunc("GET "+PathSites, c.page(c.sites))
+	c.mux.HandleFunc("GET "+PathImages, c.page(c.images))
+	c.mux.HandleFunc("GET "+PathAudit, c.page(c.audit))
+	c.mux.HandleFunc("GET "+PathQuotas, c.page(c.quotas))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil

@@ -45,7 +45,13 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	slices.SortFunc(rows, func(a, b capacityRow) int {
 		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Model, b.Model), cmp.Compare(a.Kind, b.Kind))
 	})
-	c.render(w, r, http.StatusOK, overviewPage(p, rows, total))
+	// The chart of the last 24 hours (p-ops, ops_chart.go).
+	chart, err := c.overviewChart(r, s, res.Msg.GetRows())
+	if err != nil {
+		c.fail(w, r, s, httpStatus(err), apiErrorOf(err))
+		return
+	}
+	c.render(w, r, http.StatusOK, overviewPage(p, rows, total, chart))
 }
 
 // reservationRow is a reservation as the console lists it.
