@@ -75,6 +75,11 @@ func setup(t *testing.T) *fixture {
 		return res.Msg.GetReservation().GetId()
 	}
 	f.acmeRsv, f.rivalRsv = reserve(f.member, "acme"), reserve(f.rivalMember, "rival")
+	// The tests start from active reservations: binding ends when each
+	// node's agent reports the allocation.
+	bctest.WaitFor(t, "both reservations active", func() bool {
+		return f.state(t, "acme", f.acmeRsv) == "active" && f.state(t, "rival", f.rivalRsv) == "active"
+	})
 	return f
 }
 
