@@ -105,6 +105,11 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathReservations, c.page(c.reservations))
 	c.mux.HandleFunc("GET "+PathReservations+"/{id}", c.page(c.reservation))
 	c.mux.HandleFunc("POST "+PathReservations+"/{id}/release", c.action(c.release))
+	// Tenant pages (p-tenant): the reservation form, its live preview and
+	// create.
+	c.mux.HandleFunc("GET "+PathReservationNew, c.page(c.reserveNew))
+	c.mux.HandleFunc("POST "+PathReservationPreview, c.action(c.reservePreview))
+	c.mux.HandleFunc("POST "+PathReservations, c.action(c.reserve))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil
