@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/better-compute/better-compute/bctest"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/console"
 )
 
@@ -213,6 +215,7 @@ func TestConsoleBrowserTenant(t *testing.T) {
 	for _, pg := range []struct{ name, path, sel string }{
 		{"tenant-reservations", console.PathReservations, "#rsv-" + id},
 		{"tenant-reserve-new", console.PathReservationNew, "#r-pool"},
+		{"tenant-usage", console.PathUsage, "#u-metric"},
 	} {
 		tab.do("open "+pg.path,
 			chromedp.Navigate(base+pg.path),
@@ -220,5 +223,36 @@ func TestConsoleBrowserTenant(t *testing.T) {
 		)
 		tab.shot(pg.name)
 	}
+
+	// API keys are the tenant admin's: sign in again as one, create a key
+	// (its secret shown once), and revoke it.
+	k, err := f.cp.Admin().ApiKeys.Create(context.Background(), connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme", Role: "admin", Name: "acme-admin"}))
+	require.NoError(t, err)
+	tab.do("sign in as the tenant's admin",
+		chromedp.Click(chromedp.CSS(`header form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("api-key")),
+		chromedp.SendKeys(chromedp.ID("api-key"), k.Msg.GetSecret()),
+		chromedp.Click(chromedp.CSS(`form.signin button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`table caption`)),
+		chromedp.Click(chromedp.CSS(`nav a[href="/console/api-keys"]`)),
+		chromedp.WaitVisible(chromedp.ID("k-name")),
+	)
+	tab.shot("tenant-api-keys")
+	tab.do("create a key",
+		chromedp.SendKeys(chromedp.ID("k-name"), "ci-runner"),
+		chromedp.SetValue(chromedp.ID("k-role"), "viewer"),
+		chromedp.Click(chromedp.CSS(`form.row-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("new-secret")),
+	)
+	secret, err := chromedp.Run(tab.ctx, chromedp.Evaluate[string](`document.getElementById("new-secret").value`))
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(secret, "bc_"), secret)
+	tab.shot("tenant-api-key-created")
+	tab.do("revoke it",
+		chromedp.Click(chromedp.CSS(`button[aria-label="Revoke ci-runner"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`a[href="/console/api-keys"]`)),
+	)
+	require.Contains(t, tab.text("main table"), "revoked")
+	require.NotContains(t, tab.text("main"), secret, "the secret is not shown again")
 	tab.clean()
 }

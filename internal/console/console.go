@@ -106,10 +106,14 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathReservations+"/{id}", c.page(c.reservation))
 	c.mux.HandleFunc("POST "+PathReservations+"/{id}/release", c.action(c.release))
 	// Tenant pages (p-tenant): the reservation form, its live preview and
-	// create.
+	// create; usage; API keys.
 	c.mux.HandleFunc("GET "+PathReservationNew, c.page(c.reserveNew))
 	c.mux.HandleFunc("POST "+PathReservationPreview, c.action(c.reservePreview))
 	c.mux.HandleFunc("POST "+PathReservations, c.action(c.reserve))
+	c.mux.HandleFunc("GET "+PathUsage, c.page(c.usage))
+	c.mux.HandleFunc("GET "+PathAPIKeys, c.page(c.apiKeys))
+	c.mux.HandleFunc("POST "+PathAPIKeys, c.action(c.createAPIKey))
+	c.mux.HandleFunc("POST "+PathAPIKeys+"/{id}/revoke", c.action(c.revokeAPIKey))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil

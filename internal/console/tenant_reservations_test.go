@@ -37,6 +37,8 @@ func (f *fixture) reservationsOf(t *testing.T, tenant string) int {
 	return f.count(t, `SELECT COUNT(*) FROM reservations r JOIN tenants t ON t.id = r.tenant_id WHERE t.name = $1`, tenant)
 }
 
+var regexpSecret = regexp.MustCompile(`id="new-secret" class="secret-value" readonly value="([^"]+)"`)
+
 var idempotencyRE = regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`)
 
 // reserveForm is a filled-in reservation form as the page posts it.
