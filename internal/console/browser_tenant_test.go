@@ -2,6 +2,8 @@ package console_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -250,9 +252,34 @@ func TestConsoleBrowserTenant(t *testing.T) {
 	tab.shot("tenant-api-key-created")
 	tab.do("revoke it",
 		chromedp.Click(chromedp.CSS(`button[aria-label="Revoke ci-runner"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`a[href="/console/api-keys"]`)),
+		// The revoked-keys list links back to the live ones.
+		chromedp.WaitVisible(chromedp.CSS(`main a[href="/console/api-keys"]`)),
 	)
 	require.Contains(t, tab.text("main table"), "revoked")
 	require.NotContains(t, tab.text("main"), secret, "the secret is not shown again")
+
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(recv.Close)
+	hook := recv.URL + "/hook"
+	tab.do("create a webhook",
+		chromedp.Click(chromedp.CSS(`nav a[href="/console/webhooks"]`)),
+		chromedp.WaitVisible(chromedp.ID("w-url")),
+		chromedp.SendKeys(chromedp.ID("w-url"), hook),
+		chromedp.SendKeys(chromedp.ID("w-types"), "reservation.*"),
+		chromedp.Click(chromedp.CSS(`form.row-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("new-secret")),
+	)
+	whsec, err := chromedp.Run(tab.ctx, chromedp.Evaluate[string](`document.getElementById("new-secret").value`))
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(whsec, "whsec_"), whsec)
+	tab.shot("tenant-webhook-created")
+	tab.do("send it a test event", chromedp.Click(chromedp.CSS(`button[aria-label="Send test `+hook+`"]`)))
+	tab.until("the page says the test is queued", `document.querySelector("p.notice")?.textContent.startsWith("Test delivery")`)
+	require.NotContains(t, tab.text("main"), whsec)
+	tab.shot("tenant-webhooks")
+	tab.do("delete it",
+		chromedp.Click(chromedp.CSS(`button[aria-label="Delete `+hook+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`p.empty`)),
+	)
 	tab.clean()
 }

@@ -106,7 +106,7 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathReservations+"/{id}", c.page(c.reservation))
 	c.mux.HandleFunc("POST "+PathReservations+"/{id}/release", c.action(c.release))
 	// Tenant pages (p-tenant): the reservation form, its live preview and
-	// create; usage; API keys.
+	// create; usage; API keys; webhooks.
 	c.mux.HandleFunc("GET "+PathReservationNew, c.page(c.reserveNew))
 	c.mux.HandleFunc("POST "+PathReservationPreview, c.action(c.reservePreview))
 	c.mux.HandleFunc("POST "+PathReservations, c.action(c.reserve))
@@ -114,6 +114,11 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathAPIKeys, c.page(c.apiKeys))
 	c.mux.HandleFunc("POST "+PathAPIKeys, c.action(c.createAPIKey))
 	c.mux.HandleFunc("POST "+PathAPIKeys+"/{id}/revoke", c.action(c.revokeAPIKey))
+	c.mux.HandleFunc("GET "+PathWebhooks, c.page(c.webhooks))
+	c.mux.HandleFunc("POST "+PathWebhooks, c.action(c.createWebhook))
+	c.mux.HandleFunc("POST "+PathWebhooks+"/{id}/test", c.action(c.testWebhook))
+	c.mux.HandleFunc("POST "+PathWebhooks+"/{id}/rotate", c.action(c.rotateWebhook))
+	c.mux.HandleFunc("POST "+PathWebhooks+"/{id}/delete", c.action(c.deleteWebhook))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil
