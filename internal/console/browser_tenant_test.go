@@ -144,6 +144,7 @@ func TestConsoleBrowserTenant(t *testing.T) {
 	}
 	t.Parallel()
 	f := setup(t)
+	f.workloads(t)
 	tab := newTenantTab(t)
 	base := f.cp.URL
 
@@ -218,6 +219,8 @@ func TestConsoleBrowserTenant(t *testing.T) {
 		{"tenant-reservations", console.PathReservations, "#rsv-" + id},
 		{"tenant-reserve-new", console.PathReservationNew, "#r-pool"},
 		{"tenant-usage", console.PathUsage, "#u-metric"},
+		{"tenant-instances", console.PathInstances, "#i-name"},
+		{"tenant-sandboxes", console.PathSandboxes, "#s-template"},
 	} {
 		tab.do("open "+pg.path,
 			chromedp.Navigate(base+pg.path),
@@ -225,6 +228,17 @@ func TestConsoleBrowserTenant(t *testing.T) {
 		)
 		tab.shot(pg.name)
 	}
+
+	tab.do("start a sandbox from the form",
+		chromedp.SendKeys(chromedp.ID("s-template"), "box"),
+		chromedp.Click(chromedp.CSS(`form.row-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`dl.facts`)),
+	)
+	sbx := strings.TrimPrefix(tab.text("h1"), "Sandbox ")
+	require.Contains(t, tab.text("main"), "better-compute sandboxes exec "+sbx+" -it")
+	tab.shot("tenant-sandbox")
+	tab.do("delete it", chromedp.Click(chromedp.CSS(`button[aria-label="Delete `+sbx+`"]`)))
+	tab.until("the page shows it going", `["deleting", "deleted"].includes(document.querySelector("dl.facts dd")?.textContent)`)
 
 	// API keys are the tenant admin's: sign in again as one, create a key
 	// (its secret shown once), and revoke it.

@@ -106,7 +106,7 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathReservations+"/{id}", c.page(c.reservation))
 	c.mux.HandleFunc("POST "+PathReservations+"/{id}/release", c.action(c.release))
 	// Tenant pages (p-tenant): the reservation form, its live preview and
-	// create; usage; API keys; webhooks.
+	// create; usage; API keys; webhooks; instances and sandboxes.
 	c.mux.HandleFunc("GET "+PathReservationNew, c.page(c.reserveNew))
 	c.mux.HandleFunc("POST "+PathReservationPreview, c.action(c.reservePreview))
 	c.mux.HandleFunc("POST "+PathReservations, c.action(c.reserve))
@@ -119,6 +119,16 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("POST "+PathWebhooks+"/{id}/test", c.action(c.testWebhook))
 	c.mux.HandleFunc("POST "+PathWebhooks+"/{id}/rotate", c.action(c.rotateWebhook))
 	c.mux.HandleFunc("POST "+PathWebhooks+"/{id}/delete", c.action(c.deleteWebhook))
+	c.mux.HandleFunc("GET "+PathInstances, c.page(c.instances))
+	c.mux.HandleFunc("POST "+PathInstances, c.action(c.createInstance))
+	c.mux.HandleFunc("GET "+PathInstances+"/{id}", c.page(c.instance))
+	c.mux.HandleFunc("POST "+PathInstances+"/{id}/stop", c.action(c.instanceAction("stop")))
+	c.mux.HandleFunc("POST "+PathInstances+"/{id}/start", c.action(c.instanceAction("start")))
+	c.mux.HandleFunc("POST "+PathInstances+"/{id}/delete", c.action(c.instanceAction("delete")))
+	c.mux.HandleFunc("GET "+PathSandboxes, c.page(c.sandboxes))
+	c.mux.HandleFunc("POST "+PathSandboxes, c.action(c.createSandbox))
+	c.mux.HandleFunc("GET "+PathSandboxes+"/{id}", c.page(c.sandbox))
+	c.mux.HandleFunc("POST "+PathSandboxes+"/{id}/delete", c.action(c.deleteSandbox))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil
