@@ -144,7 +144,7 @@ func TestConsoleBrowserTenant(t *testing.T) {
 	}
 	t.Parallel()
 	f := setup(t)
-	f.workloads(t)
+	f.tenantWorkloads(t)
 	tab := newTenantTab(t)
 	base := f.cp.URL
 
@@ -167,7 +167,7 @@ func TestConsoleBrowserTenant(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("r-pool"), "gpu"),
 		chromedp.WaitVisible(chromedp.CSS(`#reserve-preview .verdict.fits`)),
 	)
-	acmeNode := f.nodeOf(t, "acme")
+	acmeNode := f.tenantNode(t, "acme")
 	require.Contains(t, tab.text("#reserve-preview"), acmeNode)
 	require.Contains(t, tab.text("#reserve-preview"), "1 nodes evaluated, 1 could take it")
 	tab.shot("tenant-reserve-fits")
@@ -199,7 +199,7 @@ func TestConsoleBrowserTenant(t *testing.T) {
 	h1 := tab.text("h1")
 	require.True(t, strings.HasPrefix(h1, "Reservation rsv_"), h1)
 	id := strings.TrimPrefix(h1, "Reservation ")
-	require.Equal(t, 3, f.reservationsOf(t, "acme")+f.reservationsOf(t, "rival"), "one more reservation")
+	require.Equal(t, 3, f.tenantReservations(t, "acme")+f.tenantReservations(t, "rival"), "one more reservation")
 	bctest.WaitFor(t, "the node binds it", func() bool { return f.state(t, "acme", id) == "active" })
 	tab.do("see it active",
 		chromedp.Navigate(base+console.PathReservations+"/"+id),

@@ -39,7 +39,7 @@ type usageTotal struct {
 	sum              float64
 }
 
-func formatQuantity(q float64) string { return strconv.FormatFloat(q, 'f', 2, 64) }
+func usageQuantity(q float64) string { return strconv.FormatFloat(q, 'f', 2, 64) }
 
 // usage lists the tenant's hourly usage windows (UsageService.List), newest
 // as the API orders them, with each metric's total over the page.
@@ -57,7 +57,7 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 	rows := make([]usageRow, 0, len(res.Msg.GetWindows()))
 	for _, x := range res.Msg.GetWindows() {
 		rows = append(rows, usageRow{Hour: when(x.GetWindowStart()), Metric: x.GetMetric(), Reservation: x.GetReservationId(),
-			Project: x.GetProjectId(), Quantity: formatQuantity(x.GetQuantity()), Partial: x.GetPartial()})
+			Project: x.GetProjectId(), Quantity: usageQuantity(x.GetQuantity()), Partial: x.GetPartial()})
 		t := sums[x.GetMetric()]
 		if t == nil {
 			t = &usageTotal{Metric: x.GetMetric()}
@@ -69,7 +69,7 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 	totals := make([]usageTotal, 0, len(sums))
 	var gpuHours float64
 	for m, t := range sums {
-		t.Quantity = formatQuantity(t.sum)
+		t.Quantity = usageQuantity(t.sum)
 		totals = append(totals, *t)
 		if strings.HasPrefix(m, "gpu.") {
 			gpuHours += t.sum
@@ -92,7 +92,7 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 		tenant = q.Get("tenant")
 	}
 	c.render(w, r, http.StatusOK, usagePage(p, usageView{Metric: metric, Tenant: tenant, Rows: rows, Totals: totals,
-		GPUHours: formatQuantity(gpuHours), Next: next}))
+		GPUHours: usageQuantity(gpuHours), Next: next}))
 }
 
 type usageView struct {
@@ -185,9 +185,9 @@ func (c *Console) createAPIKey(w http.ResponseWriter, r *http.Request, s *sessio
 	f := r.PostForm
 	req := &apiv1.CreateApiKeyRequest{Tenant: tenantOf(r, s), Name: strings.TrimSpace(f.Get("name")), Role: f.Get("role")}
 	if ttl := strings.TrimSpace(f.Get("ttl")); ttl != "" {
-		d, err := parseSpan(ttl)
+		d, err := parseTenantSpan(ttl)
 		if err != nil || d <= 0 {
-			c.renderAPIKeys(w, r, s, http.StatusBadRequest, nil, invalid("ttl", fmt.Sprintf("must be a span such as 30d or 12h, got %q", ttl)))
+			c.renderAPIKeys(w, r, s, http.StatusBadRequest, nil, fieldRefusal("ttl", fmt.Sprintf("must be a span such as 30d or 12h, got %q", ttl)))
 			return
 		}
 		req.TtlSeconds = int64(d / time.Second)

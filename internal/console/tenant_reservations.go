@@ -51,9 +51,9 @@ func reserveFormOf(r *http.Request) reserveForm {
 	return f
 }
 
-// invalid is a refusal of the form itself, before the API is asked, in
+// fieldRefusal is a refusal of the form itself, before the API is asked, in
 // the API's words (field: reason, INVALID_ARGUMENT).
-func invalid(field, reason string) *apiError {
+func fieldRefusal(field, reason string) *apiError {
 	return &apiError{Code: "INVALID_ARGUMENT", Message: field + ": " + reason}
 }
 
@@ -75,20 +75,20 @@ func (f reserveForm) request(tenant string) (*apiv1.CreateReservationRequest, *a
 		}
 		v, err := strconv.ParseInt(n.text, 10, 32)
 		if err != nil || v < 0 {
-			return nil, invalid(n.field, fmt.Sprintf("must be a whole number, 0 or more, got %q", n.text))
+			return nil, fieldRefusal(n.field, fmt.Sprintf("must be a whole number, 0 or more, got %q", n.text))
 		}
 		*n.to = int32(v)
 	}
-	d, err := parseSpan(f.Duration)
+	d, err := parseTenantSpan(f.Duration)
 	if err != nil {
-		return nil, invalid("duration", fmt.Sprintf("must be a span such as 90m, 4h or 1d, got %q", f.Duration))
+		return nil, fieldRefusal("duration", fmt.Sprintf("must be a span such as 90m, 4h or 1d, got %q", f.Duration))
 	}
 	req.DurationSeconds = int64(d / time.Second)
 	return req, nil
 }
 
-// parseSpan reads a duration that may also count days: 90m, 4h, 1d, 1d12h.
-func parseSpan(s string) (time.Duration, error) {
+// parseTenantSpan reads a duration that may also count days: 90m, 4h, 1d, 1d12h.
+func parseTenantSpan(s string) (time.Duration, error) {
 	var days time.Duration
 	if i := strings.IndexByte(s, 'd'); i > 0 {
 		n, err := strconv.Atoi(s[:i])
@@ -172,14 +172,14 @@ func explanationOf(e *apiv1.Explanation) *explanationView {
 	return v
 }
 
-func topologyIndex(i int32, several string) string {
+func placementIndex(i int32, several string) string {
 	if i < 0 {
 		return several
 	}
 	return strconv.Itoa(int(i))
 }
 
-func limitText(v float64) string {
+func quotaLimitText(v float64) string {
 	if v < 0 {
 		return "unlimited"
 	}
@@ -192,8 +192,8 @@ func previewViewOf(res *apiv1.PreviewReservationResponse) previewView {
 		v.Node = cmp.Or(pl.GetNodeName(), pl.GetNodeId())
 		v.Atoms = strings.Join(pl.GetAtoms(), ", ")
 		v.Cpuset = cmp.Or(pl.GetCpuset(), "—")
-		v.NUMA = topologyIndex(pl.GetNuma(), "spans several")
-		v.Island = topologyIndex(pl.GetIsland(), "none or several")
+		v.NUMA = placementIndex(pl.GetNuma(), "spans several")
+		v.Island = placementIndex(pl.GetIsland(), "none or several")
 		if sc := pl.GetScore(); sc != nil {
 			v.Score = strconv.FormatFloat(sc.GetTotal(), 'f', 2, 64)
 		}
@@ -205,8 +205,8 @@ func previewViewOf(res *apiv1.PreviewReservationResponse) previewView {
 		v.QuotaExceeded = q.GetExceeded()
 		for _, u := range q.GetUses() {
 			v.Quota = append(v.Quota, quotaLine{Scope: u.GetScope(),
-				GPUs:     fmt.Sprintf("%d + %d of %s", u.GetGpusUsed(), u.GetGpusRequested(), limitText(float64(u.GetGpusLimit()))),
-				GPUHours: fmt.Sprintf("%.1f + %.1f of %s", u.GetGpuHoursUsed(), u.GetGpuHoursRequested(), limitText(u.GetGpuHoursLimit())),
+				GPUs:     fmt.Sprintf("%d + %d of %s", u.GetGpusUsed(), u.GetGpusRequested(), quotaLimitText(float64(u.GetGpusLimit()))),
+				GPUHours: fmt.Sprintf("%.1f + %.1f of %s", u.GetGpuHoursUsed(), u.GetGpuHoursRequested(), quotaLimitText(u.GetGpuHoursLimit())),
 				Exceeded: u.GetExceeded()})
 		}
 	}

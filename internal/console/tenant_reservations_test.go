@@ -15,8 +15,8 @@ import (
 	"github.com/better-compute/better-compute/internal/store"
 )
 
-// text reads one string with query.
-func (f *fixture) text(t *testing.T, query string, args ...any) string {
+// queryText reads one string with query.
+func (f *fixture) queryText(t *testing.T, query string, args ...any) string {
 	t.Helper()
 	var s string
 	require.NoError(t, f.cp.App.DB.Read(context.Background(), func(ctx context.Context, tx store.Tx) error {
@@ -25,14 +25,14 @@ func (f *fixture) text(t *testing.T, query string, args ...any) string {
 	return s
 }
 
-// nodeOf is the name of the tenant's one simulated node.
-func (f *fixture) nodeOf(t *testing.T, tenant string) string {
+// tenantNode is the name of the tenant's one simulated node.
+func (f *fixture) tenantNode(t *testing.T, tenant string) string {
 	t.Helper()
-	return f.text(t, `SELECT n.name FROM nodes n JOIN tenants t ON t.id = n.tenant_id WHERE t.name = $1`, tenant)
+	return f.queryText(t, `SELECT n.name FROM nodes n JOIN tenants t ON t.id = n.tenant_id WHERE t.name = $1`, tenant)
 }
 
-// reservationsOf counts the tenant's reservations.
-func (f *fixture) reservationsOf(t *testing.T, tenant string) int {
+// tenantReservations counts the tenant's reservations.
+func (f *fixture) tenantReservations(t *testing.T, tenant string) int {
 	t.Helper()
 	return f.count(t, `SELECT COUNT(*) FROM reservations r JOIN tenants t ON t.id = r.tenant_id WHERE t.name = $1`, tenant)
 }
@@ -73,8 +73,8 @@ func TestConsoleReserve(t *testing.T) {
 	_, again := b.get(console.PathReservations)
 	require.NotContains(t, again, key, "each drawn form gets its own key")
 
-	acmeNode, rivalNode := f.nodeOf(t, "acme"), f.nodeOf(t, "rival")
-	before := f.reservationsOf(t, "acme")
+	acmeNode, rivalNode := f.tenantNode(t, "acme"), f.tenantNode(t, "rival")
+	before := f.tenantReservations(t, "acme")
 
 	t.Run("preview", func(t *testing.T) {
 		res, body := b.post(console.PathReservationPreview, reserveForm(token, key))
@@ -105,7 +105,7 @@ func TestConsoleReserve(t *testing.T) {
 		res, body = b.post(console.PathReservationPreview, reserveForm("", key))
 		require.Equal(t, http.StatusForbidden, res.StatusCode, "the preview is a POST: CSRF checked")
 		require.Contains(t, body, "CSRF_REFUSED")
-		require.Equal(t, before, f.reservationsOf(t, "acme"), "a preview books nothing")
+		require.Equal(t, before, f.tenantReservations(t, "acme"), "a preview books nothing")
 	})
 
 	t.Run("refusals come back next to the form", func(t *testing.T) {
@@ -118,7 +118,7 @@ func TestConsoleReserve(t *testing.T) {
 		require.Contains(t, body, "<code>NOT_FOUND</code>")
 		require.Contains(t, body, `id="reserve-preview"`)
 		require.Contains(t, body, `value="nope"`)
-		require.Equal(t, before, f.reservationsOf(t, "acme"))
+		require.Equal(t, before, f.tenantReservations(t, "acme"))
 	})
 
 	t.Run("create, once per form, and its page", func(t *testing.T) {
@@ -133,13 +133,13 @@ func TestConsoleReserve(t *testing.T) {
 		require.Equal(t, allowed+1, f.count(t, created), "one audit row, as for the CLI")
 		loc := res.Header.Get("Location")
 		require.Regexp(t, `^`+console.PathReservations+`/[^/?]+$`, loc)
-		require.Equal(t, before+1, f.reservationsOf(t, "acme"))
-		require.Equal(t, 1, f.reservationsOf(t, "rival"), "nothing booked for the rival")
+		require.Equal(t, before+1, f.tenantReservations(t, "acme"))
+		require.Equal(t, 1, f.tenantReservations(t, "rival"), "nothing booked for the rival")
 
 		res, body = b.post(console.PathReservations, reserveForm(token, key, "tenant", "rival"))
 		require.Equal(t, http.StatusSeeOther, res.StatusCode, body)
 		require.Equal(t, loc, res.Header.Get("Location"), "the same form sent twice books once")
-		require.Equal(t, before+1, f.reservationsOf(t, "acme"))
+		require.Equal(t, before+1, f.tenantReservations(t, "acme"))
 
 		id := strings.TrimPrefix(loc, console.PathReservations+"/")
 		bctest.WaitFor(t, "the node binds it", func() bool { return f.state(t, "acme", id) == "active" })
@@ -171,7 +171,7 @@ func TestConsoleReserveViewer(t *testing.T) {
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	require.NotContains(t, body, "idempotency_key")
 	require.NotContains(t, body, "Reserve</button>")
-	before := f.reservationsOf(t, "acme")
+	before := f.tenantReservations(t, "acme")
 	denied := `SELECT COUNT(*) FROM audit_log WHERE action = 'reservations.create' AND decision = 'deny'`
 	n := f.count(t, denied)
 
@@ -187,7 +187,7 @@ func TestConsoleReserveViewer(t *testing.T) {
 	require.Contains(t, body, "CSRF_REFUSED")
 	res, _ = b.post(console.PathReservations, reserveForm(token, "forged-3"), "Origin", "http://evil.example")
 	require.Equal(t, http.StatusForbidden, res.StatusCode)
-	require.Equal(t, before, f.reservationsOf(t, "acme"), "nothing booked")
+	require.Equal(t, before, f.tenantReservations(t, "acme"), "nothing booked")
 }
 
 // TestConsoleReserveRival: the rival's reservation page answers 404 to
@@ -201,7 +201,7 @@ func TestConsoleReserveRival(t *testing.T) {
 	res, body := b.get(console.PathReservations + "/" + f.rivalRsv)
 	require.Equal(t, http.StatusNotFound, res.StatusCode)
 	require.NotContains(t, body, "Timeline")
-	require.NotContains(t, body, f.nodeOf(t, "rival"))
+	require.NotContains(t, body, f.tenantNode(t, "rival"))
 
 	admin := newBrowser(t, f.cp.URL, nil)
 	token := admin.signIn(f.cp.AdminKey)
@@ -210,13 +210,13 @@ func TestConsoleReserveRival(t *testing.T) {
 	require.Contains(t, body, `<label for="r-tenant">Tenant</label>`, "a platform key names the tenant")
 	res, body = admin.post(console.PathReservationPreview, reserveForm(token, "k", "tenant", "rival"))
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
-	require.Contains(t, body, f.nodeOf(t, "rival"))
-	require.NotContains(t, body, f.nodeOf(t, "acme"))
-	before := f.reservationsOf(t, "rival")
+	require.Contains(t, body, f.tenantNode(t, "rival"))
+	require.NotContains(t, body, f.tenantNode(t, "acme"))
+	before := f.tenantReservations(t, "rival")
 	res, body = admin.post(console.PathReservations, reserveForm(token, "platform-1", "tenant", "rival"))
 	require.Equal(t, http.StatusSeeOther, res.StatusCode, body)
 	require.Contains(t, res.Header.Get("Location"), "?tenant=")
-	require.Equal(t, before+1, f.reservationsOf(t, "rival"))
+	require.Equal(t, before+1, f.tenantReservations(t, "rival"))
 	res, body = admin.get(res.Header.Get("Location"))
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	require.Contains(t, body, "Timeline")

@@ -198,9 +198,9 @@ func (c *Console) createSandbox(w http.ResponseWriter, r *http.Request, s *sessi
 	f := sandboxForm{Tenant: r.PostForm.Get("tenant"), Template: strings.TrimSpace(r.PostForm.Get("template")), TTL: strings.TrimSpace(r.PostForm.Get("ttl"))}
 	req := &apiv1.CreateSandboxRequest{Tenant: tenantOf(r, s), Template: f.Template}
 	if f.TTL != "" {
-		d, err := parseSpan(f.TTL)
+		d, err := parseTenantSpan(f.TTL)
 		if err != nil || d <= 0 {
-			c.renderSandboxes(w, r, s, http.StatusBadRequest, f, invalid("ttl", fmt.Sprintf("must be a span such as 30m or 2h, got %q", f.TTL)))
+			c.renderSandboxes(w, r, s, http.StatusBadRequest, f, fieldRefusal("ttl", fmt.Sprintf("must be a span such as 30m or 2h, got %q", f.TTL)))
 			return
 		}
 		req.Ttl = durationpb.New(d.Round(time.Second))

@@ -17,9 +17,9 @@ import (
 	"github.com/better-compute/better-compute/internal/console"
 )
 
-// workloads gives setup's fixture what instances and sandboxes need: the
+// tenantWorkloads gives setup's fixture what instances and sandboxes need: the
 // platform's flavor and IP pool, and acme's sandbox template box.
-func (f *fixture) workloads(t *testing.T) {
+func (f *fixture) tenantWorkloads(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
 	admin := f.cp.Admin()
@@ -47,7 +47,7 @@ func (f *fixture) instanceState(t *testing.T, tenant, id string) string {
 func TestConsoleWorkloads(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	f.workloads(t)
+	f.tenantWorkloads(t)
 	b := newBrowser(t, f.cp.URL, nil)
 	token := b.signIn(f.member)
 	res, body := b.get(console.PathInstances)
