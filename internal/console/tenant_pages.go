@@ -76,17 +76,11 @@ func (c *Console) usage(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 	}
 	slices.SortFunc(totals, func(a, b usageTotal) int { return cmp.Compare(a.Metric, b.Metric) })
-	next := ""
-	if tok := res.Msg.GetNextPageToken(); tok != "" {
-		v := url.Values{"page": {tok}}
-		if metric != "" {
-			v.Set("metric", metric)
-		}
-		if s.viewer.TenantID == "" && q.Get("tenant") != "" {
-			v.Set("tenant", q.Get("tenant"))
-		}
-		next = PathUsage + "?" + v.Encode()
+	var extra url.Values
+	if metric != "" {
+		extra = url.Values{"metric": {metric}}
 	}
+	next := nextPage(PathUsage, r, s, res.Msg.GetNextPageToken(), extra)
 	tenant := ""
 	if s.viewer.TenantID == "" {
 		tenant = q.Get("tenant")
@@ -156,14 +150,11 @@ func (c *Console) renderAPIKeys(w http.ResponseWriter, r *http.Request, s *sessi
 	for _, k := range res.Msg.GetApiKeys() {
 		rows = append(rows, apiKeyRowOf(&s.viewer, k, now))
 	}
-	next := ""
-	if tok := res.Msg.GetNextPageToken(); tok != "" {
-		v := url.Values{"page": {tok}}
-		if revoked {
-			v.Set("revoked", "1")
-		}
-		next = PathAPIKeys + "?" + v.Encode()
+	var extra url.Values
+	if revoked {
+		extra = url.Values{"revoked": {"1"}}
 	}
+	next := nextPage(PathAPIKeys, r, s, res.Msg.GetNextPageToken(), extra)
 	c.render(w, r, status, apiKeysPage(p, apiKeysView{Rows: rows, Next: next, Revoked: revoked, Created: created, Refused: refused,
 		Tenant: tenantOf(r, s)}))
 }
@@ -215,6 +206,22 @@ func (c *Console) revokeAPIKey(w http.ResponseWriter, r *http.Request, s *sessio
 		to += "&tenant=" + url.QueryEscape(tenant)
 	}
 	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+// nextPage is the link to a list's next page: its token, the list's own
+// query values, and for a platform key the tenant it lists.
+func nextPage(base string, r *http.Request, s *session, token string, extra url.Values) string {
+	if token == "" {
+		return ""
+	}
+	v := url.Values{"page": {token}}
+	for k, vs := range extra {
+		v[k] = vs
+	}
+	if t := r.URL.Query().Get("tenant"); s.viewer.TenantID == "" && t != "" {
+		v.Set("tenant", t)
+	}
+	return base + "?" + v.Encode()
 }
 
 func revokeKeyURL(id string) templ.SafeURL {

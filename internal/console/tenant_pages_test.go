@@ -154,3 +154,50 @@ func TestConsoleAPIKeys(t *testing.T) {
 	_, err = f.cp.Client(k.Msg.GetSecret()).Identity.WhoAmI(ctx, connect.NewRequest(&apiv1.WhoAmIRequest{}))
 	require.NoError(t, err, "the admin's key was not revoked by the forged posts")
 }
+
+// TestConsoleTenantPagesPlatform: a platform key opens every tenant page,
+// for every tenant or for the one ?tenant= names, and the named tenant's
+// rows are the ones shown.
+func TestConsoleTenantPagesPlatform(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	f.tenantWorkloads(t)
+	b := newBrowser(t, f.cp.URL, nil)
+	b.signIn(f.cp.AdminKey)
+	for _, path := range []string{console.PathReservations, console.PathReservationNew, console.PathUsage, console.PathAPIKeys,
+		console.PathWebhooks, console.PathInstances, console.PathSandboxes} {
+		for _, q := range []string{"", "?tenant=acme"} {
+			res, body := b.get(path + q)
+			require.Equal(t, http.StatusOK, res.StatusCode, "%s%s: %s", path, q, body)
+			require.Contains(t, body, `name="tenant"`, "%s%s: a platform key's forms name the tenant", path, q)
+		}
+	}
+	res, body := b.get(console.PathAPIKeys + "?tenant=acme")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "acme-member")
+	require.NotContains(t, body, "rival-member")
+	res, body = b.get(console.PathWebhooks)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, "name one to list its endpoints")
+
+	// Lists are paginated on the server, 50 a page; the next page's link
+	// keeps the tenant a platform key lists.
+	for i := range 50 {
+		_, err := f.cp.Admin().ApiKeys.Create(context.Background(), connect.NewRequest(&apiv1.CreateApiKeyRequest{Tenant: "acme",
+			Role: "viewer", Name: "bulk-" + strconv.Itoa(i)}))
+		require.NoError(t, err)
+	}
+	res, body = b.get(console.PathAPIKeys + "?tenant=acme")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	first := strings.Count(body, `<tr id="key-`)
+	require.Equal(t, 50, first)
+	m := regexp.MustCompile(`<a href="([^"]+)" rel="next">Next page</a>`).FindStringSubmatch(body)
+	require.NotNil(t, m, body)
+	next := strings.ReplaceAll(m[1], "&amp;", "&")
+	require.Contains(t, next, "tenant=acme")
+	res, body = b.get(next)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	require.Equal(t, 2, strings.Count(body, `<tr id="key-`), "52 keys: 50 and 2")
+	require.NotContains(t, body, "rel=\"next\"")
+	require.NotContains(t, body, "rival-member")
+}

@@ -52,6 +52,8 @@ type webhooksView struct {
 	Secret, SecretOf string
 	Refused          *apiError
 	Tenant           string
+	// NeedTenant: a platform key named no tenant yet.
+	NeedTenant bool
 }
 
 func (c *Console) webhooks(w http.ResponseWriter, r *http.Request, s *session) {
@@ -60,6 +62,13 @@ func (c *Console) webhooks(w http.ResponseWriter, r *http.Request, s *session) {
 
 func (c *Console) renderWebhooks(w http.ResponseWriter, r *http.Request, s *session, status int, v webhooksView, notice string) {
 	p := page{Title: "Webhooks", Nav: navWebhooks, Viewer: &s.viewer, CSRF: s.row.CSRFToken, Notice: notice}
+	if tenantOf(r, s) == "" {
+		// A platform key lists one tenant's endpoints at a time: the API
+		// wants the tenant named.
+		v.NeedTenant = true
+		c.render(w, r, status, webhooksPage(p, v))
+		return
+	}
 	res, err := s.api.Webhooks.List(r.Context(), connect.NewRequest(&apiv1.ListWebhooksRequest{
 		Tenant: tenantOf(r, s), PageSize: pageSize, PageToken: r.URL.Query().Get("page")}))
 	if err != nil {
@@ -69,9 +78,7 @@ func (c *Console) renderWebhooks(w http.ResponseWriter, r *http.Request, s *sess
 	for _, x := range res.Msg.GetWebhooks() {
 		v.Rows = append(v.Rows, webhookRowOf(&s.viewer, x))
 	}
-	if tok := res.Msg.GetNextPageToken(); tok != "" {
-		v.Next = PathWebhooks + "?page=" + url.QueryEscape(tok)
-	}
+	v.Next = nextPage(PathWebhooks, r, s, res.Msg.GetNextPageToken(), nil)
 	v.Tenant = tenantOf(r, s)
 	c.render(w, r, status, webhooksPage(p, v))
 }

@@ -71,10 +71,7 @@ func (c *Console) renderInstances(w http.ResponseWriter, r *http.Request, s *ses
 	for _, x := range res.Msg.GetInstances() {
 		rows = append(rows, instanceRowOf(&s.viewer, x))
 	}
-	next := ""
-	if tok := res.Msg.GetNextPageToken(); tok != "" {
-		next = PathInstances + "?page=" + url.QueryEscape(tok)
-	}
+	next := nextPage(PathInstances, r, s, res.Msg.GetNextPageToken(), nil)
 	c.render(w, r, status, instancesPage(p, rows, next, f, refused))
 }
 
@@ -176,10 +173,7 @@ func (c *Console) renderSandboxes(w http.ResponseWriter, r *http.Request, s *ses
 	for _, x := range res.Msg.GetSandboxes() {
 		rows = append(rows, sandboxRowOf(&s.viewer, x))
 	}
-	next := ""
-	if tok := res.Msg.GetNextPageToken(); tok != "" {
-		next = PathSandboxes + "?page=" + url.QueryEscape(tok)
-	}
+	next := nextPage(PathSandboxes, r, s, res.Msg.GetNextPageToken(), nil)
 	c.render(w, r, status, sandboxesPage(p, rows, next, f, refused))
 }
 
