@@ -104,7 +104,7 @@ func (c *Console) reservations(w http.ResponseWriter, r *http.Request, s *sessio
 	for _, x := range res.Msg.GetReservations() {
 		rows = append(rows, reservationRowOf(&s.viewer, x))
 	}
-	c.render(w, r, http.StatusOK, reservationsPage(p, rows, res.Msg.GetNextPageToken()))
+	c.render(w, r, http.StatusOK, reservationsPage(p, rows, res.Msg.GetNextPageToken(), newReserveForm()))
 }
 
 // tenantOf is the tenant a request acts in: the viewer's own, or for a
@@ -124,7 +124,7 @@ func (c *Console) reservation(w http.ResponseWriter, r *http.Request, s *session
 		return
 	}
 	p := page{Title: "Reservation " + id, Nav: navReservations, Viewer: &s.viewer, CSRF: s.row.CSRFToken}
-	c.render(w, r, http.StatusOK, reservationPage(p, reservationRowOf(&s.viewer, res.Msg.GetReservation())))
+	c.render(w, r, http.StatusOK, reservationPage(p, reservationRowOf(&s.viewer, res.Msg.GetReservation()), timelineOf(res.Msg.GetReservation())))
 }
 
 // release asks the API to release the reservation with the viewer's key
