@@ -1,0 +1,107 @@
+// The console's live updates. A part of a page that depends on events
+// declares them: data-live="machine.*,workflow.*" (event types or globs, as
+// the API's stream filters them) and, optionally, data-live-id="ID" (only
+// events about that resource: its id, or a workflow's target). It also
+// carries hx-get, hx-select and hx-trigger="bc:live": when a matching event
+// arrives on /console/live, this script triggers bc:live on it and htmx
+// fetches the part again. One EventSource per tab, reopened only when the
+// set of declared types changes (after htmx swaps a page in).
+(function () {
+  "use strict";
+
+  var source = null;
+  var current = "";
+  var pending = [];
+  var timer = null;
+
+  function globs(el) {
+    return el.getAttribute("data-live").split(",").map(function (g) { return g.trim(); })
+      .filter(function (g) { return g !== ""; });
+  }
+
+  // matches is the API's path.Match for event types (which hold no
+  // slash): "*" is any run of characters.
+  function matches(glob, type) {
+    var re = "^" + glob.replace(/[.+^${}()|[\]\\?]/g, "\\$&").replace(/\*/g, ".*") + "$";
+    return new RegExp(re).test(type);
+  }
+
+  function about(ev, id) {
+    return ev.resourceId === id || (ev.data && ev.data.target_id === id);
+  }
+
+  function refresh() {
+    timer = null;
+    var els = pending;
+    pending = [];
+    els.forEach(function (el) {
+      if (el.isConnected) {
+        htmx.trigger(el, "bc:live");
+      }
+    });
+  }
+
+  function deliver(msg) {
+    var ev;
+    try {
+      ev = JSON.parse(msg.data);
+    } catch (e) {
+      return;
+    }
+    document.querySelectorAll("[data-live]").forEach(function (el) {
+      var id = el.getAttribute("data-live-id");
+      if (id && !about(ev, id)) {
+        return;
+      }
+      if (!globs(el).some(function (g) { return matches(g, ev.type); })) {
+        return;
+      }
+      if (pending.indexOf(el) < 0) {
+        pending.push(el);
+      }
+    });
+    // A burst of events (a workflow's steps) is one refresh.
+    if (pending.length > 0 && timer === null) {
+      timer = setTimeout(refresh, 100);
+    }
+  }
+
+  function sync() {
+    var set = {};
+    document.querySelectorAll("[data-live]").forEach(function (el) {
+      globs(el).forEach(function (g) { set[g] = true; });
+    });
+    // Signed-in pages name the stream; the sign-in page does not.
+    var host = document.querySelector("[data-live-url]");
+    var types = host === null ? "" : Object.keys(set).sort().join(",");
+    if (types === current) {
+      return;
+    }
+    if (source !== null) {
+      source.close();
+      source = null;
+    }
+    current = types;
+    if (types === "") {
+      return;
+    }
+    var url = host.getAttribute("data-live-url") + "?types=" + encodeURIComponent(types);
+    var tenant = new URLSearchParams(window.location.search).get("tenant");
+    if (tenant) {
+      url += "&tenant=" + encodeURIComponent(tenant);
+    }
+    source = new EventSource(url);
+    source.onmessage = deliver;
+  }
+
+  function start() {
+    sync();
+    document.body.addEventListener("htmx:afterSettle", sync);
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();
