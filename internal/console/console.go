@@ -107,6 +107,11 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("POST "+PathReservations+"/{id}/release", c.action(c.release))
 	// Live updates, machines, confirmations and OIDC sign-in (p-live).
 	c.mux.HandleFunc("GET "+PathLive, c.page(c.live))
+	c.mux.HandleFunc("GET "+PathMachines, c.page(c.machines))
+	c.mux.HandleFunc("GET "+PathMachines+"/{id}", c.page(c.machine))
+	c.mux.HandleFunc("POST "+PathMachines+"/{id}/{action}", c.action(c.machineAction))
+	c.mux.HandleFunc("GET "+PathConfirmations, c.page(c.confirmations))
+	c.mux.HandleFunc("POST "+PathConfirmations+"/{id}/approve", c.action(c.approveConfirmation))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil
