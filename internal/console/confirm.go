@@ -110,7 +110,9 @@ func (c *Console) confirmationRequired(w http.ResponseWriter, r *http.Request, s
 	})
 	e := apiErrorOf(err)
 	p := page{Title: "Approval needed", Nav: nav, Viewer: &s.viewer, CSRF: s.row.CSRFToken, Err: &e}
-	c.render(w, r, http.StatusConflict, confirmationNeededPage(p, cfm, templ.SafeURL(r.URL.Path), fields,
+	// 202: the request is held, not refused (a confirmation now waits);
+	// an error status would also read as a failed load in the browser.
+	c.render(w, r, http.StatusAccepted, confirmationNeededPage(p, cfm, templ.SafeURL(r.URL.Path), fields,
 		confirmationsURL(tenantQuery(s, tenantOf(r, s)), "pending"), back))
 	return true
 }

@@ -99,7 +99,7 @@ func confirmationsPage(p page, self, state, tenant string, rows []confirmationRo
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "\" hx-select=\"#confirmations-live\" hx-swap=\"outerHTML\" hx-trigger=\"bc:live\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "\" hx-select=\"#confirmations-live\" hx-swap=\"outerHTML\" hx-trigger=\"bc:live\" hx-disinherit=\"hx-get hx-select hx-swap hx-trigger\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

@@ -45,7 +45,7 @@ func TestConsoleConfirmations(t *testing.T) {
 	requester := newBrowser(t, f.cp.URL, nil)
 	token := requester.signIn(f.acmeAdmin)
 	res, body := requester.post(page+"/commission", url.Values{"csrf": {token}, "burn_in": {"on"}})
-	require.Equal(t, http.StatusConflict, res.StatusCode, body)
+	require.Equal(t, http.StatusAccepted, res.StatusCode, body)
 	require.Contains(t, body, "<code>CONFIRMATION_REQUIRED</code>")
 	require.Contains(t, body, "needs a second person to approve this action first")
 	require.Contains(t, body, `href="/console/confirmations?state=pending"`)

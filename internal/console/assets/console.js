@@ -13,6 +13,7 @@
   var current = "";
   var pending = [];
   var timer = null;
+  var root = document.documentElement;
 
   function globs(el) {
     return el.getAttribute("data-live").split(",").map(function (g) { return g.trim(); })
@@ -82,6 +83,9 @@
       source = null;
     }
     current = types;
+    // What the stream carries, for people and tests to see.
+    root.setAttribute("data-live-types", types);
+    root.setAttribute("data-live-state", types === "" ? "closed" : "connecting");
     if (types === "") {
       return;
     }
@@ -92,6 +96,22 @@
     }
     source = new EventSource(url);
     source.onmessage = deliver;
+    // Events between the page's drawing and the stream's (re)opening are
+    // not replayed: refresh every live part once it is open.
+    source.onopen = function () {
+      root.setAttribute("data-live-state", "open");
+      document.querySelectorAll("[data-live]").forEach(function (el) {
+        if (pending.indexOf(el) < 0) {
+          pending.push(el);
+        }
+      });
+      if (timer === null) {
+        timer = setTimeout(refresh, 100);
+      }
+    };
+    source.onerror = function () {
+      root.setAttribute("data-live-state", "reconnecting");
+    };
   }
 
   function start() {
