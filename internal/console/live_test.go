@@ -16,7 +16,7 @@ import (
 
 // openLive opens the console's event stream with b's session and returns
 // its lines as they come; the stream ends with the test.
-func openLive(t *testing.T, b *browser, query string) (*http.Response, <-chan string) {
+func openLive(t *testing.T, b *browser, query string) (reply, <-chan string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -37,7 +37,7 @@ func openLive(t *testing.T, b *browser, query string) (*http.Response, <-chan st
 			}
 		}
 	}()
-	return res, lines
+	return reply{StatusCode: res.StatusCode, Header: res.Header}, lines
 }
 
 // TestConsoleLive: the console's stream is the API's, read with the

@@ -84,6 +84,15 @@ type workflowView struct {
 	Steps                                                               []stepRow
 }
 
+// Summary is the workflow's caption.
+func (wf workflowView) Summary() string {
+	state := wf.State
+	if wf.CancelRequested {
+		state += " (abort requested)"
+	}
+	return "Workflow " + wf.ID + ": " + wf.Operation + ", " + state + ", started " + wf.Created + " by " + wf.CreatedBy
+}
+
 func (c *Console) machine(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx := r.Context()
 	tenant := tenantOf(r, s)
@@ -100,7 +109,7 @@ func (c *Console) machine(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	// The BMC is asked through the site agent; a machine whose agent is
 	// away still has a page.
-	power := "unknown"
+	var power string
 	if ps, err := s.api.Machines.GetPowerStatus(ctx, connect.NewRequest(&apiv1.GetMachinePowerStatusRequest{Tenant: tenant, Machine: m.ID})); err == nil {
 		power = ps.Msg.GetPower()
 	} else {
