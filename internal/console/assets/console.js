@@ -1,11 +1,11 @@
 // The console's live updates. A part of a page that depends on events
 // declares them: data-live="machine.*,workflow.*" (event types or globs, as
 // the API's stream filters them) and, optionally, data-live-id="ID" (only
-// events about that resource: its id, or a workflow's target). It also
-// carries hx-get, hx-select and hx-trigger="bc:live": when a matching event
-// arrives on /console/live, this script triggers bc:live on it and htmx
-// fetches the part again. One EventSource per tab, reopened only when the
-// set of declared types changes (after htmx swaps a page in).
+// events about that resource: its id, or a workflow's target). It has an
+// id and data-live-src, the page to fetch it from: when a matching event
+// arrives on /console/live, htmx fetches that page again and swaps in the
+// element with the same id. One EventSource per tab, reopened only when
+// the set of declared types changes (after htmx swaps a page in).
 (function () {
   "use strict";
 
@@ -31,13 +31,39 @@
     return ev.resourceId === id || (ev.data && ev.data.target_id === id);
   }
 
+  // busy holds the ids of parts whose refresh is in flight; again, those
+  // an event reached meanwhile: they are fetched once more when it ends,
+  // so the last event's state is what stays on the page.
+  var busy = {};
+  var again = {};
+
+  function refreshOne(id) {
+    if (busy[id]) {
+      again[id] = true;
+      return;
+    }
+    var el = document.getElementById(id);
+    if (el === null || !el.hasAttribute("data-live-src")) {
+      return;
+    }
+    busy[id] = true;
+    htmx.ajax("GET", el.getAttribute("data-live-src"), { source: el, target: el, select: "#" + id, swap: "outerHTML" })
+      .finally(function () {
+        delete busy[id];
+        if (again[id]) {
+          delete again[id];
+          refreshOne(id);
+        }
+      });
+  }
+
   function refresh() {
     timer = null;
     var els = pending;
     pending = [];
     els.forEach(function (el) {
-      if (el.isConnected) {
-        htmx.trigger(el, "bc:live");
+      if (el.id) {
+        refreshOne(el.id);
       }
     });
   }
