@@ -246,7 +246,8 @@ func (a *App) routes(validator policy.Validator, metrics *envelope.PromMetrics) 
 	if a.sealer != nil {
 		consoleSealer = a.sealer
 	}
-	web, err := console.New(console.Config{API: mux, DB: a.DB, Sealer: consoleSealer, Clock: a.cfg.Clock, Logger: a.cfg.Logger})
+	web, err := console.New(console.Config{API: mux, DB: a.DB, Sealer: consoleSealer, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
+		OIDC: console.OIDC{Issuer: a.cfg.OIDC.Issuer, ClientID: a.cfg.OIDC.ClientID}})
 	if err != nil {
 		return nil, err
 	}

@@ -71,6 +71,9 @@ type Config struct {
 	Logger *slog.Logger
 	// SessionTTL is how long a sign-in lasts; 8 hours when zero.
 	SessionTTL time.Duration
+	// OIDC offers sign-in with the API's OpenID provider; an empty Issuer
+	// offers only the key form.
+	OIDC OIDC
 }
 
 // Console serves the web console.
@@ -78,6 +81,7 @@ type Console struct {
 	cfg    Config
 	mux    *http.ServeMux
 	assets http.Handler
+	oidc   oidcClient
 }
 
 // New returns the console for cfg.
@@ -139,6 +143,17 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("POST "+PathSandboxes, c.action(c.createSandbox))
 	c.mux.HandleFunc("GET "+PathSandboxes+"/{id}", c.page(c.sandbox))
 	c.mux.HandleFunc("POST "+PathSandboxes+"/{id}/delete", c.action(c.deleteSandbox))
+	// Live updates, machines, confirmations and OIDC sign-in (p-live).
+	c.mux.HandleFunc("GET "+PathLive, c.page(c.live))
+	c.mux.HandleFunc("GET "+PathMachines, c.page(c.machines))
+	c.mux.HandleFunc("GET "+PathMachines+"/{id}", c.page(c.machine))
+	c.mux.HandleFunc("POST "+PathMachines+"/{id}/{action}", c.action(c.machineAction))
+	c.mux.HandleFunc("GET "+PathConfirmations, c.page(c.confirmations))
+	c.mux.HandleFunc("POST "+PathConfirmations+"/{id}/approve", c.action(c.approveConfirmation))
+	if cfg.OIDC.Issuer != "" {
+		c.mux.HandleFunc("GET "+PathOIDCStart, c.oidcStart)
+		c.mux.HandleFunc("GET "+PathOIDCCallback, c.oidcCallback)
+	}
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil

@@ -203,7 +203,7 @@ func (c *Console) renderSignIn(w http.ResponseWriter, r *http.Request, status in
 	token := randomToken()
 	c.setCookie(w, r, SessionCookie, "", time.Time{})
 	c.setCookie(w, r, signInCookie, token, c.cfg.Clock.Now().Add(time.Hour))
-	c.render(w, r, status, signInPage(p, token, c.cfg.Sealer != nil))
+	c.render(w, r, status, signInPage(p, token, c.cfg.Sealer != nil, c.cfg.OIDC.Issuer))
 }
 
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
