@@ -189,6 +189,11 @@ func sameOrigin(r *http.Request) bool {
 	if o == "" {
 		return true
 	}
+	if o == "null" {
+		// Under Referrer-Policy: no-referrer a browser's plain form post
+		// says Origin: null; Sec-Fetch-Site then tells where it came from.
+		return r.Header.Get("Sec-Fetch-Site") == "same-origin"
+	}
 	u, err := url.Parse(o)
 	return err == nil && u.Host == r.Host
 }

@@ -275,6 +275,12 @@ func TestConsole(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, res.StatusCode, "posted from another site")
 		res, _ = b.post(release, url.Values{"csrf": {token}}, "Sec-Fetch-Site", "cross-site")
 		require.Equal(t, http.StatusForbidden, res.StatusCode, "posted from another site")
+		// Origin: null (a form post under no-referrer) is trusted only where
+		// Sec-Fetch-Site says the console's own page sent it.
+		res, _ = b.post(release, url.Values{"csrf": {token}}, "Origin", "null")
+		require.Equal(t, http.StatusForbidden, res.StatusCode, "an opaque origin, nothing else")
+		res, _ = b.post(release, url.Values{"csrf": {token}}, "Origin", "null", "Sec-Fetch-Site", "cross-site")
+		require.Equal(t, http.StatusForbidden, res.StatusCode, "an opaque origin from another site")
 		require.Equal(t, "active", f.state(t, "acme", f.acmeRsv), "nothing was released")
 
 		_, body = b.get(console.PathReservations)
@@ -302,7 +308,9 @@ func TestConsole(t *testing.T) {
 
 		f.cp.Authz.Reset()
 		denied := f.count(t, `SELECT COUNT(*) FROM audit_log WHERE action = 'reservations.release' AND decision = 'deny'`)
-		res, body = b.post(console.PathReservations+"/"+f.acmeRsv+"/release", url.Values{"csrf": {token}})
+		// As chromium posts a plain form under Referrer-Policy: no-referrer.
+	res, body = b.post(console.PathReservations+"/"+f.acmeRsv+"/release", url.Values{"csrf": {token}},
+		"Origin", "null", "Sec-Fetch-Site", "same-origin")
 		require.Equal(t, http.StatusForbidden, res.StatusCode, body)
 		require.Contains(t, body, "<code>PERMISSION_DENIED</code>")
 		require.EqualValues(t, 1, f.cp.Authz.Calls(), "one decision: the API's")
@@ -363,7 +371,9 @@ func TestConsoleRelease(t *testing.T) {
 
 	allowed := `SELECT COUNT(*) FROM audit_log WHERE action = 'reservations.release' AND resource_id = $1 AND decision = 'allow'`
 	f.cp.Authz.Reset()
-	res, body = b.post(console.PathReservations+"/"+f.acmeRsv+"/release", url.Values{"csrf": {token}})
+	// As chromium posts a plain form under Referrer-Policy: no-referrer.
+	res, body = b.post(console.PathReservations+"/"+f.acmeRsv+"/release", url.Values{"csrf": {token}},
+		"Origin", "null", "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, res.StatusCode, body)
 	require.EqualValues(t, 1, f.cp.Authz.Calls(), "one decision per mutation")
 	require.Equal(t, console.PathReservations+"/"+f.acmeRsv, res.Header.Get("Location"))
