@@ -115,6 +115,8 @@ func New(cfg Config) (*Console, error) {
 	c.mux.HandleFunc("GET "+PathImages, c.page(c.images))
 	c.mux.HandleFunc("GET "+PathAudit, c.page(c.audit))
 	c.mux.HandleFunc("GET "+PathQuotas, c.page(c.quotas))
+	// The events page (p-events): the outbox's stored events.
+	c.mux.HandleFunc("GET "+PathEvents, c.page(c.events))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil
