@@ -1909,6 +1909,14 @@ permit (principal, action, resource);`}))
 			// No tenant is the key's own tenant's stream (TestSSEResumeAndScope
 			// shows it carries none of acme's events), not the platform's.
 		},
+		apiv1connect.EventServiceListProcedure: {
+			func() error {
+				_, err := evil.Events.List(ctx, connect.NewRequest(&apiv1.ListEventsRequest{Tenant: "acme"}))
+				return err
+			},
+			// No tenant lists the key's own tenant (TestEventsList shows it
+			// holds none of acme's events), not the platform's.
+		},
 		apiv1connect.ImageServicePushProcedure: {func() error {
 			_, err := evil.PushImage(ctx, evilPush, bytes.NewReader(imgBytes), "")
 			return err

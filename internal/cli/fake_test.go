@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -389,6 +390,34 @@ func (s auditSvc) List(_ context.Context, req *connect.Request[apiv1.ListAuditRe
 }
 
 type eventSvc struct{ f *fake }
+
+// List filters the fake's events by tenant (name or id), type prefix and
+// resource, newest first.
+func (s eventSvc) List(_ context.Context, req *connect.Request[apiv1.ListEventsRequest]) (*connect.Response[apiv1.ListEventsResponse], error) {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	m := req.Msg
+	var out []*apiv1.Event
+	for i := len(s.f.events) - 1; i >= 0; i-- {
+		ev := s.f.events[i]
+		typeOK := len(m.GetTypePrefixes()) == 0
+		for _, p := range m.GetTypePrefixes() {
+			typeOK = typeOK || strings.HasPrefix(ev.GetType(), p)
+		}
+		tenantOK := m.GetTenant() == "" || ev.GetTenantId() == m.GetTenant()
+		for _, t := range s.f.tenants {
+			if t.GetName() == m.GetTenant() {
+				tenantOK = ev.GetTenantId() == t.GetId()
+			}
+		}
+		if typeOK && tenantOK && (m.GetResourceType() == "" || ev.GetResourceType() == m.GetResourceType()) &&
+			(m.GetResourceId() == "" || ev.GetResourceId() == m.GetResourceId()) {
+			out = append(out, ev)
+		}
+	}
+	items, next := page(s.f, out, m.GetPageToken(), m.GetPageSize())
+	return connect.NewResponse(&apiv1.ListEventsResponse{Events: items, NextPageToken: next}), nil
+}
 
 // Watch sends the events after the cursor and ends the stream, so a test's
 // watch returns instead of waiting for Ctrl-C.

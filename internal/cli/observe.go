@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -57,7 +58,7 @@ func (a *app) auditCommand() *cobra.Command {
 }
 
 func (a *app) eventsCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "events", Short: "Follow committed changes"}
+	cmd := &cobra.Command{Use: "events", Short: "List and follow committed changes"}
 	var tenant, after string
 	var types []string
 	watch := &cobra.Command{
@@ -97,8 +98,84 @@ object per line with -o json. Resume where a previous watch stopped with
 	addTenantFlag(watch, &tenant)
 	watch.Flags().StringVar(&after, "after", "", "resume after this event id (default: new events only)")
 	watch.Flags().StringSliceVar(&types, "type", nil, "only events whose type starts with this prefix (repeatable)")
-	cmd.AddCommand(watch)
+	cmd.AddCommand(watch, a.eventsListCommand())
 	return cmd
+}
+
+func (a *app) eventsListCommand() *cobra.Command {
+	var tenant, resType, resID, since, until, pageToken string
+	var types []string
+	var limit int
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List stored events, newest first",
+		Long: `List the events the outbox still holds, newest first: at most --limit
+(default 50; 0 follows every page). When more remain, the command says which
+--page-token continues the list. --since and --until are RFC 3339 or relative
+to now (-24h, -7d); since is inclusive, until exclusive.`,
+		Args: positional(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 0 {
+				return invalidArg("limit", fmt.Sprintf("must be 0 (every page) or more, got %d", limit))
+			}
+			now := time.Now()
+			req := &apiv1.ListEventsRequest{TypePrefixes: types, ResourceType: resType, ResourceId: resID, PageToken: pageToken}
+			var err error
+			if req.Since, err = timeFlag("since", since, now); err != nil {
+				return err
+			}
+			if req.Until, err = timeFlag("until", until, now); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if req.Tenant, err = a.tenant(cmd.Context(), tenant, false); err != nil {
+				return err
+			}
+			out := &apiv1.ListEventsResponse{}
+			for {
+				req.PageSize = 0
+				if limit > 0 {
+					req.PageSize = int32(min(limit-len(out.Events), 500))
+				}
+				resp, err := c.Events.List(cmd.Context(), connect.NewRequest(req))
+				if err != nil {
+					return err
+				}
+				out.Events = append(out.Events, resp.Msg.GetEvents()...)
+				out.NextPageToken = resp.Msg.GetNextPageToken()
+				if out.NextPageToken == "" || (limit > 0 && len(out.Events) >= limit) {
+					break
+				}
+				if out.NextPageToken == req.PageToken {
+					// A server bug would otherwise loop forever.
+					return connect.NewError(connect.CodeInternal, fmt.Errorf("server repeated page token %q", out.NextPageToken))
+				}
+				req.PageToken = out.NextPageToken
+			}
+			err = a.printer(cmd.OutOrStdout()).print(out, func(w io.Writer) {
+				row(w, "ID", "TIME", "TYPE", "RESOURCE", "TENANT")
+				for _, ev := range out.Events {
+					row(w, ev.GetId(), ts(ev.GetTime()), ev.GetType(), resource(ev.GetResourceType(), ev.GetResourceId()), dash(ev.GetTenantId()))
+				}
+			})
+			if err == nil && out.NextPageToken != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "more events: continue with --page-token %s\n", out.NextPageToken)
+			}
+			return err
+		},
+	}
+	addTenantFlag(list, &tenant)
+	list.Flags().StringSliceVar(&types, "type", nil, "only events whose type starts with this prefix (repeatable)")
+	list.Flags().StringVar(&resType, "resource-type", "", "only events of this resource type, e.g. Reservation")
+	list.Flags().StringVar(&resID, "resource-id", "", "only events of this resource id")
+	list.Flags().StringVar(&since, "since", "", "only events at or after this time (RFC 3339 or relative: -24h)")
+	list.Flags().StringVar(&until, "until", "", "only events before this time (RFC 3339 or relative: -1h)")
+	list.Flags().IntVar(&limit, "limit", 50, "return at most this many (0: every page)")
+	list.Flags().StringVar(&pageToken, "page-token", "", "continue a previous list where it stopped")
+	return list
 }
 
 // streamHeader writes a watch's column names before its first line, for

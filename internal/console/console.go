@@ -154,6 +154,8 @@ func New(cfg Config) (*Console, error) {
 		c.mux.HandleFunc("GET "+PathOIDCStart, c.oidcStart)
 		c.mux.HandleFunc("GET "+PathOIDCCallback, c.oidcCallback)
 	}
+	// The events page (p-events): the outbox's stored events.
+	c.mux.HandleFunc("GET "+PathEvents, c.page(c.events))
 	c.mux.HandleFunc("GET "+pathAssets+"{file}", c.asset)
 	c.mux.HandleFunc("/console/", c.notFound)
 	return c, nil

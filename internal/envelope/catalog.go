@@ -57,6 +57,7 @@ var catalog = []Method{
 	{apiv1connect.AuditServiceProveConsistencyProcedure, "audit.prove", KindRead, false},
 	{apiv1connect.AuditServiceCheckLogProcedure, "audit.check", KindRead, false},
 	{apiv1connect.EventServiceWatchProcedure, "events.watch", KindRead, false},
+	{apiv1connect.EventServiceListProcedure, "events.list", KindRead, false},
 	{apiv1connect.NodeServiceListProcedure, "nodes.list", KindRead, false},
 	{apiv1connect.NodeServiceGetProcedure, "nodes.get", KindRead, false},
 	{apiv1connect.NodeServiceDrainProcedure, "nodes.drain", KindMutation, false},

@@ -149,6 +149,41 @@ func (s *Service) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEve
 	})
 }
 
+// authorizeStream decides a read of a tenant's event stream (name or id;
+// empty: the caller's own tenant for a tenant's key, as every tenant-scoped
+// listing defaults, or every tenant for the platform's) and returns the
+// tenant's id ("" for every tenant) and the resource decided.
+func (s *Service) authorizeStream(ctx context.Context, tenant string) (string, iam.Resource, error) {
+	if c, _ := envelope.CallerFrom(ctx); tenant == "" && c.Principal.TenantID != "" {
+		tenant = c.Principal.TenantID
+	}
+	if tenant == "" {
+		res := tenancy.PlatformResource()
+		return "", res, s.env.AuthorizeRead(ctx, res)
+	}
+	var (
+		t      tenancy.Tenant
+		tfound bool
+	)
+	if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
+		t, tfound, err = tenancy.LookupTenant(ctx, q, tenant)
+		return err
+	}); err != nil {
+		return "", iam.Resource{}, s.env.Fail(ctx, err)
+	}
+	res := iam.Resource{Type: "EventStream", ID: "unknown"}
+	if tfound {
+		res = iam.Resource{Type: "EventStream", ID: t.ID, TenantID: t.ID}
+	}
+	if err := s.env.AuthorizeRead(ctx, res); err != nil {
+		return "", res, err
+	}
+	if !tfound {
+		return "", res, s.env.Fail(ctx, envelope.NotFound("tenant", tenant))
+	}
+	return t.ID, res, nil
+}
+
 // followParams is one watch of the outbox, whatever carries it (a Connect
 // stream or Server-Sent Events).
 type followParams struct {
@@ -186,38 +221,11 @@ func (s *Service) follow(ctx context.Context, p followParams) error {
 	if err := vs.Err(); err != nil {
 		return s.env.Fail(ctx, err)
 	}
-	// No tenant named: a tenant's key follows its own tenant's events (as
-	// every tenant-scoped listing defaults); the platform's follows all.
-	if c, _ := envelope.CallerFrom(ctx); p.Tenant == "" && c.Principal.TenantID != "" {
-		p.Tenant = c.Principal.TenantID
-	}
-	res := tenancy.PlatformResource()
-	var tenantID string
-	if p.Tenant != "" {
-		var (
-			t      tenancy.Tenant
-			tfound bool
-		)
-		if err := s.env.Resolve(ctx, "tenant", func(ctx context.Context, q store.Querier) (err error) {
-			t, tfound, err = tenancy.LookupTenant(ctx, q, p.Tenant)
-			return err
-		}); err != nil {
-			return s.env.Fail(ctx, err)
-		}
-		res = iam.Resource{Type: "EventStream", ID: "unknown"}
-		if tfound {
-			res = iam.Resource{Type: "EventStream", ID: t.ID, TenantID: t.ID}
-		}
-		if err := s.env.AuthorizeRead(ctx, res); err != nil {
-			return err
-		}
-		if !tfound {
-			return s.env.Fail(ctx, envelope.NotFound("tenant", p.Tenant))
-		}
-		tenantID = t.ID
-	} else if err := s.env.AuthorizeRead(ctx, res); err != nil {
+	tenantID, res, err := s.authorizeStream(ctx, p.Tenant)
+	if err != nil {
 		return err
 	}
+	p.Tenant = tenantID
 	if p.After == "" {
 		if err := s.env.Resolve(ctx, "events", func(ctx context.Context, q store.Querier) (err error) {
 			after, err = LastSeq(ctx, q)

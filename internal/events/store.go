@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/internal/envelope"
@@ -57,22 +58,7 @@ func ListAfter(ctx context.Context, q store.Querier, tenantID string, allTenants
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Stored
-	for rows.Next() {
-		var (
-			s    Stored
-			data []byte
-		)
-		if err := rows.Scan(&s.Seq, &s.Type, &s.TenantID, &s.ResourceType, &s.ResourceID, &s.Time, &data); err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal(data, &s.Data); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
+	return scanStored(rows)
 }
 
 // LastSeq returns the cursor of the newest event below the horizon (0 when
@@ -108,4 +94,100 @@ func Prune(ctx context.Context, tx store.Tx, before time.Time, keep int64) (int6
 	}
 	return tx.Exec(ctx, `DELETE FROM events WHERE seq IN (SELECT seq FROM events_visible
 		WHERE time < $1 AND (xid, seq) < ($2, $3))`, before, xid, keep)
+}
+
+// ListFilter selects the events List returns; zero fields select all.
+type ListFilter struct {
+	// TenantID is the one tenant listed unless AllTenants.
+	TenantID   string
+	AllTenants bool
+	// TypePrefixes: events whose type starts with one of these.
+	TypePrefixes []string
+	ResourceType string
+	ResourceID   string
+	// Since (inclusive) and Until (exclusive) bound the event's time.
+	Since, Until time.Time
+	// Before is the cursor to continue below (0: from the newest).
+	Before int64
+	Limit  int
+}
+
+// ListBefore returns up to f.Limit events matching f, newest first in commit
+// order ((xid, seq) descending: the reverse of ListAfter's order), starting
+// below the event f.Before. It fails with ErrUnknownCursor when f.Before
+// names no stored event (pruned by the retention, say).
+func ListBefore(ctx context.Context, q store.Querier, f ListFilter) ([]Stored, error) {
+	var (
+		xid   uint64
+		where []string
+		args  []any
+	)
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	if f.Before > 0 {
+		err := q.QueryRow(ctx, `SELECT xid FROM events WHERE seq = $1`, f.Before).Scan(&xid)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("continue below %d: %w", f.Before, ErrUnknownCursor)
+		}
+		if err != nil {
+			return nil, err
+		}
+		where = append(where, fmt.Sprintf("(xid, seq) < (%s, %s)", arg(xid), arg(f.Before)))
+	}
+	if !f.AllTenants {
+		where = append(where, "tenant_id = "+arg(f.TenantID))
+	}
+	if len(f.TypePrefixes) > 0 {
+		var or []string
+		for _, p := range f.TypePrefixes {
+			// substr, not LIKE: SQLite's LIKE ignores ASCII case and both
+			// would need '%' and '_' escaped.
+			a := arg(p)
+			or = append(or, fmt.Sprintf("substr(type, 1, length(CAST(%s AS TEXT))) = %s", a, a))
+		}
+		where = append(where, "("+strings.Join(or, " OR ")+")")
+	}
+	if f.ResourceType != "" {
+		where = append(where, "resource_type = "+arg(f.ResourceType))
+	}
+	if f.ResourceID != "" {
+		where = append(where, "resource_id = "+arg(f.ResourceID))
+	}
+	if !f.Since.IsZero() {
+		where = append(where, "time >= "+arg(f.Since))
+	}
+	if !f.Until.IsZero() {
+		where = append(where, "time < "+arg(f.Until))
+	}
+	query := `SELECT seq, type, tenant_id, resource_type, resource_id, time, data FROM events_visible`
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY xid DESC, seq DESC LIMIT " + arg(f.Limit)
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanStored(rows)
+}
+
+func scanStored(rows store.Rows) ([]Stored, error) {
+	defer rows.Close()
+	var out []Stored
+	for rows.Next() {
+		var (
+			s    Stored
+			data []byte
+		)
+		if err := rows.Scan(&s.Seq, &s.Type, &s.TenantID, &s.ResourceType, &s.ResourceID, &s.Time, &data); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(data, &s.Data); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
 }

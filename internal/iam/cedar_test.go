@@ -92,7 +92,7 @@ func resourceFor(action, tenant string) Resource {
 		return Resource{Type: "AuditLog", ID: "audit", TenantID: tenant}
 	case "audit.check":
 		return Resource{Type: "Platform"}
-	case "events.watch":
+	case "events.watch", "events.list":
 		return Resource{Type: "EventStream", ID: "events", TenantID: tenant}
 	case "nodes.get", "nodes.drain", "nodes.undrain", "nodes.delete", "inventory.get", "health.get", "gpus.quarantine", "gpus.lift":
 		return Resource{Type: "Node", ID: "n1", TenantID: tenant, ProjectID: "p1", Attrs: map[string]any{"name": "gpu-1", "pool": "a100", "state": "active"}}
@@ -202,7 +202,7 @@ func TestCedarMatrix(t *testing.T) {
 	c := newCedar(t, nil)
 
 	reads := []string{"tenants.get", "projects.get", "projects.list", "policies.get", "policies.list",
-		"confirmations.list", "audit.list", "audit.prove", "events.watch",
+		"confirmations.list", "audit.list", "audit.prove", "events.watch", "events.list",
 		"nodes.list", "nodes.get", "commands.get", "commands.list", "commandBatches.get", "commandBatches.list", "approverSets.get",
 		"joinRequests.list", "inventory.get", "health.get", "health.listFindings", "health.listRemediations", "pools.health",
 		"pools.get", "pools.list", "reservations.preview", "reservations.get", "reservations.list",
@@ -564,7 +564,7 @@ func TestActions(t *testing.T) {
 		"capacity.byConsumer", "capacity.byPool", "capacity.rebuild", "capacity.summary", "capacity.timeline",
 		"commandBatches.approve", "commandBatches.cancel", "commandBatches.create", "commandBatches.get", "commandBatches.list", "commandBatches.run",
 		"commands.cancel", "commands.get", "commands.list", "commands.run",
-		"confirmations.approve", "confirmations.list", "events.watch",
+		"confirmations.approve", "confirmations.list", "events.list", "events.watch",
 		"flavors.create", "flavors.delete", "flavors.get", "flavors.list",
 		"fleetMarks.delete", "fleetMarks.list", "fleetMarks.set",
 		"gpus.lift", "gpus.quarantine", "health.get", "health.listFindings", "health.listRemediations",

@@ -1060,6 +1060,169 @@ func (x *Event) GetData() *structpb.Struct {
 	return nil
 }
 
+type ListEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tenant name or id; empty lists the caller's own tenant, or every
+	// tenant for a platform key.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Only events whose type starts with one of these prefixes (at most 32).
+	TypePrefixes []string `protobuf:"bytes,2,rep,name=type_prefixes,json=typePrefixes,proto3" json:"type_prefixes,omitempty"`
+	// Only events of this resource type (e.g. reservation).
+	ResourceType string `protobuf:"bytes,3,opt,name=resource_type,json=resourceType,proto3" json:"resource_type,omitempty"`
+	// Only events of this resource id.
+	ResourceId string `protobuf:"bytes,4,opt,name=resource_id,json=resourceId,proto3" json:"resource_id,omitempty"`
+	// Only events at or after this time.
+	Since *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	// Only events before this time.
+	Until *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=until,proto3" json:"until,omitempty"`
+	// Default 50, at most 500.
+	PageSize int32 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page.
+	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsRequest) Reset() {
+	*x = ListEventsRequest{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsRequest) ProtoMessage() {}
+
+func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListEventsRequest) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListEventsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetTypePrefixes() []string {
+	if x != nil {
+		return x.TypePrefixes
+	}
+	return nil
+}
+
+func (x *ListEventsRequest) GetResourceType() string {
+	if x != nil {
+		return x.ResourceType
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetResourceId() string {
+	if x != nil {
+		return x.ResourceId
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListEventsRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *ListEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListEventsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first.
+	Events []*Event `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsResponse) Reset() {
+	*x = ListEventsResponse{}
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsResponse) ProtoMessage() {}
+
+func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListEventsResponse) Descriptor() ([]byte, []int) {
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListEventsResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListEventsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 type WatchEventsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tenant name or id; empty watches every tenant (platform admins).
@@ -1074,7 +1237,7 @@ type WatchEventsRequest struct {
 
 func (x *WatchEventsRequest) Reset() {
 	*x = WatchEventsRequest{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1249,7 @@ func (x *WatchEventsRequest) String() string {
 func (*WatchEventsRequest) ProtoMessage() {}
 
 func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[16]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1262,7 @@ func (x *WatchEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsRequest.ProtoReflect.Descriptor instead.
 func (*WatchEventsRequest) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{16}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchEventsRequest) GetTenant() string {
@@ -1132,7 +1295,7 @@ type WatchEventsResponse struct {
 
 func (x *WatchEventsResponse) Reset() {
 	*x = WatchEventsResponse{}
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1307,7 @@ func (x *WatchEventsResponse) String() string {
 func (*WatchEventsResponse) ProtoMessage() {}
 
 func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bettercompute_api_v1_events_proto_msgTypes[17]
+	mi := &file_bettercompute_api_v1_events_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1320,7 @@ func (x *WatchEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEventsResponse.ProtoReflect.Descriptor instead.
 func (*WatchEventsResponse) Descriptor() ([]byte, []int) {
-	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{17}
+	return file_bettercompute_api_v1_events_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchEventsResponse) GetEvent() *Event {
@@ -1255,7 +1418,21 @@ const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	"\vresource_id\x18\x05 \x01(\tR\n" +
 	"resourceId\x12.\n" +
 	"\x04time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12+\n" +
-	"\x04data\x18\a \x01(\v2\x17.google.protobuf.StructR\x04data\"g\n" +
+	"\x04data\x18\a \x01(\v2\x17.google.protobuf.StructR\x04data\"\xb6\x02\n" +
+	"\x11ListEventsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12#\n" +
+	"\rtype_prefixes\x18\x02 \x03(\tR\ftypePrefixes\x12#\n" +
+	"\rresource_type\x18\x03 \x01(\tR\fresourceType\x12\x1f\n" +
+	"\vresource_id\x18\x04 \x01(\tR\n" +
+	"resourceId\x120\n" +
+	"\x05since\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x1b\n" +
+	"\tpage_size\x18\a \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\"q\n" +
+	"\x12ListEventsResponse\x123\n" +
+	"\x06events\x18\x01 \x03(\v2\x1b.bettercompute.api.v1.EventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"g\n" +
 	"\x12WatchEventsRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\tR\x05after\x12#\n" +
@@ -1268,9 +1445,10 @@ const file_bettercompute_api_v1_events_proto_rawDesc = "" +
 	"\tGetLogKey\x12+.bettercompute.api.v1.GetAuditLogKeyRequest\x1a,.bettercompute.api.v1.GetAuditLogKeyResponse\"\x03\x90\x02\x01\x12z\n" +
 	"\x0eProveInclusion\x120.bettercompute.api.v1.ProveAuditInclusionRequest\x1a1.bettercompute.api.v1.ProveAuditInclusionResponse\"\x03\x90\x02\x01\x12\x80\x01\n" +
 	"\x10ProveConsistency\x122.bettercompute.api.v1.ProveAuditConsistencyRequest\x1a3.bettercompute.api.v1.ProveAuditConsistencyResponse\"\x03\x90\x02\x01\x12h\n" +
-	"\bCheckLog\x12*.bettercompute.api.v1.CheckAuditLogRequest\x1a+.bettercompute.api.v1.CheckAuditLogResponse\"\x03\x90\x02\x012s\n" +
+	"\bCheckLog\x12*.bettercompute.api.v1.CheckAuditLogRequest\x1a+.bettercompute.api.v1.CheckAuditLogResponse\"\x03\x90\x02\x012\xd3\x01\n" +
 	"\fEventService\x12c\n" +
-	"\x05Watch\x12(.bettercompute.api.v1.WatchEventsRequest\x1a).bettercompute.api.v1.WatchEventsResponse\"\x03\x90\x02\x010\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
+	"\x05Watch\x12(.bettercompute.api.v1.WatchEventsRequest\x1a).bettercompute.api.v1.WatchEventsResponse\"\x03\x90\x02\x010\x01\x12^\n" +
+	"\x04List\x12'.bettercompute.api.v1.ListEventsRequest\x1a(.bettercompute.api.v1.ListEventsResponse\"\x03\x90\x02\x01BIZGgithub.com/better-compute/better-compute/gen/bettercompute/api/v1;apiv1b\x06proto3"
 
 var (
 	file_bettercompute_api_v1_events_proto_rawDescOnce sync.Once
@@ -1284,7 +1462,7 @@ func file_bettercompute_api_v1_events_proto_rawDescGZIP() []byte {
 	return file_bettercompute_api_v1_events_proto_rawDescData
 }
 
-var file_bettercompute_api_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_bettercompute_api_v1_events_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_bettercompute_api_v1_events_proto_goTypes = []any{
 	(*AuditEntry)(nil),                    // 0: bettercompute.api.v1.AuditEntry
 	(*AuditCheckpoint)(nil),               // 1: bettercompute.api.v1.AuditCheckpoint
@@ -1302,13 +1480,15 @@ var file_bettercompute_api_v1_events_proto_goTypes = []any{
 	(*ListAuditRequest)(nil),              // 13: bettercompute.api.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),             // 14: bettercompute.api.v1.ListAuditResponse
 	(*Event)(nil),                         // 15: bettercompute.api.v1.Event
-	(*WatchEventsRequest)(nil),            // 16: bettercompute.api.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),           // 17: bettercompute.api.v1.WatchEventsResponse
-	(*timestamppb.Timestamp)(nil),         // 18: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),               // 19: google.protobuf.Struct
+	(*ListEventsRequest)(nil),             // 16: bettercompute.api.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),            // 17: bettercompute.api.v1.ListEventsResponse
+	(*WatchEventsRequest)(nil),            // 18: bettercompute.api.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),           // 19: bettercompute.api.v1.WatchEventsResponse
+	(*timestamppb.Timestamp)(nil),         // 20: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),               // 21: google.protobuf.Struct
 }
 var file_bettercompute_api_v1_events_proto_depIdxs = []int32{
-	18, // 0: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	20, // 0: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.api.v1.GetAuditCheckpointResponse.checkpoint:type_name -> bettercompute.api.v1.AuditCheckpoint
 	0,  // 2: bettercompute.api.v1.ProveAuditInclusionResponse.entry:type_name -> bettercompute.api.v1.AuditEntry
 	1,  // 3: bettercompute.api.v1.ProveAuditInclusionResponse.checkpoint:type_name -> bettercompute.api.v1.AuditCheckpoint
@@ -1316,28 +1496,33 @@ var file_bettercompute_api_v1_events_proto_depIdxs = []int32{
 	1,  // 5: bettercompute.api.v1.CheckAuditLogResponse.latest:type_name -> bettercompute.api.v1.AuditCheckpoint
 	12, // 6: bettercompute.api.v1.CheckAuditLogResponse.problems:type_name -> bettercompute.api.v1.AuditLogProblem
 	0,  // 7: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	18, // 8: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	19, // 9: bettercompute.api.v1.Event.data:type_name -> google.protobuf.Struct
-	15, // 10: bettercompute.api.v1.WatchEventsResponse.event:type_name -> bettercompute.api.v1.Event
-	13, // 11: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	2,  // 12: bettercompute.api.v1.AuditService.GetCheckpoint:input_type -> bettercompute.api.v1.GetAuditCheckpointRequest
-	4,  // 13: bettercompute.api.v1.AuditService.GetLogKey:input_type -> bettercompute.api.v1.GetAuditLogKeyRequest
-	6,  // 14: bettercompute.api.v1.AuditService.ProveInclusion:input_type -> bettercompute.api.v1.ProveAuditInclusionRequest
-	8,  // 15: bettercompute.api.v1.AuditService.ProveConsistency:input_type -> bettercompute.api.v1.ProveAuditConsistencyRequest
-	10, // 16: bettercompute.api.v1.AuditService.CheckLog:input_type -> bettercompute.api.v1.CheckAuditLogRequest
-	16, // 17: bettercompute.api.v1.EventService.Watch:input_type -> bettercompute.api.v1.WatchEventsRequest
-	14, // 18: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	3,  // 19: bettercompute.api.v1.AuditService.GetCheckpoint:output_type -> bettercompute.api.v1.GetAuditCheckpointResponse
-	5,  // 20: bettercompute.api.v1.AuditService.GetLogKey:output_type -> bettercompute.api.v1.GetAuditLogKeyResponse
-	7,  // 21: bettercompute.api.v1.AuditService.ProveInclusion:output_type -> bettercompute.api.v1.ProveAuditInclusionResponse
-	9,  // 22: bettercompute.api.v1.AuditService.ProveConsistency:output_type -> bettercompute.api.v1.ProveAuditConsistencyResponse
-	11, // 23: bettercompute.api.v1.AuditService.CheckLog:output_type -> bettercompute.api.v1.CheckAuditLogResponse
-	17, // 24: bettercompute.api.v1.EventService.Watch:output_type -> bettercompute.api.v1.WatchEventsResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	20, // 8: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	21, // 9: bettercompute.api.v1.Event.data:type_name -> google.protobuf.Struct
+	20, // 10: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	20, // 11: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	15, // 12: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	15, // 13: bettercompute.api.v1.WatchEventsResponse.event:type_name -> bettercompute.api.v1.Event
+	13, // 14: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	2,  // 15: bettercompute.api.v1.AuditService.GetCheckpoint:input_type -> bettercompute.api.v1.GetAuditCheckpointRequest
+	4,  // 16: bettercompute.api.v1.AuditService.GetLogKey:input_type -> bettercompute.api.v1.GetAuditLogKeyRequest
+	6,  // 17: bettercompute.api.v1.AuditService.ProveInclusion:input_type -> bettercompute.api.v1.ProveAuditInclusionRequest
+	8,  // 18: bettercompute.api.v1.AuditService.ProveConsistency:input_type -> bettercompute.api.v1.ProveAuditConsistencyRequest
+	10, // 19: bettercompute.api.v1.AuditService.CheckLog:input_type -> bettercompute.api.v1.CheckAuditLogRequest
+	18, // 20: bettercompute.api.v1.EventService.Watch:input_type -> bettercompute.api.v1.WatchEventsRequest
+	16, // 21: bettercompute.api.v1.EventService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	14, // 22: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	3,  // 23: bettercompute.api.v1.AuditService.GetCheckpoint:output_type -> bettercompute.api.v1.GetAuditCheckpointResponse
+	5,  // 24: bettercompute.api.v1.AuditService.GetLogKey:output_type -> bettercompute.api.v1.GetAuditLogKeyResponse
+	7,  // 25: bettercompute.api.v1.AuditService.ProveInclusion:output_type -> bettercompute.api.v1.ProveAuditInclusionResponse
+	9,  // 26: bettercompute.api.v1.AuditService.ProveConsistency:output_type -> bettercompute.api.v1.ProveAuditConsistencyResponse
+	11, // 27: bettercompute.api.v1.AuditService.CheckLog:output_type -> bettercompute.api.v1.CheckAuditLogResponse
+	19, // 28: bettercompute.api.v1.EventService.Watch:output_type -> bettercompute.api.v1.WatchEventsResponse
+	17, // 29: bettercompute.api.v1.EventService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	22, // [22:30] is the sub-list for method output_type
+	14, // [14:22] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_bettercompute_api_v1_events_proto_init() }
@@ -1351,7 +1536,7 @@ func file_bettercompute_api_v1_events_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bettercompute_api_v1_events_proto_rawDesc), len(file_bettercompute_api_v1_events_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -52,6 +52,8 @@ const (
 	AuditServiceCheckLogProcedure = "/bettercompute.api.v1.AuditService/CheckLog"
 	// EventServiceWatchProcedure is the fully-qualified name of the EventService's Watch RPC.
 	EventServiceWatchProcedure = "/bettercompute.api.v1.EventService/Watch"
+	// EventServiceListProcedure is the fully-qualified name of the EventService's List RPC.
+	EventServiceListProcedure = "/bettercompute.api.v1.EventService/List"
 )
 
 // AuditServiceClient is a client for the bettercompute.api.v1.AuditService service.
@@ -290,6 +292,9 @@ func (UnimplementedAuditServiceHandler) CheckLog(context.Context, *connect.Reque
 type EventServiceClient interface {
 	// Watch sends events after the cursor, then follows new ones live.
 	Watch(context.Context, *connect.Request[v1.WatchEventsRequest]) (*connect.ServerStreamForClient[v1.WatchEventsResponse], error)
+	// List returns the outbox's stored events, newest first, one page at a
+	// time.
+	List(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
 }
 
 // NewEventServiceClient constructs a client for the bettercompute.api.v1.EventService service. By
@@ -310,12 +315,20 @@ func NewEventServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		list: connect.NewClient[v1.ListEventsRequest, v1.ListEventsResponse](
+			httpClient,
+			baseURL+EventServiceListProcedure,
+			connect.WithSchema(eventServiceMethods.ByName("List")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // eventServiceClient implements EventServiceClient.
 type eventServiceClient struct {
 	watch *connect.Client[v1.WatchEventsRequest, v1.WatchEventsResponse]
+	list  *connect.Client[v1.ListEventsRequest, v1.ListEventsResponse]
 }
 
 // Watch calls bettercompute.api.v1.EventService.Watch.
@@ -323,10 +336,18 @@ func (c *eventServiceClient) Watch(ctx context.Context, req *connect.Request[v1.
 	return c.watch.CallServerStream(ctx, req)
 }
 
+// List calls bettercompute.api.v1.EventService.List.
+func (c *eventServiceClient) List(ctx context.Context, req *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error) {
+	return c.list.CallUnary(ctx, req)
+}
+
 // EventServiceHandler is an implementation of the bettercompute.api.v1.EventService service.
 type EventServiceHandler interface {
 	// Watch sends events after the cursor, then follows new ones live.
 	Watch(context.Context, *connect.Request[v1.WatchEventsRequest], *connect.ServerStream[v1.WatchEventsResponse]) error
+	// List returns the outbox's stored events, newest first, one page at a
+	// time.
+	List(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error)
 }
 
 // NewEventServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -343,10 +364,19 @@ func NewEventServiceHandler(svc EventServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	eventServiceListHandler := connect.NewUnaryHandler(
+		EventServiceListProcedure,
+		svc.List,
+		connect.WithSchema(eventServiceMethods.ByName("List")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bettercompute.api.v1.EventService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case EventServiceWatchProcedure:
 			eventServiceWatchHandler.ServeHTTP(w, r)
+		case EventServiceListProcedure:
+			eventServiceListHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -358,4 +388,8 @@ type UnimplementedEventServiceHandler struct{}
 
 func (UnimplementedEventServiceHandler) Watch(context.Context, *connect.Request[v1.WatchEventsRequest], *connect.ServerStream[v1.WatchEventsResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.EventService.Watch is not implemented"))
+}
+
+func (UnimplementedEventServiceHandler) List(context.Context, *connect.Request[v1.ListEventsRequest]) (*connect.Response[v1.ListEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bettercompute.api.v1.EventService.List is not implemented"))
 }
