@@ -33,6 +33,12 @@ func (c *Console) confirmations(w http.ResponseWriter, r *http.Request, s *sessi
 	if state == "" {
 		state = "pending"
 	}
+	if tenant == "" {
+		// A platform key lists one tenant's confirmations at a time: the
+		// API wants the tenant named.
+		c.render(w, r, http.StatusOK, confirmationsTenantPage(p))
+		return
+	}
 	res, err := s.api.Confirmations.List(r.Context(), connect.NewRequest(&apiv1.ListConfirmationsRequest{
 		Tenant: tenant, State: state, PageSize: pageSize, PageToken: r.URL.Query().Get("page")}))
 	if err != nil {

@@ -95,6 +95,10 @@ func TestConsoleConfirmations(t *testing.T) {
 	// A second person (the platform's human admin) approves in the page.
 	approver := newBrowser(t, f.cp.URL, nil)
 	approver.signIn(f.cp.AdminKey)
+	// A platform key names the tenant first: the API lists one tenant's.
+	res, body = approver.get(console.PathConfirmations)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	require.Contains(t, body, `<label for="c-tenant">Tenant</label>`)
 	res, body = approver.get(console.PathConfirmations + "?tenant=acme")
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	require.Contains(t, body, `aria-label="Approve `+cfm+`"`)

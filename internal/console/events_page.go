@@ -67,6 +67,12 @@ func resourceLink(s *session, ev *apiv1.Event) templ.SafeURL {
 		base = PathReservations
 	case "Node":
 		base = PathNodes
+	case "Machine":
+		base = PathMachines
+	case "Instance":
+		base = PathInstances
+	case "Sandbox":
+		base = PathSandboxes
 	default:
 		return ""
 	}
