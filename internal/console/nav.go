@@ -29,6 +29,9 @@ type navItem struct {
 	// operators, who run their own tenant's machines. It only hides the
 	// link: the API decides what each page may read.
 	Operator bool
+	// Admin: shown to platform keys and to a tenant's admins, the only
+	// ones the API lets read it.
+	Admin bool
 }
 
 var navItems = []navItem{
@@ -46,7 +49,7 @@ var navItems = []navItem{
 	{Nav: "confirmations", Label: "Confirmations", Path: PathConfirmations},
 	{Nav: "events", Label: "Events", Path: PathEvents},
 	{Nav: "audit", Label: "Audit", Path: PathAudit, Operator: true},
-	{Nav: "api-keys", Label: "API keys", Path: PathAPIKeys},
+	{Nav: "api-keys", Label: "API keys", Path: PathAPIKeys, Admin: true},
 	{Nav: "webhooks", Label: "Webhooks", Path: PathWebhooks},
 }
 
@@ -56,11 +59,26 @@ func (v *viewer) isOperator() bool {
 	return v != nil && (v.TenantID == "" || v.Role == "admin" || v.Role == "operator")
 }
 
+// isAdmin reports whether the viewer administers a tenant or the platform.
+func (v *viewer) isAdmin() bool {
+	return v != nil && (v.TenantID == "" || v.Role == "admin")
+}
+
+// NavPathsFor is the pages the navigation shows a person of role in a
+// tenant (tenantID empty: a platform key).
+func NavPathsFor(tenantID, role string) []string {
+	var out []string
+	for _, it := range navFor(&viewer{TenantID: tenantID, Role: role}) {
+		out = append(out, it.Path)
+	}
+	return out
+}
+
 // navFor is the navigation the viewer sees.
 func navFor(v *viewer) []navItem {
 	out := make([]navItem, 0, len(navItems))
 	for _, it := range navItems {
-		if !it.Operator || v.isOperator() {
+		if (!it.Operator || v.isOperator()) && (!it.Admin || v.isAdmin()) {
 			out = append(out, it)
 		}
 	}
