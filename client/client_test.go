@@ -22,7 +22,6 @@ import (
 // call arrived with.
 type fakeServer struct {
 	apiv1connect.UnimplementedIdentityServiceHandler
-	apiv1connect.UnimplementedEventServiceHandler
 	apiv1connect.UnimplementedProjectServiceHandler
 
 	mu      sync.Mutex
@@ -32,6 +31,17 @@ type fakeServer struct {
 	streamErr error
 	// limited is how many project reads are refused RATE_LIMITED first.
 	limited int
+}
+
+// fakeEvents serves the fake's event stream: EventService and
+// ProjectService both have a List, so one type cannot embed both.
+type fakeEvents struct {
+	apiv1connect.UnimplementedEventServiceHandler
+	f *fakeServer
+}
+
+func (e fakeEvents) Watch(ctx context.Context, req *connect.Request[apiv1.WatchEventsRequest], stream *connect.ServerStream[apiv1.WatchEventsResponse]) error {
+	return e.f.Watch(ctx, req, stream)
 }
 
 func (f *fakeServer) record(h http.Header) {
@@ -108,7 +118,7 @@ func setup(t *testing.T, tls bool) bundle {
 	fake := &fakeServer{}
 	mux := http.NewServeMux()
 	mux.Handle(apiv1connect.NewIdentityServiceHandler(fake))
-	mux.Handle(apiv1connect.NewEventServiceHandler(fake))
+	mux.Handle(apiv1connect.NewEventServiceHandler(fakeEvents{f: fake}))
 	mux.Handle(apiv1connect.NewProjectServiceHandler(fake))
 	srv := httptest.NewUnstartedServer(mux)
 	if tls {

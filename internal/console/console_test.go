@@ -309,8 +309,8 @@ func TestConsole(t *testing.T) {
 		f.cp.Authz.Reset()
 		denied := f.count(t, `SELECT COUNT(*) FROM audit_log WHERE action = 'reservations.release' AND decision = 'deny'`)
 		// As chromium posts a plain form under Referrer-Policy: no-referrer.
-	res, body = b.post(console.PathReservations+"/"+f.acmeRsv+"/release", url.Values{"csrf": {token}},
-		"Origin", "null", "Sec-Fetch-Site", "same-origin")
+		res, body = b.post(console.PathReservations+"/"+f.acmeRsv+"/release", url.Values{"csrf": {token}},
+			"Origin", "null", "Sec-Fetch-Site", "same-origin")
 		require.Equal(t, http.StatusForbidden, res.StatusCode, body)
 		require.Contains(t, body, "<code>PERMISSION_DENIED</code>")
 		require.EqualValues(t, 1, f.cp.Authz.Calls(), "one decision: the API's")
