@@ -221,7 +221,7 @@ func waitForFleet(ctx context.Context, api, key string, want int32, limit time.D
 			}
 		}
 		if time.Now().After(deadline) {
-			return total, fmt.Errorf("the fleet has %d of %d GPUs after %s (last error: %v)", total, want, limit, err)
+			return total, fmt.Errorf("the fleet has %d of %d GPUs after %s (last error: %w)", total, want, limit, err)
 		}
 		time.Sleep(2 * time.Second)
 	}
@@ -313,7 +313,7 @@ func firstPaints(ctx context.Context, api, key string, pages []pageFigures) erro
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.UserDataDir(dir))
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
