@@ -78,7 +78,7 @@ func main() {
 	flag.BoolVar(&o.browser, "browser", false, "also read each page's first-contentful-paint in chromium")
 	flag.BoolVar(&o.jsonOut, "json", false, "print the result as one JSON object on the last line")
 	flag.DurationVar(&o.ready, "ready-timeout", 20*time.Minute, "how long the fleet may take to join")
-	flag.StringVar(&o.api, "api", "", "measure a dev already running at this API address (with -key) instead of starting one")
+	flag.StringVar(&o.api, "api", "", "measure a dev already running at this API address (with -key) instead of starting one; run it with --request-rate 0")
 	flag.StringVar(&o.key, "key", "", "the admin key of the dev named by -api")
 	flag.StringVar(&o.pages, "pages", "", "comma-separated console paths to measure (default: every page the navigation names)")
 	flag.Parse()
@@ -160,7 +160,11 @@ func startDev(ctx context.Context, o options) (api, key string, stop func(), err
 	ctx, cancel := context.WithCancel(ctx)
 	dev := exec.CommandContext(ctx, o.bin, "dev", "--sim-nodes", fmt.Sprint(o.nodes), "--sim-cgroups", "plain",
 		"--state-dir", filepath.Join(dir, "state"), "--config", filepath.Join(dir, "config.yaml"),
-		"--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--log-level", "error")
+		"--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0", "--log-level", "error",
+		// Every page is a few API calls (WhoAmI, then its reads) with the
+		// viewer's key: fetching each page back to back would measure the
+		// per-principal rate limit, not the page.
+		"--request-rate", "0")
 	dev.Stderr = os.Stderr
 	dev.Cancel = func() error { return dev.Process.Signal(os.Interrupt) }
 	dev.WaitDelay = 30 * time.Second
