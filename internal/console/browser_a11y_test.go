@@ -180,3 +180,50 @@ func TestConsoleAccessible(t *testing.T) {
 		b.clean(t)
 	}
 }
+
+// TestConsoleBrowserViewer: a viewer sees no action on any page of their
+// navigation (no button or posting form in the page's main part; a GET
+// filter form's button changes nothing), and a
+// release forged from their own browser is refused twice over — without
+// the session's CSRF token by the console, with it by the API.
+func TestConsoleBrowserViewer(t *testing.T) {
+	f := setup(t)
+	t.Parallel()
+	b := newTab(t)
+	b.signIn(t, f.cp.URL, f.viewer)
+	for _, path := range console.NavPathsFor("acme", "viewer") {
+		require.NoError(t, chromedp.Do(b.ctx,
+			chromedp.Navigate(f.cp.URL+path),
+			chromedp.WaitVisible(chromedp.CSS(`main h1`)),
+		), "open %s", path)
+		actions, err := chromedp.Run(b.ctx, chromedp.Evaluate[[]string](
+			`[...document.querySelectorAll('main button, main form[method="post"]')]
+				.filter(e => e.closest("form")?.getAttribute("method") !== "get")
+				.map(e => e.outerHTML.slice(0, 120))`))
+		require.NoError(t, err)
+		require.Empty(t, actions, "a viewer sees no action on %s", path)
+	}
+	b.clean(t)
+
+	// Forged from the viewer's own page: the browser sends its cookie.
+	release := console.PathReservations + "/" + f.acmeRsv + "/release"
+	forge := func(withToken bool) string {
+		t.Helper()
+		js := fmt.Sprintf(`(async () => {
+			const body = new URLSearchParams();
+			if (%t) { body.set("csrf", document.querySelector('header input[name="csrf"]').value); }
+			const r = await fetch(%q, {method: "POST", body});
+			return r.status + " " + (await r.text());
+		})()`, withToken, release)
+		out, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](js, chromedp.EvalAwaitPromise))
+		require.NoError(t, err)
+		return out
+	}
+	out := forge(false)
+	require.True(t, strings.HasPrefix(out, "403 "), out)
+	require.Contains(t, out, "CSRF_REFUSED")
+	out = forge(true)
+	require.True(t, strings.HasPrefix(out, "403 "), out)
+	require.Contains(t, out, "PERMISSION_DENIED")
+	require.Equal(t, "active", f.state(t, "acme", f.acmeRsv), "nothing was released")
+}
