@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,13 +157,15 @@ func TestConsoleBrowserLive(t *testing.T) {
 	operator.do("open the machines", chromedp.Click(chromedp.CSS(`nav a[href="/console/machines"]`)))
 	operator.do("see the list", chromedp.WaitVisible(chromedp.CSS(`tr[id="mch-`+f.acmeM1+`"]`)))
 	operator.do("open the machine",
-		chromedp.Click(chromedp.CSS(`tr[id="mch-`+f.acmeM1+`"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`tr[id="mch-`+f.acmeM1+`"] a`)),
+		liveClick(`tr[id="mch-`+f.acmeM1+`"] a`),
 		chromedp.WaitVisible(chromedp.CSS(`#machine-live[data-state="enrolled"]`)),
 	)
 	require.Equal(t, "Machine m1", operator.text("h1"))
 	operator.shot(shots, "machine-enrolled")
 	operator.do("press Commission",
-		chromedp.Click(chromedp.CSS(`form[action$="/commission"] button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`form[action$="/commission"] button[type="submit"]`)),
+		liveClick(`form[action$="/commission"] button[type="submit"]`),
 		chromedp.WaitVisible(chromedp.ID("replay")),
 	)
 	require.Equal(t, "Approval needed", operator.text("h1"))
@@ -177,7 +180,8 @@ func TestConsoleBrowserLive(t *testing.T) {
 	require.Contains(t, approver.text("main"), "machines.commission")
 	approver.shot(shots, "confirmations-pending")
 	approver.do("approve it",
-		chromedp.Click(chromedp.CSS(`button[aria-label^="Approve cfm_"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`button[aria-label^="Approve cfm_"]`)),
+		liveClick(`button[aria-label^="Approve cfm_"]`),
 		chromedp.WaitVisible(chromedp.CSS(`nav.filters a[aria-current="page"][href*="state=approved"]`)),
 	)
 	require.Contains(t, approver.text("main"), "approved by")
@@ -188,7 +192,8 @@ func TestConsoleBrowserLive(t *testing.T) {
 	release := f.acmeSim.HoldNext("disk.wipe")
 	t.Cleanup(release)
 	operator.do("send it again with the approval",
-		chromedp.Click(chromedp.ID("replay")),
+		chromedp.WaitVisible(chromedp.ID("replay")),
+		liveClick(`#replay`),
 		chromedp.WaitVisible(chromedp.CSS(`#machine-live[data-state="commissioning"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`html[data-live-state="open"][data-live-types="machine.*,workflow.*"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#workflow-steps tr[data-step-state="running"]`)),
@@ -217,4 +222,11 @@ func TestConsoleBrowserLive(t *testing.T) {
 
 	approver.requireClean("approver")
 	operator.requireClean("operator")
+}
+
+// liveClick clicks the element sel names as the page has it at that
+// moment: a live part may swap in a fresh copy between a query and a
+// DevTools click, which would then name a node no longer in the page.
+func liveClick(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.querySelector(%q).click()`, sel))
 }
