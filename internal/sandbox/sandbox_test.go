@@ -389,7 +389,8 @@ func TestWarmClaim(t *testing.T) {
 }
 
 // TestConcurrentClaims: N creates against a warm pool of N/2: every
-// instance is claimed once, the rest boot cold.
+// instance is claimed at most once, the ready ones are all claimed, the
+// rest boot cold (or claim what the reconciler warmed meanwhile).
 func TestConcurrentClaims(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 2)
@@ -430,9 +431,12 @@ func TestConcurrentClaims(t *testing.T) {
 			warm++
 		}
 	}
-	require.Equal(t, n/2, warm, "every warm instance claimed once")
-	// The pool may already be refilling (the periodic reconciler), but
-	// never with a claimed instance.
+	require.Len(t, got, n)
+	// At least the n/2 ready ones are claimed, each once. River's periodic
+	// reconciler runs on wall time and may refill the pool during the
+	// burst, so a later create may claim a fresh warm instance too (it
+	// did: 6 on a loaded CI run); it never refills with a claimed one.
+	require.GreaterOrEqual(t, warm, n/2, "every ready warm instance claimed")
 	require.Zero(t, f.count(t, `SELECT COUNT(*) FROM sandbox_warm w JOIN sandboxes s ON s.instance_id = w.instance_id`))
 }
 
