@@ -18,6 +18,7 @@ import (
 
 	"github.com/better-compute/better-compute/client"
 	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
+	"github.com/better-compute/better-compute/internal/envelope"
 )
 
 // Environment variables the CLI reads; a flag overrides each.
@@ -605,7 +606,9 @@ func listAll[T any](ctx context.Context, limit int, page func(ctx context.Contex
 	for {
 		var size int32
 		if limit > 0 {
-			size = int32(min(limit-len(all), 1000))
+			// Never above the API's cap: a larger page_size is refused
+			// INVALID_ARGUMENT, so --limit 600 would fail outright.
+			size = int32(min(limit-len(all), envelope.MaxPageSize))
 		}
 		items, next, err := page(ctx, token, size)
 		if err != nil {
