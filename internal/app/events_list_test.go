@@ -56,6 +56,14 @@ func TestEventsList(t *testing.T) {
 		return cp.Client(k.Msg.GetSecret())
 	}
 	viewer, rival := key("acme", "viewer"), key("rival", "admin")
+	// On PostgreSQL an event is listed once every older transaction in the
+	// cluster has ended, and other packages' tests share the cluster: wait
+	// for the rival's project, the last write above, to be past the horizon.
+	bctest.WaitFor(t, "the setup's events", func() bool {
+		resp, err := admin.Events.List(ctx, connect.NewRequest(&apiv1.ListEventsRequest{Tenant: "rival", TypePrefixes: []string{"project.created"}}))
+		require.NoError(t, err)
+		return len(resp.Msg.GetEvents()) == 1
+	})
 
 	// A viewer's key lists its own tenant by default, newest first.
 	all := listAllEvents(t, viewer, &apiv1.ListEventsRequest{})

@@ -29,6 +29,7 @@ func TestConsoleBrowserEvents(t *testing.T) {
 	path, err := exec.LookPath("chromium")
 	require.NoError(t, err, "BC_BROWSER is set but chromium is not installed (apt-get install chromium)")
 	f := setup(t)
+	f.waitForEvents(t)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),

@@ -5,10 +5,30 @@ import (
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/better-compute/better-compute/bctest"
+	apiv1 "github.com/better-compute/better-compute/gen/bettercompute/api/v1"
 	"github.com/better-compute/better-compute/internal/console"
 )
+
+// waitForEvents waits until both reservations' events are listed. On
+// PostgreSQL an event is served only once every older transaction in the
+// cluster has ended (docs/architecture.md, "Event watchers"), and CI's other
+// packages share the cluster: under their load the setup's events could be
+// a moment behind the page.
+func (f *fixture) waitForEvents(t *testing.T) {
+	t.Helper()
+	admin := f.cp.Admin()
+	for tenant, id := range map[string]string{"acme": f.acmeRsv, "rival": f.rivalRsv} {
+		bctest.WaitFor(t, "the events of "+id, func() bool {
+			resp, err := admin.Events.List(t.Context(), connect.NewRequest(&apiv1.ListEventsRequest{Tenant: tenant, ResourceId: id}))
+			require.NoError(t, err)
+			return len(resp.Msg.GetEvents()) > 0
+		})
+	}
+}
 
 // TestConsoleEvents: the events page lists the outbox newest first, filters,
 // pages, links a reservation's events to its page, and shows a tenant only
@@ -16,6 +36,7 @@ import (
 func TestConsoleEvents(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
+	f.waitForEvents(t)
 
 	t.Run("a viewer sees acme's events with links and filters", func(t *testing.T) {
 		b := newBrowser(t, f.cp.URL, nil)

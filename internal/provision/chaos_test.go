@@ -286,8 +286,12 @@ func (r *chaosRig) run(targets []string) {
 			continue
 		}
 		// Nothing outside can help: let time pass to the next deadline,
-		// lease or backoff.
-		r.clk.Advance(20 * time.Minute)
+		// lease or backoff, in steps shorter than the shortest step
+		// timeout (5 minutes). A job River makes due on its own tick can
+		// dispatch after the look above; a step so dispatched must still
+		// be in time when the site's answer is played next round (a
+		// 20-minute step timed out under it on a loaded CI machine).
+		r.clk.Advance(4 * time.Minute)
 		r.sweep()
 	}
 	r.stopGeneration()

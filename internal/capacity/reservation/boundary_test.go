@@ -216,9 +216,16 @@ func TestBatchChecksHostMemoryInTheDatabase(t *testing.T) {
 	require.NotEqual(t, "pending", first.GetState())
 
 	// The host now hands out less than two halves; the index still holds
-	// the old figure.
+	// the old figure. The node's NUMA memory shrinks with it, so that a
+	// reconcile of the node landing after this (a health report under load,
+	// say) recomputes the same smaller figure rather than the old one.
 	require.NoError(t, f.cp.App.DB.Write(ctx, func(ctx context.Context, tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE host_resources SET memory_gib = $2 WHERE node_id = $1`, node, 2*int(half)-1)
+		_, err := tx.Exec(ctx, `UPDATE numa_nodes SET memory_mib = memory_mib - $2
+			WHERE node_id = $1 AND numa_id = (SELECT MIN(numa_id) FROM numa_nodes WHERE node_id = $1)`, node, (mem-(2*int(half)-1))*1024)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE host_resources SET memory_gib = $2 WHERE node_id = $1`, node, 2*int(half)-1)
 		return err
 	}))
 	r := f.create(t, f.member, &apiv1.CreateReservationRequest{Gpus: 1, MemoryGib: half, DurationSeconds: 3600})
